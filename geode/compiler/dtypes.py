@@ -1,0 +1,62 @@
+"""dtype names, numpy dtypes and ONNX TensorProto enums, mapped in one place."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from geode.errors import DTypeError
+
+#: dtypes geode's kernels and reference engines handle.
+SUPPORTED = (
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+    np.dtype(np.float16),
+    np.dtype(np.int8),
+    np.dtype(np.int16),
+    np.dtype(np.int32),
+    np.dtype(np.int64),
+    np.dtype(np.uint8),
+    np.dtype(np.uint16),
+    np.dtype(np.uint32),
+    np.dtype(np.uint64),
+    np.dtype(np.bool_),
+)
+
+FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+SIGNED_INTS = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
+UNSIGNED_INTS = frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
+INTS = SIGNED_INTS | UNSIGNED_INTS
+NUMERIC = FLOATS | INTS
+BOOL = frozenset([np.dtype(np.bool_)])
+ALL = NUMERIC | BOOL
+INDEX = frozenset(np.dtype(t) for t in (np.int32, np.int64))
+
+
+def to_numpy(dtype: object, where: str = "") -> np.dtype:
+    """Turn a dtype given as a name, numpy type or ONNX enum into a numpy dtype."""
+    try:
+        if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+            if int(dtype) == TensorProto.STRING:
+                return np.dtype(object)
+            return np.dtype(helper.tensor_dtype_to_np_dtype(int(dtype)))
+        if isinstance(dtype, str) and dtype in ("bool", "boolean"):
+            return np.dtype(np.bool_)
+        return np.dtype(dtype)
+    except (TypeError, KeyError, ValueError) as exc:
+        at = f" at {where}" if where else ""
+        raise DTypeError(f"unknown dtype {dtype!r}{at}") from exc
+
+
+def to_onnx(dtype: object) -> int:
+    """The ONNX TensorProto enum for a dtype."""
+    np_dtype = to_numpy(dtype)
+    if np_dtype == np.dtype(object):
+        return TensorProto.STRING
+    return int(helper.np_dtype_to_tensor_dtype(np_dtype))
+
+
+def name(dtype: object) -> str:
+    """Short readable name: float32, int64, bool."""
+    d = to_numpy(dtype)
+    return "bool" if d == np.bool_ else str(d)

@@ -1,0 +1,1 @@
+"""Front ends: the Python builder and the ONNX importer."""

@@ -1,0 +1,585 @@
+"""Graph IR: :class:`Graph`, :class:`Node`, :class:`Value` and :class:`TensorDesc`.
+
+A graph owns its values and nodes. Every value is produced once (by a node, or as a
+graph input, constant or variable) and knows its uses. Values overload Python's
+arithmetic operators, so a graph built with the Python API reads like numpy::
+
+    g = Graph("rmsnorm")
+    x = g.input("x", ["N", 768], "float32")
+    ms = ops.reduce_mean(x * x, axes=[-1], keepdims=1)
+    g.output(x / ops.sqrt(ms + 1e-6), names=["y"])
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from geode.compiler import dtypes
+from geode.compiler.shapes import Shape, SymbolTable, shape_str
+from geode.errors import GraphError
+
+
+@dataclass
+class TensorDesc:
+    """What is known of a tensor before it exists: dtype, (symbolic) shape and format."""
+
+    dtype: np.dtype
+    shape: Shape
+    format: str = "ND"
+
+    def __post_init__(self) -> None:
+        self.dtype = dtypes.to_numpy(self.dtype)
+        if self.shape is not None:
+            self.shape = tuple(self.shape)
+
+    @property
+    def rank(self) -> int | None:
+        """Number of dims, None when unknown."""
+        return None if self.shape is None else len(self.shape)
+
+    def __str__(self) -> str:
+        fmt = "" if self.format == "ND" else f"@{self.format}"
+        return f"{dtypes.name(self.dtype)}{shape_str(self.shape)}{fmt}"
+
+
+class ValueKind(enum.Enum):
+    """Where a value comes from."""
+
+    INPUT = "input"
+    CONSTANT = "constant"
+    VARIABLE = "variable"
+    INTERMEDIATE = "intermediate"
+
+
+class Value:
+    """An edge of the graph: one tensor, produced once, used by any number of nodes."""
+
+    __array_priority__ = 1000  # numpy scalars defer to our operators
+
+    def __init__(
+        self,
+        graph: Graph,
+        name: str,
+        desc: TensorDesc,
+        kind: ValueKind,
+        producer: Node | None = None,
+        data: np.ndarray | None = None,
+    ):
+        self.graph = graph
+        self.name = name
+        self.desc = desc
+        self.kind = kind
+        self.producer = producer
+        self.data = data
+        self.uses: list[tuple[Node, int]] = []
+
+    # -- properties ------------------------------------------------------------------
+    @property
+    def dtype(self) -> np.dtype:
+        """Element type."""
+        return self.desc.dtype
+
+    @property
+    def shape(self) -> Shape:
+        """Symbolic shape (None: unknown rank)."""
+        return self.desc.shape
+
+    @property
+    def rank(self) -> int | None:
+        """Number of dims, None when unknown."""
+        return self.desc.rank
+
+    @property
+    def is_constant(self) -> bool:
+        """True for constants (their data is known at compile time)."""
+        return self.kind is ValueKind.CONSTANT
+
+    @property
+    def consumers(self) -> list[Node]:
+        """Distinct nodes that read this value, in use order."""
+        seen: dict[int, Node] = {}
+        for node, _ in self.uses:
+            seen.setdefault(id(node), node)
+        return list(seen.values())
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.desc}"
+
+    __hash__ = object.__hash__
+
+    # -- operators (Python builder) --------------------------------------------------
+    def _bin(self, op: str, other: object, reverse: bool = False) -> Value:
+        other_v = self.graph.lift(other, like=self)
+        a, b = (other_v, self) if reverse else (self, other_v)
+        return self.graph.op(op, a, b)
+
+    def __add__(self, o: object) -> Value:
+        return self._bin("Add", o)
+
+    def __radd__(self, o: object) -> Value:
+        return self._bin("Add", o, True)
+
+    def __sub__(self, o: object) -> Value:
+        return self._bin("Sub", o)
+
+    def __rsub__(self, o: object) -> Value:
+        return self._bin("Sub", o, True)
+
+    def __mul__(self, o: object) -> Value:
+        return self._bin("Mul", o)
+
+    def __rmul__(self, o: object) -> Value:
+        return self._bin("Mul", o, True)
+
+    def __truediv__(self, o: object) -> Value:
+        return self._bin("Div", o)
+
+    def __rtruediv__(self, o: object) -> Value:
+        return self._bin("Div", o, True)
+
+    def __pow__(self, o: object) -> Value:
+        return self._bin("Pow", o)
+
+    def __rpow__(self, o: object) -> Value:
+        return self._bin("Pow", o, True)
+
+    def __mod__(self, o: object) -> Value:
+        return self._bin("Mod", o)
+
+    def __matmul__(self, o: object) -> Value:
+        return self._bin("MatMul", o)
+
+    def __rmatmul__(self, o: object) -> Value:
+        return self._bin("MatMul", o, True)
+
+    def __neg__(self) -> Value:
+        return self.graph.op("Neg", self)
+
+    def __abs__(self) -> Value:
+        return self.graph.op("Abs", self)
+
+    def __lt__(self, o: object) -> Value:
+        return self._bin("Less", o)
+
+    def __le__(self, o: object) -> Value:
+        return self._bin("LessOrEqual", o)
+
+    def __gt__(self, o: object) -> Value:
+        return self._bin("Greater", o)
+
+    def __ge__(self, o: object) -> Value:
+        return self._bin("GreaterOrEqual", o)
+
+    def __and__(self, o: object) -> Value:
+        return self._bin("And", o)
+
+    def __or__(self, o: object) -> Value:
+        return self._bin("Or", o)
+
+    def __xor__(self, o: object) -> Value:
+        return self._bin("Xor", o)
+
+    def __invert__(self) -> Value:
+        return self.graph.op("Not", self)
+
+    def __getitem__(self, index: object) -> Value:
+        from geode.compiler.frontend.builder import getitem
+
+        return getitem(self, index)
+
+    @property
+    def T(self) -> Value:  # noqa: N802 - numpy's name
+        """Transpose (reverses all axes)."""
+        return self.graph.op("Transpose", self)
+
+    def astype(self, dtype: object) -> Value:
+        """Cast to another dtype."""
+        return self.graph.op("Cast", self, to=dtypes.to_onnx(dtype))
+
+
+class Node:
+    """One op application: op type, attributes, input values, output values."""
+
+    def __init__(
+        self,
+        name: str,
+        op_type: str,
+        inputs: Sequence[Value | None],
+        attrs: dict[str, Any] | None = None,
+        domain: str = "",
+    ):
+        self.name = name
+        self.op_type = op_type
+        self.domain = domain
+        self.attrs: dict[str, Any] = dict(attrs or {})
+        self.inputs: list[Value | None] = []
+        self.outputs: list[Value] = []
+        for v in inputs:
+            self.add_input(v)
+
+    def add_input(self, v: Value | None) -> None:
+        """Append an input (None for an omitted optional input)."""
+        if v is not None:
+            v.uses.append((self, len(self.inputs)))
+        self.inputs.append(v)
+
+    def set_input(self, i: int, v: Value | None) -> None:
+        """Replace input ``i``, keeping use lists right."""
+        old = self.inputs[i]
+        if old is not None:
+            old.uses = [(n, j) for n, j in old.uses if not (n is self and j == i)]
+        if v is not None:
+            v.uses.append((self, i))
+        self.inputs[i] = v
+
+    def drop_inputs(self) -> None:
+        """Disconnect every input (used when a node is removed)."""
+        for i in range(len(self.inputs)):
+            self.set_input(i, None)
+
+    def input(self, i: int) -> Value | None:
+        """Input ``i``, or None when omitted or out of range."""
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """Attribute value, or ``default`` when not set."""
+        return self.attrs.get(name, default)
+
+    @property
+    def where(self) -> str:
+        """How errors name this node."""
+        return f"node {self.name!r} ({self.op_type})"
+
+    def __repr__(self) -> str:
+        return f"Node({self.name}: {self.op_type})"
+
+    __hash__ = object.__hash__
+
+
+def _fmt_attr(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        if v.size <= 8:
+            return f"tensor<{dtypes.name(v.dtype)}>{v.tolist()}"
+        return f"tensor<{dtypes.name(v.dtype)}{list(v.shape)}>"
+    if isinstance(v, Graph):
+        return f"graph<{v.name}>"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return repr(v)
+
+
+class Graph:
+    """A dataflow graph of :class:`Node` over :class:`Value`, with its symbol table."""
+
+    def __init__(self, name: str = "graph"):
+        self.name = name
+        self.symbols = SymbolTable()
+        self.nodes: list[Node] = []
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.values: dict[str, Value] = {}
+        self.opset: int = 21
+        self._names = itertools.count()
+
+    # -- naming ----------------------------------------------------------------------
+    def unique_name(self, base: str) -> str:
+        """A value/node name not used yet in this graph."""
+        base = base or "v"
+        if base not in self.values and not any(n.name == base for n in self.nodes):
+            return base
+        while True:
+            cand = f"{base}_{next(self._names)}"
+            if cand not in self.values and not any(n.name == cand for n in self.nodes):
+                return cand
+
+    def _new_value(self, name: str, desc: TensorDesc, kind: ValueKind, **kw: Any) -> Value:
+        if name in self.values:
+            raise GraphError(f"graph {self.name!r}: value name {name!r} is already used")
+        v = Value(self, name, desc, kind, **kw)
+        self.values[name] = v
+        return v
+
+    # -- building --------------------------------------------------------------------
+    def input(self, name: str, shape: Iterable[object] | None, dtype: object = "float32") -> Value:
+        """Declare a graph input; string dims are shared symbols, None/-1 fresh ones."""
+        desc = TensorDesc(dtypes.to_numpy(dtype, f"input {name!r}"), self.symbols.shape(shape))
+        v = self._new_value(name, desc, ValueKind.INPUT)
+        self.inputs.append(v)
+        return v
+
+    def constant(self, data: object, name: str | None = None, dtype: object = None) -> Value:
+        """A constant tensor (its data is known at compile time)."""
+        arr = np.array(data, dtype=dtypes.to_numpy(dtype) if dtype is not None else None)
+        if arr.dtype == np.float64 and dtype is None and not isinstance(data, np.ndarray):
+            arr = arr.astype(np.float32)  # Python floats default to float32, like frameworks
+        if arr.dtype == np.int64 and dtype is None and not isinstance(data, np.ndarray):
+            pass
+        name = self.unique_name(name or "const")
+        return self._new_value(
+            name, TensorDesc(arr.dtype, tuple(arr.shape)), ValueKind.CONSTANT, data=arr
+        )
+
+    def variable(self, name: str, data: object, dtype: object = None) -> Value:
+        """A variable: a named tensor with an initial value that lives in the VarManager."""
+        arr = np.array(data, dtype=dtypes.to_numpy(dtype) if dtype is not None else None)
+        return self._new_value(
+            name, TensorDesc(arr.dtype, tuple(arr.shape)), ValueKind.VARIABLE, data=arr
+        )
+
+    def lift(self, x: object, like: Value | None = None) -> Value:
+        """A Value for ``x``: Values pass through, Python/numpy scalars become constants."""
+        if isinstance(x, Value):
+            if x.graph is not self:
+                raise GraphError(f"value {x.name!r} belongs to graph {x.graph.name!r}, not {self.name!r}")
+            return x
+        dtype = like.dtype if like is not None and not isinstance(x, np.ndarray) else None
+        if dtype is not None and dtype == np.bool_ and not isinstance(x, (bool, np.bool_)):
+            dtype = None
+        return self.constant(x, dtype=dtype)
+
+    def add_node(
+        self,
+        op_type: str,
+        inputs: Sequence[Value | None],
+        attrs: dict[str, Any] | None = None,
+        n_outputs: int = 1,
+        name: str | None = None,
+        domain: str = "",
+        output_names: Sequence[str] | None = None,
+        infer: bool = True,
+    ) -> Node:
+        """Append a node; with ``infer`` its schema is verified and output shapes inferred."""
+        node = Node(self.unique_name(name or op_type.lower()), op_type, inputs, attrs, domain)
+        for v in inputs:
+            if v is not None and v.graph is not self:
+                raise GraphError(f"{node.where}: input {v.name!r} belongs to another graph")
+        for i in range(n_outputs):
+            oname = output_names[i] if output_names else self.unique_name(f"{node.name}_out{i}" if n_outputs > 1 else node.name)
+            out = self._new_value(oname, TensorDesc(np.float32, None), ValueKind.INTERMEDIATE, producer=node)
+            node.outputs.append(out)
+        self.nodes.append(node)
+        if infer:
+            from geode.compiler.ops import registry
+
+            try:
+                registry.infer_node(self, node)
+            except Exception:
+                self.remove_node(node)
+                raise
+        return node
+
+    def op(self, op_type: str, *inputs: object, n_outputs: int = 1, name: str | None = None, **attrs: Any) -> Any:
+        """Apply an op to values (scalars are lifted to constants); returns its output(s)."""
+        like = next((x for x in inputs if isinstance(x, Value)), None)
+        vals = [None if x is None else self.lift(x, like) for x in inputs]
+        node = self.add_node(op_type, vals, attrs, n_outputs=n_outputs, name=name)
+        return node.outputs[0] if n_outputs == 1 else tuple(node.outputs)
+
+    def output(self, *values: Value, names: Sequence[str] | None = None) -> None:
+        """Mark values as graph outputs, optionally renaming them."""
+        if names is not None and len(names) != len(values):
+            raise GraphError(f"graph {self.name!r}: {len(values)} outputs but {len(names)} names")
+        for i, v in enumerate(values):
+            v = self.lift(v)
+            if names is not None and names[i] != v.name:
+                if v.kind is not ValueKind.INTERMEDIATE or v in self.outputs:
+                    v = self.op("Identity", v)
+                self.rename(v, names[i])
+            self.outputs.append(v)
+
+    def rename(self, v: Value, new: str) -> None:
+        """Rename a value; GraphError if the name is taken."""
+        if new == v.name:
+            return
+        if new in self.values:
+            raise GraphError(f"graph {self.name!r}: cannot rename {v.name!r} to {new!r}, name is taken")
+        del self.values[v.name]
+        v.name = new
+        self.values[new] = v
+
+    # -- editing ---------------------------------------------------------------------
+    def replace_all_uses(self, old: Value, new: Value) -> None:
+        """Make every reader of ``old`` (nodes and graph outputs) read ``new``."""
+        for node, i in list(old.uses):
+            node.set_input(i, new)
+        self.outputs = [new if o is old else o for o in self.outputs]
+
+    def remove_node(self, node: Node) -> None:
+        """Remove a node and its outputs (they must be unused)."""
+        node.drop_inputs()
+        self.nodes = [n for n in self.nodes if n is not node]
+        for out in node.outputs:
+            if self.values.get(out.name) is out:
+                del self.values[out.name]
+
+    def remove_value(self, v: Value) -> None:
+        """Forget an unused constant/variable/input value."""
+        if self.values.get(v.name) is v:
+            del self.values[v.name]
+        if v in self.inputs:
+            self.inputs.remove(v)
+
+    # -- queries ---------------------------------------------------------------------
+    def toposort(self) -> list[Node]:
+        """Nodes in a topological order (stable); GraphError on a cycle."""
+        indeg: dict[int, int] = {}
+        readers: dict[int, list[Node]] = {}
+        for n in self.nodes:
+            preds = {id(v.producer) for v in n.inputs if v is not None and v.producer is not None}
+            indeg[id(n)] = len(preds)
+            for p in preds:
+                readers.setdefault(p, []).append(n)
+        order: list[Node] = []
+        ready = [n for n in self.nodes if indeg[id(n)] == 0]
+        pos = {id(n): i for i, n in enumerate(self.nodes)}
+        import heapq
+
+        heap = [(pos[id(n)], n) for n in ready]
+        heapq.heapify(heap)
+        while heap:
+            _, n = heapq.heappop(heap)
+            order.append(n)
+            for r in readers.get(id(n), []):
+                indeg[id(r)] -= 1
+                if indeg[id(r)] == 0:
+                    heapq.heappush(heap, (pos[id(r)], r))
+        if len(order) != len(self.nodes):
+            stuck = [n.name for n in self.nodes if indeg[id(n)] > 0][:5]
+            raise GraphError(f"graph {self.name!r} has a cycle through nodes {stuck}")
+        return order
+
+    def sort(self) -> None:
+        """Put ``nodes`` in topological order."""
+        self.nodes = self.toposort()
+
+    def constants(self) -> list[Value]:
+        """Constant values, in name order."""
+        return [v for v in self.values.values() if v.kind is ValueKind.CONSTANT]
+
+    def variables(self) -> list[Value]:
+        """Variable values."""
+        return [v for v in self.values.values() if v.kind is ValueKind.VARIABLE]
+
+    def verify(self) -> None:
+        """Check structural invariants: acyclic, each value produced once, names unique, uses consistent."""
+        node_names: set[str] = set()
+        produced: dict[str, str] = {}
+        for v in self.inputs:
+            if v.kind is not ValueKind.INPUT:
+                raise GraphError(f"graph input {v.name!r} is a {v.kind.value}, not an input")
+            produced[v.name] = "graph input"
+        for n in self.nodes:
+            if n.name in node_names:
+                raise GraphError(f"graph {self.name!r}: node name {n.name!r} is used twice")
+            node_names.add(n.name)
+            for i, v in enumerate(n.inputs):
+                if v is None:
+                    continue
+                if self.values.get(v.name) is not v:
+                    raise GraphError(f"{n.where}: input {i} ({v.name!r}) is not a value of this graph")
+                if (n, i) not in [(u, j) for u, j in v.uses]:
+                    raise GraphError(f"{n.where}: input {v.name!r} does not record this use")
+                if v.kind is ValueKind.INTERMEDIATE and (v.producer is None or v.producer not in self.nodes):
+                    raise GraphError(f"{n.where}: input {v.name!r} has no producer in the graph")
+            for o in n.outputs:
+                if o.name in produced:
+                    raise GraphError(
+                        f"value {o.name!r} is produced twice: by {produced[o.name]} and {n.where}"
+                    )
+                if o.producer is not n:
+                    raise GraphError(f"{n.where}: output {o.name!r} names another producer")
+                produced[o.name] = n.where
+        for o in self.outputs:
+            if self.values.get(o.name) is not o:
+                raise GraphError(f"graph output {o.name!r} is not a value of this graph")
+        if len({o.name for o in self.outputs}) != len(self.outputs):
+            raise GraphError(f"graph {self.name!r}: an output name is used twice")
+        self.toposort()
+
+    def infer_shapes(self) -> None:
+        """Run every node's verify and infer_shape in topological order."""
+        from geode.compiler.ops import registry
+
+        self.sort()
+        for n in self.nodes:
+            registry.infer_node(self, n)
+
+    def copy(self) -> Graph:
+        """A structural copy (tensor data is shared, not copied)."""
+        g = Graph(self.name)
+        g.symbols = SymbolTable(dict(self.symbols.named), self.symbols.counter, list(self.symbols.constraints))
+        g.opset = self.opset
+        vmap: dict[int, Value] = {}
+        for v in self.values.values():
+            if v.producer is None:
+                nv = g._new_value(v.name, TensorDesc(v.dtype, v.shape, v.desc.format), v.kind, data=v.data)
+                vmap[id(v)] = nv
+        g.inputs = [vmap[id(v)] for v in self.inputs]
+        for n in self.nodes:
+            nn = Node(n.name, n.op_type, [None if v is None else vmap[id(v)] for v in n.inputs], n.attrs, n.domain)
+            for o in n.outputs:
+                no = g._new_value(o.name, TensorDesc(o.dtype, o.shape, o.desc.format), o.kind, producer=nn)
+                nn.outputs.append(no)
+                vmap[id(o)] = no
+            g.nodes.append(nn)
+        g.outputs = [vmap[id(v)] for v in self.outputs]
+        return g
+
+    # -- printing --------------------------------------------------------------------
+    def __str__(self) -> str:
+        return format_graph(self)
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, {len(self.nodes)} nodes)"
+
+
+def format_graph(g: Graph, annotate: dict[str, str] | None = None) -> str:
+    """Readable text form of a graph; ``annotate`` adds a comment per node name."""
+    ins = ", ".join(f"%{v.name}: {v.desc}" for v in g.inputs)
+    outs = ", ".join(f"%{v.name}: {v.desc}" for v in g.outputs)
+    lines = [f"graph {g.name}({ins}) -> ({outs}) {{"]
+    for v in g.values.values():
+        if v.kind is ValueKind.CONSTANT:
+            d = v.data
+            body = repr(d.tolist()) if d is not None and d.size <= 6 else f"<{d.size if d is not None else '?'} elements>"
+            lines.append(f"  %{v.name}: {v.desc} = const {body}")
+        elif v.kind is ValueKind.VARIABLE:
+            lines.append(f"  %{v.name}: {v.desc} = variable")
+    for n in g.nodes:
+        outs_s = ", ".join(f"%{o.name}: {o.desc}" for o in n.outputs)
+        args = ", ".join("_" if v is None else f"%{v.name}" for v in n.inputs)
+        attrs = ", ".join(f"{k}={_fmt_attr(v)}" for k, v in sorted(n.attrs.items()))
+        dom = f"{n.domain}." if n.domain else ""
+        line = f"  {outs_s} = {dom}{n.op_type}({args})"
+        if attrs:
+            line += f" {{{attrs}}}"
+        if annotate and n.name in annotate:
+            line += f"  # {annotate[n.name]}"
+        lines.append(line)
+    if g.symbols.constraints:
+        cons = "; ".join(f"{a} == {b}" for a, b, _ in g.symbols.constraints)
+        lines.append(f"  constraints: {cons}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+@dataclass
+class GraphStats:
+    """Counts used by explain()/dumps."""
+
+    nodes: int = 0
+    by_op: dict[str, int] = field(default_factory=dict)
+
+
+def stats(g: Graph) -> GraphStats:
+    """Op counts of a graph."""
+    s = GraphStats(len(g.nodes))
+    for n in g.nodes:
+        s.by_op[n.op_type] = s.by_op.get(n.op_type, 0) + 1
+    return s

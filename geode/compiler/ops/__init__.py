@@ -1,0 +1,10 @@
+"""The op registry and every registered op prototype.
+
+Importing this package registers all ops; ``registry.get(op_type)`` finds one.
+"""
+
+from geode.compiler.ops import registry
+from geode.compiler.ops import elementwise as _elementwise  # noqa: F401
+from geode.compiler.ops.registry import OpDef, OpKind, all_ops, get, has, register
+
+__all__ = ["OpDef", "OpKind", "all_ops", "get", "has", "register", "registry"]

@@ -1,0 +1,212 @@
+"""Symbolic dims: sympy symbols and expressions, broadcasting, constraints, evaluation.
+
+A dim is an ``int`` or a sympy expression over positive integer symbols. A shape is a
+tuple of dims, or ``None`` when even the rank is unknown. Named dims (``"N"``,
+``"seq"``) become one shared symbol per :class:`SymbolTable`; unknown dims get fresh
+symbols (``_s0``, ``_s1``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import sympy
+
+from geode.errors import ShapeError
+
+Dim = int | sympy.Expr
+Shape = tuple[Dim, ...] | None
+
+
+def sym(name: str) -> sympy.Symbol:
+    """The canonical symbol for a named dim (positive integer)."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def as_dim(d: object) -> Dim:
+    """Normalise a dim: ints stay ints, strings become symbols, sympy ints become ints."""
+    if isinstance(d, bool):
+        raise ShapeError(f"a dim cannot be a bool ({d!r})")
+    if isinstance(d, int):
+        return d
+    if isinstance(d, str):
+        return sym(d)
+    if isinstance(d, sympy.Expr):
+        d = sympy.simplify(d) if not d.is_Atom else d
+        return int(d) if d.is_Integer else d
+    if hasattr(d, "__index__"):
+        return int(d)  # numpy integers
+    raise ShapeError(f"not a dim: {d!r} ({type(d).__name__})")
+
+
+def is_static_dim(d: Dim) -> bool:
+    """True for a concrete integer dim."""
+    return isinstance(d, int)
+
+
+def is_static(shape: Shape) -> bool:
+    """True when the rank and every dim are known integers."""
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
+def numel(shape: Sequence[Dim]) -> Dim:
+    """Number of elements, as an int when static."""
+    n: Dim = 1
+    for d in shape:
+        n = n * d
+    return as_dim(n) if not isinstance(n, int) else n
+
+
+def dim_str(d: Dim) -> str:
+    """Readable text for one dim."""
+    return str(d)
+
+
+def shape_str(shape: Shape) -> str:
+    """Readable text for a shape: ``[N, 128]`` or ``[?]`` for unknown rank."""
+    if shape is None:
+        return "[?]"
+    return "[" + ", ".join(dim_str(d) for d in shape) + "]"
+
+
+def dims_equal(a: Dim, b: Dim) -> bool | None:
+    """True/False when provably equal/different, None when it depends on symbol values."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    diff = sympy.simplify(sympy.Integer(a) - b if isinstance(a, int) else a - b)
+    if diff == 0:
+        return True
+    if diff.is_number:
+        return False
+    return None
+
+
+def free_symbols(shape: Shape) -> set[sympy.Symbol]:
+    """Symbols a shape depends on."""
+    out: set[sympy.Symbol] = set()
+    for d in shape or ():
+        if not isinstance(d, int):
+            out |= d.free_symbols
+    return out
+
+
+def normalize_axis(axis: int, rank: int, where: str = "") -> int:
+    """Map a possibly negative axis into ``[0, rank)``; ShapeError when out of range."""
+    a = int(axis)
+    if not -rank <= a < max(rank, 1) or (rank == 0 and a not in (0, -1)):
+        raise ShapeError(f"axis {axis} out of range for rank {rank}" + (f" at {where}" if where else ""))
+    return a + rank if a < 0 else a
+
+
+def evaluate_dim(d: Dim, env: Mapping[sympy.Symbol, int]) -> int:
+    """Value of a dim once its symbols are bound."""
+    if isinstance(d, int):
+        return d
+    v = d.xreplace({s: sympy.Integer(env[s]) for s in d.free_symbols if s in env})
+    if not v.is_number:
+        missing = ", ".join(sorted(str(s) for s in v.free_symbols))
+        raise ShapeError(f"dim {d} needs unbound symbols: {missing}")
+    return int(v)
+
+
+def evaluate(shape: Sequence[Dim], env: Mapping[sympy.Symbol, int]) -> tuple[int, ...]:
+    """Concrete shape once its symbols are bound."""
+    return tuple(evaluate_dim(d, env) for d in shape)
+
+
+def broadcast_dim(a: Dim, b: Dim, where: str = "") -> Dim:
+    """Multidirectional (numpy/ONNX) broadcast of two dims."""
+    if isinstance(a, int) and isinstance(b, int):
+        if a == b or b == 1:
+            return a
+        if a == 1:
+            return b
+        raise ShapeError(f"cannot broadcast dims {a} and {b}" + (f" at {where}" if where else ""))
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    eq = dims_equal(a, b)
+    if eq:
+        return a
+    # One side may be 1 at run time; the static side wins when it is not 1.
+    if isinstance(a, int):
+        return a
+    if isinstance(b, int):
+        return b
+    return sympy.Max(a, b)
+
+
+def broadcast_shapes(*shapes: Shape, where: str = "") -> Shape:
+    """Multidirectional broadcast of several shapes (None if any rank is unknown)."""
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = [1] * rank
+    for s in shapes:
+        padded = (1,) * (rank - len(s)) + tuple(s)
+        out = [broadcast_dim(x, y, where) for x, y in zip(out, padded)]
+    return tuple(out)
+
+
+@dataclass
+class SymbolTable:
+    """The symbols of one graph: named dims, fresh dims, and equality constraints."""
+
+    named: dict[str, sympy.Symbol] = field(default_factory=dict)
+    counter: int = 0
+    constraints: list[tuple[Dim, Dim, str]] = field(default_factory=list)
+
+    def named_dim(self, name: str) -> sympy.Symbol:
+        """The shared symbol for a named dim."""
+        if name not in self.named:
+            self.named[name] = sym(name)
+        return self.named[name]
+
+    def fresh(self, prefix: str = "s") -> sympy.Symbol:
+        """A new symbol that no other dim shares."""
+        while True:
+            name = f"_{prefix}{self.counter}"
+            self.counter += 1
+            if name not in self.named:
+                s = sym(name)
+                self.named[name] = s
+                return s
+
+    def dim(self, d: object) -> Dim:
+        """Turn a user/ONNX dim into a Dim: str -> shared symbol, None/-1/'?' -> fresh."""
+        if d is None or (isinstance(d, int) and not isinstance(d, bool) and d < 0) or d in ("?", ""):
+            return self.fresh()
+        if isinstance(d, str):
+            return self.named_dim(d)
+        return as_dim(d)
+
+    def shape(self, dims: Iterable[object] | None) -> Shape:
+        """Turn a user/ONNX shape into a Shape (None: unknown rank)."""
+        if dims is None:
+            return None
+        return tuple(self.dim(d) for d in dims)
+
+    def equate(self, a: Dim, b: Dim, where: str = "") -> Dim:
+        """Record that two dims must be equal; ShapeError if they provably differ."""
+        eq = dims_equal(a, b)
+        if eq is False:
+            raise ShapeError(f"dims {a} and {b} must be equal" + (f" at {where}" if where else ""))
+        if eq is None:
+            self.constraints.append((a, b, where))
+            return a if isinstance(a, int) else b if isinstance(b, int) else a
+        return a
+
+    def check_constraints(self, env: Mapping[sympy.Symbol, int]) -> list[str]:
+        """Messages for constraints that the bound symbols break (unbound ones skipped)."""
+        bad = []
+        for a, b, where in self.constraints:
+            syms = (a.free_symbols if not isinstance(a, int) else set()) | (
+                b.free_symbols if not isinstance(b, int) else set()
+            )
+            if all(s in env for s in syms):
+                va, vb = evaluate_dim(a, env), evaluate_dim(b, env)
+                if va != vb:
+                    bad.append(f"{a}={va} must equal {b}={vb}" + (f" ({where})" if where else ""))
+        return bad
