@@ -1,0 +1,1 @@
+"""host ops (filled in by their owner)."""

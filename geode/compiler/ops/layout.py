@@ -1,0 +1,1 @@
+"""layout ops (filled in by their owner)."""

@@ -1,0 +1,1 @@
+"""nn ops (filled in by their owner)."""

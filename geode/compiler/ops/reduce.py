@@ -1,0 +1,1 @@
+"""reduce ops (filled in by their owner)."""
