@@ -15,7 +15,36 @@ Public face::
 from geode.compiler import ops as _registry  # noqa: F401  (registers every op)
 from geode.compiler.frontend import builder as ops
 from geode.compiler.ir import Graph, Node, TensorDesc, Value
+from geode.config import set_options
 from geode.errors import GeodeError
 
-__all__ = ["GeodeError", "Graph", "Node", "TensorDesc", "Value", "ops"]
+__all__ = [
+    "GeodeError",
+    "Graph",
+    "Node",
+    "Session",
+    "TensorDesc",
+    "Value",
+    "compile",
+    "load",
+    "ops",
+    "set_options",
+]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # compile/load/Session pull in the whole compiler and codegen stack: import on first use
+    if name in ("compile", "load"):
+        from geode import api
+
+        return getattr(api, name)
+    if name == "Session":
+        from geode.session import Session
+
+        return Session
+    if name == "onnx_backend":
+        import importlib
+
+        return importlib.import_module("geode.onnx_backend")
+    raise AttributeError(f"module 'geode' has no attribute {name!r}")

@@ -8,7 +8,7 @@ symbols (``_s0``, ``_s1``, ...).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sympy
@@ -210,3 +210,32 @@ class SymbolTable:
                 if va != vb:
                     bad.append(f"{a}={va} must equal {b}={vb}" + (f" ({where})" if where else ""))
         return bad
+
+
+def compile_shape_fn(shape: Sequence[Dim]) -> Callable[[Mapping[str, int]], tuple[int, ...]]:
+    """A plain Python function ``env -> tuple[int, ...]`` evaluating a symbolic shape.
+
+    ``env`` maps symbol names to ints. Used to hand shapes to the runtime, which must
+    not depend on sympy objects.
+    """
+    from sympy.printing.pycode import pycode
+
+    if all(isinstance(d, int) for d in shape):
+        const = tuple(int(d) for d in shape)
+        return lambda env: const
+    names = sorted({s.name for d in shape if not isinstance(d, int) for s in d.free_symbols})
+    body = []
+    for d in shape:
+        body.append(str(d) if isinstance(d, int) else f"int({pycode(d, fully_qualified_modules=True)})")
+    lines = ["def shape_fn(env):"]
+    lines += [f"    {n} = env[{n!r}]" for n in names]
+    lines.append(f"    return ({', '.join(body)},)")
+    scope: dict = {"math": __import__("math")}
+    exec("\n".join(lines), scope)  # noqa: S102 - source built from sympy expressions only
+    return scope["shape_fn"]
+
+
+def compile_dim_fn(d: Dim) -> Callable[[Mapping[str, int]], int]:
+    """A plain Python function ``env -> int`` evaluating one dim."""
+    f = compile_shape_fn((d,))
+    return lambda env: f(env)[0]

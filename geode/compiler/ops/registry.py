@@ -138,9 +138,7 @@ class OpDef:
     def min_inputs(self) -> int:
         n = 0
         for i, spec in enumerate(self.inputs):
-            if not spec.optional and not spec.variadic:
-                n = i + 1
-            elif spec.variadic and not spec.optional:
+            if not spec.optional and not spec.variadic or spec.variadic and not spec.optional:
                 n = i + 1
         return n
 

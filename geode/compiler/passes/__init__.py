@@ -1,0 +1,12 @@
+"""Graph passes: each module exposes one function ``(graph) -> bool`` (True: it changed the graph).
+
+const_fold  fold_constants             evaluate constant subgraphs, Shape/Size of static dims
+dce         dce                        remove what no output needs
+cse         cse                        merge duplicate nodes and constants
+simplify    simplify                   algebraic identities (x*1, Transpose pairs, ...)
+decompose   decompose                  composite ops into primitives
+variables   mark_read_only_variables   GE-style variable marks; freeze_read_only_variables
+
+``rewrite`` holds what they share (replace_value keeps graph output names). The order
+they run in is ``geode.compiler.pipeline.PIPELINE``.
+"""

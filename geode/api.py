@@ -1,0 +1,38 @@
+"""``geode.compile`` and ``geode.load``: pick the front end, hand the graph to a Session."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from geode.compiler.ir import Graph
+from geode.errors import GeodeError
+from geode.runtime.model import CompiledModel
+
+
+def compile(model: Any, session: Any = None, **options: Any) -> CompiledModel:  # noqa: A001
+    """Compile a ``geode.Graph``, an ONNX ``ModelProto`` or a path to an ``.onnx`` file.
+
+    Options (see ``geode.config``) override the session's, e.g. ``fusion=False``.
+    """
+    from geode.session import default_session
+
+    graph = to_graph(model)
+    sess = session if session is not None else default_session()
+    return sess.compile(graph, **options)
+
+
+def to_graph(model: Any) -> Graph:
+    """The geode Graph for a Graph, ModelProto, or model path."""
+    if isinstance(model, Graph):
+        return model
+    if isinstance(model, (str, os.PathLike, bytes)) or type(model).__name__ == "ModelProto":
+        from geode.compiler.frontend import onnx as onnx_frontend
+
+        return onnx_frontend.import_model(model)
+    raise GeodeError(f"cannot compile a {type(model).__name__}: give a geode.Graph, an ONNX ModelProto or a path")
+
+
+def load(path: str | os.PathLike, **options: Any) -> CompiledModel:
+    """Load and compile an ONNX model file."""
+    return compile(os.fspath(path), **options)

@@ -1,0 +1,509 @@
+"""The loop AST: expressions, loops, ScheduleBlocks, loads and stores, and its printer.
+
+Shape of a lowered kernel (CINN-style)::
+
+    kernel fused_0(X: float32[N, 1024], Y: float32[N, 1024]; dims N)
+    {
+      serial for (i0, 0, N)
+      {
+        serial for (i1, 0, 1024)
+        {
+          ScheduleBlock(mul_0)
+          {
+            vi0, vi1 = axis.bind(i0, i1)
+            T0[vi0, vi1] = X[vi0, vi1] * 2.0f
+          }
+        }
+      }
+    }
+
+Expressions are immutable (frozen dataclasses); statements are mutable trees that
+schedule primitives rewrite in place. Loops always run from 0 to ``extent`` with step
+1. Every ScheduleBlock names its iteration variables (spatial or reduce), binds each
+to an expression of the enclosing loop variables, and holds the statements computing
+one element. A reduction is a block with reduce iteration variables whose store
+combines into the output (``C[vi] = C[vi] + X[vi, vk]``), preceded by an init block.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------
+# expressions
+# ---------------------------------------------------------------------------------
+
+
+class Expr:
+    """Base of all expressions."""
+
+    def __add__(self, o: object) -> Expr:
+        return add(self, wrap(o))
+
+    def __radd__(self, o: object) -> Expr:
+        return add(wrap(o), self)
+
+    def __sub__(self, o: object) -> Expr:
+        return sub(self, wrap(o))
+
+    def __mul__(self, o: object) -> Expr:
+        return mul(self, wrap(o))
+
+    def __rmul__(self, o: object) -> Expr:
+        return mul(wrap(o), self)
+
+    def __floordiv__(self, o: object) -> Expr:
+        return floordiv(self, wrap(o))
+
+    def __mod__(self, o: object) -> Expr:
+        return mod(self, wrap(o))
+
+
+@dataclass(frozen=True)
+class Var(Expr):
+    """A loop variable, block iteration variable, or symbolic dim (kernel argument)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    """A literal; ``dtype`` is a numpy dtype name ('int64' for index arithmetic)."""
+
+    value: float | int | bool
+    dtype: str = "int64"
+
+
+#: Binary operators. Arithmetic follows ONNX: ``/`` is true division for floats and
+#: truncating division for integers; ``//`` is floor division (index arithmetic);
+#: ``%`` takes the sign of the divisor (ONNX Mod fmod=0, also used for indices);
+#: ``fmod`` takes the sign of the dividend (C fmod). ``and or xor`` are logical (bool),
+#: ``bitand bitor bitxor shl shr`` bitwise. Comparisons give bool.
+BIN_OPS = frozenset(
+    ["+", "-", "*", "/", "//", "%", "fmod", "min", "max", "pow", "<", "<=", ">", ">=", "==", "!=", "and", "or", "xor", "bitand", "bitor", "bitxor", "shl", "shr"]
+)
+
+#: Unary operators and math functions. ``round`` rounds half to even; ``sign`` gives
+#: -1/0/1 in the operand's dtype; ``isnan``/``isinf``/``isposinf``/``isneginf`` give
+#: bool; ``not`` is logical, ``bitnot`` bitwise.
+UN_OPS = frozenset(
+    ["neg", "not", "bitnot", "abs", "exp", "log", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "floor", "ceil", "round", "sign", "isnan", "isinf", "isposinf", "isneginf"]
+)
+
+
+@dataclass(frozen=True)
+class Bin(Expr):
+    """Binary operation; ``op`` is one of :data:`BIN_OPS`."""
+
+    op: str
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True)
+class Un(Expr):
+    """Unary operation or math function; ``op`` is one of :data:`UN_OPS`."""
+
+    op: str
+    a: Expr
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    """``t if cond else f``."""
+
+    cond: Expr
+    t: Expr
+    f: Expr
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    """Convert to a numpy dtype (by name)."""
+
+    dtype: str
+    a: Expr
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    """Read one element of a buffer."""
+
+    buffer: str
+    indices: tuple[Expr, ...]
+
+
+def wrap(x: object) -> Expr:
+    """Python ints/floats/bools become Const; Exprs pass through."""
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, bool):
+        return Const(x, "bool")
+    if isinstance(x, (int, np.integer)):
+        return Const(int(x), "int64")
+    if isinstance(x, (float, np.floating)):
+        return Const(float(x), "float64")
+    raise TypeError(f"not an expression: {x!r}")
+
+
+def _is_const(e: Expr, v: object) -> bool:
+    return isinstance(e, Const) and e.value == v and e.dtype == "int64"
+
+
+def add(a: Expr, b: Expr) -> Expr:
+    """Index addition with trivial folding."""
+    if isinstance(a, Const) and isinstance(b, Const) and a.dtype == b.dtype == "int64":
+        return Const(a.value + b.value)
+    if _is_const(a, 0):
+        return b
+    if _is_const(b, 0):
+        return a
+    return Bin("+", a, b)
+
+
+def sub(a: Expr, b: Expr) -> Expr:
+    """Index subtraction with trivial folding."""
+    if isinstance(a, Const) and isinstance(b, Const) and a.dtype == b.dtype == "int64":
+        return Const(a.value - b.value)
+    if _is_const(b, 0):
+        return a
+    return Bin("-", a, b)
+
+
+def mul(a: Expr, b: Expr) -> Expr:
+    """Index multiplication with trivial folding."""
+    if isinstance(a, Const) and isinstance(b, Const) and a.dtype == b.dtype == "int64":
+        return Const(a.value * b.value)
+    if _is_const(a, 1):
+        return b
+    if _is_const(b, 1):
+        return a
+    if _is_const(a, 0) or _is_const(b, 0):
+        return Const(0)
+    return Bin("*", a, b)
+
+
+def floordiv(a: Expr, b: Expr) -> Expr:
+    """Index floor division with trivial folding."""
+    if isinstance(a, Const) and isinstance(b, Const) and a.dtype == b.dtype == "int64":
+        return Const(a.value // b.value)
+    if _is_const(b, 1):
+        return a
+    if _is_const(a, 0):
+        return a
+    return Bin("//", a, b)
+
+
+def mod(a: Expr, b: Expr) -> Expr:
+    """Index modulo with trivial folding."""
+    if isinstance(a, Const) and isinstance(b, Const) and a.dtype == b.dtype == "int64":
+        return Const(a.value % b.value)
+    if _is_const(b, 1):
+        return Const(0)
+    return Bin("%", a, b)
+
+
+def prod(xs: list[Expr]) -> Expr:
+    """Product of index expressions."""
+    out: Expr = Const(1)
+    for x in xs:
+        out = mul(out, x)
+    return out
+
+
+_FOLD = {"+": add, "-": sub, "*": mul, "//": floordiv, "%": mod}
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    """Direct sub-expressions."""
+    if isinstance(e, Bin):
+        return (e.a, e.b)
+    if isinstance(e, (Un, Cast)):
+        return (e.a,)
+    if isinstance(e, Select):
+        return (e.cond, e.t, e.f)
+    if isinstance(e, Load):
+        return e.indices
+    return ()
+
+
+def rebuild(e: Expr, kids: tuple[Expr, ...]) -> Expr:
+    """``e`` with its direct sub-expressions replaced (same order as ``children``)."""
+    if isinstance(e, Bin):
+        if e.op in _FOLD:
+            return _FOLD[e.op](kids[0], kids[1])
+        return Bin(e.op, kids[0], kids[1])
+    if isinstance(e, Un):
+        return Un(e.op, kids[0])
+    if isinstance(e, Cast):
+        return Cast(e.dtype, kids[0])
+    if isinstance(e, Select):
+        return Select(kids[0], kids[1], kids[2])
+    if isinstance(e, Load):
+        return Load(e.buffer, tuple(kids))
+    return e
+
+
+def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """Bottom-up rewrite: ``fn`` returns a replacement or None to keep the node."""
+    kids = children(e)
+    if kids:
+        new_kids = tuple(transform(k, fn) for k in kids)
+        if any(n is not o for n, o in zip(new_kids, kids)):
+            e = rebuild(e, new_kids)
+    r = fn(e)
+    return e if r is None else r
+
+
+def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
+    """Replace variables by expressions."""
+    if not mapping:
+        return e
+    return transform(e, lambda x: mapping.get(x.name) if isinstance(x, Var) else None)
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Every sub-expression, pre-order."""
+    yield e
+    for k in children(e):
+        yield from walk(k)
+
+
+def free_vars(e: Expr) -> set[str]:
+    """Names of variables an expression reads."""
+    return {x.name for x in walk(e) if isinstance(x, Var)}
+
+
+def loads(e: Expr) -> list[Load]:
+    """Loads in an expression, pre-order."""
+    return [x for x in walk(e) if isinstance(x, Load)]
+
+
+# ---------------------------------------------------------------------------------
+# statements
+# ---------------------------------------------------------------------------------
+
+
+class ForKind(enum.Enum):
+    """How a loop runs."""
+
+    SERIAL = "serial"
+    PARALLEL = "parallel"
+    VECTORIZED = "vectorized"
+    UNROLLED = "unrolled"
+
+
+class Stmt:
+    """Base of all statements."""
+
+
+@dataclass
+class For(Stmt):
+    """``for var in range(extent)``; ``kind`` says serial/parallel/vectorized/unrolled."""
+
+    var: str
+    extent: Expr
+    body: list[Stmt]
+    kind: ForKind = ForKind.SERIAL
+
+
+@dataclass
+class IterVar:
+    """A block iteration variable: its extent and whether it is spatial or reduce."""
+
+    name: str
+    extent: Expr
+    kind: str = "spatial"  # spatial | reduce
+
+
+@dataclass
+class Block(Stmt):
+    """A ScheduleBlock: iteration variables bound to loop expressions, and its body.
+
+    ``predicate`` (if set) guards the body (tiles that overrun the extent). ``init``
+    marks the initialisation block of a reduction (``reduce_of`` names the block).
+    """
+
+    name: str
+    iter_vars: list[IterVar]
+    bindings: list[Expr]
+    body: list[Stmt]
+    predicate: Expr | None = None
+    reduce_of: str | None = None
+
+
+@dataclass
+class Store(Stmt):
+    """``buffer[indices] = value``."""
+
+    buffer: str
+    indices: tuple[Expr, ...]
+    value: Expr
+
+
+@dataclass
+class If(Stmt):
+    """``if cond: body``."""
+
+    cond: Expr
+    body: list[Stmt]
+
+
+@dataclass
+class Buffer:
+    """A tensor a kernel reads or writes: global (argument), local (temporary array)
+    or register (a scalar temporary)."""
+
+    name: str
+    dtype: str
+    shape: tuple[Expr, ...]
+    scope: str = "global"  # global | local | register
+
+
+@dataclass
+class Kernel:
+    """A function: argument buffers (inputs then outputs), symbolic dim arguments,
+    temporary buffers and the loop body."""
+
+    name: str
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    dims: list[str]
+    body: list[Stmt]
+    temps: list[Buffer] = field(default_factory=list)
+
+    def buffer(self, name: str) -> Buffer:
+        """The buffer called ``name`` (argument or temporary)."""
+        for b in self.inputs + self.outputs + self.temps:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def copy(self) -> Kernel:
+        """A deep copy (schedules work on copies to keep the lowered form)."""
+        return copy.deepcopy(self)
+
+
+def walk_stmts(stmts: list[Stmt]) -> Iterator[Stmt]:
+    """Every statement, pre-order."""
+    for s in stmts:
+        yield s
+        if isinstance(s, (For, Block, If)):
+            yield from walk_stmts(s.body)
+
+
+def blocks(stmts: list[Stmt]) -> list[Block]:
+    """ScheduleBlocks in program order."""
+    return [s for s in walk_stmts(stmts) if isinstance(s, Block)]
+
+
+def stmt_exprs(s: Stmt) -> list[Expr]:
+    """Expressions a statement holds directly (not those of nested statements)."""
+    if isinstance(s, Store):
+        return [*s.indices, s.value]
+    if isinstance(s, For):
+        return [s.extent]
+    if isinstance(s, Block):
+        out = list(s.bindings) + [iv.extent for iv in s.iter_vars]
+        return out + ([s.predicate] if s.predicate is not None else [])
+    if isinstance(s, If):
+        return [s.cond]
+    return []
+
+
+# ---------------------------------------------------------------------------------
+# printer
+# ---------------------------------------------------------------------------------
+
+_PREC = {"or": 1, "and": 2, "xor": 2, "<": 3, "<=": 3, ">": 3, ">=": 3, "==": 3, "!=": 3,
+         "+": 4, "-": 4, "*": 5, "/": 5, "//": 5, "%": 5}
+
+
+def expr_str(e: Expr, parent: int = 0) -> str:
+    """Readable text for an expression."""
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Const):
+        if e.dtype == "bool":
+            return "true" if e.value else "false"
+        if e.dtype.startswith("float"):
+            suffix = "f" if e.dtype == "float32" else ("h" if e.dtype == "float16" else "")
+            return f"{float(e.value)!r}{suffix}"
+        return str(e.value)
+    if isinstance(e, Bin):
+        if e.op in _PREC:
+            p = _PREC[e.op]
+            s = f"{expr_str(e.a, p)} {e.op} {expr_str(e.b, p + 1)}"
+            return f"({s})" if p < parent else s
+        return f"{e.op}({expr_str(e.a)}, {expr_str(e.b)})"
+    if isinstance(e, Un):
+        if e.op == "neg":
+            return f"-{expr_str(e.a, 6)}"
+        if e.op == "not":
+            return f"!{expr_str(e.a, 6)}"
+        return f"{e.op}({expr_str(e.a)})"
+    if isinstance(e, Select):
+        return f"select({expr_str(e.cond)}, {expr_str(e.t)}, {expr_str(e.f)})"
+    if isinstance(e, Cast):
+        return f"cast<{e.dtype}>({expr_str(e.a)})"
+    if isinstance(e, Load):
+        return f"{e.buffer}[{', '.join(expr_str(i) for i in e.indices)}]"
+    return repr(e)
+
+
+def _stmt_lines(s: Stmt, ind: str) -> list[str]:
+    if isinstance(s, For):
+        out = [f"{ind}{s.kind.value} for ({s.var}, 0, {expr_str(s.extent)})", f"{ind}{{"]
+        for b in s.body:
+            out += _stmt_lines(b, ind + "  ")
+        return out + [f"{ind}}}"]
+    if isinstance(s, Block):
+        out = [f"{ind}ScheduleBlock({s.name})", f"{ind}{{"]
+        inner = ind + "  "
+        if s.iter_vars:
+            names = ", ".join(("" if iv.kind == "spatial" else "r:") + iv.name for iv in s.iter_vars)
+            out.append(f"{inner}{names} = axis.bind({', '.join(expr_str(b) for b in s.bindings)})")
+        if s.predicate is not None:
+            out.append(f"{inner}predicate = {expr_str(s.predicate)}")
+        for b in s.body:
+            out += _stmt_lines(b, inner)
+        return out + [f"{ind}}}"]
+    if isinstance(s, Store):
+        idx = ", ".join(expr_str(i) for i in s.indices)
+        return [f"{ind}{s.buffer}[{idx}] = {expr_str(s.value)}"]
+    if isinstance(s, If):
+        out = [f"{ind}if ({expr_str(s.cond)})", f"{ind}{{"]
+        for b in s.body:
+            out += _stmt_lines(b, ind + "  ")
+        return out + [f"{ind}}}"]
+    return [f"{ind}{s!r}"]
+
+
+def _buf_str(b: Buffer) -> str:
+    return f"{b.name}: {b.dtype}[{', '.join(expr_str(d) for d in b.shape)}]"
+
+
+def format_stmts(stmts: list[Stmt], indent: str = "") -> str:
+    """Readable text for a statement list."""
+    lines: list[str] = []
+    for s in stmts:
+        lines += _stmt_lines(s, indent)
+    return "\n".join(lines)
+
+
+def format_kernel(k: Kernel) -> str:
+    """Readable text for a kernel, in the style of CINN's AST printer."""
+    args = ", ".join(_buf_str(b) for b in k.inputs + k.outputs)
+    dims = f"; dims {', '.join(k.dims)}" if k.dims else ""
+    lines = [f"kernel {k.name}({args}{dims})"]
+    for t in k.temps:
+        lines.append(f"  {t.scope} {_buf_str(t)}")
+    lines.append("{")
+    lines.append(format_stmts(k.body, "  "))
+    lines.append("}")
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""The reference interpreter: runs a graph with the registry's numpy reference kernels.
+
+It is the ground truth that compiled paths and graph passes are checked against,
+and the engine constant folding uses. Nodes run in topological order; constants
+and variables read their ``Value.data``; intermediates are freed after their last
+use::
+
+    out = run_reference(g, {"x": np.ones((4, 768), np.float32)})["y"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import sympy
+
+from geode.compiler import dtypes
+from geode.compiler.ir import Graph, Value, ValueKind
+from geode.compiler.ops import registry
+from geode.compiler.shapes import evaluate_dim
+from geode.errors import (
+    ExecutionError,
+    GeodeError,
+    InputDTypeError,
+    InputShapeError,
+    MissingInputError,
+    UnexpectedInputError,
+)
+
+
+def bind_inputs(graph: Graph, feeds: Mapping[str, object]) -> dict[sympy.Symbol, int]:
+    """Check feeds against the graph's inputs and bind the symbols of their dims.
+
+    Raises :class:`MissingInputError`, :class:`UnexpectedInputError`,
+    :class:`InputDTypeError` or :class:`InputShapeError` (all ``InputError``) naming
+    the input. Returns the symbol binding.
+    """
+    names = {v.name for v in graph.inputs}
+    missing = [v.name for v in graph.inputs if v.name not in feeds]
+    if missing:
+        raise MissingInputError(f"graph {graph.name!r}: missing input(s) {missing}")
+    extra = sorted(k for k in feeds if k not in names)
+    if extra:
+        raise UnexpectedInputError(
+            f"graph {graph.name!r}: {extra} are not inputs (inputs: {sorted(names)})"
+        )
+    env: dict[sympy.Symbol, int] = {}
+    for v in graph.inputs:
+        arr = np.asarray(feeds[v.name])
+        if arr.dtype != v.dtype:
+            raise InputDTypeError(
+                f"input {v.name!r}: dtype {dtypes.name(arr.dtype)}, expected {dtypes.name(v.dtype)}"
+            )
+        _bind_shape(v, arr.shape, env, InputShapeError, f"input {v.name!r}")
+    return env
+
+
+def _bind_shape(
+    v: Value, shape: tuple[int, ...], env: dict, exc: type[GeodeError], what: str
+) -> None:
+    if v.shape is None:
+        return
+    if len(shape) != len(v.shape):
+        raise exc(f"{what}: rank {len(shape)}, expected {len(v.shape)} ({list(v.shape)})")
+    for axis, (d, n) in enumerate(zip(v.shape, shape)):
+        if isinstance(d, int):
+            if d != n:
+                raise exc(f"{what}: dim {axis} is {n}, expected {d}")
+        elif isinstance(d, sympy.Symbol):
+            if d in env and env[d] != n:
+                raise exc(f"{what}: dim {axis} ({d}) is {n}, but {d} is already {env[d]}")
+            env.setdefault(d, n)
+        elif d.free_symbols <= set(env):
+            want = evaluate_dim(d, env)
+            if want != n:
+                raise exc(f"{what}: dim {axis} ({d}) is {n}, expected {want}")
+
+
+def run_reference(
+    graph: Graph,
+    feeds: Mapping[str, object],
+    *,
+    check: bool = False,
+    keep_all: bool = False,
+) -> dict[str, np.ndarray]:
+    """Evaluate ``graph`` on ``feeds`` with the reference kernels; returns output name -> array.
+
+    With ``check`` every node's results are compared with its inferred dtype and
+    (symbolic) shape, and an :class:`ExecutionError` names the first mismatch; this is
+    how tests catch a pass that builds a node whose desc lies. With ``keep_all`` the
+    result holds every computed value, not only the graph outputs.
+    """
+    env = bind_inputs(graph, feeds)
+    vals: dict[int, np.ndarray] = {}
+    for v in graph.inputs:
+        vals[id(v)] = np.asarray(feeds[v.name])
+    order = graph.toposort()
+    remaining: dict[int, int] = {}
+    for n in order:
+        for v in n.inputs:
+            if v is not None:
+                remaining[id(v)] = remaining.get(id(v), 0) + 1
+    keep = {id(v) for v in graph.outputs}
+    result: dict[str, np.ndarray] = {}
+
+    def fetch(v: Value) -> np.ndarray:
+        if id(v) in vals:
+            return vals[id(v)]
+        if v.kind in (ValueKind.CONSTANT, ValueKind.VARIABLE):
+            if v.data is None:
+                raise ExecutionError(f"{v.kind.value} {v.name!r} has no data")
+            return np.asarray(v.data)
+        raise ExecutionError(f"value {v.name!r} is read before it is computed")
+
+    for node in order:
+        args = [None if v is None else fetch(v) for v in node.inputs]
+        od = registry.get(node.op_type, node.domain, where=node.where)
+        try:
+            outs = od.run(args, node.attrs)
+        except GeodeError:
+            raise
+        except Exception as exc:
+            raise ExecutionError(
+                f"{node.where}: reference kernel failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if len(outs) < len(node.outputs):
+            raise ExecutionError(
+                f"{node.where}: reference kernel gave {len(outs)} outputs, node has {len(node.outputs)}"
+            )
+        for out, arr in zip(node.outputs, outs):
+            if check:
+                _check_result(out, arr, env)
+            vals[id(out)] = arr
+            if keep_all:
+                result[out.name] = arr
+        for v in node.inputs:
+            if v is None:
+                continue
+            remaining[id(v)] -= 1
+            if remaining[id(v)] == 0 and id(v) not in keep and not keep_all:
+                vals.pop(id(v), None)
+    for v in graph.outputs:
+        result[v.name] = fetch(v)
+    return result
+
+
+def _check_result(out: Value, arr: np.ndarray, env: dict) -> None:
+    what = f"value {out.name!r} of {out.producer.where if out.producer else 'graph'}"
+    if arr.dtype != out.dtype:
+        raise ExecutionError(
+            f"{what}: kernel gave dtype {dtypes.name(arr.dtype)}, inferred {dtypes.name(out.dtype)}"
+        )
+    _bind_shape(out, arr.shape, env, ExecutionError, what)

@@ -1,0 +1,130 @@
+"""The pass pipeline: one ordered list of graph passes, run to a fixed point.
+
+Each pass is a function ``(graph) -> bool`` that says whether it changed the graph.
+``run_pipeline`` runs the list in rounds until a round changes nothing (at most
+``max_rounds``), calls ``on_pass`` after every pass (debug dumps hook in there), and
+returns a :class:`PassRecord` per pass run. Passes marked ``optional`` run only when
+named in ``enabled``; any pass can be skipped by naming it in ``disabled``
+(``GEODE_DISABLE_PASSES=cse,simplify``).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from geode.compiler.ir import Graph
+from geode.compiler.passes.const_fold import fold_constants
+from geode.compiler.passes.cse import cse
+from geode.compiler.passes.dce import dce
+from geode.compiler.passes.decompose import decompose
+from geode.compiler.passes.simplify import simplify
+from geode.compiler.passes.variables import freeze_read_only_variables, mark_read_only_variables
+from geode.errors import GeodeError
+
+PassFn = Callable[[Graph], bool]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A named graph pass; ``optional`` passes run only when enabled by name."""
+
+    name: str
+    fn: PassFn
+    optional: bool = False
+
+
+@dataclass
+class PassRecord:
+    """What one pass run did: name, round, whether it changed the graph, node counts, time."""
+
+    name: str
+    changed: bool
+    nodes_before: int
+    nodes_after: int
+    seconds: float
+    round: int = 0
+
+
+# fmt: off
+PIPELINE: list[Pass] = [
+    Pass("mark_variables", mark_read_only_variables),
+    Pass("freeze_variables", freeze_read_only_variables, optional=True),
+    Pass("decompose", decompose),
+    Pass("simplify", simplify),
+    Pass("const_fold", fold_constants),
+    Pass("cse", cse),
+    Pass("dce", dce),
+]
+# fmt: on
+
+
+def pass_names() -> list[str]:
+    """Names of every pass in the pipeline, in order."""
+    return [p.name for p in PIPELINE]
+
+
+def run_pipeline(
+    graph: Graph,
+    *,
+    disabled: Collection[str] = (),
+    enabled: Collection[str] = (),
+    on_pass: Callable[[str, Graph, bool], None] | None = None,
+    max_rounds: int = 4,
+    fold_limit: int | None = None,
+    verify: bool = False,
+    passes: list[Pass] | None = None,
+) -> list[PassRecord]:
+    """Run the pipeline on ``graph`` in place until nothing changes; returns one record per pass run.
+
+    ``disabled`` names passes to skip, ``enabled`` optional passes to run (unknown
+    names raise :class:`GeodeError`). ``fold_limit`` overrides const_fold's minimum
+    size budget in bytes. With ``verify`` the graph's invariants are checked after
+    every pass that changed it. The graph ends topologically sorted.
+    """
+    plist = PIPELINE if passes is None else passes
+    known = {p.name for p in plist}
+    for what, names in (("disabled", disabled), ("enabled", enabled)):
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise GeodeError(f"{what} passes {unknown} are not passes; known: {[p.name for p in plist]}")
+    active = [
+        p
+        for p in plist
+        if p.name not in set(disabled) and (not p.optional or p.name in set(enabled))
+    ]
+    if fold_limit is not None:
+        active = [
+            Pass(p.name, functools.partial(fold_constants, min_bytes=fold_limit), p.optional)
+            if p.fn is fold_constants
+            else p
+            for p in active
+        ]
+    records: list[PassRecord] = []
+    graph.sort()
+    for rnd in range(max(1, max_rounds)):
+        any_change = False
+        for p in active:
+            before = len(graph.nodes)
+            t0 = time.perf_counter()
+            try:
+                changed = bool(p.fn(graph))
+                if changed:
+                    graph.sort()
+                    if verify:
+                        graph.verify()
+            except Exception as exc:
+                exc.add_note(f"in graph pass {p.name!r} (round {rnd + 1}) on graph {graph.name!r}")
+                raise
+            records.append(
+                PassRecord(p.name, changed, before, len(graph.nodes), time.perf_counter() - t0, rnd + 1)
+            )
+            if on_pass is not None:
+                on_pass(p.name, graph, changed)
+            any_change |= changed
+        if not any_change:
+            break
+    graph.sort()
+    return records

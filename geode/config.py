@@ -1,0 +1,131 @@
+"""Compile options and ``GEODE_*`` environment flags, in one place.
+
+Every option has a default, may be set by an environment variable, and may be
+overridden per call: ``geode.compile(g, fusion=False, debug=2)``.
+
+========================  ======================  =========================================
+option                    environment             meaning
+========================  ======================  =========================================
+debug                     GEODE_DEBUG             0 quiet .. 4 everything (see dumps)
+dump_dir                  GEODE_DUMP_DIR          write every stage's text to this folder
+cache_dir                 GEODE_CACHE_DIR         on-disk kernel cache (default ~/.cache/geode)
+fusion                    GEODE_FUSION            fuse Trivial/Reduce ops into groups
+codegen                   GEODE_CODEGEN           compile groups to native AI Core kernels
+fastmath                  GEODE_FASTMATH          allow reassociation (see ACCURACY_POLICY)
+num_threads               GEODE_NUM_THREADS       threads for parallel kernels (0: all cores)
+disabled_passes           GEODE_DISABLE_PASSES    comma-separated pass names to skip
+const_fold_limit          GEODE_CONST_FOLD_LIMIT  largest folded constant, in bytes
+progress                  GEODE_PROGRESS          progress bars: auto (tty only), 1, 0
+========================  ======================  =========================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from geode.errors import GeodeError
+
+#: How floating-point accuracy is traded for speed, stated once for every kernel.
+ACCURACY_POLICY = """\
+fastmath=False (default): kernels keep IEEE semantics except that reductions may be
+  reassociated (split into per-thread/per-lane partial sums, as every parallel
+  reduction must); results match the reference within the tests' tolerance policy.
+fastmath=True: numba's 'fast' flags ('nnan', 'ninf', 'nsz', 'arcp', 'contract',
+  'afn', 'reassoc'); NaN/Inf inputs give unspecified results.
+"""
+
+
+class OptionError(GeodeError):
+    """An unknown option or an option value of the wrong kind."""
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "geode")
+
+
+@dataclass
+class Options:
+    """All compile options; see the module docstring for meanings and env flags."""
+
+    debug: int = 0
+    dump_dir: str | None = None
+    cache_dir: str = field(default_factory=_default_cache_dir)
+    fusion: bool = True
+    codegen: bool = True
+    fastmath: bool = False
+    num_threads: int = 0
+    disabled_passes: tuple[str, ...] = ()
+    const_fold_limit: int = 1 << 20
+    progress: str = "auto"
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Options:
+        """Defaults, then GEODE_* environment variables, then ``overrides``."""
+        opts = cls()
+        env = {
+            "debug": "GEODE_DEBUG",
+            "dump_dir": "GEODE_DUMP_DIR",
+            "cache_dir": "GEODE_CACHE_DIR",
+            "fusion": "GEODE_FUSION",
+            "codegen": "GEODE_CODEGEN",
+            "fastmath": "GEODE_FASTMATH",
+            "num_threads": "GEODE_NUM_THREADS",
+            "disabled_passes": "GEODE_DISABLE_PASSES",
+            "const_fold_limit": "GEODE_CONST_FOLD_LIMIT",
+            "progress": "GEODE_PROGRESS",
+        }
+        for name, var in env.items():
+            raw = os.environ.get(var)
+            if raw is not None and raw != "":
+                setattr(opts, name, _parse(name, raw, var))
+        return opts.replace(**overrides)
+
+    def replace(self, **overrides: Any) -> Options:
+        """A copy with some options changed; OptionError on unknown names or bad kinds."""
+        known = {f.name: f for f in dataclasses.fields(self)}
+        for k, v in overrides.items():
+            if k not in known:
+                raise OptionError(f"unknown option {k!r}; known options: {sorted(known)}")
+            if isinstance(v, str) and k not in ("dump_dir", "cache_dir", "progress"):
+                overrides[k] = _parse(k, v, k)
+            if k == "disabled_passes" and isinstance(v, (list, set)):
+                overrides[k] = tuple(v)
+        return dataclasses.replace(self, **overrides)
+
+
+def _parse(name: str, raw: str, source: str) -> Any:
+    kind = {f.name: f.type for f in dataclasses.fields(Options)}[name]
+    try:
+        if kind == "bool":
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if kind == "int":
+            return int(raw)
+        if kind.startswith("tuple"):
+            return tuple(p.strip() for p in raw.split(",") if p.strip())
+        return raw
+    except ValueError:
+        raise OptionError(f"{source}={raw!r}: expected {kind} for option {name!r}") from None
+
+
+_global_overrides: dict[str, Any] = {}
+
+
+def set_options(**overrides: Any) -> None:
+    """Set process-wide defaults from Python (e.g. ``geode.set_options(debug=2, dump_dir="d")``)."""
+    Options().replace(**overrides)  # validate
+    _global_overrides.update(overrides)
+
+
+def current(**overrides: Any) -> Options:
+    """Effective options: defaults < environment < set_options() < ``overrides``."""
+    return Options.from_env(**{**_global_overrides, **overrides})

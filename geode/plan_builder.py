@@ -1,0 +1,181 @@
+"""Turns a compiled graph and its units of work into a runtime :class:`Plan`.
+
+A *unit* is one step of the plan: a fused group compiled to a native kernel, or a
+single node on a fallback engine. This module gives every value a slot, registers
+constants and variables with the session's VarManager, compiles symbolic shapes to
+plain functions, and builds the activation memory plan (liveness-based reuse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from geode.compiler import dtypes
+from geode.compiler.ir import Graph, Node, Value, ValueKind
+from geode.compiler.ops import registry
+from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols, shape_str
+from geode.runtime.engines import ENGINES
+from geode.runtime.memory import BufferRequest, MemoryPlan
+from geode.runtime.model import KernelInfo
+from geode.runtime.plan import Constraint, DimCheck, InputSpec, Plan, Slot, Step
+from geode.runtime.var_manager import VarManager
+
+
+@dataclass
+class Unit:
+    """One step to be: its engine, the nodes it covers, its kernel, its boundary values."""
+
+    name: str
+    engine: str
+    nodes: list[Node]
+    inputs: list[Value | None]
+    outputs: list[Value]
+    kernel: Callable[..., Any]
+    info: KernelInfo
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def reference_unit(node: Node, engine: str) -> Unit:
+    """A unit that runs one node's reference kernel (AICPU or host engine)."""
+    od = registry.get(node.op_type, node.domain, node.where)
+    attrs = od.full_attrs(node.attrs)
+    kernel_fn = od.kernel
+    n_out = len(node.outputs)
+    out_dtypes = [o.dtype for o in node.outputs]
+
+    def kernel(inputs: list) -> list:
+        res = kernel_fn(inputs, attrs)
+        outs = []
+        for i in range(n_out):
+            r = res[i]
+            if r.dtype != out_dtypes[i]:
+                r = r.astype(out_dtypes[i])
+            outs.append(r)
+        return outs
+
+    info = KernelInfo(name=node.name, ops=[node], engine=engine)
+    return Unit(node.name, engine, [node], list(node.inputs), list(node.outputs), kernel, info)
+
+
+def _input_spec(v: Value, slot: int, bound_first: dict[str, str]) -> InputSpec:
+    if v.shape is None:
+        return InputSpec(v.name, slot, v.dtype, None)
+    dims: list[int | str | None] = []
+    checks: list[DimCheck] = []
+    for axis, d in enumerate(v.shape):
+        if isinstance(d, int):
+            dims.append(d)
+        elif d.is_Symbol:
+            dims.append(d.name)
+            bound_first.setdefault(d.name, v.name)
+        else:
+            dims.append(None)
+            checks.append(DimCheck(axis, compile_dim_fn(d), str(d)))
+    text = tuple(str(d) for d in v.shape)
+    return InputSpec(v.name, slot, v.dtype, tuple(dims), text, tuple(checks))
+
+
+def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str) -> Plan:
+    """Build the runtime plan for ``units`` (already in a valid execution order)."""
+    slots: list[Slot] = []
+    slot_of: dict[int, int] = {}
+    input_symbols: set = set()
+    for v in graph.inputs:
+        input_symbols |= free_symbols(v.shape)
+    input_names = {s.name for s in input_symbols}
+
+    def slot_for(v: Value) -> int:
+        if id(v) in slot_of:
+            return slot_of[id(v)]
+        shape_fn = None
+        if v.shape is not None and {s.name for s in free_symbols(v.shape)} <= input_names:
+            shape_fn = compile_shape_fn(v.shape)
+        role = {
+            ValueKind.INPUT: "input",
+            ValueKind.CONSTANT: "constant",
+            ValueKind.VARIABLE: "variable",
+            ValueKind.INTERMEDIATE: "activation",
+        }[v.kind]
+        key = None
+        if v.kind is ValueKind.CONSTANT:
+            key = vm.register_constant(f"{key_prefix}/{v.name}", v.data)
+        elif v.kind is ValueKind.VARIABLE:
+            key = _variable_key(vm, v)
+        binds: tuple[tuple[int, str], ...] = ()
+        if role == "activation" and v.shape is not None and shape_fn is None:
+            binds = tuple((a, d.name) for a, d in enumerate(v.shape) if not isinstance(d, int) and d.is_Symbol)
+        slots.append(Slot(v.name, v.dtype, role, shape_fn, key, binds, f"{dtypes.name(v.dtype)}{shape_str(v.shape)}"))
+        slot_of[id(v)] = len(slots) - 1
+        return slot_of[id(v)]
+
+    bound_first: dict[str, str] = {}
+    specs = [_input_spec(v, slot_for(v), bound_first) for v in graph.inputs]
+    steps: list[Step] = []
+    for u in units:
+        ins = [None if v is None else slot_for(v) for v in u.inputs]
+        outs = [slot_for(v) for v in u.outputs]
+        fn = ENGINES[u.engine].bind(u.name, u.kernel)
+        label = "+".join(n.op_type for n in u.nodes) if len(u.nodes) <= 6 else f"{len(u.nodes)} ops"
+        steps.append(Step(u.name, u.engine, fn, ins, outs, label, dict(u.extra)))
+    outputs = [(v.name, slot_for(v)) for v in graph.outputs]
+    memory, arena = _memory_plan(slots, steps, {s for _, s in outputs})
+    release = _release_lists(slots, steps, arena, {s for _, s in outputs})
+    constraints = []
+    for a, b, where in graph.symbols.constraints:
+        syms = frozenset(s.name for s in free_symbols((a, b)))
+        if syms <= input_names:
+            constraints.append(Constraint(compile_dim_fn(a), compile_dim_fn(b), syms, f"{a} == {b} ({where})"))
+    return Plan(graph.name, specs, outputs, slots, steps, constraints, memory, arena, release)
+
+
+def _variable_key(vm: VarManager, v: Value) -> Any:
+    from geode.runtime.var_manager import VarKey
+
+    key = VarKey(v.name, v.desc.format, str(v.dtype))
+    if key in vm:
+        return key
+    return vm.register_variable(v.name, v.data, v.desc.format)
+
+
+def _memory_plan(slots: list[Slot], steps: list[Step], outputs: set[int]) -> tuple[MemoryPlan, frozenset[int]]:
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for k, st in enumerate(steps):
+        for o in st.outputs:
+            first.setdefault(o, k)
+            last[o] = max(last.get(o, k), k)
+        for i in st.inputs:
+            if i is not None and i in first:
+                last[i] = k
+    requests = []
+    for s, k in first.items():
+        slot = slots[s]
+        if s in outputs or slot.role != "activation" or slot.shape is None:
+            continue
+        if steps[k].engine == "host":
+            continue
+        shape_fn, itemsize = slot.shape, slot.dtype.itemsize
+
+        def nbytes(env: Any, shape_fn: Any = shape_fn, itemsize: int = itemsize) -> int:
+            n = itemsize
+            for d in shape_fn(env):
+                n *= d
+            return n
+
+        requests.append(BufferRequest(s, nbytes, k, last[s]))
+    return MemoryPlan(requests), frozenset(r.slot for r in requests)
+
+
+def _release_lists(slots: list[Slot], steps: list[Step], arena: frozenset[int], outputs: set[int]) -> list[list[int]]:
+    last: dict[int, int] = {}
+    for k, st in enumerate(steps):
+        for i in list(st.inputs) + list(st.outputs):
+            if i is not None:
+                last[i] = k
+    release: list[list[int]] = [[] for _ in steps]
+    for s, k in last.items():
+        if slots[s].role == "activation" and s not in arena and s not in outputs:
+            release[k].append(s)
+    return release

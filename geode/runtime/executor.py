@@ -1,0 +1,166 @@
+"""The executor: checks inputs, binds symbols, lays out memory and runs a plan's steps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from geode.errors import (
+    ExecutionError,
+    GeodeError,
+    InputDTypeError,
+    InputError,
+    InputShapeError,
+    MissingInputError,
+    UnexpectedInputError,
+)
+from geode.runtime.memory import Arena
+from geode.runtime.plan import Plan
+from geode.runtime.var_manager import VarManager
+
+
+def _dtype_name(d: np.dtype) -> str:
+    return "bool" if d == np.bool_ else str(d)
+
+
+def bind_inputs(plan: Plan, feeds: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    """Check feeds against the plan's inputs; returns the symbol binding and the arrays."""
+    names = [s.name for s in plan.inputs]
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        sigs = ", ".join(s.signature() for s in plan.inputs if s.name in missing)
+        raise MissingInputError(f"model {plan.name!r}: missing input(s) {sigs}")
+    extra = sorted(set(feeds) - set(names))
+    if extra:
+        raise UnexpectedInputError(f"model {plan.name!r}: unexpected input(s) {extra}; inputs are {names}")
+    env: dict[str, int] = {}
+    where: dict[str, str] = {}
+    arrays: dict[str, np.ndarray] = {}
+    for spec in plan.inputs:
+        raw = feeds[spec.name]
+        if not isinstance(raw, np.ndarray):
+            if isinstance(raw, (list, tuple, int, float, bool, np.generic)):
+                raw = np.asarray(raw)
+            else:
+                raise InputError(f"input {spec.name!r}: expected a numpy array, got {type(raw).__name__}")
+        if raw.dtype != spec.dtype:
+            raise InputDTypeError(
+                f"input {spec.name!r}: dtype {_dtype_name(raw.dtype)}, expected {_dtype_name(spec.dtype)}"
+            )
+        if spec.dims is not None:
+            if raw.ndim != len(spec.dims):
+                raise InputShapeError(
+                    f"input {spec.name!r}: rank {raw.ndim} (shape {list(raw.shape)}), "
+                    f"expected rank {len(spec.dims)} ({spec.signature()})"
+                )
+            for axis, (d, n) in enumerate(zip(spec.dims, raw.shape)):
+                if isinstance(d, int):
+                    if d != n:
+                        raise InputShapeError(
+                            f"input {spec.name!r}: dim {axis} is {n}, expected {d} ({spec.signature()})"
+                        )
+                elif isinstance(d, str):
+                    if d in env and env[d] != n:
+                        raise InputShapeError(
+                            f"input {spec.name!r}: dim {axis} is {n}, but symbol {d} is already {env[d]} "
+                            f"from {where[d]}"
+                        )
+                    env.setdefault(d, int(n))
+                    where.setdefault(d, f"input {spec.name!r} dim {axis}")
+        arrays[spec.name] = raw if raw.flags.c_contiguous else np.ascontiguousarray(raw)
+    for spec in plan.inputs:
+        for chk in spec.checks:
+            try:
+                want = chk.fn(env)
+            except (KeyError, NameError):
+                continue
+            got = arrays[spec.name].shape[chk.axis]
+            if want != got:
+                raise InputShapeError(
+                    f"input {spec.name!r}: dim {chk.axis} is {got}, expected {chk.text} = {want}"
+                )
+    for c in plan.constraints:
+        if c.symbols <= env.keys():
+            a, b = c.lhs(env), c.rhs(env)
+            if a != b:
+                raise InputShapeError(f"model {plan.name!r}: inputs break constraint {c.text} ({a} != {b})")
+    return env, arrays
+
+
+class Executor:
+    """Runs a plan; owns the activation arena; reads constants/variables from a VarManager."""
+
+    def __init__(self, plan: Plan, var_manager: VarManager):
+        self.plan = plan
+        self.vm = var_manager
+        self.arena = Arena()
+        self._static = [
+            (i, var_manager.get(s.var_key)) for i, s in enumerate(plan.slots) if s.var_key is not None
+            and s.role == "constant"
+        ]
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run the plan on ``feeds`` (input name -> array); returns output name -> array."""
+        plan = self.plan
+        env, arrays = bind_inputs(plan, feeds)
+        values: list[Any] = [None] * len(plan.slots)
+        for spec in plan.inputs:
+            values[spec.slot] = arrays[spec.name]
+        for i, arr in self._static:
+            values[i] = arr
+        for i, s in enumerate(plan.slots):
+            if s.role == "variable":
+                values[i] = self.vm.get(s.var_key)
+        layout = None
+        if plan.memory is not None and plan.arena_slots:
+            try:
+                layout = plan.memory.layout(env)
+            except (KeyError, NameError):
+                layout = None  # a size depends on a value known only at run time
+            if layout is not None:
+                self.arena.ensure(layout.total)
+        for k, step in enumerate(plan.steps):
+            ins = [None if i is None else values[i] for i in step.inputs]
+            outs: list[np.ndarray | None] = []
+            for o in step.outputs:
+                slot = plan.slots[o]
+                if layout is not None and o in plan.arena_slots:
+                    outs.append(self.arena.view(layout.offsets[o], slot.shape(env), slot.dtype))
+                else:
+                    outs.append(None)
+            try:
+                results = step.fn(ins, outs, env)
+            except GeodeError:
+                raise
+            except Exception as exc:
+                raise ExecutionError(
+                    f"step {step.name!r} ({step.engine}: {step.label}) failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            for o, r in zip(step.outputs, results):
+                slot = plan.slots[o]
+                if r.dtype != slot.dtype:
+                    raise ExecutionError(
+                        f"step {step.name!r}: output {slot.name!r} is {_dtype_name(r.dtype)}, "
+                        f"expected {_dtype_name(slot.dtype)}"
+                    )
+                for axis, name in slot.binds:
+                    n = int(r.shape[axis])
+                    if env.setdefault(name, n) != n:
+                        raise ExecutionError(
+                            f"step {step.name!r}: output {slot.name!r} dim {axis} is {n}, "
+                            f"but symbol {name} is {env[name]}"
+                        )
+                values[o] = r
+            if plan.release:
+                for o in plan.release[k]:
+                    values[o] = None
+        out: dict[str, np.ndarray] = {}
+        for name, slot in plan.outputs:
+            v = values[slot]
+            role = plan.slots[slot].role
+            if role != "activation" or slot in plan.arena_slots:
+                v = np.array(v, copy=True)  # never hand out constants, inputs or arena memory
+            out[name] = v
+        return out

@@ -1,0 +1,97 @@
+"""CompiledModel: the callable a user holds after ``geode.compile``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from geode.runtime.executor import Executor
+from geode.runtime.plan import Plan
+from geode.runtime.var_manager import VarManager
+
+
+@dataclass
+class KernelInfo:
+    """One compiled kernel (or fallback step) as users see it in ``model.kernels``."""
+
+    name: str
+    ops: list[Any]
+    engine: str
+    source: str = ""
+    trace: str = ""
+    cost: dict[str, float] = field(default_factory=dict)
+    _llvm: Callable[[], str] | None = None
+    _asm: Callable[[], str] | None = None
+
+    @property
+    def llvm(self) -> str:
+        """LLVM IR of the native kernel ('' for fallback steps)."""
+        return self._llvm() if self._llvm else ""
+
+    @property
+    def asm(self) -> str:
+        """Assembly of the native kernel ('' for fallback steps)."""
+        return self._asm() if self._asm else ""
+
+    def __repr__(self) -> str:
+        return f"KernelInfo({self.name!r}, engine={self.engine!r}, ops={len(self.ops)})"
+
+
+class CompiledModel:
+    """A compiled graph: call it with numpy arrays by input name; returns name -> array."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        var_manager: VarManager,
+        kernels: list[KernelInfo],
+        explain: Callable[[], str],
+        stats: dict[str, Any] | None = None,
+    ):
+        self.plan = plan
+        self.var_manager = var_manager
+        self.kernels = kernels
+        self._explain = explain
+        self.stats = dict(stats or {})
+        self._local = threading.local()
+
+    @property
+    def input_names(self) -> list[str]:
+        """Names of the model's inputs, in order."""
+        return [s.name for s in self.plan.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Names of the model's outputs, in order."""
+        return [n for n, _ in self.plan.outputs]
+
+    @property
+    def signature(self) -> str:
+        """``(x: float32[N, 768]) -> (y)``."""
+        ins = ", ".join(s.signature() for s in self.plan.inputs)
+        return f"({ins}) -> ({', '.join(self.output_names)})"
+
+    def _executor(self) -> Executor:
+        ex = getattr(self._local, "executor", None)
+        if ex is None:
+            ex = Executor(self.plan, self.var_manager)
+            self._local.executor = ex
+        return ex
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run on a dict of input name -> array."""
+        return self._executor().run(feeds)
+
+    def __call__(self, **feeds: Any) -> dict[str, np.ndarray]:
+        return self.run(feeds)
+
+    def explain(self) -> str:
+        """Partition, fusion groups with the reason for each decision, kernels and costs."""
+        return self._explain()
+
+    def __repr__(self) -> str:
+        return f"CompiledModel({self.plan.name!r} {self.signature}, {len(self.kernels)} kernels)"

@@ -1,0 +1,101 @@
+"""The plan the session hands the runtime: slots, steps, input specs, memory plan.
+
+A plan holds no compiler objects: shapes are functions of the bound symbol values
+(``env``: symbol name -> int), kernels are bound callables. A step function has the
+signature ``fn(inputs, outs, env) -> outputs``: ``outs`` holds a preallocated buffer
+per output (or None when the step allocates its own); it returns the output arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from geode.runtime.memory import MemoryPlan
+from geode.runtime.var_manager import VarKey
+
+Env = Mapping[str, int]
+ShapeFn = Callable[[Env], tuple[int, ...]]
+StepFn = Callable[[list, list, Env], Sequence[np.ndarray]]
+
+
+@dataclass
+class DimCheck:
+    """A dim of an input that is an expression of symbols, checked once they are bound."""
+
+    axis: int
+    fn: Callable[[Env], int]
+    text: str
+
+
+@dataclass
+class InputSpec:
+    """A model input: dtype and dims (int: static, str: a symbol it binds, None: checked later)."""
+
+    name: str
+    slot: int
+    dtype: np.dtype
+    dims: tuple[int | str | None, ...] | None
+    dim_text: tuple[str, ...] = ()
+    checks: tuple[DimCheck, ...] = ()
+
+    def signature(self) -> str:
+        """``x: float32[N, 768]``."""
+        if self.dims is None:
+            return f"{self.name}: {self.dtype}[?]"
+        return f"{self.name}: {self.dtype}[{', '.join(self.dim_text)}]"
+
+
+@dataclass
+class Slot:
+    """A tensor the plan stores: an input, constant, variable or activation."""
+
+    name: str
+    dtype: np.dtype
+    role: str  # input | constant | variable | activation
+    shape: ShapeFn | None = None  # None: known only once its step ran
+    var_key: VarKey | None = None
+    binds: tuple[tuple[int, str], ...] = ()  # (axis, symbol) bound from the produced array
+    shape_text: str = ""
+
+
+@dataclass
+class Step:
+    """One unit of work on one engine."""
+
+    name: str
+    engine: str
+    fn: StepFn
+    inputs: list[int | None]
+    outputs: list[int]
+    label: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Constraint:
+    """Two dim expressions that must agree at run time."""
+
+    lhs: Callable[[Env], int]
+    rhs: Callable[[Env], int]
+    symbols: frozenset[str]
+    text: str
+
+
+@dataclass
+class Plan:
+    """Everything the executor needs to run a compiled graph."""
+
+    name: str
+    inputs: list[InputSpec]
+    outputs: list[tuple[str, int]]
+    slots: list[Slot]
+    steps: list[Step]
+    constraints: list[Constraint] = field(default_factory=list)
+    memory: MemoryPlan | None = None
+    arena_slots: frozenset[int] = frozenset()
+    #: slots to drop after each step (last use), so dynamic buffers are freed early
+    release: list[list[int]] = field(default_factory=list)

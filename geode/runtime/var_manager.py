@@ -1,0 +1,743 @@
+"""Session-level storage for weights and variables, after Ascend GE's VarManager.
+
+One :class:`VarManager` per session holds every constant, variable and file constant
+the session's models use, in memory the manager owns. Each tensor is identified by a
+:class:`VarKey` (name, format, dtype) and lives at a *logical address*
+``logic_base + region start + offset`` that stays fixed for the life of the session, so
+a compiled plan can refer to weights by address before any data is loaded.
+
+Memory is carved out of regions: numpy ``uint8`` buffers of ``region_size`` bytes
+(a tensor larger than a region gets a region of its own). Every tensor starts at an
+``alignment``-aligned offset, both logically and physically. Region buffers are only
+allocated when first touched.
+
+Reuse, as in GE's ``AssignVarMem``:
+
+* constants with identical contents (same dtype, shape and bytes) are stored once; the
+  contents are hashed, then compared byte for byte before sharing;
+* file constants are deduplicated by their ``source`` (file, offset) and loaded lazily,
+  once, on the first :meth:`VarManager.get`;
+* variables are mutable and never shared.
+
+A name identifies one tensor in a session: registering a name again returns the same
+key when the registration agrees with the first one and raises
+:class:`VarManagerError` when it does not.
+
+:class:`VarManagerPool` maps session ids to managers for the whole process.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from geode.errors import GeodeError
+
+__all__ = [
+    "VarInfo",
+    "VarKey",
+    "VarKind",
+    "VarManager",
+    "VarManagerError",
+    "VarManagerPool",
+]
+
+_PHYSICAL_ALIGN = 64  # minimum alignment of region data pointers
+
+
+class VarManagerError(GeodeError):
+    """Bad use of a :class:`VarManager`: unknown key, conflicting registration,
+    dtype/shape mismatch, writing a constant, a failing file-constant loader."""
+
+
+@dataclass(frozen=True)
+class VarKey:
+    """GE-style identity of a session tensor: name, storage format and dtype name.
+
+    ``dtype`` is the numpy name (``"float32"``, ``"int64"``, ``"bool"``).
+    """
+
+    name: str
+    format: str
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.format},{self.dtype}]"
+
+
+class VarKind(enum.Enum):
+    """What a session tensor is: an immutable constant, a mutable variable, or a
+    constant whose data is loaded lazily from a file."""
+
+    CONSTANT = "constant"
+    VARIABLE = "variable"
+    FILE_CONSTANT = "file_constant"
+
+
+@dataclass(frozen=True)
+class VarInfo:
+    """A read-only description of one registered tensor (see :meth:`VarManager.info`)."""
+
+    key: VarKey
+    kind: VarKind
+    shape: tuple[int, ...]
+    address: int
+    nbytes: int
+    shared_with: tuple[VarKey, ...]
+    loaded: bool
+    source: tuple[str, int] | None
+
+
+def _round_up(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def _aligned_zeros(nbytes: int, alignment: int) -> np.ndarray:
+    """A zeroed uint8 buffer of ``nbytes`` whose data pointer is ``alignment``-aligned."""
+    raw = np.zeros(nbytes + alignment, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % alignment
+    return raw[shift : shift + nbytes]
+
+
+class _Region:
+    """One contiguous piece of VarManager memory, bump-allocated.
+
+    The buffer is zero-filled with ``np.zeros`` (calloc), so the OS only commits pages
+    that are actually written.
+    """
+
+    __slots__ = ("start", "size", "used", "dedicated", "buffer")
+
+    def __init__(self, start: int, size: int, dedicated: bool, align: int):
+        self.start = start  # logical offset from logic_base
+        self.size = size
+        self.used = 0
+        self.dedicated = dedicated
+        self.buffer = _aligned_zeros(size, align)
+
+
+class _Block:
+    """The storage of one tensor; shared by several keys when deduplicated."""
+
+    __slots__ = (
+        "region",
+        "offset",
+        "reserved",
+        "nbytes",
+        "dtype",
+        "shape",
+        "owners",
+        "loaded",
+        "load_lock",
+    )
+
+    def __init__(
+        self,
+        region: _Region,
+        offset: int,
+        reserved: int,
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+    ):
+        self.region = region
+        self.offset = offset
+        self.reserved = reserved
+        self.dtype = dtype
+        self.shape = shape
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.owners: list[VarKey] = []
+        self.loaded = False
+        self.load_lock = threading.Lock()
+
+    @property
+    def rel_address(self) -> int:
+        return self.region.start + self.offset
+
+    def raw(self) -> np.ndarray:
+        buf = self.region.buffer
+        return buf[self.offset : self.offset + self.nbytes]
+
+    def array(self) -> np.ndarray:
+        return np.ndarray(self.shape, self.dtype, buffer=self.region.buffer, offset=self.offset)
+
+
+@dataclass
+class _Entry:
+    key: VarKey
+    kind: VarKind
+    block: _Block
+    digest: bytes | None = None  # constants: content hash; variables: initial value hash
+    loader: Callable[[], np.ndarray] | None = None
+    source: tuple[str, int] | None = None
+    declared: tuple[np.dtype, tuple[int, ...]] | None = field(default=None)
+
+
+def _as_dtype(dtype: object, what: str) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError as exc:
+        raise VarManagerError(f"{what}: {dtype!r} is not a numpy dtype") from exc
+    if dt.hasobject:
+        raise VarManagerError(f"{what}: dtype {dt} holds Python objects; cannot be stored")
+    if not dt.isnative:
+        dt = dt.newbyteorder("=")
+    return dt
+
+
+def _prepare(array: object, what: str) -> np.ndarray:
+    """Host copy source: a C-contiguous, native-byte-order ndarray."""
+    arr = np.asarray(array)
+    dt = _as_dtype(arr.dtype, what)
+    return arr.astype(dt, order="C", copy=False)
+
+
+def _flat_bytes(arr: np.ndarray) -> np.ndarray:
+    return arr.reshape(-1).view(np.uint8)
+
+
+def _digest(arr: np.ndarray) -> bytes:
+    return hashlib.blake2b(_flat_bytes(arr), digest_size=16).digest()
+
+
+def _shape_tuple(shape: Sequence[int], what: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+    except TypeError as exc:
+        raise VarManagerError(f"{what}: shape {shape!r} is not a sequence of ints") from exc
+    if any(d < 0 for d in dims):
+        raise VarManagerError(f"{what}: shape {dims} has a negative dim")
+    return dims
+
+
+class VarManager:
+    """Storage for one session's constants, variables and file constants.
+
+    Args:
+        session_id: the owning session.
+        region_size: bytes per memory region; larger tensors get their own region.
+        logic_base: first logical address (GE's ``var_mem_logic_base``).
+        alignment: every tensor starts at a multiple of this many bytes (a power of two).
+
+    All registration and lookup methods are thread safe.
+    """
+
+    def __init__(
+        self,
+        session_id: int,
+        region_size: int = 64 << 20,
+        logic_base: int = 0x1000_0000_0000,
+        alignment: int = 64,
+    ):
+        if alignment < 1 or alignment & (alignment - 1):
+            raise VarManagerError(f"alignment must be a power of two, got {alignment}")
+        if region_size < 1:
+            raise VarManagerError(f"region_size must be positive, got {region_size}")
+        if logic_base < 0 or logic_base % alignment:
+            raise VarManagerError(
+                f"logic_base {logic_base:#x} must be non-negative and a multiple of "
+                f"alignment {alignment}"
+            )
+        self.session_id = session_id
+        self.region_size = region_size
+        self.logic_base = logic_base
+        self.alignment = alignment
+        self._lock = threading.RLock()
+        self._regions: list[_Region] = []
+        self._next_start = 0
+        self._entries: dict[VarKey, _Entry] = {}
+        self._names: dict[str, VarKey] = {}
+        self._by_content: dict[tuple[str, tuple[int, ...], bytes], list[_Block]] = {}
+        self._by_source: dict[tuple[str, int, str, tuple[int, ...]], _Block] = {}
+        self._blocks: list[_Block] = []  # sorted by rel_address
+        self._block_starts: list[int] = []
+        self._released = False
+
+    # ------------------------------------------------------------------ allocation
+
+    def _allocate(self, dtype: np.dtype, shape: tuple[int, ...]) -> _Block:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        # Zero-size tensors still reserve one aligned slot so every key has its own address.
+        reserved = _round_up(max(nbytes, 1), self.alignment)
+        region = None
+        if reserved > self.region_size:
+            region = self._new_region(reserved, dedicated=True)
+        else:
+            for r in self._regions:
+                if not r.dedicated and r.used + reserved <= r.size:
+                    region = r
+                    break
+            if region is None:
+                region = self._new_region(self.region_size, dedicated=False)
+        block = _Block(region, region.used, reserved, dtype, shape)
+        region.used += reserved
+        idx = bisect.bisect(self._block_starts, block.rel_address)
+        self._block_starts.insert(idx, block.rel_address)
+        self._blocks.insert(idx, block)
+        return block
+
+    def _new_region(self, size: int, dedicated: bool) -> _Region:
+        region = _Region(self._next_start, size, dedicated, max(self.alignment, _PHYSICAL_ALIGN))
+        self._next_start += _round_up(size, self.alignment)
+        self._regions.append(region)
+        return region
+
+    # ---------------------------------------------------------------- registration
+
+    def _check_live(self) -> None:
+        if self._released:
+            raise VarManagerError(f"VarManager of session {self.session_id} has been released")
+
+    def _existing(self, name: str, kind: VarKind, fmt: str, dtype: np.dtype) -> _Entry | None:
+        key = self._names.get(name)
+        if key is None:
+            return None
+        entry = self._entries[key]
+        if entry.kind is not kind:
+            raise VarManagerError(
+                f"{name!r} is already registered as a {entry.kind.value}; "
+                f"cannot register it again as a {kind.value}"
+            )
+        if key.format != fmt or key.dtype != dtype.name:
+            raise VarManagerError(
+                f"{name!r} is already registered as {key}; cannot register it again "
+                f"with format {fmt!r} and dtype {dtype.name}"
+            )
+        return entry
+
+    def _check_same_shape(self, entry: _Entry, shape: tuple[int, ...]) -> None:
+        if entry.block.shape != shape:
+            raise VarManagerError(
+                f"{entry.key.name!r} is already registered with shape {entry.block.shape}; "
+                f"cannot register it again with shape {shape}"
+            )
+
+    def _add(self, entry: _Entry) -> VarKey:
+        self._entries[entry.key] = entry
+        self._names[entry.key.name] = entry.key
+        entry.block.owners.append(entry.key)
+        return entry.key
+
+    def register_constant(self, name: str, array: object, format: str = "ND") -> VarKey:
+        """Copy ``array`` into session memory as an immutable constant; return its key.
+
+        Constants with the same dtype, shape and bytes share one copy (and one logical
+        address). Registering ``name`` again with identical data returns the same key;
+        with different data (or dtype, shape, format) raises :class:`VarManagerError`.
+        """
+        what = f"constant {name!r}"
+        arr = _prepare(array, what)
+        digest = _digest(arr)
+        with self._lock:
+            self._check_live()
+            entry = self._existing(name, VarKind.CONSTANT, format, arr.dtype)
+            if entry is not None:
+                self._check_same_shape(entry, arr.shape)
+                if entry.digest != digest or not np.array_equal(
+                    entry.block.raw(), _flat_bytes(arr)
+                ):
+                    raise VarManagerError(
+                        f"constant {name!r} is already registered with different contents"
+                    )
+                return entry.key
+            content_key = (arr.dtype.str, arr.shape, digest)
+            block = None
+            for candidate in self._by_content.get(content_key, ()):
+                if np.array_equal(candidate.raw(), _flat_bytes(arr)):
+                    block = candidate
+                    break
+            if block is None:
+                block = self._allocate(arr.dtype, arr.shape)
+                block.raw()[:] = _flat_bytes(arr)
+                block.loaded = True
+                self._by_content.setdefault(content_key, []).append(block)
+            key = VarKey(name, format, arr.dtype.name)
+            return self._add(_Entry(key, VarKind.CONSTANT, block, digest=digest))
+
+    def register_variable(self, name: str, array: object, format: str = "ND") -> VarKey:
+        """Copy ``array`` into session memory as the initial value of a mutable variable.
+
+        Variables are never shared. Registering ``name`` again with the same initial value
+        returns the existing key and keeps the variable's *current* value (several graphs
+        of a session share a variable); a different initial value, dtype, shape or format
+        raises :class:`VarManagerError`.
+        """
+        what = f"variable {name!r}"
+        arr = _prepare(array, what)
+        digest = _digest(arr)
+        with self._lock:
+            self._check_live()
+            entry = self._existing(name, VarKind.VARIABLE, format, arr.dtype)
+            if entry is not None:
+                self._check_same_shape(entry, arr.shape)
+                if entry.digest != digest:
+                    raise VarManagerError(
+                        f"variable {name!r} is already registered with a different initial value"
+                    )
+                return entry.key
+            block = self._allocate(arr.dtype, arr.shape)
+            block.raw()[:] = _flat_bytes(arr)
+            block.loaded = True
+            key = VarKey(name, format, arr.dtype.name)
+            return self._add(_Entry(key, VarKind.VARIABLE, block, digest=digest))
+
+    def register_file_constant(
+        self,
+        name: str,
+        loader: Callable[[], np.ndarray],
+        dtype: object,
+        shape: Sequence[int],
+        format: str = "ND",
+        source: tuple[str, int] | None = None,
+    ) -> VarKey:
+        """Register a constant whose data ``loader()`` produces on the first :meth:`get`.
+
+        The logical address is reserved now (size from ``dtype`` and ``shape``); the loader
+        runs once, and its result must have exactly the declared dtype and shape. File
+        constants with the same ``source`` (file, byte offset), dtype and shape share one
+        copy and one load.
+        """
+        what = f"file constant {name!r}"
+        if not callable(loader):
+            raise VarManagerError(f"{what}: loader {loader!r} is not callable")
+        dt = _as_dtype(dtype, what)
+        dims = _shape_tuple(shape, what)
+        if source is not None:
+            try:
+                path, offset = source
+                source = (os.path.abspath(os.fspath(path)), int(offset))
+            except (TypeError, ValueError) as exc:
+                raise VarManagerError(
+                    f"{what}: source must be (file, offset), got {source!r}"
+                ) from exc
+        with self._lock:
+            self._check_live()
+            entry = self._existing(name, VarKind.FILE_CONSTANT, format, dt)
+            if entry is not None:
+                self._check_same_shape(entry, dims)
+                if entry.source != source:
+                    raise VarManagerError(
+                        f"file constant {name!r} is already registered from "
+                        f"{_source_text(entry.source)}; cannot register it again from "
+                        f"{_source_text(source)}"
+                    )
+                return entry.key
+            block = None
+            if source is not None:
+                source_key = (source[0], source[1], dt.str, dims)
+                block = self._by_source.get(source_key)
+                if block is None:
+                    block = self._allocate(dt, dims)
+                    self._by_source[source_key] = block
+            else:
+                block = self._allocate(dt, dims)
+            key = VarKey(name, format, dt.name)
+            return self._add(
+                _Entry(
+                    key,
+                    VarKind.FILE_CONSTANT,
+                    block,
+                    loader=loader,
+                    source=source,
+                    declared=(dt, dims),
+                )
+            )
+
+    # --------------------------------------------------------------------- access
+
+    def _entry(self, key: VarKey | str) -> _Entry:
+        with self._lock:
+            self._check_live()
+            if isinstance(key, str):
+                k = self._names.get(key)
+                entry = self._entries.get(k) if k is not None else None
+            else:
+                entry = self._entries.get(key)
+        if entry is None:
+            raise VarManagerError(
+                f"unknown variable/constant {str(key)!r} in session {self.session_id}"
+            )
+        return entry
+
+    def _load(self, entry: _Entry) -> None:
+        block = entry.block
+        with block.load_lock:
+            if block.loaded:
+                return
+            where = _source_text(entry.source)
+            try:
+                data = entry.loader()  # type: ignore[misc]
+            except GeodeError:
+                raise
+            except Exception as exc:
+                raise VarManagerError(
+                    f"file constant {entry.key.name!r}: loading from {where} failed: {exc}"
+                ) from exc
+            arr = np.asarray(data)
+            dt, dims = entry.declared  # type: ignore[misc]
+            native = arr.dtype.newbyteorder("=") if arr.dtype.byteorder != "|" else arr.dtype
+            if native != dt or arr.shape != dims:
+                raise VarManagerError(
+                    f"file constant {entry.key.name!r} loaded from {where}: expected "
+                    f"dtype {dt.name} and shape {dims}, got dtype {arr.dtype} and "
+                    f"shape {arr.shape}"
+                )
+            block.raw()[:] = _flat_bytes(arr.astype(dt, order="C", copy=False))
+            block.loaded = True
+
+    def get(self, key: VarKey | str) -> np.ndarray:
+        """The tensor's data: a view into session memory with its registered dtype/shape.
+
+        Writable for variables, read-only for constants. A file constant is loaded on the
+        first call. ``key`` may also be a registered name.
+        """
+        entry = self._entry(key)
+        if not entry.block.loaded:
+            self._load(entry)
+        view = entry.block.array()
+        if entry.kind is not VarKind.VARIABLE:
+            view.flags.writeable = False
+        return view
+
+    def assign(self, key: VarKey | str, array: object) -> None:
+        """Overwrite a variable's value; ``array`` must have its exact dtype and shape."""
+        entry = self._entry(key)
+        name = entry.key.name
+        if entry.kind is not VarKind.VARIABLE:
+            raise VarManagerError(f"cannot assign to {entry.kind.value} {name!r}: it is read-only")
+        arr = np.asarray(array)
+        block = entry.block
+        if arr.dtype != block.dtype:
+            raise VarManagerError(
+                f"assign to variable {name!r}: expected dtype {block.dtype.name}, got {arr.dtype}"
+            )
+        if arr.shape != block.shape:
+            raise VarManagerError(
+                f"assign to variable {name!r}: expected shape {block.shape}, got {arr.shape}"
+            )
+        np.copyto(block.array(), arr)
+
+    def logic_address(self, key: VarKey | str) -> int:
+        """The tensor's logical address, ``logic_base + region start + offset``."""
+        return self.logic_base + self._entry(key).block.rel_address
+
+    def kind(self, key: VarKey | str) -> VarKind:
+        """Whether ``key`` is a constant, a variable or a file constant."""
+        return self._entry(key).kind
+
+    def lookup(self, name: str) -> VarKey:
+        """The key registered under ``name``."""
+        return self._entry(name).key
+
+    def info(self, key: VarKey | str) -> VarInfo:
+        """Kind, shape, address, size, sharers and load state of one tensor."""
+        entry = self._entry(key)
+        with self._lock:
+            block = entry.block
+            return VarInfo(
+                key=entry.key,
+                kind=entry.kind,
+                shape=block.shape,
+                address=self.logic_base + block.rel_address,
+                nbytes=block.nbytes,
+                shared_with=tuple(k for k in block.owners if k != entry.key),
+                loaded=block.loaded,
+                source=entry.source,
+            )
+
+    def owners(self, address: int) -> list[VarKey]:
+        """Keys whose storage contains logical ``address`` (empty when none does)."""
+        with self._lock:
+            block = self._block_at(address)
+            return list(block.owners) if block is not None else []
+
+    def memory_of(self, address: int) -> np.ndarray:
+        """Debugging: the raw bytes (uint8, read-only) of the tensor holding ``address``,
+        from ``address`` to the tensor's end. Raises when no tensor holds it."""
+        with self._lock:
+            self._check_live()
+            block = self._block_at(address)
+            if block is None:
+                raise VarManagerError(
+                    f"logical address {address:#x} is not inside any tensor of session "
+                    f"{self.session_id}"
+                )
+            start = address - self.logic_base - block.rel_address
+            view = block.raw()[start:]
+        view.flags.writeable = False
+        return view
+
+    def _block_at(self, address: int) -> _Block | None:
+        rel = address - self.logic_base
+        idx = bisect.bisect_right(self._block_starts, rel) - 1
+        if idx < 0:
+            return None
+        block = self._blocks[idx]
+        if rel < block.rel_address + max(block.nbytes, 1):
+            return block
+        return None
+
+    def keys(self) -> list[VarKey]:
+        """All registered keys, in registration order."""
+        with self._lock:
+            return list(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            if isinstance(key, str):
+                return key in self._names
+            return key in self._entries
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def __iter__(self) -> Iterator[VarKey]:
+        return iter(self.keys())
+
+    # -------------------------------------------------------------------- accounting
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data held; storage shared by several keys counts once."""
+        with self._lock:
+            return sum(b.nbytes for b in self._blocks)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes reserved in regions, including alignment padding."""
+        with self._lock:
+            return sum(b.reserved for b in self._blocks)
+
+    @property
+    def region_bytes(self) -> int:
+        """Total capacity of all regions created so far."""
+        with self._lock:
+            return sum(r.size for r in self._regions)
+
+    @property
+    def num_regions(self) -> int:
+        """Number of memory regions created so far."""
+        with self._lock:
+            return len(self._regions)
+
+    @property
+    def dedup_saved_bytes(self) -> int:
+        """Bytes not stored thanks to sharing (constant dedup and file-constant sources)."""
+        with self._lock:
+            return sum(b.nbytes * (len(b.owners) - 1) for b in self._blocks if b.owners)
+
+    def describe(self) -> str:
+        """A readable table of every tensor: key, kind, address, bytes, shared-with."""
+        with self._lock:
+            rows = [("key", "kind", "shape", "address", "bytes", "state", "shared-with")]
+            for key, entry in self._entries.items():
+                block = entry.block
+                state = "loaded" if block.loaded else "pending"
+                rows.append(
+                    (
+                        str(key),
+                        entry.kind.value,
+                        str(block.shape),
+                        f"{self.logic_base + block.rel_address:#x}",
+                        str(block.nbytes),
+                        state,
+                        ", ".join(k.name for k in block.owners if k != key) or "-",
+                    )
+                )
+            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+            lines = [
+                f"VarManager session={self.session_id} tensors={len(self._entries)} "
+                f"regions={len(self._regions)} data={self.nbytes} B "
+                f"dedup-saved={self.dedup_saved_bytes} B"
+                + (" (released)" if self._released else "")
+            ]
+            for i, row in enumerate(rows):
+                lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+                if i == 0:
+                    lines.append("  ".join("-" * w for w in widths))
+            return "\n".join(lines)
+
+    def release(self) -> None:
+        """Free every region. The manager is unusable afterwards; arrays handed out
+        earlier stay valid (they keep their memory alive) but are no longer managed."""
+        with self._lock:
+            self._regions.clear()
+            self._entries.clear()
+            self._names.clear()
+            self._by_content.clear()
+            self._by_source.clear()
+            self._blocks.clear()
+            self._block_starts.clear()
+            self._released = True
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` has been called."""
+        return self._released
+
+    def __repr__(self) -> str:
+        return (
+            f"VarManager(session_id={self.session_id}, tensors={len(self._entries)}, "
+            f"nbytes={self.nbytes})"
+        )
+
+
+def _source_text(source: tuple[str, int] | None) -> str:
+    if source is None:
+        return "<loader without source file>"
+    return f"file {source[0]!r} at offset {source[1]}"
+
+
+class VarManagerPool:
+    """Process-wide map from session id to that session's :class:`VarManager`."""
+
+    _instance: VarManagerPool | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._managers: dict[int, VarManager] = {}
+
+    @classmethod
+    def instance(cls) -> VarManagerPool:
+        """The process-wide pool."""
+        if cls._instance is None:
+            with cls._instance_lock:
+                if cls._instance is None:
+                    cls._instance = cls()
+        return cls._instance
+
+    def get(self, session_id: int, **options: int) -> VarManager:
+        """The manager of ``session_id``, created on first use with ``options``
+        (``region_size``, ``logic_base``, ``alignment``); options are ignored afterwards."""
+        with self._lock:
+            manager = self._managers.get(session_id)
+            if manager is None:
+                manager = VarManager(session_id, **options)
+                self._managers[session_id] = manager
+            return manager
+
+    def destroy(self, session_id: int) -> bool:
+        """Release and forget the manager of ``session_id``; False if there was none."""
+        with self._lock:
+            manager = self._managers.pop(session_id, None)
+        if manager is None:
+            return False
+        manager.release()
+        return True
+
+    def sessions(self) -> list[int]:
+        """Ids of the sessions that currently have a manager, sorted."""
+        with self._lock:
+            return sorted(self._managers)
+
+    def __contains__(self, session_id: object) -> bool:
+        with self._lock:
+            return session_id in self._managers

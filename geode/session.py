@@ -1,0 +1,146 @@
+"""Session: owns a VarManager and drives compiler -> codegen -> runtime.
+
+``Session.compile(graph)`` copies the user's graph (it is never modified), verifies
+it, infers shapes, runs the pass pipeline, places nodes on engines, plans fusion
+groups, compiles them, and returns a :class:`CompiledModel` whose constants and
+variables live in this session's VarManager.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from geode import config
+from geode.compiler.ir import Graph, format_graph
+from geode.compiler.partition.placement import Placement, place
+from geode.compiler.pipeline import run_pipeline
+from geode.debug import Dumper, log
+from geode.errors import GraphError
+from geode.plan_builder import Unit, build_plan, reference_unit
+from geode.runtime.model import CompiledModel
+from geode.runtime.var_manager import VarManager, VarManagerPool
+
+
+class Session:
+    """A compile-and-run context: one VarManager shared by every model compiled in it."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, **options: Any):
+        self.options = config.current(**options)
+        self.id = next(Session._ids)
+        self.var_manager: VarManager = VarManagerPool.instance().get(self.id)
+        self._models = itertools.count()
+
+    def compile(self, graph: Graph, **options: Any) -> CompiledModel:
+        """Compile a graph into a callable model (the graph itself is left unchanged)."""
+        if not isinstance(graph, Graph):
+            raise GraphError(f"compile() expects a geode.Graph, got {type(graph).__name__}")
+        opts = self.options.replace(**options) if options else self.options
+        t0 = time.perf_counter()
+        dump = Dumper(graph.name, opts.debug, opts.dump_dir)
+        g = graph.copy()
+        if not g.outputs:
+            raise GraphError(f"graph {g.name!r} has no outputs; call graph.output(...)")
+        g.verify()
+        g.infer_shapes()
+        dump.stage("input_graph", format_graph(g), level=2)
+        timings: dict[str, float] = {}
+        records = run_pipeline(
+            g,
+            disabled=opts.disabled_passes,
+            on_pass=lambda name, gr, changed: dump.stage(f"after_{name}", format_graph(gr), level=2)
+            if changed and dump.wants(2)
+            else None,
+        )
+        timings["passes"] = time.perf_counter() - t0
+        g.sort()
+        placement = place(g, codegen=opts.codegen)
+        dump.stage("placement", placement.describe())
+        t1 = time.perf_counter()
+        units, plan_text = self._units(g, placement, opts, dump)
+        timings["codegen"] = time.perf_counter() - t1
+        prefix = f"m{next(self._models)}:{g.name}"
+        plan = build_plan(g, units, self.var_manager, prefix)
+        timings["total"] = time.perf_counter() - t0
+        pass_text = "\n".join(
+            f"  {r.name}: {'changed' if r.changed else 'no change'} ({r.nodes_before} -> {r.nodes_after} nodes)"
+            for r in records
+        )
+        explain = _Explain(g, placement, units, plan_text, pass_text, self.var_manager, timings)
+        model = CompiledModel(plan, self.var_manager, [u.info for u in units], explain, {"timings": timings})
+        dump.stage("plan", explain())
+        log.debug("compiled %s in %.3fs: %d steps", g.name, timings["total"], len(units))
+        return model
+
+    def _units(self, g: Graph, placement: Placement, opts: config.Options, dump: Dumper) -> tuple[list[Unit], str]:
+        """Units of work for the plan: fused native kernels where possible, else single nodes."""
+        if opts.codegen and opts.fusion:
+            try:
+                from geode.codegen.driver import compile_groups
+            except ImportError:
+                compile_groups = None
+            if compile_groups is not None:
+                return compile_groups(g, placement, opts, dump)
+        units = []
+        for node in g.nodes:
+            engine = placement.engine[node.name]
+            units.append(reference_unit(node, "aicpu" if engine == "aicore" else engine))
+        return units, "fusion: off (every node runs on its own)"
+
+    def close(self) -> None:
+        """Free the session's VarManager memory."""
+        VarManagerPool.instance().destroy(self.id)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Explain:
+    """Builds ``model.explain()`` text lazily."""
+
+    def __init__(self, g: Graph, placement: Placement, units: list[Unit], plan_text: str,
+                 pass_text: str, vm: VarManager, timings: dict[str, float]):
+        self.g, self.placement, self.units = g, placement, units
+        self.plan_text, self.pass_text, self.vm, self.timings = plan_text, pass_text, vm, timings
+
+    def __call__(self) -> str:
+        g = self.g
+        lines = [f"model {g.name}"]
+        lines.append("inputs: " + ", ".join(f"{v.name}: {v.desc}" for v in g.inputs))
+        lines.append("outputs: " + ", ".join(f"{v.name}: {v.desc}" for v in g.outputs))
+        lines.append(f"compile time: {self.timings.get('total', 0.0) * 1e3:.1f} ms "
+                     f"(passes {self.timings.get('passes', 0.0) * 1e3:.1f} ms, "
+                     f"codegen {self.timings.get('codegen', 0.0) * 1e3:.1f} ms)")
+        lines.append("passes:")
+        lines.append(self.pass_text or "  (none)")
+        lines.append("partitions:")
+        lines.append("  " + self.placement.describe().replace("\n", "\n  "))
+        lines.append("fusion plan:")
+        lines.append("  " + self.plan_text.replace("\n", "\n  "))
+        lines.append(f"kernels ({len(self.units)}):")
+        for u in self.units:
+            ops = ", ".join(f"{n.op_type}:{n.name}" for n in u.nodes)
+            cost = ""
+            if u.info.cost:
+                cost = " cost " + ", ".join(f"{k}={v:.3g}" for k, v in u.info.cost.items())
+            lines.append(f"  {u.name} [{u.engine}] {ops}{cost}")
+        lines.append(f"variables and constants: {len(list(self.vm.keys()))} keys, "
+                     f"{self.vm.nbytes} bytes, {self.vm.dedup_saved_bytes} bytes saved by dedup")
+        return "\n".join(lines)
+
+
+_default: Session | None = None
+
+
+def default_session() -> Session:
+    """The process-wide session used by ``geode.compile``."""
+    global _default
+    if _default is None:
+        _default = Session()
+    return _default
