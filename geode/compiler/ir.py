@@ -318,8 +318,6 @@ class Graph:
         arr = np.array(data, dtype=dtypes.to_numpy(dtype) if dtype is not None else None)
         if arr.dtype == np.float64 and dtype is None and not isinstance(data, np.ndarray):
             arr = arr.astype(np.float32)  # Python floats default to float32, like frameworks
-        if arr.dtype == np.int64 and dtype is None and not isinstance(data, np.ndarray):
-            pass
         name = self.unique_name(name or "const")
         return self._new_value(
             name, TensorDesc(arr.dtype, tuple(arr.shape)), ValueKind.CONSTANT, data=arr
@@ -341,6 +339,8 @@ class Graph:
         dtype = like.dtype if like is not None and not isinstance(x, np.ndarray) else None
         if dtype is not None and dtype == np.bool_ and not isinstance(x, (bool, np.bool_)):
             dtype = None
+        if dtype is not None and dtype.kind in "iub" and isinstance(x, (float, np.floating)):
+            dtype = None  # never truncate a float scalar to an integer constant
         return self.constant(x, dtype=dtype)
 
     def add_node(

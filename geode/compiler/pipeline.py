@@ -89,7 +89,9 @@ def run_pipeline(
     for what, names in (("disabled", disabled), ("enabled", enabled)):
         unknown = sorted(set(names) - known)
         if unknown:
-            raise GeodeError(f"{what} passes {unknown} are not passes; known: {[p.name for p in plist]}")
+            raise GeodeError(
+                f"{what} passes {unknown} are not passes; known: {[p.name for p in plist]}"
+            )
     active = [
         p
         for p in plist
@@ -119,7 +121,9 @@ def run_pipeline(
                 exc.add_note(f"in graph pass {p.name!r} (round {rnd + 1}) on graph {graph.name!r}")
                 raise
             records.append(
-                PassRecord(p.name, changed, before, len(graph.nodes), time.perf_counter() - t0, rnd + 1)
+                PassRecord(
+                    p.name, changed, before, len(graph.nodes), time.perf_counter() - t0, rnd + 1
+                )
             )
             if on_pass is not None:
                 on_pass(p.name, graph, changed)

@@ -130,7 +130,9 @@ def broadcast_dim(a: Dim, b: Dim, where: str = "") -> Dim:
     eq = dims_equal(a, b)
     if eq:
         return a
-    # One side may be 1 at run time; the static side wins when it is not 1.
+    # One side may be 1 at run time; the static side wins when it is not 1. Two distinct
+    # symbols broadcast to their Max: symbols are positive, so a run-time 0 against 1 is
+    # outside the model and is caught by the executor's shape checks, never silently wrong.
     if isinstance(a, int):
         return a
     if isinstance(b, int):

@@ -60,7 +60,8 @@ def _as_input(graph: Any, x: object, like: Value | None) -> Value | None:
 def apply(op_type: str, *inputs: object, n_outputs: int | None = None, name: str | None = None, **kw: Any) -> Any:
     """Apply op ``op_type`` to inputs; returns one Value or a tuple for several outputs."""
     od = registry.get(op_type)
-    like = next((x for x in inputs if isinstance(x, Value)), None)
+    values = [x for x in inputs if isinstance(x, Value)]
+    like = next((v for v in values if v.dtype != np.bool_), values[0] if values else None)
     if like is None:
         like = next((x for x in kw.values() if isinstance(x, Value)), None)
     if like is None:

@@ -92,7 +92,9 @@ def _with_verify(od: OpDef, verify: Callable[[InferContext], None]) -> OpDef:
     return od
 
 
-def _one_of(attr: str, allowed: Sequence[object], conv: Callable[[object], object] = int):
+def _one_of(
+    attr: str, allowed: Sequence[object], conv: Callable[[object], object] = int
+) -> Callable[[InferContext], None]:
     """A verify hook: attribute ``attr`` must be one of ``allowed``."""
 
     def verify(ctx: InferContext) -> None:
@@ -119,6 +121,7 @@ def _erf_python(x: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _scipy_erf() -> Callable[[np.ndarray], np.ndarray] | None:
+    """scipy's vectorised erf, or None when scipy is not installed (imported on first use)."""
     try:
         from scipy.special import erf as scipy_erf
     except ImportError:  # scipy is optional: fall back to math.erf
@@ -187,8 +190,9 @@ def _pow(x: np.ndarray, y: np.ndarray, _: dict) -> np.ndarray:
     if y.dtype.kind == "f":  # integer base, float exponent: compute in double, truncate
         return np.power(x.astype(np.float64), y.astype(np.float64)).astype(x.dtype)
     # integer ** integer, exact (wrapping on overflow like a native kernel)
-    e = y if y.dtype.kind == "i" else np.minimum(y, np.iinfo(np.int64).max)
-    e = e.astype(np.int64)
+    if y.dtype == np.uint64:  # keep huge unsigned exponents positive in int64
+        y = np.minimum(y, np.uint64(np.iinfo(np.int64).max))
+    e = y.astype(np.int64)
     base = x.astype(np.int64)
     out = np.power(base, np.maximum(e, 0))
     # a negative exponent gives 1/x**|e|, truncated: 0 unless |x| == 1 (x == 0 is undefined)

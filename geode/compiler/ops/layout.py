@@ -572,6 +572,28 @@ register(
 
 
 # -- Reshape / Flatten ----------------------------------------------------------------------------
+def _counts_differ(a: Dim, b: Dim) -> bool:
+    """True when element counts ``a`` and ``b`` provably differ for every positive symbol value.
+
+    Covers what ``dims_equal`` leaves open: ``c * N * M`` (N, M positive integers) can
+    never equal an integer that ``c`` does not divide, nor one smaller than ``c``.
+    """
+    if isinstance(a, int) == isinstance(b, int):
+        return False
+    expr, n = (b, a) if isinstance(a, int) else (a, b)
+    coeff, rest = expr.as_coeff_Mul()
+    if not coeff.is_Integer:
+        return False
+    for factor in sympy.Mul.make_args(rest):
+        base, exp = factor.as_base_exp()
+        if not (base.is_Symbol and base.is_positive and base.is_integer):
+            return False
+        if not (exp.is_Integer and exp > 0):
+            return False
+    c = int(coeff)
+    return c > 0 and (n < c or n % c != 0)
+
+
 def reshape_shape(ctx: InferContext, shape: Shape, target: list[int], allowzero: bool) -> Shape:
     """Output shape of Reshape to constant ``target`` (0 copies a dim unless allowzero, -1 infers)."""
     if target.count(-1) > 1:
@@ -609,7 +631,7 @@ def reshape_shape(ctx: InferContext, shape: Shape, target: list[int], allowzero:
             if not isinstance(q, int) and q.is_number:
                 ctx.fail(f"cannot reshape {list(shape)} ({total} elements) to {target}")
         return tuple(q if d is None else d for d in dims)
-    if dims_equal(total, known) is False:
+    if dims_equal(total, known) is False or _counts_differ(total, known):
         ctx.fail(f"cannot reshape {list(shape)} ({total} elements) to {target} ({known} elements)")
     _equate(ctx, total, known, f"element count of reshape to {target}")
     return tuple(dims)  # type: ignore[arg-type]

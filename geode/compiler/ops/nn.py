@@ -127,6 +127,11 @@ def same_pads(size: int, out: int, k: int, s: int, d: int, mode: str) -> tuple[i
 # -- attribute helpers ----------------------------------------------------------------------
 
 
+def attr_float(v: Any) -> float:
+    """A float attribute at ONNX's precision: AttributeProto floats are 32-bit."""
+    return float(np.float32(v))
+
+
 def _str_attr(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -192,7 +197,7 @@ def window_attrs(attrs: dict[str, Any], kernel: Sequence[Dim], fail: Fail = _rai
     return w
 
 
-def _ctx_fail(ctx: InferContext, exc: type[GeodeError] = ShapeError) -> Fail:
+def _ctx_fail(ctx: InferContext, exc: type[GeodeError] = VerifyError) -> Fail:
     return lambda msg: ctx.fail(msg, exc)
 
 
@@ -363,7 +368,7 @@ def _is_integral(v: float) -> bool:
 def _gemm_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
     a, b = ins[0], ins[1]
     c = ins[2] if len(ins) > 2 else None
-    alpha, beta = float(attrs["alpha"]), float(attrs["beta"])
+    alpha, beta = attr_float(attrs["alpha"]), attr_float(attrs["beta"])
     if attrs["transA"]:
         a = a.T
     if attrs["transB"]:
@@ -961,14 +966,14 @@ def _bn_infer(ctx: InferContext) -> list[TensorDesc]:
 def _bn_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
     x, scale, bias, mean, var = ins[:5]
     ct = _compute_dtype(np.result_type(x.dtype, scale.dtype, mean.dtype))
-    eps = float(attrs["epsilon"])
+    eps = attr_float(attrs["epsilon"])
     shape = (1, -1) + (1,) * (x.ndim - 2)
     xc = x.astype(ct, copy=False)
     outs: list[np.ndarray] = []
     if int(attrs["training_mode"]):
         axes = tuple(i for i in range(x.ndim) if i != 1)
         bmean, bvar = xc.mean(axis=axes), xc.var(axis=axes)
-        mom = float(attrs["momentum"])
+        mom = attr_float(attrs["momentum"])
         run_mean = mean.astype(ct) * mom + bmean * (1 - mom)
         run_var = var.astype(ct) * mom + bvar * (1 - mom)
         outs = [run_mean.astype(mean.dtype), run_var.astype(var.dtype)]
@@ -1020,7 +1025,7 @@ def _in_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
     mean = xc.mean(axis=axes, keepdims=True)
     var = xc.var(axis=axes, keepdims=True)
     shape = (1, -1) + (1,) * (x.ndim - 2)
-    y = (xc - mean) / np.sqrt(var + ct.type(float(attrs["epsilon"])))
+    y = (xc - mean) / np.sqrt(var + ct.type(attr_float(attrs["epsilon"])))
     y = y * scale.astype(ct).reshape(shape) + bias.astype(ct).reshape(shape)
     return [y.astype(x.dtype)]
 
@@ -1059,7 +1064,7 @@ def _lrn_verify(ctx: InferContext) -> None:
 def _lrn_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
     x = ins[0]
     size = int(attrs["size"])
-    alpha, beta, bias = float(attrs["alpha"]), float(attrs["beta"]), float(attrs["bias"])
+    alpha, beta, bias = (attr_float(attrs[k]) for k in ("alpha", "beta", "bias"))
     ct = _compute_dtype(x.dtype)
     xc = x.astype(ct, copy=False)
     c = x.shape[1]
@@ -1070,7 +1075,8 @@ def _lrn_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
     square_sum = np.zeros_like(xc)
     for j in range(size):
         square_sum += sq[:, j : j + c]
-    y = xc / (ct.type(bias) + ct.type(alpha / size) * square_sum) ** ct.type(beta)
+    coef = np.float32(alpha) / np.float32(size)  # a float attribute over an int, in float32
+    y = xc / (ct.type(bias) + ct.type(coef) * square_sum) ** ct.type(beta)
     return [y.astype(x.dtype)]
 
 

@@ -31,7 +31,7 @@ from geode.compiler.ops.registry import (
     register,
 )
 from geode.compiler.shapes import Dim, Shape, broadcast_shapes, dims_equal
-from geode.errors import VerifyError
+from geode.errors import ShapeError, VerifyError
 
 #: the largest int64, ONNX's usual "to the end" marker in Slice and friends
 INT64_MAX = int(np.iinfo(np.int64).max)
@@ -417,7 +417,14 @@ def _verify_layer_norm(ctx: InferContext) -> None:
             ctx.fail(
                 f"{name} has rank {len(s)} but the normalized shape {list(norm_shape)} has rank {len(norm_shape)}"
             )
-        out = broadcast_shapes(norm_shape, s, where=ctx.where)
+        try:
+            out = broadcast_shapes(norm_shape, s, where=ctx.where)
+        except ShapeError:
+            out = None
+        if out is None or len(out) != len(norm_shape):
+            ctx.fail(
+                f"{name} shape {list(s)} does not broadcast to the normalized shape {list(norm_shape)}"
+            )
         for a, b in zip(out, norm_shape):
             if dims_equal(a, b) is False:
                 ctx.fail(

@@ -256,8 +256,9 @@ def check_schema(ctx: InferContext) -> None:
         ctx.fail(f"expects at least {od.min_inputs} inputs, got {n_in} (missing {missing})", VerifyError)
     if not variadic and n_in > len(od.inputs):
         ctx.fail(f"expects at most {len(od.inputs)} inputs, got {n_in}", VerifyError)
-    for i, spec in enumerate(od.inputs):
-        if i < n_in and node.inputs[i] is None and not spec.optional:
+    for i, v in enumerate(node.inputs):
+        spec = od.inputs[min(i, len(od.inputs) - 1)] if od.inputs else None
+        if v is None and spec is not None and not spec.optional:
             ctx.fail(f"input {i} ({spec.name}) is required", VerifyError)
     for a in od.attrs:
         if a.required and a.name not in node.attrs:

@@ -86,7 +86,9 @@ def _fold_node(node: Node, min_bytes: int) -> list[np.ndarray] | None:
         return None
     try:
         with np.errstate(all="ignore"):
-            outs = od.run([None if v is None else np.asarray(v.data) for v in node.inputs], node.attrs)
+            outs = od.run(
+                [None if v is None else np.asarray(v.data) for v in node.inputs], node.attrs
+            )
     except Exception:  # the node fails at run time too; leave it to say so there
         return None
     if len(outs) < len(node.outputs):

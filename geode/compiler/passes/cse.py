@@ -15,6 +15,7 @@ from geode.compiler.passes.rewrite import (
     SIDE_EFFECT_OPS,
     has_graph_attr,
     is_output,
+    node_alive,
     remove_dead_nodes,
     replace_value,
 )
@@ -89,7 +90,7 @@ def cse(graph: Graph) -> bool:
         if key is None:
             continue
         first = seen.get(key)
-        if first is None:
+        if first is None or not node_alive(graph, first):
             seen[key] = node
             continue
         for dup, keep in zip(node.outputs, first.outputs):

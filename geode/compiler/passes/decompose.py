@@ -32,7 +32,14 @@ import numpy as np
 
 from geode.compiler import dtypes
 from geode.compiler.ir import Graph, Node, Value
-from geode.compiler.passes.rewrite import Rewriter, const_ints, const_value, has_ops, try_rewrite
+from geode.compiler.passes.rewrite import (
+    Rewriter,
+    const_ints,
+    const_value,
+    has_ops,
+    node_alive,
+    try_rewrite,
+)
 from geode.compiler.shapes import normalize_axis
 
 Decomposition = Callable[[Rewriter, Node], list[Value | None] | None]
@@ -53,15 +60,11 @@ def decompose(graph: Graph) -> bool:
         if node.domain not in ("", "ai.onnx"):
             continue
         fn = DECOMPOSITIONS.get(node.op_type)
-        if fn is None or not _alive(graph, node):
+        if fn is None or not node_alive(graph, node):
             continue
         if try_rewrite(graph, node, lambda rw, fn=fn, node=node: fn(rw, node)):
             changed = True
     return changed
-
-
-def _alive(graph: Graph, node: Node) -> bool:
-    return bool(node.outputs) and graph.values.get(node.outputs[0].name) is node.outputs[0]
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -79,7 +82,9 @@ def _axes_attr(node: Node, name: str = "axis") -> int:
     return int(node.attr(name, -1))
 
 
-def _reduce(rw: Rewriter, op: str, x: Value, axes: Value | None, keepdims: int, noop: int = 0) -> Value:
+def _reduce(
+    rw: Rewriter, op: str, x: Value, axes: Value | None, keepdims: int, noop: int = 0
+) -> Value:
     attrs = {"keepdims": keepdims}
     if noop:
         attrs["noop_with_empty_axes"] = noop
@@ -258,7 +263,12 @@ def _gelu(rw: Rewriter, node: Node) -> list[Value | None] | None:
 # -- the Reduce family ------------------------------------------------------------------------
 def _reduce_parts(node: Node) -> tuple[Value, Value | None, int, int] | None:
     x = node.input(0)
-    return x, node.input(1), int(node.attr("keepdims", 1)), int(node.attr("noop_with_empty_axes", 0))
+    return (
+        x,
+        node.input(1),
+        int(node.attr("keepdims", 1)),
+        int(node.attr("noop_with_empty_axes", 0)),
+    )
 
 
 def _reduce_sum_square(rw: Rewriter, node: Node) -> list[Value | None] | None:

@@ -19,7 +19,9 @@ from geode.compiler.shapes import Shape, dims_equal, is_static
 from geode.errors import GeodeError
 
 #: ops that write state (GE's Assign family); never removed, merged or folded.
-SIDE_EFFECT_OPS = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "ScatterUpdate"})
+SIDE_EFFECT_OPS = frozenset(
+    {"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "ScatterUpdate"}
+)
 
 #: ops whose results are random; never folded or merged.
 RANDOM_OPS = frozenset(
@@ -48,6 +50,14 @@ def is_dead(graph: Graph, v: Value) -> bool:
 def has_graph_attr(node: Node) -> bool:
     """Whether a node carries a subgraph attribute (If/Loop/Scan bodies)."""
     return any(isinstance(a, Graph) for a in node.attrs.values())
+
+
+def node_alive(graph: Graph, node: Node) -> bool:
+    """Whether ``node`` is still in ``graph`` (its outputs are still the graph's values)."""
+    if not node.outputs:
+        return any(n is node for n in graph.nodes)
+    out = node.outputs[0]
+    return graph.values.get(out.name) is out
 
 
 def shapes_equal(a: Shape, b: Shape) -> bool:
@@ -156,16 +166,14 @@ def remove_dead_nodes(graph: Graph, nodes: Iterable[Node]) -> int:
     """
     work = list(nodes)
     removed = 0
-    present = {id(n) for n in graph.nodes}
     while work:
         node = work.pop()
-        if id(node) not in present or node.op_type in SIDE_EFFECT_OPS:
+        if not node_alive(graph, node) or node.op_type in SIDE_EFFECT_OPS:
             continue
         if not all(is_dead(graph, o) for o in node.outputs):
             continue
         ins = [v for v in node.inputs if v is not None]
         graph.remove_node(node)
-        present.discard(id(node))
         removed += 1
         for v in ins:
             if v.uses or is_output(graph, v):
@@ -193,7 +201,9 @@ class Rewriter:
 
     def op(self, op_type: str, *inputs: Value | None, n_outputs: int = 1, **attrs: Any) -> Any:
         """Add a node; returns its output (or a tuple of outputs)."""
-        base = f"{self.anchor.name}_{op_type.lower()}" if self.anchor is not None else op_type.lower()
+        base = (
+            f"{self.anchor.name}_{op_type.lower()}" if self.anchor is not None else op_type.lower()
+        )
         node = self.graph.add_node(op_type, list(inputs), attrs, n_outputs=n_outputs, name=base)
         self.nodes.append(node)
         return node.outputs[0] if n_outputs == 1 else tuple(node.outputs)
@@ -313,9 +323,22 @@ def reinfer_consumers(graph: Graph, values: Iterable[Value]) -> int:
     return improved
 
 
+def _known_dim(d: object) -> bool:
+    """An int, or an expression over named symbols only (no fresh ``_s`` symbols)."""
+    if isinstance(d, int):
+        return True
+    return not any(str(s).startswith("_") for s in d.free_symbols)
+
+
 def _more_precise(old: TensorDesc, new: TensorDesc) -> bool:
+    """``new`` knows every dim ``old`` knew, and more (or a rank where there was none)."""
     if new.shape is None:
         return False
     if old.shape is None:
         return True
-    return len(old.shape) == len(new.shape) and is_static(new.shape) and not is_static(old.shape)
+    if len(old.shape) != len(new.shape):
+        return False
+    pairs = list(zip(old.shape, new.shape))
+    if any(_known_dim(a) and not _known_dim(b) for a, b in pairs):
+        return False
+    return any(not _known_dim(a) and _known_dim(b) for a, b in pairs)

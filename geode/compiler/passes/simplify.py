@@ -18,6 +18,7 @@ from geode.compiler.passes.rewrite import (
     has_ops,
     is_dead,
     is_splat,
+    node_alive,
     remove_dead_nodes,
     replace_value,
     shapes_equal,
@@ -45,7 +46,8 @@ def simplify(graph: Graph) -> bool:
     * ``Transpose(Transpose(x, p), q)`` -> ``Transpose(x, p∘q)``, or ``x`` when the
       composition (or a single perm) is the identity;
     * chains of Reshape/Squeeze/Unsqueeze/Flatten: ``x`` when the chain ends in
-      ``x``'s shape (they cancel); ``Reshape(Reshape(x, s1), s2)`` ->
+      ``x``'s shape or is a Squeeze/Unsqueeze pair over the same constant axes
+      (they cancel, even at unknown rank); ``Reshape(Reshape(x, s1), s2)`` ->
       ``Reshape(x, s2)`` when ``s2`` is constant without 0 (a 0 copies a dim of the
       middle shape; -1 is fine: it depends only on the element count);
     * ``Expand(x, s)`` -> ``x`` when the result has ``x``'s shape.
@@ -56,7 +58,7 @@ def simplify(graph: Graph) -> bool:
     for _ in range(MAX_SWEEPS):
         swept = False
         for node in graph.toposort():
-            if not _alive(graph, node) or node.domain not in ("", "ai.onnx"):
+            if not node_alive(graph, node) or node.domain not in ("", "ai.onnx"):
                 continue
             rule = RULES.get(node.op_type)
             if rule is not None and rule(graph, node):
@@ -65,10 +67,6 @@ def simplify(graph: Graph) -> bool:
         if not swept:
             break
     return changed
-
-
-def _alive(graph: Graph, node: Node) -> bool:
-    return bool(node.outputs) and graph.values.get(node.outputs[0].name) is node.outputs[0]
 
 
 def _forward(graph: Graph, node: Node, x: Value, *, allow_identity: bool = True) -> bool:
@@ -194,7 +192,7 @@ def _reshape_like(graph: Graph, node: Node) -> bool:
     src = p.inputs[0]
     if src is None:
         return False
-    if shapes_equal(out.shape, src.shape):
+    if shapes_equal(out.shape, src.shape) or _squeeze_pair(node, p):
         return _forward(graph, node, src)
     if node.op_type == "Reshape":
         shape = const_ints(node.input(1))
@@ -203,6 +201,18 @@ def _reshape_like(graph: Graph, node: Node) -> bool:
             remove_dead_nodes(graph, [p])
             return True
     return False
+
+
+def _squeeze_pair(node: Node, producer: Node) -> bool:
+    """Squeeze(Unsqueeze(x, a), a) or Unsqueeze(Squeeze(x, a), a): x, whatever its rank.
+
+    Both ops read negative axes against the same tensor (the one between them), so
+    equal constant axis sets name the same dims.
+    """
+    if {node.op_type, producer.op_type} != {"Squeeze", "Unsqueeze"}:
+        return False
+    a, b = const_ints(node.input(1)), const_ints(producer.input(1))
+    return bool(a) and a is not None and b is not None and sorted(a) == sorted(b)
 
 
 def _expand(graph: Graph, node: Node) -> bool:

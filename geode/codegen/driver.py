@@ -1,0 +1,123 @@
+"""From a placed graph to plan units: fusion plan -> lower -> schedule -> native kernel.
+
+For every fusion group: lower it to a loop AST, apply the default schedule for its
+pattern, compile it with the numba backend (through the disk cache) and bind it as an
+AI Core step. A group whose lowering, scheduling or compilation fails runs node by
+node on the AICPU engine, with a warning: a user never loses a result to a codegen bug.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from geode.codegen import ast as A
+from geode.codegen.lower import LoweredKernel, lower_group, make_can_lower
+from geode.compiler.fusion.groups import Group
+from geode.compiler.fusion.planner import plan_fusion, schedule_units
+from geode.compiler.fusion.profit import describe_work, make_profit
+from geode.compiler.ir import Graph, Node
+from geode.compiler.partition.placement import Placement
+from geode.compiler.shapes import compile_dim_fn, compile_shape_fn
+from geode.config import Options
+from geode.costmodel.device import DeviceSpec, default_spec, load_or_calibrate
+from geode.debug import Dumper, log
+from geode.errors import GeodeError
+from geode.plan_builder import Unit, reference_unit
+from geode.runtime.model import KernelInfo
+
+_SPECS: dict[str, DeviceSpec] = {}
+
+
+def device_spec(cache_dir: str) -> DeviceSpec:
+    """The calibrated device spec (measured once per machine, cached on disk and in memory)."""
+    if cache_dir not in _SPECS:
+        try:
+            _SPECS[cache_dir] = load_or_calibrate(cache_dir, quick=True)
+        except OSError as exc:  # unwritable cache dir: calibrate without caching
+            log.warning("device spec not cached (%s); using defaults", exc)
+            _SPECS[cache_dir] = default_spec()
+    return _SPECS[cache_dir]
+
+
+class CodegenWarning(UserWarning):
+    """A group could not be compiled and falls back to the AICPU engine."""
+
+
+def compile_groups(g: Graph, placement: Placement, opts: Options, dump: Dumper) -> tuple[list[Unit], str]:
+    """Units for the plan (fused native kernels and fallback nodes) and the fusion plan text."""
+    spec = device_spec(opts.cache_dir)
+    plan = plan_fusion(g, placement, make_can_lower(g), make_profit(spec))
+    dump.stage("fusion_plan", plan.describe())
+    units: list[Unit] = []
+    for k, item in enumerate(schedule_units(g, plan)):
+        if isinstance(item, Node):
+            engine = placement.engine[item.name]
+            units.append(reference_unit(item, "aicpu" if engine == "aicore" else engine))
+            continue
+        try:
+            units.append(_compile_group(g, item, f"fused_{k}", opts, dump))
+        except Exception as exc:  # noqa: BLE001 - any codegen failure falls back, loudly
+            msg = f"group {item.id} ({len(item.nodes)} ops) falls back to AICPU: {type(exc).__name__}: {exc}"
+            warnings.warn(msg, CodegenWarning, stacklevel=2)
+            log.warning(msg)
+            if isinstance(exc, GeodeError) is False and opts.debug >= 2:
+                log.exception("codegen failure")
+            units += [reference_unit(n, "aicpu") for n in item.nodes]
+    return units, plan.describe()
+
+
+def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumper) -> Unit:
+    from geode.codegen.autoschedule import schedule_group
+    from geode.codegen.backends.numba import compile_kernel
+
+    t0 = time.perf_counter()
+    lowered = lower_group(group, g, name)
+    if dump.wants(2):
+        dump.stage(f"{name}_ast_lowered", A.format_kernel(lowered.kernel), level=2)
+    sch = schedule_group(lowered, group)
+    kernel = sch.kernel
+    trace = str(sch.trace)
+    if dump.wants(2):
+        dump.stage(f"{name}_ast_scheduled", A.format_kernel(kernel) + "\n\n# trace\n" + trace, level=2)
+    native = compile_kernel(kernel, fastmath=opts.fastmath, cache_dir=opts.cache_dir)
+    if dump.wants(3):
+        dump.stage(f"{name}_source", native.source, level=3, ext="py")
+    if dump.wants(4) and opts.debug >= 4:
+        dump.stage(f"{name}_llvm", native.llvm, level=4, ext="ll")
+        dump.stage(f"{name}_asm", native.asm, level=4, ext="s")
+    step = make_step(lowered, native)
+    info = KernelInfo(
+        name=name, ops=list(group.nodes), engine="aicore", source=native.source, trace=trace,
+        cost={"compile_s": time.perf_counter() - t0, "from_cache": float(getattr(native, "from_cache", False))},
+        _llvm=lambda: native.llvm, _asm=lambda: native.asm,
+    )
+    info.cost.update(describe_work(group, g, device_spec(opts.cache_dir)))
+    unit = Unit(name, "aicore", list(group.nodes), list(lowered.inputs), list(lowered.outputs), step, info)
+    unit.extra["pattern"] = group.pattern_name()
+    return unit
+
+
+def make_step(lowered: LoweredKernel, native: Callable[..., Any]) -> Callable[[list, list, Any], list]:
+    """The AI Core step: ``fn(inputs, outs, env)`` calling the kernel with dims from ``env``."""
+    dim_fns = [compile_dim_fn(d) for d in lowered.dim_exprs.values()]
+    out_shapes = [compile_shape_fn(v.shape) for v in lowered.outputs]
+    out_dtypes = [v.dtype for v in lowered.outputs]
+    n_in = len(lowered.inputs)
+
+    def step(inputs: list, outs: list, env: Any) -> list:
+        arrays = []
+        for i in range(len(out_dtypes)):
+            o = outs[i]
+            if o is None:
+                o = np.empty(out_shapes[i](env), out_dtypes[i])
+            arrays.append(o)
+        dims = [f(env) for f in dim_fns]
+        native(*inputs[:n_in], *arrays, *dims)
+        return arrays
+
+    return step

@@ -1,0 +1,656 @@
+"""Lowering: a fused group -> a loop AST :class:`Kernel`, one ScheduleBlock per op.
+
+Each op output becomes a block in its own loop nest over the output's shape; the
+block stores the op's scalar expression, in which inputs are loads at index
+expressions of the block's iteration variables (broadcasting maps unit dims to 0;
+Transpose, Slice, Split, Concat, Gather, Reshape, ... map indices accordingly).
+A reduction lowers to an init block and an update block with reduce iteration
+variables; ReduceMean adds a block dividing by the element count. Values produced
+and consumed inside the group are temporaries; the schedule inlines most of them.
+
+Symbolic dims become kernel arguments: a plain symbol keeps its name; a compound
+expression (``2*N``) becomes an argument ``_e<k>`` that the runtime evaluates.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy
+
+from geode.codegen import ast as A
+from geode.compiler import dtypes
+from geode.compiler.fusion.groups import Group
+from geode.compiler.fusion.patterns import reduce_axes
+from geode.compiler.ir import Graph, Node, Value
+from geode.compiler.shapes import Dim, dims_equal, free_symbols
+from geode.errors import CodegenError
+
+#: dtypes the native backend handles
+CODEGEN_DTYPES = frozenset(
+    np.dtype(t) for t in (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+                          np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
+)
+
+_RESERVED = frozenset({"np", "numba", "math", "prange", "range", "min", "max", "abs", "int", "float",
+                       "bool", "len", "print", "numpy", "nb"}) | frozenset(keyword.kwlist)
+
+
+@dataclass
+class LoweredKernel:
+    """A lowered group: its AST and how its arguments map to graph values."""
+
+    kernel: A.Kernel
+    inputs: list[Value]  # one per kernel input buffer, in order
+    outputs: list[Value]  # one per kernel output buffer, in order
+    dim_exprs: dict[str, Dim] = field(default_factory=dict)  # kernel dim arg -> its symbolic dim
+
+
+class LowerCtx:
+    """Names, buffers and dim arguments of one kernel being lowered."""
+
+    def __init__(self, group: Group, graph: Graph):
+        self.group = group
+        self.graph = graph
+        self.used: set[str] = set(_RESERVED)
+        self.block_names: set[str] = set()
+        self.buf: dict[int, str] = {}
+        self.dims: dict[str, Dim] = {}
+        self.dim_names: dict[str, str] = {}
+        self.inputs: list[Value] = []
+        self.temps: list[A.Buffer] = []
+        self.in_bufs: list[A.Buffer] = []
+
+    def name(self, base: str) -> str:
+        """A fresh identifier derived from ``base``."""
+        s = re.sub(r"\W", "_", base)
+        if not s or s[0].isdigit():
+            s = "t_" + s
+        cand, k = s, 0
+        while cand in self.used:
+            k += 1
+            cand = f"{s}_{k}"
+        self.used.add(cand)
+        return cand
+
+    def block_name(self, base: str) -> str:
+        """A fresh block name (blocks have their own namespace)."""
+        s = re.sub(r"\W", "_", base)
+        cand, k = s, 0
+        while cand in self.block_names:
+            k += 1
+            cand = f"{s}_{k}"
+        self.block_names.add(cand)
+        return cand
+
+    def dim(self, d: Dim) -> A.Expr:
+        """An AST expression for a dim (kernel dim argument when symbolic)."""
+        if isinstance(d, int):
+            return A.Const(int(d))
+        key = str(d)
+        if key not in self.dim_names:
+            if isinstance(d, sympy.Symbol):
+                nm = self.name(d.name)
+            else:
+                nm = self.name(f"_e{len(self.dim_names)}")
+            self.dim_names[key] = nm
+            self.dims[nm] = d
+        return A.Var(self.dim_names[key])
+
+    def shape(self, v: Value) -> tuple[A.Expr, ...]:
+        """AST dims of a value's shape."""
+        return tuple(self.dim(d) for d in v.shape)
+
+    def buffer_of(self, v: Value) -> str:
+        """The buffer name of a value, declaring it as a kernel input when external."""
+        if id(v) not in self.buf:
+            nm = self.name(v.name)
+            self.buf[id(v)] = nm
+            self.inputs.append(v)
+            self.in_bufs.append(A.Buffer(nm, dtypes.name(v.dtype), self.shape(v), "global"))
+        return self.buf[id(v)]
+
+    def load(self, v: Value, idx: list[A.Expr]) -> A.Expr:
+        """Read ``v`` at ``idx`` (scalar constants become literals)."""
+        if v.is_constant and v.data is not None and v.data.size == 1:
+            return literal(v.data.reshape(-1)[0], v.dtype)
+        return A.Load(self.buffer_of(v), tuple(idx))
+
+    def bload(self, v: Value, ivs: list[A.Expr], out_shape: tuple[Dim, ...]) -> A.Expr:
+        """Read ``v`` broadcast to an output of ``out_shape`` at output index ``ivs``."""
+        shape = v.shape
+        off = len(out_shape) - len(shape)
+        idx = []
+        for j, d in enumerate(shape):
+            od = out_shape[j + off]
+            idx.append(A.Const(0) if d == 1 and od != 1 else ivs[j + off])
+        return self.load(v, idx)
+
+
+def literal(x: object, dtype: np.dtype) -> A.Const:
+    """A typed literal."""
+    dt = dtypes.name(dtype)
+    if dtype == np.bool_:
+        return A.Const(bool(x), "bool")
+    if np.issubdtype(dtype, np.integer):
+        return A.Const(int(x), dt)
+    return A.Const(float(x), dt)
+
+
+def _c(v: float, like: Value) -> A.Const:
+    return literal(v, like.dtype)
+
+
+# -- op rules ---------------------------------------------------------------------------
+# rule(ctx, node, out_index, ivs) -> scalar expression of output ``out_index`` at ``ivs``
+
+Rule = Callable[[LowerCtx, Node, int, list[A.Expr]], A.Expr]
+RULES: dict[str, Rule] = {}
+
+
+def _rule(*names: str) -> Callable[[Rule], Rule]:
+    def deco(fn: Rule) -> Rule:
+        for n in names:
+            RULES[n] = fn
+        return fn
+
+    return deco
+
+
+def _ins(ctx: LowerCtx, node: Node, ivs: list[A.Expr]) -> list[A.Expr | None]:
+    out_shape = node.outputs[0].shape
+    return [None if v is None else ctx.bload(v, ivs, out_shape) for v in node.inputs]
+
+
+_UNARY = {
+    "Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Sin": "sin",
+    "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh",
+    "Cosh": "cosh", "Tanh": "tanh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh",
+    "Erf": "erf", "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign",
+    "Not": "not", "IsNaN": "isnan", "BitwiseNot": "bitnot",
+}
+
+
+@_rule(*_UNARY)
+def _unary(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    return A.Un(_UNARY[node.op_type], _ins(ctx, node, ivs)[0])
+
+
+_BINARY = {
+    "Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "pow", "Equal": "==", "Less": "<",
+    "Greater": ">", "LessOrEqual": "<=", "GreaterOrEqual": ">=", "And": "and", "Or": "or",
+    "Xor": "xor", "BitwiseAnd": "bitand", "BitwiseOr": "bitor", "BitwiseXor": "bitxor",
+}
+
+
+@_rule(*_BINARY)
+def _binary(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    a, b = _ins(ctx, node, ivs)[:2]
+    if node.op_type == "Pow" and node.inputs[1].dtype != node.inputs[0].dtype:
+        b = A.Cast(dtypes.name(node.inputs[0].dtype), b)
+    return A.Bin(_BINARY[node.op_type], a, b)
+
+
+@_rule("Mod")
+def _mod(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    a, b = _ins(ctx, node, ivs)[:2]
+    return A.Bin("fmod" if node.attrs.get("fmod", 0) else "%", a, b)
+
+
+@_rule("Max", "Min", "Sum", "Mean")
+def _variadic(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    xs = [x for x in _ins(ctx, node, ivs) if x is not None]
+    op = {"Max": "max", "Min": "min", "Sum": "+", "Mean": "+"}[node.op_type]
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = A.Bin(op, acc, x)
+    if node.op_type == "Mean":
+        acc = A.Bin("/", acc, _c(len(xs), node.outputs[0]))
+    return acc
+
+
+@_rule("Where")
+def _where(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    c, t, f = _ins(ctx, node, ivs)
+    return A.Select(c, t, f)
+
+
+@_rule("Identity")
+def _identity(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    return _ins(ctx, node, ivs)[0]
+
+
+@_rule("Cast", "CastLike")
+def _cast(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = _ins(ctx, node, ivs)[0]
+    to = node.outputs[0].dtype
+    if to == np.bool_:
+        return A.Bin("!=", x, literal(0, node.inputs[0].dtype))
+    return A.Cast(dtypes.name(to), x)
+
+
+@_rule("Relu")
+def _relu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = _ins(ctx, node, ivs)[0]
+    return A.Bin("max", x, _c(0, node.outputs[0]))
+
+
+@_rule("Sigmoid")
+def _sigmoid(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = _ins(ctx, node, ivs)[0]
+    o = node.outputs[0]
+    return A.Bin("/", _c(1, o), A.Bin("+", _c(1, o), A.Un("exp", A.Un("neg", x))))
+
+
+@_rule("Reciprocal")
+def _reciprocal(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    return A.Bin("/", _c(1, node.outputs[0]), _ins(ctx, node, ivs)[0])
+
+
+@_rule("LeakyRelu")
+def _leaky(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = _ins(ctx, node, ivs)[0]
+    o = node.outputs[0]
+    alpha = node.attrs.get("alpha", 0.01)
+    return A.Select(A.Bin("<", x, _c(0, o)), A.Bin("*", x, _c(alpha, o)), x)
+
+
+@_rule("Elu")
+def _elu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = _ins(ctx, node, ivs)[0]
+    o = node.outputs[0]
+    alpha = node.attrs.get("alpha", 1.0)
+    return A.Select(A.Bin("<", x, _c(0, o)), A.Bin("*", _c(alpha, o), A.Bin("-", A.Un("exp", x), _c(1, o))), x)
+
+
+@_rule("Selu")
+def _selu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = _ins(ctx, node, ivs)[0]
+    o = node.outputs[0]
+    alpha = node.attrs.get("alpha", 1.67326319217681884765625)
+    gamma = node.attrs.get("gamma", 1.05070102214813232421875)
+    neg = A.Bin("*", _c(alpha, o), A.Bin("-", A.Un("exp", x), _c(1, o)))
+    return A.Bin("*", _c(gamma, o), A.Select(A.Bin("<=", x, _c(0, o)), neg, x))
+
+
+@_rule("HardSigmoid")
+def _hardsigmoid(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = _ins(ctx, node, ivs)[0]
+    o = node.outputs[0]
+    a, b = node.attrs.get("alpha", 0.2), node.attrs.get("beta", 0.5)
+    return A.Bin("max", _c(0, o), A.Bin("min", _c(1, o), A.Bin("+", A.Bin("*", _c(a, o), x), _c(b, o))))
+
+
+@_rule("Softplus")
+def _softplus(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = _ins(ctx, node, ivs)[0]
+    return A.Un("log", A.Bin("+", A.Un("exp", x), _c(1, node.outputs[0])))
+
+
+@_rule("Gelu")
+def _gelu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = _ins(ctx, node, ivs)[0]
+    o = node.outputs[0]
+    if node.attrs.get("approximate", "none") == "tanh":
+        inner = A.Bin("*", _c(math.sqrt(2 / math.pi), o),
+                      A.Bin("+", x, A.Bin("*", _c(0.044715, o), A.Bin("*", x, A.Bin("*", x, x)))))
+        return A.Bin("*", A.Bin("*", _c(0.5, o), x), A.Bin("+", _c(1, o), A.Un("tanh", inner)))
+    return A.Bin("*", A.Bin("*", _c(0.5, o), x),
+                 A.Bin("+", _c(1, o), A.Un("erf", A.Bin("*", x, _c(1 / math.sqrt(2), o)))))
+
+
+@_rule("Clip")
+def _clip(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    ins = _ins(ctx, node, ivs)
+    x = ins[0]
+    if len(ins) > 1 and ins[1] is not None:
+        x = A.Bin("max", x, ins[1])
+    if len(ins) > 2 and ins[2] is not None:
+        x = A.Bin("min", x, ins[2])
+    return x
+
+
+# -- injective ops: index maps ------------------------------------------------------------
+
+
+def _linear(idx: list[A.Expr], shape: list[A.Expr]) -> A.Expr:
+    lin: A.Expr = A.Const(0)
+    for i, d in zip(idx, shape):
+        lin = A.add(A.mul(lin, d), i)
+    return lin
+
+
+def _delinear(lin: A.Expr, shape: list[A.Expr]) -> list[A.Expr]:
+    out: list[A.Expr] = []
+    for d in reversed(shape):
+        out.append(A.mod(lin, d))
+        lin = A.floordiv(lin, d)
+    return list(reversed(out))
+
+
+@_rule("Reshape", "Flatten")
+def _reshape(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = node.inputs[0]
+    out = node.outputs[0]
+    if len(x.shape) == len(out.shape) and all(dims_equal(a, b) is True for a, b in zip(x.shape, out.shape)):
+        return ctx.load(x, ivs)
+    lin = _linear(ivs, list(ctx.shape(out)))
+    return ctx.load(x, _delinear(lin, list(ctx.shape(x))))
+
+
+@_rule("Squeeze", "Unsqueeze")
+def _squeeze(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = node.inputs[0]
+    out = node.outputs[0]
+    # drop/insert unit axes: match non-unit dims in order
+    src = [i for i, d in enumerate(out.shape) if d != 1]
+    idx: list[A.Expr] = []
+    j = 0
+    for d in x.shape:
+        if d == 1:
+            idx.append(A.Const(0))
+        else:
+            idx.append(ivs[src[j]])
+            j += 1
+    return ctx.load(x, idx)
+
+
+@_rule("Expand")
+def _expand(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    return ctx.bload(node.inputs[0], ivs, node.outputs[0].shape)
+
+
+@_rule("Transpose")
+def _transpose(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = node.inputs[0]
+    r = len(x.shape)
+    perm = node.attrs.get("perm") or list(range(r - 1, -1, -1))
+    idx: list[A.Expr] = [A.Const(0)] * r
+    for out_axis, in_axis in enumerate(perm):
+        idx[int(in_axis)] = ivs[out_axis]
+    return ctx.load(x, idx)
+
+
+@_rule("Split")
+def _split(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = node.inputs[0]
+    axis = int(node.attrs.get("axis", 0)) % len(x.shape)
+    offset: A.Expr = A.Const(0)
+    for o in node.outputs[:k]:
+        offset = A.add(offset, ctx.dim(o.shape[axis]))
+    idx = list(ivs)
+    idx[axis] = A.add(ivs[axis], offset)
+    return ctx.load(x, idx)
+
+
+@_rule("Concat")
+def _concat(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    out = node.outputs[0]
+    axis = int(node.attrs["axis"]) % len(out.shape)
+    parts = [v for v in node.inputs if v is not None]
+    starts: list[A.Expr] = []
+    acc: A.Expr = A.Const(0)
+    for v in parts:
+        starts.append(acc)
+        acc = A.add(acc, ctx.dim(v.shape[axis]))
+    expr: A.Expr | None = None
+    for v, st in reversed(list(zip(parts, starts))):
+        idx = list(ivs)
+        idx[axis] = A.sub(ivs[axis], st)
+        ld = ctx.load(v, idx)
+        expr = ld if expr is None else A.Select(A.Bin("<", ivs[axis], A.add(st, ctx.dim(v.shape[axis]))), ld, expr)
+    return expr
+
+
+@_rule("Slice")
+def _slice(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x = node.inputs[0]
+    starts, _, axes, steps = _slice_params(node)
+    idx = list(ivs)
+    for st, ax, sp in zip(starts, axes, steps):
+        idx[ax] = A.add(A.Const(st), A.mul(ivs[ax], A.Const(sp)))
+    return ctx.load(x, idx)
+
+
+def _slice_params(node: Node) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Clamped static starts/ends/axes/steps of a Slice whose sliced dims are static."""
+    x = node.inputs[0]
+    r = len(x.shape)
+
+    def ints(i: int) -> list[int] | None:
+        v = node.input(i)
+        return None if v is None else [int(t) for t in np.asarray(v.data).reshape(-1)]
+
+    starts, ends = ints(1), ints(2)
+    axes = ints(3) or list(range(len(starts)))
+    steps = ints(4) or [1] * len(starts)
+    out_s, out_e, out_a, out_p = [], [], [], []
+    for s, e, a, p in zip(starts, ends, axes, steps):
+        a = a % r
+        d = x.shape[a]
+        if p > 0:
+            s = s + d if s < 0 else s
+            s = min(max(s, 0), d)
+        else:
+            s = s + d if s < 0 else s
+            s = min(max(s, -1), d - 1)
+        out_s.append(s)
+        out_e.append(e)
+        out_a.append(a)
+        out_p.append(p)
+    return out_s, out_e, out_a, out_p
+
+
+@_rule("Gather")
+def _gather(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    x, ind = node.inputs[0], node.inputs[1]
+    axis = int(node.attrs.get("axis", 0)) % len(x.shape)
+    q = len(ind.shape)
+    raw = ctx.load(ind, ivs[axis:axis + q])
+    i64 = A.Cast("int64", raw) if ind.dtype != np.int64 else raw
+    dim = ctx.dim(x.shape[axis])
+    pos = A.Select(A.Bin("<", i64, A.Const(0)), A.add(i64, dim), i64)
+    idx = list(ivs[:axis]) + [pos] + list(ivs[axis + q:])
+    return ctx.load(x, idx)
+
+
+# -- legality for the planner -----------------------------------------------------------
+
+
+def make_can_lower(graph: Graph) -> Callable[[Node], str | None]:
+    """The planner's ``can_lower``: None when a node can be lowered, else the reason."""
+    bound = set()
+    for v in graph.inputs:
+        bound |= free_symbols(v.shape)
+
+    def check(node: Node) -> str | None:
+        if node.op_type not in RULES and node.op_type not in REDUCES:
+            return f"no lowering rule for {node.op_type}"
+        for v in list(node.inputs) + list(node.outputs):
+            if v is None:
+                continue
+            if v.shape is None:
+                return f"{v.name!r} has unknown rank"
+            if v.dtype not in CODEGEN_DTYPES:
+                return f"{v.name!r} has dtype {dtypes.name(v.dtype)} (not compiled)"
+            if not free_symbols(v.shape) <= bound:
+                return f"{v.name!r} has a shape known only at run time"
+        return _op_check(node)
+
+    return check
+
+
+def _op_check(node: Node) -> str | None:
+    out = node.outputs[0]
+    if node.op_type in REDUCES:
+        if reduce_axes(node) is None:
+            return "reduce axes are not constant"
+        return None
+    od_broadcast = node.op_type in _BINARY or node.op_type in ("Where", "Mod", "Max", "Min", "Sum", "Mean",
+                                                                 "Clip") or node.op_type in _UNARY
+    if od_broadcast:
+        for v in node.inputs:
+            if v is None:
+                continue
+            off = len(out.shape) - len(v.shape)
+            for j, d in enumerate(v.shape):
+                if not (d == 1 or dims_equal(d, out.shape[j + off]) is True):
+                    return f"broadcast of {v.name!r} dim {j} ({d}) against {out.shape[j + off]} is ambiguous"
+    if node.op_type == "Slice":
+        if not all(v is None or v.is_constant for v in node.inputs[1:]):
+            return "slice parameters are not constant"
+        starts, _, axes, _ = _slice_params_safe(node)
+        if starts is None:
+            return "slice over a symbolic dim with a negative or clamped start"
+    if node.op_type == "Expand":
+        x = node.inputs[0]
+        off = len(out.shape) - len(x.shape)
+        for j, d in enumerate(x.shape):
+            if not (d == 1 or dims_equal(d, out.shape[j + off]) is True):
+                return "ambiguous expand"
+    if node.op_type == "Squeeze" or node.op_type == "Unsqueeze":
+        x = node.inputs[0]
+        if [d for d in x.shape if d != 1] != [d for d in out.shape if d != 1]:
+            return "squeeze of a symbolic dim that may be 1"
+    return None
+
+
+def _slice_params_safe(node: Node) -> tuple[list[int] | None, list[int], list[int], list[int]]:
+    x = node.inputs[0]
+    try:
+        s, e, a, p = _slice_params(node)
+    except TypeError:  # comparisons with symbolic dims
+        return None, [], [], []
+    for st, ax in zip(s, a):
+        if not isinstance(x.shape[ax], int) and not isinstance(st, int):
+            return None, [], [], []
+    return s, e, a, p
+
+
+# -- reductions -------------------------------------------------------------------------
+
+REDUCES = {"ReduceSum": "+", "ReduceMean": "+", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "*"}
+
+
+def _identity_of(op: str, dtype: np.dtype) -> A.Const:
+    if op == "+":
+        return literal(0, dtype)
+    if op == "*":
+        return literal(1, dtype)
+    if np.issubdtype(dtype, np.floating):
+        return literal(-np.inf if op == "max" else np.inf, dtype)
+    info = np.iinfo(dtype)
+    return literal(info.min if op == "max" else info.max, dtype)
+
+
+# -- the lowering driver ----------------------------------------------------------------
+
+
+def _nest(ctx: LowerCtx, block: str, extents: list[A.Expr], kinds: list[str], body: list[A.Stmt],
+          reduce_of: str | None = None) -> tuple[A.Stmt, list[A.Expr]]:
+    """A loop nest with one block whose iter vars bind 1:1 to the loops."""
+    loops = [ctx.name(f"{block}_i{k}") for k in range(len(extents))]
+    ivs = [ctx.name(f"{block}_v{k}") for k in range(len(extents))]
+    blk = A.Block(block, [A.IterVar(v, e, kd) for v, e, kd in zip(ivs, extents, kinds)],
+                  [A.Var(lv) for lv in loops], body, reduce_of=reduce_of)
+    stmt: A.Stmt = blk
+    for lv, e in reversed(list(zip(loops, extents))):
+        stmt = A.For(lv, e, [stmt])
+    return stmt, [A.Var(v) for v in ivs]
+
+
+def _nest_with(ctx: LowerCtx, block: str, extents: list[A.Expr], kinds: list[str],
+               make_body: Callable[[list[A.Expr]], list[A.Stmt]], reduce_of: str | None = None) -> A.Stmt:
+    stmt, ivs = _nest(ctx, block, extents, kinds, [], reduce_of)
+    blk = next(b for b in A.walk_stmts([stmt]) if isinstance(b, A.Block))
+    blk.body = make_body(ivs)
+    return stmt
+
+
+def lower_group(group: Group, graph: Graph, name: str) -> LoweredKernel:
+    """Lower a fusion group to a Kernel (unscheduled: one block per op output)."""
+    ctx = LowerCtx(group, graph)
+    names = group.names
+    outputs = group.outputs(graph)
+    out_ids = {id(v) for v in outputs}
+    out_bufs: dict[int, A.Buffer] = {}
+    body: list[A.Stmt] = []
+    # group outputs first get names, so kernel args read well
+    for v in outputs:
+        nm = ctx.name(v.name)
+        ctx.buf[id(v)] = nm
+        out_bufs[id(v)] = A.Buffer(nm, dtypes.name(v.dtype), ctx.shape(v), "global")
+    for node in group.nodes:
+        for k, out in enumerate(node.outputs):
+            used = id(out) in out_ids or any(c.name in names for c in out.consumers)
+            if not used:
+                continue
+            if id(out) not in ctx.buf:
+                nm = ctx.name(out.name)
+                ctx.buf[id(out)] = nm
+                ctx.temps.append(A.Buffer(nm, dtypes.name(out.dtype), ctx.shape(out), "local"))
+            if node.op_type in REDUCES:
+                body += _lower_reduce(ctx, node)
+            else:
+                rule = RULES.get(node.op_type)
+                if rule is None:
+                    raise CodegenError(f"no lowering rule for {node.where}")
+                blk_name = ctx.block_name(node.name if len(node.outputs) == 1 else f"{node.name}_o{k}")
+                buf = ctx.buf[id(out)]
+                rank = len(out.shape)
+
+                def make(ivs: list[A.Expr], node: Node = node, k: int = k, buf: str = buf, rule: Rule = rule) -> list[A.Stmt]:
+                    return [A.Store(buf, tuple(ivs), rule(ctx, node, k, list(ivs)))]
+
+                body.append(_nest_with(ctx, blk_name, list(ctx.shape(out)), ["spatial"] * rank, make))
+    kernel = A.Kernel(name, ctx.in_bufs, [out_bufs[id(v)] for v in outputs], list(ctx.dims), body, ctx.temps)
+    return LoweredKernel(kernel, list(ctx.inputs), outputs, dict(ctx.dims))
+
+
+def _lower_reduce(ctx: LowerCtx, node: Node) -> list[A.Stmt]:
+    x = node.inputs[0]
+    out = node.outputs[0]
+    axes = set(reduce_axes(node) or ())
+    keep = bool(node.attrs.get("keepdims", 1))
+    op = REDUCES[node.op_type]
+    final = ctx.buf[id(out)]
+    acc = final
+    if node.op_type == "ReduceMean":
+        acc = ctx.name(f"{out.name}_sum")
+        ctx.temps.append(A.Buffer(acc, dtypes.name(out.dtype), ctx.shape(out), "local"))
+    out_ext = list(ctx.shape(out))
+    base = ctx.block_name(node.name)
+    init = _nest_with(
+        ctx, f"{base}__init", out_ext, ["spatial"] * len(out_ext),
+        lambda ivs: [A.Store(acc, tuple(ivs), _identity_of(op, out.dtype))], reduce_of=base,
+    )
+    x_ext = list(ctx.shape(x))
+    spatial = [i for i in range(len(x_ext)) if i not in axes]
+    red = sorted(axes)
+    order = spatial + red
+    kinds = ["spatial"] * len(spatial) + ["reduce"] * len(red)
+
+    def upd(ivs: list[A.Expr]) -> list[A.Stmt]:
+        pos = {ax: ivs[i] for i, ax in enumerate(order)}
+        full = [pos[i] for i in range(len(x_ext))]
+        oidx = [(A.Const(0) if i in axes else pos[i]) for i in range(len(x_ext)) if keep or i not in axes]
+        val = ctx.load(x, full)
+        return [A.Store(acc, tuple(oidx), A.Bin(op, A.Load(acc, tuple(oidx)), val))]
+
+    update = _nest_with(ctx, base, [x_ext[i] for i in order], kinds, upd)
+    stmts = [init, update]
+    if node.op_type == "ReduceMean":
+        count: A.Expr = A.Const(1)
+        for i in red:
+            count = A.mul(count, x_ext[i])
+        cnt = A.Cast(dtypes.name(out.dtype), count) if not isinstance(count, A.Const) else literal(count.value, out.dtype)
+        stmts.append(_nest_with(
+            ctx, ctx.block_name(f"{base}_mean"), out_ext, ["spatial"] * len(out_ext),
+            lambda ivs: [A.Store(final, tuple(ivs), A.Bin("/", A.Load(acc, tuple(ivs)), cnt))],
+        ))
+    return stmts

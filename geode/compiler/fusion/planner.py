@@ -1,0 +1,200 @@
+"""The fusion planner: grow groups by legal merges that the cost model finds worth it.
+
+1. Every AI Core node that the code generator can lower starts as its own group;
+   every other node is recorded as not fused, with the reason.
+2. Vertical merges along producer -> consumer edges, in topological order, until
+   nothing changes (T+T, T+R, R+T, R+R).
+3. Horizontal merges of unconnected groups that read a common input and whose
+   domains agree.
+
+Each candidate is checked by ``rules.check_merge`` (legality) and then by the
+``profit`` callable (profitability); every decision, taken or refused, is recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from geode.compiler.fusion.groups import Decision, FusionPlan, Group, group_of_node
+from geode.compiler.fusion.patterns import Pattern, pattern_of
+from geode.compiler.fusion.rules import check_merge, rule_name
+from geode.compiler.ir import Graph, Node
+from geode.compiler.partition.placement import Placement
+from geode.compiler.shapes import Dim
+
+#: ``profit(a, b, merged, graph) -> (take, reason)``
+ProfitFn = Callable[[Group, Group, Group, Graph], tuple[bool, str]]
+#: ``can_lower(node) -> None`` when the code generator handles it, else the reason
+LowerCheck = Callable[[Node], str | None]
+
+
+def always_profitable(a: Group, b: Group, merged: Group, graph: Graph) -> tuple[bool, str]:
+    """A profitability stand-in that takes every legal merge (used by tests of legality)."""
+    return True, "legal merge (no cost model)"
+
+
+class _State:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.groups: dict[int, Group] = {}
+        self.of: dict[str, int] = {}
+        self.decisions: list[Decision] = []
+        self.refused: set[tuple[frozenset[str], frozenset[str]]] = set()
+
+    def add(self, g: Group) -> None:
+        self.groups[g.id] = g
+        for n in g.nodes:
+            self.of[n.name] = g.id
+
+    def merge(self, a: Group, b: Group, domain: tuple[Dim, ...], axes: frozenset[int]) -> Group:
+        order = {n.name: i for i, n in enumerate(self.graph.nodes)}
+        nodes = sorted(a.nodes + b.nodes, key=lambda n: order[n.name])
+        merged = Group(min(a.id, b.id), nodes, domain, axes)
+        del self.groups[a.id]
+        del self.groups[b.id]
+        self.add(merged)
+        return merged
+
+
+def _try(st: _State, a: Group, b: Group, vertical: bool, profit: ProfitFn) -> bool:
+    key = (frozenset(a.names), frozenset(b.names))
+    if key in st.refused:
+        return False
+    rule = rule_name(a, b, vertical)
+    dom, reason = check_merge(a, b)
+    if dom is None:
+        st.decisions.append(Decision(a.id, b.id, rule, False, f"illegal: {reason}"))
+        st.refused.add(key)
+        return False
+    candidate = Group(min(a.id, b.id), a.nodes + b.nodes, dom[0], dom[1])
+    take, why = profit(a, b, candidate, st.graph)
+    st.decisions.append(Decision(a.id, b.id, rule, take, f"{reason}; {why}"))
+    if not take:
+        st.refused.add(key)
+        return False
+    st.merge(a, b, dom[0], dom[1])
+    return True
+
+
+def plan_fusion(
+    graph: Graph,
+    placement: Placement,
+    can_lower: LowerCheck,
+    profit: ProfitFn = always_profitable,
+    horizontal: bool = True,
+) -> FusionPlan:
+    """Plan fusion groups for the AI Core nodes of a (sorted) graph."""
+    st = _State(graph)
+    plan = FusionPlan()
+    for node in graph.nodes:
+        if placement.engine.get(node.name) != "aicore":
+            plan.unfused[node.name] = f"placed on {placement.engine.get(node.name)}"
+            continue
+        if pattern_of(node) is Pattern.NONE:
+            plan.unfused[node.name] = f"{node.op_type} is neither Trivial nor a fusable Reduce"
+            continue
+        why = can_lower(node)
+        if why:
+            plan.unfused[node.name] = why
+            continue
+        st.add(group_of_node(len(st.of), node))
+    _vertical(st, profit)
+    if horizontal:
+        _horizontal(st, profit)
+    plan.groups = _ordered(st, graph)
+    for i, g in enumerate(plan.groups):
+        g.id = i
+    plan.decisions = st.decisions
+    return plan
+
+
+def _vertical(st: _State, profit: ProfitFn) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for node in st.graph.nodes:
+            if node.name not in st.of:
+                continue
+            for v in node.inputs:
+                if v is None or v.producer is None or v.producer.name not in st.of:
+                    continue
+                a = st.groups[st.of[v.producer.name]]
+                b = st.groups[st.of[node.name]]
+                if a.id != b.id and _try(st, a, b, True, profit):
+                    changed = True
+
+
+def _horizontal(st: _State, profit: ProfitFn) -> None:
+    changed = True
+    while changed:
+        changed = False
+        readers: dict[int, list[int]] = {}
+        for g in st.groups.values():
+            for v in g.inputs():
+                if not v.is_constant:  # sharing a constant saves nothing worth a merge
+                    readers.setdefault(id(v), []).append(g.id)
+        for ids in readers.values():
+            ids = sorted(set(ids))
+            for i in range(len(ids)):
+                for j in range(i + 1, len(ids)):
+                    a, b = st.groups.get(ids[i]), st.groups.get(ids[j])
+                    if a is None or b is None or a.id == b.id:
+                        continue
+                    if _try(st, a, b, False, profit):
+                        changed = True
+                        break
+                if changed:
+                    break
+            if changed:
+                break
+
+
+def _ordered(st: _State, graph: Graph) -> list[Group]:
+    """Groups in the order of their first member (execution order comes from schedule_units)."""
+    pos = {n.name: i for i, n in enumerate(graph.nodes)}
+    return sorted(st.groups.values(), key=lambda g: min(pos[n.name] for n in g.nodes))
+
+
+def schedule_units(graph: Graph, plan: FusionPlan) -> list[Group | Node]:
+    """Groups and unfused nodes in a dependency-respecting order (Kahn's algorithm)."""
+    unit_of: dict[str, int] = {}
+    units: list[Group | Node] = []
+    for g in plan.groups:
+        for n in g.nodes:
+            unit_of[n.name] = len(units)
+        units.append(g)
+    for n in graph.nodes:
+        if n.name not in unit_of:
+            unit_of[n.name] = len(units)
+            units.append(n)
+    deps: list[set[int]] = [set() for _ in units]
+    users: list[set[int]] = [set() for _ in units]
+    for n in graph.nodes:
+        u = unit_of[n.name]
+        for v in n.inputs:
+            if v is not None and v.producer is not None:
+                p = unit_of[v.producer.name]
+                if p != u:
+                    deps[u].add(p)
+                    users[p].add(u)
+    pos = {n.name: i for i, n in enumerate(graph.nodes)}
+
+    def first(u: int) -> int:
+        x = units[u]
+        return min(pos[n.name] for n in x.nodes) if isinstance(x, Group) else pos[x.name]
+
+    import heapq
+
+    ready = [(first(u), u) for u in range(len(units)) if not deps[u]]
+    heapq.heapify(ready)
+    order: list[Group | Node] = []
+    while ready:
+        _, u = heapq.heappop(ready)
+        order.append(units[u])
+        for w in users[u]:
+            deps[w].discard(u)
+            if not deps[w]:
+                heapq.heappush(ready, (first(w), w))
+    if len(order) != len(units):
+        raise AssertionError("fusion plan has a cycle between units")  # rules forbid this
+    return order

@@ -1,0 +1,124 @@
+"""Profitability: does a legal merge pay? Scored with the speed-of-light cost model.
+
+A group's work is what its kernel would move and compute: bytes of the values it
+reads from outside and writes for outside, and flops of every op times the number of
+times the fused kernel evaluates it (a Trivial op inlined into both a reduction and
+a broadcast epilogue runs twice: that is the recomputation R+T fusion pays for).
+Symbolic dims are scored at a nominal size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sympy
+
+from geode.compiler.fusion.groups import Group
+from geode.compiler.fusion.patterns import Pattern, pattern_of
+from geode.compiler.ir import Graph, Value
+from geode.costmodel.device import DeviceSpec
+from geode.costmodel.sol import KernelWork, decide_merge
+
+#: value every symbolic dim takes when scoring (one nominal problem size)
+NOMINAL_DIM = 512
+
+TRANSCENDENTAL = frozenset({
+    "Exp", "Log", "Tanh", "Erf", "Sigmoid", "Sin", "Cos", "Tan", "Softplus", "Gelu", "Pow",
+    "Elu", "Selu", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Mish",
+})
+
+
+def numel(v: Value) -> float:
+    """Elements of a value at the nominal size."""
+    n = 1.0
+    for d in v.shape or ():
+        if isinstance(d, int):
+            n *= d
+        else:
+            n *= float(d.xreplace({s: sympy.Integer(NOMINAL_DIM) for s in d.free_symbols}))
+    return n
+
+
+def nbytes(v: Value) -> float:
+    """Bytes of a value at the nominal size (scalar constants are free: they are inlined)."""
+    if v.is_constant and v.data is not None and v.data.size == 1:
+        return 0.0
+    return numel(v) * v.dtype.itemsize
+
+
+def evaluations(group: Group, graph: Graph) -> dict[str, float]:
+    """Elements the fused kernel evaluates per node, relative to the node's own size.
+
+    1 for most nodes: row-reduce schedules keep a Trivial value read by several passes
+    in a row buffer, and elementwise schedules store every output from one loop body.
+    A *partial* node (a [K] computation inside an [N, K] group) is recomputed for every
+    element of the domain; in a column-reduce group (no row buffer) a Trivial node is
+    recomputed once per pass that reads it.
+    """
+    from geode.compiler.fusion.patterns import placement_on
+
+    names = group.names
+    outputs = {id(v) for v in group.outputs(graph)}
+    dom = 1.0
+    for d in group.domain:
+        dom *= float(d) if isinstance(d, int) else float(NOMINAL_DIM)
+    column = group.pattern_name() == "column_reduce"
+    passes: dict[str, set[str]] = {}
+    for n in reversed(group.nodes):
+        sinks: set[str] = set()
+        for o in n.outputs:
+            for c in o.consumers:
+                if c.name not in names:
+                    continue
+                materialized = pattern_of(c) is Pattern.REDUCE or any(id(x) in outputs for x in c.outputs)
+                sinks |= {c.name} if materialized else passes.get(c.name, set())
+        passes[n.name] = sinks
+    out: dict[str, float] = {}
+    for n in group.nodes:
+        factor = 1.0
+        if pattern_of(n) is not Pattern.REDUCE:
+            size = max(numel(o) for o in n.outputs)
+            if placement_on(n.outputs[0].shape, group.domain, group.axes) == "partial" and size > 0:
+                factor = dom / size
+            if column and not any(id(o) in outputs for o in n.outputs):
+                factor *= max(1, len(passes[n.name]))
+        out[n.name] = factor
+    return out
+
+
+def group_work(group: Group, graph: Graph) -> KernelWork:
+    """The SOL work of one group's kernel."""
+    reads = sum(nbytes(v) for v in group.inputs())
+    writes = sum(nbytes(v) for v in group.outputs(graph))
+    flops = 0.0
+    trans = 0.0
+    evals = evaluations(group, graph)
+    for n in group.nodes:
+        size = numel(n.inputs[0]) if pattern_of(n) is Pattern.REDUCE else max(numel(o) for o in n.outputs)
+        if n.op_type in TRANSCENDENTAL:
+            trans += size * evals[n.name]
+        else:
+            flops += size * evals[n.name]
+    return KernelWork(bytes_read=reads, bytes_written=writes, flops=flops, transcendentals=trans)
+
+
+def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tuple[bool, str]]:
+    """The planner's profitability callback for a device."""
+
+    def profit(a: Group, b: Group, merged: Group, graph: Graph) -> tuple[bool, str]:
+        separate = [group_work(a, graph), group_work(b, graph)]
+        fused = group_work(merged, graph)
+        evals = evaluations(merged, graph)
+        factor = max(evals.values()) if evals else 1
+        d = decide_merge(separate, fused, spec, recompute_factor=float(factor) if factor > 1 else None)
+        return d.take, d.reason
+
+    return profit
+
+
+def describe_work(group: Group, graph: Graph, spec: DeviceSpec) -> dict[str, float]:
+    """Cost numbers shown next to a kernel in explain(): bytes, flops, SOL time."""
+    from geode.costmodel.sol import estimate
+
+    w = group_work(group, graph)
+    return {"bytes": w.bytes_moved, "flops": w.flops + w.transcendentals, "sol_us": estimate(w, spec) * 1e6}

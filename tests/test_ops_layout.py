@@ -1,0 +1,826 @@
+"""Conformance of the layout ops (geode/compiler/ops/layout.py) against ONNX's reference."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import sympy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opcheck import assert_close, check_op, geode_node, onnx_reference
+
+import geode
+from geode import ops
+from geode.compiler.ops import registry
+from geode.compiler.ops.layout import slice_dim
+from geode.compiler.ops.registry import OpKind
+from geode.compiler.shapes import evaluate, evaluate_dim, sym
+from geode.errors import DTypeError, ShapeError, VerifyError
+
+rng = np.random.default_rng(4321)
+
+I64_MAX = int(np.iinfo(np.int64).max)
+I64_MIN = int(np.iinfo(np.int64).min)
+DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.bool_]
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def data(shape: tuple[int, ...], dtype: object = np.float32) -> np.ndarray:
+    """Random test data of any dtype (distinct-ish values so layout mistakes show)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) > 0.5
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(-50, 50, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def i64(*v: int) -> np.ndarray:
+    """A 1-D int64 array."""
+    return np.array(v, dtype=np.int64)
+
+
+def node_shapes(
+    op: str, inputs: list, attrs: dict | None = None, const: tuple = (), n_outputs: int = 1
+):
+    """Output shapes of one node built with symbolic input dims d{i}_{j}."""
+    _, node, _ = geode_node(op, inputs, dict(attrs or {}), n_outputs, const)
+    return [o.shape for o in node.outputs]
+
+
+def d(i: int, j: int) -> sympy.Symbol:
+    """The symbol opcheck gives dim j of input i."""
+    return sym(f"d{i}_{j}")
+
+
+def test_kinds_and_value_inputs() -> None:
+    expect = {
+        "Reshape": (1,),
+        "Expand": (1,),
+        "Tile": (1,),
+        "Slice": (1, 2, 3, 4),
+        "Pad": (1, 3),
+        "Squeeze": (1,),
+        "Unsqueeze": (1,),
+        "Split": (1,),
+    }
+    for op, vi in expect.items():
+        assert registry.get(op).value_inputs == vi, op
+    for op in ("Concat", "Gather", "Transpose", "Flatten", "DepthToSpace", "Trilu"):
+        assert registry.get(op).kind is OpKind.INJECTIVE
+    assert registry.get("ScatterND").kind is OpKind.OPAQUE
+
+
+# -- Concat ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shapes,axis",
+    [
+        ([(2, 3), (2, 5)], 1),
+        ([(2, 3), (4, 3), (1, 3)], 0),
+        ([(2, 3), (4, 3)], -2),
+        ([(2, 3, 4), (2, 1, 4)], -2),
+        ([(5,)], 0),
+    ],
+)
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_concat(dtype: type, shapes: list, axis: int, symbolic: bool) -> None:
+    check_op("Concat", [data(s, dtype) for s in shapes], {"axis": axis}, symbolic=symbolic)
+
+
+def test_concat_symbolic() -> None:
+    g = geode.Graph("t")
+    a, b = g.input("a", ["N", 3]), g.input("b", ["M", 3])
+    assert g.op("Concat", a, b, axis=0).shape == (sym("N") + sym("M"), 3)
+    c = g.input("c", ["K", 4])
+    out = g.op("Concat", a, c, axis=1)
+    assert out.shape == (sym("N"), 7)
+    assert any({x, y} == {sym("N"), sym("K")} for x, y, _ in g.symbols.constraints)
+    # a static dim wins over a symbolic one it is equated with
+    e = g.input("e", [5, 2])
+    assert g.op("Concat", g.input("f", ["P", "Q"]), e, axis=1).shape == (5, sym("Q") + 2)
+
+
+def test_concat_errors() -> None:
+    g = geode.Graph("t")
+    a, b = g.input("a", [2, 3]), g.input("b", [3, 4])
+    with pytest.raises(ShapeError, match="cat"):
+        g.op("Concat", a, b, axis=1, name="cat")
+    with pytest.raises(ShapeError, match="rank"):
+        g.op("Concat", a, g.input("c", [2, 3, 1]), axis=0)
+    with pytest.raises(ShapeError, match="axis 2 out of range"):
+        g.op("Concat", a, a, axis=2)
+    with pytest.raises(DTypeError):
+        g.op("Concat", a, g.input("i", [2, 3], "int32"), axis=0)
+    with pytest.raises(VerifyError, match="axis"):
+        g.op("Concat", a, a)
+
+
+# -- Split -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_split(dtype: type, symbolic: bool) -> None:
+    x = data((6, 4), dtype)
+    check_op("Split", [x, i64(2, 4)], {}, n_outputs=2, const_inputs=(1,), symbolic=symbolic)
+    check_op("Split", [x, i64(1, 1, 2)], {"axis": 1}, n_outputs=3, symbolic=symbolic)
+    check_op("Split", [x], {"num_outputs": 3}, n_outputs=3, symbolic=symbolic)
+    check_op("Split", [x], {"axis": -1, "num_outputs": 4}, n_outputs=4, symbolic=symbolic)
+
+
+@pytest.mark.parametrize("dim,n", [(7, 3), (5, 2), (10, 4), (4, 3), (3, 1)])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_split_uneven(dim: int, n: int, symbolic: bool) -> None:
+    # not evenly splittable: ceil(dim / n) per chunk, the last one smaller
+    check_op(
+        "Split", [data((2, dim))], {"axis": 1, "num_outputs": n}, n_outputs=n, symbolic=symbolic
+    )
+
+
+def test_split_symbolic_and_errors() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["N", 8])
+    a, b = ops.split(x, axis=1, num_outputs=2)
+    assert a.shape == (sym("N"), 4) and b.shape == (sym("N"), 4)
+    parts = ops.split(x, axis=0, num_outputs=3)
+    n = sym("N")
+    assert parts[0].shape[0] == sympy.ceiling(n / 3)
+    assert evaluate_dim(parts[2].shape[0], {n: 7}) == 1
+    y, z = g.op("Split", x, g.input("s", [2], "int64"), n_outputs=2)
+    assert y.rank == 2 and isinstance(y.shape[0], sympy.Symbol) and y.shape[1] == 8
+    with pytest.raises(ShapeError, match="sum to"):
+        g.op("Split", x, g.constant(i64(3, 4)), axis=1, n_outputs=2)
+    with pytest.raises(VerifyError, match="not both"):
+        g.op("Split", x, g.constant(i64(4, 4)), axis=1, num_outputs=2, n_outputs=2)
+    with pytest.raises(VerifyError, match="num_outputs"):
+        g.op("Split", x, n_outputs=2)
+    with pytest.raises(ShapeError, match="chunks"):
+        g.op("Split", g.input("w", [5]), num_outputs=4, n_outputs=4)
+
+
+# -- Slice -----------------------------------------------------------------------------------------
+SLICE_CASES = [
+    # starts, ends, axes, steps
+    ([1], [3], [0], [1]),
+    ([0], [I64_MAX], [1], None),
+    ([-3], [I64_MAX], [1], [1]),
+    ([1, 0], [-1, 4], None, None),
+    ([I64_MAX], [I64_MIN], [0], [-1]),
+    ([-1, 4], [-6, -100], [0, 1], [-2, -3]),
+    ([10], [2], [1], [-1]),
+    ([-100], [100], [-1], [2]),
+    ([2], [1], [0], [1]),
+    ([0, 1, 2], [5, 5, 5], [2, 0, 1], [2, 1, 3]),
+]
+
+
+@pytest.mark.parametrize("starts,ends,axes,steps", SLICE_CASES)
+@pytest.mark.parametrize("symbolic", [True, False])
+@pytest.mark.parametrize("const", [True, False])
+def test_slice(
+    starts: list, ends: list, axes: list | None, steps: list | None, symbolic: bool, const: bool
+) -> None:
+    x = data((4, 5, 6))
+    inputs = [x, i64(*starts), i64(*ends)]
+    if axes is not None or steps is not None:
+        inputs.append(None if axes is None else i64(*axes))
+    if steps is not None:
+        inputs.append(i64(*steps))
+    check_op("Slice", inputs, {}, const_inputs=(1, 2, 3, 4) if const else (), symbolic=symbolic)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_slice_dtypes_and_int32_indices(dtype: type) -> None:
+    x = data((3, 4), dtype)
+    idx = [np.array(v, np.int32) for v in ([0, 1], [3, -1], [0, 1], [2, 2])]
+    check_op("Slice", [x, *idx], {}, const_inputs=(1, 2, 3, 4))
+    check_op("Slice", [x, *idx], {}, symbolic=False)
+
+
+def test_slice_negative_step_start_before_begin() -> None:
+    # ONNX clamps the start of a negative-step slice into [0, dim - 1], so starts=-10 on a
+    # dim of 4 with step -1 selects element 0. ONNX's reference uses Python slicing, which
+    # gives an empty result here; compare with the spec's answer explicitly.
+    x = np.arange(4, dtype=np.float32)
+    args = [x, i64(-10), i64(I64_MIN), i64(0), i64(-1)]
+    got = registry.get("Slice").run(args, {})[0]
+    np.testing.assert_array_equal(got, np.array([0], np.float32))
+    assert (
+        node_shapes("Slice", args, const=(1, 2, 3, 4)) == [(sympy.Min(1, d(0, 0)),)]
+        or evaluate_dim(node_shapes("Slice", args, const=(1, 2, 3, 4))[0][0], {d(0, 0): 4}) == 1
+    )
+
+
+def test_slice_symbolic_inference() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["N", "M", 8])
+    n, m = sym("N"), sym("M")
+    assert x[0:I64_MAX].shape == (n, m, 8)
+    assert x[:, 1:].shape == (n, m - 1, 8)
+    assert x[:, -3:].shape == (n, sympy.Min(3, m), 8)
+    assert x[::-1].shape == (n, m, 8)
+    assert x[:, ::2, 1:7:2].shape == (n, sympy.ceiling(m / 2), 3)
+    assert x[..., 2].shape == (n, m)
+    # non-constant starts: the sliced axis gets a fresh symbol, others keep theirs
+    st_ = g.input("st", [1], "int64")
+    y = g.op("Slice", x, st_, g.constant(i64(5)), g.constant(i64(1)))
+    assert y.shape[0] == n and y.shape[2] == 8 and isinstance(y.shape[1], sympy.Symbol)
+    # non-constant axes: any axis may change
+    z = g.op("Slice", x, g.constant(i64(0)), g.constant(i64(1)), g.input("ax", [1], "int64"))
+    assert z.rank == 3 and not any(dim in (n, m, 8) for dim in z.shape)
+
+
+def test_slice_dim_matches_static_rule() -> None:
+    # the symbolic length, evaluated, equals the integer rule for many starts/ends/steps
+    n = sym("n")
+    vals = [I64_MIN, -5, -2, 0, 1, 3, I64_MAX]
+    for s, e, k in itertools.product(vals, vals, [1, 2, -1, -3]):
+        expr = slice_dim(n, s, e, k)
+        for dv in (1, 2, 4, 7):
+            assert evaluate_dim(expr, {n: dv}) == slice_dim(dv, s, e, k), (s, e, k, dv)
+
+
+def test_slice_errors() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", [4, 5])
+    with pytest.raises(ShapeError, match="steps"):
+        g.op(
+            "Slice",
+            x,
+            g.constant(i64(0)),
+            g.constant(i64(1)),
+            g.constant(i64(0)),
+            g.constant(i64(0)),
+        )
+    with pytest.raises(ShapeError, match="sl"):
+        g.op("Slice", x, g.constant(i64(0)), g.constant(i64(1)), g.constant(i64(2)), name="sl")
+    with pytest.raises(ShapeError, match="same length"):
+        g.op("Slice", x, g.constant(i64(0, 0)), g.constant(i64(1)))
+
+
+@st.composite
+def slice_cases(draw: st.DrawFn) -> tuple:
+    shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
+    rank = len(shape)
+    axes = draw(st.lists(st.integers(0, rank - 1), unique=True, min_size=1, max_size=rank))
+    bound = st.one_of(st.integers(-8, 8), st.sampled_from([I64_MIN, I64_MAX]))
+    starts = [draw(bound) for _ in axes]
+    ends = [draw(bound) for _ in axes]
+    steps = [draw(st.sampled_from([1, 1, 2, 3, -1, -2])) for _ in axes]
+    neg_axes = [a - rank if draw(st.booleans()) else a for a in axes]
+    return shape, starts, ends, neg_axes, steps, draw(st.booleans()), draw(st.booleans())
+
+
+@FAST
+@given(slice_cases())
+def test_slice_random(case: tuple) -> None:
+    shape, starts, ends, axes, steps, const, symbolic = case
+    x = data(shape)
+    inputs = [x, i64(*starts), i64(*ends), i64(*axes), i64(*steps)]
+    corner = any(k < 0 and s < -shape[a] for s, a, k in zip(starts, axes, steps))
+    if corner:
+        # Python slicing (ONNX's reference) and the spec differ here; see the test above.
+        got = registry.get("Slice").run(inputs, {})[0]
+        want_shape = tuple(
+            slice_dim(
+                dim,
+                *next(
+                    (
+                        (s, e, k)
+                        for s, e, a, k in zip(starts, ends, axes, steps)
+                        if a % len(shape) == j
+                    ),
+                    (0, dim, 1),
+                ),
+            )
+            for j, dim in enumerate(shape)
+        )
+        assert got.shape == want_shape
+        return
+    check_op("Slice", inputs, {}, const_inputs=(1, 2, 3, 4) if const else (), symbolic=symbolic)
+
+
+# -- Gather / GatherElements / GatherND ---------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("idx_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_gather(dtype: type, axis: int, idx_dtype: type, symbolic: bool) -> None:
+    x = data((3, 4, 5), dtype)
+    size = x.shape[axis]
+    idx = np.array(
+        [[0, size - 1, -1], [-size, 1, 0]], idx_dtype
+    )  # negative indices count from the end
+    check_op("Gather", [x, idx], {"axis": axis}, symbolic=symbolic)
+    check_op("Gather", [x, np.array(-2, idx_dtype)], {"axis": axis}, symbolic=symbolic)
+    check_op("Gather", [x, idx], {"axis": axis}, const_inputs=(1,), symbolic=symbolic)
+
+
+def test_gather_infer_and_errors() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["V", 64])
+    ids = g.input("ids", ["B", "S"], "int64")
+    assert ops.gather(x, ids).shape == (sym("B"), sym("S"), 64)
+    assert ops.gather(x, ids, axis=1).shape == (sym("V"), sym("B"), sym("S"))
+    with pytest.raises(ShapeError, match="out of range"):
+        g.op("Gather", x, g.constant(i64(64)), axis=1)
+    with pytest.raises(ShapeError, match="axis"):
+        g.op("Gather", x, ids, axis=2)
+    with pytest.raises(DTypeError):
+        g.op("Gather", x, g.input("f", [2], "float32"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_gather_elements(dtype: type, axis: int, symbolic: bool) -> None:
+    x = data((3, 4), dtype)
+    size = x.shape[axis]
+    idx_shape = (2, 4) if axis == 0 else (3, 2)
+    idx = rng.integers(-size, size, size=idx_shape).astype(np.int64)
+    if axis < 0:
+        # ONNX's reference slices index.shape[:dim] + index.shape[dim + 1:], which is wrong
+        # for a negative axis and raises; compare with the reference run at axis + rank.
+        _, node, env = geode_node("GatherElements", [x, idx], {"axis": axis}, 1, (), symbolic)
+        got = registry.get("GatherElements").run([x, idx], {"axis": axis})[0]
+        want = onnx_reference("GatherElements", [x, idx], {"axis": axis + x.ndim}, 1)[0]
+        assert_close(got, want, "GatherElements")
+        assert evaluate(node.outputs[0].shape, env) == got.shape
+        return
+    check_op("GatherElements", [x, idx], {"axis": axis}, symbolic=symbolic)
+    check_op("GatherElements", [x, idx.astype(np.int32)], {"axis": axis}, const_inputs=(1,))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "data_shape,idx,batch_dims",
+    [
+        ((2, 3), [[0, 1], [1, 2]], 0),
+        ((2, 3), [[1], [0]], 0),
+        ((2, 3, 4), [[[0, 1]], [[1, 2]]], 0),
+        ((2, 3, 4), [[1], [0]], 1),
+        ((2, 3, 4), [[[2, 3], [0, 0]], [[1, 1], [-1, -2]]], 1),
+    ],
+)
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_gather_nd(
+    dtype: type, data_shape: tuple, idx: list, batch_dims: int, symbolic: bool
+) -> None:
+    check_op(
+        "GatherND",
+        [data(data_shape, dtype), np.array(idx, np.int64)],
+        {"batch_dims": batch_dims},
+        symbolic=symbolic,
+    )
+
+
+def test_gather_nd_infer() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["B", 5, 6])
+    assert g.op("GatherND", x, g.input("i", ["B", "K", 2], "int64"), batch_dims=1).shape == (
+        sym("B"),
+        sym("K"),
+    )
+    assert g.op("GatherND", x, g.input("j", ["K", "L"], "int64")).shape is None
+    with pytest.raises(ShapeError, match="last dim"):
+        g.op("GatherND", x, g.input("k", [2, 4], "int64"))
+
+
+# -- Transpose -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("perm", [None, [0, 2, 1], [2, 0, 1], [1, 0, 2]])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_transpose(dtype: type, perm: list | None, symbolic: bool) -> None:
+    attrs = {} if perm is None else {"perm": perm}
+    check_op("Transpose", [data((2, 3, 4), dtype)], attrs, symbolic=symbolic)
+
+
+@FAST
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=5).flatmap(
+        lambda s: st.tuples(st.just(tuple(s)), st.permutations(range(len(s))), st.booleans())
+    )
+)
+def test_transpose_random(case: tuple) -> None:
+    shape, perm, symbolic = case
+    check_op("Transpose", [data(shape)], {"perm": list(perm)}, symbolic=symbolic)
+
+
+def test_transpose_errors() -> None:
+    g = geode.Graph("t")
+    with pytest.raises(ShapeError, match="permutation"):
+        g.op("Transpose", g.input("x", [2, 3]), perm=[0, 0])
+
+
+# -- Reshape / Flatten --------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape,target,allowzero",
+    [
+        ((2, 3, 4), [6, 4], 0),
+        ((2, 3, 4), [0, -1], 0),
+        ((2, 3, 4), [-1], 0),
+        ((2, 3, 4), [0, 0, 2, 2], 0),
+        ((2, 3, 4), [4, 1, -1], 0),
+        ((2, 3, 4), [2, 12, 1], 1),
+        ((0, 3), [3, 0], 1),
+        ((6,), [2, 3], 1),
+    ],
+)
+@pytest.mark.parametrize("symbolic", [True, False])
+@pytest.mark.parametrize("const", [True, False])
+def test_reshape(
+    dtype: type, shape: tuple, target: list, allowzero: int, symbolic: bool, const: bool
+) -> None:
+    if 0 in shape:
+        symbolic = False  # symbolic dims are positive
+    check_op(
+        "Reshape",
+        [data(shape, dtype), i64(*target)],
+        {"allowzero": allowzero},
+        const_inputs=(1,) if const else (),
+        symbolic=symbolic,
+    )
+
+
+def test_reshape_symbolic_inference() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["B", "S", 768])
+    b, s = sym("B"), sym("S")
+    assert ops.reshape(x, [0, 0, 12, 64]).shape == (b, s, 12, 64)
+    assert ops.reshape(x, [0, -1]).shape == (b, 768 * s)
+    assert ops.reshape(x, [-1, 64]).shape == (12 * b * s, 64)
+    assert ops.reshape(x, [0, -1, 12, 64]).shape == (b, s, 12, 64)
+    y = g.input("y", ["N", 6])
+    q = ops.reshape(y, [4, -1]).shape
+    assert q[0] == 4 and evaluate_dim(q[1], {sym("N"): 2}) == 3
+    # a target without -1 records that the element counts agree
+    ops.reshape(y, [3, 2, 2])
+    assert any(str(c[0]) == "6*N" or str(c[1]) == "6*N" for c in g.symbols.constraints)
+    # non-constant target: rank from the target's length, fresh dims
+    t = ops.reshape(x, g.input("shape", [3], "int64"))
+    assert t.rank == 3 and all(isinstance(dim, sympy.Symbol) for dim in t.shape)
+    assert ops.reshape(x, g.input("shape2", ["K"], "int64")).shape is None
+
+
+def test_reshape_errors() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", [2, 3, 4])
+    with pytest.raises(ShapeError, match="rs"):
+        g.op("Reshape", x, g.constant(i64(5, 5)), name="rs")
+    with pytest.raises(ShapeError, match="cannot reshape"):
+        ops.reshape(x, [5, -1])
+    with pytest.raises(ShapeError, match="more than one"):
+        ops.reshape(x, [-1, -1])
+    with pytest.raises(ShapeError):
+        ops.reshape(x, [0, -1], allowzero=1)
+    with pytest.raises(ShapeError, match="elements"):
+        ops.reshape(g.input("y", ["N", 3]), [7, 5])  # 35 elements is not a multiple of 3
+    with pytest.raises(DTypeError):
+        g.op("Reshape", x, g.constant(np.array([24], np.int32)))
+
+
+@st.composite
+def reshape_cases(draw: st.DrawFn) -> tuple:
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=4)))
+    total = int(np.prod(shape))
+    # split total into random factors
+    target: list[int] = []
+    rest = total
+    while rest > 1 and len(target) < 4:
+        divisors = [k for k in range(1, rest + 1) if rest % k == 0]
+        f = draw(st.sampled_from(divisors))
+        target.append(f)
+        rest //= f
+    if rest > 1 or not target:
+        target.append(rest)
+    if draw(st.booleans()):
+        target[draw(st.integers(0, len(target) - 1))] = -1
+    # a 0 copies the input dim when they agree
+    for i in range(min(len(target), len(shape))):
+        if target[i] == shape[i] and draw(st.booleans()):
+            target[i] = 0
+    return shape, target, draw(st.booleans()), draw(st.booleans())
+
+
+@FAST
+@given(reshape_cases())
+def test_reshape_random(case: tuple) -> None:
+    shape, target, const, symbolic = case
+    check_op(
+        "Reshape",
+        [data(shape), i64(*target)],
+        {},
+        const_inputs=(1,) if const else (),
+        symbolic=symbolic,
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_flatten(dtype: type, axis: int, symbolic: bool) -> None:
+    check_op("Flatten", [data((2, 3, 4), dtype)], {"axis": axis}, symbolic=symbolic)
+
+
+def test_flatten_symbolic_and_errors() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["B", "S", 4])
+    assert ops.flatten(x, axis=2).shape == (sym("B") * sym("S"), 4)
+    assert ops.flatten(x, axis=0).shape == (1, 4 * sym("B") * sym("S"))
+    assert ops.flatten(g.input("u", None)).rank == 2
+    with pytest.raises(ShapeError, match="out of range"):
+        ops.flatten(x, axis=4)
+
+
+# -- Squeeze / Unsqueeze ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axes", [[1], [-1], [1, 3], None])
+@pytest.mark.parametrize("symbolic", [True, False])
+@pytest.mark.parametrize("const", [True, False])
+def test_squeeze(dtype: type, axes: list | None, symbolic: bool, const: bool) -> None:
+    x = data((2, 1, 3, 1), dtype)
+    inputs = [x] if axes is None else [x, i64(*axes)]
+    check_op("Squeeze", inputs, {}, const_inputs=(1,) if const else (), symbolic=symbolic)
+
+
+def test_squeeze_infer() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["N", 1, 4])
+    assert ops.squeeze(x, [1]).shape == (sym("N"), 4)
+    assert ops.squeeze(x).shape is None  # N may be 1
+    assert ops.squeeze(g.input("y", [2, 1, 1])).shape == (2,)
+    dyn = g.op("Squeeze", x, g.input("ax", [1], "int64"))
+    assert dyn.rank == 2
+    assert ops.squeeze(g.input("z", ["N", 1, "M"]), [0]).shape == (1, sym("M"))
+    assert any(c[0] == sym("N") and c[1] == 1 for c in g.symbols.constraints)
+    with pytest.raises(ShapeError, match="squeeze axis 2"):
+        ops.squeeze(x, [2])
+    with pytest.raises(ShapeError, match="out of range"):
+        ops.squeeze(x, [3])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("axes", [[0], [-1], [1, 3], [0, 4, 2]])
+@pytest.mark.parametrize("symbolic", [True, False])
+@pytest.mark.parametrize("const", [True, False])
+def test_unsqueeze(dtype: type, axes: list, symbolic: bool, const: bool) -> None:
+    x = data((2, 3), dtype)
+    check_op(
+        "Unsqueeze", [x, i64(*axes)], {}, const_inputs=(1,) if const else (), symbolic=symbolic
+    )
+
+
+def test_unsqueeze_infer() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["N", 4])
+    assert ops.unsqueeze(x, [0, -1]).shape == (1, sym("N"), 4, 1)
+    dyn = g.op("Unsqueeze", x, g.input("ax", [2], "int64"))
+    assert dyn.rank == 4
+    ones = g.op("Unsqueeze", g.input("o", [1, 1]), g.input("ax2", [1], "int64"))
+    assert ones.shape == (1, 1, 1)
+    with pytest.raises(ShapeError, match="repeat"):
+        ops.unsqueeze(x, [1, 1])
+    with pytest.raises(ShapeError, match="out of range"):
+        ops.unsqueeze(x, [3])
+
+
+# -- Expand / Tile ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape,target",
+    [((3, 1), [3, 4]), ((3, 1), [2, 1, 6]), ((1,), [2, 3]), ((2, 3), [1, 1]), ((4, 1, 2), [3, 1])],
+)
+@pytest.mark.parametrize("symbolic", [True, False])
+@pytest.mark.parametrize("const", [True, False])
+def test_expand(dtype: type, shape: tuple, target: list, symbolic: bool, const: bool) -> None:
+    check_op(
+        "Expand",
+        [data(shape, dtype), i64(*target)],
+        {},
+        const_inputs=(1,) if const else (),
+        symbolic=symbolic,
+    )
+
+
+def test_expand_infer() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["N", 1])
+    assert ops.expand(x, [1, 5]).shape == (sym("N"), 5)
+    assert ops.expand(x, [2, 1, 1]).shape == (2, sym("N"), 1)
+    dyn = g.op("Expand", g.input("y", [3, 1]), g.input("s", [3], "int64"))
+    assert dyn.rank == 3 and dyn.shape[1] == 3
+    with pytest.raises(ShapeError, match="broadcast"):
+        ops.expand(g.input("z", [3, 2]), [4, 4])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("repeats", [[1, 1], [2, 3], [1, 0], [3, 1]])
+@pytest.mark.parametrize("symbolic", [True, False])
+@pytest.mark.parametrize("const", [True, False])
+def test_tile(dtype: type, repeats: list, symbolic: bool, const: bool) -> None:
+    check_op(
+        "Tile",
+        [data((2, 3), dtype), i64(*repeats)],
+        {},
+        const_inputs=(1,) if const else (),
+        symbolic=symbolic,
+    )
+
+
+def test_tile_infer_and_errors() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["N", 3])
+    assert ops.tile(x, [2, 2]).shape == (2 * sym("N"), 6)
+    with pytest.raises(ShapeError, match="repeats"):
+        ops.tile(x, [2])
+
+
+# -- Pad ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_pad_modes(dtype: type, mode: str, symbolic: bool) -> None:
+    x = data((3, 4), dtype)
+    pads = i64(1, 2, 2, 1)
+    check_op("Pad", [x, pads], {"mode": mode}, const_inputs=(1,), symbolic=symbolic)
+    check_op("Pad", [x, pads], {"mode": mode}, symbolic=symbolic)
+    # pads on selected axes (opset 18)
+    check_op(
+        "Pad", [x, i64(2, 1), None, i64(-1)], {"mode": mode}, const_inputs=(1, 3), symbolic=symbolic
+    )
+    check_op(
+        "Pad", [x, i64(2, 1), None, np.array([1], np.int32)], {"mode": mode}, symbolic=symbolic
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_])
+def test_pad_constant_value(dtype: type) -> None:
+    x = data((2, 3), dtype)
+    cv = np.array(True if dtype == np.bool_ else 7, dtype=dtype)
+    check_op("Pad", [x, i64(0, 1, 1, 0), cv], {}, const_inputs=(1,))
+    check_op("Pad", [x, i64(1, 0, 0, 2), cv, i64(1, 0)], {}, const_inputs=(1, 3), symbolic=False)
+
+
+def test_pad_negative_crops() -> None:
+    # negative pads remove elements (the schema allows them); numpy.pad, which ONNX's
+    # reference calls, rejects them, so compare with an explicit expectation
+    x = data((4, 5))
+    got = registry.get("Pad").run([x, i64(-1, 2, 1, -2)], {})[0]
+    want = np.pad(x[1:, :3], [(0, 1), (2, 0)])
+    assert_close(got, want, "Pad negative")
+    shapes = node_shapes("Pad", [x, i64(-1, 2, 1, -2)], const=(1,))
+    assert shapes == [(d(0, 0), d(0, 1))]
+    with pytest.raises(ShapeError, match="remove more"):
+        geode_node("Pad", [x, i64(-3, 0, -2, 0)], {}, 1, (1,), symbolic=False)
+
+
+def test_pad_infer_and_errors() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["N", 4, 4])
+    assert ops.pad(x, [0, 1, 1, 0, 1, 1]).shape == (sym("N"), 6, 6)
+    dyn = g.op("Pad", x, g.input("p", [4], "int64"), None, g.constant(i64(1, 2)))
+    assert dyn.shape[0] == sym("N") and all(isinstance(v, sympy.Symbol) for v in dyn.shape[1:])
+    with pytest.raises(ShapeError, match="pads has"):
+        ops.pad(x, [1, 1])
+    with pytest.raises(VerifyError, match="mode"):
+        ops.pad(x, [0] * 6, mode="mirror")
+
+
+# -- DepthToSpace / SpaceToDepth ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+@pytest.mark.parametrize("blocksize", [1, 2])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_depth_to_space(dtype: type, mode: str, blocksize: int, symbolic: bool) -> None:
+    x = data((2, 8, 2, 3), dtype)
+    check_op("DepthToSpace", [x], {"blocksize": blocksize, "mode": mode}, symbolic=symbolic)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("blocksize", [1, 2, 3])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_space_to_depth(dtype: type, blocksize: int, symbolic: bool) -> None:
+    x = data((1, 2, 6, 6), dtype)
+    check_op("SpaceToDepth", [x], {"blocksize": blocksize}, symbolic=symbolic)
+
+
+def test_depth_space_errors() -> None:
+    g = geode.Graph("t")
+    with pytest.raises(ShapeError, match="divisible"):
+        g.op("DepthToSpace", g.input("x", [1, 6, 2, 2]), blocksize=2)
+    with pytest.raises(ShapeError, match="divisible"):
+        g.op("SpaceToDepth", g.input("y", [1, 6, 3, 2]), blocksize=2)
+    with pytest.raises(ShapeError, match="rank 4"):
+        g.op("SpaceToDepth", g.input("z", [6, 4, 4]), blocksize=2)
+    assert g.op("DepthToSpace", g.input("w", ["N", 8, "H", 3]), blocksize=2).shape == (
+        sym("N"),
+        2,
+        2 * sym("H"),
+        6,
+    )
+
+
+# -- ScatterElements / ScatterND ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.int64])
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_scatter_elements(dtype: type, reduction: str, axis: int, symbolic: bool) -> None:
+    x = data((3, 4), dtype)
+    size = x.shape[axis]
+    if reduction == "none":
+        # unique targets per line: with duplicates the result is unspecified
+        idx = np.stack(
+            [rng.permutation(size)[:2] - size * (i % 2) for i in range(4 if axis == 0 else 3)]
+        )
+        idx = idx.T if axis == 0 else idx
+    else:
+        idx = rng.integers(-size, size, size=(2, 4) if axis == 0 else (3, 2))
+    idx = idx.astype(np.int64)
+    upd = data(idx.shape, dtype)
+    check_op(
+        "ScatterElements", [x, idx, upd], {"axis": axis, "reduction": reduction}, symbolic=symbolic
+    )
+
+
+def test_scatter_elements_bool_and_int32_indices() -> None:
+    x = data((3, 3), np.bool_)
+    idx = np.array([[1, 0, 2]], np.int32)
+    check_op("ScatterElements", [x, idx, data((1, 3), np.bool_)], {})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_scatter_nd(dtype: type, reduction: str, symbolic: bool) -> None:
+    if dtype == np.bool_ and reduction != "none":
+        dtype = np.int32
+    x = data((4, 3, 2), dtype)
+    cases = [
+        (np.array([[1], [3]]), (2, 3, 2)),
+        (np.array([[0, 1], [2, 2], [3, 0]]), (3, 2)),
+        (np.array([[[0, 0, 1]], [[1, 2, 0]]]), (2, 1)),
+    ]
+    if reduction != "none":
+        cases.append((np.array([[1], [1]]), (2, 3, 2)))  # duplicates reduce in order
+    for idx, upd_shape in cases:
+        check_op(
+            "ScatterND",
+            [x, idx.astype(np.int64), data(upd_shape, dtype)],
+            {"reduction": reduction},
+            symbolic=symbolic,
+        )
+
+
+def test_scatter_errors() -> None:
+    g = geode.Graph("t")
+    x = g.input("x", [4, 3])
+    with pytest.raises(ShapeError, match="updates"):
+        g.op("ScatterND", x, g.input("i", [2, 1], "int64"), g.input("u", [2, 4]))
+    with pytest.raises(VerifyError, match="reduction"):
+        g.op("ScatterND", x, g.input("j", [2, 1], "int64"), g.input("v", [2, 3]), reduction="avg")
+    with pytest.raises(ShapeError, match="rank"):
+        g.op("ScatterElements", x, g.input("k", [2], "int64"), g.input("w", [2]))
+
+
+# -- Trilu / ReverseSequence ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("upper", [0, 1])
+@pytest.mark.parametrize("k", [None, 0, 1, -2, 5])
+@pytest.mark.parametrize("shape", [(4, 4), (3, 5), (2, 4, 3)])
+def test_trilu(dtype: type, upper: int, k: int | None, shape: tuple) -> None:
+    x = data(shape, dtype)
+    inputs = [x] if k is None else [x, np.array(k, np.int64)]
+    check_op("Trilu", inputs, {"upper": upper}, symbolic=len(shape) == 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch_axis,time_axis", [(1, 0), (0, 1)])
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_reverse_sequence(dtype: type, batch_axis: int, time_axis: int, symbolic: bool) -> None:
+    shape = [0, 0, 2]
+    shape[batch_axis], shape[time_axis] = 3, 4
+    x = data(tuple(shape), dtype)
+    lens = np.array([4, 1, 0] if dtype != np.bool_ else [2, 3, 4], np.int64)
+    check_op(
+        "ReverseSequence",
+        [x, lens],
+        {"batch_axis": batch_axis, "time_axis": time_axis},
+        symbolic=symbolic,
+    )
+
+
+# -- a whole chain through the builder ----------------------------------------------------------------
+def test_attention_reshape_chain() -> None:
+    g = geode.Graph("attn")
+    x = g.input("x", ["B", "S", 768])
+    q = ops.reshape(x, [0, 0, 12, 64])
+    q = ops.transpose(q, perm=[0, 2, 1, 3])
+    assert q.shape == (sym("B"), 12, sym("S"), 64)
+    merged = ops.reshape(ops.transpose(q, perm=[0, 2, 1, 3]), [0, 0, -1])
+    assert merged.shape == x.shape
+    parts = ops.split(ops.concat(x, x, x, axis=-1), axis=2, num_outputs=3)
+    assert all(p.shape == x.shape for p in parts)
+    assert ops.flatten(x[:, -1], axis=1).shape == (sym("B"), 768)
