@@ -75,6 +75,10 @@ def test_bad_dtype_and_shape():
     g = _rmsnorm()
     with pytest.raises(InputDTypeError, match="float64"):
         run_reference(g, {"x": np.ones((2, 8))})
+    with pytest.raises(InputDTypeError, match="str"):
+        run_reference(g, {"x": "abc"})
+    out = run_reference(g, {"x": [[1.0] * 8]})  # Python lists take the input's dtype
+    assert out["y"].dtype == np.float32 and out["y"].shape == (1, 8)
     with pytest.raises(InputShapeError, match="rank"):
         run_reference(g, {"x": np.ones((2, 8, 1), np.float32)})
     with pytest.raises(InputShapeError, match="dim 1"):

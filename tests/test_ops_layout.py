@@ -198,18 +198,49 @@ def test_slice_dtypes_and_int32_indices(dtype: type) -> None:
     check_op("Slice", [x, *idx], {}, symbolic=False)
 
 
+def spec_slice(x: np.ndarray, starts: list, ends: list, axes: list, steps: list) -> np.ndarray:
+    """Slice written from the ONNX spec's clamping rules, independently of geode's kernel."""
+    picks = [list(range(n)) for n in x.shape]
+    for s, e, a, k in zip(starts, ends, axes, steps):
+        n = x.shape[a]
+        s, e = (s + n if s < 0 else s), (e + n if e < 0 else e)
+        if k > 0:
+            s, e = min(max(s, 0), n), min(max(e, 0), n)
+        else:
+            s, e = min(max(s, 0), n - 1), min(max(e, -1), n - 1)
+        picks[a] = list(range(s, e, k))
+    return x[np.ix_(*[np.array(p, dtype=np.int64) for p in picks])]
+
+
+def check_slice_by_spec(inputs: list, const: bool, symbolic: bool) -> None:
+    """Kernel values and inferred shape against spec_slice (where ONNX's reference is off)."""
+    x, starts, ends, axes, steps = inputs
+    want = spec_slice(
+        x, starts.tolist(), ends.tolist(), [a % x.ndim for a in axes.tolist()], steps.tolist()
+    )
+    got = registry.get("Slice").run(inputs, {})[0]
+    assert_close(got, want, "Slice")
+    _, node, env = geode_node("Slice", inputs, {}, 1, (1, 2, 3, 4) if const else (), symbolic)
+    shape = node.outputs[0].shape
+    if const:
+        assert evaluate(shape, env) == want.shape
+    else:
+        assert len(shape) == want.ndim
+
+
 def test_slice_negative_step_start_before_begin() -> None:
     # ONNX clamps the start of a negative-step slice into [0, dim - 1], so starts=-10 on a
     # dim of 4 with step -1 selects element 0. ONNX's reference uses Python slicing, which
-    # gives an empty result here; compare with the spec's answer explicitly.
+    # clamps to -1 and gives an empty result here; compare with the spec explicitly.
     x = np.arange(4, dtype=np.float32)
     args = [x, i64(-10), i64(I64_MIN), i64(0), i64(-1)]
     got = registry.get("Slice").run(args, {})[0]
     np.testing.assert_array_equal(got, np.array([0], np.float32))
-    assert (
-        node_shapes("Slice", args, const=(1, 2, 3, 4)) == [(sympy.Min(1, d(0, 0)),)]
-        or evaluate_dim(node_shapes("Slice", args, const=(1, 2, 3, 4))[0][0], {d(0, 0): 4}) == 1
-    )
+    for symbolic in (True, False):
+        check_slice_by_spec(args, const=True, symbolic=symbolic)
+    (shape,) = node_shapes("Slice", args, const=(1, 2, 3, 4))
+    assert evaluate_dim(shape[0], {d(0, 0): 4}) == 1
+    assert evaluate_dim(shape[0], {d(0, 0): 12}) == 3
 
 
 def test_slice_symbolic_inference() -> None:
@@ -281,22 +312,7 @@ def test_slice_random(case: tuple) -> None:
     corner = any(k < 0 and s < -shape[a] for s, a, k in zip(starts, axes, steps))
     if corner:
         # Python slicing (ONNX's reference) and the spec differ here; see the test above.
-        got = registry.get("Slice").run(inputs, {})[0]
-        want_shape = tuple(
-            slice_dim(
-                dim,
-                *next(
-                    (
-                        (s, e, k)
-                        for s, e, a, k in zip(starts, ends, axes, steps)
-                        if a % len(shape) == j
-                    ),
-                    (0, dim, 1),
-                ),
-            )
-            for j, dim in enumerate(shape)
-        )
-        assert got.shape == want_shape
+        check_slice_by_spec(inputs, const, symbolic)
         return
     check_op("Slice", inputs, {}, const_inputs=(1, 2, 3, 4) if const else (), symbolic=symbolic)
 
@@ -543,6 +559,16 @@ def test_squeeze(dtype: type, axes: list | None, symbolic: bool, const: bool) ->
     x = data((2, 1, 3, 1), dtype)
     inputs = [x] if axes is None else [x, i64(*axes)]
     check_op("Squeeze", inputs, {}, const_inputs=(1,) if const else (), symbolic=symbolic)
+
+
+@pytest.mark.parametrize("symbolic", [True, False])
+def test_squeeze_empty_axes_is_identity(symbolic: bool) -> None:
+    # an empty axes tensor squeezes nothing (ONNX's shape inference and reference agree);
+    # only an omitted axes input squeezes every dim of size 1
+    x = data((2, 1, 3, 1))
+    got = check_op("Squeeze", [x, i64()], {}, const_inputs=(1,), symbolic=symbolic)
+    assert got[0].shape == x.shape
+    check_op("Squeeze", [x, i64()], {}, symbolic=False)
 
 
 def test_squeeze_infer() -> None:

@@ -148,6 +148,32 @@ def test_replace_value_anchors_inputs_on_identity():
     g.verify()
 
 
+def test_try_rewrite_rolls_back_failed_or_illegal_rewrites():
+    g = geode.Graph("rb")
+    x = g.input("x", ["N", 4])
+    g.output(ops.exp(x), names=["y"])
+    node = g.nodes[0]
+    snapshot = str(g)
+
+    def fails(rw):
+        rw.op("Neg", x)
+        rw.op("ReduceSum", x, rw.ints([5]))  # axis 5 of a rank-2 tensor: ShapeError
+        return None
+
+    def wrong_dtype(rw):
+        return [rw.op("Cast", rw.op("Neg", x), to="float64")]
+
+    def wrong_shape(rw):
+        return [rw.op("ReduceSum", x, rw.ints([1]), keepdims=1)]
+
+    for build in (fails, wrong_dtype, wrong_shape):
+        assert not rewrite.try_rewrite(g, node, build)
+        assert str(g) == snapshot
+        g.verify()
+    assert rewrite.try_rewrite(g, node, lambda rw: [rw.op("Neg", rw.op("Neg", rw.op("Exp", x)))])
+    assert optypes(g) == ["Exp", "Neg", "Neg"] and out_names(g) == ["y"]
+
+
 def test_broadcast_keeps_shape():
     g = geode.Graph("b")
     x = g.input("x", ["N", 4])

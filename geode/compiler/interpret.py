@@ -47,13 +47,25 @@ def bind_inputs(graph: Graph, feeds: Mapping[str, object]) -> dict[sympy.Symbol,
         )
     env: dict[sympy.Symbol, int] = {}
     for v in graph.inputs:
-        arr = np.asarray(feeds[v.name])
+        arr = as_input_array(v, feeds[v.name])
         if arr.dtype != v.dtype:
             raise InputDTypeError(
                 f"input {v.name!r}: dtype {dtypes.name(arr.dtype)}, expected {dtypes.name(v.dtype)}"
             )
         _bind_shape(v, arr.shape, env, InputShapeError, f"input {v.name!r}")
     return env
+
+
+def as_input_array(v: Value, x: object) -> np.ndarray:
+    """A feed as an array: numpy arrays as they are, Python scalars/lists in ``v``'s dtype."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return np.asarray(x)
+    try:
+        return np.asarray(x, dtype=v.dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InputDTypeError(
+            f"input {v.name!r}: cannot read {type(x).__name__} as {dtypes.name(v.dtype)}"
+        ) from exc
 
 
 def _bind_shape(
@@ -94,7 +106,7 @@ def run_reference(
     env = bind_inputs(graph, feeds)
     vals: dict[int, np.ndarray] = {}
     for v in graph.inputs:
-        vals[id(v)] = np.asarray(feeds[v.name])
+        vals[id(v)] = as_input_array(v, feeds[v.name])
     order = graph.toposort()
     remaining: dict[int, int] = {}
     for n in order:

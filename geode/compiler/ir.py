@@ -78,6 +78,9 @@ class Value:
         self.producer = producer
         self.data = data
         self.uses: list[tuple[Node, int]] = []
+        #: symbolic contents of a small int tensor computed from shapes (Shape, and
+        #: Gather/Concat/... over it): lets Reshape/Expand/... infer symbolic shapes
+        self.sym_value: tuple | None = None
 
     # -- properties ------------------------------------------------------------------
     @property
@@ -525,6 +528,7 @@ class Graph:
             nn = Node(n.name, n.op_type, [None if v is None else vmap[id(v)] for v in n.inputs], n.attrs, n.domain)
             for o in n.outputs:
                 no = g._new_value(o.name, TensorDesc(o.dtype, o.shape, o.desc.format), o.kind, producer=nn)
+                no.sym_value = o.sym_value
                 nn.outputs.append(no)
                 vmap[id(o)] = no
             g.nodes.append(nn)

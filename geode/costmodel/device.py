@@ -234,7 +234,7 @@ def numba_version() -> str:
         from importlib.metadata import version
 
         return version("numba")
-    except Exception:  # noqa: BLE001 - metadata may be missing in odd installs
+    except Exception:  # metadata may be missing in odd installs
         try:
             import numba
 

@@ -301,7 +301,8 @@ def slice_dim(d: Dim, start: int, end: int, step: int) -> Dim:
         span = s - e
     k = abs(step)
     length = sympy.Max(0, span if k == 1 else sympy.ceiling(sympy.Integer(1) * span / k))
-    return as_dim(length)
+    # the Min/Max forms above are already simplified; sympy.simplify (as_dim) only adds time
+    return int(length) if length.is_Integer else length
 
 
 def _infer_slice(ctx: InferContext) -> list[TensorDesc]:
@@ -718,11 +719,13 @@ def _infer_squeeze(ctx: InferContext) -> list[TensorDesc]:
     if ctx.has(1) and ctx.rank(1) not in (None, 1):
         ctx.fail(f"axes must be 1-D, got rank {ctx.rank(1)}")
     shape = x.shape
-    if not ctx.has(1) or input_length(ctx, 1) == 0:
+    if not ctx.has(1):
         # squeeze every dim of size 1: unknowable while a dim is symbolic
         if shape is None or not all(isinstance(d, int) for d in shape):
             return [TensorDesc(x.dtype, None)]
         return [TensorDesc(x.dtype, tuple(d for d in shape if d != 1))]
+    if input_length(ctx, 1) == 0:  # empty axes squeeze nothing (ONNX's inference and reference)
+        return [TensorDesc(x.dtype, shape, x.format)]
     axes = const_ints(ctx, 1)
     if shape is None:
         return [TensorDesc(x.dtype, None)]
@@ -745,7 +748,7 @@ def _infer_squeeze(ctx: InferContext) -> list[TensorDesc]:
 def _squeeze(ins: list, attrs: dict) -> list[np.ndarray]:
     x = np.asarray(ins[0])
     axes = opt(ins, 1)
-    if axes is None or np.asarray(axes).size == 0:
+    if axes is None:
         return [np.squeeze(x).copy()]
     return [np.squeeze(x, axis=tuple(int(a) for a in np.asarray(axes).reshape(-1))).copy()]
 
@@ -760,7 +763,7 @@ register(
         infer=_infer_squeeze,
         kernel=_squeeze,
         value_inputs=(1,),
-        doc="remove dims of size 1 (those in axes, or all of them)",
+        doc="remove dims of size 1: those in axes, or all of them when axes is omitted",
     )
 )
 

@@ -180,6 +180,7 @@ class InferContext:
         self.node = node
         self.opdef = opdef
         self.attrs = opdef.full_attrs(node.attrs)
+        self.sym_values: dict[int, tuple | None] = {}
 
     @property
     def n_inputs(self) -> int:
@@ -222,6 +223,25 @@ class InferContext:
         if v is None or not v.is_constant:
             return None
         return v.data
+
+    def sym_ints(self, i: int) -> list | None:
+        """Contents of an int input as dims (ints or sympy expressions), when known.
+
+        Known when the input is a constant, or a shape tensor computed from shapes
+        (its producer recorded a symbolic value with :meth:`set_sym_value`).
+        """
+        v = self.node.input(i)
+        if v is None:
+            return None
+        if v.is_constant and v.data is not None and v.data.dtype.kind in "iu":
+            return [int(x) for x in np.asarray(v.data).reshape(-1)]
+        if v.sym_value is not None:
+            return list(v.sym_value)
+        return None
+
+    def set_sym_value(self, k: int, dims: Sequence[Any] | None) -> None:
+        """Record the symbolic contents of output ``k`` (a small int tensor)."""
+        self.sym_values[k] = None if dims is None else tuple(dims)
 
     def attr(self, name: str) -> Any:
         """Attribute with its default applied."""
@@ -305,5 +325,6 @@ def infer_node(graph: Graph, node: Node) -> None:
         raise ShapeError(f"{node.where}: shape inference failed: {type(exc).__name__}: {exc}") from exc
     if len(descs) < len(node.outputs):
         raise ShapeError(f"{node.where}: produces {len(descs)} outputs, node has {len(node.outputs)}")
-    for out, d in zip(node.outputs, descs):
+    for k, (out, d) in enumerate(zip(node.outputs, descs)):
         out.desc = d
+        out.sym_value = ctx.sym_values.get(k)

@@ -29,10 +29,16 @@ def dce(graph: Graph) -> bool:
         live.add(id(node))
         work.extend(v.producer for v in node.inputs if v is not None and v.producer is not None)
     changed = False
-    for node in reversed(graph.toposort()):
-        if id(node) not in live:
-            graph.remove_node(node)
-            changed = True
+    dead = [n for n in graph.nodes if id(n) not in live]
+    if dead:
+        # in bulk: Graph.remove_node rebuilds the node list once per node
+        for node in dead:
+            node.drop_inputs()
+            for out in node.outputs:
+                if graph.values.get(out.name) is out:
+                    del graph.values[out.name]
+        graph.nodes = [n for n in graph.nodes if id(n) in live]
+        changed = True
     for node in graph.nodes:
         changed |= _drop_unused_outputs(graph, node)
     for v in list(graph.values.values()):

@@ -123,8 +123,8 @@ def _layer_norm(rw: Rewriter, node: Node) -> list[Value | None] | None:
 
 def _softmax(rw: Rewriter, node: Node) -> list[Value | None] | None:
     """exp(x - max) / sum(exp(x - max)) along ``axis``."""
-    if not has_ops("ReduceMax", "ReduceSum", "Sub", "Exp", "Div"):
-        return None
+    if not has_ops("ReduceMax", "ReduceSum", "Sub", "Exp", "Div") or rw.graph.opset < 13:
+        return None  # before opset 13 Softmax flattened the axes from ``axis`` on
     x = node.input(0)
     xs = _up(rw, x)
     ax = rw.ints([_axes_attr(node)])
@@ -136,8 +136,8 @@ def _softmax(rw: Rewriter, node: Node) -> list[Value | None] | None:
 
 def _log_softmax(rw: Rewriter, node: Node) -> list[Value | None] | None:
     """(x - max) - log(sum(exp(x - max))) along ``axis``."""
-    if not has_ops("ReduceMax", "ReduceSum", "Sub", "Exp", "Log"):
-        return None
+    if not has_ops("ReduceMax", "ReduceSum", "Sub", "Exp", "Log") or rw.graph.opset < 13:
+        return None  # before opset 13 LogSoftmax flattened the axes from ``axis`` on
     x = node.input(0)
     xs = _up(rw, x)
     ax = rw.ints([_axes_attr(node)])

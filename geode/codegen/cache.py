@@ -1,0 +1,362 @@
+"""On-disk kernel cache, keyed by content, CPU and library versions.
+
+numba cannot cache functions created by ``exec``: its cache locates a function by the
+source file it came from. So every kernel's generated Python source is written to a
+content-hashed module file in the cache directory, registered in ``sys.modules`` and
+executed from there; numba's own ``cache=True`` then persists the machine code (an
+index ``.nbi`` and data ``.nbc`` files) next to the module, and a later process that
+compiles the same kernel loads the machine code instead of running LLVM again.
+
+Layout (``cache_dir`` comes from the caller: ``geode.config.Options.cache_dir``)::
+
+    <cache_dir>/kernels/<key[:32]>/
+        geode_k_<key[:32]>.py                       the generated module
+        geode_k_<key[:32]>.<func>-<line>.py311.nbi  numba's index
+        geode_k_<key[:32]>.<func>-<line>.py311.1.nbc  numba's machine code
+        manifest.json                               sha256 of every file above
+
+The key (:func:`cache_key`) is the sha256 of the source text, the host CPU name and
+feature string (``llvmlite.binding.get_host_cpu_name/_features``), the versions of
+numba, llvmlite, numpy and Python, :data:`CODEGEN_VERSION`, and whatever the backend
+adds (a hash of its own runtime helpers, compile settings).
+
+Trust: an entry is used only if its ``manifest.json`` lists the hash of every file
+and every file still has that hash; the module file must also equal the expected
+source byte for byte. Anything else (a truncated or garbage module, a corrupt numba
+index or data file, a missing or corrupt manifest, an entry left half-written by a
+crashed process) makes the entry untrusted: its files are deleted and the kernel is
+rebuilt. All writes are atomic (a temporary file in the same directory, then
+``os.replace``), and numba writes its own files the same way, so concurrent processes
+compiling the same kernel never see a torn file; the worst a race can cause is a
+cache miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import linecache
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import types
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Bump when generated code or its runtime conventions change in a way the source
+#: text does not show (the backend also hashes its own helpers into the key).
+CODEGEN_VERSION = "1"
+
+_KERNELS_SUBDIR = "kernels"
+_MANIFEST = "manifest.json"
+_MODULE_PREFIX = "geode_k_"
+
+
+@functools.lru_cache(maxsize=1)
+def environment_fingerprint() -> dict[str, str]:
+    """Everything besides the source that decides the machine code: CPU and versions."""
+    import llvmlite
+    import llvmlite.binding as llvm
+    import numba
+    import numpy
+
+    try:
+        features = llvm.get_host_cpu_features().flatten()
+    except RuntimeError:  # some hosts cannot report features
+        features = ""
+    return {
+        "cpu_name": llvm.get_host_cpu_name(),
+        "cpu_features": features,
+        "numba": numba.__version__,
+        "llvmlite": llvmlite.__version__,
+        "numpy": numpy.__version__,
+        "python": sys.version,
+        "implementation": sys.implementation.name,
+        "codegen_version": CODEGEN_VERSION,
+    }
+
+
+def cache_key(source: str, extra: Mapping[str, str] | None = None) -> str:
+    """The content key of a kernel: sha256 over source, environment and ``extra``."""
+    payload = {
+        "source": source,
+        "env": environment_fingerprint(),
+        "extra": dict(sorted((extra or {}).items())),
+    }
+    blob = json.dumps(payload, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass
+class CacheEntry:
+    """One kernel's directory in the cache."""
+
+    key: str
+    directory: Path
+    module_name: str
+    module_path: Path
+    #: True when the entry's files were verified against its manifest (a probable hit).
+    trusted: bool = False
+
+    def data_files(self) -> list[Path]:
+        """numba's files of this entry (index and data)."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(
+            p
+            for p in self.directory.iterdir()
+            if p.is_file() and p.suffix in (".nbi", ".nbc") and ".tmp." not in p.name
+        )
+
+
+def _kernels_dir(cache_dir: str | os.PathLike[str]) -> Path:
+    return Path(cache_dir).expanduser() / _KERNELS_SUBDIR
+
+
+def _entry_for(cache_dir: str | os.PathLike[str], key: str) -> CacheEntry:
+    short = key[:32]
+    directory = _kernels_dir(cache_dir) / short
+    name = _MODULE_PREFIX + short
+    return CacheEntry(key, directory, name, directory / f"{name}.py")
+
+
+def _verify(entry: CacheEntry, source_bytes: bytes) -> bool:
+    """True when the module equals the source and every manifest hash still holds."""
+    try:
+        if entry.module_path.read_bytes() != source_bytes:
+            return False
+        manifest = json.loads((entry.directory / _MANIFEST).read_text())
+        if manifest.get("key") != entry.key or not isinstance(manifest.get("files"), dict):
+            return False
+        files: dict[str, str] = manifest["files"]
+        if not any(n.endswith(".nbi") for n in files):
+            return False
+        for name, digest in files.items():
+            if os.sep in name or name.startswith("."):
+                return False
+            if _sha256_file(entry.directory / name) != digest:
+                return False
+        return True
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+
+
+def _wipe(entry: CacheEntry) -> None:
+    """Delete an untrusted entry's manifest and numba files (the module is rewritten)."""
+    with contextlib.suppress(OSError):
+        (entry.directory / _MANIFEST).unlink()
+    for p in entry.data_files():
+        with contextlib.suppress(OSError):
+            p.unlink()
+    with contextlib.suppress(OSError):
+        shutil.rmtree(entry.directory / "__pycache__")
+
+
+def prepare_entry(cache_dir: str | os.PathLike[str], key: str, source: str) -> CacheEntry:
+    """The cache entry for ``key``, verified; an untrusted entry is wiped and its module
+    rewritten, so numba finds either verified files or none."""
+    entry = _entry_for(cache_dir, key)
+    entry.directory.mkdir(parents=True, exist_ok=True)
+    data = source.encode()
+    if _verify(entry, data):
+        entry.trusted = True
+        return entry
+    _wipe(entry)
+    atomic_write(entry.module_path, data)
+    return entry
+
+
+def discard_entry(entry: CacheEntry) -> None:
+    """Forget an entry's machine code (after numba failed to load it)."""
+    _wipe(entry)
+    entry.trusted = False
+
+
+def commit_entry(entry: CacheEntry) -> bool:
+    """Write the manifest of a freshly compiled entry; False if numba saved nothing
+    (or a concurrent process removed the files meanwhile)."""
+    files: dict[str, str] = {}
+    try:
+        files[entry.module_path.name] = _sha256_file(entry.module_path)
+        for p in entry.data_files():
+            files[p.name] = _sha256_file(p)
+    except OSError:
+        return False
+    if not any(n.endswith(".nbi") for n in files) or not any(n.endswith(".nbc") for n in files):
+        return False
+    manifest = {"key": entry.key, "files": files, "env": environment_fingerprint()}
+    atomic_write(entry.directory / _MANIFEST, json.dumps(manifest, indent=1).encode())
+    return True
+
+
+_module_lock = threading.Lock()
+
+
+def load_module(source: str, module_name: str, filename: str) -> types.ModuleType:
+    """Execute ``source`` as module ``module_name`` whose code claims ``filename``.
+
+    The module is registered in ``sys.modules`` before it runs (numba rebuilds cached
+    functions' environments by module name). No bytecode cache is written: the source
+    is compiled here, so a stale or corrupt ``.pyc`` can never be picked up. The text
+    is also registered with ``linecache`` so tracebacks and numba's error messages
+    show generated lines even for in-memory kernels.
+    """
+    with _module_lock:
+        existing = sys.modules.get(module_name)
+        if existing is not None and getattr(existing, "__geode_source__", None) == source:
+            return existing
+        module = types.ModuleType(module_name)
+        module.__file__ = filename
+        module.__geode_source__ = source  # type: ignore[attr-defined]
+        lines = source.splitlines(keepends=True)
+        linecache.cache[filename] = (len(source), None, lines, filename)
+        code = compile(source, filename, "exec")
+        sys.modules[module_name] = module
+        try:
+            exec(code, module.__dict__)
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            raise
+        return module
+
+
+# ---------------------------------------------------------------------------------
+# numba's cache, pinned to the entry directory
+# ---------------------------------------------------------------------------------
+
+
+def attach_numba_cache(dispatcher: Any, entry: CacheEntry) -> None:
+    """Make numba's cache of ``dispatcher`` live in ``entry.directory``.
+
+    numba would otherwise pick its own location (``NUMBA_CACHE_DIR``, ``__pycache__``,
+    a user-wide directory); pinning it keeps module, machine code and manifest
+    together so they are verified, counted and cleared as one entry.
+    """
+    dispatcher._cache = _entry_cache_class()(dispatcher.py_func, entry)
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_cache_class() -> type:
+    from numba.core.caching import CompileResultCacheImpl, FunctionCache, _CacheLocator
+
+    class _EntryLocator(_CacheLocator):
+        """Locates numba's files in one cache entry; the stamp is the source hash."""
+
+        def __init__(self, entry: CacheEntry) -> None:
+            self._entry = entry
+
+        def get_cache_path(self) -> str:
+            return str(self._entry.directory)
+
+        def get_source_stamp(self) -> str:
+            # content, not mtime: an identical module rewritten by a concurrent
+            # process keeps its machine code valid
+            return self._entry.key
+
+        def get_disambiguator(self) -> str:
+            return "0"
+
+        @classmethod
+        def from_function(cls, py_func: Any, py_file: str) -> None:
+            return None
+
+    class _EntryCacheImpl(CompileResultCacheImpl):
+        """numba's compile-result cache with the entry locator."""
+
+        def __init__(self, py_func: Any, entry: CacheEntry) -> None:
+            self._lineno = py_func.__code__.co_firstlineno
+            self._locator = _EntryLocator(entry)
+            fullname = f"{entry.module_name}.{py_func.__qualname__}"
+            self._filename_base = self.get_filename_base(fullname, getattr(sys, "abiflags", ""))
+
+    class _EntryFunctionCache(FunctionCache):
+        """numba's FunctionCache whose files live in a geode cache entry."""
+
+        def __init__(self, py_func: Any, entry: CacheEntry) -> None:
+            self._entry = entry
+            super().__init__(py_func)
+
+        @property
+        def _impl_class(self) -> Any:  # type: ignore[override]
+            entry = self._entry
+            return lambda f: _EntryCacheImpl(f, entry)
+
+    return _EntryFunctionCache
+
+
+# ---------------------------------------------------------------------------------
+# inspection and maintenance
+# ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What the kernel cache under one directory holds."""
+
+    path: str
+    entries: int
+    bytes: int
+
+
+def _entry_dirs(cache_dir: str | os.PathLike[str]) -> Iterator[Path]:
+    root = _kernels_dir(cache_dir)
+    if not root.is_dir():
+        return
+    for p in sorted(root.iterdir()):
+        if p.is_dir() and (p / f"{_MODULE_PREFIX}{p.name}.py").exists():
+            yield p
+
+
+def cache_info(cache_dir: str | os.PathLike[str]) -> CacheInfo:
+    """Number of kernel entries and their total size in bytes under ``cache_dir``."""
+    entries = 0
+    total = 0
+    for d in _entry_dirs(cache_dir):
+        entries += 1
+        for p in d.rglob("*"):
+            with contextlib.suppress(OSError):
+                if p.is_file():
+                    total += p.stat().st_size
+    return CacheInfo(str(_kernels_dir(cache_dir)), entries, total)
+
+
+def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
+    """Delete every kernel entry under ``cache_dir`` (only geode's ``kernels/`` folder);
+    returns the number of entries removed."""
+    n = 0
+    for d in list(_entry_dirs(cache_dir)):
+        shutil.rmtree(d, ignore_errors=True)
+        n += 1
+    root = _kernels_dir(cache_dir)
+    if root.is_dir():
+        with contextlib.suppress(OSError):
+            root.rmdir()
+    return n
