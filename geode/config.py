@@ -14,7 +14,9 @@ codegen                   GEODE_CODEGEN           compile groups to native AI Co
 fastmath                  GEODE_FASTMATH          allow reassociation (see ACCURACY_POLICY)
 num_threads               GEODE_NUM_THREADS       threads for parallel kernels (0: all cores)
 disabled_passes           GEODE_DISABLE_PASSES    comma-separated pass names to skip
-const_fold_limit          GEODE_CONST_FOLD_LIMIT  largest folded constant, in bytes
+const_fold_limit          GEODE_CONST_FOLD_LIMIT  folded constants may be this large (or as
+                                                  large as the inputs they replace)
+freeze_variables          GEODE_FREEZE_VARIABLES  treat variables no op writes as constants
 progress                  GEODE_PROGRESS          progress bars: auto (tty only), 1, 0
 ========================  ======================  =========================================
 """
@@ -60,7 +62,8 @@ class Options:
     fastmath: bool = False
     num_threads: int = 0
     disabled_passes: tuple[str, ...] = ()
-    const_fold_limit: int = 1 << 20
+    const_fold_limit: int = 64 << 10
+    freeze_variables: bool = False
     progress: str = "auto"
 
     @classmethod
@@ -77,6 +80,7 @@ class Options:
             "num_threads": "GEODE_NUM_THREADS",
             "disabled_passes": "GEODE_DISABLE_PASSES",
             "const_fold_limit": "GEODE_CONST_FOLD_LIMIT",
+            "freeze_variables": "GEODE_FREEZE_VARIABLES",
             "progress": "GEODE_PROGRESS",
         }
         for name, var in env.items():

@@ -85,15 +85,14 @@ def gelu(hidden: int = 1024, approximate: str = "none", with_bias: bool = False)
     """GELU (erf, or tanh approximation), optionally after a bias add."""
     g = Graph(f"gelu_{approximate}" + ("_bias" if with_bias else ""))
     x = g.input("x", ["N", hidden])
-    b = g.constant(np.linspace(-0.5, 0.5, hidden, dtype=np.float32), name="bias")
-    h = x + b if with_bias else x
+    bv = np.linspace(-0.5, 0.5, hidden, dtype=np.float32)
+    h = x + g.constant(bv, name="bias") if with_bias else x
     if approximate == "tanh":
         c = math.sqrt(2.0 / math.pi)
         y = 0.5 * h * (1.0 + ops.tanh(c * (h + 0.044715 * h * h * h)))
     else:
         y = 0.5 * h * (1.0 + ops.erf(h * (1.0 / math.sqrt(2.0))))
     g.output(y, names=["y"])
-    bv = g.values["bias"].data
 
     def ref_np(x: np.ndarray) -> dict[str, np.ndarray]:
         h = (x + bv) if with_bias else x
@@ -149,6 +148,30 @@ def lstm_cell(input_size: int = 64, hidden: int = 128) -> Example:
         return {"x": _randn(rng, n, input_size), "h": _randn(rng, n, hidden), "c": _randn(rng, n, hidden)}
 
     return Example("lstm_cell", g, ref, make)
+
+
+def lstm_gates(hidden: int = 128) -> Example:
+    """The LSTM cell's gate math alone: gates [N, 4H] and c [N, H] -> h', c'."""
+    g = Graph("lstm_gates")
+    z = g.input("gates", ["N", 4 * hidden])
+    c = g.input("c", ["N", hidden])
+    i, f, gg, o = ops.split(z, axis=1, num_outputs=4)
+    c2 = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(gg)
+    h2 = ops.sigmoid(o) * ops.tanh(c2)
+    g.output(h2, c2, names=["h_out", "c_out"])
+
+    def sig(t: np.ndarray) -> np.ndarray:
+        return 1 / (1 + np.exp(-t))
+
+    def ref(gates: np.ndarray, c: np.ndarray) -> dict[str, np.ndarray]:
+        zi, zf, zg, zo = np.split(gates, 4, axis=1)
+        c2 = sig(zf) * c + sig(zi) * np.tanh(zg)
+        return {"h_out": sig(zo) * np.tanh(c2), "c_out": c2}
+
+    def make(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+        return {"gates": _randn(rng, n, 4 * hidden), "c": _randn(rng, n, hidden)}
+
+    return Example("lstm_gates", g, ref, make)
 
 
 def attention(d_model: int = 64, heads: int = 4) -> Example:
@@ -214,6 +237,7 @@ ALL: dict[str, Callable[[], Example]] = {
     "bias_gelu_tanh": lambda: gelu(approximate="tanh", with_bias=True),
     "silu": silu,
     "lstm_cell": lstm_cell,
+    "lstm_gates": lstm_gates,
     "attention": attention,
     "reduce_chain": reduce_chain,
 }

@@ -51,6 +51,8 @@ class Session:
         records = run_pipeline(
             g,
             disabled=opts.disabled_passes,
+            enabled=("freeze_variables",) if opts.freeze_variables else (),
+            fold_limit=opts.const_fold_limit,
             on_pass=lambda name, gr, changed: dump.stage(f"after_{name}", format_graph(gr), level=2)
             if changed and dump.wants(2)
             else None,

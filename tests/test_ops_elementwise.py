@@ -612,7 +612,7 @@ def test_variadic_missing_input() -> None:
     """An omitted input in a variadic list fails verification."""
     g = geode.Graph("g")
     x = g.input("x", [3], "float32")
-    with pytest.raises(VerifyError, match="input 1 is missing"):
+    with pytest.raises(VerifyError, match=r"input 1 \(data_0\) is required"):
         g.add_node("Sum", [x, None, x], name="s")
 
 

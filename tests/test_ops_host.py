@@ -20,7 +20,17 @@ from geode.compiler.shapes import sym
 from geode.errors import DTypeError, ShapeError, VerifyError
 
 RNG = np.random.default_rng(99)
-HOST_OPS = ["Shape", "Size", "ConstantOfShape", "Range", "NonZero", "EyeLike", "OneHot", "TopK", "Unique"]
+HOST_OPS = [
+    "Shape",
+    "Size",
+    "ConstantOfShape",
+    "Range",
+    "NonZero",
+    "EyeLike",
+    "OneHot",
+    "TopK",
+    "Unique",
+]
 
 
 def rand(shape, dtype=np.float32, lo: int = -3, hi: int = 4) -> np.ndarray:
@@ -48,15 +58,30 @@ def test_kinds_and_value_inputs():
         assert registry.get(op).kind is OpKind.HOST, op
     vi = {op: registry.get(op).value_inputs for op in HOST_OPS}
     assert vi == {
-        "Shape": (), "Size": (), "ConstantOfShape": (0,), "Range": (0, 1, 2), "NonZero": (0,),
-        "EyeLike": (), "OneHot": (1,), "TopK": (1,), "Unique": (0,),
+        "Shape": (),
+        "Size": (),
+        "ConstantOfShape": (0,),
+        "Range": (0, 1, 2),
+        "NonZero": (0,),
+        "EyeLike": (),
+        "OneHot": (1,),
+        "TopK": (1,),
+        "Unique": (0,),
     }
 
 
 # == Shape / Size =============================================================================
 
-SHAPE_ATTRS = [{}, {"start": 1}, {"end": -1}, {"start": -2}, {"start": 1, "end": 3},
-               {"start": -10, "end": 10}, {"start": 3, "end": 1}, {"end": 0}]
+SHAPE_ATTRS = [
+    {},
+    {"start": 1},
+    {"end": -1},
+    {"start": -2},
+    {"start": 1, "end": 3},
+    {"start": -10, "end": 10},
+    {"start": 3, "end": 1},
+    {"end": 0},
+]
 
 
 @pytest.mark.parametrize("shape", [(), (4,), (2, 3), (2, 1, 4, 5)], ids=str)
@@ -86,14 +111,30 @@ def test_shape_infer():
     assert len(g.op("Shape", u).shape) == 1
 
 
+def test_shape_size_symbolic_values():
+    g = geode.Graph("sv")
+    x = g.input("x", ["N", 3, "W"])
+    assert g.op("Shape", x).sym_value == (sym("N"), 3, sym("W"))
+    assert g.op("Shape", x, start=1, end=2).sym_value == (3,)
+    assert g.op("Size", x).sym_value == (3 * sym("N") * sym("W"),)
+    assert g.op("Shape", g.input("u", None)).sym_value is None
+
+
 # == ConstantOfShape ==========================================================================
 
 
 @pytest.mark.parametrize("dims", [[2, 3], [4], [], [2, 0, 3], [1, 1, 1, 2]], ids=str)
 @pytest.mark.parametrize(
     "value",
-    [None, np.array([7], np.int64), np.array([1.5], np.float64), np.array([2], np.int32),
-     np.array([True]), np.array([0.25], np.float16), np.array(3.0, np.float32)],
+    [
+        None,
+        np.array([7], np.int64),
+        np.array([1.5], np.float64),
+        np.array([2], np.int32),
+        np.array([True]),
+        np.array([0.25], np.float16),
+        np.array(3.0, np.float32),
+    ],
     ids=lambda v: "default" if v is None else f"{v.dtype}",
 )
 def test_constant_of_shape(dims, value):
@@ -143,12 +184,27 @@ def test_range(args, dtype):
     assert got[0].shape == (max(0, -(-(args[1] - args[0]) // args[2])),)
 
 
-@pytest.mark.parametrize("args", [(1.5, 7.0, 0.7), (0.0, 1.0, 0.1), (3.0, -1.2, -0.45), (0.5, 0.5, 0.1)], ids=str)
+@pytest.mark.parametrize(
+    "args", [(1.5, 7.0, 0.7), (0.0, 1.0, 0.1), (3.0, -1.2, -0.45), (0.5, 0.5, 0.1)], ids=str
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_range_float_steps(args, dtype):
     ins = [np.array(a, dtype=dtype) for a in args]
     check_op("Range", ins, const_inputs=[0, 1, 2])
     check_op("Range", ins, const_inputs=[0, 2])
+
+
+def test_range_symbolic_length():
+    g = geode.Graph("rs")
+    x = g.input("x", ["N", 4])
+    c = lambda v: g.constant(np.array(v, np.int64))  # noqa: E731
+    size = g.op("Size", x)
+    assert g.op("Range", c(0), size, c(1)).shape == (4 * sym("N"),)
+    n = sym("N")
+    down = g.op("Range", size, c(0), c(-3)).shape[0]
+    assert [int(down.subs(n, v)) for v in (1, 2, 3)] == [2, 3, 4]
+    r = g.op("Range", c(2), c(9), c(3))
+    assert r.shape == (3,) and r.sym_value == (2, 5, 8)
 
 
 def test_range_infer_and_errors():
@@ -162,7 +218,12 @@ def test_range_infer_and_errors():
     with pytest.raises(ShapeError, match="scalar"):
         g.op("Range", g.input("v", [3], "int64"), c(5), c(1))
     with pytest.raises(DTypeError, match="Range"):
-        g.op("Range", g.input("u8", [], "uint8"), g.input("u8b", [], "uint8"), g.input("u8c", [], "uint8"))
+        g.op(
+            "Range",
+            g.input("u8", [], "uint8"),
+            g.input("u8b", [], "uint8"),
+            g.input("u8c", [], "uint8"),
+        )
     with pytest.raises(DTypeError, match="already int64"):
         g.op("Range", c(0), g.input("f", [], "float32"), c(1))
     with pytest.raises(ShapeError, match="delta"):
@@ -229,8 +290,12 @@ def test_one_hot(axis, const_depth):
 
 @pytest.mark.parametrize(
     "dtypes",
-    [(np.int32, np.int32, np.int64), (np.float32, np.float32, np.float32), (np.int64, np.float64, np.int32),
-     (np.uint8, np.int64, np.float16)],
+    [
+        (np.int32, np.int32, np.int64),
+        (np.float32, np.float32, np.float32),
+        (np.int64, np.float64, np.int32),
+        (np.uint8, np.int64, np.float16),
+    ],
     ids=str,
 )
 def test_one_hot_dtypes(dtypes):
@@ -265,6 +330,8 @@ def test_one_hot_infer():
     assert y.shape == (sym("N"), 10, sym("T"))
     y2 = g.op("OneHot", idx, g.input("d", [], "int64"), vals)
     assert y2.shape[:2] == (sym("N"), sym("T")) and not isinstance(y2.shape[2], int)
+    y3 = g.op("OneHot", idx, g.op("Shape", g.input("c", ["C"]), start=0), vals)
+    assert y3.shape == (sym("N"), sym("T"), sym("C"))
     with pytest.raises(ShapeError, match="'oh_bad'.*axis"):
         g.op("OneHot", idx, g.constant(np.array(3)), vals, axis=3, name="oh_bad")
     with pytest.raises(ShapeError, match="values"):
@@ -287,7 +354,9 @@ def test_topk_ties(largest, axis_k, const_k):
     check_op("TopK", [TIES, np.array([k], np.int64)], attrs, n_outputs=2, symbolic=False, **kw)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8, np.int8])
+@pytest.mark.parametrize(
+    "dtype", [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8, np.int8]
+)
 @pytest.mark.parametrize("shape_axis", [((10,), 0), ((3, 6, 4), 1), ((2, 3, 5), -1)], ids=str)
 def test_topk_dtypes(dtype, shape_axis):
     shape, axis = shape_axis
@@ -307,6 +376,9 @@ def test_topk_unsorted_and_infer():
     assert v.shape == (sym("N"), 3) and i.shape == (sym("N"), 3) and i.dtype == np.int64
     v2, _ = g.op("TopK", xv, g.input("k", [1], "int64"), axis=0, n_outputs=2)
     assert v2.shape[1] == 7 and not isinstance(v2.shape[0], int)
+    k_from_shape = g.op("Shape", g.input("y", [2, "K"]), start=1)
+    v3, _ = g.op("TopK", g.input("z", ["M", 40]), k_from_shape, n_outputs=2)
+    assert v3.shape == (sym("M"), sym("K"))
     with pytest.raises(ShapeError, match="'tk_big'.*K=9"):
         g.op("TopK", xv, g.constant(np.array([9], np.int64)), n_outputs=2, name="tk_big")
     with pytest.raises(DTypeError, match="TopK"):
@@ -341,8 +413,12 @@ def _unique_expect(x, axis, sorted_):
     ys = np.stack([xs[first[j]] for j in order])
     y = ys if axis is None else np.moveaxis(ys, 0, axis)
     as64 = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-    return [y, as64([first[j] for j in order]), as64([rank[j] for j in inverse]),
-            as64([counts[j] for j in order])]
+    return [
+        y,
+        as64([first[j] for j in order]),
+        as64([rank[j] for j in inverse]),
+        as64([counts[j] for j in order]),
+    ]
 
 
 @pytest.mark.parametrize("const", [True, False])
@@ -375,3 +451,104 @@ def test_unique_infer():
     assert y.shape[1] == 3 and inv.shape == (sym("N"),)
     yc = g.op("Unique", g.constant(U1))
     assert yc.shape == (5,)
+
+
+# == NonMaxSuppression ========================================================================
+
+NMS_BOXES = np.array(
+    [
+        [
+            [0, 0, 1, 1],
+            [0, 0.1, 1, 1.1],
+            [0, -0.1, 1, 0.9],
+            [0, 10, 1, 11],
+            [0, 10.1, 1, 11.1],
+            [0, 100, 1, 101],
+        ]
+    ],
+    dtype=np.float32,
+)
+NMS_SCORES = np.array([[[0.9, 0.75, 0.6, 0.95, 0.5, 0.3]]], dtype=np.float32)
+
+
+def _nms_inputs(boxes, scores, max_out=3, iou=0.5, score=None):
+    ins = [boxes, scores, np.array([max_out], np.int64), np.array([iou], np.float32)]
+    return ins if score is None else [*ins, np.array([score], np.float32)]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {},
+        {"score": 0.4},
+        {"max_out": 2},
+        {"max_out": 0},
+        {"iou": 0.0},
+        {"iou": 0.9, "max_out": 10},
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("const", [True, False])
+def test_nms(case, const):
+    ins = _nms_inputs(NMS_BOXES, NMS_SCORES, **case)
+    kw = {"const_inputs": list(range(len(ins)))} if const else {}
+    got = check_op("NonMaxSuppression", ins, **kw)
+    if case == {}:
+        np.testing.assert_array_equal(got[0], [[0, 0, 3], [0, 0, 0], [0, 0, 5]])
+
+
+def test_nms_center_flipped_batches_classes():
+    # corners given in either order, centre-point boxes, two batches and two classes
+    flipped = NMS_BOXES[:, :, [2, 3, 0, 1]].copy()
+    check_op("NonMaxSuppression", _nms_inputs(flipped, NMS_SCORES))
+    centers = np.array(
+        [
+            [
+                [0.5, 0.5, 1, 1],
+                [0.5, 0.6, 1, 1],
+                [0.5, 0.4, 1, 1],
+                [0.5, 10.5, 1, 1],
+                [0.5, 10.6, 1, 1],
+                [0.5, 100.5, 1, 1],
+            ]
+        ],
+        np.float32,
+    )
+    check_op("NonMaxSuppression", _nms_inputs(centers, NMS_SCORES), {"center_point_box": 1})
+    boxes = np.concatenate([NMS_BOXES, NMS_BOXES[:, ::-1]], axis=0)
+    scores = np.concatenate([NMS_SCORES, NMS_SCORES[:, :, ::-1]], axis=1)
+    scores = np.concatenate([scores, scores[:, ::-1]], axis=0)
+    check_op("NonMaxSuppression", _nms_inputs(boxes, scores, max_out=2, score=0.35), symbolic=False)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_nms_random(seed):
+    r = np.random.default_rng(seed)
+    corners = r.uniform(0, 10, (2, 30, 2, 2)).astype(np.float32)
+    boxes = np.concatenate(
+        [corners[:, :, 0], corners[:, :, 0] + r.uniform(0.5, 4, (2, 30, 2))], axis=-1
+    )
+    scores = np.round(r.uniform(0, 1, (2, 3, 30)), 1).astype(np.float32)  # many ties
+    check_op(
+        "NonMaxSuppression",
+        _nms_inputs(boxes.astype(np.float32), scores, max_out=7, iou=0.3, score=0.2),
+    )
+    check_op(
+        "NonMaxSuppression", _nms_inputs(boxes.astype(np.float32), scores, max_out=40, iou=0.6)
+    )
+
+
+def test_nms_optional_inputs_and_errors():
+    # The evaluator reads .size of every optional input, so it fails when one is omitted:
+    # explicit expectations. Without max_output_boxes_per_class nothing is selected (its
+    # default is 0); without iou_threshold (default 0) any overlap suppresses.
+    check_expect("NonMaxSuppression", [NMS_BOXES, NMS_SCORES], {}, [np.zeros((0, 3), np.int64)])
+    want = np.array([[0, 0, 3], [0, 0, 0], [0, 0, 5]], np.int64)
+    ins = [NMS_BOXES, NMS_SCORES, np.array([5], np.int64)]
+    check_expect("NonMaxSuppression", ins, {}, [want])
+    check_expect("NonMaxSuppression", ins, {}, [want], const_inputs=[0, 1, 2])
+    g = geode.Graph("nms")
+    with pytest.raises(ShapeError, match="'nms_bad'.*boxes"):
+        g.op("NonMaxSuppression", g.input("b", [1, 6, 4]), g.input("s", [1, 2, 5]), name="nms_bad")
+    y = g.op("NonMaxSuppression", g.input("b2", ["B", "K", 4]), g.input("s2", ["B", 2, "K"]))
+    assert y.shape[1] == 3 and not isinstance(y.shape[0], int) and y.dtype == np.int64

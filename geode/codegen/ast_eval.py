@@ -258,8 +258,9 @@ class _Compiler:
 
     def _block(self, b: Block) -> Callable[[Env], None]:
         if len(b.bindings) != len(b.iter_vars):
-            raise KernelEvalError(f"block {b.name}: {len(b.iter_vars)} iter vars, "
-                                  f"{len(b.bindings)} bindings")
+            raise KernelEvalError(
+                f"block {b.name}: {len(b.iter_vars)} iter vars, {len(b.bindings)} bindings"
+            )
         names = [iv.name for iv in b.iter_vars]
         binds = [self.expr(x) for x in b.bindings]
         extents = [self.expr(iv.extent) for iv in b.iter_vars]

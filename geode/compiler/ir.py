@@ -81,6 +81,8 @@ class Value:
         #: symbolic contents of a small int tensor computed from shapes (Shape, and
         #: Gather/Concat/... over it): lets Reshape/Expand/... infer symbolic shapes
         self.sym_value: tuple | None = None
+        #: set by the variables pass: a variable no op writes
+        self.read_only: bool = False
 
     # -- properties ------------------------------------------------------------------
     @property
@@ -289,16 +291,17 @@ class Graph:
         self.values: dict[str, Value] = {}
         self.opset: int = 21
         self._names = itertools.count()
+        self._node_names: set[str] = set()  # every node name ever used (only grows)
 
     # -- naming ----------------------------------------------------------------------
     def unique_name(self, base: str) -> str:
         """A value/node name not used yet in this graph."""
         base = base or "v"
-        if base not in self.values and not any(n.name == base for n in self.nodes):
+        if base not in self.values and base not in self._node_names:
             return base
         while True:
             cand = f"{base}_{next(self._names)}"
-            if cand not in self.values and not any(n.name == cand for n in self.nodes):
+            if cand not in self.values and cand not in self._node_names:
                 return cand
 
     def _new_value(self, name: str, desc: TensorDesc, kind: ValueKind, **kw: Any) -> Value:
@@ -359,6 +362,7 @@ class Graph:
     ) -> Node:
         """Append a node; with ``infer`` its schema is verified and output shapes inferred."""
         node = Node(self.unique_name(name or op_type.lower()), op_type, inputs, attrs, domain)
+        self._node_names.add(node.name)
         for v in inputs:
             if v is not None and v.graph is not self:
                 raise GraphError(f"{node.where}: input {v.name!r} belongs to another graph")
@@ -522,6 +526,7 @@ class Graph:
         for v in self.values.values():
             if v.producer is None:
                 nv = g._new_value(v.name, TensorDesc(v.dtype, v.shape, v.desc.format), v.kind, data=v.data)
+                nv.read_only = v.read_only
                 vmap[id(v)] = nv
         g.inputs = [vmap[id(v)] for v in self.inputs]
         for n in self.nodes:
@@ -532,6 +537,7 @@ class Graph:
                 nn.outputs.append(no)
                 vmap[id(o)] = no
             g.nodes.append(nn)
+        g._node_names = set(self._node_names) | {n.name for n in self.nodes}
         g.outputs = [vmap[id(v)] for v in self.outputs]
         return g
 

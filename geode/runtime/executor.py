@@ -16,6 +16,7 @@ from geode.errors import (
     MissingInputError,
     UnexpectedInputError,
 )
+from geode.runtime.allocator import OutputPool
 from geode.runtime.memory import Arena
 from geode.runtime.plan import Plan
 from geode.runtime.var_manager import VarManager
@@ -96,6 +97,8 @@ class Executor:
         self.plan = plan
         self.vm = var_manager
         self.arena = Arena()
+        self.pool = OutputPool()
+        self._outputs = {slot for _, slot in plan.outputs}
         self._static = [
             (i, var_manager.get(s.var_key)) for i, s in enumerate(plan.slots) if s.var_key is not None
             and s.role == "constant"
@@ -128,6 +131,8 @@ class Executor:
                 slot = plan.slots[o]
                 if layout is not None and o in plan.arena_slots:
                     outs.append(self.arena.view(layout.offsets[o], slot.shape(env), slot.dtype))
+                elif o in self._outputs and step.engine == "aicore" and slot.shape is not None:
+                    outs.append(self.pool.empty(slot.shape(env), slot.dtype))
                 else:
                     outs.append(None)
             try:

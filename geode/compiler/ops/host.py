@@ -1,11 +1,15 @@
 """Host ops: shape computations and ops whose output shape depends on input values.
 
-Shape, Size, ConstantOfShape, Range, NonZero, EyeLike, OneHot, TopK and Unique run on
-the host engine (OpKind.HOST). Where an output shape depends on an input's *value*
-(ConstantOfShape's shape, Range's bounds, OneHot's depth, TopK's K, NonZero's and
-Unique's data) the OpDef lists that input in ``value_inputs``; shape inference reads
+Shape, Size, ConstantOfShape, Range, NonZero, EyeLike, OneHot, TopK, Unique and
+NonMaxSuppression run on the host engine (OpKind.HOST). Where an output shape depends on an input's *value*
+(ConstantOfShape's shape, Range's bounds, OneHot's depth, TopK's K, the data of
+NonZero, Unique and NonMaxSuppression) the OpDef lists that input in ``value_inputs``; shape inference reads
 the value when it is a compile-time constant and otherwise gives the dim a fresh
 symbol, bound when the op runs.
+
+Shape and Size record the symbolic contents of their outputs (``Value.sym_value``), and
+the ops here read such contents back (``InferContext.sym_ints``): ``ConstantOfShape(
+Shape(x))`` has ``x``'s symbolic shape and ``Range(0, Size(x), 1)`` a symbolic length.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ import math
 from typing import Any
 
 import numpy as np
+import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
-from geode.compiler.ops.common import const_ints
 from geode.compiler.ops.registry import Attr, In, InferContext, OpDef, OpKind, Out, register
 from geode.compiler.shapes import Dim, as_dim, numel
 from geode.errors import ShapeError, VerifyError
 
 INT64 = frozenset([np.dtype(np.int64)])
+#: longest Range whose contents are recorded as a symbolic value (for constant folding)
+SYM_VALUE_LIMIT = 64
 #: dtypes of Range (ONNX: float, double, int16, int32, int64)
 RANGE_TYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int16, np.int32, np.int64))
 
@@ -40,21 +46,23 @@ def shape_slice(rank: int, start: int, end: int | None) -> tuple[int, int]:
 
 
 def shape_value(ctx: InferContext, i: int) -> list[Dim] | None:
-    """The dims held by a 1-D int input: from a constant, or from a Shape node's input.
+    """The dims held by a 1-D int input (ints or sympy expressions), None when unknown.
 
-    Returns None when the value is not known before run time.
+    Known when the input is a constant or a shape computation that recorded its
+    symbolic value (Shape, and Gather/Concat/... over it).
     """
-    vals = const_ints(ctx, i)
-    if vals is not None:
-        return list(vals)
-    v = ctx.input(i)
-    prod = v.producer if v is not None else None
-    if prod is not None and prod.op_type == "Shape" and prod.domain == "":
-        src = prod.input(0)
-        if src is not None and src.shape is not None:
-            s, e = shape_slice(len(src.shape), int(prod.attr("start", 0)), prod.attr("end"))
-            return list(src.shape[s:e])
-    return None
+    vals = ctx.sym_ints(i)
+    return None if vals is None else [as_dim(d) for d in vals]
+
+
+def _sym_scalar(ctx: InferContext, i: int) -> Dim | None:
+    """The single element of an int input as a dim (symbolic when computed from shapes)."""
+    vals = shape_value(ctx, i) if ctx.has(i) else None
+    if vals is None:
+        return None
+    if len(vals) != 1:
+        ctx.fail(f"input {i} must hold exactly one element, holds {len(vals)}")
+    return vals[0]
 
 
 def _scalar(ctx: InferContext, i: int) -> Any:
@@ -85,7 +93,15 @@ def _shape_infer(ctx: InferContext) -> list[TensorDesc]:
     if r is None:
         return [TensorDesc(np.int64, (ctx.fresh(),))]
     s, e = shape_slice(r, int(ctx.attr("start")), ctx.attr("end"))
+    ctx.set_sym_value(0, ctx.shape(0)[s:e])
     return [TensorDesc(np.int64, (e - s,))]
+
+
+def _size_infer(ctx: InferContext) -> list[TensorDesc]:
+    shape = ctx.shape(0)
+    if shape is not None:
+        ctx.set_sym_value(0, (numel(shape),))
+    return [TensorDesc(np.int64, ())]
 
 
 def _shape_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
@@ -100,7 +116,6 @@ register(
         OpKind.HOST,
         inputs=[In("data", "T")],
         outputs=[Out("shape", "T1")],
-        types={"T": dtypes.ALL},
         attrs=[Attr("start", "int", 0), Attr("end", "int", None)],
         infer=_shape_infer,
         kernel=_shape_kernel,
@@ -114,8 +129,7 @@ register(
         OpKind.HOST,
         inputs=[In("data", "T")],
         outputs=[Out("size", "T1")],
-        types={"T": dtypes.ALL},
-        infer=lambda ctx: [TensorDesc(np.int64, ())],
+        infer=_size_infer,
         kernel=lambda ins, attrs: [np.array(np.asarray(ins[0]).size, dtype=np.int64)],
         doc="number of elements of the input, as an int64 scalar",
     )
@@ -197,12 +211,23 @@ def range_length(start: Any, limit: Any, delta: Any) -> int:
 def _range_infer(ctx: InferContext) -> list[TensorDesc]:
     for i, name in enumerate(("start", "limit", "delta")):
         _check_scalar_input(ctx, i, name)
+    dtype = ctx.dtype(0)
     vals = [_scalar(ctx, i) for i in range(3)]
     if all(v is not None for v in vals):
         if vals[2] == 0:
             ctx.fail("delta must not be zero")
-        return [TensorDesc(ctx.dtype(0), (range_length(*vals),))]
-    return [TensorDesc(ctx.dtype(0), (ctx.fresh("range"),))]
+        n = range_length(*vals)
+        if np.issubdtype(dtype, np.integer) and n <= SYM_VALUE_LIMIT:
+            ctx.set_sym_value(0, range(int(vals[0]), int(vals[1]), int(vals[2])))
+        return [TensorDesc(dtype, (n,))]
+    if np.issubdtype(dtype, np.integer):
+        start, limit, delta = (_sym_scalar(ctx, i) for i in range(3))
+        if start is not None and limit is not None and isinstance(delta, int) and delta != 0:
+            # symbolic bounds (a Size or a Shape element) with a static step
+            span = as_dim(limit - start) if delta > 0 else as_dim(start - limit)
+            n_sym = as_dim(sympy.Max(0, sympy.ceiling(span / abs(delta))))
+            return [TensorDesc(dtype, (n_sym,))]
+    return [TensorDesc(dtype, (ctx.fresh("range"),))]
 
 
 def _range_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
@@ -323,12 +348,13 @@ def _onehot_infer(ctx: InferContext) -> list[TensorDesc]:
         ctx.fail(f"axis {axis} out of range for output rank {r + 1}")
     axis = axis + r + 1 if axis < 0 else axis
     depth = _scalar(ctx, 1)
-    if depth is not None:
-        depth_dim: Dim = int(depth)
-        if depth_dim < 1:
-            ctx.fail(f"depth must be positive, got {depth}")
-    else:
+    depth_dim: Dim | None = int(depth) if depth is not None else None
+    if depth_dim is None and np.issubdtype(ctx.dtype(1), np.integer):
+        depth_dim = _sym_scalar(ctx, 1)  # e.g. a dim gathered from Shape
+    if depth_dim is None:
         depth_dim = ctx.fresh("depth")
+    elif isinstance(depth_dim, int) and depth_dim < 1:
+        ctx.fail(f"depth must be positive, got {depth}")
     return [TensorDesc(dtype, (*shape[:axis], depth_dim, *shape[axis:]))]
 
 
@@ -380,15 +406,14 @@ def _topk_infer(ctx: InferContext) -> list[TensorDesc]:
     if len(shape) == 0:
         ctx.fail("X must have rank >= 1")
     axis = ctx.axis(int(ctx.attr("axis")), len(shape))
-    k = _scalar(ctx, 1)
-    if k is not None:
-        kd: Dim = int(k)
+    kd = _sym_scalar(ctx, 1)  # a constant, or computed from shapes
+    if kd is None:
+        kd = ctx.fresh("k")
+    elif isinstance(kd, int):
         if kd < 0:
             ctx.fail(f"K must not be negative, got {kd}")
         if isinstance(shape[axis], int) and kd > shape[axis]:
             ctx.fail(f"K={kd} exceeds the size {shape[axis]} of axis {axis}")
-    else:
-        kd = ctx.fresh("k")
     out = (*shape[:axis], kd, *shape[axis + 1 :])
     return [TensorDesc(dtype, out), TensorDesc(np.int64, out)]
 
@@ -514,5 +539,133 @@ register(
         kernel=_unique_kernel,
         value_inputs=(0,),
         doc="unique elements (or slices along axis), sorted or in first-occurrence order",
+    )
+)
+
+
+# == NonMaxSuppression =======================================================================
+
+
+def _box_corners(boxes: np.ndarray, center_point_box: int) -> tuple[np.ndarray, ...]:
+    """(ymin, xmin, ymax, xmax) of ``[..., 4]`` boxes given as corners or as centers."""
+    if center_point_box:
+        xc, yc, w, h = (boxes[..., i] for i in range(4))
+        return yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2
+    y1, x1, y2, x2 = (boxes[..., i] for i in range(4))
+    return np.minimum(y1, y2), np.minimum(x1, x2), np.maximum(y1, y2), np.maximum(x1, x2)
+
+
+def non_max_suppression(
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    max_per_class: int,
+    iou_threshold: float,
+    score_threshold: float | None,
+    center_point_box: int = 0,
+) -> np.ndarray:
+    """ONNX NonMaxSuppression: ``[k, 3]`` int64 rows (batch, class, box), greedy per class.
+
+    Candidates (score above ``score_threshold`` when one is given) are visited by score,
+    ties by box index; a box is dropped when its IoU with a box already selected for its
+    class exceeds ``iou_threshold`` (boxes of zero area never suppress or get suppressed).
+    Arithmetic runs in the boxes' float type, like the ONNX runtimes.
+    """
+    ct = np.result_type(boxes.dtype, np.float32)
+    ymin, xmin, ymax, xmax = (
+        a.astype(ct) for a in _box_corners(boxes.astype(ct), center_point_box)
+    )
+    area = (xmax - xmin) * (ymax - ymin)
+    thr = ct.type(iou_threshold)
+    rows: list[tuple[int, int, int]] = []
+    n_batch, n_class = scores.shape[0], scores.shape[1]
+    for b in range(n_batch):
+        for c in range(n_class):
+            s = scores[b, c]
+            cand = (
+                np.arange(s.shape[0])
+                if score_threshold is None
+                else np.nonzero(s > score_threshold)[0]
+            )
+            order = cand[np.lexsort((cand, -s[cand].astype(np.float64)))]
+            chosen: list[int] = []
+            for i in order:
+                if len(chosen) >= max_per_class:
+                    break
+                if chosen:
+                    j = np.asarray(chosen)
+                    iw = np.minimum(xmax[b, i], xmax[b, j]) - np.maximum(xmin[b, i], xmin[b, j])
+                    ih = np.minimum(ymax[b, i], ymax[b, j]) - np.maximum(ymin[b, i], ymin[b, j])
+                    inter = np.where((iw > 0) & (ih > 0), iw * ih, ct.type(0))
+                    union = area[b, i] + area[b, j] - inter
+                    ok = (inter > 0) & (area[b, i] > 0) & (area[b, j] > 0) & (union > 0)
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        iou = np.where(ok, inter / np.where(ok, union, 1), 0)
+                    if np.any(ok & (iou > thr)):
+                        continue
+                chosen.append(int(i))
+            rows.extend((b, c, i) for i in chosen)
+    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def _nms_args(ins: list, attrs: dict) -> tuple:
+    def first(i: int) -> Any:
+        if len(ins) <= i or ins[i] is None or np.asarray(ins[i]).size == 0:
+            return None
+        return np.asarray(ins[i]).reshape(-1)[0]
+
+    max_out = first(2)
+    iou = first(3)
+    return (
+        np.asarray(ins[0]),
+        np.asarray(ins[1]),
+        0 if max_out is None else max(int(max_out), 0),
+        0.0 if iou is None else float(iou),
+        first(4),
+        int(attrs.get("center_point_box") or 0),
+    )
+
+
+def _nms_infer(ctx: InferContext) -> list[TensorDesc]:
+    boxes, scores = ctx.shape(0), ctx.shape(1)
+    if boxes is not None and (len(boxes) != 3 or (isinstance(boxes[2], int) and boxes[2] != 4)):
+        ctx.fail(f"boxes must have shape [batches, boxes, 4], got {list(boxes)}")
+    if scores is not None and len(scores) != 3:
+        ctx.fail(f"scores must have shape [batches, classes, boxes], got {list(scores)}")
+    if boxes is not None and scores is not None:
+        for a, b, what in ((boxes[0], scores[0], "batches"), (boxes[1], scores[2], "boxes")):
+            if isinstance(a, int) and isinstance(b, int) and a != b:
+                ctx.fail(f"boxes and scores disagree on the number of {what}: {a} != {b}")
+            ctx.graph.symbols.equate(a, b, ctx.where)
+    if int(ctx.attr("center_point_box")) not in (0, 1):
+        ctx.fail(
+            f"center_point_box must be 0 or 1, got {ctx.attr('center_point_box')}", VerifyError
+        )
+    given = [i for i in range(ctx.n_inputs) if ctx.has(i)]
+    if all(ctx.value(i) is not None for i in given):
+        vals = [ctx.value(i) if ctx.has(i) else None for i in range(ctx.n_inputs)]
+        count: Dim = int(non_max_suppression(*_nms_args(vals, ctx.attrs)).shape[0])
+    else:
+        count = ctx.fresh("nms")
+    return [TensorDesc(np.int64, (count, 3))]
+
+
+register(
+    OpDef(
+        "NonMaxSuppression",
+        OpKind.HOST,
+        inputs=[
+            In("boxes", "T"),
+            In("scores", "T"),
+            In("max_output_boxes_per_class", "I", optional=True),
+            In("iou_threshold", "T", optional=True),
+            In("score_threshold", "T", optional=True),
+        ],
+        outputs=[Out("selected_indices", "I")],
+        types={"T": dtypes.FLOATS, "I": INT64},
+        attrs=[Attr("center_point_box", "int", 0)],
+        infer=_nms_infer,
+        kernel=lambda ins, attrs: [non_max_suppression(*_nms_args(ins, attrs))],
+        value_inputs=(0, 1, 2, 3, 4),
+        doc="greedy per-class box selection by score and IoU; [k, 3] (batch, class, box) rows",
     )
 )

@@ -20,8 +20,15 @@ import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
-from geode.compiler.ops.common import const_ints, same_as_input
-from geode.compiler.ops.reduce import input_length, normalize_axes, opt
+from geode.compiler.ops.common import same_as_input
+from geode.compiler.ops.reduce import (
+    carries_value,
+    input_length,
+    int_values,
+    normalize_axes,
+    opt,
+    value_dims,
+)
 from geode.compiler.ops.registry import (
     REQUIRED,
     Attr,
@@ -56,6 +63,14 @@ def _known_or_fresh(ctx: InferContext, candidates: Sequence[Dim]) -> Dim:
     if candidates and all(dims_equal(candidates[0], c) is True for c in candidates[1:]):
         return candidates[0]
     return ctx.fresh()
+
+
+def _pass_value(ctx: InferContext, out: TensorDesc, i: int = 0) -> None:
+    """An output holding input ``i``'s elements in the same order keeps its symbolic value."""
+    if carries_value(out):
+        vals = value_dims(ctx, i)
+        if vals is not None and len(vals) == int(np.prod(out.shape, dtype=np.int64)):
+            ctx.set_sym_value(0, vals)
 
 
 def _norm_index(idx: np.ndarray, size: int) -> np.ndarray:
@@ -101,7 +116,12 @@ def _infer_concat(ctx: InferContext) -> list[TensorDesc]:
                 )
             d = _equate(ctx, d, s[j], f"dim {j} of input {i}")
         out.append(d)
-    return [TensorDesc(dtype, tuple(out))]
+    desc = TensorDesc(dtype, tuple(out))
+    if rank == 1 and carries_value(desc):
+        parts = [value_dims(ctx, i) for i in range(len(vals))]
+        if all(p is not None for p in parts):
+            ctx.set_sym_value(0, [v for p in parts for v in p])  # type: ignore[union-attr]
+    return [desc]
 
 
 def _concat(ins: list, attrs: dict) -> list[np.ndarray]:
@@ -161,18 +181,19 @@ def _infer_split(ctx: InferContext) -> list[TensorDesc]:
     d = x.shape[axis]
     sizes: list[Dim]
     if ctx.has(1):
-        split = const_ints(ctx, 1)
+        split = value_dims(ctx, 1)
         k = input_length(ctx, 1)
         if k is not None and k != n:
             ctx.fail(f"split has {k} entries but the node has {n} outputs")
         if split is None:
             sizes = [ctx.fresh() for _ in range(n)]
         else:
-            if any(s < 0 for s in split):
+            if any(isinstance(s, int) and s < 0 for s in split):
                 ctx.fail(f"split sizes must be non-negative, got {split}")
-            if dims_equal(sum(split), d) is False:
-                ctx.fail(f"split sizes {split} sum to {sum(split)} but axis {axis} has {d}")
-            _equate(ctx, d, sum(split), f"split sizes {split} along axis {axis}")
+            total = as_dim(sum(split, sympy.Integer(0)))
+            if dims_equal(total, d) is False:
+                ctx.fail(f"split sizes {split} sum to {total} but axis {axis} has {d}")
+            _equate(ctx, d, total, f"split sizes {split} along axis {axis}")
             sizes = list(split)
     else:
         sizes = split_sizes(d, n)
@@ -183,6 +204,13 @@ def _infer_split(ctx: InferContext) -> list[TensorDesc]:
         shape = list(x.shape)
         shape[axis] = s
         outs.append(TensorDesc(x.dtype, tuple(shape)))
+    vals = value_dims(ctx, 0) if len(x.shape) == 1 else None
+    if vals is not None and all(isinstance(s, int) for s in sizes):
+        start = 0
+        for k_out, s in enumerate(sizes):
+            if carries_value(outs[k_out]):
+                ctx.set_sym_value(k_out, vals[start : start + s])
+            start += s
     return outs
 
 
@@ -285,10 +313,38 @@ def _clamp_end_backward(d: sympy.Expr, v: int) -> sympy.Expr | int:
     return sympy.Max(d + v, -1) if v < 0 else sympy.Min(v, d - 1)
 
 
-def slice_dim(d: Dim, start: int, end: int, step: int) -> Dim:
-    """Length of one sliced axis of size ``d`` (an int, or a sympy expression with Min/Max)."""
+def _nonnegative(v: Dim) -> bool:
+    return v >= 0 if isinstance(v, int) else bool(v.is_nonnegative)
+
+
+def _symbolic_bounds_len(d: Dim, start: Dim, end: Dim, step: int) -> Dim | None:
+    """Slice length when start or end is a symbolic dim (from a shape tensor).
+
+    Handled for a positive step and bounds that are provably non-negative (they then
+    only clamp at ``d``); None otherwise.
+    """
+    if step < 0 or not (_nonnegative(start) and _nonnegative(end)):
+        return None
+    e = (
+        d
+        if (isinstance(end, int) and end >= HUGE) or dims_equal(end, d) is True
+        else sympy.Min(end, d)
+    )
+    s = 0 if start == 0 else sympy.Min(start, d)
+    span = sympy.Max(0, e - s)
+    length = span if step == 1 else sympy.ceiling(span / step)
+    return int(length) if length.is_Integer else length
+
+
+def slice_dim(d: Dim, start: Dim, end: Dim, step: int) -> Dim | None:
+    """Length of one sliced axis of size ``d`` (an int, or a sympy expression with Min/Max).
+
+    ``start`` and ``end`` may be symbolic dims; None when the length cannot be expressed.
+    """
     if step == 0:
         raise ShapeError("slice step cannot be 0")
+    if not (isinstance(start, int) and isinstance(end, int)):
+        return _symbolic_bounds_len(d, start, end, step)
     if isinstance(d, int):
         s, e = _slice_bounds(d, start, end, step)
         span = e - s if step > 0 else s - e
@@ -313,8 +369,8 @@ def _infer_slice(ctx: InferContext) -> list[TensorDesc]:
     if x.shape is None:
         return [TensorDesc(x.dtype, None)]
     rank = len(x.shape)
-    starts, ends = const_ints(ctx, 1), const_ints(ctx, 2)
-    steps = const_ints(ctx, 4) if ctx.has(4) else None
+    starts, ends = value_dims(ctx, 1), value_dims(ctx, 2)
+    steps = int_values(ctx, 4) if ctx.has(4) else None
     lens = {input_length(ctx, i) for i in (1, 2, 3, 4) if ctx.has(i)} - {None}
     if len(lens) > 1:
         ctx.fail(f"starts, ends, axes and steps must have the same length, got {sorted(lens)}")
@@ -322,7 +378,7 @@ def _infer_slice(ctx: InferContext) -> list[TensorDesc]:
     if steps is not None and 0 in steps:
         ctx.fail(f"steps cannot contain 0, got {steps}")
     if ctx.has(3):
-        axes = const_ints(ctx, 3)
+        axes = int_values(ctx, 3)
         if axes is None:  # any axis may be sliced
             return [TensorDesc(x.dtype, tuple(ctx.fresh() for _ in x.shape))]
     else:
@@ -338,8 +394,32 @@ def _infer_slice(ctx: InferContext) -> list[TensorDesc]:
             out[a] = ctx.fresh()
             continue
         step = steps[j] if steps is not None else 1
-        out[a] = slice_dim(x.shape[a], starts[j], ends[j], step)
-    return [TensorDesc(x.dtype, tuple(out))]
+        length = slice_dim(x.shape[a], starts[j], ends[j], step)
+        out[a] = ctx.fresh() if length is None else length
+    desc = TensorDesc(x.dtype, tuple(out))
+    _slice_value(ctx, desc, starts, ends, steps)
+    return [desc]
+
+
+def _slice_value(
+    ctx: InferContext,
+    out: TensorDesc,
+    starts: list[Dim] | None,
+    ends: list[Dim] | None,
+    steps: list[int] | None,
+) -> None:
+    """Symbolic value of a slice of a 1-D shape tensor with integer bounds."""
+    vals = value_dims(ctx, 0) if ctx.rank(0) == 1 else None
+    if vals is None or starts is None or ends is None or not carries_value(out):
+        return
+    if (ctx.has(4) and steps is None) or not (
+        isinstance(starts[0], int) and isinstance(ends[0], int)
+    ):
+        return
+    step = steps[0] if steps else 1
+    s, e = _slice_bounds(len(vals), starts[0], ends[0], step)
+    picked = [vals[i] for i in range(s, e, step)] if vals else []
+    ctx.set_sym_value(0, picked)
 
 
 def _slice(ins: list, attrs: dict) -> list[np.ndarray]:
@@ -412,7 +492,17 @@ def _infer_gather(ctx: InferContext) -> list[TensorDesc]:
     if idx.shape is None:
         return [TensorDesc(data.dtype, None)]
     out = tuple(data.shape[:axis]) + tuple(idx.shape) + tuple(data.shape[axis + 1 :])
-    return [TensorDesc(data.dtype, out)]
+    desc = TensorDesc(data.dtype, out)
+    vals, picks = value_dims(ctx, 0), int_values(ctx, 1)
+    if (
+        len(data.shape) == 1
+        and vals is not None
+        and picks is not None
+        and carries_value(desc)
+        and all(-len(vals) <= p < len(vals) for p in picks)
+    ):
+        ctx.set_sym_value(0, [vals[p] for p in picks])
+    return [desc]
 
 
 def _gather(ins: list, attrs: dict) -> list[np.ndarray]:
@@ -595,17 +685,24 @@ def _counts_differ(a: Dim, b: Dim) -> bool:
     return c > 0 and (n < c or n % c != 0)
 
 
-def reshape_shape(ctx: InferContext, shape: Shape, target: list[int], allowzero: bool) -> Shape:
-    """Output shape of Reshape to constant ``target`` (0 copies a dim unless allowzero, -1 infers)."""
-    if target.count(-1) > 1:
+def reshape_shape(ctx: InferContext, shape: Shape, target: Sequence[Dim], allowzero: bool) -> Shape:
+    """Output shape of Reshape to a known ``target`` (0 copies a dim unless allowzero, -1 infers).
+
+    Entries of ``target`` are ints, or symbolic dims taken literally (from a shape tensor).
+    """
+    ints = [t for t in target if isinstance(t, int)]
+    target = list(target)
+    if ints.count(-1) > 1:
         ctx.fail(f"shape {target} has more than one -1")
-    if any(t < -1 for t in target):
+    if any(t < -1 for t in ints):
         ctx.fail(f"shape {target} has a negative dim other than -1")
-    if allowzero and 0 in target and -1 in target:
+    if allowzero and 0 in ints and -1 in ints:
         ctx.fail(f"shape {target} has both 0 and -1 with allowzero=1")
     dims: list[Dim | None] = []
     for i, t in enumerate(target):
-        if t == 0 and not allowzero:
+        if not isinstance(t, int):
+            dims.append(t)
+        elif t == 0 and not allowzero:
             if shape is None:
                 dims.append(ctx.fresh())
             elif i >= len(shape):
@@ -620,7 +717,7 @@ def reshape_shape(ctx: InferContext, shape: Shape, target: list[int], allowzero:
         return tuple(ctx.fresh() if d is None else d for d in dims)
     total = numel(shape)
     known = numel([d for d in dims if d is not None])
-    if -1 in target:
+    if -1 in ints:
         if isinstance(total, int) and isinstance(known, int):
             if known == 0 or total % known != 0:
                 ctx.fail(f"cannot reshape {list(shape)} ({total} elements) to {target}")
@@ -642,11 +739,13 @@ def _infer_reshape(ctx: InferContext) -> list[TensorDesc]:
     x = ctx.desc(0)
     if ctx.rank(1) not in (None, 1):
         ctx.fail(f"shape must be 1-D, got rank {ctx.rank(1)}")
-    target = const_ints(ctx, 1)
+    target = value_dims(ctx, 1)
     if target is None:
         k = input_length(ctx, 1)
         return [TensorDesc(x.dtype, None if k is None else tuple(ctx.fresh() for _ in range(k)))]
-    return [TensorDesc(x.dtype, reshape_shape(ctx, x.shape, target, bool(ctx.attr("allowzero"))))]
+    desc = TensorDesc(x.dtype, reshape_shape(ctx, x.shape, target, bool(ctx.attr("allowzero"))))
+    _pass_value(ctx, desc)
+    return [desc]
 
 
 def _reshape(ins: list, attrs: dict) -> list[np.ndarray]:
@@ -686,7 +785,9 @@ def _infer_flatten(ctx: InferContext) -> list[TensorDesc]:
         first: Dim = 1 if int(ctx.attr("axis")) == 0 else ctx.fresh()
         return [TensorDesc(x.dtype, (first, ctx.fresh()))]
     a = _flatten_axis(ctx, len(x.shape))
-    return [TensorDesc(x.dtype, (numel(x.shape[:a]), numel(x.shape[a:])))]
+    desc = TensorDesc(x.dtype, (numel(x.shape[:a]), numel(x.shape[a:])))
+    _pass_value(ctx, desc)
+    return [desc]
 
 
 def _flatten(ins: list, attrs: dict) -> list[np.ndarray]:
@@ -726,7 +827,7 @@ def _infer_squeeze(ctx: InferContext) -> list[TensorDesc]:
         return [TensorDesc(x.dtype, tuple(d for d in shape if d != 1))]
     if input_length(ctx, 1) == 0:  # empty axes squeeze nothing (ONNX's inference and reference)
         return [TensorDesc(x.dtype, shape, x.format)]
-    axes = const_ints(ctx, 1)
+    axes = int_values(ctx, 1)
     if shape is None:
         return [TensorDesc(x.dtype, None)]
     if axes is None:
@@ -742,7 +843,9 @@ def _infer_squeeze(ctx: InferContext) -> list[TensorDesc]:
         if dims_equal(shape[a], 1) is False:
             ctx.fail(f"cannot squeeze axis {a}: its dim is {shape[a]}, not 1")
         _equate(ctx, shape[a], 1, f"squeezed axis {a}")
-    return [TensorDesc(x.dtype, tuple(d for i, d in enumerate(shape) if i not in norm))]
+    desc = TensorDesc(x.dtype, tuple(d for i, d in enumerate(shape) if i not in norm))
+    _pass_value(ctx, desc)
+    return [desc]
 
 
 def _squeeze(ins: list, attrs: dict) -> list[np.ndarray]:
@@ -772,7 +875,7 @@ def _infer_unsqueeze(ctx: InferContext) -> list[TensorDesc]:
     x = ctx.desc(0)
     if ctx.rank(1) not in (None, 1):
         ctx.fail(f"axes must be 1-D, got rank {ctx.rank(1)}")
-    axes = const_ints(ctx, 1)
+    axes = int_values(ctx, 1)
     shape = x.shape
     if shape is None:
         return [TensorDesc(x.dtype, None)]
@@ -789,7 +892,9 @@ def _infer_unsqueeze(ctx: InferContext) -> list[TensorDesc]:
     out_rank = len(shape) + len(axes)
     norm = set(normalize_axes(ctx, axes, out_rank))
     it = iter(shape)
-    return [TensorDesc(x.dtype, tuple(1 if j in norm else next(it) for j in range(out_rank)))]
+    desc = TensorDesc(x.dtype, tuple(1 if j in norm else next(it) for j in range(out_rank)))
+    _pass_value(ctx, desc)
+    return [desc]
 
 
 def _unsqueeze(ins: list, attrs: dict) -> list[np.ndarray]:
@@ -818,7 +923,7 @@ def _infer_expand(ctx: InferContext) -> list[TensorDesc]:
     x = ctx.desc(0)
     if ctx.rank(1) not in (None, 1):
         ctx.fail(f"shape must be 1-D, got rank {ctx.rank(1)}")
-    target = const_ints(ctx, 1)
+    target = value_dims(ctx, 1)
     if target is None:
         k = input_length(ctx, 1)
         if k is None or x.shape is None:
@@ -828,7 +933,7 @@ def _infer_expand(ctx: InferContext) -> list[TensorDesc]:
         # a static dim other than 1 survives broadcasting; anything else may change
         out = tuple(d if isinstance(d, int) and d != 1 else ctx.fresh() for d in padded)
         return [TensorDesc(x.dtype, out)]
-    if any(t < 0 for t in target):
+    if any(isinstance(t, int) and t < 0 for t in target):
         ctx.fail(f"shape {target} has a negative dim")
     if x.shape is None:
         return [TensorDesc(x.dtype, None)]
@@ -860,7 +965,7 @@ def _infer_tile(ctx: InferContext) -> list[TensorDesc]:
     x = ctx.desc(0)
     if ctx.rank(1) not in (None, 1):
         ctx.fail(f"repeats must be 1-D, got rank {ctx.rank(1)}")
-    reps = const_ints(ctx, 1)
+    reps = value_dims(ctx, 1)
     k = input_length(ctx, 1)
     if x.shape is None:
         return [TensorDesc(x.dtype, None if k is None else tuple(ctx.fresh() for _ in range(k)))]
@@ -868,7 +973,7 @@ def _infer_tile(ctx: InferContext) -> list[TensorDesc]:
         ctx.fail(f"repeats has {k} entries but the input has rank {len(x.shape)}")
     if reps is None:
         return [TensorDesc(x.dtype, tuple(0 if d == 0 else ctx.fresh() for d in x.shape))]
-    if any(r < 0 for r in reps):
+    if any(isinstance(r, int) and r < 0 for r in reps):
         ctx.fail(f"repeats must be non-negative, got {reps}")
     return [TensorDesc(x.dtype, tuple(as_dim(d * r) for d, r in zip(x.shape, reps)))]
 
@@ -909,13 +1014,13 @@ def _infer_pad(ctx: InferContext) -> list[TensorDesc]:
         return [TensorDesc(x.dtype, None)]
     rank = len(x.shape)
     if ctx.has(3):
-        axes = const_ints(ctx, 3)
+        axes = int_values(ctx, 3)
         if axes is None:
             return [TensorDesc(x.dtype, tuple(ctx.fresh() for _ in x.shape))]
         axes = normalize_axes(ctx, axes, rank)
     else:
         axes = list(range(rank))
-    pads = const_ints(ctx, 1)
+    pads = value_dims(ctx, 1)
     k = input_length(ctx, 1)
     if k is not None and k != 2 * len(axes):
         ctx.fail(f"pads has {k} entries, expected {2 * len(axes)} (two per padded axis)")

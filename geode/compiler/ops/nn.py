@@ -87,7 +87,7 @@ def _add(*terms: Dim) -> Dim:
     return total if isinstance(total, int) else as_dim(total)
 
 
-def conv_out_dim(size: Dim, k: int, s: int, d: int, pb: int, pe: int, auto_pad: str) -> Dim:
+def conv_out_dim(size: Dim, k: Dim, s: int, d: int, pb: int, pe: int, auto_pad: str) -> Dim:
     """One output spatial dim of a convolution (ONNX Conv formula, any auto_pad)."""
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         return ceildiv(size, s)
@@ -137,10 +137,10 @@ def _str_attr(v: Any) -> str:
 
 
 def _int_list(v: Any, n: int, default: int, name: str, fail: Fail) -> list[int]:
-    """An ints attribute of length ``n`` (``default`` repeated when absent)."""
-    if v is None:
+    """An ints attribute of length ``n`` (``default`` repeated when absent or empty)."""
+    out = [] if v is None else [int(x) for x in np.asarray(v).reshape(-1)]
+    if not out:
         return [default] * n
-    out = [int(x) for x in np.asarray(v).reshape(-1)]
     if len(out) != n:
         fail(f"attribute {name!r} has {len(out)} values, expected {n}")
     return out
@@ -613,6 +613,9 @@ def _convt_infer(ctx: InferContext) -> list[TensorDesc]:
         return [TensorDesc(dtype, (x[0], m, *(ctx.fresh() for _ in range(n))))]
     win = window_attrs(ctx.attrs, kernel, fail)
     out_pad = _int_list(ctx.attr("output_padding"), n, 0, "output_padding", fail)
+    for p, s, d in zip(out_pad, win.strides, win.dilations):
+        if not 0 <= p < max(s, d):
+            fail(f"output_padding {out_pad} must be in [0, max(stride, dilation)) per dim")
     outs, _ = _convt_geometry(x[2:], win, out_pad, _convt_output_shape(ctx.attrs, n, fail))
     for i, o in enumerate(outs):
         if isinstance(o, int) and o < 1:
@@ -700,13 +703,13 @@ def _pool_verify(ctx: InferContext) -> None:
     if x is not None and len(x) != len(ks) + 2:
         ctx.fail(f"X of shape {list(x)} must have rank 2 + len(kernel_shape) = {len(ks) + 2}")
     win = window_attrs(ctx.attrs, ks, _ctx_fail(ctx))
-    if "ceil_mode" in ctx.attrs and int(ctx.attr("ceil_mode")) not in (0, 1):
-        ctx.fail(f"ceil_mode must be 0 or 1, got {ctx.attr('ceil_mode')}", VerifyError)
+    for name in ("ceil_mode", "storage_order", "count_include_pad"):
+        if name in ctx.attrs and int(ctx.attr(name)) not in (0, 1):
+            ctx.fail(f"{name} must be 0 or 1, got {ctx.attr(name)}", VerifyError)
     if win.auto_pad == "NOTSET":
         for i in range(win.rank):
-            if win.begin[i] >= win.dilations[i] * (win.kernel[i] - 1) + 1 or win.end[i] >= (
-                win.dilations[i] * (win.kernel[i] - 1) + 1
-            ):
+            span = win.dilations[i] * (win.kernel[i] - 1) + 1
+            if win.begin[i] >= span or win.end[i] >= span:
                 ctx.fail(f"pads {win.pads} must be smaller than the window in every spatial dim")
 
 
@@ -724,26 +727,34 @@ def _pool_infer(ctx: InferContext) -> list[TensorDesc]:
     return descs
 
 
-def _pool_prepare(
-    x: np.ndarray, attrs: dict[str, Any], fill: Any
-) -> tuple[Window, list[int], list[int], np.ndarray]:
-    """Window attributes, output sizes, begin pads and the window view of ``x``."""
+@dataclass
+class _Pooled:
+    """A pooling input prepared for the kernels: geometry and the window view."""
+
+    win: Window
+    out: list[int]
+    begin: list[int]
+    end: list[int]
+    view: np.ndarray  # (N, C, *out, *kernel)
+
+
+def _pool_prepare(x: np.ndarray, attrs: dict[str, Any], fill: Any) -> _Pooled:
+    """Window attributes, output sizes, pads and the window view of ``x``."""
     win = window_attrs(attrs, attrs["kernel_shape"])
     out, begin, end = _static_geometry(x.shape[2:], win, bool(attrs.get("ceil_mode") or 0))
     xp = _pad_for_windows(x, out, win, begin, end, fill)
-    return win, out, begin, _windows(xp, out, win)
+    return _Pooled(win, out, begin, end, _windows(xp, out, win))
 
 
-def _valid_counts(
-    sizes: Sequence[int], out: Sequence[int], win: Window, begin: Sequence[int], lo_hi: Callable
+def _tap_counts(
+    out: Sequence[int], win: Window, lo: Sequence[int], hi: Sequence[int]
 ) -> np.ndarray:
-    """Per output position, how many window taps fall in ``lo_hi(i) = (lo, hi)`` (padded coords)."""
+    """Per output position, how many window taps fall in ``[lo, hi)`` (padded coordinates)."""
     total = np.ones((), dtype=np.int64)
     for i in range(win.rank):
         starts = np.arange(out[i]) * win.strides[i]
         taps = starts[:, None] + np.arange(win.kernel[i])[None, :] * win.dilations[i]
-        lo, hi = lo_hi(i)
-        cnt = ((taps >= lo) & (taps < hi)).sum(axis=1)
+        cnt = ((taps >= lo[i]) & (taps < hi[i])).sum(axis=1)
         total = np.multiply.outer(total, cnt)
     return total
 
@@ -773,7 +784,8 @@ def _lowest(dtype: np.dtype) -> Any:
 
 def max_pool_nd(x: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """ONNX MaxPool: values and int64 flat indices (row- or column-major spatial order)."""
-    win, out, begin, view = _pool_prepare(x, attrs, _lowest(x.dtype))
+    pp = _pool_prepare(x, attrs, _lowest(x.dtype))
+    win, out, begin, view = pp.win, pp.out, pp.begin, pp.view
     n = win.rank
     nb, c = x.shape[:2]
     n_k = math.prod(win.kernel)
@@ -802,18 +814,16 @@ def _maxpool_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
 def avg_pool_nd(x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
     """ONNX AveragePool: window sum over the count of real (or, with count_include_pad, padded) taps."""
     ct = _compute_dtype(x.dtype)
-    win, out, begin, view = _pool_prepare(x.astype(ct, copy=False), attrs, 0)
-    n = win.rank
-    sums = view.sum(axis=tuple(range(2 + n, 2 + 2 * n)))
+    pp = _pool_prepare(x.astype(ct, copy=False), attrs, 0)
+    n = pp.win.rank
+    sums = pp.view.sum(axis=tuple(range(2 + n, 2 + 2 * n)))
     sizes = x.shape[2:]
-    if int(attrs.get("count_include_pad") or 0):
-        if win.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            _, _, end = _static_geometry(sizes, win, None)
-        else:
-            end = win.end
-        counts = _valid_counts(sizes, out, win, begin, lambda i: (0, sizes[i] + begin[i] + end[i]))
-    else:
-        counts = _valid_counts(sizes, out, win, begin, lambda i: (begin[i], begin[i] + sizes[i]))
+    if int(attrs.get("count_include_pad") or 0):  # taps inside the padded input
+        hi = [sizes[i] + pp.begin[i] + pp.end[i] for i in range(n)]
+        counts = _tap_counts(pp.out, pp.win, [0] * n, hi)
+    else:  # taps on real elements (never the extra ceil_mode padding)
+        hi = [sizes[i] + pp.begin[i] for i in range(n)]
+        counts = _tap_counts(pp.out, pp.win, pp.begin, hi)
     with np.errstate(invalid="ignore", divide="ignore"):
         y = sums / counts.astype(ct)
     return y.astype(x.dtype, copy=False)
@@ -823,9 +833,9 @@ def lp_pool_nd(x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
     """ONNX LpPool: ``(sum |x|^p)^(1/p)`` over each window (padding contributes 0)."""
     ct = _compute_dtype(x.dtype)
     p = float(attrs.get("p", 2))
-    win, out, _, view = _pool_prepare(np.abs(x.astype(ct, copy=False)) ** p, attrs, 0)
-    n = win.rank
-    sums = view.sum(axis=tuple(range(2 + n, 2 + 2 * n)))
+    pp = _pool_prepare(np.abs(x.astype(ct, copy=False)) ** p, attrs, 0)
+    n = pp.win.rank
+    sums = pp.view.sum(axis=tuple(range(2 + n, 2 + 2 * n)))
     return (sums ** (1.0 / p)).astype(x.dtype, copy=False)
 
 
@@ -980,10 +990,9 @@ def _bn_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
         use_mean, use_var = bmean, bvar
     else:
         use_mean, use_var = mean.astype(ct, copy=False), var.astype(ct, copy=False)
-    inv = scale.astype(ct, copy=False) / np.sqrt(use_var + ct.type(eps))
-    y = (xc - use_mean.reshape(shape)) * inv.reshape(shape) + bias.astype(ct, copy=False).reshape(
-        shape
-    )
+    inv = (scale.astype(ct, copy=False) / np.sqrt(use_var + ct.type(eps))).reshape(shape)
+    shift = bias.astype(ct, copy=False).reshape(shape)
+    y = (xc - use_mean.reshape(shape)) * inv + shift
     return [y.astype(x.dtype), *outs]
 
 

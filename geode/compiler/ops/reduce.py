@@ -17,10 +17,11 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
-from geode.compiler.ops.common import const_ints, same_as_input
+from geode.compiler.ops.common import same_as_input
 from geode.compiler.ops.registry import (
     Attr,
     In,
@@ -30,11 +31,8 @@ from geode.compiler.ops.registry import (
     Out,
     register,
 )
-from geode.compiler.shapes import Dim, Shape, broadcast_shapes, dims_equal
+from geode.compiler.shapes import Dim, Shape, as_dim, broadcast_shapes, dims_equal
 from geode.errors import ShapeError, VerifyError
-
-#: the largest int64, ONNX's usual "to the end" marker in Slice and friends
-INT64_MAX = int(np.iinfo(np.int64).max)
 
 #: dtypes of the opset-18 Reduce family (bfloat16 aside)
 REDUCE_TYPES = dtypes.FLOATS | frozenset(
@@ -76,6 +74,49 @@ def normalize_axes(
     if len(set(out)) != len(out):
         ctx.fail(f"{what} {list(axes)} repeat an axis (rank {rank})")
     return out
+
+
+def _plain(v: object) -> Dim:
+    """A dim without sympy.simplify: ints (numpy or sympy) become ints, expressions stay."""
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, sympy.Expr):
+        return int(v) if v.is_Integer else v
+    return as_dim(v)
+
+
+def value_dims(ctx: InferContext, i: int) -> list[Dim] | None:
+    """Contents of int input ``i`` as dims, when known before run time.
+
+    Known for constants and for shape tensors whose producer recorded a symbolic value
+    (``Shape``, and Concat/Gather/Slice/... over it); None otherwise.
+    """
+    if not ctx.has(i):
+        return None
+    vals = ctx.sym_ints(i)
+    return None if vals is None else [_plain(v) for v in vals]
+
+
+def int_values(ctx: InferContext, i: int) -> list[int] | None:
+    """Contents of int input ``i`` when every element is a known integer (axes, steps...)."""
+    vals = value_dims(ctx, i)
+    if vals is None or not all(isinstance(v, int) for v in vals):
+        return None
+    return vals  # type: ignore[return-value]
+
+
+#: the largest int tensor whose symbolic contents ops keep track of
+MAX_SYM_VALUE = 64
+
+
+def carries_value(desc: TensorDesc) -> bool:
+    """Whether an output is a small static int tensor worth a symbolic value."""
+    return (
+        desc.dtype.kind in "iu"
+        and desc.shape is not None
+        and all(isinstance(d, int) for d in desc.shape)
+        and int(np.prod(desc.shape, dtype=np.int64)) <= MAX_SYM_VALUE
+    )
 
 
 def _same_dim(dims: Sequence[Dim]) -> Dim | None:
@@ -144,12 +185,32 @@ def infer_reduce(ctx: InferContext, out_dtype: np.dtype | None = None) -> list[T
     if ctx.has(1):
         if ctx.rank(1) not in (None, 1):
             ctx.fail(f"axes must be 1-D, got rank {ctx.rank(1)}")
-        axes = const_ints(ctx, 1)
+        axes = int_values(ctx, 1)
         if axes is None:
             return [TensorDesc(dtype, _dynamic_reduce_shape(ctx, x.shape, keep, noop))]
     else:
         axes = None
-    return [TensorDesc(dtype, reduce_shape(ctx, x.shape, axes, keep, noop))]
+    out = TensorDesc(dtype, reduce_shape(ctx, x.shape, axes, keep, noop))
+    _reduce_value(ctx, out)
+    return [out]
+
+
+_VALUE_FOLDS: dict[str, Callable[[list[Dim]], Dim]] = {
+    "ReduceSum": lambda v: _plain(sympy.Add(*v)),
+    "ReduceProd": lambda v: _plain(sympy.Mul(*v)),
+    "ReduceMax": lambda v: _plain(sympy.Max(*v)),
+    "ReduceMin": lambda v: _plain(sympy.Min(*v)),
+}
+
+
+def _reduce_value(ctx: InferContext, out: TensorDesc) -> None:
+    """Symbolic value of a full reduction of a shape tensor (e.g. ReduceProd(Shape(x)))."""
+    fold = _VALUE_FOLDS.get(ctx.node.op_type)
+    if fold is None or not carries_value(out) or int(np.prod(out.shape, dtype=np.int64)) != 1:
+        return
+    vals = value_dims(ctx, 0)
+    if vals and ctx.rank(0) in (0, 1):
+        ctx.set_sym_value(0, [fold(vals)])
 
 
 def kernel_axes(ndim: int, axes: np.ndarray | None, noop: bool) -> tuple[int, ...]:
@@ -496,7 +557,7 @@ def _verify_cumsum(ctx: InferContext) -> None:
     """verify: the axis input is a scalar (or one element) and in range when constant."""
     if ctx.rank(1) is not None and ctx.rank(1) > 1:
         ctx.fail(f"axis must be a scalar, got rank {ctx.rank(1)}")
-    axis = const_ints(ctx, 1)
+    axis = int_values(ctx, 1)
     if axis is None:
         return
     if len(axis) != 1:

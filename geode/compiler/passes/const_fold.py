@@ -16,7 +16,7 @@ from geode.compiler.passes.rewrite import (
     replace_value,
     static_nbytes,
 )
-from geode.compiler.shapes import numel
+from geode.compiler.shapes import is_static, numel
 
 #: a folded result may always be this large, whatever its inputs' sizes
 MIN_FOLD_BYTES = 64 * 1024
@@ -39,7 +39,9 @@ def fold_constants(graph: Graph, *, min_bytes: int = MIN_FOLD_BYTES) -> bool:
       ``max(min_bytes, input bytes)`` (folding ``Expand(c, [4096, 4096])`` would trade
       a few bytes for 64 MiB);
     * ``Shape(x)`` folds when the queried dims of ``x`` (``start``/``end``) are static,
-      and ``Size(x)`` when every dim is; ``x`` itself may be anything.
+      and ``Size(x)`` when every dim is; ``x`` itself may be anything;
+    * a shape computation whose symbolic value (``Value.sym_value``, recorded by
+      InferShape, e.g. ``Gather(Shape(x), 1)``) is all integers folds to that value.
 
     Consumers of new constants get their shapes re-inferred (a Reshape whose shape
     input just became constant learns its output shape). Graph outputs keep their
@@ -53,6 +55,8 @@ def fold_constants(graph: Graph, *, min_bytes: int = MIN_FOLD_BYTES) -> bool:
         if all(is_dead(graph, o) for o in node.outputs):
             continue  # DCE's job; folding dead code is wasted work
         results = _fold_shape_query(node)
+        if results is None:
+            results = _fold_sym_values(node)
         if results is None:
             results = _fold_node(node, min_bytes)
         if results is None:
@@ -108,6 +112,24 @@ def _shape_fits(shape: tuple | None, actual: tuple[int, ...]) -> bool:
     if len(shape) != len(actual):
         return False
     return all(not isinstance(d, int) or d == n for d, n in zip(shape, actual))
+
+
+def _fold_sym_values(node: Node) -> list[np.ndarray] | None:
+    """Results known from shapes alone: every output's ``sym_value`` is all ints."""
+    outs = []
+    for out in node.outputs:
+        sv = getattr(out, "sym_value", None)
+        if sv is None or out.dtype.kind not in "iu" or not is_static(out.shape):
+            return None
+        if not all(isinstance(d, (int, np.integer)) for d in sv):
+            return None
+        n = 1
+        for d in out.shape:
+            n *= int(d)
+        if n != len(sv):
+            return None
+        outs.append(np.array([int(d) for d in sv], dtype=out.dtype).reshape(out.shape))
+    return outs or None
 
 
 def _fold_shape_query(node: Node) -> list[np.ndarray] | None:

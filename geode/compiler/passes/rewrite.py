@@ -286,8 +286,9 @@ def reinfer_consumers(graph: Graph, values: Iterable[Value]) -> int:
     """Re-run shape inference below values that just became constants.
 
     A consumer's new output descs are kept only when they are strictly more precise
-    (a shape where the rank was unknown, or a static shape where it was symbolic);
-    then its own consumers are revisited. Returns how many nodes got better descs.
+    (a rank where there was none, named or static dims where there were fresh
+    symbols, a symbolic value where there was none); then its own consumers are
+    revisited. Returns how many nodes learnt something.
     """
     work = [n for v in values for n in v.consumers]
     seen: set[int] = set()
@@ -297,30 +298,44 @@ def reinfer_consumers(graph: Graph, values: Iterable[Value]) -> int:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if all(is_static(o.shape) for o in node.outputs):
+        if all(_settled(o) for o in node.outputs):
             continue
-        old = [o.desc for o in node.outputs]
+        old = [(o.desc, getattr(o, "sym_value", None)) for o in node.outputs]
         try:
             registry.infer_node(graph, node)
         except GeodeError:
-            for o, d in zip(node.outputs, old):
-                o.desc = d
+            _restore(node, old)
             continue
-        if any(o.desc.dtype != d.dtype for o, d in zip(node.outputs, old)):
-            for o, d in zip(node.outputs, old):
-                o.desc = d
+        if any(o.desc.dtype != d.dtype for o, (d, _) in zip(node.outputs, old)):
+            _restore(node, old)
             continue
         better = False
-        for o, d in zip(node.outputs, old):
-            if _more_precise(d, o.desc):
+        for o, (d, sv) in zip(node.outputs, old):
+            new_sv = getattr(o, "sym_value", None)
+            if _more_precise(d, o.desc) or (new_sv is not None and sv is None):
                 better = True
+                o.sym_value = new_sv if new_sv is not None else sv
             else:
                 o.desc = d
+                o.sym_value = sv
         if better:
             improved += 1
             for o in node.outputs:
                 work.extend(o.consumers)
     return improved
+
+
+def _settled(v: Value) -> bool:
+    """Nothing left to learn: a static shape, and a symbolic value if it is an int tensor."""
+    return is_static(v.shape) and (
+        v.dtype.kind not in "iu" or getattr(v, "sym_value", None) is not None
+    )
+
+
+def _restore(node: Node, old: list[tuple[TensorDesc, tuple | None]]) -> None:
+    for o, (d, sv) in zip(node.outputs, old):
+        o.desc = d
+        o.sym_value = sv
 
 
 def _known_dim(d: object) -> bool:

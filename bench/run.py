@@ -1,0 +1,118 @@
+"""Run every workload on every system in one process and print a comparison table.
+
+    python bench/run.py [--threads N] [--repeat K] [--scale S] [--systems geode,numpy,...]
+
+All systems run with the same thread count. Reported per workload: median time per
+system, geode's speedup over the best other system, and geode's fraction of the
+memory-bandwidth roofline (compulsory bytes / time, against a numba copy kernel).
+Also reported: geode's cold and warm (disk cache) compile time per kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _set_threads(n: int) -> None:
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[var] = str(n)
+    os.environ.setdefault("XLA_FLAGS", f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={n}")
+
+
+def timeit(fn, repeat: int, min_time: float = 0.05) -> float:  # type: ignore[no-untyped-def]
+    """Median seconds per call after a warm-up."""
+    fn()
+    samples = []
+    t_end = time.perf_counter() + min_time
+    while len(samples) < repeat or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+        if len(samples) >= 10 * repeat:
+            break
+    return statistics.median(samples)
+
+
+def compile_times(scale: float) -> list[tuple[str, float, float]]:
+    """Cold and warm compile seconds per workload, each in a fresh process."""
+    code = (
+        "import time, sys; sys.path.insert(0, {root!r}); from bench.workloads import workloads; import geode;"
+        "w = [w for w in workloads({scale}) if w.name == {name!r}][0]; t = time.perf_counter();"
+        "m = geode.compile(w.example.graph); print(time.perf_counter() - t, len([k for k in m.kernels if k.engine == 'aicore']))"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    from bench.workloads import workloads
+
+    out = []
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, GEODE_CACHE_DIR=cache)
+        for w in workloads(scale):
+            res = []
+            for _ in range(2):  # cold, then warm from the disk cache
+                p = subprocess.run([sys.executable, "-c", code.format(root=root, scale=scale, name=w.name)],
+                                   capture_output=True, text=True, env=env, check=True)
+                secs, nk = p.stdout.split()
+                res.append(float(secs) / max(1, int(nk)))
+            out.append((w.name, res[0], res[1]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; prints the table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full 64 MiB inputs")
+    ap.add_argument("--systems", default=None, help="comma-separated subset of systems")
+    ap.add_argument("--no-compile-times", action="store_true")
+    args = ap.parse_args(argv)
+    _set_threads(args.threads)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.workloads import SYSTEMS, geomean, roofline_copy, workloads
+
+    systems = args.systems.split(",") if args.systems else list(SYSTEMS)
+    copy_t = timeit(roofline_copy(int((64 << 20) * max(args.scale, 1 / 16))), args.repeat)
+    copy_bw = 2 * int((64 << 20) * max(args.scale, 1 / 16)) / copy_t
+    print(f"threads {args.threads}; roofline (numba copy): {copy_bw / 1e9:.2f} GB/s")
+    header = f"{'workload':<16}" + "".join(f"{s:>14}" for s in systems) + f"{'speedup':>9}{'roofline':>9}"
+    print(header)
+    print("-" * len(header))
+    speedups = []
+    missing: dict[str, str] = {}
+    from bench.workloads import build
+
+    for w in workloads(args.scale):
+        times: dict[str, float] = {}
+        for s in systems:
+            try:
+                times[s] = timeit(build(s, w, args.threads), args.repeat)
+            except ImportError as exc:
+                missing[s] = str(exc)
+        row = f"{w.name:<16}" + "".join(
+            f"{times[s] * 1e3:>12.2f}ms" if s in times else f"{'missing':>14}" for s in systems)
+        others = [t for s, t in times.items() if s != "geode"]
+        if "geode" in times and others:
+            sp = min(others) / times["geode"]
+            speedups.append(sp)
+            roof = w.bytes_moved / times["geode"] / copy_bw
+            row += f"{sp:>8.2f}x{roof * 100:>8.0f}%"
+        print(row, flush=True)
+    print(f"geometric mean speedup of geode over the best other system: {geomean(speedups):.2f}x")
+    for s, why in missing.items():
+        print(f"missing system {s}: {why}")
+    if not args.no_compile_times and "geode" in systems:
+        print("\ngeode compile time per kernel (fresh process): cold / warm (disk cache)")
+        for name, cold, warm in compile_times(args.scale):
+            print(f"  {name:<16} {cold * 1e3:8.1f} ms / {warm * 1e3:8.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""pytest-benchmark suite: ``python -m pytest bench/test_bench.py --benchmark-only``.
+
+One benchmark per (workload, system); systems that are not installed are reported
+as skipped with the import error (install them with ``pip install -e ".[bench]"``).
+``GEODE_BENCH_SCALE`` shrinks the inputs (default 1.0: 64 MiB per input).
+"""
+
+import os
+
+import pytest
+
+from bench.workloads import SYSTEMS, build, workloads
+
+SCALE = float(os.environ.get("GEODE_BENCH_SCALE", "1.0"))
+THREADS = int(os.environ.get("GEODE_BENCH_THREADS", str(os.cpu_count() or 1)))
+WORKLOADS = {w.name: w for w in workloads(SCALE)}
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_workload(benchmark, name, system):
+    w = WORKLOADS[name]
+    try:
+        fn = build(system, w, THREADS)
+    except ImportError as exc:
+        pytest.skip(f"{system} is not installed: {exc}")
+    benchmark.group = name
+    benchmark(fn)

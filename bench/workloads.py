@@ -1,0 +1,193 @@
+"""The benchmark workloads, each implemented for every compared system.
+
+Every workload is float32 with about 64 MiB per input. Systems: geode, numpy, torch
+eager, torch.compile, jax.jit, onnxruntime (the geode graph exported to ONNX). A
+system that is not installed is reported as missing, never silently skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from geode import examples
+
+ROWS, COLS = 4096, 4096
+
+
+@dataclass
+class Workload:
+    """One benchmark problem: the geode example, its inputs, and the bytes it must move."""
+
+    name: str
+    example: examples.Example
+    inputs: dict[str, np.ndarray]
+
+    @property
+    def bytes_moved(self) -> int:
+        """Compulsory traffic: every input read once, every output written once."""
+        outs = self.example.numpy(**{k: v[:1] for k, v in self.inputs.items()})
+        rows = next(iter(self.inputs.values())).shape[0]
+        out_bytes = sum(o.nbytes // max(1, o.shape[0]) * rows for o in outs.values())
+        return sum(v.nbytes for v in self.inputs.values()) + out_bytes
+
+
+def workloads(scale: float = 1.0) -> list[Workload]:
+    """The six issue-3 workloads; ``scale`` < 1 shrinks the rows (quick runs, tests)."""
+    rng = np.random.default_rng(0)
+    rows = max(8, int(ROWS * scale))
+    out = []
+
+    def add(name: str, ex: examples.Example, n: int) -> None:
+        out.append(Workload(name, ex, ex.make_inputs(rng, n)))
+
+    add("rmsnorm", examples.rmsnorm(hidden=COLS), rows)
+    add("layernorm", examples.layernorm(hidden=COLS), rows)
+    add("softmax", examples.softmax(hidden=COLS), rows)
+    add("bias_gelu_tanh", examples.gelu(hidden=COLS, approximate="tanh", with_bias=True), rows)
+    chain = examples.reduce_chain(inner=1024)
+    s1 = max(1, int(16 * scale))
+    out.append(Workload("reduce_chain", chain, {"x": rng.standard_normal((s1, 1024, 1024), dtype=np.float32)}))
+    add("lstm_gates", examples.lstm_gates(hidden=COLS // 4), rows)
+    return out
+
+
+# -- per-system implementations --------------------------------------------------------
+
+
+def _torch_fns() -> dict[str, Callable]:
+    import torch
+
+    def rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+    def layernorm(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), g, b, 1e-5)
+
+    def softmax(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, -1)
+
+    def bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x + b, approximate="tanh")
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        s = (x * 2 + 1).sum(-1, keepdim=True) * 2
+        return s.expand_as(x) + 1
+
+    def lstm(z: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        i, f, g, o = z.chunk(4, 1)
+        c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c2), c2
+
+    return {"rmsnorm": rmsnorm, "layernorm": layernorm, "softmax": softmax, "bias_gelu_tanh": bias_gelu,
+            "reduce_chain": chain, "lstm_gates": lstm}
+
+
+def _jax_fns() -> dict[str, Callable]:
+    import jax
+    import jax.numpy as jnp
+
+    def rmsnorm(x, w):  # noqa: ANN001, ANN202
+        return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w
+
+    def layernorm(x, g, b):  # noqa: ANN001, ANN202
+        m = x.mean(-1, keepdims=True)
+        v = ((x - m) ** 2).mean(-1, keepdims=True)
+        return (x - m) * jax.lax.rsqrt(v + 1e-5) * g + b
+
+    def softmax(x):  # noqa: ANN001, ANN202
+        return jax.nn.softmax(x, axis=-1)
+
+    def bias_gelu(x, b):  # noqa: ANN001, ANN202
+        return jax.nn.gelu(x + b, approximate=True)
+
+    def chain(x):  # noqa: ANN001, ANN202
+        s = (x * 2 + 1).sum(-1, keepdims=True) * 2
+        return jnp.broadcast_to(s, x.shape) + 1
+
+    def lstm(z, c):  # noqa: ANN001, ANN202
+        i, f, g, o = jnp.split(z, 4, axis=1)
+        c2 = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        return jax.nn.sigmoid(o) * jnp.tanh(c2), c2
+
+    return {"rmsnorm": rmsnorm, "layernorm": layernorm, "softmax": softmax, "bias_gelu_tanh": bias_gelu,
+            "reduce_chain": chain, "lstm_gates": lstm}
+
+
+def _consts(w: Workload) -> list[np.ndarray]:
+    g = w.example.graph
+    names = {"rmsnorm": ["weight"], "layernorm": ["gamma", "beta"], "bias_gelu_tanh": ["bias"]}.get(w.name, [])
+    return [g.values[n].data for n in names]
+
+
+def build(system: str, w: Workload, threads: int) -> Callable[[], object]:
+    """A zero-argument callable running workload ``w`` on ``system`` (ImportError if absent)."""
+    args = list(w.inputs.values()) + _consts(w)
+    if system == "numpy":
+        return lambda: w.example.numpy(**w.inputs)
+    if system == "geode":
+        import geode
+
+        model = geode.compile(w.example.graph, num_threads=threads)
+        return lambda: model(**w.inputs)
+    if system in ("torch", "torch.compile"):
+        import torch
+
+        torch.set_num_threads(threads)
+        fn = _torch_fns()[w.name]
+        if system == "torch.compile":
+            fn = torch.compile(fn)
+        targs = [torch.from_numpy(a) for a in args]
+        with torch.no_grad():
+            fn(*targs)
+        return lambda: fn(*targs)
+    if system == "jax":
+        import jax
+
+        fn = jax.jit(_jax_fns()[w.name])
+        jargs = [jax.device_put(a) for a in args]
+
+        def run() -> object:
+            return jax.block_until_ready(fn(*jargs))
+
+        run()
+        return run
+    if system == "onnxruntime":
+        import onnxruntime as ort
+
+        from geode.compiler.frontend.onnx_export import to_onnx
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        sess = ort.InferenceSession(to_onnx(w.example.graph).SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+        return lambda: sess.run(None, w.inputs)
+    raise ValueError(f"unknown system {system!r}")
+
+
+SYSTEMS = ("geode", "numpy", "torch", "torch.compile", "jax", "onnxruntime")
+
+
+def roofline_copy(nbytes: int = 64 << 20) -> Callable[[], None]:
+    """A numba parallel copy kernel over ``nbytes``: the memory-bandwidth roofline."""
+    import numba
+
+    @numba.njit(parallel=True, cache=False)
+    def copy(src: np.ndarray, dst: np.ndarray) -> None:
+        for i in numba.prange(src.shape[0]):
+            dst[i] = src[i]
+
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    copy(src, dst)
+    return lambda: copy(src, dst)
+
+
+def geomean(xs: list[float]) -> float:
+    """Geometric mean (nan for an empty list)."""
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")

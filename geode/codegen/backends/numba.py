@@ -1,0 +1,1379 @@
+"""numba backend: loop AST -> Python source of one numba function -> native kernel.
+
+:func:`emit_source` prints a :class:`~geode.codegen.ast.Kernel` as a small Python
+module holding one function, its numba signature and its ``njit`` options;
+:func:`compile_kernel` compiles it eagerly (through the on-disk cache of
+:mod:`geode.codegen.cache` when given a ``cache_dir``) and wraps it in a
+:class:`NumbaKernel`.
+
+Calling convention
+------------------
+``kernel(*inputs, *outputs, *dims)`` in the order of ``Kernel.inputs``,
+``Kernel.outputs``, ``Kernel.dims``. Arrays are C-contiguous numpy arrays of the
+buffer's dtype and rank (inputs may be read-only; outputs are written in place); dims
+are Python ints. The entry checks every argument's shape against the buffer's shape
+expression and raises ``ValueError`` naming the buffer on a mismatch (a few integer
+compares; it keeps a wrong call from writing out of bounds). A 0-d buffer takes a 0-d
+array (``shape ()``); :class:`NumbaKernel` also accepts a 1-element 1-d array for it
+and passes a 0-d view. numba has no float16 on the CPU: float16 buffers are passed to
+the native function as ``uint16`` views of the same memory, which
+:meth:`NumbaKernel.__call__` does for you (``NumbaKernel.fn`` is the bare dispatcher:
+no adaptation, the fastest call for kernels without float16 or 0-d buffers).
+
+Statements
+----------
+- ``For``: ``parallel`` -> ``numba.prange`` when the kernel is compiled parallel and
+  no enclosing loop is parallel (numba only parallelises the outermost prange; inner
+  ones are printed as ``range``); ``serial``/``vectorized`` -> ``range`` (a vectorized
+  loop is a plain innermost loop over contiguous elements that LLVM's loop vectorizer
+  turns into SIMD); ``unrolled`` with a constant extent (at most
+  :data:`MAX_UNROLL`) -> the body repeated with the loop variable replaced by each
+  constant, otherwise a ``range`` loop. A non-parallel loop with a constant extent
+  (at most :data:`MAX_REGISTER_UNROLL`) whose body indexes a multi-element register
+  buffer with the loop variable is unrolled too, so the register buffer stays a set
+  of scalars (``acc_0 .. acc_7``) that SLP vectorization packs into SIMD registers.
+- ``Block``: each iteration variable is bound to its binding: a binding that folds to
+  a constant or to a plain variable is substituted, anything else is assigned once
+  (``vi0 = i0 * 4 + i1``). A ``predicate`` guards the body with ``if``.
+- ``Store``/``Load``: native multi-dimensional indexing ``X[i, j]`` of C-contiguous
+  arrays (see "Indexing" below). A Store converts the value to the buffer's dtype.
+- Buffers by scope: ``global`` -> the argument; ``register`` -> Python scalars (one per
+  constant index tuple: ``acc`` for a 0-d/1-element buffer, ``acc_3`` for ``acc[3]``);
+  a register buffer indexed by a non-constant expression falls back to a local array.
+  ``local`` -> ``np.empty(shape)``. Allocation rule: a local temp whose every access
+  lies inside one loop printed as ``prange`` is allocated at the top of that loop's
+  body, so it is private to each parallel iteration (numba hoists the allocation into
+  each worker's chunk, so it costs one allocation per thread, not per iteration);
+  every other local temp is allocated once at the kernel entry. A 0-d local temp is a
+  1-element array. float16 locals and registers hold float32 values that are exactly
+  float16 (see "dtypes").
+
+dtypes
+------
+Each expression has a numpy dtype: ``Var`` int64, ``Const``/``Load``/``Cast`` their
+own, ``Select`` the promotion of its branches, comparisons and logical ops bool, math
+functions on integers the smallest float that holds them (numpy's rule: int8 ->
+float16, int16 -> float32, int32/int64 -> float64), ``floor``/``ceil``/``round``/
+``abs`` keep integer dtypes. Binary arithmetic promotes like numpy 2 (NEP 50) with a
+``Const`` of the default dtypes int64/float64/bool taken as a *weak* Python scalar
+when the other operand is not itself such a constant: ``float32 * 2.0 -> float32``,
+``int32 + 1 -> int32``, ``int32 * 0.5 -> float64``; a typed constant (``Const(2.0,
+"float32")``) is strong. Every result is computed in its own dtype: float32 math
+stays float32 (literals are emitted typed, ``np.float32(2.0)``), narrow integer
+results are wrapped back (numba computes them in int64: ``np.int32(a + b)`` wraps
+like numpy). float16 values are carried as float32 and rounded to float16 after
+every operation (``_g_rh``, an LLVM ``fptrunc``/``fpext`` pair), which gives exactly
+numpy's float16 results for + - * / and sqrt (numpy also computes float16 in
+float32 and rounds each result); loads and stores convert between float16 bits and
+float32 with the same instructions (F16C/AVX512-FP16 ``vcvtph2ps``/``vcvtps2ph``).
+
+Operators (``BIN_OPS``/``UN_OPS``), numpy semantics unless ONNX says otherwise:
+integer ``/`` truncates toward zero, ``//`` floors, ``%`` takes the divisor's sign,
+``fmod`` the dividend's; integer division or modulo by zero gives 0 and
+``MIN // -1`` wraps (numpy's results, without its warnings); float division by zero
+gives inf/nan. ``min``/``max`` propagate NaN (``np.minimum``). Integer ``pow`` with a
+negative exponent gives 0 (1 or -1 for bases 1/-1) where numpy raises. ``shl``/``shr``
+by a negative amount or by at least the bit width give 0 (``shr`` of a negative
+signed value gives -1), like numpy. ``round`` is half-to-even (``np.rint``), ``sign``
+keeps NaN, ``erf`` is ``math.erf``. Float-to-int casts truncate; out-of-range and NaN
+casts are undefined (as in C). ``neg``/``/``/``pow``/``-`` on bool and bitwise
+shifts on floats raise :class:`~geode.errors.CodegenError`.
+
+Indexing (measured, see the module tests' ``test_vectorizes_*``)
+----------------------------------------------------------------
+Native multi-dimensional indexing (``X[i, j]`` on a ``C``-layout array type) and
+linearised indexing (``Xf[i * 256 + j]`` on ``X.reshape(X.size)``) give the same
+machine code: on an elementwise ``Z = X * Y + B`` kernel both loops compile to
+32 ``vmulps ymm`` + 32 ``vaddps ymm`` (``vfmadd213ps`` with fastmath), because numba
+computes C-layout offsets from the shape (the innermost stride is known to be the
+item size); on a row-sum written with 8 independent partial accumulators both give
+19 ``vaddps xmm`` with SLP vectorization on and only scalar ``vaddss`` with it off.
+Timings were equal within noise. Native indexing is therefore used: it is the more
+readable source and needs no reshaped views.
+
+numba turns LLVM's SLP vectorizer off by default (numba PR #8852, miscompilations in
+older LLVMs); without it partial-accumulator reductions stay scalar unless fastmath
+is on. geode kernels are compiled with SLP vectorization on (:data:`SLP_VECTORIZE`,
+set only while geode's own compiles hold numba's compiler lock); it is part of the
+cache key. Every compiled path is tested differentially against numpy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import keyword
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numba
+import numpy as np
+from llvmlite import ir as llir
+from numba import types as nbt
+from numba.extending import intrinsic
+
+from geode.codegen import cache as _cache
+from geode.codegen.ast import (
+    BIN_OPS,
+    UN_OPS,
+    Bin,
+    Block,
+    Buffer,
+    Cast,
+    Const,
+    Expr,
+    For,
+    ForKind,
+    If,
+    Kernel,
+    Load,
+    Select,
+    Stmt,
+    Store,
+    Un,
+    Var,
+    transform,
+    walk,
+    walk_stmts,
+)
+from geode.config import ACCURACY_POLICY, OptionError
+from geode.errors import CodegenError
+
+__all__ = [
+    "FASTMATH_FLAGS",
+    "MAX_REGISTER_UNROLL",
+    "MAX_UNROLL",
+    "SLP_VECTORIZE",
+    "NumbaKernel",
+    "compile_kernel",
+    "emit_source",
+    "get_num_threads",
+    "set_num_threads",
+]
+
+#: LLVM fast-math flags used when ``fastmath=True`` (see ``config.ACCURACY_POLICY``).
+FASTMATH_FLAGS: frozenset[str] = frozenset(
+    ["nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"]
+)
+assert all(f"'{flag}'" in ACCURACY_POLICY for flag in FASTMATH_FLAGS)
+
+#: Largest constant extent of an ``unrolled`` loop that is expanded into straight code.
+MAX_UNROLL = 256
+#: Largest constant extent of a loop unrolled to keep a register buffer in scalars.
+MAX_REGISTER_UNROLL = 64
+#: Compile geode kernels with LLVM's SLP vectorizer (numba's default is off).
+SLP_VECTORIZE = True
+
+# ---------------------------------------------------------------------------------
+# runtime helpers the generated modules import (``_g_`` names are reserved)
+# ---------------------------------------------------------------------------------
+
+
+@intrinsic
+def _g_h2f(typingctx: Any, bits: Any) -> Any:
+    """float16 bits (uint16) -> float32 value."""
+    if bits != nbt.uint16:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], llir.HalfType()), llir.FloatType())
+
+    return nbt.float32(nbt.uint16), codegen
+
+
+@intrinsic
+def _g_f2h(typingctx: Any, x: Any) -> Any:
+    """float32/float64 value -> float16 bits (uint16), rounding to nearest even."""
+    if x not in (nbt.float32, nbt.float64):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(builder.fptrunc(args[0], llir.HalfType()), llir.IntType(16))
+
+    return nbt.uint16(x), codegen
+
+
+@intrinsic
+def _g_rh(typingctx: Any, x: Any) -> Any:
+    """Round a float32/float64 value to float16 precision, as a float32."""
+    if x not in (nbt.float32, nbt.float64):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.fptrunc(args[0], llir.HalfType()), llir.FloatType())
+
+    return nbt.float32(x), codegen
+
+
+_helper = numba.njit(nogil=True, cache=False, error_model="numpy")
+
+
+@_helper
+def _g_tdiv(a: int, b: int) -> int:  # int64: division truncating toward zero
+    if b == 0:
+        return np.int64(0)
+    if b == -1:
+        return np.int64(0) - a
+    q = a // b
+    if q * b != a and (a < 0) != (b < 0):
+        q += 1
+    return q
+
+
+@_helper
+def _g_fdiv(a: int, b: int) -> int:  # int64: floor division
+    if b == 0:
+        return np.int64(0)
+    if b == -1:
+        return np.int64(0) - a
+    return a // b
+
+
+@_helper
+def _g_mod(a: int, b: int) -> int:  # int64: remainder with the divisor's sign
+    if b == 0 or b == -1:
+        return np.int64(0)
+    return a % b
+
+
+@_helper
+def _g_fmodi(a: int, b: int) -> int:  # int64: remainder with the dividend's sign
+    if b == 0 or b == -1:
+        return np.int64(0)
+    r = a % b
+    if r != 0 and (r < 0) != (a < 0):
+        r -= b
+    return r
+
+
+@_helper
+def _g_udiv(a: int, b: int) -> int:  # uint64: division (trunc == floor)
+    if b == np.uint64(0):
+        return np.uint64(0)
+    return a // b
+
+
+@_helper
+def _g_umod(a: int, b: int) -> int:  # uint64: remainder
+    if b == np.uint64(0):
+        return np.uint64(0)
+    return a % b
+
+
+@_helper
+def _g_ipow(a: int, b: int) -> int:  # int64 power by squaring; negative exponents
+    if b < 0:
+        if a == 1:
+            return np.int64(1)
+        if a == -1:
+            return np.int64(1) if b % 2 == 0 else np.int64(-1)
+        return np.int64(0)
+    r = np.int64(1)
+    while b > 0:
+        if b & 1:
+            r = r * a
+        a = a * a
+        b >>= 1
+    return r
+
+
+@_helper
+def _g_upow(a: int, b: int) -> int:  # uint64 power by squaring
+    r = np.uint64(1)
+    while b > np.uint64(0):
+        if b & np.uint64(1):
+            r = r * a
+        a = a * a
+        b >>= np.uint64(1)
+    return r
+
+
+@_helper
+def _g_shl(a: int, b: int, nbits: int) -> int:  # int64 a << b; 0 past the width
+    if b < 0 or b >= nbits:
+        return np.int64(0)
+    return a << b
+
+
+@_helper
+def _g_shr(a: int, b: int, nbits: int) -> int:  # int64 arithmetic a >> b
+    if b < 0 or b >= nbits:
+        return np.int64(-1) if a < 0 else np.int64(0)
+    return a >> b
+
+
+@_helper
+def _g_ushl(a: int, b: int, nbits: int) -> int:  # uint64 a << b
+    if b >= np.uint64(nbits):
+        return np.uint64(0)
+    return a << b
+
+
+@_helper
+def _g_ushr(a: int, b: int, nbits: int) -> int:  # uint64 logical a >> b
+    if b >= np.uint64(nbits):
+        return np.uint64(0)
+    return a >> b
+
+
+@_helper
+def _g_fmin(a: float, b: float) -> float:  # NaN-propagating minimum (np.minimum)
+    return a if (a <= b or a != a) else b
+
+
+@_helper
+def _g_fmax(a: float, b: float) -> float:  # NaN-propagating maximum (np.maximum)
+    return a if (a >= b or a != a) else b
+
+
+@_helper
+def _g_fsign(x: float, one: float) -> float:  # -1/0/1 keeping NaN and the dtype
+    if x > 0:
+        return one
+    if x < 0:
+        return -one
+    return x
+
+
+@_helper
+def _g_isign(x: int) -> int:  # int64 sign
+    return np.int64(x > 0) - np.int64(x < 0)
+
+
+def _backend_fingerprint() -> str:
+    """Hash of this file: the helpers above are compiled into every cached kernel."""
+    try:
+        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    except OSError:  # pragma: no cover - zipped installs
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------------
+# dtypes
+# ---------------------------------------------------------------------------------
+
+_FLOATS = ("float16", "float32", "float64")
+_SINTS = ("int8", "int16", "int32", "int64")
+_UINTS = ("uint8", "uint16", "uint32", "uint64")
+_ALL = (*_FLOATS, *_SINTS, *_UINTS, "bool")
+_WEAK = ("int64", "float64", "bool")
+
+
+def _dtype_name(dtype: str, where: str) -> str:
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        raise CodegenError(f"{where}: unknown dtype {dtype!r}") from None
+    if name not in _ALL:
+        raise CodegenError(f"{where}: dtype {name} is not supported by the numba backend")
+    return name
+
+
+def _nb_scalar(dtype: str) -> str:
+    """numba type expression (in the generated module) of a buffer's element."""
+    if dtype == "float16":
+        return "_t.uint16"
+    if dtype == "bool":
+        return "_t.boolean"
+    return f"_t.{dtype}"
+
+
+def _np_ctor(dtype: str) -> str:
+    """Constructor of a value of ``dtype`` in generated code (float16 carried as float32)."""
+    if dtype == "float16":
+        return "np.float32"
+    if dtype == "bool":
+        return "np.bool_"
+    return f"np.{dtype}"
+
+
+def _promote(a: str, a_weak: bool, b: str, b_weak: bool) -> str:
+    """numpy 2 (NEP 50) promotion; a weak operand acts as a Python scalar of its kind."""
+    if a_weak and not b_weak:
+        return np.result_type(_weak_scalar(a), np.dtype(b)).name
+    if b_weak and not a_weak:
+        return np.result_type(np.dtype(a), _weak_scalar(b)).name
+    return np.promote_types(a, b).name
+
+
+def _weak_scalar(dtype: str) -> object:
+    return {"int64": 0, "float64": 0.0, "bool": False}[dtype]
+
+
+def _float_for(dtype: str) -> str:
+    """The float dtype numpy computes a math function of ``dtype`` in."""
+    if dtype in _FLOATS:
+        return dtype
+    return np.promote_types(dtype, np.float16).name
+
+
+# ---------------------------------------------------------------------------------
+# emitted values and precedence
+# ---------------------------------------------------------------------------------
+
+_ATOM = 100  # names, literals, calls, subscripts
+_POW = 95
+_UNARY = 90
+_MUL = 80
+_ADD = 70
+_SHIFT = 60
+_BAND = 50
+_BXOR = 40
+_BOR = 30
+_CMP = 20
+_NOT = 15
+_TERNARY = 5
+
+
+class _V(NamedTuple):
+    code: str
+    dtype: str
+    prec: int
+
+
+def _p(v: _V, min_prec: int) -> str:
+    return v.code if v.prec >= min_prec else f"({v.code})"
+
+
+def _call(fn: str, *args: _V | str) -> str:
+    return f"{fn}({', '.join(a if isinstance(a, str) else a.code for a in args)})"
+
+
+_PY_OPS = {"+": ("+", _ADD), "-": ("-", _ADD), "*": ("*", _MUL), "/": ("/", _MUL),
+           "//": ("//", _MUL), "%": ("%", _MUL)}
+_CMP_OPS = {"<", "<=", ">", ">=", "==", "!="}
+_LOGIC_OPS = {"and": ("&", _BAND), "or": ("|", _BOR), "xor": ("^", _BXOR)}
+_BIT_OPS = {"bitand": ("&", _BAND), "bitor": ("|", _BOR), "bitxor": ("^", _BXOR)}
+_MATH_UN = {
+    "exp": "math.exp", "log": "math.log", "sqrt": "math.sqrt", "sin": "math.sin",
+    "cos": "math.cos", "tan": "math.tan", "asin": "math.asin", "acos": "math.acos",
+    "atan": "math.atan", "sinh": "math.sinh", "cosh": "math.cosh", "tanh": "math.tanh",
+    "asinh": "math.asinh", "acosh": "math.acosh", "atanh": "math.atanh", "erf": "math.erf",
+}
+_ROUND_UN = {"floor": "np.floor", "ceil": "np.ceil", "round": "np.rint"}
+
+_implemented = set(_PY_OPS) | _CMP_OPS | set(_LOGIC_OPS) | set(_BIT_OPS) | {
+    "fmod", "min", "max", "pow", "shl", "shr"}
+assert _implemented == set(BIN_OPS), sorted(set(BIN_OPS) ^ _implemented)
+assert set(_MATH_UN) | set(_ROUND_UN) | {
+    "neg", "not", "bitnot", "abs", "sign", "isnan", "isinf", "isposinf", "isneginf"
+} == set(UN_OPS)
+
+# ---------------------------------------------------------------------------------
+# names
+# ---------------------------------------------------------------------------------
+
+_RESERVED = frozenset(
+    set(keyword.kwlist)
+    | set(keyword.softkwlist)
+    | {"np", "math", "numba", "range", "min", "max", "abs", "int", "float", "bool",
+       "SIGNATURE", "NJIT_OPTIONS", "ValueError", "print", "len"}
+)
+
+
+class _Names:
+    """Python identifiers for AST names: sanitised, unique within the function."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def fresh(self, name: str) -> str:
+        base = re.sub(r"\W", "_", name) or "v"
+        if base[0].isdigit():
+            base = "v_" + base
+        if base.startswith("_"):
+            base = "v" + base
+        if base in _RESERVED:
+            base += "_"
+        out = base
+        n = 1
+        while out in self.used:
+            out = f"{base}_{n}"
+            n += 1
+        self.used.add(out)
+        return out
+
+
+# ---------------------------------------------------------------------------------
+# the emitter
+# ---------------------------------------------------------------------------------
+
+
+class _Demote(Exception):
+    """A register buffer was indexed by a non-constant: re-emit it as a local array."""
+
+    def __init__(self, buffer: str):
+        self.buffer = buffer
+
+
+@dataclass
+class _Emitted:
+    source: str
+    func_name: str
+    parallel: bool
+    half_args: list[int] = field(default_factory=list)
+    zero_d_args: list[int] = field(default_factory=list)
+
+
+def _fold_int(e: Expr) -> int | None:
+    return int(e.value) if isinstance(e, Const) and e.dtype in (*_SINTS, *_UINTS) else None
+
+
+class _Emitter:
+    def __init__(self, kernel: Kernel, fastmath: bool, parallel: bool, demoted: set[str]):
+        self.k = kernel
+        self.fastmath = fastmath
+        self.parallel = parallel
+        self.demoted = demoted
+        self.names = _Names()
+        self.helpers: set[str] = set()
+        self.lines: list[str] = []
+        self.bufs: dict[str, Buffer] = {}
+        self.roles: dict[str, str] = {}
+        self.dtypes: dict[str, str] = {}
+        for role, group in (("input", kernel.inputs), ("output", kernel.outputs),
+                            ("temp", kernel.temps)):
+            for b in group:
+                if b.name in self.bufs:
+                    raise CodegenError(f"kernel {kernel.name!r}: buffer {b.name!r} declared twice")
+                self.bufs[b.name] = b
+                self.roles[b.name] = role
+                self.dtypes[b.name] = _dtype_name(b.dtype, f"kernel {kernel.name!r} buffer {b.name!r}")
+        self.func_name = self.names.fresh(kernel.name)
+        self.py: dict[str, str] = {}  # buffer -> python name
+        self.reg_scalars: dict[tuple[str, tuple[int, ...]], str] = {}
+        self.alloc_site: dict[str, int | None] = {}
+
+    # -- helpers -------------------------------------------------------------------
+    def where(self) -> str:
+        return f"kernel {self.k.name!r}"
+
+    def helper(self, name: str) -> str:
+        self.helpers.add(name)
+        return name
+
+    def scope(self, name: str) -> str:
+        b = self.bufs[name]
+        if self.roles[name] != "temp":
+            return "global"
+        if b.scope == "register" and name not in self.demoted:
+            return "register"
+        return "local"
+
+    def fold(self, e: Expr, env: dict[str, Expr]) -> Expr:
+        """AST expression -> expression over Python names, constants folded."""
+
+        def fn(x: Expr) -> Expr | None:
+            if isinstance(x, Var):
+                if x.name not in env:
+                    raise CodegenError(f"{self.where()}: unbound variable {x.name!r}")
+                return env[x.name]
+            return None
+
+        return _fold_consts(transform(e, fn))
+
+    # -- expressions ---------------------------------------------------------------
+    def const(self, value: object, dtype: str) -> _V:
+        if dtype == "bool":
+            return _V("True" if value else "False", "bool", _ATOM)
+        if dtype in _SINTS or dtype in _UINTS:
+            iv = int(value)  # type: ignore[call-overload]
+            if dtype == "int64":
+                return _V(repr(iv), dtype, _ATOM if iv >= 0 else _UNARY)
+            return _V(f"np.{dtype}({iv})", dtype, _ATOM)
+        fv = float(np.dtype(dtype).type(value))  # round to the constant's dtype
+        if math.isnan(fv):
+            text = "math.nan"
+        elif math.isinf(fv):
+            text = "math.inf" if fv > 0 else "-math.inf"
+        else:
+            text = repr(fv)
+        if dtype == "float64":
+            prec = _UNARY if text.startswith("-") else _ATOM
+            return _V(text, dtype, prec)
+        return _V(f"np.float32({text})", dtype, _ATOM)
+
+    def convert(self, v: _V, to: str) -> _V:
+        """``v`` converted to dtype ``to`` (numpy ``astype`` semantics)."""
+        fr = v.dtype
+        if fr == to:
+            return v
+        if to == "bool":
+            return _V(f"{_p(v, _CMP + 1)} != 0", "bool", _CMP)
+        if to == "float16":
+            if fr == "float32" or fr == "float64":
+                return _V(_call(self.helper("_g_rh"), v), to, _ATOM)
+            if fr == "float16":  # pragma: no cover - handled by fr == to
+                return v
+            return _V(_call(self.helper("_g_rh"), _call("np.float64", v)), to, _ATOM)
+        if fr == "float16" and to == "float32":
+            return _V(v.code, to, v.prec)  # carrier is already float32
+        return _V(_call(_np_ctor(to), v), to, _ATOM)
+
+    def wrap(self, code: str, prec: int, dtype: str) -> _V:
+        """A numba int64/float32 result brought back to ``dtype``."""
+        if dtype in ("int64", "float32", "float64", "bool"):
+            return _V(code, dtype, prec)
+        if dtype == "float16":
+            return _V(f"{self.helper('_g_rh')}({code})", dtype, _ATOM)
+        return _V(f"np.{dtype}({code})", dtype, _ATOM)
+
+    def ex(self, e: Expr) -> _V:
+        if isinstance(e, Const):
+            return self.const(e.value, _dtype_name(e.dtype, f"{self.where()} constant"))
+        if isinstance(e, Var):
+            return _V(e.name, "int64", _ATOM)
+        if isinstance(e, Load):
+            return self.load(e)
+        if isinstance(e, Cast):
+            return self.convert(self.ex(e.a), _dtype_name(e.dtype, f"{self.where()} cast"))
+        if isinstance(e, Select):
+            c = self.convert(self.ex(e.cond), "bool")
+            t, f = self.ex(e.t), self.ex(e.f)
+            r = _promote(t.dtype, _weak(e.t, t), f.dtype, _weak(e.f, f))
+            t, f = self.convert(t, r), self.convert(f, r)
+            code = f"{_p(t, _TERNARY + 1)} if {_p(c, _TERNARY + 1)} else {_p(f, _TERNARY)}"
+            return _V(code, r, _TERNARY)
+        if isinstance(e, Un):
+            return self.unary(e)
+        if isinstance(e, Bin):
+            return self.binary(e)
+        raise CodegenError(f"{self.where()}: unknown expression {e!r}")
+
+    def index_codes(self, indices: tuple[Expr, ...]) -> list[str]:
+        out = []
+        for i in indices:
+            v = self.ex(i)
+            if v.dtype not in _SINTS and v.dtype not in _UINTS:
+                raise CodegenError(f"{self.where()}: index {i!r} has dtype {v.dtype}")
+            out.append(v.code)
+        return out
+
+    def subscript(self, name: str, indices: tuple[Expr, ...]) -> str:
+        b = self.bufs[name]
+        if len(indices) != len(b.shape):
+            raise CodegenError(
+                f"{self.where()}: buffer {name!r} has rank {len(b.shape)} but is "
+                f"indexed with {len(indices)} indices"
+            )
+        py = self.py[name]
+        if not indices:
+            return f"{py}[0]" if self.scope(name) == "local" else f"{py}[()]"
+        return f"{py}[{', '.join(self.index_codes(indices))}]"
+
+    def register_name(self, name: str, indices: tuple[Expr, ...]) -> str:
+        b = self.bufs[name]
+        consts = [_fold_int(i) for i in indices]
+        if any(c is None for c in consts):
+            raise _Demote(name)
+        idx = tuple(c for c in consts if c is not None)
+        if len(idx) != len(b.shape):
+            raise CodegenError(f"{self.where()}: register {name!r} indexed with {len(idx)} indices")
+        key = (name, ()) if _size(b) == 1 else (name, idx)
+        if key not in self.reg_scalars:
+            label = name if not key[1] else name + "_" + "_".join(str(i) for i in idx)
+            self.reg_scalars[key] = self.names.fresh(label)
+        return self.reg_scalars[key]
+
+    def load(self, e: Load) -> _V:
+        if e.buffer not in self.bufs:
+            raise CodegenError(f"{self.where()}: load of unknown buffer {e.buffer!r}")
+        dt = self.dtypes[e.buffer]
+        sc = self.scope(e.buffer)
+        if sc == "register":
+            return _V(self.register_name(e.buffer, e.indices), dt, _ATOM)
+        sub = self.subscript(e.buffer, e.indices)
+        if dt == "float16" and sc == "global":
+            return _V(f"{self.helper('_g_h2f')}({sub})", dt, _ATOM)
+        return _V(sub, dt, _ATOM)
+
+    def unary(self, e: Un) -> _V:
+        op = e.op
+        a = self.ex(e.a)
+        dt = a.dtype
+        isf = dt in _FLOATS
+        if op == "neg":
+            if dt == "bool":
+                raise CodegenError(f"{self.where()}: neg of a bool")
+            if isf:
+                return _V(f"-{_p(a, _UNARY + 1)}", dt, _UNARY)
+            return self.wrap(f"-{_p(a, _UNARY + 1)}", _UNARY, dt)
+        if op == "not":
+            b = self.convert(a, "bool")
+            return _V(f"not {_p(b, _NOT)}", "bool", _NOT)
+        if op == "bitnot":
+            if dt == "bool":
+                return _V(f"not {_p(a, _NOT)}", "bool", _NOT)
+            if isf:
+                raise CodegenError(f"{self.where()}: bitnot of {dt}")
+            return self.wrap(f"~{_p(a, _UNARY)}", _UNARY, dt)
+        if op == "abs":
+            if dt == "bool" or dt in _UINTS:
+                return a
+            if isf:
+                return _V(_call("abs", a), dt, _ATOM)
+            return self.wrap(_call("abs", a), _ATOM, dt)
+        if op in _MATH_UN:
+            fdt = _float_for(dt)
+            x = self.convert(a, fdt)
+            return self.wrap(_call(_MATH_UN[op], x), _ATOM, fdt)
+        if op in _ROUND_UN:
+            if not isf:
+                return a
+            # floor/ceil/rint of a float16 value is a float16 value: no rounding
+            return _V(_call(_ROUND_UN[op], a), dt, _ATOM)
+        if op == "sign":
+            if dt == "bool":
+                return a
+            if isf:
+                one = self.const(1.0, dt)
+                return _V(_call(self.helper("_g_fsign"), a, one), dt, _ATOM)
+            if dt in _UINTS:
+                return self.convert(_V(f"{_p(a, _CMP + 1)} != 0", "bool", _CMP), dt)
+            return self.wrap(_call(self.helper("_g_isign"), self.convert(a, "int64")), _ATOM, dt)
+        if op in ("isnan", "isinf", "isposinf", "isneginf"):
+            if not isf:
+                return _V("False", "bool", _ATOM)
+            if op == "isnan":
+                return _V(_call("math.isnan", a), "bool", _ATOM)
+            if op == "isinf":
+                return _V(_call("math.isinf", a), "bool", _ATOM)
+            inf = "math.inf" if op == "isposinf" else "-math.inf"
+            return _V(f"{_p(a, _CMP + 1)} == {inf}", "bool", _CMP)
+        raise CodegenError(f"{self.where()}: unknown unary op {op!r}")
+
+    def binary(self, e: Bin) -> _V:
+        op = e.op
+        a, b = self.ex(e.a), self.ex(e.b)
+        if op in _LOGIC_OPS:
+            sym, prec = _LOGIC_OPS[op]
+            a, b = self.convert(a, "bool"), self.convert(b, "bool")
+            return _V(f"{_p(a, prec)} {sym} {_p(b, prec + 1)}", "bool", prec)
+        r = _promote(a.dtype, _weak(e.a, a), b.dtype, _weak(e.b, b))
+        a, b = self.convert(a, r), self.convert(b, r)
+        isf = r in _FLOATS
+        if op in _CMP_OPS:
+            return _V(f"{_p(a, _CMP + 1)} {op} {_p(b, _CMP + 1)}", "bool", _CMP)
+        if r == "bool":
+            return self.bool_binary(op, a, b)
+        if op in _PY_OPS and (isf or op in ("+", "-", "*")):
+            sym, prec = _PY_OPS[op]
+            return self.wrap(f"{_p(a, prec)} {sym} {_p(b, prec + 1)}", prec, r)
+        if op in ("/", "//", "%", "fmod"):
+            if isf:  # op == "fmod"
+                return self.wrap(_call("np.fmod", a, b), _ATOM, r)
+            if r in _UINTS:
+                fn = "_g_udiv" if op in ("/", "//") else "_g_umod"
+                code = _call(self.helper(fn), self.convert(a, "uint64"), self.convert(b, "uint64"))
+            else:
+                fn = {"/": "_g_tdiv", "//": "_g_fdiv", "%": "_g_mod", "fmod": "_g_fmodi"}[op]
+                code = _call(self.helper(fn), self.convert(a, "int64"), self.convert(b, "int64"))
+            return self.wrap(code, _ATOM, r)
+        if op in ("min", "max"):
+            if isf:
+                return self.wrap(_call(self.helper("_g_f" + op), a, b), _ATOM, r)
+            return _V(_call(op, a, b), r, _ATOM)
+        if op == "pow":
+            if isf:
+                return self.wrap(f"{_p(a, _ATOM)} ** {_p(b, _ATOM)}", _POW, r)
+            if r in _UINTS:
+                code = _call(self.helper("_g_upow"), self.convert(a, "uint64"), self.convert(b, "uint64"))
+            else:
+                code = _call(self.helper("_g_ipow"), self.convert(a, "int64"), self.convert(b, "int64"))
+            return self.wrap(code, _ATOM, r)
+        if op in _BIT_OPS:
+            if isf:
+                raise CodegenError(f"{self.where()}: {op} of {r}")
+            sym, prec = _BIT_OPS[op]
+            return self.wrap(f"{_p(a, prec)} {sym} {_p(b, prec + 1)}", prec, r)
+        if op in ("shl", "shr"):
+            if isf:
+                raise CodegenError(f"{self.where()}: {op} of {r}")
+            nbits = str(np.dtype(r).itemsize * 8)
+            if r in _UINTS:
+                fn = "_g_ushl" if op == "shl" else "_g_ushr"
+                code = _call(self.helper(fn), self.convert(a, "uint64"), self.convert(b, "uint64"), nbits)
+            else:
+                fn = "_g_shl" if op == "shl" else "_g_shr"
+                code = _call(self.helper(fn), self.convert(a, "int64"), self.convert(b, "int64"), nbits)
+            return self.wrap(code, _ATOM, r)
+        raise CodegenError(f"{self.where()}: unknown binary op {op!r}")
+
+    def bool_binary(self, op: str, a: _V, b: _V) -> _V:
+        table = {"+": ("|", _BOR), "*": ("&", _BAND), "min": ("&", _BAND), "max": ("|", _BOR),
+                 "bitand": ("&", _BAND), "bitor": ("|", _BOR), "bitxor": ("^", _BXOR)}
+        if op not in table:
+            raise CodegenError(f"{self.where()}: {op} of bool operands")
+        sym, prec = table[op]
+        return _V(f"{_p(a, prec)} {sym} {_p(b, prec + 1)}", "bool", prec)
+
+    # -- statements ----------------------------------------------------------------
+    def emit(self, line: str, ind: int) -> None:
+        self.lines.append("    " * ind + line)
+
+    def stmts(self, body: list[Stmt], env: dict[str, Expr], ind: int, in_prange: bool) -> None:
+        for s in body:
+            self.stmt(s, env, ind, in_prange)
+
+    def stmt(self, s: Stmt, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
+        if isinstance(s, For):
+            self.for_(s, env, ind, in_prange)
+        elif isinstance(s, Block):
+            self.block(s, env, ind, in_prange)
+        elif isinstance(s, If):
+            cond = self.convert(self.ex(self.fold(s.cond, env)), "bool")
+            if cond.code == "True":
+                self.stmts(s.body, env, ind, in_prange)
+            elif cond.code != "False":
+                self.emit(f"if {cond.code}:", ind)
+                self.body(s.body, env, ind + 1, in_prange)
+        elif isinstance(s, Store):
+            self.store(s, env, ind)
+        else:
+            raise CodegenError(f"{self.where()}: unknown statement {type(s).__name__}")
+
+    def body(self, body: list[Stmt], env: dict[str, Expr], ind: int, in_prange: bool) -> None:
+        n = len(self.lines)
+        self.stmts(body, env, ind, in_prange)
+        if len(self.lines) == n:
+            self.emit("pass", ind)
+
+    def for_(self, s: For, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
+        ext = self.fold(s.extent, env)
+        n = _fold_int(ext)
+        prange = s.kind == ForKind.PARALLEL and self.parallel and not in_prange
+        unroll = n is not None and (
+            (s.kind == ForKind.UNROLLED and n <= MAX_UNROLL)
+            or (s.kind != ForKind.PARALLEL and n <= MAX_REGISTER_UNROLL
+                and self.indexes_register(s))
+        )
+        if unroll:
+            assert n is not None
+            for k in range(n):
+                self.stmts(s.body, {**env, s.var: Const(k)}, ind, in_prange)
+            return
+        v = self.ex(ext)
+        if v.dtype not in _SINTS and v.dtype not in _UINTS:
+            raise CodegenError(f"{self.where()}: loop {s.var!r} has extent of dtype {v.dtype}")
+        var = self.names.fresh(s.var)
+        rng = "numba.prange" if prange else "range"
+        self.emit(f"for {var} in {rng}({v.code}):", ind)
+        inner = {**env, s.var: Var(var)}
+        n_before = len(self.lines)
+        if prange:
+            self.allocations(id(s), inner, ind + 1)
+        self.stmts(s.body, inner, ind + 1, in_prange or prange)
+        if len(self.lines) == n_before:
+            self.emit("pass", ind + 1)
+
+    def indexes_register(self, loop: For) -> bool:
+        """Does the loop body index a multi-element register buffer with ``loop.var``?"""
+        regs = {
+            n for n, b in self.bufs.items()
+            if self.scope(n) == "register" and _size(b) != 1
+        }
+        if not regs:
+            return False
+        dep = {loop.var}
+
+        def visit(stmts: list[Stmt]) -> bool:
+            for s in stmts:
+                if isinstance(s, Block):
+                    for iv, bind in zip(s.iter_vars, s.bindings):
+                        if _free(bind) & dep:
+                            dep.add(iv.name)
+                exprs: list[Expr] = []
+                if isinstance(s, Store):
+                    if s.buffer in regs and any(_free(i) & dep for i in s.indices):
+                        return True
+                    exprs = [s.value]
+                elif isinstance(s, If):
+                    exprs = [s.cond]
+                elif isinstance(s, Block) and s.predicate is not None:
+                    exprs = [s.predicate]
+                for ex in exprs:
+                    for x in walk(ex):
+                        if isinstance(x, Load) and x.buffer in regs and any(
+                            _free(i) & dep for i in x.indices
+                        ):
+                            return True
+                if isinstance(s, (For, Block, If)) and visit(s.body):
+                    return True
+            return False
+
+        return visit(loop.body)
+
+    def block(self, s: Block, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
+        if len(s.iter_vars) != len(s.bindings):
+            raise CodegenError(f"{self.where()}: block {s.name!r} binds {len(s.bindings)} "
+                               f"expressions to {len(s.iter_vars)} iteration variables")
+        self.emit(f"# block {s.name}", ind)
+        inner = dict(env)
+        for iv, bind in zip(s.iter_vars, s.bindings):
+            e = self.fold(bind, env)
+            if isinstance(e, (Const, Var)):
+                inner[iv.name] = e
+            else:
+                v = self.ex(e)
+                name = self.names.fresh(iv.name)
+                self.emit(f"{name} = {v.code}", ind)
+                inner[iv.name] = Var(name)
+        if s.predicate is not None:
+            cond = self.convert(self.ex(self.fold(s.predicate, inner)), "bool")
+            if cond.code == "False":
+                return
+            if cond.code != "True":
+                self.emit(f"if {cond.code}:", ind)
+                self.body(s.body, inner, ind + 1, in_prange)
+                return
+        self.stmts(s.body, inner, ind, in_prange)
+
+    def store(self, s: Store, env: dict[str, Expr], ind: int) -> None:
+        if s.buffer not in self.bufs:
+            raise CodegenError(f"{self.where()}: store to unknown buffer {s.buffer!r}")
+        if self.roles[s.buffer] == "input":
+            raise CodegenError(f"{self.where()}: store to input buffer {s.buffer!r}")
+        dt = self.dtypes[s.buffer]
+        sc = self.scope(s.buffer)
+        indices = tuple(self.fold(i, env) for i in s.indices)
+        value = self.ex(self.fold(s.value, env))
+        if sc == "register":
+            name = self.register_name(s.buffer, indices)
+            self.emit(f"{name} = {self.convert(value, dt).code}", ind)
+            return
+        target = self.subscript(s.buffer, indices)
+        if dt == "float16" and sc == "global":
+            if value.dtype not in ("float32", "float64", "float16"):
+                value = self.convert(value, "float16")
+            code = _call(self.helper("_g_f2h"), value)
+        else:
+            code = self.convert(value, dt).code
+        self.emit(f"{target} = {code}", ind)
+
+    # -- allocation ------------------------------------------------------------------
+    def plan_allocations(self) -> None:
+        """Where each local array is allocated (see the module docstring)."""
+        sites: dict[str, set[int | None]] = {}
+
+        def note(name: str, site: int | None) -> None:
+            if name in self.bufs and self.scope(name) == "local":
+                sites.setdefault(name, set()).add(site)
+
+        def visit(stmts: list[Stmt], site: int | None, in_par: bool) -> None:
+            for s in stmts:
+                if isinstance(s, Store):
+                    note(s.buffer, site)
+                exprs: list[Expr] = []
+                if isinstance(s, Store):
+                    exprs = [*s.indices, s.value]
+                elif isinstance(s, If):
+                    exprs = [s.cond]
+                elif isinstance(s, Block):
+                    exprs = list(s.bindings) + ([s.predicate] if s.predicate is not None else [])
+                for ex in exprs:
+                    for x in walk(ex):
+                        if isinstance(x, Load):
+                            note(x.buffer, site)
+                if isinstance(s, For):
+                    par = s.kind == ForKind.PARALLEL and self.parallel and not in_par
+                    visit(s.body, id(s) if par else site, in_par or par)
+                elif isinstance(s, (Block, If)):
+                    visit(s.body, site, in_par)
+
+        visit(self.k.body, None, False)
+        for name in self.bufs:
+            if self.scope(name) != "local":
+                continue
+            found = sites.get(name, {None})
+            self.alloc_site[name] = next(iter(found)) if len(found) == 1 else None
+
+    def allocations(self, site: int | None, env: dict[str, Expr], ind: int) -> None:
+        for name, at in self.alloc_site.items():
+            if at != site:
+                continue
+            b = self.bufs[name]
+            dims = [self.ex(self.fold(d, env)).code for d in b.shape]
+            shape = "1" if not dims else (dims[0] + "," if len(dims) == 1 else ", ".join(dims))
+            carrier = "np.float32" if self.dtypes[name] == "float16" else _np_ctor(self.dtypes[name])
+            self.emit(f"{self.py[name]} = np.empty(({shape}), dtype={carrier})", ind)
+
+    # -- the module ------------------------------------------------------------------
+    def run(self) -> _Emitted:
+        k = self.k
+        env: dict[str, Expr] = {}
+        args: list[str] = []
+        sig: list[str] = []
+        half: list[int] = []
+        zero_d: list[int] = []
+        pos = 0
+        for role, group in (("input", k.inputs), ("output", k.outputs)):
+            for b in group:
+                py = self.names.fresh(b.name)
+                self.py[b.name] = py
+                args.append(py)
+                dt = self.dtypes[b.name]
+                ro = ", readonly=True" if role == "input" else ""
+                shape = ", ".join(_shape_text(d) for d in b.shape)
+                note = " (float16 bits)" if dt == "float16" else ""
+                sig.append(f'    _t.Array({_nb_scalar(dt)}, {len(b.shape)}, "C"{ro}),'
+                           f"  # {b.name}: {role} {dt}[{shape}]{note}")
+                if dt == "float16":
+                    half.append(pos)
+                if not b.shape:
+                    zero_d.append(pos)
+                pos += 1
+        for d in k.dims:
+            py = self.names.fresh(d)
+            env[d] = Var(py)
+            args.append(py)
+            sig.append(f"    _t.int64,  # {d}")
+        for b in k.temps:
+            if self.scope(b.name) == "local":
+                self.py[b.name] = self.names.fresh(b.name)
+        has_par = any(isinstance(s, For) and s.kind == ForKind.PARALLEL for s in walk_stmts(k.body))
+        self.parallel = self.parallel and has_par
+        self.plan_allocations()
+
+        body_start = len(self.lines)
+        # shape checks
+        for b in (*k.inputs, *k.outputs):
+            if not b.shape:
+                continue
+            py = self.py[b.name]
+            conds = []
+            for axis, d in enumerate(b.shape):
+                v = self.ex(self.fold(d, env))
+                conds.append(f"{py}.shape[{axis}] != {_p(v, _CMP + 1)}")
+            want = ", ".join(_shape_text(d) for d in b.shape)
+            self.emit(f"if {' or '.join(conds)}:", 1)
+            msg = f"kernel {k.name}: argument {b.name} must have shape ({want}{',' if len(b.shape) == 1 else ''})"
+            self.emit(f"raise ValueError({msg!r})", 2)
+        self.allocations(None, env, 1)
+        self.stmts(k.body, env, 1, False)
+        if len(self.lines) == body_start:
+            self.emit("pass", 1)
+        body = self.lines[body_start:]
+
+        fm = "False" if not self.fastmath else "{" + ", ".join(repr(f) for f in sorted(FASTMATH_FLAGS)) + "}"
+        head = [
+            f"# geode kernel {k.name}: generated by geode.codegen.backends.numba, do not edit",
+            "import math",
+            "",
+            "import numba",
+            "import numpy as np",
+            "from numba import types as _t",
+            "",
+        ]
+        if self.helpers:
+            head.append(f"from geode.codegen.backends.numba import {', '.join(sorted(self.helpers))}")
+            head.append("")
+        head += ["SIGNATURE = (", *sig, ")"]
+        head.append(
+            f'NJIT_OPTIONS = {{"parallel": {self.parallel}, "fastmath": {fm}, "nogil": True, '
+            f'"cache": True, "boundscheck": False, "error_model": "numpy"}}'
+        )
+        head += ["", "", f"def {self.func_name}({', '.join(args)}):"]
+        source = "\n".join(head + body) + "\n"
+        return _Emitted(source, self.func_name, self.parallel, half, zero_d)
+
+
+def _weak(e: Expr, v: _V) -> bool:
+    return isinstance(e, Const) and v.dtype in _WEAK
+
+
+def _free(e: Expr) -> set[str]:
+    return {x.name for x in walk(e) if isinstance(x, Var)}
+
+
+def _size(b: Buffer) -> int | None:
+    size = 1
+    for d in b.shape:
+        n = _fold_int(_fold_consts(d))
+        if n is None:
+            return None
+        size *= n
+    return size
+
+
+_INT_FOLD: dict[str, Callable[[int, int], int | None]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b if b else None,
+    "%": lambda a, b: a % b if b else None,
+    "min": min,
+    "max": max,
+}
+
+
+def _fold_consts(e: Expr) -> Expr:
+    """Fold int64 arithmetic on constants (index expressions after unrolling)."""
+
+    def fn(x: Expr) -> Expr | None:
+        if (isinstance(x, Bin) and x.op in _INT_FOLD and isinstance(x.a, Const)
+                and isinstance(x.b, Const) and x.a.dtype == x.b.dtype == "int64"):
+            r = _INT_FOLD[x.op](int(x.a.value), int(x.b.value))
+            if r is not None and -(2**63) <= r < 2**63:
+                return Const(r, "int64")
+        return None
+
+    return transform(e, fn)
+
+
+def _shape_text(d: Expr) -> str:
+    from geode.codegen.ast import expr_str
+
+    return expr_str(d)
+
+
+def _has_parallel(kernel: Kernel) -> bool:
+    return any(isinstance(s, For) and s.kind == ForKind.PARALLEL for s in walk_stmts(kernel.body))
+
+
+def _emit(kernel: Kernel, fastmath: bool, parallel: bool | None) -> _Emitted:
+    par = _has_parallel(kernel) if parallel is None else bool(parallel)
+    demoted: set[str] = set()
+    while True:
+        try:
+            return _Emitter(kernel, fastmath, par, demoted).run()
+        except _Demote as d:
+            if d.buffer in demoted:  # pragma: no cover - defensive
+                raise CodegenError(f"kernel {kernel.name!r}: cannot place register {d.buffer!r}") from None
+            demoted.add(d.buffer)
+
+
+def emit_source(kernel: Kernel, fastmath: bool = False, parallel: bool | None = None) -> str:
+    """The Python source of one numba function computing ``kernel``.
+
+    The text is a complete module: imports, ``SIGNATURE`` (the numba argument types,
+    inputs read-only), ``NJIT_OPTIONS`` and the function. ``parallel=None`` compiles
+    parallel loops with ``numba.prange`` when the kernel has any; ``False`` prints
+    them as ``range``. Raises :class:`CodegenError` naming the kernel for anything the
+    backend cannot express.
+    """
+    return _emit(kernel, fastmath, parallel).source
+
+
+# ---------------------------------------------------------------------------------
+# compiling
+# ---------------------------------------------------------------------------------
+
+
+class NumbaKernel:
+    """A compiled kernel: call it as ``kernel(*inputs, *outputs, *dims)``.
+
+    ``fn`` is the numba dispatcher (compiled for exactly one signature; compiling
+    more is disabled so a wrong dtype or rank raises ``TypeError``); ``__call__``
+    adapts float16 arrays (uint16 views) and 1-element arrays for 0-d buffers, then
+    calls it. ``source`` is the generated module, ``llvm``/``asm`` numba's optimised
+    IR and machine code (computed on first access), ``compile_seconds`` the wall time
+    of :func:`compile_kernel`, ``from_cache`` whether the machine code came from the
+    disk cache.
+    """
+
+    def __init__(self, name: str, fn: Any, emitted: _Emitted, key: str, seconds: float,
+                 from_cache: bool, fastmath: bool, cache_path: str | None) -> None:
+        self.name = name
+        self.fn = fn
+        self.source = emitted.source
+        self.func_name = emitted.func_name
+        self.parallel = emitted.parallel
+        self.fastmath = fastmath
+        self.key = key
+        self.compile_seconds = seconds
+        self.from_cache = from_cache
+        self.cache_path = cache_path
+        self.signature = fn.signatures[0]
+        self._half = tuple(emitted.half_args)
+        self._zero_d = tuple(emitted.zero_d_args)
+        self._adapt = bool(self._half or self._zero_d)
+
+    def __call__(self, *args: Any) -> None:
+        """Run the kernel on ``(*inputs, *outputs, *dims)``; outputs are written in place."""
+        if self._adapt:
+            lst = list(args)
+            for i in self._zero_d:
+                a = lst[i]
+                if isinstance(a, np.ndarray) and a.ndim == 1 and a.size == 1:
+                    lst[i] = a.reshape(())
+            for i in self._half:
+                a = lst[i]
+                if isinstance(a, np.ndarray) and a.dtype == np.float16:
+                    lst[i] = a.view(np.uint16)
+            args = tuple(lst)
+        self.fn(*args)
+
+    @functools.cached_property
+    def _inspectable(self) -> Any:
+        # numba keeps no IR for code loaded from its cache: recompile in memory
+        if not self.from_cache:
+            return self.fn
+        with _numba_compile_settings():
+            fn = numba.njit(**self.fn.__geode_options__)(self.fn.py_func)
+            fn.compile(self.signature)
+        return fn
+
+    @functools.cached_property
+    def llvm(self) -> str:
+        """numba's optimised LLVM IR for the kernel (recompiled if it came from the cache)."""
+        return str(self._inspectable.inspect_llvm(self.signature))
+
+    @functools.cached_property
+    def asm(self) -> str:
+        """The kernel's machine code as assembly (recompiled if it came from the cache)."""
+        return str(self._inspectable.inspect_asm(self.signature))
+
+    def __repr__(self) -> str:
+        how = "cached" if self.from_cache else f"{self.compile_seconds:.2f}s"
+        return f"<NumbaKernel {self.name} ({how}{', parallel' if self.parallel else ''})>"
+
+
+@contextlib.contextmanager
+def _numba_compile_settings() -> Iterator[None]:
+    """Hold numba's compiler lock and turn SLP vectorization on for our compile only."""
+    from numba.core import config
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
+        old = config.SLP_VECTORIZE
+        config.SLP_VECTORIZE = int(SLP_VECTORIZE)
+        try:
+            yield
+        finally:
+            config.SLP_VECTORIZE = old
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _compile_error(kernel: Kernel, exc: BaseException, source: str, filename: str) -> CodegenError:
+    text = _ANSI.sub("", str(exc))
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    msg = f"numba failed to compile kernel {kernel.name!r}: {type(exc).__name__}: {first}"
+    lines = source.splitlines()
+    hits = re.findall(r'File "([^"]*)", line (\d+)', text)
+    numbers = [int(n) for f, n in hits if f == filename or os.path.basename(f) == os.path.basename(filename)]
+    if numbers:
+        n = numbers[-1]
+        if 1 <= n <= len(lines):
+            msg += f"\n  generated source line {n}: {lines[n - 1].strip()}"
+    return CodegenError(msg)
+
+
+_memo: dict[tuple[str, str | None], NumbaKernel] = {}
+_memo_lock = threading.Lock()
+_key_locks: dict[tuple[str, str | None], threading.Lock] = {}
+
+
+def _build(kernel: Kernel, emitted: _Emitted, key: str, cache_dir: str | None,
+           fastmath: bool) -> tuple[Any, bool, str | None]:
+    entry = None
+    if cache_dir is not None:
+        entry = _cache.prepare_entry(cache_dir, key, emitted.source)
+        module_name, filename = entry.module_name, str(entry.module_path)
+    else:
+        module_name = f"geode_k_{key[:32]}"
+        filename = f"<geode kernel {kernel.name} {key[:12]}>"
+    try:
+        module = _cache.load_module(emitted.source, module_name, filename)
+        py_func = module.__dict__[emitted.func_name]
+        options = dict(module.NJIT_OPTIONS)
+        # numba's FunctionCache is attached below, pinned to the cache entry
+        options["cache"] = False
+        signature = module.SIGNATURE
+    except CodegenError:
+        raise
+    except Exception as exc:
+        raise _compile_error(kernel, exc, emitted.source, filename) from exc
+
+    for attempt in (0, 1):
+        try:
+            with _numba_compile_settings():
+                fn = numba.njit(**options)(py_func)
+                if entry is not None:
+                    _cache.attach_numba_cache(fn, entry)
+                fn.compile(signature)
+        except Exception as exc:
+            if entry is not None and entry.trusted and attempt == 0:
+                # verified files that numba still cannot load: never trust them again
+                _cache.discard_entry(entry)
+                continue
+            raise _compile_error(kernel, exc, emitted.source, filename) from exc
+        break
+    fn.disable_compile()
+    from_cache = sum(fn.stats.cache_hits.values()) > 0
+    if entry is not None and not from_cache:
+        _cache.commit_entry(entry)
+    fn.__geode_options__ = options
+    return fn, from_cache, (str(entry.directory) if entry is not None else None)
+
+
+def compile_kernel(kernel: Kernel, *, fastmath: bool = False, cache_dir: str | os.PathLike[str] | None = None,
+                   parallel: bool | None = None) -> NumbaKernel:
+    """Compile ``kernel`` to native code now and return the callable :class:`NumbaKernel`.
+
+    ``fastmath`` selects numba's fast-math flags per ``config.ACCURACY_POLICY``;
+    ``cache_dir`` (``Options.cache_dir``) enables the on-disk cache of
+    :mod:`geode.codegen.cache` (``None``: compile in memory only); ``parallel=None``
+    parallelises when the kernel has a parallel loop. The same kernel compiled twice
+    in one process returns the same object. Raises :class:`CodegenError` naming the
+    kernel (and the generated source line numba reported) when compilation fails.
+    """
+    t0 = time.perf_counter()
+    emitted = _emit(kernel, fastmath, parallel)
+    extra = {
+        "backend": _backend_fingerprint(),
+        "slp_vectorize": str(SLP_VECTORIZE),
+        "opt": str(numba.core.config.OPT),
+    }
+    key = _cache.cache_key(emitted.source, extra)
+    cdir = None if cache_dir is None else os.fspath(cache_dir)
+    memo_key = (key, cdir)
+    with _memo_lock:
+        hit = _memo.get(memo_key)
+        if hit is not None:
+            return hit
+        lock = _key_locks.setdefault(memo_key, threading.Lock())
+    with lock:
+        hit = _memo.get(memo_key)
+        if hit is not None:
+            return hit
+        fn, from_cache, path = _build(kernel, emitted, key, cdir, fastmath)
+        k = NumbaKernel(kernel.name, fn, emitted, key, time.perf_counter() - t0, from_cache,
+                        fastmath, path)
+        with _memo_lock:
+            _memo[memo_key] = k
+        return k
+
+
+# ---------------------------------------------------------------------------------
+# threads
+# ---------------------------------------------------------------------------------
+
+
+def set_num_threads(n: int) -> int:
+    """Threads for parallel kernels launched from this thread (``0``: all cores).
+
+    Wraps ``numba.set_num_threads`` (a per-calling-thread setting, at most
+    ``numba.config.NUMBA_NUM_THREADS``); larger requests are clamped. Returns the
+    count in effect. Raises :class:`~geode.config.OptionError` for a negative ``n``.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise OptionError(f"num_threads must be an int >= 0 (0: all cores), got {n!r}")
+    top = int(numba.config.NUMBA_NUM_THREADS)
+    want = top if n == 0 else min(int(n), top)
+    numba.set_num_threads(want)
+    return int(numba.get_num_threads())
+
+
+def get_num_threads() -> int:
+    """Threads parallel kernels launched from this thread use."""
+    return int(numba.get_num_threads())

@@ -1,0 +1,1834 @@
+"""Schedule primitives over the loop AST, each recorded in a replayable trace.
+
+A :class:`Schedule` owns a copy of a lowered :class:`~geode.codegen.ast.Kernel` and
+rewrites it in place, one primitive at a time, in the style of CINN's IRSchedule:
+
+* queries: :meth:`~Schedule.get_block`, :meth:`~Schedule.blocks`,
+  :meth:`~Schedule.get_loops`, :meth:`~Schedule.producers`,
+  :meth:`~Schedule.consumers`, :meth:`~Schedule.writers`, :meth:`~Schedule.readers`;
+* loop transformations: :meth:`~Schedule.split`, :meth:`~Schedule.fuse`,
+  :meth:`~Schedule.reorder`, :meth:`~Schedule.align` / :meth:`~Schedule.align_all`
+  (CINN's iteration-space alignment);
+* block transformations: :meth:`~Schedule.compute_inline`,
+  :meth:`~Schedule.reverse_compute_inline`, :meth:`~Schedule.rfactor` (two-step
+  reduce), :meth:`~Schedule.compute_at`;
+* loop annotations: :meth:`~Schedule.parallel`, :meth:`~Schedule.vectorize`,
+  :meth:`~Schedule.unroll`.
+
+Loops are named by their loop variable, blocks by their name. Every primitive checks
+its requirements first and raises :class:`~geode.errors.ScheduleError` naming the
+primitive and the block concerned; a primitive that fails leaves the kernel exactly as
+it was. Primitives that create loops return the new loop variables' names, which are
+derived deterministically from the kernel's current names, so
+:meth:`Trace.replay` on a fresh copy of the same kernel rebuilds the same AST.
+
+Invariants the primitives rely on and preserve (the lowering establishes them):
+
+* loop variables are unique in the kernel; block bodies use only their iteration
+  variables and the kernel's dims; bindings and predicates use loop variables;
+* for every block the map from its loops to its iteration variables is injective on
+  the points where its predicate holds, and every predicate is a guard against the
+  overrun of a non-dividing split (so dropping it for points inside the buffer's
+  bounds never changes a value);
+* a reduction block stores ``C[idx] = combine(C[idx], value)`` and is preceded by its
+  init block (``reduce_of`` names it).
+
+Index expressions are compared structurally first and then, when symbolic dims are
+involved, with sympy.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+import sympy
+
+from geode.codegen.ast import (
+    Bin,
+    Block,
+    Buffer,
+    Const,
+    Expr,
+    For,
+    ForKind,
+    If,
+    IterVar,
+    Kernel,
+    Load,
+    Stmt,
+    Store,
+    Var,
+    add,
+    floordiv,
+    format_kernel,
+    free_vars,
+    loads,
+    mod,
+    mul,
+    prod,
+    sub,
+    substitute,
+    transform,
+    walk_stmts,
+)
+from geode.codegen.ast import blocks as ast_blocks
+from geode.errors import ScheduleError
+
+__all__ = ["Schedule", "Trace", "TraceStep", "alloc_loop"]
+
+#: combine operators a reduction may use
+COMBINE_OPS = ("+", "*", "max", "min")
+
+# ---------------------------------------------------------------------------------
+# trace
+# ---------------------------------------------------------------------------------
+
+
+@dataclass
+class TraceStep:
+    """One applied primitive: its name, its arguments by keyword, and what it returned."""
+
+    primitive: str
+    args: dict[str, Any]
+    result: Any = None
+
+    def __str__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.args.items())
+        out = f"{self.primitive}({args})"
+        return out if self.result is None else f"{out} -> {self.result!r}"
+
+
+@dataclass
+class Trace:
+    """The primitives applied by a :class:`Schedule`, in order."""
+
+    steps: list[TraceStep] = field(default_factory=list)
+
+    def append(self, step: TraceStep) -> None:
+        """Record one more step."""
+        self.steps.append(step)
+
+    def __iter__(self) -> Iterator[TraceStep]:
+        return iter(self.steps)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, i: int) -> TraceStep:
+        return self.steps[i]
+
+    def __str__(self) -> str:
+        return "\n".join(str(s) for s in self.steps)
+
+    def replay(self, kernel: Kernel) -> Schedule:
+        """Apply the steps again to a fresh copy of ``kernel`` (the kernel the trace was
+        recorded on, as lowered) and return the resulting schedule."""
+        sch = Schedule(kernel)
+        for step in self.steps:
+            getattr(sch, step.primitive)(**copy.deepcopy(step.args))
+        return sch
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _primitive(fn: F) -> F:
+    """Make a method a schedule primitive: atomic (the kernel is restored when it
+    raises) and recorded in the trace (only when called by the user, not by another
+    primitive)."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(self: Schedule, *args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        record = {k: _plain(v) for k, v in list(bound.arguments.items())[1:]}
+        top = self._depth == 0
+        backup = copy.deepcopy(self.kernel) if top else None
+        self._depth += 1
+        try:
+            result = fn(self, *args, **kwargs)
+        except BaseException:
+            if top:
+                self.kernel = backup  # type: ignore[assignment]
+            raise
+        finally:
+            self._depth -= 1
+        if top:
+            self.trace.append(TraceStep(fn.__name__, record, copy.deepcopy(result)))
+        return result
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.integer):
+        return int(v)
+    return copy.deepcopy(v)
+
+
+# ---------------------------------------------------------------------------------
+# expression helpers
+# ---------------------------------------------------------------------------------
+
+
+def _flatten(vars_: Sequence[Expr], extents: Sequence[Expr]) -> Expr:
+    """Row-major index of ``vars_`` in a box of ``extents`` (Horner form:
+    ``(v0 * e1 + v1) * e2 + v2``)."""
+    if not vars_:
+        return Const(0)
+    out = vars_[0]
+    for v, e in zip(vars_[1:], extents[1:]):
+        out = add(mul(out, e), v)
+    return out
+
+
+def _decompose(e: Expr, extents: Sequence[Expr]) -> list[Expr]:
+    """The row-major digits of ``e`` in a box of ``extents``, nested so that
+    ``//``/``%`` pairs stay recognisable: ``[(e // e2) // e1, (e // e2) % e1, e % e2]``."""
+    n = len(extents)
+    out: list[Expr] = [Const(0)] * n
+    q = e
+    for k in range(n - 1, 0, -1):
+        out[k] = mod(q, extents[k])
+        q = floordiv(q, extents[k])
+    if n:
+        out[0] = q
+    return out
+
+
+def _and(a: Expr | None, b: Expr | None) -> Expr | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return Bin("and", a, b)
+
+
+def _conjuncts(e: Expr | None) -> list[Expr]:
+    if e is None:
+        return []
+    if isinstance(e, Bin) and e.op == "and":
+        return _conjuncts(e.a) + _conjuncts(e.b)
+    return [e]
+
+
+def _all_and(es: Sequence[Expr]) -> Expr | None:
+    out: Expr | None = None
+    for e in es:
+        out = _and(out, e)
+    return out
+
+
+_SYMS: dict[str, sympy.Symbol] = {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _to_sympy(e: Expr) -> sympy.Expr:
+    if isinstance(e, Var):
+        if e.name not in _SYMS:
+            _SYMS[e.name] = sympy.Symbol(e.name, integer=True, positive=True)
+        return _SYMS[e.name]
+    if isinstance(e, Const):
+        if e.dtype not in ("int64", "int32"):
+            raise ValueError("not an index constant")
+        return sympy.Integer(int(e.value))
+    if isinstance(e, Bin):
+        a, b = _to_sympy(e.a), _to_sympy(e.b)
+        if e.op == "+":
+            return a + b
+        if e.op == "-":
+            return a - b
+        if e.op == "*":
+            return a * b
+        if e.op == "//":
+            return sympy.floor(a / b)
+        if e.op == "%":
+            return sympy.Mod(a, b)
+        if e.op == "min":
+            return sympy.Min(a, b)
+        if e.op == "max":
+            return sympy.Max(a, b)
+    raise ValueError("not an index expression")
+
+
+def _diff(a: Expr, b: Expr) -> sympy.Expr | None:
+    try:
+        return sympy.expand(_to_sympy(a) - _to_sympy(b))
+    except (ValueError, TypeError):
+        return None
+
+
+def _eq(a: Expr, b: Expr) -> bool:
+    """``a == b`` provably (for all values of the dims)."""
+    if a == b:
+        return True
+    if isinstance(a, Const) and isinstance(b, Const):
+        return a.value == b.value
+    d = _diff(a, b)
+    return d is not None and d == 0
+
+
+def _le(a: Expr | None, b: Expr | None) -> bool:
+    """``a <= b`` provably."""
+    if a is None or b is None:
+        return False
+    if isinstance(a, Const) and isinstance(b, Const):
+        return a.value <= b.value
+    if a == b:
+        return True
+    d = _diff(b, a)
+    return d is not None and bool(d.is_number) and bool(d >= 0)
+
+
+def _ceildiv_of(e: Expr, n: Expr, c: Expr) -> bool:
+    """Whether ``e`` is ``ceil(n / c)`` as :meth:`Schedule.split` writes it."""
+    if isinstance(n, Const) and isinstance(c, Const) and isinstance(e, Const):
+        return e.value == -(-n.value // c.value)
+    if isinstance(c, Const):
+        return e == floordiv(add(n, Const(c.value - 1)), c)
+    return False
+
+
+class _Ctx:
+    """Loop extents by loop variable plus the dims: what index reasoning needs."""
+
+    def __init__(self, ext: dict[str, Expr], dims: Sequence[str]):
+        self.ext = ext
+        self.dims = set(dims)
+
+    def loop_free(self, e: Expr) -> bool:
+        return not (free_vars(e) & self.ext.keys())
+
+    def ub(self, e: Expr) -> Expr | None:
+        """An exclusive upper bound of a non-negative index expression."""
+        if isinstance(e, Var):
+            return self.ext.get(e.name)
+        if isinstance(e, Const):
+            return Const(int(e.value) + 1) if e.dtype == "int64" else None
+        if not isinstance(e, Bin):
+            return None
+        if e.op == "+":
+            a, b = self.ub(e.a), self.ub(e.b)
+            return None if a is None or b is None else sub(add(a, b), Const(1))
+        if e.op == "*":
+            x, c = (e.a, e.b) if self.loop_free(e.b) else (e.b, e.a)
+            if not self.loop_free(c):
+                return None
+            a = self.ub(x)
+            return None if a is None else add(mul(sub(a, Const(1)), c), Const(1))
+        if e.op == "%" and self.loop_free(e.b):
+            return e.b
+        if e.op == "//" and self.loop_free(e.b):
+            a = self.ub(e.a)
+            return None if a is None else add(floordiv(sub(a, Const(1)), e.b), Const(1))
+        return None
+
+    def digit_split(self, e: Expr) -> tuple[Expr, Expr, Expr] | None:
+        """``e`` as ``hi * c + lo`` with ``0 <= lo < c`` provably, or None."""
+        if not (isinstance(e, Bin) and e.op == "+"):
+            if isinstance(e, Bin) and e.op == "*":
+                x, c = (e.a, e.b) if self.loop_free(e.b) else (e.b, e.a)
+                if self.loop_free(c):
+                    return x, c, Const(0)
+            return None
+        for hi_part, lo in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(hi_part, Bin) and hi_part.op == "*":
+                x, c = (
+                    (hi_part.a, hi_part.b) if self.loop_free(hi_part.b) else (hi_part.b, hi_part.a)
+                )
+                if not self.loop_free(c):
+                    continue
+            else:
+                x, c = hi_part, Const(1)
+            if _le(self.ub(lo), c):
+                return x, c, lo
+        return None
+
+    def simplify(self, e: Expr) -> Expr:
+        """Fold digit arithmetic the loop ranges make trivial:
+        ``(x * c + w) // c -> x`` and ``(x * c + w) % c -> w`` when ``0 <= w < c``,
+        ``a // c -> 0`` and ``a % c -> a`` when ``a < c``, and
+        ``(a // c) * c + a % c -> a``."""
+
+        def rule(x: Expr) -> Expr | None:
+            if not isinstance(x, Bin):
+                return None
+            if x.op in ("//", "%") and self.loop_free(x.b):
+                if _le(self.ub(x.a), x.b):
+                    return Const(0) if x.op == "//" else x.a
+                ds = self.digit_split(x.a)
+                if ds is not None and _eq(ds[1], x.b):
+                    return ds[0] if x.op == "//" else ds[2]
+            if x.op == "+":
+                for hi, lo in ((x.a, x.b), (x.b, x.a)):
+                    if (
+                        isinstance(hi, Bin)
+                        and hi.op == "*"
+                        and isinstance(hi.a, Bin)
+                        and hi.a.op == "//"
+                        and isinstance(lo, Bin)
+                        and lo.op == "%"
+                        and hi.a.a == lo.a
+                        and hi.a.b == hi.b == lo.b
+                    ):
+                        return lo.a
+            return None
+
+        return transform(e, rule)
+
+    def simplify_bindings(self, stmts: list[Stmt]) -> None:
+        """:meth:`simplify` every binding and predicate of the blocks in ``stmts``."""
+        for b in ast_blocks(stmts):
+            b.bindings = [self.simplify(x) for x in b.bindings]
+            if b.predicate is not None:
+                b.predicate = self.simplify(b.predicate)
+
+    def recipe(self, indices: Sequence[Expr], v: str) -> tuple | None:
+        """How to recover loop var ``v`` from the location ``indices`` (as a canonical,
+        comparable description), or None if the location does not determine ``v``."""
+        queue: list[tuple[Expr, tuple]] = [(e, ("dim", d)) for d, e in enumerate(indices)]
+        seen: set[Expr] = set()
+        divs: dict[tuple[Expr, Expr], tuple] = {}
+        mods: dict[tuple[Expr, Expr], tuple] = {}
+        target = Var(v)
+        while queue:
+            e, rc = queue.pop(0)
+            if e == target:
+                return rc
+            if e in seen or v not in free_vars(e):
+                continue
+            seen.add(e)
+            if isinstance(e, Bin) and e.op in ("//", "%") and self.loop_free(e.b):
+                a, n = e.a, e.b
+                if e.op == "%" and _le(self.ub(a), n):
+                    queue.append((a, rc))
+                ds = self.digit_split(a)
+                if ds is not None and _eq(ds[1], n):
+                    queue.append((ds[0] if e.op == "//" else ds[2], rc))
+                key = (a, n)
+                if e.op == "//":
+                    divs[key] = rc
+                    if key in mods:
+                        queue.append((a, ("join", rc, mods[key], n)))
+                else:
+                    mods[key] = rc
+                    if key in divs:
+                        queue.append((a, ("join", divs[key], rc, n)))
+                continue
+            ds = self.digit_split(e)
+            if ds is not None:
+                hi, c, lo = ds
+                queue.append((hi, ("div", rc, c)))
+                queue.append((lo, ("mod", rc, c)))
+        return None
+
+    def covers(self, e: Expr, size: Expr, inner: set[str]) -> set[str] | None:
+        """If index ``e`` (over the loops ``inner``) takes every value in ``[0, size)``,
+        the set of loop vars it uses; else None."""
+        if isinstance(e, Const) and _eq(size, Const(1)) and e.value == 0:
+            return set()
+        used: list[str] = []
+        stride: Expr = Const(1)
+        cur = e
+        while True:
+            if isinstance(cur, Var):
+                if cur.name not in inner:
+                    return None
+                used.append(cur.name)
+                top = self.ext[cur.name]
+                break
+            ds = self.digit_split(cur)
+            if ds is None:
+                return None
+            hi, c, lo = ds
+            if not (isinstance(lo, Var) and lo.name in inner and _eq(self.ext[lo.name], c)):
+                return None
+            used.append(lo.name)
+            stride = mul(stride, c)
+            cur = hi
+        if len(set(used)) != len(used):
+            return None
+        total = mul(top, stride)
+        if _eq(total, size) or (_le(size, total) and isinstance(total, Const)):
+            return set(used)
+        if _ceildiv_of(top, size, stride):
+            return set(used)
+        return None
+
+
+# ---------------------------------------------------------------------------------
+# statement helpers
+# ---------------------------------------------------------------------------------
+
+
+def _walk(
+    stmts: list[Stmt], loops: tuple[For, ...] = ()
+) -> Iterator[tuple[Stmt, list[Stmt], tuple[For, ...]]]:
+    """(statement, the list holding it, enclosing loops) for every statement outside
+    block bodies, pre-order."""
+    for s in list(stmts):
+        yield s, stmts, loops
+        if isinstance(s, For):
+            yield from _walk(s.body, loops + (s,))
+        elif isinstance(s, If):
+            yield from _walk(s.body, loops)
+
+
+def _stores(b: Block) -> list[Store]:
+    return [s for s in walk_stmts(b.body) if isinstance(s, Store)]
+
+
+def _loads(b: Block) -> list[Load]:
+    out: list[Load] = []
+    for s in walk_stmts(b.body):
+        if isinstance(s, Store):
+            for i in s.indices:
+                out += loads(i)
+            out += loads(s.value)
+        elif isinstance(s, If):
+            out += loads(s.cond)
+    return out
+
+
+def _writes(b: Block) -> set[str]:
+    return {s.buffer for s in _stores(b)}
+
+
+def _reads(b: Block) -> set[str]:
+    return {ld.buffer for ld in _loads(b)}
+
+
+def _is_reduce(b: Block) -> bool:
+    return any(iv.kind == "reduce" for iv in b.iter_vars)
+
+
+def _loop_terms(b: Block, e: Expr) -> Expr:
+    """``e`` (in ``b``'s iteration variables) in terms of loop variables."""
+    return substitute(e, {iv.name: x for iv, x in zip(b.iter_vars, b.bindings)})
+
+
+def _reduce_binding_vars(b: Block) -> set[str]:
+    out: set[str] = set()
+    for iv, x in zip(b.iter_vars, b.bindings):
+        if iv.kind == "reduce":
+            out |= free_vars(x)
+    return out
+
+
+def _spatial_binding_vars(b: Block) -> set[str]:
+    out: set[str] = set()
+    for iv, x in zip(b.iter_vars, b.bindings):
+        if iv.kind != "reduce":
+            out |= free_vars(x)
+    return out
+
+
+def _subst_loop_vars(stmts: list[Stmt], mapping: dict[str, Expr]) -> None:
+    """Replace loop variables in loop extents, conditions, bindings and predicates."""
+    for s in stmts:
+        if isinstance(s, For):
+            s.extent = substitute(s.extent, mapping)
+            _subst_loop_vars(s.body, mapping)
+        elif isinstance(s, If):
+            s.cond = substitute(s.cond, mapping)
+            _subst_loop_vars(s.body, mapping)
+        elif isinstance(s, Block):
+            s.bindings = [substitute(x, mapping) for x in s.bindings]
+            if s.predicate is not None:
+                s.predicate = substitute(s.predicate, mapping)
+
+
+def _map_block_exprs(b: Block, fn: Callable[[Expr], Expr]) -> None:
+    """Rewrite every expression in a block's body (store indices, values, conditions)."""
+    for s in walk_stmts(b.body):
+        if isinstance(s, Store):
+            s.indices = tuple(fn(i) for i in s.indices)
+            s.value = fn(s.value)
+        elif isinstance(s, If):
+            s.cond = fn(s.cond)
+
+
+def _combine(b: Block) -> tuple[str, Store, Expr, bool] | None:
+    """For a reduction block: (combine op, the store, the combined value, whether the
+    accumulator is the left operand), or None if the body is not ``C = C op x``."""
+    if len(b.body) != 1 or not isinstance(b.body[0], Store):
+        return None
+    st = b.body[0]
+    v = st.value
+    if not (isinstance(v, Bin) and v.op in COMBINE_OPS):
+        return None
+    acc = Load(st.buffer, st.indices)
+    if v.a == acc and st.buffer not in {ld.buffer for ld in loads(v.b)}:
+        return v.op, st, v.b, True
+    if v.b == acc and st.buffer not in {ld.buffer for ld in loads(v.a)}:
+        return v.op, st, v.a, False
+    return None
+
+
+def _identity(op: str, dtype: str) -> Const:
+    dt = np.dtype(dtype)
+    if op == "+":
+        return Const(0.0 if dt.kind == "f" else 0, dtype)
+    if op == "*":
+        return Const(1.0 if dt.kind == "f" else 1, dtype)
+    if dt.kind == "f":
+        return Const(float("-inf") if op == "max" else float("inf"), dtype)
+    if dt.kind == "b":
+        return Const(op == "min", dtype)
+    info = np.iinfo(dt)
+    return Const(int(info.min) if op == "max" else int(info.max), dtype)
+
+
+def alloc_loop(kernel: Kernel, buffer: str) -> str | None:
+    """The innermost loop enclosing every access to temp ``buffer``: where a backend
+    should allocate it (one private copy per iteration), or None for kernel level.
+
+    After :meth:`Schedule.compute_at` shrinks a temp to its per-iteration region, the
+    temp must live inside this loop when the loop (or one around it) is parallel.
+    """
+    paths: list[tuple[For, ...]] = []
+    for s, _, loops in _walk(kernel.body):
+        if isinstance(s, Block) and buffer in (_reads(s) | _writes(s)):
+            paths.append(loops)
+    if not paths:
+        return None
+    common = _common_prefix(paths)
+    return common[-1].var if common else None
+
+
+def _index(cont: list[Stmt], x: Stmt) -> int:
+    """Position of ``x`` in ``cont`` by identity (statements compare by value)."""
+    for i, s in enumerate(cont):
+        if s is x:
+            return i
+    raise ValueError("statement not in list")
+
+
+def _common_prefix(paths: Sequence[tuple[For, ...]]) -> tuple[For, ...]:
+    out: list[For] = []
+    for group in zip(*paths):
+        if all(f is group[0] for f in group):
+            out.append(group[0])
+        else:
+            break
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------
+# the schedule
+# ---------------------------------------------------------------------------------
+
+
+class Schedule:
+    """Schedule primitives over a copy of a lowered kernel; see the module docstring.
+
+    ``sch.kernel`` is the kernel being rewritten, ``sch.trace`` the primitives applied
+    so far. ``str(sch)`` prints the current loop AST.
+    """
+
+    def __init__(self, kernel: Kernel):
+        self.kernel: Kernel = kernel.copy()
+        self.trace: Trace = Trace()
+        self._depth = 0
+
+    def __str__(self) -> str:
+        return format_kernel(self.kernel)
+
+    # ------------------------------------------------------------------ queries
+
+    def blocks(self) -> list[str]:
+        """Names of all blocks, in program order."""
+        return [b.name for b in ast_blocks(self.kernel.body)]
+
+    def get_block(self, name: str) -> Block:
+        """The block called ``name`` (raises ScheduleError if there is none)."""
+        for b in ast_blocks(self.kernel.body):
+            if b.name == name:
+                return b
+        raise ScheduleError("get_block", name, "no such block")
+
+    def get_loops(self, block: str) -> list[str]:
+        """Loop variables enclosing ``block``, outermost first."""
+        return [f.var for f in self._locate_block("get_loops", block)[2]]
+
+    def get_loop(self, loop: str) -> For:
+        """The loop whose variable is ``loop``."""
+        return self._locate_loop("get_loop", loop)[0]
+
+    def writers(self, buffer: str) -> list[str]:
+        """Blocks storing into ``buffer``, in program order."""
+        return [b.name for b in ast_blocks(self.kernel.body) if buffer in _writes(b)]
+
+    def readers(self, buffer: str) -> list[str]:
+        """Blocks loading from ``buffer``, in program order."""
+        return [b.name for b in ast_blocks(self.kernel.body) if buffer in _reads(b)]
+
+    def producers(self, block: str) -> list[str]:
+        """Blocks writing a buffer that ``block`` reads (a reduction's own init block
+        counts as part of it, not as a producer)."""
+        b = self.get_block(block)
+        rs = _reads(b)
+        return [
+            x.name
+            for x in ast_blocks(self.kernel.body)
+            if x is not b and x.reduce_of != b.name and _writes(x) & rs
+        ]
+
+    def consumers(self, block: str) -> list[str]:
+        """Blocks reading a buffer that ``block`` writes (for an init block, the
+        reduction it initialises is not counted)."""
+        b = self.get_block(block)
+        ws = _writes(b)
+        return [
+            x.name
+            for x in ast_blocks(self.kernel.body)
+            if x is not b and b.reduce_of != x.name and x.reduce_of != b.name and _reads(x) & ws
+        ]
+
+    # ------------------------------------------------------------------ internals
+
+    def _ctx(self) -> _Ctx:
+        ext = {s.var: s.extent for s, _, _ in _walk(self.kernel.body) if isinstance(s, For)}
+        return _Ctx(ext, self.kernel.dims)
+
+    def _names_in_use(self, kind: str) -> set[str]:
+        """Names taken in one namespace: "var" (dims, loop and iteration variables),
+        "block" or "buffer"."""
+        k = self.kernel
+        if kind == "buffer":
+            return {b.name for b in k.inputs + k.outputs + k.temps}
+        used: set[str] = set(k.dims) if kind == "var" else set()
+        for s, _, _ in _walk(k.body):
+            if isinstance(s, For) and kind == "var":
+                used.add(s.var)
+            elif isinstance(s, Block):
+                if kind == "block":
+                    used.add(s.name)
+                else:
+                    used |= {iv.name for iv in s.iter_vars}
+        return used
+
+    def _fresh(
+        self,
+        base: str,
+        taken: set[str] | None = None,
+        free: set[str] | None = None,
+        kind: str = "var",
+    ) -> str:
+        """A name starting with ``base`` unused in namespace ``kind`` and not in
+        ``taken`` (which receives it); names in ``free`` count as unused."""
+        used = (self._names_in_use(kind) - (free or set())) | (taken or set())
+        if base not in used:
+            name = base
+        else:
+            n = 1
+            while f"{base}_{n}" in used:
+                n += 1
+            name = f"{base}_{n}"
+        if taken is not None:
+            taken.add(name)
+        return name
+
+    def _locate_block(self, prim: str, name: str) -> tuple[Block, list[Stmt], tuple[For, ...]]:
+        for s, cont, loops in _walk(self.kernel.body):
+            if isinstance(s, Block) and s.name == name:
+                return s, cont, loops
+        raise ScheduleError(prim, name, "no such block")
+
+    def _locate_loop(self, prim: str, var: str) -> tuple[For, list[Stmt], tuple[For, ...]]:
+        for s, cont, loops in _walk(self.kernel.body):
+            if isinstance(s, For) and s.var == var:
+                return s, cont, loops
+        raise ScheduleError(prim, "-", f"no loop with variable {var!r}")
+
+    def _container(self, stmt: Stmt) -> tuple[list[Stmt], tuple[For, ...]]:
+        for s, cont, loops in _walk(self.kernel.body):
+            if s is stmt:
+                return cont, loops
+        raise KeyError("statement not in kernel")
+
+    @staticmethod
+    def _first_block(stmt: Stmt) -> str:
+        bs = ast_blocks([stmt])
+        return bs[0].name if bs else "-"
+
+    def _order(self) -> dict[str, int]:
+        return {b.name: i for i, b in enumerate(ast_blocks(self.kernel.body))}
+
+    def _init_of(self, b: Block) -> Block | None:
+        for x in ast_blocks(self.kernel.body):
+            if x.reduce_of == b.name:
+                return x
+        return None
+
+    def _own_chain(self, b: Block) -> tuple[list[For], list[Stmt]]:
+        """The loops around ``b`` that hold nothing else (innermost upward), and the
+        list holding the outermost of them (or ``b`` itself)."""
+        cont, loops = self._container(b)
+        chain: list[For] = []
+        child: Stmt = b
+        holder = cont
+        for f in reversed(loops):
+            if len(holder) == 1 and holder[0] is child:
+                chain.insert(0, f)
+                child = f
+                holder = self._container(f)[0]
+            else:
+                break
+        return chain, holder
+
+    def _root_chain(self, prim: str, b: Block) -> list[For]:
+        """``b``'s loops when ``b`` sits alone in a perfect nest at kernel level."""
+        chain, holder = self._own_chain(b)
+        _, loops = self._container(b)
+        if holder is not self.kernel.body or len(chain) != len(loops):
+            raise ScheduleError(
+                prim, b.name, "the block must sit alone in its own loop nest at kernel level"
+            )
+        return chain
+
+    def _remove(self, stmt: Stmt) -> None:
+        cont, _ = self._container(stmt)
+        for i, s in enumerate(cont):
+            if s is stmt:
+                del cont[i]
+                break
+        self._prune(self.kernel.body)
+
+    def _prune(self, stmts: list[Stmt]) -> None:
+        i = 0
+        while i < len(stmts):
+            s = stmts[i]
+            if isinstance(s, (For, If)):
+                self._prune(s.body)
+                if not s.body:
+                    del stmts[i]
+                    continue
+            i += 1
+
+    def _accesses(self, b: Block, buf: str) -> list[tuple[str, tuple[Expr, ...]]]:
+        """('w'|'r', indices in loop terms) for every access of ``b`` to ``buf``."""
+        out: list[tuple[str, tuple[Expr, ...]]] = []
+        for st in _stores(b):
+            if st.buffer == buf:
+                out.append(("w", tuple(_loop_terms(b, i) for i in st.indices)))
+        for ld in _loads(b):
+            if ld.buffer == buf:
+                out.append(("r", tuple(_loop_terms(b, i) for i in ld.indices)))
+        return out
+
+    def _slab_analysis(
+        self, buf: str, blocks_: Sequence[tuple[Block, tuple[For, ...]]], outer: tuple[For, ...]
+    ) -> list[bool] | str:
+        """Check that, inside one iteration of the loops ``outer``, the given blocks'
+        accesses to ``buf`` only touch what the writers among them store in that same
+        iteration. Returns per dim whether it is a *slab* dim (fixed by ``outer``: the
+        same index in every access) or a reason string when the check fails."""
+        ctx = self._ctx()
+        lset = {f.var for f in outer} | set(self.kernel.dims)
+        shape = self.kernel.buffer(buf).shape
+        acc: list[tuple[Block, str, tuple[Expr, ...], set[str]]] = []
+        for b, path in blocks_:
+            inner = {f.var for f in path[len(outer) :]}
+            for kind, idx in self._accesses(b, buf):
+                acc.append((b, kind, idx, inner))
+            if buf in _writes(b) and _reduce_binding_vars(b) & {f.var for f in outer}:
+                return f"block {b.name} reduces across the shared loops"
+        slab: list[bool] = []
+        covered_by: dict[str, set[str]] = {}
+        for d in range(len(shape)):
+            exprs = [a[2][d] for a in acc]
+            if all(free_vars(e) <= lset for e in exprs) and all(_eq(e, exprs[0]) for e in exprs):
+                slab.append(True)
+                continue
+            for b, kind, idx, inner in acc:
+                if kind != "w":
+                    continue
+                used = ctx.covers(idx[d], shape[d], inner)
+                if used is None or used & covered_by.get(b.name, set()):
+                    return (
+                        f"{buf} dim {d}: block {b.name} writes index "
+                        f"{_s(idx[d])}, which neither matches every access in the shared "
+                        f"loops nor covers the whole dim within one iteration"
+                    )
+                covered_by.setdefault(b.name, set()).update(used)
+            slab.append(False)
+        return slab
+
+    def _try_shrink(self, buf: str) -> None:
+        """Shrink local temp ``buf`` to its per-iteration region when every access to it
+        lies inside common loops and the slab analysis holds."""
+        k = self.kernel
+        b = next((t for t in k.temps if t.name == buf), None)
+        if b is None or b.scope != "local" or not b.shape:
+            return
+        users = [
+            (s, loops)
+            for s, _, loops in _walk(k.body)
+            if isinstance(s, Block) and buf in (_reads(s) | _writes(s))
+        ]
+        if not users:
+            return
+        outer = _common_prefix([p for _, p in users])
+        if not outer:
+            return
+        slab = self._slab_analysis(buf, users, outer)
+        if isinstance(slab, str) or not any(slab):
+            return
+        full = all(slab)
+
+        def fix(idx: tuple[Expr, ...]) -> tuple[Expr, ...]:
+            if full:
+                return ()
+            return tuple(Const(0) if s else i for s, i in zip(slab, idx))
+
+        def relabel(e: Expr) -> Expr | None:
+            if isinstance(e, Load) and e.buffer == buf:
+                return Load(buf, fix(e.indices))
+            return None
+
+        for blk, _ in users:
+            for st in _stores(blk):
+                if st.buffer == buf:
+                    st.indices = fix(st.indices)
+            _map_block_exprs(blk, lambda e: transform(e, relabel))
+        if full:
+            b.shape = ()
+            b.scope = "register"
+        else:
+            b.shape = tuple(Const(1) if s else d for s, d in zip(slab, b.shape))
+
+    # ------------------------------------------------------------------ loops
+
+    @_primitive
+    def split(self, loop: str, factors: Sequence[int | None]) -> list[str]:
+        """Split ``loop`` into nested loops of the given extents, outermost first.
+
+        Requirements: the loop exists; ``factors`` has at least two entries, positive
+        ints, at most one of them ``-1``/``None`` (inferred as a ceiling division of
+        the extent by the others). A symbolic extent needs an inferred factor; with
+        constant factors only their product must reach the extent. When the product
+        may overrun the extent (non-dividing or symbolic), every block inside gets
+        the predicate ``flat < extent``. New loops are serial and named
+        ``<loop>_0, <loop>_1, ...``; returns their names.
+
+        Example, ``split("i", [-1, 4])`` with extent 10::
+
+            serial for (i, 0, 10)              serial for (i_0, 0, 3)
+              ScheduleBlock(A)                   serial for (i_1, 0, 4)
+                vi = axis.bind(i)       ->         ScheduleBlock(A)
+                A[vi] = X[vi] * 2.0f                 vi = axis.bind(i_0 * 4 + i_1)
+                                                     predicate = i_0 * 4 + i_1 < 10
+                                                     A[vi] = X[vi] * 2.0f
+        """
+        f, cont, _ = self._locate_loop("split", loop)
+        blk = self._first_block(f)
+        fs = list(factors)
+        if len(fs) < 2:
+            raise ScheduleError("split", blk, f"split of {loop} needs at least two factors")
+        inferred = [i for i, x in enumerate(fs) if x is None or x == -1]
+        if len(inferred) > 1:
+            raise ScheduleError("split", blk, "at most one factor may be inferred (-1/None)")
+        for x in fs:
+            if x is None or x == -1:
+                continue
+            if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
+                raise ScheduleError("split", blk, f"factor {x!r} is not a positive int")
+        known = 1
+        for x in fs:
+            if not (x is None or x == -1):
+                known *= int(x)
+        extent = f.extent
+        exts: list[Expr] = []
+        if inferred:
+            if isinstance(extent, Const):
+                inf: Expr = Const(-(-int(extent.value) // known))
+            else:
+                inf = floordiv(add(extent, Const(known - 1)), Const(known))
+            exts = [inf if i in inferred else Const(int(x)) for i, x in enumerate(fs)]
+        else:
+            if not isinstance(extent, Const):
+                raise ScheduleError(
+                    "split", blk, f"extent {_s(extent)} of {loop} is symbolic: infer one factor"
+                )
+            if known < int(extent.value):
+                raise ScheduleError(
+                    "split", blk, f"factors {fs} cover {known} < extent {extent.value} of {loop}"
+                )
+            exts = [Const(int(x)) for x in fs]
+        total = prod(exts)
+        exact = (
+            isinstance(extent, Const) and isinstance(total, Const) and total.value == extent.value
+        )
+        taken: set[str] = set()
+        names = [self._fresh(f"{loop}_{i}", taken) for i in range(len(fs))]
+        flat = _flatten([Var(n) for n in names], exts)
+        body = f.body
+        _subst_loop_vars(body, {loop: flat})
+        if not exact:
+            pred = Bin("<", flat, extent)
+            for b in ast_blocks(body):
+                b.predicate = _and(b.predicate, pred)
+        inner: list[Stmt] = body
+        for n, e in reversed(list(zip(names, exts))):
+            inner = [For(n, e, inner)]
+        cont[_index(cont, f)] = inner[0]
+        self._ctx().simplify_bindings(inner)
+        return names
+
+    @_primitive
+    def fuse(self, loops: Sequence[str]) -> str:
+        """Fuse perfectly nested loops (given outermost first, each the only statement
+        of the previous one) into one loop; returns its name ``<a>_<b>_fused``.
+
+        Requirements: at least two loops, consecutive and perfectly nested; no extent
+        depends on a fused loop. Bindings recover the old variables with ``//``/``%``.
+
+        Example, ``fuse(["i", "j"])``::
+
+            serial for (i, 0, N)                 serial for (i_j_fused, 0, N * 8)
+              serial for (j, 0, 8)                 ScheduleBlock(A)
+                ScheduleBlock(A)          ->         vi, vj = axis.bind(i_j_fused // 8,
+                  vi, vj = axis.bind(i, j)                              i_j_fused % 8)
+                  A[vi, vj] = X[vi, vj]              A[vi, vj] = X[vi, vj]
+        """
+        names = list(loops)
+        if len(names) < 2:
+            raise ScheduleError("fuse", "-", "fuse needs at least two loops")
+        first, cont, _ = self._locate_loop("fuse", names[0])
+        blk = self._first_block(first)
+        fors = [first]
+        for n in names[1:]:
+            cur = fors[-1]
+            if len(cur.body) != 1 or not isinstance(cur.body[0], For) or cur.body[0].var != n:
+                raise ScheduleError(
+                    "fuse", blk, f"loop {n} is not the only statement of loop {cur.var}"
+                )
+            fors.append(cur.body[0])
+        fused = set(names)
+        for f in fors:
+            if free_vars(f.extent) & fused:
+                raise ScheduleError("fuse", blk, f"extent of {f.var} depends on a fused loop")
+        name = self._fresh("_".join(names) + "_fused")
+        exts = [f.extent for f in fors]
+        mapping = dict(zip(names, _decompose(Var(name), exts)))
+        new = For(name, prod(exts), fors[-1].body)
+        _subst_loop_vars(new.body, mapping)
+        cont[_index(cont, first)] = new
+        self._ctx().simplify_bindings([new])
+        return name
+
+    @_primitive
+    def reorder(self, loops: Sequence[str]) -> None:
+        """Permute loops of one perfect nest: the given loops take, in the given order,
+        the nest positions they occupied (loops of the nest not listed keep theirs).
+
+        Requirements: distinct loops lying on one chain of loops, each loop of the
+        chain between the outermost and innermost given one being the only statement
+        of its parent; no moved extent depends on a loop of the chain. Reordering a
+        loop nest only changes the order in which a reduction combines its values.
+
+        Example, ``reorder(["j", "i"])``::
+
+            serial for (i, 0, 4)                 serial for (j, 0, 8)
+              serial for (j, 0, 8)      ->         serial for (i, 0, 4)
+                ScheduleBlock(A) ...                 ScheduleBlock(A) ...
+        """
+        names = list(loops)
+        if len(set(names)) != len(names):
+            raise ScheduleError("reorder", "-", f"repeated loops in {names}")
+        if not names:
+            return None
+        located = [self._locate_loop("reorder", n) for n in names]
+        deepest = max(located, key=lambda t: len(t[2]))
+        path = list(deepest[2]) + [deepest[0]]
+        blk = self._first_block(deepest[0])
+        pos: list[int] = []
+        for n in names:
+            idx = [i for i, f in enumerate(path) if f.var == n]
+            if not idx:
+                raise ScheduleError(
+                    "reorder", blk, f"loop {n} is not in the same nest as the others"
+                )
+            pos.append(idx[0])
+        lo, hi = min(pos), max(pos)
+        blk = self._first_block(path[lo])
+        for i in range(lo, hi):
+            if len(path[i].body) != 1 or path[i].body[0] is not path[i + 1]:
+                raise ScheduleError(
+                    "reorder", blk, f"loop {path[i].var} holds more than loop {path[i + 1].var}"
+                )
+        chain_vars = {f.var for f in path[lo : hi + 1]}
+        for i in pos:
+            if free_vars(path[i].extent) & chain_vars:
+                raise ScheduleError(
+                    "reorder", blk, f"extent of {path[i].var} depends on a loop of the nest"
+                )
+        heads = [(path[i].var, path[i].extent, path[i].kind) for i in pos]
+        for p, (v, e, kd) in zip(sorted(pos), heads):
+            path[p].var, path[p].extent, path[p].kind = v, e, kd
+        return None
+
+    @_primitive
+    def align(self, block: str, reduce_axes: Sequence[int] | None = None) -> list[str]:
+        """Iteration-space alignment (CINN): rewrite ``block``'s nest into the canonical
+        ``for sp in prod(spatial extents)`` [``for rb in prod(reduce extents)``] form;
+        returns the new loop names ``<block>_sp`` [, ``<block>_rb``].
+
+        The ``rb`` loop gathers the block's reduce iteration variables; for a
+        non-reduction block, ``reduce_axes`` (positions of iteration variables) names
+        the axes to put there instead (CINN's impure spatial axes, e.g. the broadcast
+        axis after a reduction). Requirements: the block sits alone in its own perfect
+        nest at kernel level, has no predicate, and each loop binds exactly one
+        iteration variable directly (``vi = i``) with the same extent. Aligning an
+        already aligned block returns its loops unchanged.
+
+        Example, a ``ReduceSum`` over the last axis::
+
+            serial for (i, 0, S1)                  serial for (C_sp, 0, S1 * S2)
+              serial for (j, 0, S2)                  serial for (C_rb, 0, 1024)
+                serial for (k, 0, 1024)      ->        ScheduleBlock(C)
+                  ScheduleBlock(C)                       vi, vj, r:vk = axis.bind(
+                    vi, vj, r:vk = axis.bind(              C_sp // S2, C_sp % S2, C_rb)
+                      i, j, k)                           C[vi, vj] = C[vi, vj] + B[vi, vj, vk]
+                    C[vi, vj] = C[vi, vj] + B[vi, vj, vk]
+        """
+        b, _, loops = self._locate_block("align", block)
+        is_red = _is_reduce(b)
+        ivs = b.iter_vars
+        if is_red:
+            rb_idx = [i for i, iv in enumerate(ivs) if iv.kind == "reduce"]
+        else:
+            rb_idx = sorted(set(reduce_axes or ()))
+            if any(not 0 <= i < len(ivs) for i in rb_idx):
+                raise ScheduleError(
+                    "align",
+                    block,
+                    f"reduce_axes {list(reduce_axes or ())} "
+                    f"out of range for {len(ivs)} iteration variables",
+                )
+        sp_idx = [i for i in range(len(ivs)) if i not in rb_idx]
+        sp_ext = prod([ivs[i].extent for i in sp_idx])
+        rb_ext = prod([ivs[i].extent for i in rb_idx])
+        reason = self._not_one_to_one(b)
+        if reason is not None:
+            want = 2 if rb_idx else 1
+            if len(loops) == want and b.predicate is None:
+                canon = self._aligned_bindings(b, sp_idx, rb_idx, [f.var for f in loops])
+                if (
+                    canon == b.bindings
+                    and _eq(loops[0].extent, sp_ext)
+                    and (not rb_idx or _eq(loops[1].extent, rb_ext))
+                ):
+                    return [f.var for f in loops]  # already aligned
+            raise ScheduleError("align", block, reason)
+        chain = self._root_chain("align", b)
+        own = {f.var for f in chain}
+        taken: set[str] = set()
+        sp = self._fresh(f"{block}_sp", taken, own)
+        names = [sp] + ([self._fresh(f"{block}_rb", taken, own)] if rb_idx else [])
+        b.bindings = self._aligned_bindings(b, sp_idx, rb_idx, names)
+        inner: list[Stmt] = [b]
+        if rb_idx:
+            inner = [For(names[1], rb_ext, inner)]
+        top = For(sp, sp_ext, inner)
+        root = chain[0] if chain else b
+        self.kernel.body[_index(self.kernel.body, root)] = top
+        return names
+
+    def _not_one_to_one(self, b: Block) -> str | None:
+        """Why ``b``'s nest is not a lowered-style nest (alone at kernel level, no
+        predicate, each loop binding one iteration variable directly), or None."""
+        try:
+            chain = self._root_chain("align", b)
+        except ScheduleError as e:
+            return str(e).split(": ", 1)[1]
+        if b.predicate is not None:
+            return "the block has a predicate (its nest was split)"
+        lvars = {f.var: f for f in chain}
+        seen: set[str] = set()
+        for iv, x in zip(b.iter_vars, b.bindings):
+            if not (isinstance(x, Var) and x.name in lvars) or x.name in seen:
+                return f"iter var {iv.name} is not bound directly to its own loop"
+            seen.add(x.name)
+            if not _eq(lvars[x.name].extent, iv.extent):
+                return f"loop {x.name} and iter var {iv.name} differ in extent"
+        if len(seen) != len(chain):
+            return "a loop of the nest binds no iteration variable"
+        return None
+
+    @staticmethod
+    def _aligned_bindings(
+        b: Block, sp_idx: list[int], rb_idx: list[int], names: list[str]
+    ) -> list[Expr]:
+        out: list[Expr] = [Const(0)] * len(b.iter_vars)
+        groups = [(sp_idx, names[0])] + ([(rb_idx, names[1])] if rb_idx else [])
+        for idx, var in groups:
+            digits = _decompose(Var(var), [b.iter_vars[i].extent for i in idx])
+            for i, e in zip(idx, digits):
+                out[i] = e
+        return out
+
+    @_primitive
+    def align_all(self) -> dict[str, list[str]]:
+        """Align every block (see :meth:`align`); returns block -> its new loops.
+
+        The impure spatial axes of non-reduction blocks are inferred from the first
+        reduction: its input's axes that the reduce iteration variables index are put in
+        the ``rb`` loop of every non-reduction block whose iteration extents equal that
+        input's shape (the elementwise blocks before and the broadcast blocks after the
+        reduction), so that all nests share ``sp`` (and ``rb``) extents.
+        """
+        axes: list[int] | None = None
+        shape: tuple[Expr, ...] = ()
+        for b in ast_blocks(self.kernel.body):
+            if not _is_reduce(b) or b.reduce_of is not None:
+                continue
+            red = {iv.name for iv in b.iter_vars if iv.kind == "reduce"}
+            for ld in _loads(b):
+                names = [i.name if isinstance(i, Var) else None for i in ld.indices]
+                if red <= set(n for n in names if n):
+                    axes = [i for i, n in enumerate(names) if n in red]
+                    shape = self.kernel.buffer(ld.buffer).shape
+                    break
+            if axes is not None:
+                break
+        out: dict[str, list[str]] = {}
+        for name in self.blocks():
+            b = self.get_block(name)
+            ra: list[int] | None = None
+            if (
+                axes
+                and not _is_reduce(b)
+                and len(b.iter_vars) == len(shape)
+                and all(_eq(iv.extent, d) for iv, d in zip(b.iter_vars, shape))
+            ):
+                ra = axes
+            out[name] = self.align(name, ra)
+        return out
+
+    # ------------------------------------------------------------------ blocks
+
+    @_primitive
+    def compute_inline(self, block: str) -> None:
+        """Inline a pure spatial block into every consumer and delete it with its temp.
+
+        Requirements: not a reduction or init block; its body is one store whose
+        indices are exactly its iteration variables, in order; the stored buffer is a
+        temp (not a kernel output) that no other block writes and that the value does
+        not read; the buffers it reads are not written after it. (Inline before
+        :meth:`compute_at` shrinks the temp: the shrunk indices are no longer the
+        iteration variables.)
+
+        Example, ``compute_inline("A")``::
+
+            for (i, 0, N)                       for (j, 0, N)
+              ScheduleBlock(A)                    ScheduleBlock(B)
+                vi = axis.bind(i)                   vj = axis.bind(j)
+                A[vi] = X[vi] * 2.0f     ->         B[vj] = X[vj] * 2.0f + 1.0f
+            for (j, 0, N)
+              ScheduleBlock(B)
+                vj = axis.bind(j)
+                B[vj] = A[vj] + 1.0f
+        """
+        b, _, _ = self._locate_block("compute_inline", block)
+        buf, value, ivs = self._inlinable("compute_inline", b)
+        order = self._order()
+        for y in {ld.buffer for ld in loads(value)}:
+            for w in self.writers(y):
+                if order[w] > order[block]:
+                    raise ScheduleError(
+                        "compute_inline", block, f"{y}, which it reads, is written later by {w}"
+                    )
+        consumers = [self.get_block(n) for n in self.readers(buf)]
+        for c in consumers:
+            if order[c.name] < order[block]:
+                raise ScheduleError(
+                    "compute_inline", block, f"consumer {c.name} runs before the block"
+                )
+
+        def repl(e: Expr) -> Expr | None:
+            if isinstance(e, Load) and e.buffer == buf:
+                return substitute(value, dict(zip(ivs, e.indices)))
+            return None
+
+        for c in consumers:
+            _map_block_exprs(c, lambda e: transform(e, repl))
+        self._remove(b)
+        self.kernel.temps = [t for t in self.kernel.temps if t.name != buf]
+        return None
+
+    def _inlinable(self, prim: str, b: Block) -> tuple[str, Expr, list[str]]:
+        if _is_reduce(b) or b.reduce_of is not None:
+            raise ScheduleError(prim, b.name, "a reduction (or its init) cannot be inlined")
+        if len(b.body) != 1 or not isinstance(b.body[0], Store):
+            raise ScheduleError(prim, b.name, "the body must be a single store")
+        st = b.body[0]
+        buf = st.buffer
+        if buf not in {t.name for t in self.kernel.temps}:
+            raise ScheduleError(prim, b.name, f"{buf} is a kernel argument, not a temp")
+        ivs = [iv.name for iv in b.iter_vars]
+        if list(st.indices) != [Var(n) for n in ivs]:
+            raise ScheduleError(
+                prim,
+                b.name,
+                f"store index [{', '.join(_s(i) for i in st.indices)}] is not "
+                f"exactly the iteration variables [{', '.join(ivs)}]",
+            )
+        if buf in {ld.buffer for ld in loads(st.value)}:
+            raise ScheduleError(prim, b.name, f"the value reads {buf} itself")
+        if self.writers(buf) != [b.name]:
+            raise ScheduleError(prim, b.name, f"{buf} has other writers: {self.writers(buf)}")
+        return buf, st.value, ivs
+
+    @_primitive
+    def reverse_compute_inline(self, block: str) -> None:
+        """Fold an elementwise consumer into its single producer: the producer then
+        computes and stores the consumer's result, the consumer and the temp go away.
+
+        Requirements: ``block`` is not a reduction, its body is one store; among the
+        buffers it reads exactly one is written by a block (the producer), a temp read
+        by no other block; every load of it indexes a permutation of the consumer's
+        iteration variables (all of them, extents matching the temp's shape); the
+        producer is a pure spatial single-store block whose store index is exactly its
+        iteration variables; nothing between producer and consumer writes what the
+        consumer reads or touches what it writes.
+
+        Example, ``reverse_compute_inline("B")``::
+
+            for (i, 0, N)                       for (i, 0, N)
+              ScheduleBlock(A)                    ScheduleBlock(A)
+                vi = axis.bind(i)                   vi = axis.bind(i)
+                A[vi] = X[vi] * 2.0f     ->         B[vi] = X[vi] * 2.0f + 1.0f
+            for (j, 0, N)
+              ScheduleBlock(B)
+                vj = axis.bind(j)
+                B[vj] = A[vj] + 1.0f
+        """
+        prim = "reverse_compute_inline"
+        c, _, _ = self._locate_block(prim, block)
+        if _is_reduce(c) or c.reduce_of is not None:
+            raise ScheduleError(prim, block, "the consumer must not be a reduction")
+        if len(c.body) != 1 or not isinstance(c.body[0], Store):
+            raise ScheduleError(prim, block, "the body must be a single store")
+        cst = c.body[0]
+        produced = [y for y in sorted(_reads(c)) if self.writers(y)]
+        if len(produced) != 1:
+            raise ScheduleError(
+                prim, block, f"needs exactly one produced input, found {produced or 'none'}"
+            )
+        buf = produced[0]
+        if buf == cst.buffer:
+            raise ScheduleError(prim, block, f"the block reads its own output {buf}")
+        if self.readers(buf) != [block]:
+            raise ScheduleError(prim, block, f"{buf} is also read by {self.readers(buf)}")
+        if len(self.writers(buf)) != 1:
+            raise ScheduleError(prim, block, f"{buf} has several writers")
+        pname = self.writers(buf)[0]
+        p = self.get_block(pname)
+        try:
+            _, pvalue, pivs = self._inlinable(prim, p)
+        except ScheduleError as e:
+            raise ScheduleError(prim, block, f"producer {pname}: {e}") from None
+        civs = [iv.name for iv in c.iter_vars]
+        idxs = {ld.indices for ld in _loads(c) if ld.buffer == buf}
+        if len(idxs) != 1:
+            raise ScheduleError(prim, block, f"{buf} is loaded at several indices")
+        (idx,) = idxs
+        shape = self.kernel.buffer(buf).shape
+        names = [i.name if isinstance(i, Var) else None for i in idx]
+        if sorted(n for n in names if n) != sorted(civs) or len(idx) != len(civs):
+            raise ScheduleError(
+                prim,
+                block,
+                f"load {buf}[{', '.join(_s(i) for i in idx)}] is not a permutation "
+                "of the iteration variables",
+            )
+        ext = {iv.name: iv.extent for iv in c.iter_vars}
+        for n, d, piv in zip(names, shape, p.iter_vars):
+            if not (_eq(ext[n], d) and _eq(piv.extent, d)):  # type: ignore[index]
+                raise ScheduleError(
+                    prim, block, f"iter vars {n} / {piv.name} do not both span {buf}'s dim"
+                )
+        sigma: dict[str, Expr] = {n: Var(pv) for n, pv in zip(names, pivs)}  # type: ignore[misc]
+        order = self._order()
+        lo, hi = order[pname], order[block]
+        if lo > hi:
+            raise ScheduleError(prim, block, f"producer {pname} runs after the block")
+        others = _reads(c) - {buf}
+        for x in ast_blocks(self.kernel.body):
+            if lo < order[x.name] < hi and (
+                _writes(x) & (others | {cst.buffer}) or cst.buffer in _reads(x)
+            ):
+                raise ScheduleError(prim, block, f"block {x.name} between them conflicts")
+
+        def repl(e: Expr) -> Expr | None:
+            if isinstance(e, Load) and e.buffer == buf:
+                return pvalue
+            if isinstance(e, Var) and e.name in sigma:
+                return sigma[e.name]
+            return None
+
+        new_value = transform(cst.value, repl)
+        new_idx = tuple(substitute(i, sigma) for i in cst.indices)
+        p.body = [Store(cst.buffer, new_idx, new_value)]
+        self._remove(c)
+        self.kernel.temps = [t for t in self.kernel.temps if t.name != buf]
+        return None
+
+    @_primitive
+    def rfactor(self, block: str, loop: str, factor: int) -> list[str]:
+        """Two-step reduce: split reduce loop ``loop`` into ``outer * factor``,
+        accumulate ``factor`` partial results per output element in a new local buffer
+        ``<buf>_rf`` (the output's shape plus an axis of size ``factor``) in a block
+        ``<block>_rf`` (with its init ``<block>_rf__init``), then let ``block`` reduce
+        that axis into the output. Returns the rf nest's two new loops
+        ``[<loop>_0, <loop>_1]``; the inner one carries the partials' axis and is
+        spatial for the rf block, so it can be vectorized or parallelized.
+
+        Requirements: ``block`` is a reduction ``C[idx] = C[idx] op value`` with op in
+        ``+ * max min``; ``loop`` is among the loops holding nothing but the block,
+        bound directly (``vk = loop``) to one reduce iteration variable and used by no
+        other binding; those loops bind spatial iteration variables outside and reduce
+        ones inside, and enclosing loops bind no reduce variable; ``factor`` >= 1. The
+        result equals the original up to float reassociation.
+
+        Example, ``rfactor("C", "k", 4)`` (inits omitted)::
+
+            for (i, 0, N)                    for (i_i, 0, N) for (k_1_i, 0, 4)  C_rf[..] = 0
+              for (k, 0, 16)                 for (i, 0, N)
+                ScheduleBlock(C)               for (k_0, 0, 4)
+                  vi, r:vk = axis.bind(i, k)     for (k_1, 0, 4)
+                  C[vi] = C[vi] + X[vi, vk]        ScheduleBlock(C_rf)
+                                       ->            vi, r:vk_o, vk_i = axis.bind(i, k_0, k_1)
+                                                     C_rf[vi, vk_i] = C_rf[vi, vk_i]
+                                                                      + X[vi, vk_o * 4 + vk_i]
+                                             for (i_f, 0, N)
+                                               for (k_1_f, 0, 4)
+                                                 ScheduleBlock(C)
+                                                   vi, r:vk_i = axis.bind(i_f, k_1_f)
+                                                   C[vi] = C[vi] + C_rf[vi, vk_i]
+        """
+        prim = "rfactor"
+        b, _, loops = self._locate_block(prim, block)
+        if not _is_reduce(b) or b.reduce_of is not None:
+            raise ScheduleError(prim, block, "not a reduction block")
+        comb = _combine(b)
+        if comb is None:
+            raise ScheduleError(prim, block, "body is not a single store C[i] = C[i] op value")
+        op, st, rest, acc_left = comb
+        if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)) or factor < 1:
+            raise ScheduleError(prim, block, f"factor {factor!r} is not a positive int")
+        factor = int(factor)
+        chain, _ = self._own_chain(b)
+        chain_vars = [f.var for f in chain]
+        if loop not in chain_vars:
+            raise ScheduleError(prim, block, f"loop {loop} is not one of the block's own loops")
+        red_vars = _reduce_binding_vars(b)
+        bound = [i for i, x in enumerate(b.bindings) if loop in free_vars(x)]
+        if len(bound) != 1 or b.bindings[bound[0]] != Var(loop):
+            raise ScheduleError(prim, block, f"loop {loop} must bind exactly one iter var directly")
+        ri = bound[0]
+        if b.iter_vars[ri].kind != "reduce":
+            raise ScheduleError(prim, block, f"loop {loop} binds a spatial iter var")
+        shared = {f.var for f in loops} - set(chain_vars)
+        if red_vars & shared:
+            raise ScheduleError(prim, block, "an enclosing shared loop binds a reduce iter var")
+        kinds = ["r" if v in red_vars else "s" for v in chain_vars]
+        if "".join(kinds) != "s" * kinds.count("s") + "r" * kinds.count("r"):
+            raise ScheduleError(prim, block, "spatial loops must enclose the reduce loops")
+        sp_loops = [f for f in chain if f.var not in red_vars]
+        sp_bound = _spatial_binding_vars(b)
+        for f in sp_loops:
+            if f.var not in sp_bound:
+                raise ScheduleError(prim, block, f"loop {f.var} binds no iteration variable")
+        cbuf = self.kernel.buffer(st.buffer)
+        old_pred = b.predicate
+        # 1. split the reduce loop
+        r0, r1 = self.split(loop, [None, factor])
+        ctx = self._ctx()
+        # 2. the reduce iter var becomes vk_o (reduce) and vk_i (spatial)
+        iv = b.iter_vars[ri]
+        taken: set[str] = set()
+        vo = self._fresh(f"{iv.name}_o", taken)
+        vi = self._fresh(f"{iv.name}_i", taken)
+        b.iter_vars[ri : ri + 1] = [
+            IterVar(vo, ctx.ext[r0], "reduce"),
+            IterVar(vi, Const(factor), "spatial"),
+        ]
+        b.bindings[ri : ri + 1] = [Var(r0), Var(r1)]
+        recon = add(mul(Var(vo), Const(factor)), Var(vi))
+        rest = substitute(rest, {iv.name: recon})
+        # 3. partial buffer and the rf block
+        rf_buf = self._fresh(f"{cbuf.name}_rf", kind="buffer")
+        self.kernel.temps.append(
+            Buffer(rf_buf, cbuf.dtype, tuple(cbuf.shape) + (Const(factor),), "local")
+        )
+        rf_idx = tuple(st.indices) + (Var(vi),)
+        acc = Load(rf_buf, rf_idx)
+        b.body = [Store(rf_buf, rf_idx, Bin(op, acc, rest) if acc_left else Bin(op, rest, acc))]
+        final_name = b.name
+        b.name = self._fresh(f"{final_name}_rf", kind="block")
+        # 4. init of the partials and the final reduction, in nests copying the
+        #    block's spatial loops plus the partials' axis
+        sp_ivs = [
+            (v, x) for v, x in zip(b.iter_vars, b.bindings) if v.kind != "reduce" and v.name != vi
+        ]
+        keep_pred = [c for c in _conjuncts(old_pred) if not (free_vars(c) & red_vars)]
+
+        def nest(suffix: str, blk: Block) -> Stmt:
+            ren = {f.var: Var(self._fresh(f"{f.var}_{suffix}", taken)) for f in sp_loops}
+            rvar = self._fresh(f"{r1}_{suffix}", taken)
+            blk.bindings = [substitute(x, ren) for x in blk.bindings[:-1]] + [Var(rvar)]
+            blk.predicate = _all_and([substitute(c, ren) for c in keep_pred])
+            inner: Stmt = For(rvar, Const(factor), [blk])
+            for f in reversed(sp_loops):
+                inner = For(ren[f.var].name, f.extent, [inner])  # type: ignore[union-attr]
+            return inner
+
+        ivs_copy = [IterVar(v.name, v.extent, "spatial") for v, _ in sp_ivs]
+        init_blk = Block(
+            self._fresh(f"{b.name}__init", kind="block"),
+            ivs_copy + [IterVar(vi, Const(factor), "spatial")],
+            [x for _, x in sp_ivs] + [Const(0)],
+            [Store(rf_buf, rf_idx, _identity(op, cbuf.dtype))],
+            reduce_of=b.name,
+        )
+        facc = Load(st.buffer, st.indices)
+        fin_blk = Block(
+            final_name,
+            [IterVar(v.name, v.extent, "spatial") for v, _ in sp_ivs]
+            + [IterVar(vi, Const(factor), "reduce")],
+            [x for _, x in sp_ivs] + [Const(0)],
+            [Store(st.buffer, st.indices, Bin(op, facc, acc) if acc_left else Bin(op, acc, facc))],
+        )
+        init_nest = nest("i", init_blk)
+        fin_nest = nest("f", fin_blk)
+        chain, _ = self._own_chain(b)
+        top = chain[0] if chain else b
+        cont, _ = self._container(top)
+        at = _index(cont, top)
+        cont[at + 1 : at + 1] = [fin_nest]
+        cont[at:at] = [init_nest]
+        return [r0, r1]
+
+    @_primitive
+    def compute_at(self, block: str, loop: str) -> list[str]:
+        """Move ``block`` (with its init, for a reduction) inside ``loop`` of another
+        nest, CINN SimpleComputeAt style; returns the block's loops afterwards.
+
+        The block's outer loops are identified with the loops from the root down to
+        ``loop``: one to one when their extents are equal, else the shortest prefix of
+        the block's loops whose extents' product equals theirs is recomputed from them
+        with ``//``/``%``. The block keeps its remaining loops. It goes first in
+        ``loop``'s body when blocks there read what it writes (producer), last when it
+        reads what blocks there write (consumer). Temps it writes or reads shrink to
+        the per-iteration region when every access to them lies in common loops
+        (a temp whose every dim shrinks becomes a register scalar).
+
+        Requirements: not an init block; the block (and its init) sit alone in their
+        own nests at kernel level, outside ``loop``'s nest; the extents match as above
+        and the identified loops bind only spatial iteration variables; the block is
+        a producer or a consumer of the loop's blocks, not both; no block whose order
+        relative to it changes, or that shares the outer loops but not ``loop``,
+        conflicts with it; inside one iteration of the shared loops, every access to a
+        buffer they exchange touches only what the writers store in that iteration
+        (same index expression in the shared loops, or a full dim covered by the
+        writer's inner loops), and no writer reduces across the shared loops.
+
+        Example, ``compute_at("D", "F_sp")`` (D feeds F)::
+
+            for (D_sp, 0, N)                    for (F_sp, 0, N)
+              ScheduleBlock(D)                    ScheduleBlock(D)
+                vi = axis.bind(D_sp)                vi = axis.bind(F_sp)
+                D[vi] = C[vi] * 2.0f                D = C[vi] * 2.0f        (register)
+            for (F_sp, 0, N)               ->     for (F_rb, 0, 64)
+              for (F_rb, 0, 64)                     ScheduleBlock(F)
+                ScheduleBlock(F)                      vi, vj = axis.bind(F_sp, F_rb)
+                  vi, vj = axis.bind(F_sp, F_rb)      F[vi, vj] = D + 1.0f
+                  F[vi, vj] = D[vi] + 1.0f
+        """
+        prim = "compute_at"
+        b, _, _ = self._locate_block(prim, block)
+        if b.reduce_of is not None:
+            raise ScheduleError(
+                prim, block, f"an init block moves with its reduction {b.reduce_of}"
+            )
+        init = self._init_of(b) if _is_reduce(b) else None
+        t, _, tpath = self._locate_loop(prim, loop)
+        target = list(tpath) + [t]
+        chain = self._root_chain(prim, b)
+        ichain = self._root_chain(prim, init) if init is not None else []
+        for f in target:
+            if any(f is x for x in chain + ichain):
+                raise ScheduleError(prim, block, f"loop {loop} is in the block's own nest")
+        moved = [x for x in (init, b) if x is not None]
+        moved_names = {x.name for x in moved}
+        bw = set().union(*(_writes(x) for x in moved))
+        br = set().union(*(_reads(x) for x in moved)) - bw
+        sub_blocks = [x for x in ast_blocks(t.body) if x.name not in moved_names]
+        producer = any(_reads(x) & bw for x in sub_blocks)
+        consumer = any(_writes(x) & br for x in sub_blocks)
+        if producer and consumer:
+            raise ScheduleError(prim, block, f"the block both feeds and reads blocks in {loop}")
+        for x in sub_blocks:
+            bad = (
+                _writes(x) & bw
+                or (_writes(x) & br if producer else False)
+                or (_reads(x) & bw if not producer else False)
+            )
+            if bad:
+                raise ScheduleError(
+                    prim, block, f"block {x.name} in {loop} conflicts on {sorted(bad)}"
+                )
+        order_before = self._order()
+        # identify loops and rewrite bindings
+        tops: list[Stmt] = []
+        for x, ch in ((init, ichain), (b, chain)):
+            if x is None:
+                continue
+            keep = self._match_loops(prim, block, x, ch, target)
+            tops.append(keep[0] if keep else x)
+        for x, ch in ((init, ichain), (b, chain)):
+            if x is None:
+                continue
+            root = ch[0] if ch else x
+            del self.kernel.body[_index(self.kernel.body, root)]
+        if producer:
+            t.body[0:0] = tops
+        else:
+            t.body.extend(tops)
+        self._ctx().simplify_bindings(tops)
+        # order and element-level checks on the new tree
+        order_after = self._order()
+        l0 = target[0]
+        inside_t = {x.name for x in ast_blocks(t.body)}
+        inside_l0 = {x.name for x in ast_blocks(l0.body)}
+        for x in ast_blocks(self.kernel.body):
+            if x.name in moved_names or x.name in inside_t:
+                continue
+            flipped = (order_before[x.name] < order_before[block]) != (
+                order_after[x.name] < order_after[block]
+            )
+            if (flipped or x.name in inside_l0) and (_writes(x) & (bw | br) or _reads(x) & bw):
+                raise ScheduleError(
+                    prim, block, f"block {x.name} conflicts with it and would be reordered"
+                )
+        exchanged = (bw if producer else br) & set().union(
+            *((_reads(x) if producer else _writes(x)) for x in sub_blocks)
+        )
+        users = [(s, lp) for s, _, lp in _walk(t.body, tuple(target)) if isinstance(s, Block)]
+        for buf in sorted(exchanged):
+            acc = [(s, lp) for s, lp in users if buf in (_reads(s) | _writes(s))]
+            res = self._slab_analysis(buf, acc, tuple(target))
+            if isinstance(res, str):
+                raise ScheduleError(prim, block, res)
+        for buf in sorted(bw | br):
+            self._try_shrink(buf)
+        return self.get_loops(block)
+
+    def _match_loops(
+        self, prim: str, block: str, x: Block, chain: list[For], target: list[For]
+    ) -> list[For]:
+        """Rewrite ``x``'s bindings so its outer loops become ``target``; return the
+        remaining loops of its chain (re-linked, innermost holding ``x``)."""
+        tex = [f.extent for f in target]
+        mex = [f.extent for f in chain]
+        k = len(target)
+        mapping: dict[str, Expr] | None = None
+        used = 0
+        if len(chain) >= k and all(_eq(a, c) for a, c in zip(mex, tex)):
+            mapping = {f.var: Var(g.var) for f, g in zip(chain, target)}
+            used = k
+        else:
+            tprod = prod(tex)
+            for j in range(len(chain) + 1):
+                if _eq(prod(mex[:j]), tprod):
+                    flat = _flatten([Var(g.var) for g in target], tex)
+                    mapping = dict(zip([f.var for f in chain[:j]], _decompose(flat, mex[:j])))
+                    used = j
+                    break
+        if mapping is None:
+            raise ScheduleError(
+                prim,
+                block,
+                f"loops of {x.name} ({', '.join(_s(e) for e in mex)}) do not match "
+                f"the loops down to {target[-1].var} ({', '.join(_s(e) for e in tex)})",
+            )
+        if _reduce_binding_vars(x) & set(mapping):
+            raise ScheduleError(
+                prim,
+                block,
+                f"a loop of {x.name} identified with {target[-1].var}'s nest "
+                "binds a reduce iteration variable",
+            )
+        rest = chain[used:]
+        _subst_loop_vars(rest if rest else [x], mapping)
+        return rest
+
+    # ------------------------------------------------------------------ annotations
+
+    def _check_independent(
+        self, prim: str, f: For, reassoc: Callable[[Block], bool] | None
+    ) -> None:
+        """Iterations of ``f`` must not touch each other's stores. ``reassoc`` (for
+        vectorize) says whether a reduction carried by ``f`` may be reassociated."""
+        v = f.var
+        blocks_in = ast_blocks(f.body)
+        if not blocks_in:
+            return
+        if isinstance(f.extent, Const) and f.extent.value <= 1:
+            return
+        carried: dict[str, str] = {}
+        for b in blocks_in:
+            if any(
+                iv.kind == "reduce" and v in free_vars(x) for iv, x in zip(b.iter_vars, b.bindings)
+            ):
+                comb = _combine(b)
+                if reassoc is None or comb is None or not reassoc(b):
+                    raise ScheduleError(prim, b.name, f"loop {v} carries a reduction of the block")
+                carried[b.name] = comb[1].buffer
+        ctx = self._ctx()
+        inside = {b.name for b in blocks_in}
+        temps = {t.name for t in self.kernel.temps}
+        written = sorted(set().union(*(_writes(b) for b in blocks_in)))
+        for buf in written:
+            acc: list[tuple[Block, tuple[Expr, ...]]] = []
+            for b in blocks_in:
+                if carried.get(b.name) == buf:
+                    continue
+                acc += [(b, idx) for _, idx in self._accesses(b, buf)]
+            if not acc:
+                continue
+            everyone = set(self.readers(buf)) | set(self.writers(buf))
+            if (
+                buf in temps
+                and everyone <= inside
+                and all(v not in set().union(*(free_vars(i) for i in idx)) for _, idx in acc)
+            ):
+                continue  # a temp private to each iteration
+            first: tuple | None = None
+            for b, idx in acc:
+                rc = ctx.recipe(idx, v)
+                if rc is None:
+                    raise ScheduleError(
+                        prim,
+                        b.name,
+                        f"the location of {buf}[{', '.join(_s(i) for i in idx)}] "
+                        f"does not determine {v}: iterations may touch the same element",
+                    )
+                if first is None:
+                    first = rc
+                elif rc != first:
+                    raise ScheduleError(
+                        prim,
+                        b.name,
+                        f"accesses to {buf} in different iterations of {v} may overlap",
+                    )
+
+    @_primitive
+    def parallel(self, loop: str) -> None:
+        """Run ``loop``'s iterations in parallel (``ForKind.PARALLEL``).
+
+        Requirements: the loop is serial or already parallel and no loop around or
+        inside it is parallel; no block inside binds a reduce iteration variable to it;
+        every buffer stored inside is either a temp whose every access is inside the
+        loop and independent of it (one private copy per iteration, see
+        :func:`alloc_loop`) or accessed inside the loop only at locations that
+        determine the loop variable the same way (so iterations touch disjoint
+        elements).
+
+        Example, ``parallel("i")``::
+
+            serial for (i, 0, N)        ->      parallel for (i, 0, N)
+              ...                                 ...
+        """
+        f, _, path = self._locate_loop("parallel", loop)
+        blk = self._first_block(f)
+        if f.kind not in (ForKind.SERIAL, ForKind.PARALLEL):
+            raise ScheduleError("parallel", blk, f"loop {loop} is already {f.kind.value}")
+        nested = [g.var for g in path if g.kind == ForKind.PARALLEL] + [
+            s.var for s in walk_stmts(f.body) if isinstance(s, For) and s.kind == ForKind.PARALLEL
+        ]
+        if nested:
+            raise ScheduleError("parallel", blk, f"nested parallel loops: {nested}")
+        self._check_independent("parallel", f, None)
+        f.kind = ForKind.PARALLEL
+        return None
+
+    @_primitive
+    def vectorize(self, loop: str, allow_reassoc: bool = False) -> None:
+        """Mark innermost ``loop`` vectorized (``ForKind.VECTORIZED``).
+
+        Requirements: the loop is serial (or already vectorized) and holds no loop;
+        its body is blocks whose bodies are only stores; iterations are independent as
+        for :meth:`parallel`, except that a reduction carried by the loop is allowed
+        when its combine may be reassociated: ``max``/``min`` always, integer ``+``/``*``
+        always, float ``+``/``*`` only with ``allow_reassoc=True`` (fastmath).
+
+        Example, ``vectorize("j")``::
+
+            serial for (j, 0, 16)       ->      vectorized for (j, 0, 16)
+              ScheduleBlock(A) ...                ScheduleBlock(A) ...
+        """
+        f, _, _ = self._locate_loop("vectorize", loop)
+        blk = self._first_block(f)
+        if f.kind not in (ForKind.SERIAL, ForKind.VECTORIZED):
+            raise ScheduleError("vectorize", blk, f"loop {loop} is already {f.kind.value}")
+        for s in f.body:
+            if not isinstance(s, Block):
+                raise ScheduleError(
+                    "vectorize", blk, f"loop {loop} is not innermost or holds a non-block statement"
+                )
+            if not all(isinstance(x, Store) for x in s.body):
+                raise ScheduleError("vectorize", s.name, "the block body must be stores only")
+
+        def reassoc(b: Block) -> bool:
+            comb = _combine(b)
+            if comb is None:
+                return False
+            dt = np.dtype(self.kernel.buffer(comb[1].buffer).dtype)
+            return comb[0] in ("max", "min") or dt.kind in "iub" or allow_reassoc
+
+        self._check_independent("vectorize", f, reassoc)
+        f.kind = ForKind.VECTORIZED
+        return None
+
+    @_primitive
+    def unroll(self, loop: str, max_extent: int = 64) -> None:
+        """Mark ``loop`` unrolled (``ForKind.UNROLLED``).
+
+        Requirements: the loop is serial (or already unrolled) and its extent is a
+        constant no larger than ``max_extent`` (64).
+
+        Example, ``unroll("k")``::
+
+            serial for (k, 0, 4)        ->      unrolled for (k, 0, 4)
+        """
+        f, _, _ = self._locate_loop("unroll", loop)
+        blk = self._first_block(f)
+        if f.kind not in (ForKind.SERIAL, ForKind.UNROLLED):
+            raise ScheduleError("unroll", blk, f"loop {loop} is already {f.kind.value}")
+        if not isinstance(f.extent, Const):
+            raise ScheduleError("unroll", blk, f"extent {_s(f.extent)} of {loop} is not constant")
+        if int(f.extent.value) > max_extent:
+            raise ScheduleError(
+                "unroll", blk, f"extent {f.extent.value} of {loop} exceeds {max_extent}"
+            )
+        f.kind = ForKind.UNROLLED
+        return None
+
+
+def _s(e: Expr) -> str:
+    from geode.codegen.ast import expr_str
+
+    return expr_str(e)

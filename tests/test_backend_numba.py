@@ -1,0 +1,709 @@
+"""The numba backend: hand-built loop ASTs compiled and compared with numpy.
+
+Every kernel is compiled once per module (numba compiles take ~1 s) and called with
+several values of its symbolic dims. Float results use the project's tolerance
+policy (``opcheck.assert_close``) where the operation is not exactly rounded
+(transcendental functions); everything else must match numpy bit for bit.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numba
+import numpy as np
+import pytest
+from opcheck import assert_close
+
+from geode.codegen import ast as A
+from geode.codegen.ast import (
+    BIN_OPS,
+    UN_OPS,
+    Bin,
+    Block,
+    Buffer,
+    Cast,
+    Const,
+    For,
+    ForKind,
+    IterVar,
+    Kernel,
+    Load,
+    Select,
+    Store,
+    Un,
+    Var,
+)
+from geode.codegen.backends import numba as nb
+from geode.config import OptionError
+from geode.errors import CodegenError
+
+N, M, K = Var("N"), Var("M"), Var("K")
+
+
+def c(v: float | int | bool, dtype: str) -> Const:
+    return Const(v, dtype)
+
+
+def ld(buf: str, *idx: A.Expr) -> Load:
+    return Load(buf, tuple(idx))
+
+
+def block(name: str, binds: dict[str, A.Expr], body: list, predicate: A.Expr | None = None,
+          reduce: tuple[str, ...] = ()) -> Block:
+    ivs = [IterVar(v, Const(0), "reduce" if v in reduce else "spatial") for v in binds]
+    return Block(name, ivs, list(binds.values()), body, predicate=predicate)
+
+
+def elementwise_1d(name: str, inputs: list[Buffer], outputs: list[Buffer], stores: list,
+                   kind: ForKind = ForKind.SERIAL) -> Kernel:
+    """``for i in N: block(vi = i) { stores }`` over 1-d buffers of length N."""
+    return Kernel(name, inputs, outputs, ["N"],
+                  [For("i", N, [block(name, {"vi": Var("i")}, stores)], kind)])
+
+
+def run(kernel: nb.NumbaKernel, inputs: list[np.ndarray], out_specs: list[tuple], dims: list[int]):
+    fill = {"f": np.nan, "b": True}
+    outs = [np.full(shape, fill.get(np.dtype(dt).kind, 77), dtype=dt) for shape, dt in out_specs]
+    kernel(*inputs, *outs, *dims)
+    return outs
+
+
+def exact(got: np.ndarray, want: np.ndarray, what: str = "") -> None:
+    assert got.dtype == want.dtype, f"{what}: {got.dtype} != {want.dtype}"
+    np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+# ---------------------------------------------------------------------------------
+# elementwise chain with broadcasting loads (parallel x vectorized)
+# ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ew_chain() -> nb.NumbaKernel:
+    i, j = Var("vi"), Var("vj")
+    x = ld("X", i, j)
+    val = Bin("-", Bin("*", Un("tanh", Bin("+", Bin("*", x, ld("B", j)), ld("C", i, Const(0)))),
+                       ld("S")), Bin("max", x, c(0.0, "float64")))
+    body = [For("i0", N, [For("i1", M, [
+        block("chain", {"vi": Var("i0"), "vj": Var("i1")}, [Store("Y", (i, j), val)])
+    ], ForKind.VECTORIZED)], ForKind.PARALLEL)]
+    k = Kernel("ew_chain",
+               [Buffer("X", "float32", (N, M)), Buffer("B", "float32", (M,)),
+                Buffer("C", "float32", (N, Const(1))), Buffer("S", "float32", ())],
+               [Buffer("Y", "float32", (N, M))], ["N", "M"], body)
+    return nb.compile_kernel(k)
+
+
+@pytest.mark.parametrize("n,m", [(3, 5), (17, 33), (1, 1), (0, 4), (64, 256)])
+def test_elementwise_chain_broadcast(ew_chain: nb.NumbaKernel, n: int, m: int) -> None:
+    rng = np.random.default_rng(n * 100 + m)
+    X = rng.standard_normal((n, m), dtype=np.float32)
+    B = rng.standard_normal(m, dtype=np.float32)
+    C = rng.standard_normal((n, 1), dtype=np.float32)
+    S = np.array(1.5, np.float32)
+    (Y,) = run(ew_chain, [X, B, C, S], [((n, m), np.float32)], [n, m])
+    want = np.tanh(X * B + C) * S - np.maximum(X, np.float32(0))
+    assert_close(Y, want.astype(np.float32))
+    assert "numba.prange(N)" in ew_chain.source and ew_chain.parallel
+
+
+def test_zero_d_buffer_accepts_one_element_array(ew_chain: nb.NumbaKernel) -> None:
+    X = np.ones((2, 3), np.float32)
+    Y = np.empty((2, 3), np.float32)
+    ew_chain(X, np.ones(3, np.float32), np.zeros((2, 1), np.float32), np.array([2.0], np.float32), Y, 2, 3)
+    assert_close(Y, (np.tanh(np.ones((2, 3), np.float32)) * 2 - 1).astype(np.float32))
+
+
+def test_wrong_shape_or_dtype_is_rejected(ew_chain: nb.NumbaKernel) -> None:
+    X = np.ones((2, 3), np.float32)
+    args = [np.ones(3, np.float32), np.zeros((2, 1), np.float32), np.array(1.0, np.float32)]
+    with pytest.raises(ValueError, match="argument X must have shape"):
+        ew_chain(X, *args, np.empty((2, 3), np.float32), 2, 4)
+    with pytest.raises(TypeError):
+        ew_chain(X.astype(np.float64), *args, np.empty((2, 3), np.float32), 2, 3)
+
+
+def test_read_only_inputs(ew_chain: nb.NumbaKernel) -> None:
+    X = np.ones((2, 3), np.float32)
+    X.flags.writeable = False
+    Y = np.empty((2, 3), np.float32)
+    ew_chain.fn(X, np.ones(3, np.float32), np.zeros((2, 1), np.float32), np.array(0.0, np.float32), Y, 2, 3)
+    assert_close(Y, np.full((2, 3), -1.0, np.float32))
+
+
+# ---------------------------------------------------------------------------------
+# row reduction with an init block
+# ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def row_reduce() -> nb.NumbaKernel:
+    vi, vk = Var("vi"), Var("vk")
+    body = [For("i", N, [
+        Block("sum_init", [IterVar("vi", N)], [Var("i")], [Store("Y", (vi,), c(0.0, "float32"))],
+              reduce_of="sum"),
+        For("k", K, [
+            Block("sum", [IterVar("vi", N), IterVar("vk", K, "reduce")], [Var("i"), Var("k")],
+                  [Store("Y", (vi,), Bin("+", ld("Y", vi), ld("X", vi, vk)))]),
+            Block("amax", [IterVar("vi", N), IterVar("vk", K, "reduce")], [Var("i"), Var("k")],
+                  [Store("Z", (vi,), Select(Bin("==", Var("vk"), Const(0)), ld("X", vi, vk),
+                                            Bin("max", ld("Z", vi), ld("X", vi, vk))))]),
+        ]),
+    ])]
+    k = Kernel("row_reduce", [Buffer("X", "float64", (N, K))],
+               [Buffer("Y", "float64", (N,)), Buffer("Z", "float64", (N,))], ["N", "K"], body)
+    return nb.compile_kernel(k)
+
+
+@pytest.mark.parametrize("n,k", [(4, 7), (9, 1), (3, 100)])
+def test_row_reduction_with_init(row_reduce: nb.NumbaKernel, n: int, k: int) -> None:
+    X = np.random.default_rng(k).standard_normal((n, k))
+    Y, Z = run(row_reduce, [X], [((n,), np.float64), ((n,), np.float64)], [n, k])
+    assert_close(Y, X.sum(axis=1))
+    exact(Z, X.max(axis=1))
+    assert not row_reduce.parallel and "prange" not in row_reduce.source
+
+
+# ---------------------------------------------------------------------------------
+# LayerNorm-like: two reductions and an epilogue under one parallel loop
+# ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def layernorm() -> nb.NumbaKernel:
+    i, k = Var("vi"), Var("vk")
+    kf = Cast("float32", K)
+    mean = Bin("/", ld("s"), kf)
+    d = Bin("-", ld("X", i, k), ld("mean"))
+    body = [For("i", N, [
+        block("s_init", {"vi": Var("i")}, [Store("s", (), c(0.0, "float32"))]),
+        For("k", K, [block("s", {"vi": Var("i"), "vk": Var("k")},
+                           [Store("s", (), Bin("+", ld("s"), ld("X", i, k)))], reduce=("vk",))]),
+        block("mean", {"vi": Var("i")}, [Store("mean", (), mean)]),
+        block("v_init", {"vi": Var("i")}, [Store("v", (), c(0.0, "float32"))]),
+        For("k", K, [block("v", {"vi": Var("i"), "vk": Var("k")},
+                           [Store("v", (), Bin("+", ld("v"), Bin("*", d, d)))], reduce=("vk",))]),
+        block("rstd", {"vi": Var("i")}, [Store("rstd", (), Bin("/", c(1.0, "float64"), Un(
+            "sqrt", Bin("+", Bin("/", ld("v"), kf), c(1e-5, "float64")))))]),
+        For("k", K, [block("out", {"vi": Var("i"), "vk": Var("k")}, [Store(
+            "Y", (i, k), Bin("+", Bin("*", Bin("*", d, ld("rstd")), ld("G", k)), ld("Bt", k)))])],
+            ForKind.VECTORIZED),
+    ], ForKind.PARALLEL)]
+    regs = [Buffer(n, "float32", (), "register") for n in ("s", "v", "mean", "rstd")]
+    kern = Kernel("layernorm",
+                  [Buffer("X", "float32", (N, K)), Buffer("G", "float32", (K,)),
+                   Buffer("Bt", "float32", (K,))],
+                  [Buffer("Y", "float32", (N, K))], ["N", "K"], body, temps=regs)
+    return nb.compile_kernel(kern)
+
+
+@pytest.mark.parametrize("n,k", [(5, 16), (33, 77), (1, 3)])
+def test_layernorm_two_reductions_parallel(layernorm: nb.NumbaKernel, n: int, k: int) -> None:
+    rng = np.random.default_rng(n + k)
+    X = (rng.standard_normal((n, k)) * 3 + 1).astype(np.float32)
+    G = rng.standard_normal(k).astype(np.float32)
+    Bt = rng.standard_normal(k).astype(np.float32)
+    (Y,) = run(layernorm, [X, G, Bt], [((n, k), np.float32)], [n, k])
+    x = X.astype(np.float64)
+    mu = x.mean(1, keepdims=True)
+    want = (x - mu) / np.sqrt(((x - mu) ** 2).mean(1, keepdims=True) + 1e-5) * G + Bt
+    np.testing.assert_allclose(Y, want, rtol=1e-4, atol=1e-4)
+    src = layernorm.source
+    assert "numba.prange(N)" in src
+    assert re.search(r"^\s+s = s \+ X\[i, k\]$", src, re.M), src  # register scalar accumulator
+    assert "np.empty" not in src  # registers are scalars, not arrays
+
+
+# ---------------------------------------------------------------------------------
+# predicate, unrolled loop, partial accumulators, private local temp
+# ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def predicated() -> nb.NumbaKernel:
+    vi = Var("vi")
+    body = [For("io", Bin("//", Bin("+", N, Const(3)), Const(4)), [For("ii", Const(4), [
+        Block("add", [IterVar("vi", N)], [Bin("+", Bin("*", Var("io"), Const(4)), Var("ii"))],
+              [Store("Y", (vi,), Bin("+", ld("X", vi), c(1, "int64")))],
+              predicate=Bin("<", vi, N))])])]
+    k = Kernel("predicated", [Buffer("X", "int32", (N,))], [Buffer("Y", "int32", (N,))], ["N"], body)
+    return nb.compile_kernel(k)
+
+
+@pytest.mark.parametrize("n", [1, 4, 5, 11, 0])
+def test_predicate_guards_tail(predicated: nb.NumbaKernel, n: int) -> None:
+    X = np.arange(n, dtype=np.int32) * 3 - 7
+    Y = np.full(n + 3, -99, np.int32)  # guard elements after the end
+    predicated(X, Y[:n], n)
+    exact(Y[:n], X + np.int32(1))
+    assert (Y[n:] == -99).all()
+    assert "if vi < N:" in predicated.source
+
+
+@pytest.fixture(scope="module")
+def unrolled() -> nb.NumbaKernel:
+    vi, vj = Var("vi"), Var("vj")
+    body = [For("i", N, [For("j", Const(4), [
+        block("scale", {"vi": Var("i"), "vj": Var("j")}, [Store("Y", (vi, vj), Bin(
+            "*", ld("X", vi, vj), Cast("float32", Bin("+", vj, Const(1)))))])
+    ], ForKind.UNROLLED)])]
+    k = Kernel("unrolled", [Buffer("X", "float32", (N, Const(4)))],
+               [Buffer("Y", "float32", (N, Const(4)))], ["N"], body)
+    return nb.compile_kernel(k)
+
+
+def test_unrolled_loop_is_straight_line(unrolled: nb.NumbaKernel) -> None:
+    for n in (1, 6):
+        X = np.random.default_rng(n).standard_normal((n, 4), dtype=np.float32)
+        (Y,) = run(unrolled, [X], [((n, 4), np.float32)], [n])
+        exact(Y, X * np.arange(1, 5, dtype=np.float32))
+    src = unrolled.source
+    assert "for j" not in src
+    for j in range(4):
+        assert f"Y[i, {j}] = X[i, {j}] * np.float32({j} + 1)" in src or f"Y[i, {j}] = X[i, {j}] * np.float32({j + 1})" in src, src
+
+
+def partial_sum_kernel(lanes: int = 8) -> Kernel:
+    """Row sums with ``lanes`` independent partial accumulators in a register buffer."""
+    i = Var("i")
+    vl = Var("vl")
+    acc = lambda e: ld("acc", e)  # noqa: E731
+    tree: A.Expr = acc(Const(0))
+    for l in range(1, lanes):
+        tree = Bin("+", tree, acc(Const(l)))
+    body = [For("i", N, [
+        For("l", Const(lanes), [block("init", {"vl": Var("l")}, [Store("acc", (vl,), c(0.0, "float32"))])],
+            ForKind.UNROLLED),
+        For("k", Bin("//", K, Const(lanes)), [For("l", Const(lanes), [
+            block("part", {"vl": Var("l"), "vk": Bin("+", Bin("*", Var("k"), Const(lanes)), Var("l"))},
+                  [Store("acc", (vl,), Bin("+", acc(vl), ld("X", i, Var("vk"))))], reduce=("vk",))
+        ], ForKind.VECTORIZED)]),
+        block("fin", {"vi": i}, [Store("Y", (Var("vi"),), tree)]),
+    ], ForKind.PARALLEL)]
+    return Kernel("partial_sum", [Buffer("X", "float32", (N, K))], [Buffer("Y", "float32", (N,))],
+                  ["N", "K"], body, temps=[Buffer("acc", "float32", (Const(lanes),), "register")])
+
+
+@pytest.fixture(scope="module")
+def partial_sum() -> nb.NumbaKernel:
+    return nb.compile_kernel(partial_sum_kernel())
+
+
+def test_partial_accumulators_stay_scalars(partial_sum: nb.NumbaKernel) -> None:
+    for n, k in ((3, 64), (10, 8), (2, 0)):
+        X = np.random.default_rng(k).random((n, k), dtype=np.float32)
+        (Y,) = run(partial_sum, [X], [((n,), np.float32)], [n, k])
+        assert_close(Y, X.sum(1))
+    src = partial_sum.source
+    assert "acc_7 = acc_7 + X[i," in src and "np.empty" not in src
+
+
+def _packed(asm: str, op: str) -> int:
+    return len(re.findall(rf"\b{op}\s+[^\n]*%[xyz]mm", asm))
+
+
+def test_vectorizes_elementwise(ew_chain: nb.NumbaKernel, unrolled: nb.NumbaKernel) -> None:
+    # evidence for the indexing choice: native X[i, j] indexing gives packed SIMD
+    src = """
+import numpy as np, numba
+from numba import types as t
+A2 = t.Array(t.float32, 2, "C")
+@numba.njit((A2, A2, t.Array(t.float32, 1, "C"), A2, t.int64), error_model="numpy", boundscheck=False)
+def ew(X, Y, B, Z, N):
+    for i in range(N):
+        for j in range(256):
+            Z[i, j] = X[i, j] * Y[i, j] + B[j]
+"""
+    ns: dict = {}
+    exec(src, ns)
+    asm = ns["ew"].inspect_asm(ns["ew"].signatures[0])
+    assert _packed(asm, "vmulps") > 0 and _packed(asm, "vaddps") > 0
+
+
+def test_vectorizes_partial_sum_reduction(partial_sum: nb.NumbaKernel) -> None:
+    # SLP vectorization packs the 8 scalar accumulators (numba's default leaves it off)
+    assert _packed(partial_sum.asm, "vaddps") > 0, "partial accumulators were not vectorized"
+
+
+@pytest.fixture(scope="module")
+def private_temp() -> nb.NumbaKernel:
+    vi, vk = Var("vi"), Var("vk")
+    body = [For("i", N, [
+        For("k", K, [block("fill", {"vi": Var("i"), "vk": Var("k")},
+                           [Store("T", (vk,), Bin("*", ld("X", vi, vk), c(2.0, "float32")))])]),
+        For("k", K, [block("rev", {"vi": Var("i"), "vk": Var("k")}, [Store(
+            "Y", (vi, vk), Bin("+", ld("T", Bin("-", Bin("-", K, Const(1)), vk)), ld("T", vk)))])]),
+    ], ForKind.PARALLEL)]
+    k = Kernel("private_temp", [Buffer("X", "float32", (N, K))], [Buffer("Y", "float32", (N, K))],
+               ["N", "K"], body, temps=[Buffer("T", "float32", (K,), "local")])
+    return nb.compile_kernel(k)
+
+
+def test_local_temp_private_to_parallel_iteration(private_temp: nb.NumbaKernel) -> None:
+    src = private_temp.source
+    lines = src.splitlines()
+    loop = next(n for n, ln in enumerate(lines) if "numba.prange" in ln)
+    assert "T = np.empty((K,), dtype=np.float32)" in lines[loop + 1], src
+    before = nb.get_num_threads()
+    try:
+        nb.set_num_threads(0)
+        for n, k in ((2000, 64), (7, 3)):
+            X = np.random.default_rng(n).random((n, k), dtype=np.float32)
+            (Y,) = run(private_temp, [X], [((n, k), np.float32)], [n, k])
+            exact(Y, X[:, ::-1] * np.float32(2) + X * np.float32(2))
+    finally:
+        nb.set_num_threads(before)
+
+
+def test_temp_shared_across_loops_is_hoisted() -> None:
+    vi = Var("vi")
+    body = [
+        For("i", N, [block("w", {"vi": Var("i")}, [Store("T", (vi,), Bin("+", ld("X", vi), c(1, "int64")))])],
+            ForKind.PARALLEL),
+        For("i", N, [block("r", {"vi": Var("i")}, [Store("Y", (vi,), Bin("*", ld("T", Bin("-", Bin("-", N, Const(1)), vi)), c(2, "int64")))])],
+            ForKind.PARALLEL),
+    ]
+    k = Kernel("hoisted", [Buffer("X", "int64", (N,))], [Buffer("Y", "int64", (N,))], ["N"], body,
+               temps=[Buffer("T", "int64", (N,), "local")])
+    src = nb.emit_source(k)
+    body_lines = src.split("def hoisted")[1].splitlines()
+    alloc = next(n for n, ln in enumerate(body_lines) if "np.empty" in ln)
+    first_loop = next(n for n, ln in enumerate(body_lines) if "prange" in ln)
+    assert alloc < first_loop and body_lines[alloc].startswith("    T = ")
+
+
+# ---------------------------------------------------------------------------------
+# every operator, on float32 and int32
+# ---------------------------------------------------------------------------------
+
+FLOAT_BIN = ["+", "-", "*", "/", "//", "%", "fmod", "min", "max", "pow"]
+CMP = ["<", "<=", ">", ">=", "==", "!="]
+LOGIC = ["and", "or", "xor"]
+FLOAT_UN = ["neg", "abs", "exp", "log", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan",
+            "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "floor", "ceil", "round", "sign"]
+BOOL_UN = ["not", "isnan", "isinf", "isposinf", "isneginf"]
+INT_BIN = ["+", "-", "*", "/", "//", "%", "fmod", "min", "max", "pow", "bitand", "bitor", "bitxor",
+           "shl", "shr"]
+INT_UN = ["neg", "abs", "sign", "bitnot", "floor", "ceil", "round"]
+EXACT_FLOAT = {"+", "-", "*", "/", "//", "%", "fmod", "min", "max", "neg", "abs", "sqrt", "floor",
+               "ceil", "round", "sign"}
+
+
+def test_op_lists_cover_ast() -> None:
+    assert set(FLOAT_BIN) | set(CMP) | set(LOGIC) | {"bitand", "bitor", "bitxor", "shl", "shr"} == BIN_OPS
+    assert set(FLOAT_UN) | set(BOOL_UN) | {"bitnot"} == UN_OPS
+
+
+def ops_kernel(dtype: str, bin_ops: list[str], un_ops: list[str]) -> Kernel:
+    vi = Var("vi")
+    a, b = ld("A", vi), ld("B", vi)
+    stores = []
+    for r, op in enumerate(bin_ops):
+        stores.append(Store("V", (Const(r), vi), Bin(op, a, b)))
+    for r, op in enumerate(un_ops):
+        stores.append(Store("V", (Const(len(bin_ops) + r), vi), Un(op, a)))
+    for r, op in enumerate(CMP + LOGIC):
+        stores.append(Store("P", (Const(r), vi), Bin(op, a, b)))
+    for r, op in enumerate(BOOL_UN):
+        stores.append(Store("P", (Const(len(CMP) + len(LOGIC) + r), vi), Un(op, a)))
+    nv, npred = len(bin_ops) + len(un_ops), len(CMP) + len(LOGIC) + len(BOOL_UN)
+    return elementwise_1d(
+        f"ops_{dtype}", [Buffer("A", dtype, (N,)), Buffer("B", dtype, (N,))],
+        [Buffer("V", dtype, (Const(nv), N)), Buffer("P", "bool", (Const(npred), N))], stores)
+
+
+def np_bin(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    isint = a.dtype.kind in "iu"
+    if op == "/" and isint:
+        q = np.trunc(a.astype(np.float64) / np.where(b == 0, 1, b))
+        return np.where(b == 0, 0, q).astype(a.dtype)
+    if op == "pow" and isint:
+        return np.power(a, np.abs(b) % 5)
+    table = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide,
+             "//": np.floor_divide, "%": np.mod, "fmod": np.fmod, "min": np.minimum,
+             "max": np.maximum, "pow": np.power, "<": np.less, "<=": np.less_equal,
+             ">": np.greater, ">=": np.greater_equal, "==": np.equal, "!=": np.not_equal,
+             "bitand": np.bitwise_and, "bitor": np.bitwise_or, "bitxor": np.bitwise_xor,
+             "shl": np.left_shift, "shr": np.right_shift}
+    if op in ("and", "or", "xor"):
+        return {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[op](a != 0, b != 0)
+    return table[op](a, b)
+
+
+def np_un(op: str, a: np.ndarray) -> np.ndarray:
+    if op == "neg":
+        return np.negative(a)
+    if op == "not":
+        return a == 0
+    if op == "bitnot":
+        return np.invert(a)
+    if op == "round":
+        return np.rint(a) if a.dtype.kind == "f" else a
+    if op == "erf":
+        import math
+
+        return np.array([math.erf(float(x)) for x in a], dtype=np.float64).astype(a.dtype)
+    if op in ("floor", "ceil") and a.dtype.kind != "f":
+        return a
+    fn = {"asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "asinh": np.arcsinh,
+          "acosh": np.arccosh, "atanh": np.arctanh}.get(op) or getattr(np, op)
+    return fn(a)
+
+
+@pytest.fixture(scope="module")
+def ops_f32() -> nb.NumbaKernel:
+    return nb.compile_kernel(ops_kernel("float32", FLOAT_BIN, FLOAT_UN))
+
+
+@pytest.fixture(scope="module")
+def ops_i32() -> nb.NumbaKernel:
+    k = ops_kernel("int32", INT_BIN, INT_UN)
+    # the pow row uses |b| % 5 as its exponent (negative exponents are tested separately)
+    row = INT_BIN.index("pow")
+    store = k.body[0].body[0].body[row]
+    store.value = Bin("pow", ld("A", Var("vi")), Bin("%", Un("abs", ld("B", Var("vi"))), c(5, "int32")))
+    return nb.compile_kernel(k)
+
+
+F32_A = np.array([0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 0.5, 1.5, -7.25, 3.0, 1e-3, 0.75, -0.3,
+                  np.nan, np.inf, -np.inf, 1e30, -1e-30, 100.0, 7.0], np.float32)
+F32_B = np.array([1.0, 2.0, 0.0, -0.0, 2.0, 2.0, -3.0, 0.5, 2.0, -4.0, 0.7, np.nan, 0.3,
+                  1.0, 2.0, np.inf, 1e-30, 3.0, -0.5, -2.5], np.float32)
+
+
+def test_float32_ops_match_numpy(ops_f32: nb.NumbaKernel) -> None:
+    n = len(F32_A)
+    V, P = run(ops_f32, [F32_A, F32_B], [((len(FLOAT_BIN) + len(FLOAT_UN), n), np.float32),
+                                         ((len(CMP) + len(LOGIC) + len(BOOL_UN), n), np.bool_)], [n])
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for r, op in enumerate(FLOAT_BIN):
+            want = np_bin(op, F32_A, F32_B)
+            (exact if op in EXACT_FLOAT else assert_close)(V[r], want, f"float32 {op}")
+        for r, op in enumerate(FLOAT_UN):
+            want = np_un(op, F32_A)
+            got = V[len(FLOAT_BIN) + r]
+            (exact if op in EXACT_FLOAT else assert_close)(got, want, f"float32 {op}")
+        for r, op in enumerate(CMP + LOGIC):
+            exact(P[r], np_bin(op, F32_A, F32_B), f"float32 {op}")
+        for r, op in enumerate(BOOL_UN):
+            exact(P[len(CMP) + len(LOGIC) + r], np_un(op, F32_A), f"float32 {op}")
+
+
+def test_float32_math_stays_float32(ops_f32: nb.NumbaKernel) -> None:
+    src = ops_f32.source
+    assert "np.float64" not in src and "math.exp(A[vi])" in src
+    # a chain float64 intermediates would get wrong: (x + 1e-8) - x == 0 in float32
+    vi = Var("vi")
+    k = elementwise_1d("f32_chain", [Buffer("X", "float32", (N,))], [Buffer("Y", "float32", (N,))],
+                       [Store("Y", (vi,), Bin("-", Bin("+", ld("X", vi), c(1e-8, "float64")), ld("X", vi)))])
+    assert "np.float32(1e-08)" in nb.emit_source(k)
+
+
+I32_A = np.array([7, -7, 7, -7, 0, 5, -2**31, 2**31 - 1, 13, -13, 1, 100, 3, -1, 6, 255], np.int32)
+I32_B = np.array([2, 2, -2, -2, 3, 0, -1, 1, 40, 31, -1, 7, 0, 5, 33, -3], np.int32)
+
+
+def test_int32_ops_match_numpy(ops_i32: nb.NumbaKernel) -> None:
+    n = len(I32_A)
+    V, P = run(ops_i32, [I32_A, I32_B], [((len(INT_BIN) + len(INT_UN), n), np.int32),
+                                         ((len(CMP) + len(LOGIC) + len(BOOL_UN), n), np.bool_)], [n])
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for r, op in enumerate(INT_BIN):
+            exact(V[r], np_bin(op, I32_A, I32_B), f"int32 {op}")
+        for r, op in enumerate(INT_UN):
+            exact(V[len(INT_BIN) + r], np_un(op, I32_A), f"int32 {op}")
+        for r, op in enumerate(CMP + LOGIC):
+            exact(P[r], np_bin(op, I32_A, I32_B), f"int32 {op}")
+        for r, op in enumerate(BOOL_UN):
+            exact(P[len(CMP) + len(LOGIC) + r], np_un(op, I32_A), f"int32 {op}")
+
+
+# ---------------------------------------------------------------------------------
+# integer/unsigned/bool/float16/float64 buffers and casts
+# ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mixed_dtypes() -> nb.NumbaKernel:
+    vi = Var("vi")
+    h1, h2 = ld("H1", vi), ld("H2", vi)
+    d = ld("D", vi)
+    q = ld("Q", vi)
+    u = ld("U", vi)
+    stores = [
+        # float16: every op rounds to float16, like numpy
+        Store("HO", (Const(0), vi), Bin("/", Bin("+", Bin("*", h1, h2), h1), h2)),
+        Store("HO", (Const(1), vi), Un("sqrt", Un("abs", h1))),
+        Store("HO", (Const(2), vi), Un("exp", Bin("*", h2, c(0.5, "float64")))),
+        Store("HO", (Const(3), vi), Cast("float16", d)),
+        Store("HO", (Const(4), vi), Bin("-", h1, c(2.5, "float16"))),
+        # float64 stays float64; int64 wraps; casts truncate toward zero
+        Store("DO", (vi,), Bin("+", Bin("/", d, c(3, "int64")), Cast("float64", h1))),
+        Store("QO", (Const(0), vi), Bin("-", Bin("*", q, c(3, "int64")), c(1, "int64"))),
+        Store("QO", (Const(1), vi), Cast("int64", d)),
+        Store("QO", (Const(2), vi), Bin("/", q, c(-4, "int64"))),
+        Store("QO", (Const(3), vi), Cast("int64", Bin(">", d, c(0.0, "float64")))),
+        # uint8 wraps and shifts logically
+        Store("UO", (Const(0), vi), Bin("+", u, c(200, "uint8"))),
+        Store("UO", (Const(1), vi), Bin("-", u, c(1, "uint8"))),
+        Store("UO", (Const(2), vi), Bin("shr", u, c(1, "uint8"))),
+        Store("UO", (Const(3), vi), Bin("//", u, c(7, "uint8"))),
+        Store("UO", (Const(4), vi), Cast("uint8", Cast("int32", h1))),
+        # bool buffers
+        Store("BO", (Const(0), vi), Bin("and", Bin(">", d, c(0.0, "float64")), ld("BI", vi))),
+        Store("BO", (Const(1), vi), Bin("xor", ld("BI", vi), Un("isnan", h1))),
+        Store("BO", (Const(2), vi), Cast("bool", q)),
+        Store("BO", (Const(3), vi), Bin("max", ld("BI", vi), Bin("<", q, c(0, "int64")))),
+    ]
+    k = elementwise_1d("mixed", [Buffer("H1", "float16", (N,)), Buffer("H2", "float16", (N,)),
+                                 Buffer("D", "float64", (N,)), Buffer("Q", "int64", (N,)),
+                                 Buffer("U", "uint8", (N,)), Buffer("BI", "bool", (N,))],
+                       [Buffer("HO", "float16", (Const(5), N)), Buffer("DO", "float64", (N,)),
+                        Buffer("QO", "int64", (Const(4), N)), Buffer("UO", "uint8", (Const(5), N)),
+                        Buffer("BO", "bool", (Const(4), N))], stores, ForKind.PARALLEL)
+    return nb.compile_kernel(k)
+
+
+@pytest.mark.parametrize("n", [9, 1000])
+def test_mixed_dtype_buffers(mixed_dtypes: nb.NumbaKernel, n: int) -> None:
+    rng = np.random.default_rng(n)
+    H1 = (rng.standard_normal(n) * 10).astype(np.float16)
+    H2 = (rng.standard_normal(n) * 3 + 0.1).astype(np.float16)
+    H1[0] = np.nan
+    D = rng.standard_normal(n) * 1e3
+    Q = rng.integers(-2**62, 2**62, n, dtype=np.int64)
+    U = rng.integers(0, 256, n, dtype=np.uint8)
+    BI = rng.random(n) > 0.5
+    HO, DO, QO, UO, BO = run(mixed_dtypes, [H1, H2, D, Q, U, BI],
+                             [((5, n), np.float16), ((n,), np.float64), ((4, n), np.int64),
+                              ((5, n), np.uint8), ((4, n), np.bool_)], [n])
+    with np.errstate(all="ignore"):
+        exact(HO[0], (H1 * H2 + H1) / H2, "float16 chain")
+        exact(HO[1], np.sqrt(np.abs(H1)), "float16 sqrt")
+        np.testing.assert_allclose(HO[2].astype(np.float32), np.exp(H2 * np.float16(0.5)).astype(np.float32),
+                                   rtol=1e-3)
+        exact(HO[3], D.astype(np.float16), "float64 -> float16")
+        exact(HO[4], H1 - np.float16(2.5), "float16 const")
+        exact(DO, D / 3 + H1.astype(np.float64), "float64")
+        exact(QO[0], Q * 3 - 1, "int64 wrap")
+        exact(QO[1], D.astype(np.int64), "float64 -> int64")
+        exact(QO[2], -(np.abs(Q) // 4) * np.sign(Q), "int64 division truncates")
+        exact(QO[3], (D > 0).astype(np.int64), "bool -> int64")
+        exact(UO[0], U + np.uint8(200), "uint8 wrap")
+        exact(UO[1], U - np.uint8(1), "uint8 wrap")
+        exact(UO[2], U >> np.uint8(1), "uint8 shr")
+        exact(UO[3], U // np.uint8(7), "uint8 //")
+        fin = np.isfinite(H1)
+        exact(UO[4][fin], H1[fin].astype(np.int32).astype(np.uint8), "float16 -> int32 -> uint8")
+        exact(BO[0], (D > 0) & BI)
+        exact(BO[1], BI ^ np.isnan(H1))
+        exact(BO[2], Q != 0)
+        exact(BO[3], BI | (Q < 0))
+    src = mixed_dtypes.source
+    assert "_g_h2f(H1[vi])" in src and "_g_f2h(" in src
+
+
+# ---------------------------------------------------------------------------------
+# emitter details and errors
+# ---------------------------------------------------------------------------------
+
+
+def test_promotion_rules() -> None:
+    vi = Var("vi")
+    k = elementwise_1d("promo", [Buffer("A", "int32", (N,)), Buffer("F", "float32", (N,))],
+                       [Buffer("O1", "int32", (N,)), Buffer("O2", "float64", (N,)),
+                        Buffer("O3", "float32", (N,))],
+                       [Store("O1", (vi,), Bin("+", ld("A", vi), c(1, "int64"))),
+                        Store("O2", (vi,), Bin("*", ld("A", vi), c(0.5, "float64"))),
+                        Store("O3", (vi,), Bin("*", ld("F", vi), c(2, "int64")))])
+    src = nb.emit_source(k)
+    assert "O1[vi] = np.int32(A[vi] + np.int32(1))" in src
+    assert "O2[vi] = np.float64(A[vi]) * 0.5" in src
+    assert "O3[vi] = F[vi] * np.float32(2.0)" in src
+
+
+def test_names_are_sanitised() -> None:
+    vi = Var("vi")
+    k = Kernel("fused-0.add", [Buffer("in", "float32", (Var("n.0"),))], [Buffer("np", "float32", (Var("n.0"),))],
+               ["n.0"], [For("range", Var("n.0"), [block("b", {"vi": Var("range")}, [
+                   Store("np", (vi,), Bin("+", ld("in", vi), c(1.0, "float32")))])])])
+    src = nb.emit_source(k)
+    compile(src, "<test>", "exec")
+    assert "def fused_0_add(in_, np_, n_0):" in src
+
+
+def test_register_indexed_by_variable_becomes_array() -> None:
+    vi, vl = Var("vi"), Var("vl")
+    body = [For("i", N, [For("l", K, [block("w", {"vi": Var("i"), "vl": Var("l")},
+                                            [Store("r", (vl,), ld("X", vi))])]),
+                         block("o", {"vi": Var("i")}, [Store("Y", (vi,), ld("r", Bin("-", K, Const(1))))])])]
+    k = Kernel("regarr", [Buffer("X", "float32", (N,))], [Buffer("Y", "float32", (N,))], ["N", "K"], body,
+               temps=[Buffer("r", "float32", (K,), "register")])
+    src = nb.emit_source(k)
+    assert "r = np.empty((K,), dtype=np.float32)" in src
+
+
+def test_emit_errors_name_the_kernel() -> None:
+    vi = Var("vi")
+    bad_op = elementwise_1d("bad_op", [Buffer("X", "float32", (N,))], [Buffer("Y", "float32", (N,))],
+                            [Store("Y", (vi,), Un("frobnicate", ld("X", vi)))])
+    with pytest.raises(CodegenError, match="bad_op.*frobnicate"):
+        nb.emit_source(bad_op)
+    unbound = elementwise_1d("unbound", [Buffer("X", "float32", (N,))], [Buffer("Y", "float32", (N,))],
+                             [Store("Y", (vi,), ld("X", Var("zz")))])
+    with pytest.raises(CodegenError, match="unbound.*'zz'"):
+        nb.emit_source(unbound)
+    neg_bool = elementwise_1d("neg_bool", [Buffer("X", "bool", (N,))], [Buffer("Y", "bool", (N,))],
+                              [Store("Y", (vi,), Un("neg", ld("X", vi)))])
+    with pytest.raises(CodegenError, match="neg_bool"):
+        nb.emit_source(neg_bool)
+
+
+def test_numba_failure_reports_generated_line() -> None:
+    vi = Var("vi")
+    k = elementwise_1d("undefined_reg", [Buffer("X", "float32", (N,))], [Buffer("Y", "float32", (N,))],
+                       [Store("Y", (vi,), Bin("+", ld("X", vi), ld("acc")))])
+    k.temps.append(Buffer("acc", "float32", (), "register"))
+    with pytest.raises(CodegenError) as info:
+        nb.compile_kernel(k)
+    msg = str(info.value)
+    assert "undefined_reg" in msg and "generated source line" in msg and "acc" in msg
+
+
+def test_same_kernel_compiles_once(unrolled: nb.NumbaKernel) -> None:
+    again = nb.compile_kernel(unrolled_kernel_copy(unrolled))
+    assert again is unrolled
+
+
+def unrolled_kernel_copy(k: nb.NumbaKernel) -> Kernel:
+    vi, vj = Var("vi"), Var("vj")
+    body = [For("i", N, [For("j", Const(4), [
+        block("scale", {"vi": Var("i"), "vj": Var("j")}, [Store("Y", (vi, vj), Bin(
+            "*", ld("X", vi, vj), Cast("float32", Bin("+", vj, Const(1)))))])
+    ], ForKind.UNROLLED)])]
+    return Kernel("unrolled", [Buffer("X", "float32", (N, Const(4)))],
+                  [Buffer("Y", "float32", (N, Const(4)))], ["N"], body)
+
+
+def test_fastmath_flags_follow_policy() -> None:
+    k = unrolled_kernel_copy(None)  # type: ignore[arg-type]
+    fast = nb.emit_source(k, fastmath=True)
+    for flag in ("nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"):
+        assert repr(flag) in fast
+    assert '"fastmath": False' in nb.emit_source(k)
+
+
+def test_set_num_threads() -> None:
+    before = nb.get_num_threads()
+    try:
+        assert nb.set_num_threads(1) == 1
+        assert nb.set_num_threads(0) == numba.config.NUMBA_NUM_THREADS
+        assert nb.set_num_threads(10_000) == numba.config.NUMBA_NUM_THREADS
+        with pytest.raises(OptionError):
+            nb.set_num_threads(-1)
+    finally:
+        nb.set_num_threads(before)

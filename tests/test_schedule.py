@@ -1,0 +1,865 @@
+"""Schedule primitives: each is applied to hand-built kernels in the lowering
+convention and checked against the AST interpreter, plus requirement violations,
+trace replay and a property test over random loop transformations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from geode.codegen.ast import (
+    Bin,
+    Block,
+    Buffer,
+    Cast,
+    Const,
+    Expr,
+    For,
+    ForKind,
+    IterVar,
+    Kernel,
+    Load,
+    Stmt,
+    Store,
+    Un,
+    Var,
+    format_kernel,
+)
+from geode.codegen.ast_eval import run_kernel
+from geode.codegen.schedule import Schedule, Trace, alloc_loop
+from geode.errors import ScheduleError
+
+F32 = "float32"
+
+
+def f32(x: float) -> Const:
+    return Const(float(x), F32)
+
+
+# ---------------------------------------------------------------------------------
+# hand-built kernels in the lowering convention
+# ---------------------------------------------------------------------------------
+
+
+def _dim(d: int | str) -> Expr:
+    return Const(d) if isinstance(d, int) else Var(d)
+
+
+def ew(
+    name: str, out: str, shape: Sequence[int | str], value: Callable[[list[Expr]], Expr]
+) -> Stmt:
+    """``for name_i0 .. for name_i{r-1}: out[v] = value(v)`` with iter vars vi0.."""
+    ext = [_dim(d) for d in shape]
+    ivs = [IterVar(f"vi{k}", e) for k, e in enumerate(ext)]
+    loops = [f"{name}_i{k}" for k in range(len(ext))]
+    v = [Var(iv.name) for iv in ivs]
+    blk = Block(name, ivs, [Var(lp) for lp in loops], [Store(out, tuple(v), value(v))])
+    body: Stmt = blk
+    for lp, e in reversed(list(zip(loops, ext))):
+        body = For(lp, e, [body])
+    return body
+
+
+def reduce_(
+    name: str,
+    out: str,
+    in_shape: Sequence[int | str],
+    axes: Sequence[int],
+    value: Callable[[list[Expr]], Expr],
+    op: str = "+",
+    identity: float = 0.0,
+    keepdims: bool = False,
+) -> list[Stmt]:
+    """Init block ``name__init`` over the output shape, then the reduce block whose
+    spatial iter vars are the kept axes and reduce iter vars the reduced ones."""
+    ext = [_dim(d) for d in in_shape]
+    kept = [k for k in range(len(ext)) if k not in axes]
+    out_ext = [ext[k] if k in kept else Const(1) for k in range(len(ext))] if keepdims else [
+        ext[k] for k in kept
+    ]
+    # init
+    iivs = [IterVar(f"vi{k}", e) for k, e in enumerate(out_ext)]
+    iloops = [f"{name}__init_i{k}" for k in range(len(out_ext))]
+    init: Stmt = Block(
+        f"{name}__init",
+        iivs,
+        [Var(lp) for lp in iloops],
+        [Store(out, tuple(Var(iv.name) for iv in iivs), f32(identity))],
+        reduce_of=name,
+    )
+    for lp, e in reversed(list(zip(iloops, out_ext))):
+        init = For(lp, e, [init])
+    # reduce: spatial loops (kept axes) outside, reduce loops inside
+    sp = [IterVar(f"vi{j}", ext[k]) for j, k in enumerate(kept)]
+    rd = [IterVar(f"vk{j}", ext[k], "reduce") for j, k in enumerate(axes)]
+    in_idx: list[Expr] = [Const(0)] * len(ext)
+    for iv, k in zip(sp, kept):
+        in_idx[k] = Var(iv.name)
+    for iv, k in zip(rd, axes):
+        in_idx[k] = Var(iv.name)
+    if keepdims:
+        out_idx = tuple(in_idx[k] if k in kept else Const(0) for k in range(len(ext)))
+    else:
+        out_idx = tuple(Var(iv.name) for iv in sp)
+    loops = [f"{name}_i{j}" for j in range(len(sp))] + [f"{name}_k{j}" for j in range(len(rd))]
+    acc = Load(out, out_idx)
+    blk: Stmt = Block(
+        name,
+        sp + rd,
+        [Var(lp) for lp in loops],
+        [Store(out, out_idx, Bin(op, acc, value(in_idx)))],
+    )
+    for lp, iv in reversed(list(zip(loops, sp + rd))):
+        blk = For(lp, iv.extent, [blk])
+    return [init, blk]
+
+
+def buf(name: str, shape: Sequence[int | str], scope: str = "global", dtype: str = F32) -> Buffer:
+    return Buffer(name, dtype, tuple(_dim(d) for d in shape), scope)
+
+
+def ld(b: str, idx: Sequence[Expr]) -> Load:
+    return Load(b, tuple(idx))
+
+
+def k_eltwise(n: int | str = "N", m: int | str = 6) -> Kernel:
+    """T+T chain: A = X * 2; B = A + Y; O = B * X (A, B local temps)."""
+    dims = [d for d in (n, m) if isinstance(d, str)]
+    sh = [n, m]
+    body = [
+        ew("mul_0", "A", sh, lambda v: Bin("*", ld("X", v), f32(2))),
+        ew("add_1", "B", sh, lambda v: Bin("+", ld("A", v), ld("Y", v))),
+        ew("mul_2", "O", sh, lambda v: Bin("*", ld("B", v), ld("X", v))),
+    ]
+    return Kernel(
+        "eltwise",
+        [buf("X", sh), buf("Y", sh)],
+        [buf("O", sh)],
+        dims,
+        body,
+        [buf("A", sh, "local"), buf("B", sh, "local")],
+    )
+
+
+def k_reduce(n: int | str = "N", m: int | str = 10, op: str = "+") -> Kernel:
+    """S[i] = reduce_j X[i, j] (op + or max)."""
+    dims = [d for d in (n, m) if isinstance(d, str)]
+    ident = 0.0 if op == "+" else float("-inf")
+    body = reduce_("sum_0", "S", [n, m], [1], lambda i: ld("X", i), op, ident)
+    return Kernel("reduce", [buf("X", [n, m])], [buf("S", [n])], dims, body)
+
+
+def k_chain(s1: int | str = "S1", s2: int | str = "S2", k: int = 8) -> Kernel:
+    """CINN's example: X*2 -> +1 -> ReduceSum(last) -> *2 -> broadcast -> +1."""
+    dims = [d for d in (s1, s2) if isinstance(d, str)]
+    sh3, sh2 = [s1, s2, k], [s1, s2]
+    body = [
+        ew("A", "A", sh3, lambda v: Bin("*", ld("X", v), f32(2))),
+        ew("B", "B", sh3, lambda v: Bin("+", ld("A", v), f32(1))),
+        *reduce_("C", "C", sh3, [2], lambda i: ld("B", i)),
+        ew("D", "D", sh2, lambda v: Bin("*", ld("C", v), f32(2))),
+        ew("E", "E", sh3, lambda v: ld("D", v[:2])),
+        ew("F", "F", sh3, lambda v: Bin("+", ld("E", v), f32(1))),
+    ]
+    temps = [buf("A", sh3, "local"), buf("B", sh3, "local"), buf("C", sh2, "local"),
+             buf("D", sh2, "local"), buf("E", sh3, "local")]
+    return Kernel("chain", [buf("X", sh3)], [buf("F", sh3)], dims, body, temps)
+
+
+def k_layernorm(n: int | str = "N", d: int | str = "D") -> Kernel:
+    """Two reductions: mean, centred, variance, normalised output."""
+    dims = [x for x in (n, d) if isinstance(x, str)]
+    fd = Cast(F32, _dim(d))
+    body = [
+        *reduce_("sum_0", "S1", [n, d], [1], lambda i: ld("X", i)),
+        ew("mean_1", "M", [n], lambda v: Bin("/", ld("S1", v), fd)),
+        ew("sub_2", "XC", [n, d], lambda v: Bin("-", ld("X", v), ld("M", v[:1]))),
+        ew("sq_3", "SQ", [n, d], lambda v: Bin("*", ld("XC", v), ld("XC", v))),
+        *reduce_("sum_4", "S2", [n, d], [1], lambda i: ld("SQ", i)),
+        ew("var_5", "V", [n], lambda v: Bin("+", Bin("/", ld("S2", v), fd), f32(1e-5))),
+        ew("norm_6", "Y", [n, d],
+           lambda v: Bin("/", ld("XC", v), Un("sqrt", ld("V", v[:1])))),
+    ]
+    temps = [buf("S1", [n], "local"), buf("M", [n], "local"), buf("XC", [n, d], "local"),
+             buf("SQ", [n, d], "local"), buf("S2", [n], "local"), buf("V", [n], "local")]
+    return Kernel("layernorm", [buf("X", [n, d])], [buf("Y", [n, d])], dims, body, temps)
+
+
+def k_keepdims_max(n: int | str = "N", m: int | str = 5) -> Kernel:
+    """Max over axis 0 with keepdims, then subtract (softmax-like epilogue)."""
+    dims = [d for d in (n, m) if isinstance(d, str)]
+    body = [
+        *reduce_("max_0", "MX", [n, m], [0], lambda i: ld("X", i), "max", float("-inf"), True),
+        ew("sub_1", "O", [n, m], lambda v: Bin("-", ld("X", v), ld("MX", [Const(0), v[1]]))),
+    ]
+    return Kernel("kmax", [buf("X", [n, m])], [buf("O", [n, m])], dims, body,
+                  [buf("MX", [1, m], "local")])
+
+
+# ---------------------------------------------------------------------------------
+# checking helpers
+# ---------------------------------------------------------------------------------
+
+
+def _inputs(k: Kernel, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    from geode.codegen.ast_eval import eval_shape
+
+    rng = np.random.default_rng(seed)
+    return {
+        b.name: rng.standard_normal(eval_shape(b.shape, dims)).astype(b.dtype) for b in k.inputs
+    }
+
+
+def check_same(
+    before: Kernel, after: Kernel, dims_list: Sequence[dict[str, int]], rtol: float = 1e-5
+) -> None:
+    """Both kernels give the same outputs on random inputs for every dims binding."""
+    for i, dims in enumerate(dims_list):
+        arrays = _inputs(before, dims, i)
+        want = run_kernel(before, arrays, dims)
+        got = run_kernel(after, arrays, dims)
+        for name, w in want.items():
+            assert not np.isnan(w).any(), f"reference {name} reads uninitialised data"
+            np.testing.assert_allclose(got[name], w, rtol=rtol, atol=1e-5, err_msg=f"{name} {dims}")
+
+
+def check_replay(k: Kernel, sch: Schedule) -> None:
+    assert format_kernel(sch.trace.replay(k).kernel) == format_kernel(sch.kernel)
+
+
+def raises(prim: str, block: str | None = None) -> pytest.RaisesContext:
+    pat = f"schedule primitive '{prim}' on block '{block}'" if block else f"'{prim}'"
+    return pytest.raises(ScheduleError, match=pat.replace("(", r"\(").replace(")", r"\)"))
+
+
+DIMS_N = [{"N": 1}, {"N": 3}, {"N": 5}]
+DIMS_CH = [{"S1": 1, "S2": 3}, {"S1": 2, "S2": 2}]
+DIMS_LN = [{"N": 2, "D": 5}, {"N": 3, "D": 8}]
+
+
+# ---------------------------------------------------------------------------------
+# interpreter sanity on the sample kernels
+# ---------------------------------------------------------------------------------
+
+
+def test_sample_kernels_match_numpy() -> None:
+    dims = {"N": 3, "D": 7}
+    x = _inputs(k_layernorm(), dims)["X"]
+    y = run_kernel(k_layernorm(), {"X": x}, dims)["Y"]
+    mu = x.mean(1, keepdims=True)
+    ref = (x - mu) / np.sqrt(((x - mu) ** 2).mean(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
+    dims = {"S1": 2, "S2": 3}
+    x = _inputs(k_chain(), dims)["X"]
+    f = run_kernel(k_chain(), {"X": x}, dims)["F"]
+    ref = np.broadcast_to(((x * 2 + 1).sum(-1, keepdims=True) * 2), x.shape) + 1
+    np.testing.assert_allclose(f, ref, rtol=1e-5, atol=1e-5)
+    x = _inputs(k_keepdims_max(), {"N": 4})["X"]
+    o = run_kernel(k_keepdims_max(), {"X": x}, {"N": 4})["O"]
+    np.testing.assert_allclose(o, x - x.max(0, keepdims=True))
+
+
+# ---------------------------------------------------------------------------------
+# queries
+# ---------------------------------------------------------------------------------
+
+
+def test_queries() -> None:
+    sch = Schedule(k_chain())
+    assert sch.blocks() == ["A", "B", "C__init", "C", "D", "E", "F"]
+    assert sch.get_loops("C") == ["C_i0", "C_i1", "C_k0"]
+    assert sch.get_block("D").name == "D"
+    assert sch.producers("C") == ["B"]
+    assert sch.consumers("C") == ["D"]
+    assert sch.consumers("C__init") == ["D"]
+    assert sch.writers("C") == ["C__init", "C"]
+    assert sch.readers("D") == ["E"]
+    with raises("get_block", "nope"):
+        sch.get_block("nope")
+    assert len(sch.trace) == 0
+
+
+# ---------------------------------------------------------------------------------
+# split
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factors", [[-1, 4], [None, 2, 2], [2, -1], [3, 4], [1, -1, 1]])
+def test_split_eltwise(factors: list[int | None]) -> None:
+    k = k_eltwise()
+    sch = Schedule(k)
+    names = sch.split("mul_0_i1", factors)  # m = 6: some divide, some do not
+    assert names == [f"mul_0_i1_{i}" for i in range(len(factors))]
+    assert sch.get_loops("mul_0") == ["mul_0_i0", *names]
+    names = sch.split("add_1_i0", [-1, 2])  # symbolic N
+    assert sch.get_block("add_1").predicate is not None
+    check_same(k, sch.kernel, DIMS_N)
+    check_replay(k, sch)
+
+
+def test_split_divisible_has_no_predicate() -> None:
+    sch = Schedule(k_eltwise(m=6))
+    sch.split("mul_0_i1", [-1, 3])
+    assert sch.get_block("mul_0").predicate is None
+    text = str(sch)
+    assert "mul_0_i1_0 * 3 + mul_0_i1_1" in text
+
+
+def test_split_reduce_loop_non_divisible() -> None:
+    k = k_reduce(m=10)
+    sch = Schedule(k)
+    sch.split("sum_0_k0", [-1, 4])
+    sch.split("sum_0_i0", [2, -1])
+    check_same(k, sch.kernel, DIMS_N)
+    k = k_reduce(m="M")
+    sch = Schedule(k)
+    sch.split("sum_0_k0", [-1, 3])
+    check_same(k, sch.kernel, [{"N": 2, "M": 1}, {"N": 2, "M": 7}, {"N": 1, "M": 9}])
+
+
+def test_split_errors() -> None:
+    sch = Schedule(k_eltwise())
+    with raises("split", "mul_0"):
+        sch.split("mul_0_i1", [-1, None])
+    with raises("split", "mul_0"):
+        sch.split("mul_0_i1", [0, -1])
+    with raises("split", "mul_0"):
+        sch.split("mul_0_i0", [2, 2])  # symbolic extent, nothing inferred
+    with raises("split", "mul_0"):
+        sch.split("mul_0_i1", [2, 2])  # covers 4 < 6
+    with raises("split", "mul_0"):
+        sch.split("mul_0_i1", [6])
+    with raises("split"):
+        sch.split("nope", [-1, 2])
+    assert len(sch.trace) == 0
+    assert format_kernel(sch.kernel) == format_kernel(k_eltwise())
+
+
+# ---------------------------------------------------------------------------------
+# fuse / reorder
+# ---------------------------------------------------------------------------------
+
+
+def test_fuse_and_reorder() -> None:
+    k = k_eltwise()
+    sch = Schedule(k)
+    f = sch.fuse(["mul_0_i0", "mul_0_i1"])
+    assert f == "mul_0_i0_mul_0_i1_fused"
+    assert "mul_0_i0_mul_0_i1_fused // 6" in str(sch)
+    sch.reorder(["add_1_i1", "add_1_i0"])
+    assert sch.get_loops("add_1") == ["add_1_i1", "add_1_i0"]
+    a, b = sch.split("mul_2_i1", [-1, 4])
+    sch.reorder([b, "mul_2_i0", a])
+    assert sch.get_loops("mul_2") == [b, "mul_2_i0", a]
+    sch.fuse([b, "mul_2_i0"])
+    check_same(k, sch.kernel, DIMS_N)
+    check_replay(k, sch)
+
+
+def test_fuse_reorder_reduce() -> None:
+    k = k_reduce()
+    sch = Schedule(k)
+    sch.reorder(["sum_0_k0", "sum_0_i0"])  # reduce loop outermost
+    check_same(k, sch.kernel, DIMS_N)
+    k = k_chain()
+    sch = Schedule(k)
+    sch.fuse(["C_i0", "C_i1", "C_k0"])  # spatial and reduce loops in one
+    sch.fuse(["A_i0", "A_i1", "A_i2"])
+    sch.split("A_i0_A_i1_A_i2_fused", [-1, 5])
+    check_same(k, sch.kernel, DIMS_CH)
+    check_replay(k, sch)
+
+
+def test_fuse_reorder_errors() -> None:
+    sch = Schedule(k_chain())
+    with raises("fuse", "C"):
+        sch.fuse(["C_i0", "C_k0"])  # not adjacent
+    with raises("fuse", "C"):
+        sch.fuse(["C_i1", "C_i0"])  # wrong order
+    with raises("fuse"):
+        sch.fuse(["C_i0"])
+    with raises("reorder", "C"):
+        sch.reorder(["C_i0", "D_i0"])  # different nests
+    with raises("reorder"):
+        sch.reorder(["C_i0", "C_i0"])
+    sch.align_all()
+    with raises("compute_at", "D"):
+        sch.compute_at("D", "F_sp")  # E reads D and would then run before it
+    sch.compute_at("E", "F_rb")
+    sch.compute_at("D", "F_sp")
+    with raises("reorder", "D"):
+        sch.reorder(["F_rb", "F_sp"])  # F_sp holds D and F_rb
+    n = len(sch.trace)
+    with raises("fuse", "D"):
+        sch.fuse(["F_sp", "F_rb"])
+    assert len(sch.trace) == n
+
+
+# ---------------------------------------------------------------------------------
+# align
+# ---------------------------------------------------------------------------------
+
+
+def test_align_all_chain() -> None:
+    k = k_chain()
+    sch = Schedule(k)
+    loops = sch.align_all()
+    assert loops["C"] == ["C_sp", "C_rb"]
+    assert loops["A"] == ["A_sp", "A_rb"]  # impure spatial axis inferred
+    assert loops["F"] == ["F_sp", "F_rb"]
+    assert loops["D"] == ["D_sp"]
+    assert loops["C__init"] == ["C__init_sp"]
+    c = sch.get_loop("C_sp")
+    assert format_kernel(sch.kernel).count("(C_sp, 0, S1 * S2)") == 1
+    assert c.extent == sch.get_loop("F_sp").extent == sch.get_loop("D_sp").extent
+    assert "C_sp // S2, C_sp % S2, C_rb" in str(sch)
+    # idempotent
+    assert sch.align("C") == ["C_sp", "C_rb"]
+    check_same(k, sch.kernel, DIMS_CH)
+    check_replay(k, sch)
+
+
+def test_align_keepdims_and_explicit_axes() -> None:
+    k = k_keepdims_max()
+    sch = Schedule(k)
+    assert sch.align("max_0") == ["max_0_sp", "max_0_rb"]
+    assert sch.align("max_0__init") == ["max_0__init_sp"]
+    assert sch.align("sub_1", reduce_axes=[0]) == ["sub_1_sp", "sub_1_rb"]
+    check_same(k, sch.kernel, DIMS_N)
+    k = k_layernorm()
+    sch = Schedule(k)
+    sch.align_all()
+    assert sch.get_loops("sub_2") == ["sub_2_sp", "sub_2_rb"]
+    assert sch.get_loops("mean_1") == ["mean_1_sp"]
+    check_same(k, sch.kernel, DIMS_LN)
+
+
+def test_align_errors() -> None:
+    sch = Schedule(k_eltwise())
+    sch.split("mul_0_i1", [-1, 4])
+    with raises("align", "mul_0"):
+        sch.align("mul_0")  # split: not bound 1:1 and predicated
+    sch.reorder(["add_1_i1", "add_1_i0"])
+    assert sch.align("add_1") == ["add_1_sp"]  # reordered 1:1 loops are fine
+    with raises("align", "mul_2"):
+        sch.align("mul_2", reduce_axes=[3])
+    sch2 = Schedule(k_chain())
+    sch2.align_all()
+    sch2.compute_at("E", "F_rb")
+    assert sch2.align("E", [2]) == ["F_sp", "F_rb"]  # canonical inside F's nest
+    sch2.split("F_rb", [-1, 2])
+    with raises("align", "E"):
+        sch2.align("E", [2])  # shares F's nest, and split
+
+
+# ---------------------------------------------------------------------------------
+# compute_inline / reverse_compute_inline
+# ---------------------------------------------------------------------------------
+
+
+def test_compute_inline_chain() -> None:
+    k = k_chain()
+    sch = Schedule(k)
+    sch.compute_inline("A")
+    sch.compute_inline("B")
+    assert sch.blocks() == ["C__init", "C", "D", "E", "F"]
+    assert [t.name for t in sch.kernel.temps] == ["C", "D", "E"]
+    assert "X[vi0, vi1, vk0] * 2.0f + 1.0f" in str(sch)
+    sch.compute_inline("E")  # broadcast into its consumer
+    sch.compute_inline("D")
+    assert "C[vi0, vi1] * 2.0f + 1.0f" in str(sch)
+    check_same(k, sch.kernel, DIMS_CH)
+    check_replay(k, sch)
+
+
+def test_compute_inline_after_align_and_split() -> None:
+    k = k_layernorm()
+    sch = Schedule(k)
+    sch.align_all()
+    sch.split("sub_2_rb", [-1, 3])
+    sch.compute_inline("sq_3")
+    sch.compute_inline("mean_1")
+    sch.compute_inline("sub_2")  # read twice by sum_4 and by norm_6
+    check_same(k, sch.kernel, DIMS_LN)
+    check_replay(k, sch)
+
+
+def test_compute_inline_errors() -> None:
+    sch = Schedule(k_chain())
+    with raises("compute_inline", "F"):
+        sch.compute_inline("F")  # group output
+    with raises("compute_inline", "C"):
+        sch.compute_inline("C")  # reduction
+    with raises("compute_inline", "C__init"):
+        sch.compute_inline("C__init")
+    with raises("compute_inline", "zz"):
+        sch.compute_inline("zz")
+    sch.align_all()
+    sch.compute_at("E", "F_rb")  # E shrinks to a register: index no longer its iter vars
+    with raises("compute_inline", "E"):
+        sch.compute_inline("E")
+
+
+def test_reverse_compute_inline() -> None:
+    k = k_chain()
+    sch = Schedule(k)
+    sch.reverse_compute_inline("F")  # F folded into E
+    assert "F" not in sch.blocks()
+    assert "F[vi0, vi1, vi2] = D[vi0, vi1] + 1.0f" in str(sch)
+    assert "E" not in [t.name for t in sch.kernel.temps]
+    sch.reverse_compute_inline("B")
+    check_same(k, sch.kernel, DIMS_CH)
+    check_replay(k, sch)
+    k = k_eltwise()
+    sch = Schedule(k)
+    sch.reorder(["add_1_i1", "add_1_i0"])
+    sch.reverse_compute_inline("add_1")  # consumer reads X as well as A
+    check_same(k, sch.kernel, DIMS_N)
+
+
+def test_reverse_compute_inline_errors() -> None:
+    sch = Schedule(k_layernorm())
+    with raises("reverse_compute_inline", "norm_6"):
+        sch.reverse_compute_inline("norm_6")  # two produced inputs (XC, V)
+    with raises("reverse_compute_inline", "sq_3"):
+        sch.reverse_compute_inline("sq_3")  # XC also read by norm_6
+    with raises("reverse_compute_inline", "mean_1"):
+        sch.reverse_compute_inline("mean_1")  # producer is a reduction
+    with raises("reverse_compute_inline", "sum_4"):
+        sch.reverse_compute_inline("sum_4")
+    sch2 = Schedule(k_chain())
+    with raises("reverse_compute_inline", "E"):
+        sch2.reverse_compute_inline("E")  # E's load D[vi0, vi1] misses vi2
+
+
+# ---------------------------------------------------------------------------------
+# rfactor
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m,factor", [(10, 4), (8, 4), ("M", 3), (7, 1)])
+def test_rfactor_reduce(m: int | str, factor: int) -> None:
+    k = k_reduce(m=m)
+    sch = Schedule(k)
+    loops = sch.rfactor("sum_0", "sum_0_k0", factor)
+    assert loops == ["sum_0_k0_0", "sum_0_k0_1"]
+    assert sch.blocks() == ["sum_0__init", "sum_0_rf__init", "sum_0_rf", "sum_0"]
+    rf = sch.kernel.buffer("S_rf")
+    assert rf.scope == "local" and rf.shape[-1] == Const(factor)
+    dims = [{"N": 2, "M": 1}, {"N": 3, "M": 7}] if m == "M" else DIMS_N
+    check_same(k, sch.kernel, dims)
+    sch.vectorize("sum_0_k0_1")  # the partials' axis is spatial for the rf block
+    sch.parallel("sum_0_i0")
+    check_same(k, sch.kernel, dims)
+    check_replay(k, sch)
+
+
+def test_rfactor_max_and_aligned_chain() -> None:
+    k = k_reduce(op="max")
+    sch = Schedule(k)
+    sch.rfactor("sum_0", "sum_0_k0", 3)
+    check_same(k, sch.kernel, DIMS_N)
+    k = k_chain()
+    sch = Schedule(k)
+    sch.align_all()
+    r0, r1 = sch.rfactor("C", "C_rb", 4)
+    sch.compute_inline("A")
+    sch.compute_inline("B")
+    check_same(k, sch.kernel, DIMS_CH)
+    check_replay(k, sch)
+
+
+def test_rfactor_errors() -> None:
+    sch = Schedule(k_reduce())
+    with raises("rfactor", "sum_0__init"):
+        sch.rfactor("sum_0__init", "sum_0__init_i0", 2)
+    with raises("rfactor", "sum_0"):
+        sch.rfactor("sum_0", "sum_0_i0", 2)  # spatial loop
+    with raises("rfactor", "sum_0"):
+        sch.rfactor("sum_0", "sum_0_k0", 0)
+    with raises("rfactor", "sum_0"):
+        sch.rfactor("sum_0", "sum_0__init_i0", 2)  # not the block's loop
+    sch.reorder(["sum_0_k0", "sum_0_i0"])
+    with raises("rfactor", "sum_0"):
+        sch.rfactor("sum_0", "sum_0_k0", 2)  # reduce loop outside spatial
+    sch2 = Schedule(k_eltwise())
+    with raises("rfactor", "mul_0"):
+        sch2.rfactor("mul_0", "mul_0_i1", 2)
+
+
+# ---------------------------------------------------------------------------------
+# compute_at
+# ---------------------------------------------------------------------------------
+
+
+def test_compute_at_cinn_flow() -> None:
+    """CINN's walk-through: align, inline, compute everything at F's loops."""
+    k = k_chain()
+    sch = Schedule(k)
+    sch.align_all()
+    sch.compute_inline("A")
+    sch.compute_inline("B")
+    assert sch.compute_at("E", "F_rb") == ["F_sp", "F_rb"]
+    assert sch.compute_at("D", "F_sp") == ["F_sp"]
+    assert sch.compute_at("C", "F_sp") == ["F_sp", "C_rb"]
+    assert sch.get_loops("C__init") == ["F_sp"]
+    assert sch.blocks() == ["C__init", "C", "D", "E", "F"]
+    for t in ("C", "D", "E"):
+        b = sch.kernel.buffer(t)
+        assert b.scope == "register" and b.shape == ()
+        assert alloc_loop(sch.kernel, t) in ("F_sp", "F_rb")
+    check_same(k, sch.kernel, DIMS_CH)
+    sch.parallel("F_sp")
+    sch.vectorize("F_rb")
+    sch.unroll("C_rb")
+    check_same(k, sch.kernel, DIMS_CH)
+    check_replay(k, sch)
+
+
+def test_compute_at_tiled_nests() -> None:
+    """Tile every nest identically (non-dividing), then compute at the tile loop."""
+    k = k_chain()
+    sch = Schedule(k)
+    sch.align_all()
+    for b in ("C__init", "C", "D", "F"):
+        sch.split(f"{b}_sp", [-1, 4])
+    sch.compute_inline("E")
+    sch.compute_inline("A")
+    sch.compute_inline("B")
+    sch.compute_at("D", "F_sp_1")
+    sch.compute_at("C", "F_sp_1")
+    assert sch.kernel.buffer("C").scope == "register"
+    sch.parallel("F_sp_0")
+    check_same(k, sch.kernel, DIMS_CH + [{"S1": 3, "S2": 3}])
+    check_replay(k, sch)
+
+
+def test_compute_at_unaligned_product_match() -> None:
+    """Lowered (unaligned) producer nests matched by extent product."""
+    k = k_chain()
+    sch = Schedule(k)
+    sch.align("F", [2])
+    sch.compute_at("E", "F_rb")  # E's (S1, S2, 8) loops recomputed from (F_sp, F_rb)
+    sch.compute_at("D", "F_sp")  # D's (S1, S2) loops recomputed from F_sp
+    assert "F_sp // S2" in str(sch)
+    check_same(k, sch.kernel, DIMS_CH)
+    check_replay(k, sch)
+
+
+def test_compute_at_partial_shrink_and_consumer() -> None:
+    k = k_layernorm()
+    sch = Schedule(k)
+    sch.align_all()
+    # XC is read by sq_3 and norm_6: compute it, the square and the variance per row
+    sch.compute_at("sq_3", "sum_4_sp")  # sq_3 before sum_4 in its sp loop
+    assert sch.kernel.buffer("SQ").shape == (Const(1), Var("D"))
+    sch.compute_at("var_5", "sum_4_sp")  # consumer: goes last
+    assert sch.blocks().index("var_5") == sch.blocks().index("sum_4") + 1
+    check_same(k, sch.kernel, DIMS_LN)
+    sch.parallel("sum_4_sp")
+    check_same(k, sch.kernel, DIMS_LN)
+    check_replay(k, sch)
+
+
+def test_compute_at_layernorm_full() -> None:
+    k = k_layernorm()
+    sch = Schedule(k)
+    sch.align_all()
+    sch.compute_inline("sq_3")
+    sch.compute_inline("mean_1")
+    sch.compute_inline("sub_2")
+    sch.compute_at("var_5", "norm_6_sp")
+    sch.compute_at("sum_4", "norm_6_sp")
+    sch.compute_at("sum_0", "norm_6_sp")
+    for t in ("S1", "S2", "V"):
+        assert sch.kernel.buffer(t).scope == "register"
+    sch.rfactor("sum_4", "sum_4_rb", 4)
+    sch.vectorize("sum_4_rb_1")
+    sch.parallel("norm_6_sp")
+    check_same(k, sch.kernel, DIMS_LN)
+    check_replay(k, sch)
+
+
+def test_compute_at_errors() -> None:
+    sch = Schedule(k_chain())
+    sch.align_all()
+    with raises("compute_at", "C__init"):
+        sch.compute_at("C__init", "F_sp")
+    with raises("compute_at", "C"):
+        sch.compute_at("C", "F_rb")  # C's reduce loop would be identified with F_rb
+    with raises("compute_at", "C"):
+        sch.compute_at("C", "C_rb")  # own nest
+    with raises("compute_at", "D"):
+        sch.compute_at("D", "A_rb")  # extents: S1*S2 vs (S1*S2, 8)... D does not feed A
+    sch.compute_at("E", "F_sp")  # E keeps its rb loop, covering what F reads
+    assert sch.kernel.buffer("E").shape == (Const(1), Const(1), Const(8))
+    check_same(k_chain(), sch.kernel, DIMS_CH)
+    with raises("compute_at", "D"):
+        sch.compute_at("D", "E_rb")  # D spans S1*S2 points, E_sp x E_rb spans S1*S2*8
+    # cross-iteration read: a consumer reading a shifted element of the producer
+    k = k_eltwise(n=4, m=6)
+    k.body[1] = ew("add_1", "B", [4, 6], lambda v: Bin("+", ld("A", [Bin("%", Bin(
+        "+", v[0], Const(1)), Const(4)), v[1]]), ld("Y", v)))
+    sch3 = Schedule(k)
+    with raises("compute_at", "mul_0"):
+        sch3.compute_at("mul_0", "add_1_i0")
+    assert format_kernel(sch3.kernel) == format_kernel(k)
+
+
+# ---------------------------------------------------------------------------------
+# parallel / vectorize / unroll
+# ---------------------------------------------------------------------------------
+
+
+def test_parallel_vectorize_unroll() -> None:
+    k = k_eltwise(m=8)
+    sch = Schedule(k)
+    f = sch.fuse(["mul_0_i0", "mul_0_i1"])
+    o, i = sch.split(f, [-1, 4])
+    sch.parallel(o)
+    sch.vectorize(i)
+    sch.unroll("add_1_i1")
+    sch.parallel("add_1_i0")
+    assert sch.get_loop(o).kind == ForKind.PARALLEL
+    assert sch.get_loop(i).kind == ForKind.VECTORIZED
+    assert sch.get_loop("add_1_i1").kind == ForKind.UNROLLED
+    assert "parallel for (mul_0_i0_mul_0_i1_fused_0" in str(sch)
+    check_same(k, sch.kernel, DIMS_N)
+    check_replay(k, sch)
+
+
+def test_reduce_annotations() -> None:
+    k = k_reduce(m=8)
+    sch = Schedule(k)
+    sch.parallel("sum_0_i0")
+    with raises("vectorize", "sum_0"):
+        sch.vectorize("sum_0_k0")  # float + without reassociation
+    sch.vectorize("sum_0_k0", allow_reassoc=True)
+    sch.unroll("sum_0__init_i0") if False else None
+    check_same(k, sch.kernel, DIMS_N)
+    sch = Schedule(k_reduce(op="max"))
+    sch.vectorize("sum_0_k0")  # max reassociates exactly
+
+
+def test_annotation_errors() -> None:
+    sch = Schedule(k_reduce(m=100))
+    with raises("parallel", "sum_0"):
+        sch.parallel("sum_0_k0")  # carries the reduction
+    with raises("vectorize", "sum_0"):
+        sch.vectorize("sum_0_i0")  # not innermost
+    with raises("unroll", "sum_0"):
+        sch.unroll("sum_0_i0")  # symbolic extent
+    with raises("unroll", "sum_0"):
+        sch.unroll("sum_0_k0")  # 100 > 64
+    sch.parallel("sum_0_i0")
+    with raises("vectorize", "sum_0"):
+        sch.vectorize("sum_0_i0")
+    sch2 = Schedule(k_eltwise())
+    sch2.parallel("mul_0_i0")
+    with raises("parallel", "mul_0"):
+        sch2.parallel("mul_0_i1")  # nested parallel
+    # a store whose location does not determine the loop: two iterations collide
+    k = Kernel("bad", [buf("X", [4])], [buf("O", [2])], [], [
+        ew("half", "O", [4], lambda v: ld("X", v))])
+    k.body[0].body[0].body[0] = Store("O", (Bin("//", Var("vi0"), Const(2)),), ld("X", [Var("vi0")]))
+    with raises("parallel", "half"):
+        Schedule(k).parallel("half_i0")
+    with raises("vectorize", "half"):
+        Schedule(k).vectorize("half_i0")
+
+
+# ---------------------------------------------------------------------------------
+# trace
+# ---------------------------------------------------------------------------------
+
+
+def test_trace_text_and_replay() -> None:
+    k = k_chain()
+    sch = Schedule(k)
+    sch.align_all()
+    sch.split("F_rb", [-1, 4])
+    sch.compute_inline("A")
+    text = str(sch.trace)
+    assert text.splitlines()[1] == "split(loop='F_rb', factors=[-1, 4]) -> ['F_rb_0', 'F_rb_1']"
+    assert [s.primitive for s in sch.trace] == ["align_all", "split", "compute_inline"]
+    replayed = sch.trace.replay(k)
+    assert format_kernel(replayed.kernel) == format_kernel(sch.kernel)
+    assert str(replayed.trace) == text
+    assert isinstance(Trace().replay(k), Schedule)
+    # the lowered kernel passed in is untouched
+    assert format_kernel(k) == format_kernel(k_chain())
+
+
+# ---------------------------------------------------------------------------------
+# property: random split/fuse/reorder/parallel sequences preserve results
+# ---------------------------------------------------------------------------------
+
+
+def _random_kernel(shape: list[int | str], depth: int) -> Kernel:
+    dims = sorted({d for d in shape if isinstance(d, str)})
+    body: list[Stmt] = []
+    temps: list[Buffer] = []
+    src = "X"
+    for i in range(depth):
+        out = "O" if i == depth - 1 else f"T{i}"
+        s = src
+        body.append(ew(f"op{i}", out, shape, lambda v, s=s, i=i: Bin(
+            "+" if i % 2 else "*", ld(s, v), Bin("*", ld("X", v), f32(i + 1)))))
+        if out != "O":
+            temps.append(buf(out, shape, "local"))
+        src = out
+    return Kernel("rand", [buf("X", shape)], [buf("O", shape)], dims, body, temps)
+
+
+@st.composite
+def _programs(draw: st.DrawFn) -> tuple[list[int | str], int, list[tuple]]:
+    rank = draw(st.integers(2, 3))
+    shape: list[int | str] = [draw(st.sampled_from([1, 2, 3, 4, "N"])) for _ in range(rank)]
+    depth = draw(st.integers(1, 3))
+    ops = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["split", "fuse", "reorder", "parallel", "inline"]),
+                st.integers(0, 1000),
+                st.integers(0, 1000),
+                st.sampled_from([-1, 2, 3]),
+            ),
+            max_size=8,
+        )
+    )
+    return shape, depth, ops
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_programs())
+def test_random_loop_transformations(prog: tuple[list[int | str], int, list[tuple]]) -> None:
+    shape, depth, ops = prog
+    k = _random_kernel(shape, depth)
+    sch = Schedule(k)
+    for op, a, b, fac in ops:
+        blocks = sch.blocks()
+        blk = blocks[a % len(blocks)]
+        loops = sch.get_loops(blk)
+        before = format_kernel(sch.kernel)
+        try:
+            if op == "split":
+                sch.split(loops[a % len(loops)], [fac, -1] if b % 2 else [-1, fac])
+            elif op == "fuse" and len(loops) >= 2:
+                i = b % (len(loops) - 1)
+                sch.fuse(loops[i : i + 2])
+            elif op == "reorder" and len(loops) >= 2:
+                perm = list(np.random.default_rng(b).permutation(len(loops)))
+                sch.reorder([loops[p] for p in perm])
+            elif op == "parallel":
+                sch.parallel(loops[b % len(loops)])
+            elif op == "inline":
+                sch.compute_inline(blk)
+        except ScheduleError:
+            assert format_kernel(sch.kernel) == before  # failed primitives change nothing
+    dims = [{"N": 1}, {"N": 5}]
+    check_same(k, sch.kernel, dims)
+    check_replay(k, sch)
