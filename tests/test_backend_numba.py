@@ -110,6 +110,7 @@ def test_elementwise_chain_broadcast(ew_chain: nb.NumbaKernel, n: int, m: int) -
 
 
 def test_zero_d_buffer_accepts_one_element_array(ew_chain: nb.NumbaKernel) -> None:
+    # native convention: 1-element 1-d; __call__ also takes 0-d arrays (see above)
     X = np.ones((2, 3), np.float32)
     Y = np.empty((2, 3), np.float32)
     ew_chain(X, np.ones(3, np.float32), np.zeros((2, 1), np.float32), np.array([2.0], np.float32), Y, 2, 3)
@@ -129,7 +130,7 @@ def test_read_only_inputs(ew_chain: nb.NumbaKernel) -> None:
     X = np.ones((2, 3), np.float32)
     X.flags.writeable = False
     Y = np.empty((2, 3), np.float32)
-    ew_chain.fn(X, np.ones(3, np.float32), np.zeros((2, 1), np.float32), np.array(0.0, np.float32), Y, 2, 3)
+    ew_chain.fn(X, np.ones(3, np.float32), np.zeros((2, 1), np.float32), np.zeros(1, np.float32), Y, 2, 3)
     assert_close(Y, np.full((2, 3), -1.0, np.float32))
 
 

@@ -13,9 +13,10 @@ Calling convention
 buffer's dtype and rank (inputs may be read-only; outputs are written in place); dims
 are Python ints. The entry checks every argument's shape against the buffer's shape
 expression and raises ``ValueError`` naming the buffer on a mismatch (a few integer
-compares; it keeps a wrong call from writing out of bounds). A 0-d buffer takes a 0-d
-array (``shape ()``); :class:`NumbaKernel` also accepts a 1-element 1-d array for it
-and passes a 0-d view. numba has no float16 on the CPU: float16 buffers are passed to
+compares; it keeps a wrong call from writing out of bounds). A 0-d buffer is a
+1-element 1-d array at the native level (numba's parallel lowering mistypes 0-d
+arrays read inside a prange); :meth:`NumbaKernel.__call__` takes either a 0-d array
+or a 1-element 1-d array and passes a 1-d view of it. numba has no float16 on the CPU: float16 buffers are passed to
 the native function as ``uint16`` views of the same memory, which
 :meth:`NumbaKernel.__call__` does for you (``NumbaKernel.fn`` is the bare dispatcher:
 no adaptation, the fastest call for kernels without float16 or 0-d buffers).
@@ -666,7 +667,7 @@ class _Emitter:
             )
         py = self.py[name]
         if not indices:
-            return f"{py}[0]" if self.scope(name) == "local" else f"{py}[()]"
+            return f"{py}[0]"  # 0-d buffers are 1-element arrays
         return f"{py}[{', '.join(self.index_codes(indices))}]"
 
     def register_name(self, name: str, indices: tuple[Expr, ...]) -> str:
@@ -1023,7 +1024,7 @@ class _Emitter:
                 ro = ", readonly=True" if role == "input" else ""
                 shape = ", ".join(_shape_text(d) for d in b.shape)
                 note = " (float16 bits)" if dt == "float16" else ""
-                sig.append(f'    _t.Array({_nb_scalar(dt)}, {len(b.shape)}, "C"{ro}),'
+                sig.append(f'    _t.Array({_nb_scalar(dt)}, {max(len(b.shape), 1)}, "C"{ro}),'
                            f"  # {b.name}: {role} {dt}[{shape}]{note}")
                 if dt == "float16":
                     half.append(pos)
@@ -1045,9 +1046,12 @@ class _Emitter:
         body_start = len(self.lines)
         # shape checks
         for b in (*k.inputs, *k.outputs):
-            if not b.shape:
-                continue
             py = self.py[b.name]
+            if not b.shape:
+                self.emit(f"if {py}.shape[0] != 1:", 1)
+                msg = f"kernel {k.name}: argument {b.name} must hold exactly one element"
+                self.emit(f"raise ValueError({msg!r})", 2)
+                continue
             conds = []
             for axis, d in enumerate(b.shape):
                 v = self.ex(self.fold(d, env))
@@ -1172,7 +1176,7 @@ class NumbaKernel:
 
     ``fn`` is the numba dispatcher (compiled for exactly one signature; compiling
     more is disabled so a wrong dtype or rank raises ``TypeError``); ``__call__``
-    adapts float16 arrays (uint16 views) and 1-element arrays for 0-d buffers, then
+    adapts float16 arrays (uint16 views) and 0-d arrays (1-element views), then
     calls it. ``source`` is the generated module, ``llvm``/``asm`` numba's optimised
     IR and machine code (computed on first access), ``compile_seconds`` the wall time
     of :func:`compile_kernel`, ``from_cache`` whether the machine code came from the
@@ -1202,8 +1206,8 @@ class NumbaKernel:
             lst = list(args)
             for i in self._zero_d:
                 a = lst[i]
-                if isinstance(a, np.ndarray) and a.ndim == 1 and a.size == 1:
-                    lst[i] = a.reshape(())
+                if isinstance(a, np.ndarray) and a.ndim == 0:
+                    lst[i] = a.reshape(1)
             for i in self._half:
                 a = lst[i]
                 if isinstance(a, np.ndarray) and a.dtype == np.float16:
@@ -1261,6 +1265,13 @@ def _compile_error(kernel: Kernel, exc: BaseException, source: str, filename: st
     lines = source.splitlines()
     hits = re.findall(r'File "([^"]*)", line (\d+)', text)
     numbers = [int(n) for f, n in hits if f == filename or os.path.basename(f) == os.path.basename(filename)]
+    if not numbers:
+        # e.g. "NameError: name 'acc' is not defined" comes without a location
+        m = re.search(r"name '(\w+)' is not defined", text)
+        if m:
+            pat = re.compile(rf"\b{re.escape(m.group(1))}\b")
+            start = next((i for i, ln in enumerate(lines) if ln.startswith("def ")), 0)
+            numbers = [i + 1 for i in range(start, len(lines)) if pat.search(lines[i])][:1]
     if numbers:
         n = numbers[-1]
         if 1 <= n <= len(lines):

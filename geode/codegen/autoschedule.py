@@ -1,0 +1,182 @@
+"""Default schedules, one per group pattern, built from the schedule primitives.
+
+* **inline**: every Trivial block that writes a temporary is inlined into its readers,
+  except, in a row-reduce group, a block read by several passes (a reduction and a
+  later epilogue): it stays and is computed once per row into a row buffer.
+* **elementwise**: output nests with the same extents share one nest
+  (``compute_at``); the outer loops are fused into one parallel loop and the innermost
+  loop is vectorized.
+* **row_reduce / reduce_broadcast** (reduce axes trailing): every nest is aligned to
+  ``for sp`` [``for rb``]; all blocks move under the last block's ``sp`` loop in
+  program order, so one row is reduced, normalised and written while it is in cache;
+  ``sp`` runs in parallel and every ``rb`` loop is vectorized (reductions may be
+  reassociated: see ``geode.config.ACCURACY_POLICY``).
+* **column_reduce**: nests are aligned and their spatial loops run in parallel.
+
+If a step's requirements fail, the schedule falls back to a simpler one (and, last,
+to the unscheduled kernel); the reason is kept in ``Schedule.notes``.
+"""
+
+from __future__ import annotations
+
+from geode.codegen import ast as A
+from geode.codegen.lower import LoweredKernel
+from geode.codegen.schedule import Schedule
+from geode.compiler.fusion.groups import Group
+from geode.debug import log
+from geode.errors import ScheduleError
+
+#: innermost chunk for 1-D elementwise nests (outer part runs in parallel)
+VECTOR_CHUNK = 4096
+
+
+def schedule_group(lowered: LoweredKernel, group: Group) -> Schedule:
+    """The default schedule of a lowered group (never raises ScheduleError)."""
+    notes: list[str] = []
+    pattern = group.pattern_name()
+    for level in ("full", "inline"):
+        sch = Schedule(lowered.kernel)
+        try:
+            if level in ("full", "inline"):
+                _inline(sch, group, row_buffers=pattern in ("row_reduce", "reduce_broadcast"))
+            if level == "full":
+                if pattern == "elementwise":
+                    _elementwise(sch)
+                elif pattern in ("row_reduce", "reduce_broadcast"):
+                    _row_reduce(sch, lowered, group)
+                else:
+                    _column_reduce(sch, lowered, group)
+            sch.notes = notes  # type: ignore[attr-defined]
+            sch.level = level  # type: ignore[attr-defined]
+            return sch
+        except ScheduleError as exc:
+            notes.append(f"{level} schedule failed: {exc}")
+            log.debug("kernel %s: %s", lowered.kernel.name, notes[-1])
+    sch = Schedule(lowered.kernel)
+    sch.notes = notes  # type: ignore[attr-defined]
+    sch.level = "none"  # type: ignore[attr-defined]
+    return sch
+
+
+def _temp_names(sch: Schedule) -> set[str]:
+    return {b.name for b in sch.kernel.temps}
+
+
+def _writes(block: A.Block) -> set[str]:
+    return {s.buffer for s in A.walk_stmts(block.body) if isinstance(s, A.Store)}
+
+
+def _is_trivial(block: A.Block) -> bool:
+    return block.reduce_of is None and all(iv.kind == "spatial" for iv in block.iter_vars)
+
+
+def _inline(sch: Schedule, group: Group, row_buffers: bool) -> None:
+    """Inline Trivial temp-writing blocks into their readers (reverse program order)."""
+    for name in reversed(sch.blocks()):
+        b = sch.get_block(name)
+        if not _is_trivial(b):
+            continue
+        bufs = _writes(b)
+        if not bufs or not bufs <= _temp_names(sch):
+            continue
+        readers = set()
+        for buf in bufs:
+            readers |= set(sch.readers(buf))
+        readers.discard(name)
+        if row_buffers and len(readers) > 1 and not _reads_only_reduced(b, sch):
+            continue  # read by several passes over the row: keep it in a row buffer
+        try:
+            sch.compute_inline(name)
+        except ScheduleError as exc:
+            log.debug("inline %s skipped: %s", name, exc)
+
+
+def _reads_only_reduced(b: A.Block, sch: Schedule) -> bool:
+    """A block whose output is per row (cheap scalar math): inlining it costs nothing."""
+    buf = next(iter(_writes(b)))
+    shape = sch.kernel.buffer(buf).shape
+    return all(isinstance(d, A.Const) and d.value == 1 for d in shape[-1:])
+
+
+def _nest_loops(sch: Schedule, block: str) -> list[str]:
+    return sch.get_loops(block)
+
+
+def _elementwise(sch: Schedule) -> None:
+    blocks = sch.blocks()
+    if not blocks:
+        return
+    anchor = blocks[-1]
+    loops = _nest_loops(sch, anchor)
+    for name in reversed(blocks[:-1]):
+        if loops and _extents(sch, name) == _extents(sch, anchor):
+            sch.compute_at(name, loops[-1])
+    for name in sch.blocks():
+        loops = _nest_loops(sch, name)
+        if not loops or sch.get_loop(loops[0]).kind is not A.ForKind.SERIAL:
+            continue  # scalar block, or its nest was already scheduled
+        _parallel_vector(sch, loops)
+
+
+def _parallel_vector(sch: Schedule, loops: list[str]) -> None:
+    if len(loops) >= 3:
+        outer = sch.fuse(loops[:-1])
+        loops = [outer, loops[-1]]
+    if len(loops) == 1:
+        ext = sch.get_loop(loops[0]).extent
+        if isinstance(ext, A.Const) and ext.value <= VECTOR_CHUNK:
+            sch.vectorize(loops[0])
+            return
+        loops = sch.split(loops[0], [None, VECTOR_CHUNK])
+    sch.parallel(loops[0])
+    sch.vectorize(loops[-1])
+
+
+def _extents(sch: Schedule, block: str) -> list[str]:
+    return [A.expr_str(sch.get_loop(lp).extent) for lp in sch.get_loops(block)]
+
+
+def _row_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
+    rank = len(group.domain)
+    axes = sorted(group.axes)
+    for name in sch.blocks():
+        b = sch.get_block(name)
+        if b.reduce_of is not None:
+            continue
+        full = len(b.iter_vars) == rank and not any(iv.kind == "reduce" for iv in b.iter_vars) and \
+            all(_same_extent(b.iter_vars[i].extent, lowered, group, i) for i in range(rank))
+        sch.align(name, reduce_axes=axes if full else None)
+    for name in sch.blocks():
+        b = sch.get_block(name)
+        if b.reduce_of is not None:
+            sch.align(name)
+    blocks = [n for n in sch.blocks() if sch.get_block(n).reduce_of is None]
+    anchor = blocks[-1]
+    sp = _nest_loops(sch, anchor)[0]
+    for name in reversed(blocks[:-1]):
+        sch.compute_at(name, sp)
+    sch.parallel(sp)
+    for name in sch.blocks():
+        loops = _nest_loops(sch, name)
+        if len(loops) >= 2 and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL:
+            sch.vectorize(loops[-1], allow_reassoc=True)
+
+
+def _same_extent(ext: A.Expr, lowered: LoweredKernel, group: Group, i: int) -> bool:
+    d = group.domain[i]
+    want = str(d) if not isinstance(d, int) else str(d)
+    got = A.expr_str(ext)
+    if isinstance(d, int):
+        return got == str(d)
+    names = {k: v for k, v in lowered.dim_exprs.items()}
+    return any(str(v) == want and got == k for k, v in names.items())
+
+
+def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
+    for name in sch.blocks():
+        loops = _nest_loops(sch, name)
+        if loops:
+            try:
+                sch.parallel(loops[0])
+            except ScheduleError as exc:
+                log.debug("column reduce: %s stays serial: %s", name, exc)
