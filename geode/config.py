@@ -33,12 +33,17 @@ from geode.errors import GeodeError
 
 #: How floating-point accuracy is traded for speed, stated once for every kernel.
 ACCURACY_POLICY = """\
-fastmath=False (default): kernels keep IEEE semantics except that reductions may be
-  reassociated (split into per-thread/per-lane partial sums, as every parallel
-  reduction must); results match the reference within the tests' tolerance policy.
-fastmath=True: numba's 'fast' flags ('nnan', 'ninf', 'nsz', 'arcp', 'contract',
-  'afn', 'reassoc'); NaN/Inf inputs give unspecified results.
+fastmath=False (default): kernels may reassociate floating-point arithmetic and
+  contract multiply-adds into FMAs (LLVM flags 'reassoc' and 'contract'), which is what
+  lets reductions vectorize and run in parallel; NaN and Inf keep IEEE semantics
+  (no 'nnan'/'ninf'), transcendentals use geode's vectorized implementations (a few
+  ulp). Results match the reference within the tests' tolerance policy.
+fastmath=True: every fast-math flag ('nnan', 'ninf', 'nsz', 'arcp', 'contract', 'afn',
+  'reassoc'); NaN/Inf inputs give unspecified results.
 """
+
+#: numba ``fastmath`` argument for each setting of the ``fastmath`` option
+FASTMATH_FLAGS = {False: frozenset({"reassoc", "contract"}), True: True}
 
 
 class OptionError(GeodeError):

@@ -850,3 +850,131 @@ def test_attention_reshape_chain() -> None:
     parts = ops.split(ops.concat(x, x, x, axis=-1), axis=2, num_outputs=3)
     assert all(p.shape == x.shape for p in parts)
     assert ops.flatten(x[:, -1], axis=1).shape == (sym("B"), 768)
+
+
+# -- symbolic values of shape tensors ---------------------------------------------------------------
+SYM_DOMAIN = "geode.test.layout"
+
+
+def _shape_of_infer(ctx: registry.InferContext) -> list[geode.TensorDesc]:
+    shape = ctx.shape(0)
+    ctx.set_sym_value(0, shape)
+    return [geode.TensorDesc(np.int64, (len(shape),))]
+
+
+@pytest.fixture
+def shape_of():
+    """A test-only Shape that records its symbolic value (as ONNX's Shape may)."""
+    registry.register(
+        registry.OpDef(
+            "ShapeOf",
+            OpKind.HOST,
+            inputs=[registry.In("X", "T")],
+            outputs=[registry.Out("Y", "I")],
+            infer=_shape_of_infer,
+            kernel=lambda ins, a: [np.array(np.asarray(ins[0]).shape, np.int64)],
+            domain=SYM_DOMAIN,
+        )
+    )
+
+    def make(v: geode.Value) -> geode.Value:
+        return v.graph.add_node("ShapeOf", [v], domain=SYM_DOMAIN).outputs[0]
+
+    yield make
+    registry._REGISTRY.pop((SYM_DOMAIN, "ShapeOf"), None)
+
+
+def check_values(g: geode.Graph, feeds: dict) -> None:
+    """Run the graph (checking every inferred shape) and every recorded symbolic value."""
+    from geode.compiler.interpret import bind_inputs, run_reference
+
+    got = run_reference(g, feeds, check=True, keep_all=True)
+    env = bind_inputs(g, feeds)
+    for n in g.nodes:
+        for o in n.outputs:
+            if o.sym_value is not None and all(
+                s in env for v in o.sym_value if not isinstance(v, int) for s in v.free_symbols
+            ):
+                want = [evaluate_dim(v, env) for v in o.sym_value]
+                assert got[o.name].reshape(-1).tolist() == want, o.name
+
+
+def test_reshape_from_shape_tensors(shape_of) -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["N", 3, 4])
+    n = sym("N")
+    sx = shape_of(x)
+    head = ops.slice(sx, [0], [1])
+    assert head.sym_value == (n,)
+    inner = ops.reduce_prod(ops.slice(sx, [1], [I64_MAX]), keepdims=1)
+    assert inner.sym_value == (12,)
+    target = ops.concat(head, inner, axis=0)
+    assert target.sym_value == (n, 12)
+    y = ops.reshape(x, target)
+    assert y.shape == (n, 12)
+    # Concat(Shape(x)[:1], [-1]) - the usual exporter pattern
+    z = ops.reshape(g.input("w", ["N", 2, 6]), ops.concat(head, g.constant(i64(-1)), axis=0))
+    assert z.shape == (n, 12)
+    g.output(y, z, names=["y", "z"])
+    check_values(g, {"x": data((2, 3, 4)), "w": data((2, 2, 6))})
+
+
+def test_gather_unsqueeze_expand_tile_pad_from_shapes(shape_of) -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["N", 3])
+    k = g.input("k", ["K"])
+    sx, sk = shape_of(x), shape_of(k)
+    n_, k_ = sym("N"), sym("K")
+    first = ops.gather(sx, g.constant(np.array(0, np.int64)))
+    assert first.shape == () and first.sym_value == (n_,)
+    picked = ops.gather(sx, g.constant(i64(-1, 0)))
+    assert picked.sym_value == (3, n_)
+    as_vec = ops.unsqueeze(first, [0])
+    assert as_vec.sym_value == (n_,)
+    ex = ops.expand(g.constant(np.float32(1.0)), sx)
+    assert ex.shape == (n_, 3)
+    reps = ops.concat(g.constant(i64(1)), sk, axis=0)
+    tiled = ops.tile(x, reps)
+    assert tiled.shape == (n_, 3 * k_)
+    padded = ops.pad(x, ops.concat(g.constant(i64(0, 0, 0)), sk, axis=0))
+    assert padded.shape == (n_, 3 + k_)
+    parts = ops.split(ops.concat(sx, sk, axis=0), num_outputs=3)
+    assert [p.sym_value for p in parts] == [(n_,), (3,), (k_,)]
+    flat = ops.flatten(ops.reshape(picked, [1, 2]), axis=0)
+    assert flat.sym_value == (3, n_)
+    g.output(ex, tiled, padded, flat, names=["ex", "tiled", "padded", "flat"])
+    check_values(g, {"x": data((2, 3)), "k": data((4,))})
+
+
+def test_slice_with_symbolic_bounds(shape_of) -> None:
+    g = geode.Graph("t")
+    z = g.input("z", ["M", 10])
+    k = g.input("k", ["K"])
+    end = ops.slice(shape_of(k), [0], [1])  # [K]
+    out = g.op("Slice", z, g.constant(i64(0)), end, g.constant(i64(1)))
+    assert out.shape == (sym("M"), sympy.Min(sym("K"), 10))
+    # a bound that is the dim itself slices to the end
+    whole = g.op(
+        "Slice", z, g.constant(i64(2)), ops.slice(shape_of(z), [0], [1]), g.constant(i64(0))
+    )
+    assert whole.shape == (sympy.Max(0, sym("M") - 2), 10)
+    # a negative step with a symbolic bound: unknown length
+    back = g.op("Slice", z, end, g.constant(i64(0)), g.constant(i64(1)), g.constant(i64(-1)))
+    assert isinstance(back.shape[1], sympy.Symbol) and back.shape[0] == sym("M")
+    g.output(out, whole, back, names=["out", "whole", "back"])
+    check_values(g, {"z": data((5, 10)), "k": data((4,))})
+    check_values(g, {"z": data((5, 10)), "k": data((12,))})
+
+
+def test_reduce_sum_max_of_shape_values(shape_of) -> None:
+    g = geode.Graph("t")
+    x = g.input("x", ["N", "N", 4])
+    sx = shape_of(x)
+    n_ = sym("N")
+    assert ops.reduce_sum(sx, keepdims=0).sym_value == (2 * n_ + 4,)
+    assert ops.reduce_max(sx, keepdims=1).sym_value == (sympy.Max(n_, 4),)
+    assert ops.reduce_min(sx, [0], keepdims=1).sym_value == (sympy.Min(n_, 4),)
+    # a partial reduction of a 2-D int tensor records nothing
+    two = ops.reshape(sx, [1, 3])
+    assert two.sym_value == (n_, n_, 4)
+    assert ops.reduce_sum(two, [0]).sym_value is None

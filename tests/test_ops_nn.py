@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -834,3 +835,94 @@ def test_dropout_training():
     y, mask = check_op("Dropout", ins, {"seed": 7}, n_outputs=2, compare=False)
     assert mask.dtype == np.bool_ and 0.6 < mask.mean() < 0.9
     np.testing.assert_allclose(y, np.where(mask, x / 0.75, 0), rtol=1e-6)
+
+
+# == ONNX's own node test cases ================================================================
+# The onnx package generates its backend node tests (inputs and spec-computed outputs)
+# when their modules are imported; run geode's kernels and InferShape on every case for
+# these ops. Tolerances are the ONNX backend runner's (some expected values are written
+# with four digits). A module is imported only by its test, so `-k` stays fast.
+
+ONNX_CASE_MODULES = {
+    "matmul": "MatMul",
+    "gemm": "Gemm",
+    "conv": "Conv",
+    "convtranspose": "ConvTranspose",
+    "maxpool": "MaxPool",
+    "averagepool": "AveragePool",
+    "lppool": "LpPool",
+    "globalaveragepool": "GlobalAveragePool",
+    "globalmaxpool": "GlobalMaxPool",
+    "batch_normalization": "BatchNormalization",
+    "instance_normalization": "InstanceNormalization",
+    "lrn": "LRN",
+    "einsum": "Einsum",
+    "dropout": "Dropout",
+}
+
+
+def onnx_node_cases(module: str, op_type: str) -> list:
+    """ONNX's generated single-node test cases of one op (importing their module runs them)."""
+    import importlib
+
+    import onnx.backend.test.case.node as node_cases
+
+    importlib.import_module(f"onnx.backend.test.case.node.{module}")
+    return [
+        c
+        for c in node_cases._NodeTestCases
+        if len(c.model.graph.node) == 1 and c.model.graph.node[0].op_type == op_type
+    ]
+
+
+def run_onnx_node_case(case) -> str | None:
+    """Run one ONNX node test case through geode; returns why it was skipped, or None."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    node = case.model.graph.node[0]
+    opset = next(o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx"))
+    if node.op_type == "Dropout" and opset < 12:
+        return "Dropout before opset 12 has a ratio attribute (the frontend converts versions)"
+    attrs = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        attrs[a.name] = numpy_helper.to_array(v) if a.type == onnx.AttributeProto.TENSOR else v
+        if isinstance(attrs[a.name], bytes):
+            attrs[a.name] = attrs[a.name].decode()
+    names = [i.name for i in case.model.graph.input]
+    for feeds, wants in case.data_sets:
+        arrays = dict(zip(names, (np.asarray(f) for f in feeds)))
+        ins = [arrays[n] if n else None for n in node.input]
+        if any(x is not None and x.dtype.name == "bfloat16" for x in ins):
+            return "bfloat16 is not a geode dtype"
+        g = geode.Graph(case.name)
+        vals = [
+            None if x is None else g.input(f"in{i}", list(x.shape), x.dtype)
+            for i, x in enumerate(ins)
+        ]
+        out_vals = g.add_node(node.op_type, vals, attrs, n_outputs=len(node.output)).outputs
+        got = registry.get(node.op_type).run(ins, attrs)
+        for i, want in enumerate(np.asarray(w) for w in wants):
+            what = f"{case.name} output {i}"
+            assert got[i].dtype == want.dtype == out_vals[i].dtype, what
+            assert got[i].shape == want.shape, what
+            if all(isinstance(d, int) for d in out_vals[i].shape or ()):
+                assert tuple(out_vals[i].shape) == want.shape, (
+                    f"{what}: inferred {out_vals[i].shape}"
+                )
+            if want.dtype.kind == "f":
+                np.testing.assert_allclose(got[i], want, rtol=1e-3, atol=1e-6, err_msg=what)
+            else:
+                np.testing.assert_array_equal(got[i], want, err_msg=what)
+    return None
+
+
+@pytest.mark.parametrize("module", sorted(ONNX_CASE_MODULES))
+def test_onnx_node_cases(module):
+    cases = onnx_node_cases(module, ONNX_CASE_MODULES[module])
+    assert cases, f"no ONNX node test cases found for {module}"
+    skipped = {c.name: why for c in cases if (why := run_onnx_node_case(c))}
+    assert len(skipped) < len(cases), skipped
+    if skipped:  # said out loud, in pytest's warnings summary
+        warnings.warn(f"ONNX node cases not run: {skipped}", stacklevel=1)

@@ -68,7 +68,23 @@ def compile_groups(g: Graph, placement: Placement, opts: Options, dump: Dumper) 
             if isinstance(exc, GeodeError) is False and opts.debug >= 2:
                 log.exception("codegen failure")
             units += [reference_unit(n, "aicpu") for n in item.nodes]
-    return units, plan.describe()
+    return drop_dead_units(units, g), plan.describe()
+
+
+def drop_dead_units(units: list[Unit], g: Graph) -> list[Unit]:
+    """Remove units whose results nothing reads any more (e.g. a Shape feeding an Expand
+    that was fused: the kernel knows the shape, so the host step is dead)."""
+    needed = {id(v) for v in g.outputs}
+    kept: list[Unit] = []
+    for u in reversed(units):
+        if any(id(v) in needed for v in u.outputs) or any(n.op_type in SIDE_EFFECTS for n in u.nodes):
+            kept.append(u)
+            needed |= {id(v) for v in u.inputs if v is not None}
+    return list(reversed(kept))
+
+
+#: ops that must run even when nothing reads their outputs
+SIDE_EFFECTS = frozenset({"Assign", "Print"})
 
 
 def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumper) -> Unit:

@@ -761,6 +761,14 @@ class Schedule:
         bs = ast_blocks([stmt])
         return bs[0].name if bs else "-"
 
+    def _loop_ids(self, block: str) -> set[int]:
+        """Identities of the loops enclosing ``block``."""
+        return {id(f) for f in self._locate_block("-", block)[2]}
+
+    def _shared_loops(self, a: str, b: str) -> set[int]:
+        """Identities of the loops enclosing both blocks."""
+        return self._loop_ids(a) & self._loop_ids(b)
+
     def _order(self) -> dict[str, int]:
         return {b.name: i for i, b in enumerate(ast_blocks(self.kernel.body))}
 
@@ -1255,6 +1263,19 @@ class Schedule:
                 raise ScheduleError(
                     "compute_inline", block, f"consumer {c.name} runs before the block"
                 )
+        # what the value reads must still hold the same data where the consumers run:
+        # a writer re-executed by a loop it shares with the block must enclose them too
+        for y in {ld.buffer for ld in loads(value)}:
+            for w in self.writers(y):
+                shared = self._shared_loops(w, block)
+                for c in consumers:
+                    if not shared <= self._loop_ids(c.name):
+                        raise ScheduleError(
+                            "compute_inline",
+                            block,
+                            f"{y} is rewritten by {w} in a loop that does not enclose "
+                            f"consumer {c.name}",
+                        )
 
         def repl(e: Expr) -> Expr | None:
             if isinstance(e, Load) and e.buffer == buf:
@@ -1370,6 +1391,26 @@ class Schedule:
                 _writes(x) & (others | {cst.buffer}) or cst.buffer in _reads(x)
             ):
                 raise ScheduleError(prim, block, f"block {x.name} between them conflicts")
+        # the store must not depend on the consumer's loop context (e.g. a shrunk temp)
+        out_shape = self.kernel.buffer(cst.buffer).shape
+        snames = [i.name for i in cst.indices if isinstance(i, Var)]
+        if sorted(snames) != sorted(civs) or not all(
+            isinstance(i, Var) or (i == Const(0) and _eq(d, Const(1)))
+            for i, d in zip(cst.indices, out_shape)
+        ):
+            raise ScheduleError(
+                prim,
+                block,
+                f"store index [{', '.join(_s(i) for i in cst.indices)}] is not a permutation "
+                "of the iteration variables",
+            )
+        # what else the consumer reads must hold the same data at the producer
+        for y in others:
+            for w in self.writers(y):
+                if order[w] > lo or self._shared_loops(w, block) != self._shared_loops(w, pname):
+                    raise ScheduleError(
+                        prim, block, f"{y} (written by {w}) may differ at producer {pname}"
+                    )
 
         def repl(e: Expr) -> Expr | None:
             if isinstance(e, Load) and e.buffer == buf:
@@ -1402,21 +1443,30 @@ class Schedule:
         ones inside, and enclosing loops bind no reduce variable; ``factor`` >= 1. The
         result equals the original up to float reassociation.
 
-        Example, ``rfactor("C", "k", 4)`` (inits omitted)::
+        Example, ``rfactor("C", "k", 4)`` (C's own init, unchanged, omitted)::
 
-            for (i, 0, N)                    for (i_i, 0, N) for (k_1_i, 0, 4)  C_rf[..] = 0
-              for (k, 0, 16)                 for (i, 0, N)
-                ScheduleBlock(C)               for (k_0, 0, 4)
-                  vi, r:vk = axis.bind(i, k)     for (k_1, 0, 4)
-                  C[vi] = C[vi] + X[vi, vk]        ScheduleBlock(C_rf)
-                                       ->            vi, r:vk_o, vk_i = axis.bind(i, k_0, k_1)
-                                                     C_rf[vi, vk_i] = C_rf[vi, vk_i]
-                                                                      + X[vi, vk_o * 4 + vk_i]
-                                             for (i_f, 0, N)
-                                               for (k_1_f, 0, 4)
-                                                 ScheduleBlock(C)
-                                                   vi, r:vk_i = axis.bind(i_f, k_1_f)
-                                                   C[vi] = C[vi] + C_rf[vi, vk_i]
+            for (i, 0, N)
+              for (k, 0, 16)
+                ScheduleBlock(C)
+                  vi, r:vk = axis.bind(i, k)
+                  C[vi] = C[vi] + X[vi, vk]
+            ->
+            for (i_i, 0, N)
+              for (k_1_i, 0, 4)
+                ScheduleBlock(C_rf__init)
+                  vi, vk_i = axis.bind(i_i, k_1_i)
+                  C_rf[vi, vk_i] = 0.0f
+            for (i, 0, N)
+              for (k_0, 0, 4)
+                for (k_1, 0, 4)
+                  ScheduleBlock(C_rf)
+                    vi, r:vk_o, vk_i = axis.bind(i, k_0, k_1)
+                    C_rf[vi, vk_i] = C_rf[vi, vk_i] + X[vi, vk_o * 4 + vk_i]
+            for (i_f, 0, N)
+              for (k_1_f, 0, 4)
+                ScheduleBlock(C)
+                  vi, r:vk_i = axis.bind(i_f, k_1_f)
+                  C[vi] = C[vi] + C_rf[vi, vk_i]
         """
         prim = "rfactor"
         b, _, loops = self._locate_block(prim, block)
@@ -1545,17 +1595,26 @@ class Schedule:
         (same index expression in the shared loops, or a full dim covered by the
         writer's inner loops), and no writer reduces across the shared loops.
 
-        Example, ``compute_at("D", "F_sp")`` (D feeds F)::
+        Example, ``compute_at("D", "F_sp")`` (D feeds F; D becomes a register)::
 
-            for (D_sp, 0, N)                    for (F_sp, 0, N)
-              ScheduleBlock(D)                    ScheduleBlock(D)
-                vi = axis.bind(D_sp)                vi = axis.bind(F_sp)
-                D[vi] = C[vi] * 2.0f                D = C[vi] * 2.0f        (register)
-            for (F_sp, 0, N)               ->     for (F_rb, 0, 64)
-              for (F_rb, 0, 64)                     ScheduleBlock(F)
-                ScheduleBlock(F)                      vi, vj = axis.bind(F_sp, F_rb)
-                  vi, vj = axis.bind(F_sp, F_rb)      F[vi, vj] = D + 1.0f
+            for (D_sp, 0, N)
+              ScheduleBlock(D)
+                vi = axis.bind(D_sp)
+                D[vi] = C[vi] * 2.0f
+            for (F_sp, 0, N)
+              for (F_rb, 0, 64)
+                ScheduleBlock(F)
+                  vi, vj = axis.bind(F_sp, F_rb)
                   F[vi, vj] = D[vi] + 1.0f
+            ->
+            for (F_sp, 0, N)
+              ScheduleBlock(D)
+                vi = axis.bind(F_sp)
+                D[] = C[vi] * 2.0f
+              for (F_rb, 0, 64)
+                ScheduleBlock(F)
+                  vi, vj = axis.bind(F_sp, F_rb)
+                  F[vi, vj] = D[] + 1.0f
         """
         prim = "compute_at"
         b, _, _ = self._locate_block(prim, block)
@@ -1678,7 +1737,11 @@ class Schedule:
     # ------------------------------------------------------------------ annotations
 
     def _check_independent(
-        self, prim: str, f: For, reassoc: Callable[[Block], bool] | None
+        self,
+        prim: str,
+        f: For,
+        path: tuple[For, ...],
+        reassoc: Callable[[Block], bool] | None,
     ) -> None:
         """Iterations of ``f`` must not touch each other's stores. ``reassoc`` (for
         vectorize) says whether a reduction carried by ``f`` may be reassociated."""
@@ -1715,7 +1778,17 @@ class Schedule:
                 and everyone <= inside
                 and all(v not in set().union(*(free_vars(i) for i in idx)) for _, idx in acc)
             ):
-                continue  # a temp private to each iteration
+                # a temp private to each iteration: what an iteration reads must be
+                # what it wrote itself
+                users = [
+                    (s, lp)
+                    for s, _, lp in _walk(f.body, (*path, f))
+                    if isinstance(s, Block) and s.name in everyone
+                ]
+                res = self._slab_analysis(buf, users, (*path, f))
+                if isinstance(res, str):
+                    raise ScheduleError(prim, self._first_block(f), res)
+                continue
             first: tuple | None = None
             for b, idx in acc:
                 rc = ctx.recipe(idx, v)
@@ -1761,7 +1834,7 @@ class Schedule:
         ]
         if nested:
             raise ScheduleError("parallel", blk, f"nested parallel loops: {nested}")
-        self._check_independent("parallel", f, None)
+        self._check_independent("parallel", f, path, None)
         f.kind = ForKind.PARALLEL
         return None
 
@@ -1780,7 +1853,7 @@ class Schedule:
             serial for (j, 0, 16)       ->      vectorized for (j, 0, 16)
               ScheduleBlock(A) ...                ScheduleBlock(A) ...
         """
-        f, _, _ = self._locate_loop("vectorize", loop)
+        f, _, path = self._locate_loop("vectorize", loop)
         blk = self._first_block(f)
         if f.kind not in (ForKind.SERIAL, ForKind.VECTORIZED):
             raise ScheduleError("vectorize", blk, f"loop {loop} is already {f.kind.value}")
@@ -1799,7 +1872,7 @@ class Schedule:
             dt = np.dtype(self.kernel.buffer(comb[1].buffer).dtype)
             return comb[0] in ("max", "min") or dt.kind in "iub" or allow_reassoc
 
-        self._check_independent("vectorize", f, reassoc)
+        self._check_independent("vectorize", f, path, reassoc)
         f.kind = ForKind.VECTORIZED
         return None
 

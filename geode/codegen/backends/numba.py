@@ -105,6 +105,7 @@ import contextlib
 import functools
 import hashlib
 import keyword
+import logging
 import math
 import os
 import re
@@ -123,8 +124,6 @@ from numba.extending import intrinsic
 
 from geode.codegen import cache as _cache
 from geode.codegen.ast import (
-    BIN_OPS,
-    UN_OPS,
     Bin,
     Block,
     Buffer,
@@ -145,7 +144,7 @@ from geode.codegen.ast import (
     walk,
     walk_stmts,
 )
-from geode.config import ACCURACY_POLICY, OptionError
+from geode.config import OptionError
 from geode.errors import CodegenError
 
 __all__ = [
@@ -160,11 +159,12 @@ __all__ = [
     "set_num_threads",
 ]
 
+log = logging.getLogger(__name__)
+
 #: LLVM fast-math flags used when ``fastmath=True`` (see ``config.ACCURACY_POLICY``).
 FASTMATH_FLAGS: frozenset[str] = frozenset(
     ["nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"]
 )
-assert all(f"'{flag}'" in ACCURACY_POLICY for flag in FASTMATH_FLAGS)
 
 #: Largest constant extent of an ``unrolled`` loop that is expanded into straight code.
 MAX_UNROLL = 256
@@ -438,6 +438,7 @@ class _V(NamedTuple):
     code: str
     dtype: str
     prec: int
+    literal: object = None  # the value, when the code is a literal constant
 
 
 def _p(v: _V, min_prec: int) -> str:
@@ -448,25 +449,46 @@ def _call(fn: str, *args: _V | str) -> str:
     return f"{fn}({', '.join(a if isinstance(a, str) else a.code for a in args)})"
 
 
-_PY_OPS = {"+": ("+", _ADD), "-": ("-", _ADD), "*": ("*", _MUL), "/": ("/", _MUL),
-           "//": ("//", _MUL), "%": ("%", _MUL)}
+_PY_OPS = {
+    "+": ("+", _ADD),
+    "-": ("-", _ADD),
+    "*": ("*", _MUL),
+    "/": ("/", _MUL),
+    "//": ("//", _MUL),
+    "%": ("%", _MUL),
+}
 _CMP_OPS = {"<", "<=", ">", ">=", "==", "!="}
 _LOGIC_OPS = {"and": ("&", _BAND), "or": ("|", _BOR), "xor": ("^", _BXOR)}
 _BIT_OPS = {"bitand": ("&", _BAND), "bitor": ("|", _BOR), "bitxor": ("^", _BXOR)}
 _MATH_UN = {
-    "exp": "math.exp", "log": "math.log", "sqrt": "math.sqrt", "sin": "math.sin",
-    "cos": "math.cos", "tan": "math.tan", "asin": "math.asin", "acos": "math.acos",
-    "atan": "math.atan", "sinh": "math.sinh", "cosh": "math.cosh", "tanh": "math.tanh",
-    "asinh": "math.asinh", "acosh": "math.acosh", "atanh": "math.atanh", "erf": "math.erf",
+    "exp": "math.exp",
+    "log": "math.log",
+    "sqrt": "math.sqrt",
+    "sin": "math.sin",
+    "cos": "math.cos",
+    "tan": "math.tan",
+    "asin": "math.asin",
+    "acos": "math.acos",
+    "atan": "math.atan",
+    "sinh": "math.sinh",
+    "cosh": "math.cosh",
+    "tanh": "math.tanh",
+    "asinh": "math.asinh",
+    "acosh": "math.acosh",
+    "atanh": "math.atanh",
+    "erf": "math.erf",
 }
 _ROUND_UN = {"floor": "np.floor", "ceil": "np.ceil", "round": "np.rint"}
 
-_implemented = set(_PY_OPS) | _CMP_OPS | set(_LOGIC_OPS) | set(_BIT_OPS) | {
-    "fmod", "min", "max", "pow", "shl", "shr"}
-assert _implemented == set(BIN_OPS), sorted(set(BIN_OPS) ^ _implemented)
-assert set(_MATH_UN) | set(_ROUND_UN) | {
-    "neg", "not", "bitnot", "abs", "sign", "isnan", "isinf", "isposinf", "isneginf"
-} == set(UN_OPS)
+
+def _implemented_ops() -> tuple[set[str], set[str]]:
+    """The binary and unary ops the emitter handles (tests compare with the AST's)."""
+    binary = set(_PY_OPS) | _CMP_OPS | set(_LOGIC_OPS) | set(_BIT_OPS)
+    binary |= {"fmod", "min", "max", "pow", "shl", "shr"}
+    unary = set(_MATH_UN) | set(_ROUND_UN)
+    unary |= {"neg", "not", "bitnot", "abs", "sign", "isnan", "isinf", "isposinf", "isneginf"}
+    return binary, unary
+
 
 # ---------------------------------------------------------------------------------
 # names
@@ -475,8 +497,23 @@ assert set(_MATH_UN) | set(_ROUND_UN) | {
 _RESERVED = frozenset(
     set(keyword.kwlist)
     | set(keyword.softkwlist)
-    | {"np", "math", "numba", "range", "min", "max", "abs", "int", "float", "bool",
-       "SIGNATURE", "NJIT_OPTIONS", "ValueError", "print", "len"}
+    | {
+        "np",
+        "math",
+        "numba",
+        "range",
+        "min",
+        "max",
+        "abs",
+        "int",
+        "float",
+        "bool",
+        "SIGNATURE",
+        "NJIT_OPTIONS",
+        "ValueError",
+        "print",
+        "len",
+    }
 )
 
 
@@ -522,6 +559,9 @@ class _Emitted:
     parallel: bool
     half_args: list[int] = field(default_factory=list)
     zero_d_args: list[int] = field(default_factory=list)
+    #: (buffer name, "input"/"output", dtype, rank) of every array argument, in order
+    arrays: list[tuple[str, str, str, int]] = field(default_factory=list)
+    dims: list[str] = field(default_factory=list)
 
 
 def _fold_int(e: Expr) -> int | None:
@@ -540,14 +580,19 @@ class _Emitter:
         self.bufs: dict[str, Buffer] = {}
         self.roles: dict[str, str] = {}
         self.dtypes: dict[str, str] = {}
-        for role, group in (("input", kernel.inputs), ("output", kernel.outputs),
-                            ("temp", kernel.temps)):
+        for role, group in (
+            ("input", kernel.inputs),
+            ("output", kernel.outputs),
+            ("temp", kernel.temps),
+        ):
             for b in group:
                 if b.name in self.bufs:
                     raise CodegenError(f"kernel {kernel.name!r}: buffer {b.name!r} declared twice")
                 self.bufs[b.name] = b
                 self.roles[b.name] = role
-                self.dtypes[b.name] = _dtype_name(b.dtype, f"kernel {kernel.name!r} buffer {b.name!r}")
+                self.dtypes[b.name] = _dtype_name(
+                    b.dtype, f"kernel {kernel.name!r} buffer {b.name!r}"
+                )
         self.func_name = self.names.fresh(kernel.name)
         self.py: dict[str, str] = {}  # buffer -> python name
         self.reg_scalars: dict[tuple[str, tuple[int, ...]], str] = {}
@@ -584,29 +629,43 @@ class _Emitter:
     # -- expressions ---------------------------------------------------------------
     def const(self, value: object, dtype: str) -> _V:
         if dtype == "bool":
-            return _V("True" if value else "False", "bool", _ATOM)
+            return _V("True" if value else "False", "bool", _ATOM, bool(value))
         if dtype in _SINTS or dtype in _UINTS:
             iv = int(value)  # type: ignore[call-overload]
             if dtype == "int64":
-                return _V(repr(iv), dtype, _ATOM if iv >= 0 else _UNARY)
-            return _V(f"np.{dtype}({iv})", dtype, _ATOM)
-        fv = float(np.dtype(dtype).type(value))  # round to the constant's dtype
+                return _V(repr(iv), dtype, _ATOM if iv >= 0 else _UNARY, iv)
+            return _V(f"np.{dtype}({iv})", dtype, _ATOM, iv)
+        typed = np.dtype(dtype).type(value)  # round to the constant's dtype
+        fv = float(typed)
         if math.isnan(fv):
             text = "math.nan"
         elif math.isinf(fv):
             text = "math.inf" if fv > 0 else "-math.inf"
         else:
             text = repr(fv)
+            short = str(typed)  # shortest digits that identify a float32/float16 value
+            if (
+                dtype != "float64"
+                and np.float32(float(short)) == np.float32(fv)
+                and len(short) < len(text)
+            ):
+                text = short if any(ch in short for ch in ".en") else short + ".0"
         if dtype == "float64":
             prec = _UNARY if text.startswith("-") else _ATOM
-            return _V(text, dtype, prec)
-        return _V(f"np.float32({text})", dtype, _ATOM)
+            return _V(text, dtype, prec, fv)
+        return _V(f"np.float32({text})", dtype, _ATOM, fv)
 
     def convert(self, v: _V, to: str) -> _V:
         """``v`` converted to dtype ``to`` (numpy ``astype`` semantics)."""
         fr = v.dtype
         if fr == to:
             return v
+        if v.literal is not None and not (
+            to in (*_SINTS, *_UINTS)
+            and isinstance(v.literal, float)
+            and not math.isfinite(v.literal)
+        ):
+            return self.const(v.literal, to)  # a typed literal instead of a conversion call
         if to == "bool":
             return _V(f"{_p(v, _CMP + 1)} != 0", "bool", _CMP)
         if to == "float16":
@@ -708,8 +767,9 @@ class _Emitter:
                 return _V(f"-{_p(a, _UNARY + 1)}", dt, _UNARY)
             return self.wrap(f"-{_p(a, _UNARY + 1)}", _UNARY, dt)
         if op == "not":
-            b = self.convert(a, "bool")
-            return _V(f"not {_p(b, _NOT)}", "bool", _NOT)
+            if dt != "bool":
+                return _V(f"{_p(a, _CMP + 1)} == 0", "bool", _CMP)
+            return _V(f"not {_p(a, _NOT)}", "bool", _NOT)
         if op == "bitnot":
             if dt == "bool":
                 return _V(f"not {_p(a, _NOT)}", "bool", _NOT)
@@ -771,6 +831,10 @@ class _Emitter:
         if op in ("/", "//", "%", "fmod"):
             if isf:  # op == "fmod"
                 return self.wrap(_call("np.fmod", a, b), _ATOM, r)
+            if op in ("//", "%") and isinstance(b.literal, int) and b.literal > 0:
+                # index arithmetic: Python's // and % are floor/mod, exact for a divisor > 0
+                sym, prec = _PY_OPS[op]
+                return self.wrap(f"{_p(a, prec)} {sym} {_p(b, prec + 1)}", prec, r)
             if r in _UINTS:
                 fn = "_g_udiv" if op in ("/", "//") else "_g_umod"
                 code = _call(self.helper(fn), self.convert(a, "uint64"), self.convert(b, "uint64"))
@@ -786,9 +850,13 @@ class _Emitter:
             if isf:
                 return self.wrap(f"{_p(a, _ATOM)} ** {_p(b, _ATOM)}", _POW, r)
             if r in _UINTS:
-                code = _call(self.helper("_g_upow"), self.convert(a, "uint64"), self.convert(b, "uint64"))
+                code = _call(
+                    self.helper("_g_upow"), self.convert(a, "uint64"), self.convert(b, "uint64")
+                )
             else:
-                code = _call(self.helper("_g_ipow"), self.convert(a, "int64"), self.convert(b, "int64"))
+                code = _call(
+                    self.helper("_g_ipow"), self.convert(a, "int64"), self.convert(b, "int64")
+                )
             return self.wrap(code, _ATOM, r)
         if op in _BIT_OPS:
             if isf:
@@ -801,16 +869,27 @@ class _Emitter:
             nbits = str(np.dtype(r).itemsize * 8)
             if r in _UINTS:
                 fn = "_g_ushl" if op == "shl" else "_g_ushr"
-                code = _call(self.helper(fn), self.convert(a, "uint64"), self.convert(b, "uint64"), nbits)
+                code = _call(
+                    self.helper(fn), self.convert(a, "uint64"), self.convert(b, "uint64"), nbits
+                )
             else:
                 fn = "_g_shl" if op == "shl" else "_g_shr"
-                code = _call(self.helper(fn), self.convert(a, "int64"), self.convert(b, "int64"), nbits)
+                code = _call(
+                    self.helper(fn), self.convert(a, "int64"), self.convert(b, "int64"), nbits
+                )
             return self.wrap(code, _ATOM, r)
         raise CodegenError(f"{self.where()}: unknown binary op {op!r}")
 
     def bool_binary(self, op: str, a: _V, b: _V) -> _V:
-        table = {"+": ("|", _BOR), "*": ("&", _BAND), "min": ("&", _BAND), "max": ("|", _BOR),
-                 "bitand": ("&", _BAND), "bitor": ("|", _BOR), "bitxor": ("^", _BXOR)}
+        table = {
+            "+": ("|", _BOR),
+            "*": ("&", _BAND),
+            "min": ("&", _BAND),
+            "max": ("|", _BOR),
+            "bitand": ("&", _BAND),
+            "bitor": ("|", _BOR),
+            "bitxor": ("^", _BXOR),
+        }
         if op not in table:
             raise CodegenError(f"{self.where()}: {op} of bool operands")
         sym, prec = table[op]
@@ -853,8 +932,9 @@ class _Emitter:
         prange = s.kind == ForKind.PARALLEL and self.parallel and not in_prange
         unroll = n is not None and (
             (s.kind == ForKind.UNROLLED and n <= MAX_UNROLL)
-            or (s.kind != ForKind.PARALLEL and n <= MAX_REGISTER_UNROLL
-                and self.indexes_register(s))
+            or (
+                s.kind != ForKind.PARALLEL and n <= MAX_REGISTER_UNROLL and self.indexes_register(s)
+            )
         )
         if unroll:
             assert n is not None
@@ -877,10 +957,7 @@ class _Emitter:
 
     def indexes_register(self, loop: For) -> bool:
         """Does the loop body index a multi-element register buffer with ``loop.var``?"""
-        regs = {
-            n for n, b in self.bufs.items()
-            if self.scope(n) == "register" and _size(b) != 1
-        }
+        regs = {n for n, b in self.bufs.items() if self.scope(n) == "register" and _size(b) != 1}
         if not regs:
             return False
         dep = {loop.var}
@@ -902,8 +979,10 @@ class _Emitter:
                     exprs = [s.predicate]
                 for ex in exprs:
                     for x in walk(ex):
-                        if isinstance(x, Load) and x.buffer in regs and any(
-                            _free(i) & dep for i in x.indices
+                        if (
+                            isinstance(x, Load)
+                            and x.buffer in regs
+                            and any(_free(i) & dep for i in x.indices)
                         ):
                             return True
                 if isinstance(s, (For, Block, If)) and visit(s.body):
@@ -914,8 +993,10 @@ class _Emitter:
 
     def block(self, s: Block, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
         if len(s.iter_vars) != len(s.bindings):
-            raise CodegenError(f"{self.where()}: block {s.name!r} binds {len(s.bindings)} "
-                               f"expressions to {len(s.iter_vars)} iteration variables")
+            raise CodegenError(
+                f"{self.where()}: block {s.name!r} binds {len(s.bindings)} "
+                f"expressions to {len(s.iter_vars)} iteration variables"
+            )
         self.emit(f"# block {s.name}", ind)
         inner = dict(env)
         for iv, bind in zip(s.iter_vars, s.bindings):
@@ -1003,7 +1084,9 @@ class _Emitter:
             b = self.bufs[name]
             dims = [self.ex(self.fold(d, env)).code for d in b.shape]
             shape = "1" if not dims else (dims[0] + "," if len(dims) == 1 else ", ".join(dims))
-            carrier = "np.float32" if self.dtypes[name] == "float16" else _np_ctor(self.dtypes[name])
+            carrier = (
+                "np.float32" if self.dtypes[name] == "float16" else _np_ctor(self.dtypes[name])
+            )
             self.emit(f"{self.py[name]} = np.empty(({shape}), dtype={carrier})", ind)
 
     # -- the module ------------------------------------------------------------------
@@ -1014,6 +1097,7 @@ class _Emitter:
         sig: list[str] = []
         half: list[int] = []
         zero_d: list[int] = []
+        arrays: list[tuple[str, str, str, int]] = []
         pos = 0
         for role, group in (("input", k.inputs), ("output", k.outputs)):
             for b in group:
@@ -1024,12 +1108,15 @@ class _Emitter:
                 ro = ", readonly=True" if role == "input" else ""
                 shape = ", ".join(_shape_text(d) for d in b.shape)
                 note = " (float16 bits)" if dt == "float16" else ""
-                sig.append(f'    _t.Array({_nb_scalar(dt)}, {max(len(b.shape), 1)}, "C"{ro}),'
-                           f"  # {b.name}: {role} {dt}[{shape}]{note}")
+                sig.append(
+                    f'    _t.Array({_nb_scalar(dt)}, {max(len(b.shape), 1)}, "C"{ro}),'
+                    f"  # {b.name}: {role} {dt}[{shape}]{note}"
+                )
                 if dt == "float16":
                     half.append(pos)
                 if not b.shape:
                     zero_d.append(pos)
+                arrays.append((b.name, role, dt, len(b.shape)))
                 pos += 1
         for d in k.dims:
             py = self.names.fresh(d)
@@ -1066,7 +1153,11 @@ class _Emitter:
             self.emit("pass", 1)
         body = self.lines[body_start:]
 
-        fm = "False" if not self.fastmath else "{" + ", ".join(repr(f) for f in sorted(FASTMATH_FLAGS)) + "}"
+        fm = (
+            "False"
+            if not self.fastmath
+            else "{" + ", ".join(repr(f) for f in sorted(FASTMATH_FLAGS)) + "}"
+        )
         head = [
             f"# geode kernel {k.name}: generated by geode.codegen.backends.numba, do not edit",
             "import math",
@@ -1077,7 +1168,9 @@ class _Emitter:
             "",
         ]
         if self.helpers:
-            head.append(f"from geode.codegen.backends.numba import {', '.join(sorted(self.helpers))}")
+            head.append(
+                f"from geode.codegen.backends.numba import {', '.join(sorted(self.helpers))}"
+            )
             head.append("")
         head += ["SIGNATURE = (", *sig, ")"]
         head.append(
@@ -1086,7 +1179,7 @@ class _Emitter:
         )
         head += ["", "", f"def {self.func_name}({', '.join(args)}):"]
         source = "\n".join(head + body) + "\n"
-        return _Emitted(source, self.func_name, self.parallel, half, zero_d)
+        return _Emitted(source, self.func_name, self.parallel, half, zero_d, arrays, list(k.dims))
 
 
 def _weak(e: Expr, v: _V) -> bool:
@@ -1122,8 +1215,13 @@ def _fold_consts(e: Expr) -> Expr:
     """Fold int64 arithmetic on constants (index expressions after unrolling)."""
 
     def fn(x: Expr) -> Expr | None:
-        if (isinstance(x, Bin) and x.op in _INT_FOLD and isinstance(x.a, Const)
-                and isinstance(x.b, Const) and x.a.dtype == x.b.dtype == "int64"):
+        if (
+            isinstance(x, Bin)
+            and x.op in _INT_FOLD
+            and isinstance(x.a, Const)
+            and isinstance(x.b, Const)
+            and x.a.dtype == x.b.dtype == "int64"
+        ):
             r = _INT_FOLD[x.op](int(x.a.value), int(x.b.value))
             if r is not None and -(2**63) <= r < 2**63:
                 return Const(r, "int64")
@@ -1150,7 +1248,9 @@ def _emit(kernel: Kernel, fastmath: bool, parallel: bool | None) -> _Emitted:
             return _Emitter(kernel, fastmath, par, demoted).run()
         except _Demote as d:
             if d.buffer in demoted:  # pragma: no cover - defensive
-                raise CodegenError(f"kernel {kernel.name!r}: cannot place register {d.buffer!r}") from None
+                raise CodegenError(
+                    f"kernel {kernel.name!r}: cannot place register {d.buffer!r}"
+                ) from None
             demoted.add(d.buffer)
 
 
@@ -1183,8 +1283,17 @@ class NumbaKernel:
     disk cache.
     """
 
-    def __init__(self, name: str, fn: Any, emitted: _Emitted, key: str, seconds: float,
-                 from_cache: bool, fastmath: bool, cache_path: str | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        fn: Any,
+        emitted: _Emitted,
+        key: str,
+        seconds: float,
+        from_cache: bool,
+        fastmath: bool,
+        cache_path: str | None,
+    ) -> None:
         self.name = name
         self.fn = fn
         self.source = emitted.source
@@ -1199,10 +1308,14 @@ class NumbaKernel:
         self._half = tuple(emitted.half_args)
         self._zero_d = tuple(emitted.zero_d_args)
         self._adapt = bool(self._half or self._zero_d)
+        self._arrays = tuple(emitted.arrays)
+        self._dims = tuple(emitted.dims)
 
     def __call__(self, *args: Any) -> None:
         """Run the kernel on ``(*inputs, *outputs, *dims)``; outputs are written in place."""
         if self._adapt:
+            if len(args) != len(self._arrays) + len(self._dims):
+                self._coerce(args)  # raises, naming what was expected
             lst = list(args)
             for i in self._zero_d:
                 a = lst[i]
@@ -1213,7 +1326,43 @@ class NumbaKernel:
                 if isinstance(a, np.ndarray) and a.dtype == np.float16:
                     lst[i] = a.view(np.uint16)
             args = tuple(lst)
-        self.fn(*args)
+        try:
+            self.fn(*args)
+        except TypeError:
+            self.fn(*self._coerce(args))
+
+    def _coerce(self, args: tuple[Any, ...]) -> list[Any]:
+        """Slow path after a signature mismatch: make inputs C-contiguous, or explain."""
+        arrays, dims = self._arrays, self._dims
+        if len(args) != len(arrays) + len(dims):
+            raise TypeError(
+                f"kernel {self.name}: expected {len(arrays)} arrays "
+                f"({', '.join(a[0] for a in arrays)}) and {len(dims)} dims "
+                f"({', '.join(dims)}), got {len(args)} arguments"
+            )
+        out: list[Any] = []
+        for a, (name, role, dtype, ndim) in zip(args, arrays):
+            want = np.dtype(dtype)
+            if not isinstance(a, np.ndarray) or a.dtype != want or max(a.ndim, 1) != max(ndim, 1):
+                got = f"{a.dtype}[{a.ndim}-d]" if isinstance(a, np.ndarray) else type(a).__name__
+                raise TypeError(
+                    f"kernel {self.name}: argument {name} must be a {dtype} array "
+                    f"of rank {ndim}, got {got}"
+                )
+            if not a.flags.c_contiguous:
+                if role == "output":
+                    raise TypeError(f"kernel {self.name}: output {name} must be C-contiguous")
+                a = np.ascontiguousarray(a)
+            if a.ndim == 0:
+                a = a.reshape(1)
+            if dtype == "float16":
+                a = a.view(np.uint16)
+            out.append(a)
+        for d, name in zip(args[len(arrays) :], dims):
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+                raise TypeError(f"kernel {self.name}: dim {name} must be an int, got {d!r}")
+            out.append(int(d))
+        return out
 
     @functools.cached_property
     def _inspectable(self) -> Any:
@@ -1264,7 +1413,11 @@ def _compile_error(kernel: Kernel, exc: BaseException, source: str, filename: st
     msg = f"numba failed to compile kernel {kernel.name!r}: {type(exc).__name__}: {first}"
     lines = source.splitlines()
     hits = re.findall(r'File "([^"]*)", line (\d+)', text)
-    numbers = [int(n) for f, n in hits if f == filename or os.path.basename(f) == os.path.basename(filename)]
+    numbers = [
+        int(n)
+        for f, n in hits
+        if f == filename or os.path.basename(f) == os.path.basename(filename)
+    ]
     if not numbers:
         # e.g. "NameError: name 'acc' is not defined" comes without a location
         m = re.search(r"name '(\w+)' is not defined", text)
@@ -1284,15 +1437,20 @@ _memo_lock = threading.Lock()
 _key_locks: dict[tuple[str, str | None], threading.Lock] = {}
 
 
-def _build(kernel: Kernel, emitted: _Emitted, key: str, cache_dir: str | None,
-           fastmath: bool) -> tuple[Any, bool, str | None]:
+def _build(
+    kernel: Kernel, emitted: _Emitted, key: str, cache_dir: str | None, fastmath: bool
+) -> tuple[Any, bool, str | None]:
     entry = None
+    module_name = f"geode_k_{key[:32]}"
+    filename = f"<geode kernel {kernel.name} {key[:12]}>"
     if cache_dir is not None:
-        entry = _cache.prepare_entry(cache_dir, key, emitted.source)
-        module_name, filename = entry.module_name, str(entry.module_path)
-    else:
-        module_name = f"geode_k_{key[:32]}"
-        filename = f"<geode kernel {kernel.name} {key[:12]}>"
+        try:
+            entry = _cache.prepare_entry(cache_dir, key, emitted.source)
+            module_name, filename = entry.module_name, str(entry.module_path)
+        except OSError as exc:
+            log.warning(
+                "kernel cache %s unusable (%s): compiling %s in memory", cache_dir, exc, kernel.name
+            )
     try:
         module = _cache.load_module(emitted.source, module_name, filename)
         py_func = module.__dict__[emitted.func_name]
@@ -1305,7 +1463,7 @@ def _build(kernel: Kernel, emitted: _Emitted, key: str, cache_dir: str | None,
     except Exception as exc:
         raise _compile_error(kernel, exc, emitted.source, filename) from exc
 
-    for attempt in (0, 1):
+    while True:
         try:
             with _numba_compile_settings():
                 fn = numba.njit(**options)(py_func)
@@ -1313,22 +1471,38 @@ def _build(kernel: Kernel, emitted: _Emitted, key: str, cache_dir: str | None,
                     _cache.attach_numba_cache(fn, entry)
                 fn.compile(signature)
         except Exception as exc:
-            if entry is not None and entry.trusted and attempt == 0:
+            if entry is not None and entry.trusted:
                 # verified files that numba still cannot load: never trust them again
+                log.warning(
+                    "kernel cache entry %s failed to load (%s): rebuilding", entry.directory, exc
+                )
                 _cache.discard_entry(entry)
+                continue
+            if entry is not None:
+                # maybe the cache (a full disk...): a compile error fails again in memory
+                log.debug("compiling %s with the disk cache failed: %s", kernel.name, exc)
+                entry = None
                 continue
             raise _compile_error(kernel, exc, emitted.source, filename) from exc
         break
     fn.disable_compile()
     from_cache = sum(fn.stats.cache_hits.values()) > 0
     if entry is not None and not from_cache:
-        _cache.commit_entry(entry)
+        try:
+            _cache.commit_entry(entry)
+        except OSError as exc:  # the kernel is fine; only the cache entry is lost
+            log.warning("kernel cache entry %s not saved: %s", entry.directory, exc)
     fn.__geode_options__ = options
     return fn, from_cache, (str(entry.directory) if entry is not None else None)
 
 
-def compile_kernel(kernel: Kernel, *, fastmath: bool = False, cache_dir: str | os.PathLike[str] | None = None,
-                   parallel: bool | None = None) -> NumbaKernel:
+def compile_kernel(
+    kernel: Kernel,
+    *,
+    fastmath: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    parallel: bool | None = None,
+) -> NumbaKernel:
     """Compile ``kernel`` to native code now and return the callable :class:`NumbaKernel`.
 
     ``fastmath`` selects numba's fast-math flags per ``config.ACCURACY_POLICY``;
@@ -1358,8 +1532,9 @@ def compile_kernel(kernel: Kernel, *, fastmath: bool = False, cache_dir: str | o
         if hit is not None:
             return hit
         fn, from_cache, path = _build(kernel, emitted, key, cdir, fastmath)
-        k = NumbaKernel(kernel.name, fn, emitted, key, time.perf_counter() - t0, from_cache,
-                        fastmath, path)
+        k = NumbaKernel(
+            kernel.name, fn, emitted, key, time.perf_counter() - t0, from_cache, fastmath, path
+        )
         with _memo_lock:
             _memo[memo_key] = k
         return k

@@ -101,23 +101,51 @@ class NodeSpec:
 class AdaptContext:
     """What an adapter may do to the graph: add constants and helper nodes."""
 
-    def __init__(self, graph: Graph, node_name: str, is_used: Callable[[str], bool] | None = None):
+    def __init__(
+        self,
+        graph: Graph,
+        node_name: str,
+        is_used: Callable[[str], bool] | None = None,
+        namer: Callable[[str], str] | None = None,
+    ):
         self.graph = graph
         self.node_name = node_name
         self._is_used = is_used
+        self._namer = namer or graph.unique_name
+
+    def name(self, hint: str) -> str:
+        """A fresh value name for a helper of the node being adapted."""
+        return self._namer(f"{self.node_name}/{hint}")
 
     def const(self, data: object, dtype: object, hint: str) -> Value:
         """A constant input for the node being adapted, named after it."""
         arr = np.asarray(data, dtype=dtype)
-        return self.graph.constant(arr, name=f"{self.node_name}/{hint}")
+        name = self.name(hint)
+        v = self.graph.constant(arr, name=name)
+        if v.name != name:
+            self.graph.rename(v, name)
+        return v
 
     def ints(self, values: object, hint: str) -> Value:
         """A 1-D int64 constant (axes, pads, starts, ...)."""
         return self.const(np.asarray(list(values), dtype=np.int64).reshape(-1), np.int64, hint)
 
-    def op(self, op_type: str, inputs: list[Value | None], attrs: dict[str, Any] | None = None, hint: str = "") -> Value:
+    def op(
+        self,
+        op_type: str,
+        inputs: list[Value | None],
+        attrs: dict[str, Any] | None = None,
+        hint: str = "",
+    ) -> Value:
         """Add a single-output helper node and return its output."""
-        node = self.graph.add_node(op_type, inputs, attrs or {}, name=f"{self.node_name}/{hint or op_type}")
+        hint = hint or op_type.lower()
+        node = self.graph.add_node(
+            op_type,
+            inputs,
+            attrs or {},
+            name=f"{self.node_name}/{hint}",
+            output_names=[self.name(hint)],
+        )
         return node.outputs[0]
 
     def is_used(self, name: str) -> bool:
@@ -162,7 +190,9 @@ def _pop(attrs: dict[str, Any], *names: str) -> list[Any]:
 
 
 def _fail(spec: NodeSpec, msg: str) -> ModelLoadError:
-    return ModelLoadError(f"node {spec.name!r} ({spec.source_op or spec.op_type}, opset {spec.version}): {msg}")
+    return ModelLoadError(
+        f"node {spec.name!r} ({spec.source_op or spec.op_type}, opset {spec.version}): {msg}"
+    )
 
 
 # -- axes attribute -> input ----------------------------------------------------------------
@@ -301,14 +331,16 @@ def _bn_spatial(spec: NodeSpec, ctx: AdaptContext) -> NodeSpec:
     x, scale, bias, mean, var = (spec.input(i) for i in range(5))
     if any(v is None for v in (x, scale, bias, mean, var)):
         raise _fail(spec, "expects 5 inputs")
-    if scale.rank == 1 and (x.rank is None or x.rank <= 2):
-        return spec  # per-activation over [N, C] is per-channel
     if scale.rank == 1:
-        return spec  # (C) statistics: the spatial form is what they mean
+        return spec  # (C) statistics: per-activation over [N, C] is per-channel
     # spatial=0: statistics of shape (C, D1, ..., Dn) broadcast against x (N, C, D1, ...)
     spec = _bn_drop_training_outputs(spec, ctx)
     eps = float(attrs.get("epsilon", 1e-5))
-    denom = ctx.op("Sqrt", [ctx.op("Add", [var, ctx.const(eps, var.dtype, "epsilon")], hint="var_eps")], hint="std")
+    denom = ctx.op(
+        "Sqrt",
+        [ctx.op("Add", [var, ctx.const(eps, var.dtype, "epsilon")], hint="var_eps")],
+        hint="std",
+    )
     centered = ctx.op("Sub", [x, mean], hint="centered")
     normed = ctx.op("Div", [centered, denom], hint="normed")
     scaled = ctx.op("Mul", [normed, scale], hint="scaled")
@@ -322,7 +354,9 @@ def _bn_drop_training_outputs(spec: NodeSpec, ctx: AdaptContext) -> NodeSpec:
     used = [o for o in extra if ctx.is_used(o)]
     if used:
         raise _fail(spec, f"training-mode outputs {used} are not supported before opset 14")
-    attrs = {k: v for k, v in spec.attrs.items() if k not in ("spatial", "is_test", "consumed_inputs")}
+    attrs = {
+        k: v for k, v in spec.attrs.items() if k not in ("spatial", "is_test", "consumed_inputs")
+    }
     return replace(spec, outputs=spec.outputs[:1], attrs=attrs)
 
 
@@ -350,7 +384,13 @@ def _resize_from_scales(spec: NodeSpec, ctx: AdaptContext, scales: Value | None)
     attrs["coordinate_transformation_mode"] = "asymmetric"
     if mode == "nearest":
         attrs["nearest_mode"] = "floor"
-    return replace(spec, op_type="Resize", inputs=[spec.input(0), None, scales], attrs=attrs, version=TARGET_OPSET)
+    return replace(
+        spec,
+        op_type="Resize",
+        inputs=[spec.input(0), None, scales],
+        attrs=attrs,
+        version=TARGET_OPSET,
+    )
 
 
 @adapter("Upsample", below=TARGET_OPSET + 1)

@@ -29,8 +29,10 @@ from geode.errors import ShapeError, VerifyError
 INT64 = frozenset([np.dtype(np.int64)])
 #: longest Range whose contents are recorded as a symbolic value (for constant folding)
 SYM_VALUE_LIMIT = 64
-#: dtypes of Range (ONNX: float, double, int16, int32, int64)
-RANGE_TYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int16, np.int32, np.int64))
+#: dtypes of Range (ONNX opset 11: float, double, int16, int32, int64; float16 as in newer opsets)
+RANGE_TYPES = frozenset(
+    np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int16, np.int32, np.int64)
+)
 
 
 # -- helpers --------------------------------------------------------------------------------

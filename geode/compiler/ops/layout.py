@@ -343,6 +343,8 @@ def slice_dim(d: Dim, start: Dim, end: Dim, step: int) -> Dim | None:
     """
     if step == 0:
         raise ShapeError("slice step cannot be 0")
+    if not isinstance(end, int) and step > 0 and dims_equal(end, d) is True:
+        end = HUGE  # "up to the dim itself" is the usual "to the end"
     if not (isinstance(start, int) and isinstance(end, int)):
         return _symbolic_bounds_len(d, start, end, step)
     if isinstance(d, int):

@@ -1227,10 +1227,12 @@ def _dropout_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
     if not training or ratio == 0.0:
         return [x.copy(), np.ones(x.shape, dtype=np.bool_)]
     seed = attrs.get("seed")
-    rng = np.random.default_rng(None if seed is None else int(seed))
+    # the generator and draw order of ONNX's reference (and its backend tests), so a
+    # seeded Dropout reproduces their masks
+    rng = np.random.RandomState(None if seed is None else int(seed))
     mask = rng.uniform(0.0, 1.0, x.shape) >= ratio
     scale = 0.0 if ratio >= 1.0 else 1.0 / (1.0 - ratio)
-    return [(x * mask * scale).astype(x.dtype), mask]
+    return [(mask * x * scale).astype(x.dtype), mask]
 
 
 register(

@@ -1,0 +1,307 @@
+"""The on-disk kernel cache: hits across processes, corrupt entries, keys, maintenance.
+
+The cross-process test starts fresh Python processes (numba's cache only matters
+there): two cold ones at once on an empty cache (concurrent writers), then a warm one
+that must load the machine code from disk. Their compile times are printed (run with
+``-s`` to see them); per the project's conventions nothing asserts on wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from geode.codegen import cache
+from geode.codegen.ast import (
+    Bin,
+    Block,
+    Buffer,
+    Const,
+    For,
+    ForKind,
+    IterVar,
+    Kernel,
+    Load,
+    Store,
+    Var,
+)
+from geode.codegen.backends import numba as nb
+
+N, K = Var("N"), Var("K")
+
+
+def make_kernel(scale: float, parallel: bool = True) -> Kernel:
+    """``Y[i, k] = X[i, k] * scale + sum_k X[i, :]`` with a register accumulator."""
+    vi, vk = Var("vi"), Var("vk")
+    kind = ForKind.PARALLEL if parallel else ForKind.SERIAL
+    body = [
+        For(
+            "i",
+            N,
+            [
+                Block(
+                    "init", [IterVar("vi", N)], [Var("i")], [Store("s", (), Const(0.0, "float32"))]
+                ),
+                For(
+                    "k",
+                    K,
+                    [
+                        Block(
+                            "sum",
+                            [IterVar("vi", N), IterVar("vk", K, "reduce")],
+                            [Var("i"), Var("k")],
+                            [Store("s", (), Bin("+", Load("s", ()), Load("X", (vi, vk))))],
+                        )
+                    ],
+                ),
+                For(
+                    "k",
+                    K,
+                    [
+                        Block(
+                            "out",
+                            [IterVar("vi", N), IterVar("vk", K)],
+                            [Var("i"), Var("k")],
+                            [
+                                Store(
+                                    "Y",
+                                    (vi, vk),
+                                    Bin(
+                                        "+",
+                                        Bin("*", Load("X", (vi, vk)), Const(scale, "float32")),
+                                        Load("s", ()),
+                                    ),
+                                )
+                            ],
+                        )
+                    ],
+                    ForKind.VECTORIZED,
+                ),
+            ],
+            kind,
+        )
+    ]
+    return Kernel(
+        f"cached_{'par' if parallel else 'ser'}",
+        [Buffer("X", "float32", (N, K))],
+        [Buffer("Y", "float32", (N, K))],
+        ["N", "K"],
+        body,
+        temps=[Buffer("s", "float32", (), "register")],
+    )
+
+
+def expected(X: np.ndarray, scale: float) -> np.ndarray:
+    return X * np.float32(scale) + X.sum(1, keepdims=True, dtype=np.float32)
+
+
+def check(k: nb.NumbaKernel, scale: float) -> None:
+    X = np.arange(15, dtype=np.float32).reshape(3, 5) / 7
+    Y = np.empty_like(X)
+    k(X, Y, 3, 5)
+    np.testing.assert_allclose(Y, expected(X, scale), rtol=1e-6)
+
+
+@pytest.fixture
+def fresh_memo():
+    """Forget in-process compiled kernels so compile_kernel goes to the disk cache."""
+    nb._memo.clear()
+    yield
+    nb._memo.clear()
+
+
+# ---------------------------------------------------------------------------------
+# across processes
+# ---------------------------------------------------------------------------------
+
+_SCRIPT = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numba
+@numba.njit
+def _warm(x):
+    return x + 1
+_warm(1)
+numba_init = time.perf_counter() - t0
+sys.path.insert(0, {tests!r})
+import numpy as np
+from test_kernel_cache import make_kernel, expected
+from geode.codegen.backends.numba import compile_kernel
+k = compile_kernel(make_kernel(2.0), cache_dir=sys.argv[1])
+X = np.arange(15, dtype=np.float32).reshape(3, 5) / 7
+Y = np.empty_like(X)
+k(X, Y, 3, 5)
+ok = bool(np.allclose(Y, expected(X, 2.0), rtol=1e-6))
+print(json.dumps({{"from_cache": k.from_cache, "compile_seconds": k.compile_seconds,
+                   "numba_init_seconds": numba_init, "ok": ok}}))
+"""
+
+
+def _spawn(cache_dir: Path) -> subprocess.Popen:
+    script = _SCRIPT.format(tests=str(Path(__file__).parent))
+    return subprocess.Popen(
+        [sys.executable, "-c", script, str(cache_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+
+
+def _result(p: subprocess.Popen) -> dict:
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_warm_compile_in_new_process_hits_disk_cache(tmp_path: Path) -> None:
+    # two cold processes at once: concurrent writers of one entry
+    cold = [_result(p) for p in [_spawn(tmp_path), _spawn(tmp_path)]]
+    assert all(r["ok"] for r in cold)
+    assert not all(r["from_cache"] for r in cold)
+    info = cache.cache_info(tmp_path)
+    assert info.entries == 1 and info.bytes > 0
+    entry = next((tmp_path / "kernels").iterdir())
+    assert not [p for p in entry.iterdir() if ".tmp." in p.name], "temporary files left behind"
+    assert (entry / "manifest.json").exists()
+
+    warm = _result(_spawn(tmp_path))
+    assert warm["ok"] and warm["from_cache"]
+    cold_s = max(r["compile_seconds"] for r in cold if not r["from_cache"])
+    print(
+        f"\nkernel compile in a new process: cold {cold_s:.3f}s, warm (disk cache) "
+        f"{warm['compile_seconds']:.3f}s (numba start-up {warm['numba_init_seconds']:.2f}s "
+        "not included)"
+    )
+
+
+# ---------------------------------------------------------------------------------
+# corrupt entries
+# ---------------------------------------------------------------------------------
+
+
+def _entry_dir(cache_dir: Path) -> Path:
+    (d,) = list((cache_dir / "kernels").iterdir())
+    return d
+
+
+def _corrupt(entry: Path, what: str) -> None:
+    module = next(entry.glob("geode_k_*.py"))
+    index = next(entry.glob("*.nbi"))
+    data = next(entry.glob("*.nbc"))
+    manifest = entry / "manifest.json"
+    if what == "module-truncated":
+        module.write_bytes(module.read_bytes()[:40])
+    elif what == "module-garbage":
+        module.write_bytes(b"import os\nos._exit(3)\n")
+    elif what == "index-garbage":
+        index.write_bytes(b"\x80\x04garbage" * 10)
+    elif what == "index-truncated":
+        index.write_bytes(index.read_bytes()[:20])
+    elif what == "data-truncated":
+        data.write_bytes(data.read_bytes()[: len(data.read_bytes()) // 2])
+    elif what == "data-bitflip":
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    elif what == "manifest-garbage":
+        manifest.write_text("{not json")
+    elif what == "manifest-missing":
+        manifest.unlink()
+    else:  # pragma: no cover
+        raise AssertionError(what)
+
+
+@pytest.mark.parametrize(
+    "what",
+    [
+        "module-truncated",
+        "module-garbage",
+        "index-garbage",
+        "index-truncated",
+        "data-truncated",
+        "data-bitflip",
+        "manifest-garbage",
+        "manifest-missing",
+    ],
+)
+def test_corrupt_entry_is_rebuilt(tmp_path: Path, fresh_memo: None, what: str) -> None:
+    kern = make_kernel(3.0, parallel=False)
+    first = nb.compile_kernel(kern, cache_dir=tmp_path)
+    check(first, 3.0)
+    entry = _entry_dir(tmp_path)
+    _corrupt(entry, what)
+
+    nb._memo.clear()
+    rebuilt = nb.compile_kernel(kern, cache_dir=tmp_path)
+    assert not rebuilt.from_cache, "a corrupt entry was trusted"
+    check(rebuilt, 3.0)
+    assert next(entry.glob("geode_k_*.py")).read_text() == rebuilt.source
+
+    nb._memo.clear()
+    again = nb.compile_kernel(kern, cache_dir=tmp_path)
+    assert again.from_cache, "the rebuilt entry was not reused"
+    check(again, 3.0)
+
+
+def test_cached_kernel_can_still_be_inspected(tmp_path: Path, fresh_memo: None) -> None:
+    kern = make_kernel(4.0, parallel=False)
+    nb.compile_kernel(kern, cache_dir=tmp_path)
+    nb._memo.clear()
+    k = nb.compile_kernel(kern, cache_dir=tmp_path)
+    assert k.from_cache
+    assert "define" in k.llvm and "cached_ser" in k.asm and "ret" in k.asm
+
+
+# ---------------------------------------------------------------------------------
+# keys and maintenance
+# ---------------------------------------------------------------------------------
+
+
+def test_key_depends_on_source_settings_and_environment() -> None:
+    src_a = nb.emit_source(make_kernel(2.0))
+    src_b = nb.emit_source(make_kernel(2.5))
+    src_fast = nb.emit_source(make_kernel(2.0), fastmath=True)
+    keys = {cache.cache_key(s) for s in (src_a, src_b, src_fast)}
+    assert len(keys) == 3
+    assert cache.cache_key(src_a) == cache.cache_key(src_a)
+    assert cache.cache_key(src_a, {"opt": "3"}) != cache.cache_key(src_a, {"opt": "2"})
+    env = cache.environment_fingerprint()
+    for field in (
+        "cpu_name",
+        "cpu_features",
+        "numba",
+        "llvmlite",
+        "numpy",
+        "python",
+        "codegen_version",
+    ):
+        assert env[field]
+
+
+def test_different_source_gets_its_own_entry_and_clear(tmp_path: Path, fresh_memo: None) -> None:
+    a = nb.compile_kernel(make_kernel(5.0, parallel=False), cache_dir=tmp_path)
+    b = nb.compile_kernel(make_kernel(6.0, parallel=False), cache_dir=tmp_path)
+    assert a.key != b.key and a.cache_path != b.cache_path
+    check(a, 5.0)
+    check(b, 6.0)
+    info = cache.cache_info(tmp_path)
+    assert info.entries == 2 and info.bytes > 2000
+    (tmp_path / "unrelated.txt").write_text("keep me")  # clear_cache only touches kernels/
+    assert cache.clear_cache(tmp_path) == 2
+    assert cache.cache_info(tmp_path).entries == 0
+    assert (tmp_path / "unrelated.txt").exists()
+
+
+def test_in_memory_compile_writes_nothing(tmp_path: Path, fresh_memo: None, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    k = nb.compile_kernel(make_kernel(7.0, parallel=False))
+    check(k, 7.0)
+    assert k.cache_path is None and not k.from_cache
+    assert list(tmp_path.iterdir()) == []
