@@ -349,6 +349,33 @@ def test_batchnorm_spatial_attribute_at_opset_7_matches_ort():
     check_against_ort(model, [{"x": rand(2, c, 4, 4)}], codegen=False)
 
 
+def test_opset_6_legacy_broadcast_and_prelu():
+    """Before opset 7, B matches A's dims from ``axis``; a 1-D PRelu slope is per channel."""
+    b = np.arange(12, dtype=np.float32).reshape(3, 4)
+    slope = np.array([0.1, 0.2, 0.3], np.float32)
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["s"], broadcast=1, axis=1),
+        helper.make_node("Mul", ["s", "two"], ["t"], broadcast=1),  # scalar-like tail broadcast
+        helper.make_node("PRelu", ["t", "slope"], ["y"]),
+    ]
+    inits = [init("b", b), init("two", np.array([2.0], np.float32)), init("slope", slope)]
+    model = make_model(
+        nodes, [tin("x", ["N", 3, 4, 5])], [tin("y", ["N", 3, 4, 5])], inits, opset=6
+    )
+    g = import_model(model)
+    assert all(
+        "broadcast" not in n.attrs and "axis" not in n.attrs
+        for n in g.nodes
+        if n.op_type in ("Add", "Mul")
+    )
+    x = rand(2, 3, 4, 5)
+    t = (x + b[None, :, :, None]) * 2.0
+    want = np.where(t >= 0, t, t * slope[None, :, None, None])
+    np.testing.assert_allclose(
+        geode.compile(model, codegen=False)(x=x)["y"], want, rtol=1e-6, atol=1e-6
+    )
+
+
 def test_reduce_adapter_in_geode_form():
     nodes, inits = _reduce_sum(11)
     model = make_model(nodes, [tin("x", [2, 4, 5])], [tin("y", None)], inits, opset=11)
@@ -500,7 +527,7 @@ def test_opset_out_of_range():
     model.opset_import[0].version = SUPPORTED_OPSET_RANGE[0] - 1
     with pytest.raises(ModelLoadError, match="older"):
         import_model(model)
-    assert SUPPORTED_OPSET_RANGE == onnx_versions.SUPPORTED_OPSET_RANGE == (7, 21)
+    assert SUPPORTED_OPSET_RANGE == onnx_versions.SUPPORTED_OPSET_RANGE == (6, 21)
 
 
 def test_unknown_op_names_op_domain_and_opset():
@@ -720,6 +747,26 @@ def test_external_data_lazy_loading(tmp_path):
     assert str(lazy.outputs[0].shape[0]) == "N"
     eager = import_model(path)
     np.testing.assert_array_equal(eager.values["W"].data, w)
+
+
+def test_external_data_shared_range_is_loaded_once(tmp_path):
+    """Two initializers naming the same (file, offset, length) share one array."""
+    w = rand(4, 4)
+    nodes = [helper.make_node("Add", ["A", "B"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
+    model = make_model(
+        nodes, [tin("x", [4, 4])], [tin("y", [4, 4])], [init("A", w), init("B", w + 1)]
+    )
+    path = _save_external(model, tmp_path / "shared")
+    proto = onnx.load(str(path), load_external_data=False)
+    a, b = proto.graph.initializer
+    del b.external_data[:]
+    for e in a.external_data:
+        b.external_data.add().CopyFrom(e)
+    onnx.save_model(proto, str(path))
+    g = import_model(path)
+    va, vb = g.values["A"], g.values["B"]
+    assert va.external == vb.external and va.data is vb.data
+    np.testing.assert_array_equal(vb.data, w)
 
 
 def test_external_data_from_bytes_needs_a_folder(tmp_path):

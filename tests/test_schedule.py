@@ -200,6 +200,17 @@ def k_keepdims_max(n: int | str = "N", m: int | str = 5) -> Kernel:
                   [buf("MX", [1, m], "local")])
 
 
+def k_transpose(n: int = 4) -> Kernel:
+    """A = X * 2; O = transpose(A) + shift: O[i, j] = A[j, i] + A[(j + 1) % n, i]."""
+    sh = [n, n]
+    body = [
+        ew("mul_0", "A", sh, lambda v: Bin("*", ld("X", v), f32(2))),
+        ew("tr_1", "O", sh, lambda v: Bin("+", ld("A", [v[1], v[0]]), ld(
+            "A", [Bin("%", Bin("+", v[1], Const(1)), Const(n)), v[0]]))),
+    ]
+    return Kernel("transpose", [buf("X", sh)], [buf("O", sh)], [], body, [buf("A", sh, "local")])
+
+
 # ---------------------------------------------------------------------------------
 # checking helpers
 # ---------------------------------------------------------------------------------
@@ -708,6 +719,20 @@ def test_compute_at_errors() -> None:
     with raises("compute_at", "mul_0"):
         sch3.compute_at("mul_0", "add_1_i0")
     assert format_kernel(sch3.kernel) == format_kernel(k)
+    # a transposed read: A's rows are O's columns
+    k = k_transpose()
+    sch4 = Schedule(k)
+    for lp in ("tr_1_i0", "tr_1_i1"):
+        with raises("compute_at", "mul_0"):
+            sch4.compute_at("mul_0", lp)
+    with raises("reverse_compute_inline", "tr_1"):
+        sch4.reverse_compute_inline("tr_1")
+    # with A's loops swapped, one iteration of tr_1_i0 computes a whole column of A,
+    # which covers everything O reads in it (the shifted read included)
+    sch4.reorder(["mul_0_i1", "mul_0_i0"])
+    sch4.compute_at("mul_0", "tr_1_i0")
+    assert sch4.kernel.buffer("A").shape == (Const(4), Const(1))
+    check_same(k, sch4.kernel, [{}])
 
 
 # ---------------------------------------------------------------------------------
@@ -919,7 +944,7 @@ def _apply_random(sch: Schedule, op: str, a: int, b: int, c: int) -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.sampled_from(["chain", "layernorm", "kmax", "reduce"]),
+    st.sampled_from(["chain", "layernorm", "kmax", "reduce", "transpose", "eltwise"]),
     st.lists(
         st.tuples(st.sampled_from(_PRIMS), st.integers(0, 99), st.integers(0, 99),
                   st.integers(0, 99)),
@@ -932,6 +957,8 @@ def test_random_schedules_preserve_results(which: str, ops: list[tuple]) -> None
         "layernorm": (k_layernorm(), DIMS_LN),
         "kmax": (k_keepdims_max(), [{"N": 3}]),
         "reduce": (k_reduce(m=7), [{"N": 2}]),
+        "transpose": (k_transpose(), [{}]),
+        "eltwise": (k_eltwise(), [{"N": 3}]),
     }[which]
     sch = Schedule(k)
     for op, a, b, c in ops:

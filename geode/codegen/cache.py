@@ -39,6 +39,7 @@ import hashlib
 import json
 import linecache
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -327,12 +328,15 @@ class CacheInfo:
     bytes: int
 
 
+_ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
+
+
 def _entry_dirs(cache_dir: str | os.PathLike[str]) -> Iterator[Path]:
     root = _kernels_dir(cache_dir)
     if not root.is_dir():
         return
     for p in sorted(root.iterdir()):
-        if p.is_dir() and (p / f"{_MODULE_PREFIX}{p.name}.py").exists():
+        if p.is_dir() and _ENTRY_NAME.fullmatch(p.name):
             yield p
 
 

@@ -235,7 +235,7 @@ _SYMS: dict[str, sympy.Symbol] = {}
 def _to_sympy(e: Expr) -> sympy.Expr:
     if isinstance(e, Var):
         if e.name not in _SYMS:
-            _SYMS[e.name] = sympy.Symbol(e.name, integer=True, positive=True)
+            _SYMS[e.name] = sympy.Symbol(e.name, integer=True, nonnegative=True)
         return _SYMS[e.name]
     if isinstance(e, Const):
         if e.dtype not in ("int64", "int32"):
@@ -308,6 +308,26 @@ class _Ctx:
     def loop_free(self, e: Expr) -> bool:
         return not (free_vars(e) & self.ext.keys())
 
+    def nonneg(self, e: Expr) -> bool:
+        """``e >= 0`` provably (loop variables and dims are non-negative)."""
+        if isinstance(e, Var):
+            return e.name in self.ext or e.name in self.dims
+        if isinstance(e, Const):
+            return e.dtype == "int64" and e.value >= 0
+        if isinstance(e, Bin):
+            if e.op in ("+", "*"):
+                return self.nonneg(e.a) and self.nonneg(e.b)
+            if e.op in ("//", "%"):
+                return self.nonneg(e.a) and self.divisor(e.b)
+        return False
+
+    def divisor(self, e: Expr) -> bool:
+        """``e`` is loop-free and positive whenever it is used as a divisor (a positive
+        constant or a non-negative expression of dims: a zero dim empties the loops)."""
+        if isinstance(e, Const):
+            return e.dtype == "int64" and e.value > 0
+        return self.loop_free(e) and self.nonneg(e)
+
     def ub(self, e: Expr) -> Expr | None:
         """An exclusive upper bound of a non-negative index expression."""
         if isinstance(e, Var):
@@ -321,13 +341,13 @@ class _Ctx:
             return None if a is None or b is None else sub(add(a, b), Const(1))
         if e.op == "*":
             x, c = (e.a, e.b) if self.loop_free(e.b) else (e.b, e.a)
-            if not self.loop_free(c):
+            if not self.divisor(c):
                 return None
             a = self.ub(x)
             return None if a is None else add(mul(sub(a, Const(1)), c), Const(1))
-        if e.op == "%" and self.loop_free(e.b):
+        if e.op == "%" and self.divisor(e.b) and self.nonneg(e.a):
             return e.b
-        if e.op == "//" and self.loop_free(e.b):
+        if e.op == "//" and self.divisor(e.b):
             a = self.ub(e.a)
             return None if a is None else add(floordiv(sub(a, Const(1)), e.b), Const(1))
         return None
@@ -337,7 +357,7 @@ class _Ctx:
         if not (isinstance(e, Bin) and e.op == "+"):
             if isinstance(e, Bin) and e.op == "*":
                 x, c = (e.a, e.b) if self.loop_free(e.b) else (e.b, e.a)
-                if self.loop_free(c):
+                if self.divisor(c):
                     return x, c, Const(0)
             return None
         for hi_part, lo in ((e.a, e.b), (e.b, e.a)):
@@ -345,11 +365,11 @@ class _Ctx:
                 x, c = (
                     (hi_part.a, hi_part.b) if self.loop_free(hi_part.b) else (hi_part.b, hi_part.a)
                 )
-                if not self.loop_free(c):
+                if not self.divisor(c):
                     continue
             else:
                 x, c = hi_part, Const(1)
-            if _le(self.ub(lo), c):
+            if self.nonneg(lo) and _le(self.ub(lo), c):
                 return x, c, lo
         return None
 
@@ -362,8 +382,8 @@ class _Ctx:
         def rule(x: Expr) -> Expr | None:
             if not isinstance(x, Bin):
                 return None
-            if x.op in ("//", "%") and self.loop_free(x.b):
-                if _le(self.ub(x.a), x.b):
+            if x.op in ("//", "%") and self.divisor(x.b):
+                if self.nonneg(x.a) and _le(self.ub(x.a), x.b):
                     return Const(0) if x.op == "//" else x.a
                 ds = self.digit_split(x.a)
                 if ds is not None and _eq(ds[1], x.b):
@@ -407,9 +427,9 @@ class _Ctx:
             if e in seen or v not in free_vars(e):
                 continue
             seen.add(e)
-            if isinstance(e, Bin) and e.op in ("//", "%") and self.loop_free(e.b):
+            if isinstance(e, Bin) and e.op in ("//", "%") and self.divisor(e.b):
                 a, n = e.a, e.b
-                if e.op == "%" and _le(self.ub(a), n):
+                if e.op == "%" and self.nonneg(a) and _le(self.ub(a), n):
                     queue.append((a, rc))
                 ds = self.digit_split(a)
                 if ds is not None and _eq(ds[1], n):

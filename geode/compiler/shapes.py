@@ -33,7 +33,8 @@ def as_dim(d: object) -> Dim:
     if isinstance(d, str):
         return sym(d)
     if isinstance(d, sympy.Expr):
-        d = sympy.simplify(d) if not d.is_Atom else d
+        # sympy canonicalises arithmetic on construction; a full simplify() is too slow
+        # to run on every dim (tens of ms for Min/Max/ceiling)
         return int(d) if d.is_Integer else d
     if hasattr(d, "__index__"):
         return int(d)  # numpy integers
@@ -214,25 +215,60 @@ class SymbolTable:
         return bad
 
 
+def _int_printer():  # noqa: ANN202 - built lazily: sympy's printers are slow to import
+    from sympy.printing.pycode import PythonCodePrinter
+
+    class IntShapePrinter(PythonCodePrinter):
+        """Prints dims with exact integer arithmetic: floor/ceiling become ``//``, and
+        other rationals become ``Fraction`` (never float division)."""
+
+        def _frac(self, arg: sympy.Expr) -> tuple[str, str]:
+            n, d = sympy.fraction(sympy.together(arg))
+            return self._print(sympy.expand(n)), self._print(d)
+
+        def _print_floor(self, e: sympy.Expr) -> str:
+            n, d = self._frac(e.args[0])
+            return f"(({n}) // ({d}))"
+
+        def _print_ceiling(self, e: sympy.Expr) -> str:
+            n, d = self._frac(e.args[0])
+            return f"(-((-({n})) // ({d})))"
+
+        def _print_Rational(self, e: sympy.Rational) -> str:  # noqa: N802 - sympy's name
+            return f"Fraction({e.p}, {e.q})"
+
+        def _print_Half(self, e: sympy.Expr) -> str:  # noqa: N802 - sympy's name
+            return "Fraction(1, 2)"
+
+        def _print_Max(self, e: sympy.Expr) -> str:  # noqa: N802 - sympy's name
+            return "max(" + ", ".join(self._print(a) for a in e.args) + ")"
+
+        def _print_Min(self, e: sympy.Expr) -> str:  # noqa: N802 - sympy's name
+            return "min(" + ", ".join(self._print(a) for a in e.args) + ")"
+
+    return IntShapePrinter()
+
+
 def compile_shape_fn(shape: Sequence[Dim]) -> Callable[[Mapping[str, int]], tuple[int, ...]]:
-    """A plain Python function ``env -> tuple[int, ...]`` evaluating a symbolic shape.
+    """A plain Python function ``env -> tuple[int, ...]`` evaluating a symbolic shape
+    with exact integer arithmetic.
 
     ``env`` maps symbol names to ints. Used to hand shapes to the runtime, which must
     not depend on sympy objects.
     """
-    from sympy.printing.pycode import pycode
-
     if all(isinstance(d, int) for d in shape):
         const = tuple(int(d) for d in shape)
         return lambda env: const
+    printer = _int_printer()
     names = sorted({s.name for d in shape if not isinstance(d, int) for s in d.free_symbols})
-    body = []
-    for d in shape:
-        body.append(str(d) if isinstance(d, int) else f"int({pycode(d, fully_qualified_modules=True)})")
+    body = [str(d) if isinstance(d, int) else f"int({printer.doprint(d)})" for d in shape]
     lines = ["def shape_fn(env):"]
     lines += [f"    {n} = env[{n!r}]" for n in names]
     lines.append(f"    return ({', '.join(body)},)")
-    scope: dict = {"math": __import__("math")}
+    import fractions
+    import math
+
+    scope: dict = {"math": math, "Fraction": fractions.Fraction}
     exec("\n".join(lines), scope)  # noqa: S102 - source built from sympy expressions only
     return scope["shape_fn"]
 

@@ -13,13 +13,17 @@ Calling convention
 buffer's dtype and rank (inputs may be read-only; outputs are written in place); dims
 are Python ints. The entry checks every argument's shape against the buffer's shape
 expression and raises ``ValueError`` naming the buffer on a mismatch (a few integer
-compares; it keeps a wrong call from writing out of bounds). A 0-d buffer is a
-1-element 1-d array at the native level (numba's parallel lowering mistypes 0-d
-arrays read inside a prange); :meth:`NumbaKernel.__call__` takes either a 0-d array
-or a 1-element 1-d array and passes a 1-d view of it. numba has no float16 on the CPU: float16 buffers are passed to
-the native function as ``uint16`` views of the same memory, which
-:meth:`NumbaKernel.__call__` does for you (``NumbaKernel.fn`` is the bare dispatcher:
-no adaptation, the fastest call for kernels without float16 or 0-d buffers).
+compares; it keeps a wrong call from writing out of bounds).
+
+Choices: a 0-d buffer is a 1-element 1-d array at the native level (numba's parallel
+lowering mistypes 0-d arrays read inside a prange); :meth:`NumbaKernel.__call__`
+takes a 0-d array or a 1-element 1-d array. numba has no float16 on the CPU: float16
+buffers are ``uint16`` views of the same memory at the native level, which
+``__call__`` makes for you. ``NumbaKernel.fn`` is the bare numba dispatcher (no
+adaptation: the fastest call, for kernels without float16 or 0-d buffers). When the
+arguments do not match the compiled signature, ``__call__`` copies non-contiguous
+inputs to C order and retries, or raises ``TypeError`` naming the argument (a
+non-contiguous output cannot be written in place: it is an error).
 
 Statements
 ----------
@@ -66,7 +70,9 @@ like numpy). float16 values are carried as float32 and rounded to float16 after
 every operation (``_g_rh``, an LLVM ``fptrunc``/``fpext`` pair), which gives exactly
 numpy's float16 results for + - * / and sqrt (numpy also computes float16 in
 float32 and rounds each result); loads and stores convert between float16 bits and
-float32 with the same instructions (F16C/AVX512-FP16 ``vcvtph2ps``/``vcvtps2ph``).
+float32 with the same instructions (``vcvtph2ps``/``vcvtps2ph``; on AVX512-FP16
+hosts LLVM even folds the pairs into native half arithmetic, ``vmulph``/``vaddph``,
+which rounds identically).
 
 Operators (``BIN_OPS``/``UN_OPS``), numpy semantics unless ONNX says otherwise:
 integer ``/`` truncates toward zero, ``//`` floors, ``%`` takes the divisor's sign,
@@ -80,8 +86,8 @@ keeps NaN, ``erf`` is ``math.erf``. Float-to-int casts truncate; out-of-range an
 casts are undefined (as in C). ``neg``/``/``/``pow``/``-`` on bool and bitwise
 shifts on floats raise :class:`~geode.errors.CodegenError`.
 
-Indexing (measured, see the module tests' ``test_vectorizes_*``)
-----------------------------------------------------------------
+Indexing (measured with ``inspect_asm``; ``tests/test_backend_numba.py::test_vectorizes_*``)
+-----------------------------------------------------------------------------------------
 Native multi-dimensional indexing (``X[i, j]`` on a ``C``-layout array type) and
 linearised indexing (``Xf[i * 256 + j]`` on ``X.reshape(X.size)``) give the same
 machine code: on an elementwise ``Z = X * Y + B`` kernel both loops compile to

@@ -186,6 +186,19 @@ def _select(typingctx, cond, a, b):
 
 
 @intrinsic
+def _div(typingctx, a, b):
+    """``a / b`` as a plain IEEE division: numba's default ``error_model="python"`` would add a
+    zero-divisor check (a branch raising ZeroDivisionError) to ``/``."""
+    if not (isinstance(a, types.Float) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fdiv(args[0], args[1])
+
+    return a(a, b), codegen
+
+
+@intrinsic
 def _pow2(typingctx, n):
     """``2**n`` for an integer-valued float ``n`` in the normal exponent range.
 
@@ -463,7 +476,7 @@ def _log_core_f32(x, c):  # pragma: no cover - compiled
     k, m = _frexp_sqrt2(x)
     k = _select(sub, k - _SUBK_F32, k)
     f = m - _ONE_F32
-    s = f / (_TWO_F32 + f)
+    s = _div(f, _TWO_F32 + f)
     z = s * s
     big_r = z * _logt_f32(z)
     hfsq = _HALF_F32 * f * f
@@ -478,7 +491,7 @@ def _log_core_f64(x, c):  # pragma: no cover - compiled
     k, m = _frexp_sqrt2(x)
     k = _select(sub, k - _SUBK_F64, k)
     f = m - _ONE_F64
-    s = f / (_TWO_F64 + f)
+    s = _div(f, _TWO_F64 + f)
     z = s * s
     big_r = z * _logt_f64(z)
     hfsq = _HALF_F64 * f * f
@@ -529,7 +542,7 @@ def log1p_f32(x: float) -> float:
     x = np.float32(x)
     u = _ONE_F32 + x
     d = _select(abs(x) <= _ONE_F32, x - (u - _ONE_F32), _ONE_F32 - (u - x))
-    y = _log_core_f32(u, d / u)
+    y = _log_core_f32(u, _div(d, u))
     y = _select(x == _INF_F32, _INF_F32, y)
     y = _select(x == -_ONE_F32, -_INF_F32, y)
     y = _select(x < -_ONE_F32, _NAN_F32, y)
@@ -542,7 +555,7 @@ def log1p_f64(x: float) -> float:
     x = np.float64(x)
     u = _ONE_F64 + x
     d = _select(abs(x) <= _ONE_F64, x - (u - _ONE_F64), _ONE_F64 - (u - x))
-    y = _log_core_f64(u, d / u)
+    y = _log_core_f64(u, _div(d, u))
     y = _select(x == _INF_F64, _INF_F64, y)
     y = _select(x == -_ONE_F64, -_INF_F64, y)
     y = _select(x < -_ONE_F64, _NAN_F64, y)
@@ -568,7 +581,7 @@ def tanh_f32(x: float) -> float:
     a = abs(x)
     a = _select(a > _TANH_CLAMP_F32, _TANH_CLAMP_F32, a)
     e = _expm1_core_f32(a + a)
-    y = _copysign(e / (e + _TWO_F32), x)
+    y = _copysign(_div(e, e + _TWO_F32), x)
     return _select(x != x, x, y)
 
 
@@ -579,7 +592,7 @@ def tanh_f64(x: float) -> float:
     a = abs(x)
     a = _select(a > _TANH_CLAMP_F64, _TANH_CLAMP_F64, a)
     e = _expm1_core_f64(a + a)
-    y = _copysign(e / (e + _TWO_F64), x)
+    y = _copysign(_div(e, e + _TWO_F64), x)
     return _select(x != x, x, y)
 
 
@@ -594,7 +607,7 @@ def sigmoid_f32(x: float) -> float:
     x = np.float32(x)
     e = _exp_core_f32(-abs(x))
     num = _select(x >= _ZERO_F32, _ONE_F32, e)
-    return num / (_ONE_F32 + e)
+    return _div(num, _ONE_F32 + e)
 
 
 @_inline
@@ -603,7 +616,7 @@ def sigmoid_f64(x: float) -> float:
     x = np.float64(x)
     e = _exp_core_f64(-abs(x))
     num = _select(x >= _ZERO_F64, _ONE_F64, e)
-    return num / (_ONE_F64 + e)
+    return _div(num, _ONE_F64 + e)
 
 
 # ---------------------------------------------------------------------------------

@@ -78,7 +78,13 @@ def apply(op_type: str, *inputs: object, n_outputs: int | None = None, name: str
             ins[idx] = kw.pop(key)
     while ins and ins[-1] is None:
         ins.pop()
-    vals = [_as_input(graph, x, like) for x in ins]
+    vals = []
+    for i, x in enumerate(ins):
+        spec = od.inputs[min(i, len(od.inputs) - 1)] if od.inputs else None
+        allowed = od.types.get(spec.type) if spec is not None else None
+        if allowed and allowed <= dtypes.INTS and isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+            x = graph.constant(np.array(x, dtype=np.int64 if np.dtype(np.int64) in allowed else sorted(allowed, key=str)[0]))
+        vals.append(_as_input(graph, x, like))
     attrs = {}
     for k, v in kw.items():
         spec = od.attr_spec(k)

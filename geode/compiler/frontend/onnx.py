@@ -346,7 +346,7 @@ class _Importer:
         if external_data_helper.uses_external_data(t):
             return self._external(t, what)
         try:
-            return np.asarray(numpy_helper.to_array(t)), None, None
+            return np.array(numpy_helper.to_array(t)), None, None
         except Exception as exc:
             raise ModelLoadError(
                 f"{self.label}: cannot read {what} {t.name!r}: {_exc_text(exc)}"
@@ -384,19 +384,20 @@ class _Importer:
         def loader() -> np.ndarray:
             return _load_external(stub, base_dir, where)
 
-        if self.load_external or nbytes <= EAGER_EXTERNAL_BYTES:
-            arr = loader()  # onnx's checked loader rejects locations outside base_dir
-        else:
-            _check_external_location(stub, base_dir, where)
-            arr = None
+        key = (loc, offset, length, dtype.str, shape)  # one read per (file, byte range)
+        arr = self._external_cache.get(key)
+        if arr is None:
+            if self.load_external or nbytes <= EAGER_EXTERNAL_BYTES:
+                arr = loader()  # onnx's checked loader rejects locations outside base_dir
+                self._external_cache[key] = arr
+            else:
+                _check_external_location(stub, base_dir, where)
         # the location has passed onnx's checks (inside base_dir, a regular file): its
-        # absolute path serves as the identity of the file for (file, offset) dedup
+        # absolute path is the identity of the file for (file, offset) dedup; the data
+        # itself is only ever read through ``loader``
         ref = ExternalRef(
             os.path.normpath(os.path.join(base_dir, loc)), offset, length, loc, t.name
         )
-        if arr is not None:
-            key = (ref.path, offset, length, arr.dtype.str, arr.shape)
-            arr = self._external_cache.setdefault(key, arr)
         return arr, ref, loader
 
 
@@ -421,7 +422,7 @@ def _load_external(stub: onnx.TensorProto, base_dir: str, where: str) -> np.ndar
         arr = numpy_helper.to_array(t)
     except Exception as exc:
         raise ModelLoadError(f"{where}: {_exc_text(exc)}") from exc
-    return np.asarray(arr)
+    return np.array(arr)  # a writable copy, independent of the read buffer
 
 
 def _check_external_location(stub: onnx.TensorProto, base_dir: str, where: str) -> None:
@@ -620,12 +621,15 @@ class _GraphBuilder:
     ) -> Value:
         g = self.graph
         if arr is not None:
-            v = g.constant(arr, name=name)
+            dtype, shape = arr.dtype, tuple(arr.shape)
         else:  # lazily loaded external tensor: shape and dtype from the tensor's header
             dtype = dtypes.to_numpy(t.data_type, f"initializer {name!r}")
-            v = g.constant(np.zeros((), dtype=dtype), name=name)
-            v.desc = TensorDesc(dtype, tuple(int(d) for d in t.dims))
-            v.data = None
+            shape = tuple(int(d) for d in t.dims)
+        # Graph.constant copies its data; attach ours afterwards (no second copy of the
+        # weights, and tensors sharing one external byte range share one array)
+        v = g.constant(np.zeros((), dtype=dtype), name=name)
+        v.desc = TensorDesc(dtype, shape)
+        v.data = arr
         if v.name != name:  # Graph.constant also steers clear of node names; values may not
             g.rename(v, name)
         if ref is not None:
@@ -863,7 +867,17 @@ class _GraphBuilder:
             return None
         fn = onnx.FunctionProto()
         fn.ParseFromString(data)
-        return fn if fn.node else None
+        if not fn.node:
+            return None
+        # schema defaults, so that expansion binds them like a local function's defaults
+        have = {a.name for a in fn.attribute_proto}
+        for attr_name, spec in schema.attributes.items():
+            default = spec.default_value
+            if attr_name not in have and default is not None and default.type != _A.UNDEFINED:
+                d = fn.attribute_proto.add()
+                d.CopyFrom(default)
+                d.name = attr_name
+        return fn
 
     def _expand(
         self,

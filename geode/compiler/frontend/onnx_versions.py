@@ -14,6 +14,11 @@ Supported model opsets for the default domain: :data:`SUPPORTED_OPSET_RANGE`.
 ============================  =========  ==============================================
 op                            below      rewrite
 ============================  =========  ==============================================
+Add, Sub, Mul, Div, Pow,      7          legacy ``broadcast``/``axis`` -> numpy broadcast
+And, Or, Xor, Equal, Less,                (B unsqueezed after ``axis`` when needed)
+Greater
+BatchNormalization, Dropout   7          ``is_test`` dropped
+PRelu                         7          per-channel 1-D slope -> (C, 1, ..., 1)
 ReduceSum                     13         ``axes`` attribute -> int64 input
 other Reduce*                 18         ``axes`` attribute -> int64 input
 Squeeze, Unsqueeze            13         ``axes`` attribute -> int64 input
@@ -45,13 +50,27 @@ from geode.compiler.ir import Graph, Value
 from geode.errors import ModelLoadError
 
 #: ONNX default-domain opsets the importer honours (inclusive).
-SUPPORTED_OPSET_RANGE: tuple[int, int] = (7, 21)
+SUPPORTED_OPSET_RANGE: tuple[int, int] = (6, 21)
 
 #: geode's own opset: the form every op is registered in.
 TARGET_OPSET = 21
 
 #: ops that newer opsets renamed or replaced: model op type -> geode op type.
 RENAMES: dict[str, str] = {"Scatter": "ScatterElements", "Upsample": "Resize"}
+
+_LEGACY_BROADCAST_OPS = (
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "And",
+    "Or",
+    "Xor",
+    "Equal",
+    "Less",
+    "Greater",
+)
 
 _REDUCE_OPS = (
     "ReduceL1",
@@ -193,6 +212,44 @@ def _fail(spec: NodeSpec, msg: str) -> ModelLoadError:
     return ModelLoadError(
         f"node {spec.name!r} ({spec.source_op or spec.op_type}, opset {spec.version}): {msg}"
     )
+
+
+# -- legacy broadcasting (opset < 7) --------------------------------------------------------
+@adapter(*_LEGACY_BROADCAST_OPS, below=7)
+def _legacy_broadcast(spec: NodeSpec, ctx: AdaptContext) -> NodeSpec:
+    """``broadcast=1`` lets B match a run of A's dims starting at ``axis`` (default: A's tail)."""
+    attrs = dict(spec.attrs)
+    broadcast, axis = _pop(attrs, "broadcast", "axis")
+    spec = replace(spec, attrs=attrs)
+    if not broadcast or axis is None:
+        return spec  # equal shapes, or B matching A's trailing dims: numpy broadcasting
+    a, b = spec.input(0), spec.input(1)
+    if a.rank is None or b.rank is None:
+        raise _fail(spec, "legacy broadcast with an axis needs inputs of known rank")
+    ra, rb = a.rank, b.rank
+    start = int(axis) + ra if int(axis) < 0 else int(axis)
+    if not 0 <= start <= ra - rb:
+        raise _fail(spec, f"broadcast axis {axis} does not fit B of rank {rb} into A of rank {ra}")
+    pad = ra - start - rb
+    if pad == 0:
+        return spec
+    b2 = ctx.op("Unsqueeze", [b, ctx.ints(range(rb, rb + pad), "broadcast_axes")], hint="broadcast")
+    return replace(spec, inputs=[a, b2])
+
+
+@adapter("PRelu", below=7)
+def _prelu_channels(spec: NodeSpec, ctx: AdaptContext) -> NodeSpec:
+    """Before opset 7 a 1-D slope holds one value per channel (axis 1)."""
+    x, slope = spec.input(0), spec.input(1)
+    if x.rank is None or slope.rank != 1 or x.rank <= 2 or slope.shape[0] == 1:
+        return spec
+    axes = ctx.ints(range(1, x.rank - 1), "slope_axes")
+    return replace(spec, inputs=[x, ctx.op("Unsqueeze", [slope, axes], hint="slope")])
+
+
+@adapter("BatchNormalization", "Dropout", below=7)
+def _drop_is_test(spec: NodeSpec, ctx: AdaptContext) -> NodeSpec:
+    return replace(spec, attrs={k: v for k, v in spec.attrs.items() if k != "is_test"})
 
 
 # -- axes attribute -> input ----------------------------------------------------------------

@@ -1,0 +1,349 @@
+"""Accuracy, special values and vectorization of geode.codegen.backends.vmath.
+
+Every function is checked in its own (non-parallel) njit loop against a higher-precision
+reference: float32 functions against float64 numpy/math, float64 functions against
+``np.longdouble`` (80-bit on x86) or mpmath. Errors are measured in ulps of the correctly
+rounded result (subnormal ulp below the normal range) and reported in assertion messages.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections.abc import Callable
+
+import mpmath
+import numba
+import numpy as np
+import pytest
+
+from geode.codegen import ast
+from geode.codegen.backends import vmath
+
+NAMES = ["exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "sin", "cos"]
+DTYPES = {"float32": np.float32, "float64": np.float64}
+SUFFIX = {"float32": "f32", "float64": "f64"}
+
+#: ulp bounds asserted per (function, dtype); the measured maxima are ~0.3-0.5 ulp below.
+MAX_ULP = {
+    "exp": (1.5, 1.5),
+    "expm1": (2.0, 2.0),
+    "log": (1.5, 1.5),
+    "log1p": (1.5, 1.5),
+    "tanh": (3.0, 3.0),
+    "sigmoid": (3.0, 3.0),
+    "erf": (2.0, 2.0),
+    "sin": (1.5, 1.5),
+    "cos": (1.5, 1.5),
+}
+
+#: interesting input ranges (float32, float64), sampled densely on top of random bit patterns
+RANGES = {
+    "exp": ((-110.0, 95.0), (-760.0, 720.0)),
+    "expm1": ((-20.0, 95.0), (-45.0, 720.0)),
+    "log": ((0.0, 4.0), (0.0, 4.0)),
+    "log1p": ((-1.0, 4.0), (-1.0, 4.0)),
+    "tanh": ((-12.0, 12.0), (-22.0, 22.0)),
+    "sigmoid": ((-110.0, 110.0), (-760.0, 760.0)),
+    "erf": ((-4.5, 4.5), (-6.5, 6.5)),
+    "sin": ((-20.0, 20.0), (-20.0, 20.0)),
+    "cos": ((-20.0, 20.0), (-20.0, 20.0)),
+}
+
+#: points around range reductions, splits and thresholds (both signs are added)
+EDGES = {
+    "exp": [88.72283, 88.72284, 88.7228391, 709.78, 709.7827128933840, 87.33655, 103.972, 103.9721, 745.13, 745.1332191019412, 708.39, 0.34657359, 1e-30],
+    "expm1": [0.34657359, 17.3, 17.4, 37.4, 88.72283, 709.78, 1e-30, 1e-10],
+    "log": [1.0, 0.70710677, 0.7071068, 1.4142135, 1.4142137, 2.0**-126, 2.0**-149, 2.0**-1022, 5e-324, 3.4028235e38, 1.7976931348623157e308, 1.0000001, 0.99999994],
+    "log1p": [1e-30, 1e-8, -0.29289322, 0.41421357, -0.99999994, -0.9999999999999999, 3.4028235e38, 1.7976931348623157e308],
+    "tanh": [1e-30, 1e-8, 0.55, 0.625, 9.0, 10.0, 19.0, 20.0],
+    "sigmoid": [1e-30, 87.3, 88.8, 103.9, 104.0, 708.3, 745.0],
+    "erf": [1e-30, 1e-8, 0.75, 0.875, 2.0, 3.92, 3.95, 4.0, 5.9, 6.0],
+    "sin": [np.pi / 4, np.pi / 2, np.pi, 3 * np.pi / 2, 2 * np.pi, 1e6, 1e22, 1.5e38, 2.0**-27, 1e-30],
+    "cos": [np.pi / 4, np.pi / 2, np.pi, 3 * np.pi / 2, 2 * np.pi, 1e6, 1e22, 1.5e38, 2.0**-27, 1e-30],
+}
+
+# expected results of special inputs: (x, y); y "nan" means NaN, floats compare exactly
+# (including the sign of zero where it is given as -0.0)
+INF, NAN = math.inf, math.nan
+SPECIALS = {
+    "exp": [(NAN, NAN), (INF, INF), (-INF, 0.0), (0.0, 1.0), (1000.0, INF), (-1000.0, 0.0)],
+    "expm1": [(NAN, NAN), (INF, INF), (-INF, -1.0), (0.0, 0.0), (1000.0, INF), (-1000.0, -1.0)],
+    "log": [(NAN, NAN), (INF, INF), (0.0, -INF), (-0.0, -INF), (-1.0, NAN), (-INF, NAN), (1.0, 0.0)],
+    "log1p": [(NAN, NAN), (INF, INF), (-1.0, -INF), (-2.0, NAN), (-INF, NAN), (0.0, 0.0)],
+    "tanh": [(NAN, NAN), (INF, 1.0), (-INF, -1.0), (50.0, 1.0), (-50.0, -1.0), (0.0, 0.0), (-0.0, -0.0)],
+    "sigmoid": [(NAN, NAN), (INF, 1.0), (-INF, 0.0), (0.0, 0.5), (1000.0, 1.0), (-1000.0, 0.0)],
+    "erf": [(NAN, NAN), (INF, 1.0), (-INF, -1.0), (10.0, 1.0), (-10.0, -1.0), (0.0, 0.0), (-0.0, -0.0)],
+    "sin": [(NAN, NAN), (INF, NAN), (-INF, NAN), (0.0, 0.0), (-0.0, -0.0)],
+    "cos": [(NAN, NAN), (INF, NAN), (-INF, NAN), (0.0, 1.0), (-0.0, 1.0)],
+}
+
+_LONG = np.finfo(np.longdouble).nmant >= 63  # x86 80-bit extended: a good float64 reference
+
+
+# ---------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------
+
+
+def _loop_kernel(f: Callable) -> Callable:
+    @numba.njit
+    def kernel(x, y):
+        for i in range(x.size):
+            y[i] = f(x[i])
+
+    return kernel
+
+
+@pytest.fixture(scope="module")
+def kernels() -> Callable[[str, str], Callable]:
+    """Compiled ``kernel(x, y)`` per (name, dtype), compiled once for the module."""
+    cache: dict[tuple[str, str], Callable] = {}
+
+    def get(name: str, dtype: str) -> Callable:
+        if (name, dtype) not in cache:
+            cache[name, dtype] = _loop_kernel(vmath.VMATH[name, dtype])
+        return cache[name, dtype]
+
+    return get
+
+
+def _run(kernel: Callable, x: np.ndarray) -> np.ndarray:
+    y = np.empty_like(x)
+    kernel(x, y)
+    return y
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def _mp_ref(name: str, x: np.ndarray) -> np.ndarray:
+    """mpmath reference, returned as longdouble (hi + lo) when extended precision exists."""
+    fns = {
+        "exp": mpmath.exp,
+        "expm1": mpmath.expm1,
+        "log": mpmath.log,
+        "log1p": mpmath.log1p,
+        "tanh": mpmath.tanh,
+        "sigmoid": lambda v: 1 / (1 + mpmath.exp(-v)),
+        "erf": mpmath.erf,
+        "sin": mpmath.sin,
+        "cos": mpmath.cos,
+    }
+    out = np.empty(x.shape, np.longdouble)
+    with mpmath.workdps(40):
+        for i, v in enumerate(x.tolist()):
+            if math.isnan(v) or (name in ("log", "log1p") and v < (0 if name == "log" else -1)):
+                out[i] = np.nan
+                continue
+            r = fns[name](mpmath.mpf(v))
+            hi = float(r) if abs(r) < mpmath.mpf("1.8e308") else math.copysign(INF, float(r))
+            lo = float(r - hi) if math.isfinite(hi) else 0.0
+            out[i] = np.longdouble(hi) + np.longdouble(lo)
+    return out
+
+
+def _reference(name: str, x: np.ndarray) -> np.ndarray:
+    """Reference values in a wider type than ``x``."""
+    np_fns = {"exp": np.exp, "expm1": np.expm1, "log": np.log, "log1p": np.log1p, "tanh": np.tanh, "sigmoid": _sigmoid, "sin": np.sin, "cos": np.cos}
+    with np.errstate(all="ignore"):
+        if x.dtype == np.float32:
+            wide = x.astype(np.float64)
+            if name == "erf":
+                return np.frompyfunc(math.erf, 1, 1)(wide).astype(np.float64)
+            return np_fns[name](wide)
+        if name == "erf" or not _LONG:
+            return _mp_ref(name, x)
+        return np_fns[name](x.astype(np.longdouble))
+
+
+def ulp_error(y: np.ndarray, ref: np.ndarray, dtype: type) -> np.ndarray:
+    """|y - ref| in ulps of ``dtype`` at ``ref`` (subnormal ulp below the normal range).
+
+    Equal infinities and NaN/NaN count 0; an infinite ``y`` counts 0 when ``|ref|`` is beyond
+    the largest finite value (it rounds to inf); any other NaN/inf mismatch counts inf.
+    """
+    fi = np.finfo(dtype)
+    wide = np.longdouble if dtype == np.float64 else np.float64
+    ref = np.asarray(ref, wide)
+    yw = y.astype(wide)
+    with np.errstate(all="ignore"):
+        mag = np.maximum(np.abs(ref), wide(fi.tiny))
+        exponent = np.floor(np.log2(mag.astype(np.float64) if dtype == np.float32 else mag))
+        ulp = np.exp2(exponent - fi.nmant).astype(wide)
+        err = np.abs(yw - ref) / ulp
+    err = np.where(np.isnan(err), np.inf, err)
+    same_nan = np.isnan(y) & np.isnan(ref)
+    same_inf = np.isinf(y) & (np.sign(yw) == np.sign(ref)) & (np.abs(ref) > wide(fi.max))
+    err[same_nan | same_inf] = 0
+    return err.astype(np.float64)
+
+
+def _samples(name: str, dtype: str, n: int, seed: int) -> np.ndarray:
+    """Random bit patterns (the whole finite range), dense uniform samples of the interesting
+    range, log-uniform magnitudes, and the edge points with their neighbours."""
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(seed)
+    lo, hi = RANGES[name][dtype == "float64"]
+    if dt == np.float32:
+        bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    else:
+        bits = rng.integers(0, 2**63, n, dtype=np.int64).view(np.float64) * rng.choice([-1.0, 1.0], n)
+    fi = np.finfo(dt)
+    logmag = np.exp(rng.uniform(np.log(float(fi.smallest_subnormal)) + 1, np.log(float(fi.max)) - 1, n // 4))
+    edges = np.array(EDGES[name], dtype=dt)
+    edges = np.concatenate([edges, -edges])
+    near = [np.nextafter(edges, dt(np.inf)), np.nextafter(edges, dt(-np.inf))]
+    parts = [bits, rng.uniform(lo, hi, n), logmag * rng.choice([-1.0, 1.0], n // 4), edges, *near]
+    if name in ("log", "log1p"):  # the mantissa range [sqrt(1/2), sqrt(2)) and around 1
+        parts += [rng.uniform(0.5, 2.0, n // 2), 1 + rng.uniform(-1e-3, 1e-3, n // 4)]
+    if name in ("sin", "cos"):  # close to multiples of pi/2
+        k = rng.integers(1, 1 << 40, n // 8).astype(np.float64)
+        parts += [k * (np.pi / 2), np.nextafter(k * (np.pi / 2), np.inf)]
+    x = np.concatenate([np.asarray(p, dtype=np.float64).astype(dt) for p in parts])
+    return x[np.isfinite(x)]
+
+
+# ---------------------------------------------------------------------------------
+# accuracy
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", NAMES)
+def test_accuracy(kernels, name: str, dtype: str) -> None:
+    dt = DTYPES[dtype]
+    slow_ref = dtype == "float64" and (name == "erf" or not _LONG)
+    n = 4000 if slow_ref else 300_000
+    x = _samples(name, dtype, n, seed=zlib.crc32(f"{name}/{dtype}".encode()))
+    y = _run(kernels(name, dtype), x)
+    assert y.dtype == dt
+    err = ulp_error(y, _reference(name, x), dt)
+    worst = int(np.argmax(err))
+    bound = MAX_ULP[name][dtype == "float64"]
+    assert err[worst] <= bound, (
+        f"{name}_{SUFFIX[dtype]}: max error {err[worst]:.3f} ulp > {bound} at x={x[worst]!r}: "
+        f"got {y[worst]!r}, mean {err.mean():.3f} ulp over {x.size} points"
+    )
+
+
+def test_erf_f64_dense_against_math(kernels) -> None:
+    """A dense float64 erf check against math.erf (itself within ~1 ulp), both signs."""
+    x = np.random.default_rng(7).uniform(-6.5, 6.5, 200_000)
+    y = _run(kernels("erf", "float64"), x)
+    ref = np.frompyfunc(math.erf, 1, 1)(x).astype(np.float64)
+    err = ulp_error(y, ref, np.float64)
+    assert err.max() <= 3.0, f"erf_f64 vs math.erf: max {err.max():.3f} ulp at x={x[np.argmax(err)]!r}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_subnormal_results(kernels, dtype: str) -> None:
+    """exp and sigmoid produce correctly rounded-ish subnormals (not flushed) near underflow."""
+    dt = DTYPES[dtype]
+    lo, hi = (-103.9, -87.4) if dt == np.float32 else (-745.0, -708.4)
+    x = np.linspace(lo, hi, 20_001).astype(dt)
+    for name in ("exp", "sigmoid"):
+        y = _run(kernels(name, dtype), x)
+        assert np.all(y > 0), f"{name}_{SUFFIX[dtype]} flushed a subnormal result to 0"
+        err = ulp_error(y, _reference(name, x), dt)
+        assert err.max() <= 1.0, f"{name}_{SUFFIX[dtype]} subnormal: {err.max():.3f} ulp at x={x[np.argmax(err)]!r}"
+
+
+# ---------------------------------------------------------------------------------
+# special values
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", NAMES)
+def test_special_values(kernels, name: str, dtype: str) -> None:
+    dt = DTYPES[dtype]
+    xs, expected = zip(*SPECIALS[name])
+    x = np.array(xs, dtype=dt)
+    y = _run(kernels(name, dtype), x)
+    for xi, yi, ei in zip(x, y, expected):
+        if math.isnan(ei):
+            assert np.isnan(yi), f"{name}_{SUFFIX[dtype]}({xi!r}) = {yi!r}, expected nan"
+        else:
+            assert yi == ei and np.signbit(yi) == (math.copysign(1.0, ei) < 0), (
+                f"{name}_{SUFFIX[dtype]}({xi!r}) = {yi!r}, expected {ei!r}"
+            )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_saturation(kernels, dtype: str) -> None:
+    """Large arguments saturate exactly: tanh -> +-1, erf -> +-1, sigmoid -> 0/1, exp
+    overflow -> inf and underflow -> 0, expm1 -> -1; NaN payloads of any sign stay NaN."""
+    dt = DTYPES[dtype]
+    big = np.array([1e3, 1e30, np.finfo(dt).max], dtype=dt)
+    run = {name: (lambda v, n=name: _run(kernels(n, dtype), v.astype(dt))) for name in NAMES}
+    for sign in (1, -1):
+        assert np.all(run["tanh"](sign * big) == sign), "tanh must saturate to +-1"
+        assert np.all(run["erf"](sign * big) == sign), "erf must saturate to +-1"
+    assert np.all(run["sigmoid"](big) == 1) and np.all(run["sigmoid"](-big) == 0)
+    assert np.all(run["exp"](big) == np.inf) and np.all(run["exp"](-big) == 0)
+    assert np.all(run["expm1"](-big) == -1) and np.all(run["expm1"](big) == np.inf)
+    nans = np.array([np.nan, -np.nan], dtype=dt)
+    for name in NAMES:
+        assert np.all(np.isnan(run[name](nans))), f"{name}_{SUFFIX[dtype]} lost a NaN"
+
+
+def test_scalar_call_keeps_dtype() -> None:
+    """Called from Python (compiled on demand) the f32 functions compute in and return float32,
+    also for float64 arguments, which they convert."""
+    assert abs(vmath.exp_f32(1.0) - math.e) <= 2.5e-7
+    assert vmath.log_f64(math.e) == 1.0
+    assert {sig.return_type for sig in vmath.exp_f32.nopython_signatures} == {numba.float32}
+
+
+def test_vmath_table() -> None:
+    extra = {"expm1", "log1p", "sigmoid"}
+    for (op, dtype), fn in vmath.VMATH.items():
+        assert op in ast.UN_OPS or op in extra, op
+        assert dtype in DTYPES and fn is getattr(vmath, f"{op}_{SUFFIX[dtype]}")
+        assert fn.__doc__ and "method" in fn.__doc__.lower(), op
+    assert {op for op, _ in vmath.VMATH} == set(NAMES)
+
+
+# ---------------------------------------------------------------------------------
+# vectorization
+# ---------------------------------------------------------------------------------
+
+_LIBM = re.compile(r"\$(?:expf?|expm1f?|logf?|log1pf?|tanhf?|erff?|sinf?|cosf?)\b")
+_PACKED_F32 = re.compile(r"\bv(?:fmadd|fnmadd|fmsub|mul|add|sub|div)\w*ps\s+[^\n]*%[yz]mm")
+
+
+def _prange_asm(f: Callable, dtype: type) -> str:
+    @numba.njit(parallel=True, fastmath={"contract"})
+    def kernel(x, y):
+        for i in numba.prange(x.size):
+            y[i] = f(x[i])
+
+    x = np.linspace(-3, 3, 64).astype(dtype)
+    kernel(x, np.empty_like(x))
+    return kernel.inspect_asm(kernel.signatures[0])
+
+
+def test_libm_regex_sees_scalar_calls() -> None:
+    """The asm pattern used below does spot a libm call (math.exp is one without SVML)."""
+
+    @numba.njit
+    def kernel(x, y):
+        for i in range(x.size):
+            y[i] = math.exp(x[i])
+
+    x = np.ones(4, np.float32)
+    kernel(x, np.empty_like(x))
+    assert _LIBM.search(kernel.inspect_asm(kernel.signatures[0]))
+
+
+@pytest.mark.parametrize("name", ["exp", "tanh"])
+def test_float32_loop_vectorizes(name: str) -> None:
+    asm = _prange_asm(vmath.VMATH[name, "float32"], np.float32)
+    packed = _PACKED_F32.findall(asm)
+    assert len(packed) >= 8, f"{name}_f32 prange loop has only {len(packed)} packed float32 ymm/zmm ops"
+    assert re.search(r"vfn?madd\w*ps\s+[^\n]*%[yz]mm", asm), f"{name}_f32: no packed FMA"
+    assert not _LIBM.search(asm), f"{name}_f32 loop calls libm: {_LIBM.search(asm).group(0)}"
+    assert not re.search(r"\bv\w+pd\s+[^\n]*%[yz]mm", asm), f"{name}_f32 computes in float64"
