@@ -42,10 +42,6 @@ fastmath=True: every fast-math flag ('nnan', 'ninf', 'nsz', 'arcp', 'contract', 
   'reassoc'); NaN/Inf inputs give unspecified results.
 """
 
-#: numba ``fastmath`` argument for each setting of the ``fastmath`` option
-FASTMATH_FLAGS = {False: frozenset({"reassoc", "contract"}), True: True}
-
-
 class OptionError(GeodeError):
     """An unknown option or an option value of the wrong kind."""
 

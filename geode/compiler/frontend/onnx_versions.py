@@ -365,7 +365,7 @@ def _softmax_coerced(spec: NodeSpec, ctx: AdaptContext) -> NodeSpec:
     x = spec.input(0)
     rank = x.rank
     if rank is not None:
-        if not -rank <= axis <= rank:
+        if not -rank <= axis < max(rank, 1):
             raise _fail(spec, f"axis {axis} out of range for rank {rank}")
         axis = axis + rank if axis < 0 else axis
         if axis == rank - 1 and rank >= 1:
