@@ -331,6 +331,54 @@ def test_softmax_before_13_is_rewritten_to_flatten_and_reshape():
     assert [(n.op_type, n.attrs) for n in import_model(last).nodes] == [("Softmax", {"axis": -1})]
 
 
+def test_softmax_before_13_with_unknown_rank():
+    model = make_model(
+        [helper.make_node("LogSoftmax", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", F32, None)],
+        [tin("y", None)],
+        opset=11,
+    )
+    g = import_model(model)
+    assert [n.op_type for n in g.nodes] == ["Shape", "Flatten", "LogSoftmax", "Reshape"]
+    check_against_ort(model, [{"x": rand(2, 3, 4)}, {"x": rand(5, 2)}], codegen=False)
+
+
+def test_upsample_and_old_resize_adapt_to_resize_21_form():
+    """The Resize adapters, checked on the NodeSpec (whether or not Resize is registered)."""
+    g = geode.Graph("resize")
+    x = g.input("x", [1, 1, 2, 2])
+    scales = g.constant(np.array([1, 1, 2, 2], np.float32), name="scales")
+    empty = g.constant(np.zeros(0, np.float32), name="empty")
+
+    def adapt(op, version, inputs, attrs):
+        spec = onnx_versions.NodeSpec(op, "", version, inputs, attrs, ["y"], f"{op}{version}")
+        return onnx_versions.adapt(spec, onnx_versions.AdaptContext(g, spec.name))
+
+    up9 = adapt("Upsample", 9, [x, scales], {"mode": "nearest"})
+    assert up9.op_type == "Resize" and up9.inputs == [x, None, scales]
+    assert up9.attrs == {
+        "mode": "nearest",
+        "coordinate_transformation_mode": "asymmetric",
+        "nearest_mode": "floor",
+    }
+    up7 = adapt("Upsample", 7, [x], {"mode": "linear", "scales": [1.0, 1.0, 2.0, 3.0]})
+    assert up7.inputs[2].data.tolist() == [1.0, 1.0, 2.0, 3.0] and "scales" not in up7.attrs
+    assert (
+        up7.attrs["coordinate_transformation_mode"] == "asymmetric"
+        and "nearest_mode" not in up7.attrs
+    )
+    r10 = adapt("Resize", 10, [x, scales], {"mode": "linear"})
+    assert (
+        r10.inputs == [x, None, scales]
+        and r10.attrs["coordinate_transformation_mode"] == "asymmetric"
+    )
+    sizes = g.constant(np.array([1, 1, 4, 4], np.int64), name="sizes")
+    r11 = adapt("Resize", 11, [x, empty, empty, sizes], {"mode": "nearest"})
+    assert r11.inputs == [x, None, None, sizes]
+    r13 = adapt("Resize", 13, [x, None, scales], {"mode": "nearest"})
+    assert r13.inputs == [x, None, scales] and r13.attrs == {"mode": "nearest"}
+
+
 def test_batchnorm_spatial_attribute_at_opset_7_matches_ort():
     rng = np.random.default_rng(3)
     c = 3

@@ -332,6 +332,7 @@ class _Importer:
             )
 
     def run(self) -> Graph:
+        """Import the main graph."""
         gb = _GraphBuilder(self, self.proto.graph, parent=None)
         g = gb.build()
         g.onnx_opsets = dict(self.opsets)  # type: ignore[attr-defined]
@@ -382,6 +383,7 @@ class _Importer:
         base_dir = self.base_dir
 
         def loader() -> np.ndarray:
+            """Read the tensor through onnx's checked external-data loader."""
             return _load_external(stub, base_dir, where)
 
         key = (loc, offset, length, dtype.str, shape)  # one read per (file, byte range)
@@ -470,6 +472,7 @@ class _GraphBuilder:
 
     @property
     def label(self) -> str:
+        """How errors name this graph."""
         return (
             self.imp.label
             if self.parent is None
@@ -548,6 +551,7 @@ class _GraphBuilder:
 
     # -- the graph ---------------------------------------------------------------------------
     def build(self) -> Graph:
+        """Import inputs, initializers, nodes and outputs."""
         gp, g, imp = self.gp, self.graph, self.imp
         init_names = [t.name for t in gp.initializer] + [
             s.values.name for s in gp.sparse_initializer
@@ -911,6 +915,7 @@ class _GraphBuilder:
         defaults = {a.name: a for a in fn.attribute_proto}
 
         def mapped(x: str) -> str:
+            """The graph name of a body value (formal -> actual, internal -> fresh)."""
             if not x:
                 return ""
             if x not in rename:

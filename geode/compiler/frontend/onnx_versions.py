@@ -181,6 +181,7 @@ def adapter(*op_types: str, below: int) -> Callable[[AdapterFn], AdapterFn]:
     """Register an adapter for ``op_types`` run when the model's opset is lower than ``below``."""
 
     def deco(fn: AdapterFn) -> AdapterFn:
+        """Add ``fn`` to the adapter list."""
         _ADAPTERS.append((frozenset(op_types), below, fn))
         return fn
 
