@@ -99,7 +99,11 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
             ValueKind.INTERMEDIATE: "activation",
         }[v.kind]
         key = None
-        if v.kind is ValueKind.CONSTANT:
+        if v.kind is ValueKind.CONSTANT and getattr(v, "external_loader", None) is not None:
+            path, offset, _ = v.external
+            key = vm.register_file_constant(f"{key_prefix}/{v.name}", v.external_loader, v.dtype,
+                                            tuple(v.shape), v.desc.format, source=(path, offset))
+        elif v.kind is ValueKind.CONSTANT:
             key = vm.register_constant(f"{key_prefix}/{v.name}", v.data)
         elif v.kind is ValueKind.VARIABLE:
             key = _variable_key(vm, v)

@@ -37,7 +37,10 @@ def unary_kernel(
     blk = Block("b", [IterVar("vi", n)], [Var("i")], [Store("O", (vi,), value(Load("X", (vi,))))])
     dims = ["N"] if isinstance(n, Var) else []
     return Kernel(
-        "k", [Buffer("X", in_dtype, (n,))], [Buffer("O", out_dtype, (n,))], dims,
+        "k",
+        [Buffer("X", in_dtype, (n,))],
+        [Buffer("O", out_dtype, (n,))],
+        dims,
         [For("i", n, [blk])],
     )
 
@@ -61,18 +64,39 @@ def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 FLOAT_BIN = {
-    "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide,
-    "//": np.floor_divide, "%": np.mod, "fmod": np.fmod, "min": np.minimum,
-    "max": np.maximum, "pow": np.power,
+    "+": np.add,
+    "-": np.subtract,
+    "*": np.multiply,
+    "/": np.true_divide,
+    "//": np.floor_divide,
+    "%": np.mod,
+    "fmod": np.fmod,
+    "min": np.minimum,
+    "max": np.maximum,
+    "pow": np.power,
 }
 INT_BIN = {
-    "+": np.add, "-": np.subtract, "*": np.multiply, "/": _trunc_div,
-    "//": np.floor_divide, "%": np.mod, "fmod": np.fmod, "min": np.minimum,
-    "max": np.maximum, "bitand": np.bitwise_and, "bitor": np.bitwise_or,
+    "+": np.add,
+    "-": np.subtract,
+    "*": np.multiply,
+    "/": _trunc_div,
+    "//": np.floor_divide,
+    "%": np.mod,
+    "fmod": np.fmod,
+    "min": np.minimum,
+    "max": np.maximum,
+    "bitand": np.bitwise_and,
+    "bitor": np.bitwise_or,
     "bitxor": np.bitwise_xor,
 }
-CMP = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-       "==": np.equal, "!=": np.not_equal}
+CMP = {
+    "<": np.less,
+    "<=": np.less_equal,
+    ">": np.greater,
+    ">=": np.greater_equal,
+    "==": np.equal,
+    "!=": np.not_equal,
+}
 LOGIC = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
 
 
@@ -134,16 +158,31 @@ def test_shifts_and_bitnot() -> None:
     np.testing.assert_array_equal(got, x << y)
     got = run_kernel(binary_kernel("shr", "int32", "int32"), {"X": x, "Y": y}, {"N": 3})["O"]
     np.testing.assert_array_equal(got, x >> y)
-    got = run_kernel(unary_kernel(lambda a: Un("bitnot", a), "int32", "int32"), {"X": x},
-                     {"N": 3})["O"]
+    got = run_kernel(unary_kernel(lambda a: Un("bitnot", a), "int32", "int32"), {"X": x}, {"N": 3})[
+        "O"
+    ]
     np.testing.assert_array_equal(got, ~x)
 
 
 UNARY_REF = {
-    "neg": np.negative, "abs": np.abs, "exp": np.exp, "sin": np.sin, "cos": np.cos,
-    "tan": np.tan, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh,
-    "asinh": np.arcsinh, "floor": np.floor, "ceil": np.ceil, "round": np.rint,
-    "sign": np.sign, "isnan": np.isnan, "isinf": np.isinf, "isposinf": np.isposinf,
+    "neg": np.negative,
+    "abs": np.abs,
+    "exp": np.exp,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "tanh": np.tanh,
+    "asinh": np.arcsinh,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.rint,
+    "sign": np.sign,
+    "isnan": np.isnan,
+    "isinf": np.isinf,
+    "isposinf": np.isposinf,
     "isneginf": np.isneginf,
 }
 POSITIVE_REF = {"log": np.log, "sqrt": np.sqrt, "acosh": np.arccosh}
@@ -166,8 +205,9 @@ def test_unary(op: str) -> None:
     out = "bool" if op.startswith("is") else "float32"
     with np.errstate(invalid="ignore"):
         want = ref(x).astype(out)
-    got = run_kernel(unary_kernel(lambda a: Un(op, a), "float32", out), {"X": x},
-                     {"N": len(x)})["O"]
+    got = run_kernel(unary_kernel(lambda a: Un(op, a), "float32", out), {"X": x}, {"N": len(x)})[
+        "O"
+    ]
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert got.dtype == np.dtype(out)
 
@@ -176,14 +216,16 @@ def test_erf_not_cast_select() -> None:
     import math
 
     x = np.array([-1.0, 0.0, 0.5, 2.0], np.float32)
-    got = run_kernel(unary_kernel(lambda a: Un("erf", a), "float32", "float32"), {"X": x},
-                     {"N": 4})["O"]
+    got = run_kernel(
+        unary_kernel(lambda a: Un("erf", a), "float32", "float32"), {"X": x}, {"N": 4}
+    )["O"]
     np.testing.assert_allclose(got, [math.erf(v) for v in x], rtol=1e-6)
     b = np.array([True, False])
     got = run_kernel(unary_kernel(lambda a: Un("not", a), "bool", "bool"), {"X": b}, {"N": 2})
     np.testing.assert_array_equal(got["O"], [False, True])
-    got = run_kernel(unary_kernel(lambda a: Cast("int32", a), "float32", "int32"), {"X": x},
-                     {"N": 4})["O"]
+    got = run_kernel(
+        unary_kernel(lambda a: Cast("int32", a), "float32", "int32"), {"X": x}, {"N": 4}
+    )["O"]
     np.testing.assert_array_equal(got, x.astype(np.int32))
     relu = lambda a: Select(Bin(">", a, Const(0.0, "float32")), a, Const(0.0, "float32"))
     got = run_kernel(unary_kernel(relu, "float32", "float32"), {"X": x}, {"N": 4})["O"]
@@ -197,8 +239,13 @@ def test_select_is_lazy() -> None:
     nxt = Load("X", (Bin("+", vi, Const(1)),))
     val = Select(Bin("<", Bin("+", vi, Const(1)), n), nxt, Const(0.0, "float32"))
     blk = Block("b", [IterVar("vi", n)], [Var("i")], [Store("O", (vi,), val)])
-    k = Kernel("k", [Buffer("X", "float32", (n,))], [Buffer("O", "float32", (n,))], ["N"],
-               [For("i", n, [blk])])
+    k = Kernel(
+        "k",
+        [Buffer("X", "float32", (n,))],
+        [Buffer("O", "float32", (n,))],
+        ["N"],
+        [For("i", n, [blk])],
+    )
     x = np.arange(4, dtype=np.float32)
     np.testing.assert_array_equal(run_kernel(k, {"X": x}, {"N": 4})["O"], [1, 2, 3, 0])
 
@@ -210,15 +257,24 @@ def test_predicate_register_and_if() -> None:
     flat = Bin("+", Bin("*", i0, Const(4)), i1)
     init = Block("acc__init", [], [], [Store("acc", (), Const(0.0, "float32"))], reduce_of="acc")
     red = Block(
-        "acc", [IterVar("vk", n, "reduce")], [flat],
-        [If(Bin(">", Load("X", (Var("vk"),)), Const(0.0, "float32")),
-            [Store("acc", (), Bin("+", Load("acc", ()), Load("X", (Var("vk"),))))])],
+        "acc",
+        [IterVar("vk", n, "reduce")],
+        [flat],
+        [
+            If(
+                Bin(">", Load("X", (Var("vk"),)), Const(0.0, "float32")),
+                [Store("acc", (), Bin("+", Load("acc", ()), Load("X", (Var("vk"),))))],
+            )
+        ],
         predicate=Bin("<", flat, n),
     )
     out = Block("out", [], [], [Store("O", (Const(0),), Load("acc", ()))])
     ceil = Bin("//", Bin("+", n, Const(3)), Const(4))
     k = Kernel(
-        "k", [Buffer("X", "float32", (n,))], [Buffer("O", "float32", (Const(1),))], ["N"],
+        "k",
+        [Buffer("X", "float32", (n,))],
+        [Buffer("O", "float32", (Const(1),))],
+        ["N"],
         [init, For("i0", ceil, [For("i1", Const(4), [red])]), out],
         [Buffer("acc", "float32", (), "register")],
     )
@@ -255,10 +311,14 @@ def test_strictness() -> None:
 def test_unwritten_outputs_are_nan_and_inputs_untouched() -> None:
     n = Const(4)
     vi = Var("vi")
-    blk = Block("b", [IterVar("vi", Const(2))], [Var("i")],
-                [Store("O", (vi,), Load("X", (vi,)))])
-    k = Kernel("k", [Buffer("X", "float64", (n,))], [Buffer("O", "float64", (n,))], [],
-               [For("i", Const(2), [blk])])
+    blk = Block("b", [IterVar("vi", Const(2))], [Var("i")], [Store("O", (vi,), Load("X", (vi,)))])
+    k = Kernel(
+        "k",
+        [Buffer("X", "float64", (n,))],
+        [Buffer("O", "float64", (n,))],
+        [],
+        [For("i", Const(2), [blk])],
+    )
     x = np.arange(4.0)
     got = run_kernel(k, {"X": x}, {})["O"]
     np.testing.assert_array_equal(got[:2], [0, 1])
@@ -272,12 +332,19 @@ def test_symbolic_2d_with_local_temp() -> None:
     ivs = [IterVar("v0", n), IterVar("v1", m)]
 
     def nest(name: str, store: Store) -> For:
-        blk = Block(name, [IterVar(iv.name, iv.extent) for iv in ivs],
-                    [Var(f"{name}_i"), Var(f"{name}_j")], [store])
+        blk = Block(
+            name,
+            [IterVar(iv.name, iv.extent) for iv in ivs],
+            [Var(f"{name}_i"), Var(f"{name}_j")],
+            [store],
+        )
         return For(f"{name}_i", n, [For(f"{name}_j", m, [blk])])
 
     k = Kernel(
-        "k", [Buffer("X", "float32", (n, m))], [Buffer("O", "float32", (m, n))], ["N", "M"],
+        "k",
+        [Buffer("X", "float32", (n, m))],
+        [Buffer("O", "float32", (m, n))],
+        ["N", "M"],
         [
             nest("t", Store("T", (v0, v1), Bin("*", Load("X", (v0, v1)), Const(3.0, "float32")))),
             nest("o", Store("O", (v1, v0), Load("T", (v0, v1)))),

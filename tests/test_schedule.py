@@ -78,9 +78,11 @@ def reduce_(
     spatial iter vars are the kept axes and reduce iter vars the reduced ones."""
     ext = [_dim(d) for d in in_shape]
     kept = [k for k in range(len(ext)) if k not in axes]
-    out_ext = [ext[k] if k in kept else Const(1) for k in range(len(ext))] if keepdims else [
-        ext[k] for k in kept
-    ]
+    out_ext = (
+        [ext[k] if k in kept else Const(1) for k in range(len(ext))]
+        if keepdims
+        else [ext[k] for k in kept]
+    )
     # init
     iivs = [IterVar(f"vi{k}", e) for k, e in enumerate(out_ext)]
     iloops = [f"{name}__init_i{k}" for k in range(len(out_ext))]
@@ -165,8 +167,13 @@ def k_chain(s1: int | str = "S1", s2: int | str = "S2", k: int = 8) -> Kernel:
         ew("E", "E", sh3, lambda v: ld("D", v[:2])),
         ew("F", "F", sh3, lambda v: Bin("+", ld("E", v), f32(1))),
     ]
-    temps = [buf("A", sh3, "local"), buf("B", sh3, "local"), buf("C", sh2, "local"),
-             buf("D", sh2, "local"), buf("E", sh3, "local")]
+    temps = [
+        buf("A", sh3, "local"),
+        buf("B", sh3, "local"),
+        buf("C", sh2, "local"),
+        buf("D", sh2, "local"),
+        buf("E", sh3, "local"),
+    ]
     return Kernel("chain", [buf("X", sh3)], [buf("F", sh3)], dims, body, temps)
 
 
@@ -181,11 +188,16 @@ def k_layernorm(n: int | str = "N", d: int | str = "D") -> Kernel:
         ew("sq_3", "SQ", [n, d], lambda v: Bin("*", ld("XC", v), ld("XC", v))),
         *reduce_("sum_4", "S2", [n, d], [1], lambda i: ld("SQ", i)),
         ew("var_5", "V", [n], lambda v: Bin("+", Bin("/", ld("S2", v), fd), f32(1e-5))),
-        ew("norm_6", "Y", [n, d],
-           lambda v: Bin("/", ld("XC", v), Un("sqrt", ld("V", v[:1])))),
+        ew("norm_6", "Y", [n, d], lambda v: Bin("/", ld("XC", v), Un("sqrt", ld("V", v[:1])))),
     ]
-    temps = [buf("S1", [n], "local"), buf("M", [n], "local"), buf("XC", [n, d], "local"),
-             buf("SQ", [n, d], "local"), buf("S2", [n], "local"), buf("V", [n], "local")]
+    temps = [
+        buf("S1", [n], "local"),
+        buf("M", [n], "local"),
+        buf("XC", [n, d], "local"),
+        buf("SQ", [n, d], "local"),
+        buf("S2", [n], "local"),
+        buf("V", [n], "local"),
+    ]
     return Kernel("layernorm", [buf("X", [n, d])], [buf("Y", [n, d])], dims, body, temps)
 
 
@@ -196,8 +208,9 @@ def k_keepdims_max(n: int | str = "N", m: int | str = 5) -> Kernel:
         *reduce_("max_0", "MX", [n, m], [0], lambda i: ld("X", i), "max", float("-inf"), True),
         ew("sub_1", "O", [n, m], lambda v: Bin("-", ld("X", v), ld("MX", [Const(0), v[1]]))),
     ]
-    return Kernel("kmax", [buf("X", [n, m])], [buf("O", [n, m])], dims, body,
-                  [buf("MX", [1, m], "local")])
+    return Kernel(
+        "kmax", [buf("X", [n, m])], [buf("O", [n, m])], dims, body, [buf("MX", [1, m], "local")]
+    )
 
 
 def k_transpose(n: int = 4) -> Kernel:
@@ -205,8 +218,16 @@ def k_transpose(n: int = 4) -> Kernel:
     sh = [n, n]
     body = [
         ew("mul_0", "A", sh, lambda v: Bin("*", ld("X", v), f32(2))),
-        ew("tr_1", "O", sh, lambda v: Bin("+", ld("A", [v[1], v[0]]), ld(
-            "A", [Bin("%", Bin("+", v[1], Const(1)), Const(n)), v[0]]))),
+        ew(
+            "tr_1",
+            "O",
+            sh,
+            lambda v: Bin(
+                "+",
+                ld("A", [v[1], v[0]]),
+                ld("A", [Bin("%", Bin("+", v[1], Const(1)), Const(n)), v[0]]),
+            ),
+        ),
     ]
     return Kernel("transpose", [buf("X", sh)], [buf("O", sh)], [], body, [buf("A", sh, "local")])
 
@@ -713,8 +734,14 @@ def test_compute_at_errors() -> None:
         sch.compute_at("D", "E_rb")  # D spans S1*S2 points, E_sp x E_rb spans S1*S2*8
     # cross-iteration read: a consumer reading a shifted element of the producer
     k = k_eltwise(n=4, m=6)
-    k.body[1] = ew("add_1", "B", [4, 6], lambda v: Bin("+", ld("A", [Bin("%", Bin(
-        "+", v[0], Const(1)), Const(4)), v[1]]), ld("Y", v)))
+    k.body[1] = ew(
+        "add_1",
+        "B",
+        [4, 6],
+        lambda v: Bin(
+            "+", ld("A", [Bin("%", Bin("+", v[0], Const(1)), Const(4)), v[1]]), ld("Y", v)
+        ),
+    )
     sch3 = Schedule(k)
     with raises("compute_at", "mul_0"):
         sch3.compute_at("mul_0", "add_1_i0")
@@ -788,9 +815,12 @@ def test_annotation_errors() -> None:
     with raises("parallel", "mul_0"):
         sch2.parallel("mul_0_i1")  # nested parallel
     # a store whose location does not determine the loop: two iterations collide
-    k = Kernel("bad", [buf("X", [4])], [buf("O", [2])], [], [
-        ew("half", "O", [4], lambda v: ld("X", v))])
-    k.body[0].body[0].body[0] = Store("O", (Bin("//", Var("vi0"), Const(2)),), ld("X", [Var("vi0")]))
+    k = Kernel(
+        "bad", [buf("X", [4])], [buf("O", [2])], [], [ew("half", "O", [4], lambda v: ld("X", v))]
+    )
+    k.body[0].body[0].body[0] = Store(
+        "O", (Bin("//", Var("vi0"), Const(2)),), ld("X", [Var("vi0")])
+    )
     with raises("parallel", "half"):
         Schedule(k).parallel("half_i0")
     with raises("vectorize", "half"):
@@ -832,8 +862,16 @@ def _random_kernel(shape: list[int | str], depth: int) -> Kernel:
     for i in range(depth):
         out = "O" if i == depth - 1 else f"T{i}"
         s = src
-        body.append(ew(f"op{i}", out, shape, lambda v, s=s, i=i: Bin(
-            "+" if i % 2 else "*", ld(s, v), Bin("*", ld("X", v), f32(i + 1)))))
+        body.append(
+            ew(
+                f"op{i}",
+                out,
+                shape,
+                lambda v, s=s, i=i: Bin(
+                    "+" if i % 2 else "*", ld(s, v), Bin("*", ld("X", v), f32(i + 1))
+                ),
+            )
+        )
         if out != "O":
             temps.append(buf(out, shape, "local"))
         src = out
@@ -894,8 +932,20 @@ def test_random_loop_transformations(prog: tuple[list[int | str], int, list[tupl
 # property: any schedule the primitives accept preserves results
 # ---------------------------------------------------------------------------------
 
-_PRIMS = ["split", "fuse", "reorder", "align", "align_all", "inline", "rinline", "rfactor",
-          "compute_at", "parallel", "vectorize", "unroll"]
+_PRIMS = [
+    "split",
+    "fuse",
+    "reorder",
+    "align",
+    "align_all",
+    "inline",
+    "rinline",
+    "rfactor",
+    "compute_at",
+    "parallel",
+    "vectorize",
+    "unroll",
+]
 
 
 def _apply_random(sch: Schedule, op: str, a: int, b: int, c: int) -> None:
@@ -925,8 +975,11 @@ def _apply_random(sch: Schedule, op: str, a: int, b: int, c: int) -> None:
         reds = [n for n in blocks if any(iv.kind == "reduce" for iv in sch.get_block(n).iter_vars)]
         if reds:
             r = sch.get_block(reds[a % len(reds)])
-            cands = [x.name for iv, x in zip(r.iter_vars, r.bindings)
-                     if iv.kind == "reduce" and isinstance(x, Var)] or ["none"]
+            cands = [
+                x.name
+                for iv, x in zip(r.iter_vars, r.bindings)
+                if iv.kind == "reduce" and isinstance(x, Var)
+            ] or ["none"]
             sch.rfactor(r.name, cands[b % len(cands)], 1 + c % 4)
     elif op == "compute_at":
         near = sch.consumers(blk) + sch.producers(blk)
@@ -946,8 +999,9 @@ def _apply_random(sch: Schedule, op: str, a: int, b: int, c: int) -> None:
 @given(
     st.sampled_from(["chain", "layernorm", "kmax", "reduce", "transpose", "eltwise"]),
     st.lists(
-        st.tuples(st.sampled_from(_PRIMS), st.integers(0, 99), st.integers(0, 99),
-                  st.integers(0, 99)),
+        st.tuples(
+            st.sampled_from(_PRIMS), st.integers(0, 99), st.integers(0, 99), st.integers(0, 99)
+        ),
         max_size=12,
     ),
 )

@@ -48,6 +48,12 @@ class TensorDesc:
         return f"{dtypes.name(self.dtype)}{shape_str(self.shape)}{fmt}"
 
 
+#: optional Value attributes front ends set and copies must keep: ``external``
+#: (file, offset, length) and ``external_loader`` of a lazily loaded file constant,
+#: ``external_ref``, and ``default`` (an overridable initializer's value)
+_VALUE_EXTRAS = ("external", "external_loader", "external_ref", "default")
+
+
 class ValueKind(enum.Enum):
     """Where a value comes from."""
 
@@ -527,6 +533,9 @@ class Graph:
             if v.producer is None:
                 nv = g._new_value(v.name, TensorDesc(v.dtype, v.shape, v.desc.format), v.kind, data=v.data)
                 nv.read_only = v.read_only
+                for extra in _VALUE_EXTRAS:  # set by front ends (external data, defaults)
+                    if hasattr(v, extra):
+                        setattr(nv, extra, getattr(v, extra))
                 vmap[id(v)] = nv
         g.inputs = [vmap[id(v)] for v in self.inputs]
         for n in self.nodes:
