@@ -30,9 +30,10 @@ from geode.codegen.ast_eval import KernelEvalError, eval_shape, run_kernel
 
 
 def unary_kernel(
-    value: Callable[[Expr], Expr], in_dtype: str, out_dtype: str, n: Expr = Var("N")
+    value: Callable[[Expr], Expr], in_dtype: str, out_dtype: str, n: Expr | None = None
 ) -> Kernel:
-    """O[i] = value(X[i]) over one loop of extent n."""
+    """O[i] = value(X[i]) over one loop of extent n (default: symbolic N)."""
+    n = Var("N") if n is None else n
     vi = Var("vi")
     blk = Block("b", [IterVar("vi", n)], [Var("i")], [Store("O", (vi,), value(Load("X", (vi,))))])
     dims = ["N"] if isinstance(n, Var) else []
@@ -128,7 +129,10 @@ def test_int_binary(op: str) -> None:
 def test_int_division_truncates_and_mod_follows_divisor() -> None:
     x = np.array([7, -7, 7, -7], dtype=np.int64)
     y = np.array([2, 2, -2, -2], dtype=np.int64)
-    run = lambda op: run_kernel(binary_kernel(op, "int64", "int64"), {"X": x, "Y": y}, {"N": 4})
+
+    def run(op: str) -> dict[str, np.ndarray]:
+        return run_kernel(binary_kernel(op, "int64", "int64"), {"X": x, "Y": y}, {"N": 4})
+
     np.testing.assert_array_equal(run("/")["O"], [3, -3, -3, 3])
     np.testing.assert_array_equal(run("//")["O"], [3, -4, -4, 3])
     np.testing.assert_array_equal(run("%")["O"], [1, 1, -1, -1])
@@ -227,7 +231,10 @@ def test_erf_not_cast_select() -> None:
         unary_kernel(lambda a: Cast("int32", a), "float32", "int32"), {"X": x}, {"N": 4}
     )["O"]
     np.testing.assert_array_equal(got, x.astype(np.int32))
-    relu = lambda a: Select(Bin(">", a, Const(0.0, "float32")), a, Const(0.0, "float32"))
+
+    def relu(a: Expr) -> Expr:
+        return Select(Bin(">", a, Const(0.0, "float32")), a, Const(0.0, "float32"))
+
     got = run_kernel(unary_kernel(relu, "float32", "float32"), {"X": x}, {"N": 4})["O"]
     np.testing.assert_array_equal(got, np.maximum(x, 0))
 

@@ -470,6 +470,17 @@ def test_align_keepdims_and_explicit_axes() -> None:
     check_same(k, sch.kernel, DIMS_LN)
 
 
+def test_align_all_is_atomic() -> None:
+    sch = Schedule(k_eltwise())
+    sch.split("mul_2_i1", [-1, 4])
+    before = format_kernel(sch.kernel)
+    with raises("align_all", "mul_2"):
+        sch.align_all()  # mul_0 and add_1 align first, then mul_2 fails: all undone
+    assert format_kernel(sch.kernel) == before
+    assert [s.primitive for s in sch.trace] == ["split"]
+    assert alloc_loop(sch.kernel, "A") is None  # used by two nests: kernel level
+
+
 def test_align_errors() -> None:
     sch = Schedule(k_eltwise())
     sch.split("mul_0_i1", [-1, 4])
@@ -726,7 +737,7 @@ def test_compute_at_errors() -> None:
     with raises("compute_at", "C"):
         sch.compute_at("C", "C_rb")  # own nest
     with raises("compute_at", "D"):
-        sch.compute_at("D", "A_rb")  # extents: S1*S2 vs (S1*S2, 8)... D does not feed A
+        sch.compute_at("D", "A_rb")  # D spans S1*S2 points, A_sp x A_rb S1*S2*8
     sch.compute_at("E", "F_sp")  # E keeps its rb loop, covering what F reads
     assert sch.kernel.buffer("E").shape == (Const(1), Const(1), Const(8))
     check_same(k_chain(), sch.kernel, DIMS_CH)
@@ -791,7 +802,6 @@ def test_reduce_annotations() -> None:
     with raises("vectorize", "sum_0"):
         sch.vectorize("sum_0_k0")  # float + without reassociation
     sch.vectorize("sum_0_k0", allow_reassoc=True)
-    sch.unroll("sum_0__init_i0") if False else None
     check_same(k, sch.kernel, DIMS_N)
     sch = Schedule(k_reduce(op="max"))
     sch.vectorize("sum_0_k0")  # max reassociates exactly

@@ -29,6 +29,20 @@ from geode.errors import ScheduleError
 #: innermost chunk for 1-D elementwise nests (outer part runs in parallel)
 VECTOR_CHUNK = 4096
 
+#: a group whose domain is static and smaller than this runs on one thread: forking
+#: costs more than the work, and a serial kernel compiles several times faster
+PARALLEL_MIN_ELEMENTS = 1 << 15
+
+
+def wants_parallel(group: Group) -> bool:
+    """False for groups with a static domain too small to be worth threads."""
+    n = 1
+    for d in group.domain:
+        if not isinstance(d, int):
+            return True
+        n *= d
+    return n >= PARALLEL_MIN_ELEMENTS
+
 
 def schedule_group(lowered: LoweredKernel, group: Group) -> Schedule:
     """The default schedule of a lowered group (never raises ScheduleError)."""
@@ -40,11 +54,12 @@ def schedule_group(lowered: LoweredKernel, group: Group) -> Schedule:
             if level in ("full", "inline"):
                 _inline(sch, group, row_buffers=pattern in ("row_reduce", "reduce_broadcast"))
             if level == "full":
+                par = wants_parallel(group)
                 if pattern == "elementwise":
-                    _elementwise(sch)
+                    _elementwise(sch, par)
                 elif pattern in ("row_reduce", "reduce_broadcast"):
-                    _row_reduce(sch, lowered, group)
-                else:
+                    _row_reduce(sch, lowered, group, par)
+                elif par:
                     _column_reduce(sch, lowered, group)
             sch.notes = notes  # type: ignore[attr-defined]
             sch.level = level  # type: ignore[attr-defined]
@@ -102,7 +117,7 @@ def _nest_loops(sch: Schedule, block: str) -> list[str]:
     return sch.get_loops(block)
 
 
-def _elementwise(sch: Schedule) -> None:
+def _elementwise(sch: Schedule, par: bool) -> None:
     blocks = sch.blocks()
     if not blocks:
         return
@@ -111,14 +126,16 @@ def _elementwise(sch: Schedule) -> None:
     for name in reversed(blocks[:-1]):
         if loops and _extents(sch, name) == _extents(sch, anchor):
             sch.compute_at(name, loops[-1])
+    done: set[str] = set()
     for name in sch.blocks():
         loops = _nest_loops(sch, name)
-        if not loops or sch.get_loop(loops[0]).kind is not A.ForKind.SERIAL:
+        if not loops or loops[0] in done:
             continue  # scalar block, or its nest was already scheduled
-        _parallel_vector(sch, loops)
+        _parallel_vector(sch, loops, par)
+        done.add(_nest_loops(sch, name)[0])
 
 
-def _parallel_vector(sch: Schedule, loops: list[str]) -> None:
+def _parallel_vector(sch: Schedule, loops: list[str], par: bool) -> None:
     if len(loops) >= 3:
         outer = sch.fuse(loops[:-1])
         loops = [outer, loops[-1]]
@@ -127,8 +144,12 @@ def _parallel_vector(sch: Schedule, loops: list[str]) -> None:
         if isinstance(ext, A.Const) and ext.value <= VECTOR_CHUNK:
             sch.vectorize(loops[0])
             return
+        if not par:
+            sch.vectorize(loops[0])
+            return
         loops = sch.split(loops[0], [None, VECTOR_CHUNK])
-    sch.parallel(loops[0])
+    if par:
+        sch.parallel(loops[0])
     sch.vectorize(loops[-1])
 
 
@@ -136,7 +157,7 @@ def _extents(sch: Schedule, block: str) -> list[str]:
     return [A.expr_str(sch.get_loop(lp).extent) for lp in sch.get_loops(block)]
 
 
-def _row_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
+def _row_reduce(sch: Schedule, lowered: LoweredKernel, group: Group, par: bool) -> None:
     rank = len(group.domain)
     axes = sorted(group.axes)
     for name in sch.blocks():
@@ -155,7 +176,8 @@ def _row_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
     sp = _nest_loops(sch, anchor)[0]
     for name in reversed(blocks[:-1]):
         sch.compute_at(name, sp)
-    sch.parallel(sp)
+    if par:
+        sch.parallel(sp)
     for name in sch.blocks():
         loops = _nest_loops(sch, name)
         if len(loops) >= 2 and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL:

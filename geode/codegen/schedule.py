@@ -1215,6 +1215,24 @@ class Schedule:
         the ``rb`` loop of every non-reduction block whose iteration extents equal that
         input's shape (the elementwise blocks before and the broadcast blocks after the
         reduction), so that all nests share ``sp`` (and ``rb``) extents.
+
+        Requirements: those of :meth:`align` for every block (the error names the
+        first block that fails; nothing is changed then).
+
+        Example, X*2 then a ReduceSum over the last axis (init omitted)::
+
+            for (A_i0, 0, N)                     for (A_sp, 0, N)
+              for (A_i1, 0, 64)                    for (A_rb, 0, 64)
+                ScheduleBlock(A)                     ScheduleBlock(A)
+                  vi0, vi1 = axis.bind(                vi0, vi1 = axis.bind(A_sp, A_rb)
+                    A_i0, A_i1)                        A[vi0, vi1] = X[vi0, vi1] * 2.0f
+                  A[vi0, vi1] = X[vi0, vi1] * 2.0f
+            for (C_i0, 0, N)                ->   for (C_sp, 0, N)
+              for (C_k0, 0, 64)                    for (C_rb, 0, 64)
+                ScheduleBlock(C)                     ScheduleBlock(C)
+                  vi0, r:vk0 = axis.bind(              vi0, r:vk0 = axis.bind(C_sp, C_rb)
+                    C_i0, C_k0)                        C[vi0] = C[vi0] + A[vi0, vk0]
+                  C[vi0] = C[vi0] + A[vi0, vk0]
         """
         axes: list[int] | None = None
         shape: tuple[Expr, ...] = ()
@@ -1241,7 +1259,10 @@ class Schedule:
                 and all(_eq(iv.extent, d) for iv, d in zip(b.iter_vars, shape))
             ):
                 ra = axes
-            out[name] = self.align(name, ra)
+            try:
+                out[name] = self.align(name, ra)
+            except ScheduleError as e:
+                raise ScheduleError("align_all", e.block, str(e).split(": ", 1)[1]) from None
         return out
 
     # ------------------------------------------------------------------ blocks
