@@ -73,7 +73,13 @@ class Session:
         )
         explain = _Explain(g, placement, units, plan_text, pass_text, self.var_manager, timings)
         model = CompiledModel(plan, self.var_manager, [u.info for u in units], explain, {"timings": timings})
+        dump.stage("passes", pass_text, level=1)
+        if dump.wants(2):
+            run_by = {n.name: f"{u.name} [{u.engine}]" for u in units for n in u.nodes}
+            dump.stage("final_graph", format_graph(g, {n.name: run_by.get(n.name, "dead") for n in g.nodes}), level=2)
         dump.stage("plan", explain())
+        if dump.dir is not None:
+            dump.artifact("graph.dot", explain.dot())
         log.debug("compiled %s in %.3fs: %d steps", g.name, timings["total"], len(units))
         return model
 
@@ -110,6 +116,14 @@ class _Explain:
                  pass_text: str, vm: VarManager, timings: dict[str, float]):
         self.g, self.placement, self.units = g, placement, units
         self.plan_text, self.pass_text, self.vm, self.timings = plan_text, pass_text, vm, timings
+
+    def dot(self) -> str:
+        """Graphviz DOT of the compiled graph: a cluster per native kernel, engines as colours."""
+        from geode.viz import Cluster, to_dot
+
+        clusters = [Cluster(u.name, f"{u.name} [{u.extra.get('pattern', u.engine)}]", [n.name for n in u.nodes], u.engine)
+                    for u in self.units if u.engine == "aicore"]
+        return to_dot(self.g, self.placement, clusters, kernels=[u.info for u in self.units])
 
     def __call__(self) -> str:
         g = self.g

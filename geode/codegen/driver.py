@@ -28,6 +28,7 @@ from geode.costmodel.device import DeviceSpec, default_spec, load_or_calibrate
 from geode.debug import Dumper, log
 from geode.errors import GeodeError
 from geode.plan_builder import Unit, reference_unit
+from geode.progress import progress_bar
 from geode.runtime.model import KernelInfo
 
 _SPECS: dict[str, DeviceSpec] = {}
@@ -54,7 +55,10 @@ def compile_groups(g: Graph, placement: Placement, opts: Options, dump: Dumper) 
     plan = plan_fusion(g, placement, make_can_lower(g), make_profit(spec))
     dump.stage("fusion_plan", plan.describe())
     units: list[Unit] = []
-    for k, item in enumerate(schedule_units(g, plan)):
+    items = schedule_units(g, plan)
+    n_groups = sum(1 for item in items if not isinstance(item, Node))
+    bar = progress_bar(n_groups, f"geode: compiling {g.name}", opts.progress, unit="kernel")
+    for k, item in enumerate(items):
         if isinstance(item, Node):
             engine = placement.engine[item.name]
             units.append(reference_unit(item, "aicpu" if engine == "aicore" else engine))
@@ -68,6 +72,8 @@ def compile_groups(g: Graph, placement: Placement, opts: Options, dump: Dumper) 
             if isinstance(exc, GeodeError) is False and opts.debug >= 2:
                 log.exception("codegen failure")
             units += [reference_unit(n, "aicpu") for n in item.nodes]
+        bar.update()
+    bar.close()
     return drop_dead_units(units, g), plan.describe()
 
 
@@ -100,13 +106,14 @@ def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumpe
     trace = str(sch.trace)
     if dump.wants(2):
         dump.stage(f"{name}_ast_scheduled", A.format_kernel(kernel) + "\n\n# trace\n" + trace, level=2)
+        dump.stage(f"{name}_trace", trace, level=2)
     native = compile_kernel(kernel, fastmath=opts.fastmath, cache_dir=opts.cache_dir)
     if dump.wants(3):
         dump.stage(f"{name}_source", native.source, level=3, ext="py")
     if dump.wants(4) and opts.debug >= 4:
         dump.stage(f"{name}_llvm", native.llvm, level=4, ext="ll")
         dump.stage(f"{name}_asm", native.asm, level=4, ext="s")
-    step = make_step(lowered, native)
+    step = make_step(lowered, native, opts.num_threads)
     info = KernelInfo(
         name=name, ops=list(group.nodes), engine="aicore", source=native.source, trace=trace,
         cost={"compile_s": time.perf_counter() - t0, "from_cache": float(getattr(native, "from_cache", False))},
@@ -118,8 +125,11 @@ def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumpe
     return unit
 
 
-def make_step(lowered: LoweredKernel, native: Callable[..., Any]) -> Callable[[list, list, Any], list]:
-    """The AI Core step: ``fn(inputs, outs, env)`` calling the kernel with dims from ``env``."""
+def make_step(lowered: LoweredKernel, native: Callable[..., Any], num_threads: int = 0) -> Callable[[list, list, Any], list]:
+    """The AI Core step: ``fn(inputs, outs, env)`` calling the kernel with dims from ``env``
+    (on ``num_threads`` threads when it has parallel loops; 0: all cores)."""
+    from geode.codegen.backends.numba import set_num_threads
+
     dim_fns = [compile_dim_fn(d) for d in lowered.dim_exprs.values()]
     out_shapes = [compile_shape_fn(v.shape) for v in lowered.outputs]
     out_dtypes = [v.dtype for v in lowered.outputs]
@@ -133,6 +143,8 @@ def make_step(lowered: LoweredKernel, native: Callable[..., Any]) -> Callable[[l
                 o = np.empty(out_shapes[i](env), out_dtypes[i])
             arrays.append(o)
         dims = [f(env) for f in dim_fns]
+        if num_threads:
+            set_num_threads(num_threads)  # numba's setting is per calling thread
         native(*inputs[:n_in], *arrays, *dims)
         return arrays
 

@@ -198,6 +198,29 @@ def _div(typingctx, a, b):
     return a(a, b), codegen
 
 
+def _strict_binop(op: str) -> Callable:
+    def impl(typingctx, a, b):
+        if not (isinstance(a, types.Float) and a == b):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+
+        return a(a, b), codegen
+
+    impl.__name__ = f"_{op}"
+    impl.__doc__ = f"IEEE ``{op}`` without fast-math flags (kept exact under ``fastmath=True``)."
+    return intrinsic(impl)
+
+
+#: Plain IEEE add/sub/mul for the steps whose exact order matters (error-free transforms,
+#: scaling): instructions emitted here carry no fast-math flags, so a caller compiled with
+#: ``fastmath=True`` cannot reassociate them away.
+_add = _strict_binop("fadd")
+_sub = _strict_binop("fsub")
+_mul = _strict_binop("fmul")
+
+
 @intrinsic
 def _pow2(typingctx, n):
     """``2**n`` for an integer-valued float ``n`` in the normal exponent range.
@@ -377,7 +400,7 @@ def _exp_core_f32(x):  # pragma: no cover - compiled
     x = _select(x < _EXP_LO_F32, _EXP_LO_F32, x)
     n, e = _exp_reduce_f32(x)
     n1 = _rint(n * _HALF_F32)
-    return (e + _ONE_F32) * _pow2(n1) * _pow2(n - n1)
+    return _mul(_mul(e + _ONE_F32, _pow2(n1)), _pow2(_sub(n, n1)))
 
 
 @_inline
@@ -385,7 +408,7 @@ def _exp_core_f64(x):  # pragma: no cover - compiled
     x = _select(x < _EXP_LO_F64, _EXP_LO_F64, x)
     n, e = _exp_reduce_f64(x)
     n1 = _rint(n * _HALF_F64)
-    return (e + _ONE_F64) * _pow2(n1) * _pow2(n - n1)
+    return _mul(_mul(e + _ONE_F64, _pow2(n1)), _pow2(_sub(n, n1)))
 
 
 @_inline
@@ -553,8 +576,8 @@ def log1p_f32(x: float) -> float:
     Special values: log1p(-1) = -inf, log1p(x < -1) = NaN, log1p(inf) = inf, NaN -> NaN.
     """
     x = np.float32(x)
-    u = _ONE_F32 + x
-    d = _select(abs(x) <= _ONE_F32, x - (u - _ONE_F32), _ONE_F32 - (u - x))
+    u = _add(_ONE_F32, x)
+    d = _select(abs(x) <= _ONE_F32, _sub(x, _sub(u, _ONE_F32)), _sub(_ONE_F32, _sub(u, x)))
     y = _log_core_f32(u, _div(d, u))
     y = _select(x == _INF_F32, _INF_F32, y)
     y = _select(x == -_ONE_F32, -_INF_F32, y)
@@ -566,8 +589,8 @@ def log1p_f32(x: float) -> float:
 def log1p_f64(x: float) -> float:
     """``log(1 + x)`` in float64 (max error ~1.5 ulp); method as :func:`log1p_f32`."""
     x = np.float64(x)
-    u = _ONE_F64 + x
-    d = _select(abs(x) <= _ONE_F64, x - (u - _ONE_F64), _ONE_F64 - (u - x))
+    u = _add(_ONE_F64, x)
+    d = _select(abs(x) <= _ONE_F64, _sub(x, _sub(u, _ONE_F64)), _sub(_ONE_F64, _sub(u, x)))
     y = _log_core_f64(u, _div(d, u))
     y = _select(x == _INF_F64, _INF_F64, y)
     y = _select(x == -_ONE_F64, -_INF_F64, y)
@@ -738,7 +761,7 @@ def _sincos_f32(x, shift):  # pragma: no cover - compiled
     y1 = _fma(_rint(p1 * _QUARTER_F64), -_FOUR_F64, p1)  # p1 mod 4, exact
     y2 = d * _PH2_F32[i]
     n = _rint(y1 + y2)
-    f = ((y1 - n) + y2) + d * _PH3_F32[i]  # x * 2/pi - n, |f| <= 1/2
+    f = _add(_add(_sub(y1, n), y2), d * _PH3_F32[i])  # x * 2/pi - n, |f| <= 1/2
     r = f * _PIO2_F64
     w = r * r
     s = _fma(r * w, _sinp_f32d(w), r)
@@ -787,9 +810,9 @@ _SIN_TINY_F64 = _F64(2.0**-27)
 @_inline
 def _two_sum(a, b):  # pragma: no cover - compiled
     """(s, e) with s = fl(a + b) and s + e = a + b exactly (Knuth)."""
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
+    s = _add(a, b)
+    bb = _sub(s, a)
+    return s, _add(_sub(a, _sub(s, bb)), _sub(b, bb))
 
 
 @_inline
@@ -807,16 +830,16 @@ def _sincos_f64(x, shift):  # pragma: no cover - compiled
     s, es = _two_sum(m1, e1)
     t, et = _two_sum(s, p2)
     n = _rint(t)
-    hi, lo = _two_sum(t - n, ((es + et) + e2) + x * _PH3_F64[i])  # x*2/pi - n
+    hi, lo = _two_sum(_sub(t, n), ((es + et) + e2) + x * _PH3_F64[i])  # x*2/pi - n
     rh = hi * _PIO2HI_F64  # r = (hi + lo) * pi/2 as a double-double rh + rl
     rl = _fma(hi, _PIO2LO_F64, _fma(lo, _PIO2HI_F64, _fma_exact(hi, _PIO2HI_F64, -rh)))
-    r = rh + rl
-    rl = rl - (r - rh)
+    r = _add(rh, rl)
+    rl = _sub(rl, _sub(r, rh))
     w = r * r
     hz = _HALF_F64 * w
     sn = r + _fma(r * w, _sinp_f64(w), rl * (_ONE_F64 - hz))
     v = _ONE_F64 - hz
-    cs = v + (((_ONE_F64 - v) - hz) + _fma(w * w, _cosp_f64(w), -(r * rl)))
+    cs = _add(v, _add(_sub(_sub(_ONE_F64, v), hz), _fma(w * w, _cosp_f64(w), -(r * rl))))
     n = n + shift
     n4 = _fma(_floor(n * _QUARTER_F64), -_FOUR_F64, n)
     y = _select(_fma(_floor(n4 * _HALF_F64), -_TWO_F64, n4) != _ZERO_F64, cs, sn)
