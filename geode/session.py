@@ -58,6 +58,11 @@ class Session:
             else None,
         )
         timings["passes"] = time.perf_counter() - t0
+        pass_text = "\n".join(
+            f"  {r.name}: {'changed' if r.changed else 'no change'} ({r.nodes_before} -> {r.nodes_after} nodes)"
+            for r in records
+        )
+        dump.stage("passes", pass_text, level=1)
         g.sort()
         placement = place(g, codegen=opts.codegen)
         dump.stage("placement", placement.describe())
@@ -67,13 +72,8 @@ class Session:
         prefix = f"m{next(self._models)}:{g.name}"
         plan = build_plan(g, units, self.var_manager, prefix)
         timings["total"] = time.perf_counter() - t0
-        pass_text = "\n".join(
-            f"  {r.name}: {'changed' if r.changed else 'no change'} ({r.nodes_before} -> {r.nodes_after} nodes)"
-            for r in records
-        )
         explain = _Explain(g, placement, units, plan_text, pass_text, self.var_manager, timings)
         model = CompiledModel(plan, self.var_manager, [u.info for u in units], explain, {"timings": timings})
-        dump.stage("passes", pass_text, level=1)
         if dump.wants(2):
             run_by = {n.name: f"{u.name} [{u.engine}]" for u in units for n in u.nodes}
             dump.stage("final_graph", format_graph(g, {n.name: run_by.get(n.name, "dead") for n in g.nodes}), level=2)

@@ -302,7 +302,7 @@ class Stmt:
     """Base of all statements."""
 
 
-@dataclass
+@dataclass(eq=False)
 class For(Stmt):
     """``for var in range(extent)``; ``kind`` says serial/parallel/vectorized/unrolled."""
 
@@ -321,7 +321,7 @@ class IterVar:
     kind: str = "spatial"  # spatial | reduce
 
 
-@dataclass
+@dataclass(eq=False)
 class Block(Stmt):
     """A ScheduleBlock: iteration variables bound to loop expressions, and its body.
 
@@ -337,7 +337,7 @@ class Block(Stmt):
     reduce_of: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Store(Stmt):
     """``buffer[indices] = value``."""
 
@@ -346,7 +346,7 @@ class Store(Stmt):
     value: Expr
 
 
-@dataclass
+@dataclass(eq=False)
 class If(Stmt):
     """``if cond: body``."""
 

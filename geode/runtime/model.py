@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from geode.errors import GeodeError
 from geode.runtime.executor import Executor
 from geode.runtime.plan import Plan
 from geode.runtime.var_manager import VarManager
@@ -92,6 +93,13 @@ class CompiledModel:
     def explain(self) -> str:
         """Partition, fusion groups with the reason for each decision, kernels and costs."""
         return self._explain()
+
+    def to_dot(self) -> str:
+        """Graphviz DOT of the compiled graph: kernels as clusters, engines as colours."""
+        dot = getattr(self._explain, "dot", None)
+        if dot is None:
+            raise GeodeError(f"model {self.plan.name!r} keeps no graph to draw")
+        return str(dot())
 
     def __repr__(self) -> str:
         return f"CompiledModel({self.plan.name!r} {self.signature}, {len(self.kernels)} kernels)"

@@ -185,6 +185,31 @@ def _select(typingctx, cond, a, b):
     return a(cond, a, b), codegen
 
 
+def _bit_test(name: str, doc: str, pred: Callable) -> Callable:
+    def impl(typingctx, x):
+        if not isinstance(x, types.Float):
+            return None
+
+        def codegen(context, builder, sig, args):
+            _, ity, mant, bias, _ = _float_ir(sig.args[0])
+            mag = builder.and_(builder.bitcast(args[0], ity), ir.Constant(ity, (1 << (ity.width - 1)) - 1))
+            inf_bits = ir.Constant(ity, (2 * bias + 1) << mant)
+            return pred(builder, mag, inf_bits)
+
+        return types.boolean(x), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = doc
+    return intrinsic(impl)
+
+
+#: NaN / inf / finite tests on the bits (integer compares), so they survive the
+#: ``nnan``/``ninf`` flags of a ``fastmath=True`` caller that would fold ``x != x`` to False.
+_isnan = _bit_test("_isnan", "x is NaN (bit test).", lambda b, m, inf: b.icmp_unsigned(">", m, inf))
+_isinf = _bit_test("_isinf", "x is +-inf (bit test).", lambda b, m, inf: b.icmp_unsigned("==", m, inf))
+_isfinite = _bit_test("_isfinite", "x is finite (bit test).", lambda b, m, inf: b.icmp_unsigned("<", m, inf))
+
+
 @intrinsic
 def _div(typingctx, a, b):
     """``a / b`` as a plain IEEE division: numba's default ``error_model="python"`` would add a
@@ -204,18 +229,22 @@ def _strict_binop(op: str) -> Callable:
             return None
 
         def codegen(context, builder, sig, args):
-            return getattr(builder, op)(args[0], args[1])
+            return getattr(builder, op)(args[0], args[1], flags=_STRICT_FLAGS)
 
         return a(a, b), codegen
 
     impl.__name__ = f"_{op}"
-    impl.__doc__ = f"IEEE ``{op}`` without fast-math flags (kept exact under ``fastmath=True``)."
+    impl.__doc__ = f"IEEE ``{op}`` that ``fastmath=True`` cannot reassociate."
     return intrinsic(impl)
 
 
+#: numba's fast-math pass adds the caller's flags to every float instruction that has none;
+#: ``afn`` (meaningless on arithmetic) marks an instruction as already flagged, so it stays
+#: a plain IEEE operation.
+_STRICT_FLAGS = ("afn",)
+
 #: Plain IEEE add/sub/mul for the steps whose exact order matters (error-free transforms,
-#: scaling): instructions emitted here carry no fast-math flags, so a caller compiled with
-#: ``fastmath=True`` cannot reassociate them away.
+#: exact scaling), kept as written even in a caller compiled with ``fastmath=True``.
 _add = _strict_binop("fadd")
 _sub = _strict_binop("fsub")
 _mul = _strict_binop("fmul")
@@ -235,7 +264,7 @@ def _pow2(typingctx, n):
 
     def codegen(context, builder, sig, args):
         fty, ity, mant, _, magic = _float_ir(sig.args[0])
-        v = builder.fadd(args[0], ir.Constant(fty, magic))
+        v = builder.fadd(args[0], ir.Constant(fty, magic), flags=_STRICT_FLAGS)
         bits = builder.shl(builder.bitcast(v, ity), ir.Constant(ity, mant))
         return builder.bitcast(bits, fty)
 
@@ -437,8 +466,8 @@ def exp_f32(x: float) -> float:
     Special values: exp(-inf) = 0, exp(inf) = inf, NaN -> NaN.
     """
     x = np.float32(x)
-    x = _select(x > _EXP_HI_F32, _EXP_HI_F32, x)
-    return _exp_core_f32(x)
+    y = _exp_core_f32(_select(x > _EXP_HI_F32, _EXP_HI_F32, x))
+    return _select(_isnan(x), x, y)
 
 
 @_inline
@@ -450,8 +479,8 @@ def exp_f64(x: float) -> float:
     two-factor ``2**n`` scaling (subnormal results are exact-rounded, overflow gives inf).
     """
     x = np.float64(x)
-    x = _select(x > _EXP_HI_F64, _EXP_HI_F64, x)
-    return _exp_core_f64(x)
+    y = _exp_core_f64(_select(x > _EXP_HI_F64, _EXP_HI_F64, x))
+    return _select(_isnan(x), x, y)
 
 
 @_inline
@@ -484,7 +513,7 @@ def expm1_f32(x: float) -> float:
     """
     x = np.float32(x)
     y = _expm1_core_f32(x)
-    return _select(x != x, x, y)
+    return _select(_isnan(x), x, y)
 
 
 @_inline
@@ -493,7 +522,7 @@ def expm1_f64(x: float) -> float:
     [-40, 710], degree-12 polynomial."""
     x = np.float64(x)
     y = _expm1_core_f64(x)
-    return _select(x != x, x, y)
+    return _select(_isnan(x), x, y)
 
 
 # ---------------------------------------------------------------------------------
@@ -548,10 +577,10 @@ def log_f32(x: float) -> float:
     """
     x = np.float32(x)
     y = _log_core_f32(x, _ZERO_F32)
-    y = _select(x == _INF_F32, _INF_F32, y)
+    y = _select(_isinf(x), _INF_F32, y)
     y = _select(x == _ZERO_F32, -_INF_F32, y)
     y = _select(x < _ZERO_F32, _NAN_F32, y)
-    return _select(x != x, x, y)
+    return _select(_isnan(x), x, y)
 
 
 @_inline
@@ -561,10 +590,10 @@ def log_f64(x: float) -> float:
     2**54."""
     x = np.float64(x)
     y = _log_core_f64(x, _ZERO_F64)
-    y = _select(x == _INF_F64, _INF_F64, y)
+    y = _select(_isinf(x), _INF_F64, y)
     y = _select(x == _ZERO_F64, -_INF_F64, y)
     y = _select(x < _ZERO_F64, _NAN_F64, y)
-    return _select(x != x, x, y)
+    return _select(_isnan(x), x, y)
 
 
 @_inline
@@ -579,10 +608,10 @@ def log1p_f32(x: float) -> float:
     u = _add(_ONE_F32, x)
     d = _select(abs(x) <= _ONE_F32, _sub(x, _sub(u, _ONE_F32)), _sub(_ONE_F32, _sub(u, x)))
     y = _log_core_f32(u, _div(d, u))
-    y = _select(x == _INF_F32, _INF_F32, y)
+    y = _select(_isinf(x), _INF_F32, y)
     y = _select(x == -_ONE_F32, -_INF_F32, y)
     y = _select(x < -_ONE_F32, _NAN_F32, y)
-    return _select(x != x, x, y)
+    return _select(_isnan(x), x, y)
 
 
 @_inline
@@ -592,10 +621,10 @@ def log1p_f64(x: float) -> float:
     u = _add(_ONE_F64, x)
     d = _select(abs(x) <= _ONE_F64, _sub(x, _sub(u, _ONE_F64)), _sub(_ONE_F64, _sub(u, x)))
     y = _log_core_f64(u, _div(d, u))
-    y = _select(x == _INF_F64, _INF_F64, y)
+    y = _select(_isinf(x), _INF_F64, y)
     y = _select(x == -_ONE_F64, -_INF_F64, y)
     y = _select(x < -_ONE_F64, _NAN_F64, y)
-    return _select(x != x, x, y)
+    return _select(_isnan(x), x, y)
 
 
 # ---------------------------------------------------------------------------------
@@ -618,7 +647,7 @@ def tanh_f32(x: float) -> float:
     a = _select(a > _TANH_CLAMP_F32, _TANH_CLAMP_F32, a)
     e = _expm1_core_f32(a + a)
     y = _copysign(_div(e, e + _TWO_F32), x)
-    return _select(x != x, x, y)
+    return _select(_isnan(x), x, y)
 
 
 @_inline
@@ -629,7 +658,7 @@ def tanh_f64(x: float) -> float:
     a = _select(a > _TANH_CLAMP_F64, _TANH_CLAMP_F64, a)
     e = _expm1_core_f64(a + a)
     y = _copysign(_div(e, e + _TWO_F64), x)
-    return _select(x != x, x, y)
+    return _select(_isnan(x), x, y)
 
 
 @_inline
@@ -642,8 +671,8 @@ def sigmoid_f32(x: float) -> float:
     """
     x = np.float32(x)
     e = _exp_core_f32(-abs(x))
-    num = _select(x >= _ZERO_F32, _ONE_F32, e)
-    return _div(num, _ONE_F32 + e)
+    y = _div(_select(x >= _ZERO_F32, _ONE_F32, e), _ONE_F32 + e)
+    return _select(_isnan(x), x, y)
 
 
 @_inline
@@ -651,8 +680,8 @@ def sigmoid_f64(x: float) -> float:
     """``1 / (1 + exp(-x))`` in float64 (max error ~2 ulp); method as :func:`sigmoid_f32`."""
     x = np.float64(x)
     e = _exp_core_f64(-abs(x))
-    num = _select(x >= _ZERO_F64, _ONE_F64, e)
-    return _div(num, _ONE_F64 + e)
+    y = _div(_select(x >= _ZERO_F64, _ONE_F64, e), _ONE_F64 + e)
+    return _select(_isnan(x), x, y)
 
 
 # ---------------------------------------------------------------------------------
@@ -680,7 +709,7 @@ def erf_f32(x: float) -> float:
     small = _fma(x, _erfa_f32(x * x), x)
     z = _select(a > _ERF_CLAMP_F32, _ERF_CLAMP_F32, a)
     big = _copysign(_ONE_F32 - _exp_normal_f32(_erfb_f32(z - _ERFB_C_F32)), x)
-    return _select(a < _ERF_SPLIT_F32, small, big)
+    return _select(_isnan(x), x, _select(a < _ERF_SPLIT_F32, small, big))
 
 
 @_inline
@@ -701,7 +730,7 @@ def erf_f64(x: float) -> float:
     in1 = z < _ERFB_S2_F64
     c = _select(in0, _ERFB_C1_F64, _select(in1, _ERFB_C2_F64, _ERFB_C3_F64))
     big = _copysign(_ONE_F64 - _exp_normal_f64(_erfb_f64(z - c, in0, in1)), x)
-    return _select(a < _ERF_SPLIT_F64, small, big)
+    return _select(_isnan(x), x, _select(a < _ERF_SPLIT_F64, small, big))
 
 
 # ---------------------------------------------------------------------------------
@@ -788,7 +817,7 @@ def sin_f32(x: float) -> float:
     x = np.float32(x)
     v = _sincos_f32(x, _ZERO_F64)
     v = _select(x == _ZERO_F32, x, v)
-    return _select(abs(x) < _INF_F32, v, _NAN_F32)
+    return _select(_isfinite(x), v, _NAN_F32)
 
 
 @_inline
@@ -797,7 +826,7 @@ def cos_f32(x: float) -> float:
     :func:`sin_f32` (``cos(x) = sin(x + pi/2)`` by shifting the quadrant). cos(+-inf) = NaN."""
     x = np.float32(x)
     v = _sincos_f32(x, _ONE_F64)
-    return _select(abs(x) < _INF_F32, v, _NAN_F32)
+    return _select(_isfinite(x), v, _NAN_F32)
 
 
 _PH_F64 = _payne_hanek_table(52, 1023, (53, 53), scale_row=1023 + 512, scale_exp=512)
@@ -822,16 +851,16 @@ def _sincos_f64(x, shift):  # pragma: no cover - compiled
     x = x * _select(abs(x) >= _PH_BIG_F64, _PH_SCALE_F64, _ONE_F64)  # table rows are scaled
     u1 = _PH1_F64[i]
     u2 = _PH2_F64[i]
-    p1 = x * u1
+    p1 = _mul(x, u1)
     e1 = _fma_exact(x, u1, -p1)  # x*u1 = p1 + e1 exactly
     m1 = _fma(_rint(p1 * _QUARTER_F64), -_FOUR_F64, p1)  # p1 mod 4, exact
-    p2 = x * u2
+    p2 = _mul(x, u2)
     e2 = _fma_exact(x, u2, -p2)
     s, es = _two_sum(m1, e1)
     t, et = _two_sum(s, p2)
     n = _rint(t)
     hi, lo = _two_sum(_sub(t, n), ((es + et) + e2) + x * _PH3_F64[i])  # x*2/pi - n
-    rh = hi * _PIO2HI_F64  # r = (hi + lo) * pi/2 as a double-double rh + rl
+    rh = _mul(hi, _PIO2HI_F64)  # r = (hi + lo) * pi/2 as a double-double rh + rl
     rl = _fma(hi, _PIO2LO_F64, _fma(lo, _PIO2HI_F64, _fma_exact(hi, _PIO2HI_F64, -rh)))
     r = _add(rh, rl)
     rl = _sub(rl, _sub(r, rh))
@@ -862,7 +891,7 @@ def sin_f64(x: float) -> float:
     x = np.float64(x)
     v = _sincos_f64(x, _ZERO_F64)
     v = _select(abs(x) < _SIN_TINY_F64, x, v)
-    return _select(abs(x) < _INF_F64, v, _NAN_F64)
+    return _select(_isfinite(x), v, _NAN_F64)
 
 
 @_inline
@@ -872,7 +901,7 @@ def cos_f64(x: float) -> float:
     x = np.float64(x)
     v = _sincos_f64(x, _ONE_F64)
     v = _select(abs(x) < _SIN_TINY_F64, _ONE_F64, v)
-    return _select(abs(x) < _INF_F64, v, _NAN_F64)
+    return _select(_isfinite(x), v, _NAN_F64)
 
 
 #: ``(op, dtype name) -> function`` for the code generator; op names as in
