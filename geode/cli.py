@@ -1,21 +1,53 @@
-"""The ``geode`` command line.
+"""The ``geode`` command line (also ``python -m geode``).
 
-Subcommands: ``demo`` (compile and run the built-in RMSNorm and LayerNorm graphs and
-compare them with numpy). Errors print one line and exit non-zero.
+Subcommands, in the style of onnxruntime_perf_test and tvmc:
+
+* ``geode run MODEL [--input name=file.npy ...] [--shape name:2,128 ...] [-o out.npz]``
+  compiles and runs a model once: random inputs of the right dtypes unless
+  ``--input`` files are given; prints each output's shape, dtype and min/max/mean,
+  or saves all outputs to an ``.npz`` file;
+* ``geode bench MODEL [--warmup N] [--repeat K] [--compare-ort]``: min/median/max
+  latency, side by side with onnxruntime when it is installed;
+* ``geode explain MODEL``: engines and partitions, fusion groups with the reason for
+  each decision, kernels with their ops and cost estimates;
+* ``geode dump MODEL -d DIR [--llvm]``: every compile stage as files (what
+  ``GEODE_DUMP_DIR`` writes) plus ``graph.dot`` (and ``graph.svg`` with Graphviz);
+* ``geode demo``: the README's built-in example.
+
+MODEL is an ``.onnx`` file or ``builtin:NAME`` for a graph of ``geode.examples.ALL``.
+Compile options may be given as ``--option key=value`` (see ``geode.config``).
+Errors print one line, ``geode: error: ...``, and exit with status 2 (3 for an
+internal error, whose traceback ``GEODE_DEBUG=1`` shows).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
+import logging
+import os
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
 
 import numpy as np
 
 from geode.errors import GeodeError
 
+BUILTIN_PREFIX = "builtin:"
 
+
+class CLIError(GeodeError):
+    """A command-line mistake: a bad argument, path or file."""
+
+
+# -- shared helpers -------------------------------------------------------------------------
 def _median_time(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
     fn()
     ts = []
@@ -26,6 +58,476 @@ def _median_time(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
     return float(np.median(ts))
 
 
+def note(msg: str) -> None:
+    """Print a note for the user on stderr."""
+    print(f"geode: note: {msg}", file=sys.stderr)
+
+
+@dataclass
+class Loaded:
+    """A model as the CLI knows it: its graph, where it came from, and its ONNX form."""
+
+    graph: Any
+    label: str
+    onnx_path: str | None = None
+    example: Any = None
+
+    def onnx_bytes(self) -> bytes:
+        """The serialized ONNX model (exported for built-in examples)."""
+        if self.onnx_path is not None:
+            return Path(self.onnx_path).read_bytes()
+        from geode.compiler.frontend.onnx_export import to_onnx
+
+        return to_onnx(self.graph).SerializeToString()
+
+
+def load_model(spec: str) -> Loaded:
+    """The graph for MODEL: an ``.onnx`` path or ``builtin:NAME``."""
+    from geode import examples
+
+    if spec.startswith(BUILTIN_PREFIX):
+        name = spec[len(BUILTIN_PREFIX) :]
+        if name not in examples.ALL:
+            raise CLIError(
+                f"unknown built-in model {name!r}; choose one of: {', '.join(examples.ALL)}"
+            )
+        ex = examples.ALL[name]()
+        return Loaded(ex.graph, f"builtin:{name}", example=ex)
+    path = Path(spec)
+    if not path.exists():
+        hint = ""
+        if spec in examples.ALL:
+            hint = f" (for the built-in example write {BUILTIN_PREFIX}{spec})"
+        raise CLIError(f"{spec}: no such file{hint}")
+    if path.is_dir():
+        raise CLIError(f"{spec}: is a directory, expected an .onnx file")
+    from geode.compiler.frontend.onnx import import_model
+
+    return Loaded(import_model(str(path)), str(path), onnx_path=str(path))
+
+
+def parse_options(pairs: Sequence[str]) -> dict[str, str]:
+    """``--option key=value`` pairs as a dict (values parsed later by geode.config)."""
+    out: dict[str, str] = {}
+    for p in pairs:
+        key, eq, value = p.partition("=")
+        if not eq or not key.strip():
+            raise CLIError(f"bad --option {p!r}: expected KEY=VALUE (e.g. fusion=0)")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """``--shape name:2,128`` items as name -> shape (``name:`` is a scalar)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, colon, dims = item.rpartition(":")
+        if not colon or not name:
+            raise CLIError(f"bad --shape {item!r}: expected NAME:D1,D2,... (e.g. x:2,128)")
+        try:
+            shape = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
+        except ValueError:
+            raise CLIError(
+                f"bad --shape {item!r}: dims must be integers, e.g. {name}:2,128"
+            ) from None
+        if any(d < 0 for d in shape):
+            raise CLIError(f"bad --shape {item!r}: dims must be >= 0")
+        if name in out:
+            raise CLIError(f"--shape given twice for input {name!r}")
+        out[name] = shape
+    return out
+
+
+def parse_input_files(items: Sequence[str]) -> dict[str, str]:
+    """``--input name=file.npy`` items as name -> path."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, path = item.partition("=")
+        if not eq or not name or not path:
+            raise CLIError(f"bad --input {item!r}: expected NAME=FILE.npy (e.g. x=x.npy)")
+        if name in out:
+            raise CLIError(f"--input given twice for input {name!r}")
+        if not Path(path).exists():
+            raise CLIError(f"--input {item}: no such file")
+        if Path(path).is_dir():
+            raise CLIError(f"--input {item}: is a directory, expected a .npy file")
+        out[name] = path
+    return out
+
+
+def load_npy(name: str, path: str) -> np.ndarray:
+    """The array of one ``--input`` file."""
+    p = Path(path)
+    if not p.exists():
+        raise CLIError(f"--input {name}={path}: no such file")
+    if p.is_dir():
+        raise CLIError(f"--input {name}={path}: is a directory, expected a .npy file")
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise CLIError(f"--input {name}={path}: not a readable .npy file ({exc})") from None
+    if not isinstance(arr, np.ndarray):
+        arr.close()
+        raise CLIError(
+            f"--input {name}={path}: is an .npz archive, expected one array in a .npy file"
+        )
+    return arr
+
+
+def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Random data of ``dtype``: normal floats, small non-negative ints, random bools."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    if dtype.kind in "iu":
+        return rng.integers(0, 4, shape).astype(dtype)
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    raise CLIError(f"cannot make random data of dtype {dtype}; give this input with --input")
+
+
+def make_feeds(
+    specs: Sequence[Any],
+    shapes: dict[str, tuple[int, ...]],
+    files: dict[str, str],
+    rng: np.random.Generator,
+    notes: Callable[[str], None] = note,
+) -> dict[str, np.ndarray]:
+    """Input arrays for a model's input specs (``model.plan.inputs``).
+
+    Arrays come from ``files`` (then every input must have one), else random data of
+    each input's dtype, shaped by ``shapes`` or by the model's dims, symbolic dims
+    taking values bound by other inputs or 1 (with a note).
+    """
+    names = [s.name for s in specs]
+    for flag, given in (("--shape", shapes), ("--input", files)):
+        unknown = [n for n in given if n not in names]
+        if unknown:
+            raise CLIError(
+                f"{flag} names unknown input {unknown[0]!r}; the model's inputs are: {', '.join(names)}"
+            )
+    if files:
+        missing = [n for n in names if n not in files]
+        if missing:
+            raise CLIError(
+                f"missing input(s) {', '.join(missing)}: give --input NAME=FILE.npy for every input "
+                "(or no --input for random inputs)"
+            )
+    env: dict[str, int] = {}
+    feeds: dict[str, np.ndarray] = {}
+
+    def bind(spec: Any, shape: tuple[int, ...]) -> None:
+        if spec.dims is None or len(spec.dims) != len(shape):
+            return  # the model reports the rank mismatch when it runs
+        for d, n in zip(spec.dims, shape):
+            if isinstance(d, str):
+                env.setdefault(d, int(n))
+
+    for spec in specs:
+        if spec.name in files:
+            feeds[spec.name] = load_npy(spec.name, files[spec.name])
+            bind(spec, feeds[spec.name].shape)
+        elif spec.name in shapes:
+            bind(spec, shapes[spec.name])
+    defaulted: list[str] = []
+    for spec in specs:
+        if spec.name in feeds:
+            continue
+        if spec.name in shapes:
+            shape = shapes[spec.name]
+        elif spec.dims is None:
+            raise CLIError(
+                f"input {spec.name!r} has unknown rank: give its shape with --shape {spec.name}:D1,D2,..."
+            )
+        else:
+            dims: list[int] = []
+            checks = {c.axis: c for c in spec.checks}
+            for axis, d in enumerate(spec.dims):
+                if isinstance(d, int):
+                    dims.append(d)
+                elif isinstance(d, str):
+                    if d not in env:
+                        env[d] = 1
+                        defaulted.append(f"{d} (input {spec.name!r})")
+                    dims.append(env[d])
+                else:
+                    try:
+                        dims.append(int(checks[axis].fn(env)))
+                    except (KeyError, NameError, TypeError):
+                        dims.append(1)
+                        defaulted.append(f"{spec.dim_text[axis]} (input {spec.name!r})")
+            shape = tuple(dims)
+        feeds[spec.name] = random_array(rng, spec.dtype, shape)
+    if defaulted:
+        notes(
+            f"symbolic dim(s) {', '.join(defaulted)} set to 1; choose sizes with --shape NAME:D1,D2,..."
+        )
+    return feeds
+
+
+def compile_model(loaded: Loaded, options: dict[str, Any]) -> tuple[Any, float]:
+    """The compiled model and the compile time in seconds."""
+    import geode
+
+    t0 = time.perf_counter()
+    model = geode.compile(loaded.graph, **options)
+    return model, time.perf_counter() - t0
+
+
+def _shape_str(a: np.ndarray) -> str:
+    return f"{a.dtype}[{', '.join(str(d) for d in a.shape)}]"
+
+
+def summarize(a: np.ndarray) -> str:
+    """``min .. max .. mean ..`` of an array (counts for booleans, notes NaN/Inf)."""
+    if a.size == 0:
+        return "(empty)"
+    if a.dtype == np.bool_:
+        return f"true {int(a.sum())}/{a.size}"
+    if a.dtype.kind not in "iufc":
+        return ""
+    if a.dtype.kind == "c":
+        a = np.abs(a)
+    extra = ""
+    if a.dtype.kind == "f":
+        bad = ~np.isfinite(a)
+        if bad.any():
+            extra = f"  non-finite {int(bad.sum())}"
+            a = a[~bad]
+            if a.size == 0:
+                return extra.strip()
+    x = a.astype(np.float64)
+    return f"min {x.min():.6g}  max {x.max():.6g}  mean {x.mean():.6g}{extra}"
+
+
+def describe_feeds(feeds: dict[str, np.ndarray]) -> str:
+    """``x float32[2, 64], ...``."""
+    return ", ".join(f"{k} {_shape_str(v)}" for k, v in feeds.items())
+
+
+def check_output_path(path: str, force: bool) -> Path:
+    """Where ``-o`` writes: an ``.npz`` file, not a directory, not overwritten unless ``force``."""
+    p = Path(path)
+    if p.suffix.lower() != ".npz":
+        raise CLIError(f"-o {path}: the output file must end in .npz")
+    if p.is_dir():
+        raise CLIError(f"-o {path}: is a directory")
+    if p.exists() and not force:
+        raise CLIError(f"-o {path}: file exists (use --force to overwrite)")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise CLIError(f"-o {path}: folder {str(parent)!r} does not exist")
+    return p
+
+
+def save_npz(path: Path, outputs: dict[str, np.ndarray], force: bool) -> None:
+    """Save outputs to ``path`` (never replacing a file unless ``force``)."""
+    try:
+        with (
+            open(path, "wb" if force else "xb") as f,
+            zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf,
+        ):
+            for name, arr in outputs.items():  # np.savez's layout, any output name
+                with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(arr), allow_pickle=False)
+    except FileExistsError:
+        raise CLIError(f"-o {path}: file exists (use --force to overwrite)") from None
+
+
+# -- subcommands ------------------------------------------------------------------------------
+def _prepare(args: argparse.Namespace) -> tuple[Loaded, Any, float, dict[str, np.ndarray]]:
+    """Parse the model arguments, compile, and make the inputs."""
+    shapes = parse_shapes(getattr(args, "shape", None) or [])
+    files = parse_input_files(getattr(args, "input", None) or [])
+    options = parse_options(args.option or [])
+    loaded = load_model(args.model)
+    model, compile_s = compile_model(loaded, options)
+    feeds = make_feeds(model.plan.inputs, shapes, files, np.random.default_rng(args.seed))
+    return loaded, model, compile_s, feeds
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Compile a model, run it once, print or save its outputs."""
+    out_path = check_output_path(args.output, args.force) if args.output else None
+    loaded, model, compile_s, feeds = _prepare(args)
+    t0 = time.perf_counter()
+    outputs = model.run(feeds)
+    run_s = time.perf_counter() - t0
+    native = sum(1 for k in model.kernels if k.engine == "aicore")
+    print(f"model {loaded.label}: {model.signature}")
+    print(f"inputs: {describe_feeds(feeds)}")
+    print(
+        f"compiled in {compile_s * 1e3:.1f} ms ({native} native kernels, {len(model.kernels)} steps); "
+        f"ran in {run_s * 1e3:.3f} ms"
+    )
+    print("outputs:")
+    width = max((len(k) for k in outputs), default=0)
+    for name, arr in outputs.items():
+        arr = np.asarray(arr)
+        print(f"  {name:<{width}}  {_shape_str(arr):<20}  {summarize(arr)}")
+    if out_path is not None:
+        save_npz(out_path, {k: np.asarray(v) for k, v in outputs.items()}, args.force)
+        print(f"saved {len(outputs)} output(s) to {out_path}")
+    return 0
+
+
+def _time_runs(
+    fn: Callable[[], Any], warmup: int, repeat: int, desc: str, setting: str
+) -> list[float]:
+    from geode.progress import progress_bar
+
+    times: list[float] = []
+    with progress_bar(warmup + repeat, desc, setting, unit="run") as bar:
+        for _ in range(warmup):
+            fn()
+            bar.update()
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            bar.update()
+    return times
+
+
+def _ort_session(loaded: Loaded) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(loaded.onnx_bytes(), so, providers=["CPUExecutionProvider"])
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Time a compiled model (and onnxruntime on the same inputs, when installed)."""
+    from geode import config
+
+    if args.warmup < 0 or args.repeat < 1:
+        raise CLIError("--warmup must be >= 0 and --repeat >= 1")
+    have_ort = importlib.util.find_spec("onnxruntime") is not None
+    if args.compare_ort and not have_ort:
+        raise CLIError("--compare-ort: onnxruntime is not installed (pip install onnxruntime)")
+    compare = have_ort if args.compare_ort is None else args.compare_ort
+    loaded, model, compile_s, feeds = _prepare(args)
+    setting = config.current(**parse_options(args.option or [])).progress
+    rows: list[tuple[str, list[float]]] = []
+    rows.append(
+        (
+            "geode",
+            _time_runs(
+                lambda: model.run(feeds), args.warmup, args.repeat, "geode: bench geode", setting
+            ),
+        )
+    )
+    ours = model.run(feeds)
+    theirs: dict[str, np.ndarray] | None = None
+    if compare:
+        try:
+            sess = _ort_session(loaded)
+            names = [o.name for o in sess.get_outputs()]
+            ort_feeds = {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}}
+            rows.append(
+                (
+                    "onnxruntime",
+                    _time_runs(
+                        lambda: sess.run(None, ort_feeds),
+                        args.warmup,
+                        args.repeat,
+                        "geode: bench onnxruntime",
+                        setting,
+                    ),
+                )
+            )
+            theirs = dict(zip(names, sess.run(None, ort_feeds)))
+        except GeodeError:
+            raise
+        except Exception as exc:  # onnxruntime rejects the model: report, keep geode's numbers
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if args.compare_ort:
+                raise CLIError(f"onnxruntime cannot run {loaded.label}: {first}") from None
+            note(f"onnxruntime cannot run this model, no comparison: {first}")
+    print(f"model {loaded.label}: {model.signature}")
+    print(f"inputs: {describe_feeds(feeds)}")
+    print(f"compile {compile_s * 1e3:.1f} ms; warm-up {args.warmup}, repeat {args.repeat}")
+    print(f"{'engine':<14}{'min ms':>12}{'median ms':>12}{'max ms':>12}")
+    med: dict[str, float] = {}
+    for name, ts in rows:
+        a = np.asarray(ts) * 1e3
+        med[name] = float(np.median(a))
+        print(f"{name:<14}{a.min():>12.4f}{med[name]:>12.4f}{a.max():>12.4f}")
+    if "onnxruntime" in med:
+        ratio = med["onnxruntime"] / med["geode"] if med["geode"] > 0 else float("inf")
+        verdict = "geode faster" if ratio > 1 else "onnxruntime faster" if ratio < 1 else "even"
+        print(f"onnxruntime / geode (median): {ratio:.2f}x ({verdict})")
+        if theirs is not None:
+            diffs = [
+                float(
+                    np.max(
+                        np.abs(np.asarray(ours[k], np.float64) - np.asarray(theirs[k], np.float64))
+                    )
+                )
+                for k in ours
+                if k in theirs and np.asarray(ours[k]).size and ours[k].dtype.kind in "iuf"
+            ]
+            if diffs:
+                print(f"max |geode - onnxruntime| over outputs: {max(diffs):.3g}")
+    elif not compare:
+        print("(no onnxruntime comparison: not installed or --no-compare-ort)")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Print how a model was compiled: partitions, fusion decisions, kernels and costs."""
+    loaded = load_model(args.model)
+    model, _ = compile_model(loaded, parse_options(args.option or []))
+    print(model.explain())
+    if args.dot:
+        Path(args.dot).write_text(model.to_dot())
+        print(f"wrote {args.dot}")
+    return 0
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    """Compile a model writing every stage into a dump dir, plus the graph picture."""
+    from geode.debug import safe_name
+    from geode.viz import have_dot, render_svg
+
+    d = Path(args.dir)
+    if d.exists() and not d.is_dir():
+        raise CLIError(f"-d {args.dir}: exists and is not a directory")
+    options = parse_options(args.option or [])
+    loaded = load_model(args.model)
+    options["dump_dir"] = str(d)
+    model, _ = compile_model(loaded, options)
+    out = d / safe_name(loaded.graph.name)
+    dot_path = out / "graph.dot"
+    if not dot_path.exists():
+        dot_path.write_text(model.to_dot())
+    if args.llvm:
+        numbered = [p for p in out.iterdir() if p.name[:2].isdigit()]
+        n = len(numbered)
+        for k in model.kernels:
+            if k.engine != "aicore":
+                continue
+            for kind, ext in (("llvm", "ll"), ("asm", "s")):
+                if any(p.name.endswith(f"_{k.name}_{kind}.{ext}") for p in numbered):
+                    continue  # written by the compile itself (debug level 4)
+                text = k.llvm if kind == "llvm" else k.asm
+                (out / f"{n:02d}_{safe_name(k.name)}_{kind}.{ext}").write_text(text)
+                n += 1
+    if have_dot():
+        render_svg(dot_path.read_text(), out / "graph.svg")
+    else:
+        note("Graphviz 'dot' is not installed: graph.svg not written (graph.dot is)")
+    print(f"model {loaded.label}: {model.signature}")
+    print(f"dumped to {out}:")
+    for p in sorted(out.iterdir()):
+        if p.is_file():
+            print(f"  {p.name}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Compile the built-in RMSNorm and LayerNorm graphs, check and time them against numpy."""
     import geode
@@ -33,7 +535,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     rng = np.random.default_rng(0)
     print(f"geode demo: batch {args.batch}, hidden {args.hidden}, float32")
-    print(f"{'model':<12}{'kernels':>8}{'compile ms':>12}{'max |err|':>12}{'geode ms':>10}{'numpy ms':>10}{'speedup':>9}")
+    print(
+        f"{'model':<12}{'kernels':>8}{'compile ms':>12}{'max |err|':>12}{'geode ms':>10}{'numpy ms':>10}{'speedup':>9}"
+    )
     for name in ("rmsnorm", "layernorm"):
         ex = getattr(examples, name)(hidden=args.hidden)
         t0 = time.perf_counter()
@@ -47,34 +551,218 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tn = _median_time(lambda: ex.numpy(**feeds), args.repeat)  # noqa: B023
         native = sum(1 for k in model.kernels if k.engine == "aicore")
         kern = f"{native}/{len(model.kernels)}"
-        print(f"{name:<12}{kern:>8}{compile_ms:>12.1f}{err:>12.2e}{tg * 1e3:>10.3f}{tn * 1e3:>10.3f}{tn / tg:>8.2f}x")
+        print(
+            f"{name:<12}{kern:>8}{compile_ms:>12.1f}{err:>12.2e}{tg * 1e3:>10.3f}{tn * 1e3:>10.3f}{tn / tg:>8.2f}x"
+        )
         if err > 1e-3:
-            print(f"error: {name} differs from numpy by {err}", file=sys.stderr)
+            print(f"geode: error: {name} differs from numpy by {err}", file=sys.stderr)
             return 1
     print("kernels column: native AI Core kernels / all steps")
     return 0
 
 
+# -- parser ------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: ``geode: error: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"geode: error: {message} (see '{self.prog} --help')\n")
+
+
+@dataclass
+class _Cmd:
+    name: str
+    func: Callable[[argparse.Namespace], int]
+    help: str
+    description: str
+    args: list[tuple[tuple[str, ...], dict[str, Any]]] = field(default_factory=list)
+
+
+_MODEL_HELP = "an .onnx file, or builtin:NAME for a built-in example graph (e.g. builtin:layernorm)"
+_SHAPE = (
+    ("--shape",),
+    dict(
+        action="append",
+        metavar="NAME:D1,D2,...",
+        help="shape of a random input (sets its symbolic dims; default 1), e.g. x:2,128",
+    ),
+)
+_INPUT = (
+    ("--input",),
+    dict(
+        action="append",
+        metavar="NAME=FILE.npy",
+        help="read an input from a .npy file (give one for every input)",
+    ),
+)
+_SEED = (("--seed",), dict(type=int, default=0, help="seed of the random inputs (default 0)"))
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
+    p.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a compile option of geode.config, e.g. fusion=0 or debug=2 (repeatable)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    p = argparse.ArgumentParser(prog="geode", description="geode: a fusion compiler for deep-learning graphs")
-    sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="compile and run the built-in RMSNorm and LayerNorm graphs")
-    d.add_argument("--batch", type=int, default=4096, help="rows of the input (default 4096)")
-    d.add_argument("--hidden", type=int, default=768, help="hidden size (default 768)")
-    d.add_argument("--repeat", type=int, default=20, help="timed repetitions (default 20)")
-    d.set_defaults(func=cmd_demo)
+    from geode import __version__
+
+    p = _Parser(
+        prog="geode",
+        description="geode: a fusion compiler for deep-learning graphs",
+        epilog="MODEL is an .onnx file or builtin:NAME. Environment: GEODE_DEBUG=1..4, "
+        "GEODE_DUMP_DIR=dir, GEODE_PROGRESS=auto|1|0, GEODE_CACHE_DIR (see geode/config.py).",
+    )
+    p.add_argument("--version", action="version", version=f"geode {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    r = sub.add_parser(
+        "run",
+        help="compile and run a model once; print or save its outputs",
+        description="Compile MODEL, run it once on the given inputs (random ones of the right "
+        "dtypes by default) and print each output's shape, dtype and min/max/mean.",
+    )
+    _common(r)
+    for flags, kw in (_INPUT, _SHAPE, _SEED):
+        r.add_argument(*flags, **kw)
+    r.add_argument("-o", "--output", metavar="OUT.npz", help="save the outputs to this .npz file")
+    r.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
+    r.set_defaults(func=cmd_run)
+
+    b = sub.add_parser(
+        "bench",
+        help="time a model: min/median/max latency (vs onnxruntime)",
+        description="Compile MODEL and time it: warm-up runs, then timed runs, reporting "
+        "min/median/max latency; side by side with onnxruntime when it is installed.",
+    )
+    _common(b)
+    for flags, kw in (_INPUT, _SHAPE, _SEED):
+        b.add_argument(*flags, **kw)
+    b.add_argument(
+        "--warmup", type=int, default=5, metavar="N", help="untimed warm-up runs (default 5)"
+    )
+    b.add_argument("--repeat", type=int, default=50, metavar="K", help="timed runs (default 50)")
+    b.add_argument(
+        "--compare-ort",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time onnxruntime on the same inputs (default: when it is installed)",
+    )
+    b.set_defaults(func=cmd_bench)
+
+    e = sub.add_parser(
+        "explain",
+        help="show partitions, fusion decisions and kernels",
+        description="Compile MODEL and print its engines and partitions, the fusion groups "
+        "with the reason for each decision, and the kernels with their ops and costs.",
+    )
+    _common(e)
+    e.add_argument(
+        "--dot", metavar="FILE.dot", help="also write the graph picture (Graphviz DOT) here"
+    )
+    e.set_defaults(func=cmd_explain)
+
+    d = sub.add_parser(
+        "dump",
+        help="write every compile stage to files (like GEODE_DUMP_DIR)",
+        description="Compile MODEL writing every stage under DIR/<model>/: graphs before and "
+        "after passes, placement, fusion plan, loop ASTs before and after scheduling, "
+        "schedule traces, kernel source, the final plan, graph.dot (and graph.svg when "
+        "Graphviz is installed).",
+    )
+    _common(d)
+    d.add_argument(
+        "-d", "--dir", required=True, metavar="DIR", help="the dump folder (created if needed)"
+    )
+    d.add_argument(
+        "--llvm", action="store_true", help="also write each kernel's LLVM IR and assembly"
+    )
+    d.set_defaults(func=cmd_dump)
+
+    m = sub.add_parser(
+        "demo",
+        help="compile and run the built-in RMSNorm and LayerNorm graphs",
+        description="Compile the README's RMSNorm and LayerNorm graphs, check them against "
+        "numpy and time both.",
+    )
+    m.add_argument("--batch", type=int, default=4096, help="rows of the input (default 4096)")
+    m.add_argument("--hidden", type=int, default=768, help="hidden size (default 768)")
+    m.add_argument("--repeat", type=int, default=20, help="timed repetitions (default 20)")
+    m.set_defaults(func=cmd_demo)
     return p
+
+
+# -- entry point --------------------------------------------------------------------------------
+class _CLIFormatter(logging.Formatter):
+    """``geode: warning: ...`` for warnings, ``[geode] ...`` for debug output."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            return f"geode: {record.levelname.lower()}: {msg}"
+        return f"[geode] {msg}"
+
+
+def _setup_output() -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_CLIFormatter())
+    logging.getLogger("geode").addHandler(handler)
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if category.__name__ == "CodegenWarning":
+            return  # the geode logger reports it already
+        print(f"geode: warning: {category.__name__}: {message}", file=sys.stderr)
+
+    warnings.showwarning = showwarning
+    return handler
+
+
+def _debug_level() -> int:
+    try:
+        return int(os.environ.get("GEODE_DEBUG", "0") or 0)
+    except ValueError:
+        return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``geode`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    saved_showwarning = warnings.showwarning
+    handler = _setup_output()
     try:
         return int(args.func(args))
     except GeodeError as exc:
-        print(f"geode: error: {exc}", file=sys.stderr)
+        print(f"geode: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `geode explain m.onnx | head`: stop quietly
+        with contextlib.suppress(OSError):  # keep the interpreter's final flush quiet
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0
+    except OSError as exc:
+        print(f"geode: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("geode: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug in geode: one line, the traceback on request
+        if _debug_level() > 0:
+            raise
+        print(
+            f"geode: internal error: {type(exc).__name__}: {_one_line(exc)} "
+            "(run with GEODE_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 3
+    finally:
+        logging.getLogger("geode").removeHandler(handler)
+        warnings.showwarning = saved_showwarning
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 2000 else text[:2000] + " ..."

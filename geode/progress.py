@@ -60,13 +60,19 @@ class _NullBar:
     def __enter__(self) -> _NullBar:
         return self
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
-def progress_bar(total: int | None, desc: str, setting: str | bool | int | None = "auto",
-                 unit: str = "it", delay: float = DEFAULT_DELAY) -> Any:
+def progress_bar(
+    total: int | None,
+    desc: str,
+    setting: str | bool | int | None = "auto",
+    unit: str = "it",
+    delay: float = DEFAULT_DELAY,
+) -> Any:
     """A tqdm bar on stderr when ``setting`` enables it, else a bar that does nothing.
 
     The result is a context manager with ``update(n)``, ``set_postfix_str(s)`` and
@@ -76,5 +82,12 @@ def progress_bar(total: int | None, desc: str, setting: str | bool | int | None 
         return _NullBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, delay=delay, leave=False,
-                file=sys.stderr, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        delay=delay,
+        leave=False,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )

@@ -29,16 +29,22 @@ class Session:
     _ids = itertools.count(1)
 
     def __init__(self, **options: Any):
-        self.options = config.current(**options)
+        config.current(**options)  # validate now
+        self._overrides = dict(options)
         self.id = next(Session._ids)
         self.var_manager: VarManager = VarManagerPool.instance().get(self.id)
         self._models = itertools.count()
+
+    @property
+    def options(self) -> config.Options:
+        """Effective options: defaults < GEODE_* environment < set_options() < this session's."""
+        return config.current(**self._overrides)
 
     def compile(self, graph: Graph, **options: Any) -> CompiledModel:
         """Compile a graph into a callable model (the graph itself is left unchanged)."""
         if not isinstance(graph, Graph):
             raise GraphError(f"compile() expects a geode.Graph, got {type(graph).__name__}")
-        opts = self.options.replace(**options) if options else self.options
+        opts = config.current(**{**self._overrides, **options})  # read at every compile
         t0 = time.perf_counter()
         dump = Dumper(graph.name, opts.debug, opts.dump_dir)
         g = graph.copy()

@@ -58,7 +58,12 @@ class Cluster:
 def clusters_from_plan(plan: FusionPlan) -> list[Cluster]:
     """One cluster per fusion group of a plan."""
     return [
-        Cluster(f"group_{g.id}", f"group {g.id} [{g.pattern_name()}]", [n.name for n in g.nodes], "aicore")
+        Cluster(
+            f"group_{g.id}",
+            f"group {g.id} [{g.pattern_name()}]",
+            [n.name for n in g.nodes],
+            "aicore",
+        )
         for g in plan.groups
     ]
 
@@ -85,7 +90,9 @@ def _desc(v: Value) -> str:
 def _const_label(v: Value) -> str:
     data = v.data
     if data is not None and getattr(data, "size", CONST_VALUES_SHOWN + 1) <= CONST_VALUES_SHOWN:
-        vals = ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in data.ravel().tolist())
+        vals = ", ".join(
+            f"{x:g}" if isinstance(x, float) else str(x) for x in data.ravel().tolist()
+        )
         return f"{v.name}\n{_desc(v)}\n= [{vals}]" if data.ndim else f"{v.name}\n= {vals}"
     return f"{v.name}\n{_desc(v)}"
 
@@ -132,8 +139,12 @@ def to_dot(
     val_ids: dict[int, str] = {}  # id(Value) of inputs/constants -> dot id
     for i, v in enumerate(graph.inputs):
         val_ids[id(v)] = f"in{i}"
-    consts = [v for v in graph.values.values() if v.kind in (ValueKind.CONSTANT, ValueKind.VARIABLE)]
-    used = {id(v) for n in graph.nodes for v in n.inputs if v is not None} | {id(v) for v in graph.outputs}
+    consts = [
+        v for v in graph.values.values() if v.kind in (ValueKind.CONSTANT, ValueKind.VARIABLE)
+    ]
+    used = {id(v) for n in graph.nodes for v in n.inputs if v is not None} | {
+        id(v) for v in graph.outputs
+    }
     if show_constants:
         for i, v in enumerate(c for c in consts if id(c) in used):
             val_ids[id(v)] = f"c{i}"
@@ -143,7 +154,7 @@ def to_dot(
         f"digraph {_q(name)} {{",
         f"  graph [label={_q(name)}, labelloc=t, fontname=Helvetica, rankdir=TB, compound=true];",
         "  node [fontname=Helvetica, fontsize=10];",
-        "  edge [fontname=Helvetica, fontsize=8, color=\"#555555\"];",
+        '  edge [fontname=Helvetica, fontsize=8, color="#555555"];',
     ]
 
     def op_stmt(n: Any) -> str:
@@ -161,8 +172,10 @@ def to_dot(
             tip += f" on {eng}"
         if n.name in reason:
             tip += f": {reason[n.name]}"
-        return (f"{ids[n.name]} [label={_q(label)}, shape=box, style={_q(','.join(styles))}, "
-                f"fillcolor={_q(color)}, tooltip={_q(tip)}];")
+        return (
+            f"{ids[n.name]} [label={_q(label)}, shape=box, style={_q(','.join(styles))}, "
+            f"fillcolor={_q(color)}, tooltip={_q(tip)}];"
+        )
 
     clustered: set[str] = set()
     known = set(ids)
@@ -173,7 +186,7 @@ def to_dot(
             continue
         clustered.update(members)
         lines.append(f"  subgraph cluster_{ci} {{")
-        lines.append(f"    label={_q(c.label)}; style=\"rounded\"; color=\"#3182bd\"; fontsize=10;")
+        lines.append(f'    label={_q(c.label)}; style="rounded"; color="#3182bd"; fontsize=10;')
         for m in members:
             lines.append("    " + op_stmt(by_name[m]))
         lines.append("  }")
@@ -182,16 +195,22 @@ def to_dot(
             lines.append("  " + op_stmt(n))
 
     for v in graph.inputs:
-        lines.append(f"  {val_ids[id(v)]} [label={_q(v.name + chr(10) + _desc(v))}, shape=ellipse, "
-                     f"style=filled, fillcolor={_q(INPUT_COLOR)}];")
+        lines.append(
+            f"  {val_ids[id(v)]} [label={_q(v.name + chr(10) + _desc(v))}, shape=ellipse, "
+            f"style=filled, fillcolor={_q(INPUT_COLOR)}];"
+        )
     for v in consts:
         if id(v) in val_ids:
             kind = "variable" if v.kind is ValueKind.VARIABLE else "constant"
-            lines.append(f"  {val_ids[id(v)]} [label={_q(_const_label(v))}, shape=note, style=filled, "
-                         f"fillcolor={_q(CONST_COLOR)}, fontsize=8, tooltip={_q(kind)}];")
+            lines.append(
+                f"  {val_ids[id(v)]} [label={_q(_const_label(v))}, shape=note, style=filled, "
+                f"fillcolor={_q(CONST_COLOR)}, fontsize=8, tooltip={_q(kind)}];"
+            )
     for i, v in enumerate(graph.outputs):
-        lines.append(f"  out{i} [label={_q(v.name + chr(10) + _desc(v))}, shape=ellipse, "
-                     f"peripheries=2, style=filled, fillcolor={_q(OUTPUT_COLOR)}];")
+        lines.append(
+            f"  out{i} [label={_q(v.name + chr(10) + _desc(v))}, shape=ellipse, "
+            f"peripheries=2, style=filled, fillcolor={_q(OUTPUT_COLOR)}];"
+        )
 
     def source(v: Value) -> str | None:
         if v.producer is not None and v.producer.name in ids:
@@ -210,16 +229,20 @@ def to_dot(
         if src is not None:
             lines.append(f"  {src} -> out{i};")
 
-    present = sorted({e for e in engine.values() if e} | ({"dead"} if kernels is not None and
-                                                          len(run_by) < len(ids) else set()))
+    present = sorted(
+        {e for e in engine.values() if e}
+        | ({"dead"} if kernels is not None and len(run_by) < len(ids) else set())
+    )
     if present:
         lines.append("  subgraph cluster_legend {")
-        lines.append("    label=\"engines\"; style=\"rounded,dashed\"; color=\"#999999\"; fontsize=9;")
+        lines.append('    label="engines"; style="rounded,dashed"; color="#999999"; fontsize=9;')
         prev = None
         for e in present:
             color = DEAD_COLOR if e == "dead" else ENGINE_COLORS.get(e, UNPLACED_COLOR)
             lid = f"legend_{e}"
-            lines.append(f"    {lid} [label={_q(e)}, shape=box, style=filled, fillcolor={_q(color)}, fontsize=9];")
+            lines.append(
+                f"    {lid} [label={_q(e)}, shape=box, style=filled, fillcolor={_q(color)}, fontsize=9];"
+            )
             if prev is not None:
                 lines.append(f"    {prev} -> {lid} [style=invis];")
             prev = lid
@@ -241,11 +264,18 @@ def render_svg(dot: str, path: str | os.PathLike[str], timeout: float = 60.0) ->
     """
     exe = shutil.which("dot")
     if exe is None:
-        raise GraphvizError("Graphviz 'dot' is not installed (e.g. apt install graphviz); no SVG written")
+        raise GraphvizError(
+            "Graphviz 'dot' is not installed (e.g. apt install graphviz); no SVG written"
+        )
     out = Path(path)
     try:
-        proc = subprocess.run([exe, "-Tsvg", "-o", str(out)], input=dot.encode(), capture_output=True,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(
+            [exe, "-Tsvg", "-o", str(out)],
+            input=dot.encode(),
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise GraphvizError(f"dot failed on {out}: {exc}") from None
     if proc.returncode != 0:

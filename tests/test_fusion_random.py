@@ -84,10 +84,11 @@ def build(steps, k):
                 out = ops.transpose(ops.transpose(ops.tanh(v), perm=[1, 0]), perm=[1, 0])
             else:
                 out = v[:, 1:] if k > 1 else v
-        anything.append(out)
+        if not (out.shape is not None and len(out.shape) == 1 and str(out.shape[0]) == "N"):
+            anything.append(out)  # an [N] vector does not broadcast against [N, K]
         if out.shape is not None and len(out.shape) == 2 and out.shape[1] == k and str(out.shape[0]) == "N":
             full.append(out)
-    outs = anything[3:][-3:] or [x * 1.0]
+    outs = (anything[3:] + [v for v in full[1:] if v not in anything])[-3:] or [x * 1.0]
     g.output(*outs, names=[f"y{i}" for i in range(len(outs))])
     return g
 

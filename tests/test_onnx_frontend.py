@@ -575,7 +575,7 @@ def test_opset_out_of_range():
     model.opset_import[0].version = SUPPORTED_OPSET_RANGE[0] - 1
     with pytest.raises(ModelLoadError, match="older"):
         import_model(model)
-    assert SUPPORTED_OPSET_RANGE == onnx_versions.SUPPORTED_OPSET_RANGE == (6, 22)
+    assert SUPPORTED_OPSET_RANGE == onnx_versions.SUPPORTED_OPSET_RANGE == (6, 28)
 
 
 def test_unknown_op_names_op_domain_and_opset():

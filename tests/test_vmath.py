@@ -25,7 +25,9 @@ NAMES = ["exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "sin", "cos"]
 DTYPES = {"float32": np.float32, "float64": np.float64}
 SUFFIX = {"float32": "f32", "float64": "f64"}
 
-#: ulp bounds asserted per (function, dtype); the measured maxima are ~0.3-0.5 ulp below.
+#: ulp bounds asserted per (function, dtype); the measured maxima are 0.3-0.9 ulp below
+#: (float32: exp 1.05, expm1 1.52, log 0.82, log1p 0.81, tanh 2.30, sigmoid 2.10, erf 1.01,
+#: sin/cos 0.66; float64: 0.98, 1.71, 0.83, 0.81, 2.35, 2.15, 0.95, 0.81).
 MAX_ULP = {
     "exp": (1.5, 1.5),
     "expm1": (2.0, 2.0),
@@ -53,15 +55,74 @@ RANGES = {
 
 #: points around range reductions, splits and thresholds (both signs are added)
 EDGES = {
-    "exp": [88.72283, 88.72284, 88.7228391, 709.78, 709.7827128933840, 87.33655, 103.972, 103.9721, 745.13, 745.1332191019412, 708.39, 0.34657359, 1e-30],
+    "exp": [
+        88.72283,
+        88.72284,
+        88.7228391,
+        709.78,
+        709.7827128933840,
+        87.33655,
+        103.972,
+        103.9721,
+        745.13,
+        745.1332191019412,
+        708.39,
+        0.34657359,
+        1e-30,
+    ],
     "expm1": [0.34657359, 17.3, 17.4, 37.4, 88.72283, 709.78, 1e-30, 1e-10],
-    "log": [1.0, 0.70710677, 0.7071068, 1.4142135, 1.4142137, 2.0**-126, 2.0**-149, 2.0**-1022, 5e-324, 3.4028235e38, 1.7976931348623157e308, 1.0000001, 0.99999994],
-    "log1p": [1e-30, 1e-8, -0.29289322, 0.41421357, -0.99999994, -0.9999999999999999, 3.4028235e38, 1.7976931348623157e308],
+    "log": [
+        1.0,
+        0.70710677,
+        0.7071068,
+        1.4142135,
+        1.4142137,
+        2.0**-126,
+        2.0**-149,
+        2.0**-1022,
+        5e-324,
+        3.4028235e38,
+        1.7976931348623157e308,
+        1.0000001,
+        0.99999994,
+    ],
+    "log1p": [
+        1e-30,
+        1e-8,
+        -0.29289322,
+        0.41421357,
+        -0.99999994,
+        -0.9999999999999999,
+        3.4028235e38,
+        1.7976931348623157e308,
+    ],
     "tanh": [1e-30, 1e-8, 0.55, 0.625, 9.0, 10.0, 19.0, 20.0],
     "sigmoid": [1e-30, 87.3, 88.8, 103.9, 104.0, 708.3, 745.0],
     "erf": [1e-30, 1e-8, 0.75, 0.875, 2.0, 3.92, 3.95, 4.0, 5.9, 6.0],
-    "sin": [np.pi / 4, np.pi / 2, np.pi, 3 * np.pi / 2, 2 * np.pi, 1e6, 1e22, 1.5e38, 2.0**-27, 1e-30],
-    "cos": [np.pi / 4, np.pi / 2, np.pi, 3 * np.pi / 2, 2 * np.pi, 1e6, 1e22, 1.5e38, 2.0**-27, 1e-30],
+    "sin": [
+        np.pi / 4,
+        np.pi / 2,
+        np.pi,
+        3 * np.pi / 2,
+        2 * np.pi,
+        1e6,
+        1e22,
+        1.5e38,
+        2.0**-27,
+        1e-30,
+    ],
+    "cos": [
+        np.pi / 4,
+        np.pi / 2,
+        np.pi,
+        3 * np.pi / 2,
+        2 * np.pi,
+        1e6,
+        1e22,
+        1.5e38,
+        2.0**-27,
+        1e-30,
+    ],
 }
 
 # expected results of special inputs: (x, y); y "nan" means NaN, floats compare exactly
@@ -70,11 +131,35 @@ INF, NAN = math.inf, math.nan
 SPECIALS = {
     "exp": [(NAN, NAN), (INF, INF), (-INF, 0.0), (0.0, 1.0), (1000.0, INF), (-1000.0, 0.0)],
     "expm1": [(NAN, NAN), (INF, INF), (-INF, -1.0), (0.0, 0.0), (1000.0, INF), (-1000.0, -1.0)],
-    "log": [(NAN, NAN), (INF, INF), (0.0, -INF), (-0.0, -INF), (-1.0, NAN), (-INF, NAN), (1.0, 0.0)],
+    "log": [
+        (NAN, NAN),
+        (INF, INF),
+        (0.0, -INF),
+        (-0.0, -INF),
+        (-1.0, NAN),
+        (-INF, NAN),
+        (1.0, 0.0),
+    ],
     "log1p": [(NAN, NAN), (INF, INF), (-1.0, -INF), (-2.0, NAN), (-INF, NAN), (0.0, 0.0)],
-    "tanh": [(NAN, NAN), (INF, 1.0), (-INF, -1.0), (50.0, 1.0), (-50.0, -1.0), (0.0, 0.0), (-0.0, -0.0)],
+    "tanh": [
+        (NAN, NAN),
+        (INF, 1.0),
+        (-INF, -1.0),
+        (50.0, 1.0),
+        (-50.0, -1.0),
+        (0.0, 0.0),
+        (-0.0, -0.0),
+    ],
     "sigmoid": [(NAN, NAN), (INF, 1.0), (-INF, 0.0), (0.0, 0.5), (1000.0, 1.0), (-1000.0, 0.0)],
-    "erf": [(NAN, NAN), (INF, 1.0), (-INF, -1.0), (10.0, 1.0), (-10.0, -1.0), (0.0, 0.0), (-0.0, -0.0)],
+    "erf": [
+        (NAN, NAN),
+        (INF, 1.0),
+        (-INF, -1.0),
+        (10.0, 1.0),
+        (-10.0, -1.0),
+        (0.0, 0.0),
+        (-0.0, -0.0),
+    ],
     "sin": [(NAN, NAN), (INF, NAN), (-INF, NAN), (0.0, 0.0), (-0.0, -0.0)],
     "cos": [(NAN, NAN), (INF, NAN), (-INF, NAN), (0.0, 1.0), (-0.0, 1.0)],
 }
@@ -87,8 +172,8 @@ _LONG = np.finfo(np.longdouble).nmant >= 63  # x86 80-bit extended: a good float
 # ---------------------------------------------------------------------------------
 
 
-def _loop_kernel(f: Callable) -> Callable:
-    @numba.njit
+def _loop_kernel(f: Callable, fastmath: bool | set[str] = False) -> Callable:
+    @numba.njit(fastmath=fastmath)
     def kernel(x, y):
         for i in range(x.size):
             y[i] = f(x[i])
@@ -97,14 +182,14 @@ def _loop_kernel(f: Callable) -> Callable:
 
 
 @pytest.fixture(scope="module")
-def kernels() -> Callable[[str, str], Callable]:
-    """Compiled ``kernel(x, y)`` per (name, dtype), compiled once for the module."""
-    cache: dict[tuple[str, str], Callable] = {}
+def kernels() -> Callable[..., Callable]:
+    """Compiled ``kernel(x, y)`` per (name, dtype, fastmath), compiled once for the module."""
+    cache: dict[tuple[str, str, bool], Callable] = {}
 
-    def get(name: str, dtype: str) -> Callable:
-        if (name, dtype) not in cache:
-            cache[name, dtype] = _loop_kernel(vmath.VMATH[name, dtype])
-        return cache[name, dtype]
+    def get(name: str, dtype: str, fastmath: bool = False) -> Callable:
+        if (name, dtype, fastmath) not in cache:
+            cache[name, dtype, fastmath] = _loop_kernel(vmath.VMATH[name, dtype], fastmath)
+        return cache[name, dtype, fastmath]
 
     return get
 
@@ -147,7 +232,16 @@ def _mp_ref(name: str, x: np.ndarray) -> np.ndarray:
 
 def _reference(name: str, x: np.ndarray) -> np.ndarray:
     """Reference values in a wider type than ``x``."""
-    np_fns = {"exp": np.exp, "expm1": np.expm1, "log": np.log, "log1p": np.log1p, "tanh": np.tanh, "sigmoid": _sigmoid, "sin": np.sin, "cos": np.cos}
+    np_fns = {
+        "exp": np.exp,
+        "expm1": np.expm1,
+        "log": np.log,
+        "log1p": np.log1p,
+        "tanh": np.tanh,
+        "sigmoid": _sigmoid,
+        "sin": np.sin,
+        "cos": np.cos,
+    }
     with np.errstate(all="ignore"):
         if x.dtype == np.float32:
             wide = x.astype(np.float64)
@@ -186,13 +280,22 @@ def _samples(name: str, dtype: str, n: int, seed: int) -> np.ndarray:
     range, log-uniform magnitudes, and the edge points with their neighbours."""
     dt = DTYPES[dtype]
     rng = np.random.default_rng(seed)
+    with np.errstate(all="ignore"):
+        return _samples_impl(name, dtype, n, rng, dt)
+
+
+def _samples_impl(name: str, dtype: str, n: int, rng: np.random.Generator, dt: type) -> np.ndarray:
     lo, hi = RANGES[name][dtype == "float64"]
     if dt == np.float32:
         bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
     else:
-        bits = rng.integers(0, 2**63, n, dtype=np.int64).view(np.float64) * rng.choice([-1.0, 1.0], n)
+        bits = rng.integers(0, 2**63, n, dtype=np.int64).view(np.float64) * rng.choice(
+            [-1.0, 1.0], n
+        )
     fi = np.finfo(dt)
-    logmag = np.exp(rng.uniform(np.log(float(fi.smallest_subnormal)) + 1, np.log(float(fi.max)) - 1, n // 4))
+    logmag = np.exp(
+        rng.uniform(np.log(float(fi.smallest_subnormal)) + 1, np.log(float(fi.max)) - 1, n // 4)
+    )
     edges = np.array(EDGES[name], dtype=dt)
     edges = np.concatenate([edges, -edges])
     near = [np.nextafter(edges, dt(np.inf)), np.nextafter(edges, dt(-np.inf))]
@@ -211,21 +314,24 @@ def _samples(name: str, dtype: str, n: int, seed: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fastmath", [False, True], ids=["ieee", "fastmath"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("name", NAMES)
-def test_accuracy(kernels, name: str, dtype: str) -> None:
+def test_accuracy(kernels, name: str, dtype: str, fastmath: bool) -> None:
+    """Max ulp error over the whole range; with ``fastmath=True`` in the calling kernel the
+    error-free steps are protected, so the bound only grows by one ulp (arcp, contraction)."""
     dt = DTYPES[dtype]
     slow_ref = dtype == "float64" and (name == "erf" or not _LONG)
-    n = 4000 if slow_ref else 300_000
+    n = 4000 if slow_ref else (300_000 if not fastmath else 100_000)
     x = _samples(name, dtype, n, seed=zlib.crc32(f"{name}/{dtype}".encode()))
-    y = _run(kernels(name, dtype), x)
+    y = _run(kernels(name, dtype, fastmath), x)
     assert y.dtype == dt
     err = ulp_error(y, _reference(name, x), dt)
     worst = int(np.argmax(err))
-    bound = MAX_ULP[name][dtype == "float64"]
+    bound = MAX_ULP[name][dtype == "float64"] + (1.0 if fastmath else 0.0)
     assert err[worst] <= bound, (
-        f"{name}_{SUFFIX[dtype]}: max error {err[worst]:.3f} ulp > {bound} at x={x[worst]!r}: "
-        f"got {y[worst]!r}, mean {err.mean():.3f} ulp over {x.size} points"
+        f"{name}_{SUFFIX[dtype]} (fastmath={fastmath}): max error {err[worst]:.3f} ulp > {bound} "
+        f"at x={x[worst]!r}: got {y[worst]!r}, mean {err.mean():.3f} ulp over {x.size} points"
     )
 
 
@@ -235,7 +341,9 @@ def test_erf_f64_dense_against_math(kernels) -> None:
     y = _run(kernels("erf", "float64"), x)
     ref = np.frompyfunc(math.erf, 1, 1)(x).astype(np.float64)
     err = ulp_error(y, ref, np.float64)
-    assert err.max() <= 3.0, f"erf_f64 vs math.erf: max {err.max():.3f} ulp at x={x[np.argmax(err)]!r}"
+    assert err.max() <= 3.0, (
+        f"erf_f64 vs math.erf: max {err.max():.3f} ulp at x={x[np.argmax(err)]!r}"
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -248,7 +356,9 @@ def test_subnormal_results(kernels, dtype: str) -> None:
         y = _run(kernels(name, dtype), x)
         assert np.all(y > 0), f"{name}_{SUFFIX[dtype]} flushed a subnormal result to 0"
         err = ulp_error(y, _reference(name, x), dt)
-        assert err.max() <= 1.0, f"{name}_{SUFFIX[dtype]} subnormal: {err.max():.3f} ulp at x={x[np.argmax(err)]!r}"
+        assert err.max() <= 1.0, (
+            f"{name}_{SUFFIX[dtype]} subnormal: {err.max():.3f} ulp at x={x[np.argmax(err)]!r}"
+        )
 
 
 # ---------------------------------------------------------------------------------
@@ -256,20 +366,24 @@ def test_subnormal_results(kernels, dtype: str) -> None:
 # ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fastmath", [False, True], ids=["ieee", "fastmath"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("name", NAMES)
-def test_special_values(kernels, name: str, dtype: str) -> None:
+def test_special_values(kernels, name: str, dtype: str, fastmath: bool) -> None:
+    """NaN/inf/zero inputs give the C99 results, also inside a ``fastmath=True`` kernel (the
+    NaN/inf tests are integer bit tests); the sign of zero is checked without fastmath."""
     dt = DTYPES[dtype]
     xs, expected = zip(*SPECIALS[name])
     x = np.array(xs, dtype=dt)
-    y = _run(kernels(name, dtype), x)
+    y = _run(kernels(name, dtype, fastmath), x)
     for xi, yi, ei in zip(x, y, expected):
+        what = f"{name}_{SUFFIX[dtype]}({xi!r}) with fastmath={fastmath} = {yi!r}, expected {ei!r}"
         if math.isnan(ei):
-            assert np.isnan(yi), f"{name}_{SUFFIX[dtype]}({xi!r}) = {yi!r}, expected nan"
+            assert np.isnan(yi), what
         else:
-            assert yi == ei and np.signbit(yi) == (math.copysign(1.0, ei) < 0), (
-                f"{name}_{SUFFIX[dtype]}({xi!r}) = {yi!r}, expected {ei!r}"
-            )
+            assert yi == ei, what
+            if not fastmath:
+                assert np.signbit(yi) == (math.copysign(1.0, ei) < 0), what
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -296,6 +410,14 @@ def test_scalar_call_keeps_dtype() -> None:
     assert abs(vmath.exp_f32(1.0) - math.e) <= 2.5e-7
     assert vmath.log_f64(math.e) == 1.0
     assert {sig.return_type for sig in vmath.exp_f32.nopython_signatures} == {numba.float32}
+
+
+def test_two_over_pi_digits() -> None:
+    """The embedded 2/pi bits used by the sin/cos range reduction are right."""
+    nbits = len(vmath._TWO_OVER_PI_HEX) * 4
+    with mpmath.workprec(nbits + 64):
+        expected = int(mpmath.floor(2 / mpmath.pi * mpmath.mpf(2) ** nbits))
+    assert int(vmath._TWO_OVER_PI_HEX, 16) == expected
 
 
 def test_vmath_table() -> None:
@@ -343,7 +465,9 @@ def test_libm_regex_sees_scalar_calls() -> None:
 def test_float32_loop_vectorizes(name: str) -> None:
     asm = _prange_asm(vmath.VMATH[name, "float32"], np.float32)
     packed = _PACKED_F32.findall(asm)
-    assert len(packed) >= 8, f"{name}_f32 prange loop has only {len(packed)} packed float32 ymm/zmm ops"
+    assert len(packed) >= 8, (
+        f"{name}_f32 prange loop has only {len(packed)} packed float32 ymm/zmm ops"
+    )
     assert re.search(r"vfn?madd\w*ps\s+[^\n]*%[yz]mm", asm), f"{name}_f32: no packed FMA"
     assert not _LIBM.search(asm), f"{name}_f32 loop calls libm: {_LIBM.search(asm).group(0)}"
     assert not re.search(r"\bv\w+pd\s+[^\n]*%[yz]mm", asm), f"{name}_f32 computes in float64"

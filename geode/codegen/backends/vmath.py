@@ -5,7 +5,7 @@ Why: the llvmlite wheels on PyPI ship without Intel SVML, so ``math.exp`` and fr
 numba loop become scalar libm calls and the loop never vectorizes (16M float32 ``exp`` in a
 ``prange`` loop: ~110-135 ms, against ~25-35 ms for a plain copy). Every function here is written
 in plain arithmetic with a few LLVM intrinsics (bit casts, ``llvm.rint``, ``llvm.fmuladd``,
-``llvm.copysign``), without any branch on the value (clamps and special cases are selects), so
+``llvm.copysign``, ``select``), without any branch on the value (clamps and special cases are selects), so
 LLVM's loop vectorizer turns a loop calling them into packed ymm/zmm FMA code.
 
 Use: the functions are ``numba.njit(inline="always")``; call them from any njit kernel::
@@ -26,13 +26,17 @@ Conventions shared by all functions:
   references over dense random samples of the whole range, see ``tests/test_vmath.py``).
 * Special values follow C99/numpy: NaN in -> NaN out, overflow -> inf, underflow -> 0 (results in
   the subnormal range are computed, not flushed), ``log(0) = -inf``, ``log(x<0) = NaN`` ...
-* Range reductions use ``llvm.rint`` and bit manipulations done inside intrinsics, so they are
-  not affected by the caller's fast-math flags. The special-value handling and the compensated
-  steps are written as ordinary float operations: they hold with ``fastmath=False`` or
-  ``fastmath={"contract"}`` (recommended: lets LLVM fuse the polynomial steps into FMAs, which
-  ``llvm.fmuladd`` already does). Under ``fastmath=True`` (``nnan``/``ninf``/``reassoc``) LLVM may
-  drop the NaN/inf selects and reassociate ``log1p``'s error term; finite results in the normal
-  range stay accurate.
+* ``fastmath``: the functions are accurate and keep their special values under any fastmath
+  setting of the calling kernel (``False``, ``{"contract"}``, ``True``; tested). numba's fast-math
+  pass flags every float instruction it finds; the steps whose exact order matters (two-sums,
+  two-products, the error term of ``1 + x``, exponent scaling) are emitted by intrinsics as
+  instructions it leaves alone, and the NaN/inf tests are integer bit tests, which ``nnan``/
+  ``ninf`` cannot fold away. ``{"contract"}`` is the recommended setting (the polynomials use
+  ``llvm.fmuladd``, fused on FMA hardware regardless). Under ``fastmath=True`` the sign of a
+  zero result is not guaranteed.
+* Loops calling these functions vectorize to ymm code by default; LLVM's tuning for AVX-512
+  CPUs prefers 256-bit vectors. Adding ``-prefer-256-bit`` to the host features
+  (``NUMBA_CPU_FEATURES``) gives zmm code, measured 1.5-2x faster on the compute-heavier functions.
 * Polynomial coefficients were fitted for this module with ``mpmath.chebyfit`` (near-minimax
   Chebyshev fits at 60 digits) on the reduced interval named in each docstring, then rounded to
   the working precision; the fit error quoted is the error of the real-valued fit.
@@ -78,7 +82,7 @@ _inline = numba.njit(inline="always")
 
 # ---------------------------------------------------------------------------------
 # intrinsics: the few operations plain numba arithmetic cannot express (or would widen
-# to int64), emitted as LLVM IR without fast-math flags.
+# to int64, or would let a fastmath=True caller rewrite), emitted directly as LLVM IR.
 # ---------------------------------------------------------------------------------
 
 
@@ -192,7 +196,9 @@ def _bit_test(name: str, doc: str, pred: Callable) -> Callable:
 
         def codegen(context, builder, sig, args):
             _, ity, mant, bias, _ = _float_ir(sig.args[0])
-            mag = builder.and_(builder.bitcast(args[0], ity), ir.Constant(ity, (1 << (ity.width - 1)) - 1))
+            mag = builder.and_(
+                builder.bitcast(args[0], ity), ir.Constant(ity, (1 << (ity.width - 1)) - 1)
+            )
             inf_bits = ir.Constant(ity, (2 * bias + 1) << mant)
             return pred(builder, mag, inf_bits)
 
@@ -206,8 +212,12 @@ def _bit_test(name: str, doc: str, pred: Callable) -> Callable:
 #: NaN / inf / finite tests on the bits (integer compares), so they survive the
 #: ``nnan``/``ninf`` flags of a ``fastmath=True`` caller that would fold ``x != x`` to False.
 _isnan = _bit_test("_isnan", "x is NaN (bit test).", lambda b, m, inf: b.icmp_unsigned(">", m, inf))
-_isinf = _bit_test("_isinf", "x is +-inf (bit test).", lambda b, m, inf: b.icmp_unsigned("==", m, inf))
-_isfinite = _bit_test("_isfinite", "x is finite (bit test).", lambda b, m, inf: b.icmp_unsigned("<", m, inf))
+_isinf = _bit_test(
+    "_isinf", "x is +-inf (bit test).", lambda b, m, inf: b.icmp_unsigned("==", m, inf)
+)
+_isfinite = _bit_test(
+    "_isfinite", "x is finite (bit test).", lambda b, m, inf: b.icmp_unsigned("<", m, inf)
+)
 
 
 @intrinsic
@@ -337,6 +347,7 @@ def _horner3(name: str, pieces: Sequence[Sequence[float]], dtype: type) -> Calla
 # coefficients (low degree first), fitted with mpmath.chebyfit; see each docstring
 # ---------------------------------------------------------------------------------
 
+# fmt: off
 # q(r) = (exp(r) - 1 - r) / r**2 on |r| <= ln2/2 (fit error 6.5e-8 resp. 1.4e-18)
 _EXPQ_F32 = (0.5, 0.16666576845993977, 0.04166655443768594, 0.008363202971575855, 0.0013926213466332444)
 _EXPQ_F64 = (0.5, 0.1666666666666667, 0.04166666666666667, 0.008333333333326112, 0.001388888888888373, 0.0001984126987490126, 2.4801587325605324e-05, 2.7557255297969643e-06, 2.755727357010214e-07, 2.5105259538448494e-08, 2.0914717341716378e-09)
@@ -358,6 +369,7 @@ _SIN_F32 = (-0.16666664656310706, 0.008332747104372895, -0.000195876390357926)
 _SIN_F64 = (-0.16666666666666666, 0.008333333333330936, -0.00019841269836740527, 2.7557316093196066e-06, -2.5051129895962807e-08, 1.5917988944318716e-10)
 _COS_F32 = (0.04166666465348729, -0.0013888301867270142, 2.4547689709382208e-05)
 _COS_F64 = (0.041666666666666664, -0.0013888888888887389, 2.48015872987544e-05, -2.7557317265876615e-07, 2.087614504910828e-09, -1.1382544623404291e-11)
+# fmt: on
 
 _expq_f32 = _horner("_expq_f32", _EXPQ_F32, np.float32)
 _expq_f64 = _horner("_expq_f64", _EXPQ_F64, np.float64)
@@ -455,7 +467,7 @@ def _exp_normal_f64(x):  # pragma: no cover - compiled
 
 @_inline
 def exp_f32(x: float) -> float:
-    """``exp(x)`` in float32, max error 1 ulp (measured ~1.0 ulp incl. subnormal results).
+    """``exp(x)`` in float32, max error 1.05 ulp measured (mean 0.13), subnormal results included.
 
     Method: clamp x to [-104, 89] (NaN passes; beyond the clamp the result is already 0 / inf),
     ``n = rint(x * log2(e))``, ``r = x - n*ln2`` with a two-constant Cody-Waite split
@@ -472,7 +484,7 @@ def exp_f32(x: float) -> float:
 
 @_inline
 def exp_f64(x: float) -> float:
-    """``exp(x)`` in float64, max error 1 ulp (measured ~0.9 ulp).
+    """``exp(x)`` in float64, max error 0.98 ulp measured (mean 0.12).
 
     Method as :func:`exp_f32`: clamp to [-746, 710], Cody-Waite ``ln2`` split (fdlibm's
     32-bit ``ln2_hi``), ``q`` of degree 10 (degree 12 overall, fit error 1.4e-18),
@@ -485,7 +497,7 @@ def exp_f64(x: float) -> float:
 
 @_inline
 def _expm1_core_f32(x):  # pragma: no cover - compiled
-    """expm1 for x in any range (NaN -> garbage-free NaN-or-value, caller selects)."""
+    """expm1 for any non-NaN x (clamped to [-18, 89]); callers handle NaN."""
     x = _select(x > _EXP_HI_F32, _EXP_HI_F32, x)
     x = _select(x < _EXPM1_LO_F32, _EXPM1_LO_F32, x)
     n, e = _exp_reduce_f32(x)
@@ -504,7 +516,7 @@ def _expm1_core_f64(x):  # pragma: no cover - compiled
 
 @_inline
 def expm1_f32(x: float) -> float:
-    """``exp(x) - 1`` in float32, accurate near 0 (max error ~1.5 ulp measured).
+    """``exp(x) - 1`` in float32, accurate near 0, max error 1.52 ulp measured.
 
     Method: clamp to [-18, 89] (expm1(-18) rounds to -1), same reduction as :func:`exp_f32`
     giving ``e = expm1(r)`` (exact when n = 0), then ``expm1(x) = 2**n e + (2**n - 1)``
@@ -518,7 +530,7 @@ def expm1_f32(x: float) -> float:
 
 @_inline
 def expm1_f64(x: float) -> float:
-    """``exp(x) - 1`` in float64 (max error ~1.5 ulp); method as :func:`expm1_f32`, clamp
+    """``exp(x) - 1`` in float64, max error 1.71 ulp measured; method as :func:`expm1_f32`, clamp
     [-40, 710], degree-12 polynomial."""
     x = np.float64(x)
     y = _expm1_core_f64(x)
@@ -566,7 +578,7 @@ def _log_core_f64(x, c):  # pragma: no cover - compiled
 
 @_inline
 def log_f32(x: float) -> float:
-    """Natural log in float32, max error ~1 ulp (subnormal inputs included).
+    """Natural log in float32, max error 0.82 ulp measured (subnormal inputs included).
 
     Method (fdlibm's scheme): ``x = m * 2**k`` with ``m`` in [sqrt(1/2), sqrt(2)) from the bits
     (subnormal x is first scaled by 2**25), ``f = m - 1``, ``s = f / (2 + f)``,
@@ -585,7 +597,7 @@ def log_f32(x: float) -> float:
 
 @_inline
 def log_f64(x: float) -> float:
-    """Natural log in float64, max error ~1 ulp; method as :func:`log_f32` with ``T`` of
+    """Natural log in float64, max error 0.83 ulp measured; method as :func:`log_f32` with ``T`` of
     degree 6 (fit error 3.1e-16 on T, ~1e-18 relative on the result), subnormals scaled by
     2**54."""
     x = np.float64(x)
@@ -598,7 +610,7 @@ def log_f64(x: float) -> float:
 
 @_inline
 def log1p_f32(x: float) -> float:
-    """``log(1 + x)`` in float32, accurate near 0 (max error ~1.5 ulp).
+    """``log(1 + x)`` in float32, accurate near 0, max error 0.81 ulp measured.
 
     Method: ``u = 1 + x`` rounded, its exact rounding error ``d`` (Fast2Sum, ordered by
     magnitude with a select), ``log1p(x) = log(u) + d/u`` with the log of :func:`log_f32`.
@@ -616,7 +628,7 @@ def log1p_f32(x: float) -> float:
 
 @_inline
 def log1p_f64(x: float) -> float:
-    """``log(1 + x)`` in float64 (max error ~1.5 ulp); method as :func:`log1p_f32`."""
+    """``log(1 + x)`` in float64, max error 0.81 ulp measured; method as :func:`log1p_f32`."""
     x = np.float64(x)
     u = _add(_ONE_F64, x)
     d = _select(abs(x) <= _ONE_F64, _sub(x, _sub(u, _ONE_F64)), _sub(_ONE_F64, _sub(u, x)))
@@ -636,7 +648,7 @@ _TANH_CLAMP_F32, _TANH_CLAMP_F64 = _F32(10.0), _F64(20.0)
 
 @_inline
 def tanh_f32(x: float) -> float:
-    """``tanh(x)`` in float32, max error ~2 ulp.
+    """``tanh(x)`` in float32, max error 2.3 ulp measured (relative 1.7e-7; mean 0.13 ulp).
 
     Method: ``a = min(|x|, 10)`` (tanh(10) rounds to 1), ``e = expm1(2a)`` (as in
     :func:`expm1_f32`), ``tanh = copysign(e / (e + 2), x)``; exact for tiny x
@@ -652,7 +664,8 @@ def tanh_f32(x: float) -> float:
 
 @_inline
 def tanh_f64(x: float) -> float:
-    """``tanh(x)`` in float64 (max error ~2 ulp); method as :func:`tanh_f32`, clamp at 20."""
+    """``tanh(x)`` in float64, max error 2.35 ulp measured; method as :func:`tanh_f32`, clamp at
+    20."""
     x = np.float64(x)
     a = abs(x)
     a = _select(a > _TANH_CLAMP_F64, _TANH_CLAMP_F64, a)
@@ -663,7 +676,7 @@ def tanh_f64(x: float) -> float:
 
 @_inline
 def sigmoid_f32(x: float) -> float:
-    """``1 / (1 + exp(-x))`` in float32, max error ~2 ulp, stable for any x.
+    """``1 / (1 + exp(-x))`` in float32, max error 2.1 ulp measured, stable for any x.
 
     Method: ``e = exp(-|x|)`` (never overflows), ``sigmoid = (x >= 0 ? 1 : e) / (1 + e)``, so
     large negative x gives the correctly scaled tiny (down to subnormal) result instead of
@@ -677,7 +690,8 @@ def sigmoid_f32(x: float) -> float:
 
 @_inline
 def sigmoid_f64(x: float) -> float:
-    """``1 / (1 + exp(-x))`` in float64 (max error ~2 ulp); method as :func:`sigmoid_f32`."""
+    """``1 / (1 + exp(-x))`` in float64, max error 2.15 ulp measured; method as
+    :func:`sigmoid_f32`."""
     x = np.float64(x)
     e = _exp_core_f64(-abs(x))
     y = _div(_select(x >= _ZERO_F64, _ONE_F64, e), _ONE_F64 + e)
@@ -696,7 +710,7 @@ _ERFB_S1_F64, _ERFB_S2_F64 = _F64(2.0), _F64(4.0)
 
 @_inline
 def erf_f32(x: float) -> float:
-    """``erf(x)`` in float32, max error ~2 ulp.
+    """``erf(x)`` in float32, max error 1.01 ulp measured.
 
     Method: two regions, both evaluated and one selected. ``|x| < 0.875``:
     ``erf = x + x P(x**2)``, ``P`` of degree 5 (fit of erf(x)/x - 1, error 9e-9).
@@ -714,7 +728,7 @@ def erf_f32(x: float) -> float:
 
 @_inline
 def erf_f64(x: float) -> float:
-    """``erf(x)`` in float64, max error ~2 ulp.
+    """``erf(x)`` in float64, max error 0.95 ulp measured (against mpmath).
 
     Method as :func:`erf_f32` with more pieces: ``|x| < 0.75``: ``x + x P(x**2)``, ``P`` of
     degree 10 (fit error 8e-19); ``|x| >= 0.75``: ``1 - exp(Q(z - c))`` with ``Q``
@@ -750,8 +764,8 @@ _TWO_OVER_PI_HEX = (
 def _payne_hanek_table(
     mant: int, bias: int, chunk_bits: Sequence[int], scale_row: int = 1 << 30, scale_exp: int = 0
 ) -> np.ndarray:
-    """Per biased exponent ``eb`` of the input (rows), the bits of 2/pi that matter for
-    ``x * 2/pi mod 4``, split into float64 pieces (columns).
+    """For each biased exponent ``eb`` of the input, the bits of 2/pi that matter for
+    ``x * 2/pi mod 4``, split into float64 pieces: shape ``(pieces, 2*bias + 2)``.
 
     ``x = M * 2**q`` with integer ``M < 2**(mant+1)`` and ``q = max(eb, 1) - bias - mant``.
     Bits of 2/pi of weight ``>= 2**(2-q)`` only add multiples of 4 to ``x * 2/pi``; the rest
@@ -768,7 +782,9 @@ def _payne_hanek_table(
         rest = g % (1 << (nbits + 2 - q)) if 2 - q < 0 else g
         for j, cb in enumerate((*chunk_bits, 53)):  # the last piece: 53 bits, truncated
             sh = max(rest.bit_length() - cb, 0)
-            table[j, eb] = math.ldexp(rest >> sh, sh - nbits + (scale_exp if eb >= scale_row else 0))
+            table[j, eb] = math.ldexp(
+                rest >> sh, sh - nbits + (scale_exp if eb >= scale_row else 0)
+            )
             rest -= (rest >> sh) << sh
     return table
 
@@ -803,7 +819,7 @@ def _sincos_f32(x, shift):  # pragma: no cover - compiled
 
 @_inline
 def sin_f32(x: float) -> float:
-    """``sin(x)`` in float32 over the whole float32 range, max error ~0.6 ulp.
+    """``sin(x)`` in float32 over the whole float32 range, max error 0.66 ulp measured.
 
     Method: exact Payne-Hanek style reduction in float64: with ``x = M * 2**q`` only the bits of
     2/pi of weight ``< 2**(2-q)`` matter; a 256-row table (indexed by the exponent field, a
@@ -822,7 +838,7 @@ def sin_f32(x: float) -> float:
 
 @_inline
 def cos_f32(x: float) -> float:
-    """``cos(x)`` in float32 over the whole float32 range, max error ~0.6 ulp; method as
+    """``cos(x)`` in float32 over the whole float32 range, max error 0.66 ulp measured; method as
     :func:`sin_f32` (``cos(x) = sin(x + pi/2)`` by shifting the quadrant). cos(+-inf) = NaN."""
     x = np.float32(x)
     v = _sincos_f32(x, _ONE_F64)
@@ -877,7 +893,7 @@ def _sincos_f64(x, shift):  # pragma: no cover - compiled
 
 @_inline
 def sin_f64(x: float) -> float:
-    """``sin(x)`` in float64 over the whole float64 range, max error ~1 ulp.
+    """``sin(x)`` in float64 over the whole float64 range, max error 0.80 ulp measured.
 
     Method as :func:`sin_f32`, in double-double where needed: a 2048-row table of 2/pi bits
     (three 53-bit pieces per input exponent, gathered; rows for |x| >= 2**512 are scaled by
@@ -896,7 +912,7 @@ def sin_f64(x: float) -> float:
 
 @_inline
 def cos_f64(x: float) -> float:
-    """``cos(x)`` in float64 over the whole range, max error ~1 ulp; method as
+    """``cos(x)`` in float64 over the whole range, max error 0.81 ulp measured; method as
     :func:`sin_f64` (quadrant shifted by one). cos(+-inf) = NaN."""
     x = np.float64(x)
     v = _sincos_f64(x, _ONE_F64)

@@ -50,7 +50,7 @@ from geode.compiler.ir import Graph, Value
 from geode.errors import ModelLoadError
 
 #: ONNX default-domain opsets the importer honours (inclusive).
-SUPPORTED_OPSET_RANGE: tuple[int, int] = (6, 22)
+SUPPORTED_OPSET_RANGE: tuple[int, int] = (6, 28)
 
 #: geode's own opset: the form every op is registered in.
 TARGET_OPSET = 21

@@ -21,6 +21,7 @@ from geode.compiler.fusion.rules import check_merge, rule_name
 from geode.compiler.ir import Graph, Node
 from geode.compiler.partition.placement import Placement
 from geode.compiler.shapes import Dim
+from geode.errors import GraphError
 
 #: ``profit(a, b, merged, graph) -> (take, reason)``
 ProfitFn = Callable[[Group, Group, Group, Graph], tuple[bool, str]]
@@ -40,6 +41,11 @@ class _State:
         self.of: dict[str, int] = {}
         self.decisions: list[Decision] = []
         self.refused: set[tuple[frozenset[str], frozenset[str]]] = set()
+
+    def unit_of(self, node: Node) -> list[Node]:
+        """The members of the group a node belongs to (or the node alone)."""
+        gid = self.of.get(node.name)
+        return self.groups[gid].nodes if gid is not None else [node]
 
     def add(self, g: Group) -> None:
         self.groups[g.id] = g
@@ -61,7 +67,7 @@ def _try(st: _State, a: Group, b: Group, vertical: bool, profit: ProfitFn) -> bo
     if key in st.refused:
         return False
     rule = rule_name(a, b, vertical)
-    dom, reason = check_merge(a, b)
+    dom, reason = check_merge(a, b, st.unit_of)
     if dom is None:
         st.decisions.append(Decision(a.id, b.id, rule, False, f"illegal: {reason}"))
         st.refused.add(key)
@@ -196,5 +202,5 @@ def schedule_units(graph: Graph, plan: FusionPlan) -> list[Group | Node]:
             if not deps[w]:
                 heapq.heappush(ready, (first(w), w))
     if len(order) != len(units):
-        raise AssertionError("fusion plan has a cycle between units")  # rules forbid this
+        raise GraphError("fusion plan has a cycle between units (a bug in the fusion rules)")
     return order

@@ -16,6 +16,7 @@ Rules, after CINN's Trivial/Reduce fusion:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import (
@@ -108,28 +109,37 @@ def _remap_reason(nodes: list[Node]) -> str | None:
     return None
 
 
-def creates_cycle(a: Group, b: Group) -> bool:
-    """True if some path leaves one group and re-enters the other through outside nodes."""
+def creates_cycle(a: Group, b: Group, unit_of: Callable[[Node], list[Node]] | None = None) -> bool:
+    """True if some path leaves one group and re-enters the other through outside units.
+
+    Other groups run as single units: reaching any member of a group means every
+    output of that group depends on it, so the search continues from all of the
+    group's members (``unit_of(node)`` gives them; a lone node is its own unit).
+    """
     inside = a.names | b.names
+    members = unit_of or (lambda n: [n])
     for src, dst in ((a, b), (b, a)):
         targets = dst.names
         queue: deque[Node] = deque()
         seen: set[str] = set()
+
+        def visit(n: Node) -> None:
+            for m in members(n):
+                if m.name not in inside and m.name not in seen:
+                    seen.add(m.name)
+                    queue.append(m)
+
         for n in src.nodes:
             for o in n.outputs:
                 for c in o.consumers:
-                    if c.name not in inside and c.name not in seen:
-                        seen.add(c.name)
-                        queue.append(c)
+                    visit(c)
         while queue:
             n = queue.popleft()
             for o in n.outputs:
                 for c in o.consumers:
                     if c.name in targets:
                         return True
-                    if c.name not in inside and c.name not in seen:
-                        seen.add(c.name)
-                        queue.append(c)
+                    visit(c)
     return False
 
 
@@ -147,8 +157,11 @@ def _domain_candidates(a: Group, b: Group) -> list[tuple[tuple[Dim, ...], frozen
     return cands if cands else dom  # type: ignore[return-value]
 
 
-def check_merge(a: Group, b: Group) -> tuple[tuple[tuple[Dim, ...], frozenset[int]] | None, str]:
-    """(merged domain, reason) when legal, (None, reason) when not."""
+def check_merge(
+    a: Group, b: Group, unit_of: Callable[[Node], list[Node]] | None = None
+) -> tuple[tuple[tuple[Dim, ...], frozenset[int]] | None, str]:
+    """(merged domain, reason) when legal, (None, reason) when not; ``unit_of`` maps a
+    node to the members of the unit (group) it runs in, for the cycle check."""
     cands = _domain_candidates(a, b)
     if isinstance(cands, str):
         return None, cands
@@ -164,7 +177,7 @@ def check_merge(a: Group, b: Group) -> tuple[tuple[tuple[Dim, ...], frozenset[in
         remap = _remap_reason(nodes)
         if remap:
             return None, remap
-        if creates_cycle(a, b):
+        if creates_cycle(a, b, unit_of):
             return None, "merging would create a cycle through nodes outside both groups"
         reason = f"domain {shape_str(domain)}" + (f" reduce axes {sorted(axes)}" if axes else "")
         if inline_only:

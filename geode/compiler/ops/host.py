@@ -238,6 +238,9 @@ def _range_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
     n = range_length(start, limit, delta)
     if np.issubdtype(dtype, np.integer):
         out = np.arange(int(start), int(limit), int(delta), dtype=np.int64)
+    elif dtype == np.float16:  # opset 27: float16 accumulates in stash_type (float or double)
+        stash = np.float64 if int(attrs.get("stash_type", 1)) == 11 else np.float32
+        out = np.arange(stash(start).item(), float(limit), float(delta), dtype=stash)
     else:  # in double, like numpy.arange (and onnxruntime's double-precision count)
         out = np.arange(float(start), float(limit), float(delta), dtype=np.float64)
     if out.shape[0] != n:  # pragma: no cover - numpy and range_length use one formula
@@ -252,6 +255,7 @@ register(
         inputs=[In("start", "T"), In("limit", "T"), In("delta", "T")],
         outputs=[Out("output", "T")],
         types={"T": RANGE_TYPES},
+        attrs=[Attr("stash_type", "int", 1)],
         infer=_range_infer,
         kernel=_range_kernel,
         value_inputs=(0, 1, 2),

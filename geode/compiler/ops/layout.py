@@ -1159,7 +1159,13 @@ def _s2d(ins: list, attrs: dict) -> list[np.ndarray]:
     x = np.asarray(ins[0])
     b = int(attrs["blocksize"])
     n, c, h, w = x.shape
-    t = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+    mode = attrs.get("mode", "DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    t = x.reshape(n, c, h // b, b, w // b, b)
+    if mode == "DCR":  # output channel = (row offset * b + column offset) * C + c
+        t = t.transpose(0, 3, 5, 1, 2, 4)
+    else:  # CRD (opset 28): output channel = c * b * b + row offset * b + column offset
+        t = t.transpose(0, 1, 3, 5, 2, 4)
     return [t.reshape(n, c * b * b, h // b, w // b).copy()]
 
 
@@ -1170,7 +1176,7 @@ register(
         inputs=[In("input", "T")],
         outputs=[Out("output", "T")],
         types={"T": _ALL},
-        attrs=[Attr("blocksize", "int", REQUIRED)],
+        attrs=[Attr("blocksize", "int", REQUIRED), Attr("mode", "string", "DCR")],
         verify=_verify_blocks,
         infer=_infer_s2d,
         kernel=_s2d,

@@ -1,0 +1,396 @@
+"""The ``geode`` command as a user runs it: ``python -m geode ...`` in a subprocess.
+
+Every subprocess shares one kernel cache (``GEODE_CACHE_DIR`` in the session's tmp
+dir), so a kernel compiled by one command is loaded from disk by the next.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import geode
+from geode import cli, ops
+from geode.compiler.frontend.onnx_export import to_onnx
+
+REPO = Path(__file__).resolve().parents[1]
+HAVE_ORT = importlib.util.find_spec("onnxruntime") is not None
+SUBCOMMANDS = ("run", "bench", "explain", "dump", "demo")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One kernel cache for every test of the session (shared with test_debug/test_viz)."""
+    d = tmp_path_factory.getbasetemp() / "geode_cache"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session")
+def env(cache_dir: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GEODE_")}
+    e.update(GEODE_CACHE_DIR=str(cache_dir), GEODE_PROGRESS="0", PYTHONPATH=str(REPO))
+    return e
+
+
+def geode_cmd(
+    env: dict[str, str], *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python -m geode args`` the way a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "geode", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+        check=False,
+    )
+
+
+def small_graph() -> geode.Graph:
+    """Two outputs from one symbolic-batch input: relu(2x + 1) and its row sums."""
+    g = geode.Graph("small")
+    x = g.input("x", ["N", 16])
+    y = ops.relu(x * 2.0 + 1.0)
+    g.output(y, ops.reduce_sum(y, axes=[-1], keepdims=0), names=["y", "s"])
+    return g
+
+
+def small_numpy(x: np.ndarray) -> dict[str, np.ndarray]:
+    y = np.maximum(x * 2 + 1, 0)
+    return {"y": y, "s": y.sum(-1)}
+
+
+@pytest.fixture(scope="session")
+def onnx_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "small.onnx"
+    onnx.save(to_onnx(small_graph()), str(path))
+    return path
+
+
+@pytest.fixture
+def in_process(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process ``cli.main`` calls use the shared cache and draw no progress bars."""
+    monkeypatch.setenv("GEODE_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("GEODE_PROGRESS", "0")
+
+
+def one_error_line(res: subprocess.CompletedProcess) -> str:
+    """The single ``geode: error:`` line of a failed command (and no traceback)."""
+    assert res.returncode != 0, res.stdout
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("geode: error: "), res.stderr
+    assert "Traceback" not in res.stderr
+    return lines[0]
+
+
+# -- run ----------------------------------------------------------------------------------------
+def test_run_onnx_file_with_inputs_and_output_file(env, onnx_file, tmp_path):
+    x = np.random.default_rng(3).standard_normal((5, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out.npz"
+    res = geode_cmd(
+        env, "run", str(onnx_file), "--input", f"x={tmp_path / 'x.npy'}", "-o", str(out)
+    )
+    assert res.returncode == 0, res.stderr
+    assert "(x: float32[N, 16]) -> (y, s)" in res.stdout
+    assert "inputs: x float32[5, 16]" in res.stdout
+    assert re.search(
+        r"^\s+y\s+float32\[5, 16\]\s+min \S+\s+max \S+\s+mean \S+", res.stdout, re.M
+    ), res.stdout
+    assert re.search(r"^\s+s\s+float32\[5\]\s+min ", res.stdout, re.M), res.stdout
+    assert f"saved 2 output(s) to {out}" in res.stdout
+    want = small_numpy(x)
+    with np.load(out) as got:
+        assert sorted(got.files) == ["s", "y"]
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+    m = re.search(r"y\s+float32\[5, 16\]\s+min (\S+)\s+max (\S+)\s+mean (\S+)", res.stdout)
+    assert m is not None
+    lo, hi, mean = map(float, m.groups())
+    assert lo == pytest.approx(want["y"].min(), abs=1e-4)
+    assert hi == pytest.approx(want["y"].max(), rel=1e-4)
+    assert mean == pytest.approx(want["y"].mean(), rel=1e-3, abs=1e-4)
+
+
+def test_run_builtin_random_inputs_default_dims_to_one(env):
+    res = geode_cmd(env, "run", "builtin:layernorm")
+    assert res.returncode == 0, res.stderr
+    assert "model builtin:layernorm: (x: float32[N, 768]) -> (y)" in res.stdout
+    assert "inputs: x float32[1, 768]" in res.stdout
+    assert re.search(r"^\s+y\s+float32\[1, 768\]\s+min ", res.stdout, re.M), res.stdout
+    assert "note: symbolic dim(s) N (input 'x') set to 1" in res.stderr
+
+
+def test_run_shape_sets_symbolic_dims(onnx_file, capsys, in_process):
+    assert cli.main(["run", str(onnx_file), "--shape", "x:3,16"]) == 0
+    out = capsys.readouterr()
+    assert "inputs: x float32[3, 16]" in out.out
+    assert re.search(r"^\s+s\s+float32\[3\]", out.out, re.M), out.out
+    assert "note:" not in out.err
+
+
+# -- errors: one line, non-zero exit --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run", "no/such/model.onnx"], "no/such/model.onnx: no such file"),
+        (["run", "builtin:layernorm", "--shape", "x=2,768"], "bad --shape 'x=2,768'"),
+        (["run", "builtin:layernorm", "--input", "x.npy"], "bad --input 'x.npy'"),
+    ],
+    ids=["missing-file", "shape-syntax", "input-syntax"],
+)
+def test_errors_are_one_line(env, args, expected):
+    line = one_error_line(geode_cmd(env, *args))
+    assert expected in line
+
+
+def test_existing_output_file_is_not_overwritten(env, tmp_path):
+    out = tmp_path / "out.npz"
+    out.write_bytes(b"keep me")
+    line = one_error_line(geode_cmd(env, "run", "builtin:layernorm", "-o", str(out)))
+    assert "file exists (use --force to overwrite)" in line
+    assert out.read_bytes() == b"keep me"
+
+
+def test_errors_in_process(tmp_path, capsys, onnx_file, in_process):
+    """More user errors, through ``cli.main`` (the same code the command runs)."""
+    cases = [
+        (["run", str(tmp_path)], "is a directory, expected an .onnx file"),
+        (["run", "builtin:layernorm", "--shape", "x:2,big"], "dims must be integers"),
+        (["run", "builtin:layernorm", "--shape", "x:2,-1"], "dims must be >= 0"),
+        (
+            ["run", "builtin:layernorm", "--input", f"x={tmp_path}"],
+            "is a directory, expected a .npy file",
+        ),
+        (
+            ["run", "builtin:layernorm", "--input", f"x={onnx_file}", "--input", f"x={onnx_file}"],
+            "--input given twice",
+        ),
+        (["run", "builtin:nope"], "unknown built-in model 'nope'; choose one of: rmsnorm"),
+        (["run", "layernorm"], "write builtin:layernorm"),
+        (["run", "builtin:layernorm", "-o", str(tmp_path)], "must end in .npz"),
+        (["run", "builtin:layernorm", "-o", str(tmp_path / "nodir" / "x.npz")], "does not exist"),
+        (["run", "builtin:layernorm", "-o", str(tmp_path / "d.npz")], "is a directory"),
+        (
+            ["run", "builtin:layernorm", "--input", f"x={tmp_path / 'missing.npy'}"],
+            "missing.npy: no such file",
+        ),
+        (["run", "builtin:layernorm", "--option", "fusion"], "bad --option 'fusion'"),
+        (["bench", "builtin:layernorm", "--repeat", "0"], "--repeat >= 1"),
+        (["dump", "builtin:layernorm", "-d", str(onnx_file)], "is not a directory"),
+    ]
+    (tmp_path / "d.npz").mkdir()
+    for argv, expected in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("geode: error: "), (argv, err)
+        assert expected in err[0], (argv, err)
+    for argv, expected in [
+        (["bench"], "the following arguments are required: MODEL"),
+        (["run", "builtin:layernorm", "--repeat", "3"], "unrecognized arguments: --repeat 3"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ]:  # argparse's own errors: one line too
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("geode: error: "), (argv, err)
+        assert expected in err[0], (argv, err)
+
+
+def test_missing_and_unknown_inputs(tmp_path, capsys, in_process):
+    """--input for some inputs only, or for a name the model lacks: one-line errors."""
+    g = geode.Graph("two")
+    a, b = g.input("a", ["N", 4]), g.input("b", ["N", 4])
+    g.output(a + b, names=["c"])
+    path = tmp_path / "two.onnx"
+    onnx.save(to_onnx(g), str(path))
+    np.save(tmp_path / "a.npy", np.ones((2, 4), np.float32))
+    for argv, expected in [
+        (["run", str(path), "--input", f"a={tmp_path / 'a.npy'}"], "missing input(s) b"),
+        (
+            ["run", str(path), "--shape", "q:2,4"],
+            "--shape names unknown input 'q'; the model's inputs are: a, b",
+        ),
+        (
+            [
+                "run",
+                str(path),
+                "--input",
+                f"a={tmp_path / 'a.npy'}",
+                "--input",
+                f"b={tmp_path / 'a.npy'}",
+                "--shape",
+                "a:3,4",
+            ],
+            None,
+        ),
+    ]:
+        code = cli.main(argv)
+        out = capsys.readouterr()
+        if expected is None:  # both files given: runs, symbol N bound by the files
+            assert code == 0, out.err
+            assert "inputs: a float32[2, 4], b float32[2, 4]" in out.out
+            continue
+        assert code == 2, argv
+        assert out.err.startswith("geode: error: ") and expected in out.err, out.err
+
+
+def test_every_subcommand_has_help(capsys):
+    for sub in SUBCOMMANDS:
+        with pytest.raises(SystemExit) as exc:
+            cli.main([sub, "--help"])
+        assert exc.value.code == 0
+        text = capsys.readouterr().out
+        assert text.startswith(f"usage: geode {sub}"), text
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    top = capsys.readouterr().out
+    for sub in SUBCOMMANDS:
+        assert sub in top
+
+
+# -- bench / explain / dump / demo ------------------------------------------------------------------
+def test_bench_onnx_file(env, onnx_file):
+    res = geode_cmd(
+        env, "bench", str(onnx_file), "--shape", "x:8,16", "--warmup", "1", "--repeat", "5"
+    )
+    assert res.returncode == 0, res.stderr
+    assert "warm-up 1, repeat 5" in res.stdout
+    assert re.search(r"^engine\s+min ms\s+median ms\s+max ms$", res.stdout, re.M), res.stdout
+    row = re.search(r"^geode\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", res.stdout, re.M)
+    assert row is not None, res.stdout
+    lo, med, hi = map(float, row.groups())
+    assert lo <= med <= hi
+    if HAVE_ORT:  # auto: compared when onnxruntime is installed
+        assert re.search(r"^onnxruntime\s+[\d.]+\s+[\d.]+\s+[\d.]+$", res.stdout, re.M), res.stdout
+        assert re.search(
+            r"onnxruntime / geode \(median\): [\d.]+x \((?:geode faster|onnxruntime faster|even)\)",
+            res.stdout,
+        )
+        diff = re.search(r"max \|geode - onnxruntime\| over outputs: (\S+)", res.stdout)
+        assert diff is not None and float(diff.group(1)) < 1e-4
+    else:
+        assert "no onnxruntime comparison" in res.stdout
+
+
+def test_bench_builtin_without_ort(capsys, in_process):
+    assert (
+        cli.main(
+            ["bench", "builtin:layernorm", "--repeat", "3", "--warmup", "0", "--no-compare-ort"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert re.search(r"^geode\s+[\d.]+", out, re.M), out
+    assert not re.search(r"^onnxruntime\s", out, re.M)
+    assert "no onnxruntime comparison" in out
+
+
+def test_explain_onnx_file(env, onnx_file, tmp_path):
+    dot = tmp_path / "small.dot"
+    res = geode_cmd(env, "explain", str(onnx_file), "--dot", str(dot))
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    for part in (
+        "model small",
+        "partitions:",
+        "partition 0 [known-shape]",
+        "fusion plan:",
+        "fusion groups",
+        "kernels (",
+        "[aicore]",
+        "Relu",
+        "ReduceSum",
+        "sol_us=",
+    ):
+        assert part in text, (part, text)
+    assert re.search(r"merge group \d+ -> group \d+ \(\w\+\w\): .*saves", text), text
+    assert dot.read_text().startswith('digraph "small" {')
+
+
+def test_dump_layernorm(env, tmp_path):
+    res = geode_cmd(env, "dump", "builtin:layernorm", "-d", str(tmp_path / "dump"), "--llvm")
+    assert res.returncode == 0, res.stderr
+    d = tmp_path / "dump" / "layernorm"
+    assert f"dumped to {d}" in res.stdout
+    names = sorted(p.name for p in d.iterdir())
+    for pattern in (
+        r"\d+_input_graph\.txt",
+        r"\d+_after_\w+\.txt",
+        r"\d+_passes\.txt",
+        r"\d+_placement\.txt",
+        r"\d+_fusion_plan\.txt",
+        r"\d+_fused_\d+_ast_lowered\.txt",
+        r"\d+_fused_\d+_ast_scheduled\.txt",
+        r"\d+_fused_\d+_trace\.txt",
+        r"\d+_fused_\d+_source\.py",
+        r"\d+_final_graph\.txt",
+        r"\d+_plan\.txt",
+        r"\d+_fused_\d+_llvm\.ll",
+        r"\d+_fused_\d+_asm\.s",
+        r"graph\.dot",
+    ):
+        assert any(re.fullmatch(pattern, n) for n in names), (pattern, names)
+        assert f"  {next(n for n in names if re.fullmatch(pattern, n))}" in res.stdout
+    llvm = next(d.glob("*_llvm.ll")).read_text()
+    assert "define " in llvm
+    dot = (d / "graph.dot").read_text()
+    assert dot.count("subgraph cluster_") >= 2  # the fused kernel and the legend
+    if shutil.which("dot"):
+        assert (d / "graph.svg").read_text().lstrip().startswith(("<?xml", "<svg", "<!DOCTYPE"))
+    else:
+        assert "graph.svg not written" in res.stderr
+
+
+def test_demo(env):
+    res = geode_cmd(env, "demo", "--batch", "8", "--repeat", "2")
+    assert res.returncode == 0, res.stderr
+    assert "geode demo: batch 8, hidden 768, float32" in res.stdout
+    for name in ("rmsnorm", "layernorm"):
+        row = re.search(rf"^{name}\s+(\d+)/(\d+)\s+[\d.]+\s+(\S+)", res.stdout, re.M)
+        assert row is not None, res.stdout
+        assert int(row.group(1)) >= 1 and float(row.group(3)) < 1e-3
+
+
+def test_internal_error_is_one_line(monkeypatch, capsys):
+    """A bug (not a user error) still gives one line, exit 3, and the traceback on request."""
+
+    def boom(args):
+        raise RuntimeError("kaboom\nsecond line")
+
+    monkeypatch.delenv("GEODE_DEBUG", raising=False)
+    monkeypatch.setattr(cli, "cmd_explain", boom)
+    assert cli.main(["explain", "builtin:layernorm"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "geode: internal error: RuntimeError: kaboom second line "
+        "(run with GEODE_DEBUG=1 for the traceback)"
+    ]
+    monkeypatch.setenv("GEODE_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="kaboom"):
+        cli.main(["explain", "builtin:layernorm"])
+
+
+def test_save_npz_keeps_any_output_name(tmp_path):
+    path = tmp_path / "o.npz"
+    cli.save_npz(path, {"file": np.arange(3), "a:0": np.ones((2, 2), np.float32)}, force=False)
+    with np.load(path) as z:
+        assert sorted(z.files) == ["a:0", "file"] and z["a:0"].dtype == np.float32
+    with pytest.raises(cli.CLIError, match="file exists"):
+        cli.save_npz(path, {"y": np.zeros(1)}, force=False)
+    cli.save_npz(path, {"y": np.zeros(1)}, force=True)
+    with np.load(path) as z:
+        assert z.files == ["y"]

@@ -1,0 +1,199 @@
+"""Debug output: GEODE_DEBUG levels on the ``geode`` logger, GEODE_DUMP_DIR files, set_options,
+and progress bars (GEODE_PROGRESS)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+import geode
+from geode import config, examples, progress
+from geode.debug import Dumper, configure_logging, log
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.getbasetemp() / "geode_cache"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+@pytest.fixture
+def clean_options(monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> None:
+    """No GEODE_* flags from outside; set_options() changes undone after the test."""
+    for var in ("GEODE_DEBUG", "GEODE_DUMP_DIR", "GEODE_PROGRESS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("GEODE_CACHE_DIR", str(cache_dir))
+    monkeypatch.setattr(config, "_global_overrides", {})
+
+
+def stage_names(d: Path) -> list[str]:
+    """Stage names of numbered files, in order (``03_fusion_plan.txt`` -> ``fusion_plan``)."""
+    files = sorted(p.name for p in d.iterdir() if re.match(r"\d+_", p.name))
+    return [re.sub(r"^\d+_|\.\w+$", "", n) for n in files]
+
+
+# -- Dumper -------------------------------------------------------------------------------------------
+def test_dumper_numbers_files_and_respects_levels(tmp_path):
+    d = Dumper("my/model", level=0, dump_dir=str(tmp_path))
+    assert d.dir == tmp_path / "my_model" and d.active
+    assert d.wants(1) and d.wants(3) and not d.wants(4)  # LLVM only on request
+    d.stage("a", "one")
+    d.stage("b", "two\n", level=3, ext="py")
+    assert d.stage("llvm", "ir", level=4, ext="ll") is None
+    d.artifact("graph.dot", "digraph {}")
+    assert sorted(p.name for p in d.dir.iterdir()) == ["00_a.txt", "01_b.py", "graph.dot"]
+    assert (d.dir / "00_a.txt").read_text() == "one\n"
+    quiet = Dumper("m", level=0)
+    assert not quiet.active and not quiet.wants(1)
+    assert quiet.stage("a", "x") is None and quiet.artifact("graph.dot", "x") is None
+    two = Dumper("m", level=2)
+    assert two.wants(2) and not two.wants(3)
+
+
+def test_dumper_replaces_an_earlier_dump_only(tmp_path):
+    d = Dumper("m", dump_dir=str(tmp_path))
+    for i in range(3):
+        d.stage(f"s{i}", "x")
+    d.artifact("graph.dot", "digraph {}")
+    (d.dir / "notes.md").write_text("mine")
+    again = Dumper("m", dump_dir=str(tmp_path))
+    again.stage("only", "y")
+    assert sorted(p.name for p in again.dir.iterdir()) == ["00_only.txt", "notes.md"]
+
+
+def test_stages_are_logged_at_their_level(caplog):
+    caplog.set_level(logging.INFO, logger="geode")
+    d = Dumper("m", level=2)
+    d.stage("summary", "S1", level=1)
+    d.stage("ast", "S2", level=2)
+    d.stage("source", "S3", level=3)
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "geode")
+    assert "==== summary ====\nS1" in text and "==== ast ====\nS2" in text and "S3" not in text
+
+
+def test_configure_logging_makes_records_visible(monkeypatch):
+    monkeypatch.setattr(log, "level", logging.NOTSET)
+    monkeypatch.setattr(log, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr("geode.debug._handler", None)
+    configure_logging(0)
+    assert log.level == logging.NOTSET and not log.handlers  # level 0: untouched
+    configure_logging(1)
+    assert log.level == logging.INFO and len(log.handlers) == 1
+    configure_logging(3)
+    assert len(log.handlers) == 1  # idempotent
+
+
+# -- the compile pipeline's dumps ----------------------------------------------------------------------
+def test_layernorm_dump_dir_from_set_options(clean_options, tmp_path, capsys):
+    geode.set_options(dump_dir=str(tmp_path))
+    model = geode.compile(examples.layernorm().graph)
+    assert capsys.readouterr().out == ""  # library code prints nothing
+    d = tmp_path / "layernorm"
+    names = stage_names(d)
+    k = model.kernels[0].name
+    for stage in (
+        "input_graph",
+        "passes",
+        "placement",
+        "fusion_plan",
+        f"{k}_ast_lowered",
+        f"{k}_ast_scheduled",
+        f"{k}_trace",
+        f"{k}_source",
+        "final_graph",
+        "plan",
+    ):
+        assert stage in names, (stage, names)
+    # the graph after a pass that changed it
+    assert any(n.startswith("after_") for n in names), names
+    assert (
+        names.index("input_graph")
+        < names.index("placement")
+        < names.index("fusion_plan")
+        < names.index(f"{k}_ast_lowered")
+        < names.index(f"{k}_ast_scheduled")
+        < names.index("plan")
+    )
+    assert not list(d.glob("*.ll")) and not list(d.glob("*.s"))  # LLVM only at level 4
+
+    def read(stage: str) -> str:
+        (p,) = [p for p in d.iterdir() if re.fullmatch(rf"\d+_{stage}\.\w+", p.name)]
+        return p.read_text()
+
+    assert read("input_graph").startswith("graph layernorm(")
+    assert "ReduceMean" in read("input_graph")
+    assert "partition 0 [known-shape]" in read("placement")
+    assert "fusion groups" in read("fusion_plan") and "merge group" in read("fusion_plan")
+    assert read(f"{k}_trace").strip() == model.kernels[0].trace.strip() != ""
+    assert "\n# trace\n" in read(f"{k}_ast_scheduled")
+    assert read(f"{k}_ast_lowered") != read(f"{k}_ast_scheduled")
+    assert read(f"{k}_source").strip() == model.kernels[0].source.strip()
+    assert f"# {k} [aicore]" in read("final_graph")
+    assert read("plan").strip() == model.explain().strip()
+    dot = (d / "graph.dot").read_text()
+    assert dot == model.to_dot() and dot.count("subgraph cluster_") == 2
+
+
+def test_debug_env_levels_log_stages(clean_options, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="geode")
+    ex = examples.layernorm()
+
+    def logged(level: str) -> str:
+        caplog.clear()
+        monkeypatch.setenv("GEODE_DEBUG", level)
+        geode.compile(ex.graph)  # the default session reads the flag at every compile
+        return "\n".join(r.getMessage() for r in caplog.records if r.name == "geode")
+
+    one = logged("1")
+    assert (
+        "==== fusion_plan ====" in one and "==== placement ====" in one and "==== plan ====" in one
+    )
+    assert "ast_lowered" not in one and "==== after_" not in one
+    two = logged("2")
+    assert "==== fused_0_ast_lowered ====" in two and "==== fused_0_trace ====" in two
+    assert "==== after_" in two and "_source ====" not in two
+    three = logged("3")
+    assert "==== fused_0_source ====" in three and "==== fused_0_llvm" not in three
+
+
+def test_level_4_dumps_llvm_and_asm(clean_options, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="geode")  # keep the level-4 text out of the report
+    model = geode.compile(examples.layernorm().graph, debug=4, dump_dir=str(tmp_path))
+    d = tmp_path / "layernorm"
+    (ll,) = d.glob("*_llvm.ll")
+    (asm,) = d.glob("*_asm.s")
+    assert "define " in ll.read_text() and ll.read_text() == model.kernels[0].llvm + (
+        "" if model.kernels[0].llvm.endswith("\n") else "\n"
+    )
+    assert asm.stat().st_size > 0
+
+
+# -- progress bars --------------------------------------------------------------------------------------
+class _TTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_settings():
+    assert progress.enabled("auto", _TTY()) and not progress.enabled("auto", io.StringIO())
+    assert progress.enabled("1", io.StringIO()) and progress.enabled(True)
+    assert not progress.enabled("0", _TTY()) and not progress.enabled(0)
+    with pytest.raises(config.OptionError, match="progress='sometimes'"):
+        progress.enabled("sometimes")
+
+
+def test_progress_bar_draws_only_when_enabled(capsys):
+    with progress.progress_bar(3, "quiet", "0") as bar:
+        bar.update()
+    assert capsys.readouterr().err == ""
+    with progress.progress_bar(3, "compiling demo", "1", unit="kernel", delay=0) as bar:
+        for _ in range(3):
+            bar.update()
+    err = capsys.readouterr().err
+    assert "compiling demo" in err and "/3 " in err and "kernel" in err
