@@ -33,6 +33,31 @@ ALL = NUMERIC | BOOL
 INDEX = frozenset(np.dtype(t) for t in (np.int32, np.int64))
 
 
+def _ml_dtypes(*names: str) -> frozenset:
+    """The ml_dtypes (onnx's dependency for its narrow types) of these names, if installed."""
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - onnx >= 1.17 depends on ml_dtypes
+        return frozenset()
+    return frozenset(np.dtype(getattr(ml_dtypes, n)) for n in names if hasattr(ml_dtypes, n))
+
+
+#: bfloat16 (a storage dtype: see STORAGE)
+BFLOAT16 = _ml_dtypes("bfloat16")
+#: 8-bit floats (ONNX FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, FLOAT8E8M0)
+FLOAT8 = _ml_dtypes("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
+#: 4-bit float (ONNX FLOAT4E2M1)
+FLOAT4 = _ml_dtypes("float4_e2m1fn")
+#: 4- and 2-bit integers (ONNX INT4, UINT4, INT2, UINT2), one element per byte in memory
+SUB_BYTE_INTS = _ml_dtypes("int4", "uint4", "int2", "uint2")
+#: Storage dtypes: Cast, CastLike, the quantization ops and the data-movement ops
+#: (Identity, Reshape, Transpose, ...) carry them, on the reference engines only; geode
+#: does no arithmetic in them and never compiles them into kernels.
+STORAGE = BFLOAT16 | FLOAT8 | FLOAT4 | SUB_BYTE_INTS
+#: every dtype a tensor may have in geode
+ANY = ALL | STORAGE
+
+
 def to_numpy(dtype: object, where: str = "") -> np.dtype:
     """Turn a dtype given as a name, numpy type or ONNX enum into a numpy dtype."""
     try:

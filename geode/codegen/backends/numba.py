@@ -150,6 +150,7 @@ from geode.codegen.ast import (
     walk,
     walk_stmts,
 )
+from geode.codegen.backends.vmath import VMATH
 from geode.config import OptionError
 from geode.errors import CodegenError
 
@@ -361,9 +362,10 @@ def _g_isign(x: int) -> int:  # int64 sign
 
 
 def _backend_fingerprint() -> str:
-    """Hash of this file: the helpers above are compiled into every cached kernel."""
+    """Hash of this file and of vmath.py: their helpers are compiled into every cached kernel."""
     try:
-        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        here = Path(__file__)
+        return hashlib.sha256(here.read_bytes() + (here.parent / "vmath.py").read_bytes()).hexdigest()
     except OSError:  # pragma: no cover - zipped installs
         return "unknown"
 
@@ -587,6 +589,7 @@ class _Emitter:
         self.demoted = demoted
         self.names = _Names()
         self.helpers: set[str] = set()
+        self.vmath: set[str] = set()
         self.lines: list[str] = []
         self.bufs: dict[str, Buffer] = {}
         self.roles: dict[str, str] = {}
@@ -796,6 +799,10 @@ class _Emitter:
         if op in _MATH_UN:
             fdt = _float_for(dt)
             x = self.convert(a, fdt)
+            fn = VMATH.get((op, fdt))
+            if fn is not None:  # vectorizable implementation (no libm call in the loop)
+                self.vmath.add(fn.__name__)
+                return self.wrap(_call(fn.__name__, x), _ATOM, fdt)
             return self.wrap(_call(_MATH_UN[op], x), _ATOM, fdt)
         if op in _ROUND_UN:
             if not isf:
@@ -1179,6 +1186,9 @@ class _Emitter:
             head.append(
                 f"from geode.codegen.backends.numba import {', '.join(sorted(self.helpers))}"
             )
+            head.append("")
+        if self.vmath:
+            head.append(f"from geode.codegen.backends.vmath import {', '.join(sorted(self.vmath))}")
             head.append("")
         head += ["SIGNATURE = (", *sig, ")"]
         head.append(

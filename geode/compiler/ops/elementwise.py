@@ -412,13 +412,13 @@ unary(
     out_dtype=np.bool_,
     attrs=[Attr("detect_negative", "int", 1), Attr("detect_positive", "int", 1)],
 )
-unary("Identity", lambda x, _: np.array(x, copy=True), types=dtypes.ALL)
+unary("Identity", lambda x, _: np.array(x, copy=True), types=dtypes.ANY)
 
 
 def _cast_target(ctx: InferContext, to: object) -> np.dtype:
     """The numpy dtype of a Cast's ``to``; DTypeError naming the node if geode lacks it."""
     d = dtypes.to_numpy(to, ctx.where)
-    if d not in dtypes.SUPPORTED:
+    if d not in dtypes.SUPPORTED and d not in dtypes.STORAGE:
         ctx.fail(f"attribute 'to'={to!r} names a dtype geode does not support ({d})", DTypeError)
     return d
 
@@ -428,10 +428,60 @@ def _infer_cast(ctx: InferContext) -> list[TensorDesc]:
     return [TensorDesc(_cast_target(ctx, ctx.attr("to")), d.shape, d.format)]
 
 
+def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
+    """float32 -> FLOAT8E8M0 (a biased power-of-two exponent; the sign is dropped).
+
+    The exponent of ``x`` rounded by ``round_mode`` ("up": any fraction bumps it; "down":
+    truncate; "nearest": round to nearest, ties to even by the guard/round/sticky bits);
+    NaN and Inf give 0xFF (NaN); with ``saturate`` rounding never reaches 0xFF.
+    """
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    exp = ((bits >> 23) & 0xFF).astype(np.uint16)
+    special = exp == 0xFF
+    if round_mode == "up":
+        bump = (bits & 0x7FFFFF) != 0
+    elif round_mode == "down":
+        bump = np.zeros(exp.shape, dtype=bool)
+    elif round_mode == "nearest":
+        guard = (bits & 0x400000) != 0
+        rest = (bits & 0x3FFFFF) != 0
+        bump = guard & (rest | (exp > 0))
+    else:
+        raise DTypeError(f"Cast: round_mode {round_mode!r} is not 'up', 'down' or 'nearest'")
+    bump &= ~special
+    if saturate:
+        bump &= exp != 0xFE
+    out = np.where(special, 0xFF, exp + bump.astype(np.uint16)).astype(np.uint8)
+    return out.view(dtypes.to_numpy("float8_e8m0fnu"))
+
+
+_E8M0 = next((d for d in dtypes.FLOAT8 if d.name == "float8_e8m0fnu"), None)
+
+
 @_quiet
-def _cast(x: np.ndarray, to: np.dtype) -> np.ndarray:
-    # numpy's astype is ONNX's Cast for the dtypes geode supports: floats truncate
-    # toward zero into integers, nonzero is True, out-of-range values are undefined.
+def cast_array(x: np.ndarray, to: np.dtype, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
+    """ONNX Cast of ``x`` to ``to``.
+
+    numpy's ``astype`` is ONNX's Cast for the numeric dtypes (floats truncate toward zero
+    into integers, nonzero is True, out-of-range values are undefined). Into the 8-bit
+    floats with ``saturate`` (the default), values beyond the type's range (infinities
+    included) clamp to its largest finite value while NaN stays NaN; without it they
+    become NaN or Inf as the type allows. FLOAT8E8M0 rounds by ``round_mode``.
+    """
+    x = np.asarray(x)
+    to = np.dtype(to)
+    if to == x.dtype:
+        return x.copy()
+    if _E8M0 is not None and to == _E8M0:
+        return _to_e8m0(x.astype(np.float32), bool(saturate), str(round_mode))
+    if to in dtypes.FLOAT8 and saturate:
+        import ml_dtypes
+
+        info = ml_dtypes.finfo(to)
+        wide = x if x.dtype == np.float64 else x.astype(np.float32)
+        return np.clip(wide, float(info.min), float(info.max)).astype(to)
+    if x.dtype in dtypes.STORAGE and to in dtypes.STORAGE:
+        return x.astype(np.float32).astype(to)  # every narrow value is exact in float32
     return x.astype(to)
 
 
@@ -441,10 +491,10 @@ register(
         OpKind.ELEMENTWISE,
         inputs=[In("input", "T1")],
         outputs=[Out("output", "T2")],
-        types={"T1": dtypes.ALL},
+        types={"T1": dtypes.ANY},
         attrs=[Attr("to", "int", REQUIRED), Attr("saturate", "int", 1), Attr("round_mode", "string", "up")],
         infer=_infer_cast,
-        kernel=lambda ins, a: [_cast(ins[0], dtypes.to_numpy(a["to"]))],
+        kernel=lambda ins, a: [cast_array(ins[0], dtypes.to_numpy(a["to"]), a["saturate"], a["round_mode"])],
         doc="convert to dtype 'to' (an ONNX TensorProto enum); 'saturate' only matters for float8",
     )
 )
@@ -461,10 +511,10 @@ register(
         OpKind.ELEMENTWISE,
         inputs=[In("input", "T1"), In("target_type", "T2")],
         outputs=[Out("output", "T2")],
-        types={"T1": dtypes.ALL, "T2": dtypes.ALL},
+        types={"T1": dtypes.ANY, "T2": dtypes.ANY},
         attrs=[Attr("saturate", "int", 1), Attr("round_mode", "string", "up")],
         infer=_infer_cast_like,
-        kernel=lambda ins, _: [_cast(ins[0], ins[1].dtype)],
+        kernel=lambda ins, a: [cast_array(ins[0], ins[1].dtype, a["saturate"], a["round_mode"])],
         doc="Cast to target_type's dtype (only its dtype is read, never its shape or data)",
     )
 )

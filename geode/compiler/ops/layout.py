@@ -42,7 +42,7 @@ from geode.compiler.ops.registry import (
 from geode.compiler.shapes import Dim, Shape, as_dim, broadcast_shapes, dims_equal, numel
 from geode.errors import ShapeError, VerifyError
 
-_ALL = dtypes.ALL
+_ALL = dtypes.ANY  # data movement carries the storage dtypes too
 _I64 = frozenset([np.dtype(np.int64)])
 _IND = dtypes.INDEX
 
