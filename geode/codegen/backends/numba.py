@@ -337,6 +337,34 @@ def _g_ushr(a: int, b: int, nbits: int) -> int:  # uint64 logical a >> b
     return a >> b
 
 
+def _nan_propagating(which: str) -> Any:
+    """An intrinsic calling LLVM's ``llvm.maximum``/``llvm.minimum`` (NaN-propagating, like
+    np.maximum/np.minimum): unlike a compare-and-select, LLVM vectorizes reductions of it."""
+
+    def typer(typingctx: Any, a: Any, b: Any) -> Any:
+        if a != b or a not in (nbt.float32, nbt.float64):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            from numba.core import cgutils
+
+            ty = args[0].type
+            suffix = "f32" if ty == llir.FloatType() else "f64"
+            fn = cgutils.get_or_insert_function(
+                builder.module, llir.FunctionType(ty, [ty, ty]), f"llvm.{which}.{suffix}"
+            )
+            return builder.call(fn, list(args))
+
+        return a(a, b), codegen
+
+    typer.__name__ = f"_g_{which}"
+    return intrinsic(typer)
+
+
+_g_maximum = _nan_propagating("maximum")
+_g_minimum = _nan_propagating("minimum")
+
+
 @_helper
 def _g_fmin(a: float, b: float) -> float:  # NaN-propagating minimum (np.minimum)
     return a if (a <= b or a != a) else b
@@ -590,6 +618,12 @@ class _Emitter:
         self.names = _Names()
         self.helpers: set[str] = set()
         self.vmath: set[str] = set()
+        self.index_vars: set[str] = set(kernel.dims)
+        for st in walk_stmts(kernel.body):
+            if isinstance(st, For):
+                self.index_vars.add(st.var)
+            elif isinstance(st, Block):
+                self.index_vars.update(iv.name for iv in st.iter_vars)
         self.lines: list[str] = []
         self.bufs: dict[str, Buffer] = {}
         self.roles: dict[str, str] = {}
@@ -829,6 +863,17 @@ class _Emitter:
             return _V(f"{_p(a, _CMP + 1)} == {inf}", "bool", _CMP)
         raise CodegenError(f"{self.where()}: unknown unary op {op!r}")
 
+    def is_index(self, e: Expr) -> bool:
+        """A non-negative index expression: loop/iteration variables, dims, non-negative
+        constants, and + * // % of them (a zero divisor only occurs in empty loops)."""
+        if isinstance(e, Const):
+            return e.dtype == "int64" and int(e.value) >= 0
+        if isinstance(e, Var):
+            return e.name in self.index_vars
+        if isinstance(e, Bin) and e.op in ("+", "*", "//", "%"):
+            return self.is_index(e.a) and self.is_index(e.b)
+        return False
+
     def binary(self, e: Bin) -> _V:
         op = e.op
         a, b = self.ex(e.a), self.ex(e.b)
@@ -849,7 +894,10 @@ class _Emitter:
         if op in ("/", "//", "%", "fmod"):
             if isf:  # op == "fmod"
                 return self.wrap(_call("np.fmod", a, b), _ATOM, r)
-            if op in ("//", "%") and isinstance(b.literal, int) and b.literal > 0:
+            if op in ("//", "%") and (
+                (isinstance(b.literal, int) and b.literal > 0)
+                or (self.is_index(e.a) and self.is_index(e.b))
+            ):
                 # index arithmetic: Python's // and % are floor/mod, exact for a divisor > 0
                 sym, prec = _PY_OPS[op]
                 return self.wrap(f"{_p(a, prec)} {sym} {_p(b, prec + 1)}", prec, r)
@@ -861,6 +909,8 @@ class _Emitter:
                 code = _call(self.helper(fn), self.convert(a, "int64"), self.convert(b, "int64"))
             return self.wrap(code, _ATOM, r)
         if op in ("min", "max"):
+            if isf and r in ("float32", "float64"):
+                return self.wrap(_call(self.helper("_g_" + op + "imum"), a, b), _ATOM, r)
             if isf:
                 return self.wrap(_call(self.helper("_g_f" + op), a, b), _ATOM, r)
             return _V(_call(op, a, b), r, _ATOM)

@@ -7,6 +7,7 @@ from geode.compiler.ops import elementwise as _elementwise  # noqa: F401
 from geode.compiler.ops import host as _host  # noqa: F401
 from geode.compiler.ops import layout as _layout  # noqa: F401
 from geode.compiler.ops import nn as _nn  # noqa: F401
+from geode.compiler.ops import quant as _quant  # noqa: F401
 from geode.compiler.ops import reduce as _reduce  # noqa: F401
 from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpDef, OpKind, all_ops, get, has, register

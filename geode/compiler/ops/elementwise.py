@@ -228,20 +228,29 @@ binary("BitwiseXor", lambda a, b, _: np.bitwise_xor(a, b), types=dtypes.INTS)
 
 
 def _bitshift(a: np.ndarray, b: np.ndarray, at: dict) -> np.ndarray:
-    # Shifting by the bit width or more gives 0 (as the ONNX reference defines it).
-    too_far = b >= a.dtype.itemsize * 8
-    s = np.where(too_far, 0, b).astype(a.dtype)
-    r = np.left_shift(a, s) if _str(at["direction"]) == "LEFT" else np.right_shift(a, s)
-    return np.where(too_far, 0, r).astype(a.dtype)
+    """ONNX BitShift (opset 28 semantics): right shifts of signed types are arithmetic, left
+    shifts drop the bits shifted past the sign bit; a shift amount that is negative or at
+    least the bit width gives what the sign extension alone gives (-1 for a right shift of
+    a negative X, else 0)."""
+    bits = a.dtype.itemsize * 8
+    out_of_range = (b < 0) | (b >= bits)
+    s = np.where(out_of_range, 0, b).astype(a.dtype)
+    if _str(at["direction"]) == "LEFT":
+        r = np.left_shift(a, s)
+        fill = np.zeros((), dtype=a.dtype)
+    else:
+        r = np.right_shift(a, s)
+        fill = np.where(a < 0, -1, 0).astype(a.dtype) if a.dtype.kind == "i" else np.zeros((), a.dtype)
+    return np.where(out_of_range, fill, r).astype(a.dtype)
 
 
 _with_verify(
     binary(
         "BitShift",
         _bitshift,
-        types=dtypes.UNSIGNED_INTS,
+        types=dtypes.INTS,
         attrs=[Attr("direction", "string", REQUIRED)],
-        doc="X << Y (direction='LEFT') or X >> Y ('RIGHT') on unsigned integers",
+        doc="X << Y (direction='LEFT') or X >> Y ('RIGHT'); arithmetic right shift on signed ints",
     ),
     _one_of("direction", ("LEFT", "RIGHT"), _str),
 )
@@ -581,7 +590,7 @@ def _celu(x: np.ndarray, a: dict) -> np.ndarray:
     return np.maximum(0, x) + np.minimum(0, alpha * np.expm1(x / alpha))
 
 
-unary("Celu", _fmath(_celu), types=_F32, attrs=[Attr("alpha", "float", 1.0)])
+unary("Celu", _fmath(_celu), attrs=[Attr("alpha", "float", 1.0)])
 unary(
     "ThresholdedRelu",
     _fmath(lambda x, a: np.where(x > _f32(a["alpha"]), x, 0)),

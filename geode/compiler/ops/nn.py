@@ -293,10 +293,13 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _matmul_infer(ctx: InferContext) -> list[TensorDesc]:
-    a, b = ctx.shape(0), ctx.shape(1)
-    dtype = ctx.dtype(0)
+    return [TensorDesc(ctx.dtype(0), matmul_shape(ctx, ctx.shape(0), ctx.shape(1)))]
+
+
+def matmul_shape(ctx: InferContext, a: Shape, b: Shape) -> Shape:
+    """numpy matmul's output shape for operand shapes ``a`` and ``b`` (None when unknown)."""
     if a is None or b is None:
-        return [TensorDesc(dtype, None)]
+        return None
     if len(a) == 0 or len(b) == 0:
         ctx.fail(f"inputs must have rank >= 1, got shapes {list(a)} and {list(b)}")
     ka = a[-1]
@@ -308,7 +311,7 @@ def _matmul_infer(ctx: InferContext) -> list[TensorDesc]:
         out.append(a[-2])
     if len(b) >= 2:
         out.append(b[-1])
-    return [TensorDesc(dtype, tuple(out))]
+    return tuple(out)
 
 
 def _matmul_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
@@ -409,7 +412,8 @@ register(
 
 # == Conv ====================================================================================
 
-_CONV_ATTRS = [
+#: attributes of Conv, ConvTranspose and the quantized convolutions
+CONV_ATTRS = [
     Attr("auto_pad", "string", "NOTSET"),
     Attr("dilations", "ints", None),
     Attr("group", "int", 1),
@@ -471,17 +475,21 @@ def _conv_verify(ctx: InferContext) -> None:
 
 
 def _conv_infer(ctx: InferContext) -> list[TensorDesc]:
-    x, w = ctx.shape(0), ctx.shape(1)
-    dtype = ctx.dtype(0)
+    return [TensorDesc(ctx.dtype(0), conv_shape(ctx, ctx.shape(0), ctx.shape(1)))]
+
+
+def conv_shape(ctx: InferContext, x: Shape, w: Shape) -> Shape:
+    """Conv's output shape for input shape ``x`` and weight shape ``w`` under the node's
+    window attributes (None when ``x``'s rank is unknown)."""
     if x is None:
-        return [TensorDesc(dtype, None)]
+        return None
     n = len(x) - 2
     kernel = _kernel_dims(ctx, w, n)
     m = w[0] if w is not None else ctx.fresh()
     if kernel is None:
-        return [TensorDesc(dtype, (x[0], m, *(ctx.fresh() for _ in range(n))))]
+        return (x[0], m, *(ctx.fresh() for _ in range(n)))
     win = window_attrs(ctx.attrs, kernel, _ctx_fail(ctx))
-    return [TensorDesc(dtype, (x[0], m, *_spatial_out(ctx, x[2:], win, None)))]
+    return (x[0], m, *_spatial_out(ctx, x[2:], win, None))
 
 
 def conv_nd(
@@ -526,7 +534,7 @@ register(
         inputs=[In("X", "T"), In("W", "T"), In("B", "T", optional=True)],
         outputs=[Out("Y", "T")],
         types={"T": dtypes.FLOATS},
-        attrs=list(_CONV_ATTRS),
+        attrs=list(CONV_ATTRS),
         verify=_conv_verify,
         infer=_conv_infer,
         kernel=_conv_kernel,
@@ -682,7 +690,7 @@ register(
         outputs=[Out("Y", "T")],
         types={"T": dtypes.FLOATS},
         attrs=[
-            *_CONV_ATTRS,
+            *CONV_ATTRS,
             Attr("output_padding", "ints", None),
             Attr("output_shape", "ints", None),
         ],
