@@ -5,6 +5,7 @@ Importing this package registers all ops; ``registry.get(op_type)`` finds one.
 
 from geode.compiler.ops import elementwise as _elementwise  # noqa: F401
 from geode.compiler.ops import host as _host  # noqa: F401
+from geode.compiler.ops import image as _image  # noqa: F401
 from geode.compiler.ops import layout as _layout  # noqa: F401
 from geode.compiler.ops import nn as _nn  # noqa: F401
 from geode.compiler.ops import quant as _quant  # noqa: F401

@@ -193,7 +193,7 @@ def quantize_linear(
                 r = r + _as_int(zp)
             return np.clip(r, lo, hi).astype(np.int64).astype(out)
         if out in QUANT_FLOAT8:
-            return cast_array(q, out, saturate=bool(saturate))
+            return cast_array(q, out, bool(saturate))
         if zp is not None:  # FLOAT4E2M1: its cast saturates on its own (no Inf/NaN encodings)
             q = q.astype(np.float32) + np.asarray(zp).astype(np.float32)
         return np.asarray(q).astype(np.float32).astype(out)
