@@ -138,3 +138,22 @@ def test_explain_shows_fusion_reasons_and_costs():
     text = model.explain()
     assert "fusion plan:" in text and "merge group" in text and "saves" in text
     assert "sol_us=" in text
+
+
+def test_horizontal_fusion_of_siblings():
+    g = geode.Graph("siblings")
+    x = g.input("x", ["N", 64])
+    z = g.input("z", ["N", 64])
+    a = ops.tanh(x) * 2.0  # reads x
+    b = ops.sigmoid(x) + 1.0  # reads x too: no edge between a and b
+    c = ops.exp(z) - 1.0  # same loop space, no shared input
+    g.output(a, b, c, names=["a", "b", "c"])
+    model = geode.compile(g)
+    assert len(model.kernels) == 1, model.explain()
+    assert "horizontal" in model.explain()
+    rng = np.random.default_rng(0)
+    xv, zv = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    out = model(x=xv, z=zv)
+    np.testing.assert_allclose(out["a"], np.tanh(xv) * 2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["b"], 1 / (1 + np.exp(-xv)) + 1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["c"], np.exp(zv) - 1, rtol=1e-5, atol=1e-6)

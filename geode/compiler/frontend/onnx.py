@@ -702,6 +702,19 @@ class _GraphBuilder:
             return
         inputs = [None if not x else self.lookup(x, where) for x in node.input]
         attrs = self._attrs(node, where)
+        captured = _captured_names(attrs)
+        if captured:
+            # values the subgraphs read from enclosing scopes become trailing inputs of
+            # the node (so the outer graph sees the dependency and the op receives them);
+            # the "captures" attribute names them, and each subgraph's ``captures`` lists
+            # which of them its trailing inputs are
+            if registry.has(op, domain) and registry.get(op, domain).attr_spec("captures") is None:
+                raise ModelLoadError(
+                    f"{self.label}: {where}: its subgraphs read outer values {captured}, "
+                    f"but geode's {op} takes no captured inputs"
+                )
+            inputs = list(inputs) + [self.lookup(x, where) for x in captured]
+            attrs["captures"] = captured
         spec = NodeSpec(op, domain, version, inputs, attrs, list(node.output), name, source_op=op)
         ctx = AdaptContext(self.graph, name, lambda n: n in self.imp.used, namer=self.fresh_name)
         spec = onnx_versions.adapt(spec, ctx)
@@ -951,6 +964,20 @@ class _GraphBuilder:
                     opsets.get(domain),
                     where=f"{where}; expanding its function body: {exc}",
                 ) from exc
+
+
+def _captured_names(attrs: dict[str, Any]) -> list[str]:
+    """Outer names read by the subgraph attributes (in first-read order, no repeats)."""
+    names: list[str] = []
+    for v in attrs.values():
+        graphs = v if isinstance(v, list) else [v]
+        for g in graphs:
+            if not isinstance(g, Graph):
+                continue
+            for n in getattr(g, "captures", None) or ():
+                if n not in names:
+                    names.append(n)
+    return names
 
 
 def _infer_attr_type(a: onnx.AttributeProto) -> int:

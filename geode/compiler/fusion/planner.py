@@ -130,15 +130,23 @@ def _vertical(st: _State, profit: ProfitFn) -> None:
                     changed = True
 
 
+#: horizontal fusion of unrelated groups is tried only below this many groups (pairs grow
+#: quadratically)
+MAX_HORIZONTAL_GROUPS = 256
+
+
 def _horizontal(st: _State, profit: ProfitFn) -> None:
+    """Merge unconnected groups that read a common input, or that share a loop space."""
     changed = True
     while changed:
         changed = False
-        readers: dict[int, list[int]] = {}
+        readers: dict[object, list[int]] = {}
         for g in st.groups.values():
             for v in g.inputs():
                 if not v.is_constant:  # sharing a constant saves nothing worth a merge
                     readers.setdefault(id(v), []).append(g.id)
+            if not g.axes and len(st.groups) <= MAX_HORIZONTAL_GROUPS:
+                readers.setdefault(("space", str(g.domain)), []).append(g.id)
         for ids in readers.values():
             ids = sorted(set(ids))
             for i in range(len(ids)):
