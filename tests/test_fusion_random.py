@@ -49,6 +49,15 @@ step = st.one_of(
 )
 
 
+def broadcasts_to_full(shape, k):
+    """Whether a value of ``shape`` broadcasts against [N, K] for every N."""
+    if shape is None or len(shape) > 2:
+        return False
+    dims = [str(d) for d in shape]
+    want = ["N", str(k)][-len(dims):] if dims else []
+    return all(d == "1" or d == w for d, w in zip(dims, want))
+
+
 def build(steps, k):
     g = geode.Graph("random")
     x = g.input("x", ["N", k])
@@ -84,8 +93,8 @@ def build(steps, k):
                 out = ops.transpose(ops.transpose(ops.tanh(v), perm=[1, 0]), perm=[1, 0])
             else:
                 out = v[:, 1:] if k > 1 else v
-        if not (out.shape is not None and len(out.shape) == 1 and str(out.shape[0]) == "N"):
-            anything.append(out)  # an [N] vector does not broadcast against [N, K]
+        if broadcasts_to_full(out.shape, k):
+            anything.append(out)  # only values that broadcast against [N, K] feed binaries
         if out.shape is not None and len(out.shape) == 2 and out.shape[1] == k and str(out.shape[0]) == "N":
             full.append(out)
     outs = (anything[3:] + [v for v in full[1:] if v not in anything])[-3:] or [x * 1.0]
