@@ -41,7 +41,7 @@ def test_constants_deduplicated_across_models_of_a_session():
     with geode.Session() as sess:
         m1, m2 = sess.compile(graphs[0]), sess.compile(graphs[1])
         vm = sess.var_manager
-        keys = [k for k in vm.keys() if k.name.endswith("/w")]
+        keys = [k for k in vm if k.name.endswith("/w")]
         assert len(keys) == 2
         assert vm.logic_address(keys[0]) == vm.logic_address(keys[1])
         assert vm.dedup_saved_bytes >= w.nbytes

@@ -122,25 +122,25 @@ def creates_cycle(a: Group, b: Group, unit_of: Callable[[Node], list[Node]] | No
         targets = dst.names
         queue: deque[Node] = deque()
         seen: set[str] = set()
-
-        def visit(n: Node) -> None:
-            for m in members(n):
-                if m.name not in inside and m.name not in seen:
-                    seen.add(m.name)
-                    queue.append(m)
-
         for n in src.nodes:
             for o in n.outputs:
                 for c in o.consumers:
-                    visit(c)
+                    _enqueue(members(c), inside, seen, queue)
         while queue:
             n = queue.popleft()
             for o in n.outputs:
                 for c in o.consumers:
                     if c.name in targets:
                         return True
-                    visit(c)
+                    _enqueue(members(c), inside, seen, queue)
     return False
+
+
+def _enqueue(nodes: list[Node], inside: set[str], seen: set[str], queue: deque[Node]) -> None:
+    for m in nodes:
+        if m.name not in inside and m.name not in seen:
+            seen.add(m.name)
+            queue.append(m)
 
 
 def _domain_candidates(a: Group, b: Group) -> list[tuple[tuple[Dim, ...], frozenset[int]]] | str:
