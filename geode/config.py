@@ -33,9 +33,10 @@ from geode.errors import GeodeError
 
 #: How floating-point accuracy is traded for speed, stated once for every kernel.
 ACCURACY_POLICY = """\
-fastmath=False (default): kernels may reassociate floating-point arithmetic and
-  contract multiply-adds into FMAs (LLVM flags 'reassoc' and 'contract'), which is what
-  lets reductions vectorize and run in parallel; NaN and Inf keep IEEE semantics
+fastmath=False (default): kernels may reassociate floating-point arithmetic, contract
+  multiply-adds into FMAs and divide by multiplying with a reciprocal (LLVM flags
+  'reassoc', 'contract', 'arcp'), which is what lets reductions vectorize and run in
+  parallel and a division by a per-row value cost one multiply; NaN and Inf keep IEEE semantics
   (no 'nnan'/'ninf'), transcendentals use geode's vectorized implementations (a few
   ulp). Results match the reference within the tests' tolerance policy.
 fastmath=True: every fast-math flag ('nnan', 'ninf', 'nsz', 'arcp', 'contract', 'afn',

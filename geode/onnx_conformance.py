@@ -48,10 +48,81 @@ CATEGORY: dict[str, str] = {
     "light": "Real",
 }
 
+_SEQ = "Sequence and Optional types: geode imports and computes on tensors only"
+_BF16 = (
+    "bfloat16 arithmetic: geode carries bfloat16 tensors (Cast, quantization, data movement) "
+    "but computes in no bfloat16 op"
+)
+
 #: The one exclusion list: (regular expression searched in the test name, as the onnx
 #: runner names it, e.g. ``test_abs_cpu``; reason). Reasons starting with "codegen bug:"
-#: are bugs in geode's code generation, kept here until they are fixed.
-EXCLUSIONS: list[tuple[str, str]] = []
+#: are bugs in geode's code generation, kept here until they are fixed. The patterns are
+#: anchored: each names the cases it means and nothing else.
+EXCLUSIONS: list[tuple[str, str]] = [
+    # domains geode does not implement
+    (r"^test_ai_onnx_ml_", "ai.onnx.ml domain (classical ML: trees, encoders) is not supported"),
+    (
+        r"^test_(adagrad|adam|momentum|nesterov_momentum)(_multiple)?_cpu$",
+        "ai.onnx.preview.training optimizers are training-only",
+    ),
+    (r"^test_gradient_of_", "ai.onnx.preview.training Gradient is training-only"),
+    (
+        r"^test_flexattention",
+        "FlexAttention is in the experimental ai.onnx.preview domain (score/prob modifier "
+        "subgraphs); not implemented",
+    ),
+    # ops out of scope
+    (
+        r"^test_image_decoder_",
+        "ImageDecoder decodes JPEG/PNG/BMP/WebP/TIFF bytes: image codecs are out of scope",
+    ),
+    (
+        r"^test_bernoulli(_double|_seed)?(_expanded)?_cpu$",
+        "random number generation (Bernoulli, RandomUniformLike) is not implemented; its "
+        "values could not match the reference's generator anyway",
+    ),
+    (
+        r"^test_tfidfvectorizer_",
+        "TfIdfVectorizer (n-gram text features) is not implemented",
+    ),
+    # types geode does not compute in
+    (r"^test_(sequence_|split_to_sequence_|optional_)", _SEQ),
+    (r"^test_(identity_opt|identity_sequence|if_opt|if_seq|loop13_seq|loop16_seq_none)_cpu$", _SEQ),
+    (r"^test_attention_(3d|4d)_[a-z_]*bf16(_expanded)?_cpu$", _BF16),
+    (r"^test_celu_bfloat16(_expanded)?_cpu$", _BF16),
+    (r"^test_einsum_(batch_matmul|sum|transpose)_bfloat16_cpu$", _BF16),
+    (r"^test_(onehot_with_bfloat16_values|range_bfloat16_type_positive_delta)_cpu$", _BF16),
+    (r"^test_(reversesequence_bfloat16|unique_bfloat16_sorted_without_axis)_cpu$", _BF16),
+    # opsets outside the importer's range
+    (r"^test_not_[234]d_cpu$", "opset 1 model: geode imports ai.onnx opsets 6 to 28"),
+    (r"^test_scan_sum_cpu$", "Scan-8 (the batched form with sequence_lens) is not supported; Scan-9+ is"),
+]
+
+#: Cases that run with a wider tolerance than onnx gives them: test name -> (rtol, atol,
+#: reason). They run and count as passed when they pass at this tolerance.
+TOLERANCES: dict[str, tuple[float, float, str]] = {
+    name: (
+        2e-3,
+        1e-3,
+        "float16 softmax attention: geode evaluates float16 ops in float32 and rounds once per "
+        "op; the expected values round every intermediate in float16; 2 of 192 outputs differ "
+        "by 1-2 float16 ulps (5e-4), above rtol 1e-3",
+    )
+    for name in ("test_attention_4d_causal_fp16", "test_attention_4d_causal_fp16_expanded")
+}
+
+#: the nine bundled light models (onnx's ``real`` tests whose models ship with onnx)
+LIGHT_MODELS: tuple[str, ...] = (
+    "test_bvlc_alexnet",
+    "test_densenet121",
+    "test_inception_v1",
+    "test_inception_v2",
+    "test_resnet50",
+    "test_shufflenet",
+    "test_squeezenet",
+    "test_vgg19",
+    "test_zfnet512",
+)
 
 #: the smallest number of node cases that must run (not be skipped) in the test module,
 #: so that the suite can never pass by loading nothing
@@ -238,6 +309,9 @@ def run_case(case: Case, **options: Any) -> Result:
     if reason is not None:
         ops = _safe_ops(case)
         return Result(case.suite, case.name, ops, "excluded", reason)
+    rtol, atol = case.rtol, case.atol
+    if case.name in TOLERANCES:
+        rtol, atol = TOLERANCES[case.name][:2]
     t0 = time.perf_counter()
     stage = "load"
     ops: list[str] = []
@@ -253,7 +327,7 @@ def run_case(case: Case, **options: Any) -> Result:
                 stage = "run"
                 got = rep.run(inputs)
                 stage = "compare"
-                assert_outputs(expected, got, case.rtol, case.atol)
+                assert_outputs(expected, got, rtol, atol)
         except Exception as exc:  # noqa: BLE001 - a failing case is a result, not a crash
             msg = f"{type(exc).__name__}: {_first_line(str(exc))}"
             if isinstance(exc, AssertionError):

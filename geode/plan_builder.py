@@ -158,6 +158,8 @@ def _memory_plan(slots: list[Slot], steps: list[Step], outputs: set[int]) -> tup
         slot = slots[s]
         if s in outputs or slot.role != "activation" or slot.shape is None:
             continue
+        if slot.dtype.hasobject:  # strings are Python objects: never in the byte arena
+            continue
         if steps[k].engine == "host":
             continue
         shape_fn, itemsize = slot.shape, slot.dtype.itemsize

@@ -103,6 +103,8 @@ def assert_close(got: np.ndarray, want: np.ndarray, what: str = "") -> None:
     if want.dtype in TOL:
         rtol, atol = TOL[want.dtype]
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+    elif want.dtype in dtypes.STORAGE:  # narrow ml_dtypes: exact, NaN equal to NaN
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32), err_msg=what)
     else:
         np.testing.assert_array_equal(got, want, err_msg=what)
 

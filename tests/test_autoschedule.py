@@ -49,7 +49,9 @@ def test_row_reduce_pattern_structure():
     text = A.format_kernel(sch.kernel)
     top = [s for s in sch.kernel.body if isinstance(s, A.For)]
     assert len(top) == 1 and top[0].kind is A.ForKind.PARALLEL  # one parallel row loop
-    assert text.count("vectorized for") == 4  # mean, centre, variance, normalise
+    # mean | centre + variance (fused passes) | normalise: three walks over each row
+    assert text.count("vectorized for") == 3
+    assert "fuse_siblings" in str(sch.trace)
     assert "register" in text  # per-row statistics live in registers
 
 
@@ -69,3 +71,26 @@ def test_trace_replays_to_the_same_ast(name):
         sch = schedule_group(lk, group)
         again = sch.trace.replay(lk.kernel)
         assert A.format_kernel(again.kernel) == A.format_kernel(sch.kernel)
+
+
+def test_fuse_siblings_refuses_illegal_fusions():
+    from geode.codegen.schedule import Schedule
+    from geode.errors import ScheduleError
+
+    lk, group = _kernel("layernorm")
+    sch = schedule_group(lk, group)
+    sp = [s for s in sch.kernel.body if isinstance(s, A.For)][0]
+    loops = [s.var for s in sp.body if isinstance(s, A.For)]
+    assert len(loops) == 3
+    fresh = Schedule(sch.kernel)
+    # the centring pass reads the mean the first pass accumulates: not the same element
+    with pytest.raises(ScheduleError, match="fuse_siblings"):
+        fresh.fuse_siblings(loops[0], loops[1])
+    # the output pass reads the variance register the fused pass accumulates
+    with pytest.raises(ScheduleError, match="fuse_siblings"):
+        fresh.fuse_siblings(loops[1], loops[2])
+    with pytest.raises(ScheduleError, match="does not follow"):
+        fresh.fuse_siblings(loops[2], loops[1])
+    with pytest.raises(ScheduleError, match="no loop"):
+        fresh.fuse_siblings(loops[0], "nope")
+    assert A.format_kernel(fresh.kernel) == A.format_kernel(sch.kernel)  # failures change nothing

@@ -90,9 +90,9 @@ BIN_OPS = frozenset(
 
 #: Unary operators and math functions. ``round`` rounds half to even; ``sign`` gives
 #: -1/0/1 in the operand's dtype; ``isnan``/``isinf``/``isposinf``/``isneginf`` give
-#: bool; ``not`` is logical, ``bitnot`` bitwise.
+#: bool; ``not`` is logical, ``bitnot`` bitwise; ``sigmoid`` is ``1 / (1 + exp(-x))``.
 UN_OPS = frozenset(
-    ["neg", "not", "bitnot", "abs", "exp", "log", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "floor", "ceil", "round", "sign", "isnan", "isinf", "isposinf", "isneginf"]
+    ["neg", "not", "bitnot", "abs", "exp", "log", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "sigmoid", "floor", "ceil", "round", "sign", "isnan", "isinf", "isposinf", "isneginf"]
 )
 
 

@@ -75,6 +75,12 @@ def _div(a: Any, b: Any) -> Any:
     return np.true_divide(a, b)
 
 
+def _sigmoid(a: Any) -> Any:
+    one = np.ones_like(a)
+    with np.errstate(over="ignore"):
+        return one / (one + np.exp(-a))
+
+
 def _erf(a: Any) -> Any:
     dt = np.asarray(a).dtype
     if not np.issubdtype(dt, np.floating):
@@ -130,6 +136,7 @@ _UN: dict[str, Callable[[Any], Any]] = {
     "acosh": np.arccosh,
     "atanh": np.arctanh,
     "erf": _erf,
+    "sigmoid": _sigmoid,
     "floor": np.floor,
     "ceil": np.ceil,
     "round": np.rint,

@@ -182,6 +182,22 @@ def _row_reduce(sch: Schedule, lowered: LoweredKernel, group: Group, par: bool) 
         loops = _nest_loops(sch, name)
         if len(loops) >= 2 and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL:
             sch.vectorize(loops[-1], allow_reassoc=True)
+    _fuse_row_passes(sch, sp)
+
+
+def _fuse_row_passes(sch: Schedule, sp: str) -> None:
+    """Merge consecutive passes over a row where legal (an exp pass and the sum pass that
+    reads it become one loop), so each row is walked as few times as possible."""
+    i = 0
+    while True:
+        loops = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
+        if i + 1 >= len(loops):
+            return
+        try:
+            sch.fuse_siblings(loops[i].var, loops[i + 1].var)
+        except ScheduleError as exc:
+            log.debug("row passes %s and %s stay apart: %s", loops[i].var, loops[i + 1].var, exc)
+            i += 1
 
 
 def _same_extent(ext: A.Expr, lowered: LoweredKernel, group: Group, i: int) -> bool:

@@ -242,9 +242,7 @@ def _relu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
 
 @_rule("Sigmoid")
 def _sigmoid(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
-    x = _ins(ctx, node, ivs)[0]
-    o = node.outputs[0]
-    return A.Bin("/", _c(1, o), A.Bin("+", _c(1, o), A.Un("exp", A.Un("neg", x))))
+    return A.Un("sigmoid", _ins(ctx, node, ivs)[0])
 
 
 @_rule("Reciprocal")

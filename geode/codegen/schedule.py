@@ -65,6 +65,7 @@ from geode.codegen.ast import (
     Store,
     Var,
     add,
+    expr_str,
     floordiv,
     format_kernel,
     free_vars,
@@ -549,6 +550,41 @@ def _spatial_binding_vars(b: Block) -> set[str]:
     for iv, x in zip(b.iter_vars, b.bindings):
         if iv.kind != "reduce":
             out |= free_vars(x)
+    return out
+
+
+def _accesses(
+    loop: For, var: str, rename: dict[str, Expr] | None = None
+) -> tuple[dict[str, list[tuple[Expr, ...]]], dict[str, list[tuple[Expr, ...]]]]:
+    """Stores and loads inside ``loop`` by buffer, with indices rewritten from block
+    iteration variables to loop variables (``rename`` renames loop variables first)."""
+    writes: dict[str, list[tuple[Expr, ...]]] = {}
+    reads: dict[str, list[tuple[Expr, ...]]] = {}
+    for b in ast_blocks(loop.body):
+        bind = {iv.name: substitute(x, rename or {}) for iv, x in zip(b.iter_vars, b.bindings)}
+        exprs: list[Expr] = [substitute(x, rename or {}) for x in b.bindings]
+        if b.predicate is not None:
+            exprs.append(b.predicate)
+        for st in walk_stmts(b.body):
+            if isinstance(st, Store):
+                writes.setdefault(st.buffer, []).append(tuple(substitute(i, bind) for i in st.indices))
+                exprs += list(st.indices) + [st.value]
+            elif isinstance(st, If):
+                exprs.append(st.cond)
+        for e in exprs:
+            for ld in loads(e):
+                reads.setdefault(ld.buffer, []).append(tuple(substitute(i, bind) for i in ld.indices))
+    return writes, reads
+
+
+def _block_exprs(b: Block) -> list[Expr]:
+    """Every expression of a block: bindings, predicate, store indices and values, conditions."""
+    out: list[Expr] = list(b.bindings) + ([b.predicate] if b.predicate is not None else [])
+    for st in walk_stmts(b.body):
+        if isinstance(st, Store):
+            out += list(st.indices) + [st.value]
+        elif isinstance(st, If):
+            out.append(st.cond)
     return out
 
 
@@ -1848,6 +1884,77 @@ class Schedule:
                         b.name,
                         f"accesses to {buf} in different iterations of {v} may overlap",
                     )
+
+    @_primitive
+    def fuse_siblings(self, first: str, second: str) -> str:
+        """Loop fusion: merge loop ``second`` into the adjacent sibling loop ``first`` before it
+        (same extent); returns ``first``.
+
+        Requirements: both loops sit in the same statement list, ``second`` after
+        ``first`` with only loop-free blocks between them that neither read what
+        ``first`` writes nor write what it touches (they move before ``first``), with
+        textually equal extents; no buffer is written by both; nothing
+        ``first`` reads is written by ``second``; every buffer ``first`` writes and
+        ``second`` reads is read at the very element iteration ``i`` of ``first`` wrote
+        (so it is ready when iteration ``i`` of ``second`` runs); a register (0-d)
+        ``first`` writes is not read by ``second``.
+
+        Example, ``fuse_siblings("E_rb", "S_rb")`` (a row's exp, then its sum)::
+
+            serial for (E_rb, 0, K)                  serial for (E_rb, 0, K)
+              ScheduleBlock(E)                         ScheduleBlock(E)
+                vk = axis.bind(E_rb)                     vk = axis.bind(E_rb)
+                T[vk] = exp(X[vk] - m)        ->          T[vk] = exp(X[vk] - m)
+            serial for (S_rb, 0, K)                    ScheduleBlock(S)
+              ScheduleBlock(S)                           r:vk = axis.bind(E_rb)
+                r:vk = axis.bind(S_rb)                   s = s + T[vk]
+                s = s + T[vk]
+        """
+        prim = "fuse_siblings"
+        a, cont, _ = self._locate_loop(prim, first)
+        b, cont_b, _ = self._locate_loop(prim, second)
+        blk = self._first_block(a)
+        if cont is not cont_b:
+            raise ScheduleError(prim, blk, f"loops {first} and {second} are not siblings")
+        ia = next(i for i, x in enumerate(cont) if x is a)
+        ib = next((i for i, x in enumerate(cont) if x is b), -1)
+        if ib <= ia:
+            raise ScheduleError(prim, blk, f"loop {second} does not follow {first}")
+        if expr_str(a.extent) != expr_str(b.extent):
+            raise ScheduleError(prim, blk, f"extents differ: {expr_str(a.extent)} vs {expr_str(b.extent)}")
+        wa, ra = _accesses(a, a.var)
+        between = cont[ia + 1 : ib]
+        for st in between:
+            if not isinstance(st, Block) or any(isinstance(x, For) for x in walk_stmts(st.body)):
+                raise ScheduleError(prim, blk, f"a loop or non-block statement separates {first} and {second}")
+            ws = {x.buffer for x in walk_stmts(st.body) if isinstance(x, Store)}
+            rs = {ld.buffer for e in _block_exprs(st) for ld in loads(e)}
+            if ws & (set(wa) | set(ra)) or rs & set(wa):
+                raise ScheduleError(prim, blk, f"block {st.name} between the loops depends on {first}")
+        wb, rb = _accesses(b, a.var, rename={b.var: Var(a.var)})
+        both = set(wa) & set(wb)
+        if both:
+            raise ScheduleError(prim, blk, f"both loops write {sorted(both)}")
+        back = set(wb) & set(ra)
+        if back:
+            raise ScheduleError(prim, blk, f"{second} writes {sorted(back)}, which {first} reads")
+        for buf, idxs in rb.items():
+            if buf not in wa:
+                continue
+            stores = {tuple(expr_str(i) for i in idx) for idx in wa[buf]}
+            if len(stores) != 1 or not stores.pop():
+                raise ScheduleError(prim, blk, f"{first} writes {buf} at several places or as a scalar")
+            want = tuple(expr_str(i) for i in wa[buf][0])
+            for idx in idxs:
+                if tuple(expr_str(i) for i in idx) != want:
+                    raise ScheduleError(
+                        prim, blk, f"{second} reads {buf} at another element than {first} writes"
+                    )
+        _subst_loop_vars(b.body, {b.var: Var(a.var)})
+        a.body.extend(b.body)
+        del cont[ia + 1 : ib + 1]
+        cont[ia:ia] = between  # independent blocks in between now run before the fused loop
+        return a.var
 
     @_primitive
     def parallel(self, loop: str) -> None:

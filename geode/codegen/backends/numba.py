@@ -174,9 +174,11 @@ FASTMATH_FLAGS: frozenset[str] = frozenset(
     ["nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"]
 )
 
-#: LLVM fast-math flags used by default (``fastmath=False``): reassociation and FMA
-#: contraction only, so reductions vectorize while NaN/Inf keep IEEE semantics.
-DEFAULT_FLAGS: frozenset[str] = frozenset(["contract", "reassoc"])
+#: LLVM fast-math flags used by default (``fastmath=False``): reassociation, FMA
+#: contraction and reciprocal multiplication only, so reductions vectorize and a division
+#: by a row-invariant value becomes one reciprocal and a multiply, while NaN/Inf keep
+#: IEEE semantics (see ``config.ACCURACY_POLICY``).
+DEFAULT_FLAGS: frozenset[str] = frozenset(["arcp", "contract", "reassoc"])
 
 #: Largest constant extent of an ``unrolled`` loop that is expanded into straight code.
 MAX_UNROLL = 256
@@ -526,7 +528,7 @@ def _implemented_ops() -> tuple[set[str], set[str]]:
     """The binary and unary ops the emitter handles (tests compare with the AST's)."""
     binary = set(_PY_OPS) | _CMP_OPS | set(_LOGIC_OPS) | set(_BIT_OPS)
     binary |= {"fmod", "min", "max", "pow", "shl", "shr"}
-    unary = set(_MATH_UN) | set(_ROUND_UN)
+    unary = set(_MATH_UN) | set(_ROUND_UN) | {"sigmoid"}
     unary |= {"neg", "not", "bitnot", "abs", "sign", "isnan", "isinf", "isposinf", "isneginf"}
     return binary, unary
 
@@ -830,6 +832,15 @@ class _Emitter:
             if isf:
                 return _V(_call("abs", a), dt, _ATOM)
             return self.wrap(_call("abs", a), _ATOM, dt)
+        if op == "sigmoid":
+            fdt = _float_for(dt)
+            x = self.convert(a, fdt)
+            fn = VMATH.get((op, fdt))
+            if fn is not None:
+                self.vmath.add(fn.__name__)
+                return self.wrap(_call(fn.__name__, x), _ATOM, fdt)
+            one = f"np.{fdt}(1.0)"
+            return self.wrap(f"{one} / ({one} + math.exp(-{_p(x, _UNARY)}))", _MUL, fdt)
         if op in _MATH_UN:
             fdt = _float_for(dt)
             x = self.convert(a, fdt)

@@ -460,10 +460,19 @@ def _sparse_to_dense(
 class _GraphBuilder:
     """Imports one GraphProto (the main graph or a subgraph) into a geode Graph."""
 
-    def __init__(self, imp: _Importer, gp: onnx.GraphProto, parent: _GraphBuilder | None):
+    def __init__(
+        self,
+        imp: _Importer,
+        gp: onnx.GraphProto,
+        parent: _GraphBuilder | None,
+        input_hints: list[TensorDesc | None] | None = None,
+    ):
         self.imp = imp
         self.gp = gp
         self.parent = parent
+        #: types for the formal inputs of a subgraph that leaves them untyped (ONNX lets a
+        #: Loop or Scan body take its inputs' types from the node's inputs)
+        self.input_hints = list(input_hints or [])
         self.graph = Graph(gp.name or ("main" if parent is None else "subgraph"))
         self.scope: dict[str, Value] = {}
         self.captures: list[str] = []
@@ -523,8 +532,23 @@ class _GraphBuilder:
         self._reserved.add(name)
         return name
 
-    def value_desc(self, vi: onnx.ValueInfoProto, what: str) -> TensorDesc:
-        """TensorDesc of a graph input's ValueInfo (ModelLoadError when it has no type)."""
+    def value_desc(
+        self, vi: onnx.ValueInfoProto, what: str, hint: TensorDesc | None = None
+    ) -> TensorDesc:
+        """TensorDesc of a graph input's ValueInfo (ModelLoadError when it has no type).
+
+        A subgraph input without a type (or element type) takes ``hint``'s, the type of
+        the node input it receives, when there is one.
+        """
+        untyped = not vi.HasField("type") or (
+            vi.type.WhichOneof("value") == "tensor_type"
+            and vi.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED
+        )
+        if untyped and hint is not None and self.parent is not None:
+            shape = None if hint.shape is None else tuple(
+                d if isinstance(d, int) else self.graph.symbols.fresh() for d in hint.shape
+            )
+            return TensorDesc(hint.dtype, shape)
         if not vi.HasField("type"):
             raise ModelLoadError(f"{self.label}: {what} {vi.name!r} has no type")
         kind = vi.type.WhichOneof("value")
@@ -568,7 +592,9 @@ class _GraphBuilder:
             seen_inputs.add(vi.name)
             if vi.name in init_set and not overridable:
                 continue  # an initializer: a constant
-            desc = self.value_desc(vi, "graph input")
+            k = len(seen_inputs) - 1
+            hint = self.input_hints[k] if k < len(self.input_hints) else None
+            desc = self.value_desc(vi, "graph input", hint)
             v = g.input(vi.name, desc.shape, desc.dtype)
             self._define(vi.name, v)
             if vi.name in init_set:
@@ -701,7 +727,7 @@ class _GraphBuilder:
             self._expand(node, name, fn, opsets, depth)
             return
         inputs = [None if not x else self.lookup(x, where) for x in node.input]
-        attrs = self._attrs(node, where)
+        attrs = self._attrs(node, where, _body_input_hints(op, domain, node, inputs))
         captured = _captured_names(attrs)
         if captured:
             # values the subgraphs read from enclosing scopes become trailing inputs of
@@ -787,17 +813,24 @@ class _GraphBuilder:
         self._define(out, self._constant(out, arr, t, ref, loader))
 
     # -- attributes ------------------------------------------------------------------------
-    def _attrs(self, node: onnx.NodeProto, where: str) -> dict[str, Any]:
+    def _attrs(
+        self,
+        node: onnx.NodeProto,
+        where: str,
+        hints: dict[str, list[TensorDesc | None]] | None = None,
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for a in node.attribute:
             if a.ref_attr_name:
                 raise ModelLoadError(
                     f"{self.label}: {where}: attribute {a.name!r} refers to a function attribute outside a function"
                 )
-            out[a.name] = self._attr_value(a, where)
+            out[a.name] = self._attr_value(a, where, (hints or {}).get(a.name))
         return out
 
-    def _attr_value(self, a: onnx.AttributeProto, where: str) -> Any:
+    def _attr_value(
+        self, a: onnx.AttributeProto, where: str, hints: list[TensorDesc | None] | None = None
+    ) -> Any:
         t = a.type
         if t == _A.UNDEFINED:  # very old exporters: infer the kind from the field set
             t = _infer_attr_type(a)
@@ -816,7 +849,7 @@ class _GraphBuilder:
         if t == _A.SPARSE_TENSOR:
             return self._tensor(a.sparse_tensor, what)[0]
         if t == _A.GRAPH:
-            return self._subgraph(a.g)
+            return self._subgraph(a.g, hints)
         if t == _A.FLOATS:
             return [float(x) for x in a.floats]
         if t == _A.INTS:
@@ -835,8 +868,10 @@ class _GraphBuilder:
             return list(a.type_protos)
         raise ModelLoadError(f"{self.label}: {what} has unknown attribute type {t}")
 
-    def _subgraph(self, gp: onnx.GraphProto) -> Graph:
-        sub = _GraphBuilder(self.imp, gp, parent=self)
+    def _subgraph(
+        self, gp: onnx.GraphProto, input_hints: list[TensorDesc | None] | None = None
+    ) -> Graph:
+        sub = _GraphBuilder(self.imp, gp, parent=self, input_hints=input_hints)
         return sub.build()
 
     # -- functions -----------------------------------------------------------------------------
@@ -953,6 +988,16 @@ class _GraphBuilder:
                     b.CopyFrom(src)
                     b.name = a.name
                     inner.attribute.append(b)
+                elif a.type in (_A.GRAPH, _A.GRAPHS):
+                    # a subgraph of the body reads body values by their body names
+                    b = onnx.AttributeProto()
+                    b.CopyFrom(a)
+                    if a.type == _A.GRAPH:
+                        b.g.CopyFrom(_rename_free(a.g, mapped, frozenset()))
+                    else:
+                        for sg in b.graphs:
+                            sg.CopyFrom(_rename_free(sg, mapped, frozenset()))
+                    inner.attribute.append(b)
                 else:
                     inner.attribute.append(a)
             try:
@@ -964,6 +1009,60 @@ class _GraphBuilder:
                     opsets.get(domain),
                     where=f"{where}; expanding its function body: {exc}",
                 ) from exc
+
+
+def _rename_free(
+    gp: onnx.GraphProto, rename: Callable[[str], str], bound: frozenset[str]
+) -> onnx.GraphProto:
+    """A copy of a subgraph whose reads of enclosing-scope names go through ``rename``
+    (names the subgraph or an enclosing subgraph defines are left alone)."""
+    g = onnx.GraphProto()
+    g.CopyFrom(gp)
+    local = set(bound) | {vi.name for vi in g.input} | {t.name for t in g.initializer}
+    local |= {sp.values.name for sp in g.sparse_initializer}
+    for n in g.node:
+        local.update(x for x in n.output if x)
+    frozen = frozenset(local)
+    for n in g.node:
+        renamed = [rename(x) if x and x not in frozen else x for x in n.input]
+        del n.input[:]
+        n.input.extend(renamed)
+        for a in n.attribute:
+            if a.type == _A.GRAPH:
+                a.g.CopyFrom(_rename_free(a.g, rename, frozen))
+            elif a.type == _A.GRAPHS:
+                for sg in a.graphs:
+                    sg.CopyFrom(_rename_free(sg, rename, frozen))
+    for vo in g.output:
+        if vo.name not in frozen:
+            vo.name = rename(vo.name)
+    return g
+
+
+def _body_input_hints(
+    op: str, domain: str, node: onnx.NodeProto, inputs: list[Value | None]
+) -> dict[str, list[TensorDesc | None]]:
+    """Types of a Loop or Scan body's formal inputs, from the node's inputs (by attribute)."""
+    if domain != "":
+        return {}
+    if op == "Loop":
+        carried = [None if v is None else v.desc for v in inputs[2:]]
+        scalar_i = TensorDesc(np.dtype(np.int64), ())
+        scalar_b = TensorDesc(np.dtype(np.bool_), ())
+        return {"body": [scalar_i, scalar_b, *carried]}
+    if op == "Scan":
+        m = next((int(a.i) for a in node.attribute if a.name == "num_scan_inputs"), 0)
+        axes = next((list(a.ints) for a in node.attribute if a.name == "scan_input_axes"), [])
+        n = len(inputs) - m
+        hints: list[TensorDesc | None] = [None if v is None else v.desc for v in inputs[:n]]
+        for j, v in enumerate(inputs[n:]):
+            if v is None or v.shape is None:
+                hints.append(None if v is None else TensorDesc(v.dtype, None))
+                continue
+            ax = (axes[j] if j < len(axes) else 0) % max(len(v.shape), 1)
+            hints.append(TensorDesc(v.dtype, tuple(d for i, d in enumerate(v.shape) if i != ax)))
+        return {"body": hints}
+    return {}
 
 
 def _captured_names(attrs: dict[str, Any]) -> list[str]:

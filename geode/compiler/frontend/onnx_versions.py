@@ -34,6 +34,8 @@ BatchNormalization            9          ``spatial`` dropped (spatial=0 decompos
 BatchNormalization            14         training-only outputs dropped when unused
 Gemm                          any        ``broadcast`` attribute (opset < 7) dropped
 Scatter                       any        renamed ScatterElements
+Scan                          9          the batched opset-8 form is refused
+DFT                           20         ``axis`` attribute -> int64 input
 Upsample, Resize              11 / 13    to Resize-21 form (when Resize is registered)
 ============================  =========  ==============================================
 """
@@ -424,6 +426,20 @@ def _gemm(spec: NodeSpec, ctx: AdaptContext) -> NodeSpec:
     if "broadcast" not in spec.attrs:
         return spec
     return replace(spec, attrs={k: v for k, v in spec.attrs.items() if k != "broadcast"})
+
+
+@adapter("DFT", below=20)
+def _dft17(spec: NodeSpec, ctx: AdaptContext) -> NodeSpec:
+    """Opset 17 DFT takes ``axis`` as an attribute (default 1); opset 20 as an input."""
+    attrs = dict(spec.attrs)
+    axis = attrs.pop("axis", 1)
+    inputs = [spec.input(0), spec.input(1), ctx.const(int(axis), np.int64, "axis")]
+    return replace(spec, inputs=inputs, attrs=attrs, version=TARGET_OPSET)
+
+
+@adapter("Scan", below=9)
+def _scan8(spec: NodeSpec, ctx: AdaptContext) -> NodeSpec:
+    raise _fail(spec, "Scan before opset 9 (batched, with sequence_lens) is not supported")
 
 
 @adapter("Scatter", below=TARGET_OPSET + 1)

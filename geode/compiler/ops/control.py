@@ -163,7 +163,8 @@ def _carried(ctx: InferContext, initial: TensorDesc, body_out: TensorDesc | None
         return TensorDesc(initial.dtype, None)
     dims: list[Dim] = []
     for x, y in zip(initial.shape, body_out.shape):
-        dims.append(x if isinstance(x, int) and x == y else (x if not isinstance(x, int) and not isinstance(y, int) and x == y else ctx.fresh("cf")))
+        same = isinstance(x, int) and isinstance(y, int) and x == y
+        dims.append(x if same else ctx.fresh("cf"))
     return TensorDesc(initial.dtype, tuple(dims))
 
 
@@ -356,7 +357,7 @@ def _scan_axes(attrs: dict[str, Any], name: str, n: int) -> list[int]:
     return v
 
 
-def _scan_parts(ctx_or_ins: Any, attrs: dict[str, Any], n_inputs: int) -> tuple[int, int, int]:
+def _scan_parts(attrs: dict[str, Any], n_inputs: int) -> tuple[int, int, int]:
     """(N states, M scan inputs, K scan outputs)."""
     body: Graph = attrs["body"]
     m = int(attrs["num_scan_inputs"])
@@ -371,7 +372,7 @@ def _scan_verify(ctx: InferContext) -> None:
         ctx.fail("attribute body must be a graph", VerifyError)
     n_caps = len(ctx.attr("captures") or [])
     n_in = ctx.n_inputs - n_caps
-    n, m, k = _scan_parts(ctx, ctx.attrs, n_in)
+    n, m, k = _scan_parts(ctx.attrs, n_in)
     if m < 1 or n < 0:
         ctx.fail(f"num_scan_inputs={m} does not fit {n_in} inputs", VerifyError)
     if _formal_count(body) != n + m:
@@ -393,7 +394,7 @@ def _scan_infer(ctx: InferContext) -> list[TensorDesc]:
     body = ctx.attr("body")
     n_caps = len(ctx.attr("captures") or [])
     n_in = ctx.n_inputs - n_caps
-    n, m, k = _scan_parts(ctx, ctx.attrs, n_in)
+    n, m, k = _scan_parts(ctx.attrs, n_in)
     outs = [_carried(ctx, ctx.desc(i), body.outputs[i].desc) for i in range(n)]
     in_axes = _scan_axes(ctx.attrs, "scan_input_axes", m)
     first = ctx.shape(n)
@@ -416,7 +417,7 @@ def _scan_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
     own, outer = split_captures(ins, attrs)
     body: Graph = attrs["body"]
     run = body_runner(body)
-    n, m, k = _scan_parts(None, attrs, len(own))
+    n, m, k = _scan_parts(attrs, len(own))
     states = [np.asarray(v) for v in own[:n]]
     xs = [np.asarray(v) for v in own[n:]]
     in_axes = [a % max(x.ndim, 1) for a, x in zip(_scan_axes(attrs, "scan_input_axes", m), xs)]

@@ -214,7 +214,7 @@ register(
 )
 
 # -- comparisons, logic and bits -------------------------------------------------------
-binary("Equal", lambda a, b, _: np.equal(a, b), types=dtypes.ALL, out_dtype=np.bool_)
+binary("Equal", lambda a, b, _: np.equal(a, b), types=dtypes.ALL | frozenset([np.dtype(object)]), out_dtype=np.bool_)
 binary("Less", lambda a, b, _: np.less(a, b), out_dtype=np.bool_)
 binary("Greater", lambda a, b, _: np.greater(a, b), out_dtype=np.bool_)
 binary("LessOrEqual", lambda a, b, _: np.less_equal(a, b), out_dtype=np.bool_)
@@ -525,6 +525,49 @@ register(
         infer=_infer_cast_like,
         kernel=lambda ins, a: [cast_array(ins[0], ins[1].dtype, a["saturate"], a["round_mode"])],
         doc="Cast to target_type's dtype (only its dtype is read, never its shape or data)",
+    )
+)
+
+# -- BitCast -------------------------------------------------------------------------------
+def _bitcast_target(ctx: InferContext) -> np.dtype:
+    d = dtypes.to_numpy(ctx.attr("to"), ctx.where)
+    if d not in dtypes.ANY:
+        ctx.fail(f"attribute 'to'={ctx.attr('to')!r} names a dtype geode does not support ({d})", DTypeError)
+    src = ctx.dtype(0)
+    if d.itemsize != src.itemsize or (d in dtypes.SUB_BYTE_INTS | dtypes.FLOAT4) != (
+        src in dtypes.SUB_BYTE_INTS | dtypes.FLOAT4
+    ):
+        ctx.fail(f"cannot reinterpret {dtypes.name(src)} as {dtypes.name(d)}: the bit widths differ", DTypeError)
+    return d
+
+
+def _infer_bitcast(ctx: InferContext) -> list[TensorDesc]:
+    d = ctx.desc(0)
+    return [TensorDesc(_bitcast_target(ctx), d.shape, d.format)]
+
+
+def _bitcast(x: np.ndarray, to: np.dtype) -> np.ndarray:
+    """The same bits read as ``to`` (little endian, as ONNX asks)."""
+    x = np.array(x, order="C")  # (ascontiguousarray would make a scalar 1-D)
+    if x.dtype.byteorder == ">":
+        x = x.astype(x.dtype.newbyteorder("<"))
+    out = x.view(to).copy()
+    if to == np.bool_:
+        out = out.view(np.uint8) != 0
+    return out
+
+
+register(
+    OpDef(
+        "BitCast",
+        OpKind.OPAQUE,
+        inputs=[In("input", "T1")],
+        outputs=[Out("output", "T2")],
+        types={"T1": dtypes.ANY},
+        attrs=[Attr("to", "int", REQUIRED)],
+        infer=_infer_bitcast,
+        kernel=lambda ins, a: [_bitcast(ins[0], dtypes.to_numpy(a["to"]))],
+        doc="reinterpret the bits as dtype 'to' (same bit width), no value conversion",
     )
 )
 

@@ -675,3 +675,64 @@ register(
         doc="greedy per-class box selection by score and IoU; [k, 3] (batch, class, box) rows",
     )
 )
+
+
+# == Compress ==================================================================================
+
+
+def _compress_verify(ctx: InferContext) -> None:
+    r = ctx.rank(1)
+    if r is not None and r != 1:
+        ctx.fail(f"condition must be 1-D, got rank {r}")
+    if ctx.attr("axis") is not None and ctx.rank(0) is not None:
+        ctx.axis(int(ctx.attr("axis")), ctx.rank(0))
+
+
+def _compress_infer(ctx: InferContext) -> list[TensorDesc]:
+    x = ctx.desc(0)
+    cond = ctx.value(1)
+    count: Dim = ctx.fresh("compress")
+    axis = ctx.attr("axis")
+    if cond is not None:
+        limit = int(numel(x.shape)) if axis is None and x.shape is not None and all(
+            isinstance(d, int) for d in x.shape
+        ) else None
+        if axis is not None and x.shape is not None and isinstance(x.shape[ctx.axis(int(axis), len(x.shape))], int):
+            limit = x.shape[ctx.axis(int(axis), len(x.shape))]
+        if limit is not None:
+            count = int(np.count_nonzero(np.asarray(cond).reshape(-1)[:limit]))
+    if axis is None:
+        return [TensorDesc(x.dtype, (count,))]
+    if x.shape is None:
+        return [TensorDesc(x.dtype, None)]
+    ax = ctx.axis(int(axis), len(x.shape))
+    shape = list(x.shape)
+    shape[ax] = count
+    return [TensorDesc(x.dtype, tuple(shape))]
+
+
+def _compress_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
+    x = np.asarray(ins[0])
+    cond = np.asarray(ins[1]).reshape(-1).astype(bool)
+    axis = attrs.get("axis")
+    n = x.size if axis is None else x.shape[int(axis) % x.ndim]
+    if cond.size > n:
+        raise ShapeError(f"Compress: condition has {cond.size} entries, the selected axis {n}")
+    return [np.compress(cond, x, axis=None if axis is None else int(axis)).copy()]
+
+
+register(
+    OpDef(
+        "Compress",
+        OpKind.HOST,
+        inputs=[In("input", "T"), In("condition", "T1")],
+        outputs=[Out("output", "T")],
+        types={"T": dtypes.ANY, "T1": dtypes.BOOL},
+        attrs=[Attr("axis", "int", None)],
+        verify=_compress_verify,
+        infer=_compress_infer,
+        kernel=_compress_kernel,
+        value_inputs=(1,),
+        doc="the slices along axis (or elements of the flattened input) where condition is true",
+    )
+)

@@ -23,7 +23,7 @@ import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
-from geode.compiler.ops.registry import Attr, In, InferContext, OpDef, OpKind, Out, register
+from geode.compiler.ops.registry import REQUIRED, Attr, In, InferContext, OpDef, OpKind, Out, register
 from geode.compiler.shapes import Dim, as_dim, dims_equal
 from geode.errors import ShapeError, VerifyError
 
@@ -466,13 +466,351 @@ register(
     )
 )
 
+# == RoiAlign ====================================================================================
+def _roi_samples(
+    start: float, bin_size: float, bins: int, grid: int, size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Sample positions along one axis of a RoI: (low index, high index, low weight, high
+    weight, valid), each of shape (bins, grid), with RoiAlign's border rules."""
+    b = np.arange(bins)[:, None]
+    g = np.arange(grid)[None, :]
+    pos = start + b * bin_size + (g + 0.5) * bin_size / grid
+    valid = (pos >= -1.0) & (pos <= size)
+    pos = np.maximum(pos, 0.0)
+    low = np.floor(pos).astype(np.int64)
+    at_end = low >= size - 1
+    low = np.where(at_end, size - 1, low)
+    high = np.where(at_end, size - 1, low + 1)
+    pos = np.where(at_end, low.astype(np.float64), pos)
+    frac = pos - low
+    return low, high, np.where(valid, 1.0 - frac, 0.0), np.where(valid, frac, 0.0)
+
+
+def roi_align(x: np.ndarray, rois: np.ndarray, batch_indices: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+    """ONNX RoiAlign (avg or max over bilinear samples of each bin)."""
+    x = np.asarray(x)
+    rois = np.asarray(rois).astype(np.float64)
+    bidx = np.asarray(batch_indices).reshape(-1).astype(np.int64)
+    n_rois = bidx.shape[0]
+    c, h, w = x.shape[1:]
+    oh, ow = int(attrs["output_height"]), int(attrs["output_width"])
+    scale = float(np.float32(attrs["spatial_scale"]))
+    ratio = int(attrs["sampling_ratio"])
+    half = _s(attrs["coordinate_transformation_mode"]).lower() == "half_pixel"
+    mode = _s(attrs["mode"]).lower()
+    y = np.zeros((n_rois, c, oh, ow), dtype=np.float64)
+    xf = x.astype(np.float64)
+    offset = 0.5 if half else 0.0
+    for r in range(n_rois):
+        x1, y1, x2, y2 = (float(v) * scale - offset for v in rois[r, :4])
+        rw, rh = x2 - x1, y2 - y1
+        if not half:  # legacy mode: malformed RoIs become 1x1
+            rw, rh = max(rw, 1.0), max(rh, 1.0)
+        bh, bw = rh / oh, rw / ow
+        gh = ratio if ratio > 0 else int(np.ceil(rh / oh))
+        gw = ratio if ratio > 0 else int(np.ceil(rw / ow))
+        count = max(gh * gw, 1)
+        if gh <= 0 or gw <= 0:
+            continue
+        yl, yh, wyl, wyh = _roi_samples(y1, bh, oh, gh, h)  # (oh, gh)
+        xl, xh, wxl, wxh = _roi_samples(x1, bw, ow, gw, w)  # (ow, gw)
+        img = xf[bidx[r]]  # (c, h, w)
+
+        def tap(yi: np.ndarray, xi: np.ndarray) -> np.ndarray:
+            # (c, oh, gh, ow, gw)
+            return img[:, yi[:, :, None, None], xi[None, None, :, :]]
+
+        w1 = wyl[:, :, None, None] * wxl[None, None]
+        w2 = wyl[:, :, None, None] * wxh[None, None]
+        w3 = wyh[:, :, None, None] * wxl[None, None]
+        w4 = wyh[:, :, None, None] * wxh[None, None]
+        terms = (w1 * tap(yl, xl), w2 * tap(yl, xh), w3 * tap(yh, xl), w4 * tap(yh, xh))
+        if mode == "avg":
+            y[r] = sum(terms).sum(axis=(2, 4)) / count
+        else:  # ONNX's max: the largest weighted corner over all samples of the bin
+            y[r] = np.maximum.reduce(terms).max(axis=(2, 4))
+    return y.astype(x.dtype)
+
+
+def _roi_verify(ctx: InferContext) -> None:
+    if _s(ctx.attr("mode")).lower() not in ("avg", "max"):
+        ctx.fail(f"mode {_s(ctx.attr('mode'))!r} is not avg or max", VerifyError)
+    if _s(ctx.attr("coordinate_transformation_mode")).lower() not in ("half_pixel", "output_half_pixel"):
+        ctx.fail("coordinate_transformation_mode must be half_pixel or output_half_pixel", VerifyError)
+    x, r = ctx.shape(0), ctx.shape(1)
+    if x is not None and len(x) != 4:
+        ctx.fail(f"X must be 4-D (N, C, H, W), got shape {list(x)}")
+    if r is not None and (len(r) != 2 or (isinstance(r[1], int) and r[1] != 4)):
+        ctx.fail(f"rois must have shape (num_rois, 4), got {list(r)}")
+
+
+def _roi_infer(ctx: InferContext) -> list[TensorDesc]:
+    x, b = ctx.shape(0), ctx.shape(2)
+    n = b[0] if b is not None and len(b) == 1 else ctx.fresh("rois")
+    c = x[1] if x is not None else ctx.fresh()
+    return [TensorDesc(ctx.dtype(0), (n, c, int(ctx.attr("output_height")), int(ctx.attr("output_width"))))]
+
+
+register(
+    OpDef(
+        "RoiAlign",
+        OpKind.OPAQUE,
+        inputs=[In("X", "T1"), In("rois", "T1"), In("batch_indices", "T2")],
+        outputs=[Out("Y", "T1")],
+        types={"T1": _FLOATS, "T2": _I64},
+        attrs=[
+            Attr("coordinate_transformation_mode", "string", "half_pixel"),
+            Attr("mode", "string", "avg"),
+            Attr("output_height", "int", 1),
+            Attr("output_width", "int", 1),
+            Attr("sampling_ratio", "int", 0),
+            Attr("spatial_scale", "float", 1.0),
+        ],
+        verify=_roi_verify,
+        infer=_roi_infer,
+        kernel=lambda ins, a: [roi_align(ins[0], ins[1], ins[2], a)],
+        doc="pool each RoI into (output_height, output_width) bins of bilinear samples",
+    )
+)
+
+
+# == Col2Im ======================================================================================
+def _ints_attr(attrs: dict[str, Any], name: str, n: int, default: int) -> list[int]:
+    v = attrs.get(name)
+    return [default] * n if v is None or len(v) == 0 else [int(x) for x in v]
+
+
+def col2im(data: np.ndarray, image_shape: Sequence[int], block_shape: Sequence[int], attrs: dict[str, Any]) -> np.ndarray:
+    """ONNX Col2Im: sum every column block back into its place in the image."""
+    data = np.asarray(data)
+    img = [int(v) for v in image_shape]
+    blk = [int(v) for v in block_shape]
+    nd = len(img)
+    dil = _ints_attr(attrs, "dilations", nd, 1)
+    strides = _ints_attr(attrs, "strides", nd, 1)
+    pads = _ints_attr(attrs, "pads", 2 * nd, 0)
+    n, ck, length = data.shape
+    k = int(np.prod(blk))
+    if ck % k:
+        raise ShapeError(f"Col2Im: input dim 1 ({ck}) is not divisible by the block size {k}")
+    c = ck // k
+    cols = [(img[i] + pads[i] + pads[nd + i] - dil[i] * (blk[i] - 1) - 1) // strides[i] + 1 for i in range(nd)]
+    if int(np.prod(cols)) != length:
+        raise ShapeError(f"Col2Im: input dim 2 is {length}, the blocks tile {cols} = {int(np.prod(cols))} positions")
+    out = np.zeros((n, c, int(np.prod(img))), dtype=np.float64 if data.dtype.kind == "f" else data.dtype)
+    blocks = data.reshape(n, c, k, length)
+    col_idx = np.indices(cols).reshape(nd, -1)  # (nd, L)
+    for off, kidx in enumerate(np.ndindex(*blk)):
+        pos = [col_idx[i] * strides[i] - pads[i] + kidx[i] * dil[i] for i in range(nd)]
+        inside = np.all([(p >= 0) & (p < img[i]) for i, p in enumerate(pos)], axis=0)
+        flat = np.ravel_multi_index(tuple(np.where(inside, p, 0) for p in pos), img)
+        np.add.at(out, (slice(None), slice(None), flat[inside]), blocks[:, :, off, inside])
+    return out.reshape(n, c, *img).astype(data.dtype)
+
+
+def _col2im_infer(ctx: InferContext) -> list[TensorDesc]:
+    x = ctx.shape(0)
+    img = ctx.sym_ints(1)
+    blk = ctx.value(2)
+    n: Dim = x[0] if x is not None else ctx.fresh()
+    c: Dim = ctx.fresh()
+    if x is not None and blk is not None and isinstance(x[1], int):
+        c = x[1] // int(np.prod(blk))
+    if img is not None:
+        return [TensorDesc(ctx.dtype(0), (n, c, *(as_dim(d) for d in img)))]
+    k = ctx.shape(1)
+    if k is not None and len(k) == 1 and isinstance(k[0], int):
+        return [TensorDesc(ctx.dtype(0), (n, c, *(ctx.fresh() for _ in range(k[0]))))]
+    return [TensorDesc(ctx.dtype(0), None)]
+
+
+register(
+    OpDef(
+        "Col2Im",
+        OpKind.OPAQUE,
+        inputs=[In("input", "T"), In("image_shape", "I"), In("block_shape", "I")],
+        outputs=[Out("output", "T")],
+        types={"T": dtypes.NUMERIC, "I": _I64},
+        attrs=[Attr("dilations", "ints", None), Attr("pads", "ints", None), Attr("strides", "ints", None)],
+        infer=_col2im_infer,
+        kernel=lambda ins, a: [col2im(ins[0], np.asarray(ins[1]).reshape(-1), np.asarray(ins[2]).reshape(-1), a)],
+        value_inputs=(1, 2),
+        doc="fold column blocks (N, C*prod(block), L) back into an image (N, C, *image_shape)",
+    )
+)
+
+
+# == MaxUnpool ===================================================================================
+def _unpool_shape(x_shape: Sequence[Dim], attrs: dict[str, Any]) -> list[Dim]:
+    ks = [int(k) for k in attrs["kernel_shape"]]
+    nd = len(ks)
+    strides = _ints_attr(attrs, "strides", nd, 1)
+    pads = _ints_attr(attrs, "pads", 2 * nd, 0)
+    out = list(x_shape[:2])
+    for i in range(nd):
+        d = x_shape[2 + i]
+        v = (d - 1) * strides[i] - (pads[i] + pads[nd + i]) + ks[i]
+        out.append(v if isinstance(v, int) else as_dim(v))
+    return out
+
+
+def max_unpool(x: np.ndarray, indices: np.ndarray, output_shape: np.ndarray | None, attrs: dict[str, Any]) -> np.ndarray:
+    """ONNX MaxUnpool: scatter X to its (flat) indices in a zero tensor of the inferred
+    shape, then place that at the start of ``output_shape`` (when given)."""
+    x = np.asarray(x)
+    full = [int(d) for d in _unpool_shape(x.shape, attrs)]
+    y = np.zeros(int(np.prod(full)), dtype=x.dtype)
+    y[np.asarray(indices).reshape(-1).astype(np.int64)] = x.reshape(-1)
+    y = y.reshape(full)
+    if output_shape is None:
+        return y
+    shape = [int(v) for v in np.asarray(output_shape).reshape(-1)]
+    out = np.zeros(shape, dtype=x.dtype)
+    out[tuple(slice(0, min(a, b)) for a, b in zip(full, shape))] = y[
+        tuple(slice(0, min(a, b)) for a, b in zip(full, shape))
+    ]
+    return out
+
+
+def _unpool_infer(ctx: InferContext) -> list[TensorDesc]:
+    x = ctx.shape(0)
+    if ctx.has(2):
+        vals = ctx.sym_ints(2)
+        if vals is not None:
+            return [TensorDesc(ctx.dtype(0), tuple(as_dim(v) for v in vals))]
+        r = len(x) if x is not None else None
+        return [TensorDesc(ctx.dtype(0), None if r is None else tuple(ctx.fresh() for _ in range(r)))]
+    if x is None:
+        return [TensorDesc(ctx.dtype(0), None)]
+    if len(x) != len(ctx.attr("kernel_shape")) + 2:
+        ctx.fail(f"X of rank {len(x)} needs {len(x) - 2} kernel dims, kernel_shape is {ctx.attr('kernel_shape')}")
+    return [TensorDesc(ctx.dtype(0), tuple(_unpool_shape(x, ctx.attrs)))]
+
+
+register(
+    OpDef(
+        "MaxUnpool",
+        OpKind.OPAQUE,
+        inputs=[In("X", "T1"), In("I", "T2"), In("output_shape", "T2", optional=True)],
+        outputs=[Out("output", "T1")],
+        types={"T1": dtypes.NUMERIC, "T2": _I64},
+        attrs=[Attr("kernel_shape", "ints", REQUIRED), Attr("pads", "ints", None), Attr("strides", "ints", None)],
+        infer=_unpool_infer,
+        kernel=lambda ins, a: [max_unpool(ins[0], ins[1], ins[2] if len(ins) > 2 else None, a)],
+        value_inputs=(2,),
+        doc="partial inverse of MaxPool: values at their indices, zeros elsewhere",
+    )
+)
+
+
+# == DeformConv ==================================================================================
+def _bilinear_zero(img: np.ndarray, py: np.ndarray, px: np.ndarray) -> np.ndarray:
+    """Bilinear samples of ``img`` (n, c, h, w) at positions (n, *p) -> (n, c, *p); taps
+    outside the image count as zero."""
+    n, c, h, w = img.shape
+    y0, x0 = np.floor(py), np.floor(px)
+    fy, fx = py - y0, px - x0
+    out = np.zeros((n, c, *py.shape[1:]), dtype=np.float64)
+    flat = img.reshape(n, c, h * w).astype(np.float64)
+    for dy, wy in ((0, 1 - fy), (1, fy)):
+        for dx, wx in ((0, 1 - fx), (1, fx)):
+            yy, xx = (y0 + dy).astype(np.int64), (x0 + dx).astype(np.int64)
+            inside = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+            idx = np.where(inside, yy * w + xx, 0).reshape(n, 1, -1)
+            vals = np.take_along_axis(flat, np.broadcast_to(idx, (n, c, idx.shape[-1])), axis=2)
+            weight = np.where(inside, wy * wx, 0.0).reshape(n, 1, -1)
+            out += (vals * weight).reshape(out.shape)
+    return out
+
+
+def deform_conv(ins: list, attrs: dict[str, Any]) -> np.ndarray:
+    """ONNX DeformConv (2-D): a convolution whose taps sample X, bilinearly, at positions
+    moved by ``offset`` (and weighted by ``mask``)."""
+    x, w, offset = (np.asarray(v) for v in ins[:3])
+    b = None if len(ins) < 4 or ins[3] is None else np.asarray(ins[3])
+    mask = None if len(ins) < 5 or ins[4] is None else np.asarray(ins[4])
+    if x.ndim != 4:
+        raise ShapeError(f"DeformConv: only 2-D convolution (4-D X) is supported, X has shape {list(x.shape)}")
+    n, ic, _, _ = x.shape
+    oc, icg, kh, kw = w.shape
+    group = int(attrs.get("group") or 1)
+    og = int(attrs.get("offset_group") or 1)
+    sth, stw = _ints_attr(attrs, "strides", 2, 1)
+    dh, dw = _ints_attr(attrs, "dilations", 2, 1)
+    pads = _ints_attr(attrs, "pads", 4, 0)
+    oh, ow = offset.shape[2:]
+    if ic != icg * group or oc % group or ic % og or offset.shape[1] != og * kh * kw * 2:
+        raise ShapeError(
+            f"DeformConv: X{list(x.shape)}, W{list(w.shape)}, offset{list(offset.shape)} do not agree "
+            f"with group={group}, offset_group={og}"
+        )
+    off = offset.astype(np.float64).reshape(n, og, kh, kw, 2, oh, ow)
+    m = np.ones((n, og, kh, kw, oh, ow)) if mask is None else mask.astype(np.float64).reshape(n, og, kh, kw, oh, ow)
+    base_y = (-pads[0] + sth * np.arange(oh))[None, None, None, :, None] + (dh * np.arange(kh))[None, :, None, None, None]
+    base_x = (-pads[1] + stw * np.arange(ow))[None, None, None, None, :] + (dw * np.arange(kw))[None, None, :, None, None]
+    per = ic // og
+    cols = np.empty((n, ic, kh, kw, oh, ow), dtype=np.float64)
+    for g in range(og):
+        py = base_y + off[:, g, :, :, 0]
+        px = base_x + off[:, g, :, :, 1]
+        sampled = _bilinear_zero(x[:, g * per : (g + 1) * per], py, px)  # (n, per, kh, kw, oh, ow)
+        cols[:, g * per : (g + 1) * per] = sampled * m[:, g][:, None]
+    ocg = oc // group
+    y = np.empty((n, oc, oh, ow), dtype=np.float64)
+    for g in range(group):
+        y[:, g * ocg : (g + 1) * ocg] = np.einsum(
+            "nckhij,ockh->noij", cols[:, g * icg : (g + 1) * icg], w[g * ocg : (g + 1) * ocg].astype(np.float64)
+        )
+    if b is not None:
+        y += b.astype(np.float64).reshape(1, -1, 1, 1)
+    return y.astype(x.dtype)
+
+
+def _deform_infer(ctx: InferContext) -> list[TensorDesc]:
+    from geode.compiler.ops.nn import conv_shape
+
+    return [TensorDesc(ctx.dtype(0), conv_shape(ctx, ctx.shape(0), ctx.shape(1)))]
+
+
+register(
+    OpDef(
+        "DeformConv",
+        OpKind.LIBRARY,
+        inputs=[
+            In("X", "T"),
+            In("W", "T"),
+            In("offset", "T"),
+            In("B", "T", optional=True),
+            In("mask", "T", optional=True),
+        ],
+        outputs=[Out("Y", "T")],
+        types={"T": _FLOATS},
+        attrs=[
+            Attr("dilations", "ints", None),
+            Attr("group", "int", 1),
+            Attr("kernel_shape", "ints", None),
+            Attr("offset_group", "int", 1),
+            Attr("pads", "ints", None),
+            Attr("strides", "ints", None),
+        ],
+        infer=_deform_infer,
+        kernel=lambda ins, a: [deform_conv(ins, a)],
+        doc="deformable 2-D convolution: taps sampled at learned offsets (optionally masked)",
+    )
+)
+
+
 __all__ = [
     "COORDINATE_MODES",
     "NEAREST_MODES",
+    "col2im",
+    "deform_conv",
     "grid_sample",
+    "max_unpool",
     "reflect_coords",
     "resize",
     "resize_axis",
     "resize_geometry",
+    "roi_align",
     "source_coords",
 ]

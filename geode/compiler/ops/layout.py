@@ -163,7 +163,9 @@ def split_sizes(d: Dim, n: int) -> list[Dim]:
         if d % n == 0:
             return [d // n] * n
         chunk = -(-d // n)
-        return [chunk] * (n - 1) + [d - chunk * (n - 1)]
+        # as the ONNX reference: chunks of ceil(d / n) while the dim lasts, then smaller
+        # (possibly empty) ones, e.g. 5 into 4 outputs -> [2, 2, 1, 0]
+        return [min(chunk, max(d - i * chunk, 0)) for i in range(n)]
     if n == 1:
         return [d]
     chunk = as_dim(sympy.ceiling(d / n))
@@ -875,7 +877,7 @@ register(
 
 def _infer_unsqueeze(ctx: InferContext) -> list[TensorDesc]:
     x = ctx.desc(0)
-    if ctx.rank(1) not in (None, 1):
+    if ctx.rank(1) not in (None, 0, 1):  # a scalar axis is read as one axis (ONNX reference)
         ctx.fail(f"axes must be 1-D, got rank {ctx.rank(1)}")
     axes = int_values(ctx, 1)
     shape = x.shape
@@ -1378,5 +1380,66 @@ register(
         infer=_infer_reverse_sequence,
         kernel=_reverse_sequence,
         doc="reverse the first sequence_lens[i] steps of each batch entry along time_axis",
+    )
+)
+
+
+# -- TensorScatter ------------------------------------------------------------------------------
+def _tensor_scatter_verify(ctx: InferContext) -> None:
+    """verify: a known mode; update matches the cache except along axis."""
+    mode = ctx.attr("mode")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("linear", "circular"):
+        ctx.fail(f"mode {mode!r} is not 'linear' or 'circular'", VerifyError)
+    c, u = ctx.shape(0), ctx.shape(1)
+    if c is None or u is None:
+        return
+    if len(c) != len(u):
+        ctx.fail(f"update of shape {list(u)} must have the cache's rank {len(c)}")
+    if len(c) < 2:
+        ctx.fail(f"the cache must have rank >= 2 (batch, ..., sequence, ...), got {list(c)}")
+    axis = ctx.axis(int(ctx.attr("axis")), len(c))
+    if axis == 0:
+        ctx.fail("axis may not be the batch axis 0")
+    for i, (a, b) in enumerate(zip(c, u)):
+        if i != axis and dims_equal(a, b) is False:
+            ctx.fail(f"update dim {i} ({b}) differs from the cache's ({a})")
+
+
+def _tensor_scatter(ins: list, attrs: dict) -> list[np.ndarray]:
+    cache = np.asarray(ins[0])
+    update = np.asarray(ins[1])
+    axis = int(attrs["axis"]) % cache.ndim
+    mode = attrs["mode"].decode() if isinstance(attrs["mode"], bytes) else attrs["mode"]
+    batch = cache.shape[0]
+    idx = opt(ins, 2)
+    starts = np.zeros(batch, np.int64) if idx is None else np.asarray(idx).reshape(-1).astype(np.int64)
+    if starts.size != batch:
+        raise ShapeError(f"TensorScatter: write_indices has {starts.size} entries, batch is {batch}")
+    out = cache.copy()
+    max_len, seq = cache.shape[axis], update.shape[axis]
+    pos = starts[:, None] + np.arange(seq)[None, :]  # (batch, seq)
+    if mode == "circular":
+        pos = pos % max_len
+    elif pos.size and (pos.min() < 0 or pos.max() >= max_len):
+        raise ShapeError(f"TensorScatter: writes positions {pos.min()}..{pos.max()} past the cache length {max_len}")
+    moved_out = np.moveaxis(out, axis, 1)  # (batch, max_len, ...) view of out
+    moved_up = np.moveaxis(update, axis, 1)
+    moved_out[np.arange(batch)[:, None], pos] = moved_up
+    return [out]
+
+
+register(
+    OpDef(
+        "TensorScatter",
+        OpKind.OPAQUE,
+        inputs=[In("past_cache", "T"), In("update", "T"), In("write_indices", "I", optional=True)],
+        outputs=[Out("present_cache", "T")],
+        types={"T": _ALL, "I": _I64},
+        attrs=[Attr("mode", "string", "linear"), Attr("axis", "int", -2)],
+        verify=_tensor_scatter_verify,
+        infer=same_as_input(0),
+        kernel=_tensor_scatter,
+        doc="write update into the cache along axis at each batch's write index (KV-cache update)",
     )
 )

@@ -1260,3 +1260,36 @@ register(
         doc="identity in inference (mask all True); random mask and 1/(1-ratio) scale in training",
     )
 )
+
+
+# == Det =====================================================================================
+
+
+def _det_infer(ctx: InferContext) -> list[TensorDesc]:
+    x = ctx.shape(0)
+    if x is None:
+        return [TensorDesc(ctx.dtype(0), None)]
+    if len(x) < 2:
+        ctx.fail(f"input must have rank >= 2 ([*, M, M]), got shape {list(x)}")
+    _equate(ctx, x[-1], x[-2], "the matrices must be square")
+    return [TensorDesc(ctx.dtype(0), tuple(x[:-2]))]
+
+
+def _det_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
+    x = np.asarray(ins[0])
+    ct = _compute_dtype(x.dtype)
+    return [np.asarray(np.linalg.det(x.astype(ct, copy=False))).astype(x.dtype)]
+
+
+register(
+    OpDef(
+        "Det",
+        OpKind.LIBRARY,
+        inputs=[In("X", "T")],
+        outputs=[Out("Y", "T")],
+        types={"T": dtypes.FLOATS},
+        infer=_det_infer,
+        kernel=_det_kernel,
+        doc="determinant of each square matrix [*, M, M] -> [*]",
+    )
+)

@@ -85,7 +85,8 @@ def quant_param(value: np.ndarray, shape: tuple[int, ...], axis: int, block_size
     if v.ndim != len(shape):
         raise ShapeError(f"a blocked scale or zero point must have rank {len(shape)}, got shape {list(v.shape)}")
     full = np.repeat(v, block_size, axis=axis)
-    full = np.take(full, np.arange(shape[axis]), axis=axis)
+    if full.shape[axis] >= shape[axis]:
+        full = np.take(full, np.arange(shape[axis]), axis=axis)
     if full.shape != tuple(shape):
         raise ShapeError(
             f"blocked scale or zero point of shape {list(v.shape)} with block_size {block_size} "

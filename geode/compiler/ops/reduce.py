@@ -566,21 +566,28 @@ def _verify_cumsum(ctx: InferContext) -> None:
         ctx.axis(axis[0], ctx.rank(0))
 
 
-def _cumsum(ins: list, attrs: dict) -> list[np.ndarray]:
+def _cumulative(ins: list, attrs: dict, prod: bool) -> list[np.ndarray]:
+    """CumSum / CumProd: the running sum or product along the axis input; ``exclusive``
+    shifts in the identity (0 or 1), ``reverse`` runs from the end."""
     x = np.asarray(ins[0])
     axis = int(np.asarray(ins[1]).reshape(-1)[0])
     axis = axis + x.ndim if axis < 0 else axis
     y = np.flip(x, axis) if attrs["reverse"] else x
     acc = _acc_dtype(x.dtype)
-    c = np.cumsum(y, axis=axis, dtype=acc)
+    with np.errstate(all="ignore"):
+        c = np.cumprod(y, axis=axis, dtype=acc) if prod else np.cumsum(y, axis=axis, dtype=acc)
     if attrs["exclusive"]:
         c = np.roll(c, 1, axis=axis)
         first = [slice(None)] * x.ndim
         first[axis] = slice(0, 1)
-        c[tuple(first)] = 0
+        c[tuple(first)] = 1 if prod else 0
     if attrs["reverse"]:
         c = np.flip(c, axis)
     return [np.ascontiguousarray(c).astype(x.dtype)]
+
+
+def _cumsum(ins: list, attrs: dict) -> list[np.ndarray]:
+    return _cumulative(ins, attrs, prod=False)
 
 
 register(
@@ -595,6 +602,21 @@ register(
         infer=same_as_input(0),
         kernel=_cumsum,
         doc="cumulative sum along the axis input (exclusive / reverse variants)",
+    )
+)
+
+register(
+    OpDef(
+        "CumProd",
+        OpKind.OPAQUE,
+        inputs=[In("x", "T"), In("axis", "T2")],
+        outputs=[Out("y", "T")],
+        types={"T": REDUCE_TYPES, "T2": dtypes.INDEX},
+        attrs=[Attr("exclusive", "int", 0), Attr("reverse", "int", 0)],
+        verify=_verify_cumsum,
+        infer=same_as_input(0),
+        kernel=lambda ins, a: _cumulative(ins, a, prod=True),
+        doc="cumulative product along the axis input (exclusive / reverse variants)",
     )
 )
 

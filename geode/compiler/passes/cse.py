@@ -66,8 +66,8 @@ def constant_key(v: Value) -> Hashable | None:
     """dtype, shape and bytes of a constant (None when it has no data)."""
     if v.data is None:
         return None
-    arr = np.ascontiguousarray(v.data)
-    return (arr.dtype.str, arr.shape, arr.tobytes())
+    arr = np.asarray(v.data)  # not ascontiguousarray: it makes a 0-d array 1-d
+    return (arr.dtype.str, arr.shape, np.ascontiguousarray(arr).tobytes())
 
 
 def cse(graph: Graph) -> bool:
