@@ -173,8 +173,9 @@ def build(system: str, w: Workload, threads: int) -> Callable[[], object]:
 SYSTEMS = ("geode", "numpy", "torch", "torch.compile", "jax", "onnxruntime")
 
 
-def roofline_copy(nbytes: int = 64 << 20) -> Callable[[], None]:
-    """A numba parallel copy kernel over ``nbytes``: the memory-bandwidth roofline."""
+def roofline_copies(nbytes: int = 64 << 20) -> dict[str, Callable[[], None]]:
+    """Copy kernels over ``nbytes``: a numba parallel loop and numpy's memcpy. The faster
+    one is the memory-bandwidth roofline (read + write of every byte)."""
     import numba
 
     @numba.njit(parallel=True, cache=False)
@@ -185,7 +186,7 @@ def roofline_copy(nbytes: int = 64 << 20) -> Callable[[], None]:
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     copy(src, dst)
-    return lambda: copy(src, dst)
+    return {"numba copy": lambda: copy(src, dst), "np.copyto": lambda: np.copyto(dst, src)}
 
 
 def geomean(xs: list[float]) -> float:

@@ -405,6 +405,7 @@ def grid_sample(x: np.ndarray, grid: np.ndarray, attrs: dict[str, Any]) -> np.nd
         g = grid[..., nd - 1 - d]  # the grid lists coordinates innermost dim first
         size = sizes[d]
         pos = (g + 1) / 2 * (size - 1) if align else ((g + 1) * size - 1) / 2
+        pos = pos.astype(np.float32).astype(np.float64)  # pixel coordinates in float, as ONNX's reference
         per_dim.append(_grid_taps(pos, size, mode, padding, align))
     strides = [int(np.prod(sizes[d + 1:], dtype=np.int64)) for d in range(nd)]
     k = per_dim[0][0].shape[-1]
