@@ -158,7 +158,11 @@ def _verify_split(ctx: InferContext) -> None:
 
 
 def split_sizes(d: Dim, n: int) -> list[Dim]:
-    """Chunk sizes of Split with num_outputs ``n``: ceil(d / n) each, the last one smaller."""
+    """Chunk sizes of Split with num_outputs ``n``: ceil(d / n) each, the last one smaller.
+
+    For a symbolic ``d`` the last chunk is ``d - (n - 1) * ceil(d / n)``, which assumes the
+    chunks fit (true unless ``d`` is small against ``n``; a mismatch is caught at run time).
+    """
     if isinstance(d, int):
         if d % n == 0:
             return [d // n] * n
