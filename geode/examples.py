@@ -96,11 +96,12 @@ def gelu(hidden: int = 1024, approximate: str = "none", with_bias: bool = False)
 
     def ref_np(x: np.ndarray) -> dict[str, np.ndarray]:
         h = (x + bv) if with_bias else x
+        f = np.float32
+        if approximate == "tanh":  # plain float32 numpy, as a numpy user would write it
+            return {"y": f(0.5) * h * (f(1) + np.tanh(f(math.sqrt(2 / math.pi)) * (h + f(0.044715) * h * h * h)))}
+        # numpy has no erf: math.erf per element (float64), rounded once
         h64 = h.astype(np.float64)
-        if approximate == "tanh":
-            y = 0.5 * h64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (h64 + 0.044715 * h64**3)))
-        else:
-            y = 0.5 * h64 * (1 + np.vectorize(math.erf)(h64 / math.sqrt(2)))
+        y = 0.5 * h64 * (1 + np.vectorize(math.erf)(h64 / math.sqrt(2)))
         return {"y": y.astype(np.float32)}
 
     return Example(g.name, g, ref_np, lambda rng, n: {"x": _randn(rng, n, hidden)})

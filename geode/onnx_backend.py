@@ -49,20 +49,26 @@ def _compile_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
         if k in RUNNER_KWARGS:
             continue
         if k not in _OPTION_NAMES:
-            raise OptionError(f"geode.onnx_backend: unknown option {k!r}; known options: {sorted(_OPTION_NAMES)}")
+            raise OptionError(
+                f"geode.onnx_backend: unknown option {k!r}; known options: {sorted(_OPTION_NAMES)}"
+            )
         opts[k] = v
     return opts
 
 
 def _check_device(device: str) -> None:
     if not GeodeBackend.supports_device(device):
-        raise GeodeError(f"geode.onnx_backend: device {device!r} is not supported (geode runs on 'CPU')")
+        raise GeodeError(
+            f"geode.onnx_backend: device {device!r} is not supported (geode runs on 'CPU')"
+        )
 
 
 class GeodeRep(BackendRep):
     """A model compiled by geode; ``run(inputs)`` returns its outputs in the model's order."""
 
-    def __init__(self, compiled: Any, input_names: Sequence[str], output_names: Sequence[str], session: Any):
+    def __init__(
+        self, compiled: Any, input_names: Sequence[str], output_names: Sequence[str], session: Any
+    ):
         self.model = compiled
         #: the model's graph inputs that are fed at run time (initializers excluded), in order
         self.input_names = list(input_names)
@@ -103,8 +109,9 @@ class GeodeBackend(Backend):
         return cls.supports_device(device)
 
     @classmethod
-    def prepare(cls, model: onnx.ModelProto | str | os.PathLike | bytes, device: str = "CPU",
-                **kwargs: Any) -> GeodeRep:
+    def prepare(
+        cls, model: onnx.ModelProto | str | os.PathLike | bytes, device: str = "CPU", **kwargs: Any
+    ) -> GeodeRep:
         """Compile ``model`` (a ModelProto, a path or serialized bytes) for ``device``."""
         from geode.compiler.frontend.onnx import import_model
         from geode.session import Session
@@ -115,9 +122,15 @@ class GeodeBackend(Backend):
             graph = import_model(model)
             proto = onnx.load(os.fspath(model), load_external_data=False)
         else:
-            proto = model if isinstance(model, onnx.ModelProto) else onnx.load_model_from_string(bytes(model))
+            proto = (
+                model
+                if isinstance(model, onnx.ModelProto)
+                else onnx.load_model_from_string(bytes(model))
+            )
             graph = import_model(model)
-        inits = {t.name for t in proto.graph.initializer} | {s.values.name for s in proto.graph.sparse_initializer}
+        inits = {t.name for t in proto.graph.initializer} | {
+            s.values.name for s in proto.graph.sparse_initializer
+        }
         input_names = [vi.name for vi in proto.graph.input if vi.name not in inits]
         output_names = [vo.name for vo in proto.graph.output]
         session = Session()
@@ -129,7 +142,9 @@ class GeodeBackend(Backend):
         return GeodeRep(compiled, input_names, output_names, session)
 
     @classmethod
-    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[np.ndarray, ...]:
+    def run_model(
+        cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any
+    ) -> tuple[np.ndarray, ...]:
         """Compile and run ``model`` once."""
         return cls.prepare(model, device, **kwargs).run(inputs)
 
@@ -157,7 +172,8 @@ class GeodeBackend(Backend):
             names = [x for x in node.input if x]
             feeds = {n: np.asarray(v) for n, v in zip(names, inputs)}
         graph_inputs = [
-            helper.make_tensor_value_info(n, dtypes.to_onnx(a.dtype), list(a.shape)) for n, a in feeds.items()
+            helper.make_tensor_value_info(n, dtypes.to_onnx(a.dtype), list(a.shape))
+            for n, a in feeds.items()
         ]
         graph_outputs = []
         for i, name in enumerate(o for o in node.output if o):

@@ -51,10 +51,14 @@ def _downloadable_real_models() -> list[str]:
     return [t.name for t in load_model_tests(kind="real") if not conformance.is_light(t)]
 
 
-_test_kwargs = {name: {"rtol": rtol, "atol": atol} for name, (rtol, atol, _) in conformance.TOLERANCES.items()}
+_test_kwargs = {
+    name: {"rtol": rtol, "atol": atol} for name, (rtol, atol, _) in conformance.TOLERANCES.items()
+}
 with warnings.catch_warnings(), np.errstate(all="ignore"):
     warnings.simplefilter("ignore")  # onnx's node-case generators warn about their own casts
-    backend_test = onnx.backend.test.BackendTest(CountingBackend, __name__, test_kwargs=_test_kwargs)
+    backend_test = onnx.backend.test.BackendTest(
+        CountingBackend, __name__, test_kwargs=_test_kwargs
+    )
 for _pattern, _reason in conformance.EXCLUSIONS:
     backend_test.exclude(_pattern)
 for _name in _downloadable_real_models():

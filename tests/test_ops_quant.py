@@ -58,7 +58,9 @@ def test_quantize_output_dtype_attribute_and_float16_input():
 def test_quantize_float8(name, saturate):
     x = np.array([0.0, 1.0, -3.5, 1e5, -1e6, np.inf, np.nan], np.float32)
     zp = np.zeros((), getattr(ml_dtypes, name))
-    check_op("QuantizeLinear", [x, np.float32(2.0), zp], {"saturate": saturate}, const_inputs=[1, 2])
+    check_op(
+        "QuantizeLinear", [x, np.float32(2.0), zp], {"saturate": saturate}, const_inputs=[1, 2]
+    )
 
 
 @pytest.mark.parametrize("name", ["int4", "uint4"])
@@ -72,7 +74,9 @@ def test_quantize_errors_name_the_node():
     g = geode.Graph("q")
     x = g.input("x", [2, 3])
     with pytest.raises(VerifyError, match="output_dtype"):
-        g.op("QuantizeLinear", x, g.constant(np.float32(1)), g.constant(np.uint8(0)), output_dtype=3)
+        g.op(
+            "QuantizeLinear", x, g.constant(np.float32(1)), g.constant(np.uint8(0)), output_dtype=3
+        )
     with pytest.raises(DTypeError, match="cannot quantize"):
         g.op("QuantizeLinear", x, g.constant(np.float32(1)), output_dtype=1)
     with pytest.raises(ShapeError, match="1-D"):
@@ -89,23 +93,34 @@ def test_dequantize_per_tensor(dtype):
 
 def test_dequantize_int32_per_axis_blocked():
     x = RNG.integers(-1000, 1000, (2, 3, 4)).astype(np.int32)
-    check_op("DequantizeLinear", [x, np.array([0.5, 1.0, 2.0], np.float32)], {"axis": 1}, const_inputs=[1])
+    check_op(
+        "DequantizeLinear",
+        [x, np.array([0.5, 1.0, 2.0], np.float32)],
+        {"axis": 1},
+        const_inputs=[1],
+    )
     x8 = RNG.integers(0, 255, (2, 3, 4)).astype(np.uint8)
     scale = RNG.uniform(0.5, 2, (2, 3, 2)).astype(np.float32)
     zp = RNG.integers(0, 10, (2, 3, 2)).astype(np.uint8)
-    check_op("DequantizeLinear", [x8, scale, zp], {"axis": -1, "block_size": 2}, const_inputs=[1, 2])
+    check_op(
+        "DequantizeLinear", [x8, scale, zp], {"axis": -1, "block_size": 2}, const_inputs=[1, 2]
+    )
 
 
 def test_dequantize_float8_and_int4():
     x = np.array([0.0, 1.5, -448.0, 3.0], ml_dtypes.float8_e4m3fn)
     check_op("DequantizeLinear", [x, np.float32(2.0)], const_inputs=[1])
     x4 = np.array([[-8, 7], [1, -1]], ml_dtypes.int4)
-    check_op("DequantizeLinear", [x4, np.float32(0.5), np.array(2, ml_dtypes.int4)], const_inputs=[1, 2])
+    check_op(
+        "DequantizeLinear", [x4, np.float32(0.5), np.array(2, ml_dtypes.int4)], const_inputs=[1, 2]
+    )
 
 
 def test_dequantize_output_dtype():
     x = RNG.integers(0, 255, (4,)).astype(np.uint8)
-    check_op("DequantizeLinear", [x, np.float32(0.25)], {"output_dtype": 10}, const_inputs=[1], opset=23)
+    check_op(
+        "DequantizeLinear", [x, np.float32(0.25)], {"output_dtype": 10}, const_inputs=[1], opset=23
+    )
 
 
 def test_dequantize_zero_point_dtype_must_match():
@@ -148,24 +163,44 @@ def test_qlinear_matmul(dtype, shape_a, shape_b):
     info = np.iinfo(dtype)
     a = RNG.integers(info.min, info.max, shape_a, endpoint=True).astype(dtype)
     b = RNG.integers(info.min, info.max, shape_b, endpoint=True).astype(dtype)
-    ins = [a, np.float32(0.05), np.array(2, dtype), b, np.float32(0.02), np.array(1, dtype),
-           np.float32(0.3), np.array(5, dtype)]
+    ins = [
+        a,
+        np.float32(0.05),
+        np.array(2, dtype),
+        b,
+        np.float32(0.02),
+        np.array(1, dtype),
+        np.float32(0.3),
+        np.array(5, dtype),
+    ]
     check_op("QLinearMatMul", ins, const_inputs=[1, 2, 4, 5, 6, 7])
 
 
 def test_conv_integer_with_pads_and_zero_points():
     x = RNG.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
     w = RNG.integers(0, 255, (3, 2, 3, 3)).astype(np.uint8)
-    check_op("ConvInteger", [x, w, np.array(7, np.uint8), np.array(9, np.uint8)],
-             {"pads": [1, 1, 1, 1], "strides": [2, 1]}, const_inputs=[1, 2, 3])
+    check_op(
+        "ConvInteger",
+        [x, w, np.array(7, np.uint8), np.array(9, np.uint8)],
+        {"pads": [1, 1, 1, 1], "strides": [2, 1]},
+        const_inputs=[1, 2, 3],
+    )
 
 
 def test_qlinear_conv_with_bias_and_per_channel_scale():
     x = RNG.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
     w = RNG.integers(0, 255, (3, 2, 3, 3)).astype(np.uint8)
-    ins = [x, np.float32(0.02), np.array(3, np.uint8), w, np.array([0.01, 0.02, 0.03], np.float32),
-           np.array(2, np.uint8), np.float32(0.5), np.array(10, np.uint8),
-           RNG.integers(-100, 100, (3,)).astype(np.int32)]
+    ins = [
+        x,
+        np.float32(0.02),
+        np.array(3, np.uint8),
+        w,
+        np.array([0.01, 0.02, 0.03], np.float32),
+        np.array(2, np.uint8),
+        np.float32(0.5),
+        np.array(10, np.uint8),
+        RNG.integers(-100, 100, (3,)).astype(np.int32),
+    ]
     check_op("QLinearConv", ins, {"pads": [1, 1, 1, 1]}, const_inputs=[1, 2, 3, 4, 5, 6, 7, 8])
 
 
@@ -175,9 +210,17 @@ def test_quantized_model_through_the_pipeline():
     from onnx.reference import ReferenceEvaluator
 
     w = RNG.integers(0, 255, (4, 3)).astype(np.uint8)
-    inits = [numpy_helper.from_array(np.array(v, dtype=d), n) for n, v, d in (
-        ("s", 0.05, np.float32), ("z", 128, np.uint8), ("ws", 0.02, np.float32), ("wz", 120, np.uint8),
-        ("ys", 0.1, np.float32), ("yz", 100, np.uint8))]
+    inits = [
+        numpy_helper.from_array(np.array(v, dtype=d), n)
+        for n, v, d in (
+            ("s", 0.05, np.float32),
+            ("z", 128, np.uint8),
+            ("ws", 0.02, np.float32),
+            ("wz", 120, np.uint8),
+            ("ys", 0.1, np.float32),
+            ("yz", 100, np.uint8),
+        )
+    ]
     inits.append(numpy_helper.from_array(w, "w"))
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
@@ -185,8 +228,11 @@ def test_quantized_model_through_the_pipeline():
         helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"]),
     ]
     graph = helper.make_graph(
-        nodes, "qmm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])], inits,
+        nodes,
+        "qmm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     compiled = geode.compile(model)

@@ -81,8 +81,16 @@ def test_activations_and_clip():
     for t in range(3):
         h = np.maximum(np.clip(x[t] @ w[0].T + h @ r[0].T, -0.5, 0.5), 0)
         np.testing.assert_allclose(y[t, 0], h, rtol=1e-6, atol=1e-6)
-    hs = recurrent("RNN", [x, w, r], {"hidden_size": 5, "activations": ["HardSigmoid"],
-                                      "activation_alpha": [0.3], "activation_beta": [0.4]})[1]
+    hs = recurrent(
+        "RNN",
+        [x, w, r],
+        {
+            "hidden_size": 5,
+            "activations": ["HardSigmoid"],
+            "activation_alpha": [0.3],
+            "activation_beta": [0.4],
+        },
+    )[1]
     h = np.zeros((2, 5), np.float32)
     for t in range(3):
         h = np.clip(0.3 * (x[t] @ w[0].T + h @ r[0].T) + 0.4, 0, 1)

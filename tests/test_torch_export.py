@@ -54,7 +54,9 @@ def test_dynamic_batch_and_sequence(name, width):
         also = evaluator.run(None, {"x": x})
         for name_out, w, a in zip(model.output_names, want, also):
             assert got[name_out].shape == w.shape, (name_out, batch, seq)
-            np.testing.assert_allclose(got[name_out], w, rtol=1e-4, atol=1e-5, err_msg=f"{name_out} {batch}x{seq}")
+            np.testing.assert_allclose(
+                got[name_out], w, rtol=1e-4, atol=1e-5, err_msg=f"{name_out} {batch}x{seq}"
+            )
             np.testing.assert_allclose(got[name_out], a, rtol=1e-4, atol=1e-5)
 
 
@@ -71,10 +73,14 @@ def test_one_compile_serves_every_size():
 
 def test_exporter_script_regenerates_the_models(tmp_path):
     """When torch is installed, the committed script still exports loadable models."""
-    pytest.importorskip("torch", reason="torch is not installed; the committed models are used as they are")
+    pytest.importorskip(
+        "torch", reason="torch is not installed; the committed models are used as they are"
+    )
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("make_torch_models", os.path.join(DATA, "make_torch_models.py"))
+    spec = importlib.util.spec_from_file_location(
+        "make_torch_models", os.path.join(DATA, "make_torch_models.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(mod)

@@ -11,10 +11,10 @@ from geode.compiler.ops import layout as _layout  # noqa: F401
 from geode.compiler.ops import nn as _nn  # noqa: F401
 from geode.compiler.ops import quant as _quant  # noqa: F401
 from geode.compiler.ops import reduce as _reduce  # noqa: F401
+from geode.compiler.ops import registry
 from geode.compiler.ops import rnn as _rnn  # noqa: F401
 from geode.compiler.ops import signal as _signal  # noqa: F401
 from geode.compiler.ops import strings as _strings  # noqa: F401
-from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpDef, OpKind, all_ops, get, has, register
 
 __all__ = ["OpDef", "OpKind", "all_ops", "get", "has", "register", "registry"]

@@ -36,7 +36,16 @@ import numpy as np
 
 from geode.compiler import dtypes
 from geode.compiler.ir import Graph, TensorDesc
-from geode.compiler.ops.registry import REQUIRED, Attr, In, InferContext, OpDef, OpKind, Out, register
+from geode.compiler.ops.registry import (
+    REQUIRED,
+    Attr,
+    In,
+    InferContext,
+    OpDef,
+    OpKind,
+    Out,
+    register,
+)
 from geode.compiler.shapes import Dim, dims_equal
 from geode.errors import ExecutionError, ShapeError, VerifyError
 
@@ -122,7 +131,9 @@ def split_captures(ins: Sequence[Any], attrs: dict[str, Any]) -> tuple[list[Any]
     return list(ins[:k]), dict(zip(names, ins[k:]))
 
 
-def body_inputs(body: Graph, formal: Sequence[np.ndarray], outer: dict[str, Any]) -> list[np.ndarray]:
+def body_inputs(
+    body: Graph, formal: Sequence[np.ndarray], outer: dict[str, Any]
+) -> list[np.ndarray]:
     """A subgraph's input values: the formal ones, then the captured ones it reads."""
     caps = list(getattr(body, "captures", None) or [])
     n_formal = len(body.inputs) - len(caps)
@@ -131,7 +142,9 @@ def body_inputs(body: Graph, formal: Sequence[np.ndarray], outer: dict[str, Any]
     try:
         return list(formal) + [outer[n] for n in caps]
     except KeyError as exc:
-        raise ExecutionError(f"subgraph {body.name!r} reads outer value {exc.args[0]!r}, which is not captured") from None
+        raise ExecutionError(
+            f"subgraph {body.name!r} reads outer value {exc.args[0]!r}, which is not captured"
+        ) from None
 
 
 def _formal_count(body: Graph) -> int:
@@ -177,7 +190,9 @@ def _if_verify(ctx: InferContext) -> None:
         if _formal_count(b) != 0:
             ctx.fail(f"{name} must take no inputs, takes {_formal_count(b)}", VerifyError)
     if len(t.outputs) != len(e.outputs):
-        ctx.fail(f"then_branch has {len(t.outputs)} outputs, else_branch {len(e.outputs)}", VerifyError)
+        ctx.fail(
+            f"then_branch has {len(t.outputs)} outputs, else_branch {len(e.outputs)}", VerifyError
+        )
     for i, (a, b) in enumerate(zip(t.outputs, e.outputs)):
         if a.dtype != b.dtype:
             ctx.fail(
@@ -185,9 +200,9 @@ def _if_verify(ctx: InferContext) -> None:
                 VerifyError,
             )
     shape = ctx.shape(0)
-    if shape is not None and any(isinstance(d, int) for d in shape) and all(isinstance(d, int) for d in shape):
-        if int(np.prod(shape)) != 1:
-            ctx.fail(f"cond must hold one element, has shape {list(shape)}")
+    static = shape is not None and all(isinstance(d, int) for d in shape)
+    if static and int(np.prod(shape, dtype=np.int64)) != 1:
+        ctx.fail(f"cond must hold one element, has shape {list(shape)}")
 
 
 def _if_infer(ctx: InferContext) -> list[TensorDesc]:
@@ -255,7 +270,10 @@ def _loop_verify(ctx: InferContext) -> None:
             VerifyError,
         )
     if k < 0:
-        ctx.fail(f"body has {len(body.outputs)} outputs, expected at least 1 + {len(v_init)}", VerifyError)
+        ctx.fail(
+            f"body has {len(body.outputs)} outputs, expected at least 1 + {len(v_init)}",
+            VerifyError,
+        )
     for i, v in enumerate(v_init):
         out = body.outputs[1 + i]
         if out.dtype != v.dtype:
@@ -376,7 +394,10 @@ def _scan_verify(ctx: InferContext) -> None:
     if m < 1 or n < 0:
         ctx.fail(f"num_scan_inputs={m} does not fit {n_in} inputs", VerifyError)
     if _formal_count(body) != n + m:
-        ctx.fail(f"body takes {_formal_count(body)} inputs, expected {n} states + {m} scan inputs", VerifyError)
+        ctx.fail(
+            f"body takes {_formal_count(body)} inputs, expected {n} states + {m} scan inputs",
+            VerifyError,
+        )
     if k < 0:
         ctx.fail(f"body has {len(body.outputs)} outputs, expected at least {n}", VerifyError)
     for name, count in (
@@ -428,7 +449,9 @@ def _scan_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
     steps = lengths.pop()
     scans: list[list[np.ndarray]] = [[] for _ in range(k)]
     for t in range(steps):
-        slices = [np.take(x, steps - 1 - t if d else t, axis=a) for x, a, d in zip(xs, in_axes, in_dirs)]
+        slices = [
+            np.take(x, steps - 1 - t if d else t, axis=a) for x, a, d in zip(xs, in_axes, in_dirs)
+        ]
         res = run(body_inputs(body, [*states, *slices], outer))
         states = [np.asarray(r) for r in res[:n]]
         for j in range(k):

@@ -22,10 +22,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
 from geode.compiler.ops.common import binary, broadcast_infer, same_as_input, unary
+from geode.compiler.ops.reduce import carries_value, value_dims
 from geode.compiler.ops.registry import (
     REQUIRED,
     Attr,
@@ -36,7 +38,7 @@ from geode.compiler.ops.registry import (
     Out,
     register,
 )
-from geode.compiler.shapes import broadcast_shapes, dims_equal, shape_str
+from geode.compiler.shapes import as_dim, broadcast_shapes, dims_equal, shape_str
 from geode.errors import DTypeError, ShapeError, VerifyError
 
 _F = dtypes.FLOATS
@@ -141,9 +143,48 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 
 # -- binary arithmetic ---------------------------------------------------------------
-binary("Add", _quiet(lambda a, b, _: np.add(a, b)), doc="A + B with broadcasting")
-binary("Sub", _quiet(lambda a, b, _: np.subtract(a, b)), doc="A - B with broadcasting")
-binary("Mul", _quiet(lambda a, b, _: np.multiply(a, b)), doc="A * B with broadcasting")
+def _sym_div(a: Any, b: Any) -> Any:
+    """Integer division of shape values (truncation; floor of symbolic non-negative dims)."""
+    if isinstance(a, int) and isinstance(b, int):
+        if b == 0:
+            return None
+        q = abs(a) // abs(b)
+        return q if (a >= 0) == (b >= 0) else -q
+    if isinstance(b, int) and b > 0:
+        return as_dim(sympy.floor(a / b))
+    return None
+
+
+def _with_sym_values(od: OpDef, fn: Callable[[Any, Any], Any]) -> OpDef:
+    """Make a binary int op record the symbolic value of its result when both inputs
+    carry one (``Mul(Gather(Shape(x), 0), Gather(Shape(x), 1))`` is ``N*T``), so that a
+    Reshape to a computed shape keeps symbolic dims."""
+    base = od.infer
+
+    def infer(ctx: InferContext) -> list[TensorDesc]:
+        descs = base(ctx)
+        out = descs[0]
+        if not carries_value(out):
+            return descs
+        a, b = value_dims(ctx, 0), value_dims(ctx, 1)
+        n = int(np.prod(out.shape, dtype=np.int64)) if out.shape is not None else -1
+        if a is None or b is None or len(a) not in (1, n) or len(b) not in (1, n):
+            return descs
+        vals = [fn(a[i if len(a) > 1 else 0], b[i if len(b) > 1 else 0]) for i in range(n)]
+        if all(v is not None for v in vals):
+            ctx.set_sym_value(0, [v if isinstance(v, int) else as_dim(v) for v in vals])
+        return descs
+
+    od.infer = infer
+    return od
+
+
+_with_sym_values(binary("Add", _quiet(lambda a, b, _: np.add(a, b)), doc="A + B with broadcasting"),
+                 lambda a, b: a + b)
+_with_sym_values(binary("Sub", _quiet(lambda a, b, _: np.subtract(a, b)), doc="A - B with broadcasting"),
+                 lambda a, b: a - b)
+_with_sym_values(binary("Mul", _quiet(lambda a, b, _: np.multiply(a, b)), doc="A * B with broadcasting"),
+                 lambda a, b: a * b)
 
 
 @_quiet
@@ -158,7 +199,8 @@ def _div(a: np.ndarray, b: np.ndarray, _: dict) -> np.ndarray:
     return np.true_divide(a, b)
 
 
-binary("Div", _div, doc="A / B with broadcasting (integer division truncates toward zero)")
+_with_sym_values(binary("Div", _div, doc="A / B with broadcasting (integer division truncates toward zero)"),
+                 _sym_div)
 
 
 @_quiet

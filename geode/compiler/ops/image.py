@@ -23,7 +23,17 @@ import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
-from geode.compiler.ops.registry import REQUIRED, Attr, In, InferContext, OpDef, OpKind, Out, register
+from geode.compiler.ops.nn import conv_shape
+from geode.compiler.ops.registry import (
+    REQUIRED,
+    Attr,
+    In,
+    InferContext,
+    OpDef,
+    OpKind,
+    Out,
+    register,
+)
 from geode.compiler.shapes import Dim, as_dim, dims_equal
 from geode.errors import ShapeError, VerifyError
 
@@ -210,8 +220,13 @@ def _given(x: np.ndarray | None) -> np.ndarray | None:
     return None if x is None or np.asarray(x).size == 0 else np.asarray(x)
 
 
-def resize(x: np.ndarray, roi: np.ndarray | None, scales: np.ndarray | None, sizes: np.ndarray | None,
-           attrs: dict[str, Any]) -> np.ndarray:
+def resize(
+    x: np.ndarray,
+    roi: np.ndarray | None,
+    scales: np.ndarray | None,
+    sizes: np.ndarray | None,
+    attrs: dict[str, Any],
+) -> np.ndarray:
     """ONNX Resize on numpy arrays (computed in float64, one axis at a time)."""
     x = np.asarray(x)
     axes = attrs.get("axes")
@@ -234,7 +249,9 @@ def resize(x: np.ndarray, roi: np.ndarray | None, scales: np.ndarray | None, siz
         same = out_shape[a] == y.shape[a] and math.isclose(scl[a], 1.0)
         if same and (not crop or rois.get(a, (0.0, 1.0)) == (0.0, 1.0)):
             continue
-        y = resize_axis(y, a, out_shape[a], scl[a], attrs, rois.get(a, (0.0, 1.0)) if crop else None)
+        y = resize_axis(
+            y, a, out_shape[a], scl[a], attrs, rois.get(a, (0.0, 1.0)) if crop else None
+        )
     return _saturate_to(y, x.dtype)
 
 
@@ -305,7 +322,12 @@ register(
             In("sizes", "TI", optional=True),
         ],
         outputs=[Out("Y", "T1")],
-        types={"T1": RESIZE_TYPES, "T2": _FLOATS, "TS": frozenset([np.dtype(np.float32)]), "TI": _I64},
+        types={
+            "T1": RESIZE_TYPES,
+            "T2": _FLOATS,
+            "TS": frozenset([np.dtype(np.float32)]),
+            "TI": _I64,
+        },
         attrs=[
             Attr("antialias", "int", 0),
             Attr("axes", "ints", None),
@@ -405,9 +427,11 @@ def grid_sample(x: np.ndarray, grid: np.ndarray, attrs: dict[str, Any]) -> np.nd
         g = grid[..., nd - 1 - d]  # the grid lists coordinates innermost dim first
         size = sizes[d]
         pos = (g + 1) / 2 * (size - 1) if align else ((g + 1) * size - 1) / 2
-        pos = pos.astype(np.float32).astype(np.float64)  # pixel coordinates in float, as ONNX's reference
+        pos = pos.astype(np.float32).astype(
+            np.float64
+        )  # pixel coordinates in float, as ONNX's reference
         per_dim.append(_grid_taps(pos, size, mode, padding, align))
-    strides = [int(np.prod(sizes[d + 1:], dtype=np.int64)) for d in range(nd)]
+    strides = [int(np.prod(sizes[d + 1 :], dtype=np.int64)) for d in range(nd)]
     k = per_dim[0][0].shape[-1]
     for combo in np.ndindex(*([k] * nd)):
         flat = np.zeros((n, *out_sp), dtype=np.int64)
@@ -430,7 +454,10 @@ def _grid_verify(ctx: InferContext) -> None:
     if _s(a["mode"]) not in ("nearest", "linear", "cubic", "bilinear", "bicubic"):
         ctx.fail(f"mode {_s(a['mode'])!r} is not nearest, linear or cubic", VerifyError)
     if _s(a["padding_mode"]) not in ("zeros", "border", "reflection"):
-        ctx.fail(f"padding_mode {_s(a['padding_mode'])!r} is not zeros, border or reflection", VerifyError)
+        ctx.fail(
+            f"padding_mode {_s(a['padding_mode'])!r} is not zeros, border or reflection",
+            VerifyError,
+        )
     x, g = ctx.shape(0), ctx.shape(1)
     if x is not None and g is not None:
         if len(g) != len(x):
@@ -467,6 +494,7 @@ register(
     )
 )
 
+
 # == RoiAlign ====================================================================================
 def _roi_samples(
     start: float, bin_size: float, bins: int, grid: int, size: int
@@ -487,7 +515,9 @@ def _roi_samples(
     return low, high, np.where(valid, 1.0 - frac, 0.0), np.where(valid, frac, 0.0)
 
 
-def roi_align(x: np.ndarray, rois: np.ndarray, batch_indices: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+def roi_align(
+    x: np.ndarray, rois: np.ndarray, batch_indices: np.ndarray, attrs: dict[str, Any]
+) -> np.ndarray:
     """ONNX RoiAlign (avg or max over bilinear samples of each bin)."""
     x = np.asarray(x)
     rois = np.asarray(rois).astype(np.float64)
@@ -517,7 +547,7 @@ def roi_align(x: np.ndarray, rois: np.ndarray, batch_indices: np.ndarray, attrs:
         xl, xh, wxl, wxh = _roi_samples(x1, bw, ow, gw, w)  # (ow, gw)
         img = xf[bidx[r]]  # (c, h, w)
 
-        def tap(yi: np.ndarray, xi: np.ndarray) -> np.ndarray:
+        def tap(yi: np.ndarray, xi: np.ndarray, img: np.ndarray = img) -> np.ndarray:
             # (c, oh, gh, ow, gw)
             return img[:, yi[:, :, None, None], xi[None, None, :, :]]
 
@@ -536,8 +566,13 @@ def roi_align(x: np.ndarray, rois: np.ndarray, batch_indices: np.ndarray, attrs:
 def _roi_verify(ctx: InferContext) -> None:
     if _s(ctx.attr("mode")).lower() not in ("avg", "max"):
         ctx.fail(f"mode {_s(ctx.attr('mode'))!r} is not avg or max", VerifyError)
-    if _s(ctx.attr("coordinate_transformation_mode")).lower() not in ("half_pixel", "output_half_pixel"):
-        ctx.fail("coordinate_transformation_mode must be half_pixel or output_half_pixel", VerifyError)
+    if _s(ctx.attr("coordinate_transformation_mode")).lower() not in (
+        "half_pixel",
+        "output_half_pixel",
+    ):
+        ctx.fail(
+            "coordinate_transformation_mode must be half_pixel or output_half_pixel", VerifyError
+        )
     x, r = ctx.shape(0), ctx.shape(1)
     if x is not None and len(x) != 4:
         ctx.fail(f"X must be 4-D (N, C, H, W), got shape {list(x)}")
@@ -549,7 +584,11 @@ def _roi_infer(ctx: InferContext) -> list[TensorDesc]:
     x, b = ctx.shape(0), ctx.shape(2)
     n = b[0] if b is not None and len(b) == 1 else ctx.fresh("rois")
     c = x[1] if x is not None else ctx.fresh()
-    return [TensorDesc(ctx.dtype(0), (n, c, int(ctx.attr("output_height")), int(ctx.attr("output_width"))))]
+    return [
+        TensorDesc(
+            ctx.dtype(0), (n, c, int(ctx.attr("output_height")), int(ctx.attr("output_width")))
+        )
+    ]
 
 
 register(
@@ -581,7 +620,9 @@ def _ints_attr(attrs: dict[str, Any], name: str, n: int, default: int) -> list[i
     return [default] * n if v is None or len(v) == 0 else [int(x) for x in v]
 
 
-def col2im(data: np.ndarray, image_shape: Sequence[int], block_shape: Sequence[int], attrs: dict[str, Any]) -> np.ndarray:
+def col2im(
+    data: np.ndarray, image_shape: Sequence[int], block_shape: Sequence[int], attrs: dict[str, Any]
+) -> np.ndarray:
     """ONNX Col2Im: sum every column block back into its place in the image."""
     data = np.asarray(data)
     img = [int(v) for v in image_shape]
@@ -595,10 +636,17 @@ def col2im(data: np.ndarray, image_shape: Sequence[int], block_shape: Sequence[i
     if ck % k:
         raise ShapeError(f"Col2Im: input dim 1 ({ck}) is not divisible by the block size {k}")
     c = ck // k
-    cols = [(img[i] + pads[i] + pads[nd + i] - dil[i] * (blk[i] - 1) - 1) // strides[i] + 1 for i in range(nd)]
+    cols = [
+        (img[i] + pads[i] + pads[nd + i] - dil[i] * (blk[i] - 1) - 1) // strides[i] + 1
+        for i in range(nd)
+    ]
     if int(np.prod(cols)) != length:
-        raise ShapeError(f"Col2Im: input dim 2 is {length}, the blocks tile {cols} = {int(np.prod(cols))} positions")
-    out = np.zeros((n, c, int(np.prod(img))), dtype=np.float64 if data.dtype.kind == "f" else data.dtype)
+        raise ShapeError(
+            f"Col2Im: input dim 2 is {length}, the blocks tile {cols} = {int(np.prod(cols))} positions"
+        )
+    out = np.zeros(
+        (n, c, int(np.prod(img))), dtype=np.float64 if data.dtype.kind == "f" else data.dtype
+    )
     blocks = data.reshape(n, c, k, length)
     col_idx = np.indices(cols).reshape(nd, -1)  # (nd, L)
     for off, kidx in enumerate(np.ndindex(*blk)):
@@ -632,9 +680,15 @@ register(
         inputs=[In("input", "T"), In("image_shape", "I"), In("block_shape", "I")],
         outputs=[Out("output", "T")],
         types={"T": dtypes.NUMERIC, "I": _I64},
-        attrs=[Attr("dilations", "ints", None), Attr("pads", "ints", None), Attr("strides", "ints", None)],
+        attrs=[
+            Attr("dilations", "ints", None),
+            Attr("pads", "ints", None),
+            Attr("strides", "ints", None),
+        ],
         infer=_col2im_infer,
-        kernel=lambda ins, a: [col2im(ins[0], np.asarray(ins[1]).reshape(-1), np.asarray(ins[2]).reshape(-1), a)],
+        kernel=lambda ins, a: [
+            col2im(ins[0], np.asarray(ins[1]).reshape(-1), np.asarray(ins[2]).reshape(-1), a)
+        ],
         value_inputs=(1, 2),
         doc="fold column blocks (N, C*prod(block), L) back into an image (N, C, *image_shape)",
     )
@@ -655,7 +709,9 @@ def _unpool_shape(x_shape: Sequence[Dim], attrs: dict[str, Any]) -> list[Dim]:
     return out
 
 
-def max_unpool(x: np.ndarray, indices: np.ndarray, output_shape: np.ndarray | None, attrs: dict[str, Any]) -> np.ndarray:
+def max_unpool(
+    x: np.ndarray, indices: np.ndarray, output_shape: np.ndarray | None, attrs: dict[str, Any]
+) -> np.ndarray:
     """ONNX MaxUnpool: scatter X to its (flat) indices in a zero tensor of the inferred
     shape, then place that at the start of ``output_shape`` (when given)."""
     x = np.asarray(x)
@@ -680,11 +736,15 @@ def _unpool_infer(ctx: InferContext) -> list[TensorDesc]:
         if vals is not None:
             return [TensorDesc(ctx.dtype(0), tuple(as_dim(v) for v in vals))]
         r = len(x) if x is not None else None
-        return [TensorDesc(ctx.dtype(0), None if r is None else tuple(ctx.fresh() for _ in range(r)))]
+        return [
+            TensorDesc(ctx.dtype(0), None if r is None else tuple(ctx.fresh() for _ in range(r)))
+        ]
     if x is None:
         return [TensorDesc(ctx.dtype(0), None)]
     if len(x) != len(ctx.attr("kernel_shape")) + 2:
-        ctx.fail(f"X of rank {len(x)} needs {len(x) - 2} kernel dims, kernel_shape is {ctx.attr('kernel_shape')}")
+        ctx.fail(
+            f"X of rank {len(x)} needs {len(x) - 2} kernel dims, kernel_shape is {ctx.attr('kernel_shape')}"
+        )
     return [TensorDesc(ctx.dtype(0), tuple(_unpool_shape(x, ctx.attrs)))]
 
 
@@ -695,7 +755,11 @@ register(
         inputs=[In("X", "T1"), In("I", "T2"), In("output_shape", "T2", optional=True)],
         outputs=[Out("output", "T1")],
         types={"T1": dtypes.NUMERIC, "T2": _I64},
-        attrs=[Attr("kernel_shape", "ints", REQUIRED), Attr("pads", "ints", None), Attr("strides", "ints", None)],
+        attrs=[
+            Attr("kernel_shape", "ints", REQUIRED),
+            Attr("pads", "ints", None),
+            Attr("strides", "ints", None),
+        ],
         infer=_unpool_infer,
         kernel=lambda ins, a: [max_unpool(ins[0], ins[1], ins[2] if len(ins) > 2 else None, a)],
         value_inputs=(2,),
@@ -731,7 +795,9 @@ def deform_conv(ins: list, attrs: dict[str, Any]) -> np.ndarray:
     b = None if len(ins) < 4 or ins[3] is None else np.asarray(ins[3])
     mask = None if len(ins) < 5 or ins[4] is None else np.asarray(ins[4])
     if x.ndim != 4:
-        raise ShapeError(f"DeformConv: only 2-D convolution (4-D X) is supported, X has shape {list(x.shape)}")
+        raise ShapeError(
+            f"DeformConv: only 2-D convolution (4-D X) is supported, X has shape {list(x.shape)}"
+        )
     n, ic, _, _ = x.shape
     oc, icg, kh, kw = w.shape
     group = int(attrs.get("group") or 1)
@@ -746,9 +812,17 @@ def deform_conv(ins: list, attrs: dict[str, Any]) -> np.ndarray:
             f"with group={group}, offset_group={og}"
         )
     off = offset.astype(np.float64).reshape(n, og, kh, kw, 2, oh, ow)
-    m = np.ones((n, og, kh, kw, oh, ow)) if mask is None else mask.astype(np.float64).reshape(n, og, kh, kw, oh, ow)
-    base_y = (-pads[0] + sth * np.arange(oh))[None, None, None, :, None] + (dh * np.arange(kh))[None, :, None, None, None]
-    base_x = (-pads[1] + stw * np.arange(ow))[None, None, None, None, :] + (dw * np.arange(kw))[None, None, :, None, None]
+    m = (
+        np.ones((n, og, kh, kw, oh, ow))
+        if mask is None
+        else mask.astype(np.float64).reshape(n, og, kh, kw, oh, ow)
+    )
+    base_y = (-pads[0] + sth * np.arange(oh))[None, None, None, :, None] + (dh * np.arange(kh))[
+        None, :, None, None, None
+    ]
+    base_x = (-pads[1] + stw * np.arange(ow))[None, None, None, None, :] + (dw * np.arange(kw))[
+        None, None, :, None, None
+    ]
     per = ic // og
     cols = np.empty((n, ic, kh, kw, oh, ow), dtype=np.float64)
     for g in range(og):
@@ -760,7 +834,9 @@ def deform_conv(ins: list, attrs: dict[str, Any]) -> np.ndarray:
     y = np.empty((n, oc, oh, ow), dtype=np.float64)
     for g in range(group):
         y[:, g * ocg : (g + 1) * ocg] = np.einsum(
-            "nckhij,ockh->noij", cols[:, g * icg : (g + 1) * icg], w[g * ocg : (g + 1) * ocg].astype(np.float64)
+            "nckhij,ockh->noij",
+            cols[:, g * icg : (g + 1) * icg],
+            w[g * ocg : (g + 1) * ocg].astype(np.float64),
         )
     if b is not None:
         y += b.astype(np.float64).reshape(1, -1, 1, 1)
@@ -768,8 +844,6 @@ def deform_conv(ins: list, attrs: dict[str, Any]) -> np.ndarray:
 
 
 def _deform_infer(ctx: InferContext) -> list[TensorDesc]:
-    from geode.compiler.ops.nn import conv_shape
-
     return [TensorDesc(ctx.dtype(0), conv_shape(ctx, ctx.shape(0), ctx.shape(1)))]
 
 

@@ -59,7 +59,9 @@ INT8S = frozenset([_NP(np.int8), _NP(np.uint8)])
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def quant_param(value: np.ndarray, shape: tuple[int, ...], axis: int, block_size: int) -> np.ndarray:
+def quant_param(
+    value: np.ndarray, shape: tuple[int, ...], axis: int, block_size: int
+) -> np.ndarray:
     """A scale or zero point shaped to broadcast against an input of ``shape``.
 
     Per tensor: a scalar. Per axis: a 1-D tensor placed along ``axis``. Blocked
@@ -83,7 +85,9 @@ def quant_param(value: np.ndarray, shape: tuple[int, ...], axis: int, block_size
         dims[axis] = v.size
         return v.reshape(dims)
     if v.ndim != len(shape):
-        raise ShapeError(f"a blocked scale or zero point must have rank {len(shape)}, got shape {list(v.shape)}")
+        raise ShapeError(
+            f"a blocked scale or zero point must have rank {len(shape)}, got shape {list(v.shape)}"
+        )
     full = np.repeat(v, block_size, axis=axis)
     if full.shape[axis] >= shape[axis]:
         full = np.take(full, np.arange(shape[axis]), axis=axis)
@@ -121,18 +125,22 @@ def _verify_params(ctx: InferContext, scale_i: int, zp_i: int | None) -> None:
             continue
         if block:
             if len(s) != len(x):
-                ctx.fail(f"blocked quantization: input {i} must have rank {len(x)}, got shape {list(s)}")
+                ctx.fail(
+                    f"blocked quantization: input {i} must have rank {len(x)}, got shape {list(s)}"
+                )
         elif len(s) > 1:
             ctx.fail(f"input {i} must be a scalar or 1-D (per axis), got shape {list(s)}")
         elif len(s) == 1 and len(x) > 0 and s[0] != 1:
             axis = _axis(int(ctx.attr("axis")), len(x))
             if dims_equal(s[0], x[axis]) is False:
-                ctx.fail(f"input {i} has {s[0]} elements but axis {axis} of the input has {x[axis]}")
+                ctx.fail(
+                    f"input {i} has {s[0]} elements but axis {axis} of the input has {x[axis]}"
+                )
     if zp_i is not None and ctx.has(zp_i) and ctx.has(scale_i):
         zs, ss = ctx.shape(zp_i), ctx.shape(scale_i)
-        if zs is not None and ss is not None and len(zs) == len(ss):
-            if any(dims_equal(a, b) is False for a, b in zip(zs, ss)):
-                ctx.fail(f"zero point shape {list(zs)} differs from scale shape {list(ss)}")
+        same_rank = zs is not None and ss is not None and len(zs) == len(ss)
+        if same_rank and any(dims_equal(a, b) is False for a, b in zip(zs, ss)):
+            ctx.fail(f"zero point shape {list(zs)} differs from scale shape {list(ss)}")
 
 
 # -- QuantizeLinear ----------------------------------------------------------------------------
@@ -178,7 +186,9 @@ def quantize_linear(
     """ONNX QuantizeLinear on numpy arrays."""
     x = np.asarray(x)
     ax = _axis(int(axis), x.ndim)
-    out = _quant_out_dtype(None if zero_point is None else np.asarray(zero_point).dtype, int(output_dtype))
+    out = _quant_out_dtype(
+        None if zero_point is None else np.asarray(zero_point).dtype, int(output_dtype)
+    )
     s = quant_param(scale, x.shape, ax, int(block_size))
     with np.errstate(all="ignore"):
         if precision:
@@ -253,7 +263,11 @@ def _dequantize_verify(ctx: InferContext) -> None:
 
 def _dequantize_infer(ctx: InferContext) -> list[TensorDesc]:
     d = ctx.desc(0)
-    return [TensorDesc(_dequant_out_dtype(ctx.dtype(1), int(ctx.attr("output_dtype") or 0)), d.shape, d.format)]
+    return [
+        TensorDesc(
+            _dequant_out_dtype(ctx.dtype(1), int(ctx.attr("output_dtype") or 0)), d.shape, d.format
+        )
+    ]
 
 
 def dequantize_linear(
@@ -289,7 +303,11 @@ register(
         inputs=[In("x", "T1"), In("x_scale", "T2"), In("x_zero_point", "T1", optional=True)],
         outputs=[Out("y", "T3")],
         types={"T1": DEQUANT_INPUTS, "T2": dtypes.FLOATS | dtypes.BFLOAT16 | dtypes.FLOAT8},
-        attrs=[Attr("axis", "int", 1), Attr("block_size", "int", 0), Attr("output_dtype", "int", 0)],
+        attrs=[
+            Attr("axis", "int", 1),
+            Attr("block_size", "int", 0),
+            Attr("output_dtype", "int", 0),
+        ],
         verify=_dequantize_verify,
         infer=_dequantize_infer,
         kernel=lambda ins, a: [
@@ -365,7 +383,9 @@ def matmul_integer(
     a: np.ndarray, b: np.ndarray, a_zero_point: np.ndarray | None, b_zero_point: np.ndarray | None
 ) -> np.ndarray:
     """``(A - a_zero_point) @ (B - b_zero_point)`` accumulated in int32."""
-    a32 = np.asarray(a).astype(np.int32) - np.asarray(_row_param(a_zero_point, np.ndim(a))).astype(np.int32)
+    a32 = np.asarray(a).astype(np.int32) - np.asarray(_row_param(a_zero_point, np.ndim(a))).astype(
+        np.int32
+    )
     b32 = np.asarray(b).astype(np.int32) - np.asarray(_col_param(b_zero_point)).astype(np.int32)
     return np.matmul(a32, b32).astype(np.int32)
 
@@ -382,16 +402,22 @@ register(
         ],
         outputs=[Out("Y", "T3")],
         types={"T1": INT8S, "T2": INT8S},
-        infer=lambda ctx: [TensorDesc(np.dtype(np.int32), matmul_shape(ctx, ctx.shape(0), ctx.shape(1)))],
+        infer=lambda ctx: [
+            TensorDesc(np.dtype(np.int32), matmul_shape(ctx, ctx.shape(0), ctx.shape(1)))
+        ],
         kernel=lambda ins, a: [
-            matmul_integer(ins[0], ins[1], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None)
+            matmul_integer(
+                ins[0], ins[1], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None
+            )
         ],
         doc="integer matmul of 8-bit operands minus their zero points, int32 result",
     )
 )
 
 
-def _requantize(acc: np.ndarray, multiplier: Any, y_zero_point: np.ndarray | None, out: np.dtype) -> np.ndarray:
+def _requantize(
+    acc: np.ndarray, multiplier: Any, y_zero_point: np.ndarray | None, out: np.dtype
+) -> np.ndarray:
     """``saturate(round(acc * multiplier) + y_zero_point)`` into ``out`` (an 8-bit int)."""
     lo, hi = INT_RANGES[np.dtype(out)]
     with np.errstate(all="ignore"):
@@ -414,7 +440,11 @@ def qlinear_matmul(
     """ONNX QLinearMatMul: integer matmul, rescaled by ``a_scale * b_scale / y_scale``."""
     acc = matmul_integer(a, b, a_zero_point, b_zero_point)
     # the multiplier in the scales' dtype, applied in double
-    mult = np.asarray(_row_param(a_scale, np.ndim(a))) * np.asarray(_col_param(b_scale)) / np.asarray(y_scale).reshape(())
+    mult = (
+        np.asarray(_row_param(a_scale, np.ndim(a)))
+        * np.asarray(_col_param(b_scale))
+        / np.asarray(y_scale).reshape(())
+    )
     out = np.asarray(y_zero_point).dtype if y_zero_point is not None else np.asarray(a).dtype
     zp = None if y_zero_point is None else np.asarray(y_zero_point).reshape(())
     return _requantize(acc.astype(np.float64), np.asarray(mult).astype(np.float64), zp, out)
@@ -459,7 +489,11 @@ def _weight_zero_point(w_zero_point: np.ndarray | None, w_ndim: int) -> np.ndarr
 
 
 def conv_integer(
-    x: np.ndarray, w: np.ndarray, x_zero_point: np.ndarray | None, w_zero_point: np.ndarray | None, attrs: dict
+    x: np.ndarray,
+    w: np.ndarray,
+    x_zero_point: np.ndarray | None,
+    w_zero_point: np.ndarray | None,
+    attrs: dict,
 ) -> np.ndarray:
     """Convolution of ``X - x_zero_point`` with ``W - w_zero_point``, accumulated in int32."""
     x32 = np.asarray(x).astype(np.int32)
@@ -502,9 +536,17 @@ register(
         types={"T1": INT8S, "T2": INT8S},
         attrs=list(CONV_ATTRS),
         verify=_conv_like_verify(0, 1),
-        infer=lambda ctx: [TensorDesc(np.dtype(np.int32), conv_shape(ctx, ctx.shape(0), ctx.shape(1)))],
+        infer=lambda ctx: [
+            TensorDesc(np.dtype(np.int32), conv_shape(ctx, ctx.shape(0), ctx.shape(1)))
+        ],
         kernel=lambda ins, a: [
-            conv_integer(ins[0], ins[1], ins[2] if len(ins) > 2 else None, ins[3] if len(ins) > 3 else None, a)
+            conv_integer(
+                ins[0],
+                ins[1],
+                ins[2] if len(ins) > 2 else None,
+                ins[3] if len(ins) > 3 else None,
+                a,
+            )
         ],
         doc="integer convolution of 8-bit operands minus their zero points, int32 result",
     )
@@ -521,7 +563,11 @@ def qlinear_conv(ins: list, attrs: dict) -> np.ndarray:
         acc = acc + np.asarray(bias).astype(np.int64).reshape((1, -1) + (1,) * nsp)
     ws = np.asarray(w_scale).astype(np.float32)
     ws = ws.reshape(()) if ws.size == 1 else ws.reshape((1, -1) + (1,) * nsp)
-    mult = np.asarray(x_scale).astype(np.float32).reshape(()) * ws / np.asarray(y_scale).astype(np.float32).reshape(())
+    mult = (
+        np.asarray(x_scale).astype(np.float32).reshape(())
+        * ws
+        / np.asarray(y_scale).astype(np.float32).reshape(())
+    )
     out = np.asarray(y_zp).dtype if y_zp is not None else np.asarray(x).dtype
     zp = None if y_zp is None else np.asarray(y_zp).reshape(())
     return _requantize(acc.astype(np.float32), mult, zp, out)

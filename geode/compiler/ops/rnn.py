@@ -160,10 +160,14 @@ def run_direction(
             f, g, hact = acts
             gates = x_t + h @ r.T + rb
             gi, go, gf, gc = (gates[:, k * hid : (k + 1) * hid] for k in range(4))
-            pi, po, pf = (np.zeros(hid), np.zeros(hid), np.zeros(hid)) if p is None else (
-                p[:hid],
-                p[hid : 2 * hid],
-                p[2 * hid :],
+            pi, po, pf = (
+                (np.zeros(hid), np.zeros(hid), np.zeros(hid))
+                if p is None
+                else (
+                    p[:hid],
+                    p[hid : 2 * hid],
+                    p[2 * hid :],
+                )
             )
             assert c is not None
             i = f(clip(gi + pi * c))
@@ -199,7 +203,9 @@ def recurrent(op: str, ins: list, attrs: dict[str, Any]) -> list[np.ndarray]:
     b = get(3)
     b = np.zeros((n_dirs, 2 * n_gates * hid), ct) if b is None else b.astype(ct)
     lens_in = get(4)
-    lens = np.full(batch, t_len, np.int64) if lens_in is None else lens_in.reshape(-1).astype(np.int64)
+    lens = (
+        np.full(batch, t_len, np.int64) if lens_in is None else lens_in.reshape(-1).astype(np.int64)
+    )
     h0 = get(5)
     c0 = get(6) if op == "LSTM" else None
     p = get(7) if op == "LSTM" else None
@@ -248,7 +254,9 @@ def _verify(op: str) -> Callable[[InferContext], None]:
     def verify(ctx: InferContext) -> None:
         direction = _s(ctx.attr("direction"))
         if direction not in ("forward", "reverse", "bidirectional"):
-            ctx.fail(f"direction {direction!r} is not forward, reverse or bidirectional", VerifyError)
+            ctx.fail(
+                f"direction {direction!r} is not forward, reverse or bidirectional", VerifyError
+            )
         if int(ctx.attr("layout")) not in (0, 1):
             ctx.fail(f"layout must be 0 or 1, got {ctx.attr('layout')}", VerifyError)
         x, w = ctx.shape(0), ctx.shape(1)
@@ -324,7 +332,11 @@ for _op, _extra_in, _extra_attrs, _outs in (
         "LSTM",
         [In("initial_c", "T", optional=True), In("P", "T", optional=True)],
         [Attr("input_forget", "int", 0)],
-        [Out("Y", "T", optional=True), Out("Y_h", "T", optional=True), Out("Y_c", "T", optional=True)],
+        [
+            Out("Y", "T", optional=True),
+            Out("Y_h", "T", optional=True),
+            Out("Y_c", "T", optional=True),
+        ],
     ),
 ):
     register(

@@ -55,7 +55,9 @@ def as_real_pair(z: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.stack([z.real, z.imag], axis=-1).astype(dtype)
 
 
-def dft(x: np.ndarray, dft_length: int | None, axis: int, inverse: bool, onesided: bool) -> np.ndarray:
+def dft(
+    x: np.ndarray, dft_length: int | None, axis: int, inverse: bool, onesided: bool
+) -> np.ndarray:
     """ONNX DFT on numpy arrays."""
     x = np.asarray(x)
     r = x.ndim
@@ -66,7 +68,11 @@ def dft(x: np.ndarray, dft_length: int | None, axis: int, inverse: bool, oneside
         raise ShapeError("DFT: the last dim holds real/imaginary parts and cannot be transformed")
     z = as_complex(x)  # drops the last dim; ax still indexes the signal dims
     if inverse:
-        n = dft_length if dft_length is not None else (2 * (z.shape[ax] - 1) if onesided else z.shape[ax])
+        n = (
+            dft_length
+            if dft_length is not None
+            else (2 * (z.shape[ax] - 1) if onesided else z.shape[ax])
+        )
         if onesided:
             return np.fft.irfft(z, n=n, axis=ax)[..., None].astype(x.dtype)
         return as_real_pair(np.fft.ifft(z, n=n, axis=ax), x.dtype)
@@ -131,7 +137,11 @@ register(
     OpDef(
         "DFT",
         OpKind.LIBRARY,
-        inputs=[In("input", "T1"), In("dft_length", "T2", optional=True), In("axis", "T3", optional=True)],
+        inputs=[
+            In("input", "T1"),
+            In("dft_length", "T2", optional=True),
+            In("axis", "T3", optional=True),
+        ],
         outputs=[Out("output", "T1")],
         types={"T1": dtypes.FLOATS, "T2": _INDEX, "T3": frozenset([np.dtype(np.int64)])},
         attrs=[Attr("inverse", "int", 0), Attr("onesided", "int", 0)],
@@ -154,7 +164,11 @@ register(
 
 # -- STFT ----------------------------------------------------------------------------------------
 def stft(
-    signal: np.ndarray, frame_step: int, window: np.ndarray | None, frame_length: int | None, onesided: bool
+    signal: np.ndarray,
+    frame_step: int,
+    window: np.ndarray | None,
+    frame_length: int | None,
+    onesided: bool,
 ) -> np.ndarray:
     """ONNX STFT on numpy arrays: (batch, frames, bins, 2)."""
     x = np.asarray(signal)
@@ -171,7 +185,9 @@ def stft(
         raise ShapeError(f"STFT: the signal ({length}) is shorter than a frame ({frame_length})")
     z = as_complex(x)  # (batch, length)
     starts = np.arange(n_frames) * frame_step
-    frames = z[:, starts[:, None] + np.arange(frame_length)[None, :]] * w  # (batch, frames, frame_length)
+    frames = (
+        z[:, starts[:, None] + np.arange(frame_length)[None, :]] * w
+    )  # (batch, frames, frame_length)
     spec = np.fft.fft(frames, n=frame_length, axis=-1)
     if onesided:
         spec = spec[..., : frame_length // 2 + 1]
@@ -191,7 +207,13 @@ def _stft_infer(ctx: InferContext) -> list[TensorDesc]:
     elif x is not None:
         fl = x[1]
     frames: Dim = ctx.fresh("frames")
-    if x is not None and fl is not None and step is not None and isinstance(x[1], int) and isinstance(fl, int):
+    if (
+        x is not None
+        and fl is not None
+        and step is not None
+        and isinstance(x[1], int)
+        and isinstance(fl, int)
+    ):
         frames = 1 + (x[1] - fl) // step
     bins: Dim = ctx.fresh("bins")
     if isinstance(fl, int):
@@ -230,7 +252,12 @@ register(
 
 # -- MelWeightMatrix -----------------------------------------------------------------------------
 def mel_weight_matrix(
-    num_mel_bins: int, dft_length: int, sample_rate: int, lower_hz: float, upper_hz: float, dtype: np.dtype
+    num_mel_bins: int,
+    dft_length: int,
+    sample_rate: int,
+    lower_hz: float,
+    upper_hz: float,
+    dtype: np.dtype,
 ) -> np.ndarray:
     """Triangular mel filters over the ``dft_length // 2 + 1`` spectrogram bins."""
     n_spec = dft_length // 2 + 1
@@ -244,10 +271,14 @@ def mel_weight_matrix(
     j = np.arange(n_spec)[:, None]
     left, center, right = bins[:-2][None, :], bins[1:-1][None, :], bins[2:][None, :]
     rise = center - left
-    up = np.where((j >= left) & (j <= center) & (rise > 0), (j - left) / np.where(rise > 0, rise, 1), 0.0)
+    up = np.where(
+        (j >= left) & (j <= center) & (rise > 0), (j - left) / np.where(rise > 0, rise, 1), 0.0
+    )
     up = np.where((rise == 0) & (j == center), 1.0, up)
     fall = right - center
-    down = np.where((j >= center) & (j < right) & (fall > 0), (right - j) / np.where(fall > 0, fall, 1), 0.0)
+    down = np.where(
+        (j >= center) & (j < right) & (fall > 0), (right - j) / np.where(fall > 0, fall, 1), 0.0
+    )
     out = np.where(down > 0, down, up)  # the falling edge overwrites the shared center bin
     out = np.where((j == center) & (fall > 0), 1.0, out)
     return out.astype(dtype)
@@ -260,7 +291,10 @@ def _mel_infer(ctx: InferContext) -> list[TensorDesc]:
     return [
         TensorDesc(
             dtype,
-            (n_dft // 2 + 1 if n_dft is not None else ctx.fresh(), n_mel if n_mel is not None else ctx.fresh()),
+            (
+                n_dft // 2 + 1 if n_dft is not None else ctx.fresh(),
+                n_mel if n_mel is not None else ctx.fresh(),
+            ),
         )
     ]
 

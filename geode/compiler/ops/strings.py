@@ -1,4 +1,5 @@
-"""String ops: StringNormalizer, StringConcat, StringSplit and RegexFullMatch.
+"""String and text ops: StringNormalizer, StringConcat, StringSplit, RegexFullMatch and
+TfIdfVectorizer.
 
 String tensors are numpy object arrays of Python ``str`` (ONNX ``STRING``). These ops
 run on the host engine (OpKind.HOST): geode compiles nothing over strings, and string
@@ -13,6 +14,11 @@ tensors never live in the activation arena.
   longest split, padded with ``""``, ``Z`` the number of pieces of each element.
 * ``RegexFullMatch(X)``: whether each element matches ``pattern`` entirely (RE2
   syntax, evaluated with Python's ``re``, which agrees on the common subset).
+* ``TfIdfVectorizer(X)`` (ints or strings, ``[C]`` or ``[B, C]``): counts, per row, the
+  n-grams of the pool (lengths ``min_gram_length`` to ``max_gram_length``, items
+  ``1 .. max_skip_count + 1`` apart; unigrams counted once) into their
+  ``ngram_indexes`` slots, then weights them (``TF`` counts, ``IDF`` weight where
+  present, ``TFIDF`` weight times count; weights default to 1).
 """
 
 from __future__ import annotations
@@ -24,7 +30,16 @@ import numpy as np
 
 from geode.compiler.ir import TensorDesc
 from geode.compiler.ops.common import broadcast_infer
-from geode.compiler.ops.registry import Attr, In, InferContext, OpDef, OpKind, Out, register
+from geode.compiler.ops.registry import (
+    REQUIRED,
+    Attr,
+    In,
+    InferContext,
+    OpDef,
+    OpKind,
+    Out,
+    register,
+)
 from geode.errors import ShapeError, VerifyError
 
 STRING = frozenset([np.dtype(object)])
@@ -187,7 +202,9 @@ def regex_full_match(x: np.ndarray, pattern: str) -> np.ndarray:
     """Whether each element matches ``pattern`` in full."""
     rx = _compile(pattern)
     x = _strs(x)
-    return np.array([rx.fullmatch(v) is not None for v in x.reshape(-1)], dtype=bool).reshape(x.shape)
+    return np.array([rx.fullmatch(v) is not None for v in x.reshape(-1)], dtype=bool).reshape(
+        x.shape
+    )
 
 
 def _regex_verify(ctx: InferContext) -> None:
@@ -212,4 +229,132 @@ register(
     )
 )
 
-__all__ = ["STRING", "regex_full_match", "string_concat", "string_normalizer", "string_split"]
+
+# -- TfIdfVectorizer ---------------------------------------------------------------------------
+def _ngram_table(attrs: dict[str, Any]) -> tuple[dict[tuple, int], int]:
+    """(n-gram -> output slot for the counted lengths, output size) from the pool attributes."""
+    pool = attrs.get("pool_strings") or attrs.get("pool_int64s") or []
+    pool = [_s(v) if isinstance(v, (str, bytes)) else int(v) for v in pool]
+    counts = [int(c) for c in attrs["ngram_counts"]]
+    indexes = [int(i) for i in attrs["ngram_indexes"]]
+    lo, hi = int(attrs["min_gram_length"]), int(attrs["max_gram_length"])
+    table: dict[tuple, int] = {}
+    ngram_id = 0
+    for k, start in enumerate(counts):
+        n = k + 1
+        end = counts[k + 1] if k + 1 < len(counts) else len(pool)
+        for j in range((end - start) // n):
+            if lo <= n <= hi:
+                if ngram_id >= len(indexes):
+                    raise ShapeError(
+                        "TfIdfVectorizer: ngram_indexes is shorter than the pool's n-grams"
+                    )
+                table[tuple(pool[start + j * n : start + (j + 1) * n])] = indexes[ngram_id]
+            ngram_id += 1
+    return table, (max(indexes) + 1 if indexes else 0)
+
+
+def tfidf_vectorizer(x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+    """ONNX TfIdfVectorizer on a ``[C]`` or ``[B, C]`` tensor of ints or strings."""
+    x = np.asarray(x)
+    if x.ndim > 2:
+        raise ShapeError(f"TfIdfVectorizer: input must be [C] or [B, C], got {list(x.shape)}")
+    rows = x.reshape(1, -1) if x.ndim < 2 else x
+    table, size = _ngram_table(attrs)
+    lo, hi = int(attrs["min_gram_length"]), int(attrs["max_gram_length"])
+    max_skip = int(attrs["max_skip_count"])
+    counts = np.zeros((rows.shape[0], size), dtype=np.float64)
+    for r, row in enumerate(rows):
+        items = [_s(v) if isinstance(v, (str, bytes)) else int(v) for v in row]
+        c = len(items)
+        first = lo
+        for dist in range(1, max_skip + 2):
+            for start in range(c):
+                if start + dist * (first - 1) >= c:
+                    break
+                for n in range(1, hi + 1):
+                    last = start + dist * (n - 1)
+                    if last >= c:
+                        break
+                    slot = table.get(tuple(items[start : last + 1 : dist]))
+                    if n >= first and slot is not None:
+                        counts[r, slot] += 1
+            if first == 1:  # unigrams do not depend on the skip distance: count them once
+                first = 2
+                if first > hi:
+                    break
+    mode = _s(attrs["mode"])
+    w = attrs.get("weights")
+    weights = np.ones(size) if not w else np.asarray(w, dtype=np.float64)
+    if mode == "TF":
+        out = counts
+    elif mode == "IDF":
+        out = np.where(counts > 0, weights, 0.0)
+    elif mode == "TFIDF":
+        out = counts * weights
+    else:
+        raise VerifyError(f"TfIdfVectorizer: mode {mode!r} is not TF, IDF or TFIDF")
+    out = out.astype(np.float32)
+    return out if x.ndim == 2 else out.reshape(-1)
+
+
+def _tfidf_verify(ctx: InferContext) -> None:
+    if _s(ctx.attr("mode")) not in ("TF", "IDF", "TFIDF"):
+        ctx.fail(f"mode {_s(ctx.attr('mode'))!r} is not TF, IDF or TFIDF", VerifyError)
+    strings = ctx.attr("pool_strings")
+    ints = ctx.attr("pool_int64s")
+    if (strings is None) == (ints is None):
+        ctx.fail("give exactly one of pool_strings and pool_int64s", VerifyError)
+    if (strings is not None) != (ctx.dtype(0) == np.dtype(object)):
+        ctx.fail("pool_strings goes with string input, pool_int64s with int input", VerifyError)
+    if int(ctx.attr("min_gram_length")) < 1 or int(ctx.attr("max_gram_length")) < int(
+        ctx.attr("min_gram_length")
+    ):
+        ctx.fail("need 1 <= min_gram_length <= max_gram_length", VerifyError)
+    r = ctx.rank(0)
+    if r is not None and r > 2:
+        ctx.fail(f"input must be [C] or [B, C], got rank {r}")
+
+
+def _tfidf_infer(ctx: InferContext) -> list[TensorDesc]:
+    size = max(int(i) for i in ctx.attr("ngram_indexes")) + 1
+    x = ctx.shape(0)
+    f32 = np.dtype(np.float32)
+    if x is not None and len(x) == 2:
+        return [TensorDesc(f32, (x[0], size))]
+    return [TensorDesc(f32, (size,))]
+
+
+register(
+    OpDef(
+        "TfIdfVectorizer",
+        OpKind.HOST,
+        inputs=[In("X", "T")],
+        outputs=[Out("Y", "T1")],
+        types={"T": STRING | frozenset([np.dtype(np.int32), np.dtype(np.int64)])},
+        attrs=[
+            Attr("max_gram_length", "int", REQUIRED),
+            Attr("max_skip_count", "int", REQUIRED),
+            Attr("min_gram_length", "int", REQUIRED),
+            Attr("mode", "string", REQUIRED),
+            Attr("ngram_counts", "ints", REQUIRED),
+            Attr("ngram_indexes", "ints", REQUIRED),
+            Attr("pool_int64s", "ints", None),
+            Attr("pool_strings", "strings", None),
+            Attr("weights", "floats", None),
+        ],
+        verify=_tfidf_verify,
+        infer=_tfidf_infer,
+        kernel=lambda ins, a: [tfidf_vectorizer(ins[0], a)],
+        doc="n-gram (with skips) counts of a token sequence, weighted TF / IDF / TFIDF",
+    )
+)
+
+__all__ = [
+    "STRING",
+    "regex_full_match",
+    "string_concat",
+    "string_normalizer",
+    "string_split",
+    "tfidf_vectorizer",
+]
