@@ -157,3 +157,19 @@ def test_horizontal_fusion_of_siblings():
     np.testing.assert_allclose(out["a"], np.tanh(xv) * 2, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["b"], 1 / (1 + np.exp(-xv)) + 1, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["c"], np.exp(zv) - 1, rtol=1e-5, atol=1e-6)
+
+
+def test_castlike_reads_only_its_data_input():
+    import warnings
+
+    from geode.codegen.driver import CodegenWarning
+
+    g = geode.Graph("castlike_rank")
+    a = g.input("a", [], "int64")
+    t = g.input("t", [2, 3], "float32")
+    g.output(ops.cast_like(a, t) * 2.0, names=["x"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CodegenWarning)
+        model = geode.compile(g)
+    out = model(a=np.array(3, np.int64), t=np.zeros((2, 3), np.float32))["x"]
+    assert out.dtype == np.float32 and out.shape == () and float(out) == 6.0

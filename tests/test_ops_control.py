@@ -66,7 +66,8 @@ def test_if_node_inputs_carry_the_captures():
     (node,) = [n for n in g.nodes if n.op_type == "If"]
     assert node.attrs["captures"] == ["x", "w"]
     assert [v.name for v in node.inputs] == ["c", "x", "w"]
-    assert node.outputs[0].shape[1] == 3
+    x = g.inputs[1]
+    assert node.outputs[0].shape == x.shape  # the outer symbol N carries through both branches
 
 
 def loop_model(with_cond=True):
@@ -257,3 +258,28 @@ def test_scan_opset8_is_refused_by_name():
     m = model([node], [vi("x", F, [1, 2, 1])], [vi("y", F, None)], opset=8)
     with pytest.raises(ModelLoadError, match="Scan"):
         geode.compile(m)
+
+
+def test_loop_carried_shape_stays_symbolic_when_the_body_keeps_it():
+    from geode.compiler.frontend.onnx import import_model
+
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["v_in", "v_in"], ["v_out"]),
+            helper.make_node("Identity", ["c_in"], ["c_out"]),
+        ],
+        "body",
+        [vi("i", I64, []), vi("c_in", B, []), vi("v_in", F, None)],
+        [vi("c_out", B, []), vi("v_out", F, None)],
+    )
+    node = helper.make_node("Loop", ["M", "", "v0"], ["v"], body=body)
+    m = model(
+        [node, helper.make_node("Relu", ["v"], ["y"])],
+        [vi("M", I64, []), vi("v0", F, ["N", 4])],
+        [vi("y", F, ["N", 4])],
+    )
+    g = import_model(m)
+    loop = next(n for n in g.nodes if n.op_type == "Loop")
+    assert loop.outputs[0].shape == g.inputs[1].shape
+    out = geode.compile(m)(M=np.array(3, np.int64), v0=np.ones((2, 4), np.float32))
+    np.testing.assert_allclose(out["y"], 8 * np.ones((2, 4)))

@@ -227,7 +227,8 @@ def _identity(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
 
 @_rule("Cast", "CastLike")
 def _cast(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
-    x = _ins(ctx, node, ivs)[0]
+    # CastLike's second input gives only the dtype: never load it
+    x = ctx.bload(node.inputs[0], ivs, node.outputs[0].shape)
     to = node.outputs[0].dtype
     if to == np.bool_:
         return A.Bin("!=", x, literal(0, node.inputs[0].dtype))

@@ -45,6 +45,7 @@ from geode.compiler.frontend import onnx_versions
 from geode.compiler.frontend.onnx_versions import AdaptContext, NodeSpec
 from geode.compiler.ir import Graph, TensorDesc, Value, ValueKind
 from geode.compiler.ops import registry
+from geode.compiler.shapes import SymbolTable
 from geode.errors import ModelLoadError, UnknownOpError
 
 #: default-domain (``ai.onnx``) opsets the importer honours, inclusive.
@@ -538,17 +539,21 @@ class _GraphBuilder:
         """TensorDesc of a graph input's ValueInfo (ModelLoadError when it has no type).
 
         A subgraph input without a type (or element type) takes ``hint``'s, the type of
-        the node input it receives, when there is one.
+        the node input it receives, when there is one; one with a type but no shape
+        takes the hint's rank (and its static dims). The hint's symbolic dims become fresh
+        symbols: a loop-carried value may change size from one iteration to the next.
         """
+        hint_shape = None
+        if hint is not None and hint.shape is not None:
+            hint_shape = tuple(
+                d if isinstance(d, int) else self.graph.symbols.fresh() for d in hint.shape
+            )
         untyped = not vi.HasField("type") or (
             vi.type.WhichOneof("value") == "tensor_type"
             and vi.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED
         )
         if untyped and hint is not None and self.parent is not None:
-            shape = None if hint.shape is None else tuple(
-                d if isinstance(d, int) else self.graph.symbols.fresh() for d in hint.shape
-            )
-            return TensorDesc(hint.dtype, shape)
+            return TensorDesc(hint.dtype, hint_shape)
         if not vi.HasField("type"):
             raise ModelLoadError(f"{self.label}: {what} {vi.name!r} has no type")
         kind = vi.type.WhichOneof("value")
@@ -561,7 +566,8 @@ class _GraphBuilder:
             raise ModelLoadError(f"{self.label}: {what} {vi.name!r} has no element type")
         dtype = dtypes.to_numpy(tt.elem_type, f"{what} {vi.name!r}")
         if not tt.HasField("shape"):
-            return TensorDesc(dtype, None)
+            usable = self.parent is not None and hint is not None and hint.dtype == dtype
+            return TensorDesc(dtype, hint_shape if usable else None)
         dims: list[object] = []
         for d in tt.shape.dim:
             which = d.WhichOneof("value")
@@ -872,7 +878,16 @@ class _GraphBuilder:
         self, gp: onnx.GraphProto, input_hints: list[TensorDesc | None] | None = None
     ) -> Graph:
         sub = _GraphBuilder(self.imp, gp, parent=self, input_hints=input_hints)
-        return sub.build()
+        # one symbol namespace across scopes: the subgraph starts from this graph's
+        # symbols (a captured value's dims mean the same in both), and this graph then
+        # skips the names the subgraph made up, so no two unrelated dims share a name
+        outer = self.graph.symbols
+        sub.graph.symbols = SymbolTable(dict(outer.named), outer.counter)
+        g = sub.build()
+        outer.counter = max(outer.counter, g.symbols.counter)
+        for name, symbol in g.symbols.named.items():
+            outer.named.setdefault(name, symbol)
+        return g
 
     # -- functions -----------------------------------------------------------------------------
     def _schema_function(

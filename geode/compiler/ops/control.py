@@ -46,7 +46,7 @@ from geode.compiler.ops.registry import (
     Out,
     register,
 )
-from geode.compiler.shapes import Dim, dims_equal
+from geode.compiler.shapes import Dim, dims_equal, free_symbols
 from geode.errors import ExecutionError, ShapeError, VerifyError
 
 #: most iterations a Loop with neither a trip count nor a condition may run
@@ -153,11 +153,19 @@ def _formal_count(body: Graph) -> int:
 
 # -- shape helpers ---------------------------------------------------------------------------
 def outer_shape(ctx: InferContext, shape: tuple | None) -> tuple | None:
-    """A subgraph shape in the outer graph: int dims kept, symbolic ones fresh symbols
-    (the subgraph's symbols mean nothing outside it)."""
+    """A subgraph shape in the outer graph: int dims kept, and symbolic dims built from
+    the symbols of the node's inputs (a captured value's dims mean the same inside and
+    out: the ONNX front end gives a graph and its subgraphs one symbol namespace); any
+    other dim (a symbol the subgraph made up) becomes a fresh symbol."""
     if shape is None:
         return None
-    return tuple(d if isinstance(d, int) else ctx.fresh("cf") for d in shape)
+    known: set = set()
+    for v in ctx.node.inputs:
+        if v is not None:
+            known |= free_symbols(v.shape)
+    return tuple(
+        d if isinstance(d, int) or d.free_symbols <= known else ctx.fresh("cf") for d in shape
+    )
 
 
 def merge_shapes(ctx: InferContext, a: tuple | None, b: tuple | None) -> tuple | None:
@@ -167,17 +175,23 @@ def merge_shapes(ctx: InferContext, a: tuple | None, b: tuple | None) -> tuple |
     return tuple(x if dims_equal(x, y) is True else ctx.fresh("cf") for x, y in zip(a, b))
 
 
-def _carried(ctx: InferContext, initial: TensorDesc, body_out: TensorDesc | None) -> TensorDesc:
-    """A loop-carried value: the initial shape where the body keeps it, else fresh dims."""
-    if body_out is None:
-        return TensorDesc(initial.dtype, initial.shape)
-    body_shape = outer_shape(ctx, body_out.shape)
-    if initial.shape is None or body_shape is None or len(initial.shape) != len(body_shape):
+def _carried(
+    ctx: InferContext, initial: TensorDesc, body_in: TensorDesc | None, body_out: TensorDesc | None
+) -> TensorDesc:
+    """A loop-carried value's final desc: the initial dims the body provably keeps (its
+    output dim is its input dim, or the same int), fresh symbols for the others."""
+    if body_out is None or body_out.shape is None or initial.shape is None:
+        return TensorDesc(
+            initial.dtype, None if body_out is None or body_out.shape is None else initial.shape
+        )
+    if len(initial.shape) != len(body_out.shape):
         return TensorDesc(initial.dtype, None)
+    ins = body_in.shape if body_in is not None and body_in.shape is not None else None
     dims: list[Dim] = []
-    for x, y in zip(initial.shape, body_out.shape):
-        same = isinstance(x, int) and isinstance(y, int) and x == y
-        dims.append(x if same else ctx.fresh("cf"))
+    for k, (x, y) in enumerate(zip(initial.shape, body_out.shape)):
+        same_int = isinstance(x, int) and isinstance(y, int) and x == y
+        kept = ins is not None and len(ins) == len(body_out.shape) and dims_equal(ins[k], y) is True
+        dims.append(x if same_int or kept else ctx.fresh("cf"))
     return TensorDesc(initial.dtype, tuple(dims))
 
 
@@ -286,7 +300,10 @@ def _loop_verify(ctx: InferContext) -> None:
 def _loop_infer(ctx: InferContext) -> list[TensorDesc]:
     body = ctx.attr("body")
     v_init, k = _loop_parts(ctx)
-    outs = [_carried(ctx, v.desc, body.outputs[1 + i].desc) for i, v in enumerate(v_init)]
+    outs = [
+        _carried(ctx, v.desc, body.inputs[2 + i].desc, body.outputs[1 + i].desc)
+        for i, v in enumerate(v_init)
+    ]
     trips: Dim | None = None
     m = ctx.value(0) if ctx.has(0) else None
     if m is not None and not ctx.has(1):
@@ -416,7 +433,7 @@ def _scan_infer(ctx: InferContext) -> list[TensorDesc]:
     n_caps = len(ctx.attr("captures") or [])
     n_in = ctx.n_inputs - n_caps
     n, m, k = _scan_parts(ctx.attrs, n_in)
-    outs = [_carried(ctx, ctx.desc(i), body.outputs[i].desc) for i in range(n)]
+    outs = [_carried(ctx, ctx.desc(i), body.inputs[i].desc, body.outputs[i].desc) for i in range(n)]
     in_axes = _scan_axes(ctx.attrs, "scan_input_axes", m)
     first = ctx.shape(n)
     seq: Dim = ctx.fresh("seq")

@@ -548,6 +548,7 @@ def roi_align(
         img = xf[bidx[r]]  # (c, h, w)
 
         def tap(yi: np.ndarray, xi: np.ndarray, img: np.ndarray = img) -> np.ndarray:
+            """The samples at rows yi and columns xi of every channel."""
             # (c, oh, gh, ow, gw)
             return img[:, yi[:, :, None, None], xi[None, None, :, :]]
 

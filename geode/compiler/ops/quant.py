@@ -507,6 +507,7 @@ def _conv_like_verify(x_i: int, w_i: int) -> Any:
     """Conv's checks on the inputs at ``x_i`` / ``w_i`` of a quantized convolution."""
 
     def verify(ctx: InferContext) -> None:
+        """verify: rank, groups and channels of X and W."""
         x, w = ctx.shape(x_i), ctx.shape(w_i)
         group = int(ctx.attr("group") or 1)
         if group < 1:

@@ -186,6 +186,7 @@ def recurrent(op: str, ins: list, attrs: dict[str, Any]) -> list[np.ndarray]:
     n_gates = CELLS[op][0]
 
     def get(i: int) -> np.ndarray | None:
+        """Input i, or None when omitted."""
         return None if i >= len(ins) or ins[i] is None else np.asarray(ins[i])
 
     x, w, r = get(0), get(1), get(2)
@@ -252,6 +253,7 @@ def recurrent(op: str, ins: list, attrs: dict[str, Any]) -> list[np.ndarray]:
 
 def _verify(op: str) -> Callable[[InferContext], None]:
     def verify(ctx: InferContext) -> None:
+        """verify: direction, layout, ranks and activation names."""
         direction = _s(ctx.attr("direction"))
         if direction not in ("forward", "reverse", "bidirectional"):
             ctx.fail(
@@ -278,6 +280,7 @@ def _verify(op: str) -> Callable[[InferContext], None]:
 
 def _infer(op: str) -> Callable[[InferContext], list[TensorDesc]]:
     def infer(ctx: InferContext) -> list[TensorDesc]:
+        """infer: Y, Y_h (and Y_c) from X's dims, the layout and hidden_size."""
         x, r = ctx.shape(0), ctx.shape(2)
         dtype = ctx.dtype(0)
         n_dirs = 2 if _s(ctx.attr("direction")) == "bidirectional" else 1
