@@ -23,7 +23,9 @@ from pathlib import Path
 def _set_threads(n: int) -> None:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = str(n)
-    os.environ.setdefault("XLA_FLAGS", f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={n}")
+    os.environ.setdefault(
+        "XLA_FLAGS", f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={n}"
+    )
 
 
 def timeit(fn, repeat: int, min_time: float = 0.05) -> float:  # type: ignore[no-untyped-def]
@@ -59,8 +61,13 @@ def compile_times(scale: float) -> list[tuple[str, float, float]]:
         for w in workloads(scale):
             res = []
             for _ in range(2):  # cold, then warm from the disk cache
-                p = subprocess.run([sys.executable, "-c", code.format(root=root, scale=scale, name=w.name)],
-                                   capture_output=True, text=True, env=env, check=True)
+                p = subprocess.run(
+                    [sys.executable, "-c", code.format(root=root, scale=scale, name=w.name)],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    check=True,
+                )
                 secs, nk = p.stdout.split()
                 res.append(float(secs) / max(1, int(nk)))
             out.append((w.name, res[0], res[1]))
@@ -85,9 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     copies = {k: timeit(f, args.repeat) for k, f in roofline_copies(nbytes).items()}
     best = min(copies, key=copies.get)
     copy_bw = 2 * nbytes / copies[best]
-    print(f"threads {args.threads}; roofline {copy_bw / 1e9:.2f} GB/s (fastest copy: {best}; "
-          + ", ".join(f"{k} {2 * nbytes / t / 1e9:.2f} GB/s" for k, t in copies.items()) + ")")
-    header = f"{'workload':<16}" + "".join(f"{s:>14}" for s in systems) + f"{'speedup':>9}{'roofline':>9}"
+    print(
+        f"threads {args.threads}; roofline {copy_bw / 1e9:.2f} GB/s (fastest copy: {best}; "
+        + ", ".join(f"{k} {2 * nbytes / t / 1e9:.2f} GB/s" for k, t in copies.items())
+        + ")"
+    )
+    header = (
+        f"{'workload':<16}"
+        + "".join(f"{s:>14}" for s in systems)
+        + f"{'speedup':>9}{'roofline':>9}"
+    )
     print(header)
     print("-" * len(header))
     speedups = []
@@ -102,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError as exc:
                 missing[s] = str(exc)
         row = f"{w.name:<16}" + "".join(
-            f"{times[s] * 1e3:>12.2f}ms" if s in times else f"{'missing':>14}" for s in systems)
+            f"{times[s] * 1e3:>12.2f}ms" if s in times else f"{'missing':>14}" for s in systems
+        )
         others = [t for s, t in times.items() if s != "geode"]
         if "geode" in times and others:
             sp = min(others) / times["geode"]

@@ -50,7 +50,11 @@ def workloads(scale: float = 1.0) -> list[Workload]:
     add("bias_gelu_tanh", examples.gelu(hidden=COLS, approximate="tanh", with_bias=True), rows)
     chain = examples.reduce_chain(inner=1024)
     s1 = max(1, int(16 * scale))
-    out.append(Workload("reduce_chain", chain, {"x": rng.standard_normal((s1, 1024, 1024), dtype=np.float32)}))
+    out.append(
+        Workload(
+            "reduce_chain", chain, {"x": rng.standard_normal((s1, 1024, 1024), dtype=np.float32)}
+        )
+    )
     add("lstm_gates", examples.lstm_gates(hidden=COLS // 4), rows)
     return out
 
@@ -82,8 +86,14 @@ def _torch_fns() -> dict[str, Callable]:
         c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         return torch.sigmoid(o) * torch.tanh(c2), c2
 
-    return {"rmsnorm": rmsnorm, "layernorm": layernorm, "softmax": softmax, "bias_gelu_tanh": bias_gelu,
-            "reduce_chain": chain, "lstm_gates": lstm}
+    return {
+        "rmsnorm": rmsnorm,
+        "layernorm": layernorm,
+        "softmax": softmax,
+        "bias_gelu_tanh": bias_gelu,
+        "reduce_chain": chain,
+        "lstm_gates": lstm,
+    }
 
 
 def _jax_fns() -> dict[str, Callable]:
@@ -113,13 +123,21 @@ def _jax_fns() -> dict[str, Callable]:
         c2 = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         return jax.nn.sigmoid(o) * jnp.tanh(c2), c2
 
-    return {"rmsnorm": rmsnorm, "layernorm": layernorm, "softmax": softmax, "bias_gelu_tanh": bias_gelu,
-            "reduce_chain": chain, "lstm_gates": lstm}
+    return {
+        "rmsnorm": rmsnorm,
+        "layernorm": layernorm,
+        "softmax": softmax,
+        "bias_gelu_tanh": bias_gelu,
+        "reduce_chain": chain,
+        "lstm_gates": lstm,
+    }
 
 
 def _consts(w: Workload) -> list[np.ndarray]:
     g = w.example.graph
-    names = {"rmsnorm": ["weight"], "layernorm": ["gamma", "beta"], "bias_gelu_tanh": ["bias"]}.get(w.name, [])
+    names = {"rmsnorm": ["weight"], "layernorm": ["gamma", "beta"], "bias_gelu_tanh": ["bias"]}.get(
+        w.name, []
+    )
     return [g.values[n].data for n in names]
 
 
@@ -164,8 +182,9 @@ def build(system: str, w: Workload, threads: int) -> Callable[[], object]:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        sess = ort.InferenceSession(to_onnx(w.example.graph).SerializeToString(), so,
-                                    providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            to_onnx(w.example.graph).SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
         return lambda: sess.run(None, w.inputs)
     raise ValueError(f"unknown system {system!r}")
 

@@ -30,7 +30,9 @@ def to_graph(model: Any) -> Graph:
         from geode.compiler.frontend import onnx as onnx_frontend
 
         return onnx_frontend.import_model(model)
-    raise GeodeError(f"cannot compile a {type(model).__name__}: give a geode.Graph, an ONNX ModelProto or a path")
+    raise GeodeError(
+        f"cannot compile a {type(model).__name__}: give a geode.Graph, an ONNX ModelProto or a path"
+    )
 
 
 def load(path: str | os.PathLike, **options: Any) -> CompiledModel:

@@ -43,6 +43,7 @@ fastmath=True: every fast-math flag ('nnan', 'ninf', 'nsz', 'arcp', 'contract', 
   'reassoc'); NaN/Inf inputs give unspecified results.
 """
 
+
 class OptionError(GeodeError):
     """An unknown option or an option value of the wrong kind."""
 

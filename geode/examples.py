@@ -98,7 +98,11 @@ def gelu(hidden: int = 1024, approximate: str = "none", with_bias: bool = False)
         h = (x + bv) if with_bias else x
         f = np.float32
         if approximate == "tanh":  # plain float32 numpy, as a numpy user would write it
-            return {"y": f(0.5) * h * (f(1) + np.tanh(f(math.sqrt(2 / math.pi)) * (h + f(0.044715) * h * h * h)))}
+            return {
+                "y": f(0.5)
+                * h
+                * (f(1) + np.tanh(f(math.sqrt(2 / math.pi)) * (h + f(0.044715) * h * h * h)))
+            }
         # numpy has no erf: math.erf per element (float64), rounded once
         h64 = h.astype(np.float64)
         y = 0.5 * h64 * (1 + np.vectorize(math.erf)(h64 / math.sqrt(2)))
@@ -126,7 +130,9 @@ def lstm_cell(input_size: int = 64, hidden: int = 128) -> Example:
     x = g.input("x", ["N", input_size])
     h = g.input("h", ["N", hidden])
     c = g.input("c", ["N", hidden])
-    wx = g.constant((rng.standard_normal((input_size, 4 * hidden)) * 0.1).astype(np.float32), name="wx")
+    wx = g.constant(
+        (rng.standard_normal((input_size, 4 * hidden)) * 0.1).astype(np.float32), name="wx"
+    )
     wh = g.constant((rng.standard_normal((hidden, 4 * hidden)) * 0.1).astype(np.float32), name="wh")
     b = g.constant((rng.standard_normal(4 * hidden) * 0.1).astype(np.float32), name="b")
     gates = ops.matmul(x, wx) + ops.matmul(h, wh) + b
@@ -146,7 +152,11 @@ def lstm_cell(input_size: int = 64, hidden: int = 128) -> Example:
         return {"h_out": sig(zo) * np.tanh(c2), "c_out": c2}
 
     def make(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-        return {"x": _randn(rng, n, input_size), "h": _randn(rng, n, hidden), "c": _randn(rng, n, hidden)}
+        return {
+            "x": _randn(rng, n, input_size),
+            "h": _randn(rng, n, hidden),
+            "c": _randn(rng, n, hidden),
+        }
 
     return Example("lstm_cell", g, ref, make)
 
@@ -181,8 +191,13 @@ def attention(d_model: int = 64, heads: int = 4) -> Example:
     dh = d_model // heads
     g = Graph("attention")
     x = g.input("x", ["B", "S", d_model])
-    w = {k: g.constant((rng.standard_normal((d_model, d_model)) / math.sqrt(d_model)).astype(np.float32), name=k)
-         for k in ("wq", "wk", "wv", "wo")}
+    w = {
+        k: g.constant(
+            (rng.standard_normal((d_model, d_model)) / math.sqrt(d_model)).astype(np.float32),
+            name=k,
+        )
+        for k in ("wq", "wk", "wv", "wo")
+    }
 
     def heads_of(t: object) -> object:
         t = ops.reshape(t, [0, 0, heads, dh])

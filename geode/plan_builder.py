@@ -101,16 +101,34 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
         key = None
         if v.kind is ValueKind.CONSTANT and getattr(v, "external_loader", None) is not None:
             path, offset, _ = v.external
-            key = vm.register_file_constant(f"{key_prefix}/{v.name}", v.external_loader, v.dtype,
-                                            tuple(v.shape), v.desc.format, source=(path, offset))
+            key = vm.register_file_constant(
+                f"{key_prefix}/{v.name}",
+                v.external_loader,
+                v.dtype,
+                tuple(v.shape),
+                v.desc.format,
+                source=(path, offset),
+            )
         elif v.kind is ValueKind.CONSTANT:
             key = vm.register_constant(f"{key_prefix}/{v.name}", v.data)
         elif v.kind is ValueKind.VARIABLE:
             key = _variable_key(vm, v)
         binds: tuple[tuple[int, str], ...] = ()
         if role == "activation" and v.shape is not None and shape_fn is None:
-            binds = tuple((a, d.name) for a, d in enumerate(v.shape) if not isinstance(d, int) and d.is_Symbol)
-        slots.append(Slot(v.name, v.dtype, role, shape_fn, key, binds, f"{dtypes.name(v.dtype)}{shape_str(v.shape)}"))
+            binds = tuple(
+                (a, d.name) for a, d in enumerate(v.shape) if not isinstance(d, int) and d.is_Symbol
+            )
+        slots.append(
+            Slot(
+                v.name,
+                v.dtype,
+                role,
+                shape_fn,
+                key,
+                binds,
+                f"{dtypes.name(v.dtype)}{shape_str(v.shape)}",
+            )
+        )
         slot_of[id(v)] = len(slots) - 1
         return slot_of[id(v)]
 
@@ -130,7 +148,9 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
     for a, b, where in graph.symbols.constraints:
         syms = frozenset(s.name for s in free_symbols((a, b)))
         if syms <= input_names:
-            constraints.append(Constraint(compile_dim_fn(a), compile_dim_fn(b), syms, f"{a} == {b} ({where})"))
+            constraints.append(
+                Constraint(compile_dim_fn(a), compile_dim_fn(b), syms, f"{a} == {b} ({where})")
+            )
     return Plan(graph.name, specs, outputs, slots, steps, constraints, memory, arena, release)
 
 
@@ -143,7 +163,9 @@ def _variable_key(vm: VarManager, v: Value) -> Any:
     return vm.register_variable(v.name, v.data, v.desc.format)
 
 
-def _memory_plan(slots: list[Slot], steps: list[Step], outputs: set[int]) -> tuple[MemoryPlan, frozenset[int]]:
+def _memory_plan(
+    slots: list[Slot], steps: list[Step], outputs: set[int]
+) -> tuple[MemoryPlan, frozenset[int]]:
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for k, st in enumerate(steps):
@@ -174,7 +196,9 @@ def _memory_plan(slots: list[Slot], steps: list[Step], outputs: set[int]) -> tup
     return MemoryPlan(requests), frozenset(r.slot for r in requests)
 
 
-def _release_lists(slots: list[Slot], steps: list[Step], arena: frozenset[int], outputs: set[int]) -> list[list[int]]:
+def _release_lists(
+    slots: list[Slot], steps: list[Step], arena: frozenset[int], outputs: set[int]
+) -> list[list[int]]:
     last: dict[int, int] = {}
     for k, st in enumerate(steps):
         for i in list(st.inputs) + list(st.outputs):

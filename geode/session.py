@@ -59,9 +59,11 @@ class Session:
             disabled=opts.disabled_passes,
             enabled=("freeze_variables",) if opts.freeze_variables else (),
             fold_limit=opts.const_fold_limit,
-            on_pass=lambda name, gr, changed: dump.stage(f"after_{name}", format_graph(gr), level=2)
-            if changed and dump.wants(2)
-            else None,
+            on_pass=lambda name, gr, changed: (
+                dump.stage(f"after_{name}", format_graph(gr), level=2)
+                if changed and dump.wants(2)
+                else None
+            ),
         )
         timings["passes"] = time.perf_counter() - t0
         pass_text = "\n".join(
@@ -79,17 +81,25 @@ class Session:
         plan = build_plan(g, units, self.var_manager, prefix)
         timings["total"] = time.perf_counter() - t0
         explain = _Explain(g, placement, units, plan_text, pass_text, self.var_manager, timings)
-        model = CompiledModel(plan, self.var_manager, [u.info for u in units], explain, {"timings": timings})
+        model = CompiledModel(
+            plan, self.var_manager, [u.info for u in units], explain, {"timings": timings}
+        )
         if dump.wants(2):
             run_by = {n.name: f"{u.name} [{u.engine}]" for u in units for n in u.nodes}
-            dump.stage("final_graph", format_graph(g, {n.name: run_by.get(n.name, "dead") for n in g.nodes}), level=2)
+            dump.stage(
+                "final_graph",
+                format_graph(g, {n.name: run_by.get(n.name, "dead") for n in g.nodes}),
+                level=2,
+            )
         dump.stage("plan", explain())
         if dump.dir is not None:
             dump.artifact("graph.dot", explain.dot())
         log.debug("compiled %s in %.3fs: %d steps", g.name, timings["total"], len(units))
         return model
 
-    def _units(self, g: Graph, placement: Placement, opts: config.Options, dump: Dumper) -> tuple[list[Unit], str]:
+    def _units(
+        self, g: Graph, placement: Placement, opts: config.Options, dump: Dumper
+    ) -> tuple[list[Unit], str]:
         """Units of work for the plan: fused native kernels where possible, else single nodes."""
         if opts.codegen and opts.fusion:
             try:
@@ -118,8 +128,16 @@ class Session:
 class _Explain:
     """Builds ``model.explain()`` text lazily."""
 
-    def __init__(self, g: Graph, placement: Placement, units: list[Unit], plan_text: str,
-                 pass_text: str, vm: VarManager, timings: dict[str, float]):
+    def __init__(
+        self,
+        g: Graph,
+        placement: Placement,
+        units: list[Unit],
+        plan_text: str,
+        pass_text: str,
+        vm: VarManager,
+        timings: dict[str, float],
+    ):
         self.g, self.placement, self.units = g, placement, units
         self.plan_text, self.pass_text, self.vm, self.timings = plan_text, pass_text, vm, timings
 
@@ -127,8 +145,16 @@ class _Explain:
         """Graphviz DOT of the compiled graph: a cluster per native kernel, engines as colours."""
         from geode.viz import Cluster, to_dot
 
-        clusters = [Cluster(u.name, f"{u.name} [{u.extra.get('pattern', u.engine)}]", [n.name for n in u.nodes], u.engine)
-                    for u in self.units if u.engine == "aicore"]
+        clusters = [
+            Cluster(
+                u.name,
+                f"{u.name} [{u.extra.get('pattern', u.engine)}]",
+                [n.name for n in u.nodes],
+                u.engine,
+            )
+            for u in self.units
+            if u.engine == "aicore"
+        ]
         return to_dot(self.g, self.placement, clusters, kernels=[u.info for u in self.units])
 
     def __call__(self) -> str:
@@ -136,9 +162,11 @@ class _Explain:
         lines = [f"model {g.name}"]
         lines.append("inputs: " + ", ".join(f"{v.name}: {v.desc}" for v in g.inputs))
         lines.append("outputs: " + ", ".join(f"{v.name}: {v.desc}" for v in g.outputs))
-        lines.append(f"compile time: {self.timings.get('total', 0.0) * 1e3:.1f} ms "
-                     f"(passes {self.timings.get('passes', 0.0) * 1e3:.1f} ms, "
-                     f"codegen {self.timings.get('codegen', 0.0) * 1e3:.1f} ms)")
+        lines.append(
+            f"compile time: {self.timings.get('total', 0.0) * 1e3:.1f} ms "
+            f"(passes {self.timings.get('passes', 0.0) * 1e3:.1f} ms, "
+            f"codegen {self.timings.get('codegen', 0.0) * 1e3:.1f} ms)"
+        )
         lines.append("passes:")
         lines.append(self.pass_text or "  (none)")
         lines.append("partitions:")
@@ -152,8 +180,10 @@ class _Explain:
             if u.info.cost:
                 cost = " cost " + ", ".join(f"{k}={v:.3g}" for k, v in u.info.cost.items())
             lines.append(f"  {u.name} [{u.engine}] {ops}{cost}")
-        lines.append(f"variables and constants: {len(list(self.vm.keys()))} keys, "
-                     f"{self.vm.nbytes} bytes, {self.vm.dedup_saved_bytes} bytes saved by dedup")
+        lines.append(
+            f"variables and constants: {len(list(self.vm.keys()))} keys, "
+            f"{self.vm.nbytes} bytes, {self.vm.dedup_saved_bytes} bytes saved by dedup"
+        )
         return "\n".join(lines)
 
 

@@ -42,9 +42,15 @@ def check_groups(
         kernel = lk.kernel if transform is None else transform(lk, group)
         arrays = {}
         for buf, v in zip(lk.kernel.inputs, lk.inputs):
-            arrays[buf.name] = v.data if v.is_constant else (feeds[v.name] if v.name in feeds else ref[v.name])
+            arrays[buf.name] = (
+                v.data if v.is_constant else (feeds[v.name] if v.name in feeds else ref[v.name])
+            )
         dims = {name: evaluate_dim(d, env) for name, d in lk.dim_exprs.items()}
         got = run_kernel(kernel, arrays, dims)
         for buf, v in zip(lk.kernel.outputs, lk.outputs):
-            assert_close(got[buf.name], ref[v.name], f"group {group.id} output {v.name}\n{A.format_kernel(kernel)}")
+            assert_close(
+                got[buf.name],
+                ref[v.name],
+                f"group {group.id} output {v.name}\n{A.format_kernel(kernel)}",
+            )
     return len(plan.groups)

@@ -52,8 +52,13 @@ def onnx_reference(
     """Run one node through onnx.reference.ReferenceEvaluator."""
     in_names = ["" if x is None else f"in{i}" for i, x in enumerate(inputs)]
     out_names = [f"out{i}" for i in range(n_outputs)]
-    node = helper.make_node(op_type, in_names, out_names, domain=domain or None,
-                            **{k: _onnx_attr(v) for k, v in attrs.items()})
+    node = helper.make_node(
+        op_type,
+        in_names,
+        out_names,
+        domain=domain or None,
+        **{k: _onnx_attr(v) for k, v in attrs.items()},
+    )
     graph_inputs = [
         helper.make_tensor_value_info(n, dtypes.to_onnx(x.dtype), list(x.shape))
         for n, x in zip(in_names, inputs)
@@ -135,15 +140,25 @@ def check_op(
         for i in range(n_outputs):
             assert_close(got[i], want[i], f"{op_type} output {i}")
     for i, out in enumerate(node.outputs):
-        assert out.dtype == got[i].dtype, f"{op_type} output {i}: inferred {out.dtype}, kernel {got[i].dtype}"
+        assert out.dtype == got[i].dtype, (
+            f"{op_type} output {i}: inferred {out.dtype}, kernel {got[i].dtype}"
+        )
         if out.shape is not None:
-            shape = evaluate(out.shape, env) if all(
-                s in env for d in out.shape if not isinstance(d, int) for s in d.free_symbols
-            ) else None
+            shape = (
+                evaluate(out.shape, env)
+                if all(
+                    s in env for d in out.shape if not isinstance(d, int) for s in d.free_symbols
+                )
+                else None
+            )
             if shape is not None:
-                assert shape == got[i].shape, f"{op_type} output {i}: inferred {out.shape} -> {shape}, kernel {got[i].shape}"
+                assert shape == got[i].shape, (
+                    f"{op_type} output {i}: inferred {out.shape} -> {shape}, kernel {got[i].shape}"
+                )
             else:
-                assert len(out.shape) == got[i].ndim, f"{op_type} output {i}: inferred rank {len(out.shape)}"
+                assert len(out.shape) == got[i].ndim, (
+                    f"{op_type} output {i}: inferred rank {len(out.shape)}"
+                )
     return got
 
 

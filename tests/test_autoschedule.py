@@ -32,8 +32,10 @@ def test_examples_scheduled_correctly(name):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_cases_scheduled_correctly(case):
     build, shapes = CASES[case]
-    feeds = {f"x{i}": rng.standard_normal([3 if isinstance(d, str) else d for d in s]).astype(np.float32)
-             for i, s in enumerate(shapes)}
+    feeds = {
+        f"x{i}": rng.standard_normal([3 if isinstance(d, str) else d for d in s]).astype(np.float32)
+        for i, s in enumerate(shapes)
+    }
     check_groups(_graph(build, shapes), feeds, lambda lk, g: schedule_group(lk, g).kernel)
 
 

@@ -1093,7 +1093,9 @@ def test_mixed_dtype_buffers(mixed_dtypes: nb.NumbaKernel, n: int) -> None:
         scale = (np.abs(h1 * h2) + np.abs(h1)) / np.abs(h2) + np.abs((h1 * h2 + h1) / h2)
         err = np.abs(HO[0].astype(np.float64) - (h1 * h2 + h1) / h2)
         ok = (err <= 4 * 2.0**-10 * scale) | (np.isnan(HO[0]) & np.isnan((H1 * H2 + H1) / H2))
-        assert ok.all(), f"float16 chain off by more than 4 ulp of its terms at {np.flatnonzero(~ok)[:5]}"
+        assert ok.all(), (
+            f"float16 chain off by more than 4 ulp of its terms at {np.flatnonzero(~ok)[:5]}"
+        )
         exact(HO[1], np.sqrt(np.abs(H1)), "float16 sqrt")
         np.testing.assert_allclose(
             HO[2].astype(np.float32), np.exp(H2 * np.float16(0.5)).astype(np.float32), rtol=1e-3

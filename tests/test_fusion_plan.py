@@ -93,7 +93,9 @@ def test_remap_of_reduced_value_is_refused():
     t = ops.transpose(s, perm=[1, 0])  # [1, 4]: reads rows other than its own
     gr.output(t * 2.0, names=["y"])
     _, plan = planned(gr, always_profitable)
-    assert any("depends on a reduction" in d.reason or "does not fit" in d.reason for d in plan.decisions)
+    assert any(
+        "depends on a reduction" in d.reason or "does not fit" in d.reason for d in plan.decisions
+    )
     assert len(plan.groups) >= 2
 
 

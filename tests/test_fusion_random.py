@@ -36,14 +36,22 @@ def apply_unary(name, v):
 def apply_binary(name, a, b):
     if name == "div_safe":
         return a / (ops.abs(b) + 1.0)
-    return {"add": ops.add, "sub": ops.sub, "mul": ops.mul, "max": ops.max, "min": ops.min}[name](a, b)
+    return {"add": ops.add, "sub": ops.sub, "mul": ops.mul, "max": ops.max, "min": ops.min}[name](
+        a, b
+    )
 
 
 step = st.one_of(
     st.tuples(st.just("unary"), st.sampled_from(UNARY), st.integers(0, 50)),
     st.tuples(st.just("binary"), st.sampled_from(BINARY), st.integers(0, 50), st.integers(0, 50)),
-    st.tuples(st.just("reduce"), st.sampled_from(REDUCE), st.integers(0, 50), st.integers(0, 1), st.booleans(),
-              st.booleans()),
+    st.tuples(
+        st.just("reduce"),
+        st.sampled_from(REDUCE),
+        st.integers(0, 50),
+        st.integers(0, 1),
+        st.booleans(),
+        st.booleans(),
+    ),
     st.tuples(st.just("where"), st.integers(0, 50), st.integers(0, 50)),
     st.tuples(st.just("remap"), st.sampled_from(["transpose2", "slice"]), st.integers(0, 50)),
 )
@@ -54,7 +62,7 @@ def broadcasts_to_full(shape, k):
     if shape is None or len(shape) > 2:
         return False
     dims = [str(d) for d in shape]
-    want = ["N", str(k)][-len(dims):] if dims else []
+    want = ["N", str(k)][-len(dims) :] if dims else []
     return all(d == "1" or d == w for d, w in zip(dims, want))
 
 
@@ -95,16 +103,26 @@ def build(steps, k):
                 out = v[:, 1:] if k > 1 else v
         if broadcasts_to_full(out.shape, k):
             anything.append(out)  # only values that broadcast against [N, K] feed binaries
-        if out.shape is not None and len(out.shape) == 2 and out.shape[1] == k and str(out.shape[0]) == "N":
+        if (
+            out.shape is not None
+            and len(out.shape) == 2
+            and out.shape[1] == k
+            and str(out.shape[0]) == "N"
+        ):
             full.append(out)
     outs = (anything[3:] + [v for v in full[1:] if v not in anything])[-3:] or [x * 1.0]
     g.output(*outs, names=[f"y{i}" for i in range(len(outs))])
     return g
 
 
-@settings(max_examples=int(os.environ.get("GEODE_RANDOM_GRAPHS", "20")), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(steps=st.lists(step, min_size=1, max_size=7), k=st.integers(1, 33), seed=st.integers(0, 1000))
+@settings(
+    max_examples=int(os.environ.get("GEODE_RANDOM_GRAPHS", "20")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    steps=st.lists(step, min_size=1, max_size=7), k=st.integers(1, 33), seed=st.integers(0, 1000)
+)
 def test_random_fusable_graphs_match_reference(steps, k, seed):
     g = build(steps, k)
     with warnings.catch_warnings():
@@ -120,4 +138,6 @@ def test_random_fusable_graphs_match_reference(steps, k, seed):
         want = run_reference(g, feeds)
         got = model(**feeds)
         for name in want:
-            np.testing.assert_allclose(got[name], want[name], rtol=2e-5, atol=2e-5, err_msg=f"{name}\n{g}")
+            np.testing.assert_allclose(
+                got[name], want[name], rtol=2e-5, atol=2e-5, err_msg=f"{name}\n{g}"
+            )

@@ -73,7 +73,10 @@ def test_static_dim_contradicts(model):
 
 
 def test_symbol_uses_disagree(model):
-    with pytest.raises(InputShapeError, match=r"input 'y': dim 0 is 7, but symbol N is already 3 from input 'x' dim 0"):
+    with pytest.raises(
+        InputShapeError,
+        match=r"input 'y': dim 0 is 7, but symbol N is already 3 from input 'x' dim 0",
+    ):
         model(**feeds(n=3, m=7))
 
 

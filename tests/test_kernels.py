@@ -18,7 +18,9 @@ def run_sizes(model, ex, sizes=(1, 5, 33)):
         feeds = ex.make_inputs(rng, n)
         got, want = model(**feeds), ex.numpy(**feeds)
         for k in want:
-            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=f"{ex.name} n={n} {k}")
+            np.testing.assert_allclose(
+                got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=f"{ex.name} n={n} {k}"
+            )
 
 
 def test_rmsnorm_from_primitives_is_one_kernel():
@@ -51,7 +53,10 @@ def layernorm_24_ops(hidden=64):
     def ref(x):
         m = x.mean(-1, keepdims=True)
         v = ((x - m) ** 2).mean(-1, keepdims=True)
-        return {"y": (x - m) / np.sqrt(v + np.float32(1e-5)) * g.values["gamma"].data + g.values["beta"].data}
+        return {
+            "y": (x - m) / np.sqrt(v + np.float32(1e-5)) * g.values["gamma"].data
+            + g.values["beta"].data
+        }
 
     def make(rng, n):
         return {"x": rng.standard_normal((n, 3, hidden), dtype=np.float32)}
@@ -71,8 +76,12 @@ def test_layernorm_from_20_plus_primitives_is_one_kernel():
 def test_layernorm_op_is_one_kernel():
     g = geode.Graph("ln_op")
     x = g.input("x", ["N", 48])
-    g.output(ops.layer_normalization(x, g.constant(np.ones(48, np.float32)), g.constant(np.zeros(48, np.float32))),
-             names=["y"])
+    g.output(
+        ops.layer_normalization(
+            x, g.constant(np.ones(48, np.float32)), g.constant(np.zeros(48, np.float32))
+        ),
+        names=["y"],
+    )
     model = geode.compile(g)
     assert len(model.kernels) == 1 and model.kernels[0].engine == "aicore"
 

@@ -41,10 +41,25 @@ CASES = {
     "split": (lambda a: tuple(x * 1.5 for x in ops.split(a, axis=1, num_outputs=3)), [["N", 6]]),
     "slice": (lambda a: a[:, 1:5:2] + 1.0, [[3, 7]]),
     "gather": (lambda a: ops.gather(a, np.array([2, -1, 0], np.int64), axis=1), [[3, 4]]),
-    "reduce_max_min": (lambda a: (ops.reduce_max(a, axes=[1], keepdims=0), ops.reduce_min(a, axes=[0], keepdims=1)), [[5, 6]]),
-    "reduce_prod_mean": (lambda a: ops.reduce_prod(a, axes=[0, 2], keepdims=0) + ops.reduce_mean(a, axes=[0, 2], keepdims=0), [[2, 3, 4]]),
+    "reduce_max_min": (
+        lambda a: (
+            ops.reduce_max(a, axes=[1], keepdims=0),
+            ops.reduce_min(a, axes=[0], keepdims=1),
+        ),
+        [[5, 6]],
+    ),
+    "reduce_prod_mean": (
+        lambda a: (
+            ops.reduce_prod(a, axes=[0, 2], keepdims=0)
+            + ops.reduce_mean(a, axes=[0, 2], keepdims=0)
+        ),
+        [[2, 3, 4]],
+    ),
     "cast_clip": (lambda a: ops.clip(ops.cast(a, to=7), np.int64(-2), np.int64(3)), [[4, 5]]),
-    "unsqueeze": (lambda a: ops.unsqueeze(ops.reduce_sum(a, axes=[1], keepdims=0), axes=[1]) * a, [["N", 8]]),
+    "unsqueeze": (
+        lambda a: ops.unsqueeze(ops.reduce_sum(a, axes=[1], keepdims=0), axes=[1]) * a,
+        [["N", 8]],
+    ),
 }
 
 
@@ -52,8 +67,10 @@ CASES = {
 def test_op_lowering(case):
     build, shapes = CASES[case]
     g = _graph(build, shapes)
-    feeds = {f"x{i}": rng.standard_normal([3 if isinstance(d, str) else d for d in s]).astype(np.float32)
-             for i, s in enumerate(shapes)}
+    feeds = {
+        f"x{i}": rng.standard_normal([3 if isinstance(d, str) else d for d in s]).astype(np.float32)
+        for i, s in enumerate(shapes)
+    }
     assert check_groups(g, feeds) >= 1
 
 
@@ -63,7 +80,9 @@ def test_lowered_kernel_text():
 
     g, plan = prepare(ex.graph)
     text = A.format_kernel(lower_group(plan.groups[0], g, "k").kernel)
-    assert text.startswith("kernel k(x: float32[N, 16], weight: float32[16], y: float32[N, 16]; dims N)")
+    assert text.startswith(
+        "kernel k(x: float32[N, 16], weight: float32[16], y: float32[N, 16]; dims N)"
+    )
     assert "ScheduleBlock(reducemean__init)" in text
     assert "r:reducemean_v1" in text
 
@@ -90,6 +109,8 @@ def test_random_chains(chain, rows, cols, reduce, keep):
         return y
 
     g = _graph(build, [["N", cols], [cols]])
-    feeds = {"x0": rng.standard_normal((rows, cols)).astype(np.float32),
-             "x1": rng.standard_normal(cols).astype(np.float32)}
+    feeds = {
+        "x0": rng.standard_normal((rows, cols)).astype(np.float32),
+        "x1": rng.standard_normal(cols).astype(np.float32),
+    }
     check_groups(g, feeds)

@@ -29,7 +29,9 @@ def test_example_matches_numpy(name, codegen):
         for k in want:
             assert got[k].shape == want[k].shape, (name, n, k)
             assert got[k].dtype == want[k].dtype, (name, n, k)
-            np.testing.assert_allclose(got[k], want[k], rtol=2e-4, atol=2e-5, err_msg=f"{name} N={n} {k}")
+            np.testing.assert_allclose(
+                got[k], want[k], rtol=2e-4, atol=2e-5, err_msg=f"{name} N={n} {k}"
+            )
 
 
 def test_symbolic_batch_is_one_signature():

@@ -85,14 +85,69 @@ class Const(Expr):
 #: ``fmod`` takes the sign of the dividend (C fmod). ``and or xor`` are logical (bool),
 #: ``bitand bitor bitxor shl shr`` bitwise. Comparisons give bool.
 BIN_OPS = frozenset(
-    ["+", "-", "*", "/", "//", "%", "fmod", "min", "max", "pow", "<", "<=", ">", ">=", "==", "!=", "and", "or", "xor", "bitand", "bitor", "bitxor", "shl", "shr"]
+    [
+        "+",
+        "-",
+        "*",
+        "/",
+        "//",
+        "%",
+        "fmod",
+        "min",
+        "max",
+        "pow",
+        "<",
+        "<=",
+        ">",
+        ">=",
+        "==",
+        "!=",
+        "and",
+        "or",
+        "xor",
+        "bitand",
+        "bitor",
+        "bitxor",
+        "shl",
+        "shr",
+    ]
 )
 
 #: Unary operators and math functions. ``round`` rounds half to even; ``sign`` gives
 #: -1/0/1 in the operand's dtype; ``isnan``/``isinf``/``isposinf``/``isneginf`` give
 #: bool; ``not`` is logical, ``bitnot`` bitwise; ``sigmoid`` is ``1 / (1 + exp(-x))``.
 UN_OPS = frozenset(
-    ["neg", "not", "bitnot", "abs", "exp", "log", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "sigmoid", "floor", "ceil", "round", "sign", "isnan", "isinf", "isposinf", "isneginf"]
+    [
+        "neg",
+        "not",
+        "bitnot",
+        "abs",
+        "exp",
+        "log",
+        "sqrt",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "tanh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "erf",
+        "sigmoid",
+        "floor",
+        "ceil",
+        "round",
+        "sign",
+        "isnan",
+        "isinf",
+        "isposinf",
+        "isneginf",
+    ]
 )
 
 
@@ -420,8 +475,23 @@ def stmt_exprs(s: Stmt) -> list[Expr]:
 # printer
 # ---------------------------------------------------------------------------------
 
-_PREC = {"or": 1, "and": 2, "xor": 2, "<": 3, "<=": 3, ">": 3, ">=": 3, "==": 3, "!=": 3,
-         "+": 4, "-": 4, "*": 5, "/": 5, "//": 5, "%": 5}
+_PREC = {
+    "or": 1,
+    "and": 2,
+    "xor": 2,
+    "<": 3,
+    "<=": 3,
+    ">": 3,
+    ">=": 3,
+    "==": 3,
+    "!=": 3,
+    "+": 4,
+    "-": 4,
+    "*": 5,
+    "/": 5,
+    "//": 5,
+    "%": 5,
+}
 
 
 def expr_str(e: Expr, parent: int = 0) -> str:
@@ -466,7 +536,9 @@ def _stmt_lines(s: Stmt, ind: str) -> list[str]:
         out = [f"{ind}ScheduleBlock({s.name})", f"{ind}{{"]
         inner = ind + "  "
         if s.iter_vars:
-            names = ", ".join(("" if iv.kind == "spatial" else "r:") + iv.name for iv in s.iter_vars)
+            names = ", ".join(
+                ("" if iv.kind == "spatial" else "r:") + iv.name for iv in s.iter_vars
+            )
             out.append(f"{inner}{names} = axis.bind({', '.join(expr_str(b) for b in s.bindings)})")
         if s.predicate is not None:
             out.append(f"{inner}predicate = {expr_str(s.predicate)}")

@@ -164,8 +164,11 @@ def _row_reduce(sch: Schedule, lowered: LoweredKernel, group: Group, par: bool) 
         b = sch.get_block(name)
         if b.reduce_of is not None:
             continue
-        full = len(b.iter_vars) == rank and not any(iv.kind == "reduce" for iv in b.iter_vars) and \
-            all(_same_extent(b.iter_vars[i].extent, lowered, group, i) for i in range(rank))
+        full = (
+            len(b.iter_vars) == rank
+            and not any(iv.kind == "reduce" for iv in b.iter_vars)
+            and all(_same_extent(b.iter_vars[i].extent, lowered, group, i) for i in range(rank))
+        )
         sch.align(name, reduce_axes=axes if full else None)
     for name in sch.blocks():
         b = sch.get_block(name)

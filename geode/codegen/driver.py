@@ -49,7 +49,9 @@ class CodegenWarning(UserWarning):
     """A group could not be compiled and falls back to the AICPU engine."""
 
 
-def compile_groups(g: Graph, placement: Placement, opts: Options, dump: Dumper) -> tuple[list[Unit], str]:
+def compile_groups(
+    g: Graph, placement: Placement, opts: Options, dump: Dumper
+) -> tuple[list[Unit], str]:
     """Units for the plan (fused native kernels and fallback nodes) and the fusion plan text."""
     spec = device_spec(opts.cache_dir)
     plan = plan_fusion(g, placement, make_can_lower(g), make_profit(spec))
@@ -83,7 +85,9 @@ def drop_dead_units(units: list[Unit], g: Graph) -> list[Unit]:
     needed = {id(v) for v in g.outputs}
     kept: list[Unit] = []
     for u in reversed(units):
-        if any(id(v) in needed for v in u.outputs) or any(n.op_type in SIDE_EFFECTS for n in u.nodes):
+        if any(id(v) in needed for v in u.outputs) or any(
+            n.op_type in SIDE_EFFECTS for n in u.nodes
+        ):
             kept.append(u)
             needed |= {id(v) for v in u.inputs if v is not None}
     return list(reversed(kept))
@@ -105,7 +109,9 @@ def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumpe
     kernel = sch.kernel
     trace = str(sch.trace)
     if dump.wants(2):
-        dump.stage(f"{name}_ast_scheduled", A.format_kernel(kernel) + "\n\n# trace\n" + trace, level=2)
+        dump.stage(
+            f"{name}_ast_scheduled", A.format_kernel(kernel) + "\n\n# trace\n" + trace, level=2
+        )
         dump.stage(f"{name}_trace", trace, level=2)
     native = compile_kernel(kernel, fastmath=opts.fastmath, cache_dir=opts.cache_dir)
     if dump.wants(3):
@@ -115,17 +121,29 @@ def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumpe
         dump.stage(f"{name}_asm", native.asm, level=4, ext="s")
     step = make_step(lowered, native, opts.num_threads)
     info = KernelInfo(
-        name=name, ops=list(group.nodes), engine="aicore", source=native.source, trace=trace,
-        cost={"compile_s": time.perf_counter() - t0, "from_cache": float(getattr(native, "from_cache", False))},
-        _llvm=lambda: native.llvm, _asm=lambda: native.asm,
+        name=name,
+        ops=list(group.nodes),
+        engine="aicore",
+        source=native.source,
+        trace=trace,
+        cost={
+            "compile_s": time.perf_counter() - t0,
+            "from_cache": float(getattr(native, "from_cache", False)),
+        },
+        _llvm=lambda: native.llvm,
+        _asm=lambda: native.asm,
     )
     info.cost.update(describe_work(group, g, device_spec(opts.cache_dir)))
-    unit = Unit(name, "aicore", list(group.nodes), list(lowered.inputs), list(lowered.outputs), step, info)
+    unit = Unit(
+        name, "aicore", list(group.nodes), list(lowered.inputs), list(lowered.outputs), step, info
+    )
     unit.extra["pattern"] = group.pattern_name()
     return unit
 
 
-def make_step(lowered: LoweredKernel, native: Callable[..., Any], num_threads: int = 0) -> Callable[[list, list, Any], list]:
+def make_step(
+    lowered: LoweredKernel, native: Callable[..., Any], num_threads: int = 0
+) -> Callable[[list, list, Any], list]:
     """The AI Core step: ``fn(inputs, outs, env)`` calling the kernel with dims from ``env``
     (on ``num_threads`` threads when it has parallel loops; 0: all cores)."""
     from geode.codegen.backends.numba import set_num_threads

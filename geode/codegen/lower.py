@@ -33,12 +33,41 @@ from geode.errors import CodegenError
 
 #: dtypes the native backend handles
 CODEGEN_DTYPES = frozenset(
-    np.dtype(t) for t in (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-                          np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
+    np.dtype(t)
+    for t in (
+        np.float32,
+        np.float64,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.bool_,
+    )
 )
 
-_RESERVED = frozenset({"np", "numba", "math", "prange", "range", "min", "max", "abs", "int", "float",
-                       "bool", "len", "print", "numpy", "nb"}) | frozenset(keyword.kwlist)
+_RESERVED = frozenset(
+    {
+        "np",
+        "numba",
+        "math",
+        "prange",
+        "range",
+        "min",
+        "max",
+        "abs",
+        "int",
+        "float",
+        "bool",
+        "len",
+        "print",
+        "numpy",
+        "nb",
+    }
+) | frozenset(keyword.kwlist)
 
 
 @dataclass
@@ -168,11 +197,31 @@ def _ins(ctx: LowerCtx, node: Node, ivs: list[A.Expr]) -> list[A.Expr | None]:
 
 
 _UNARY = {
-    "Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Sin": "sin",
-    "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh",
-    "Cosh": "cosh", "Tanh": "tanh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh",
-    "Erf": "erf", "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign",
-    "Not": "not", "IsNaN": "isnan", "BitwiseNot": "bitnot",
+    "Neg": "neg",
+    "Abs": "abs",
+    "Exp": "exp",
+    "Log": "log",
+    "Sqrt": "sqrt",
+    "Sin": "sin",
+    "Cos": "cos",
+    "Tan": "tan",
+    "Asin": "asin",
+    "Acos": "acos",
+    "Atan": "atan",
+    "Sinh": "sinh",
+    "Cosh": "cosh",
+    "Tanh": "tanh",
+    "Asinh": "asinh",
+    "Acosh": "acosh",
+    "Atanh": "atanh",
+    "Erf": "erf",
+    "Floor": "floor",
+    "Ceil": "ceil",
+    "Round": "round",
+    "Sign": "sign",
+    "Not": "not",
+    "IsNaN": "isnan",
+    "BitwiseNot": "bitnot",
 }
 
 
@@ -182,9 +231,22 @@ def _unary(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
 
 
 _BINARY = {
-    "Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "pow", "Equal": "==", "Less": "<",
-    "Greater": ">", "LessOrEqual": "<=", "GreaterOrEqual": ">=", "And": "and", "Or": "or",
-    "Xor": "xor", "BitwiseAnd": "bitand", "BitwiseOr": "bitor", "BitwiseXor": "bitxor",
+    "Add": "+",
+    "Sub": "-",
+    "Mul": "*",
+    "Div": "/",
+    "Pow": "pow",
+    "Equal": "==",
+    "Less": "<",
+    "Greater": ">",
+    "LessOrEqual": "<=",
+    "GreaterOrEqual": ">=",
+    "And": "and",
+    "Or": "or",
+    "Xor": "xor",
+    "BitwiseAnd": "bitand",
+    "BitwiseOr": "bitor",
+    "BitwiseXor": "bitxor",
 }
 
 
@@ -264,7 +326,9 @@ def _elu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
     alpha = node.attrs.get("alpha", 1.0)
-    return A.Select(A.Bin("<", x, _c(0, o)), A.Bin("*", _c(alpha, o), A.Bin("-", A.Un("exp", x), _c(1, o))), x)
+    return A.Select(
+        A.Bin("<", x, _c(0, o)), A.Bin("*", _c(alpha, o), A.Bin("-", A.Un("exp", x), _c(1, o))), x
+    )
 
 
 @_rule("Selu")
@@ -282,7 +346,9 @@ def _hardsigmoid(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
     a, b = node.attrs.get("alpha", 0.2), node.attrs.get("beta", 0.5)
-    return A.Bin("max", _c(0, o), A.Bin("min", _c(1, o), A.Bin("+", A.Bin("*", _c(a, o), x), _c(b, o))))
+    return A.Bin(
+        "max", _c(0, o), A.Bin("min", _c(1, o), A.Bin("+", A.Bin("*", _c(a, o), x), _c(b, o)))
+    )
 
 
 @_rule("Softplus")
@@ -296,11 +362,17 @@ def _gelu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
     if node.attrs.get("approximate", "none") == "tanh":
-        inner = A.Bin("*", _c(math.sqrt(2 / math.pi), o),
-                      A.Bin("+", x, A.Bin("*", _c(0.044715, o), A.Bin("*", x, A.Bin("*", x, x)))))
+        inner = A.Bin(
+            "*",
+            _c(math.sqrt(2 / math.pi), o),
+            A.Bin("+", x, A.Bin("*", _c(0.044715, o), A.Bin("*", x, A.Bin("*", x, x)))),
+        )
         return A.Bin("*", A.Bin("*", _c(0.5, o), x), A.Bin("+", _c(1, o), A.Un("tanh", inner)))
-    return A.Bin("*", A.Bin("*", _c(0.5, o), x),
-                 A.Bin("+", _c(1, o), A.Un("erf", A.Bin("*", x, _c(1 / math.sqrt(2), o)))))
+    return A.Bin(
+        "*",
+        A.Bin("*", _c(0.5, o), x),
+        A.Bin("+", _c(1, o), A.Un("erf", A.Bin("*", x, _c(1 / math.sqrt(2), o)))),
+    )
 
 
 @_rule("Clip")
@@ -336,7 +408,9 @@ def _delinear(lin: A.Expr, shape: list[A.Expr]) -> list[A.Expr]:
 def _reshape(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = node.inputs[0]
     out = node.outputs[0]
-    if len(x.shape) == len(out.shape) and all(dims_equal(a, b) is True for a, b in zip(x.shape, out.shape)):
+    if len(x.shape) == len(out.shape) and all(
+        dims_equal(a, b) is True for a, b in zip(x.shape, out.shape)
+    ):
         return ctx.load(x, ivs)
     lin = _linear(ivs, list(ctx.shape(out)))
     return ctx.load(x, _delinear(lin, list(ctx.shape(x))))
@@ -402,7 +476,11 @@ def _concat(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
         idx = list(ivs)
         idx[axis] = A.sub(ivs[axis], st)
         ld = ctx.load(v, idx)
-        expr = ld if expr is None else A.Select(A.Bin("<", ivs[axis], A.add(st, ctx.dim(v.shape[axis]))), ld, expr)
+        expr = (
+            ld
+            if expr is None
+            else A.Select(A.Bin("<", ivs[axis], A.add(st, ctx.dim(v.shape[axis]))), ld, expr)
+        )
     return expr
 
 
@@ -450,11 +528,11 @@ def _gather(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x, ind = node.inputs[0], node.inputs[1]
     axis = int(node.attrs.get("axis", 0)) % len(x.shape)
     q = len(ind.shape)
-    raw = ctx.load(ind, ivs[axis:axis + q])
+    raw = ctx.load(ind, ivs[axis : axis + q])
     i64 = A.Cast("int64", raw) if ind.dtype != np.int64 else raw
     dim = ctx.dim(x.shape[axis])
     pos = A.Select(A.Bin("<", i64, A.Const(0)), A.add(i64, dim), i64)
-    idx = list(ivs[:axis]) + [pos] + list(ivs[axis + q:])
+    idx = list(ivs[:axis]) + [pos] + list(ivs[axis + q :])
     return ctx.load(x, idx)
 
 
@@ -490,8 +568,11 @@ def _op_check(node: Node) -> str | None:
         if reduce_axes(node) is None:
             return "reduce axes are not constant"
         return None
-    od_broadcast = node.op_type in _BINARY or node.op_type in ("Where", "Mod", "Max", "Min", "Sum", "Mean",
-                                                                 "Clip") or node.op_type in _UNARY
+    od_broadcast = (
+        node.op_type in _BINARY
+        or node.op_type in ("Where", "Mod", "Max", "Min", "Sum", "Mean", "Clip")
+        or node.op_type in _UNARY
+    )
     if od_broadcast:
         for v in node.inputs:
             if v is None:
@@ -533,7 +614,13 @@ def _slice_params_safe(node: Node) -> tuple[list[int] | None, list[int], list[in
 
 # -- reductions -------------------------------------------------------------------------
 
-REDUCES = {"ReduceSum": "+", "ReduceMean": "+", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "*"}
+REDUCES = {
+    "ReduceSum": "+",
+    "ReduceMean": "+",
+    "ReduceMax": "max",
+    "ReduceMin": "min",
+    "ReduceProd": "*",
+}
 
 
 def _identity_of(op: str, dtype: np.dtype) -> A.Const:
@@ -550,21 +637,38 @@ def _identity_of(op: str, dtype: np.dtype) -> A.Const:
 # -- the lowering driver ----------------------------------------------------------------
 
 
-def _nest(ctx: LowerCtx, block: str, extents: list[A.Expr], kinds: list[str], body: list[A.Stmt],
-          reduce_of: str | None = None) -> tuple[A.Stmt, list[A.Expr]]:
+def _nest(
+    ctx: LowerCtx,
+    block: str,
+    extents: list[A.Expr],
+    kinds: list[str],
+    body: list[A.Stmt],
+    reduce_of: str | None = None,
+) -> tuple[A.Stmt, list[A.Expr]]:
     """A loop nest with one block whose iter vars bind 1:1 to the loops."""
     loops = [ctx.name(f"{block}_i{k}") for k in range(len(extents))]
     ivs = [ctx.name(f"{block}_v{k}") for k in range(len(extents))]
-    blk = A.Block(block, [A.IterVar(v, e, kd) for v, e, kd in zip(ivs, extents, kinds)],
-                  [A.Var(lv) for lv in loops], body, reduce_of=reduce_of)
+    blk = A.Block(
+        block,
+        [A.IterVar(v, e, kd) for v, e, kd in zip(ivs, extents, kinds)],
+        [A.Var(lv) for lv in loops],
+        body,
+        reduce_of=reduce_of,
+    )
     stmt: A.Stmt = blk
     for lv, e in reversed(list(zip(loops, extents))):
         stmt = A.For(lv, e, [stmt])
     return stmt, [A.Var(v) for v in ivs]
 
 
-def _nest_with(ctx: LowerCtx, block: str, extents: list[A.Expr], kinds: list[str],
-               make_body: Callable[[list[A.Expr]], list[A.Stmt]], reduce_of: str | None = None) -> A.Stmt:
+def _nest_with(
+    ctx: LowerCtx,
+    block: str,
+    extents: list[A.Expr],
+    kinds: list[str],
+    make_body: Callable[[list[A.Expr]], list[A.Stmt]],
+    reduce_of: str | None = None,
+) -> A.Stmt:
     stmt, ivs = _nest(ctx, block, extents, kinds, [], reduce_of)
     blk = next(b for b in A.walk_stmts([stmt]) if isinstance(b, A.Block))
     blk.body = make_body(ivs)
@@ -599,15 +703,27 @@ def lower_group(group: Group, graph: Graph, name: str) -> LoweredKernel:
                 rule = RULES.get(node.op_type)
                 if rule is None:
                     raise CodegenError(f"no lowering rule for {node.where}")
-                blk_name = ctx.block_name(node.name if len(node.outputs) == 1 else f"{node.name}_o{k}")
+                blk_name = ctx.block_name(
+                    node.name if len(node.outputs) == 1 else f"{node.name}_o{k}"
+                )
                 buf = ctx.buf[id(out)]
                 rank = len(out.shape)
 
-                def make(ivs: list[A.Expr], node: Node = node, k: int = k, buf: str = buf, rule: Rule = rule) -> list[A.Stmt]:
+                def make(
+                    ivs: list[A.Expr],
+                    node: Node = node,
+                    k: int = k,
+                    buf: str = buf,
+                    rule: Rule = rule,
+                ) -> list[A.Stmt]:
                     return [A.Store(buf, tuple(ivs), rule(ctx, node, k, list(ivs)))]
 
-                body.append(_nest_with(ctx, blk_name, list(ctx.shape(out)), ["spatial"] * rank, make))
-    kernel = A.Kernel(name, ctx.in_bufs, [out_bufs[id(v)] for v in outputs], list(ctx.dims), body, ctx.temps)
+                body.append(
+                    _nest_with(ctx, blk_name, list(ctx.shape(out)), ["spatial"] * rank, make)
+                )
+    kernel = A.Kernel(
+        name, ctx.in_bufs, [out_bufs[id(v)] for v in outputs], list(ctx.dims), body, ctx.temps
+    )
     return LoweredKernel(kernel, list(ctx.inputs), outputs, dict(ctx.dims))
 
 
@@ -625,8 +741,12 @@ def _lower_reduce(ctx: LowerCtx, node: Node) -> list[A.Stmt]:
     out_ext = list(ctx.shape(out))
     base = ctx.block_name(node.name)
     init = _nest_with(
-        ctx, f"{base}__init", out_ext, ["spatial"] * len(out_ext),
-        lambda ivs: [A.Store(acc, tuple(ivs), _identity_of(op, out.dtype))], reduce_of=base,
+        ctx,
+        f"{base}__init",
+        out_ext,
+        ["spatial"] * len(out_ext),
+        lambda ivs: [A.Store(acc, tuple(ivs), _identity_of(op, out.dtype))],
+        reduce_of=base,
     )
     x_ext = list(ctx.shape(x))
     spatial = [i for i in range(len(x_ext)) if i not in axes]
@@ -637,7 +757,11 @@ def _lower_reduce(ctx: LowerCtx, node: Node) -> list[A.Stmt]:
     def upd(ivs: list[A.Expr]) -> list[A.Stmt]:
         pos = {ax: ivs[i] for i, ax in enumerate(order)}
         full = [pos[i] for i in range(len(x_ext))]
-        oidx = [(A.Const(0) if i in axes else pos[i]) for i in range(len(x_ext)) if keep or i not in axes]
+        oidx = [
+            (A.Const(0) if i in axes else pos[i])
+            for i in range(len(x_ext))
+            if keep or i not in axes
+        ]
         val = ctx.load(x, full)
         return [A.Store(acc, tuple(oidx), A.Bin(op, A.Load(acc, tuple(oidx)), val))]
 
@@ -647,9 +771,18 @@ def _lower_reduce(ctx: LowerCtx, node: Node) -> list[A.Stmt]:
         count: A.Expr = A.Const(1)
         for i in red:
             count = A.mul(count, x_ext[i])
-        cnt = A.Cast(dtypes.name(out.dtype), count) if not isinstance(count, A.Const) else literal(count.value, out.dtype)
-        stmts.append(_nest_with(
-            ctx, ctx.block_name(f"{base}_mean"), out_ext, ["spatial"] * len(out_ext),
-            lambda ivs: [A.Store(final, tuple(ivs), A.Bin("/", A.Load(acc, tuple(ivs)), cnt))],
-        ))
+        cnt = (
+            A.Cast(dtypes.name(out.dtype), count)
+            if not isinstance(count, A.Const)
+            else literal(count.value, out.dtype)
+        )
+        stmts.append(
+            _nest_with(
+                ctx,
+                ctx.block_name(f"{base}_mean"),
+                out_ext,
+                ["spatial"] * len(out_ext),
+                lambda ivs: [A.Store(final, tuple(ivs), A.Bin("/", A.Load(acc, tuple(ivs)), cnt))],
+            )
+        )
     return stmts

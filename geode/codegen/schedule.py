@@ -567,13 +567,17 @@ def _accesses(
             exprs.append(b.predicate)
         for st in walk_stmts(b.body):
             if isinstance(st, Store):
-                writes.setdefault(st.buffer, []).append(tuple(substitute(i, bind) for i in st.indices))
+                writes.setdefault(st.buffer, []).append(
+                    tuple(substitute(i, bind) for i in st.indices)
+                )
                 exprs += list(st.indices) + [st.value]
             elif isinstance(st, If):
                 exprs.append(st.cond)
         for e in exprs:
             for ld in loads(e):
-                reads.setdefault(ld.buffer, []).append(tuple(substitute(i, bind) for i in ld.indices))
+                reads.setdefault(ld.buffer, []).append(
+                    tuple(substitute(i, bind) for i in ld.indices)
+                )
     return writes, reads
 
 
@@ -1921,16 +1925,22 @@ class Schedule:
         if ib <= ia:
             raise ScheduleError(prim, blk, f"loop {second} does not follow {first}")
         if expr_str(a.extent) != expr_str(b.extent):
-            raise ScheduleError(prim, blk, f"extents differ: {expr_str(a.extent)} vs {expr_str(b.extent)}")
+            raise ScheduleError(
+                prim, blk, f"extents differ: {expr_str(a.extent)} vs {expr_str(b.extent)}"
+            )
         wa, ra = _accesses(a, a.var)
         between = cont[ia + 1 : ib]
         for st in between:
             if not isinstance(st, Block) or any(isinstance(x, For) for x in walk_stmts(st.body)):
-                raise ScheduleError(prim, blk, f"a loop or non-block statement separates {first} and {second}")
+                raise ScheduleError(
+                    prim, blk, f"a loop or non-block statement separates {first} and {second}"
+                )
             ws = {x.buffer for x in walk_stmts(st.body) if isinstance(x, Store)}
             rs = {ld.buffer for e in _block_exprs(st) for ld in loads(e)}
             if ws & (set(wa) | set(ra)) or rs & set(wa):
-                raise ScheduleError(prim, blk, f"block {st.name} between the loops depends on {first}")
+                raise ScheduleError(
+                    prim, blk, f"block {st.name} between the loops depends on {first}"
+                )
         wb, rb = _accesses(b, a.var, rename={b.var: Var(a.var)})
         both = set(wa) & set(wb)
         if both:
@@ -1943,7 +1953,9 @@ class Schedule:
                 continue
             stores = {tuple(expr_str(i) for i in idx) for idx in wa[buf]}
             if len(stores) != 1 or not stores.pop():
-                raise ScheduleError(prim, blk, f"{first} writes {buf} at several places or as a scalar")
+                raise ScheduleError(
+                    prim, blk, f"{first} writes {buf} at several places or as a scalar"
+                )
             want = tuple(expr_str(i) for i in wa[buf][0])
             for idx in idxs:
                 if tuple(expr_str(i) for i in idx) != want:

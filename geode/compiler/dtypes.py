@@ -45,7 +45,9 @@ def _ml_dtypes(*names: str) -> frozenset:
 #: bfloat16 (a storage dtype: see STORAGE)
 BFLOAT16 = _ml_dtypes("bfloat16")
 #: 8-bit floats (ONNX FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, FLOAT8E8M0)
-FLOAT8 = _ml_dtypes("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
+FLOAT8 = _ml_dtypes(
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"
+)
 #: 4-bit float (ONNX FLOAT4E2M1)
 FLOAT4 = _ml_dtypes("float4_e2m1fn")
 #: 4- and 2-bit integers (ONNX INT4, UINT4, INT2, UINT2), one element per byte in memory

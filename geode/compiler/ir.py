@@ -346,7 +346,9 @@ class Graph:
         """A Value for ``x``: Values pass through, Python/numpy scalars become constants."""
         if isinstance(x, Value):
             if x.graph is not self:
-                raise GraphError(f"value {x.name!r} belongs to graph {x.graph.name!r}, not {self.name!r}")
+                raise GraphError(
+                    f"value {x.name!r} belongs to graph {x.graph.name!r}, not {self.name!r}"
+                )
             return x
         dtype = like.dtype if like is not None and not isinstance(x, np.ndarray) else None
         if dtype is not None and dtype == np.bool_ and not isinstance(x, (bool, np.bool_)):
@@ -373,8 +375,14 @@ class Graph:
             if v is not None and v.graph is not self:
                 raise GraphError(f"{node.where}: input {v.name!r} belongs to another graph")
         for i in range(n_outputs):
-            oname = output_names[i] if output_names else self.unique_name(f"{node.name}_out{i}" if n_outputs > 1 else node.name)
-            out = self._new_value(oname, TensorDesc(np.float32, None), ValueKind.INTERMEDIATE, producer=node)
+            oname = (
+                output_names[i]
+                if output_names
+                else self.unique_name(f"{node.name}_out{i}" if n_outputs > 1 else node.name)
+            )
+            out = self._new_value(
+                oname, TensorDesc(np.float32, None), ValueKind.INTERMEDIATE, producer=node
+            )
             node.outputs.append(out)
         self.nodes.append(node)
         if infer:
@@ -387,7 +395,14 @@ class Graph:
                 raise
         return node
 
-    def op(self, op_type: str, *inputs: object, n_outputs: int = 1, name: str | None = None, **attrs: Any) -> Any:
+    def op(
+        self,
+        op_type: str,
+        *inputs: object,
+        n_outputs: int = 1,
+        name: str | None = None,
+        **attrs: Any,
+    ) -> Any:
         """Apply an op to values (scalars are lifted to constants); returns its output(s)."""
         like = next((x for x in inputs if isinstance(x, Value)), None)
         vals = [None if x is None else self.lift(x, like) for x in inputs]
@@ -411,7 +426,9 @@ class Graph:
         if new == v.name:
             return
         if new in self.values:
-            raise GraphError(f"graph {self.name!r}: cannot rename {v.name!r} to {new!r}, name is taken")
+            raise GraphError(
+                f"graph {self.name!r}: cannot rename {v.name!r} to {new!r}, name is taken"
+            )
         del self.values[v.name]
         v.name = new
         self.values[new] = v
@@ -495,10 +512,14 @@ class Graph:
                 if v is None:
                     continue
                 if self.values.get(v.name) is not v:
-                    raise GraphError(f"{n.where}: input {i} ({v.name!r}) is not a value of this graph")
+                    raise GraphError(
+                        f"{n.where}: input {i} ({v.name!r}) is not a value of this graph"
+                    )
                 if (n, i) not in [(u, j) for u, j in v.uses]:
                     raise GraphError(f"{n.where}: input {v.name!r} does not record this use")
-                if v.kind is ValueKind.INTERMEDIATE and (v.producer is None or v.producer not in self.nodes):
+                if v.kind is ValueKind.INTERMEDIATE and (
+                    v.producer is None or v.producer not in self.nodes
+                ):
                     raise GraphError(f"{n.where}: input {v.name!r} has no producer in the graph")
             for o in n.outputs:
                 if o.name in produced:
@@ -526,12 +547,16 @@ class Graph:
     def copy(self) -> Graph:
         """A structural copy (tensor data is shared, not copied)."""
         g = Graph(self.name)
-        g.symbols = SymbolTable(dict(self.symbols.named), self.symbols.counter, list(self.symbols.constraints))
+        g.symbols = SymbolTable(
+            dict(self.symbols.named), self.symbols.counter, list(self.symbols.constraints)
+        )
         g.opset = self.opset
         vmap: dict[int, Value] = {}
         for v in self.values.values():
             if v.producer is None:
-                nv = g._new_value(v.name, TensorDesc(v.dtype, v.shape, v.desc.format), v.kind, data=v.data)
+                nv = g._new_value(
+                    v.name, TensorDesc(v.dtype, v.shape, v.desc.format), v.kind, data=v.data
+                )
                 nv.read_only = v.read_only
                 for extra in _VALUE_EXTRAS:  # set by front ends (external data, defaults)
                     if hasattr(v, extra):
@@ -539,9 +564,17 @@ class Graph:
                 vmap[id(v)] = nv
         g.inputs = [vmap[id(v)] for v in self.inputs]
         for n in self.nodes:
-            nn = Node(n.name, n.op_type, [None if v is None else vmap[id(v)] for v in n.inputs], n.attrs, n.domain)
+            nn = Node(
+                n.name,
+                n.op_type,
+                [None if v is None else vmap[id(v)] for v in n.inputs],
+                n.attrs,
+                n.domain,
+            )
             for o in n.outputs:
-                no = g._new_value(o.name, TensorDesc(o.dtype, o.shape, o.desc.format), o.kind, producer=nn)
+                no = g._new_value(
+                    o.name, TensorDesc(o.dtype, o.shape, o.desc.format), o.kind, producer=nn
+                )
                 no.sym_value = o.sym_value
                 nn.outputs.append(no)
                 vmap[id(o)] = no
@@ -566,7 +599,11 @@ def format_graph(g: Graph, annotate: dict[str, str] | None = None) -> str:
     for v in g.values.values():
         if v.kind is ValueKind.CONSTANT:
             d = v.data
-            body = repr(d.tolist()) if d is not None and d.size <= 6 else f"<{d.size if d is not None else '?'} elements>"
+            body = (
+                repr(d.tolist())
+                if d is not None and d.size <= 6
+                else f"<{d.size if d is not None else '?'} elements>"
+            )
             lines.append(f"  %{v.name}: {v.desc} = const {body}")
         elif v.kind is ValueKind.VARIABLE:
             lines.append(f"  %{v.name}: {v.desc} = variable")

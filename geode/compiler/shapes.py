@@ -96,7 +96,9 @@ def normalize_axis(axis: int, rank: int, where: str = "") -> int:
     """Map a possibly negative axis into ``[0, rank)``; ShapeError when out of range."""
     a = int(axis)
     if not -rank <= a < max(rank, 1) or (rank == 0 and a not in (0, -1)):
-        raise ShapeError(f"axis {axis} out of range for rank {rank}" + (f" at {where}" if where else ""))
+        raise ShapeError(
+            f"axis {axis} out of range for rank {rank}" + (f" at {where}" if where else "")
+        )
     return a + rank if a < 0 else a
 
 
@@ -179,7 +181,11 @@ class SymbolTable:
 
     def dim(self, d: object) -> Dim:
         """Turn a user/ONNX dim into a Dim: str -> shared symbol, None/-1/'?' -> fresh."""
-        if d is None or (isinstance(d, int) and not isinstance(d, bool) and d < 0) or d in ("?", ""):
+        if (
+            d is None
+            or (isinstance(d, int) and not isinstance(d, bool) and d < 0)
+            or d in ("?", "")
+        ):
             return self.fresh()
         if isinstance(d, str):
             return self.named_dim(d)

@@ -26,7 +26,9 @@ def _dtype_name(d: np.dtype) -> str:
     return "bool" if d == np.bool_ else str(d)
 
 
-def bind_inputs(plan: Plan, feeds: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+def bind_inputs(
+    plan: Plan, feeds: Mapping[str, Any]
+) -> tuple[dict[str, int], dict[str, np.ndarray]]:
     """Check feeds against the plan's inputs; returns the symbol binding and the arrays."""
     names = [s.name for s in plan.inputs]
     missing = [n for n in names if n not in feeds]
@@ -35,7 +37,9 @@ def bind_inputs(plan: Plan, feeds: Mapping[str, Any]) -> tuple[dict[str, int], d
         raise MissingInputError(f"model {plan.name!r}: missing input(s) {sigs}")
     extra = sorted(set(feeds) - set(names))
     if extra:
-        raise UnexpectedInputError(f"model {plan.name!r}: unexpected input(s) {extra}; inputs are {names}")
+        raise UnexpectedInputError(
+            f"model {plan.name!r}: unexpected input(s) {extra}; inputs are {names}"
+        )
     env: dict[str, int] = {}
     where: dict[str, str] = {}
     arrays: dict[str, np.ndarray] = {}
@@ -45,7 +49,9 @@ def bind_inputs(plan: Plan, feeds: Mapping[str, Any]) -> tuple[dict[str, int], d
             if isinstance(raw, (list, tuple, int, float, bool, np.generic)):
                 raw = np.asarray(raw)
             else:
-                raise InputError(f"input {spec.name!r}: expected a numpy array, got {type(raw).__name__}")
+                raise InputError(
+                    f"input {spec.name!r}: expected a numpy array, got {type(raw).__name__}"
+                )
         if raw.dtype != spec.dtype:
             raise InputDTypeError(
                 f"input {spec.name!r}: dtype {_dtype_name(raw.dtype)}, expected {_dtype_name(spec.dtype)}"
@@ -86,7 +92,9 @@ def bind_inputs(plan: Plan, feeds: Mapping[str, Any]) -> tuple[dict[str, int], d
         if c.symbols <= env.keys():
             a, b = c.lhs(env), c.rhs(env)
             if a != b:
-                raise InputShapeError(f"model {plan.name!r}: inputs break constraint {c.text} ({a} != {b})")
+                raise InputShapeError(
+                    f"model {plan.name!r}: inputs break constraint {c.text} ({a} != {b})"
+                )
     return env, arrays
 
 
@@ -100,8 +108,9 @@ class Executor:
         self.pool = OutputPool()
         self._outputs = {slot for _, slot in plan.outputs}
         self._static = [
-            (i, var_manager.get(s.var_key)) for i, s in enumerate(plan.slots) if s.var_key is not None
-            and s.role == "constant"
+            (i, var_manager.get(s.var_key))
+            for i, s in enumerate(plan.slots)
+            if s.var_key is not None and s.role == "constant"
         ]
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -395,7 +395,9 @@ def _backend_fingerprint() -> str:
     """Hash of this file and of vmath.py: their helpers are compiled into every cached kernel."""
     try:
         here = Path(__file__)
-        return hashlib.sha256(here.read_bytes() + (here.parent / "vmath.py").read_bytes()).hexdigest()
+        return hashlib.sha256(
+            here.read_bytes() + (here.parent / "vmath.py").read_bytes()
+        ).hexdigest()
     except OSError:  # pragma: no cover - zipped installs
         return "unknown"
 

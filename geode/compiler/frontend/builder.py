@@ -52,12 +52,16 @@ def _op_type(fn_name: str) -> str | None:
 def _as_input(graph: Any, x: object, like: Value | None) -> Value | None:
     if x is None or isinstance(x, Value):
         return x
-    if isinstance(x, (list, tuple)) and all(isinstance(e, (int, np.integer)) and not isinstance(e, bool) for e in x):
+    if isinstance(x, (list, tuple)) and all(
+        isinstance(e, (int, np.integer)) and not isinstance(e, bool) for e in x
+    ):
         return graph.constant(np.array(x, dtype=np.int64))
     return graph.lift(x, like=like)
 
 
-def apply(op_type: str, *inputs: object, n_outputs: int | None = None, name: str | None = None, **kw: Any) -> Any:
+def apply(
+    op_type: str, *inputs: object, n_outputs: int | None = None, name: str | None = None, **kw: Any
+) -> Any:
     """Apply op ``op_type`` to inputs; returns one Value or a tuple for several outputs."""
     od = registry.get(op_type)
     values = [x for x in inputs if isinstance(x, Value)]
@@ -82,8 +86,20 @@ def apply(op_type: str, *inputs: object, n_outputs: int | None = None, name: str
     for i, x in enumerate(ins):
         spec = od.inputs[min(i, len(od.inputs) - 1)] if od.inputs else None
         allowed = od.types.get(spec.type) if spec is not None else None
-        if allowed and allowed <= dtypes.INTS and isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-            x = graph.constant(np.array(x, dtype=np.int64 if np.dtype(np.int64) in allowed else sorted(allowed, key=str)[0]))
+        if (
+            allowed
+            and allowed <= dtypes.INTS
+            and isinstance(x, (int, np.integer))
+            and not isinstance(x, bool)
+        ):
+            x = graph.constant(
+                np.array(
+                    x,
+                    dtype=np.int64
+                    if np.dtype(np.int64) in allowed
+                    else sorted(allowed, key=str)[0],
+                )
+            )
         vals.append(_as_input(graph, x, like))
     attrs = {}
     for k, v in kw.items():

@@ -36,22 +36,34 @@ def to_onnx(graph: Graph, opset: int = OPSET) -> onnx.ModelProto:
     """The ONNX model of a graph; GeodeError when an op has no ONNX form."""
     g = graph.copy()
     g.sort()
-    inits = [numpy_helper.from_array(np.asarray(v.data), v.name)
-             for v in g.values.values() if v.kind in (ValueKind.CONSTANT, ValueKind.VARIABLE)]
+    inits = [
+        numpy_helper.from_array(np.asarray(v.data), v.name)
+        for v in g.values.values()
+        if v.kind in (ValueKind.CONSTANT, ValueKind.VARIABLE)
+    ]
     nodes = []
     domains = {""}
     for n in g.nodes:
         if n.domain:
             domains.add(n.domain)
-        nodes.append(helper.make_node(
-            n.op_type, ["" if v is None else v.name for v in n.inputs], [o.name for o in n.outputs],
-            name=n.name, domain=n.domain or None, **{k: _attr(v) for k, v in n.attrs.items()},
-        ))
+        nodes.append(
+            helper.make_node(
+                n.op_type,
+                ["" if v is None else v.name for v in n.inputs],
+                [o.name for o in n.outputs],
+                name=n.name,
+                domain=n.domain or None,
+                **{k: _attr(v) for k, v in n.attrs.items()},
+            )
+        )
     ins = [_value_info(v) for v in g.inputs]
     outs = [_value_info(v) for v in g.outputs]
     opsets = [helper.make_opsetid(d, opset if d == "" else 1) for d in sorted(domains)]
-    model = helper.make_model(helper.make_graph(nodes, g.name, ins, outs, inits), opset_imports=opsets,
-                              producer_name="geode")
+    model = helper.make_model(
+        helper.make_graph(nodes, g.name, ins, outs, inits),
+        opset_imports=opsets,
+        producer_name="geode",
+    )
     model.ir_version = min(model.ir_version, 10)
     try:
         onnx.checker.check_model(model)

@@ -26,7 +26,9 @@ class Group:
     @property
     def kind(self) -> str:
         """``reduce`` when the group reduces, else ``elementwise``."""
-        return "reduce" if any(pattern_of(n) is Pattern.REDUCE for n in self.nodes) else "elementwise"
+        return (
+            "reduce" if any(pattern_of(n) is Pattern.REDUCE for n in self.nodes) else "elementwise"
+        )
 
     def inputs(self) -> list[Value]:
         """Values read by the group and produced outside it (order of first use)."""
@@ -57,15 +59,21 @@ class Group:
         trailing = self.axes == frozenset(range(rank - len(self.axes), rank))
         if not trailing:
             return "column_reduce"
-        full_outputs = any(placement_on(o.shape, self.domain, self.axes) == "full"
-                           for n in self.nodes for o in n.outputs if pattern_of(n) is not Pattern.REDUCE)
+        full_outputs = any(
+            placement_on(o.shape, self.domain, self.axes) == "full"
+            for n in self.nodes
+            for o in n.outputs
+            if pattern_of(n) is not Pattern.REDUCE
+        )
         return "reduce_broadcast" if full_outputs else "row_reduce"
 
     def describe(self) -> str:
         """One line: id, pattern, domain and op types."""
         axes = f" reduce axes {sorted(self.axes)}" if self.axes else ""
         ops = ", ".join(f"{n.op_type}:{n.name}" for n in self.nodes)
-        return f"group {self.id} [{self.pattern_name()}] domain {shape_str(self.domain)}{axes}: {ops}"
+        return (
+            f"group {self.id} [{self.pattern_name()}] domain {shape_str(self.domain)}{axes}: {ops}"
+        )
 
 
 def group_of_node(gid: int, node: Node) -> Group:
@@ -89,7 +97,9 @@ class Decision:
 
     def __str__(self) -> str:
         verdict = "merge" if self.taken else "keep apart"
-        return f"{verdict} group {self.producer} -> group {self.consumer} ({self.rule}): {self.reason}"
+        return (
+            f"{verdict} group {self.producer} -> group {self.consumer} ({self.rule}): {self.reason}"
+        )
 
 
 @dataclass

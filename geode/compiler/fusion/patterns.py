@@ -87,7 +87,9 @@ def same_shape(a: Shape, b: Shape) -> bool:
     return all(dims_equal(x, y) is True for x, y in zip(a, b))
 
 
-def reduced_shapes(domain: tuple[Dim, ...], axes: frozenset[int]) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
+def reduced_shapes(
+    domain: tuple[Dim, ...], axes: frozenset[int]
+) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
     """The keepdims and squeezed shapes of ``domain`` reduced over ``axes``."""
     keep = tuple(1 if i in axes else d for i, d in enumerate(domain))
     squeeze = tuple(d for i, d in enumerate(domain) if i not in axes)

@@ -22,10 +22,32 @@ from geode.costmodel.sol import KernelWork, decide_merge
 #: value every symbolic dim takes when scoring (one nominal problem size)
 NOMINAL_DIM = 512
 
-TRANSCENDENTAL = frozenset({
-    "Exp", "Log", "Tanh", "Erf", "Sigmoid", "Sin", "Cos", "Tan", "Softplus", "Gelu", "Pow",
-    "Elu", "Selu", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Mish",
-})
+TRANSCENDENTAL = frozenset(
+    {
+        "Exp",
+        "Log",
+        "Tanh",
+        "Erf",
+        "Sigmoid",
+        "Sin",
+        "Cos",
+        "Tan",
+        "Softplus",
+        "Gelu",
+        "Pow",
+        "Elu",
+        "Selu",
+        "Asin",
+        "Acos",
+        "Atan",
+        "Sinh",
+        "Cosh",
+        "Asinh",
+        "Acosh",
+        "Atanh",
+        "Mish",
+    }
+)
 
 
 def numel(v: Value) -> float:
@@ -70,7 +92,9 @@ def evaluations(group: Group, graph: Graph) -> dict[str, float]:
             for c in o.consumers:
                 if c.name not in names:
                     continue
-                materialized = pattern_of(c) is Pattern.REDUCE or any(id(x) in outputs for x in c.outputs)
+                materialized = pattern_of(c) is Pattern.REDUCE or any(
+                    id(x) in outputs for x in c.outputs
+                )
                 sinks |= {c.name} if materialized else passes.get(c.name, set())
         passes[n.name] = sinks
     out: dict[str, float] = {}
@@ -94,7 +118,11 @@ def group_work(group: Group, graph: Graph) -> KernelWork:
     trans = 0.0
     evals = evaluations(group, graph)
     for n in group.nodes:
-        size = numel(n.inputs[0]) if pattern_of(n) is Pattern.REDUCE else max(numel(o) for o in n.outputs)
+        size = (
+            numel(n.inputs[0])
+            if pattern_of(n) is Pattern.REDUCE
+            else max(numel(o) for o in n.outputs)
+        )
         if n.op_type in TRANSCENDENTAL:
             trans += size * evals[n.name]
         else:
@@ -110,7 +138,9 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
         fused = group_work(merged, graph)
         evals = evaluations(merged, graph)
         factor = max(evals.values()) if evals else 1
-        d = decide_merge(separate, fused, spec, recompute_factor=float(factor) if factor > 1 else None)
+        d = decide_merge(
+            separate, fused, spec, recompute_factor=float(factor) if factor > 1 else None
+        )
         return d.take, d.reason
 
     return profit
@@ -121,4 +151,8 @@ def describe_work(group: Group, graph: Graph, spec: DeviceSpec) -> dict[str, flo
     from geode.costmodel.sol import estimate
 
     w = group_work(group, graph)
-    return {"bytes": w.bytes_moved, "flops": w.flops + w.transcendentals, "sol_us": estimate(w, spec) * 1e6}
+    return {
+        "bytes": w.bytes_moved,
+        "flops": w.flops + w.transcendentals,
+        "sol_us": estimate(w, spec) * 1e6,
+    }

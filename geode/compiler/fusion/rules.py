@@ -37,8 +37,10 @@ def merged_domain(a: Group, b: Group) -> tuple[tuple[Dim, ...], frozenset[int]] 
     if a.axes and b.axes:
         if same_shape(a.domain, b.domain) and a.axes == b.axes:
             return a.domain, a.axes
-        return (f"reduce domains differ: {shape_str(a.domain)} axes {sorted(a.axes)} vs "
-                f"{shape_str(b.domain)} axes {sorted(b.axes)}")
+        return (
+            f"reduce domains differ: {shape_str(a.domain)} axes {sorted(a.axes)} vs "
+            f"{shape_str(b.domain)} axes {sorted(b.axes)}"
+        )
     if a.axes or b.axes:
         r = a if a.axes else b
         return r.domain, r.axes
@@ -55,8 +57,10 @@ def node_fits(node: Node, domain: tuple[Dim, ...], axes: frozenset[int]) -> str 
         x = node.inputs[0]
         ax = reduce_axes(node)
         if ax is None or not same_shape(x.shape, domain) or frozenset(ax) != axes:
-            return (f"{node.op_type} {node.name!r} reduces {shape_str(x.shape)} over {ax}, "
-                    f"group reduces {shape_str(domain)} over {sorted(axes)}")
+            return (
+                f"{node.op_type} {node.name!r} reduces {shape_str(x.shape)} over {ax}, "
+                f"group reduces {shape_str(domain)} over {sorted(axes)}"
+            )
         return None
     for o in node.outputs:
         if placement_on(o.shape, domain, axes) is None:

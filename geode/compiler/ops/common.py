@@ -60,7 +60,11 @@ def unary(
             types={"T": types},
             attrs=list(attrs),
             infer=same_as_input(0, out_dtype),
-            kernel=lambda ins, a: [np.asarray(fn(ins[0], a), dtype=out_dtype if out_dtype is not None else ins[0].dtype)],
+            kernel=lambda ins, a: [
+                np.asarray(
+                    fn(ins[0], a), dtype=out_dtype if out_dtype is not None else ins[0].dtype
+                )
+            ],
             doc=doc,
         )
     )
@@ -86,7 +90,10 @@ def binary(
             OpKind.BROADCAST,
             inputs=[In("A", "T"), In("B", "T")],
             outputs=[Out("C", "T1" if out_dtype is not None else "T")],
-            types={"T": types, **({"T1": frozenset([np.dtype(out_dtype)])} if out_dtype is not None else {})},
+            types={
+                "T": types,
+                **({"T1": frozenset([np.dtype(out_dtype)])} if out_dtype is not None else {}),
+            },
             attrs=list(attrs),
             infer=broadcast_infer(out_dtype),
             kernel=kernel,

@@ -179,12 +179,18 @@ def _with_sym_values(od: OpDef, fn: Callable[[Any, Any], Any]) -> OpDef:
     return od
 
 
-_with_sym_values(binary("Add", _quiet(lambda a, b, _: np.add(a, b)), doc="A + B with broadcasting"),
-                 lambda a, b: a + b)
-_with_sym_values(binary("Sub", _quiet(lambda a, b, _: np.subtract(a, b)), doc="A - B with broadcasting"),
-                 lambda a, b: a - b)
-_with_sym_values(binary("Mul", _quiet(lambda a, b, _: np.multiply(a, b)), doc="A * B with broadcasting"),
-                 lambda a, b: a * b)
+_with_sym_values(
+    binary("Add", _quiet(lambda a, b, _: np.add(a, b)), doc="A + B with broadcasting"),
+    lambda a, b: a + b,
+)
+_with_sym_values(
+    binary("Sub", _quiet(lambda a, b, _: np.subtract(a, b)), doc="A - B with broadcasting"),
+    lambda a, b: a - b,
+)
+_with_sym_values(
+    binary("Mul", _quiet(lambda a, b, _: np.multiply(a, b)), doc="A * B with broadcasting"),
+    lambda a, b: a * b,
+)
 
 
 @_quiet
@@ -199,8 +205,10 @@ def _div(a: np.ndarray, b: np.ndarray, _: dict) -> np.ndarray:
     return np.true_divide(a, b)
 
 
-_with_sym_values(binary("Div", _div, doc="A / B with broadcasting (integer division truncates toward zero)"),
-                 _sym_div)
+_with_sym_values(
+    binary("Div", _div, doc="A / B with broadcasting (integer division truncates toward zero)"),
+    _sym_div,
+)
 
 
 @_quiet
@@ -256,7 +264,12 @@ register(
 )
 
 # -- comparisons, logic and bits -------------------------------------------------------
-binary("Equal", lambda a, b, _: np.equal(a, b), types=dtypes.ALL | frozenset([np.dtype(object)]), out_dtype=np.bool_)
+binary(
+    "Equal",
+    lambda a, b, _: np.equal(a, b),
+    types=dtypes.ALL | frozenset([np.dtype(object)]),
+    out_dtype=np.bool_,
+)
 binary("Less", lambda a, b, _: np.less(a, b), out_dtype=np.bool_)
 binary("Greater", lambda a, b, _: np.greater(a, b), out_dtype=np.bool_)
 binary("LessOrEqual", lambda a, b, _: np.less_equal(a, b), out_dtype=np.bool_)
@@ -282,7 +295,9 @@ def _bitshift(a: np.ndarray, b: np.ndarray, at: dict) -> np.ndarray:
         fill = np.zeros((), dtype=a.dtype)
     else:
         r = np.right_shift(a, s)
-        fill = np.where(a < 0, -1, 0).astype(a.dtype) if a.dtype.kind == "i" else np.zeros((), a.dtype)
+        fill = (
+            np.where(a < 0, -1, 0).astype(a.dtype) if a.dtype.kind == "i" else np.zeros((), a.dtype)
+        )
     return np.where(out_of_range, fill, r).astype(a.dtype)
 
 
@@ -510,7 +525,9 @@ _E8M0 = next((d for d in dtypes.FLOAT8 if d.name == "float8_e8m0fnu"), None)
 
 
 @_quiet
-def cast_array(x: np.ndarray, to: np.dtype, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
+def cast_array(
+    x: np.ndarray, to: np.dtype, saturate: bool = True, round_mode: str = "up"
+) -> np.ndarray:
     """ONNX Cast of ``x`` to ``to``.
 
     numpy's ``astype`` is ONNX's Cast for the numeric dtypes (floats truncate toward zero
@@ -543,9 +560,15 @@ register(
         inputs=[In("input", "T1")],
         outputs=[Out("output", "T2")],
         types={"T1": dtypes.ANY},
-        attrs=[Attr("to", "int", REQUIRED), Attr("saturate", "int", 1), Attr("round_mode", "string", "up")],
+        attrs=[
+            Attr("to", "int", REQUIRED),
+            Attr("saturate", "int", 1),
+            Attr("round_mode", "string", "up"),
+        ],
         infer=_infer_cast,
-        kernel=lambda ins, a: [cast_array(ins[0], dtypes.to_numpy(a["to"]), a["saturate"], a["round_mode"])],
+        kernel=lambda ins, a: [
+            cast_array(ins[0], dtypes.to_numpy(a["to"]), a["saturate"], a["round_mode"])
+        ],
         doc="convert to dtype 'to' (an ONNX TensorProto enum); 'saturate' only matters for float8",
     )
 )
@@ -570,16 +593,23 @@ register(
     )
 )
 
+
 # -- BitCast -------------------------------------------------------------------------------
 def _bitcast_target(ctx: InferContext) -> np.dtype:
     d = dtypes.to_numpy(ctx.attr("to"), ctx.where)
     if d not in dtypes.ANY:
-        ctx.fail(f"attribute 'to'={ctx.attr('to')!r} names a dtype geode does not support ({d})", DTypeError)
+        ctx.fail(
+            f"attribute 'to'={ctx.attr('to')!r} names a dtype geode does not support ({d})",
+            DTypeError,
+        )
     src = ctx.dtype(0)
     if d.itemsize != src.itemsize or (d in dtypes.SUB_BYTE_INTS | dtypes.FLOAT4) != (
         src in dtypes.SUB_BYTE_INTS | dtypes.FLOAT4
     ):
-        ctx.fail(f"cannot reinterpret {dtypes.name(src)} as {dtypes.name(d)}: the bit widths differ", DTypeError)
+        ctx.fail(
+            f"cannot reinterpret {dtypes.name(src)} as {dtypes.name(d)}: the bit widths differ",
+            DTypeError,
+        )
     return d
 
 

@@ -694,10 +694,16 @@ def _compress_infer(ctx: InferContext) -> list[TensorDesc]:
     count: Dim = ctx.fresh("compress")
     axis = ctx.attr("axis")
     if cond is not None:
-        limit = int(numel(x.shape)) if axis is None and x.shape is not None and all(
-            isinstance(d, int) for d in x.shape
-        ) else None
-        if axis is not None and x.shape is not None and isinstance(x.shape[ctx.axis(int(axis), len(x.shape))], int):
+        limit = (
+            int(numel(x.shape))
+            if axis is None and x.shape is not None and all(isinstance(d, int) for d in x.shape)
+            else None
+        )
+        if (
+            axis is not None
+            and x.shape is not None
+            and isinstance(x.shape[ctx.axis(int(axis), len(x.shape))], int)
+        ):
             limit = x.shape[ctx.axis(int(axis), len(x.shape))]
         if limit is not None:
             count = int(np.count_nonzero(np.asarray(cond).reshape(-1)[:limit]))

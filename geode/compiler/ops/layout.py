@@ -1417,16 +1417,22 @@ def _tensor_scatter(ins: list, attrs: dict) -> list[np.ndarray]:
     mode = attrs["mode"].decode() if isinstance(attrs["mode"], bytes) else attrs["mode"]
     batch = cache.shape[0]
     idx = opt(ins, 2)
-    starts = np.zeros(batch, np.int64) if idx is None else np.asarray(idx).reshape(-1).astype(np.int64)
+    starts = (
+        np.zeros(batch, np.int64) if idx is None else np.asarray(idx).reshape(-1).astype(np.int64)
+    )
     if starts.size != batch:
-        raise ShapeError(f"TensorScatter: write_indices has {starts.size} entries, batch is {batch}")
+        raise ShapeError(
+            f"TensorScatter: write_indices has {starts.size} entries, batch is {batch}"
+        )
     out = cache.copy()
     max_len, seq = cache.shape[axis], update.shape[axis]
     pos = starts[:, None] + np.arange(seq)[None, :]  # (batch, seq)
     if mode == "circular":
         pos = pos % max_len
     elif pos.size and (pos.min() < 0 or pos.max() >= max_len):
-        raise ShapeError(f"TensorScatter: writes positions {pos.min()}..{pos.max()} past the cache length {max_len}")
+        raise ShapeError(
+            f"TensorScatter: writes positions {pos.min()}..{pos.max()} past the cache length {max_len}"
+        )
     moved_out = np.moveaxis(out, axis, 1)  # (batch, max_len, ...) view of out
     moved_up = np.moveaxis(update, axis, 1)
     moved_out[np.arange(batch)[:, None], pos] = moved_up

@@ -84,10 +84,15 @@ class Attr:
 
 
 _ATTR_CHECK = {
-    "int": lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool) or isinstance(v, bool),
+    "int": lambda v: (
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) or isinstance(v, bool)
+    ),
     "float": lambda v: isinstance(v, (int, float, np.floating, np.integer)),
     "string": lambda v: isinstance(v, (str, bytes)),
-    "ints": lambda v: isinstance(v, (list, tuple, np.ndarray)) and all(isinstance(x, (int, np.integer)) for x in v),
+    "ints": lambda v: (
+        isinstance(v, (list, tuple, np.ndarray))
+        and all(isinstance(x, (int, np.integer)) for x in v)
+    ),
     "floats": lambda v: isinstance(v, (list, tuple, np.ndarray)),
     "strings": lambda v: isinstance(v, (list, tuple)),
     "tensor": lambda v: isinstance(v, np.ndarray),
@@ -273,7 +278,9 @@ def check_schema(ctx: InferContext) -> None:
     variadic = bool(od.inputs) and od.inputs[-1].variadic
     if n_in < od.min_inputs:
         missing = [s.name for i, s in enumerate(od.inputs) if i >= n_in and not s.optional]
-        ctx.fail(f"expects at least {od.min_inputs} inputs, got {n_in} (missing {missing})", VerifyError)
+        ctx.fail(
+            f"expects at least {od.min_inputs} inputs, got {n_in} (missing {missing})", VerifyError
+        )
     if not variadic and n_in > len(od.inputs):
         ctx.fail(f"expects at most {len(od.inputs)} inputs, got {n_in}", VerifyError)
     for i, v in enumerate(node.inputs):
@@ -286,7 +293,9 @@ def check_schema(ctx: InferContext) -> None:
     for name, v in node.attrs.items():
         spec = od.attr_spec(name)
         if spec is None:
-            ctx.fail(f"unknown attribute {name!r} (known: {[a.name for a in od.attrs]})", VerifyError)
+            ctx.fail(
+                f"unknown attribute {name!r} (known: {[a.name for a in od.attrs]})", VerifyError
+            )
         if not _ATTR_CHECK[spec.kind](v):
             ctx.fail(f"attribute {name!r} should be {spec.kind}, got {v!r}", VerifyError)
     bound: dict[str, np.dtype] = {}
@@ -322,9 +331,13 @@ def infer_node(graph: Graph, node: Node) -> None:
     except GeodeError:
         raise
     except Exception as exc:  # an op's infer function hit input it did not expect
-        raise ShapeError(f"{node.where}: shape inference failed: {type(exc).__name__}: {exc}") from exc
+        raise ShapeError(
+            f"{node.where}: shape inference failed: {type(exc).__name__}: {exc}"
+        ) from exc
     if len(descs) < len(node.outputs):
-        raise ShapeError(f"{node.where}: produces {len(descs)} outputs, node has {len(node.outputs)}")
+        raise ShapeError(
+            f"{node.where}: produces {len(descs)} outputs, node has {len(node.outputs)}"
+        )
     for k, (out, d) in enumerate(zip(node.outputs, descs)):
         out.desc = d
         out.sym_value = ctx.sym_values.get(k)

@@ -73,8 +73,10 @@ def _place_node(node: Node, host_values: set[str], codegen: bool) -> tuple[str, 
     if od.kind is OpKind.HOST:
         return "host", "host op (shape or data-dependent)"
     ins = [v for v in node.inputs if v is not None]
-    if ins and all(_is_shape_value(v, host_values) for v in node.inputs) and any(
-        v.name in host_values for v in ins
+    if (
+        ins
+        and all(_is_shape_value(v, host_values) for v in node.inputs)
+        and any(v.name in host_values for v in ins)
     ):
         outs_small = all(
             o.shape is not None and len(o.shape) <= 1 and o.dtype in (np.int64, np.int32, np.bool_)
@@ -107,7 +109,9 @@ def place(graph: Graph, codegen: bool = True) -> Placement:
         p.unknown_shape[node.name] = _unknown(node, engine, bound)
         if engine == "host":
             host_values.update(o.name for o in node.outputs)
-    kind_of = {n.name: ("unknown-shape" if p.unknown_shape[n.name] else "known-shape") for n in graph.nodes}
+    kind_of = {
+        n.name: ("unknown-shape" if p.unknown_shape[n.name] else "known-shape") for n in graph.nodes
+    }
     for node in graph.nodes:
         kind = kind_of[node.name]
         if p.partitions and p.partitions[-1][0] == kind:
