@@ -613,17 +613,17 @@ def test_unknown_domain():
         import_model(model)
 
 
-def test_control_flow_is_unknown_until_registered():
+def test_if_model_imports_and_runs_both_branches():
     then_g = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["t"])], "then", [], [tin("t", [2])]
     )
     else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [tin("e", [2])])
     node = helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)
     model = make_model([node], [tin("c", [], TensorProto.BOOL), tin("x", [2])], [tin("y", [2])])
-    if geode.compiler.ops.has("If"):
-        pytest.skip("If is registered now")
-    with pytest.raises(UnknownOpError, match="If"):
-        import_model(model)
+    compiled = geode.compile(model)
+    x = np.array([-1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(compiled(c=np.array(True), x=x)["y"], [0.0, 2.0])
+    np.testing.assert_array_equal(compiled(c=np.array(False), x=x)["y"], [1.0, -2.0])
 
 
 def test_subgraph_attributes_become_geode_graphs_with_captures():
