@@ -165,3 +165,64 @@ def check_op(
 def check_model_valid(model: onnx.ModelProto) -> None:
     """Run onnx's checker (used by tests that build models)."""
     onnx.checker.check_model(model)
+
+
+def onnx_node_cases(module: str, op_type: str) -> list:
+    """ONNX's generated single-node test cases of one op (importing their module runs them)."""
+    import importlib
+
+    import onnx.backend.test.case.node as node_cases
+
+    importlib.import_module(f"onnx.backend.test.case.node.{module}")
+    return [
+        c
+        for c in node_cases._NodeTestCases
+        if len(c.model.graph.node) == 1 and c.model.graph.node[0].op_type == op_type
+    ]
+
+
+def run_onnx_node_case(case: object, const: bool = False) -> str | None:
+    """Run one ONNX node test case through geode's kernel and InferShape; returns why it
+    was skipped, or None. With ``const`` the op's shape-giving inputs are constants.
+    Tolerances are the ONNX backend runner's (some expected values have four digits)."""
+    node = case.model.graph.node[0]
+    opset = next(o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx"))
+    if node.op_type == "Dropout" and opset < 12:
+        return "Dropout before opset 12 has a ratio attribute (the frontend converts versions)"
+    attrs = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        attrs[a.name] = numpy_helper.to_array(v) if a.type == onnx.AttributeProto.TENSOR else v
+        if isinstance(attrs[a.name], bytes):
+            attrs[a.name] = attrs[a.name].decode()
+    names = [i.name for i in case.model.graph.input]
+    value_inputs = registry.get(node.op_type).value_inputs if const else ()
+    for feeds, wants in case.data_sets:
+        arrays = dict(zip(names, (np.asarray(f) for f in feeds)))
+        ins = [arrays[n] if n else None for n in node.input]
+        if any(x is not None and x.dtype.name == "bfloat16" for x in ins):
+            return "bfloat16 is not a geode dtype"
+        g = geode.Graph(case.name)
+        vals = [
+            None
+            if x is None
+            else g.constant(x, name=f"in{i}", dtype=x.dtype)
+            if i in value_inputs
+            else g.input(f"in{i}", list(x.shape), x.dtype)
+            for i, x in enumerate(ins)
+        ]
+        out_vals = g.add_node(node.op_type, vals, attrs, n_outputs=len(node.output)).outputs
+        got = registry.get(node.op_type).run(ins, attrs)
+        for i, want in enumerate(np.asarray(w) for w in wants):
+            what = f"{case.name} output {i}"
+            assert got[i].dtype == want.dtype == out_vals[i].dtype, what
+            assert got[i].shape == want.shape, what
+            if all(isinstance(d, int) for d in out_vals[i].shape or ()):
+                assert tuple(out_vals[i].shape) == want.shape, (
+                    f"{what}: inferred {out_vals[i].shape}"
+                )
+            if want.dtype.kind == "f":
+                np.testing.assert_allclose(got[i], want, rtol=1e-3, atol=1e-6, err_msg=what)
+            else:
+                np.testing.assert_array_equal(got[i], want, err_msg=what)
+    return None
