@@ -19,6 +19,10 @@ const_fold_limit          GEODE_CONST_FOLD_LIMIT  folded constants may be this l
 freeze_variables          GEODE_FREEZE_VARIABLES  treat variables no op writes as constants
 progress                  GEODE_PROGRESS          progress bars: auto (tty only), 1, 0
 ========================  ======================  =========================================
+
+One process-wide flag is not an option (numba builds its CPU target once per process):
+``GEODE_VECTOR_WIDTH`` = auto (default; 512-bit vectors on AVX-512 hosts), 256 or 512;
+see :mod:`geode.codegen.backends.target`.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ fastmath=False (default): kernels may reassociate floating-point arithmetic, con
   'reassoc', 'contract', 'arcp'), which is what lets reductions vectorize and run in
   parallel and a division by a per-row value cost one multiply; NaN and Inf keep IEEE semantics
   (no 'nnan'/'ninf'), transcendentals use geode's vectorized implementations (a few
-  ulp). Results match the reference within the tests' tolerance policy.
+  ulp), and a max/min reduction may return either zero when +0 and -0 tie (NaN still
+  propagates). Results match the reference within the tests' tolerance policy.
 fastmath=True: every fast-math flag ('nnan', 'ninf', 'nsz', 'arcp', 'contract', 'afn',
   'reassoc'); NaN/Inf inputs give unspecified results.
 """

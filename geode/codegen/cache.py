@@ -15,8 +15,9 @@ Layout (``cache_dir`` comes from the caller: ``geode.config.Options.cache_dir``)
         geode_k_<key[:32]>.<func>-<line>.py311.1.nbc  numba's machine code
         manifest.json                               sha256 of every file above
 
-The key (:func:`cache_key`) is the sha256 of the source text, the host CPU name and
-feature string (``llvmlite.binding.get_host_cpu_name/_features``), the versions of
+The key (:func:`cache_key`) is the sha256 of the source text, the target triple, CPU
+name and feature string numba's codegen uses (host features, plus the vector-width
+preference of :mod:`geode.codegen.backends.target`), the versions of
 numba, llvmlite, numpy and Python, :data:`CODEGEN_VERSION`, and whatever the backend
 adds (a hash of its own runtime helpers, compile settings).
 
@@ -63,17 +64,13 @@ _MODULE_PREFIX = "geode_k_"
 def environment_fingerprint() -> dict[str, str]:
     """Everything besides the source that decides the machine code: CPU and versions."""
     import llvmlite
-    import llvmlite.binding as llvm
     import numba
     import numpy
 
-    try:
-        features = llvm.get_host_cpu_features().flatten()
-    except RuntimeError:  # some hosts cannot report features
-        features = ""
+    from geode.codegen.backends.target import codegen_fingerprint
+
     return {
-        "cpu_name": llvm.get_host_cpu_name(),
-        "cpu_features": features,
+        **codegen_fingerprint(),
         "numba": numba.__version__,
         "llvmlite": llvmlite.__version__,
         "numpy": numpy.__version__,

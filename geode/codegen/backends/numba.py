@@ -150,6 +150,7 @@ from geode.codegen.ast import (
     walk,
     walk_stmts,
 )
+from geode.codegen.backends import target as _target
 from geode.codegen.backends.vmath import VMATH
 from geode.config import OptionError
 from geode.errors import CodegenError
@@ -168,6 +169,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_target.configure()  # before anything is compiled: see geode.codegen.backends.target
 
 #: LLVM fast-math flags used when ``fastmath=True`` (see ``config.ACCURACY_POLICY``).
 FASTMATH_FLAGS: frozenset[str] = frozenset(
@@ -365,6 +368,63 @@ def _nan_propagating(which: str) -> Any:
 
 _g_maximum = _nan_propagating("maximum")
 _g_minimum = _nan_propagating("minimum")
+
+
+def _nan_ignoring(which: str) -> Any:
+    """An intrinsic calling ``llvm.maxnum``/``llvm.minnum`` with the ``nnan nsz`` flags: the
+    plain ``vmaxps``/``vminps`` that LLVM vectorizes into a reduction with several
+    accumulators (``llvm.maximum`` needs a compare and a blend per vector and runs at a
+    third of the speed). A NaN operand gives an unspecified result, so a reduction using
+    it must track NaNs on the side with :func:`_g_nanguard` (see ``_Emitter.guarded``)."""
+
+    def typer(typingctx: Any, a: Any, b: Any) -> Any:
+        if a != b or a not in (nbt.float32, nbt.float64):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            from numba.core import cgutils
+
+            ty = args[0].type
+            suffix = "f32" if ty == llir.FloatType() else "f64"
+            fn = cgutils.get_or_insert_function(
+                builder.module, llir.FunctionType(ty, [ty, ty]), f"llvm.{which}.{suffix}"
+            )
+            return builder.call(fn, list(args), fastmath=("nnan", "nsz"))
+
+        return a(a, b), codegen
+
+    typer.__name__ = f"_g_{which}_nn"
+    return intrinsic(typer)
+
+
+_g_maxnum_nn = _nan_ignoring("maxnum")
+_g_minnum_nn = _nan_ignoring("minnum")
+
+#: float dtype -> (integer dtype of its bits, the bits of +inf): ``|bits| > inf`` iff NaN.
+_NAN_GUARD = {"float32": ("int32", 0x7F800000), "float64": ("int64", 0x7FF0000000000000)}
+
+
+@intrinsic
+def _g_nanguard(typingctx: Any, g: Any, x: Any) -> Any:
+    """``max(g, bits(x) & ~sign)``: an integer max reduction (one ``vpand`` and one
+    ``vpmaxud`` per vector) whose result exceeds the bits of +inf iff some ``x`` is NaN."""
+    ity = {nbt.float32: nbt.int32, nbt.float64: nbt.int64}.get(x)
+    if ity is None or g != ity:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        from numba.core import cgutils
+
+        it = llir.IntType(ity.bitwidth)
+        bits = builder.and_(
+            builder.bitcast(args[1], it), llir.Constant(it, (1 << (ity.bitwidth - 1)) - 1)
+        )
+        fn = cgutils.get_or_insert_function(
+            builder.module, llir.FunctionType(it, [it, it]), f"llvm.umax.i{ity.bitwidth}"
+        )
+        return builder.call(fn, [args[0], bits])
+
+    return ity(g, x), codegen
 
 
 @_helper
@@ -649,6 +709,50 @@ class _Emitter:
         self.py: dict[str, str] = {}  # buffer -> python name
         self.reg_scalars: dict[tuple[str, tuple[int, ...]], str] = {}
         self.alloc_site: dict[str, int | None] = {}
+        self.guarded = self.find_guarded()
+        self.guard_names: dict[str, str] = {}  # register python name -> its NaN guard
+        self.guard_frames: list[list[str] | None] = []  # per enclosing For being printed
+
+    # -- min/max reductions ----------------------------------------------------------
+    def find_guarded(self) -> set[str]:
+        """Scalar float registers that are only ever initialised or updated as
+        ``R = max(R, v)`` (or ``min``): their updates print as the fast NaN-ignoring
+        ``_g_maxnum_nn`` plus an integer NaN guard, and the loop holding the update is
+        followed by ``if guard > bits(inf): R = nan`` (exact np.max/np.min semantics,
+        including NaN; only the sign of a zero result of a +0/-0 tie is unspecified)."""
+        ops: dict[str, set[str]] = {}
+        bad: set[str] = set()
+        for st in walk_stmts(self.k.body):
+            if not isinstance(st, Store) or st.buffer not in self.bufs:
+                continue
+            b = self.bufs[st.buffer]
+            if (
+                self.scope(st.buffer) != "register"
+                or _size(b) != 1
+                or self.dtypes[st.buffer] not in _NAN_GUARD
+            ):
+                continue
+            kind = self.minmax_update(st)
+            if kind is None:
+                bad.add(st.buffer)
+            elif kind:
+                ops.setdefault(st.buffer, set()).add(kind[0])
+        return {n for n, o in ops.items() if n not in bad and len(o) == 1}
+
+    @staticmethod
+    def minmax_update(st: Store) -> tuple[str, Expr] | tuple[()] | None:
+        """``(op, v)`` for ``R = op(R, v)``, ``()`` for a store not reading ``R``, ``None``
+        for any other store reading ``R``."""
+
+        def reads(e: Expr) -> bool:
+            return any(isinstance(x, Load) and x.buffer == st.buffer for x in walk(e))
+
+        v = st.value
+        if isinstance(v, Bin) and v.op in ("max", "min"):
+            for acc, other in ((v.a, v.b), (v.b, v.a)):
+                if isinstance(acc, Load) and acc.buffer == st.buffer and not reads(other):
+                    return (v.op, other)
+        return None if reads(v) else ()
 
     # -- helpers -------------------------------------------------------------------
     def where(self) -> str:
@@ -1017,6 +1121,26 @@ class _Emitter:
                 s.kind != ForKind.PARALLEL and n <= MAX_REGISTER_UNROLL and self.indexes_register(s)
             )
         )
+        self.guard_frames.append(None if prange else [])
+        try:
+            self.loop(s, env, ind, in_prange, prange, unroll, n, ext)
+        finally:
+            frame = self.guard_frames.pop()
+        if frame:
+            dt_of = {py: self.dtypes[b] for (b, _), py in self.reg_scalars.items()}
+            self.guard_checks(frame, dt_of, ind)
+
+    def loop(
+        self,
+        s: For,
+        env: dict[str, Expr],
+        ind: int,
+        in_prange: bool,
+        prange: bool,
+        unroll: bool,
+        n: int | None,
+        ext: Expr,
+    ) -> None:
         if unroll:
             assert n is not None
             for k in range(n):
@@ -1107,6 +1231,9 @@ class _Emitter:
         dt = self.dtypes[s.buffer]
         sc = self.scope(s.buffer)
         indices = tuple(self.fold(i, env) for i in s.indices)
+        if sc == "register" and s.buffer in self.guarded:
+            self.guarded_store(s, env, ind, dt, indices)
+            return
         value = self.ex(self.fold(s.value, env))
         if sc == "register":
             name = self.register_name(s.buffer, indices)
@@ -1120,6 +1247,39 @@ class _Emitter:
         else:
             code = self.convert(value, dt).code
         self.emit(f"{target} = {code}", ind)
+
+    def guarded_store(
+        self, s: Store, env: dict[str, Expr], ind: int, dt: str, indices: tuple[Expr, ...]
+    ) -> None:
+        """A store to a register of :meth:`find_guarded` (see there)."""
+        name = self.register_name(s.buffer, indices)
+        upd = self.minmax_update(s)
+        frame = self.guard_frames[-1] if self.guard_frames else None
+        gty, _ = _NAN_GUARD[dt]
+        if upd and frame is not None and name in self.guard_names:
+            op, other = upd
+            v = self.convert(self.ex(self.fold(other, env)), dt)
+            tmp = self.names.fresh(name + "_v")
+            guard = self.guard_names[name]
+            fn = self.helper("_g_maxnum_nn" if op == "max" else "_g_minnum_nn")
+            self.emit(f"{tmp} = {v.code}", ind)
+            self.emit(f"{name} = {fn}({name}, {tmp})", ind)
+            self.emit(f"{guard} = {self.helper('_g_nanguard')}({guard}, {tmp})", ind)
+            if name not in frame:
+                frame.append(name)
+            return
+        value = self.convert(self.ex(self.fold(s.value, env)), dt)
+        self.emit(f"{name} = {value.code}", ind)
+        if not upd:  # an initialisation: (re)start the guard
+            guard = self.guard_names.setdefault(name, self.names.fresh(name + "_nan"))
+            self.emit(f"{guard} = np.{gty}(0)", ind)
+
+    def guard_checks(self, names: list[str], dt_of: dict[str, str], ind: int) -> None:
+        """After a loop updating guarded registers: NaN seen -> the result is NaN."""
+        for name in names:
+            gty, inf_bits = _NAN_GUARD[dt_of[name]]
+            self.emit(f"if {self.guard_names[name]} > np.{gty}({inf_bits}):", ind)
+            self.emit(f"{name} = np.{dt_of[name]}(np.nan)", ind + 1)
 
     # -- allocation ------------------------------------------------------------------
     def plan_allocations(self) -> None:
