@@ -10,7 +10,8 @@
   ``for sp`` [``for rb``]; all blocks move under the last block's ``sp`` loop in
   program order, so one row is reduced, normalised and written while it is in cache;
   ``sp`` runs in parallel and every ``rb`` loop is vectorized (reductions may be
-  reassociated: see ``geode.config.ACCURACY_POLICY``).
+  reassociated: see ``geode.config.ACCURACY_POLICY``); a row buffer whose last reader
+  writes an output lives in that output (``reuse_output``).
 * **column_reduce**: nests are aligned and their spatial loops run in parallel.
 
 If a step's requirements fail, the schedule falls back to a simpler one (and, last,
@@ -186,6 +187,20 @@ def _row_reduce(sch: Schedule, lowered: LoweredKernel, group: Group, par: bool) 
         if len(loops) >= 2 and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL:
             sch.vectorize(loops[-1], allow_reassoc=True)
     _fuse_row_passes(sch, sp)
+    _reuse_outputs(sch)
+
+
+def _reuse_outputs(sch: Schedule) -> None:
+    """Keep each row buffer in the output its last reader writes, where legal (softmax
+    writes its exp values into ``y`` and scales them in place: one buffer less to walk)."""
+    for name in [t.name for t in sch.kernel.temps if t.scope == "local"]:
+        readers = sch.readers(name)
+        if not readers:
+            continue
+        try:
+            sch.reuse_output(name, readers[-1])
+        except ScheduleError as exc:
+            log.debug("row buffer %s stays: %s", name, exc)
 
 
 def _fuse_row_passes(sch: Schedule, sp: str) -> None:

@@ -11,7 +11,8 @@ rewrites it in place, one primitive at a time, in the style of CINN's IRSchedule
   (CINN's iteration-space alignment);
 * block transformations: :meth:`~Schedule.compute_inline`,
   :meth:`~Schedule.reverse_compute_inline`, :meth:`~Schedule.rfactor` (two-step
-  reduce), :meth:`~Schedule.compute_at`;
+  reduce), :meth:`~Schedule.compute_at`, :meth:`~Schedule.reuse_output` (a row buffer
+  kept in the output it becomes);
 * loop annotations: :meth:`~Schedule.parallel`, :meth:`~Schedule.vectorize`,
   :meth:`~Schedule.unroll`.
 
@@ -1967,6 +1968,116 @@ class Schedule:
         del cont[ia + 1 : ib + 1]
         cont[ia:ia] = between  # independent blocks in between now run before the fused loop
         return a.var
+
+    @_primitive
+    def reuse_output(self, temp: str, block: str) -> None:
+        """Keep local temp ``temp`` in the kernel output that ``block`` writes from it, so
+        a row buffer costs no memory of its own and the row is written to the output
+        once (softmax: exp values go straight into ``y``, then ``y`` is scaled in
+        place).
+
+        Requirements: ``temp`` is a local temp; ``block`` stores one kernel output
+        ``O`` (same dtype), which no other block reads or writes, and reads ``temp``
+        at one index ``t``; no block after ``block`` accesses ``temp``, and every other
+        accessor sits outside ``block``'s loops below their common outer loops; each
+        component of ``block``'s ``O`` index (in loop terms) is either a component of
+        ``t`` (with ``temp``'s extent equal to ``O``'s there) or an expression of the
+        loops enclosing every accessor, which each accessor binds to one of its
+        iteration variables; every component of ``t`` that is not a constant 0 over an
+        extent-1 axis is used. Then ``temp[s]`` becomes ``O[h(s)]`` at every access,
+        with ``h(t) = `` ``block``'s own store index, and ``temp`` is deleted.
+
+        Example, ``reuse_output("T", "D")``::
+
+            parallel for (i, 0, N)                  parallel for (i, 0, N)
+              for (k, 0, K)                           for (k, 0, K)
+                ScheduleBlock(E)                        ScheduleBlock(E)
+                  vi, vk = axis.bind(i, k)                vi, vk = axis.bind(i, k)
+                  T[0, vk] = exp(X[vi, vk])     ->        Y[vi, vk] = exp(X[vi, vk])
+              for (k2, 0, K)                          for (k2, 0, K)
+                ScheduleBlock(D)                        ScheduleBlock(D)
+                  vi, vk = axis.bind(i, k2)               vi, vk = axis.bind(i, k2)
+                  Y[vi, vk] = T[0, vk] / s[]              Y[vi, vk] = Y[vi, vk] / s[]
+        """
+        prim = "reuse_output"
+        k = self.kernel
+        tbuf = next((t for t in k.temps if t.name == temp), None)
+        if tbuf is None or tbuf.scope != "local":
+            raise ScheduleError(prim, block, f"{temp} is not a local temp buffer")
+        b, _, b_loops = self._locate_block(prim, block)
+        stores = _stores(b)
+        if len(stores) != 1 or stores[0].buffer not in {o.name for o in k.outputs}:
+            raise ScheduleError(prim, block, "the block must store exactly one kernel output")
+        out = k.buffer(stores[0].buffer)
+        if out.dtype != tbuf.dtype:
+            raise ScheduleError(prim, block, f"{out.name} and {temp} have different dtypes")
+        if self.writers(out.name) != [block] or self.readers(out.name):
+            raise ScheduleError(prim, block, f"another block accesses {out.name}")
+        t_loads = {tuple(ld.indices) for ld in _loads(b) if ld.buffer == temp}
+        if len(t_loads) != 1:
+            raise ScheduleError(prim, block, f"it must read {temp} at exactly one index")
+        users = [
+            (x, lp)
+            for x, _, lp in _walk(k.body)
+            if isinstance(x, Block) and temp in (_reads(x) | _writes(x))
+        ]
+        if users[-1][0] is not b:
+            raise ScheduleError(prim, block, f"{users[-1][0].name} accesses {temp} after it")
+        outer = _common_prefix([lp for _, lp in users])
+        mine = {id(f) for f in b_loops[len(outer) :]}
+        for x, lp in users[:-1]:
+            if mine & {id(f) for f in lp}:
+                raise ScheduleError(prim, block, f"{x.name} shares a loop with it below the rows")
+        t_idx = [_loop_terms(b, i) for i in next(iter(t_loads))]
+        o_idx = [_loop_terms(b, i) for i in stores[0].indices]
+        outer_vars = {f.var for f in outer}
+        plan: list[int | Expr] = []  # per O axis: the temp axis it takes, or a row expression
+        for i, oe in enumerate(o_idx):
+            j = next(
+                (j for j, te in enumerate(t_idx) if not isinstance(te, Const) and _eq(te, oe)),
+                None,
+            )
+            if j is not None:
+                if not _eq(tbuf.shape[j], out.shape[i]):
+                    raise ScheduleError(
+                        prim, block, f"{temp} axis {j} and {out.name} axis {i} differ"
+                    )
+                plan.append(j)
+            elif free_vars(oe) <= outer_vars | set(k.dims):
+                plan.append(oe)
+            else:
+                raise ScheduleError(prim, block, f"{out.name} index {expr_str(oe)} has no match")
+        used = {p for p in plan if isinstance(p, int)}
+        for j, te in enumerate(t_idx):
+            if j not in used and not (_eq(te, Const(0)) and _eq(tbuf.shape[j], Const(1))):
+                raise ScheduleError(prim, block, f"{temp} axis {j} does not reach {out.name}")
+        for x, _ in users:
+            row: dict[str, Expr] = {}
+            for p in plan:
+                if isinstance(p, int):
+                    continue
+                iv = next((iv for iv, bd in zip(x.iter_vars, x.bindings) if _eq(bd, p)), None)
+                if iv is None:
+                    raise ScheduleError(
+                        prim, x.name, f"no iteration variable is bound to {expr_str(p)}"
+                    )
+                row[expr_str(p)] = Var(iv.name)
+
+            def to_out(idx: Sequence[Expr], row: dict[str, Expr] = row) -> tuple[Expr, ...]:
+                return tuple(idx[p] if isinstance(p, int) else row[expr_str(p)] for p in plan)
+
+            def repl(e: Expr, to_out: Callable = to_out) -> Expr | None:
+                if isinstance(e, Load) and e.buffer == temp:
+                    return Load(out.name, to_out(e.indices))
+                return None
+
+            for st in _stores(x):
+                if st.buffer == temp:
+                    st.buffer = out.name
+                    st.indices = to_out(st.indices)
+            _map_block_exprs(x, lambda e, repl=repl: transform(e, repl))
+        k.temps = [t for t in k.temps if t.name != temp]
+        return None
 
     @_primitive
     def parallel(self, loop: str) -> None:

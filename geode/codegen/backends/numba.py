@@ -150,7 +150,6 @@ from geode.codegen.ast import (
     walk,
     walk_stmts,
 )
-from geode.codegen.backends import target as _target
 from geode.codegen.backends.vmath import VMATH
 from geode.config import OptionError
 from geode.errors import CodegenError
@@ -169,8 +168,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_target.configure()  # before anything is compiled: see geode.codegen.backends.target
 
 #: LLVM fast-math flags used when ``fastmath=True`` (see ``config.ACCURACY_POLICY``).
 FASTMATH_FLAGS: frozenset[str] = frozenset(
