@@ -409,6 +409,16 @@ class If(Stmt):
     body: list[Stmt]
 
 
+@dataclass(eq=False)
+class Prefetch(Stmt):
+    """``prefetch(buffer, offset)``: a hint to bring the cache line holding element
+    ``offset`` of ``buffer`` (flat, row-major) closer; no effect on values, and an
+    offset past the end is harmless (a prefetch never faults)."""
+
+    buffer: str
+    offset: Expr
+
+
 @dataclass
 class Buffer:
     """A tensor a kernel reads or writes: global (argument), local (temporary array)
@@ -468,6 +478,8 @@ def stmt_exprs(s: Stmt) -> list[Expr]:
         return out + ([s.predicate] if s.predicate is not None else [])
     if isinstance(s, If):
         return [s.cond]
+    if isinstance(s, Prefetch):
+        return [s.offset]
     return []
 
 
@@ -548,6 +560,8 @@ def _stmt_lines(s: Stmt, ind: str) -> list[str]:
     if isinstance(s, Store):
         idx = ", ".join(expr_str(i) for i in s.indices)
         return [f"{ind}{s.buffer}[{idx}] = {expr_str(s.value)}"]
+    if isinstance(s, Prefetch):
+        return [f"{ind}prefetch({s.buffer}, {expr_str(s.offset)})"]
     if isinstance(s, If):
         out = [f"{ind}if ({expr_str(s.cond)})", f"{ind}{{"]
         for b in s.body:

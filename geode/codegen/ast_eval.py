@@ -37,6 +37,7 @@ from geode.codegen.ast import (
     If,
     Kernel,
     Load,
+    Prefetch,
     Select,
     Stmt,
     Store,
@@ -261,6 +262,10 @@ class _Compiler:
                     body(env)
 
             return if_
+        if isinstance(s, Prefetch):
+            self._array(s.buffer)
+            self.expr(s.offset)  # checked like any expression; the hint itself does nothing
+            return lambda env: None
         raise KernelEvalError(f"cannot execute statement {s!r}")
 
     def _block(self, b: Block) -> Callable[[Env], None]:

@@ -11,7 +11,9 @@
   program order, so one row is reduced, normalised and written while it is in cache;
   ``sp`` runs in parallel and every ``rb`` loop is vectorized (reductions may be
   reassociated: see ``geode.config.ACCURACY_POLICY``); a row buffer whose last reader
-  writes an output lives in that output (``reuse_output``).
+  writes an output lives in that output (``reuse_output``); with several passes per
+  row, the next row of each input is prefetched after the first pass
+  (``prefetch_next``).
 * **column_reduce**: nests are aligned and their spatial loops run in parallel.
 
 If a step's requirements fail, the schedule falls back to a simpler one (and, last,
@@ -188,6 +190,33 @@ def _row_reduce(sch: Schedule, lowered: LoweredKernel, group: Group, par: bool) 
             sch.vectorize(loops[-1], allow_reassoc=True)
     _fuse_row_passes(sch, sp)
     _reuse_outputs(sch)
+    if par:
+        _prefetch_rows(sch, sp)
+
+
+#: rows shorter than this (elements) are left to the hardware prefetcher
+PREFETCH_MIN_ROW = 1024
+
+
+def _prefetch_rows(sch: Schedule, sp: str) -> None:
+    """With two or more passes over each row, prefetch the next row of every input read
+    row by row once the first pass is done: fetching it then overlaps the later passes'
+    arithmetic (softmax's exp) instead of stalling the next row's first pass."""
+    loop = sch.get_loop(sp)
+    if sum(isinstance(s, A.For) for s in loop.body) < 2:
+        return
+    for buf in sch.kernel.inputs:
+        n = 1
+        for d in buf.shape[1:]:
+            n = n * d.value if isinstance(d, A.Const) and isinstance(n, int) else None
+            if n is None:
+                break
+        if n is not None and n < PREFETCH_MIN_ROW:
+            continue
+        try:
+            sch.prefetch_next(sp, buf.name)
+        except ScheduleError as exc:
+            log.debug("no prefetch of %s: %s", buf.name, exc)
 
 
 def _reuse_outputs(sch: Schedule) -> None:

@@ -14,7 +14,7 @@ rewrites it in place, one primitive at a time, in the style of CINN's IRSchedule
   reduce), :meth:`~Schedule.compute_at`, :meth:`~Schedule.reuse_output` (a row buffer
   kept in the output it becomes);
 * loop annotations: :meth:`~Schedule.parallel`, :meth:`~Schedule.vectorize`,
-  :meth:`~Schedule.unroll`.
+  :meth:`~Schedule.unroll`; cache hints: :meth:`~Schedule.prefetch_next`.
 
 Loops are named by their loop variable, blocks by their name. Every primitive checks
 its requirements first and raises :class:`~geode.errors.ScheduleError` naming the
@@ -62,6 +62,7 @@ from geode.codegen.ast import (
     IterVar,
     Kernel,
     Load,
+    Prefetch,
     Stmt,
     Store,
     Var,
@@ -2078,6 +2079,76 @@ class Schedule:
             _map_block_exprs(x, lambda e, repl=repl: transform(e, repl))
         k.temps = [t for t in k.temps if t.name != temp]
         return None
+
+    @_primitive
+    def prefetch_next(self, loop: str, buffer: str) -> str:
+        """Prefetch, during each iteration of ``loop``, the slab of input ``buffer`` that the
+        next iteration reads, one cache line at a time, right after the first loop in
+        ``loop``'s body (the first pass over a row has brought the current slab in; the
+        hint overlaps fetching the next one with the remaining passes' arithmetic).
+        Returns the new prefetch loop's variable.
+
+        Requirements: ``buffer`` is a kernel input read inside ``loop``; every such read
+        indexes it as ``buffer[f(v), ..., g...]``: a non-empty leading part that depends
+        only on ``loop``'s variable ``v`` (and dims), the same in every read, then trailing
+        components that do not depend on ``v``; ``loop``'s body holds a loop.
+
+        Example, ``prefetch_next("i", "X")`` with ``X: float32[N, 4096]``::
+
+            parallel for (i, 0, N)                 parallel for (i, 0, N)
+              for (k, 0, 4096)                       for (k, 0, 4096)
+                ScheduleBlock(M) ...     ->            ScheduleBlock(M) ...
+              for (k2, 0, 4096)                      if (i + 1 < N)
+                ScheduleBlock(E) ...                   serial for (i_pf, 0, 256)
+                                                         prefetch(X, (i + 1) * 4096 + i_pf * 16)
+                                                     for (k2, 0, 4096)
+                                                       ScheduleBlock(E) ...
+        """
+        prim = "prefetch_next"
+        f, _, _ = self._locate_loop(prim, loop)
+        blk = self._first_block(f)
+        k = self.kernel
+        if buffer not in {b.name for b in k.inputs}:
+            raise ScheduleError(prim, blk, f"{buffer} is not a kernel input")
+        buf = k.buffer(buffer)
+        _, reads = _accesses(f, f.var)
+        idxs = reads.get(buffer, [])
+        if not idxs:
+            raise ScheduleError(prim, blk, f"{buffer} is not read inside loop {loop}")
+        lead = 0
+        while lead < len(buf.shape) and f.var in free_vars(idxs[0][lead]):
+            lead += 1
+        if lead == 0:
+            raise ScheduleError(prim, blk, f"{buffer}'s first index does not depend on {loop}")
+        allowed = {f.var} | set(k.dims)
+        for idx in idxs:
+            if any(
+                not free_vars(e) <= allowed or not _eq(e, idxs[0][i])
+                for i, e in enumerate(idx[:lead])
+            ):
+                raise ScheduleError(prim, blk, f"{buffer} is read at different rows of {loop}")
+            if any(f.var in free_vars(e) for e in idx[lead:]):
+                raise ScheduleError(prim, blk, f"{buffer}'s trailing indices depend on {loop}")
+        pos = next((i for i, x in enumerate(f.body) if isinstance(x, For)), None)
+        if pos is None:
+            raise ScheduleError(prim, blk, f"loop {loop} holds no pass to prefetch behind")
+        nxt = {f.var: add(Var(f.var), Const(1))}
+        base: Expr = Const(0)
+        for i in range(len(buf.shape)):
+            comp = substitute(idxs[0][i], nxt) if i < lead else Const(0)
+            base = add(mul(base, buf.shape[i]), comp)
+        line = max(1, 64 // np.dtype(buf.dtype).itemsize)
+        row = prod(list(buf.shape[lead:])) if lead < len(buf.shape) else Const(1)
+        var = self._fresh(f"{f.var}_pf")
+        body = For(
+            var,
+            floordiv(add(row, Const(line - 1)), Const(line)),
+            [Prefetch(buffer, add(base, mul(Var(var), Const(line))))],
+            ForKind.SERIAL,
+        )
+        guard = If(Bin("<", add(Var(f.var), Const(1)), f.extent), [body])
+        f.body.insert(pos + 1, guard)
+        return var
 
     @_primitive
     def parallel(self, loop: str) -> None:

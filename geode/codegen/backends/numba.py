@@ -141,6 +141,7 @@ from geode.codegen.ast import (
     If,
     Kernel,
     Load,
+    Prefetch,
     Select,
     Stmt,
     Store,
@@ -365,6 +366,30 @@ def _nan_propagating(which: str) -> Any:
 
 _g_maximum = _nan_propagating("maximum")
 _g_minimum = _nan_propagating("minimum")
+
+
+@intrinsic
+def _g_prefetch(typingctx: Any, arr: Any, offset: Any) -> Any:
+    """``llvm.prefetch`` (read, keep in all cache levels) of element ``offset`` of a
+    C-contiguous array's flat data; a hint that never faults, so no bounds check."""
+    if not isinstance(arr, nbt.Array) or not isinstance(offset, nbt.Integer):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        from numba.core import cgutils
+
+        a = context.make_array(signature.args[0])(context, builder, value=args[0])
+        ptr = builder.bitcast(builder.gep(a.data, [args[1]]), llir.IntType(8).as_pointer())
+        i32 = llir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module,
+            llir.FunctionType(llir.VoidType(), [ptr.type, i32, i32, i32]),
+            "llvm.prefetch.p0",
+        )
+        builder.call(fn, [ptr, llir.Constant(i32, 0), llir.Constant(i32, 3), llir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return nbt.void(arr, nbt.int64), codegen
 
 
 def _nan_ignoring(which: str) -> Any:
@@ -1099,6 +1124,11 @@ class _Emitter:
                 self.body(s.body, env, ind + 1, in_prange)
         elif isinstance(s, Store):
             self.store(s, env, ind)
+        elif isinstance(s, Prefetch):
+            if s.buffer not in self.bufs or self.scope(s.buffer) != "global":
+                raise CodegenError(f"{self.where()}: prefetch of non-argument {s.buffer!r}")
+            off = self.convert(self.ex(self.fold(s.offset, env)), "int64")
+            self.emit(f"{self.helper('_g_prefetch')}({self.py[s.buffer]}, {off.code})", ind)
         else:
             raise CodegenError(f"{self.where()}: unknown statement {type(s).__name__}")
 
