@@ -2,9 +2,10 @@
 
     python bench/run.py [--threads N] [--repeat K] [--scale S] [--systems geode,numpy,...]
 
-All systems run with the same thread count. Reported per workload: median time per
+All systems run with the same thread count, interleaved (each round calls every system
+once) so drifting machine speed hits them alike. Reported per workload: median time per
 system, geode's speedup over the best other system, and geode's fraction of the
-memory-bandwidth roofline (compulsory bytes / time, against a numba copy kernel).
+memory-bandwidth roofline (compulsory bytes / time, against the fastest copy kernel).
 Also reported: geode's cold and warm (disk cache) compile time per kernel.
 """
 
@@ -28,18 +29,20 @@ def _set_threads(n: int) -> None:
     )
 
 
-def timeit(fn, repeat: int, min_time: float = 0.05) -> float:  # type: ignore[no-untyped-def]
-    """Median seconds per call after a warm-up."""
-    fn()
-    samples = []
-    t_end = time.perf_counter() + min_time
-    while len(samples) < repeat or time.perf_counter() < t_end:
-        t0 = time.perf_counter()
+def time_interleaved(fns: dict, repeat: int) -> dict[str, float]:  # type: ignore[type-arg]
+    """Median seconds per call of each function, measured in ``repeat`` rounds that call
+    every function once in turn (after one warm-up call each), so a machine whose speed
+    drifts during the run (a shared VM) slows every system alike instead of whichever ran
+    in the slow minute."""
+    for fn in fns.values():
         fn()
-        samples.append(time.perf_counter() - t0)
-        if len(samples) >= 10 * repeat:
-            break
-    return statistics.median(samples)
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def compile_times(scale: float) -> list[tuple[str, float, float]]:
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; prints the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full 64 MiB inputs")
     ap.add_argument("--systems", default=None, help="comma-separated subset of systems")
     ap.add_argument("--no-compile-times", action="store_true")
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)
     nbytes = int((64 << 20) * max(args.scale, 1 / 16))
-    copies = {k: timeit(f, args.repeat) for k, f in roofline_copies(nbytes).items()}
+    copies = time_interleaved(roofline_copies(nbytes), 2 * args.repeat)
     best = min(copies, key=copies.get)
     copy_bw = 2 * nbytes / copies[best]
     print(
@@ -109,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     from bench.workloads import build
 
     for w in workloads(args.scale):
-        times: dict[str, float] = {}
+        fns = {}
         for s in systems:
             try:
-                times[s] = timeit(build(s, w, args.threads), args.repeat)
+                fns[s] = build(s, w, args.threads)
             except ImportError as exc:
                 missing[s] = str(exc)
+        times = time_interleaved(fns, args.repeat)
         row = f"{w.name:<16}" + "".join(
             f"{times[s] * 1e3:>12.2f}ms" if s in times else f"{'missing':>14}" for s in systems
         )

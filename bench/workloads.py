@@ -193,8 +193,9 @@ SYSTEMS = ("geode", "numpy", "torch", "torch.compile", "jax", "onnxruntime")
 
 
 def roofline_copies(nbytes: int = 64 << 20) -> dict[str, Callable[[], None]]:
-    """Copy kernels over ``nbytes``: a numba parallel loop and numpy's memcpy. The faster
-    one is the memory-bandwidth roofline (read + write of every byte)."""
+    """Copy kernels over ``nbytes``: numba parallel loops (flat, and by rows of ``COLS`` like
+    the workloads) and numpy's memcpy. The fastest is the memory-bandwidth roofline (read +
+    write of every byte)."""
     import numba
 
     @numba.njit(parallel=True, cache=False)
@@ -202,10 +203,22 @@ def roofline_copies(nbytes: int = 64 << 20) -> dict[str, Callable[[], None]]:
         for i in numba.prange(src.shape[0]):
             dst[i] = src[i]
 
+    @numba.njit(parallel=True, cache=False, boundscheck=False)
+    def copy_rows(src: np.ndarray, dst: np.ndarray) -> None:
+        for i in numba.prange(src.shape[0]):
+            for j in range(src.shape[1]):
+                dst[i, j] = src[i, j]
+
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
+    src2, dst2 = src.reshape(-1, COLS), dst.reshape(-1, COLS)
     copy(src, dst)
-    return {"numba copy": lambda: copy(src, dst), "np.copyto": lambda: np.copyto(dst, src)}
+    copy_rows(src2, dst2)
+    return {
+        "numba copy": lambda: copy(src, dst),
+        "numba row copy": lambda: copy_rows(src2, dst2),
+        "np.copyto": lambda: np.copyto(dst, src),
+    }
 
 
 def geomean(xs: list[float]) -> float:

@@ -1332,3 +1332,256 @@ def test_set_num_threads() -> None:
             nb.set_num_threads(-1)
     finally:
         nb.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------
+# max/min reductions into a register: maxnum/minnum + integer NaN guard
+# ---------------------------------------------------------------------------------
+
+_GUARD = {"float32": ("int32", 0x7F800000), "float64": ("int64", 0x7FF0000000000000)}
+
+
+def register_reduce(
+    dtype: str,
+    update: A.Expr | None = None,
+    op: str = "max",
+    extra: list | None = None,
+    reg_shape: tuple[int, ...] = (),
+) -> Kernel:
+    """``for i: R = -inf/+inf; for k: R = update (default op(R, X[i, k])) [+ extra];
+    Y[i] = R`` with a register R (0-d, or element 0 of ``reg_shape``)."""
+    vi, vk = Var("vi"), Var("vk")
+    ridx = tuple(Const(0) for _ in reg_shape)
+    R = ld("R", *ridx)
+    if update is None:
+        update = Bin(op, R, ld("X", vi, vk))
+    big = float("inf") if dtype.startswith("float") else 2**31 - 1
+    init = c(-big if op == "max" else big, dtype)
+    binds = {"vi": Var("i"), "vk": Var("k")}
+    upd = block("upd", binds, [Store("R", ridx, update)], reduce=("vk",))
+    body = [
+        For(
+            "i",
+            N,
+            [
+                block("init", {"vi": Var("i")}, [Store("R", ridx, init)]),
+                For("k", K, [upd, *(extra or [])]),
+                block("out", {"vi": Var("i")}, [Store("Y", (vi,), R)]),
+            ],
+        )
+    ]
+    return Kernel(
+        "regred",
+        [Buffer("X", dtype, (N, K))],
+        [Buffer("Y", dtype, (N,))],
+        ["N", "K"],
+        body,
+        temps=[Buffer("R", dtype, tuple(Const(d) for d in reg_shape), "register")],
+    )
+
+
+def _lines(src: str) -> list[tuple[int, str]]:
+    body = src.split("\ndef ", 1)[1].splitlines()
+    return [(len(s) - len(s.lstrip()), s.strip()) for s in body if s.strip()]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_register_max_min_is_guarded(dtype: str, op: str) -> None:
+    src = nb.emit_source(register_reduce(dtype, op=op))
+    gty, inf_bits = _GUARD[dtype]
+    fn = "_g_maxnum_nn" if op == "max" else "_g_minnum_nn"
+    lines = _lines(src)
+    text = [s for _, s in lines]
+    at = {s: i for i, s in enumerate(text)}
+    assert f"R_nan = np.{gty}(0)" in at  # the initialisation starts the guard
+    assert "R_v = X[i, k]" in at
+    assert f"R = {fn}(R, R_v)" in at
+    assert "R_nan = _g_nanguard(R_nan, R_v)" in at
+    check = at[f"if R_nan > np.{gty}({inf_bits}):"]
+    assert text[check + 1] == f"R = np.{dtype}(np.nan)"
+    # the check follows the k loop (same indentation), before the register is read
+    (k_loop,) = [i for i, s in enumerate(text) if s.startswith("for k in range")]
+    assert lines[check][0] == lines[k_loop][0] and k_loop < check < at["Y[i] = R"]
+    assert at[f"R_nan = np.{gty}(0)"] < k_loop
+    assert "_g_maximum" not in src and "_g_minimum" not in src
+
+
+def test_register_max_update_with_register_second() -> None:
+    """``R = max(X, R)`` is the same update with the operands swapped."""
+    vi, vk = Var("vi"), Var("vk")
+    src = nb.emit_source(register_reduce("float32", Bin("max", ld("X", vi, vk), ld("R"))))
+    assert "R = _g_maxnum_nn(R, R_v)" in src and "_g_nanguard" in src
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        # the first element initialises: the store reads R only on one branch
+        lambda R, x: Select(Bin("==", Var("vk"), Const(0)), x, Bin("max", R, x)),
+        lambda R, x: Bin("max", R, Bin("*", R, x)),  # the other operand reads R
+        lambda R, x: Bin("+", Bin("max", R, x), c(0.0, "float32")),  # max is not the top
+    ],
+    ids=["select", "reads-twice", "max-inside"],
+)
+def test_other_register_updates_fall_back(update) -> None:
+    vi, vk = Var("vi"), Var("vk")
+    src = nb.emit_source(register_reduce("float32", update(ld("R"), ld("X", vi, vk))))
+    assert "_g_maximum(" in src
+    assert "_g_maxnum_nn" not in src and "_g_nanguard" not in src
+
+
+def test_register_with_max_and_min_updates_falls_back() -> None:
+    vi, vk = Var("vi"), Var("vk")
+    binds = {"vi": Var("i"), "vk": Var("k")}
+    also_min = block(
+        "upd2", binds, [Store("R", (), Bin("min", ld("R"), ld("X", vi, vk)))], reduce=("vk",)
+    )
+    src = nb.emit_source(register_reduce("float32", extra=[also_min]))
+    assert "_g_maximum(" in src and "_g_minimum(" in src
+    assert "_nn" not in src and "_g_nanguard" not in src
+
+
+def test_non_float_or_multi_element_registers_are_not_guarded() -> None:
+    k = register_reduce("int32")
+    src = nb.emit_source(k)
+    assert "_nn" not in src and "_g_nanguard" not in src
+    src = nb.emit_source(register_reduce("float32", reg_shape=(2,)))
+    assert "R_0 = _g_maximum(R_0, X[i, k])" in src
+    assert "_nn" not in src and "_g_nanguard" not in src
+    src = nb.emit_source(register_reduce("float32", reg_shape=(1,)))  # one element: a scalar
+    assert "_g_maxnum_nn" in src and "_g_nanguard" in src
+
+
+@pytest.fixture(scope="module")
+def select_max() -> nb.NumbaKernel:
+    vi, vk = Var("vi"), Var("vk")
+    x = ld("X", vi, vk)
+    return nb.compile_kernel(
+        register_reduce("float32", Select(Bin("==", vk, Const(0)), x, Bin("max", ld("R"), x)))
+    )
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 33])
+def test_fallback_max_is_exact(select_max: nb.NumbaKernel, m: int) -> None:
+    from test_kernels import minmax_rows
+
+    assert "_g_maximum(" in select_max.source
+    x = minmax_rows(m, "float32", np.random.default_rng(m))
+    (y,) = run(select_max, [x], [((len(x),), np.float32)], [len(x), m])
+    exact(y, x.max(axis=1), f"m={m}")
+
+
+def _tiled_max_kernel(dtype: str, op: str, factor: int, unroll: bool) -> nb.NumbaKernel:
+    """``reduce_max(x, -1) * 2`` lowered, its reduce loop split into (outer, inner) under a
+    parallel row loop: the register update sits in the inner loop of an outer reduce loop."""
+    from lowering_check import prepare
+
+    import geode
+    from geode import ops
+    from geode.codegen.lower import lower_group
+    from geode.codegen.schedule import Schedule
+
+    g = geode.Graph(f"tiled_{op}")
+    x = g.input("x", ["N", "M"], dtype)
+    red = ops.reduce_max if op == "max" else ops.reduce_min
+    g.output(red(x, axes=[-1], keepdims=0) * 2.0, names=["y"])
+    gg, plan = prepare(g)
+    (group,) = plan.groups
+    lk = lower_group(group, gg, f"tiled_{op}_{dtype}_{factor}_{unroll}")
+    sch = Schedule(lk.kernel)
+    loops = sch.align_all()
+    r = f"reduce{op}"
+    (sp,) = loops["mul"]
+    sch.compute_at(r, sp)
+    outer, inner = sch.split(f"{r}_rb", [-1, factor])
+    if unroll:
+        sch.unroll(inner)
+    else:
+        sch.vectorize(inner)
+    sch.parallel(sp)
+    assert sch.get_loops(r) == [sp, outer, inner]
+    assert sch.kernel.buffer(f"{r}_0").scope == "register"
+    return nb.compile_kernel(sch.kernel)
+
+
+@pytest.mark.parametrize(
+    "dtype,op,factor,unroll",
+    [("float32", "max", 16, False), ("float64", "min", 4, True), ("float32", "min", 8, True)],
+)
+def test_tiled_reduce_loop_is_guarded_and_exact(
+    dtype: str, op: str, factor: int, unroll: bool
+) -> None:
+    from test_kernels import minmax_rows
+
+    k = _tiled_max_kernel(dtype, op, factor, unroll)
+    fn = "_g_maxnum_nn" if op == "max" else "_g_minnum_nn"
+    src = k.source
+    assert f"{fn}(" in src and "_g_nanguard(" in src and "prange" in src
+    gty, inf_bits = _GUARD[dtype]
+    lines = _lines(src)
+    check = [
+        i for i, (_, s) in enumerate(lines) if s == f"if reduce{op}_0_nan > np.{gty}({inf_bits}):"
+    ]
+    outer = [i for i, (_, s) in enumerate(lines) if s.startswith(f"for reduce{op}_rb_0 in range")]
+    assert len(outer) == 1 and check, src
+    # one check per inner pass, inside the outer reduce loop (the guard accumulates)
+    assert all(lines[i][0] > lines[outer[0]][0] for i in check)
+    if unroll:
+        assert src.count(f"{fn}(") == factor
+    two = np.dtype(dtype).type(2)
+    for m in (1, 3, factor, factor + 1, 4 * factor - 1, 100):
+        x = minmax_rows(m, dtype, np.random.default_rng(m))
+        (y,) = run(k, [x], [((len(x),), dtype)], [len(x), m])
+        with np.errstate(invalid="ignore"):
+            want = (x.max(axis=1) if op == "max" else x.min(axis=1)) * two
+        exact(y, want, f"{dtype} {op} m={m}")
+
+
+def test_register_read_inside_the_updating_loop_sees_nan() -> None:
+    """A running max: C[i, k] = R right after R = max(R, X[i, k]) (np.maximum.accumulate)."""
+    vi, vk = Var("vi"), Var("vk")
+    binds = {"vi": Var("i"), "vk": Var("k")}
+    k = register_reduce("float32", extra=[block("cum", binds, [Store("C", (vi, vk), ld("R"))])])
+    k.outputs.append(Buffer("C", "float32", (N, K)))
+    kern = nb.compile_kernel(k)
+    x = np.array([[1, np.nan, 3, 2], [4, 1, 5, -np.nan]], np.float32)
+    y, cum = run(kern, [x], [((2,), np.float32), ((2, 4), np.float32)], [2, 4])
+    exact(y, x.max(axis=1), "Y")
+    exact(cum, np.maximum.accumulate(x, axis=1), "C")
+
+
+def test_straight_line_max_updates_in_the_row_loop() -> None:
+    """``for i: R = -inf; R = max(R, X[i, 0]); R = max(R, X[i, 1]); R = max(R, X[i, 2]);
+    Y[i] = R`` (an unrolled reduction written out): must be np.max."""
+    vi = Var("vi")
+    upd = [
+        block(
+            f"upd{j}",
+            {"vi": Var("i")},
+            [Store("R", (), Bin("max", ld("R"), ld("X", vi, c(j, "int64"))))],
+        )
+        for j in range(3)
+    ]
+    k = Kernel(
+        "straight",
+        [Buffer("X", "float32", (N, Const(3)))],
+        [Buffer("Y", "float32", (N,))],
+        ["N"],
+        [
+            For(
+                "i",
+                N,
+                [
+                    block("init", {"vi": Var("i")}, [Store("R", (), c(float("-inf"), "float32"))]),
+                    *upd,
+                    block("out", {"vi": Var("i")}, [Store("Y", (vi,), ld("R"))]),
+                ],
+            )
+        ],
+        temps=[Buffer("R", "float32", (), "register")],
+    )
+    kern = nb.compile_kernel(k)
+    x = np.array([[np.nan, 1, 2], [1, np.nan, 2], [1, 2, np.nan], [1, 5, 2]], np.float32)
+    (y,) = run(kern, [x], [((4,), np.float32)], [4])
+    exact(y, x.max(axis=1))

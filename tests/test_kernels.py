@@ -182,3 +182,140 @@ def test_castlike_reads_only_its_data_input():
         model = geode.compile(g)
     out = model(a=np.array(3, np.int64), t=np.zeros((2, 3), np.float32))["x"]
     assert out.dtype == np.float32 and out.shape == () and float(out) == 6.0
+
+
+# ---------------------------------------------------------------------------------
+# max/min reductions: fast maxnum/minnum with an integer NaN guard, exact np.max/np.min
+# ---------------------------------------------------------------------------------
+
+#: bit patterns of NaNs the guard must see: quiet/signalling, both signs, smallest payload
+_NAN_BITS = {
+    "float32": (np.uint32, [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF]),
+    "float64": (
+        np.uint64,
+        [
+            0x7FF8000000000000,
+            0xFFF8000000000000,
+            0x7FF0000000000001,
+            0xFFF0000000000001,
+            0x7FFFFFFFFFFFFFFF,
+        ],
+    ),
+}
+
+
+def minmax_rows(m, dtype, rng):
+    """Rows of length m probing a max/min reduction: NaN first/middle/last, all NaN,
+    negative and signalling NaNs, +-inf, all -inf/+inf, extremes and subnormals (no
+    zeros: the sign of a +0/-0 tie is unspecified)."""
+    dt = np.dtype(dtype)
+    utype, nan_bits = _NAN_BITS[dtype]
+    fi = np.finfo(dt)
+
+    def row(**at):
+        r = (rng.standard_normal(m) + np.where(rng.random(m) < 0.5, 3.0, -3.0)).astype(dt)
+        for pos, v in at.items():
+            r[{"first": 0, "mid": m // 2, "last": m - 1}[pos]] = v
+        return r
+
+    nans = np.array(nan_bits, dtype=utype).view(dt)
+    rows = [row(), row(), row(first=np.nan), row(mid=np.nan), row(last=np.nan)]
+    rows += [row(mid=v) for v in nans] + [row(last=v) for v in nans]
+    rows += [np.full(m, np.nan, dt), np.full(m, -np.nan, dt), np.full(m, nans[2], dt)]
+    rows += [row(mid=np.inf), row(last=-np.inf), row(first=np.inf, last=-np.inf)]
+    rows += [np.full(m, -np.inf, dt), np.full(m, np.inf, dt), np.full(m, 3.5, dt)]
+    rows += [row(first=-np.inf, mid=np.nan), row(mid=np.inf, last=-np.nan)]
+    rows += [row(first=fi.max / 4, last=-fi.max / 4), row(mid=fi.smallest_subnormal)]
+    pos = (np.abs(rng.standard_normal(m)) * fi.smallest_subnormal * 64).astype(dt)
+    rows += [pos + fi.smallest_subnormal, -(pos + fi.smallest_subnormal)]
+    return np.stack(rows).astype(dt)
+
+
+@pytest.fixture(scope="module", params=["float32", "float64"])
+def minmax_model(request):
+    g = geode.Graph(f"minmax_{request.param}")
+    x = g.input("x", ["N", "M"], request.param)
+    g.output(
+        ops.reduce_max(x, axes=[-1], keepdims=0) * 2.0,
+        ops.reduce_min(x, axes=[-1], keepdims=0) * 2.0,
+        names=["mx", "mn"],
+    )
+    return request.param, geode.compile(g)
+
+
+def test_max_min_reductions_use_the_guarded_fast_path(minmax_model):
+    dtype, model = minmax_model
+    (k,) = aicore(model)
+    src = k.source
+    gty, inf_bits = {"float32": ("int32", 0x7F800000), "float64": ("int64", 0x7FF0000000000000)}[
+        dtype
+    ]
+    assert "_g_maxnum_nn(" in src and "_g_minnum_nn(" in src
+    assert src.count("_g_nanguard(") == 2
+    assert src.count(f"> np.{gty}({inf_bits}):") == 2
+    assert src.count(f"= np.{dtype}(np.nan)") == 2
+    assert "_g_maximum" not in src and "_g_minimum" not in src
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 63, 100, 257, 1000])
+def test_max_min_reductions_match_numpy(minmax_model, m):
+    dtype, model = minmax_model
+    x = minmax_rows(m, dtype, np.random.default_rng(m))
+    out = model(x=x)
+    two = np.dtype(dtype).type(2)
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        refs = {"mx": np.max(x, axis=1) * two, "mn": np.min(x, axis=1) * two}
+    for name, ref in refs.items():
+        assert out[name].dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(out[name], ref, err_msg=f"{name} {dtype} m={m}")
+        assert np.array_equal(np.isnan(out[name]), np.isnan(ref))
+
+
+def test_max_min_over_several_axes_match_numpy():
+    g = geode.Graph("minmax_axes")
+    x = g.input("x", ["N", "A", "B"], "float64")
+    y = g.input("y", ["N", "A", "B"], "float32")
+    g.output(
+        ops.reduce_min(x, axes=[1, 2], keepdims=0) * 2.0,
+        ops.reduce_max(y, axes=[1, 2], keepdims=0) * 2.0,
+        names=["mn", "mx"],
+    )
+    model = geode.compile(g)
+    src = "\n".join(k.source for k in aicore(model))
+    assert "_g_minnum_nn(" in src and "_g_maxnum_nn(" in src and "_g_nanguard(" in src
+    rng = np.random.default_rng(1)
+    for a, b in ((1, 1), (3, 5), (4, 16), (7, 9), (2, 33)):
+        xs = minmax_rows(a * b, "float64", rng).reshape(-1, a, b)
+        ys = minmax_rows(a * b, "float32", rng).reshape(-1, a, b)
+        out = model(x=xs, y=ys)
+        with np.errstate(invalid="ignore"):  # signalling NaNs
+            mn, mx = xs.min(axis=(1, 2)) * 2, ys.max(axis=(1, 2)) * np.float32(2)
+        np.testing.assert_array_equal(out["mn"], mn, err_msg=f"{a}x{b}")
+        np.testing.assert_array_equal(out["mx"], mx, err_msg=f"{a}x{b}")
+
+
+def test_softmax_row_with_nan_is_nan():
+    """The row max feeds exp(x - max): a NaN anywhere in a row makes that row NaN, and the
+    other rows stay exact softmax values."""
+    ex = examples.softmax(hidden=40)
+    model = geode.compile(ex.graph)
+    x = np.random.default_rng(2).standard_normal((5, 40)).astype(np.float32)
+    x[1, 0], x[2, 39], x[3, 17] = np.nan, np.nan, -np.nan
+    y = model(x=x)["y"]
+    assert np.isnan(y[1:4]).all()
+    np.testing.assert_allclose(y[[0, 4]], ex.numpy(x=x[[0, 4]])["y"], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------
+# prefetching the next row (row-reduce schedules with rows of >= PREFETCH_MIN_ROW)
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm"])
+def test_row_kernels_prefetch_the_next_row(name):
+    ex = examples.ALL[name](hidden=1024)
+    model = geode.compile(ex.graph)
+    (k,) = aicore(model)
+    assert "prefetch_next(loop=" in k.trace and "buffer='x'" in k.trace
+    assert "_g_prefetch(x, " in k.source and "prange" in k.source
+    run_sizes(model, ex, sizes=(1, 2, 7, 16))

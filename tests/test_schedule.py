@@ -4,6 +4,7 @@ trace replay and a property test over random loop transformations."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -20,17 +21,23 @@ from geode.codegen.ast import (
     Expr,
     For,
     ForKind,
+    If,
     IterVar,
     Kernel,
     Load,
+    Prefetch,
     Stmt,
     Store,
     Un,
     Var,
     format_kernel,
+    format_stmts,
+    stmt_exprs,
+    walk,
+    walk_stmts,
 )
-from geode.codegen.ast_eval import run_kernel
-from geode.codegen.schedule import Schedule, Trace, alloc_loop
+from geode.codegen.ast_eval import KernelEvalError, eval_shape, run_kernel
+from geode.codegen.schedule import Schedule, Trace, TraceStep, alloc_loop
 from geode.errors import ScheduleError
 
 F32 = "float32"
@@ -1033,3 +1040,542 @@ def test_random_schedules_preserve_results(which: str, ops: list[tuple]) -> None
             assert format_kernel(sch.kernel) == before
     check_same(k, sch.kernel, dims, rtol=1e-4)
     check_replay(k, sch)
+
+
+# ---------------------------------------------------------------------------------
+# reuse_output
+# ---------------------------------------------------------------------------------
+
+
+def _rb(name: str, loop: str, store: Store, predicate: Expr | None = None) -> Block:
+    """A block of row ``i`` and column loop ``loop``: ``vi, vk = axis.bind(i, loop)``."""
+    ivs = [IterVar("vi", Var("N")), IterVar("vk", Const(6))]
+    return Block(name, ivs, [Var("i"), Var(loop)], [store], predicate=predicate)
+
+
+VI, VK = Var("vi"), Var("vk")
+
+
+def E() -> Block:
+    """Writes the row buffer: T[0, vk] = exp(X[vi, vk])."""
+    return _rb("E", "k0", Store("T", (Const(0), VK), Un("exp", ld("X", [VI, VK]))))
+
+
+def D(loop: str = "k1") -> Block:
+    """Scales the row buffer into the output: O[vi, vk] = T[0, vk] * 2."""
+    return _rb("D", loop, Store("O", (VI, VK), Bin("*", ld("T", [Const(0), VK]), f32(2))))
+
+
+def k_rowbuf(
+    passes: list[list[Block]], temp: Buffer | None = None, outputs: Sequence[str] = ("O",)
+) -> Kernel:
+    """``for i in N``, then one loop ``k<p>`` over the 6 columns per pass (its blocks);
+    T: local float32[1, 6] row buffer."""
+    body = [For("i", Var("N"), [For(f"k{p}", Const(6), blocks) for p, blocks in enumerate(passes)])]
+    return Kernel(
+        "rowbuf",
+        [buf("X", ["N", 6])],
+        [buf(o, ["N", 6]) for o in outputs],
+        ["N"],
+        body,
+        [temp or buf("T", [1, 6], "local")],
+    )
+
+
+def _accessed(k: Kernel) -> set[str]:
+    out = set()
+    for s in walk_stmts(k.body):
+        if isinstance(s, Store):
+            out.add(s.buffer)
+        for e in stmt_exprs(s):
+            out |= {x.buffer for x in walk(e) if isinstance(x, Load)}
+    return out
+
+
+def test_reuse_output_row_buffer() -> None:
+    k = k_rowbuf([[E()], [D()]])
+    sch = Schedule(k)
+    assert sch.reuse_output("T", "D") is None
+    assert [t.name for t in sch.kernel.temps] == [] and "T" not in _accessed(sch.kernel)
+    assert sch.writers("O") == ["E", "D"] and sch.readers("O") == ["D"]
+    text = str(sch)
+    assert "O[vi, vk] = exp(X[vi, vk])" in text and "O[vi, vk] = O[vi, vk] * 2.0f" in text
+    check_same(k, sch.kernel, DIMS_N)
+    check_replay(k, sch)
+
+
+def test_reuse_output_transposed_row_buffer() -> None:
+    """T[vk, 0] (a column buffer): temp axis 0 becomes the output's column axis."""
+    e = _rb("E", "k0", Store("T", (VK, Const(0)), Un("exp", ld("X", [VI, VK]))))
+    d = _rb("D", "k1", Store("O", (VI, VK), Bin("*", ld("T", [VK, Const(0)]), f32(2))))
+    k = k_rowbuf([[e], [d]], buf("T", [6, 1], "local"))
+    sch = Schedule(k)
+    sch.reuse_output("T", "D")
+    assert "O[vi, vk] = exp(X[vi, vk])" in str(sch) and not sch.kernel.temps
+    check_same(k, sch.kernel, DIMS_N)
+    check_replay(k, sch)
+
+
+def _reader(name: str, loop: str, src: str = "T") -> Block:
+    """P[vi, vk] = src[...] + 1 (T read at the row buffer's index, O at the output's)."""
+    idx = [Const(0), VK] if src == "T" else [VI, VK]
+    return _rb(name, loop, Store("P", (VI, VK), Bin("+", ld(src, idx), f32(1))))
+
+
+REUSE_ERRORS = {
+    # ("what", kernel, temp, block, message fragment)
+    "temp is an input": (lambda: k_rowbuf([[E()], [D()]]), "X", "D", "not a local temp"),
+    "no such temp": (lambda: k_rowbuf([[E()], [D()]]), "nope", "D", "not a local temp"),
+    "temp is a register": (
+        lambda: k_rowbuf([[E()], [D()]], buf("T", [1, 6], "register")),
+        "T",
+        "D",
+        "not a local temp",
+    ),
+    "no such block": (lambda: k_rowbuf([[E()], [D()]]), "T", "Z", "no such block"),
+    "block stores the temp": (lambda: k_rowbuf([[E()], [D()]]), "T", "E", "exactly one kernel"),
+    "block stores another temp": (
+        lambda: k_rowbuf(
+            [[E()], [_rb("D", "k1", Store("U", (Const(0), VK), ld("T", [Const(0), VK])))]]
+        ),
+        "T",
+        "D",
+        "exactly one kernel output",
+    ),
+    "dtypes differ": (
+        lambda: k_rowbuf([[E()], [D()]], buf("T", [1, 6], "local", "float64")),
+        "T",
+        "D",
+        "different dtypes",
+    ),
+    "output read by another block": (
+        lambda: k_rowbuf([[E()], [D()], [_reader("G", "k2", "O")]], outputs=("O", "P")),
+        "T",
+        "D",
+        "another block accesses O",
+    ),
+    "output written by another block": (
+        lambda: k_rowbuf([[_rb("W", "k0", Store("O", (VI, VK), ld("X", [VI, VK]))), E()], [D()]]),
+        "T",
+        "D",
+        "another block accesses O",
+    ),
+    "temp read after the block": (
+        lambda: k_rowbuf([[E()], [D()], [_reader("F", "k2")]], outputs=("O", "P")),
+        "T",
+        "D",
+        "F accesses T after it",
+    ),
+    "temp read at two indices": (
+        lambda: k_rowbuf(
+            [
+                [E()],
+                [
+                    _rb(
+                        "D",
+                        "k1",
+                        Store(
+                            "O",
+                            (VI, VK),
+                            Bin(
+                                "+",
+                                ld("T", [Const(0), VK]),
+                                ld("T", [Const(0), Bin("-", Const(5), VK)]),
+                            ),
+                        ),
+                    )
+                ],
+            ]
+        ),
+        "T",
+        "D",
+        "exactly one index",
+    ),
+    "another accessor in the block's loop": (
+        lambda: k_rowbuf([[E()], [_reader("F", "k1"), D()]], outputs=("O", "P")),
+        "T",
+        "D",
+        "F shares a loop with it",
+    ),
+    "broadcast read of the temp": (
+        lambda: k_rowbuf(
+            [[E()], [_rb("D", "k1", Store("O", (VI, VK), ld("T", [Const(0), Const(0)])))]]
+        ),
+        "T",
+        "D",
+        "has no match",
+    ),
+    "extents differ": (
+        lambda: k_rowbuf(
+            [
+                [_rb("E", "k0", Store("T", (Const(0), VK), ld("X", [VI, VK])))],
+                [_rb("D", "k1", Store("O", (VI, VK), ld("T", [Const(0), VK])))],
+            ],
+            buf("T", [1, 8], "local"),
+        ),
+        "T",
+        "D",
+        "differ",
+    ),
+}
+
+
+def refused(call: Callable[[], object], prim: str, block: str, msg: str) -> None:
+    """``call()`` raises ScheduleError naming the primitive, the block and ``msg``."""
+    with pytest.raises(ScheduleError) as info:
+        call()
+    text = str(info.value)
+    assert f"schedule primitive '{prim}' on block '{block}'" in text and msg in text, text
+
+
+@pytest.mark.parametrize("what", sorted(REUSE_ERRORS))
+def test_reuse_output_errors_leave_the_kernel(what: str) -> None:
+    make, temp, block, msg = REUSE_ERRORS[what]
+    sch = Schedule(make())
+    before = format_kernel(sch.kernel)
+    refused(lambda: sch.reuse_output(temp, block), "reuse_output", block, msg)
+    assert format_kernel(sch.kernel) == before and len(sch.trace) == 0
+
+
+def test_reuse_output_shared_loop_with_a_shifted_read() -> None:
+    """E: T[0, k] = exp(X[i, k]); F: P[i, k] = T[0, k - 1] (k >= 1); D: O[i, k] = T[0, k] * 2,
+    all in one loop: reuse_output must refuse, or keep P (F would read O[i, k - 1], which
+    D has already scaled)."""
+    f = _rb("F", "k0", Store("P", (VI, VK), ld("T", [Const(0), Bin("-", VK, Const(1))])))
+    f.predicate = Bin(">=", VK, Const(1))
+    k = k_rowbuf([[E(), f, D("k0")]], outputs=("O", "P"))
+    sch = Schedule(k)
+    try:
+        sch.reuse_output("T", "D")
+    except ScheduleError:
+        return
+    dims = {"N": 2}
+    arrays = _inputs(k, dims)
+    want, got = run_kernel(k, arrays, dims), run_kernel(sch.kernel, arrays, dims)
+    np.testing.assert_allclose(got["P"][:, 1:], want["P"][:, 1:], rtol=1e-6)
+
+
+def test_reuse_output_in_one_shared_loop() -> None:
+    """Writer and block in the same loop, same element: legal, results kept."""
+    k = k_rowbuf([[E(), D("k0")]])
+    sch = Schedule(k)
+    sch.reuse_output("T", "D")
+    assert not sch.kernel.temps
+    check_same(k, sch.kernel, DIMS_N)
+
+
+# the default softmax schedule (reuse_output is its last step for small rows)
+
+
+def _lowered(example: str, **kw: int) -> tuple:
+    from lowering_check import prepare
+
+    from geode import examples
+    from geode.codegen.lower import lower_group
+
+    g, plan = prepare(examples.ALL[example](**kw).graph)
+    (group,) = plan.groups
+    return lower_group(group, g, example), group
+
+
+def _until(lk, group, primitive: str) -> tuple[Schedule, TraceStep]:
+    """The default schedule replayed up to (not including) its ``primitive`` step."""
+    from geode.codegen.autoschedule import schedule_group
+
+    steps = list(schedule_group(lk, group).trace)
+    i = next(i for i, s in enumerate(steps) if s.primitive == primitive)
+    return Trace(steps[:i]).replay(lk.kernel), steps[i]
+
+
+def _softmax_ref(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_reuse_output_on_the_default_softmax_schedule() -> None:
+    from geode.codegen.autoschedule import schedule_group
+    from geode.codegen.backends import numba as nb
+
+    lk, group = _lowered("softmax", hidden=64)
+    sch, step = _until(lk, group, "reuse_output")
+    temp, block = step.args["temp"], step.args["block"]
+    assert step.args == {"temp": "softmax_exp_2", "block": "softmax_div"}
+    assert sch.kernel.buffer(temp).scope == "local" and temp in _accessed(sch.kernel)
+    ref_kernel = sch.kernel
+    sch.reuse_output(temp, block)
+    assert temp not in {t.name for t in sch.kernel.temps} and temp not in _accessed(sch.kernel)
+    assert {t.scope for t in sch.kernel.temps} == {"register"}
+    assert sch.writers("y") == ["softmax_exp", "softmax_div"]
+    assert format_kernel(sch.kernel) == format_kernel(schedule_group(lk, group).kernel)
+    check_replay(lk.kernel, sch)
+    rng = np.random.default_rng(3)
+    native = nb.compile_kernel(sch.kernel)
+    for n in (1, 3):
+        x = (rng.standard_normal((n, 64)) * 4).astype(np.float32)
+        want = _softmax_ref(x.astype(np.float64))
+        got = run_kernel(sch.kernel, {"x": x}, {"N": n})["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got, run_kernel(ref_kernel, {"x": x}, {"N": n})["y"], rtol=1e-6)
+        y = np.full((n, 64), np.nan, np.float32)
+        native(x, y, n)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-7)
+
+
+def test_reuse_output_refusals_on_softmax() -> None:
+    lk, group = _lowered("softmax", hidden=64)
+    sch, step = _until(lk, group, "reuse_output")
+    temp = step.args["temp"]
+    before, steps = format_kernel(sch.kernel), len(sch.trace)
+    for t, b, msg in [
+        ("softmax_reducesum_3", "softmax_div", "not a local temp"),  # a register
+        (temp, "softmax_reducesum", "exactly one kernel output"),  # stores a register
+        (temp, "softmax_exp", "exactly one kernel output"),  # stores the temp itself
+        (temp, "softmax_reducemax", "exactly one kernel output"),
+    ]:
+        refused(lambda t=t, b=b: sch.reuse_output(t, b), "reuse_output", b, msg)
+        assert format_kernel(sch.kernel) == before
+    assert len(sch.trace) == steps
+
+
+# ---------------------------------------------------------------------------------
+# Prefetch and prefetch_next
+# ---------------------------------------------------------------------------------
+
+
+def test_prefetch_statement_prints_and_lists_its_offset() -> None:
+    off = Bin("+", Bin("*", Bin("+", Var("i"), Const(1)), Var("M")), Var("p"))
+    pf = Prefetch("X", off)
+    assert format_stmts([pf]) == "prefetch(X, (i + 1) * M + p)"
+    assert format_stmts([pf], "  ") == "  prefetch(X, (i + 1) * M + p)"
+    assert stmt_exprs(pf) == [off]
+    loop = For("p", Const(4), [pf])
+    assert list(walk_stmts([loop]))[-1] is pf
+    assert "prefetch(X, (i + 1) * M + p)" in format_stmts([loop])
+
+
+def _with_prefetch(k: Kernel, buffer: str, offset: Expr) -> Kernel:
+    """``k`` with ``prefetch(buffer, offset)`` at the top of its first loop's body."""
+    k2 = copy.deepcopy(k)
+    k2.body[0].body.insert(0, Prefetch(buffer, offset))
+    return k2
+
+
+def test_prefetch_is_a_no_op_for_ast_eval() -> None:
+    k = k_rowbuf([[E()], [D()]])
+    far = Bin("+", Bin("*", Var("i"), Const(10**9)), Const(7))  # far out of bounds: harmless
+    for off in (Bin("*", Var("i"), Const(6)), far):
+        k2 = _with_prefetch(k, "X", off)
+        assert "prefetch(X, " in format_kernel(k2)
+        check_same(k, k2, DIMS_N)
+    with pytest.raises(KernelEvalError, match="unknown buffer 'nope'"):
+        run_kernel(_with_prefetch(k, "nope", Const(0)), _inputs(k, {"N": 2}), {"N": 2})
+
+
+def _prefetches(k: Kernel) -> list[Prefetch]:
+    return [s for s in walk_stmts(k.body) if isinstance(s, Prefetch)]
+
+
+def _prefetched_lines(k: Kernel, loop: str, dims: dict[str, int], n: int) -> dict[int, list[int]]:
+    """Per iteration of ``loop``: the offsets its prefetch loop touches (evaluated)."""
+    (f,) = [s for s in walk_stmts(k.body) if isinstance(s, For) and s.var == loop]
+    (guard,) = [s for s in f.body if isinstance(s, If)]
+    (pl,) = guard.body
+    (pf,) = pl.body
+    out = {}
+    for i in range(n):
+        env = {**dims, loop: i}
+        if not eval_shape((guard.cond,), env)[0]:
+            out[i] = []
+            continue
+        (trips,) = eval_shape((pl.extent,), env)
+        out[i] = [eval_shape((pf.offset,), {**env, pl.var: p})[0] for p in range(trips)]
+    return out
+
+
+@pytest.mark.parametrize(
+    "shape,dtype,line",
+    [(["N", 6], F32, 16), (["N", "M"], F32, 16), (["N", 3, "M"], "float64", 8)],
+)
+def test_prefetch_next_touches_every_line_of_the_next_row(shape, dtype, line) -> None:
+    n = 4
+    dims = {"N": n, "M": 37}
+    sizes = [dims.get(d, d) if isinstance(d, str) else d for d in shape]
+    row = int(np.prod(sizes[1:]))
+    dim_names = [d for d in shape if isinstance(d, str)]
+    rest = [_dim(d) for d in shape[1:]]
+    ivs = [IterVar("vi", Var("N"))] + [IterVar(f"vj{j}", e) for j, e in enumerate(rest)]
+    idx = [Var(iv.name) for iv in ivs]
+
+    def nest(name: str, store: Store) -> Stmt:
+        """One walk over row i: loops name0.. over the trailing axes."""
+        binds = [Var("i")] + [Var(f"{name}{j}") for j in range(len(rest))]
+        body: Stmt = Block(name, ivs, binds, [store])
+        for j in reversed(range(len(rest))):
+            body = For(f"{name}{j}", rest[j], [body])
+        return body
+
+    # pass a: O = X * 2, pass b: O = O + X (two walks over each row of X)
+    p1 = nest("a", Store("O", tuple(idx), Bin("*", ld("X", idx), Const(2.0, dtype))))
+    p2 = nest("b", Store("O", tuple(idx), Bin("+", ld("O", idx), ld("X", idx))))
+    k = Kernel(
+        "rows",
+        [Buffer("X", dtype, tuple(_dim(d) for d in shape), "global")],
+        [Buffer("O", dtype, tuple(_dim(d) for d in shape), "global")],
+        dim_names,
+        [For("i", Var("N"), [p1, p2], ForKind.PARALLEL)],
+    )
+    sch = Schedule(k)
+    var = sch.prefetch_next("i", "X")
+    assert var == "i_pf"
+    body = sch.get_loop("i").body
+    assert [type(s).__name__ for s in body] == ["For", "If", "For"]  # after the first pass
+    (pf,) = _prefetches(sch.kernel)
+    assert pf.buffer == "X"
+    assert sch.get_loop(var).kind == ForKind.SERIAL
+    lines = _prefetched_lines(sch.kernel, "i", dims, n)
+    for i in range(n - 1):
+        assert lines[i] == list(range((i + 1) * row, (i + 2) * row, line)), i
+    assert lines[n - 1] == []  # no next row
+    assert "prefetch(X, " in str(sch)
+    check_same(k, sch.kernel, [{"N": 1, "M": 3}, {"N": 3, "M": 37}])
+    check_replay(k, sch)
+
+
+def _two_pass(n: int | str = "N", m: int = 6) -> Kernel:
+    """for i: [for k0: O = X * 2] [for k1: O = O + Y]  (X, Y: float32[N, m])."""
+    a = _rb("A", "k0", Store("O", (VI, VK), Bin("*", ld("X", [VI, VK]), f32(2))))
+    b = _rb("B", "k1", Store("O", (VI, VK), Bin("+", ld("O", [VI, VK]), ld("Y", [VI, VK]))))
+    body = [For("i", _dim(n), [For("k0", Const(m), [a]), For("k1", Const(m), [b])])]
+    return Kernel("two_pass", [buf("X", [n, m]), buf("Y", [n, m])], [buf("O", [n, m])], ["N"], body)
+
+
+def _one_loop_kernel(value: Callable[[list[Expr]], Expr], shape=("N", 6)) -> Kernel:
+    return Kernel("ew", [buf("X", shape)], [buf("O", shape)], ["N"], [ew("m", "O", shape, value)])
+
+
+PREFETCH_ERRORS = {
+    "output": (_two_pass, "i", "O", "not a kernel input"),
+    "temp": (lambda: k_rowbuf([[E()], [D()]]), "i", "T", "not a kernel input"),
+    "unknown": (_two_pass, "i", "nope", "not a kernel input"),
+    "not read in the loop": (
+        lambda: k_eltwise(),
+        "mul_0_i0",
+        "Y",
+        "not read inside loop mul_0_i0",
+    ),
+    "first index not the loop": (lambda: k_eltwise(), "mul_0_i1", "X", "first index does not"),
+    "no inner loop": (
+        lambda: _one_loop_kernel(lambda v: ld("X", v), ("N",)),
+        "m_i0",
+        "X",
+        "holds no pass",
+    ),
+    "different rows": (
+        lambda: _one_loop_kernel(
+            lambda v: Bin(
+                "+", ld("X", v), ld("X", [Bin("%", Bin("+", v[0], Const(1)), Var("N")), v[1]])
+            )
+        ),
+        "m_i0",
+        "X",
+        "different rows",
+    ),
+    "trailing index on the loop": (
+        lambda: _one_loop_kernel(
+            lambda v: Bin(
+                "+", ld("X", v), ld("X", [v[0], Bin("%", Bin("+", v[0], v[1]), Const(6))])
+            )
+        ),
+        "m_i0",
+        "X",
+        "trailing indices depend",
+    ),
+    "no such loop": (_two_pass, "zz", "X", "no loop with variable 'zz'"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(PREFETCH_ERRORS))
+def test_prefetch_next_errors_leave_the_kernel(what: str) -> None:
+    make, loop, buffer, msg = PREFETCH_ERRORS[what]
+    sch = Schedule(make())
+    before = format_kernel(sch.kernel)
+    with pytest.raises(ScheduleError, match="'prefetch_next'") as info:
+        sch.prefetch_next(loop, buffer)
+    assert msg in str(info.value)
+    assert format_kernel(sch.kernel) == before and len(sch.trace) == 0
+
+
+def test_prefetch_next_two_inputs_and_numba() -> None:
+    from geode.codegen.backends import numba as nb
+
+    k = _two_pass()
+    sch = Schedule(k)
+    sch.parallel("i")
+    assert sch.prefetch_next("i", "X") == "i_pf"
+    assert sch.prefetch_next("i", "Y") == "i_pf_1"
+    assert [p.buffer for p in _prefetches(sch.kernel)] == ["Y", "X"]  # each right after k0
+    check_same(k, sch.kernel, DIMS_N)
+    check_replay(k, sch)
+    src = nb.emit_source(sch.kernel)
+    assert src.count("_g_prefetch(") == 2
+    assert "_g_prefetch(X, " in src and "_g_prefetch(Y, " in src
+    assert "if i + 1 < N:" in src
+    native = nb.compile_kernel(sch.kernel)
+    for n in (1, 2, 5):
+        x, y = _inputs(k, {"N": n}, n).values()
+        o = np.empty((n, 6), np.float32)
+        native(x, y, o, n)
+        np.testing.assert_array_equal(o, x * np.float32(2) + y)
+
+
+def test_numba_prefetch_past_the_end_and_errors() -> None:
+    """A prefetch never faults (no guard: the last row prefetches beyond the array);
+    prefetching a temporary is a codegen error."""
+    from geode.codegen.backends import numba as nb
+    from geode.errors import CodegenError
+
+    k = _two_pass()
+    off = Bin("*", Bin("+", Var("i"), Const(1)), Const(6 * 1024))
+    k2 = _with_prefetch(k, "X", off)
+    native = nb.compile_kernel(k2)
+    assert "_g_prefetch(X, (i + 1) * 6144)" in native.source
+    x, y = _inputs(k, {"N": 3}).values()
+    o = np.empty((3, 6), np.float32)
+    native(x, y, o, 3)
+    np.testing.assert_array_equal(o, x * np.float32(2) + y)
+    with pytest.raises(CodegenError, match="prefetch of non-argument 'T'"):
+        nb.emit_source(_with_prefetch(k_rowbuf([[E()], [D()]]), "T", Const(0)))
+
+
+@pytest.mark.parametrize("hidden,count", [(64, 0), (1023, 0), (1024, 1), (4096, 1)])
+def test_default_row_reduce_schedule_prefetches_long_rows(hidden: int, count: int) -> None:
+    from geode.codegen.autoschedule import PREFETCH_MIN_ROW, schedule_group
+
+    assert PREFETCH_MIN_ROW == 1024
+    lk, group = _lowered("softmax", hidden=hidden)
+    sch = schedule_group(lk, group)
+    assert sch.level == "full"
+    pfs = _prefetches(sch.kernel)
+    assert len(pfs) == count and all(p.buffer == "x" for p in pfs)
+    assert [s.primitive for s in sch.trace].count("prefetch_next") == count
+    if count:
+        (row_loop,) = [s for s in sch.kernel.body if isinstance(s, For)]
+        assert row_loop.kind == ForKind.PARALLEL
+        kinds = [type(s).__name__ for s in row_loop.body]
+        assert kinds.index("If") == kinds.index("For") + 1  # right after the first pass
+        lines = _prefetched_lines(sch.kernel, row_loop.var, {"N": 3}, 3)
+        assert lines[0] == list(range(hidden, 2 * hidden, 16)) and lines[2] == []
+        check_replay(lk.kernel, sch)
+
+
+def test_prefetch_next_on_softmax_keeps_results() -> None:
+    lk, group = _lowered("softmax", hidden=1024)
+    sch, step = _until(lk, group, "prefetch_next")
+    before = copy.deepcopy(sch.kernel)
+    assert sch.prefetch_next(**step.args) == step.result
+    rng = np.random.default_rng(4)
+    for n in (1, 2):
+        x = rng.standard_normal((n, 1024)).astype(np.float32)
+        got = run_kernel(sch.kernel, {"x": x}, {"N": n})["y"]
+        np.testing.assert_array_equal(got, run_kernel(before, {"x": x}, {"N": n})["y"])
+        np.testing.assert_allclose(got, _softmax_ref(x.astype(np.float64)), rtol=1e-5, atol=1e-8)

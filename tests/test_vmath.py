@@ -471,3 +471,108 @@ def test_float32_loop_vectorizes(name: str) -> None:
     assert re.search(r"vfn?madd\w*ps\s+[^\n]*%[yz]mm", asm), f"{name}_f32: no packed FMA"
     assert not _LIBM.search(asm), f"{name}_f32 loop calls libm: {_LIBM.search(asm).group(0)}"
     assert not re.search(r"\bv\w+pd\s+[^\n]*%[yz]mm", asm), f"{name}_f32 computes in float64"
+
+
+# ---------------------------------------------------------------------------------
+# exp_f32 at its boundaries, in compiled kernels; strict division under fastmath
+# ---------------------------------------------------------------------------------
+
+#: underflow to 0 and the subnormal range (n down to -150), the normal/subnormal edge,
+#: the a = max(n, -125) split of the scaling, the overflow edge and both clamps (-104, 89)
+EXP_F32_BOUNDARIES = [-103.97, -103.28, -87.34, -87.33, -86.64, 88.72, 88.7229, 89.0, 89.1, -104.5]
+
+
+def _exp_f32_boundary_inputs() -> np.ndarray:
+    pts = np.array(EXP_F32_BOUNDARIES, np.float32)
+    dense = [
+        np.linspace(lo, hi, 4001, dtype=np.float32)
+        for lo, hi in ((-104.5, -102.5), (-88.0, -86.0), (88.5, 89.2))
+    ]
+    up, down = np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(-np.inf))
+    return np.concatenate([pts, up, down, *dense])
+
+
+def _geode_unary(op: str, dtype: str, fastmath: bool):
+    """A geode kernel ``Y[i] = op(X[i])`` (vectorized loop) compiled by the numba backend."""
+    from geode.codegen.ast import Block, Buffer, For, ForKind, IterVar, Kernel, Load, Store, Un, Var
+    from geode.codegen.backends import numba as nb
+
+    n, vi = Var("N"), Var("vi")
+    blk = Block(op, [IterVar("vi", n)], [Var("i")], [Store("Y", (vi,), Un(op, Load("X", (vi,))))])
+    k = Kernel(
+        f"{op}_{dtype}",
+        [Buffer("X", dtype, (n,))],
+        [Buffer("Y", dtype, (n,))],
+        ["N"],
+        [For("i", n, [blk], ForKind.VECTORIZED)],
+    )
+    native = nb.compile_kernel(k, fastmath=fastmath)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        y = np.full_like(x, 7.0)
+        native(x, y, x.size)
+        return y
+
+    run.native = native  # type: ignore[attr-defined]
+    return run
+
+
+@pytest.mark.parametrize("fastmath", [False, True], ids=["ieee", "fastmath"])
+@pytest.mark.parametrize("via", ["njit", "geode"])
+def test_exp_f32_boundaries(kernels, via: str, fastmath: bool) -> None:
+    """Within 1 ulp of exp in float64 rounded to float32 (counting ulps as steps between
+    float32 values, so subnormal results are held to the subnormal ulp); overflow gives inf
+    exactly, and the special values are exact."""
+    run = (
+        (lambda v: _run(kernels("exp", "float32", fastmath), v))
+        if via == "njit"
+        else _geode_unary("exp", "float32", fastmath)
+    )
+    x = _exp_f32_boundary_inputs()
+    y = run(x)
+    assert y.dtype == np.float32
+    with np.errstate(over="ignore"):
+        ref = np.exp(x.astype(np.float64)).astype(np.float32)
+    inf = np.isinf(ref)
+    assert inf.any() and (ref == 0).any() and (ref < np.finfo(np.float32).tiny).sum() > 1000
+    np.testing.assert_array_equal(y[inf], ref[inf], err_msg="overflow must give inf exactly")
+    assert np.all(np.isfinite(y[~inf])) and np.all(y >= 0)
+    steps = np.abs(y.view(np.int32).astype(np.int64) - ref.view(np.int32).astype(np.int64))
+    worst = int(np.argmax(steps))
+    assert steps[worst] <= 1, (
+        f"exp_f32({x[worst]!r}) = {y[worst]!r}, exp in float64 rounded: {ref[worst]!r} "
+        f"({steps[worst]} float32 steps apart; via {via}, fastmath={fastmath})"
+    )
+    at = {v: y[i] for i, v in enumerate(EXP_F32_BOUNDARIES)}
+    assert at[88.7229] == at[89.0] == at[89.1] == np.inf  # overflow, the clamp, beyond it
+    assert np.isfinite(at[88.72]) and at[-104.5] == 0  # below the low clamp: exactly 0
+    assert at[-103.28] == np.finfo(np.float32).smallest_subnormal
+    special = np.array([-np.inf, np.inf, np.nan, -np.nan, 0.0, -0.0], np.float32)
+    ys = run(special)
+    assert ys[0] == 0 and not np.signbit(ys[0])
+    assert ys[1] == np.inf
+    assert np.isnan(ys[2]) and np.isnan(ys[3])
+    assert ys[4] == 1 and ys[5] == 1
+
+
+_RECIPROCAL = re.compile(r"\bvrcp\w*")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", [8, 16, 17])
+def test_div_stays_exact_under_fastmath(kernels, dtype: str, n: int) -> None:
+    """sigmoid(0) = 1 / (1 + 1) is 0.5 exactly in a fastmath=True caller: the division is
+    not turned into a reciprocal estimate (arcp) in the vector loop or its remainder."""
+    dt = DTYPES[dtype]
+    x = np.zeros(n, dt)
+    njit_k = kernels("sigmoid", dtype, True)
+    geode_k = _geode_unary("sigmoid", dtype, True)
+    for what, y in (("njit", _run(njit_k, x)), ("geode", geode_k(x))):
+        assert y.dtype == dt
+        np.testing.assert_array_equal(y, np.full(n, 0.5, dt), err_msg=f"{what} n={n}")
+    for what, asm in (
+        ("njit", njit_k.inspect_asm(njit_k.signatures[0])),
+        ("geode", geode_k.native.asm),
+    ):
+        found = _RECIPROCAL.search(asm)
+        assert not found, f"{what} fastmath sigmoid uses a reciprocal estimate: {found.group(0)}"

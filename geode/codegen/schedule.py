@@ -1980,7 +1980,8 @@ class Schedule:
         Requirements: ``temp`` is a local temp; ``block`` stores one kernel output
         ``O`` (same dtype), which no other block reads or writes, and reads ``temp``
         at one index ``t``; no block after ``block`` accesses ``temp``, and every other
-        accessor sits outside ``block``'s loops below their common outer loops; each
+        accessor sits outside ``block``'s loops below their common outer loops, or, if it
+        shares a loop that indexes ``temp``, accesses only ``block``'s element; each
         component of ``block``'s ``O`` index (in loop terms) is either a component of
         ``t`` (with ``temp``'s extent equal to ``O``'s there) or an expression of the
         loops enclosing every accessor, which each accessor binds to one of its
@@ -2030,6 +2031,19 @@ class Schedule:
             if mine & {id(f) for f in lp}:
                 raise ScheduleError(prim, block, f"{x.name} shares a loop with it below the rows")
         t_idx = [_loop_terms(b, i) for i in next(iter(t_loads))]
+        t_vars = set().union(*(free_vars(e) for e in t_idx))
+        for x, lp in users[:-1]:
+            shared = {f.var for f in lp} & {f.var for f in b_loops}
+            if not shared & t_vars:
+                continue
+            for _, idx in self._accesses(x, temp):
+                if len(idx) != len(t_idx) or not all(_eq(a, c) for a, c in zip(idx, t_idx)):
+                    raise ScheduleError(
+                        prim,
+                        block,
+                        f"{x.name} shares loop(s) {sorted(shared & t_vars)} with it and "
+                        f"accesses {temp} at another element",
+                    )
         o_idx = [_loop_terms(b, i) for i in stores[0].indices]
         outer_vars = {f.var for f in outer}
         plan: list[int | Expr] = []  # per O axis: the temp axis it takes, or a row expression
@@ -2081,11 +2095,12 @@ class Schedule:
         return None
 
     @_primitive
-    def prefetch_next(self, loop: str, buffer: str) -> str:
+    def prefetch_next(self, loop: str, buffer: str, at_start: bool = False) -> str:
         """Prefetch, during each iteration of ``loop``, the slab of input ``buffer`` that the
         next iteration reads, one cache line at a time, right after the first loop in
         ``loop``'s body (the first pass over a row has brought the current slab in; the
-        hint overlaps fetching the next one with the remaining passes' arithmetic).
+        hint overlaps fetching the next one with the remaining passes' arithmetic), or
+        at the top of the body with ``at_start`` (a single pass: an elementwise row).
         Returns the new prefetch loop's variable.
 
         Requirements: ``buffer`` is a kernel input read inside ``loop``; every such read
@@ -2132,6 +2147,8 @@ class Schedule:
         pos = next((i for i, x in enumerate(f.body) if isinstance(x, For)), None)
         if pos is None:
             raise ScheduleError(prim, blk, f"loop {loop} holds no pass to prefetch behind")
+        if at_start:
+            pos = -1
         nxt = {f.var: add(Var(f.var), Const(1))}
         base: Expr = Const(0)
         for i in range(len(buf.shape)):

@@ -147,6 +147,7 @@ from geode.codegen.ast import (
     Store,
     Un,
     Var,
+    stmt_exprs,
     transform,
     walk,
     walk_stmts,
@@ -741,25 +742,60 @@ class _Emitter:
         ``R = max(R, v)`` (or ``min``): their updates print as the fast NaN-ignoring
         ``_g_maxnum_nn`` plus an integer NaN guard, and the loop holding the update is
         followed by ``if guard > bits(inf): R = nan`` (exact np.max/np.min semantics,
-        including NaN; only the sign of a zero result of a +0/-0 tie is unspecified)."""
+        including NaN; only the sign of a zero result of a +0/-0 tie is unspecified).
+        Since ``R`` is only exact after that check, a register is left alone when the
+        innermost loop holding one of its updates also reads it elsewhere or
+        (re)initialises it."""
         ops: dict[str, set[str]] = {}
         bad: set[str] = set()
-        for st in walk_stmts(self.k.body):
-            if not isinstance(st, Store) or st.buffer not in self.bufs:
+        updates: dict[str, list[tuple[int, ...]]] = {}  # register -> loop stacks of updates
+        others: dict[str, list[tuple[int, ...]]] = {}  # loop stacks of inits and other reads
+
+        def candidate(name: str) -> bool:
+            return (
+                name in self.bufs
+                and self.scope(name) == "register"
+                and _size(self.bufs[name]) == 1
+                and self.dtypes[name] in _NAN_GUARD
+            )
+
+        def note_reads(exprs: list[Expr], stack: tuple[int, ...]) -> None:
+            for e in exprs:
+                for x in walk(e):
+                    if isinstance(x, Load) and candidate(x.buffer):
+                        others.setdefault(x.buffer, []).append(stack)
+
+        def visit(stmts: list[Stmt], stack: tuple[int, ...]) -> None:
+            for st in stmts:
+                if isinstance(st, Store) and candidate(st.buffer):
+                    kind = self.minmax_update(st)
+                    if kind is None:
+                        bad.add(st.buffer)
+                    elif kind:
+                        ops.setdefault(st.buffer, set()).add(kind[0])
+                        updates.setdefault(st.buffer, []).append(stack)
+                        note_reads([*st.indices, kind[1]], stack)
+                        continue
+                    else:
+                        others.setdefault(st.buffer, []).append(stack)
+                if isinstance(st, For):
+                    note_reads([st.extent], stack)
+                    visit(st.body, (*stack, id(st)))
+                    continue
+                note_reads(stmt_exprs(st), stack)
+                if isinstance(st, (Block, If)):
+                    visit(st.body, stack)
+
+        visit(self.k.body, ())
+        out = set()
+        for name, o in ops.items():
+            if name in bad or len(o) != 1:
                 continue
-            b = self.bufs[st.buffer]
-            if (
-                self.scope(st.buffer) != "register"
-                or _size(b) != 1
-                or self.dtypes[st.buffer] not in _NAN_GUARD
-            ):
+            inner = {stk[-1] for stk in updates[name] if stk}
+            if any(inner & set(stk) for stk in others.get(name, [])):
                 continue
-            kind = self.minmax_update(st)
-            if kind is None:
-                bad.add(st.buffer)
-            elif kind:
-                ops.setdefault(st.buffer, set()).add(kind[0])
-        return {n for n, o in ops.items() if n not in bad and len(o) == 1}
+            out.add(name)
+        return out
 
     @staticmethod
     def minmax_update(st: Store) -> tuple[str, Expr] | tuple[()] | None:
