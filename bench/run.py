@@ -2,8 +2,8 @@
 
     python bench/run.py [--threads N] [--repeat K] [--scale S] [--systems geode,numpy,...]
 
-All systems run with the same thread count, interleaved (each round calls every system
-once) so drifting machine speed hits them alike. Reported per workload: median time per
+All systems run with the same thread count, in rounds (each round times every system
+back to back after an untimed call) so drifting machine speed hits them alike. Reported per workload: median time per
 system, geode's speedup over the best other system, and geode's fraction of the
 memory-bandwidth roofline (compulsory bytes / time, against the fastest copy kernel).
 Also reported: geode's cold and warm (disk cache) compile time per kernel.
@@ -29,19 +29,29 @@ def _set_threads(n: int) -> None:
     )
 
 
-def time_interleaved(fns: dict, repeat: int) -> dict[str, float]:  # type: ignore[type-arg]
-    """Median seconds per call of each function, measured in ``repeat`` rounds that call
-    every function once in turn (after one warm-up call each), so a machine whose speed
-    drifts during the run (a shared VM) slows every system alike instead of whichever ran
-    in the slow minute."""
-    for fn in fns.values():
-        fn()
+#: seconds of rest before each system's block of calls: longer than the time the other
+#: systems' idle threads keep spinning (Intel OpenMP's KMP_BLOCKTIME is 200 ms), so each
+#: system is timed on quiet cores
+SETTLE = 0.3
+
+
+def time_interleaved(fns: dict, repeat: int, rounds: int = 3) -> dict[str, float]:  # type: ignore[type-arg]
+    """Median seconds per call of each function over ``rounds`` rounds; each round runs
+    every function in turn: a rest of :data:`SETTLE` seconds, one untimed call, then
+    ``repeat`` timed calls back to back.
+    Rounds spread each system's samples over the run, so a machine whose speed drifts (a
+    shared VM) slows every system alike; the rest lets the previous system's thread pool
+    wind down (onnxruntime's and OpenMP's workers spin after a run and would otherwise
+    steal the cores from the next system)."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeat):
+    for _ in range(rounds):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            time.sleep(SETTLE)
             fn()
-            samples[k].append(time.perf_counter() - t0)
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                fn()
+                samples[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -81,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; prints the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full 64 MiB inputs")
     ap.add_argument("--systems", default=None, help="comma-separated subset of systems")
     ap.add_argument("--no-compile-times", action="store_true")
@@ -92,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)
     nbytes = int((64 << 20) * max(args.scale, 1 / 16))
-    copies = time_interleaved(roofline_copies(nbytes), 2 * args.repeat)
+    copies = time_interleaved(roofline_copies(nbytes), args.repeat)
     best = min(copies, key=copies.get)
     copy_bw = 2 * nbytes / copies[best]
     print(

@@ -78,7 +78,12 @@ Operators (``BIN_OPS``/``UN_OPS``), numpy semantics unless ONNX says otherwise:
 integer ``/`` truncates toward zero, ``//`` floors, ``%`` takes the divisor's sign,
 ``fmod`` the dividend's; integer division or modulo by zero gives 0 and
 ``MIN // -1`` wraps (numpy's results, without its warnings); float division by zero
-gives inf/nan. ``min``/``max`` propagate NaN (``np.minimum``). Integer ``pow`` with a
+gives inf/nan. ``min``/``max`` propagate NaN (``np.minimum``); a scalar float
+register reduced only by ``R = max(R, v)`` in a loop that does not otherwise read or
+reset it prints as ``_g_maxnum_nn`` (plain ``vmaxps``, 3x faster as a reduction) plus
+an integer NaN guard checked after the loop, which keeps np.max's NaN result exactly
+(see ``_Emitter.find_guarded``). ``Prefetch`` statements print as ``_g_prefetch``
+(``llvm.prefetch``). Integer ``pow`` with a
 negative exponent gives 0 (1 or -1 for bases 1/-1) where numpy raises. ``shl``/``shr``
 by a negative amount or by at least the bit width give 0 (``shr`` of a negative
 signed value gives -1), like numpy. ``round`` is half-to-even (``np.rint``), ``sign``
