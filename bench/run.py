@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     _set_threads(args.threads)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    # geode chooses numba's vector width when numba's CPU target is built: before the
+    # roofline's numba copy kernels are compiled (see geode.codegen.backends.target)
+    import geode.codegen.backends  # noqa: F401
     from bench.workloads import SYSTEMS, geomean, roofline_copies, workloads
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)

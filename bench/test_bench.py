@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+import geode.codegen.backends  # noqa: F401  (numba's target set up before any compile)
 from bench.workloads import SYSTEMS, build, workloads
 
 SCALE = float(os.environ.get("GEODE_BENCH_SCALE", "1.0"))

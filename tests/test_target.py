@@ -240,3 +240,33 @@ def test_fresh_process_gets_the_wanted_features() -> None:
     if wanted is not None:  # an AVX-512 host: the setting changes the codegen key
         assert out["auto"]["cpu_features"] != out["256"]["cpu_features"]
         assert out["auto"]["cpu_features"].endswith(",-prefer-256-bit")
+
+
+_CALIBRATION_FIRST = """
+import json
+import llvmlite.binding as llvm
+from geode.costmodel import device
+device._kernels()  # the device calibration's numba kernels, compiled before any geode kernel
+from numba.core.registry import cpu_target
+print(json.dumps({"host": llvm.get_host_cpu_features().flatten(),
+                  "cpu_features": cpu_target.target_context.codegen().magic_tuple()[2]}))
+"""
+
+
+def test_calibration_compiling_first_still_gets_the_wanted_features() -> None:
+    """The device calibration compiles numba kernels before any geode kernel in a process
+    without a cached device spec: it must not build numba's target with other features
+    than the kernels get (a cold process would then fill the kernel cache under a key the
+    warm processes never ask for)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", target.ENV_VAR)}
+    p = subprocess.run(
+        [sys.executable, "-c", _CALIBRATION_FIRST],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    wanted = target.wanted_features(out["host"], "auto")
+    assert out["cpu_features"] == (wanted or out["host"])
