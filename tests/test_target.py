@@ -243,10 +243,11 @@ def test_fresh_process_gets_the_wanted_features() -> None:
 
 
 _CALIBRATION_FIRST = """
-import json
+import json, sys, tempfile
 import llvmlite.binding as llvm
-from geode.costmodel import device
-device._kernels()  # the device calibration's numba kernels, compiled before any geode kernel
+from geode.codegen import driver
+with tempfile.TemporaryDirectory() as d:
+    driver.device_spec(d)  # calibrates: numba kernels compiled before any geode kernel
 from numba.core.registry import cpu_target
 print(json.dumps({"host": llvm.get_host_cpu_features().flatten(),
                   "cpu_features": cpu_target.target_context.codegen().magic_tuple()[2]}))

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+import geode.codegen.backends  # noqa: F401  (numba's target set up before calibration compiles)
 from geode.codegen import ast as A
 from geode.codegen.lower import LoweredKernel, lower_group, make_can_lower
 from geode.compiler.fusion.groups import Group

@@ -238,8 +238,6 @@ def numba_version() -> str:
         try:
             import numba
 
-            import geode.codegen.backends  # noqa: F401  (sets numba's target up first)
-
             return str(numba.__version__)
         except ImportError:
             return "none"
@@ -347,8 +345,6 @@ def _kernels() -> dict[str, Callable[..., Any]]:
     """The serial (nogil) calibration kernels, compiled on first use."""
     import numba
 
-    import geode.codegen.backends  # noqa: F401  (sets numba's target up first)
-
     @numba.njit(nogil=True, cache=False)
     def tiny(a, b, c):  # pragma: no cover - compiled
         c[0] = a[0] + b[0]
@@ -378,8 +374,6 @@ def _kernels() -> dict[str, Callable[..., Any]]:
 def _parallel_copy() -> Callable[..., Any]:
     """A numba ``prange`` copy kernel, compiled on first use (about a second)."""
     import numba
-
-    import geode.codegen.backends  # noqa: F401  (sets numba's target up first)
 
     @numba.njit(parallel=True, nogil=True, cache=False)
     def pcopy(src, dst):  # pragma: no cover - compiled
