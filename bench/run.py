@@ -2,10 +2,10 @@
 
     python bench/run.py [--threads N] [--repeat K] [--scale S] [--systems geode,numpy,...]
 
-All systems run with the same thread count, in rounds (each round times every system
-back to back after an untimed call) so drifting machine speed hits them alike. Reported per workload: median time per
-system, geode's speedup over the best other system, and geode's fraction of the
-memory-bandwidth roofline (compulsory bytes / time, against the fastest copy kernel).
+All systems run with the same thread count, timed in rounds (see ``time_in_rounds``) so
+drifting machine speed hits them alike. Reported per workload: median time per system,
+geode's speedup over the best other system, and geode's fraction of the memory-bandwidth
+roofline (compulsory bytes / time, against the fastest copy kernel).
 Also reported: geode's cold and warm (disk cache) compile time per kernel.
 """
 
@@ -35,7 +35,7 @@ def _set_threads(n: int) -> None:
 SETTLE = 0.3
 
 
-def time_interleaved(fns: dict, repeat: int, rounds: int = 3) -> dict[str, float]:  # type: ignore[type-arg]
+def time_in_rounds(fns: dict, repeat: int, rounds: int = 3) -> dict[str, float]:  # type: ignore[type-arg]
     """Median seconds per call of each function over ``rounds`` rounds; each round runs
     every function in turn: a rest of :data:`SETTLE` seconds, one untimed call, then
     ``repeat`` timed calls back to back.
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)
     nbytes = int((64 << 20) * max(args.scale, 1 / 16))
-    copies = time_interleaved(roofline_copies(nbytes), args.repeat)
+    copies = time_in_rounds(roofline_copies(nbytes), args.repeat)
     best = min(copies, key=copies.get)
     copy_bw = 2 * nbytes / copies[best]
     print(
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 fns[s] = build(s, w, args.threads)
             except ImportError as exc:
                 missing[s] = str(exc)
-        times = time_interleaved(fns, args.repeat)
+        times = time_in_rounds(fns, args.repeat)
         row = f"{w.name:<16}" + "".join(
             f"{times[s] * 1e3:>12.2f}ms" if s in times else f"{'missing':>14}" for s in systems
         )

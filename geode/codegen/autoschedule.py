@@ -23,6 +23,8 @@ to the unscheduled kernel); the reason is kept in ``Schedule.notes``.
 
 from __future__ import annotations
 
+import math
+
 from geode.codegen import ast as A
 from geode.codegen.lower import LoweredKernel
 from geode.codegen.schedule import Schedule
@@ -199,26 +201,26 @@ def _row_reduce(sch: Schedule, lowered: LoweredKernel, group: Group, par: bool) 
 PREFETCH_MIN_ROW = 1024
 
 
-def _prefetch_rows(sch: Schedule, sp: str, at_start: bool = False) -> None:
-    """Prefetch the next row of every input read row by row: with two or more passes
-    over each row, once the first pass is done (fetching it then overlaps the later
-    passes' arithmetic, softmax's exp, instead of stalling the next row's first pass);
-    for a single elementwise pass (``at_start``), before it."""
+def _prefetch_rows(sch: Schedule, sp: str) -> None:
+    """With two or more passes over each row, prefetch the next row of every input read
+    row by row once the first pass is done: fetching it then overlaps the later passes'
+    arithmetic (softmax's exp) instead of stalling the next row's first pass."""
     loop = sch.get_loop(sp)
-    if loop.kind is not A.ForKind.PARALLEL:
-        return
-    if sum(isinstance(s, A.For) for s in loop.body) < (1 if at_start else 2):
+    if sum(isinstance(s, A.For) for s in loop.body) < 2:
         return
     for buf in sch.kernel.inputs:
-        n = 1
-        for d in buf.shape[1:]:
-            n = n * d.value if isinstance(d, A.Const) and isinstance(n, int) else None
-            if n is None:
-                break
-        if n is not None and n < PREFETCH_MIN_ROW:
+        row = buf.shape[1:]
+        if (
+            all(isinstance(d, A.Const) for d in row)
+            and math.prod(
+                int(d.value)
+                for d in row  # type: ignore[attr-defined]
+            )
+            < PREFETCH_MIN_ROW
+        ):
             continue
         try:
-            sch.prefetch_next(sp, buf.name, at_start=at_start)
+            sch.prefetch_next(sp, buf.name)
         except ScheduleError as exc:
             log.debug("no prefetch of %s: %s", buf.name, exc)
 

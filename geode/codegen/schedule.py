@@ -619,6 +619,25 @@ def _map_block_exprs(b: Block, fn: Callable[[Expr], Expr]) -> None:
             s.cond = fn(s.cond)
 
 
+def _retarget(b: Block, temp: str, out: str, plan: list[int | Expr], row: dict[str, Expr]) -> None:
+    """In ``b``, turn ``temp[s]`` into ``out[...]``: axis ``i`` of ``out`` takes ``s[plan[i]]``
+    or, for a row expression, ``row[expr_str(plan[i])]``."""
+
+    def to_out(idx: Sequence[Expr]) -> tuple[Expr, ...]:
+        return tuple(idx[p] if isinstance(p, int) else row[expr_str(p)] for p in plan)
+
+    def repl(e: Expr) -> Expr | None:
+        if isinstance(e, Load) and e.buffer == temp:
+            return Load(out, to_out(e.indices))
+        return None
+
+    for st in _stores(b):
+        if st.buffer == temp:
+            st.buffer = out
+            st.indices = to_out(st.indices)
+    _map_block_exprs(b, lambda e: transform(e, repl))
+
+
 def _combine(b: Block) -> tuple[str, Store, Expr, bool] | None:
     """For a reduction block: (combine op, the store, the combined value, whether the
     accumulator is the left operand), or None if the body is not ``C = C op x``."""
@@ -2002,6 +2021,15 @@ class Schedule:
                   Y[vi, vk] = T[0, vk] / s[]              Y[vi, vk] = Y[vi, vk] / s[]
         """
         prim = "reuse_output"
+        out, users, plan = self._reuse_plan(prim, temp, block)
+        self._redirect(prim, temp, out, [x for x, _ in users], plan)
+        return None
+
+    def _reuse_plan(
+        self, prim: str, temp: str, block: str
+    ) -> tuple[str, list[tuple[Block, tuple[For, ...]]], list[int | Expr]]:
+        """:meth:`reuse_output`'s checks; returns the output, the blocks accessing ``temp``
+        (with their loops) and, per output axis, the temp axis it takes or a row expression."""
         k = self.kernel
         tbuf = next((t for t in k.temps if t.name == temp), None)
         if tbuf is None or tbuf.scope != "local":
@@ -2066,7 +2094,15 @@ class Schedule:
         for j, te in enumerate(t_idx):
             if j not in used and not (_eq(te, Const(0)) and _eq(tbuf.shape[j], Const(1))):
                 raise ScheduleError(prim, block, f"{temp} axis {j} does not reach {out.name}")
-        for x, _ in users:
+        return out.name, users, plan
+
+    def _redirect(
+        self, prim: str, temp: str, out: str, users: list[Block], plan: list[int | Expr]
+    ) -> None:
+        """Replace every access ``temp[s]`` in ``users`` by ``out[h(s)]``: ``plan`` maps each
+        ``out`` axis to a ``temp`` axis or to a row expression, which each block reads
+        through the iteration variable it binds to that expression."""
+        for x in users:
             row: dict[str, Expr] = {}
             for p in plan:
                 if isinstance(p, int):
@@ -2077,22 +2113,8 @@ class Schedule:
                         prim, x.name, f"no iteration variable is bound to {expr_str(p)}"
                     )
                 row[expr_str(p)] = Var(iv.name)
-
-            def to_out(idx: Sequence[Expr], row: dict[str, Expr] = row) -> tuple[Expr, ...]:
-                return tuple(idx[p] if isinstance(p, int) else row[expr_str(p)] for p in plan)
-
-            def repl(e: Expr, to_out: Callable = to_out) -> Expr | None:
-                if isinstance(e, Load) and e.buffer == temp:
-                    return Load(out.name, to_out(e.indices))
-                return None
-
-            for st in _stores(x):
-                if st.buffer == temp:
-                    st.buffer = out.name
-                    st.indices = to_out(st.indices)
-            _map_block_exprs(x, lambda e, repl=repl: transform(e, repl))
-        k.temps = [t for t in k.temps if t.name != temp]
-        return None
+            _retarget(x, temp, out, plan, row)
+        self.kernel.temps = [t for t in self.kernel.temps if t.name != temp]
 
     @_primitive
     def prefetch_next(self, loop: str, buffer: str, at_start: bool = False) -> str:

@@ -346,9 +346,9 @@ def _g_ushr(a: int, b: int, nbits: int) -> int:  # uint64 logical a >> b
     return a >> b
 
 
-def _nan_propagating(which: str) -> Any:
-    """An intrinsic calling LLVM's ``llvm.maximum``/``llvm.minimum`` (NaN-propagating, like
-    np.maximum/np.minimum): unlike a compare-and-select, LLVM vectorizes reductions of it."""
+def _float_minmax(which: str, flags: tuple[str, ...] = ()) -> Any:
+    """An intrinsic calling LLVM's float ``llvm.<which>`` (two float32/float64 operands) with
+    the instruction fast-math ``flags``."""
 
     def typer(typingctx: Any, a: Any, b: Any) -> Any:
         if a != b or a not in (nbt.float32, nbt.float64):
@@ -362,16 +362,25 @@ def _nan_propagating(which: str) -> Any:
             fn = cgutils.get_or_insert_function(
                 builder.module, llir.FunctionType(ty, [ty, ty]), f"llvm.{which}.{suffix}"
             )
-            return builder.call(fn, list(args))
+            return builder.call(fn, list(args), fastmath=flags)
 
         return a(a, b), codegen
 
-    typer.__name__ = f"_g_{which}"
+    typer.__name__ = f"_g_{which}" + ("_nn" if flags else "")
     return intrinsic(typer)
 
 
-_g_maximum = _nan_propagating("maximum")
-_g_minimum = _nan_propagating("minimum")
+#: ``llvm.maximum``/``llvm.minimum``: NaN-propagating like np.maximum/np.minimum; unlike a
+#: compare-and-select, LLVM vectorizes reductions of them.
+_g_maximum = _float_minmax("maximum")
+_g_minimum = _float_minmax("minimum")
+#: ``llvm.maxnum``/``llvm.minnum`` with ``nnan nsz``: the plain ``vmaxps``/``vminps`` that
+#: LLVM vectorizes into a reduction with several accumulators (``llvm.maximum`` needs a
+#: compare and a blend per vector and runs at a third of the speed). A NaN operand gives an
+#: unspecified result, so a reduction using them tracks NaNs on the side with
+#: :func:`_g_nanguard` (see ``_Emitter.find_guarded``).
+_g_maxnum_nn = _float_minmax("maxnum", ("nnan", "nsz"))
+_g_minnum_nn = _float_minmax("minnum", ("nnan", "nsz"))
 
 
 @intrinsic
@@ -397,36 +406,6 @@ def _g_prefetch(typingctx: Any, arr: Any, offset: Any) -> Any:
 
     return nbt.void(arr, nbt.int64), codegen
 
-
-def _nan_ignoring(which: str) -> Any:
-    """An intrinsic calling ``llvm.maxnum``/``llvm.minnum`` with the ``nnan nsz`` flags: the
-    plain ``vmaxps``/``vminps`` that LLVM vectorizes into a reduction with several
-    accumulators (``llvm.maximum`` needs a compare and a blend per vector and runs at a
-    third of the speed). A NaN operand gives an unspecified result, so a reduction using
-    it must track NaNs on the side with :func:`_g_nanguard` (see ``_Emitter.guarded``)."""
-
-    def typer(typingctx: Any, a: Any, b: Any) -> Any:
-        if a != b or a not in (nbt.float32, nbt.float64):
-            return None
-
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            from numba.core import cgutils
-
-            ty = args[0].type
-            suffix = "f32" if ty == llir.FloatType() else "f64"
-            fn = cgutils.get_or_insert_function(
-                builder.module, llir.FunctionType(ty, [ty, ty]), f"llvm.{which}.{suffix}"
-            )
-            return builder.call(fn, list(args), fastmath=("nnan", "nsz"))
-
-        return a(a, b), codegen
-
-    typer.__name__ = f"_g_{which}_nn"
-    return intrinsic(typer)
-
-
-_g_maxnum_nn = _nan_ignoring("maxnum")
-_g_minnum_nn = _nan_ignoring("minnum")
 
 #: float dtype -> (integer dtype of its bits, the bits of +inf): ``|bits| > inf`` iff NaN.
 _NAN_GUARD = {"float32": ("int32", 0x7F800000), "float64": ("int64", 0x7FF0000000000000)}
@@ -739,7 +718,9 @@ class _Emitter:
         self.alloc_site: dict[str, int | None] = {}
         self.guarded = self.find_guarded()
         self.guard_names: dict[str, str] = {}  # register python name -> its NaN guard
-        self.guard_frames: list[list[str] | None] = []  # per enclosing For being printed
+        #: per enclosing For being printed: the guarded registers (python name, dtype) it
+        #: updates (None for a prange loop, where updates stay exact)
+        self.guard_frames: list[list[tuple[str, str]] | None] = []
 
     # -- min/max reductions ----------------------------------------------------------
     def find_guarded(self) -> set[str]:
@@ -1194,9 +1175,10 @@ class _Emitter:
             self.loop(s, env, ind, in_prange, prange, unroll, n, ext)
         finally:
             frame = self.guard_frames.pop()
-        if frame:
-            dt_of = {py: self.dtypes[b] for (b, _), py in self.reg_scalars.items()}
-            self.guard_checks(frame, dt_of, ind)
+        for name, dt in frame or []:  # NaN seen in the loop -> the result is NaN
+            gty, inf_bits = _NAN_GUARD[dt]
+            self.emit(f"if {self.guard_names[name]} > np.{gty}({inf_bits}):", ind)
+            self.emit(f"{name} = np.{dt}(np.nan)", ind + 1)
 
     def loop(
         self,
@@ -1333,21 +1315,14 @@ class _Emitter:
             self.emit(f"{tmp} = {v.code}", ind)
             self.emit(f"{name} = {fn}({name}, {tmp})", ind)
             self.emit(f"{guard} = {self.helper('_g_nanguard')}({guard}, {tmp})", ind)
-            if name not in frame:
-                frame.append(name)
+            if (name, dt) not in frame:
+                frame.append((name, dt))
             return
         value = self.convert(self.ex(self.fold(s.value, env)), dt)
         self.emit(f"{name} = {value.code}", ind)
         if not upd:  # an initialisation: (re)start the guard
             guard = self.guard_names.setdefault(name, self.names.fresh(name + "_nan"))
             self.emit(f"{guard} = np.{gty}(0)", ind)
-
-    def guard_checks(self, names: list[str], dt_of: dict[str, str], ind: int) -> None:
-        """After a loop updating guarded registers: NaN seen -> the result is NaN."""
-        for name in names:
-            gty, inf_bits = _NAN_GUARD[dt_of[name]]
-            self.emit(f"if {self.guard_names[name]} > np.{gty}({inf_bits}):", ind)
-            self.emit(f"{name} = np.{dt_of[name]}(np.nan)", ind + 1)
 
     # -- allocation ------------------------------------------------------------------
     def plan_allocations(self) -> None:
