@@ -1585,3 +1585,56 @@ def test_straight_line_max_updates_in_the_row_loop() -> None:
     x = np.array([[np.nan, 1, 2], [1, np.nan, 2], [1, 2, np.nan], [1, 5, 2]], np.float32)
     (y,) = run(kern, [x], [((4,), np.float32)], [4])
     exact(y, x.max(axis=1))
+
+
+def test_loop_invariant_bindings_are_hoisted_out_of_inner_loops() -> None:
+    """Row indices of a pipelined row loop are computed once per row, not per element,
+    and a predicated block left with no statement in place still gets a body."""
+    from geode.codegen.ast import (
+        Bin,
+        Block,
+        Const,
+        For,
+        If,
+        IterVar,
+        Kernel,
+        Load,
+        Store,
+        Var,
+    )
+    from geode.codegen.ast import Buffer as Buf
+
+    vi, vk = IterVar("vi", Var("N")), IterVar("vk", Const(8))
+    row = Bin("//", Bin("*", Var("i"), Const(3)), Const(2))
+    blk = Block(
+        "B",
+        [vi, vk],
+        [row, Var("k")],
+        [Store("Y", (Var("vi"), Var("vk")), Load("X", (Var("vi"), Var("vk"))))],
+    )
+    empty = Block("E", [vi], [Bin("*", Var("N"), Const(2))], [])
+    body = [
+        For("i", Var("N"), [For("k", Const(8), [blk, If(Bin("<", Var("k"), Const(3)), [empty])])])
+    ]
+    k = Kernel(
+        "hoist",
+        [Buf("X", "float32", (Bin("*", Var("N"), Const(2)), Const(8)))],
+        [Buf("Y", "float32", (Bin("*", Var("N"), Const(2)), Const(8)))],
+        ["N"],
+        body,
+    )
+    src = nb.emit_source(k)
+    lines = src.splitlines()
+    inner = next(i for i, ln in enumerate(lines) if "in range(8)" in ln)
+    hoisted = [ln for ln in lines[:inner] if "_g_fdiv(" in ln or "//" in ln]
+    assert hoisted, src
+    assert not any("_g_fdiv(" in ln or " // " in ln for ln in lines[inner:]), src
+    compile(src, "hoist", "exec")  # the `if` whose block moved out keeps a body
+    fn = nb.compile_kernel(k)
+    x = np.arange(6 * 8, dtype=np.float32).reshape(6, 8)
+    y = np.zeros_like(x)
+    fn(x, y, 3)
+    want = np.zeros_like(x)
+    for i in range(3):
+        want[i * 3 // 2] = x[i * 3 // 2]
+    np.testing.assert_array_equal(y, want)

@@ -312,10 +312,29 @@ def test_softmax_row_with_nan_is_nan():
 
 
 @pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm"])
-def test_row_kernels_prefetch_the_next_row(name):
+def test_row_kernels_pipeline_the_next_row(name):
     ex = examples.ALL[name](hidden=1024)
     model = geode.compile(ex.graph)
     (k,) = aicore(model)
-    assert "prefetch_next(loop=" in k.trace and "buffer='x'" in k.trace
-    assert "_g_prefetch(x, " in k.source and "prange" in k.source
-    run_sizes(model, ex, sizes=(1, 2, 7, 16))
+    assert "software_pipeline(loop=" in k.trace and "prefetch_next" not in k.trace
+    assert "prange" in k.source and "_cur = " in k.source
+    # chunks of max(1, min(64, N // 8)) rows: 1 (N < 16), 2 and 16 (a short last chunk)
+    run_sizes(model, ex, sizes=(1, 2, 7, 16, 17, 130))
+
+
+def test_row_kernel_that_cannot_pipeline_prefetches_instead():
+    """exp(x) / sum(exp(x)): the first pass writes the output (its exp values), so the
+    next row's first pass cannot run inside this row's passes; the next row is
+    prefetched instead."""
+    g = geode.Graph("expnorm")
+    x = g.input("x", ["N", 2048])
+    e = ops.exp(x)
+    g.output(e / ops.reduce_sum(e, axes=[-1], keepdims=1), names=["y"])
+    model = geode.compile(g)
+    (k,) = aicore(model)
+    assert "software_pipeline" not in k.trace and "prefetch_next(loop=" in k.trace
+    rng = np.random.default_rng(3)
+    for n in (1, 3):
+        xv = rng.standard_normal((n, 2048)).astype(np.float32)
+        want = np.exp(xv) / np.exp(xv).sum(-1, keepdims=True)
+        np.testing.assert_allclose(model(x=xv)["y"], want, rtol=1e-5, atol=1e-9)

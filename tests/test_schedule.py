@@ -33,6 +33,7 @@ from geode.codegen.ast import (
     format_kernel,
     format_stmts,
     stmt_exprs,
+    transform,
     walk,
     walk_stmts,
 )
@@ -1547,32 +1548,197 @@ def test_numba_prefetch_past_the_end_and_errors() -> None:
         nb.emit_source(_with_prefetch(k_rowbuf([[E()], [D()]]), "T", Const(0)))
 
 
-@pytest.mark.parametrize("hidden,count", [(64, 0), (1023, 0), (1024, 1), (4096, 1)])
-def test_default_row_reduce_schedule_prefetches_long_rows(hidden: int, count: int) -> None:
+@pytest.mark.parametrize("hidden,piped", [(64, False), (1023, False), (1024, True), (4096, True)])
+def test_default_row_reduce_schedule_pipelines_long_rows(hidden: int, piped: bool) -> None:
     from geode.codegen.autoschedule import PREFETCH_MIN_ROW, schedule_group
 
     assert PREFETCH_MIN_ROW == 1024
     lk, group = _lowered("softmax", hidden=hidden)
     sch = schedule_group(lk, group)
     assert sch.level == "full"
-    pfs = _prefetches(sch.kernel)
-    assert len(pfs) == count and all(p.buffer == "x" for p in pfs)
-    assert [s.primitive for s in sch.trace].count("prefetch_next") == count
-    if count:
-        (row_loop,) = [s for s in sch.kernel.body if isinstance(s, For)]
-        assert row_loop.kind == ForKind.PARALLEL
-        kinds = [type(s).__name__ for s in row_loop.body]
-        assert kinds.index("If") == kinds.index("For") + 1  # right after the first pass
-        lines = _prefetched_lines(sch.kernel, row_loop.var, {"N": 3}, 3)
-        assert lines[0] == list(range(hidden, 2 * hidden, 16)) and lines[2] == []
+    prims = [s.primitive for s in sch.trace]
+    assert prims.count("software_pipeline") == int(piped)
+    assert "prefetch_next" not in prims and not _prefetches(sch.kernel)
+    if piped:
+        (chunks,) = [s for s in sch.kernel.body if isinstance(s, For)]
+        assert chunks.kind == ForKind.PARALLEL
+        # prologue: the first row's max; then the row loop
+        kinds = [type(s).__name__ for s in chunks.body]
+        assert kinds == ["Block", "For", "For"]
+        rows = chunks.body[-1]
+        # the next row's max runs inside the exp pass (the first pass writing y)
+        host = [s for s in rows.body if isinstance(s, For)][0]
+        names = [b.name for b in host.body]
+        assert names == ["softmax_exp", "softmax_reducesum", "softmax_reducemax"]
         check_replay(lk.kernel, sch)
+        rng = np.random.default_rng(5)
+        for n in (1, 9, 17) if hidden <= 1024 else (3,):
+            x = rng.standard_normal((n, hidden)).astype(np.float32)
+            got = run_kernel(sch.kernel, {"x": x}, {"N": n})["y"]
+            np.testing.assert_allclose(
+                got, _softmax_ref(x.astype(np.float64)), rtol=1e-5, atol=1e-8
+            )
+
+
+def _before_pipeline(example: str, hidden: int = 1024) -> tuple[Schedule, TraceStep]:
+    lk, group = _lowered(example, hidden=hidden)
+    return _until(lk, group, "software_pipeline")
+
+
+def _rows_equal(a: Kernel, b: Kernel, hidden: int, sizes: Sequence[int]) -> None:
+    rng = np.random.default_rng(11)
+    for n in sizes:
+        feeds = {"x": rng.standard_normal((n, hidden)).astype(np.float32)}
+        for buf in a.inputs[1:]:
+            feeds[buf.name] = rng.standard_normal(hidden).astype(np.float32)
+        got = run_kernel(a, feeds, {"N": n})
+        want = run_kernel(b, feeds, {"N": n})
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"N={n} {k}")
+
+
+@pytest.mark.parametrize("example", ["rmsnorm", "softmax", "layernorm"])
+@pytest.mark.parametrize("chunk,min_chunks", [(64, 8), (3, 1), (1, 1), (5, 2)])
+def test_software_pipeline_keeps_results(example: str, chunk: int, min_chunks: int) -> None:
+    sch, step = _before_pipeline_any(example, 16)
+    before = copy.deepcopy(sch.kernel)
+    outer, inner = sch.software_pipeline(step.args["loop"], chunk, min_chunks, step.args["into"])
+    assert [outer, inner] == [f"{step.args['loop']}_o", f"{step.args['loop']}_i"]
+    assert sch.get_loop(outer).kind == ForKind.PARALLEL
+    assert sch.get_loop(inner).kind == ForKind.SERIAL
+    # the first pass runs once per chunk as a prologue, then inside the host pass
+    assert sum(b.endswith("_pro") for b in sch.blocks()) >= 2
+    _rows_equal(sch.kernel, before, 16, (0, 1, 2, 3, 7, 8, 13))
+    replayed = Trace([sch.trace[-1]]).replay(before)
+    assert format_kernel(replayed.kernel) == format_kernel(sch.kernel)
+
+
+def test_software_pipeline_chunk_folds_for_static_rows_and_is_symbolic_otherwise() -> None:
+    sch, step = _before_pipeline("rmsnorm", 1024)
+    static = copy.deepcopy(sch)
+    outer, _ = sch.software_pipeline(step.args["loop"], 64, 8)
+    text = format_kernel(sch.kernel)
+    c = "max(1, min(64, N // 8))"
+    assert f"parallel for ({outer}, 0, (N + ({c} - 1)) // {c})" in text
+    assert f"serial for (mul_sp_i, 0, min({c}, N - mul_sp_o * {c}))" in text
+    # 100 static rows: chunks of 100 // 8 = 12 rows, 9 chunks (the last of 4 rows)
+    static.get_loop(step.args["loop"]).extent = Const(100)
+    static.software_pipeline(step.args["loop"], 64, 8)
+    text = format_kernel(static.kernel)
+    assert "parallel for (mul_sp_o, 0, 9)" in text
+    assert "serial for (mul_sp_i, 0, min(12, 100 - mul_sp_o * 12))" in text
+    # a copy of the sum of squares at the top of each row, read by the last pass
+    assert "reducemean_2_sum_cur[] = reducemean_2_sum[]" in text
+    reg = sch.kernel.buffer("reducemean_2_sum_cur")
+    assert reg.scope == "register" and reg.shape == ()
+
+
+@given(
+    n=st.integers(0, 40),
+    hidden=st.sampled_from([3, 16, 33]),
+    chunk=st.integers(1, 70),
+    min_chunks=st.integers(1, 9),
+    example=st.sampled_from(["rmsnorm", "softmax", "layernorm"]),
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_software_pipeline_random_rows_and_chunks(n, hidden, chunk, min_chunks, example) -> None:
+    sch, step = _PIPE_CACHE.setdefault((example, hidden), _before_pipeline_any(example, hidden))
+    sch = copy.deepcopy(sch)
+    before = copy.deepcopy(sch.kernel)
+    sch.software_pipeline(step.args["loop"], chunk, min_chunks, step.args["into"])
+    _rows_equal(sch.kernel, before, hidden, (n,))
+
+
+_PIPE_CACHE: dict = {}
+
+
+def _before_pipeline_any(example: str, hidden: int) -> tuple[Schedule, TraceStep]:
+    """The default schedule up to its row loop's pipelining; for rows too short to be
+    pipelined by default, the same step is made up (the primitive does not care)."""
+    from geode.codegen.autoschedule import schedule_group
+
+    lk, group = _lowered(example, hidden=hidden)
+    steps = list(schedule_group(lk, group).trace)
+    pre = [s for s in steps if s.primitive not in ("software_pipeline", "prefetch_next")]
+    sch = Trace(pre).replay(lk.kernel)
+    (row,) = [s for s in sch.kernel.body if isinstance(s, For)]
+    passes = [s for s in row.body if isinstance(s, For)]
+    outs = {b.name for b in sch.kernel.outputs}
+    host = next(
+        p.var
+        for p in passes[1:]
+        if any(st_.buffer in outs for st_ in walk_stmts(p.body) if isinstance(st_, Store))
+    )
+    return sch, TraceStep("software_pipeline", {"loop": row.var, "into": host})
+
+
+def test_software_pipeline_refuses_and_leaves_the_kernel_alone() -> None:
+    sch, step = _before_pipeline("softmax")
+    loop = step.args["loop"]
+    before = format_kernel(sch.kernel)
+    (row,) = [s for s in sch.kernel.body if isinstance(s, For)]
+    passes = [s for s in row.body if isinstance(s, For)]
+    with pytest.raises(ScheduleError, match="no pass 'nope' follows the first pass"):
+        sch.software_pipeline(loop, into="nope")
+    with pytest.raises(ScheduleError, match="no pass .* follows the first pass"):
+        sch.software_pipeline(loop, into=passes[0].var)  # the first pass cannot host itself
+    with pytest.raises(ScheduleError, match="is vectorized"):
+        sch.software_pipeline(passes[0].var)
+    with pytest.raises(ScheduleError, match="chunk and min_chunks must be positive"):
+        sch.software_pipeline(loop, chunk=0)
+    assert format_kernel(sch.kernel) == before
+    assert not [t for t in sch.trace if t.primitive == "software_pipeline"]
+
+
+def _edited(example: str, edit: Callable[[For, list[For]], None]) -> Schedule:
+    sch, _ = _before_pipeline(example)
+    (row,) = [s for s in sch.kernel.body if isinstance(s, For)]
+    edit(row, [s for s in row.body if isinstance(s, For)])
+    return sch
+
+
+def test_software_pipeline_requires_a_first_pass_over_inputs_into_registers() -> None:
+    def read_output(row: For, passes: list[For]) -> None:
+        (b,) = passes[0].body
+        (st_,) = b.body
+        st_.value = transform(
+            st_.value,
+            lambda e: Load("y", e.indices) if isinstance(e, Load) and e.buffer == "x" else None,
+        )
+
+    sch = _edited("rmsnorm", read_output)
+    with pytest.raises(ScheduleError, match=r"the first pass reads \['y'\], not inputs"):
+        sch.software_pipeline(sch.kernel.body[0].var)
+
+    def write_register_later(row: For, passes: list[For]) -> None:
+        (b,) = passes[-1].body
+        b.body.append(Store("reducemean_2_sum", (), Const(0.0, "float32")))
+
+    sch = _edited("rmsnorm", write_register_later)
+    with pytest.raises(ScheduleError, match=r"a later pass writes \['reducemean_2_sum'\]"):
+        sch.software_pipeline(sch.kernel.body[0].var)
+
+    def one_pass(row: For, passes: list[For]) -> None:
+        row.body[:] = [s for s in row.body if s is not passes[-1]]
+
+    sch = _edited("rmsnorm", one_pass)
+    with pytest.raises(ScheduleError, match="does not end with a pass"):
+        sch.software_pipeline(sch.kernel.body[0].var)
+
+
+def test_software_pipeline_refuses_a_first_pass_writing_a_row_buffer() -> None:
+    k = k_rowbuf([[E()], [D()]])
+    sch = Schedule(k)
+    (row,) = [s for s in sch.kernel.body if isinstance(s, For)]
+    with pytest.raises(ScheduleError, match="not registers"):
+        sch.software_pipeline(row.var)
 
 
 def test_prefetch_next_on_softmax_keeps_results() -> None:
     lk, group = _lowered("softmax", hidden=1024)
-    sch, step = _until(lk, group, "prefetch_next")
+    sch, step = _until(lk, group, "software_pipeline")
     before = copy.deepcopy(sch.kernel)
-    assert sch.prefetch_next(**step.args) == step.result
+    sch.prefetch_next(step.args["loop"], "x")
     rng = np.random.default_rng(4)
     for n in (1, 2):
         x = rng.standard_normal((n, 1024)).astype(np.float32)

@@ -14,7 +14,8 @@ rewrites it in place, one primitive at a time, in the style of CINN's IRSchedule
   reduce), :meth:`~Schedule.compute_at`, :meth:`~Schedule.reuse_output` (a row buffer
   kept in the output it becomes);
 * loop annotations: :meth:`~Schedule.parallel`, :meth:`~Schedule.vectorize`,
-  :meth:`~Schedule.unroll`; cache hints: :meth:`~Schedule.prefetch_next`.
+  :meth:`~Schedule.unroll`; cache hints: :meth:`~Schedule.prefetch_next`;
+* software pipelining of row passes: :meth:`~Schedule.software_pipeline`.
 
 Loops are named by their loop variable, blocks by their name. Every primitive checks
 its requirements first and raises :class:`~geode.errors.ScheduleError` naming the
@@ -595,7 +596,8 @@ def _block_exprs(b: Block) -> list[Expr]:
 
 
 def _subst_loop_vars(stmts: list[Stmt], mapping: dict[str, Expr]) -> None:
-    """Replace loop variables in loop extents, conditions, bindings and predicates."""
+    """Replace loop variables in loop extents, conditions, bindings, predicates and
+    prefetch offsets."""
     for s in stmts:
         if isinstance(s, For):
             s.extent = substitute(s.extent, mapping)
@@ -607,6 +609,19 @@ def _subst_loop_vars(stmts: list[Stmt], mapping: dict[str, Expr]) -> None:
             s.bindings = [substitute(x, mapping) for x in s.bindings]
             if s.predicate is not None:
                 s.predicate = substitute(s.predicate, mapping)
+        elif isinstance(s, Prefetch):
+            s.offset = substitute(s.offset, mapping)
+
+
+def _rename_loads(e: Expr, names: dict[str, str]) -> Expr:
+    """``e`` with loads of the buffers in ``names`` reading the renamed buffers instead."""
+
+    def repl(x: Expr) -> Expr | None:
+        if isinstance(x, Load) and x.buffer in names:
+            return Load(names[x.buffer], x.indices)
+        return None
+
+    return transform(e, repl)
 
 
 def _map_block_exprs(b: Block, fn: Callable[[Expr], Expr]) -> None:
@@ -2188,6 +2203,165 @@ class Schedule:
         guard = If(Bin("<", add(Var(f.var), Const(1)), f.extent), [body])
         f.body.insert(pos + 1, guard)
         return var
+
+    @_primitive
+    def software_pipeline(
+        self, loop: str, chunk: int = 64, min_chunks: int = 8, into: str | None = None
+    ) -> list[str]:
+        """Overlap each iteration's first pass with a later pass of the previous iteration:
+        while row ``i``'s pass ``into`` (default: the last pass) runs, the same loop
+        computes row ``i + 1``'s first pass, so the memory traffic of reading the next row
+        (the first pass) overlaps the host pass's writes and arithmetic instead of
+        alternating with them.
+        ``loop`` (extent ``n``) is split into chunks of ``c = max(1, min(chunk, n //
+        min_chunks))`` rows, run like ``loop`` (parallel if it was); each chunk runs its
+        first row's first pass as a prologue. Returns the chunk loop and the row loop.
+
+        Requirements: ``loop`` is serial or parallel; its body is loop-free blocks (the
+        *head*, initialising the first pass), a loop ``F`` (the first pass), any
+        statements, and last a loop; the host pass ``L`` (loop ``into``, or that last loop) is
+        a loop of the body after ``F`` with the same extent as ``F``; ``F`` and ``L`` hold
+        only blocks; the head and ``F`` write only registers (0-d
+        temps) and read only kernel inputs and the registers they write; nothing after
+        ``F`` writes those registers. Those registers read after ``F`` are read from a
+        copy taken at the top of the row (``<reg>_cur``), since the next row's first
+        pass overwrites them during ``L`` (the next row's initialisation moves just
+        before ``L``). In the last row of a chunk the "next" row is
+        the row itself (a re-read from cache, the value unused).
+
+        Example, ``software_pipeline("i", 64)`` on RMSNorm (``X: float32[N, K]``)::
+
+            parallel for (i, 0, N)               parallel for (i_o, 0, (N + c - 1) // c)
+              ScheduleBlock(S_init)                ScheduleBlock(S_init_pro) ... row i_o * c
+                s[] = 0.0f                         serial for (k_pro, 0, K)
+              serial for (k, 0, K)                   ScheduleBlock(S_pro) ... row i_o * c
+                ScheduleBlock(S)                   serial for (i_i, 0, min(c, N - i_o * c))
+                  s[] = s[] + X[i, k] ^ 2            ScheduleBlock(s_cur)
+              serial for (k2, 0, K)       ->          s_cur[] = s[]
+                ScheduleBlock(Y)                     ScheduleBlock(S_init) ... row i'
+                  Y[i, k2] = X[i, k2] * f(s[])         s[] = 0.0f
+                                                     serial for (k2, 0, K)
+                                                       ScheduleBlock(Y) ... row i
+                                                         Y[i, k2] = X[i, k2] * f(s_cur[])
+                                                       ScheduleBlock(S) ... row i'
+                                                         s[] = s[] + X[i', k2] ^ 2
+
+        with ``c`` the chunk, ``i = i_o * c + i_i`` and
+        ``i' = i_o * c + min(i_i + 1, min(c, N - i_o * c) - 1)``.
+        """
+        prim = "software_pipeline"
+        f, cont, _ = self._locate_loop(prim, loop)
+        blk = self._first_block(f)
+        if f.kind not in (ForKind.SERIAL, ForKind.PARALLEL):
+            raise ScheduleError(prim, blk, f"loop {loop} is {f.kind.value}")
+        if chunk < 1 or min_chunks < 1:
+            raise ScheduleError(prim, blk, "chunk and min_chunks must be positive")
+        pos = next((i for i, x in enumerate(f.body) if isinstance(x, For)), None)
+        if pos is None:
+            raise ScheduleError(prim, blk, f"loop {loop} holds no pass")
+        head, first, rest = f.body[:pos], f.body[pos], f.body[pos + 1 :]
+        host = next(
+            (
+                i
+                for i, x in enumerate(rest)
+                if isinstance(x, For) and (x.var == into or (into is None and i == len(rest) - 1))
+            ),
+            -1,
+        )
+        if host < 0:
+            why = (
+                f"loop {loop} does not end with a pass"
+                if into is None
+                else f"no pass {into!r} follows the first pass in loop {loop}"
+            )
+            raise ScheduleError(prim, blk, why)
+        last = rest[host]
+        assert isinstance(last, For)
+        if not all(
+            isinstance(x, Block) and not any(isinstance(y, For) for y in walk_stmts(x.body))
+            for x in head
+        ):
+            raise ScheduleError(
+                prim, blk, "statements before the first pass must be loop-free blocks"
+            )
+        for g in (first, last):
+            if not all(isinstance(x, Block) for x in g.body):
+                raise ScheduleError(prim, blk, f"pass {g.var} must hold only blocks")
+        if expr_str(first.extent) != expr_str(last.extent):
+            raise ScheduleError(
+                prim, blk, f"passes {first.var} and {last.var} have different extents"
+            )
+        k = self.kernel
+        head_blocks = head + list(first.body)
+        regs = set().union(*(_writes(b) for b in head_blocks))
+        registers = {t.name for t in k.temps if t.scope == "register" and not t.shape}
+        if not regs <= registers:
+            raise ScheduleError(
+                prim, blk, f"the first pass writes {sorted(regs - registers)}, not registers"
+            )
+        inputs = {b.name for b in k.inputs}
+        reads = set().union(*(_reads(b) for b in head_blocks))
+        if not reads <= inputs | regs:
+            raise ScheduleError(
+                prim, blk, f"the first pass reads {sorted(reads - inputs - regs)}, not inputs"
+            )
+        rest_blocks = ast_blocks(rest)
+        clash = regs & set().union(set(), *(_writes(b) for b in rest_blocks))
+        if clash:
+            raise ScheduleError(prim, blk, f"a later pass writes {sorted(clash)}")
+        # -- transform
+        n = f.extent
+        c: Expr = (
+            Const(max(1, min(chunk, int(n.value) // min_chunks)))
+            if isinstance(n, Const)
+            else Bin("max", Const(1), Bin("min", Const(chunk), floordiv(n, Const(min_chunks))))
+        )
+        vo, vi = self._fresh(f"{f.var}_o"), self._fresh(f"{f.var}_i")
+        start = mul(Var(vo), c)
+        ext = Bin("min", c, sub(n, start))
+        row = add(start, Var(vi))
+        nxt = add(start, Bin("min", add(Var(vi), Const(1)), sub(ext, Const(1))))
+        used_regs = {ld.buffer for b in rest_blocks for e in _block_exprs(b) for ld in loads(e)}
+        cur: dict[str, str] = {}
+        copies: list[Stmt] = []
+        taken: set[str] = set()
+        for r in sorted(regs & used_regs):
+            cur[r] = self._fresh(f"{r}_cur", kind="buffer")
+            k.temps.append(Buffer(cur[r], k.buffer(r).dtype, (), "register"))
+            copies.append(
+                Block(
+                    self._fresh(cur[r], taken, kind="block"),
+                    [],
+                    [],
+                    [Store(cur[r], (), Load(r, ()))],
+                )
+            )
+        names: dict[str, str] = {
+            b.name: self._fresh(f"{b.name}_pro", taken, kind="block") for b in head_blocks
+        }
+        pro_var = self._fresh(f"{first.var}_pro", taken)
+        prologue = copy.deepcopy(head + [first])
+        for b in ast_blocks(prologue):
+            b.name = names[b.name]
+            if b.reduce_of is not None:
+                b.reduce_of = names.get(b.reduce_of, b.reduce_of)
+        prologue[-1].var = pro_var  # type: ignore[attr-defined]
+        _subst_loop_vars(prologue, {f.var: start, first.var: Var(pro_var)})
+        _subst_loop_vars(rest, {f.var: row})
+        for b in rest_blocks:
+            _map_block_exprs(b, lambda e: _rename_loads(e, cur))
+        _subst_loop_vars(head, {f.var: nxt})
+        _subst_loop_vars(first.body, {f.var: nxt, first.var: Var(last.var)})
+        last.body.extend(first.body)
+        inner = For(vi, ext, copies + rest[:host] + head + rest[host:], ForKind.SERIAL)
+        outer = For(
+            vo,
+            floordiv(add(n, sub(c, Const(1))), c),
+            prologue + [inner],
+            f.kind,
+        )
+        cont[next(i for i, x in enumerate(cont) if x is f)] = outer
+        return [vo, vi]
 
     @_primitive
     def parallel(self, loop: str) -> None:

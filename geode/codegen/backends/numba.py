@@ -718,6 +718,11 @@ class _Emitter:
         self.alloc_site: dict[str, int | None] = {}
         self.guarded = self.find_guarded()
         self.guard_names: dict[str, str] = {}  # register python name -> its NaN guard
+        # serial loops being emitted, innermost last: where loop-invariant block bindings
+        # are hoisted to (see hoist_binding)
+        self.hoist_frames: list[_HoistFrame] = []
+        self.n_hoisted = 0
+        self.n_comments = 0
         #: per enclosing For being printed: the guarded registers (python name, dtype) it
         #: updates (None for a prange loop, where updates stay exact)
         self.guard_frames: list[list[tuple[str, str]] | None] = []
@@ -1155,10 +1160,15 @@ class _Emitter:
             raise CodegenError(f"{self.where()}: unknown statement {type(s).__name__}")
 
     def body(self, body: list[Stmt], env: dict[str, Expr], ind: int, in_prange: bool) -> None:
-        n = len(self.lines)
+        n = self.emitted()
         self.stmts(body, env, ind, in_prange)
-        if len(self.lines) == n:
+        if self.emitted() == n:
             self.emit("pass", ind)
+
+    def emitted(self) -> int:
+        """Statements emitted in place so far (comments and bindings hoisted above a loop
+        not counted): a body that gained none needs a ``pass``."""
+        return len(self.lines) - self.n_hoisted - self.n_comments
 
     def for_(self, s: For, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
         ext = self.fold(s.extent, env)
@@ -1201,13 +1211,18 @@ class _Emitter:
             raise CodegenError(f"{self.where()}: loop {s.var!r} has extent of dtype {v.dtype}")
         var = self.names.fresh(s.var)
         rng = "numba.prange" if prange else "range"
+        frame = _HoistFrame(len(self.lines), ind, {var}, prange)
         self.emit(f"for {var} in {rng}({v.code}):", ind)
         inner = {**env, s.var: Var(var)}
-        n_before = len(self.lines)
+        n_before = self.emitted()
         if prange:
             self.allocations(id(s), inner, ind + 1)
-        self.stmts(s.body, inner, ind + 1, in_prange or prange)
-        if len(self.lines) == n_before:
+        self.hoist_frames.append(frame)
+        try:
+            self.stmts(s.body, inner, ind + 1, in_prange or prange)
+        finally:
+            self.hoist_frames.pop()
+        if self.emitted() == n_before:
             self.emit("pass", ind + 1)
 
     def indexes_register(self, loop: For) -> bool:
@@ -1253,16 +1268,14 @@ class _Emitter:
                 f"expressions to {len(s.iter_vars)} iteration variables"
             )
         self.emit(f"# block {s.name}", ind)
+        self.n_comments += 1
         inner = dict(env)
         for iv, bind in zip(s.iter_vars, s.bindings):
             e = self.fold(bind, env)
             if isinstance(e, (Const, Var)):
                 inner[iv.name] = e
             else:
-                v = self.ex(e)
-                name = self.names.fresh(iv.name)
-                self.emit(f"{name} = {v.code}", ind)
-                inner[iv.name] = Var(name)
+                inner[iv.name] = Var(self.binding(iv.name, e, ind))
         if s.predicate is not None:
             cond = self.convert(self.ex(self.fold(s.predicate, inner)), "bool")
             if cond.code == "False":
@@ -1272,6 +1285,35 @@ class _Emitter:
                 self.body(s.body, inner, ind + 1, in_prange)
                 return
         self.stmts(s.body, inner, ind, in_prange)
+
+    def binding(self, iv: str, e: Expr, ind: int) -> str:
+        """Emit iteration variable ``iv = e`` (``e`` folded to Python names) and return its
+        name. A load-free ``e`` that uses nothing the innermost serial loop defines is
+        computed once before that loop instead (once per distinct expression), so row
+        indices of a row's passes are not recomputed per element; index arithmetic never
+        faults (the division helpers return 0 for a zero divisor), so computing it when
+        the loop runs no iteration is harmless."""
+        n = len(self.lines)
+        v = self.ex(e)
+        frame = self.hoist_frames[-1] if self.hoist_frames else None
+        if (
+            frame is None
+            or frame.prange
+            or len(self.lines) != n
+            or any(isinstance(x, Load) for x in walk(e))
+            or _free(e) & frame.defined
+        ):
+            name = self.names.fresh(iv)
+            self.emit(f"{name} = {v.code}", ind)
+            if frame is not None:
+                frame.defined.add(name)
+            return name
+        if v.code not in frame.cse:
+            frame.cse[v.code] = self.names.fresh(iv)
+            self.lines.insert(frame.at, "    " * frame.ind + f"{frame.cse[v.code]} = {v.code}")
+            frame.at += 1
+            self.n_hoisted += 1
+        return frame.cse[v.code]
 
     def store(self, s: Store, env: dict[str, Expr], ind: int) -> None:
         if s.buffer not in self.bufs:
@@ -1522,6 +1564,19 @@ def _shape_text(d: Expr) -> str:
 
 def _has_parallel(kernel: Kernel) -> bool:
     return any(isinstance(s, For) and s.kind == ForKind.PARALLEL for s in walk_stmts(kernel.body))
+
+
+@dataclass
+class _HoistFrame:
+    """A loop being emitted: the line index of its ``for`` (where hoisted bindings go,
+    advanced past each), its indentation, the Python names its body defines, whether it
+    is a prange, and the hoisted bindings by code."""
+
+    at: int
+    ind: int
+    defined: set[str]
+    prange: bool
+    cse: dict[str, str] = field(default_factory=dict)
 
 
 def _emit(kernel: Kernel, fastmath: bool, parallel: bool | None) -> _Emitted:
