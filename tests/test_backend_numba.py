@@ -1638,3 +1638,70 @@ def test_loop_invariant_bindings_are_hoisted_out_of_inner_loops() -> None:
     for i in range(3):
         want[i * 3 // 2] = x[i * 3 // 2]
     np.testing.assert_array_equal(y, want)
+
+
+def _one_plus_tanh_kernel(dtype: str, expr_of) -> A.Kernel:
+    n, vi = A.Var("N"), A.Var("vi")
+    x = A.Load("X", (vi,))
+    blk = A.Block("B", [A.IterVar("vi", n)], [A.Var("i")], [A.Store("Y", (vi,), expr_of(x))])
+    return A.Kernel(
+        f"opt_{dtype}",
+        [A.Buffer("X", dtype, (n,))],
+        [A.Buffer("Y", "float64" if dtype == "float16" else dtype, (n,))],
+        ["N"],
+        [A.For("i", n, [blk], A.ForKind.VECTORIZED)],
+    )
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda x: A.Bin("+", A.Const(1.0, "float64"), A.Un("tanh", x)),
+        lambda x: A.Bin("+", A.Un("tanh", x), A.Const(1, "int64")),
+        lambda x: A.Bin("+", A.Un("tanh", x), A.Const(1.0, "float32")),
+    ],
+    ids=["1+tanh", "tanh+1", "tanh+1f"],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_plus_tanh_is_fused_and_keeps_the_digits(form, dtype: str) -> None:
+    """``1 + tanh(x)`` compiles to ``one_plus_tanh`` (2 / (1 + exp(-2x))): where adding 1
+    to tanh cancels (x < 0) it keeps the digits; elsewhere it matches numpy closely."""
+    k = _one_plus_tanh_kernel(dtype, form)
+    src = nb.emit_source(k)
+    assert f"one_plus_tanh_{'f32' if dtype == 'float32' else 'f64'}(" in src
+    assert "tanh_f" not in src.replace("one_plus_tanh_f", "")
+    x = np.concatenate([np.linspace(-30, 30, 6001), [np.nan, np.inf, -np.inf]]).astype(dtype)
+    y = np.empty_like(x)
+    nb.compile_kernel(k)(x, y, x.size)
+    wide = np.float64 if dtype == "float32" else np.longdouble
+    with np.errstate(over="ignore"):
+        exact = (2 / (1 + np.exp(-2 * x.astype(wide)))).astype(dtype)
+    np.testing.assert_allclose(y[:-3], exact[:-3], rtol=4 * np.finfo(dtype).eps, atol=0)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(y, 1 + np.tanh(x), rtol=1e-6, atol=1e-6)
+    assert np.isnan(y[-3]) and y[-2] == 2 and y[-1] == 0
+
+
+@pytest.mark.parametrize(
+    "dtype,form",
+    [
+        ("float32", lambda x: A.Bin("+", A.Const(2.0, "float64"), A.Un("tanh", x))),
+        ("float32", lambda x: A.Bin("-", A.Const(1.0, "float64"), A.Un("tanh", x))),
+        ("float32", lambda x: A.Bin("+", A.Load("X", x.indices), A.Un("tanh", x))),
+        ("float16", lambda x: A.Bin("+", A.Const(1.0, "float64"), A.Un("tanh", x))),
+    ],
+    ids=["2+tanh", "1-tanh", "x+tanh", "float16"],
+)
+def test_one_plus_tanh_only_for_exactly_that_sum(dtype: str, form) -> None:
+    k = _one_plus_tanh_kernel(dtype, form)
+    if dtype == "float16":
+        k.outputs[0].dtype = "float16"
+    src = nb.emit_source(k)
+    assert "one_plus_tanh" not in src
+    x = np.linspace(-3, 3, 61).astype(dtype)
+    y = np.empty_like(x)
+    nb.compile_kernel(k)(x, y, x.size)
+    from geode.codegen.ast_eval import run_kernel
+
+    want = run_kernel(k, {"X": x}, {"N": x.size})["Y"]
+    np.testing.assert_allclose(y, want, rtol=2e-3 if dtype == "float16" else 1e-6, atol=1e-6)

@@ -1734,6 +1734,186 @@ def test_software_pipeline_refuses_a_first_pass_writing_a_row_buffer() -> None:
         sch.software_pipeline(row.var)
 
 
+# hand-built row kernels: X: float32[N, K] in, one register per first pass, passes k, k2
+
+
+def _pl_reg(name: str) -> Buffer:
+    return buf(name, [], "register")
+
+
+def _pl_x() -> Load:
+    return ld("X", [VI, VK])
+
+
+def _pl_acc(reg: str, value: Expr, op: str = "+") -> Store:
+    """``reg[] = reg[] <op> value``."""
+    return Store(reg, (), Bin(op, ld(reg, []), value))
+
+
+def _pl_block(
+    name: str, loop: str, store: Store, reduce: bool = False, row: Expr | None = None
+) -> Block:
+    """A block of row ``i`` and column loop ``loop``: ``vi, vk = axis.bind(i, loop)``."""
+    ivs = [IterVar("vi", Var("N")), IterVar("vk", Var("K"), "reduce" if reduce else "spatial")]
+    return Block(name, ivs, [row or Var("i"), Var(loop)], [store])
+
+
+def _pl_init(name: str, reg: str, value: Const, reduce_of: str) -> Block:
+    """``reg[] = value``, bound to row ``i``."""
+    return Block(
+        name, [IterVar("vi", Var("N"))], [Var("i")], [Store(reg, (), value)], reduce_of=reduce_of
+    )
+
+
+def _pl_kernel(
+    name: str, body: list[Stmt], regs: Sequence[str], outputs=(("Y", ["N", "K"]),)
+) -> Kernel:
+    return Kernel(
+        name,
+        [buf("X", ["N", "K"])],
+        [buf(o, shape) for o, shape in outputs],
+        ["N", "K"],
+        body,
+        [_pl_reg(r) for r in regs],
+    )
+
+
+def _pl_sum_scale(
+    extent: Expr | None = None,
+    s_body: list[Stmt] | None = None,
+    kind: ForKind = ForKind.SERIAL,
+) -> list[Stmt]:
+    """``for i: s = 0; for k: s += X[i, k]; for k2: Y[i, k2] = X[i, k2] * s``, both passes
+    over ``extent`` (default K); ``s_body`` replaces the sum block's body."""
+    s = _pl_block("S", "k", _pl_acc("s", _pl_x()), reduce=True)
+    if s_body is not None:
+        s.body = s_body
+    y = _pl_block("Y", "k2", Store("Y", (VI, VK), Bin("*", _pl_x(), ld("s", []))))
+    init = _pl_init("S_init", "s", f32(0), "S")
+    ext = Var("K") if extent is None else extent
+    passes = [For("k", ext, [s]), For("k2", copy.deepcopy(ext), [y])]
+    return [For("i", Var("N"), [init, *passes], kind)]
+
+
+def _pl_carry(init_inside: bool) -> Kernel:
+    """``acc`` summed over every row (initialised before the row loop, carried across rows)
+    and read by every row's second pass and after the loop; ``init_inside`` moves the
+    initialisation to the top of each row (a per-row sum: legal)."""
+    init = Block("acc_init", [], [], [Store("acc", (), f32(0))], reduce_of="S")
+    s = _pl_block("S", "k", _pl_acc("acc", _pl_x()), reduce=True)
+    y = _pl_block("Y", "k2", Store("Y", (VI, VK), Bin("+", _pl_x(), ld("acc", []))))
+    out = Block("O", [], [], [Store("O", (), ld("acc", []))])
+    row = [For("k", Var("K"), [s]), For("k2", Var("K"), [y])]
+    if init_inside:
+        body: list[Stmt] = [For("i", Var("N"), [init, *row]), out]
+    else:
+        body = [init, For("i", Var("N"), row), out]
+    return _pl_kernel("carry", body, ["acc"], (("Y", ["N", "K"]), ("O", [])))
+
+
+def _pl_carried() -> Schedule:
+    return Schedule(_pl_carry(init_inside=False))
+
+
+def _pl_row_extent() -> Schedule:
+    """A triangular row: both passes run over ``k < i + 1``."""
+    return Schedule(_pl_kernel("tri", _pl_sum_scale(Bin("+", Var("i"), Const(1))), ["s"]))
+
+
+def _pl_parallel_host() -> Schedule:
+    """Host pass parallel: the next row's max and sum would be reductions carried by it."""
+    m = _pl_block("M", "k", _pl_acc("m", _pl_x(), "max"), reduce=True)
+    s = _pl_block("S", "k", _pl_acc("s", _pl_x()), reduce=True)
+    value = Bin("+", Bin("-", _pl_x(), ld("m", [])), ld("s", []))
+    y = _pl_block("Y", "k2", Store("Y", (VI, VK), value))
+    head = [_pl_init("M_init", "m", f32(-np.inf), "M"), _pl_init("S_init", "s", f32(0), "S")]
+    row = [*head, For("k", Var("K"), [m, s]), For("k2", Var("K"), [y], ForKind.PARALLEL)]
+    return Schedule(_pl_kernel("phost", [For("i", Var("N"), row)], ["m", "s"]))
+
+
+def _pl_vectorized_host() -> Schedule:
+    """Host pass vectorized without reassociation, first pass a serial float32 sum."""
+    sch = Schedule(_pl_kernel("vh", _pl_sum_scale(), ["s"]))
+    sch.vectorize("k2", allow_reassoc=False)
+    with pytest.raises(ScheduleError):  # as `vectorize` refuses for the sum loop itself
+        sch.vectorize("k", allow_reassoc=False)
+    return sch
+
+
+def _pl_first_pass_loop() -> Schedule:
+    """A first-pass block holding a loop (copying it would duplicate loop variable w)."""
+    s_body: list[Stmt] = [For("w", Const(2), [_pl_acc("s", _pl_x())])]
+    return Schedule(_pl_kernel("lp", _pl_sum_scale(s_body=s_body, kind=ForKind.PARALLEL), ["s"]))
+
+
+def _pl_nested_block() -> Schedule:
+    """A first-pass block holding a nested block (used to escape as a KeyError)."""
+    nested = Block("S2", [], [], [_pl_acc("s", _pl_x())])
+    return Schedule(_pl_kernel("nb", _pl_sum_scale(s_body=[nested]), ["s"]))
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (_pl_carried, r"it reads \['acc'\] before this row sets them"),
+        (_pl_row_extent, "passes k and k2 differ in extent or depend on the row"),
+        (_pl_parallel_host, r"pass k \(serial\) cannot run inside k2 \(parallel\)"),
+        (_pl_vectorized_host, r"pass k \(serial\) cannot run inside k2 \(vectorized\)"),
+        (_pl_first_pass_loop, "pass k must hold only loop-free blocks"),
+        (_pl_nested_block, "pass k must hold only loop-free blocks"),
+    ],
+    ids=["carried", "row_extent", "parallel_host", "vectorized_host", "loop", "nested_block"],
+)
+def test_software_pipeline_refuses_unsafe_row_kernels(
+    make: Callable[[], Schedule], message: str
+) -> None:
+    """Review regressions: each of these used to be pipelined into wrong results or an
+    invalid kernel (or to fail with a KeyError)."""
+    sch = make()
+    before = format_kernel(sch.kernel)
+    trace = len(sch.trace)
+    with pytest.raises(ScheduleError, match=message):
+        sch.software_pipeline("i", chunk=2, min_chunks=1)
+    assert format_kernel(sch.kernel) == before
+    assert len(sch.trace) == trace
+
+
+def test_software_pipeline_accepts_a_register_initialised_in_each_row() -> None:
+    """The positive control of the carried register: initialised at the top of each row,
+    the same kernel pipelines and keeps its results."""
+    k = _pl_carry(init_inside=True)
+    sch = Schedule(copy.deepcopy(k))
+    sch.software_pipeline("i", chunk=2, min_chunks=1)
+    assert sum(b.endswith("_pro") for b in sch.blocks()) >= 2
+    for n in (1, 2, 5):
+        dims = {"N": n, "K": 8}
+        feeds = _inputs(k, dims, n)
+        want = run_kernel(k, feeds, dims)
+        got = run_kernel(sch.kernel, feeds, dims)
+        assert set(got) == set(want) == {"Y", "O"}
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"N={n} {name}")
+
+
+def test_fuse_siblings_refuses_reading_a_buffer_still_being_reduced() -> None:
+    """Regression: a loop reducing into a global output (``y2[vi, 0]``, not a register)
+    used to be fused with the loop reading it, which then read partial sums."""
+    y2 = (VI, Const(0))
+    init = Block(
+        "S_init", [IterVar("vi", Var("N"))], [Var("i")], [Store("y2", y2, f32(0))], reduce_of="S"
+    )
+    s = _pl_block("S", "k", Store("y2", y2, Bin("+", Load("y2", y2), _pl_x())), reduce=True)
+    y = _pl_block("Y", "k2", Store("Y", (VI, VK), Bin("+", _pl_x(), Load("y2", y2))))
+    row = [init, For("k", Var("K"), [s]), For("k2", Var("K"), [y])]
+    outputs = (("Y", ["N", "K"]), ("y2", ["N", 1]))
+    sch = Schedule(_pl_kernel("rsum", [For("i", Var("N"), row)], [], outputs))
+    before = format_kernel(sch.kernel)
+    with pytest.raises(ScheduleError, match=r"k2 reads \['y2'\], which k is still reducing"):
+        sch.fuse_siblings("k", "k2")
+    assert format_kernel(sch.kernel) == before
+    assert not sch.trace
+
+
 def test_prefetch_next_on_softmax_keeps_results() -> None:
     lk, group = _lowered("softmax", hidden=1024)
     sch, step = _until(lk, group, "software_pipeline")

@@ -421,12 +421,56 @@ def test_two_over_pi_digits() -> None:
 
 
 def test_vmath_table() -> None:
-    extra = {"expm1", "log1p", "sigmoid"}
+    extra = {"expm1", "log1p", "sigmoid", "one_plus_tanh"}
     for (op, dtype), fn in vmath.VMATH.items():
         assert op in ast.UN_OPS or op in extra, op
         assert dtype in DTYPES and fn is getattr(vmath, f"{op}_{SUFFIX[dtype]}")
         assert fn.__doc__ and "method" in fn.__doc__.lower(), op
-    assert {op for op, _ in vmath.VMATH} == set(NAMES)
+    assert {op for op, _ in vmath.VMATH} == set(NAMES) | {"one_plus_tanh"}
+
+
+# ---------------------------------------------------------------------------------
+# one_plus_tanh: 1 + tanh(x) without the cancellation
+# ---------------------------------------------------------------------------------
+
+
+def _one_plus_tanh_inputs(dtype: type) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    lim = 50.0 if dtype == np.float32 else 400.0
+    dense = np.linspace(-lim, lim, 400_001).astype(dtype)
+    normal = (rng.standard_normal(200_000) * 4).astype(dtype)
+    tiny = np.array([1e-30, -1e-30, 1e-8, -1e-8, 0.0, -0.0], dtype)
+    edges = np.array([-43.5, -44.0, -44.2, -44.4, 43.5, 44.5, -354.0, -355.0], dtype)
+    return np.concatenate([dense, normal, tiny, edges])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_plus_tanh_accuracy(kernels, dtype: str) -> None:
+    """Within 3 ulp of 2 / (1 + exp(-2x)) in a wider type wherever that is a normal number;
+    below the normal range (x < -44.2 in float32) the result is flushed: 0 or tiny."""
+    dt = DTYPES[dtype]
+    x = _one_plus_tanh_inputs(dt)
+    y = _run(kernels("one_plus_tanh", dtype), x)
+    wide = np.float64 if dt == np.float32 else np.longdouble
+    with np.errstate(over="ignore"):
+        ref = wide(2) / (wide(1) + np.exp(wide(-2) * x.astype(wide)))
+    normal = ref >= wide(np.finfo(dt).tiny)
+    err = ulp_error(y[normal], ref[normal], dt)
+    worst = int(np.argmax(err))
+    assert err.max() <= 3.0, f"{dtype}: {err.max():.2f} ulp at x={x[normal][worst]!r}"
+    assert np.all((y[~normal] >= 0) & (y[~normal] <= 2 * np.finfo(dt).tiny))
+    # where plain float arithmetic cancels, this keeps the digits: 1 + tanh(-10)
+    (v,) = _run(kernels("one_plus_tanh", dtype), np.array([-10.0], dt))
+    assert abs(float(v) / (2 / (1 + math.exp(20))) - 1) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_plus_tanh_special_values(kernels, dtype: str) -> None:
+    dt = DTYPES[dtype]
+    x = np.array([NAN, INF, -INF, 0.0, -0.0, 1e4, -1e4], dt)
+    y = _run(kernels("one_plus_tanh", dtype), x)
+    assert np.isnan(y[0])
+    np.testing.assert_array_equal(y[1:], np.array([2.0, 0.0, 1.0, 1.0, 2.0, 0.0], dt))
 
 
 # ---------------------------------------------------------------------------------
@@ -461,7 +505,7 @@ def test_libm_regex_sees_scalar_calls() -> None:
     assert _LIBM.search(kernel.inspect_asm(kernel.signatures[0]))
 
 
-@pytest.mark.parametrize("name", ["exp", "tanh"])
+@pytest.mark.parametrize("name", ["exp", "tanh", "one_plus_tanh"])
 def test_float32_loop_vectorizes(name: str) -> None:
     asm = _prange_asm(vmath.VMATH[name, "float32"], np.float32)
     packed = _PACKED_F32.findall(asm)

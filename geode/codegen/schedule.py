@@ -35,6 +35,11 @@ Invariants the primitives rely on and preserve (the lowering establishes them):
 * a reduction block stores ``C[idx] = combine(C[idx], value)`` and is preceded by its
   init block (``reduce_of`` names it).
 
+One documented exception to injectivity: the first-pass blocks that
+:meth:`~Schedule.software_pipeline` moves into a later pass revisit a chunk's last row
+(the "next" row is clamped to it); they only update registers that their row
+re-initialises first, and the values of that extra visit are never read.
+
 Index expressions are compared structurally first and then, when symbolic dims are
 involved, with sympy.
 """
@@ -611,6 +616,11 @@ def _subst_loop_vars(stmts: list[Stmt], mapping: dict[str, Expr]) -> None:
                 s.predicate = substitute(s.predicate, mapping)
         elif isinstance(s, Prefetch):
             s.offset = substitute(s.offset, mapping)
+
+
+def _flat_block(x: Stmt) -> bool:
+    """A block holding no loop and no nested block."""
+    return isinstance(x, Block) and not any(isinstance(y, (For, Block)) for y in walk_stmts(x.body))
 
 
 def _rename_loads(e: Expr, names: dict[str, str]) -> Expr:
@@ -1937,7 +1947,8 @@ class Schedule:
         ``first`` reads is written by ``second``; every buffer ``first`` writes and
         ``second`` reads is read at the very element iteration ``i`` of ``first`` wrote
         (so it is ready when iteration ``i`` of ``second`` runs); a register (0-d)
-        ``first`` writes is not read by ``second``.
+        ``first`` writes is not read by ``second``, nor is any buffer a reduction carried by
+        ``first`` accumulates into (it is final only after the last iteration).
 
         Example, ``fuse_siblings("E_rb", "S_rb")`` (a row's exp, then its sum)::
 
@@ -1984,6 +1995,15 @@ class Schedule:
         back = set(wb) & set(ra)
         if back:
             raise ScheduleError(prim, blk, f"{second} writes {sorted(back)}, which {first} reads")
+        reducing = {
+            w for x in ast_blocks(a.body) if a.var in _reduce_binding_vars(x) for w in _writes(x)
+        }
+        if reducing & set(rb):
+            raise ScheduleError(
+                prim,
+                blk,
+                f"{second} reads {sorted(reducing & set(rb))}, which {first} is still reducing",
+            )
         for buf, idxs in rb.items():
             if buf not in wa:
                 continue
@@ -2220,10 +2240,12 @@ class Schedule:
         Requirements: ``loop`` is serial or parallel; its body is loop-free blocks (the
         *head*, initialising the first pass), a loop ``F`` (the first pass), any
         statements, and last a loop; the host pass ``L`` (loop ``into``, or that last loop) is
-        a loop of the body after ``F`` with the same extent as ``F``; ``F`` and ``L`` hold
-        only blocks; the head and ``F`` write only registers (0-d
-        temps) and read only kernel inputs and the registers they write; nothing after
-        ``F`` writes those registers. Those registers read after ``F`` are read from a
+        a loop of the body after ``F`` with the same extent as ``F``, which does not depend
+        on the row; ``F`` and ``L`` hold only loop-free blocks; neither is parallel, and
+        ``L`` is vectorized only if ``F`` is (its reductions were accepted for that); the
+        head and ``F`` write only registers (0-d temps) and read only kernel inputs and
+        the registers they write, each one set earlier in the same row (nothing is
+        carried from row to row); nothing after ``F`` writes those registers. Those registers read after ``F`` are read from a
         copy taken at the top of the row (``<reg>_cur``), since the next row's first
         pass overwrites them during ``L`` (the next row's initialisation moves just
         before ``L``). In the last row of a chunk the "next" row is
@@ -2277,19 +2299,27 @@ class Schedule:
             raise ScheduleError(prim, blk, why)
         last = rest[host]
         assert isinstance(last, For)
-        if not all(
-            isinstance(x, Block) and not any(isinstance(y, For) for y in walk_stmts(x.body))
-            for x in head
-        ):
+        if not all(_flat_block(x) for x in head):
             raise ScheduleError(
                 prim, blk, "statements before the first pass must be loop-free blocks"
             )
         for g in (first, last):
-            if not all(isinstance(x, Block) for x in g.body):
-                raise ScheduleError(prim, blk, f"pass {g.var} must hold only blocks")
-        if expr_str(first.extent) != expr_str(last.extent):
+            if not all(_flat_block(x) for x in g.body):
+                raise ScheduleError(prim, blk, f"pass {g.var} must hold only loop-free blocks")
+        if expr_str(first.extent) != expr_str(last.extent) or f.var in free_vars(first.extent):
             raise ScheduleError(
-                prim, blk, f"passes {first.var} and {last.var} have different extents"
+                prim,
+                blk,
+                f"passes {first.var} and {last.var} differ in extent or depend on the row",
+            )
+        if ForKind.PARALLEL in (first.kind, last.kind) or (
+            last.kind == ForKind.VECTORIZED and first.kind != ForKind.VECTORIZED
+        ):
+            raise ScheduleError(
+                prim,
+                blk,
+                f"pass {first.var} ({first.kind.value}) cannot run inside "
+                f"{last.var} ({last.kind.value})",
             )
         k = self.kernel
         head_blocks = head + list(first.body)
@@ -2305,6 +2335,14 @@ class Schedule:
             raise ScheduleError(
                 prim, blk, f"the first pass reads {sorted(reads - inputs - regs)}, not inputs"
             )
+        ready: set[str] = set()
+        for b in head_blocks:  # every row starts afresh: each register is set before use
+            early = (_reads(b) & regs) - ready
+            if early:
+                raise ScheduleError(
+                    prim, b.name, f"it reads {sorted(early)} before this row sets them"
+                )
+            ready |= _writes(b)
         rest_blocks = ast_blocks(rest)
         clash = regs & set().union(set(), *(_writes(b) for b in rest_blocks))
         if clash:

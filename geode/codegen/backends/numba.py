@@ -1040,8 +1040,36 @@ class _Emitter:
             return self.is_index(e.a) and self.is_index(e.b)
         return False
 
+    def one_plus_tanh(self, e: Bin) -> _V | None:
+        """``1 + tanh(z)`` (either order) as ``one_plus_tanh`` (``2 / (1 + exp(-2z))``): cheaper,
+        and accurate where adding 1 to tanh cancels (z < 0); float32/float64 only, and only
+        when the sum keeps z's float dtype."""
+        if e.op != "+":
+            return None
+        for c, t in ((e.a, e.b), (e.b, e.a)):
+            if not (
+                isinstance(c, Const)
+                and c.dtype != "bool"
+                and float(c.value) == 1.0  # type: ignore[arg-type]
+                and isinstance(t, Un)
+                and t.op == "tanh"
+            ):
+                continue
+            z = self.ex(t.a)
+            fdt = _float_for(z.dtype)
+            fn = VMATH.get(("one_plus_tanh", fdt))
+            cv = self.ex(c)
+            if fn is None or _promote(fdt, False, cv.dtype, _weak(c, cv)) != fdt:
+                return None
+            self.vmath.add(fn.__name__)
+            return self.wrap(_call(fn.__name__, self.convert(z, fdt)), _ATOM, fdt)
+        return None
+
     def binary(self, e: Bin) -> _V:
         op = e.op
+        fused = self.one_plus_tanh(e)
+        if fused is not None:
+            return fused
         a, b = self.ex(e.a), self.ex(e.b)
         if op in _LOGIC_OPS:
             sym, prec = _LOGIC_OPS[op]

@@ -686,6 +686,37 @@ def tanh_f64(x: float) -> float:
     return _select(_isnan(x), x, y)
 
 
+_OPT_LO_F32, _OPT_HI_F32 = _F32(-87.0), _F32(89.0)
+_OPT_LO_F64, _OPT_HI_F64 = _F64(-708.0), _F64(710.0)
+_NTWO_F32, _NTWO_F64 = _F32(-2.0), _F64(-2.0)
+
+
+@_inline
+def one_plus_tanh_f32(x: float) -> float:
+    """``1 + tanh(x)`` in float32, max error 2.5 ulp measured.
+
+    Method: ``2 / (1 + exp(-2x))``. The backend uses it for ``1 + tanh(x)`` (the tanh GELU): it is cheaper than tanh
+    and more accurate than adding 1 to it, which cancels for negative x (``1 + tanh(-10)``
+    is 0 in float32; this gives 4.1e-9). ``-2x`` is clamped to [-87, 89] so exp stays a
+    single scaling: below, ``1 + exp`` is 1 anyway; above, exp is inf and the result 0,
+    which flushes results under about 1.2e-38 (x < -44.2) to zero.
+    1 + tanh(inf) = 2, 1 + tanh(-inf) = 0, NaN -> NaN.
+    """
+    t = np.float32(x) * _NTWO_F32
+    t = _select(t < _OPT_LO_F32, _OPT_LO_F32, t)
+    t = _select(t > _OPT_HI_F32, _OPT_HI_F32, t)
+    return _div(_TWO_F32, _ONE_F32 + _exp_normal_f32(t))
+
+
+@_inline
+def one_plus_tanh_f64(x: float) -> float:
+    """``1 + tanh(x)`` in float64; method as :func:`one_plus_tanh_f32` (clamp [-708, 710])."""
+    t = np.float64(x) * _NTWO_F64
+    t = _select(t < _OPT_LO_F64, _OPT_LO_F64, t)
+    t = _select(t > _OPT_HI_F64, _OPT_HI_F64, t)
+    return _div(_TWO_F64, _ONE_F64 + _exp_normal_f64(t))
+
+
 @_inline
 def sigmoid_f32(x: float) -> float:
     """``1 / (1 + exp(-x))`` in float32, max error 2.1 ulp measured, stable for any x.
@@ -945,6 +976,8 @@ VMATH: dict[tuple[str, str], Callable] = {
     ("log1p", "float64"): log1p_f64,
     ("tanh", "float32"): tanh_f32,
     ("tanh", "float64"): tanh_f64,
+    ("one_plus_tanh", "float32"): one_plus_tanh_f32,
+    ("one_plus_tanh", "float64"): one_plus_tanh_f64,
     ("sigmoid", "float32"): sigmoid_f32,
     ("sigmoid", "float64"): sigmoid_f64,
     ("erf", "float32"): erf_f32,
