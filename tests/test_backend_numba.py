@@ -1705,3 +1705,26 @@ def test_one_plus_tanh_only_for_exactly_that_sum(dtype: str, form) -> None:
 
     want = run_kernel(k, {"X": x}, {"N": x.size})["Y"]
     np.testing.assert_allclose(y, want, rtol=2e-3 if dtype == "float16" else 1e-6, atol=1e-6)
+
+
+def test_dims_only_terms_are_computed_once_at_the_top() -> None:
+    """A pipelined row kernel's chunk size max(1, min(64, N // 8)) is computed once at the
+    top of the kernel and its uses refer to it; row indices are hoisted out of the passes."""
+    import geode
+    from geode import examples
+
+    ex = examples.rmsnorm(hidden=1024)
+    model = geode.compile(ex.graph)
+    (k,) = [k for k in model.kernels if k.engine == "aicore"]
+    src = k.source
+    assert src.count("min(64, N // 8)") == 1, src
+    lines = src.splitlines()
+    top = next(i for i, ln in enumerate(lines) if "min(64, N // 8)" in ln)
+    first_loop = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("for "))
+    assert top < first_loop and lines[top].startswith("    ") and not lines[top].startswith("     ")
+    rng = np.random.default_rng(2)
+    for n in (1, 9, 130):
+        feeds = ex.make_inputs(rng, n)
+        np.testing.assert_allclose(
+            model(**feeds)["y"], ex.numpy(**feeds)["y"], rtol=1e-5, atol=1e-6
+        )

@@ -722,6 +722,12 @@ class _Emitter:
         # are hoisted to (see hoist_binding)
         self.hoist_frames: list[_HoistFrame] = []
         self.n_hoisted = 0
+        # dims-only min/max/floor-division terms (a chunk size such as
+        # max(1, min(64, N // 8))) are computed once at the top of the kernel
+        self.prologue_at: int | None = None
+        self.dim_names: set[str] = set()
+        self.dim_terms: dict[str, str] = {}
+        self.in_dim_term = False
         self.n_comments = 0
         #: per enclosing For being printed: the guarded registers (python name, dtype) it
         #: updates (None for a prange loop, where updates stay exact)
@@ -1065,11 +1071,44 @@ class _Emitter:
             return self.wrap(_call(fn.__name__, self.convert(z, fdt)), _ATOM, fdt)
         return None
 
+    def dim_term(self, e: Bin) -> _V | None:
+        """A ``min``/``max``/``//``/``%`` of dims only (no loop variable, no load), emitted once
+        at the top of the kernel and referred to by name (the active loops' hoisting
+        positions move down by the inserted line)."""
+        if (
+            self.prologue_at is None
+            or self.in_dim_term
+            or e.op not in ("min", "max", "//", "%")
+            or not _free(e)
+            or not _free(e) <= self.dim_names
+            or any(isinstance(x, Load) for x in walk(e))
+        ):
+            return None
+        self.in_dim_term = True
+        try:
+            v = self.binary(e)
+        finally:
+            self.in_dim_term = False
+        if v.dtype != "int64":
+            return None
+        if v.code not in self.dim_terms:
+            name = self.names.fresh("_d")
+            self.dim_terms[v.code] = name
+            self.lines.insert(self.prologue_at, f"    {name} = {v.code}")
+            self.prologue_at += 1
+            self.n_hoisted += 1
+            for frame in self.hoist_frames:
+                frame.at += 1
+        return _V(self.dim_terms[v.code], "int64", _ATOM)
+
     def binary(self, e: Bin) -> _V:
         op = e.op
         fused = self.one_plus_tanh(e)
         if fused is not None:
             return fused
+        term = self.dim_term(e)
+        if term is not None:
+            return term
         a, b = self.ex(e.a), self.ex(e.b)
         if op in _LOGIC_OPS:
             sym, prec = _LOGIC_OPS[op]
@@ -1321,13 +1360,13 @@ class _Emitter:
         indices of a row's passes are not recomputed per element; index arithmetic never
         faults (the division helpers return 0 for a zero divisor), so computing it when
         the loop runs no iteration is harmless."""
-        n = len(self.lines)
+        n = self.emitted()
         v = self.ex(e)
         frame = self.hoist_frames[-1] if self.hoist_frames else None
         if (
             frame is None
             or frame.prange
-            or len(self.lines) != n
+            or self.emitted() != n
             or any(isinstance(x, Load) for x in walk(e))
             or _free(e) & frame.defined
         ):
@@ -1502,6 +1541,8 @@ class _Emitter:
             msg = f"kernel {k.name}: argument {b.name} must have shape ({want}{',' if len(b.shape) == 1 else ''})"
             self.emit(f"raise ValueError({msg!r})", 2)
         self.allocations(None, env, 1)
+        self.dim_names = {env[d].name for d in k.dims}  # type: ignore[attr-defined]
+        self.prologue_at = len(self.lines)
         self.stmts(k.body, env, 1, False)
         if len(self.lines) == body_start:
             self.emit("pass", 1)
