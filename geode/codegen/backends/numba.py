@@ -727,7 +727,7 @@ class _Emitter:
         self.prologue_at: int | None = None
         self.dim_names: set[str] = set()
         self.dim_terms: dict[str, str] = {}
-        self.in_dim_term = False
+        self.in_dim_term: set[int] = set()  # ids of the terms being emitted
         self.n_comments = 0
         #: per enclosing For being printed: the guarded registers (python name, dtype) it
         #: updates (None for a prange loop, where updates stay exact)
@@ -1077,18 +1077,18 @@ class _Emitter:
         positions move down by the inserted line)."""
         if (
             self.prologue_at is None
-            or self.in_dim_term
+            or id(e) in self.in_dim_term
             or e.op not in ("min", "max", "//", "%")
             or not _free(e)
             or not _free(e) <= self.dim_names
             or any(isinstance(x, Load) for x in walk(e))
         ):
             return None
-        self.in_dim_term = True
+        self.in_dim_term.add(id(e))
         try:
-            v = self.binary(e)
+            v = self.binary(e)  # its own dims-only terms are hoisted first
         finally:
-            self.in_dim_term = False
+            self.in_dim_term.discard(id(e))
         if v.dtype != "int64":
             return None
         if v.code not in self.dim_terms:
