@@ -117,6 +117,23 @@ def build(steps, k):
     return g
 
 
+def matches_reference(g, model, k, seed, sizes):
+    """The compiled model equals the reference interpreter on random inputs of each batch size."""
+    rng = np.random.default_rng(seed)
+    for n in sizes:
+        feeds = {
+            "x": rng.standard_normal((n, k)).astype(np.float32),
+            "bias": rng.standard_normal(k).astype(np.float32),
+            "col": rng.standard_normal((n, 1)).astype(np.float32),
+        }
+        want = run_reference(g, feeds)
+        got = model(**feeds)
+        for name in want:
+            np.testing.assert_allclose(
+                got[name], want[name], rtol=2e-5, atol=2e-5, err_msg=f"n={n} {name}\n{g}"
+            )
+
+
 @settings(
     max_examples=int(os.environ.get("GEODE_RANDOM_GRAPHS", "20")),
     deadline=None,
@@ -130,19 +147,7 @@ def test_random_fusable_graphs_match_reference(steps, k, seed):
     with warnings.catch_warnings():
         warnings.simplefilter("error", CodegenWarning)  # a fallback would hide a codegen bug
         model = geode.compile(g)
-    rng = np.random.default_rng(seed)
-    for n in (1, 6):
-        feeds = {
-            "x": rng.standard_normal((n, k)).astype(np.float32),
-            "bias": rng.standard_normal(k).astype(np.float32),
-            "col": rng.standard_normal((n, 1)).astype(np.float32),
-        }
-        want = run_reference(g, feeds)
-        got = model(**feeds)
-        for name in want:
-            np.testing.assert_allclose(
-                got[name], want[name], rtol=2e-5, atol=2e-5, err_msg=f"{name}\n{g}"
-            )
+    matches_reference(g, model, k, seed, (1, 6))
 
 
 @settings(
@@ -165,19 +170,7 @@ def test_random_graphs_with_pipelined_rows_match_reference(steps, k, seed):
     with mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2), warnings.catch_warnings():
         warnings.simplefilter("error", CodegenWarning)
         model = geode.compile(g, fusion=True)
-    rng = np.random.default_rng(seed)
-    for n in (1, 9, 35):
-        feeds = {
-            "x": rng.standard_normal((n, k)).astype(np.float32),
-            "bias": rng.standard_normal(k).astype(np.float32),
-            "col": rng.standard_normal((n, 1)).astype(np.float32),
-        }
-        want = run_reference(g, feeds)
-        got = model(**feeds)
-        for name in want:
-            np.testing.assert_allclose(
-                got[name], want[name], rtol=2e-5, atol=2e-5, err_msg=f"{name}\n{g}"
-            )
+    matches_reference(g, model, k, seed, (1, 9, 35))
 
 
 def test_pipelined_rows_are_exercised_by_the_random_graphs():

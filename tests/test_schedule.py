@@ -1642,7 +1642,9 @@ def test_software_pipeline_chunk_folds_for_static_rows_and_is_symbolic_otherwise
 )
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_software_pipeline_random_rows_and_chunks(n, hidden, chunk, min_chunks, example) -> None:
-    sch, step = _PIPE_CACHE.setdefault((example, hidden), _before_pipeline_any(example, hidden))
+    if (example, hidden) not in _PIPE_CACHE:
+        _PIPE_CACHE[example, hidden] = _before_pipeline_any(example, hidden)
+    sch, step = _PIPE_CACHE[example, hidden]
     sch = copy.deepcopy(sch)
     before = copy.deepcopy(sch.kernel)
     sch.software_pipeline(step.args["loop"], chunk, min_chunks, step.args["into"])
@@ -1655,20 +1657,14 @@ _PIPE_CACHE: dict = {}
 def _before_pipeline_any(example: str, hidden: int) -> tuple[Schedule, TraceStep]:
     """The default schedule up to its row loop's pipelining; for rows too short to be
     pipelined by default, the same step is made up (the primitive does not care)."""
-    from geode.codegen.autoschedule import schedule_group
+    from geode.codegen.autoschedule import pipeline_host, schedule_group
 
     lk, group = _lowered(example, hidden=hidden)
     steps = list(schedule_group(lk, group).trace)
     pre = [s for s in steps if s.primitive not in ("software_pipeline", "prefetch_next")]
     sch = Trace(pre).replay(lk.kernel)
     (row,) = [s for s in sch.kernel.body if isinstance(s, For)]
-    passes = [s for s in row.body if isinstance(s, For)]
-    outs = {b.name for b in sch.kernel.outputs}
-    host = next(
-        p.var
-        for p in passes[1:]
-        if any(st_.buffer in outs for st_ in walk_stmts(p.body) if isinstance(st_, Store))
-    )
+    host = pipeline_host(sch, row.var)
     return sch, TraceStep("software_pipeline", {"loop": row.var, "into": host})
 
 

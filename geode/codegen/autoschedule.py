@@ -222,17 +222,24 @@ def _pipeline_rows(sch: Schedule, sp: str) -> bool:
     ext = passes[0].extent
     if isinstance(ext, A.Const) and int(ext.value) < PREFETCH_MIN_ROW:
         return False
-    outputs = {b.name for b in sch.kernel.outputs}
-    host = next(
-        (p.var for p in passes[1:] if any(_writes(b) & outputs for b in A.blocks(p.body))),
-        None,
-    )
     try:
-        sch.software_pipeline(sp, PIPELINE_CHUNK, PIPELINE_MIN_CHUNKS, into=host)
+        sch.software_pipeline(sp, PIPELINE_CHUNK, PIPELINE_MIN_CHUNKS, into=pipeline_host(sch, sp))
     except ScheduleError as exc:
         log.debug("rows of %s not pipelined: %s", sp, exc)
         return False
     return True
+
+
+def pipeline_host(sch: Schedule, sp: str) -> str | None:
+    """The pass of row loop ``sp`` that hosts the next row's first pass: the first later
+    pass writing a kernel output (it fetches the output row; in softmax it also computes
+    the exp), or None (the last pass)."""
+    passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
+    outputs = {b.name for b in sch.kernel.outputs}
+    return next(
+        (p.var for p in passes[1:] if any(_writes(b) & outputs for b in A.blocks(p.body))),
+        None,
+    )
 
 
 def _prefetch_rows(sch: Schedule, sp: str) -> None:

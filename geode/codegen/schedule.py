@@ -2239,17 +2239,18 @@ class Schedule:
 
         Requirements: ``loop`` is serial or parallel; its body is loop-free blocks (the
         *head*, initialising the first pass), a loop ``F`` (the first pass), any
-        statements, and last a loop; the host pass ``L`` (loop ``into``, or that last loop) is
-        a loop of the body after ``F`` with the same extent as ``F``, which does not depend
+        statements, and last a loop; the host pass ``L`` (loop ``into``, or that last
+        loop) is a loop of the body after ``F`` with the same extent as ``F``, which does not depend
         on the row; ``F`` and ``L`` hold only loop-free blocks; neither is parallel, and
         ``L`` is vectorized only if ``F`` is (its reductions were accepted for that); the
         head and ``F`` write only registers (0-d temps) and read only kernel inputs and
         the registers they write, each one set earlier in the same row (nothing is
-        carried from row to row); nothing after ``F`` writes those registers. Those registers read after ``F`` are read from a
-        copy taken at the top of the row (``<reg>_cur``), since the next row's first
-        pass overwrites them during ``L`` (the next row's initialisation moves just
-        before ``L``). In the last row of a chunk the "next" row is
-        the row itself (a re-read from cache, the value unused).
+        carried from row to row); nothing after ``F`` writes those registers.
+
+        Those registers, where read after ``F``, are read from a copy taken at the top of
+        the row (``<reg>_cur``), since the next row's first pass overwrites them during
+        ``L`` (the next row's initialisation moves just before ``L``). In the last row of
+        a chunk the "next" row is the row itself (a re-read from cache, the value unused).
 
         Example, ``software_pipeline("i", 64)`` on RMSNorm (``X: float32[N, K]``)::
 
@@ -2272,6 +2273,73 @@ class Schedule:
         ``i' = i_o * c + min(i_i + 1, min(c, N - i_o * c) - 1)``.
         """
         prim = "software_pipeline"
+        f, cont, head, first, rest, host, regs = self._pipeline_plan(
+            prim, loop, chunk, min_chunks, into
+        )
+        last = rest[host]
+        assert isinstance(last, For)
+        k = self.kernel
+        rest_blocks = ast_blocks(rest)
+        head_blocks = head + list(first.body)
+        n = f.extent
+        c: Expr = (
+            Const(max(1, min(chunk, int(n.value) // min_chunks)))
+            if isinstance(n, Const)
+            else Bin("max", Const(1), Bin("min", Const(chunk), floordiv(n, Const(min_chunks))))
+        )
+        vo, vi = self._fresh(f"{f.var}_o"), self._fresh(f"{f.var}_i")
+        start = mul(Var(vo), c)
+        ext = Bin("min", c, sub(n, start))
+        row = add(start, Var(vi))
+        nxt = add(start, Bin("min", add(Var(vi), Const(1)), sub(ext, Const(1))))
+        used_regs = {ld.buffer for b in rest_blocks for e in _block_exprs(b) for ld in loads(e)}
+        cur: dict[str, str] = {}
+        copies: list[Stmt] = []
+        taken: set[str] = set()
+        for r in sorted(regs & used_regs):
+            cur[r] = self._fresh(f"{r}_cur", kind="buffer")
+            k.temps.append(Buffer(cur[r], k.buffer(r).dtype, (), "register"))
+            copies.append(
+                Block(
+                    self._fresh(cur[r], taken, kind="block"),
+                    [],
+                    [],
+                    [Store(cur[r], (), Load(r, ()))],
+                )
+            )
+        names: dict[str, str] = {
+            b.name: self._fresh(f"{b.name}_pro", taken, kind="block") for b in head_blocks
+        }
+        pro_var = self._fresh(f"{first.var}_pro", taken)
+        prologue = copy.deepcopy(head + [first])
+        for b in ast_blocks(prologue):
+            b.name = names[b.name]
+            if b.reduce_of is not None:
+                b.reduce_of = names.get(b.reduce_of, b.reduce_of)
+        prologue[-1].var = pro_var  # type: ignore[attr-defined]
+        _subst_loop_vars(prologue, {f.var: start, first.var: Var(pro_var)})
+        _subst_loop_vars(rest, {f.var: row})
+        for b in rest_blocks:
+            _map_block_exprs(b, lambda e: _rename_loads(e, cur))
+        _subst_loop_vars(head, {f.var: nxt})
+        _subst_loop_vars(first.body, {f.var: nxt, first.var: Var(last.var)})
+        last.body.extend(first.body)
+        inner = For(vi, ext, copies + rest[:host] + head + rest[host:], ForKind.SERIAL)
+        outer = For(
+            vo,
+            floordiv(add(n, sub(c, Const(1))), c),
+            prologue + [inner],
+            f.kind,
+        )
+        cont[next(i for i, x in enumerate(cont) if x is f)] = outer
+        return [vo, vi]
+
+    def _pipeline_plan(
+        self, prim: str, loop: str, chunk: int, min_chunks: int, into: str | None
+    ) -> tuple[For, list[Stmt], list[Stmt], For, list[Stmt], int, set[str]]:
+        """:meth:`software_pipeline`'s checks; returns the row loop, the list holding it, the
+        head, the first pass, the statements after it, the host's index among them and the
+        registers the head and first pass write."""
         f, cont, _ = self._locate_loop(prim, loop)
         blk = self._first_block(f)
         if f.kind not in (ForKind.SERIAL, ForKind.PARALLEL):
@@ -2343,63 +2411,10 @@ class Schedule:
                     prim, b.name, f"it reads {sorted(early)} before this row sets them"
                 )
             ready |= _writes(b)
-        rest_blocks = ast_blocks(rest)
-        clash = regs & set().union(set(), *(_writes(b) for b in rest_blocks))
+        clash = regs & set().union(set(), *(_writes(b) for b in ast_blocks(rest)))
         if clash:
             raise ScheduleError(prim, blk, f"a later pass writes {sorted(clash)}")
-        # -- transform
-        n = f.extent
-        c: Expr = (
-            Const(max(1, min(chunk, int(n.value) // min_chunks)))
-            if isinstance(n, Const)
-            else Bin("max", Const(1), Bin("min", Const(chunk), floordiv(n, Const(min_chunks))))
-        )
-        vo, vi = self._fresh(f"{f.var}_o"), self._fresh(f"{f.var}_i")
-        start = mul(Var(vo), c)
-        ext = Bin("min", c, sub(n, start))
-        row = add(start, Var(vi))
-        nxt = add(start, Bin("min", add(Var(vi), Const(1)), sub(ext, Const(1))))
-        used_regs = {ld.buffer for b in rest_blocks for e in _block_exprs(b) for ld in loads(e)}
-        cur: dict[str, str] = {}
-        copies: list[Stmt] = []
-        taken: set[str] = set()
-        for r in sorted(regs & used_regs):
-            cur[r] = self._fresh(f"{r}_cur", kind="buffer")
-            k.temps.append(Buffer(cur[r], k.buffer(r).dtype, (), "register"))
-            copies.append(
-                Block(
-                    self._fresh(cur[r], taken, kind="block"),
-                    [],
-                    [],
-                    [Store(cur[r], (), Load(r, ()))],
-                )
-            )
-        names: dict[str, str] = {
-            b.name: self._fresh(f"{b.name}_pro", taken, kind="block") for b in head_blocks
-        }
-        pro_var = self._fresh(f"{first.var}_pro", taken)
-        prologue = copy.deepcopy(head + [first])
-        for b in ast_blocks(prologue):
-            b.name = names[b.name]
-            if b.reduce_of is not None:
-                b.reduce_of = names.get(b.reduce_of, b.reduce_of)
-        prologue[-1].var = pro_var  # type: ignore[attr-defined]
-        _subst_loop_vars(prologue, {f.var: start, first.var: Var(pro_var)})
-        _subst_loop_vars(rest, {f.var: row})
-        for b in rest_blocks:
-            _map_block_exprs(b, lambda e: _rename_loads(e, cur))
-        _subst_loop_vars(head, {f.var: nxt})
-        _subst_loop_vars(first.body, {f.var: nxt, first.var: Var(last.var)})
-        last.body.extend(first.body)
-        inner = For(vi, ext, copies + rest[:host] + head + rest[host:], ForKind.SERIAL)
-        outer = For(
-            vo,
-            floordiv(add(n, sub(c, Const(1))), c),
-            prologue + [inner],
-            f.kind,
-        )
-        cont[next(i for i, x in enumerate(cont) if x is f)] = outer
-        return [vo, vi]
+        return f, cont, head, first, rest, host, regs
 
     @_primitive
     def parallel(self, loop: str) -> None:

@@ -718,8 +718,8 @@ class _Emitter:
         self.alloc_site: dict[str, int | None] = {}
         self.guarded = self.find_guarded()
         self.guard_names: dict[str, str] = {}  # register python name -> its NaN guard
-        # serial loops being emitted, innermost last: where loop-invariant block bindings
-        # are hoisted to (see hoist_binding)
+        # loops being emitted, innermost last: where loop-invariant block bindings are
+        # hoisted to (see binding)
         self.hoist_frames: list[_HoistFrame] = []
         self.n_hoisted = 0
         # dims-only min/max/floor-division terms (a chunk size such as
@@ -1079,10 +1079,10 @@ class _Emitter:
             self.prologue_at is None
             or id(e) in self.in_dim_term
             or e.op not in ("min", "max", "//", "%")
-            or not _free(e)
-            or not _free(e) <= self.dim_names
-            or any(isinstance(x, Load) for x in walk(e))
         ):
+            return None
+        used = _free(e)
+        if not used or not used <= self.dim_names or any(isinstance(x, Load) for x in walk(e)):
             return None
         self.in_dim_term.add(id(e))
         try:

@@ -695,9 +695,9 @@ _NTWO_F32, _NTWO_F64 = _F32(-2.0), _F64(-2.0)
 def one_plus_tanh_f32(x: float) -> float:
     """``1 + tanh(x)`` in float32, max error 2.5 ulp measured.
 
-    Method: ``2 / (1 + exp(-2x))``. The backend uses it for ``1 + tanh(x)`` (the tanh GELU): it is cheaper than tanh
-    and more accurate than adding 1 to it, which cancels for negative x (``1 + tanh(-10)``
-    is 0 in float32; this gives 4.1e-9). ``-2x`` is clamped to [-87, 89] so exp stays a
+    Method: ``2 / (1 + exp(-2x))``. The backend uses it for ``1 + tanh(x)`` (the tanh
+    GELU): it is cheaper than tanh and more accurate than adding 1 to it, which cancels
+    for negative x (``1 + tanh(-10)`` is 0 in float32; this gives 4.1e-9). ``-2x`` is clamped to [-87, 89] so exp stays a
     single scaling: below, ``1 + exp`` is 1 anyway; above, exp is inf and the result 0,
     which flushes results under about 1.2e-38 (x < -44.2) to zero.
     1 + tanh(inf) = 2, 1 + tanh(-inf) = 0, NaN -> NaN.
