@@ -4,8 +4,10 @@
 
 All systems run with the same thread count, timed in rounds (see ``time_in_rounds``) so
 drifting machine speed hits them alike. Reported per workload: median time per system,
-geode's speedup over the best other system, and geode's fraction of the memory-bandwidth
-roofline (compulsory bytes / time, against the fastest copy kernel).
+geode's speedup over the best other system and geode's fraction of the memory-bandwidth
+roofline (the time a copy of the workload's compulsory bytes takes, over geode's time),
+both as medians of per-round ratios (``paired``). The roofline copy is the fastest of
+three copy kernels, chosen once and then timed in every round of every workload.
 Also reported: geode's cold and warm (disk cache) compile time per kernel.
 """
 
@@ -34,25 +36,40 @@ def _set_threads(n: int) -> None:
 #: system is timed on quiet cores
 SETTLE = 0.3
 
+#: seconds per call above which a system is timed once per round
+SLOW = 0.1
 
-def time_in_rounds(fns: dict, repeat: int, rounds: int = 3) -> dict[str, float]:  # type: ignore[type-arg]
-    """Median seconds per call of each function over ``rounds`` rounds; each round runs
-    every function in turn: a rest of :data:`SETTLE` seconds, one untimed call, then
-    ``repeat`` timed calls back to back.
+
+def time_in_rounds(fns: dict, repeat: int, rounds: int = 3) -> dict[str, list[float]]:  # type: ignore[type-arg]
+    """Seconds per call of each function in each of ``rounds`` rounds (the median of the
+    round's calls); each round runs every function in turn: a rest of :data:`SETTLE`
+    seconds, one untimed call, then ``repeat`` timed calls back to back (one for systems
+    slower than :data:`SLOW` per call, which would otherwise dominate the run time).
     Rounds spread each system's samples over the run, so a machine whose speed drifts (a
-    shared VM) slows every system alike; the rest lets the previous system's thread pool
-    wind down (onnxruntime's and OpenMP's workers spin after a run and would otherwise
-    steal the cores from the next system)."""
+    shared VM) slows every system alike, and ratios are taken within a round (see
+    :func:`paired`); the rest lets the previous system's thread pool wind down
+    (onnxruntime's and OpenMP's workers spin after a run and would otherwise steal the
+    cores from the next system)."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
             time.sleep(SETTLE)
+            t0 = time.perf_counter()
             fn()
-            for _ in range(repeat):
+            n = repeat if time.perf_counter() - t0 < SLOW else 1
+            ts = []
+            for _ in range(n):
                 t0 = time.perf_counter()
                 fn()
-                samples[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in samples.items()}
+                ts.append(time.perf_counter() - t0)
+            samples[k].append(statistics.median(ts))
+    return samples
+
+
+def paired(num: list[float], den: list[float]) -> float:
+    """Median over rounds of ``num[r] / den[r]``: a ratio of two systems timed in the same
+    rounds, so machine-speed drift between rounds cancels."""
+    return statistics.median(a / b for a, b in zip(num, den))
 
 
 def compile_times(scale: float) -> list[tuple[str, float, float]]:
@@ -91,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; prints the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--repeat", type=int, default=7, help="timed calls per round")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds (ratios are paired per round)")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full 64 MiB inputs")
     ap.add_argument("--systems", default=None, help="comma-separated subset of systems")
     ap.add_argument("--no-compile-times", action="store_true")
@@ -105,13 +123,13 @@ def main(argv: list[str] | None = None) -> int:
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)
     nbytes = int((64 << 20) * max(args.scale, 1 / 16))
-    copies = time_in_rounds(roofline_copies(nbytes), args.repeat)
-    best = min(copies, key=copies.get)
-    copy_bw = 2 * nbytes / copies[best]
+    copies = roofline_copies(nbytes)
+    copy_times = {k: statistics.median(v) for k, v in time_in_rounds(copies, args.repeat).items()}
+    best = min(copy_times, key=copy_times.get)
     print(
-        f"threads {args.threads}; roofline {copy_bw / 1e9:.2f} GB/s (fastest copy: {best}; "
-        + ", ".join(f"{k} {2 * nbytes / t / 1e9:.2f} GB/s" for k, t in copies.items())
-        + ")"
+        f"threads {args.threads}; roofline: {best} (copies: "
+        + ", ".join(f"{k} {2 * nbytes / t / 1e9:.2f} GB/s" for k, t in copy_times.items())
+        + "), timed again in every round of every workload"
     )
     header = (
         f"{'workload':<16}"
@@ -125,21 +143,25 @@ def main(argv: list[str] | None = None) -> int:
     from bench.workloads import build
 
     for w in workloads(args.scale):
-        fns = {}
+        fns = {"roofline copy": copies[best]}
         for s in systems:
             try:
                 fns[s] = build(s, w, args.threads)
             except ImportError as exc:
                 missing[s] = str(exc)
-        times = time_in_rounds(fns, args.repeat)
+        rounds = time_in_rounds(fns, args.repeat, args.rounds)
+        times = {k: statistics.median(v) for k, v in rounds.items() if k in systems}
         row = f"{w.name:<16}" + "".join(
             f"{times[s] * 1e3:>12.2f}ms" if s in times else f"{'missing':>14}" for s in systems
         )
-        others = [t for s, t in times.items() if s != "geode"]
+        others = [s for s in times if s != "geode"]
         if "geode" in times and others:
-            sp = min(others) / times["geode"]
+            best_other = [min(rounds[s][r] for s in others) for r in range(args.rounds)]
+            sp = paired(best_other, rounds["geode"])
             speedups.append(sp)
-            roof = w.bytes_moved / times["geode"] / copy_bw
+            # a copy moving the workload's compulsory bytes at the round's copy bandwidth
+            ideal = [t * w.bytes_moved / (2 * nbytes) for t in rounds["roofline copy"]]
+            roof = paired(ideal, rounds["geode"])
             row += f"{sp:>8.2f}x{roof * 100:>8.0f}%"
         print(row, flush=True)
     print(f"geometric mean speedup of geode over the best other system: {geomean(speedups):.2f}x")

@@ -194,9 +194,14 @@ SYSTEMS = ("geode", "numpy", "torch", "torch.compile", "jax", "onnxruntime")
 
 def roofline_copies(nbytes: int = 64 << 20) -> dict[str, Callable[[], None]]:
     """Copy kernels over ``nbytes``: numba parallel loops (flat, and by rows of ``COLS`` like
-    the workloads) and numpy's memcpy. The fastest is the memory-bandwidth roofline (read +
-    write of every byte)."""
+    the workloads), numpy's memcpy, and a row copy with non-temporal (streaming) stores
+    into a cache-line aligned buffer (geode's ``_g_stream``: the stored lines are not read
+    first, so it moves two thirds of an ordinary copy's bytes). The fastest is the
+    memory-bandwidth roofline (read + write of every byte)."""
     import numba
+
+    from geode.codegen.backends.numba import _g_sfence, _g_stream
+    from geode.runtime.allocator import _aligned_block
 
     @numba.njit(parallel=True, cache=False)
     def copy(src: np.ndarray, dst: np.ndarray) -> None:
@@ -209,15 +214,26 @@ def roofline_copies(nbytes: int = 64 << 20) -> dict[str, Callable[[], None]]:
             for j in range(src.shape[1]):
                 dst[i, j] = src[i, j]
 
+    @numba.njit(parallel=True, cache=False, boundscheck=False)
+    def stream_rows(src: np.ndarray, dst: np.ndarray) -> None:
+        n = src.shape[1]
+        flat_src, flat_dst = src.reshape(src.size), dst.reshape(dst.size)
+        for i in numba.prange(src.shape[0]):
+            _g_stream(flat_dst, i * n, flat_src, i * n, n, True)
+            _g_sfence()
+
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     src2, dst2 = src.reshape(-1, COLS), dst.reshape(-1, COLS)
+    dst3 = _aligned_block(nbytes).view(np.float32).reshape(-1, COLS)
     copy(src, dst)
     copy_rows(src2, dst2)
+    stream_rows(src2, dst3)
     return {
         "numba copy": lambda: copy(src, dst),
         "numba row copy": lambda: copy_rows(src2, dst2),
         "np.copyto": lambda: np.copyto(dst, src),
+        "numba streaming row copy": lambda: stream_rows(src2, dst3),
     }
 
 

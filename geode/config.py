@@ -18,6 +18,10 @@ const_fold_limit          GEODE_CONST_FOLD_LIMIT  folded constants may be this l
                                                   large as the inputs they replace)
 freeze_variables          GEODE_FREEZE_VARIABLES  treat variables no op writes as constants
 progress                  GEODE_PROGRESS          progress bars: auto (tty only), 1, 0
+streaming                 GEODE_STREAMING         streaming (non-temporal) stores for the
+                                                  outputs of cheap kernels: auto (outputs
+                                                  of at least the last-level cache size),
+                                                  off, or a minimum output size in bytes
 ========================  ======================  =========================================
 
 One process-wide flag is not an option (numba builds its CPU target once per process):
@@ -73,6 +77,7 @@ class Options:
     const_fold_limit: int = 64 << 10
     freeze_variables: bool = False
     progress: str = "auto"
+    streaming: str = "auto"
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -90,6 +95,7 @@ class Options:
             "const_fold_limit": "GEODE_CONST_FOLD_LIMIT",
             "freeze_variables": "GEODE_FREEZE_VARIABLES",
             "progress": "GEODE_PROGRESS",
+            "streaming": "GEODE_STREAMING",
         }
         for name, var in env.items():
             raw = os.environ.get(var)
@@ -103,7 +109,7 @@ class Options:
         for k, v in overrides.items():
             if k not in known:
                 raise OptionError(f"unknown option {k!r}; known options: {sorted(known)}")
-            if isinstance(v, str) and k not in ("dump_dir", "cache_dir", "progress"):
+            if isinstance(v, str) and k not in ("dump_dir", "cache_dir", "progress", "streaming"):
                 overrides[k] = _parse(k, v, k)
             if k == "disabled_passes" and isinstance(v, (list, set)):
                 overrides[k] = tuple(v)
@@ -127,6 +133,25 @@ def _parse(name: str, raw: str, source: str) -> Any:
         return raw
     except ValueError:
         raise OptionError(f"{source}={raw!r}: expected {kind} for option {name!r}") from None
+
+
+def stream_min_bytes(opts: Options, cache_bytes: int) -> int | None:
+    """The ``streaming`` option as the smallest output (bytes) to stream, or None for off;
+    ``cache_bytes`` (the last-level cache size) is the ``auto`` threshold."""
+    raw = str(opts.streaming).strip().lower()
+    if raw == "auto":
+        return cache_bytes
+    if raw == "off":
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise OptionError(
+            f"streaming={opts.streaming!r}: expected auto, off or a size in bytes (>= 0)"
+        )
+    return n
 
 
 _global_overrides: dict[str, Any] = {}

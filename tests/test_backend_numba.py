@@ -1728,3 +1728,159 @@ def test_dims_only_terms_are_computed_once_at_the_top() -> None:
         np.testing.assert_allclose(
             model(**feeds)["y"], ex.numpy(**feeds)["y"], rtol=1e-5, atol=1e-6
         )
+
+
+# ---------------------------------------------------------------------------------
+# streaming stores
+# ---------------------------------------------------------------------------------
+
+
+@numba.njit
+def _stream_copy(dst, doff, src, soff, n, nt):
+    nb._g_stream(dst, doff, src, soff, n, nt)
+    nb._g_sfence()
+
+
+@pytest.mark.parametrize("nt", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "bool"])
+def test_g_stream_copies_any_range(dtype: str, nt: bool) -> None:
+    """Every offset (aligned or not to the vector size) and length (shorter than a vector,
+    several vectors plus a tail, zero) copies exactly the range and nothing else."""
+    rng = np.random.default_rng(5)
+    src = (rng.standard_normal(300) * 100).astype(dtype)
+    for doff in (0, 1, 3, 15, 16, 17, 31):
+        for soff in (0, 5):
+            for n in (0, 1, 7, 16, 33, 64, 100, 250):
+                dst = np.zeros(300, dtype)
+                sentinel = np.ones(300, dtype)
+                dst[:] = sentinel
+                _stream_copy(dst, doff, src, soff, n, nt)
+                want = sentinel.copy()
+                want[doff : doff + n] = src[soff : soff + n]
+                np.testing.assert_array_equal(dst, want, err_msg=f"{doff=} {soff=} {n=}")
+
+
+def test_g_stream_writes_2d_outputs_through_flat_offsets() -> None:
+    src = np.arange(12, dtype=np.float32)
+    dst = np.zeros((3, 8), np.float32)
+    _stream_copy(dst, 10, src, 2, 9, True)
+    np.testing.assert_array_equal(dst.reshape(-1)[10:19], src[2:11])
+    assert dst.reshape(-1)[:10].sum() == 0 and dst.reshape(-1)[19:].sum() == 0
+
+
+def test_g_stream_uses_non_temporal_stores_and_sfence() -> None:
+    from geode.codegen.backends.target import is_x86, stream_vector_bytes
+
+    if not is_x86():
+        pytest.skip("non-temporal vector stores are checked on x86 only")
+    asm = _stream_copy.inspect_asm(_stream_copy.signatures[0])
+    reg = {64: "zmm", 32: "ymm", 16: "xmm"}[stream_vector_bytes()]
+    assert re.search(rf"vmovnt\w+\s+%{reg}", asm) or re.search(rf"movnt\w+\s+%{reg}", asm), (
+        "no non-temporal vector store"
+    )
+    assert "sfence" in asm
+
+
+def _streamed_eltwise(n: str | int, m: str | int, chunk: int, min_bytes: int = 0):
+    from geode.codegen.schedule import Schedule
+
+    dims = [d for d in (n, m) if isinstance(d, str)]
+    ext = [A.Const(d) if isinstance(d, int) else A.Var(d) for d in (n, m)]
+    ivs = [IterVar("vi", ext[0]), IterVar("vj", ext[1])]
+    v = (A.Var("vi"), A.Var("vj"))
+    val = A.Bin("+", A.Un("exp", A.Load("X", v)), A.Const(1.0, "float32"))
+    blk = A.Block("e", ivs, [A.Var("i"), A.Var("j")], [A.Store("Y", v, val)])
+    k = A.Kernel(
+        "streamed",
+        [A.Buffer("X", "float32", tuple(ext))],
+        [A.Buffer("Y", "float32", tuple(ext))],
+        dims,
+        [A.For("i", ext[0], [A.For("j", ext[1], [blk])])],
+    )
+    sch = Schedule(k)
+    sch.parallel("i")
+    sch.vectorize("j")
+    sch.stream_output("e", chunk, min_bytes)
+    return sch.kernel
+
+
+@pytest.mark.parametrize("chunk", [1, 16, 48, 512])
+@pytest.mark.parametrize("min_bytes", [0, 1 << 40])
+def test_streamed_kernel_matches_numpy(chunk: int, min_bytes: int) -> None:
+    """A streamed elementwise kernel (non-temporal at every size, or never) equals numpy for
+    rows that the chunk divides or not, zero rows, and outputs that start off a vector
+    boundary."""
+    native = nb.compile_kernel(_streamed_eltwise("N", "M", chunk, min_bytes))
+    rng = np.random.default_rng(0)
+    for n, m in [(0, 5), (1, 1), (3, 47), (5, 48), (2, 1000), (7, 4096)]:
+        x = rng.standard_normal((n, m)).astype(np.float32)
+        want = np.exp(x.astype(np.float64)).astype(np.float32) + np.float32(1)
+        for shift in (0, 1, 3):
+            raw = np.full(n * m + 8, np.nan, np.float32)
+            y = raw[shift : shift + n * m].reshape(n, m)
+            native(x, y, n, m)
+            assert_close(y, want, "float32")
+            assert np.isnan(raw[:shift]).all() and np.isnan(raw[shift + n * m :]).all()
+    src = native.source
+    assert "_g_stream(" in src and "_g_sfence()" in src
+    assert f"N * M * 4 >= {min_bytes}" in src
+
+
+def test_streamed_static_kernel_streams_unconditionally() -> None:
+    native = nb.compile_kernel(_streamed_eltwise(6, 64, 32))
+    assert ", True)" in native.source  # the static output is big enough: no run-time test
+    x = np.random.default_rng(1).standard_normal((6, 64)).astype(np.float32)
+    y = np.empty_like(x)
+    native(x, y)
+    assert_close(y, np.exp(x.astype(np.float64)).astype(np.float32) + 1, "float32")
+
+
+def test_stream_statement_checks_its_buffers() -> None:
+    k = _streamed_eltwise("N", "M", 16)
+    (st,) = [s for s in A.walk_stmts(k.body) if isinstance(s, A.StreamStore)]
+    st.src = "X"
+    with pytest.raises(CodegenError, match="stream needs a local buffer, 'X' is not"):
+        nb.emit_source(k)
+    k = _streamed_eltwise("N", "M", 16)
+    k.outputs[0].dtype = "float16"
+    k.temps[0].dtype = "float16"
+    with pytest.raises(CodegenError, match="other than float16"):
+        nb.emit_source(k)
+
+
+@numba.njit
+def _f64_to_half_bits(x, out):
+    for i in range(x.size):
+        out[i] = nb._g_f2h(x[i])
+
+
+def test_float64_to_float16_rounds_once() -> None:
+    """float64 -> float16 (through float rounded to odd, no compiler-rt call) equals
+    numpy's direct rounding, including doubles a hair off a half-way point, where rounding
+    to float first would round twice; and overflow, subnormals, zeros, inf and NaN."""
+    rng = np.random.default_rng(11)
+    halves = rng.integers(0, 0x7BFF, 20000, dtype=np.uint16).view(np.float16).astype(np.float64)
+    nxt = np.nextafter(halves.astype(np.float16), np.float16(np.inf)).astype(np.float64)
+    mid = (halves + nxt) / 2
+    tiny = np.abs(mid) * 2.0**-40
+    x = np.concatenate(
+        [
+            mid,
+            mid + tiny,
+            mid - tiny,
+            rng.standard_normal(20000) * 1000,
+            np.exp(rng.uniform(-40, 12, 20000)),
+            [65504.0, 65519.99, 65520.0, 1e300, 2.0**-24, 2.0**-25, 2.0**-25 * 1.0000001],
+            [0.0, -0.0, np.inf, -np.inf, 5e-324],
+        ]
+    )
+    x = np.concatenate([x, -x])
+    got = np.empty(x.size, np.uint16)
+    _f64_to_half_bits(x, got)
+    want = x.astype(np.float16).view(np.uint16)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"x={x[bad[0]]!r}: got {got[bad[0]]:#06x}, numpy {want[bad[0]]:#06x}"
+    nan = np.empty(1, np.uint16)
+    _f64_to_half_bits(np.array([np.nan]), nan)
+    assert np.isnan(nan.view(np.float16)[0])
+    assert "truncdfhf2" not in _f64_to_half_bits.inspect_asm(_f64_to_half_bits.signatures[0])

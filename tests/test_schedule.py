@@ -1921,3 +1921,175 @@ def test_prefetch_next_on_softmax_keeps_results() -> None:
         got = run_kernel(sch.kernel, {"x": x}, {"N": n})["y"]
         np.testing.assert_array_equal(got, run_kernel(before, {"x": x}, {"N": n})["y"])
         np.testing.assert_allclose(got, _softmax_ref(x.astype(np.float64)), rtol=1e-5, atol=1e-8)
+
+
+# ---------------------------------------------------------------------------------
+# stream_output
+# ---------------------------------------------------------------------------------
+
+
+def _streams(k: Kernel) -> list:
+    from geode.codegen.ast import StreamStore
+
+    return [s for s in walk_stmts(k.body) if isinstance(s, StreamStore)]
+
+
+def _eltwise_scheduled(n: int | str = "N", m: int | str = "M") -> tuple[Kernel, Schedule]:
+    k = k_eltwise(n, m)
+    sch = Schedule(k)
+    sch.compute_inline("mul_0")
+    sch.compute_inline("add_1")
+    sch.parallel("mul_2_i0")
+    sch.vectorize("mul_2_i1")
+    return k, sch
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 8, 64])
+def test_stream_output_elementwise(chunk: int) -> None:
+    k, sch = _eltwise_scheduled()
+    names = sch.stream_output("mul_2", chunk=chunk, min_bytes=1000)
+    assert names == ["mul_2_i1_0", "mul_2_i1_1"]
+    assert sch.get_loop("mul_2_i1_1").kind == ForKind.VECTORIZED  # the element loop keeps it
+    assert sch.get_loop("mul_2_i0").kind == ForKind.PARALLEL
+    (st_,) = _streams(sch.kernel)
+    assert st_.buffer == "O" and st_.src == "O_stage"
+    # the run-time test: the output's bytes against min_bytes
+    assert format_stmts([st_]).endswith("nontemporal=N * M * 4 >= 1000)")
+    stage = sch.kernel.buffer("O_stage")
+    assert stage.scope == "local" and stage.shape == (Const(chunk),)
+    assert sch.writers("O") == [] and sch.writers("O_stage") == ["mul_2"]
+    # the stage is private to each chunk (so to each parallel iteration)
+    assert alloc_loop(sch.kernel, "O_stage") == "mul_2_i1_0"
+    dims = [{"N": 1, "M": 1}, {"N": 3, "M": 7}, {"N": 2, "M": 64}, {"N": 4, "M": 65}]
+    check_same(k, sch.kernel, dims)
+    check_replay(k, sch)
+
+
+def test_stream_output_dividing_extent_needs_no_predicate() -> None:
+    k, sch = _eltwise_scheduled(5, 32)
+    sch.stream_output("mul_2", chunk=8)
+    text = format_kernel(sch.kernel)
+    assert "predicate" not in text
+    assert "stream(O[mul_2_i0 * 32 + mul_2_i1_0 * 8 +: 8] = O_stage[0 +: 8], nontemporal=true)" in (
+        text
+    )
+    check_same(k, sch.kernel, [{}])
+
+
+def test_stream_output_static_output_smaller_than_min_bytes_is_refused() -> None:
+    k, sch = _eltwise_scheduled(5, 32)
+    before = format_kernel(sch.kernel)
+    with raises("stream_output", "mul_2") as info:
+        sch.stream_output("mul_2", chunk=8, min_bytes=5 * 32 * 4 + 1)
+    assert "holds 640 bytes < min_bytes 641" in str(info.value)
+    assert format_kernel(sch.kernel) == before
+    assert sch.stream_output("mul_2", chunk=8, min_bytes=640)  # exactly enough
+
+
+def _writers_of(sch: Schedule, buffer: str) -> list[str]:
+    return [
+        b
+        for b in sch.blocks()
+        if buffer in {s.buffer for s in walk_stmts(sch.get_block(b).body) if isinstance(s, Store)}
+    ]
+
+
+@pytest.mark.parametrize("example", ["rmsnorm", "layernorm"])
+def test_stream_output_after_software_pipeline(example: str) -> None:
+    """The default row schedules pipelined, then their output pass streamed in chunks that
+    do not divide the row: same values for every row count, chunk and first row."""
+    sch, step = _before_pipeline_any(example, 33)
+    before = copy.deepcopy(sch.kernel)
+    sch.software_pipeline(step.args["loop"], 3, 2, step.args["into"])
+    (writer,) = _writers_of(sch, sch.kernel.outputs[0].name)
+    sch.stream_output(writer, chunk=8)
+    assert len(_streams(sch.kernel)) == 1
+    _rows_equal(sch.kernel, before, 33, (0, 1, 2, 5, 9))
+
+
+def test_stream_output_softmax_row_buffer_without_reuse() -> None:
+    """Softmax whose exp row stays a local buffer (software-pipelined rows): the last pass
+    reads it and streams the output; the row buffer and the stage are separate locals."""
+    from unittest import mock
+
+    from geode.codegen import autoschedule
+
+    lk, group = _lowered("softmax", hidden=20)
+    with mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2):
+        sch = autoschedule.schedule_group(lk, group, stream_min_bytes=0)
+    assert "reuse_output" not in str(sch.trace)
+    assert "software_pipeline(" in str(sch.trace)
+    assert "stream_output(block='softmax_div'" in str(sch.trace)
+    locals_ = sorted(t.name for t in sch.kernel.temps if t.scope == "local")
+    assert len(locals_) == 2 and any(n.endswith("_stage") for n in locals_)
+    check_replay(lk.kernel, sch)
+    rng = np.random.default_rng(3)
+    for n in (1, 4, 9):
+        x = rng.standard_normal((n, 20)).astype(np.float32)
+        got = run_kernel(sch.kernel, {"x": x}, {"N": n})["y"]
+        e = np.exp(x - x.max(1, keepdims=True))
+        np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=2e-6, atol=1e-7)
+
+
+STREAM_ERRORS = {
+    "no block": (lambda s: s.stream_output("nope"), "no such block"),
+    "chunk 0": (lambda s: s.stream_output("mul_2", chunk=0), "chunk 0 is not a positive int"),
+    "chunk bool": (lambda s: s.stream_output("mul_2", chunk=True), "is not a positive int"),
+    "parallel loop": (
+        lambda s: (s.fuse(["mul_2_i0", "mul_2_i1"]), s.stream_output("mul_2")),
+        "is parallel",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(STREAM_ERRORS))
+def test_stream_output_errors_leave_the_kernel(what: str) -> None:
+    _, sch = _eltwise_scheduled()
+    if what == "parallel loop":
+        sch = Schedule(k_eltwise("N", "M"))
+        sch.compute_inline("mul_0")
+        sch.compute_inline("add_1")
+        loop = sch.fuse(["mul_2_i0", "mul_2_i1"])
+        sch.parallel(loop)
+        run, msg = (lambda s: s.stream_output("mul_2"), "is parallel")
+    else:
+        run, msg = STREAM_ERRORS[what]
+    before, n = format_kernel(sch.kernel), len(sch.trace)
+    with pytest.raises(ScheduleError, match="'stream_output'") as info:
+        run(sch)
+    assert msg in str(info.value)
+    assert format_kernel(sch.kernel) == before and len(sch.trace) == n
+
+
+def test_stream_output_requirements() -> None:
+    # an output another block reads back (the row buffer reused in the output)
+    k = k_rowbuf([[E()], [D()]])
+    sch = Schedule(k)
+    sch.reuse_output("T", "D")
+    with raises("stream_output", "D") as info:
+        sch.stream_output("D")
+    assert "another block accesses O" in str(info.value)
+    # a block writing a temp, not an output
+    sch = Schedule(k_rowbuf([[E()], [D()]]))
+    with raises("stream_output", "E") as info:
+        sch.stream_output("E")
+    assert "T is not a kernel output" in str(info.value)
+    # column-major writes: consecutive iterations of the inner loop are a row apart
+    sch = Schedule(k_eltwise(5, 10))
+    sch.compute_inline("mul_0")
+    sch.compute_inline("add_1")
+    sch.reorder(["mul_2_i1", "mul_2_i0"])
+    with raises("stream_output", "mul_2") as info:
+        sch.stream_output("mul_2")
+    assert "not written at consecutive elements along mul_2_i0" in str(info.value)
+    # a reduction's init block (not directly in a loop over the output's last axis)
+    sch = Schedule(k_reduce("N", 10))
+    init = next(b for b in sch.blocks() if sch.get_block(b).reduce_of)
+    with pytest.raises(ScheduleError, match="'stream_output'"):
+        sch.stream_output(init)
+    # a block with a predicate (a split that does not divide)
+    k, sch = _eltwise_scheduled(5, 10)
+    sch.split("mul_2_i1", [None, 4])
+    with raises("stream_output", "mul_2") as info:
+        sch.stream_output("mul_2")
+    assert "no predicate" in str(info.value)

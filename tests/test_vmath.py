@@ -620,3 +620,85 @@ def test_div_stays_exact_under_fastmath(kernels, dtype: str, n: int) -> None:
     ):
         found = _RECIPROCAL.search(asm)
         assert not found, f"{what} fastmath sigmoid uses a reciprocal estimate: {found.group(0)}"
+
+
+# ---------------------------------------------------------------------------------
+# the exp scaling: ldexp (vscalef) and two normal factors give identical results
+# ---------------------------------------------------------------------------------
+
+
+def _scaling_inputs(dtype: str) -> np.ndarray:
+    """Every exponent exp can produce (normal, subnormal, underflow, overflow), dense
+    around the edges, plus special values and random bits; an odd count so vector loops
+    also run their scalar remainder."""
+    dt = DTYPES[dtype]
+    lo, hi = (-110.0, 95.0) if dt == np.float32 else (-760.0, 720.0)
+    x = np.concatenate(
+        [
+            np.linspace(lo, hi, 400_001),
+            _samples("exp", dtype, 20_000, seed=11),
+            np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0]),
+        ]
+    ).astype(dt)
+    return x
+
+
+def _compile_with_scalef(flag: bool, name: str, scalar: bool) -> Callable:
+    """A fresh njit kernel (so the intrinsic's lowering runs again) with ``vmath.SCALEF``."""
+    f = vmath.VMATH[name]
+    old = vmath.SCALEF
+    vmath.SCALEF = flag
+    try:
+        if scalar:  # one call per element through a non-inlined scalar function
+
+            @numba.njit(inline="never")
+            def one(v):
+                return f(v)
+
+            @numba.njit
+            def kernel(x, y):
+                for i in range(x.size):
+                    y[i] = one(x[i])
+
+        else:
+            kernel = _loop_kernel(f, {"contract", "reassoc", "arcp"})
+        probe = np.zeros(3, DTYPES[name[1]])
+        kernel(probe, np.empty_like(probe))  # compile now, while the flag is set
+    finally:
+        vmath.SCALEF = old
+    return kernel
+
+
+@pytest.mark.parametrize("scalar", [False, True], ids=["loop", "scalar"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", ["exp", "sigmoid"])
+def test_scaling_paths_bitwise_equal(name: str, dtype: str, scalar: bool) -> None:
+    """exp and sigmoid give bit-identical results with the ldexp scaling and with the two
+    normal factors, over every exponent range (subnormal results and overflow included),
+    in vectorized loops and in scalar code."""
+    x = _scaling_inputs(dtype)
+    a = _compile_with_scalef(True, (name, dtype), scalar)
+    b = _compile_with_scalef(False, (name, dtype), scalar)
+    ya, yb = np.empty_like(x), np.empty_like(x)
+    a(x, ya)
+    b(x, yb)
+    asm_a, asm_b = (k.inspect_asm(k.signatures[0]) for k in (a, b))
+    assert "vscalef" not in asm_b and ("vscalef" in asm_a or "ldexp" in asm_a)
+    same = (ya.view(f"u{x.itemsize}") == yb.view(f"u{x.itemsize}")) | (np.isnan(ya) & np.isnan(yb))
+    bad = np.flatnonzero(~same)
+    assert bad.size == 0, (
+        f"{name}_{SUFFIX[dtype]}: {bad.size} results differ between the scalings, first at "
+        f"x={x[bad[0]]!r}: ldexp {ya[bad[0]]!r}, two factors {yb[bad[0]]!r}"
+    )
+    assert (ya == 0).any() and np.isinf(ya).any() == (name == "exp")
+    tiny = np.finfo(x.dtype).tiny
+    assert ((ya > 0) & (ya < tiny)).sum() > 100, "the subnormal range was not exercised"
+
+
+def test_exp_uses_vscalef_on_avx512() -> None:
+    """On AVX-512 hosts exp's scaling is one vscalefps per vector (no shift/multiply pair)."""
+    if not vmath._target_has_scalef():
+        pytest.skip("host without AVX-512F/VL: exp scales with two normal factors")
+    asm = _prange_asm(vmath.VMATH["exp", "float32"], np.float32)
+    assert re.search(r"vscalefps\s+[^\n]*%zmm", asm), "exp_f32 loop does not use vscalefps zmm"
+    assert not _LIBM.search(asm), "exp_f32 loop calls libm (ldexpf?)"

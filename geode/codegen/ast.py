@@ -419,6 +419,23 @@ class Prefetch(Stmt):
     offset: Expr
 
 
+@dataclass(eq=False)
+class StreamStore(Stmt):
+    """``buffer[offset : offset + length] = src[src_offset : src_offset + length]``
+    (flat, row-major offsets): copies values staged in local buffer ``src`` into
+    kernel output ``buffer``. When ``nontemporal`` (a bool expression of the dims)
+    holds, the backend uses non-temporal (streaming) stores: the output's cache lines
+    are not read from memory before being overwritten and do not stay in the caches.
+    The values written are the same either way."""
+
+    buffer: str
+    offset: Expr
+    src: str
+    src_offset: Expr
+    length: Expr
+    nontemporal: Expr
+
+
 @dataclass
 class Buffer:
     """A tensor a kernel reads or writes: global (argument), local (temporary array)
@@ -480,6 +497,8 @@ def stmt_exprs(s: Stmt) -> list[Expr]:
         return [s.cond]
     if isinstance(s, Prefetch):
         return [s.offset]
+    if isinstance(s, StreamStore):
+        return [s.offset, s.src_offset, s.length, s.nontemporal]
     return []
 
 
@@ -562,6 +581,12 @@ def _stmt_lines(s: Stmt, ind: str) -> list[str]:
         return [f"{ind}{s.buffer}[{idx}] = {expr_str(s.value)}"]
     if isinstance(s, Prefetch):
         return [f"{ind}prefetch({s.buffer}, {expr_str(s.offset)})"]
+    if isinstance(s, StreamStore):
+        n = expr_str(s.length)
+        return [
+            f"{ind}stream({s.buffer}[{expr_str(s.offset)} +: {n}] = "
+            f"{s.src}[{expr_str(s.src_offset)} +: {n}], nontemporal={expr_str(s.nontemporal)})"
+        ]
     if isinstance(s, If):
         out = [f"{ind}if ({expr_str(s.cond)})", f"{ind}{{"]
         for b in s.body:

@@ -41,6 +41,7 @@ from geode.codegen.ast import (
     Select,
     Stmt,
     Store,
+    StreamStore,
     Un,
     Var,
     expr_str,
@@ -266,7 +267,27 @@ class _Compiler:
             self._array(s.buffer)
             self.expr(s.offset)  # checked like any expression; the hint itself does nothing
             return lambda env: None
+        if isinstance(s, StreamStore):
+            return self._stream(s)
         raise KernelEvalError(f"cannot execute statement {s!r}")
+
+    def _stream(self, s: StreamStore) -> Callable[[Env], None]:
+        """A bounds-checked flat copy (streaming stores write the same values)."""
+        dst, src = self._array(s.buffer).reshape(-1), self._array(s.src).reshape(-1)
+        off, soff, n = self.expr(s.offset), self.expr(s.src_offset), self.expr(s.length)
+        self.expr(s.nontemporal)  # checked like any expression
+        text = f"stream({s.buffer}, {expr_str(s.offset)}, {s.src}, {expr_str(s.src_offset)})"
+
+        def stream(env: Env) -> None:
+            a, b, k = int(off(env)), int(soff(env)), int(n(env))
+            if k < 0 or a < 0 or b < 0 or a + k > dst.size or b + k > src.size:
+                raise KernelEvalError(
+                    f"{text}: copy of {k} elements from {b} to {a} is out of bounds "
+                    f"({s.src} holds {src.size}, {s.buffer} {dst.size})"
+                )
+            dst[a : a + k] = src[b : b + k]
+
+        return stream
 
     def _block(self, b: Block) -> Callable[[Env], None]:
         if len(b.bindings) != len(b.iter_vars):

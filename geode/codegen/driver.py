@@ -24,7 +24,7 @@ from geode.compiler.fusion.profit import describe_work, make_profit
 from geode.compiler.ir import Graph, Node
 from geode.compiler.partition.placement import Placement
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn
-from geode.config import Options
+from geode.config import Options, stream_min_bytes
 from geode.costmodel.device import DeviceSpec, default_spec, load_or_calibrate
 from geode.debug import Dumper, log
 from geode.errors import GeodeError
@@ -55,6 +55,7 @@ def compile_groups(
 ) -> tuple[list[Unit], str]:
     """Units for the plan (fused native kernels and fallback nodes) and the fusion plan text."""
     spec = device_spec(opts.cache_dir)
+    stream_min_bytes(opts, spec.l3_bytes)  # a bad value fails here, not in every group
     plan = plan_fusion(g, placement, make_can_lower(g), make_profit(spec))
     dump.stage("fusion_plan", plan.describe())
     units: list[Unit] = []
@@ -106,7 +107,9 @@ def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumpe
     lowered = lower_group(group, g, name)
     if dump.wants(2):
         dump.stage(f"{name}_ast_lowered", A.format_kernel(lowered.kernel), level=2)
-    sch = schedule_group(lowered, group)
+    sch = schedule_group(
+        lowered, group, stream_min_bytes(opts, device_spec(opts.cache_dir).l3_bytes)
+    )
     kernel = sch.kernel
     trace = str(sch.trace)
     if dump.wants(2):

@@ -14,7 +14,8 @@ rewrites it in place, one primitive at a time, in the style of CINN's IRSchedule
   reduce), :meth:`~Schedule.compute_at`, :meth:`~Schedule.reuse_output` (a row buffer
   kept in the output it becomes);
 * loop annotations: :meth:`~Schedule.parallel`, :meth:`~Schedule.vectorize`,
-  :meth:`~Schedule.unroll`; cache hints: :meth:`~Schedule.prefetch_next`;
+  :meth:`~Schedule.unroll`; cache hints: :meth:`~Schedule.prefetch_next`,
+  :meth:`~Schedule.stream_output` (non-temporal stores through a staging buffer);
 * software pipelining of row passes: :meth:`~Schedule.software_pipeline`.
 
 Loops are named by their loop variable, blocks by their name. Every primitive checks
@@ -71,6 +72,7 @@ from geode.codegen.ast import (
     Prefetch,
     Stmt,
     Store,
+    StreamStore,
     Var,
     add,
     expr_str,
@@ -616,6 +618,10 @@ def _subst_loop_vars(stmts: list[Stmt], mapping: dict[str, Expr]) -> None:
                 s.predicate = substitute(s.predicate, mapping)
         elif isinstance(s, Prefetch):
             s.offset = substitute(s.offset, mapping)
+        elif isinstance(s, StreamStore):
+            s.offset = substitute(s.offset, mapping)
+            s.src_offset = substitute(s.src_offset, mapping)
+            s.length = substitute(s.length, mapping)
 
 
 def _flat_block(x: Stmt) -> bool:
@@ -703,7 +709,10 @@ def alloc_loop(kernel: Kernel, buffer: str) -> str | None:
     """
     paths: list[tuple[For, ...]] = []
     for s, _, loops in _walk(kernel.body):
-        if isinstance(s, Block) and buffer in (_reads(s) | _writes(s)):
+        reads_it = (isinstance(s, Block) and buffer in (_reads(s) | _writes(s))) or (
+            isinstance(s, StreamStore) and buffer == s.src
+        )
+        if reads_it:
             paths.append(loops)
     if not paths:
         return None
@@ -2223,6 +2232,106 @@ class Schedule:
         guard = If(Bin("<", add(Var(f.var), Const(1)), f.extent), [body])
         f.body.insert(pos + 1, guard)
         return var
+
+    @_primitive
+    def stream_output(self, block: str, chunk: int = 512, min_bytes: int = 0) -> list[str]:
+        """Write ``block``'s kernel output ``O`` with streaming (non-temporal) stores: the
+        innermost loop ``L`` around ``block`` is split into chunks of ``chunk`` elements,
+        ``block`` stores each chunk into a small local staging buffer ``O_stage``, and a
+        ``StreamStore`` after the chunk copies it to ``O``. The copy uses non-temporal
+        stores when ``O`` holds at least ``min_bytes`` bytes (a run-time test when ``O``'s
+        shape is symbolic): a streamed line is never read from memory before it is
+        overwritten (an ordinary store first fetches it: 1.5x the traffic of a copy) and
+        does not evict useful lines, which pays for outputs larger than the caches.
+        Returns the chunk loop and the element loop. Apply it last: afterwards ``O`` is
+        written by the ``StreamStore``, not by a block.
+
+        Requirements: ``block`` is a flat block without predicate whose body is one
+        store to ``O``; no other block reads or writes ``O``; ``block`` sits directly in
+        a serial or vectorized loop ``L`` holding only flat blocks; in loop terms the
+        store's last index is ``L``'s variable plus terms free of it and the other
+        indices are free of it (consecutive iterations write consecutive elements);
+        ``chunk`` is a positive int; ``O`` is not known to be smaller than ``min_bytes``.
+
+        Example, ``stream_output("E", chunk=512)`` with ``Y: float32[N, 4096]``::
+
+            parallel for (i, 0, N)                parallel for (i, 0, N)
+              vectorized for (j, 0, 4096)           serial for (j_0, 0, 8)
+                ScheduleBlock(E)                      vectorized for (j_1, 0, 512)
+                  vi, vj = axis.bind(i, j)    ->        ScheduleBlock(E)
+                  Y[vi, vj] = exp(X[vi, vj])              vi, vj, vj_s = axis.bind(i, j_0 * 512 + j_1, j_1)
+                                                          Y_stage[vj_s] = exp(X[vi, vj])
+                                                      stream(Y[i * 4096 + j_0 * 512 +: 512]
+                                                             = Y_stage[0 +: 512], nontemporal=...)
+        """
+        prim = "stream_output"
+        k = self.kernel
+        b, cont, loops = self._locate_block(prim, block)
+        if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+            raise ScheduleError(prim, block, f"chunk {chunk!r} is not a positive int")
+        chunk = int(chunk)
+        if not _flat_block(b) or b.predicate is not None:
+            raise ScheduleError(prim, block, "the block must be flat and have no predicate")
+        if len(b.body) != 1 or not isinstance(b.body[0], Store):
+            raise ScheduleError(prim, block, "the block body must be a single store")
+        st = b.body[0]
+        if st.buffer not in {o.name for o in k.outputs}:
+            raise ScheduleError(prim, block, f"{st.buffer} is not a kernel output")
+        out = k.buffer(st.buffer)
+        if self.writers(out.name) != [block] or self.readers(out.name):
+            raise ScheduleError(prim, block, f"another block accesses {out.name}")
+        if not loops or cont is not loops[-1].body:
+            raise ScheduleError(prim, block, "the block must sit directly in a loop")
+        f = loops[-1]
+        if f.kind not in (ForKind.SERIAL, ForKind.VECTORIZED):
+            raise ScheduleError(prim, block, f"loop {f.var} is {f.kind.value}")
+        if not all(_flat_block(x) for x in f.body):
+            raise ScheduleError(prim, block, f"loop {f.var} holds more than flat blocks")
+        idx = [_loop_terms(b, i) for i in st.indices]
+        if not idx:
+            raise ScheduleError(prim, block, f"{out.name} is a scalar")
+        lv = Var(f.var)
+        rest = _diff(idx[-1], lv)
+        if (
+            any(f.var in free_vars(e) for e in idx[:-1])
+            or rest is None
+            or sympy.Symbol(f.var, integer=True, nonnegative=True) in rest.free_symbols
+        ):
+            raise ScheduleError(
+                prim, block, f"{out.name} is not written at consecutive elements along {f.var}"
+            )
+        size = mul(prod(list(out.shape)), Const(np.dtype(out.dtype).itemsize))
+        if isinstance(size, Const):
+            if int(size.value) < min_bytes:
+                raise ScheduleError(
+                    prim, block, f"{out.name} holds {size.value} bytes < min_bytes {min_bytes}"
+                )
+            nontemporal: Expr = Const(True, "bool")
+        else:
+            nontemporal = Bin(">=", size, Const(int(min_bytes)))
+        kind = f.kind
+        extent = f.extent
+        names = self.split(f.var, [None, chunk])
+        outer, inner = self._locate_loop(prim, names[0])[0], self._locate_loop(prim, names[1])[0]
+        inner.kind = kind
+        start = mul(Var(names[0]), Const(chunk))
+        offset = Const(0)
+        for i, e in enumerate(idx):
+            comp = substitute(e, {f.var: start}) if i == len(idx) - 1 else e
+            offset = add(mul(offset, out.shape[i]), comp)
+        if isinstance(extent, Const) and int(extent.value) % chunk == 0:
+            length: Expr = Const(chunk)
+        else:
+            length = Bin("min", Const(chunk), sub(extent, start))
+        stage = self._fresh(f"{out.name}_stage", kind="buffer")
+        k.temps.append(Buffer(stage, out.dtype, (Const(chunk),), "local"))
+        iv = self._fresh(f"{b.iter_vars[-1].name}_s" if b.iter_vars else "v_s")
+        b.iter_vars.append(IterVar(iv, Const(chunk)))
+        b.bindings.append(Var(names[1]))
+        st.buffer, st.indices = stage, (Var(iv),)
+        outer.body.append(StreamStore(out.name, offset, stage, Const(0), length, nontemporal))
+        self._ctx().simplify_bindings([outer])
+        return names
 
     @_primitive
     def software_pipeline(

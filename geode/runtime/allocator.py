@@ -18,6 +18,18 @@ import numpy as np
 #: arrays smaller than this come from numpy directly (page faults do not matter)
 MIN_POOLED_BYTES = 1 << 20
 
+#: pooled blocks start on a multiple of this many bytes (a cache line; whole-vector
+#: streaming stores need their address aligned to the vector size, at most 64)
+ALIGNMENT = 64
+
+
+def _aligned_block(nbytes: int) -> np.ndarray:
+    """``nbytes`` uninitialised bytes starting on an :data:`ALIGNMENT` boundary (a view
+    of a slightly larger allocation, which it keeps alive)."""
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    shift = (-raw.ctypes.data) % ALIGNMENT
+    return raw[shift : shift + nbytes]
+
 
 class _Lease:
     """Owner of a lent block. Arrays made from it (and all their views) hold it as
@@ -46,7 +58,7 @@ class OutputPool:
         self.misses = 0
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """An uninitialised array; pooled when large."""
+        """An uninitialised array; pooled (and cache-line aligned) when large."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes < MIN_POOLED_BYTES:
@@ -60,7 +72,7 @@ class OutputPool:
             else:
                 self.misses += 1
         if block is None:
-            block = np.empty(nbytes, np.uint8)
+            block = _aligned_block(nbytes)
         lease = _Lease(block, shape, dtype)
         weakref.finalize(lease, self._release, block)
         return np.asarray(lease)

@@ -150,6 +150,7 @@ from geode.codegen.ast import (
     Select,
     Stmt,
     Store,
+    StreamStore,
     Un,
     Var,
     stmt_exprs,
@@ -211,6 +212,36 @@ def _g_h2f(typingctx: Any, bits: Any) -> Any:
     return nbt.float32(nbt.uint16), codegen
 
 
+def _to_half(builder: Any, x: Any) -> Any:
+    """IR rounding a float or double ``x`` to half, to nearest even. A double goes through
+    float rounded to odd (truncate, then set the last bit if anything was dropped): with
+    13 more bits than half, that float rounds to the same half as the double, and
+    float -> half is one ``vcvtps2ph``, where a direct double -> half truncation is a call
+    to compiler-rt's ``__truncdfhf2`` that the JIT may not find."""
+    if x.type == llir.DoubleType():
+        f32, i32 = llir.FloatType(), llir.IntType(32)
+        near = builder.fptrunc(x, f32)
+        back = builder.fpext(near, llir.DoubleType())
+        exact = builder.fcmp_ordered("==", back, x)
+        fabs = _fabs_f64(builder)
+        over = builder.fcmp_ordered(">", builder.call(fabs, [back]), builder.call(fabs, [x]))
+        bits = builder.bitcast(near, i32)
+        toward_zero = builder.select(over, builder.sub(bits, llir.Constant(i32, 1)), bits)
+        odd = builder.or_(toward_zero, llir.Constant(i32, 1))
+        x = builder.select(exact, near, builder.bitcast(odd, f32))
+    return builder.fptrunc(x, llir.HalfType())
+
+
+def _fabs_f64(builder: Any) -> Any:
+    """``llvm.fabs.f64``."""
+    from numba.core import cgutils
+
+    d = llir.DoubleType()
+    return cgutils.get_or_insert_function(
+        builder.module, llir.FunctionType(d, [d]), "llvm.fabs.f64"
+    )
+
+
 @intrinsic
 def _g_f2h(typingctx: Any, x: Any) -> Any:
     """float32/float64 value -> float16 bits (uint16), rounding to nearest even."""
@@ -218,7 +249,7 @@ def _g_f2h(typingctx: Any, x: Any) -> Any:
         return None
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.bitcast(builder.fptrunc(args[0], llir.HalfType()), llir.IntType(16))
+        return builder.bitcast(_to_half(builder, args[0]), llir.IntType(16))
 
     return nbt.uint16(x), codegen
 
@@ -230,7 +261,7 @@ def _g_rh(typingctx: Any, x: Any) -> Any:
         return None
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.fpext(builder.fptrunc(args[0], llir.HalfType()), llir.FloatType())
+        return builder.fpext(_to_half(builder, args[0]), llir.FloatType())
 
     return nbt.float32(x), codegen
 
@@ -405,6 +436,98 @@ def _g_prefetch(typingctx: Any, arr: Any, offset: Any) -> Any:
         return context.get_dummy_value()
 
     return nbt.void(arr, nbt.int64), codegen
+
+
+@intrinsic
+def _g_stream(typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, nt: Any) -> Any:
+    """Copy ``n`` elements from flat offset ``soff`` of C-contiguous array ``src`` to flat
+    offset ``doff`` of ``dst`` (same dtype). With ``nt``: scalar stores up to the first
+    address aligned to the target's vector size, whole vectors with non-temporal aligned
+    stores (``vmovntps``: no read-for-ownership, the lines bypass the caches), scalar
+    stores for the tail; otherwise ``llvm.memcpy``. No bounds check (the schedule
+    guarantees the ranges)."""
+    if not (
+        isinstance(dst, nbt.Array)
+        and isinstance(src, nbt.Array)
+        and dst.dtype == src.dtype
+        and all(isinstance(x, nbt.Integer) for x in (doff, soff, n))
+        and isinstance(nt, nbt.Boolean)
+    ):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        from numba.core import cgutils
+
+        from geode.codegen.backends.target import stream_vector_bytes
+
+        i64 = llir.IntType(64)
+        d = context.make_array(signature.args[0])(context, builder, value=args[0])
+        s = context.make_array(signature.args[2])(context, builder, value=args[2])
+        ety = context.get_data_type(signature.args[0].dtype)
+        esz = context.get_abi_sizeof(ety)
+        dptr = builder.gep(d.data, [args[1]])
+        sptr = builder.gep(s.data, [args[3]])
+        count = args[4]
+
+        def c64(v: int) -> Any:
+            return llir.Constant(i64, v)
+
+        def copy_range(lo: Any, hi: Any) -> None:
+            with cgutils.for_range_slice(builder, lo, hi, c64(1)) as (i, _):
+                v = builder.load(builder.gep(sptr, [i]))
+                builder.store(v, builder.gep(dptr, [i]))
+
+        nt_flag = builder.icmp_unsigned("!=", args[5], llir.Constant(args[5].type, 0))
+        with builder.if_else(nt_flag) as (stream, plain):
+            with stream:
+                vbytes = stream_vector_bytes()
+                lanes = max(1, vbytes // esz)
+                vptr = llir.VectorType(ety, lanes).as_pointer()
+                # elements before the first vector-aligned address (all of them when the
+                # address is not even element-aligned)
+                mis = builder.urem(builder.ptrtoint(dptr, i64), c64(vbytes))
+                gap = builder.urem(builder.sub(c64(vbytes), mis), c64(vbytes))
+                whole = builder.icmp_unsigned("==", builder.urem(gap, c64(esz)), c64(0))
+                head = builder.select(whole, builder.udiv(gap, c64(esz)), count)
+                head = builder.select(builder.icmp_signed("<", head, count), head, count)
+                copy_range(c64(0), head)
+                nvec = builder.sdiv(builder.sub(count, head), c64(lanes))
+                nontemporal = builder.module.add_metadata([llir.Constant(llir.IntType(32), 1)])
+                with cgutils.for_range(builder, nvec) as loop:
+                    off = builder.add(head, builder.mul(loop.index, c64(lanes)))
+                    v = builder.load(builder.bitcast(builder.gep(sptr, [off]), vptr))
+                    v.align = esz
+                    st = builder.store(v, builder.bitcast(builder.gep(dptr, [off]), vptr))
+                    st.align = vbytes
+                    st.set_metadata("nontemporal", nontemporal)
+                copy_range(builder.add(head, builder.mul(nvec, c64(lanes))), count)
+            with plain:
+                cgutils.raw_memcpy(builder, dptr, sptr, count, esz)
+        return context.get_dummy_value()
+
+    return nbt.void(dst, doff, src, soff, n, nt), codegen
+
+
+@intrinsic
+def _g_sfence(typingctx: Any) -> Any:
+    """Order this thread's earlier non-temporal stores before its later stores
+    (``sfence`` on x86, a sequentially consistent fence elsewhere)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        from numba.core import cgutils
+
+        from geode.codegen.backends.target import is_x86
+
+        if is_x86():
+            fn = cgutils.get_or_insert_function(
+                builder.module, llir.FunctionType(llir.VoidType(), []), "llvm.x86.sse.sfence"
+            )
+            builder.call(fn, [])
+        else:
+            builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return nbt.void(), codegen
 
 
 #: float dtype -> (integer dtype of its bits, the bits of +inf): ``|bits| > inf`` iff NaN.
@@ -732,6 +855,8 @@ class _Emitter:
         #: per enclosing For being printed: the guarded registers (python name, dtype) it
         #: updates (None for a prange loop, where updates stay exact)
         self.guard_frames: list[list[tuple[str, str]] | None] = []
+        #: a streaming store ran outside any prange loop: fence at the end of the kernel
+        self.fence_at_end = False
 
     # -- min/max reductions ----------------------------------------------------------
     def find_guarded(self) -> set[str]:
@@ -1223,8 +1348,38 @@ class _Emitter:
                 raise CodegenError(f"{self.where()}: prefetch of non-argument {s.buffer!r}")
             off = self.convert(self.ex(self.fold(s.offset, env)), "int64")
             self.emit(f"{self.helper('_g_prefetch')}({self.py[s.buffer]}, {off.code})", ind)
+        elif isinstance(s, StreamStore):
+            self.stream_store(s, env, ind, in_prange)
         else:
             raise CodegenError(f"{self.where()}: unknown statement {type(s).__name__}")
+
+    def stream_store(self, s: StreamStore, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
+        """``_g_stream(dst, offset, src, src_offset, length, nontemporal)``; the thread
+        fences its streaming stores at the end of its parallel iteration (or of the
+        kernel), see :meth:`loop` and :meth:`run`."""
+        for name, want in ((s.buffer, "output"), (s.src, "local")):
+            if name not in self.bufs:
+                raise CodegenError(f"{self.where()}: stream of unknown buffer {name!r}")
+            role = self.roles.get(name) if want == "output" else self.scope(name)
+            if role != want:
+                raise CodegenError(f"{self.where()}: stream needs a {want} buffer, {name!r} is not")
+        if self.dtypes[s.buffer] != self.dtypes[s.src] or self.dtypes[s.src] == "float16":
+            raise CodegenError(
+                f"{self.where()}: stream from {s.src!r} to {s.buffer!r} needs one dtype "
+                f"other than float16"
+            )
+        args = [
+            self.convert(self.ex(self.fold(e, env)), "int64").code
+            for e in (s.offset, s.src_offset, s.length)
+        ]
+        nt = self.convert(self.ex(self.fold(s.nontemporal, env)), "bool").code
+        self.emit(
+            f"{self.helper('_g_stream')}({self.py[s.buffer]}, {args[0]}, {self.py[s.src]}, "
+            f"{args[1]}, {args[2]}, {nt})",
+            ind,
+        )
+        if not in_prange:
+            self.fence_at_end = True
 
     def body(self, body: list[Stmt], env: dict[str, Expr], ind: int, in_prange: bool) -> None:
         n = self.emitted()
@@ -1289,6 +1444,8 @@ class _Emitter:
             self.stmts(s.body, inner, ind + 1, in_prange or prange)
         finally:
             self.hoist_frames.pop()
+        if prange and any(isinstance(x, StreamStore) for x in walk_stmts(s.body)):
+            self.emit(f"{self.helper('_g_sfence')}()", ind + 1)
         if self.emitted() == n_before:
             self.emit("pass", ind + 1)
 
@@ -1446,6 +1603,8 @@ class _Emitter:
             for s in stmts:
                 if isinstance(s, Store):
                     note(s.buffer, site)
+                elif isinstance(s, StreamStore):
+                    note(s.src, site)
                 exprs: list[Expr] = []
                 if isinstance(s, Store):
                     exprs = [*s.indices, s.value]
@@ -1544,6 +1703,8 @@ class _Emitter:
         self.dim_names = {env[d].name for d in k.dims}  # type: ignore[attr-defined]
         self.prologue_at = len(self.lines)
         self.stmts(k.body, env, 1, False)
+        if self.fence_at_end:
+            self.emit(f"{self.helper('_g_sfence')}()", 1)
         if len(self.lines) == body_start:
             self.emit("pass", 1)
         body = self.lines[body_start:]

@@ -20,12 +20,20 @@ never loaded for another.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
 from geode.config import OptionError
 
-__all__ = ["ENV_VAR", "codegen_fingerprint", "configure", "wanted_features"]
+__all__ = [
+    "ENV_VAR",
+    "codegen_fingerprint",
+    "configure",
+    "is_x86",
+    "stream_vector_bytes",
+    "wanted_features",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +95,20 @@ def codegen_fingerprint() -> dict[str, str]:
 
     triple, cpu, features = cpu_target.target_context.codegen().magic_tuple()
     return {"triple": str(triple), "cpu_name": str(cpu), "cpu_features": str(features)}
+
+
+@functools.lru_cache(maxsize=1)
+def stream_vector_bytes() -> int:
+    """Bytes per non-temporal vector store on numba's target: 64 (AVX-512), 32 (AVX) or 16.
+    A streaming store of a whole vector needs an address aligned to this size."""
+    feats = set(codegen_fingerprint()["cpu_features"].split(","))
+    if "+avx512f" in feats:
+        return 64
+    return 32 if "+avx" in feats else 16
+
+
+@functools.lru_cache(maxsize=1)
+def is_x86() -> bool:
+    """Whether numba's target is x86 (``sfence`` orders its non-temporal stores)."""
+    triple = codegen_fingerprint()["triple"]
+    return triple.startswith(("x86_64", "i386", "i686", "amd64"))
