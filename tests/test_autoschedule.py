@@ -120,7 +120,7 @@ def _traces(name, min_bytes, **kw):
     [
         ("rmsnorm", True),
         ("layernorm", True),
-        ("softmax", True),  # the final scaling pass, from the exp row buffer
+        ("softmax", False),  # scales its exp row in place in the output (reuse_output)
         ("reduce_chain", True),
         ("gelu", False),  # tanh per element: compute-bound, staging would cost
         ("lstm_gates", False),  # five transcendentals per output element
@@ -132,10 +132,19 @@ def test_cheap_outputs_stream_and_costly_ones_do_not(name, streamed):
     assert not any("stream_output(" in t for t in _traces(name, None)), "None never streams"
 
 
-def test_softmax_keeps_its_row_buffer_when_streaming():
-    (with_stream,) = _traces("softmax", 0)
-    (without,) = _traces("softmax", None)
-    assert "reuse_output" in without and "reuse_output" not in with_stream
+def test_softmax_scales_in_place_rather_than_streaming():
+    for min_bytes in (0, None):
+        (trace,) = _traces("softmax", min_bytes)
+        assert "reuse_output" in trace and "stream_output" not in trace
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+def test_streamed_row_kernels_prefetch_instead_of_pipelining(name):
+    (streamed,) = _traces(name, 0, hidden=4096)
+    (plain,) = _traces(name, None, hidden=4096)
+    assert "stream_output(" in streamed and "prefetch_next(" in streamed
+    assert "software_pipeline(" not in streamed
+    assert "software_pipeline(" in plain and "stream_output(" not in plain
 
 
 def test_static_outputs_below_the_threshold_are_not_streamed():

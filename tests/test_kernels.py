@@ -314,7 +314,7 @@ def test_softmax_row_with_nan_is_nan():
 @pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm"])
 def test_row_kernels_pipeline_the_next_row(name):
     ex = examples.ALL[name](hidden=1024)
-    model = geode.compile(ex.graph)
+    model = geode.compile(ex.graph, streaming="off")  # streamed row kernels prefetch instead
     (k,) = aicore(model)
     assert "software_pipeline(loop=" in k.trace and "prefetch_next" not in k.trace
     assert "prange" in k.source and "_cur = " in k.source
@@ -363,7 +363,8 @@ def test_streamed_outputs_match_numpy(name, kw):
     ex = examples.ALL[name](**kw)
     model = geode.compile(ex.graph, streaming="0")
     streams = ["stream_output(" in k.trace for k in aicore(model)]
-    assert any(streams) == (name not in ("bias_gelu_tanh", "lstm_gates")), streams
+    # softmax scales its exp row in place; the GELU and LSTM gates are compute-bound
+    assert any(streams) == (name not in ("softmax", "bias_gelu_tanh", "lstm_gates")), streams
     run_sizes(model, ex, sizes=(1, 5, 33, 130))
     if any(streams):
         assert all("_g_sfence()" in k.source for k in aicore(model) if "_g_stream(" in k.source)

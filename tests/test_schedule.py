@@ -2008,18 +2008,21 @@ def test_stream_output_after_software_pipeline(example: str) -> None:
 
 
 def test_stream_output_softmax_row_buffer_without_reuse() -> None:
-    """Softmax whose exp row stays a local buffer (software-pipelined rows): the last pass
-    reads it and streams the output; the row buffer and the stage are separate locals."""
-    from unittest import mock
-
-    from geode.codegen import autoschedule
+    """Softmax whose exp row stays a local buffer (the default schedule without
+    ``reuse_output``, rows software-pipelined): the last pass reads it and streams the
+    output; the row buffer and the stage are separate locals."""
+    from geode.codegen.autoschedule import pipeline_host, schedule_group
 
     lk, group = _lowered("softmax", hidden=20)
-    with mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2):
-        sch = autoschedule.schedule_group(lk, group, stream_min_bytes=0)
-    assert "reuse_output" not in str(sch.trace)
-    assert "software_pipeline(" in str(sch.trace)
-    assert "stream_output(block='softmax_div'" in str(sch.trace)
+    steps = [
+        s
+        for s in schedule_group(lk, group).trace
+        if s.primitive not in ("reuse_output", "software_pipeline", "prefetch_next")
+    ]
+    sch = Trace(steps).replay(lk.kernel)
+    (row,) = [s for s in sch.kernel.body if isinstance(s, For)]
+    sch.software_pipeline(row.var, 2, 1, pipeline_host(sch, row.var))
+    sch.stream_output("softmax_div", chunk=8)
     locals_ = sorted(t.name for t in sch.kernel.temps if t.scope == "local")
     assert len(locals_) == 2 and any(n.endswith("_stage") for n in locals_)
     check_replay(lk.kernel, sch)

@@ -702,3 +702,42 @@ def test_exp_uses_vscalef_on_avx512() -> None:
     asm = _prange_asm(vmath.VMATH["exp", "float32"], np.float32)
     assert re.search(r"vscalefps\s+[^\n]*%zmm", asm), "exp_f32 loop does not use vscalefps zmm"
     assert not _LIBM.search(asm), "exp_f32 loop calls libm (ldexpf?)"
+
+
+# ---------------------------------------------------------------------------------
+# the variants without a final NaN test (kernels compiled without nnan)
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", [False, {"arcp", "contract", "reassoc"}], ids=["ieee", "geode"])
+@pytest.mark.parametrize("key", sorted(vmath.VMATH_IEEE))
+def test_ieee_variants_equal_the_guarded_functions(key, flags) -> None:
+    """In a kernel without ``nnan`` (plain IEEE, or geode's default flags) each variant
+    returns bit for bit what the function with the final NaN test returns, over random
+    bits, the interesting range, the edges, NaN of both signs and the infinities."""
+    name, dtype = key
+    dt = DTYPES[dtype]
+    x = np.concatenate(
+        [
+            _samples(name, dtype, 200_000, seed=zlib.crc32(f"ieee/{name}/{dtype}".encode())),
+            np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0], dt),
+        ]
+    ).astype(dt)
+    y_ieee = _run(_loop_kernel(vmath.VMATH_IEEE[key], flags), x)
+    y_full = _run(_loop_kernel(vmath.VMATH[key], flags), x)
+    same = (y_ieee.view(f"u{x.itemsize}") == y_full.view(f"u{x.itemsize}")) | (
+        np.isnan(y_ieee) & np.isnan(y_full)
+    )
+    bad = np.flatnonzero(~same)
+    assert bad.size == 0, (
+        f"{name}_ieee_{SUFFIX[dtype]}: x={x[bad[0]]!r} gives {y_ieee[bad[0]]!r}, "
+        f"the guarded function {y_full[bad[0]]!r}"
+    )
+    assert np.isnan(y_ieee[-6:-4]).all()
+
+
+@pytest.mark.parametrize("fastmath", [False, True])
+def test_backend_uses_the_ieee_variants_unless_fastmath(fastmath: bool) -> None:
+    for op in ("sigmoid", "tanh"):
+        src = _geode_unary(op, "float32", fastmath).native.source
+        assert (f"{op}_ieee_f32" in src) != fastmath, src

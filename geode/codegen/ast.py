@@ -439,12 +439,18 @@ class StreamStore(Stmt):
 @dataclass
 class Buffer:
     """A tensor a kernel reads or writes: global (argument), local (temporary array)
-    or register (a scalar temporary)."""
+    or register (a scalar temporary).
+
+    ``nan_insensitive`` (max/min reduction results only): the kernel's outputs are the
+    same whether this reduction propagates a NaN of its inputs or not, because the NaN
+    reaches every affected output another way (softmax's sum, see
+    :mod:`geode.codegen.nan_flow`); a backend may then reduce it ignoring NaN."""
 
     name: str
     dtype: str
     shape: tuple[Expr, ...]
     scope: str = "global"  # global | local | register
+    nan_insensitive: bool = False
 
 
 @dataclass
@@ -613,7 +619,8 @@ def format_kernel(k: Kernel) -> str:
     dims = f"; dims {', '.join(k.dims)}" if k.dims else ""
     lines = [f"kernel {k.name}({args}{dims})"]
     for t in k.temps:
-        lines.append(f"  {t.scope} {_buf_str(t)}")
+        note = "  (NaN-insensitive)" if t.nan_insensitive else ""
+        lines.append(f"  {t.scope} {_buf_str(t)}{note}")
     lines.append("{")
     lines.append(format_stmts(k.body, "  "))
     lines.append("}")

@@ -16,10 +16,17 @@
   long rows, the row loop is software-pipelined (``software_pipeline``): the next row's
   first pass runs inside this row's first output-writing pass, so reading the next row
   overlaps writing this one; where that is illegal (a first pass that writes more than
-  registers), the next row of each input is prefetched after the first pass instead
-  (``prefetch_next``). Loop-invariant row indices are computed once per row by the
-  backend.
+  registers), or where the output is streamed (below), the next row of each input is
+  prefetched after the first pass instead (``prefetch_next``). Loop-invariant row
+  indices are computed once per row by the backend.
 * **column_reduce**: nests are aligned and their spatial loops run in parallel.
+* **streaming stores** (elementwise and row patterns): an output written by one cheap
+  block (:data:`STREAM_MAX_OPS`) and read by none is written through staging chunks
+  with non-temporal stores once it reaches ``stream_min_bytes``
+  (``stream_output``). Measured at [4096, 4096] float32 on two cores against the
+  same schedule without it: RMSNorm and LayerNorm 20-25% faster, the reduce chain
+  about 2x; a streamed output pass that also reads the row is not pipelined (LayerNorm
+  was 20% slower), one that only writes is (see ``_host_reads_inputs``).
 
 If a step's requirements fail, the schedule falls back to a simpler one (and, last,
 to the unscheduled kernel); the reason is kept in ``Schedule.notes``.
@@ -241,8 +248,9 @@ def _row_reduce(
         if len(loops) >= 2 and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL:
             sch.vectorize(loops[-1], allow_reassoc=True)
     _fuse_row_passes(sch, sp)
-    _reuse_outputs(sch, stream_min_bytes)
-    if par and not _pipeline_rows(sch, sp):
+    _reuse_outputs(sch)
+    streamed = any(_streams(sch, b, stream_min_bytes) for b in sch.blocks())
+    if par and ((streamed and _host_reads_inputs(sch, sp)) or not _pipeline_rows(sch, sp)):
         _prefetch_rows(sch, sp)
 
 
@@ -273,6 +281,25 @@ def _pipeline_rows(sch: Schedule, sp: str) -> bool:
         log.debug("rows of %s not pipelined: %s", sp, exc)
         return False
     return True
+
+
+def _host_reads_inputs(sch: Schedule, sp: str) -> bool:
+    """Whether the pass that would host the next row's first pass reads a kernel input
+    (LayerNorm's normalise pass reads ``x``, the reduce chain's broadcast pass reads
+    nothing). A streamed output pass that also reads the row is not pipelined: measured on
+    LayerNorm, the extra stream of the next row made it 20% slower; a write-only host
+    overlaps the next row's reads with its streaming stores (the reduce chain: 2.8x)."""
+    host = pipeline_host(sch, sp)
+    passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
+    loop = next((p for p in passes if p.var == host), passes[-1] if passes else None)
+    if loop is None:
+        return False
+    inputs = {b.name for b in sch.kernel.inputs}
+    for b in A.blocks(loop.body):
+        for st in A.walk_stmts(b.body):
+            if isinstance(st, A.Store) and any(ld.buffer in inputs for ld in A.loads(st.value)):
+                return True
+    return False
 
 
 def pipeline_host(sch: Schedule, sp: str) -> str | None:
@@ -311,17 +338,14 @@ def _prefetch_rows(sch: Schedule, sp: str) -> None:
             log.debug("no prefetch of %s: %s", buf.name, exc)
 
 
-def _reuse_outputs(sch: Schedule, stream_min_bytes: int | None) -> None:
+def _reuse_outputs(sch: Schedule) -> None:
     """Keep each row buffer in the output its last reader writes, where legal (softmax
-    writes its exp values into ``y`` and scales them in place: one buffer less to walk),
-    unless that reader will stream the output (see :func:`_streams`): then the output is
-    written once, from the row buffer, without being read back."""
+    writes its exp values into ``y`` and scales them in place: one buffer less to walk).
+    That output is read back, so it is not streamed: measured on softmax at [4096, 4096],
+    the in-place row beat a separate row buffer with a streamed last pass by 8-12%."""
     for name in [t.name for t in sch.kernel.temps if t.scope == "local"]:
         readers = sch.readers(name)
         if not readers:
-            continue
-        if _streams(sch, readers[-1], stream_min_bytes):
-            log.debug("row buffer %s stays: %s streams its output", name, readers[-1])
             continue
         try:
             sch.reuse_output(name, readers[-1])
@@ -434,7 +458,8 @@ def element_cost(b: A.Block) -> int:
 
 
 def _streams(sch: Schedule, block: str, min_bytes: int | None) -> bool:
-    """Whether ``block`` is a cheap writer of an output that may reach ``min_bytes``."""
+    """Whether ``block`` is the cheap, only accessor of an output that may reach
+    ``min_bytes`` (the candidates of :func:`_stream_outputs`)."""
     if min_bytes is None:
         return False
     b = sch.get_block(block)
@@ -443,6 +468,8 @@ def _streams(sch: Schedule, block: str, min_bytes: int | None) -> bool:
     if len(stores) != 1 or stores[0].buffer not in outs:
         return False
     out = outs[stores[0].buffer]
+    if sch.writers(out.name) != [block] or sch.readers(out.name):
+        return False
     if np.dtype(out.dtype).itemsize not in (4, 8) or element_cost(b) > STREAM_MAX_OPS:
         return False
     size = A.prod(list(out.shape))

@@ -24,6 +24,7 @@ import numpy as np
 import sympy
 
 from geode.codegen import ast as A
+from geode.codegen.nan_flow import nan_insensitive_reductions
 from geode.compiler import dtypes
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import reduce_axes
@@ -683,6 +684,7 @@ def lower_group(group: Group, graph: Graph, name: str) -> LoweredKernel:
     out_ids = {id(v) for v in outputs}
     out_bufs: dict[int, A.Buffer] = {}
     body: list[A.Stmt] = []
+    quiet = nan_insensitive_reductions(group, graph)
     # group outputs first get names, so kernel args read well
     for v in outputs:
         nm = ctx.name(v.name)
@@ -696,7 +698,9 @@ def lower_group(group: Group, graph: Graph, name: str) -> LoweredKernel:
             if id(out) not in ctx.buf:
                 nm = ctx.name(out.name)
                 ctx.buf[id(out)] = nm
-                ctx.temps.append(A.Buffer(nm, dtypes.name(out.dtype), ctx.shape(out), "local"))
+                ctx.temps.append(
+                    A.Buffer(nm, dtypes.name(out.dtype), ctx.shape(out), "local", id(out) in quiet)
+                )
             if node.op_type in REDUCES:
                 body += _lower_reduce(ctx, node)
             else:

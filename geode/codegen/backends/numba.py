@@ -158,7 +158,7 @@ from geode.codegen.ast import (
     walk,
     walk_stmts,
 )
-from geode.codegen.backends.vmath import VMATH
+from geode.codegen.backends.vmath import VMATH, VMATH_IEEE
 from geode.config import OptionError
 from geode.errors import CodegenError
 
@@ -530,6 +530,22 @@ def _g_sfence(typingctx: Any) -> Any:
     return nbt.void(), codegen
 
 
+@intrinsic
+def _g_freeze(typingctx: Any, x: Any) -> Any:
+    """LLVM ``freeze``: a NaN-ignoring max/min (``nnan``) of a row holding NaN is poison;
+    frozen, it is some fixed value, which a NaN-insensitive reduction may use (see
+    :mod:`geode.codegen.nan_flow`)."""
+    if not isinstance(x, nbt.Float):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        ins = llir.Instruction(builder.block, args[0].type, "freeze", [args[0]])
+        builder._insert(ins)
+        return ins
+
+    return x(x), codegen
+
+
 #: float dtype -> (integer dtype of its bits, the bits of +inf): ``|bits| > inf`` iff NaN.
 _NAN_GUARD = {"float32": ("int32", 0x7F800000), "float64": ("int64", 0x7FF0000000000000)}
 
@@ -841,6 +857,7 @@ class _Emitter:
         self.alloc_site: dict[str, int | None] = {}
         self.guarded = self.find_guarded()
         self.guard_names: dict[str, str] = {}  # register python name -> its NaN guard
+        self.quiet_regs: set[str] = set()  # guarded registers of nan_insensitive buffers
         # loops being emitted, innermost last: where loop-invariant block bindings are
         # hoisted to (see binding)
         self.hoist_frames: list[_HoistFrame] = []
@@ -1121,7 +1138,7 @@ class _Emitter:
         if op == "sigmoid":
             fdt = _float_for(dt)
             x = self.convert(a, fdt)
-            fn = VMATH.get((op, fdt))
+            fn = self.vmath_fn(op, fdt)
             if fn is not None:
                 self.vmath.add(fn.__name__)
                 return self.wrap(_call(fn.__name__, x), _ATOM, fdt)
@@ -1130,7 +1147,7 @@ class _Emitter:
         if op in _MATH_UN:
             fdt = _float_for(dt)
             x = self.convert(a, fdt)
-            fn = VMATH.get((op, fdt))
+            fn = self.vmath_fn(op, fdt)
             if fn is not None:  # vectorizable implementation (no libm call in the loop)
                 self.vmath.add(fn.__name__)
                 return self.wrap(_call(fn.__name__, x), _ATOM, fdt)
@@ -1159,6 +1176,13 @@ class _Emitter:
             inf = "math.inf" if op == "isposinf" else "-math.inf"
             return _V(f"{_p(a, _CMP + 1)} == {inf}", "bool", _CMP)
         raise CodegenError(f"{self.where()}: unknown unary op {op!r}")
+
+    def vmath_fn(self, op: str, dtype: str) -> Callable | None:
+        """The vmath function for ``op``: the variant without a final NaN test when the
+        kernel is compiled without ``nnan`` (NaN propagates through its arithmetic)."""
+        if not self.fastmath and (op, dtype) in VMATH_IEEE:
+            return VMATH_IEEE[op, dtype]
+        return VMATH.get((op, dtype))
 
     def is_index(self, e: Expr) -> bool:
         """A non-negative index expression: loop/iteration variables, dims, non-negative
@@ -1408,6 +1432,9 @@ class _Emitter:
         finally:
             frame = self.guard_frames.pop()
         for name, dt in frame or []:  # NaN seen in the loop -> the result is NaN
+            if name in self.quiet_regs:  # any value will do when the row held a NaN
+                self.emit(f"{name} = {self.helper('_g_freeze')}({name})", ind)
+                continue
             gty, inf_bits = _NAN_GUARD[dt]
             self.emit(f"if {self.guard_names[name]} > np.{gty}({inf_bits}):", ind)
             self.emit(f"{name} = np.{dt}(np.nan)", ind + 1)
@@ -1572,6 +1599,7 @@ class _Emitter:
         upd = self.minmax_update(s)
         frame = self.guard_frames[-1] if self.guard_frames else None
         gty, _ = _NAN_GUARD[dt]
+        quiet = self.bufs[s.buffer].nan_insensitive  # no guard: see geode.codegen.nan_flow
         if upd and frame is not None and name in self.guard_names:
             op, other = upd
             v = self.convert(self.ex(self.fold(other, env)), dt)
@@ -1580,7 +1608,8 @@ class _Emitter:
             fn = self.helper("_g_maxnum_nn" if op == "max" else "_g_minnum_nn")
             self.emit(f"{tmp} = {v.code}", ind)
             self.emit(f"{name} = {fn}({name}, {tmp})", ind)
-            self.emit(f"{guard} = {self.helper('_g_nanguard')}({guard}, {tmp})", ind)
+            if not quiet:
+                self.emit(f"{guard} = {self.helper('_g_nanguard')}({guard}, {tmp})", ind)
             if (name, dt) not in frame:
                 frame.append((name, dt))
             return
@@ -1588,7 +1617,10 @@ class _Emitter:
         self.emit(f"{name} = {value.code}", ind)
         if not upd:  # an initialisation: (re)start the guard
             guard = self.guard_names.setdefault(name, self.names.fresh(name + "_nan"))
-            self.emit(f"{guard} = np.{gty}(0)", ind)
+            if quiet:
+                self.quiet_regs.add(name)
+            else:
+                self.emit(f"{guard} = np.{gty}(0)", ind)
 
     # -- allocation ------------------------------------------------------------------
     def plan_allocations(self) -> None:
