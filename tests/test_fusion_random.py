@@ -167,9 +167,13 @@ def test_random_graphs_with_pipelined_rows_match_reference(steps, k, seed):
     from geode.codegen import autoschedule
 
     g = build(steps, k)
-    with mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2), warnings.catch_warnings():
+    with (
+        mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2),
+        mock.patch.object(autoschedule, "PIPELINE_MAX_HOST_OPS", 1000),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("error", CodegenWarning)
-        model = geode.compile(g, fusion=True)
+        model = geode.compile(g, fusion=True, streaming="off")
     matches_reference(g, model, k, seed, (1, 9, 35))
 
 
@@ -181,8 +185,11 @@ def test_pipelined_rows_are_exercised_by_the_random_graphs():
     from geode.codegen import autoschedule
 
     g = build([("reduce", "reduce_max", 0, 1, True, True), ("unary", "exp_tanh", 3, 0)], 8)
-    with mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2):
-        model = geode.compile(g)
+    with (
+        mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2),
+        mock.patch.object(autoschedule, "PIPELINE_MAX_HOST_OPS", 1000),
+    ):
+        model = geode.compile(g, streaming="off")
     traces = [k.trace for k in model.kernels if k.engine == "aicore"]
     assert any("software_pipeline(" in t for t in traces), traces
 
@@ -206,6 +213,7 @@ def test_random_graphs_with_streamed_outputs_match_reference(steps, k, seed):
     g = build(steps, k)
     with (
         mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2),
+        mock.patch.object(autoschedule, "PIPELINE_MAX_HOST_OPS", 1000),
         mock.patch.object(autoschedule, "STREAM_CHUNK", 4),
         warnings.catch_warnings(),
     ):

@@ -311,7 +311,18 @@ def test_softmax_row_with_nan_is_nan():
 # ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "softmax", "layernorm"])
+def test_softmax_rows_run_plain():
+    """Softmax's exp pass is compute-bound: its rows are neither pipelined nor prefetched
+    (autoschedule.PIPELINE_MAX_HOST_OPS), and the row is scaled in place in the output."""
+    ex = examples.softmax(hidden=1024)
+    model = geode.compile(ex.graph)
+    (k,) = aicore(model)
+    assert "software_pipeline" not in k.trace and "prefetch_next" not in k.trace
+    assert "reuse_output(" in k.trace
+    run_sizes(model, ex, sizes=(1, 2, 7, 16, 17, 130))
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
 def test_row_kernels_pipeline_the_next_row(name):
     ex = examples.ALL[name](hidden=1024)
     model = geode.compile(ex.graph, streaming="off")  # streamed row kernels prefetch instead

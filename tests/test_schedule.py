@@ -1279,11 +1279,21 @@ def _lowered(example: str, **kw: int) -> tuple:
     return lower_group(group, g, example), group
 
 
-def _until(lk, group, primitive: str) -> tuple[Schedule, TraceStep]:
-    """The default schedule replayed up to (not including) its ``primitive`` step."""
-    from geode.codegen.autoschedule import schedule_group
+def _pipelining_schedule(lk, group) -> Schedule:
+    """The default schedule with every host pass cheap enough to pipeline (softmax's exp
+    pass is not, by default: see autoschedule.PIPELINE_MAX_HOST_OPS)."""
+    from unittest import mock
 
-    steps = list(schedule_group(lk, group).trace)
+    from geode.codegen import autoschedule
+
+    with mock.patch.object(autoschedule, "PIPELINE_MAX_HOST_OPS", 1000):
+        return autoschedule.schedule_group(lk, group)
+
+
+def _until(lk, group, primitive: str) -> tuple[Schedule, TraceStep]:
+    """The default schedule (pipelining every long row loop) replayed up to (not
+    including) its ``primitive`` step."""
+    steps = list(_pipelining_schedule(lk, group).trace)
     i = next(i for i, s in enumerate(steps) if s.primitive == primitive)
     return Trace(steps[:i]).replay(lk.kernel), steps[i]
 
@@ -1550,11 +1560,16 @@ def test_numba_prefetch_past_the_end_and_errors() -> None:
 
 @pytest.mark.parametrize("hidden,piped", [(64, False), (1023, False), (1024, True), (4096, True)])
 def test_default_row_reduce_schedule_pipelines_long_rows(hidden: int, piped: bool) -> None:
+    """Rows of 1024+ elements are pipelined when the host pass is cheap enough; softmax's
+    exp pass is not by default (it runs plain rows), so the threshold is lifted here to
+    check the structure pipelining gives it."""
     from geode.codegen.autoschedule import PREFETCH_MIN_ROW, schedule_group
 
     assert PREFETCH_MIN_ROW == 1024
     lk, group = _lowered("softmax", hidden=hidden)
-    sch = schedule_group(lk, group)
+    plain = [s.primitive for s in schedule_group(lk, group).trace]
+    assert "software_pipeline" not in plain and "prefetch_next" not in plain
+    sch = _pipelining_schedule(lk, group)
     assert sch.level == "full"
     prims = [s.primitive for s in sch.trace]
     assert prims.count("software_pipeline") == int(piped)
@@ -1657,10 +1672,10 @@ _PIPE_CACHE: dict = {}
 def _before_pipeline_any(example: str, hidden: int) -> tuple[Schedule, TraceStep]:
     """The default schedule up to its row loop's pipelining; for rows too short to be
     pipelined by default, the same step is made up (the primitive does not care)."""
-    from geode.codegen.autoschedule import pipeline_host, schedule_group
+    from geode.codegen.autoschedule import pipeline_host
 
     lk, group = _lowered(example, hidden=hidden)
-    steps = list(schedule_group(lk, group).trace)
+    steps = list(_pipelining_schedule(lk, group).trace)
     pre = [s for s in steps if s.primitive not in ("software_pipeline", "prefetch_next")]
     sch = Trace(pre).replay(lk.kernel)
     (row,) = [s for s in sch.kernel.body if isinstance(s, For)]

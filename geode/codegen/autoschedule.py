@@ -13,12 +13,14 @@
   ``sp`` runs in parallel and every ``rb`` loop is vectorized (reductions may be
   reassociated: see ``geode.config.ACCURACY_POLICY``); a row buffer whose last reader
   writes an output lives in that output (``reuse_output``); with several passes over
-  long rows, the row loop is software-pipelined (``software_pipeline``): the next row's
-  first pass runs inside this row's first output-writing pass, so reading the next row
-  overlaps writing this one; where that is illegal (a first pass that writes more than
-  registers), or where the output is streamed (below), the next row of each input is
-  prefetched after the first pass instead (``prefetch_next``). Loop-invariant row
-  indices are computed once per row by the backend.
+  long rows whose host pass (the first that writes an output) is cheap, the row loop is
+  software-pipelined (``software_pipeline``): the next row's first pass runs inside the
+  host, so reading the next row overlaps writing this one; where that is illegal (a
+  first pass that writes more than registers), or where the output is streamed (below),
+  the next row of each input is prefetched after the first pass instead
+  (``prefetch_next``); a costly host (softmax's exp) gets neither
+  (:data:`PIPELINE_MAX_HOST_OPS`). Loop-invariant row indices are computed once per row
+  by the backend.
 * **column_reduce**: nests are aligned and their spatial loops run in parallel.
 * **streaming stores** (elementwise and row patterns): an output written by one cheap
   block (:data:`STREAM_MAX_OPS`) and read by none is written through staging chunks
@@ -250,7 +252,9 @@ def _row_reduce(
     _fuse_row_passes(sch, sp)
     _reuse_outputs(sch)
     streamed = any(_streams(sch, b, stream_min_bytes) for b in sch.blocks())
-    if par and ((streamed and _host_reads_inputs(sch, sp)) or not _pipeline_rows(sch, sp)):
+    if not par or _host_cost(sch, sp) > PIPELINE_MAX_HOST_OPS:
+        return  # a compute-bound host: its arithmetic, not memory, sets the pace
+    if (streamed and _host_reads_inputs(sch, sp)) or not _pipeline_rows(sch, sp):
         _prefetch_rows(sch, sp)
 
 
@@ -283,15 +287,35 @@ def _pipeline_rows(sch: Schedule, sp: str) -> bool:
     return True
 
 
+#: a host pass costing more than this many vector instructions per element (see
+#: :func:`element_cost`) is neither pipelined nor followed by a next-row prefetch: its
+#: arithmetic already hides the next row's fetch. Measured on softmax at [4096, 4096]
+#: (the exp pass, about 18): the plain row loop 0.93 of onnxruntime's time, pipelined
+#: 0.96-0.99, with the prefetch 0.945; RMSNorm's output pass (about 5) pipelined
+#: 0.78-0.85 against 0.98-1.0 plain.
+PIPELINE_MAX_HOST_OPS = 8
+
+
+def _host_loop(sch: Schedule, sp: str) -> A.For | None:
+    """The pass of row loop ``sp`` that :func:`pipeline_host` names (default: the last)."""
+    host = pipeline_host(sch, sp)
+    passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
+    return next((p for p in passes if p.var == host), passes[-1] if passes else None)
+
+
+def _host_cost(sch: Schedule, sp: str) -> int:
+    """Vector instructions per element of the host pass's blocks."""
+    loop = _host_loop(sch, sp)
+    return sum(element_cost(b) for b in A.blocks(loop.body)) if loop is not None else 0
+
+
 def _host_reads_inputs(sch: Schedule, sp: str) -> bool:
     """Whether the pass that would host the next row's first pass reads a kernel input
     (LayerNorm's normalise pass reads ``x``, the reduce chain's broadcast pass reads
     nothing). A streamed output pass that also reads the row is not pipelined: measured on
     LayerNorm, the extra stream of the next row made it 20% slower; a write-only host
     overlaps the next row's reads with its streaming stores (the reduce chain: 2.8x)."""
-    host = pipeline_host(sch, sp)
-    passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
-    loop = next((p for p in passes if p.var == host), passes[-1] if passes else None)
+    loop = _host_loop(sch, sp)
     if loop is None:
         return False
     inputs = {b.name for b in sch.kernel.inputs}

@@ -532,14 +532,21 @@ def _g_sfence(typingctx: Any) -> Any:
 
 @intrinsic
 def _g_freeze(typingctx: Any, x: Any) -> Any:
-    """LLVM ``freeze``: a NaN-ignoring max/min (``nnan``) of a row holding NaN is poison;
-    frozen, it is some fixed value, which a NaN-insensitive reduction may use (see
-    :mod:`geode.codegen.nan_flow`)."""
+    """``x`` as an opaque value: a NaN-ignoring max/min (``nnan``) of a row holding NaN is
+    poison, which this turns into some fixed value that a NaN-insensitive reduction may
+    use (see :mod:`geode.codegen.nan_flow`). On x86 an empty inline asm does it (LLVM's
+    ``freeze`` would be pushed back into the loop by instcombine, stripping ``nnan`` from
+    the max and with it the fast ``vmaxps`` reduction); elsewhere ``freeze``."""
     if not isinstance(x, nbt.Float):
         return None
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        ins = llir.Instruction(builder.block, args[0].type, "freeze", [args[0]])
+        from geode.codegen.backends.target import is_x86
+
+        ty = args[0].type
+        if is_x86():
+            return builder.asm(llir.FunctionType(ty, [ty]), "", "=x,0", [args[0]], False)
+        ins = llir.Instruction(builder.block, ty, "freeze", [args[0]])
         builder._insert(ins)
         return ins
 
