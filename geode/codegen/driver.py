@@ -150,8 +150,10 @@ def make_step(
 ) -> Callable[[list, list, Any], list]:
     """The AI Core step: ``fn(inputs, outs, env)`` calling the kernel with dims from ``env``
     (on ``num_threads`` threads when it has parallel loops; 0: all cores)."""
-    from geode.codegen.backends.numba import set_num_threads
+    import numba
 
+    if num_threads:  # clamped once here, as geode.codegen.backends.numba.set_num_threads does
+        num_threads = min(int(num_threads), int(numba.config.NUMBA_NUM_THREADS))
     dim_fns = [compile_dim_fn(d) for d in lowered.dim_exprs.values()]
     out_shapes = [compile_shape_fn(v.shape) for v in lowered.outputs]
     out_dtypes = [v.dtype for v in lowered.outputs]
@@ -166,7 +168,7 @@ def make_step(
             arrays.append(o)
         dims = [f(env) for f in dim_fns]
         if num_threads:
-            set_num_threads(num_threads)  # numba's setting is per calling thread
+            numba.set_num_threads(num_threads)  # numba's setting is per calling thread
         native(*inputs[:n_in], *arrays, *dims)
         return arrays
 

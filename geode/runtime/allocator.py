@@ -10,6 +10,7 @@ it) is garbage-collected, never earlier, so user data is never overwritten.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 
@@ -60,7 +61,7 @@ class OutputPool:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialised array; pooled (and cache-line aligned) when large."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
         if nbytes < MIN_POOLED_BYTES:
             return np.empty(shape, dtype)
         with self._lock:

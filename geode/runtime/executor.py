@@ -112,6 +112,7 @@ class Executor:
             for i, s in enumerate(plan.slots)
             if s.var_key is not None and s.role == "constant"
         ]
+        self._variables = [(i, s.var_key) for i, s in enumerate(plan.slots) if s.role == "variable"]
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the plan on ``feeds`` (input name -> array); returns output name -> array."""
@@ -122,9 +123,8 @@ class Executor:
             values[spec.slot] = arrays[spec.name]
         for i, arr in self._static:
             values[i] = arr
-        for i, s in enumerate(plan.slots):
-            if s.role == "variable":
-                values[i] = self.vm.get(s.var_key)
+        for i, key in self._variables:
+            values[i] = self.vm.get(key)  # looked up per run: assignments replace the array
         layout = None
         if plan.memory is not None and plan.arena_slots:
             try:

@@ -15,6 +15,7 @@ at a layout's offsets.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -302,7 +303,7 @@ class Arena:
         """A writable, C-contiguous ndarray of ``shape``/``dtype`` at byte ``offset``."""
         dt = np.dtype(dtype)  # type: ignore[call-overload]
         dims = tuple(int(d) for d in shape)
-        nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+        nbytes = math.prod(dims) * dt.itemsize
         if offset < 0 or offset + nbytes > self._buf.size:
             raise MemoryPlanError(
                 f"arena view [{offset}, {offset + nbytes}) of {dims} {dt} does not fit the "
