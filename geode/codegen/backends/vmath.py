@@ -335,29 +335,51 @@ def _scale2(typingctx, p, n):
         return None
 
     def codegen(context, builder, sig, args):
-        fty, ity, mant, _, _ = _float_ir(sig.args[0])
-        pv, nv = args
-        if _use_scalef():
-            rnd = ir.Constant(fty, 1.5 * 2.0**mant)
-            t = builder.bitcast(builder.fadd(nv, rnd, flags=_STRICT_FLAGS), ity)
-            ni = builder.sub(t, builder.bitcast(rnd, ity))
-            i32 = ir.IntType(32)
-            if ity.width != 32:
-                ni = builder.trunc(ni, i32)
-            suffix = "f32" if ity.width == 32 else "f64"
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(fty, [fty, i32]), f"llvm.ldexp.{suffix}.i32"
-            )
-            return builder.call(fn, [pv, ni])
-        split = ir.Constant(fty, _SCALE_SPLIT[ity.width])
-        one = ir.Constant(fty, 1.0)
-        a = builder.select(builder.fcmp_ordered(">", nv, split), nv, split)
-        f1 = _pow2_ir(builder, builder.fsub(a, one, flags=_STRICT_FLAGS), fty, ity)
-        f2 = _pow2_ir(builder, builder.fsub(nv, a, flags=_STRICT_FLAGS), fty, ity)
-        twice = builder.fadd(pv, pv, flags=_STRICT_FLAGS)
-        return builder.fmul(builder.fmul(twice, f1, flags=_STRICT_FLAGS), f2, flags=_STRICT_FLAGS)
+        return _scale2_ir(builder, sig.args[0], args[0], n=args[1])
 
     return p(p, n), codegen
+
+
+@intrinsic
+def _scale2_rnd(typingctx, p, t):
+    """:func:`_scale2` of ``p`` and ``n = t - 1.5 * 2**mant``, for a ``t`` that already
+    holds ``n + 1.5 * 2**mant`` exactly (exp's rounding step computes it): on AVX-512
+    hosts the exponent comes straight from ``t``'s bits, one vector add fewer than
+    :func:`_scale2` (LLVM cannot see that ``(t - c) + c`` is ``t``). Same results."""
+    if not (isinstance(p, types.Float) and p == t):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _scale2_ir(builder, sig.args[0], args[0], t=args[1])
+
+    return p(p, t), codegen
+
+
+def _scale2_ir(builder, ty, pv, n=None, t=None):
+    """IR of :func:`_scale2` given ``n``, or ``t = n + 1.5 * 2**mant`` (exact)."""
+    fty, ity, mant, _, _ = _float_ir(ty)
+    rnd = ir.Constant(fty, 1.5 * 2.0**mant)
+    if _use_scalef():
+        if t is None:
+            t = builder.fadd(n, rnd, flags=_STRICT_FLAGS)
+        ni = builder.sub(builder.bitcast(t, ity), builder.bitcast(rnd, ity))
+        i32 = ir.IntType(32)
+        if ity.width != 32:
+            ni = builder.trunc(ni, i32)
+        suffix = "f32" if ity.width == 32 else "f64"
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(fty, [fty, i32]), f"llvm.ldexp.{suffix}.i32"
+        )
+        return builder.call(fn, [pv, ni])
+    if n is None:
+        n = builder.fsub(t, rnd, flags=_STRICT_FLAGS)
+    split = ir.Constant(fty, _SCALE_SPLIT[ity.width])
+    one = ir.Constant(fty, 1.0)
+    a = builder.select(builder.fcmp_ordered(">", n, split), n, split)
+    f1 = _pow2_ir(builder, builder.fsub(a, one, flags=_STRICT_FLAGS), fty, ity)
+    f2 = _pow2_ir(builder, builder.fsub(n, a, flags=_STRICT_FLAGS), fty, ity)
+    twice = builder.fadd(pv, pv, flags=_STRICT_FLAGS)
+    return builder.fmul(builder.fmul(twice, f1, flags=_STRICT_FLAGS), f2, flags=_STRICT_FLAGS)
 
 
 @intrinsic
@@ -499,16 +521,25 @@ _EXPM1_LO_F32, _EXPM1_LO_F64 = _F32(-18.0), _F64(-40.0)
 
 
 @_inline
-def _exp_reduce_f32(x):  # pragma: no cover - compiled
-    """n = rint(x / ln2), r = x - n ln2 (two-constant Cody-Waite), e = expm1(r).
+def _exp_parts_f32(x):  # pragma: no cover - compiled
+    """t = n + 1.5 * 2**23, n = rint(x / ln2), r = x - n ln2 (two-constant Cody-Waite),
+    e = expm1(r).
 
     ``rint`` is one FMA: adding ``1.5 * 2**23`` rounds ``x * log2(e)`` to an integer
     (the spacing of floats there is 1) with a single rounding, and the strict subtraction
     gets it back exactly."""
-    n = _sub(_fma(x, _LOG2E_F32, _RND_F32), _RND_F32)
+    t = _fma(x, _LOG2E_F32, _RND_F32)
+    n = _sub(t, _RND_F32)
     r = _fma(n, _NLN2HI_F32, x)
     r = _fma(n, _NLN2LO_F32, r)
-    return n, _fma(r * r, _expq_f32(r), r)
+    return t, n, _fma(r * r, _expq_f32(r), r)
+
+
+@_inline
+def _exp_reduce_f32(x):  # pragma: no cover - compiled
+    """(n, e) of :func:`_exp_parts_f32`."""
+    _, n, e = _exp_parts_f32(x)
+    return n, e
 
 
 @_inline
@@ -526,8 +557,8 @@ def _exp_core_f32(x):  # pragma: no cover - compiled
     ``2**n`` (n in [-150, 128]) is applied by :func:`_scale2` with a single rounding, so
     subnormal results are correctly rounded and overflow gives inf exactly."""
     x = _select(x < _EXP_LO_F32, _EXP_LO_F32, x)
-    n, e = _exp_reduce_f32(x)
-    return _scale2(_add(e, _ONE_F32), n)
+    t, _, e = _exp_parts_f32(x)
+    return _scale2_rnd(_add(e, _ONE_F32), t)
 
 
 @_inline
