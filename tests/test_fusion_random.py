@@ -8,6 +8,7 @@ slice remap. The compiled model (fusion + native kernels) must equal the referen
 interpreter over the same graph at two batch sizes.
 """
 
+import contextlib
 import os
 import warnings
 
@@ -134,14 +135,38 @@ def matches_reference(g, model, k, seed, sizes):
             )
 
 
-@settings(
-    max_examples=int(os.environ.get("GEODE_RANDOM_GRAPHS", "20")),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(
-    steps=st.lists(step, min_size=1, max_size=7), k=st.integers(1, 33), seed=st.integers(0, 1000)
-)
+def random_graphs(min_k: int = 1):
+    """Hypothesis over random step lists, row lengths ``k`` from ``min_k`` and seeds
+    (``GEODE_RANDOM_GRAPHS`` examples)."""
+    configured = settings(
+        max_examples=int(os.environ.get("GEODE_RANDOM_GRAPHS", "20")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    drawn = given(
+        steps=st.lists(step, min_size=1, max_size=7),
+        k=st.integers(min_k, 33),
+        seed=st.integers(0, 1000),
+    )
+    return lambda fn: configured(drawn(fn))
+
+
+@contextlib.contextmanager
+def pipelining_everywhere(**more: int):
+    """Every multi-pass row loop software-pipelined (short rows and costly hosts too),
+    with further autoschedule constants patched by name."""
+    from unittest import mock
+
+    from geode.codegen import autoschedule
+
+    consts = {"PREFETCH_MIN_ROW": 2, "PIPELINE_MAX_HOST_OPS": 1000, **more}
+    with contextlib.ExitStack() as stack:
+        for name, value in consts.items():
+            stack.enter_context(mock.patch.object(autoschedule, name, value))
+        yield
+
+
+@random_graphs()
 def test_random_fusable_graphs_match_reference(steps, k, seed):
     g = build(steps, k)
     with warnings.catch_warnings():
@@ -150,28 +175,13 @@ def test_random_fusable_graphs_match_reference(steps, k, seed):
     matches_reference(g, model, k, seed, (1, 6))
 
 
-@settings(
-    max_examples=int(os.environ.get("GEODE_RANDOM_GRAPHS", "20")),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(
-    steps=st.lists(step, min_size=1, max_size=7), k=st.integers(2, 33), seed=st.integers(0, 1000)
-)
+@random_graphs(min_k=2)
 def test_random_graphs_with_pipelined_rows_match_reference(steps, k, seed):
     """As above, with every multi-pass row loop software-pipelined (the default schedule
     does it only for rows of 1024+ elements), at batch sizes giving one chunk, a short
     chunk and several chunks of rows."""
-    from unittest import mock
-
-    from geode.codegen import autoschedule
-
     g = build(steps, k)
-    with (
-        mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2),
-        mock.patch.object(autoschedule, "PIPELINE_MAX_HOST_OPS", 1000),
-        warnings.catch_warnings(),
-    ):
+    with pipelining_everywhere(), warnings.catch_warnings():
         warnings.simplefilter("error", CodegenWarning)
         model = geode.compile(g, fusion=True, streaming="off")
     matches_reference(g, model, k, seed, (1, 9, 35))
@@ -180,43 +190,20 @@ def test_random_graphs_with_pipelined_rows_match_reference(steps, k, seed):
 def test_pipelined_rows_are_exercised_by_the_random_graphs():
     """The pipelined variant above really pipelines: a softmax-like row graph built by
     the same steps gets ``software_pipeline`` in its kernel trace."""
-    from unittest import mock
-
-    from geode.codegen import autoschedule
-
     g = build([("reduce", "reduce_max", 0, 1, True, True), ("unary", "exp_tanh", 3, 0)], 8)
-    with (
-        mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2),
-        mock.patch.object(autoschedule, "PIPELINE_MAX_HOST_OPS", 1000),
-    ):
+    with pipelining_everywhere():
         model = geode.compile(g, streaming="off")
     traces = [k.trace for k in model.kernels if k.engine == "aicore"]
     assert any("software_pipeline(" in t for t in traces), traces
 
 
-@settings(
-    max_examples=int(os.environ.get("GEODE_RANDOM_GRAPHS", "20")),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(
-    steps=st.lists(step, min_size=1, max_size=7), k=st.integers(1, 33), seed=st.integers(0, 1000)
-)
+@random_graphs()
 def test_random_graphs_with_streamed_outputs_match_reference(steps, k, seed):
     """As above, with every cheap output written through staging chunks of 4 elements and
     streaming stores at any size (``streaming=0``), on pipelined rows too: chunks that do
     not divide the row, outputs that are not vector-aligned."""
-    from unittest import mock
-
-    from geode.codegen import autoschedule
-
     g = build(steps, k)
-    with (
-        mock.patch.object(autoschedule, "PREFETCH_MIN_ROW", 2),
-        mock.patch.object(autoschedule, "PIPELINE_MAX_HOST_OPS", 1000),
-        mock.patch.object(autoschedule, "STREAM_CHUNK", 4),
-        warnings.catch_warnings(),
-    ):
+    with pipelining_everywhere(STREAM_CHUNK=4), warnings.catch_warnings():
         warnings.simplefilter("error", CodegenWarning)
         model = geode.compile(g, streaming="0")
     matches_reference(g, model, k, seed, (1, 9, 35))

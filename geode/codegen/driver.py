@@ -152,8 +152,9 @@ def make_step(
     (on ``num_threads`` threads when it has parallel loops; 0: all cores)."""
     import numba
 
-    if num_threads:  # clamped once here, as geode.codegen.backends.numba.set_num_threads does
-        num_threads = min(int(num_threads), int(numba.config.NUMBA_NUM_THREADS))
+    from geode.codegen.backends.numba import clamp_threads
+
+    threads = clamp_threads(num_threads) if num_threads else 0  # once, not per call
     dim_fns = [compile_dim_fn(d) for d in lowered.dim_exprs.values()]
     out_shapes = [compile_shape_fn(v.shape) for v in lowered.outputs]
     out_dtypes = [v.dtype for v in lowered.outputs]
@@ -167,8 +168,8 @@ def make_step(
                 o = np.empty(out_shapes[i](env), out_dtypes[i])
             arrays.append(o)
         dims = [f(env) for f in dim_fns]
-        if num_threads:
-            numba.set_num_threads(num_threads)  # numba's setting is per calling thread
+        if threads:
+            numba.set_num_threads(threads)  # numba's setting is per calling thread
         native(*inputs[:n_in], *arrays, *dims)
         return arrays
 

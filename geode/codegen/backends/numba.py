@@ -169,6 +169,7 @@ __all__ = [
     "MAX_UNROLL",
     "SLP_VECTORIZE",
     "NumbaKernel",
+    "clamp_threads",
     "compile_kernel",
     "emit_source",
     "get_num_threads",
@@ -2160,12 +2161,18 @@ def set_num_threads(n: int) -> int:
     ``numba.config.NUMBA_NUM_THREADS``); larger requests are clamped. Returns the
     count in effect. Raises :class:`~geode.config.OptionError` for a negative ``n``.
     """
+    numba.set_num_threads(clamp_threads(n))
+    return int(numba.get_num_threads())
+
+
+def clamp_threads(n: int) -> int:
+    """The thread count :func:`set_num_threads` uses for a request of ``n`` (``0``: all
+    cores; at most ``numba.config.NUMBA_NUM_THREADS``). Raises
+    :class:`~geode.config.OptionError` for a negative or non-integer ``n``."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise OptionError(f"num_threads must be an int >= 0 (0: all cores), got {n!r}")
     top = int(numba.config.NUMBA_NUM_THREADS)
-    want = top if n == 0 else min(int(n), top)
-    numba.set_num_threads(want)
-    return int(numba.get_num_threads())
+    return top if n == 0 else min(int(n), top)
 
 
 def get_num_threads() -> int:
