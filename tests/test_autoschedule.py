@@ -1,6 +1,8 @@
 """Default schedules: scheduled kernels (interpreted) match the reference, the intended
 pattern schedule is applied without fallback, and traces replay to the same AST."""
 
+import re
+
 import numpy as np
 import pytest
 from lowering_check import check_groups, prepare
@@ -120,7 +122,7 @@ def _traces(name, min_bytes, **kw):
     [
         ("rmsnorm", True),
         ("layernorm", True),
-        ("softmax", False),  # scales its exp row in place in the output (reuse_output)
+        ("softmax", True),  # its exp row stays in a row buffer; the scaled row streams
         ("reduce_chain", True),
         ("gelu", False),  # tanh per element: compute-bound, staging would cost
         ("lstm_gates", False),  # five transcendentals per output element
@@ -132,10 +134,25 @@ def test_cheap_outputs_stream_and_costly_ones_do_not(name, streamed):
     assert not any("stream_output(" in t for t in _traces(name, None)), "None never streams"
 
 
-def test_softmax_scales_in_place_rather_than_streaming():
-    for min_bytes in (0, None):
-        (trace,) = _traces("softmax", min_bytes)
-        assert "reuse_output" in trace and "stream_output" not in trace
+def test_softmax_streams_its_scaled_row_and_prefetches_over_its_exp_chunks():
+    """A streamed softmax keeps its exp row in a row buffer (an output read back cannot
+    stream); unstreamed, the row is scaled in place in the output. Either way the costly
+    exp pass is cut into chunks that each prefetch a share of the next row into the L2,
+    and no row loop is pipelined."""
+    (streamed,) = _traces("softmax", 0, hidden=4096)
+    assert "reuse_output" not in streamed and "stream_output" in streamed
+    (plain,) = _traces("softmax", None, hidden=4096)
+    assert "reuse_output" in plain and "stream_output" not in plain
+    for trace in (streamed, plain):
+        assert "split(loop='softmax_exp_rb', factors=[None, 512])" in trace
+        assert "spread='softmax_exp_rb_0', level=2)" in trace
+        assert "software_pipeline" not in trace
+
+
+@pytest.mark.parametrize("hidden", [1000, 1030])  # shorter than PREFETCH_MIN_ROW; not 512k
+def test_softmax_short_or_uneven_rows_are_not_cut(hidden):
+    (trace,) = _traces("softmax", None, hidden=hidden)
+    assert "split(" not in trace and "prefetch_next" not in trace
 
 
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
@@ -144,6 +161,11 @@ def test_streamed_row_kernels_prefetch_instead_of_pipelining(name):
     (plain,) = _traces(name, None, hidden=4096)
     assert "stream_output(" in streamed and "prefetch_next(" in streamed
     assert "software_pipeline(" not in streamed
+    # spread over the streamed pass's chunks, into the L2
+    assert re.search(
+        r"prefetch_next\(loop='\w+', buffer='x', at_start=False, spread='\w+_rb_0', level=2\)",
+        streamed,
+    )
     assert "software_pipeline(" in plain and "stream_output(" not in plain
 
 

@@ -1456,6 +1456,8 @@ def _two_pass(n: int | str = "N", m: int = 6) -> Kernel:
     """for i: [for k0: O = X * 2] [for k1: O = O + Y]  (X, Y: float32[N, m])."""
     a = _rb("A", "k0", Store("O", (VI, VK), Bin("*", ld("X", [VI, VK]), f32(2))))
     b = _rb("B", "k1", Store("O", (VI, VK), Bin("+", ld("O", [VI, VK]), ld("Y", [VI, VK]))))
+    for blk in (a, b):
+        blk.iter_vars[1] = IterVar("vk", Const(m))
     body = [For("i", _dim(n), [For("k0", Const(m), [a]), For("k1", Const(m), [b])])]
     return Kernel("two_pass", [buf("X", [n, m]), buf("Y", [n, m])], [buf("O", [n, m])], ["N"], body)
 
@@ -1558,17 +1560,120 @@ def test_numba_prefetch_past_the_end_and_errors() -> None:
         nb.emit_source(_with_prefetch(k_rowbuf([[E()], [D()]]), "T", Const(0)))
 
 
+def test_prefetch_prints_its_cache_level() -> None:
+    pf = Prefetch("X", Bin("*", Var("i"), Const(8)), level=2)
+    assert format_stmts([pf]) == "prefetch(X, i * 8, L2)"
+    assert format_stmts([Prefetch("X", Const(0))]) == "prefetch(X, 0)"  # level 1
+
+
+@pytest.mark.parametrize("m,chunk", [(1024, 256), (1000, 256), (96, 64), (48, 16)])
+def test_prefetch_next_spread_over_a_chunked_pass(m: int, chunk: int) -> None:
+    """Spread over the chunks of the second pass, the prefetch touches every line of the
+    next row once, each chunk a consecutive share, and at most one share past the row."""
+    from geode.codegen.backends import numba as nb
+
+    k = _two_pass(m=m)
+    sch = Schedule(k)
+    sch.parallel("i")
+    outer, _ = sch.split("k1", [None, chunk])
+    sch.vectorize(_, allow_reassoc=False)
+    var = sch.prefetch_next("i", "X", spread=outer, level=2)
+    (pf,) = _prefetches(sch.kernel)
+    assert pf.level == 2 and "prefetch(X, " in str(sch) and ", L2)" in str(sch)
+    host = sch.get_loop(outer)
+    guard = host.body[-1]
+    assert isinstance(guard, If) and guard.body[0].var == var
+    chunks = -(-m // chunk)
+    lines = -(-m // 16)
+    share = -(-lines // chunks)
+    n = 3
+    for i in range(n):
+        touched = []
+        for c in range(chunks):
+            env = {"N": n, "i": i, outer: c}
+            if not eval_shape((guard.cond,), env)[0]:
+                continue
+            (trips,) = eval_shape((guard.body[0].extent,), env)
+            got = [eval_shape((pf.offset,), {**env, var: p})[0] for p in range(trips)]
+            assert got == list(range(((i + 1) * m) + c * share * 16, got[-1] + 1, 16))
+            touched += got
+        if i == n - 1:
+            assert touched == []  # no next row
+            continue
+        row = list(range((i + 1) * m, (i + 2) * m, 16))
+        assert touched[: len(row)] == row and len(touched) == len(set(touched))
+        assert len(touched) - len(row) < share
+    check_same(k, sch.kernel, DIMS_N)
+    check_replay(k, sch)
+    native = nb.compile_kernel(sch.kernel)
+    assert native.source.count("_g_prefetch_l2(X, ") == 1 and "_g_prefetch(" not in native.source
+    x, y = _inputs(k, {"N": 4}).values()
+    o = np.empty((4, m), np.float32)
+    native(x, y, o, 4)
+    np.testing.assert_array_equal(o, x * np.float32(2) + y)
+
+
+def _spread_case(what: str) -> tuple[Schedule, dict]:
+    """A chunked two-pass schedule and prefetch_next arguments that fail ``what``."""
+    sch = Schedule(_two_pass(m=64))
+    outer, inner = sch.split("k1", [None, 16])
+    kw: dict = {"spread": outer, "level": 2}
+    if what == "level":
+        kw["level"] = 3
+    elif what == "at_start":
+        kw["at_start"] = True
+    elif what == "nested":
+        kw["spread"] = inner
+    elif what == "vectorized":
+        sch.vectorize("k0")
+        kw["spread"] = "k0"
+    elif what == "extent":
+        sch.get_loop(outer).extent = Bin("+", Var("i"), Const(1))
+    return sch, kw
+
+
+SPREAD_ERRORS = {
+    "level": "cache level 3 is not 1 or 2",
+    "at_start": "spread and at_start exclude each other",
+    "nested": "k1_1 is not a loop directly in i's body",
+    "vectorized": "loop k0 is vectorized, not serial",
+    "extent": "loop k1_0's extent is not over dims only",
+}
+
+
+@pytest.mark.parametrize("what", sorted(SPREAD_ERRORS))
+def test_prefetch_next_spread_and_level_errors(what: str) -> None:
+    sch, kw = _spread_case(what)
+    before = format_kernel(sch.kernel)
+    steps = len(sch.trace)
+    with pytest.raises(ScheduleError, match="'prefetch_next'") as info:
+        sch.prefetch_next("i", "X", **kw)
+    assert SPREAD_ERRORS[what] in str(info.value)
+    assert format_kernel(sch.kernel) == before and len(sch.trace) == steps
+
+
+def test_numba_prefetch_level_must_be_known() -> None:
+    from geode.codegen.backends import numba as nb
+    from geode.errors import CodegenError
+
+    k2 = _with_prefetch(_two_pass(), "X", Const(0))
+    k2.body[0].body[0].level = 3
+    with pytest.raises(CodegenError, match="prefetch to cache level 3"):
+        nb.emit_source(k2)
+
+
 @pytest.mark.parametrize("hidden,piped", [(64, False), (1023, False), (1024, True), (4096, True)])
 def test_default_row_reduce_schedule_pipelines_long_rows(hidden: int, piped: bool) -> None:
     """Rows of 1024+ elements are pipelined when the host pass is cheap enough; softmax's
-    exp pass is not by default (it runs plain rows), so the threshold is lifted here to
-    check the structure pipelining gives it."""
+    exp pass is not by default (it is cut into chunks carrying the next row's prefetch),
+    so the threshold is lifted here to check the structure pipelining gives it."""
     from geode.codegen.autoschedule import PREFETCH_MIN_ROW, schedule_group
 
     assert PREFETCH_MIN_ROW == 1024
     lk, group = _lowered("softmax", hidden=hidden)
     plain = [s.primitive for s in schedule_group(lk, group).trace]
-    assert "software_pipeline" not in plain and "prefetch_next" not in plain
+    assert "software_pipeline" not in plain
+    assert plain.count("prefetch_next") == int(piped)  # rows of 1024 and 4096: 512k
     sch = _pipelining_schedule(lk, group)
     assert sch.level == "full"
     prims = [s.primitive for s in sch.trace]

@@ -413,10 +413,13 @@ class If(Stmt):
 class Prefetch(Stmt):
     """``prefetch(buffer, offset)``: a hint to bring the cache line holding element
     ``offset`` of ``buffer`` (flat, row-major) closer; no effect on values, and an
-    offset past the end is harmless (a prefetch never faults)."""
+    offset past the end is harmless (a prefetch never faults). ``level`` is the nearest
+    cache level the line should reach: 1 (all levels, the default) or 2 (the L2 and
+    beyond, leaving the L1 to the data in use); printed as ``prefetch(X, off, L2)``."""
 
     buffer: str
     offset: Expr
+    level: int = 1
 
 
 @dataclass(eq=False)
@@ -586,7 +589,8 @@ def _stmt_lines(s: Stmt, ind: str) -> list[str]:
         idx = ", ".join(expr_str(i) for i in s.indices)
         return [f"{ind}{s.buffer}[{idx}] = {expr_str(s.value)}"]
     if isinstance(s, Prefetch):
-        return [f"{ind}prefetch({s.buffer}, {expr_str(s.offset)})"]
+        lvl = f", L{s.level}" if s.level != 1 else ""
+        return [f"{ind}prefetch({s.buffer}, {expr_str(s.offset)}{lvl})"]
     if isinstance(s, StreamStore):
         n = expr_str(s.length)
         return [

@@ -2161,18 +2161,37 @@ class Schedule:
         self.kernel.temps = [t for t in self.kernel.temps if t.name != temp]
 
     @_primitive
-    def prefetch_next(self, loop: str, buffer: str, at_start: bool = False) -> str:
+    def prefetch_next(
+        self,
+        loop: str,
+        buffer: str,
+        at_start: bool = False,
+        spread: str | None = None,
+        level: int = 1,
+    ) -> str:
         """Prefetch, during each iteration of ``loop``, the slab of input ``buffer`` that the
-        next iteration reads, one cache line at a time, right after the first loop in
-        ``loop``'s body (the first pass over a row has brought the current slab in; the
-        hint overlaps fetching the next one with the remaining passes' arithmetic), or
-        at the top of the body with ``at_start`` (a single pass: an elementwise row).
+        next iteration reads, one cache line at a time, to cache ``level`` (see
+        :class:`~geode.codegen.ast.Prefetch`). Where:
+
+        * by default, in one burst right after the first loop in ``loop``'s body (the
+          first pass over a row has brought the current slab in; the hint overlaps
+          fetching the next one with the remaining passes' arithmetic);
+        * with ``at_start``, in one burst at the top of the body (a single pass: an
+          elementwise row);
+        * with ``spread``, a serial loop directly in ``loop``'s body (a pass, such as
+          the chunk loop of a streamed output), spread over its iterations: each fetches
+          its share of the slab's lines at the end of its body, so the fetches overlap
+          that pass's stores instead of queueing up in one burst (the last iteration may
+          run up to ``spread``'s extent lines past the slab: harmless).
+
         Returns the new prefetch loop's variable.
 
         Requirements: ``buffer`` is a kernel input read inside ``loop``; every such read
         indexes it as ``buffer[f(v), ..., g...]``: a non-empty leading part that depends
         only on ``loop``'s variable ``v`` (and dims), the same in every read, then trailing
-        components that do not depend on ``v``; ``loop``'s body holds a loop.
+        components that do not depend on ``v``; ``loop``'s body holds a loop; ``level``
+        is 1 or 2; ``spread`` (not with ``at_start``) is a serial loop directly in
+        ``loop``'s body whose extent depends on dims only.
 
         Example, ``prefetch_next("i", "X")`` with ``X: float32[N, 4096]``::
 
@@ -2184,54 +2203,92 @@ class Schedule:
                                                          prefetch(X, (i + 1) * 4096 + i_pf * 16)
                                                      for (k2, 0, 4096)
                                                        ScheduleBlock(E) ...
+
+        and ``prefetch_next("i", "X", spread="c", level=2)`` on a chunked last pass::
+
+            parallel for (i, 0, N)                 parallel for (i, 0, N)
+              for (k, 0, 4096)                       for (k, 0, 4096)
+                ScheduleBlock(M) ...                   ScheduleBlock(M) ...
+              for (c, 0, 8)              ->          for (c, 0, 8)
+                for (k2, 0, 512)                       for (k2, 0, 512)
+                  ScheduleBlock(E) ...                   ScheduleBlock(E) ...
+                                                       if (i + 1 < N)
+                                                         serial for (i_pf, 0, 32)
+                                                           prefetch(X, (i + 1) * 4096
+                                                             + (c * 32 + i_pf) * 16, L2)
         """
         prim = "prefetch_next"
         f, _, _ = self._locate_loop(prim, loop)
         blk = self._first_block(f)
         k = self.kernel
+        if level not in (1, 2):
+            raise ScheduleError(prim, blk, f"cache level {level!r} is not 1 or 2")
         if buffer not in {b.name for b in k.inputs}:
             raise ScheduleError(prim, blk, f"{buffer} is not a kernel input")
         buf = k.buffer(buffer)
+        lead = self._row_lead(prim, blk, f, buf)
+        pos = next((i for i, x in enumerate(f.body) if isinstance(x, For)), None)
+        if pos is None:
+            raise ScheduleError(prim, blk, f"loop {loop} holds no pass to prefetch behind")
+        nxt = {f.var: add(Var(f.var), Const(1))}
+        base: Expr = Const(0)
+        idx0 = _accesses(f, f.var)[1][buffer][0]
+        for i in range(len(buf.shape)):
+            comp = substitute(idx0[i], nxt) if i < lead else Const(0)
+            base = add(mul(base, buf.shape[i]), comp)
+        line = max(1, 64 // np.dtype(buf.dtype).itemsize)
+        row = prod(list(buf.shape[lead:])) if lead < len(buf.shape) else Const(1)
+        lines = floordiv(add(row, Const(line - 1)), Const(line))
+        var = self._fresh(f"{f.var}_pf")
+        first: Expr = Const(0)
+        if spread is not None:
+            host = self._spread_loop(prim, blk, f, spread, at_start)
+            lines = floordiv(add(lines, add(host.extent, Const(-1))), host.extent)
+            first = mul(Var(host.var), lines)
+        pf = Prefetch(buffer, add(base, mul(add(first, Var(var)), Const(line))), level)
+        guard = If(Bin("<", add(Var(f.var), Const(1)), f.extent), [For(var, lines, [pf])])
+        if spread is not None:
+            host.body.append(guard)
+        else:
+            f.body.insert(0 if at_start else pos + 1, guard)
+        return var
+
+    def _row_lead(self, prim: str, blk: str, f: For, buf: Buffer) -> int:
+        """How many leading indices of ``buf``'s reads inside ``f`` depend on ``f``'s
+        variable (checked: the same in every read, over dims and that variable only,
+        and the trailing indices free of it)."""
         _, reads = _accesses(f, f.var)
-        idxs = reads.get(buffer, [])
+        idxs = reads.get(buf.name, [])
         if not idxs:
-            raise ScheduleError(prim, blk, f"{buffer} is not read inside loop {loop}")
+            raise ScheduleError(prim, blk, f"{buf.name} is not read inside loop {f.var}")
         lead = 0
         while lead < len(buf.shape) and f.var in free_vars(idxs[0][lead]):
             lead += 1
         if lead == 0:
-            raise ScheduleError(prim, blk, f"{buffer}'s first index does not depend on {loop}")
-        allowed = {f.var} | set(k.dims)
+            raise ScheduleError(prim, blk, f"{buf.name}'s first index does not depend on {f.var}")
+        allowed = {f.var} | set(self.kernel.dims)
         for idx in idxs:
             if any(
                 not free_vars(e) <= allowed or not _eq(e, idxs[0][i])
                 for i, e in enumerate(idx[:lead])
             ):
-                raise ScheduleError(prim, blk, f"{buffer} is read at different rows of {loop}")
+                raise ScheduleError(prim, blk, f"{buf.name} is read at different rows of {f.var}")
             if any(f.var in free_vars(e) for e in idx[lead:]):
-                raise ScheduleError(prim, blk, f"{buffer}'s trailing indices depend on {loop}")
-        pos = next((i for i, x in enumerate(f.body) if isinstance(x, For)), None)
-        if pos is None:
-            raise ScheduleError(prim, blk, f"loop {loop} holds no pass to prefetch behind")
+                raise ScheduleError(prim, blk, f"{buf.name}'s trailing indices depend on {f.var}")
+        return lead
+
+    def _spread_loop(self, prim: str, blk: str, f: For, spread: str, at_start: bool) -> For:
+        """The serial pass ``spread`` of ``f``'s body that a prefetch is spread over."""
         if at_start:
-            pos = -1
-        nxt = {f.var: add(Var(f.var), Const(1))}
-        base: Expr = Const(0)
-        for i in range(len(buf.shape)):
-            comp = substitute(idxs[0][i], nxt) if i < lead else Const(0)
-            base = add(mul(base, buf.shape[i]), comp)
-        line = max(1, 64 // np.dtype(buf.dtype).itemsize)
-        row = prod(list(buf.shape[lead:])) if lead < len(buf.shape) else Const(1)
-        var = self._fresh(f"{f.var}_pf")
-        body = For(
-            var,
-            floordiv(add(row, Const(line - 1)), Const(line)),
-            [Prefetch(buffer, add(base, mul(Var(var), Const(line))))],
-            ForKind.SERIAL,
-        )
-        guard = If(Bin("<", add(Var(f.var), Const(1)), f.extent), [body])
-        f.body.insert(pos + 1, guard)
-        return var
+            raise ScheduleError(prim, blk, "spread and at_start exclude each other")
+        host = next((s for s in f.body if isinstance(s, For) and s.var == spread), None)
+        if host is None:
+            raise ScheduleError(prim, blk, f"{spread} is not a loop directly in {f.var}'s body")
+        if host.kind is not ForKind.SERIAL:
+            raise ScheduleError(prim, blk, f"loop {spread} is {host.kind.value}, not serial")
+        if not free_vars(host.extent) <= set(self.kernel.dims):
+            raise ScheduleError(prim, blk, f"loop {spread}'s extent is not over dims only")
+        return host
 
     @_primitive
     def stream_output(self, block: str, chunk: int = 512, min_bytes: int = 0) -> list[str]:

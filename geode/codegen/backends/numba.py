@@ -83,7 +83,8 @@ register reduced only by ``R = max(R, v)`` in a loop that does not otherwise rea
 reset it prints as ``_g_maxnum_nn`` (plain ``vmaxps``, 3x faster as a reduction) plus
 an integer NaN guard checked after the loop, which keeps np.max's NaN result exactly
 (see ``_Emitter.find_guarded``). ``Prefetch`` statements print as ``_g_prefetch``
-(``llvm.prefetch``). Integer ``pow`` with a
+(``llvm.prefetch`` into every cache level) or, at level 2, ``_g_prefetch_l2`` (into
+the L2 and beyond). Integer ``pow`` with a
 negative exponent gives 0 (1 or -1 for bases 1/-1) where numpy raises. ``shl``/``shr``
 by a negative amount or by at least the bit width give 0 (``shr`` of a negative
 signed value gives -1), like numpy. ``round`` is half-to-even (``np.rint``), ``sign``
@@ -415,28 +416,41 @@ _g_maxnum_nn = _float_minmax("maxnum", ("nnan", "nsz"))
 _g_minnum_nn = _float_minmax("minnum", ("nnan", "nsz"))
 
 
-@intrinsic
-def _g_prefetch(typingctx: Any, arr: Any, offset: Any) -> Any:
-    """``llvm.prefetch`` (read, keep in all cache levels) of element ``offset`` of a
-    C-contiguous array's flat data; a hint that never faults, so no bounds check."""
-    if not isinstance(arr, nbt.Array) or not isinstance(offset, nbt.Integer):
-        return None
+def _prefetch_to(locality: int) -> Any:
+    """An intrinsic ``(array, offset)``: ``llvm.prefetch`` (read, data cache) of element
+    ``offset`` of a C-contiguous array's flat data with LLVM's ``locality`` (3: every
+    cache level, ``prefetcht0`` on x86; 2: the L2 and beyond, ``prefetcht1``); a hint
+    that never faults, so no bounds check."""
 
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        from numba.core import cgutils
+    def typer(typingctx: Any, arr: Any, offset: Any) -> Any:
+        if not isinstance(arr, nbt.Array) or not isinstance(offset, nbt.Integer):
+            return None
 
-        a = context.make_array(signature.args[0])(context, builder, value=args[0])
-        ptr = builder.bitcast(builder.gep(a.data, [args[1]]), llir.IntType(8).as_pointer())
-        i32 = llir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module,
-            llir.FunctionType(llir.VoidType(), [ptr.type, i32, i32, i32]),
-            "llvm.prefetch.p0",
-        )
-        builder.call(fn, [ptr, llir.Constant(i32, 0), llir.Constant(i32, 3), llir.Constant(i32, 1)])
-        return context.get_dummy_value()
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            from numba.core import cgutils
 
-    return nbt.void(arr, nbt.int64), codegen
+            a = context.make_array(signature.args[0])(context, builder, value=args[0])
+            ptr = builder.bitcast(builder.gep(a.data, [args[1]]), llir.IntType(8).as_pointer())
+            i32 = llir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module,
+                llir.FunctionType(llir.VoidType(), [ptr.type, i32, i32, i32]),
+                "llvm.prefetch.p0",
+            )
+            flags = [llir.Constant(i32, v) for v in (0, locality, 1)]
+            builder.call(fn, [ptr, *flags])
+            return context.get_dummy_value()
+
+        return nbt.void(arr, nbt.int64), codegen
+
+    typer.__name__ = f"_g_prefetch_{locality}"
+    return intrinsic(typer)
+
+
+#: ``Prefetch`` helpers by the statement's cache level
+_g_prefetch = _prefetch_to(3)
+_g_prefetch_l2 = _prefetch_to(2)
+PREFETCH_HELPERS = {1: "_g_prefetch", 2: "_g_prefetch_l2"}
 
 
 @intrinsic
@@ -1378,8 +1392,11 @@ class _Emitter:
         elif isinstance(s, Prefetch):
             if s.buffer not in self.bufs or self.scope(s.buffer) != "global":
                 raise CodegenError(f"{self.where()}: prefetch of non-argument {s.buffer!r}")
+            if s.level not in PREFETCH_HELPERS:
+                raise CodegenError(f"{self.where()}: prefetch to cache level {s.level!r}")
             off = self.convert(self.ex(self.fold(s.offset, env)), "int64")
-            self.emit(f"{self.helper('_g_prefetch')}({self.py[s.buffer]}, {off.code})", ind)
+            fn = self.helper(PREFETCH_HELPERS[s.level])
+            self.emit(f"{fn}({self.py[s.buffer]}, {off.code})", ind)
         elif isinstance(s, StreamStore):
             self.stream_store(s, env, ind, in_prange)
         else:
