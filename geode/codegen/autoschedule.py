@@ -319,7 +319,7 @@ def _host_loop(sch: Schedule, sp: str) -> A.For | None:
 def _host_cost(sch: Schedule, sp: str) -> int:
     """Vector instructions per element of the host pass's blocks."""
     loop = _host_loop(sch, sp)
-    return sum(element_cost(b) for b in A.blocks(loop.body)) if loop is not None else 0
+    return _pass_cost(loop) if loop is not None else 0
 
 
 def _host_reads_inputs(sch: Schedule, sp: str) -> bool:
@@ -371,10 +371,8 @@ def _chunk_costly_pass(sch: Schedule, sp: str) -> bool:
     top = max(passes[1:], key=_pass_cost, default=None)
     if top is None or _pass_cost(top) <= PIPELINE_MAX_HOST_OPS:
         return False
-    ext = top.extent
-    if not isinstance(ext, A.Const) or int(ext.value) < PREFETCH_MIN_ROW:
-        return False
-    if int(ext.value) % PREFETCH_CHUNK:
+    n = int(top.extent.value) if isinstance(top.extent, A.Const) else 0
+    if n < PREFETCH_MIN_ROW or n % PREFETCH_CHUNK:
         return False
     _, inner = sch.split(top.var, [None, PREFETCH_CHUNK])
     sch.vectorize(inner, allow_reassoc=True)

@@ -2226,13 +2226,12 @@ class Schedule:
         if buffer not in {b.name for b in k.inputs}:
             raise ScheduleError(prim, blk, f"{buffer} is not a kernel input")
         buf = k.buffer(buffer)
-        lead = self._row_lead(prim, blk, f, buf)
+        lead, idx0 = self._row_lead(prim, blk, f, buf)
         pos = next((i for i, x in enumerate(f.body) if isinstance(x, For)), None)
         if pos is None:
             raise ScheduleError(prim, blk, f"loop {loop} holds no pass to prefetch behind")
         nxt = {f.var: add(Var(f.var), Const(1))}
         base: Expr = Const(0)
-        idx0 = _accesses(f, f.var)[1][buffer][0]
         for i in range(len(buf.shape)):
             comp = substitute(idx0[i], nxt) if i < lead else Const(0)
             base = add(mul(base, buf.shape[i]), comp)
@@ -2243,7 +2242,7 @@ class Schedule:
         first: Expr = Const(0)
         if spread is not None:
             host = self._spread_loop(prim, blk, f, spread, at_start)
-            lines = floordiv(add(lines, add(host.extent, Const(-1))), host.extent)
+            lines = floordiv(add(lines, sub(host.extent, Const(1))), host.extent)
             first = mul(Var(host.var), lines)
         pf = Prefetch(buffer, add(base, mul(add(first, Var(var)), Const(line))), level)
         guard = If(Bin("<", add(Var(f.var), Const(1)), f.extent), [For(var, lines, [pf])])
@@ -2253,10 +2252,10 @@ class Schedule:
             f.body.insert(0 if at_start else pos + 1, guard)
         return var
 
-    def _row_lead(self, prim: str, blk: str, f: For, buf: Buffer) -> int:
+    def _row_lead(self, prim: str, blk: str, f: For, buf: Buffer) -> tuple[int, tuple[Expr, ...]]:
         """How many leading indices of ``buf``'s reads inside ``f`` depend on ``f``'s
         variable (checked: the same in every read, over dims and that variable only,
-        and the trailing indices free of it)."""
+        and the trailing indices free of it), and the first read's indices."""
         _, reads = _accesses(f, f.var)
         idxs = reads.get(buf.name, [])
         if not idxs:
@@ -2275,7 +2274,7 @@ class Schedule:
                 raise ScheduleError(prim, blk, f"{buf.name} is read at different rows of {f.var}")
             if any(f.var in free_vars(e) for e in idx[lead:]):
                 raise ScheduleError(prim, blk, f"{buf.name}'s trailing indices depend on {f.var}")
-        return lead
+        return lead, tuple(idxs[0])
 
     def _spread_loop(self, prim: str, blk: str, f: For, spread: str, at_start: bool) -> For:
         """The serial pass ``spread`` of ``f``'s body that a prefetch is spread over."""
