@@ -10,7 +10,7 @@ from test_lower import CASES, _graph
 
 from geode import examples
 from geode.codegen import ast as A
-from geode.codegen.autoschedule import schedule_group
+from geode.codegen.autoschedule import PREFETCH_CHUNK, schedule_group
 from geode.codegen.lower import lower_group
 
 rng = np.random.default_rng(5)
@@ -144,12 +144,12 @@ def test_softmax_streams_its_scaled_row_and_prefetches_over_its_exp_chunks():
     (plain,) = _traces("softmax", None, hidden=4096)
     assert "reuse_output" in plain and "stream_output" not in plain
     for trace in (streamed, plain):
-        assert "split(loop='softmax_exp_rb', factors=[None, 512])" in trace
+        assert f"split(loop='softmax_exp_rb', factors=[None, {PREFETCH_CHUNK}])" in trace
         assert "spread='softmax_exp_rb_0', level=2)" in trace
         assert "software_pipeline" not in trace
 
 
-@pytest.mark.parametrize("hidden", [1000, 1030])  # shorter than PREFETCH_MIN_ROW; not 512k
+@pytest.mark.parametrize("hidden", [1000, 1030])  # shorter than PREFETCH_MIN_ROW; not 128k
 def test_softmax_short_or_uneven_rows_are_not_cut(hidden):
     (trace,) = _traces("softmax", None, hidden=hidden)
     assert "split(" not in trace and "prefetch_next" not in trace
@@ -167,6 +167,34 @@ def test_streamed_row_kernels_prefetch_instead_of_pipelining(name):
         streamed,
     )
     assert "software_pipeline(" in plain and "stream_output(" not in plain
+
+
+@pytest.mark.parametrize(
+    "shapes,prefetched",
+    [
+        ([["N", 4096]], ["x0"]),
+        ([["N", 1030]], ["x0"]),  # rows the chunks do not divide
+        ([["N", 1024], [1024]], ["x0"]),  # a broadcast row has no next row
+        ([["N", 1024], ["N", 1024]], ["x0", "x1"]),
+        ([["N", 512]], []),  # shorter than PREFETCH_MIN_ROW: the hardware keeps up
+        ([["N"]], []),  # no rows (cut in parallel chunks, not streamed)
+    ],
+)
+def test_streamed_elementwise_rows_prefetch_over_their_chunks(shapes, prefetched):
+    """A streamed elementwise row spreads the next row's fetch over its chunks into the
+    L2; unstreamed, nothing is prefetched (measured neutral or worse)."""
+    g = _graph(lambda *xs: sum(xs[1:], xs[0] * 2.0) + 1.0, shapes)
+    gg, plan = prepare(g)
+    (group,) = plan.groups
+    lk = lower_group(group, gg, "k")
+    streamed = str(schedule_group(lk, group, stream_min_bytes=0).trace)
+    assert ("stream_output(" in streamed) == (len(shapes[0]) == 2)
+    got = re.findall(
+        r"prefetch_next\(loop='\w+', buffer='(\w+)', at_start=False, spread='\w+_0', level=2\)",
+        streamed,
+    )
+    assert got == prefetched and streamed.count("prefetch_next(") == len(prefetched)
+    assert "prefetch_next(" not in str(schedule_group(lk, group, stream_min_bytes=None).trace)
 
 
 def test_static_outputs_below_the_threshold_are_not_streamed():

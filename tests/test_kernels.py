@@ -375,7 +375,7 @@ def test_row_kernel_that_cannot_pipeline_prefetches_instead():
 def test_streamed_outputs_match_numpy(name, kw):
     """``streaming=0`` streams every cheap output at any size (the same code that runs for
     outputs beyond the last-level cache); results equal numpy's for short and long rows
-    that the 512-element chunks do not divide, with one compile."""
+    that the chunks do not divide, with one compile."""
     ex = examples.ALL[name](**kw)
     model = geode.compile(ex.graph, streaming="0")
     streams = ["stream_output(" in k.trace for k in aicore(model)]
@@ -384,3 +384,23 @@ def test_streamed_outputs_match_numpy(name, kw):
     run_sizes(model, ex, sizes=(1, 5, 33, 130))
     if any(streams):
         assert all("_g_sfence()" in k.source for k in aicore(model) if "_g_stream(" in k.source)
+
+
+@pytest.mark.parametrize("cols", [1030, 4096])
+def test_streamed_elementwise_rows_with_prefetch_match_numpy(cols):
+    """A streamed elementwise row that prefetches the next row over its chunks gives
+    numpy's results for one row (nothing to prefetch), a few and many rows, with rows
+    the chunks divide and rows they do not; the broadcast row is not prefetched."""
+    g = geode.Graph("ew")
+    x, b = g.input("x", ["N", cols]), g.input("b", [cols])
+    g.output(ops.exp(x) * 2.0 + b, names=["y"])
+    model = geode.compile(g, streaming="0")
+    (k,) = aicore(model)
+    assert "stream_output(" in k.trace and "_g_prefetch_l2(x," in k.source
+    assert "_g_prefetch_l2(b," not in k.source
+    rng = np.random.default_rng(3)
+    bias = rng.standard_normal(cols, dtype=np.float32)
+    for n in (1, 2, 7, 64):
+        xs = rng.standard_normal((n, cols), dtype=np.float32)
+        got = model(x=xs, b=bias)["y"]
+        np.testing.assert_allclose(got, np.exp(xs) * 2.0 + bias, rtol=2e-6, atol=1e-6)
