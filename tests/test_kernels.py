@@ -386,13 +386,14 @@ def test_streamed_outputs_match_numpy(name, kw):
         assert all("_g_sfence()" in k.source for k in aicore(model) if "_g_stream(" in k.source)
 
 
-@pytest.mark.parametrize("cols", [1030, 4096])
-def test_streamed_elementwise_rows_with_prefetch_match_numpy(cols):
+@pytest.mark.parametrize("rows,cols", [(["N"], 1030), (["N"], 4096), (["N", 3], 1024)])
+def test_streamed_elementwise_rows_with_prefetch_match_numpy(rows, cols):
     """A streamed elementwise row that prefetches the next row over its chunks gives
     numpy's results for one row (nothing to prefetch), a few and many rows, with rows
-    the chunks divide and rows they do not; the broadcast row is not prefetched."""
+    the chunks divide and rows they do not, and rows of fused outer loops; the
+    broadcast row is not prefetched."""
     g = geode.Graph("ew")
-    x, b = g.input("x", ["N", cols]), g.input("b", [cols])
+    x, b = g.input("x", [*rows, cols]), g.input("b", [cols])
     g.output(ops.exp(x) * 2.0 + b, names=["y"])
     model = geode.compile(g, streaming="0")
     (k,) = aicore(model)
@@ -401,6 +402,6 @@ def test_streamed_elementwise_rows_with_prefetch_match_numpy(cols):
     rng = np.random.default_rng(3)
     bias = rng.standard_normal(cols, dtype=np.float32)
     for n in (1, 2, 7, 64):
-        xs = rng.standard_normal((n, cols), dtype=np.float32)
+        xs = rng.standard_normal((n, *[3] * (len(rows) - 1), cols), dtype=np.float32)
         got = model(x=xs, b=bias)["y"]
         np.testing.assert_allclose(got, np.exp(xs) * 2.0 + bias, rtol=2e-6, atol=1e-6)
