@@ -228,3 +228,53 @@ def test_element_cost_counts_what_varies_along_the_row():
         b = A.Block("b", ivs, [A.Var("i"), A.Var("j")], [A.Store("Y", v, value)])
         assert element_cost(b) == cost, what
     assert 16 <= STREAM_MAX_OPS < 26
+
+
+def _example_group(ex):
+    gg, plan = prepare(ex.graph)
+    (group,) = [gr for gr in plan.groups if gr.pattern_name() != "column_reduce"]
+    return lower_group(group, gg, "k"), group
+
+
+@pytest.mark.parametrize(
+    ("name", "ex", "streams_at", "interleaved"),
+    [
+        # one transcendental per element: streamed from the L2 size, interleaved
+        ("tanh GELU", examples.gelu(4096, "tanh", with_bias=True), 1 << 20, True),
+        ("erf GELU", examples.gelu(4096), 1 << 20, True),
+        # cheap: streamed from the last-level cache size as before, now interleaved
+        ("x * 2 + 1", None, 32 << 20, True),
+        # SiLU (25) is under STREAM_MIN_OPS_HEAVY, the LSTM's h (50) over the band
+        ("SiLU", examples.silu(4096), None, False),
+        ("LSTM gates", examples.lstm_gates(1024), None, False),
+        # row kernels stream as before and are never interleaved
+        ("RMSNorm", examples.rmsnorm(4096), 32 << 20, False),
+    ],
+)
+def test_streamed_elementwise_nests_are_interleaved(name, ex, streams_at, interleaved):
+    """With the target's interleave factor, an elementwise nest streams a cheap output
+    from the last-level cache size and a one-transcendental output from the L2 size, and
+    its streamed vector loops are interleaved; other blocks and patterns are unchanged,
+    and without a factor nothing is interleaved and the costly blocks do not stream."""
+    if ex is None:
+        lk, group = _example_group(
+            type("E", (), {"graph": _graph(lambda a: a * 2.0 + 1.0, [["N", 4096]])})
+        )
+    else:
+        lk, group = _example_group(ex)
+    kw = {"stream_min_bytes": 32 << 20, "heavy_stream_min_bytes": 1 << 20}
+    trace = str(schedule_group(lk, group, interleave=4, **kw).trace)
+    streams = re.findall(r"stream_output\(block='\w+', chunk=\d+, min_bytes=(\d+)\)", trace)
+    assert streams == ([] if streams_at is None else [str(streams_at)] * len(streams)), name
+    assert bool(streams) == (streams_at is not None), name
+    loops = re.findall(r"interleave\(loop='(\w+)', factor=4\)", trace)
+    assert len(loops) == (len(streams) if interleaved else 0), name
+    sch = schedule_group(lk, group, interleave=4, **kw)
+    for lp in loops:
+        f = sch.get_loop(lp)
+        assert f.kind is A.ForKind.VECTORIZED and f.interleave == 4
+        assert f"vectorized for ({lp}, 0, 128) interleave(4)" in A.format_kernel(sch.kernel)
+    plain = str(schedule_group(lk, group, interleave=1, **kw).trace)
+    assert "interleave(" not in plain
+    if streams_at == 1 << 20:
+        assert "stream_output(" not in plain  # too costly to stream without interleaving

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 import warnings
+from unittest import mock
 
+import llvmlite.binding as llvm
 import numba
 import numpy as np
 import pytest
@@ -1781,7 +1783,9 @@ def test_g_stream_uses_non_temporal_stores_and_sfence() -> None:
     assert "sfence" in asm
 
 
-def _streamed_eltwise(n: str | int, m: str | int, chunk: int, min_bytes: int = 0):
+def _streamed_eltwise(
+    n: str | int, m: str | int, chunk: int, min_bytes: int = 0, interleave: int = 1
+):
     from geode.codegen.schedule import Schedule
 
     dims = [d for d in (n, m) if isinstance(d, str)]
@@ -1800,7 +1804,8 @@ def _streamed_eltwise(n: str | int, m: str | int, chunk: int, min_bytes: int = 0
     sch = Schedule(k)
     sch.parallel("i")
     sch.vectorize("j")
-    sch.stream_output("e", chunk, min_bytes)
+    _, inner = sch.stream_output("e", chunk, min_bytes)
+    sch.interleave(inner, interleave)
     return sch.kernel
 
 
@@ -1824,6 +1829,63 @@ def test_streamed_kernel_matches_numpy(chunk: int, min_bytes: int) -> None:
     src = native.source
     assert "_g_stream(" in src and "_g_sfence()" in src
     assert f"N * M * 4 >= {min_bytes}" in src
+
+
+@pytest.mark.parametrize("chunk", [48, 128])
+def test_interleaved_streamed_kernel_matches_numpy(chunk: int) -> None:
+    """An interleaved streamed loop states its factor in the source (so the cache keys on
+    it), forces LLVM's interleave count only while it compiles, and equals numpy."""
+    calls: list[str] = []
+    real = llvm.set_option
+
+    def record(name: str, option: str) -> None:
+        calls.append(option)
+        real(name, option)
+
+    with mock.patch.object(llvm, "set_option", record):
+        native = nb.compile_kernel(_streamed_eltwise("N", "M", chunk, 0, interleave=4))
+    assert "INTERLEAVE = 4" in native.source
+    assert calls == ["-force-vector-interleave=4", "-force-vector-interleave=0"]
+    plain = nb.compile_kernel(_streamed_eltwise("N", "M", chunk, 0))
+    assert "INTERLEAVE" not in plain.source
+    rng = np.random.default_rng(2)
+    for n, m in [(1, 1), (3, 47), (5, 128), (7, 4096), (2, 1000)]:
+        x = rng.standard_normal((n, m)).astype(np.float32)
+        y = np.empty_like(x)
+        native(x, y, n, m)
+        assert_close(y, np.exp(x.astype(np.float64)).astype(np.float32) + 1, "float32")
+
+
+def test_compile_settings_interleave_reach_llvm() -> None:
+    """LLVM honours the interleave count set while geode compiles, and it is reset after:
+    a division loop has as many vector divisions as the count."""
+    from geode.codegen.backends.target import is_x86, stream_vector_bytes
+
+    if not is_x86():
+        pytest.skip("counted in x86 assembly")
+    reg = {64: "zmm", 32: "ymm", 16: "xmm"}[stream_vector_bytes()]
+
+    def divisions(interleave: int) -> int:
+        @numba.njit(error_model="numpy")
+        def f(x, y):
+            for i in range(x.shape[0]):
+                y[i] = x[i] / (x[i] + np.float32(1.0))
+
+        with nb._numba_compile_settings(interleave):
+            f.compile((numba.float32[::1], numba.float32[::1]))
+        return len(re.findall(rf"vdivps\s+%{reg}", f.inspect_asm(f.signatures[0])))
+
+    assert divisions(8) == 8
+    assert divisions(2) == 2
+    divisions(8)  # after this compile the option is back to LLVM's choice
+
+    @numba.njit(error_model="numpy")
+    def g(x, y):
+        for i in range(x.shape[0]):
+            y[i] = x[i] / (x[i] + np.float32(1.0))
+
+    g.compile((numba.float32[::1], numba.float32[::1]))
+    assert len(re.findall(rf"vdivps\s+%{reg}", g.inspect_asm(g.signatures[0]))) < 8
 
 
 def test_streamed_static_kernel_streams_unconditionally() -> None:

@@ -379,8 +379,12 @@ def test_streamed_outputs_match_numpy(name, kw):
     ex = examples.ALL[name](**kw)
     model = geode.compile(ex.graph, streaming="0")
     streams = ["stream_output(" in k.trace for k in aicore(model)]
-    # the GELU and LSTM gates are compute-bound
-    assert any(streams) == (name not in ("bias_gelu_tanh", "lstm_gates")), streams
+    # the LSTM gates are compute-bound; the GELU streams with its loop interleaved
+    # where the target interleaves (AVX-512)
+    from geode.codegen.backends.target import stream_interleave
+
+    want = {"bias_gelu_tanh": stream_interleave() > 1, "lstm_gates": False}.get(name, True)
+    assert any(streams) == want, streams
     run_sizes(model, ex, sizes=(1, 5, 33, 130))
     if any(streams):
         assert all("_g_sfence()" in k.source for k in aicore(model) if "_g_stream(" in k.source)

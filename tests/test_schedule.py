@@ -815,6 +815,34 @@ def test_reduce_annotations() -> None:
     sch.vectorize("sum_0_k0")  # max reassociates exactly
 
 
+def test_interleave() -> None:
+    """``interleave`` marks a vectorized loop (shown by the printer), replays, leaves the
+    results alone, and ``factor=1`` clears it."""
+    k = k_eltwise(m=8)
+    sch = Schedule(k)
+    sch.vectorize("mul_0_i1")
+    sch.interleave("mul_0_i1", 4)
+    assert sch.get_loop("mul_0_i1").interleave == 4
+    assert "vectorized for (mul_0_i1, 0, 8) interleave(4)" in str(sch)
+    assert "interleave(loop='mul_0_i1', factor=4)" in str(sch.trace)
+    check_same(k, sch.kernel, DIMS_N)
+    check_replay(k, sch)
+    sch.interleave("mul_0_i1", 1)
+    assert sch.get_loop("mul_0_i1").interleave == 1 and "interleave(" not in str(sch.kernel)
+
+
+@pytest.mark.parametrize("factor", [0, 3, 32, -4, True, 2.0])
+def test_interleave_errors(factor: object) -> None:
+    sch = Schedule(k_eltwise(m=8))
+    with raises("interleave", "mul_0"):
+        sch.interleave("mul_0_i1", 4)  # not vectorized
+    sch.vectorize("mul_0_i1")
+    before = str(sch)
+    with raises("interleave", "mul_0"):
+        sch.interleave("mul_0_i1", factor)
+    assert str(sch) == before and sch.get_loop("mul_0_i1").interleave == 1
+
+
 def test_annotation_errors() -> None:
     sch = Schedule(k_reduce(m=100))
     with raises("parallel", "sum_0"):

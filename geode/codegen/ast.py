@@ -359,12 +359,16 @@ class Stmt:
 
 @dataclass(eq=False)
 class For(Stmt):
-    """``for var in range(extent)``; ``kind`` says serial/parallel/vectorized/unrolled."""
+    """``for var in range(extent)``; ``kind`` says serial/parallel/vectorized/unrolled.
+
+    ``interleave`` (vectorized loops, see :meth:`Schedule.interleave`) is how many vectors
+    of consecutive iterations the backend computes side by side."""
 
     var: str
     extent: Expr
     body: list[Stmt]
     kind: ForKind = ForKind.SERIAL
+    interleave: int = 1
 
 
 @dataclass
@@ -568,7 +572,10 @@ def expr_str(e: Expr, parent: int = 0) -> str:
 
 def _stmt_lines(s: Stmt, ind: str) -> list[str]:
     if isinstance(s, For):
-        out = [f"{ind}{s.kind.value} for ({s.var}, 0, {expr_str(s.extent)})", f"{ind}{{"]
+        head = f"{ind}{s.kind.value} for ({s.var}, 0, {expr_str(s.extent)})"
+        if s.interleave > 1:
+            head += f" interleave({s.interleave})"
+        out = [head, f"{ind}{{"]
         for b in s.body:
             out += _stmt_lines(b, ind + "  ")
         return out + [f"{ind}}}"]

@@ -102,13 +102,19 @@ SIDE_EFFECTS = frozenset({"Assign", "Print"})
 def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumper) -> Unit:
     from geode.codegen.autoschedule import schedule_group
     from geode.codegen.backends.numba import compile_kernel
+    from geode.codegen.backends.target import stream_interleave
 
     t0 = time.perf_counter()
     lowered = lower_group(group, g, name)
     if dump.wants(2):
         dump.stage(f"{name}_ast_lowered", A.format_kernel(lowered.kernel), level=2)
+    spec = device_spec(opts.cache_dir)
     sch = schedule_group(
-        lowered, group, stream_min_bytes(opts, device_spec(opts.cache_dir).l3_bytes)
+        lowered,
+        group,
+        stream_min_bytes(opts, spec.l3_bytes),
+        stream_interleave(),
+        stream_min_bytes(opts, spec.l2_bytes),
     )
     kernel = sch.kernel
     trace = str(sch.trace)

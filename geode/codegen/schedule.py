@@ -14,8 +14,9 @@ rewrites it in place, one primitive at a time, in the style of CINN's IRSchedule
   reduce), :meth:`~Schedule.compute_at`, :meth:`~Schedule.reuse_output` (a row buffer
   kept in the output it becomes);
 * loop annotations: :meth:`~Schedule.parallel`, :meth:`~Schedule.vectorize`,
-  :meth:`~Schedule.unroll`; cache hints: :meth:`~Schedule.prefetch_next`,
-  :meth:`~Schedule.stream_output` (non-temporal stores through a staging buffer);
+  :meth:`~Schedule.interleave`, :meth:`~Schedule.unroll`; cache hints:
+  :meth:`~Schedule.prefetch_next`, :meth:`~Schedule.stream_output` (non-temporal
+  stores through a staging buffer);
 * software pipelining of row passes: :meth:`~Schedule.software_pipeline`.
 
 Loops are named by their loop variable, blocks by their name. Every primitive checks
@@ -2647,6 +2648,35 @@ class Schedule:
 
         self._check_independent("vectorize", f, path, reassoc)
         f.kind = ForKind.VECTORIZED
+        return None
+
+    @_primitive
+    def interleave(self, loop: str, factor: int) -> None:
+        """Compute ``factor`` vectors of consecutive iterations of vectorized ``loop`` side
+        by side (LLVM's interleave count). Each vector of a long per-element dependency
+        chain (a transcendental function: 20-40 dependent instructions) then overlaps
+        the others' latency; without it the out-of-order window holds only two or three
+        chains. ``factor=1`` clears the hint. The numba backend can only pass the
+        largest factor of a kernel to LLVM for the whole kernel (numba sets no loop
+        metadata), so every loop of that kernel is interleaved alike.
+
+        Requirements: the loop is vectorized; ``factor`` is a power of two from 1 to 16.
+
+        Example, ``interleave("j", 4)``::
+
+            vectorized for (j, 0, 128)  ->      vectorized for (j, 0, 128) interleave(4)
+              ScheduleBlock(A) ...                ScheduleBlock(A) ...
+        """
+        f, _, _ = self._locate_loop("interleave", loop)
+        blk = self._first_block(f)
+        if f.kind != ForKind.VECTORIZED:
+            raise ScheduleError("interleave", blk, f"loop {loop} is {f.kind.value}, not vectorized")
+        ok = isinstance(factor, (int, np.integer)) and not isinstance(factor, bool)
+        if not ok or not 1 <= factor <= 16 or factor & (factor - 1):
+            raise ScheduleError(
+                "interleave", blk, f"factor {factor!r} is not a power of two from 1 to 16"
+            )
+        f.interleave = int(factor)
         return None
 
     @_primitive

@@ -109,6 +109,12 @@ older LLVMs); without it partial-accumulator reductions stay scalar unless fastm
 is on. geode kernels are compiled with SLP vectorization on (:data:`SLP_VECTORIZE`,
 set only while geode's own compiles hold numba's compiler lock); it is part of the
 cache key. Every compiled path is tested differentially against numpy.
+
+A vectorized loop's interleave factor (:meth:`Schedule.interleave`) cannot reach LLVM
+as loop metadata (numba sets none). The kernel module states its largest factor as
+``INTERLEAVE`` (so it is part of the source, hence of the cache key), and the compile
+sets LLVM's ``-force-vector-interleave`` to it while it holds numba's compiler lock,
+then back to 0 (LLVM's own choice); every loop of that kernel is interleaved alike.
 """
 
 from __future__ import annotations
@@ -1786,6 +1792,16 @@ class _Emitter:
             head.append(f"from geode.codegen.backends.vmath import {', '.join(sorted(self.vmath))}")
             head.append("")
         head += ["SIGNATURE = (", *sig, ")"]
+        interleave = max(
+            (
+                s.interleave
+                for s in walk_stmts(k.body)
+                if isinstance(s, For) and s.kind == ForKind.VECTORIZED
+            ),
+            default=1,
+        )
+        if interleave > 1:
+            head.append(f"INTERLEAVE = {interleave}  # LLVM's interleave count for this kernel")
         head.append(
             f'NJIT_OPTIONS = {{"parallel": {self.parallel}, "fastmath": {fm}, "nogil": True, '
             f'"cache": True, "boundscheck": False, "error_model": "numpy"}}'
@@ -1995,7 +2011,7 @@ class NumbaKernel:
         # numba keeps no IR for code loaded from its cache: recompile in memory
         if not self.from_cache:
             return self.fn
-        with _numba_compile_settings():
+        with _numba_compile_settings(self.fn.__geode_interleave__):
             fn = numba.njit(**self.fn.__geode_options__)(self.fn.py_func)
             fn.compile(self.signature)
         return fn
@@ -2016,18 +2032,25 @@ class NumbaKernel:
 
 
 @contextlib.contextmanager
-def _numba_compile_settings() -> Iterator[None]:
-    """Hold numba's compiler lock and turn SLP vectorization on for our compile only."""
+def _numba_compile_settings(interleave: int = 1) -> Iterator[None]:
+    """Hold numba's compiler lock and turn SLP vectorization on for our compile only;
+    with ``interleave > 1`` also force LLVM's vector interleave count to it (reset to 0,
+    LLVM's own choice, afterwards)."""
+    import llvmlite.binding as llvm
     from numba.core import config
     from numba.core.compiler_lock import global_compiler_lock
 
     with global_compiler_lock:
         old = config.SLP_VECTORIZE
         config.SLP_VECTORIZE = int(SLP_VECTORIZE)
+        if interleave > 1:
+            llvm.set_option("geode", f"-force-vector-interleave={int(interleave)}")
         try:
             yield
         finally:
             config.SLP_VECTORIZE = old
+            if interleave > 1:
+                llvm.set_option("geode", "-force-vector-interleave=0")
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -2081,6 +2104,7 @@ def _build(
         module = _cache.load_module(emitted.source, module_name, filename)
         py_func = module.__dict__[emitted.func_name]
         options = dict(module.NJIT_OPTIONS)
+        interleave = int(getattr(module, "INTERLEAVE", 1))
         # numba's FunctionCache is attached below, pinned to the cache entry
         options["cache"] = False
         signature = module.SIGNATURE
@@ -2091,7 +2115,7 @@ def _build(
 
     while True:
         try:
-            with _numba_compile_settings():
+            with _numba_compile_settings(interleave):
                 fn = numba.njit(**options)(py_func)
                 if entry is not None:
                     _cache.attach_numba_cache(fn, entry)
@@ -2119,6 +2143,7 @@ def _build(
         except OSError as exc:  # the kernel is fine; only the cache entry is lost
             log.warning("kernel cache entry %s not saved: %s", entry.directory, exc)
     fn.__geode_options__ = options
+    fn.__geode_interleave__ = interleave
     return fn, from_cache, (str(entry.directory) if entry is not None else None)
 
 

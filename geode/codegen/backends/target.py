@@ -31,6 +31,7 @@ __all__ = [
     "codegen_fingerprint",
     "configure",
     "is_x86",
+    "stream_interleave",
     "stream_vector_bytes",
     "wanted_features",
 ]
@@ -105,6 +106,16 @@ def stream_vector_bytes() -> int:
     if "+avx512f" in feats:
         return 64
     return 32 if "+avx" in feats else 16
+
+
+@functools.lru_cache(maxsize=1)
+def stream_interleave() -> int:
+    """Interleave factor for the vector loop of a streamed elementwise nest (see
+    ``geode.codegen.autoschedule.STREAM_INTERLEAVE``): 4 with AVX-512's 32 vector
+    registers, where four chains of a tanh GELU and its dozen or so constants fit without
+    spills; 1 (LLVM's own choice) elsewhere, where it was not measured."""
+    feats = set(codegen_fingerprint()["cpu_features"].split(","))
+    return 4 if is_x86() and "+avx512f" in feats else 1
 
 
 @functools.lru_cache(maxsize=1)
