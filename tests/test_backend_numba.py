@@ -1783,6 +1783,19 @@ def test_g_stream_uses_non_temporal_stores_and_sfence() -> None:
     assert "sfence" in asm
 
 
+def test_g_stream_plain_copy_fetches_the_next_chunk_for_writing() -> None:
+    """Without streaming stores the copy prefetches the lines of the next chunk for
+    writing (``prefetchw`` where the target has it), so a chunk's stores into lines not
+    yet in the cache do not stall the next chunk's arithmetic behind the fetches."""
+    from geode.codegen.backends.target import codegen_fingerprint, is_x86
+
+    feats = codegen_fingerprint()["cpu_features"].split(",")
+    if not is_x86() or "+prfchw" not in feats:
+        pytest.skip("write prefetches are checked on x86 with PRFCHW only")
+    asm = _stream_copy.inspect_asm(_stream_copy.signatures[0])
+    assert re.search(r"prefetchw\s", asm), "no write prefetch in the plain copy"
+
+
 def _streamed_eltwise(
     n: str | int, m: str | int, chunk: int, min_bytes: int = 0, interleave: int = 1
 ):

@@ -465,8 +465,14 @@ def _g_stream(typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, 
     offset ``doff`` of ``dst`` (same dtype). With ``nt``: scalar stores up to the first
     address aligned to the target's vector size, whole vectors with non-temporal aligned
     stores (``vmovntps``: no read-for-ownership, the lines bypass the caches), scalar
-    stores for the tail; otherwise ``llvm.memcpy``. No bounds check (the schedule
-    guarantees the ranges)."""
+    stores for the tail; otherwise ``llvm.memcpy`` and a write prefetch of the next ``n``
+    elements' lines (the next chunk: its stores then find their lines fetched instead of
+    stalling the next chunk's arithmetic; measured at [256, 4096] float32, outputs not in
+    the cache: exp, ``x * 2 + 1`` and RMSNorm from 1.35-1.6x to 1.14-1.22x the time of
+    direct stores, and with the outputs in the cache ``x * 2 + 1`` and RMSNorm from
+    1.16-1.3x to 1.02-1.16x (the interleaved exp 0.77x either way); a
+    prefetch never faults, so the one past the end is harmless). No bounds check (the
+    schedule guarantees the ranges)."""
     if not (
         isinstance(dst, nbt.Array)
         and isinstance(src, nbt.Array)
@@ -524,6 +530,20 @@ def _g_stream(typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, 
                 copy_range(builder.add(head, builder.mul(nvec, c64(lanes))), count)
             with plain:
                 cgutils.raw_memcpy(builder, dptr, sptr, count, esz)
+                # fetch the next chunk's lines for writing while this one's are copied
+                i8p = llir.IntType(8).as_pointer()
+                i32 = llir.IntType(32)
+                pf = cgutils.get_or_insert_function(
+                    builder.module,
+                    llir.FunctionType(llir.VoidType(), [i8p, i32, i32, i32]),
+                    "llvm.prefetch.p0",
+                )
+                nbytes = builder.mul(count, c64(esz))
+                base = builder.gep(builder.bitcast(dptr, i8p), [nbytes])
+                lines = builder.udiv(builder.add(nbytes, c64(63)), c64(64))
+                with cgutils.for_range(builder, lines) as loop:
+                    at = builder.gep(base, [builder.mul(loop.index, c64(64))])
+                    builder.call(pf, [at, *[llir.Constant(i32, v) for v in (1, 3, 1)]])
         return context.get_dummy_value()
 
     return nbt.void(dst, doff, src, soff, n, nt), codegen
