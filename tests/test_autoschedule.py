@@ -230,8 +230,8 @@ def test_element_cost_counts_what_varies_along_the_row():
     assert 16 <= STREAM_MAX_OPS < 26
 
 
-def _example_group(ex):
-    gg, plan = prepare(ex.graph)
+def _lowered_group(graph):
+    gg, plan = prepare(graph)
     (group,) = [gr for gr in plan.groups if gr.pattern_name() != "column_reduce"]
     return lower_group(group, gg, "k"), group
 
@@ -256,12 +256,8 @@ def test_streamed_elementwise_nests_are_interleaved(name, ex, streams_at, interl
     from the last-level cache size and a one-transcendental output from the L2 size, and
     its streamed vector loops are interleaved; other blocks and patterns are unchanged,
     and without a factor nothing is interleaved and the costly blocks do not stream."""
-    if ex is None:
-        lk, group = _example_group(
-            type("E", (), {"graph": _graph(lambda a: a * 2.0 + 1.0, [["N", 4096]])})
-        )
-    else:
-        lk, group = _example_group(ex)
+    graph = ex.graph if ex is not None else _graph(lambda a: a * 2.0 + 1.0, [["N", 4096]])
+    lk, group = _lowered_group(graph)
     kw = {"stream_min_bytes": 32 << 20, "heavy_stream_min_bytes": 1 << 20}
     trace = str(schedule_group(lk, group, interleave=4, **kw).trace)
     streams = re.findall(r"stream_output\(block='\w+', chunk=\d+, min_bytes=(\d+)\)", trace)

@@ -83,8 +83,8 @@ def schedule_group(
     ``stream_min_bytes``: outputs of at least this many bytes written by cheap blocks
     are stored with streaming stores (:meth:`Schedule.stream_output`; the driver passes
     the last-level cache size); None never streams. ``interleave``: the interleave
-    factor of a streamed elementwise nest's vector loop (:data:`STREAM_INTERLEAVE`; the
-    driver passes the target's, 1 leaves it to the backend). With ``interleave > 1`` an
+    factor of a streamed elementwise nest's vector loop (the driver passes
+    :func:`stream_interleave` of the target; 1 leaves it to the backend). With ``interleave > 1`` an
     elementwise block costing :data:`STREAM_MIN_OPS_HEAVY` to :data:`STREAM_MAX_OPS_HEAVY`
     streams outputs of at least ``heavy_stream_min_bytes`` (the driver passes the L2
     size; None: ``stream_min_bytes``)."""
@@ -533,8 +533,9 @@ STREAM_MAX_OPS_HEAVY = 40
 #: stores.
 STREAM_MIN_OPS_HEAVY = 28
 
-#: why a streamed elementwise nest is interleaved (the factor itself comes from the
-#: target: ``geode.codegen.backends.target.stream_interleave``, 4 on AVX-512). A chain of
+#: the interleave factor of a streamed elementwise nest's vector loop on targets with 32
+#: vector registers (AVX-512: four chains of a tanh GELU and its dozen or so constants
+#: fit without spills; :func:`stream_interleave`; 1 elsewhere, not measured). A chain of
 #: 20-40 dependent vector instructions per element (a transcendental function) leaves
 #: the out-of-order window with two or three chains in flight when LLVM lays the vectors
 #: of its unrolled loop one after another; interleaving four keeps the FMA units busy.
@@ -546,6 +547,12 @@ STREAM_MIN_OPS_HEAVY = 28
 #: DRAM (1.07-1.34: ordinary stores that miss the caches), and the LSTM gates spill
 #: registers with it (1.10), so neither is done.
 STREAM_INTERLEAVE = 4
+
+
+def stream_interleave(vector_registers: int) -> int:
+    """:data:`STREAM_INTERLEAVE` on a target with 32 or more vector registers, else 1."""
+    return STREAM_INTERLEAVE if vector_registers >= 32 else 1
+
 
 #: approximate vector instructions per element of the costly operations (vmath's
 #: functions, division and square root); every other operation counts 1

@@ -100,9 +100,9 @@ SIDE_EFFECTS = frozenset({"Assign", "Print"})
 
 
 def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumper) -> Unit:
-    from geode.codegen.autoschedule import schedule_group
+    from geode.codegen.autoschedule import schedule_group, stream_interleave
     from geode.codegen.backends.numba import compile_kernel
-    from geode.codegen.backends.target import stream_interleave
+    from geode.codegen.backends.target import vector_registers
 
     t0 = time.perf_counter()
     lowered = lower_group(group, g, name)
@@ -113,7 +113,7 @@ def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumpe
         lowered,
         group,
         stream_min_bytes(opts, spec.l3_bytes),
-        stream_interleave(),
+        stream_interleave(vector_registers()),
         stream_min_bytes(opts, spec.l2_bytes),
     )
     kernel = sch.kernel

@@ -422,6 +422,18 @@ _g_maxnum_nn = _float_minmax("maxnum", ("nnan", "nsz"))
 _g_minnum_nn = _float_minmax("minnum", ("nnan", "nsz"))
 
 
+def _emit_prefetch(builder: Any, ptr: Any, write: bool, locality: int) -> None:
+    """Call ``llvm.prefetch`` (data cache) on ``ptr`` for reading or writing."""
+    from numba.core import cgutils
+
+    i8p, i32 = llir.IntType(8).as_pointer(), llir.IntType(32)
+    fn = cgutils.get_or_insert_function(
+        builder.module, llir.FunctionType(llir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0"
+    )
+    flags = [llir.Constant(i32, v) for v in (int(write), locality, 1)]
+    builder.call(fn, [builder.bitcast(ptr, i8p), *flags])
+
+
 def _prefetch_to(locality: int) -> Any:
     """An intrinsic ``(array, offset)``: ``llvm.prefetch`` (read, data cache) of element
     ``offset`` of a C-contiguous array's flat data with LLVM's ``locality`` (3: every
@@ -433,18 +445,8 @@ def _prefetch_to(locality: int) -> Any:
             return None
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            from numba.core import cgutils
-
             a = context.make_array(signature.args[0])(context, builder, value=args[0])
-            ptr = builder.bitcast(builder.gep(a.data, [args[1]]), llir.IntType(8).as_pointer())
-            i32 = llir.IntType(32)
-            fn = cgutils.get_or_insert_function(
-                builder.module,
-                llir.FunctionType(llir.VoidType(), [ptr.type, i32, i32, i32]),
-                "llvm.prefetch.p0",
-            )
-            flags = [llir.Constant(i32, v) for v in (0, locality, 1)]
-            builder.call(fn, [ptr, *flags])
+            _emit_prefetch(builder, builder.gep(a.data, [args[1]]), False, locality)
             return context.get_dummy_value()
 
         return nbt.void(arr, nbt.int64), codegen
@@ -531,19 +533,12 @@ def _g_stream(typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, 
             with plain:
                 cgutils.raw_memcpy(builder, dptr, sptr, count, esz)
                 # fetch the next chunk's lines for writing while this one's are copied
-                i8p = llir.IntType(8).as_pointer()
-                i32 = llir.IntType(32)
-                pf = cgutils.get_or_insert_function(
-                    builder.module,
-                    llir.FunctionType(llir.VoidType(), [i8p, i32, i32, i32]),
-                    "llvm.prefetch.p0",
-                )
                 nbytes = builder.mul(count, c64(esz))
-                base = builder.gep(builder.bitcast(dptr, i8p), [nbytes])
+                base = builder.gep(builder.bitcast(dptr, llir.IntType(8).as_pointer()), [nbytes])
                 lines = builder.udiv(builder.add(nbytes, c64(63)), c64(64))
                 with cgutils.for_range(builder, lines) as loop:
                     at = builder.gep(base, [builder.mul(loop.index, c64(64))])
-                    builder.call(pf, [at, *[llir.Constant(i32, v) for v in (1, 3, 1)]])
+                    _emit_prefetch(builder, at, True, 3)
         return context.get_dummy_value()
 
     return nbt.void(dst, doff, src, soff, n, nt), codegen

@@ -31,8 +31,8 @@ __all__ = [
     "codegen_fingerprint",
     "configure",
     "is_x86",
-    "stream_interleave",
     "stream_vector_bytes",
+    "vector_registers",
     "wanted_features",
 ]
 
@@ -109,13 +109,11 @@ def stream_vector_bytes() -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def stream_interleave() -> int:
-    """Interleave factor for the vector loop of a streamed elementwise nest (see
-    ``geode.codegen.autoschedule.STREAM_INTERLEAVE``): 4 with AVX-512's 32 vector
-    registers, where four chains of a tanh GELU and its dozen or so constants fit without
-    spills; 1 (LLVM's own choice) elsewhere, where it was not measured."""
+def vector_registers() -> int:
+    """Vector registers of numba's target: 32 with AVX-512, 16 on other x86 (and, not
+    measured, elsewhere)."""
     feats = set(codegen_fingerprint()["cpu_features"].split(","))
-    return 4 if is_x86() and "+avx512f" in feats else 1
+    return 32 if is_x86() and "+avx512f" in feats else 16
 
 
 @functools.lru_cache(maxsize=1)
