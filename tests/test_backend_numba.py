@@ -17,6 +17,7 @@ import numba
 import numpy as np
 import pytest
 from opcheck import assert_close
+from test_kernels import runs_parallel
 
 from geode.codegen import ast as A
 from geode.codegen.ast import (
@@ -37,6 +38,7 @@ from geode.codegen.ast import (
     Un,
     Var,
 )
+from geode.codegen.backends import chunks
 from geode.codegen.backends import numba as nb
 from geode.config import ACCURACY_POLICY, OptionError
 from geode.errors import CodegenError
@@ -142,7 +144,7 @@ def test_elementwise_chain_broadcast(ew_chain: nb.NumbaKernel, n: int, m: int) -
     (Y,) = run(ew_chain, [X, B, C, S], [((n, m), np.float32)], [n, m])
     want = np.tanh(X * B + C) * S - np.maximum(X, np.float32(0))
     assert_close(Y, want.astype(np.float32))
-    assert "numba.prange(N)" in ew_chain.source and ew_chain.parallel
+    assert ew_chain.parallel and ew_chain.chunked and runs_parallel(ew_chain.source)
 
 
 def test_zero_d_buffer_accepts_one_element_array(ew_chain: nb.NumbaKernel) -> None:
@@ -187,9 +189,8 @@ def test_read_only_inputs(ew_chain: nb.NumbaKernel) -> None:
     X = np.ones((2, 3), np.float32)
     X.flags.writeable = False
     Y = np.empty((2, 3), np.float32)
-    ew_chain.fn(
-        X, np.ones(3, np.float32), np.zeros((2, 1), np.float32), np.zeros(1, np.float32), Y, 2, 3
-    )
+    B, C, S = np.ones(3, np.float32), np.zeros((2, 1), np.float32), np.zeros(1, np.float32)
+    ew_chain.fn(X, B, C, S, Y, 2, 3, *ew_chain.launch_args)
     assert_close(Y, np.full((2, 3), -1.0, np.float32))
 
 
@@ -375,9 +376,9 @@ def test_layernorm_two_reductions_parallel(layernorm: nb.NumbaKernel, n: int, k:
     want = (x - mu) / np.sqrt(((x - mu) ** 2).mean(1, keepdims=True) + 1e-5) * G + Bt
     np.testing.assert_allclose(Y, want, rtol=1e-4, atol=1e-4)
     src = layernorm.source
-    assert "numba.prange(N)" in src
+    assert layernorm.chunked and "for i in range(i_lo, i_hi):" in src
     assert re.search(r"^\s+s = s \+ X\[i, k\]$", src, re.M), src  # register scalar accumulator
-    assert "np.empty" not in src  # registers are scalars, not arrays
+    assert "np.empty" not in _rows_function(src)  # registers are scalars, not arrays
 
 
 # ---------------------------------------------------------------------------------
@@ -553,7 +554,13 @@ def test_partial_accumulators_stay_scalars(partial_sum: nb.NumbaKernel) -> None:
         (Y,) = run(partial_sum, [X], [((n,), np.float32)], [n, k])
         assert_close(Y, X.sum(1))
     src = partial_sum.source
-    assert "acc_7 = acc_7 + X[i," in src and "np.empty" not in src
+    assert "acc_7 = acc_7 + X[i," in src and "np.empty" not in _rows_function(src)
+
+
+def _rows_function(src: str) -> str:
+    """The function of a kernel module that does the work: a chunked kernel's body
+    (its entry and chunk function only pass the arguments on), else the kernel function."""
+    return re.split(r"def \w+_body\(", src)[-1]
 
 
 def _packed(asm: str, op: str) -> int:
@@ -641,8 +648,13 @@ def private_temp() -> nb.NumbaKernel:
 def test_local_temp_private_to_parallel_iteration(private_temp: nb.NumbaKernel) -> None:
     src = private_temp.source
     lines = src.splitlines()
-    loop = next(n for n, ln in enumerate(lines) if "numba.prange" in ln)
-    assert "T = np.empty((K,), dtype=np.float32)" in lines[loop + 1], src
+    # a chunked kernel: allocated once per non-empty chunk, before the chunk's loop
+    loop = lines.index("    for i in range(i_lo, i_hi):")
+    assert lines[loop - 3 : loop] == [
+        "    if i_lo >= i_hi:",
+        "        return",
+        "    T = np.empty((K,), dtype=np.float32)",
+    ], src
     before = nb.get_num_threads()
     try:
         nb.set_num_threads(0)
@@ -699,6 +711,100 @@ def test_temp_shared_across_loops_is_hoisted() -> None:
     alloc = next(n for n, ln in enumerate(body_lines) if "np.empty" in ln)
     first_loop = next(n for n, ln in enumerate(body_lines) if "prange" in ln)
     assert alloc < first_loop and body_lines[alloc].startswith("    T = ")
+    # two parallel loops: not chunked, numba's prange runs both
+    kern = nb.compile_kernel(k)
+    assert kern.parallel and not kern.chunked and not kern.launch_args
+    for n in (0, 1, 5, 300):
+        X = np.arange(n, dtype=np.int64) * 3
+        (Y,) = run(kern, [X], [((n,), np.int64)], [n])
+        exact(Y, (X[::-1] + 1) * 2)
+
+
+# ---------------------------------------------------------------------------------
+# chunked kernels (one top-level parallel loop, launched through chunks.py)
+# ---------------------------------------------------------------------------------
+
+
+def _row_index_kernel(init_outside: bool = False) -> Kernel:
+    """``Y[i, j] = X[i, j] + i`` over a parallel ``i``; with ``init_outside`` a store
+    before the loop (``Z[0] = 7``), which keeps the kernel on numba's prange."""
+    vi, vj = Var("vi"), Var("vj")
+    val = Bin("+", ld("X", vi, vj), A.Cast("float32", vi))
+    body: list = [
+        For(
+            "i",
+            N,
+            [
+                For(
+                    "j",
+                    M,
+                    [block("b", {"vi": Var("i"), "vj": Var("j")}, [Store("Y", (vi, vj), val)])],
+                    ForKind.VECTORIZED,
+                )
+            ],
+            ForKind.PARALLEL,
+        )
+    ]
+    outs = [Buffer("Y", "float32", (N, M))]
+    if init_outside:
+        body.insert(0, block("z", {}, [Store("Z", (Const(0),), c(7, "int64"))]))
+        outs.append(Buffer("Z", "int64", (Const(1),)))
+    name = "rowidx_init" if init_outside else "rowidx"
+    return Kernel(name, [Buffer("X", "float32", (N, M))], outs, ["N", "M"], body)
+
+
+def test_chunk_function_runs_exactly_its_share_of_the_rows() -> None:
+    import ctypes
+
+    k = nb.compile_kernel(_row_index_kernel())
+    assert k.chunked and k.rows is not None
+    assert k.launch_args == (k.rows.address, chunks.launch_chunks())
+    for n, m, parts in ((7, 5, 3), (2, 4, 5), (16, 1, 16), (0, 3, 2)):
+        X = np.random.default_rng(n).random((n, m), dtype=np.float32)
+        Y = np.full((n, m), np.nan, np.float32)
+        argv = np.array([X.ctypes.data, Y.ctypes.data, n, m], dtype=np.int64)
+        done = np.zeros(n, bool)
+        for part in range(parts):
+            lo, hi = n * part // parts, n * (part + 1) // parts
+            k.rows.ctypes(argv.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), part, parts)
+            written = ~np.isnan(Y).any(axis=1)
+            assert (written == (done | (np.arange(n) >= lo) & (np.arange(n) < hi))).all()
+            done = written
+        exact(Y, X + np.arange(n, dtype=np.float32)[:, None])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_chunked_kernel_matches_on_any_thread_count(threads: int) -> None:
+    k = nb.compile_kernel(_row_index_kernel())
+    before = nb.get_num_threads()
+    try:
+        nb.set_num_threads(threads)
+        for n in (0, 1, 2, 3, 15, 16, 17, 100):
+            X = np.random.default_rng(n).random((n, 9), dtype=np.float32)
+            (Y,) = run(k, [X], [((n, 9), np.float32)], [n, 9])
+            exact(Y, X + np.arange(n, dtype=np.float32)[:, None])
+    finally:
+        nb.set_num_threads(before)
+
+
+def test_store_outside_the_parallel_loop_keeps_numba_prange() -> None:
+    k = nb.compile_kernel(_row_index_kernel(init_outside=True))
+    assert k.parallel and not k.chunked and "numba.prange(N)" in k.source
+    X = np.ones((4, 3), np.float32)
+    Y, Z = run(k, [X], [((4, 3), np.float32), ((1,), np.int64)], [4, 3])
+    exact(Y, X + np.arange(4, dtype=np.float32)[:, None])
+    exact(Z, np.array([7], np.int64))
+
+
+def test_chunked_kernel_rejects_wrong_shapes_and_dtypes() -> None:
+    k = nb.compile_kernel(_row_index_kernel())
+    X = np.ones((4, 3), np.float32)
+    with pytest.raises(ValueError, match="argument Y must have shape"):
+        k(X, np.empty((5, 3), np.float32), 4, 3)
+    with pytest.raises(TypeError, match="argument X must be a float32 array"):
+        k(X.astype(np.float64), np.empty((4, 3), np.float32), 4, 3)
+    with pytest.raises(TypeError, match="output Y must be C-contiguous"):
+        k(X, np.empty((3, 4), np.float32).T, 4, 3)
 
 
 # ---------------------------------------------------------------------------------
@@ -1162,10 +1268,12 @@ def test_parallel_loops_nested_or_disabled() -> None:
         body,
     )
     src = nb.emit_source(k)
-    assert "for i in numba.prange(N):" in src and "for j in range(M):" in src
-    assert '"parallel": True' in src
+    # chunked: the outer loop is split among the chunks, the inner one is serial
+    assert "for i in range(i_lo, i_hi):" in src and "for j in range(M):" in src
+    assert "_g_launch(rows, argv, chunks)" in src and '"parallel": False' in src
     serial = nb.emit_source(k, parallel=False)
-    assert "prange" not in serial and '"parallel": False' in serial
+    assert not runs_parallel(serial) and "_g_launch" not in serial
+    assert "for i in range(N):" in serial and '"parallel": False' in serial
 
 
 def test_names_are_sanitised() -> None:
@@ -1519,7 +1627,7 @@ def test_tiled_reduce_loop_is_guarded_and_exact(
     k = _tiled_max_kernel(dtype, op, factor, unroll)
     fn = "_g_maxnum_nn" if op == "max" else "_g_minnum_nn"
     src = k.source
-    assert f"{fn}(" in src and "_g_nanguard(" in src and "prange" in src
+    assert f"{fn}(" in src and "_g_nanguard(" in src and runs_parallel(src)
     gty, inf_bits = _GUARD[dtype]
     lines = _lines(src)
     check = [
@@ -1792,6 +1900,7 @@ def test_g_stream_plain_copy_fetches_the_next_chunk_for_writing() -> None:
     feats = codegen_fingerprint()["cpu_features"].split(",")
     if not is_x86() or "+prfchw" not in feats:
         pytest.skip("write prefetches are checked on x86 with PRFCHW only")
+    _stream_copy(np.zeros(40, np.float32), 0, np.ones(40, np.float32), 0, 33, False)
     asm = _stream_copy.inspect_asm(_stream_copy.signatures[0])
     assert re.search(r"prefetchw\s", asm), "no write prefetch in the plain copy"
 

@@ -193,8 +193,10 @@ def _entry_dir(cache_dir: Path) -> Path:
 
 def _corrupt(entry: Path, what: str) -> None:
     module = next(entry.glob("geode_k_*.py"))
-    index = next(entry.glob("*.nbi"))
-    data = next(entry.glob("*.nbc"))
+    # a chunked kernel has two of each (its entry and its chunk function): the last one
+    # in name order is the chunk function's (``..._rows-``), the part that does the work
+    index = sorted(entry.glob("*.nbi"))[-1]
+    data = sorted(entry.glob("*.nbc"))[-1]
     manifest = entry / "manifest.json"
     if what == "module-truncated":
         module.write_bytes(module.read_bytes()[:40])
@@ -231,9 +233,13 @@ def _corrupt(entry: Path, what: str) -> None:
         "manifest-missing",
     ],
 )
-def test_corrupt_entry_is_rebuilt(tmp_path: Path, fresh_memo: None, what: str) -> None:
-    kern = make_kernel(3.0, parallel=False)
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "chunked"])
+def test_corrupt_entry_is_rebuilt(
+    tmp_path: Path, fresh_memo: None, what: str, parallel: bool
+) -> None:
+    kern = make_kernel(3.0, parallel=parallel)
     first = nb.compile_kernel(kern, cache_dir=tmp_path)
+    assert first.chunked == parallel
     check(first, 3.0)
     entry = _entry_dir(tmp_path)
     _corrupt(entry, what)
@@ -250,13 +256,19 @@ def test_corrupt_entry_is_rebuilt(tmp_path: Path, fresh_memo: None, what: str) -
     check(again, 3.0)
 
 
-def test_cached_kernel_can_still_be_inspected(tmp_path: Path, fresh_memo: None) -> None:
-    kern = make_kernel(4.0, parallel=False)
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "chunked"])
+def test_cached_kernel_can_still_be_inspected(
+    tmp_path: Path, fresh_memo: None, parallel: bool
+) -> None:
+    kern = make_kernel(4.0, parallel=parallel)
     nb.compile_kernel(kern, cache_dir=tmp_path)
     nb._memo.clear()
     k = nb.compile_kernel(kern, cache_dir=tmp_path)
-    assert k.from_cache
-    assert "define" in k.llvm and "cached_ser" in k.asm and "ret" in k.asm
+    assert k.from_cache and k.chunked == parallel
+    assert "define" in k.llvm and kern.name in k.asm and "ret" in k.asm
+    if parallel:  # the chunk function's code comes first, then the entry's
+        assert k.asm.index("cached_par_rows") < k.asm.index("_g_launch")
+    check(k, 4.0)
 
 
 # ---------------------------------------------------------------------------------

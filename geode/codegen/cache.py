@@ -253,13 +253,15 @@ def load_module(source: str, module_name: str, filename: str) -> types.ModuleTyp
 
 
 def attach_numba_cache(dispatcher: Any, entry: CacheEntry) -> None:
-    """Make numba's cache of ``dispatcher`` live in ``entry.directory``.
+    """Make numba's cache of ``dispatcher`` (an ``njit`` dispatcher or a ``cfunc``) live
+    in ``entry.directory``.
 
     numba would otherwise pick its own location (``NUMBA_CACHE_DIR``, ``__pycache__``,
     a user-wide directory); pinning it keeps module, machine code and manifest
     together so they are verified, counted and cleared as one entry.
     """
-    dispatcher._cache = _entry_cache_class()(dispatcher.py_func, entry)
+    py_func = getattr(dispatcher, "py_func", None) or dispatcher._pyfunc
+    dispatcher._cache = _entry_cache_class()(py_func, entry)
 
 
 @functools.lru_cache(maxsize=1)
