@@ -5,7 +5,7 @@ the prange body again as a gufunc, with its parfor passes), which cost 0.5-0.75 
 kernel's 0.9-1.4 s cold compile (measured on RMSNorm, softmax and the LSTM gates;
 the same source compiled serially took 0.3-0.7 s). A kernel whose only parallel work is
 one outermost parallel loop (see ``numba.py``, "Chunked kernels") is therefore compiled
-as two serial pieces:
+as serial pieces:
 
 - ``<kernel>_rows(argv, chunk, chunks)``, a numba ``cfunc``: ``argv`` holds the data
   addresses of the kernel's arrays and its dims (int64); it rebuilds each array with
@@ -13,12 +13,11 @@ as two serial pieces:
   ``chunk`` of ``chunks`` equal parts of the parallel loop.
 - ``<kernel>(*arrays, *dims, rows, chunks)``, a small serial ``njit`` entry: the shape
   checks, ``argv`` (:func:`_g_addr`), then :func:`_g_launch` with ``rows``, the address
-  of the body, and the chunk count (:func:`launch_chunks`).
+  of the chunk function, and the chunk count (:func:`launch_chunks`).
 
 :func:`_g_launch` is compiled once per process and shared: its ``prange`` over the
-chunks runs each through the body's address (:func:`_g_call_chunk`), so no kernel pays
-for parfor compilation. Run time is
-unchanged (the same machine code runs per row; RMSNorm at [4096, 4096]: 3.7-4.1 ms
+chunks runs each through the chunk function's address (:func:`_g_call_chunk`), so no
+kernel pays for parfor compilation. Run time is unchanged (the same machine code runs per row; RMSNorm at [4096, 4096]: 3.7-4.1 ms
 either way), and a call costs the same (5.1-5.2 us for an [8, 4096] RMSNorm on two
 threads).
 """

@@ -31,8 +31,8 @@ Chunked kernels
 A parallel kernel whose only parallel work is one top-level parallel loop (every
 other top-level statement computes values only: no store, no loop) is compiled without
 numba's parfor machinery, which compiles a ``parallel=True`` function twice over and
-cost 0.5-0.75 s of a 0.9-1.4 s cold compile. The module then holds two functions (see
-:mod:`geode.codegen.backends.chunks`):
+cost 0.5-0.75 s of a 0.9-1.4 s cold compile. The module then holds three functions
+(see :mod:`geode.codegen.backends.chunks`):
 
 - the entry ``fused_0(*arrays, *dims, rows, chunks)``, serial ``njit``: the shape
   checks, the arrays' addresses and the dims in an int64 ``argv``, and the shared
@@ -1835,7 +1835,7 @@ class _Emitter:
         self.parallel = self.parallel and has_par
         self.plan_allocations()
 
-        chunked = self.parallel and _chunk_loop(k) is not None
+        chunked = self.parallel and _chunkable(k)
         checks = self.shape_checks(env)
         body_start = len(self.lines)
         entry: list[str] = []
@@ -2028,20 +2028,17 @@ def _has_parallel(kernel: Kernel) -> bool:
     return any(isinstance(s, For) and s.kind == ForKind.PARALLEL for s in walk_stmts(kernel.body))
 
 
-def _chunk_loop(kernel: Kernel) -> For | None:
-    """The one outermost parallel loop of a kernel that can run chunked (see "Chunked
-    kernels"): it is the only top-level parallel loop, and every other top-level
-    statement only computes values (no store and no loop), so each chunk may run them
-    itself. None for any other kernel."""
+def _chunkable(kernel: Kernel) -> bool:
+    """Can the kernel run chunked (see "Chunked kernels")? Its one top-level parallel
+    loop is its only top-level loop, and every other top-level statement only computes
+    values (no store), so each chunk may run them itself."""
     par = [s for s in kernel.body if isinstance(s, For) and s.kind == ForKind.PARALLEL]
-    if len(par) != 1:
-        return None
-    for s in kernel.body:
-        if s is not par[0] and any(
-            isinstance(x, (Store, StreamStore, For)) for x in walk_stmts([s])
-        ):
-            return None
-    return par[0]
+    return len(par) == 1 and not any(
+        isinstance(x, (Store, StreamStore, For))
+        for s in kernel.body
+        if s is not par[0]
+        for x in walk_stmts([s])
+    )
 
 
 @dataclass
@@ -2075,10 +2072,11 @@ def emit_source(kernel: Kernel, fastmath: bool = False, parallel: bool | None = 
     """The Python source of one numba function computing ``kernel``.
 
     The text is a complete module: imports, ``SIGNATURE`` (the numba argument types,
-    inputs read-only), ``NJIT_OPTIONS`` and the function (with its chunk function, for
-    a chunked kernel: see "Chunked kernels"). ``parallel=None`` compiles parallel loops
-    in parallel when the kernel has any; ``False`` prints them as ``range``. Raises :class:`CodegenError` naming the kernel for anything the
-    backend cannot express.
+    inputs read-only), ``NJIT_OPTIONS`` and the function (with its chunk function and
+    body, for a chunked kernel: see "Chunked kernels"). ``parallel=None`` compiles
+    parallel loops in parallel when the kernel has any; ``False`` prints them as
+    ``range``. Raises :class:`CodegenError` naming the kernel for anything the backend
+    cannot express.
     """
     return _emit(kernel, fastmath, parallel).source
 
@@ -2132,10 +2130,14 @@ class NumbaKernel:
         self._arrays = tuple(emitted.arrays)
         self._dims = tuple(emitted.dims)
         self.rows = getattr(fn, "__geode_rows__", None)
-        self.chunked = self.rows is not None
         #: what ``fn`` takes after the dims: a chunked kernel's (chunk function's
         #: address, chunk count), else nothing
         self.launch_args = (self.rows.address, launch_chunks()) if self.rows is not None else ()
+
+    @property
+    def chunked(self) -> bool:
+        """Is this a chunked kernel (see "Chunked kernels")?"""
+        return self.rows is not None
 
     def __call__(self, *args: Any) -> None:
         """Run the kernel on ``(*inputs, *outputs, *dims)``; outputs are written in place."""
@@ -2344,14 +2346,19 @@ def _build(
     return fn, from_cache, (str(entry.directory) if entry is not None else None)
 
 
+def _serial_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A kernel module's ``NJIT_OPTIONS`` for its chunk function and body: serial, and
+    no numba cache of their own (the kernel's cache entry is attached instead)."""
+    return {k: v for k, v in options.items() if k not in ("parallel", "cache")}
+
+
 def _noalias_njit(py_func: Any, options: dict[str, Any]) -> Any:
     """A serial ``njit`` dispatcher of a chunked kernel's body whose array arguments are
     ``noalias``, as numba makes those of a prange body it found no aliases in: the
     arrays the chunk function rebuilds from addresses would otherwise be assumed to
     alias each other and the body's own temps, which cost softmax's exp loop its clean
     vector code (1.12-1.15x the time)."""
-    opts = {k: v for k, v in options.items() if k not in ("parallel", "cache")}
-    disp = numba.njit(**opts)(py_func)
+    disp = numba.njit(**_serial_options(options))(py_func)
     customize = disp._compiler._customize_flags
 
     def with_noalias(flags: Any) -> Any:
@@ -2370,8 +2377,8 @@ def _compile_rows(py_func: Any, options: dict[str, Any], entry: Any) -> Any:
     from numba.core import sigutils
     from numba.core.ccallback import CFunc
 
-    opts = {k: v for k, v in options.items() if k not in ("parallel", "cache")}
-    rows = CFunc(py_func, sigutils.normalize_signature(CHUNK_SIGNATURE), {}, opts)
+    sig = sigutils.normalize_signature(CHUNK_SIGNATURE)
+    rows = CFunc(py_func, sig, {}, _serial_options(options))
     if entry is not None:
         _cache.attach_numba_cache(rows, entry)
     rows.compile()
