@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -295,6 +296,110 @@ def test_key_depends_on_source_settings_and_environment() -> None:
         "codegen_version",
     ):
         assert env[field]
+
+
+# ---------------------------------------------------------------------------------
+# runtime helpers (the chunk launcher, vmath functions) across processes
+# ---------------------------------------------------------------------------------
+
+_HELPER_SCRIPT = r"""
+import json, sys
+import numpy as np
+import geode
+from geode import examples
+from geode.codegen.backends import chunks, vmath
+from geode.codegen.backends import numba as nb
+ex = examples.softmax(hidden=64)
+model = geode.compile(ex.graph, cache_dir=sys.argv[1])
+(k,) = nb._memo.values()  # the one native kernel this process compiled
+feeds = ex.make_inputs(np.random.default_rng(0), 37)
+got, want = model(**feeds), ex.numpy(**feeds)
+ok = all(np.allclose(got[n], want[n], rtol=1e-5, atol=1e-7) for n in want)
+hits = lambda d: sum(d.stats.cache_hits.values())
+print(json.dumps({"ok": ok, "chunked": k.chunked, "from_cache": k.from_cache,
+                  "launcher_hits": hits(chunks._g_launch), "exp_hits": hits(vmath.exp_f32),
+                  "launcher_compiled": len(chunks._g_launch.signatures),
+                  "exp_compiled": len(vmath.exp_f32.signatures)}))
+"""
+
+
+def _helpers_run(cache_dir: Path) -> dict:
+    p = subprocess.run(
+        [sys.executable, "-c", _HELPER_SCRIPT, str(cache_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _runtime_entries(cache_dir: Path) -> list[Path]:
+    return sorted((cache_dir / cache.RUNTIME_AREA).iterdir())
+
+
+def test_runtime_helpers_are_cached_across_processes(tmp_path: Path) -> None:
+    """The first process compiles softmax's kernel, the chunk launcher and exp_f32 and
+    saves each (helpers under ``runtime/``, apart from the kernel entries); a second
+    process whose kernel entry is gone compiles the kernel again but loads both helpers
+    from disk; a third loads the kernel, which already holds the helpers' code."""
+    first = _helpers_run(tmp_path)
+    assert first["ok"] and first["chunked"] and not first["from_cache"]
+    assert first["launcher_hits"] == 0 and first["exp_hits"] == 0
+    helpers = _runtime_entries(tmp_path)
+    assert len(helpers) == 2, helpers  # the launcher and exp_f32
+    for d in helpers:
+        manifest = json.loads((d / "manifest.json").read_text())
+        assert any(n.endswith(".nbc") for n in manifest["files"])
+    assert cache.cache_info(tmp_path).entries == 1  # kernels only
+
+    shutil.rmtree(tmp_path / "kernels")
+    second = _helpers_run(tmp_path)
+    assert second["ok"] and not second["from_cache"]
+    assert second["launcher_hits"] == 1 and second["exp_hits"] == 1
+
+    third = _helpers_run(tmp_path)
+    assert third["ok"] and third["from_cache"]
+    # a kernel loaded from its entry links nothing: neither helper is compiled or loaded
+    assert third["launcher_compiled"] == 0 and third["exp_compiled"] == 0
+
+    assert cache.clear_cache(tmp_path) == 1
+    assert not (tmp_path / cache.RUNTIME_AREA).exists() and not (tmp_path / "kernels").exists()
+
+
+@pytest.mark.parametrize("what", ["data", "index", "manifest"])
+def test_corrupt_runtime_helper_entry_is_rebuilt(tmp_path: Path, what: str) -> None:
+    """A helper entry whose machine code, index or manifest was damaged is not trusted:
+    the next process compiles the helper again, computes correctly and saves a sound
+    entry that a third process loads."""
+    _helpers_run(tmp_path)
+    for d in _runtime_entries(tmp_path):
+        target = {
+            "data": next(d.glob("*.nbc")),
+            "index": next(d.glob("*.nbi")),
+            "manifest": d / "manifest.json",
+        }[what]
+        target.write_bytes(b"\x00garbage" * 8)
+    shutil.rmtree(tmp_path / "kernels")
+    again = _helpers_run(tmp_path)
+    assert again["ok"] and again["launcher_hits"] == 0 and again["exp_hits"] == 0
+    shutil.rmtree(tmp_path / "kernels")
+    healed = _helpers_run(tmp_path)
+    assert healed["ok"] and healed["launcher_hits"] == 1 and healed["exp_hits"] == 1
+
+
+def test_unwritable_cache_compiles_helpers_in_memory(tmp_path: Path, fresh_memo: None) -> None:
+    """A cache folder that cannot be created (a file is in the way) costs only the cache:
+    the helper compiles in memory."""
+    from geode.codegen.backends import vmath
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    fn = vmath._export(vmath.exp_f64.py_func)  # a fresh dispatcher, not yet compiled
+    cache.compile_helper(fn, (nb._NB_FLOAT["f64"],), str(blocker / "cache"))
+    assert len(fn.signatures) == 1 and fn(0.0) == 1.0
+    assert blocker.read_text() == "not a folder"
 
 
 def test_different_source_gets_its_own_entry_and_clear(tmp_path: Path, fresh_memo: None) -> None:

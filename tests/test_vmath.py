@@ -517,6 +517,42 @@ def test_float32_loop_vectorizes(name: str) -> None:
     assert not re.search(r"\bv\w+pd\s+[^\n]*%[yz]mm", asm), f"{name}_f32 computes in float64"
 
 
+def _vmath_calls(ir: str, name: str) -> list[str]:
+    """The call instructions to vmath's ``name`` in optimized LLVM IR (by mangled name)."""
+    pattern = re.compile(rf"\bcall\b.*@\"?_ZN\w*5vmath{len(name)}{name}")
+    return [ln.strip() for ln in ir.splitlines() if pattern.search(ln)]
+
+
+_ALL_FUNCTIONS = sorted(
+    {*vmath.VMATH.items(), *vmath.VMATH_IEEE.items()}, key=lambda kv: kv[1].__name__
+)
+
+
+@pytest.mark.parametrize("fn", [f for _, f in _ALL_FUNCTIONS], ids=lambda f: f.__name__)
+def test_public_functions_are_inlined_into_the_caller(fn) -> None:
+    """Every public function is compiled once and inlined into its caller by LLVM
+    (``forceinline``), including the largest (sin/cos/erf in float64, which LLVM's cost
+    model would leave as calls): the caller's optimized IR holds no call to it, so the
+    caller's loop can vectorize over it."""
+    dt = np.float32 if fn.__name__.endswith("_f32") else np.float64
+    kernel = _loop_kernel(fn, {"contract", "reassoc", "arcp"})
+    x = np.linspace(0.125, 3, 64).astype(dt)  # inside every domain (log)
+    y = _run(kernel, x)
+    ir = kernel.inspect_llvm(kernel.signatures[0])
+    calls = _vmath_calls(ir, fn.__name__)
+    assert not calls, f"{fn.__name__} is called, not inlined: {calls[0][:120]}"
+    assert np.isfinite(y).all() and y.dtype == dt
+
+
+def test_inlining_check_sees_a_call() -> None:
+    """The check above finds a call when the function is not forced inline."""
+    plain = numba.njit(error_model="numpy")(vmath.sin_f64.py_func)
+    kernel = _loop_kernel(plain, {"contract", "reassoc", "arcp"})
+    _run(kernel, np.ones(4))
+    ir = kernel.inspect_llvm(kernel.signatures[0])
+    assert _vmath_calls(ir, "sin_f64")
+
+
 # ---------------------------------------------------------------------------------
 # exp_f32 at its boundaries, in compiled kernels; strict division under fastmath
 # ---------------------------------------------------------------------------------
@@ -644,8 +680,9 @@ def _scaling_inputs(dtype: str) -> np.ndarray:
 
 
 def _compile_with_scalef(flag: bool, name: str, scalar: bool) -> Callable:
-    """A fresh njit kernel (so the intrinsic's lowering runs again) with ``vmath.SCALEF``."""
-    f = vmath.VMATH[name]
+    """A fresh njit kernel calling a fresh copy of the vmath function (compiled once per
+    process otherwise), so the intrinsic's lowering runs again, with ``vmath.SCALEF``."""
+    f = vmath._export(vmath.VMATH[name].py_func)
     old = vmath.SCALEF
     vmath.SCALEF = flag
     try:

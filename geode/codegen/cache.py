@@ -14,6 +14,9 @@ Layout (``cache_dir`` comes from the caller: ``geode.config.Options.cache_dir``)
         geode_k_<key[:32]>.<func>-<line>.py311.nbi  numba's index
         geode_k_<key[:32]>.<func>-<line>.py311.1.nbc  numba's machine code
         manifest.json                               sha256 of every file above
+    <cache_dir>/runtime/<key[:32]>/                 the same for one runtime helper that
+                                                    kernels link in (the chunk launcher, a
+                                                    vmath function): :func:`compile_helper`
 
 The key (:func:`cache_key`) is the sha256 of the source text, the target triple, CPU
 name and feature string numba's codegen uses (host features, plus the vector-width
@@ -37,8 +40,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import inspect
 import json
 import linecache
+import logging
 import os
 import re
 import shutil
@@ -55,7 +60,13 @@ from typing import Any
 #: text does not show (the backend also hashes its own helpers into the key).
 CODEGEN_VERSION = "1"
 
+log = logging.getLogger(__name__)
+
 _KERNELS_SUBDIR = "kernels"
+#: entries of the runtime helpers kernels link in (the chunk launcher, vmath functions),
+#: kept apart so the kernel entries can be counted
+RUNTIME_AREA = "runtime"
+_AREAS = (_KERNELS_SUBDIR, RUNTIME_AREA)
 _MANIFEST = "manifest.json"
 _MODULE_PREFIX = "geode_k_"
 
@@ -136,13 +147,13 @@ class CacheEntry:
         )
 
 
-def _kernels_dir(cache_dir: str | os.PathLike[str]) -> Path:
-    return Path(cache_dir).expanduser() / _KERNELS_SUBDIR
+def _area_dir(cache_dir: str | os.PathLike[str], area: str = _KERNELS_SUBDIR) -> Path:
+    return Path(cache_dir).expanduser() / area
 
 
-def _entry_for(cache_dir: str | os.PathLike[str], key: str) -> CacheEntry:
+def _entry_for(cache_dir: str | os.PathLike[str], key: str, area: str) -> CacheEntry:
     short = key[:32]
-    directory = _kernels_dir(cache_dir) / short
+    directory = _area_dir(cache_dir, area) / short
     name = _MODULE_PREFIX + short
     return CacheEntry(key, directory, name, directory / f"{name}.py")
 
@@ -179,10 +190,13 @@ def _wipe(entry: CacheEntry) -> None:
         shutil.rmtree(entry.directory / "__pycache__")
 
 
-def prepare_entry(cache_dir: str | os.PathLike[str], key: str, source: str) -> CacheEntry:
+def prepare_entry(
+    cache_dir: str | os.PathLike[str], key: str, source: str, area: str = _KERNELS_SUBDIR
+) -> CacheEntry:
     """The cache entry for ``key``, verified; an untrusted entry is wiped and its module
-    rewritten, so numba finds either verified files or none."""
-    entry = _entry_for(cache_dir, key)
+    rewritten, so numba finds either verified files or none. ``area``: ``"kernels"``, or
+    :data:`RUNTIME_AREA` for a runtime helper's entry."""
+    entry = _entry_for(cache_dir, key, area)
     entry.directory.mkdir(parents=True, exist_ok=True)
     data = source.encode()
     if _verify(entry, data):
@@ -314,6 +328,83 @@ def _entry_cache_class() -> type:
 
 
 # ---------------------------------------------------------------------------------
+# runtime helpers: module-level numba functions every kernel may call
+# ---------------------------------------------------------------------------------
+
+
+def compile_helper(dispatcher: Any, signature: tuple[Any, ...], cache_dir: str | None) -> None:
+    """Compile the module-level numba dispatcher ``dispatcher`` (a runtime helper of
+    geode's, such as the chunk launcher or a vmath function; not a generated kernel)
+    for ``signature`` unless this process already has, through an entry of
+    :data:`RUNTIME_AREA` under ``cache_dir`` (``None``: in memory only).
+
+    The entry is keyed by the text of the helper's module, its name, the signature and
+    :func:`environment_fingerprint`, and is trusted on the same terms as a kernel's: a
+    corrupt one is rebuilt, and a cache that cannot be used (read-only, full) only costs
+    the compile. The cache is detached afterwards, so the dispatcher never writes to a
+    folder that may since have gone (a test's temporary cache).
+    """
+    from numba.core.caching import NullCache
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
+        if any(sig == tuple(signature) for sig in dispatcher.signatures):
+            return
+        entry = _helper_entry(dispatcher, signature, cache_dir)
+        hits = sum(dispatcher.stats.cache_hits.values())
+        try:
+            while True:
+                try:
+                    dispatcher.compile(tuple(signature))
+                except Exception as exc:
+                    if entry is None:
+                        raise
+                    log.warning(
+                        "helper cache entry %s unusable (%s): rebuilding", entry.directory, exc
+                    )
+                    discard_entry(entry)
+                    dispatcher._cache = NullCache()
+                    entry = None
+                    continue
+                break
+            hit = sum(dispatcher.stats.cache_hits.values()) > hits
+        finally:
+            dispatcher._cache = NullCache()
+        if entry is not None and not hit:
+            try:
+                commit_entry(entry)
+            except OSError as exc:
+                log.warning("helper cache entry %s not saved: %s", entry.directory, exc)
+
+
+def _helper_entry(
+    dispatcher: Any, signature: tuple[Any, ...], cache_dir: str | None
+) -> CacheEntry | None:
+    """The helper's entry under ``cache_dir``, attached to ``dispatcher``, or None (no
+    cache directory, or one that cannot be written)."""
+    if cache_dir is None:
+        return None
+    py_func = dispatcher.py_func
+    try:
+        source = Path(inspect.getsourcefile(py_func) or "").read_text()
+        extra = {
+            "helper": f"{py_func.__module__}.{py_func.__qualname__}",
+            "signature": str(signature),
+        }
+        entry = prepare_entry(cache_dir, cache_key(source, extra), source, area=RUNTIME_AREA)
+    except OSError as exc:
+        log.warning(
+            "kernel cache %s unusable (%s): compiling %s in memory",
+            cache_dir,
+            exc,
+            py_func.__name__,
+        )
+        return None
+    attach_numba_cache(dispatcher, entry)
+    return entry
+
+
+# ---------------------------------------------------------------------------------
 # inspection and maintenance
 # ---------------------------------------------------------------------------------
 
@@ -330,8 +421,8 @@ class CacheInfo:
 _ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
 
 
-def _entry_dirs(cache_dir: str | os.PathLike[str]) -> Iterator[Path]:
-    root = _kernels_dir(cache_dir)
+def _entry_dirs(cache_dir: str | os.PathLike[str], area: str = _KERNELS_SUBDIR) -> Iterator[Path]:
+    root = _area_dir(cache_dir, area)
     if not root.is_dir():
         return
     for p in sorted(root.iterdir()):
@@ -349,18 +440,19 @@ def cache_info(cache_dir: str | os.PathLike[str]) -> CacheInfo:
             with contextlib.suppress(OSError):
                 if p.is_file():
                     total += p.stat().st_size
-    return CacheInfo(str(_kernels_dir(cache_dir)), entries, total)
+    return CacheInfo(str(_area_dir(cache_dir)), entries, total)
 
 
 def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
-    """Delete every kernel entry under ``cache_dir`` (only geode's ``kernels/`` folder);
-    returns the number of entries removed."""
+    """Delete every entry under ``cache_dir`` (only geode's ``kernels/`` and ``runtime/``
+    folders); returns the number of kernel entries removed."""
     n = 0
-    for d in list(_entry_dirs(cache_dir)):
-        shutil.rmtree(d, ignore_errors=True)
-        n += 1
-    root = _kernels_dir(cache_dir)
-    if root.is_dir():
-        with contextlib.suppress(OSError):
-            root.rmdir()
+    for area in _AREAS:
+        for d in list(_entry_dirs(cache_dir, area)):
+            shutil.rmtree(d, ignore_errors=True)
+            n += area == _KERNELS_SUBDIR
+        root = _area_dir(cache_dir, area)
+        if root.is_dir():
+            with contextlib.suppress(OSError):
+                root.rmdir()
     return n

@@ -54,6 +54,14 @@ benchmark kernels took 0.4-0.75 s instead of 0.9-1.4 s, with equal run time and 
 overhead. Any other parallel kernel (two parallel loops one after another, a parallel
 loop inside a serial one, stores outside the parallel loop) keeps ``numba.prange``.
 
+Runtime helpers
+---------------
+A kernel's compile links in the launcher (chunked kernels) and the vmath functions it
+calls; each is compiled once per process, before the kernel, through its own entry of
+the disk cache (:func:`~geode.codegen.cache.compile_helper`), so a new process loads
+them instead of compiling them (the launcher: 0.23 s; a vmath function: 0.05-0.2 s).
+A kernel loaded from its cache entry already holds their code and needs neither.
+
 Statements
 ----------
 - ``For``: ``parallel`` -> ``numba.prange`` when the kernel is compiled parallel and
@@ -195,12 +203,15 @@ from geode.codegen.ast import (
     walk,
     walk_stmts,
 )
+from geode.codegen.backends import vmath as _vmath
 from geode.codegen.backends.chunks import (  # the helpers of chunked kernels' modules
     CHUNK_SIGNATURE,
     _g_addr,  # noqa: F401
     _g_launch,  # noqa: F401
     _g_ptr,  # noqa: F401
+    compile_launcher,
     launch_chunks,
+    start_threads,
 )
 from geode.codegen.backends.vmath import VMATH, VMATH_IEEE
 from geode.config import OptionError
@@ -900,6 +911,8 @@ class _Emitted:
     #: kernels"), else None
     rows_name: str | None = None
     body_name: str | None = None
+    #: the vmath functions the kernel calls (names in :mod:`geode.codegen.backends.vmath`)
+    vmath: tuple[str, ...] = ()
 
 
 def _fold_int(e: Expr) -> int | None:
@@ -1917,6 +1930,7 @@ class _Emitter:
             list(k.dims),
             rows_name,
             body_name,
+            tuple(sorted(self.vmath)),
         )
 
     def shape_checks(self, env: dict[str, Expr]) -> list[str]:
@@ -2310,8 +2324,12 @@ def _build(
         # a module loaded before (same source) already holds the dispatcher
         body = module.__dict__[emitted.body_name]
         module.__dict__[emitted.body_name] = _noalias_njit(getattr(body, "py_func", body), options)
+    if rows_fn is not None:
+        start_threads()  # before the entry's code is loaded: it resolves the pool's symbols
     while True:
         try:
+            if not (entry is not None and entry.trusted):
+                _compile_helpers(emitted, None if entry is None else cache_dir)
             with _numba_compile_settings(interleave):
                 rows = None if rows_fn is None else _compile_rows(rows_fn, options, entry)
                 fn = numba.njit(**options)(py_func)
@@ -2344,6 +2362,21 @@ def _build(
     fn.__geode_options__ = options
     fn.__geode_interleave__ = interleave
     return fn, from_cache, (str(entry.directory) if entry is not None else None)
+
+
+#: a vmath function's argument type, by its name's suffix
+_NB_FLOAT = {"f32": nbt.float32, "f64": nbt.float64}
+
+
+def _compile_helpers(emitted: _Emitted, cache_dir: str | None) -> None:
+    """Compile (or load from ``cache_dir``) the runtime helpers a kernel's compile links in:
+    the chunk launcher of a chunked kernel and the vmath functions it calls. A kernel
+    loaded from its cache entry already holds their code and needs none of them."""
+    if emitted.rows_name is not None:
+        compile_launcher(cache_dir)
+    for name in emitted.vmath:
+        fn = getattr(_vmath, name)
+        _cache.compile_helper(fn, (_NB_FLOAT[name[-3:]],), cache_dir)
 
 
 def _serial_options(options: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,8 @@ in plain arithmetic with a few LLVM intrinsics (bit casts, ``llvm.rint``, ``llvm
 ``llvm.copysign``, ``select``), without any branch on the value (clamps and special cases are selects), so
 LLVM's loop vectorizer turns a loop calling them into packed ymm/zmm FMA code.
 
-Use: the functions are ``numba.njit(inline="always")``; call them from any njit kernel::
+Use: the public functions are ``numba.njit(forceinline=True)``; call them from any njit
+kernel::
 
     @numba.njit(parallel=True, fastmath={"contract"})
     def kernel(x, y):
@@ -17,6 +18,17 @@ Use: the functions are ``numba.njit(inline="always")``; call them from any njit 
 
 :data:`VMATH` maps ``(op, dtype name)`` (op as in :data:`geode.codegen.ast.UN_OPS`, plus
 ``expm1``, ``log1p`` and ``sigmoid``) to the function, for the code generator.
+
+How they are compiled: each public function is compiled once per process and signature
+(with its helpers, which are ``inline="always"``: numba inlines them into it), and LLVM
+inlines its IR into every calling kernel (``forceinline`` is LLVM's
+``alwaysinline``; without it LLVM's cost model leaves sin, cos and erf in float64 as calls
+and their loops run 5-9x slower). The kernel's loop vectorizes over the inlined code
+exactly as before. Before this, the functions were ``inline="always"`` themselves: numba
+inlined them into each kernel at each call site, re-running its front-end on every helper,
+which was half of the LSTM gates kernel's cold compile (0.55 of 1.07 s, five calls).
+The geode backend compiles the functions a kernel calls through its disk cache
+(:func:`geode.codegen.cache.compile_helper`), so a new process loads them.
 
 Conventions shared by all functions:
 
@@ -27,8 +39,10 @@ Conventions shared by all functions:
 * Special values follow C99/numpy: NaN in -> NaN out, overflow -> inf, underflow -> 0 (results in
   the subnormal range are computed, not flushed), ``log(0) = -inf``, ``log(x<0) = NaN`` ...
 * ``fastmath``: the functions are accurate and keep their special values under any fastmath
-  setting of the calling kernel (``False``, ``{"contract"}``, ``True``; tested). numba's fast-math
-  pass flags every float instruction it finds; the steps whose exact order matters (two-sums,
+  setting of the calling kernel (``False``, ``{"contract"}``, ``True``; tested). They are
+  compiled with their own flags (none), and LLVM keeps each inlined instruction's flags, so a
+  caller's fast-math flags do not reach them; within a function, numba's fast-math pass
+  would flag every float instruction it finds; the steps whose exact order matters (two-sums,
   two-products, the error term of ``1 + x``, exponent scaling) are emitted by intrinsics as
   instructions it leaves alone, and the NaN/inf tests are integer bit tests, which ``nnan``/
   ``ninf`` cannot fold away. ``{"contract"}`` is the recommended setting (the polynomials use
@@ -41,7 +55,8 @@ Conventions shared by all functions:
   Chebyshev fits at 60 digits) on the reduced interval named in each docstring, then rounded to
   the working precision; the fit error quoted is the error of the real-valued fit.
 * Inlined code is compiled into the caller; numba's on-disk cache of a caller does not notice
-  edits to this module (clear the cache after changing it).
+  edits to this module (geode's kernel cache keys hash this file; clear other caches after
+  changing it).
 """
 
 from __future__ import annotations
@@ -84,7 +99,11 @@ __all__ = [
     "tanh_ieee_f64",
 ]
 
+#: the helpers: inlined by numba into the public function that calls them
 _inline = numba.njit(inline="always")
+#: the public functions: compiled once per process (or loaded from geode's disk cache,
+#: :func:`precompile`), then inlined into each calling kernel by LLVM (``alwaysinline``)
+_export = numba.njit(forceinline=True, error_model="numpy")
 
 # ---------------------------------------------------------------------------------
 # intrinsics: the few operations plain numba arithmetic cannot express (or would widen
@@ -581,7 +600,7 @@ def _exp_normal_f64(x):  # pragma: no cover - compiled
     return (e + _ONE_F64) * _pow2(n)
 
 
-@_inline
+@_export
 def exp_f32(x: float) -> float:
     """``exp(x)`` in float32, max error 1.05 ulp measured (mean 0.13), subnormal results included.
 
@@ -599,7 +618,7 @@ def exp_f32(x: float) -> float:
     return _exp_core_f32(_select(x > _EXP_HI_F32, _EXP_HI_F32, x))
 
 
-@_inline
+@_export
 def exp_f64(x: float) -> float:
     """``exp(x)`` in float64, max error 0.98 ulp measured (mean 0.12).
 
@@ -631,7 +650,7 @@ def _expm1_core_f64(x):  # pragma: no cover - compiled
     return _TWO_F64 * _fma(t, e, t - _HALF_F64)
 
 
-@_inline
+@_export
 def expm1_f32(x: float) -> float:
     """``exp(x) - 1`` in float32, accurate near 0, max error 1.52 ulp measured.
 
@@ -645,7 +664,7 @@ def expm1_f32(x: float) -> float:
     return _select(_isnan(x), x, y)
 
 
-@_inline
+@_export
 def expm1_f64(x: float) -> float:
     """``exp(x) - 1`` in float64, max error 1.71 ulp measured; method as :func:`expm1_f32`, clamp
     [-40, 710], degree-12 polynomial."""
@@ -693,7 +712,7 @@ def _log_core_f64(x, c):  # pragma: no cover - compiled
     return _fma(k, _LN2HI_F64, f - (hfsq - lo))
 
 
-@_inline
+@_export
 def log_f32(x: float) -> float:
     """Natural log in float32, max error 0.82 ulp measured (subnormal inputs included).
 
@@ -712,7 +731,7 @@ def log_f32(x: float) -> float:
     return _select(_isnan(x), x, y)
 
 
-@_inline
+@_export
 def log_f64(x: float) -> float:
     """Natural log in float64, max error 0.83 ulp measured; method as :func:`log_f32` with ``T`` of
     degree 6 (fit error 3.1e-16 on T, ~1e-18 relative on the result), subnormals scaled by
@@ -725,7 +744,7 @@ def log_f64(x: float) -> float:
     return _select(_isnan(x), x, y)
 
 
-@_inline
+@_export
 def log1p_f32(x: float) -> float:
     """``log(1 + x)`` in float32, accurate near 0, max error 0.81 ulp measured.
 
@@ -743,7 +762,7 @@ def log1p_f32(x: float) -> float:
     return _select(_isnan(x), x, y)
 
 
-@_inline
+@_export
 def log1p_f64(x: float) -> float:
     """``log(1 + x)`` in float64, max error 0.81 ulp measured; method as :func:`log1p_f32`."""
     x = np.float64(x)
@@ -763,7 +782,7 @@ def log1p_f64(x: float) -> float:
 _TANH_CLAMP_F32, _TANH_CLAMP_F64 = _F32(10.0), _F64(20.0)
 
 
-@_inline
+@_export
 def tanh_f32(x: float) -> float:
     """``tanh(x)`` in float32, max error 2.3 ulp measured (relative 1.7e-7; mean 0.13 ulp).
 
@@ -772,14 +791,11 @@ def tanh_f32(x: float) -> float:
     (``e = 2a``) and sign-correct for -0.0. tanh(+-inf) = +-1, NaN -> NaN.
     """
     x = np.float32(x)
-    return _select(_isnan(x), x, tanh_ieee_f32(x))
+    return _select(_isnan(x), x, _tanh_ieee_f32(x))
 
 
 @_inline
-def tanh_ieee_f32(x: float) -> float:
-    """:func:`tanh_f32` for callers without the ``nnan`` fast-math flag: a NaN already
-    propagates through every step (the clamps keep it, ``expm1`` and the division return
-    it), so the final NaN test is left out (three vector instructions fewer)."""
+def _tanh_ieee_f32(x):  # pragma: no cover - compiled
     x = np.float32(x)
     a = abs(x)
     a = _select(a > _TANH_CLAMP_F32, _TANH_CLAMP_F32, a)
@@ -787,17 +803,24 @@ def tanh_ieee_f32(x: float) -> float:
     return _copysign(_div(e, e + _TWO_F32), x)
 
 
-@_inline
+@_export
+def tanh_ieee_f32(x: float) -> float:
+    """:func:`tanh_f32` for callers without the ``nnan`` fast-math flag: a NaN already
+    propagates through every step (the clamps keep it, ``expm1`` and the division return
+    it), so the final NaN test is left out (three vector instructions fewer)."""
+    return _tanh_ieee_f32(x)
+
+
+@_export
 def tanh_f64(x: float) -> float:
     """``tanh(x)`` in float64, max error 2.35 ulp measured; method as :func:`tanh_f32`, clamp at
     20."""
     x = np.float64(x)
-    return _select(_isnan(x), x, tanh_ieee_f64(x))
+    return _select(_isnan(x), x, _tanh_ieee_f64(x))
 
 
 @_inline
-def tanh_ieee_f64(x: float) -> float:
-    """:func:`tanh_f64` for callers without ``nnan`` (see :func:`tanh_ieee_f32`)."""
+def _tanh_ieee_f64(x):  # pragma: no cover - compiled
     x = np.float64(x)
     a = abs(x)
     a = _select(a > _TANH_CLAMP_F64, _TANH_CLAMP_F64, a)
@@ -805,12 +828,18 @@ def tanh_ieee_f64(x: float) -> float:
     return _copysign(_div(e, e + _TWO_F64), x)
 
 
+@_export
+def tanh_ieee_f64(x: float) -> float:
+    """:func:`tanh_f64` for callers without ``nnan`` (see :func:`tanh_ieee_f32`)."""
+    return _tanh_ieee_f64(x)
+
+
 _OPT_LO_F32, _OPT_HI_F32 = _F32(-87.0), _F32(89.0)
 _OPT_LO_F64, _OPT_HI_F64 = _F64(-708.0), _F64(710.0)
 _NTWO_F32, _NTWO_F64 = _F32(-2.0), _F64(-2.0)
 
 
-@_inline
+@_export
 def one_plus_tanh_f32(x: float) -> float:
     """``1 + tanh(x)`` in float32, max error 2.5 ulp measured.
 
@@ -827,7 +856,7 @@ def one_plus_tanh_f32(x: float) -> float:
     return _div(_TWO_F32, _ONE_F32 + _exp_normal_f32(t))
 
 
-@_inline
+@_export
 def one_plus_tanh_f64(x: float) -> float:
     """``1 + tanh(x)`` in float64; method as :func:`one_plus_tanh_f32` (clamp [-708, 710])."""
     t = np.float64(x) * _NTWO_F64
@@ -836,7 +865,7 @@ def one_plus_tanh_f64(x: float) -> float:
     return _div(_TWO_F64, _ONE_F64 + _exp_normal_f64(t))
 
 
-@_inline
+@_export
 def sigmoid_f32(x: float) -> float:
     """``1 / (1 + exp(-x))`` in float32, max error 2.1 ulp measured, stable for any x.
 
@@ -845,33 +874,43 @@ def sigmoid_f32(x: float) -> float:
     ``1/inf``. sigmoid(-inf) = 0, sigmoid(inf) = 1, NaN -> NaN.
     """
     x = np.float32(x)
-    return _select(_isnan(x), x, sigmoid_ieee_f32(x))
+    return _select(_isnan(x), x, _sigmoid_ieee_f32(x))
 
 
 @_inline
-def sigmoid_ieee_f32(x: float) -> float:
-    """:func:`sigmoid_f32` for callers without the ``nnan`` fast-math flag: a NaN already
-    propagates (``exp`` returns it, ``x >= 0`` is false for it, so the division gets it),
-    so the final NaN test is left out (three vector instructions fewer)."""
+def _sigmoid_ieee_f32(x):  # pragma: no cover - compiled
     x = np.float32(x)
     e = _exp_core_f32(-abs(x))
     return _div(_select(x >= _ZERO_F32, _ONE_F32, e), _ONE_F32 + e)
 
 
-@_inline
+@_export
+def sigmoid_ieee_f32(x: float) -> float:
+    """:func:`sigmoid_f32` for callers without the ``nnan`` fast-math flag: a NaN already
+    propagates (``exp`` returns it, ``x >= 0`` is false for it, so the division gets it),
+    so the final NaN test is left out (three vector instructions fewer)."""
+    return _sigmoid_ieee_f32(x)
+
+
+@_export
 def sigmoid_f64(x: float) -> float:
     """``1 / (1 + exp(-x))`` in float64, max error 2.15 ulp measured; method as
     :func:`sigmoid_f32`."""
     x = np.float64(x)
-    return _select(_isnan(x), x, sigmoid_ieee_f64(x))
+    return _select(_isnan(x), x, _sigmoid_ieee_f64(x))
 
 
 @_inline
-def sigmoid_ieee_f64(x: float) -> float:
-    """:func:`sigmoid_f64` for callers without ``nnan`` (see :func:`sigmoid_ieee_f32`)."""
+def _sigmoid_ieee_f64(x):  # pragma: no cover - compiled
     x = np.float64(x)
     e = _exp_core_f64(-abs(x))
     return _div(_select(x >= _ZERO_F64, _ONE_F64, e), _ONE_F64 + e)
+
+
+@_export
+def sigmoid_ieee_f64(x: float) -> float:
+    """:func:`sigmoid_f64` for callers without ``nnan`` (see :func:`sigmoid_ieee_f32`)."""
+    return _sigmoid_ieee_f64(x)
 
 
 # ---------------------------------------------------------------------------------
@@ -884,7 +923,7 @@ _ERFB_C1_F64, _ERFB_C2_F64, _ERFB_C3_F64 = _F64(1.0), _F64(3.0), _F64(5.0)
 _ERFB_S1_F64, _ERFB_S2_F64 = _F64(2.0), _F64(4.0)
 
 
-@_inline
+@_export
 def erf_f32(x: float) -> float:
     """``erf(x)`` in float32, max error 1.01 ulp measured.
 
@@ -902,7 +941,7 @@ def erf_f32(x: float) -> float:
     return _select(_isnan(x), x, _select(a < _ERF_SPLIT_F32, small, big))
 
 
-@_inline
+@_export
 def erf_f64(x: float) -> float:
     """``erf(x)`` in float64, max error 0.95 ulp measured (against mpmath).
 
@@ -993,7 +1032,7 @@ def _sincos_f32(x, shift):  # pragma: no cover - compiled
     return np.float32(_select(n4 >= _TWO_F64, -v, v))
 
 
-@_inline
+@_export
 def sin_f32(x: float) -> float:
     """``sin(x)`` in float32 over the whole float32 range, max error 0.66 ulp measured.
 
@@ -1012,7 +1051,7 @@ def sin_f32(x: float) -> float:
     return _select(_isfinite(x), v, _NAN_F32)
 
 
-@_inline
+@_export
 def cos_f32(x: float) -> float:
     """``cos(x)`` in float32 over the whole float32 range, max error 0.66 ulp measured; method as
     :func:`sin_f32` (``cos(x) = sin(x + pi/2)`` by shifting the quadrant). cos(+-inf) = NaN."""
@@ -1067,7 +1106,7 @@ def _sincos_f64(x, shift):  # pragma: no cover - compiled
     return _select(n4 >= _TWO_F64, -y, y)
 
 
-@_inline
+@_export
 def sin_f64(x: float) -> float:
     """``sin(x)`` in float64 over the whole float64 range, max error 0.80 ulp measured.
 
@@ -1086,7 +1125,7 @@ def sin_f64(x: float) -> float:
     return _select(_isfinite(x), v, _NAN_F64)
 
 
-@_inline
+@_export
 def cos_f64(x: float) -> float:
     """``cos(x)`` in float64 over the whole range, max error 0.81 ulp measured; method as
     :func:`sin_f64` (quadrant shifted by one). cos(+-inf) = NaN."""
