@@ -195,6 +195,34 @@ def test_castlike_reads_only_its_data_input():
     assert out.dtype == np.float32 and out.shape == () and float(out) == 6.0
 
 
+def test_heads_split_of_two_inputs_compiles_natively():
+    """Attention's head split of Q and V (Reshape -> Transpose, one scaled) is one kernel
+    whose two blocks share a loop nest and bind the same index expressions, with a
+    size-1 leading axis (a constant 0 binding). Binding the second block to the first
+    one's hoisted names folded ``0 * 2 + v2`` to an already substituted name that was
+    then looked up again ("unbound variable 'Mul_58_v2'"), and the group fell back to
+    AICPU (ONNX attention_3d_transpose_verification, linear_attention_decode_step)."""
+    import warnings
+
+    from geode.codegen.driver import CodegenWarning
+
+    g = geode.Graph("heads")
+    q = g.input("q", [1, 2, 12])
+    v = g.input("v", [1, 2, 12])
+    qh = ops.transpose(ops.reshape(q, [1, 2, 3, 4]), perm=[0, 2, 1, 3])
+    vh = ops.transpose(ops.reshape(v, [1, 2, 3, 4]), perm=[0, 2, 1, 3])
+    g.output(qh * 0.5, vh, names=["qs", "vh"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CodegenWarning)
+        model = geode.compile(g)
+    assert [k.engine for k in model.kernels] == ["aicore"]
+    rng = np.random.default_rng(3)
+    qa, va = (rng.standard_normal((1, 2, 12), dtype=np.float32) for _ in range(2))
+    out = model(q=qa, v=va)
+    np.testing.assert_array_equal(out["qs"], qa.reshape(1, 2, 3, 4).transpose(0, 2, 1, 3) * 0.5)
+    np.testing.assert_array_equal(out["vh"], va.reshape(1, 2, 3, 4).transpose(0, 2, 1, 3))
+
+
 # ---------------------------------------------------------------------------------
 # max/min reductions: fast maxnum/minnum with an integer NaN guard, exact np.max/np.min
 # ---------------------------------------------------------------------------------

@@ -2244,3 +2244,18 @@ def test_stream_output_requirements() -> None:
     with raises("stream_output", "mul_2") as info:
         sch.stream_output("mul_2")
     assert "no predicate" in str(info.value)
+
+
+def test_substitute_applies_once_when_a_node_folds_to_a_child():
+    """``0 * 2 + a`` rebuilt over substituted children folds to the substituted ``a``;
+    that child is not substituted a second time (``a -> b``, ``b -> c`` must give ``b``;
+    a swap ``i <-> j`` must give ``j``)."""
+    from geode.codegen.ast import Bin, Const, Var, substitute
+
+    e = Bin("+", Bin("*", Var("k"), Const(2)), Var("a"))
+    assert substitute(e, {"k": Const(0), "a": Var("b"), "b": Var("c")}) == Var("b")
+    assert substitute(e, {"k": Const(0), "a": Var("j"), "j": Var("a")}) == Var("j")
+    # without folding, every node is still rewritten once
+    assert substitute(e, {"k": Var("m"), "a": Var("b"), "b": Var("c")}) == Bin(
+        "+", Bin("*", Var("m"), Const(2)), Var("b")
+    )

@@ -305,12 +305,20 @@ def rebuild(e: Expr, kids: tuple[Expr, ...]) -> Expr:
 
 
 def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Bottom-up rewrite: ``fn`` returns a replacement or None to keep the node."""
+    """Bottom-up rewrite: ``fn`` returns a replacement or None to keep the node.
+
+    Each node is offered to ``fn`` once. When rebuilding a node over rewritten children
+    folds it to one of them (``0 * 2 + x`` -> ``x``), that child is already rewritten
+    and is returned as it is: offering it again would apply a substitution twice when
+    its result names a variable the substitution also replaces (``x -> y``, ``y -> z``
+    gave ``z``)."""
     kids = children(e)
     if kids:
         new_kids = tuple(transform(k, fn) for k in kids)
         if any(n is not o for n, o in zip(new_kids, kids)):
             e = rebuild(e, new_kids)
+            if any(e is k for k in new_kids):
+                return e
     r = fn(e)
     return e if r is None else r
 
