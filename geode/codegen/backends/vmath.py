@@ -24,9 +24,9 @@ How they are compiled: each public function is compiled once per process and sig
 inlines its IR into every calling kernel (``forceinline`` is LLVM's
 ``alwaysinline``; without it LLVM's cost model leaves sin, cos and erf in float64 as calls
 and their loops run 5-9x slower). The kernel's loop vectorizes over the inlined code
-exactly as before. Before this, the functions were ``inline="always"`` themselves: numba
-inlined them into each kernel at each call site, re-running its front-end on every helper,
-which was half of the LSTM gates kernel's cold compile (0.55 of 1.07 s, five calls).
+exactly as it would over numba-inlined code. (numba's ``inline="always"`` on the public
+functions would re-run its front end on every helper at every call site of every kernel:
+half of the LSTM gates kernel's cold compile, 0.55 of 1.07 s for its five calls.)
 The geode backend compiles the functions a kernel calls through its disk cache
 (:func:`geode.codegen.cache.compile_helper`), so a new process loads them.
 
@@ -102,7 +102,8 @@ __all__ = [
 #: the helpers: inlined by numba into the public function that calls them
 _inline = numba.njit(inline="always")
 #: the public functions: compiled once per process (or loaded from geode's disk cache,
-#: :func:`precompile`), then inlined into each calling kernel by LLVM (``alwaysinline``)
+#: :func:`geode.codegen.cache.compile_helper`), then inlined into each calling kernel by
+#: LLVM (``alwaysinline``)
 _export = numba.njit(forceinline=True, error_model="numpy")
 
 # ---------------------------------------------------------------------------------
