@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 
@@ -397,7 +398,7 @@ def test_unwritable_cache_compiles_helpers_in_memory(tmp_path: Path, fresh_memo:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     fn = vmath._export(vmath.exp_f64.py_func)  # a fresh dispatcher, not yet compiled
-    cache.compile_helper(fn, (nb._NB_FLOAT["f64"],), str(blocker / "cache"))
+    cache.compile_helper(fn, (numba.float64,), str(blocker / "cache"))
     assert len(fn.signatures) == 1 and fn(0.0) == 1.0
     assert blocker.read_text() == "not a folder"
 

@@ -348,25 +348,22 @@ def compile_helper(dispatcher: Any, signature: tuple[Any, ...], cache_dir: str |
     from numba.core.compiler_lock import global_compiler_lock
 
     with global_compiler_lock:
-        if any(sig == tuple(signature) for sig in dispatcher.signatures):
+        signature = tuple(signature)
+        if signature in dispatcher.signatures:
             return
         entry = _helper_entry(dispatcher, signature, cache_dir)
         hits = sum(dispatcher.stats.cache_hits.values())
         try:
-            while True:
-                try:
-                    dispatcher.compile(tuple(signature))
-                except Exception as exc:
-                    if entry is None:
-                        raise
-                    log.warning(
-                        "helper cache entry %s unusable (%s): rebuilding", entry.directory, exc
-                    )
-                    discard_entry(entry)
-                    dispatcher._cache = NullCache()
-                    entry = None
-                    continue
-                break
+            try:
+                dispatcher.compile(signature)
+            except Exception as exc:
+                if entry is None:
+                    raise
+                log.warning("helper cache entry %s unusable (%s): rebuilding", entry.directory, exc)
+                discard_entry(entry)
+                entry = None
+                dispatcher._cache = NullCache()
+                dispatcher.compile(signature)
             hit = sum(dispatcher.stats.cache_hits.values()) > hits
         finally:
             dispatcher._cache = NullCache()

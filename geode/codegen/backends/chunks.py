@@ -17,8 +17,9 @@ as serial pieces:
 
 :func:`_g_launch` is compiled once per process and shared: its ``prange`` over the
 chunks runs each through the chunk function's address (:func:`_g_call_chunk`), so no
-kernel pays for parfor compilation. :func:`compile_launcher` compiles it before the
-first chunked kernel, through an entry of geode's disk cache (``runtime/``), so a later
+kernel pays for parfor compilation. The backend compiles it for :data:`LAUNCH_SIGNATURE`
+before the first chunked kernel, through an entry of geode's disk cache (``runtime/``,
+:func:`geode.codegen.cache.compile_helper`), so a later
 process loads it (0.01 s) instead of compiling it (0.23 s after numba's start-up).
 Run time is unchanged (the same machine code runs per row; RMSNorm at [4096, 4096]:
 3.7-4.1 ms either way), and a call costs the same (5.1-5.2 us for an [8, 4096] RMSNorm
@@ -34,16 +35,14 @@ from llvmlite import ir as llir
 from numba import types as nbt
 from numba.extending import intrinsic
 
-from geode.codegen import cache as _cache
-
 __all__ = [
     "CHUNKS_PER_THREAD",
     "CHUNK_SIGNATURE",
+    "LAUNCH_SIGNATURE",
     "_g_addr",
     "_g_call_chunk",
     "_g_launch",
     "_g_ptr",
-    "compile_launcher",
     "launch_chunks",
     "start_threads",
 ]
@@ -145,10 +144,3 @@ def start_threads() -> None:
     from numba.np.ufunc.parallel import _launch_threads
 
     _launch_threads()
-
-
-def compile_launcher(cache_dir: str | None) -> None:
-    """Compile :func:`_g_launch` for :data:`LAUNCH_SIGNATURE` if this process has not yet,
-    loading its machine code from ``cache_dir`` (``None``: in memory only) when an earlier
-    process saved it there (:func:`geode.codegen.cache.compile_helper`)."""
-    _cache.compile_helper(_g_launch, LAUNCH_SIGNATURE, cache_dir)

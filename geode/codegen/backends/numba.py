@@ -59,7 +59,7 @@ Runtime helpers
 A kernel's compile links in the launcher (chunked kernels) and the vmath functions it
 calls; each is compiled once per process, before the kernel, through its own entry of
 the disk cache (:func:`~geode.codegen.cache.compile_helper`), so a new process loads
-them instead of compiling them (the launcher: 0.23 s; a vmath function: 0.05-0.2 s).
+them instead of compiling them (the launcher: 0.23 s; a vmath function: 0.1-0.2 s).
 A kernel loaded from its cache entry already holds their code and needs neither.
 
 Statements
@@ -206,10 +206,10 @@ from geode.codegen.ast import (
 from geode.codegen.backends import vmath as _vmath
 from geode.codegen.backends.chunks import (  # the helpers of chunked kernels' modules
     CHUNK_SIGNATURE,
+    LAUNCH_SIGNATURE,
     _g_addr,  # noqa: F401
-    _g_launch,  # noqa: F401
+    _g_launch,
     _g_ptr,  # noqa: F401
-    compile_launcher,
     launch_chunks,
     start_threads,
 )
@@ -911,8 +911,9 @@ class _Emitted:
     #: kernels"), else None
     rows_name: str | None = None
     body_name: str | None = None
-    #: the vmath functions the kernel calls (names in :mod:`geode.codegen.backends.vmath`)
-    vmath: tuple[str, ...] = ()
+    #: (name in :mod:`geode.codegen.backends.vmath`, argument dtype) of every vmath
+    #: function the kernel calls
+    vmath: tuple[tuple[str, str], ...] = ()
 
 
 def _fold_int(e: Expr) -> int | None:
@@ -927,7 +928,8 @@ class _Emitter:
         self.demoted = demoted
         self.names = _Names()
         self.helpers: set[str] = set()
-        self.vmath: set[str] = set()
+        #: the vmath functions called, by name, with their argument's dtype
+        self.vmath: dict[str, str] = {}
         self.index_vars: set[str] = set(kernel.dims)
         for st in walk_stmts(kernel.body):
             if isinstance(st, For):
@@ -1242,8 +1244,7 @@ class _Emitter:
             x = self.convert(a, fdt)
             fn = self.vmath_fn(op, fdt)
             if fn is not None:
-                self.vmath.add(fn.__name__)
-                return self.wrap(_call(fn.__name__, x), _ATOM, fdt)
+                return self.call_vmath(fn, x, fdt)
             one = f"np.{fdt}(1.0)"
             return self.wrap(f"{one} / ({one} + math.exp(-{_p(x, _UNARY)}))", _MUL, fdt)
         if op in _MATH_UN:
@@ -1251,8 +1252,7 @@ class _Emitter:
             x = self.convert(a, fdt)
             fn = self.vmath_fn(op, fdt)
             if fn is not None:  # vectorizable implementation (no libm call in the loop)
-                self.vmath.add(fn.__name__)
-                return self.wrap(_call(fn.__name__, x), _ATOM, fdt)
+                return self.call_vmath(fn, x, fdt)
             return self.wrap(_call(_MATH_UN[op], x), _ATOM, fdt)
         if op in _ROUND_UN:
             if not isf:
@@ -1278,6 +1278,12 @@ class _Emitter:
             inf = "math.inf" if op == "isposinf" else "-math.inf"
             return _V(f"{_p(a, _CMP + 1)} == {inf}", "bool", _CMP)
         raise CodegenError(f"{self.where()}: unknown unary op {op!r}")
+
+    def call_vmath(self, fn: Callable, x: _V, dtype: str) -> _V:
+        """A call of the vmath function ``fn`` on ``x`` (already ``dtype``), recorded so the
+        module imports it and the backend compiles it before the kernel."""
+        self.vmath[fn.__name__] = dtype
+        return self.wrap(_call(fn.__name__, x), _ATOM, dtype)
 
     def vmath_fn(self, op: str, dtype: str) -> Callable | None:
         """The vmath function for ``op``: the variant without a final NaN test when the
@@ -1318,8 +1324,7 @@ class _Emitter:
             cv = self.ex(c)
             if fn is None or _promote(fdt, False, cv.dtype, _weak(c, cv)) != fdt:
                 return None
-            self.vmath.add(fn.__name__)
-            return self.wrap(_call(fn.__name__, self.convert(z, fdt)), _ATOM, fdt)
+            return self.call_vmath(fn, self.convert(z, fdt), fdt)
         return None
 
     def dim_term(self, e: Bin) -> _V | None:
@@ -1930,7 +1935,7 @@ class _Emitter:
             list(k.dims),
             rows_name,
             body_name,
-            tuple(sorted(self.vmath)),
+            tuple(sorted(self.vmath.items())),
         )
 
     def shape_checks(self, env: dict[str, Expr]) -> list[str]:
@@ -2364,19 +2369,16 @@ def _build(
     return fn, from_cache, (str(entry.directory) if entry is not None else None)
 
 
-#: a vmath function's argument type, by its name's suffix
-_NB_FLOAT = {"f32": nbt.float32, "f64": nbt.float64}
-
-
 def _compile_helpers(emitted: _Emitted, cache_dir: str | None) -> None:
     """Compile (or load from ``cache_dir``) the runtime helpers a kernel's compile links in:
     the chunk launcher of a chunked kernel and the vmath functions it calls. A kernel
     loaded from its cache entry already holds their code and needs none of them."""
     if emitted.rows_name is not None:
-        compile_launcher(cache_dir)
-    for name in emitted.vmath:
-        fn = getattr(_vmath, name)
-        _cache.compile_helper(fn, (_NB_FLOAT[name[-3:]],), cache_dir)
+        _cache.compile_helper(_g_launch, LAUNCH_SIGNATURE, cache_dir)
+    for name, dtype in emitted.vmath:
+        _cache.compile_helper(
+            getattr(_vmath, name), (numba.from_dtype(np.dtype(dtype)),), cache_dir
+        )
 
 
 def _serial_options(options: dict[str, Any]) -> dict[str, Any]:
