@@ -169,7 +169,7 @@ def test_warm_compile_in_new_process_hits_disk_cache(tmp_path: Path) -> None:
     assert not all(r["from_cache"] for r in cold)
     info = cache.cache_info(tmp_path)
     assert info.entries == 1 and info.bytes > 0
-    entry = next((tmp_path / "kernels").iterdir())
+    entry = next((tmp_path / cache.KERNEL_AREA).iterdir())
     assert not [p for p in entry.iterdir() if ".tmp." in p.name], "temporary files left behind"
     assert (entry / "manifest.json").exists()
 
@@ -189,7 +189,7 @@ def test_warm_compile_in_new_process_hits_disk_cache(tmp_path: Path) -> None:
 
 
 def _entry_dir(cache_dir: Path) -> Path:
-    (d,) = list((cache_dir / "kernels").iterdir())
+    (d,) = list((cache_dir / cache.KERNEL_AREA).iterdir())
     return d
 
 
@@ -355,7 +355,7 @@ def test_runtime_helpers_are_cached_across_processes(tmp_path: Path) -> None:
         assert any(n.endswith(".nbc") for n in manifest["files"])
     assert cache.cache_info(tmp_path).entries == 1  # kernels only
 
-    shutil.rmtree(tmp_path / "kernels")
+    shutil.rmtree(tmp_path / cache.KERNEL_AREA)
     second = _helpers_run(tmp_path)
     assert second["ok"] and not second["from_cache"]
     assert second["launcher_hits"] == 1 and second["exp_hits"] == 1
@@ -366,7 +366,9 @@ def test_runtime_helpers_are_cached_across_processes(tmp_path: Path) -> None:
     assert third["launcher_compiled"] == 0 and third["exp_compiled"] == 0
 
     assert cache.clear_cache(tmp_path) == 1
-    assert not (tmp_path / cache.RUNTIME_AREA).exists() and not (tmp_path / "kernels").exists()
+    assert (
+        not (tmp_path / cache.RUNTIME_AREA).exists() and not (tmp_path / cache.KERNEL_AREA).exists()
+    )
 
 
 @pytest.mark.parametrize("what", ["data", "index", "manifest"])
@@ -382,10 +384,10 @@ def test_corrupt_runtime_helper_entry_is_rebuilt(tmp_path: Path, what: str) -> N
             "manifest": d / "manifest.json",
         }[what]
         target.write_bytes(b"\x00garbage" * 8)
-    shutil.rmtree(tmp_path / "kernels")
+    shutil.rmtree(tmp_path / cache.KERNEL_AREA)
     again = _helpers_run(tmp_path)
     assert again["ok"] and again["launcher_hits"] == 0 and again["exp_hits"] == 0
-    shutil.rmtree(tmp_path / "kernels")
+    shutil.rmtree(tmp_path / cache.KERNEL_AREA)
     healed = _helpers_run(tmp_path)
     assert healed["ok"] and healed["launcher_hits"] == 1 and healed["exp_hits"] == 1
 

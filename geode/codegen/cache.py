@@ -62,11 +62,12 @@ CODEGEN_VERSION = "1"
 
 log = logging.getLogger(__name__)
 
-_KERNELS_SUBDIR = "kernels"
+#: the folder of the kernel entries under a cache directory
+KERNEL_AREA = "kernels"
 #: entries of the runtime helpers kernels link in (the chunk launcher, vmath functions),
 #: kept apart so the kernel entries can be counted
 RUNTIME_AREA = "runtime"
-_AREAS = (_KERNELS_SUBDIR, RUNTIME_AREA)
+_AREAS = (KERNEL_AREA, RUNTIME_AREA)
 _MANIFEST = "manifest.json"
 _MODULE_PREFIX = "geode_k_"
 
@@ -147,7 +148,7 @@ class CacheEntry:
         )
 
 
-def _area_dir(cache_dir: str | os.PathLike[str], area: str = _KERNELS_SUBDIR) -> Path:
+def _area_dir(cache_dir: str | os.PathLike[str], area: str = KERNEL_AREA) -> Path:
     return Path(cache_dir).expanduser() / area
 
 
@@ -191,7 +192,7 @@ def _wipe(entry: CacheEntry) -> None:
 
 
 def prepare_entry(
-    cache_dir: str | os.PathLike[str], key: str, source: str, area: str = _KERNELS_SUBDIR
+    cache_dir: str | os.PathLike[str], key: str, source: str, area: str = KERNEL_AREA
 ) -> CacheEntry:
     """The cache entry for ``key``, verified; an untrusted entry is wiped and its module
     rewritten, so numba finds either verified files or none. ``area``: ``"kernels"``, or
@@ -418,7 +419,7 @@ class CacheInfo:
 _ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
 
 
-def _entry_dirs(cache_dir: str | os.PathLike[str], area: str = _KERNELS_SUBDIR) -> Iterator[Path]:
+def _entry_dirs(cache_dir: str | os.PathLike[str], area: str = KERNEL_AREA) -> Iterator[Path]:
     root = _area_dir(cache_dir, area)
     if not root.is_dir():
         return
@@ -447,7 +448,7 @@ def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
     for area in _AREAS:
         for d in list(_entry_dirs(cache_dir, area)):
             shutil.rmtree(d, ignore_errors=True)
-            n += area == _KERNELS_SUBDIR
+            n += area == KERNEL_AREA
         root = _area_dir(cache_dir, area)
         if root.is_dir():
             with contextlib.suppress(OSError):
