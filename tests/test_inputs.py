@@ -104,3 +104,48 @@ def test_expression_dim_checked():
     assert out.shape == (6,)
     with pytest.raises(InputShapeError, match=r"input 'b': dim 0 is 5, expected 2\*N = 6"):
         model(a=np.ones(3, np.float32), b=np.ones(5, np.float32))
+
+
+HOSTILE_DIMS = [
+    "N+1",
+    "a b",
+    "for",
+    "math.__dict__[__import__('os').system('touch {marker}')]",
+    "N\nimport os; os.system('touch {marker}')\n#",
+    "N'); __import__('os').system('touch {marker}'); ('",
+]
+
+
+@pytest.mark.parametrize("dim", HOSTILE_DIMS)
+def test_dim_names_never_become_code(tmp_path, dim):
+    """A dim name is text from the model: any text is a valid symbol name, and none is run
+    (the runtime's shape functions and the kernel source name symbols by position)."""
+    marker = tmp_path / "ran"
+    dim = dim.format(marker=marker)
+    g = geode.Graph("g")
+    x = g.input("x", [dim, 3])
+    flat = ops.reshape(ops.relu(x) * 2.0, g.constant(np.array([-1], np.int64)))
+    g.output(flat, x + 1.0, names=["y", "z"])
+    model = geode.compile(g)
+    a = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    out = model(x=a)
+    np.testing.assert_array_equal(out["y"], (np.maximum(a, 0) * 2).ravel())
+    np.testing.assert_array_equal(out["z"], a + 1)
+    assert not marker.exists()
+
+
+def test_onnx_dim_param_never_becomes_code(tmp_path):
+    """The same through an ONNX file's dim_param, the way a hostile model arrives."""
+    from onnx import TensorProto, helper, save
+
+    marker = tmp_path / "ran"
+    dim = f"math.__dict__[__import__('os').system('touch {marker}')]"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "r"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [y])
+    path = tmp_path / "evil.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    a = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(geode.compile(str(path))(x=a)["y"], 2 * np.maximum(a, 0))
+    assert not marker.exists()

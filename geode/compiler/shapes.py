@@ -266,16 +266,25 @@ def compile_shape_fn(shape: Sequence[Dim]) -> Callable[[Mapping[str, int]], tupl
         const = tuple(int(d) for d in shape)
         return lambda env: const
     printer = _int_printer()
-    names = sorted({s.name for d in shape if not isinstance(d, int) for s in d.free_symbols})
-    body = [str(d) if isinstance(d, int) else f"int({printer.doprint(d)})" for d in shape]
+    # symbol names come from the model (an ONNX dim_param, a user's dim string) and may be
+    # any text: the generated source names them only as _s0, _s1, ... and looks the real
+    # names up in a list, so no name ever becomes code
+    syms = sorted(
+        {s for d in shape if not isinstance(d, int) for s in d.free_symbols}, key=lambda s: s.name
+    )
+    names = [s.name for s in syms]
+    safe = {s: sympy.Symbol(f"_s{i}", **s.assumptions0) for i, s in enumerate(syms)}
+    body = [
+        str(d) if isinstance(d, int) else f"int({printer.doprint(d.xreplace(safe))})" for d in shape
+    ]
     lines = ["def shape_fn(env):"]
-    lines += [f"    {n} = env[{n!r}]" for n in names]
+    lines += [f"    _s{i} = env[_names[{i}]]" for i in range(len(names))]
     lines.append(f"    return ({', '.join(body)},)")
     import fractions
     import math
 
-    scope: dict = {"math": math, "Fraction": fractions.Fraction}
-    exec("\n".join(lines), scope)  # noqa: S102 - source built from sympy expressions only
+    scope: dict = {"math": math, "Fraction": fractions.Fraction, "_names": tuple(names)}
+    exec("\n".join(lines), scope)  # noqa: S102 - sympy expressions over _s<i> symbols only
     return scope["shape_fn"]
 
 
