@@ -8,6 +8,7 @@ import pytest
 
 import geode
 from geode import examples, ops
+from geode.errors import ExecutionError
 
 #: the parallel loop of a chunked kernel's chunk function: this chunk's share of it
 CHUNK_LOOP = re.compile(r"^\s+for (\w+) in range\(\1_lo, \1_hi\):$", re.M)
@@ -450,3 +451,76 @@ def test_streamed_elementwise_rows_with_prefetch_match_numpy(rows, cols):
         xs = rng.standard_normal((n, *[3] * (len(rows) - 1), cols), dtype=np.float32)
         got = model(x=xs, b=bias)["y"]
         np.testing.assert_allclose(got, np.exp(xs) * 2.0 + bias, rtol=2e-6, atol=1e-6)
+
+
+# -- Gather indices are checked before a kernel reads with them ---------------------------
+
+
+def _gather_model(x_shape, i_shape, idx_dtype="int64", axis=0, epilogue=True):
+    g = geode.Graph("gather_check")
+    x = g.input("x", x_shape)
+    i = g.input("i", i_shape, idx_dtype)
+    y = ops.gather(x, i, axis=axis)
+    g.output(ops.relu(y) + 1.0 if epilogue else y, names=["y"])
+    return geode.compile(g)
+
+
+@pytest.mark.parametrize("idx_dtype", ["int64", "int32"])
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_gather_out_of_range_index_raises(idx_dtype, symbolic):
+    """An index outside [-size, size) raises ExecutionError naming the node, the index, the
+    axis and its size, instead of reading outside the input (a far index crashed the
+    process); in-range indices, negative ones included, give numpy's result."""
+    x_shape = ["R", "C"] if symbolic else [4, 5]
+    model = _gather_model(x_shape, ["B", "S"], idx_dtype)
+    assert [k.engine for k in model.kernels] == ["aicore"]
+    x = np.arange(20, dtype=np.float32).reshape(4, 5) - 7
+    ok = np.array([[0, 3, -1], [-4, 2, 1]], dtype=idx_dtype)
+    np.testing.assert_array_equal(model(x=x, i=ok)["y"], np.maximum(x[ok], 0) + 1)
+    for bad in (4, -5, 10**9 if idx_dtype == "int64" else 2**31 - 1, -(2**31)):
+        idx = ok.copy()
+        idx[1, 2] = bad
+        with pytest.raises(ExecutionError) as err:
+            model(x=x, i=idx)
+        msg = str(err.value)
+        assert "Gather" in msg and f"index {bad} " in msg and "axis 0 of size 4" in msg
+
+
+def test_gather_index_checked_on_inner_axis_and_empty_indices():
+    model = _gather_model(["N", "C"], ["K"], axis=1, epilogue=False)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(model(x=x, i=np.array([3, -4]))["y"], x[:, [3, -4]])
+    assert model(x=x, i=np.zeros(0, np.int64))["y"].shape == (3, 0)
+    with pytest.raises(ExecutionError, match="index 4 is out of range for axis 1 of size 4"):
+        model(x=x, i=np.array([0, 4]))
+
+
+def test_gather_constant_index_checked_against_a_symbolic_dim():
+    """A constant index folded into the kernel as a literal is checked against the run's
+    size of a symbolic axis."""
+    g = geode.Graph("gather_const")
+    x = g.input("x", ["N", 5])
+    g.output(ops.relu(ops.gather(x, g.constant(np.array(3, np.int64)), axis=0)), names=["y"])
+    model = geode.compile(g)
+    x = np.arange(-10, 10, dtype=np.float32).reshape(4, 5)
+    np.testing.assert_array_equal(model(x=x)["y"], np.maximum(x[3], 0))
+    with pytest.raises(ExecutionError, match="index 3 is out of range for axis 0 of size 2"):
+        model(x=x[:2])
+
+
+def test_gather_of_indices_computed_in_the_group_is_not_fused():
+    """Indices computed from another input (a Cast) cannot be checked before a kernel
+    that computes them: fusion keeps the Gather apart (the reason is recorded), and the
+    indices are still checked."""
+    g = geode.Graph("gather_computed")
+    x = g.input("x", ["N", 4])
+    f = g.input("f", ["K"])
+    i = ops.cast(ops.abs(f) * 2.0, to=7)
+    g.output(ops.relu(ops.gather(x, i, axis=1)), names=["y"])
+    model = geode.compile(g)
+    assert "computed in the group" in model.explain()
+    x = np.arange(-6, 6, dtype=np.float32).reshape(3, 4)
+    f = np.array([0.5, -1.0, 1.5], np.float32)
+    np.testing.assert_array_equal(model(x=x, f=f)["y"], np.maximum(x[:, [1, 2, 3]], 0))
+    with pytest.raises(ExecutionError, match="index 4 is out of range for axis 1 of size 4"):
+        model(x=x, f=np.array([2.0], np.float32))

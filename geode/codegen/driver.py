@@ -17,7 +17,7 @@ import numpy as np
 
 import geode.codegen.backends  # noqa: F401  (numba's target set up before calibration compiles)
 from geode.codegen import ast as A
-from geode.codegen.lower import LoweredKernel, lower_group, make_can_lower
+from geode.codegen.lower import IndexCheck, LoweredKernel, lower_group, make_can_lower
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import describe_work, make_profit
@@ -27,7 +27,7 @@ from geode.compiler.shapes import compile_dim_fn, compile_shape_fn
 from geode.config import Options, stream_min_bytes
 from geode.costmodel.device import DeviceSpec, default_spec, load_or_calibrate
 from geode.debug import Dumper, log
-from geode.errors import GeodeError
+from geode.errors import ExecutionError, GeodeError
 from geode.plan_builder import Unit, reference_unit
 from geode.progress import progress_bar
 from geode.runtime.model import KernelInfo
@@ -151,6 +151,21 @@ def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumpe
     return unit
 
 
+def check_indices(check: IndexCheck, inputs: list, dim: int) -> None:
+    """Raise :class:`ExecutionError` unless every index of ``check`` lies in
+    ``[-dim, dim)`` (the kernel would read outside its input)."""
+    ind = inputs[check.input] if check.input is not None else check.data
+    if ind.size == 0:
+        return
+    lo, hi = int(ind.min()), int(ind.max())
+    if lo < -dim or hi >= dim:
+        bad = lo if lo < -dim else hi
+        raise ExecutionError(
+            f"{check.node}: index {bad} is out of range for axis {check.axis} of size {dim} "
+            f"(valid: {-dim} to {dim - 1})"
+        )
+
+
 def make_step(
     lowered: LoweredKernel, native: Callable[..., Any], num_threads: int = 0
 ) -> Callable[[list, list, Any], list]:
@@ -165,8 +180,11 @@ def make_step(
     out_shapes = [compile_shape_fn(v.shape) for v in lowered.outputs]
     out_dtypes = [v.dtype for v in lowered.outputs]
     n_in = len(lowered.inputs)
+    checks = [(c, compile_dim_fn(c.dim)) for c in lowered.index_checks]
 
     def step(inputs: list, outs: list, env: Any) -> list:
+        for check, dim_fn in checks:
+            check_indices(check, inputs, dim_fn(env))
         arrays = []
         for i in range(len(out_dtypes)):
             o = outs[i]

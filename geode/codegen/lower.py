@@ -71,6 +71,20 @@ _RESERVED = frozenset(
 ) | frozenset(keyword.kwlist)
 
 
+@dataclass(frozen=True)
+class IndexCheck:
+    """Indices a kernel uses to address memory without a bounds check (Gather's): the
+    runtime checks them before each launch. Every index must lie in ``[-dim, dim)``; the
+    indices are kernel input ``input`` or, when they are a constant folded into the
+    kernel as a literal, ``data``."""
+
+    node: str  # the op, as Node.where names it
+    axis: int
+    dim: Dim
+    input: int | None
+    data: np.ndarray | None = None
+
+
 @dataclass
 class LoweredKernel:
     """A lowered group: its AST and how its arguments map to graph values."""
@@ -79,6 +93,7 @@ class LoweredKernel:
     inputs: list[Value]  # one per kernel input buffer, in order
     outputs: list[Value]  # one per kernel output buffer, in order
     dim_exprs: dict[str, Dim] = field(default_factory=dict)  # kernel dim arg -> its symbolic dim
+    index_checks: list[IndexCheck] = field(default_factory=list)
 
 
 class LowerCtx:
@@ -95,6 +110,7 @@ class LowerCtx:
         self.inputs: list[Value] = []
         self.temps: list[A.Buffer] = []
         self.in_bufs: list[A.Buffer] = []
+        self.index_checks: dict[str, IndexCheck] = {}
 
     def name(self, base: str) -> str:
         """A fresh identifier derived from ``base``."""
@@ -531,10 +547,26 @@ def _gather(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     q = len(ind.shape)
     raw = ctx.load(ind, ivs[axis : axis + q])
     i64 = A.Cast("int64", raw) if ind.dtype != np.int64 else raw
+    _check_indices_later(ctx, node, axis)
     dim = ctx.dim(x.shape[axis])
     pos = A.Select(A.Bin("<", i64, A.Const(0)), A.add(i64, dim), i64)
     idx = list(ivs[:axis]) + [pos] + list(ivs[axis + q :])
     return ctx.load(x, idx)
+
+
+def _check_indices_later(ctx: LowerCtx, node: Node, axis: int) -> None:
+    """Record the :class:`IndexCheck` of Gather ``node`` (the kernel reads ``x`` at its
+    indices unchecked). Indices computed in the group cannot be checked before the
+    launch; the fusion rules keep them out, and this refuses them."""
+    x, ind = node.inputs[0], node.inputs[1]
+    if ind.producer is not None and ind.producer.name in ctx.group.names:
+        raise CodegenError(f"{node.where}: indices {ind.name!r} are computed in the group")
+    if ind.is_constant and ind.data is not None and id(ind) not in ctx.buf:
+        check = IndexCheck(node.where, axis, x.shape[axis], None, np.asarray(ind.data))
+    else:
+        pos = next(i for i, v in enumerate(ctx.inputs) if v is ind)
+        check = IndexCheck(node.where, axis, x.shape[axis], pos)
+    ctx.index_checks.setdefault(node.name, check)
 
 
 # -- legality for the planner -----------------------------------------------------------
@@ -728,7 +760,9 @@ def lower_group(group: Group, graph: Graph, name: str) -> LoweredKernel:
     kernel = A.Kernel(
         name, ctx.in_bufs, [out_bufs[id(v)] for v in outputs], list(ctx.dims), body, ctx.temps
     )
-    return LoweredKernel(kernel, list(ctx.inputs), outputs, dict(ctx.dims))
+    return LoweredKernel(
+        kernel, list(ctx.inputs), outputs, dict(ctx.dims), list(ctx.index_checks.values())
+    )
 
 
 def _lower_reduce(ctx: LowerCtx, node: Node) -> list[A.Stmt]:

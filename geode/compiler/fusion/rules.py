@@ -9,6 +9,9 @@ Rules, after CINN's Trivial/Reduce fusion:
 * an op that remaps indices (Transpose, Slice, Gather, ...) may read an in-group value
   only when that value is a Trivial chain with no reduction upstream in the group
   (it is then recomputed at the remapped index);
+* a Gather's indices come from outside its group (a group input), so the runtime can
+  check them against the gathered axis before the kernel runs (a kernel reads memory
+  unchecked);
 * no merge may create a cycle between groups: there must be no path from one group
   to the other through a node outside both.
 """
@@ -105,6 +108,13 @@ def _remap_reason(nodes: list[Node]) -> str | None:
     for n in nodes:
         if not remaps_index(n):
             continue
+        if n.op_type == "Gather":
+            ind = n.inputs[1]
+            if ind is not None and ind.producer is not None and ind.producer.name in names:
+                return (
+                    f"Gather {n.name!r} reads indices {ind.name!r} computed in the group "
+                    "(indices must be a kernel input, checked before the kernel runs)"
+                )
         for v in n.inputs:
             if v is None or v.producer is None or v.producer.name not in names:
                 continue
