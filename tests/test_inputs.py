@@ -149,3 +149,32 @@ def test_onnx_dim_param_never_becomes_code(tmp_path):
     a = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(geode.compile(str(path))(x=a)["y"], 2 * np.maximum(a, 0))
     assert not marker.exists()
+
+
+def test_reshape_minus_one_needs_a_divisible_symbolic_count():
+    """Reshape [N, 3] -> [-1, 4] is only whole when 4 divides 3*N: a run where it does not
+    raises InputShapeError naming the Reshape (it returned a truncated [1, 4])."""
+    g = geode.Graph("r")
+    x = g.input("x", ["N", 3])
+    g.output(ops.reshape(x, g.constant(np.array([-1, 4], np.int64))) * 2.0, names=["y"])
+    model = geode.compile(g)
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(model(x=a)["y"], a.reshape(-1, 4) * 2)
+    with pytest.raises(InputShapeError, match=r"Reshape.*divisible by 4.*\(2 != 0\)"):
+        model(x=a[:2])
+
+
+def test_expand_to_run_time_shape_values_that_do_not_broadcast():
+    """Expand's target known only at run time: values that do not broadcast with the input
+    raise (the Expand was dropped as a no-op and the values ignored); valid ones work."""
+    g = geode.Graph("e")
+    x = g.input("x", [2, 5])
+    s = g.input("s", [2], "int64")
+    g.output(ops.expand(x, s) + 1.0, names=["y"])
+    model = geode.compile(g)
+    a = np.arange(10, dtype=np.float32).reshape(2, 5)
+    for ok in ([2, 5], [1, 5], [2, 1], [1, 1]):
+        np.testing.assert_array_equal(model(x=a, s=np.array(ok))["y"], a + 1)
+    for bad in ([3, 5], [2, 4], [0, 5]):
+        with pytest.raises(GeodeError, match="Expand.*cannot be broadcast"):
+            model(x=a, s=np.array(bad))

@@ -621,7 +621,11 @@ def _op_check(node: Node) -> str | None:
         if starts is None:
             return "slice over a symbolic dim with a negative or clamped start"
     if node.op_type == "Expand":
-        x = node.inputs[0]
+        x, shape = node.inputs[0], node.inputs[1]
+        if not (shape.is_constant and shape.data is not None) and shape.sym_value is None:
+            # inference assumed the shape's values keep x's static dims; the reference
+            # kernel broadcasts by the values themselves and refuses those that do not
+            return "expand shape known only at run time"
         off = len(out.shape) - len(x.shape)
         for j, d in enumerate(x.shape):
             if not (d == 1 or dims_equal(d, out.shape[j + off]) is True):

@@ -736,6 +736,10 @@ def reshape_shape(ctx: InferContext, shape: Shape, target: Sequence[Dim], allowz
             q = as_dim(sympy.Integer(1) * total / known)
             if not isinstance(q, int) and q.is_number:
                 ctx.fail(f"cannot reshape {list(shape)} ({total} elements) to {target}")
+            # the -1 is a whole number only when the other dims divide the element count:
+            # checked when the inputs bind the symbols
+            what = f"{total} elements divisible by {known} (the -1 of {target})"
+            _equate(ctx, as_dim(sympy.Mod(total, known)), 0, what)
         return tuple(q if d is None else d for d in dims)
     if dims_equal(total, known) is False or _counts_differ(total, known):
         ctx.fail(f"cannot reshape {list(shape)} ({total} elements) to {target} ({known} elements)")

@@ -216,9 +216,11 @@ def _squeeze_pair(node: Node, producer: Node) -> bool:
 
 
 def _expand(graph: Graph, node: Node) -> bool:
-    x = node.input(0)
+    x, shape = node.input(0), node.input(1)
     if x is None or not shapes_equal(node.outputs[0].shape, x.shape):
         return False
+    if shape is not None and shape.sym_value is None and not shape.is_constant:
+        return False  # values known only at run time: the Expand checks that they broadcast
     return _forward(graph, node, x)
 
 
