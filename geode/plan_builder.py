@@ -155,12 +155,20 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
 
 
 def _variable_key(vm: VarManager, v: Value) -> Any:
-    from geode.runtime.var_manager import VarKey
+    from geode.runtime.var_manager import VarKey, VarManagerError
 
     key = VarKey(v.name, v.desc.format, str(v.dtype))
-    if key in vm:
+    if key in vm and v.data is None:
         return key
-    return vm.register_variable(v.name, v.data, v.desc.format)
+    # registering again checks that the initial value, shape and dtype agree with the
+    # session's variable of that name (then the graphs share it), or raises
+    try:
+        return vm.register_variable(v.name, v.data, v.desc.format)
+    except VarManagerError as exc:
+        raise VarManagerError(
+            f"{exc}; variables of one session are shared by name: give this graph's "
+            "variable another name, or compile it in its own geode.Session"
+        ) from exc
 
 
 def _memory_plan(

@@ -1,9 +1,11 @@
 """Runtime integration: the session's VarManager, the activation memory plan, engines."""
 
 import numpy as np
+import pytest
 
 import geode
 from geode import ops
+from geode.runtime.var_manager import VarManagerError
 
 
 def chain_graph(n_ops=6, hidden=64):
@@ -65,6 +67,33 @@ def test_variables_live_in_the_session_and_are_shared():
         sess.var_manager.assign(key, np.full(4, 3.0, np.float32))
         np.testing.assert_array_equal(m1(x=x)["y"], 3.0)
         np.testing.assert_array_equal(m2(x=x)["y"], 3.0)
+
+
+@pytest.mark.parametrize(
+    "second",
+    [np.full(4, 5.0, np.float32), np.full((2, 4), 2.0, np.float32)],
+    ids=["value", "shape"],
+)
+def test_same_variable_name_with_another_initial_value_is_refused(second):
+    """A second graph of the session declaring variable 'scale' with another initial value
+    or shape is refused at compile time, naming the variable and the way out (it silently
+    used the first graph's value, or failed at run time in a kernel); the first graph
+    keeps working."""
+
+    def graph(name, init):
+        g = geode.Graph(name)
+        x = g.input("x", [4])
+        g.output(x * g.variable("scale", init), names=["y"])
+        return g
+
+    with geode.Session() as sess:
+        m1 = sess.compile(graph("a", np.full(4, 2.0, np.float32)))
+        with pytest.raises(VarManagerError, match="'scale'.*own geode.Session"):
+            sess.compile(graph("b", second))
+        np.testing.assert_array_equal(m1(x=np.ones(4, np.float32))["y"], 2.0)
+    with geode.Session() as other:
+        out = other.compile(graph("b", np.full(4, 5.0, np.float32)))(x=np.ones(4, np.float32))
+        np.testing.assert_array_equal(out["y"], 5.0)
 
 
 def test_engines_in_plan():
