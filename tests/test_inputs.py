@@ -178,3 +178,33 @@ def test_expand_to_run_time_shape_values_that_do_not_broadcast():
     for bad in ([3, 5], [2, 4], [0, 5]):
         with pytest.raises(GeodeError, match="Expand.*cannot be broadcast"):
             model(x=a, s=np.array(bad))
+
+
+@pytest.mark.parametrize("bad", [None, [np.zeros((3, 4), np.float32)], "x"], ids=repr)
+def test_feeds_that_are_not_a_mapping(model, bad):
+    with pytest.raises(InputError, match="feeds must map input names to arrays, got"):
+        model.run(bad)
+
+
+def test_unexpected_feed_names_of_mixed_types_are_listed(model):
+    f = feeds()
+    f.update({0: f["x"], "w": f["x"], b"v": f["x"]})
+    with pytest.raises(UnexpectedInputError, match=r"unexpected input\(s\) \['w', 0, b'v'\]"):
+        model.run(f)
+
+
+def test_masked_array_feed_is_refused(model):
+    f = feeds()
+    f["x"] = np.ma.masked_array(f["x"], mask=np.zeros_like(f["x"], bool))
+    with pytest.raises(InputError, match="input 'x': a masked array"):
+        model.run(f)
+
+
+def test_broadcast_view_too_large_to_copy(model):
+    """A zero-stride view is legal numpy but its contiguous copy would need 2**40 * 16
+    bytes: InputError naming the input, not a MemoryError."""
+    f = feeds()
+    f["x"] = np.lib.stride_tricks.as_strided(np.zeros(4, np.float32), (2**40, 4), (0, 4))
+    f["y"] = np.lib.stride_tricks.as_strided(np.zeros(4, np.float32), (2**40, 4), (0, 4))
+    with pytest.raises(InputError, match="input 'x': shape .* does not fit in memory"):
+        model.run(f)

@@ -26,16 +26,32 @@ def _dtype_name(d: np.dtype) -> str:
     return "bool" if d == np.bool_ else str(d)
 
 
+def _contiguous(name: str, raw: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of a strided feed (InputError when it does not fit in memory:
+    a broadcast view can be far larger than the memory it reads)."""
+    try:
+        return np.ascontiguousarray(raw)
+    except MemoryError:
+        raise InputError(
+            f"input {name!r}: shape {list(raw.shape)} is a strided view of "
+            f"{raw.nbytes} bytes that does not fit in memory as a contiguous copy"
+        ) from None
+
+
 def bind_inputs(
     plan: Plan, feeds: Mapping[str, Any]
 ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
     """Check feeds against the plan's inputs; returns the symbol binding and the arrays."""
+    if not isinstance(feeds, Mapping):
+        raise InputError(
+            f"model {plan.name!r}: feeds must map input names to arrays, got {type(feeds).__name__}"
+        )
     names = [s.name for s in plan.inputs]
     missing = [n for n in names if n not in feeds]
     if missing:
         sigs = ", ".join(s.signature() for s in plan.inputs if s.name in missing)
         raise MissingInputError(f"model {plan.name!r}: missing input(s) {sigs}")
-    extra = sorted(set(feeds) - set(names))
+    extra = sorted(set(feeds) - set(names), key=repr)
     if extra:
         raise UnexpectedInputError(
             f"model {plan.name!r}: unexpected input(s) {extra}; inputs are {names}"
@@ -45,6 +61,11 @@ def bind_inputs(
     arrays: dict[str, np.ndarray] = {}
     for spec in plan.inputs:
         raw = feeds[spec.name]
+        if isinstance(raw, np.ma.MaskedArray):
+            raise InputError(
+                f"input {spec.name!r}: a masked array (its mask would be ignored); "
+                "pass .filled(value) or .data"
+            )
         if not isinstance(raw, np.ndarray):
             if isinstance(raw, (list, tuple, int, float, bool, np.generic)):
                 raw = np.asarray(raw)
@@ -76,7 +97,7 @@ def bind_inputs(
                         )
                     env.setdefault(d, int(n))
                     where.setdefault(d, f"input {spec.name!r} dim {axis}")
-        arrays[spec.name] = raw if raw.flags.c_contiguous else np.ascontiguousarray(raw)
+        arrays[spec.name] = raw if raw.flags.c_contiguous else _contiguous(spec.name, raw)
     for spec in plan.inputs:
         for chk in spec.checks:
             try:
