@@ -1,5 +1,7 @@
 """Bad inputs to a compiled model raise GeodeError subclasses naming what and where."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -8,11 +10,13 @@ import geode.compiler.shapes
 from geode import ops
 from geode.errors import (
     GeodeError,
+    GraphError,
     InputDTypeError,
     InputError,
     InputShapeError,
     MissingInputError,
     UnexpectedInputError,
+    UnknownOpError,
 )
 
 
@@ -208,3 +212,45 @@ def test_broadcast_view_too_large_to_copy(model):
     f["y"] = np.lib.stride_tricks.as_strided(np.zeros(4, np.float32), (2**40, 4), (0, 4))
     with pytest.raises(InputError, match="input 'x': shape .* does not fit in memory"):
         model.run(f)
+
+
+# -- bad graph declarations through the Python API ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        (3, "shape must be a sequence of dims, got int"),
+        ("N", "shape must be a sequence of dims, got str"),
+        ([-2, 3], "dim -2 is negative"),
+        ([1.5, 3], "dim 1.5 is not an int, a name or None"),
+        ([True, 3], "dim True is not an int, a name or None"),
+    ],
+)
+def test_bad_input_declaration(shape, message):
+    g = geode.Graph("g")
+    with pytest.raises(GraphError, match=f"input 'x': {re.escape(message)}"):
+        g.input("x", shape)
+
+
+def test_unknown_dims_and_numpy_ints_are_accepted():
+    g = geode.Graph("g")
+    x = g.input("x", [None, -1, np.int64(3), "N"])
+    assert x.shape[2] == 3 and len(x.shape) == 4
+
+
+def test_ragged_constant_and_variable_are_graph_errors():
+    g = geode.Graph("g")
+    with pytest.raises(GraphError, match="constant 'c': cannot make an array of list"):
+        g.constant([[1, 2], [3]], name="c")
+    with pytest.raises(GraphError, match="variable 'v': cannot make an array of list"):
+        g.variable("v", [[1.0], [2.0, 3.0]])
+
+
+def test_unknown_op_in_geode_ops():
+    """geode.ops.<no such op> is an UnknownOpError, and still an AttributeError so that
+    hasattr and getattr with a default work."""
+    with pytest.raises(UnknownOpError, match="unknown op 'frobnicate'.*at geode.ops"):
+        ops.frobnicate  # noqa: B018
+    assert not hasattr(ops, "frobnicate") and getattr(ops, "frobnicate", None) is None
+    assert hasattr(ops, "relu")

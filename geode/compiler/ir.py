@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.shapes import Shape, SymbolTable, shape_str
@@ -273,6 +274,35 @@ class Node:
     __hash__ = object.__hash__
 
 
+def _dims(name: str, shape: object) -> list[object] | None:
+    """An input's declared dims as a list (GraphError naming the input when ``shape`` is
+    not None or a sequence of ints, strings and None, or holds a negative int other
+    than -1, which means unknown)."""
+    if shape is None:
+        return None
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
+        raise GraphError(
+            f"input {name!r}: shape must be a sequence of dims, got {type(shape).__name__}"
+        )
+    dims = list(shape)
+    for d in dims:
+        ok = (int, np.integer, str, type(None), sympy.Basic)  # sympy: a dim of an outer graph
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, ok):
+            raise GraphError(f"input {name!r}: dim {d!r} is not an int, a name or None")
+        if isinstance(d, (int, np.integer)) and d < -1:
+            raise GraphError(f"input {name!r}: dim {d} is negative (-1 or None: unknown)")
+    return dims
+
+
+def _array(data: object, dtype: object, what: str) -> np.ndarray:
+    """``data`` as a numpy array of ``dtype`` (GraphError naming ``what`` when numpy
+    cannot make one, e.g. ragged nested lists)."""
+    try:
+        return np.array(data, dtype=dtypes.to_numpy(dtype) if dtype is not None else None)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise GraphError(f"{what}: cannot make an array of {type(data).__name__}: {exc}") from None
+
+
 def _fmt_attr(v: Any) -> str:
     if isinstance(v, np.ndarray):
         if v.size <= 8:
@@ -320,14 +350,16 @@ class Graph:
     # -- building --------------------------------------------------------------------
     def input(self, name: str, shape: Iterable[object] | None, dtype: object = "float32") -> Value:
         """Declare a graph input; string dims are shared symbols, None/-1 fresh ones."""
-        desc = TensorDesc(dtypes.to_numpy(dtype, f"input {name!r}"), self.symbols.shape(shape))
+        desc = TensorDesc(
+            dtypes.to_numpy(dtype, f"input {name!r}"), self.symbols.shape(_dims(name, shape))
+        )
         v = self._new_value(name, desc, ValueKind.INPUT)
         self.inputs.append(v)
         return v
 
     def constant(self, data: object, name: str | None = None, dtype: object = None) -> Value:
         """A constant tensor (its data is known at compile time)."""
-        arr = np.array(data, dtype=dtypes.to_numpy(dtype) if dtype is not None else None)
+        arr = _array(data, dtype, f"constant {name or 'const'!r}")
         if arr.dtype == np.float64 and dtype is None and not isinstance(data, np.ndarray):
             arr = arr.astype(np.float32)  # Python floats default to float32, like frameworks
         name = self.unique_name(name or "const")
@@ -337,7 +369,7 @@ class Graph:
 
     def variable(self, name: str, data: object, dtype: object = None) -> Value:
         """A variable: a named tensor with an initial value that lives in the VarManager."""
-        arr = np.array(data, dtype=dtypes.to_numpy(dtype) if dtype is not None else None)
+        arr = _array(data, dtype, f"variable {name!r}")
         return self._new_value(
             name, TensorDesc(arr.dtype, tuple(arr.shape)), ValueKind.VARIABLE, data=arr
         )

@@ -20,7 +20,7 @@ import numpy as np
 from geode.compiler import dtypes
 from geode.compiler.ir import Value
 from geode.compiler.ops import registry
-from geode.errors import GeodeError, GraphError
+from geode.errors import GeodeError, GraphError, UnknownOpError
 
 _ALIASES = {
     "matmul": "MatMul",
@@ -179,10 +179,15 @@ def getitem(x: Value, index: object) -> Value:
     return y if y is not x else apply("Identity", x)
 
 
+class NoSuchOpError(UnknownOpError, AttributeError):
+    """``geode.ops.<name>`` for a name that is no op: an :class:`UnknownOpError` that is
+    also the AttributeError ``getattr`` and ``hasattr`` expect of a missing attribute."""
+
+
 def __getattr__(name: str) -> Any:
     op_type = _op_type(name)
     if op_type is None:
-        raise AttributeError(f"geode.ops has no op {name!r}")
+        raise NoSuchOpError(name, where="geode.ops")
 
     def fn(*inputs: object, **kw: Any) -> Any:
         return apply(op_type, *inputs, **kw)
