@@ -9,6 +9,7 @@ import geode
 import geode.compiler.shapes
 from geode import ops
 from geode.errors import (
+    ExecutionError,
     GeodeError,
     GraphError,
     InputDTypeError,
@@ -254,3 +255,15 @@ def test_unknown_op_in_geode_ops():
         ops.frobnicate  # noqa: B018
     assert not hasattr(ops, "frobnicate") and getattr(ops, "frobnicate", None) is None
     assert hasattr(ops, "relu")
+
+
+def test_input_too_small_for_a_convolution_window():
+    """A symbolic H smaller than the kernel gives an output dim H - 2 < 0: ExecutionError
+    naming the step and the shape (a bare ValueError came from the arena)."""
+    g = geode.Graph("conv_small")
+    x = g.input("x", [1, 1, "H", "W"])
+    g.output(ops.relu(ops.conv(x, g.constant(np.ones((1, 1, 3, 3), np.float32)))), names=["y"])
+    model = geode.compile(g)
+    np.testing.assert_array_equal(model(x=np.ones((1, 1, 3, 4), np.float32))["y"], [[[[9, 9]]]])
+    with pytest.raises(ExecutionError, match=r"step 'conv'.*shape \[1, 1, -1, -1\].*too small"):
+        model(x=np.ones((1, 1, 1, 1), np.float32))

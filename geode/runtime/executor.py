@@ -38,6 +38,19 @@ def _contiguous(name: str, raw: np.ndarray) -> np.ndarray:
         ) from None
 
 
+def _output_shape(step: str, slot: Any, env: Mapping[str, int]) -> tuple[int, ...]:
+    """The shape of a step's output for the bound symbols (ExecutionError when a dim is
+    negative: the inputs are too small for the op, e.g. a convolution window larger
+    than its input)."""
+    shape = slot.shape(env)
+    if any(d < 0 for d in shape):
+        raise ExecutionError(
+            f"step {step!r}: output {slot.name!r} would have shape {list(shape)}: "
+            "the inputs are too small for this op"
+        )
+    return shape
+
+
 def bind_inputs(
     plan: Plan, feeds: Mapping[str, Any]
 ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
@@ -160,9 +173,10 @@ class Executor:
             for o in step.outputs:
                 slot = plan.slots[o]
                 if layout is not None and o in plan.arena_slots:
-                    outs.append(self.arena.view(layout.offsets[o], slot.shape(env), slot.dtype))
+                    shape = _output_shape(step.name, slot, env)
+                    outs.append(self.arena.view(layout.offsets[o], shape, slot.dtype))
                 elif o in self._outputs and step.engine == "aicore" and slot.shape is not None:
-                    outs.append(self.pool.empty(slot.shape(env), slot.dtype))
+                    outs.append(self.pool.empty(_output_shape(step.name, slot, env), slot.dtype))
                 else:
                     outs.append(None)
             try:
