@@ -8,8 +8,8 @@ Subcommands, in the style of onnxruntime_perf_test and tvmc:
   or saves all outputs to an ``.npz`` file;
 * ``geode bench MODEL [--warmup N] [--repeat K] [--compare-ort]``: min/median/max
   latency, side by side with onnxruntime when it is installed;
-* ``geode explain MODEL``: engines and partitions, fusion groups with the reason for
-  each decision, kernels with their ops and cost estimates;
+* ``geode explain MODEL [--dot FILE.dot [--force]]``: engines and partitions, fusion
+  groups with the reason for each decision, kernels with their ops and cost estimates;
 * ``geode dump MODEL -d DIR [--llvm]``: every compile stage as files (what
   ``GEODE_DUMP_DIR`` writes) plus ``graph.dot`` (and ``graph.svg`` with Graphviz);
 * ``geode demo``: the README's built-in example.
@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import importlib.util
 import logging
+import math
 import os
 import sys
 import time
@@ -61,6 +62,54 @@ def _median_time(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
 def note(msg: str) -> None:
     """Print a note for the user on stderr."""
     print(f"geode: note: {msg}", file=sys.stderr)
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``low`` (argparse reports anything else)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid value {text!r}: expected an integer"
+            ) from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be >= {low}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes as ``1.5 GiB`` (binary units)."""
+    if n < 1024:
+        return f"{n} B"
+    units = ("KiB", "MiB", "GiB", "TiB", "PiB")
+    size, k = n / 1024, 0
+    while size >= 1024 and k < len(units) - 1:
+        size, k = size / 1024, k + 1
+    return f"{size:.1f} {units[k]}"
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None when the platform does not say)."""
+    try:
+        pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * page if pages > 0 and page > 0 else None
+
+
+def check_fits(what: str, nbytes: int, hint: str) -> None:
+    """CLIError when ``nbytes`` (the memory ``what`` needs) exceeds the physical memory."""
+    mem = physical_memory()
+    if mem is not None and nbytes > mem:
+        raise CLIError(
+            f"{what} needs {human_bytes(nbytes)}, more than this machine's memory "
+            f"({human_bytes(mem)}); {hint}"
+        )
 
 
 @dataclass
@@ -177,14 +226,21 @@ def load_npy(name: str, path: str) -> np.ndarray:
 def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """Random data of ``dtype``: normal floats, small non-negative ints, random bools."""
     dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, shape).astype(np.bool_)
-    if dtype.kind in "iu":
-        return rng.integers(0, 4, shape).astype(dtype)
-    if dtype.kind == "c":
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
+    try:
+        if dtype == np.bool_:
+            return rng.integers(0, 2, shape).astype(np.bool_)
+        if dtype.kind in "iu":
+            return rng.integers(0, 4, shape).astype(dtype)
+        if dtype.kind == "c":
+            return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+        if dtype.kind == "f":
+            return rng.standard_normal(shape).astype(dtype)
+    except MemoryError:
+        size = math.prod(shape) * dtype.itemsize
+        raise CLIError(
+            f"not enough memory for random data of {dtype}[{', '.join(map(str, shape))}] "
+            f"({human_bytes(size)}); choose a smaller shape with --shape"
+        ) from None
     raise CLIError(f"cannot make random data of dtype {dtype}; give this input with --input")
 
 
@@ -232,6 +288,7 @@ def make_feeds(
         elif spec.name in shapes:
             bind(spec, shapes[spec.name])
     defaulted: list[str] = []
+    total = 0  # bytes of the random inputs so far
     for spec in specs:
         if spec.name in feeds:
             continue
@@ -259,6 +316,12 @@ def make_feeds(
                         dims.append(1)
                         defaulted.append(f"{spec.dim_text[axis]} (input {spec.name!r})")
             shape = tuple(dims)
+        nbytes = math.prod(shape) * np.dtype(spec.dtype).itemsize
+        total += nbytes
+        what = f"random input {spec.name!r} {np.dtype(spec.dtype)}[{', '.join(map(str, shape))}]"
+        if total > nbytes:
+            what += " together with the random inputs before it"
+        check_fits(what, total, f"choose a smaller shape with --shape {spec.name}:D1,D2,...")
         feeds[spec.name] = random_array(rng, spec.dtype, shape)
     if defaulted:
         notes(
@@ -307,19 +370,34 @@ def describe_feeds(feeds: dict[str, np.ndarray]) -> str:
     return ", ".join(f"{k} {_shape_str(v)}" for k, v in feeds.items())
 
 
-def check_output_path(path: str, force: bool) -> Path:
-    """Where ``-o`` writes: an ``.npz`` file, not a directory, not overwritten unless ``force``."""
+def check_new_file(flag: str, path: str, force: bool) -> Path:
+    """Where ``flag`` writes: a file in an existing folder, not a directory, not an
+    existing file unless ``force``."""
     p = Path(path)
-    if p.suffix.lower() != ".npz":
-        raise CLIError(f"-o {path}: the output file must end in .npz")
     if p.is_dir():
-        raise CLIError(f"-o {path}: is a directory")
-    if p.exists() and not force:
-        raise CLIError(f"-o {path}: file exists (use --force to overwrite)")
+        raise CLIError(f"{flag} {path}: is a directory")
+    if (p.exists() or p.is_symlink()) and not force:
+        raise CLIError(f"{flag} {path}: file exists (use --force to overwrite)")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
-        raise CLIError(f"-o {path}: folder {str(parent)!r} does not exist")
+        raise CLIError(f"{flag} {path}: folder {str(parent)!r} does not exist")
     return p
+
+
+def check_output_path(path: str, force: bool) -> Path:
+    """Where ``-o`` writes: an ``.npz`` file, not a directory, not overwritten unless ``force``."""
+    if Path(path).suffix.lower() != ".npz":
+        raise CLIError(f"-o {path}: the output file must end in .npz")
+    return check_new_file("-o", path, force)
+
+
+def write_new_text(flag: str, path: Path, text: str, force: bool) -> None:
+    """Write ``text`` to ``path``, never replacing a file unless ``force``."""
+    try:
+        with open(path, "w" if force else "x", encoding="utf-8") as f:
+            f.write(text)
+    except FileExistsError:
+        raise CLIError(f"{flag} {path}: file exists (use --force to overwrite)") from None
 
 
 def save_npz(path: Path, outputs: dict[str, np.ndarray], force: bool) -> None:
@@ -479,18 +557,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Print how a model was compiled: partitions, fusion decisions, kernels and costs."""
+    dot_path = check_new_file("--dot", args.dot, args.force) if args.dot else None
     loaded = load_model(args.model)
     model, _ = compile_model(loaded, parse_options(args.option or []))
     print(model.explain())
-    if args.dot:
-        Path(args.dot).write_text(model.to_dot())
+    if dot_path is not None:
+        write_new_text("--dot", dot_path, model.to_dot(), args.force)
         print(f"wrote {args.dot}")
     return 0
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
     """Compile a model writing every stage into a dump dir, plus the graph picture."""
-    from geode.debug import safe_name
+    from geode.debug import dump_folder
     from geode.viz import have_dot, render_svg
 
     d = Path(args.dir)
@@ -500,10 +579,10 @@ def cmd_dump(args: argparse.Namespace) -> int:
     loaded = load_model(args.model)
     options["dump_dir"] = str(d)
     model, _ = compile_model(loaded, options)
-    out = d / safe_name(loaded.graph.name)
+    out = dump_folder(str(d), loaded.graph.name)  # the folder the compile's Dumper prepared
     dot_path = out / "graph.dot"
     if not dot_path.exists():
-        dot_path.write_text(model.to_dot())
+        _new_dump_file(out, "graph.dot").write_text(model.to_dot())
     if args.llvm:
         numbered = [p for p in out.iterdir() if p.name[:2].isdigit()]
         n = len(numbered)
@@ -514,10 +593,10 @@ def cmd_dump(args: argparse.Namespace) -> int:
                 if any(p.name.endswith(f"_{k.name}_{kind}.{ext}") for p in numbered):
                     continue  # written by the compile itself (debug level 4)
                 text = k.llvm if kind == "llvm" else k.asm
-                (out / f"{n:02d}_{safe_name(k.name)}_{kind}.{ext}").write_text(text)
+                _new_dump_file(out, f"{n:02d}_{k.name}_{kind}.{ext}").write_text(text)
                 n += 1
     if have_dot():
-        render_svg(dot_path.read_text(), out / "graph.svg")
+        render_svg(dot_path.read_text(), _new_dump_file(out, "graph.svg"))
     else:
         note("Graphviz 'dot' is not installed: graph.svg not written (graph.dot is)")
     print(f"model {loaded.label}: {model.signature}")
@@ -528,11 +607,27 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def _new_dump_file(out: Path, name: str) -> Path:
+    """A file the CLI adds to the dump folder ``out``, listed in its manifest (so the next
+    dump may replace it); CLIError if something of that name is already there."""
+    from geode.debug import record_dump_file, safe_name
+
+    path = out / safe_name(name)
+    if path.exists() or path.is_symlink():
+        raise CLIError(f"{path}: exists and was not written by this dump")
+    return record_dump_file(out, name)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Compile the built-in RMSNorm and LayerNorm graphs, check and time them against numpy."""
     import geode
     from geode import examples
 
+    check_fits(
+        f"geode demo --batch {args.batch} --hidden {args.hidden}",
+        4 * args.batch * args.hidden * 4,  # the input, geode's and numpy's outputs, temporaries
+        "choose a smaller --batch or --hidden",
+    )
     rng = np.random.default_rng(0)
     print(f"geode demo: batch {args.batch}, hidden {args.hidden}, float32")
     print(
@@ -595,7 +690,10 @@ _INPUT = (
         help="read an input from a .npy file (give one for every input)",
     ),
 )
-_SEED = (("--seed",), dict(type=int, default=0, help="seed of the random inputs (default 0)"))
+_SEED = (
+    ("--seed",),
+    dict(type=_int_at_least(0), default=0, help="seed of the random inputs (default 0)"),
+)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -665,6 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--dot", metavar="FILE.dot", help="also write the graph picture (Graphviz DOT) here"
     )
+    e.add_argument("--force", action="store_true", help="overwrite the --dot file if it exists")
     e.set_defaults(func=cmd_explain)
 
     d = sub.add_parser(
@@ -690,9 +789,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile the README's RMSNorm and LayerNorm graphs, check them against "
         "numpy and time both.",
     )
-    m.add_argument("--batch", type=int, default=4096, help="rows of the input (default 4096)")
-    m.add_argument("--hidden", type=int, default=768, help="hidden size (default 768)")
-    m.add_argument("--repeat", type=int, default=20, help="timed repetitions (default 20)")
+    positive = _int_at_least(1)
+    m.add_argument("--batch", type=positive, default=4096, help="rows of the input (default 4096)")
+    m.add_argument("--hidden", type=positive, default=768, help="hidden size (default 768)")
+    m.add_argument("--repeat", type=positive, default=20, help="timed repetitions (default 20)")
     m.set_defaults(func=cmd_demo)
     return p
 

@@ -24,6 +24,9 @@ streaming                 GEODE_STREAMING         streaming (non-temporal) store
                                                   off, or a minimum output size in bytes
 ========================  ======================  =========================================
 
+``dump_dir`` and ``cache_dir`` take a ``str`` or ``os.PathLike`` path (anything else is
+an :class:`OptionError`); see :mod:`geode.debug` for the files a dump folder may hold.
+
 One process-wide flag is not an option (numba builds its CPU target once per process):
 ``GEODE_VECTOR_WIDTH`` = auto (default; 512-bit vectors on AVX-512 hosts), 256 or 512;
 see :mod:`geode.codegen.backends.target`.
@@ -109,11 +112,37 @@ class Options:
         for k, v in overrides.items():
             if k not in known:
                 raise OptionError(f"unknown option {k!r}; known options: {sorted(known)}")
-            if isinstance(v, str) and k not in ("dump_dir", "cache_dir", "progress", "streaming"):
+            if k in _PATH_OPTIONS:
+                overrides[k] = check_path_option(k, v)
+            elif isinstance(v, str) and k not in ("progress", "streaming"):
                 overrides[k] = _parse(k, v, k)
             if k == "disabled_passes" and isinstance(v, (list, set)):
                 overrides[k] = tuple(v)
         return dataclasses.replace(self, **overrides)
+
+
+#: options whose value is a folder path (``dump_dir`` may also be None: no dumps)
+_PATH_OPTIONS = ("dump_dir", "cache_dir")
+
+
+def check_path_option(name: str, value: Any) -> str | None:
+    """``value`` of the folder option ``name`` as a ``str`` path; OptionError if it is not one.
+
+    A ``str`` or ``os.PathLike`` (e.g. ``pathlib.Path``) is a path; ``None`` is allowed for
+    ``dump_dir`` only (no dumps). Anything else (a number, bytes, a path holding a NUL
+    character) is refused with an error naming the option and the value.
+    """
+    if value is None and name == "dump_dir":
+        return None
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str):
+        raise OptionError(
+            f"{name}={value!r}: expected a folder path (str or os.PathLike), "
+            f"got {type(value).__name__}"
+        )
+    if "\x00" in path:
+        raise OptionError(f"{name}={path!r}: a path cannot contain a NUL character")
+    return path
 
 
 def _parse(name: str, raw: str, source: str) -> Any:

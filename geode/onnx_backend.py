@@ -33,6 +33,7 @@ from onnx import helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
 from geode.compiler import dtypes
+from geode.compiler.frontend.onnx_versions import SUPPORTED_OPSET_RANGE
 from geode.config import OptionError, Options
 from geode.errors import GeodeError, InputError
 
@@ -54,6 +55,28 @@ def _compile_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             )
         opts[k] = v
     return opts
+
+
+def _check_outputs(compiled: Any, output_names: Sequence[str]) -> None:
+    """GeodeError unless the compiled model returns every ONNX graph output by its name."""
+    missing = [n for n in output_names if n not in compiled.output_names]
+    if missing:
+        raise GeodeError(
+            f"geode.onnx_backend: model {compiled.plan.name!r}: graph output(s) {missing} are "
+            f"not among the compiled model's outputs {compiled.output_names}"
+        )
+
+
+def _opset_version(value: Any) -> int:
+    """``run_node``'s ``opset_version`` as an int; OptionError for anything else."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, str) and value.strip().isdecimal():
+        return int(value)
+    raise OptionError(
+        f"geode.onnx_backend.run_node: opset_version={value!r}: expected an integer opset "
+        f"version (geode reads opsets {SUPPORTED_OPSET_RANGE[0]} to {SUPPORTED_OPSET_RANGE[1]})"
+    )
 
 
 def _check_device(device: str) -> None:
@@ -95,9 +118,21 @@ class GeodeRep(BackendRep):
         return {k: v for k, v in feeds.items() if k in wanted or k not in self.input_names}
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
-        """Run the model; ``inputs`` is a list in the model's input order, a dict or one array."""
+        """Run the model; ``inputs`` is a list in the model's input order, a dict or one array.
+
+        Returns one array per graph output of the ONNX model, in its order and under its
+        names (an output that is a graph input is a copy of that input). An output the
+        model lists more than once (``[y, y]``) is computed once and returned at each of
+        its positions, each position its own copy.
+        """
         results = self.model.run(self._feeds(inputs))
-        return tuple(results[name] for name in self.output_names)
+        seen: set[str] = set()
+        out: list[np.ndarray] = []
+        for name in self.output_names:
+            value = results[name]
+            out.append(np.copy(value) if name in seen else value)
+            seen.add(name)
+        return tuple(out)
 
 
 class GeodeBackend(Backend):
@@ -118,16 +153,15 @@ class GeodeBackend(Backend):
 
         _check_device(device)
         options = _compile_options(kwargs)
-        if isinstance(model, (str, os.PathLike)):
-            graph = import_model(model)
+        # the importer checks the model first: ModelLoadError for a missing file, bytes
+        # that are not an ONNX model, or an object of another type
+        graph = import_model(model)
+        if isinstance(model, onnx.ModelProto):
+            proto = model
+        elif isinstance(model, (str, os.PathLike)):
             proto = onnx.load(os.fspath(model), load_external_data=False)
         else:
-            proto = (
-                model
-                if isinstance(model, onnx.ModelProto)
-                else onnx.load_model_from_string(bytes(model))
-            )
-            graph = import_model(model)
+            proto = onnx.load_model_from_string(bytes(model))
         inits = {t.name for t in proto.graph.initializer} | {
             s.values.name for s in proto.graph.sparse_initializer
         }
@@ -136,6 +170,7 @@ class GeodeBackend(Backend):
         session = Session()
         try:
             compiled = session.compile(graph, **options)
+            _check_outputs(compiled, output_names)
         except BaseException:
             session.close()
             raise
@@ -162,10 +197,8 @@ class GeodeBackend(Backend):
         ``opset_version`` (keyword) sets the default-domain opset the node is read at
         (default: the newest geode supports).
         """
-        from geode.compiler.frontend.onnx import SUPPORTED_OPSET_RANGE
-
         _check_device(device)
-        opset = int(kwargs.pop("opset_version", SUPPORTED_OPSET_RANGE[1]))
+        opset = _opset_version(kwargs.pop("opset_version", SUPPORTED_OPSET_RANGE[1]))
         if isinstance(inputs, Mapping):
             feeds = {k: np.asarray(v) for k, v in inputs.items()}
         else:

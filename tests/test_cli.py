@@ -210,6 +210,86 @@ def test_errors_in_process(tmp_path, capsys, onnx_file, in_process):
         assert expected in err[0], (argv, err)
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["run", "builtin:layernorm", "--seed", "-1"],
+            "argument --seed: invalid value '-1': must be >= 0",
+        ),
+        (
+            ["bench", "builtin:layernorm", "--seed", "x"],
+            "argument --seed: invalid value 'x': expected an integer",
+        ),
+        (["demo", "--batch", "0"], "argument --batch: invalid value '0': must be >= 1"),
+        (["demo", "--batch", "-1"], "argument --batch: invalid value '-1': must be >= 1"),
+        (["demo", "--hidden", "0"], "argument --hidden: invalid value '0': must be >= 1"),
+        (["demo", "--repeat", "0"], "argument --repeat: invalid value '0': must be >= 1"),
+    ],
+    ids=["seed-negative", "seed-text", "batch-0", "batch-negative", "hidden-0", "repeat-0"],
+)
+def test_bad_numbers_are_usage_errors(capsys, argv, expected):
+    """Negative seeds, empty demo sizes, zero repeats: argparse's one-line usage error."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("geode: error: "), err
+    assert expected in err[0], err
+
+
+def test_inputs_too_large_for_memory_are_user_errors(capsys, in_process, monkeypatch):
+    """A shape that cannot fit in memory is refused up front, not an internal error."""
+    argv = ["run", "builtin:layernorm", "--shape", "x:99999999999,768"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(
+        "geode: error: random input 'x' float32[99999999999, 768] needs 279.4 TiB, "
+        "more than this machine's memory ("
+    ), err
+    assert "choose a smaller shape with --shape x:D1,D2,..." in err[0]
+    assert cli.main(["demo", "--batch", str(10**12)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "geode demo --batch 1000000000000 --hidden 768 needs" in err[0], err
+    monkeypatch.setattr(cli, "physical_memory", lambda: None)  # no up-front check: MemoryError
+    with pytest.raises(cli.CLIError, match=r"not enough memory for random data of float32\["):
+        cli.random_array(np.random.default_rng(0), np.dtype(np.float32), (99999999999, 768))
+
+
+def test_explain_dot_file_is_not_overwritten(tmp_path, capsys, in_process):
+    dot = tmp_path / "keep.dot"
+    dot.write_text("user data")
+    assert cli.main(["explain", "builtin:layernorm", "--dot", str(dot)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"geode: error: --dot {dot}: file exists (use --force to overwrite)"]
+    assert dot.read_text() == "user data"
+    assert cli.main(["explain", "builtin:layernorm", "--dot", str(tmp_path)]) == 2
+    assert f"--dot {tmp_path}: is a directory" in capsys.readouterr().err
+    assert cli.main(["explain", "builtin:layernorm", "--dot", str(dot), "--force"]) == 0
+    assert dot.read_text().startswith('digraph "layernorm" {')
+
+
+def test_dump_twice_and_a_users_file(tmp_path, capsys, in_process):
+    """The CLI's own dump files (LLVM, graph.svg) are replaced by the next dump; a file
+    of the user's in the dump folder stops the dump and is kept."""
+    argv = ["dump", "builtin:layernorm", "-d", str(tmp_path), "--llvm"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    first = sorted(p.name for p in (tmp_path / "layernorm").iterdir())
+    assert any(n.endswith("_llvm.ll") for n in first)
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "layernorm").iterdir()) == first
+    (tmp_path / "layernorm" / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds files geode did not write: notes.txt" in err[0], err
+    assert (tmp_path / "layernorm" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "layernorm").iterdir()) == sorted(
+        [*first, "notes.txt"]
+    )
+
+
 def test_missing_and_unknown_inputs(tmp_path, capsys, in_process):
     """--input for some inputs only, or for a name the model lacks: one-line errors."""
     g = geode.Graph("two")

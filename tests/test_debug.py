@@ -12,7 +12,7 @@ import pytest
 
 import geode
 from geode import config, examples, progress
-from geode.debug import Dumper, configure_logging, log
+from geode.debug import MANIFEST, Dumper, configure_logging, log
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,13 @@ def test_dumper_numbers_files_and_respects_levels(tmp_path):
     d.stage("b", "two\n", level=3, ext="py")
     assert d.stage("llvm", "ir", level=4, ext="ll") is None
     d.artifact("graph.dot", "digraph {}")
-    assert sorted(p.name for p in d.dir.iterdir()) == ["00_a.txt", "01_b.py", "graph.dot"]
+    assert sorted(p.name for p in d.dir.iterdir()) == [
+        MANIFEST,
+        "00_a.txt",
+        "01_b.py",
+        "graph.dot",
+    ]
+    assert (d.dir / MANIFEST).read_text().splitlines()[1:] == ["00_a.txt", "01_b.py", "graph.dot"]
     assert (d.dir / "00_a.txt").read_text() == "one\n"
     quiet = Dumper("m", level=0)
     assert not quiet.active and not quiet.wants(1)
@@ -60,10 +66,101 @@ def test_dumper_replaces_an_earlier_dump_only(tmp_path):
     for i in range(3):
         d.stage(f"s{i}", "x")
     d.artifact("graph.dot", "digraph {}")
-    (d.dir / "notes.md").write_text("mine")
+    (d.dir / ".DS_Store").write_text("hidden entries are left alone")
     again = Dumper("m", dump_dir=str(tmp_path))
     again.stage("only", "y")
-    assert sorted(p.name for p in again.dir.iterdir()) == ["00_only.txt", "notes.md"]
+    assert sorted(p.name for p in again.dir.iterdir()) == [
+        ".DS_Store",
+        MANIFEST,
+        "00_only.txt",
+    ]
+    assert (again.dir / MANIFEST).read_text().splitlines()[1:] == ["00_only.txt"]
+
+
+def test_dump_folder_with_files_geode_did_not_write_is_refused(tmp_path):
+    """A user's files in <dump_dir>/<model>/ (even ones named like geode's) survive."""
+    user = {"01_my_notes.txt": "a", "2024_report.txt": "b", "10_analysis.py": "c"}
+    user.update({"graph.dot": "d", "keep.txt": "e"})
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for name, text in user.items():
+        (folder / name).write_text(text)
+    with pytest.raises(config.OptionError) as exc:  # no manifest: not geode's folder
+        Dumper("m", dump_dir=str(tmp_path))
+    msg = str(exc.value)
+    assert f"dump_dir {str(tmp_path)!r}" in msg and str(folder) in msg
+    assert "holds files geode did not write" in msg and "01_my_notes.txt" in msg
+    assert {p.name: p.read_text() for p in folder.iterdir()} == user
+    # a geode dump folder where the user added a file: that file is kept, nothing removed
+    ours = Dumper("n", dump_dir=str(tmp_path))
+    ours.stage("a", "x")
+    (ours.dir / "notes.md").write_text("mine")
+    with pytest.raises(config.OptionError, match=r"geode did not write.*: notes\.md"):
+        Dumper("n", dump_dir=str(tmp_path))
+    assert sorted(p.name for p in ours.dir.iterdir()) == [MANIFEST, "00_a.txt", "notes.md"]
+    assert (ours.dir / "notes.md").read_text() == "mine"
+
+
+def test_dumper_never_writes_over_a_file_that_appears(tmp_path):
+    d = Dumper("m", dump_dir=str(tmp_path))
+    (d.dir / "00_a.txt").write_text("user's")
+    with pytest.raises(config.OptionError, match="00_a.txt appeared during the compile"):
+        d.stage("a", "geode's")
+    assert (d.dir / "00_a.txt").read_text() == "user's"
+    assert "00_a.txt" not in (d.dir / MANIFEST).read_text()  # the next dump keeps it too
+
+
+@pytest.mark.parametrize(
+    "name", ["../../evil", "..", ".", "a/b", "/abs/path", "x\x00y", "..\\..\\win", ""]
+)
+def test_model_name_cannot_leave_the_dump_dir(tmp_path, name):
+    d = Dumper(name, dump_dir=str(tmp_path / "dumps"))
+    assert d.dir is not None and d.dir.parent == tmp_path / "dumps"
+    assert d.dir.name not in (".", "..") and not d.dir.name.startswith(".")
+    assert "/" not in d.dir.name and "\x00" not in d.dir.name and "\\" not in d.dir.name
+    d.artifact("../../up.dot", "x")
+    assert [p.name for p in (tmp_path / "dumps").iterdir()] == [d.dir.name]
+
+
+def option_error(text: str) -> pytest.RaisesContext:
+    """``pytest.raises(OptionError)`` whose message contains ``text`` (literally)."""
+    return pytest.raises(config.OptionError, match=re.escape(text))
+
+
+def test_bad_dump_dir_is_an_option_error(clean_options, tmp_path):
+    g = examples.layernorm().graph
+    a_file = tmp_path / "afile"
+    a_file.write_text("user data")
+    with option_error(f"dump_dir '{a_file}': exists and is not a folder"):
+        geode.compile(g, dump_dir=str(a_file))
+    assert a_file.read_text() == "user data"
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "layernorm").write_text("x")
+    with option_error(f"dump_dir '{tmp_path / 'd'}': {tmp_path / 'd' / 'layernorm'} exists"):
+        geode.compile(g, dump_dir=str(tmp_path / "d"))
+    assert (tmp_path / "d" / "layernorm").read_text() == "x"
+    for option, value in (("dump_dir", 3), ("cache_dir", 5), ("dump_dir", b"/tmp")):
+        with option_error(f"{option}={value!r}: expected a folder path"):
+            geode.compile(g, **{option: value})
+        with option_error(f"{option}={value!r}: expected a folder path"):
+            geode.set_options(**{option: value})
+    with option_error(r"cache_dir='a\x00b': a path cannot contain a NUL character"):
+        geode.Session(cache_dir="a\x00b")
+    assert config.current(dump_dir=tmp_path / "p").dump_dir == str(tmp_path / "p")  # PathLike
+
+
+def test_unwritable_dump_dir_is_an_option_error(tmp_path, monkeypatch):
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    ro = tmp_path / "ro"
+    (ro / "old").mkdir(parents=True)
+    monkeypatch.setattr(Path, "write_text", refuse)  # (root may write into read-only folders)
+    with option_error(f"dump_dir '{ro}': cannot write in {ro / 'old'}: Permission denied"):
+        Dumper("old", dump_dir=str(ro))
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with option_error(f"dump_dir '{ro}': cannot create folder {ro / 'm'}: Permission denied"):
+        Dumper("m", dump_dir=str(ro))
 
 
 def test_stages_are_logged_at_their_level(caplog):

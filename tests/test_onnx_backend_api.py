@@ -13,7 +13,7 @@ from onnx.backend.base import Backend, BackendRep
 
 import geode
 from geode.config import OptionError
-from geode.errors import GeodeError, InputError
+from geode.errors import GeodeError, InputError, ModelLoadError
 from geode.onnx_backend import GeodeBackend, GeodeRep
 from geode.runtime.var_manager import VarManagerPool
 
@@ -112,3 +112,58 @@ def test_a_collected_rep_frees_its_session_memory():
     del rep
     gc.collect()
     assert sid not in VarManagerPool.instance()
+
+
+def _relu_model(outputs: list[str]) -> onnx.ModelProto:
+    """y = relu(x) with the given graph outputs (names among x and y, repeats allowed)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "pass",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 3]) for n in outputs],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_prepare_refuses_what_is_not_a_model(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"ONNX model bytes \(9 bytes\): not a readable ONNX"):
+        GeodeBackend.prepare(b"\x00\x01garbage")
+    with pytest.raises(ModelLoadError, match="cannot import a int as an ONNX model"):
+        GeodeBackend.prepare(5)
+    with pytest.raises(ModelLoadError, match="missing.onnx'?: no such file"):
+        GeodeBackend.prepare(str(tmp_path / "missing.onnx"))
+
+
+@pytest.mark.parametrize(
+    "outputs", [["y", "x"], ["x"], ["y", "y"], ["x", "y", "x", "y"]], ids="-".join
+)
+def test_outputs_keep_their_onnx_names_and_order(outputs):
+    """Graph inputs as outputs and repeated outputs come back under the model's names."""
+    x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
+    want = {"x": x, "y": np.maximum(x, 0)}
+    rep = GeodeBackend.prepare(_relu_model(outputs))
+    got = rep.run([x])
+    assert rep.output_names == outputs and len(got) == len(outputs)
+    for name, arr in zip(outputs, got):
+        np.testing.assert_array_equal(arr, want[name])
+        assert not np.shares_memory(arr, x)  # an input passed through is a copy
+    for i in range(len(got)):  # a repeated output is a copy at each position
+        for j in range(i):
+            assert not np.shares_memory(got[i], got[j])
+    compiled = geode.compile(_relu_model(outputs))
+    assert compiled.output_names == list(dict.fromkeys(outputs))  # a dict holds a name once
+    res = compiled(x=x)
+    for name in outputs:
+        np.testing.assert_array_equal(res[name], want[name])
+
+
+def test_run_node_opset_version_must_be_an_integer():
+    x = np.ones((1, 2), np.float32)
+    node = helper.make_node("Relu", ["x"], ["y"])
+    for bad in ("abc", 1.5, True, None):
+        with pytest.raises(
+            OptionError, match=rf"run_node: opset_version={bad!r}: expected an integer"
+        ):
+            GeodeBackend.run_node(node, [x], opset_version=bad)
+    (y,) = GeodeBackend.run_node(node, [x], opset_version="13")
+    np.testing.assert_array_equal(y, x)

@@ -461,17 +461,24 @@ def test_constants_unsorted_nodes_names_and_pass_through_outputs():
     c = g.values["c"]
     assert c.kind is ValueKind.CONSTANT and c.data.tolist() == [1.0, 2.0, 3.0]
     out_names = [o.name for o in g.outputs]
-    assert out_names[:2] == ["y", "z"] and out_names[3] == "w"
-    assert (
-        g.outputs[2].producer.op_type == "Identity" and g.outputs[2].producer.inputs[0].name == "x"
-    )
+    assert out_names == ["y", "z", "x", "w"]  # the ONNX names, in order
+    assert g.outputs[2] is g.values["x"] and g.outputs[2].kind is ValueKind.INPUT
     assert g.outputs[3].producer.op_type == "Identity"
     x = rand(2, 3)
     got = geode.compile(model, codegen=False)(x=x)  # (onnxruntime refuses duplicate node names)
+    assert list(got) == ["y", "z", "x", "w"]
     np.testing.assert_allclose(got["y"], np.maximum(x, 0) + [1.0, 2.0, 3.0], rtol=RTOL)
     np.testing.assert_allclose(got["z"], -np.maximum(x, 0), rtol=RTOL)
     np.testing.assert_array_equal(got["w"], [0.0, 1.0, 2.0])
-    np.testing.assert_array_equal(got[out_names[2]], x)
+    np.testing.assert_array_equal(got["x"], x)
+
+
+def test_repeated_graph_output_is_one_output():
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    outs = [tin("y", [2, 3]), tin("x", [2, 3]), tin("y", [2, 3]), tin("x", [2, 3])]
+    g = import_model(make_model(nodes, [tin("x", [2, 3])], outs))
+    assert [o.name for o in g.outputs] == ["y", "x"]
+    assert g.outputs[1] is g.values["x"]
 
 
 def test_initializer_inputs_are_constants_unless_overridable():

@@ -675,7 +675,17 @@ class _GraphBuilder:
         return v
 
     def _outputs(self) -> None:
+        """Mark the graph outputs, each under its ONNX name.
+
+        In the main graph an output that is a graph input is that input itself (the model
+        returns a copy of what it was given, under the input's name), and an output listed
+        again (``[y, y]``) is kept once: a geode Graph's outputs have distinct names, and
+        a result dict holds each name once; :class:`geode.onnx_backend.GeodeRep` returns
+        it at every position the model lists it. A subgraph's outputs are bound by
+        position, so there a repeated output or an input gets its own Identity copy.
+        """
         g = self.graph
+        main = self.parent is None
         for vo in self.gp.output:
             name = vo.name
             v = self.find(name)
@@ -683,7 +693,12 @@ class _GraphBuilder:
                 raise ModelLoadError(
                     f"{self.label}: graph output {name!r} is not produced by any node, input or initializer"
                 )
+            if main and any(o.name == name for o in g.outputs):
+                continue  # listed again: one graph output (see the docstring)
             if v.kind is ValueKind.INTERMEDIATE and v not in g.outputs:
+                g.outputs.append(v)
+                continue
+            if main and v.kind is ValueKind.INPUT and v.name == name:
                 g.outputs.append(v)
                 continue
             # an input, initializer or repeated output: copy it through an Identity
