@@ -190,7 +190,7 @@ UNARY_REF = {
     "isposinf": np.isposinf,
     "isneginf": np.isneginf,
 }
-POSITIVE_REF = {"log": np.log, "sqrt": np.sqrt, "acosh": np.arccosh}
+POSITIVE_REF = {"log": np.log, "log1p": np.log1p, "sqrt": np.sqrt, "acosh": np.arccosh}
 UNIT_REF = {"asin": np.arcsin, "acos": np.arccos, "atanh": np.arctanh}
 
 

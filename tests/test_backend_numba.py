@@ -819,6 +819,7 @@ FLOAT_UN = [
     "abs",
     "exp",
     "log",
+    "log1p",
     "sqrt",
     "sin",
     "cos",

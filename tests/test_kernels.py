@@ -8,6 +8,7 @@ import pytest
 
 import geode
 from geode import examples, ops
+from geode.compiler.interpret import run_reference
 from geode.errors import ExecutionError
 
 #: the parallel loop of a chunked kernel's chunk function: this chunk's share of it
@@ -524,3 +525,44 @@ def test_gather_of_indices_computed_in_the_group_is_not_fused():
     np.testing.assert_array_equal(model(x=x, f=f)["y"], np.maximum(x[:, [1, 2, 3]], 0))
     with pytest.raises(ExecutionError, match="index 4 is out of range for axis 1 of size 4"):
         model(x=x, f=np.array([2.0], np.float32))
+
+
+# -- found by differential fuzzing against the reference path ----------------------------
+
+
+def test_pow_of_an_integer_base_to_a_float_exponent():
+    """ONNX Pow(int, float): the power of the values, then cast to the base's type (the
+    exponent was cast to int first: 4 ** 0.5 gave 1)."""
+    g = geode.Graph("pow")
+    x = g.input("x", ["N"], "int32")
+    y = g.input("y", ["N"], "float32")
+    g.output(ops.pow(x, y) + 1, names=["z"])
+    model = geode.compile(g)
+    assert [k.engine for k in model.kernels] == ["aicore"]
+    a = np.array([2, 4, 9, 3, 10, 7], np.int32)
+    b = np.array([0.5, 0.5, 0.5, 2.5, -1.0, 1.9], np.float32)
+    want = np.power(a, b).astype(np.int32) + 1
+    np.testing.assert_array_equal(model(x=a, y=b)["z"], want)
+    np.testing.assert_array_equal(model(x=a, y=b)["z"], run_reference(g, {"x": a, "y": b})["z"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_softplus_is_stable_at_both_ends(dtype):
+    """log(exp(x) + 1) overflowed to inf from x = 89 (float32) and lost the tiny values of
+    very negative x; the compiled form matches log1p(exp(x)) over the whole range."""
+    g = geode.Graph("softplus")
+    x = g.input("x", ["N"], dtype)
+    g.output(ops.softplus(x), names=["y"])
+    model = geode.compile(g)
+    assert [k.engine for k in model.kernels] == ["aicore"]
+    a = np.array(
+        [-1000, -100, -20, -1, -0.0, 0, 1e-8, 1, 20, 88, 100, 1000, np.inf, -np.inf, np.nan]
+    )
+    a = a.astype(dtype)
+    with np.errstate(invalid="ignore"):
+        want = np.logaddexp(np.zeros_like(a), a)
+    got = model(x=a)["y"]
+    assert np.all(np.isfinite(got[:-3])) and got[-3] == np.inf and got[-2] == 0
+    assert np.isnan(got[-1])
+    tiny = np.finfo(dtype).tiny
+    np.testing.assert_allclose(got[:-3], want[:-3], rtol=8 * np.finfo(dtype).eps, atol=tiny)

@@ -435,13 +435,13 @@ def test_cse_never_merges_random_ops():
     [
         lambda e: e * 1.0,
         lambda e: 1.0 * e,
-        lambda e: e + 0.0,
-        lambda e: 0.0 + e,
+        lambda e: e + (-0.0),  # -0.0 + 0.0 is +0.0: only adding -0.0 is a no-op
+        lambda e: -0.0 + e,
         lambda e: e - 0.0,
         lambda e: e / 1.0,
         lambda e: e**1.0,
         lambda e: e * np.ones(4, np.float32),
-        lambda e: e + np.zeros((1, 1), np.float32),
+        lambda e: e + np.full((1, 1), -0.0, np.float32),
         lambda e: ops.identity(ops.identity(e)),
         lambda e: ops.cast(e, to="float32"),
         lambda e: ops.neg(ops.neg(e)),
@@ -922,3 +922,21 @@ def test_symbols_of_inputs_survive():
     g = _model()
     run_pipeline(g)
     assert g.inputs[0].shape[0] == sym("N")
+
+
+def test_adding_zero_keeps_the_sign_of_a_negative_zero():
+    """-0.0 + 0.0 is +0.0: only x + (-0.0) and x - (+0.0) are the identity on floats, so
+    x + 0.0 and x - (-0.0) stay (1 / (x + 0.0) at x = -0.0 is +inf; it gave -inf)."""
+    g = geode.Graph("z")
+    x = g.input("x", [2])
+    outs = [x + 0.0, x - (-0.0), x + (-0.0), x - 0.0]
+    g.output(*[ops.reciprocal(o) for o in outs], names=["a", "b", "c", "d"])
+    model = geode.compile(g)
+    got = model(x=np.array([-0.0, 2.0], np.float32))
+    assert got["a"][0] == np.inf and got["b"][0] == np.inf
+    assert got["c"][0] == -np.inf and got["d"][0] == -np.inf
+    gi = geode.Graph("i")
+    xi = gi.input("x", [2], "int32")
+    gi.output(xi + 0, names=["y"])
+    steps = geode.compile(gi).plan.steps
+    assert not any("Add" in st.label for st in steps)  # integers: any zero is neutral

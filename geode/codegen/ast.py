@@ -124,6 +124,7 @@ UN_OPS = frozenset(
         "abs",
         "exp",
         "log",
+        "log1p",
         "sqrt",
         "sin",
         "cos",

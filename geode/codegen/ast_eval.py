@@ -124,6 +124,7 @@ _UN: dict[str, Callable[[Any], Any]] = {
     "abs": np.abs,
     "exp": np.exp,
     "log": np.log,
+    "log1p": np.log1p,
     "sqrt": np.sqrt,
     "sin": np.sin,
     "cos": np.cos,

@@ -559,6 +559,7 @@ def stream_interleave(vector_registers: int) -> int:
 _OP_COST = {
     "exp": 16,
     "log": 20,
+    "log1p": 22,
     "tanh": 24,
     "sigmoid": 24,
     "erf": 26,

@@ -270,8 +270,13 @@ _BINARY = {
 @_rule(*_BINARY)
 def _binary(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     a, b = _ins(ctx, node, ivs)[:2]
-    if node.op_type == "Pow" and node.inputs[1].dtype != node.inputs[0].dtype:
-        b = A.Cast(dtypes.name(node.inputs[0].dtype), b)
+    base, exponent = node.inputs[0].dtype, node.inputs[1].dtype
+    if node.op_type == "Pow" and exponent != base:
+        if base.kind in "iu" and exponent.kind == "f":
+            # ONNX: the power of the values, then cast to the base's type (2 ** 0.5 -> 1)
+            wide = A.Bin("pow", A.Cast("float64", a), A.Cast("float64", b))
+            return A.Cast(dtypes.name(base), wide)
+        b = A.Cast(dtypes.name(base), b)
     return A.Bin(_BINARY[node.op_type], a, b)
 
 
@@ -370,8 +375,12 @@ def _hardsigmoid(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr
 
 @_rule("Softplus")
 def _softplus(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
+    """``max(x, 0) + log1p(exp(-|x|))``: never overflows (``log(exp(x) + 1)`` is inf from
+    x = 89 in float32) and keeps the tiny results of very negative x."""
     x = _ins(ctx, node, ivs)[0]
-    return A.Un("log", A.Bin("+", A.Un("exp", x), _c(1, node.outputs[0])))
+    o = node.outputs[0]
+    tail = A.Un("log1p", A.Un("exp", A.Un("neg", A.Un("abs", x))))
+    return A.Bin("+", A.Bin("max", x, _c(0, o)), tail)
 
 
 @_rule("Gelu")

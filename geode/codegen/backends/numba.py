@@ -808,6 +808,7 @@ _BIT_OPS = {"bitand": ("&", _BAND), "bitor": ("|", _BOR), "bitxor": ("^", _BXOR)
 _MATH_UN = {
     "exp": "math.exp",
     "log": "math.log",
+    "log1p": "math.log1p",
     "sqrt": "math.sqrt",
     "sin": "math.sin",
     "cos": "math.cos",

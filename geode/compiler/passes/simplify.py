@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from geode.compiler import dtypes
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.passes.rewrite import (
@@ -94,13 +96,24 @@ _NEUTRAL: dict[str, list[tuple[int, int, float]]] = {
 }
 
 
+def _keeps_zero_sign(op_type: str, c: Value) -> bool:
+    """Whether adding or subtracting the zero constant ``c`` returns -0.0 as it is: in IEEE
+    arithmetic -0.0 + 0.0 is +0.0, so for floats only ``x + (-0.0)`` and ``x - (+0.0)``
+    are the identity (integers: any zero)."""
+    data = const_value(c)
+    if op_type not in ("Add", "Sub") or data is None or data.dtype.kind != "f":
+        return True
+    negative = np.signbit(data)
+    return bool(np.all(negative)) if op_type == "Add" else not bool(np.any(negative))
+
+
 def _neutral(graph: Graph, node: Node) -> bool:
     out = node.outputs[0]
     for xi, ci, value in _NEUTRAL[node.op_type]:
         x, c = node.input(xi), node.input(ci)
         if x is None or c is None or x.dtype != out.dtype:
             continue
-        if is_splat(c, value) and broadcast_keeps_shape(x, c):
+        if is_splat(c, value) and _keeps_zero_sign(node.op_type, c) and broadcast_keeps_shape(x, c):
             return _forward(graph, node, x)
     if node.op_type == "Pow":
         return _pow(graph, node)
