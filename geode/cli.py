@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from geode.costmodel.sol import format_bytes
 from geode.errors import GeodeError
 
 BUILTIN_PREFIX = "builtin:"
@@ -82,17 +83,6 @@ def _int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
-def human_bytes(n: int) -> str:
-    """``n`` bytes as ``1.5 GiB`` (binary units)."""
-    if n < 1024:
-        return f"{n} B"
-    units = ("KiB", "MiB", "GiB", "TiB", "PiB")
-    size, k = n / 1024, 0
-    while size >= 1024 and k < len(units) - 1:
-        size, k = size / 1024, k + 1
-    return f"{size:.1f} {units[k]}"
-
-
 def physical_memory() -> int | None:
     """This machine's physical memory in bytes (None when the platform does not say)."""
     try:
@@ -107,8 +97,8 @@ def check_fits(what: str, nbytes: int, hint: str) -> None:
     mem = physical_memory()
     if mem is not None and nbytes > mem:
         raise CLIError(
-            f"{what} needs {human_bytes(nbytes)}, more than this machine's memory "
-            f"({human_bytes(mem)}); {hint}"
+            f"{what} needs {format_bytes(nbytes)}, more than this machine's memory "
+            f"({format_bytes(mem)}); {hint}"
         )
 
 
@@ -239,7 +229,7 @@ def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ..
         size = math.prod(shape) * dtype.itemsize
         raise CLIError(
             f"not enough memory for random data of {dtype}[{', '.join(map(str, shape))}] "
-            f"({human_bytes(size)}); choose a smaller shape with --shape"
+            f"({format_bytes(size)}); choose a smaller shape with --shape"
         ) from None
     raise CLIError(f"cannot make random data of dtype {dtype}; give this input with --input")
 

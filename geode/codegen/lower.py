@@ -631,7 +631,7 @@ def _op_check(node: Node) -> str | None:
             return "slice over a symbolic dim with a negative or clamped start"
     if node.op_type == "Expand":
         x, shape = node.inputs[0], node.inputs[1]
-        if not (shape.is_constant and shape.data is not None) and shape.sym_value is None:
+        if not shape.values_known:
             # inference assumed the shape's values keep x's static dims; the reference
             # kernel broadcasts by the values themselves and refuses those that do not
             return "expand shape known only at run time"

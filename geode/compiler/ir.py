@@ -113,6 +113,12 @@ class Value:
         return self.kind is ValueKind.CONSTANT
 
     @property
+    def values_known(self) -> bool:
+        """Whether the contents are known before run time: a constant's data, or the
+        symbolic value a shape computation recorded (``sym_value``)."""
+        return (self.is_constant and self.data is not None) or self.sym_value is not None
+
+    @property
     def consumers(self) -> list[Node]:
         """Distinct nodes that read this value, in use order."""
         seen: dict[int, Node] = {}
@@ -274,6 +280,10 @@ class Node:
     __hash__ = object.__hash__
 
 
+#: what a declared input dim may be (sympy: a dim of an outer graph, for subgraph inputs)
+_DIM_TYPES = (int, np.integer, str, type(None), sympy.Basic)
+
+
 def _dims(name: str, shape: object) -> list[object] | None:
     """An input's declared dims as a list (GraphError naming the input when ``shape`` is
     not None or a sequence of ints, strings and None, or holds a negative int other
@@ -286,8 +296,7 @@ def _dims(name: str, shape: object) -> list[object] | None:
         )
     dims = list(shape)
     for d in dims:
-        ok = (int, np.integer, str, type(None), sympy.Basic)  # sympy: a dim of an outer graph
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, ok):
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, _DIM_TYPES):
             raise GraphError(f"input {name!r}: dim {d!r} is not an int, a name or None")
         if isinstance(d, (int, np.integer)) and d < -1:
             raise GraphError(f"input {name!r}: dim {d} is negative (-1 or None: unknown)")

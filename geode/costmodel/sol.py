@@ -158,9 +158,9 @@ def format_time(seconds: float) -> str:
 
 
 def format_bytes(n: float) -> str:
-    """``134217728`` -> ``"128.0 MiB"``: one decimal, in B/KiB/MiB/GiB."""
+    """``134217728`` -> ``"128.0 MiB"``: one decimal, in B/KiB/MiB/GiB/TiB."""
     a = abs(n)
-    for unit, scale in (("GiB", _GIB), ("MiB", MIB), ("KiB", 1024)):
+    for unit, scale in (("TiB", _GIB * 1024), ("GiB", _GIB), ("MiB", MIB), ("KiB", 1024)):
         if a >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n:.0f} B"

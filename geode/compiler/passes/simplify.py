@@ -232,7 +232,7 @@ def _expand(graph: Graph, node: Node) -> bool:
     x, shape = node.input(0), node.input(1)
     if x is None or not shapes_equal(node.outputs[0].shape, x.shape):
         return False
-    if shape is not None and shape.sym_value is None and not shape.is_constant:
+    if shape is not None and not shape.values_known:
         return False  # values known only at run time: the Expand checks that they broadcast
     return _forward(graph, node, x)
 
