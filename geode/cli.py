@@ -12,6 +12,8 @@ Subcommands, in the style of onnxruntime_perf_test and tvmc:
   groups with the reason for each decision, kernels with their ops and cost estimates;
 * ``geode dump MODEL -d DIR [--llvm]``: every compile stage as files (what
   ``GEODE_DUMP_DIR`` writes) plus ``graph.dot`` (and ``graph.svg`` with Graphviz);
+* ``geode cache [--dir DIR] [--clear]``: the kernel cache's folder, number of kernels and
+  size; ``--clear`` removes geode's entries (and nothing else in the folder);
 * ``geode demo``: the README's built-in example.
 
 MODEL is an ``.onnx`` file or ``builtin:NAME`` for a graph of ``geode.examples.ALL``.
@@ -557,6 +559,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """Show where the on-disk kernel cache is and what it holds; ``--clear`` empties it."""
+    from geode import config
+    from geode.codegen import cache
+
+    cache_dir = args.dir if args.dir is not None else config.current().cache_dir
+    info = cache.cache_info(cache_dir)
+    print(f"kernel cache {info.path}: {info.entries} kernels, {format_bytes(info.bytes)}")
+    if args.clear:
+        print(f"removed {cache.clear_cache(cache_dir)} kernels")
+    return 0
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
     """Compile a model writing every stage into a dump dir, plus the graph picture."""
     from geode.debug import dump_folder
@@ -772,6 +787,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--llvm", action="store_true", help="also write each kernel's LLVM IR and assembly"
     )
     d.set_defaults(func=cmd_dump)
+
+    c = sub.add_parser(
+        "cache",
+        help="show or clear the on-disk kernel cache",
+        description="Print the kernel cache folder, its number of kernels and their size. "
+        "--clear removes geode's entries (kernels and runtime helpers) and nothing else.",
+    )
+    c.add_argument(
+        "--dir", metavar="DIR", help="the cache folder (default: GEODE_CACHE_DIR or ~/.cache/geode)"
+    )
+    c.add_argument("--clear", action="store_true", help="remove every cached kernel")
+    c.set_defaults(func=cmd_cache)
 
     m = sub.add_parser(
         "demo",

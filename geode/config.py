@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from geode.errors import GeodeError
 
 #: How floating-point accuracy is traded for speed, stated once for every kernel.
@@ -103,7 +105,9 @@ class Options:
         for name, var in env.items():
             raw = os.environ.get(var)
             if raw is not None and raw != "":
-                setattr(opts, name, _parse(name, raw, var))
+                value = _parse(name, raw, var)
+                _check_value(name, value, var)
+                setattr(opts, name, value)
         return opts.replace(**overrides)
 
     def replace(self, **overrides: Any) -> Options:
@@ -118,7 +122,59 @@ class Options:
                 overrides[k] = _parse(k, v, k)
             if k == "disabled_passes" and isinstance(v, (list, set)):
                 overrides[k] = tuple(v)
+            _check_value(k, overrides[k])
         return dataclasses.replace(self, **overrides)
+
+
+#: int options and the smallest value each accepts
+_INT_MINIMUMS = {"debug": 0, "num_threads": 0, "const_fold_limit": 0}
+_BOOL_OPTIONS = ("fusion", "codegen", "fastmath", "freeze_variables")
+
+
+def _check_value(name: str, value: Any, source: str | None = None) -> None:
+    """OptionError unless ``value`` has the kind and range option ``name`` takes
+    (``source``: the environment variable it came from, named in the message).
+
+    Checked when the option is set, so a bad value (``GEODE_NUM_THREADS=-3``,
+    ``num_threads=2.5``) is refused once with its name instead of failing later inside
+    every kernel's compile (which would send every group to the fallback engine).
+    """
+    where = f"{source}: " if source else ""
+    try:
+        _check_kind(name, value)
+    except OptionError as exc:
+        raise OptionError(f"{where}{exc}") from None
+
+
+def _check_kind(name: str, value: Any) -> None:
+    if name in _INT_MINIMUMS:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise OptionError(f"{name}={value!r}: expected an int, got {type(value).__name__}")
+        if value < _INT_MINIMUMS[name]:
+            raise OptionError(f"{name}={value!r}: expected an int >= {_INT_MINIMUMS[name]}")
+    elif name in _BOOL_OPTIONS and not (
+        isinstance(value, (bool, np.bool_))
+        or (isinstance(value, (int, np.integer)) and value in (0, 1))
+    ):
+        raise OptionError(f"{name}={value!r}: expected a bool, got {type(value).__name__}")
+    elif name == "disabled_passes" and not (
+        isinstance(value, tuple) and all(isinstance(p, str) for p in value)
+    ):
+        raise OptionError(f"{name}={value!r}: expected pass names (a tuple of str)")
+    elif name == "streaming":
+        _streaming_setting(value)
+    elif (
+        name == "progress"
+        and not isinstance(value, (bool, int))
+        and str(value).strip().lower() not in _PROGRESS_WORDS
+    ):
+        raise OptionError(f"progress={value!r}: expected auto, 1 or 0")
+
+
+#: the words ``progress`` accepts for on and off (besides ``auto``; see :mod:`geode.progress`)
+PROGRESS_ON = ("1", "true", "yes", "on", "always")
+PROGRESS_OFF = ("0", "false", "no", "off", "never")
+_PROGRESS_WORDS = ("auto", *PROGRESS_ON, *PROGRESS_OFF)
 
 
 #: options whose value is a folder path (``dump_dir`` may also be None: no dumps)
@@ -167,19 +223,21 @@ def _parse(name: str, raw: str, source: str) -> Any:
 def stream_min_bytes(opts: Options, cache_bytes: int) -> int | None:
     """The ``streaming`` option as the smallest output (bytes) to stream, or None for off;
     ``cache_bytes`` (the last-level cache size) is the ``auto`` threshold."""
-    raw = str(opts.streaming).strip().lower()
-    if raw == "auto":
-        return cache_bytes
-    if raw == "off":
-        return None
+    setting = _streaming_setting(opts.streaming)
+    return cache_bytes if setting == "auto" else setting
+
+
+def _streaming_setting(value: Any) -> str | int | None:
+    """``streaming`` as ``"auto"``, None (off) or a byte count; OptionError otherwise."""
+    raw = str(value).strip().lower()
+    if raw in ("auto", "off"):
+        return None if raw == "off" else raw
     try:
         n = int(raw)
     except ValueError:
         n = -1
-    if n < 0:
-        raise OptionError(
-            f"streaming={opts.streaming!r}: expected auto, off or a size in bytes (>= 0)"
-        )
+    if isinstance(value, (bool, float)) or n < 0:
+        raise OptionError(f"streaming={value!r}: expected auto, off or a size in bytes (>= 0)")
     return n
 
 

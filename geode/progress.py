@@ -16,13 +16,10 @@ import sys
 from types import TracebackType
 from typing import Any
 
-from geode.config import OptionError
+from geode.config import PROGRESS_OFF, PROGRESS_ON, OptionError
 
 #: Seconds a bar waits before it is drawn.
 DEFAULT_DELAY = 0.5
-
-_ON = ("1", "true", "yes", "on", "always")
-_OFF = ("0", "false", "no", "off", "never")
 
 
 def enabled(setting: str | bool | int | None = "auto", stream: Any = None) -> bool:
@@ -32,9 +29,9 @@ def enabled(setting: str | bool | int | None = "auto", stream: Any = None) -> bo
     if isinstance(setting, int):
         return setting != 0
     s = "auto" if setting is None else str(setting).strip().lower()
-    if s in _ON:
+    if s in PROGRESS_ON:
         return True
-    if s in _OFF:
+    if s in PROGRESS_OFF:
         return False
     if s != "auto":
         raise OptionError(f"progress={setting!r}: expected auto, 1 or 0")

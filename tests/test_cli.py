@@ -24,7 +24,7 @@ from geode.compiler.frontend.onnx_export import to_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE_ORT = importlib.util.find_spec("onnxruntime") is not None
-SUBCOMMANDS = ("run", "bench", "explain", "dump", "demo")
+SUBCOMMANDS = ("run", "bench", "explain", "dump", "cache", "demo")
 
 
 @pytest.fixture(scope="session")
@@ -474,3 +474,31 @@ def test_save_npz_keeps_any_output_name(tmp_path):
     cli.save_npz(path, {"y": np.zeros(1)}, force=True)
     with np.load(path) as z:
         assert z.files == ["y"]
+
+
+def test_cache_shows_and_clears_only_geode_entries(env, tmp_path):
+    """``geode cache`` counts the kernels a compile left; ``--clear`` removes them and
+    leaves the user's own files in the folder alone."""
+    own = dict(env, GEODE_CACHE_DIR=str(tmp_path))
+    assert geode_cmd(own, "run", "builtin:layernorm", "--shape", "x:2,768").returncode == 0
+    (tmp_path / "notes.txt").write_text("mine")
+    res = geode_cmd(own, "cache")
+    assert res.returncode == 0, res.stderr
+    shown = re.fullmatch(r"kernel cache (.+): (\d+) kernels, ([\d.]+ \w+)\n", res.stdout)
+    assert shown is not None, res.stdout
+    assert shown.group(1) == str(tmp_path / "kernels") and int(shown.group(2)) >= 1
+    res = geode_cmd(env, "cache", "--dir", str(tmp_path), "--clear")
+    assert res.returncode == 0, res.stderr
+    assert f"removed {shown.group(2)} kernels" in res.stdout
+    assert geode_cmd(own, "cache").stdout.endswith(": 0 kernels, 0 B\n")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_cache_functions_refuse_a_non_path(tmp_path):
+    from geode.codegen import cache
+    from geode.config import OptionError
+
+    for fn in (cache.cache_info, cache.clear_cache):
+        for bad in (None, 3, "a\x00b"):
+            with pytest.raises(OptionError, match="cache_dir="):
+                fn(bad)

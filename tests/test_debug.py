@@ -8,6 +8,7 @@ import logging
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import geode
@@ -147,6 +148,56 @@ def test_bad_dump_dir_is_an_option_error(clean_options, tmp_path):
     with option_error(r"cache_dir='a\x00b': a path cannot contain a NUL character"):
         geode.Session(cache_dir="a\x00b")
     assert config.current(dump_dir=tmp_path / "p").dump_dir == str(tmp_path / "p")  # PathLike
+
+
+@pytest.mark.parametrize(
+    "option,value,message",
+    [
+        ("num_threads", -3, "num_threads=-3: expected an int >= 0"),
+        ("num_threads", 2.5, "num_threads=2.5: expected an int, got float"),
+        ("num_threads", True, "num_threads=True: expected an int, got bool"),
+        ("debug", -1, "debug=-1: expected an int >= 0"),
+        ("const_fold_limit", -1, "const_fold_limit=-1: expected an int >= 0"),
+        ("fusion", 2, "fusion=2: expected a bool, got int"),
+        ("codegen", "maybe", "expected bool for option 'codegen'"),
+        ("disabled_passes", [1], "disabled_passes=(1,): expected pass names"),
+        ("streaming", "-5", "streaming='-5': expected auto, off or a size in bytes"),
+        ("streaming", 1.5, "streaming=1.5: expected auto, off or a size in bytes"),
+        ("progress", "sometimes", "progress='sometimes': expected auto, 1 or 0"),
+    ],
+)
+def test_bad_option_values_are_refused_when_set(clean_options, option, value, message):
+    """A bad value is an OptionError when it is set, before anything compiles (a negative
+    thread count used to fail inside every kernel's compile and send every group to the
+    fallback engine with a warning)."""
+    g = examples.layernorm().graph
+    with option_error(message):
+        geode.compile(g, **{option: value})
+    with option_error(message):
+        geode.set_options(**{option: value})
+    assert config._global_overrides == {}
+
+
+@pytest.mark.parametrize(
+    "var,raw,message",
+    [
+        ("GEODE_NUM_THREADS", "-3", "GEODE_NUM_THREADS: num_threads=-3: expected an int >= 0"),
+        ("GEODE_NUM_THREADS", "two", "GEODE_NUM_THREADS='two': expected int"),
+        ("GEODE_STREAMING", "sometimes", "GEODE_STREAMING: streaming='sometimes'"),
+        ("GEODE_PROGRESS", "7x", "GEODE_PROGRESS: progress='7x': expected auto, 1 or 0"),
+    ],
+)
+def test_bad_environment_values_name_the_variable(clean_options, monkeypatch, var, raw, message):
+    monkeypatch.setenv(var, raw)
+    with option_error(message):
+        geode.compile(examples.layernorm().graph)
+
+
+def test_good_option_values_are_kept(clean_options):
+    opts = config.current(num_threads=2, fusion=0, streaming="off", progress=True)
+    assert (opts.num_threads, opts.fusion, opts.streaming, opts.progress) == (2, 0, "off", True)
+    opts = config.current(disabled_passes=["cse"], streaming=1024, num_threads=np.int64(1))
+    assert opts.disabled_passes == ("cse",) and opts.streaming == 1024
 
 
 def test_unwritable_dump_dir_is_an_option_error(tmp_path, monkeypatch):

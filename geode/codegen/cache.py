@@ -419,6 +419,12 @@ class CacheInfo:
 _ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
 
 
+def _checked_dir(cache_dir: Any) -> str:
+    from geode.config import check_path_option
+
+    return str(check_path_option("cache_dir", cache_dir))
+
+
 def _entry_dirs(cache_dir: str | os.PathLike[str], area: str = KERNEL_AREA) -> Iterator[Path]:
     root = _area_dir(cache_dir, area)
     if not root.is_dir():
@@ -429,7 +435,9 @@ def _entry_dirs(cache_dir: str | os.PathLike[str], area: str = KERNEL_AREA) -> I
 
 
 def cache_info(cache_dir: str | os.PathLike[str]) -> CacheInfo:
-    """Number of kernel entries and their total size in bytes under ``cache_dir``."""
+    """Number of kernel entries and their total size in bytes under ``cache_dir``
+    (:class:`~geode.config.OptionError` if ``cache_dir`` is not a path)."""
+    cache_dir = _checked_dir(cache_dir)
     entries = 0
     total = 0
     for d in _entry_dirs(cache_dir):
@@ -443,7 +451,9 @@ def cache_info(cache_dir: str | os.PathLike[str]) -> CacheInfo:
 
 def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
     """Delete every entry under ``cache_dir`` (only geode's ``kernels/`` and ``runtime/``
-    folders); returns the number of kernel entries removed."""
+    folders); returns the number of kernel entries removed (:class:`~geode.config.OptionError`
+    if ``cache_dir`` is not a path)."""
+    cache_dir = _checked_dir(cache_dir)
     n = 0
     for area in _AREAS:
         for d in list(_entry_dirs(cache_dir, area)):
