@@ -12,8 +12,9 @@ Subcommands, in the style of onnxruntime_perf_test and tvmc:
   groups with the reason for each decision, kernels with their ops and cost estimates;
 * ``geode dump MODEL -d DIR [--llvm]``: every compile stage as files (what
   ``GEODE_DUMP_DIR`` writes) plus ``graph.dot`` (and ``graph.svg`` with Graphviz);
-* ``geode cache [--dir DIR] [--clear]``: the kernel cache's folder, number of kernels and
-  size; ``--clear`` removes geode's entries (and nothing else in the folder);
+* ``geode cache [--dir DIR] [--clear | --prune]``: the kernel cache's folder, number of
+  kernels, size and limit; ``--clear`` removes geode's entries (and nothing else in the
+  folder), ``--prune`` evicts the least recently used ones down to the limit;
 * ``geode demo``: the README's built-in example.
 
 MODEL is an ``.onnx`` file or ``builtin:NAME`` for a graph of ``geode.examples.ALL``.
@@ -564,11 +565,18 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from geode import config
     from geode.codegen import cache
 
-    cache_dir = args.dir if args.dir is not None else config.current().cache_dir
+    opts = config.current()
+    cache_dir = args.dir if args.dir is not None else opts.cache_dir
     info = cache.cache_info(cache_dir)
-    print(f"kernel cache {info.path}: {info.entries} kernels, {format_bytes(info.bytes)}")
+    limit = f"limit {opts.cache_max_mb} MiB" if opts.cache_max_mb else "no limit"
+    print(f"kernel cache {info.path}: {info.entries} kernels, {format_bytes(info.bytes)} ({limit})")
     if args.clear:
         print(f"removed {cache.clear_cache(cache_dir)} kernels")
+    elif args.prune:
+        done = cache.prune_cache(cache_dir, opts.cache_max_mb << 20 or (1 << 62))
+        print(
+            f"evicted {done.removed} entries ({format_bytes(done.freed)}), {format_bytes(done.left)} left"
+        )
     return 0
 
 
@@ -792,12 +800,20 @@ def build_parser() -> argparse.ArgumentParser:
         "cache",
         help="show or clear the on-disk kernel cache",
         description="Print the kernel cache folder, its number of kernels and their size. "
-        "--clear removes geode's entries (kernels and runtime helpers) and nothing else.",
+        "--clear removes geode's entries (kernels and runtime helpers) and nothing else; "
+        "--prune evicts the least recently used ones down to the size limit.",
     )
     c.add_argument(
         "--dir", metavar="DIR", help="the cache folder (default: GEODE_CACHE_DIR or ~/.cache/geode)"
     )
-    c.add_argument("--clear", action="store_true", help="remove every cached kernel")
+    what = c.add_mutually_exclusive_group()
+    what.add_argument("--clear", action="store_true", help="remove every cached kernel")
+    what.add_argument(
+        "--prune",
+        action="store_true",
+        help="evict least recently used entries now, down to GEODE_CACHE_MAX_MB "
+        "(compiles do it at most hourly)",
+    )
     c.set_defaults(func=cmd_cache)
 
     m = sub.add_parser(

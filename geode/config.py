@@ -9,6 +9,9 @@ option                    environment             meaning
 debug                     GEODE_DEBUG             0 quiet .. 4 everything (see dumps)
 dump_dir                  GEODE_DUMP_DIR          write every stage's text to this folder
 cache_dir                 GEODE_CACHE_DIR         on-disk kernel cache (default ~/.cache/geode)
+cache_max_mb              GEODE_CACHE_MAX_MB      the kernel cache is kept under this many MiB:
+                                                  least recently used entries are evicted
+                                                  (checked at most hourly; 0: no limit)
 fusion                    GEODE_FUSION            fuse Trivial/Reduce ops into groups
 codegen                   GEODE_CODEGEN           compile groups to native AI Core kernels
 fastmath                  GEODE_FASTMATH          allow reassociation (see ACCURACY_POLICY)
@@ -74,6 +77,7 @@ class Options:
     debug: int = 0
     dump_dir: str | None = None
     cache_dir: str = field(default_factory=_default_cache_dir)
+    cache_max_mb: int = 2048
     fusion: bool = True
     codegen: bool = True
     fastmath: bool = False
@@ -92,6 +96,7 @@ class Options:
             "debug": "GEODE_DEBUG",
             "dump_dir": "GEODE_DUMP_DIR",
             "cache_dir": "GEODE_CACHE_DIR",
+            "cache_max_mb": "GEODE_CACHE_MAX_MB",
             "fusion": "GEODE_FUSION",
             "codegen": "GEODE_CODEGEN",
             "fastmath": "GEODE_FASTMATH",
@@ -127,7 +132,7 @@ class Options:
 
 
 #: int options and the smallest value each accepts
-_INT_MINIMUMS = {"debug": 0, "num_threads": 0, "const_fold_limit": 0}
+_INT_MINIMUMS = {"debug": 0, "num_threads": 0, "const_fold_limit": 0, "cache_max_mb": 0}
 _BOOL_OPTIONS = ("fusion", "codegen", "fastmath", "freeze_variables")
 
 

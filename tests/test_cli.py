@@ -484,13 +484,19 @@ def test_cache_shows_and_clears_only_geode_entries(env, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     res = geode_cmd(own, "cache")
     assert res.returncode == 0, res.stderr
-    shown = re.fullmatch(r"kernel cache (.+): (\d+) kernels, ([\d.]+ \w+)\n", res.stdout)
+    shown = re.fullmatch(
+        r"kernel cache (.+): (\d+) kernels, ([\d.]+ \w+) \(limit 2048 MiB\)\n", res.stdout
+    )
     assert shown is not None, res.stdout
     assert shown.group(1) == str(tmp_path / "kernels") and int(shown.group(2)) >= 1
+    res = geode_cmd(own, "cache", "--prune")  # under the limit: nothing to evict
+    assert res.returncode == 0 and "evicted 0 entries (0 B)" in res.stdout, res.stdout
     res = geode_cmd(env, "cache", "--dir", str(tmp_path), "--clear")
     assert res.returncode == 0, res.stderr
     assert f"removed {shown.group(2)} kernels" in res.stdout
-    assert geode_cmd(own, "cache").stdout.endswith(": 0 kernels, 0 B\n")
+    assert ": 0 kernels, 0 B (limit 2048 MiB)" in geode_cmd(own, "cache").stdout
+    unlimited = geode_cmd(dict(own, GEODE_CACHE_MAX_MB="0"), "cache")
+    assert unlimited.stdout.endswith("(no limit)\n")
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 

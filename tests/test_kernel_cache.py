@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numba
@@ -425,3 +426,77 @@ def test_in_memory_compile_writes_nothing(tmp_path: Path, fresh_memo: None, monk
     check(k, 7.0)
     assert k.cache_path is None and not k.from_cache
     assert list(tmp_path.iterdir()) == []
+
+
+# -- size limit ---------------------------------------------------------------------------------
+
+
+def _fake_entry(root: Path, area: str, name: str, size: int, used: float) -> Path:
+    """An entry folder of ``size`` bytes last used at time ``used``."""
+    d = root / area / (name * 32)[:32]
+    d.mkdir(parents=True)
+    (d / "geode_k.py").write_bytes(b"x" * size)
+    os.utime(d, (used, used))
+    return d
+
+
+def test_prune_evicts_least_recently_used_entries(tmp_path: Path) -> None:
+    """Oldest entries go first, in both areas, until the cache fits; entries used within
+    ``keep_recent`` stay even above the limit; other files are never touched."""
+    now = time.time()
+    old = _fake_entry(tmp_path, cache.KERNEL_AREA, "a", 4000, now - 5000)
+    helper = _fake_entry(tmp_path, cache.RUNTIME_AREA, "b", 3000, now - 4000)
+    mid = _fake_entry(tmp_path, cache.KERNEL_AREA, "c", 2000, now - 3000)
+    new = _fake_entry(tmp_path, cache.KERNEL_AREA, "d", 1000, now - 10)
+    (tmp_path / cache.KERNEL_AREA / "README").write_text("mine")
+    done = cache.prune_cache(tmp_path, 5000)
+    assert (done.removed, done.freed, done.left) == (2, 7000, 3000)
+    assert not old.exists() and not helper.exists() and mid.exists() and new.exists()
+    done = cache.prune_cache(tmp_path, 0)  # the recent entry survives even a zero limit
+    assert (done.removed, done.left) == (1, 1000) and new.exists() and not mid.exists()
+    assert (tmp_path / cache.KERNEL_AREA / "README").read_text() == "mine"
+    assert cache.prune_cache(tmp_path, 0, keep_recent=0).removed == 1 and not new.exists()
+
+
+def test_a_cache_hit_marks_the_entry_used(tmp_path: Path, fresh_memo: None) -> None:
+    first = nb.compile_kernel(make_kernel(7.0, parallel=False), cache_dir=tmp_path)
+    entry_dir = Path(first.cache_path)
+    os.utime(entry_dir, (1000.0, 1000.0))
+    cache.prepare_entry(tmp_path, first.key, first.source)
+    assert entry_dir.stat().st_mtime > 1000.0
+    assert cache.prune_cache(tmp_path, 0).removed == 0  # just used: kept
+
+
+def test_maybe_prune_runs_at_most_once_per_interval(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(cache, "_pruned_at", {})
+    stale = _fake_entry(tmp_path, cache.KERNEL_AREA, "e", 5000, 1000.0)
+    assert cache.maybe_prune(tmp_path, 0) is None  # no limit
+    done = cache.maybe_prune(tmp_path, 1000)
+    assert done is not None and done.removed == 1 and not stale.exists()
+    again = _fake_entry(tmp_path, cache.KERNEL_AREA, "f", 5000, 1000.0)
+    assert cache.maybe_prune(tmp_path, 1000) is None  # this process checked just now
+    monkeypatch.setattr(cache, "_pruned_at", {})
+    assert cache.maybe_prune(tmp_path, 1000) is None  # another process did (the stamp)
+    os.utime(tmp_path / cache._PRUNE_STAMP, (1000.0, 1000.0))
+    monkeypatch.setattr(cache, "_pruned_at", {})
+    assert cache.maybe_prune(tmp_path, 1000).removed == 1 and not again.exists()
+
+
+def test_maybe_prune_of_an_unusable_cache_is_not_an_error(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(cache, "_pruned_at", {})
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert cache.maybe_prune(blocker / "cache", 1000) is None
+    assert blocker.read_text() == "not a folder"
+
+
+def test_compile_keeps_the_cache_under_its_limit(tmp_path: Path, monkeypatch) -> None:
+    """A compile evicts stale entries when the cache is over ``cache_max_mb``."""
+    import geode
+    from geode import examples
+
+    monkeypatch.setattr(cache, "_pruned_at", {})
+    stale = _fake_entry(tmp_path, cache.KERNEL_AREA, "9", 3 << 20, 1000.0)
+    geode.compile(examples.softmax(hidden=64).graph, cache_dir=str(tmp_path), cache_max_mb=2)
+    assert not stale.exists()
+    assert cache.cache_info(tmp_path).entries >= 1  # the new kernel stays

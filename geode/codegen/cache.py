@@ -44,12 +44,14 @@ import inspect
 import json
 import linecache
 import logging
+import math
 import os
 import re
 import shutil
 import sys
 import tempfile
 import threading
+import time
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -202,6 +204,8 @@ def prepare_entry(
     data = source.encode()
     if _verify(entry, data):
         entry.trusted = True
+        with contextlib.suppress(OSError):
+            os.utime(entry.directory)  # last use, for least-recently-used eviction
         return entry
     _wipe(entry)
     atomic_write(entry.module_path, data)
@@ -438,15 +442,8 @@ def cache_info(cache_dir: str | os.PathLike[str]) -> CacheInfo:
     """Number of kernel entries and their total size in bytes under ``cache_dir``
     (:class:`~geode.config.OptionError` if ``cache_dir`` is not a path)."""
     cache_dir = _checked_dir(cache_dir)
-    entries = 0
-    total = 0
-    for d in _entry_dirs(cache_dir):
-        entries += 1
-        for p in d.rglob("*"):
-            with contextlib.suppress(OSError):
-                if p.is_file():
-                    total += p.stat().st_size
-    return CacheInfo(str(_area_dir(cache_dir)), entries, total)
+    sizes = [_dir_bytes(d) for d in _entry_dirs(cache_dir)]
+    return CacheInfo(str(_area_dir(cache_dir)), len(sizes), sum(sizes))
 
 
 def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
@@ -464,3 +461,98 @@ def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
             with contextlib.suppress(OSError):
                 root.rmdir()
     return n
+
+
+# ---------------------------------------------------------------------------------
+# size limit: least-recently-used eviction
+# ---------------------------------------------------------------------------------
+
+#: seconds between two size checks of one cache (:func:`maybe_prune`)
+PRUNE_INTERVAL = 3600.0
+#: entries used or written this recently (seconds) are never evicted: another process
+#: may be writing or loading them
+KEEP_RECENT = 600.0
+_PRUNE_STAMP = ".geode-pruned"
+_pruned_at: dict[str, float] = {}
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What one :func:`prune_cache` did: entries removed, bytes freed, bytes left."""
+
+    removed: int
+    freed: int
+    left: int
+
+
+def _dir_bytes(d: str | os.PathLike[str]) -> int:
+    """Total size of the files under ``d`` (files that vanish meanwhile count 0)."""
+    total = 0
+    with contextlib.suppress(OSError), os.scandir(d) as it:
+        for e in it:
+            with contextlib.suppress(OSError):
+                if e.is_dir(follow_symlinks=False):
+                    total += _dir_bytes(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+    return total
+
+
+def prune_cache(
+    cache_dir: str | os.PathLike[str], max_bytes: int, keep_recent: float = KEEP_RECENT
+) -> PruneResult:
+    """Evict the least recently used entries (kernels and runtime helpers) until the
+    cache under ``cache_dir`` holds at most ``max_bytes``.
+
+    An entry's last use is its folder's modification time: writing it sets it and every
+    trusted load touches it (:func:`prepare_entry`). Entries used within ``keep_recent``
+    seconds stay even above the limit. Only geode's entry folders are removed; other
+    files in the folder are never touched. An evicted kernel is compiled again when
+    next needed.
+    """
+    cache_dir = _checked_dir(cache_dir)
+    entries = []
+    for area in _AREAS:
+        for d in _entry_dirs(cache_dir, area):
+            with contextlib.suppress(OSError):
+                entries.append((d.stat().st_mtime, _dir_bytes(d), d))
+    left = sum(size for _, size, _ in entries)
+    removed = freed = 0
+    now = time.time()
+    for used, size, d in sorted(entries, key=lambda e: e[0]):
+        if left <= max_bytes or now - used < keep_recent:
+            break
+        shutil.rmtree(d, ignore_errors=True)
+        removed, freed, left = removed + 1, freed + size, left - size
+    if removed:
+        log.info("kernel cache %s: evicted %d entries (%d bytes)", cache_dir, removed, freed)
+    return PruneResult(removed, freed, left)
+
+
+def maybe_prune(cache_dir: str | os.PathLike[str], max_bytes: int) -> PruneResult | None:
+    """:func:`prune_cache` if ``max_bytes`` > 0 and this cache was not checked (by any
+    process) in the last :data:`PRUNE_INTERVAL` seconds; None when it was not due.
+
+    The check time is a stamp file in ``cache_dir``; a cache that cannot be read or
+    written is left as it is (the limit is best effort, never a compile error).
+    """
+    if max_bytes <= 0:
+        return None
+    key = os.fspath(cache_dir)
+    now = time.time()
+    if now - _pruned_at.get(key, -math.inf) < PRUNE_INTERVAL:
+        return None
+    _pruned_at[key] = now
+    stamp = Path(key).expanduser() / _PRUNE_STAMP
+    try:
+        if now - stamp.stat().st_mtime < PRUNE_INTERVAL:
+            return None
+    except OSError:
+        pass  # never checked
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.touch()
+        return prune_cache(key, max_bytes)
+    except OSError as exc:
+        log.warning("kernel cache %s: size check failed: %s", key, exc)
+        return None

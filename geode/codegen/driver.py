@@ -17,6 +17,7 @@ import numpy as np
 
 import geode.codegen.backends  # noqa: F401  (numba's target set up before calibration compiles)
 from geode.codegen import ast as A
+from geode.codegen.cache import maybe_prune
 from geode.codegen.lower import IndexCheck, LoweredKernel, lower_group, make_can_lower
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
@@ -78,6 +79,7 @@ def compile_groups(
             units += [reference_unit(n, "aicpu") for n in item.nodes]
         bar.update()
     bar.close()
+    maybe_prune(opts.cache_dir, opts.cache_max_mb << 20)
     return drop_dead_units(units, g), plan.describe()
 
 
