@@ -291,6 +291,33 @@ def test_slice_errors() -> None:
         g.op("Slice", x, g.constant(i64(0, 0)), g.constant(i64(1)))
 
 
+@pytest.mark.parametrize(
+    "axes,steps,message",
+    [
+        ([5], [1], r"axes \[5\] out of range for an input of rank 2"),
+        ([-3], [1], r"axes \[-3\] out of range"),
+        ([0, -2], [1, 1], r"axes \[0, 0\] repeat an axis"),
+        ([0, 1], [1], "differ in length"),
+        ([1], [0], r"steps \[0\] hold a 0"),
+    ],
+)
+def test_slice_bad_run_time_arguments(axes: list, steps: list, message: str) -> None:
+    """axes and steps known only at run time are checked like the compile-time ones (an
+    axis out of range was an IndexError; lengths that differ were silently truncated)."""
+    g = geode.Graph("t")
+    x = g.input("x", [3, 4])
+    ax = g.input("axes", [None], dtype="int64")
+    sp = g.input("steps", [None], dtype="int64")
+    n = len(axes)
+    g.output(ops.slice(x, np.zeros(n, np.int64), np.full(n, 2, np.int64), ax, sp), names=["y"])
+    model = geode.compile(g)
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with pytest.raises(ShapeError, match=message):
+        model(x=data, axes=i64(*axes), steps=i64(*steps))
+    good = model(x=data, axes=i64(*range(n)), steps=i64(*[1] * n))["y"]
+    np.testing.assert_array_equal(good, data[tuple(slice(0, 2) for _ in range(n))])
+
+
 @st.composite
 def slice_cases(draw: st.DrawFn) -> tuple:
     shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))

@@ -430,6 +430,26 @@ def _slice_value(
     ctx.set_sym_value(0, picked)
 
 
+def _checked_slice_args(
+    rank: int, starts: list[int], ends: list[int], axes: list[int], steps: list[int]
+) -> list[int]:
+    """Slice's run-time ``axes`` made non-negative, after checking what ONNX requires:
+    starts, ends, axes and steps of one length, axes in ``[-rank, rank)`` and distinct,
+    no zero step (ShapeError naming the offending value)."""
+    lengths = {"starts": len(starts), "ends": len(ends), "axes": len(axes), "steps": len(steps)}
+    if len(set(lengths.values())) > 1:
+        raise ShapeError(f"Slice: starts, ends, axes and steps differ in length: {lengths}")
+    bad = [a for a in axes if not -rank <= a < rank]
+    if bad:
+        raise ShapeError(f"Slice: axes {bad} out of range for an input of rank {rank}")
+    axes = [a % rank for a in axes]
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"Slice: axes {axes} repeat an axis")
+    if 0 in steps:
+        raise ShapeError(f"Slice: steps {steps} hold a 0")
+    return axes
+
+
 def _slice(ins: list, attrs: dict) -> list[np.ndarray]:
     x = np.asarray(ins[0])
     starts = [int(v) for v in np.asarray(ins[1]).reshape(-1)]
@@ -445,9 +465,9 @@ def _slice(ins: list, attrs: dict) -> list[np.ndarray]:
         if steps_in is None
         else [int(v) for v in np.asarray(steps_in).reshape(-1)]
     )
+    axes = _checked_slice_args(x.ndim, starts, ends, axes, steps)
     index = [slice(None)] * x.ndim
     for a, st, en, sp in zip(axes, starts, ends, steps):
-        a = a + x.ndim if a < 0 else a
         s, e = _slice_bounds(x.shape[a], st, en, sp)
         if sp < 0 and x.shape[a] == 0:
             index[a] = slice(0, 0)
