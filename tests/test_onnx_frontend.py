@@ -541,6 +541,22 @@ def test_missing_file(tmp_path):
         geode.compile(path)
 
 
+def test_initializer_with_negative_dims_is_refused(tmp_path):
+    """A stored tensor with dims [-1] was read as shape (0,), and the error came later
+    from Add's broadcast, naming neither the tensor nor the cause."""
+    bad = numpy_helper.from_array(np.ones(3, np.float32), "w")
+    del bad.dims[:]
+    bad.dims.append(-1)
+    model = make_model(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        [tin("x", [3])],
+        [tin("y", [3])],
+        inits=[bad],
+    )
+    with pytest.raises(ModelLoadError, match=r"initializer 'w' has dims \[-1\]"):
+        import_model(model)
+
+
 @pytest.mark.parametrize("cut", [10, 0.5, -3])
 def test_truncated_file(tmp_path, cut):
     data = mlp_model().SerializeToString()

@@ -345,6 +345,11 @@ class _Importer:
         self, t: onnx.TensorProto, what: str
     ) -> tuple[np.ndarray | None, ExternalRef | None, Callable[[], np.ndarray] | None]:
         """A tensor's data (None when left for lazy loading), its external ref and loader."""
+        if any(d < 0 for d in t.dims):
+            raise ModelLoadError(
+                f"{self.label}: {what} {t.name!r} has dims {list(t.dims)}: a stored tensor's "
+                "dims cannot be negative"
+            )
         if external_data_helper.uses_external_data(t):
             return self._external(t, what)
         try:
