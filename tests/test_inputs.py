@@ -205,6 +205,27 @@ def test_masked_array_feed_is_refused(model):
         model.run(f)
 
 
+def test_byte_swapped_feeds_give_the_same_results(model):
+    """A big-endian array (e.g. read from a file written elsewhere) holds the same values:
+    it is converted, not refused (the reference path already accepted it); a strided
+    one too. Another type of the same width is still an InputDTypeError."""
+    rng = np.random.default_rng(0)
+    native = {
+        "x": rng.standard_normal((3, 4), dtype=np.float32),
+        "y": rng.standard_normal((3, 4), dtype=np.float32),
+        "z": rng.integers(-9, 9, (2, 5)),
+    }
+    swapped = {k: v.astype(v.dtype.newbyteorder(">")) for k, v in native.items()}
+    swapped["y"] = np.asfortranarray(swapped["y"])
+    want, got = model.run(native), model.run(swapped)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    assert swapped["x"].dtype.byteorder == ">"  # the caller's arrays are untouched
+    bad = dict(native, x=native["x"].view(">i4"))
+    with pytest.raises(InputDTypeError, match="input 'x': dtype"):
+        model.run(bad)
+
+
 def test_broadcast_view_too_large_to_copy(model):
     """A zero-stride view is legal numpy but its contiguous copy would need 2**40 * 16
     bytes: InputError naming the input, not a MemoryError."""

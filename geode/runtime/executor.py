@@ -26,11 +26,11 @@ def _dtype_name(d: np.dtype) -> str:
     return "bool" if d == np.bool_ else str(d)
 
 
-def _contiguous(name: str, raw: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of a strided feed (InputError when it does not fit in memory:
-    a broadcast view can be far larger than the memory it reads)."""
+def _contiguous(name: str, raw: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+    """A C-contiguous copy of a strided feed, of ``dtype`` if given (InputError when it
+    does not fit in memory: a broadcast view can be far larger than the memory it reads)."""
     try:
-        return np.ascontiguousarray(raw)
+        return np.ascontiguousarray(raw, dtype=dtype)
     except MemoryError:
         raise InputError(
             f"input {name!r}: shape {list(raw.shape)} is a strided view of "
@@ -86,6 +86,8 @@ def bind_inputs(
                 raise InputError(
                     f"input {spec.name!r}: expected a numpy array, got {type(raw).__name__}"
                 )
+        if raw.dtype != spec.dtype and raw.dtype.newbyteorder("=") == spec.dtype:
+            raw = _contiguous(spec.name, raw, spec.dtype)  # byte-swapped: same values
         if raw.dtype != spec.dtype:
             raise InputDTypeError(
                 f"input {spec.name!r}: dtype {_dtype_name(raw.dtype)}, expected {_dtype_name(spec.dtype)}"
