@@ -897,5 +897,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    notes = "".join(f" ({note})" for note in getattr(exc, "__notes__", ()))
+    text = " ".join((str(exc) + notes).split()) or type(exc).__name__
     return text if len(text) <= 2000 else text[:2000] + " ..."

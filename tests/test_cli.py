@@ -508,3 +508,9 @@ def test_cache_functions_refuse_a_non_path(tmp_path):
         for bad in (None, 3, "a\x00b"):
             with pytest.raises(OptionError, match="cache_dir="):
                 fn(bad)
+
+
+def test_error_notes_join_the_one_line():
+    exc = ValueError("bad\n value")
+    exc.add_note("in step 's' (aicpu: Slice)")
+    assert cli._one_line(exc) == "bad value (in step 's' (aicpu: Slice))"

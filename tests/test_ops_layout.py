@@ -312,8 +312,9 @@ def test_slice_bad_run_time_arguments(axes: list, steps: list, message: str) -> 
     g.output(ops.slice(x, np.zeros(n, np.int64), np.full(n, 2, np.int64), ax, sp), names=["y"])
     model = geode.compile(g)
     data = np.arange(12, dtype=np.float32).reshape(3, 4)
-    with pytest.raises(ShapeError, match=message):
+    with pytest.raises(ShapeError, match=message) as exc:
         model(x=data, axes=i64(*axes), steps=i64(*steps))
+    assert exc.value.__notes__ == ["in step 'slice' (aicpu: Slice)"]  # where it failed
     good = model(x=data, axes=i64(*range(n)), steps=i64(*[1] * n))["y"]
     np.testing.assert_array_equal(good, data[tuple(slice(0, 2) for _ in range(n))])
 

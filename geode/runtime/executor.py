@@ -183,7 +183,9 @@ class Executor:
                     outs.append(None)
             try:
                 results = step.fn(ins, outs, env)
-            except GeodeError:
+            except GeodeError as exc:
+                if not str(exc).startswith(f"step {step.name!r}"):
+                    exc.add_note(f"in step {step.name!r} ({step.engine}: {step.label})")
                 raise
             except Exception as exc:
                 raise ExecutionError(
