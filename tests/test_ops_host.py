@@ -16,6 +16,7 @@ import pytest
 from opcheck import assert_close, check_op, onnx_node_cases, run_onnx_node_case
 
 import geode
+from geode.compiler.interpret import run_reference
 from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpKind
 from geode.compiler.shapes import sym
@@ -207,6 +208,43 @@ def test_range_symbolic_length():
     assert [int(down.subs(n, v)) for v in (1, 2, 3)] == [2, 3, 4]
     r = g.op("Range", c(2), c(9), c(3))
     assert r.shape == (3,) and r.sym_value == (2, 5, 8)
+
+
+def test_range_length_through_casts():
+    """torch's ``arange(seq)`` exports ``Range(0, Cast(Gather(Shape(x), 1)), 1)`` (an int64
+    -> int64 Cast) and ``arange(seq, dtype=float32)`` a Cast to float: both lengths stay
+    symbolic, so everything downstream keeps the input's dims."""
+    g = geode.Graph("rc")
+    x = g.input("x", ["N", 4])
+    n4 = 4 * sym("N")
+    size = g.op("Size", x)
+    i64 = lambda v: g.constant(np.array(v, np.int64))  # noqa: E731
+    f32 = lambda v: g.constant(np.array(v, np.float32))  # noqa: E731
+    as_i64 = g.op("Cast", size, to=7)
+    assert as_i64.sym_value == (n4,)
+    assert g.op("Range", i64(0), as_i64, i64(1)).shape == (n4,)
+    one_i32 = g.op("Cast", i64(1), to=6)
+    assert g.op("Range", one_i32, g.op("Cast", size, to=6), one_i32).shape == (n4 - 1,)
+    as_f32 = g.op("Cast", size, to=1)
+    assert as_f32.sym_value is None  # only int tensors carry symbolic values
+    up = g.op("Range", f32(0.0), as_f32, f32(1.0))
+    assert up.shape == (n4,)
+    assert g.op("Range", f32(1.0), as_f32, f32(2.0)).shape[0].subs(sym("N"), 3) == 6
+    # a fractional bound or step, or a float16 bound, gives a fresh symbol
+    for bad in (
+        g.op("Range", f32(0.5), as_f32, f32(1.0)),
+        g.op("Range", f32(0.0), as_f32, f32(0.5)),
+        g.op(
+            "Range",
+            g.op("Cast", f32(0.0), to=10),
+            g.op("Cast", size, to=10),
+            g.op("Cast", f32(1.0), to=10),
+        ),
+    ):
+        assert str(bad.shape[0]).startswith("_")
+    g.output(up, names=["up"])
+    got = run_reference(g, {"x": np.zeros((3, 4), np.float32)}, check=True)["up"]
+    np.testing.assert_array_equal(got, np.arange(12, dtype=np.float32))
 
 
 def test_range_infer_and_errors():

@@ -289,6 +289,24 @@ def test_fold_reinfers_consumers():
     assert out.shape == (2, 3)
 
 
+def test_fold_reinfers_every_consumer_of_a_diamond():
+    """A node reached first through one input while its other input still has the old,
+    fresh-symbol shape must be revisited when that input improves (torch's ``Pad`` exports
+    its pads through a foldable chain; a GELU after it is a diamond of Muls)."""
+    g = geode.Graph("diamond")
+    x = g.input("x", ["N", 4])
+    pads = ops.abs(g.constant(np.array([0, 1, 0, 1], np.int64)))  # folds, unknown at first
+    p = ops.pad(x, pads)
+    m = p * p
+    m1 = p * m  # p's last consumer: popped first while m still had the fresh shape
+    g.output(ops.exp(m1), names=["y"])
+    assert not isinstance(m1.shape[1], int)
+    assert fold_constants(g)
+    assert [tuple(v.shape) for v in (p, m, m1, g.outputs[0])] == [(sym("N"), 6)] * 4
+    feeds = {"x": np.ones((3, 4), np.float32)}
+    assert run_reference(g, feeds, check=True)["y"].shape == (3, 6)
+
+
 def test_fold_respects_size_limit():
     g = geode.Graph("big")
     x = g.input("x", [256, 256])

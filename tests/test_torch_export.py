@@ -16,23 +16,13 @@ import warnings
 import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
+from opcheck import model_runner
 
 import geode
 from geode.codegen.driver import CodegenWarning
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 SIZES = [(1, 1), (2, 5), (3, 8), (4, 3), (1, 17)]
-
-
-def _reference(path: str):
-    """A callable feeds -> outputs: onnxruntime when installed, else ONNX's evaluator."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        ref = ReferenceEvaluator(path)
-        return lambda feeds: ref.run(None, feeds)
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    return lambda feeds: sess.run(None, feeds)
 
 
 @pytest.mark.parametrize("name,width", [("torch_block.onnx", 16), ("torch_mlp.onnx", 8)])
@@ -44,7 +34,7 @@ def test_dynamic_batch_and_sequence(name, width):
     assert sum(k.engine == "aicore" for k in model.kernels) > 0, "nothing was fused and compiled"
     sig = model.signature
     assert "batch" in sig and "seq" in sig, sig
-    ref = _reference(path)
+    ref = model_runner(path)
     evaluator = ReferenceEvaluator(path)
     rng = np.random.default_rng(0)
     for batch, seq in SIZES:

@@ -491,7 +491,17 @@ def _cast_target(ctx: InferContext, to: object) -> np.dtype:
 
 def _infer_cast(ctx: InferContext) -> list[TensorDesc]:
     d = ctx.desc(0)
-    return [TensorDesc(_cast_target(ctx, ctx.attr("to")), d.shape, d.format)]
+    out = TensorDesc(_cast_target(ctx, ctx.attr("to")), d.shape, d.format)
+    if d.dtype.kind in "iu" and out.dtype in (np.int32, np.int64) and carries_value(out):
+        # shape values survive an int -> int32/int64 Cast (torch's arange(seq) exports
+        # Range(0, Cast(Gather(Shape(x))), 1)): keep them so the Range stays symbolic
+        vals = value_dims(ctx, 0)
+        info = np.iinfo(out.dtype)
+        if vals is not None and all(
+            not isinstance(v, int) or info.min <= v <= info.max for v in vals
+        ):
+            ctx.set_sym_value(0, vals)
+    return [out]
 
 
 def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:

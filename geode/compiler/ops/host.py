@@ -224,12 +224,39 @@ def _range_infer(ctx: InferContext) -> list[TensorDesc]:
         return [TensorDesc(dtype, (n,))]
     if np.issubdtype(dtype, np.integer):
         start, limit, delta = (_sym_scalar(ctx, i) for i in range(3))
-        if start is not None and limit is not None and isinstance(delta, int) and delta != 0:
-            # symbolic bounds (a Size or a Shape element) with a static step
-            span = as_dim(limit - start) if delta > 0 else as_dim(start - limit)
-            n_sym = as_dim(sympy.Max(0, sympy.ceiling(span / abs(delta))))
-            return [TensorDesc(dtype, (n_sym,))]
+    else:
+        start, limit, delta = (_integral_float(ctx, i, vals[i]) for i in range(3))
+    if start is not None and limit is not None and isinstance(delta, int) and delta != 0:
+        # symbolic bounds (a Size or a Shape element) with a static step
+        span = as_dim(limit - start) if delta > 0 else as_dim(start - limit)
+        n_sym = as_dim(sympy.Max(0, sympy.ceiling(span / abs(delta))))
+        return [TensorDesc(dtype, (n_sym,))]
     return [TensorDesc(dtype, (ctx.fresh("range"),))]
+
+
+#: float dtypes and the largest integer each holds exactly
+_EXACT_INT = {np.dtype(np.float32): 2**24, np.dtype(np.float64): 2**53}
+
+
+def _integral_float(ctx: InferContext, i: int, const: Any) -> Dim | None:
+    """A float Range bound as a dim, when it is an integer: a constant like 0.0, or a
+    Cast of an int shape value (torch's ``arange(seq, dtype=float32)`` exports
+    ``Range(0.0, Cast(Gather(Shape(x), 1)), 1.0)``). None otherwise."""
+    limit = _EXACT_INT.get(ctx.dtype(i))
+    if limit is None:
+        return None
+    if const is not None:
+        f = float(const)
+        return int(f) if f.is_integer() and abs(f) <= limit else None
+    v = ctx.node.input(i)
+    cast = v.producer if v is not None else None
+    if cast is None or cast.op_type != "Cast" or cast.input(0) is None:
+        return None
+    src = cast.input(0)
+    if src.dtype.kind not in "iu" or src.sym_value is None or len(src.sym_value) != 1:
+        return None
+    dim = as_dim(src.sym_value[0])
+    return None if isinstance(dim, int) and abs(dim) > limit else dim
 
 
 def _range_kernel(ins: list, attrs: dict) -> list[np.ndarray]:

@@ -8,6 +8,7 @@ name on an ``Identity`` of it).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -289,15 +290,26 @@ def reinfer_consumers(graph: Graph, values: Iterable[Value]) -> int:
     (a rank where there was none, named or static dims where there were fresh
     symbols, a symbolic value where there was none); then its own consumers are
     revisited. Returns how many nodes learnt something.
+
+    A node is queued again whenever one of its producers learns something: a node
+    reached first through one input, while another input still had its old shape,
+    learns nothing then but must not be left out when that other input improves.
+    Every requeue follows a strict improvement, so the walk ends.
     """
-    work = [n for v in values for n in v.consumers]
-    seen: set[int] = set()
+    work: deque[Node] = deque()
+    queued: set[int] = set()
+
+    def enqueue(nodes: Iterable[Node]) -> None:
+        for n in nodes:
+            if id(n) not in queued:
+                queued.add(id(n))
+                work.append(n)
+
+    enqueue(n for v in values for n in v.consumers)
     improved = 0
     while work:
-        node = work.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+        node = work.popleft()
+        queued.discard(id(node))
         if all(_settled(o) for o in node.outputs):
             continue
         old = [(o.desc, getattr(o, "sym_value", None)) for o in node.outputs]
@@ -320,8 +332,7 @@ def reinfer_consumers(graph: Graph, values: Iterable[Value]) -> int:
                 o.sym_value = sv
         if better:
             improved += 1
-            for o in node.outputs:
-                work.extend(o.consumers)
+            enqueue(n for o in node.outputs for n in o.consumers)
     return improved
 
 
