@@ -40,6 +40,12 @@ CASES = {
     "concat": (lambda a, b: ops.concat(a, ops.tanh(b), axis=1), [["N", 2], ["N", 3]]),
     "split": (lambda a: tuple(x * 1.5 for x in ops.split(a, axis=1, num_outputs=3)), [["N", 6]]),
     "slice": (lambda a: a[:, 1:5:2] + 1.0, [[3, 7]]),
+    # a negative-step start before the first element clamps to 0 (ONNX), not to -1 (Python
+    # slicing, which read one element before the buffer)
+    "slice_negative_step_start_before_begin": (
+        lambda a: ops.slice(ops.exp(a), [-100, -1], [-7, -(2**63)], [1, 0], [-2, -2]),
+        [[3, 5]],
+    ),
     "gather": (lambda a: ops.gather(a, np.array([2, -1, 0], np.int64), axis=1), [[3, 4]]),
     "reduce_max_min": (
         lambda a: (

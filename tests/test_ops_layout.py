@@ -14,10 +14,10 @@ from opcheck import assert_close, check_op, geode_node, onnx_reference
 import geode
 from geode import ops
 from geode.compiler.ops import registry
-from geode.compiler.ops.layout import slice_dim
+from geode.compiler.ops.layout import slice_dim, zero_safe_slice
 from geode.compiler.ops.registry import OpKind
 from geode.compiler.shapes import evaluate, evaluate_dim, sym
-from geode.errors import DTypeError, ShapeError, VerifyError
+from geode.errors import DTypeError, InputShapeError, ShapeError, VerifyError
 
 rng = np.random.default_rng(4321)
 
@@ -271,6 +271,37 @@ def test_slice_dim_matches_static_rule() -> None:
         expr = slice_dim(n, s, e, k)
         for dv in (1, 2, 4, 7):
             assert evaluate_dim(expr, {n: dv}) == slice_dim(dv, s, e, k), (s, e, k, dv)
+
+
+def test_slice_dim_at_a_run_time_zero() -> None:
+    # symbols are positive, so sympy folds x[-1:] on [N] to length 1; at N = 0 ONNX gives
+    # 0. Each symbolic length is right at 0 too, or zero_safe_slice says it is not.
+    n = sym("n")
+    vals = [I64_MIN, -5, -2, -1, 0, 1, 3, I64_MAX]
+    for s, e, k in itertools.product(vals, vals, [1, 2, -1, -3]):
+        at_zero = evaluate_dim(slice_dim(n, s, e, k), {n: 0}) == slice_dim(0, s, e, k)
+        assert at_zero or not zero_safe_slice(s, e, k), (s, e, k)
+    assert evaluate_dim(slice_dim(n, 0, -2, -1), {n: 0}) == 0  # not 2
+    assert not zero_safe_slice(-1, I64_MAX, 1) and zero_safe_slice(0, I64_MAX, 1)
+
+
+def test_slice_of_an_empty_symbolic_axis_is_refused_or_right() -> None:
+    # a compiled slice of col[N, 1] at N = 0 once read out of bounds and returned a
+    # [2, 1] (or [1, 1]) array of garbage: the shapes now say 0, or the inputs are refused
+    g = geode.Graph("t")
+    col = g.input("col", ["N", 1])
+    g.output(ops.slice(col, [0], [-2], [0], [-1]), col[::-1], names=["back", "rev"])
+    model = geode.compile(g)
+    empty = np.zeros((0, 1), np.float32)
+    got = model(col=empty)
+    assert got["back"].shape == (0, 1) and got["rev"].shape == (0, 1)
+    g2 = geode.Graph("t2")
+    col = g2.input("col", ["N", 1])
+    g2.output(col[-1:] * 2.0, names=["last"])
+    model = geode.compile(g2)
+    np.testing.assert_array_equal(model(col=np.ones((3, 1), np.float32))["last"], [[2.0]])
+    with pytest.raises(InputShapeError, match="may not be empty"):
+        model(col=empty)
 
 
 def test_slice_errors() -> None:

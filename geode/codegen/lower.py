@@ -536,12 +536,11 @@ def _slice_params(node: Node) -> tuple[list[int], list[int], list[int], list[int
     for s, e, a, p in zip(starts, ends, axes, steps):
         a = a % r
         d = x.shape[a]
-        if p > 0:
-            s = s + d if s < 0 else s
-            s = min(max(s, 0), d)
-        else:
-            s = s + d if s < 0 else s
-            s = min(max(s, -1), d - 1)
+        s = s + d if s < 0 else s
+        # ONNX clamps a start into [0, d] for a positive step and into [0, d - 1] for a
+        # negative one (as the reference kernel and shape inference do); Python slicing
+        # would clamp a negative step's start to -1, before the first element
+        s = min(max(s, 0), d) if p > 0 else min(max(s, 0), d - 1)
         out_s.append(s)
         out_e.append(e)
         out_a.append(a)

@@ -207,6 +207,21 @@ class SymbolTable:
             return a if isinstance(a, int) else b if isinstance(b, int) else a
         return a
 
+    def require_nonzero(self, d: Dim, where: str = "") -> None:
+        """Record that ``d`` must be at least 1 at run time: an inference that relied on
+        symbols being positive (``Min(1, N)`` is 1) is wrong for a run-time 0, and the
+        executor then refuses the inputs instead of running with a wrong shape.
+
+        The constraint reads ``Min(d, 1) == 1`` over non-negative twins of ``d``'s symbols
+        (same names), which sympy cannot fold to ``1 == 1`` as it would for the originals.
+        """
+        if isinstance(d, int):
+            return
+        twins = {s: sympy.Symbol(s.name, integer=True, nonnegative=True) for s in d.free_symbols}
+        entry = (sympy.Min(d.xreplace(twins), 1), 1, where)
+        if not any(a == entry[0] for a, _, _ in self.constraints):
+            self.constraints.append(entry)
+
     def check_constraints(self, env: Mapping[sympy.Symbol, int]) -> list[str]:
         """Messages for constraints that the bound symbols break (unbound ones skipped)."""
         bad = []

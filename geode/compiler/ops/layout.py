@@ -39,7 +39,16 @@ from geode.compiler.ops.registry import (
     Out,
     register,
 )
-from geode.compiler.shapes import Dim, Shape, as_dim, broadcast_shapes, dims_equal, numel
+from geode.compiler.shapes import (
+    Dim,
+    Shape,
+    as_dim,
+    broadcast_shapes,
+    dims_equal,
+    evaluate_dim,
+    numel,
+    sym,
+)
 from geode.errors import ShapeError, VerifyError
 
 _ALL = dtypes.ANY  # data movement carries the storage dtypes too
@@ -365,8 +374,24 @@ def slice_dim(d: Dim, start: Dim, end: Dim, step: int) -> Dim | None:
         span = s - e
     k = abs(step)
     length = sympy.Max(0, span if k == 1 else sympy.ceiling(sympy.Integer(1) * span / k))
+    if step < 0:
+        # symbols are positive, so sympy folds the start clamp Min(start, d - 1) to start;
+        # at a run-time d = 0 ONNX clamps it to -1 and the slice is empty. A slice is never
+        # longer than its dim, so Min(length, d) is the same length for d >= 1 and 0 for 0.
+        length = sympy.Min(length, d)
     # the Min/Max forms above are already simplified; sympy.simplify (as_dim) only adds time
     return int(length) if length.is_Integer else length
+
+
+def zero_safe_slice(start: Dim, end: Dim, step: int) -> bool:
+    """Whether the symbolic length :func:`slice_dim` gives for these bounds is right for a
+    run-time dim of 0 too (symbols are positive, so e.g. ``x[-1:]`` has length
+    ``Min(1, N)`` = 1, where ONNX gives 0 for ``N = 0``)."""
+    if not (isinstance(start, int) and isinstance(end, int)):
+        return True  # symbolic bounds: only non-negative ones are handled, which clamp at d
+    t = sym("_zero_probe")
+    length = slice_dim(t, start, end, step)
+    return length is None or evaluate_dim(length, {t: 0}) == slice_dim(0, start, end, step)
 
 
 def _infer_slice(ctx: InferContext) -> list[TensorDesc]:
@@ -404,6 +429,10 @@ def _infer_slice(ctx: InferContext) -> list[TensorDesc]:
         step = steps[j] if steps is not None else 1
         length = slice_dim(x.shape[a], starts[j], ends[j], step)
         out[a] = ctx.fresh() if length is None else length
+        if length is not None and not zero_safe_slice(starts[j], ends[j], step):
+            ctx.graph.symbols.require_nonzero(
+                x.shape[a], f"{ctx.where}: the sliced axis {a} may not be empty"
+            )
     desc = TensorDesc(x.dtype, tuple(out))
     _slice_value(ctx, desc, starts, ends, steps)
     return [desc]
