@@ -566,3 +566,31 @@ def test_softplus_is_stable_at_both_ends(dtype):
     assert np.isnan(got[-1])
     tiny = np.finfo(dtype).tiny
     np.testing.assert_allclose(got[:-3], want[:-3], rtol=8 * np.finfo(dtype).eps, atol=tiny)
+
+
+def test_thread_count_is_set_by_each_model_not_inherited():
+    """numba's thread count belongs to the calling thread and outlives a call: a model
+    compiled for all cores ran on one after a ``num_threads=1`` model (or user code) had
+    set it, at half speed with no sign of it."""
+    import numba
+
+    every_core = numba.config.NUMBA_NUM_THREADS
+    if every_core < 2:
+        pytest.skip("one numba thread: all cores and one core are the same here")
+    ex = examples.softmax(hidden=64)
+    one = geode.compile(ex.graph, num_threads=1)
+    every = geode.compile(ex.graph)
+    assert all(k.engine == "aicore" for k in every.kernels)
+    x = np.random.default_rng(0).standard_normal((64, 64), dtype=np.float32)
+    before = numba.get_num_threads()
+    try:
+        one(x=x)
+        assert numba.get_num_threads() == 1
+        every(x=x)
+        assert numba.get_num_threads() == every_core
+        numba.set_num_threads(1)  # the user's own setting
+        np.testing.assert_allclose(every(x=x)["y"], one(x=x)["y"], rtol=1e-6)
+        every(x=x)
+        assert numba.get_num_threads() == every_core
+    finally:
+        numba.set_num_threads(before)

@@ -172,12 +172,19 @@ def make_step(
     lowered: LoweredKernel, native: Callable[..., Any], num_threads: int = 0
 ) -> Callable[[list, list, Any], list]:
     """The AI Core step: ``fn(inputs, outs, env)`` calling the kernel with dims from ``env``
-    (on ``num_threads`` threads when it has parallel loops; 0: all cores)."""
+    (on ``num_threads`` threads when it has parallel loops; 0: all cores).
+
+    numba's thread count is a setting of the calling thread that outlives the call, so
+    a parallel kernel sets its own every time (about 1 us): one left at 1 by another
+    model (``num_threads=1``) or by the user's code would otherwise run an all-cores
+    model on one core.
+    """
     import numba
 
     from geode.codegen.backends.numba import clamp_threads
 
-    threads = clamp_threads(num_threads) if num_threads else 0  # once, not per call
+    threads = clamp_threads(num_threads)  # once, not per call (0: all cores)
+    parallel = bool(getattr(native, "parallel", True))
     dim_fns = [compile_dim_fn(d) for d in lowered.dim_exprs.values()]
     out_shapes = [compile_shape_fn(v.shape) for v in lowered.outputs]
     out_dtypes = [v.dtype for v in lowered.outputs]
@@ -194,7 +201,7 @@ def make_step(
                 o = np.empty(out_shapes[i](env), out_dtypes[i])
             arrays.append(o)
         dims = [f(env) for f in dim_fns]
-        if threads:
+        if parallel:
             numba.set_num_threads(threads)  # numba's setting is per calling thread
         native(*inputs[:n_in], *arrays, *dims)
         return arrays
