@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import geode
 from geode.errors import GeodeError
 from geode.runtime.memory import (
     Arena,
@@ -229,3 +230,33 @@ def test_check_detects_overlap():
     bad = Layout(offsets={0: 0, 1: 0}, sizes={0: 64, 1: 64}, total=64, peak_naive=128)
     with pytest.raises(MemoryPlanError, match="slots 0 and 1"):
         plan.check(bad)
+
+
+def test_executor_reuses_prepared_buffers_per_binding():
+    """The executor prepares each step's arena views once per input binding and reuses
+    them: results stay right when shapes alternate, model outputs are new arrays on every
+    call, the prepared bindings are bounded, and a grown arena drops the views of its old
+    buffer."""
+    from geode import examples
+    from geode.runtime import executor as executor_mod
+
+    ex = examples.layernorm(hidden=32)
+    model = geode.compile(ex.graph, fusion=False)  # many steps, activations in the arena
+    rng = np.random.default_rng(0)
+    runner = model._executor()
+    sizes = [3, 5, 3, 1, 5] + list(range(6, 6 + executor_mod._PREPARED_BINDINGS + 2))
+    previous = None
+    for n in sizes:
+        x = rng.standard_normal((n, 32), dtype=np.float32)
+        got = model(x=x)["y"]
+        np.testing.assert_allclose(got, ex.numpy(x=x)["y"], rtol=1e-5, atol=1e-5)
+        if previous is not None:
+            kept, before = previous
+            assert got is not kept and not np.shares_memory(got, kept)
+            np.testing.assert_array_equal(kept, before)  # an earlier result is untouched
+        previous = (got, got.copy())
+        assert len(runner._prepared) <= executor_mod._PREPARED_BINDINGS
+    generation = runner.arena.generation
+    model(x=rng.standard_normal((4096, 32), dtype=np.float32))  # the arena must grow
+    assert runner.arena.generation > generation
+    assert len(runner._prepared) == 1  # only views of the new buffer are kept
