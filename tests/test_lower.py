@@ -120,3 +120,93 @@ def test_random_chains(chain, rows, cols, reduce, keep):
         "x1": rng.standard_normal(cols).astype(np.float32),
     }
     check_groups(g, feeds)
+
+
+# -- reshape index groups -------------------------------------------------------------------------
+
+
+def test_reshape_groups() -> None:
+    from geode.codegen.lower import reshape_groups
+    from geode.compiler.shapes import sym
+
+    b, s = sym("B"), sym("S")
+    assert reshape_groups([b, s, 768], [b, s, 12, 64]) == [([0], [0]), ([1], [1]), ([2], [2, 3])]
+    assert reshape_groups([b, 12, s, 64], [b, 12 * s * 64]) == [([0], [0]), ([1, 2, 3], [1])]
+    assert reshape_groups([b * s, 16], [b, s, 2, 8]) == [([0], [0, 1]), ([1], [2, 3])]
+    assert reshape_groups([1, b, 1, 6], [b, 2, 1, 3]) == [([1], [0]), ([3], [1, 3])]
+    assert reshape_groups([6, 4], [4, 6]) == [([0, 1], [0, 1])]  # one group, no shortcut
+    assert reshape_groups([b, s], [s, b]) is None  # equal products, no provable split
+    assert reshape_groups([b, 4], [4, b]) is None
+    assert reshape_groups([0, 4], [4, 0]) is None
+
+
+RESHAPES = [
+    (["B", "S", 48], [0, 0, 4, 12], None),  # split the last axis (attention heads)
+    (["B", 4, "S", 12], None, [0, 0, 48]),  # transpose then merge (heads back)
+    (["B", "S", 2, 8], [0, -1], None),  # merge with a symbolic leading dim
+    ([1, "B", 1, 6], [-1, 2, 1, 3], None),  # unit axes on both sides
+    ([6, 4], [4, 6], None),  # sizes that only match as a whole
+    (["B", 3, 5], [-1, 5, 3], None),  # a real reshuffle of the last two axes
+]
+
+
+@pytest.mark.parametrize("shape,to,after", RESHAPES, ids=[str(r[0]) for r in RESHAPES])
+def test_reshape_index_groups_match_numpy(shape, to, after) -> None:
+    """Reshapes whose axes split into groups index each group on its own (no division
+    by symbolic dims per element); the results equal numpy's for several sizes, 1 included."""
+    g = geode.Graph("r")
+    x = g.input("x", shape)
+    y = ops.exp(x)
+    if after is not None:
+        y = ops.reshape(ops.transpose(y, perm=[0, 2, 1, 3]), np.array(after, np.int64))
+    else:
+        y = ops.reshape(y, np.array(to, np.int64))
+    g.output(y + 1.0, names=["y"])
+    model = geode.compile(g)
+    assert all(k.engine == "aicore" for k in model.kernels)
+    for n in (1, 2, 5):
+        a = rng.standard_normal([n if isinstance(d, str) else d for d in shape]).astype(np.float32)
+        e = np.exp(a)
+        if after is not None:
+            e = e.transpose(0, 2, 1, 3)
+            want = e.reshape(e.shape[0], e.shape[1], -1) + 1.0
+        else:
+            want = e.reshape([a.shape[i] if v == 0 else v for i, v in enumerate(to)]) + 1.0
+        np.testing.assert_allclose(model(x=a)["y"], want, rtol=1e-6)
+    if shape[0] == "B" and len(shape) == 3 and to == [0, 0, 4, 12]:
+        source = model.kernels[0].source
+        assert "// S" not in source.split("# block")[-1].split("\n")[1], source
+
+
+@st.composite
+def _reshape_case(draw: st.DrawFn) -> tuple:
+    """A shape (optionally with a symbolic leading dim kept by a 0) and a random
+    refactorisation of the rest of it."""
+    dims = draw(st.lists(st.integers(1, 6), min_size=1, max_size=4))
+    total = int(np.prod(dims))
+    target: list[int] = []
+    rest = total
+    while rest > 1 and len(target) < 4:
+        f = draw(st.sampled_from([d for d in range(1, rest + 1) if rest % d == 0]))
+        target.append(f)
+        rest //= f
+    target.append(rest)
+    target += [1] * draw(st.integers(0, 1))
+    symbolic = draw(st.booleans())
+    return dims, draw(st.permutations(target)), symbolic
+
+
+@settings(max_examples=40, deadline=None)
+@given(_reshape_case())
+def test_random_reshapes_match_numpy(case) -> None:
+    dims, target, symbolic = case
+    shape = (["N"] if symbolic else []) + dims
+    to = ([0] if symbolic else []) + list(target)
+    g = geode.Graph("r")
+    x = g.input("x", shape)
+    g.output(ops.reshape(ops.exp(x), np.array(to, np.int64)) * 2.0, names=["y"])
+    model = geode.compile(g)
+    for n in (1, 3) if symbolic else (None,):
+        a = rng.standard_normal(([n] if symbolic else []) + dims).astype(np.float32)
+        want = np.exp(a).reshape(([n] if symbolic else []) + list(target)) * 2.0
+        np.testing.assert_allclose(model(x=a)["y"], want, rtol=1e-6)

@@ -423,11 +423,55 @@ def _linear(idx: list[A.Expr], shape: list[A.Expr]) -> A.Expr:
 
 
 def _delinear(lin: A.Expr, shape: list[A.Expr]) -> list[A.Expr]:
+    """The indices of linear index ``lin`` in ``shape`` (row-major). ``lin`` is below the
+    product of ``shape``, so the outermost index needs no ``% d``."""
     out: list[A.Expr] = []
-    for d in reversed(shape):
-        out.append(A.mod(lin, d))
+    for k, d in enumerate(reversed(shape)):
+        out.append(lin if k == len(shape) - 1 else A.mod(lin, d))
         lin = A.floordiv(lin, d)
     return list(reversed(out))
+
+
+def _divides(a: Dim, b: Dim) -> bool:
+    """``a`` provably divides ``b`` (``b / a`` is a product of dims and integers)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a > 0 and b % a == 0
+    _, den = sympy.fraction(sympy.cancel(sympy.sympify(b) / sympy.sympify(a)))
+    return den == 1
+
+
+def reshape_groups(src: list[Dim], dst: list[Dim]) -> list[tuple[list[int], list[int]]] | None:
+    """A reshape ``src -> dst`` as independent groups of consecutive axes of equal size:
+    ``[B, S, 768] -> [B, S, 12, 64]`` is ``([0], [0]), ([1], [1]), ([2], [2, 3])``. Axes of
+    size 1 belong to no group (index 0 on the source side). None when the dims do not
+    split that way provably (symbolic dims whose products cannot be matched, a 0 dim).
+
+    Each group's indices depend only on its own axes, so the source index of a split or
+    merged axis is ``i * 64 + j`` or ``k // 64, k % 64``, not a division of the whole
+    linear index by every dim (a symbolic divisor is an integer division per element).
+    """
+    if any(isinstance(d, int) and d == 0 for d in [*src, *dst]):
+        return None
+    si = [a for a, d in enumerate(src) if d != 1]
+    di = [a for a, d in enumerate(dst) if d != 1]
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(si) and j < len(di):
+        gs, gd = [si[i]], [di[j]]
+        ps, pd = src[si[i]], dst[di[j]]
+        i, j = i + 1, j + 1
+        while dims_equal(ps, pd) is not True:
+            both_int = isinstance(ps, int) and isinstance(pd, int)
+            if (ps < pd if both_int else _divides(ps, pd)) and i < len(si):
+                gs.append(si[i])
+                ps, i = ps * src[si[i]], i + 1
+            elif (pd < ps if both_int else _divides(pd, ps)) and j < len(di):
+                gd.append(di[j])
+                pd, j = pd * dst[di[j]], j + 1
+            else:
+                return None
+        groups.append((gs, gd))
+    return groups if i == len(si) and j == len(di) else None
 
 
 @_rule("Reshape", "Flatten")
@@ -438,8 +482,16 @@ def _reshape(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
         dims_equal(a, b) is True for a, b in zip(x.shape, out.shape)
     ):
         return ctx.load(x, ivs)
-    lin = _linear(ivs, list(ctx.shape(out)))
-    return ctx.load(x, _delinear(lin, list(ctx.shape(x))))
+    src, dst = list(ctx.shape(x)), list(ctx.shape(out))
+    groups = reshape_groups(list(x.shape), list(out.shape))
+    if groups is None:
+        return ctx.load(x, _delinear(_linear(ivs, dst), src))
+    idx: list[A.Expr] = [A.Const(0)] * len(src)
+    for gs, gd in groups:
+        lin = _linear([ivs[a] for a in gd], [dst[a] for a in gd])
+        for a, e in zip(gs, _delinear(lin, [src[a] for a in gs])):
+            idx[a] = e
+    return ctx.load(x, idx)
 
 
 @_rule("Squeeze", "Unsqueeze")
