@@ -8,6 +8,7 @@ import pytest
 from lowering_check import check_groups, prepare
 from test_lower import CASES, _graph
 
+import geode
 from geode import examples
 from geode.codegen import ast as A
 from geode.codegen.autoschedule import PREFETCH_CHUNK, schedule_group
@@ -132,6 +133,18 @@ def test_cheap_outputs_stream_and_costly_ones_do_not(name, streamed):
     traces = _traces(name, 0)
     assert any("stream_output(" in t for t in traces) == streamed, traces
     assert not any("stream_output(" in t for t in _traces(name, None)), "None never streams"
+
+
+@pytest.mark.parametrize("hidden,chunk", [(16, 16), (48, 48), (4096, 128)])
+def test_streamed_chunk_is_at_most_the_row(hidden, chunk):
+    """A row shorter than the streaming chunk is streamed as one chunk of its own length
+    (a chunk of 128 on a row of 16 ran 112 masked iterations per row); results hold."""
+    (trace,) = _traces("rmsnorm", 0, hidden=hidden)
+    assert f"stream_output(block='mul', chunk={chunk}, " in trace, trace
+    ex = examples.rmsnorm(hidden=hidden)
+    model = geode.compile(ex.graph, streaming="0")
+    x = np.random.default_rng(0).standard_normal((5, hidden), dtype=np.float32)
+    np.testing.assert_allclose(model(x=x)["y"], ex.numpy(x=x)["y"], rtol=1e-5)
 
 
 def test_softmax_streams_its_scaled_row_and_prefetches_over_its_exp_chunks():

@@ -631,6 +631,17 @@ def _streams(
     )
 
 
+def _stream_chunk(sch: Schedule, block: str) -> int:
+    """:data:`STREAM_CHUNK`, or the static extent of ``block``'s element loop when that is
+    shorter: a chunk longer than the row only adds guarded iterations that do nothing (a
+    row of 16 elements ran 128 iterations, 112 of them masked off)."""
+    loops = sch.get_loops(block)
+    extent = sch.get_loop(loops[-1]).extent if loops else None
+    if isinstance(extent, A.Const) and 0 < int(extent.value) < STREAM_CHUNK:
+        return int(extent.value)
+    return STREAM_CHUNK
+
+
 def _stream_outputs(sch: Schedule, min_bytes: int, heavy_min_bytes: int | None) -> list[str]:
     """Stream every output that a cheap block (:data:`STREAM_MAX_OPS`) writes once it
     reaches ``min_bytes``; with ``heavy_min_bytes`` also those of blocks costing
@@ -647,7 +658,7 @@ def _stream_outputs(sch: Schedule, min_bytes: int, heavy_min_bytes: int | None) 
         if not _streams(sch, name, at_least, max_ops):
             continue
         try:
-            loops.append(sch.stream_output(name, STREAM_CHUNK, at_least)[-1])
+            loops.append(sch.stream_output(name, _stream_chunk(sch, name), at_least)[-1])
         except ScheduleError as exc:
             log.debug("output of %s not streamed: %s", name, exc)
     return loops
