@@ -9,7 +9,7 @@ import numpy as np
 from opcheck import assert_close
 
 from geode.codegen import ast as A
-from geode.codegen.ast_eval import run_kernel
+from geode.codegen.ast_eval import eval_shape, run_kernel
 from geode.codegen.lower import LoweredKernel, lower_group, make_can_lower
 from geode.compiler.fusion.planner import always_profitable, plan_fusion
 from geode.compiler.interpret import bind_inputs, run_reference
@@ -41,15 +41,15 @@ def check_groups(
         lk = lower_group(group, g, f"k{group.id}")
         kernel = lk.kernel if transform is None else transform(lk, group)
         arrays = {}
-        for buf, v in zip(lk.kernel.inputs, lk.inputs):
-            arrays[buf.name] = (
-                v.data if v.is_constant else (feeds[v.name] if v.name in feeds else ref[v.name])
-            )
         dims = {name: evaluate_dim(d, env) for name, d in lk.dim_exprs.items()}
+        for buf, v in zip(kernel.inputs, lk.inputs):
+            a = v.data if v.is_constant else (feeds[v.name] if v.name in feeds else ref[v.name])
+            # a scheduled kernel may view an argument with dims merged (merge_dims)
+            arrays[buf.name] = np.asarray(a).reshape(eval_shape(buf.shape, dims))
         got = run_kernel(kernel, arrays, dims)
-        for buf, v in zip(lk.kernel.outputs, lk.outputs):
+        for buf, v in zip(kernel.outputs, lk.outputs):
             assert_close(
-                got[buf.name],
+                got[buf.name].reshape(np.shape(ref[v.name])),
                 ref[v.name],
                 f"group {group.id} output {v.name}\n{A.format_kernel(kernel)}",
             )

@@ -287,3 +287,101 @@ def test_streamed_elementwise_nests_are_interleaved(name, ex, streams_at, interl
     assert "interleave(" not in plain
     if streams_at == 1 << 20:
         assert "stream_output(" not in plain  # too costly to stream without interleaving
+
+
+# ---------------------------------------------------------------------------------
+# reductions over several axes and over middle axes
+# ---------------------------------------------------------------------------------
+
+
+def _compiled_kernel(model):
+    (k,) = [k for k in model.kernels if k.engine == "aicore"]
+    return k
+
+
+def _spatial_reduction_cases():
+    def instnorm(x):
+        m = geode.ops.reduce_mean(x, axes=[2, 3], keepdims=1)
+        d = x - m
+        v = geode.ops.reduce_mean(d * d, axes=[2, 3], keepdims=1)
+        return d / geode.ops.sqrt(v + 1e-5)
+
+    def instnorm_ref(x):
+        d = x - x.mean((2, 3), keepdims=True)
+        return d / np.sqrt((d * d).mean((2, 3), keepdims=True) + np.float32(1e-5))
+
+    return {
+        "sum_hw": (
+            lambda x: geode.ops.reduce_sum(x, axes=[2, 3], keepdims=1),
+            lambda x: x.sum((2, 3), keepdims=True),
+        ),
+        "mean_chw": (
+            lambda x: geode.ops.reduce_mean(x, axes=[1, 2, 3], keepdims=0),
+            lambda x: x.mean((1, 2, 3)),
+        ),
+        "instnorm": (instnorm, instnorm_ref),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_spatial_reduction_cases()))
+@pytest.mark.parametrize("w", [7, "W"])
+def test_reduction_over_trailing_axes_reads_a_merged_view(case, w):
+    """A reduction over H and W (and C) of [N, C, H, W] runs one loop over their
+    product; its input is viewed with those dims merged, so the loop reads ``x[.., rb]``
+    instead of ``x[.., rb // W, rb % W]`` (a division and a modulo per element kept the
+    loop scalar: 8x slower on [8, 256, 56, 56]). Results match numpy at N = 1 and 3."""
+    build, ref = _spatial_reduction_cases()[case]
+    g = _graph(build, [["N", 3, 5, w]])
+    model = geode.compile(g)
+    k = _compiled_kernel(model)
+    assert "x0.shape[1] != " in k.source and "x0.shape[2]" not in k.source  # [N * C, H * W]
+    for line in k.source.splitlines():
+        if "x0[" in line:
+            for idx in re.findall(r"x0\[([^\]]*)\]", line):
+                assert "//" not in idx and "%" not in idx, line
+    for n in (1, 3):
+        x = rng.standard_normal((n, 3, 5, 7)).astype(np.float32)
+        np.testing.assert_allclose(model(x0=x)["y0"], ref(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis"), [(["N", 10, 16], 1), (["N", 6, 5, 4], 1), (["N", 6, "S"], 1)]
+)
+def test_column_reduction_vectorizes_the_contiguous_axes(shape, axis):
+    """Softmax over a middle axis: each reduction's loop order is outer spatial |
+    reduce | inner spatial, the inner spatial axes (contiguous in the input) fused into
+    one vectorized loop, so each reduce step adds a contiguous run into a row of
+    accumulators (the reduce loop innermost strided through memory: softmax over axis
+    1 of [32, 1000, 64] was 15x slower). Results match numpy at N = 1 and 3."""
+    g = _graph(lambda x: geode.ops.softmax(x, axis=axis), [shape])
+    gg, plan = prepare(g)
+    groups = [gr for gr in plan.groups if gr.pattern_name() == "column_reduce"]
+    assert groups
+    for group in groups:
+        sch = schedule_group(lower_group(group, gg, "k"), group)
+        assert sch.level == "full", sch.notes
+        updates = [
+            n
+            for n in sch.blocks()
+            if sch.get_block(n).reduce_of is None
+            and any(iv.kind == "reduce" for iv in sch.get_block(n).iter_vars)
+        ]
+        assert updates
+        for name in updates:
+            loops = [sch.get_loop(lp) for lp in sch.get_loops(name)]
+            assert loops[-1].kind is A.ForKind.VECTORIZED
+            reduce_loops = {
+                v
+                for iv, x in zip(sch.get_block(name).iter_vars, sch.get_block(name).bindings)
+                if iv.kind == "reduce"
+                for v in A.free_vars(x)
+            }
+            assert loops[-2].var in reduce_loops and loops[-1].var not in reduce_loops
+    model = geode.compile(g)
+    for n in (1, 3):
+        dims = [n if d == "N" else 7 if isinstance(d, str) else d for d in shape]
+        x = rng.standard_normal(dims).astype(np.float32)
+        e = np.exp(x - x.max(axis, keepdims=True))
+        np.testing.assert_allclose(
+            model(x0=x)["y0"], e / e.sum(axis, keepdims=True), rtol=1e-4, atol=1e-6
+        )

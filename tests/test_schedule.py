@@ -478,6 +478,78 @@ def test_align_keepdims_and_explicit_axes() -> None:
     check_same(k, sch.kernel, DIMS_LN)
 
 
+def _run_viewed(k: Kernel, arrays: dict[str, np.ndarray], dims: dict[str, int]) -> dict:
+    """Run ``k`` on ``arrays`` reshaped to its argument shapes (merge_dims views)."""
+    views = {
+        b.name: np.asarray(arrays[b.name]).reshape(eval_shape(b.shape, dims)) for b in k.inputs
+    }
+    return run_kernel(k, views, dims)
+
+
+def _loads_of(k: Kernel, name: str) -> list[Load]:
+    out: list[Load] = []
+    for s_ in walk_stmts(k.body):
+        for e in stmt_exprs(s_):
+            out += [x for x in walk(e) if isinstance(x, Load) and x.buffer == name]
+    return out
+
+
+@pytest.mark.parametrize("w", [6, "W"])
+def test_merge_dims_folds_digit_pairs(w: int | str) -> None:
+    """A reduction over the two trailing axes of ``X[N, C, H, W]`` aligned to one loop
+    reads ``X[.., rb // W, rb % W]``; merging those dims reads ``X[.., rb]``, and the
+    outer pair ``(sp // C, sp % C)`` folds the same way. Values are unchanged."""
+    dims_w = [] if isinstance(w, int) else [w]
+    body = reduce_("r", "S", ["N", 3, 4, w], [2, 3], lambda i: ld("X", i))
+    k = Kernel("r", [buf("X", ["N", 3, 4, w])], [buf("S", ["N", 3])], ["N", *dims_w], body)
+    sch = Schedule(k)
+    sch.align("r")
+    assert sch.digit_dims("X") == [0, 2]
+    sch.merge_dims("X", 2)
+    sch.merge_dims("X", 0)
+    assert sch.digit_dims("X") == []
+    (load,) = _loads_of(sch.kernel, "X")
+    assert load.indices == (Var("r_sp"), Var("r_rb"))
+    assert len(sch.kernel.inputs[0].shape) == 2
+    check_replay(k, sch)
+    for n, wv in ((1, 6), (3, 6)):
+        dims = {"N": n, **({} if isinstance(w, int) else {w: wv})}
+        arrays = _inputs(k, dims)
+        want = run_kernel(k, arrays, dims)["S"]
+        np.testing.assert_allclose(_run_viewed(sch.kernel, arrays, dims)["S"], want, rtol=1e-5)
+
+
+def test_merge_dims_of_plain_indices_and_outputs() -> None:
+    """Indices that are not digits of one index become ``hi * d + lo`` (the row-major
+    offset the backend computes anyway); an output and a nested digit pair
+    ``(e // d % m, e % d)`` fold to ``e % (m * d)``."""
+    body = [ew("A", "O", ["N", 4, 5], lambda v: Bin("*", ld("X", v), f32(2.0)))]
+    k = Kernel("e", [buf("X", ["N", 4, 5])], [buf("O", ["N", 4, 5])], ["N"], body)
+    sch = Schedule(k)
+    fused = sch.fuse(["A_i0", "A_i1", "A_i2"])
+    assert sch.digit_dims("O") == [0, 1]
+    sch.merge_dims("O", 1)  # (f // 5 % 4, f % 5) -> f % 20
+    sch.merge_dims("O", 0)
+    sch.merge_dims("X", 1)
+    store = next(x for x in walk_stmts(sch.kernel.body) if isinstance(x, Store))
+    assert store.indices == (Var(fused),)
+    assert len(sch.kernel.outputs[0].shape) == 1
+    sch2 = Schedule(k)
+    sch2.merge_dims("X", 1)  # plain loop indices: i1 * 5 + i2
+    (load,) = _loads_of(sch2.kernel, "X")
+    assert load.indices[1] == Bin("+", Bin("*", Var("vi1"), Const(5)), Var("vi2"))
+    for dims in DIMS_N:
+        arrays = _inputs(k, dims)
+        want = run_kernel(k, arrays, dims)["O"]
+        for s_ in (sch, sch2):
+            got = _run_viewed(s_.kernel, arrays, dims)["O"]
+            np.testing.assert_allclose(got.reshape(want.shape), want)
+    with raises("merge_dims", "X"):
+        sch2.merge_dims("X", 1)  # rank 2 now: dim 1 has no next dim
+    with raises("merge_dims", "nope"):
+        sch2.merge_dims("nope", 0)
+
+
 def test_align_all_is_atomic() -> None:
     sch = Schedule(k_eltwise())
     sch.split("mul_2_i1", [-1, 4])

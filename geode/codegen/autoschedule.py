@@ -24,7 +24,14 @@
   streamed chunks into the L2, or in one burst after the first pass
   (``prefetch_next``). Loop-invariant row indices are computed once per row by the
   backend.
-* **column_reduce**: nests are aligned and their spatial loops run in parallel.
+* **column_reduce**: a reduction whose input is contiguous along spatial axes after
+  its reduce axes runs ``outer spatial | reduce | inner spatial``, the inner spatial
+  loops fused and vectorized (softmax over axis 1 of [32, 1000, 64]: 7859 -> 430 us;
+  a mean over C of [8, 256, 56, 56]: 2145 -> 652-786 us); each nest's outer loop runs
+  in parallel.
+* **merged views** (every pattern, last): a kernel argument or local temp that a fused
+  loop indexes digit by digit (``x[.., rb // W, rb % W]``) is viewed with those dims
+  merged (``merge_dims``; the step reshapes the array, see ``driver.arg_views``).
 * **streaming stores** (elementwise and row patterns): an output written by one cheap
   block (:data:`STREAM_MAX_OPS`) and read by none is written through staging chunks
   with non-temporal stores once it reaches ``stream_min_bytes``
@@ -114,6 +121,7 @@ def schedule_group(
                         sch.interleave(loop, interleave)
                 if rows is not None:
                     _prefetch_rows(sch, rows)
+                _merge_digit_dims(sch)
             sch.notes = notes  # type: ignore[attr-defined]
             sch.level = level  # type: ignore[attr-defined]
             return sch
@@ -491,7 +499,31 @@ def _same_extent(ext: A.Expr, lowered: LoweredKernel, group: Group, i: int) -> b
     return any(str(v) == want and got == k for k, v in names.items())
 
 
+def _merge_digit_dims(sch: Schedule) -> None:
+    """Merge the dims of every kernel argument that a fused loop indexes digit by digit
+    (:meth:`Schedule.merge_dims`): a reduction over H and W of ``[N, C, H, W]`` runs one
+    loop over ``H * W`` and read ``x[n, c, rb // W, rb % W]``, an integer division and
+    a modulo per element that kept the loop from vectorizing; on the merged view it reads
+    ``x[n, c, rb]``. Measured on two Zen 4 cores, float32, min of 25 runs: ReduceSum
+    over H, W of [8, 256, 56, 56] 2661 -> 324 us; InstanceNorm of [8, 64, 56, 56]
+    1354 -> 280 us."""
+    local = [b for b in sch.kernel.temps if b.scope == "local"]
+    for buf in [b.name for b in sch.kernel.inputs + sch.kernel.outputs + local]:
+        while dims := sch.digit_dims(buf):
+            sch.merge_dims(buf, dims[-1])
+
+
 def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
+    """Every nest runs its outer loop in parallel; a reduction whose input is contiguous
+    along spatial axes (softmax over the middle axis of ``[N, 1000, 64]``, a mean over
+    C of ``[N, C, H, W]``) first moves its reduce loops outside those axes and
+    vectorizes them (:func:`_reduce_outside_inner_axes`)."""
+    for name in sch.blocks():
+        if _is_reduce_update(sch.get_block(name)):
+            try:
+                _reduce_outside_inner_axes(sch, name)
+            except ScheduleError as exc:
+                log.debug("column reduce: %s keeps its loop order: %s", name, exc)
     for name in sch.blocks():
         loops = _nest_loops(sch, name)
         if loops:
@@ -499,6 +531,53 @@ def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
                 sch.parallel(loops[0])
             except ScheduleError as exc:
                 log.debug("column reduce: %s stays serial: %s", name, exc)
+
+
+def _is_reduce_update(b: A.Block) -> bool:
+    return b.reduce_of is None and any(iv.kind == "reduce" for iv in b.iter_vars)
+
+
+def _inner_spatial(b: A.Block) -> list[int]:
+    """Positions of ``b``'s spatial iteration variables that every load of a
+    reduced element indexes only after its last reduce variable (the axes the input is
+    contiguous along); empty when any such load indexes them elsewhere."""
+    red = {iv.name for iv in b.iter_vars if iv.kind == "reduce"}
+    spatial = [i for i, iv in enumerate(b.iter_vars) if iv.kind != "reduce"]
+    inner = set(spatial)
+    for st in A.walk_stmts(b.body):
+        if not isinstance(st, A.Store):
+            continue
+        for ld in A.loads(st.value):
+            uses = [A.free_vars(i) for i in ld.indices]
+            last = max((k for k, u in enumerate(uses) if u & red), default=None)
+            if last is None:
+                continue
+            for i in spatial:
+                if any(b.iter_vars[i].name in u for u in uses[: last + 1]):
+                    inner.discard(i)
+    return sorted(inner)
+
+
+def _reduce_outside_inner_axes(sch: Schedule, block: str) -> None:
+    """Loop order ``outer spatial | reduce | inner spatial`` for reduction ``block``, the
+    inner spatial loops fused and vectorized: each reduce step then adds a contiguous
+    run of the input to a row of accumulators, instead of the innermost reduce loop
+    striding through memory with one scalar accumulator (softmax over axis 1 of
+    [32, 1000, 64]: each element was a load 256 bytes from the last)."""
+    b = sch.get_block(block)
+    loops = _nest_loops(sch, block)
+    inner = _inner_spatial(b)
+    if not inner or len(loops) != len(b.iter_vars):
+        return
+    red = [i for i, iv in enumerate(b.iter_vars) if iv.kind == "reduce"]
+    outer = [i for i in range(len(loops)) if i not in inner and i not in red]
+    sch.reorder([loops[i] for i in outer + red + inner])
+    inner_loops = [loops[i] for i in inner]
+    vec = sch.fuse(inner_loops) if len(inner_loops) > 1 else inner_loops[0]
+    sch.vectorize(vec)
+    outer_loops = [loops[i] for i in outer]
+    if len(outer_loops) > 1:
+        sch.fuse(outer_loops)
 
 
 # ---------------------------------------------------------------------------------

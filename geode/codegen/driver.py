@@ -8,6 +8,7 @@ node on the AICPU engine, with a warning: a user never loses a result to a codeg
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -131,7 +132,7 @@ def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumpe
     if dump.wants(4) and opts.debug >= 4:
         dump.stage(f"{name}_llvm", native.llvm, level=4, ext="ll")
         dump.stage(f"{name}_asm", native.asm, level=4, ext="s")
-    step = make_step(lowered, native, opts.num_threads)
+    step = make_step(lowered, native, opts.num_threads, arg_views(lowered, kernel))
     info = KernelInfo(
         name=name,
         ops=list(group.nodes),
@@ -168,11 +169,50 @@ def check_indices(check: IndexCheck, inputs: list, dim: int) -> None:
         )
 
 
+#: how a kernel argument is viewed: for each dim of the view, the first of the value's
+#: dims it merges (the view's dim ``k`` spans ``starts[k]:starts[k + 1]``)
+View = tuple[int, ...]
+
+
+def arg_views(lowered: LoweredKernel, kernel: A.Kernel) -> list[View | None]:
+    """For each kernel argument (inputs, then outputs), the dims of its value that the
+    scheduled ``kernel`` merges (:meth:`Schedule.merge_dims`), or None when it takes the
+    value's own shape. The step reshapes those arrays (a view of the same memory)."""
+    from geode.codegen.schedule import _eq
+
+    out: list[View | None] = []
+    for old, new in zip(
+        lowered.kernel.inputs + lowered.kernel.outputs, kernel.inputs + kernel.outputs
+    ):
+        if len(old.shape) == len(new.shape):
+            out.append(None)
+            continue
+        starts, k = [], 0
+        for d in new.shape:
+            starts.append(k)
+            size: A.Expr = A.Const(1)
+            while k < len(old.shape) and not (_eq(size, d) and k > starts[-1]):
+                size, k = A.mul(size, old.shape[k]), k + 1
+        if k != len(old.shape):
+            raise GeodeError(f"kernel {kernel.name}: argument {new.name} has an unknown view")
+        out.append(tuple(starts))
+    return out
+
+
+def _view(a: np.ndarray, starts: View) -> np.ndarray:
+    ends = (*starts[1:], a.ndim)
+    return a.reshape(tuple(math.prod(a.shape[s:e]) for s, e in zip(starts, ends)))
+
+
 def make_step(
-    lowered: LoweredKernel, native: Callable[..., Any], num_threads: int = 0
+    lowered: LoweredKernel,
+    native: Callable[..., Any],
+    num_threads: int = 0,
+    views: list[View | None] | None = None,
 ) -> Callable[[list, list, Any], list]:
     """The AI Core step: ``fn(inputs, outs, env)`` calling the kernel with dims from ``env``
-    (on ``num_threads`` threads when it has parallel loops; 0: all cores).
+    (on ``num_threads`` threads when it has parallel loops; 0: all cores), each argument
+    reshaped as ``views`` says (see :func:`arg_views`).
 
     numba's thread count is a setting of the calling thread that outlives the call, so
     a parallel kernel sets its own every time (about 1 us): one left at 1 by another
@@ -190,6 +230,7 @@ def make_step(
     out_dtypes = [v.dtype for v in lowered.outputs]
     n_in = len(lowered.inputs)
     checks = [(c, compile_dim_fn(c.dim)) for c in lowered.index_checks]
+    reshaped = [(i, v) for i, v in enumerate(views or []) if v is not None]
 
     def step(inputs: list, outs: list, env: Any) -> list:
         for check, dim_fn in checks:
@@ -203,7 +244,12 @@ def make_step(
         dims = [f(env) for f in dim_fns]
         if parallel:
             numba.set_num_threads(threads)  # numba's setting is per calling thread
-        native(*inputs[:n_in], *arrays, *dims)
+        args = [*inputs[:n_in], *arrays]
+        for i, starts in reshaped:
+            if i >= n_in and not args[i].flags.c_contiguous:  # a reshape would copy it
+                raise ExecutionError(f"kernel output {i - n_in} is not C-contiguous")
+            args[i] = _view(args[i], starts)
+        native(*args, *dims)
         return arrays
 
     return step

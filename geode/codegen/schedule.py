@@ -603,6 +603,33 @@ def _block_exprs(b: Block) -> list[Expr]:
     return out
 
 
+def _join_digits(hi: Expr, lo: Expr, d: Expr) -> Expr | None:
+    """``hi * d + lo`` when the pair are digits of one index in base ``d``:
+    ``(e // d, e % d)`` -> ``e``, ``(e // d % m, e % d)`` -> ``e % (m * d)`` (nested
+    divisions ``e // a // b`` read as ``e // (a * b)``); else None."""
+    if not (isinstance(lo, Bin) and lo.op == "%" and _eq(lo.b, d)):
+        return None
+    e = lo.a
+    if isinstance(hi, Bin) and hi.op == "%":
+        for q in (hi.a, _collapse_div(hi.a)):
+            if isinstance(q, Bin) and q.op == "//" and q.a == e and _eq(q.b, d):
+                return mod(e, mul(hi.b, d))
+        return None
+    for q in (hi, _collapse_div(hi)):
+        if isinstance(q, Bin) and q.op == "//" and q.a == e and _eq(q.b, d):
+            return e
+    return None
+
+
+def _collapse_div(e: Expr) -> Expr:
+    """``e // a // b`` as ``e // (a * b)`` (equal for positive divisors)."""
+    if isinstance(e, Bin) and e.op == "//":
+        inner = _collapse_div(e.a)
+        if isinstance(inner, Bin) and inner.op == "//":
+            return floordiv(inner.a, mul(inner.b, e.b))
+    return e
+
+
 def _subst_loop_vars(stmts: list[Stmt], mapping: dict[str, Expr]) -> None:
     """Replace loop variables in loop extents, conditions, bindings, predicates and
     prefetch offsets."""
@@ -649,6 +676,26 @@ def _map_block_exprs(b: Block, fn: Callable[[Expr], Expr]) -> None:
             s.value = fn(s.value)
         elif isinstance(s, If):
             s.cond = fn(s.cond)
+
+
+def _map_stmt_exprs(s: Stmt, fn: Callable[[Expr], Expr]) -> None:
+    """Rewrite every expression ``s`` holds directly (not those of nested statements)."""
+    if isinstance(s, Store):
+        s.indices = tuple(fn(i) for i in s.indices)
+        s.value = fn(s.value)
+    elif isinstance(s, For):
+        s.extent = fn(s.extent)
+    elif isinstance(s, Block):
+        s.bindings = [fn(x) for x in s.bindings]
+        if s.predicate is not None:
+            s.predicate = fn(s.predicate)
+    elif isinstance(s, If):
+        s.cond = fn(s.cond)
+    elif isinstance(s, Prefetch):
+        s.offset = fn(s.offset)
+    elif isinstance(s, StreamStore):
+        s.offset, s.src_offset = fn(s.offset), fn(s.src_offset)
+        s.length, s.nontemporal = fn(s.length), fn(s.nontemporal)
 
 
 def _retarget(b: Block, temp: str, out: str, plan: list[int | Expr], row: dict[str, Expr]) -> None:
@@ -2701,6 +2748,85 @@ class Schedule:
                 "unroll", blk, f"extent {f.extent.value} of {loop} exceeds {max_extent}"
             )
         f.kind = ForKind.UNROLLED
+        return None
+
+    def digit_dims(self, buffer: str) -> list[int]:
+        """The dims ``k`` of kernel argument ``buffer`` where some access indexes dims
+        ``k`` and ``k + 1`` with the two digits of one index (``e // d, e % d``, through
+        the block's bindings): what :meth:`merge_dims` folds."""
+        buf = self.kernel.buffer(buffer)
+        found: set[int] = set()
+        for b in ast_blocks(self.kernel.body):
+            bind = {iv.name: x for iv, x in zip(b.iter_vars, b.bindings)}
+            idxs = [st.indices for st in _stores(b) if st.buffer == buffer]
+            idxs += [ld.indices for ld in _loads(b) if ld.buffer == buffer]
+            for idx in idxs:
+                for k in range(len(idx) - 1):
+                    hi, lo = substitute(idx[k], bind), substitute(idx[k + 1], bind)
+                    if _join_digits(hi, lo, buf.shape[k + 1]) is not None:
+                        found.add(k)
+        return sorted(found)
+
+    @_primitive
+    def merge_dims(self, buffer: str, dim: int) -> None:
+        """View kernel argument ``buffer`` with dims ``dim`` and ``dim + 1`` merged into
+        one (a C-contiguous array reshaped: the caller passes it in the new shape), or
+        allocate local temp ``buffer`` so. Every
+        access's index pair ``(hi, lo)`` becomes ``hi * d + lo`` (``d`` the size of dim
+        ``dim + 1``), folded where the pair splits one index into digits, through the
+        block's bindings: ``(e // d, e % d)`` is ``e`` and ``(e // d % m, e % d)`` is
+        ``e % (m * d)``. A loop fused over several axes of an array (``align``'s reduce
+        loop over H and W) then walks it with one contiguous index instead of a division
+        and a modulo per element, which keeps the loop vectorizable.
+
+        Requirements: ``buffer`` is a kernel input or output or a local temp;
+        ``0 <= dim < rank - 1``.
+
+        Example, ``merge_dims("x", 2)`` with ``x`` of shape ``[N, 64, 56, 56]``::
+
+            for (sp, 0, N * 64)                  for (sp, 0, N * 64)
+              for (rb, 0, 3136)                    for (rb, 0, 3136)
+                ScheduleBlock(R)          ->         ScheduleBlock(R)
+                  vi, vj, r:vk, r:vl =                 vi, vj, r:vk, r:vl =
+                    axis.bind(sp // 64, sp % 64,         axis.bind(sp // 64, sp % 64,
+                              rb // 56, rb % 56)                   rb // 56, rb % 56)
+                  R[vi, vj] = R[vi, vj]                R[vi, vj] = R[vi, vj]
+                    + x[vi, vj, vk, vl]                  + x[vi, vj, rb]
+        """
+        prim = "merge_dims"
+        local = [b for b in self.kernel.temps if b.scope == "local"]
+        args = {b.name: b for b in self.kernel.inputs + self.kernel.outputs + local}
+        if buffer not in args:
+            raise ScheduleError(prim, buffer, "not a kernel input or output or a local temp")
+        buf = args[buffer]
+        if not 0 <= dim < len(buf.shape) - 1:
+            raise ScheduleError(prim, buffer, f"dim {dim} has no next dim in rank {len(buf.shape)}")
+        d = buf.shape[dim + 1]
+
+        def merged(idx: tuple[Expr, ...], bind: dict[str, Expr]) -> tuple[Expr, ...]:
+            hi, lo = idx[dim], idx[dim + 1]
+            joined = _join_digits(substitute(hi, bind), substitute(lo, bind), d)
+            if joined is None:
+                joined = add(mul(hi, d), lo)
+            return (*idx[:dim], joined, *idx[dim + 2 :])
+
+        def visit(stmts: list[Stmt], bind: dict[str, Expr]) -> None:
+            def repl(e: Expr) -> Expr | None:
+                if isinstance(e, Load) and e.buffer == buffer:
+                    return Load(e.buffer, merged(e.indices, bind))
+                return None
+
+            for st in stmts:
+                _map_stmt_exprs(st, lambda e: transform(e, repl))
+                if isinstance(st, Store) and st.buffer == buffer:
+                    st.indices = merged(st.indices, bind)
+                if isinstance(st, Block):
+                    visit(st.body, {iv.name: x for iv, x in zip(st.iter_vars, st.bindings)})
+                elif isinstance(st, (For, If)):
+                    visit(st.body, bind)
+
+        visit(self.kernel.body, {})
+        buf.shape = (*buf.shape[:dim], mul(buf.shape[dim], d), *buf.shape[dim + 2 :])
         return None
 
 
