@@ -5,7 +5,8 @@ rewrites it in place, one primitive at a time, in the style of CINN's IRSchedule
 
 * queries: :meth:`~Schedule.get_block`, :meth:`~Schedule.blocks`,
   :meth:`~Schedule.get_loops`, :meth:`~Schedule.producers`,
-  :meth:`~Schedule.consumers`, :meth:`~Schedule.writers`, :meth:`~Schedule.readers`;
+  :meth:`~Schedule.consumers`, :meth:`~Schedule.writers`, :meth:`~Schedule.readers`,
+  :meth:`~Schedule.load_strides`;
 * loop transformations: :meth:`~Schedule.split`, :meth:`~Schedule.fuse`,
   :meth:`~Schedule.reorder`, :meth:`~Schedule.align` / :meth:`~Schedule.align_all`
   (CINN's iteration-space alignment);
@@ -856,6 +857,26 @@ class Schedule:
             for x in ast_blocks(self.kernel.body)
             if x is not b and b.reduce_of != x.name and x.reduce_of != b.name and _reads(x) & ws
         ]
+
+    def load_strides(self, block: str, loop: str) -> list[tuple[str, list[int | None]]]:
+        """For every load of ``block``: its buffer and, per index, how far that index
+        moves when loop ``loop`` advances by one (the constant coefficient of ``loop`` in
+        the index written in loop variables; 0 when the index does not use ``loop``;
+        None when it is not affine in ``loop`` with a constant coefficient)."""
+        b = self.get_block(block)
+        out: list[tuple[str, list[int | None]]] = []
+        for ld in _loads(b):
+            strides: list[int | None] = []
+            for i in ld.indices:
+                e = _loop_terms(b, i)
+                if loop not in free_vars(e):
+                    strides.append(0)
+                    continue
+                d = _diff(substitute(e, {loop: add(Var(loop), Const(1))}), e)
+                ok = d is not None and d.is_Integer
+                strides.append(int(d) if ok else None)  # type: ignore[arg-type]
+            out.append((ld.buffer, strides))
+        return out
 
     # ------------------------------------------------------------------ internals
 
