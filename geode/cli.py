@@ -572,8 +572,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
     print(f"kernel cache {info.path}: {info.entries} kernels, {format_bytes(info.bytes)} ({limit})")
     if args.clear:
         print(f"removed {cache.clear_cache(cache_dir)} kernels")
+    elif args.prune and not opts.cache_max_mb:
+        print("no limit (GEODE_CACHE_MAX_MB=0): nothing evicted")
     elif args.prune:
-        done = cache.prune_cache(cache_dir, opts.cache_max_mb << 20 or (1 << 62))
+        done = cache.prune_cache(cache_dir, opts.cache_max_mb << 20)
         print(
             f"evicted {done.removed} entries ({format_bytes(done.freed)}), {format_bytes(done.left)} left"
         )

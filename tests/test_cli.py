@@ -497,6 +497,8 @@ def test_cache_shows_and_clears_only_geode_entries(env, tmp_path):
     assert ": 0 kernels, 0 B (limit 2048 MiB)" in geode_cmd(own, "cache").stdout
     unlimited = geode_cmd(dict(own, GEODE_CACHE_MAX_MB="0"), "cache")
     assert unlimited.stdout.endswith("(no limit)\n")
+    unlimited = geode_cmd(dict(own, GEODE_CACHE_MAX_MB="0"), "cache", "--prune")
+    assert unlimited.stdout.endswith("no limit (GEODE_CACHE_MAX_MB=0): nothing evicted\n")
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 

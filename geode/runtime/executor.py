@@ -38,8 +38,6 @@ def _contiguous(name: str, raw: np.ndarray, dtype: np.dtype | None = None) -> np
         ) from None
 
 
-#: a prepared output that must be a new array on every call (a model output)
-_FRESH = "fresh"
 #: bindings (input shapes) whose prepared step outputs an executor keeps
 _PREPARED_BINDINGS = 8
 
@@ -161,10 +159,8 @@ class Executor:
         self._prepared_for = self.arena.generation
 
     def _step_outputs(self, layout: Any, env: dict[str, int]) -> list[list]:
-        """Each step's output buffers for the binding ``env``: an arena view, a shape and
-        dtype for a fresh model output (``_FRESH``), or None (the step allocates).
-
-        Built once per binding and arena buffer, then reused: making ~20 views and
+        """Each step's output buffers for the binding ``env`` (see :meth:`_buffers`),
+        built once per binding and arena buffer, then reused: making ~20 views and
         evaluating their shapes was a third of a small model's per-call time. Views
         stay valid while the arena keeps its buffer (its ``generation``); model outputs
         are never views, so nothing handed to the caller is shared between calls.
@@ -174,44 +170,36 @@ class Executor:
             self._prepared_for = self.arena.generation
         key = tuple(env.items())
         prepared = self._prepared.get(key)
-        if prepared is not None:
-            return prepared
-        plan = self.plan
-        prepared = []
-        for step in plan.steps:
-            outs: list = []
-            for o in step.outputs:
-                slot = plan.slots[o]
-                if layout is not None and o in plan.arena_slots:
-                    shape = _output_shape(step.name, slot, env)
-                    outs.append(self.arena.view(layout.offsets[o], shape, slot.dtype))
-                elif o in self._outputs and step.engine == "aicore" and slot.shape is not None:
-                    outs.append((_FRESH, _output_shape(step.name, slot, env), slot.dtype))
-                else:
-                    outs.append(None)
-            prepared.append(outs)
-        if len(self._prepared) >= _PREPARED_BINDINGS:
-            self._prepared.pop(next(iter(self._prepared)))  # oldest binding first
-        self._prepared[key] = prepared
+        if prepared is None:
+            prepared = [self._buffers(step, layout, env) for step in self.plan.steps]
+            if len(self._prepared) >= _PREPARED_BINDINGS:
+                self._prepared.pop(next(iter(self._prepared)))  # oldest binding first
+            self._prepared[key] = prepared
         return prepared
 
-    def _fresh(self, buf: Any) -> Any:
-        """A prepared buffer as the step gets it: a new pooled array for ``_FRESH``."""
-        if type(buf) is tuple:
-            return self.pool.empty(buf[1], buf[2])
-        return buf
-
-    def _step_outputs_now(self, step: Any, env: dict[str, int]) -> list:
-        """A step's output buffers when there is no arena layout (sizes known only at
-        run time): fresh model outputs of aicore steps, else None."""
+    def _buffers(self, step: Any, layout: Any, env: dict[str, int]) -> list:
+        """What each output of ``step`` is written into: an arena view (``layout`` given
+        and the output planned in it), ``(shape, dtype)`` for a new array per call (a
+        model output of an aicore step, see :meth:`_fresh`), or None (the step
+        allocates)."""
         outs: list = []
         for o in step.outputs:
             slot = self.plan.slots[o]
-            if o in self._outputs and step.engine == "aicore" and slot.shape is not None:
-                outs.append(self.pool.empty(_output_shape(step.name, slot, env), slot.dtype))
+            if layout is not None and o in self.plan.arena_slots:
+                shape = _output_shape(step.name, slot, env)
+                outs.append(self.arena.view(layout.offsets[o], shape, slot.dtype))
+            elif o in self._outputs and step.engine == "aicore" and slot.shape is not None:
+                outs.append((_output_shape(step.name, slot, env), slot.dtype))
             else:
                 outs.append(None)
         return outs
+
+    def _fresh(self, buf: Any) -> Any:
+        """A buffer of :meth:`_buffers` as the step gets it: ``(shape, dtype)`` becomes a
+        new pooled array."""
+        if type(buf) is tuple:
+            return self.pool.empty(*buf)
+        return buf
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the plan on ``feeds`` (input name -> array); returns output name -> array."""
@@ -235,10 +223,8 @@ class Executor:
         prepared = self._step_outputs(layout, env) if layout is not None else None
         for k, step in enumerate(plan.steps):
             ins = [None if i is None else values[i] for i in step.inputs]
-            if prepared is not None:
-                outs = [self._fresh(b) for b in prepared[k]]
-            else:
-                outs = self._step_outputs_now(step, env)
+            bufs = prepared[k] if prepared is not None else self._buffers(step, None, env)
+            outs = [self._fresh(b) for b in bufs]
             try:
                 results = step.fn(ins, outs, env)
             except GeodeError as exc:
