@@ -75,7 +75,7 @@ def paired(num: list[float], den: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(num, den))
 
 
-def compile_times(scale: float) -> list[tuple[str, float, float, float]]:
+def compile_times(scale: float, names: list[str]) -> list[tuple[str, float, float, float]]:
     """Compile seconds per kernel of each workload, three ways, each in a fresh process on
     the workload's own empty cache folder: cold with nothing cached (the first compile on
     a machine: the runtime helpers the kernel links in, the chunk launcher and the vmath
@@ -107,6 +107,8 @@ def compile_times(scale: float) -> list[tuple[str, float, float, float]]:
 
     out = []
     for w in workloads(scale):
+        if w.name not in names:
+            continue
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, GEODE_CACHE_DIR=cache)
             cold = seconds_per_kernel(w.name, env)
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="rounds (ratios are paired per round)")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full 64 MiB inputs")
     ap.add_argument("--systems", default=None, help="comma-separated subset of systems")
+    ap.add_argument("--workloads", default=None, help="comma-separated subset of workloads")
     ap.add_argument("--no-compile-times", action="store_true")
     args = ap.parse_args(argv)
     _set_threads(args.threads)
@@ -135,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     from bench.workloads import SYSTEMS, geomean, roofline_copies, workloads
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)
+    every = workloads(args.scale)
+    chosen = [w for w in every if _wanted(w.name, args.workloads)]
+    known = [w.name for w in every]
+    unknown = set(args.workloads.split(",")) - set(known) if args.workloads else set()
+    if unknown:
+        ap.error(f"unknown workload(s) {sorted(unknown)}; known: {', '.join(known)}")
     nbytes = int((64 << 20) * max(args.scale, 1 / 16))
     copies = roofline_copies(nbytes)
     copy_times = {k: statistics.median(v) for k, v in time_in_rounds(copies, args.repeat).items()}
@@ -154,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     missing: dict[str, str] = {}
     from bench.workloads import build
 
-    for w in workloads(args.scale):
+    for w in chosen:
         fns = {f"copy: {k}": fn for k, fn in copies.items()}
         for s in systems:
             try:
@@ -167,17 +176,24 @@ def main(argv: list[str] | None = None) -> int:
             f"{times[s] * 1e3:>12.2f}ms" if s in times else f"{'missing':>14}" for s in systems
         )
         others = [s for s in times if s != "geode"]
-        if "geode" in times and others:
-            best_other = [min(rounds[s][r] for s in others) for r in range(args.rounds)]
-            sp = paired(best_other, rounds["geode"])
-            speedups.append(sp)
+        if "geode" in times:
+            if others:
+                best_other = [min(rounds[s][r] for s in others) for r in range(args.rounds)]
+                sp = paired(best_other, rounds["geode"])
+                speedups.append(sp)
+                row += f"{sp:>8.2f}x"
+            else:
+                row += f"{'-':>9}"
             # a copy moving the workload's compulsory bytes at the round's copy bandwidth
             fastest = [min(rounds[f"copy: {k}"][r] for k in copies) for r in range(args.rounds)]
             ideal = [t * w.bytes_moved / (2 * nbytes) for t in fastest]
             roof = paired(ideal, rounds["geode"])
-            row += f"{sp:>8.2f}x{roof * 100:>8.0f}%"
+            row += f"{roof * 100:>8.0f}%"
         print(row, flush=True)
-    print(f"geometric mean speedup of geode over the best other system: {geomean(speedups):.2f}x")
+    if speedups:
+        print(
+            f"geometric mean speedup of geode over the best other system: {geomean(speedups):.2f}x"
+        )
     for s, why in missing.items():
         print(f"missing system {s}: {why}")
     if not args.no_compile_times and "geode" in systems:
@@ -185,12 +201,16 @@ def main(argv: list[str] | None = None) -> int:
             "\ngeode compile time per kernel (fresh process): cold, nothing cached / cold, "
             "runtime helpers cached / warm (disk cache)"
         )
-        for name, cold, kernel_cold, warm in compile_times(args.scale):
+        for name, cold, kernel_cold, warm in compile_times(args.scale, [w.name for w in chosen]):
             print(
                 f"  {name:<16} {cold * 1e3:8.1f} ms / {kernel_cold * 1e3:8.1f} ms"
                 f" / {warm * 1e3:8.1f} ms"
             )
     return 0
+
+
+def _wanted(name: str, subset: str | None) -> bool:
+    return subset is None or name in subset.split(",")
 
 
 if __name__ == "__main__":

@@ -765,6 +765,60 @@ def test_scale2_from_rounded_sum_equals_scale2(dtype: str, scalef: bool) -> None
     assert ((a > 0) & (a < info.tiny)).any(), "no subnormal result was produced"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_pow2_rounded_is_two_to_the_n(dtype: str) -> None:
+    """``_pow2_rounded(fma(x, log2(e), c))`` is exactly ``2**n`` (``_RNDB``) or
+    ``2**(n - 1)`` (``_RNDB1``) with ``n = rint(x * log2(e))``, for every ``n`` whose power
+    is normal: the exponent bias folded into the rounding constant lands in the exponent
+    field with one shift."""
+    dt = DTYPES[dtype]
+    suf = SUFFIX[dtype]
+    info = np.finfo(dt)
+    rndb, rndb1 = getattr(vmath, f"_RNDB_{suf.upper()}"), getattr(vmath, f"_RNDB1_{suf.upper()}")
+    n = np.arange(info.minexp + 1, info.maxexp, dtype=dt)  # 2**(n-1) and 2**n both normal
+    x = (n + np.random.default_rng(3).uniform(-0.49, 0.49, n.size)) * dt(math.log(2))
+    x = x.astype(dt)
+
+    @numba.njit
+    def run(x, a, b):
+        for i in range(x.size):
+            a[i] = vmath._pow2_rounded(vmath._fma(x[i], dt(math.log2(math.e)), rndb))
+            b[i] = vmath._pow2_rounded(vmath._fma(x[i], dt(math.log2(math.e)), rndb1))
+
+    a, b = np.empty_like(x), np.empty_like(x)
+    run(x, a, b)
+    want = np.ldexp(np.ones_like(x), np.rint(x.astype(np.float64) / math.log(2)).astype(int))
+    assert np.array_equal(a, want), f"first mismatch at n={n[np.argmax(a != want)]}"
+    assert np.array_equal(b, want / 2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_tanh_expm1_agrees_with_expm1(dtype: str) -> None:
+    """tanh's clamp-free ``expm1`` of ``2|x|`` (``_expm1_pos``: ``2**n`` from the rounding
+    step's bits, one FMA) is bit for bit the general :func:`expm1` on tanh's whole range
+    ``[0, 2 * clamp]``, zero and tiny arguments included; NaN propagates."""
+    dt = DTYPES[dtype]
+    suf = SUFFIX[dtype]
+    top = 2 * float(getattr(vmath, f"_TANH_CLAMP_{suf.upper()}"))
+    rng = np.random.default_rng(4)
+    x = np.concatenate(
+        [rng.uniform(0, top, 200_000), rng.uniform(0, 1e-3, 20_000), [0.0, 1e-30, top, np.nan]]
+    ).astype(dt)
+    pos = getattr(vmath, f"_expm1_pos_{suf}")
+    gen = getattr(vmath, f"expm1_{suf}")
+
+    @numba.njit
+    def run(x, a, b):
+        for i in range(x.size):
+            a[i] = pos(x[i])
+            b[i] = gen(x[i])
+
+    a, b = np.empty_like(x), np.empty_like(x)
+    run(x, a, b)
+    assert np.array_equal(a, b, equal_nan=True)
+    assert np.isnan(a[-1])
+
+
 def test_exp_uses_vscalef_on_avx512() -> None:
     """On AVX-512 hosts exp's scaling is one vscalefps per vector (no shift/multiply pair)."""
     if not vmath._target_has_scalef():

@@ -288,7 +288,9 @@ _mul = _strict_binop("fmul")
 
 
 def _pow2_ir(builder: ir.IRBuilder, n: ir.Value, fty: ir.Type, ity: ir.IntType) -> ir.Value:
-    """IR for ``2**n`` (see :func:`_pow2`)."""
+    """IR for ``2**n``, ``n`` an integer-valued float in the normal exponent range: ``n +
+    (2**mant + bias)`` holds ``n + bias`` in its low mantissa bits; shifting its bits left
+    by ``mant`` moves them into the exponent field."""
     mant = 23 if ity.width == 32 else 52
     magic = 2.0**mant + (127 if ity.width == 32 else 1023)
     v = builder.fadd(n, ir.Constant(fty, magic), flags=_STRICT_FLAGS)
@@ -296,22 +298,25 @@ def _pow2_ir(builder: ir.IRBuilder, n: ir.Value, fty: ir.Type, ity: ir.IntType) 
 
 
 @intrinsic
-def _pow2(typingctx, n):
-    """``2**n`` for an integer-valued float ``n`` in the normal exponent range.
+def _pow2_rounded(typingctx, t):
+    """``2**n`` from ``t = n + 1.5 * 2**mant + bias`` held exactly, as the rounding step of an
+    exp reduction computes it with the bias folded into its constant (:data:`_RNDB_F32`):
+    the low mantissa bits of ``t`` then hold ``n + bias``, and one shift left by ``mant``
+    moves them into the exponent field (no float add, no float->int conversion).
 
-    Built from bits without a float->int conversion: ``n + (2**mant + bias)`` holds
-    ``n + bias`` in its low mantissa bits; shifting left by ``mant`` moves them into the
-    exponent field. A NaN ``n`` gives garbage bits (never poison); callers either keep a NaN
-    factor in the product or select NaN afterwards.
+    Valid for ``n + bias`` in ``[1, 2 * bias]`` (normal results); ``n + bias = 2 * bias + 1``
+    gives inf. A NaN ``t`` gives garbage bits (never poison); callers keep a NaN factor in
+    the product.
     """
-    if not isinstance(n, types.Float):
+    if not isinstance(t, types.Float):
         return None
 
     def codegen(context, builder, sig, args):
-        fty, ity, _, _, _ = _float_ir(sig.args[0])
-        return _pow2_ir(builder, args[0], fty, ity)
+        fty, ity, mant, _, _ = _float_ir(sig.args[0])
+        bits = builder.shl(builder.bitcast(args[0], ity), ir.Constant(ity, mant))
+        return builder.bitcast(bits, fty)
 
-    return n(n), codegen
+    return t(t), codegen
 
 
 #: Lower exponent split of the two-factor scaling in :func:`_scale2` (f32, f64): with
@@ -535,39 +540,40 @@ _LN2LO_F64 = _F64(1.90821492927058770002e-10)
 # ---------------------------------------------------------------------------------
 
 _EXP_LO_F32, _EXP_HI_F32 = _F32(-104.0), _F32(89.0)
-_RND_F32 = _F32(1.5 * 2**23)
 _EXP_LO_F64, _EXP_HI_F64 = _F64(-746.0), _F64(710.0)
 _EXPM1_LO_F32, _EXPM1_LO_F64 = _F32(-18.0), _F64(-40.0)
+#: rounding constants of the exp reduction: ``fma(x, log2(e), c)`` rounds ``x * log2(e)``
+#: to an integer ``n`` (the spacing of floats in ``[2**mant, 2**(mant + 1))`` is 1) and
+#: holds ``n + c`` exactly. ``_RND``: ``c = 1.5 * 2**mant``; ``_RNDB``: the exponent bias
+#: folded in, so :func:`_pow2_rounded` of the sum is ``2**n``; ``_RNDB1``: bias - 1, so it
+#: is ``2**(n - 1)``. All three round alike (they differ by an integer).
+_RND_F32, _RND_F64 = _F32(1.5 * 2**23), _F64(1.5 * 2**52)
+_RNDB_F32, _RNDB_F64 = _F32(1.5 * 2**23 + 127), _F64(1.5 * 2**52 + 1023)
+_RNDB1_F32, _RNDB1_F64 = _F32(1.5 * 2**23 + 126), _F64(1.5 * 2**52 + 1022)
 
 
 @_inline
-def _exp_parts_f32(x):  # pragma: no cover - compiled
-    """t = n + 1.5 * 2**23, n = rint(x / ln2), r = x - n ln2 (two-constant Cody-Waite),
-    e = expm1(r).
+def _exp_parts_f32(x, rnd):  # pragma: no cover - compiled
+    """t = n + rnd, n = rint(x / ln2), r = x - n ln2 (two-constant Cody-Waite),
+    e = expm1(r); ``rnd`` is one of the rounding constants above.
 
-    ``rint`` is one FMA: adding ``1.5 * 2**23`` rounds ``x * log2(e)`` to an integer
-    (the spacing of floats there is 1) with a single rounding, and the strict subtraction
-    gets it back exactly."""
-    t = _fma(x, _LOG2E_F32, _RND_F32)
-    n = _sub(t, _RND_F32)
+    ``rint`` is one FMA: adding ``rnd`` rounds ``x * log2(e)`` to an integer with a single
+    rounding, and the strict subtraction gets it back exactly."""
+    t = _fma(x, _LOG2E_F32, rnd)
+    n = _sub(t, rnd)
     r = _fma(n, _NLN2HI_F32, x)
     r = _fma(n, _NLN2LO_F32, r)
     return t, n, _fma(r * r, _expq_f32(r), r)
 
 
 @_inline
-def _exp_reduce_f32(x):  # pragma: no cover - compiled
-    """(n, e) of :func:`_exp_parts_f32`."""
-    _, n, e = _exp_parts_f32(x)
-    return n, e
-
-
-@_inline
-def _exp_reduce_f64(x):  # pragma: no cover - compiled
-    n = _rint(x * _LOG2E_F64)
+def _exp_parts_f64(x, rnd):  # pragma: no cover - compiled
+    """As :func:`_exp_parts_f32`, in float64."""
+    t = _fma(x, _LOG2E_F64, rnd)
+    n = _sub(t, rnd)
     r = _fma(n, _NLN2HI_F64, x)
     r = _fma(n, _NLN2LO_F64, r)
-    return n, _fma(r * r, _expq_f64(r), r)
+    return t, n, _fma(r * r, _expq_f64(r), r)
 
 
 @_inline
@@ -577,28 +583,29 @@ def _exp_core_f32(x):  # pragma: no cover - compiled
     ``2**n`` (n in [-150, 128]) is applied by :func:`_scale2` with a single rounding, so
     subnormal results are correctly rounded and overflow gives inf exactly."""
     x = _select(x < _EXP_LO_F32, _EXP_LO_F32, x)
-    t, _, e = _exp_parts_f32(x)
+    t, _, e = _exp_parts_f32(x, _RND_F32)
     return _scale2_rnd(_add(e, _ONE_F32), t)
 
 
 @_inline
 def _exp_core_f64(x):  # pragma: no cover - compiled
     x = _select(x < _EXP_LO_F64, _EXP_LO_F64, x)
-    n, e = _exp_reduce_f64(x)
-    return _scale2(_add(e, _ONE_F64), n)
+    t, _, e = _exp_parts_f64(x, _RND_F64)
+    return _scale2_rnd(_add(e, _ONE_F64), t)
 
 
 @_inline
 def _exp_normal_f32(x):  # pragma: no cover - compiled
-    """exp for x whose result is a normal number (|x| < 87): no clamp, one scaling factor."""
-    n, e = _exp_reduce_f32(x)
-    return (e + _ONE_F32) * _pow2(n)
+    """exp for x whose result is a normal number (|x| < 87): no clamp, one scaling factor
+    taken from the rounding step's bits."""
+    t, _, e = _exp_parts_f32(x, _RNDB_F32)
+    return (e + _ONE_F32) * _pow2_rounded(t)
 
 
 @_inline
 def _exp_normal_f64(x):  # pragma: no cover - compiled
-    n, e = _exp_reduce_f64(x)
-    return (e + _ONE_F64) * _pow2(n)
+    t, _, e = _exp_parts_f64(x, _RNDB_F64)
+    return (e + _ONE_F64) * _pow2_rounded(t)
 
 
 @_export
@@ -637,18 +644,35 @@ def _expm1_core_f32(x):  # pragma: no cover - compiled
     """expm1 for any non-NaN x (clamped to [-18, 89]); callers handle NaN."""
     x = _select(x > _EXP_HI_F32, _EXP_HI_F32, x)
     x = _select(x < _EXPM1_LO_F32, _EXPM1_LO_F32, x)
-    n, e = _exp_reduce_f32(x)
-    t = _pow2(n - _ONE_F32)
-    return _TWO_F32 * _fma(t, e, t - _HALF_F32)
+    t, _, e = _exp_parts_f32(x, _RNDB1_F32)
+    h = _pow2_rounded(t)
+    return _TWO_F32 * _fma(h, e, h - _HALF_F32)
 
 
 @_inline
 def _expm1_core_f64(x):  # pragma: no cover - compiled
     x = _select(x > _EXP_HI_F64, _EXP_HI_F64, x)
     x = _select(x < _EXPM1_LO_F64, _EXPM1_LO_F64, x)
-    n, e = _exp_reduce_f64(x)
-    t = _pow2(n - _ONE_F64)
-    return _TWO_F64 * _fma(t, e, t - _HALF_F64)
+    t, _, e = _exp_parts_f64(x, _RNDB1_F64)
+    h = _pow2_rounded(t)
+    return _TWO_F64 * _fma(h, e, h - _HALF_F64)
+
+
+@_inline
+def _expm1_pos_f32(x):  # pragma: no cover - compiled
+    """expm1 for x in [0, 40] (NaN propagates), tanh's case: ``2**n`` is normal and finite
+    for such x, so no clamps, and ``expm1 = 2**n e + (2**n - 1)`` is one FMA with ``2**n``
+    from the rounding step's bits."""
+    t, _, e = _exp_parts_f32(x, _RNDB_F32)
+    u = _pow2_rounded(t)
+    return _fma(u, e, u - _ONE_F32)
+
+
+@_inline
+def _expm1_pos_f64(x):  # pragma: no cover - compiled
+    t, _, e = _exp_parts_f64(x, _RNDB_F64)
+    u = _pow2_rounded(t)
+    return _fma(u, e, u - _ONE_F64)
 
 
 @_export
@@ -800,7 +824,7 @@ def _tanh_ieee_f32(x):  # pragma: no cover - compiled
     x = np.float32(x)
     a = abs(x)
     a = _select(a > _TANH_CLAMP_F32, _TANH_CLAMP_F32, a)
-    e = _expm1_core_f32(a + a)
+    e = _expm1_pos_f32(a + a)
     return _copysign(_div(e, e + _TWO_F32), x)
 
 
@@ -825,7 +849,7 @@ def _tanh_ieee_f64(x):  # pragma: no cover - compiled
     x = np.float64(x)
     a = abs(x)
     a = _select(a > _TANH_CLAMP_F64, _TANH_CLAMP_F64, a)
-    e = _expm1_core_f64(a + a)
+    e = _expm1_pos_f64(a + a)
     return _copysign(_div(e, e + _TWO_F64), x)
 
 
