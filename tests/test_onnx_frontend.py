@@ -541,6 +541,23 @@ def test_missing_file(tmp_path):
         geode.compile(path)
 
 
+def test_load_takes_a_path_a_model_proto_or_a_graph_and_names_anything_else(tmp_path):
+    """geode.load(ModelProto) raised a bare TypeError from os.fspath; it now compiles the
+    model as geode.compile does, and a value of another type is a GeodeError naming it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    path = tmp_path / "relu.onnx"
+    onnx.save(model, path)
+    v = np.array([[-1.0, 0.5, 2.0]], np.float32)
+    for source in (model, path, str(path)):
+        (out,) = geode.load(source, codegen=False)(x=v).values()
+        np.testing.assert_array_equal(out, np.maximum(v, 0))
+    with pytest.raises(GeodeError, match="cannot compile a int"):
+        geode.load(3)
+
+
 def test_initializer_with_negative_dims_is_refused(tmp_path):
     """A stored tensor with dims [-1] was read as shape (0,), and the error came later
     from Add's broadcast, naming neither the tensor nor the cause."""
