@@ -139,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)
     every = workloads(args.scale)
-    chosen = [w for w in every if _wanted(w.name, args.workloads)]
     known = [w.name for w in every]
-    unknown = set(args.workloads.split(",")) - set(known) if args.workloads else set()
+    wanted = set(args.workloads.split(",")) if args.workloads else set(known)
+    chosen = [w for w in every if w.name in wanted]
+    unknown = wanted - set(known)
     if unknown:
         ap.error(f"unknown workload(s) {sorted(unknown)}; known: {', '.join(known)}")
     nbytes = int((64 << 20) * max(args.scale, 1 / 16))
@@ -207,10 +208,6 @@ def main(argv: list[str] | None = None) -> int:
                 f" / {warm * 1e3:8.1f} ms"
             )
     return 0
-
-
-def _wanted(name: str, subset: str | None) -> bool:
-    return subset is None or name in subset.split(",")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,4 @@ def to_graph(model: Any) -> Graph:
 def load(path: str | os.PathLike | Any, **options: Any) -> CompiledModel:
     """Load and compile an ONNX model file (a ``ModelProto`` or ``geode.Graph`` is compiled
     as :func:`compile` would; anything else is a GeodeError naming what was given)."""
-    if isinstance(path, os.PathLike):
-        path = os.fspath(path)
     return compile(path, **options)

@@ -319,12 +319,12 @@ def _pow2_rounded(typingctx, t):
     return t(t), codegen
 
 
-#: Lower exponent split of the two-factor scaling in :func:`_scale2` (f32, f64): with
+#: Lower exponent split of the two-factor scaling in :func:`_scale2_rnd` (f32, f64): with
 #: ``a = max(n, split)`` both ``2**(a-1)`` and ``2**(n-a)`` are normal for every ``n`` an
 #: exp needs (down to -150 / -1075).
 _SCALE_SPLIT = {32: -125.0, 64: -1021.0}
 
-#: ``ldexp`` lowering for :func:`_scale2`: None asks the target (AVX-512F with VL:
+#: ``ldexp`` lowering for :func:`_scale2_rnd`: None asks the target (AVX-512F with VL:
 #: ``vscalefps``/``vscalefpd``), True/False force it (tests compare both paths).
 SCALEF: bool | None = None
 
@@ -344,49 +344,33 @@ def _target_has_scalef() -> bool:
 
 
 @intrinsic
-def _scale2(typingctx, p, n):
+def _scale2_rnd(typingctx, p, t):
     """``p * 2**n`` rounded once (so subnormal results are correctly rounded and overflow
-    gives inf), for ``p`` in ``[0.5, 2)`` and an integer-valued float ``n`` with
-    ``|n| <= 1100``; NaN ``p`` gives NaN.
+    gives inf), for ``p`` in ``[0.5, 2)`` and ``t = n + 1.5 * 2**mant`` held exactly (exp's
+    rounding step computes it), ``n`` an integer from -1100 up to the largest exponent
+    plus one (128 / 1024: the range exp needs); NaN ``p`` gives NaN.
 
     On AVX-512 hosts this is ``llvm.ldexp``, which LLVM lowers to one ``vscalefps``/
-    ``vscalefpd`` (plus an integer convert): the integer exponent comes from the bits of
-    ``n + 1.5 * 2**mant`` (exact for such ``n``), never from an ``fptosi`` that would be
-    poison for a NaN ``n``. Elsewhere (vector ``ldexp`` would become libm calls) it is
-    ``(2p) * 2**(a-1) * 2**(n-a)`` with ``a = max(n, split)``: both factors are normal,
-    the first product is exact, the second rounds once. Both paths give identical results.
+    ``vscalefpd`` (plus an integer convert): the integer exponent comes straight from the
+    bits of ``t``, never from an ``fptosi`` that would be poison for a NaN. Elsewhere
+    (vector ``ldexp`` would become libm calls) it is ``(2p) * 2**(a-1) * 2**(n-a)`` with
+    ``a = max(n, split)``: both factors are normal, the first product is exact, the
+    second rounds once. Both paths give identical results.
     """
-    if not (isinstance(p, types.Float) and p == n):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _scale2_ir(builder, sig.args[0], args[0], n=args[1])
-
-    return p(p, n), codegen
-
-
-@intrinsic
-def _scale2_rnd(typingctx, p, t):
-    """:func:`_scale2` of ``p`` and ``n = t - 1.5 * 2**mant``, for a ``t`` that already
-    holds ``n + 1.5 * 2**mant`` exactly (exp's rounding step computes it): on AVX-512
-    hosts the exponent comes straight from ``t``'s bits, one vector add fewer than
-    :func:`_scale2` (LLVM cannot see that ``(t - c) + c`` is ``t``). Same results."""
     if not (isinstance(p, types.Float) and p == t):
         return None
 
     def codegen(context, builder, sig, args):
-        return _scale2_ir(builder, sig.args[0], args[0], t=args[1])
+        return _scale2_ir(builder, sig.args[0], args[0], args[1])
 
     return p(p, t), codegen
 
 
-def _scale2_ir(builder, ty, pv, n=None, t=None):
-    """IR of :func:`_scale2` given ``n``, or ``t = n + 1.5 * 2**mant`` (exact)."""
+def _scale2_ir(builder, ty, pv, t):
+    """IR of :func:`_scale2_rnd`."""
     fty, ity, mant, _, _ = _float_ir(ty)
     rnd = ir.Constant(fty, 1.5 * 2.0**mant)
     if _use_scalef():
-        if t is None:
-            t = builder.fadd(n, rnd, flags=_STRICT_FLAGS)
         ni = builder.sub(builder.bitcast(t, ity), builder.bitcast(rnd, ity))
         i32 = ir.IntType(32)
         if ity.width != 32:
@@ -396,8 +380,7 @@ def _scale2_ir(builder, ty, pv, n=None, t=None):
             builder.module, ir.FunctionType(fty, [fty, i32]), f"llvm.ldexp.{suffix}.i32"
         )
         return builder.call(fn, [pv, ni])
-    if n is None:
-        n = builder.fsub(t, rnd, flags=_STRICT_FLAGS)
+    n = builder.fsub(t, rnd, flags=_STRICT_FLAGS)
     split = ir.Constant(fty, _SCALE_SPLIT[ity.width])
     one = ir.Constant(fty, 1.0)
     a = builder.select(builder.fcmp_ordered(">", n, split), n, split)
@@ -580,7 +563,7 @@ def _exp_parts_f64(x, rnd):  # pragma: no cover - compiled
 def _exp_core_f32(x):  # pragma: no cover - compiled
     """exp for x already known to be <= _EXP_HI_F32 (NaN propagates); clamps the low side.
 
-    ``2**n`` (n in [-150, 128]) is applied by :func:`_scale2` with a single rounding, so
+    ``2**n`` (n in [-150, 128]) is applied by :func:`_scale2_rnd` with a single rounding, so
     subnormal results are correctly rounded and overflow gives inf exactly."""
     x = _select(x < _EXP_LO_F32, _EXP_LO_F32, x)
     t, _, e = _exp_parts_f32(x, _RND_F32)
@@ -616,7 +599,7 @@ def exp_f32(x: float) -> float:
     ``n = rint(x * log2(e))`` (one FMA with a rounding constant), ``r = x - n*ln2`` with a
     two-constant Cody-Waite split (``|r| <= ln2/2``), ``exp(r) = 1 + r + r**2 q(r)`` with ``q``
     of degree 4 (near-minimax, fit error 6.5e-8, i.e. degree 6 overall), then scale by
-    ``2**n`` with one rounding (:func:`_scale2`: ``vscalefps`` on AVX-512 hosts, two normal
+    ``2**n`` with one rounding (:func:`_scale2_rnd`: ``vscalefps`` on AVX-512 hosts, two normal
     factors elsewhere), so results round once into the subnormal range or overflow to inf
     exactly as they should. NaN propagates through the arithmetic (no final test): about
     14 vector instructions per vector of elements with ``vscalefps``, 20 without.
