@@ -365,7 +365,39 @@ def test_softmax_prefetches_the_next_row_over_its_exp_chunks(streaming):
     assert k.source.count("_g_prefetch_l2(x, ") == 1 and "_g_prefetch(" not in k.source
     assert ("reuse_output(" in k.trace) == (streaming == "off")
     assert ("_g_stream(y, " in k.source) == (streaming != "off")
+    # streamed, the scale pass of each row runs inside the next row's exp pass
+    assert ("defer_last_pass(" in k.trace) == (streaming != "off")
+    assert ("softmax_reducesum_3_prev = " in k.source) == (streaming != "off")
     run_sizes(model, ex, sizes=(1, 2, 7, 16, 17, 130))
+
+
+def test_deferred_output_pass_reads_the_previous_rows_registers_and_input():
+    """log-softmax from primitives: the streamed output pass ``x - max - log(sum)`` reads
+    the input row and two registers; deferred into the next row's exp pass, it reads
+    copies of both registers taken at the end of its own row. Row counts cover chunks
+    of 1, 2 and 16 rows and a short last chunk."""
+    g = geode.Graph("logsoftmax")
+    x = g.input("x", ["N", 1024])
+    z = x - ops.reduce_max(x, axes=[-1], keepdims=1)
+    g.output(z - ops.log(ops.reduce_sum(ops.exp(z), axes=[-1], keepdims=1)), names=["y"])
+    model = geode.compile(g)
+    (k,) = aicore(model)
+    assert "defer_last_pass(" in k.trace
+    assert k.source.count("_prev = ") == 4  # two registers: zeroed per chunk, copied per row
+    rng = np.random.default_rng(8)
+    for n in (1, 2, 3, 15, 16, 17, 33, 130):
+        xv = (rng.standard_normal((n, 1024)) * 4).astype(np.float32)
+        zv = xv.astype(np.float64) - xv.max(-1, keepdims=True)
+        want = zv - np.log(np.exp(zv).sum(-1, keepdims=True))
+        np.testing.assert_allclose(model(x=xv)["y"], want, rtol=2e-6, atol=2e-6, err_msg=f"{n=}")
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+def test_cheap_row_passes_are_not_deferred(name):
+    """Only a costly pass (softmax's exp) hosts the next row's deferred output pass."""
+    model = geode.compile(examples.ALL[name](hidden=1024).graph)
+    (k,) = aicore(model)
+    assert "_g_stream(y, " in k.source and "defer_last_pass" not in k.trace
 
 
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])

@@ -28,8 +28,10 @@ from geode.codegen.ast import (
     Prefetch,
     Stmt,
     Store,
+    StreamStore,
     Un,
     Var,
+    expr_str,
     format_kernel,
     format_stmts,
     stmt_exprs,
@@ -37,6 +39,7 @@ from geode.codegen.ast import (
     walk,
     walk_stmts,
 )
+from geode.codegen.ast import blocks as ast_blocks
 from geode.codegen.ast_eval import KernelEvalError, eval_shape, run_kernel
 from geode.codegen.schedule import Schedule, Trace, TraceStep, alloc_loop
 from geode.errors import ScheduleError
@@ -1948,6 +1951,163 @@ def test_software_pipeline_refuses_a_first_pass_writing_a_row_buffer() -> None:
     (row,) = [s for s in sch.kernel.body if isinstance(s, For)]
     with pytest.raises(ScheduleError, match="not registers"):
         sch.software_pipeline(row.var)
+
+
+# ---------------------------------------------------------------------------------
+# defer_last_pass: softmax's streamed scale pass runs inside the next row's exp pass
+# ---------------------------------------------------------------------------------
+
+
+def _before_defer(hidden: int = 1024) -> tuple[Schedule, TraceStep]:
+    """Softmax's default schedule, streamed, replayed up to its ``defer_last_pass``."""
+    from geode.codegen.autoschedule import schedule_group
+
+    lk, group = _lowered("softmax", hidden=hidden)
+    steps = list(schedule_group(lk, group, stream_min_bytes=0).trace)
+    i = next(i for i, s in enumerate(steps) if s.primitive == "defer_last_pass")
+    return Trace(steps[:i]).replay(lk.kernel), steps[i]
+
+
+_DEFER_CACHE: dict = {}
+
+
+def _deferrable() -> tuple[Schedule, TraceStep]:
+    if not _DEFER_CACHE:
+        _DEFER_CACHE["softmax"] = _before_defer()
+    sch, step = _DEFER_CACHE["softmax"]
+    return copy.deepcopy(sch), step
+
+
+@pytest.mark.parametrize("chunk,min_chunks", [(64, 8), (3, 1), (1, 1), (5, 2), (2, 3)])
+def test_defer_last_pass_keeps_results(chunk: int, min_chunks: int) -> None:
+    sch, step = _deferrable()
+    loop, into = step.args["loop"], step.args["into"]
+    before = copy.deepcopy(sch.kernel)
+    outer, inner = sch.defer_last_pass(loop, into, chunk, min_chunks)
+    assert [outer, inner] == [f"{loop}_o", f"{loop}_i"]
+    assert sch.get_loop(outer).kind == ForKind.PARALLEL
+    assert sch.get_loop(inner).kind == ForKind.SERIAL
+    # the scale pass runs in the exp pass (from the second row of a chunk) and after
+    # the chunk's last row; the exp row buffer alternates between two rows
+    host = sch.get_loop(into)
+    (deferred,) = [s for s in host.body if isinstance(s, If) and ast_blocks(s.body)]
+    assert expr_str(deferred.cond) == f"0 < {inner}"
+    assert [b.name for b in ast_blocks(deferred.body)] == ["softmax_div"]
+    assert "softmax_div_epi" in sch.blocks()
+    row_buf = sch.kernel.buffer("softmax_exp_2")
+    assert [expr_str(d) for d in row_buf.shape] == ["2", "1", "1024"]
+    prev = sch.kernel.buffer("softmax_reducesum_3_prev")
+    assert prev.scope == "register" and prev.shape == ()
+    text = format_kernel(sch.kernel)
+    assert "softmax_reducesum_3_prev[] = softmax_reducesum_3[]" in text
+    assert "y_stage[softmax_div_v1_s] = softmax_exp_2[softmax_div_par, 0, softmax_div_v1]" in text
+    assert "/ softmax_reducesum_3_prev[]" in text
+    _rows_equal(sch.kernel, before, 1024, (0, 1, 2, 3, 7))
+    replayed = Trace([sch.trace[-1]]).replay(before)
+    assert format_kernel(replayed.kernel) == format_kernel(sch.kernel)
+
+
+@given(n=st.integers(0, 12), chunk=st.integers(1, 14), min_chunks=st.integers(1, 9))
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_defer_last_pass_random_rows_and_chunks(n: int, chunk: int, min_chunks: int) -> None:
+    sch, step = _deferrable()
+    before = copy.deepcopy(sch.kernel)
+    sch.defer_last_pass(step.args["loop"], step.args["into"], chunk, min_chunks)
+    _rows_equal(sch.kernel, before, 1024, (n,))
+
+
+def test_defer_last_pass_on_static_rows_and_a_serial_row_loop() -> None:
+    sch, step = _deferrable()
+    loop, into = step.args["loop"], step.args["into"]
+    row = sch.get_loop(loop)
+    row.extent, row.kind = Const(29), ForKind.SERIAL
+    before = copy.deepcopy(sch.kernel)
+    outer, inner = sch.defer_last_pass(loop, into, 64, 8)
+    text = format_kernel(sch.kernel)
+    # 29 rows: chunks of 29 // 8 = 3 rows, 10 chunks (the last of 2 rows)
+    assert f"serial for ({outer}, 0, 10)" in text
+    assert f"serial for ({inner}, 0, min(3, 29 - {outer} * 3))" in text
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((29, 1024)).astype(np.float32)
+    got = run_kernel(sch.kernel, {"x": x}, {"N": 29})["y"]
+    np.testing.assert_array_equal(got, run_kernel(before, {"x": x}, {"N": 29})["y"])
+
+
+def _defer_edited(edit: Callable[[Schedule, For, list[For]], None]) -> Schedule:
+    sch, _ = _deferrable()
+    (row,) = [s for s in sch.kernel.body if isinstance(s, For)]
+    edit(sch, row, [s for s in row.body if isinstance(s, For)])
+    return sch
+
+
+def _defer_refuses(sch: Schedule, match: str, **kw) -> None:
+    (row,) = [s for s in sch.kernel.body if isinstance(s, For)]
+    passes = [s for s in row.body if isinstance(s, For)]
+    args = {"loop": row.var, "into": passes[-2].var, **kw}
+    before = format_kernel(sch.kernel)
+    with pytest.raises(ScheduleError, match=match):
+        sch.defer_last_pass(**args)
+    assert format_kernel(sch.kernel) == before
+    assert not [t for t in sch.trace if t.primitive == "defer_last_pass"]
+
+
+def test_defer_last_pass_refuses_and_leaves_the_kernel_alone() -> None:
+    sch, step = _deferrable()
+    (row,) = [s for s in sch.kernel.body if isinstance(s, For)]
+    passes = [s for s in row.body if isinstance(s, For)]
+    _defer_refuses(sch, "the pass before the last of loop .* is not 'nope'", into="nope")
+    _defer_refuses(sch, "is not '" + passes[0].var, into=passes[0].var)
+    _defer_refuses(sch, "chunk and min_chunks must be positive ints", chunk=0)
+    _defer_refuses(sch, "chunk and min_chunks must be positive ints", min_chunks=True)
+    _defer_refuses(sch, "is vectorized", loop=passes[0].var)
+    with pytest.raises(ScheduleError, match="no loop with variable 'nope'"):
+        sch.defer_last_pass("nope", step.args["into"])
+
+    def vector_host(sch: Schedule, row: For, passes: list[For]) -> None:
+        passes[-2].kind = ForKind.VECTORIZED
+
+    _defer_refuses(_defer_edited(vector_host), "pass softmax_exp_rb_0 is vectorized, not serial")
+
+    def other_extent(sch: Schedule, row: For, passes: list[For]) -> None:
+        passes[-1].extent = Const(4)
+
+    _defer_refuses(_defer_edited(other_extent), "differ in extent or depend on the row")
+
+    def no_last_pass(sch: Schedule, row: For, passes: list[For]) -> None:
+        row.body.append(Block("late", [], [], [Store("softmax_reducesum_3", (), f32(0))]))
+
+    _defer_refuses(_defer_edited(no_last_pass), "does not end with a pass")
+
+
+def test_defer_last_pass_requires_a_last_pass_that_writes_only_its_own_buffers() -> None:
+    def writes_register(sch: Schedule, row: For, passes: list[For]) -> None:
+        b = ast_blocks([passes[-1]])[0]
+        b.body.append(Store("softmax_reducemax_0", (), f32(0)))
+
+    _defer_refuses(
+        _defer_edited(writes_register), "writes 'softmax_reducemax_0', not an output or local"
+    )
+
+    def head_reads_output(sch: Schedule, row: For, passes: list[For]) -> None:
+        head = row.body[0]
+        assert isinstance(head, Block)
+        head.body.append(Store("softmax_reducemax_0", (), Load("y", (Const(0), Const(0)))))
+
+    _defer_refuses(_defer_edited(head_reads_output), r"\['y'\] written by the last pass are used")
+
+    def row_buffer_outside(sch: Schedule, row: For, passes: list[For]) -> None:
+        fill = Block("fill", [], [], [Store("softmax_exp_2", (Const(0), Const(0)), f32(1))])
+        sch.kernel.body.insert(0, fill)
+
+    _defer_refuses(
+        _defer_edited(row_buffer_outside), "row buffer 'softmax_exp_2' is used outside loop"
+    )
+
+    def streams_row_buffer(sch: Schedule, row: For, passes: list[For]) -> None:
+        (st_,) = [s for s in walk_stmts(passes[-1].body) if isinstance(s, StreamStore)]
+        st_.src = "softmax_exp_2"
+
+    _defer_refuses(_defer_edited(streams_row_buffer), "row buffer 'softmax_exp_2' is streamed from")
 
 
 # hand-built row kernels: X: float32[N, K] in, one register per first pass, passes k, k2

@@ -669,6 +669,30 @@ def _rename_loads(e: Expr, names: dict[str, str]) -> Expr:
     return transform(e, repl)
 
 
+def _row_chunk(n: Expr, chunk: int, min_chunks: int) -> Expr:
+    """Rows per chunk when a row loop of ``n`` rows is cut into chunks of at most
+    ``chunk`` rows and at least ``min_chunks`` chunks (when there are that many rows)."""
+    if isinstance(n, Const):
+        return Const(max(1, min(chunk, int(n.value) // min_chunks)))
+    return Bin("max", Const(1), Bin("min", Const(chunk), floordiv(n, Const(min_chunks))))
+
+
+def _par(e: Expr) -> Expr:
+    """The parity of index ``e``."""
+    return mod(e, Const(2))
+
+
+def _accessed(s: Stmt) -> set[str]:
+    """The buffers statement ``s`` reads or writes itself (a block: anywhere in it)."""
+    if isinstance(s, Block):
+        return _reads(s) | _writes(s)
+    if isinstance(s, StreamStore):
+        return {s.buffer, s.src}
+    if isinstance(s, Prefetch):
+        return {s.buffer}
+    return set()
+
+
 def _map_block_exprs(b: Block, fn: Callable[[Expr], Expr]) -> None:
     """Rewrite every expression in a block's body (store indices, values, conditions)."""
     for s in walk_stmts(b.body):
@@ -2516,11 +2540,7 @@ class Schedule:
         rest_blocks = ast_blocks(rest)
         head_blocks = head + list(first.body)
         n = f.extent
-        c: Expr = (
-            Const(max(1, min(chunk, int(n.value) // min_chunks)))
-            if isinstance(n, Const)
-            else Bin("max", Const(1), Bin("min", Const(chunk), floordiv(n, Const(min_chunks))))
-        )
+        c = _row_chunk(n, chunk, min_chunks)
         vo, vi = self._fresh(f"{f.var}_o"), self._fresh(f"{f.var}_i")
         start = mul(Var(vo), c)
         ext = Bin("min", c, sub(n, start))
@@ -2649,6 +2669,212 @@ class Schedule:
         if clash:
             raise ScheduleError(prim, blk, f"a later pass writes {sorted(clash)}")
         return f, cont, head, first, rest, host, regs
+
+    @_primitive
+    def defer_last_pass(
+        self, loop: str, into: str, chunk: int = 64, min_chunks: int = 8
+    ) -> list[str]:
+        """Run each iteration's last pass ``D`` inside the next iteration's pass ``into``
+        (``H``, just before ``D``), chunk by chunk: while row ``i``'s ``H`` computes
+        (softmax's exp), row ``i - 1``'s ``D`` writes its output (the streamed scale pass),
+        so the output's memory traffic overlaps ``H``'s arithmetic instead of following
+        it. ``loop`` (extent ``n``) is split into chunks of ``c = max(1, min(chunk, n //
+        min_chunks))`` rows, run like ``loop``; a chunk's first row defers nothing and its
+        last row's ``D`` runs after the row loop (an epilogue). Returns the chunk loop and
+        the row loop.
+
+        What ``D`` reads of the row is kept for it: each register it reads that the row
+        writes is copied to ``<reg>_prev`` at the end of the row; each local row buffer it
+        reads that the row writes gets a leading dim of 2, alternated by row parity (a
+        block accessing it gets an iteration variable ``<buffer>_par`` bound to the
+        parity of its row within the chunk).
+
+        Requirements: ``loop`` is parallel, or serial with independent iterations (as
+        :meth:`parallel` requires); ``D`` is the last statement of its body and a loop,
+        ``H`` is the loop just before it, both serial with the same extent, which does not
+        depend on the row; ``D`` writes only kernel outputs and local temps that nothing
+        outside ``D`` accesses; a row buffer ``D`` reads is not streamed from and its
+        shape does not depend on the row; ``chunk`` and ``min_chunks`` are positive.
+
+        Example, ``defer_last_pass("i", "j", 64)`` on softmax (``X: float32[N, K]``,
+        ``K = 128 J``, the exp pass ``j`` and the streamed scale pass ``j2`` in chunks)::
+
+            parallel for (i, 0, N)                parallel for (i_o, 0, (N + c - 1) // c)
+              ... m[] = max over X[i, :]            ScheduleBlock(s_prev_init)
+              serial for (j, 0, J)                    s_prev[] = 0.0f
+                vectorized for (k, 0, 128)          serial for (i_i, 0, min(c, N - i_o * c))
+                  E[0, ..] = exp(X[i, ..] - m[])      ... m[] = max over X[i, :]
+                  s[] = s[] + E[0, ..]                serial for (j, 0, J)
+              serial for (j2, 0, J)         ->          vectorized for (k, 0, 128)
+                vectorized for (k2, 0, 128)               E[p, 0, ..] = exp(X[i, ..] - m[])
+                  Y_stage[k2] = E[0, ..] / s[]            s[] = s[] + E[p, 0, ..]
+                stream(Y[i, j2 * 128 +: 128])           if (0 < i_i)
+                                                          vectorized for (k2, 0, 128)
+                                                            Y_stage[k2] = E[1 - p, 0, ..] / s_prev[]
+                                                          stream(Y[i - 1, j * 128 +: 128])
+                                                      ScheduleBlock(s_prev)
+                                                        s_prev[] = s[]
+                                                    serial for (j2_epi, 0, J) ... row i_o * c + ext - 1
+
+        with ``c`` the chunk, ``i = i_o * c + i_i``, ``p = i_i % 2`` and ``ext = min(c, N -
+        i_o * c)``.
+        """
+        prim = "defer_last_pass"
+        f, cont, host, last, regs, bufs = self._defer_plan(prim, loop, into, chunk, min_chunks)
+        k = self.kernel
+        n = f.extent
+        c = _row_chunk(n, chunk, min_chunks)
+        vo, vi = self._fresh(f"{f.var}_o"), self._fresh(f"{f.var}_i")
+        start = mul(Var(vo), c)
+        ext = Bin("min", c, sub(n, start))
+        row = add(start, Var(vi))
+        taken: set[str] = set()
+        prev: dict[str, str] = {}
+        inits: list[Stmt] = []
+        copies: list[Stmt] = []
+        for r in sorted(regs):
+            dt = k.buffer(r).dtype
+            prev[r] = self._fresh(f"{r}_prev", kind="buffer")
+            k.temps.append(Buffer(prev[r], dt, (), "register"))
+            zero = Const(np.zeros((), dt).item(), dt)
+            init = self._fresh(f"{prev[r]}_init", taken, kind="block")
+            inits.append(Block(init, [], [], [Store(prev[r], (), zero)]))
+            name = self._fresh(prev[r], taken, kind="block")
+            copies.append(Block(name, [], [], [Store(prev[r], (), Load(r, ()))]))
+        parity = self._double_buffer(f, bufs)
+        epilogue = copy.deepcopy(last)
+        renames: dict[str, Expr] = {}
+        for g in [s for s in walk_stmts([epilogue]) if isinstance(s, For)]:
+            renames[g.var] = Var(self._fresh(f"{g.var}_epi", taken))
+            g.var = renames[g.var].name  # type: ignore[attr-defined]
+        for b in ast_blocks([epilogue]):
+            b.name = self._fresh(f"{b.name}_epi", taken, kind="block")
+        deferred = last.body
+        last_row = sub(ext, Const(1))
+        _subst_loop_vars(
+            deferred,
+            {
+                f.var: sub(row, Const(1)),
+                last.var: Var(host.var),
+                parity: _par(add(Var(vi), Const(1))),
+            },
+        )
+        _subst_loop_vars(
+            [epilogue], {**renames, f.var: add(start, last_row), parity: _par(last_row)}
+        )
+        for b in ast_blocks(deferred) + ast_blocks([epilogue]):
+            _map_block_exprs(b, lambda e: _rename_loads(e, prev))
+        rest = f.body[:-1]
+        _subst_loop_vars(rest, {f.var: row, parity: _par(Var(vi))})
+        at = next((i for i, s in enumerate(host.body) if isinstance(s, If)), len(host.body))
+        host.body.insert(at, If(Bin("<", Const(0), Var(vi)), deferred))
+        inner = For(vi, ext, rest + copies, ForKind.SERIAL)
+        outer = For(vo, floordiv(add(n, sub(c, Const(1))), c), inits + [inner, epilogue], f.kind)
+        cont[_index(cont, f)] = outer
+        self._ctx().simplify_bindings([outer])
+        return [vo, vi]
+
+    def _defer_plan(
+        self, prim: str, loop: str, into: str, chunk: int, min_chunks: int
+    ) -> tuple[For, list[Stmt], For, For, set[str], set[str]]:
+        """:meth:`defer_last_pass`'s checks; returns the row loop, the list holding it, the
+        host and last passes, the registers and the row buffers the last pass reads of
+        the row."""
+        f, cont, path = self._locate_loop(prim, loop)
+        blk = self._first_block(f)
+        if f.kind not in (ForKind.SERIAL, ForKind.PARALLEL):
+            raise ScheduleError(prim, blk, f"loop {loop} is {f.kind.value}")
+        ok = all(
+            isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+            for x in (chunk, min_chunks)
+        )
+        if not ok or chunk < 1 or min_chunks < 1:
+            raise ScheduleError(prim, blk, "chunk and min_chunks must be positive ints")
+        if len(f.body) < 2 or not isinstance(f.body[-1], For):
+            raise ScheduleError(prim, blk, f"loop {loop} does not end with a pass")
+        host, last = f.body[-2], f.body[-1]
+        if not isinstance(host, For) or host.var != into:
+            raise ScheduleError(
+                prim, blk, f"the pass before the last of loop {loop} is not {into!r}"
+            )
+        for g in (host, last):
+            if g.kind != ForKind.SERIAL:
+                raise ScheduleError(prim, blk, f"pass {g.var} is {g.kind.value}, not serial")
+        if expr_str(host.extent) != expr_str(last.extent) or f.var in free_vars(host.extent):
+            raise ScheduleError(
+                prim, blk, f"passes {host.var} and {last.var} differ in extent or depend on the row"
+            )
+        if f.kind == ForKind.SERIAL:
+            self._check_independent(prim, f, path, None)
+        k = self.kernel
+        scope = {b.name: b.scope for b in k.temps}
+        outputs = {b.name for b in k.outputs}
+        mine = ast_blocks([last])
+        streams = [s for s in walk_stmts([last]) if isinstance(s, StreamStore)]
+        written = set().union(set(), *(_writes(b) for b in mine)) | {s.buffer for s in streams}
+        for w in sorted(written):
+            if w not in outputs and scope.get(w) != "local":
+                raise ScheduleError(
+                    prim, blk, f"the last pass writes {w!r}, not an output or local"
+                )
+        outside = [s for s, _, loops in _walk(k.body) if s is not last and last not in loops]
+        touched = set().union(set(), *(_accessed(s) for s in outside))
+        if written & touched:
+            raise ScheduleError(
+                prim,
+                blk,
+                f"{sorted(written & touched)} written by the last pass are used elsewhere",
+            )
+        row_writes = set().union(set(), *(_writes(b) for b in ast_blocks(f.body[:-1])))
+        reads = set().union(set(), *(_reads(b) for b in mine)) | {s.src for s in streams}
+        carried = (reads - written) & row_writes
+        regs = {r for r in carried if scope.get(r) == "register"}
+        bufs = carried - regs
+        for b in sorted(bufs):
+            if scope.get(b) != "local":
+                raise ScheduleError(prim, blk, f"the last pass reads {b!r}, which the row writes")
+            if f.var in set().union(set(), *(free_vars(d) for d in k.buffer(b).shape)):
+                raise ScheduleError(prim, blk, f"the shape of row buffer {b!r} depends on the row")
+            if any(isinstance(s, StreamStore) and s.src == b for s in walk_stmts(f.body)):
+                raise ScheduleError(prim, blk, f"row buffer {b!r} is streamed from")
+            if any(
+                b in _accessed(s) for s, _, loops in _walk(k.body) if s is not f and f not in loops
+            ):
+                raise ScheduleError(prim, blk, f"row buffer {b!r} is used outside loop {loop}")
+        return f, cont, host, last, regs, bufs
+
+    def _double_buffer(self, f: For, bufs: set[str]) -> str:
+        """Give each local buffer in ``bufs`` a leading dim of 2 and every block in ``f``
+        accessing one an iteration variable bound to a placeholder variable (returned),
+        which indexes that dim."""
+        par = self._fresh("par")
+        for name in bufs:
+            buf = self.kernel.buffer(name)
+            buf.shape = (Const(2), *buf.shape)
+        for b in ast_blocks(f.body):
+            if not (_reads(b) | _writes(b)) & bufs:
+                continue
+            iv = self._fresh(f"{b.name}_par", {v.name for v in b.iter_vars})
+            b.iter_vars.append(IterVar(iv, Const(2)))
+            b.bindings.append(Var(par))
+
+            def lead(e: Expr, iv: str = iv) -> Expr:
+                def repl(x: Expr) -> Expr | None:
+                    if isinstance(x, Load) and x.buffer in bufs:
+                        return Load(x.buffer, (Var(iv), *x.indices))
+                    return None
+
+                return transform(e, repl)
+
+            for s in walk_stmts(b.body):
+                if isinstance(s, Store):
+                    s.value = lead(s.value)
+                    s.indices = tuple(lead(i) for i in s.indices)
+                    if s.buffer in bufs:
+                        s.indices = (Var(iv), *s.indices)
+                elif isinstance(s, If):
+                    s.cond = lead(s.cond)
+        return par
 
     @_primitive
     def parallel(self, loop: str) -> None:
