@@ -2686,7 +2686,7 @@ class Schedule:
         What ``D`` reads of the row is kept for it: each register it reads that the row
         writes is copied to ``<reg>_prev`` at the end of the row; each local row buffer it
         reads that the row writes gets a leading dim of 2, alternated by row parity (a
-        block accessing it gets an iteration variable ``<buffer>_par`` bound to the
+        block accessing it gets an iteration variable ``<block>_par`` bound to the
         parity of its row within the chunk).
 
         Requirements: ``loop`` is parallel, or serial with independent iterations (as
@@ -2710,14 +2710,14 @@ class Schedule:
                   Y_stage[k2] = E[0, ..] / s[]            s[] = s[] + E[p, 0, ..]
                 stream(Y[i, j2 * 128 +: 128])           if (0 < i_i)
                                                           vectorized for (k2, 0, 128)
-                                                            Y_stage[k2] = E[1 - p, 0, ..] / s_prev[]
+                                                            Y_stage[k2] = E[q, 0, ..] / s_prev[]
                                                           stream(Y[i - 1, j * 128 +: 128])
                                                       ScheduleBlock(s_prev)
                                                         s_prev[] = s[]
                                                     serial for (j2_epi, 0, J) ... row i_o * c + ext - 1
 
-        with ``c`` the chunk, ``i = i_o * c + i_i``, ``p = i_i % 2`` and ``ext = min(c, N -
-        i_o * c)``.
+        with ``c`` the chunk, ``i = i_o * c + i_i``, ``p = i_i % 2``, ``q = (i_i + 1) % 2``
+        and ``ext = min(c, N - i_o * c)``.
         """
         prim = "defer_last_pass"
         f, cont, host, last, regs, bufs = self._defer_plan(prim, loop, into, chunk, min_chunks)
