@@ -200,13 +200,18 @@ def test_pipelined_rows_are_exercised_by_the_random_graphs():
     assert any("software_pipeline(" in t for t in traces), traces
 
 
+#: autoschedule constants that stream every cheap output row, however short (chunks of 4)
+#: or off the cache lines (the chunks then take the plain copy unless aligned)
+STREAM_ANY_ROW = {"STREAM_CHUNK": 4, "STREAM_MIN_RUN_BYTES": 0, "LINE_BYTES": 1}
+
+
 @random_graphs()
 def test_random_graphs_with_streamed_outputs_match_reference(steps, k, seed):
     """As above, with every cheap output written through staging chunks of 4 elements and
     streaming stores at any size (``streaming=0``), on pipelined rows too: chunks that do
     not divide the row, outputs that are not vector-aligned."""
     g = build(steps, k)
-    with pipelining_everywhere(STREAM_CHUNK=4), warnings.catch_warnings():
+    with pipelining_everywhere(**STREAM_ANY_ROW), warnings.catch_warnings():
         warnings.simplefilter("error", CodegenWarning)
         model = geode.compile(g, streaming="0")
     matches_reference(g, model, k, seed, (1, 9, 35))
@@ -224,7 +229,9 @@ def test_streamed_outputs_are_exercised_by_the_random_graphs():
         [("reduce", "reduce_max", 0, 1, True, True), ("binary", "mul", 1, 0)],
     ):
         g = build(steps, 8)
-        with mock.patch.object(autoschedule, "STREAM_CHUNK", 4):
+        with contextlib.ExitStack() as stack:
+            for name, value in STREAM_ANY_ROW.items():
+                stack.enter_context(mock.patch.object(autoschedule, name, value))
             model = geode.compile(g, streaming="0")
         traces = [k.trace for k in model.kernels if k.engine == "aicore"]
         assert any("stream_output(" in t for t in traces), (steps, traces)

@@ -437,9 +437,9 @@ def test_row_kernel_that_cannot_pipeline_prefetches_instead():
 @pytest.mark.parametrize(
     "name,kw",
     [
-        ("rmsnorm", {"hidden": 1000}),
+        ("rmsnorm", {"hidden": 1040}),
         ("layernorm", {"hidden": 1024}),
-        ("softmax", {"hidden": 1030}),
+        ("softmax", {"hidden": 1168}),
         ("reduce_chain", {}),
         ("bias_gelu_tanh", {}),
         ("lstm_gates", {}),
@@ -465,7 +465,7 @@ def test_streamed_outputs_match_numpy(name, kw):
         assert all("_g_sfence()" in k.source for k in aicore(model) if "_g_stream(" in k.source)
 
 
-@pytest.mark.parametrize("rows,cols", [(["N"], 1030), (["N"], 4096), (["N", 3], 1024)])
+@pytest.mark.parametrize("rows,cols", [(["N"], 1040), (["N"], 4096), (["N", 3], 1024)])
 def test_streamed_elementwise_rows_with_prefetch_match_numpy(rows, cols):
     """A streamed elementwise row that prefetches the next row over its chunks gives
     numpy's results for one row (nothing to prefetch), a few and many rows, with rows
@@ -484,6 +484,40 @@ def test_streamed_elementwise_rows_with_prefetch_match_numpy(rows, cols):
         xs = rng.standard_normal((n, *[3] * (len(rows) - 1), cols), dtype=np.float32)
         got = model(x=xs, b=bias)["y"]
         np.testing.assert_allclose(got, np.exp(xs) * 2.0 + bias, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "softmax"])
+def test_rows_off_the_cache_line_or_too_short_are_not_streamed(name):
+    """Streamed chunks must start on cache lines: rows of 1000 float32 (4000 bytes) would
+    split a line between two chunks' scalar stores at every chunk (1.3-1.6x the time of
+    plain stores); rows of 64 floats are too short to pay for the staging
+    (autoschedule.STREAM_MIN_RUN_BYTES). Both keep plain stores, with numpy's results."""
+    for hidden in (1000, 64):
+        ex = examples.ALL[name](hidden=hidden)
+        model = geode.compile(ex.graph, streaming="0")
+        (k,) = aicore(model)
+        assert "stream_output(" not in k.trace and "_g_stream(" not in k.source
+        run_sizes(model, ex, sizes=(1, 5, 33))
+    ex = examples.ALL[name](hidden=1040)  # 65 lines a row, 8 chunks of 128 and one of 16
+    (k,) = aicore(geode.compile(ex.graph, streaming="0"))
+    assert "stream_output(" in k.trace
+
+
+def test_symbolic_rows_stream_non_temporally_only_when_chunks_start_on_lines():
+    """With a symbolic row length the line test is part of the run-time streaming test:
+    rows of 1000 float32 take the plain copy, rows of 1024 the non-temporal one; both
+    give numpy's results."""
+    g = geode.Graph("ew")
+    x = g.input("x", ["N", "K"])
+    g.output(ops.exp(x) * 2.0, names=["y"])
+    model = geode.compile(g, streaming="0")
+    (k,) = aicore(model)
+    (call,) = [ln for ln in k.source.splitlines() if "_g_stream(" in ln]
+    assert " == 0)" in call  # (K * 4) % 64 == 0, computed once per kernel
+    rng = np.random.default_rng(6)
+    for n, cols in ((3, 1000), (5, 1024), (2, 24)):
+        xs = rng.standard_normal((n, cols), dtype=np.float32)
+        np.testing.assert_allclose(model(x=xs)["y"], np.exp(xs) * 2.0, rtol=2e-6, atol=1e-6)
 
 
 # -- Gather indices are checked before a kernel reads with them ---------------------------

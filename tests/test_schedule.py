@@ -2333,8 +2333,10 @@ def test_stream_output_elementwise(chunk: int) -> None:
     assert sch.get_loop("mul_2_i0").kind == ForKind.PARALLEL
     (st_,) = _streams(sch.kernel)
     assert st_.buffer == "O" and st_.src == "O_stage"
-    # the run-time test: the output's bytes against min_bytes
-    assert format_stmts([st_]).endswith("nontemporal=N * M * 4 >= 1000)")
+    # the run-time test: the output's bytes against min_bytes, and every chunk starting on
+    # a cache line (a row of M floats must be whole lines; chunks under a line never are)
+    want = "N * M * 4 >= 1000 and 4 * M % 64 == 0" if chunk * 4 % 64 == 0 else "false"
+    assert format_stmts([st_]).endswith(f"nontemporal={want})")
     stage = sch.kernel.buffer("O_stage")
     assert stage.scope == "local" and stage.shape == (Const(chunk),)
     assert sch.writers("O") == [] and sch.writers("O_stage") == ["mul_2"]
@@ -2346,14 +2348,28 @@ def test_stream_output_elementwise(chunk: int) -> None:
 
 
 def test_stream_output_dividing_extent_needs_no_predicate() -> None:
-    k, sch = _eltwise_scheduled(5, 32)
-    sch.stream_output("mul_2", chunk=8)
+    k, sch = _eltwise_scheduled(5, 64)
+    sch.stream_output("mul_2", chunk=16)
     text = format_kernel(sch.kernel)
     assert "predicate" not in text
-    assert "stream(O[mul_2_i0 * 32 + mul_2_i1_0 * 8 +: 8] = O_stage[0 +: 8], nontemporal=true)" in (
-        text
-    )
+    want = "stream(O[mul_2_i0 * 64 + mul_2_i1_0 * 16 +: 16] = O_stage[0 +: 16], nontemporal=true)"
+    assert want in text
     check_same(k, sch.kernel, [{}])
+
+
+@pytest.mark.parametrize(
+    "m,chunk,want",
+    [(32, 8, "false"), (40, 16, "false"), (48, 16, "true"), ("M", 16, "4 * M % 64 == 0")],
+)
+def test_stream_output_is_non_temporal_only_where_every_chunk_starts_a_cache_line(m, chunk, want):
+    """A non-temporal chunk that starts mid-line shares that line with the previous
+    chunk's plain stores (each then fetches it): such chunks take the plain copy, decided
+    statically or, with a symbolic row, at run time; the values are the same."""
+    k, sch = _eltwise_scheduled(3, m)
+    sch.stream_output("mul_2", chunk=chunk)
+    (st_,) = _streams(sch.kernel)
+    assert format_stmts([st_]).endswith(f"nontemporal={want})")
+    check_same(k, sch.kernel, [{"M": 40}, {"M": 64}] if m == "M" else [{}])
 
 
 def test_stream_output_static_output_smaller_than_min_bytes_is_refused() -> None:

@@ -273,6 +273,51 @@ def _to_sympy(e: Expr) -> sympy.Expr:
     raise ValueError("not an index expression")
 
 
+#: cache line size (bytes) that non-temporal stores fill whole
+LINE_BYTES = 64
+
+
+def _line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
+    """A bool expression of the dims that holds only if element ``offset`` (an index
+    polynomial in loop variables and dims) starts a cache line for every value of its
+    loop variables: each term, loop variables set to 1, times ``itemsize`` is a multiple
+    of :data:`LINE_BYTES` (static terms are decided here, ``False`` when one is not, or
+    when ``offset`` is not a polynomial)."""
+    try:
+        terms = sympy.Add.make_args(sympy.expand(_to_sympy(offset)))
+    except (ValueError, TypeError):
+        return Const(False, "bool")
+    cond: Expr = Const(True, "bool")
+    for term in terms:
+        coef, rest = term.as_coeff_Mul()
+        if not coef.is_Integer:
+            return Const(False, "bool")
+        factor: Expr = Const(int(coef) * itemsize)
+        for base, exp in rest.as_powers_dict().items():
+            if base == 1:
+                continue
+            if not (base.is_Symbol and exp.is_Integer and exp > 0):
+                return Const(False, "bool")
+            if base.name in dims:
+                for _ in range(int(exp)):
+                    factor = mul(factor, Var(base.name))
+        if isinstance(factor, Const):
+            if int(factor.value) % LINE_BYTES:
+                return Const(False, "bool")
+            continue
+        cond = _both(cond, Bin("==", mod(factor, Const(LINE_BYTES)), Const(0)))
+    return cond
+
+
+def _both(a: Expr, b: Expr) -> Expr:
+    """``a and b`` over bool expressions, a constant ``True`` dropped."""
+    if a == Const(True, "bool"):
+        return b
+    if b == Const(True, "bool"):
+        return a
+    return Bin("and", a, b)
+
+
 def _diff(a: Expr, b: Expr) -> sympy.Expr | None:
     try:
         return sympy.expand(_to_sympy(a) - _to_sympy(b))
@@ -2388,8 +2433,11 @@ class Schedule:
         innermost loop ``L`` around ``block`` is split into chunks of ``chunk`` elements,
         ``block`` stores each chunk into a small local staging buffer ``O_stage``, and a
         ``StreamStore`` after the chunk copies it to ``O``. The copy uses non-temporal
-        stores when ``O`` holds at least ``min_bytes`` bytes (a run-time test when ``O``'s
-        shape is symbolic): a streamed line is never read from memory before it is
+        stores when ``O`` holds at least ``min_bytes`` bytes and every chunk starts on a
+        cache line of ``O`` (:data:`LINE_BYTES`; each term of the chunk's offset is a
+        multiple of it; run-time tests when ``O``'s shape is symbolic; a chunk starting
+        mid-line would share that line with the previous chunk's plain stores, which
+        fetch it): a streamed line is never read from memory before it is
         overwritten (an ordinary store first fetches it: 1.5x the traffic of a copy) and
         does not evict useful lines, which pays for outputs larger than the caches.
         Returns the chunk loop and the element loop. Apply it last: afterwards ``O`` is
@@ -2449,7 +2497,8 @@ class Schedule:
             raise ScheduleError(
                 prim, block, f"{out.name} is not written at consecutive elements along {f.var}"
             )
-        size = mul(prod(list(out.shape)), Const(np.dtype(out.dtype).itemsize))
+        itemsize = np.dtype(out.dtype).itemsize
+        size = mul(prod(list(out.shape)), Const(itemsize))
         if isinstance(size, Const):
             if int(size.value) < min_bytes:
                 raise ScheduleError(
@@ -2458,16 +2507,22 @@ class Schedule:
             nontemporal: Expr = Const(True, "bool")
         else:
             nontemporal = Bin(">=", size, Const(int(min_bytes)))
+            if min_bytes <= 0:
+                nontemporal = Const(True, "bool")
+        start = mul(Var(f.var), Const(chunk))  # the chunk loop's variable, renamed below
+        offset: Expr = Const(0)
+        for i, e in enumerate(idx):
+            comp = substitute(e, {f.var: start}) if i == len(idx) - 1 else e
+            offset = add(mul(offset, out.shape[i]), comp)
+        aligned = _line_aligned(offset, itemsize, set(k.dims))
+        nontemporal = aligned if aligned == Const(False, "bool") else _both(nontemporal, aligned)
         kind = f.kind
         extent = f.extent
         names = self.split(f.var, [None, chunk])
         outer, inner = self._locate_loop(prim, names[0])[0], self._locate_loop(prim, names[1])[0]
         inner.kind = kind
         start = mul(Var(names[0]), Const(chunk))
-        offset = Const(0)
-        for i, e in enumerate(idx):
-            comp = substitute(e, {f.var: start}) if i == len(idx) - 1 else e
-            offset = add(mul(offset, out.shape[i]), comp)
+        offset = substitute(offset, {f.var: Var(names[0])})
         if isinstance(extent, Const) and int(extent.value) % chunk == 0:
             length: Expr = Const(chunk)
         else:

@@ -1586,10 +1586,17 @@ class _Emitter:
             self.stmts(s.body, inner, ind + 1, in_prange or prange)
         finally:
             self.hoist_frames.pop()
-        if prange and any(isinstance(x, StreamStore) for x in walk_stmts(s.body)):
+        # streamed stores must be fenced before the thread that made them finishes: once
+        # after a chunk's share of the loop, or in every iteration of a prange (numba's
+        # workers run the iterations). A fence per row cost softmax over rows of 128
+        # floats half its time.
+        streams = prange and any(isinstance(x, StreamStore) for x in walk_stmts(s.body))
+        if streams and not chunked:
             self.emit(f"{self.helper('_g_sfence')}()", ind + 1)
         if self.emitted() == n_before:
             self.emit("pass", ind + 1)
+        if streams and chunked:
+            self.emit(f"{self.helper('_g_sfence')}()", ind)
 
     def chunk_range(self, s: For, ext: _V, var: str, env: dict[str, Expr], ind: int) -> bool:
         """The loop header of a chunked kernel's parallel loop: this chunk's share of
