@@ -2358,6 +2358,50 @@ def test_stream_output_dividing_extent_needs_no_predicate() -> None:
 
 
 @pytest.mark.parametrize(
+    "offset,want",
+    [
+        ("i // S * 1024 + j * 128", "true"),  # a floor division is an integer factor
+        ("i * S + j * 128", "4 * S % 64 == 0"),
+        ("i % S * S + 16", "4 * S % 64 == 0"),
+        ("(i + 1) * (S * S)", "4 * S * S % 64 == 0"),  # one test per distinct term
+        ("i * 1000 + j * 128", "false"),  # 4000 bytes: every other row starts mid-line
+        ("i * S + 3", "false"),
+        ("j * 16 + 8", "false"),
+    ],
+)
+def test_chunk_offsets_start_cache_lines_when_every_term_is_whole_lines(offset, want) -> None:
+    from geode.codegen.schedule import _line_aligned
+
+    i, j, s_ = Var("i"), Var("j"), Var("S")
+    e = eval(offset, {"i": _IdxVar(i), "j": _IdxVar(j), "S": _IdxVar(s_)}).e
+    assert expr_str(e) == offset
+    assert expr_str(_line_aligned(e, 4, {"S"})) == want
+
+
+class _IdxVar:
+    """Index expressions written with Python operators (for readable test cases)."""
+
+    def __init__(self, e: Expr) -> None:
+        self.e = e
+
+    def _bin(self, op: str, other: object) -> _IdxVar:
+        o = other.e if isinstance(other, _IdxVar) else Const(int(other))  # type: ignore[arg-type]
+        return _IdxVar(Bin(op, self.e, o))
+
+    def __add__(self, o: object) -> _IdxVar:
+        return self._bin("+", o)
+
+    def __mul__(self, o: object) -> _IdxVar:
+        return self._bin("*", o)
+
+    def __floordiv__(self, o: object) -> _IdxVar:
+        return self._bin("//", o)
+
+    def __mod__(self, o: object) -> _IdxVar:
+        return self._bin("%", o)
+
+
+@pytest.mark.parametrize(
     "m,chunk,want",
     [(32, 8, "false"), (40, 16, "false"), (48, 16, "true"), ("M", 16, "4 * M % 64 == 0")],
 )

@@ -278,11 +278,14 @@ LINE_BYTES = 64
 
 
 def _line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
-    """A bool expression of the dims that holds only if element ``offset`` (an index
-    polynomial in loop variables and dims) starts a cache line for every value of its
-    loop variables: each term, loop variables set to 1, times ``itemsize`` is a multiple
-    of :data:`LINE_BYTES` (static terms are decided here, ``False`` when one is not, or
-    when ``offset`` is not a polynomial)."""
+    """A bool expression of the dims that holds only if element ``offset`` (an integer
+    index expression of loop variables and dims) starts a cache line for every value of
+    its loop variables: each term of ``offset`` expanded, times ``itemsize``, is a
+    multiple of :data:`LINE_BYTES`. A term is its integer coefficient times dims times
+    other integer factors (loop variables, ``//`` and ``%`` of them), which keep any
+    multiple a multiple; so a term is decided here when its coefficient alone suffices
+    or it has no dims (``False`` when one cannot be a multiple, or ``offset`` is not such
+    a sum), and tested at run time otherwise."""
     try:
         terms = sympy.Add.make_args(sympy.expand(_to_sympy(offset)))
     except (ValueError, TypeError):
@@ -292,20 +295,23 @@ def _line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
         coef, rest = term.as_coeff_Mul()
         if not coef.is_Integer:
             return Const(False, "bool")
+        if int(coef) * itemsize % LINE_BYTES == 0:
+            continue
         factor: Expr = Const(int(coef) * itemsize)
         for base, exp in rest.as_powers_dict().items():
             if base == 1:
                 continue
-            if not (base.is_Symbol and exp.is_Integer and exp > 0):
+            # index expressions divide only inside floor: every factor is an integer
+            if not (exp.is_Integer and exp > 0):
                 return Const(False, "bool")
-            if base.name in dims:
+            if base.is_Symbol and base.name in dims:
                 for _ in range(int(exp)):
                     factor = mul(factor, Var(base.name))
         if isinstance(factor, Const):
-            if int(factor.value) % LINE_BYTES:
-                return Const(False, "bool")
-            continue
-        cond = _both(cond, Bin("==", mod(factor, Const(LINE_BYTES)), Const(0)))
+            return Const(False, "bool")
+        test = Bin("==", mod(factor, Const(LINE_BYTES)), Const(0))
+        if test not in _conjuncts(cond):
+            cond = _both(cond, test)
     return cond
 
 
