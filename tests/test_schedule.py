@@ -2357,48 +2357,28 @@ def test_stream_output_dividing_extent_needs_no_predicate() -> None:
     check_same(k, sch.kernel, [{}])
 
 
+_I, _J, _S = Var("i"), Var("j"), Var("S")
+
+
 @pytest.mark.parametrize(
     "offset,want",
     [
-        ("i // S * 1024 + j * 128", "true"),  # a floor division is an integer factor
-        ("i * S + j * 128", "4 * S % 64 == 0"),
-        ("i % S * S + 16", "4 * S % 64 == 0"),
-        ("(i + 1) * (S * S)", "4 * S * S % 64 == 0"),  # one test per distinct term
-        ("i * 1000 + j * 128", "false"),  # 4000 bytes: every other row starts mid-line
-        ("i * S + 3", "false"),
-        ("j * 16 + 8", "false"),
+        # a floor division is an integer factor
+        (Bin("+", Bin("*", Bin("//", _I, _S), Const(1024)), Bin("*", _J, Const(128))), "true"),
+        (Bin("+", Bin("*", _I, _S), Bin("*", _J, Const(128))), "4 * S % 64 == 0"),
+        (Bin("+", Bin("*", Bin("%", _I, _S), _S), Const(16)), "4 * S % 64 == 0"),
+        # one test per distinct term: (i + 1) * S * S is i * S * S + S * S
+        (Bin("*", Bin("+", _I, Const(1)), Bin("*", _S, _S)), "4 * S * S % 64 == 0"),
+        # rows of 4000 bytes: every other row starts mid-line
+        (Bin("+", Bin("*", _I, Const(1000)), Bin("*", _J, Const(128))), "false"),
+        (Bin("+", Bin("*", _I, _S), Const(3)), "false"),
+        (Bin("+", Bin("*", _J, Const(16)), Const(8)), "false"),
     ],
 )
 def test_chunk_offsets_start_cache_lines_when_every_term_is_whole_lines(offset, want) -> None:
     from geode.codegen.schedule import _line_aligned
 
-    i, j, s_ = Var("i"), Var("j"), Var("S")
-    e = eval(offset, {"i": _IdxVar(i), "j": _IdxVar(j), "S": _IdxVar(s_)}).e
-    assert expr_str(e) == offset
-    assert expr_str(_line_aligned(e, 4, {"S"})) == want
-
-
-class _IdxVar:
-    """Index expressions written with Python operators (for readable test cases)."""
-
-    def __init__(self, e: Expr) -> None:
-        self.e = e
-
-    def _bin(self, op: str, other: object) -> _IdxVar:
-        o = other.e if isinstance(other, _IdxVar) else Const(int(other))  # type: ignore[arg-type]
-        return _IdxVar(Bin(op, self.e, o))
-
-    def __add__(self, o: object) -> _IdxVar:
-        return self._bin("+", o)
-
-    def __mul__(self, o: object) -> _IdxVar:
-        return self._bin("*", o)
-
-    def __floordiv__(self, o: object) -> _IdxVar:
-        return self._bin("//", o)
-
-    def __mod__(self, o: object) -> _IdxVar:
-        return self._bin("%", o)
+    assert expr_str(_line_aligned(offset, 4, {"S"})) == want
 
 
 @pytest.mark.parametrize(

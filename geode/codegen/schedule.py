@@ -316,7 +316,9 @@ def _line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
 
 
 def _both(a: Expr, b: Expr) -> Expr:
-    """``a and b`` over bool expressions, a constant ``True`` dropped."""
+    """``a and b`` over bool expressions, folded where either is a constant."""
+    if Const(False, "bool") in (a, b):
+        return Const(False, "bool")
     if a == Const(True, "bool"):
         return b
     if b == Const(True, "bool"):
@@ -720,12 +722,19 @@ def _rename_loads(e: Expr, names: dict[str, str]) -> Expr:
     return transform(e, repl)
 
 
-def _row_chunk(n: Expr, chunk: int, min_chunks: int) -> Expr:
-    """Rows per chunk when a row loop of ``n`` rows is cut into chunks of at most
-    ``chunk`` rows and at least ``min_chunks`` chunks (when there are that many rows)."""
-    if isinstance(n, Const):
-        return Const(max(1, min(chunk, int(n.value) // min_chunks)))
-    return Bin("max", Const(1), Bin("min", Const(chunk), floordiv(n, Const(min_chunks))))
+@dataclass
+class _RowChunks:
+    """A row loop of ``n`` rows cut into chunks of ``c`` rows: chunk loop ``vo`` over
+    ``count`` chunks, row loop ``vi`` over the ``ext`` rows of chunk ``vo`` (the last
+    chunk may be short), which starts at row ``start``; ``row`` is row ``vi``'s index."""
+
+    c: Expr
+    vo: str
+    vi: str
+    count: Expr
+    start: Expr
+    ext: Expr
+    row: Expr
 
 
 def _par(e: Expr) -> Expr:
@@ -2511,17 +2520,16 @@ class Schedule:
                     prim, block, f"{out.name} holds {size.value} bytes < min_bytes {min_bytes}"
                 )
             nontemporal: Expr = Const(True, "bool")
+        elif min_bytes <= 0:
+            nontemporal = Const(True, "bool")
         else:
             nontemporal = Bin(">=", size, Const(int(min_bytes)))
-            if min_bytes <= 0:
-                nontemporal = Const(True, "bool")
         start = mul(Var(f.var), Const(chunk))  # the chunk loop's variable, renamed below
         offset: Expr = Const(0)
         for i, e in enumerate(idx):
             comp = substitute(e, {f.var: start}) if i == len(idx) - 1 else e
             offset = add(mul(offset, out.shape[i]), comp)
-        aligned = _line_aligned(offset, itemsize, set(k.dims))
-        nontemporal = aligned if aligned == Const(False, "bool") else _both(nontemporal, aligned)
+        nontemporal = _both(nontemporal, _line_aligned(offset, itemsize, set(k.dims)))
         kind = f.kind
         extent = f.extent
         names = self.split(f.var, [None, chunk])
@@ -2600,12 +2608,8 @@ class Schedule:
         k = self.kernel
         rest_blocks = ast_blocks(rest)
         head_blocks = head + list(first.body)
-        n = f.extent
-        c = _row_chunk(n, chunk, min_chunks)
-        vo, vi = self._fresh(f"{f.var}_o"), self._fresh(f"{f.var}_i")
-        start = mul(Var(vo), c)
-        ext = Bin("min", c, sub(n, start))
-        row = add(start, Var(vi))
+        rc = self._row_chunks(f, chunk, min_chunks)
+        vo, vi, start, ext, row = rc.vo, rc.vi, rc.start, rc.ext, rc.row
         nxt = add(start, Bin("min", add(Var(vi), Const(1)), sub(ext, Const(1))))
         used_regs = {ld.buffer for b in rest_blocks for e in _block_exprs(b) for ld in loads(e)}
         cur: dict[str, str] = {}
@@ -2640,14 +2644,25 @@ class Schedule:
         _subst_loop_vars(first.body, {f.var: nxt, first.var: Var(last.var)})
         last.body.extend(first.body)
         inner = For(vi, ext, copies + rest[:host] + head + rest[host:], ForKind.SERIAL)
-        outer = For(
-            vo,
-            floordiv(add(n, sub(c, Const(1))), c),
-            prologue + [inner],
-            f.kind,
-        )
+        outer = For(vo, rc.count, prologue + [inner], f.kind)
         cont[next(i for i, x in enumerate(cont) if x is f)] = outer
         return [vo, vi]
+
+    def _row_chunks(self, f: For, chunk: int, min_chunks: int) -> _RowChunks:
+        """Cut row loop ``f`` into chunks of at most ``chunk`` rows and at least
+        ``min_chunks`` chunks (when there are that many rows), with fresh loop names."""
+        n = f.extent
+        c: Expr = (
+            Const(max(1, min(chunk, int(n.value) // min_chunks)))
+            if isinstance(n, Const)
+            else Bin("max", Const(1), Bin("min", Const(chunk), floordiv(n, Const(min_chunks))))
+        )
+        vo, vi = self._fresh(f"{f.var}_o"), self._fresh(f"{f.var}_i")
+        start = mul(Var(vo), c)
+        count = floordiv(add(n, sub(c, Const(1))), c)
+        return _RowChunks(
+            c, vo, vi, count, start, Bin("min", c, sub(n, start)), add(start, Var(vi))
+        )
 
     def _pipeline_plan(
         self, prim: str, loop: str, chunk: int, min_chunks: int, into: str | None
@@ -2783,12 +2798,8 @@ class Schedule:
         prim = "defer_last_pass"
         f, cont, host, last, regs, bufs = self._defer_plan(prim, loop, into, chunk, min_chunks)
         k = self.kernel
-        n = f.extent
-        c = _row_chunk(n, chunk, min_chunks)
-        vo, vi = self._fresh(f"{f.var}_o"), self._fresh(f"{f.var}_i")
-        start = mul(Var(vo), c)
-        ext = Bin("min", c, sub(n, start))
-        row = add(start, Var(vi))
+        rc = self._row_chunks(f, chunk, min_chunks)
+        vo, vi, start, ext, row = rc.vo, rc.vi, rc.start, rc.ext, rc.row
         taken: set[str] = set()
         prev: dict[str, str] = {}
         inits: list[Stmt] = []
@@ -2830,7 +2841,7 @@ class Schedule:
         at = next((i for i, s in enumerate(host.body) if isinstance(s, If)), len(host.body))
         host.body.insert(at, If(Bin("<", Const(0), Var(vi)), deferred))
         inner = For(vi, ext, rest + copies, ForKind.SERIAL)
-        outer = For(vo, floordiv(add(n, sub(c, Const(1))), c), inits + [inner, epilogue], f.kind)
+        outer = For(vo, rc.count, inits + [inner, epilogue], f.kind)
         cont[_index(cont, f)] = outer
         self._ctx().simplify_bindings([outer])
         return [vo, vi]
