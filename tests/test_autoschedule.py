@@ -9,7 +9,7 @@ from lowering_check import check_groups, prepare
 from test_lower import CASES, _graph
 
 import geode
-from geode import examples
+from geode import examples, ops
 from geode.codegen import ast as A
 from geode.codegen.autoschedule import PREFETCH_CHUNK, schedule_group
 from geode.codegen.lower import lower_group
@@ -494,3 +494,70 @@ def test_non_transposing_nests_are_not_tiled(build, shapes):
     for group in plan.groups:
         sch = schedule_group(lower_group(group, gg, "k"), group)
         assert "reorder" not in str(sch.trace) and "split" not in str(sch.trace)
+
+
+def _two_outputs(hidden, build, lead=("N",)):
+    """A graph with two outputs of the same nest: ``y1 = f(x)`` and ``y2 = g(y1, x)``."""
+    g = geode.Graph("two_outputs")
+    x = g.input("x", [*lead, hidden])
+    y1, y2 = build(x)
+    g.output(y1, y2, names=["y1", "y2"])
+    return g
+
+
+def _long_chain(x):  # y2 reaches its store through sigmoid(tanh(...)): two in series
+    y1 = ops.tanh(x) * 2.0 + ops.sigmoid(x)
+    return y1, ops.sigmoid(y1) * x
+
+
+def _short_chain(x):  # one math function in series
+    y1 = ops.tanh(x) + 1.0
+    return y1, y1 * x
+
+
+@pytest.mark.parametrize(
+    "hidden,build,lead,split",
+    [
+        (1024, _long_chain, ("N",), True),
+        (64, _long_chain, ("B", "S"), True),  # the row loop is the middle loop
+        (1024, _short_chain, ("N",), False),
+        (8192, _long_chain, ("N",), False),  # a 32 KiB row would not stay in the L1
+        ("H", _long_chain, ("N",), False),  # a symbolic row: its size is unknown
+    ],
+)
+def test_long_math_chains_split_at_the_stored_producer(hidden, build, lead, split):
+    graph = _two_outputs(hidden, build, lead)
+    g, plan = prepare(graph)
+    (group,) = plan.groups
+    sch = schedule_group(lower_group(group, g, "k"), group)
+    assert sch.level == "full", sch.notes
+    text = A.format_kernel(sch.kernel)
+    top = [s for s in sch.kernel.body if isinstance(s, A.For)]
+    assert len(top) == 1 and top[0].kind is A.ForKind.PARALLEL
+    # split: the producer's loop and its consumer's loop, one after the other in each row,
+    # both vectorized; not split: one loop computes both outputs
+    assert text.count("vectorized for") == (2 if split else 1), text
+    assert "prefetch" not in str(sch.trace)  # the hardware prefetcher streams both passes
+    dims = [3 if isinstance(d, str) else d for d in [*lead, hidden]]
+    if lead == ("B", "S"):
+        dims = [2, 5, hidden]
+    x = rng.standard_normal(dims).astype(np.float32) * 3
+    check_groups(graph, {"x": x}, lambda lk, gr: schedule_group(lk, gr).kernel)
+
+
+def test_lstm_gates_split_into_two_passes_per_row_and_compile_exactly():
+    lk, group = _kernel("lstm_gates")
+    sch = schedule_group(lk, group)
+    # c' = sigmoid(f) * c + sigmoid(i) * tanh(g) in its own loop, then
+    # h' = sigmoid(o) * tanh(c') re-reading c' from the row just written
+    steps = [s for s in sch.trace.steps if s.primitive == "compute_at"]
+    (row,) = [s for s in sch.kernel.body if isinstance(s, A.For)]
+    assert [s.args["loop"] for s in steps] == [row.var]
+    ex = examples.lstm_gates(hidden=256)
+    model = geode.compile(ex.graph)
+    feeds = ex.make_inputs(rng, 37)
+    feeds["gates"] *= 4
+    got = model(**feeds)
+    want = ex.numpy(**{k: v.astype(np.float64) for k, v in feeds.items()})
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=2e-6, atol=1e-6)
