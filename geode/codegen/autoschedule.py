@@ -250,10 +250,12 @@ def _elementwise(sch: Schedule, par: bool) -> str | None:
         if not _tile_transpose(sch, name, par):
             _parallel_vector(sch, loops, par)
         done.add(_nest_loops(sch, name)[0])
-    for name in sch.blocks():  # the other passes of a nest with split producers
-        inner = sch.get_loop(_nest_loops(sch, name)[-1]) if split else None
-        if inner is not None and inner.kind is A.ForKind.SERIAL:
-            sch.vectorize(inner.var)
+    if split:  # the split producers' loops run beside the vectorized one
+        top = _nest_loops(sch, split[0])[0]
+        for name in sch.blocks():
+            loops = _nest_loops(sch, name)
+            if loops and loops[0] == top and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL:
+                sch.vectorize(loops[-1])
     if len(done) != 1:
         return None
     (top,) = done
@@ -279,7 +281,7 @@ def _chain(e: A.Expr, buffers: set[str] | None = None) -> int:
     count."""
     if isinstance(e, A.Load):
         return 0 if buffers is None or e.buffer in buffers else -1
-    kids = [k for k in A.children(e)]
+    kids = A.children(e)
     depth = max((_chain(k, buffers) for k in kids), default=0 if buffers is None else -1)
     if depth >= 0 and isinstance(e, A.Un) and e.op in _LONG_OPS:
         depth += 1
@@ -303,8 +305,8 @@ def _splits_chain(sch: Schedule, name: str) -> bool:
     latency, not at the core's throughput. Split, each loop holds independent chains
     (the LSTM gates: ``sigmoid(o) * tanh(c')`` after ``c' = sigmoid(f) * c +
     sigmoid(i) * tanh(g)``), and the consumer re-reads the producer's row from the L1.
-    Measured on the LSTM gates at [4096, 1024], two cores: 0.91x the time with the data
-    in memory, 0.75x with it in the cache."""
+    Measured on the LSTM gates at [4096, 1024], two cores, paired with the fused loop:
+    0.90-0.92 of the time with the data in memory, 0.71-0.78 with it in the cache."""
     b = sch.get_block(name)
     bufs = _writes(b)
     own = max((_chain(v) for v in _stored_values(b)), default=0)
