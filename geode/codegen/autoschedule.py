@@ -234,12 +234,12 @@ def _elementwise(sch: Schedule, par: bool) -> str | None:
         return None
     anchor = blocks[-1]
     loops = _nest_loops(sch, anchor)
-    split: list[str] = []
+    split = False
     for name in reversed(blocks[:-1]):
         if loops and _extents(sch, name) == _extents(sch, anchor):
             if len(loops) >= 2 and _splits_chain(sch, name):
                 sch.compute_at(name, loops[-2])
-                split.append(name)
+                split = True
             else:
                 sch.compute_at(name, loops[-1])
     done: set[str] = set()
@@ -250,8 +250,8 @@ def _elementwise(sch: Schedule, par: bool) -> str | None:
         if not _tile_transpose(sch, name, par):
             _parallel_vector(sch, loops, par)
         done.add(_nest_loops(sch, name)[0])
-    if split:  # the split producers' loops run beside the vectorized one
-        top = _nest_loops(sch, split[0])[0]
+    if split:  # the split producers' loops run beside the anchor's vectorized one
+        top = _nest_loops(sch, anchor)[0]
         for name in sch.blocks():
             loops = _nest_loops(sch, name)
             if loops and loops[0] == top and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL:
