@@ -11,6 +11,7 @@ from test_lower import CASES, _graph
 import geode
 from geode import examples, ops
 from geode.codegen import ast as A
+from geode.codegen.autoschedule import ELEMENTWISE_PREFETCH_CHUNK as chunk
 from geode.codegen.autoschedule import PREFETCH_CHUNK, schedule_group
 from geode.codegen.lower import lower_group
 
@@ -537,7 +538,20 @@ def test_long_math_chains_split_at_the_stored_producer(hidden, build, lead, spli
     # split: the producer's loop and its consumer's loop, one after the other in each row,
     # both vectorized; not split: one loop computes both outputs
     assert text.count("vectorized for") == (2 if split else 1), text
-    assert "prefetch" not in str(sch.trace)  # the hardware prefetcher streams both passes
+    trace = str(sch.trace)
+    if split and hidden == 1024:
+        # the first pass (the costliest) is cut in chunks of ELEMENTWISE_PREFETCH_CHUNK,
+        # over which the next row of x is prefetched into the L2
+        (row,) = top
+        first = next(s for s in row.body if isinstance(s, A.For))
+        assert first.kind is A.ForKind.SERIAL and first.extent == A.Const(1024 // chunk)
+        assert f"factors=[None, {chunk}]" in trace
+        assert re.search(
+            rf"prefetch_next\(loop='{row.var}', buffer='x', .*spread='{first.var}', level=2\)",
+            trace,
+        )
+    else:  # rows under PREFETCH_MIN_ROW, or one pass: the hardware prefetcher streams them
+        assert "prefetch" not in trace and "factors" not in trace, trace
     dims = [3 if isinstance(d, str) else d for d in [*lead, hidden]]
     if lead == ("B", "S"):
         dims = [2, 5, hidden]
@@ -553,11 +567,24 @@ def test_lstm_gates_split_into_two_passes_per_row_and_compile_exactly():
     steps = [s for s in sch.trace.steps if s.primitive == "compute_at"]
     (row,) = [s for s in sch.kernel.body if isinstance(s, A.For)]
     assert [s.args["loop"] for s in steps] == [row.var]
-    ex = examples.lstm_gates(hidden=256)
-    model = geode.compile(ex.graph)
-    feeds = ex.make_inputs(rng, 37)
-    feeds["gates"] *= 4
-    got = model(**feeds)
-    want = ex.numpy(**{k: v.astype(np.float64) for k, v in feeds.items()})
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=2e-6, atol=1e-6)
+    assert "prefetch" not in str(sch.trace)  # rows of 128: the hardware prefetcher's
+    # rows of 1024: the first pass (three math functions) runs in chunks, over which the
+    # next row of both inputs is prefetched into the L2
+    g, plan = prepare(examples.lstm_gates(hidden=1024).graph)
+    sch = schedule_group(lower_group(plan.groups[0], g, "k"), plan.groups[0])
+    (row,) = [s for s in sch.kernel.body if isinstance(s, A.For)]
+    pf = [s.args for s in sch.trace.steps if s.primitive == "prefetch_next"]
+    first = next(s for s in row.body if isinstance(s, A.For))
+    assert sorted(a["buffer"] for a in pf) == ["c", "gates"]
+    assert all(a["spread"] == first.var and a["level"] == 2 for a in pf)
+    for hidden, rows in ((256, 37), (1024, 9)):
+        ex = examples.lstm_gates(hidden=hidden)
+        model = geode.compile(ex.graph)
+        source = model.kernels[0].source
+        assert ("_g_prefetch_l2(gates" in source) == (hidden == 1024), source
+        feeds = ex.make_inputs(rng, rows)
+        feeds["gates"] *= 4
+        got = model(**feeds)
+        want = ex.numpy(**{k: v.astype(np.float64) for k, v in feeds.items()})
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=2e-6, atol=1e-6)
