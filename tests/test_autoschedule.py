@@ -173,6 +173,27 @@ def test_softmax_streams_its_scaled_row_and_prefetches_over_its_exp_chunks():
         assert "software_pipeline" not in trace
 
 
+@pytest.mark.parametrize("hidden", [128, 512, 1000, 1024, 4096])
+def test_softmax_streams_only_rows_it_prefetches_over(hidden):
+    """Streaming the scaled row needs the exp row in a row buffer; that pays only where
+    the next row is prefetched over the exp pass's chunks (static rows of at least
+    PREFETCH_MIN_ROW, a multiple of the chunk). Shorter or uneven rows are scaled in
+    place in the output with ordinary stores, whatever the output's size."""
+    from geode.codegen.autoschedule import PREFETCH_MIN_ROW
+
+    (trace,) = _traces("softmax", 0, hidden=hidden)
+    prefetched = hidden >= PREFETCH_MIN_ROW and hidden % PREFETCH_CHUNK == 0
+    assert ("stream_output(" in trace) == prefetched, trace
+    assert ("reuse_output(" in trace) != prefetched, trace
+    assert ("prefetch_next(" in trace) == prefetched, trace
+    ex = examples.softmax(hidden=hidden)
+    model = geode.compile(ex.graph, streaming="0")  # stream whatever the size
+    x = np.random.default_rng(1).standard_normal((37, hidden), dtype=np.float32) * 4
+    want = ex.numpy(x=x.astype(np.float64))["y"]
+    np.testing.assert_allclose(model(x=x)["y"], want, rtol=2e-6, atol=1e-9)
+    assert any("_g_stream(" in k.source for k in model.kernels) == prefetched
+
+
 @pytest.mark.parametrize("hidden", [1000, 1030])  # shorter than PREFETCH_MIN_ROW; not 128k
 def test_softmax_short_or_uneven_rows_are_not_cut(hidden):
     (trace,) = _traces("softmax", None, hidden=hidden)

@@ -487,7 +487,7 @@ def _row_reduce(
         if len(loops) >= 2 and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL:
             sch.vectorize(loops[-1], allow_reassoc=True)
     _fuse_row_passes(sch, sp)
-    _reuse_outputs(sch, stream_min_bytes)
+    _reuse_outputs(sch, sp, par, stream_min_bytes)
     streamed = any(_streams(sch, b, stream_min_bytes) for b in sch.blocks())
     if not par:
         return None
@@ -600,16 +600,24 @@ def _chunk_costly_pass(
     :data:`PREFETCH_MIN_ROW`; :func:`_prefetch_rows` then spreads the next row's fetch
     over those chunks, where the arithmetic hides it. ``reassoc``: the chunk loop may
     reassociate (a reduction's pass). Returns whether it did."""
-    passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
-    top = max(passes[first:], key=_pass_cost, default=None)
-    if top is None or _pass_cost(top) <= PIPELINE_MAX_HOST_OPS:
-        return False
-    n = int(top.extent.value) if isinstance(top.extent, A.Const) else 0
-    if n < PREFETCH_MIN_ROW or n % chunk:
+    top = _costly_pass(sch, sp, first, chunk)
+    if top is None:
         return False
     _, inner = sch.split(top.var, [None, chunk])
     sch.vectorize(inner, allow_reassoc=reassoc)
     return True
+
+
+def _costly_pass(
+    sch: Schedule, sp: str, first: int = 1, chunk: int = PREFETCH_CHUNK
+) -> A.For | None:
+    """The pass :func:`_chunk_costly_pass` would cut in chunks, or None."""
+    passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
+    top = max(passes[first:], key=_pass_cost, default=None)
+    if top is None or _pass_cost(top) <= PIPELINE_MAX_HOST_OPS:
+        return None
+    n = int(top.extent.value) if isinstance(top.extent, A.Const) else 0
+    return None if n < PREFETCH_MIN_ROW or n % chunk else top
 
 
 #: elements per chunk of an elementwise nest's costly pass cut up to carry the next
@@ -703,20 +711,24 @@ def _defer_output_pass(sch: Schedule, sp: str) -> None:
         log.debug("last pass of %s not deferred: %s", sp, exc)
 
 
-def _reuse_outputs(sch: Schedule, stream_min_bytes: int | None) -> None:
+def _reuse_outputs(sch: Schedule, sp: str, par: bool, stream_min_bytes: int | None) -> None:
     """Keep each row buffer in the output its last reader writes, where legal (softmax
     writes its exp values into ``y`` and scales them in place: one buffer less to walk),
-    unless that reader would stream the output (see :func:`_streams`): an output read
-    back cannot be streamed, and an ordinary store first reads the line from memory.
-    Measured on softmax at [4096, 4096] float32 on two Zen 4 cores: a separate row buffer
-    with a streamed last pass and the next row prefetched over the exp chunks (see
-    :func:`_chunk_costly_pass`) 0.80 of the in-place row's time; without that prefetch
-    the in-place row was 8-12% faster."""
+    unless that reader would stream the output (see :func:`_streams`) and the next row
+    will be prefetched over a costly pass cut in chunks (:func:`_chunk_costly_pass`,
+    parallel rows of at least :data:`PREFETCH_MIN_ROW`): an output read back cannot be
+    streamed, and an ordinary store first reads the line from memory. Measured on softmax
+    at [4096, 4096] float32 on two Zen 4 cores: a separate row buffer with a streamed last
+    pass and the next row prefetched over the exp chunks 0.80 of the in-place row's time;
+    without that prefetch the in-place row was 8-12% faster. Rows too short to prefetch
+    over: streamed, softmax took 1.16-1.35x the in-place row's time at [131072, 128] and
+    1.11-1.20x at [65536, 256] (paired, six rounds)."""
+    prefetched = par and _costly_pass(sch, sp) is not None
     for name in [t.name for t in sch.kernel.temps if t.scope == "local"]:
         readers = sch.readers(name)
         if not readers:
             continue
-        if _streams(sch, readers[-1], stream_min_bytes):
+        if prefetched and _streams(sch, readers[-1], stream_min_bytes):
             log.debug("row buffer %s stays: %s streams its output", name, readers[-1])
             continue
         try:
