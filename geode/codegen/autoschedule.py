@@ -22,7 +22,9 @@
   ``sp`` runs in parallel and every ``rb`` loop is vectorized (reductions may be
   reassociated: see ``geode.config.ACCURACY_POLICY``); a row buffer whose last reader
   writes an output lives in that output (``reuse_output``) unless that output is
-  streamed (below). With several passes over long rows: a costly later pass (softmax's
+  streamed (below), which it is only where the next row is prefetched over a costly
+  pass cut in chunks (softmax's rows of 1024 and up; see :func:`_reuse_outputs`).
+  With several passes over long rows: a costly later pass (softmax's
   exp, :data:`PIPELINE_MAX_HOST_OPS`) is cut into chunks over which the next row is
   prefetched into the L2 (``split``, ``prefetch_next(spread=...)``); otherwise, where
   the host pass (the first that writes an output) is cheap, the row loop is
@@ -635,11 +637,11 @@ def _chunk_elementwise_rows(sch: Schedule, sp: str) -> None:
     Why: each pass walks a few 4 KiB pages of the row side by side and the hardware
     prefetcher starts each page of the next row cold, while the passes' arithmetic
     leaves the memory idle. Measured on two Zen 4 cores, float32, paired with the same
-    schedule without it (bit-identical results): the LSTM gates at [4096, 1024] 0.78-0.86
-    of the time (median 0.83; chunks of 16: 0.87, 64: 0.89), at [2048, 2048] 0.91-0.96,
-    at [1024, 4096] 0.91-0.94. Single-pass nests keep the hardware prefetcher alone: there the
-    same chunks measured 1.01 (``tanh(x) * sigmoid(x)``), 1.11 (``sigmoid(a) * tanh(b)``)
-    and 0.91-1.04 (SiLU)."""
+    schedule without it (bit-identical results): the LSTM gates at [4096, 1024]
+    0.78-0.86 of the time (median 0.83; chunks of 16: 0.87, 64: 0.89), at [2048, 2048]
+    0.91-0.96, at [1024, 4096] 0.91-0.94. Single-pass nests keep the hardware
+    prefetcher alone: there the same chunks measured 1.01 (``tanh(x) * sigmoid(x)``),
+    1.11 (``sigmoid(a) * tanh(b)``) and 0.91-1.04 (SiLU)."""
     passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
     if len(passes) < 2 or any(p.kind is A.ForKind.SERIAL for p in passes):
         return  # one pass, or already chunked (a streamed output): see the docstring
@@ -721,8 +723,9 @@ def _reuse_outputs(sch: Schedule, sp: str, par: bool, stream_min_bytes: int | No
     at [4096, 4096] float32 on two Zen 4 cores: a separate row buffer with a streamed last
     pass and the next row prefetched over the exp chunks 0.80 of the in-place row's time;
     without that prefetch the in-place row was 8-12% faster. Rows too short to prefetch
-    over: streamed, softmax took 1.16-1.35x the in-place row's time at [131072, 128] and
-    1.11-1.20x at [65536, 256] (paired, six rounds)."""
+    over: streamed, softmax took 1.16-1.35x the in-place row's time at [131072, 128],
+    1.11-1.20x at [65536, 256] and 1.11-1.15x at [32768, 512] (paired, six rounds); at
+    [16384, 1024] the two tie (0.99-1.01), at [8192, 2048] streaming wins (0.74-0.85)."""
     prefetched = par and _costly_pass(sch, sp) is not None
     for name in [t.name for t in sch.kernel.temps if t.scope == "local"]:
         readers = sch.readers(name)
