@@ -288,3 +288,51 @@ def test_input_too_small_for_a_convolution_window():
     np.testing.assert_array_equal(model(x=np.ones((1, 1, 3, 4), np.float32))["y"], [[[[9, 9]]]])
     with pytest.raises(ExecutionError, match=r"step 'conv'.*shape \[1, 1, -1, -1\].*too small"):
         model(x=np.ones((1, 1, 1, 1), np.float32))
+
+
+def test_remembered_input_shapes_still_check_every_call():
+    """The executor remembers the binding of input shapes that passed (the checks depend
+    on the shapes alone); every feed that differs in what those checks see still takes
+    the full checks, and shapes that failed are never remembered."""
+    g = geode.Graph("remembered")
+    x = g.input("x", ["N", 4], "float32")
+    y = g.input("y", ["N", 4], "float32")
+    g.output(x * y + 1.0, names=["s"])
+    model = geode.compile(g)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 3, 4), dtype=np.float32)
+    for _ in range(3):  # the first call checks, the next ones are remembered
+        np.testing.assert_allclose(model(x=a, y=b)["s"], a * b + 1, rtol=1e-6)
+    c, d = rng.standard_normal((2, 5, 4), dtype=np.float32)  # new shapes: checked, run
+    np.testing.assert_allclose(model(x=c, y=d)["s"], c * d + 1, rtol=1e-6)
+    # the remembered shapes with other dtypes, kinds of array and names still fail
+    with pytest.raises(InputDTypeError, match="'x'"):
+        model(x=a.astype(np.float64), y=b)
+    with pytest.raises(InputError, match="masked"):
+        model(x=np.ma.masked_array(a), y=b)
+    with pytest.raises(UnexpectedInputError):
+        model(x=a, y=b, z=b)
+    with pytest.raises(MissingInputError):
+        model(x=a)
+    for _ in range(2):  # a failed binding is not remembered
+        with pytest.raises(InputShapeError, match="symbol N"):
+            model(x=a, y=d)
+    # other layouts of the remembered shapes take the full path and give the same results
+    fa = np.asfortranarray(a)
+    np.testing.assert_allclose(model(x=fa, y=b)["s"], a * b + 1, rtol=1e-6)
+    sw = a.astype(a.dtype.newbyteorder())
+    np.testing.assert_allclose(model(x=sw, y=b)["s"], a * b + 1, rtol=1e-6)
+
+
+def test_remembered_shapes_do_not_fix_data_dependent_output_shapes():
+    """A binding remembered for input shapes holds only the symbols the inputs bind;
+    symbols a step binds at run time (NonZero's count) are bound afresh every call."""
+    g = geode.Graph("nz")
+    g.output(g.op("NonZero", g.input("x", ["N", 4])), names=["idx"])
+    model = geode.compile(g)
+    for k in (3, 7, 0, 5):
+        x = np.zeros((2, 4), np.float32)
+        x.flat[:k] = 1
+        got = model(x=x)["idx"]
+        assert got.shape == (2, k)
+        np.testing.assert_array_equal(got, np.array(np.nonzero(x)))

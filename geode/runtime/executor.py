@@ -157,6 +157,42 @@ class Executor:
         #: _step_outputs)
         self._prepared: dict[tuple, list[list]] = {}
         self._prepared_for = self.arena.generation
+        #: input shapes that passed :func:`bind_inputs` -> the binding they gave (see _bind)
+        self._bound: dict[tuple, dict[str, int]] = {}
+
+    def _bind(self, feeds: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+        """:func:`bind_inputs`, remembered per input shapes: feeds that are a dict of
+        exactly the inputs, each a plain C-contiguous ndarray of its input's dtype (what
+        :func:`bind_inputs` passes through unchanged), with shapes that passed before,
+        skip the checks, which depend on nothing but those shapes (the symbol binding,
+        the inputs' dim checks, the plan's constraints). Anything else takes
+        :func:`bind_inputs`. Measured per call, paired with binding every call (15
+        rounds, one process): softmax [4, 64], RMSNorm and LayerNorm [4, 256] 0.83-0.84
+        of the time (about 16 -> 13.5 us), the LSTM cell 0.86, attention 0.96."""
+        key = self._shapes_key(feeds)
+        env = self._bound.get(key) if key is not None else None
+        if env is not None:
+            return dict(env), {s.name: feeds[s.name] for s in self.plan.inputs}
+        env, arrays = bind_inputs(self.plan, feeds)
+        if key is not None:
+            if len(self._bound) >= _PREPARED_BINDINGS:
+                self._bound.pop(next(iter(self._bound)))  # oldest shapes first
+            self._bound[key] = dict(env)  # run() adds the symbols its steps bind
+        return env, arrays
+
+    def _shapes_key(self, feeds: Mapping[str, Any]) -> tuple | None:
+        """The input shapes, in the plan's input order, when ``feeds`` qualifies for the
+        remembered binding (see :meth:`_bind`), else None."""
+        specs = self.plan.inputs
+        if type(feeds) is not dict or len(feeds) != len(specs):
+            return None
+        key = []
+        for spec in specs:
+            raw = feeds.get(spec.name)
+            if type(raw) is not np.ndarray or raw.dtype != spec.dtype or not raw.flags.c_contiguous:
+                return None
+            key.append(raw.shape)
+        return tuple(key)
 
     def _step_outputs(self, layout: Any, env: dict[str, int]) -> list[list]:
         """Each step's output buffers for the binding ``env`` (see :meth:`_buffers`),
@@ -204,7 +240,7 @@ class Executor:
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the plan on ``feeds`` (input name -> array); returns output name -> array."""
         plan = self.plan
-        env, arrays = bind_inputs(plan, feeds)
+        env, arrays = self._bind(feeds)
         values: list[Any] = [None] * len(plan.slots)
         for spec in plan.inputs:
             values[spec.slot] = arrays[spec.name]
