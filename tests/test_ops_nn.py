@@ -869,3 +869,18 @@ def test_onnx_node_cases(module):
     assert len(skipped) < len(cases), skipped
     if skipped:  # said out loud, in pytest's warnings summary
         warnings.warn(f"ONNX node cases not run: {skipped}", stacklevel=1)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
+def test_matmul_results_are_new_arrays_of_the_input_dtype(op, dtype):
+    """The reference MatMul and Gemm return their product without a second copy; it is a
+    new array (never a view of an input or constant) of the inputs' dtype."""
+    rng = np.random.default_rng(2)
+    a = rng.integers(-3, 4, (3, 4)).astype(dtype)
+    b = rng.integers(-3, 4, (4, 5)).astype(dtype)
+    attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0} if op == "Gemm" else {}
+    (y,) = registry.get(op).run([a, b], attrs)
+    assert y.dtype == dtype and y.shape == (3, 5)
+    assert not np.shares_memory(y, a) and not np.shares_memory(y, b)
+    np.testing.assert_array_equal(y, (a.astype(np.float64) @ b.astype(np.float64)).astype(dtype))

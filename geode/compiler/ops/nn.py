@@ -317,9 +317,8 @@ def matmul_shape(ctx: InferContext, a: Shape, b: Shape) -> Shape:
 def _matmul_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
     a, b = ins[0], ins[1]
     ct = _compute_dtype(a.dtype)
-    return [
-        np.asarray(np.matmul(a.astype(ct, copy=False), b.astype(ct, copy=False))).astype(a.dtype)
-    ]
+    y = np.asarray(np.matmul(a.astype(ct, copy=False), b.astype(ct, copy=False)))
+    return [y.astype(a.dtype, copy=False)]  # a new array already: no second copy
 
 
 register(
@@ -386,7 +385,7 @@ def _gemm_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
         y = y * alpha_s
     if c is not None and beta != 0.0:
         y = y + (c.astype(ct, copy=False) if beta == 1.0 else c.astype(ct, copy=False) * beta_s)
-    return [np.asarray(y).astype(ins[0].dtype)]
+    return [np.asarray(y).astype(ins[0].dtype, copy=False)]  # y is a new array: no copy
 
 
 register(
