@@ -41,7 +41,7 @@
   its reduce axes runs ``outer spatial | reduce | inner spatial``, the inner spatial
   loops fused and vectorized (softmax over axis 1 of [32, 1000, 64]: 7859 -> 430 us;
   a mean over C of [8, 256, 56, 56]: 2145 -> 652-786 us); each nest's outer loop runs
-  in parallel.
+  in parallel unless it has a single iteration (see :func:`_single_iteration`).
 * **merged views** (every pattern, last): a kernel argument or local temp that a fused
   loop indexes digit by digit (``x[.., rb // W, rb % W]``) is viewed with those dims
   merged (``merge_dims``; the step reshapes the array, see ``driver.arg_views``).
@@ -792,11 +792,22 @@ def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
                 log.debug("column reduce: %s keeps its loop order: %s", name, exc)
     for name in sch.blocks():
         loops = _nest_loops(sch, name)
-        if loops:
+        if loops and not _single_iteration(sch, loops[0]):
             try:
                 sch.parallel(loops[0])
             except ScheduleError as exc:
                 log.debug("column reduce: %s stays serial: %s", name, exc)
+
+
+def _single_iteration(sch: Schedule, loop: str) -> bool:
+    """Whether ``loop`` has the static extent 1 (a batch of one). Such a loop is not made
+    parallel: it has nothing to share, and numba lowers a parallel loop's body as a
+    separate function in which the loops of a column reduction no longer vectorize.
+    Measured at [1, 16384, 1024] float32 summed over axis 1, two Zen 4 cores: 6.4-7.3 ms
+    under a parallel loop of one iteration, against 2.5-3.0 ms for the same nest
+    unwrapped (the [16384, 1024] sum over axis 0, whose reduce loop is outermost)."""
+    ext = sch.get_loop(loop).extent
+    return isinstance(ext, A.Const) and int(ext.value) == 1
 
 
 def _is_reduce_update(b: A.Block) -> bool:
