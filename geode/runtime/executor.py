@@ -38,8 +38,17 @@ def _contiguous(name: str, raw: np.ndarray, dtype: np.dtype | None = None) -> np
         ) from None
 
 
-#: bindings (input shapes) whose prepared step outputs an executor keeps
+#: bindings (input shapes) whose prepared step outputs, and whose checked symbol
+#: binding, an executor keeps
 _PREPARED_BINDINGS = 8
+
+
+def _remember(cache: dict, key: Any, value: Any) -> None:
+    """Store ``value`` under ``key``, first dropping the oldest entry when ``cache``
+    already holds :data:`_PREPARED_BINDINGS`."""
+    if len(cache) >= _PREPARED_BINDINGS:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
 
 
 def _output_shape(step: str, slot: Any, env: Mapping[str, int]) -> tuple[int, ...]:
@@ -175,9 +184,7 @@ class Executor:
             return dict(env), {s.name: feeds[s.name] for s in self.plan.inputs}
         env, arrays = bind_inputs(self.plan, feeds)
         if key is not None:
-            if len(self._bound) >= _PREPARED_BINDINGS:
-                self._bound.pop(next(iter(self._bound)))  # oldest shapes first
-            self._bound[key] = dict(env)  # run() adds the symbols its steps bind
+            _remember(self._bound, key, dict(env))  # run() adds the symbols steps bind
         return env, arrays
 
     def _shapes_key(self, feeds: Mapping[str, Any]) -> tuple | None:
@@ -208,9 +215,7 @@ class Executor:
         prepared = self._prepared.get(key)
         if prepared is None:
             prepared = [self._buffers(step, layout, env) for step in self.plan.steps]
-            if len(self._prepared) >= _PREPARED_BINDINGS:
-                self._prepared.pop(next(iter(self._prepared)))  # oldest binding first
-            self._prepared[key] = prepared
+            _remember(self._prepared, key, prepared)
         return prepared
 
     def _buffers(self, step: Any, layout: Any, env: dict[str, int]) -> list:
