@@ -1818,6 +1818,130 @@ def test_one_plus_tanh_only_for_exactly_that_sum(dtype: str, form) -> None:
     np.testing.assert_allclose(y, want, rtol=2e-3 if dtype == "float16" else 1e-6, atol=1e-6)
 
 
+def _gate_kernel(dtype: str, expr_of, ints: bool = False) -> A.Kernel:
+    """``Y = expr_of(X, W)`` over float arrays X, W (and an int32 array I when ``ints``)."""
+    n, vi = A.Var("N"), A.Var("vi")
+    x, w = A.Load("X", (vi,)), A.Load("W", (vi,))
+    blk = A.Block("B", [A.IterVar("vi", n)], [A.Var("i")], [A.Store("Y", (vi,), expr_of(x, w))])
+    ins = [A.Buffer("X", dtype, (n,)), A.Buffer("W", dtype, (n,))]
+    return A.Kernel(
+        f"gate_{dtype}",
+        ins + ([A.Buffer("I", "int32", (n,))] if ints else []),
+        [A.Buffer("Y", dtype, (n,))],
+        ["N"],
+        [A.For("i", n, [blk], A.ForKind.VECTORIZED)],
+    )
+
+
+def _half(v: float = 0.5) -> A.Const:
+    return A.Const(v, "float64")
+
+
+def _opt(z: A.Expr, first: bool = True) -> A.Bin:
+    one, t = A.Const(1.0, "float64"), A.Un("tanh", z)
+    return A.Bin("+", one, t) if first else A.Bin("+", t, one)
+
+
+def _mul(*fs: A.Expr) -> A.Expr:
+    out = fs[0]
+    for f in fs[1:]:
+        out = A.Bin("*", out, f)
+    return out
+
+
+def _gelu_z(x: A.Expr) -> A.Expr:
+    cube = _mul(A.Const(0.044715, "float64"), x, x, x)
+    return A.Bin("*", A.Const(0.7978845608028654, "float64"), A.Bin("+", x, cube))
+
+
+def _gelu_z_np(x: np.ndarray) -> np.ndarray:
+    return 0.7978845608028654 * (x + 0.044715 * x * x * x)
+
+
+@pytest.mark.parametrize(
+    "form,parts",
+    [
+        # 0.5 * x * (1 + tanh(z))
+        (lambda x, w: _mul(_half(), x, _opt(_gelu_z(x))), lambda x, w: (x, _gelu_z_np(x))),
+        # x * 0.5 * (tanh(z) + 1)
+        (lambda x, w: _mul(x, _half(), _opt(_gelu_z(x), False)), lambda x, w: (x, _gelu_z_np(x))),
+        # 0.5 * (x * (1 + tanh(w)))
+        (lambda x, w: A.Bin("*", _half(), A.Bin("*", x, _opt(w))), lambda x, w: (x, w)),
+        # (1 + tanh(w)) * x * 0.5f
+        (lambda x, w: _mul(_opt(w), x, A.Const(0.5, "float32")), lambda x, w: (x, w)),
+        # 0.5 * x * w * (1 + tanh(w))
+        (lambda x, w: _mul(_half(), x, w, _opt(w)), lambda x, w: (x * w, w)),
+    ],
+    ids=["gelu", "x*half*gate", "nested", "gate-first", "two-factors"],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_tanh_gate_is_fused_in_any_grouping(form, parts, dtype: str) -> None:
+    """``0.5 * a * (1 + tanh(z))`` (the tanh GELU) compiles to one ``tanh_gate(a, z)`` call
+    (``a / (1 + exp(-2z))``) whatever the order and grouping of the product. Results are
+    within a few ulp of the exact value (computed in a wider type from ``a`` and ``z``
+    rounded to the dtype), allowing for the rounding of ``z``, which the result's
+    relative error amplifies by up to ``2|z|``, and for the flush to zero where
+    ``exp(-2z)`` overflows; the plain formula, which cancels where ``1 + tanh(z)`` is
+    tiny, is not the reference."""
+    k = _gate_kernel(dtype, form)
+    src = nb.emit_source(k)
+    sfx = "f32" if dtype == "float32" else "f64"
+    assert f"tanh_gate_{sfx}(" in src, src
+    assert "one_plus_tanh" not in src and f"tanh_{sfx}" not in src.replace("tanh_gate_", "")
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.standard_normal(4000) * 6, [0.0, -0.0, 40.0, -40.0]]).astype(dtype)
+    w = np.concatenate([rng.standard_normal(4000) * 6, [1.0, -2.0, -30.0, 60.0]]).astype(dtype)
+    y = np.empty_like(x)
+    nb.compile_kernel(k)(x, w, y, x.size)
+    a, z = (v.astype(dtype) for v in parts(x, w))
+    wide = np.float64 if dtype == "float32" else np.longdouble
+    with np.errstate(over="ignore"):
+        exact = a.astype(wide) / (1 + np.exp(-2 * z.astype(wide)))
+    eps = np.finfo(dtype).eps
+    tol = 8 * eps * (1 + 2 * np.abs(z.astype(wide))) * np.abs(exact) + np.finfo(dtype).tiny
+    # flushed where exp(-2z) overflows (see vmath.tanh_gate_f32): a zero of a's sign
+    flush = 2.0 ** (-127.4 if dtype == "float32" else -1023.4)
+    flushed = (y == 0) & (np.abs(exact) <= np.abs(a).astype(wide) * flush)
+    bad = (np.abs(y - exact) > tol) & ~flushed
+    assert not bad.any(), (x[bad][:5], y[bad][:5], exact[bad][:5])
+    assert np.array_equal(np.signbit(y), np.signbit(a))
+
+
+@pytest.mark.parametrize(
+    "dtype,form,fused",
+    [
+        ("float32", lambda x, w: _mul(_half(0.25), x, _opt(w)), "one_plus_tanh"),
+        ("float32", lambda x, w: _mul(x, _opt(w)), "one_plus_tanh"),
+        ("float32", lambda x, w: _mul(_half(), _opt(w)), "one_plus_tanh"),
+        ("float32", lambda x, w: _mul(_half(), x, A.Bin("-", _half(1.0), A.Un("tanh", w))), None),
+        ("float32", lambda x, w: _mul(_half(), A.Load("I", x.indices), _opt(w)), "one_plus_tanh"),
+        ("float16", lambda x, w: _mul(_half(), x, _opt(w)), None),
+    ],
+    ids=["quarter", "no-half", "half-only", "1-tanh", "int-factor", "float16"],
+)
+def test_tanh_gate_only_for_that_product(dtype: str, form, fused: str | None) -> None:
+    """Other products are left to the plain code (and ``one_plus_tanh`` where it applies):
+    a constant other than 0.5, no 0.5, nothing else to multiply, ``1 - tanh``, a factor of
+    another dtype, float16; each matches the reference evaluator."""
+    k = _gate_kernel(dtype, form, ints=True)
+    src = nb.emit_source(k)
+    assert "tanh_gate" not in src
+    if fused:
+        assert fused in src
+    rng = np.random.default_rng(6)
+    feeds = {
+        "X": rng.standard_normal(64).astype(dtype),
+        "W": rng.standard_normal(64).astype(dtype),
+        "I": rng.integers(-5, 5, 64).astype(np.int32),
+    }
+    y = np.empty(64, dtype)
+    nb.compile_kernel(k)(*feeds.values(), y, 64)
+    from geode.codegen.ast_eval import run_kernel
+
+    want = run_kernel(k, feeds, {"N": 64})["Y"]
+    np.testing.assert_allclose(y, want, rtol=2e-3 if dtype == "float16" else 1e-6, atol=1e-6)
+
+
 def test_dims_only_terms_are_computed_once_at_the_top() -> None:
     """A pipelined row kernel's chunk size max(1, min(64, N // 8)) is computed once at the
     top of the kernel and its uses refer to it; row indices are hoisted out of the passes."""

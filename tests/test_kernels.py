@@ -138,6 +138,29 @@ def test_single_kernel_examples(name):
     run_sizes(model, ex)
 
 
+@pytest.mark.parametrize("how", ["primitives", "Gelu op"])
+def test_tanh_gelu_computes_its_gate_in_one_division(how):
+    """The tanh GELU, written out in primitives or as Gelu(approximate='tanh'), computes
+    ``0.5 * x * (1 + tanh(z))`` as one ``tanh_gate(x, z)`` (``x / (1 + exp(-2z))``) in
+    its one kernel, and matches float64 numpy of the formula."""
+    if how == "primitives":
+        graph = examples.gelu(hidden=200, approximate="tanh", with_bias=True).graph
+        bias = np.linspace(-0.5, 0.5, 200, dtype=np.float32)
+    else:
+        graph = geode.Graph("gelu_op")
+        x = graph.input("x", ["N", 200])
+        graph.output(ops.gelu(x, approximate="tanh"), names=["y"])
+        bias = np.zeros(200, np.float32)
+    model = geode.compile(graph)
+    (k,) = model.kernels
+    assert k.engine == "aicore" and "tanh_gate_f32(" in k.source, model.explain()
+    assert "one_plus_tanh" not in k.source
+    x = np.random.default_rng(1).standard_normal((37, 200)).astype(np.float32) * 4
+    h = x.astype(np.float64) + bias
+    want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+    np.testing.assert_allclose(model(x=x)["y"], want, rtol=2e-6, atol=1e-6)
+
+
 def test_one_native_signature_serves_every_shape():
     ex = examples.layernorm(hidden=40)
     model = geode.compile(ex.graph)

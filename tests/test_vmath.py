@@ -474,6 +474,77 @@ def test_one_plus_tanh_special_values(kernels, dtype: str) -> None:
 
 
 # ---------------------------------------------------------------------------------
+# tanh_gate: a * (1 + tanh(z)) / 2 as one division
+# ---------------------------------------------------------------------------------
+
+#: z below which exp(-2z) overflows and tanh_gate flushes (float32, float64), and the bound
+#: on the exact result there, as a multiple of |a|
+_GATE_FLUSH = {np.float32: (-44.1, 2.0**-127.4), np.float64: (-354.6, 2.0**-1023.4)}
+
+
+def _gate_kernel(dtype: str, fastmath: bool = False) -> Callable:
+    f = vmath.VMATH2["tanh_gate", dtype]
+    flags = True if fastmath else {"contract", "arcp", "reassoc"}
+
+    @numba.njit(fastmath=flags)
+    def kernel(a, z, y):
+        for i in range(a.size):
+            y[i] = f(a[i], z[i])
+
+    return kernel
+
+
+def _gate_inputs(dt: type) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(11)
+    n = 300_000
+    lim = 50.0 if dt == np.float32 else 400.0
+    z = np.concatenate([np.linspace(-lim, lim, n), rng.standard_normal(n) * 4])
+    mag = np.concatenate([rng.standard_normal(n) * 10, np.exp(rng.uniform(-30, 30, n))])
+    return (mag * rng.choice([-1.0, 1.0], 2 * n)).astype(dt), z.astype(dt)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_tanh_gate_accuracy(dtype: str) -> None:
+    """Within 3 ulp (2.3 / 2.04 measured) of the exact ``a * (1 + tanh(z)) / 2`` wherever
+    exp(-2z) does not overflow; beyond (z < -44.1 in float32) the result is that value or
+    a zero of a's sign, and the exact value is tiny."""
+    dt = DTYPES[dtype]
+    a, z = _gate_inputs(dt)
+    y = np.empty_like(a)
+    _gate_kernel(dtype)(a, z, y)
+    wide = np.float64 if dt == np.float32 else np.longdouble
+    with np.errstate(over="ignore"):
+        ref = a.astype(wide) / (wide(1) + np.exp(wide(-2) * z.astype(wide)))
+    zlim, bound = _GATE_FLUSH[dt]
+    err = ulp_error(y, ref, dt)  # in subnormal ulps below the normal range
+    close = err <= 3.0
+    worst = int(np.argmax(np.where(z > zlim, err, 0)))
+    assert np.all(close[z > zlim]), (
+        f"{dtype}: {err[worst]:.2f} ulp at a={a[worst]!r}, z={z[worst]!r}"
+    )
+    flushed = ~close
+    assert np.all(y[flushed] == 0) and np.all(np.signbit(y[flushed]) == np.signbit(a[flushed]))
+    assert np.all(np.abs(ref[flushed]) <= np.abs(a[flushed]).astype(wide) * wide(bound))
+    assert flushed.sum() < 0.1 * a.size
+
+
+@pytest.mark.parametrize("fastmath", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_tanh_gate_special_values(dtype: str, fastmath: bool) -> None:
+    """The special values of ``0.5 * a * (1 + tanh(z))`` in numpy, under any caller flags
+    (the function keeps its own)."""
+    dt = DTYPES[dtype]
+    a = np.array([NAN, 1, INF, -INF, INF, 0.0, -0.0, -0.0, 5, -3, 2], dt)
+    z = np.array([0, NAN, -INF, -INF, INF, -INF, 0, 1e4, -1e4, INF, 0], dt)
+    y = np.empty_like(a)
+    _gate_kernel(dtype, fastmath)(a, z, y)
+    with np.errstate(all="ignore"):
+        want = dt(0.5) * a * (1 + np.tanh(z))
+    np.testing.assert_array_equal(y, want)
+    assert np.array_equal(np.signbit(y[~np.isnan(y)]), np.signbit(want[~np.isnan(want)]))
+
+
+# ---------------------------------------------------------------------------------
 # vectorization
 # ---------------------------------------------------------------------------------
 

@@ -160,6 +160,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import inspect
 import keyword
 import logging
 import math
@@ -213,7 +214,7 @@ from geode.codegen.backends.chunks import (  # the helpers of chunked kernels' m
     launch_chunks,
     start_threads,
 )
-from geode.codegen.backends.vmath import VMATH, VMATH_IEEE
+from geode.codegen.backends.vmath import VMATH, VMATH2, VMATH_IEEE
 from geode.config import OptionError
 from geode.errors import CodegenError
 
@@ -1308,25 +1309,51 @@ class _Emitter:
         """``1 + tanh(z)`` (either order) as ``one_plus_tanh`` (``2 / (1 + exp(-2z))``): cheaper,
         and accurate where adding 1 to tanh cancels (z < 0); float32/float64 only, and only
         when the sum keeps z's float dtype."""
-        if e.op != "+":
+        parts = _one_plus_tanh_parts(e)
+        if parts is None:
             return None
-        for c, t in ((e.a, e.b), (e.b, e.a)):
-            if not (
-                isinstance(c, Const)
-                and c.dtype != "bool"
-                and float(c.value) == 1.0  # type: ignore[arg-type]
-                and isinstance(t, Un)
-                and t.op == "tanh"
-            ):
-                continue
-            z = self.ex(t.a)
-            fdt = _float_for(z.dtype)
-            fn = VMATH.get(("one_plus_tanh", fdt))
-            cv = self.ex(c)
-            if fn is None or _promote(fdt, False, cv.dtype, _weak(c, cv)) != fdt:
+        one, tanh = parts
+        z = self.ex(tanh.a)
+        fdt = _float_for(z.dtype)
+        fn = VMATH.get(("one_plus_tanh", fdt))
+        if fn is None or not self.keeps_dtype(one, fdt):
+            return None
+        return self.call_vmath(fn, self.convert(z, fdt), fdt)
+
+    def keeps_dtype(self, c: Const, dtype: str) -> bool:
+        """Whether constant ``c`` combined with a ``dtype`` value leaves the result ``dtype``."""
+        cv = self.ex(c)
+        return _promote(dtype, False, cv.dtype, _weak(c, cv)) == dtype
+
+    def tanh_gate(self, e: Bin) -> _V | None:
+        """``0.5 * a * (1 + tanh(z))`` (one product of those factors, in any order and
+        grouping; ``a`` may be a product of several) as ``tanh_gate(a, z)`` =
+        ``a / (1 + exp(-2z))``: the tanh GELU's gate, whose halving and product fold into
+        the one division (two multiplies fewer than ``0.5 * a * one_plus_tanh(z)``, and
+        more accurate); float32/float64 only, and only when every factor has z's dtype
+        (the constants may be weak)."""
+        if e.op != "*":
+            return None
+        factors = _product_factors(e)
+        half = next((i for i, f in enumerate(factors) if _is_const(f, 0.5)), None)
+        gate = next((i for i, f in enumerate(factors) if _one_plus_tanh_parts(f)), None)
+        if half is None or gate is None or len(factors) < 3:
+            return None
+        one, tanh = _one_plus_tanh_parts(factors[gate])  # type: ignore[misc]
+        z = self.ex(tanh.a)
+        fn = VMATH2.get(("tanh_gate", z.dtype))
+        if fn is None or not all(self.keeps_dtype(c, z.dtype) for c in (one, factors[half])):
+            return None
+        a: _V | None = None
+        for f in (f for i, f in enumerate(factors) if i not in (half, gate)):
+            v = self.ex(f)
+            if v.dtype != z.dtype and not (isinstance(f, Const) and self.keeps_dtype(f, z.dtype)):
                 return None
-            return self.call_vmath(fn, self.convert(z, fdt), fdt)
-        return None
+            v = self.convert(v, z.dtype)
+            a = v if a is None else self.wrap(f"{_p(a, _MUL)} * {_p(v, _MUL + 1)}", _MUL, z.dtype)
+        assert a is not None  # three factors or more
+        self.vmath[fn.__name__] = z.dtype
+        return self.wrap(_call(fn.__name__, a, z), _ATOM, z.dtype)
 
     def dim_term(self, e: Bin) -> _V | None:
         """A ``min``/``max``/``//``/``%`` of dims only (no loop variable, no load), emitted once
@@ -1360,7 +1387,7 @@ class _Emitter:
 
     def binary(self, e: Bin) -> _V:
         op = e.op
-        fused = self.one_plus_tanh(e)
+        fused = self.tanh_gate(e) or self.one_plus_tanh(e)
         if fused is not None:
             return fused
         term = self.dim_term(e)
@@ -2001,6 +2028,28 @@ def _weak(e: Expr, v: _V) -> bool:
     return isinstance(e, Const) and v.dtype in _WEAK
 
 
+def _is_const(e: Expr, value: float) -> bool:
+    """A non-bool constant equal to ``value``."""
+    return isinstance(e, Const) and e.dtype != "bool" and float(e.value) == value  # type: ignore[arg-type]
+
+
+def _one_plus_tanh_parts(e: Expr) -> tuple[Const, Un] | None:
+    """``(1, tanh(z))`` when ``e`` is ``1 + tanh(z)`` or ``tanh(z) + 1``, else None."""
+    if not (isinstance(e, Bin) and e.op == "+"):
+        return None
+    for c, t in ((e.a, e.b), (e.b, e.a)):
+        if _is_const(c, 1.0) and isinstance(t, Un) and t.op == "tanh":
+            return c, t  # type: ignore[return-value]
+    return None
+
+
+def _product_factors(e: Expr) -> list[Expr]:
+    """The factors of a tree of ``*`` (``e`` itself when it is no product)."""
+    if isinstance(e, Bin) and e.op == "*":
+        return _product_factors(e.a) + _product_factors(e.b)
+    return [e]
+
+
 def _free(e: Expr) -> set[str]:
     return {x.name for x in walk(e) if isinstance(x, Var)}
 
@@ -2384,9 +2433,9 @@ def _compile_helpers(emitted: _Emitted, cache_dir: str | None) -> None:
     if emitted.rows_name is not None:
         _cache.compile_helper(_g_launch, LAUNCH_SIGNATURE, cache_dir)
     for name, dtype in emitted.vmath:
-        _cache.compile_helper(
-            getattr(_vmath, name), (numba.from_dtype(np.dtype(dtype)),), cache_dir
-        )
+        fn = getattr(_vmath, name)
+        arity = len(inspect.signature(fn.py_func).parameters)
+        _cache.compile_helper(fn, (numba.from_dtype(np.dtype(dtype)),) * arity, cache_dir)
 
 
 def _serial_options(options: dict[str, Any]) -> dict[str, Any]:

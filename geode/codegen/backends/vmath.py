@@ -74,6 +74,7 @@ from numba.extending import intrinsic
 
 __all__ = [
     "VMATH",
+    "VMATH2",
     "VMATH_IEEE",
     "cos_f32",
     "cos_f64",
@@ -95,6 +96,8 @@ __all__ = [
     "sin_f64",
     "tanh_f32",
     "tanh_f64",
+    "tanh_gate_f32",
+    "tanh_gate_f64",
     "tanh_ieee_f32",
     "tanh_ieee_f64",
 ]
@@ -847,6 +850,25 @@ _OPT_LO_F64, _OPT_HI_F64 = _F64(-708.0), _F64(710.0)
 _NTWO_F32, _NTWO_F64 = _F32(-2.0), _F64(-2.0)
 
 
+@_inline
+def _one_plus_exp_neg2_f32(z):  # pragma: no cover - compiled
+    """``1 + exp(-2z)`` with ``-2z`` clamped to [-87, 89], so the exp is one normal scaling:
+    below the clamp ``1 + exp`` is 1 anyway; above it exp is inf (NaN propagates)."""
+    t = np.float32(z) * _NTWO_F32
+    t = _select(t < _OPT_LO_F32, _OPT_LO_F32, t)
+    t = _select(t > _OPT_HI_F32, _OPT_HI_F32, t)
+    return _ONE_F32 + _exp_normal_f32(t)
+
+
+@_inline
+def _one_plus_exp_neg2_f64(z):  # pragma: no cover - compiled
+    """As :func:`_one_plus_exp_neg2_f32`, clamp [-708, 710]."""
+    t = np.float64(z) * _NTWO_F64
+    t = _select(t < _OPT_LO_F64, _OPT_LO_F64, t)
+    t = _select(t > _OPT_HI_F64, _OPT_HI_F64, t)
+    return _ONE_F64 + _exp_normal_f64(t)
+
+
 @_export
 def one_plus_tanh_f32(x: float) -> float:
     """``1 + tanh(x)`` in float32, max error 2.5 ulp measured.
@@ -858,19 +880,36 @@ def one_plus_tanh_f32(x: float) -> float:
     which flushes results under about 1.2e-38 (x < -44.2) to zero.
     1 + tanh(inf) = 2, 1 + tanh(-inf) = 0, NaN -> NaN.
     """
-    t = np.float32(x) * _NTWO_F32
-    t = _select(t < _OPT_LO_F32, _OPT_LO_F32, t)
-    t = _select(t > _OPT_HI_F32, _OPT_HI_F32, t)
-    return _div(_TWO_F32, _ONE_F32 + _exp_normal_f32(t))
+    return _div(_TWO_F32, _one_plus_exp_neg2_f32(x))
 
 
 @_export
 def one_plus_tanh_f64(x: float) -> float:
     """``1 + tanh(x)`` in float64; method as :func:`one_plus_tanh_f32` (clamp [-708, 710])."""
-    t = np.float64(x) * _NTWO_F64
-    t = _select(t < _OPT_LO_F64, _OPT_LO_F64, t)
-    t = _select(t > _OPT_HI_F64, _OPT_HI_F64, t)
-    return _div(_TWO_F64, _ONE_F64 + _exp_normal_f64(t))
+    return _div(_TWO_F64, _one_plus_exp_neg2_f64(x))
+
+
+@_export
+def tanh_gate_f32(a: float, z: float) -> float:
+    """``a * (1 + tanh(z)) / 2`` in float32: the tanh GELU's ``0.5 * x * (1 + tanh(z))``,
+    max error 2.3 ulp measured against the exact product (``0.5 * a * one_plus_tanh(z)``:
+    2.63).
+
+    Method: ``a / (1 + exp(-2z))`` with the exp of :func:`one_plus_tanh_f32`: the halving
+    and the product with ``a`` fold into the division, so it takes two multiplies (and
+    their roundings) fewer than ``0.5 * a * one_plus_tanh(z)``. Results whose exact value
+    is under about ``|a| * 4e-39`` (``z < -44.2``, where ``exp(-2z)`` overflows) are
+    flushed to a zero of ``a``'s sign. Special values follow the product: ``a = +-inf`` with ``1 + tanh(z) = 0``
+    (``z = -inf``) gives NaN, NaN in either argument gives NaN.
+    """
+    return _div(np.float32(a), _one_plus_exp_neg2_f32(z))
+
+
+@_export
+def tanh_gate_f64(a: float, z: float) -> float:
+    """``a * (1 + tanh(z)) / 2`` in float64, max error 2.04 ulp measured; method as
+    :func:`tanh_gate_f32` (flushed under about ``|a| * 7.9e-309``, ``z < -354.7``)."""
+    return _div(np.float64(a), _one_plus_exp_neg2_f64(z))
 
 
 @_export
@@ -1166,6 +1205,13 @@ VMATH: dict[tuple[str, str], Callable] = {
     ("sin", "float64"): sin_f64,
     ("cos", "float32"): cos_f32,
     ("cos", "float64"): cos_f64,
+}
+
+#: Two-argument functions the code generator matches whole expressions to: ``(name, dtype
+#: name) -> function``; ``tanh_gate(a, z)`` is ``a * (1 + tanh(z)) / 2``.
+VMATH2: dict[tuple[str, str], Callable] = {
+    ("tanh_gate", "float32"): tanh_gate_f32,
+    ("tanh_gate", "float64"): tanh_gate_f64,
 }
 
 #: Variants for kernels compiled without the ``nnan`` fast-math flag (geode's default):
