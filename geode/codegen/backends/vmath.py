@@ -899,8 +899,8 @@ def tanh_gate_f32(a: float, z: float) -> float:
     and the product with ``a`` fold into the division, so it takes two multiplies (and
     their roundings) fewer than ``0.5 * a * one_plus_tanh(z)``. Results whose exact value
     is under about ``|a| * 4e-39`` (``z < -44.2``, where ``exp(-2z)`` overflows) are
-    flushed to a zero of ``a``'s sign. Special values follow the product: ``a = +-inf`` with ``1 + tanh(z) = 0``
-    (``z = -inf``) gives NaN, NaN in either argument gives NaN.
+    flushed to a zero of ``a``'s sign. Special values follow the product: ``a = +-inf``
+    with ``1 + tanh(z) = 0`` (``z = -inf``) gives NaN, NaN in either argument gives NaN.
     """
     return _div(np.float32(a), _one_plus_exp_neg2_f32(z))
 
