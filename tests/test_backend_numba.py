@@ -1995,6 +1995,98 @@ def test_g_stream_copies_any_range(dtype: str, nt: bool) -> None:
                 np.testing.assert_array_equal(dst, want, err_msg=f"{doff=} {soff=} {n=}")
 
 
+@numba.njit
+def _stream_scaled(dst, doff, src, soff, n, nt, factor):
+    nb._g_stream_scaled(dst, doff, src, soff, n, nt, factor)
+    nb._g_sfence()
+
+
+@pytest.mark.parametrize("nt", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_g_stream_scaled_writes_the_products_of_any_range(dtype: str, nt: bool) -> None:
+    """Every offset and length writes exactly ``src[soff:soff+n] * factor`` (one rounding,
+    as numpy's product) into ``dst[doff:doff+n]`` and nothing else; NaN and inf factors
+    propagate as products do."""
+    rng = np.random.default_rng(9)
+    src = (rng.standard_normal(300) * 100).astype(dtype)
+    factor = np.dtype(dtype).type(0.3)
+    for doff in (0, 1, 3, 15, 16, 17, 31):
+        for soff in (0, 5):
+            for n in (0, 1, 7, 16, 33, 64, 100, 250):
+                dst = np.ones(300, dtype)
+                _stream_scaled(dst, doff, src, soff, n, nt, factor)
+                want = np.ones(300, dtype)
+                want[doff : doff + n] = src[soff : soff + n] * factor
+                np.testing.assert_array_equal(dst, want, err_msg=f"{doff=} {soff=} {n=}")
+    for special in (np.nan, np.inf, 0.0):
+        dst = np.ones(40, dtype)
+        _stream_scaled(dst, 0, src, 0, 40, nt, np.dtype(dtype).type(special))
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_array_equal(dst, src[:40] * np.dtype(dtype).type(special))
+
+
+def test_g_stream_scaled_uses_non_temporal_stores() -> None:
+    from geode.codegen.backends.target import is_x86, stream_vector_bytes
+
+    if not is_x86():
+        pytest.skip("non-temporal vector stores are checked on x86 only")
+    x = np.ones(64, np.float32)
+    _stream_scaled(x, 0, x.copy(), 0, 64, True, np.float32(2))
+    asm = _stream_scaled.inspect_asm(_stream_scaled.signatures[0])
+    reg = {64: "zmm", 32: "ymm", 16: "xmm"}[stream_vector_bytes()]
+    assert re.search(rf"vmovnt\w+\s+%{reg}", asm), "no non-temporal vector store"
+    assert re.search(rf"vmulps\s+[^\n]*%{reg}", asm), "no vector multiply"
+
+
+def _stage_loop(value_of) -> tuple[A.For, A.StreamStore]:
+    """``for j: stage[vj] = value_of(vj)`` (vj bound to j) and a stream from ``stage``."""
+    vj = A.Var("vj")
+    blk = A.Block(
+        "s", [IterVar("vj", A.Const(128))], [A.Var("j")], [A.Store("T", (vj,), value_of(vj))]
+    )
+    loop = A.For("j", A.Const(128), [blk], A.ForKind.VECTORIZED)
+    ss = A.StreamStore("Y", A.Var("o"), "T", A.Const(0), A.Const(128), A.Const(True, "bool"))
+    return loop, ss
+
+
+@pytest.mark.parametrize(
+    "value_of,want",
+    [
+        (lambda vj: A.Bin("*", A.Load("B", (A.Var("r"), vj)), A.Var("s")), ("B", False)),
+        (
+            lambda vj: A.Bin(
+                "*", A.Var("s"), A.Load("B", (A.Var("r"), A.Bin("+", vj, A.Var("c"))))
+            ),
+            ("B", False),
+        ),
+        (
+            lambda vj: A.Bin("/", A.Load("B", (A.Bin("+", A.Var("c"), vj),)), A.Load("R", ())),
+            ("B", True),
+        ),
+        (lambda vj: A.Bin("/", A.Var("s"), A.Load("B", (vj,))), None),  # s / buf
+        (
+            lambda vj: A.Bin("*", A.Load("B", (A.Bin("*", vj, A.Const(2)),)), A.Var("s")),
+            None,
+        ),  # stride 2
+        (lambda vj: A.Bin("*", A.Load("B", (vj, A.Const(0))), A.Var("s")), None),  # j not last
+        (lambda vj: A.Bin("*", A.Load("B", (vj,)), A.Load("S", (vj,))), None),  # s varies with j
+        (lambda vj: A.Bin("+", A.Load("B", (vj,)), A.Var("s")), None),  # not a product
+    ],
+    ids=["buf*s", "s*buf", "buf/s", "s/buf", "stride2", "j-outer", "s-varies", "sum"],
+)
+def test_scaled_stage_recognises_unit_stride_products_only(value_of, want) -> None:
+    """The emitter streams a stage straight from ``buf`` only when the staged value is a
+    unit-stride load of it times (or over) something fixed for the chunk."""
+    loop, ss = _stage_loop(value_of)
+    got = nb._scaled_stage(loop, ss)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and (got[0].buffer, got[2]) == want
+    other = A.StreamStore("Y", A.Var("o"), "U", A.Const(0), A.Const(128), A.Const(True, "bool"))
+    assert nb._scaled_stage(loop, other) is None  # a stream of another stage
+
+
 def test_g_stream_writes_2d_outputs_through_flat_offsets() -> None:
     src = np.arange(12, dtype=np.float32)
     dst = np.zeros((3, 8), np.float32)

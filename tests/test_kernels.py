@@ -387,7 +387,9 @@ def test_softmax_prefetches_the_next_row_over_its_exp_chunks(streaming):
     assert "software_pipeline" not in k.trace and "level=2)" in k.trace
     assert k.source.count("_g_prefetch_l2(x, ") == 1 and "_g_prefetch(" not in k.source
     assert ("reuse_output(" in k.trace) == (streaming == "off")
-    assert ("_g_stream(y, " in k.source) == (streaming != "off")
+    # streamed, e / sum goes from the exp row buffer to y in one scaled copy (no stage)
+    assert ("_g_stream_scaled(y, " in k.source) == (streaming != "off")
+    assert "_g_stream(" not in k.source
     # streamed, the scale pass of each row runs inside the next row's exp pass
     assert ("defer_last_pass(" in k.trace) == (streaming != "off")
     assert ("softmax_reducesum_3_prev = " in k.source) == (streaming != "off")
@@ -407,12 +409,33 @@ def test_deferred_output_pass_reads_the_previous_rows_registers_and_input():
     (k,) = aicore(model)
     assert "defer_last_pass(" in k.trace
     assert k.source.count("_prev = ") == 4  # two registers: zeroed per chunk, copied per row
+    # its output is no product of a row buffer: staged, then copied
+    assert "_g_stream(y, " in k.source and "_g_stream_scaled" not in k.source
     rng = np.random.default_rng(8)
     for n in (1, 2, 3, 15, 16, 17, 33, 130):
         xv = (rng.standard_normal((n, 1024)) * 4).astype(np.float32)
         zv = xv.astype(np.float64) - xv.max(-1, keepdims=True)
         want = zv - np.log(np.exp(zv).sum(-1, keepdims=True))
         np.testing.assert_allclose(model(x=xv)["y"], want, rtol=2e-6, atol=2e-6, err_msg=f"{n=}")
+
+
+def test_softmax_times_a_reciprocal_streams_its_exp_row_scaled():
+    """``e * reciprocal(sum(e))`` stages ``e_row[j] * (1 / sum)``: streamed from the exp row
+    buffer as one scaled copy, like ``e / sum``, with numpy's results (rows of one chunk
+    of rows, several, and a short last chunk)."""
+    g = geode.Graph("softmax_reciprocal")
+    x = g.input("x", ["N", 1024])
+    e = ops.exp(x - ops.reduce_max(x, axes=[-1], keepdims=1))
+    g.output(e * ops.reciprocal(ops.reduce_sum(e, axes=[-1], keepdims=1)), names=["y"])
+    model = geode.compile(g, streaming="0")
+    (k,) = aicore(model)
+    assert "_g_stream_scaled(y, " in k.source and "_g_stream(" not in k.source, k.source
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 17, 130):
+        xv = (rng.standard_normal((n, 1024)) * 4).astype(np.float32)
+        z = np.exp(xv.astype(np.float64) - xv.max(-1, keepdims=True))
+        want = z / z.sum(-1, keepdims=True)
+        np.testing.assert_allclose(model(x=xv)["y"], want, rtol=2e-6, atol=1e-9, err_msg=f"{n=}")
 
 
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
@@ -487,11 +510,16 @@ def test_streamed_outputs_match_numpy(name, kw):
     assert any(streams) == want, streams
     run_sizes(model, ex, sizes=(1, 5, 33, 130))
     if any(streams):
-        assert all("_g_sfence()" in k.source for k in aicore(model) if "_g_stream(" in k.source)
+        assert all("_g_sfence()" in k.source for k in aicore(model) if "_g_stream" in k.source)
         # rows of whole cache lines: non-temporal at run time (reduce_chain's row offset
-        # goes through // and % of its fused row loop, still a multiple of the row)
-        calls = [ln for k in aicore(model) for ln in k.source.splitlines() if "_g_stream(" in ln]
-        assert calls and not any(ln.endswith(", False)") for ln in calls), calls
+        # goes through // and % of its fused row loop, still a multiple of the row);
+        # softmax's staged e / sum streams as a scaled copy of its exp row
+        lines = [ln for k in aicore(model) for ln in k.source.splitlines()]
+        calls = [ln for ln in lines if "_g_stream(" in ln]
+        scaled = [ln for ln in lines if "_g_stream_scaled(" in ln]
+        assert bool(scaled) == (name == "softmax") and (calls or scaled), lines
+        assert not any(ln.endswith(", False)") for ln in calls), calls
+        assert not any(", False, " in ln for ln in scaled), scaled
 
 
 @pytest.mark.parametrize("rows,cols", [(["N"], 1040), (["N"], 4096), (["N", 3], 1024)])

@@ -90,6 +90,11 @@ Statements
   every other local temp is allocated once at the kernel entry. A 0-d local temp is a
   1-element array. float16 locals and registers hold float32 values that are exactly
   float16 (see "dtypes").
+- ``StreamStore``: ``_g_stream`` (non-temporal vector stores when its flag holds). When
+  the loop just before it only stages ``buf[..., x + j] * s`` (or ``s * buf[...]``,
+  ``buf[...] / s``) for its variable ``j``, ``buf`` a local buffer and ``s`` fixed for
+  the chunk (softmax's ``e / sum``), the pair prints as one ``_g_stream_scaled``, which
+  multiplies on the way: no stage store and load per element.
 
 dtypes
 ------
@@ -122,7 +127,9 @@ reset it prints as ``_g_maxnum_nn`` (plain ``vmaxps``, 3x faster as a reduction)
 an integer NaN guard checked after the loop, which keeps np.max's NaN result exactly
 (see ``_Emitter.find_guarded``). ``Prefetch`` statements print as ``_g_prefetch``
 (``llvm.prefetch`` into every cache level) or, at level 2, ``_g_prefetch_l2`` (into
-the L2 and beyond). Integer ``pow`` with a
+the L2 and beyond). ``1 + tanh(z)`` prints as vmath's ``one_plus_tanh(z)`` and the tanh
+GELU's ``0.5 * a * (1 + tanh(z))`` (any grouping) as ``tanh_gate(a, z)``, one division
+(``_Emitter.one_plus_tanh``, ``_Emitter.tanh_gate``). Integer ``pow`` with a
 negative exponent gives 0 (1 or -1 for bases 1/-1) where numpy raises. ``shl``/``shr``
 by a negative amount or by at least the bit width give 0 (``shr`` of a negative
 signed value gives -1), like numpy. ``round`` is half-to-even (``np.rint``), ``sign``
@@ -168,7 +175,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -199,7 +206,9 @@ from geode.codegen.ast import (
     StreamStore,
     Un,
     Var,
+    free_vars,
     stmt_exprs,
+    substitute,
     transform,
     walk,
     walk_stmts,
@@ -510,28 +519,9 @@ _g_prefetch_l2 = _prefetch_to(2)
 PREFETCH_HELPERS = {1: "_g_prefetch", 2: "_g_prefetch_l2"}
 
 
-@intrinsic
-def _g_stream(typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, nt: Any) -> Any:
-    """Copy ``n`` elements from flat offset ``soff`` of C-contiguous array ``src`` to flat
-    offset ``doff`` of ``dst`` (same dtype). With ``nt``: scalar stores up to the first
-    address aligned to the target's vector size, whole vectors with non-temporal aligned
-    stores (``vmovntps``: no read-for-ownership, the lines bypass the caches), scalar
-    stores for the tail; otherwise ``llvm.memcpy`` and a write prefetch of the next ``n``
-    elements' lines (the next chunk: its stores then find their lines fetched instead of
-    stalling the next chunk's arithmetic; measured at [256, 4096] float32, outputs not in
-    the cache: exp, ``x * 2 + 1`` and RMSNorm from 1.35-1.6x to 1.14-1.22x the time of
-    direct stores, and with the outputs in the cache ``x * 2 + 1`` and RMSNorm from
-    1.16-1.3x to 1.02-1.16x (the interleaved exp 0.77x either way); a
-    prefetch never faults, so the one past the end is harmless). No bounds check (the
-    schedule guarantees the ranges)."""
-    if not (
-        isinstance(dst, nbt.Array)
-        and isinstance(src, nbt.Array)
-        and dst.dtype == src.dtype
-        and all(isinstance(x, nbt.Integer) for x in (doff, soff, n))
-        and isinstance(nt, nbt.Boolean)
-    ):
-        return None
+def _stream_codegen(scaled: bool) -> Callable[..., Any]:
+    """The LLVM codegen of :func:`_g_stream` (``scaled``: :func:`_g_stream_scaled`, whose
+    seventh argument multiplies every element on its way)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         from numba.core import cgutils
@@ -546,6 +536,16 @@ def _g_stream(typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, 
         dptr = builder.gep(d.data, [args[1]])
         sptr = builder.gep(s.data, [args[3]])
         count = args[4]
+        vbytes = stream_vector_bytes()
+        lanes = max(1, vbytes // esz)
+        vty = llir.VectorType(ety, lanes)
+        factor = args[6] if scaled else None
+        vfactor = None
+        if factor is not None:
+            one = builder.insert_element(llir.Constant(vty, None), factor, llir.Constant(i64, 0))
+            vfactor = builder.shuffle_vector(
+                one, one, llir.Constant(llir.VectorType(llir.IntType(32), lanes), [0] * lanes)
+            )
 
         def c64(v: int) -> Any:
             return llir.Constant(i64, v)
@@ -553,14 +553,27 @@ def _g_stream(typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, 
         def copy_range(lo: Any, hi: Any) -> None:
             with cgutils.for_range_slice(builder, lo, hi, c64(1)) as (i, _):
                 v = builder.load(builder.gep(sptr, [i]))
+                if factor is not None:
+                    v = builder.fmul(v, factor)
                 builder.store(v, builder.gep(dptr, [i]))
+
+        def copy_vectors(head: Any, nvec: Any, nontemporal: Any) -> None:
+            with cgutils.for_range(builder, nvec) as loop:
+                off = builder.add(head, builder.mul(loop.index, c64(lanes)))
+                v = builder.load(builder.bitcast(builder.gep(sptr, [off]), vty.as_pointer()))
+                v.align = esz
+                if vfactor is not None:
+                    v = builder.fmul(v, vfactor)
+                st = builder.store(v, builder.bitcast(builder.gep(dptr, [off]), vty.as_pointer()))
+                if nontemporal is None:
+                    st.align = esz
+                else:
+                    st.align = vbytes
+                    st.set_metadata("nontemporal", nontemporal)
 
         nt_flag = builder.icmp_unsigned("!=", args[5], llir.Constant(args[5].type, 0))
         with builder.if_else(nt_flag) as (stream, plain):
             with stream:
-                vbytes = stream_vector_bytes()
-                lanes = max(1, vbytes // esz)
-                vptr = llir.VectorType(ety, lanes).as_pointer()
                 # elements before the first vector-aligned address (all of them when the
                 # address is not even element-aligned)
                 mis = builder.urem(builder.ptrtoint(dptr, i64), c64(vbytes))
@@ -571,16 +584,15 @@ def _g_stream(typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, 
                 copy_range(c64(0), head)
                 nvec = builder.sdiv(builder.sub(count, head), c64(lanes))
                 nontemporal = builder.module.add_metadata([llir.Constant(llir.IntType(32), 1)])
-                with cgutils.for_range(builder, nvec) as loop:
-                    off = builder.add(head, builder.mul(loop.index, c64(lanes)))
-                    v = builder.load(builder.bitcast(builder.gep(sptr, [off]), vptr))
-                    v.align = esz
-                    st = builder.store(v, builder.bitcast(builder.gep(dptr, [off]), vptr))
-                    st.align = vbytes
-                    st.set_metadata("nontemporal", nontemporal)
+                copy_vectors(head, nvec, nontemporal)
                 copy_range(builder.add(head, builder.mul(nvec, c64(lanes))), count)
             with plain:
-                cgutils.raw_memcpy(builder, dptr, sptr, count, esz)
+                if factor is None:
+                    cgutils.raw_memcpy(builder, dptr, sptr, count, esz)
+                else:
+                    nvec = builder.sdiv(count, c64(lanes))
+                    copy_vectors(c64(0), nvec, None)
+                    copy_range(builder.mul(nvec, c64(lanes)), count)
                 # fetch the next chunk's lines for writing while this one's are copied
                 nbytes = builder.mul(count, c64(esz))
                 base = builder.gep(builder.bitcast(dptr, llir.IntType(8).as_pointer()), [nbytes])
@@ -590,7 +602,56 @@ def _g_stream(typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, 
                     _emit_prefetch(builder, at, True, 3)
         return context.get_dummy_value()
 
-    return nbt.void(dst, doff, src, soff, n, nt), codegen
+    return codegen
+
+
+def _stream_types_ok(dst: Any, doff: Any, src: Any, soff: Any, n: Any, nt: Any) -> bool:
+    return (
+        isinstance(dst, nbt.Array)
+        and isinstance(src, nbt.Array)
+        and dst.dtype == src.dtype
+        and all(isinstance(x, nbt.Integer) for x in (doff, soff, n))
+        and isinstance(nt, nbt.Boolean)
+    )
+
+
+@intrinsic
+def _g_stream(typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, nt: Any) -> Any:
+    """Copy ``n`` elements from flat offset ``soff`` of C-contiguous array ``src`` to flat
+    offset ``doff`` of ``dst`` (same dtype). With ``nt``: scalar stores up to the first
+    address aligned to the target's vector size, whole vectors with non-temporal aligned
+    stores (``vmovntps``: no read-for-ownership, the lines bypass the caches), scalar
+    stores for the tail; otherwise ``llvm.memcpy`` and a write prefetch of the next ``n``
+    elements' lines (the next chunk: its stores then find their lines fetched instead of
+    stalling the next chunk's arithmetic; measured at [256, 4096] float32, outputs not in
+    the cache: exp, ``x * 2 + 1`` and RMSNorm from 1.35-1.6x to 1.14-1.22x the time of
+    direct stores, and with the outputs in the cache ``x * 2 + 1`` and RMSNorm from
+    1.16-1.3x to 1.02-1.16x (the interleaved exp 0.77x either way); a
+    prefetch never faults, so the one past the end is harmless). No bounds check (the
+    schedule guarantees the ranges)."""
+    if not _stream_types_ok(dst, doff, src, soff, n, nt):
+        return None
+    return nbt.void(dst, doff, src, soff, n, nt), _stream_codegen(False)
+
+
+@intrinsic
+def _g_stream_scaled(
+    typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, nt: Any, factor: Any
+) -> Any:
+    """:func:`_g_stream` of ``src[i] * factor`` (``factor`` a scalar of the arrays' float
+    dtype): the backend's form of a streamed output whose staged value is a unit-stride
+    load times (or over) a value fixed for the chunk, such as softmax's ``e / sum``. The
+    products go straight from registers to the stores, so the stage buffer's store and
+    load per element are saved (softmax [4096, 4096] float32: 0.87 of the time).
+    Without ``nt`` the products are stored with whole-vector ordinary stores, then the
+    next chunk's lines are prefetched for writing as in :func:`_g_stream`."""
+    if not (
+        _stream_types_ok(dst, doff, src, soff, n, nt)
+        and isinstance(dst.dtype, nbt.Float)
+        and factor == dst.dtype
+    ):
+        return None
+    return nbt.void(dst, doff, src, soff, n, nt, factor), _stream_codegen(True)
 
 
 @intrinsic
@@ -1485,8 +1546,64 @@ class _Emitter:
         self.lines.append("    " * ind + line)
 
     def stmts(self, body: list[Stmt], env: dict[str, Expr], ind: int, in_prange: bool) -> None:
-        for s in body:
-            self.stmt(s, env, ind, in_prange)
+        i = 0
+        while i < len(body):
+            if i + 1 < len(body) and self.scaled_stream(body[i], body[i + 1], env, ind, in_prange):
+                i += 2
+                continue
+            self.stmt(body[i], env, ind, in_prange)
+            i += 1
+
+    def scaled_stream(
+        self, f: Stmt, ss: Stmt, env: dict[str, Expr], ind: int, in_prange: bool
+    ) -> bool:
+        """Emit a staged chunk and its stream as one ``_g_stream_scaled`` when the chunk loop
+        ``f`` only stages ``buf[... + j] * s`` (or ``s * buf[...]``, ``buf[...] / s``: a
+        division by ``s`` is a multiply by ``1 / s`` under the policy's ``arcp``) for its
+        variable ``j``, ``buf`` a local buffer read at unit stride in ``j``, ``s`` fixed
+        for the chunk, all of the output's float dtype, and ``ss`` streams exactly that
+        stage: the products go from registers to the output, without the stage's store and
+        load per element. Returns whether it did (nothing is emitted otherwise)."""
+        m = _scaled_stage(f, ss)
+        if m is None:
+            return False
+        assert isinstance(f, For) and isinstance(ss, StreamStore)
+        load, scale, divide = m
+        names = (ss.buffer, ss.src, load.buffer)
+        if not all(x in self.bufs for x in names) or self.roles.get(ss.buffer) != "output":
+            return False
+        if self.scope(ss.src) != "local" or self.scope(load.buffer) != "local":
+            return False
+        dt = self.dtypes[ss.buffer]
+        if dt not in ("float32", "float64") or any(self.dtypes[x] != dt for x in names):
+            return False
+        n = _fold_int(self.fold(f.extent, env))
+        if (
+            n is None
+            or n != _fold_int(self.fold(ss.length, env))
+            or _fold_int(self.fold(ss.src_offset, env)) != 0
+        ):
+            return False
+        sv = self.ex(self.fold(scale, env))
+        if _promote(dt, False, sv.dtype, _weak(scale, sv)) != dt:
+            return False
+        sv = self.convert(sv, dt)
+        if divide:
+            sv = self.wrap(f"{self.const(1.0, dt).code} / {_p(sv, _MUL + 1)}", _MUL, dt)
+        start = [substitute(x, {f.var: Const(0)}) for x in load.indices]
+        src_off = _flat_index(start, self.bufs[load.buffer].shape)
+        off, soff = (
+            self.convert(self.ex(self.fold(e, env)), "int64").code for e in (ss.offset, src_off)
+        )
+        nt = self.convert(self.ex(self.fold(ss.nontemporal, env)), "bool").code
+        self.emit(
+            f"{self.helper('_g_stream_scaled')}({self.py[ss.buffer]}, {off}, "
+            f"{self.py[load.buffer]}, {soff}, {n}, {nt}, {sv.code})",
+            ind,
+        )
+        if not in_prange:
+            self.fence_at_end = True
+        return True
 
     def stmt(self, s: Stmt, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
         if isinstance(s, For):
@@ -2041,6 +2158,54 @@ def _one_plus_tanh_parts(e: Expr) -> tuple[Const, Un] | None:
         if _is_const(c, 1.0) and isinstance(t, Un) and t.op == "tanh":
             return c, t  # type: ignore[return-value]
     return None
+
+
+def _scaled_stage(f: Stmt, ss: Stmt) -> tuple[Load, Expr, bool] | None:
+    """``(buf[...], s, divide)`` when loop ``f`` (serial or vectorized, one flat block, one
+    store) stages ``buf[..., x + j] * s``, ``s * buf[...]`` or ``buf[...] / s`` (``divide``)
+    at ``stage[j]`` for its variable ``j`` (``x`` and every other index of ``buf``, and
+    ``s``, free of ``j``), and ``ss`` is a stream from that stage; None otherwise."""
+    if not (isinstance(f, For) and isinstance(ss, StreamStore)):
+        return None
+    if f.kind not in (ForKind.SERIAL, ForKind.VECTORIZED) or len(f.body) != 1:
+        return None
+    b = f.body[0]
+    if not isinstance(b, Block) or b.predicate is not None or len(b.body) != 1:
+        return None
+    st = b.body[0]
+    if not isinstance(st, Store) or st.buffer != ss.src or len(st.indices) != 1:
+        return None
+    binds = {iv.name: x for iv, x in zip(b.iter_vars, b.bindings)}
+    j = Var(f.var)
+    if substitute(st.indices[0], binds) != j:
+        return None
+    v = substitute(st.value, binds)
+    if not isinstance(v, Bin) or v.op not in ("*", "/"):
+        return None
+    pairs = [(v.a, v.b)] if v.op == "/" else [(v.a, v.b), (v.b, v.a)]
+    for load, scale in pairs:
+        if not isinstance(load, Load) or not load.indices or f.var in free_vars(scale):
+            continue
+        *outer, last = load.indices
+        unit = last == j or (
+            isinstance(last, Bin)
+            and last.op == "+"
+            and any(
+                a == j and f.var not in free_vars(b)
+                for a, b in ((last.a, last.b), (last.b, last.a))
+            )
+        )
+        if unit and not any(f.var in free_vars(x) for x in outer):
+            return load, scale, v.op == "/"
+    return None
+
+
+def _flat_index(idx: Sequence[Expr], shape: Sequence[Expr]) -> Expr:
+    """Row-major flat offset of index ``idx`` in an array of ``shape``."""
+    out: Expr = idx[0] if idx else Const(0)
+    for i, n in zip(idx[1:], shape[1:]):
+        out = Bin("+", Bin("*", out, n), i)
+    return out
 
 
 def _product_factors(e: Expr) -> list[Expr]:
