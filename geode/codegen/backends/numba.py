@@ -128,8 +128,8 @@ an integer NaN guard checked after the loop, which keeps np.max's NaN result exa
 (see ``_Emitter.find_guarded``). ``Prefetch`` statements print as ``_g_prefetch``
 (``llvm.prefetch`` into every cache level) or, at level 2, ``_g_prefetch_l2`` (into
 the L2 and beyond). ``1 + tanh(z)`` prints as vmath's ``one_plus_tanh(z)`` and the tanh
-GELU's ``0.5 * a * (1 + tanh(z))`` (any grouping) as ``tanh_gate(a, z)``, one division
-(``_Emitter.one_plus_tanh``, ``_Emitter.tanh_gate``). Integer ``pow`` with a
+GELU's ``0.5 * a * (1 + tanh(z))`` (any grouping) as ``div_one_plus_exp(a, -2z)``, one
+division (``_Emitter.one_plus_tanh``, ``_Emitter.tanh_gate``). Integer ``pow`` with a
 negative exponent gives 0 (1 or -1 for bases 1/-1) where numpy raises. ``shl``/``shr``
 by a negative amount or by at least the bit width give 0 (``shr`` of a negative
 signed value gives -1), like numpy. ``round`` is half-to-even (``np.rint``), ``sign``
@@ -1388,11 +1388,13 @@ class _Emitter:
 
     def tanh_gate(self, e: Bin) -> _V | None:
         """``0.5 * a * (1 + tanh(z))`` (one product of those factors, in any order and
-        grouping; ``a`` may be a product of several) as ``tanh_gate(a, z)`` =
-        ``a / (1 + exp(-2z))``: the tanh GELU's gate, whose halving and product fold into
-        the one division (two multiplies fewer than ``0.5 * a * one_plus_tanh(z)``, and
-        more accurate); float32/float64 only, and only when every factor has z's dtype
-        (the constants may be weak)."""
+        grouping; ``a`` may be a product of several) as vmath's ``div_one_plus_exp(a, t)``
+        = ``a / (1 + exp(t))`` with ``t = -2z``: the tanh GELU's gate, whose halving and
+        product fold into the one division (two multiplies fewer than ``0.5 * a *
+        one_plus_tanh(z)``, and more accurate). The GELU's ``z = c * (h + k * h * h * h)``
+        becomes ``t = h * (-2c + (-2ck) * (h * h))``: three multiply-adds instead of four
+        (the policy allows reassociation). float32/float64 only, and only when every
+        factor has z's dtype (the constants may be weak)."""
         if e.op != "*":
             return None
         factors = _product_factors(e)
@@ -1402,19 +1404,40 @@ class _Emitter:
             return None
         one, tanh = _one_plus_tanh_parts(factors[gate])  # type: ignore[misc]
         z = self.ex(tanh.a)
-        fn = VMATH2.get(("tanh_gate", z.dtype))
-        if fn is None or not all(self.keeps_dtype(c, z.dtype) for c in (one, factors[half])):
+        dt = z.dtype
+        fn = VMATH2.get(("div_one_plus_exp", dt))
+        if fn is None or not all(self.keeps_dtype(c, dt) for c in (one, factors[half])):
             return None
         a: _V | None = None
         for f in (f for i, f in enumerate(factors) if i not in (half, gate)):
             v = self.ex(f)
-            if v.dtype != z.dtype and not (isinstance(f, Const) and self.keeps_dtype(f, z.dtype)):
+            if v.dtype != dt and not (isinstance(f, Const) and self.keeps_dtype(f, dt)):
                 return None
-            v = self.convert(v, z.dtype)
-            a = v if a is None else self.wrap(f"{_p(a, _MUL)} * {_p(v, _MUL + 1)}", _MUL, z.dtype)
+            v = self.convert(v, dt)
+            a = v if a is None else self.wrap(f"{_p(a, _MUL)} * {_p(v, _MUL + 1)}", _MUL, dt)
         assert a is not None  # three factors or more
-        self.vmath[fn.__name__] = z.dtype
-        return self.wrap(_call(fn.__name__, a, z), _ATOM, z.dtype)
+        t = self.gelu_cubic(tanh.a, dt) or self.wrap(
+            f"{self.const(-2.0, dt).code} * {_p(z, _MUL + 1)}", _MUL, dt
+        )
+        self.vmath[fn.__name__] = dt
+        return self.wrap(_call(fn.__name__, a, t), _ATOM, dt)
+
+    def gelu_cubic(self, z: Expr, dtype: str) -> _V | None:
+        """``-2z`` for ``z = c * (h + k * h * h * h)`` (constants ``c``, ``k`` that keep
+        ``dtype``, ``h`` of ``dtype``; any grouping) as ``h * (-2c + (-2ck) * (h * h))``,
+        the constants folded in float64 and rounded once; None for any other ``z``."""
+        m = _cubic_parts(z)
+        if m is None:
+            return None
+        h, c, k = m
+        hv = self.ex(h)
+        if hv.dtype != dtype or not (self.keeps_dtype(c, dtype) and self.keeps_dtype(k, dtype)):
+            return None
+        cv, kv = float(c.value), float(k.value)  # type: ignore[arg-type]
+        c0, c2 = self.const(-2.0 * cv, dtype), self.const(-2.0 * cv * kv, dtype)
+        h2 = self.wrap(f"{_p(hv, _MUL)} * {_p(hv, _MUL + 1)}", _MUL, dtype)
+        q = self.wrap(f"{c0.code} + {c2.code} * {_p(h2, _MUL + 1)}", _ADD, dtype)
+        return self.wrap(f"{_p(hv, _MUL)} * {_p(q, _MUL + 1)}", _MUL, dtype)
 
     def dim_term(self, e: Bin) -> _V | None:
         """A ``min``/``max``/``//``/``%`` of dims only (no loop variable, no load), emitted once
@@ -2206,6 +2229,27 @@ def _flat_index(idx: Sequence[Expr], shape: Sequence[Expr]) -> Expr:
     for i, n in zip(idx[1:], shape[1:]):
         out = Bin("+", Bin("*", out, n), i)
     return out
+
+
+def _cubic_parts(z: Expr) -> tuple[Expr, Const, Const] | None:
+    """``(h, c, k)`` when ``z`` is ``c * (h + k * h * h * h)`` (the tanh GELU's inner
+    polynomial; products in any grouping, the sum in either order) with float constants
+    ``c`` and ``k``; None otherwise."""
+    fs = _product_factors(z)
+    consts = [f for f in fs if isinstance(f, Const) and f.dtype.startswith("float")]
+    rest = [f for f in fs if not isinstance(f, Const)]
+    if len(consts) != 1 or len(rest) != 1 or len(fs) != 2:
+        return None
+    s = rest[0]
+    if not (isinstance(s, Bin) and s.op == "+"):
+        return None
+    for h, cube in ((s.a, s.b), (s.b, s.a)):
+        cf = _product_factors(cube)
+        ks = [f for f in cf if isinstance(f, Const) and f.dtype.startswith("float")]
+        hs = [f for f in cf if not isinstance(f, Const)]
+        if len(ks) == 1 and len(hs) == 3 and len(cf) == 4 and all(x == h for x in hs):
+            return h, consts[0], ks[0]  # type: ignore[return-value]
+    return None
 
 
 def _product_factors(e: Expr) -> list[Expr]:

@@ -78,6 +78,8 @@ __all__ = [
     "VMATH_IEEE",
     "cos_f32",
     "cos_f64",
+    "div_one_plus_exp_f32",
+    "div_one_plus_exp_f64",
     "erf_f32",
     "erf_f64",
     "exp_f32",
@@ -96,8 +98,6 @@ __all__ = [
     "sin_f64",
     "tanh_f32",
     "tanh_f64",
-    "tanh_gate_f32",
-    "tanh_gate_f64",
     "tanh_ieee_f32",
     "tanh_ieee_f64",
 ]
@@ -851,19 +851,19 @@ _NTWO_F32, _NTWO_F64 = _F32(-2.0), _F64(-2.0)
 
 
 @_inline
-def _one_plus_exp_neg2_f32(z):  # pragma: no cover - compiled
-    """``1 + exp(-2z)`` with ``-2z`` clamped to [-87, 89], so the exp is one normal scaling:
+def _one_plus_exp_f32(t):  # pragma: no cover - compiled
+    """``1 + exp(t)`` with ``t`` clamped to [-87, 89], so the exp is one normal scaling:
     below the clamp ``1 + exp`` is 1 anyway; above it exp is inf (NaN propagates)."""
-    t = np.float32(z) * _NTWO_F32
+    t = np.float32(t)
     t = _select(t < _OPT_LO_F32, _OPT_LO_F32, t)
     t = _select(t > _OPT_HI_F32, _OPT_HI_F32, t)
     return _ONE_F32 + _exp_normal_f32(t)
 
 
 @_inline
-def _one_plus_exp_neg2_f64(z):  # pragma: no cover - compiled
-    """As :func:`_one_plus_exp_neg2_f32`, clamp [-708, 710]."""
-    t = np.float64(z) * _NTWO_F64
+def _one_plus_exp_f64(t):  # pragma: no cover - compiled
+    """As :func:`_one_plus_exp_f32`, clamp [-708, 710]."""
+    t = np.float64(t)
     t = _select(t < _OPT_LO_F64, _OPT_LO_F64, t)
     t = _select(t > _OPT_HI_F64, _OPT_HI_F64, t)
     return _ONE_F64 + _exp_normal_f64(t)
@@ -873,43 +873,44 @@ def _one_plus_exp_neg2_f64(z):  # pragma: no cover - compiled
 def one_plus_tanh_f32(x: float) -> float:
     """``1 + tanh(x)`` in float32, max error 2.5 ulp measured.
 
-    Method: ``2 / (1 + exp(-2x))``. The backend uses it for ``1 + tanh(x)`` (the tanh
-    GELU): it is cheaper than tanh and more accurate than adding 1 to it, which cancels
-    for negative x (``1 + tanh(-10)`` is 0 in float32; this gives 4.1e-9). ``-2x`` is clamped to [-87, 89] so exp stays a
-    single scaling: below, ``1 + exp`` is 1 anyway; above, exp is inf and the result 0,
-    which flushes results under about 1.2e-38 (x < -44.2) to zero.
-    1 + tanh(inf) = 2, 1 + tanh(-inf) = 0, NaN -> NaN.
+    Method: ``2 / (1 + exp(-2x))``. The backend uses it for ``1 + tanh(x)``: it is
+    cheaper than tanh and more accurate than adding 1 to it, which cancels for negative
+    x (``1 + tanh(-10)`` is 0 in float32; this gives 4.1e-9). ``-2x`` is clamped to
+    [-87, 89] so exp stays a single scaling: below, ``1 + exp`` is 1 anyway; above, exp
+    is inf and the result 0, which flushes results under about 1.2e-38 (x < -44.2) to
+    zero. 1 + tanh(inf) = 2, 1 + tanh(-inf) = 0, NaN -> NaN.
     """
-    return _div(_TWO_F32, _one_plus_exp_neg2_f32(x))
+    return _div(_TWO_F32, _one_plus_exp_f32(np.float32(x) * _NTWO_F32))
 
 
 @_export
 def one_plus_tanh_f64(x: float) -> float:
     """``1 + tanh(x)`` in float64; method as :func:`one_plus_tanh_f32` (clamp [-708, 710])."""
-    return _div(_TWO_F64, _one_plus_exp_neg2_f64(x))
+    return _div(_TWO_F64, _one_plus_exp_f64(np.float64(x) * _NTWO_F64))
 
 
 @_export
-def tanh_gate_f32(a: float, z: float) -> float:
-    """``a * (1 + tanh(z)) / 2`` in float32: the tanh GELU's ``0.5 * x * (1 + tanh(z))``,
-    max error 2.3 ulp measured against the exact product (``0.5 * a * one_plus_tanh(z)``:
-    2.63).
+def div_one_plus_exp_f32(a: float, t: float) -> float:
+    """``a / (1 + exp(t))`` in float32, max error 2.3 ulp measured. The backend computes
+    the tanh GELU's ``0.5 * a * (1 + tanh(z))`` as this with ``t = -2z``, folding the
+    -2 into z's own constants: the halving and the product with ``a`` go into the one
+    division, two multiplies (and their roundings) fewer than ``0.5 * a *
+    one_plus_tanh(z)``, whose error against the exact product is 2.63 ulp.
 
-    Method: ``a / (1 + exp(-2z))`` with the exp of :func:`one_plus_tanh_f32`: the halving
-    and the product with ``a`` fold into the division, so it takes two multiplies (and
-    their roundings) fewer than ``0.5 * a * one_plus_tanh(z)``. Results whose exact value
-    is under about ``|a| * 4e-39`` (``z < -44.2``, where ``exp(-2z)`` overflows) are
-    flushed to a zero of ``a``'s sign. Special values follow the product: ``a = +-inf``
-    with ``1 + tanh(z) = 0`` (``z = -inf``) gives NaN, NaN in either argument gives NaN.
+    Method: the clamped exp of :func:`one_plus_tanh_f32`, then one division. Where
+    ``exp(t)`` overflows (``t > 88.4``) the result is a zero of ``a``'s sign; the exact
+    value there is under ``|a| * 2**-127.4`` (about 4e-39). Special values follow the
+    quotient: ``a = +-inf`` with ``t = +inf`` gives NaN, NaN in either argument gives NaN.
     """
-    return _div(np.float32(a), _one_plus_exp_neg2_f32(z))
+    return _div(np.float32(a), _one_plus_exp_f32(t))
 
 
 @_export
-def tanh_gate_f64(a: float, z: float) -> float:
-    """``a * (1 + tanh(z)) / 2`` in float64, max error 2.04 ulp measured; method as
-    :func:`tanh_gate_f32` (flushed under about ``|a| * 7.9e-309``, ``z < -354.7``)."""
-    return _div(np.float64(a), _one_plus_exp_neg2_f64(z))
+def div_one_plus_exp_f64(a: float, t: float) -> float:
+    """``a / (1 + exp(t))`` in float64, max error 2.04 ulp measured; method as
+    :func:`div_one_plus_exp_f32` (a zero of ``a``'s sign for ``t > 709.4``, where the
+    exact value is under ``|a| * 2**-1023.4``, about 7.9e-309)."""
+    return _div(np.float64(a), _one_plus_exp_f64(t))
 
 
 @_export
@@ -1208,10 +1209,11 @@ VMATH: dict[tuple[str, str], Callable] = {
 }
 
 #: Two-argument functions the code generator matches whole expressions to: ``(name, dtype
-#: name) -> function``; ``tanh_gate(a, z)`` is ``a * (1 + tanh(z)) / 2``.
+#: name) -> function``; ``div_one_plus_exp(a, t)`` is ``a / (1 + exp(t))`` (the tanh
+#: GELU's ``0.5 * a * (1 + tanh(z))`` with ``t = -2z``).
 VMATH2: dict[tuple[str, str], Callable] = {
-    ("tanh_gate", "float32"): tanh_gate_f32,
-    ("tanh_gate", "float64"): tanh_gate_f64,
+    ("div_one_plus_exp", "float32"): div_one_plus_exp_f32,
+    ("div_one_plus_exp", "float64"): div_one_plus_exp_f64,
 }
 
 #: Variants for kernels compiled without the ``nnan`` fast-math flag (geode's default):
