@@ -2082,16 +2082,18 @@ def _stage_loop(value_of) -> tuple[A.For, A.StreamStore]:
     ids=["buf*s", "s*buf", "buf/s", "s/buf", "stride2", "j-outer", "s-varies", "sum"],
 )
 def test_scaled_stage_recognises_unit_stride_products_only(value_of, want) -> None:
+    from geode.codegen.backends.patterns import scaled_stage
+
     """The emitter streams a stage straight from ``buf`` only when the staged value is a
     unit-stride load of it times (or over) something fixed for the chunk."""
     loop, ss = _stage_loop(value_of)
-    got = nb._scaled_stage(loop, ss)
+    got = scaled_stage(loop, ss)
     if want is None:
         assert got is None
     else:
         assert got is not None and (got[0].buffer, got[2]) == want
     other = A.StreamStore("Y", A.Var("o"), "U", A.Const(0), A.Const(128), A.Const(True, "bool"))
-    assert nb._scaled_stage(loop, other) is None  # a stream of another stage
+    assert scaled_stage(loop, other) is None  # a stream of another stage
 
 
 def test_g_stream_writes_2d_outputs_through_flat_offsets() -> None:

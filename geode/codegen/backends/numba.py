@@ -175,7 +175,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -206,7 +206,6 @@ from geode.codegen.ast import (
     StreamStore,
     Un,
     Var,
-    free_vars,
     stmt_exprs,
     substitute,
     transform,
@@ -222,6 +221,14 @@ from geode.codegen.backends.chunks import (  # the helpers of chunked kernels' m
     _g_ptr,  # noqa: F401
     launch_chunks,
     start_threads,
+)
+from geode.codegen.backends.patterns import (
+    cubic_parts,
+    flat_index,
+    is_const,
+    one_plus_tanh_parts,
+    product_factors,
+    scaled_stage,
 )
 from geode.codegen.backends.vmath import VMATH, VMATH2, VMATH_IEEE
 from geode.config import OptionError
@@ -1370,7 +1377,7 @@ class _Emitter:
         """``1 + tanh(z)`` (either order) as ``one_plus_tanh`` (``2 / (1 + exp(-2z))``): cheaper,
         and accurate where adding 1 to tanh cancels (z < 0); float32/float64 only, and only
         when the sum keeps z's float dtype."""
-        parts = _one_plus_tanh_parts(e)
+        parts = one_plus_tanh_parts(e)
         if parts is None:
             return None
         one, tanh = parts
@@ -1397,12 +1404,12 @@ class _Emitter:
         factor has z's dtype (the constants may be weak)."""
         if e.op != "*":
             return None
-        factors = _product_factors(e)
-        half = next((i for i, f in enumerate(factors) if _is_const(f, 0.5)), None)
-        gate = next((i for i, f in enumerate(factors) if _one_plus_tanh_parts(f)), None)
+        factors = product_factors(e)
+        half = next((i for i, f in enumerate(factors) if is_const(f, 0.5)), None)
+        gate = next((i for i, f in enumerate(factors) if one_plus_tanh_parts(f)), None)
         if half is None or gate is None or len(factors) < 3:
             return None
-        one, tanh = _one_plus_tanh_parts(factors[gate])  # type: ignore[misc]
+        one, tanh = one_plus_tanh_parts(factors[gate])  # type: ignore[misc]
         z = self.ex(tanh.a)
         dt = z.dtype
         fn = VMATH2.get(("div_one_plus_exp", dt))
@@ -1426,7 +1433,7 @@ class _Emitter:
         """``-2z`` for ``z = c * (h + k * h * h * h)`` (constants ``c``, ``k`` that keep
         ``dtype``, ``h`` of ``dtype``; any grouping) as ``h * (-2c + (-2ck) * (h * h))``,
         the constants folded in float64 and rounded once; None for any other ``z``."""
-        m = _cubic_parts(z)
+        m = cubic_parts(z)
         if m is None:
             return None
         h, c, k = m
@@ -1587,7 +1594,7 @@ class _Emitter:
         for the chunk, all of the output's float dtype, and ``ss`` streams exactly that
         stage: the products go from registers to the output, without the stage's store and
         load per element. Returns whether it did (nothing is emitted otherwise)."""
-        m = _scaled_stage(f, ss)
+        m = scaled_stage(f, ss)
         if m is None:
             return False
         assert isinstance(f, For) and isinstance(ss, StreamStore)
@@ -1614,7 +1621,7 @@ class _Emitter:
         if divide:
             sv = self.wrap(f"{self.const(1.0, dt).code} / {_p(sv, _MUL + 1)}", _MUL, dt)
         start = [substitute(x, {f.var: Const(0)}) for x in load.indices]
-        src_off = _flat_index(start, self.bufs[load.buffer].shape)
+        src_off = flat_index(start, self.bufs[load.buffer].shape)
         off, soff = (
             self.convert(self.ex(self.fold(e, env)), "int64").code for e in (ss.offset, src_off)
         )
@@ -2166,97 +2173,6 @@ class _Emitter:
 
 def _weak(e: Expr, v: _V) -> bool:
     return isinstance(e, Const) and v.dtype in _WEAK
-
-
-def _is_const(e: Expr, value: float) -> bool:
-    """A non-bool constant equal to ``value``."""
-    return isinstance(e, Const) and e.dtype != "bool" and float(e.value) == value  # type: ignore[arg-type]
-
-
-def _one_plus_tanh_parts(e: Expr) -> tuple[Const, Un] | None:
-    """``(1, tanh(z))`` when ``e`` is ``1 + tanh(z)`` or ``tanh(z) + 1``, else None."""
-    if not (isinstance(e, Bin) and e.op == "+"):
-        return None
-    for c, t in ((e.a, e.b), (e.b, e.a)):
-        if _is_const(c, 1.0) and isinstance(t, Un) and t.op == "tanh":
-            return c, t  # type: ignore[return-value]
-    return None
-
-
-def _scaled_stage(f: Stmt, ss: Stmt) -> tuple[Load, Expr, bool] | None:
-    """``(buf[...], s, divide)`` when loop ``f`` (serial or vectorized, one flat block, one
-    store) stages ``buf[..., x + j] * s``, ``s * buf[...]`` or ``buf[...] / s`` (``divide``)
-    at ``stage[j]`` for its variable ``j`` (``x`` and every other index of ``buf``, and
-    ``s``, free of ``j``), and ``ss`` is a stream from that stage; None otherwise."""
-    if not (isinstance(f, For) and isinstance(ss, StreamStore)):
-        return None
-    if f.kind not in (ForKind.SERIAL, ForKind.VECTORIZED) or len(f.body) != 1:
-        return None
-    b = f.body[0]
-    if not isinstance(b, Block) or b.predicate is not None or len(b.body) != 1:
-        return None
-    st = b.body[0]
-    if not isinstance(st, Store) or st.buffer != ss.src or len(st.indices) != 1:
-        return None
-    binds = {iv.name: x for iv, x in zip(b.iter_vars, b.bindings)}
-    j = Var(f.var)
-    if substitute(st.indices[0], binds) != j:
-        return None
-    v = substitute(st.value, binds)
-    if not isinstance(v, Bin) or v.op not in ("*", "/"):
-        return None
-    pairs = [(v.a, v.b)] if v.op == "/" else [(v.a, v.b), (v.b, v.a)]
-    for load, scale in pairs:
-        if not isinstance(load, Load) or not load.indices or f.var in free_vars(scale):
-            continue
-        *outer, last = load.indices
-        unit = last == j or (
-            isinstance(last, Bin)
-            and last.op == "+"
-            and any(
-                a == j and f.var not in free_vars(b)
-                for a, b in ((last.a, last.b), (last.b, last.a))
-            )
-        )
-        if unit and not any(f.var in free_vars(x) for x in outer):
-            return load, scale, v.op == "/"
-    return None
-
-
-def _flat_index(idx: Sequence[Expr], shape: Sequence[Expr]) -> Expr:
-    """Row-major flat offset of index ``idx`` in an array of ``shape``."""
-    out: Expr = idx[0] if idx else Const(0)
-    for i, n in zip(idx[1:], shape[1:]):
-        out = Bin("+", Bin("*", out, n), i)
-    return out
-
-
-def _cubic_parts(z: Expr) -> tuple[Expr, Const, Const] | None:
-    """``(h, c, k)`` when ``z`` is ``c * (h + k * h * h * h)`` (the tanh GELU's inner
-    polynomial; products in any grouping, the sum in either order) with float constants
-    ``c`` and ``k``; None otherwise."""
-    fs = _product_factors(z)
-    consts = [f for f in fs if isinstance(f, Const) and f.dtype.startswith("float")]
-    rest = [f for f in fs if not isinstance(f, Const)]
-    if len(consts) != 1 or len(rest) != 1 or len(fs) != 2:
-        return None
-    s = rest[0]
-    if not (isinstance(s, Bin) and s.op == "+"):
-        return None
-    for h, cube in ((s.a, s.b), (s.b, s.a)):
-        cf = _product_factors(cube)
-        ks = [f for f in cf if isinstance(f, Const) and f.dtype.startswith("float")]
-        hs = [f for f in cf if not isinstance(f, Const)]
-        if len(ks) == 1 and len(hs) == 3 and len(cf) == 4 and all(x == h for x in hs):
-            return h, consts[0], ks[0]  # type: ignore[return-value]
-    return None
-
-
-def _product_factors(e: Expr) -> list[Expr]:
-    """The factors of a tree of ``*`` (``e`` itself when it is no product)."""
-    if isinstance(e, Bin) and e.op == "*":
-        return _product_factors(e.a) + _product_factors(e.b)
-    return [e]
 
 
 def _free(e: Expr) -> set[str]:
