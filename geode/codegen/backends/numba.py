@@ -1622,18 +1622,35 @@ class _Emitter:
             sv = self.wrap(f"{self.const(1.0, dt).code} / {_p(sv, _MUL + 1)}", _MUL, dt)
         start = [substitute(x, {f.var: Const(0)}) for x in load.indices]
         src_off = flat_index(start, self.bufs[load.buffer].shape)
-        off, soff = (
-            self.convert(self.ex(self.fold(e, env)), "int64").code for e in (ss.offset, src_off)
+        direct = StreamStore(ss.buffer, ss.offset, load.buffer, src_off, Const(n), ss.nontemporal)
+        self.emit_stream(direct, "_g_stream_scaled", sv.code, env, ind, in_prange)
+        return True
+
+    def emit_stream(
+        self,
+        s: StreamStore,
+        helper: str,
+        extra: str | None,
+        env: dict[str, Expr],
+        ind: int,
+        in_prange: bool,
+    ) -> None:
+        """Emit ``helper(dst, offset, src, src_offset, length, nontemporal[, extra])`` for
+        stream ``s``; the thread fences its streaming stores at the end of its parallel
+        iteration (or of the kernel), see :meth:`loop` and :meth:`run`."""
+        off, soff, n = (
+            self.convert(self.ex(self.fold(e, env)), "int64").code
+            for e in (s.offset, s.src_offset, s.length)
         )
-        nt = self.convert(self.ex(self.fold(ss.nontemporal, env)), "bool").code
+        nt = self.convert(self.ex(self.fold(s.nontemporal, env)), "bool").code
+        tail = "" if extra is None else f", {extra}"
         self.emit(
-            f"{self.helper('_g_stream_scaled')}({self.py[ss.buffer]}, {off}, "
-            f"{self.py[load.buffer]}, {soff}, {n}, {nt}, {sv.code})",
+            f"{self.helper(helper)}({self.py[s.buffer]}, {off}, {self.py[s.src]}, "
+            f"{soff}, {n}, {nt}{tail})",
             ind,
         )
         if not in_prange:
             self.fence_at_end = True
-        return True
 
     def stmt(self, s: Stmt, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
         if isinstance(s, For):
@@ -1663,9 +1680,8 @@ class _Emitter:
             raise CodegenError(f"{self.where()}: unknown statement {type(s).__name__}")
 
     def stream_store(self, s: StreamStore, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
-        """``_g_stream(dst, offset, src, src_offset, length, nontemporal)``; the thread
-        fences its streaming stores at the end of its parallel iteration (or of the
-        kernel), see :meth:`loop` and :meth:`run`."""
+        """``_g_stream(dst, offset, src, src_offset, length, nontemporal)`` (see
+        :meth:`emit_stream`)."""
         for name, want in ((s.buffer, "output"), (s.src, "local")):
             if name not in self.bufs:
                 raise CodegenError(f"{self.where()}: stream of unknown buffer {name!r}")
@@ -1677,18 +1693,7 @@ class _Emitter:
                 f"{self.where()}: stream from {s.src!r} to {s.buffer!r} needs one dtype "
                 f"other than float16"
             )
-        args = [
-            self.convert(self.ex(self.fold(e, env)), "int64").code
-            for e in (s.offset, s.src_offset, s.length)
-        ]
-        nt = self.convert(self.ex(self.fold(s.nontemporal, env)), "bool").code
-        self.emit(
-            f"{self.helper('_g_stream')}({self.py[s.buffer]}, {args[0]}, {self.py[s.src]}, "
-            f"{args[1]}, {args[2]}, {nt})",
-            ind,
-        )
-        if not in_prange:
-            self.fence_at_end = True
+        self.emit_stream(s, "_g_stream", None, env, ind, in_prange)
 
     def body(self, body: list[Stmt], env: dict[str, Expr], ind: int, in_prange: bool) -> None:
         n = self.emitted()
