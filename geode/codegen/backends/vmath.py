@@ -548,26 +548,38 @@ _RNDB1_F32, _RNDB1_F64 = _F32(1.5 * 2**23 + 126), _F64(1.5 * 2**52 + 1022)
 # division 1.5-2, a compare and blend about one; a max or a vscalefps next to nothing),
 # not by latency, so neither is used (and sigmoid avoids the compare and blend).
 @_inline
-def _exp_parts_f32(x, rnd):  # pragma: no cover - compiled
-    """t = n + rnd, n = rint(x / ln2), r = x - n ln2 (two-constant Cody-Waite),
-    e = expm1(r); ``rnd`` is one of the rounding constants above.
+def _exp_reduce_f32(x, rnd):  # pragma: no cover - compiled
+    """t = n + rnd, n = rint(x / ln2), r = x - n ln2 (two-constant Cody-Waite); ``rnd`` is
+    one of the rounding constants above.
 
     ``rint`` is one FMA: adding ``rnd`` rounds ``x * log2(e)`` to an integer with a single
     rounding, and the strict subtraction gets it back exactly."""
     t = _fma(x, _LOG2E_F32, rnd)
     n = _sub(t, rnd)
     r = _fma(n, _NLN2HI_F32, x)
-    r = _fma(n, _NLN2LO_F32, r)
+    return t, n, _fma(n, _NLN2LO_F32, r)
+
+
+@_inline
+def _exp_reduce_f64(x, rnd):  # pragma: no cover - compiled
+    """As :func:`_exp_reduce_f32`, in float64."""
+    t = _fma(x, _LOG2E_F64, rnd)
+    n = _sub(t, rnd)
+    r = _fma(n, _NLN2HI_F64, x)
+    return t, n, _fma(n, _NLN2LO_F64, r)
+
+
+@_inline
+def _exp_parts_f32(x, rnd):  # pragma: no cover - compiled
+    """:func:`_exp_reduce_f32`'s ``t`` and ``n``, and ``e = expm1(r)``."""
+    t, n, r = _exp_reduce_f32(x, rnd)
     return t, n, _fma(r * r, _expq_f32(r), r)
 
 
 @_inline
 def _exp_parts_f64(x, rnd):  # pragma: no cover - compiled
     """As :func:`_exp_parts_f32`, in float64."""
-    t = _fma(x, _LOG2E_F64, rnd)
-    n = _sub(t, rnd)
-    r = _fma(n, _NLN2HI_F64, x)
-    r = _fma(n, _NLN2LO_F64, r)
+    t, n, r = _exp_reduce_f64(x, rnd)
     return t, n, _fma(r * r, _expq_f64(r), r)
 
 
@@ -941,13 +953,19 @@ _SIG_LO_F64, _SIG_HI_F64 = _F64(-746.0), _F64(707.0)
 #: rounding constants of sigmoid's reduction: as :data:`_RND_F32` plus 2, so the rounded
 #: sum holds ``m + 2`` for :func:`_scale2_rnd`
 _RND2_F32, _RND2_F64 = _F32(1.5 * 2**23 + 2), _F64(1.5 * 2**52 + 2)
-_LN2HI_CW_F32, _LN2LO_CW_F32 = -_NLN2HI_F32, -_NLN2LO_F32
-_LN2HI_CW_F64, _LN2LO_CW_F64 = -_NLN2HI_F64, -_NLN2LO_F64
 _FOUR_F32, _FOUR_F64 = _F32(4.0), _F64(4.0)
-#: ``4 exp(r) = 4 + r h(r)``: h's coefficients are 4 (1, q0, q1, ...) for exp's q (exact
-#: scalings of the same fit)
-_sig4h_f32 = _horner("_sig4h_f32", tuple(4.0 * c for c in (1.0, *_EXPQ_F32)), np.float32)
-_sig4h_f64 = _horner("_sig4h_f64", tuple(4.0 * c for c in (1.0, *_EXPQ_F64)), np.float64)
+
+
+def _sig4h(dtype: type) -> Callable:
+    """``h`` with ``4 exp(-s) = 4 - s h(s)``: Horner coefficients 4 (1, -q0, q1, -q2, ...)
+    for exp's ``q`` (exact scalings and sign flips of the same fit, so ``h(s)`` is bit for
+    bit the evaluation of ``4 (1 + r q(r))`` at ``r = -s``)."""
+    q = _EXPQ_F32 if dtype is np.float32 else _EXPQ_F64
+    coeffs = [4.0] + [4.0 * c * (-1) ** (k + 1) for k, c in enumerate(q)]
+    return _horner(f"_sig4h_{np.dtype(dtype).name}", coeffs, dtype)
+
+
+_sig4h_f32, _sig4h_f64 = _sig4h(np.float32), _sig4h(np.float64)
 
 
 @_export
@@ -955,8 +973,8 @@ def sigmoid_f32(x: float) -> float:
     """``1 / (1 + exp(-x))`` in float32, max error 2.3 ulp measured (float64: 2.37), stable for
     any x, subnormal results included.
 
-    Method: with ``m = rint(x / ln2)`` and ``r = m ln2 - x`` (the Cody-Waite reduction of
-    :func:`exp_f32`, negated), ``exp(-x) = 2**-m exp(r)``, so
+    Method: with ``m = rint(x / ln2)`` and ``r = m ln2 - x`` (the negated Cody-Waite
+    reduction ``s = x - m ln2`` of :func:`exp_f32`), ``exp(-x) = 2**-m exp(r)``, so
     ``sigmoid = 2**(m+2) / (2**(m+2) + 4 exp(r))`` for every x, with no sign test: x is
     clamped to [-105, 86] (beyond, the result rounds to 0 resp. 1), ``2**(m+2)`` is exact
     (down to the least subnormal, by :func:`_scale2_rnd`), the denominator is one FMA
@@ -975,12 +993,9 @@ def _sigmoid_ieee_f32(x):  # pragma: no cover - compiled
     x = np.float32(x)
     x = _select(x < _SIG_LO_F32, _SIG_LO_F32, x)
     x = _select(x > _SIG_HI_F32, _SIG_HI_F32, x)
-    t = _fma(x, _LOG2E_F32, _RND2_F32)
-    m = _sub(t, _RND2_F32)
-    r = _fma(m, _LN2HI_CW_F32, -x)
-    r = _fma(m, _LN2LO_CW_F32, r)
+    t, _, s = _exp_reduce_f32(x, _RND2_F32)
     q = _scale2_rnd(_ONE_F32, t)
-    return _div(q, _fma(r, _sig4h_f32(r), q + _FOUR_F32))
+    return _div(q, _fma(-s, _sig4h_f32(s), q + _FOUR_F32))
 
 
 @_export
@@ -1004,12 +1019,9 @@ def _sigmoid_ieee_f64(x):  # pragma: no cover - compiled
     x = np.float64(x)
     x = _select(x < _SIG_LO_F64, _SIG_LO_F64, x)
     x = _select(x > _SIG_HI_F64, _SIG_HI_F64, x)
-    t = _fma(x, _LOG2E_F64, _RND2_F64)
-    m = _sub(t, _RND2_F64)
-    r = _fma(m, _LN2HI_CW_F64, -x)
-    r = _fma(m, _LN2LO_CW_F64, r)
+    t, _, s = _exp_reduce_f64(x, _RND2_F64)
     q = _scale2_rnd(_ONE_F64, t)
-    return _div(q, _fma(r, _sig4h_f64(r), q + _FOUR_F64))
+    return _div(q, _fma(-s, _sig4h_f64(s), q + _FOUR_F64))
 
 
 @_export
