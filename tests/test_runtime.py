@@ -2,9 +2,12 @@
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import geode
 from geode import ops
+from geode.runtime.allocator import ALIGNMENT, PAGE, OutputPool, page_offset, spread_offset
 from geode.runtime.var_manager import VarManagerError
 
 
@@ -109,6 +112,77 @@ def test_engines_in_plan():
     out = model(x=np.ones((3, 8), np.float32))
     np.testing.assert_array_equal(out["y"], 2.0)
     np.testing.assert_array_equal(out["s"], [3, 8])
+
+
+def _circular(a: int, b: int) -> int:
+    d = (a - b) % PAGE
+    return min(d, PAGE - d)
+
+
+def test_spread_offset_fixed_cases():
+    assert spread_offset([]) == 0
+    assert spread_offset([16]) == 2048  # numpy's large arrays start 16 bytes into a page
+    assert spread_offset([16, 2048]) == 3072
+    assert spread_offset([16, 16, 16]) == 2048
+    assert spread_offset([0, 1024, 2048, 3072]) == 512  # equal gaps: the first
+    assert spread_offset([4096 + 16]) == 2048  # offsets are read within the page
+
+
+@given(st.lists(st.integers(0, 1 << 40), min_size=1, max_size=12))
+def test_spread_offset_lands_mid_way_in_the_widest_gap(taken):
+    off = spread_offset(taken)
+    assert 0 <= off < PAGE and off % ALIGNMENT == 0
+    marks = sorted(t % PAGE for t in taken)
+    widest = max(b - a for a, b in zip(marks, [*marks[1:], marks[0] + PAGE]))
+    nearest = min(_circular(off, t) for t in taken)
+    assert nearest >= widest // 2 - ALIGNMENT, (off, marks)
+
+
+def _at_page_offset(off: int, n: int) -> np.ndarray:
+    raw = np.empty(n * 4 + 2 * PAGE, np.uint8)
+    s = (off - raw.ctypes.data) % PAGE
+    return raw[s : s + n * 4].view(np.float32)
+
+
+def test_output_pool_places_arrays_away_from_their_neighbours():
+    pool = OutputPool()
+    x = _at_page_offset(16, 1 << 18)
+    a = pool.empty((1 << 18,), np.float32, near=[x])
+    assert page_offset(a) == 2048 and a.ctypes.data % ALIGNMENT == 0
+    b = pool.empty((1 << 18,), np.float32, near=[x, a])
+    assert page_offset(b) == 3072
+    a[:] = 1.0
+    b[:] = 2.0
+    assert not np.shares_memory(a, b)
+    np.testing.assert_array_equal(a, 1.0)
+    del a
+    # the freed block comes back placed for its new neighbours
+    c = pool.empty((1 << 18,), np.float32, near=[_at_page_offset(2048, 16)])
+    assert pool.hits == 1 and page_offset(c) == 0
+    np.testing.assert_array_equal(b, 2.0)
+    assert pool.empty((16,), np.float32, near=[x]).shape == (16,)  # small: plain numpy
+
+
+def test_model_outputs_sit_away_from_the_inputs_page_offsets():
+    g = geode.Graph("two_outputs")
+    x = g.input("x", ["N", 1024])
+    y = g.input("y", ["N", 1024])
+    g.output(ops.sigmoid(x) * y, x + y, names=["p", "s"])
+    model = geode.compile(g)
+    assert len([k for k in model.kernels if k.engine == "aicore"]) == 1
+    n = 512
+    rng = np.random.default_rng(0)
+    xs = _at_page_offset(16, n * 1024).reshape(n, 1024)
+    ys = _at_page_offset(80, n * 1024).reshape(n, 1024)
+    xs[:] = rng.standard_normal((n, 1024))
+    ys[:] = rng.standard_normal((n, 1024))
+    out = model(x=xs, y=ys)
+    offsets = [page_offset(xs), page_offset(ys), *(page_offset(out[k]) for k in ("p", "s"))]
+    for i in (2, 3):  # each output, against the inputs and the other output
+        for j in range(i):
+            assert _circular(offsets[i], offsets[j]) >= 1024, offsets
+    np.testing.assert_allclose(out["p"], 1 / (1 + np.exp(-xs)) * ys, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out["s"], xs + ys)
 
 
 def test_output_pool_reuses_memory_only_after_release():

@@ -235,12 +235,18 @@ class Executor:
                 outs.append(None)
         return outs
 
-    def _fresh(self, buf: Any) -> Any:
-        """A buffer of :meth:`_buffers` as the step gets it: ``(shape, dtype)`` becomes a
-        new pooled array."""
-        if type(buf) is tuple:
-            return self.pool.empty(*buf)
-        return buf
+    def _fresh(self, bufs: list, ins: list) -> list:
+        """The buffers of :meth:`_buffers` as the step gets them: each ``(shape, dtype)``
+        becomes a new pooled array placed within its page away from the step's array
+        inputs and earlier outputs (see :data:`geode.runtime.allocator.PAGE`)."""
+        if not any(type(b) is tuple for b in bufs):
+            return list(bufs)  # a copy: the step may not change the prepared list
+        outs: list = []
+        for buf in bufs:
+            if type(buf) is tuple:
+                buf = self.pool.empty(*buf, near=(*ins, *outs))
+            outs.append(buf)
+        return outs
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the plan on ``feeds`` (input name -> array); returns output name -> array."""
@@ -265,7 +271,7 @@ class Executor:
         for k, step in enumerate(plan.steps):
             ins = [None if i is None else values[i] for i in step.inputs]
             bufs = prepared[k] if prepared is not None else self._buffers(step, None, env)
-            outs = [self._fresh(b) for b in bufs]
+            outs = self._fresh(bufs, ins)
             try:
                 results = step.fn(ins, outs, env)
             except GeodeError as exc:
