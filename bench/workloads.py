@@ -201,6 +201,7 @@ def roofline_copies(nbytes: int = 64 << 20) -> dict[str, Callable[[], None]]:
     import numba
 
     from geode.codegen.backends.numba import _g_sfence, _g_stream
+    from geode.runtime.memory import Arena
 
     @numba.njit(parallel=True, cache=False)
     def copy(src: np.ndarray, dst: np.ndarray) -> None:
@@ -224,9 +225,9 @@ def roofline_copies(nbytes: int = 64 << 20) -> dict[str, Callable[[], None]]:
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     src2, dst2 = src.reshape(-1, COLS), dst.reshape(-1, COLS)
-    raw = np.empty(nbytes + 64, np.uint8)  # a cache-line aligned destination
-    shift = (-raw.ctypes.data) % 64
-    dst3 = raw[shift : shift + nbytes].view(np.float32).reshape(-1, COLS)
+    arena = Arena()  # a cache-line aligned destination
+    arena.ensure(nbytes)
+    dst3 = arena.view(0, src2.shape, np.float32)
     copy(src, dst)
     copy_rows(src2, dst2)
     stream_rows(src2, dst3)

@@ -239,9 +239,7 @@ class Executor:
         """The buffers of :meth:`_buffers` as the step gets them: each ``(shape, dtype)``
         becomes a new pooled array placed within its page away from the step's array
         inputs and earlier outputs (see :data:`geode.runtime.allocator.PAGE`)."""
-        if not any(type(b) is tuple for b in bufs):
-            return list(bufs)  # a copy: the step may not change the prepared list
-        outs: list = []
+        outs: list = []  # a new list: the step may not change the prepared one
         for buf in bufs:
             if type(buf) is tuple:
                 buf = self.pool.empty(*buf, near=(*ins, *outs))
