@@ -632,3 +632,36 @@ def test_lstm_gates_split_into_two_passes_per_row_and_compile_exactly():
         want = ex.numpy(**{k: v.astype(np.float64) for k, v in feeds.items()})
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("hidden,spread", [(128, True), (80, False), (16, False)])
+def test_lstm_gates_stream_c_by_rows_over_the_h_pass(hidden, spread):
+    """c' (read back by the h pass) goes through a row buffer streamed to the output: over
+    the h pass cut in chunks of ROW_STREAM_CHUNK where its row is a larger multiple of
+    it, else after c's pass; h keeps plain stores. Streamed (non-temporal) and plain
+    copies give the numpy reference's values, rows of odd counts included."""
+    from geode.codegen.autoschedule import ROW_STREAM_CHUNK
+
+    (trace,) = _traces("lstm_gates", 0, hidden=hidden)
+    assert "stream_row(block='add'" in trace and "stream_output(" not in trace, trace
+    assert (f"factors=[None, {ROW_STREAM_CHUNK}]" in trace) == spread, trace
+    assert ("spread=None" in trace) != spread, trace
+    assert not any("stream_row(" in t for t in _traces("lstm_gates", None, hidden=hidden))
+    ex = examples.lstm_gates(hidden=hidden)
+    rng = np.random.default_rng(4)
+    for streaming in ("0", "auto"):
+        model = geode.compile(ex.graph, streaming=streaming)
+        assert "c_out_row" in model.kernels[0].source  # N is symbolic: tested at run time
+        for rows in (1, 7, 33):
+            feeds = ex.make_inputs(rng, rows)
+            got = model(**feeds)
+            want = ex.numpy(**{k: v.astype(np.float64) for k, v in feeds.items()})
+            for name in want:
+                np.testing.assert_allclose(got[name], want[name], rtol=2e-6, atol=1e-6)
+
+
+def test_row_streaming_threshold_counts_every_array_of_the_kernel():
+    """The L3 test is on the kernel's whole footprint: with all arrays sharing the row
+    dim, the output's share of the threshold (LSTM gates: c' is 1 of 7 rows' worth)."""
+    (trace,) = _traces("lstm_gates", 7 * 4096, hidden=1024)
+    assert "stream_row(block='add', loop=" in trace and "min_bytes=4096," in trace, trace

@@ -2518,6 +2518,186 @@ def test_stream_output_requirements() -> None:
     assert "no predicate" in str(info.value)
 
 
+# ---------------------------------------------------------------------------------
+# stream_row
+# ---------------------------------------------------------------------------------
+
+
+def k_two_pass(n: int | str = "N", m: int | str = 16, h_row: Callable | None = None) -> Kernel:
+    """C = X * 2 + 1 and H = C * Y, two outputs; H reads C at ``h_row(i)`` (default i)."""
+    dims = [d for d in (n, m) if isinstance(d, str)]
+    sh = [n, m]
+    row = h_row or (lambda v: v)
+    body = [
+        ew("c", "C", sh, lambda v: Bin("+", Bin("*", ld("X", v), f32(2)), f32(1))),
+        ew("h", "H", sh, lambda v: Bin("*", ld("C", [row(v[0]), v[1]]), ld("Y", v))),
+    ]
+    return Kernel(
+        "two_pass", [buf("X", sh), buf("Y", sh)], [buf("C", sh), buf("H", sh)], dims, body
+    )
+
+
+def _two_pass_rows(n: int | str = "N", m: int | str = 16, **kw) -> tuple[Kernel, Schedule]:
+    """``k_two_pass`` with c's loop moved into h's row loop: two passes per row."""
+    k = k_two_pass(n, m, **kw)
+    sch = Schedule(k)
+    sch.compute_at("c", "h_i0")
+    sch.parallel("h_i0")
+    sch.vectorize("c_i1")
+    sch.vectorize("h_i1")
+    return k, sch
+
+
+TWO_PASS_DIMS = [{"N": 1, "M": 16}, {"N": 5, "M": 16}, {"N": 3, "M": 7}, {"N": 4, "M": 48}]
+
+
+@pytest.mark.parametrize("m", [16, "M"])
+def test_stream_row_stages_the_row_and_streams_it_after_its_pass(m) -> None:
+    k, sch = _two_pass_rows("N", m)
+    assert sch.stream_row("c", "h_i0", min_bytes=100) == "C_row"
+    row = sch.kernel.buffer("C_row")
+    assert row.scope == "local" and row.shape == (_dim(m),)
+    assert sch.writers("C") == [] and sch.writers("C_row") == ["c"]
+    assert sch.readers("C") == [] and sch.readers("C_row") == ["h"]
+    (loop,) = [s for s in sch.kernel.body if isinstance(s, For)]
+    assert [type(s).__name__ for s in loop.body] == ["For", "StreamStore", "For"]
+    (st_,) = _streams(sch.kernel)
+    want = "N * 16 * 4 >= 100" if m == 16 else "N * M * 4 >= 100 and 4 * M % 64 == 0"
+    assert format_stmts([st_]).strip() == (
+        f"stream(C[h_i0 * {m} +: {m}] = C_row[0 +: {m}], nontemporal={want})"
+    )
+    assert alloc_loop(sch.kernel, "C_row") == "h_i0"  # one row buffer per parallel row
+    check_same(k, sch.kernel, TWO_PASS_DIMS if m == "M" else [{"N": n} for n in (1, 2, 9)])
+    check_replay(k, sch)
+
+
+@pytest.mark.parametrize("m,parts", [(16, 4), (16, 1), (48, 3), (48, 12)])
+def test_stream_row_spread_over_the_next_pass(m: int, parts: int) -> None:
+    k, sch = _two_pass_rows("N", m)
+    outer, inner = sch.split("h_i1", [parts, None])
+    sch.vectorize(inner)
+    sch.stream_row("c", "h_i0", spread=outer)
+    host = sch.get_loop(outer)
+    assert isinstance(host.body[-1], StreamStore)
+    part = m // parts
+    flag = "true" if part * 4 % 64 == 0 and m * 4 % 64 == 0 else "false"
+    assert format_stmts([host.body[-1]]).strip() == (
+        f"stream(C[h_i0 * {m} + {outer} * {part} +: {part}] = C_row[{outer} * {part} +: "
+        f"{part}], nontemporal={flag})"
+    )
+    check_same(k, sch.kernel, [{"N": n} for n in (1, 4, 7)])
+    check_replay(k, sch)
+
+
+def _aligned(shape: tuple[int, ...], offset: int) -> np.ndarray:
+    """A float32 array starting ``offset`` bytes past a 64-byte boundary."""
+    n = int(np.prod(shape))
+    raw = np.zeros(n + 32, np.float32)
+    start = ((offset - raw.ctypes.data) % 64) // 4
+    return raw[start : start + n].reshape(shape)
+
+
+@pytest.mark.parametrize("offset", [0, 4, 36])
+def test_stream_row_numba_matches_the_interpreter(offset: int) -> None:
+    """Through the numba backend (non-temporal copies from aligned rows, plain ones
+    around a misaligned start): the interpreter's values exactly."""
+    from geode.codegen.backends.numba import compile_kernel
+
+    k, sch = _two_pass_rows("N", 32)
+    outer, inner = sch.split("h_i1", [None, 16])
+    sch.vectorize(inner)
+    sch.stream_row("c", "h_i0", spread=outer)
+    fn = compile_kernel(sch.kernel)
+    assert "_g_stream(C, " in fn.source
+    for n in (1, 3, 64):
+        feeds = _inputs(k, {"N": n}, n)
+        want = run_kernel(k, feeds, {"N": n})
+        c, h = _aligned((n, 32), offset), _aligned((n, 32), offset)
+        fn(feeds["X"], feeds["Y"], c, h, n)
+        np.testing.assert_array_equal(c, want["C"])
+        np.testing.assert_array_equal(h, want["H"])
+
+
+STREAM_ROW_ERRORS = {
+    "no block": (lambda s: s.stream_row("nope", "h_i0"), "no such block"),
+    "not enclosing": (lambda s: s.stream_row("c", "c_i1"), "is vectorized"),
+    "no row loop": (lambda s: s.stream_row("c", "zz"), "does not enclose"),
+    "small": (lambda s: s.stream_row("c", "h_i0", min_bytes=10**9), "< min_bytes"),
+    "spread missing": (lambda s: s.stream_row("c", "h_i0", spread="zz"), "not a loop of h_i0"),
+    "spread vector": (lambda s: s.stream_row("c", "h_i0", spread="h_i1"), "not serial"),
+    "spread before": (lambda s: s.stream_row("c", "h_i0", spread="c_i1"), "not a loop of h_i0"),
+    "spread uneven": (
+        lambda s: (s.split("h_i1", [3, None]), s.stream_row("c", "h_i0", spread="h_i1_0")),
+        "does not divide",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(STREAM_ROW_ERRORS))
+def test_stream_row_errors_leave_the_kernel(what: str) -> None:
+    _, sch = _two_pass_rows(5, 16)
+    run, msg = STREAM_ROW_ERRORS[what]
+    before, n = format_kernel(sch.kernel), len(sch.trace)
+    with pytest.raises(ScheduleError, match="'stream_row'") as info:
+        run(sch)
+    assert msg in str(info.value)
+    if what != "spread uneven":
+        assert format_kernel(sch.kernel) == before and len(sch.trace) == n
+
+
+def test_stream_row_requirements() -> None:
+    # a reader at another row (made by hand: compute_at refuses it)
+    _, sch = _two_pass_rows(5, 16)
+    other = k_two_pass(5, 16, h_row=lambda v: Bin("-", Const(4), v))
+    sch.get_block("h").body = copy.deepcopy(other.body[1].body[0].body[0].body)
+    with raises("stream_row", "c") as info:
+        sch.stream_row("c", "h_i0")
+    assert "h reads C off the row" in str(info.value)
+    # a reader in its own loop nest, outside the row loop
+    sch = Schedule(k_two_pass(5, 16))
+    with raises("stream_row", "c") as info:
+        sch.stream_row("c", "c_i0")
+    assert "h reads C outside loop c_i0" in str(info.value)
+    # the reader's pass before the writer's
+    k = k_two_pass(5, 16)
+    sch = Schedule(k)
+    sch.compute_at("c", "h_i0")
+    loop = sch.get_loop("h_i0")
+    loop.body.reverse()
+    with raises("stream_row", "c") as info:
+        sch.stream_row("c", "h_i0")
+    assert "h reads C before the row is written" in str(info.value)
+    # a block directly in the row loop (no pass of its own)
+    sch = Schedule(k_two_pass(5, 16))
+    with raises("stream_row", "h") as info:
+        sch.stream_row("h", "h_i1")
+    assert "not in a loop of h_i1's body" in str(info.value)
+    # the row loop is the inner one: the store's index has no element part
+    sch = Schedule(k_two_pass(5, 16))
+    sch.reorder(["h_i1", "h_i0"])
+    with raises("stream_row", "h") as info:
+        sch.stream_row("h", "h_i1")
+    assert "does not split into a row" in str(info.value)
+    # a temp, not an output
+    sch = Schedule(k_rowbuf([[E()], [D()]]))
+    with raises("stream_row", "E") as info:
+        sch.stream_row("E", sch.get_loops("E")[0])
+    assert "T is not a kernel output" in str(info.value)
+    # a predicated block (a split that does not divide)
+    _, sch = _two_pass_rows(5, 10)
+    sch.split("c_i1", [None, 4])
+    with raises("stream_row", "c") as info:
+        sch.stream_row("c", "h_i0")
+    assert "without predicate" in str(info.value)
+    # an output already streamed by another statement
+    _, sch = _two_pass_rows(5, 16)
+    sch.stream_row("c", "h_i0")
+    sch.get_block("h").body[0].buffer = "C"
+    with raises("stream_row", "h") as info:
+        sch.stream_row("h", "h_i0")
+    assert "another statement writes C" in str(info.value)
+
+
 def test_substitute_applies_once_when_a_node_folds_to_a_child():
     """``0 * 2 + a`` rebuilt over substituted children folds to the substituted ``a``;
     that child is not substituted a second time (``a -> b``, ``b -> c`` must give ``b``;

@@ -17,7 +17,8 @@ rewrites it in place, one primitive at a time, in the style of CINN's IRSchedule
 * loop annotations: :meth:`~Schedule.parallel`, :meth:`~Schedule.vectorize`,
   :meth:`~Schedule.interleave`, :meth:`~Schedule.unroll`; cache hints:
   :meth:`~Schedule.prefetch_next`, :meth:`~Schedule.stream_output` (non-temporal
-  stores through a staging buffer);
+  stores through a staging buffer), :meth:`~Schedule.stream_row` (an output's row
+  staged for the later passes that read it, then streamed);
 * software pipelining of row passes: :meth:`~Schedule.software_pipeline`.
 
 Loops are named by their loop variable, blocks by their name. Every primitive checks
@@ -2512,24 +2513,12 @@ class Schedule:
             raise ScheduleError(
                 prim, block, f"{out.name} is not written at consecutive elements along {f.var}"
             )
-        itemsize = np.dtype(out.dtype).itemsize
-        size = mul(prod(list(out.shape)), Const(itemsize))
-        if isinstance(size, Const):
-            if int(size.value) < min_bytes:
-                raise ScheduleError(
-                    prim, block, f"{out.name} holds {size.value} bytes < min_bytes {min_bytes}"
-                )
-            nontemporal: Expr = Const(True, "bool")
-        elif min_bytes <= 0:
-            nontemporal = Const(True, "bool")
-        else:
-            nontemporal = Bin(">=", size, Const(int(min_bytes)))
         start = mul(Var(f.var), Const(chunk))  # the chunk loop's variable, renamed below
         offset: Expr = Const(0)
         for i, e in enumerate(idx):
             comp = substitute(e, {f.var: start}) if i == len(idx) - 1 else e
             offset = add(mul(offset, out.shape[i]), comp)
-        nontemporal = _both(nontemporal, _line_aligned(offset, itemsize, set(k.dims)))
+        nontemporal = self._streaming_flag(prim, block, out, offset, min_bytes)
         kind = f.kind
         extent = f.extent
         names = self.split(f.var, [None, chunk])
@@ -2550,6 +2539,233 @@ class Schedule:
         outer.body.append(StreamStore(out.name, offset, stage, Const(0), length, nontemporal))
         self._ctx().simplify_bindings([outer])
         return names
+
+    def _streaming_flag(
+        self, prim: str, block: str, out: Buffer, offset: Expr, min_bytes: int
+    ) -> Expr:
+        """When a stream into ``out`` starting at element ``offset`` may use
+        non-temporal stores: ``out`` holds at least ``min_bytes`` bytes (raises
+        ScheduleError when it is known not to) and ``offset`` starts a cache line."""
+        itemsize = np.dtype(out.dtype).itemsize
+        size = mul(prod(list(out.shape)), Const(itemsize))
+        if isinstance(size, Const):
+            if int(size.value) < min_bytes:
+                raise ScheduleError(
+                    prim, block, f"{out.name} holds {size.value} bytes < min_bytes {min_bytes}"
+                )
+            big: Expr = Const(True, "bool")
+        elif min_bytes <= 0:
+            big = Const(True, "bool")
+        else:
+            big = Bin(">=", size, Const(int(min_bytes)))
+        return _both(big, _line_aligned(offset, itemsize, set(self.kernel.dims)))
+
+    @_primitive
+    def stream_row(
+        self, block: str, loop: str, min_bytes: int = 0, spread: str | None = None
+    ) -> str:
+        """Write the row of kernel output ``O`` that ``block`` produces in each iteration of
+        ``loop`` into a local row buffer ``O_row`` instead, copy that buffer to ``O`` with
+        a ``StreamStore`` right after the pass ``P`` (the loop in ``loop``'s body) holding
+        ``block``, and let the later passes of the row that read ``O`` read ``O_row``.
+        The output is then written once, with non-temporal stores under the conditions
+        of :meth:`stream_output` (``O`` holds at least ``min_bytes`` bytes, each row starts
+        on a cache line), while the row's readers find it in the L1: the output of a
+        split chain (the LSTM cell's ``c'``, which ``h = sigmoid(o) * tanh(c')`` reads)
+        streams without a staging copy per chunk, and the stores no longer fetch the
+        output's lines from memory. With ``spread``, a serial loop of ``loop``'s body
+        after ``P`` of static extent ``n``, the copy is cut in ``n`` equal parts instead,
+        one at the end of each of its iterations, so the stores overlap that pass's
+        arithmetic rather than stalling in one burst. Returns ``O_row``.
+
+        Requirements: ``block`` is a flat block without predicate or reduce iteration
+        variables whose body is one store to ``O``, at its own distinct iteration
+        variables with ``O``'s extents (it writes every element of ``O`` once), and no
+        other block writes ``O`` or streams into it; ``loop`` is a serial or parallel loop
+        around ``block``, and ``block`` sits inside a loop ``P`` of ``loop``'s body whose
+        loops (down to ``block``) have extents over dims only; in loop terms the store's
+        index is a leading part over ``loop``'s variable and dims (the row, at least one
+        component) and a trailing part over the loops inside ``loop`` and dims (at least
+        one component); every block that reads ``O`` sits in a statement of ``loop``'s
+        body after ``P`` and reads it at the same row; ``spread`` (if given) is a serial
+        loop directly in ``loop``'s body after ``P`` whose static extent divides the row's
+        static length. Each iteration of ``loop`` then writes its whole row before any
+        read of it.
+
+        Example, ``stream_row("C", "i")`` with ``Cn: float32[N, 1024]``::
+
+            parallel for (i, 0, N)                 parallel for (i, 0, N)
+              for (j, 0, 1024)                       for (j, 0, 1024)
+                ScheduleBlock(C)                       ScheduleBlock(C)
+                  vi, vj = axis.bind(i, j)               vi, vj = axis.bind(i, j)
+                  Cn[vi, vj] = f(X[vi, vj])   ->          Cn_row[vj] = f(X[vi, vj])
+              for (j2, 0, 1024)                      stream(Cn[i * 1024 +: 1024]
+                ScheduleBlock(H)                            = Cn_row[0 +: 1024], nontemporal=...)
+                  vi, vj = axis.bind(i, j2)          for (j2, 0, 1024)
+                  Y[vi, vj] = g(Cn[vi, vj])            ScheduleBlock(H)
+                                                         vi, vj = axis.bind(i, j2)
+                                                         Y[vi, vj] = g(Cn_row[vj])
+
+        and ``stream_row("C", "i", spread="j2_0")`` once the second pass is cut in 16
+        chunks (``split("j2", [None, 64])``)::
+
+            parallel for (i, 0, N)
+              for (j, 0, 1024)
+                ScheduleBlock(C) ... Cn_row[vj] = f(X[vi, vj])
+              serial for (j2_0, 0, 16)
+                vectorized for (j2_1, 0, 64)
+                  ScheduleBlock(H) ... Y[vi, vj] = g(Cn_row[vj])
+                stream(Cn[i * 1024 + j2_0 * 64 +: 64] = Cn_row[j2_0 * 64 +: 64], nontemporal=...)
+        """
+        prim = "stream_row"
+        k = self.kernel
+        b, _, loops = self._locate_block(prim, block)
+        st, out = self._row_store(prim, b)
+        f, host = self._row_host(prim, b, loops, loop)
+        lead = self._row_lead_of_store(prim, b, st, f, loops)
+        row_idx = [_loop_terms(b, i) for i in st.indices[:lead]]
+        trail = out.shape[lead:]
+        for x in self.readers(out.name):
+            self._check_row_reader(prim, block, x, out.name, row_idx, f, host)
+        length = prod(list(trail))
+        offset = _flatten([*row_idx, *[Const(0)] * len(trail)], out.shape)
+        at, start, part = f.body, Const(0), length
+        if spread is not None:
+            n, spread_loop = self._row_parts(prim, block, f, host, spread, length)
+            at, start, part = spread_loop.body, mul(Var(spread), Const(n)), Const(n)
+        flag = self._streaming_flag(prim, block, out, add(offset, start), min_bytes)
+        row = self._fresh(f"{out.name}_row", kind="buffer")
+        k.temps.append(Buffer(row, out.dtype, (length,), "local"))
+
+        def repl(e: Expr) -> Expr | None:
+            if isinstance(e, Load) and e.buffer == out.name:
+                return Load(row, (_flatten(e.indices[lead:], trail),))
+            return None
+
+        for name in self.readers(out.name):
+            for s in walk_stmts([self.get_block(name)]):
+                _map_stmt_exprs(s, lambda e: transform(e, repl))
+        st.buffer, st.indices = row, (_flatten(st.indices[lead:], trail),)
+        ss = StreamStore(out.name, add(offset, start), row, start, part, flag)
+        if spread is None:
+            f.body.insert(next(i for i, s in enumerate(f.body) if s is host) + 1, ss)
+        else:
+            at.append(ss)
+        return row
+
+    def _row_parts(
+        self, prim: str, block: str, f: For, host: For, spread: str, length: Expr
+    ) -> tuple[int, For]:
+        """:meth:`stream_row`'s spread loop (checked: serial, directly in ``f``'s body
+        after ``host``, a static extent that divides the static row ``length``) and the
+        elements of the row each of its iterations copies."""
+        pos = {id(s): i for i, s in enumerate(f.body)}
+        loop = next((s for s in f.body if isinstance(s, For) and s.var == spread), None)
+        if loop is None or pos[id(loop)] <= pos[id(host)]:
+            raise ScheduleError(
+                prim, block, f"{spread} is not a loop of {f.var} after the row's pass"
+            )
+        if loop.kind is not ForKind.SERIAL:
+            raise ScheduleError(prim, block, f"loop {spread} is {loop.kind.value}, not serial")
+        n, total = loop.extent, length
+        if (
+            not (isinstance(n, Const) and isinstance(total, Const))
+            or int(n.value) < 1
+            or int(total.value) % int(n.value)
+        ):
+            raise ScheduleError(
+                prim, block, f"loop {spread}'s extent does not divide the row statically"
+            )
+        return int(total.value) // int(n.value), loop
+
+    def _row_store(self, prim: str, b: Block) -> tuple[Store, Buffer]:
+        """:meth:`stream_row`'s checks of the block: its one store, to an output it alone
+        writes, at its own iteration variables over the output's whole extent."""
+        k = self.kernel
+        if not _flat_block(b) or b.predicate is not None or _is_reduce(b):
+            raise ScheduleError(prim, b.name, "the block must be flat, spatial, without predicate")
+        if len(b.body) != 1 or not isinstance(b.body[0], Store):
+            raise ScheduleError(prim, b.name, "the block body must be a single store")
+        st = b.body[0]
+        if st.buffer not in {o.name for o in k.outputs}:
+            raise ScheduleError(prim, b.name, f"{st.buffer} is not a kernel output")
+        out = k.buffer(st.buffer)
+        if self.writers(out.name) != [b.name] or any(
+            isinstance(s, StreamStore) and s.buffer == out.name for s in walk_stmts(k.body)
+        ):
+            raise ScheduleError(prim, b.name, f"another statement writes {out.name}")
+        ivs = {iv.name: iv for iv in b.iter_vars}
+        names = [i.name if isinstance(i, Var) else None for i in st.indices]
+        if (
+            len(names) != len(out.shape)
+            or None in names
+            or len(set(names)) != len(names)
+            or any(n not in ivs or not _eq(ivs[n].extent, d) for n, d in zip(names, out.shape))
+        ):
+            raise ScheduleError(
+                prim, b.name, f"{out.name} is not stored at the block's own variables"
+            )
+        return st, out
+
+    def _row_host(self, prim: str, b: Block, loops: tuple[For, ...], loop: str) -> tuple[For, For]:
+        """:meth:`stream_row`'s row loop ``loop`` around ``b`` and the pass in its body
+        holding ``b`` (checked: the row loop is serial or parallel, the pass's loops
+        down to ``b`` have extents over dims only)."""
+        at = next((i for i, x in enumerate(loops) if x.var == loop), None)
+        if at is None:
+            raise ScheduleError(prim, b.name, f"loop {loop} does not enclose the block")
+        f = loops[at]
+        if f.kind not in (ForKind.SERIAL, ForKind.PARALLEL):
+            raise ScheduleError(prim, b.name, f"loop {loop} is {f.kind.value}")
+        if at + 1 == len(loops) or not any(s is loops[at + 1] for s in f.body):
+            raise ScheduleError(prim, b.name, f"the block is not in a loop of {loop}'s body")
+        dims = set(self.kernel.dims)
+        for x in loops[at + 1 :]:
+            if not free_vars(x.extent) <= dims:
+                raise ScheduleError(prim, b.name, f"loop {x.var}'s extent is not over dims only")
+        return f, loops[at + 1]
+
+    def _row_lead_of_store(
+        self, prim: str, b: Block, st: Store, f: For, loops: tuple[For, ...]
+    ) -> int:
+        """How many leading components of ``st``'s index (in loop terms) select the row:
+        up to the last that uses ``f``'s variable or an outer loop's, they use ``f``'s
+        variable and dims only; the rest use the loops inside ``f`` and dims only
+        (checked, both parts non-empty)."""
+        at = next(i for i, x in enumerate(loops) if x is f)
+        outer = {x.var for x in loops[: at + 1]}
+        inner = {x.var for x in loops[at + 1 :]}
+        dims = set(self.kernel.dims)
+        idx = [_loop_terms(b, i) for i in st.indices]
+        lead = 1 + max((i for i, e in enumerate(idx) if free_vars(e) & outer), default=-1)
+        if lead == 0 or lead == len(idx):
+            raise ScheduleError(
+                prim, b.name, f"the store does not split into a row of {f.var} and its elements"
+            )
+        for e in idx[:lead]:
+            if not free_vars(e) <= dims | {f.var}:
+                raise ScheduleError(prim, b.name, f"row index {expr_str(e)} is not over {f.var}")
+        for e in idx[lead:]:
+            if not free_vars(e) <= dims | inner:
+                raise ScheduleError(
+                    prim, b.name, f"element index {expr_str(e)} is not over the loops in {f.var}"
+                )
+        return lead
+
+    def _check_row_reader(
+        self, prim: str, block: str, name: str, out: str, row: list[Expr], f: For, host: For
+    ) -> None:
+        """:meth:`stream_row`'s check of a reader of the row: it sits in a statement of
+        ``f``'s body after ``host`` and reads ``out`` only at row ``row``."""
+        x = self.get_block(name)
+        pos = next((i for i, s in enumerate(f.body) if any(y is x for y in ast_blocks([s]))), None)
+        if pos is None:
+            raise ScheduleError(prim, block, f"{name} reads {out} outside loop {f.var}")
+        if pos <= next(i for i, s in enumerate(f.body) if s is host):
+            raise ScheduleError(prim, block, f"{name} reads {out} before the row is written")
+        for _, idx in self._accesses(x, out):
+            if not all(_eq(a, c) for a, c in zip(idx, row)):
+                raise ScheduleError(prim, block, f"{name} reads {out} off the row")
 
     @_primitive
     def software_pipeline(
