@@ -2645,57 +2645,66 @@ def test_stream_row_errors_leave_the_kernel(what: str) -> None:
         assert format_kernel(sch.kernel) == before and len(sch.trace) == n
 
 
-def test_stream_row_requirements() -> None:
-    # a reader at another row (made by hand: compute_at refuses it)
+def _off_row_reader() -> Schedule:
+    """Two passes whose reader reads C at another row (made by hand: compute_at refuses it)."""
     _, sch = _two_pass_rows(5, 16)
     other = k_two_pass(5, 16, h_row=lambda v: Bin("-", Const(4), v))
     sch.get_block("h").body = copy.deepcopy(other.body[1].body[0].body[0].body)
-    with raises("stream_row", "c") as info:
-        sch.stream_row("c", "h_i0")
-    assert "h reads C off the row" in str(info.value)
-    # a reader in its own loop nest, outside the row loop
-    sch = Schedule(k_two_pass(5, 16))
-    with raises("stream_row", "c") as info:
-        sch.stream_row("c", "c_i0")
-    assert "h reads C outside loop c_i0" in str(info.value)
-    # the reader's pass before the writer's
-    k = k_two_pass(5, 16)
-    sch = Schedule(k)
+    return sch
+
+
+def _one_pass() -> Schedule:
+    """``k_two_pass`` unscheduled: each block in its own loop nest."""
+    return Schedule(k_two_pass(5, 16))
+
+
+def _reader_pass_first() -> Schedule:
+    sch = _one_pass()
     sch.compute_at("c", "h_i0")
-    loop = sch.get_loop("h_i0")
-    loop.body.reverse()
-    with raises("stream_row", "c") as info:
-        sch.stream_row("c", "h_i0")
-    assert "h reads C before the row is written" in str(info.value)
-    # a block directly in the row loop (no pass of its own)
-    sch = Schedule(k_two_pass(5, 16))
-    with raises("stream_row", "h") as info:
-        sch.stream_row("h", "h_i1")
-    assert "not in a loop of h_i1's body" in str(info.value)
-    # the row loop is the inner one: the store's index has no element part
-    sch = Schedule(k_two_pass(5, 16))
+    sch.get_loop("h_i0").body.reverse()
+    return sch
+
+
+def _row_loop_inner() -> Schedule:
+    sch = _one_pass()
     sch.reorder(["h_i1", "h_i0"])
-    with raises("stream_row", "h") as info:
-        sch.stream_row("h", "h_i1")
-    assert "does not split into a row" in str(info.value)
-    # a temp, not an output
-    sch = Schedule(k_rowbuf([[E()], [D()]]))
-    with raises("stream_row", "E") as info:
-        sch.stream_row("E", sch.get_loops("E")[0])
-    assert "T is not a kernel output" in str(info.value)
-    # a predicated block (a split that does not divide)
+    return sch
+
+
+def _predicated() -> Schedule:
     _, sch = _two_pass_rows(5, 10)
     sch.split("c_i1", [None, 4])
-    with raises("stream_row", "c") as info:
-        sch.stream_row("c", "h_i0")
-    assert "without predicate" in str(info.value)
-    # an output already streamed by another statement
+    return sch
+
+
+def _already_streamed() -> Schedule:
     _, sch = _two_pass_rows(5, 16)
     sch.stream_row("c", "h_i0")
     sch.get_block("h").body[0].buffer = "C"
-    with raises("stream_row", "h") as info:
-        sch.stream_row("h", "h_i0")
-    assert "another statement writes C" in str(info.value)
+    return sch
+
+
+STREAM_ROW_REQUIREMENTS = {
+    "reader off the row": (_off_row_reader, "c", "h_i0", "h reads C off the row"),
+    "reader outside the loop": (_one_pass, "c", "c_i0", "h reads C outside loop c_i0"),
+    "reader first": (_reader_pass_first, "c", "h_i0", "h reads C before the row is written"),
+    "no pass of its own": (_one_pass, "h", "h_i1", "not in a loop of h_i1's body"),
+    "no element part": (_row_loop_inner, "h", "h_i1", "does not split into a row"),
+    "a temp": (lambda: Schedule(k_rowbuf([[E()], [D()]])), "E", None, "T is not a kernel output"),
+    "predicated": (_predicated, "c", "h_i0", "without predicate"),
+    "already streamed": (_already_streamed, "h", "h_i0", "another statement writes C"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(STREAM_ROW_REQUIREMENTS))
+def test_stream_row_requirements(what: str) -> None:
+    make, block, loop, msg = STREAM_ROW_REQUIREMENTS[what]
+    sch = make()
+    before = format_kernel(sch.kernel)
+    with raises("stream_row", block) as info:
+        sch.stream_row(block, loop or sch.get_loops(block)[0])
+    assert msg in str(info.value)
+    assert format_kernel(sch.kernel) == before
 
 
 def test_substitute_applies_once_when_a_node_folds_to_a_child():

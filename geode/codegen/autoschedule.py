@@ -711,8 +711,8 @@ def _chunk_next_pass(sch: Schedule, sp: str, block: str) -> str | None:
     of it) and return the chunk loop; else None."""
     body = sch.get_loop(sp).body
     loops = set(sch.get_loops(block))
-    at = next(i for i, s in enumerate(body) if isinstance(s, A.For) and s.var in loops)
-    nxt = next((s for s in body[at + 1 :] if isinstance(s, A.For)), None)
+    at = next((i for i, s in enumerate(body) if isinstance(s, A.For) and s.var in loops), None)
+    nxt = None if at is None else next((s for s in body[at + 1 :] if isinstance(s, A.For)), None)
     if (
         nxt is None
         or nxt.kind is not A.ForKind.VECTORIZED
