@@ -65,9 +65,9 @@ def time_in_rounds(
     (onnxruntime's and OpenMP's workers spin after a run and would otherwise steal the
     cores from the next system). ``together`` is for functions whose ratio is wanted
     tightly paired and that leave no other library's threads spinning (geode and the
-    roofline copies: numba kernels and numpy's memcpy): timed in separate blocks a second apart, the per-round roofline fraction
-    of the LSTM gates spread over 37-122% in one run of 7 rounds on a shared two-core
-    VM, against 54-86% interleaved."""
+    roofline copies: numba kernels and numpy's memcpy). Timed in separate blocks a
+    second apart, the LSTM gates' per-round roofline fraction spread over 37-122% in
+    one run of 7 rounds on a shared two-core VM; interleaved, over 54-86%."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
     units = [[k] for k in fns if k not in together] + ([list(together)] if together else [])
     for _ in range(rounds):
