@@ -66,8 +66,8 @@ def time_in_rounds(
     cores from the next system). ``together`` is for functions whose ratio is wanted
     tightly paired and that leave no other library's threads spinning (geode and the
     roofline copies: numba kernels and numpy's memcpy). Timed in separate blocks a
-    second apart, the LSTM gates' per-round roofline fraction spread over 37-122% in
-    one run of 7 rounds on a shared two-core VM; interleaved, over 54-86%."""
+    second apart, the LSTM gates' per-round roofline fractions spread over 37-122% in
+    three runs of 7 rounds on a shared two-core VM; interleaved, over 54-86%."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
     units = [[k] for k in fns if k not in together] + ([list(together)] if together else [])
     for _ in range(rounds):
