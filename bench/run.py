@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -43,6 +43,13 @@ SETTLE = 0.3
 
 #: seconds per call above which a system is timed once per round
 SLOW = 0.1
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    """Seconds one call of ``fn`` takes."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def time_in_rounds(
@@ -73,18 +80,11 @@ def time_in_rounds(
     for _ in range(rounds):
         for unit in units:
             time.sleep(SETTLE)
-            first = []
-            for k in unit:
-                t0 = time.perf_counter()
-                fns[k]()
-                first.append(time.perf_counter() - t0)
-            n = repeat if max(first) < SLOW else 1
+            n = repeat if max(_timed(fns[k]) for k in unit) < SLOW else 1
             ts: dict[str, list[float]] = {k: [] for k in unit}
             for _ in range(n):
                 for k in unit:
-                    t0 = time.perf_counter()
-                    fns[k]()
-                    ts[k].append(time.perf_counter() - t0)
+                    ts[k].append(_timed(fns[k]))
             for k in unit:
                 samples[k].append(statistics.median(ts[k]))
     return samples
@@ -192,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 fns[s] = build(s, w, args.threads)
             except ImportError as exc:
                 missing[s] = str(exc)
-        # geode's calls interleaved with the copies' (one numba thread pool): the roofline
-        # fraction is paired call by call, not a second apart
+        # the roofline fraction is paired call by call (see time_in_rounds)
         together = [*(f"copy: {k}" for k in copies), "geode"] if "geode" in fns else []
         rounds = time_in_rounds(fns, args.repeat, args.rounds, together)
         times = {k: statistics.median(v) for k, v in rounds.items() if k in systems}
