@@ -758,7 +758,7 @@ def test_chunk_function_runs_exactly_its_share_of_the_rows() -> None:
 
     k = nb.compile_kernel(_row_index_kernel())
     assert k.chunked and k.rows is not None
-    assert k.launch_args == (k.rows.address, chunks.launch_chunks())
+    assert k.launch_args == (k.rows.address, chunks.launch_chunks(), 0)
     for n, m, parts in ((7, 5, 3), (2, 4, 5), (16, 1, 16), (0, 3, 2)):
         X = np.random.default_rng(n).random((n, m), dtype=np.float32)
         Y = np.full((n, m), np.nan, np.float32)
@@ -1271,7 +1271,7 @@ def test_parallel_loops_nested_or_disabled() -> None:
     src = nb.emit_source(k)
     # chunked: the outer loop is split among the chunks, the inner one is serial
     assert "for i in range(i_lo, i_hi):" in src and "for j in range(M):" in src
-    assert "_g_launch(rows, argv, chunks)" in src and '"parallel": False' in src
+    assert "_g_launch(rows, argv, chunks, threads)" in src and '"parallel": False' in src
     serial = nb.emit_source(k, parallel=False)
     assert not runs_parallel(serial) and "_g_launch" not in serial
     assert "for i in range(N):" in serial and '"parallel": False' in serial

@@ -214,9 +214,11 @@ def make_step(
     reshaped as ``views`` says (see :func:`arg_views`).
 
     numba's thread count is a setting of the calling thread that outlives the call, so
-    a parallel kernel sets its own every time (about 1 us): one left at 1 by another
-    model (``num_threads=1``) or by the user's code would otherwise run an all-cores
-    model on one core.
+    a parallel kernel sets its own every time: one left at 1 by another model
+    (``num_threads=1``) or by the user's code would otherwise run an all-cores model on
+    one core. A chunked kernel sets it in compiled code (its ``threads`` argument); any
+    other parallel kernel through ``numba.set_num_threads`` (about 1 us, but 35-57 us
+    right after a kernel that streamed the caches out).
     """
     import numba
 
@@ -224,6 +226,7 @@ def make_step(
 
     threads = clamp_threads(num_threads)  # once, not per call (0: all cores)
     parallel = bool(getattr(native, "parallel", True))
+    chunked = bool(getattr(native, "chunked", False))
     dim_fns = [compile_dim_fn(d) for d in lowered.dim_exprs.values()]
     out_shapes = [compile_shape_fn(v.shape) for v in lowered.outputs]
     out_dtypes = [v.dtype for v in lowered.outputs]
@@ -241,14 +244,17 @@ def make_step(
                 o = np.empty(out_shapes[i](env), out_dtypes[i])
             arrays.append(o)
         dims = [f(env) for f in dim_fns]
-        if parallel:
-            numba.set_num_threads(threads)  # numba's setting is per calling thread
         args = [*inputs[:n_in], *arrays]
         for i, starts in reshaped:
             if i >= n_in and not args[i].flags.c_contiguous:  # a reshape would copy it
                 raise ExecutionError(f"kernel output {i - n_in} is not C-contiguous")
             args[i] = _view(args[i], starts)
-        native(*args, *dims)
+        if chunked:
+            native(*args, *dims, threads=threads)
+        else:
+            if parallel:
+                numba.set_num_threads(threads)  # numba's setting is per calling thread
+            native(*args, *dims)
         return arrays
 
     return step

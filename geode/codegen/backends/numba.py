@@ -34,10 +34,10 @@ numba's parfor machinery, which compiles a ``parallel=True`` function twice over
 cost 0.5-0.75 s of a 0.9-1.4 s cold compile. The module then holds three functions
 (see :mod:`geode.codegen.backends.chunks`):
 
-- the entry ``fused_0(*arrays, *dims, rows, chunks)``, serial ``njit``: the shape
-  checks, the arrays' addresses and the dims in an int64 ``argv``, and the shared
-  launcher ``_g_launch(rows, argv, chunks)``, whose prange runs the chunks on numba's
-  threads;
+- the entry ``fused_0(*arrays, *dims, rows, chunks, threads)``, serial ``njit``: the
+  shape checks, the arrays' addresses and the dims in an int64 ``argv``, and the shared
+  launcher ``_g_launch(rows, argv, chunks, threads)``, which sets the thread count
+  (``threads > 0``) and shares the chunks among numba's threads by work stealing;
 - the chunk function ``fused_0_rows(argv, chunk, chunks)``, a numba ``cfunc``: it
   rebuilds each array (``numba.carray`` of ``_g_ptr(argv[i], dtype)``) and calls
 - the body ``fused_0_body(*arrays, *dims, chunk, chunks)``, serial ``njit`` with
@@ -48,8 +48,9 @@ cost 0.5-0.75 s of a 0.9-1.4 s cold compile. The module then holds three functio
   returns at once when that is empty, allocates the iteration-private temps once, and
   runs the loop (the same body a prange would run).
 
-``NumbaKernel.__call__`` passes ``rows`` (the cfunc's address) and ``chunks``
-(:func:`~geode.codegen.backends.chunks.launch_chunks`). Cold compiles of the
+``NumbaKernel.__call__`` passes ``rows`` (the cfunc's address), ``chunks``
+(:func:`~geode.codegen.backends.chunks.launch_chunks`) and ``threads`` (its keyword
+argument; 0 keeps the calling thread's numba setting). Cold compiles of the
 benchmark kernels took 0.4-0.75 s instead of 0.9-1.4 s, with equal run time and call
 overhead. Any other parallel kernel (two parallel loops one after another, a parallel
 loop inside a serial one, stores outside the parallel loop) keeps ``numba.prange``.
@@ -1048,6 +1049,8 @@ class _Emitter:
         self.fence_at_end = False
         #: a chunked kernel's (chunk, chunks) parameter names (see "Chunked kernels")
         self.chunk_vars: tuple[str, str] | None = None
+        #: a chunked entry's launch parameters: (rows, chunks, threads)
+        self.launch_vars: tuple[str, str, str] = ("rows", "chunks", "threads")
 
     # -- min/max reductions ----------------------------------------------------------
     def find_guarded(self) -> set[str]:
@@ -2049,15 +2052,19 @@ class _Emitter:
         if chunked:
             rows_name = self.names.fresh(f"{self.func_name}_rows")
             body_name = self.names.fresh(f"{self.func_name}_body")
-            argv, chunk, chunks, rows = (
-                self.names.fresh(n) for n in ("argv", "chunk", "chunks", "rows")
+            argv, chunk, chunks, rows, threads = (
+                self.names.fresh(n) for n in ("argv", "chunk", "chunks", "rows", "threads")
             )
             self.chunk_vars = (chunk, chunks)
-            entry = self.chunk_entry(checks, args, argv, rows, chunks)
+            self.launch_vars = (rows, chunks, threads)
+            entry = self.chunk_entry(checks, args, argv, rows, chunks, threads)
             unpack = self.unpack_argv(args, env, argv)
             unpack.append(f"    {body_name}({', '.join([*args, chunk, chunks])})")
             sig.append(f"    _t.int64,  # {rows}: the address of {rows_name} (geode passes it)")
             sig.append(f"    _t.int64,  # {chunks}: the launch's chunk count (geode passes it)")
+            sig.append(
+                f"    _t.int64,  # {threads}: the thread count, 0 for numba's (geode passes it)"
+            )
         else:
             self.lines += checks
         self.allocations(None, env, 1)
@@ -2106,7 +2113,12 @@ class _Emitter:
         )
         if chunked:
             c, cs = self.chunk_vars  # type: ignore[misc]
-            lines = [*head, "", "", f"def {self.func_name}({', '.join([*args, rows, cs])}):"]
+            lines = [
+                *head,
+                "",
+                "",
+                f"def {self.func_name}({', '.join([*args, *self.launch_vars])}):",
+            ]
             lines += [*entry, "", "", f"def {rows_name}({argv}, {c}, {cs}):", *unpack]
             lines += ["", "", f"def {body_name}({', '.join([*args, c, cs])}):", *body]
         else:
@@ -2146,17 +2158,17 @@ class _Emitter:
         return out
 
     def chunk_entry(
-        self, checks: list[str], args: list[str], argv: str, rows: str, chunks: str
+        self, checks: list[str], args: list[str], argv: str, rows: str, chunks: str, threads: str
     ) -> list[str]:
         """A chunked kernel's entry: the shape checks, ``argv`` (the arrays' addresses,
         then the dims) and the shared launcher, which runs the chunk function at address
-        ``rows`` in ``chunks`` chunks."""
+        ``rows`` in ``chunks`` chunks on ``threads`` threads (0: numba's setting)."""
         n_arrays = len(self.k.inputs) + len(self.k.outputs)
         out = [*checks, f"    {argv} = np.empty({len(args)}, dtype=np.int64)"]
         for i, a in enumerate(args):
             val = f"{self.helper('_g_addr')}({a})" if i < n_arrays else a
             out.append(f"    {argv}[{i}] = {val}")
-        out.append(f"    {self.helper('_g_launch')}({rows}, {argv}, {chunks})")
+        out.append(f"    {self.helper('_g_launch')}({rows}, {argv}, {chunks}, {threads})")
         return out
 
     def unpack_argv(self, args: list[str], env: dict[str, Expr], argv: str) -> list[str]:
@@ -2300,8 +2312,10 @@ class NumbaKernel:
     adapts float16 arrays (uint16 views) and 0-d arrays (1-element views), then
     calls it. A chunked kernel (``chunked``; see "Chunked kernels") also has
     ``rows``, its chunk function (a numba ``cfunc``); ``fn`` then takes
-    ``launch_args`` (its address and the chunk count) after the dims, which
-    ``__call__`` passes. ``source`` is the generated module,
+    ``launch_args`` (its address, the chunk count and the thread count, 0: numba's
+    setting) after the dims, which ``__call__`` passes with its ``threads`` keyword as
+    the thread count (the threads the launch runs on, set for the calling thread as
+    ``numba.set_num_threads`` would, in compiled code). ``source`` is the generated module,
     ``llvm``/``asm`` numba's optimised IR and machine code (computed on first access;
     a chunked kernel's chunk function first, then its entry), ``compile_seconds`` the
     wall time of :func:`compile_kernel`, ``from_cache`` whether the machine code came
@@ -2337,16 +2351,18 @@ class NumbaKernel:
         self._dims = tuple(emitted.dims)
         self.rows = getattr(fn, "__geode_rows__", None)
         #: what ``fn`` takes after the dims: a chunked kernel's (chunk function's
-        #: address, chunk count), else nothing
-        self.launch_args = (self.rows.address, launch_chunks()) if self.rows is not None else ()
+        #: address, chunk count, thread count 0: numba's setting), else nothing
+        self.launch_args = (self.rows.address, launch_chunks(), 0) if self.rows is not None else ()
 
     @property
     def chunked(self) -> bool:
         """Is this a chunked kernel (see "Chunked kernels")?"""
         return self.rows is not None
 
-    def __call__(self, *args: Any) -> None:
-        """Run the kernel on ``(*inputs, *outputs, *dims)``; outputs are written in place."""
+    def __call__(self, *args: Any, threads: int = 0) -> None:
+        """Run the kernel on ``(*inputs, *outputs, *dims)``; outputs are written in place.
+        ``threads`` (a chunked kernel's launch; 1 to ``NUMBA_NUM_THREADS``, 0 for numba's
+        current setting) is ignored by other kernels, which run on numba's setting."""
         if self._adapt:
             if len(args) != len(self._arrays) + len(self._dims):
                 self._coerce(args)  # raises, naming what was expected
@@ -2360,10 +2376,11 @@ class NumbaKernel:
                 if isinstance(a, np.ndarray) and a.dtype == np.float16:
                     lst[i] = a.view(np.uint16)
             args = tuple(lst)
+        launch = (*self.launch_args[:2], threads) if self.launch_args else ()
         try:
-            self.fn(*args, *self.launch_args)
+            self.fn(*args, *launch)
         except TypeError:
-            self.fn(*self._coerce(args), *self.launch_args)
+            self.fn(*self._coerce(args), *launch)
 
     def _coerce(self, args: tuple[Any, ...]) -> list[Any]:
         """Slow path after a signature mismatch: make inputs C-contiguous, or explain."""
