@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import geode
@@ -161,6 +161,71 @@ def test_output_pool_places_arrays_away_from_their_neighbours():
     assert pool.hits == 1 and page_offset(c) == 0
     np.testing.assert_array_equal(b, 2.0)
     assert pool.empty((16,), np.float32, near=[x]).shape == (16,)  # small: plain numpy
+
+
+def test_output_pool_lends_a_block_again_only_when_nothing_refers_to_it():
+    pool = OutputPool()
+    n = 1 << 18
+    a = pool.empty((n,), np.float32)
+    addr = a.ctypes.data
+    keepers = [
+        lambda x: x[5:9],  # a view
+        lambda x: x.reshape(64, -1).T[3],  # a view of a view
+        memoryview,  # a buffer export
+        lambda x: np.frombuffer(x, np.uint8),  # an array over a buffer export
+    ]
+    for keep in keepers:
+        held = keep(a)
+        del a
+        b = pool.empty((n,), np.float32)
+        assert b.ctypes.data != addr, keep  # still visible through `held`: not lent again
+        del held, b
+        a = pool.empty((n,), np.float32)  # now free: lent again
+        assert a.ctypes.data == addr
+    copy = a.copy()  # a copy refers to nothing of the block
+    del a
+    assert pool.empty((n,), np.float32).ctypes.data == addr
+    assert copy.shape == (n,)
+
+
+def test_output_pool_keeps_at_most_max_bytes_of_blocks():
+    n = 1 << 18
+    block = n * 4 + PAGE
+    pool = OutputPool(max_bytes=2 * block)
+    arrays = [pool.empty((n,), np.float32) for _ in range(3)]  # the third is not kept
+    assert pool.misses == 3 and pool.kept_bytes == 0
+    del arrays
+    assert pool.kept_bytes == 2 * block
+    pool.clear()
+    assert pool.kept_bytes == 0
+    assert pool.empty((n,), np.float32).shape == (n,) and pool.misses == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["lend", "view", "export", "drop"]), st.integers(0, 7)),
+        max_size=40,
+    )
+)
+def test_output_pool_never_lends_memory_that_is_still_visible(steps):
+    pool = OutputPool()
+    live: list = []
+    for op, k in steps:
+        if op == "lend":
+            shape = [(1 << 18,), (512, 512), (1 << 17, 2)][k % 3]
+            new = pool.empty(shape, np.float32)
+            for obj in live:
+                assert not np.may_share_memory(new, np.asarray(obj)), (op, k)
+            new[...] = len(live)
+            live.append(new)
+        elif live and op == "view":
+            base = np.asarray(live[k % len(live)])
+            live.append(base.reshape(-1)[k : k + 100])
+        elif live and op == "export":
+            live.append(memoryview(np.asarray(live[k % len(live)])))
+        elif live and op == "drop":
+            live.pop(k % len(live))
 
 
 def test_model_outputs_sit_away_from_the_inputs_page_offsets():
