@@ -227,6 +227,8 @@ def make_step(
     threads = clamp_threads(num_threads)  # once, not per call (0: all cores)
     parallel = bool(getattr(native, "parallel", True))
     chunked = bool(getattr(native, "chunked", False))
+    sets_threads = parallel and not chunked  # a chunked kernel sets them itself
+    launch = {"threads": threads} if chunked else {}
     dim_fns = [compile_dim_fn(d) for d in lowered.dim_exprs.values()]
     out_shapes = [compile_shape_fn(v.shape) for v in lowered.outputs]
     out_dtypes = [v.dtype for v in lowered.outputs]
@@ -249,12 +251,9 @@ def make_step(
             if i >= n_in and not args[i].flags.c_contiguous:  # a reshape would copy it
                 raise ExecutionError(f"kernel output {i - n_in} is not C-contiguous")
             args[i] = _view(args[i], starts)
-        if chunked:
-            native(*args, *dims, threads=threads)
-        else:
-            if parallel:
-                numba.set_num_threads(threads)  # numba's setting is per calling thread
-            native(*args, *dims)
+        if sets_threads:
+            numba.set_num_threads(threads)  # numba's setting is per calling thread
+        native(*args, *dims, **launch)
         return arrays
 
     return step

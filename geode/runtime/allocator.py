@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -74,14 +74,9 @@ class OutputPool:
     total bytes; a block is lent again once nothing else refers to it (see the module
     docstring). Not thread-safe: each executor (one per thread) has its own."""
 
-    #: references to a free block while :meth:`_free_block` looks at it: the pool's
-    #: list entry, the loop variable and ``sys.getrefcount``'s argument
-    _FREE_REFS = 3
-
     def __init__(self, max_bytes: int = 1 << 30):
         self.max_bytes = max_bytes
         self._blocks: dict[int, list[np.ndarray]] = {}
-        self._held = 0  # bytes of all blocks the pool keeps, lent or free
         self.hits = 0
         self.misses = 0
 
@@ -97,39 +92,42 @@ class OutputPool:
         if nbytes < MIN_POOLED_BYTES:
             return np.empty(shape, dtype)
         size = nbytes + PAGE  # the slack lets the array start at any page offset
-        block = self._free_block(size)
+        block = self._lend(size)
         taken = [page_offset(a) for a in near if type(a) is np.ndarray]
         start = (spread_offset(taken) - page_offset(block)) % PAGE
         return np.ndarray(shape, dtype, buffer=block, offset=start)
 
-    def _free_block(self, size: int) -> np.ndarray:
+    def _lend(self, size: int) -> np.ndarray:
         """A block of ``size`` bytes that nothing but the pool refers to: a kept one, or
-        a new one (kept too while the pool's bytes stay within ``max_bytes``)."""
+        a new one (kept too while the pool's blocks stay within ``max_bytes``)."""
         blocks = self._blocks.setdefault(size, [])
-        for block in blocks:
-            if sys.getrefcount(block) == self._FREE_REFS:
-                self.hits += 1
-                return block
+        block = next(_free(blocks), None)
+        if block is not None:
+            self.hits += 1
+            return block
         self.misses += 1
         block = np.empty(size, np.uint8)
-        if self._held + size <= self.max_bytes:
+        held = sum(n * len(bs) for n, bs in self._blocks.items())
+        if held + size <= self.max_bytes:
             blocks.append(block)
-            self._held += size
         return block
 
     @property
     def kept_bytes(self) -> int:
         """Bytes held in free blocks."""
-        return sum(b.nbytes for b in self._free_blocks())
-
-    def _free_blocks(self) -> list[np.ndarray]:
-        return [
-            b for bs in self._blocks.values() for b in bs if sys.getrefcount(b) == self._FREE_REFS
-        ]
+        return sum(b.nbytes for bs in self._blocks.values() for b in _free(bs))
 
     def clear(self) -> None:
         """Drop every free block (lent ones stay with their arrays)."""
-        for size, blocks in list(self._blocks.items()):
-            keep = [b for b in blocks if sys.getrefcount(b) != self._FREE_REFS]
-            self._held -= size * (len(blocks) - len(keep))
-            self._blocks[size] = keep
+        for blocks in self._blocks.values():
+            free = {id(b) for b in _free(blocks)}
+            blocks[:] = [b for b in blocks if id(b) not in free]
+
+
+def _free(blocks: list[np.ndarray]) -> Iterator[np.ndarray]:
+    """The blocks of ``blocks`` nothing refers to but the list: while one is tested, its
+    references are the list's, the loop variable's and ``sys.getrefcount``'s argument
+    (the caller holds only the block yielded before)."""
+    for block in blocks:
+        if sys.getrefcount(block) == 3:
+            yield block

@@ -16,7 +16,7 @@ as serial pieces:
   of the chunk function, and the chunk count (:func:`launch_chunks`).
 
 :func:`_g_launch` is compiled once per process and shared: its ``prange`` over the
-chunks runs each through the chunk function's address (:func:`_g_call_chunk`), so no
+chunks runs each through the chunk function's address (:func:`_g_work`), so no
 kernel pays for parfor compilation. The backend compiles it for :data:`LAUNCH_SIGNATURE`
 before the first chunked kernel, through an entry of geode's disk cache (``runtime/``,
 :func:`geode.codegen.cache.compile_helper`), so a later
@@ -65,7 +65,6 @@ __all__ = [
     "CHUNK_SIGNATURE",
     "LAUNCH_SIGNATURE",
     "_g_addr",
-    "_g_call_chunk",
     "_g_launch",
     "_g_ptr",
     "launch_chunks",
@@ -103,32 +102,6 @@ def _g_addr(typingctx: Any, arr: Any) -> Any:
     return nbt.int64(arr), codegen
 
 
-@intrinsic
-def _g_call_chunk(typingctx: Any, fn: Any, argv: Any, chunk: Any, chunks: Any) -> Any:
-    """Call the chunk function at address ``fn`` (:data:`CHUNK_SIGNATURE`) with the data
-    of the int64 array ``argv``."""
-    if not (
-        isinstance(fn, nbt.Integer)
-        and isinstance(argv, nbt.Array)
-        and argv.dtype == nbt.int64
-        and isinstance(chunk, nbt.Integer)
-        and isinstance(chunks, nbt.Integer)
-    ):
-        return None
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        i64 = llir.IntType(64)
-        fnty = llir.FunctionType(llir.VoidType(), [i64.as_pointer(), i64, i64])
-        target = builder.inttoptr(args[0], fnty.as_pointer())
-        a = context.make_array(signature.args[1])(context, builder, value=args[1])
-        c = context.cast(builder, args[2], signature.args[2], nbt.int64)
-        n = context.cast(builder, args[3], signature.args[3], nbt.int64)
-        builder.call(target, [a.data, c, n])
-        return context.get_dummy_value()
-
-    return nbt.void(fn, argv, chunk, chunks), codegen
-
-
 #: chunks per thread numba may run (:func:`launch_chunks`): the unit of work stealing
 #: (:func:`_g_launch`), so a thread left idle at the end waits for at most one chunk of
 #: the other's. Measured on the LSTM gates at [4096, 1024], two threads, paired against
@@ -163,8 +136,16 @@ def _ints(*types: Any) -> bool:
     return all(isinstance(t, nbt.Integer) for t in types)
 
 
+def _is_int64_array(arr: Any) -> bool:
+    return isinstance(arr, nbt.Array) and arr.dtype == nbt.int64 and arr.ndim == 1
+
+
 def _as_i64(context: Any, builder: Any, signature: Any, args: Any) -> list[Any]:
-    return [context.cast(builder, a, t, nbt.int64) for a, t in zip(args, signature.args)]
+    """The intrinsic's integer arguments as int64 values (other arguments as they are)."""
+    return [
+        context.cast(builder, a, t, nbt.int64) if isinstance(t, nbt.Integer) else a
+        for a, t in zip(args, signature.args)
+    ]
 
 
 def _threading_fn(builder: Any, name: str, ret: Any, params: list[Any]) -> Any:
@@ -202,7 +183,7 @@ def _g_workers(typingctx: Any, chunks: Any, threads: Any) -> Any:
 @intrinsic
 def _g_claims(typingctx: Any, chunks: Any, workers: Any) -> Any:
     """The claim words of a launch, on the calling function's stack (valid until it
-    returns, which a parallel loop inside it outlives not): worker ``v``'s packed
+    returns, so through a parallel loop inside it, which ends before it does): worker ``v``'s packed
     ``(front, back)`` at word ``v * _SLOT``, a cache line each, initialised to its equal
     share ``[chunks * v // workers, chunks * (v + 1) // workers)``. Returns their address
     as an int64, which the parallel loop takes as a plain value."""
@@ -253,10 +234,7 @@ def _g_work(
         return None
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        fn_v, _, chunks_v, claims_v, w_v, workers_v = (
-            context.cast(builder, a, t, nbt.int64) if isinstance(t, nbt.Integer) else a
-            for a, t in zip(args, signature.args)
-        )
+        fn_v, _, chunks_v, claims_v, w_v, workers_v = _as_i64(context, builder, signature, args)
         fnty = llir.FunctionType(llir.VoidType(), [_I64.as_pointer(), _I64, _I64])
         target = builder.inttoptr(fn_v, fnty.as_pointer())
         data = context.make_array(signature.args[1])(context, builder, value=args[1]).data
@@ -305,10 +283,6 @@ def _g_work(
         return context.get_dummy_value()
 
     return nbt.void(fn, argv, chunks, claims, w, workers), codegen
-
-
-def _is_int64_array(arr: Any) -> bool:
-    return isinstance(arr, nbt.Array) and arr.dtype == nbt.int64 and arr.ndim == 1
 
 
 @numba.njit(parallel=True, nogil=True, cache=False)

@@ -1049,8 +1049,6 @@ class _Emitter:
         self.fence_at_end = False
         #: a chunked kernel's (chunk, chunks) parameter names (see "Chunked kernels")
         self.chunk_vars: tuple[str, str] | None = None
-        #: a chunked entry's launch parameters: (rows, chunks, threads)
-        self.launch_vars: tuple[str, str, str] = ("rows", "chunks", "threads")
 
     # -- min/max reductions ----------------------------------------------------------
     def find_guarded(self) -> set[str]:
@@ -2056,7 +2054,6 @@ class _Emitter:
                 self.names.fresh(n) for n in ("argv", "chunk", "chunks", "rows", "threads")
             )
             self.chunk_vars = (chunk, chunks)
-            self.launch_vars = (rows, chunks, threads)
             entry = self.chunk_entry(checks, args, argv, rows, chunks, threads)
             unpack = self.unpack_argv(args, env, argv)
             unpack.append(f"    {body_name}({', '.join([*args, chunk, chunks])})")
@@ -2113,12 +2110,8 @@ class _Emitter:
         )
         if chunked:
             c, cs = self.chunk_vars  # type: ignore[misc]
-            lines = [
-                *head,
-                "",
-                "",
-                f"def {self.func_name}({', '.join([*args, *self.launch_vars])}):",
-            ]
+            params = ", ".join([*args, rows, cs, threads])
+            lines = [*head, "", "", f"def {self.func_name}({params}):"]
             lines += [*entry, "", "", f"def {rows_name}({argv}, {c}, {cs}):", *unpack]
             lines += ["", "", f"def {body_name}({', '.join([*args, c, cs])}):", *body]
         else:
