@@ -169,7 +169,8 @@ def test_softmax_streams_its_scaled_row_and_prefetches_over_its_exp_chunks():
     assert "reuse_output" in plain and "stream_output" not in plain
     for trace in (streamed, plain):
         assert f"split(loop='softmax_exp_rb', factors=[None, {PREFETCH_CHUNK}])" in trace
-        assert "spread='softmax_exp_rb_0', level=2)" in trace
+        # 4 rows ahead: 64 KiB of rows of 16 KiB (PREFETCH_AHEAD_BYTES)
+        assert "spread='softmax_exp_rb_0', level=2, distance=4)" in trace
         assert "software_pipeline" not in trace
 
 
@@ -208,27 +209,30 @@ def test_streamed_row_kernels_prefetch_instead_of_pipelining(name):
     assert "software_pipeline(" not in streamed
     # spread over the streamed pass's chunks, into the L2
     assert re.search(
-        r"prefetch_next\(loop='\w+', buffer='x', at_start=False, spread='\w+_rb_0', level=2\)",
+        r"prefetch_next\(loop='\w+', buffer='x', at_start=False, spread='\w+_rb_0', level=2, "
+        r"distance=4\)",
         streamed,
     )
     assert "software_pipeline(" in plain and "stream_output(" not in plain
 
 
 @pytest.mark.parametrize(
-    "shapes,prefetched",
+    "shapes,prefetched,distance",
     [
-        ([["N", 4096]], ["x0"]),
-        ([["N", 1040]], ["x0"]),  # rows the chunks do not divide
-        ([["N", 1024], [1024]], ["x0"]),  # a broadcast row has no next row
-        ([["N", 1024], ["N", 1024]], ["x0", "x1"]),
-        ([["N", 4, 1024]], ["x0"]),  # the rows of the fused outer loops
-        ([["N", 512]], []),  # shorter than PREFETCH_MIN_ROW: the hardware keeps up
-        ([["N"]], []),  # no rows (cut in parallel chunks, not streamed)
+        ([["N", 4096]], ["x0"], 4),  # 64 KiB ahead in rows of 16 KiB
+        ([["N", 1040]], ["x0"], 8),  # rows the chunks do not divide; at most 8 rows ahead
+        ([["N", 1024], [1024]], ["x0"], 8),  # a broadcast row has no next row
+        ([["N", 1024], ["N", 1024]], ["x0", "x1"], 8),
+        ([["N", 8192], ["N", 8192]], ["x0", "x1"], 1),  # 64 KiB in one row
+        ([["N", 4, 1024]], ["x0"], 4),  # the rows of the fused outer loops
+        ([["N", 512]], [], None),  # shorter than PREFETCH_MIN_ROW: the hardware keeps up
+        ([["N"]], [], None),  # no rows (cut in parallel chunks, not streamed)
     ],
 )
-def test_streamed_elementwise_rows_prefetch_over_their_chunks(shapes, prefetched):
-    """A streamed elementwise row spreads the next row's fetch over its chunks into the
-    L2; unstreamed, nothing is prefetched (measured neutral or worse)."""
+def test_streamed_elementwise_rows_prefetch_over_their_chunks(shapes, prefetched, distance):
+    """A streamed elementwise row spreads the fetch of a row ahead (about 64 KiB of rows
+    ahead) over its chunks into the L2; unstreamed, nothing is prefetched (measured
+    neutral or worse)."""
     g = _graph(lambda *xs: sum(xs[1:], xs[0] * 2.0) + 1.0, shapes)
     gg, plan = prepare(g)
     (group,) = plan.groups
@@ -236,10 +240,12 @@ def test_streamed_elementwise_rows_prefetch_over_their_chunks(shapes, prefetched
     streamed = str(schedule_group(lk, group, stream_min_bytes=0).trace)
     assert ("stream_output(" in streamed) == (len(shapes[0]) >= 2)
     got = re.findall(
-        r"prefetch_next\(loop='\w+', buffer='(\w+)', at_start=False, spread='\w+_0', level=2\)",
+        r"prefetch_next\(loop='\w+', buffer='(\w+)', at_start=False, spread='\w+_0', level=2, "
+        r"distance=(\d+)\)",
         streamed,
     )
-    assert got == prefetched and streamed.count("prefetch_next(") == len(prefetched)
+    assert got == [(b, str(distance)) for b in prefetched]
+    assert streamed.count("prefetch_next(") == len(prefetched)
     assert "prefetch_next(" not in str(schedule_group(lk, group, stream_min_bytes=None).trace)
 
 
@@ -591,7 +597,8 @@ def test_long_math_chains_split_at_the_stored_producer(hidden, build, lead, spli
         assert first.kind is A.ForKind.SERIAL and first.extent == A.Const(1024 // chunk)
         assert f"factors=[None, {chunk}]" in trace
         assert re.search(
-            rf"prefetch_next\(loop='{row.var}', buffer='x', .*spread='{first.var}', level=2\)",
+            rf"prefetch_next\(loop='{row.var}', buffer='x', .*spread='{first.var}', level=2, "
+            r"distance=\d+\)",
             trace,
         )
     else:  # rows under PREFETCH_MIN_ROW, or one pass: the hardware prefetcher streams them
@@ -621,6 +628,8 @@ def test_lstm_gates_split_into_two_passes_per_row_and_compile_exactly():
     first = next(s for s in row.body if isinstance(s, A.For))
     assert sorted(a["buffer"] for a in pf) == ["c", "gates"]
     assert all(a["spread"] == first.var and a["level"] == 2 for a in pf)
+    # rows of 16 KiB of gates and 4 KiB of c: 4 rows make up PREFETCH_AHEAD_BYTES
+    assert all(a["distance"] == 4 for a in pf)
     for hidden, rows in ((256, 37), (1024, 9)):
         ex = examples.lstm_gates(hidden=hidden)
         model = geode.compile(ex.graph)

@@ -385,7 +385,8 @@ def test_softmax_prefetches_the_next_row_over_its_exp_chunks(streaming):
     ex = examples.softmax(hidden=1024)
     model = geode.compile(ex.graph, streaming=streaming)
     (k,) = aicore(model)
-    assert "software_pipeline" not in k.trace and "level=2)" in k.trace
+    # rows of 4 KiB: 8 rows ahead (PREFETCH_MAX_ROWS caps the 16 of PREFETCH_AHEAD_BYTES)
+    assert "software_pipeline" not in k.trace and "level=2, distance=8)" in k.trace
     assert k.source.count("_g_prefetch_l2(x, ") == 1 and "_g_prefetch(" not in k.source
     assert ("reuse_output(" in k.trace) == (streaming == "off")
     # streamed, e / sum goes from the exp row buffer to y in one scaled copy (no stage)

@@ -1506,12 +1506,14 @@ def _prefetched_lines(k: Kernel, loop: str, dims: dict[str, int], n: int) -> dic
     return out
 
 
+@pytest.mark.parametrize("distance", [1, 2, 3])
 @pytest.mark.parametrize(
     "shape,dtype,line",
     [(["N", 6], F32, 16), (["N", "M"], F32, 16), (["N", 3, "M"], "float64", 8)],
 )
-def test_prefetch_next_touches_every_line_of_the_next_row(shape, dtype, line) -> None:
-    n = 4
+def test_prefetch_next_touches_every_line_of_the_next_row(shape, dtype, line, distance) -> None:
+    """Each row i prefetches every line of row i + distance, and nothing past the last."""
+    n = 5
     dims = {"N": n, "M": 37}
     sizes = [dims.get(d, d) if isinstance(d, str) else d for d in shape]
     row = int(np.prod(sizes[1:]))
@@ -1539,7 +1541,7 @@ def test_prefetch_next_touches_every_line_of_the_next_row(shape, dtype, line) ->
         [For("i", Var("N"), [p1, p2], ForKind.PARALLEL)],
     )
     sch = Schedule(k)
-    var = sch.prefetch_next("i", "X")
+    var = sch.prefetch_next("i", "X", distance=distance)
     assert var == "i_pf"
     body = sch.get_loop("i").body
     assert [type(s).__name__ for s in body] == ["For", "If", "For"]  # after the first pass
@@ -1547,9 +1549,10 @@ def test_prefetch_next_touches_every_line_of_the_next_row(shape, dtype, line) ->
     assert pf.buffer == "X"
     assert sch.get_loop(var).kind == ForKind.SERIAL
     lines = _prefetched_lines(sch.kernel, "i", dims, n)
-    for i in range(n - 1):
-        assert lines[i] == list(range((i + 1) * row, (i + 2) * row, line)), i
-    assert lines[n - 1] == []  # no next row
+    for i in range(n):
+        ahead = i + distance
+        want = list(range(ahead * row, (ahead + 1) * row, line)) if ahead < n else []
+        assert lines[i] == want, i  # [] where no row is that far ahead
     assert "prefetch(X, " in str(sch)
     check_same(k, sch.kernel, [{"N": 1, "M": 3}, {"N": 3, "M": 37}])
     check_replay(k, sch)
@@ -1615,6 +1618,11 @@ def test_prefetch_next_errors_leave_the_kernel(what: str) -> None:
     make, loop, buffer, msg = PREFETCH_ERRORS[what]
     sch = Schedule(make())
     before = format_kernel(sch.kernel)
+    if "no loop with variable" in msg:
+        with pytest.raises(ScheduleError, match="'reads_rows'"):
+            sch.reads_rows(loop, buffer)
+    elif "holds no pass" not in msg:  # a buffer prefetch_next refuses is not read by rows
+        assert not sch.reads_rows(loop, buffer)
     with pytest.raises(ScheduleError, match="'prefetch_next'") as info:
         sch.prefetch_next(loop, buffer)
     assert msg in str(info.value)
@@ -1627,7 +1635,11 @@ def test_prefetch_next_two_inputs_and_numba() -> None:
     k = _two_pass()
     sch = Schedule(k)
     sch.parallel("i")
+    assert sch.reads_rows("i", "X") and sch.reads_rows("i", "Y")
+    assert not sch.reads_rows("i", "O")  # an output
+    steps = len(sch.trace)
     assert sch.prefetch_next("i", "X") == "i_pf"
+    assert len(sch.trace) == steps + 1  # the query is not traced
     assert sch.prefetch_next("i", "Y") == "i_pf_1"
     assert [p.buffer for p in _prefetches(sch.kernel)] == ["Y", "X"]  # each right after k0
     check_same(k, sch.kernel, DIMS_N)
@@ -1732,6 +1744,10 @@ def _spread_case(what: str) -> tuple[Schedule, dict]:
         kw["spread"] = "k0"
     elif what == "extent":
         sch.get_loop(outer).extent = Bin("+", Var("i"), Const(1))
+    elif what == "distance":
+        kw["distance"] = 0
+    elif what == "bool distance":
+        kw["distance"] = True
     return sch, kw
 
 
@@ -1741,6 +1757,8 @@ SPREAD_ERRORS = {
     "nested": "k1_1 is not a loop directly in i's body",
     "vectorized": "loop k0 is vectorized, not serial",
     "extent": "loop k1_0's extent is not over dims only",
+    "distance": "distance 0 is not an int >= 1",
+    "bool distance": "distance True is not an int >= 1",
 }
 
 

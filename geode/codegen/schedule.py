@@ -2322,10 +2322,11 @@ class Schedule:
         at_start: bool = False,
         spread: str | None = None,
         level: int = 1,
+        distance: int = 1,
     ) -> str:
         """Prefetch, during each iteration of ``loop``, the slab of input ``buffer`` that the
-        next iteration reads, one cache line at a time, to cache ``level`` (see
-        :class:`~geode.codegen.ast.Prefetch`). Where:
+        iteration ``distance`` ahead reads (1: the next one), one cache line at a time, to
+        cache ``level`` (see :class:`~geode.codegen.ast.Prefetch`). Where:
 
         * by default, in one burst right after the first loop in ``loop``'s body (the
           first pass over a row has brought the current slab in; the hint overlaps
@@ -2344,8 +2345,8 @@ class Schedule:
         indexes it as ``buffer[f(v), ..., g...]``: a non-empty leading part that depends
         only on ``loop``'s variable ``v`` (and dims), the same in every read, then trailing
         components that do not depend on ``v``; ``loop``'s body holds a loop; ``level``
-        is 1 or 2; ``spread`` (not with ``at_start``) is a serial loop directly in
-        ``loop``'s body whose extent depends on dims only.
+        is 1 or 2; ``distance`` is an int >= 1; ``spread`` (not with ``at_start``) is a
+        serial loop directly in ``loop``'s body whose extent depends on dims only.
 
         Example, ``prefetch_next("i", "X")`` with ``X: float32[N, 4096]``::
 
@@ -2377,6 +2378,8 @@ class Schedule:
         k = self.kernel
         if level not in (1, 2):
             raise ScheduleError(prim, blk, f"cache level {level!r} is not 1 or 2")
+        if isinstance(distance, bool) or not isinstance(distance, int) or distance < 1:
+            raise ScheduleError(prim, blk, f"distance {distance!r} is not an int >= 1")
         if buffer not in {b.name for b in k.inputs}:
             raise ScheduleError(prim, blk, f"{buffer} is not a kernel input")
         buf = k.buffer(buffer)
@@ -2384,7 +2387,8 @@ class Schedule:
         pos = next((i for i, x in enumerate(f.body) if isinstance(x, For)), None)
         if pos is None:
             raise ScheduleError(prim, blk, f"loop {loop} holds no pass to prefetch behind")
-        nxt = {f.var: add(Var(f.var), Const(1))}
+        ahead = add(Var(f.var), Const(distance))
+        nxt = {f.var: ahead}
         base: Expr = Const(0)
         for i in range(len(buf.shape)):
             comp = substitute(idx0[i], nxt) if i < lead else Const(0)
@@ -2399,12 +2403,25 @@ class Schedule:
             lines = floordiv(add(lines, sub(host.extent, Const(1))), host.extent)
             first = mul(Var(host.var), lines)
         pf = Prefetch(buffer, add(base, mul(add(first, Var(var)), Const(line))), level)
-        guard = If(Bin("<", add(Var(f.var), Const(1)), f.extent), [For(var, lines, [pf])])
+        guard = If(Bin("<", ahead, f.extent), [For(var, lines, [pf])])
         if spread is not None:
             host.body.append(guard)
         else:
             f.body.insert(0 if at_start else pos + 1, guard)
         return var
+
+    def reads_rows(self, loop: str, buffer: str) -> bool:
+        """Does each iteration of ``loop`` read its own slab of input ``buffer``, so that
+        :meth:`prefetch_next` may fetch it ahead? (A query: nothing is changed or traced;
+        raises :class:`ScheduleError` when there is no loop ``loop``.)"""
+        f, _, _ = self._locate_loop("reads_rows", loop)
+        if buffer not in {b.name for b in self.kernel.inputs}:
+            return False
+        try:
+            self._row_lead("reads_rows", self._first_block(f), f, self.kernel.buffer(buffer))
+        except ScheduleError:
+            return False
+        return True
 
     def _row_lead(self, prim: str, blk: str, f: For, buf: Buffer) -> tuple[int, tuple[Expr, ...]]:
         """How many leading indices of ``buf``'s reads inside ``f`` depend on ``f``'s
