@@ -37,9 +37,10 @@
   pass reads the row, the next row of each input is prefetched instead: spread over the
   streamed chunks into the L2, or in one burst after the first pass
   (``prefetch_next``). Every such prefetch fetches the row about 64 KiB of rows ahead,
-  not the next one (``distance``; :func:`_prefetch_distance`). A streamed last pass after a costly chunked pass (softmax's scale
-  after its exp) then runs inside the next row's costly pass (``defer_last_pass``), so
-  its streaming stores overlap that pass's arithmetic. Loop-invariant row indices are
+  not the next one (``distance``; :func:`_prefetch_distance`). A streamed last pass
+  after a costly chunked pass (softmax's scale after its exp) then runs inside the next
+  row's costly pass (``defer_last_pass``), so its streaming stores overlap that pass's
+  arithmetic. Loop-invariant row indices are
   computed once per row by the backend.
 * **column_reduce**: a reduction whose input is contiguous along spatial axes after
   its reduce axes runs ``outer spatial | reduce | inner spatial``, the inner spatial
@@ -770,8 +771,9 @@ def _prefetch_rows(sch: Schedule, sp: str, bursts: bool = True) -> None:
     """With two or more passes over each row, or one pass cut in chunks (a streamed
     elementwise row), prefetch a row ahead of every input read row by row (the row
     :func:`_prefetch_distance` rows on), so fetching it overlaps the later passes or
-    chunks instead of stalling a later row's first pass. Where a pass is cut in chunks (an output streamed in chunks, or a
-    costly pass: :func:`_chunk_costly_pass`), the prefetch is spread over the costliest
+    chunks instead of stalling a later row's first pass. Where a pass is cut in chunks
+    (an output streamed in chunks, or a costly pass: :func:`_chunk_costly_pass`), the
+    prefetch is spread over the costliest
     such pass into the L2 (each chunk fetches its share of the next row while its
     streaming stores drain or its arithmetic runs: the read stream overlaps the rest as
     in a copy); otherwise it is one burst into every cache level once the first pass is
@@ -792,11 +794,7 @@ def _prefetch_rows(sch: Schedule, sp: str, bursts: bool = True) -> None:
     if (len(passes) < 2 or not bursts) and not chunked:
         return
     spread = max(chunked, key=_pass_cost).var if chunked else None
-    bufs = [
-        b
-        for b in sch.kernel.inputs
-        if sch.reads_rows(sp, b.name) and (_static_row(b) or PREFETCH_MIN_ROW) >= PREFETCH_MIN_ROW
-    ]
+    bufs = [b for b in sch.kernel.inputs if _long_rows(b) and sch.reads_rows(sp, b.name)]
     distance = _prefetch_distance(bufs)
     for buf in bufs:
         try:
@@ -815,12 +813,21 @@ def _static_row(buf: A.Buffer) -> int | None:
     return math.prod(int(d.value) for d in row)  # type: ignore[attr-defined]
 
 
+def _long_rows(buf: A.Buffer) -> bool:
+    """Are ``buf``'s rows symbolic or at least :data:`PREFETCH_MIN_ROW` elements long?"""
+    row = _static_row(buf)
+    return row is None or row >= PREFETCH_MIN_ROW
+
+
 def _prefetch_distance(bufs: Sequence[A.Buffer]) -> int:
     """Rows ahead that a row loop prefetches ``bufs`` (see :data:`PREFETCH_AHEAD_BYTES`):
     enough rows of all of them to make up that many bytes, from 1 to
     :data:`PREFETCH_MAX_ROWS`; rows of symbolic length count as
     :data:`PREFETCH_MIN_ROW` elements."""
-    row_bytes = sum((_static_row(b) or PREFETCH_MIN_ROW) * np.dtype(b.dtype).itemsize for b in bufs)
+    row_bytes = sum(
+        (PREFETCH_MIN_ROW if (n := _static_row(b)) is None else n) * np.dtype(b.dtype).itemsize
+        for b in bufs
+    )
     if row_bytes <= 0:
         return 1
     return max(1, min(PREFETCH_MAX_ROWS, -(-PREFETCH_AHEAD_BYTES // row_bytes)))
