@@ -674,3 +674,36 @@ def test_row_streaming_threshold_counts_every_array_of_the_kernel():
     dim, the output's share of the threshold (LSTM gates: c' is 1 of 7 rows' worth)."""
     (trace,) = _traces("lstm_gates", 7 * 4096, hidden=1024)
     assert "stream_row(block='add', loop=" in trace and "min_bytes=4096," in trace, trace
+
+
+@pytest.mark.parametrize(
+    "shapes,dtype,rows",
+    [
+        ([["N", 4096]], "float32", 4),  # 16 KiB rows: 64 KiB is 4 of them
+        ([["N", 4096], ["N", 1024]], "float32", 4),  # the LSTM gates: 20 KiB, rounded up
+        ([["N", "M"]], "float32", 8),  # symbolic: PREFETCH_MIN_ROW elements, capped at 8
+        ([["N", 8192]], "float64", 1),  # one row is already 64 KiB
+        ([["N", 3, 1024]], "float16", 11),  # 6 KiB rows of the fused outer loops
+        ([], "float32", 1),  # nothing prefetched
+    ],
+)
+def test_prefetch_distance_makes_up_the_bytes_ahead(shapes, dtype, rows):
+    from geode.codegen.autoschedule import PREFETCH_MAX_ROWS, _prefetch_distance
+
+    bufs = [
+        A.Buffer(f"x{i}", dtype, tuple(A.Var(d) if isinstance(d, str) else A.Const(d) for d in s))
+        for i, s in enumerate(shapes)
+    ]
+    assert _prefetch_distance(bufs) == min(rows, PREFETCH_MAX_ROWS)
+
+
+def test_only_long_or_symbolic_rows_are_prefetched():
+    from geode.codegen.autoschedule import _long_rows
+
+    def b(*shape):
+        return A.Buffer(
+            "x", "float32", tuple(A.Var(d) if isinstance(d, str) else A.Const(d) for d in shape)
+        )
+
+    assert _long_rows(b("N", 1024)) and _long_rows(b("N", "M")) and _long_rows(b("N", 2, 512))
+    assert not _long_rows(b("N", 512)) and not _long_rows(b("N", 0)) and not _long_rows(b("N"))
