@@ -9,7 +9,8 @@ roofline (the time a copy of the workload's compulsory bytes takes, over geode's
 both as medians of per-round ratios (``paired``). Every copy kernel is timed in every
 round of every workload, each call interleaved with geode's calls, and the round's fastest
 is its roofline copy (a copy chosen once up front would inflate the fraction whenever
-noise picked the slower one).
+noise picked the slower one); the last column is the median bandwidth of those copies
+(read plus write), which the fraction was taken against.
 Also reported: geode's compile time per kernel, cold (nothing cached, and with the runtime
 helpers cached) and warm (disk cache).
 """
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"{'workload':<16}"
         + "".join(f"{s:>14}" for s in systems)
-        + f"{'speedup':>9}{'roofline':>9}"
+        + f"{'speedup':>9}{'roofline':>9}{'copy GB/s':>11}"
     )
     print(header)
     print("-" * len(header))
@@ -212,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             fastest = [min(rounds[f"copy: {k}"][r] for k in copies) for r in range(args.rounds)]
             ideal = [t * w.bytes_moved / (2 * nbytes) for t in fastest]
             roof = paired(ideal, rounds["geode"])
-            row += f"{roof * 100:>8.0f}%"
+            # the bandwidth the fraction was taken against (memory speed drifts on a shared
+            # host: the header's copy figures were measured before the first workload)
+            bandwidth = statistics.median(2 * nbytes / t for t in fastest)
+            row += f"{roof * 100:>8.0f}%{bandwidth / 1e9:>11.1f}"
         print(row, flush=True)
     if speedups:
         print(

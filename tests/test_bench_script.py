@@ -29,7 +29,8 @@ def test_a_workload_subset_runs_only_those_rows() -> None:
     out = p.stdout
     rows = [ln for ln in out.splitlines() if re.match(r"^[a-z_]+\s+[\d.]+ms", ln)]
     assert [r.split()[0] for r in rows] == ["rmsnorm"], out
-    assert re.search(r"rmsnorm\s+\S+ms\s+\S+ms\s+\d+\.\d\dx\s+\d+%", rows[0]), rows[0]
+    assert re.search(r"rmsnorm\s+\S+ms\s+\S+ms\s+\d+\.\d\dx\s+\d+%\s+\d+\.\d$", rows[0]), rows[0]
+    assert "copy GB/s" in out  # the bandwidth each row's roofline was taken against
     assert "geometric mean speedup" in out
 
 
@@ -38,7 +39,7 @@ def test_geode_alone_still_reports_the_roofline() -> None:
     p = _run(["--systems", "geode", "--workloads", "softmax", "--no-compile-times"])
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    assert re.search(r"softmax\s+\S+ms\s+-\s+\d+%", out), out
+    assert re.search(r"softmax\s+\S+ms\s+-\s+\d+%\s+\d+\.\d\n", out), out
     assert "geometric mean" not in out
 
 
