@@ -40,8 +40,7 @@
   not the next one (``distance``; :func:`_prefetch_distance`). A streamed last pass
   after a costly chunked pass (softmax's scale after its exp) then runs inside the next
   row's costly pass (``defer_last_pass``), so its streaming stores overlap that pass's
-  arithmetic. Loop-invariant row indices are
-  computed once per row by the backend.
+  arithmetic. Loop-invariant row indices are computed once per row by the backend.
 * **column_reduce**: a reduction whose input is contiguous along spatial axes after
   its reduce axes runs ``outer spatial | reduce | inner spatial``, the inner spatial
   loops fused and vectorized (softmax over axis 1 of [32, 1000, 64]: 7859 -> 430 us;
@@ -773,13 +772,11 @@ def _prefetch_rows(sch: Schedule, sp: str, bursts: bool = True) -> None:
     :func:`_prefetch_distance` rows on), so fetching it overlaps the later passes or
     chunks instead of stalling a later row's first pass. Where a pass is cut in chunks
     (an output streamed in chunks, or a costly pass: :func:`_chunk_costly_pass`), the
-    prefetch is spread over the costliest
-    such pass into the L2 (each chunk fetches its share of the next row while its
-    streaming stores drain or its arithmetic runs: the read stream overlaps the rest as
-    in a copy); otherwise it is one burst into every cache level once the first pass is
-    done. Measured on
-    RMSNorm at [4096, 4096] float32 on two Zen 4 cores, against the burst after the
-    first pass: spread into the L2 0.74-0.86 of its time (74-88% of the copy roofline,
+    prefetch is spread over the costliest such pass into the L2 (each chunk fetches its
+    share of the row ahead while its streaming stores drain or its arithmetic runs: the
+    read stream overlaps the rest as in a copy); otherwise it is one burst into every
+    cache level once the first pass is done. Measured (next-row prefetch) on RMSNorm at
+    [4096, 4096] float32 on two Zen 4 cores, against the burst after the first pass: spread into the L2 0.74-0.86 of its time (74-88% of the copy roofline,
     from 60-64%); spread into the L1 (``prefetcht0``) 0.97-1.09, one burst into the L2
     0.93, no prefetch 1.01-1.07. Streamed elementwise rows (``exp(x)``, ``x * 2 + 1``)
     spread over their chunks: 0.87-0.99 of their time without it (paired runs).
