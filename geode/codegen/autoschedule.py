@@ -67,7 +67,6 @@ to the unscheduled kernel); the reason is kept in ``Schedule.notes``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -802,18 +801,10 @@ def _prefetch_rows(sch: Schedule, sp: str, bursts: bool = True) -> None:
             log.debug("no prefetch of %s: %s", buf.name, exc)
 
 
-def _static_row(buf: A.Buffer) -> int | None:
-    """Elements in one row of ``buf`` (all dims after the first), None if symbolic."""
-    row = buf.shape[1:]
-    if not all(isinstance(d, A.Const) for d in row):
-        return None
-    return math.prod(int(d.value) for d in row)  # type: ignore[attr-defined]
-
-
 def _long_rows(buf: A.Buffer) -> bool:
     """Are ``buf``'s rows symbolic or at least :data:`PREFETCH_MIN_ROW` elements long?"""
-    row = _static_row(buf)
-    return row is None or row >= PREFETCH_MIN_ROW
+    row = _row_bytes(buf)
+    return row is None or row >= PREFETCH_MIN_ROW * _itemsize(buf)
 
 
 def _prefetch_distance(bufs: Sequence[A.Buffer]) -> int:
@@ -822,8 +813,7 @@ def _prefetch_distance(bufs: Sequence[A.Buffer]) -> int:
     :data:`PREFETCH_MAX_ROWS`; rows of symbolic length count as
     :data:`PREFETCH_MIN_ROW` elements."""
     row_bytes = sum(
-        (PREFETCH_MIN_ROW if (n := _static_row(b)) is None else n) * np.dtype(b.dtype).itemsize
-        for b in bufs
+        PREFETCH_MIN_ROW * _itemsize(b) if (n := _row_bytes(b)) is None else n for b in bufs
     )
     if row_bytes <= 0:
         return 1
