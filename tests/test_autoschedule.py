@@ -290,7 +290,8 @@ def _lowered_group(graph):
 @pytest.mark.parametrize(
     ("name", "ex", "streams_at", "interleaved"),
     [
-        # one transcendental per element: streamed from the L2 size, interleaved
+        # one transcendental per element: streamed from the L2 size straight from the
+        # registers (no stage: its store and load per element would show), interleaved
         ("tanh GELU", examples.gelu(4096, "tanh", with_bias=True), 1 << 20, True),
         ("erf GELU", examples.gelu(4096), 1 << 20, True),
         # cheap: streamed from the last-level cache size as before, now interleaved
@@ -304,14 +305,23 @@ def _lowered_group(graph):
 )
 def test_streamed_elementwise_nests_are_interleaved(name, ex, streams_at, interleaved):
     """With the target's interleave factor, an elementwise nest streams a cheap output
-    from the last-level cache size and a one-transcendental output from the L2 size, and
-    its streamed vector loops are interleaved; other blocks and patterns are unchanged,
-    and without a factor nothing is interleaved and the costly blocks do not stream."""
+    from the last-level cache size through staged chunks and a one-transcendental output
+    from the L2 size from the registers, in chunks as long, and its streamed vector loops
+    are interleaved; other blocks and patterns are unchanged, and without a factor
+    nothing is interleaved and the costly blocks do not stream."""
     graph = ex.graph if ex is not None else _graph(lambda a: a * 2.0 + 1.0, [["N", 4096]])
     lk, group = _lowered_group(graph)
     kw = {"stream_min_bytes": 32 << 20, "heavy_stream_min_bytes": 1 << 20}
     trace = str(schedule_group(lk, group, interleave=4, **kw).trace)
-    streams = re.findall(r"stream_output\(block='\w+', chunk=\d+, min_bytes=(\d+)\)", trace)
+    staged = re.findall(r"stream_output\(block='\w+', chunk=\d+, min_bytes=(\d+)\)", trace)
+    # (the LSTM's h is stored from the registers too, by the split-row rule, at its
+    # share of the last-level cache size)
+    direct = re.findall(r"store_nontemporal\(block='\w+', min_bytes=(1048576)\)", trace)
+    assert not (staged and direct), name
+    assert bool(direct) == (streams_at == 1 << 20), name
+    if direct:  # cut in chunks first, like the staged stream's
+        assert re.search(r"split\(loop='\w+', factors=\[None, 128\]\)", trace), trace
+    streams = staged + direct
     assert streams == ([] if streams_at is None else [str(streams_at)] * len(streams)), name
     assert bool(streams) == (streams_at is not None), name
     loops = re.findall(r"interleave\(loop='(\w+)', factor=4\)", trace)
@@ -323,8 +333,8 @@ def test_streamed_elementwise_nests_are_interleaved(name, ex, streams_at, interl
         assert f"vectorized for ({lp}, 0, 128) interleave(4)" in A.format_kernel(sch.kernel)
     plain = str(schedule_group(lk, group, interleave=1, **kw).trace)
     assert "interleave(" not in plain
-    if streams_at == 1 << 20:
-        assert "stream_output(" not in plain  # too costly to stream without interleaving
+    if streams_at == 1 << 20:  # too costly to stream without interleaving
+        assert "stream_output(" not in plain and "store_nontemporal(" not in plain
 
 
 # ---------------------------------------------------------------------------------
@@ -647,20 +657,28 @@ def test_lstm_gates_split_into_two_passes_per_row_and_compile_exactly():
 def test_lstm_gates_stream_c_by_rows_over_the_h_pass(hidden, spread):
     """c' (read back by the h pass) goes through a row buffer streamed to the output: over
     the h pass cut in chunks of ROW_STREAM_CHUNK where its row is a larger multiple of
-    it, else after c's pass; h keeps plain stores. Streamed (non-temporal) and plain
-    copies give the numpy reference's values, rows of odd counts included."""
+    it, else after c's pass; h, which no pass reads, is stored non-temporally straight
+    from the registers of its vector loop (``store_nontemporal``). Streamed and plain
+    stores give the numpy reference's values, rows of odd counts included."""
     from geode.codegen.autoschedule import ROW_STREAM_CHUNK
 
     (trace,) = _traces("lstm_gates", 0, hidden=hidden)
     assert "stream_row(block='add'" in trace and "stream_output(" not in trace, trace
     assert (f"factors=[None, {ROW_STREAM_CHUNK}]" in trace) == spread, trace
     assert ("spread=None" in trace) != spread, trace
-    assert not any("stream_row(" in t for t in _traces("lstm_gates", None, hidden=hidden))
+    inner = "mul_12_i1_1" if spread else "mul_12_i1"
+    assert f"store_nontemporal(block='mul_12', min_bytes=0) -> '{inner}'" in trace, trace
+    assert not any(
+        "stream_row(" in t or "store_nontemporal(" in t
+        for t in _traces("lstm_gates", None, hidden=hidden)
+    )
     ex = examples.lstm_gates(hidden=hidden)
     rng = np.random.default_rng(4)
     for streaming in ("0", "auto"):
         model = geode.compile(ex.graph, streaming=streaming)
-        assert "c_out_row" in model.kernels[0].source  # N is symbolic: tested at run time
+        source = model.kernels[0].source
+        assert "c_out_row" in source  # N is symbolic: tested at run time
+        assert "_g_ntstore(h_out, " in source and "_g_vector_start(h_out, 0)" in source
         for rows in (1, 7, 33):
             feeds = ex.make_inputs(rng, rows)
             got = model(**feeds)
@@ -674,6 +692,7 @@ def test_row_streaming_threshold_counts_every_array_of_the_kernel():
     dim, the output's share of the threshold (LSTM gates: c' is 1 of 7 rows' worth)."""
     (trace,) = _traces("lstm_gates", 7 * 4096, hidden=1024)
     assert "stream_row(block='add', loop=" in trace and "min_bytes=4096," in trace, trace
+    assert "store_nontemporal(block='mul_12', min_bytes=4096)" in trace, trace
 
 
 @pytest.mark.parametrize(

@@ -2131,25 +2131,29 @@ def test_g_stream_plain_copy_fetches_the_next_chunk_for_writing() -> None:
     assert re.search(r"prefetchw\s", asm), "no write prefetch in the plain copy"
 
 
-def _streamed_eltwise(
-    n: str | int, m: str | int, chunk: int, min_bytes: int = 0, interleave: int = 1
-):
-    from geode.codegen.schedule import Schedule
-
+def _exp_plus_one(n: str | int, m: str | int, name: str) -> A.Kernel:
+    """``Y = exp(X) + 1`` over ``[n, m]`` float32 (block ``e`` in loops ``i``, ``j``)."""
     dims = [d for d in (n, m) if isinstance(d, str)]
     ext = [A.Const(d) if isinstance(d, int) else A.Var(d) for d in (n, m)]
     ivs = [IterVar("vi", ext[0]), IterVar("vj", ext[1])]
     v = (A.Var("vi"), A.Var("vj"))
     val = A.Bin("+", A.Un("exp", A.Load("X", v)), A.Const(1.0, "float32"))
     blk = A.Block("e", ivs, [A.Var("i"), A.Var("j")], [A.Store("Y", v, val)])
-    k = A.Kernel(
-        "streamed",
+    return A.Kernel(
+        name,
         [A.Buffer("X", "float32", tuple(ext))],
         [A.Buffer("Y", "float32", tuple(ext))],
         dims,
         [A.For("i", ext[0], [A.For("j", ext[1], [blk])])],
     )
-    sch = Schedule(k)
+
+
+def _streamed_eltwise(
+    n: str | int, m: str | int, chunk: int, min_bytes: int = 0, interleave: int = 1
+):
+    from geode.codegen.schedule import Schedule
+
+    sch = Schedule(_exp_plus_one(n, m, "streamed"))
     sch.parallel("i")
     sch.vectorize("j")
     _, inner = sch.stream_output("e", chunk, min_bytes)
@@ -2242,6 +2246,137 @@ def test_streamed_static_kernel_streams_unconditionally() -> None:
     y = np.empty_like(x)
     native(x, y)
     assert_close(y, np.exp(x.astype(np.float64)).astype(np.float32) + 1, "float32")
+
+
+def _nt_eltwise(
+    n: str | int,
+    m: str | int,
+    min_bytes: int = 0,
+    split: int | None = None,
+    parallel: bool = True,
+    after=None,
+):
+    """``Y = exp(X) + 1`` with ``Y``'s store marked non-temporal (``store_nontemporal``) in
+    its vectorized row loop (or, with ``split``, in the inner loop of the row cut in runs
+    of ``split``); ``after`` may change the schedule afterwards."""
+    from geode.codegen.schedule import Schedule
+
+    sch = Schedule(_exp_plus_one(n, m, "nt"))
+    if parallel:
+        sch.parallel("i")
+    loop = "j"
+    if split is not None:
+        _, loop = sch.split("j", [None, split])
+    sch.vectorize(loop)
+    sch.store_nontemporal("e", min_bytes)
+    if after is not None:
+        after(sch)
+    return sch.kernel
+
+
+def _run_nt(native, n: int, m: int, dims: tuple[int, ...] | None = None) -> None:
+    """Run ``native`` (a ``_nt_eltwise`` kernel; ``dims``: its dim arguments, default
+    ``(n, m)``) on outputs starting 0, 1 and 3 elements past a 64-byte boundary: numpy's
+    values, and nothing written outside the output."""
+    x = np.random.default_rng(n * 7 + m).standard_normal((n, m)).astype(np.float32)
+    want = np.exp(x.astype(np.float64)).astype(np.float32) + np.float32(1)
+    for shift in (0, 1, 3):
+        raw = np.full(n * m + 32, np.nan, np.float32)
+        start = (-raw.ctypes.data % 64) // 4 + shift
+        y = raw[start : start + n * m].reshape(n, m)
+        native(x, y, *((n, m) if dims is None else dims))
+        assert_close(y, want, "float32")
+        assert np.isnan(raw[:start]).all() and np.isnan(raw[start + n * m :]).all()
+
+
+@pytest.mark.parametrize("min_bytes", [0, 1 << 40])
+def test_nontemporal_store_kernel_matches_numpy(min_bytes: int) -> None:
+    """Through the streaming body (aligned outputs of whole-line rows, big enough) and the
+    plain one (misaligned outputs, rows off the lines, too small): the same values."""
+    native = nb.compile_kernel(_nt_eltwise("N", "M", min_bytes))
+    for n, m in [(0, 16), (1, 1), (3, 47), (5, 48), (2, 1000), (7, 4096), (3, 4112)]:
+        _run_nt(native, n, m)
+    src = native.source
+    head, _, nt_body = src.partition("def nt_body_nt(")
+    plain_body = head.partition("def nt_body(")[2]
+    dispatch = [ln.strip() for ln in head.splitlines() if "_g_vector_start(" in ln]
+    size = "" if min_bytes == 0 else f"N * M * 4 >= {min_bytes} and "
+    assert dispatch == [f"if {size}4 * M % 64 == 0 and _g_vector_start(Y, 0):"]
+    assert "_g_ntstore(Y, " in nt_body and "_g_sfence()" in nt_body
+    assert "_g_ntstore" not in plain_body and "_g_sfence" not in plain_body
+    assert "Y[" in plain_body and "Y[" not in nt_body
+
+
+def test_nontemporal_store_kernel_stores_whole_aligned_vectors() -> None:
+    from geode.codegen.backends.target import is_x86, stream_vector_bytes
+
+    if not is_x86():
+        pytest.skip("non-temporal vector stores are checked on x86 only")
+    native = nb.compile_kernel(_nt_eltwise("N", 4096))
+    reg = {64: "zmm", 32: "ymm", 16: "xmm"}[stream_vector_bytes()]
+    assert re.search(rf"vmovntps\s+%{reg}\d+, ", native.asm), "no non-temporal vector store"
+    assert "sfence" in native.asm
+    split = nb.compile_kernel(_nt_eltwise("N", 256, split=64))
+    assert re.search(rf"vmovntps\s+%{reg}\d+, ", split.asm), "no non-temporal vector store"
+    _run_nt(split, 9, 256, (9,))
+
+
+@pytest.mark.parametrize(
+    "what",
+    ["serial kernel", "runs off the lines", "predicated", "flag false"],
+)
+def test_nontemporal_stores_print_plain_where_they_cannot_stream(what: str) -> None:
+    """A kernel without a chunked parallel loop, a store whose runs no longer start a line
+    (the loop split again after marking it), a predicated block, a flag that never
+    holds: ordinary stores only, and the right values."""
+    from geode.codegen.ast import Const
+
+    def unflag(sch) -> None:
+        (st,) = [x for x in A.walk_stmts(sch.kernel.body) if isinstance(x, A.Store)]
+        st.nontemporal = Const(False, "bool")
+
+    def resplit(inner: int):
+        def apply(sch) -> None:  # the store's loop cut again, its inner part vectorized
+            sch.vectorize(sch.split(sch.get_loops("e")[-1], [None, inner])[-1])
+
+        return apply
+
+    kernel, m = {
+        "serial kernel": (lambda: _nt_eltwise("N", 128, parallel=False), 128),
+        "runs off the lines": (lambda: _nt_eltwise("N", 128, split=64, after=resplit(8)), 128),
+        "predicated": (lambda: _nt_eltwise("N", 64, after=resplit(48)), 64),
+        "flag false": (lambda: _nt_eltwise("N", 128, after=unflag), 128),
+    }[what]
+    native = nb.compile_kernel(kernel())
+    assert "_g_ntstore" not in native.source and "_body_nt" not in native.source
+    for n in (1, 3, 8):
+        _run_nt(native, n, m, (n,))
+
+
+def test_nontemporal_store_to_an_integer_output_is_a_codegen_error() -> None:
+    k = _nt_eltwise("N", 64)
+    k.outputs[0].dtype = "int32"
+    with pytest.raises(CodegenError, match="non-temporal store to 'Y', which is not a float32"):
+        nb.emit_source(k)
+
+
+@numba.njit
+def _vector_start(a, off):
+    return nb._g_vector_start(a, off)
+
+
+def test_g_vector_start_tests_the_address_against_the_vector_size() -> None:
+    from geode.codegen.backends.target import stream_vector_bytes
+
+    lanes = stream_vector_bytes() // 4
+    raw = np.zeros(4 * lanes + 32, np.float32)
+    base = (-raw.ctypes.data % 64) // 4
+    a = raw[base:]
+    for off in range(2 * lanes + 1):
+        assert _vector_start(a, off) == (off % lanes == 0)
+        assert not _vector_start(raw[base + 1 :], off * lanes)
+    with pytest.raises(numba.TypingError):
+        _vector_start(np.zeros(4, np.int32), 0)
 
 
 def test_stream_statement_checks_its_buffers() -> None:

@@ -2394,9 +2394,9 @@ _I, _J, _S = Var("i"), Var("j"), Var("S")
     ],
 )
 def test_chunk_offsets_start_cache_lines_when_every_term_is_whole_lines(offset, want) -> None:
-    from geode.codegen.schedule import _line_aligned
+    from geode.codegen.schedule import line_aligned
 
-    assert expr_str(_line_aligned(offset, 4, {"S"})) == want
+    assert expr_str(line_aligned(offset, 4, {"S"})) == want
 
 
 @pytest.mark.parametrize(
@@ -2723,6 +2723,156 @@ def test_stream_row_requirements(what: str) -> None:
         sch.stream_row(block, loop or sch.get_loops(block)[0])
     assert msg in str(info.value)
     assert format_kernel(sch.kernel) == before
+
+
+# ---------------------------------------------------------------------------------
+# store_nontemporal
+# ---------------------------------------------------------------------------------
+
+
+def _nt_store(sch: Schedule, block: str) -> Store:
+    (st_,) = [s for s in walk_stmts([sch.get_block(block)]) if isinstance(s, Store)]
+    return st_
+
+
+@pytest.mark.parametrize(
+    "m,want",
+    [
+        (64, "N * 64 * 4 >= 1000"),
+        ("M", "N * M * 4 >= 1000 and 4 * M % 64 == 0"),
+    ],
+)
+def test_store_nontemporal_marks_the_store_with_its_flag(m, want) -> None:
+    k, sch = _eltwise_scheduled("N", m)
+    assert sch.store_nontemporal("mul_2", min_bytes=1000) == "mul_2_i1"
+    st_ = _nt_store(sch, "mul_2")
+    assert st_.buffer == "O" and expr_str(st_.nontemporal) == want
+    # printed with the store; the loops, the writers and the values are unchanged
+    want_line = (
+        f"O[vi0, vi1] = (X[vi0, vi1] * 2.0f + Y[vi0, vi1]) * X[vi0, vi1], nontemporal={want}"
+    )
+    assert want_line in format_kernel(sch.kernel)
+    assert sch.writers("O") == ["mul_2"] and sch.get_loop("mul_2_i1").kind == ForKind.VECTORIZED
+    dims = [{"N": 1, "M": 16}, {"N": 3, "M": 7}, {"N": 4, "M": 64}] if m == "M" else DIMS_N
+    check_same(k, sch.kernel, dims)
+    check_replay(k, sch)
+    assert (
+        str(sch.trace.steps[-1]) == "store_nontemporal(block='mul_2', min_bytes=1000) -> 'mul_2_i1'"
+    )
+
+
+def test_store_nontemporal_of_a_static_output_holds_unconditionally() -> None:
+    k, sch = _eltwise_scheduled(5, 64)
+    sch.store_nontemporal("mul_2")
+    assert _nt_store(sch, "mul_2").nontemporal == Const(True, "bool")
+    check_same(k, sch.kernel, [{}])
+
+
+def test_store_nontemporal_inner_runs_of_a_split_loop() -> None:
+    """Runs of the inner loop of a split start at multiples of its extent: whole lines
+    for 16 floats and more, never for 8."""
+    k, sch = _eltwise_scheduled(3, 64)
+    outer, inner = sch.split("mul_2_i1", [None, 16])
+    sch.vectorize(inner)
+    assert sch.store_nontemporal("mul_2") == inner
+    check_same(k, sch.kernel, [{}])
+    _, sch = _eltwise_scheduled(3, 64)
+    outer, inner = sch.split("mul_2_i1", [None, 8])
+    sch.vectorize(inner)
+    with raises("store_nontemporal", "mul_2") as info:
+        sch.store_nontemporal("mul_2")
+    assert f"the runs of {inner} never start a line of O" in str(info.value)
+
+
+def _nt_marked() -> Schedule:
+    _, sch = _eltwise_scheduled()
+    sch.store_nontemporal("mul_2")
+    return sch
+
+
+def _sched_eltwise(k: Kernel) -> Schedule:
+    sch = Schedule(k)
+    sch.compute_inline("mul_0")
+    sch.compute_inline("add_1")
+    sch.parallel("mul_2_i0")
+    sch.vectorize("mul_2_i1")
+    return sch
+
+
+def _serial_inner() -> Schedule:
+    sch = Schedule(k_eltwise("N", "M"))
+    sch.compute_inline("mul_0")
+    sch.compute_inline("add_1")
+    return sch
+
+
+def _read_back() -> Schedule:
+    sch = Schedule(k_rowbuf([[E()], [D()]]))
+    sch.reuse_output("T", "D")
+    sch.vectorize(sch.get_loops("D")[-1])
+    return sch
+
+
+def _column_major() -> Schedule:
+    sch = _serial_inner()
+    sch.reorder(["mul_2_i1", "mul_2_i0"])
+    sch.vectorize("mul_2_i0")
+    return sch
+
+
+def _staged() -> Schedule:
+    _, sch = _eltwise_scheduled("N", 64)
+    sch.stream_output("mul_2", chunk=16)
+    return sch
+
+
+STORE_NT_REQUIREMENTS = {
+    "already non-temporal": (_nt_marked, "mul_2", {}, "is already non-temporal"),
+    "not vectorized": (_serial_inner, "mul_2", {}, "loop mul_2_i1 is serial, not vectorized"),
+    "a temp": (lambda: Schedule(k_eltwise("N", "M")), "mul_0", {}, "A is not a kernel output"),
+    "read back": (_read_back, "E", {}, "another statement accesses O"),
+    "column-major": (_column_major, "mul_2", {}, "not written at consecutive elements"),
+    "staged": (_staged, "mul_2", {}, "O_stage is not a kernel output"),
+    "small": (lambda: _eltwise_scheduled(5, 64)[1], "mul_2", {"min_bytes": 10**6}, "< min_bytes"),
+    "off the lines": (lambda: _eltwise_scheduled("N", 40)[1], "mul_2", {}, "never start a line"),
+    "no block": (_nt_marked, "nope", {}, "no such block"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(STORE_NT_REQUIREMENTS))
+def test_store_nontemporal_requirements(what: str) -> None:
+    make, block, kw, msg = STORE_NT_REQUIREMENTS[what]
+    sch = make()
+    before, n = format_kernel(sch.kernel), len(sch.trace)
+    with pytest.raises(ScheduleError, match="'store_nontemporal'") as info:
+        sch.store_nontemporal(block, **kw)
+    assert msg in str(info.value)
+    assert format_kernel(sch.kernel) == before and len(sch.trace) == n
+
+
+def test_store_nontemporal_refuses_integer_outputs() -> None:
+    k = k_eltwise("N", "M")
+    k.outputs[0] = Buffer("O", "int32", k.outputs[0].shape)
+    sch = _sched_eltwise(k)
+    with raises("store_nontemporal", "mul_2") as info:
+        sch.store_nontemporal("mul_2")
+    assert "O is int32, not float32 or float64" in str(info.value)
+
+
+@pytest.mark.parametrize("prim", ["stream_output", "stream_row"])
+def test_streaming_primitives_refuse_a_non_temporal_store(prim: str) -> None:
+    if prim == "stream_output":
+        sch = _nt_marked()
+        run = lambda: sch.stream_output("mul_2")  # noqa: E731
+        block = "mul_2"
+    else:
+        _, sch = _two_pass_rows("N", 16)
+        sch.store_nontemporal("h")
+        run = lambda: sch.stream_row("h", "h_i0")  # noqa: E731
+        block = "h"
+    with raises(prim, block) as info:
+        run()
+    assert "is already non-temporal" in str(info.value)
 
 
 def test_substitute_applies_once_when_a_node_folds_to_a_child():

@@ -407,11 +407,18 @@ class Block(Stmt):
 
 @dataclass(eq=False)
 class Store(Stmt):
-    """``buffer[indices] = value``."""
+    """``buffer[indices] = value``.
+
+    ``nontemporal`` (a bool expression of the dims, or None; see
+    :meth:`Schedule.store_nontemporal`): when it holds, the backend may write a kernel
+    output with non-temporal (streaming) vector stores straight from the registers, in
+    runs of its enclosing loop that start on a vector boundary. The values written are
+    the same either way."""
 
     buffer: str
     indices: tuple[Expr, ...]
     value: Expr
+    nontemporal: Expr | None = None
 
 
 @dataclass(eq=False)
@@ -509,7 +516,8 @@ def blocks(stmts: list[Stmt]) -> list[Block]:
 def stmt_exprs(s: Stmt) -> list[Expr]:
     """Expressions a statement holds directly (not those of nested statements)."""
     if isinstance(s, Store):
-        return [*s.indices, s.value]
+        flag = [] if s.nontemporal is None else [s.nontemporal]
+        return [*s.indices, s.value, *flag]
     if isinstance(s, For):
         return [s.extent]
     if isinstance(s, Block):
@@ -603,7 +611,8 @@ def _stmt_lines(s: Stmt, ind: str) -> list[str]:
         return out + [f"{ind}}}"]
     if isinstance(s, Store):
         idx = ", ".join(expr_str(i) for i in s.indices)
-        return [f"{ind}{s.buffer}[{idx}] = {expr_str(s.value)}"]
+        nt = "" if s.nontemporal is None else f", nontemporal={expr_str(s.nontemporal)}"
+        return [f"{ind}{s.buffer}[{idx}] = {expr_str(s.value)}{nt}"]
     if isinstance(s, Prefetch):
         lvl = f", L{s.level}" if s.level != 1 else ""
         return [f"{ind}prefetch({s.buffer}, {expr_str(s.offset)}{lvl})"]

@@ -18,7 +18,8 @@ rewrites it in place, one primitive at a time, in the style of CINN's IRSchedule
   :meth:`~Schedule.interleave`, :meth:`~Schedule.unroll`; cache hints:
   :meth:`~Schedule.prefetch_next`, :meth:`~Schedule.stream_output` (non-temporal
   stores through a staging buffer), :meth:`~Schedule.stream_row` (an output's row
-  staged for the later passes that read it, then streamed);
+  staged for the later passes that read it, then streamed),
+  :meth:`~Schedule.store_nontemporal` (streaming stores straight from the registers);
 * software pipelining of row passes: :meth:`~Schedule.software_pipeline`.
 
 Loops are named by their loop variable, blocks by their name. Every primitive checks
@@ -94,7 +95,7 @@ from geode.codegen.ast import (
 from geode.codegen.ast import blocks as ast_blocks
 from geode.errors import ScheduleError
 
-__all__ = ["Schedule", "Trace", "TraceStep", "alloc_loop"]
+__all__ = ["Schedule", "Trace", "TraceStep", "alloc_loop", "and_flags", "conjuncts", "line_aligned"]
 
 #: combine operators a reduction may use
 COMBINE_OPS = ("+", "*", "max", "min")
@@ -227,11 +228,12 @@ def _and(a: Expr | None, b: Expr | None) -> Expr | None:
     return Bin("and", a, b)
 
 
-def _conjuncts(e: Expr | None) -> list[Expr]:
+def conjuncts(e: Expr | None) -> list[Expr]:
+    """The terms of ``e`` as a conjunction (``x and y and z``); none for None."""
     if e is None:
         return []
     if isinstance(e, Bin) and e.op == "and":
-        return _conjuncts(e.a) + _conjuncts(e.b)
+        return conjuncts(e.a) + conjuncts(e.b)
     return [e]
 
 
@@ -278,7 +280,7 @@ def _to_sympy(e: Expr) -> sympy.Expr:
 LINE_BYTES = 64
 
 
-def _line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
+def line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
     """A bool expression of the dims that holds only if element ``offset`` (an integer
     index expression of loop variables and dims) starts a cache line for every value of
     its loop variables: each term of ``offset`` expanded, times ``itemsize``, is a
@@ -311,20 +313,23 @@ def _line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
         if isinstance(factor, Const):
             return Const(False, "bool")
         test = Bin("==", mod(factor, Const(LINE_BYTES)), Const(0))
-        if test not in _conjuncts(cond):
-            cond = _both(cond, test)
+        if test not in conjuncts(cond):
+            cond = and_flags(cond, test)
     return cond
 
 
-def _both(a: Expr, b: Expr) -> Expr:
-    """``a and b`` over bool expressions, folded where either is a constant."""
+def and_flags(a: Expr, b: Expr) -> Expr:
+    """``a and b`` over bool expressions, folded where either is a constant; a term of
+    ``b``'s conjunction that ``a``'s already holds is not repeated."""
     if Const(False, "bool") in (a, b):
         return Const(False, "bool")
-    if a == Const(True, "bool"):
-        return b
-    if b == Const(True, "bool"):
-        return a
-    return Bin("and", a, b)
+    true = Const(True, "bool")
+    have = [t for t in conjuncts(a) if t != true]
+    for term in conjuncts(b):
+        if term != true and term not in have:
+            a = term if a == true else Bin("and", a, term)
+            have.append(term)
+    return a
 
 
 def _diff(a: Expr, b: Expr) -> sympy.Expr | None:
@@ -757,11 +762,8 @@ def _accessed(s: Stmt) -> set[str]:
 def _map_block_exprs(b: Block, fn: Callable[[Expr], Expr]) -> None:
     """Rewrite every expression in a block's body (store indices, values, conditions)."""
     for s in walk_stmts(b.body):
-        if isinstance(s, Store):
-            s.indices = tuple(fn(i) for i in s.indices)
-            s.value = fn(s.value)
-        elif isinstance(s, If):
-            s.cond = fn(s.cond)
+        if isinstance(s, (Store, If)):
+            _map_stmt_exprs(s, fn)
 
 
 def _map_stmt_exprs(s: Stmt, fn: Callable[[Expr], Expr]) -> None:
@@ -769,6 +771,8 @@ def _map_stmt_exprs(s: Stmt, fn: Callable[[Expr], Expr]) -> None:
     if isinstance(s, Store):
         s.indices = tuple(fn(i) for i in s.indices)
         s.value = fn(s.value)
+        if s.nontemporal is not None:
+            s.nontemporal = fn(s.nontemporal)
     elif isinstance(s, For):
         s.extent = fn(s.extent)
     elif isinstance(s, Block):
@@ -1823,7 +1827,7 @@ class Schedule:
         sp_ivs = [
             (v, x) for v, x in zip(b.iter_vars, b.bindings) if v.kind != "reduce" and v.name != vi
         ]
-        keep_pred = [c for c in _conjuncts(old_pred) if not (free_vars(c) & red_vars)]
+        keep_pred = [c for c in conjuncts(old_pred) if not (free_vars(c) & red_vars)]
 
         def nest(suffix: str, blk: Block) -> Stmt:
             ren = {f.var: Var(self._fresh(f"{f.var}_{suffix}", taken)) for f in sp_loops}
@@ -2500,14 +2504,7 @@ class Schedule:
         if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
             raise ScheduleError(prim, block, f"chunk {chunk!r} is not a positive int")
         chunk = int(chunk)
-        if not _flat_block(b) or b.predicate is not None:
-            raise ScheduleError(prim, block, "the block must be flat and have no predicate")
-        if len(b.body) != 1 or not isinstance(b.body[0], Store):
-            raise ScheduleError(prim, block, "the block body must be a single store")
-        st = b.body[0]
-        if st.buffer not in {o.name for o in k.outputs}:
-            raise ScheduleError(prim, block, f"{st.buffer} is not a kernel output")
-        out = k.buffer(st.buffer)
+        st, out = self._output_store(prim, b)
         if self.writers(out.name) != [block] or self.readers(out.name):
             raise ScheduleError(prim, block, f"another block accesses {out.name}")
         if not loops or cont is not loops[-1].body:
@@ -2517,19 +2514,7 @@ class Schedule:
             raise ScheduleError(prim, block, f"loop {f.var} is {f.kind.value}")
         if not all(_flat_block(x) for x in f.body):
             raise ScheduleError(prim, block, f"loop {f.var} holds more than flat blocks")
-        idx = [_loop_terms(b, i) for i in st.indices]
-        if not idx:
-            raise ScheduleError(prim, block, f"{out.name} is a scalar")
-        lv = Var(f.var)
-        rest = _diff(idx[-1], lv)
-        if (
-            any(f.var in free_vars(e) for e in idx[:-1])
-            or rest is None
-            or sympy.Symbol(f.var, integer=True, nonnegative=True) in rest.free_symbols
-        ):
-            raise ScheduleError(
-                prim, block, f"{out.name} is not written at consecutive elements along {f.var}"
-            )
+        idx = self._consecutive_store(prim, b, st, out, f)
         start = mul(Var(f.var), Const(chunk))  # the chunk loop's variable, renamed below
         offset: Expr = Const(0)
         for i, e in enumerate(idx):
@@ -2557,6 +2542,39 @@ class Schedule:
         self._ctx().simplify_bindings([outer])
         return names
 
+    def _output_store(self, prim: str, b: Block) -> tuple[Store, Buffer]:
+        """The one store of flat block ``b`` (no predicate), to a kernel output, not yet
+        non-temporal, and that output: :meth:`stream_output`'s and
+        :meth:`store_nontemporal`'s checks of the block."""
+        if not _flat_block(b) or b.predicate is not None:
+            raise ScheduleError(prim, b.name, "the block must be flat and have no predicate")
+        if len(b.body) != 1 or not isinstance(b.body[0], Store):
+            raise ScheduleError(prim, b.name, "the block body must be a single store")
+        st = b.body[0]
+        if st.nontemporal is not None:
+            raise ScheduleError(prim, b.name, f"the store to {st.buffer} is already non-temporal")
+        if st.buffer not in {o.name for o in self.kernel.outputs}:
+            raise ScheduleError(prim, b.name, f"{st.buffer} is not a kernel output")
+        return st, self.kernel.buffer(st.buffer)
+
+    def _consecutive_store(self, prim: str, b: Block, st: Store, out: Buffer, f: For) -> list[Expr]:
+        """The indices of ``b``'s store ``st`` to ``out`` in loop terms, checked to write
+        consecutive elements in consecutive iterations of loop ``f``: the last index is
+        ``f``'s variable plus terms free of it, the others are free of it."""
+        idx = [_loop_terms(b, i) for i in st.indices]
+        if not idx:
+            raise ScheduleError(prim, b.name, f"{out.name} is a scalar")
+        rest = _diff(idx[-1], Var(f.var))
+        if (
+            any(f.var in free_vars(e) for e in idx[:-1])
+            or rest is None
+            or sympy.Symbol(f.var, integer=True, nonnegative=True) in rest.free_symbols
+        ):
+            raise ScheduleError(
+                prim, b.name, f"{out.name} is not written at consecutive elements along {f.var}"
+            )
+        return idx
+
     def _streaming_flag(
         self, prim: str, block: str, out: Buffer, offset: Expr, min_bytes: int
     ) -> Expr:
@@ -2575,7 +2593,7 @@ class Schedule:
             big = Const(True, "bool")
         else:
             big = Bin(">=", size, Const(int(min_bytes)))
-        return _both(big, _line_aligned(offset, itemsize, set(self.kernel.dims)))
+        return and_flags(big, line_aligned(offset, itemsize, set(self.kernel.dims)))
 
     @_primitive
     def stream_row(
@@ -2670,6 +2688,76 @@ class Schedule:
             at.append(ss)
         return row
 
+    @_primitive
+    def store_nontemporal(self, block: str, min_bytes: int = 0) -> str:
+        """Write ``block``'s kernel output ``O`` with non-temporal (streaming) stores
+        straight from the vector registers: unlike :meth:`stream_output`, no staging
+        buffer, so an element costs no store and load in the L1 on its way; like it, a
+        streamed line is not read from memory before it is overwritten and does not
+        evict useful lines. Returns the loop ``L`` the backend versions for it.
+
+        The store's ``nontemporal`` flag holds when ``O`` holds at least ``min_bytes``
+        bytes and every run of ``L`` starts on a cache line of ``O`` (each term of the
+        start's offset is a multiple of :data:`LINE_BYTES`; tested at run time when
+        ``O``'s shape is symbolic). The backend prints ``L`` twice: streaming stores
+        where the flag holds and the run's first element is aligned to a vector in
+        memory (checked at run time, so a misaligned output array takes the other copy),
+        ordinary stores otherwise. LLVM's loop vectorizer then stores whole vectors of
+        ``L``, each starting on a vector boundary. Apply it last, like
+        :meth:`stream_output`: it is meant for outputs that no pass of the kernel reads
+        (the LSTM cell's ``h``), written by arithmetic costly enough that a staging
+        buffer's copy shows.
+
+        Requirements: ``block`` is a flat block without predicate whose body is one
+        store, not yet non-temporal, to ``O`` of dtype float32 or float64; no other
+        statement reads or writes ``O``; ``block`` sits directly in a vectorized loop
+        ``L``; in loop terms the store's last index is ``L``'s variable plus terms free
+        of it and the other indices are free of it (consecutive iterations write
+        consecutive elements); ``O`` is not known to be smaller than ``min_bytes`` and
+        its runs are not known to start off the cache lines.
+
+        Example, ``store_nontemporal("H")`` with ``Y: float32[N, 1024]``::
+
+            parallel for (i, 0, N)                      parallel for (i, 0, N)
+              serial for (j_0, 0, 16)                     serial for (j_0, 0, 16)
+                vectorized for (j_1, 0, 64)       ->        vectorized for (j_1, 0, 64)
+                  ScheduleBlock(H)                            ScheduleBlock(H)
+                    vi, vj = axis.bind(i, j_0 * 64 + j_1)       vi, vj = axis.bind(...)
+                    Y[vi, vj] = g(X[vi, vj])                    Y[vi, vj] = g(X[vi, vj]), nontemporal=true
+        """
+        prim = "store_nontemporal"
+        k = self.kernel
+        b, cont, loops = self._locate_block(prim, block)
+        st, out = self._output_store(prim, b)
+        if out.dtype not in ("float32", "float64"):
+            raise ScheduleError(prim, block, f"{out.name} is {out.dtype}, not float32 or float64")
+        if (
+            self.writers(out.name) != [block]
+            or self.readers(out.name)
+            or out.name
+            in {
+                x
+                for s in walk_stmts(k.body)
+                if isinstance(s, StreamStore)
+                for x in (s.buffer, s.src)
+            }
+        ):
+            raise ScheduleError(prim, block, f"another statement accesses {out.name}")
+        if not loops or cont is not loops[-1].body:
+            raise ScheduleError(prim, block, "the block must sit directly in a loop")
+        f = loops[-1]
+        if f.kind is not ForKind.VECTORIZED:
+            raise ScheduleError(prim, block, f"loop {f.var} is {f.kind.value}, not vectorized")
+        idx = self._consecutive_store(prim, b, st, out, f)
+        start = substitute(_flatten(idx, out.shape), {f.var: Const(0)})
+        flag = self._streaming_flag(prim, block, out, start, min_bytes)
+        if flag == Const(False, "bool"):
+            raise ScheduleError(
+                prim, block, f"the runs of {f.var} never start a line of {out.name}"
+            )
+        st.nontemporal = flag
+        return f.var
+
     def _row_parts(
         self, prim: str, block: str, f: For, host: For, spread: str, length: Expr
     ) -> tuple[int, For]:
@@ -2701,12 +2789,7 @@ class Schedule:
         k = self.kernel
         if not _flat_block(b) or b.predicate is not None or _is_reduce(b):
             raise ScheduleError(prim, b.name, "the block must be flat, spatial, without predicate")
-        if len(b.body) != 1 or not isinstance(b.body[0], Store):
-            raise ScheduleError(prim, b.name, "the block body must be a single store")
-        st = b.body[0]
-        if st.buffer not in {o.name for o in k.outputs}:
-            raise ScheduleError(prim, b.name, f"{st.buffer} is not a kernel output")
-        out = k.buffer(st.buffer)
+        st, out = self._output_store(prim, b)
         if self.writers(out.name) != [b.name] or any(
             isinstance(s, StreamStore) and s.buffer == out.name for s in walk_stmts(k.body)
         ):

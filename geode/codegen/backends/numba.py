@@ -55,6 +55,22 @@ benchmark kernels took 0.4-0.75 s instead of 0.9-1.4 s, with equal run time and 
 overhead. Any other parallel kernel (two parallel loops one after another, a parallel
 loop inside a serial one, stores outside the parallel loop) keeps ``numba.prange``.
 
+A chunked kernel with stores that :meth:`~geode.codegen.schedule.Schedule.store_nontemporal`
+marked holds a fourth function, the streaming body ``fused_0_body_nt``: the same loops,
+with those stores as ``_g_ntstore`` (non-temporal stores that LLVM's loop vectorizer
+turns into whole aligned vector stores, ``vmovntps``). The chunk function calls it when
+every marked store's flag holds and each such output array starts on a vector boundary
+(``_g_vector_start(Y, 0)``), the plain body otherwise. A store counts only when, in the
+AST being printed, it sits in a flat block without predicate directly in a vectorized
+loop and every run of that loop starts on a cache line of the output (checked again
+here, whatever the schedule did after marking it): with the array aligned, every vector
+the loop vectorizer stores is then aligned to its own size, as ``vmovntps`` requires. A
+whole function is duplicated rather than the loop, because a loop printed twice in one
+function made LLVM spill the registers of both copies' constants (the LSTM gates' ``h``
+pass: 30 stack accesses per 64 elements, 1.1x the time of the plain kernel, against
+0.9x for the streaming body on its own). Other kernels print such stores as ordinary
+stores.
+
 Runtime helpers
 ---------------
 A kernel's compile links in the launcher (chunked kernels) and the vmath functions it
@@ -232,6 +248,7 @@ from geode.codegen.backends.patterns import (
     scaled_stage,
 )
 from geode.codegen.backends.vmath import VMATH, VMATH2, VMATH_IEEE
+from geode.codegen.schedule import and_flags, conjuncts, line_aligned
 from geode.config import OptionError
 from geode.errors import CodegenError
 
@@ -684,6 +701,66 @@ def _g_sfence(typingctx: Any) -> Any:
     return nbt.void(), codegen
 
 
+def _nt_array(arr: Any, off: Any) -> bool:
+    """Whether :func:`_g_ntstore` / :func:`_g_vector_start` accept ``(arr, off)``."""
+    return (
+        isinstance(arr, nbt.Array)
+        and arr.layout == "C"
+        and arr.dtype in (nbt.float32, nbt.float64)
+        and isinstance(off, nbt.Integer)
+    )
+
+
+@intrinsic
+def _g_ntstore(typingctx: Any, arr: Any, off: Any, val: Any) -> Any:
+    """Store ``val`` at flat offset ``off`` of C-contiguous float array ``arr`` with a
+    non-temporal store that claims the alignment of a whole streaming vector
+    (:func:`~geode.codegen.backends.target.stream_vector_bytes`). Only for the stores of
+    a chunked kernel's streaming body (``_Emitter.plan_nontemporal``), whose vectorized
+    loops' runs start on a vector boundary: LLVM's loop vectorizer turns a non-temporal store into vector ones only
+    when its alignment covers the vector (the alignment is copied to each vector store,
+    and ``vmovntps`` needs it), so the claim is what makes ``vmovntps`` of whole vectors.
+    Each vector of the run then starts on a multiple of its own size from the run's
+    aligned start, which is the alignment the instruction needs. A scalar left over is
+    stored with an ordinary or integer streaming instruction, neither of which faults
+    when misaligned."""
+    if not (_nt_array(arr, off) and val == arr.dtype):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        from geode.codegen.backends.target import stream_vector_bytes
+
+        a = context.make_array(signature.args[0])(context, builder, value=args[0])
+        st = builder.store(args[2], builder.gep(a.data, [args[1]]))
+        st.align = stream_vector_bytes()
+        st.set_metadata(
+            "nontemporal", builder.module.add_metadata([llir.Constant(llir.IntType(32), 1)])
+        )
+        return context.get_dummy_value()
+
+    return nbt.void(arr, off, val), codegen
+
+
+@intrinsic
+def _g_vector_start(typingctx: Any, arr: Any, off: Any) -> Any:
+    """Whether element ``off`` of C-contiguous float array ``arr`` starts a streaming
+    vector in memory: its address is a multiple of
+    :func:`~geode.codegen.backends.target.stream_vector_bytes`."""
+    if not _nt_array(arr, off):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        from geode.codegen.backends.target import stream_vector_bytes
+
+        i64 = llir.IntType(64)
+        a = context.make_array(signature.args[0])(context, builder, value=args[0])
+        addr = builder.ptrtoint(builder.gep(a.data, [args[1]]), i64)
+        mis = builder.and_(addr, llir.Constant(i64, stream_vector_bytes() - 1))
+        return builder.icmp_unsigned("==", mis, llir.Constant(i64, 0))
+
+    return nbt.boolean(arr, off), codegen
+
+
 @intrinsic
 def _g_freeze(typingctx: Any, x: Any) -> Any:
     """``x`` as an opaque value: a NaN-ignoring max/min (``nnan``) of a row holding NaN is
@@ -982,6 +1059,8 @@ class _Emitted:
     #: kernels"), else None
     rows_name: str | None = None
     body_name: str | None = None
+    #: a chunked kernel's streaming body (see ``_Emitter.plan_nontemporal``), else None
+    nt_body_name: str | None = None
     #: (name in :mod:`geode.codegen.backends.vmath`, argument dtype) of every vmath
     #: function the kernel calls
     vmath: tuple[tuple[str, str], ...] = ()
@@ -1047,6 +1126,9 @@ class _Emitter:
         self.guard_frames: list[list[tuple[str, str]] | None] = []
         #: a streaming store ran outside any prange loop: fence at the end of the kernel
         self.fence_at_end = False
+        #: ids of the non-temporal Stores printed as streaming stores in the body being
+        #: printed (see plan_nontemporal)
+        self.nt_on: set[int] = set()
         #: a chunked kernel's (chunk, chunks) parameter names (see "Chunked kernels")
         self.chunk_vars: tuple[str, str] | None = None
 
@@ -1666,7 +1748,7 @@ class _Emitter:
                 self.emit(f"if {cond.code}:", ind)
                 self.body(s.body, env, ind + 1, in_prange)
         elif isinstance(s, Store):
-            self.store(s, env, ind)
+            self.store(s, env, ind, in_prange)
         elif isinstance(s, Prefetch):
             if s.buffer not in self.bufs or self.scope(s.buffer) != "global":
                 raise CodegenError(f"{self.where()}: prefetch of non-argument {s.buffer!r}")
@@ -1711,10 +1793,16 @@ class _Emitter:
         ext = self.fold(s.extent, env)
         n = _fold_int(ext)
         prange = s.kind == ForKind.PARALLEL and self.parallel and not in_prange
-        unroll = n is not None and (
-            (s.kind == ForKind.UNROLLED and n <= MAX_UNROLL)
-            or (
-                s.kind != ForKind.PARALLEL and n <= MAX_REGISTER_UNROLL and self.indexes_register(s)
+        unroll = (
+            n is not None
+            and not self.holds_nt(s)
+            and (
+                (s.kind == ForKind.UNROLLED and n <= MAX_UNROLL)
+                or (
+                    s.kind != ForKind.PARALLEL
+                    and n <= MAX_REGISTER_UNROLL
+                    and self.indexes_register(s)
+                )
             )
         )
         self.guard_frames.append(None if prange else [])
@@ -1729,6 +1817,72 @@ class _Emitter:
             gty, inf_bits = _NAN_GUARD[dt]
             self.emit(f"if {self.guard_names[name]} > np.{gty}({inf_bits}):", ind)
             self.emit(f"{name} = np.{dt}(np.nan)", ind + 1)
+
+    def nt_stores(self, s: For) -> list[tuple[Block, Store]]:
+        """The non-temporal stores (:meth:`Schedule.store_nontemporal`) of the blocks directly
+        in loop ``s``, when every statement there is a flat block without predicate that
+        stores to no register; else none. A non-temporal store not found here prints as an
+        ordinary store."""
+        found: list[tuple[Block, Store]] = []
+        for b in s.body:
+            if (
+                not isinstance(b, Block)
+                or b.predicate is not None
+                or any(isinstance(x, (For, Block)) for x in walk_stmts(b.body))
+            ):
+                return []
+            for st in walk_stmts(b.body):
+                if (
+                    isinstance(st, Store)
+                    and st.buffer in self.bufs
+                    and self.scope(st.buffer) == "register"
+                ):
+                    return []
+                if isinstance(st, Store) and st.nontemporal is not None:
+                    found.append((b, st))
+        return found
+
+    def holds_nt(self, s: For) -> bool:
+        """Whether loop ``s`` holds a store printed as a streaming one (see
+        :meth:`plan_nontemporal`): it is then printed as a loop, never unrolled."""
+        return bool(self.nt_on) and any(id(x) in self.nt_on for x in walk_stmts(s.body))
+
+    def plan_nontemporal(self) -> tuple[set[int], Expr, list[str]]:
+        """The non-temporal stores a chunked kernel's streaming body prints as streaming
+        stores, the condition (over dims) under which that body runs, and the outputs
+        whose arrays must start on a vector boundary for it (see "Chunked kernels").
+
+        A store counts when it sits in a flat block directly in a vectorized loop ``L``
+        (:meth:`nt_stores`) and every run of ``L`` starts on a cache line of the output:
+        checked here again on the AST being printed (``line_aligned`` of the run's first
+        element, tested at run time for symbolic shapes), whatever the schedule did after
+        marking the store. Its flag joins the condition."""
+        ids: set[int] = set()
+        cond: Expr = Const(True, "bool")
+        outs: list[str] = []
+        dims = set(self.k.dims)
+        for f in walk_stmts(self.k.body):
+            if not isinstance(f, For) or f.kind is not ForKind.VECTORIZED:
+                continue
+            for b, st in self.nt_stores(f):
+                dt = self.dtypes.get(st.buffer)
+                if self.roles.get(st.buffer) != "output" or dt not in ("float32", "float64"):
+                    raise CodegenError(
+                        f"{self.where()}: non-temporal store to {st.buffer!r}, which is not "
+                        f"a float32/float64 output"
+                    )
+                binds = {iv.name: x for iv, x in zip(b.iter_vars, b.bindings)}
+                start = [substitute(substitute(i, binds), {f.var: Const(0)}) for i in st.indices]
+                first = flat_index(start, self.bufs[st.buffer].shape)
+                assert st.nontemporal is not None
+                flag = and_flags(st.nontemporal, line_aligned(first, np.dtype(dt).itemsize, dims))
+                if flag == Const(False, "bool"):
+                    continue
+                ids.add(id(st))
+                cond = and_flags(cond, flag)
+                if st.buffer not in outs:
+                    outs.append(st.buffer)
+        return ids, cond, outs
 
     def loop(
         self,
@@ -1770,7 +1924,10 @@ class _Emitter:
         # after a chunk's share of the loop, or in every iteration of a prange (numba's
         # workers run the iterations). A fence per row cost softmax over rows of 128
         # floats half its time.
-        streams = prange and any(isinstance(x, StreamStore) for x in walk_stmts(s.body))
+        streams = prange and any(
+            isinstance(x, StreamStore) or (isinstance(x, Store) and id(x) in self.nt_on)
+            for x in walk_stmts(s.body)
+        )
         if streams and not chunked:
             self.emit(f"{self.helper('_g_sfence')}()", ind + 1)
         if self.emitted() == n_before:
@@ -1893,7 +2050,7 @@ class _Emitter:
             self.n_hoisted += 1
         return frame.cse[v.code]
 
-    def store(self, s: Store, env: dict[str, Expr], ind: int) -> None:
+    def store(self, s: Store, env: dict[str, Expr], ind: int, in_prange: bool = False) -> None:
         if s.buffer not in self.bufs:
             raise CodegenError(f"{self.where()}: store to unknown buffer {s.buffer!r}")
         if self.roles[s.buffer] == "input":
@@ -1908,6 +2065,12 @@ class _Emitter:
         if sc == "register":
             name = self.register_name(s.buffer, indices)
             self.emit(f"{name} = {self.convert(value, dt).code}", ind)
+            return
+        if id(s) in self.nt_on:  # the streaming body (see plan_nontemporal)
+            off = self.ex(self.fold(flat_index(s.indices, self.bufs[s.buffer].shape), env))
+            code = self.convert(value, dt).code
+            self.emit(f"{self.helper('_g_ntstore')}({self.py[s.buffer]}, {off.code}, {code})", ind)
+            self.fence_at_end = self.fence_at_end or not in_prange  # else fenced per chunk
             return
         target = self.subscript(s.buffer, indices)
         if dt == "float16" and sc == "global":
@@ -2047,6 +2210,8 @@ class _Emitter:
         entry: list[str] = []
         unpack: list[str] = []
         rows_name = body_name = None
+        nt_ids: set[int] = set()
+        nt_name = None
         if chunked:
             rows_name = self.names.fresh(f"{self.func_name}_rows")
             body_name = self.names.fresh(f"{self.func_name}_body")
@@ -2056,7 +2221,19 @@ class _Emitter:
             self.chunk_vars = (chunk, chunks)
             entry = self.chunk_entry(checks, args, argv, rows, chunks, threads)
             unpack = self.unpack_argv(args, env, argv)
-            unpack.append(f"    {body_name}({', '.join([*args, chunk, chunks])})")
+            nt_ids, nt_cond, nt_outs = self.plan_nontemporal()
+            call = f"({', '.join([*args, chunk, chunks])})"
+            if nt_ids:
+                nt_name = self.names.fresh(f"{self.func_name}_body_nt")
+                tests = [
+                    self.convert(self.ex(self.fold(t, env)), "bool") for t in conjuncts(nt_cond)
+                ]
+                test = " and ".join(
+                    [_p(t, _CMP) for t in tests]
+                    + [f"{self.helper('_g_vector_start')}({self.py[o]}, 0)" for o in nt_outs]
+                )
+                unpack += [f"    if {test}:", f"        {nt_name}{call}", "    else:"]
+            unpack.append(f"    {'    ' if nt_ids else ''}{body_name}{call}")
             sig.append(f"    _t.int64,  # {rows}: the address of {rows_name} (geode passes it)")
             sig.append(f"    _t.int64,  # {chunks}: the launch's chunk count (geode passes it)")
             sig.append(
@@ -2064,15 +2241,9 @@ class _Emitter:
             )
         else:
             self.lines += checks
-        self.allocations(None, env, 1)
         self.dim_names = {env[d].name for d in k.dims}  # type: ignore[attr-defined]
-        self.prologue_at = len(self.lines)
-        self.stmts(k.body, env, 1, False)
-        if self.fence_at_end:
-            self.emit(f"{self.helper('_g_sfence')}()", 1)
-        if len(self.lines) == body_start:
-            self.emit("pass", 1)
-        body = self.lines[body_start:]
+        body = self.emit_body(env, body_start, set())
+        nt_body = self.emit_body(env, len(self.lines), nt_ids) if chunked and nt_ids else []
 
         flags = FASTMATH_FLAGS if self.fastmath else DEFAULT_FLAGS
         fm = "{" + ", ".join(repr(f) for f in sorted(flags)) + "}"
@@ -2114,6 +2285,8 @@ class _Emitter:
             lines = [*head, "", "", f"def {self.func_name}({params}):"]
             lines += [*entry, "", "", f"def {rows_name}({argv}, {c}, {cs}):", *unpack]
             lines += ["", "", f"def {body_name}({', '.join([*args, c, cs])}):", *body]
+            if nt_body:
+                lines += ["", "", f"def {nt_name}({', '.join([*args, c, cs])}):", *nt_body]
         else:
             lines = [*head, "", "", f"def {self.func_name}({', '.join(args)}):", *body]
         source = "\n".join(lines) + "\n"
@@ -2127,8 +2300,30 @@ class _Emitter:
             list(k.dims),
             rows_name,
             body_name,
+            nt_name if nt_body else None,
             tuple(sorted(self.vmath.items())),
         )
+
+    def emit_body(self, env: dict[str, Expr], start: int, nt: set[int]) -> list[str]:
+        """Print the kernel's statements after line ``start`` (the shape checks of an
+        unchunked kernel) and return those lines: the entry's temps, then the loops,
+        with the stores of ``nt`` as streaming stores (see :meth:`plan_nontemporal`).
+        Each call starts afresh what one function's body holds (its dims-only terms, NaN
+        guards, end fence), so a chunked kernel can print a second body."""
+        self.dim_terms, self.in_dim_term = {}, set()
+        self.guard_names, self.quiet_regs = {}, set()
+        self.fence_at_end, self.nt_on = False, nt
+        self.allocations(None, env, 1)
+        self.prologue_at = len(self.lines)
+        self.stmts(self.k.body, env, 1, False)
+        if self.fence_at_end:
+            self.emit(f"{self.helper('_g_sfence')}()", 1)
+        if len(self.lines) == start:
+            self.emit("pass", 1)
+        body = self.lines[start:]
+        del self.lines[start:]
+        self.nt_on = set()
+        return body
 
     def shape_checks(self, env: dict[str, Expr]) -> list[str]:
         """The entry's lines checking every argument's shape (``ValueError`` naming it)."""
@@ -2522,10 +2717,11 @@ def _build(
         raise _compile_error(kernel, exc, emitted.source, filename) from exc
 
     rows_fn = module.__dict__[emitted.rows_name] if emitted.rows_name else None
-    if emitted.body_name:
-        # a module loaded before (same source) already holds the dispatcher
-        body = module.__dict__[emitted.body_name]
-        module.__dict__[emitted.body_name] = _noalias_njit(getattr(body, "py_func", body), options)
+    for name in (emitted.body_name, emitted.nt_body_name):
+        if name:
+            # a module loaded before (same source) already holds the dispatcher
+            body = module.__dict__[name]
+            module.__dict__[name] = _noalias_njit(getattr(body, "py_func", body), options)
     if rows_fn is not None:
         start_threads()  # before the entry's code is loaded: it resolves the pool's symbols
     while True:
