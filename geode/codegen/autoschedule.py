@@ -734,10 +734,11 @@ def _nontemporal_rows(sch: Schedule, sp: str, min_bytes: int | None) -> None:
     (``sigmoid(o) * tanh(c')``) made a staged copy cost more than it saved (see there).
     The output's lines are then neither read from memory before they are overwritten
     nor waited for by the stores. Measured on the LSTM gates at [4096, 1024] float32 (two
-    Zen 4 cores, one process, paired with the same kernel taking its plain body, equal
-    results, the copy at 50-64 GB/s): 0.91 of the time on one thread, 0.875-0.93 on
-    two (3 runs of 9 rounds); the kernel then reached 83% of the copy roofline at
-    50 GB/s, 64-67% at 63-64 GB/s, where its arithmetic alone takes about as long."""
+    Zen 4 cores, one process, against the same kernel taking its plain body, three
+    separately compiled copies of each to average out code placement, equal results):
+    0.904 of the time on one thread, 0.907 on two (single pairs in other runs:
+    0.875-0.93); the kernel then reached 79-83% of the copy roofline with the copy at
+    47-50 GB/s, 64-67% at 63-64 GB/s, where its arithmetic alone takes about as long."""
     for out, writer, share in _split_row_outputs(sch, sp, min_bytes):
         if sch.readers(out.name):
             continue
@@ -1213,8 +1214,9 @@ def _store_direct(sch: Schedule, block: str, chunk: int, min_bytes: int) -> str 
     the chunks' element loop, or None (nothing done).
 
     Measured on the tanh GELU with a bias at [4096, 4096] float32 (two Zen 4 cores, one
-    process, paired with the staged stream, equal results, the copy at 46-50 GB/s):
-    0.90-0.95 of the time, 99-102% of the copy roofline against 88-94%: the stage's
+    process, against the staged stream, equal results, the copy at 42-50 GB/s): 0.942 of
+    the time over three separately compiled copies of each (single pairs 0.90-0.95),
+    99-101% of the copy roofline against 88-97%: the stage's
     store and load per element cost a compute-heavy block (see :data:`STREAM_MAX_OPS`).
     The tanh GELU at [256, 4096] 0.87-0.88, the erf GELU at [1024, 4096] and
     [4096, 4096] 0.98-0.99. RMSNorm's and LayerNorm's cheap output passes measured
