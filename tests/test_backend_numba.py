@@ -2131,18 +2131,18 @@ def test_g_stream_plain_copy_fetches_the_next_chunk_for_writing() -> None:
     assert re.search(r"prefetchw\s", asm), "no write prefetch in the plain copy"
 
 
-def _exp_plus_one(n: str | int, m: str | int, name: str) -> A.Kernel:
-    """``Y = exp(X) + 1`` over ``[n, m]`` float32 (block ``e`` in loops ``i``, ``j``)."""
+def _exp_plus_one(n: str | int, m: str | int, name: str, dtype: str = "float32") -> A.Kernel:
+    """``Y = exp(X) + 1`` over ``[n, m]`` (block ``e`` in loops ``i``, ``j``)."""
     dims = [d for d in (n, m) if isinstance(d, str)]
     ext = [A.Const(d) if isinstance(d, int) else A.Var(d) for d in (n, m)]
     ivs = [IterVar("vi", ext[0]), IterVar("vj", ext[1])]
     v = (A.Var("vi"), A.Var("vj"))
-    val = A.Bin("+", A.Un("exp", A.Load("X", v)), A.Const(1.0, "float32"))
+    val = A.Bin("+", A.Un("exp", A.Load("X", v)), A.Const(1.0, dtype))
     blk = A.Block("e", ivs, [A.Var("i"), A.Var("j")], [A.Store("Y", v, val)])
     return A.Kernel(
         name,
-        [A.Buffer("X", "float32", tuple(ext))],
-        [A.Buffer("Y", "float32", tuple(ext))],
+        [A.Buffer("X", dtype, tuple(ext))],
+        [A.Buffer("Y", dtype, tuple(ext))],
         dims,
         [A.For("i", ext[0], [A.For("j", ext[1], [blk])])],
     )
@@ -2255,13 +2255,14 @@ def _nt_eltwise(
     split: int | None = None,
     parallel: bool = True,
     after=None,
+    dtype: str = "float32",
 ):
     """``Y = exp(X) + 1`` with ``Y``'s store marked non-temporal (``store_nontemporal``) in
     its vectorized row loop (or, with ``split``, in the inner loop of the row cut in runs
     of ``split``); ``after`` may change the schedule afterwards."""
     from geode.codegen.schedule import Schedule
 
-    sch = Schedule(_exp_plus_one(n, m, "nt"))
+    sch = Schedule(_exp_plus_one(n, m, "nt", dtype))
     if parallel:
         sch.parallel("i")
     loop = "j"
@@ -2274,51 +2275,58 @@ def _nt_eltwise(
     return sch.kernel
 
 
-def _run_nt(native, n: int, m: int, dims: tuple[int, ...] | None = None) -> None:
+def _run_nt(
+    native, n: int, m: int, dims: tuple[int, ...] | None = None, dtype: str = "float32"
+) -> None:
     """Run ``native`` (a ``_nt_eltwise`` kernel; ``dims``: its dim arguments, default
     ``(n, m)``) on outputs starting 0, 1 and 3 elements past a 64-byte boundary: numpy's
     values, and nothing written outside the output."""
-    x = np.random.default_rng(n * 7 + m).standard_normal((n, m)).astype(np.float32)
-    want = np.exp(x.astype(np.float64)).astype(np.float32) + np.float32(1)
+    dt = np.dtype(dtype)
+    x = np.random.default_rng(n * 7 + m).standard_normal((n, m)).astype(dt)
+    want = (np.exp(x.astype(np.longdouble)) + 1).astype(dt)
     for shift in (0, 1, 3):
-        raw = np.full(n * m + 32, np.nan, np.float32)
-        start = (-raw.ctypes.data % 64) // 4 + shift
+        raw = np.full(n * m + 16, np.nan, dt)
+        start = (-raw.ctypes.data % 64) // dt.itemsize + shift
         y = raw[start : start + n * m].reshape(n, m)
         native(x, y, *((n, m) if dims is None else dims))
-        assert_close(y, want, "float32")
+        assert_close(y, want, dtype)
         assert np.isnan(raw[:start]).all() and np.isnan(raw[start + n * m :]).all()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("min_bytes", [0, 1 << 40])
-def test_nontemporal_store_kernel_matches_numpy(min_bytes: int) -> None:
+def test_nontemporal_store_kernel_matches_numpy(min_bytes: int, dtype: str) -> None:
     """Through the streaming body (aligned outputs of whole-line rows, big enough) and the
     plain one (misaligned outputs, rows off the lines, too small): the same values."""
-    native = nb.compile_kernel(_nt_eltwise("N", "M", min_bytes))
+    native = nb.compile_kernel(_nt_eltwise("N", "M", min_bytes, dtype=dtype))
     for n, m in [(0, 16), (1, 1), (3, 47), (5, 48), (2, 1000), (7, 4096), (3, 4112)]:
-        _run_nt(native, n, m)
+        _run_nt(native, n, m, dtype=dtype)
     src = native.source
     head, _, nt_body = src.partition("def nt_body_nt(")
     plain_body = head.partition("def nt_body(")[2]
     dispatch = [ln.strip() for ln in head.splitlines() if "_g_vector_start(" in ln]
-    size = "" if min_bytes == 0 else f"N * M * 4 >= {min_bytes} and "
-    assert dispatch == [f"if {size}4 * M % 64 == 0 and _g_vector_start(Y, 0):"]
+    item = np.dtype(dtype).itemsize
+    size = "" if min_bytes == 0 else f"N * M * {item} >= {min_bytes} and "
+    assert dispatch == [f"if {size}{item} * M % 64 == 0 and _g_vector_start(Y, 0):"]
     assert "_g_ntstore(Y, " in nt_body and "_g_sfence()" in nt_body
     assert "_g_ntstore" not in plain_body and "_g_sfence" not in plain_body
     assert "Y[" in plain_body and "Y[" not in nt_body
 
 
-def test_nontemporal_store_kernel_stores_whole_aligned_vectors() -> None:
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_nontemporal_store_kernel_stores_whole_aligned_vectors(dtype: str) -> None:
     from geode.codegen.backends.target import is_x86, stream_vector_bytes
 
     if not is_x86():
         pytest.skip("non-temporal vector stores are checked on x86 only")
-    native = nb.compile_kernel(_nt_eltwise("N", 4096))
     reg = {64: "zmm", 32: "ymm", 16: "xmm"}[stream_vector_bytes()]
-    assert re.search(rf"vmovntps\s+%{reg}\d+, ", native.asm), "no non-temporal vector store"
+    store = rf"vmovnt(?:p{'s' if dtype == 'float32' else 'd'}|dq)\s+%{reg}\d+, "
+    native = nb.compile_kernel(_nt_eltwise("N", 4096, dtype=dtype))
+    assert re.search(store, native.asm), "no non-temporal vector store"
     assert "sfence" in native.asm
-    split = nb.compile_kernel(_nt_eltwise("N", 256, split=64))
-    assert re.search(rf"vmovntps\s+%{reg}\d+, ", split.asm), "no non-temporal vector store"
-    _run_nt(split, 9, 256, (9,))
+    split = nb.compile_kernel(_nt_eltwise("N", 256, split=64, dtype=dtype))
+    assert re.search(store, split.asm), "no non-temporal vector store"
+    _run_nt(split, 9, 256, (9,), dtype)
 
 
 @pytest.mark.parametrize(
