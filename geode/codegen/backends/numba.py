@@ -715,15 +715,17 @@ def _nt_array(arr: Any, off: Any) -> bool:
 def _g_ntstore(typingctx: Any, arr: Any, off: Any, val: Any) -> Any:
     """Store ``val`` at flat offset ``off`` of C-contiguous float array ``arr`` with a
     non-temporal store that claims the alignment of a whole streaming vector
-    (:func:`~geode.codegen.backends.target.stream_vector_bytes`). Only for the stores of
-    a chunked kernel's streaming body (``_Emitter.plan_nontemporal``), whose vectorized
-    loops' runs start on a vector boundary: LLVM's loop vectorizer turns a non-temporal store into vector ones only
+    (:func:`~geode.codegen.backends.target.stream_vector_bytes`).
+
+    Only for the stores of a chunked kernel's streaming body
+    (``_Emitter.plan_nontemporal``), whose vectorized loops' runs start on a vector
+    boundary. LLVM's loop vectorizer turns a non-temporal store into vector ones only
     when its alignment covers the vector (the alignment is copied to each vector store,
     and ``vmovntps`` needs it), so the claim is what makes ``vmovntps`` of whole vectors.
     Each vector of the run then starts on a multiple of its own size from the run's
     aligned start, which is the alignment the instruction needs. A scalar left over is
-    stored with an ordinary or integer streaming instruction, neither of which faults
-    when misaligned."""
+    stored with a scalar instruction (ordinary, or a scalar or integer streaming one),
+    none of which faults when misaligned."""
     if not (_nt_array(arr, off) and val == arr.dtype):
         return None
 
