@@ -2332,11 +2332,19 @@ def _streams(k: Kernel) -> list:
     return [s for s in walk_stmts(k.body) if isinstance(s, StreamStore)]
 
 
-def _eltwise_scheduled(n: int | str = "N", m: int | str = "M") -> tuple[Kernel, Schedule]:
-    k = k_eltwise(n, m)
-    sch = Schedule(k)
+def _eltwise_inlined(k: Kernel | None = None) -> Schedule:
+    """``k_eltwise`` (default ``[N, M]``) with its temps inlined: one nest writing O."""
+    sch = Schedule(k if k is not None else k_eltwise("N", "M"))
     sch.compute_inline("mul_0")
     sch.compute_inline("add_1")
+    return sch
+
+
+def _eltwise_scheduled(
+    n: int | str = "N", m: int | str = "M", k: Kernel | None = None
+) -> tuple[Kernel, Schedule]:
+    k = k if k is not None else k_eltwise(n, m)
+    sch = _eltwise_inlined(k)
     sch.parallel("mul_2_i0")
     sch.vectorize("mul_2_i1")
     return k, sch
@@ -2790,22 +2798,6 @@ def _nt_marked() -> Schedule:
     return sch
 
 
-def _sched_eltwise(k: Kernel) -> Schedule:
-    sch = Schedule(k)
-    sch.compute_inline("mul_0")
-    sch.compute_inline("add_1")
-    sch.parallel("mul_2_i0")
-    sch.vectorize("mul_2_i1")
-    return sch
-
-
-def _serial_inner() -> Schedule:
-    sch = Schedule(k_eltwise("N", "M"))
-    sch.compute_inline("mul_0")
-    sch.compute_inline("add_1")
-    return sch
-
-
 def _read_back() -> Schedule:
     sch = Schedule(k_rowbuf([[E()], [D()]]))
     sch.reuse_output("T", "D")
@@ -2814,7 +2806,7 @@ def _read_back() -> Schedule:
 
 
 def _column_major() -> Schedule:
-    sch = _serial_inner()
+    sch = _eltwise_inlined()
     sch.reorder(["mul_2_i1", "mul_2_i0"])
     sch.vectorize("mul_2_i0")
     return sch
@@ -2828,7 +2820,7 @@ def _staged() -> Schedule:
 
 STORE_NT_REQUIREMENTS = {
     "already non-temporal": (_nt_marked, "mul_2", {}, "is already non-temporal"),
-    "not vectorized": (_serial_inner, "mul_2", {}, "loop mul_2_i1 is serial, not vectorized"),
+    "not vectorized": (_eltwise_inlined, "mul_2", {}, "loop mul_2_i1 is serial, not vectorized"),
     "a temp": (lambda: Schedule(k_eltwise("N", "M")), "mul_0", {}, "A is not a kernel output"),
     "read back": (_read_back, "E", {}, "another statement accesses O"),
     "column-major": (_column_major, "mul_2", {}, "not written at consecutive elements"),
@@ -2853,7 +2845,7 @@ def test_store_nontemporal_requirements(what: str) -> None:
 def test_store_nontemporal_refuses_integer_outputs() -> None:
     k = k_eltwise("N", "M")
     k.outputs[0] = Buffer("O", "int32", k.outputs[0].shape)
-    sch = _sched_eltwise(k)
+    _, sch = _eltwise_scheduled(k=k)
     with raises("store_nontemporal", "mul_2") as info:
         sch.store_nontemporal("mul_2")
     assert "O is int32, not float32 or float64" in str(info.value)

@@ -312,9 +312,7 @@ def line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
                     factor = mul(factor, Var(base.name))
         if isinstance(factor, Const):
             return Const(False, "bool")
-        test = Bin("==", mod(factor, Const(LINE_BYTES)), Const(0))
-        if test not in conjuncts(cond):
-            cond = and_flags(cond, test)
+        cond = and_flags(cond, Bin("==", mod(factor, Const(LINE_BYTES)), Const(0)))
     return cond
 
 
@@ -2699,11 +2697,11 @@ class Schedule:
         The store's ``nontemporal`` flag holds when ``O`` holds at least ``min_bytes``
         bytes and every run of ``L`` starts on a cache line of ``O`` (each term of the
         start's offset is a multiple of :data:`LINE_BYTES`; tested at run time when
-        ``O``'s shape is symbolic). The backend prints ``L`` twice: streaming stores
-        where the flag holds and the run's first element is aligned to a vector in
-        memory (checked at run time, so a misaligned output array takes the other copy),
-        ordinary stores otherwise. LLVM's loop vectorizer then stores whole vectors of
-        ``L``, each starting on a vector boundary. Apply it last, like
+        ``O``'s shape is symbolic). The backend prints a second body of the kernel with
+        streaming stores and runs it where the flag holds and ``O``'s array starts on a
+        vector boundary (checked at run time, so a misaligned array takes the plain
+        body); LLVM's loop vectorizer then stores whole vectors of ``L``, each starting on
+        a vector boundary (see the backend's "Chunked kernels"). Apply it last, like
         :meth:`stream_output`: it is meant for outputs that no pass of the kernel reads
         (the LSTM cell's ``h``), written by arithmetic costly enough that a staging
         buffer's copy shows.
@@ -2731,16 +2729,11 @@ class Schedule:
         st, out = self._output_store(prim, b)
         if out.dtype not in ("float32", "float64"):
             raise ScheduleError(prim, block, f"{out.name} is {out.dtype}, not float32 or float64")
+        streams = (s for s in walk_stmts(k.body) if isinstance(s, StreamStore))
         if (
             self.writers(out.name) != [block]
             or self.readers(out.name)
-            or out.name
-            in {
-                x
-                for s in walk_stmts(k.body)
-                if isinstance(s, StreamStore)
-                for x in (s.buffer, s.src)
-            }
+            or any(out.name in _accessed(s) for s in streams)
         ):
             raise ScheduleError(prim, block, f"another statement accesses {out.name}")
         if not loops or cont is not loops[-1].body:

@@ -2052,7 +2052,7 @@ class _Emitter:
             self.n_hoisted += 1
         return frame.cse[v.code]
 
-    def store(self, s: Store, env: dict[str, Expr], ind: int, in_prange: bool = False) -> None:
+    def store(self, s: Store, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
         if s.buffer not in self.bufs:
             raise CodegenError(f"{self.where()}: store to unknown buffer {s.buffer!r}")
         if self.roles[s.buffer] == "input":
