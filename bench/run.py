@@ -157,9 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     # geode chooses numba's vector width when numba's CPU target is built: before the
     # roofline's numba copy kernels are compiled (see geode.codegen.backends.target)
     import geode.codegen.backends  # noqa: F401
-    from bench.workloads import SYSTEMS, geomean, roofline_copies, workloads
+    from bench.workloads import SYSTEMS, geomean, load_runtimes, roofline_copies, workloads
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)
+    # before any numba parallel code runs (the copies below): see load_runtimes
+    load_runtimes(systems, args.threads)
     every = workloads(args.scale)
     known = [w.name for w in every]
     wanted = set(args.workloads.split(",")) if args.workloads else set(known)

@@ -10,10 +10,11 @@ import os
 import pytest
 
 import geode.codegen.backends  # noqa: F401  (numba's target set up before any compile)
-from bench.workloads import SYSTEMS, build, workloads
+from bench.workloads import SYSTEMS, build, load_runtimes, workloads
 
 SCALE = float(os.environ.get("GEODE_BENCH_SCALE", "1.0"))
 THREADS = int(os.environ.get("GEODE_BENCH_THREADS", str(os.cpu_count() or 1)))
+load_runtimes(list(SYSTEMS), THREADS)  # before geode's first kernel: see load_runtimes
 WORKLOADS = {w.name: w for w in workloads(SCALE)}
 
 

@@ -192,6 +192,35 @@ def build(system: str, w: Workload, threads: int) -> Callable[[], object]:
 SYSTEMS = ("geode", "numpy", "torch", "torch.compile", "jax", "onnxruntime")
 
 
+def load_runtimes(systems: list[str], threads: int) -> dict[str, str]:
+    """Import the libraries behind ``systems`` and start torch's thread pool, before geode
+    or the roofline copies run any numba parallel code; returns ``{system: import error}``
+    for those that are not installed.
+
+    Why: numba's OpenMP threading layer loads the system's ``libgomp.so.1``. A torch
+    imported after that binds to the same library (its own bundled copy has the same
+    soname, so the dynamic linker reuses the loaded one), and its eager kernels then ran
+    40-60x slower: the LSTM gates at [4096, 1024] took 1.1-1.7 s instead of 23-28 ms (two
+    Zen 4 cores, torch 2.13). Imported first, torch keeps its own OpenMP runtime, as in a
+    user's process that imports torch before running geode.
+    """
+    missing: dict[str, str] = {}
+    for system in systems:
+        try:
+            if system in ("torch", "torch.compile"):
+                import torch
+
+                torch.set_num_threads(threads)
+                torch.ones(1 << 16).sigmoid_()  # starts torch's OpenMP pool
+            elif system == "jax":
+                import jax  # noqa: F401
+            elif system == "onnxruntime":
+                import onnxruntime  # noqa: F401
+        except ImportError as exc:
+            missing[system] = str(exc)
+    return missing
+
+
 def roofline_copies(nbytes: int = 64 << 20) -> dict[str, Callable[[], None]]:
     """Copy kernels over ``nbytes``: numba parallel loops (flat, and by rows of ``COLS`` like
     the workloads), numpy's memcpy, and a row copy with non-temporal (streaming) stores

@@ -64,3 +64,40 @@ def test_rounds_time_the_together_group_call_by_call(monkeypatch) -> None:
     block = ["numpy"] * 4 + ["copy", "geode"] * 4  # an untimed call of each, then 3 timed
     assert calls == block * 2
     assert {k: len(v) for k, v in samples.items()} == {"numpy": 2, "copy": 2, "geode": 2}
+
+
+def test_the_other_runtimes_load_before_any_numba_parallel_code(monkeypatch) -> None:
+    """``main`` imports the compared libraries (``load_runtimes``) before the roofline
+    copies, the first numba parallel code it runs: torch imported after numba's OpenMP
+    layer started ran its eager kernels 40-60x slower (see ``load_runtimes``)."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parents[1]))
+    from bench import run, workloads
+
+    order: list[tuple[str, object]] = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_copies(nbytes: int) -> dict:
+        order.append(("copies", nbytes))
+        raise Stop
+
+    monkeypatch.setattr(workloads, "load_runtimes", lambda s, t: order.append(("load", (s, t))))
+    monkeypatch.setattr(workloads, "roofline_copies", fake_copies)
+    try:
+        run.main(["--threads", "2", "--systems", "numpy,torch", "--scale", str(1 / 512)])
+    except Stop:
+        pass
+    assert order == [("load", (["numpy", "torch"], 2)), ("copies", 4 << 20)]
+
+
+def test_load_runtimes_reports_a_missing_library(monkeypatch) -> None:
+    """A system whose library cannot be imported is returned with the import error (the
+    table then lists it as missing); numpy and geode need nothing loaded."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parents[1]))
+    from bench.workloads import load_runtimes
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` fail
+    missing = load_runtimes(["geode", "numpy", "onnxruntime"], 1)
+    assert list(missing) == ["onnxruntime"]
+    assert "onnxruntime" in missing["onnxruntime"]
