@@ -200,7 +200,7 @@ def load_runtimes(systems: list[str], threads: int) -> dict[str, str]:
     Why: numba's OpenMP threading layer loads the system's ``libgomp.so.1``. A torch
     imported after that binds to the same library (its own bundled copy has the same
     soname, so the dynamic linker reuses the loaded one), and its eager kernels then ran
-    40-60x slower: the LSTM gates at [4096, 1024] took 1.1-1.7 s instead of 23-28 ms (two
+    40-70x slower: the LSTM gates at [4096, 1024] took 1.1-1.7 s instead of 23-28 ms (two
     Zen 4 cores, torch 2.13). Imported first, torch keeps its own OpenMP runtime, as in a
     user's process that imports torch before running geode.
     """
