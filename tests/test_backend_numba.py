@@ -2361,6 +2361,114 @@ def test_nontemporal_stores_print_plain_where_they_cannot_stream(what: str) -> N
         _run_nt(native, n, m, (n,))
 
 
+@pytest.fixture
+def fresh_memo():
+    """An empty kernel memo, so the test's kernel is compiled afresh (its chunk functions
+    in the state compile_kernel leaves them)."""
+    nb._memo.clear()
+    yield
+    nb._memo.clear()
+
+
+def _aligned_and_not(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two float32 [n, m] outputs: one starting on a 64-byte boundary, one 4 bytes past."""
+    raw = np.zeros(2 * n * m + 64, np.float32)
+    start = (-raw.ctypes.data % 64) // 4
+    aligned = raw[start : start + n * m].reshape(n, m)
+    off = raw[start + n * m + 17 : start + 2 * n * m + 17].reshape(n, m)
+    return aligned, off
+
+
+def test_plain_chunk_function_is_compiled_on_first_need(fresh_memo) -> None:
+    """A kernel with a streaming body compiles only its streaming chunk function (what
+    geode's large, aligned outputs run); the plain one is compiled by the first call
+    whose output is misaligned, once, and serves every later such call."""
+    native = nb.compile_kernel(_nt_eltwise("N", "M"))
+    plain, nt = native._chunk_fns
+    assert plain.endswith("_rows") and nt.endswith("_rows_nt")
+    assert native._chunk_fns == {plain: None, nt: native.rows}
+    assert native.launch_args[:2] == (0, native.rows.address)
+    seconds = native.compile_seconds
+    x = np.random.default_rng(3).standard_normal((5, 256)).astype(np.float32)
+    want = (np.exp(x.astype(np.float64)) + 1).astype(np.float32)
+    aligned, off = _aligned_and_not(5, 256)
+    native(x, aligned, 5, 256)
+    assert_close(aligned, want, "float32")
+    assert native._chunk_fns[plain] is None  # the streaming body ran
+    native(x, off, 5, 256)
+    assert_close(off, want, "float32")
+    compiled = native._chunk_fns[plain]
+    assert compiled is not None and native.launch_args[:2] == (
+        compiled.address,
+        native.rows.address,
+    )
+    assert native.compile_seconds > seconds
+    off[:] = 0
+    native(x, off, 5, 256)
+    assert native._chunk_fns[plain] is compiled
+    assert_close(off, want, "float32")
+
+
+def test_plain_chunk_function_compiles_once_for_concurrent_callers(fresh_memo) -> None:
+    import threading
+
+    native = nb.compile_kernel(_nt_eltwise("N", "M"))
+    calls = []
+    real = native._compile_rows
+
+    def counted(name: str):
+        calls.append(name)
+        return real(name)
+
+    native._compile_rows = counted
+    x = np.random.default_rng(4).standard_normal((4, 64)).astype(np.float32)
+    outs = [_aligned_and_not(4, 64)[1] for _ in range(4)]
+    threads = [threading.Thread(target=native, args=(x, y, 4, 64)) for y in outs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [next(iter(native._chunk_fns))]
+    want = (np.exp(x.astype(np.float64)) + 1).astype(np.float32)
+    for y in outs:
+        assert_close(y, want, "float32")
+
+
+def test_plain_chunk_function_gets_a_cache_entry_of_its_own(tmp_path, fresh_memo) -> None:
+    """Compiled on first need, the plain chunk function goes into a new cache entry (the
+    kernel's committed entry is left as it was); a later process (here: a cleared memo)
+    loads the kernel and, on first need, that chunk function from the disk cache."""
+    from geode.codegen.cache import KERNEL_AREA
+
+    kern = _nt_eltwise("N", "M")
+    native = nb.compile_kernel(kern, cache_dir=tmp_path)
+    area = tmp_path / KERNEL_AREA
+    entries = {d.name: (d / "manifest.json").read_bytes() for d in area.iterdir()}
+    assert len(entries) == 1
+    x = np.random.default_rng(5).standard_normal((3, 128)).astype(np.float32)
+    native(x, _aligned_and_not(3, 128)[1], 3, 128)
+    after = {d.name: d for d in area.iterdir()}
+    assert len(after) == 2 and set(entries) < set(after)
+    assert all((after[n] / "manifest.json").read_bytes() == m for n, m in entries.items())
+    nb._memo.clear()
+    again = nb.compile_kernel(kern, cache_dir=tmp_path)
+    assert again.from_cache
+    y = _aligned_and_not(3, 128)[1]
+    again(x, y, 3, 128)
+    plain = next(iter(again._chunk_fns))
+    assert again._chunk_fns[plain].cache_hits > 0
+    assert_close(y, (np.exp(x.astype(np.float64)) + 1).astype(np.float32), "float32")
+
+
+def test_inspecting_a_streaming_kernel_shows_both_chunk_functions(fresh_memo) -> None:
+    native = nb.compile_kernel(_nt_eltwise("N", "M"))
+    plain, nt = native._chunk_fns
+    for text in (native.llvm, native.asm):  # numba's symbols: each name's length, the name
+        for name in (plain, nt, "nt_body", "nt_body_nt"):
+            assert re.search(rf"{len(name)}{name}B", text), name
+    assert native._chunk_fns[plain] is None  # inspection compiled a copy of its own
+
+
 def test_nontemporal_store_to_an_integer_output_is_a_codegen_error() -> None:
     k = _nt_eltwise("N", 64)
     k.outputs[0].dtype = "int32"

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "run.py"
 TINY = ["--threads", "1", "--scale", str(1 / 512), "--rounds", "1", "--repeat", "1"]
 
@@ -84,10 +86,8 @@ def test_the_other_runtimes_load_before_any_numba_parallel_code(monkeypatch) -> 
 
     monkeypatch.setattr(workloads, "load_runtimes", lambda s, t: order.append(("load", (s, t))))
     monkeypatch.setattr(workloads, "roofline_copies", fake_copies)
-    try:
+    with pytest.raises(Stop):
         run.main(["--threads", "2", "--systems", "numpy,torch", "--scale", str(1 / 512)])
-    except Stop:
-        pass
     assert order == [("load", (["numpy", "torch"], 2)), ("copies", 4 << 20)]
 
 

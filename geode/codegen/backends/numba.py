@@ -56,20 +56,29 @@ overhead. Any other parallel kernel (two parallel loops one after another, a par
 loop inside a serial one, stores outside the parallel loop) keeps ``numba.prange``.
 
 A chunked kernel with stores that :meth:`~geode.codegen.schedule.Schedule.store_nontemporal`
-marked holds a fourth function, the streaming body ``fused_0_body_nt``: the same loops,
-with those stores as ``_g_ntstore`` (non-temporal stores that LLVM's loop vectorizer
-turns into whole aligned vector stores, ``vmovntps``). The chunk function calls it when
-every marked store's flag holds and each such output array starts on a vector boundary
-(``_g_vector_start(Y, 0)``), the plain body otherwise. A store counts only when, in the
-AST being printed, it sits in a flat block without predicate directly in a vectorized
-loop and every run of that loop starts on a cache line of the output (checked again
-here, whatever the schedule did after marking it): with the array aligned, every vector
-the loop vectorizer stores is then aligned to its own size, as ``vmovntps`` requires. A
-whole function is duplicated rather than the loop, because a loop printed twice in one
-function made LLVM spill the registers of both copies' constants (the LSTM gates' ``h``
-pass: 30 stack accesses per 64 elements, 1.1x the time of the plain kernel, against
-0.9x for the streaming body on its own). Other kernels print such stores as ordinary
-stores.
+marked holds a streaming body ``fused_0_body_nt`` and its own chunk function
+``fused_0_rows_nt``: the same loops, with those stores as ``_g_ntstore`` (non-temporal
+stores that LLVM's loop vectorizer turns into whole aligned vector stores, ``vmovntps``).
+The entry launches it when every marked store's flag holds and each such output array
+starts on a vector boundary (``_g_vector_start(Y, 0)``), the plain chunk function
+otherwise. A store counts only when, in the AST being printed, it sits in a flat block
+without predicate directly in a vectorized loop and every run of that loop starts on a
+cache line of the output (checked again here, whatever the schedule did after marking
+it): with the array aligned, every vector the loop vectorizer stores is then aligned to
+its own size, as ``vmovntps`` requires. A whole function is duplicated rather than the
+loop, because a loop printed twice in one function made LLVM spill the registers of both
+copies' constants (the LSTM gates' ``h`` pass: 30 stack accesses per 64 elements, 1.1x
+the time of the plain kernel, against 0.9x for the streaming body on its own). Other
+kernels print such stores as ordinary stores.
+
+Each body is as costly to compile as the whole kernel without it (the LSTM gates:
+0.6-0.65 s, the tanh GELU 0.5 s), so :func:`compile_kernel` compiles the streaming
+chunk function only (what geode's outputs of at least a MiB, 64-byte aligned, run) and
+the plain one on the first call that needs it: its entry address is 0 until then, the
+entry returns 1 instead of launching, and ``NumbaKernel.__call__`` compiles it (once,
+under a lock) through a cache entry of its own and calls again. Cold compiles with the
+runtime helpers cached fell from 1.30-1.36 s to 0.82-0.84 s (LSTM gates) and from 0.90 s
+to 0.66 s (tanh GELU).
 
 Runtime helpers
 ---------------
@@ -1061,8 +1070,10 @@ class _Emitted:
     #: kernels"), else None
     rows_name: str | None = None
     body_name: str | None = None
-    #: a chunked kernel's streaming body (see ``_Emitter.plan_nontemporal``), else None
+    #: a chunked kernel's streaming body (see ``_Emitter.plan_nontemporal``) and the
+    #: chunk function that calls it, else None
     nt_body_name: str | None = None
+    nt_rows_name: str | None = None
     #: (name in :mod:`geode.codegen.backends.vmath`, argument dtype) of every vmath
     #: function the kernel calls
     vmath: tuple[tuple[str, str], ...] = ()
@@ -2213,7 +2224,8 @@ class _Emitter:
         unpack: list[str] = []
         rows_name = body_name = None
         nt_ids: set[int] = set()
-        nt_name = None
+        nt_name = nt_rows_name = None
+        rows_params: list[str] = []
         if chunked:
             rows_name = self.names.fresh(f"{self.func_name}_rows")
             body_name = self.names.fresh(f"{self.func_name}_body")
@@ -2221,12 +2233,11 @@ class _Emitter:
                 self.names.fresh(n) for n in ("argv", "chunk", "chunks", "rows", "threads")
             )
             self.chunk_vars = (chunk, chunks)
-            entry = self.chunk_entry(checks, args, argv, rows, chunks, threads)
-            unpack = self.unpack_argv(args, env, argv)
             nt_ids, nt_cond, nt_outs = self.plan_nontemporal()
-            call = f"({', '.join([*args, chunk, chunks])})"
+            test = None
             if nt_ids:
                 nt_name = self.names.fresh(f"{self.func_name}_body_nt")
+                nt_rows_name = self.names.fresh(f"{self.func_name}_rows_nt")
                 tests = [
                     self.convert(self.ex(self.fold(t, env)), "bool") for t in conjuncts(nt_cond)
                 ]
@@ -2234,9 +2245,16 @@ class _Emitter:
                     [_p(t, _CMP) for t in tests]
                     + [f"{self.helper('_g_vector_start')}({self.py[o]}, 0)" for o in nt_outs]
                 )
-                unpack += [f"    if {test}:", f"        {nt_name}{call}", "    else:"]
-            unpack.append(f"    {'    ' if nt_ids else ''}{body_name}{call}")
+            rows_params = [rows] if test is None else [rows, self.names.fresh("rows_nt")]
+            entry = self.chunk_entry(checks, args, argv, rows_params, chunks, threads, test)
+            unpack = self.unpack_argv(args, env, argv)
+            call = f"({', '.join([*args, chunk, chunks])})"
             sig.append(f"    _t.int64,  # {rows}: the address of {rows_name} (geode passes it)")
+            if nt_rows_name is not None:
+                sig.append(
+                    f"    _t.int64,  # {rows_params[1]}: the address of {nt_rows_name}, "
+                    "0 while not compiled (geode passes it)"
+                )
             sig.append(f"    _t.int64,  # {chunks}: the launch's chunk count (geode passes it)")
             sig.append(
                 f"    _t.int64,  # {threads}: the thread count, 0 for numba's (geode passes it)"
@@ -2283,9 +2301,13 @@ class _Emitter:
         )
         if chunked:
             c, cs = self.chunk_vars  # type: ignore[misc]
-            params = ", ".join([*args, rows, cs, threads])
+            params = ", ".join([*args, *rows_params, cs, threads])
             lines = [*head, "", "", f"def {self.func_name}({params}):"]
             lines += [*entry, "", "", f"def {rows_name}({argv}, {c}, {cs}):", *unpack]
+            lines.append(f"    {body_name}{call}")
+            if nt_body:
+                lines += ["", "", f"def {nt_rows_name}({argv}, {c}, {cs}):", *unpack]
+                lines.append(f"    {nt_name}{call}")
             lines += ["", "", f"def {body_name}({', '.join([*args, c, cs])}):", *body]
             if nt_body:
                 lines += ["", "", f"def {nt_name}({', '.join([*args, c, cs])}):", *nt_body]
@@ -2303,6 +2325,7 @@ class _Emitter:
             rows_name,
             body_name,
             nt_name if nt_body else None,
+            nt_rows_name if nt_body else None,
             tuple(sorted(self.vmath.items())),
         )
 
@@ -2348,17 +2371,37 @@ class _Emitter:
         return out
 
     def chunk_entry(
-        self, checks: list[str], args: list[str], argv: str, rows: str, chunks: str, threads: str
+        self,
+        checks: list[str],
+        args: list[str],
+        argv: str,
+        rows: list[str],
+        chunks: str,
+        threads: str,
+        nt_test: str | None,
     ) -> list[str]:
         """A chunked kernel's entry: the shape checks, ``argv`` (the arrays' addresses,
         then the dims) and the shared launcher, which runs the chunk function at address
-        ``rows`` in ``chunks`` chunks on ``threads`` threads (0: numba's setting)."""
+        ``rows[0]`` in ``chunks`` chunks on ``threads`` threads (0: numba's setting).
+
+        With a streaming body, ``rows`` also names the streaming chunk function's
+        address, launched instead when ``nt_test`` holds. Either address may be 0 (a
+        chunk function compiled on first need, see "Chunked kernels"): the entry then
+        returns 1 (the plain one is needed) or 2 (the streaming one) without running
+        anything; it returns 0 after a launch."""
         n_arrays = len(self.k.inputs) + len(self.k.outputs)
         out = [*checks, f"    {argv} = np.empty({len(args)}, dtype=np.int64)"]
         for i, a in enumerate(args):
             val = f"{self.helper('_g_addr')}({a})" if i < n_arrays else a
             out.append(f"    {argv}[{i}] = {val}")
-        out.append(f"    {self.helper('_g_launch')}({rows}, {argv}, {chunks}, {threads})")
+        launch = self.helper("_g_launch")
+        if nt_test is None:
+            out.append(f"    {launch}({rows[0]}, {argv}, {chunks}, {threads})")
+            return out
+        for lead, addr, need in ((f"if {nt_test}:", rows[1], 2), ("else:", rows[0], 1)):
+            out += [f"    {lead}", f"        if {addr} == 0:", f"            return {need}"]
+            out.append(f"        {launch}({addr}, {argv}, {chunks}, {threads})")
+        out.append("    return 0")
         return out
 
     def unpack_argv(self, args: list[str], env: dict[str, Expr], argv: str) -> list[str]:
@@ -2501,15 +2544,19 @@ class NumbaKernel:
     more is disabled so a wrong dtype or rank raises ``TypeError``); ``__call__``
     adapts float16 arrays (uint16 views) and 0-d arrays (1-element views), then
     calls it. A chunked kernel (``chunked``; see "Chunked kernels") also has
-    ``rows``, its chunk function (a numba ``cfunc``); ``fn`` then takes
-    ``launch_args`` (its address, the chunk count and the thread count, 0: numba's
-    setting) after the dims, which ``__call__`` passes with its ``threads`` keyword as
-    the thread count (the threads the launch runs on, set for the calling thread as
-    ``numba.set_num_threads`` would, in compiled code). ``source`` is the generated module,
-    ``llvm``/``asm`` numba's optimised IR and machine code (computed on first access;
-    a chunked kernel's chunk function first, then its entry), ``compile_seconds`` the
-    wall time of :func:`compile_kernel`, ``from_cache`` whether the machine code came
-    from the disk cache.
+    ``rows``, the chunk function compiled with it (a numba ``cfunc``); ``fn`` then takes
+    ``launch_args`` (the chunk functions' addresses, the chunk count and the thread
+    count, 0: numba's setting) after the dims, which ``__call__`` passes with its
+    ``threads`` keyword as the thread count (the threads the launch runs on, set for the
+    calling thread as ``numba.set_num_threads`` would, in compiled code). A kernel with a
+    streaming body compiles its plain chunk function on the first call that needs it
+    (``__call__``: the entry reports it, see :meth:`_Emitter.chunk_entry`), through a
+    cache entry of its own. ``source`` is the generated module, ``llvm``/``asm``
+    numba's optimised IR and machine code (computed on first access; a chunked kernel's
+    chunk functions first, then its entry), ``compile_seconds`` the wall time of
+    :func:`compile_kernel` plus that of any chunk function compiled later,
+    ``from_cache`` whether the machine code :func:`compile_kernel` returned came from the
+    disk cache.
     """
 
     def __init__(
@@ -2522,6 +2569,7 @@ class NumbaKernel:
         from_cache: bool,
         fastmath: bool,
         cache_path: str | None,
+        compile_rows: Callable[[str], Any] | None = None,
     ) -> None:
         self.name = name
         self.fn = fn
@@ -2540,9 +2588,38 @@ class NumbaKernel:
         self._arrays = tuple(emitted.arrays)
         self._dims = tuple(emitted.dims)
         self.rows = getattr(fn, "__geode_rows__", None)
-        #: what ``fn`` takes after the dims: a chunked kernel's (chunk function's
-        #: address, chunk count, thread count 0: numba's setting), else nothing
-        self.launch_args = (self.rows.address, launch_chunks(), 0) if self.rows is not None else ()
+        #: a chunked kernel's chunk functions by name: the compiled cfunc, or None until
+        #: the first call that needs it (see "Chunked kernels")
+        self._chunk_fns: dict[str, Any] = {}
+        if self.rows is not None:
+            names = [emitted.rows_name, *([emitted.nt_rows_name] if emitted.nt_rows_name else [])]
+            self._chunk_fns = {n: None for n in names}
+            self._chunk_fns[emitted.nt_rows_name or emitted.rows_name] = self.rows
+        self._compile_rows = compile_rows
+        self._rows_lock = threading.Lock()
+        #: what ``fn`` takes after the dims: a chunked kernel's (chunk functions'
+        #: addresses, 0 for one not compiled yet; chunk count; thread count 0: numba's
+        #: setting), else nothing
+        self.launch_args = self._launch_args()
+
+    def _launch_args(self) -> tuple[int, ...]:
+        if self.rows is None:
+            return ()
+        addrs = tuple(0 if f is None else f.address for f in self._chunk_fns.values())
+        return (*addrs, launch_chunks(), 0)
+
+    def _compile_missing(self, need: int) -> None:
+        """Compile the chunk function the entry reported missing (1: the plain one, 2:
+        the streaming one), once, whichever thread asks first."""
+        name = list(self._chunk_fns)[need - 1]
+        with self._rows_lock:
+            if self._chunk_fns[name] is not None or self._compile_rows is None:
+                return
+            t0 = time.perf_counter()
+            self._chunk_fns[name] = self._compile_rows(name)
+            self.compile_seconds += time.perf_counter() - t0
+            self.launch_args = self._launch_args()
+            log.debug("kernel %s: compiled %s on first need", self.name, name)
 
     @property
     def chunked(self) -> bool:
@@ -2566,11 +2643,16 @@ class NumbaKernel:
                 if isinstance(a, np.ndarray) and a.dtype == np.float16:
                     lst[i] = a.view(np.uint16)
             args = tuple(lst)
-        launch = (*self.launch_args[:2], threads) if self.launch_args else ()
+        launch = (*self.launch_args[:-1], threads) if self.launch_args else ()
         try:
-            self.fn(*args, *launch)
+            need = self.fn(*args, *launch)
         except TypeError:
-            self.fn(*self._coerce(args), *launch)
+            args = tuple(self._coerce(args))
+            need = self.fn(*args, *launch)
+        if need:  # a chunk function not compiled yet: the entry ran nothing
+            self._compile_missing(need)
+            if self.fn(*args, *self.launch_args[:-1], threads) not in (0, None):
+                raise CodegenError(f"kernel {self.name}: chunk function {need} not compiled")
 
     def _coerce(self, args: tuple[Any, ...]) -> list[Any]:
         """Slow path after a signature mismatch: make inputs C-contiguous, or explain."""
@@ -2606,14 +2688,22 @@ class NumbaKernel:
         return out
 
     @functools.cached_property
-    def _inspectable(self) -> tuple[Any, Any]:
-        """(entry dispatcher, chunk cfunc or None) holding LLVM IR: numba keeps none for
-        code loaded from its cache, so that is recompiled in memory."""
-        if not self.from_cache:
-            return self.fn, self.rows
+    def _inspectable(self) -> tuple[Any, list[Any]]:
+        """(entry dispatcher, chunk cfuncs) holding LLVM IR: numba keeps none for code
+        loaded from its cache, so that is recompiled in memory, as is a chunk function
+        not compiled yet."""
+        module, options = self.fn.__geode_module__, self.fn.__geode_options__
         with _numba_compile_settings(self.fn.__geode_interleave__):
-            rows = self.rows and _compile_rows(self.rows._pyfunc, self.fn.__geode_options__, None)
-            fn = numba.njit(**self.fn.__geode_options__)(self.fn.py_func)
+            # a cfunc loaded from the cache (cache_hits) holds no IR either
+            rows = [
+                f
+                if f is not None and not f.cache_hits
+                else _compile_rows(module.__dict__[name], options, None)
+                for name, f in self._chunk_fns.items()
+            ]
+            if not self.from_cache:
+                return self.fn, rows
+            fn = numba.njit(**options)(self.fn.py_func)
             fn.compile(self.signature)
         return fn, rows
 
@@ -2621,15 +2711,14 @@ class NumbaKernel:
     def llvm(self) -> str:
         """numba's optimised LLVM IR for the kernel (recompiled if it came from the cache)."""
         fn, rows = self._inspectable
-        entry = str(fn.inspect_llvm(self.signature))
-        return entry if rows is None else f"{rows.inspect_llvm()}\n{entry}"
+        return "\n".join([*(r.inspect_llvm() for r in rows), str(fn.inspect_llvm(self.signature))])
 
     @functools.cached_property
     def asm(self) -> str:
         """The kernel's machine code as assembly (recompiled if it came from the cache)."""
         fn, rows = self._inspectable
-        entry = str(fn.inspect_asm(self.signature))
-        return entry if rows is None else f"{rows._library.get_asm_str()}\n{entry}"
+        parts = [r._library.get_asm_str() for r in rows]
+        return "\n".join([*parts, str(fn.inspect_asm(self.signature))])
 
     def __repr__(self) -> str:
         how = "cached" if self.from_cache else f"{self.compile_seconds:.2f}s"
@@ -2691,9 +2780,20 @@ _memo_lock = threading.Lock()
 _key_locks: dict[tuple[str, str | None], threading.Lock] = {}
 
 
-def _build(
-    kernel: Kernel, emitted: _Emitted, key: str, cache_dir: str | None, fastmath: bool
-) -> tuple[Any, bool, str | None]:
+class _Loaded(NamedTuple):
+    """A kernel module loaded for compiling: the module, its cache entry (None: compile
+    in memory), the file name numba reports, the njit options and interleave count."""
+
+    module: Any
+    entry: Any
+    filename: str
+    options: dict[str, Any]
+    interleave: int
+
+
+def _load(kernel: Kernel, emitted: _Emitted, key: str, cache_dir: str | None) -> _Loaded:
+    """Prepare ``key``'s cache entry (when ``cache_dir`` is set) and import the kernel's
+    module from it (or from memory), with its bodies wrapped as ``noalias`` dispatchers."""
     entry = None
     module_name = f"geode_k_{key[:32]}"
     filename = f"<geode kernel {kernel.name} {key[:12]}>"
@@ -2707,35 +2807,43 @@ def _build(
             )
     try:
         module = _cache.load_module(emitted.source, module_name, filename)
-        py_func = module.__dict__[emitted.func_name]
         options = dict(module.NJIT_OPTIONS)
         interleave = int(getattr(module, "INTERLEAVE", 1))
-        # numba's FunctionCache is attached below, pinned to the cache entry
+        # numba's FunctionCache is attached by the caller, pinned to the cache entry
         options["cache"] = False
-        signature = module.SIGNATURE
     except CodegenError:
         raise
     except Exception as exc:
         raise _compile_error(kernel, exc, emitted.source, filename) from exc
-
-    rows_fn = module.__dict__[emitted.rows_name] if emitted.rows_name else None
     for name in (emitted.body_name, emitted.nt_body_name):
         if name:
             # a module loaded before (same source) already holds the dispatcher
             body = module.__dict__[name]
             module.__dict__[name] = _noalias_njit(getattr(body, "py_func", body), options)
-    if rows_fn is not None:
-        start_threads()  # before the entry's code is loaded: it resolves the pool's symbols
+    return _Loaded(module, entry, filename, options, interleave)
+
+
+def _compile_loaded(
+    kernel: Kernel,
+    emitted: _Emitted,
+    loaded: _Loaded,
+    cache_dir: str | None,
+    work: Callable[[Any], tuple[Any, bool]],
+) -> tuple[Any, Any]:
+    """Run ``work(entry)`` (compile through the cache entry, or in memory for None;
+    returns its result and whether it came from the cache) under numba's compile
+    settings, with the runtime helpers compiled first unless the entry is trusted. A
+    trusted entry numba still cannot load is discarded and rebuilt; an entry that fails
+    otherwise (a full disk...) is given up for an in-memory compile; a compile error is
+    a :class:`CodegenError`. The entry is committed after a fresh compile. Returns
+    ``(result, entry)``."""
+    entry = loaded.entry
     while True:
         try:
             if not (entry is not None and entry.trusted):
                 _compile_helpers(emitted, None if entry is None else cache_dir)
-            with _numba_compile_settings(interleave):
-                rows = None if rows_fn is None else _compile_rows(rows_fn, options, entry)
-                fn = numba.njit(**options)(py_func)
-                if entry is not None:
-                    _cache.attach_numba_cache(fn, entry)
-                fn.compile(signature)
+            with _numba_compile_settings(loaded.interleave):
+                result, from_cache = work(entry)
         except Exception as exc:
             if entry is not None and entry.trusted:
                 # verified files that numba still cannot load: never trust them again
@@ -2749,19 +2857,62 @@ def _build(
                 log.debug("compiling %s with the disk cache failed: %s", kernel.name, exc)
                 entry = None
                 continue
-            raise _compile_error(kernel, exc, emitted.source, filename) from exc
+            raise _compile_error(kernel, exc, emitted.source, loaded.filename) from exc
         break
-    fn.disable_compile()
-    from_cache = sum(fn.stats.cache_hits.values()) > 0 and (rows is None or rows.cache_hits > 0)
     if entry is not None and not from_cache:
         try:
             _cache.commit_entry(entry)
         except OSError as exc:  # the kernel is fine; only the cache entry is lost
             log.warning("kernel cache entry %s not saved: %s", entry.directory, exc)
+    return result, entry
+
+
+def _build(
+    kernel: Kernel, emitted: _Emitted, key: str, cache_dir: str | None, fastmath: bool
+) -> tuple[Any, bool, str | None]:
+    loaded = _load(kernel, emitted, key, cache_dir)
+    module, options = loaded.module, loaded.options
+    py_func = module.__dict__[emitted.func_name]
+    # a chunked kernel compiles its streaming chunk function when it has one (what
+    # geode's large outputs run), else the plain one; the other on first need
+    eager = emitted.nt_rows_name or emitted.rows_name
+    if eager is not None:
+        start_threads()  # before the entry's code is loaded: it resolves the pool's symbols
+
+    def work(entry: Any) -> tuple[Any, bool]:
+        rows = None if eager is None else _compile_rows(module.__dict__[eager], options, entry)
+        fn = numba.njit(**options)(py_func)
+        if entry is not None:
+            _cache.attach_numba_cache(fn, entry)
+        fn.compile(module.SIGNATURE)
+        hit = sum(fn.stats.cache_hits.values()) > 0 and (rows is None or rows.cache_hits > 0)
+        return (fn, rows), hit
+
+    (fn, rows), entry = _compile_loaded(kernel, emitted, loaded, cache_dir, work)
+    fn.disable_compile()
+    from_cache = sum(fn.stats.cache_hits.values()) > 0 and (rows is None or rows.cache_hits > 0)
     fn.__geode_rows__ = rows
+    fn.__geode_module__ = module
     fn.__geode_options__ = options
-    fn.__geode_interleave__ = interleave
+    fn.__geode_interleave__ = loaded.interleave
     return fn, from_cache, (str(entry.directory) if entry is not None else None)
+
+
+def _compile_lazy_rows(
+    kernel: Kernel, emitted: _Emitted, key: str, cache_dir: str | None, name: str
+) -> Any:
+    """Compile the chunk function ``name`` of a kernel with a streaming body, the one
+    :func:`_build` left for first need, through a cache entry of its own (the kernel's
+    key and ``name`` hashed), so the kernel's committed entry is never changed."""
+    sub = hashlib.sha256(f"{key}:{name}".encode()).hexdigest()
+    loaded = _load(kernel, emitted, sub, cache_dir)
+
+    def work(entry: Any) -> tuple[Any, bool]:
+        rows = _compile_rows(loaded.module.__dict__[name], loaded.options, entry)
+        return rows, rows.cache_hits > 0
+
+    rows, _ = _compile_loaded(kernel, emitted, loaded, cache_dir, work)
+    return rows
 
 
 def _compile_helpers(emitted: _Emitted, cache_dir: str | None) -> None:
@@ -2851,8 +3002,20 @@ def compile_kernel(
         if hit is not None:
             return hit
         fn, from_cache, path = _build(kernel, emitted, key, cdir, fastmath)
+
+        def compile_rows(name: str) -> Any:
+            return _compile_lazy_rows(kernel, emitted, key, cdir, name)
+
         k = NumbaKernel(
-            kernel.name, fn, emitted, key, time.perf_counter() - t0, from_cache, fastmath, path
+            kernel.name,
+            fn,
+            emitted,
+            key,
+            time.perf_counter() - t0,
+            from_cache,
+            fastmath,
+            path,
+            compile_rows,
         )
         with _memo_lock:
             _memo[memo_key] = k
