@@ -185,6 +185,26 @@ def test_non_contiguous_inputs_are_copied(ew_chain: nb.NumbaKernel) -> None:
     assert_close(Y, (np.tanh(X) - np.maximum(X, 0)).astype(np.float32))
 
 
+def test_non_contiguous_float16_input_is_copied() -> None:
+    """A float16 kernel (uint16 views natively) given a strided float16 input: copied to C
+    order from the caller's array, not from its uint16 view (which was refused as 'not
+    a float16 array')."""
+    ext = (A.Var("N"), A.Const(8))
+    v = (A.Var("vi"), A.Var("vj"))
+    ivs = [IterVar("vi", ext[0]), IterVar("vj", ext[1])]
+    val = A.Bin("+", A.Load("X", v), A.Const(1.0, "float16"))
+    blk = A.Block("e", ivs, [A.Var("i"), A.Var("j")], [A.Store("Y", v, val)])
+    body = [A.For("i", ext[0], [A.For("j", ext[1], [blk])])]
+    kern = A.Kernel(
+        "h16", [A.Buffer("X", "float16", ext)], [A.Buffer("Y", "float16", ext)], ["N"], body
+    )
+    native = nb.compile_kernel(kern)
+    x = np.arange(48, dtype=np.float16).reshape(3, 16)[:, ::2]
+    y = np.empty((3, 8), np.float16)
+    native(x, y, 3)
+    np.testing.assert_array_equal(y, x + np.float16(1))
+
+
 def test_read_only_inputs(ew_chain: nb.NumbaKernel) -> None:
     X = np.ones((2, 3), np.float32)
     X.flags.writeable = False
@@ -2410,20 +2430,32 @@ def test_plain_chunk_function_is_compiled_on_first_need(fresh_memo) -> None:
 
 
 def test_plain_chunk_function_compiles_once_for_concurrent_callers(fresh_memo) -> None:
+    """Callers that all find the plain chunk function missing at once wait for one
+    compile (its compiler made slow, so all of them ask while it runs)."""
     import threading
+    import time
 
+    if numba.threading_layer() == "workqueue":  # pragma: no cover - not geode's layer
+        pytest.skip("numba's workqueue layer aborts on concurrent parallel launches")
     native = nb.compile_kernel(_nt_eltwise("N", "M"))
     calls = []
     real = native._compile_rows
 
-    def counted(name: str):
+    def slow(name: str):
         calls.append(name)
+        time.sleep(0.3)
         return real(name)
 
-    native._compile_rows = counted
+    native._compile_rows = slow
     x = np.random.default_rng(4).standard_normal((4, 64)).astype(np.float32)
     outs = [_aligned_and_not(4, 64)[1] for _ in range(4)]
-    threads = [threading.Thread(target=native, args=(x, y, 4, 64)) for y in outs]
+    start = threading.Barrier(len(outs))
+
+    def call(y: np.ndarray) -> None:
+        start.wait()
+        native(x, y, 4, 64)
+
+    threads = [threading.Thread(target=call, args=(y,)) for y in outs]
     for t in threads:
         t.start()
     for t in threads:
@@ -2432,6 +2464,60 @@ def test_plain_chunk_function_compiles_once_for_concurrent_callers(fresh_memo) -
     want = (np.exp(x.astype(np.float64)) + 1).astype(np.float32)
     for y in outs:
         assert_close(y, want, "float32")
+
+
+def test_compile_chunk_functions_compiles_ahead_of_the_first_call(fresh_memo) -> None:
+    """The warm-up: every chunk function compiled, so no call compiles; the bare entry
+    (``fn`` with ``launch_args``) then runs either body. Without it the bare entry
+    reports the missing chunk function (1) and writes nothing."""
+    native = nb.compile_kernel(_nt_eltwise("N", "M"))
+    x = np.random.default_rng(6).standard_normal((2, 128)).astype(np.float32)
+    _, off = _aligned_and_not(2, 128)
+    off[:] = 7.0
+    assert native.fn(x, off, 2, 128, *native.launch_args) == 1
+    assert (off == 7.0).all()
+    native.compile_chunk_functions()
+    assert all(f is not None for f in native._chunk_fns.values())
+    assert 0 not in native.launch_args[:2]
+    aligned, off = _aligned_and_not(2, 128)
+    want = (np.exp(x.astype(np.float64)) + 1).astype(np.float32)
+    for y in (aligned, off):
+        assert native.fn(x, y, 2, 128, *native.launch_args) == 0
+        assert_close(y, want, "float32")
+    nb.compile_kernel(_exp_plus_one("N", "M", "plain")).compile_chunk_functions()  # no-op
+
+
+def test_a_failed_chunk_function_compile_is_raised_at_every_need(fresh_memo) -> None:
+    """A chunk function that fails to compile on first need raises CodegenError there
+    and at every later need, without compiling again; the streaming body still runs."""
+    native = nb.compile_kernel(_nt_eltwise("N", "M"))
+    calls = []
+
+    def broken(name: str):
+        calls.append(name)
+        raise CodegenError(f"numba failed to compile {name}")
+
+    native._compile_rows = broken
+    x = np.random.default_rng(7).standard_normal((2, 64)).astype(np.float32)
+    for _ in range(2):
+        with pytest.raises(CodegenError, match="failed to compile nt_rows"):
+            native(x, _aligned_and_not(2, 64)[1], 2, 64)
+    assert len(calls) == 1
+    aligned, _ = _aligned_and_not(2, 64)
+    native(x, aligned, 2, 64)
+    assert_close(aligned, (np.exp(x.astype(np.float64)) + 1).astype(np.float32), "float32")
+
+
+def test_first_need_after_coercing_a_non_contiguous_input(fresh_memo) -> None:
+    """A non-contiguous input (copied to C order) with a misaligned output on the first
+    call: the plain chunk function is compiled and runs on the copied input."""
+    native = nb.compile_kernel(_nt_eltwise("N", "M"))
+    wide = np.random.default_rng(8).standard_normal((3, 128)).astype(np.float32)
+    x = wide[:, ::2]
+    _, off = _aligned_and_not(3, 64)
+    native(x, off, 3, 64)
+    assert_close(off, (np.exp(x.astype(np.float64)) + 1).astype(np.float32), "float32")
+    assert native._chunk_fns[next(iter(native._chunk_fns))] is not None
 
 
 def test_plain_chunk_function_gets_a_cache_entry_of_its_own(tmp_path, fresh_memo) -> None:
@@ -2455,9 +2541,39 @@ def test_plain_chunk_function_gets_a_cache_entry_of_its_own(tmp_path, fresh_memo
     assert again.from_cache
     y = _aligned_and_not(3, 128)[1]
     again(x, y, 3, 128)
-    plain = next(iter(again._chunk_fns))
+    plain, nt = again._chunk_fns
     assert again._chunk_fns[plain].cache_hits > 0
     assert_close(y, (np.exp(x.astype(np.float64)) + 1).astype(np.float32), "float32")
+    for name in (plain, nt):  # both loaded from the cache, recompiled for inspection
+        assert re.search(rf"{len(name)}{name}B", again.asm), name
+
+
+def test_corrupt_cache_entry_of_the_plain_chunk_function_is_rebuilt(tmp_path, fresh_memo) -> None:
+    from geode.codegen.cache import KERNEL_AREA
+
+    kern = _nt_eltwise("N", "M")
+    native = nb.compile_kernel(kern, cache_dir=tmp_path)
+    area = tmp_path / KERNEL_AREA
+    (own,) = [d.name for d in area.iterdir()]
+    x = np.random.default_rng(9).standard_normal((3, 64)).astype(np.float32)
+    want = (np.exp(x.astype(np.float64)) + 1).astype(np.float32)
+    native(x, _aligned_and_not(3, 64)[1], 3, 64)
+    (plain_dir,) = [d for d in area.iterdir() if d.name != own]
+    data = sorted(plain_dir.glob("*.nbc"))[-1]
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    nb._memo.clear()
+    again = nb.compile_kernel(kern, cache_dir=tmp_path)
+    y = _aligned_and_not(3, 64)[1]
+    again(x, y, 3, 64)
+    assert_close(y, want, "float32")
+    plain = next(iter(again._chunk_fns))
+    assert again._chunk_fns[plain].cache_hits == 0, "a corrupt entry was trusted"
+    nb._memo.clear()
+    third = nb.compile_kernel(kern, cache_dir=tmp_path)
+    third(x, y, 3, 64)
+    assert third._chunk_fns[plain].cache_hits > 0, "the rebuilt entry was not reused"
 
 
 def test_inspecting_a_streaming_kernel_shows_both_chunk_functions(fresh_memo) -> None:

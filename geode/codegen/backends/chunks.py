@@ -13,9 +13,10 @@ as serial pieces:
   ``chunk`` of ``chunks`` equal parts of the parallel loop (a kernel with non-temporal
   stores also has ``<kernel>_rows_nt``, calling its streaming body: see
   :mod:`geode.codegen.backends.numba`, "Chunked kernels").
-- ``<kernel>(*arrays, *dims, rows, chunks, threads)``, a small serial ``njit`` entry:
-  the shape checks, ``argv`` (:func:`_g_addr`), then :func:`_g_launch` with ``rows``,
-  the address of the chunk function, and the chunk count (:func:`launch_chunks`).
+- ``<kernel>(*arrays, *dims, rows, chunks, threads)`` (``rows, rows_nt, ...`` with a
+  streaming body), a small serial ``njit`` entry: the shape checks, ``argv``
+  (:func:`_g_addr`), then :func:`_g_launch` with ``rows``, the address of the chunk
+  function, and the chunk count (:func:`launch_chunks`).
 
 :func:`_g_launch` is compiled once per process and shared: its ``prange`` over the
 chunks runs each through the chunk function's address (:func:`_g_work`), so no

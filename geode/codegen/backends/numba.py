@@ -21,7 +21,10 @@ takes a 0-d array or a 1-element 1-d array. numba has no float16 on the CPU: flo
 buffers are ``uint16`` views of the same memory at the native level, which
 ``__call__`` makes for you. ``NumbaKernel.fn`` is the bare numba dispatcher (no
 adaptation: the fastest call, for kernels without float16 or 0-d buffers; a chunked
-kernel's also takes ``*NumbaKernel.launch_args`` last, see "Chunked kernels"). When the
+kernel's also takes ``*NumbaKernel.launch_args`` last, see "Chunked kernels", and a
+kernel with a streaming body returns 1 or 2 without running while the chunk function the
+call needs is not compiled: call :meth:`NumbaKernel.compile_chunk_functions` first, or
+the ``NumbaKernel``, which compiles it). When the
 arguments do not match the compiled signature, ``__call__`` copies non-contiguous
 inputs to C order and retries, or raises ``TypeError`` naming the argument (a
 non-contiguous output cannot be written in place: it is an error).
@@ -32,7 +35,7 @@ A parallel kernel whose only parallel work is one top-level parallel loop (every
 other top-level statement computes values only: no store, no loop) is compiled without
 numba's parfor machinery, which compiles a ``parallel=True`` function twice over and
 cost 0.5-0.75 s of a 0.9-1.4 s cold compile. The module then holds three functions
-(see :mod:`geode.codegen.backends.chunks`):
+(five with a streaming body, below; see :mod:`geode.codegen.backends.chunks`):
 
 - the entry ``fused_0(*arrays, *dims, rows, chunks, threads)``, serial ``njit``: the
   shape checks, the arrays' addresses and the dims in an int64 ``argv``, and the shared
@@ -48,7 +51,8 @@ cost 0.5-0.75 s of a 0.9-1.4 s cold compile. The module then holds three functio
   returns at once when that is empty, allocates the iteration-private temps once, and
   runs the loop (the same body a prange would run).
 
-``NumbaKernel.__call__`` passes ``rows`` (the cfunc's address), ``chunks``
+``NumbaKernel.__call__`` passes ``rows`` (the cfunc's address; with a streaming body,
+then that of the streaming chunk function), ``chunks``
 (:func:`~geode.codegen.backends.chunks.launch_chunks`) and ``threads`` (its keyword
 argument; 0 keeps the calling thread's numba setting). Cold compiles of the
 benchmark kernels took 0.4-0.75 s instead of 0.9-1.4 s, with equal run time and call
@@ -76,9 +80,12 @@ Each body is as costly to compile as the whole kernel without it (the LSTM gates
 chunk function only (what geode's outputs of at least a MiB, 64-byte aligned, run) and
 the plain one on the first call that needs it: its entry address is 0 until then, the
 entry returns 1 instead of launching, and ``NumbaKernel.__call__`` compiles it (once,
-under a lock) through a cache entry of its own and calls again. Cold compiles with the
+under a lock) through a cache entry of its own and calls again
+(:meth:`NumbaKernel.compile_chunk_functions` compiles it ahead of time, for a warm-up).
+Such a kernel may thus own two entries of the disk cache. Cold compiles with the
 runtime helpers cached fell from 1.30-1.36 s to 0.82-0.84 s (LSTM gates) and from 0.90 s
-to 0.66 s (tanh GELU).
+to 0.66 s (tanh GELU); a program whose outputs are small or misaligned pays the plain
+chunk function's compile (about as much) on its first call instead.
 
 Runtime helpers
 ---------------
@@ -2388,7 +2395,7 @@ class _Emitter:
         address, launched instead when ``nt_test`` holds. Either address may be 0 (a
         chunk function compiled on first need, see "Chunked kernels"): the entry then
         returns 1 (the plain one is needed) or 2 (the streaming one) without running
-        anything; it returns 0 after a launch."""
+        anything; it returns 0 after a launch (and nothing, without a streaming body)."""
         n_arrays = len(self.k.inputs) + len(self.k.outputs)
         out = [*checks, f"    {argv} = np.empty({len(args)}, dtype=np.int64)"]
         for i, a in enumerate(args):
@@ -2597,6 +2604,7 @@ class NumbaKernel:
             self._chunk_fns[emitted.nt_rows_name or emitted.rows_name] = self.rows
         self._compile_rows = compile_rows
         self._rows_lock = threading.Lock()
+        self._rows_error: CodegenError | None = None
         #: what ``fn`` takes after the dims: a chunked kernel's (chunk functions'
         #: addresses, 0 for one not compiled yet; chunk count; thread count 0: numba's
         #: setting), else nothing
@@ -2608,18 +2616,32 @@ class NumbaKernel:
         addrs = tuple(0 if f is None else f.address for f in self._chunk_fns.values())
         return (*addrs, launch_chunks(), 0)
 
-    def _compile_missing(self, need: int) -> None:
-        """Compile the chunk function the entry reported missing (1: the plain one, 2:
-        the streaming one), once, whichever thread asks first."""
-        name = list(self._chunk_fns)[need - 1]
+    def _compile_missing(self, name: str) -> None:
+        """Compile the chunk function ``name`` if it is not yet, once, whichever thread
+        asks first; a failure is remembered and raised again at every later need."""
         with self._rows_lock:
-            if self._chunk_fns[name] is not None or self._compile_rows is None:
+            if self._chunk_fns[name] is not None:
                 return
+            if self._rows_error is not None:
+                raise self._rows_error
+            if self._compile_rows is None:  # pragma: no cover - compile_kernel passes one
+                raise CodegenError(f"kernel {self.name}: no compiler for {name}")
             t0 = time.perf_counter()
-            self._chunk_fns[name] = self._compile_rows(name)
+            try:
+                self._chunk_fns[name] = self._compile_rows(name)
+            except CodegenError as exc:
+                self._rows_error = exc
+                raise
             self.compile_seconds += time.perf_counter() - t0
             self.launch_args = self._launch_args()
             log.debug("kernel %s: compiled %s on first need", self.name, name)
+
+    def compile_chunk_functions(self) -> None:
+        """Compile now the chunk functions a chunked kernel left for first need (see
+        "Chunked kernels"; nothing to do for other kernels): for a warm-up ahead of the
+        first call. Raises :class:`CodegenError` if that compile fails."""
+        for name in list(self._chunk_fns):
+            self._compile_missing(name)
 
     @property
     def chunked(self) -> bool:
@@ -2630,6 +2652,7 @@ class NumbaKernel:
         """Run the kernel on ``(*inputs, *outputs, *dims)``; outputs are written in place.
         ``threads`` (a chunked kernel's launch; 1 to ``NUMBA_NUM_THREADS``, 0 for numba's
         current setting) is ignored by other kernels, which run on numba's setting."""
+        given = args
         if self._adapt:
             if len(args) != len(self._arrays) + len(self._dims):
                 self._coerce(args)  # raises, naming what was expected
@@ -2647,10 +2670,10 @@ class NumbaKernel:
         try:
             need = self.fn(*args, *launch)
         except TypeError:
-            args = tuple(self._coerce(args))
+            args = tuple(self._coerce(given))  # from the caller's arrays (float16 ones)
             need = self.fn(*args, *launch)
         if need:  # a chunk function not compiled yet: the entry ran nothing
-            self._compile_missing(need)
+            self._compile_missing(list(self._chunk_fns)[need - 1])
             if self.fn(*args, *self.launch_args[:-1], threads) not in (0, None):
                 raise CodegenError(f"kernel {self.name}: chunk function {need} not compiled")
 
@@ -2693,6 +2716,7 @@ class NumbaKernel:
         loaded from its cache, so that is recompiled in memory, as is a chunk function
         not compiled yet."""
         module, options = self.fn.__geode_module__, self.fn.__geode_options__
+        entry_cached = sum(self.fn.stats.cache_hits.values()) > 0
         with _numba_compile_settings(self.fn.__geode_interleave__):
             # a cfunc loaded from the cache (cache_hits) holds no IR either
             rows = [
@@ -2701,7 +2725,7 @@ class NumbaKernel:
                 else _compile_rows(module.__dict__[name], options, None)
                 for name, f in self._chunk_fns.items()
             ]
-            if not self.from_cache:
+            if not entry_cached:
                 return self.fn, rows
             fn = numba.njit(**options)(self.fn.py_func)
             fn.compile(self.signature)
@@ -2829,6 +2853,7 @@ def _compile_loaded(
     loaded: _Loaded,
     cache_dir: str | None,
     work: Callable[[Any], tuple[Any, bool]],
+    launcher: bool = True,
 ) -> tuple[Any, Any]:
     """Run ``work(entry)`` (compile through the cache entry, or in memory for None;
     returns its result and whether it came from the cache) under numba's compile
@@ -2836,12 +2861,13 @@ def _compile_loaded(
     trusted entry numba still cannot load is discarded and rebuilt; an entry that fails
     otherwise (a full disk...) is given up for an in-memory compile; a compile error is
     a :class:`CodegenError`. The entry is committed after a fresh compile. Returns
-    ``(result, entry)``."""
+    ``(result, entry)``. ``launcher=False``: the chunk launcher is not among the helpers
+    (a chunk function compiled on its own does not call it)."""
     entry = loaded.entry
     while True:
         try:
             if not (entry is not None and entry.trusted):
-                _compile_helpers(emitted, None if entry is None else cache_dir)
+                _compile_helpers(emitted, None if entry is None else cache_dir, launcher)
             with _numba_compile_settings(loaded.interleave):
                 result, from_cache = work(entry)
         except Exception as exc:
@@ -2911,15 +2937,16 @@ def _compile_lazy_rows(
         rows = _compile_rows(loaded.module.__dict__[name], loaded.options, entry)
         return rows, rows.cache_hits > 0
 
-    rows, _ = _compile_loaded(kernel, emitted, loaded, cache_dir, work)
+    rows, _ = _compile_loaded(kernel, emitted, loaded, cache_dir, work, launcher=False)
     return rows
 
 
-def _compile_helpers(emitted: _Emitted, cache_dir: str | None) -> None:
+def _compile_helpers(emitted: _Emitted, cache_dir: str | None, launcher: bool = True) -> None:
     """Compile (or load from ``cache_dir``) the runtime helpers a kernel's compile links in:
-    the chunk launcher of a chunked kernel and the vmath functions it calls. A kernel
-    loaded from its cache entry already holds their code and needs none of them."""
-    if emitted.rows_name is not None:
+    the chunk launcher of a chunked kernel (unless ``launcher`` is False) and the vmath
+    functions it calls. A kernel loaded from its cache entry already holds their code and
+    needs none of them."""
+    if launcher and emitted.rows_name is not None:
         _cache.compile_helper(_g_launch, LAUNCH_SIGNATURE, cache_dir)
     for name, dtype in emitted.vmath:
         fn = getattr(_vmath, name)
@@ -2953,8 +2980,8 @@ def _noalias_njit(py_func: Any, options: dict[str, Any]) -> Any:
 
 def _compile_rows(py_func: Any, options: dict[str, Any], entry: Any) -> Any:
     """Compile a chunked kernel's chunk function as a numba ``cfunc``
-    (:data:`~geode.codegen.backends.chunks.CHUNK_SIGNATURE`; serial), through the kernel's
-    cache entry when there is one."""
+    (:data:`~geode.codegen.backends.chunks.CHUNK_SIGNATURE`; serial), through ``entry``
+    (the kernel's cache entry, or the chunk function's own) when there is one."""
     from numba.core import sigutils
     from numba.core.ccallback import CFunc
 
@@ -2973,7 +3000,9 @@ def compile_kernel(
     cache_dir: str | os.PathLike[str] | None = None,
     parallel: bool | None = None,
 ) -> NumbaKernel:
-    """Compile ``kernel`` to native code now and return the callable :class:`NumbaKernel`.
+    """Compile ``kernel`` to native code now and return the callable :class:`NumbaKernel`
+    (a kernel with a streaming body leaves its plain chunk function for first need, see
+    "Chunked kernels": :meth:`NumbaKernel.compile_chunk_functions`).
 
     ``fastmath`` selects numba's fast-math flags per ``config.ACCURACY_POLICY``;
     ``cache_dir`` (``Options.cache_dir``) enables the on-disk cache of
