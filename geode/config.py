@@ -25,6 +25,10 @@ streaming                 GEODE_STREAMING         streaming (non-temporal) store
                                                   outputs of cheap kernels: auto (outputs
                                                   of at least the last-level cache size),
                                                   off, or a minimum output size in bytes
+lazy_compile              GEODE_LAZY_COMPILE      a kernel with streaming stores compiles its
+                                                  plain loop (small or misaligned outputs)
+                                                  on the first call that needs it; 0: in
+                                                  geode.compile, with everything else
 ========================  ======================  =========================================
 
 ``dump_dir`` and ``cache_dir`` take a ``str`` or ``os.PathLike`` path (anything else is
@@ -87,6 +91,7 @@ class Options:
     freeze_variables: bool = False
     progress: str = "auto"
     streaming: str = "auto"
+    lazy_compile: bool = True
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -106,6 +111,7 @@ class Options:
             "freeze_variables": "GEODE_FREEZE_VARIABLES",
             "progress": "GEODE_PROGRESS",
             "streaming": "GEODE_STREAMING",
+            "lazy_compile": "GEODE_LAZY_COMPILE",
         }
         for name, var in env.items():
             raw = os.environ.get(var)
@@ -133,7 +139,7 @@ class Options:
 
 #: int options and the smallest value each accepts
 _INT_MINIMUMS = {"debug": 0, "num_threads": 0, "const_fold_limit": 0, "cache_max_mb": 0}
-_BOOL_OPTIONS = ("fusion", "codegen", "fastmath", "freeze_variables")
+_BOOL_OPTIONS = ("fusion", "codegen", "fastmath", "freeze_variables", "lazy_compile")
 
 
 def _check_value(name: str, value: Any, source: str | None = None) -> None:

@@ -138,6 +138,26 @@ def test_single_kernel_examples(name):
     run_sizes(model, ex)
 
 
+@pytest.mark.parametrize("lazy", [True, False])
+def test_lazy_compile_option_leaves_or_compiles_the_plain_chunk_function(lazy, monkeypatch):
+    """The LSTM gates' kernel streams ``h`` (``streaming=0``: at any size): by default
+    geode.compile leaves its plain chunk function for the first call that needs it;
+    with ``lazy_compile=False`` (or ``GEODE_LAZY_COMPILE=0``) geode.compile compiles it
+    too. Either way small and large batches match numpy."""
+    from geode.codegen.backends import numba as nb
+
+    nb._memo.clear()
+    monkeypatch.setenv("GEODE_LAZY_COMPILE", "1" if lazy else "0")
+    ex = examples.lstm_gates(hidden=64)
+    model = geode.compile(ex.graph, streaming="0")
+    (native,) = [k for k in nb._memo.values() if len(k._chunk_fns) == 2]
+    plain, nt = native._chunk_fns
+    assert native._chunk_fns[nt] is not None
+    assert (native._chunk_fns[plain] is None) == lazy
+    run_sizes(model, ex, sizes=(1, 3, 64))
+    nb._memo.clear()
+
+
 @pytest.mark.parametrize("how", ["primitives", "Gelu op"])
 def test_tanh_gelu_computes_its_gate_in_one_division(how):
     """The tanh GELU, written out in primitives or as Gelu(approximate='tanh'), computes

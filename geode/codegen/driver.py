@@ -126,6 +126,8 @@ def _compile_group(g: Graph, group: Group, name: str, opts: Options, dump: Dumpe
         )
         dump.stage(f"{name}_trace", trace, level=2)
     native = compile_kernel(kernel, fastmath=opts.fastmath, cache_dir=opts.cache_dir)
+    if not opts.lazy_compile:
+        native.compile_chunk_functions()
     if dump.wants(3):
         dump.stage(f"{name}_source", native.source, level=3, ext="py")
     if dump.wants(4) and opts.debug >= 4:
