@@ -13,7 +13,7 @@ Subcommands, in the style of onnxruntime_perf_test and tvmc:
 * ``geode dump MODEL -d DIR [--llvm]``: every compile stage as files (what
   ``GEODE_DUMP_DIR`` writes) plus ``graph.dot`` (and ``graph.svg`` with Graphviz);
 * ``geode cache [--dir DIR] [--clear | --prune]``: the kernel cache's folder, number of
-  kernels, size and limit; ``--clear`` removes geode's entries (and nothing else in the
+  entries, size and limit; ``--clear`` removes geode's entries (and nothing else in the
   folder), ``--prune`` evicts the least recently used ones down to the limit;
 * ``geode demo``: the README's built-in example.
 
@@ -569,9 +569,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
     cache_dir = args.dir if args.dir is not None else opts.cache_dir
     info = cache.cache_info(cache_dir)
     limit = f"limit {opts.cache_max_mb} MiB" if opts.cache_max_mb else "no limit"
-    print(f"kernel cache {info.path}: {info.entries} kernels, {format_bytes(info.bytes)} ({limit})")
+    # entries, not kernels: a kernel with a streaming body may own two (see
+    # geode.codegen.backends.numba, "Chunked kernels")
+    print(f"kernel cache {info.path}: {info.entries} entries, {format_bytes(info.bytes)} ({limit})")
     if args.clear:
-        print(f"removed {cache.clear_cache(cache_dir)} kernels")
+        print(f"removed {cache.clear_cache(cache_dir)} entries")
     elif args.prune and not opts.cache_max_mb:
         print("no limit (GEODE_CACHE_MAX_MB=0): nothing evicted")
     elif args.prune:

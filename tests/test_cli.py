@@ -485,7 +485,7 @@ def test_cache_shows_and_clears_only_geode_entries(env, tmp_path):
     res = geode_cmd(own, "cache")
     assert res.returncode == 0, res.stderr
     shown = re.fullmatch(
-        r"kernel cache (.+): (\d+) kernels, ([\d.]+ \w+) \(limit 2048 MiB\)\n", res.stdout
+        r"kernel cache (.+): (\d+) entries, ([\d.]+ \w+) \(limit 2048 MiB\)\n", res.stdout
     )
     assert shown is not None, res.stdout
     assert shown.group(1) == str(tmp_path / "kernels") and int(shown.group(2)) >= 1
@@ -493,8 +493,8 @@ def test_cache_shows_and_clears_only_geode_entries(env, tmp_path):
     assert res.returncode == 0 and "evicted 0 entries (0 B)" in res.stdout, res.stdout
     res = geode_cmd(env, "cache", "--dir", str(tmp_path), "--clear")
     assert res.returncode == 0, res.stderr
-    assert f"removed {shown.group(2)} kernels" in res.stdout
-    assert ": 0 kernels, 0 B (limit 2048 MiB)" in geode_cmd(own, "cache").stdout
+    assert f"removed {shown.group(2)} entries" in res.stdout
+    assert ": 0 entries, 0 B (limit 2048 MiB)" in geode_cmd(own, "cache").stdout
     unlimited = geode_cmd(dict(own, GEODE_CACHE_MAX_MB="0"), "cache")
     assert unlimited.stdout.endswith("(no limit)\n")
     unlimited = geode_cmd(dict(own, GEODE_CACHE_MAX_MB="0"), "cache", "--prune")
