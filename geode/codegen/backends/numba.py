@@ -2576,7 +2576,7 @@ class NumbaKernel:
         from_cache: bool,
         fastmath: bool,
         cache_path: str | None,
-        compile_rows: Callable[[str], Any] | None = None,
+        compile_rows: Callable[[str], Any],
     ) -> None:
         self.name = name
         self.fn = fn
@@ -2624,8 +2624,6 @@ class NumbaKernel:
                 return
             if self._rows_error is not None:
                 raise self._rows_error
-            if self._compile_rows is None:  # pragma: no cover - compile_kernel passes one
-                raise CodegenError(f"kernel {self.name}: no compiler for {name}")
             t0 = time.perf_counter()
             try:
                 self._chunk_fns[name] = self._compile_rows(name)
@@ -2673,9 +2671,8 @@ class NumbaKernel:
             args = tuple(self._coerce(given))  # from the caller's arrays (float16 ones)
             need = self.fn(*args, *launch)
         if need:  # a chunk function not compiled yet: the entry ran nothing
-            self._compile_missing(list(self._chunk_fns)[need - 1])
-            if self.fn(*args, *self.launch_args[:-1], threads) not in (0, None):
-                raise CodegenError(f"kernel {self.name}: chunk function {need} not compiled")
+            self._compile_missing(list(self._chunk_fns)[need - 1])  # raises if it fails
+            self.fn(*args, *self.launch_args[:-1], threads)
 
     def _coerce(self, args: tuple[Any, ...]) -> list[Any]:
         """Slow path after a signature mismatch: make inputs C-contiguous, or explain."""
@@ -2854,14 +2851,14 @@ def _compile_loaded(
     cache_dir: str | None,
     work: Callable[[Any], tuple[Any, bool]],
     launcher: bool = True,
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, bool]:
     """Run ``work(entry)`` (compile through the cache entry, or in memory for None;
     returns its result and whether it came from the cache) under numba's compile
     settings, with the runtime helpers compiled first unless the entry is trusted. A
     trusted entry numba still cannot load is discarded and rebuilt; an entry that fails
     otherwise (a full disk...) is given up for an in-memory compile; a compile error is
     a :class:`CodegenError`. The entry is committed after a fresh compile. Returns
-    ``(result, entry)``. ``launcher=False``: the chunk launcher is not among the helpers
+    ``(result, entry, from_cache)``. ``launcher=False``: the chunk launcher is not among the helpers
     (a chunk function compiled on its own does not call it)."""
     entry = loaded.entry
     while True:
@@ -2890,7 +2887,7 @@ def _compile_loaded(
             _cache.commit_entry(entry)
         except OSError as exc:  # the kernel is fine; only the cache entry is lost
             log.warning("kernel cache entry %s not saved: %s", entry.directory, exc)
-    return result, entry
+    return result, entry, from_cache
 
 
 def _build(
@@ -2914,9 +2911,8 @@ def _build(
         hit = sum(fn.stats.cache_hits.values()) > 0 and (rows is None or rows.cache_hits > 0)
         return (fn, rows), hit
 
-    (fn, rows), entry = _compile_loaded(kernel, emitted, loaded, cache_dir, work)
+    (fn, rows), entry, from_cache = _compile_loaded(kernel, emitted, loaded, cache_dir, work)
     fn.disable_compile()
-    from_cache = sum(fn.stats.cache_hits.values()) > 0 and (rows is None or rows.cache_hits > 0)
     fn.__geode_rows__ = rows
     fn.__geode_module__ = module
     fn.__geode_options__ = options
@@ -2937,7 +2933,7 @@ def _compile_lazy_rows(
         rows = _compile_rows(loaded.module.__dict__[name], loaded.options, entry)
         return rows, rows.cache_hits > 0
 
-    rows, _ = _compile_loaded(kernel, emitted, loaded, cache_dir, work, launcher=False)
+    rows, _, _ = _compile_loaded(kernel, emitted, loaded, cache_dir, work, launcher=False)
     return rows
 
 
