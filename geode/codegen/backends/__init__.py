@@ -1,9 +1,7 @@
-"""Native code generators for loop ASTs (numba today).
+"""Native code generators for loop ASTs: the LLVM backend (``llvm/``, the default) and the
+numba backend (``numba.py``, selected with ``GEODE_BACKEND=numba``).
 
-Importing this package sets numba's CPU target up for geode (see
-:mod:`geode.codegen.backends.target`) before any backend module compiles anything.
+Importing this package imports no backend: numba is loaded only when its backend is
+used (:mod:`geode.codegen.backends.numba` sets numba's CPU target up for geode when it
+is imported, before it compiles anything).
 """
-
-from geode.codegen.backends import target as _target
-
-_target.configure()

@@ -245,6 +245,7 @@ from geode.codegen.ast import (
     walk,
     walk_stmts,
 )
+from geode.codegen.backends import target as _target
 from geode.codegen.backends import vmath as _vmath
 from geode.codegen.backends.chunks import (  # the helpers of chunked kernels' modules
     CHUNK_SIGNATURE,
@@ -296,6 +297,8 @@ FASTMATH_FLAGS: frozenset[str] = frozenset(
 DEFAULT_FLAGS: frozenset[str] = frozenset(["arcp", "contract", "reassoc"])
 
 #: Largest constant extent of an ``unrolled`` loop that is expanded into straight code.
+_target.configure()  # numba's CPU target, before anything compiles
+
 MAX_UNROLL = 256
 #: Largest constant extent of a loop unrolled to keep a register buffer in scalars.
 MAX_REGISTER_UNROLL = 64

@@ -1,0 +1,160 @@
+"""LLVM IR text -> optimized module -> relocatable object code -> machine code in memory.
+
+:func:`compile_ir` parses a module's text, runs LLVM's O3 pipeline for the target
+(new pass manager, loop and SLP vectorization on) and emits relocatable object code;
+:func:`load_object` links object code into the process's one ``LLJIT`` instance and
+returns the addresses of the symbols asked for. The object code is what the disk cache
+keeps (:mod:`geode.codegen.backends.llvm.objcache`), so a warm start runs no optimizer.
+
+The JIT resolves undefined symbols against the process (libm's ``expf``, ``malloc``,
+...) and against geode's native runtime (:mod:`geode.runtime.native`: the thread pool
+that parallel loops call). Each loaded object is its own JIT library, kept alive by
+the :class:`Loaded` handle; dropping the last reference unloads its machine code.
+
+LLVM's global context is not safe to use from several threads at once: every parse,
+optimization and link here holds one process-wide lock.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from geode.errors import CodegenError
+
+__all__ = ["Loaded", "compile_ir", "initialize", "load_object", "optimized_ir", "assembly"]
+
+#: held around every use of LLVM's global state
+LOCK = threading.RLock()
+_names = itertools.count()
+
+
+@functools.lru_cache(maxsize=1)
+def initialize() -> None:
+    """Initialize LLVM's native target and assembly printer (once per process)."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    llvm.initialize_native_asmparser()
+
+
+@functools.lru_cache(maxsize=4)
+def _target_machine(triple: str, cpu: str, features: str) -> Any:
+    import llvmlite.binding as llvm
+
+    initialize()
+    target = llvm.Target.from_triple(triple)
+    return target.create_target_machine(cpu=cpu, features=features, opt=3)
+
+
+def target_machine(target: Any) -> Any:
+    """The llvmlite target machine for a :class:`~geode.codegen.backends.llvm.target.Target`."""
+    return _target_machine(target.triple, target.cpu, target.features)
+
+
+def _parse(ir_text: str, target: Any) -> Any:
+    import llvmlite.binding as llvm
+
+    initialize()
+    try:
+        mod = llvm.parse_assembly(ir_text)
+        mod.verify()
+    except RuntimeError as exc:
+        raise CodegenError(f"LLVM rejected the generated IR: {exc}") from None
+    tm = target_machine(target)
+    mod.triple = target.triple
+    mod.data_layout = str(tm.target_data)
+    return mod
+
+
+def _optimize(mod: Any, target: Any) -> None:
+    import llvmlite.binding as llvm
+
+    tm = target_machine(target)
+    pto = llvm.PipelineTuningOptions(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_interleaving = True
+    pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+
+
+def compile_ir(ir_text: str, target: Any) -> bytes:
+    """Parse, optimize (O3) and compile ``ir_text`` to relocatable object code."""
+    with LOCK:
+        mod = _parse(ir_text, target)
+        _optimize(mod, target)
+        return bytes(target_machine(target).emit_object(mod))
+
+
+def optimized_ir(ir_text: str, target: Any) -> str:
+    """The optimized IR of ``ir_text`` (for inspection)."""
+    with LOCK:
+        mod = _parse(ir_text, target)
+        _optimize(mod, target)
+        return str(mod)
+
+
+def assembly(ir_text: str, target: Any) -> str:
+    """The machine code of ``ir_text`` as assembly text (for inspection)."""
+    with LOCK:
+        mod = _parse(ir_text, target)
+        _optimize(mod, target)
+        return str(target_machine(target).emit_assembly(mod))
+
+
+@functools.lru_cache(maxsize=1)
+def _lljit() -> Any:
+    import llvmlite.binding as llvm
+
+    from geode.codegen.backends.llvm.target import host
+
+    initialize()
+    return llvm.create_lljit_compiler(target_machine(host()))
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_symbols() -> dict[str, int]:
+    """Addresses of the native runtime's C functions that generated code calls."""
+    from geode.runtime import native
+
+    return dict(native.symbols())
+
+
+@dataclass(eq=False)
+class Loaded:
+    """Machine code linked into the process: ``addresses`` of its exported symbols.
+    The code stays mapped while this object is alive."""
+
+    tracker: Any
+    addresses: dict[str, int]
+
+    def __getitem__(self, name: str) -> int:
+        return self.addresses[name]
+
+
+def load_object(obj: bytes, exports: list[str], runtime: bool = True) -> Loaded:
+    """Link object code into the process and return the addresses of ``exports``
+    (``runtime``: the code calls the native runtime's functions)."""
+    import llvmlite.binding as llvm
+
+    with LOCK:
+        builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
+        for name, addr in (runtime_symbols() if runtime else {}).items():
+            builder.import_symbol(name, addr)
+        for name in exports:
+            builder.export_symbol(name)
+        try:
+            tracker = builder.link(_lljit(), f"geode_lib{next(_names)}")
+        except RuntimeError as exc:
+            raise CodegenError(f"linking compiled code failed: {exc}") from None
+        addresses = {name: tracker[name] for name in exports}
+    missing = [n for n, a in addresses.items() if not a]
+    if missing:
+        raise CodegenError(f"compiled code lacks symbols {missing}")
+    return Loaded(tracker, addresses)

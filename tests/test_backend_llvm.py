@@ -1,0 +1,727 @@
+"""The LLVM backend: loop ASTs compiled to machine code, checked against numpy and the
+AST's reference interpreter (:mod:`geode.codegen.ast_eval`), plus what the generated
+code must contain (vector code, the thread pool, non-temporal stores, NaN guards)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from geode.codegen import ast as A
+from geode.codegen.ast import (
+    Bin,
+    Block,
+    Buffer,
+    Cast,
+    Const,
+    For,
+    ForKind,
+    IterVar,
+    Kernel,
+    Load,
+    Select,
+    Store,
+    StreamStore,
+    Un,
+    Var,
+)
+from geode.codegen.ast_eval import run_kernel
+from geode.codegen.backends.llvm import objcache
+from geode.codegen.backends.llvm.kernel import LLVMKernel, compile_kernel
+from geode.errors import CodegenError
+
+N, M = Var("N"), Var("M")
+
+
+def ld(buf: str, *idx: A.Expr) -> Load:
+    return Load(buf, tuple(idx))
+
+
+def eltwise(value_of, dtypes: dict[str, str], out_dtype: str, kind=ForKind.PARALLEL) -> Kernel:
+    """``Y[i, j] = value(X..)`` over ``[N, M]`` (inner loop vectorized)."""
+    ins = [Buffer(n, dt, (N, M)) for n, dt in dtypes.items()]
+    loads = {n: ld(n, Var("vi"), Var("vj")) for n in dtypes}
+    blk = Block(
+        "b",
+        [IterVar("vi", N), IterVar("vj", M)],
+        [Var("i"), Var("j")],
+        [Store("Y", (Var("vi"), Var("vj")), value_of(**loads))],
+    )
+    body = [For("i", N, [For("j", M, [blk], ForKind.VECTORIZED)], kind)]
+    return Kernel("ew", ins, [Buffer("Y", out_dtype, (N, M))], ["N", "M"], body)
+
+
+def run(
+    k: LLVMKernel, kern: Kernel, arrays: dict[str, np.ndarray], dims: dict[str, int], threads=0
+):
+    outs = [np.empty(tuple(A_eval_shape(b.shape, dims)), b.dtype) for b in kern.outputs]
+    k(*[arrays[b.name] for b in kern.inputs], *outs, *[dims[d] for d in kern.dims], threads=threads)
+    return outs
+
+
+def A_eval_shape(shape, dims):
+    from geode.codegen.ast_eval import eval_shape
+
+    return eval_shape(shape, dims)
+
+
+def check_against_reference(kern: Kernel, arrays, dims, exact=True, threads=0):
+    native = compile_kernel(kern)
+    got = run(native, kern, arrays, dims, threads)
+    want = run_kernel(kern, arrays, dims)
+    for b, g in zip(kern.outputs, got):
+        w = want[b.name]
+        if exact or not np.issubdtype(g.dtype, np.floating):
+            np.testing.assert_array_equal(g, w, err_msg=b.name)
+        else:
+            np.testing.assert_allclose(
+                g, w, rtol=2e-6 if g.dtype == np.float32 else 1e-13, atol=1e-30
+            )
+    return native
+
+
+# ---------------------------------------------------------------------------------
+# elementwise, dtypes and operators
+# ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("n,m", [(3, 5), (17, 33), (1, 1), (0, 4), (64, 256)])
+@pytest.mark.parametrize("threads", [0, 1, 2])
+def test_elementwise_matches_numpy(n: int, m: int, threads: int) -> None:
+    kern = eltwise(
+        lambda X, B: X * B + Const(1.5, "float64"), {"X": "float32", "B": "float32"}, "float32"
+    )
+    rng = np.random.default_rng(n + m)
+    X, B = (rng.standard_normal((n, m), dtype=np.float32) for _ in range(2))
+    native = compile_kernel(kern)
+    (Y,) = run(native, kern, {"X": X, "B": B}, {"N": n, "M": m}, threads)
+    # the default policy contracts ``X * B + 1.5`` into one fused multiply-add
+    np.testing.assert_allclose(Y, X * B + np.float32(1.5), rtol=2e-7, atol=1e-7)
+    assert native.parallel
+
+
+FLOAT_BIN = ["+", "-", "*", "/", "//", "%", "fmod", "min", "max", "pow", "<", "==", "!="]
+INT_BIN = [
+    "+",
+    "-",
+    "*",
+    "/",
+    "//",
+    "%",
+    "fmod",
+    "min",
+    "max",
+    "pow",
+    "bitand",
+    "bitor",
+    "bitxor",
+    "shl",
+    "shr",
+    "<",
+    ">=",
+    "==",
+]
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 2.5, -3.0, np.inf, -np.inf, np.nan, 1e-40, 7.0, -7.5]
+
+
+def _special_pairs(dtype: str, m: int):
+    vals = np.array(SPECIAL, dtype)
+    a, b = np.meshgrid(vals, vals)
+    return a.reshape(-1, m), b.reshape(-1, m)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("op", FLOAT_BIN)
+def test_float_binary_ops_match_the_interpreter(dtype: str, op: str) -> None:
+    a, b = _special_pairs(dtype, 12)
+    kern = eltwise(
+        lambda X, W: Bin(op, X, W),
+        {"X": dtype, "W": dtype},
+        "bool" if op in ("<", "==", "!=") else dtype,
+    )
+    # pow calls the C library's (within an ulp of numpy's); the rest is exactly rounded
+    check_against_reference(kern, {"X": a, "W": b}, {"N": a.shape[0], "M": 12}, exact=op != "pow")
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int8", "uint8", "int64", "uint64"])
+@pytest.mark.parametrize("op", INT_BIN)
+def test_integer_binary_ops_match_the_interpreter(dtype: str, op: str) -> None:
+    info = np.iinfo(dtype)
+    vals = np.array(
+        sorted(
+            {0, 1, 2, 3, 7, info.max, info.min, info.max // 3, info.min + 1}
+            | ({-1, -2, -7} if info.min < 0 else set())
+        ),
+        dtype,
+    )
+    a, b = np.meshgrid(vals, vals)
+    if op in ("shl", "shr"):
+        b = (b.astype(np.int64) % 80 - (8 if info.min < 0 else 0)).astype(dtype)
+    if op == "pow":  # numpy refuses negative integer exponents (geode gives 0, tested below)
+        b = (np.abs(b.astype(np.int64)) % 9).astype(dtype)
+    kern = eltwise(
+        lambda X, W: Bin(op, X, W),
+        {"X": dtype, "W": dtype},
+        "bool" if op in ("<", ">=", "==") else dtype,
+    )
+    check_against_reference(kern, {"X": a, "W": b}, {"N": a.shape[0], "M": a.shape[1]})
+
+
+UNARY = [
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "log1p",
+    "sqrt",
+    "sin",
+    "cos",
+    "tan",
+    "tanh",
+    "erf",
+    "sigmoid",
+    "floor",
+    "ceil",
+    "round",
+    "sign",
+    "isnan",
+    "isinf",
+    "isposinf",
+    "asinh",
+    "atan",
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("op", UNARY)
+def test_float_unary_ops_match_the_interpreter(dtype: str, op: str) -> None:
+    rng = np.random.default_rng(1)
+    x = np.concatenate([np.array(SPECIAL * 2, dtype), (rng.standard_normal(232) * 4).astype(dtype)])
+    x = x.reshape(16, 16)
+    out = "bool" if op.startswith("is") else dtype
+    kern = eltwise(lambda X: Un(op, X), {"X": dtype}, out)
+    exact = op in ("neg", "abs", "floor", "ceil", "round", "sign", "isnan", "isinf", "isposinf")
+    native = compile_kernel(kern)
+    (got,) = run(native, kern, {"X": x}, {"N": 16, "M": 16})
+    want = run_kernel(kern, {"X": x}, {"N": 16, "M": 16})["Y"]
+    if exact:
+        np.testing.assert_array_equal(got, want)
+    else:  # transcendental functions: within a few ulp of the reference
+        tol = {"float16": 1e-3, "float32": 4e-6, "float64": 1e-14}[dtype]
+        np.testing.assert_allclose(
+            got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol
+        )
+
+
+def test_integer_pow_with_negative_exponents() -> None:
+    kern = eltwise(lambda X, W: Bin("pow", X, W), {"X": "int32", "W": "int32"}, "int32")
+    a = np.array([[1, -1, -1, 2, 0, 5]], np.int32)
+    b = np.array([[-3, -3, -2, -1, -1, 2]], np.int32)
+    k = compile_kernel(kern)
+    (y,) = run(k, kern, {"X": a, "W": b}, {"N": 1, "M": 6})
+    np.testing.assert_array_equal(y, [[1, -1, 1, 0, 0, 25]])
+
+
+def test_casts_and_selects_follow_numpy() -> None:
+    kern = eltwise(
+        lambda X, W: Select(
+            Bin("<", X, W), Cast("int16", X), Cast("int16", Bin("*", W, Const(2.0, "float64")))
+        ),
+        {"X": "float32", "W": "float64"},
+        "int16",
+    )
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((8, 8)) * 100).astype(np.float32)
+    w = rng.standard_normal((8, 8)) * 100
+    check_against_reference(kern, {"X": x, "W": w}, {"N": 8, "M": 8})
+
+
+def test_float16_storage_rounds_once_from_double() -> None:
+    kern = eltwise(lambda X: Bin("*", X, Const(1.0 / 3.0, "float64")), {"X": "float64"}, "float16")
+    x = np.linspace(-70000, 70000, 64).reshape(8, 8)
+    check_against_reference(kern, {"X": x}, {"N": 8, "M": 8})
+
+
+# ---------------------------------------------------------------------------------
+# random expression trees (hypothesis) against the interpreter
+# ---------------------------------------------------------------------------------
+_LEAVES = ["X", "W"]
+
+
+def _exprs(depth: int):
+    leaf = st.sampled_from(
+        [ld(n, Var("vi"), Var("vj")) for n in _LEAVES]
+        + [Const(0.5, "float64"), Const(-2.0, "float64"), Const(3.0, "float32")]
+    )
+    if depth == 0:
+        return leaf
+    sub = _exprs(depth - 1)
+    return st.one_of(
+        leaf,
+        st.builds(
+            lambda op, a, b: Bin(op, a, b), st.sampled_from(["+", "-", "*", "min", "max"]), sub, sub
+        ),
+        st.builds(lambda op, a: Un(op, a), st.sampled_from(["neg", "abs", "floor", "sqrt"]), sub),
+        st.builds(lambda c, a, b: Select(Bin("<", c, Const(0.0, "float64")), a, b), sub, sub, sub),
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(expr=_exprs(3), n=st.integers(0, 9), m=st.integers(1, 40))
+def test_random_expressions_match_the_interpreter(expr, n: int, m: int) -> None:
+    def value(X, W):
+        return A.transform(expr, lambda e: None)
+
+    kern = eltwise(lambda X, W: expr, {"X": "float32", "W": "float32"}, "float32")
+    rng = np.random.default_rng(n * 41 + m)
+    arrays = {k: rng.standard_normal((n, m)).astype(np.float32) for k in _LEAVES}
+    check_against_reference(kern, arrays, {"N": n, "M": m}, exact=False)
+
+
+# ---------------------------------------------------------------------------------
+# reductions, registers, NaN guards, temporaries
+# ---------------------------------------------------------------------------------
+def row_reduce(op: str, dtype: str = "float32", nan_insensitive: bool = False) -> Kernel:
+    """``R[i] = op over j of X[i, j]`` with a scalar register accumulator."""
+    init = {"max": -np.inf, "min": np.inf, "+": 0.0}[op]
+    acc = Buffer("acc", dtype, (), "register", nan_insensitive)
+    upd = (
+        Bin(op, ld("acc"), ld("X", Var("vi"), Var("vj")))
+        if op != "+"
+        else Bin("+", ld("acc"), ld("X", Var("vi"), Var("vj")))
+    )
+    body = [
+        For(
+            "i",
+            N,
+            [
+                Block(
+                    "init", [IterVar("vi", N)], [Var("i")], [Store("acc", (), Const(init, dtype))]
+                ),
+                For(
+                    "j",
+                    M,
+                    [
+                        Block(
+                            "upd",
+                            [IterVar("vi", N), IterVar("vj", M, "reduce")],
+                            [Var("i"), Var("j")],
+                            [Store("acc", (), upd)],
+                        )
+                    ],
+                    ForKind.VECTORIZED,
+                ),
+                Block("out", [IterVar("vi", N)], [Var("i")], [Store("R", (Var("vi"),), ld("acc"))]),
+            ],
+            ForKind.PARALLEL,
+        )
+    ]
+    return Kernel(
+        "rowred", [Buffer("X", dtype, (N, M))], [Buffer("R", dtype, (N,))], ["N", "M"], body, [acc]
+    )
+
+
+@pytest.mark.parametrize("op", ["max", "min", "+"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_row_reductions_are_exact_with_nan(op: str, dtype: str) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((9, 203)).astype(dtype)
+    x[2, 17] = np.nan
+    x[5, 0] = np.nan
+    x[7, 202] = np.inf
+    native = compile_kernel(row_reduce(op, dtype))
+    (r,) = run(native, row_reduce(op, dtype), {"X": x}, {"N": 9, "M": 203})
+    want = {"max": np.max, "min": np.min, "+": np.sum}[op](x, axis=1)
+    if op == "+":
+        np.testing.assert_allclose(r, want, rtol=1e-5)
+    else:
+        np.testing.assert_array_equal(r, want)
+        assert "maxnum" in native.source or "minnum" in native.source  # the guarded fast path
+
+
+def test_nan_insensitive_max_freezes_instead_of_guarding() -> None:
+    native = compile_kernel(row_reduce("max", nan_insensitive=True))
+    x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+    (r,) = run(native, row_reduce("max", nan_insensitive=True), {"X": x}, {"N": 4, "M": 64})
+    np.testing.assert_array_equal(r, x.max(axis=1))
+    assert 'asm ""' in native.source or "freeze" in native.source
+
+
+def test_local_temp_private_to_parallel_iteration_and_large_temps() -> None:
+    # T[j] = X[i, j] * 2 in a per-row temp, then Y[i, j] = T[M - 1 - j]
+    T = Buffer("T", "float32", (M,), "local")
+    body = [
+        For(
+            "i",
+            N,
+            [
+                For(
+                    "j",
+                    M,
+                    [
+                        Block(
+                            "s",
+                            [IterVar("vi", N), IterVar("vj", M)],
+                            [Var("i"), Var("j")],
+                            [
+                                Store(
+                                    "T",
+                                    (Var("vj"),),
+                                    Bin("*", ld("X", Var("vi"), Var("vj")), Const(2.0, "float64")),
+                                )
+                            ],
+                        )
+                    ],
+                ),
+                For(
+                    "j",
+                    M,
+                    [
+                        Block(
+                            "o",
+                            [IterVar("vi", N), IterVar("vj", M)],
+                            [Var("i"), Var("j")],
+                            [
+                                Store(
+                                    "Y",
+                                    (Var("vi"), Var("vj")),
+                                    ld("T", Bin("-", Bin("-", M, Const(1)), Var("vj"))),
+                                )
+                            ],
+                        )
+                    ],
+                ),
+            ],
+            ForKind.PARALLEL,
+        )
+    ]
+    kern = Kernel(
+        "tmp",
+        [Buffer("X", "float32", (N, M))],
+        [Buffer("Y", "float32", (N, M))],
+        ["N", "M"],
+        body,
+        [T],
+    )
+    x = (
+        np.random.default_rng(0).standard_normal((37, 40000)).astype(np.float32)
+    )  # 160 KB temp: malloc'd
+    for threads in (1, 2):
+        check_against_reference(kern, {"X": x}, {"N": 37, "M": 40000}, threads=threads)
+
+
+def test_register_array_loops_are_unrolled_to_scalars() -> None:
+    acc = Buffer("p", "float32", (Const(8),), "register")
+    body = [
+        For(
+            "i",
+            N,
+            [
+                For(
+                    "k",
+                    Const(8),
+                    [
+                        Block(
+                            "z",
+                            [IterVar("vk", Const(8))],
+                            [Var("k")],
+                            [Store("p", (Var("vk"),), Const(0.0, "float32"))],
+                        )
+                    ],
+                ),
+                For(
+                    "j",
+                    Bin("//", M, Const(8)),
+                    [
+                        For(
+                            "k",
+                            Const(8),
+                            [
+                                Block(
+                                    "a",
+                                    [IterVar("vi", N), IterVar("vj", M), IterVar("vk", Const(8))],
+                                    [Var("i"), Var("j"), Var("k")],
+                                    [
+                                        Store(
+                                            "p",
+                                            (Var("vk"),),
+                                            Bin(
+                                                "+",
+                                                ld("p", Var("vk")),
+                                                ld(
+                                                    "X",
+                                                    Var("vi"),
+                                                    Bin(
+                                                        "+",
+                                                        Bin("*", Var("vj"), Const(8)),
+                                                        Var("vk"),
+                                                    ),
+                                                ),
+                                            ),
+                                        )
+                                    ],
+                                )
+                            ],
+                        )
+                    ],
+                ),
+                Block(
+                    "o",
+                    [IterVar("vi", N)],
+                    [Var("i")],
+                    [
+                        Store(
+                            "R",
+                            (Var("vi"),),
+                            ld("p", Const(0))
+                            + ld("p", Const(1))
+                            + ld("p", Const(2))
+                            + ld("p", Const(3))
+                            + ld("p", Const(4))
+                            + ld("p", Const(5))
+                            + ld("p", Const(6))
+                            + ld("p", Const(7)),
+                        )
+                    ],
+                ),
+            ],
+            ForKind.PARALLEL,
+        )
+    ]
+    kern = Kernel(
+        "psum",
+        [Buffer("X", "float32", (N, M))],
+        [Buffer("R", "float32", (N,))],
+        ["N", "M"],
+        body,
+        [acc],
+    )
+    x = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32)
+    native = check_against_reference(kern, {"X": x}, {"N": 5, "M": 64}, exact=False)
+    assert "alloca [8 x float]" in native.source  # SROA turns it into scalars
+    assert "alloca" not in native.llvm.split("define")[-1] or "<8 x float>" in native.llvm
+
+
+# ---------------------------------------------------------------------------------
+# calling convention and errors
+# ---------------------------------------------------------------------------------
+def test_wrong_arguments_are_rejected_with_names() -> None:
+    kern = eltwise(lambda X: X, {"X": "float32"}, "float32")
+    k = compile_kernel(kern)
+    x = np.zeros((3, 4), np.float32)
+    with pytest.raises(ValueError, match="argument X must have shape"):
+        k(x, np.zeros((3, 4), np.float32), 3, 5)
+    with pytest.raises(ValueError, match="argument Y must have shape"):
+        k(x, np.zeros((3, 5), np.float32), 3, 4)
+    with pytest.raises(TypeError, match="argument X must be a float32 array"):
+        k(x.astype(np.float64), np.zeros((3, 4), np.float32), 3, 4)
+    with pytest.raises(TypeError, match="expected 2 arrays"):
+        k(x, 3, 4)
+    with pytest.raises(TypeError, match="output Y must be C-contiguous"):
+        k(x, np.zeros((4, 3), np.float32).T, 3, 4)
+    with pytest.raises(TypeError, match="dim N must be an int"):
+        k(x, np.zeros((3, 4), np.float32), 3.0, 4)
+    y = np.zeros((3, 4), np.float32)
+    k(np.arange(24, dtype=np.float32).reshape(3, 8)[:, ::2], y, 3, 4)  # strided input copied
+    np.testing.assert_array_equal(y, np.arange(24, dtype=np.float32).reshape(3, 8)[:, ::2])
+
+
+def test_zero_d_buffers_take_one_element_arrays() -> None:
+    body = [
+        For(
+            "i",
+            N,
+            [
+                Block(
+                    "b",
+                    [IterVar("vi", N)],
+                    [Var("i")],
+                    [Store("Y", (Var("vi"),), Bin("*", ld("X", Var("vi")), ld("S")))],
+                )
+            ],
+        )
+    ]
+    kern = Kernel(
+        "zd",
+        [Buffer("X", "float32", (N,)), Buffer("S", "float32", ())],
+        [Buffer("Y", "float32", (N,))],
+        ["N"],
+        body,
+    )
+    k = compile_kernel(kern)
+    x, y = np.arange(5, dtype=np.float32), np.zeros(5, np.float32)
+    for s in (np.array(2.0, np.float32), np.array([2.0], np.float32)):
+        k(x, s, y, 5)
+        np.testing.assert_array_equal(y, x * 2)
+    with pytest.raises(ValueError, match="argument S must hold exactly one element"):
+        k(x, np.array([2.0, 3.0], np.float32), y, 5)
+
+
+def test_emit_errors_name_the_kernel() -> None:
+    bad = Kernel(
+        "bad",
+        [Buffer("X", "float32", (N,))],
+        [Buffer("Y", "float32", (N,))],
+        ["N"],
+        [For("i", N, [Store("Y", (Var("i"),), ld("Z", Var("i")))])],
+    )
+    with pytest.raises(CodegenError, match="kernel 'bad'.*unknown buffer 'Z'"):
+        compile_kernel(bad)
+    neg = eltwise(lambda X: Un("neg", X), {"X": "bool"}, "bool")
+    with pytest.raises(CodegenError, match="neg of a bool"):
+        compile_kernel(neg)
+
+
+def test_same_kernel_compiles_once_while_alive() -> None:
+    a = compile_kernel(eltwise(lambda X: X + Const(7.0, "float64"), {"X": "float32"}, "float32"))
+    b = compile_kernel(eltwise(lambda X: X + Const(7.0, "float64"), {"X": "float32"}, "float32"))
+    assert a is b
+
+
+# ---------------------------------------------------------------------------------
+# machine code: vectors, thread pool, streaming stores
+# ---------------------------------------------------------------------------------
+def test_elementwise_loop_vectorizes_and_uses_the_pool() -> None:
+    k = compile_kernel(
+        eltwise(
+            lambda X, B: X * B + Const(1.0, "float64"), {"X": "float32", "B": "float32"}, "float32"
+        )
+    )
+    assert "geode_parallel_for" in k.source
+    assert "x float>" in k.llvm  # vector IR after the loop vectorizer
+
+
+def streamed(min_bytes: int = 0) -> Kernel:
+    """``Y = X * 2`` over [N, M] staged in a per-row local buffer and streamed out."""
+    S = Buffer("S", "float32", (M,), "local")
+    nt = Bin(">=", Bin("*", Bin("*", N, M), Const(4)), Const(min_bytes))
+    body = [
+        For(
+            "i",
+            N,
+            [
+                For(
+                    "j",
+                    M,
+                    [
+                        Block(
+                            "s",
+                            [IterVar("vi", N), IterVar("vj", M)],
+                            [Var("i"), Var("j")],
+                            [
+                                Store(
+                                    "S",
+                                    (Var("vj"),),
+                                    Bin("*", ld("X", Var("vi"), Var("vj")), Const(2.0, "float64")),
+                                )
+                            ],
+                        )
+                    ],
+                    ForKind.VECTORIZED,
+                ),
+                StreamStore("Y", Bin("*", Var("i"), M), "S", Const(0), M, nt),
+            ],
+            ForKind.PARALLEL,
+        )
+    ]
+    return Kernel(
+        "streamed",
+        [Buffer("X", "float32", (N, M))],
+        [Buffer("Y", "float32", (N, M))],
+        ["N", "M"],
+        body,
+        [S],
+    )
+
+
+@pytest.mark.parametrize("n,m", [(3, 1), (5, 16), (7, 48), (4, 515)])
+@pytest.mark.parametrize("min_bytes", [0, 1 << 40])
+def test_streamed_kernel_matches_numpy(n: int, m: int, min_bytes: int) -> None:
+    k = compile_kernel(streamed(min_bytes))
+    x = np.random.default_rng(n).standard_normal((n, m)).astype(np.float32)
+    y = np.zeros_like(x)
+    k(x, y, n, m)
+    np.testing.assert_array_equal(y, x * 2)
+    assert "!nontemporal" in k.source and "sfence" in k.source
+
+
+def test_kernel_runs_without_the_gil() -> None:
+    import threading
+
+    k = compile_kernel(eltwise(lambda X: Un("exp", X), {"X": "float64"}, "float64", ForKind.SERIAL))
+    x = np.random.default_rng(0).standard_normal((400, 10000))
+    y = np.empty_like(x)
+    ticks = []
+    stop = threading.Event()
+
+    def ticker() -> None:
+        while not stop.is_set():
+            ticks.append(1)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    try:
+        k(x, y, 400, 10000)
+    finally:
+        stop.set()
+        t.join()
+    assert len(ticks) > 10
+    np.testing.assert_allclose(y, np.exp(x), rtol=1e-14)
+
+
+# ---------------------------------------------------------------------------------
+# the object-code cache
+# ---------------------------------------------------------------------------------
+_CHILD = """
+import sys, numpy as np
+from geode.codegen import ast as A
+sys.path.insert(0, {tests!r})
+from test_backend_llvm import eltwise
+from geode.codegen.backends.llvm.kernel import compile_kernel
+k = compile_kernel(eltwise(lambda X: X * A.Const(3.0, "float64"), {{"X": "float32"}}, "float32"), cache_dir={cache!r})
+x = np.arange(12, dtype=np.float32).reshape(3, 4); y = np.zeros_like(x)
+k(x, y, 3, 4)
+assert (y == x * 3).all()
+print("HIT" if k.from_cache else "MISS", "numba" in sys.modules)
+"""
+
+
+def _child(cache: str) -> str:
+    code = _CHILD.format(tests=os.path.dirname(__file__), cache=cache)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_warm_start_loads_object_code_without_numba(tmp_path) -> None:
+    cache = str(tmp_path / "c")
+    assert _child(cache) == "MISS False"
+    assert _child(cache) == "HIT False"
+    entries = list((tmp_path / "c" / "kernels").iterdir())
+    assert len(entries) == 1 and {p.name for p in entries[0].iterdir()} == {
+        "kernel.o",
+        "manifest.json",
+    }
+    # a corrupted object is a miss, rebuilt
+    obj = entries[0] / "kernel.o"
+    obj.write_bytes(obj.read_bytes()[:-7] + b"garbage")
+    assert _child(cache) == "MISS False"
+    assert _child(cache) == "HIT False"
+
+
+def test_cache_not_private_to_the_user_is_not_read(tmp_path, caplog) -> None:
+    cache = tmp_path / "shared"
+    (cache / "kernels").mkdir(parents=True)
+    os.chmod(cache, 0o777)
+    assert not objcache.trusted_folder(cache)
+    assert objcache.load(cache, "0" * 64, "x") is None
+    assert "not private" in caplog.text
+    os.chmod(cache, 0o755)
+    fifo = cache / "kernels" / ("1" * 32)
+    fifo.mkdir()
+    os.mkfifo(fifo / "manifest.json")
+    assert objcache.load(cache, "1" * 64, "x") is None  # a FIFO is not read (no hang)
