@@ -323,3 +323,54 @@ def test_checker_catches_an_upward_import_planted_in_a_copy_of_the_tree(tmp_path
 )
 def test_layer_of(module: str, layer: str | None) -> None:
     assert layer_of(module) == layer
+
+
+# -- the injections that keep the arrows downward ------------------------------------------------
+def test_control_flow_without_a_subgraph_compiler_is_a_clear_error() -> None:
+    import geode.session  # noqa: F401  (installs the default subgraph compiler)
+    from geode.compiler.ops import control
+    from geode.errors import GeodeError
+
+    installed = control.subgraph_compiler()
+    control.set_subgraph_compiler(None)
+    try:
+        with pytest.raises(GeodeError, match="no.*subgraph compiler|none is installed"):
+            control.subgraph_compiler()
+    finally:
+        control.set_subgraph_compiler(installed)
+    assert installed.__module__ == "geode.session"
+
+
+def test_ir_infers_through_the_installed_registry() -> None:
+    import numpy as np
+
+    from geode.compiler import ir
+    from geode.errors import GraphError
+
+    g = ir.Graph("g")
+    x = g.input("x", [2, 3])
+    saved = ir._node_inference
+    ir.set_node_inference(None)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(GraphError, match="no op registry is loaded"):
+            g.op("Relu", x)
+    finally:
+        ir.set_node_inference(saved)
+    y = x[1:, None, 0]
+    assert y.shape == (1, 1)
+    assert [n.op_type for n in g.nodes][-3:] == ["Slice", "Squeeze", "Unsqueeze"]
+    assert np.dtype(y.dtype) == np.float32
+
+
+def test_the_kernel_cache_needs_a_target_fingerprint() -> None:
+    from geode.codegen import cache
+    from geode.errors import CodegenError
+
+    saved = cache._target_fingerprint
+    cache.set_target_fingerprint(None)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(CodegenError, match="no target fingerprint"):
+            cache.environment_fingerprint()
+    finally:
+        cache.set_target_fingerprint(saved)
+    assert "cpu_features" in cache.environment_fingerprint()
