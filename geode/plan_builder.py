@@ -8,7 +8,6 @@ plain functions, and builds the activation memory plan (liveness-based reuse).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,7 @@ from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols
 from geode.runtime.engines import ENGINES
 from geode.runtime.memory import BufferRequest, MemoryPlan
 from geode.runtime.model import KernelInfo
-from geode.runtime.plan import Constraint, DimCheck, InputSpec, Plan, Slot, Step
+from geode.runtime.plan import Constraint, DimCheck, InputSpec, Plan, Slot, Step, StepFn
 from geode.runtime.var_manager import VarManager
 
 
@@ -32,9 +31,10 @@ class Unit:
     nodes: list[Node]
     inputs: list[Value | None]
     outputs: list[Value]
-    kernel: Callable[..., Any]
+    kernel: Any  # a reference kernel, or a NativeKernel on the aicore engine
     info: KernelInfo
     extra: dict[str, Any] = field(default_factory=dict)
+    step: StepFn | None = None  # the engine's step for ``kernel`` (see bind_units)
 
 
 def reference_unit(node: Node, engine: str) -> Unit:
@@ -57,6 +57,30 @@ def reference_unit(node: Node, engine: str) -> Unit:
 
     info = KernelInfo(name=node.name, ops=[node], engine=engine)
     return Unit(node.name, engine, [node], list(node.inputs), list(node.outputs), kernel, info)
+
+
+#: ops that must run even when nothing reads their outputs
+SIDE_EFFECTS = frozenset({"Assign", "Print"})
+
+
+def drop_dead_units(units: list[Unit], g: Graph) -> list[Unit]:
+    """Remove units whose results nothing reads any more (e.g. a Shape feeding an Expand
+    that was fused: the kernel knows the shape, so the host step is dead)."""
+    needed = {id(v) for v in g.outputs}
+    kept: list[Unit] = []
+    for u in reversed(units):
+        if any(id(v) in needed for v in u.outputs) or any(
+            n.op_type in SIDE_EFFECTS for n in u.nodes
+        ):
+            kept.append(u)
+            needed |= {id(v) for v in u.inputs if v is not None}
+    return list(reversed(kept))
+
+
+def bind_units(units: list[Unit]) -> None:
+    """Give every unit its step: its engine's binding of its kernel."""
+    for u in units:
+        u.step = ENGINES[u.engine].bind(u.name, u.kernel)
 
 
 def _input_spec(v: Value, slot: int, bound_first: dict[str, str]) -> InputSpec:
@@ -138,7 +162,7 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
     for u in units:
         ins = [None if v is None else slot_for(v) for v in u.inputs]
         outs = [slot_for(v) for v in u.outputs]
-        fn = ENGINES[u.engine].bind(u.name, u.kernel)
+        fn = u.step if u.step is not None else ENGINES[u.engine].bind(u.name, u.kernel)
         label = "+".join(n.op_type for n in u.nodes) if len(u.nodes) <= 6 else f"{len(u.nodes)} ops"
         steps.append(Step(u.name, u.engine, fn, ins, outs, label, dict(u.extra)))
     outputs = [(v.name, slot_for(v)) for v in graph.outputs]

@@ -1,26 +1,27 @@
 """Session: owns a VarManager and drives compiler -> codegen -> runtime.
 
-``Session.compile(graph)`` copies the user's graph (it is never modified), verifies
-it, infers shapes, runs the pass pipeline, places nodes on engines, plans fusion
-groups, compiles them, and returns a :class:`CompiledModel` whose constants and
-variables live in this session's VarManager.
+``Session.compile(graph)`` copies the user's graph (it is never modified), runs the
+compile stages of :mod:`geode.spine` on the copy, and returns a
+:class:`CompiledModel` whose constants and variables live in this session's
+VarManager.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
+import threading
 from typing import Any
 
 from geode import config
 from geode.compiler.ir import Graph, format_graph
-from geode.compiler.partition.placement import Placement, place
-from geode.compiler.pipeline import run_pipeline
+from geode.compiler.ops import control
+from geode.compiler.partition.placement import Placement
 from geode.debug import Dumper, log
 from geode.errors import GraphError
-from geode.plan_builder import Unit, build_plan, reference_unit
+from geode.plan_builder import Unit
 from geode.runtime.model import CompiledModel
 from geode.runtime.var_manager import VarManager, VarManagerPool
+from geode.spine import Compilation, compile_graph
 
 
 class Session:
@@ -41,48 +42,22 @@ class Session:
         return config.current(**self._overrides)
 
     def compile(self, graph: Graph, **options: Any) -> CompiledModel:
-        """Compile a graph into a callable model (the graph itself is left unchanged)."""
+        """Compile a graph into a callable model (the graph itself is left unchanged).
+
+        The stages, in order, are :data:`geode.spine.STAGES`."""
         if not isinstance(graph, Graph):
             raise GraphError(f"compile() expects a geode.Graph, got {type(graph).__name__}")
         opts = config.current(**{**self._overrides, **options})  # read at every compile
-        t0 = time.perf_counter()
         dump = Dumper(graph.name, opts.debug, opts.dump_dir)
         g = graph.copy()
-        if not g.outputs:
-            raise GraphError(f"graph {g.name!r} has no outputs; call graph.output(...)")
-        g.verify()
-        g.infer_shapes()
-        dump.stage("input_graph", format_graph(g), level=2)
-        timings: dict[str, float] = {}
-        records = run_pipeline(
-            g,
-            disabled=opts.disabled_passes,
-            enabled=("freeze_variables",) if opts.freeze_variables else (),
-            fold_limit=opts.const_fold_limit,
-            on_pass=lambda name, gr, changed: (
-                dump.stage(f"after_{name}", format_graph(gr), level=2)
-                if changed and dump.wants(2)
-                else None
-            ),
-        )
-        timings["passes"] = time.perf_counter() - t0
-        pass_text = "\n".join(
-            f"  {r.name}: {'changed' if r.changed else 'no change'} ({r.nodes_before} -> {r.nodes_after} nodes)"
-            for r in records
-        )
-        dump.stage("passes", pass_text, level=1)
-        g.sort()
-        placement = place(g, codegen=opts.codegen)
-        dump.stage("placement", placement.describe())
-        t1 = time.perf_counter()
-        units, plan_text = self._units(g, placement, opts, dump)
-        timings["codegen"] = time.perf_counter() - t1
         prefix = f"m{next(self._models)}:{g.name}"
-        plan = build_plan(g, units, self.var_manager, prefix)
-        timings["total"] = time.perf_counter() - t0
-        explain = _Explain(g, placement, units, plan_text, pass_text, self.var_manager, timings)
+        c = compile_graph(Compilation(g, opts, dump, self.var_manager, prefix))
+        units, timings = c.units, c.timings
+        explain = _Explain(
+            g, c.placement, units, c.fusion_text, c.pass_text, self.var_manager, timings
+        )
         model = CompiledModel(
-            plan, self.var_manager, [u.info for u in units], explain, {"timings": timings}
+            c.plan, self.var_manager, [u.info for u in units], explain, {"timings": timings}
         )
         if dump.wants(2):
             run_by = {n.name: f"{u.name} [{u.engine}]" for u in units for n in u.nodes}
@@ -96,23 +71,6 @@ class Session:
             dump.artifact("graph.dot", explain.dot())
         log.debug("compiled %s in %.3fs: %d steps", g.name, timings["total"], len(units))
         return model
-
-    def _units(
-        self, g: Graph, placement: Placement, opts: config.Options, dump: Dumper
-    ) -> tuple[list[Unit], str]:
-        """Units of work for the plan: fused native kernels where possible, else single nodes."""
-        if opts.codegen and opts.fusion:
-            try:
-                from geode.codegen.driver import compile_groups
-            except ImportError:
-                compile_groups = None
-            if compile_groups is not None:
-                return compile_groups(g, placement, opts, dump)
-        units = []
-        for node in g.nodes:
-            engine = placement.engine[node.name]
-            units.append(reference_unit(node, "aicpu" if engine == "aicore" else engine))
-        return units, "fusion: off (every node runs on its own)"
 
     def close(self) -> None:
         """Free the session's VarManager memory."""
@@ -188,6 +146,26 @@ class _Explain:
 
 
 _default: Session | None = None
+_control_flow: Session | None = None
+_control_flow_lock = threading.Lock()
+
+
+def control_flow_session() -> Session:
+    """The session private to control flow: it owns every compiled subgraph's constants."""
+    global _control_flow
+    with _control_flow_lock:
+        if _control_flow is None:
+            _control_flow = Session()
+        return _control_flow
+
+
+def compile_subgraph(body: Graph) -> CompiledModel:
+    """Compile an If/Loop/Scan body in the control-flow session (the subgraph compiler
+    this module installs in :mod:`geode.compiler.ops.control`)."""
+    return control_flow_session().compile(body)
+
+
+control.set_subgraph_compiler(compile_subgraph)
 
 
 def default_session() -> Session:

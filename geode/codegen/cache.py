@@ -53,10 +53,12 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from geode.errors import CodegenError
 
 #: Bump when generated code or its runtime conventions change in a way the source
 #: text does not show (the backend also hashes its own helpers into the key).
@@ -74,6 +76,21 @@ _MANIFEST = "manifest.json"
 _MODULE_PREFIX = "geode_k_"
 
 
+#: the target's part of the environment fingerprint (triple, CPU name and features),
+#: installed by the codegen package for its backend (see :func:`set_target_fingerprint`)
+_target_fingerprint: Callable[[], Mapping[str, str]] | None = None
+
+
+def set_target_fingerprint(fn: Callable[[], Mapping[str, str]]) -> None:
+    """Install the function giving the backend target's fingerprint (part of every key).
+
+    ``geode.codegen`` installs its backend's when imported, so the cache does not import
+    the backends that use it."""
+    global _target_fingerprint
+    _target_fingerprint = fn
+    environment_fingerprint.cache_clear()
+
+
 @functools.lru_cache(maxsize=1)
 def environment_fingerprint() -> dict[str, str]:
     """Everything besides the source that decides the machine code: CPU and versions."""
@@ -81,10 +98,10 @@ def environment_fingerprint() -> dict[str, str]:
     import numba
     import numpy
 
-    from geode.codegen.backends.target import codegen_fingerprint
-
+    if _target_fingerprint is None:
+        raise CodegenError("the kernel cache has no target fingerprint installed")
     return {
-        **codegen_fingerprint(),
+        **_target_fingerprint(),
         "numba": numba.__version__,
         "llvmlite": llvmlite.__version__,
         "numpy": numpy.__version__,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.shapes import Shape, SymbolTable, shape_str
-from geode.errors import GraphError
+from geode.errors import GeodeError, GraphError
 
 
 @dataclass
@@ -207,9 +207,7 @@ class Value:
         return self.graph.op("Not", self)
 
     def __getitem__(self, index: object) -> Value:
-        from geode.compiler.frontend.builder import getitem
-
-        return getitem(self, index)
+        return basic_index(self, index)
 
     @property
     def T(self) -> Value:  # noqa: N802 - numpy's name
@@ -427,10 +425,8 @@ class Graph:
             node.outputs.append(out)
         self.nodes.append(node)
         if infer:
-            from geode.compiler.ops import registry
-
             try:
-                registry.infer_node(self, node)
+                infer_node(self, node)
             except Exception:
                 self.remove_node(node)
                 raise
@@ -579,11 +575,9 @@ class Graph:
 
     def infer_shapes(self) -> None:
         """Run every node's verify and infer_shape in topological order."""
-        from geode.compiler.ops import registry
-
         self.sort()
         for n in self.nodes:
-            registry.infer_node(self, n)
+            infer_node(self, n)
 
     def copy(self) -> Graph:
         """A structural copy (tensor data is shared, not copied)."""
@@ -680,3 +674,87 @@ def stats(g: Graph) -> GraphStats:
     for n in g.nodes:
         s.by_op[n.op_type] = s.by_op.get(n.op_type, 0) + 1
     return s
+
+
+#: verifies one node against its op prototype and sets its outputs' descs
+NodeInference = Callable[[Graph, Node], None]
+_node_inference: NodeInference | None = None
+
+
+def set_node_inference(fn: NodeInference) -> None:
+    """Install the function that verifies a node and infers its outputs' descs.
+
+    The op registry (:mod:`geode.compiler.ops.registry`) installs its ``infer_node``
+    when it is imported, which ``import geode`` does first; the IR thus runs shape
+    inference without importing the registry that depends on it.
+    """
+    global _node_inference
+    _node_inference = fn
+
+
+def infer_node(graph: Graph, node: Node) -> None:
+    """Verify ``node`` of ``graph`` and set its outputs' descs (the installed inference)."""
+    if _node_inference is None:
+        raise GraphError(
+            f"{node.where}: no op registry is loaded to infer shapes; import geode.compiler.ops"
+        )
+    _node_inference(graph, node)
+
+
+def basic_index(x: Value, index: object) -> Value:
+    """numpy-style basic indexing (ints, slices, None, Ellipsis) as Slice/Squeeze/Unsqueeze."""
+    idx = index if isinstance(index, tuple) else (index,)
+    rank = x.rank
+    if rank is None:
+        raise GeodeError(f"cannot index {x.name!r}: its rank is unknown")
+    n_ellipsis = sum(1 for i in idx if i is Ellipsis)
+    if n_ellipsis > 1:
+        raise GeodeError("an index can only have a single ellipsis")
+    used = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if used > rank:
+        raise GeodeError(f"too many indices for {x.name!r} of rank {rank}")
+    if n_ellipsis:
+        pos = idx.index(Ellipsis)
+        idx = idx[:pos] + (slice(None),) * (rank - used) + idx[pos + 1 :]
+    starts, ends, axes, steps, squeeze, unsqueeze = [], [], [], [], [], []
+    axis = 0
+    out_axis = 0
+    big = np.iinfo(np.int64).max
+    for it in idx:
+        if it is None:
+            unsqueeze.append(out_axis)
+            out_axis += 1
+            continue
+        if isinstance(it, (int, np.integer)):
+            i = int(it)
+            starts.append(i)
+            ends.append(i + 1 if i != -1 else big)
+            axes.append(axis)
+            steps.append(1)
+            squeeze.append(axis)
+        elif isinstance(it, slice):
+            step = 1 if it.step is None else int(it.step)
+            if step == 0:
+                raise GeodeError("slice step cannot be zero")
+            if it.start is not None or it.stop is not None or step != 1:
+                starts.append(int(it.start) if it.start is not None else (0 if step > 0 else big))
+                ends.append(int(it.stop) if it.stop is not None else (big if step > 0 else -big))
+                axes.append(axis)
+                steps.append(step)
+            out_axis += 1
+        else:
+            raise GeodeError(f"unsupported index {it!r}: use ints, slices, None or ...")
+        axis += 1
+    g = x.graph
+
+    def ints(values: list[int]) -> Value:
+        return g.constant(np.asarray(values, np.int64))
+
+    y = x
+    if axes:
+        y = g.op("Slice", y, ints(starts), ints(ends), ints(axes), ints(steps))
+    if squeeze:
+        y = g.op("Squeeze", y, ints(squeeze))
+    if unsqueeze:
+        y = g.op("Unsqueeze", y, ints(unsqueeze))
+    return y if y is not x else g.op("Identity", x)

@@ -1,6 +1,9 @@
 """Engines: how a step's kernel is called.
 
 * ``aicore``: JIT-compiled native kernels; they write into the buffers they are given.
+  The engine builds their step from a backend-neutral :class:`NativeKernel`: how to
+  get the kernel's dim arguments and output shapes from the run's environment, how
+  each argument is viewed, which indices to check before a launch, and its threads.
 * ``aicpu``: reference kernels (numpy, ONNX semantics); results are copied into the
   planned buffer when there is one, so activations still follow the memory plan.
 * ``host``: shape computations and data-dependent ops; their results are small or of
@@ -9,7 +12,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +23,50 @@ from geode.errors import ExecutionError
 from geode.runtime.plan import Env, StepFn
 
 ReferenceKernel = Callable[[list], Sequence[np.ndarray]]
-NativeKernel = Callable[[list, list, Env], Sequence[np.ndarray]]
+DimFn = Callable[[Env], int]
+ShapeFn = Callable[[Env], tuple[int, ...]]
+#: how a kernel argument is viewed: for each dim of the view, the first of the value's
+#: dims it merges (the view's dim ``k`` spans ``starts[k]:starts[k + 1]``)
+View = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class IndexBound:
+    """Indices a kernel uses to address memory without a bounds check (Gather's): each
+    must lie in ``[-dim, dim)``. They are kernel input ``input``, or ``data`` when they
+    were folded into the kernel as a literal; ``node`` and ``axis`` name them in errors."""
+
+    node: str
+    axis: int
+    dim: DimFn
+    input: int | None
+    data: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class NativeKernel:
+    """A compiled kernel's calling interface, whatever backend compiled it.
+
+    ``fn(*inputs, *outputs, *dims, **launch)`` writes the outputs: ``inputs`` are the
+    step's first ``n_inputs`` arrays, ``outputs`` the planned buffers (or new arrays of
+    ``out_shapes(env)`` and ``out_dtypes``), ``dims`` the values of ``dims(env)``. An
+    argument whose ``views`` entry is not None is reshaped to that view first. With
+    ``launch_threads`` the kernel sets its own threads from ``launch={"threads": n}``;
+    else ``set_threads(threads)`` (when given) runs before every call, since a thread
+    count is often a setting of the calling thread that another caller may change.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    n_inputs: int
+    out_shapes: Sequence[ShapeFn]
+    out_dtypes: Sequence[np.dtype]
+    dims: Sequence[DimFn] = ()
+    views: Sequence[View | None] = ()
+    index_bounds: Sequence[IndexBound] = ()
+    threads: int = 0
+    launch_threads: bool = False
+    set_threads: Callable[[int], Any] | None = None
 
 
 def _store(name: str, results: Sequence[np.ndarray], outs: list) -> list[np.ndarray]:
@@ -68,14 +117,72 @@ class HostEngine(AicpuEngine):
     name = "host"
 
 
+def check_index_bound(bound: IndexBound, inputs: list, env: Env) -> None:
+    """Raise :class:`ExecutionError` unless every index of ``bound`` lies in
+    ``[-dim, dim)`` (the kernel would read outside its input)."""
+    dim = bound.dim(env)
+    ind = inputs[bound.input] if bound.input is not None else bound.data
+    if ind.size == 0:
+        return
+    lo, hi = int(ind.min()), int(ind.max())
+    if lo < -dim or hi >= dim:
+        bad = lo if lo < -dim else hi
+        raise ExecutionError(
+            f"{bound.node}: index {bad} is out of range for axis {bound.axis} of size {dim} "
+            f"(valid: {-dim} to {dim - 1})"
+        )
+
+
+def view(a: np.ndarray, starts: View) -> np.ndarray:
+    """``a`` reshaped so the view's dim ``k`` merges ``a``'s dims ``starts[k]:starts[k+1]``."""
+    ends = (*starts[1:], a.ndim)
+    return a.reshape(tuple(math.prod(a.shape[s:e]) for s, e in zip(starts, ends)))
+
+
 class AiCoreEngine(Engine):
     """Runs native kernels that write into the buffers they are handed."""
 
     name = "aicore"
 
     def bind(self, name: str, kernel: NativeKernel) -> StepFn:
-        """Native kernels already have the step signature."""
-        return kernel
+        """The step ``fn(inputs, outs, env)`` for a native kernel: checks its indices,
+        allocates the outputs the plan did not, computes its dims from ``env``, views
+        its arguments and calls it (setting its threads first when it needs that)."""
+        fn, n_in, out_shapes, out_dtypes = (
+            kernel.fn,
+            kernel.n_inputs,
+            list(kernel.out_shapes),
+            list(kernel.out_dtypes),
+        )
+        dim_fns, bounds = list(kernel.dims), list(kernel.index_bounds)
+        reshaped = [(i, v) for i, v in enumerate(kernel.views) if v is not None]
+        launch = {"threads": kernel.threads} if kernel.launch_threads else {}
+        set_threads = None if kernel.launch_threads else kernel.set_threads
+        threads = kernel.threads
+
+        def step(inputs: list, outs: list, env: Env) -> list:
+            for bound in bounds:
+                check_index_bound(bound, inputs, env)
+            arrays = []
+            for i in range(len(out_dtypes)):
+                o = outs[i] if i < len(outs) else None
+                if o is None:
+                    o = np.empty(out_shapes[i](env), out_dtypes[i])
+                arrays.append(o)
+            dims = [f(env) for f in dim_fns]
+            args = [*inputs[:n_in], *arrays]
+            for i, starts in reshaped:
+                if i >= n_in and not args[i].flags.c_contiguous:  # a reshape would copy it
+                    raise ExecutionError(
+                        f"step {name!r}: kernel output {i - n_in} is not C-contiguous"
+                    )
+                args[i] = view(args[i], starts)
+            if set_threads is not None:
+                set_threads(threads)
+            fn(*args, *dims, **launch)
+            return arrays
+
+        return step
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (AicpuEngine(), HostEngine(), AiCoreEngine())}

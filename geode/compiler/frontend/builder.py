@@ -20,7 +20,7 @@ import numpy as np
 from geode.compiler import dtypes
 from geode.compiler.ir import Value
 from geode.compiler.ops import registry
-from geode.errors import GeodeError, GraphError, UnknownOpError
+from geode.errors import GraphError, UnknownOpError
 
 _ALIASES = {
     "matmul": "MatMul",
@@ -123,60 +123,6 @@ def _default_outputs(od: registry.OpDef, vals: list[Value | None], attrs: dict[s
             return int(vals[1].data.size)
         raise GraphError(f"{od.op_type}: say how many outputs with n_outputs=")
     return max(1, sum(1 for o in od.outputs if not o.optional))
-
-
-def getitem(x: Value, index: object) -> Value:
-    """numpy-style basic indexing (ints, slices, None, Ellipsis) as Slice/Squeeze/Unsqueeze."""
-    idx = index if isinstance(index, tuple) else (index,)
-    rank = x.rank
-    if rank is None:
-        raise GeodeError(f"cannot index {x.name!r}: its rank is unknown")
-    n_ellipsis = sum(1 for i in idx if i is Ellipsis)
-    if n_ellipsis > 1:
-        raise GeodeError("an index can only have a single ellipsis")
-    used = sum(1 for i in idx if i is not None and i is not Ellipsis)
-    if used > rank:
-        raise GeodeError(f"too many indices for {x.name!r} of rank {rank}")
-    if n_ellipsis:
-        pos = idx.index(Ellipsis)
-        idx = idx[:pos] + (slice(None),) * (rank - used) + idx[pos + 1 :]
-    starts, ends, axes, steps, squeeze, unsqueeze = [], [], [], [], [], []
-    axis = 0
-    out_axis = 0
-    big = np.iinfo(np.int64).max
-    for it in idx:
-        if it is None:
-            unsqueeze.append(out_axis)
-            out_axis += 1
-            continue
-        if isinstance(it, (int, np.integer)):
-            i = int(it)
-            starts.append(i)
-            ends.append(i + 1 if i != -1 else big)
-            axes.append(axis)
-            steps.append(1)
-            squeeze.append(axis)
-        elif isinstance(it, slice):
-            step = 1 if it.step is None else int(it.step)
-            if step == 0:
-                raise GeodeError("slice step cannot be zero")
-            if it.start is not None or it.stop is not None or step != 1:
-                starts.append(int(it.start) if it.start is not None else (0 if step > 0 else big))
-                ends.append(int(it.stop) if it.stop is not None else (big if step > 0 else -big))
-                axes.append(axis)
-                steps.append(step)
-            out_axis += 1
-        else:
-            raise GeodeError(f"unsupported index {it!r}: use ints, slices, None or ...")
-        axis += 1
-    y = x
-    if axes:
-        y = apply("Slice", y, starts, ends, axes, steps)
-    if squeeze:
-        y = apply("Squeeze", y, squeeze)
-    if unsqueeze:
-        y = apply("Unsqueeze", y, unsqueeze)
-    return y if y is not x else apply("Identity", x)
 
 
 class NoSuchOpError(UnknownOpError, AttributeError):

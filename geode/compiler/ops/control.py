@@ -3,9 +3,11 @@
 Their subgraph attributes (``then_branch``/``else_branch``, ``body``) are geode Graphs
 (the ONNX front end imports them). A subgraph runs through geode's full pipeline: on
 first use with a given signature (the dtypes and ranks of its inputs) it is compiled
-by a session private to control flow, with every dim of its inputs a symbol, so one
-compiled body serves every iteration whatever its sizes; the compiled bodies are
-cached per subgraph.
+by the *subgraph compiler*, with every dim of its inputs a symbol, so one compiled
+body serves every iteration whatever its sizes; the compiled bodies are cached per
+subgraph. The compiler is injected (:func:`set_subgraph_compiler`): the session
+installs one that compiles through a session private to control flow, so the op
+definitions here do not import the layers above them.
 
 Values a subgraph reads from enclosing scopes arrive as the node's trailing inputs:
 the ``captures`` attribute names them (the front end sets it), and a subgraph's own
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,7 +49,7 @@ from geode.compiler.ops.registry import (
     register,
 )
 from geode.compiler.shapes import Dim, dims_equal, free_symbols
-from geode.errors import ExecutionError, ShapeError, VerifyError
+from geode.errors import ExecutionError, GeodeError, ShapeError, VerifyError
 
 #: most iterations a Loop with neither a trip count nor a condition may run
 MAX_UNBOUNDED_ITERATIONS = 1 << 31
@@ -57,33 +59,43 @@ _I64 = frozenset([np.dtype(np.int64)])
 
 
 # -- running subgraphs -----------------------------------------------------------------------
+#: compiles a subgraph into a runnable model: something with ``run(feeds) -> dict``,
+#: ``input_names`` and ``output_names`` (a :class:`geode.runtime.model.CompiledModel`)
+SubgraphCompiler = Callable[[Graph], Any]
+_subgraph_compiler: SubgraphCompiler | None = None
+
+
+def set_subgraph_compiler(fn: SubgraphCompiler | None) -> None:
+    """Install the function that compiles If/Loop/Scan bodies (the session does, when
+    it is imported); ``None`` uninstalls it."""
+    global _subgraph_compiler
+    _subgraph_compiler = fn
+
+
+def subgraph_compiler() -> SubgraphCompiler:
+    """The installed subgraph compiler; a GeodeError when there is none."""
+    if _subgraph_compiler is None:
+        raise GeodeError(
+            "control flow needs a subgraph compiler and none is installed "
+            "(importing geode.session installs the default one)"
+        )
+    return _subgraph_compiler
+
+
 class BodyRunner:
     """Runs one subgraph: compiles it once per input signature (dtypes and ranks)."""
-
-    _session: Any = None
-    _session_lock = threading.Lock()
 
     def __init__(self, body: Graph):
         self.body = body
         self.compiled: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
-    @classmethod
-    def session(cls) -> Any:
-        """The session that owns every compiled subgraph's constants."""
-        with cls._session_lock:
-            if cls._session is None:
-                from geode.session import Session
-
-                cls._session = Session()
-            return cls._session
-
     def _compile(self, arrays: Sequence[np.ndarray]) -> Any:
         g = self.body.copy()
         for i, (v, a) in enumerate(zip(g.inputs, arrays)):
             dims = tuple(g.symbols.named_dim(f"cf{i}_{k}") for k in range(a.ndim))
             v.desc = TensorDesc(a.dtype, dims, v.desc.format)
-        return self.session().compile(g)
+        return subgraph_compiler()(g)
 
     def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run the subgraph on its inputs (formal ones, then captured ones), in order."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from geode.compiler import dtypes
+from geode.compiler.ir import set_node_inference
 from geode.errors import DTypeError, GeodeError, ShapeError, UnknownOpError, VerifyError
 
 if TYPE_CHECKING:
@@ -341,3 +342,6 @@ def infer_node(graph: Graph, node: Node) -> None:
     for k, (out, d) in enumerate(zip(node.outputs, descs)):
         out.desc = d
         out.sym_value = ctx.sym_values.get(k)
+
+
+set_node_inference(infer_node)  # Graph.add_node and Graph.infer_shapes call it

@@ -99,6 +99,14 @@ def _unknown(node: Node, engine: str, bound: set) -> bool:
 
 def place(graph: Graph, codegen: bool = True) -> Placement:
     """Assign an engine to every node (graph must be sorted) and split by shape kind."""
+    p = assign_engines(graph, codegen)
+    split_partitions(graph, p)
+    return p
+
+
+def assign_engines(graph: Graph, codegen: bool = True) -> Placement:
+    """Assign an engine to every node of a sorted graph, with the reason, and record
+    which nodes' output shapes are unknown before the run (host ops, unbound symbols)."""
     p = Placement()
     host_values: set[str] = set()
     bound = input_symbols(graph)
@@ -109,6 +117,13 @@ def place(graph: Graph, codegen: bool = True) -> Placement:
         p.unknown_shape[node.name] = _unknown(node, engine, bound)
         if engine == "host":
             host_values.update(o.name for o in node.outputs)
+    return p
+
+
+def split_partitions(graph: Graph, p: Placement) -> None:
+    """Split the placed graph into runs of known-shape and unknown-shape nodes
+    (``p.partitions``, in graph order)."""
+    p.partitions.clear()
     kind_of = {
         n.name: ("unknown-shape" if p.unknown_shape[n.name] else "known-shape") for n in graph.nodes
     }
@@ -118,4 +133,3 @@ def place(graph: Graph, codegen: bool = True) -> Placement:
             p.partitions[-1][1].append(node.name)
         else:
             p.partitions.append((kind, [node.name]))
-    return p

@@ -1,0 +1,268 @@
+"""The spine: every stage of a compile, in order, one line each.
+
+``compile_graph`` runs :data:`STAGES` over a :class:`Compilation` (the graph being
+compiled and everything the stages derive from it). Each stage is a function of the
+compilation that fills in its part; its room is the module named beside it:
+
+=============  ==========================================================
+verify         ``geode/compiler/ir.py`` (``Graph.verify``)
+infer_shapes   ``geode/compiler/ops/registry.py`` (every op's verify + infer_shape)
+graph_passes   ``geode/compiler/pipeline.py`` (``geode/compiler/passes/``)
+place          ``geode/compiler/partition/placement.py`` (``assign_engines``)
+partition      ``geode/compiler/partition/placement.py`` (``split_partitions``)
+fuse           ``geode/compiler/fusion/planner.py`` (groups and their order)
+lower          ``geode/codegen/lower.py`` (group -> loop AST)
+schedule       ``geode/codegen/autoschedule.py`` (``geode/codegen/schedule/``)
+emit           ``geode/codegen/driver.py`` ``emit_kernel`` (the backend)
+bind           ``geode/runtime/engines.py`` (the engines' steps)
+plan           ``geode/plan_builder.py`` (slots, memory plan, runtime Plan)
+=============  ==========================================================
+
+A group whose lower, schedule or emit stage fails runs node by node on the AICPU
+engine, with a :class:`~geode.codegen.driver.CodegenWarning`: a user never loses a
+result to a codegen bug.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from geode import config
+from geode.codegen import driver
+from geode.codegen.cache import maybe_prune
+from geode.codegen.lower import make_can_lower
+from geode.compiler.fusion.groups import FusionPlan
+from geode.compiler.fusion.planner import plan_fusion, schedule_units
+from geode.compiler.fusion.profit import make_profit
+from geode.compiler.ir import Graph, Node, format_graph
+from geode.compiler.partition.placement import Placement, assign_engines, split_partitions
+from geode.compiler.pipeline import PassRecord, run_pipeline
+from geode.debug import Dumper, log
+from geode.errors import GeodeError, GraphError
+from geode.plan_builder import Unit, bind_units, build_plan, drop_dead_units, reference_unit
+from geode.progress import progress_bar
+from geode.runtime.plan import Plan
+from geode.runtime.var_manager import VarManager
+
+
+@dataclass
+class Compilation:
+    """One compile in progress: its inputs, then what each stage derives."""
+
+    graph: Graph  # a copy of the user's graph; the stages change it in place
+    opts: config.Options
+    dump: Dumper
+    var_manager: VarManager
+    key_prefix: str  # of this model's constants and variables in the VarManager
+    pass_records: list[PassRecord] = field(default_factory=list)
+    placement: Placement | None = None
+    fusion: FusionPlan | None = None
+    #: the fusion plan's order of work: single nodes and groups on their way to kernels
+    work: list[Node | driver.KernelJob] = field(default_factory=list)
+    units: list[Unit] = field(default_factory=list)
+    plan: Plan | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fuses(self) -> bool:
+        """Whether AI Core nodes are fused and compiled (else each runs on AICPU)."""
+        return self.opts.codegen and self.opts.fusion
+
+    @property
+    def jobs(self) -> list[driver.KernelJob]:
+        """The groups still on their way to a native kernel (not fallen back)."""
+        return [j for j in self.work if isinstance(j, driver.KernelJob) and not j.failed]
+
+    @property
+    def pass_text(self) -> str:
+        """What each graph pass did, one line each."""
+        return "\n".join(
+            f"  {r.name}: {'changed' if r.changed else 'no change'} "
+            f"({r.nodes_before} -> {r.nodes_after} nodes)"
+            for r in self.pass_records
+        )
+
+    @property
+    def fusion_text(self) -> str:
+        """The fusion plan, as ``model.explain()`` shows it."""
+        if self.fusion is None:
+            return "fusion: off (every node runs on its own)"
+        return self.fusion.describe()
+
+
+def verify(c: Compilation) -> None:
+    """Check the graph's structure (outputs exist, values belong to it, no cycles)."""
+    if not c.graph.outputs:
+        raise GraphError(f"graph {c.graph.name!r} has no outputs; call graph.output(...)")
+    c.graph.verify()
+
+
+def infer_shapes(c: Compilation) -> None:
+    """Verify every node against its op prototype and infer its outputs' descs."""
+    c.graph.infer_shapes()
+    c.dump.stage("input_graph", format_graph(c.graph), level=2)
+
+
+def graph_passes(c: Compilation) -> None:
+    """Run the graph pass pipeline to a fixed point (fold, simplify, decompose, CSE, DCE)."""
+    opts, dump = c.opts, c.dump
+    c.pass_records = run_pipeline(
+        c.graph,
+        disabled=opts.disabled_passes,
+        enabled=("freeze_variables",) if opts.freeze_variables else (),
+        fold_limit=opts.const_fold_limit,
+        on_pass=lambda name, gr, changed: (
+            dump.stage(f"after_{name}", format_graph(gr), level=2)
+            if changed and dump.wants(2)
+            else None
+        ),
+    )
+    dump.stage("passes", c.pass_text, level=1)
+    c.graph.sort()
+
+
+def place(c: Compilation) -> None:
+    """Place every node on an engine: AI Core, AICPU or host."""
+    c.placement = assign_engines(c.graph, codegen=c.opts.codegen)
+
+
+def partition(c: Compilation) -> None:
+    """Split the placed graph into known-shape and unknown-shape partitions."""
+    split_partitions(c.graph, c.placement)
+    c.dump.stage("placement", c.placement.describe())
+
+
+def fuse(c: Compilation) -> None:
+    """Plan fusion groups (legal and worth it) and order the groups and other nodes."""
+    if not c.fuses:
+        c.work = list(c.graph.nodes)
+        return
+    profit = make_profit(driver.device_spec(c.opts.cache_dir))
+    c.fusion = plan_fusion(c.graph, c.placement, make_can_lower(c.graph), profit)
+    c.dump.stage("fusion_plan", c.fusion.describe())
+    c.work = [
+        item if isinstance(item, Node) else driver.KernelJob(f"fused_{k}", item)
+        for k, item in enumerate(schedule_units(c.graph, c.fusion))
+    ]
+
+
+def lower(c: Compilation) -> None:
+    """Lower every group to a loop AST."""
+    for job in c.jobs:
+        _codegen_stage(c, job, driver.lower_job)
+
+
+def schedule(c: Compilation) -> None:
+    """Schedule every group's loop AST (tile, inline, reduce, parallelize, vectorize)."""
+    for job in c.jobs:
+        _codegen_stage(c, job, driver.schedule_job)
+
+
+def emit(c: Compilation) -> None:
+    """Compile every scheduled kernel to native code (through the kernel cache)."""
+    jobs = c.jobs
+    title = f"geode: compiling {c.graph.name}"
+    bar = progress_bar(len(jobs), title, c.opts.progress, unit="kernel")
+    for job in jobs:
+        _codegen_stage(c, job, driver.emit_job)
+        if not job.failed:
+            _codegen_stage(c, job, driver.interface_job)
+        bar.update()
+    bar.close()
+    if c.fuses:
+        maybe_prune(c.opts.cache_dir, c.opts.cache_max_mb << 20)
+
+
+def bind(c: Compilation) -> None:
+    """A unit per step (native kernels, and single nodes on AICPU or host), each bound
+    to its engine's step; units whose results nothing reads are dropped."""
+    units: list[Unit] = []
+    for item in c.work:
+        if isinstance(item, Node):
+            engine = c.placement.engine[item.name]
+            units.append(reference_unit(item, "aicpu" if engine == "aicore" else engine))
+        elif item.failed:
+            units += [reference_unit(n, "aicpu") for n in item.group.nodes]
+        else:
+            lowered = item.lowered
+            nodes = list(item.group.nodes)
+            unit = Unit(
+                item.name,
+                "aicore",
+                nodes,
+                list(lowered.inputs),
+                list(lowered.outputs),
+                item.interface,
+                item.info,
+            )
+            unit.extra["pattern"] = item.group.pattern_name()
+            units.append(unit)
+    c.units = drop_dead_units(units, c.graph) if c.fuses else units
+    bind_units(c.units)
+
+
+def plan(c: Compilation) -> None:
+    """The runtime plan: a slot per value, constants and variables registered with the
+    VarManager, the activation memory plan."""
+    c.plan = build_plan(c.graph, c.units, c.var_manager, c.key_prefix)
+
+
+Stage = Callable[[Compilation], None]
+
+# fmt: off
+STAGES: list[tuple[str, Stage]] = [
+    ("verify", verify),
+    ("infer_shapes", infer_shapes),
+    ("graph_passes", graph_passes),
+    ("place", place),
+    ("partition", partition),
+    ("fuse", fuse),
+    ("lower", lower),
+    ("schedule", schedule),
+    ("emit", emit),
+    ("bind", bind),
+    ("plan", plan),
+]
+# fmt: on
+
+
+def compile_graph(c: Compilation) -> Compilation:
+    """Run every stage on ``c`` in order; ``c.timings`` gets each stage's seconds, plus
+    ``passes`` (verify to graph passes), ``codegen`` (place to bind) and ``total``."""
+    t0 = time.perf_counter()
+    for name, stage in STAGES:
+        t = time.perf_counter()
+        stage(c)
+        c.timings[name] = time.perf_counter() - t
+    tm = c.timings
+    tm["passes"] = tm["verify"] + tm["infer_shapes"] + tm["graph_passes"]
+    tm["codegen"] = sum(tm[s] for s in ("fuse", "lower", "schedule", "emit", "bind"))
+    tm["total"] = time.perf_counter() - t0
+    return c
+
+
+def _codegen_stage(
+    c: Compilation,
+    job: driver.KernelJob,
+    stage: Callable[[driver.KernelJob, Graph, config.Options, Dumper], None],
+) -> None:
+    """Run a codegen stage on one group; a failure makes the group fall back, loudly."""
+    t0 = time.perf_counter()
+    try:
+        stage(job, c.graph, c.opts, c.dump)
+    except Exception as exc:  # noqa: BLE001 - any codegen failure falls back, loudly
+        job.error = exc
+        group = job.group
+        msg = (
+            f"group {group.id} ({len(group.nodes)} ops) falls back to AICPU: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        warnings.warn(msg, driver.CodegenWarning, stacklevel=4)
+        log.warning(msg)
+        if not isinstance(exc, GeodeError) and c.opts.debug >= 2:
+            log.exception("codegen failure")
+    finally:
+        job.seconds += time.perf_counter() - t0

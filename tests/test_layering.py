@@ -1,0 +1,376 @@
+"""The layering of geode's packages, enforced from the source.
+
+Every module under ``geode/`` is parsed with :mod:`ast`; every ``import`` in it,
+function-local ones included, is an arrow from the importing module to the imported
+one. Layers, top to bottom (a module may import its own layer and the layers below):
+
+====  =========  ===========================================================
+rank  layer      modules
+====  =========  ===========================================================
+5     cli        ``geode.cli``, ``geode.__main__``, ``geode.onnx_conformance``
+                 (the command line and the conformance-suite runner drive the API)
+4     api        ``geode`` (the package's public face), ``geode.api``,
+                 ``geode.onnx_backend`` (the ONNX backend protocol over the API),
+                 ``geode.examples`` (built-in graphs the CLI runs)
+3     session    ``geode.session``, ``geode.spine`` (the spine: the stages in
+                 order), ``geode.plan_builder`` (units -> runtime plan),
+                 ``geode.viz`` (DOT rendering of a compiled graph)
+2     codegen    ``geode.codegen.*``  } peers: codegen may import compiler, never
+2     compiler   ``geode.compiler.*`` } the other way round
+1     runtime    ``geode.runtime.*``    } peers that never import each other
+1     costmodel  ``geode.costmodel.*``  }
+0     base       ``geode.errors``, ``geode.config``, ``geode.debug``,
+                 ``geode.progress`` (errors, options, logging and dumps, progress
+                 bars: used by every layer, they import only each other)
+====  =========  ===========================================================
+
+Besides the ranks, no import cycle may run between packages: a *package* here is a
+module's name cut to three parts (``geode.compiler.ops.nn`` -> ``geode.compiler.ops``,
+``geode.compiler.ir`` stays itself), so ``ir.py`` and the op registry are two
+packages, while the modules of one subpackage may import each other freely.
+
+A failure names the importing file and line and the imported module.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "geode"
+
+#: (module-name prefix, layer); the longest matching prefix wins
+LAYER_OF: dict[str, str] = {
+    "geode.cli": "cli",
+    "geode.__main__": "cli",
+    "geode.onnx_conformance": "cli",
+    "geode": "api",
+    "geode.api": "api",
+    "geode.onnx_backend": "api",
+    "geode.examples": "api",
+    "geode.session": "session",
+    "geode.spine": "session",
+    "geode.plan_builder": "session",
+    "geode.viz": "session",
+    "geode.codegen": "codegen",
+    "geode.compiler": "compiler",
+    "geode.runtime": "runtime",
+    "geode.costmodel": "costmodel",
+    "geode.errors": "base",
+    "geode.config": "base",
+    "geode.debug": "base",
+    "geode.progress": "base",
+}
+
+RANK = {
+    "cli": 5,
+    "api": 4,
+    "session": 3,
+    "codegen": 2,
+    "compiler": 2,
+    "runtime": 1,
+    "costmodel": 1,
+    "base": 0,
+}
+
+#: arrows forbidden between peers of one rank
+FORBIDDEN_PEERS = {("compiler", "codegen"), ("runtime", "costmodel"), ("costmodel", "runtime")}
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One import: ``importer`` imports ``imported`` at ``where`` (``file:line``)."""
+
+    importer: str
+    imported: str
+    where: str
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a geode module (None when no prefix of its name is mapped)."""
+    parts = module.split(".")
+    for k in range(len(parts), 0, -1):
+        layer = LAYER_OF.get(".".join(parts[:k]))
+        if layer is not None and (k > 1 or len(parts) == 1):
+            return layer
+    return None
+
+
+def package_of(module: str) -> str:
+    """The unit of the cycle check: the module's name cut to three parts."""
+    return ".".join(module.split(".")[:3])
+
+
+def module_name(path: Path, root: Path) -> str:
+    """``geode/compiler/ir.py`` -> ``geode.compiler.ir``; a package's ``__init__`` is the package."""
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(
+    module: str, source: str, where: str, known: set[str], is_package: bool
+) -> list[Edge]:
+    """Every import of a geode module in ``source`` (at any depth, so function-local
+    ones count), resolved to module names: ``from geode.codegen import ast`` imports
+    ``geode.codegen.ast`` when that is a module in ``known``, else ``geode.codegen``."""
+    edges: list[Edge] = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = module.split(".")
+                if not is_package:
+                    pkg = pkg[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                targets.append(sub if sub in known else base)
+        for t in targets:
+            if t == "geode" or t.startswith("geode."):
+                edges.append(Edge(module, t, f"{where}:{node.lineno}"))
+    return edges
+
+
+def scan(sources: dict[str, tuple[str, str, bool]]) -> list[Edge]:
+    """The import edges of ``{module: (file, source, is_package)}``."""
+    known = set(sources)
+    edges: list[Edge] = []
+    for mod, (where, src, is_pkg) in sorted(sources.items()):
+        edges += imports_of(mod, src, where, known, is_pkg)
+    return edges
+
+
+def read_tree(root: Path) -> dict[str, tuple[str, str, bool]]:
+    """Every module under ``root`` (a ``geode`` directory) with its file and source."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        out[module_name(path, root)] = (rel, path.read_text(), path.name == "__init__.py")
+    return out
+
+
+def layer_violations(edges: list[Edge]) -> list[str]:
+    """One message per arrow against the layers (or from/to an unmapped module)."""
+    bad = []
+    for e in edges:
+        src, dst = layer_of(e.importer), layer_of(e.imported)
+        if src is None or dst is None:
+            unmapped = e.importer if src is None else e.imported
+            bad.append(f"{e.where}: {unmapped} has no layer; add it to LAYER_OF")
+        elif RANK[src] < RANK[dst]:
+            bad.append(
+                f"{e.where}: {e.importer} ({src}) imports {e.imported} ({dst}), a higher layer"
+            )
+        elif (src, dst) in FORBIDDEN_PEERS:
+            bad.append(
+                f"{e.where}: {e.importer} ({src}) imports {e.imported} ({dst}), a forbidden peer"
+            )
+    return bad
+
+
+def package_cycles(edges: list[Edge]) -> list[str]:
+    """One message per import cycle between packages (strongly connected components of
+    the package graph), listing the imports that close it."""
+    graph: dict[str, dict[str, Edge]] = {}
+    for e in edges:
+        a, b = package_of(e.importer), package_of(e.imported)
+        if a != b:
+            graph.setdefault(a, {}).setdefault(b, e)
+            graph.setdefault(b, {})
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    comps: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    out = []
+    for comp in comps:
+        inner = [
+            f"{e.where}: {e.importer} imports {e.imported}"
+            for a in comp
+            for b, e in sorted(graph[a].items())
+            if b in comp
+        ]
+        out.append(f"import cycle between {', '.join(comp)}:\n    " + "\n    ".join(inner))
+    return out
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = [m for m in read_tree(ROOT) if layer_of(m) is None]
+    assert not missing, f"modules with no layer (add them to LAYER_OF): {missing}"
+
+
+def test_no_import_against_the_layers() -> None:
+    bad = layer_violations(scan(read_tree(ROOT)))
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_between_packages() -> None:
+    bad = package_cycles(scan(read_tree(ROOT)))
+    assert not bad, "\n".join(bad)
+
+
+def test_checker_catches_a_planted_upward_import() -> None:
+    sources = {
+        "geode.runtime.plan": ("geode/runtime/plan.py", "import numpy\n", False),
+        "geode.session": ("geode/session.py", "from geode.runtime import plan\n", False),
+        "geode.runtime.bad": (
+            "geode/runtime/bad.py",
+            "def f():\n    from geode.session import Session\n    return Session\n",
+            False,
+        ),
+    }
+    bad = layer_violations(scan(sources))
+    assert bad == [
+        "geode/runtime/bad.py:2: geode.runtime.bad (runtime) imports geode.session "
+        "(session), a higher layer"
+    ]
+
+
+def test_checker_catches_a_forbidden_peer_and_relative_imports() -> None:
+    sources = {
+        "geode.compiler.fusion.planner": (
+            "geode/compiler/fusion/planner.py",
+            "from ...codegen import lower\n",
+            False,
+        ),
+        "geode.codegen.lower": ("geode/codegen/lower.py", "", False),
+        "geode.codegen": ("geode/codegen/__init__.py", "", True),
+    }
+    bad = layer_violations(scan(sources))
+    assert bad == [
+        "geode/compiler/fusion/planner.py:1: geode.compiler.fusion.planner (compiler) imports "
+        "geode.codegen.lower (codegen), a forbidden peer"
+    ]
+
+
+def test_checker_catches_a_cycle_between_packages() -> None:
+    sources = {
+        "geode.compiler.ir": ("geode/compiler/ir.py", "from geode.compiler.ops import nn\n", False),
+        "geode.compiler.ops.nn": ("geode/compiler/ops/nn.py", "import geode.compiler.ir\n", False),
+        "geode.compiler.ops.host": (
+            "geode/compiler/ops/host.py",
+            "from geode.compiler.ops import nn\n",  # inside one package: not a cycle
+            False,
+        ),
+    }
+    (msg,) = package_cycles(scan(sources))
+    assert "geode.compiler.ir, geode.compiler.ops" in msg
+    assert "geode/compiler/ir.py:1: geode.compiler.ir imports geode.compiler.ops.nn" in msg
+    assert "geode/compiler/ops/nn.py:1: geode.compiler.ops.nn imports geode.compiler.ir" in msg
+
+
+def test_checker_catches_an_upward_import_planted_in_a_copy_of_the_tree(tmp_path: Path) -> None:
+    copy = tmp_path / "geode"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "runtime" / "engines.py"
+    lines = target.read_text().splitlines()
+    lines.append("def _planted():\n    import geode.codegen.lower  # noqa\n")
+    target.write_text("\n".join(lines) + "\n")
+    bad = layer_violations(scan(read_tree(copy)))
+    where = f"geode/runtime/engines.py:{len(lines) + 1}"
+    assert bad == [
+        f"{where}: geode.runtime.engines (runtime) imports geode.codegen.lower (codegen), "
+        "a higher layer"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("module", "layer"),
+    [
+        ("geode", "api"),
+        ("geode.cli", "cli"),
+        ("geode.compiler.ops.nn", "compiler"),
+        ("geode.codegen.backends.llvm.emit", "codegen"),
+        ("geode.runtime.native.pool", "runtime"),
+        ("geode.errors", "base"),
+        ("geode.unknown", None),
+    ],
+)
+def test_layer_of(module: str, layer: str | None) -> None:
+    assert layer_of(module) == layer
+
+
+# -- the injections that keep the arrows downward ------------------------------------------------
+def test_control_flow_without_a_subgraph_compiler_is_a_clear_error() -> None:
+    import geode.session  # noqa: F401  (installs the default subgraph compiler)
+    from geode.compiler.ops import control
+    from geode.errors import GeodeError
+
+    installed = control.subgraph_compiler()
+    control.set_subgraph_compiler(None)
+    try:
+        with pytest.raises(GeodeError, match="no.*subgraph compiler|none is installed"):
+            control.subgraph_compiler()
+    finally:
+        control.set_subgraph_compiler(installed)
+    assert installed.__module__ == "geode.session"
+
+
+def test_ir_infers_through_the_installed_registry() -> None:
+    import numpy as np
+
+    from geode.compiler import ir
+    from geode.errors import GraphError
+
+    g = ir.Graph("g")
+    x = g.input("x", [2, 3])
+    saved = ir._node_inference
+    ir.set_node_inference(None)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(GraphError, match="no op registry is loaded"):
+            g.op("Relu", x)
+    finally:
+        ir.set_node_inference(saved)
+    y = x[1:, None, 0]
+    assert y.shape == (1, 1)
+    assert [n.op_type for n in g.nodes][-3:] == ["Slice", "Squeeze", "Unsqueeze"]
+    assert np.dtype(y.dtype) == np.float32
+
+
+def test_the_kernel_cache_needs_a_target_fingerprint() -> None:
+    from geode.codegen import cache
+    from geode.errors import CodegenError
+
+    saved = cache._target_fingerprint
+    cache.set_target_fingerprint(None)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(CodegenError, match="no target fingerprint"):
+            cache.environment_fingerprint()
+    finally:
+        cache.set_target_fingerprint(saved)
+    assert "cpu_features" in cache.environment_fingerprint()

@@ -1,0 +1,89 @@
+"""The spine (geode/spine.py): the compile stages in order, run by Session.compile."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import geode
+from geode import config, examples, spine
+from geode.codegen import driver
+from geode.compiler.ir import Graph
+from geode.debug import Dumper
+from geode.runtime.var_manager import VarManagerPool
+
+
+def test_the_stages_in_order() -> None:
+    assert [name for name, _ in spine.STAGES] == [
+        "verify",
+        "infer_shapes",
+        "graph_passes",
+        "place",
+        "partition",
+        "fuse",
+        "lower",
+        "schedule",
+        "emit",
+        "bind",
+        "plan",
+    ]
+    for name, fn in spine.STAGES:
+        assert fn.__name__ == name and fn.__doc__, name
+
+
+def _compilation(g: Graph, **options: object) -> spine.Compilation:
+    opts = config.current(**options)
+    vm = VarManagerPool.instance().get(10_000 + id(g) % 1000)
+    return spine.Compilation(g.copy(), opts, Dumper(g.name, 0, None), vm, f"spine:{g.name}")
+
+
+def test_compile_graph_runs_every_stage_and_times_it() -> None:
+    g = examples.rmsnorm().graph
+    c = spine.compile_graph(_compilation(g))
+    for name, _ in spine.STAGES:
+        assert c.timings[name] >= 0.0, name
+    assert c.timings["total"] >= c.timings["codegen"] + c.timings["passes"]
+    assert c.placement is not None and c.placement.partitions
+    assert c.fusion is not None and c.fusion.groups
+    (job,) = [j for j in c.work if isinstance(j, driver.KernelJob)]
+    assert job.lowered is not None and job.schedule is not None and job.native is not None
+    assert job.interface is not None and job.interface.n_inputs == len(job.lowered.inputs)
+    assert [u.engine for u in c.units].count("aicore") == 1
+    assert all(u.step is not None for u in c.units)
+    assert c.plan is not None and len(c.plan.steps) == len(c.units)
+
+
+def test_fusion_off_runs_every_node_on_its_own() -> None:
+    g = examples.rmsnorm().graph
+    c = spine.compile_graph(_compilation(g, fusion=False))
+    assert c.fusion is None and c.fusion_text.startswith("fusion: off")
+    assert not c.jobs
+    assert {u.engine for u in c.units} <= {"aicpu", "host"}
+    assert len(c.units) == len(c.graph.nodes)
+
+
+def test_a_failing_codegen_stage_falls_back_to_aicpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(job: driver.KernelJob, *_: object) -> None:
+        raise RuntimeError("planted schedule failure")
+
+    monkeypatch.setattr(driver, "schedule_job", broken)
+    ex = examples.rmsnorm()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", driver.CodegenWarning)
+        model = geode.compile(ex.graph)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, driver.CodegenWarning)]
+    assert len(msgs) == 1 and "planted schedule failure" in msgs[0]
+    assert {k.engine for k in model.kernels} <= {"aicpu", "host"}
+    inputs = ex.make_inputs(np.random.default_rng(0), 3)
+    out = model(**inputs)
+    for name, want in ex.numpy(**inputs).items():
+        np.testing.assert_allclose(out[name], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_graph_without_outputs_fails_in_verify() -> None:
+    g = Graph("empty")
+    g.input("x", [2])
+    with pytest.raises(geode.GeodeError, match="has no outputs"):
+        spine.compile_graph(_compilation(g))
