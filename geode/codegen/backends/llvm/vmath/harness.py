@@ -24,21 +24,28 @@ __all__ = ["CompiledLoop", "compile_loop", "loop_ir"]
 
 
 @functools.lru_cache(maxsize=1)
-def _host_machine() -> tuple[Any, str, str]:
+def _host() -> tuple[str, str, str]:
+    """(triple, CPU name, features) of the host."""
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    triple = llvm.get_process_triple()
-    cpu = llvm.get_host_cpu_name()
     try:
         features = llvm.get_host_cpu_features().flatten()
     except RuntimeError:
         features = ""
-    tm = llvm.Target.from_triple(triple).create_target_machine(
+    return llvm.get_process_triple(), llvm.get_host_cpu_name(), features
+
+
+def _host_machine() -> Any:
+    """A new target machine for the host (an MCJIT engine takes ownership of its
+    machine, so each compile gets its own)."""
+    import llvmlite.binding as llvm
+
+    triple, cpu, features = _host()
+    return llvm.Target.from_triple(triple).create_target_machine(
         cpu=cpu, features=features, opt=3, jit=True
     )
-    return tm, cpu, features
 
 
 def loop_ir(
@@ -56,7 +63,7 @@ def loop_ir(
     those flags on both multiplies (pass ``s = 1``): caller code with flags around the
     inlined function. ``vector_width`` is the ``prefer-vector-width`` attribute."""
     target = target or VmathTarget.host()
-    _, cpu, features = _host_machine()
+    _, cpu, features = _host()
     ty = {"float32": "float", "float64": "double"}[dtype]
     size = 4 if dtype == "float32" else 8
     fn = function_name(op, dtype, ieee)
@@ -163,7 +170,7 @@ def compile_loop(
         caller_flags=caller_flags,
         vector_width=vector_width,
     )
-    tm, _, _ = _host_machine()
+    tm = _host_machine()
     mod = llvm.parse_assembly(text)
     mod.verify()
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
