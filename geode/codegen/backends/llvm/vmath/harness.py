@@ -125,7 +125,8 @@ class CompiledLoop:
     optimized_ir: str
     #: the machine code, as assembly text
     asm: str
-    _fn: Any = field(repr=False)
+    #: the compiled loop, a ctypes function ``(y, x0, [x1,] n, s)`` taking addresses
+    cfunc: Any = field(repr=False)
     _engine: Any = field(repr=False)
 
     def __call__(self, *xs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -144,7 +145,7 @@ class CompiledLoop:
         if y.dtype != dt or y.shape != (n,) or not y.flags.c_contiguous:
             raise CodegenError(f"vmath harness: out must be a contiguous {self.dtype}[{n}]")
         ptrs = [y.ctypes.data, *(x.ctypes.data for x in xs)]
-        self._fn(*ptrs, n, 1.0)
+        self.cfunc(*ptrs, n, 1.0)
         return y
 
 
