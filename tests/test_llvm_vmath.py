@@ -459,6 +459,7 @@ def test_scalef_target_uses_vscalef() -> None:
 
 
 def test_function_names() -> None:
+    """Names of the functions and ieee variants; unknown ops and dtypes raise CodegenError."""
     assert vmath.function_name("exp", "float32") == "geode.vm.exp.f32"
     assert vmath.function_name("tanh", "float64", ieee=True) == "geode.vm.tanh_ieee.f64"
     assert vmath.function_name("sigmoid", "float32", ieee=True) == "geode.vm.sigmoid_ieee.f32"
@@ -476,6 +477,7 @@ def test_function_names() -> None:
 
 
 def test_definitions_unknown_name() -> None:
+    """definitions() refuses names it does not know, naming them."""
     with pytest.raises(CodegenError, match=r"unknown function\(s\) geode\.vm\.nope\.f32"):
         vmath.definitions(["geode.vm.exp.f32", "geode.vm.nope.f32"], NO_SCALEF)
 
@@ -534,6 +536,7 @@ def test_any_subset_of_definitions_is_a_valid_module(names: set[str], scalef: bo
 
 
 def test_target() -> None:
+    """scalef needs x86 with AVX-512F and VL; the host target is computed once."""
     feats = "+avx2,+avx512f,+avx512vl,+fma"
     assert vmath.VmathTarget.from_features("x86_64-unknown-linux-gnu", feats).has_scalef
     assert not vmath.VmathTarget.from_features("x86_64-pc-linux", "+avx2,+avx512f").has_scalef
@@ -543,6 +546,7 @@ def test_target() -> None:
 
 
 def test_harness_rejects_bad_arrays() -> None:
+    """The harness refuses arrays of the wrong dtype or count, and unknown dtypes."""
     lp = loop("exp", "float32")
     with pytest.raises(CodegenError, match="contiguous 1-d float32"):
         lp(np.zeros(4, np.float64))

@@ -49,9 +49,6 @@ class FloatKind:
 F32 = FloatKind("float", "i32", 32, 23, 127, "f32", "float32")
 F64 = FloatKind("double", "i64", 64, 52, 1023, "f64", "float64")
 
-#: kinds by numpy dtype name
-KINDS = {"float32": F32, "float64": F64}
-
 
 def float_literal(value: float, kind: FloatKind) -> str:
     """The IR literal of ``value`` rounded to ``kind``: IR writes float and double

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from geode.errors import CodegenError
 
@@ -27,11 +28,12 @@ class VmathModule:
     its whole definition line (``@name = internal unnamed_addr constant [...]``).
     ``declares``: intrinsic name (``llvm.fmuladd.f32``) -> its whole ``declare`` line.
     A caller that also declares some of these intrinsics dedups by name (the key).
+    The mappings are read-only (results are cached and shared).
     """
 
     functions: str
-    globals: dict[str, str]
-    declares: dict[str, str]
+    globals: Mapping[str, str]
+    declares: Mapping[str, str]
 
     @property
     def text(self) -> str:
@@ -71,6 +73,6 @@ def _definitions(names: tuple[str, ...], target: VmathTarget) -> VmathModule:
         pending += sorted(fb.callees - texts.keys())
     return VmathModule(
         functions="\n\n".join(texts[n] for n in sorted(texts)),
-        globals={t: TABLES[t]() for t in sorted(tables)},
-        declares={d: declares[d] for d in sorted(declares)},
+        globals=MappingProxyType({t: TABLES[t]() for t in sorted(tables)}),
+        declares=MappingProxyType({d: declares[d] for d in sorted(declares)}),
     )
