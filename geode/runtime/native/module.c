@@ -111,6 +111,10 @@ static struct PyModuleDef module_def = {
     "geode's native runtime (thread pool and kernel call trampoline); see geode.runtime.native.",
     -1,
     methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 /* ArgumentError derives from ValueError and geode.errors.GeodeError. */
