@@ -26,6 +26,11 @@ define i32 @trivial_entry(ptr %ptrs, ptr %recs, ptr %ints) {
   ret i32 0
 }
 
+; a C function of 3 pointers and 2 int64s doing nothing (the ctypes reference)
+define i32 @trivial5(ptr %a, ptr %b, ptr %c, i64 %i, i64 %j) {
+  ret i32 0
+}
+
 ; returns ints[0]
 define i32 @status_entry(ptr %ptrs, ptr %recs, ptr %ints) {
   %v = load i64, ptr %ints
@@ -189,6 +194,50 @@ define i64 @now_ns() {
   %s9 = mul i64 %s, 1000000000
   %t = add i64 %s9, %ns
   ret i64 %t
+}
+
+; busy-waits ctx (an i64) nanoseconds
+define void @busy_chunk(ptr %ctx, i64 %c, i64 %n) {
+entry:
+  %ns = ptrtoint ptr %ctx to i64
+  %t0 = call i64 @now_ns()
+  %until = add i64 %t0, %ns
+  br label %loop
+loop:
+  %t = call i64 @now_ns()
+  %more = icmp slt i64 %t, %until
+  br i1 %more, label %loop, label %exit
+exit:
+  ret void
+}
+
+; ptrs = (out[reps],), ints = (reps, nchunks, chunk_ns): out[i] = ns taken by launch i of
+; busy_chunk (chunk_ns of work per chunk)
+define i32 @work_bench_entry(ptr %ptrs, ptr %recs, ptr %ints) {
+entry:
+  %out = load ptr, ptr %ptrs
+  %reps = load i64, ptr %ints
+  %np = getelementptr i64, ptr %ints, i64 1
+  %n = load i64, ptr %np
+  %wp = getelementptr i64, ptr %ints, i64 2
+  %w = load i64, ptr %wp
+  %ctx = inttoptr i64 %w to ptr
+  br label %head
+head:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %done = icmp sge i64 %i, %reps
+  br i1 %done, label %exit, label %body
+body:
+  %t0 = call i64 @now_ns()
+  call void @geode_parallel_for(ptr @busy_chunk, ptr %ctx, i64 %n, i64 0)
+  %t1 = call i64 @now_ns()
+  %dt = sub i64 %t1, %t0
+  %op = getelementptr i64, ptr %out, i64 %i
+  store i64 %dt, ptr %op
+  %next = add i64 %i, 1
+  br label %head
+exit:
+  ret i32 0
 }
 
 ; ptrs = (out[reps],), ints = (reps, nchunks): out[i] = ns taken by launch i of empty_chunk
