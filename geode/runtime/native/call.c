@@ -23,11 +23,15 @@ PyObject *geode_argument_error = NULL;
 /* Replaces the pending exception by an ArgumentError for argument `index`, chained to it. */
 static void raise_argument_error(Py_ssize_t index, int writable)
 {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *type = NULL, *tb = NULL, *value = PyErr_GetRaisedException();
+#else
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     if (tb != NULL && value != NULL)
         PyException_SetTraceback(value, tb);
+#endif
     PyObject *msg = PyUnicode_FromFormat(
         "kernel argument %zd (%s) cannot be passed without a copy: %S; it must be a "
         "C-contiguous%s buffer",
