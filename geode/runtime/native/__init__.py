@@ -1,0 +1,98 @@
+"""geode's native runtime: a thread pool and a kernel call trampoline, in C.
+
+The C extension ``geode.runtime.native._ext`` (sources next to this file, built by the
+repository's ``setup.py``: ``python setup.py build_ext --inplace`` or ``pip install -e .``)
+serves kernels JIT-compiled by the LLVM backend. JIT code reaches it by C symbol address
+(:func:`symbols`, registered with ``llvmlite.binding.add_symbol`` before compiling); Python
+reaches a kernel through :func:`call`.
+
+Thread pool (C ABI)
+-------------------
+``void geode_parallel_for(void (*fn)(void *ctx, int64_t chunk, int64_t nchunks), void *ctx,
+int64_t nchunks, int64_t nthreads)`` runs ``fn(ctx, c, nchunks)`` once for every ``c`` in
+``[0, nchunks)`` and returns when all have run; ``nthreads <= 0`` means the pool size.
+``int64_t geode_num_threads(void)`` returns the pool size.
+
+- Size: ``GEODE_NUM_THREADS`` when set to a positive integer, else the CPUs this process may
+  run on (``sched_getaffinity``); at most ``MAX_THREADS``. :func:`set_num_threads` changes it.
+- Workers (``size - 1`` threads named ``geode-worker``, all signals blocked) start lazily on
+  the first job that needs them; the calling thread is participant 0 and runs chunks too.
+- Load balancing: each participant owns a contiguous range of chunks in a cache-line slot
+  whose 64-bit word packs front and back offsets; the owner takes chunks from the front, a
+  participant with an empty range steals single chunks from the back of the others.
+- Idle: after a job a worker spins ``GEODE_SPIN_US`` microseconds (default 50, 0 allowed)
+  waiting for the next one, then sleeps on a futex, so an idle pool uses no CPU.
+- The caller's MXCSR control bits (FTZ, DAZ, rounding; x86 only) are applied on the workers
+  for the job and their own restored after it.
+- A call from inside a job (a nested ``geode_parallel_for``) or from another thread while a
+  job holds the pool runs all its chunks serially on its caller: never a deadlock. So does a
+  call with one thread or one chunk. ``pool_info()["inline_runs"]`` counts those calls.
+- Fork: in a child process the pool is forgotten (``pthread_atfork``) and restarts lazily.
+
+Kernel calls
+------------
+``call(addr, n_in, arrays, ints)`` calls ``int32_t entry(void **ptrs, const int64_t *recs,
+const int64_t *ints)`` at ``addr`` with the GIL released and returns its status:
+``ptrs[i]`` is the data pointer of ``arrays[i]``; ``recs`` holds, per array in order,
+``ndim, itemsize, shape[0], ..., shape[ndim-1]``; ``ints`` are the ints as int64 (one that
+does not fit raises ``ValueError``). Arrays are taken through the buffer protocol, never
+copied: each must be C-contiguous and ``arrays[n_in:]`` writable, else :class:`ArgumentError`
+(a ``ValueError`` and a :class:`geode.errors.GeodeError`) with ``.index``, the position of
+the offending array. Buffers are released after the call, also on errors.
+"""
+
+from __future__ import annotations
+
+try:
+    from geode.runtime.native import _ext
+except ImportError as exc:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "geode's native runtime (geode.runtime.native._ext) is not built: run "
+        "`python setup.py build_ext --inplace` or `pip install -e .` at the repository root"
+    ) from exc
+
+ArgumentError = _ext.ArgumentError
+MAX_THREADS: int = _ext.MAX_THREADS
+
+#: Call a JIT-compiled kernel entry; the C function itself, for speed (see the module docs).
+call = _ext.call
+
+__all__ = [
+    "MAX_THREADS",
+    "ArgumentError",
+    "call",
+    "get_num_threads",
+    "pool_info",
+    "set_num_threads",
+    "symbols",
+]
+
+
+def set_num_threads(n: int) -> None:
+    """Resize the pool to ``n`` threads, the calling thread included (1 to ``MAX_THREADS``).
+
+    Waits until no job holds the pool, then stops the workers; the next parallel job starts
+    ``n - 1`` new ones. Raises ``ValueError`` when ``n`` is out of range and ``RuntimeError``
+    when called from inside a parallel job.
+    """
+    _ext.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    """Return the pool size: the threads that run one job, the calling thread included."""
+    return _ext.get_num_threads()
+
+
+def pool_info() -> dict[str, int]:
+    """Return the pool's state: ``threads`` (pool size), ``spin_us`` (worker spin time
+    before sleeping), ``workers_running`` (worker threads alive), ``launches`` (jobs run on
+    the pool) and ``inline_runs`` (calls run serially on their caller: nested, concurrent
+    with another job, one thread or one chunk)."""
+    return _ext.pool_info()
+
+
+def symbols() -> dict[str, int]:
+    """Return the runtime's C functions for JIT code as ``{name: address}``:
+    ``geode_parallel_for`` and ``geode_num_threads`` (register them with
+    ``llvmlite.binding.add_symbol`` before compiling a module that declares them)."""
+    return _ext.symbols()

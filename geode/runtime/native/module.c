@@ -1,0 +1,168 @@
+/* geode native runtime: the Python module geode.runtime.native._ext. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "call.h"
+#include "pool.h"
+
+PyDoc_STRVAR(call_doc,
+             "call($module, addr, n_in, arrays, ints, /)\n--\n\n"
+             "Call the kernel entry at `addr` and return its int32 status.\n\n"
+             "The entry has the C signature int32_t entry(void **ptrs, const int64_t *recs,\n"
+             "const int64_t *ints). arrays (tuple or list) are passed as their C-contiguous\n"
+             "buffers, never copied; arrays[n_in:] must be writable (ArgumentError otherwise).\n"
+             "ints (tuple or list) are converted to int64. The GIL is released during the call.");
+
+PyDoc_STRVAR(set_num_threads_doc,
+             "set_num_threads($module, n, /)\n--\n\n"
+             "Resize the pool to n threads (the caller included). Waits until no job runs,\n"
+             "stops the workers; they restart lazily on the next parallel job.");
+
+PyDoc_STRVAR(get_num_threads_doc,
+             "get_num_threads($module, /)\n--\n\nReturn the pool size (threads of a job).");
+
+PyDoc_STRVAR(pool_info_doc,
+             "pool_info($module, /)\n--\n\n"
+             "Return a dict: threads, spin_us, workers_running, launches, inline_runs.");
+
+PyDoc_STRVAR(symbols_doc,
+             "symbols($module, /)\n--\n\n"
+             "Return a dict of the C functions JIT code may call: name -> address.");
+
+PyDoc_STRVAR(set_max_slot_chunks_doc,
+             "_set_max_slot_chunks($module, n, /)\n--\n\n"
+             "Testing hook: limit the chunks of one participant's range per round (a job\n"
+             "with more chunks runs in several rounds); n < 1 restores the default 2**31.\n"
+             "Returns the previous limit.");
+
+static PyObject *py_set_num_threads(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 1 || n > GEODE_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "set_num_threads(): n=%lld is outside [1, %d]", n,
+                     GEODE_MAX_THREADS);
+        return NULL;
+    }
+    if (geode_pool_in_job()) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "set_num_threads() called from inside a parallel job");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    geode_pool_resize((int64_t)n);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_num_threads(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyLong_FromLongLong(geode_num_threads());
+}
+
+static PyObject *py_pool_info(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    geode_pool_stats s;
+    geode_pool_get_stats(&s);
+    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K}", "threads", (long long)s.threads, "spin_us",
+                         (long long)s.spin_us, "workers_running", (long long)s.workers_running,
+                         "launches", (unsigned long long)s.launches, "inline_runs",
+                         (unsigned long long)s.inline_runs);
+}
+
+static PyObject *py_symbols(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return Py_BuildValue("{s:N,s:N}", "geode_parallel_for",
+                         PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_num_threads",
+                         PyLong_FromVoidPtr((void *)&geode_num_threads));
+}
+
+static PyObject *py_set_max_slot_chunks(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLongLong(geode_pool_set_max_slot_chunks((int64_t)n));
+}
+
+static PyMethodDef methods[] = {
+    {"call", (PyCFunction)(void (*)(void))geode_call, METH_FASTCALL, call_doc},
+    {"set_num_threads", py_set_num_threads, METH_O, set_num_threads_doc},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS, get_num_threads_doc},
+    {"pool_info", py_pool_info, METH_NOARGS, pool_info_doc},
+    {"symbols", py_symbols, METH_NOARGS, symbols_doc},
+    {"_set_max_slot_chunks", py_set_max_slot_chunks, METH_O, set_max_slot_chunks_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "geode.runtime.native._ext",
+    "geode's native runtime (thread pool and kernel call trampoline); see geode.runtime.native.",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+/* ArgumentError derives from ValueError and geode.errors.GeodeError. */
+static PyObject *make_argument_error(void)
+{
+    PyObject *errors = PyImport_ImportModule("geode.errors");
+    if (errors == NULL)
+        return NULL;
+    PyObject *geode_error = PyObject_GetAttrString(errors, "GeodeError");
+    Py_DECREF(errors);
+    if (geode_error == NULL)
+        return NULL;
+    PyObject *bases = PyTuple_Pack(2, PyExc_ValueError, geode_error);
+    Py_DECREF(geode_error);
+    if (bases == NULL)
+        return NULL;
+    PyObject *dict = Py_BuildValue("{s:O}", "index", Py_None);
+    PyObject *cls = dict == NULL ? NULL
+                                 : PyErr_NewExceptionWithDoc(
+                                       "geode.runtime.native.ArgumentError",
+                                       "A kernel argument that cannot be passed without a copy "
+                                       "(not a buffer, not C-contiguous, or read-only where the "
+                                       "kernel writes). `index` is its position in arrays.",
+                                       bases, dict);
+    Py_DECREF(bases);
+    Py_XDECREF(dict);
+    return cls;
+}
+
+PyMODINIT_FUNC PyInit__ext(void)
+{
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    if (geode_argument_error == NULL && (geode_argument_error = make_argument_error()) == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(geode_argument_error);
+    if (PyModule_AddObject(m, "ArgumentError", geode_argument_error) < 0) {
+        Py_DECREF(geode_argument_error);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "MAX_THREADS", GEODE_MAX_THREADS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    geode_pool_init();
+    return m;
+}

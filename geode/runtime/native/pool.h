@@ -1,0 +1,41 @@
+/* geode native runtime: thread pool (C ABI used by JIT-compiled kernels). */
+#ifndef GEODE_NATIVE_POOL_H
+#define GEODE_NATIVE_POOL_H
+
+#include <stdint.h>
+
+#define GEODE_EXPORT __attribute__((visibility("default")))
+
+/* Largest pool size (GEODE_NUM_THREADS is clamped to it, set_num_threads refuses more). */
+#define GEODE_MAX_THREADS 1024
+
+/* Default spin time (microseconds) of a worker after a job before it sleeps. */
+#define GEODE_DEFAULT_SPIN_US 50
+
+typedef void (*geode_chunk_fn)(void *ctx, int64_t chunk, int64_t nchunks);
+
+/* Runs fn(ctx, c, nchunks) for every c in [0, nchunks) on up to nthreads threads (<= 0: the
+   pool size) and returns when all are done. The caller runs chunks too. A call from inside a
+   job, or while another thread's job holds the pool, runs serially on the caller. */
+GEODE_EXPORT void geode_parallel_for(geode_chunk_fn fn, void *ctx, int64_t nchunks,
+                                     int64_t nthreads);
+
+/* The pool size (threads of a job, the caller included). */
+GEODE_EXPORT int64_t geode_num_threads(void);
+
+/* Internal API for the Python module. */
+typedef struct {
+    int64_t threads;
+    int64_t spin_us;
+    int64_t workers_running;
+    uint64_t launches;
+    uint64_t inline_runs;
+} geode_pool_stats;
+
+void geode_pool_init(void);                /* registers the fork handlers (once) */
+int geode_pool_in_job(void);               /* nonzero on a thread that runs a job */
+void geode_pool_resize(int64_t n);         /* waits for the pool, stops workers, sets size */
+void geode_pool_get_stats(geode_pool_stats *out);
+int64_t geode_pool_set_max_slot_chunks(int64_t n); /* test hook; returns the old limit */
+
+#endif

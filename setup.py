@@ -1,0 +1,21 @@
+"""Build geode's native runtime, the C extension ``geode.runtime.native._ext``.
+
+Project metadata lives in pyproject.toml; this file only declares the extension, so
+``pip install -e .`` and ``python setup.py build_ext --inplace`` both build it.
+"""
+
+from setuptools import Extension, setup
+
+NATIVE = "geode/runtime/native"
+
+setup(
+    ext_modules=[
+        Extension(
+            "geode.runtime.native._ext",
+            sources=[f"{NATIVE}/module.c", f"{NATIVE}/call.c", f"{NATIVE}/pool.c"],
+            depends=[f"{NATIVE}/pool.h", f"{NATIVE}/call.h"],
+            extra_compile_args=["-O2", "-pthread", "-std=gnu11", "-fvisibility=hidden"],
+            extra_link_args=["-pthread"],
+        )
+    ]
+)

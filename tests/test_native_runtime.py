@@ -1,0 +1,424 @@
+"""geode's native runtime (geode.runtime.native): thread pool and kernel call trampoline.
+
+Kernels are JIT-compiled with llvmlite (tests/native_kernels.py) and call the pool through
+the addresses of ``symbols()``, as the LLVM backend's kernels do.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from native_kernels import IS_X86, kernels, mxcsr_kernels
+
+from geode.errors import GeodeError
+from geode.runtime import native as nt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def k():
+    return kernels()
+
+
+@pytest.fixture
+def pool3():
+    """A pool of 3 threads (oversubscribed on small machines), restored afterwards."""
+    old = nt.get_num_threads()
+    nt.set_num_threads(3)
+    yield 3
+    nt.set_num_threads(old)
+
+
+def run_count(k, nchunks: int, nthreads: int = 0) -> np.ndarray:
+    counts = np.zeros(nchunks + 1, np.int64)
+    assert nt.call(k.addr("count_entry"), 0, (counts,), (nchunks, nthreads)) == 0
+    return counts
+
+
+def assert_each_once(counts: np.ndarray, nchunks: int) -> None:
+    assert (counts[:nchunks] == 1).all(), np.flatnonzero(counts[:nchunks] != 1)[:10]
+    assert counts[nchunks] == nchunks  # fn received nchunks as its third argument
+
+
+def join_all(threads: list[threading.Thread], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+        assert not t.is_alive(), "deadlock: a thread did not finish"
+
+
+def run_python(code: str, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter with this tree on the path; return its stdout."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GEODE_")}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    full_env.update(env)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+# ---- the pool -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_every_chunk_runs_exactly_once(k, threads):
+    old = nt.get_num_threads()
+    nt.set_num_threads(threads)
+    try:
+        for nchunks in [1, 2, 3, 4, 7, 64, 1000, 12345]:
+            for nthreads in [0, -1, 1, 2, 3, 100]:
+                assert_each_once(run_count(k, nchunks, nthreads), nchunks)
+        assert nt.pool_info()["workers_running"] == threads - 1
+    finally:
+        nt.set_num_threads(old)
+
+
+def test_zero_and_negative_chunks_run_nothing(k):
+    for nchunks in (0, -5):
+        counts = np.zeros(1, np.int64)
+        nt.call(k.addr("count_entry"), 0, (counts,), (nchunks, 0))
+        assert counts[0] == 0
+
+
+def test_jobs_run_in_rounds_past_the_slot_limit(k, pool3):
+    old = nt._ext._set_max_slot_chunks(3)  # 3 threads x 3 chunks per round
+    try:
+        launches = nt.pool_info()["launches"]
+        for nchunks in (9, 10, 100, 1001):
+            assert_each_once(run_count(k, nchunks), nchunks)
+        assert nt.pool_info()["launches"] == launches + 4
+    finally:
+        nt._ext._set_max_slot_chunks(old)
+
+
+def test_workers_and_caller_share_the_work(k, pool3):
+    out = np.zeros(12, np.int64)
+    for _ in range(5):  # a loaded machine may delay a worker's wake-up: retry
+        nt.call(k.addr("tid_entry"), 0, (out,), (12, 0, 3000))
+        if len(set(out.tolist())) == 3:
+            break
+    assert threading.get_ident() in set(out.tolist())  # the caller participates
+    assert len(set(out.tolist())) == 3
+
+
+def test_nthreads_limits_the_participants(k, pool3):
+    out = np.zeros(8, np.int64)
+    for _ in range(3):
+        nt.call(k.addr("tid_entry"), 0, (out,), (8, 2, 2000))
+        assert len(set(out.tolist())) <= 2
+    nt.call(k.addr("tid_entry"), 0, (out,), (8, 1, 0))
+    assert set(out.tolist()) == {threading.get_ident()}
+
+
+def test_nested_calls_run_inline(k, pool3):
+    n, m = 9, 50
+    before = nt.pool_info()["inline_runs"]
+    counts = np.zeros(n * m, np.int64)
+    nt.call(k.addr("nested_entry"), 0, (counts,), (n, m, 0))
+    assert (counts == 1).all()
+    assert nt.pool_info()["inline_runs"] - before == n  # every inner launch ran inline
+
+
+def test_concurrent_callers_do_not_deadlock(k, pool3):
+    errors: list[BaseException] = []
+    before = nt.pool_info()["inline_runs"]
+    stop = threading.Event()
+
+    def slow_jobs():
+        out = np.zeros(6, np.int64)
+        try:
+            while not stop.is_set():
+                nt.call(k.addr("tid_entry"), 0, (out,), (6, 0, 2000))
+        except BaseException as exc:
+            errors.append(exc)
+
+    def counting(seed: int):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(300):
+                nchunks = int(rng.integers(1, 200))
+                assert_each_once(run_count(k, nchunks, int(rng.integers(0, 4))), nchunks)
+        except BaseException as exc:
+            errors.append(exc)
+
+    slow = threading.Thread(target=slow_jobs)
+    slow.start()
+    counters = [threading.Thread(target=counting, args=(s,)) for s in range(3)]
+    for t in counters:
+        t.start()
+    join_all(counters)
+    stop.set()
+    join_all([slow])
+    assert not errors, errors
+    assert nt.pool_info()["inline_runs"] > before  # some ran while another job held the pool
+
+
+def test_set_num_threads(k):
+    old = nt.get_num_threads()
+    try:
+        for n in (4, 1, 2):
+            nt.set_num_threads(n)
+            assert nt.get_num_threads() == n
+            assert nt.pool_info()["threads"] == n
+            assert nt.pool_info()["workers_running"] == 0  # restarted lazily
+            out = np.zeros(1, np.int64)
+            nt.call(k.addr("num_threads_entry"), 0, (out,), ())
+            assert out[0] == n  # the C symbol agrees
+            assert_each_once(run_count(k, 50), 50)
+            assert nt.pool_info()["workers_running"] == n - 1
+        for bad in (0, -1, nt.MAX_THREADS + 1):
+            with pytest.raises(ValueError, match="outside"):
+                nt.set_num_threads(bad)
+        with pytest.raises(TypeError):
+            nt.set_num_threads(2.5)
+    finally:
+        nt.set_num_threads(old)
+
+
+def test_set_num_threads_waits_for_a_running_job(k, pool3):
+    out = np.zeros(6, np.int64)
+    job = threading.Thread(target=nt.call, args=(k.addr("tid_entry"), 0, (out,), (6, 0, 50000)))
+    job.start()
+    time.sleep(0.02)
+    nt.set_num_threads(2)  # waits until the job releases the pool
+    join_all([job])
+    assert (out != 0).all()
+    assert nt.get_num_threads() == 2
+
+
+def test_idle_pool_uses_no_cpu(k, pool3):
+    for _ in range(3000):  # a burst of launches: workers spin, then must go to sleep
+        run_count(k, 6)
+    assert nt.pool_info()["workers_running"] == 2
+    time.sleep(0.01)
+    t0, c0 = time.monotonic(), time.process_time()
+    time.sleep(0.3)
+    cpu, wall = time.process_time() - c0, time.monotonic() - t0
+    assert cpu < 0.05 * wall, f"idle process used {cpu:.3f} s CPU in {wall:.3f} s"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+def test_workers_block_signals(k, pool3):
+    run_count(k, 10)
+    masks = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() != "geode-worker":
+                continue
+            status = (task / "status").read_text()
+        except FileNotFoundError:
+            continue
+        masks.append(
+            int(next(ln for ln in status.splitlines() if ln.startswith("SigBlk:"))[7:], 16)
+        )
+    assert len(masks) == 2
+    for mask in masks:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD, signal.SIGALRM):
+            assert mask & (1 << (sig - 1)), (sig, hex(mask))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_resets_the_pool(k, pool3):
+    assert_each_once(run_count(k, 100), 100)
+    assert nt.pool_info()["workers_running"] == 2
+    pid = os.fork()
+    if pid == 0:  # child: only this thread exists; the pool must restart lazily
+        code = 1
+        try:
+            fresh = nt.pool_info()["workers_running"] == 0
+            counts = run_count(k, 1000)
+            ok = (counts[:1000] == 1).all() and counts[1000] == 1000
+            info = nt.pool_info()
+            code = 0 if fresh and ok and info["workers_running"] == 2 else 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child deadlocked")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert_each_once(run_count(k, 100), 100)  # the parent's pool still works
+
+
+@pytest.mark.skipif(not IS_X86, reason="MXCSR exists on x86 only")
+def test_mxcsr_is_propagated_to_workers(pool3):
+    csr = mxcsr_kernels().addr("csr_entry")
+    status_bits = 0x3F
+    ftz_daz = 0x1F80 | 0x8000 | 0x0040  # all exceptions masked, flush-to-zero, denormals-are-zero
+    out = np.zeros(2 * 12, np.int64)
+    for want in (ftz_daz, 0x1F80 | 0x6000, 0x1F80):  # FTZ+DAZ, round toward zero, default
+        for _ in range(5):  # retry until a worker ran a chunk
+            nt.call(csr, 0, (out,), (12, want))
+            if len(set(out[1::2].tolist())) > 1:
+                break
+        assert len(set(out[1::2].tolist())) > 1, "no worker ran a chunk"
+        seen = {int(v) & ~status_bits for v in out[0::2]}
+        assert seen == {want}, [hex(v) for v in seen]
+
+
+def test_environment_configures_the_pool():
+    code = (
+        "import numpy as np, os\n"
+        "from geode.runtime import native as nt\n"
+        "from native_kernels import kernels\n"
+        "k = kernels()\n"
+        "c = np.zeros(101, np.int64)\n"
+        "nt.call(k.addr('count_entry'), 0, (c,), (100, 0))\n"
+        "assert (c[:100] == 1).all() and c[100] == 100\n"
+        "i = nt.pool_info()\n"
+        "print(i['threads'], i['spin_us'], i['workers_running'], len(os.sched_getaffinity(0)))\n"
+    )
+    assert run_python(code, GEODE_NUM_THREADS="3", GEODE_SPIN_US="0").split() == [
+        "3",
+        "0",
+        "2",
+        run_python(code).split()[3],
+    ]
+    threads, spin, _, cpus = run_python(code).split()  # defaults: affinity CPUs, 50 us
+    assert threads == cpus and spin == "50"
+    threads, spin, _, cpus = run_python(code, GEODE_NUM_THREADS="0", GEODE_SPIN_US="x").split()
+    assert threads == cpus and spin == "50"  # 0 means all CPUs; a bad value the default
+
+
+# ---- the call trampoline ----------------------------------------------------------------------
+
+
+def test_call_passes_pointers_records_and_ints(k):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array(7.0)  # 0-d
+    out = np.zeros(64, np.int64)
+    arrays = (a, b, out)
+    recs = [2, 4, 2, 3, 0, 8, 1, 8, 64]
+    ints = (3, len(recs), 5, -(2**63), 2**63 - 1)
+    assert nt.call(k.addr("dump_entry"), 2, arrays, ints) == 0
+    n = len(recs)
+    assert out[:n].tolist() == recs
+    assert out[n : n + 3].tolist() == [x.ctypes.data for x in arrays]
+    assert out[n + 3 : n + 8].tolist() == list(ints)
+
+
+def test_call_heap_path_for_many_arrays_and_ints(k):
+    arrays = [np.zeros((2, 3, 4), np.int16) for _ in range(19)]
+    out = np.zeros(512, np.int64)
+    arrays.append(out)
+    recs = [3, 2, 2, 3, 4] * 19 + [1, 8, 512]
+    ints = [20, len(recs), 70] + list(range(100, 167))
+    assert nt.call(k.addr("dump_entry"), 19, arrays, ints) == 0  # a list works too
+    n = len(recs)
+    assert out[:n].tolist() == recs
+    assert out[n : n + 20].tolist() == [x.ctypes.data for x in arrays]
+    assert out[n + 20 : n + 90].tolist() == ints
+
+
+def test_call_returns_the_status(k):
+    for status in (0, 1, -5, 2**31 - 1, -(2**31)):
+        assert nt.call(k.addr("status_entry"), 0, (), (status,)) == status
+
+
+def test_call_accepts_any_buffer(k):
+    out = bytearray(8 * 16)
+    ints = (2, 6, 3)
+    assert nt.call(k.addr("dump_entry"), 1, (b"abcd", out), ints) == 0
+    got = np.frombuffer(out, np.int64)
+    assert got[:6].tolist() == [1, 1, 4, 1, 1, len(out)]
+    assert got[8:11].tolist() == list(ints)
+
+
+def test_argument_errors_name_the_argument(k):
+    good = np.zeros(4)
+    strided = np.zeros(8)[::2]
+    fortran = np.asfortranarray(np.zeros((3, 4)))
+    readonly = np.zeros(4)
+    readonly.setflags(write=False)
+    addr = k.addr("trivial_entry")
+    cases = [
+        ((strided, good, good), 1, 0),
+        ((good, fortran, good), 2, 1),
+        ((good, readonly), 1, 1),  # read-only output
+        ((good, good, b"xyz"), 1, 2),  # bytes are read-only
+        ((good, 3.5, good), 1, 1),  # not a buffer
+    ]
+    for arrays, n_in, index in cases:
+        with pytest.raises(nt.ArgumentError) as info:
+            nt.call(addr, n_in, arrays, ())
+        assert info.value.index == index
+        assert f"kernel argument {index}" in str(info.value)
+        assert isinstance(info.value, ValueError) and isinstance(info.value, GeodeError)
+        assert info.value.__cause__ is not None
+    assert nt.call(addr, 2, (readonly, b"ok", good), ()) == 0  # read-only inputs are fine
+
+
+def test_buffers_are_released(k):
+    held = bytearray(16)
+    addr = k.addr("trivial_entry")
+    readonly = np.zeros(2)
+    readonly.setflags(write=False)
+    assert nt.call(addr, 0, (held, held), ()) == 0
+    held.extend(b"x")  # a bytearray with live exports cannot be resized
+    with pytest.raises(nt.ArgumentError):
+        nt.call(addr, 1, (held, readonly), ())
+    held.extend(b"x")
+    with pytest.raises(ValueError):
+        nt.call(addr, 0, (held,), (2**64,))
+    held.extend(b"x")
+
+
+def test_call_rejects_bad_arguments(k):
+    addr = k.addr("trivial_entry")
+    a = np.zeros(2)
+    with pytest.raises(ValueError, match=r"ints\[1\]"):
+        nt.call(addr, 0, (a,), (1, 2**63))
+    with pytest.raises(ValueError, match="int64"):
+        nt.call(addr, 0, (a,), (-(2**63) - 1,))
+    with pytest.raises(TypeError):
+        nt.call(addr, 0, (a,), (1.5,))
+    with pytest.raises(ValueError, match="n_in"):
+        nt.call(addr, 2, (a,), ())
+    with pytest.raises(ValueError, match="n_in"):
+        nt.call(addr, -1, (a,), ())
+    with pytest.raises(TypeError, match="tuple or a list"):
+        nt.call(addr, 0, a, ())
+    with pytest.raises(TypeError, match="tuple or a list"):
+        nt.call(addr, 0, (), 3)
+    with pytest.raises(ValueError, match="address is 0"):
+        nt.call(0, 0, (), ())
+    with pytest.raises(TypeError, match="4 arguments"):
+        nt.call(addr, 0, ())
+
+
+def test_call_releases_the_gil(k):
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        time.sleep(0.01)
+        before = ticks[0]
+        nt.call(k.addr("sleep_entry"), 0, (), (200_000,))  # 0.2 s natively
+        progressed = ticks[0] - before
+    finally:
+        stop.set()
+        join_all([t])
+    assert progressed > 1000, progressed
