@@ -25,10 +25,13 @@ streaming                 GEODE_STREAMING         streaming (non-temporal) store
                                                   outputs of cheap kernels: auto (outputs
                                                   of at least the last-level cache size),
                                                   off, or a minimum output size in bytes
-lazy_compile              GEODE_LAZY_COMPILE      a kernel with streaming stores compiles its
-                                                  plain loop (small or misaligned outputs)
-                                                  on the first call that needs it; 0: in
-                                                  geode.compile, with everything else
+lazy_compile              GEODE_LAZY_COMPILE      (numba backend) a kernel with streaming
+                                                  stores compiles its plain loop (small or
+                                                  misaligned outputs) on the first call that
+                                                  needs it; 0: in geode.compile
+backend                   GEODE_BACKEND           the native code generator: llvm (default:
+                                                  LLVM IR through llvmlite, no numba) or
+                                                  numba (the previous backend)
 ========================  ======================  =========================================
 
 ``dump_dir`` and ``cache_dir`` take a ``str`` or ``os.PathLike`` path (anything else is
@@ -92,6 +95,7 @@ class Options:
     progress: str = "auto"
     streaming: str = "auto"
     lazy_compile: bool = True
+    backend: str = "llvm"
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -112,6 +116,7 @@ class Options:
             "progress": "GEODE_PROGRESS",
             "streaming": "GEODE_STREAMING",
             "lazy_compile": "GEODE_LAZY_COMPILE",
+            "backend": "GEODE_BACKEND",
         }
         for name, var in env.items():
             raw = os.environ.get(var)
@@ -129,7 +134,7 @@ class Options:
                 raise OptionError(f"unknown option {k!r}; known options: {sorted(known)}")
             if k in _PATH_OPTIONS:
                 overrides[k] = check_path_option(k, v)
-            elif isinstance(v, str) and k not in ("progress", "streaming"):
+            elif isinstance(v, str) and k not in ("progress", "streaming", "backend"):
                 overrides[k] = _parse(k, v, k)
             if k == "disabled_passes" and isinstance(v, (list, set)):
                 overrides[k] = tuple(v)
@@ -174,6 +179,8 @@ def _check_kind(name: str, value: Any) -> None:
         raise OptionError(f"{name}={value!r}: expected pass names (a tuple of str)")
     elif name == "streaming":
         _streaming_setting(value)
+    elif name == "backend" and value not in BACKENDS:
+        raise OptionError(f"backend={value!r}: expected one of {', '.join(BACKENDS)}")
     elif (
         name == "progress"
         and not isinstance(value, (bool, int))
@@ -181,6 +188,9 @@ def _check_kind(name: str, value: Any) -> None:
     ):
         raise OptionError(f"progress={value!r}: expected auto, 1 or 0")
 
+
+#: the native code generators (``backend`` option)
+BACKENDS = ("llvm", "numba")
 
 #: the words ``progress`` accepts for on and off (besides ``auto``; see :mod:`geode.progress`)
 PROGRESS_ON = ("1", "true", "yes", "on", "always")
@@ -226,6 +236,8 @@ def _parse(name: str, raw: str, source: str) -> Any:
             return int(raw)
         if kind.startswith("tuple"):
             return tuple(p.strip() for p in raw.split(",") if p.strip())
+        if name == "backend":
+            return raw.strip().lower()
         return raw
     except ValueError:
         raise OptionError(f"{source}={raw!r}: expected {kind} for option {name!r}") from None

@@ -40,7 +40,15 @@ import numpy as np
 
 
 class Expr:
-    """Base of all expressions."""
+    """Base of all expressions (immutable: copies share them)."""
+
+    def __deepcopy__(self, memo: dict) -> Expr:
+        # expressions are frozen: a deep copy of a statement tree (a schedule's backup,
+        # Kernel.copy) shares them instead of rebuilding every node
+        return self
+
+    def __copy__(self) -> Expr:
+        return self
 
     def __add__(self, o: object) -> Expr:
         return add(self, wrap(o))

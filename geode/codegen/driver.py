@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import geode.codegen.backends  # noqa: F401  (numba's target set up before calibration compiles)
 from geode.codegen import ast as A
 from geode.codegen.lower import LoweredKernel, lower_group
 from geode.codegen.schedule import Schedule
@@ -35,11 +34,21 @@ def device_spec(cache_dir: str) -> DeviceSpec:
     """The calibrated device spec (measured once per machine, cached on disk and in memory)."""
     if cache_dir not in _SPECS:
         try:
-            _SPECS[cache_dir] = load_or_calibrate(cache_dir, quick=True)
+            _SPECS[cache_dir] = load_or_calibrate(
+                cache_dir, quick=True, before_measuring=_configure_numba
+            )
         except OSError as exc:  # unwritable cache dir: calibrate without caching
             log.warning("device spec not cached (%s); using defaults", exc)
             _SPECS[cache_dir] = default_spec()
     return _SPECS[cache_dir]
+
+
+def _configure_numba() -> None:
+    """The calibration's kernels are numba's: give its CPU target geode's features
+    before they build it (numba is imported only when a calibration runs)."""
+    from geode.codegen.backends.target import configure
+
+    configure()
 
 
 class CodegenWarning(UserWarning):
@@ -76,14 +85,13 @@ def lower_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
 def schedule_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     """Apply the default schedule of the group's pattern to its loop AST."""
     from geode.codegen.autoschedule import schedule_group, stream_interleave
-    from geode.codegen.backends.target import vector_registers
 
     spec = device_spec(opts.cache_dir)
     job.schedule = schedule_group(
         job.lowered,
         job.group,
         stream_min_bytes(opts, spec.l3_bytes),
-        stream_interleave(vector_registers()),
+        stream_interleave(vector_registers(opts)),
         stream_min_bytes(opts, spec.l2_bytes),
     )
     if dump.wants(2):
@@ -93,9 +101,25 @@ def schedule_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         dump.stage(f"{job.name}_trace", trace, level=2)
 
 
+def vector_registers(opts: Options) -> int:
+    """Vector registers of the CPU the ``backend`` option's code generator targets."""
+    if opts.backend == "numba":
+        from geode.codegen.backends.target import vector_registers as numba_registers
+
+        return numba_registers()
+    from geode.codegen.backends.llvm.target import host
+
+    return host().vector_registers
+
+
 def emit_kernel(kernel: A.Kernel, opts: Options) -> Any:
-    """Compile a scheduled kernel with the backend: the native kernel object (callable as
-    ``fn(*inputs, *outputs, *dims)``, with ``source``, ``llvm`` and ``asm`` to inspect)."""
+    """Compile a scheduled kernel with the backend the ``backend`` option names: the native
+    kernel object (callable as ``fn(*inputs, *outputs, *dims, threads=n)``, with
+    ``source``, ``llvm`` and ``asm`` to inspect)."""
+    if opts.backend == "llvm":
+        from geode.codegen.backends.llvm.kernel import compile_kernel as llvm_compile
+
+        return llvm_compile(kernel, fastmath=opts.fastmath, cache_dir=opts.cache_dir)
     from geode.codegen.backends.numba import compile_kernel
 
     native = compile_kernel(kernel, fastmath=opts.fastmath, cache_dir=opts.cache_dir)
@@ -109,7 +133,12 @@ def emit_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     native = emit_kernel(job.schedule.kernel, opts)
     job.native = native
     if dump.wants(3):
-        dump.stage(f"{job.name}_source", native.source, level=3, ext="py")
+        dump.stage(
+            f"{job.name}_source",
+            native.source,
+            level=3,
+            ext="ll" if opts.backend == "llvm" else "py",
+        )
     if dump.wants(4) and opts.debug >= 4:
         dump.stage(f"{job.name}_llvm", native.llvm, level=4, ext="ll")
         dump.stage(f"{job.name}_asm", native.asm, level=4, ext="s")
@@ -147,14 +176,20 @@ def native_interface(
     (``num_threads=1``) or by the user's code would otherwise run an all-cores model on
     one core. A chunked kernel sets it in compiled code (its ``threads`` argument); any
     other parallel kernel through ``numba.set_num_threads`` (about 1 us, but 35-57 us
-    right after a kernel that streamed the caches out).
+    right after a kernel that streamed the caches out). An LLVM backend kernel takes its
+    thread count per call (0: the native pool's size).
     """
-    import numba
-
-    from geode.codegen.backends.numba import clamp_threads
-
     parallel = bool(getattr(native, "parallel", True))
     chunked = bool(getattr(native, "chunked", False))
+    if opts.backend == "llvm":
+        threads, set_threads = int(opts.num_threads), None
+    else:
+        import numba
+
+        from geode.codegen.backends.numba import clamp_threads
+
+        threads = clamp_threads(opts.num_threads)  # once, not per call (0: all cores)
+        set_threads = numba.set_num_threads if parallel and not chunked else None
     return NativeKernel(
         name=name,
         fn=native,
@@ -167,9 +202,9 @@ def native_interface(
             IndexBound(c.node, c.axis, compile_dim_fn(c.dim), c.input, c.data)
             for c in lowered.index_checks
         ],
-        threads=clamp_threads(opts.num_threads),  # once, not per call (0: all cores)
+        threads=threads,
         launch_threads=chunked,
-        set_threads=numba.set_num_threads if parallel and not chunked else None,
+        set_threads=set_threads,
     )
 
 

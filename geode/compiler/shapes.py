@@ -8,6 +8,7 @@ symbols (``_s0``, ``_s1``, ...).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -75,6 +76,15 @@ def dims_equal(a: Dim, b: Dim) -> bool | None:
     """True/False when provably equal/different, None when it depends on symbol values."""
     if isinstance(a, int) and isinstance(b, int):
         return a == b
+    if a == b:  # structurally equal (the common case): no simplification needed
+        return True
+    return _dims_equal_symbolic(a, b)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _dims_equal_symbolic(a: Dim, b: Dim) -> bool | None:
+    """:func:`dims_equal` by simplifying ``a - b`` (sympy's simplify costs about a
+    millisecond; fusion planning asks the same pairs many times)."""
     diff = sympy.simplify(sympy.Integer(a) - b if isinstance(a, int) else a - b)
     if diff == 0:
         return True

@@ -643,8 +643,14 @@ def _store(path: Path, spec: DeviceSpec) -> None:
         warnings.warn(f"could not cache the device spec in {path.parent}: {e}", stacklevel=3)
 
 
-def load_or_calibrate(cache_dir: str | os.PathLike[str], quick: bool = False) -> DeviceSpec:
-    """This machine's spec from ``cache_dir``, calibrating (and caching) when needed.
+def load_or_calibrate(
+    cache_dir: str | os.PathLike[str],
+    quick: bool = False,
+    before_measuring: Callable[[], Any] | None = None,
+) -> DeviceSpec:
+    """This machine's spec from ``cache_dir``, calibrating (and caching) when needed
+    (``before_measuring`` runs first then: the caller's chance to set numba up before
+    the measurement kernels build its target).
 
     The cache file is keyed by CPU name, core count and numba version. A file that
     is not valid JSON, misses or mistypes a field, belongs to another key, or was a
@@ -655,6 +661,8 @@ def load_or_calibrate(cache_dir: str | os.PathLike[str], quick: bool = False) ->
     spec = _load_cached(path, quick)
     if spec is not None:
         return spec
+    if before_measuring is not None:
+        before_measuring()
     spec = calibrate(quick=quick)
     _store(path, spec)
     return spec

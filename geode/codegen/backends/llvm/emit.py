@@ -332,11 +332,11 @@ class Emitter(ParallelWriter):
         from geode.codegen.backends.llvm import vmath
 
         lib = vmath.definitions(sorted(self.vmath_used), vmath.VmathTarget.host())
-        text = getattr(lib, "text", lib)
-        for decl in getattr(lib, "declares", ()):
-            name = decl.split("@", 1)[1].split("(", 1)[0].strip('"')
-            self.module.declare(name, decl)
-        self.module.add_function(text)
+        for name, text in lib.globals.items():
+            self.module.add_global(name, text)
+        for name, text in lib.declares.items():
+            self.module.declare(name, text)
+        self.module.add_function(lib.functions)
 
 
 def emit_module(kernel: Kernel, fastmath: bool, parallel: bool, target: Target) -> Emitted:

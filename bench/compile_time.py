@@ -1,0 +1,115 @@
+"""Compile time of real models, cold and warm, against onnxruntime's session creation.
+
+    python bench/compile_time.py [--models torch_bert,torch_block] [--backends llvm,numba]
+
+Every measurement runs in a fresh Python process (nothing imported, nothing in memory):
+
+- ``import geode`` alone, and whether that imported numba;
+- per model and backend: ``geode.compile`` plus the first run, with an empty kernel
+  cache (cold) and again in a new process with the cache the cold run left (warm);
+- onnxruntime: ``InferenceSession`` creation plus the first run of the same model.
+
+Reported: seconds (medians of ``--repeat`` processes), and the ratios geode / onnxruntime
+that the targets are stated in (cold at most 20x, warm at most 3x). The machines are
+noisy: read the ratios, not the absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+
+_FEEDS = """
+import numpy as np
+def feeds(name):
+    rng = np.random.default_rng(0)
+    if name == "torch_bert":
+        return {"input_ids": rng.integers(0, 100, (1, 32)).astype(np.int64),
+                "attention_mask": np.ones((1, 32), np.int64)}
+    return {"x": rng.standard_normal((1, 32, 16)).astype(np.float32)}
+"""
+
+_GEODE = """
+import sys, time, json
+t0 = time.perf_counter()
+import geode
+t_import = time.perf_counter() - t0
+model = geode.compile({path!r}, backend={backend!r}, cache_dir={cache!r}, progress=0)
+out = model(**feeds({name!r}))
+t_total = time.perf_counter() - t0
+print(json.dumps({{"import": t_import, "total": t_total, "numba": "numba" in sys.modules}}))
+"""
+
+_ORT = """
+import time, json
+t0 = time.perf_counter()
+import onnxruntime as ort
+so = ort.SessionOptions(); so.intra_op_num_threads = 2
+s = ort.InferenceSession({path!r}, so, providers=["CPUExecutionProvider"])
+s.run(None, feeds({name!r}))
+print(json.dumps({{"total": time.perf_counter() - t0}}))
+"""
+
+_IMPORT = """
+import sys, time, json
+t0 = time.perf_counter()
+import geode
+print(json.dumps({"import": time.perf_counter() - t0, "numba": "numba" in sys.modules}))
+"""
+
+
+def _run(code: str) -> dict:
+    code = _FEEDS + code
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="torch_bert,torch_block")
+    ap.add_argument("--backends", default="llvm,numba")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+    imports = [_run(_IMPORT) for _ in range(args.repeat)]
+    t_imp = statistics.median(r["import"] for r in imports)
+    print(f"import geode: {t_imp:.3f} s (numba imported: {imports[0]['numba']})")
+    print(
+        f"{'model':<14}{'backend':<8}{'cold s':>9}{'warm s':>9}{'ort s':>8}{'cold/ort':>10}{'warm/ort':>10}  numba?"
+    )
+    for name in args.models.split(","):
+        path = str(DATA / f"{name}.onnx")
+        ort = statistics.median(
+            _run(_ORT.format(path=path, name=name))["total"] for _ in range(args.repeat)
+        )
+        for backend in args.backends.split(","):
+            colds, warms, numba = [], [], False
+            for _ in range(args.repeat):
+                with tempfile.TemporaryDirectory() as cache:
+                    code = _GEODE.format(path=path, name=name, backend=backend, cache=cache)
+                    cold = _run(code)
+                    warm = _run(code)
+                colds.append(cold["total"])
+                warms.append(warm["total"])
+                numba = numba or warm["numba"]
+            c, w = statistics.median(colds), statistics.median(warms)
+            print(
+                f"{name:<14}{backend:<8}{c:>9.3f}{w:>9.3f}{ort:>8.3f}{c / ort:>10.1f}{w / ort:>10.1f}"
+                f"  {numba}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
