@@ -387,6 +387,11 @@ class For(Stmt):
     kind: ForKind = ForKind.SERIAL
     interleave: int = 1
 
+    def __deepcopy__(self, memo: dict) -> For:
+        return For(
+            self.var, self.extent, copy.deepcopy(self.body, memo), self.kind, self.interleave
+        )
+
 
 @dataclass
 class IterVar:
@@ -412,6 +417,16 @@ class Block(Stmt):
     predicate: Expr | None = None
     reduce_of: str | None = None
 
+    def __deepcopy__(self, memo: dict) -> Block:
+        return Block(
+            self.name,
+            [IterVar(iv.name, iv.extent, iv.kind) for iv in self.iter_vars],
+            list(self.bindings),
+            copy.deepcopy(self.body, memo),
+            self.predicate,
+            self.reduce_of,
+        )
+
 
 @dataclass(eq=False)
 class Store(Stmt):
@@ -428,6 +443,9 @@ class Store(Stmt):
     value: Expr
     nontemporal: Expr | None = None
 
+    def __deepcopy__(self, memo: dict) -> Store:
+        return Store(self.buffer, self.indices, self.value, self.nontemporal)
+
 
 @dataclass(eq=False)
 class If(Stmt):
@@ -435,6 +453,9 @@ class If(Stmt):
 
     cond: Expr
     body: list[Stmt]
+
+    def __deepcopy__(self, memo: dict) -> If:
+        return If(self.cond, copy.deepcopy(self.body, memo))
 
 
 @dataclass(eq=False)
