@@ -14,9 +14,9 @@ from typing import Any
 
 import geode.codegen.backends  # noqa: F401  (numba's target set up before calibration compiles)
 from geode.codegen import ast as A
+from geode.codegen.indexing import exprs_equal
 from geode.codegen.lower import LoweredKernel, lower_group
 from geode.codegen.schedule import Schedule
-from geode.codegen.schedule import _eq as exprs_equal
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.profit import describe_work
 from geode.compiler.ir import Graph
