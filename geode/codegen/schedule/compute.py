@@ -345,13 +345,33 @@ class ComputeLocation(ScheduleBase):
         else:
             t.body.extend(tops)
         self._ctx().simplify_bindings(tops)
-        # order and element-level checks on the new tree
+        self._check_moved(block, moved_names, t, target, order_before, bw, br, producer, sub_blocks)
+        for buf in sorted(bw | br):
+            self._try_shrink(buf)
+        return self.get_loops(block)
+
+    def _check_moved(
+        self,
+        block: str,
+        moved: set[str],
+        t: For,
+        target: list[For],
+        order_before: dict[str, int],
+        bw: set[str],
+        br: set[str],
+        producer: bool,
+        sub_blocks: list[Block],
+    ) -> None:
+        """:meth:`compute_at`'s checks on the new tree: no conflicting block was
+        reordered around the ``moved`` ones, and every buffer exchanged with the blocks of
+        ``t`` is accessed only where one iteration of the shared loops writes it."""
+        prim = "compute_at"
         order_after = self._order()
         l0 = target[0]
         inside_t = {x.name for x in ast_blocks(t.body)}
         inside_l0 = {x.name for x in ast_blocks(l0.body)}
         for x in ast_blocks(self.kernel.body):
-            if x.name in moved_names or x.name in inside_t:
+            if x.name in moved or x.name in inside_t:
                 continue
             flipped = (order_before[x.name] < order_before[block]) != (
                 order_after[x.name] < order_after[block]
@@ -371,9 +391,6 @@ class ComputeLocation(ScheduleBase):
             res = self._slab_analysis(buf, acc, tuple(target))
             if isinstance(res, str):
                 raise ScheduleError(prim, block, res)
-        for buf in sorted(bw | br):
-            self._try_shrink(buf)
-        return self.get_loops(block)
 
     def _match_loops(
         self, prim: str, block: str, x: Block, chain: list[For], target: list[For]

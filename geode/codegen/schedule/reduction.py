@@ -9,6 +9,7 @@ from geode.codegen.ast import (
     Block,
     Buffer,
     Const,
+    Expr,
     For,
     IterVar,
     Load,
@@ -79,39 +80,10 @@ class Reduction(ScheduleBase):
                   vi, r:vk_i = axis.bind(i_f, k_1_f)
                   C[vi] = C[vi] + C_rf[vi, vk_i]
         """
-        prim = "rfactor"
-        b, _, loops = self._locate_block(prim, block)
-        if not is_reduce(b) or b.reduce_of is not None:
-            raise ScheduleError(prim, block, "not a reduction block")
-        comb = reduction_combine(b)
-        if comb is None:
-            raise ScheduleError(prim, block, "body is not a single store C[i] = C[i] op value")
-        op, st, rest, acc_left = comb
-        if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)) or factor < 1:
-            raise ScheduleError(prim, block, f"factor {factor!r} is not a positive int")
+        b, (op, st, rest, acc_left), ri, sp_loops, red_vars = self._rfactor_target(
+            block, loop, factor
+        )
         factor = int(factor)
-        chain, _ = self._own_chain(b)
-        chain_vars = [f.var for f in chain]
-        if loop not in chain_vars:
-            raise ScheduleError(prim, block, f"loop {loop} is not one of the block's own loops")
-        red_vars = reduce_binding_vars(b)
-        bound = [i for i, x in enumerate(b.bindings) if loop in free_vars(x)]
-        if len(bound) != 1 or b.bindings[bound[0]] != Var(loop):
-            raise ScheduleError(prim, block, f"loop {loop} must bind exactly one iter var directly")
-        ri = bound[0]
-        if b.iter_vars[ri].kind != "reduce":
-            raise ScheduleError(prim, block, f"loop {loop} binds a spatial iter var")
-        shared = {f.var for f in loops} - set(chain_vars)
-        if red_vars & shared:
-            raise ScheduleError(prim, block, "an enclosing shared loop binds a reduce iter var")
-        kinds = ["r" if v in red_vars else "s" for v in chain_vars]
-        if "".join(kinds) != "s" * kinds.count("s") + "r" * kinds.count("r"):
-            raise ScheduleError(prim, block, "spatial loops must enclose the reduce loops")
-        sp_loops = [f for f in chain if f.var not in red_vars]
-        sp_bound = spatial_binding_vars(b)
-        for f in sp_loops:
-            if f.var not in sp_bound:
-                raise ScheduleError(prim, block, f"loop {f.var} binds no iteration variable")
         cbuf = self.kernel.buffer(st.buffer)
         old_pred = b.predicate
         # 1. split the reduce loop
@@ -181,3 +153,43 @@ class Reduction(ScheduleBase):
         cont[at + 1 : at + 1] = [fin_nest]
         cont[at:at] = [init_nest]
         return [r0, r1]
+
+    def _rfactor_target(
+        self, block: str, loop: str, factor: int
+    ) -> tuple[Block, tuple[str, Store, Expr, bool], int, list[For], set[str]]:
+        """Check :meth:`rfactor`'s requirements on ``block``; returns the block, its
+        combine (op, store, combined value, accumulator on the left), the index of the
+        reduce iteration variable ``loop`` binds, the block's own spatial loops and the
+        loop variables its reduce iteration variables are bound to."""
+        prim = "rfactor"
+        b, _, loops = self._locate_block(prim, block)
+        if not is_reduce(b) or b.reduce_of is not None:
+            raise ScheduleError(prim, block, "not a reduction block")
+        comb = reduction_combine(b)
+        if comb is None:
+            raise ScheduleError(prim, block, "body is not a single store C[i] = C[i] op value")
+        if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)) or factor < 1:
+            raise ScheduleError(prim, block, f"factor {factor!r} is not a positive int")
+        chain, _ = self._own_chain(b)
+        chain_vars = [f.var for f in chain]
+        if loop not in chain_vars:
+            raise ScheduleError(prim, block, f"loop {loop} is not one of the block's own loops")
+        red_vars = reduce_binding_vars(b)
+        bound = [i for i, x in enumerate(b.bindings) if loop in free_vars(x)]
+        if len(bound) != 1 or b.bindings[bound[0]] != Var(loop):
+            raise ScheduleError(prim, block, f"loop {loop} must bind exactly one iter var directly")
+        ri = bound[0]
+        if b.iter_vars[ri].kind != "reduce":
+            raise ScheduleError(prim, block, f"loop {loop} binds a spatial iter var")
+        shared = {f.var for f in loops} - set(chain_vars)
+        if red_vars & shared:
+            raise ScheduleError(prim, block, "an enclosing shared loop binds a reduce iter var")
+        kinds = ["r" if v in red_vars else "s" for v in chain_vars]
+        if "".join(kinds) != "s" * kinds.count("s") + "r" * kinds.count("r"):
+            raise ScheduleError(prim, block, "spatial loops must enclose the reduce loops")
+        sp_loops = [f for f in chain if f.var not in red_vars]
+        sp_bound = spatial_binding_vars(b)
+        for f in sp_loops:
+            if f.var not in sp_bound:
+                raise ScheduleError(prim, block, f"loop {f.var} binds no iteration variable")
+        return b, comb, ri, sp_loops, red_vars
