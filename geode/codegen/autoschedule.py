@@ -45,8 +45,7 @@
   arithmetic. Loop-invariant row indices are computed once per row by the backend.
 * **column_reduce**: a reduction whose input is contiguous along spatial axes after
   its reduce axes runs ``outer spatial | reduce | inner spatial``, the inner spatial
-  loops fused and vectorized (softmax over axis 1 of [32, 1000, 64]: 7859 -> 430 us;
-  a mean over C of [8, 256, 56, 56]: 2145 -> 652-786 us); each nest's outer loop runs
+  loops fused and vectorized (measurements: ``docs/performance.md``); each nest's outer loop runs
   in parallel unless it has a single iteration (see :func:`_single_iteration`).
 * **merged views** (every pattern, last): a kernel argument or local temp that a fused
   loop indexes digit by digit (``x[.., rb // W, rb % W]``) is viewed with those dims
@@ -59,10 +58,8 @@
   transcendental function (:attr:`Choices.stream_max_ops_heavy`) once it reaches the L2 size,
   straight from the registers where its rows allow (``store_nontemporal``:
   :func:`_store_direct`), and every streamed element loop there is interleaved (``interleave``,
-  :attr:`Choices.stream_interleave`). Measured at [4096, 4096] float32 on two cores against the
-  same schedule without it: RMSNorm and LayerNorm 20-25% faster, the reduce chain
-  about 2x; a streamed output pass that also reads the row is not pipelined (LayerNorm
-  was 20% slower), one that only writes is (see ``_host_reads_inputs``).
+  :attr:`Choices.stream_interleave`; measurements: ``docs/performance.md``). A streamed
+  output pass that also reads the row is not pipelined, one that only writes is (see ``_host_reads_inputs``).
 
 If a step's requirements fail, the schedule falls back to a simpler one (and, last,
 to the unscheduled kernel); the reason is kept in ``Schedule.notes``.
@@ -125,14 +122,12 @@ class Choices:
     #: rows shorter than this (elements) are left to the hardware prefetcher
     prefetch_min_row: int = 1024
     #: a host pass costing more than this many vector instructions per element (see
-    #: :func:`element_cost`) is neither pipelined nor followed by a next-row prefetch: its
-    #: arithmetic already hides the next row's fetch. Measured on softmax at [4096, 4096]
-    #: (the exp pass, about 18): the plain row loop 0.93 of onnxruntime's time, pipelined
-    #: 0.96-0.99, with the prefetch 0.945; RMSNorm's output pass (about 5) pipelined
-    #: 0.78-0.85 against 0.98-1.0 plain.
+    #: :func:`element_cost`) is neither pipelined nor followed by a next-row prefetch:
+    #: its arithmetic already hides the next row's fetch. Measurements:
+    #: ``docs/performance.md`` (``pipeline_max_host_ops``).
     pipeline_max_host_ops: int = 8
     #: elements per chunk of a costly row pass cut up to carry the next row's prefetch
-    #: (as :data:`STREAM_CHUNK`, which softmax's streamed scale pass uses on the same row)
+    #: (as :attr:`Choices.stream_chunk`, which softmax's streamed scale pass uses on the same row)
     prefetch_chunk: int = 128
     #: elements per chunk of an elementwise nest's costly pass cut up to carry the next
     #: row's prefetch (two vectors of float32 at 512 bits: the fetch is spread finely)
@@ -141,60 +136,42 @@ class Choices:
     #: (:func:`_stream_split_rows`): the pass is cut in chunks of this many elements and each
     #: chunk streams one part of the row (float32: four cache lines)
     row_stream_chunk: int = 64
-    #: how far ahead, in bytes of the prefetched inputs' rows, a row loop's software prefetch
-    #: fetches (:func:`prefetch_distance`; at least one row, at most
-    #: :data:`PREFETCH_MAX_ROWS`). Measured on the six issue-3 workloads at [4096, 4096]
-    #: float32 (two Zen 4 cores, one process, interleaved rounds), time against fetching
-    #: the next row: 2 rows ahead 0.90-0.98, 3 rows 0.92-0.98, 4 rows 0.885-0.97 (LSTM
-    #: gates 0.93-0.95, softmax 0.89-0.92, RMSNorm 0.92-0.98); 8 and 16 rows ahead no
-    #: better than 4 on the LSTM gates. Fetching only the next row left the fetch of the
-    #: row after it to start when its own row did, exposing the memory's latency and
-    #: burstiness to every row's arithmetic.
+    #: how far ahead, in bytes of the prefetched inputs' rows, a row loop's software
+    #: prefetch fetches (:func:`prefetch_distance`; at least one row, at most
+    #: :attr:`Choices.prefetch_max_rows`). Measurements: ``docs/performance.md``
+    #: (``prefetch_ahead_bytes``).
     prefetch_ahead_bytes: int = 64 << 10
     prefetch_max_rows: int = 8
-    #: elements per staged chunk of a streamed output row (512 B of float32: 8 cache lines).
-    #: Reads and streaming stores overlap best in short bursts: a staged row copy at
-    #: [4096, 4096] float32 on two Zen 4 cores kept up with a direct streaming copy
-    #: with chunks of 64-128 (0.83-1.0), 0.75 with 512, 0.6 with 256 or a whole 4096-element row;
-    #: chunks of 16-32 pay their per-chunk overhead (0.4-0.5). Through geode, against 512:
-    #: RMSNorm 0.92-0.93, softmax 0.90-0.93, LayerNorm 0.88-0.99 of the time.
+    #: elements per staged chunk of a streamed output row (512 B of float32: 8 cache
+    #: lines). Measurements: ``docs/performance.md`` (``stream_chunk``).
     stream_chunk: int = 128
     #: the fewest contiguous bytes per streamed chunk (a row shorter than a chunk is one
-    #: chunk): below it the staging and fencing cost more than the read-for-ownership they
-    #: save. Measured at 64 MiB float32 on two Zen 4 cores, streamed against plain stores:
-    #: rows of 64 elements (256 bytes) 1.2-2.0x the time (softmax, RMSNorm, LayerNorm), rows
-    #: of 128 0.87-1.15x, rows of 256 0.71-0.95x.
+    #: chunk): below it the staging and fencing cost more than the read-for-ownership
+    #: they save. Measurements: ``docs/performance.md`` (``stream_min_run_bytes``).
     stream_min_run_bytes: int = 512
-    #: a block streams its output only when it costs at most this many vector instructions
-    #: per element: streaming adds a store and a load per element (the staging buffer), which
-    #: a memory-bound block hides and a compute-bound one pays for. Measured at [4096, 4096]
-    #: float32 on two Zen 4 cores: an exp (about 16) ran 19% faster streamed, the tanh GELU
-    #: (about 30) 3% slower and the LSTM gates (five transcendentals per output) 20% slower.
+    #: a block streams its output only when it costs at most this many vector
+    #: instructions per element: streaming adds a store and a load per element (the
+    #: staging buffer), which a memory-bound block hides and a compute-bound one pays
+    #: for. Measurements: ``docs/performance.md`` (``stream_max_ops``).
     stream_max_ops: int = 20
-    #: an elementwise block costing from :data:`STREAM_MIN_OPS_HEAVY` to this many vector
+    #: an elementwise block costing from :attr:`Choices.stream_min_ops_heavy` to this many vector
     #: instructions per element (one transcendental function and some arithmetic: erf GELU
     #: 30, tanh GELU 37; not the LSTM cell's h, 50) streams its output once it reaches the
-    #: L2 size, with its vector loop interleaved (:data:`STREAM_INTERLEAVE`): a compute-heavy
+    #: L2 size, with its vector loop interleaved (:attr:`Choices.stream_interleave`): a compute-heavy
     #: block writes slowly, so skipping the read-for-ownership pays even for outputs the L3
     #: could hold, and a reader of the output loses little by fetching it from memory.
     stream_max_ops_heavy: int = 40
-    #: the low end of that band. SiLU (25) and tanh (24) gained less at [4096, 4096]
-    #: (0.81-0.88 of the time) and lost at [256, 4096] (1.02-1.16), so they keep ordinary
-    #: stores.
+    #: the low end of that band. Measurements: ``docs/performance.md``
+    #: (``stream_min_ops_heavy``).
     stream_min_ops_heavy: int = 28
-    #: the interleave factor of a streamed elementwise nest's vector loop on targets with 32
-    #: vector registers (AVX-512: four chains of a tanh GELU and its dozen or so constants
-    #: fit without spills; :func:`stream_interleave`; 1 elsewhere, not measured). A chain of
-    #: 20-40 dependent vector instructions per element (a transcendental function) leaves
-    #: the out-of-order window with two or three chains in flight when LLVM lays the vectors
-    #: of its unrolled loop one after another; interleaving four keeps the FMA units busy.
-    #: Measured on two Zen 4 cores, float32, paired rounds against the old schedule
-    #: (unstreamed, LLVM's own interleave), outputs reused or fresh each call: tanh GELU
-    #: 0.76-0.77 of the time at [4096, 4096], 0.77 at [1024, 4096], 0.85-0.87 at [256, 4096];
-    #: erf GELU 0.79-0.83, 0.88-0.90, 0.92; exp (cheap, already streamed) 0.87-1.05 at
-    #: [4096, 4096], 0.83-0.89 below. Unstreamed, interleaving made the GELU slower from
-    #: DRAM (1.07-1.34: ordinary stores that miss the caches), and the LSTM gates spill
-    #: registers with it (1.10), so neither is done.
+    #: the interleave factor of a streamed elementwise nest's vector loop on targets
+    #: with 32 vector registers (AVX-512: four chains of a tanh GELU and its dozen or so
+    #: constants fit without spills; :func:`stream_interleave`; 1 elsewhere, not
+    #: measured). A chain of 20-40 dependent vector instructions per element (a
+    #: transcendental function) leaves the out-of-order window with two or three chains
+    #: in flight when LLVM lays the vectors of its unrolled loop one after another;
+    #: interleaving four keeps the FMA units busy. Measurements: ``docs/performance.md``
+    #: (``stream_interleave``).
     stream_interleave: int = 4
     #: cache line size (bytes) the schedules assume when they decide which rows to
     #: stream: a streamed row must be whole cache lines

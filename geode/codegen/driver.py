@@ -146,8 +146,7 @@ def native_interface(
     parallel kernel sets its own every time: one left at 1 by another model
     (``num_threads=1``) or by the user's code would otherwise run an all-cores model on
     one core. A chunked kernel sets it in compiled code (its ``threads`` argument); any
-    other parallel kernel through ``numba.set_num_threads`` (about 1 us, but 35-57 us
-    right after a kernel that streamed the caches out).
+    other parallel kernel through ``numba.set_num_threads`` (cost: ``docs/performance.md``).
     """
     import numba
 

@@ -1,6 +1,5 @@
-"""A row loop of ``n`` rows cut into chunks of ``c`` rows: chunk loop ``vo`` over
-``count`` chunks, row loop ``vi`` over the ``ext`` rows of chunk ``vo`` (the last
-chunk may be short), which starts at row ``start``; ``row`` is row ``vi``'s index.
+"""Software pipelining of row passes: software_pipeline, defer_last_pass (the next
+row's first pass overlapped with this row's last, with double-buffered row temps).
 """
 
 from __future__ import annotations
