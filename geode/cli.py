@@ -36,7 +36,7 @@ import time
 import warnings
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -679,15 +679,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"geode: error: {message} (see '{self.prog} --help')\n")
-
-
-@dataclass
-class _Cmd:
-    name: str
-    func: Callable[[argparse.Namespace], int]
-    help: str
-    description: str
-    args: list[tuple[tuple[str, ...], dict[str, Any]]] = field(default_factory=list)
 
 
 _MODEL_HELP = "an .onnx file, or builtin:NAME for a built-in example graph (e.g. builtin:layernorm)"

@@ -194,6 +194,19 @@ def to_dot(
         if n.name not in clustered:
             lines.append("  " + op_stmt(n))
 
+    lines += _value_lines(graph, consts, val_ids)
+    lines += _edge_lines(graph, ids, val_ids)
+    dead = kernels is not None and len(run_by) < len(ids)
+    lines += _legend_lines(
+        sorted({e for e in engine.values() if e} | ({"dead"} if dead else set()))
+    )
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _value_lines(graph: Graph, consts: list[Value], val_ids: dict[int, str]) -> list[str]:
+    """DOT nodes of the graph's inputs, drawn constants and variables, and outputs."""
+    lines = []
     for v in graph.inputs:
         lines.append(
             f"  {val_ids[id(v)]} [label={_q(v.name + chr(10) + _desc(v))}, shape=ellipse, "
@@ -211,12 +224,18 @@ def to_dot(
             f"  out{i} [label={_q(v.name + chr(10) + _desc(v))}, shape=ellipse, "
             f"peripheries=2, style=filled, fillcolor={_q(OUTPUT_COLOR)}];"
         )
+    return lines
+
+
+def _edge_lines(graph: Graph, ids: dict[str, str], val_ids: dict[int, str]) -> list[str]:
+    """DOT edges: each value from its producer (or its own node) to its readers."""
 
     def source(v: Value) -> str | None:
         if v.producer is not None and v.producer.name in ids:
             return ids[v.producer.name]
         return val_ids.get(id(v))
 
+    lines = []
     for n in graph.nodes:
         for v in n.inputs:
             if v is None:
@@ -228,27 +247,27 @@ def to_dot(
         src = source(v)
         if src is not None:
             lines.append(f"  {src} -> out{i};")
+    return lines
 
-    present = sorted(
-        {e for e in engine.values() if e}
-        | ({"dead"} if kernels is not None and len(run_by) < len(ids) else set())
-    )
-    if present:
-        lines.append("  subgraph cluster_legend {")
-        lines.append('    label="engines"; style="rounded,dashed"; color="#999999"; fontsize=9;')
-        prev = None
-        for e in present:
-            color = DEAD_COLOR if e == "dead" else ENGINE_COLORS.get(e, UNPLACED_COLOR)
-            lid = f"legend_{e}"
-            lines.append(
-                f"    {lid} [label={_q(e)}, shape=box, style=filled, fillcolor={_q(color)}, fontsize=9];"
-            )
-            if prev is not None:
-                lines.append(f"    {prev} -> {lid} [style=invis];")
-            prev = lid
-        lines.append("  }")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+
+def _legend_lines(present: list[str]) -> list[str]:
+    """A legend cluster with one box per engine shown (and "dead"), or nothing."""
+    if not present:
+        return []
+    lines = ["  subgraph cluster_legend {"]
+    lines.append('    label="engines"; style="rounded,dashed"; color="#999999"; fontsize=9;')
+    prev = None
+    for e in present:
+        color = DEAD_COLOR if e == "dead" else ENGINE_COLORS.get(e, UNPLACED_COLOR)
+        lid = f"legend_{e}"
+        lines.append(
+            f"    {lid} [label={_q(e)}, shape=box, style=filled, fillcolor={_q(color)}, fontsize=9];"
+        )
+        if prev is not None:
+            lines.append(f"    {prev} -> {lid} [style=invis];")
+        prev = lid
+    lines.append("  }")
+    return lines
 
 
 def have_dot() -> bool:

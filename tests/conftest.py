@@ -1,4 +1,16 @@
+"""Test layout: tests/<package>/ mirrors geode/<package>/ (compiler, codegen, runtime,
+costmodel), tests/e2e/ holds whole-pipeline tests, and tests/ itself the tests of
+geode's top-level modules plus the shared helpers (opcheck.py, lowering_check.py).
+
+Those helpers, and helpers other test modules import from a test module, are found by
+module name: this directory and every test directory are on ``sys.path``.
+"""
+
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _sub in ("", "compiler", "codegen", "runtime", "costmodel", "e2e"):
+    _path = os.path.join(_HERE, _sub) if _sub else _HERE
+    if _path not in sys.path:
+        sys.path.insert(0, _path)

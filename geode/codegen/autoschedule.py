@@ -30,7 +30,7 @@
   streamed (below), which it is only where the next row is prefetched over a costly
   pass cut in chunks (softmax's rows of 1024 and up; see :func:`_reuse_outputs`).
   With several passes over long rows: a costly later pass (softmax's
-  exp, :data:`PIPELINE_MAX_HOST_OPS`) is cut into chunks over which the next row is
+  exp, :attr:`Choices.pipeline_max_host_ops`) is cut into chunks over which the next row is
   prefetched into the L2 (``split``, ``prefetch_next(spread=...)``); otherwise, where
   the host pass (the first that writes an output) is cheap, the row loop is
   software-pipelined (``software_pipeline``): the next row's first pass runs inside the
@@ -39,30 +39,27 @@
   pass reads the row, the next row of each input is prefetched instead: spread over the
   streamed chunks into the L2, or in one burst after the first pass
   (``prefetch_next``). Every such prefetch fetches the row about 64 KiB of rows ahead,
-  not the next one (``distance``; :func:`_prefetch_distance`). A streamed last pass
+  not the next one (``distance``; :func:`prefetch_distance`). A streamed last pass
   after a costly chunked pass (softmax's scale after its exp) then runs inside the next
   row's costly pass (``defer_last_pass``), so its streaming stores overlap that pass's
   arithmetic. Loop-invariant row indices are computed once per row by the backend.
 * **column_reduce**: a reduction whose input is contiguous along spatial axes after
   its reduce axes runs ``outer spatial | reduce | inner spatial``, the inner spatial
-  loops fused and vectorized (softmax over axis 1 of [32, 1000, 64]: 7859 -> 430 us;
-  a mean over C of [8, 256, 56, 56]: 2145 -> 652-786 us); each nest's outer loop runs
+  loops fused and vectorized (measurements: ``docs/performance.md``); each nest's outer loop runs
   in parallel unless it has a single iteration (see :func:`_single_iteration`).
 * **merged views** (every pattern, last): a kernel argument or local temp that a fused
   loop indexes digit by digit (``x[.., rb // W, rb % W]``) is viewed with those dims
   merged (``merge_dims``; the step reshapes the array, see ``driver.arg_views``).
 * **streaming stores** (elementwise and row patterns): an output written by one cheap
-  block (:data:`STREAM_MAX_OPS`) and read by none, whose rows are whole cache lines and
-  at least :data:`STREAM_MIN_RUN_BYTES` long (when static), is written through staging
+  block (:attr:`Choices.stream_max_ops`) and read by none, whose rows are whole cache lines and
+  at least :attr:`Choices.stream_min_run_bytes` long (when static), is written through staging
   chunks with non-temporal stores once it reaches ``stream_min_bytes``
   (``stream_output``); in an elementwise nest, also that of a block with one
-  transcendental function (:data:`STREAM_MAX_OPS_HEAVY`) once it reaches the L2 size,
+  transcendental function (:attr:`Choices.stream_max_ops_heavy`) once it reaches the L2 size,
   straight from the registers where its rows allow (``store_nontemporal``:
   :func:`_store_direct`), and every streamed element loop there is interleaved (``interleave``,
-  :data:`STREAM_INTERLEAVE`). Measured at [4096, 4096] float32 on two cores against the
-  same schedule without it: RMSNorm and LayerNorm 20-25% faster, the reduce chain
-  about 2x; a streamed output pass that also reads the row is not pipelined (LayerNorm
-  was 20% slower), one that only writes is (see ``_host_reads_inputs``).
+  :attr:`Choices.stream_interleave`; measurements: ``docs/performance.md``). A streamed
+  output pass that also reads the row is not pipelined, one that only writes is (see ``_host_reads_inputs``).
 
 If a step's requirements fail, the schedule falls back to a simpler one (and, last,
 to the unscheduled kernel); the reason is kept in ``Schedule.notes``.
@@ -70,7 +67,11 @@ to the unscheduled kernel); the reason is kept in ``Schedule.notes``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,15 +79,130 @@ from geode.codegen import ast as A
 from geode.codegen.lower import LoweredKernel
 from geode.codegen.schedule import LINE_BYTES, Schedule
 from geode.compiler.fusion.groups import Group
+from geode.config import OptionError
 from geode.debug import log
 from geode.errors import ScheduleError
 
-#: innermost chunk for 1-D elementwise nests (outer part runs in parallel)
-VECTOR_CHUNK = 4096
 
-#: a group whose domain is static and smaller than this runs on one thread: forking
-#: costs more than the work, and a serial kernel compiles several times faster
-PARALLEL_MIN_ELEMENTS = 1 << 15
+@dataclass(frozen=True)
+class Choices:
+    """The default schedules' tuning choices: thresholds, chunk sizes and distances.
+
+    The schedules read the current choices through :func:`choices`: these defaults, or
+    the set that an enclosing :func:`override_choices` installs (per thread and per
+    async task)::
+
+        with autoschedule.override_choices(pipeline_max_host_ops=1000):
+            sch = autoschedule.schedule_group(lowered, group)
+
+    ``schedule_group(..., choices=Choices(...))`` does the same for one call.
+    """
+
+    #: innermost chunk for 1-D elementwise nests (outer part runs in parallel)
+    vector_chunk: int = 4096
+    #: a group whose domain is static and smaller than this runs on one thread: forking
+    #: costs more than the work, and a serial kernel compiles several times faster
+    parallel_min_elements: int = 1 << 15
+    #: a Trivial block with at most this many arithmetic ops (none of them costly) is
+    #: recomputed in each pass that reads it instead of being kept in a row buffer
+    recompute_max_ops: int = 4
+    #: a producer whose value reaches its consumer's store through at least this many math
+    #: functions in series (its own, then the consumer's after the load) gets a loop of its
+    #: own in each row (:func:`_splits_chain`)
+    split_min_chain: int = 2
+    #: ... and when its row, which the consumer's loop re-reads, fits in this many bytes (L1)
+    split_max_row_bytes: int = 16 << 10
+    #: a transposed input smaller than this (bytes, static shape) is not tiled: it sits in
+    #: the L1 and L2 caches whatever the loop order
+    transpose_min_bytes: int = 1 << 16
+    #: tile edge (bytes) of a transposed nest: 128 bytes is two cache lines of the input
+    #: per tile row, 32 float32 elements (two AVX-512 vectors) per output tile row; a
+    #: 32 x 32 float32 tile of both arrays (8 KiB) stays in the L1
+    transpose_tile_bytes: int = 128
+    #: rows shorter than this (elements) are left to the hardware prefetcher
+    prefetch_min_row: int = 1024
+    #: a host pass costing more than this many vector instructions per element (see
+    #: :func:`element_cost`) is neither pipelined nor followed by a next-row prefetch:
+    #: its arithmetic already hides the next row's fetch. Measurements:
+    #: ``docs/performance.md`` (``pipeline_max_host_ops``).
+    pipeline_max_host_ops: int = 8
+    #: elements per chunk of a costly row pass cut up to carry the next row's prefetch
+    #: (as :attr:`Choices.stream_chunk`, which softmax's streamed scale pass uses on the same row)
+    prefetch_chunk: int = 128
+    #: elements per chunk of an elementwise nest's costly pass cut up to carry the next
+    #: row's prefetch (two vectors of float32 at 512 bits: the fetch is spread finely)
+    elementwise_prefetch_chunk: int = 32
+    #: elements per part of a row buffer streamed over a later pass of its row
+    #: (:func:`_stream_split_rows`): the pass is cut in chunks of this many elements and each
+    #: chunk streams one part of the row (float32: four cache lines)
+    row_stream_chunk: int = 64
+    #: how far ahead, in bytes of the prefetched inputs' rows, a row loop's software
+    #: prefetch fetches (:func:`prefetch_distance`; at least one row, at most
+    #: :attr:`Choices.prefetch_max_rows`). Measurements: ``docs/performance.md``
+    #: (``prefetch_ahead_bytes``).
+    prefetch_ahead_bytes: int = 64 << 10
+    prefetch_max_rows: int = 8
+    #: elements per staged chunk of a streamed output row (512 B of float32: 8 cache
+    #: lines). Measurements: ``docs/performance.md`` (``stream_chunk``).
+    stream_chunk: int = 128
+    #: the fewest contiguous bytes per streamed chunk (a row shorter than a chunk is one
+    #: chunk): below it the staging and fencing cost more than the read-for-ownership
+    #: they save. Measurements: ``docs/performance.md`` (``stream_min_run_bytes``).
+    stream_min_run_bytes: int = 512
+    #: a block streams its output only when it costs at most this many vector
+    #: instructions per element: streaming adds a store and a load per element (the
+    #: staging buffer), which a memory-bound block hides and a compute-bound one pays
+    #: for. Measurements: ``docs/performance.md`` (``stream_max_ops``).
+    stream_max_ops: int = 20
+    #: an elementwise block costing from :attr:`Choices.stream_min_ops_heavy` to this many vector
+    #: instructions per element (one transcendental function and some arithmetic: erf GELU
+    #: 30, tanh GELU 37; not the LSTM cell's h, 50) streams its output once it reaches the
+    #: L2 size, with its vector loop interleaved (:attr:`Choices.stream_interleave`): a compute-heavy
+    #: block writes slowly, so skipping the read-for-ownership pays even for outputs the L3
+    #: could hold, and a reader of the output loses little by fetching it from memory.
+    stream_max_ops_heavy: int = 40
+    #: the low end of that band. Measurements: ``docs/performance.md``
+    #: (``stream_min_ops_heavy``).
+    stream_min_ops_heavy: int = 28
+    #: the interleave factor of a streamed elementwise nest's vector loop on targets
+    #: with 32 vector registers (AVX-512: four chains of a tanh GELU and its dozen or so
+    #: constants fit without spills; :func:`stream_interleave`; 1 elsewhere, not
+    #: measured). A chain of 20-40 dependent vector instructions per element (a
+    #: transcendental function) leaves the out-of-order window with two or three chains
+    #: in flight when LLVM lays the vectors of its unrolled loop one after another;
+    #: interleaving four keeps the FMA units busy. Measurements: ``docs/performance.md``
+    #: (``stream_interleave``).
+    stream_interleave: int = 4
+    #: cache line size (bytes) the schedules assume when they decide which rows to
+    #: stream: a streamed row must be whole cache lines
+    line_bytes: int = LINE_BYTES
+
+
+_DEFAULT_CHOICES = Choices()
+_CHOICES: contextvars.ContextVar[Choices | None] = contextvars.ContextVar(
+    "geode_autoschedule_choices", default=None
+)
+
+
+def choices() -> Choices:
+    """The tuning choices in effect (the defaults unless overridden)."""
+    return _CHOICES.get() or _DEFAULT_CHOICES
+
+
+@contextlib.contextmanager
+def override_choices(base: Choices | None = None, **changes: int) -> Iterator[Choices]:
+    """Use ``base`` (default: the current choices) with ``changes`` applied while the
+    block runs; unknown names raise :class:`~geode.config.OptionError`."""
+    start = base if base is not None else choices()
+    known = {f.name for f in dataclasses.fields(Choices)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise OptionError(f"unknown choices {unknown}; known: {sorted(known)}")
+    token = _CHOICES.set(dataclasses.replace(start, **changes))
+    try:
+        yield choices()
+    finally:
+        _CHOICES.reset(token)
 
 
 def wants_parallel(group: Group) -> bool:
@@ -96,7 +212,7 @@ def wants_parallel(group: Group) -> bool:
         if not isinstance(d, int):
             return True
         n *= d
-    return n >= PARALLEL_MIN_ELEMENTS
+    return n >= choices().parallel_min_elements
 
 
 def schedule_group(
@@ -105,6 +221,7 @@ def schedule_group(
     stream_min_bytes: int | None = None,
     interleave: int = 1,
     heavy_stream_min_bytes: int | None = None,
+    tuning: Choices | None = None,
 ) -> Schedule:
     """The default schedule of a lowered group (never raises ScheduleError).
 
@@ -113,9 +230,15 @@ def schedule_group(
     the last-level cache size); None never streams. ``interleave``: the interleave
     factor of a streamed elementwise nest's vector loop (the driver passes
     :func:`stream_interleave` of the target; 1 leaves it to the backend). With ``interleave > 1`` an
-    elementwise block costing :data:`STREAM_MIN_OPS_HEAVY` to :data:`STREAM_MAX_OPS_HEAVY`
+    elementwise block costing :attr:`Choices.stream_min_ops_heavy` to :attr:`Choices.stream_max_ops_heavy`
     streams outputs of at least ``heavy_stream_min_bytes`` (the driver passes the L2
-    size; None: ``stream_min_bytes``)."""
+    size; None: ``stream_min_bytes``). ``tuning`` replaces the current :func:`choices`
+    for this call."""
+    if tuning is not None:
+        with override_choices(tuning):
+            return schedule_group(
+                lowered, group, stream_min_bytes, interleave, heavy_stream_min_bytes
+            )
     notes: list[str] = []
     pattern = group.pattern_name()
     for level in ("full", "inline"):
@@ -204,10 +327,6 @@ def _inline(sch: Schedule, group: Group, row_buffers: bool) -> None:
 #: ops whose recomputation in every pass costs more than keeping a row buffer
 _COSTLY_OPS = A.UN_OPS - {"neg", "not", "bitnot", "abs", "isnan", "isinf", "isposinf", "isneginf"}
 
-#: a Trivial block with at most this many arithmetic ops (none of them costly) is
-#: recomputed in each pass that reads it instead of being kept in a row buffer
-RECOMPUTE_MAX_OPS = 4
-
 
 def _cheap_to_recompute(b: A.Block) -> bool:
     """A few cheap arithmetic ops per element (LayerNorm's ``x - mean``): recomputing them
@@ -226,7 +345,7 @@ def _cheap_to_recompute(b: A.Block) -> bool:
                 if e.op in ("/", "//", "%", "fmod", "pow"):
                     return False
                 ops += 1
-    return ops <= RECOMPUTE_MAX_OPS
+    return ops <= choices().recompute_max_ops
 
 
 def _reads_only_reduced(b: A.Block, sch: Schedule) -> bool:
@@ -283,14 +402,6 @@ def _elementwise(sch: Schedule, par: bool) -> str | None:
 #: a polynomial, scaling, often a division)
 _LONG_OPS = _COSTLY_OPS - {"floor", "ceil", "round", "sign"}
 
-#: a producer whose value reaches its consumer's store through at least this many math
-#: functions in series (its own, then the consumer's after the load) gets a loop of its
-#: own in each row (:func:`_splits_chain`)
-SPLIT_MIN_CHAIN = 2
-
-#: ... when its row, which the consumer's loop re-reads, fits in this many bytes (L1)
-SPLIT_MAX_ROW_BYTES = 16 << 10
-
 
 def _chain(e: A.Expr, buffers: set[str] | None = None) -> int:
     """The most :data:`_LONG_OPS` on one path from ``e`` down to a load (of one of
@@ -313,8 +424,8 @@ def _splits_chain(sch: Schedule, name: str) -> bool:
     """Whether producer ``name`` of an elementwise nest should run in a loop of its own
     in each row, before its consumers' loop (``compute_at`` on the row loop) instead
     of inside it: when its value reaches a consumer's store through
-    :data:`SPLIT_MIN_CHAIN` or more math functions in series, and its static row fits
-    :data:`SPLIT_MAX_ROW_BYTES`.
+    :attr:`Choices.split_min_chain` or more math functions in series, and its static row fits
+    :attr:`Choices.split_max_row_bytes`.
 
     Why: a math function is a chain of dependent vector instructions tens of cycles
     long; two in series make one iteration of the fused loop longer than the core's
@@ -334,23 +445,13 @@ def _splits_chain(sch: Schedule, name: str) -> bool:
             continue
         for v in _stored_values(sch.get_block(other)):
             after = max(after, _chain(v, bufs))
-    if after < 0 or own + after < SPLIT_MIN_CHAIN:
+    if after < 0 or own + after < choices().split_min_chain:
         return False
     extent = sch.get_loop(_nest_loops(sch, name)[-1]).extent
     if not isinstance(extent, A.Const):
         return False
     itemsize = max(np.dtype(sch.kernel.buffer(x).dtype).itemsize for x in bufs)
-    return int(extent.value) * itemsize <= SPLIT_MAX_ROW_BYTES
-
-
-#: a transposed input smaller than this (bytes, static shape) is not tiled: it sits in
-#: the L1 and L2 caches whatever the loop order
-TRANSPOSE_MIN_BYTES = 1 << 16
-
-#: tile edge (bytes) of a transposed nest: 128 bytes is two cache lines of the input
-#: per tile row, 32 float32 elements (two AVX-512 vectors) per output tile row; a
-#: 32 x 32 float32 tile of both arrays (8 KiB) stays in the L1
-TRANSPOSE_TILE_BYTES = 128
+    return int(extent.value) * itemsize <= choices().split_max_row_bytes
 
 
 def _transposed_axis(sch: Schedule, block: str, loops: list[str]) -> str | None:
@@ -367,7 +468,7 @@ def _transposed_axis(sch: Schedule, block: str, loops: list[str]) -> str | None:
             continue
         size = A.prod(list(args[buf].shape))
         itemsize = np.dtype(args[buf].dtype).itemsize
-        if isinstance(size, A.Const) and int(size.value) * itemsize < TRANSPOSE_MIN_BYTES:
+        if isinstance(size, A.Const) and int(size.value) * itemsize < choices().transpose_min_bytes:
             continue
         for a in loops[:-1]:
             if dict(sch.load_strides(block, a)).get(buf, [None])[-1] == 1:
@@ -376,10 +477,10 @@ def _transposed_axis(sch: Schedule, block: str, loops: list[str]) -> str | None:
 
 
 def _tile_edge(extent: A.Expr, itemsize: int) -> int | None:
-    """The tile edge for a loop of ``extent``: :data:`TRANSPOSE_TILE_BYTES` worth of
+    """The tile edge for a loop of ``extent``: :attr:`Choices.transpose_tile_bytes` worth of
     elements, or the largest divisor of a static extent from half of that up (no tail
     tile); None when a static extent fits in one tile (the loop stays whole)."""
-    edge = max(8, TRANSPOSE_TILE_BYTES // itemsize)
+    edge = max(8, choices().transpose_tile_bytes // itemsize)
     if not isinstance(extent, A.Const):
         return edge
     n = int(extent.value)
@@ -451,13 +552,13 @@ def _parallel_vector(sch: Schedule, loops: list[str], par: bool) -> None:
         loops = [outer, loops[-1]]
     if len(loops) == 1:
         ext = sch.get_loop(loops[0]).extent
-        if isinstance(ext, A.Const) and ext.value <= VECTOR_CHUNK:
+        if isinstance(ext, A.Const) and ext.value <= choices().vector_chunk:
             sch.vectorize(loops[0])
             return
         if not par:
             sch.vectorize(loops[0])
             return
-        loops = sch.split(loops[0], [None, VECTOR_CHUNK])
+        loops = sch.split(loops[0], [None, choices().vector_chunk])
     if par:
         sch.parallel(loops[0])
     sch.vectorize(loops[-1])
@@ -506,15 +607,12 @@ def _row_reduce(
         return None
     if _chunk_costly_pass(sch, sp):
         return sp  # its arithmetic hides the next row's fetch, spread over its chunks
-    if _host_cost(sch, sp) > PIPELINE_MAX_HOST_OPS:
+    if _host_cost(sch, sp) > choices().pipeline_max_host_ops:
         return None  # a compute-bound host that cannot be chunked: no prefetch either
     if (streamed and _host_reads_inputs(sch, sp)) or not _pipeline_rows(sch, sp):
         return sp
     return None
 
-
-#: rows shorter than this (elements) are left to the hardware prefetcher
-PREFETCH_MIN_ROW = 1024
 
 #: rows per chunk of a software-pipelined row loop (each chunk's first row is not
 #: overlapped), and the fewest chunks a row loop is cut into (threads to share them)
@@ -532,7 +630,7 @@ def _pipeline_rows(sch: Schedule, sp: str) -> bool:
     if len(passes) < 2:
         return False
     ext = passes[0].extent
-    if isinstance(ext, A.Const) and int(ext.value) < PREFETCH_MIN_ROW:
+    if isinstance(ext, A.Const) and int(ext.value) < choices().prefetch_min_row:
         return False
     try:
         sch.software_pipeline(sp, PIPELINE_CHUNK, PIPELINE_MIN_CHUNKS, into=pipeline_host(sch, sp))
@@ -540,15 +638,6 @@ def _pipeline_rows(sch: Schedule, sp: str) -> bool:
         log.debug("rows of %s not pipelined: %s", sp, exc)
         return False
     return True
-
-
-#: a host pass costing more than this many vector instructions per element (see
-#: :func:`element_cost`) is neither pipelined nor followed by a next-row prefetch: its
-#: arithmetic already hides the next row's fetch. Measured on softmax at [4096, 4096]
-#: (the exp pass, about 18): the plain row loop 0.93 of onnxruntime's time, pipelined
-#: 0.96-0.99, with the prefetch 0.945; RMSNorm's output pass (about 5) pipelined
-#: 0.78-0.85 against 0.98-1.0 plain.
-PIPELINE_MAX_HOST_OPS = 8
 
 
 def _host_loop(sch: Schedule, sp: str) -> A.For | None:
@@ -593,24 +682,23 @@ def pipeline_host(sch: Schedule, sp: str) -> str | None:
     )
 
 
-#: elements per chunk of a costly row pass cut up to carry the next row's prefetch
-#: (as :data:`STREAM_CHUNK`, which softmax's streamed scale pass uses on the same row)
-PREFETCH_CHUNK = 128
-
-
 def _pass_cost(p: A.For) -> int:
     """Vector instructions per element of pass ``p``'s blocks (see :func:`element_cost`)."""
     return sum(element_cost(b) for b in A.blocks(p.body))
 
 
 def _chunk_costly_pass(
-    sch: Schedule, sp: str, first: int = 1, chunk: int = PREFETCH_CHUNK, reassoc: bool = True
+    sch: Schedule,
+    sp: str,
+    first: int = 1,
+    chunk: int = choices().prefetch_chunk,
+    reassoc: bool = True,
 ) -> bool:
     """Cut the costliest pass over each row from pass ``first`` on (softmax's exp, after
     its max pass; an elementwise nest's costliest pass) into serial chunks of ``chunk``
-    vectorized elements when it costs more than :data:`PIPELINE_MAX_HOST_OPS` per
+    vectorized elements when it costs more than :attr:`Choices.pipeline_max_host_ops` per
     element and its row length is a constant multiple of the chunk of at least
-    :data:`PREFETCH_MIN_ROW`; :func:`_prefetch_rows` then spreads the next row's fetch
+    :attr:`Choices.prefetch_min_row`; :func:`_prefetch_rows` then spreads the next row's fetch
     over those chunks, where the arithmetic hides it. ``reassoc``: the chunk loop may
     reassociate (a reduction's pass). Returns whether it did."""
     top = _costly_pass(sch, sp, first, chunk)
@@ -622,27 +710,22 @@ def _chunk_costly_pass(
 
 
 def _costly_pass(
-    sch: Schedule, sp: str, first: int = 1, chunk: int = PREFETCH_CHUNK
+    sch: Schedule, sp: str, first: int = 1, chunk: int = choices().prefetch_chunk
 ) -> A.For | None:
     """The pass :func:`_chunk_costly_pass` would cut in chunks, or None."""
     passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
     top = max(passes[first:], key=_pass_cost, default=None)
-    if top is None or _pass_cost(top) <= PIPELINE_MAX_HOST_OPS:
+    if top is None or _pass_cost(top) <= choices().pipeline_max_host_ops:
         return None
     n = int(top.extent.value) if isinstance(top.extent, A.Const) else 0
-    return None if n < PREFETCH_MIN_ROW or n % chunk else top
-
-
-#: elements per chunk of an elementwise nest's costly pass cut up to carry the next
-#: row's prefetch (two vectors of float32 at 512 bits: the fetch is spread finely)
-ELEMENTWISE_PREFETCH_CHUNK = 32
+    return None if n < choices().prefetch_min_row or n % chunk else top
 
 
 def _chunk_elementwise_rows(sch: Schedule, sp: str) -> None:
     """In an elementwise nest with two or more passes over each row (a split chain:
     :func:`_splits_chain`) of long rows that no streamed output already cut in chunks,
-    cut the costliest pass (more than :data:`PIPELINE_MAX_HOST_OPS` vector instructions
-    per element) in chunks of :data:`ELEMENTWISE_PREFETCH_CHUNK`, over which
+    cut the costliest pass (more than :attr:`Choices.pipeline_max_host_ops` vector instructions
+    per element) in chunks of :attr:`Choices.elementwise_prefetch_chunk`, over which
     :func:`_prefetch_rows` spreads the next row's fetch into the L2.
 
     Why: each pass walks a few 4 KiB pages of the row side by side and the hardware
@@ -656,13 +739,7 @@ def _chunk_elementwise_rows(sch: Schedule, sp: str) -> None:
     passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
     if len(passes) < 2 or any(p.kind is A.ForKind.SERIAL for p in passes):
         return  # one pass, or already chunked (a streamed output): see the docstring
-    _chunk_costly_pass(sch, sp, first=0, chunk=ELEMENTWISE_PREFETCH_CHUNK, reassoc=False)
-
-
-#: elements per part of a row buffer streamed over a later pass of its row
-#: (:func:`_stream_split_rows`): the pass is cut in chunks of this many elements and each
-#: chunk streams one part of the row (float32: four cache lines)
-ROW_STREAM_CHUNK = 64
+    _chunk_costly_pass(sch, sp, first=0, chunk=choices().elementwise_prefetch_chunk, reassoc=False)
 
 
 def _stream_split_rows(sch: Schedule, sp: str, min_bytes: int | None) -> None:
@@ -670,11 +747,11 @@ def _stream_split_rows(sch: Schedule, sp: str, min_bytes: int | None) -> None:
     write each output that a later pass of the row reads through a row buffer
     (``stream_row``): the later passes read the buffer from the L1, and the buffer is
     streamed to the output a part at a time over the next pass, cut in chunks of
-    :data:`ROW_STREAM_CHUNK` for that, so the output's lines are not fetched from memory
+    :attr:`Choices.row_stream_chunk` for that, so the output's lines are not fetched from memory
     before they are overwritten and its stores overlap that pass's arithmetic. Only
     where the kernel's arrays together hold at least ``min_bytes`` (the driver passes
     the last-level cache size: smaller, the output would still be in the cache for its
-    next reader), for rows of whole cache lines that fit :data:`SPLIT_MAX_ROW_BYTES`
+    next reader), for rows of whole cache lines that fit :attr:`Choices.split_max_row_bytes`
     (one row buffer per thread).
 
     Measured on the LSTM gates (``c'`` streamed), two Zen 4 cores, float32, paired with
@@ -691,8 +768,8 @@ def _stream_split_rows(sch: Schedule, sp: str, min_bytes: int | None) -> None:
         if (
             not sch.readers(out.name)
             or row_bytes is None
-            or row_bytes % LINE_BYTES
-            or row_bytes > SPLIT_MAX_ROW_BYTES
+            or row_bytes % choices().line_bytes
+            or row_bytes > choices().split_max_row_bytes
         ):
             continue
         try:
@@ -750,7 +827,7 @@ def _nontemporal_rows(sch: Schedule, sp: str, min_bytes: int | None) -> None:
 
 def _chunk_next_pass(sch: Schedule, sp: str, block: str) -> str | None:
     """Cut the pass after ``block``'s in row loop ``sp`` in vectorized chunks of
-    :data:`ROW_STREAM_CHUNK` (a vectorized pass whose static extent is a larger multiple
+    :attr:`Choices.row_stream_chunk` (a vectorized pass whose static extent is a larger multiple
     of it) and return the chunk loop; else None."""
     body = sch.get_loop(sp).body
     loops = set(sch.get_loops(block))
@@ -760,11 +837,11 @@ def _chunk_next_pass(sch: Schedule, sp: str, block: str) -> str | None:
         nxt is None
         or nxt.kind is not A.ForKind.VECTORIZED
         or not isinstance(nxt.extent, A.Const)
-        or int(nxt.extent.value) % ROW_STREAM_CHUNK
-        or int(nxt.extent.value) == ROW_STREAM_CHUNK
+        or int(nxt.extent.value) % choices().row_stream_chunk
+        or int(nxt.extent.value) == choices().row_stream_chunk
     ):
         return None
-    outer, inner = sch.split(nxt.var, [None, ROW_STREAM_CHUNK])
+    outer, inner = sch.split(nxt.var, [None, choices().row_stream_chunk])
     sch.vectorize(inner, allow_reassoc=False)
     return outer
 
@@ -794,23 +871,10 @@ def _output_share(sch: Schedule, out: A.Buffer, total: int) -> int:
     return -(-total * mine // sum(r for r in rows if r is not None))
 
 
-#: how far ahead, in bytes of the prefetched inputs' rows, a row loop's software prefetch
-#: fetches (:func:`_prefetch_distance`; at least one row, at most
-#: :data:`PREFETCH_MAX_ROWS`). Measured on the six issue-3 workloads at [4096, 4096]
-#: float32 (two Zen 4 cores, one process, interleaved rounds), time against fetching
-#: the next row: 2 rows ahead 0.90-0.98, 3 rows 0.92-0.98, 4 rows 0.885-0.97 (LSTM
-#: gates 0.93-0.95, softmax 0.89-0.92, RMSNorm 0.92-0.98); 8 and 16 rows ahead no
-#: better than 4 on the LSTM gates. Fetching only the next row left the fetch of the
-#: row after it to start when its own row did, exposing the memory's latency and
-#: burstiness to every row's arithmetic.
-PREFETCH_AHEAD_BYTES = 64 << 10
-PREFETCH_MAX_ROWS = 8
-
-
 def _prefetch_rows(sch: Schedule, sp: str, bursts: bool = True) -> None:
     """With two or more passes over each row, or one pass cut in chunks (a streamed
     elementwise row), prefetch a row ahead of every input read row by row (the row
-    :func:`_prefetch_distance` rows on), so fetching it overlaps the later passes or
+    :func:`prefetch_distance` rows on), so fetching it overlaps the later passes or
     chunks instead of stalling a later row's first pass. Where a pass is cut in chunks
     (an output streamed in chunks, or a costly pass: :func:`_chunk_costly_pass`), the
     prefetch is spread over the costliest such pass into the L2 (each chunk fetches its
@@ -832,8 +896,8 @@ def _prefetch_rows(sch: Schedule, sp: str, bursts: bool = True) -> None:
     if (len(passes) < 2 or not bursts) and not chunked:
         return
     spread = max(chunked, key=_pass_cost).var if chunked else None
-    bufs = [b for b in sch.kernel.inputs if _long_rows(b) and sch.reads_rows(sp, b.name)]
-    distance = _prefetch_distance(bufs)
+    bufs = [b for b in sch.kernel.inputs if long_rows(b) and sch.reads_rows(sp, b.name)]
+    distance = prefetch_distance(bufs)
     for buf in bufs:
         try:
             sch.prefetch_next(
@@ -843,23 +907,24 @@ def _prefetch_rows(sch: Schedule, sp: str, bursts: bool = True) -> None:
             log.debug("no prefetch of %s: %s", buf.name, exc)
 
 
-def _long_rows(buf: A.Buffer) -> bool:
-    """Are ``buf``'s rows symbolic or at least :data:`PREFETCH_MIN_ROW` elements long?"""
+def long_rows(buf: A.Buffer) -> bool:
+    """Are ``buf``'s rows symbolic or at least :attr:`Choices.prefetch_min_row` elements long?"""
     row = _row_bytes(buf)
-    return row is None or row >= PREFETCH_MIN_ROW * _itemsize(buf)
+    return row is None or row >= choices().prefetch_min_row * _itemsize(buf)
 
 
-def _prefetch_distance(bufs: Sequence[A.Buffer]) -> int:
-    """Rows ahead that a row loop prefetches ``bufs`` (see :data:`PREFETCH_AHEAD_BYTES`):
+def prefetch_distance(bufs: Sequence[A.Buffer]) -> int:
+    """Rows ahead that a row loop prefetches ``bufs`` (see :attr:`Choices.prefetch_ahead_bytes`):
     enough rows of all of them to make up that many bytes, from 1 to
-    :data:`PREFETCH_MAX_ROWS`; rows of symbolic length count as
-    :data:`PREFETCH_MIN_ROW` elements."""
+    :attr:`Choices.prefetch_max_rows`; rows of symbolic length count as
+    :attr:`Choices.prefetch_min_row` elements."""
     row_bytes = sum(
-        PREFETCH_MIN_ROW * _itemsize(b) if (n := _row_bytes(b)) is None else n for b in bufs
+        choices().prefetch_min_row * _itemsize(b) if (n := _row_bytes(b)) is None else n
+        for b in bufs
     )
     if row_bytes <= 0:
         return 1
-    return max(1, min(PREFETCH_MAX_ROWS, -(-PREFETCH_AHEAD_BYTES // row_bytes)))
+    return max(1, min(choices().prefetch_max_rows, -(-choices().prefetch_ahead_bytes // row_bytes)))
 
 
 def _defer_output_pass(sch: Schedule, sp: str) -> None:
@@ -874,7 +939,7 @@ def _defer_output_pass(sch: Schedule, sp: str) -> None:
     if len(passes) < 2 or passes[-1] is not body[-1]:
         return
     host, last = passes[-2], passes[-1]
-    if host.kind is not A.ForKind.SERIAL or _pass_cost(host) <= PIPELINE_MAX_HOST_OPS:
+    if host.kind is not A.ForKind.SERIAL or _pass_cost(host) <= choices().pipeline_max_host_ops:
         return
     if not any(isinstance(s, A.StreamStore) for s in A.walk_stmts([last])):
         return
@@ -889,7 +954,7 @@ def _reuse_outputs(sch: Schedule, sp: str, par: bool, stream_min_bytes: int | No
     writes its exp values into ``y`` and scales them in place: one buffer less to walk),
     unless that reader would stream the output (see :func:`_streams`) and the next row
     will be prefetched over a costly pass cut in chunks (:func:`_chunk_costly_pass`,
-    parallel rows of at least :data:`PREFETCH_MIN_ROW`): an output read back cannot be
+    parallel rows of at least :attr:`Choices.prefetch_min_row`): an output read back cannot be
     streamed, and an ordinary store first reads the line from memory. Measured on softmax
     at [4096, 4096] float32 on two Zen 4 cores: a separate row buffer with a streamed last
     pass and the next row prefetched over the exp chunks 0.80 of the in-place row's time;
@@ -1032,60 +1097,10 @@ def _reduce_outside_inner_axes(sch: Schedule, block: str) -> None:
 # streaming stores
 # ---------------------------------------------------------------------------------
 
-#: elements per staged chunk of a streamed output row (512 B of float32: 8 cache lines).
-#: Reads and streaming stores overlap best in short bursts: a staged row copy at
-#: [4096, 4096] float32 on two Zen 4 cores kept up with a direct streaming copy
-#: with chunks of 64-128 (0.83-1.0), 0.75 with 512, 0.6 with 256 or a whole 4096-element row;
-#: chunks of 16-32 pay their per-chunk overhead (0.4-0.5). Through geode, against 512:
-#: RMSNorm 0.92-0.93, softmax 0.90-0.93, LayerNorm 0.88-0.99 of the time.
-STREAM_CHUNK = 128
-
-#: the fewest contiguous bytes per streamed chunk (a row shorter than a chunk is one
-#: chunk): below it the staging and fencing cost more than the read-for-ownership they
-#: save. Measured at 64 MiB float32 on two Zen 4 cores, streamed against plain stores:
-#: rows of 64 elements (256 bytes) 1.2-2.0x the time (softmax, RMSNorm, LayerNorm), rows
-#: of 128 0.87-1.15x, rows of 256 0.71-0.95x.
-STREAM_MIN_RUN_BYTES = 512
-
-#: a block streams its output only when it costs at most this many vector instructions
-#: per element: streaming adds a store and a load per element (the staging buffer), which
-#: a memory-bound block hides and a compute-bound one pays for. Measured at [4096, 4096]
-#: float32 on two Zen 4 cores: an exp (about 16) ran 19% faster streamed, the tanh GELU
-#: (about 30) 3% slower and the LSTM gates (five transcendentals per output) 20% slower.
-STREAM_MAX_OPS = 20
-
-#: an elementwise block costing from :data:`STREAM_MIN_OPS_HEAVY` to this many vector
-#: instructions per element (one transcendental function and some arithmetic: erf GELU
-#: 30, tanh GELU 37; not the LSTM cell's h, 50) streams its output once it reaches the
-#: L2 size, with its vector loop interleaved (:data:`STREAM_INTERLEAVE`): a compute-heavy
-#: block writes slowly, so skipping the read-for-ownership pays even for outputs the L3
-#: could hold, and a reader of the output loses little by fetching it from memory.
-STREAM_MAX_OPS_HEAVY = 40
-
-#: the low end of that band. SiLU (25) and tanh (24) gained less at [4096, 4096]
-#: (0.81-0.88 of the time) and lost at [256, 4096] (1.02-1.16), so they keep ordinary
-#: stores.
-STREAM_MIN_OPS_HEAVY = 28
-
-#: the interleave factor of a streamed elementwise nest's vector loop on targets with 32
-#: vector registers (AVX-512: four chains of a tanh GELU and its dozen or so constants
-#: fit without spills; :func:`stream_interleave`; 1 elsewhere, not measured). A chain of
-#: 20-40 dependent vector instructions per element (a transcendental function) leaves
-#: the out-of-order window with two or three chains in flight when LLVM lays the vectors
-#: of its unrolled loop one after another; interleaving four keeps the FMA units busy.
-#: Measured on two Zen 4 cores, float32, paired rounds against the old schedule
-#: (unstreamed, LLVM's own interleave), outputs reused or fresh each call: tanh GELU
-#: 0.76-0.77 of the time at [4096, 4096], 0.77 at [1024, 4096], 0.85-0.87 at [256, 4096];
-#: erf GELU 0.79-0.83, 0.88-0.90, 0.92; exp (cheap, already streamed) 0.87-1.05 at
-#: [4096, 4096], 0.83-0.89 below. Unstreamed, interleaving made the GELU slower from
-#: DRAM (1.07-1.34: ordinary stores that miss the caches), and the LSTM gates spill
-#: registers with it (1.10), so neither is done.
-STREAM_INTERLEAVE = 4
-
 
 def stream_interleave(vector_registers: int) -> int:
-    """:data:`STREAM_INTERLEAVE` on a target with 32 or more vector registers, else 1."""
-    return STREAM_INTERLEAVE if vector_registers >= 32 else 1
+    """:attr:`Choices.stream_interleave` on a target with 32 or more vector registers, else 1."""
+    return choices().stream_interleave if vector_registers >= 32 else 1
 
 
 #: approximate vector instructions per element of the costly operations (vmath's
@@ -1143,7 +1158,7 @@ def element_cost(b: A.Block) -> int:
 
 
 def _streams(
-    sch: Schedule, block: str, min_bytes: int | None, max_ops: int = STREAM_MAX_OPS
+    sch: Schedule, block: str, min_bytes: int | None, max_ops: int = choices().stream_max_ops
 ) -> bool:
     """Whether ``block`` is the cheap (at most ``max_ops`` per element), only accessor of
     an output that may reach ``min_bytes`` (the candidates of :func:`_stream_outputs`)."""
@@ -1160,41 +1175,41 @@ def _streams(
     itemsize = np.dtype(out.dtype).itemsize
     if itemsize not in (4, 8) or element_cost(b) > max_ops:
         return False
-    if _stream_chunk(sch, block) * itemsize < STREAM_MIN_RUN_BYTES:
+    if _stream_chunk(sch, block) * itemsize < choices().stream_min_run_bytes:
         return False
     row = out.shape[-1] if out.shape else A.Const(1)
-    if isinstance(row, A.Const) and int(row.value) * itemsize % LINE_BYTES:
+    if isinstance(row, A.Const) and int(row.value) * itemsize % choices().line_bytes:
         return False  # chunks off the cache lines: the streaming stores would not apply
     size = A.prod(list(out.shape))
     return not isinstance(size, A.Const) or int(size.value) * itemsize >= min_bytes
 
 
 def _stream_chunk(sch: Schedule, block: str) -> int:
-    """:data:`STREAM_CHUNK`, or the static extent of ``block``'s element loop when that is
+    """:attr:`Choices.stream_chunk`, or the static extent of ``block``'s element loop when that is
     shorter: a chunk longer than the row only adds guarded iterations that do nothing (a
     row of 16 elements ran 128 iterations, 112 of them masked off)."""
     loops = sch.get_loops(block)
     extent = sch.get_loop(loops[-1]).extent if loops else None
-    if isinstance(extent, A.Const) and 0 < int(extent.value) < STREAM_CHUNK:
+    if isinstance(extent, A.Const) and 0 < int(extent.value) < choices().stream_chunk:
         return int(extent.value)
-    return STREAM_CHUNK
+    return choices().stream_chunk
 
 
 def _stream_outputs(sch: Schedule, min_bytes: int, heavy_min_bytes: int | None) -> list[str]:
-    """Stream every output that a cheap block (:data:`STREAM_MAX_OPS`) writes once it
+    """Stream every output that a cheap block (:attr:`Choices.stream_max_ops`) writes once it
     reaches ``min_bytes``; with ``heavy_min_bytes`` also those of blocks costing
-    :data:`STREAM_MIN_OPS_HEAVY` to :data:`STREAM_MAX_OPS_HEAVY` once they reach it, from
+    :attr:`Choices.stream_min_ops_heavy` to :attr:`Choices.stream_max_ops_heavy` once they reach it, from
     the registers where it can (:func:`_store_direct`). Returns the streamed element
     loops."""
     loops = []
     for name in sch.blocks():
-        at_least, max_ops = min_bytes, STREAM_MAX_OPS
+        at_least, max_ops = min_bytes, choices().stream_max_ops
         cost = element_cost(sch.get_block(name))
-        heavy = cost > STREAM_MAX_OPS
+        heavy = cost > choices().stream_max_ops
         if heavy:
-            if heavy_min_bytes is None or cost < STREAM_MIN_OPS_HEAVY:
+            if heavy_min_bytes is None or cost < choices().stream_min_ops_heavy:
                 continue
-            at_least, max_ops = heavy_min_bytes, STREAM_MAX_OPS_HEAVY
+            at_least, max_ops = heavy_min_bytes, choices().stream_max_ops_heavy
         if not _streams(sch, name, at_least, max_ops):
             continue
         chunk = _stream_chunk(sch, name)
@@ -1218,7 +1233,7 @@ def _store_direct(sch: Schedule, block: str, chunk: int, min_bytes: int) -> str 
     process, against the staged stream, equal results, the copy at 42-50 GB/s): 0.942 of
     the time over three separately compiled copies of each (single pairs 0.90-0.95),
     99-101% of the copy roofline against 88-97%: the stage's
-    store and load per element cost a compute-heavy block (see :data:`STREAM_MAX_OPS`).
+    store and load per element cost a compute-heavy block (see :attr:`Choices.stream_max_ops`).
     The tanh GELU at [256, 4096] 0.87-0.88, the erf GELU at [1024, 4096] and
     [4096, 4096] 0.98-0.99. RMSNorm's and LayerNorm's cheap output passes measured
     1.01-1.04 this way, so cheap blocks keep the staged stream."""

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geode.codegen import ast as A
+from geode.codegen.indexing import exprs_equal
 from geode.codegen.lower import LoweredKernel, lower_group
 from geode.codegen.schedule import Schedule
-from geode.codegen.schedule import _eq as exprs_equal
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.profit import describe_work
 from geode.compiler.ir import Graph
@@ -175,9 +175,8 @@ def native_interface(
     parallel kernel sets its own every time: one left at 1 by another model
     (``num_threads=1``) or by the user's code would otherwise run an all-cores model on
     one core. A chunked kernel sets it in compiled code (its ``threads`` argument); any
-    other parallel kernel through ``numba.set_num_threads`` (about 1 us, but 35-57 us
-    right after a kernel that streamed the caches out). An LLVM backend kernel takes its
-    thread count per call (0: the native pool's size).
+    other parallel kernel through ``numba.set_num_threads`` (cost: ``docs/performance.md``).
+    An LLVM backend kernel takes its thread count per call (0: the native pool's size).
     """
     parallel = bool(getattr(native, "parallel", True))
     chunked = bool(getattr(native, "chunked", False))

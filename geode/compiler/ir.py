@@ -471,12 +471,6 @@ class Graph:
         self.values[new] = v
 
     # -- editing ---------------------------------------------------------------------
-    def replace_all_uses(self, old: Value, new: Value) -> None:
-        """Make every reader of ``old`` (nodes and graph outputs) read ``new``."""
-        for node, i in list(old.uses):
-            node.set_input(i, new)
-        self.outputs = [new if o is old else o for o in self.outputs]
-
     def remove_node(self, node: Node) -> None:
         """Remove a node and its outputs (they must be unused)."""
         node.drop_inputs()

@@ -42,11 +42,6 @@ def as_dim(d: object) -> Dim:
     raise ShapeError(f"not a dim: {d!r} ({type(d).__name__})")
 
 
-def is_static_dim(d: Dim) -> bool:
-    """True for a concrete integer dim."""
-    return isinstance(d, int)
-
-
 def is_static(shape: Shape) -> bool:
     """True when the rank and every dim are known integers."""
     return shape is not None and all(isinstance(d, int) for d in shape)
@@ -231,19 +226,6 @@ class SymbolTable:
         entry = (sympy.Min(d.xreplace(twins), 1), 1, where)
         if not any(a == entry[0] for a, _, _ in self.constraints):
             self.constraints.append(entry)
-
-    def check_constraints(self, env: Mapping[sympy.Symbol, int]) -> list[str]:
-        """Messages for constraints that the bound symbols break (unbound ones skipped)."""
-        bad = []
-        for a, b, where in self.constraints:
-            syms = (a.free_symbols if not isinstance(a, int) else set()) | (
-                b.free_symbols if not isinstance(b, int) else set()
-            )
-            if all(s in env for s in syms):
-                va, vb = evaluate_dim(a, env), evaluate_dim(b, env)
-                if va != vb:
-                    bad.append(f"{a}={va} must equal {b}={vb}" + (f" ({where})" if where else ""))
-        return bad
 
 
 def _int_printer():  # noqa: ANN202 - built lazily: sympy's printers are slow to import

@@ -442,23 +442,6 @@ def _copy_bandwidth(src: np.ndarray, dst: np.ndarray, threads: int, budget_s: fl
     return 2 * src.nbytes / best / 1e9
 
 
-def measure_copy_bandwidth(
-    nbytes: int = 64 * MIB, threads: int = 1, budget_s: float = 0.3
-) -> float:
-    """STREAM-style copy bandwidth in GB/s of ``np.copyto`` over ``nbytes``.
-
-    With ``threads > 1`` the copy is split into chunks copied by Python threads
-    (numpy releases the GIL while copying). Best of several runs within the budget.
-    """
-    src, dst = _buffers(nbytes)
-    return _copy_bandwidth(src, dst, threads, budget_s)
-
-
-def measure_numba_copy_bandwidth(nbytes: int = 256 * MIB, budget_s: float = 0.5) -> float:
-    """STREAM-style copy bandwidth in GB/s of a numba ``prange`` copy on all cores."""
-    return _numba_copy_bandwidth(*_buffers(nbytes), budget_s)
-
-
 def _numba_copy_bandwidth(src: np.ndarray, dst: np.ndarray, budget_s: float) -> float:
     pcopy = _parallel_copy()
     pcopy(src, dst)  # compile + warm

@@ -8,9 +8,7 @@ again: a block is free once nothing refers to it but the pool, i.e. when the arr
 from it (and every view of it) is gone, never earlier, so user data is never
 overwritten. CPython counts each view's reference to its base array, so the block's
 reference count tells, and nothing has to be notified when an output dies (the pool
-used weak-reference finalizers before: lending and returning two LSTM-gate outputs
-took 78 + 22 us right after the kernel had streamed the caches out, against 56-60 + 4
-us now).
+used weak-reference finalizers before; measurements: ``docs/performance.md``).
 
 Each lent array starts at an offset within its 4 KiB page chosen away from those of the
 arrays the same kernel reads and writes (:func:`spread_offset`): see :data:`PAGE`.
@@ -38,11 +36,8 @@ ALIGNMENT = 64
 #: numpy's large arrays start 16 bytes into a page and a cache-line aligned block 64
 #: bytes in, close enough to collide, so a pooled array starts mid-way in the widest
 #: gap between the page offsets of the arrays its kernel reads and writes (two outputs
-#: of inputs from numpy: 2048 and 3072). Measured on two Zen 4 cores, float32,
-#: [4096, 4096] inputs from numpy, paired in one process against outputs at page
-#: offset 64 (the cache-line aligned block this replaced): the LSTM gates 0.92-0.97 of
-#: the time (median 0.945), the tanh GELU 0.93-0.95, softmax 0.95-0.99, RMSNorm,
-#: LayerNorm and the reduce chain 0.98-1.02. The slack costs one page per pooled block.
+#: of inputs from numpy: 2048 and 3072). Measurements:
+#: ``docs/performance.md`` (``PAGE``). The slack costs one page per pooled block.
 PAGE = 4096
 
 

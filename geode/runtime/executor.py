@@ -175,9 +175,7 @@ class Executor:
         :func:`bind_inputs` passes through unchanged), with shapes that passed before,
         skip the checks, which depend on nothing but those shapes (the symbol binding,
         the inputs' dim checks, the plan's constraints). Anything else takes
-        :func:`bind_inputs`. Measured per call, paired with binding every call (15
-        rounds, one process): softmax [4, 64], RMSNorm and LayerNorm [4, 256] 0.83-0.84
-        of the time (about 16 -> 13.5 us), the LSTM cell 0.86, attention 0.96."""
+        :func:`bind_inputs`. Measurements: ``docs/performance.md``."""
         key = self._shapes_key(feeds)
         env = self._bound.get(key) if key is not None else None
         if env is not None:

@@ -610,18 +610,6 @@ class VarManager:
             return sum(b.nbytes for b in self._blocks)
 
     @property
-    def reserved_bytes(self) -> int:
-        """Bytes reserved in regions, including alignment padding."""
-        with self._lock:
-            return sum(b.reserved for b in self._blocks)
-
-    @property
-    def region_bytes(self) -> int:
-        """Total capacity of all regions created so far."""
-        with self._lock:
-            return sum(r.size for r in self._regions)
-
-    @property
     def num_regions(self) -> int:
         """Number of memory regions created so far."""
         with self._lock:

@@ -13,6 +13,7 @@ from geode.compiler.ops import quant as _quant  # noqa: F401
 from geode.compiler.ops import reduce as _reduce  # noqa: F401
 from geode.compiler.ops import registry
 from geode.compiler.ops import rnn as _rnn  # noqa: F401
+from geode.compiler.ops import scatter as _scatter  # noqa: F401
 from geode.compiler.ops import signal as _signal  # noqa: F401
 from geode.compiler.ops import strings as _strings  # noqa: F401
 from geode.compiler.ops.registry import OpDef, OpKind, all_ops, get, has, register

@@ -9,7 +9,8 @@ import numpy as np
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
 from geode.compiler.ops.registry import Attr, In, InferContext, OpDef, OpKind, Out, register
-from geode.compiler.shapes import broadcast_shapes
+from geode.compiler.shapes import Dim, broadcast_shapes
+from geode.errors import ShapeError
 
 
 def same_as_input(i: int = 0, dtype: object = None) -> Callable[[InferContext], list[TensorDesc]]:
@@ -100,3 +101,27 @@ def binary(
             doc=doc,
         )
     )
+
+
+def normalize_indices(idx: np.ndarray, size: int) -> np.ndarray:
+    """Map negative indices into ``[0, size)`` (ONNX accepts ``[-size, size)``)."""
+    idx = np.asarray(idx).astype(np.int64)
+    return np.where(idx < 0, idx + size, idx)
+
+
+def equate_dims(ctx: InferContext, a: Dim, b: Dim, what: str) -> Dim:
+    """Record that two dims are equal (ShapeError naming the node when they provably differ)."""
+    try:
+        return ctx.graph.symbols.equate(a, b, where=f"{ctx.where}, {what}")
+    except ShapeError as exc:
+        raise ShapeError(f"{ctx.where}: {what}: dims {a} and {b} must be equal") from exc
+
+
+def check_const_indices(ctx: InferContext, i: int, size: Dim, what: str) -> None:
+    """When input ``i`` is constant and ``size`` static, every index must be in [-size, size)."""
+    idx = ctx.value(i)
+    if idx is None or not isinstance(size, int) or np.asarray(idx).size == 0:
+        return
+    lo, hi = int(np.min(idx)), int(np.max(idx))
+    if lo < -size or hi >= size:
+        ctx.fail(f"{what} hold {lo if lo < -size else hi}, out of range for a dim of {size}")

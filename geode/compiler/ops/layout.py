@@ -1,5 +1,7 @@
 """Layout and indexing ops: Concat, Split, Slice, Gather*, Transpose, Reshape, Pad, ...
 
+(The scatter ops are in :mod:`geode.compiler.ops.scatter`.)
+
 Every op follows the ONNX opset-21 form. Ops whose output shape depends on an input's
 *value* (Reshape's shape, Slice's starts/ends/axes/steps, Pad's pads, ...) list that
 input in ``value_inputs``: shape inference uses the value when it is a compile-time
@@ -7,8 +9,7 @@ constant and otherwise produces fresh symbols, or an unknown rank when even the 
 cannot be known.
 
 Layout ops are :attr:`OpKind.INJECTIVE` (each output element reads one input element, or
-is a constant). ScatterElements and ScatterND are :attr:`OpKind.OPAQUE`: an output
-element may combine several updates, so they cannot be written as an output-indexed map.
+is a constant).
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
-from geode.compiler.ops.common import same_as_input
+from geode.compiler.ops.common import (
+    check_const_indices,
+    equate_dims,
+    normalize_indices,
+    same_as_input,
+)
 from geode.compiler.ops.reduce import (
     carries_value,
     input_length,
@@ -59,14 +65,6 @@ _IND = dtypes.INDEX
 HUGE = 2**62
 
 
-def _equate(ctx: InferContext, a: Dim, b: Dim, what: str) -> Dim:
-    """Record that two dims are equal (ShapeError naming the node when they provably differ)."""
-    try:
-        return ctx.graph.symbols.equate(a, b, where=f"{ctx.where}, {what}")
-    except ShapeError as exc:
-        raise ShapeError(f"{ctx.where}: {what}: dims {a} and {b} must be equal") from exc
-
-
 def _known_or_fresh(ctx: InferContext, candidates: Sequence[Dim]) -> Dim:
     """The common dim when every candidate is provably equal, else a fresh symbol."""
     if candidates and all(dims_equal(candidates[0], c) is True for c in candidates[1:]):
@@ -80,12 +78,6 @@ def _pass_value(ctx: InferContext, out: TensorDesc, i: int = 0) -> None:
         vals = value_dims(ctx, i)
         if vals is not None and len(vals) == int(np.prod(out.shape, dtype=np.int64)):
             ctx.set_sym_value(0, vals)
-
-
-def _norm_index(idx: np.ndarray, size: int) -> np.ndarray:
-    """Map negative indices into ``[0, size)`` (ONNX accepts ``[-size, size)``)."""
-    idx = np.asarray(idx).astype(np.int64)
-    return np.where(idx < 0, idx + size, idx)
 
 
 # -- Concat ------------------------------------------------------------------------------------
@@ -123,7 +115,7 @@ def _infer_concat(ctx: InferContext) -> list[TensorDesc]:
                     f"dim {j} of input {i} is {s[j]} but input {known[0][0]} has {d} "
                     f"(only axis {axis} may differ)"
                 )
-            d = _equate(ctx, d, s[j], f"dim {j} of input {i}")
+            d = equate_dims(ctx, d, s[j], f"dim {j} of input {i}")
         out.append(d)
     desc = TensorDesc(dtype, tuple(out))
     if rank == 1 and carries_value(desc):
@@ -208,7 +200,7 @@ def _infer_split(ctx: InferContext) -> list[TensorDesc]:
             total = as_dim(sum(split, sympy.Integer(0)))
             if dims_equal(total, d) is False:
                 ctx.fail(f"split sizes {split} sum to {total} but axis {axis} has {d}")
-            _equate(ctx, d, total, f"split sizes {split} along axis {axis}")
+            equate_dims(ctx, d, total, f"split sizes {split} along axis {axis}")
             sizes = list(split)
     else:
         sizes = split_sizes(d, n)
@@ -528,16 +520,6 @@ register(
 
 
 # -- Gather / GatherElements / GatherND ------------------------------------------------------------
-def _check_const_indices(ctx: InferContext, i: int, size: Dim, what: str) -> None:
-    """When input ``i`` is constant and ``size`` static, every index must be in [-size, size)."""
-    idx = ctx.value(i)
-    if idx is None or not isinstance(size, int) or np.asarray(idx).size == 0:
-        return
-    lo, hi = int(np.min(idx)), int(np.max(idx))
-    if lo < -size or hi >= size:
-        ctx.fail(f"{what} hold {lo if lo < -size else hi}, out of range for a dim of {size}")
-
-
 def _infer_gather(ctx: InferContext) -> list[TensorDesc]:
     data, idx = ctx.desc(0), ctx.desc(1)
     if data.shape is None:
@@ -545,7 +527,7 @@ def _infer_gather(ctx: InferContext) -> list[TensorDesc]:
     if len(data.shape) == 0:
         ctx.fail("cannot gather from a scalar")
     axis = ctx.axis(ctx.attr("axis"), len(data.shape))
-    _check_const_indices(ctx, 1, data.shape[axis], "indices")
+    check_const_indices(ctx, 1, data.shape[axis], "indices")
     if idx.shape is None:
         return [TensorDesc(data.dtype, None)]
     out = tuple(data.shape[:axis]) + tuple(idx.shape) + tuple(data.shape[axis + 1 :])
@@ -566,7 +548,7 @@ def _gather(ins: list, attrs: dict) -> list[np.ndarray]:
     x = np.asarray(ins[0])
     axis = int(attrs["axis"])
     axis = axis + x.ndim if axis < 0 else axis
-    return [np.take(x, _norm_index(ins[1], x.shape[axis]), axis=axis)]
+    return [np.take(x, normalize_indices(ins[1], x.shape[axis]), axis=axis)]
 
 
 register(
@@ -593,7 +575,7 @@ def _infer_gather_elements(ctx: InferContext) -> list[TensorDesc]:
             ctx.fail("cannot gather elements from a scalar")
     if data.shape is not None:
         axis = ctx.axis(ctx.attr("axis"), len(data.shape))
-        _check_const_indices(ctx, 1, data.shape[axis], "indices")
+        check_const_indices(ctx, 1, data.shape[axis], "indices")
     return [TensorDesc(data.dtype, idx.shape)]
 
 
@@ -601,7 +583,7 @@ def _gather_elements(ins: list, attrs: dict) -> list[np.ndarray]:
     x = np.asarray(ins[0])
     axis = int(attrs["axis"])
     axis = axis + x.ndim if axis < 0 else axis
-    return [np.take_along_axis(x, _norm_index(ins[1], x.shape[axis]), axis=axis)]
+    return [np.take_along_axis(x, normalize_indices(ins[1], x.shape[axis]), axis=axis)]
 
 
 register(
@@ -632,7 +614,7 @@ def _infer_gather_nd(ctx: InferContext) -> list[TensorDesc]:
     if b >= min(r, q):
         ctx.fail(f"batch_dims={b} must be less than the ranks of data ({r}) and indices ({q})")
     for j in range(b):
-        _equate(ctx, data.shape[j], idx.shape[j], f"batch dim {j} of data and indices")
+        equate_dims(ctx, data.shape[j], idx.shape[j], f"batch dim {j} of data and indices")
     m = idx.shape[-1]
     if not isinstance(m, int):
         return [TensorDesc(data.dtype, None)]  # the output rank depends on the last indices dim
@@ -655,7 +637,7 @@ def _gather_nd(ins: list, attrs: dict) -> list[np.ndarray]:
     parts = []
     for i in range(nb):
         sub = dat[i]
-        cols = tuple(_norm_index(idx[i][:, j], sub.shape[j]) for j in range(m))
+        cols = tuple(normalize_indices(idx[i][:, j], sub.shape[j]) for j in range(m))
         parts.append(sub[cols])
     if not parts:
         return [np.empty(out_shape, dtype=data.dtype)]
@@ -788,11 +770,11 @@ def reshape_shape(ctx: InferContext, shape: Shape, target: Sequence[Dim], allowz
             # the -1 is a whole number only when the other dims divide the element count:
             # checked when the inputs bind the symbols
             what = f"{total} elements divisible by {known} (the -1 of {target})"
-            _equate(ctx, as_dim(sympy.Mod(total, known)), 0, what)
+            equate_dims(ctx, as_dim(sympy.Mod(total, known)), 0, what)
         return tuple(q if d is None else d for d in dims)
     if dims_equal(total, known) is False or _counts_differ(total, known):
         ctx.fail(f"cannot reshape {list(shape)} ({total} elements) to {target} ({known} elements)")
-    _equate(ctx, total, known, f"element count of reshape to {target}")
+    equate_dims(ctx, total, known, f"element count of reshape to {target}")
     return tuple(dims)  # type: ignore[arg-type]
 
 
@@ -903,7 +885,7 @@ def _infer_squeeze(ctx: InferContext) -> list[TensorDesc]:
     for a in sorted(norm):
         if dims_equal(shape[a], 1) is False:
             ctx.fail(f"cannot squeeze axis {a}: its dim is {shape[a]}, not 1")
-        _equate(ctx, shape[a], 1, f"squeezed axis {a}")
+        equate_dims(ctx, shape[a], 1, f"squeezed axis {a}")
     desc = TensorDesc(x.dtype, tuple(d for i, d in enumerate(shape) if i not in norm))
     _pass_value(ctx, desc)
     return [desc]
@@ -1244,124 +1226,6 @@ register(
 )
 
 
-# -- ScatterElements / ScatterND ------------------------------------------------------------------
-_REDUCTIONS = ("none", "add", "mul", "max", "min")
-_SCATTER_UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
-
-
-def _reduction(ctx_or_attrs: InferContext | dict) -> str:
-    r = (
-        ctx_or_attrs.attr("reduction")
-        if isinstance(ctx_or_attrs, InferContext)
-        else ctx_or_attrs["reduction"]
-    )
-    return r.decode() if isinstance(r, bytes) else r
-
-
-def _verify_scatter(ctx: InferContext) -> None:
-    """verify: a known reduction."""
-    if _reduction(ctx) not in _REDUCTIONS:
-        ctx.fail(f"reduction {_reduction(ctx)!r} is not one of {list(_REDUCTIONS)}", VerifyError)
-
-
-def _infer_scatter_elements(ctx: InferContext) -> list[TensorDesc]:
-    data, idx, upd = ctx.desc(0), ctx.desc(1), ctx.desc(2)
-    ranks = {s.rank for s in (data, idx, upd)} - {None}
-    if len(ranks) > 1:
-        ctx.fail(
-            f"data, indices and updates must have the same rank, got {data.rank}, {idx.rank}, {upd.rank}"
-        )
-    if data.shape is not None:
-        if len(data.shape) == 0:
-            ctx.fail("cannot scatter into a scalar")
-        axis = ctx.axis(ctx.attr("axis"), len(data.shape))
-        _check_const_indices(ctx, 1, data.shape[axis], "indices")
-    if idx.shape is not None and upd.shape is not None:
-        for j, (a, b) in enumerate(zip(idx.shape, upd.shape)):
-            _equate(ctx, a, b, f"dim {j} of indices and updates")
-    return [TensorDesc(data.dtype, data.shape, data.format)]
-
-
-def _scatter_elements(ins: list, attrs: dict) -> list[np.ndarray]:
-    data, updates = np.asarray(ins[0]), np.asarray(ins[2])
-    axis = int(attrs["axis"])
-    axis = axis + data.ndim if axis < 0 else axis
-    idx = _norm_index(ins[1], data.shape[axis])
-    where = list(np.indices(idx.shape, sparse=True))
-    where[axis] = idx
-    out = data.copy()
-    red = _reduction(attrs)
-    if red == "none":
-        out[tuple(where)] = updates
-    else:
-        _SCATTER_UFUNC[red].at(out, tuple(where), updates)
-    return [out]
-
-
-register(
-    OpDef(
-        "ScatterElements",
-        OpKind.OPAQUE,
-        inputs=[In("data", "T"), In("indices", "Tind"), In("updates", "T")],
-        outputs=[Out("output", "T")],
-        types={"T": _ALL, "Tind": _IND},
-        attrs=[Attr("axis", "int", 0), Attr("reduction", "string", "none")],
-        verify=_verify_scatter,
-        infer=_infer_scatter_elements,
-        kernel=_scatter_elements,
-        doc="copy of data with updates written (or reduced) at indices along axis",
-    )
-)
-
-
-def _infer_scatter_nd(ctx: InferContext) -> list[TensorDesc]:
-    data, idx, upd = ctx.desc(0), ctx.desc(1), ctx.desc(2)
-    if idx.shape is not None and len(idx.shape) < 1:
-        ctx.fail("indices must have rank >= 1")
-    if data.shape is not None and idx.shape is not None and isinstance(idx.shape[-1], int):
-        m = idx.shape[-1]
-        if m > len(data.shape):
-            ctx.fail(f"the last dim of indices ({m}) exceeds the data rank {len(data.shape)}")
-        want = tuple(idx.shape[:-1]) + tuple(data.shape[m:])
-        if upd.shape is not None:
-            if len(upd.shape) != len(want):
-                ctx.fail(f"updates must have shape {list(want)}, got {list(upd.shape)}")
-            for j, (a, b) in enumerate(zip(upd.shape, want)):
-                _equate(ctx, a, b, f"dim {j} of updates")
-    return [TensorDesc(data.dtype, data.shape, data.format)]
-
-
-def _scatter_nd(ins: list, attrs: dict) -> list[np.ndarray]:
-    data, indices, updates = np.asarray(ins[0]), np.asarray(ins[1]), np.asarray(ins[2])
-    m = indices.shape[-1]
-    flat = indices.reshape(-1, m)
-    upd = updates.reshape((flat.shape[0],) + data.shape[m:])
-    where = tuple(_norm_index(flat[:, j], data.shape[j]) for j in range(m))
-    out = data.copy()
-    red = _reduction(attrs)
-    if red == "none":
-        out[where] = upd
-    else:
-        _SCATTER_UFUNC[red].at(out, where, upd)
-    return [out]
-
-
-register(
-    OpDef(
-        "ScatterND",
-        OpKind.OPAQUE,
-        inputs=[In("data", "T"), In("indices", "I"), In("updates", "T")],
-        outputs=[Out("output", "T")],
-        types={"T": _ALL, "I": _I64},
-        attrs=[Attr("reduction", "string", "none")],
-        verify=_verify_scatter,
-        infer=_infer_scatter_nd,
-        kernel=_scatter_nd,
-        doc="copy of data with slices addressed by indices replaced (or reduced) by updates",
-    )
-)
-
-
 # -- Trilu / ReverseSequence ------------------------------------------------------------------------
 def _verify_trilu(ctx: InferContext) -> None:
     """verify: rank >= 2 and a scalar k."""
@@ -1408,7 +1272,7 @@ def _infer_reverse_sequence(ctx: InferContext) -> list[TensorDesc]:
         if lens is not None:
             if len(lens) != 1:
                 ctx.fail(f"sequence_lens must be 1-D, got rank {len(lens)}")
-            _equate(ctx, lens[0], x.shape[b], "sequence_lens against the batch axis")
+            equate_dims(ctx, lens[0], x.shape[b], "sequence_lens against the batch axis")
     return [TensorDesc(x.dtype, x.shape, x.format)]
 
 
@@ -1437,72 +1301,5 @@ register(
         infer=_infer_reverse_sequence,
         kernel=_reverse_sequence,
         doc="reverse the first sequence_lens[i] steps of each batch entry along time_axis",
-    )
-)
-
-
-# -- TensorScatter ------------------------------------------------------------------------------
-def _tensor_scatter_verify(ctx: InferContext) -> None:
-    """verify: a known mode; update matches the cache except along axis."""
-    mode = ctx.attr("mode")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
-    if mode not in ("linear", "circular"):
-        ctx.fail(f"mode {mode!r} is not 'linear' or 'circular'", VerifyError)
-    c, u = ctx.shape(0), ctx.shape(1)
-    if c is None or u is None:
-        return
-    if len(c) != len(u):
-        ctx.fail(f"update of shape {list(u)} must have the cache's rank {len(c)}")
-    if len(c) < 2:
-        ctx.fail(f"the cache must have rank >= 2 (batch, ..., sequence, ...), got {list(c)}")
-    axis = ctx.axis(int(ctx.attr("axis")), len(c))
-    if axis == 0:
-        ctx.fail("axis may not be the batch axis 0")
-    for i, (a, b) in enumerate(zip(c, u)):
-        if i != axis and dims_equal(a, b) is False:
-            ctx.fail(f"update dim {i} ({b}) differs from the cache's ({a})")
-
-
-def _tensor_scatter(ins: list, attrs: dict) -> list[np.ndarray]:
-    cache = np.asarray(ins[0])
-    update = np.asarray(ins[1])
-    axis = int(attrs["axis"]) % cache.ndim
-    mode = attrs["mode"].decode() if isinstance(attrs["mode"], bytes) else attrs["mode"]
-    batch = cache.shape[0]
-    idx = opt(ins, 2)
-    starts = (
-        np.zeros(batch, np.int64) if idx is None else np.asarray(idx).reshape(-1).astype(np.int64)
-    )
-    if starts.size != batch:
-        raise ShapeError(
-            f"TensorScatter: write_indices has {starts.size} entries, batch is {batch}"
-        )
-    out = cache.copy()
-    max_len, seq = cache.shape[axis], update.shape[axis]
-    pos = starts[:, None] + np.arange(seq)[None, :]  # (batch, seq)
-    if mode == "circular":
-        pos = pos % max_len
-    elif pos.size and (pos.min() < 0 or pos.max() >= max_len):
-        raise ShapeError(
-            f"TensorScatter: writes positions {pos.min()}..{pos.max()} past the cache length {max_len}"
-        )
-    moved_out = np.moveaxis(out, axis, 1)  # (batch, max_len, ...) view of out
-    moved_up = np.moveaxis(update, axis, 1)
-    moved_out[np.arange(batch)[:, None], pos] = moved_up
-    return [out]
-
-
-register(
-    OpDef(
-        "TensorScatter",
-        OpKind.OPAQUE,
-        inputs=[In("past_cache", "T"), In("update", "T"), In("write_indices", "I", optional=True)],
-        outputs=[Out("present_cache", "T")],
-        types={"T": _ALL, "I": _I64},
-        attrs=[Attr("mode", "string", "linear"), Attr("axis", "int", -2)],
-        verify=_tensor_scatter_verify,
-        infer=same_as_input(0),
-        kernel=_tensor_scatter,
-        doc="write update into the cache along axis at each batch's write index (KV-cache update)",
     )
 )

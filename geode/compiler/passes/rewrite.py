@@ -68,13 +68,6 @@ def shapes_equal(a: Shape, b: Shape) -> bool:
     return all(dims_equal(x, y) is True for x, y in zip(a, b))
 
 
-def same_desc(a: Value | TensorDesc, b: Value | TensorDesc) -> bool:
-    """Same dtype and provably the same shape."""
-    da = a.desc if isinstance(a, Value) else a
-    db = b.desc if isinstance(b, Value) else b
-    return da.dtype == db.dtype and shapes_equal(da.shape, db.shape)
-
-
 def broadcast_keeps_shape(x: Value, other: Value) -> bool:
     """Whether broadcasting ``other`` against ``x`` provably leaves ``x``'s shape unchanged.
 

@@ -21,7 +21,7 @@ from native_kernels import IS_X86, kernels, mxcsr_kernels
 from geode.errors import GeodeError
 from geode.runtime import native as nt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def join_all(threads: list[threading.Thread], timeout: float = 60.0) -> None:
 def run_python(code: str, **env: str) -> str:
     """Run ``code`` in a fresh interpreter with this tree on the path; return its stdout."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GEODE_")}
-    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(Path(__file__).resolve().parent)])
     full_env.update(env)
     proc = subprocess.run(
         [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120

@@ -399,7 +399,7 @@ def test_softmax_row_with_nan_is_nan():
 @pytest.mark.parametrize("streaming", ["auto", "off"])
 def test_softmax_prefetches_the_next_row_over_its_exp_chunks(streaming):
     """Softmax's exp pass is compute-bound: it is not pipelined
-    (autoschedule.PIPELINE_MAX_HOST_OPS) but cut into chunks that each prefetch a share of
+    (autoschedule.Choices.pipeline_max_host_ops) but cut into chunks that each prefetch a share of
     the next row into the L2. Streamed, the exp row stays in a row buffer and the scaled
     row streams; unstreamed, the row is scaled in place in the output."""
     ex = examples.softmax(hidden=1024)
@@ -581,7 +581,7 @@ def test_rows_off_the_cache_line_or_too_short_are_not_streamed(name):
     """Streamed chunks must start on cache lines: rows of 1000 float32 (4000 bytes) would
     split a line between two chunks' scalar stores at every chunk (1.3-1.6x the time of
     plain stores); rows of 64 floats are too short to pay for the staging
-    (autoschedule.STREAM_MIN_RUN_BYTES). Both keep plain stores, with numpy's results."""
+    (autoschedule.Choices.stream_min_run_bytes). Both keep plain stores, with numpy's results."""
     for hidden in (1000, 64):
         ex = examples.ALL[name](hidden=hidden)
         model = geode.compile(ex.graph, streaming="0")

@@ -32,7 +32,7 @@ from opcheck import model_runner
 import geode
 from geode.codegen.driver import CodegenWarning
 
-DATA = os.path.join(os.path.dirname(__file__), "data")
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 RTOL, ATOL = 1e-4, 1e-5
 
 Feeds = dict[str, np.ndarray]

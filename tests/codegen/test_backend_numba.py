@@ -17,7 +17,7 @@ import numba
 import numpy as np
 import pytest
 from opcheck import assert_close
-from test_kernels import runs_parallel
+from test_fused_kernels import runs_parallel
 
 from geode.codegen import ast as A
 from geode.codegen.ast import (
@@ -1595,7 +1595,7 @@ def select_max() -> nb.NumbaKernel:
 
 @pytest.mark.parametrize("m", [1, 5, 16, 33])
 def test_fallback_max_is_exact(select_max: nb.NumbaKernel, m: int) -> None:
-    from test_kernels import minmax_rows
+    from test_fused_kernels import minmax_rows
 
     assert "_g_maximum(" in select_max.source
     x = minmax_rows(m, "float32", np.random.default_rng(m))
@@ -1643,7 +1643,7 @@ def _tiled_max_kernel(dtype: str, op: str, factor: int, unroll: bool) -> nb.Numb
 def test_tiled_reduce_loop_is_guarded_and_exact(
     dtype: str, op: str, factor: int, unroll: bool
 ) -> None:
-    from test_kernels import minmax_rows
+    from test_fused_kernels import minmax_rows
 
     k = _tiled_max_kernel(dtype, op, factor, unroll)
     fn = "_g_maxnum_nn" if op == "max" else "_g_minnum_nn"

@@ -11,11 +11,15 @@ from test_lower import CASES, _graph
 import geode
 from geode import examples, ops
 from geode.codegen import ast as A
-from geode.codegen.autoschedule import ELEMENTWISE_PREFETCH_CHUNK as chunk
-from geode.codegen.autoschedule import PREFETCH_CHUNK, schedule_group
+from geode.codegen.autoschedule import Choices, schedule_group
 from geode.codegen.lower import lower_group
 
 rng = np.random.default_rng(5)
+
+#: the default tuning choices the schedules below are checked against
+DEFAULTS = Choices()
+chunk = DEFAULTS.elementwise_prefetch_chunk
+PREFETCH_CHUNK = DEFAULTS.prefetch_chunk
 
 
 def scheduled(lk, group):
@@ -144,7 +148,7 @@ def test_short_rows_are_not_streamed(hidden, chunk):
     """A row shorter than the streaming chunk would be streamed as one chunk of its own
     length, but float32 rows under STREAM_MIN_RUN_BYTES (128 elements) are not streamed at
     all (the staging costs more than it saves); results hold either way."""
-    from geode.codegen.autoschedule import STREAM_MIN_RUN_BYTES
+    STREAM_MIN_RUN_BYTES = DEFAULTS.stream_min_run_bytes
 
     assert STREAM_MIN_RUN_BYTES == 512
     (trace,) = _traces("rmsnorm", 0, hidden=hidden)
@@ -180,7 +184,7 @@ def test_softmax_streams_only_rows_it_prefetches_over(hidden):
     the next row is prefetched over the exp pass's chunks (static rows of at least
     PREFETCH_MIN_ROW, a multiple of the chunk). Shorter or uneven rows are scaled in
     place in the output with ordinary stores, whatever the output's size."""
-    from geode.codegen.autoschedule import PREFETCH_MIN_ROW
+    PREFETCH_MIN_ROW = DEFAULTS.prefetch_min_row
 
     (trace,) = _traces("softmax", 0, hidden=hidden)
     prefetched = hidden >= PREFETCH_MIN_ROW and hidden % PREFETCH_CHUNK == 0
@@ -259,7 +263,9 @@ def test_static_outputs_below_the_threshold_are_not_streamed():
 
 
 def test_element_cost_counts_what_varies_along_the_row():
-    from geode.codegen.autoschedule import STREAM_MAX_OPS, element_cost
+    from geode.codegen.autoschedule import element_cost
+
+    STREAM_MAX_OPS = DEFAULTS.stream_max_ops  # noqa: N806
 
     v = (A.Var("vi"), A.Var("vj"))
     ivs = [A.IterVar("vi", A.Var("N")), A.IterVar("vj", A.Const(8))]
@@ -660,7 +666,7 @@ def test_lstm_gates_stream_c_by_rows_over_the_h_pass(hidden, spread):
     it, else after c's pass; h, which no pass reads, is stored non-temporally straight
     from the registers of its vector loop (``store_nontemporal``). Streamed and plain
     stores give the numpy reference's values, rows of odd counts included."""
-    from geode.codegen.autoschedule import ROW_STREAM_CHUNK
+    ROW_STREAM_CHUNK = DEFAULTS.row_stream_chunk
 
     (trace,) = _traces("lstm_gates", 0, hidden=hidden)
     assert "stream_row(block='add'" in trace and "stream_output(" not in trace, trace
@@ -707,22 +713,64 @@ def test_row_streaming_threshold_counts_every_array_of_the_kernel():
     ],
 )
 def test_prefetch_distance_makes_up_the_bytes_ahead(shapes, dtype, rows):
-    from geode.codegen.autoschedule import PREFETCH_MAX_ROWS, _prefetch_distance
+    from geode.codegen.autoschedule import choices, prefetch_distance
 
     bufs = [
         A.Buffer(f"x{i}", dtype, tuple(A.Var(d) if isinstance(d, str) else A.Const(d) for d in s))
         for i, s in enumerate(shapes)
     ]
-    assert _prefetch_distance(bufs) == min(rows, PREFETCH_MAX_ROWS)
+    assert prefetch_distance(bufs) == min(rows, choices().prefetch_max_rows)
 
 
 def test_only_long_or_symbolic_rows_are_prefetched():
-    from geode.codegen.autoschedule import _long_rows
+    from geode.codegen.autoschedule import long_rows
 
     def b(*shape):
         return A.Buffer(
             "x", "float32", tuple(A.Var(d) if isinstance(d, str) else A.Const(d) for d in shape)
         )
 
-    assert _long_rows(b("N", 1024)) and _long_rows(b("N", "M")) and _long_rows(b("N", 2, 512))
-    assert not _long_rows(b("N", 512)) and not _long_rows(b("N", 0)) and not _long_rows(b("N"))
+    assert long_rows(b("N", 1024)) and long_rows(b("N", "M")) and long_rows(b("N", 2, 512))
+    assert not long_rows(b("N", 512)) and not long_rows(b("N", 0)) and not long_rows(b("N"))
+
+
+# -- the tuning choices ----------------------------------------------------------------------------
+def test_override_choices_applies_inside_the_block_only():
+    import threading
+
+    from geode.codegen.autoschedule import choices, override_choices
+
+    assert choices() == DEFAULTS
+    with override_choices(prefetch_min_row=2) as c:
+        assert c.prefetch_min_row == 2 and choices() is c
+        with override_choices(stream_chunk=8):
+            assert (choices().prefetch_min_row, choices().stream_chunk) == (2, 8)
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(choices()))
+        t.start()
+        t.join()
+        assert seen == [DEFAULTS]  # another thread keeps the defaults
+        assert choices().stream_chunk == DEFAULTS.stream_chunk
+    assert choices() == DEFAULTS
+
+
+def test_override_choices_refuses_unknown_names():
+    from geode.codegen.autoschedule import override_choices
+    from geode.config import OptionError
+
+    with (
+        pytest.raises(OptionError, match=r"unknown choices \['no_such'\]"),
+        override_choices(no_such=1),
+    ):
+        pass
+
+
+def test_schedule_group_takes_its_choices():
+    """Softmax rows of 1024 are pipelined only when the host-cost limit is lifted."""
+    g, plan = prepare(examples.softmax(hidden=1024).graph)
+    (group,) = plan.groups
+    lk = lower_group(group, g, "softmax")
+    plain = [s.primitive for s in schedule_group(lk, group).trace]
+    lifted = Choices(pipeline_max_host_ops=1000)
+    piped = [s.primitive for s in schedule_group(lk, group, tuning=lifted).trace]
+    assert "software_pipeline" not in plain and "software_pipeline" in piped

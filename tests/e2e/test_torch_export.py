@@ -21,7 +21,7 @@ from opcheck import model_runner
 import geode
 from geode.codegen.driver import CodegenWarning
 
-DATA = os.path.join(os.path.dirname(__file__), "data")
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 SIZES = [(1, 1), (2, 5), (3, 8), (4, 3), (1, 17)]
 
 

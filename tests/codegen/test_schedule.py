@@ -1384,13 +1384,11 @@ def _lowered(example: str, **kw: int) -> tuple:
 
 def _pipelining_schedule(lk, group) -> Schedule:
     """The default schedule with every host pass cheap enough to pipeline (softmax's exp
-    pass is not, by default: see autoschedule.PIPELINE_MAX_HOST_OPS)."""
-    from unittest import mock
-
+    pass is not, by default: see autoschedule.Choices.pipeline_max_host_ops)."""
     from geode.codegen import autoschedule
 
-    with mock.patch.object(autoschedule, "PIPELINE_MAX_HOST_OPS", 1000):
-        return autoschedule.schedule_group(lk, group)
+    tuning = autoschedule.Choices(pipeline_max_host_ops=1000)
+    return autoschedule.schedule_group(lk, group, tuning=tuning)
 
 
 def _until(lk, group, primitive: str) -> tuple[Schedule, TraceStep]:
@@ -1788,9 +1786,9 @@ def test_default_row_reduce_schedule_pipelines_long_rows(hidden: int, piped: boo
     """Rows of 1024+ elements are pipelined when the host pass is cheap enough; softmax's
     exp pass is not by default (it is cut into chunks carrying the next row's prefetch),
     so the threshold is lifted here to check the structure pipelining gives it."""
-    from geode.codegen.autoschedule import PREFETCH_MIN_ROW, schedule_group
+    from geode.codegen.autoschedule import choices, schedule_group
 
-    assert PREFETCH_MIN_ROW == 1024
+    assert choices().prefetch_min_row == 1024
     lk, group = _lowered("softmax", hidden=hidden)
     plain = [s.primitive for s in schedule_group(lk, group).trace]
     assert "software_pipeline" not in plain

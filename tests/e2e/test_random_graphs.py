@@ -157,15 +157,10 @@ def random_graphs(min_k: int = 1):
 @contextlib.contextmanager
 def pipelining_everywhere(**more: int):
     """Every multi-pass row loop software-pipelined (short rows and costly hosts too),
-    with further autoschedule constants patched by name."""
-    from unittest import mock
-
+    with further autoschedule choices overridden by name."""
     from geode.codegen import autoschedule
 
-    consts = {"PREFETCH_MIN_ROW": 2, "PIPELINE_MAX_HOST_OPS": 1000, **more}
-    with contextlib.ExitStack() as stack:
-        for name, value in consts.items():
-            stack.enter_context(mock.patch.object(autoschedule, name, value))
+    with autoschedule.override_choices(prefetch_min_row=2, pipeline_max_host_ops=1000, **more):
         yield
 
 
@@ -200,9 +195,9 @@ def test_pipelined_rows_are_exercised_by_the_random_graphs():
     assert any("software_pipeline(" in t for t in traces), traces
 
 
-#: autoschedule constants that stream every cheap output row, however short (chunks of 4)
+#: autoschedule choices that stream every cheap output row, however short (chunks of 4)
 #: or off the cache lines (the chunks then take the plain copy unless aligned)
-STREAM_ANY_ROW = {"STREAM_CHUNK": 4, "STREAM_MIN_RUN_BYTES": 0, "LINE_BYTES": 1}
+STREAM_ANY_ROW = {"stream_chunk": 4, "stream_min_run_bytes": 0, "line_bytes": 1}
 
 
 @random_graphs()
@@ -220,8 +215,6 @@ def test_random_graphs_with_streamed_outputs_match_reference(steps, k, seed):
 def test_streamed_outputs_are_exercised_by_the_random_graphs():
     """The streamed variant above really streams: an elementwise graph and a softmax-like
     row graph built by the same steps get ``stream_output`` in their kernel traces."""
-    from unittest import mock
-
     from geode.codegen import autoschedule
 
     for steps in (
@@ -229,9 +222,7 @@ def test_streamed_outputs_are_exercised_by_the_random_graphs():
         [("reduce", "reduce_max", 0, 1, True, True), ("binary", "mul", 1, 0)],
     ):
         g = build(steps, 8)
-        with contextlib.ExitStack() as stack:
-            for name, value in STREAM_ANY_ROW.items():
-                stack.enter_context(mock.patch.object(autoschedule, name, value))
+        with autoschedule.override_choices(**STREAM_ANY_ROW):
             model = geode.compile(g, streaming="0")
         traces = [k.trace for k in model.kernels if k.engine == "aicore"]
         assert any("stream_output(" in t for t in traces), (steps, traces)

@@ -5,13 +5,11 @@ before and after (reference interpreter, random inputs, two sizes of the symboli
 dims) and that graph outputs keep their names.
 """
 
-import os
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opcheck import onnx_reference
 
 import geode
 from geode import ops
@@ -35,9 +33,6 @@ from geode.compiler.passes.variables import (
 from geode.compiler.pipeline import PIPELINE, pass_names, run_pipeline
 from geode.compiler.shapes import sym
 from geode.errors import GeodeError
-
-sys.path.insert(0, os.path.dirname(__file__))
-from opcheck import onnx_reference  # noqa: E402
 
 # -- test-only ops, in their own domain so they never shadow real ones -------------------
 TEST_DOMAIN = "geode.test"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "run.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "run.py"
 TINY = ["--threads", "1", "--scale", str(1 / 512), "--rounds", "1", "--repeat", "1"]
 
 

@@ -1,0 +1,195 @@
+"""Two-step reductions: rfactor."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from geode.codegen.ast import (
+    Bin,
+    Block,
+    Buffer,
+    Const,
+    Expr,
+    For,
+    IterVar,
+    Load,
+    Stmt,
+    Store,
+    Var,
+    add,
+    free_vars,
+    mul,
+    substitute,
+)
+from geode.codegen.indexing import all_and, conjuncts
+from geode.codegen.schedule.base import ScheduleBase
+from geode.codegen.schedule.blocks import (
+    combine_identity,
+    index_of,
+    is_reduce,
+    reduce_binding_vars,
+    reduction_combine,
+    spatial_binding_vars,
+)
+from geode.codegen.schedule.trace import primitive
+from geode.errors import ScheduleError
+
+
+class Reduction(ScheduleBase):
+    """Two-step reductions: rfactor."""
+
+    @primitive
+    def rfactor(self, block: str, loop: str, factor: int) -> list[str]:
+        """Two-step reduce: split reduce loop ``loop`` into ``outer * factor``,
+        accumulate ``factor`` partial results per output element in a new local buffer
+        ``<buf>_rf`` (the output's shape plus an axis of size ``factor``) in a block
+        ``<block>_rf`` (with its init ``<block>_rf__init``), then let ``block`` reduce
+        that axis into the output. Returns the rf nest's two new loops
+        ``[<loop>_0, <loop>_1]``; the inner one carries the partials' axis and is
+        spatial for the rf block, so it can be vectorized or parallelized.
+
+        Requirements: ``block`` is a reduction ``C[idx] = C[idx] op value`` with op in
+        ``+ * max min``; ``loop`` is among the loops holding nothing but the block,
+        bound directly (``vk = loop``) to one reduce iteration variable and used by no
+        other binding; those loops bind spatial iteration variables outside and reduce
+        ones inside, and enclosing loops bind no reduce variable; ``factor`` >= 1. The
+        result equals the original up to float reassociation.
+
+        Example, ``rfactor("C", "k", 4)`` (C's own init, unchanged, omitted)::
+
+            for (i, 0, N)
+              for (k, 0, 16)
+                ScheduleBlock(C)
+                  vi, r:vk = axis.bind(i, k)
+                  C[vi] = C[vi] + X[vi, vk]
+            ->
+            for (i_i, 0, N)
+              for (k_1_i, 0, 4)
+                ScheduleBlock(C_rf__init)
+                  vi, vk_i = axis.bind(i_i, k_1_i)
+                  C_rf[vi, vk_i] = 0.0f
+            for (i, 0, N)
+              for (k_0, 0, 4)
+                for (k_1, 0, 4)
+                  ScheduleBlock(C_rf)
+                    vi, r:vk_o, vk_i = axis.bind(i, k_0, k_1)
+                    C_rf[vi, vk_i] = C_rf[vi, vk_i] + X[vi, vk_o * 4 + vk_i]
+            for (i_f, 0, N)
+              for (k_1_f, 0, 4)
+                ScheduleBlock(C)
+                  vi, r:vk_i = axis.bind(i_f, k_1_f)
+                  C[vi] = C[vi] + C_rf[vi, vk_i]
+        """
+        b, (op, st, rest, acc_left), ri, sp_loops, red_vars = self._rfactor_target(
+            block, loop, factor
+        )
+        factor = int(factor)
+        cbuf = self.kernel.buffer(st.buffer)
+        old_pred = b.predicate
+        # 1. split the reduce loop
+        r0, r1 = self.split(loop, [None, factor])
+        ctx = self._ctx()
+        # 2. the reduce iter var becomes vk_o (reduce) and vk_i (spatial)
+        iv = b.iter_vars[ri]
+        taken: set[str] = set()
+        vo = self._fresh(f"{iv.name}_o", taken)
+        vi = self._fresh(f"{iv.name}_i", taken)
+        b.iter_vars[ri : ri + 1] = [
+            IterVar(vo, ctx.ext[r0], "reduce"),
+            IterVar(vi, Const(factor), "spatial"),
+        ]
+        b.bindings[ri : ri + 1] = [Var(r0), Var(r1)]
+        recon = add(mul(Var(vo), Const(factor)), Var(vi))
+        rest = substitute(rest, {iv.name: recon})
+        # 3. partial buffer and the rf block
+        rf_buf = self._fresh(f"{cbuf.name}_rf", kind="buffer")
+        self.kernel.temps.append(
+            Buffer(rf_buf, cbuf.dtype, tuple(cbuf.shape) + (Const(factor),), "local")
+        )
+        rf_idx = tuple(st.indices) + (Var(vi),)
+        acc = Load(rf_buf, rf_idx)
+        b.body = [Store(rf_buf, rf_idx, Bin(op, acc, rest) if acc_left else Bin(op, rest, acc))]
+        final_name = b.name
+        b.name = self._fresh(f"{final_name}_rf", kind="block")
+        # 4. init of the partials and the final reduction, in nests copying the
+        #    block's spatial loops plus the partials' axis
+        sp_ivs = [
+            (v, x) for v, x in zip(b.iter_vars, b.bindings) if v.kind != "reduce" and v.name != vi
+        ]
+        keep_pred = [c for c in conjuncts(old_pred) if not (free_vars(c) & red_vars)]
+
+        def nest(suffix: str, blk: Block) -> Stmt:
+            ren = {f.var: Var(self._fresh(f"{f.var}_{suffix}", taken)) for f in sp_loops}
+            rvar = self._fresh(f"{r1}_{suffix}", taken)
+            blk.bindings = [substitute(x, ren) for x in blk.bindings[:-1]] + [Var(rvar)]
+            blk.predicate = all_and([substitute(c, ren) for c in keep_pred])
+            inner: Stmt = For(rvar, Const(factor), [blk])
+            for f in reversed(sp_loops):
+                inner = For(ren[f.var].name, f.extent, [inner])  # type: ignore[union-attr]
+            return inner
+
+        ivs_copy = [IterVar(v.name, v.extent, "spatial") for v, _ in sp_ivs]
+        init_blk = Block(
+            self._fresh(f"{b.name}__init", kind="block"),
+            ivs_copy + [IterVar(vi, Const(factor), "spatial")],
+            [x for _, x in sp_ivs] + [Const(0)],
+            [Store(rf_buf, rf_idx, combine_identity(op, cbuf.dtype))],
+            reduce_of=b.name,
+        )
+        facc = Load(st.buffer, st.indices)
+        fin_blk = Block(
+            final_name,
+            [IterVar(v.name, v.extent, "spatial") for v, _ in sp_ivs]
+            + [IterVar(vi, Const(factor), "reduce")],
+            [x for _, x in sp_ivs] + [Const(0)],
+            [Store(st.buffer, st.indices, Bin(op, facc, acc) if acc_left else Bin(op, acc, facc))],
+        )
+        init_nest = nest("i", init_blk)
+        fin_nest = nest("f", fin_blk)
+        chain, _ = self._own_chain(b)
+        top = chain[0] if chain else b
+        cont, _ = self._container(top)
+        at = index_of(cont, top)
+        cont[at + 1 : at + 1] = [fin_nest]
+        cont[at:at] = [init_nest]
+        return [r0, r1]
+
+    def _rfactor_target(
+        self, block: str, loop: str, factor: int
+    ) -> tuple[Block, tuple[str, Store, Expr, bool], int, list[For], set[str]]:
+        """Check :meth:`rfactor`'s requirements on ``block``; returns the block, its
+        combine (op, store, combined value, accumulator on the left), the index of the
+        reduce iteration variable ``loop`` binds, the block's own spatial loops and the
+        loop variables its reduce iteration variables are bound to."""
+        prim = "rfactor"
+        b, _, loops = self._locate_block(prim, block)
+        if not is_reduce(b) or b.reduce_of is not None:
+            raise ScheduleError(prim, block, "not a reduction block")
+        comb = reduction_combine(b)
+        if comb is None:
+            raise ScheduleError(prim, block, "body is not a single store C[i] = C[i] op value")
+        if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)) or factor < 1:
+            raise ScheduleError(prim, block, f"factor {factor!r} is not a positive int")
+        chain, _ = self._own_chain(b)
+        chain_vars = [f.var for f in chain]
+        if loop not in chain_vars:
+            raise ScheduleError(prim, block, f"loop {loop} is not one of the block's own loops")
+        red_vars = reduce_binding_vars(b)
+        bound = [i for i, x in enumerate(b.bindings) if loop in free_vars(x)]
+        if len(bound) != 1 or b.bindings[bound[0]] != Var(loop):
+            raise ScheduleError(prim, block, f"loop {loop} must bind exactly one iter var directly")
+        ri = bound[0]
+        if b.iter_vars[ri].kind != "reduce":
+            raise ScheduleError(prim, block, f"loop {loop} binds a spatial iter var")
+        shared = {f.var for f in loops} - set(chain_vars)
+        if red_vars & shared:
+            raise ScheduleError(prim, block, "an enclosing shared loop binds a reduce iter var")
+        kinds = ["r" if v in red_vars else "s" for v in chain_vars]
+        if "".join(kinds) != "s" * kinds.count("s") + "r" * kinds.count("r"):
+            raise ScheduleError(prim, block, "spatial loops must enclose the reduce loops")
+        sp_loops = [f for f in chain if f.var not in red_vars]
+        sp_bound = spatial_binding_vars(b)
+        for f in sp_loops:
+            if f.var not in sp_bound:
+                raise ScheduleError(prim, block, f"loop {f.var} binds no iteration variable")
+        return b, comb, ri, sp_loops, red_vars
