@@ -416,7 +416,7 @@ def test_dump_layernorm(env, tmp_path):
         r"\d+_fused_\d+_ast_lowered\.txt",
         r"\d+_fused_\d+_ast_scheduled\.txt",
         r"\d+_fused_\d+_trace\.txt",
-        r"\d+_fused_\d+_source\.py",
+        r"\d+_fused_\d+_source\.(py|ll)",
         r"\d+_final_graph\.txt",
         r"\d+_plan\.txt",
         r"\d+_fused_\d+_llvm\.ll",

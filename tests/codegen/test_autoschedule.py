@@ -192,7 +192,7 @@ def test_softmax_streams_only_rows_it_prefetches_over(hidden):
     assert ("reuse_output(" in trace) != prefetched, trace
     assert ("prefetch_next(" in trace) == prefetched, trace
     ex = examples.softmax(hidden=hidden)
-    model = geode.compile(ex.graph, streaming="0")  # stream whatever the size
+    model = geode.compile(ex.graph, streaming="0", backend="numba")  # stream whatever the size
     x = np.random.default_rng(1).standard_normal((37, hidden), dtype=np.float32) * 4
     want = ex.numpy(x=x.astype(np.float64))["y"]
     np.testing.assert_allclose(model(x=x)["y"], want, rtol=2e-6, atol=1e-9)
@@ -386,7 +386,7 @@ def test_reduction_over_trailing_axes_reads_a_merged_view(case, w):
     loop scalar: 8x slower on [8, 256, 56, 56]). Results match numpy at N = 1 and 3."""
     build, ref = _spatial_reduction_cases()[case]
     g = _graph(build, [["N", 3, 5, w]])
-    model = geode.compile(g)
+    model = geode.compile(g, backend="numba")
     k = _compiled_kernel(model)
     assert "x0.shape[1] != " in k.source and "x0.shape[2]" not in k.source  # [N * C, H * W]
     for line in k.source.splitlines():
@@ -648,7 +648,7 @@ def test_lstm_gates_split_into_two_passes_per_row_and_compile_exactly():
     assert all(a["distance"] == 4 for a in pf)
     for hidden, rows in ((256, 37), (1024, 9)):
         ex = examples.lstm_gates(hidden=hidden)
-        model = geode.compile(ex.graph)
+        model = geode.compile(ex.graph, backend="numba")
         source = model.kernels[0].source
         assert ("_g_prefetch_l2(gates" in source) == (hidden == 1024), source
         feeds = ex.make_inputs(rng, rows)
@@ -681,7 +681,7 @@ def test_lstm_gates_stream_c_by_rows_over_the_h_pass(hidden, spread):
     ex = examples.lstm_gates(hidden=hidden)
     rng = np.random.default_rng(4)
     for streaming in ("0", "auto"):
-        model = geode.compile(ex.graph, streaming=streaming)
+        model = geode.compile(ex.graph, streaming=streaming, backend="numba")
         source = model.kernels[0].source
         assert "c_out_row" in source  # N is symbolic: tested at run time
         assert "_g_ntstore(h_out, " in source and "_g_vector_start(h_out, 0)" in source

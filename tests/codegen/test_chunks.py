@@ -150,7 +150,7 @@ def test_a_model_runs_on_its_own_thread_count_whatever_numba_was_set_to() -> Non
     before = numba.get_num_threads()
     try:
         for want in {1, numba.config.NUMBA_NUM_THREADS}:
-            model = geode.compile(ex.graph, num_threads=want)
+            model = geode.compile(ex.graph, num_threads=want, backend="numba")
             assert any(getattr(k, "engine", "") == "aicore" for k in model.kernels)
             numba.set_num_threads(1 if want != 1 else numba.config.NUMBA_NUM_THREADS)
             inputs = ex.make_inputs(np.random.default_rng(want), 300)

@@ -312,7 +312,7 @@ from geode import examples
 from geode.codegen.backends import chunks, vmath
 from geode.codegen.backends import numba as nb
 ex = examples.softmax(hidden=64)
-model = geode.compile(ex.graph, cache_dir=sys.argv[1])
+model = geode.compile(ex.graph, cache_dir=sys.argv[1], backend="numba")
 (k,) = nb._memo.values()  # the one native kernel this process compiled
 feeds = ex.make_inputs(np.random.default_rng(0), 37)
 got, want = model(**feeds), ex.numpy(**feeds)

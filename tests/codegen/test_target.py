@@ -207,13 +207,13 @@ def test_cache_key_follows_the_codegen_features(
 
 _PROBE = """
 import json, llvmlite.binding as llvm
-from geode.codegen.backends import target
+from geode.codegen.backends import numba as _numba_backend, target  # importing it configures
 print(json.dumps({"host": llvm.get_host_cpu_features().flatten(), **target.codegen_fingerprint()}))
 """
 
 
 def test_fresh_process_gets_the_wanted_features() -> None:
-    """What numba's codegen uses in a new process importing geode: the host features plus
+    """What numba's codegen uses in a new process importing geode's numba backend: the host features plus
     -prefer-256-bit on AVX-512 hosts (auto), numba's own choice with GEODE_VECTOR_WIDTH=256,
     and exactly NUMBA_CPU_FEATURES when the user set it."""
     host = llvm.get_host_cpu_features().flatten()

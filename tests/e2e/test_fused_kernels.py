@@ -149,7 +149,7 @@ def test_lazy_compile_option_leaves_or_compiles_the_plain_chunk_function(lazy, m
     nb._memo.clear()
     monkeypatch.setenv("GEODE_LAZY_COMPILE", "1" if lazy else "0")
     ex = examples.lstm_gates(hidden=64)
-    model = geode.compile(ex.graph, streaming="0")
+    model = geode.compile(ex.graph, streaming="0", backend="numba")
     (native,) = [k for k in nb._memo.values() if len(k._chunk_fns) == 2]
     plain, nt = native._chunk_fns
     assert native._chunk_fns[nt] is not None
@@ -172,7 +172,7 @@ def test_tanh_gelu_computes_its_gate_in_one_division(how):
         x = graph.input("x", ["N", 200])
         graph.output(ops.gelu(x, approximate="tanh"), names=["y"])
         bias = np.zeros(200, np.float32)
-    model = geode.compile(graph)
+    model = geode.compile(graph, backend="numba")
     (k,) = model.kernels
     assert k.engine == "aicore" and "div_one_plus_exp_f32(" in k.source, model.explain()
     assert "one_plus_tanh" not in k.source and "0.044715" not in k.source
@@ -184,14 +184,14 @@ def test_tanh_gelu_computes_its_gate_in_one_division(how):
 
 def test_one_native_signature_serves_every_shape():
     ex = examples.layernorm(hidden=40)
-    model = geode.compile(ex.graph)
+    model = geode.compile(ex.graph, backend="numba")
     run_sizes(model, ex, sizes=(1, 2, 7, 64))
     assert model.kernels[0].source.count("def ") >= 1
     assert "N" in model.kernels[0].source  # the batch dim is a kernel argument
 
 
 def test_kernel_exposes_source_llvm_asm_trace():
-    model = geode.compile(examples.rmsnorm(hidden=32).graph)
+    model = geode.compile(examples.rmsnorm(hidden=32).graph, backend="numba")
     k = model.kernels[0]
     assert "def " in k.source and runs_parallel(k.source)
     assert "define" in k.llvm
@@ -325,7 +325,7 @@ def minmax_model(request):
         ops.reduce_min(x, axes=[-1], keepdims=0) * 2.0,
         names=["mx", "mn"],
     )
-    return request.param, geode.compile(g)
+    return request.param, geode.compile(g, backend="numba")
 
 
 def test_max_min_reductions_use_the_guarded_fast_path(minmax_model):
@@ -365,7 +365,7 @@ def test_max_min_over_several_axes_match_numpy():
         ops.reduce_max(y, axes=[1, 2], keepdims=0) * 2.0,
         names=["mn", "mx"],
     )
-    model = geode.compile(g)
+    model = geode.compile(g, backend="numba")
     src = "\n".join(k.source for k in aicore(model))
     assert "_g_minnum_nn(" in src and "_g_maxnum_nn(" in src and "_g_nanguard(" in src
     rng = np.random.default_rng(1)
@@ -403,7 +403,7 @@ def test_softmax_prefetches_the_next_row_over_its_exp_chunks(streaming):
     the next row into the L2. Streamed, the exp row stays in a row buffer and the scaled
     row streams; unstreamed, the row is scaled in place in the output."""
     ex = examples.softmax(hidden=1024)
-    model = geode.compile(ex.graph, streaming=streaming)
+    model = geode.compile(ex.graph, streaming=streaming, backend="numba")
     (k,) = aicore(model)
     # rows of 4 KiB: 8 rows ahead (PREFETCH_MAX_ROWS caps the 16 of PREFETCH_AHEAD_BYTES)
     assert "software_pipeline" not in k.trace and "level=2, distance=8)" in k.trace
@@ -427,7 +427,7 @@ def test_deferred_output_pass_reads_the_previous_rows_registers_and_input():
     x = g.input("x", ["N", 1024])
     z = x - ops.reduce_max(x, axes=[-1], keepdims=1)
     g.output(z - ops.log(ops.reduce_sum(ops.exp(z), axes=[-1], keepdims=1)), names=["y"])
-    model = geode.compile(g)
+    model = geode.compile(g, backend="numba")
     (k,) = aicore(model)
     assert "defer_last_pass(" in k.trace
     assert k.source.count("_prev = ") == 4  # two registers: zeroed per chunk, copied per row
@@ -449,7 +449,7 @@ def test_softmax_times_a_reciprocal_streams_its_exp_row_scaled():
     x = g.input("x", ["N", 1024])
     e = ops.exp(x - ops.reduce_max(x, axes=[-1], keepdims=1))
     g.output(e * ops.reciprocal(ops.reduce_sum(e, axes=[-1], keepdims=1)), names=["y"])
-    model = geode.compile(g, streaming="0")
+    model = geode.compile(g, streaming="0", backend="numba")
     (k,) = aicore(model)
     assert "_g_stream_scaled(y, " in k.source and "_g_stream(" not in k.source, k.source
     rng = np.random.default_rng(3)
@@ -463,7 +463,7 @@ def test_softmax_times_a_reciprocal_streams_its_exp_row_scaled():
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
 def test_cheap_row_passes_are_not_deferred(name):
     """Only a costly pass (softmax's exp) hosts the next row's deferred output pass."""
-    model = geode.compile(examples.ALL[name](hidden=1024).graph)
+    model = geode.compile(examples.ALL[name](hidden=1024).graph, backend="numba")
     (k,) = aicore(model)
     assert "_g_stream(y, " in k.source and "defer_last_pass" not in k.trace
 
@@ -471,7 +471,7 @@ def test_cheap_row_passes_are_not_deferred(name):
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
 def test_row_kernels_pipeline_the_next_row(name):
     ex = examples.ALL[name](hidden=1024)
-    model = geode.compile(ex.graph, streaming="off")  # streamed row kernels prefetch instead
+    model = geode.compile(ex.graph, streaming="off", backend="numba")  # streamed row kernels prefetch instead
     (k,) = aicore(model)
     assert "software_pipeline(loop=" in k.trace and "prefetch_next" not in k.trace
     assert runs_parallel(k.source) and "_cur = " in k.source
@@ -520,7 +520,7 @@ def test_streamed_outputs_match_numpy(name, kw):
     (that the chunks do not divide, where the schedule streams such rows), with one
     compile."""
     ex = examples.ALL[name](**kw)
-    model = geode.compile(ex.graph, streaming="0")
+    model = geode.compile(ex.graph, streaming="0", backend="numba")
     streams = ["stream_output(" in k.trace for k in aicore(model)]
     direct = ["store_nontemporal(" in k.trace for k in aicore(model)]
     # the LSTM gates are compute-bound: only h, which no pass reads, is streamed, from
@@ -564,7 +564,7 @@ def test_streamed_elementwise_rows_with_prefetch_match_numpy(rows, cols):
     g = geode.Graph("ew")
     x, b = g.input("x", [*rows, cols]), g.input("b", [cols])
     g.output(ops.exp(x) * 2.0 + b, names=["y"])
-    model = geode.compile(g, streaming="0")
+    model = geode.compile(g, streaming="0", backend="numba")
     (k,) = aicore(model)
     assert "stream_output(" in k.trace and "_g_prefetch_l2(x," in k.source
     assert "_g_prefetch_l2(b," not in k.source
@@ -600,7 +600,7 @@ def test_streamed_row_kernel_fences_once_per_chunk_of_rows():
     row loop, not after every row (a fence per row cost softmax over rows of 128 floats
     half its time); results hold for one row, a few and many."""
     ex = examples.rmsnorm(hidden=1024)
-    model = geode.compile(ex.graph, streaming="0")
+    model = geode.compile(ex.graph, streaming="0", backend="numba")
     (k,) = aicore(model)
     body = k.source[k.source.index("_body(x, weight, y, N, chunk, chunks):") :].splitlines()
     (fence,) = [ln for ln in body if "_g_sfence()" in ln]
@@ -617,7 +617,7 @@ def test_symbolic_rows_stream_non_temporally_only_when_chunks_start_on_lines():
     g = geode.Graph("ew")
     x = g.input("x", ["N", "K"])
     g.output(ops.exp(x) * 2.0, names=["y"])
-    model = geode.compile(g, streaming="0")
+    model = geode.compile(g, streaming="0", backend="numba")
     (k,) = aicore(model)
     (call,) = [ln for ln in k.source.splitlines() if "_g_stream(" in ln]
     assert " == 0)" in call  # (K * 4) % 64 == 0, computed once per kernel
@@ -751,8 +751,8 @@ def test_thread_count_is_set_by_each_model_not_inherited():
     if every_core < 2:
         pytest.skip("one numba thread: all cores and one core are the same here")
     ex = examples.softmax(hidden=64)
-    one = geode.compile(ex.graph, num_threads=1)
-    every = geode.compile(ex.graph)
+    one = geode.compile(ex.graph, num_threads=1, backend="numba")
+    every = geode.compile(ex.graph, backend="numba")
     assert all(k.engine == "aicore" for k in every.kernels)
     x = np.random.default_rng(0).standard_normal((64, 64), dtype=np.float32)
     before = numba.get_num_threads()

@@ -246,8 +246,13 @@ from geode.codegen.ast import (
     walk_stmts,
 )
 from geode.codegen.backends import target as _target
-from geode.codegen.backends import vmath as _vmath
-from geode.codegen.backends.chunks import (  # the helpers of chunked kernels' modules
+
+# numba's CPU target gets geode's features before the modules below build it (vmath and
+# chunks compile numba code at import)
+_target.configure()
+
+from geode.codegen.backends import vmath as _vmath  # noqa: E402
+from geode.codegen.backends.chunks import (  # the helpers of chunked kernels' modules  # noqa: E402
     CHUNK_SIGNATURE,
     LAUNCH_SIGNATURE,
     _g_addr,  # noqa: F401
@@ -256,7 +261,7 @@ from geode.codegen.backends.chunks import (  # the helpers of chunked kernels' m
     launch_chunks,
     start_threads,
 )
-from geode.codegen.backends.patterns import (
+from geode.codegen.backends.patterns import (  # noqa: E402
     cubic_parts,
     flat_index,
     is_const,
@@ -264,10 +269,10 @@ from geode.codegen.backends.patterns import (
     product_factors,
     scaled_stage,
 )
-from geode.codegen.backends.vmath import VMATH, VMATH2, VMATH_IEEE
-from geode.codegen.schedule import and_flags, conjuncts, line_aligned
-from geode.config import OptionError
-from geode.errors import CodegenError
+from geode.codegen.backends.vmath import VMATH, VMATH2, VMATH_IEEE  # noqa: E402
+from geode.codegen.schedule import and_flags, conjuncts, line_aligned  # noqa: E402
+from geode.config import OptionError  # noqa: E402
+from geode.errors import CodegenError  # noqa: E402
 
 __all__ = [
     "DEFAULT_FLAGS",
@@ -297,7 +302,6 @@ FASTMATH_FLAGS: frozenset[str] = frozenset(
 DEFAULT_FLAGS: frozenset[str] = frozenset(["arcp", "contract", "reassoc"])
 
 #: Largest constant extent of an ``unrolled`` loop that is expanded into straight code.
-_target.configure()  # numba's CPU target, before anything compiles
 
 MAX_UNROLL = 256
 #: Largest constant extent of a loop unrolled to keep a register buffer in scalars.

@@ -163,7 +163,7 @@ class Emitter(ParallelWriter):
         boundary. A store counts when it sits in a flat block directly in a vectorized
         loop and every run of that loop starts on a cache line of the output (checked
         here again on the AST being printed, at run time for symbolic shapes)."""
-        from geode.codegen.schedule import and_flags, line_aligned
+        from geode.codegen.indexing import and_flags, line_aligned
 
         ids: set[int] = set()
         cond: Expr = Const(True, "bool")
@@ -194,7 +194,7 @@ class Emitter(ParallelWriter):
         self, body: str, nt_body: str | None, nt_cond: Expr, nt_outs: list[str]
     ) -> None:
         """The entry (see the module docstring)."""
-        from geode.codegen.schedule import conjuncts
+        from geode.codegen.indexing import conjuncts
 
         k = self.k
         args = [*k.inputs, *k.outputs]
