@@ -69,7 +69,9 @@ print(json.dumps({"import": time.perf_counter() - t0, "numba": "numba" in sys.mo
 
 def _run(code: str) -> dict:
     code = _FEEDS + code
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # bytecode caching on, as on a user's machine (this workplace sets PYTHONDONTWRITEBYTECODE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])

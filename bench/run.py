@@ -42,6 +42,9 @@ def _set_threads(n: int) -> None:
 #: system is timed on quiet cores
 SETTLE = 0.3
 
+#: geode's systems: the default (LLVM) backend and the numba backend
+GEODES = ("geode", "geode-numba")
+
 #: seconds per call above which a system is timed once per round
 SLOW = 0.1
 
@@ -97,7 +100,9 @@ def paired(num: list[float], den: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(num, den))
 
 
-def compile_times(scale: float, names: list[str]) -> list[tuple[str, float, float, float]]:
+def compile_times(
+    scale: float, names: list[str], backend: str = "llvm"
+) -> list[tuple[str, float, float, float]]:
     """Compile seconds per kernel of each workload, three ways, each in a fresh process on
     the workload's own empty cache folder: cold with nothing cached (the first compile on
     a machine: the runtime helpers the kernel links in, the chunk launcher and the vmath
@@ -132,9 +137,9 @@ def compile_times(scale: float, names: list[str]) -> list[tuple[str, float, floa
         if w.name not in names:
             continue
         with tempfile.TemporaryDirectory() as cache:
-            env = dict(os.environ, GEODE_CACHE_DIR=cache)
+            env = dict(os.environ, GEODE_CACHE_DIR=cache, GEODE_BACKEND=backend)
             cold = seconds_per_kernel(w.name, env)
-            shutil.rmtree(Path(cache) / KERNEL_AREA)
+            shutil.rmtree(Path(cache) / KERNEL_AREA, ignore_errors=True)
             kernel_cold = seconds_per_kernel(w.name, env)
             warm = seconds_per_kernel(w.name, env)
         out.append((w.name, cold, kernel_cold, warm))
@@ -156,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     # geode chooses numba's vector width when numba's CPU target is built: before the
     # roofline's numba copy kernels are compiled (see geode.codegen.backends.target)
-    import geode.codegen.backends  # noqa: F401
+    from geode.codegen.backends import target as numba_target
+
+    numba_target.configure()
     from bench.workloads import SYSTEMS, geomean, load_runtimes, roofline_copies, workloads
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)
@@ -180,11 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"{'workload':<16}"
         + "".join(f"{s:>14}" for s in systems)
-        + f"{'speedup':>9}{'roofline':>9}{'copy GB/s':>11}"
+        + "".join(f"{'speedup':>9}{'roofline':>9}" for g in GEODES if g in systems)
+        + f"{'copy GB/s':>11}"
     )
     print(header)
     print("-" * len(header))
-    speedups = []
+    speedups: dict[str, list[float]] = {}
+    roofs: dict[str, list[float]] = {}
     missing: dict[str, str] = {}
     from bench.workloads import build
 
@@ -196,42 +205,56 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError as exc:
                 missing[s] = str(exc)
         # the roofline fraction is paired call by call (see time_in_rounds)
-        together = [*(f"copy: {k}" for k in copies), "geode"] if "geode" in fns else []
-        rounds = time_in_rounds(fns, args.repeat, args.rounds, together)
+        together = [*(f"copy: {k}" for k in copies), *(g for g in GEODES if g in fns)]
+        rounds = time_in_rounds(
+            fns, args.repeat, args.rounds, together if len(together) > len(copies) else []
+        )
         times = {k: statistics.median(v) for k, v in rounds.items() if k in systems}
         row = f"{w.name:<16}" + "".join(
             f"{times[s] * 1e3:>12.2f}ms" if s in times else f"{'missing':>14}" for s in systems
         )
-        others = [s for s in times if s != "geode"]
-        if "geode" in times:
+        # geode's speedup over the best system that is not geode (either backend)
+        others = [s for s in times if s not in GEODES]
+        fastest = [min(rounds[f"copy: {k}"][r] for k in copies) for r in range(args.rounds)]
+        for g in (g for g in GEODES if g in times):
             if others:
                 best_other = [min(rounds[s][r] for s in others) for r in range(args.rounds)]
-                sp = paired(best_other, rounds["geode"])
-                speedups.append(sp)
+                sp = paired(best_other, rounds[g])
+                speedups.setdefault(g, []).append(sp)
                 row += f"{sp:>8.2f}x"
             else:
                 row += f"{'-':>9}"
             # a copy moving the workload's compulsory bytes at the round's copy bandwidth
-            fastest = [min(rounds[f"copy: {k}"][r] for k in copies) for r in range(args.rounds)]
             ideal = [t * w.bytes_moved / (2 * nbytes) for t in fastest]
-            roof = paired(ideal, rounds["geode"])
-            # the bandwidth the fraction was taken against (memory speed drifts on a shared
-            # host: the header's copy figures were measured before the first workload)
-            bandwidth = statistics.median(2 * nbytes / t for t in fastest)
-            row += f"{roof * 100:>8.0f}%{bandwidth / 1e9:>11.1f}"
+            roof = paired(ideal, rounds[g])
+            roofs.setdefault(g, []).append(roof)
+            row += f"{roof * 100:>8.0f}%"
+        # the bandwidth the fractions were taken against (memory speed drifts on a shared
+        # host: the header's copy figures were measured before the first workload)
+        bandwidth = statistics.median(2 * nbytes / t for t in fastest)
+        row += f"{bandwidth / 1e9:>11.1f}"
         print(row, flush=True)
-    if speedups:
+    for g, sps in speedups.items():
+        print(f"geometric mean speedup of {g} over the best other system: {geomean(sps):.2f}x")
+    for g, rs in roofs.items():
+        print(f"geometric mean roofline fraction of {g}: {geomean(rs) * 100:.0f}%")
+    if len(speedups) == 2:
         print(
-            f"geometric mean speedup of geode over the best other system: {geomean(speedups):.2f}x"
+            "LLVM backend / numba backend: speedup "
+            f"{geomean(speedups['geode']) / geomean(speedups['geode-numba']):.3f}, roofline "
+            f"{geomean(roofs['geode']) / geomean(roofs['geode-numba']):.3f}"
         )
     for s, why in missing.items():
         print(f"missing system {s}: {why}")
-    if not args.no_compile_times and "geode" in systems:
+    for g in (g for g in GEODES if g in systems and not args.no_compile_times):
+        backend = "numba" if g == "geode-numba" else "llvm"
         print(
-            "\ngeode compile time per kernel (fresh process): cold, nothing cached / cold, "
+            f"\n{g} compile time per kernel (fresh process): cold, nothing cached / cold, "
             "runtime helpers cached / warm (disk cache)"
         )
-        for name, cold, kernel_cold, warm in compile_times(args.scale, [w.name for w in chosen]):
+        for name, cold, kernel_cold, warm in compile_times(
+            args.scale, [w.name for w in chosen], backend
+        ):
             print(
                 f"  {name:<16} {cold * 1e3:8.1f} ms / {kernel_cold * 1e3:8.1f} ms"
                 f" / {warm * 1e3:8.1f} ms"

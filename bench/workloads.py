@@ -146,10 +146,11 @@ def build(system: str, w: Workload, threads: int) -> Callable[[], object]:
     args = list(w.inputs.values()) + _consts(w)
     if system == "numpy":
         return lambda: w.example.numpy(**w.inputs)
-    if system == "geode":
+    if system in ("geode", "geode-numba"):
         import geode
 
-        model = geode.compile(w.example.graph, num_threads=threads)
+        backend = "numba" if system == "geode-numba" else "llvm"
+        model = geode.compile(w.example.graph, num_threads=threads, backend=backend)
         return lambda: model(**w.inputs)
     if system in ("torch", "torch.compile"):
         import torch
@@ -189,7 +190,9 @@ def build(system: str, w: Workload, threads: int) -> Callable[[], object]:
     raise ValueError(f"unknown system {system!r}")
 
 
-SYSTEMS = ("geode", "numpy", "torch", "torch.compile", "jax", "onnxruntime")
+#: the systems compared; ``geode`` is the default (LLVM) backend, ``geode-numba`` the
+#: previous numba backend, kept for the comparison
+SYSTEMS = ("geode", "geode-numba", "numpy", "torch", "torch.compile", "jax", "onnxruntime")
 
 
 def load_runtimes(systems: list[str], threads: int) -> dict[str, str]:

@@ -1,0 +1,126 @@
+"""What the LLVM backend (the default) makes of the fused kernels: the generated IR holds
+the fast paths the schedules ask for (vmath calls, the guarded NaN-exact min/max, frozen
+NaN-insensitive reductions, prefetches, non-temporal stores fenced once per chunk, the
+thread pool), and every model matches numpy with one compile for all sizes."""
+
+import numpy as np
+import pytest
+from test_fused_kernels import aicore, minmax_rows, run_sizes
+from test_nan_flow import _log_softmax, _softmax
+
+import geode
+from geode import examples, ops
+from geode.runtime import native
+
+
+def test_kernel_exposes_ir_optimized_ir_asm_and_trace():
+    model = geode.compile(examples.rmsnorm(hidden=32).graph)
+    (k,) = aicore(model)
+    assert "define i32 @" in k.source and "geode_parallel_for" in k.source
+    assert "define" in k.llvm and k.asm.strip()
+    assert "compute_inline" in k.trace and "parallel" in k.trace
+
+
+def test_one_compile_serves_every_shape():
+    ex = examples.layernorm(hidden=40)
+    model = geode.compile(ex.graph)
+    run_sizes(model, ex, sizes=(1, 2, 7, 64))
+    assert "%N" in model.kernels[0].source  # the batch dim is a kernel argument
+
+
+@pytest.mark.parametrize("how", ["primitives", "Gelu op"])
+def test_tanh_gelu_gate_is_one_vmath_division(how):
+    if how == "primitives":
+        graph = examples.gelu(hidden=200, approximate="tanh", with_bias=True).graph
+        bias = np.linspace(-0.5, 0.5, 200, dtype=np.float32)
+    else:
+        graph = geode.Graph("gelu_op")
+        x = graph.input("x", ["N", 200])
+        graph.output(ops.gelu(x, approximate="tanh"), names=["y"])
+        bias = np.zeros(200, np.float32)
+    model = geode.compile(graph)
+    (k,) = model.kernels
+    assert "@geode.vm.div_one_plus_exp.f32(" in k.source and "tanh" not in k.source
+    x = np.random.default_rng(1).standard_normal((37, 200)).astype(np.float32) * 4
+    h = x.astype(np.float64) + bias
+    want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+    np.testing.assert_allclose(model(x=x)["y"], want, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_max_min_use_the_guarded_fast_path_and_match_numpy(dtype):
+    g = geode.Graph(f"minmax_{dtype}")
+    x = g.input("x", ["N", "M"], dtype)
+    g.output(
+        ops.reduce_max(x, axes=[-1], keepdims=0) * 2.0,
+        ops.reduce_min(x, axes=[-1], keepdims=0) * 2.0,
+        names=["mx", "mn"],
+    )
+    model = geode.compile(g)
+    (k,) = aicore(model)
+    sfx = "f32" if dtype == "float32" else "f64"
+    assert f"call nnan nsz {'float' if sfx == 'f32' else 'double'} @llvm.maxnum.{sfx}" in k.source
+    assert "@llvm.minnum." in k.source and "@llvm.umax." in k.source  # the NaN guard
+    rng = np.random.default_rng(0)
+    for m in (1, 7, 33, 257):
+        xs = minmax_rows(m, dtype, rng)
+        out = model(x=xs)
+        with np.errstate(invalid="ignore"):  # inf * 2 of the probe rows
+            want_mx, want_mn = xs.max(axis=1) * 2, xs.min(axis=1) * 2
+        np.testing.assert_array_equal(out["mx"], want_mx)
+        np.testing.assert_array_equal(out["mn"], want_mn)
+
+
+@pytest.mark.parametrize("which", ["softmax", "log_softmax"])
+def test_softmax_max_is_unguarded_and_nan_exact(which):
+    g = geode.Graph(which)
+    x = g.input("x", ["N", 1030])
+    g.output(_softmax(x) if which == "softmax" else _log_softmax(x), names=["y"])
+    model = geode.compile(g)
+    (k,) = aicore(model)
+    assert 'asm ""' in k.source and "@llvm.umax." not in k.source  # frozen, no NaN guard
+    rng = np.random.default_rng(3)
+    xs = rng.standard_normal((9, 1030)).astype(np.float32)
+    xs[1, 5], xs[2, :] = np.nan, np.nan
+    xs[3, 7], xs[4, 9], xs[5, :] = np.inf, -np.inf, -np.inf
+    x64 = xs.astype(np.float64)
+    with np.errstate(all="ignore"):
+        d = x64 - x64.max(axis=1, keepdims=True)
+        e = np.exp(d)
+        s = e.sum(axis=1, keepdims=True)
+        want = e / s if which == "softmax" else d - np.log(s)
+    np.testing.assert_allclose(model(x=xs)["y"], want, rtol=2e-5, atol=1e-6)
+
+
+def test_softmax_prefetches_and_streams_scaled_rows():
+    ex = examples.softmax(hidden=1024)
+    model = geode.compile(ex.graph, streaming="0")
+    (k,) = aicore(model)
+    assert "@llvm.prefetch.p0(" in k.source
+    assert "geode.stream.float32.scaled" in k.source and "!nontemporal" in k.source
+    assert "@llvm.x86.sse.sfence" in k.source or "fence seq_cst" in k.source
+    run_sizes(model, ex, sizes=(1, 2, 7, 16, 17, 130))
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm", "softmax", "gelu"])
+def test_streamed_outputs_match_numpy(name):
+    ex = getattr(examples, name)(hidden=512)
+    model = geode.compile(ex.graph, streaming="0")
+    run_sizes(model, ex, sizes=(1, 3, 64))
+
+
+def test_each_model_runs_on_its_own_thread_count():
+    """``num_threads`` is passed with every call: a one-thread model never uses the
+    pool, an all-cores model does, whatever ran before."""
+    if native.get_num_threads() < 2:
+        pytest.skip("a one-thread pool: all cores and one core are the same here")
+    ex = examples.softmax(hidden=256)
+    one = geode.compile(ex.graph, num_threads=1)
+    every = geode.compile(ex.graph)
+    x = np.random.default_rng(0).standard_normal((4096, 256), dtype=np.float32)
+    before = native.pool_info()["launches"]
+    y1 = one(x=x)["y"]
+    assert native.pool_info()["launches"] == before
+    y2 = every(x=x)["y"]
+    assert native.pool_info()["launches"] > before
+    np.testing.assert_array_equal(y1, y2)
