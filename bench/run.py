@@ -236,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         print(row, flush=True)
     for g, sps in speedups.items():
         print(f"geometric mean speedup of {g} over the best other system: {geomean(sps):.2f}x")
-    for g, rs in roofs.items():
-        print(f"geometric mean roofline fraction of {g}: {geomean(rs) * 100:.0f}%")
+    if len(roofs) == 2:  # both backends: compare them
+        for g, rs in roofs.items():
+            print(f"geometric mean roofline fraction of {g}: {geomean(rs) * 100:.0f}%")
     if len(speedups) == 2:
         print(
             "LLVM backend / numba backend: speedup "
