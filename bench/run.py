@@ -76,7 +76,7 @@ def time_in_rounds(
     (onnxruntime's and OpenMP's workers spin after a run and would otherwise steal the
     cores from the next system). ``together`` is for functions whose ratio is wanted
     tightly paired and that leave no other library's threads spinning (geode and the
-    roofline copies: numba kernels and numpy's memcpy). Timed in separate blocks a
+    roofline copies: geode's own copy kernels and numpy's memcpy). Timed in separate blocks a
     second apart, the LSTM gates' per-round roofline fractions spread over 37-122% in
     three runs of 7 rounds on a shared two-core VM; interleaved, over 54-86%."""
     samples: dict[str, list[float]] = {k: [] for k in fns}
@@ -159,15 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     _set_threads(args.threads)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    # geode chooses numba's vector width when numba's CPU target is built: before the
-    # roofline's numba copy kernels are compiled (see geode.codegen.backends.target)
-    from geode.codegen.backends import target as numba_target
-
-    numba_target.configure()
     from bench.workloads import SYSTEMS, geomean, load_runtimes, roofline_copies, workloads
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)
-    # before any numba parallel code runs (the copies below): see load_runtimes
+    # before any numba parallel code runs (geode-numba's kernels): see load_runtimes
     load_runtimes(systems, args.threads)
     every = workloads(args.scale)
     known = [w.name for w in every]

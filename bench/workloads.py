@@ -224,50 +224,71 @@ def load_runtimes(systems: list[str], threads: int) -> dict[str, str]:
     return missing
 
 
-def roofline_copies(nbytes: int = 64 << 20) -> dict[str, Callable[[], None]]:
-    """Copy kernels over ``nbytes``: numba parallel loops (flat, and by rows of ``COLS`` like
-    the workloads), numpy's memcpy, and a row copy with non-temporal (streaming) stores
-    into a cache-line aligned buffer (geode's ``_g_stream``: the stored lines are not read
-    first, so it moves two thirds of an ordinary copy's bytes). The fastest is the
-    memory-bandwidth roofline (read + write of every byte)."""
-    import numba
+def _copy_kernel(name: str, stream: bool) -> object:
+    """A row copy ``Y[i, j] = X[i, j]`` over ``[N, COLS]`` compiled by geode's LLVM backend
+    (parallel over rows, vectorized); ``stream``: each row staged and written with
+    non-temporal stores (``StreamStore``), as geode's streamed kernels do."""
+    from geode.codegen import ast as A
+    from geode.codegen.backends.llvm.kernel import compile_kernel
 
-    from geode.codegen.backends.numba import _g_sfence, _g_stream
+    n, c = A.Var("N"), A.Const(COLS)
+    x, y = A.Buffer("X", "float32", (n, c)), A.Buffer("Y", "float32", (n, c))
+    iv = [A.IterVar("vi", n), A.IterVar("vj", c)]
+    temps = []
+    if stream:
+        temps = [A.Buffer("S", "float32", (c,), "local")]
+        stage = A.Block(
+            "s",
+            iv,
+            [A.Var("i"), A.Var("j")],
+            [A.Store("S", (A.Var("vj"),), A.Load("X", (A.Var("vi"), A.Var("vj"))))],
+        )
+        row = [
+            A.For("j", c, [stage], A.ForKind.VECTORIZED),
+            A.StreamStore(
+                "Y", A.Bin("*", A.Var("i"), c), "S", A.Const(0), c, A.Const(True, "bool")
+            ),
+        ]
+    else:
+        blk = A.Block(
+            "c",
+            iv,
+            [A.Var("i"), A.Var("j")],
+            [A.Store("Y", (A.Var("vi"), A.Var("vj")), A.Load("X", (A.Var("vi"), A.Var("vj"))))],
+        )
+        row = [A.For("j", c, [blk], A.ForKind.VECTORIZED)]
+    body = [A.For("i", n, row, A.ForKind.PARALLEL)]
+    return compile_kernel(A.Kernel(name, [x], [y], ["N"], body, temps))
+
+
+def roofline_copies(nbytes: int = 64 << 20) -> dict[str, Callable[[], None]]:
+    """Copy kernels over ``nbytes``: a row copy compiled by geode's LLVM backend (by rows of
+    ``COLS`` like the workloads, on geode's thread pool), numpy's memcpy, and the same row
+    copy with non-temporal (streaming) stores into a cache-line aligned buffer (the stored
+    lines are not read first, so it moves two thirds of an ordinary copy's bytes). The
+    fastest is the memory-bandwidth roofline (read + write of every byte).
+
+    The copies run on geode's native pool, whose idle workers sleep: numba's OpenMP
+    workers, which the copies used before, spin for 200 ms after a call and took a core
+    from whatever ran next between them (the LLVM backend's kernels measured 1.3-1.9x
+    slower paired with them)."""
     from geode.runtime.memory import Arena
 
-    @numba.njit(parallel=True, cache=False)
-    def copy(src: np.ndarray, dst: np.ndarray) -> None:
-        for i in numba.prange(src.shape[0]):
-            dst[i] = src[i]
-
-    @numba.njit(parallel=True, cache=False, boundscheck=False)
-    def copy_rows(src: np.ndarray, dst: np.ndarray) -> None:
-        for i in numba.prange(src.shape[0]):
-            for j in range(src.shape[1]):
-                dst[i, j] = src[i, j]
-
-    @numba.njit(parallel=True, cache=False, boundscheck=False)
-    def stream_rows(src: np.ndarray, dst: np.ndarray) -> None:
-        n = src.shape[1]
-        flat_src, flat_dst = src.reshape(src.size), dst.reshape(dst.size)
-        for i in numba.prange(src.shape[0]):
-            _g_stream(flat_dst, i * n, flat_src, i * n, n, True)
-            _g_sfence()
-
+    copy_rows = _copy_kernel("copy_rows", stream=False)
+    stream_rows = _copy_kernel("stream_rows", stream=True)
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     src2, dst2 = src.reshape(-1, COLS), dst.reshape(-1, COLS)
+    rows = src2.shape[0]
     arena = Arena()  # a cache-line aligned destination
     arena.ensure(nbytes)
     dst3 = arena.view(0, src2.shape, np.float32)
-    copy(src, dst)
-    copy_rows(src2, dst2)
-    stream_rows(src2, dst3)
+    copy_rows(src2, dst2, rows)
+    stream_rows(src2, dst3, rows)
     return {
-        "numba copy": lambda: copy(src, dst),
-        "numba row copy": lambda: copy_rows(src2, dst2),
+        "row copy": lambda: copy_rows(src2, dst2, rows),
         "np.copyto": lambda: np.copyto(dst, src),
-        "numba streaming row copy": lambda: stream_rows(src2, dst3),
+        "streaming row copy": lambda: stream_rows(src2, dst3, rows),
     }
 
 
