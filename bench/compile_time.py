@@ -33,7 +33,7 @@ import numpy as np
 def feeds(name):
     rng = np.random.default_rng(0)
     if name == "torch_bert":
-        return {"input_ids": rng.integers(0, 100, (1, 32)).astype(np.int64),
+        return {"input_ids": rng.integers(0, 50, (1, 32)).astype(np.int64),
                 "attention_mask": np.ones((1, 32), np.int64)}
     return {"x": rng.standard_normal((1, 32, 16)).astype(np.float32)}
 """

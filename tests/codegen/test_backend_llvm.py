@@ -725,3 +725,26 @@ def test_cache_not_private_to_the_user_is_not_read(tmp_path, caplog) -> None:
     fifo.mkdir()
     os.mkfifo(fifo / "manifest.json")
     assert objcache.load(cache, "1" * 64, "x") is None  # a FIFO is not read (no hang)
+
+
+def test_kernels_and_their_machine_code_are_freed_with_their_model() -> None:
+    """A model's kernels (and the JIT library each keeps mapped) die with the model: a
+    process compiling model after model does not keep them all."""
+    import gc
+    import weakref
+
+    import geode
+    from geode import examples
+    from geode.codegen.backends.llvm import kernel as kernel_mod
+
+    gc.collect()
+    before = set(kernel_mod._memo.keys())
+    ex = examples.layernorm(hidden=88)
+    model = geode.compile(ex.graph)
+    model(**ex.make_inputs(np.random.default_rng(0), 3))
+    mine = [k for key, k in list(kernel_mod._memo.items()) if key not in before]
+    assert mine, "the model compiled no LLVM kernel"
+    refs = [weakref.ref(k) for k in mine] + [weakref.ref(k._loaded) for k in mine]
+    del model, mine
+    gc.collect()
+    assert all(r() is None for r in refs)

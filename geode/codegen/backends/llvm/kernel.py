@@ -159,7 +159,8 @@ _memo: weakref.WeakValueDictionary[tuple[str, str | None], LLVMKernel] = (
     weakref.WeakValueDictionary()
 )
 _memo_lock = threading.Lock()
-_key_locks: dict[tuple[str, str | None], threading.Lock] = {}
+#: striped locks: two threads compiling the same kernel compile it once
+_key_locks = [threading.Lock() for _ in range(64)]
 
 
 def compile_kernel(
@@ -193,7 +194,7 @@ def compile_kernel(
         hit = _memo.get(memo_key)
         if hit is not None:
             return hit
-        lock = _key_locks.setdefault(memo_key, threading.Lock())
+        lock = _key_locks[hash(memo_key) % len(_key_locks)]
     with lock:
         hit = _memo.get(memo_key)
         if hit is not None:
