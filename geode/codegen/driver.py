@@ -34,21 +34,11 @@ def device_spec(cache_dir: str) -> DeviceSpec:
     """The calibrated device spec (measured once per machine, cached on disk and in memory)."""
     if cache_dir not in _SPECS:
         try:
-            _SPECS[cache_dir] = load_or_calibrate(
-                cache_dir, quick=True, before_measuring=_configure_numba
-            )
+            _SPECS[cache_dir] = load_or_calibrate(cache_dir, quick=True)
         except OSError as exc:  # unwritable cache dir: calibrate without caching
             log.warning("device spec not cached (%s); using defaults", exc)
             _SPECS[cache_dir] = default_spec()
     return _SPECS[cache_dir]
-
-
-def _configure_numba() -> None:
-    """The calibration's kernels are numba's: give its CPU target geode's features
-    before they build it (numba is imported only when a calibration runs)."""
-    from geode.codegen.backends.target import configure
-
-    configure()
 
 
 class CodegenWarning(UserWarning):
@@ -204,6 +194,7 @@ def native_interface(
         threads=threads,
         launch_threads=chunked,
         set_threads=set_threads,
+        call=getattr(native, "call", None) if opts.backend == "llvm" else None,
     )
 
 

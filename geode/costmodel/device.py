@@ -13,8 +13,9 @@ code (and tests) that must not measure.
 Conventions: bandwidth counts bytes read plus bytes written, like STREAM's copy
 (a copy of ``n`` bytes moves ``2n``); GB/s and GFLOPS are decimal (1e9).
 
-This module imports no other geode package (see ARCHITECTURE.md): numba is
-imported lazily, only by the measurement functions.
+This module imports no other geode package (see docs/architecture.md): the kernels it
+measures with come from a provider the codegen package installs
+(:func:`set_kernel_provider`: the LLVM backend's), or, without one, from numba.
 """
 
 from __future__ import annotations
@@ -340,9 +341,32 @@ def default_spec() -> DeviceSpec:
 # -- microbenchmarks --------------------------------------------------------------
 
 
+#: the function returning the calibration kernels (:func:`set_kernel_provider`)
+_provider: Callable[[], Mapping[str, Callable[..., Any]]] | None = None
+
+
+def set_kernel_provider(fn: Callable[[], Mapping[str, Callable[..., Any]]] | None) -> None:
+    """Install what compiles the calibration kernels: ``fn()`` returns ``{"tiny": tiny(a,
+    b, c) setting c[0] = a[0] + b[0] (three float32 arrays), "compute": compute(x, out,
+    reps, mode) (mode 0: ``reps`` times 16 dependent FMAs per element, mode 1: ``reps``
+    times ``exp``; float32, releases the GIL), "pcopy": pcopy(src, dst) (a parallel copy
+    of float32 vectors)}``. geode's codegen package installs its LLVM backend's; without a
+    provider, numba compiles them. None restores numba's."""
+    global _provider
+    _provider = fn
+    _kernels.cache_clear()
+
+
 @cache
 def _kernels() -> dict[str, Callable[..., Any]]:
-    """The serial (nogil) calibration kernels, compiled on first use."""
+    """The calibration kernels, compiled on first use (see :func:`set_kernel_provider`)."""
+    if _provider is not None:
+        return dict(_provider())
+    return _numba_kernels()
+
+
+def _numba_kernels() -> dict[str, Callable[..., Any]]:
+    """The calibration kernels compiled by numba (without a provider)."""
     import numba
 
     @numba.njit(nogil=True, cache=False)
@@ -367,20 +391,17 @@ def _kernels() -> dict[str, Callable[..., Any]]:
                 for i in range(n):
                     out[i] = np.exp(x[i])
 
-    return {"tiny": tiny, "compute": compute}
-
-
-@cache
-def _parallel_copy() -> Callable[..., Any]:
-    """A numba ``prange`` copy kernel, compiled on first use (about a second)."""
-    import numba
-
     @numba.njit(parallel=True, nogil=True, cache=False)
     def pcopy(src, dst):  # pragma: no cover - compiled
         for i in numba.prange(src.shape[0]):
             dst[i] = src[i]
 
-    return pcopy
+    return {"tiny": tiny, "compute": compute, "pcopy": pcopy}
+
+
+def _parallel_copy() -> Callable[..., Any]:
+    """The parallel copy kernel of the calibration (see :func:`set_kernel_provider`)."""
+    return _kernels()["pcopy"]
 
 
 #: Flops per element per rep of the FMA kernel (16 FMAs of 2 flops).
@@ -626,14 +647,8 @@ def _store(path: Path, spec: DeviceSpec) -> None:
         warnings.warn(f"could not cache the device spec in {path.parent}: {e}", stacklevel=3)
 
 
-def load_or_calibrate(
-    cache_dir: str | os.PathLike[str],
-    quick: bool = False,
-    before_measuring: Callable[[], Any] | None = None,
-) -> DeviceSpec:
-    """This machine's spec from ``cache_dir``, calibrating (and caching) when needed
-    (``before_measuring`` runs first then: the caller's chance to set numba up before
-    the measurement kernels build its target).
+def load_or_calibrate(cache_dir: str | os.PathLike[str], quick: bool = False) -> DeviceSpec:
+    """This machine's spec from ``cache_dir``, calibrating (and caching) when needed.
 
     The cache file is keyed by CPU name, core count and numba version. A file that
     is not valid JSON, misses or mistypes a field, belongs to another key, or was a
@@ -644,8 +659,6 @@ def load_or_calibrate(
     spec = _load_cached(path, quick)
     if spec is not None:
         return spec
-    if before_measuring is not None:
-        before_measuring()
     spec = calibrate(quick=quick)
     _store(path, spec)
     return spec

@@ -54,6 +54,12 @@ class NativeKernel:
     ``launch_threads`` the kernel sets its own threads from ``launch={"threads": n}``;
     else ``set_threads(threads)`` (when given) runs before every call, since a thread
     count is often a setting of the calling thread that another caller may change.
+
+    ``call(arrays, ints)``, when given, is the same kernel's lean entry: ``arrays`` the
+    tuple of (viewed) inputs and outputs, ``ints`` the dims then the thread count. The
+    step uses it instead of ``fn``: the plan already guarantees the arrays' dtypes (the
+    executor checks feeds and every step's outputs), and the kernel still checks ranks,
+    shapes, item sizes and contiguity itself.
     """
 
     name: str
@@ -67,6 +73,7 @@ class NativeKernel:
     threads: int = 0
     launch_threads: bool = False
     set_threads: Callable[[int], Any] | None = None
+    call: Callable[[tuple, tuple], Any] | None = None
 
 
 def _store(name: str, results: Sequence[np.ndarray], outs: list) -> list[np.ndarray]:
@@ -159,6 +166,7 @@ class AiCoreEngine(Engine):
         launch = {"threads": kernel.threads} if kernel.launch_threads else {}
         set_threads = None if kernel.launch_threads else kernel.set_threads
         threads = kernel.threads
+        lean = kernel.call
 
         def step(inputs: list, outs: list, env: Env) -> list:
             for bound in bounds:
@@ -177,6 +185,9 @@ class AiCoreEngine(Engine):
                         f"step {name!r}: kernel output {i - n_in} is not C-contiguous"
                     )
                 args[i] = view(args[i], starts)
+            if lean is not None:
+                lean(tuple(args), (*dims, threads))
+                return arrays
             if set_threads is not None:
                 set_threads(threads)
             fn(*args, *dims, **launch)

@@ -70,6 +70,8 @@ class LLVMKernel:
         self._dims = emitted.dims
         self._n_in = emitted.n_inputs
         self._n = len(emitted.args)
+        self._n_dims = len(emitted.dims)
+        self._n_args = self._n + self._n_dims
         self._dtypes = tuple(np.dtype(a.dtype) for a in emitted.args)
         self._call = native.call
         self._argument_error = native.ArgumentError
@@ -77,30 +79,45 @@ class LLVMKernel:
     def __call__(self, *args: Any, threads: int = 0) -> None:
         """Run the kernel on ``(*inputs, *outputs, *dims)``."""
         n = self._n
-        if len(args) != n + len(self._dims):
+        if len(args) != self._n_args:
             self._explain(args)
         arrays = args[:n]
         for a, dt in zip(arrays, self._dtypes):
-            if type(a) is not np.ndarray or a.dtype != dt:
+            # numpy's dtypes of native byte order are singletons: ``is`` is the fast test
+            if type(a) is not np.ndarray or (a.dtype is not dt and a.dtype != dt):
                 arrays = self._coerce(arrays)
                 break
+        ints = args[n:] + (threads,) if self._n_dims else (threads,)
         try:
-            status = self._call(self.address, self._n_in, arrays, (*args[n:], threads))
+            status = self._call(self.address, self._n_in, arrays, ints)
         except self._argument_error as exc:
             arrays = self._coerce(arrays, exc.index)
-            status = self._call(self.address, self._n_in, arrays, (*args[n:], threads))
+            status = self._call(self.address, self._n_in, arrays, ints)
         except (TypeError, OverflowError, ValueError) as exc:
             self._explain(args)
             raise TypeError(f"kernel {self.name}: {exc}") from None
         if status:
-            a = self._args[status - 1]
-            if a.rank == 0:
-                raise ValueError(
-                    f"kernel {self.name}: argument {a.name} must hold exactly one element"
-                )
-            raise ValueError(
-                f"kernel {self.name}: argument {a.name} must have shape {a.shape_text}"
-            )
+            self._bad_argument(status - 1)
+
+    def call(self, arrays: tuple, ints: tuple) -> None:
+        """The lean entry for callers that guarantee the arrays' dtypes (the runtime's
+        AI Core steps): ``arrays`` the inputs and outputs, ``ints`` the dims then the
+        thread count. Shapes, ranks, item sizes and contiguity are still checked (by the
+        trampoline and the kernel's entry); a non-contiguous input is copied."""
+        try:
+            status = self._call(self.address, self._n_in, arrays, ints)
+        except self._argument_error as exc:
+            arrays = self._coerce(arrays, exc.index)
+            status = self._call(self.address, self._n_in, arrays, ints)
+        if status:
+            self._bad_argument(status - 1)
+
+    def _bad_argument(self, i: int) -> None:
+        """Raise the ``ValueError`` for argument ``i`` the entry refused."""
+        a = self._args[i]
+        if a.rank == 0:
+            raise ValueError(f"kernel {self.name}: argument {a.name} must hold exactly one element")
+        raise ValueError(f"kernel {self.name}: argument {a.name} must have shape {a.shape_text}")
 
     def _explain(self, args: tuple[Any, ...]) -> None:
         """Raise ``TypeError`` describing what a bad argument list should be."""
