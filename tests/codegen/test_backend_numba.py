@@ -1976,7 +1976,9 @@ def test_dims_only_terms_are_computed_once_at_the_top() -> None:
     from geode import examples
 
     ex = examples.rmsnorm(hidden=1024)
-    model = geode.compile(ex.graph, streaming="off", backend="numba")  # streamed rows are not pipelined
+    model = geode.compile(
+        ex.graph, streaming="off", backend="numba"
+    )  # streamed rows are not pipelined
     (k,) = [k for k in model.kernels if k.engine == "aicore"]
     src = k.source
     assert src.count("N // 8") == 1 and src.count("min(64, ") == 1, src

@@ -471,7 +471,9 @@ def test_cheap_row_passes_are_not_deferred(name):
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
 def test_row_kernels_pipeline_the_next_row(name):
     ex = examples.ALL[name](hidden=1024)
-    model = geode.compile(ex.graph, streaming="off", backend="numba")  # streamed row kernels prefetch instead
+    model = geode.compile(
+        ex.graph, streaming="off", backend="numba"
+    )  # streamed row kernels prefetch instead
     (k,) = aicore(model)
     assert "software_pipeline(loop=" in k.trace and "prefetch_next" not in k.trace
     assert runs_parallel(k.source) and "_cur = " in k.source
