@@ -166,9 +166,9 @@ class Choices:
     stream_min_ops_heavy: int = 28
     #: the interleave factor of a streamed elementwise nest's vector loop on targets
     #: with 32 vector registers (AVX-512: four chains of a tanh GELU and its dozen or so
-    #: constants fit without spills; :func:`stream_interleave`; 1 elsewhere, not
-    #: measured). A chain of 20-40 dependent vector instructions per element (a
-    #: transcendental function) leaves the out-of-order window with two or three chains
+    #: constants fit without spills; :func:`stream_interleave`; 1 elsewhere). A chain
+    #: of 20-40 dependent vector instructions per element (a transcendental function)
+    #: leaves the out-of-order window with two or three chains
     #: in flight when LLVM lays the vectors of its unrolled loop one after another;
     #: interleaving four keeps the FMA units busy. Measurements: ``docs/performance.md``
     #: (``stream_interleave``).
@@ -432,10 +432,9 @@ def _splits_chain(sch: Schedule, name: str) -> bool:
     out-of-order window can overlap with the next, so the loop runs at the chain's
     latency, not at the core's throughput. Split, each loop holds independent chains
     (the LSTM gates: ``sigmoid(o) * tanh(c')`` after ``c' = sigmoid(f) * c +
-    sigmoid(i) * tanh(g)``), and the consumer re-reads the producer's row from the L1.
-    Measured on the LSTM gates at [4096, 1024], two cores, paired with the fused loop:
-    0.87-0.93 of the time with the data in memory (median 0.90), 0.71-0.78 with it in
-    the cache."""
+    sigmoid(i) * tanh(g)``), and the consumer re-reads the producer's row from the L1;
+    it pays with the data in memory and more with it in the cache
+    (measurements: ``docs/performance.md``)."""
     b = sch.get_block(name)
     bufs = _writes(b)
     own = max((_chain(v) for v in _stored_values(b)), default=0)
@@ -623,8 +622,8 @@ def _pipeline_rows(sch: Schedule, sp: str) -> bool:
     """Software-pipeline long rows: the next row's first pass (reading it from memory)
     runs inside the current row's first pass that writes an output (which fetches the
     output row from memory, and in softmax also computes the exp), so reads, writes and
-    arithmetic overlap. Measured on RMSNorm at [4096, 4096]: 12-26% faster than the
-    unpipelined loop with next-row prefetch."""
+    arithmetic overlap; this beats the unpipelined loop with a next-row prefetch
+    (measurements: ``docs/performance.md``)."""
     loop = sch.get_loop(sp)
     passes = [s for s in loop.body if isinstance(s, A.For)]
     if len(passes) < 2:
@@ -656,9 +655,10 @@ def _host_cost(sch: Schedule, sp: str) -> int:
 def _host_reads_inputs(sch: Schedule, sp: str) -> bool:
     """Whether the pass that would host the next row's first pass reads a kernel input
     (LayerNorm's normalise pass reads ``x``, the reduce chain's broadcast pass reads
-    nothing). A streamed output pass that also reads the row is not pipelined: measured on
-    LayerNorm, the extra stream of the next row made it 20% slower; a write-only host
-    overlaps the next row's reads with its streaming stores (the reduce chain: 2.8x)."""
+    nothing). A streamed output pass that also reads the row is not pipelined: the extra
+    stream of the next row costs it more than the overlap saves (LayerNorm); a write-only
+    host overlaps the next row's reads with its streaming stores (the reduce chain)
+    (measurements: ``docs/performance.md``)."""
     loop = _host_loop(sch, sp)
     if loop is None:
         return False
@@ -730,12 +730,9 @@ def _chunk_elementwise_rows(sch: Schedule, sp: str) -> None:
 
     Why: each pass walks a few 4 KiB pages of the row side by side and the hardware
     prefetcher starts each page of the next row cold, while the passes' arithmetic
-    leaves the memory idle. Measured on two Zen 4 cores, float32, paired with the same
-    schedule without it (bit-identical results): the LSTM gates at [4096, 1024]
-    0.78-0.86 of the time (median 0.83; chunks of 16: 0.87, 64: 0.89), at [2048, 2048]
-    0.91-0.96, at [1024, 4096] 0.91-0.94. Single-pass nests keep the hardware
-    prefetcher alone: there the same chunks measured 1.01 (``tanh(x) * sigmoid(x)``),
-    1.11 (``sigmoid(a) * tanh(b)``) and 0.91-1.04 (SiLU)."""
+    leaves the memory idle; spreading the next row's fetch over the chunks fills that
+    gap. Single-pass nests keep the hardware prefetcher alone: there the same chunks
+    gained nothing or cost time (measurements: ``docs/performance.md``)."""
     passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
     if len(passes) < 2 or any(p.kind is A.ForKind.SERIAL for p in passes):
         return  # one pass, or already chunked (a streamed output): see the docstring
@@ -754,15 +751,12 @@ def _stream_split_rows(sch: Schedule, sp: str, min_bytes: int | None) -> None:
     next reader), for rows of whole cache lines that fit :attr:`Choices.split_max_row_bytes`
     (one row buffer per thread).
 
-    Measured on the LSTM gates (``c'`` streamed), two Zen 4 cores, float32, paired with
-    the same schedule without it (bit-identical results, medians of 8 rounds): at
-    [4096, 1024] 0.90-0.93 of the time in two runs (chunks of 32: 0.92-0.93, 128:
-    0.91-0.94; the whole row streamed after its pass 0.90-0.95 over eight runs); at
-    [1024, 1024] (28 MiB in all, inside the L3, plain stores) 1.02-1.03, where the whole
-    row copied in one burst after its pass took 1.10-1.18 (its stores stall on the
-    output's lines). Staging ``h`` too, which no pass reads, measured 0.89-1.08 of
-    the time over the same runs: it is stored from the registers instead
-    (:func:`_nontemporal_rows`)."""
+    Streaming the row a part per chunk of the next pass, rather than copying the whole
+    row in one burst after its pass, keeps the stores from stalling on the output's
+    lines where the arrays still fit the last-level cache. An output that no pass reads
+    (the LSTM cell's ``h``) gains too little from the staging: it is stored from the
+    registers instead, see :func:`_nontemporal_rows` (measurements:
+    ``docs/performance.md``)."""
     for out, writer, share in _split_row_outputs(sch, sp, min_bytes):
         row_bytes = _row_bytes(out)
         if (
@@ -810,12 +804,7 @@ def _nontemporal_rows(sch: Schedule, sp: str, min_bytes: int | None) -> None:
     :func:`_stream_split_rows`: the LSTM cell's ``h``, whose costly arithmetic
     (``sigmoid(o) * tanh(c')``) made a staged copy cost more than it saved (see there).
     The output's lines are then neither read from memory before they are overwritten
-    nor waited for by the stores. Measured on the LSTM gates at [4096, 1024] float32 (two
-    Zen 4 cores, one process, against the same kernel taking its plain body, three
-    separately compiled copies of each to average out code placement, equal results):
-    0.904 of the time on one thread, 0.907 on two (single pairs in other runs:
-    0.875-0.93); the kernel then reached 79-83% of the copy roofline with the copy at
-    47-50 GB/s, 64-67% at 63-64 GB/s, where its arithmetic alone takes about as long."""
+    nor waited for by the stores (measurements: ``docs/performance.md``)."""
     for out, writer, share in _split_row_outputs(sch, sp, min_bytes):
         if sch.readers(out.name):
             continue
@@ -880,16 +869,14 @@ def _prefetch_rows(sch: Schedule, sp: str, bursts: bool = True) -> None:
     prefetch is spread over the costliest such pass into the L2 (each chunk fetches its
     share of the row ahead while its streaming stores drain or its arithmetic runs: the
     read stream overlaps the rest as in a copy); otherwise it is one burst into every
-    cache level once the first pass is done. Measured (next-row prefetch) on RMSNorm at
-    [4096, 4096] float32 on two Zen 4 cores, against the burst after the first pass: spread into the L2 0.74-0.86 of its time (74-88% of the copy roofline,
-    from 60-64%); spread into the L1 (``prefetcht0``) 0.97-1.09, one burst into the L2
-    0.93, no prefetch 1.01-1.07. Streamed elementwise rows (``exp(x)``, ``x * 2 + 1``)
-    spread over their chunks: 0.87-0.99 of their time without it (paired runs).
+    cache level once the first pass is done. Spread into the L2 beats spread into the
+    L1, one burst into the L2 and no prefetch; streamed elementwise rows gain from it
+    too (measurements: ``docs/performance.md``).
 
     ``bursts=False`` (elementwise nests) prefetches only spread over chunks: the hardware
-    prefetcher streams whole vectorized passes, and the burst cost the LSTM gates, split
-    into two passes per row (:func:`_splits_chain`), 1.04-1.12x the time of no prefetch
-    (median 1.09)."""
+    prefetcher streams whole vectorized passes, and the burst made the LSTM gates, split
+    into two passes per row (:func:`_splits_chain`), slower than no prefetch
+    (measurements: ``docs/performance.md``)."""
     loop = sch.get_loop(sp)
     passes = [s for s in loop.body if isinstance(s, A.For)]
     chunked = [s for s in passes if s.kind is A.ForKind.SERIAL]
@@ -931,9 +918,7 @@ def _defer_output_pass(sch: Schedule, sp: str) -> None:
     """Where a row's last pass streams an output in chunks right after a costly chunked
     pass (softmax: the scale pass after the exp pass), run it inside the next row's
     costly pass (``defer_last_pass``), so the output's streaming stores overlap that
-    pass's arithmetic. Measured on softmax at [4096, 4096] float32 on two Zen 4 cores,
-    paired with the same schedule without it (two runs of 12 rounds): 0.83-0.99 of its
-    time (medians 0.86 and 0.92), bit-identical results."""
+    pass's arithmetic; the results are unchanged (measurements: ``docs/performance.md``)."""
     body = sch.get_loop(sp).body
     passes = [s for s in body if isinstance(s, A.For)]
     if len(passes) < 2 or passes[-1] is not body[-1]:
@@ -955,13 +940,10 @@ def _reuse_outputs(sch: Schedule, sp: str, par: bool, stream_min_bytes: int | No
     unless that reader would stream the output (see :func:`_streams`) and the next row
     will be prefetched over a costly pass cut in chunks (:func:`_chunk_costly_pass`,
     parallel rows of at least :attr:`Choices.prefetch_min_row`): an output read back cannot be
-    streamed, and an ordinary store first reads the line from memory. Measured on softmax
-    at [4096, 4096] float32 on two Zen 4 cores: a separate row buffer with a streamed last
-    pass and the next row prefetched over the exp chunks 0.80 of the in-place row's time;
-    without that prefetch the in-place row was 8-12% faster. Rows too short to prefetch
-    over: streamed, softmax took 1.16-1.35x the in-place row's time at [131072, 128],
-    1.11-1.20x at [65536, 256] and 1.11-1.15x at [32768, 512] (paired, six rounds); at
-    [16384, 1024] the two tie (0.99-1.01), at [8192, 2048] streaming wins (0.74-0.85)."""
+    streamed, and an ordinary store first reads the line from memory. The separate
+    streamed row buffer wins where that prefetch runs; without it the in-place row is
+    mostly as fast or faster, the streamed one losing most on short rows
+    (measurements: ``docs/performance.md``)."""
     prefetched = par and _costly_pass(sch, sp) is not None
     for name in [t.name for t in sch.kernel.temps if t.scope == "local"]:
         readers = sch.readers(name)
@@ -1006,9 +988,7 @@ def _merge_digit_dims(sch: Schedule) -> None:
     (:meth:`Schedule.merge_dims`): a reduction over H and W of ``[N, C, H, W]`` runs one
     loop over ``H * W`` and read ``x[n, c, rb // W, rb % W]``, an integer division and
     a modulo per element that kept the loop from vectorizing; on the merged view it reads
-    ``x[n, c, rb]``. Measured on two Zen 4 cores, float32, min of 25 runs: ReduceSum
-    over H, W of [8, 256, 56, 56] 2661 -> 324 us; InstanceNorm of [8, 64, 56, 56]
-    1354 -> 280 us."""
+    ``x[n, c, rb]`` (measurements: ``docs/performance.md``)."""
     local = [b for b in sch.kernel.temps if b.scope == "local"]
     for buf in [b.name for b in sch.kernel.inputs + sch.kernel.outputs + local]:
         while dims := sch.digit_dims(buf):
@@ -1038,10 +1018,8 @@ def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
 def _single_iteration(sch: Schedule, loop: str) -> bool:
     """Whether ``loop`` has the static extent 1 (a batch of one). Such a loop is not made
     parallel: it has nothing to share, and numba lowers a parallel loop's body as a
-    separate function in which the loops of a column reduction no longer vectorize.
-    Measured at [1, 16384, 1024] float32 summed over axis 1, two Zen 4 cores: 6.4-7.3 ms
-    under a parallel loop of one iteration, against 2.5-3.0 ms for the same nest
-    unwrapped (the [16384, 1024] sum over axis 0, whose reduce loop is outermost)."""
+    separate function in which the loops of a column reduction no longer vectorize
+    (measurements: ``docs/performance.md``)."""
     ext = sch.get_loop(loop).extent
     return isinstance(ext, A.Const) and int(ext.value) == 1
 
@@ -1229,14 +1207,10 @@ def _store_direct(sch: Schedule, block: str, chunk: int, min_bytes: int) -> str 
     the chunks' element loop, or None (the store left as it was, for the staged stream;
     the loop may be cut in chunks already).
 
-    Measured on the tanh GELU with a bias at [4096, 4096] float32 (two Zen 4 cores, one
-    process, against the staged stream, equal results, the copy at 42-50 GB/s): 0.942 of
-    the time over three separately compiled copies of each (single pairs 0.90-0.95),
-    99-101% of the copy roofline against 88-97%: the stage's
-    store and load per element cost a compute-heavy block (see :attr:`Choices.stream_max_ops`).
-    The tanh GELU at [256, 4096] 0.87-0.88, the erf GELU at [1024, 4096] and
-    [4096, 4096] 0.98-0.99. RMSNorm's and LayerNorm's cheap output passes measured
-    1.01-1.04 this way, so cheap blocks keep the staged stream."""
+    The stage's store and load per element cost a compute-heavy block (see
+    :attr:`Choices.stream_max_ops`), which storing from the registers saves; the cheap
+    output passes of RMSNorm and LayerNorm gain nothing this way, so cheap blocks keep
+    the staged stream (measurements: ``docs/performance.md``)."""
     (st,) = [s for s in A.walk_stmts(sch.get_block(block).body) if isinstance(s, A.Store)]
     loops = sch.get_loops(block)
     f = sch.get_loop(loops[-1]) if loops else None
