@@ -2,9 +2,9 @@
 
 The host's own CPU and features (``llvm.get_host_cpu_name`` / ``get_host_cpu_features``)
 are used, as numba did. LLVM tunes AVX-512 CPUs to prefer 256-bit vectors; geode's
-compute-heavy loops (exp, tanh, erf) ran 1.3-1.5x faster with 512-bit vectors and the
-memory-bound ones were never slower, so every function geode emits carries the
-attribute ``"prefer-vector-width"="512"`` on AVX-512 hosts (``GEODE_VECTOR_WIDTH=256``
+compute-heavy loops (exp, tanh, erf) run faster with 512-bit vectors and the
+memory-bound ones are never slower (measurements: ``docs/performance.md``), so every
+function geode emits carries the attribute ``"prefer-vector-width"="512"`` on AVX-512 hosts (``GEODE_VECTOR_WIDTH=256``
 keeps LLVM's choice; ``512`` or ``auto``, the default, prefer 512).
 
 :meth:`Target.fingerprint` is part of every cache key: code compiled for one CPU or
