@@ -12,16 +12,21 @@ An outermost ``parallel`` loop (in a kernel compiled parallel) becomes:
   loops nested in it run serially). ``noalias`` lets LLVM vectorize without runtime
   alias checks, as numba's prange bodies did. A chunk that streamed stores fences
   them before it returns.
-- in the caller, ``@geode.launch(@K.parN, ctx, ext, threads)``: nothing for an empty
-  loop; the chunk count is ``min(ext, CHUNKS_PER_THREAD * threads)`` (threads: the
-  kernel's ``threads`` argument, or the pool's size when it is 0); one thread or one
-  chunk calls the chunk function directly, else ``geode_parallel_for`` of the
-  native runtime shares the chunks among the pool's threads by work stealing.
+- in the caller, ``@geode.launch(@K.parN, ctx, ext, threads, work)``: nothing for an
+  empty loop; the chunk count is ``min(ext, CHUNKS_PER_THREAD * threads)`` (threads: the
+  kernel's ``threads`` argument, or the pool's size when it is 0); one thread, one chunk
+  or too little work calls the chunk function directly, else ``geode_parallel_for`` of
+  the native runtime shares the chunks among the pool's threads by work stealing.
+  ``work`` is the element count of the kernel's largest argument, evaluated at run time:
+  below ``min_work`` (the autoscheduler's ``parallel_min_elements``, which decides the
+  same for static shapes at compile time) waking the pool's sleeping workers costs more
+  than the loop (a [1, 32, 16] transformer block's kernels took 26-55 us each on the
+  pool, most of it the wake-up).
 """
 
 from __future__ import annotations
 
-from geode.codegen.ast import Expr, For, Store, StreamStore, Var, walk_stmts
+from geode.codegen.ast import Expr, For, Kernel, Store, StreamStore, Var, walk_stmts
 from geode.codegen.backends.llvm.irtext import FunctionWriter, quote_name
 from geode.codegen.backends.llvm.stmts import StmtWriter
 
@@ -31,18 +36,20 @@ __all__ = ["CHUNKS_PER_THREAD", "LAUNCH", "ParallelWriter"]
 CHUNKS_PER_THREAD = 32
 
 #: the launcher every module with a parallel loop defines
-LAUNCH = f"""define internal void @geode.launch(ptr %fn, ptr %ctx, i64 %ext, i64 %threads) {{
+LAUNCH = f"""define internal void @geode.launch(ptr %fn, ptr %ctx, i64 %ext, i64 %threads, i1 %small) {{
 entry:
   %empty = icmp slt i64 %ext, 1
   br i1 %empty, label %done, label %go
 go:
+  br i1 %small, label %inline, label %sized
+sized:
   %given = icmp sgt i64 %threads, 0
   br i1 %given, label %have, label %ask
 ask:
   %pool = call i64 @geode_num_threads()
   br label %have
 have:
-  %t = phi i64 [ %threads, %go ], [ %pool, %ask ]
+  %t = phi i64 [ %threads, %sized ], [ %pool, %ask ]
   %cap = mul i64 %t, {CHUNKS_PER_THREAD}
   %few = icmp slt i64 %ext, %cap
   %n = select i1 %few, i64 %ext, i64 %cap
@@ -64,6 +71,7 @@ done:
 class ParallelWriter(StmtWriter):
     """Outlining of parallel loops (see the module docstring)."""
 
+    k: Kernel
     threads: str
     n_outlined: int
     func_prefix: str
@@ -102,10 +110,32 @@ class ParallelWriter(StmtWriter):
             "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
         )
         m.add_global("geode.launch", LAUNCH)
+        small = self.small_work()
         f.add(
             f"call void @geode.launch(ptr @{quote_name(thunk_name)}, ptr {ctx}, i64 {ext}, "
-            f"i64 {self.threads})"
+            f"i64 {self.threads}, i1 {small})"
         )
+
+    def small_work(self) -> str:
+        """An ``i1``: whether every argument of the kernel has fewer elements than
+        ``min_work`` (then the loop runs on the calling thread, see the module docstring)."""
+        from geode.codegen.autoschedule import choices
+
+        limit = choices().parallel_min_elements
+        f = self.fn
+        small = "true"
+        for b in [*self.k.inputs, *self.k.outputs]:
+            n = "1"
+            for d in b.shape:
+                v = self.index(d)
+                n = v if n == "1" else f.value(f"mul i64 {n}, {v}")
+            if n.lstrip("-").isdigit():
+                if int(n) >= limit:
+                    return "false"
+                continue
+            c = f.value(f"icmp slt i64 {n}, {limit}")
+            small = c if small == "true" else f.value(f"and i1 {small}, {c}")
+        return small
 
     def write_thunk(self, name: str, body: str, n_ptrs: int, n_vals: int) -> None:
         """``@name(ctx, chunk, nchunks)``: load the context's slots, call the body."""
