@@ -175,7 +175,53 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
             constraints.append(
                 Constraint(compile_dim_fn(a), compile_dim_fn(b), syms, f"{a} == {b} ({where})")
             )
-    return Plan(graph.name, specs, outputs, slots, steps, constraints, memory, arena, release)
+    memo = _binding_steps(units, steps, slots)
+    return Plan(graph.name, specs, outputs, slots, steps, constraints, memory, arena, release, memo)
+
+
+#: ops whose results are not a function of their inputs (random draws), that act on
+#: something else (variables, output), or that run subgraphs: never memoized
+IMPURE_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Bernoulli",
+        "Multinomial",
+        "Dropout",
+        "Assign",
+        "AssignAdd",
+        "AssignSub",
+        "Print",
+        "If",
+        "Loop",
+        "Scan",
+    }
+)
+#: ops whose result depends only on their input's shape, not its values
+SHAPE_OPS = frozenset({"Shape", "Size"})
+
+
+def _binding_steps(units: list[Unit], steps: list[Step], slots: list[Slot]) -> frozenset[int]:
+    """The steps whose outputs are a function of the symbol binding alone (Plan.memo_steps):
+    every input is a constant, the output of such a step, or, for a lone ``Shape``/
+    ``Size`` node, a value whose shape the binding determines; no op is impure."""
+    known = {i for i, s in enumerate(slots) if s.role == "constant"}
+    memo: set[int] = set()
+    for k, (u, st) in enumerate(zip(units, steps)):
+        ops = [n.op_type for n in u.nodes]
+        if not ops or any(op in IMPURE_OPS for op in ops):
+            continue
+        shape_only = len(ops) == 1 and ops[0] in SHAPE_OPS
+        ok = all(
+            i is None or i in known or (shape_only and slots[i].shape is not None)
+            for i in st.inputs
+        )
+        if ok and st.outputs:
+            memo.add(k)
+            known.update(st.outputs)
+    return frozenset(memo)
 
 
 def _variable_key(vm: VarManager, v: Value) -> Any:

@@ -99,3 +99,7 @@ class Plan:
     arena_slots: frozenset[int] = frozenset()
     #: slots to drop after each step (last use), so dynamic buffers are freed early
     release: list[list[int]] = field(default_factory=list)
+    #: steps whose outputs depend only on the input shapes (the symbol binding) and on
+    #: constants: shape arithmetic, masks built from it. The executor runs them once per
+    #: binding and reuses their results (see ``Executor.run``)
+    memo_steps: frozenset[int] = frozenset()

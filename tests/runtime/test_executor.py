@@ -265,3 +265,57 @@ def test_output_pool_reuses_memory_only_after_release():
     assert third.ctypes.data == addr  # freed memory comes back from the pool
     np.testing.assert_array_equal(first, 2.0)
     np.testing.assert_array_equal(third, 2.0)
+
+
+def _mask_model():
+    """``y = x * tril(ones(shape(x)))``: the mask depends on the input's shape only."""
+    g = geode.Graph("masked")
+    x = g.input("x", ["N", "N"])
+    ones = ops.constant_of_shape(ops.shape(x), value=np.array([1.0], np.float32))
+    mask = ops.trilu(ones, upper=0)
+    g.output(x * mask, mask, names=["y", "mask"])
+    return geode.compile(g)
+
+
+def test_steps_of_the_binding_alone_run_once_per_binding():
+    """Shape arithmetic and a mask built from it (Plan.memo_steps) run on a binding's
+    first call only; later calls reuse their results, for every binding seen."""
+    model = _mask_model()
+    plan = model.plan
+    memo = [plan.steps[k] for k in sorted(plan.memo_steps)]
+    assert {s.label for s in memo} >= {"Shape", "ConstantOfShape", "Trilu"}, [
+        s.label for s in plan.steps
+    ]
+    calls = {s.name: 0 for s in memo}
+    for s in memo:
+        fn = s.fn
+
+        def counted(ins, outs, env, fn=fn, name=s.name):
+            calls[name] += 1
+            return fn(ins, outs, env)
+
+        s.fn = counted
+    rng = np.random.default_rng(0)
+    for n in (3, 5, 3, 5, 3):
+        x = rng.standard_normal((n, n)).astype(np.float32)
+        out = model(x=x)
+        np.testing.assert_array_equal(out["y"], x * np.tril(np.ones((n, n), np.float32)))
+    assert set(calls.values()) == {2}, calls  # two bindings, each computed once
+
+
+def test_memoized_outputs_are_copies_the_caller_may_change():
+    model = _mask_model()
+    x = np.ones((4, 4), np.float32)
+    first = model(x=x)["mask"]
+    first[:] = 7  # the caller's own array
+    np.testing.assert_array_equal(model(x=x)["mask"], np.tril(np.ones((4, 4), np.float32)))
+
+
+def test_steps_reading_data_or_variables_are_not_memoized():
+    g = geode.Graph("data")
+    x = g.input("x", ["N", 4])
+    v = g.variable("v", np.ones(4, np.float32))
+    g.output(ops.shape(x), x + v, names=["s", "y"])
+    model = geode.compile(g)
+    memo_labels = {model.plan.steps[k].label for k in model.plan.memo_steps}
+    assert memo_labels == {"Shape"}
