@@ -183,6 +183,23 @@ def bind(c: Compilation) -> None:
     for item in c.work:
         if isinstance(item, Node):
             engine = c.placement.engine[item.name]
+            library = driver.library_interface(item, c.opts) if engine == "aicpu" else None
+            if library is not None:  # a library routine called natively (MatMul: BLAS)
+                interface, info = library
+                c.placement.engine[item.name] = "aicore"
+                c.placement.reason[item.name] = "library op: BLAS, called natively"
+                units.append(
+                    Unit(
+                        item.name,
+                        "aicore",
+                        [item],
+                        list(item.inputs),
+                        list(item.outputs),
+                        interface,
+                        info,
+                    )
+                )
+                continue
             units.append(reference_unit(item, "aicpu" if engine == "aicore" else engine))
         elif item.failed:
             units += [reference_unit(n, "aicpu") for n in item.group.nodes]

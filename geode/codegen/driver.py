@@ -12,13 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from geode.codegen import ast as A
 from geode.codegen.indexing import exprs_equal
 from geode.codegen.lower import LoweredKernel, lower_group
 from geode.codegen.schedule import Schedule
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.profit import describe_work
-from geode.compiler.ir import Graph
+from geode.compiler.ir import Graph, Node
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn
 from geode.config import Options, stream_min_bytes
 from geode.costmodel.device import DeviceSpec, default_spec, load_or_calibrate
@@ -143,6 +145,7 @@ def interface_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None
         ops=list(job.group.nodes),
         engine="aicore",
         source=native.source,
+        kind="fused",
         trace=str(job.schedule.trace),
         cost={
             "compile_s": job.seconds,
@@ -152,6 +155,52 @@ def interface_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None
         _asm=lambda: native.asm,
     )
     job.info.cost.update(describe_work(job.group, g, device_spec(opts.cache_dir)))
+
+
+def library_interface(node: Node, opts: Options) -> tuple[NativeKernel, KernelInfo] | None:
+    """A library routine as a native AI Core step, or None to keep the node on AICPU:
+    MatMul of float32/float64 ``A`` of rank >= 2 by a matrix ``B`` calls the BLAS numpy
+    ships from JIT-compiled code (:mod:`geode.codegen.backends.llvm.library`), writing
+    straight into the planned output (no Python step, no copy). Only with the LLVM
+    backend and codegen on."""
+    if opts.backend != "llvm" or not opts.codegen or node.op_type != "MatMul":
+        return None
+    if len(node.inputs) != 2 or any(v is None for v in node.inputs) or len(node.outputs) != 1:
+        return None
+    a, b = node.inputs
+    y = node.outputs[0]
+    dtype = str(np.dtype(a.dtype))
+    if dtype not in ("float32", "float64") or b.dtype != a.dtype or y.dtype != a.dtype:
+        return None
+    if a.shape is None or b.shape is None or y.shape is None or len(a.shape) < 2:
+        return None
+    if len(b.shape) != 2:
+        return None
+    from geode.codegen.backends.llvm.library import matmul_kernel
+
+    kernel = matmul_kernel(dtype, len(a.shape))
+    if kernel is None:
+        return None
+    interface = NativeKernel(
+        name=node.name,
+        fn=kernel,
+        n_inputs=2,
+        out_shapes=[compile_shape_fn(y.shape)],
+        out_dtypes=[y.dtype],
+        threads=int(opts.num_threads),
+        launch_threads=True,
+        call=kernel.call,
+    )
+    info = KernelInfo(
+        name=node.name,
+        ops=[node],
+        engine="aicore",
+        source=kernel.source,
+        kind="library",
+        _llvm=lambda: kernel.llvm,
+        _asm=lambda: kernel.asm,
+    )
+    return interface, info
 
 
 def native_interface(

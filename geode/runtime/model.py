@@ -23,6 +23,9 @@ class KernelInfo:
     ops: list[Any]
     engine: str
     source: str = ""
+    #: "fused" (a kernel compiled from a fusion group), "library" (a library routine
+    #: called natively, such as MatMul through BLAS) or "" (a fallback step)
+    kind: str = ""
     trace: str = ""
     cost: dict[str, float] = field(default_factory=dict)
     _llvm: Callable[[], str] | None = None

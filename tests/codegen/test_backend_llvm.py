@@ -748,3 +748,63 @@ def test_kernels_and_their_machine_code_are_freed_with_their_model() -> None:
     del model, mine
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+# ---------------------------------------------------------------------------------
+# library routines: MatMul through numpy's BLAS, by C symbol
+# ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("a_shape", [(5, 7), (2, 5, 7), (2, 3, 1, 7), (0, 7), (5, 0)])
+def test_native_matmul_is_numpys_result(dtype: str, a_shape: tuple) -> None:
+    from geode.codegen.backends.llvm.library import blas, matmul_kernel
+
+    if blas() is None:
+        pytest.skip("no BLAS found in numpy's wheel or the process")
+    k = matmul_kernel(dtype, len(a_shape))
+    rng = np.random.default_rng(len(a_shape))
+    a = rng.standard_normal(a_shape).astype(dtype)
+    b = rng.standard_normal((a_shape[-1], 3)).astype(dtype)
+    y = np.full((*a_shape[:-1], 3), 9, dtype)
+    tol = 1e-6 if dtype == "float32" else 1e-14  # numpy may take another BLAS path
+    k(a, b, y)
+    np.testing.assert_allclose(y, a @ b, rtol=tol, atol=tol)
+    k(np.asfortranarray(a) if a.ndim == 2 else a, b, y)  # a strided input is copied
+    np.testing.assert_allclose(y, a @ b, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="argument B must have shape"):
+        k(a, np.zeros((a_shape[-1] + 1, 3), dtype), y)
+    with pytest.raises(ValueError, match="argument Y must have shape"):
+        k(a, b, np.zeros((*a_shape[:-1], 4), dtype))
+
+
+def test_models_call_blas_natively_where_it_applies() -> None:
+    import geode
+    from geode import ops
+    from geode.codegen.backends.llvm.library import blas
+
+    if blas() is None:
+        pytest.skip("no BLAS found in numpy's wheel or the process")
+    g = geode.Graph("mm")
+    x = g.input("x", ["N", "S", 16])
+    w = g.constant(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32))
+    h = g.input("h", ["N", 16, 4], "float16")
+    wh = g.constant(np.ones((4, 2), np.float16))
+    q = g.input("q", ["N", 16, 4])
+    g.output(
+        ops.relu(ops.matmul(x, w)), ops.matmul(h, wh), ops.matmul(x, q), names=["y", "yh", "yb"]
+    )
+    model = geode.compile(g)
+    kinds = {tuple(n.op_type for n in k.ops): k.kind for k in model.kernels if len(k.ops) == 1}
+    lib = [k for k in model.kernels if k.kind == "library"]
+    assert len(lib) == 1 and lib[0].ops[0].inputs[1].shape == (16, 8), kinds  # float16 and
+    rng = np.random.default_rng(1)  # batched (rank-3 B) MatMuls keep their reference kernel
+    feeds = {
+        "x": rng.standard_normal((2, 3, 16)).astype(np.float32),
+        "h": rng.standard_normal((2, 16, 4)).astype(np.float16),
+        "q": rng.standard_normal((2, 16, 4)).astype(np.float32),
+    }
+    out = model(**feeds)
+    want_y = np.maximum(feeds["x"] @ g.values[w.name].data, 0)
+    np.testing.assert_allclose(out["y"], want_y, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out["yb"], feeds["x"] @ feeds["q"], rtol=1e-5, atol=1e-5)
+    want_h = (feeds["h"].astype(np.float32) @ np.ones((4, 2), np.float32)).astype(np.float16)
+    np.testing.assert_allclose(out["yh"].astype(np.float32), want_h.astype(np.float32), rtol=1e-3)

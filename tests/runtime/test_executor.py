@@ -105,13 +105,17 @@ def test_engines_in_plan():
     w = g.constant(np.eye(8, dtype=np.float32))
     s = ops.shape(x)
     y = ops.reshape(ops.matmul(x, w) * 2.0, s)
-    g.output(y, ops.cast(s, to=1), names=["y", "s"])
+    g.output(y, ops.cast(s, to=1), ops.trilu(x), names=["y", "s", "t"])
     model = geode.compile(g)
     engines = {st.engine for st in model.plan.steps}
     assert engines == {"host", "aicpu", "aicore"}, model.explain()
+    # the MatMul calls BLAS natively (aicore), Trilu runs its reference kernel (aicpu)
+    by_label = {st.label: st.engine for st in model.plan.steps}
+    assert by_label["MatMul"] == "aicore" and by_label["Trilu"] == "aicpu", by_label
     out = model(x=np.ones((3, 8), np.float32))
     np.testing.assert_array_equal(out["y"], 2.0)
     np.testing.assert_array_equal(out["s"], [3, 8])
+    np.testing.assert_array_equal(out["t"], np.triu(np.ones((3, 8), np.float32)))
 
 
 def _circular(a: int, b: int) -> int:

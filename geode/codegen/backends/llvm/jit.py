@@ -138,14 +138,17 @@ class Loaded:
         return self.addresses[name]
 
 
-def load_object(obj: bytes, exports: list[str], runtime: bool = True) -> Loaded:
+def load_object(
+    obj: bytes, exports: list[str], runtime: bool = True, imports: dict[str, int] | None = None
+) -> Loaded:
     """Link object code into the process and return the addresses of ``exports``
-    (``runtime``: the code calls the native runtime's functions)."""
+    (``runtime``: the code calls the native runtime's functions; ``imports``: other
+    symbols it calls, by address)."""
     import llvmlite.binding as llvm
 
     with LOCK:
         builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
-        for name, addr in (runtime_symbols() if runtime else {}).items():
+        for name, addr in {**(runtime_symbols() if runtime else {}), **(imports or {})}.items():
             builder.import_symbol(name, addr)
         for name in exports:
             builder.export_symbol(name)

@@ -1,0 +1,201 @@
+"""Library routines as native kernels: MatMul through the BLAS numpy ships, called by C
+symbol from JIT-compiled code (not through Python).
+
+:func:`blas` finds ``cblas_sgemm``/``cblas_dgemm`` in the OpenBLAS of numpy's wheel
+(``numpy.libs/libscipy_openblas64_*``: the ILP64 interface, ``scipy_cblas_?gemm64_``) or,
+failing that, in the process (a system CBLAS, 32-bit ints). :func:`matmul_kernel` compiles
+an entry with the kernels' ABI (``int32 entry(ptrs, recs, ints)``, see
+:mod:`~geode.codegen.backends.llvm.emit`) computing ``Y = A @ B`` for ``A`` of rank ``r``
+(>= 2, its leading dims flattened into the GEMM's rows: one call for a whole batch of
+rows) and ``B`` a matrix, all C-contiguous: it checks the three records (status 1, 2, 3
+for a bad A, B, Y), then calls ``gemm(RowMajor, NoTrans, NoTrans, M, N, K, 1, A, K, B,
+N, 0, Y, N)``; ``K = 0`` writes zeros (numpy's result) and ``M = 0`` or ``N = 0`` nothing.
+The results are numpy's: numpy's own matmul calls the same routine for these operands.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
+
+__all__ = ["Blas", "blas", "matmul_kernel"]
+
+_TYPES = {"float32": ("float", "s", 4), "float64": ("double", "d", 8)}
+
+
+@dataclass(frozen=True)
+class Blas:
+    """The GEMM routines found: their addresses, and the width of their int arguments."""
+
+    sgemm: int
+    dgemm: int
+    int_bits: int
+    where: str
+
+    def symbol(self, dtype: str) -> str:
+        """The name geode links the ``dtype`` GEMM under (its address is imported)."""
+        return f"geode_blas_{_TYPES[dtype][1]}gemm"
+
+    def address(self, dtype: str) -> int:
+        return self.sgemm if dtype == "float32" else self.dgemm
+
+
+def _lookup(lib: ctypes.CDLL, names: tuple[str, str]) -> tuple[int, int] | None:
+    try:
+        return tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names)  # type: ignore[return-value]
+    except AttributeError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def blas() -> Blas | None:
+    """numpy's BLAS (see the module docstring), or None when none is found."""
+    libs_dir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(libs_dir, "*openblas*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for names, bits in (
+            (("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_"), 64),
+            (("cblas_sgemm64_", "cblas_dgemm64_"), 64),
+            (("cblas_sgemm", "cblas_dgemm"), 32),
+        ):
+            found = _lookup(lib, names)
+            if found and all(found):
+                return Blas(found[0], found[1], bits, path)
+    found = _lookup(ctypes.CDLL(None), ("cblas_sgemm", "cblas_dgemm"))
+    if found and all(found):
+        return Blas(found[0], found[1], 32, "process")
+    return None
+
+
+def _shape_text(rank: int, last: str) -> str:
+    dims = [f"d{i}" for i in range(rank - 1)] + [last]
+    return "(" + ", ".join(dims) + ")"
+
+
+def matmul_ir(dtype: str, rank: int, lib: Blas) -> tuple[str, str]:
+    """``(entry name, module IR)`` of ``Y = A @ B`` for ``A`` of rank ``rank``."""
+    ty, letter, item = _TYPES[dtype]
+    it = f"i{lib.int_bits}"
+    name = f"geode_matmul_{letter}_r{rank}"
+    sym = lib.symbol(dtype)
+    lines = [
+        f"declare void @{sym}(i32, i32, i32, {it}, {it}, {it}, {ty}, ptr, {it}, ptr, {it}, "
+        f"{ty}, ptr, {it}) nounwind",
+        "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)",
+        f"define i32 @{name}(ptr %ptrs, ptr %recs, ptr %ints) nounwind {{",
+        "entry:",
+    ]
+
+    def rec(i: int) -> str:
+        return f"%r{i}"
+
+    for i in range(2 * rank + 8):  # every record word: A (2 + rank), B (4), Y (2 + rank)
+        lines.append(f"  %p{i} = getelementptr inbounds i64, ptr %recs, i64 {i}")
+        lines.append(f"  {rec(i)} = load i64, ptr %p{i}")
+    # A: [0] ndim, [1] item, [2 .. 2+rank) dims; B at 2+rank; Y at 2+rank+4
+    b0, y0 = 2 + rank, 2 + rank + 4
+    checks = {
+        1: [f"icmp eq i64 %r0, {rank}", f"icmp eq i64 %r1, {item}"],
+        2: [
+            f"icmp eq i64 %r{b0}, 2",
+            f"icmp eq i64 %r{b0 + 1}, {item}",
+            f"icmp eq i64 %r{b0 + 2}, %r{1 + rank}",
+        ],
+        3: [f"icmp eq i64 %r{y0}, {rank}", f"icmp eq i64 %r{y0 + 1}, {item}"]
+        + [f"icmp eq i64 %r{y0 + 2 + d}, %r{2 + d}" for d in range(rank - 1)]
+        + [f"icmp eq i64 %r{y0 + 1 + rank}, %r{b0 + 3}"],
+    }
+    for status, conds in checks.items():
+        ok = "true"
+        for j, c in enumerate(conds):
+            lines.append(f"  %c{status}_{j} = {c}")
+            nxt = f"%c{status}_{j}"
+            if ok != "true":
+                lines.append(f"  %a{status}_{j} = and i1 {ok}, {nxt}")
+                nxt = f"%a{status}_{j}"
+            ok = nxt
+        lines += [
+            f"  br i1 {ok}, label %ok{status}, label %bad{status}",
+            f"bad{status}:",
+            f"  ret i32 {status}",
+            f"ok{status}:",
+        ]
+    m = "%r2"
+    for d in range(1, rank - 1):
+        lines.append(f"  %m{d} = mul i64 {m}, %r{2 + d}")
+        m = f"%m{d}"
+    k, n = f"%r{1 + rank}", f"%r{b0 + 3}"
+    lines += [
+        *(f"  %pa{i} = getelementptr inbounds ptr, ptr %ptrs, i64 {i}" for i in range(3)),
+        "  %A = load ptr, ptr %pa0",
+        "  %B = load ptr, ptr %pa1",
+        "  %Y = load ptr, ptr %pa2",
+        f"  %mz = icmp eq i64 {m}, 0",
+        f"  %nz = icmp eq i64 {n}, 0",
+        "  %empty = or i1 %mz, %nz",
+        "  br i1 %empty, label %done, label %some",
+        "some:",
+        f"  %kz = icmp eq i64 {k}, 0",
+        "  br i1 %kz, label %zero, label %gemm",
+        "zero:",
+        f"  %mn = mul i64 {m}, {n}",
+        f"  %bytes = mul i64 %mn, {item}",
+        "  call void @llvm.memset.p0.i64(ptr %Y, i8 0, i64 %bytes, i1 false)",
+        "  br label %done",
+        "gemm:",
+    ]
+    if lib.int_bits == 32:
+        args = []
+        for v, tag in ((m, "M"), (n, "N"), (k, "K")):
+            lines.append(f"  %{tag}32 = trunc i64 {v} to i32")
+            args.append(f"%{tag}32")
+        mi, ni, ki = args
+    else:
+        mi, ni, ki = m, n, k
+    one = "1.0"
+    zero = "0.0"
+    lines += [
+        f"  call void @{sym}(i32 101, i32 111, i32 111, {it} {mi}, {it} {ni}, {it} {ki}, "
+        f"{ty} {one}, ptr %A, {it} {ki}, ptr %B, {it} {ni}, {ty} {zero}, ptr %Y, {it} {ni})",
+        "  br label %done",
+        "done:",
+        "  ret i32 0",
+        "}",
+    ]
+    return name, "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=16)
+def matmul_kernel(dtype: str, rank: int):  # -> LLVMKernel | None
+    """The native ``Y = A @ B`` kernel for ``A`` of rank ``rank`` (>= 2) and a matrix
+    ``B`` of ``dtype`` (float32/float64), or None when no BLAS is found."""
+    from geode.codegen.backends.llvm import jit
+    from geode.codegen.backends.llvm.kernel import LLVMKernel
+    from geode.codegen.backends.llvm.target import host
+
+    lib = blas()
+    if lib is None or dtype not in _TYPES or rank < 2:
+        return None
+    name, ir = matmul_ir(dtype, rank, lib)
+    target = host()
+    obj = jit.compile_ir(ir, target)
+    loaded = jit.load_object(
+        obj, [name], runtime=False, imports={lib.symbol(dtype): lib.address(dtype)}
+    )
+    args = (
+        ArgSpec("A", "input", dtype, rank, _shape_text(rank, "K")),
+        ArgSpec("B", "input", dtype, 2, "(K, N)"),
+        ArgSpec("Y", "output", dtype, rank, _shape_text(rank, "N")),
+    )
+    emitted = Emitted(ir, name, args, (), False, ())
+    return LLVMKernel(f"matmul_{dtype}_r{rank}", emitted, loaded, target, 0.0, False, False)
