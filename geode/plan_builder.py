@@ -176,7 +176,40 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
                 Constraint(compile_dim_fn(a), compile_dim_fn(b), syms, f"{a} == {b} ({where})")
             )
     memo = _binding_steps(units, steps, slots)
+    steps, release, memo = _chain_native_runs(units, steps, release, memo)
     return Plan(graph.name, specs, outputs, slots, steps, constraints, memory, arena, release, memo)
+
+
+def _chain_native_runs(
+    units: list[Unit], steps: list[Step], release: list[list[int]], memo: frozenset[int]
+) -> tuple[list[Step], list[list[int]], frozenset[int]]:
+    """Replace every run of two or more consecutive chainable AI Core steps (not memoized)
+    by one chain step (:mod:`geode.runtime.chains`); the memory plan was made for the
+    unchained steps and stays valid, release lists and memo indices are carried over."""
+    from geode.runtime.chains import MAX_CHAIN, chain_step, chainable
+
+    def ok(k: int) -> bool:
+        return units[k].engine == "aicore" and k not in memo and chainable(units[k].kernel)
+
+    new_steps: list[Step] = []
+    new_release: list[list[int]] = []
+    new_memo: set[int] = set()
+    k = 0
+    while k < len(steps):
+        end = k
+        while end < len(steps) and ok(end) and end - k < MAX_CHAIN:
+            end += 1
+        if end - k >= 2:
+            new_steps.append(chain_step(steps[k:end], [units[j].kernel for j in range(k, end)]))
+            new_release.append([s for j in range(k, end) for s in release[j]])
+            k = end
+            continue
+        if k in memo:
+            new_memo.add(len(new_steps))
+        new_steps.append(steps[k])
+        new_release.append(release[k])
+        k += 1
+    return new_steps, new_release, frozenset(new_memo)
 
 
 #: ops whose results are not a function of their inputs (random draws), that act on

@@ -56,11 +56,17 @@ MAX_THREADS: int = _ext.MAX_THREADS
 
 #: Call a JIT-compiled kernel entry; the C function itself, for speed (see the module docs).
 call = _ext.call
+#: Call several kernel entries in one crossing: ``call_chain(entries, arrays, ints)`` with
+#: ``entries`` a tuple of ``(addr, n_arrays, n_in, n_ints)`` per kernel and ``arrays``/``ints``
+#: every kernel's arguments concatenated; returns 0, or ``((k + 1) << 32) | status`` for the
+#: first kernel ``k`` that refused its arguments (the later ones do not run).
+call_chain = _ext.call_chain
 
 __all__ = [
     "MAX_THREADS",
     "ArgumentError",
     "call",
+    "call_chain",
     "get_num_threads",
     "pool_info",
     "set_num_threads",

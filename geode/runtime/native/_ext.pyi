@@ -1,6 +1,7 @@
 """Type stubs of geode's native runtime extension (see geode.runtime.native)."""
 
 from collections.abc import Sequence
+from typing import Any
 
 from geode.errors import GeodeError
 
@@ -17,3 +18,9 @@ def get_num_threads() -> int: ...
 def pool_info() -> dict[str, int]: ...
 def symbols() -> dict[str, int]: ...
 def _set_max_slot_chunks(n: int, /) -> int: ...
+def call_chain(
+    entries: tuple[tuple[int, int, int, int], ...],
+    arrays: tuple[Any, ...],
+    ints: tuple[int, ...],
+    /,
+) -> int: ...

@@ -195,3 +195,150 @@ done:
         PyMem_Free(ivals);
     return result;
 }
+
+/* call_chain(entries, arrays, ints): several kernel entries in one crossing.
+
+   entries  a tuple of (addr, n_arrays, n_in, n_ints) tuples, one per kernel, in run order
+   arrays   every kernel's arrays, concatenated in that order (an array may appear several
+            times: an output of one kernel is an input of a later one)
+   ints     every kernel's ints, concatenated
+   Kernel k gets its slices of ptrs, recs and ints; positions n_in.. of its slice must be
+   writable. The kernels run one after another with the GIL released; the first nonzero
+   status stops the chain. Returns 0, or ((k + 1) << 32) | status for kernel k. A bad array
+   raises ArgumentError with .index its position in `arrays`. */
+#define CHAIN_MAX 256
+
+PyObject *geode_call_chain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError,
+                     "call_chain() takes 3 arguments (entries, arrays, ints), %zd given", nargs);
+        return NULL;
+    }
+    PyObject *entries = args[0], *arrays = args[1], *ints = args[2];
+    if (!PyTuple_Check(entries) || !PyTuple_Check(arrays) || !PyTuple_Check(ints)) {
+        PyErr_SetString(PyExc_TypeError, "call_chain(): entries, arrays and ints must be tuples");
+        return NULL;
+    }
+    const Py_ssize_t nk = PyTuple_GET_SIZE(entries);
+    const Py_ssize_t na = PyTuple_GET_SIZE(arrays);
+    const Py_ssize_t ni = PyTuple_GET_SIZE(ints);
+    if (nk > CHAIN_MAX) {
+        PyErr_Format(PyExc_ValueError, "call_chain(): at most %d kernels, got %zd", CHAIN_MAX, nk);
+        return NULL;
+    }
+    entry_fn fns[CHAIN_MAX];
+    Py_ssize_t k_arrays[CHAIN_MAX], k_in[CHAIN_MAX], k_ints[CHAIN_MAX];
+    Py_ssize_t sum_a = 0, sum_i = 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        PyObject *e = PyTuple_GET_ITEM(entries, k);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4) {
+            PyErr_Format(PyExc_TypeError, "call_chain(): entries[%zd] must be a 4-tuple", k);
+            return NULL;
+        }
+        void *addr = PyLong_AsVoidPtr(PyTuple_GET_ITEM(e, 0));
+        k_arrays[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(e, 1));
+        k_in[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(e, 2));
+        k_ints[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(e, 3));
+        if (PyErr_Occurred())
+            return NULL;
+        if (addr == NULL || k_arrays[k] < 0 || k_in[k] < 0 || k_in[k] > k_arrays[k] ||
+            k_ints[k] < 0) {
+            PyErr_Format(PyExc_ValueError, "call_chain(): entries[%zd] is not a valid entry", k);
+            return NULL;
+        }
+        fns[k] = (entry_fn)addr;
+        sum_a += k_arrays[k];
+        sum_i += k_ints[k];
+    }
+    if (sum_a != na || sum_i != ni) {
+        PyErr_Format(PyExc_ValueError,
+                     "call_chain(): the entries take %zd arrays and %zd ints, got %zd and %zd",
+                     sum_a, sum_i, na, ni);
+        return NULL;
+    }
+
+    Py_buffer *bufs = PyMem_Malloc((size_t)(na ? na : 1) * sizeof(Py_buffer));
+    void **ptrs = PyMem_Malloc((size_t)(na ? na : 1) * sizeof(void *));
+    int64_t *ivals = PyMem_Malloc((size_t)(ni ? ni : 1) * sizeof(int64_t));
+    int64_t *recs = NULL;
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (bufs == NULL || ptrs == NULL || ivals == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < ni; j++) {
+        long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(ints, j));
+        if (v == -1 && PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "call_chain(): ints[%zd] does not fit in int64", j);
+            }
+            goto done;
+        }
+        ivals[j] = (int64_t)v;
+    }
+    Py_ssize_t nrec = 0, pos = 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        for (Py_ssize_t i = 0; i < k_arrays[k]; i++, pos++) {
+            const int writable = i >= k_in[k];
+            int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, pos), &bufs[pos], flags) < 0) {
+                raise_argument_error(pos, writable);
+                goto done;
+            }
+            got++;
+            if ((writable && bufs[pos].readonly) || !PyBuffer_IsContiguous(&bufs[pos], 'C')) {
+                PyErr_SetString(PyExc_BufferError, "the exporter returned a strided or read-only buffer");
+                raise_argument_error(pos, writable);
+                goto done;
+            }
+            ptrs[pos] = bufs[pos].buf;
+            nrec += 2 + bufs[pos].ndim;
+        }
+    }
+    recs = PyMem_Malloc((size_t)(nrec ? nrec : 1) * sizeof(int64_t));
+    if (recs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t rec_at[CHAIN_MAX];
+    int64_t *r = recs;
+    pos = 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        rec_at[k] = r - recs;
+        for (Py_ssize_t i = 0; i < k_arrays[k]; i++, pos++) {
+            const int nd = bufs[pos].ndim;
+            *r++ = nd;
+            *r++ = bufs[pos].itemsize;
+            for (int d = 0; d < nd; d++)
+                *r++ = bufs[pos].shape ? bufs[pos].shape[d] : bufs[pos].len / bufs[pos].itemsize;
+        }
+    }
+
+    long long status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t pa = 0, pi = 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        int32_t s = fns[k](ptrs + pa, recs + rec_at[k], ivals + pi);
+        if (s != 0) {
+            status = ((long long)(k + 1) << 32) | (uint32_t)s;
+            break;
+        }
+        pa += k_arrays[k];
+        pi += k_ints[k];
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLongLong(status);
+
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&bufs[i]);
+    PyMem_Free(bufs);
+    PyMem_Free(ptrs);
+    PyMem_Free(ivals);
+    PyMem_Free(recs);
+    return result;
+}

@@ -9,5 +9,6 @@ extern PyObject *geode_argument_error;
 
 /* call(addr, n_in, arrays, ints) -> int, METH_FASTCALL. */
 PyObject *geode_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *geode_call_chain(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

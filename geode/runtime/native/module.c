@@ -6,6 +6,13 @@
 #include "call.h"
 #include "pool.h"
 
+PyDoc_STRVAR(call_chain_doc,
+             "call_chain($module, entries, arrays, ints, /)\n--\n\n"
+             "Call several kernel entries in one crossing, the GIL released once: entries is a\n"
+             "tuple of (addr, n_arrays, n_in, n_ints) per kernel, arrays and ints every kernel's\n"
+             "arguments concatenated. Returns 0, or ((k + 1) << 32) | status for the first\n"
+             "kernel k that returned a nonzero status (the later ones do not run).");
+
 PyDoc_STRVAR(call_doc,
              "call($module, addr, n_in, arrays, ints, /)\n--\n\n"
              "Call the kernel entry at `addr` and return its int32 status.\n\n"
@@ -97,6 +104,7 @@ static PyObject *py_set_max_slot_chunks(PyObject *module, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"call", (PyCFunction)(void (*)(void))geode_call, METH_FASTCALL, call_doc},
+    {"call_chain", (PyCFunction)(void (*)(void))geode_call_chain, METH_FASTCALL, call_chain_doc},
     {"set_num_threads", py_set_num_threads, METH_O, set_num_threads_doc},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, get_num_threads_doc},
     {"pool_info", py_pool_info, METH_NOARGS, pool_info_doc},

@@ -1,0 +1,143 @@
+"""Chains: runs of native AI Core steps called in one crossing (geode.runtime.chains and
+the native runtime's call_chain)."""
+
+import numpy as np
+import pytest
+
+import geode
+from geode import ops
+from geode.codegen import ast as A
+from geode.codegen.backends.llvm.kernel import compile_kernel
+from geode.compiler.interpret import run_reference
+from geode.errors import ExecutionError
+from geode.runtime import native
+
+
+def _scale_kernel(name: str, factor: float):
+    """``Y[i] = X[i] * factor`` over ``N``."""
+    n = A.Var("N")
+    blk = A.Block(
+        "b",
+        [A.IterVar("vi", n)],
+        [A.Var("i")],
+        [
+            A.Store(
+                "Y",
+                (A.Var("vi"),),
+                A.Bin("*", A.Load("X", (A.Var("vi"),)), A.Const(factor, "float64")),
+            )
+        ],
+    )
+    k = A.Kernel(
+        name,
+        [A.Buffer("X", "float32", (n,))],
+        [A.Buffer("Y", "float32", (n,))],
+        ["N"],
+        [A.For("i", n, [blk])],
+    )
+    return compile_kernel(k)
+
+
+def test_call_chain_runs_kernels_in_order_in_one_call():
+    k2, k3 = _scale_kernel("twice", 2.0), _scale_kernel("thrice", 3.0)
+    x = np.arange(5, dtype=np.float32)
+    mid, y = np.zeros(5, np.float32), np.zeros(5, np.float32)
+    entries = ((k2.address, 2, 1, 2), (k3.address, 2, 1, 2))
+    assert native.call_chain(entries, (x, mid, mid, y), (5, 0, 5, 0)) == 0
+    np.testing.assert_array_equal(y, x * 6)
+
+
+def test_call_chain_stops_at_the_first_refusal_and_says_which():
+    k2, k3 = _scale_kernel("twice", 2.0), _scale_kernel("thrice", 3.0)
+    x, mid, y = np.ones(5, np.float32), np.zeros(5, np.float32), np.zeros(4, np.float32)
+    entries = ((k2.address, 2, 1, 2), (k3.address, 2, 1, 2))
+    status = native.call_chain(entries, (x, mid, mid, y), (5, 0, 5, 0))
+    assert status >> 32 == 2 and status & 0xFFFFFFFF == 2  # kernel 1 refused its argument 1
+    np.testing.assert_array_equal(mid, 2.0)  # kernel 0 ran
+    with pytest.raises(native.ArgumentError) as err:
+        native.call_chain(entries, (x, mid, mid[::-1], y), (5, 0, 5, 0))
+    assert err.value.index == 2
+    with pytest.raises(native.ArgumentError) as err:  # an output must be writable
+        ro = np.zeros(5, np.float32)
+        ro.flags.writeable = False
+        native.call_chain(entries, (x, ro, mid, y), (5, 0, 5, 0))
+    assert err.value.index == 1
+    with pytest.raises(ValueError, match="take 4 arrays and 4 ints"):
+        native.call_chain(entries, (x, mid, mid), (5, 0, 5, 0))
+
+
+def _mlp(layers: int = 4):
+    g = geode.Graph("mlp")
+    h = g.input("x", ["N", 16])
+    rng = np.random.default_rng(0)
+    for _ in range(layers):
+        w = g.constant((rng.standard_normal((16, 16)) / 4).astype(np.float32))
+        b = g.constant(rng.standard_normal(16).astype(np.float32))
+        h = ops.relu(ops.matmul(h, w) + b)
+    g.output(h, names=["y"])
+    return g
+
+
+def test_a_model_of_native_steps_runs_as_one_chain_for_every_binding():
+    g = _mlp()
+    model = geode.compile(g)
+    assert len(model.plan.steps) == 1 and model.plan.steps[0].info["chain"], model.plan.steps
+    rng = np.random.default_rng(1)
+    for n in (1, 4, 7, 4, 0):
+        x = rng.standard_normal((n, 16)).astype(np.float32)
+        want = run_reference(g, {"x": x})["y"]
+        np.testing.assert_allclose(model(x=x)["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def _step_inputs(model, step, feeds):
+    """The arrays the executor hands ``step``: feeds by input slot, constants from the
+    model's VarManager."""
+    by_slot = {spec.slot: feeds[spec.name] for spec in model.plan.inputs}
+    return [
+        by_slot[i] if i in by_slot else model.var_manager.get(model.plan.slots[i].var_key)
+        for i in step.inputs
+    ]
+
+
+def test_a_chain_copies_a_strided_input_through_its_members():
+    model = geode.compile(_mlp(2))
+    (step,) = model.plan.steps
+    x = np.random.default_rng(2).standard_normal((6, 32)).astype(np.float32)[:, ::2]
+    assert not x.flags.c_contiguous
+    got = step.fn(_step_inputs(model, step, {"x": x}), [None] * len(step.outputs), {"N": 6})
+    want = model(x=np.ascontiguousarray(x))["y"]
+    np.testing.assert_array_equal(got[-1], want)
+
+
+def test_memo_steps_stay_out_of_chains():
+    g = geode.Graph("masked_mlp")
+    x = g.input("x", ["N", "N"])
+    ones = ops.constant_of_shape(ops.shape(x), value=np.array([1.0], np.float32))
+    w = g.constant(np.eye(4, dtype=np.float32) * 2)
+    g.output(ops.relu(ops.matmul(x * ops.trilu(ones, upper=0), w)), names=["y"])
+    model = geode.compile(g)
+    plan = model.plan
+    chains = [s for s in plan.steps if "chain" in s.info]
+    memo_labels = {plan.steps[k].label for k in plan.memo_steps}
+    assert (
+        chains
+        and "Trilu" in memo_labels
+        and not any("chain" in plan.steps[k].info for k in plan.memo_steps)
+    )
+    x4 = np.random.default_rng(3).standard_normal((4, 4)).astype(np.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(
+            model(x=x4)["y"],
+            np.maximum((x4 * np.tril(np.ones((4, 4)))) @ (np.eye(4) * 2), 0),
+            rtol=1e-6,
+        )
+
+
+def test_a_member_refusing_its_arguments_names_its_step():
+    model = geode.compile(_mlp(2))
+    (step,) = model.plan.steps
+    ins = _step_inputs(model, step, {"x": np.zeros((3, 16), np.float32)})
+    outs = [None] * len(step.outputs)
+    outs[0] = np.zeros((3, 15), np.float32)  # a planned buffer of the wrong shape
+    with pytest.raises(ExecutionError, match=r"step '.*': kernel .* must have shape"):
+        step.fn(ins, outs, {"N": 3})
