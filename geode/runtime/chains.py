@@ -85,8 +85,8 @@ def chain_step(steps: Sequence[Step], kernels: Sequence[NativeKernel]) -> Step:
         got = ints_of.get(key)
         if got is None:
             got = tuple(v for fns, threads in dim_fns for v in (*(f(env) for f in fns), threads))
-            if len(ints_of) >= 8:
-                ints_of.pop(next(iter(ints_of)))
+            if len(ints_of) >= 8:  # a few bindings; threads may race here: harmless
+                ints_of.clear()
             ints_of[key] = got
         return got
 
