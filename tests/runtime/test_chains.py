@@ -141,3 +141,31 @@ def test_a_member_refusing_its_arguments_names_its_step():
     outs[0] = np.zeros((3, 15), np.float32)  # a planned buffer of the wrong shape
     with pytest.raises(ExecutionError, match=r"step '.*': kernel .* must have shape"):
         step.fn(ins, outs, {"N": 3})
+
+
+def test_threads_calling_one_model_get_the_results_of_one_thread():
+    """Chains, memo steps and the pool under concurrent callers: every thread's results
+    equal a single thread's, bit for bit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    g = geode.Graph("concurrent")
+    x = g.input("x", ["N", 16])
+    rng = np.random.default_rng(0)
+    h = x
+    for _ in range(3):
+        w = g.constant((rng.standard_normal((16, 16)) / 4).astype(np.float32))
+        h = ops.tanh(ops.matmul(h, w))
+    mask = ops.constant_of_shape(ops.shape(h), value=np.array([0.5], np.float32))
+    g.output(h * mask, names=["y"])
+    model = geode.compile(g)
+    feeds = [rng.standard_normal((n, 16)).astype(np.float32) for n in (1, 3, 64, 3, 1, 2048)]
+    want = [model(x=f)["y"] for f in feeds]
+
+    def work(i: int) -> bool:
+        return all(
+            np.array_equal(model(x=feeds[(i + j) % len(feeds)])["y"], want[(i + j) % len(feeds)])
+            for j in range(60)
+        )
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(work, range(8)))
