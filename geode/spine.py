@@ -183,7 +183,7 @@ def bind(c: Compilation) -> None:
     for item in c.work:
         if isinstance(item, Node):
             engine = c.placement.engine[item.name]
-            library = driver.library_interface(item, c.opts) if engine == "aicpu" else None
+            library = driver.library_interface(item, c.graph, c.opts) if engine == "aicpu" else None
             if library is not None:  # a library routine called natively (MatMul: BLAS)
                 interface, info = library
                 c.placement.engine[item.name] = "aicore"

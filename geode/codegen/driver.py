@@ -21,7 +21,7 @@ from geode.codegen.schedule import Schedule
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.profit import describe_work
 from geode.compiler.ir import Graph, Node
-from geode.compiler.shapes import compile_dim_fn, compile_shape_fn
+from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols
 from geode.config import Options, stream_min_bytes
 from geode.costmodel.device import DeviceSpec, default_spec, load_or_calibrate
 from geode.debug import Dumper, log
@@ -157,12 +157,15 @@ def interface_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None
     job.info.cost.update(describe_work(job.group, g, device_spec(opts.cache_dir)))
 
 
-def library_interface(node: Node, opts: Options) -> tuple[NativeKernel, KernelInfo] | None:
+def library_interface(
+    node: Node, g: Graph, opts: Options
+) -> tuple[NativeKernel, KernelInfo] | None:
     """A library routine as a native AI Core step, or None to keep the node on AICPU:
     MatMul of float32/float64 ``A`` of rank >= 2 by a matrix ``B`` calls the BLAS numpy
     ships from JIT-compiled code (:mod:`geode.codegen.backends.llvm.library`), writing
     straight into the planned output (no Python step, no copy). Only with the LLVM
-    backend and codegen on."""
+    backend and codegen on, and when the output's shape follows from the graph inputs'
+    (a dim known only once a value is computed cannot size a native step's output)."""
     if opts.backend != "llvm" or not opts.codegen or node.op_type != "MatMul":
         return None
     if len(node.inputs) != 2 or any(v is None for v in node.inputs) or len(node.outputs) != 1:
@@ -175,6 +178,9 @@ def library_interface(node: Node, opts: Options) -> tuple[NativeKernel, KernelIn
     if a.shape is None or b.shape is None or y.shape is None or len(a.shape) < 2:
         return None
     if len(b.shape) != 2:
+        return None
+    known = set().union(*(free_symbols(v.shape) for v in g.inputs))
+    if not free_symbols(y.shape) <= known:
         return None
     from geode.codegen.backends.llvm.library import matmul_kernel
 

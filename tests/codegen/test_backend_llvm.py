@@ -808,3 +808,21 @@ def test_models_call_blas_natively_where_it_applies() -> None:
     np.testing.assert_allclose(out["yb"], feeds["x"] @ feeds["q"], rtol=1e-5, atol=1e-5)
     want_h = (feeds["h"].astype(np.float32) @ np.ones((4, 2), np.float32)).astype(np.float16)
     np.testing.assert_allclose(out["yh"].astype(np.float32), want_h.astype(np.float32), rtol=1e-3)
+
+
+def test_matmul_of_a_data_dependent_shape_keeps_its_reference_kernel() -> None:
+    """A MatMul whose output has a dim known only once a value is computed (rows picked by
+    NonZero) cannot size a native step's output: it stays on AICPU, and is right."""
+    import geode
+    from geode import ops
+
+    g = geode.Graph("nz")
+    x = g.input("x", ["N", 2])
+    picked = ops.cast(ops.transpose(ops.non_zero(x)), to=1)  # [K, 2], K data-dependent
+    w = g.constant(np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], np.float32))
+    g.output(ops.matmul(picked, w), names=["y"])
+    model = geode.compile(g)
+    assert not [k for k in model.kernels if k.kind == "library"], model.explain()
+    xv = np.array([[1, 0], [0, 2], [3, 4]], np.float32)
+    want = np.transpose(np.nonzero(xv)).astype(np.float32) @ g.values[w.name].data
+    np.testing.assert_array_equal(model(x=xv)["y"], want)
