@@ -291,10 +291,10 @@ def test_environment_configures_the_pool():
         "2",
         run_python(code).split()[3],
     ]
-    threads, spin, _, cpus = run_python(code).split()  # defaults: affinity CPUs, 50 us
-    assert threads == cpus and spin == "50"
+    threads, spin, _, cpus = run_python(code).split()  # defaults: affinity CPUs, 300 us
+    assert threads == cpus and spin == "300"
     threads, spin, _, cpus = run_python(code, GEODE_NUM_THREADS="0", GEODE_SPIN_US="x").split()
-    assert threads == cpus and spin == "50"  # 0 means all CPUs; a bad value the default
+    assert threads == cpus and spin == "300"  # 0 means all CPUs; a bad value the default
 
 
 # ---- the call trampoline ----------------------------------------------------------------------

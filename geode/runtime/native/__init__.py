@@ -20,8 +20,10 @@ int64_t nchunks, int64_t nthreads)`` runs ``fn(ctx, c, nchunks)`` once for every
 - Load balancing: each participant owns a contiguous range of chunks in a cache-line slot
   whose 64-bit word packs front and back offsets; the owner takes chunks from the front, a
   participant with an empty range steals single chunks from the back of the others.
-- Idle: after a job a worker spins ``GEODE_SPIN_US`` microseconds (default 50, 0 allowed)
-  waiting for the next one, then sleeps on a futex, so an idle pool uses no CPU.
+- Idle: after a job a worker spins ``GEODE_SPIN_US`` microseconds (default 300, 0 allowed)
+  waiting for the next one, then sleeps on a futex, so an idle pool uses no CPU. Waking a
+  sleeping worker is slow on virtual machines, and a model calls its kernels a few tens of
+  microseconds apart (measurements: ``docs/performance.md``).
 - The caller's MXCSR control bits (FTZ, DAZ, rounding; x86 only) are applied on the workers
   for the job and their own restored after it.
 - A call from inside a job (a nested ``geode_parallel_for``) or from another thread while a

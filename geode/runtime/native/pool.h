@@ -10,7 +10,7 @@
 #define GEODE_MAX_THREADS 1024
 
 /* Default spin time (microseconds) of a worker after a job before it sleeps. */
-#define GEODE_DEFAULT_SPIN_US 50
+#define GEODE_DEFAULT_SPIN_US 300
 
 typedef void (*geode_chunk_fn)(void *ctx, int64_t chunk, int64_t nchunks);
 
