@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper
 
 from geode.errors import DTypeError
+
+#: ``TensorProto.STRING`` (onnx itself is imported only when a dtype enum is converted:
+#: importing it costs about 0.1 s of ``import geode``)
+_ONNX_STRING = 8
 
 #: dtypes geode's kernels and reference engines handle.
 SUPPORTED = (
@@ -64,8 +67,10 @@ def to_numpy(dtype: object, where: str = "") -> np.dtype:
     """Turn a dtype given as a name, numpy type or ONNX enum into a numpy dtype."""
     try:
         if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
-            if int(dtype) == TensorProto.STRING:
+            if int(dtype) == _ONNX_STRING:
                 return np.dtype(object)
+            from onnx import helper
+
             return np.dtype(helper.tensor_dtype_to_np_dtype(int(dtype)))
         if isinstance(dtype, str) and dtype in ("bool", "boolean"):
             return np.dtype(np.bool_)
@@ -79,7 +84,9 @@ def to_onnx(dtype: object) -> int:
     """The ONNX TensorProto enum for a dtype."""
     np_dtype = to_numpy(dtype)
     if np_dtype == np.dtype(object):
-        return TensorProto.STRING
+        return _ONNX_STRING
+    from onnx import helper
+
     return int(helper.np_dtype_to_tensor_dtype(np_dtype))
 
 
