@@ -17,14 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent / "geode"
 MAX_MODULE_LINES = 1500
 MAX_FUNCTION_LINES = 120
 
-#: path (relative to the repository) -> why it is exempt. The numba backend is being
-#: replaced by the LLVM backend (geode/codegen/backends/llvm/), so no effort goes into
-#: splitting it; generated tables, were there any, would be listed here too.
-EXEMPT: dict[str, str] = {
-    "geode/codegen/backends/numba.py": "numba backend, being replaced by backends/llvm/",
-    "geode/codegen/backends/vmath.py": "numba backend's vector math, being replaced",
-    "geode/codegen/backends/chunks.py": "numba backend's chunk launcher, being replaced",
-}
+#: path (relative to the repository) -> why it is exempt (generated tables, were there
+#: any, would be listed here); none is
+EXEMPT: dict[str, str] = {}
 
 
 def oversized(path: Path, source: str, rel: str) -> list[str]:

@@ -4,7 +4,7 @@ Why: numba compiles a ``parallel=True`` function twice over (the whole function,
 the prange body again as a gufunc, with its parfor passes), which cost 0.5-0.75 s of a
 kernel's 0.9-1.4 s cold compile (measured on RMSNorm, softmax and the LSTM gates;
 the same source compiled serially took 0.3-0.7 s). A kernel whose only parallel work is
-one outermost parallel loop (see ``numba.py``, "Chunked kernels") is therefore compiled
+one outermost parallel loop (see the ``numba`` package, "Chunked kernels") is therefore compiled
 as serial pieces:
 
 - ``<kernel>_rows(argv, chunk, chunks)``, a numba ``cfunc``: ``argv`` holds the data
