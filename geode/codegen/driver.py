@@ -109,9 +109,15 @@ def emit_kernel(kernel: A.Kernel, opts: Options) -> Any:
     kernel object (callable as ``fn(*inputs, *outputs, *dims, threads=n)``, with
     ``source``, ``llvm`` and ``asm`` to inspect)."""
     if opts.backend == "llvm":
+        from geode.codegen.autoschedule import choices
         from geode.codegen.backends.llvm.kernel import compile_kernel as llvm_compile
 
-        return llvm_compile(kernel, fastmath=opts.fastmath, cache_dir=opts.cache_dir)
+        return llvm_compile(
+            kernel,
+            fastmath=opts.fastmath,
+            cache_dir=opts.cache_dir,
+            min_work=choices().parallel_min_elements,
+        )
     from geode.codegen.backends.numba import compile_kernel
 
     native = compile_kernel(kernel, fastmath=opts.fastmath, cache_dir=opts.cache_dir)

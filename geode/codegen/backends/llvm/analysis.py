@@ -27,7 +27,7 @@ from geode.codegen.ast import (
     Stmt,
     Store,
     StreamStore,
-    Var,
+    free_vars,
     stmt_exprs,
     substitute,
     transform,
@@ -40,7 +40,6 @@ __all__ = [
     "allocation_sites",
     "fold_consts",
     "fold_int",
-    "free_names",
     "guarded_registers",
     "indexes_register",
     "minmax_update",
@@ -86,11 +85,6 @@ def fold_int(e: Expr) -> int | None:
     if isinstance(e, Const) and e.dtype != "bool" and np.dtype(e.dtype).kind in "iu":
         return int(e.value)
     return None
-
-
-def free_names(e: Expr) -> set[str]:
-    """Names of the variables ``e`` reads."""
-    return {x.name for x in walk(e) if isinstance(x, Var)}
 
 
 def static_size(b: Buffer) -> int | None:
@@ -180,7 +174,7 @@ def indexes_register(loop: For, regs: set[str]) -> bool:
 
     def hits(e: Expr) -> bool:
         return any(
-            isinstance(x, Load) and x.buffer in regs and any(free_names(i) & dep for i in x.indices)
+            isinstance(x, Load) and x.buffer in regs and any(free_vars(i) & dep for i in x.indices)
             for x in walk(e)
         )
 
@@ -188,11 +182,11 @@ def indexes_register(loop: For, regs: set[str]) -> bool:
         for s in stmts:
             if isinstance(s, Block):
                 for iv, bind in zip(s.iter_vars, s.bindings):
-                    if free_names(bind) & dep:
+                    if free_vars(bind) & dep:
                         dep.add(iv.name)
             exprs: list[Expr] = []
             if isinstance(s, Store):
-                if s.buffer in regs and any(free_names(i) & dep for i in s.indices):
+                if s.buffer in regs and any(free_vars(i) & dep for i in s.indices):
                     return True
                 exprs = [s.value]
             elif isinstance(s, If):

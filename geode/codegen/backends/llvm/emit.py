@@ -36,7 +36,7 @@ from geode.codegen.backends.llvm.analysis import (
     vectorized_loops,
 )
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, quote_name
-from geode.codegen.backends.llvm.parallel import ParallelWriter
+from geode.codegen.backends.llvm.parallel import MIN_PARALLEL_ELEMENTS, ParallelWriter
 from geode.codegen.backends.llvm.target import Target
 from geode.codegen.backends.patterns import flat_index
 from geode.errors import CodegenError
@@ -74,8 +74,16 @@ class Emitted:
 class Emitter(ParallelWriter):
     """Writes one kernel's module (see the module docstring)."""
 
-    def __init__(self, kernel: Kernel, fastmath: bool, parallel: bool, target: Target):
+    def __init__(
+        self,
+        kernel: Kernel,
+        fastmath: bool,
+        parallel: bool,
+        target: Target,
+        min_work: int = MIN_PARALLEL_ELEMENTS,
+    ):
         self.k = kernel
+        self.min_work = min_work
         self.kernel_name = kernel.name
         self.fastmath = fastmath
         self.target = target
@@ -339,6 +347,13 @@ class Emitter(ParallelWriter):
         self.module.add_function(lib.functions)
 
 
-def emit_module(kernel: Kernel, fastmath: bool, parallel: bool, target: Target) -> Emitted:
-    """The LLVM module of ``kernel`` (see the module docstring)."""
-    return Emitter(kernel, fastmath, parallel, target).run()
+def emit_module(
+    kernel: Kernel,
+    fastmath: bool,
+    parallel: bool,
+    target: Target,
+    min_work: int = MIN_PARALLEL_ELEMENTS,
+) -> Emitted:
+    """The LLVM module of ``kernel`` (see the module docstring; ``min_work``: see
+    :data:`~geode.codegen.backends.llvm.parallel.MIN_PARALLEL_ELEMENTS`)."""
+    return Emitter(kernel, fastmath, parallel, target, min_work).run()

@@ -26,6 +26,7 @@ import numpy as np
 from geode.codegen.ast import Kernel
 from geode.codegen.backends.llvm import jit, objcache
 from geode.codegen.backends.llvm.emit import Emitted, emit_module
+from geode.codegen.backends.llvm.parallel import MIN_PARALLEL_ELEMENTS
 from geode.codegen.backends.llvm.target import Target, host
 from geode.errors import CodegenError
 
@@ -186,6 +187,7 @@ def compile_kernel(
     fastmath: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     parallel: bool | None = None,
+    min_work: int = MIN_PARALLEL_ELEMENTS,
 ) -> LLVMKernel:
     """Compile ``kernel`` to machine code now and return the callable :class:`LLVMKernel`.
 
@@ -193,13 +195,14 @@ def compile_kernel(
     accuracy-preserving ``reassoc arcp contract``); ``cache_dir``: the disk cache of
     object code (:mod:`~geode.codegen.backends.llvm.objcache`; None: compile in memory);
     ``parallel=None`` runs the kernel's parallel loops on the thread pool (False: all
-    serial). The same kernel compiled twice in one process returns the same object.
+    serial); ``min_work``: below this many elements in every argument the parallel loops
+    run on the calling thread. The same kernel compiled twice in one process returns the same object.
     Raises :class:`~geode.errors.CodegenError` naming the kernel when it cannot be
     compiled."""
     t0 = time.perf_counter()
     target = host()
     try:
-        emitted = emit_module(kernel, fastmath, parallel is not False, target)
+        emitted = emit_module(kernel, fastmath, parallel is not False, target, min_work)
     except CodegenError:
         raise
     except (ValueError, TypeError, KeyError, IndexError) as exc:

@@ -18,8 +18,9 @@ An outermost ``parallel`` loop (in a kernel compiled parallel) becomes:
   or too little work calls the chunk function directly, else ``geode_parallel_for`` of
   the native runtime shares the chunks among the pool's threads by work stealing.
   ``work`` is the element count of the kernel's largest argument, evaluated at run time:
-  below ``min_work`` (the autoscheduler's ``parallel_min_elements``, which decides the
-  same for static shapes at compile time) waking the pool's sleeping workers costs more
+  below ``min_work`` (:data:`MIN_PARALLEL_ELEMENTS` unless the caller gives its own: the
+  driver passes the autoscheduler's ``parallel_min_elements``, which decides the same
+  for static shapes at compile time) waking the pool's sleeping workers costs more
   than the loop (a [1, 32, 16] transformer block's kernels took 26-55 us each on the
   pool, most of it the wake-up).
 """
@@ -30,10 +31,13 @@ from geode.codegen.ast import Expr, For, Kernel, Store, StreamStore, Var, walk_s
 from geode.codegen.backends.llvm.irtext import FunctionWriter, quote_name
 from geode.codegen.backends.llvm.stmts import StmtWriter
 
-__all__ = ["CHUNKS_PER_THREAD", "LAUNCH", "ParallelWriter"]
+__all__ = ["CHUNKS_PER_THREAD", "LAUNCH", "MIN_PARALLEL_ELEMENTS", "ParallelWriter"]
 
 #: chunks per thread of a launch (work stealing balances uneven chunks)
 CHUNKS_PER_THREAD = 32
+#: a kernel whose arguments all have fewer elements runs its parallel loops on the
+#: calling thread (the default of ``min_work``, see the module docstring)
+MIN_PARALLEL_ELEMENTS = 1 << 15
 
 #: the launcher every module with a parallel loop defines
 LAUNCH = f"""define internal void @geode.launch(ptr %fn, ptr %ctx, i64 %ext, i64 %threads, i1 %small) {{
@@ -72,6 +76,8 @@ class ParallelWriter(StmtWriter):
     """Outlining of parallel loops (see the module docstring)."""
 
     k: Kernel
+    #: see MIN_PARALLEL_ELEMENTS
+    min_work: int
     threads: str
     n_outlined: int
     func_prefix: str
@@ -119,9 +125,7 @@ class ParallelWriter(StmtWriter):
     def small_work(self) -> str:
         """An ``i1``: whether every argument of the kernel has fewer elements than
         ``min_work`` (then the loop runs on the calling thread, see the module docstring)."""
-        from geode.codegen.autoschedule import choices
-
-        limit = choices().parallel_min_elements
+        limit = self.min_work
         f = self.fn
         small = "true"
         for b in [*self.k.inputs, *self.k.outputs]:

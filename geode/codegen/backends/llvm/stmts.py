@@ -40,6 +40,7 @@ from geode.codegen.ast import (
     Store,
     StreamStore,
     Var,
+    free_vars,
     substitute,
     walk_stmts,
 )
@@ -47,7 +48,6 @@ from geode.codegen.backends.llvm import dtypes as D
 from geode.codegen.backends.llvm.analysis import (
     NAN_GUARD,
     fold_int,
-    free_names,
     indexes_register,
     minmax_update,
     static_size,
@@ -515,7 +515,7 @@ class StmtWriter(ExprWriter):
         outlined (then it is allocated per iteration)."""
         if self.site_var is None:
             return False
-        return any(self.site_var in free_names(d) for d in self.bufs[name].shape)
+        return any(self.site_var in free_vars(d) for d in self.bufs[name].shape)
 
     def free_all(self, ptrs: list[str]) -> None:
         if not ptrs:

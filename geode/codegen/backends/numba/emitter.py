@@ -29,18 +29,26 @@ from geode.codegen.ast import (
     StreamStore,
     Un,
     Var,
-    stmt_exprs,
+    free_vars,
     substitute,
     transform,
     walk,
     walk_stmts,
+)
+from geode.codegen.backends.llvm.analysis import (
+    NAN_GUARD,
+    fold_consts,
+    fold_int,
+    guarded_registers,
+    indexes_register,
+    minmax_update,
+    static_size,
 )
 from geode.codegen.backends.numba.helpers import (
     DEFAULT_FLAGS,
     FASTMATH_FLAGS,
     MAX_REGISTER_UNROLL,
     MAX_UNROLL,
-    NAN_GUARD,
     PREFETCH_HELPERS,
 )
 from geode.codegen.backends.numba.pysource import (
@@ -72,9 +80,6 @@ from geode.codegen.backends.numba.pysource import (
     chunkable,
     dtype_name,
     float_for,
-    fold_consts,
-    fold_int,
-    free_names,
     has_parallel,
     is_weak,
     nb_scalar,
@@ -82,7 +87,6 @@ from geode.codegen.backends.numba.pysource import (
     paren,
     promote,
     shape_text,
-    static_size,
 )
 from geode.codegen.backends.patterns import (
     cubic_parts,
@@ -164,15 +168,9 @@ class _Emitter:
         """Scalar float registers that are only ever initialised or updated as
         ``R = max(R, v)`` (or ``min``): their updates print as the fast NaN-ignoring
         ``_g_maxnum_nn`` plus an integer NaN guard, and the loop holding the update is
-        followed by ``if guard > bits(inf): R = nan`` (exact np.max/np.min semantics,
-        including NaN; only the sign of a zero result of a +0/-0 tie is unspecified).
-        Since ``R`` is only exact after that check, a register is left alone when the
-        innermost loop holding one of its updates also reads it elsewhere or
-        (re)initialises it."""
-        ops: dict[str, set[str]] = {}
-        bad: set[str] = set()
-        updates: dict[str, list[tuple[int, ...]]] = {}  # register -> loop stacks of updates
-        others: dict[str, list[tuple[int, ...]]] = {}  # loop stacks of inits and other reads
+        followed by ``if guard > bits(inf): R = nan`` (see
+        :func:`~geode.codegen.backends.llvm.analysis.guarded_registers`, which both
+        backends use)."""
 
         def candidate(name: str) -> bool:
             return (
@@ -182,60 +180,10 @@ class _Emitter:
                 and self.dtypes[name] in NAN_GUARD
             )
 
-        def note_reads(exprs: list[Expr], stack: tuple[int, ...]) -> None:
-            for e in exprs:
-                for x in walk(e):
-                    if isinstance(x, Load) and candidate(x.buffer):
-                        others.setdefault(x.buffer, []).append(stack)
+        return guarded_registers(self.k.body, candidate)
 
-        def visit(stmts: list[Stmt], stack: tuple[int, ...]) -> None:
-            for st in stmts:
-                if isinstance(st, Store) and candidate(st.buffer):
-                    kind = self.minmax_update(st)
-                    if kind is None:
-                        bad.add(st.buffer)
-                    elif kind:
-                        ops.setdefault(st.buffer, set()).add(kind[0])
-                        updates.setdefault(st.buffer, []).append(stack)
-                        note_reads([*st.indices, kind[1]], stack)
-                        continue
-                    else:
-                        others.setdefault(st.buffer, []).append(stack)
-                if isinstance(st, For):
-                    note_reads([st.extent], stack)
-                    visit(st.body, (*stack, id(st)))
-                    continue
-                note_reads(stmt_exprs(st), stack)
-                if isinstance(st, (Block, If)):
-                    visit(st.body, stack)
+    minmax_update = staticmethod(minmax_update)
 
-        visit(self.k.body, ())
-        out = set()
-        for name, o in ops.items():
-            if name in bad or len(o) != 1:
-                continue
-            inner = {stk[-1] for stk in updates[name] if stk}
-            if any(inner & set(stk) for stk in others.get(name, [])):
-                continue
-            out.add(name)
-        return out
-
-    @staticmethod
-    def minmax_update(st: Store) -> tuple[str, Expr] | tuple[()] | None:
-        """``(op, v)`` for ``R = op(R, v)``, ``()`` for a store not reading ``R``, ``None``
-        for any other store reading ``R``."""
-
-        def reads(e: Expr) -> bool:
-            return any(isinstance(x, Load) and x.buffer == st.buffer for x in walk(e))
-
-        v = st.value
-        if isinstance(v, Bin) and v.op in ("max", "min"):
-            for acc, other in ((v.a, v.b), (v.b, v.a)):
-                if isinstance(acc, Load) and acc.buffer == st.buffer and not reads(other):
-                    return (v.op, other)
-        return None if reads(v) else ()
-
-    # -- helpers -------------------------------------------------------------------
     def where(self) -> str:
         return f"kernel {self.k.name!r}"
 
@@ -564,7 +512,7 @@ class _Emitter:
             or e.op not in ("min", "max", "//", "%")
         ):
             return None
-        used = free_names(e)
+        used = free_vars(e)
         if not used or not used <= self.dim_names or any(isinstance(x, Load) for x in walk(e)):
             return None
         self.in_dim_term.add(id(e))
@@ -979,7 +927,7 @@ class _Emitter:
         self.emit(f"if {lo} >= {hi}:", ind)
         self.emit("return", ind + 1)
         per_chunk = not any(
-            s.var in free_names(d)
+            s.var in free_vars(d)
             for name, site in self.alloc_site.items()
             if site == id(s)
             for d in self.bufs[name].shape
@@ -994,38 +942,7 @@ class _Emitter:
         regs = {
             n for n, b in self.bufs.items() if self.scope(n) == "register" and static_size(b) != 1
         }
-        if not regs:
-            return False
-        dep = {loop.var}
-
-        def visit(stmts: list[Stmt]) -> bool:
-            for s in stmts:
-                if isinstance(s, Block):
-                    for iv, bind in zip(s.iter_vars, s.bindings):
-                        if free_names(bind) & dep:
-                            dep.add(iv.name)
-                exprs: list[Expr] = []
-                if isinstance(s, Store):
-                    if s.buffer in regs and any(free_names(i) & dep for i in s.indices):
-                        return True
-                    exprs = [s.value]
-                elif isinstance(s, If):
-                    exprs = [s.cond]
-                elif isinstance(s, Block) and s.predicate is not None:
-                    exprs = [s.predicate]
-                for ex in exprs:
-                    for x in walk(ex):
-                        if (
-                            isinstance(x, Load)
-                            and x.buffer in regs
-                            and any(free_names(i) & dep for i in x.indices)
-                        ):
-                            return True
-                if isinstance(s, (For, Block, If)) and visit(s.body):
-                    return True
-            return False
-
-        return visit(loop.body)
+        return indexes_register(loop, regs)
 
     def block(self, s: Block, env: dict[str, Expr], ind: int, in_prange: bool) -> None:
         if len(s.iter_vars) != len(s.bindings):
@@ -1067,7 +984,7 @@ class _Emitter:
             or frame.prange
             or self.emitted() != n
             or any(isinstance(x, Load) for x in walk(e))
-            or free_names(e) & frame.defined
+            or free_vars(e) & frame.defined
         ):
             name = self.names.fresh(iv)
             self.emit(f"{name} = {v.code}", ind)

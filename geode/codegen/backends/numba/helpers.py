@@ -537,10 +537,6 @@ def _g_freeze(typingctx: Any, x: Any) -> Any:
     return x(x), codegen
 
 
-#: float dtype -> (integer dtype of its bits, the bits of +inf): ``|bits| > inf`` iff NaN.
-NAN_GUARD = {"float32": ("int32", 0x7F800000), "float64": ("int64", 0x7FF0000000000000)}
-
-
 @intrinsic
 def _g_nanguard(typingctx: Any, g: Any, x: Any) -> Any:
     """``max(g, bits(x) & ~sign)``: an integer max reduction (one ``vpand`` and one

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import keyword
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from geode.codegen.ast import (
-    Bin,
-    Buffer,
     Const,
     Expr,
     For,
@@ -24,9 +21,6 @@ from geode.codegen.ast import (
     Kernel,
     Store,
     StreamStore,
-    Var,
-    transform,
-    walk,
     walk_stmts,
 )
 from geode.errors import CodegenError
@@ -250,56 +244,8 @@ class Emitted:
     vmath: tuple[tuple[str, str], ...] = ()
 
 
-def fold_int(e: Expr) -> int | None:
-    return int(e.value) if isinstance(e, Const) and e.dtype in (*SINTS, *UINTS) else None
-
-
 def is_weak(e: Expr, v: Src) -> bool:
     return isinstance(e, Const) and v.dtype in WEAK
-
-
-def free_names(e: Expr) -> set[str]:
-    return {x.name for x in walk(e) if isinstance(x, Var)}
-
-
-def static_size(b: Buffer) -> int | None:
-    size = 1
-    for d in b.shape:
-        n = fold_int(fold_consts(d))
-        if n is None:
-            return None
-        size *= n
-    return size
-
-
-_INT_FOLD: dict[str, Callable[[int, int], int | None]] = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-    "//": lambda a, b: a // b if b else None,
-    "%": lambda a, b: a % b if b else None,
-    "min": min,
-    "max": max,
-}
-
-
-def fold_consts(e: Expr) -> Expr:
-    """Fold int64 arithmetic on constants (index expressions after unrolling)."""
-
-    def fn(x: Expr) -> Expr | None:
-        if (
-            isinstance(x, Bin)
-            and x.op in _INT_FOLD
-            and isinstance(x.a, Const)
-            and isinstance(x.b, Const)
-            and x.a.dtype == x.b.dtype == "int64"
-        ):
-            r = _INT_FOLD[x.op](int(x.a.value), int(x.b.value))
-            if r is not None and -(2**63) <= r < 2**63:
-                return Const(r, "int64")
-        return None
-
-    return transform(e, fn)
 
 
 def shape_text(d: Expr) -> str:
