@@ -249,19 +249,17 @@ class Executor:
             outs.append(buf)
         return outs
 
-    def _memo_for(self, env: dict[str, int]) -> tuple[dict | None, dict | None]:
+    def _memo_for(self, key: tuple) -> tuple[dict | None, dict | None]:
         """``(memo, None)``: the memo steps' results for this binding, which the run
         reuses instead of running those steps; ``(None, fresh)`` on the binding's first
         run, which fills ``fresh`` (remembered once the run succeeds); ``(None, None)``
         for a plan without memo steps.
 
         Memo steps (``Plan.memo_steps``: shape arithmetic, and masks built from shapes
-        and constants) give the same results for every run of a binding. Measured on a
-        GPT-2 block at [1, 32, 16]: its six shape and causal-mask steps took 40-70 us of
-        every call."""
+        and constants) give the same results for every run of a binding (measurements:
+        ``docs/performance.md``)."""
         if not self.plan.memo_steps:
             return None, None
-        key = tuple(env.items())
         memo = self._memo.get(key)
         if memo is not None:
             return memo, None
@@ -287,8 +285,8 @@ class Executor:
             if layout is not None:
                 self.arena.ensure(layout.total)
         prepared = self._step_outputs(layout, env) if layout is not None else None
-        memo_key = tuple(env.items())
-        memo, fresh_memo = self._memo_for(env)
+        memo_key = tuple(env.items())  # the binding: the memo steps' results depend on it alone
+        memo, fresh_memo = self._memo_for(memo_key)
         for k, step in enumerate(plan.steps):
             if memo is not None and k in plan.memo_steps:
                 for o in step.outputs:

@@ -21,8 +21,7 @@ An outermost ``parallel`` loop (in a kernel compiled parallel) becomes:
   below ``min_work`` (:data:`MIN_PARALLEL_ELEMENTS` unless the caller gives its own: the
   driver passes the autoscheduler's ``parallel_min_elements``, which decides the same
   for static shapes at compile time) waking the pool's sleeping workers costs more
-  than the loop (a [1, 32, 16] transformer block's kernels took 26-55 us each on the
-  pool, most of it the wake-up).
+  than the loop (measurements: ``docs/performance.md``).
 """
 
 from __future__ import annotations
