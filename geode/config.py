@@ -32,6 +32,9 @@ lazy_compile              GEODE_LAZY_COMPILE      (numba backend) a kernel with 
 backend                   GEODE_BACKEND           the native code generator: llvm (default:
                                                   LLVM IR through llvmlite, no numba) or
                                                   numba (the previous backend)
+dense_epilogues           GEODE_DENSE_EPILOGUES   fuse the group that consumes a native
+                                                  MatMul's product into it (run per panel
+                                                  of rows while the panel is in cache)
 ========================  ======================  =========================================
 
 ``dump_dir`` and ``cache_dir`` take a ``str`` or ``os.PathLike`` path (anything else is
@@ -96,6 +99,7 @@ class Options:
     streaming: str = "auto"
     lazy_compile: bool = True
     backend: str = "llvm"
+    dense_epilogues: bool = True
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -117,6 +121,7 @@ class Options:
             "streaming": "GEODE_STREAMING",
             "lazy_compile": "GEODE_LAZY_COMPILE",
             "backend": "GEODE_BACKEND",
+            "dense_epilogues": "GEODE_DENSE_EPILOGUES",
         }
         for name, var in env.items():
             raw = os.environ.get(var)
@@ -144,7 +149,14 @@ class Options:
 
 #: int options and the smallest value each accepts
 _INT_MINIMUMS = {"debug": 0, "num_threads": 0, "const_fold_limit": 0, "cache_max_mb": 0}
-_BOOL_OPTIONS = ("fusion", "codegen", "fastmath", "freeze_variables", "lazy_compile")
+_BOOL_OPTIONS = (
+    "fusion",
+    "codegen",
+    "fastmath",
+    "freeze_variables",
+    "lazy_compile",
+    "dense_epilogues",
+)
 
 
 def _check_value(name: str, value: Any, source: str | None = None) -> None:

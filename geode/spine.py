@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from geode import config
 from geode.codegen import driver
 from geode.codegen.cache import maybe_prune
+from geode.codegen.epilogues import attach_epilogues
 from geode.codegen.lower import make_can_lower
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
@@ -140,13 +141,15 @@ def fuse(c: Compilation) -> None:
     if not c.fuses:
         c.work = list(c.graph.nodes)
         return
-    profit = make_profit(driver.device_spec(c.opts.cache_dir))
+    profit_spec = driver.device_spec(c.opts.cache_dir)
+    profit = make_profit(profit_spec)
     c.fusion = plan_fusion(c.graph, c.placement, make_can_lower(c.graph), profit)
     c.dump.stage("fusion_plan", c.fusion.describe())
     c.work = [
         item if isinstance(item, Node) else driver.KernelJob(f"fused_{k}", item)
         for k, item in enumerate(schedule_units(c.graph, c.fusion))
     ]
+    c.work = attach_epilogues(c.work, c.graph, c.opts, c.fusion, profit_spec)
 
 
 def lower(c: Compilation) -> None:
@@ -202,7 +205,16 @@ def bind(c: Compilation) -> None:
                 continue
             units.append(reference_unit(item, "aicpu" if engine == "aicore" else engine))
         elif item.failed:
-            units += [reference_unit(n, "aicpu") for n in item.group.nodes]
+            units += _fallback_units(c, item)
+        elif item.panel is not None:
+            nodes = [item.panel.dense, *item.panel.epilogue.group.nodes]
+            c.placement.engine[item.panel.dense.name] = "aicore"
+            c.placement.reason[item.panel.dense.name] = "library op: BLAS with a fused epilogue"
+            unit = Unit(
+                item.name, "aicore", nodes, item.inputs, item.outputs, item.interface, item.info
+            )
+            unit.extra["pattern"] = "dense+" + item.panel.epilogue.group.pattern_name()
+            units.append(unit)
         else:
             lowered = item.lowered
             nodes = list(item.group.nodes)
@@ -219,6 +231,21 @@ def bind(c: Compilation) -> None:
             units.append(unit)
     c.units = drop_dead_units(units, c.graph) if c.fuses else units
     bind_units(c.units)
+
+
+def _fallback_units(c: Compilation, job: driver.KernelJob) -> list[Unit]:
+    """A failed group's nodes, one AICPU step each (a failed epilogue: its MatMul first,
+    natively when it can be)."""
+    if job.panel is None:
+        return [reference_unit(n, "aicpu") for n in job.group.nodes]
+    dense = job.panel.dense
+    lib = driver.library_interface(dense, c.graph, c.opts)
+    first = (
+        Unit(dense.name, "aicore", [dense], list(dense.inputs), list(dense.outputs), *lib)
+        if lib is not None
+        else reference_unit(dense, "aicpu")
+    )
+    return [first, *(reference_unit(n, "aicpu") for n in job.panel.epilogue.group.nodes)]
 
 
 def plan(c: Compilation) -> None:
@@ -269,7 +296,7 @@ def _codegen_stage(
     """Run a codegen stage on one group; a failure makes the group fall back, loudly."""
     t0 = time.perf_counter()
     try:
-        stage(job, c.graph, c.opts, c.dump)
+        stage(job, job.graph_of(c.graph), c.opts, c.dump)
     except Exception as exc:  # noqa: BLE001 - any codegen failure falls back, loudly
         job.error = exc
         group = job.group

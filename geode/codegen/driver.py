@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from geode.codegen import ast as A
+from geode.codegen.dense import PanelGraph, dense_kernel
 from geode.codegen.indexing import exprs_equal
 from geode.codegen.lower import LoweredKernel, lower_group
 from geode.codegen.schedule import Schedule
@@ -60,6 +61,16 @@ class KernelJob:
     info: KernelInfo | None = None
     seconds: float = 0.0  # time spent in codegen stages so far
     error: BaseException | None = field(default=None, repr=False)
+    #: a GEMM epilogue: the group is its panel form, over its own graph
+    panel: PanelGraph | None = None
+    #: a GEMM epilogue's step arguments (model values): A, B and the epilogue's inputs;
+    #: its outputs
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+
+    def graph_of(self, model: Graph) -> Graph:
+        """The graph the job's group belongs to: the model's, or its panel graph's."""
+        return self.panel.graph if self.panel is not None else model
 
     @property
     def failed(self) -> bool:
@@ -144,6 +155,9 @@ def emit_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
 
 def interface_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     """Describe the compiled kernel's interface for the runtime and its KernelInfo."""
+    if job.panel is not None:
+        dense_job(job, g, opts, dump)
+        return
     native = job.native
     job.interface = native_interface(job.name, job.lowered, job.schedule.kernel, native, opts)
     job.info = KernelInfo(
@@ -163,34 +177,44 @@ def interface_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None
     job.info.cost.update(describe_work(job.group, g, device_spec(opts.cache_dir)))
 
 
+def native_matmul(node: Node, g: Graph, opts: Options) -> bool:
+    """Whether ``node`` is a MatMul the BLAS runs natively (see :func:`library_interface`)."""
+    if opts.backend != "llvm" or not opts.codegen or node.op_type != "MatMul":
+        return False
+    if len(node.inputs) != 2 or any(v is None for v in node.inputs) or len(node.outputs) != 1:
+        return False
+    a, b = node.inputs
+    y = node.outputs[0]
+    dtype = str(np.dtype(a.dtype))
+    if dtype not in ("float32", "float64") or b.dtype != a.dtype or y.dtype != a.dtype:
+        return False
+    if a.shape is None or b.shape is None or y.shape is None or min(len(a.shape), len(b.shape)) < 2:
+        return False
+    known = set().union(*(free_symbols(v.shape) for v in g.inputs))
+    return free_symbols(y.shape) <= known
+
+
 def library_interface(
     node: Node, g: Graph, opts: Options
 ) -> tuple[NativeKernel, KernelInfo] | None:
     """A library routine as a native AI Core step, or None to keep the node on AICPU:
     MatMul of float32/float64 ``A`` of rank >= 2 by a matrix ``B`` calls the BLAS numpy
-    ships from JIT-compiled code (:mod:`geode.codegen.backends.llvm.library`), writing
+    ships from JIT-compiled code (:mod:`geode.codegen.backends.llvm.library`), batched
+    operands one GEMM per matrix (:mod:`geode.codegen.backends.llvm.batched`), writing
     straight into the planned output (no Python step, no copy). Only with the LLVM
     backend and codegen on, and when the output's shape follows from the graph inputs'
     (a dim known only once a value is computed cannot size a native step's output)."""
-    if opts.backend != "llvm" or not opts.codegen or node.op_type != "MatMul":
+    if not native_matmul(node, g, opts):
         return None
-    if len(node.inputs) != 2 or any(v is None for v in node.inputs) or len(node.outputs) != 1:
-        return None
-    a, b = node.inputs
-    y = node.outputs[0]
+    (a, b), y = node.inputs, node.outputs[0]
     dtype = str(np.dtype(a.dtype))
-    if dtype not in ("float32", "float64") or b.dtype != a.dtype or y.dtype != a.dtype:
-        return None
-    if a.shape is None or b.shape is None or y.shape is None or len(a.shape) < 2:
-        return None
-    if len(b.shape) != 2:
-        return None
-    known = set().union(*(free_symbols(v.shape) for v in g.inputs))
-    if not free_symbols(y.shape) <= known:
-        return None
+    from geode.codegen.backends.llvm.batched import batched_matmul_kernel
     from geode.codegen.backends.llvm.library import matmul_kernel
 
-    kernel = matmul_kernel(dtype, len(a.shape))
+    if len(b.shape) == 2:
+        kernel = matmul_kernel(dtype, len(a.shape))
+    else:
+        kernel = batched_matmul_kernel(dtype, len(a.shape), len(b.shape))
     if kernel is None:
         return None
     interface = NativeKernel(
@@ -280,3 +304,43 @@ def arg_views(lowered: LoweredKernel, kernel: A.Kernel) -> list[View | None]:
             raise GeodeError(f"kernel {kernel.name}: argument {new.name} has an unknown view")
         out.append(tuple(starts))
     return out
+
+
+def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
+    """A GEMM with its fused epilogue (``job.panel``): the entry around the compiled
+    epilogue kernel, its interface (inputs ``A``, ``B``, then the epilogue's) and info."""
+    from geode.compiler.fusion.profit import DENSE_MIN_ROWS, panel_bytes
+
+    pg = job.panel
+    views = arg_views(job.lowered, job.schedule.kernel)
+    spec = device_spec(opts.cache_dir)
+    kernel, values = dense_kernel(
+        pg, job.lowered, views, job.native, panel_bytes(spec), DENSE_MIN_ROWS, opts.cache_dir
+    )
+    n_ext = sum(1 for v in job.lowered.inputs if pg.roles[v.name] != "acc")
+    outs = values[n_ext:]
+    job.inputs = [*pg.dense.inputs, *values[:n_ext]]
+    job.outputs = outs
+    job.interface = NativeKernel(
+        name=job.name,
+        fn=kernel,
+        n_inputs=2 + n_ext,
+        out_shapes=[compile_shape_fn(v.shape) for v in outs],
+        out_dtypes=[v.dtype for v in outs],
+        threads=int(opts.num_threads),
+        launch_threads=True,
+        call=kernel.call,
+    )
+    job.info = KernelInfo(
+        name=job.name,
+        ops=[pg.dense, *pg.epilogue.group.nodes],
+        engine="aicore",
+        source=kernel.source,
+        kind="dense",
+        trace=str(job.schedule.trace),
+        cost={"compile_s": job.seconds},
+        _llvm=lambda: kernel.llvm,
+        _asm=lambda: kernel.asm,
+    )
+    if dump.wants(3):
+        dump.stage(f"{job.name}_dense_entry", kernel.source, level=3, ext="ll")

@@ -109,10 +109,10 @@ def test_engines_in_plan():
     model = geode.compile(g)
     engines = {st.engine for st in model.plan.steps}
     assert engines == {"host", "aicpu", "aicore"}, model.explain()
-    # the MatMul calls BLAS natively (aicore, chained with the kernel after it), Trilu
-    # runs its reference kernel (aicpu)
+    # the MatMul calls BLAS natively with the Mul fused as its epilogue (one aicore step),
+    # Trilu runs its reference kernel (aicpu)
     by_label = {st.label: st.engine for st in model.plan.steps}
-    assert by_label["MatMul | Mul"] == "aicore" and by_label["Trilu"] == "aicpu", by_label
+    assert by_label["MatMul+Mul"] == "aicore" and by_label["Trilu"] == "aicpu", by_label
     out = model(x=np.ones((3, 8), np.float32))
     np.testing.assert_array_equal(out["y"], 2.0)
     np.testing.assert_array_equal(out["s"], [3, 8])

@@ -109,6 +109,8 @@ class FusionPlan:
     groups: list[Group] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     unfused: dict[str, str] = field(default_factory=dict)  # node name -> why it is not in a group
+    #: dense ops and their epilogues: one line per decision, taken or not, with its reason
+    epilogues: list[str] = field(default_factory=list)
 
     def group_of(self, node_name: str) -> Group | None:
         """The group holding a node, if any."""
@@ -124,6 +126,9 @@ class FusionPlan:
         if self.decisions:
             lines.append("decisions:")
             lines += ["  " + str(d) for d in self.decisions]
+        if self.epilogues:
+            lines.append("dense epilogues:")
+            lines += ["  " + e for e in self.epilogues]
         if self.unfused:
             lines.append("not fused:")
             lines += [f"  {n}: {why}" for n, why in self.unfused.items()]

@@ -15,7 +15,7 @@ import sympy
 
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import Pattern, pattern_of
-from geode.compiler.ir import Graph, Value
+from geode.compiler.ir import Graph, Node, Value
 from geode.costmodel.device import DeviceSpec
 from geode.costmodel.sol import KernelWork, decide_merge
 
@@ -156,3 +156,42 @@ def describe_work(group: Group, graph: Graph, spec: DeviceSpec) -> dict[str, flo
         "flops": w.flops + w.transcendentals,
         "sol_us": estimate(w, spec) * 1e6,
     }
+
+
+#: a GEMM panel holds at least this many rows (fewer re-pack the right operand too often)
+DENSE_MIN_ROWS = 64
+#: bandwidth of the last-level cache, in multiples of memory bandwidth (a right operand
+#: that fits it is re-read from it for every panel)
+LLC_SPEEDUP = 3.0
+
+
+def panel_bytes(spec: DeviceSpec) -> int:
+    """Bytes of one product panel: half the L2 of every core (the GEMM's packed blocks
+    take the rest), so the epilogue reads the panel the GEMM just wrote from cache."""
+    return max(spec.l2_bytes * spec.cores // 2, 1 << 16)
+
+
+def epilogue_profit(dense: Node, spec: DeviceSpec) -> tuple[bool, str]:
+    """Does running the epilogue per panel pay? It saves writing the product to memory
+    and reading it back (and a step); it costs re-reading the right operand ``B`` once
+    per extra panel (from the last-level cache when it fits there)."""
+    y, b = dense.outputs[0], dense.inputs[1]
+    item = y.dtype.itemsize
+    cols = _last(y)
+    rows = numel(y) / max(cols, 1)
+    mb = max(DENSE_MIN_ROWS, panel_bytes(spec) // max(int(cols * item), 1))
+    panels = max(1.0, -(-rows // mb))
+    bw = spec.mem_bandwidth_gbs * 1e9
+    b_bw = bw * (LLC_SPEEDUP if nbytes(b) <= spec.l3_bytes else 1.0)
+    saved = 2 * numel(y) * item / bw + spec.launch_overhead_us * 1e-6
+    extra = (panels - 1) * nbytes(b) / b_bw
+    verdict = saved > extra
+    return verdict, (
+        f"panels of {int(min(mb, rows))} rows: saves {saved * 1e6:.1f} us of product "
+        f"traffic and a step, re-reads B for {extra * 1e6:.1f} us"
+    )
+
+
+def _last(v: Value) -> float:
+    d = (v.shape or (1,))[-1]
+    return float(d) if isinstance(d, int) else float(NOMINAL_DIM)

@@ -12,6 +12,8 @@ What is decomposed and what is not:
   LogSum/LogSumExp/SumSquare) and BatchNormalization (inference) are decomposed:
   that is where fusion gains;
 * Gelu is decomposed into Erf/Tanh arithmetic, so the codegen needs no Gelu;
+* float32/float64 Gemm becomes MatMul (transposes of constant weights fold) and an
+  elementwise scale and bias, which fuse into the MatMul as its epilogue;
 * variadic Sum/Mean (and Max/Min with more than two inputs) become binary chains;
 * single-input elementwise activations (HardSwish, HardSigmoid, Softplus, Elu,
   Mish, ...) stay whole: each is already one Trivial op that fuses as it is, and
@@ -334,6 +336,30 @@ def _reduce_log_sum_exp(rw: Rewriter, node: Node) -> list[Value | None] | None:
     return [_cast(rw, y, x.dtype)]
 
 
+# -- dense ops -------------------------------------------------------------------------------
+def _gemm(rw: Rewriter, node: Node) -> list[Value | None] | None:
+    """float32/float64 Gemm as ``MatMul(A', B') * alpha + C * beta``, in its reference
+    kernel's order: the MatMul runs natively on the BLAS and the scaling and bias become
+    an elementwise epilogue that fuses into it; a transposed constant weight folds (the
+    weight is stored pre-transposed). Integer and float16 Gemm stay whole."""
+    if node.outputs[0].dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return None
+    if not has_ops("MatMul", "Transpose", "Mul", "Add"):
+        return None
+    a, b, c = node.input(0), node.input(1), node.input(2)
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    if int(node.attr("transA", 0)):
+        a = rw.op("Transpose", a, perm=[1, 0])
+    if int(node.attr("transB", 0)):
+        b = rw.op("Transpose", b, perm=[1, 0])
+    y = rw.op("MatMul", a, b)
+    if alpha != 1.0:
+        y = rw.op("Mul", y, rw.scalar(alpha, like=y))
+    if c is not None and beta != 0.0:
+        y = rw.op("Add", y, c if beta == 1.0 else rw.op("Mul", c, rw.scalar(beta, like=c)))
+    return [y]
+
+
 # -- variadic ops -----------------------------------------------------------------------------
 def _chain(op: str) -> Decomposition:
     def run(rw: Rewriter, node: Node) -> list[Value | None] | None:
@@ -368,6 +394,7 @@ DECOMPOSITIONS: dict[str, Decomposition] = {
     "MeanVarianceNormalization": _mvn,
     "LpNormalization": _lp_norm,
     "Gelu": _gelu,
+    "Gemm": _gemm,
     "ReduceSumSquare": _reduce_sum_square,
     "ReduceL1": _reduce_l1,
     "ReduceL2": _reduce_l2,

@@ -63,11 +63,18 @@ call = _ext.call
 #: every kernel's arguments concatenated; returns 0, or ``((k + 1) << 32) | status`` for the
 #: first kernel ``k`` that refused its arguments (the later ones do not run).
 call_chain = _ext.call_chain
+#: ``blas_share_pool(set_callback, set_threads)``: route OpenBLAS's parallel work to the pool
+#: (the addresses of OpenBLAS's ``openblas_set_threads_callback_function`` and
+#: ``openblas_set_num_threads``); OpenBLAS's thread count then follows the pool size. Its jobs
+#: wait on each other, so they run on as many threads at once, on the pool (waiting for it if
+#: another thread's job holds it) or, from inside a pool job, on short-lived threads.
+blas_share_pool = _ext.blas_share_pool
 
 __all__ = [
     "MAX_THREADS",
     "ArgumentError",
     "call",
+    "blas_share_pool",
     "call_chain",
     "get_num_threads",
     "pool_info",
@@ -95,7 +102,8 @@ def pool_info() -> dict[str, int]:
     """Return the pool's state: ``threads`` (pool size), ``spin_us`` (worker spin time
     before sleeping), ``workers_running`` (worker threads alive), ``launches`` (jobs run on
     the pool) and ``inline_runs`` (calls run serially on their caller: nested, concurrent
-    with another job, one thread or one chunk)."""
+    with another job, one thread or one chunk); ``blas_pool_runs`` and ``blas_thread_runs``
+    count OpenBLAS calls whose jobs ran on the pool and on short-lived threads."""
     return _ext.pool_info()
 
 

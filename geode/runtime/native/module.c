@@ -31,7 +31,8 @@ PyDoc_STRVAR(get_num_threads_doc,
 
 PyDoc_STRVAR(pool_info_doc,
              "pool_info($module, /)\n--\n\n"
-             "Return a dict: threads, spin_us, workers_running, launches, inline_runs.");
+             "Return a dict: threads, spin_us, workers_running, launches, inline_runs,\n"
+             "blas_pool_runs, blas_thread_runs.");
 
 PyDoc_STRVAR(symbols_doc,
              "symbols($module, /)\n--\n\n"
@@ -77,11 +78,15 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
     (void)module;
     (void)unused;
     geode_pool_stats s;
+    uint64_t blas_pool = 0, blas_threads = 0;
     geode_pool_get_stats(&s);
-    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K}", "threads", (long long)s.threads, "spin_us",
-                         (long long)s.spin_us, "workers_running", (long long)s.workers_running,
-                         "launches", (unsigned long long)s.launches, "inline_runs",
-                         (unsigned long long)s.inline_runs);
+    geode_blas_stats(&blas_pool, &blas_threads);
+    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K}", "threads", (long long)s.threads,
+                         "spin_us", (long long)s.spin_us, "workers_running",
+                         (long long)s.workers_running, "launches", (unsigned long long)s.launches,
+                         "inline_runs", (unsigned long long)s.inline_runs, "blas_pool_runs",
+                         (unsigned long long)blas_pool, "blas_thread_runs",
+                         (unsigned long long)blas_threads);
 }
 
 static PyObject *py_symbols(PyObject *module, PyObject *unused)
@@ -91,6 +96,31 @@ static PyObject *py_symbols(PyObject *module, PyObject *unused)
     return Py_BuildValue("{s:N,s:N}", "geode_parallel_for",
                          PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_num_threads",
                          PyLong_FromVoidPtr((void *)&geode_num_threads));
+}
+
+PyDoc_STRVAR(blas_share_pool_doc,
+             "blas_share_pool($module, set_callback, set_threads, /)\n--\n\n"
+             "Route OpenBLAS's parallel work to the pool: set_callback and set_threads are the\n"
+             "addresses of OpenBLAS's openblas_set_threads_callback_function and\n"
+             "openblas_set_num_threads. OpenBLAS's thread count then follows the pool size.");
+
+static PyObject *py_blas_share_pool(PyObject *module, PyObject *const *args, Py_ssize_t n)
+{
+    (void)module;
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "blas_share_pool() takes 2 addresses");
+        return NULL;
+    }
+    void *set_callback = PyLong_AsVoidPtr(args[0]);
+    void *set_threads = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (set_callback == NULL || set_threads == NULL) {
+        PyErr_SetString(PyExc_ValueError, "blas_share_pool(): a null address");
+        return NULL;
+    }
+    geode_blas_share_pool((void (*)(void *))set_callback, (void (*)(int))set_threads);
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_set_max_slot_chunks(PyObject *module, PyObject *arg)
@@ -109,6 +139,8 @@ static PyMethodDef methods[] = {
     {"get_num_threads", py_get_num_threads, METH_NOARGS, get_num_threads_doc},
     {"pool_info", py_pool_info, METH_NOARGS, pool_info_doc},
     {"symbols", py_symbols, METH_NOARGS, symbols_doc},
+    {"blas_share_pool", (PyCFunction)(void (*)(void))py_blas_share_pool, METH_FASTCALL,
+     blas_share_pool_doc},
     {"_set_max_slot_chunks", py_set_max_slot_chunks, METH_O, set_max_slot_chunks_doc},
     {NULL, NULL, 0, NULL},
 };

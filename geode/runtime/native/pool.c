@@ -455,6 +455,43 @@ GEODE_EXPORT void geode_parallel_for(geode_chunk_fn fn, void *ctx, int64_t nchun
     release();
 }
 
+/* Runs fn(ctx, c, n) for c in [0, n) on n threads at once (the caller is one), for work whose
+   chunks wait on each other (OpenBLAS's level-3 threads do). Waits while another thread's job
+   holds the pool. Returns 0, running nothing, when it cannot promise n concurrent threads:
+   called from inside a job, or the pool has fewer than n threads. A participant only steals
+   a chunk after finishing its own, so every chunk runs on a thread that waits for nothing. */
+int geode_pool_run_concurrent(geode_chunk_fn fn, void *ctx, int64_t n)
+{
+    if (n <= 1) {
+        if (n == 1)
+            fn(ctx, 0, 1);
+        return 1;
+    }
+    if (t_in_job || n > geode_num_threads())
+        return 0;
+    while (!try_acquire()) {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    ensure_config();
+    if (!g_started)
+        start_workers();
+    if (atomic_load(&g_nworkers) + 1 < n || g_slots == NULL) {
+        release();
+        return 0;
+    }
+    atomic_fetch_add_explicit(&g_launches, 1, memory_order_relaxed);
+    t_in_job = 1;
+    job_t job = {fn, ctx, n, n, g_slots, 0};
+#ifdef GEODE_HAVE_MXCSR
+    job.mxcsr = _mm_getcsr();
+#endif
+    run_round(&job, 0, n);
+    t_in_job = 0;
+    release();
+    return 1;
+}
+
 /* ---- internal API for the Python module -------------------------------------------------- */
 
 int geode_pool_in_job(void)
@@ -472,6 +509,7 @@ void geode_pool_resize(int64_t n)
     stop_workers();
     atomic_store(&g_pool_size, n); /* workers restart lazily at the next job */
     release();
+    geode_blas_follow_pool(n);
 }
 
 void geode_pool_get_stats(geode_pool_stats *out)

@@ -23,6 +23,19 @@ GEODE_EXPORT void geode_parallel_for(geode_chunk_fn fn, void *ctx, int64_t nchun
 /* The pool size (threads of a job, the caller included). */
 GEODE_EXPORT int64_t geode_num_threads(void);
 
+/* Runs fn(ctx, c, n) for every c in [0, n) on n concurrent threads (the caller included),
+   waiting for the pool if another thread's job holds it. Returns 0 without running anything
+   when n concurrent threads cannot be promised (nested call, pool smaller than n). */
+int geode_pool_run_concurrent(geode_chunk_fn fn, void *ctx, int64_t n);
+
+/* blas_threads.c: OpenBLAS's thread count follows the pool size once shared (no-op before). */
+void geode_blas_follow_pool(int64_t n);
+
+/* blas_threads.c: route OpenBLAS's parallel work to the pool (set_callback is OpenBLAS's
+   openblas_set_threads_callback_function, set_threads its openblas_set_num_threads). */
+void geode_blas_share_pool(void (*set_callback)(void *), void (*set_threads)(int));
+void geode_blas_stats(uint64_t *pool_runs, uint64_t *thread_runs);
+
 /* Internal API for the Python module. */
 typedef struct {
     int64_t threads;

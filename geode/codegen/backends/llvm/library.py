@@ -25,19 +25,23 @@ import numpy as np
 
 from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 
-__all__ = ["Blas", "blas", "matmul_kernel"]
+__all__ = ["Blas", "blas", "matmul_kernel", "share_pool"]
 
 _TYPES = {"float32": ("float", "s", 4), "float64": ("double", "d", 8)}
 
 
 @dataclass(frozen=True)
 class Blas:
-    """The GEMM routines found: their addresses, and the width of their int arguments."""
+    """The GEMM routines found: their addresses, the width of their int arguments, and
+    (OpenBLAS 0.3.27 and newer) the addresses of its thread-count and threads-callback
+    setters (0 when absent)."""
 
     sgemm: int
     dgemm: int
     int_bits: int
     where: str
+    set_threads: int = 0
+    set_callback: int = 0
 
     def symbol(self, dtype: str) -> str:
         """The name geode links the ``dtype`` GEMM under (its address is imported)."""
@@ -70,11 +74,46 @@ def blas() -> Blas | None:
         ):
             found = _lookup(lib, names)
             if found and all(found):
-                return Blas(found[0], found[1], bits, path)
+                threads = _threading(lib)
+                return Blas(found[0], found[1], bits, path, *threads)
     found = _lookup(ctypes.CDLL(None), ("cblas_sgemm", "cblas_dgemm"))
     if found and all(found):
         return Blas(found[0], found[1], 32, "process")
     return None
+
+
+def _threading(lib: ctypes.CDLL) -> tuple[int, int]:
+    """OpenBLAS's ``(set_num_threads, set_threads_callback_function)``, or zeros."""
+    for names in (
+        ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_threads_callback_function64_"),
+        ("openblas_set_num_threads", "openblas_set_threads_callback_function"),
+    ):
+        found = _lookup(lib, names)
+        if found and all(found):
+            return found  # type: ignore[return-value]
+    return (0, 0)
+
+
+_shared: list[Blas] = []
+
+
+def share_pool(lib: Blas) -> bool:
+    """Run ``lib``'s parallel work on geode's native pool (once per process; True when it
+    does): OpenBLAS hands its jobs to :func:`geode_blas_callback` (``runtime/native``), so
+    GEMMs, the fused kernels, and numpy's own matmul take turns on one pool with one thread
+    count, and OpenBLAS's workers, which spin for a long time after each call, stay asleep.
+    Off with ``GEODE_BLAS_POOL=0``, or when the BLAS has no threads callback."""
+    if lib in _shared:
+        return True
+    if os.environ.get("GEODE_BLAS_POOL", "1").strip() == "0":
+        return False
+    if not (lib.set_threads and lib.set_callback):
+        return False
+    from geode.runtime import native
+
+    native.blas_share_pool(lib.set_callback, lib.set_threads)
+    _shared.append(lib)
+    return True
 
 
 def _shape_text(rank: int, last: str) -> str:
@@ -186,6 +225,7 @@ def matmul_kernel(dtype: str, rank: int):  # -> LLVMKernel | None
     lib = blas()
     if lib is None or dtype not in _TYPES or rank < 2:
         return None
+    share_pool(lib)
     name, ir = matmul_ir(dtype, rank, lib)
     target = host()
     obj = jit.compile_ir(ir, target)

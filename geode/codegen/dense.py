@@ -1,0 +1,271 @@
+"""Dense ops with fused epilogues: the epilogue group rebuilt over one panel of rows, and
+the native step that runs the GEMM and the compiled epilogue panel by panel.
+
+:func:`panel_graph` rebuilds a legal epilogue (:mod:`geode.compiler.fusion.epilogue`) as a
+small graph over ``[rows, N]``: the product panel is an input (``acc``), the group's other
+inputs become inputs of their role's 2-D shape (``full`` ``[rows, N]``, ``col``
+``[rows, 1]``, ``row`` ``[N]``, ``scalar`` ``[]``; constant rows and scalars stay constants),
+and the group's nodes are cloned onto them (a reduction over the last axis reduces axis 1).
+That group is lowered, scheduled and compiled like any other; :func:`dense_interface` then
+wraps its kernel in the GEMM entry (:mod:`geode.codegen.backends.llvm.dense`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from geode.codegen.lower import LoweredKernel
+from geode.compiler.fusion.epilogue import Epilogue
+from geode.compiler.fusion.groups import Group
+from geode.compiler.fusion.patterns import Pattern, pattern_of
+from geode.compiler.ir import Graph, Node, Value
+from geode.compiler.shapes import dims_equal
+from geode.errors import CodegenError, ExecutionError, GeodeError
+
+__all__ = ["ROWS", "DenseKernel", "PanelGraph", "dense_kernel", "panel_graph"]
+
+#: the panel graph's symbol for the rows of one panel (and for the columns when symbolic)
+ROWS, COLS = "geode_rows", "geode_cols"
+
+
+@dataclass
+class PanelGraph:
+    """An epilogue rebuilt over one panel: its graph and group, the model value each of its
+    inputs and outputs stands for, and every panel value's role."""
+
+    epilogue: Epilogue
+    graph: Graph
+    group: Group
+    origin: dict[str, Value] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dense(self) -> Node:
+        """The dense node (MatMul) whose product the epilogue consumes."""
+        return self.epilogue.dense
+
+
+def _panel_shape(role: str, acc: Value) -> tuple:
+    rows, cols = acc.shape
+    return {"acc": (rows, cols), "full": (rows, cols), "col": (rows, 1), "row": (cols,)}.get(
+        role, ()
+    )
+
+
+def _panel_input(pg: PanelGraph, v: Value, role: str, cols: object) -> Value:
+    g = pg.graph
+    if v.is_constant and v.data is not None and role in ("row", "scalar"):
+        shape = (-1,) if role == "row" else ()
+        nv = g.constant(np.asarray(v.data).reshape(shape), name=v.name, dtype=v.dtype)
+    else:
+        dims = {"acc": [ROWS, cols], "full": [ROWS, cols], "col": [ROWS, 1], "row": [cols]}
+        nv = g.input(g.unique_name(v.name), dims.get(role, []), v.dtype)
+    pg.origin[nv.name] = v
+    pg.roles[nv.name] = role
+    return nv
+
+
+def _clone(pg: PanelGraph, node: Node, new: dict[int, Value]) -> Node:
+    ins = [None if v is None else new[id(v)] for v in node.inputs]
+    attrs = dict(node.attrs)
+    if pattern_of(node) is Pattern.REDUCE:  # the last axis of the product is axis 1 here
+        if len(ins) > 1 and ins[1] is not None:
+            ins[1] = pg.graph.constant(np.array([1], dtype=np.int64), name="axes")
+        else:
+            attrs["axes"] = [1]
+    return pg.graph.add_node(
+        node.op_type, ins, attrs, n_outputs=len(node.outputs), domain=node.domain
+    )
+
+
+def panel_graph(ep: Epilogue, model: Graph) -> PanelGraph:
+    """``ep``'s group rebuilt over one panel (see the module docstring). Raises
+    :class:`~geode.errors.CodegenError` when a cloned value's shape is not its role's."""
+    y = ep.dense.outputs[0]
+    cols = y.shape[-1] if isinstance(y.shape[-1], int) else COLS
+    pg = PanelGraph(ep, Graph(f"group{ep.group.id}_panel"), ep.group)
+    new: dict[int, Value] = {}
+    for v in ep.group.inputs():
+        new[id(v)] = _panel_input(pg, v, ep.roles[v.name], cols)
+    acc = next(nv for nv in new.values() if pg.roles.get(nv.name) == "acc")
+    nodes = []
+    try:
+        for node in ep.group.nodes:
+            clone = _clone(pg, node, new)
+            nodes.append(clone)
+            for old, nv in zip(node.outputs, clone.outputs):
+                want = _panel_shape(ep.roles[old.name], acc)
+                if (
+                    nv.shape is None
+                    or len(nv.shape) != len(want)
+                    or not all(dims_equal(a, b) is True for a, b in zip(nv.shape, want))
+                ):
+                    raise CodegenError(f"panel value {nv.name} has shape {nv.shape}, not {want}")
+                new[id(old)] = nv
+                pg.roles[nv.name] = ep.roles[old.name]
+    except GeodeError as exc:
+        raise CodegenError(f"epilogue of {ep.dense.name} has no panel form: {exc}") from None
+    outs = ep.group.outputs(model)
+    pg.graph.output(*[new[id(o)] for o in outs])
+    for o in outs:
+        pg.origin[new[id(o)].name] = o
+    axes = frozenset({1}) if ep.group.axes else frozenset()
+    pg.group = Group(ep.group.id, nodes, tuple(acc.shape), axes)
+    return pg
+
+
+def _inner_dims(lowered: LoweredKernel) -> list[str | int]:
+    """What each dim argument of the epilogue kernel is: ``rows``, ``cols`` or a constant."""
+    out: list[str | int] = []
+    for expr in lowered.dim_exprs.values():
+        if isinstance(expr, (int, np.integer)) or getattr(expr, "is_Integer", False):
+            out.append(int(expr))
+        elif str(expr) in (ROWS, COLS):
+            out.append("rows" if str(expr) == ROWS else "cols")
+        else:
+            raise CodegenError(f"epilogue dim {expr} is not the panel's rows or columns")
+    return out
+
+
+def _arguments(pg: PanelGraph, lowered: LoweredKernel, views: list) -> tuple[list, list, list]:
+    """The entry's arguments after A and B (model values), their :class:`OuterArg`, and the
+    epilogue kernel's :class:`InnerArg` list."""
+    from geode.codegen.backends.llvm.dense import InnerArg, OuterArg
+
+    values: list[Value] = []
+    outer: list[OuterArg] = []
+    inner: list[InnerArg] = []
+    for v, view in zip(lowered.inputs + lowered.outputs, views):
+        role = pg.roles[v.name]
+        item = v.dtype.itemsize
+        if role == "acc":
+            inner.append(InnerArg(-1, role, item, view))
+            continue
+        model_value = pg.origin[v.name]
+        inner.append(InnerArg(len(values), role, item, view))
+        values.append(model_value)
+        outer.append(OuterArg(role, len(model_value.shape), item))
+    return values, outer, inner
+
+
+class DenseKernel:
+    """A GEMM with its fused epilogue, compiled (see :mod:`geode.codegen.backends.llvm.dense`):
+    called like an LLVM kernel (``call(arrays, ints)``, ``ints`` the thread count)."""
+
+    def __init__(self, name: str, kernel: Any, epilogue: Any, ir: str) -> None:
+        self.name = name
+        self.kernel = kernel  # the entry, an LLVMKernel
+        self.epilogue = epilogue  # kept alive: the entry calls it
+        self.source = ir + "\n; epilogue kernel\n" + epilogue.source
+        self.address = kernel.address
+        self.chunked = True
+        self.parallel = True
+
+    def call(self, arrays: tuple, ints: tuple) -> None:
+        """Run on ``arrays`` (A, B, the epilogue's inputs, its outputs)."""
+        from geode.runtime import native
+
+        n_in = self.kernel._n_in
+        try:
+            status = native.call(self.address, n_in, arrays, ints)
+        except native.ArgumentError as exc:  # a strided input: copied to C order
+            arrays = self.kernel._coerce(arrays, exc.index)
+            status = native.call(self.address, n_in, arrays, ints)
+        if status:
+            self._bad_argument(status - 1)
+
+    def _bad_argument(self, i: int) -> None:
+        """Raise for the entry's status ``i + 1``: a bad argument ``i``, no memory for the
+        panel, or an epilogue that refused its panel arguments."""
+        from geode.codegen.backends.llvm.dense import EPILOGUE_STATUS, NO_MEMORY
+
+        status = i + 1
+        if status == NO_MEMORY:
+            raise ExecutionError(f"kernel {self.name}: out of memory for its product panel")
+        if status >= EPILOGUE_STATUS:
+            raise ExecutionError(
+                f"kernel {self.name}: its epilogue refused argument {status - EPILOGUE_STATUS - 1}"
+            )
+        self.kernel._bad_argument(i)
+
+    @property
+    def llvm(self) -> str:
+        return self.kernel.llvm + "\n" + self.epilogue.llvm
+
+    @property
+    def asm(self) -> str:
+        return self.kernel.asm + "\n" + self.epilogue.asm
+
+
+def dense_kernel(
+    pg: PanelGraph,
+    lowered: LoweredKernel,
+    views: list,
+    epilogue: Any,
+    panel_bytes: int,
+    min_rows: int,
+    cache_dir: str | None,
+) -> tuple[DenseKernel, list[Value]]:
+    """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it and the
+    model values of its arguments after ``A`` and ``B`` (the epilogue's inputs, outputs)."""
+    from geode.codegen.backends.llvm import jit, objcache
+    from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir
+    from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
+    from geode.codegen.backends.llvm.kernel import LLVMKernel
+    from geode.codegen.backends.llvm.library import blas, share_pool
+    from geode.codegen.backends.llvm.target import host
+
+    if lowered.index_checks:
+        raise CodegenError("an epilogue with index checks has no panel form")
+    lib = blas()
+    a, b = pg.dense.inputs
+    dtype = str(np.dtype(a.dtype))
+    if lib is None:
+        raise CodegenError("no BLAS found")
+    share_pool(lib)
+    values, outer, inner = _arguments(pg, lowered, views)
+    name = f"geode_dense_{epilogue.entry}"
+    t0 = time.perf_counter()
+    spec = DenseSpec(
+        name,
+        dtype,
+        len(a.shape),
+        tuple(outer),
+        tuple(inner),
+        tuple(_inner_dims(lowered)),
+        epilogue.entry,
+        panel_bytes,
+        min_rows,
+    )
+    ir = dense_ir(spec, lib)
+    target = host()
+    key = objcache.cache_key(ir, target.fingerprint())
+    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
+    if obj is None:
+        obj = jit.compile_ir(ir, target)
+        if cache_dir is not None:
+            objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    imports = {lib.symbol(dtype): lib.address(dtype), epilogue.entry: epilogue.address}
+    loaded = jit.load_object(obj, [name], runtime=False, imports=imports)
+    n_in = 2 + sum(1 for v in lowered.inputs if pg.roles[v.name] != "acc")
+    specs = [
+        ArgSpec("A", "input", dtype, len(a.shape), str(list(a.shape))),
+        ArgSpec("B", "input", dtype, 2, str(list(b.shape))),
+    ]
+    specs += [
+        ArgSpec(
+            v.name,
+            "input" if i + 2 < n_in else "output",
+            str(v.dtype),
+            len(v.shape),
+            str(list(v.shape)),
+        )
+        for i, v in enumerate(values)
+    ]
+    emitted = Emitted(ir, name, tuple(specs), (), False, ())
+    entry = LLVMKernel(name, emitted, loaded, target, time.perf_counter() - t0, False, False)
+    return DenseKernel(pg.dense.name, entry, epilogue, ir), values
