@@ -207,9 +207,11 @@ def bind(c: Compilation) -> None:
         elif item.failed:
             units += _fallback_units(c, item)
         elif item.panel is not None:
-            nodes = [item.panel.dense, *item.panel.epilogue.group.nodes]
-            c.placement.engine[item.panel.dense.name] = "aicore"
-            c.placement.reason[item.panel.dense.name] = "library op: BLAS with a fused epilogue"
+            nodes = item.panel.nodes
+            for n in nodes:
+                if n.op_type == "MatMul":
+                    c.placement.engine[n.name] = "aicore"
+                    c.placement.reason[n.name] = "library op: BLAS with a fused epilogue"
             unit = Unit(
                 item.name, "aicore", nodes, item.inputs, item.outputs, item.interface, item.info
             )
@@ -234,18 +236,19 @@ def bind(c: Compilation) -> None:
 
 
 def _fallback_units(c: Compilation, job: driver.KernelJob) -> list[Unit]:
-    """A failed group's nodes, one AICPU step each (a failed epilogue: its MatMul first,
-    natively when it can be)."""
+    """A failed group's nodes, one AICPU step each (a failed epilogue: its MatMuls
+    natively when they can be)."""
     if job.panel is None:
         return [reference_unit(n, "aicpu") for n in job.group.nodes]
-    dense = job.panel.dense
-    lib = driver.library_interface(dense, c.graph, c.opts)
-    first = (
-        Unit(dense.name, "aicore", [dense], list(dense.inputs), list(dense.outputs), *lib)
-        if lib is not None
-        else reference_unit(dense, "aicpu")
-    )
-    return [first, *(reference_unit(n, "aicpu") for n in job.panel.epilogue.group.nodes)]
+    units = []
+    for n in job.panel.nodes:
+        lib = driver.library_interface(n, c.graph, c.opts) if n.op_type == "MatMul" else None
+        units.append(
+            Unit(n.name, "aicore", [n], list(n.inputs), list(n.outputs), *lib)
+            if lib is not None
+            else reference_unit(n, "aicpu")
+        )
+    return units
 
 
 def plan(c: Compilation) -> None:

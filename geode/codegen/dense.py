@@ -48,12 +48,21 @@ class PanelGraph:
         """The dense node (MatMul) whose product the epilogue consumes."""
         return self.epilogue.dense
 
+    @property
+    def nodes(self) -> list[Node]:
+        """The model's nodes the dense step runs: the MatMul, the epilogue, the second
+        MatMul."""
+        second = [self.epilogue.second] if self.epilogue.second is not None else []
+        return [self.dense, *self.epilogue.group.nodes, *second]
+
+
+#: a role's panel dims: ``r`` the panel's rows, ``c`` the product's columns
+_PANEL = {"acc": "rc", "full": "rc", "bfull": "rc", "col": "r1", "row": "c", "brow": "c"}
+
 
 def _panel_shape(role: str, acc: Value) -> tuple:
     rows, cols = acc.shape
-    return {"acc": (rows, cols), "full": (rows, cols), "col": (rows, 1), "row": (cols,)}.get(
-        role, ()
-    )
+    return tuple({"r": rows, "c": cols, "1": 1}[x] for x in _PANEL.get(role, ""))
 
 
 def _panel_input(pg: PanelGraph, v: Value, role: str, cols: object) -> Value:
@@ -62,8 +71,8 @@ def _panel_input(pg: PanelGraph, v: Value, role: str, cols: object) -> Value:
         shape = (-1,) if role == "row" else ()
         nv = g.constant(np.asarray(v.data).reshape(shape), name=v.name, dtype=v.dtype)
     else:
-        dims = {"acc": [ROWS, cols], "full": [ROWS, cols], "col": [ROWS, 1], "row": [cols]}
-        nv = g.input(g.unique_name(v.name), dims.get(role, []), v.dtype)
+        dims = [{"r": ROWS, "c": cols, "1": 1}[x] for x in _PANEL.get(role, "")]
+        nv = g.input(g.unique_name(v.name), dims, v.dtype)
     pg.origin[nv.name] = v
     pg.roles[nv.name] = role
     return nv
@@ -139,11 +148,15 @@ def _arguments(pg: PanelGraph, lowered: LoweredKernel, views: list) -> tuple[lis
     values: list[Value] = []
     outer: list[OuterArg] = []
     inner: list[InnerArg] = []
+    second = pg.epilogue.second
     for v, view in zip(lowered.inputs + lowered.outputs, views):
         role = pg.roles[v.name]
         item = v.dtype.itemsize
         if role == "acc":
             inner.append(InnerArg(-1, role, item, view))
+            continue
+        if second is not None and pg.origin[v.name] is second.inputs[0]:
+            inner.append(InnerArg(-2, role, item, view))  # the panel the second GEMM reads
             continue
         model_value = pg.origin[v.name]
         inner.append(InnerArg(len(values), role, item, view))
@@ -209,9 +222,10 @@ def dense_kernel(
     panel_bytes: int,
     min_rows: int,
     cache_dir: str | None,
-) -> tuple[DenseKernel, list[Value]]:
-    """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it and the
-    model values of its arguments after ``A`` and ``B`` (the epilogue's inputs, outputs)."""
+) -> tuple[DenseKernel, list[Value], list[Value]]:
+    """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
+    values of its inputs after ``A`` and ``B`` (``V``, then the epilogue's) and of its
+    outputs (the epilogue's, then ``O``)."""
     from geode.codegen.backends.llvm import jit, objcache
     from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir
     from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
@@ -234,12 +248,14 @@ def dense_kernel(
         name,
         dtype,
         len(a.shape),
+        len(b.shape),
         tuple(outer),
         tuple(inner),
         tuple(_inner_dims(lowered)),
         epilogue.entry,
         panel_bytes,
         min_rows,
+        len(pg.epilogue.second.inputs[1].shape) if pg.epilogue.second is not None else 0,
     )
     ir = dense_ir(spec, lib)
     target = host()
@@ -250,22 +266,21 @@ def dense_kernel(
         if cache_dir is not None:
             objcache.store(cache_dir, key, name, obj, target.fingerprint())
     imports = {lib.symbol(dtype): lib.address(dtype), epilogue.entry: epilogue.address}
-    loaded = jit.load_object(obj, [name], runtime=False, imports=imports)
-    n_in = 2 + sum(1 for v in lowered.inputs if pg.roles[v.name] != "acc")
+    loaded = jit.load_object(obj, [name], imports=imports)
+    n_ext_in = sum(
+        1 for a_ in inner[: len(lowered.inputs)] if a_.source >= 0
+    )  # the epilogue's own inputs come first among its arguments
+    second = pg.epilogue.second
+    ins = ([second.inputs[1]] if second is not None else []) + values[:n_ext_in]
+    outs = values[n_ext_in:] + ([second.outputs[0]] if second is not None else [])
     specs = [
         ArgSpec("A", "input", dtype, len(a.shape), str(list(a.shape))),
-        ArgSpec("B", "input", dtype, 2, str(list(b.shape))),
+        ArgSpec("B", "input", dtype, len(b.shape), str(list(b.shape))),
     ]
-    specs += [
-        ArgSpec(
-            v.name,
-            "input" if i + 2 < n_in else "output",
-            str(v.dtype),
-            len(v.shape),
-            str(list(v.shape)),
-        )
-        for i, v in enumerate(values)
-    ]
+    for role, group in (("input", ins), ("output", outs)):
+        specs += [
+            ArgSpec(v.name, role, str(v.dtype), len(v.shape), str(list(v.shape))) for v in group
+        ]
     emitted = Emitted(ir, name, tuple(specs), (), False, ())
     entry = LLVMKernel(name, emitted, loaded, target, time.perf_counter() - t0, False, False)
-    return DenseKernel(pg.dense.name, entry, epilogue, ir), values
+    return DenseKernel(pg.dense.name, entry, epilogue, ir), ins, outs

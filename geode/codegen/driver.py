@@ -314,17 +314,15 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     pg = job.panel
     views = arg_views(job.lowered, job.schedule.kernel)
     spec = device_spec(opts.cache_dir)
-    kernel, values = dense_kernel(
+    kernel, ins, outs = dense_kernel(
         pg, job.lowered, views, job.native, panel_bytes(spec), DENSE_MIN_ROWS, opts.cache_dir
     )
-    n_ext = sum(1 for v in job.lowered.inputs if pg.roles[v.name] != "acc")
-    outs = values[n_ext:]
-    job.inputs = [*pg.dense.inputs, *values[:n_ext]]
+    job.inputs = [*pg.dense.inputs, *ins]
     job.outputs = outs
     job.interface = NativeKernel(
         name=job.name,
         fn=kernel,
-        n_inputs=2 + n_ext,
+        n_inputs=len(job.inputs),
         out_shapes=[compile_shape_fn(v.shape) for v in outs],
         out_dtypes=[v.dtype for v in outs],
         threads=int(opts.num_threads),
@@ -333,7 +331,7 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     )
     job.info = KernelInfo(
         name=job.name,
-        ops=[pg.dense, *pg.epilogue.group.nodes],
+        ops=pg.nodes,
         engine="aicore",
         source=kernel.source,
         kind="dense",

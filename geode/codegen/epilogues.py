@@ -11,10 +11,12 @@ with its reason in the fusion plan (``explain()`` shows it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from geode.codegen.dense import panel_graph
 from geode.codegen.driver import KernelJob, native_matmul
-from geode.compiler.fusion.epilogue import epilogue_legality
-from geode.compiler.fusion.groups import FusionPlan
+from geode.compiler.fusion.epilogue import Epilogue, epilogue_legality, second_gemm
+from geode.compiler.fusion.groups import FusionPlan, Group
 from geode.compiler.fusion.profit import epilogue_profit
 from geode.compiler.ir import Graph, Node
 from geode.config import Options
@@ -36,12 +38,32 @@ def j_covers(job: KernelJob, names: set[str]) -> bool:
     return names <= job.group.names
 
 
-def _decide(node: Node, job: KernelJob, g: Graph, spec: DeviceSpec) -> str | None:
-    """Attach the epilogue to ``job`` and return None, or return why not."""
+def _hoisted_job(ep: Epilogue, job: KernelJob, plan: FusionPlan, g: Graph) -> KernelJob:
+    """The epilogue's product-independent nodes as a group of their own (run first)."""
+    names = {n.name for n in ep.hoisted}
+    outs = [
+        o
+        for n in ep.hoisted
+        for o in n.outputs
+        if any(c.name not in names for c in o.consumers) or any(o is x for x in g.outputs)
+    ]
+    gid = max((x.id for x in plan.groups), default=0) + 1
+    group = Group(gid, list(ep.hoisted), tuple(outs[0].shape))
+    plan.groups.append(group)
+    return KernelJob(f"{job.name}_pre", group)
+
+
+def _decide(
+    node: Node, job: KernelJob, g: Graph, spec: DeviceSpec, native: Callable[[Node], bool]
+) -> Epilogue | str:
+    """The epilogue of ``node`` in ``job`` (its panel form attached to the job), or why not."""
     ep = epilogue_legality(node, job.group, g)
     if isinstance(ep, str):
         return ep
-    take, why = epilogue_profit(node, spec)
+    second = second_gemm(ep, g, native)
+    if isinstance(second, Node) and epilogue_profit(node, spec, second)[0]:
+        ep.second = second
+    take, why = epilogue_profit(node, spec, ep.second)
     if not take:
         return why
     try:
@@ -49,8 +71,8 @@ def _decide(node: Node, job: KernelJob, g: Graph, spec: DeviceSpec) -> str | Non
     except GeodeError as exc:
         return str(exc)
     job.group = job.panel.group
-    ep.reason = why
-    return None
+    ep.reason = why if ep.second is None else f"{why}; then {ep.second.name} per panel"
+    return ep
 
 
 def attach_epilogues(
@@ -59,10 +81,13 @@ def attach_epilogues(
     """``work`` with each profitable epilogue attached (see the module docstring)."""
     if not opts.dense_epilogues:
         return work
+    native = lambda n: native_matmul(n, g, opts)  # noqa: E731
     jobs = [w for w in work if isinstance(w, KernelJob)]
     dropped: set[str] = set()
+    moved: dict[str, KernelJob] = {}  # second MatMul's name -> the job that runs in its place
+    pre: dict[int, KernelJob] = {}  # job id -> its hoisted nodes' job
     for item in work:
-        if not isinstance(item, Node) or not native_matmul(item, g, opts):
+        if not isinstance(item, Node) or item.name in dropped or not native(item):
             continue
         job = _consumer_job(item, [j for j in jobs if j.panel is None])
         if job is None:
@@ -70,13 +95,27 @@ def attach_epilogues(
                 f"{item.name}: no epilogue (its product is not read by one group)"
             )
             continue
-        why = _decide(item, job, g, spec)
-        if why is None:
-            plan.epilogues.append(
-                f"{item.name} + group {job.group.id} -> {job.name}: {job.panel.epilogue.reason}"
-            )
-            dropped.add(item.name)
-            plan.unfused.pop(item.name, None)
-        else:
-            plan.epilogues.append(f"{item.name}: keep apart from group {job.group.id}: {why}")
-    return [w for w in work if not (isinstance(w, Node) and w.name in dropped)]
+        ep = _decide(item, job, g, spec, native)
+        if isinstance(ep, str):
+            plan.epilogues.append(f"{item.name}: keep apart from group {job.group.id}: {ep}")
+            continue
+        plan.epilogues.append(f"{item.name} + group {job.group.id} -> {job.name}: {ep.reason}")
+        dropped.add(item.name)
+        plan.unfused.pop(item.name, None)
+        if ep.hoisted:
+            pre[id(job)] = _hoisted_job(ep, job, plan, g)
+        if ep.second is not None:
+            dropped.add(ep.second.name)
+            plan.unfused.pop(ep.second.name, None)
+            moved[ep.second.name] = job
+    out: list = []
+    for w in work:
+        if isinstance(w, KernelJob) and id(w) in pre:
+            out.append(pre[id(w)])
+        if isinstance(w, KernelJob) and w.panel is not None and w.panel.epilogue.second:
+            continue  # runs where its second MatMul ran (V is ready there)
+        if isinstance(w, Node) and w.name in moved:
+            out.append(moved[w.name])
+        elif not (isinstance(w, Node) and w.name in dropped):
+            out.append(w)
+    return out

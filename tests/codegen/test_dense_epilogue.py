@@ -277,3 +277,152 @@ def test_random_epilogues_match_the_reference(lead, k, n, steps, dtype):
     assert len(_dense_kernels(model)) == 1, model.explain()
     tol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(got["y"], want["y"], rtol=tol, atol=tol)
+
+
+# -- batched products, hoisted mask preparation, a second GEMM (attention, MLP) ---------------
+
+
+def _attention_proto(h=3, s=70, d=8, causal=True):
+    """BERT/GPT-style attention: scale, a padding mask prepared from int64 ids (Unsqueeze,
+    Cast, Sub, Mul: hoisted, it does not read the scores), a causal mask, softmax, @ V."""
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["sc"]),
+        helper.make_node("Div", ["sc", "scale"], ["sd"]),
+        helper.make_node("Unsqueeze", ["mask", "ax"], ["m4"]),
+        helper.make_node("Cast", ["m4"], ["mf"], to=1),
+        helper.make_node("Sub", ["one", "mf"], ["inv"]),
+        helper.make_node("Mul", ["inv", "big"], ["bias"]),
+        helper.make_node("Add", ["sd", "bias"], ["sm"]),
+    ]
+    last = "sm"
+    if causal:
+        nodes.append(helper.make_node("Where", ["causal", "sm", "ninf"], ["sw"]))
+        last = "sw"
+    nodes += [
+        helper.make_node("Softmax", [last], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(np.sqrt(d), np.float32), "scale"),
+        numpy_helper.from_array(np.array([1, 2], np.int64), "ax"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        numpy_helper.from_array(np.array(-10000.0, np.float32), "big"),
+        numpy_helper.from_array(np.tril(np.ones((s, s), bool))[None, None], "causal"),
+        numpy_helper.from_array(np.array(-1e9, np.float32), "ninf"),
+    ]
+    qkv = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", h, s, d]) for n in "qkv"]
+    graph = helper.make_graph(
+        nodes,
+        "attn",
+        [*qkv, helper.make_tensor_value_info("mask", TensorProto.INT64, ["B", s])],
+        [helper.make_tensor_value_info("o", TensorProto.FLOAT, ["B", h, s, d])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_attention_is_one_fused_kernel(causal, batch):
+    """QK^T -> scale -> masks -> softmax -> @V: one kernel; the scores never go to memory."""
+    h, s, d = 3, 70, 8
+    proto = _attention_proto(h, s, d, causal)
+    feeds = {n: _rand(batch, h, s, d) for n in "qkv"}
+    feeds["mask"] = (RNG.random((batch, s)) > 0.2).astype(np.int64)
+    (want,) = ReferenceEvaluator(proto).run(None, feeds)
+    model = geode.compile(proto)
+    dense = _dense_kernels(model)
+    assert len(dense) == 1, model.explain()
+    ops = [n.op_type for n in dense[0].ops]
+    assert ops[0] == "MatMul" and ops[-1] == "MatMul" and "ReduceMax" in ops, ops
+    assert "Unsqueeze" not in ops  # the mask's preparation runs before, on its own
+    np.testing.assert_allclose(model.run(feeds)["o"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_mlp_second_layer_runs_per_panel():
+    """x @ W1 -> GELU -> @ W2: the hidden activation never goes to memory."""
+    g = geode.Graph("mlp2")
+    x = g.input("x", ["B", "S", 16])
+    h = g.op("MatMul", x, g.constant(_rand(16, 64), "w1"))
+    h = g.op("Gelu", g.op("Add", h, g.constant(_rand(64), "b1")))
+    g.output(g.op("MatMul", h, g.constant(_rand(64, 12), "w2")), names=["y"])
+    model, got, want = _run_both(g, {"x": _rand(2, 33, 16)})
+    dense = _dense_kernels(model)
+    assert len(dense) == 1 and [n.op_type for n in dense[0].ops].count("MatMul") == 2, (
+        model.explain()
+    )
+    _close(got, want)
+
+
+def test_the_second_gemm_is_refused_when_weights_would_be_reread_too_often(monkeypatch):
+    """Many small panels re-read W2 for each: the cost model keeps the second MatMul apart."""
+    monkeypatch.setattr(profit, "DENSE_MIN_ROWS", 1)
+    monkeypatch.setattr(profit, "panel_bytes", lambda spec: 64)
+    g = geode.Graph("mlp3")
+    x = g.input("x", [4096, 64])
+    h = g.op("Relu", g.op("MatMul", x, g.constant(_rand(64, 64), "w1")))
+    g.output(g.op("MatMul", h, g.constant(_rand(64, 4096), "w2")), names=["y"])
+    model = geode.compile(g)
+    assert all([n.op_type for n in k.ops].count("MatMul") < 2 for k in model.kernels), (
+        model.explain()
+    )
+
+
+def test_batched_epilogue_with_broadcast_rows_and_matrices():
+    """A batched product whose epilogue reads a row per batch ([B, 1, 1, N]) and a matrix
+    per head ([1, H, M, N]), both broadcast."""
+    g = geode.Graph("bat")
+    a = g.input("a", [2, 3, 5, 4])
+    b = g.input("b", [2, 3, 4, 6])
+    rows = g.input("rows", [2, 1, 1, 6])
+    mats = g.input("mats", [1, 3, 5, 6])
+    y = g.op("Mul", g.op("Add", g.op("MatMul", a, b), rows), mats)
+    g.output(g.op("Softmax", y, axis=-1), names=["y"])
+    feeds = {
+        "a": _rand(2, 3, 5, 4),
+        "b": _rand(2, 3, 4, 6),
+        "rows": _rand(2, 1, 1, 6),
+        "mats": _rand(1, 3, 5, 6),
+    }
+    model, got, want = _run_both(g, feeds)
+    assert len(_dense_kernels(model)) == 1, model.explain()
+    _close(got, want)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batch=st.lists(st.tuples(st.integers(1, 3), st.booleans(), st.booleans()), max_size=2),
+    mkn=st.tuples(st.integers(1, 6), st.integers(1, 5), st.integers(1, 7)),
+    d=st.integers(1, 5),
+    second=st.booleans(),
+)
+def test_random_batched_epilogues_match_the_reference(batch, mkn, d, second):
+    """Batched products with broadcast batch dims, a brow input, a row reduction, and
+    sometimes a second (broadcast) MatMul."""
+    m, k, n = mkn
+    yb = [x for x, _, _ in batch]
+    ab = [1 if one_a else x for x, one_a, _ in batch]
+    bb = [1 if one_b and not one_a else x for x, one_a, one_b in batch]
+    rb = [1 if one_a or one_b else x for x, one_a, one_b in batch]
+    g = geode.Graph("rbat")
+    a = g.input("a", [*ab, m, k])
+    b = g.input("b", [1, *bb, k, n] if not batch else [*bb, k, n])
+    r = g.input("r", [*rb, 1, n] if batch else [1, 1, n])
+    y = g.op("Exp", g.op("Sub", g.op("MatMul", a, b), r))
+    s = g.op("ReduceSum", y, g.constant(np.array([-1], np.int64)), keepdims=1)
+    y = g.op("Div", y, s)
+    feeds = {
+        "a": _rand(*ab, m, k),
+        "b": _rand(*([1, *bb] if not batch else bb), k, n),
+        "r": _rand(*(rb if batch else [1]), 1, n),
+    }
+    if second:
+        v = g.input("v", [*rb, n, d] if batch else [n, d])
+        feeds["v"] = _rand(*(rb if batch else []), n, d)
+        y = g.op("MatMul", y, v)
+    g.output(y, names=["y"])
+    model, got, want = _run_both(g, feeds)
+    assert len(_dense_kernels(model)) == 1, model.explain()
+    _close(got, want)
+    del yb

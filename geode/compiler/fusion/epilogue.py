@@ -13,8 +13,12 @@ role          shape                                             per panel
 ``full``      ``Y``'s shape                                     its panel rows
 ``col``       ``Y``'s leading dims, then 1 (a value per row)    its panel rows
 ``row``       ``[N]`` or ``[1, ..., 1, N]`` (one row for all)   whole
+``brow``      ``[batch..., 1, N]``, batch dims ``Y``'s or 1      its batch's row
+``bfull``     ``[batch..., M, N]``, batch dims ``Y``'s or 1      its batch's rows
 ``scalar``    ``[]`` or all ones                                whole
 ============  ===============================================  ==================
+
+(``brow`` and ``bfull`` only for a batched product: ``B`` of rank > 2.)
 
 The group qualifies when: ``Y`` is read by the group only (not a graph output);
 its domain is ``Y``'s shape and it reduces nothing or only the last axis (keeping it);
@@ -41,28 +45,49 @@ _KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.REDUCE})
 
 @dataclass
 class Epilogue:
-    """A dense node fused with the group that consumes its product."""
+    """A dense node fused with the group that consumes its product (and, optionally, the
+    MatMul that reads the group's result: attention's ``P @ V``, an MLP's second layer)."""
 
     dense: Node
     group: Group
-    #: role of every value the group touches (by value name): acc, full, col, row, scalar
+    #: role of every value the group touches (by value name): acc, full, col, row, brow,
+    #: scalar
     roles: dict[str, str] = field(default_factory=dict)
     reason: str = ""
+    #: the group's nodes that do not depend on the product (run before, as their own group)
+    hoisted: list[Node] = field(default_factory=list)
+    #: the second MatMul (its A is the group's only output), or None
+    second: Node | None = None
+
+    @property
+    def batched(self) -> bool:
+        """Whether the product is a batch of matrices (``B`` of rank > 2)."""
+        return len(self.dense.inputs[1].shape) > 2
 
 
 def _same(a: object, b: object) -> bool:
     return dims_equal(a, b) is True
 
 
-def value_role(v: Value, y: Value) -> str | None:
-    """``v``'s role with respect to the product ``y`` (see the module docstring)."""
+def _batch_broadcast(shape: tuple, ys: tuple, rows: object) -> bool:
+    """``[batch..., rows, N]`` whose batch dims are ``Y``'s or 1 (checked after ``full`` and
+    ``row``, which it would also match)."""
+    if len(shape) != len(ys) or len(ys) < 3:
+        return False
+    if not (_same(shape[-1], ys[-1]) and _same(shape[-2], rows)):
+        return False
+    batch = list(zip(shape[:-2], ys[:-2]))
+    return all(_same(a, b) or _same(a, 1) for a, b in batch)
+
+
+def value_role(v: Value, y: Value, batched: bool = False) -> str | None:
+    """``v``'s role with respect to the product ``y`` (see the module docstring); ``brow``
+    only for a batched product."""
     if v is y:
         return "acc"
     if v.shape is None or y.shape is None:
         return None
     shape, ys = tuple(v.shape), tuple(y.shape)
-    if all(_same(d, 1) for d in shape):
-        return "scalar"
     if len(shape) == len(ys) and all(_same(a, b) for a, b in zip(shape, ys)):
         return "full"
     if (
@@ -70,9 +95,15 @@ def value_role(v: Value, y: Value) -> str | None:
         and _same(shape[-1], 1)
         and all(_same(a, b) for a, b in zip(shape[:-1], ys[:-1]))
     ):
-        return "col"
+        return "col"  # before scalar: with one row, a value per row is what a reduction makes
+    if all(_same(d, 1) for d in shape):
+        return "scalar"
     if len(shape) <= len(ys) and _same(shape[-1], ys[-1]) and all(_same(d, 1) for d in shape[:-1]):
         return "row"
+    if batched and _batch_broadcast(shape, ys, 1):
+        return "brow"
+    if batched and _batch_broadcast(shape, ys, ys[-2]):
+        return "bfull"
     return None
 
 
@@ -92,16 +123,46 @@ def _node_ok(node: Node, rank: int) -> str | None:
     return None
 
 
+def split_dependent(group: Group, y: Value) -> tuple[list[Node], list[Node]]:
+    """The group's nodes that depend on the product ``y`` and those that do not (in order)."""
+    reached = {id(y)}
+    dep, rest = [], []
+    for node in group.nodes:
+        if any(v is not None and id(v) in reached for v in node.inputs):
+            dep.append(node)
+            reached.update(id(o) for o in node.outputs)
+        else:
+            rest.append(node)
+    return dep, rest
+
+
+def _hoistable(rest: list[Node], graph: Graph) -> str | None:
+    """Why the independent nodes cannot run first as a group of their own, or None: their
+    values read outside them must share one shape (one loop domain)."""
+    names = {n.name for n in rest}
+    outs = [
+        o
+        for n in rest
+        for o in n.outputs
+        if any(c.name not in names for c in o.consumers) or any(o is g for g in graph.outputs)
+    ]
+    shapes = {tuple(str(d) for d in (o.shape or ())) for o in outs}
+    if len(shapes) > 1:
+        return "the nodes that do not read the product have outputs of several shapes"
+    return None
+
+
 def epilogue_legality(dense: Node, group: Group, graph: Graph) -> Epilogue | str:
-    """The fused epilogue of ``dense`` (a native MatMul) and ``group``, or why not."""
+    """The fused epilogue of ``dense`` (a native MatMul) and ``group``, or why not. Nodes of
+    the group that do not depend on the product and have no per-panel role are hoisted
+    (``Epilogue.hoisted``); the epilogue's group is then the rest."""
     if dense.op_type != "MatMul" or len(dense.outputs) != 1:
         return f"{dense.op_type} has no epilogue form"
     y = dense.outputs[0]
-    if y.shape is None or len(y.shape) < 2:
-        return "the product's shape is unknown"
     b = dense.inputs[1]
-    if b is None or b.shape is None or len(b.shape) != 2:
-        return "a batched product (B is not a matrix) has no panel form"
+    if y.shape is None or len(y.shape) < 2 or b is None or b.shape is None:
+        return "the product's shape is unknown"
+    batched = len(b.shape) > 2
     if any(o is y for o in graph.outputs):
         return "the product is a graph output"
     names = group.names
@@ -112,18 +173,62 @@ def epilogue_legality(dense: Node, group: Group, graph: Graph) -> Epilogue | str
         return "the group's domain is not the product's shape"
     if group.axes and set(group.axes) != {rank - 1}:
         return "the group reduces other than the last axis"
+    _, rest = split_dependent(group, y)
     roles: dict[str, str] = {}
-    for node in group.nodes:
+    hoisted = rest  # they run first, as a group of their own; their results become inputs
+    if hoisted:
+        why = _hoistable(hoisted, graph)
+        if why:
+            return why
+    kept = [n for n in group.nodes if n not in hoisted]
+    for node in kept:
         why = _node_ok(node, rank)
         if why:
             return why
         for v in [*node.inputs, *node.outputs]:
             if v is None:
                 continue
-            role = value_role(v, y)
+            role = value_role(v, y, batched)
             if role is None:
                 return f"value {v.name} of shape {list(v.shape or [])} has no per-panel role"
             roles[v.name] = role
     if "acc" not in roles.values():
         return "the group does not read the product"
-    return Epilogue(dense, group, roles, "per-panel epilogue: elementwise and row reductions")
+    sub = Group(group.id, kept, group.domain, group.axes)
+    why = "per-panel epilogue: elementwise and row reductions"
+    return Epilogue(dense, sub, roles, why, hoisted)
+
+
+def second_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
+    """The MatMul that reads the epilogue's only result as its ``A`` (``P @ V``), when its
+    product can be computed per panel too, else why not. ``is_native(node)`` says whether
+    a MatMul runs natively."""
+    outs = ep.group.outputs(graph)
+    if len(outs) != 1:
+        return "the epilogue has several results"
+    p = outs[0]
+    if any(o is p for o in graph.outputs) or len(p.consumers) != 1:
+        return "the epilogue's result is read more than once"
+    mm = p.consumers[0]
+    if mm.op_type != "MatMul" or mm.inputs[0] is not p or not is_native(mm):  # type: ignore[operator]
+        return "the epilogue's result does not feed a native MatMul as its A"
+    if ep.roles.get(p.name) != "full":
+        return "the second MatMul's A is not a full panel"
+    v, y, o = mm.inputs[1], ep.dense.outputs[0], mm.outputs[0]
+    if v.shape is None or o.shape is None or len(v.shape) < 2:
+        return "the second MatMul's shapes are unknown"
+    if not _same(v.shape[-2], y.shape[-1]):
+        return "the second MatMul's depth is not the product's width"
+    if not ep.batched and len(v.shape) != 2:
+        return "a batched second MatMul after an unbatched product"
+    if ep.batched:
+        nb = len(y.shape) - 2
+        vb = (1,) * (nb - (len(v.shape) - 2)) + tuple(v.shape[:-2])
+        if len(v.shape) - 2 > nb or not all(
+            _same(a, b) or _same(a, 1) for a, b in zip(vb, y.shape[:-2])
+        ):
+            return "the second MatMul's batch dims do not broadcast to the product's"
+    want = (*y.shape[:-1], v.shape[-1])
+    if len(o.shape) != len(want) or not all(_same(a, b) for a, b in zip(o.shape, want)):
+        return "the second MatMul's result is not the product's rows times V's columns"
+    return mm

@@ -171,25 +171,37 @@ def panel_bytes(spec: DeviceSpec) -> int:
     return max(spec.l2_bytes * spec.cores // 2, 1 << 16)
 
 
-def epilogue_profit(dense: Node, spec: DeviceSpec) -> tuple[bool, str]:
-    """Does running the epilogue per panel pay? It saves writing the product to memory
-    and reading it back (and a step); it costs re-reading the right operand ``B`` once
-    per extra panel (from the last-level cache when it fits there)."""
+def epilogue_profit(dense: Node, spec: DeviceSpec, second: Node | None = None) -> tuple[bool, str]:
+    """Does running the epilogue per panel pay? It saves writing the product to memory and
+    reading it back, and a step (with a ``second`` MatMul, the same for the epilogue's
+    result); it costs re-reading each matrix of ``B`` (and of the second MatMul's ``V``)
+    once per extra panel, from the last-level cache when it fits there."""
     y, b = dense.outputs[0], dense.inputs[1]
     item = y.dtype.itemsize
     cols = _last(y)
-    rows = numel(y) / max(cols, 1)
+    batched = len(b.shape or ()) > 2
+    rows = _dim(y, -2) if batched else numel(y) / max(cols, 1)
+    matrices = numel(y) / max(rows * cols, 1)
     mb = max(DENSE_MIN_ROWS, panel_bytes(spec) // max(int(cols * item), 1))
     panels = max(1.0, -(-rows // mb))
     bw = spec.mem_bandwidth_gbs * 1e9
-    b_bw = bw * (LLC_SPEEDUP if nbytes(b) <= spec.l3_bytes else 1.0)
     saved = 2 * numel(y) * item / bw + spec.launch_overhead_us * 1e-6
-    extra = (panels - 1) * nbytes(b) / b_bw
-    verdict = saved > extra
-    return verdict, (
-        f"panels of {int(min(mb, rows))} rows: saves {saved * 1e6:.1f} us of product "
-        f"traffic and a step, re-reads B for {extra * 1e6:.1f} us"
+    extra = 0.0
+    for w in [b] + ([second.inputs[1]] if second is not None else []):
+        per_matrix = nbytes(w) / max(numel(w) / max(_dim(w, -2) * _last(w), 1), 1)
+        w_bw = bw * (LLC_SPEEDUP if nbytes(w) <= spec.l3_bytes else 1.0)
+        extra += matrices * (panels - 1) * per_matrix / w_bw
+    if second is not None:
+        saved += 2 * numel(second.inputs[0]) * item / bw + spec.launch_overhead_us * 1e-6
+    return saved > extra, (
+        f"panels of {int(min(mb, rows))} rows: saves {saved * 1e6:.1f} us of traffic and "
+        f"{2 if second is not None else 1} step(s), re-reads the weights for {extra * 1e6:.1f} us"
     )
+
+
+def _dim(v: Value, axis: int) -> float:
+    d = (v.shape or (1, 1))[axis]
+    return float(d) if isinstance(d, int) else float(NOMINAL_DIM)
 
 
 def _last(v: Value) -> float:

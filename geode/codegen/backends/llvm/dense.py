@@ -1,24 +1,37 @@
-"""A GEMM with a fused epilogue as one native entry: the product is computed a panel of
-rows at a time by the BLAS into a scratch panel, and the epilogue kernel (a fused group
-compiled over ``[rows, N]``) runs on the panel while it is in cache.
+"""A GEMM with a fused epilogue (and optionally a second GEMM) as one native entry.
+
+The product ``Y = A @ B`` is computed a panel of rows at a time by the BLAS into a scratch
+panel, the epilogue kernel (a fused group compiled over ``[rows, N]``) runs on the panel
+while it is in cache, and with a second GEMM (attention's ``softmax(Q K^T) V``) the
+epilogue's output panel is multiplied by ``V`` straight into the output ``O``: neither
+the product nor the epilogue's result goes to memory.
 
 Entry (the kernels' ABI, :mod:`~geode.codegen.backends.llvm.emit`)::
 
-    i32 @D(ptrs, recs, ints)   ; ptrs: A, B, the epilogue's other inputs, its outputs
+    i32 @D(ptrs, recs, ints)   ; ptrs: A, B, [V], the epilogue's inputs, its outputs, [O]
                                ; ints: the thread count (0: the pool's)
 
-``A`` has rank ``r >= 2`` (its leading dims are the rows ``M``, its last the depth ``K``),
-``B`` is ``[K, N]``. Every other argument has a role (:mod:`geode.compiler.fusion.epilogue`):
-``full`` (``M x N`` elements, last dim ``N``), ``col`` (``M`` elements, last dim 1), ``row``
-(``N`` elements) or ``scalar`` (one). The entry checks ranks, item sizes and sizes against
-those (status ``i + 1`` for a bad argument ``i``), allocates the scratch panel (status
-:data:`NO_MEMORY` when it cannot), then for each panel of ``mb`` rows::
+Shapes. Unbatched (``B`` a matrix): ``A`` has rank ``>= 2``, its leading dims flattened
+into the rows ``M``; ``B`` is ``[K, N]``. Batched (``B`` of rank > 2): ``A[..., M, K]``,
+``B[..., K, N]`` with numpy's broadcasting of the batch dims into ``Y``'s ``T`` matrices.
+``V`` is ``[..., N, D]`` (its batch dims broadcast to ``Y``'s), ``O`` is ``Y``'s batch dims
+then ``[M, D]``. Every epilogue argument has a role (:mod:`geode.compiler.fusion.epilogue`)
+that says what a panel reads of it: ``full`` (``Y``'s shape), ``col`` (a value per row),
+``row`` (``N`` values for all rows), ``brow`` (a row per batch, broadcast over the batch
+dims where it has 1), ``bfull`` (a matrix per batch, broadcast likewise), ``scalar``.
 
-    scratch[:rows] = A[p0:p0+rows] @ B                  (BLAS; zeros when K or N is 0)
-    status = epilogue(panel pointers, panel records, panel dims, threads)
+The entry checks every record (status ``i + 1`` for a bad argument ``i``), then runs the
+``T x P`` panels (``P`` per matrix, ``mb`` rows each: ``max(min_rows, panel_bytes / (N x
+itemsize))``) through ``@D.chunk``: on the native pool, one panel per chunk, when the
+GEMMs are small (single-threaded in the BLAS); else one after another, the BLAS and the
+epilogue threading each. Each panel::
 
-``mb = max(min_rows, panel_bytes / (N * itemsize))``, so a panel fits the caches the cost
-model chose. A nonzero epilogue status ``s`` returns :data:`EPILOGUE_STATUS` ``+ s``.
+    S = A_t[p0:p0+rows] @ B_t          (scratch; zeros when K or N is 0)
+    epilogue(S, its inputs' panels)     (writes its outputs' panels; with V: into scratch P)
+    O_t[p0:p0+rows] = P @ V_t           (with V)
+
+A panel that cannot allocate its scratch reports :data:`NO_MEMORY`; an epilogue status
+``s``, :data:`EPILOGUE_STATUS` ``+ s``.
 """
 
 from __future__ import annotations
@@ -29,37 +42,76 @@ from geode.codegen.backends.llvm.library import _TYPES, Blas
 
 __all__ = ["EPILOGUE_STATUS", "NO_MEMORY", "DenseSpec", "InnerArg", "OuterArg", "dense_ir"]
 
-#: status of an entry that could not allocate its scratch panel
+#: status of an entry that could not allocate a scratch panel
 NO_MEMORY = 1 << 20
 #: added to the status an epilogue kernel returned
 EPILOGUE_STATUS = 1 << 21
+#: GEMMs with at most this many multiply-adds run single-threaded in OpenBLAS: their
+#: panels go to the pool
+SMALL_GEMM = 4 * 65536
 
-_SIZE = {"full": "MN", "col": "M", "row": "N", "scalar": "1"}
+# ctx words (i64): pointers as ints, sizes, then per batch dim (Y's, A's, B's, V's), then
+# the ext pointers, then per brow argument its batch dims
+_A, _B, _V, _O, _M, _N, _K, _D, _T, _MB, _P, _THREADS, _STATUS = range(13)
+_FIXED = 13
 
 
 @dataclass(frozen=True)
 class OuterArg:
-    """An argument of the entry after ``A`` and ``B``: its role, rank and item size."""
+    """An epilogue argument of the entry (after ``A``, ``B``, ``V``): role, rank, item size."""
 
-    role: str  # full | col | row | scalar
+    role: str  # full | col | row | brow | bfull | scalar
     rank: int
     itemsize: int
 
 
 @dataclass(frozen=True)
 class InnerArg:
-    """An argument of the epilogue kernel: where its data comes from (``-1``: the scratch
-    panel, else the index of an :class:`OuterArg`), its role, item size, and the dims of
-    its 2-D shape that the kernel merges (None: its own shape)."""
+    """An argument of the epilogue kernel: where its data comes from (``-1``: the product
+    panel, ``-2``: the panel the second GEMM reads, else the index of an
+    :class:`OuterArg`), its role, item size, and the dims of its 2-D shape that the kernel
+    merges (None: its own shape)."""
 
     source: int
-    role: str  # acc | full | col | row | scalar
+    role: str  # acc | full | col | row | brow | scalar
     itemsize: int
     view: tuple[int, ...] | None = None
 
 
+@dataclass(frozen=True)
+class DenseSpec:
+    """Everything the entry is generated from (see the module docstring)."""
+
+    name: str
+    dtype: str
+    a_rank: int
+    b_rank: int
+    outer: tuple[OuterArg, ...]
+    inner: tuple[InnerArg, ...]
+    #: the epilogue's dim arguments: ``"rows"``, ``"cols"`` or a constant
+    inner_dims: tuple[str | int, ...]
+    epilogue: str  # the epilogue kernel's entry symbol
+    panel_bytes: int
+    min_rows: int
+    v_rank: int = 0  # 0: no second GEMM
+
+    @property
+    def batch(self) -> int:
+        """Batch dims of ``Y`` (0 when ``B`` is a matrix)."""
+        return max(self.a_rank, self.b_rank, self.v_rank) - 2 if self.b_rank > 2 else 0
+
+    @property
+    def y_rank(self) -> int:
+        return self.batch + 2 if self.b_rank > 2 else self.a_rank
+
+    @property
+    def first_ext(self) -> int:
+        """Index of the first epilogue argument in ``ptrs``."""
+        return 3 if self.v_rank else 2
+
+
 class _Writer:
-    """Numbered SSA temporaries and lines of one function."""
+    """Numbered SSA temporaries and the lines of one function."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -67,12 +119,19 @@ class _Writer:
 
     def tmp(self, text: str) -> str:
         self.n += 1
-        name = f"%t{self.n}"
-        self.lines.append(f"  {name} = {text}")
-        return name
+        self.lines.append(f"  %t{self.n} = {text}")
+        return f"%t{self.n}"
 
     def emit(self, text: str) -> None:
         self.lines.append(text)
+
+    def word(self, base: str, i: int | str, ty: str = "i64") -> str:
+        p = self.tmp(f"getelementptr inbounds {ty}, ptr {base}, i64 {i}")
+        return self.tmp(f"load {ty}, ptr {p}")
+
+    def put(self, base: str, i: int | str, value: str, ty: str = "i64") -> None:
+        p = self.tmp(f"getelementptr inbounds {ty}, ptr {base}, i64 {i}")
+        self.emit(f"  store {ty} {value}, ptr {p}")
 
     def product(self, values: list[str]) -> str:
         acc = "1"
@@ -86,6 +145,13 @@ class _Writer:
             ok = c if ok == "true" else self.tmp(f"and i1 {ok}, {c}")
         return ok
 
+    def op(self, opcode: str, a: str, b: str | int, ty: str = "i64") -> str:
+        """``opcode ty a, b`` (``mul``, ``add``, ``icmp ult`` ...) as a new temporary."""
+        return self.tmp(f"{opcode} {ty} {a}, {b}")
+
+    def eq(self, a: str, b: str | int) -> str:
+        return self.tmp(f"icmp eq i64 {a}, {b}")
+
     def check(self, cond: str, status: int) -> None:
         self.n += 1
         self.emit(f"  br i1 {cond}, label %ok{self.n}, label %bad{self.n}")
@@ -93,212 +159,387 @@ class _Writer:
         self.emit(f"  ret i32 {status}")
         self.emit(f"ok{self.n}:")
 
+    def label(self, name: str) -> None:
+        self.emit(f"{name}:")
+
 
 def _records(w: _Writer, ranks: list[int]) -> list[tuple[str, str, list[str]]]:
     """Load every record: ``(ndim, itemsize, dims)`` per array."""
     out, pos = [], 0
     for rank in ranks:
-        words = []
-        for _ in range(2 + rank):
-            p = w.tmp(f"getelementptr inbounds i64, ptr %recs, i64 {pos}")
-            words.append(w.tmp(f"load i64, ptr {p}"))
-            pos += 1
+        words = [w.word("%recs", pos + i) for i in range(2 + rank)]
+        pos += 2 + rank
         out.append((words[0], words[1], words[2:]))
     return out
 
 
+def _ranks(sp: DenseSpec) -> list[int]:
+    ranks = [sp.a_rank, sp.b_rank] + ([sp.v_rank] if sp.v_rank else [])
+    ranks += [o.rank for o in sp.outer]
+    return ranks + ([sp.y_rank] if sp.v_rank else [])
+
+
+def _aligned(dims: list[str], nb: int) -> list[str]:
+    """An operand's batch dims right-aligned to ``nb`` (``"1"`` where it has none)."""
+    batch = dims[:-2]
+    return ["1"] * (nb - len(batch)) + batch
+
+
+def _broadcast_ok(w: _Writer, dims: list[str], yb: list[str]) -> list[str]:
+    """Each batch dim equals ``Y``'s or is 1."""
+    out = []
+    for d, y in zip(dims, yb):
+        if d != "1":
+            out.append(w.tmp(f"or i1 {w.eq(d, y)}, {w.eq(d, 1)}"))
+    return out
+
+
+def _shape(w: _Writer, sp: DenseSpec, recs: list, item: int) -> dict:
+    """Check A, B (and V) and derive ``M, K, N, T``, ``D`` and ``Y``'s batch dims."""
+    (a_nd, a_it, ad), (b_nd, b_it, bd) = recs[0], recs[1]
+    nb = sp.batch
+    w.check(w.all_of([w.eq(a_nd, sp.a_rank), w.eq(a_it, item)]), 1)
+    k = ad[-1]
+    w.check(w.all_of([w.eq(b_nd, sp.b_rank), w.eq(b_it, item), w.eq(bd[-2], k)]), 2)
+    s = {"K": k, "N": bd[-1], "D": "0"}
+    if nb == 0:
+        s["M"], s["yb"], s["ab"], s["bb"] = w.product(ad[:-1]), [], [], []
+    else:
+        s["M"], s["ab"], s["bb"] = ad[-2], _aligned(ad, nb), _aligned(bd, nb)
+        s["yb"] = [
+            w.tmp(f"select i1 {w.eq(a, 1)}, i64 {b}, i64 {a}") for a, b in zip(s["ab"], s["bb"])
+        ]
+        w.check(w.all_of(_broadcast_ok(w, s["ab"], s["yb"]) or ["true"]), 1)
+        w.check(w.all_of(_broadcast_ok(w, s["bb"], s["yb"]) or ["true"]), 2)
+    s["T"] = w.product(s["yb"])
+    s["vb"] = []
+    if sp.v_rank:
+        v_nd, v_it, vd = recs[2]
+        s["D"], s["vb"] = vd[-1], _aligned(vd, nb)
+        conds = [w.eq(v_nd, sp.v_rank), w.eq(v_it, item), w.eq(vd[-2], s["N"])]
+        w.check(w.all_of(conds + _broadcast_ok(w, s["vb"], s["yb"])), 3)
+    return s
+
+
+def _check_ext(w: _Writer, sp: DenseSpec, recs: list, s: dict) -> list[list[str]]:
+    """Check every epilogue argument (and O) against its role; returns each brow
+    argument's batch dims."""
+    mn = w.tmp(f"mul i64 {s['M']}, {s['N']}")
+    sizes = {
+        "full": w.tmp(f"mul i64 {s['T']}, {mn}"),
+        "col": w.tmp(f"mul i64 {s['T']}, {s['M']}"),
+        "row": s["N"],
+        "brow": None,
+        "scalar": "1",
+    }
+    brows = []
+    base = sp.first_ext
+    for i, (arg, (nd, its, dims)) in enumerate(zip(sp.outer, recs[base:])):
+        conds = [w.eq(nd, arg.rank), w.eq(its, arg.itemsize)]
+        if arg.role in ("brow", "bfull"):
+            second_last = 1 if arg.role == "brow" else s["M"]
+            conds += [w.eq(dims[-1], s["N"]), w.eq(dims[-2], second_last)]
+            bdims = _aligned(dims, sp.batch)
+            conds += _broadcast_ok(w, bdims, s["yb"])
+            brows.append(bdims)
+        else:
+            conds.append(w.eq(w.product(dims), sizes[arg.role]))
+            if arg.role in ("full", "row") and arg.rank:
+                conds.append(w.eq(dims[-1], s["N"]))
+            if arg.role == "col" and arg.rank:
+                conds.append(w.eq(dims[-1], 1))
+        w.check(w.all_of(conds), base + i + 1)
+    if sp.v_rank:
+        nd, its, dims = recs[-1]
+        md = w.tmp(f"mul i64 {s['M']}, {s['D']}")
+        numel = w.tmp(f"mul i64 {s['T']}, {md}")
+        conds = [w.eq(nd, sp.y_rank), w.eq(w.product(dims), numel), w.eq(dims[-1], s["D"])]
+        w.check(w.all_of(conds), len(recs))
+    return brows
+
+
+def _panel_rows(w: _Writer, sp: DenseSpec, m: str, n: str, item: int) -> str:
+    """``max(min_rows, panel_bytes / (N * item))`` clamped to ``[1, M]`` (``M`` when N is 0)."""
+    nz = w.eq(n, 0)
+    row_bytes = w.tmp(f"mul i64 {n}, {item}")
+    fit = w.tmp(f"udiv i64 {sp.panel_bytes}, {w.tmp(f'select i1 {nz}, i64 1, i64 {row_bytes}')}")
+    big = w.tmp(f"icmp ugt i64 {fit}, {sp.min_rows}")
+    mb = w.tmp(f"select i1 {big}, i64 {fit}, i64 {sp.min_rows}")
+    mb = w.tmp(f"select i1 {nz}, i64 {m}, i64 {mb}")
+    mb = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {m}, {mb}')}, i64 {m}, i64 {mb}")
+    return w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {mb}, 1')}, i64 1, i64 {mb}")
+
+
+def _entry(sp: DenseSpec, item: int) -> list[str]:
+    """The entry: checks, the ctx, and the panels' launch."""
+    w = _Writer()
+    recs = _records(w, _ranks(sp))
+    s = _shape(w, sp, recs, item)
+    brows = _check_ext(w, sp, recs, s)
+    n_ptr = sp.first_ext + len(sp.outer) + (1 if sp.v_rank else 0)
+    ptrs = [w.word("%ptrs", i, "ptr") for i in range(n_ptr)]
+    nb = sp.batch
+    ctx = w.tmp(f"alloca [{_FIXED + 4 * nb + len(sp.outer) + nb * len(brows)} x i64]")
+    as_int = [w.tmp(f"ptrtoint ptr {p} to i64") for p in ptrs]
+    v = as_int[2] if sp.v_rank else "0"
+    o = as_int[-1] if sp.v_rank else "0"
+    mb = _panel_rows(w, sp, s["M"], s["N"], item)
+    left = w.tmp(f"add i64 {s['M']}, {w.tmp(f'sub i64 {mb}, 1')}")
+    panels = w.tmp(f"udiv i64 {left}, {mb}")
+    total = w.tmp(f"mul i64 {s['T']}, {panels}")
+    mbn = w.tmp(f"mul i64 {mb}, {s['N']}")
+    mnk = w.tmp(f"mul i64 {mbn}, {s['K']}")
+    small = w.tmp(f"icmp ule i64 {mnk}, {SMALL_GEMM}")
+    par = w.tmp(f"and i1 {small}, {w.tmp(f'icmp ugt i64 {total}, 1')}")
+    threads = w.word("%ints", 0)
+    inner_threads = w.tmp(f"select i1 {par}, i64 1, i64 {threads}")
+    fixed = [as_int[0], as_int[1], v, o, s["M"], s["N"], s["K"], s["D"], s["T"], mb, panels]
+    fixed += [inner_threads, "0"]
+    for i in range(nb):
+        fixed += [s["yb"][i], s["ab"][i], s["bb"][i], s["vb"][i] if s["vb"] else "1"]
+    words = fixed
+    words += as_int[sp.first_ext : sp.first_ext + len(sp.outer)]
+    words += [d for dims in brows for d in dims]
+    for i, x in enumerate(words):
+        w.put(ctx, i, x)
+    w.emit(f"  br i1 {par}, label %par, label %serial")
+    w.label("par")
+    w.emit(
+        f"  call void @geode_parallel_for(ptr @{sp.name}.chunk, ptr {ctx}, i64 {total}, "
+        f"i64 {threads})"
+    )
+    w.emit("  br label %done")
+    w.label("serial")
+    w.emit(f"  %go = icmp ugt i64 {total}, 0")
+    w.emit("  br i1 %go, label %loop, label %done")
+    w.label("loop")
+    w.emit("  %c = phi i64 [ 0, %serial ], [ %c1, %loop ]")
+    w.emit(f"  call void @{sp.name}.chunk(ptr {ctx}, i64 %c, i64 {total})")
+    w.emit("  %c1 = add i64 %c, 1")
+    w.emit(f"  %more = icmp ult i64 %c1, {total}")
+    w.emit("  br i1 %more, label %loop, label %done")
+    w.label("done")
+    st = w.word(ctx, _STATUS)
+    w.emit(f"  %st = trunc i64 {st} to i32")
+    w.emit("  ret i32 %st")
+    head = [f"define i32 @{sp.name}(ptr %ptrs, ptr %recs, ptr %ints) {{", "entry:"]
+    return head + w.lines + ["}"]
+
+
+def _gemm(w: _Writer, lib: Blas, dtype: str, mnk: list[str], ops: list[tuple[str, str]]) -> None:
+    """``C = A @ B`` (row-major, no transposes): ``mnk`` the sizes, ``ops`` ``(pointer,
+    leading dim)`` of A, B, C."""
+    ty, it = _TYPES[dtype][0], f"i{lib.int_bits}"
+    args = list(mnk) + [x for _, x in ops]
+    if lib.int_bits == 32:
+        args = [w.tmp(f"trunc i64 {x} to i32") for x in args]
+    m, n, k, lda, ldb, ldc = args
+    (a, _), (b, _), (c, _) = ops
+    w.emit(
+        f"  call void @{lib.symbol(dtype)}(i32 101, i32 111, i32 111, {it} {m}, {it} {n}, "
+        f"{it} {k}, {ty} 1.0, ptr {a}, {it} {lda}, ptr {b}, {it} {ldb}, {ty} 0.0, "
+        f"ptr {c}, {it} {ldc})"
+    )
+
+
+def _offsets(w: _Writer, sp: DenseSpec, t: str, n_brow: int) -> dict[str, str]:
+    """Matrix offsets of batch ``t`` in A, B, V and each brow argument (broadcast dims
+    index 0)."""
+    nb, n_ext = sp.batch, len(sp.outer)
+    names = ["a", "b", "v"] + [f"r{j}" for j in range(n_brow)]
+    off = {x: "0" for x in names}
+    stride = {x: "1" for x in names}
+    rest = t
+    for i in reversed(range(nb)):
+        y = w.word("%ctx", _FIXED + 4 * i)
+        q = w.tmp(f"udiv i64 {rest}, {y}")
+        idx = w.tmp(f"sub i64 {rest}, {w.tmp(f'mul i64 {q}, {y}')}")
+        for x in names:
+            if x[0] == "r":
+                at = _FIXED + 4 * nb + n_ext + int(x[1:]) * nb + i
+            else:
+                at = _FIXED + 4 * i + 1 + "abv".index(x)
+            d = w.word("%ctx", at)
+            use = w.tmp(f"select i1 {w.eq(d, 1)}, i64 0, i64 {idx}")
+            off[x] = w.tmp(f"add i64 {off[x]}, {w.tmp(f'mul i64 {use}, {stride[x]}')}")
+            stride[x] = w.tmp(f"mul i64 {stride[x]}, {d}")
+        rest = q
+    return off
+
+
 def _inner_dims(w: _Writer, arg: InnerArg, rows: str, n: str) -> list[str]:
-    """The epilogue argument's record dims for a panel of ``rows``: its 2-D shape by role,
-    with the dims its view merges multiplied."""
-    two = {"acc": [rows, n], "full": [rows, n], "col": [rows, "1"], "row": [n], "scalar": []}
-    dims = two[arg.role]
+    """The epilogue argument's record dims for a panel: its 2-D shape by role, with the
+    dims its view merges multiplied."""
+    two = {"col": [rows, "1"], "row": [n], "brow": [n], "scalar": []}.get(arg.role, [rows, n])
     if arg.view is None:
-        return dims
-    bounds = [*arg.view, len(dims)]
-    return [w.product(dims[bounds[k] : bounds[k + 1]]) for k in range(len(arg.view))]
+        return two
+    bounds = [*arg.view, len(two)]
+    return [w.product(two[bounds[k] : bounds[k + 1]]) for k in range(len(arg.view))]
 
 
 def _inner_rank(arg: InnerArg) -> int:
-    return len(arg.view) if arg.view is not None else {"row": 1, "scalar": 0}.get(arg.role, 2)
+    if arg.view is not None:
+        return len(arg.view)
+    return {"row": 1, "brow": 1, "scalar": 0}.get(arg.role, 2)
 
 
-@dataclass(frozen=True)
-class DenseSpec:
-    """Everything the entry is generated from (see :func:`dense_ir`)."""
-
-    name: str
-    dtype: str
-    a_rank: int
-    outer: tuple[OuterArg, ...]
-    inner: tuple[InnerArg, ...]
-    #: the epilogue's dim arguments: ``"rows"``, ``"cols"`` or a constant
-    inner_dims: tuple[str | int, ...]
-    epilogue: str  # the epilogue kernel's entry symbol
-    panel_bytes: int
-    min_rows: int
-
-
-def _check_args(w: _Writer, sp: DenseSpec, item: int) -> tuple[str, str, str]:
-    """Load and check every record; returns ``(M, K, N)``."""
-    recs = _records(w, [sp.a_rank, 2] + [o.rank for o in sp.outer])
-    (a_nd, a_it, a_dims), (b_nd, b_it, b_dims) = recs[0], recs[1]
-    m = w.product(a_dims[:-1])
-    k, n = a_dims[-1], b_dims[1]
-    a_ok = [w.tmp(f"icmp eq i64 {a_nd}, {sp.a_rank}"), w.tmp(f"icmp eq i64 {a_it}, {item}")]
-    w.check(w.all_of(a_ok), 1)
-    b_ok = [
-        w.tmp(f"icmp eq i64 {b_nd}, 2"),
-        w.tmp(f"icmp eq i64 {b_it}, {item}"),
-        w.tmp(f"icmp eq i64 {b_dims[0]}, {k}"),
-    ]
-    w.check(w.all_of(b_ok), 2)
-    sizes = {"MN": w.tmp(f"mul i64 {m}, {n}"), "M": m, "N": n, "1": "1"}
-    for i, (arg, (nd, its, dims)) in enumerate(zip(sp.outer, recs[2:])):
-        conds = [
-            w.tmp(f"icmp eq i64 {nd}, {arg.rank}"),
-            w.tmp(f"icmp eq i64 {its}, {arg.itemsize}"),
-            w.tmp(f"icmp eq i64 {w.product(dims)}, {sizes[_SIZE[arg.role]]}"),
-        ]
-        if arg.role in ("full", "row") and arg.rank:
-            conds.append(w.tmp(f"icmp eq i64 {dims[-1]}, {n}"))
-        w.check(w.all_of(conds), 3 + i)
-    return m, k, n
-
-
-def _panel_rows(w: _Writer, sp: DenseSpec, m: str, n: str, item: int) -> tuple[str, str]:
-    """``(mb, row_bytes)``: ``mb = max(min_rows, panel_bytes / (N * item))`` clamped to
-    ``[1, M]`` (all rows at once when ``N`` is 0)."""
-    nz = w.tmp(f"icmp eq i64 {n}, 0")
-    row_bytes = w.tmp(f"mul i64 {n}, {item}")
-    safe = w.tmp(f"select i1 {nz}, i64 1, i64 {row_bytes}")
-    fit = w.tmp(f"udiv i64 {sp.panel_bytes}, {safe}")
-    big = w.tmp(f"icmp ugt i64 {fit}, {sp.min_rows}")
-    mb0 = w.tmp(f"select i1 {big}, i64 {fit}, i64 {sp.min_rows}")
-    mall = w.tmp(f"select i1 {nz}, i64 {m}, i64 {mb0}")
-    lt = w.tmp(f"icmp ult i64 {m}, {mall}")
-    mb1 = w.tmp(f"select i1 {lt}, i64 {m}, i64 {mall}")
-    one = w.tmp(f"icmp ult i64 {mb1}, 1")
-    return w.tmp(f"select i1 {one}, i64 1, i64 {mb1}"), row_bytes
-
-
-def _gemm_panel(w: _Writer, sp: DenseSpec, lib: Blas, v: dict[str, str]) -> None:
-    """Blocks ``zero`` and ``gemm``: the panel's product into the scratch panel."""
-    ty = _TYPES[sp.dtype][0]
-    it = f"i{lib.int_bits}"
-    kz = w.tmp(f"icmp eq i64 {v['k']}, 0")
-    nz = w.tmp(f"icmp eq i64 {v['n']}, 0")
-    skip = w.tmp(f"or i1 {kz}, {nz}")
-    a_off = w.tmp(f"mul i64 %p0, {v['k']}")
-    a_p = w.tmp(f"getelementptr inbounds {ty}, ptr {v['A']}, i64 {a_off}")
-    w.emit(f"  br i1 {skip}, label %zero, label %gemm")
-    w.emit("zero:")
-    zb = w.tmp(f"mul i64 {v['rows']}, {v['row_bytes']}")
-    w.emit(f"  call void @llvm.memset.p0.i64(ptr {v['scratch']}, i8 0, i64 {zb}, i1 false)")
-    w.emit("  br label %epi")
-    w.emit("gemm:")
-    ints = [v["rows"], v["n"], v["k"]]
-    if lib.int_bits == 32:
-        ints = [w.tmp(f"trunc i64 {x} to i32") for x in ints]
-    ri, ni, ki = ints
-    w.emit(
-        f"  call void @{lib.symbol(sp.dtype)}(i32 101, i32 111, i32 111, {it} {ri}, {it} {ni}, "
-        f"{it} {ki}, {ty} 1.0, ptr {a_p}, {it} {ki}, ptr {v['B']}, {it} {ni}, {ty} 0.0, "
-        f"ptr {v['scratch']}, {it} {ni})"
-    )
-    w.emit("  br label %epi")
-
-
-def _epilogue_call(w: _Writer, sp: DenseSpec, v: dict[str, str], ptrs: list[str]) -> str:
-    """The epilogue's pointers, records and dims for this panel, and its call's status."""
-    pos = 0
+def _epilogue_args(w: _Writer, sp: DenseSpec, v: dict[str, str], off: dict[str, str]) -> None:
+    """Fill the epilogue's pointers, records and dims for this panel."""
+    pos, brow = 0, 0
+    n_ext = len(sp.outer)
     for j, arg in enumerate(sp.inner):
         if arg.source < 0:
-            data = v["scratch"]
+            data = v["s1"] if arg.source == -1 else v["s2"]
         else:
-            base = ptrs[2 + arg.source]
-            per_row = {"full": v["n"], "col": "1"}.get(arg.role)
-            if per_row is None:  # row, scalar: the same data for every panel
-                data = base
+            base = w.tmp(
+                f"inttoptr i64 {w.word('%ctx', _FIXED + 4 * sp.batch + arg.source)} to ptr"
+            )
+            outer = sp.outer[arg.source]
+            if outer.role == "brow":
+                elems = w.op("mul", off[f"r{brow}"], v["N"])
+                brow += 1
+            elif outer.role == "bfull":
+                row = w.op("add", w.op("mul", off[f"r{brow}"], v["M"]), v["p0"])
+                elems = w.op("mul", row, v["N"])
+                brow += 1
             else:
-                elems = w.tmp(f"mul i64 %p0, {per_row}")
-                off = w.tmp(f"mul i64 {elems}, {arg.itemsize}")
-                data = w.tmp(f"getelementptr inbounds i8, ptr {base}, i64 {off}")
-        slot = w.tmp(f"getelementptr inbounds ptr, ptr {v['iptrs']}, i64 {j}")
-        w.emit(f"  store ptr {data}, ptr {slot}")
-        dims = _inner_dims(w, arg, v["rows"], v["n"])
+                elems = {"full": v["r0n"], "col": v["r0"]}.get(outer.role, "0")
+            byte = w.tmp(f"mul i64 {elems}, {arg.itemsize}")
+            data = w.tmp(f"getelementptr inbounds i8, ptr {base}, i64 {byte}")
+        w.put(v["iptrs"], j, data, "ptr")
+        dims = _inner_dims(w, arg, v["rows"], v["N"])
         for word in [str(len(dims)), str(arg.itemsize), *dims]:
-            slot = w.tmp(f"getelementptr inbounds i64, ptr {v['irecs']}, i64 {pos}")
-            w.emit(f"  store i64 {word}, ptr {slot}")
+            w.put(v["irecs"], pos, word)
             pos += 1
-    named = {"rows": v["rows"], "cols": v["n"], "threads": v["threads"]}
+    named = {"rows": v["rows"], "cols": v["N"], "threads": v["threads"]}
     for j, d in enumerate([*sp.inner_dims, "threads"]):
-        value = named[d] if isinstance(d, str) else str(int(d))
-        slot = w.tmp(f"getelementptr inbounds i64, ptr {v['iints']}, i64 {j}")
-        w.emit(f"  store i64 {value}, ptr {slot}")
-    return w.tmp(f"call i32 @{sp.epilogue}(ptr {v['iptrs']}, ptr {v['irecs']}, ptr {v['iints']})")
+        w.put(v["iints"], j, named[d] if isinstance(d, str) else str(int(d)))
+    del n_ext
 
 
-def _loop(w: _Writer, sp: DenseSpec, lib: Blas, v: dict[str, str], ptrs: list[str]) -> None:
-    """The panel loop, then the scratch panel's release."""
-    w.emit("  br label %pre")
-    w.emit("pre:")
-    w.emit("  br label %loop")
-    w.emit("loop:")
-    w.emit("  %p0 = phi i64 [ 0, %pre ], [ %p1, %next ]")
-    w.emit(f"  %more = icmp ult i64 %p0, {v['m']}")
-    w.emit("  br i1 %more, label %panel, label %done")
-    w.emit("panel:")
-    left = w.tmp(f"sub i64 {v['m']}, %p0")
-    short = w.tmp(f"icmp ult i64 {left}, {v['mb']}")
+def _fail(w: _Writer, v: dict[str, str], status: str) -> None:
+    w.put("%ctx", _STATUS, status)
+    w.emit(f"  call void @free(ptr {v['s1']})")
+    w.emit(f"  call void @free(ptr {v['s2']})")
+    w.emit("  ret void")
+
+
+def _chunk(sp: DenseSpec, lib: Blas, item: int) -> list[str]:
+    """``void @D.chunk(ctx, c, n)``: panel ``c`` (matrix ``c / P``, rows from
+    ``(c mod P) x mb``): GEMM, epilogue, second GEMM (see the module docstring)."""
+    ty = _TYPES[sp.dtype][0]
+    w = _Writer()
+    n_rec = sum(2 + _inner_rank(a) for a in sp.inner)
+    v = {
+        "iptrs": w.tmp(f"alloca [{max(len(sp.inner), 1)} x ptr]"),
+        "irecs": w.tmp(f"alloca [{max(n_rec, 1)} x i64]"),
+        "iints": w.tmp(f"alloca [{len(sp.inner_dims) + 1} x i64]"),
+    }
+    for key, at in (("M", _M), ("N", _N), ("K", _K), ("D", _D), ("mb", _MB), ("P", _P)):
+        v[key] = w.word("%ctx", at)
+    v["threads"] = w.word("%ctx", _THREADS)
+    t = w.tmp(f"udiv i64 %c, {v['P']}")
+    p0 = w.op("mul", w.op("sub", "%c", w.op("mul", t, v["P"])), v["mb"])
+    left = w.tmp(f"sub i64 {v['M']}, {p0}")
+    short = w.op("icmp ult", left, v["mb"])
     v["rows"] = w.tmp(f"select i1 {short}, i64 {left}, i64 {v['mb']}")
-    _gemm_panel(w, sp, lib, v)
-    w.emit("epi:")
-    st = _epilogue_call(w, sp, v, ptrs)
-    bad = w.tmp(f"icmp ne i32 {st}, 0")
-    w.emit(f"  br i1 {bad}, label %fail, label %next")
-    w.emit("fail:")
-    w.emit(f"  call void @free(ptr {v['scratch']})")
-    code = w.tmp(f"add i32 {st}, {EPILOGUE_STATUS}")
-    w.emit(f"  ret i32 {code}")
-    w.emit("next:")
-    w.emit(f"  %p1 = add i64 %p0, {v['mb']}")
-    w.emit("  br label %loop")
-    w.emit("done:")
-    w.emit(f"  call void @free(ptr {v['scratch']})")
-    w.emit("  ret i32 0")
+    v["p0"] = p0
+    n_brow = sum(1 for o in sp.outer if o.role in ("brow", "bfull"))
+    off = _offsets(w, sp, t, n_brow)
+    v["r0"] = w.op("add", w.op("mul", t, v["M"]), p0)
+    v["r0n"] = w.tmp(f"mul i64 {v['r0']}, {v['N']}")
+    ptr = {
+        x: w.tmp(f"inttoptr i64 {w.word('%ctx', at)} to ptr")
+        for x, at in (("A", _A), ("B", _B), ("V", _V), ("O", _O))
+    }
+    a_row = w.op("add", w.op("mul", off["a"], v["M"]), p0)
+    a_el = w.op("mul", a_row, v["K"])
+    pa = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['A']}, i64 {a_el}")
+    kn = w.tmp(f"mul i64 {v['K']}, {v['N']}")
+    b_el = w.op("mul", off["b"], kn)
+    pb = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['B']}, i64 {b_el}")
+    panel = w.op("mul", w.op("mul", v["rows"], v["N"]), item)
+    size = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {panel}, 64')}, i64 64, i64 {panel}")
+    v["s1"] = w.tmp(f"call ptr @malloc(i64 {size})")
+    v["s2"] = w.tmp(f"call ptr @malloc(i64 {size})") if sp.v_rank else "null"
+    ok = w.tmp(f"icmp ne ptr {v['s1']}, null")
+    if sp.v_rank:
+        ok = w.op("and", ok, w.op("icmp ne", v["s2"], "null", "ptr"), "i1")
+    w.emit(f"  br i1 {ok}, label %mem, label %nomem")
+    w.label("nomem")
+    _fail(w, v, str(NO_MEMORY))
+    w.label("mem")
+    skip = w.tmp(f"or i1 {w.eq(v['K'], 0)}, {w.eq(v['N'], 0)}")
+    w.emit(f"  br i1 {skip}, label %zero, label %gemm")
+    w.label("zero")
+    w.emit(f"  call void @llvm.memset.p0.i64(ptr {v['s1']}, i8 0, i64 {panel}, i1 false)")
+    w.emit("  br label %epi")
+    w.label("gemm")
+    _gemm(
+        w,
+        lib,
+        sp.dtype,
+        [v["rows"], v["N"], v["K"]],
+        [(pa, v["K"]), (pb, v["N"]), (v["s1"], v["N"])],
+    )
+    w.emit("  br label %epi")
+    w.label("epi")
+    _epilogue_args(w, sp, v, off)
+    st = w.tmp(f"call i32 @{sp.epilogue}(ptr {v['iptrs']}, ptr {v['irecs']}, ptr {v['iints']})")
+    w.emit(f"  br i1 {w.tmp(f'icmp ne i32 {st}, 0')}, label %bad, label %good")
+    w.label("bad")
+    _fail(w, v, w.tmp(f"zext i32 {w.tmp(f'add i32 {st}, {EPILOGUE_STATUS}')} to i64"))
+    w.label("good")
+    if sp.v_rank:
+        _second_gemm(w, sp, lib, v, ptr, off, item)
+    w.emit(f"  call void @free(ptr {v['s1']})")
+    w.emit(f"  call void @free(ptr {v['s2']})")
+    w.emit("  ret void")
+    head = [f"define internal void @{sp.name}.chunk(ptr %ctx, i64 %c, i64 %n) {{", "entry:"]
+    return head + w.lines + ["}"]
+
+
+def _second_gemm(
+    w: _Writer, sp: DenseSpec, lib: Blas, v: dict, ptr: dict, off: dict, item: int
+) -> None:
+    """``O[r0:r0+rows] = P @ V_t`` (zeros when N is 0; nothing when D is 0)."""
+    ty = _TYPES[sp.dtype][0]
+    nd = w.tmp(f"mul i64 {v['N']}, {v['D']}")
+    v_el = w.op("mul", off["v"], nd)
+    pv = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['V']}, i64 {v_el}")
+    o_el = w.op("mul", v["r0"], v["D"])
+    po = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['O']}, i64 {o_el}")
+    w.emit(f"  br i1 {w.eq(v['D'], 0)}, label %out, label %some")
+    w.label("some")
+    w.emit(f"  br i1 {w.eq(v['N'], 0)}, label %zero2, label %gemm2")
+    w.label("zero2")
+    nbytes = w.op("mul", w.op("mul", v["rows"], v["D"]), item)
+    w.emit(f"  call void @llvm.memset.p0.i64(ptr {po}, i8 0, i64 {nbytes}, i1 false)")
+    w.emit("  br label %out")
+    w.label("gemm2")
+    _gemm(
+        w,
+        lib,
+        sp.dtype,
+        [v["rows"], v["D"], v["N"]],
+        [(v["s2"], v["N"]), (pv, v["D"]), (po, v["D"])],
+    )
+    w.emit("  br label %out")
+    w.label("out")
 
 
 def dense_ir(sp: DenseSpec, lib: Blas) -> str:
     """The entry's module (see the module docstring)."""
     ty, _, item = _TYPES[sp.dtype]
     it = f"i{lib.int_bits}"
-    w = _Writer()
-    m, k, n = _check_args(w, sp, item)
-    ptrs = []
-    for i in range(2 + len(sp.outer)):
-        p = w.tmp(f"getelementptr inbounds ptr, ptr %ptrs, i64 {i}")
-        ptrs.append(w.tmp(f"load ptr, ptr {p}"))
-    v = {"m": m, "k": k, "n": n, "A": ptrs[0], "B": ptrs[1]}
-    v["threads"] = w.tmp("load i64, ptr %ints")
-    v["mb"], v["row_bytes"] = _panel_rows(w, sp, m, n, item)
-    pb = w.tmp(f"mul i64 {v['mb']}, {v['row_bytes']}")
-    small = w.tmp(f"icmp ult i64 {pb}, 64")
-    alloc = w.tmp(f"select i1 {small}, i64 64, i64 {pb}")
-    v["scratch"] = w.tmp(f"call ptr @malloc(i64 {alloc})")
-    w.check(w.tmp(f"icmp ne ptr {v['scratch']}, null"), NO_MEMORY)
-    n_rec = sum(2 + _inner_rank(a) for a in sp.inner)
-    v["iptrs"] = w.tmp(f"alloca [{max(len(sp.inner), 1)} x ptr]")
-    v["irecs"] = w.tmp(f"alloca [{max(n_rec, 1)} x i64]")
-    v["iints"] = w.tmp(f"alloca [{len(sp.inner_dims) + 1} x i64]")
-    _loop(w, sp, lib, v, ptrs)
     head = [
         f"declare void @{lib.symbol(sp.dtype)}(i32, i32, i32, {it}, {it}, {it}, {ty}, ptr, "
         f"{it}, ptr, {it}, {ty}, ptr, {it}) nounwind",
         f"declare i32 @{sp.epilogue}(ptr, ptr, ptr)",
+        "declare void @geode_parallel_for(ptr, ptr, i64, i64)",
         "declare ptr @malloc(i64)",
         "declare void @free(ptr)",
         "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)",
-        f"define i32 @{sp.name}(ptr %ptrs, ptr %recs, ptr %ints) {{",
-        "entry:",
     ]
-    return "\n".join(head + w.lines + ["}"]) + "\n"
+    body = _chunk(sp, lib, item) + _entry(sp, item)
+    return "\n".join(head + body) + "\n"
