@@ -40,9 +40,15 @@ dense_epilogues           GEODE_DENSE_EPILOGUES   fuse the group that consumes a
 ``dump_dir`` and ``cache_dir`` take a ``str`` or ``os.PathLike`` path (anything else is
 an :class:`OptionError`); see :mod:`geode.debug` for the files a dump folder may hold.
 
-One process-wide flag is not an option (numba builds its CPU target once per process):
-``GEODE_VECTOR_WIDTH`` = auto (default; 512-bit vectors on AVX-512 hosts), 256 or 512;
-see :mod:`geode.codegen.backends.target`.
+Process-wide flags that are not options:
+
+- ``GEODE_VECTOR_WIDTH`` = auto (default; 512-bit vectors on AVX-512 hosts), 256 or 512
+  (numba builds its CPU target once per process); see :mod:`geode.codegen.backends.target`.
+- ``GEODE_BLAS_POOL`` = 1 (default) or 0: whether OpenBLAS's threads run on geode's native
+  pool once a model uses the BLAS (numpy's own matmul included: one pool, one thread
+  count); see :func:`geode.codegen.backends.llvm.library.share_pool`.
+- ``GEODE_NUM_THREADS`` and ``GEODE_SPIN_US`` also size the native pool and its workers'
+  spin before they sleep (:mod:`geode.runtime.native`).
 """
 
 from __future__ import annotations
