@@ -258,7 +258,13 @@ def _view_fn(spec: ViewSpec, shape_fn: ShapeFn, name: str) -> View:
     if spec.kind == "reshape":
 
         def reshaped(a: np.ndarray, env: Env) -> np.ndarray:
-            return a.reshape(shape_fn(env))
+            shape = shape_fn(env)
+            if any(d < 0 for d in shape):  # numpy would read a -1 as "whatever fits"
+                raise ExecutionError(
+                    f"view {name!r} would have shape {list(shape)}: the inputs are too "
+                    "small for this op"
+                )
+            return a.reshape(shape)
 
         return reshaped
     index = (slice(None),) * spec.axis + (slice(spec.start, spec.end),)
