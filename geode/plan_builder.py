@@ -236,30 +236,38 @@ View = Callable[[np.ndarray, Env], np.ndarray]
 
 
 def _alias(u: Unit, source: int, slot: int, slots: list[Slot], aliases: dict[int, Alias]) -> Alias:
-    """The alias record of view unit ``u`` (``slot`` views ``source``): its view is
-    composed with the source's own when the source is an alias too, so it always reads
-    the root's array."""
+    """The alias record of view unit ``u`` (``slot`` views ``source``): its view reads
+    the root's array, composed with the source's own view when the source is an alias
+    too (a reshape of a reshape is one reshape)."""
     shape_fn = slots[slot].shape
     if shape_fn is None:  # alias_view admits only shapes known from the binding
         raise ExecutionError(f"view {u.name!r}: its shape is not known before the run")
     own = _view_fn(u.kernel, shape_fn, u.name)
-    root, view = source, own
+    root, view, reshape = source, own, u.kernel.kind == "reshape"
     parent = aliases.get(source)
     if parent is not None:
-        root, inner = parent.root, parent.view
-        view = _compose(own, inner)
+        root = parent.root
+        if not (reshape and parent.reshape):  # reshapes of a reshape: one reshape
+            view = _compose(own, parent.view)
+        reshape = reshape and parent.reshape
     op = u.nodes[0].op_type
     text = f"{op} {u.name!r} of {slots[source].name!r} ({u.kernel.describe()})"
-    return Alias(slot, source, root, view, text)
+    return Alias(slot, source, root, view, text, reshape)
 
 
 def _view_fn(spec: ViewSpec, shape_fn: ShapeFn, name: str) -> View:
     """``array, env -> view``: a reshape to the slot's shape, or a contiguous slice."""
     if spec.kind == "reshape":
+        try:
+            static = shape_fn({})
+        except KeyError:  # the shape depends on the binding
+            static = None
+        if static is not None:
+            return lambda a, env: a.reshape(static)
 
         def reshaped(a: np.ndarray, env: Env) -> np.ndarray:
             shape = shape_fn(env)
-            if any(d < 0 for d in shape):  # numpy would read a -1 as "whatever fits"
+            if min(shape, default=0) < 0:  # numpy would read a -1 as "whatever fits"
                 raise ExecutionError(
                     f"view {name!r} would have shape {list(shape)}: the inputs are too "
                     "small for this op"

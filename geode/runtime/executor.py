@@ -279,7 +279,8 @@ class Executor:
             values[i] = arr
         for i, key in self._variables:
             values[i] = self.vm.get(key)  # looked up per run: assignments replace the array
-        self._make_aliases(plan.alias_start, values, env)
+        if plan.alias_start:
+            self._make_aliases(plan.alias_start, values, env)
         layout = None
         if plan.memory is not None and plan.arena_slots:
             try:

@@ -86,13 +86,15 @@ class Alias:
     """A slot that shares its root's storage: ``view(root_array, env)`` is its value.
 
     ``source`` is the slot it views (itself an alias, or the root); ``root`` owns the
-    storage and is never an alias; ``text`` says what it is (``Reshape 'r' of 'h'``)."""
+    storage and is never an alias; ``text`` says what it is (``Reshape 'r' of 'h'``);
+    ``reshape``: the view only reshapes the root (no slice on the way)."""
 
     slot: int
     source: int
     root: int
     view: Callable[[np.ndarray, Env], np.ndarray]
     text: str = ""
+    reshape: bool = True
 
 
 @dataclass

@@ -43,12 +43,18 @@ def always_profitable(a: Group, b: Group, merged: Group, graph: Graph) -> tuple[
 class _State:
     def __init__(self, graph: Graph):
         self.graph = graph
-        bound = input_symbols(graph)
-        self.is_view: Callable[[Node], ViewSpec | None] = lambda n: alias_view(n, bound)
+        self._bound = input_symbols(graph)
+        self._views: dict[str, ViewSpec | None] = {}
         self.groups: dict[int, Group] = {}
         self.of: dict[str, int] = {}
         self.decisions: list[Decision] = []
         self.refused: set[tuple[frozenset[str], frozenset[str]]] = set()
+
+    def is_view(self, node: Node) -> ViewSpec | None:
+        """The view ``node`` is when it can be an alias (see ``views.alias_view``)."""
+        if node.name not in self._views:
+            self._views[node.name] = alias_view(node, self._bound)
+        return self._views[node.name]
 
     def unit_of(self, node: Node) -> list[Node]:
         """The members of the group a node belongs to (or the node alone)."""
