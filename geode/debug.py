@@ -7,7 +7,8 @@ One flag system, settable from the environment or from Python
 level  what is logged (INFO records on the ``geode`` logger)
 =====  ==========================================================================
 1      stage summaries: passes run, partitions, fusion plan with the reason for
-       every decision, kernels with their costs (the ``explain()`` text)
+       every decision, the memory plan (arena buffers, views run as aliases),
+       kernels with their costs (the ``explain()`` text)
 2      adds the graph before and after each pass that changed it, the final
        graph annotated with each node's kernel, loop ASTs before and after
        scheduling, and the schedule trace

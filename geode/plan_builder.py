@@ -1,24 +1,42 @@
 """Turns a compiled graph and its units of work into a runtime :class:`Plan`.
 
 A *unit* is one step of the plan: a fused group compiled to a native kernel, or a
-single node on a fallback engine. This module gives every value a slot, registers
+single node on a fallback engine, or a view node run as an *alias* (engine ``alias``:
+no step, see :func:`alias_unit`). This module gives every value a slot, registers
 constants and variables with the session's VarManager, compiles symbolic shapes to
-plain functions, and builds the activation memory plan (liveness-based reuse).
+plain functions, and builds the activation memory plan (liveness-based reuse): an alias
+gets no buffer, and its root's buffer stays live until the alias's last use.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from geode.compiler import dtypes
+from geode.compiler.fusion.views import ViewSpec
 from geode.compiler.ir import Graph, Node, Value, ValueKind
 from geode.compiler.ops import registry
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols, shape_str
+from geode.errors import ExecutionError
 from geode.runtime.engines import ENGINES
 from geode.runtime.memory import BufferRequest, MemoryPlan
 from geode.runtime.model import KernelInfo
-from geode.runtime.plan import Constraint, DimCheck, InputSpec, Plan, Slot, Step, StepFn
+from geode.runtime.plan import (
+    Alias,
+    Constraint,
+    DimCheck,
+    Env,
+    InputSpec,
+    Plan,
+    ShapeFn,
+    Slot,
+    Step,
+    StepFn,
+)
 from geode.runtime.var_manager import VarManager
 
 
@@ -59,6 +77,19 @@ def reference_unit(node: Node, engine: str) -> Unit:
     return Unit(node.name, engine, [node], list(node.inputs), list(node.outputs), kernel, info)
 
 
+#: the engine name of units that are aliases (views): no step, no buffer
+ALIAS = "alias"
+
+
+def alias_unit(node: Node, spec: ViewSpec) -> Unit:
+    """A unit for a view node that runs as an alias of its input (``spec``: how it
+    views it); it has no kernel and becomes no step."""
+    info = KernelInfo(name=node.name, ops=[node], engine=ALIAS, kind="view")
+    unit = Unit(node.name, ALIAS, [node], [node.inputs[0]], list(node.outputs), spec, info)
+    unit.extra["view"] = spec.describe()
+    return unit
+
+
 #: ops that must run even when nothing reads their outputs
 SIDE_EFFECTS = frozenset({"Assign", "Print"})
 
@@ -78,9 +109,10 @@ def drop_dead_units(units: list[Unit], g: Graph) -> list[Unit]:
 
 
 def bind_units(units: list[Unit]) -> None:
-    """Give every unit its step: its engine's binding of its kernel."""
+    """Give every unit its step: its engine's binding of its kernel (aliases have none)."""
     for u in units:
-        u.step = ENGINES[u.engine].bind(u.name, u.kernel)
+        if u.engine != ALIAS:
+            u.step = ENGINES[u.engine].bind(u.name, u.kernel)
 
 
 def _input_spec(v: Value, slot: int, bound_first: dict[str, str]) -> InputSpec:
@@ -111,63 +143,30 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
     input_names = {s.name for s in input_symbols}
 
     def slot_for(v: Value) -> int:
-        if id(v) in slot_of:
-            return slot_of[id(v)]
-        shape_fn = None
-        if v.shape is not None and {s.name for s in free_symbols(v.shape)} <= input_names:
-            shape_fn = compile_shape_fn(v.shape)
-        role = {
-            ValueKind.INPUT: "input",
-            ValueKind.CONSTANT: "constant",
-            ValueKind.VARIABLE: "variable",
-            ValueKind.INTERMEDIATE: "activation",
-        }[v.kind]
-        key = None
-        if v.kind is ValueKind.CONSTANT and getattr(v, "external_loader", None) is not None:
-            path, offset, _ = v.external
-            key = vm.register_file_constant(
-                f"{key_prefix}/{v.name}",
-                v.external_loader,
-                v.dtype,
-                tuple(v.shape),
-                v.desc.format,
-                source=(path, offset),
-            )
-        elif v.kind is ValueKind.CONSTANT:
-            key = vm.register_constant(f"{key_prefix}/{v.name}", v.data)
-        elif v.kind is ValueKind.VARIABLE:
-            key = _variable_key(vm, v)
-        binds: tuple[tuple[int, str], ...] = ()
-        if role == "activation" and v.shape is not None and shape_fn is None:
-            binds = tuple(
-                (a, d.name) for a, d in enumerate(v.shape) if not isinstance(d, int) and d.is_Symbol
-            )
-        slots.append(
-            Slot(
-                v.name,
-                v.dtype,
-                role,
-                shape_fn,
-                key,
-                binds,
-                f"{dtypes.name(v.dtype)}{shape_str(v.shape)}",
-            )
-        )
-        slot_of[id(v)] = len(slots) - 1
+        if id(v) not in slot_of:
+            slots.append(_slot(v, input_names, vm, key_prefix))
+            slot_of[id(v)] = len(slots) - 1
         return slot_of[id(v)]
 
     bound_first: dict[str, str] = {}
     specs = [_input_spec(v, slot_for(v), bound_first) for v in graph.inputs]
     steps: list[Step] = []
+    aliases: dict[int, Alias] = {}
+    step_units = [u for u in units if u.engine != ALIAS]
     for u in units:
+        if u.engine == ALIAS:
+            alias = _alias(u, slot_for(u.inputs[0]), slot_for(u.outputs[0]), slots, aliases)
+            aliases[alias.slot] = alias
+            continue
         ins = [None if v is None else slot_for(v) for v in u.inputs]
         outs = [slot_for(v) for v in u.outputs]
         fn = u.step if u.step is not None else ENGINES[u.engine].bind(u.name, u.kernel)
         label = "+".join(n.op_type for n in u.nodes) if len(u.nodes) <= 6 else f"{len(u.nodes)} ops"
         steps.append(Step(u.name, u.engine, fn, ins, outs, label, dict(u.extra)))
     outputs = [(v.name, slot_for(v)) for v in graph.outputs]
-    memory, arena = _memory_plan(slots, steps, {s for _, s in outputs})
-    release = _release_lists(slots, steps, arena, {s for _, s in outputs})
+    out_slots = {s for _, s in outputs}
+    memory, arena = _memory_plan(slots, steps, out_slots, aliases)
+    release = _release_lists(slots, steps, arena, out_slots)
     constraints = []
     for a, b, where in graph.symbols.constraints:
         syms = frozenset(s.name for s in free_symbols((a, b)))
@@ -175,17 +174,191 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
             constraints.append(
                 Constraint(compile_dim_fn(a), compile_dim_fn(b), syms, f"{a} == {b} ({where})")
             )
-    memo = _binding_steps(units, steps, slots)
-    steps, release, memo = _chain_native_runs(units, steps, release, memo)
-    return Plan(graph.name, specs, outputs, slots, steps, constraints, memory, arena, release, memo)
+    memo = _binding_steps(step_units, steps, slots, aliases)
+    text = describe_memory(slots, steps, memory, aliases, out_slots)
+    steps, release, memo = _chain_native_runs(step_units, steps, release, memo, aliases)
+    start, after = _alias_schedule(steps, aliases)
+    return Plan(
+        graph.name,
+        specs,
+        outputs,
+        slots,
+        steps,
+        constraints,
+        memory,
+        arena,
+        release,
+        memo,
+        aliases,
+        start,
+        after,
+        text,
+    )
+
+
+def _slot(v: Value, input_names: set[str], vm: VarManager, key_prefix: str) -> Slot:
+    """The slot of value ``v``: its role, shape function, VarManager key and bindings."""
+    shape_fn = None
+    if v.shape is not None and {s.name for s in free_symbols(v.shape)} <= input_names:
+        shape_fn = compile_shape_fn(v.shape)
+    role = {
+        ValueKind.INPUT: "input",
+        ValueKind.CONSTANT: "constant",
+        ValueKind.VARIABLE: "variable",
+        ValueKind.INTERMEDIATE: "activation",
+    }[v.kind]
+    key = None
+    if v.kind is ValueKind.CONSTANT and getattr(v, "external_loader", None) is not None:
+        path, offset, _ = v.external
+        key = vm.register_file_constant(
+            f"{key_prefix}/{v.name}",
+            v.external_loader,
+            v.dtype,
+            tuple(v.shape),
+            v.desc.format,
+            source=(path, offset),
+        )
+    elif v.kind is ValueKind.CONSTANT:
+        key = vm.register_constant(f"{key_prefix}/{v.name}", v.data)
+    elif v.kind is ValueKind.VARIABLE:
+        key = _variable_key(vm, v)
+    binds: tuple[tuple[int, str], ...] = ()
+    if role == "activation" and v.shape is not None and shape_fn is None:
+        binds = tuple(
+            (a, d.name) for a, d in enumerate(v.shape) if not isinstance(d, int) and d.is_Symbol
+        )
+    return Slot(
+        v.name, v.dtype, role, shape_fn, key, binds, f"{dtypes.name(v.dtype)}{shape_str(v.shape)}"
+    )
+
+
+View = Callable[[np.ndarray, Env], np.ndarray]
+
+
+def _alias(u: Unit, source: int, slot: int, slots: list[Slot], aliases: dict[int, Alias]) -> Alias:
+    """The alias record of view unit ``u`` (``slot`` views ``source``): its view reads
+    the root's array, composed with the source's own view when the source is an alias
+    too (a reshape of a reshape is one reshape)."""
+    shape_fn = slots[slot].shape
+    if shape_fn is None:  # alias_view admits only shapes known from the binding
+        raise ExecutionError(f"view {u.name!r}: its shape is not known before the run")
+    own = _view_fn(u.kernel, shape_fn, u.name)
+    root, view, reshape = source, own, u.kernel.kind == "reshape"
+    parent = aliases.get(source)
+    if parent is not None:
+        root = parent.root
+        if not (reshape and parent.reshape):  # reshapes of a reshape: one reshape
+            view = _compose(own, parent.view)
+        reshape = reshape and parent.reshape
+    op = u.nodes[0].op_type
+    text = f"{op} {u.name!r} of {slots[source].name!r} ({u.kernel.describe()})"
+    return Alias(slot, source, root, view, text, reshape)
+
+
+def _view_fn(spec: ViewSpec, shape_fn: ShapeFn, name: str) -> View:
+    """``array, env -> view``: a reshape to the slot's shape, or a contiguous slice."""
+    if spec.kind == "reshape":
+        try:
+            static = shape_fn({})
+        except KeyError:  # the shape depends on the binding
+            static = None
+        if static is not None:
+            return lambda a, env: a.reshape(static)
+
+        def reshaped(a: np.ndarray, env: Env) -> np.ndarray:
+            shape = shape_fn(env)
+            if min(shape, default=0) < 0:  # numpy would read a -1 as "whatever fits"
+                raise ExecutionError(
+                    f"view {name!r} would have shape {list(shape)}: the inputs are too "
+                    "small for this op"
+                )
+            return a.reshape(shape)
+
+        return reshaped
+    index = (slice(None),) * spec.axis + (slice(spec.start, spec.end),)
+
+    def sliced(a: np.ndarray, env: Env) -> np.ndarray:
+        r = a[index]
+        want = shape_fn(env)
+        if r.shape != want:
+            raise ExecutionError(
+                f"view {name!r}: slice gives shape {list(r.shape)}, the plan expects {list(want)}"
+            )
+        return r
+
+    return sliced
+
+
+def _compose(outer: View, inner: View) -> View:
+    def view(a: np.ndarray, env: Env) -> np.ndarray:
+        return outer(inner(a, env), env)
+
+    return view
+
+
+def _alias_schedule(
+    steps: list[Step], aliases: dict[int, Alias]
+) -> tuple[list[int], list[list[int]]]:
+    """When each alias is made: at the start of a run (its root is an input or a
+    constant) or right after the step that produces its root."""
+    producer = {o: k for k, st in enumerate(steps) for o in st.outputs}
+    start: list[int] = []
+    after: list[list[int]] = [[] for _ in steps]
+    for slot, alias in aliases.items():
+        k = producer.get(alias.root)
+        if k is None:
+            start.append(slot)
+        else:
+            after[k].append(slot)
+    return start, after
+
+
+def describe_memory(
+    slots: list[Slot],
+    steps: list[Step],
+    memory: MemoryPlan,
+    aliases: dict[int, Alias],
+    outputs: set[int],
+) -> str:
+    """The memory plan in words: every arena buffer with the steps it is live between,
+    every alias with its root; outputs and their roots get fresh memory per call."""
+    lines = [
+        f"memory plan: {len(memory.requests)} arena buffers, {len(aliases)} aliases "
+        "(views: no buffer, no step)"
+    ]
+    for r in sorted(memory.requests, key=lambda r: (r.first, r.slot)):
+        s = slots[r.slot]
+        lines.append(
+            f"  {s.name}: {s.shape_text} arena buffer, live {steps[r.first].name} .. "
+            f"{steps[r.last].name}"
+        )
+    arena = {r.slot for r in memory.requests}
+    out_roots = {aliases[o].root if o in aliases else o for o in outputs}
+    for slot, alias in aliases.items():
+        s, root = slots[slot], slots[alias.root]
+        if alias.root in arena:
+            where = "an arena buffer"
+        elif root.role != "activation":
+            where = f"a model {root.role}"
+        elif alias.root in out_roots:
+            where = "a fresh buffer per call: a model output's"
+        else:
+            where = "its step's own memory"
+        lines.append(f"  {s.name}: {s.shape_text} alias of {root.name} ({where}): {alias.text}")
+    return "\n".join(lines)
 
 
 def _chain_native_runs(
-    units: list[Unit], steps: list[Step], release: list[list[int]], memo: frozenset[int]
+    units: list[Unit],
+    steps: list[Step],
+    release: list[list[int]],
+    memo: frozenset[int],
+    aliases: dict[int, Alias],
 ) -> tuple[list[Step], list[list[int]], frozenset[int]]:
     """Replace every run of two or more consecutive chainable AI Core steps (not memoized)
     by one chain step (:mod:`geode.runtime.chains`); the memory plan was made for the
-    unchained steps and stays valid, release lists and memo indices are carried over."""
+    unchained steps and stays valid, release lists and memo indices are carried over. A
+    chain makes the aliases its members read of what earlier members wrote itself."""
     from geode.runtime.chains import MAX_CHAIN, chain_step, chainable
 
     def ok(k: int) -> bool:
@@ -200,7 +373,9 @@ def _chain_native_runs(
         while end < len(steps) and ok(end) and end - k < MAX_CHAIN:
             end += 1
         if end - k >= 2:
-            new_steps.append(chain_step(steps[k:end], [units[j].kernel for j in range(k, end)]))
+            kernels = [units[j].kernel for j in range(k, end)]
+            views = {a: (x.root, x.view) for a, x in aliases.items()}
+            new_steps.append(chain_step(steps[k:end], kernels, views))
             new_release.append([s for j in range(k, end) for s in release[j]])
             k = end
             continue
@@ -236,11 +411,15 @@ IMPURE_OPS = frozenset(
 SHAPE_OPS = frozenset({"Shape", "Size"})
 
 
-def _binding_steps(units: list[Unit], steps: list[Step], slots: list[Slot]) -> frozenset[int]:
+def _binding_steps(
+    units: list[Unit], steps: list[Step], slots: list[Slot], aliases: dict[int, Alias]
+) -> frozenset[int]:
     """The steps whose outputs are a function of the symbol binding alone (Plan.memo_steps):
-    every input is a constant, the output of such a step, or, for a lone ``Shape``/
-    ``Size`` node, a value whose shape the binding determines; no op is impure."""
+    every input is a constant, the output of such a step (or a view of one of those),
+    or, for a lone ``Shape``/``Size`` node, a value whose shape the binding determines;
+    no op is impure."""
     known = {i for i, s in enumerate(slots) if s.role == "constant"}
+    known |= {a for a, x in aliases.items() if x.root in known}
     memo: set[int] = set()
     for k, (u, st) in enumerate(zip(units, steps)):
         ops = [n.op_type for n in u.nodes]
@@ -254,6 +433,7 @@ def _binding_steps(units: list[Unit], steps: list[Step], slots: list[Slot]) -> f
         if ok and st.outputs:
             memo.add(k)
             known.update(st.outputs)
+            known |= {a for a, x in aliases.items() if x.root in st.outputs}
     return frozenset(memo)
 
 
@@ -275,8 +455,18 @@ def _variable_key(vm: VarManager, v: Value) -> Any:
 
 
 def _memory_plan(
-    slots: list[Slot], steps: list[Step], outputs: set[int]
+    slots: list[Slot], steps: list[Step], outputs: set[int], aliases: dict[int, Alias]
 ) -> tuple[MemoryPlan, frozenset[int]]:
+    """The arena's buffer requests: one per activation a step writes, live from that
+    step to the last step that reads it or any alias of it. Model outputs, and roots of
+    aliases that are model outputs, get fresh memory per call instead (outputs are
+    never arena views); aliases request nothing."""
+
+    def root(s: int) -> int:
+        alias = aliases.get(s)
+        return s if alias is None else alias.root
+
+    out_roots = {root(o) for o in outputs}
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for k, st in enumerate(steps):
@@ -284,12 +474,12 @@ def _memory_plan(
             first.setdefault(o, k)
             last[o] = max(last.get(o, k), k)
         for i in st.inputs:
-            if i is not None and i in first:
-                last[i] = k
+            if i is not None and root(i) in first:
+                last[root(i)] = k
     requests = []
     for s, k in first.items():
         slot = slots[s]
-        if s in outputs or slot.role != "activation" or slot.shape is None:
+        if s in out_roots or slot.role != "activation" or slot.shape is None:
             continue
         if slot.dtype.hasobject:  # strings are Python objects: never in the byte arena
             continue
@@ -304,7 +494,9 @@ def _memory_plan(
             return n
 
         requests.append(BufferRequest(s, nbytes, k, last[s]))
-    return MemoryPlan(requests), frozenset(r.slot for r in requests)
+    arena = frozenset(r.slot for r in requests)
+    in_arena = {a: x.root for a, x in aliases.items() if x.root in arena}
+    return MemoryPlan(requests, aliases=in_arena), arena
 
 
 def _release_lists(

@@ -18,7 +18,7 @@ from geode.compiler.ops import control
 from geode.compiler.partition.placement import Placement
 from geode.debug import Dumper, log
 from geode.errors import GraphError
-from geode.plan_builder import Unit
+from geode.plan_builder import ALIAS, Unit
 from geode.runtime.model import CompiledModel
 from geode.runtime.var_manager import VarManager, VarManagerPool
 from geode.spine import Compilation, compile_graph
@@ -56,9 +56,9 @@ class Session:
         explain = _Explain(
             g, c.placement, units, c.fusion_text, c.pass_text, self.var_manager, timings
         )
-        model = CompiledModel(
-            c.plan, self.var_manager, [u.info for u in units], explain, {"timings": timings}
-        )
+        explain.memory_text = c.plan.memory_text
+        kernels = [u.info for u in units if u.engine != ALIAS]  # a view is no kernel
+        model = CompiledModel(c.plan, self.var_manager, kernels, explain, {"timings": timings})
         if dump.wants(2):
             run_by = {n.name: f"{u.name} [{u.engine}]" for u in units for n in u.nodes}
             dump.stage(
@@ -98,6 +98,7 @@ class _Explain:
     ):
         self.g, self.placement, self.units = g, placement, units
         self.plan_text, self.pass_text, self.vm, self.timings = plan_text, pass_text, vm, timings
+        self.memory_text = ""
 
     def dot(self) -> str:
         """Graphviz DOT of the compiled graph: a cluster per native kernel, engines as colours."""
@@ -131,13 +132,24 @@ class _Explain:
         lines.append("  " + self.placement.describe().replace("\n", "\n  "))
         lines.append("fusion plan:")
         lines.append("  " + self.plan_text.replace("\n", "\n  "))
-        lines.append(f"kernels ({len(self.units)}):")
-        for u in self.units:
+        kernels = [u for u in self.units if u.engine != ALIAS]
+        lines.append(f"kernels ({len(kernels)}):")
+        for u in kernels:
             ops = ", ".join(f"{n.op_type}:{n.name}" for n in u.nodes)
             cost = ""
             if u.info.cost:
                 cost = " cost " + ", ".join(f"{k}={v:.3g}" for k, v in u.info.cost.items())
             lines.append(f"  {u.name} [{u.engine}] {ops}{cost}")
+        views = [u for u in self.units if u.engine == ALIAS]
+        lines.append(f"views ({len(views)}): aliases in the memory plan, no kernel, no step")
+        for u in views:
+            n = u.nodes[0]
+            lines.append(
+                f"  {u.name} [{ALIAS}] {n.op_type}:{n.name}: alias of {u.inputs[0].name} "
+                f"(view: {u.extra.get('view', '')})"
+            )
+        if self.memory_text:
+            lines.append(self.memory_text)
         lines.append(
             f"variables and constants: {len(list(self.vm.keys()))} keys, "
             f"{self.vm.nbytes} bytes, {self.vm.dedup_saved_bytes} bytes saved by dedup"

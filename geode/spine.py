@@ -14,8 +14,8 @@ fuse           ``geode/compiler/fusion/planner.py`` (groups and their order)
 lower          ``geode/codegen/lower.py`` (group -> loop AST)
 schedule       ``geode/codegen/autoschedule.py`` (``geode/codegen/schedule/``)
 emit           ``geode/codegen/driver.py`` ``emit_kernel`` (the backend)
-bind           ``geode/runtime/engines.py`` (the engines' steps)
-plan           ``geode/plan_builder.py`` (slots, memory plan, runtime Plan)
+bind           ``geode/runtime/engines.py`` (the engines' steps; views become aliases)
+plan           ``geode/plan_builder.py`` (slots, memory plan with aliases, runtime Plan)
 =============  ==========================================================
 
 A group whose lower, schedule or emit stage fails runs node by node on the AICPU
@@ -38,12 +38,26 @@ from geode.codegen.lower import make_can_lower
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
+from geode.compiler.fusion.views import alias_view
 from geode.compiler.ir import Graph, Node, format_graph
-from geode.compiler.partition.placement import Placement, assign_engines, split_partitions
+from geode.compiler.partition.placement import (
+    Placement,
+    assign_engines,
+    input_symbols,
+    split_partitions,
+)
 from geode.compiler.pipeline import PassRecord, run_pipeline
 from geode.debug import Dumper, log
 from geode.errors import GeodeError, GraphError
-from geode.plan_builder import Unit, bind_units, build_plan, drop_dead_units, reference_unit
+from geode.plan_builder import (
+    ALIAS,
+    Unit,
+    alias_unit,
+    bind_units,
+    build_plan,
+    drop_dead_units,
+    reference_unit,
+)
 from geode.progress import progress_bar
 from geode.runtime.plan import Plan
 from geode.runtime.var_manager import VarManager
@@ -181,31 +195,15 @@ def emit(c: Compilation) -> None:
 
 def bind(c: Compilation) -> None:
     """A unit per step (native kernels, and single nodes on AICPU or host), each bound
-    to its engine's step; units whose results nothing reads are dropped."""
+    to its engine's step, and an alias unit per view node left on its own (no step);
+    units whose results nothing reads are dropped."""
     units: list[Unit] = []
+    bound = input_symbols(c.graph)
     for item in c.work:
         if isinstance(item, Node):
-            engine = c.placement.engine[item.name]
-            library = driver.library_interface(item, c.graph, c.opts) if engine == "aicpu" else None
-            if library is not None:  # a library routine called natively (MatMul: BLAS)
-                interface, info = library
-                c.placement.engine[item.name] = "aicore"
-                c.placement.reason[item.name] = "library op: BLAS, called natively"
-                units.append(
-                    Unit(
-                        item.name,
-                        "aicore",
-                        [item],
-                        list(item.inputs),
-                        list(item.outputs),
-                        interface,
-                        info,
-                    )
-                )
-                continue
-            units.append(reference_unit(item, "aicpu" if engine == "aicore" else engine))
+            units.append(_node_unit(c, item, bound))
         elif item.failed:
-            units += _fallback_units(c, item)
+            units += [_node_unit(c, n, bound) for n in _nodes_of(item)]
         elif item.panel is not None:
             nodes = item.panel.nodes
             for n in nodes:
@@ -235,26 +233,40 @@ def bind(c: Compilation) -> None:
     bind_units(c.units)
 
 
-def _fallback_units(c: Compilation, job: driver.KernelJob) -> list[Unit]:
-    """A failed group's nodes, one AICPU step each (a failed epilogue: its MatMuls
-    natively when they can be)."""
-    if job.panel is None:
-        return [reference_unit(n, "aicpu") for n in job.group.nodes]
-    units = []
-    for n in job.panel.nodes:
-        lib = driver.library_interface(n, c.graph, c.opts) if n.op_type == "MatMul" else None
-        units.append(
-            Unit(n.name, "aicore", [n], list(n.inputs), list(n.outputs), *lib)
-            if lib is not None
-            else reference_unit(n, "aicpu")
+def _nodes_of(job: driver.KernelJob) -> list[Node]:
+    """A failed job's model nodes (each then runs on its own: natively, as an alias, or
+    its reference kernel); a failed epilogue's are its MatMuls' and its group's."""
+    return job.panel.nodes if job.panel is not None else list(job.group.nodes)
+
+
+def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
+    """The unit of a node outside any kernel: an alias (a view of a known shape), a
+    library routine called natively (MatMul: BLAS), or its reference kernel."""
+    view = alias_view(node, bound)
+    if view is not None:
+        c.placement.engine[node.name] = ALIAS
+        c.placement.reason[node.name] = (
+            f"view ({view.describe()}) of {node.inputs[0].name!r}: an alias in the memory "
+            "plan, no step"
         )
-    return units
+        return alias_unit(node, view)
+    engine = c.placement.engine[node.name]
+    library = driver.library_interface(node, c.graph, c.opts) if engine == "aicpu" else None
+    if library is not None:  # a library routine called natively (MatMul: BLAS)
+        interface, info = library
+        c.placement.engine[node.name] = "aicore"
+        c.placement.reason[node.name] = "library op: BLAS, called natively"
+        return Unit(
+            node.name, "aicore", [node], list(node.inputs), list(node.outputs), interface, info
+        )
+    return reference_unit(node, "aicpu" if engine == "aicore" else engine)
 
 
 def plan(c: Compilation) -> None:
     """The runtime plan: a slot per value, constants and variables registered with the
     VarManager, the activation memory plan."""
     c.plan = build_plan(c.graph, c.units, c.var_manager, c.key_prefix)
+    c.dump.stage("memory_plan", c.plan.memory_text)
 
 
 Stage = Callable[[Compilation], None]

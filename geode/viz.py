@@ -31,6 +31,7 @@ ENGINE_COLORS: dict[str, str] = {
     "aicore": "#9ecae1",
     "aicpu": "#fdae6b",
     "host": "#c7e9c0",
+    "alias": "#dadaeb",  # a view: no kernel, it shares its input's memory
 }
 UNPLACED_COLOR = "#ffffff"
 DEAD_COLOR = "#e0e0e0"

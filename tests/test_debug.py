@@ -255,6 +255,7 @@ def test_layernorm_dump_dir_from_set_options(clean_options, tmp_path, capsys):
         f"{k}_trace",
         f"{k}_source",
         "final_graph",
+        "memory_plan",
         "plan",
     ):
         assert stage in names, (stage, names)
@@ -285,6 +286,8 @@ def test_layernorm_dump_dir_from_set_options(clean_options, tmp_path, capsys):
     assert read(f"{k}_source").strip() == model.kernels[0].source.strip()
     assert f"# {k} [aicore]" in read("final_graph")
     assert read("plan").strip() == model.explain().strip()
+    assert read("memory_plan").strip() == model.plan.memory_text.strip() != ""
+    assert read("memory_plan").strip() in model.explain()
     dot = (d / "graph.dot").read_text()
     assert dot == model.to_dot() and dot.count("subgraph cluster_") == 2
 

@@ -182,6 +182,20 @@ def test_compiled_model_gives_its_dot(cache_dir):
     assert legend == {"aicore", "aicpu"}
 
 
+def test_a_view_run_as_an_alias_is_coloured_as_one(cache_dir):
+    g = geode.Graph("view_between_matmuls")
+    x = g.input("x", ["N", 8])
+    h = x @ g.constant(np.eye(8, dtype=np.float32), name="w")
+    g.output(ops.reshape(h, [0, 2, 4]) @ g.constant(np.ones((4, 3), np.float32), name="v"))
+    model = geode.compile(g, cache_dir=str(cache_dir), progress="0")
+    dot = model.to_dot()
+    parsed = parse_dot(dot)
+    (view,) = op_ids(parsed, "reshape")
+    assert not parsed["labels"][view].endswith("(dead)")
+    assert re.search(rf'{view} \[[^\n]*fillcolor="{viz.ENGINE_COLORS["alias"]}"', dot)
+    assert "alias" in {parsed["labels"][i] for i in parsed["clusters"]["cluster_legend"]}
+
+
 @needs_dot
 def test_render_svg(tmp_path):
     g, placement, plan = planned(examples.softmax(hidden=16).graph)

@@ -9,12 +9,14 @@ once. The members keep their buffers (arena views planned for the unchained step
 the memory plan and the release lists stay exact) and their order; only the Python
 dispatch between them goes (measurements: ``docs/performance.md``).
 
-A step the executor memoizes (``Plan.memo_steps``) is never part of a chain.
+A step the executor memoizes (``Plan.memo_steps``) is never part of a chain. A member
+that reads an alias (a view, ``Plan.aliases``) of what an earlier member wrote gets the
+view from the chain itself: the executor makes aliases only after a step returns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,17 +42,30 @@ def chainable(kernel: Any) -> bool:
     )
 
 
-def chain_step(steps: Sequence[Step], kernels: Sequence[NativeKernel]) -> Step:
+#: alias slot -> (its root slot, ``view(root_array, env)``)
+Views = Mapping[int, tuple[int, Callable[[np.ndarray, Any], np.ndarray]]]
+
+
+def chain_step(
+    steps: Sequence[Step], kernels: Sequence[NativeKernel], views: Views | None = None
+) -> Step:
     """One step running ``steps`` (consecutive, each with its chainable kernel) in one
     native call; its inputs are those the run reads from before it, its outputs every
-    member's outputs, in order."""
+    member's outputs, in order. ``views``: the plan's aliases; one whose root an earlier
+    member writes is made inside the chain (after the chain's buffers exist)."""
     from geode.runtime import native
 
+    views = views or {}
     produced: set[int] = set()
     inputs: list[int | None] = []
+    derived: list[int] = []  # aliases of members' outputs that later members read
     for st in steps:
         for i in st.inputs:
-            if i is not None and i not in produced and i not in inputs:
+            if i is None or i in produced or i in inputs or i in derived:
+                continue
+            if i in views and views[i][0] in produced:
+                derived.append(i)
+            else:
                 inputs.append(i)
         produced.update(st.outputs)
     outputs = [o for st in steps for o in st.outputs]
@@ -62,6 +77,8 @@ def chain_step(steps: Sequence[Step], kernels: Sequence[NativeKernel]) -> Step:
     # inputs, then its outputs), and which of them a member views differently
     source = {slot: p for p, slot in enumerate(inputs)}
     source.update({o: len(inputs) + j for j, o in enumerate(outputs)})
+    source.update({a: len(inputs) + len(outputs) + j for j, a in enumerate(derived)})
+    made = [(source[views[a][0]], views[a][1]) for a in derived]
     picks: list[int] = []
     reviews: list[tuple[int, tuple[int, ...]]] = []
     dim_fns: list[tuple[list, int]] = []
@@ -96,6 +113,8 @@ def chain_step(steps: Sequence[Step], kernels: Sequence[NativeKernel]) -> Step:
             buf = outs[j] if j < len(outs) else None
             results.append(np.empty(shape_fn(env), dtype) if buf is None else buf)
         src = [*ins, *results]
+        for p, make in made:
+            src.append(make(src[p], env))
         arrays = [src[p] for p in picks]
         for p, starts in reviews:
             arrays[p] = view(arrays[p], starts)

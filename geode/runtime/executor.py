@@ -156,6 +156,10 @@ class Executor:
         self.arena = Arena()
         self.pool = OutputPool()
         self._outputs = {slot for _, slot in plan.outputs}
+        #: the outputs and the roots of outputs that are aliases: fresh memory per call
+        self._output_roots = {plan.root(slot) for _, slot in plan.outputs}
+        #: per step, the aliases made right after it (a plan built by hand may have none)
+        self._alias_after = plan.alias_after or [[] for _ in plan.steps]
         self._static = [
             (i, var_manager.get(s.var_key))
             for i, s in enumerate(plan.slots)
@@ -170,9 +174,8 @@ class Executor:
         self._bound: dict[tuple, dict[str, int]] = {}
         #: per binding, the results of the plan's memo steps (see run)
         self._memo: dict[tuple, dict[int, np.ndarray]] = {}
-        self._memo_outputs = {
-            o for k in plan.memo_steps for o in plan.steps[k].outputs if o in self._outputs
-        }
+        #: what memo steps write: the memo keeps those arrays across runs
+        self._memo_outputs = {o for k in plan.memo_steps for o in plan.steps[k].outputs}
 
     def _bind(self, feeds: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, np.ndarray]]:
         """:func:`bind_inputs`, remembered per input shapes: feeds that are a dict of
@@ -224,15 +227,15 @@ class Executor:
     def _buffers(self, step: Any, layout: Any, env: dict[str, int]) -> list:
         """What each output of ``step`` is written into: an arena view (``layout`` given
         and the output planned in it), ``(shape, dtype)`` for a new array per call (a
-        model output of an aicore step, see :meth:`_fresh`), or None (the step
-        allocates)."""
+        model output of an aicore step, or the root of an output that is an alias of
+        it; see :meth:`_fresh`), or None (the step allocates)."""
         outs: list = []
         for o in step.outputs:
             slot = self.plan.slots[o]
             if layout is not None and o in self.plan.arena_slots:
                 shape = _output_shape(step.name, slot, env)
                 outs.append(self.arena.view(layout.offsets[o], shape, slot.dtype))
-            elif o in self._outputs and step.engine == "aicore" and slot.shape is not None:
+            elif o in self._output_roots and step.engine == "aicore" and slot.shape is not None:
                 outs.append((_output_shape(step.name, slot, env), slot.dtype))
             else:
                 outs.append(None)
@@ -276,6 +279,8 @@ class Executor:
             values[i] = arr
         for i, key in self._variables:
             values[i] = self.vm.get(key)  # looked up per run: assignments replace the array
+        if plan.alias_start:
+            self._make_aliases(plan.alias_start, values, env)
         layout = None
         if plan.memory is not None and plan.arena_slots:
             try:
@@ -291,6 +296,7 @@ class Executor:
             if memo is not None and k in plan.memo_steps:
                 for o in step.outputs:
                     values[o] = memo[o]
+                self._make_aliases(self._alias_after[k], values, env)
                 continue
             ins = [None if i is None else values[i] for i in step.inputs]
             bufs = prepared[k] if prepared is not None else self._buffers(step, None, env)
@@ -322,16 +328,44 @@ class Executor:
                 values[o] = r
                 if fresh_memo is not None and k in plan.memo_steps:
                     fresh_memo[o] = np.array(r, copy=True)  # its own: arena memory is reused
+            if self._alias_after[k]:
+                self._make_aliases(self._alias_after[k], values, env)
             if plan.release:
                 for o in plan.release[k]:
                     values[o] = None
         if fresh_memo is not None:
             _remember(self._memo, memo_key, fresh_memo)
+        return self._hand_out(values)
+
+    def _hand_out(self, values: list[Any]) -> dict[str, np.ndarray]:
+        """The model's outputs, none sharing memory with the model or with each other:
+        an output whose storage (its root's, for an alias) is an input, a constant, a
+        variable, the arena, the memo or another output's is copied."""
+        plan = self.plan
         out: dict[str, np.ndarray] = {}
+        handed: set[int] = set()
         for name, slot in plan.outputs:
             v = values[slot]
-            role = plan.slots[slot].role
-            if role != "activation" or slot in plan.arena_slots or slot in self._memo_outputs:
-                v = np.array(v, copy=True)  # never hand out constants, inputs, arena or memo
+            root = plan.root(slot)
+            if (
+                plan.slots[root].role != "activation"
+                or root in plan.arena_slots
+                or root in self._memo_outputs
+                or root in handed
+            ):
+                v = np.array(v, copy=True)
+            handed.add(root)
             out[name] = v
         return out
+
+    def _make_aliases(self, slots: list[int], values: list[Any], env: dict[str, int]) -> None:
+        """Set each alias of ``slots`` to its view of its root's array."""
+        aliases = self.plan.aliases
+        for a in slots:
+            alias = aliases[a]
+            try:
+                values[a] = alias.view(values[alias.root], env)
+            except GeodeError:
+                raise
+            except Exception as exc:
+                raise ExecutionError(f"view {alias.text}: {type(exc).__name__}: {exc}") from exc

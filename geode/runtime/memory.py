@@ -9,6 +9,11 @@ fit) left by the already placed buffers whose live ranges overlap its own. Buffe
 are live at the same time never overlap in memory; buffers with disjoint live ranges
 may share bytes. Layouts are cached per binding (bounded LRU).
 
+An *alias* (a view: a Reshape, Squeeze, contiguous Slice, ... of a buffer) requests no
+bytes: it shares its root's. The plan builder extends the root's live range to the last
+use of any of its aliases; the plan records ``aliases`` (alias slot -> root slot) so a
+layout shows them.
+
 An :class:`Arena` owns one growable, aligned ``uint8`` buffer and hands out typed views
 at a layout's offsets.
 """
@@ -76,7 +81,8 @@ class Layout:
 
     ``total`` is the arena size needed; ``peak_naive`` is what one buffer per slot with
     no reuse would take (sum of aligned sizes), so ``total <= peak_naive``.
-    ``lifetimes`` maps slot to its ``(first, last)`` live range.
+    ``lifetimes`` maps slot to its ``(first, last)`` live range; ``aliases`` maps each
+    alias slot to the slot whose bytes it shares (it has no offset of its own).
     """
 
     offsets: dict[int, int]
@@ -84,6 +90,7 @@ class Layout:
     total: int
     peak_naive: int = 0
     lifetimes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    aliases: dict[int, int] = field(default_factory=dict)
 
     @property
     def saved_bytes(self) -> int:
@@ -107,6 +114,8 @@ class MemoryPlan:
         alignment: every offset is a multiple of this (a power of two).
         cache_size: how many layouts (distinct bindings) to keep, least recently used
             evicted first.
+        aliases: alias slot -> the requested slot whose bytes it shares (no request of
+            its own; the requests' live ranges already cover the aliases' uses).
     """
 
     def __init__(
@@ -114,6 +123,7 @@ class MemoryPlan:
         requests: list[BufferRequest],
         alignment: int = 64,
         cache_size: int = 16,
+        aliases: Mapping[int, int] | None = None,
     ):
         if alignment < 1 or alignment & (alignment - 1):
             raise MemoryPlanError(f"alignment must be a power of two, got {alignment}")
@@ -126,6 +136,13 @@ class MemoryPlan:
                 raise MemoryPlanError(
                     f"buffer slot {r.slot}: live range [{r.first}, {r.last}] is empty "
                     "(first after last)"
+                )
+        self.aliases = dict(aliases or {})
+        for a, root in self.aliases.items():
+            if a in seen or root not in seen:
+                raise MemoryPlanError(
+                    f"alias slot {a} of slot {root}: an alias requests no buffer and its "
+                    "root must be a requested buffer"
                 )
         self.requests = list(requests)
         self.alignment = alignment
@@ -228,6 +245,7 @@ class MemoryPlan:
             total=total,
             peak_naive=naive,
             lifetimes={r.slot: (r.first, r.last) for r in self.requests},
+            aliases=dict(self.aliases),
         )
 
     def check(self, layout: Layout) -> None:
@@ -340,12 +358,15 @@ def describe(layout: Layout) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     saved = layout.saved_bytes
     pct = 100.0 * saved / layout.peak_naive if layout.peak_naive else 0.0
+    aliases = f", {len(layout.aliases)} aliases" if layout.aliases else ""
     lines = [
-        f"memory plan: {len(layout.offsets)} buffers, arena {layout.total} B, "
+        f"memory plan: {len(layout.offsets)} buffers{aliases}, arena {layout.total} B, "
         f"without reuse {layout.peak_naive} B, saved {saved} B ({pct:.1f}%)"
     ]
     for i, row in enumerate(rows):
         lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
+    for alias, root in sorted(layout.aliases.items()):
+        lines.append(f"slot {alias}: alias of slot {root} (a view of its bytes, none of its own)")
     return "\n".join(lines)

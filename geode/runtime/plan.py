@@ -4,6 +4,12 @@ A plan holds no compiler objects: shapes are functions of the bound symbol value
 (``env``: symbol name -> int), kernels are bound callables. A step function has the
 signature ``fn(inputs, outs, env) -> outputs``: ``outs`` holds a preallocated buffer
 per output (or None when the step allocates its own); it returns the output arrays.
+
+An :class:`Alias` is a value with no buffer and no step of its own: a view (reshape,
+contiguous slice) of its *root*, the slot that owns the storage. The executor makes it
+from the root's array when the root is there (at the start of a run for inputs and
+constants, after the root's step otherwise); the memory plan keeps the root's buffer
+live until the last use of any of its aliases.
 """
 
 from __future__ import annotations
@@ -76,6 +82,22 @@ class Step:
 
 
 @dataclass
+class Alias:
+    """A slot that shares its root's storage: ``view(root_array, env)`` is its value.
+
+    ``source`` is the slot it views (itself an alias, or the root); ``root`` owns the
+    storage and is never an alias; ``text`` says what it is (``Reshape 'r' of 'h'``);
+    ``reshape``: the view only reshapes the root (no slice on the way)."""
+
+    slot: int
+    source: int
+    root: int
+    view: Callable[[np.ndarray, Env], np.ndarray]
+    text: str = ""
+    reshape: bool = True
+
+
+@dataclass
 class Constraint:
     """Two dim expressions that must agree at run time."""
 
@@ -103,3 +125,17 @@ class Plan:
     #: constants: shape arithmetic, masks built from it. The executor runs them once per
     #: binding and reuses their results (see ``Executor.run``)
     memo_steps: frozenset[int] = frozenset()
+    #: slot -> its alias record, for every slot that is a view of another's storage
+    aliases: dict[int, Alias] = field(default_factory=dict)
+    #: aliases of inputs and constants: made at the start of a run
+    alias_start: list[int] = field(default_factory=list)
+    #: per step, the aliases of what it produced: made right after it ran
+    alias_after: list[list[int]] = field(default_factory=list)
+    #: the memory plan in words (arena buffers and their live ranges, aliases), for
+    #: ``explain()`` and the dumps
+    memory_text: str = ""
+
+    def root(self, slot: int) -> int:
+        """The slot that owns ``slot``'s storage (``slot`` itself unless an alias)."""
+        alias = self.aliases.get(slot)
+        return slot if alias is None else alias.root

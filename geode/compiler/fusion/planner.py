@@ -6,9 +6,14 @@
    nothing changes (T+T, T+R, R+T, R+R).
 3. Horizontal merges of unconnected groups that read a common input and whose
    domains agree.
+4. Groups left holding only view ops (Reshape, Squeeze, a contiguous Slice, ...; see
+   ``views.py``) are dissolved: each view becomes an alias of its input in the memory
+   plan, with no kernel.
 
-Each candidate is checked by ``rules.check_merge`` (legality) and then by the
-``profit`` callable (profitability); every decision, taken or refused, is recorded.
+Each candidate is checked by ``rules.check_merge`` (legality), then by
+``views.view_copy_reason`` (no kernel copies a view whose input is in memory anyway:
+apart, the view is an alias) and then by the ``profit`` callable (profitability);
+every decision, taken or refused, is recorded.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from collections.abc import Callable
 from geode.compiler.fusion.groups import Decision, FusionPlan, Group, group_of_node
 from geode.compiler.fusion.patterns import Pattern, pattern_of
 from geode.compiler.fusion.rules import check_merge, rule_name
+from geode.compiler.fusion.views import ViewSpec, alias_view, view_copy_reason
 from geode.compiler.ir import Graph, Node
-from geode.compiler.partition.placement import Placement
+from geode.compiler.partition.placement import Placement, input_symbols
 from geode.compiler.shapes import Dim
 from geode.errors import GraphError
 
@@ -37,10 +43,18 @@ def always_profitable(a: Group, b: Group, merged: Group, graph: Graph) -> tuple[
 class _State:
     def __init__(self, graph: Graph):
         self.graph = graph
+        self._bound = input_symbols(graph)
+        self._views: dict[str, ViewSpec | None] = {}
         self.groups: dict[int, Group] = {}
         self.of: dict[str, int] = {}
         self.decisions: list[Decision] = []
         self.refused: set[tuple[frozenset[str], frozenset[str]]] = set()
+
+    def is_view(self, node: Node) -> ViewSpec | None:
+        """The view ``node`` is when it can be an alias (see ``views.alias_view``)."""
+        if node.name not in self._views:
+            self._views[node.name] = alias_view(node, self._bound)
+        return self._views[node.name]
 
     def unit_of(self, node: Node) -> list[Node]:
         """The members of the group a node belongs to (or the node alone)."""
@@ -73,6 +87,11 @@ def _try(st: _State, a: Group, b: Group, vertical: bool, profit: ProfitFn) -> bo
         st.refused.add(key)
         return False
     candidate = Group(min(a.id, b.id), a.nodes + b.nodes, dom[0], dom[1])
+    copy = view_copy_reason(candidate, st.graph, st.is_view)
+    if copy is not None:
+        st.decisions.append(Decision(a.id, b.id, rule, False, f"{reason}; {copy}"))
+        st.refused.add(key)
+        return False
     take, why = profit(a, b, candidate, st.graph)
     st.decisions.append(Decision(a.id, b.id, rule, take, f"{reason}; {why}"))
     if not take:
@@ -107,11 +126,24 @@ def plan_fusion(
     _vertical(st, profit)
     if horizontal:
         _horizontal(st, profit)
+    _dissolve_views(st, plan)
     plan.groups = _ordered(st, graph)
     for i, g in enumerate(plan.groups):
         g.id = i
     plan.decisions = st.decisions
     return plan
+
+
+def _dissolve_views(st: _State, plan: FusionPlan) -> None:
+    """Groups of nothing but views run no kernel: each view is an alias of its input."""
+    for gid, g in list(st.groups.items()):
+        if all(st.is_view(n) is not None for n in g.nodes):
+            del st.groups[gid]
+            for n in g.nodes:
+                del st.of[n.name]
+                plan.unfused[n.name] = (
+                    f"view of {n.inputs[0].name!r}: an alias in the memory plan (no kernel)"
+                )
 
 
 def _vertical(st: _State, profit: ProfitFn) -> None:
