@@ -2,8 +2,10 @@
 
 For every MatMul the BLAS runs natively (:func:`geode.codegen.driver.native_matmul`) whose
 product one fusion group reads: legality (:func:`geode.compiler.fusion.epilogue.
-epilogue_legality`), then profit (:func:`geode.compiler.fusion.profit.epilogue_profit`),
-then the panel form (:func:`geode.codegen.dense.panel_graph`). A taken epilogue turns the
+epilogue_legality`), then the panel form (:func:`geode.codegen.dense.panel_graph`). A legal
+epilogue always pays: the cost model's panel rule (:func:`geode.compiler.fusion.profit.
+epilogue_plan`, applied by the kernel to each run's shapes) falls back to one panel of all
+rows when panels would re-pack the weights too often; the plan records its nominal choice. A taken epilogue turns the
 group's job into a dense job and removes the MatMul from the work list (the job runs where
 the group ran: after everything either reads). Every decision, taken or not, is recorded
 with its reason in the fusion plan (``explain()`` shows it).
@@ -17,7 +19,7 @@ from geode.codegen.dense import panel_graph
 from geode.codegen.driver import KernelJob, native_matmul
 from geode.compiler.fusion.epilogue import Epilogue, epilogue_legality, second_gemm
 from geode.compiler.fusion.groups import FusionPlan, Group
-from geode.compiler.fusion.profit import epilogue_profit
+from geode.compiler.fusion.profit import epilogue_plan
 from geode.compiler.ir import Graph, Node
 from geode.config import Options
 from geode.costmodel.device import DeviceSpec
@@ -61,11 +63,9 @@ def _decide(
     if isinstance(ep, str):
         return ep
     second = second_gemm(ep, g, native)
-    if isinstance(second, Node) and epilogue_profit(node, spec, second)[0]:
+    if isinstance(second, Node):
         ep.second = second
-    take, why = epilogue_profit(node, spec, ep.second)
-    if not take:
-        return why
+    _, why = epilogue_plan(node, spec, ep.second)
     try:
         job.panel = panel_graph(ep, g)
     except GeodeError as exc:

@@ -422,3 +422,34 @@ def test_call_releases_the_gil(k):
         stop.set()
         join_all([t])
     assert progressed > 1000, progressed
+
+
+def test_scratch_buffers_are_kept_per_thread_and_grow():
+    """geode_scratch: a thread's buffer per slot, reused while big enough, grown (64-byte
+    aligned) when not, out-of-range slots refused; release_scratch frees them."""
+    import ctypes
+
+    fn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
+        nt.symbols()["geode_scratch"]
+    )
+
+    def run(out):
+        a = fn(0, 1000)
+        out["same"] = fn(0, 500) == a
+        b = fn(0, 1 << 20)
+        out["aligned"] = a % 64 == 0 and b % 64 == 0
+        out["held"] = nt.pool_info()["scratch_bytes"]
+        other = fn(1, 10)
+        out["other_slot"] = other not in (None, b) and fn(0, 100) == b
+        out["bad"] = (fn(4, 10), fn(-1, 10), fn(0, -5))
+        nt.release_scratch()
+        out["after"] = nt.pool_info()["scratch_bytes"]
+
+    out: dict = {}
+    t = threading.Thread(target=run, args=(out,))  # a thread of its own: nothing else held
+    t.start()
+    t.join()
+    assert out["same"] and out["aligned"] and out["other_slot"]
+    assert out["held"] >= (1 << 20)
+    assert out["bad"] == (None, None, None)
+    assert out["after"] <= out["held"] - (1 << 20)

@@ -23,8 +23,9 @@ role          shape                                             per panel
 The group qualifies when: ``Y`` is read by the group only (not a graph output);
 its domain is ``Y``'s shape and it reduces nothing or only the last axis (keeping it);
 its ops are elementwise, broadcasting or reductions (a layout op would mix rows); and
-every value it touches has a role. Whether the fusion pays is the cost model's call
-(:func:`geode.compiler.fusion.profit.epilogue_profit`).
+every value it touches has a role. How it runs (panels, or one panel when re-packing the
+weights per panel costs more than it saves) is the cost model's call
+(:func:`geode.compiler.fusion.profit.epilogue_plan`).
 """
 
 from __future__ import annotations

@@ -160,9 +160,6 @@ def describe_work(group: Group, graph: Graph, spec: DeviceSpec) -> dict[str, flo
 
 #: a GEMM panel holds at least this many rows (fewer re-pack the right operand too often)
 DENSE_MIN_ROWS = 64
-#: bandwidth of the last-level cache, in multiples of memory bandwidth (a right operand
-#: that fits it is re-read from it for every panel)
-LLC_SPEEDUP = 3.0
 
 
 def panel_bytes(spec: DeviceSpec) -> int:
@@ -171,31 +168,32 @@ def panel_bytes(spec: DeviceSpec) -> int:
     return max(spec.l2_bytes * spec.cores // 2, 1 << 16)
 
 
-def epilogue_profit(dense: Node, spec: DeviceSpec, second: Node | None = None) -> tuple[bool, str]:
-    """Does running the epilogue per panel pay? It saves writing the product to memory and
-    reading it back, and a step (with a ``second`` MatMul, the same for the epilogue's
-    result); it costs re-reading each matrix of ``B`` (and of the second MatMul's ``V``)
-    once per extra panel, from the last-level cache when it fits there."""
+def epilogue_plan(dense: Node, spec: DeviceSpec, second: Node | None = None) -> tuple[int, str]:
+    """The panel rows a fused epilogue uses at the nominal size, and why: the rule the
+    kernel's entry applies to each run's shapes
+    (:func:`geode.codegen.backends.llvm.dense._panel_rows`). Panels the caches hold
+    (:func:`panel_bytes`, at least :data:`DENSE_MIN_ROWS` rows) save writing the product
+    (with a ``second`` MatMul, also the epilogue's result) to memory and reading it back;
+    but the BLAS re-packs the weights (``B``, and ``V``) on every call and slows down
+    several-fold on panels of a few hundred rows, so weights larger than a panel get one
+    panel of all rows: as much traffic as unfused, the steps fewer. So a legal epilogue
+    always pays; this says how."""
     y, b = dense.outputs[0], dense.inputs[1]
     item = y.dtype.itemsize
     cols = _last(y)
     batched = len(b.shape or ()) > 2
     rows = _dim(y, -2) if batched else numel(y) / max(cols, 1)
-    matrices = numel(y) / max(rows * cols, 1)
-    mb = max(DENSE_MIN_ROWS, panel_bytes(spec) // max(int(cols * item), 1))
-    panels = max(1.0, -(-rows // mb))
-    bw = spec.mem_bandwidth_gbs * 1e9
-    saved = 2 * numel(y) * item / bw + spec.launch_overhead_us * 1e-6
-    extra = 0.0
-    for w in [b] + ([second.inputs[1]] if second is not None else []):
-        per_matrix = nbytes(w) / max(numel(w) / max(_dim(w, -2) * _last(w), 1), 1)
-        w_bw = bw * (LLC_SPEEDUP if nbytes(w) <= spec.l3_bytes else 1.0)
-        extra += matrices * (panels - 1) * per_matrix / w_bw
-    if second is not None:
-        saved += 2 * numel(second.inputs[0]) * item / bw + spec.launch_overhead_us * 1e-6
-    return saved > extra, (
-        f"panels of {int(min(mb, rows))} rows: saves {saved * 1e6:.1f} us of traffic and "
-        f"{2 if second is not None else 1} step(s), re-reads the weights for {extra * 1e6:.1f} us"
+    depth = _dim(b, -2) + (_last(second.inputs[1]) if second is not None else 0.0)
+    steps = 2 if second is not None else 1
+    if depth * cols * item > panel_bytes(spec):
+        return int(
+            rows
+        ), f"one panel (weights too large to re-pack per panel): {steps} step(s) fewer"
+    mb = int(max(1, min(max(DENSE_MIN_ROWS, panel_bytes(spec) // max(int(cols * item), 1)), rows)))
+    saved = numel(y) * item * steps
+    return (
+        mb,
+        f"panels of {mb} rows: {2 * saved / 2**20:.1f} MiB less traffic, {steps} step(s) fewer",
     )
 
 

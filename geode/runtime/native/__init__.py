@@ -69,6 +69,9 @@ call_chain = _ext.call_chain
 #: wait on each other, so they run on as many threads at once, on the pool (waiting for it if
 #: another thread's job holds it) or, from inside a pool job, on short-lived threads.
 blas_share_pool = _ext.blas_share_pool
+#: ``release_scratch()``: free the calling thread's scratch buffers (a pool worker's are
+#: freed when it stops, e.g. on :func:`set_num_threads`)
+release_scratch = _ext.release_scratch
 
 __all__ = [
     "MAX_THREADS",
@@ -78,6 +81,7 @@ __all__ = [
     "call_chain",
     "get_num_threads",
     "pool_info",
+    "release_scratch",
     "set_num_threads",
     "symbols",
 ]
@@ -103,12 +107,15 @@ def pool_info() -> dict[str, int]:
     before sleeping), ``workers_running`` (worker threads alive), ``launches`` (jobs run on
     the pool) and ``inline_runs`` (calls run serially on their caller: nested, concurrent
     with another job, one thread or one chunk); ``blas_pool_runs`` and ``blas_thread_runs``
-    count OpenBLAS calls whose jobs ran on the pool and on short-lived threads."""
+    count OpenBLAS calls whose jobs ran on the pool and on short-lived threads;
+    ``scratch_bytes`` the bytes every thread's scratch buffers hold (:func:`symbols`)."""
     return _ext.pool_info()
 
 
 def symbols() -> dict[str, int]:
     """Return the runtime's C functions for JIT code as ``{name: address}``:
-    ``geode_parallel_for`` and ``geode_num_threads`` (register them with
-    ``llvmlite.binding.add_symbol`` before compiling a module that declares them)."""
+    ``geode_parallel_for``, ``geode_num_threads`` and ``geode_scratch`` (``void
+    *geode_scratch(int64_t slot, int64_t bytes)``: the calling thread's buffer for ``slot``
+    (0 to 3), at least ``bytes`` long, 64-byte aligned, kept for its next call; NULL when
+    out of memory). JIT code links them by address."""
     return _ext.symbols()

@@ -32,7 +32,7 @@ PyDoc_STRVAR(get_num_threads_doc,
 PyDoc_STRVAR(pool_info_doc,
              "pool_info($module, /)\n--\n\n"
              "Return a dict: threads, spin_us, workers_running, launches, inline_runs,\n"
-             "blas_pool_runs, blas_thread_runs.");
+             "blas_pool_runs, blas_thread_runs, scratch_bytes.");
 
 PyDoc_STRVAR(symbols_doc,
              "symbols($module, /)\n--\n\n"
@@ -81,21 +81,23 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
     uint64_t blas_pool = 0, blas_threads = 0;
     geode_pool_get_stats(&s);
     geode_blas_stats(&blas_pool, &blas_threads);
-    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K}", "threads", (long long)s.threads,
+    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:L}", "threads", (long long)s.threads,
                          "spin_us", (long long)s.spin_us, "workers_running",
                          (long long)s.workers_running, "launches", (unsigned long long)s.launches,
                          "inline_runs", (unsigned long long)s.inline_runs, "blas_pool_runs",
                          (unsigned long long)blas_pool, "blas_thread_runs",
-                         (unsigned long long)blas_threads);
+                         (unsigned long long)blas_threads, "scratch_bytes",
+                         (long long)geode_scratch_held());
 }
 
 static PyObject *py_symbols(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    return Py_BuildValue("{s:N,s:N}", "geode_parallel_for",
+    return Py_BuildValue("{s:N,s:N,s:N}", "geode_parallel_for",
                          PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_num_threads",
-                         PyLong_FromVoidPtr((void *)&geode_num_threads));
+                         PyLong_FromVoidPtr((void *)&geode_num_threads), "geode_scratch",
+                         PyLong_FromVoidPtr((void *)&geode_scratch));
 }
 
 PyDoc_STRVAR(blas_share_pool_doc,
@@ -123,6 +125,18 @@ static PyObject *py_blas_share_pool(PyObject *module, PyObject *const *args, Py_
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(release_scratch_doc,
+             "release_scratch($module, /)\n--\n\n"
+             "Free the calling thread's scratch buffers (kernels keep them between calls).");
+
+static PyObject *py_release_scratch(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    geode_scratch_release();
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_max_slot_chunks(PyObject *module, PyObject *arg)
 {
     (void)module;
@@ -141,6 +155,7 @@ static PyMethodDef methods[] = {
     {"symbols", py_symbols, METH_NOARGS, symbols_doc},
     {"blas_share_pool", (PyCFunction)(void (*)(void))py_blas_share_pool, METH_FASTCALL,
      blas_share_pool_doc},
+    {"release_scratch", py_release_scratch, METH_NOARGS, release_scratch_doc},
     {"_set_max_slot_chunks", py_set_max_slot_chunks, METH_O, set_max_slot_chunks_doc},
     {NULL, NULL, 0, NULL},
 };

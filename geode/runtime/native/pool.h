@@ -36,6 +36,12 @@ void geode_blas_follow_pool(int64_t n);
 void geode_blas_share_pool(void (*set_callback)(void *), void (*set_threads)(int));
 void geode_blas_stats(uint64_t *pool_runs, uint64_t *thread_runs);
 
+/* scratch.c: a per-thread buffer for slot `slot` (0..3) of at least `bytes` bytes, 64-byte
+   aligned, kept for the thread's next call (NULL when out of memory). */
+GEODE_EXPORT void *geode_scratch(int64_t slot, int64_t bytes);
+void geode_scratch_release(void);  /* frees the calling thread's buffers */
+int64_t geode_scratch_held(void);  /* bytes held by every thread's buffers */
+
 /* Internal API for the Python module. */
 typedef struct {
     int64_t threads;

@@ -30,8 +30,10 @@ epilogue threading each. Each panel::
     epilogue(S, its inputs' panels)     (writes its outputs' panels; with V: into scratch P)
     O_t[p0:p0+rows] = P @ V_t           (with V)
 
-A panel that cannot allocate its scratch reports :data:`NO_MEMORY`; an epilogue status
-``s``, :data:`EPILOGUE_STATUS` ``+ s``.
+The panels live in the thread's scratch buffers (``geode_scratch``, kept between calls: a
+fresh allocation per call would fault its pages in every time). A panel that cannot get
+its scratch reports :data:`NO_MEMORY`; an epilogue status ``s``, :data:`EPILOGUE_STATUS`
+``+ s``.
 """
 
 from __future__ import annotations
@@ -258,16 +260,22 @@ def _check_ext(w: _Writer, sp: DenseSpec, recs: list, s: dict) -> list[list[str]
     return brows
 
 
-def _panel_rows(w: _Writer, sp: DenseSpec, m: str, n: str, item: int) -> str:
-    """``max(min_rows, panel_bytes / (N * item))`` clamped to ``[1, M]`` (``M`` when N is 0)."""
+def _panel_rows(w: _Writer, sp: DenseSpec, s: dict, item: int) -> str:
+    """Rows per panel, in ``[1, max(M, 1)]``: ``panel_bytes / (N * item)`` rows (at least
+    ``min_rows``), a panel the caches hold, when the weights are small enough to re-pack
+    for every panel (``(K + D) x N x item <= panel_bytes``); else all rows in one panel
+    (the BLAS re-packs large weights for every call, and slows down several-fold on panels
+    of a few hundred rows: ``docs/performance.md``). All rows when N is 0."""
+    m, n = s["M"], s["N"]
     nz = w.eq(n, 0)
-    row_bytes = w.tmp(f"mul i64 {n}, {item}")
-    fit = w.tmp(f"udiv i64 {sp.panel_bytes}, {w.tmp(f'select i1 {nz}, i64 1, i64 {row_bytes}')}")
-    big = w.tmp(f"icmp ugt i64 {fit}, {sp.min_rows}")
-    mb = w.tmp(f"select i1 {big}, i64 {fit}, i64 {sp.min_rows}")
-    mb = w.tmp(f"select i1 {nz}, i64 {m}, i64 {mb}")
-    mb = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {m}, {mb}')}, i64 {m}, i64 {mb}")
-    return w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {mb}, 1')}, i64 1, i64 {mb}")
+    row_bytes = w.op("mul", n, item)
+    fit = w.op("udiv", sp.panel_bytes, w.tmp(f"select i1 {nz}, i64 1, i64 {row_bytes}"))
+    mb = w.tmp(f"select i1 {w.op('icmp ugt', fit, sp.min_rows)}, i64 {fit}, i64 {sp.min_rows}")
+    weights = w.op("mul", w.op("mul", w.op("add", s["K"], s["D"]), n), item)
+    large = w.op("icmp ugt", weights, sp.panel_bytes)
+    mb = w.tmp(f"select i1 {w.op('or', nz, large, 'i1')}, i64 {m}, i64 {mb}")
+    mb = w.tmp(f"select i1 {w.op('icmp ult', m, mb)}, i64 {m}, i64 {mb}")
+    return w.tmp(f"select i1 {w.op('icmp ult', mb, 1)}, i64 1, i64 {mb}")
 
 
 def _entry(sp: DenseSpec, item: int) -> list[str]:
@@ -283,7 +291,7 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     as_int = [w.tmp(f"ptrtoint ptr {p} to i64") for p in ptrs]
     v = as_int[2] if sp.v_rank else "0"
     o = as_int[-1] if sp.v_rank else "0"
-    mb = _panel_rows(w, sp, s["M"], s["N"], item)
+    mb = _panel_rows(w, sp, s, item)
     left = w.tmp(f"add i64 {s['M']}, {w.tmp(f'sub i64 {mb}, 1')}")
     panels = w.tmp(f"udiv i64 {left}, {mb}")
     total = w.tmp(f"mul i64 {s['T']}, {panels}")
@@ -419,8 +427,6 @@ def _epilogue_args(w: _Writer, sp: DenseSpec, v: dict[str, str], off: dict[str, 
 
 def _fail(w: _Writer, v: dict[str, str], status: str) -> None:
     w.put("%ctx", _STATUS, status)
-    w.emit(f"  call void @free(ptr {v['s1']})")
-    w.emit(f"  call void @free(ptr {v['s2']})")
     w.emit("  ret void")
 
 
@@ -460,8 +466,8 @@ def _chunk(sp: DenseSpec, lib: Blas, item: int) -> list[str]:
     pb = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['B']}, i64 {b_el}")
     panel = w.op("mul", w.op("mul", v["rows"], v["N"]), item)
     size = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {panel}, 64')}, i64 64, i64 {panel}")
-    v["s1"] = w.tmp(f"call ptr @malloc(i64 {size})")
-    v["s2"] = w.tmp(f"call ptr @malloc(i64 {size})") if sp.v_rank else "null"
+    v["s1"] = w.tmp(f"call ptr @geode_scratch(i64 0, i64 {size})")
+    v["s2"] = w.tmp(f"call ptr @geode_scratch(i64 1, i64 {size})") if sp.v_rank else "null"
     ok = w.tmp(f"icmp ne ptr {v['s1']}, null")
     if sp.v_rank:
         ok = w.op("and", ok, w.op("icmp ne", v["s2"], "null", "ptr"), "i1")
@@ -492,8 +498,6 @@ def _chunk(sp: DenseSpec, lib: Blas, item: int) -> list[str]:
     w.label("good")
     if sp.v_rank:
         _second_gemm(w, sp, lib, v, ptr, off, item)
-    w.emit(f"  call void @free(ptr {v['s1']})")
-    w.emit(f"  call void @free(ptr {v['s2']})")
     w.emit("  ret void")
     head = [f"define internal void @{sp.name}.chunk(ptr %ctx, i64 %c, i64 %n) {{", "entry:"]
     return head + w.lines + ["}"]
@@ -537,8 +541,7 @@ def dense_ir(sp: DenseSpec, lib: Blas) -> str:
         f"{it}, ptr, {it}, {ty}, ptr, {it}) nounwind",
         f"declare i32 @{sp.epilogue}(ptr, ptr, ptr)",
         "declare void @geode_parallel_for(ptr, ptr, i64, i64)",
-        "declare ptr @malloc(i64)",
-        "declare void @free(ptr)",
+        "declare ptr @geode_scratch(i64, i64)",
         "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)",
     ]
     body = _chunk(sp, lib, item) + _entry(sp, item)
