@@ -731,32 +731,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser for every subcommand."""
-    from geode import __version__
-
-    p = _Parser(
-        prog="geode",
-        description="geode: a fusion compiler for deep-learning graphs",
-        epilog="MODEL is an .onnx file or builtin:NAME. Environment: GEODE_DEBUG=1..4, "
-        "GEODE_DUMP_DIR=dir, GEODE_PROGRESS=auto|1|0, GEODE_CACHE_DIR (see geode/config.py).",
-    )
-    p.add_argument("--version", action="version", version=f"geode {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-
-    r = sub.add_parser(
-        "run",
-        help="compile and run a model once; print or save its outputs",
-        description="Compile MODEL, run it once on the given inputs (random ones of the right "
-        "dtypes by default) and print each output's shape, dtype and min/max/mean.",
-    )
-    _common(r)
-    for flags, kw in (_INPUT, _SHAPE, _SEED):
-        r.add_argument(*flags, **kw)
-    r.add_argument("-o", "--output", metavar="OUT.npz", help="save the outputs to this .npz file")
-    r.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
-    r.set_defaults(func=cmd_run)
-
+def _add_bench(sub: Any) -> None:
+    """The ``bench`` subcommand's parser."""
     b = sub.add_parser(
         "bench",
         help="time a model against onnxruntime (interleaved rounds, paired ratios)",
@@ -806,6 +782,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="also time each step of geode's plan and list the K slowest",
     )
     b.set_defaults(func=cmd_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    from geode import __version__
+
+    p = _Parser(
+        prog="geode",
+        description="geode: a fusion compiler for deep-learning graphs",
+        epilog="MODEL is an .onnx file or builtin:NAME. Environment: GEODE_DEBUG=1..4, "
+        "GEODE_DUMP_DIR=dir, GEODE_PROGRESS=auto|1|0, GEODE_CACHE_DIR (see geode/config.py).",
+    )
+    p.add_argument("--version", action="version", version=f"geode {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    r = sub.add_parser(
+        "run",
+        help="compile and run a model once; print or save its outputs",
+        description="Compile MODEL, run it once on the given inputs (random ones of the right "
+        "dtypes by default) and print each output's shape, dtype and min/max/mean.",
+    )
+    _common(r)
+    for flags, kw in (_INPUT, _SHAPE, _SEED):
+        r.add_argument(*flags, **kw)
+    r.add_argument("-o", "--output", metavar="OUT.npz", help="save the outputs to this .npz file")
+    r.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
+    r.set_defaults(func=cmd_run)
+
+    _add_bench(sub)
 
     e = sub.add_parser(
         "explain",
