@@ -271,11 +271,21 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _load() -> float:
+    """The one-minute load average (nan where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return float("nan")
+
+
 def _report(args: argparse.Namespace, runs: list[ModelRun]) -> str:
     results = [r for run in runs for r in run.results]
     text = [
         f"threads {args.threads}, {args.rounds} interleaved rounds; "
-        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"load average {args.load_before:.2f} before, {_load():.2f} after (other processes "
+        "on the cores slow geode and onnxruntime unequally: compare runs at low load)",
         "",
         benchmark.results_table(results),
         "",
@@ -300,6 +310,7 @@ def _save_json(path: str, args: argparse.Namespace, runs: list[ModelRun]) -> Non
         "threads": args.threads,
         "rounds": args.rounds,
         "machine": {"arch": platform.machine(), "cores": os.cpu_count()},
+        "load_average": {"before": args.load_before, "after": _load()},
         "results": [r.as_dict() for r in results],
         "compile": [run.compiled.as_dict() for run in runs],
         "geomean_speedup": benchmark.geomean([1 / x for x in ratios]) if ratios else None,
@@ -316,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the tables; 1 when an output is off by more than
     1e-3 relative, 2 when torch is missing."""
     args = _parse_args(argv)
+    args.load_before = _load()
     try:  # before geode runs anything: torch keeps its own OpenMP runtime
         import torch
     except ImportError as exc:

@@ -59,6 +59,8 @@ def test_smoke_run_of_the_lstm_cell_at_batch_1(tmp_path) -> None:
     assert (onnx_dir / "lstm_cell.onnx").is_file()
     doc = json.loads(out_json.read_text())
     assert doc["threads"] == 1 and doc["rounds"] == 2
+    assert set(doc["load_average"]) == {"before", "after"}
+    assert re.search(r"load average [\d.]+ before, [\d.]+ after", out), out
     assert [(r["model"], r["size"]) for r in doc["results"]] == [("lstm_cell", "small 1x256")]
     assert doc["results"][0]["ratio"] == pytest.approx(ratio, abs=0.01)
     assert doc["compile"][0]["geode_compile_s"] > 0
