@@ -36,7 +36,10 @@ issue's batch 64 as its large size; ``nn.LSTM`` runs the issue's 32 steps at bot
 the Mixer's token count is fixed by its token-mixing weights.
 
 numpy's BLAS (behind geode's MatMul) reads ``OPENBLAS_NUM_THREADS`` when numpy loads:
-set it in the environment for a ``--threads`` other than the machine's core count.
+set it in the environment for a ``--threads`` other than the machine's core count. Its
+threads and geode's pool share the cores: with other processes on them, the default
+(a BLAS thread per core) made geode's small models 10-100x slower (see the report
+header's load average; ``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -285,7 +288,8 @@ def _report(args: argparse.Namespace, runs: list[ModelRun]) -> str:
         f"threads {args.threads}, {args.rounds} interleaved rounds; "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"load average {args.load_before:.2f} before, {_load():.2f} after (other processes "
-        "on the cores slow geode and onnxruntime unequally: compare runs at low load)",
+        "on the cores slow geode and onnxruntime unequally: compare runs at low load); "
+        f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset (all cores)')}",
         "",
         benchmark.results_table(results),
         "",
@@ -311,6 +315,7 @@ def _save_json(path: str, args: argparse.Namespace, runs: list[ModelRun]) -> Non
         "rounds": args.rounds,
         "machine": {"arch": platform.machine(), "cores": os.cpu_count()},
         "load_average": {"before": args.load_before, "after": _load()},
+        "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "results": [r.as_dict() for r in results],
         "compile": [run.compiled.as_dict() for run in runs],
         "geomean_speedup": benchmark.geomean([1 / x for x in ratios]) if ratios else None,
