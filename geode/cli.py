@@ -417,11 +417,14 @@ def save_npz(path: Path, outputs: dict[str, np.ndarray], force: bool) -> None:
 
 
 # -- subcommands ------------------------------------------------------------------------------
-def _prepare(args: argparse.Namespace) -> tuple[Loaded, Any, float, dict[str, np.ndarray]]:
-    """Parse the model arguments, compile, and make the inputs."""
+def _prepare(
+    args: argparse.Namespace, **extra: str
+) -> tuple[Loaded, Any, float, dict[str, np.ndarray]]:
+    """Parse the model arguments, compile (with the ``--option`` options and ``extra``),
+    and make the inputs."""
     shapes = parse_shapes(getattr(args, "shape", None) or [])
     files = parse_input_files(getattr(args, "input", None) or [])
-    options = parse_options(args.option or [])
+    options = {**parse_options(args.option or []), **extra}
     loaded = load_model(args.model)
     model, compile_s = compile_model(loaded, options)
     feeds = make_feeds(model.plan.inputs, shapes, files, np.random.default_rng(args.seed))
@@ -468,9 +471,10 @@ def _size_text(feeds: dict[str, np.ndarray]) -> str:
     )
 
 
-def _random_note(feeds: dict[str, np.ndarray], files: dict[str, str]) -> str:
-    """What the random inputs hold ('' when every input came from a file)."""
-    kinds = {v.dtype.kind for k, v in feeds.items() if k not in files}
+def _random_note(feeds: dict[str, np.ndarray], inputs: Sequence[str]) -> str:
+    """What the random inputs hold ('' when every input came from an ``--input`` file)."""
+    given = {item.partition("=")[0] for item in inputs}
+    kinds = {v.dtype.kind for k, v in feeds.items() if k not in given}
     parts = []
     if kinds & set("fc"):
         parts.append("floats standard normal")
@@ -519,16 +523,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from geode import benchmark, config
     from geode.progress import progress_bar
 
-    shapes = parse_shapes(args.shape or [])
-    files = parse_input_files(args.input or [])
     options = parse_options(args.option or [])
     if "num_threads" in options:
         raise CLIError("give the thread count with --threads, not --option num_threads")
-    options["num_threads"] = str(args.threads)
     setting = config.current(**options).progress
-    loaded = load_model(args.model)
-    model, compile_s = compile_model(loaded, options)
-    feeds = make_feeds(model.plan.inputs, shapes, files, np.random.default_rng(args.seed))
+    loaded, model, compile_s, feeds = _prepare(args, num_threads=str(args.threads))
     t0 = time.perf_counter()
     model.run(feeds)
     compiled = benchmark.CompileTime(Path(loaded.label).stem, compile_s, time.perf_counter() - t0)
@@ -547,7 +546,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
     systems = "geode, onnxruntime" if ort_run is not None else "geode alone"
     print(f"model {loaded.label}: {model.signature}")
-    print(f"inputs: {describe_feeds(feeds)}{_random_note(feeds, files)}")
+    print(f"inputs: {describe_feeds(feeds)}{_random_note(feeds, args.input or [])}")
     print(
         f"threads {args.threads}; {max(1, args.warmup)} warm-up call(s) each, then "
         f"{args.rounds} interleaved rounds ({systems}); times are medians over rounds"

@@ -453,6 +453,14 @@ def test_bench_int_inputs_are_announced(capsys, in_process, tmp_path):
         assert float(row.group(8)) < 1e-6, out
 
 
+def test_bench_inputs_from_files_are_not_called_random(capsys, in_process, onnx_file, tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
+    argv = ["bench", str(onnx_file), "--input", f"x={tmp_path / 'x.npy'}", "--rounds", "1"]
+    assert cli.main([*argv, "--no-compare-ort"]) == 0
+    out = capsys.readouterr().out
+    assert "inputs: x float32[4, 16]\n" in out, out
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
