@@ -276,12 +276,13 @@ class StepTime:
     seconds: float
 
 
-def step_profile(model: Any, feeds: Mapping[str, np.ndarray], runs: int = 10) -> list[StepTime]:
+def step_profile(model: Any, feeds: Mapping[str, np.ndarray], runs: int = 20) -> list[StepTime]:
     """Each step of a compiled model's plan timed over ``runs`` runs on ``feeds`` (after as
-    many untimed ones: another library's spinning threads settle, caches warm up),
-    slowest first. The steps run in a private executor of a copy of the plan, so the
-    model itself is untouched; steps the executor skips on repeated runs (shape
-    arithmetic remembered per input shapes) show zero."""
+    many untimed ones: another library's spinning threads settle, caches warm up), as the
+    median of its times per run (a run the scheduler slowed does not count), slowest
+    first. The steps run in a private executor of a copy of the plan, so the model itself
+    is untouched; steps the executor skips on repeated runs (shape arithmetic remembered
+    per input shapes) show zero."""
     from geode.runtime.executor import Executor
 
     spent = [0.0] * len(model.plan.steps)
@@ -300,11 +301,15 @@ def step_profile(model: Any, feeds: Mapping[str, np.ndarray], runs: int = 10) ->
     executor = Executor(dataclasses.replace(model.plan, steps=steps), model.var_manager)
     for _ in range(max(1, runs)):
         executor.run(feeds)
-    spent[:] = [0.0] * len(spent)
-    for _ in range(runs):
+    per_run = []
+    for _ in range(max(1, runs)):
+        spent[:] = [0.0] * len(spent)
         executor.run(feeds)
+        per_run.append(list(spent))
+    medians = np.median(np.asarray(per_run), axis=0)
     out = [
-        StepTime(s.name, s.engine, s.label, spent[k] / runs) for k, s in enumerate(model.plan.steps)
+        StepTime(s.name, s.engine, s.label, float(medians[k]))
+        for k, s in enumerate(model.plan.steps)
     ]
     return sorted(out, key=lambda s: -s.seconds)
 
