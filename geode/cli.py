@@ -6,8 +6,10 @@ Subcommands, in the style of onnxruntime_perf_test and tvmc:
   compiles and runs a model once: random inputs of the right dtypes unless
   ``--input`` files are given; prints each output's shape, dtype and min/max/mean,
   or saves all outputs to an ``.npz`` file;
-* ``geode bench MODEL [--warmup N] [--repeat K] [--compare-ort]``: min/median/max
-  latency, side by side with onnxruntime when it is installed;
+* ``geode bench MODEL [--shape x=1x32 ...] [--threads N] [--rounds R] [--profile K]``:
+  geode against onnxruntime at the same thread count in interleaved rounds (see
+  :mod:`geode.benchmark`): median times, the per-round ratio's median and IQR, the
+  outputs' relative difference, compile times; geode alone without onnxruntime;
 * ``geode explain MODEL [--dot FILE.dot [--force]]``: engines and partitions, fusion
   groups with the reason for each decision, kernels with their ops and cost estimates;
 * ``geode dump MODEL -d DIR [--llvm]``: every compile stage as files (what
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import logging
 import math
 import os
@@ -46,6 +47,9 @@ from geode.costmodel.sol import format_bytes
 from geode.errors import GeodeError
 
 BUILTIN_PREFIX = "builtin:"
+#: random integer inputs are drawn from [0, RANDOM_INT_HIGH): valid token ids and indices
+#: for any table of at least this many rows
+RANDOM_INT_HIGH = 4
 
 
 class CLIError(GeodeError):
@@ -160,17 +164,22 @@ def parse_options(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """``--shape name:2,128`` items as name -> shape (``name:`` is a scalar)."""
+    """``--shape`` items as name -> shape: ``name:2,128`` or ``name=2x128`` (dims separated
+    by ``,`` or ``x`` in either form; ``name:`` or ``name=`` is a scalar)."""
     out: dict[str, tuple[int, ...]] = {}
     for item in items:
-        name, colon, dims = item.rpartition(":")
-        if not colon or not name:
-            raise CLIError(f"bad --shape {item!r}: expected NAME:D1,D2,... (e.g. x:2,128)")
+        name, sep, dims = item.rpartition(":") if ":" in item else item.rpartition("=")
+        if not sep or not name:
+            raise CLIError(
+                f"bad --shape {item!r}: expected NAME:D1,D2,... or NAME=D1xD2... "
+                "(e.g. x:2,128 or x=2x128)"
+            )
         try:
-            shape = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
+            parts = dims.replace("x", ",").split(",")
+            shape = tuple(int(d) for d in parts) if dims.strip() else ()
         except ValueError:
             raise CLIError(
-                f"bad --shape {item!r}: dims must be integers, e.g. {name}:2,128"
+                f"bad --shape {item!r}: dims must be integers, e.g. {name}:2,128 or {name}=2x128"
             ) from None
         if any(d < 0 for d in shape):
             raise CLIError(f"bad --shape {item!r}: dims must be >= 0")
@@ -223,7 +232,7 @@ def random_array(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ..
         if dtype == np.bool_:
             return rng.integers(0, 2, shape).astype(np.bool_)
         if dtype.kind in "iu":
-            return rng.integers(0, 4, shape).astype(dtype)
+            return rng.integers(0, RANDOM_INT_HIGH, shape).astype(dtype)
         if dtype.kind == "c":
             return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
         if dtype.kind == "f":
@@ -408,11 +417,14 @@ def save_npz(path: Path, outputs: dict[str, np.ndarray], force: bool) -> None:
 
 
 # -- subcommands ------------------------------------------------------------------------------
-def _prepare(args: argparse.Namespace) -> tuple[Loaded, Any, float, dict[str, np.ndarray]]:
-    """Parse the model arguments, compile, and make the inputs."""
+def _prepare(
+    args: argparse.Namespace, **extra: str
+) -> tuple[Loaded, Any, float, dict[str, np.ndarray]]:
+    """Parse the model arguments, compile (with the ``--option`` options and ``extra``),
+    and make the inputs."""
     shapes = parse_shapes(getattr(args, "shape", None) or [])
     files = parse_input_files(getattr(args, "input", None) or [])
-    options = parse_options(args.option or [])
+    options = {**parse_options(args.option or []), **extra}
     loaded = load_model(args.model)
     model, compile_s = compile_model(loaded, options)
     feeds = make_feeds(model.plan.inputs, shapes, files, np.random.default_rng(args.seed))
@@ -444,107 +456,111 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _time_runs(
-    fn: Callable[[], Any], warmup: int, repeat: int, desc: str, setting: str
-) -> list[float]:
-    from geode.progress import progress_bar
-
-    times: list[float] = []
-    with progress_bar(warmup + repeat, desc, setting, unit="run") as bar:
-        for _ in range(warmup):
-            fn()
-            bar.update()
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-            bar.update()
-    return times
+def usable_cores() -> int:
+    """The number of cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
-def _ort_session(loaded: Loaded) -> Any:
-    import onnxruntime as ort
+def _size_text(feeds: dict[str, np.ndarray]) -> str:
+    """``x=8x16, mask=8x16`` (``x=scalar`` for a 0-d input)."""
+    return ", ".join(
+        f"{k}={'x'.join(map(str, v.shape)) if v.ndim else 'scalar'}" for k, v in feeds.items()
+    )
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(loaded.onnx_bytes(), so, providers=["CPUExecutionProvider"])
+
+def _random_note(feeds: dict[str, np.ndarray], inputs: Sequence[str]) -> str:
+    """What the random inputs hold ('' when every input came from an ``--input`` file)."""
+    given = {item.partition("=")[0] for item in inputs}
+    kinds = {v.dtype.kind for k, v in feeds.items() if k not in given}
+    parts = []
+    if kinds & set("fc"):
+        parts.append("floats standard normal")
+    if kinds & set("iu"):
+        parts.append(
+            f"ints uniform in [0, {RANDOM_INT_HIGH}) (valid ids for any table of >= 4 rows)"
+        )
+    if "b" in kinds:
+        parts.append("bools uniform")
+    return f" (random: {', '.join(parts)}; give real data with --input)" if parts else ""
+
+
+def _ort_for_bench(args: argparse.Namespace, loaded: Loaded, feeds: dict) -> tuple[Any, Any]:
+    """onnxruntime's runner on ``feeds`` and its :class:`CompileTime` part, or (None, None)
+    when it is not compared (not installed, --no-compare-ort, or it rejects the model)."""
+    from geode import benchmark
+
+    if args.compare_ort is False:
+        return None, None
+    if not benchmark.have_onnxruntime():
+        if args.compare_ort:
+            raise CLIError("--compare-ort: onnxruntime is not installed (pip install onnxruntime)")
+        note("onnxruntime is not installed: timing geode alone (pip install onnxruntime)")
+        return None, None
+    try:
+        t0 = time.perf_counter()
+        sess = benchmark.ort_session(loaded.onnx_bytes(), args.threads)
+        session_s = time.perf_counter() - t0
+        run = benchmark.ort_runner(sess, feeds)
+        t0 = time.perf_counter()
+        run()
+        return run, (session_s, time.perf_counter() - t0)
+    except GeodeError:
+        raise
+    except Exception as exc:  # onnxruntime rejects the model: report, keep geode's numbers
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if args.compare_ort:
+            raise CLIError(f"onnxruntime cannot run {loaded.label}: {first}") from None
+        note(f"onnxruntime cannot run this model, timing geode alone: {first}")
+        return None, None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Time a compiled model (and onnxruntime on the same inputs, when installed)."""
-    from geode import config
+    """Time a compiled model against onnxruntime in interleaved rounds (see
+    :mod:`geode.benchmark`); geode alone when onnxruntime is not compared."""
+    from geode import benchmark, config
+    from geode.progress import progress_bar
 
-    if args.warmup < 0 or args.repeat < 1:
-        raise CLIError("--warmup must be >= 0 and --repeat >= 1")
-    have_ort = importlib.util.find_spec("onnxruntime") is not None
-    if args.compare_ort and not have_ort:
-        raise CLIError("--compare-ort: onnxruntime is not installed (pip install onnxruntime)")
-    compare = have_ort if args.compare_ort is None else args.compare_ort
-    loaded, model, compile_s, feeds = _prepare(args)
-    setting = config.current(**parse_options(args.option or [])).progress
-    rows: list[tuple[str, list[float]]] = []
-    rows.append(
-        (
-            "geode",
-            _time_runs(
-                lambda: model.run(feeds), args.warmup, args.repeat, "geode: bench geode", setting
-            ),
+    options = parse_options(args.option or [])
+    if "num_threads" in options:
+        raise CLIError("give the thread count with --threads, not --option num_threads")
+    setting = config.current(**options).progress
+    loaded, model, compile_s, feeds = _prepare(args, num_threads=str(args.threads))
+    t0 = time.perf_counter()
+    model.run(feeds)
+    compiled = benchmark.CompileTime(Path(loaded.label).stem, compile_s, time.perf_counter() - t0)
+    ort_run, ort_start = _ort_for_bench(args, loaded, feeds)
+    if ort_start is not None:
+        compiled.ort_session_s, compiled.ort_first_s = ort_start
+    with progress_bar(args.rounds, "geode: bench", setting, unit="round") as bar:
+        res = benchmark.compare(
+            compiled.model,
+            _size_text(feeds),
+            lambda: model.run(feeds),
+            ort_run,
+            args.rounds,
+            args.warmup,
+            on_round=bar.update,
         )
-    )
-    ours = model.run(feeds)
-    theirs: dict[str, np.ndarray] | None = None
-    if compare:
-        try:
-            sess = _ort_session(loaded)
-            names = [o.name for o in sess.get_outputs()]
-            ort_feeds = {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}}
-            rows.append(
-                (
-                    "onnxruntime",
-                    _time_runs(
-                        lambda: sess.run(None, ort_feeds),
-                        args.warmup,
-                        args.repeat,
-                        "geode: bench onnxruntime",
-                        setting,
-                    ),
-                )
-            )
-            theirs = dict(zip(names, sess.run(None, ort_feeds)))
-        except GeodeError:
-            raise
-        except Exception as exc:  # onnxruntime rejects the model: report, keep geode's numbers
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            if args.compare_ort:
-                raise CLIError(f"onnxruntime cannot run {loaded.label}: {first}") from None
-            note(f"onnxruntime cannot run this model, no comparison: {first}")
+    systems = "geode, onnxruntime" if ort_run is not None else "geode alone"
     print(f"model {loaded.label}: {model.signature}")
-    print(f"inputs: {describe_feeds(feeds)}")
-    print(f"compile {compile_s * 1e3:.1f} ms; warm-up {args.warmup}, repeat {args.repeat}")
-    print(f"{'engine':<14}{'min ms':>12}{'median ms':>12}{'max ms':>12}")
-    med: dict[str, float] = {}
-    for name, ts in rows:
-        a = np.asarray(ts) * 1e3
-        med[name] = float(np.median(a))
-        print(f"{name:<14}{a.min():>12.4f}{med[name]:>12.4f}{a.max():>12.4f}")
-    if "onnxruntime" in med:
-        ratio = med["onnxruntime"] / med["geode"] if med["geode"] > 0 else float("inf")
-        verdict = "geode faster" if ratio > 1 else "onnxruntime faster" if ratio < 1 else "even"
-        print(f"onnxruntime / geode (median): {ratio:.2f}x ({verdict})")
-        if theirs is not None:
-            diffs = [
-                float(
-                    np.max(
-                        np.abs(np.asarray(ours[k], np.float64) - np.asarray(theirs[k], np.float64))
-                    )
-                )
-                for k in ours
-                if k in theirs and np.asarray(ours[k]).size and ours[k].dtype.kind in "iuf"
-            ]
-            if diffs:
-                print(f"max |geode - onnxruntime| over outputs: {max(diffs):.3g}")
-    elif not compare:
-        print("(no onnxruntime comparison: not installed or --no-compare-ort)")
+    print(f"inputs: {describe_feeds(feeds)}{_random_note(feeds, args.input or [])}")
+    print(
+        f"threads {args.threads}; {max(1, args.warmup)} warm-up call(s) each, then "
+        f"{args.rounds} interleaved rounds ({systems}); times are medians over rounds"
+    )
+    print()
+    print(benchmark.results_table([res]))
+    print()
+    print(benchmark.compile_table([compiled]))
+    print()
+    print(benchmark.summary([res]))
+    if args.profile:
+        steps = benchmark.step_profile(model, feeds)
+        print(f"\ngeode's {min(args.profile, len(steps))} slowest steps:")
+        print(benchmark.profile_table(steps, args.profile, res.geode_s))
     return 0
 
 
@@ -687,7 +703,7 @@ _SHAPE = (
     dict(
         action="append",
         metavar="NAME:D1,D2,...",
-        help="shape of a random input (sets its symbolic dims; default 1), e.g. x:2,128",
+        help="shape of a random input (sets its symbolic dims; default 1), e.g. x:2,128 or x=2x128",
     ),
 )
 _INPUT = (
@@ -712,6 +728,59 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a compile option of geode.config, e.g. fusion=0 or debug=2 (repeatable)",
     )
+
+
+def _add_bench(sub: Any) -> None:
+    """The ``bench`` subcommand's parser."""
+    b = sub.add_parser(
+        "bench",
+        help="time a model against onnxruntime (interleaved rounds, paired ratios)",
+        description="Compile MODEL and time it against onnxruntime at the same thread count: "
+        "warm-up calls, then interleaved rounds; prints the median times, the median and "
+        "interquartile range of the per-round ratio geode/ORT, the largest relative "
+        "difference of the outputs, and the compile times (geode alone when onnxruntime is "
+        "not installed). Random inputs: floats standard normal, ints in [0, 4).",
+    )
+    _common(b)
+    for flags, kw in (_INPUT, _SHAPE, _SEED):
+        b.add_argument(*flags, **kw)
+    b.add_argument(
+        "--threads",
+        type=_int_at_least(1),
+        default=usable_cores(),
+        metavar="N",
+        help="threads for geode and onnxruntime alike (default: the usable cores, "
+        f"{usable_cores()} here)",
+    )
+    b.add_argument(
+        "--rounds",
+        "--repeat",
+        type=_int_at_least(1),
+        default=10,
+        metavar="R",
+        help="interleaved rounds of timed calls (default 10)",
+    )
+    b.add_argument(
+        "--warmup",
+        type=_int_at_least(0),
+        default=3,
+        metavar="N",
+        help="untimed warm-up calls of each system (default 3; at least one is made)",
+    )
+    b.add_argument(
+        "--compare-ort",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time onnxruntime on the same inputs (default: when it is installed)",
+    )
+    b.add_argument(
+        "--profile",
+        type=_int_at_least(0),
+        default=0,
+        metavar="K",
+        help="also time each step of geode's plan and list the K slowest",
+    )
+    b.set_defaults(func=cmd_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -740,26 +809,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
     r.set_defaults(func=cmd_run)
 
-    b = sub.add_parser(
-        "bench",
-        help="time a model: min/median/max latency (vs onnxruntime)",
-        description="Compile MODEL and time it: warm-up runs, then timed runs, reporting "
-        "min/median/max latency; side by side with onnxruntime when it is installed.",
-    )
-    _common(b)
-    for flags, kw in (_INPUT, _SHAPE, _SEED):
-        b.add_argument(*flags, **kw)
-    b.add_argument(
-        "--warmup", type=int, default=5, metavar="N", help="untimed warm-up runs (default 5)"
-    )
-    b.add_argument("--repeat", type=int, default=50, metavar="K", help="timed runs (default 50)")
-    b.add_argument(
-        "--compare-ort",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also time onnxruntime on the same inputs (default: when it is installed)",
-    )
-    b.set_defaults(func=cmd_bench)
+    _add_bench(sub)
 
     e = sub.add_parser(
         "explain",

@@ -146,7 +146,7 @@ def test_run_shape_sets_symbolic_dims(onnx_file, capsys, in_process):
     ("args", "expected"),
     [
         (["run", "no/such/model.onnx"], "no/such/model.onnx: no such file"),
-        (["run", "builtin:layernorm", "--shape", "x=2,768"], "bad --shape 'x=2,768'"),
+        (["run", "builtin:layernorm", "--shape", "x2x768"], "bad --shape 'x2x768'"),
         (["run", "builtin:layernorm", "--input", "x.npy"], "bad --input 'x.npy'"),
     ],
     ids=["missing-file", "shape-syntax", "input-syntax"],
@@ -188,7 +188,10 @@ def test_errors_in_process(tmp_path, capsys, onnx_file, in_process):
             "missing.npy: no such file",
         ),
         (["run", "builtin:layernorm", "--option", "fusion"], "bad --option 'fusion'"),
-        (["bench", "builtin:layernorm", "--repeat", "0"], "--repeat >= 1"),
+        (
+            ["bench", "builtin:layernorm", "--option", "num_threads=1"],
+            "give the thread count with --threads",
+        ),
         (["dump", "builtin:layernorm", "-d", str(onnx_file)], "is not a directory"),
     ]
     (tmp_path / "d.npz").mkdir()
@@ -221,12 +224,29 @@ def test_errors_in_process(tmp_path, capsys, onnx_file, in_process):
             ["bench", "builtin:layernorm", "--seed", "x"],
             "argument --seed: invalid value 'x': expected an integer",
         ),
+        (
+            ["bench", "builtin:layernorm", "--rounds", "0"],
+            "argument --rounds/--repeat: invalid value '0': must be >= 1",
+        ),
+        (
+            ["bench", "builtin:layernorm", "--threads", "0"],
+            "argument --threads: invalid value '0': must be >= 1",
+        ),
         (["demo", "--batch", "0"], "argument --batch: invalid value '0': must be >= 1"),
         (["demo", "--batch", "-1"], "argument --batch: invalid value '-1': must be >= 1"),
         (["demo", "--hidden", "0"], "argument --hidden: invalid value '0': must be >= 1"),
         (["demo", "--repeat", "0"], "argument --repeat: invalid value '0': must be >= 1"),
     ],
-    ids=["seed-negative", "seed-text", "batch-0", "batch-negative", "hidden-0", "repeat-0"],
+    ids=[
+        "seed-negative",
+        "seed-text",
+        "bench-rounds-0",
+        "bench-threads-0",
+        "batch-0",
+        "batch-negative",
+        "hidden-0",
+        "repeat-0",
+    ],
 )
 def test_bad_numbers_are_usage_errors(capsys, argv, expected):
     """Negative seeds, empty demo sizes, zero repeats: argparse's one-line usage error."""
@@ -343,40 +363,131 @@ def test_every_subcommand_has_help(capsys):
 
 
 # -- bench / explain / dump / demo ------------------------------------------------------------------
+#: a row of geode bench's results table: model, size, geode ms, ORT ms, ratio (IQR), error
+BENCH_ROW = re.compile(
+    r"^\| (\S+) \| (\S+) \| ([\d.]+) \| ([\d.]+|-) \| "
+    r"(?:([\d.]+) \(([\d.]+)-([\d.]+)\)|-) \| (\S+)( FAIL)? \|$",
+    re.M,
+)
+
+
 def test_bench_onnx_file(env, onnx_file):
+    """geode against onnxruntime (when installed) in interleaved rounds: one table row
+    with both times, the per-round ratio's median inside its IQR, an error far below the
+    1e-3 target; the compile table and the speedup line."""
     res = geode_cmd(
-        env, "bench", str(onnx_file), "--shape", "x:8,16", "--warmup", "1", "--repeat", "5"
-    )
+        env, "bench", str(onnx_file), "--shape", "x=8x16", "--warmup", "1", "--rounds", "4",
+        "--threads", "1",
+    )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert "warm-up 1, repeat 5" in res.stdout
-    assert re.search(r"^engine\s+min ms\s+median ms\s+max ms$", res.stdout, re.M), res.stdout
-    row = re.search(r"^geode\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", res.stdout, re.M)
-    assert row is not None, res.stdout
-    lo, med, hi = map(float, row.groups())
-    assert lo <= med <= hi
+    out = res.stdout
+    assert "inputs: x float32[8, 16] (random: floats standard normal;" in out
+    assert "threads 1; 1 warm-up call(s) each, then 4 interleaved rounds" in out
+    assert "| model | size | geode ms | ORT ms | geode/ORT (IQR) | max rel err |" in out
+    rows = BENCH_ROW.findall(out)
+    assert len(rows) == 1, out
+    model, size, geode_ms, ort_ms, ratio, q1, q3, err, fail = rows[0]
+    assert (model, size) == ("small", "x=8x16")
+    assert float(geode_ms) > 0
+    compile_row = re.search(r"^\| small \| ([\d.]+) \| ([\d.]+) \| (\S+) \| (\S+) \|", out, re.M)
+    assert compile_row is not None, out
     if HAVE_ORT:  # auto: compared when onnxruntime is installed
-        assert re.search(r"^onnxruntime\s+[\d.]+\s+[\d.]+\s+[\d.]+$", res.stdout, re.M), res.stdout
+        assert "interleaved rounds (geode, onnxruntime)" in out
+        assert float(ort_ms) > 0 and 0 < float(q1) <= float(ratio) <= float(q3), rows[0]
+        assert float(ratio) == pytest.approx(float(geode_ms) / float(ort_ms), rel=0.5)
+        assert float(err) < 1e-5 and not fail
+        assert float(compile_row.group(3)) > 0
         assert re.search(
-            r"onnxruntime / geode \(median\): [\d.]+x \((?:geode faster|onnxruntime faster|even)\)",
-            res.stdout,
-        )
-        diff = re.search(r"max \|geode - onnxruntime\| over outputs: (\S+)", res.stdout)
-        assert diff is not None and float(diff.group(1)) < 1e-4
+            r"^speedup of geode over onnxruntime \(ORT time / geode time\): [\d.]+x "
+            r"\((?:geode|onnxruntime) faster\)$",
+            out,
+            re.M,
+        ), out
     else:
-        assert "no onnxruntime comparison" in res.stdout
+        assert (ort_ms, ratio, err) == ("-", "", "-")
+        assert "onnxruntime is not installed: timing geode alone" in res.stderr
 
 
 def test_bench_builtin_without_ort(capsys, in_process):
     assert (
         cli.main(
-            ["bench", "builtin:layernorm", "--repeat", "3", "--warmup", "0", "--no-compare-ort"]
+            ["bench", "builtin:layernorm", "--rounds", "2", "--warmup", "0", "--no-compare-ort"]
         )
         == 0
     )
     out = capsys.readouterr().out
-    assert re.search(r"^geode\s+[\d.]+", out, re.M), out
-    assert not re.search(r"^onnxruntime\s", out, re.M)
+    assert "interleaved rounds (geode alone)" in out
+    row = BENCH_ROW.search(out)
+    assert row is not None and row.group(1) == "builtin:layernorm", out
+    assert row.group(4) == "-" and row.group(5) is None and row.group(8) == "-", out
     assert "no onnxruntime comparison" in out
+
+
+def test_bench_profile_lists_the_slowest_steps(capsys, in_process, onnx_file):
+    """--profile K: the K slowest plan steps, slowest first, with their share."""
+    argv = ["bench", str(onnx_file), "--shape", "x:64,16", "--rounds", "1", "--profile", "3"]
+    assert cli.main([*argv, "--no-compare-ort"]) == 0
+    out = capsys.readouterr().out
+    assert "slowest steps:" in out, out
+    steps = re.findall(r"^\| (\S+) \| (aicore|aicpu|host) \| ([\d.]+) \| (\d+)% \|", out, re.M)
+    assert 1 <= len(steps) <= 3, out
+    assert [float(s[2]) for s in steps] == sorted((float(s[2]) for s in steps), reverse=True)
+    assert re.search(r"^\d+ steps?, [\d.]+ ms in steps of a [\d.]+ ms run$", out, re.M), out
+
+
+def test_bench_int_inputs_are_announced(capsys, in_process, tmp_path):
+    """Random int inputs (token ids) are drawn from a small safe range, and the output
+    says so."""
+    g = geode.Graph("lookup")
+    table = g.constant(np.arange(12, dtype=np.float32).reshape(6, 2), name="table")
+    ids = g.input("ids", ["B", 5], dtype="int64")
+    g.output(ops.gather(table, ids, axis=0) * 2.0, names=["y"])
+    path = tmp_path / "lookup.onnx"
+    onnx.save(to_onnx(g), str(path))
+    assert cli.main(["bench", str(path), "--shape", "ids=2x5", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"ints uniform in [0, {cli.RANDOM_INT_HIGH})" in out, out
+    row = BENCH_ROW.search(out)
+    assert row is not None and row.group(2) == "ids=2x5", out
+    if HAVE_ORT:
+        assert float(row.group(8)) < 1e-6, out
+
+
+def test_bench_inputs_from_files_are_not_called_random(capsys, in_process, onnx_file, tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((4, 16), np.float32))
+    argv = ["bench", str(onnx_file), "--input", f"x={tmp_path / 'x.npy'}", "--rounds", "1"]
+    assert cli.main([*argv, "--no-compare-ort"]) == 0
+    out = capsys.readouterr().out
+    assert "inputs: x float32[4, 16]\n" in out, out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["no/such/model.onnx"], "no/such/model.onnx: no such file"),
+        (["builtin:layernorm", "--shape", "x:2,big"], "bad --shape 'x:2,big': dims must be"),
+        (["builtin:layernorm", "--shape", "x=2x-768"], "bad --shape 'x=2x-768'"),
+        (["builtin:layernorm", "--shape", "768"], "bad --shape '768': expected NAME:D1,D2"),
+        (["builtin:layernorm", "--shape", "q=2"], "--shape names unknown input 'q'"),
+    ],
+    ids=["missing-file", "shape-dims", "shape-negative", "shape-no-name", "shape-unknown-input"],
+)
+def test_bench_bad_arguments(env, args, expected):
+    """A missing model file or a bad --shape: one error line, exit status 2."""
+    res = geode_cmd(env, "bench", *args, "--rounds", "1")
+    assert res.returncode == 2
+    assert expected in one_error_line(res)
+
+
+def test_shapes_parse_in_both_forms():
+    assert cli.parse_shapes(["x:2,128", "m=8x256", "s:", "t=", "u=3,4", "a=b:1x2"]) == {
+        "x": (2, 128),
+        "m": (8, 256),
+        "s": (),
+        "t": (),
+        "u": (3, 4),
+        "a=b": (1, 2),
+    }
 
 
 def test_explain_onnx_file(env, onnx_file, tmp_path):

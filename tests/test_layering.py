@@ -7,8 +7,9 @@ one. Layers, top to bottom (a module may import its own layer and the layers bel
 ====  =========  ===========================================================
 rank  layer      modules
 ====  =========  ===========================================================
-5     cli        ``geode.cli``, ``geode.__main__``, ``geode.onnx_conformance``
-                 (the command line and the conformance-suite runner drive the API)
+5     cli        ``geode.cli``, ``geode.__main__``, ``geode.onnx_conformance``,
+                 ``geode.benchmark`` (the command line, the conformance-suite runner
+                 and the timing against onnxruntime drive the API)
 4     api        ``geode`` (the package's public face), ``geode.api``,
                  ``geode.onnx_backend`` (the ONNX backend protocol over the API),
                  ``geode.examples`` (built-in graphs the CLI runs)
@@ -48,6 +49,7 @@ LAYER_OF: dict[str, str] = {
     "geode.cli": "cli",
     "geode.__main__": "cli",
     "geode.onnx_conformance": "cli",
+    "geode.benchmark": "cli",
     "geode": "api",
     "geode.api": "api",
     "geode.onnx_backend": "api",

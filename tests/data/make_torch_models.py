@@ -15,48 +15,30 @@ the graphs carry the Shape -> Gather -> Unsqueeze -> Concat -> Reshape chains th
   ``reshape(batch, seq * 4)``; output ``y``.
 
 Weights come from a fixed seed, so regenerating gives the same files (up to exporter
-version differences).
+version differences). The modules the benchmarks export too (``Block``, ``BertLayer``,
+``RMSNorm``, ``ResNet``) and the exporter call live in ``bench/torch_models.py``.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 
 import torch
 from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OPSET = 17
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: bench/
 
-
-class Block(nn.Module):
-    """A pre-norm transformer block with causal multi-head attention."""
-
-    def __init__(self, dim: int = 16, heads: int = 2):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.ln2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        b, t, c = x.shape
-        h = self.ln1(x)
-        q, k, v = self.qkv(h).split(c, dim=-1)
-        hd = c // self.heads
-        q = q.view(b, t, self.heads, hd).transpose(1, 2)
-        k = k.view(b, t, self.heads, hd).transpose(1, 2)
-        v = v.view(b, t, self.heads, hd).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
-        att = att.masked_fill(mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, c)
-        x = x + self.proj(y)
-        x = x + self.mlp(self.ln2(x))
-        return x, x.mean(dim=1)
+from bench.torch_models import (  # noqa: E402
+    BertLayer,
+    Block,
+    ResNet,
+    RMSNorm,
+    export_onnx,
+    randomize_norms,
+)
 
 
 class Mlp(nn.Module):
@@ -72,27 +54,6 @@ class Mlp(nn.Module):
         flat = x.reshape(b * t, c)
         y = self.fc2(torch.relu(self.fc1(flat)))
         return y.view(b, -1)
-
-
-class ResNet(nn.Module):
-    """A small ResNet: stem, two residual stages (one strided with a 1x1 shortcut), head."""
-
-    def __init__(self, classes: int = 10):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
-        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
-        self.a1 = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
-        self.a2 = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
-        self.b1 = nn.Sequential(nn.Conv2d(8, 16, 3, 2, padding=1, bias=False), nn.BatchNorm2d(16))
-        self.b2 = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16))
-        self.short = nn.Sequential(nn.Conv2d(8, 16, 1, 2, bias=False), nn.BatchNorm2d(16))
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(torch.relu(self.stem(x)))
-        x = torch.relu(x + self.a2(torch.relu(self.a1(x))))
-        x = torch.relu(self.short(x) + self.b2(torch.relu(self.b1(x))))
-        return self.head(x)
 
 
 class MobileBlock(nn.Module):
@@ -134,18 +95,6 @@ class Recurrent(nn.Module):
         h, (hn, cn) = self.lstm(x)
         y, _ = self.gru(h)
         return y, hn[-1], cn[-1]
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm written out by hand, as LLaMA and T5 do it."""
-
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(1.0 + 0.1 * torch.randn(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -190,40 +139,6 @@ class LlamaBlock(nn.Module):
         x = x + self.wo(y)
         h = self.norm2(x)
         return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
-
-
-class BertLayer(nn.Module):
-    """A BERT embedding + one encoder layer + pooler, with an attention-mask input."""
-
-    def __init__(self, vocab: int = 50, positions: int = 32, dim: int = 16, heads: int = 2):
-        super().__init__()
-        self.heads, self.hd = heads, dim // heads
-        self.tok = nn.Embedding(vocab, dim)
-        self.pos = nn.Embedding(positions, dim)
-        self.ln_emb = nn.LayerNorm(dim, eps=1e-12)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.out = nn.Linear(dim, dim)
-        self.ln1 = nn.LayerNorm(dim, eps=1e-12)
-        self.ffn = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-        self.ln2 = nn.LayerNorm(dim, eps=1e-12)
-        self.pool = nn.Linear(dim, dim)
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        b, t = input_ids.shape
-        positions = torch.arange(t, dtype=torch.long).unsqueeze(0)
-        x = self.ln_emb(self.tok(input_ids) + self.pos(positions))
-        q, k, v = self.qkv(x).split(x.shape[-1], dim=-1)
-        q = q.view(b, t, self.heads, self.hd).permute(0, 2, 1, 3)
-        k = k.view(b, t, self.heads, self.hd).permute(0, 2, 3, 1)
-        v = v.view(b, t, self.heads, self.hd).permute(0, 2, 1, 3)
-        bias = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * -10000.0
-        att = torch.softmax(q @ k / math.sqrt(self.hd) + bias, dim=-1)
-        y = (att @ v).permute(0, 2, 1, 3).reshape(b, t, -1)
-        x = self.ln1(x + self.out(y))
-        x = self.ln2(x + self.ffn(x))
-        return x, torch.tanh(self.pool(x[:, 0]))
 
 
 class Temporal(nn.Module):
@@ -271,21 +186,10 @@ class TinyUNet(nn.Module):
 
 def export(model: nn.Module, sample: torch.Tensor, name: str, outputs: list[str]) -> str:
     """Export ``model`` with dynamic batch and seq axes; returns the file path."""
-    path = os.path.join(HERE, name)
     axes = {"x": {0: "batch", 1: "seq"}}
     for o in outputs:
         axes[o] = {0: "batch"}
-    torch.onnx.export(
-        model.eval(),
-        (sample,),
-        path,
-        input_names=["x"],
-        output_names=outputs,
-        dynamic_axes=axes,
-        opset_version=OPSET,
-        dynamo=False,
-    )
-    return path
+    return export_named(model, {"x": sample}, name, outputs, axes)
 
 
 def export_named(
@@ -296,39 +200,9 @@ def export_named(
     axes: dict[str, dict[int, str]],
     keep_batchnorm: bool = False,
 ) -> str:
-    """Export ``model`` with named inputs ``samples`` and the given dynamic ``axes``.
-
-    The exporter folds eval-mode BatchNorm into the preceding conv; ``keep_batchnorm``
-    exports it as an ONNX BatchNormalization node instead (the model stays in eval mode).
-    """
-    mode = torch.onnx.TrainingMode.PRESERVE if keep_batchnorm else torch.onnx.TrainingMode.EVAL
+    """Export ``model`` to ``HERE/name`` (see ``bench.torch_models.export_onnx``)."""
     path = os.path.join(HERE, name)
-    torch.onnx.export(
-        model.eval(),
-        tuple(samples.values()),
-        path,
-        input_names=list(samples),
-        output_names=outputs,
-        dynamic_axes=axes,
-        opset_version=OPSET,
-        training=mode,
-        dynamo=False,
-    )
-    return path
-
-
-def randomize_norms(model: nn.Module) -> nn.Module:
-    """Give every norm layer non-trivial affine parameters and running statistics."""
-    for m in model.modules():
-        if isinstance(m, (nn.BatchNorm2d, nn.GroupNorm, nn.InstanceNorm1d)):
-            with torch.no_grad():
-                if m.weight is not None:
-                    m.weight.uniform_(0.5, 1.5)
-                    m.bias.uniform_(-0.5, 0.5)
-                if isinstance(m, nn.BatchNorm2d):
-                    m.running_mean.uniform_(-0.5, 0.5)
-                    m.running_var.uniform_(0.5, 2.0)
-    return model
+    return export_onnx(model, samples, path, outputs, axes, keep_batchnorm)
 
 
 def main() -> None:
