@@ -14,7 +14,8 @@ fuse           ``geode/compiler/fusion/planner.py`` (groups and their order)
 lower          ``geode/codegen/lower.py`` (group -> loop AST)
 schedule       ``geode/codegen/autoschedule.py`` (``geode/codegen/schedule/``)
 emit           ``geode/codegen/driver.py`` ``emit_kernel`` (the backend)
-bind           ``geode/runtime/engines.py`` (the engines' steps)
+bind           ``geode/runtime/engines.py`` (the engines' steps; library ops natively:
+               ``codegen/driver.py`` MatMul, ``codegen/native_conv.py`` Conv)
 plan           ``geode/plan_builder.py`` (slots, memory plan, runtime Plan)
 =============  ==========================================================
 
@@ -34,6 +35,7 @@ from geode import config
 from geode.codegen import driver
 from geode.codegen.cache import maybe_prune
 from geode.codegen.lower import make_can_lower
+from geode.codegen.native_conv import conv_interface
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
@@ -184,10 +186,15 @@ def bind(c: Compilation) -> None:
         if isinstance(item, Node):
             engine = c.placement.engine[item.name]
             library = driver.library_interface(item, c.graph, c.opts) if engine == "aicpu" else None
+            reason = "library op: BLAS, called natively"
+            conv = conv_interface(item, c.graph, c.opts) if engine == "aicpu" else None
+            if conv is not None:  # Conv: native (im2col + BLAS, depthwise) or why not
+                c.placement.reason[item.name] = reason = conv.reason
+                library = None if conv.interface is None else (conv.interface, conv.info)
             if library is not None:  # a library routine called natively (MatMul: BLAS)
                 interface, info = library
                 c.placement.engine[item.name] = "aicore"
-                c.placement.reason[item.name] = "library op: BLAS, called natively"
+                c.placement.reason[item.name] = reason
                 units.append(
                     Unit(
                         item.name,
