@@ -116,17 +116,20 @@ def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     return fn
 
 
-def conv_ir(spec: ConvSpec, blas_symbol: str, blas_int_bits: int) -> tuple[str, str]:
+def conv_ir(
+    spec: ConvSpec, blas_symbol: str, blas_int_bits: int, attrs: str = ""
+) -> tuple[str, str]:
     """``(entry name, module IR)`` of the native conv of ``spec`` (the GEMM methods call
-    ``blas_symbol``, a CBLAS ``?gemm`` taking ``blas_int_bits``-bit ints)."""
+    ``blas_symbol``, a CBLAS ``?gemm`` taking ``blas_int_bits``-bit ints; ``attrs``: the
+    target's function attributes, :attr:`~.target.Target.function_attrs`)."""
     digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
     name = f"geode_conv_{spec.method}_{digest}"
     module = ModuleWriter(name)
     body = f"{name}.run"
     if spec.method == "depthwise":
-        conv_depthwise.write_body(module, body, spec)
+        conv_depthwise.write_body(module, body, spec, attrs)
     else:
-        conv_gemm.write_body(module, body, spec, blas_symbol, blas_int_bits)
+        conv_gemm.write_body(module, body, spec, blas_symbol, blas_int_bits, attrs)
     module.add_function(entry_function(name, body, spec))
     return name, f"; {spec.describe()}\n" + module.text()
 
@@ -172,8 +175,9 @@ def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | No
     if needs_blas and lib is None:
         return None
     symbol = lib.symbol(spec.dtype) if lib is not None else "geode_blas_unused"
-    name, ir = conv_ir(spec, symbol, lib.int_bits if lib is not None else 64)
     target = host()
+    bits = lib.int_bits if lib is not None else 64
+    name, ir = conv_ir(spec, symbol, bits, target.function_attrs)
     key = objcache.cache_key(ir, target.fingerprint())
     obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
     from_cache = obj is not None

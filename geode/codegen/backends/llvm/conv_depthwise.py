@@ -27,12 +27,13 @@ __all__ = ["write_body"]
 _CTX = ("X", "W", "B", "Y", "planes", "H", "Wd", "OH", "OW", "pt", "pl")
 
 
-def write_body(module: ModuleWriter, name: str, spec: ConvSpec) -> None:
+def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> None:
     """Add ``i32 @name(geometry)`` (see :data:`~.conv_spec.BODY_PARAMS`) computing
-    ``spec``'s depthwise conv on the native pool."""
+    ``spec``'s depthwise conv on the native pool; ``attrs``: the target's function
+    attributes."""
     plane, chunk = f"{name}.plane", f"{name}.chunk"
-    module.add_function(_plane_function(plane, spec))
-    module.add_function(_chunk_function(chunk, plane, spec))
+    module.add_function(_plane_function(module, plane, spec, attrs))
+    module.add_function(_chunk_function(module, chunk, plane, spec, attrs))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
@@ -40,7 +41,7 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec) -> None:
     module.add_global("geode.launch", LAUNCH)
     fn = FunctionWriter(name, "i32", BODY_PARAMS)
     fn.linkage = "internal"
-    fn.attrs = " nounwind"
+    fn.attrs = " " + module.attr_group("nounwind " + attrs)
     b = Builder(fn)
     geo = body_geometry(fn)
     planes = b.mul(geo.n, str(spec.out_channels), "planes")
@@ -60,12 +61,14 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec) -> None:
     module.add_function(fn)
 
 
-def _chunk_function(name: str, plane: str, spec: ConvSpec) -> FunctionWriter:
+def _chunk_function(
+    module: ModuleWriter, name: str, plane: str, spec: ConvSpec, attrs: str
+) -> FunctionWriter:
     """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: this chunk's share of the planes."""
     ty, _ = TYPES[spec.dtype]
     fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
     fn.linkage = "internal"
-    fn.attrs = " nounwind"
+    fn.attrs = " " + module.attr_group("nounwind " + attrs)
     b = Builder(fn)
     ctx, chunk, nchunks = fn.param(0), fn.param(1), fn.param(2)
     v = {
@@ -92,7 +95,7 @@ def _chunk_function(name: str, plane: str, spec: ConvSpec) -> FunctionWriter:
     return fn
 
 
-def _plane_function(name: str, spec: ConvSpec) -> FunctionWriter:
+def _plane_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
     """``void @name(ptr x, ptr w, ptr y, T bias, i64 H, i64 Wd, i64 OH, i64 OW, i64 pt,
     i64 pl)``: one output plane (see the module docstring)."""
     ty, _ = TYPES[spec.dtype]
@@ -100,7 +103,7 @@ def _plane_function(name: str, spec: ConvSpec) -> FunctionWriter:
     params += [("i64", n) for n in ("H", "Wd", "OH", "OW", "pt", "pl")]
     fn = FunctionWriter(name, "void", params)
     fn.linkage = "internal"
-    fn.attrs = " nounwind"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
     b = Builder(fn)
     x, w, y, bias, h, wd, oh_n, ow, pt, pl = (fn.param(i) for i in range(len(params)))
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
@@ -131,11 +134,17 @@ def _plane_function(name: str, spec: ConvSpec) -> FunctionWriter:
 
             def taps() -> None:
                 xrow = b.gep(ty, x, b.mul(ih, wd), "xrow")
-                b.loop("0", str(kw), lambda j: tap(yrow, xrow, i, j), "kj")
+                b.loop(
+                    "0",
+                    str(kw),
+                    lambda j: tap(yrow, xrow, i, j),
+                    "kj",
+                    meta=Builder.no_unroll(module),
+                )
 
             b.when(inside, taps, "inside")
 
-        b.loop("0", str(kh), kernel_row, "ki")
+        b.loop("0", str(kh), kernel_row, "ki", meta=Builder.no_unroll(module))
 
     b.loop("0", oh_n, out_row, "oh")
     fn.terminate("ret void")

@@ -46,9 +46,12 @@ _MEMSET = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
 _MEMCPY = "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"
 
 
-def write_body(module: ModuleWriter, name: str, spec: ConvSpec, symbol: str, int_bits: int) -> None:
-    """Add ``i32 @name(geometry)`` (see :data:`~.conv.BODY_PARAMS`) computing ``spec``'s
-    conv by ``pointwise`` or ``im2col`` GEMMs through CBLAS ``symbol``."""
+def write_body(
+    module: ModuleWriter, name: str, spec: ConvSpec, symbol: str, int_bits: int, attrs: str
+) -> None:
+    """Add ``i32 @name(geometry)`` (see :data:`~.conv_spec.BODY_PARAMS`) computing
+    ``spec``'s conv by ``pointwise`` or ``im2col`` GEMMs through CBLAS ``symbol``;
+    ``attrs``: the target's function attributes."""
     ty, item = TYPES[spec.dtype]
     it = f"i{int_bits}"
     module.declare(
@@ -58,16 +61,16 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, symbol: str, int
     )
     module.declare("llvm.memset.p0.i64", _MEMSET)
     fill = f"{name}.fill"
-    module.add_function(_fill_function(fill, spec))
+    module.add_function(_fill_function(module, fill, spec, attrs))
     im2col = f"{name}.im2col"
     if spec.method == "im2col":
         module.declare("llvm.memcpy.p0.p0.i64", _MEMCPY)
         module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
         module.declare("free", "declare void @free(ptr) nounwind")
-        module.add_function(_im2col_function(im2col, spec))
+        module.add_function(_im2col_function(module, im2col, spec, attrs))
     fn = FunctionWriter(name, "i32", BODY_PARAMS)
     fn.linkage = "internal"
-    fn.attrs = " nounwind"
+    fn.attrs = " " + module.attr_group("nounwind " + attrs)
     b = Builder(fn)
     geo = body_geometry(fn)
     p = b.mul(geo.oh, geo.ow, "P")
@@ -170,7 +173,7 @@ def _per_image_group(
     b.loop("0", geo.n, image, "n")
 
 
-def _fill_function(name: str, spec: ConvSpec) -> FunctionWriter:
+def _fill_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
     """``void @name(ptr Y, ptr B, i64 N, i64 P)``: each of Y's ``N * M`` rows of ``P``
     set to its channel's bias (zeros without one)."""
     ty, _ = TYPES[spec.dtype]
@@ -178,7 +181,7 @@ def _fill_function(name: str, spec: ConvSpec) -> FunctionWriter:
         name, "void", [("ptr noalias", "Y"), ("ptr noalias", "B"), ("i64", "N"), ("i64", "P")]
     )
     fn.linkage = "internal"
-    fn.attrs = " nounwind"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
     b = Builder(fn)
     y, bias, n, p = (fn.param(i) for i in range(4))
     m = str(spec.out_channels)
@@ -197,7 +200,7 @@ def _fill_function(name: str, spec: ConvSpec) -> FunctionWriter:
     return fn
 
 
-def _im2col_function(name: str, spec: ConvSpec) -> FunctionWriter:
+def _im2col_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
     """``void @name(ptr x, ptr col, i64 H, i64 Wd, i64 OW, i64 oh0, i64 rows, i64 pt,
     i64 pl)``: the column band of output rows ``[oh0, oh0 + rows)`` of one group (``x``
     its first input channel), ``K`` rows of ``rows * OW`` (see the module docstring)."""
@@ -206,7 +209,7 @@ def _im2col_function(name: str, spec: ConvSpec) -> FunctionWriter:
     params = [("ptr noalias", n) for n in names[:2]] + [("i64", n) for n in names[2:]]
     fn = FunctionWriter(name, "void", params)
     fn.linkage = "internal"
-    fn.attrs = " nounwind"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
     b = Builder(fn)
     x, col, h, wd, ow, oh0, rows, pt, pl = (fn.param(i) for i in range(len(names)))
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
@@ -260,7 +263,15 @@ def _im2col_function(name: str, spec: ConvSpec) -> FunctionWriter:
 
     def channel(c: str) -> None:
         xc = b.gep(ty, x, b.mul(c, plane), "xc")
-        b.loop("0", str(kh), lambda i: b.loop("0", str(kw), lambda j: tap(xc, c, i, j), "kj"), "ki")
+        b.loop(
+            "0",
+            str(kh),
+            lambda i: b.loop(
+                "0", str(kw), lambda j: tap(xc, c, i, j), "kj", meta=Builder.no_unroll(module)
+            ),
+            "ki",
+            meta=Builder.no_unroll(module),
+        )
 
     b.loop("0", str(spec.cg), channel, "c")
     fn.terminate("ret void")

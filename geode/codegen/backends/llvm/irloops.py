@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from geode.codegen.backends.llvm.irtext import FunctionWriter
+from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
 
 __all__ = ["Builder"]
 
@@ -81,9 +81,16 @@ class Builder:
 
     # -- control flow -----------------------------------------------------------------
     def loop(
-        self, lo: str, hi: str, body: Callable[[str], None], hint: str = "i", step: str = "1"
+        self,
+        lo: str,
+        hi: str,
+        body: Callable[[str], None],
+        hint: str = "i",
+        step: str = "1",
+        meta: str = "",
     ) -> None:
-        """``for (i = lo; i < hi; i += step) body(i)`` (nothing when ``lo >= hi``)."""
+        """``for (i = lo; i < hi; i += step) body(i)`` (nothing when ``lo >= hi``);
+        ``meta``: the loop's ``!llvm.loop`` metadata node (see :meth:`no_unroll`)."""
         fn = self.fn
         head, latch, done = fn.label(f"{hint}.body"), fn.label(f"{hint}.latch"), fn.label(hint)
         pre = fn.block
@@ -96,8 +103,17 @@ class Builder:
         fn.br(latch)
         fn.start_block(latch)
         fn.add(f"{nxt} = add nsw i64 {i}, {step}")
-        fn.cond_br(self.cmp("slt", nxt, hi), head, done)
+        more = self.cmp("slt", nxt, hi)
+        loop_meta = f", !llvm.loop {meta}" if meta else ""
+        fn.terminate(f"br i1 {more}, label %{head}, label %{done}{loop_meta}")
         fn.start_block(done)
+
+    @staticmethod
+    def no_unroll(module: ModuleWriter) -> str:
+        """A fresh ``!llvm.loop`` node telling LLVM not to unroll the loop (a small
+        constant trip count around a vectorized loop would otherwise multiply it)."""
+        off = module.metadata('!"llvm.loop.unroll.disable"')
+        return module.metadata(f"SELF, {off}", distinct=True)
 
     def when(self, cond: str, then: Callable[[], None], hint: str = "if") -> None:
         """``if (cond) then()``."""

@@ -1,0 +1,130 @@
+"""Native Conv against the AICPU reference kernel and onnxruntime.
+
+    python bench/conv.py [--rounds 15] [--threads 2]
+
+Each case is a one-Conv ONNX model (constant weights and bias, batch 1): geode with
+the native conv (the default), geode with codegen off (every node on the AICPU engine:
+the numpy reference kernel that ran Conv before), and onnxruntime with
+``intra_op_num_threads`` threads. Calls are timed in interleaved rounds; the report is
+the median time per call and the medians of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+#: name -> (x shape, w shape, attributes)
+CASES = {
+    "resnet conv3x3 64->64 56x56": ((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "resnet conv3x3 128->128 28x28": ((1, 128, 28, 28), (128, 128, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "conv3x3 s2 64->128 56x56": (
+        (1, 64, 56, 56),
+        (128, 64, 3, 3),
+        {"pads": [1, 1, 1, 1], "strides": [2, 2]},
+    ),
+    "pointwise 1x1 64->256 56x56": ((1, 64, 56, 56), (256, 64, 1, 1), {}),
+    "depthwise 3x3 64ch 56x56": ((1, 64, 56, 56), (64, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 64}),
+    "depthwise 3x3 256ch 28x28": (
+        (1, 256, 28, 28),
+        (256, 1, 3, 3),
+        {"pads": [1, 1, 1, 1], "group": 256},
+    ),
+    "depthwise 3x3 s2 128ch 56x56": (
+        (1, 128, 56, 56),
+        (128, 1, 3, 3),
+        {"pads": [1, 1, 1, 1], "group": 128, "strides": [2, 2]},
+    ),
+}
+
+
+def conv_model(xs: tuple, ws: tuple, attrs: dict) -> onnx.ModelProto:
+    """One Conv with constant weights and bias."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(ws).astype(np.float32) * 0.1
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
+    g = helper.make_graph(
+        [node],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _time(fn, seconds: float = 0.2) -> float:
+    """Seconds per call of ``fn`` over about ``seconds`` of calls."""
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        dt = time.perf_counter() - t0
+        if dt > seconds and n >= 3:
+            return dt / n
+
+
+def run_case(name: str, rounds: int, threads: int) -> dict[str, float]:
+    """Interleaved timings of one case: medians (ms) and median ratios."""
+    import onnxruntime as ort
+
+    import geode
+
+    xs, ws, attrs = CASES[name]
+    model = conv_model(xs, ws, attrs)
+    x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
+    native = geode.compile(model, num_threads=threads)
+    reference = geode.compile(model, codegen=False)
+    assert [k.kind for k in native.kernels] == ["library"], native.explain()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})[0]
+    got = native(x=x)["y"]
+    err = float(np.abs(got - want).max() / max(1e-6, np.abs(want).max()))
+    fns = {
+        "native": lambda: native(x=x),
+        "aicpu": lambda: reference(x=x),
+        "ort": lambda: sess.run(None, {"x": x}),
+    }
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            times[k].append(_time(fn))
+    ratios = {
+        "native/ort": statistics.median(n / o for n, o in zip(times["native"], times["ort"])),
+        "aicpu/native": statistics.median(a / n for a, n in zip(times["aicpu"], times["native"])),
+    }
+    return {**{k: statistics.median(v) * 1e3 for k, v in times.items()}, **ratios, "err": err}
+
+
+def main() -> None:
+    """Run every case and print a table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    args = ap.parse_args()
+    print(
+        f"{'case':32} {'native ms':>10} {'aicpu ms':>10} {'ort ms':>10} "
+        f"{'native/ort':>10} {'aicpu/native':>12} {'rel err':>9}"
+    )
+    for name in CASES:
+        if args.only not in name:
+            continue
+        r = run_case(name, args.rounds, args.threads)
+        print(
+            f"{name:32} {r['native']:10.3f} {r['aicpu']:10.3f} {r['ort']:10.3f} "
+            f"{r['native/ort']:10.2f} {r['aicpu/native']:12.2f} {r['err']:9.1e}"
+        )
+
+
+if __name__ == "__main__":
+    main()
