@@ -16,8 +16,10 @@ are computed from them). :func:`conv_kernel` compiles one entry per spec
   the GEMM's right operand), ``im2col`` (the general case, :mod:`~.conv_gemm`) or
   ``depthwise`` (one input channel per group, :mod:`~.conv_depthwise`: a direct loop
   nest, no GEMM). A 1-D conv is the 2-D one with ``H = 1``.
-- status ``n_arrays + 1`` says the body could not allocate its column buffer;
-  :class:`ConvKernel` raises :class:`~geode.errors.ExecutionError` for it.
+- status ``n_arrays + 1`` says the body could not allocate its column buffer,
+  ``n_arrays + 2`` that the input leaves no output position (an output dim below 1);
+  :class:`ConvKernel` raises :class:`~geode.errors.ExecutionError` and
+  :class:`~geode.errors.ShapeError` for them.
 
 Results match the reference kernel (:func:`geode.compiler.ops.nn.conv_nd`) to rounding:
 both sum the same products, in another order.
@@ -35,7 +37,7 @@ from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
 from geode.codegen.backends.llvm.kernel import LLVMKernel
-from geode.errors import ExecutionError
+from geode.errors import ExecutionError, ShapeError
 
 __all__ = ["ConvKernel", "ConvSpec", "conv_ir", "conv_kernel"]
 
@@ -105,8 +107,9 @@ def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     want = [n, str(spec.out_channels)] + ([oh] if spec.spatial == 2 else []) + [ow]
     conds = [b.cmp("eq", y[1], str(TYPES[spec.dtype][1]))]
     conds += [b.cmp("eq", g, w) for g, w in zip(ydims, want)]
-    conds += [b.cmp("sgt", oh, "0"), b.cmp("sgt", ow, "0")]
     b.fail_unless(b.all_of(conds), y_status)
+    fits = b.all_of([b.cmp("sgt", oh, "0"), b.cmp("sgt", ow, "0")])
+    b.fail_unless(fits, len(spec.arrays) + 2, "fits")
     ptrs = [b.load("ptr", b.gep("ptr", "%ptrs", str(i)), a) for i, a in enumerate(spec.arrays)]
     bias = ptrs[2] if spec.bias else "null"
     threads = b.load("i64", "%ints", "threads")
@@ -135,13 +138,22 @@ def conv_ir(
 
 
 class ConvKernel(LLVMKernel):
-    """A compiled native conv: an :class:`LLVMKernel` whose entry may also say that its
-    column buffer could not be allocated (raised as :class:`ExecutionError`)."""
+    """A compiled native conv of ``spec``: an :class:`LLVMKernel` whose entry may also
+    say that its column buffer could not be allocated (raised as
+    :class:`ExecutionError`) or that the input leaves no output position for the window
+    (:class:`ShapeError`, as the reference kernel raises)."""
+
+    spec: ConvSpec
 
     def _bad_argument(self, i: int) -> None:
         if i == len(self._args):
             raise ExecutionError(
                 f"kernel {self.name}: out of memory allocating its im2col column buffer"
+            )
+        if i == len(self._args) + 1:
+            raise ShapeError(
+                f"kernel {self.name}: the input is too small for the window, no output "
+                f"position is left ({self.spec.describe()})"
             )
         super()._bad_argument(i)
 
@@ -190,6 +202,8 @@ def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | No
     loaded = jit.load_object(obj, [name], runtime=parallel, imports=imports)
     emitted = Emitted(ir, name, _arg_specs(spec), (), parallel, ())
     seconds = time.perf_counter() - t0
-    return ConvKernel(
+    kernel = ConvKernel(
         f"conv_{spec.method}", emitted, loaded, target, seconds, from_cache, fastmath=False
     )
+    kernel.spec = spec
+    return kernel
