@@ -16,7 +16,7 @@ are computed from them). :func:`conv_kernel` compiles one entry per spec
   the GEMM's right operand), ``im2col`` (the general case, :mod:`~.conv_gemm`) or
   ``depthwise`` (one input channel per group, :mod:`~.conv_depthwise`: a direct loop
   nest, no GEMM). A 1-D conv is the 2-D one with ``H = 1``.
-- status ``n_arrays + 1`` says the body could not allocate its column buffer,
+- status ``n_arrays + 1`` says the body could not allocate its scratch buffer,
   ``n_arrays + 2`` that the input leaves no output position (an output dim below 1);
   :class:`ConvKernel` raises :class:`~geode.errors.ExecutionError` and
   :class:`~geode.errors.ShapeError` for them.
@@ -147,9 +147,8 @@ class ConvKernel(LLVMKernel):
 
     def _bad_argument(self, i: int) -> None:
         if i == len(self._args):
-            raise ExecutionError(
-                f"kernel {self.name}: out of memory allocating its im2col column buffer"
-            )
+            what = "padded plane" if self.spec.method == "depthwise" else "im2col column"
+            raise ExecutionError(f"kernel {self.name}: out of memory allocating its {what} buffer")
         if i == len(self._args) + 1:
             raise ShapeError(
                 f"kernel {self.name}: the input is too small for the window, no output "

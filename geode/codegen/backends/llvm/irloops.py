@@ -115,6 +115,15 @@ class Builder:
         off = module.metadata('!"llvm.loop.unroll.disable"')
         return module.metadata(f"SELF, {off}", distinct=True)
 
+    @staticmethod
+    def tail_folded(module: ModuleWriter) -> str:
+        """A fresh ``!llvm.loop`` node asking LLVM to vectorize the loop with its tail
+        folded into masked vector operations (a short loop, such as a row of a small
+        image, would otherwise spend most of its time in the scalar remainder)."""
+        on = module.metadata('!"llvm.loop.vectorize.enable", i1 true')
+        fold = module.metadata('!"llvm.loop.vectorize.predicate.enable", i1 true')
+        return module.metadata(f"SELF, {on}, {fold}", distinct=True)
+
     def when(self, cond: str, then: Callable[[], None], hint: str = "if") -> None:
         """``if (cond) then()``."""
         fn = self.fn
@@ -148,6 +157,13 @@ class Builder:
         fn.start_block(bad)
         fn.terminate(f"ret i32 {status}")
         fn.start_block(ok)
+
+    def any_of(self, conds: list[str]) -> str:
+        """The ``or`` of ``i1`` values (``false`` for none)."""
+        out = "false"
+        for c in conds:
+            out = c if out == "false" else self.fn.value(f"or i1 {out}, {c}", "any")
+        return out
 
     def all_of(self, conds: list[str]) -> str:
         """The ``and`` of ``i1`` values (``true`` for none)."""
