@@ -7,6 +7,12 @@ the native conv (the default), geode with codegen off (every node on the AICPU e
 the numpy reference kernel that ran Conv before), and onnxruntime with
 ``intra_op_num_threads`` threads. Calls are timed in interleaved rounds; the report is
 the median time per call and the medians of the per-round ratios.
+
+The GEMMs of the native conv run on the threads of numpy's OpenBLAS, whose count comes
+from ``OPENBLAS_NUM_THREADS`` (default: every core): run with
+``OPENBLAS_NUM_THREADS=<threads>`` to compare at one thread count (the report's first
+line says what OpenBLAS uses). ``--threads`` sets geode's (the depthwise kernel's pool)
+and onnxruntime's.
 """
 
 from __future__ import annotations
@@ -29,7 +35,11 @@ CASES = {
         {"pads": [1, 1, 1, 1], "strides": [2, 2]},
     ),
     "pointwise 1x1 64->256 56x56": ((1, 64, 56, 56), (256, 64, 1, 1), {}),
-    "depthwise 3x3 64ch 56x56": ((1, 64, 56, 56), (64, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 64}),
+    "depthwise 3x3 64ch 56x56": (
+        (1, 64, 56, 56),
+        (64, 1, 3, 3),
+        {"pads": [1, 1, 1, 1], "group": 64},
+    ),
     "depthwise 3x3 256ch 28x28": (
         (1, 256, 28, 28),
         (256, 1, 3, 3),
@@ -105,6 +115,23 @@ def run_case(name: str, rounds: int, threads: int) -> dict[str, float]:
     return {**{k: statistics.median(v) * 1e3 for k, v in times.items()}, **ratios, "err": err}
 
 
+def blas_threads() -> int | None:
+    """The thread count of numpy's OpenBLAS (None when it cannot be asked)."""
+    import ctypes
+
+    from geode.codegen.backends.llvm.library import blas
+
+    lib = blas()
+    if lib is None or lib.where == "process":
+        return None
+    for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_"):
+        fn = getattr(ctypes.CDLL(lib.where), name, None)
+        if fn is not None:
+            fn.restype = ctypes.c_int
+            return int(fn())
+    return None
+
+
 def main() -> None:
     """Run every case and print a table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -112,6 +139,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
     args = ap.parse_args()
+    print(f"threads: geode {args.threads}, onnxruntime {args.threads}, OpenBLAS {blas_threads()}")
     print(
         f"{'case':32} {'native ms':>10} {'aicpu ms':>10} {'ort ms':>10} "
         f"{'native/ort':>10} {'aicpu/native':>12} {'rel err':>9}"

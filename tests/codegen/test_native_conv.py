@@ -86,6 +86,14 @@ FIXED = [
     ((1, 4, 13), (4, 2, 4), {"group": 2, "dilations": [2]}, "im2col"),  # 1-D grouped
     ((1, 4, 10), (4, 1, 3), {"group": 4, "pads": [2, 0]}, "depthwise"),  # 1-D depthwise
     ((2, 4, 9), (5, 4, 1), {}, "pointwise"),  # 1-D pointwise
+    ((2, 2, 12, 11), (2, 1, 9, 8), {"group": 2, "pads": [1, 2, 0, 3]}, "depthwise"),  # 72 taps
+    (
+        (1, 2, 13, 12),
+        (2, 1, 9, 8),
+        {"group": 2, "strides": [2, 3], "pads": [4, 0, 1, 2]},
+        "depthwise",
+    ),
+    ((2, 3, 7, 8), (6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}, "depthwise"),  # shared pad
     ((0, 3, 5, 5), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "im2col"),  # batch 0
     ((0, 4, 5, 5), (4, 1, 3, 3), {"group": 4}, "depthwise"),
     ((0, 3, 5, 5), (4, 3, 1, 1), {}, "pointwise"),
@@ -93,7 +101,7 @@ FIXED = [
 
 
 #: the cases also run in float64 (one per method and shape class)
-FLOAT64 = (1, 3, 5, 11, 14, 16, 18)
+FLOAT64 = (1, 3, 5, 11, 14, 16, 18, 19)
 
 
 @pytest.mark.parametrize(
@@ -138,8 +146,9 @@ def test_native_conv_large_image_uses_several_bands() -> None:
     last band shorter)."""
     from geode.codegen.backends.llvm.conv_gemm import COL_BUDGET_BYTES
 
-    xs, ws = (1, 64, 45, 47), (8, 64, 3, 3)
-    assert 3 * COL_BUDGET_BYTES < 64 * 9 * 4 * 44 * 48  # K * item * OH * OW
+    xs, ws = (1, 64, 81, 83), (8, 64, 3, 3)
+    band_rows = COL_BUDGET_BYTES // (64 * 9 * 4) // 84  # K * item, OW
+    assert 1 < band_rows < 80 / 3 and 80 % band_rows  # OH = 80: 3+ bands, the last shorter
     y, want, _ = run_native(xs, ws, {"pads": [1, 2, 0, 1], "strides": [1, 1]})
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
@@ -167,24 +176,33 @@ def test_native_conv_checks_its_arguments() -> None:
 
 
 def test_native_conv_out_of_memory_is_a_geode_error() -> None:
-    """A column buffer malloc cannot give (the address space capped) returns the
-    out-of-memory status, raised as ExecutionError; the process lives on."""
+    """A scratch buffer malloc cannot give (the address space capped) returns the
+    out-of-memory status, raised as ExecutionError; the process lives on. The im2col
+    band here needs 4.8 GB; the depthwise conv's padded plane (a huge stride and end
+    pad over a one-column input) 12 GB."""
     script = textwrap.dedent(
         """
         import resource, numpy as np
         from geode.codegen.backends.llvm.conv import conv_kernel
         from geode.codegen.backends.llvm.conv_spec import ConvSpec
         from geode.errors import ExecutionError
-        k = conv_kernel(ConvSpec("float32", 1, 1, 1, 1, (1, 20000), (1, 1), (1, 1),
-                                 (0, 0, 0, 0), "NOTSET", False))
-        x, w = np.ones((1, 1, 80000), np.float32), np.ones((1, 1, 20000), np.float32)
-        y = np.zeros((1, 1, 60001), np.float32)
+        gemm = conv_kernel(ConvSpec("float32", 1, 1, 1, 1, (1, 20000), (1, 1), (1, 1),
+                                    (0, 0, 0, 0), "NOTSET", False))
+        depthwise = conv_kernel(ConvSpec("float32", 1, 2, 2, 2, (1, 1), (1, 1500000000),
+                                         (1, 1), (0, 0, 0, 3000000000), "NOTSET", False))
+        calls = [
+            (gemm, np.ones((1, 1, 80000), np.float32), np.ones((1, 1, 20000), np.float32),
+             np.zeros((1, 1, 60001), np.float32)),
+            (depthwise, np.ones((1, 2, 1), np.float32), np.ones((2, 1, 1), np.float32),
+             np.zeros((1, 2, 3), np.float32)),
+        ]
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))  # the band needs 4.8 GB
-        try:
-            k(x, w, y)
-        except ExecutionError as exc:
-            print("raised:", exc)
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))
+        for k, x, w, y in calls:
+            try:
+                k(x, w, y, threads=1)
+            except ExecutionError as exc:
+                print("raised:", exc)
         """
     )
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "OPENBLAS_NUM_THREADS": "1"}
@@ -192,7 +210,14 @@ def test_native_conv_out_of_memory_is_a_geode_error() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    assert "raised: kernel conv_im2col: out of memory allocating its im2col" in out.stdout
+    lines = out.stdout.splitlines()
+    assert (
+        lines[0] == "raised: kernel conv_im2col: out of memory allocating its im2col column buffer"
+    )
+    assert (
+        lines[1]
+        == "raised: kernel conv_depthwise: out of memory allocating its padded plane buffer"
+    )
 
 
 # -- models -------------------------------------------------------------------------

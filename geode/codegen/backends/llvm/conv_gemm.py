@@ -40,7 +40,7 @@ from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, flo
 __all__ = ["COL_BUDGET_BYTES", "write_body"]
 
 #: bytes of the im2col column band (one band of output rows at a time, at least one row)
-COL_BUDGET_BYTES = 1 << 20
+COL_BUDGET_BYTES = 4 << 20
 
 _MEMSET = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
 _MEMCPY = "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"
