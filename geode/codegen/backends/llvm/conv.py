@@ -62,7 +62,7 @@ def _out_size(b: Builder, spec: ConvSpec, axis: int, size: str) -> tuple[str, st
 def _records(b: Builder, spec: ConvSpec) -> tuple[dict[str, list[str]], int]:
     """Check the X, W and B records (statuses 1, 2, 3, each record's rank before its
     other words are read); returns their dims and the index of Y's record."""
-    ty, item = TYPES[spec.dtype]
+    item = TYPES[spec.dtype][1]
     rank = spec.spatial + 2
     kh, kw = spec.kernel
     w_dims = [spec.out_channels, spec.cg] + ([kh, kw] if spec.spatial == 2 else [kw])
@@ -158,18 +158,17 @@ class ConvKernel(LLVMKernel):
 
 
 def _arg_specs(spec: ConvSpec) -> tuple[ArgSpec, ...]:
-    sp = "(H, W)" if spec.spatial == 2 else "(W,)"
+    """The entry's arrays, with the shapes its errors quote."""
+    two = spec.spatial == 2
     kh, kw = spec.kernel
-    wshape = f"({kh}, {kw})" if spec.spatial == 2 else f"({kw},)"
-    out = "(OH, OW)" if spec.spatial == 2 else "(OW,)"
-    rank = spec.spatial + 2
+    m, rank = spec.out_channels, spec.spatial + 2
     args = [
-        ArgSpec("X", "input", spec.dtype, rank, f"(N, {spec.channels}) + {sp}"),
-        ArgSpec("W", "input", spec.dtype, rank, f"({spec.out_channels}, {spec.cg}) + {wshape}"),
+        ArgSpec("X", "input", spec.dtype, rank, f"(N, {spec.channels}, {'H, ' * two}W)"),
+        ArgSpec("W", "input", spec.dtype, rank, f"({m}, {spec.cg}, {f'{kh}, ' * two}{kw})"),
     ]
     if spec.bias:
-        args.append(ArgSpec("B", "input", spec.dtype, 1, f"({spec.out_channels},)"))
-    args.append(ArgSpec("Y", "output", spec.dtype, rank, f"(N, {spec.out_channels}) + {out}"))
+        args.append(ArgSpec("B", "input", spec.dtype, 1, f"({m},)"))
+    args.append(ArgSpec("Y", "output", spec.dtype, rank, f"(N, {m}, {'OH, ' * two}OW)"))
     return tuple(args)
 
 
