@@ -1,12 +1,14 @@
 """Native Conv against the AICPU reference kernel and onnxruntime.
 
-    python bench/conv.py [--rounds 15] [--threads 2]
+    python bench/conv.py [--rounds 15] [--threads 2] [--isolated] [--only NAME]
 
 Each case is a one-Conv ONNX model (constant weights and bias, batch 1): geode with
 the native conv (the default), geode with codegen off (every node on the AICPU engine:
 the numpy reference kernel that ran Conv before), and onnxruntime with
 ``intra_op_num_threads`` threads. Calls are timed in interleaved rounds; the report is
-the median time per call and the medians of the per-round ratios.
+the median time per call and the medians of the per-round ratios. With ``--isolated``
+every timing runs in a fresh process: one system's thread pool never meets another's
+(in one process OpenBLAS's and onnxruntime's spinning threads slow each other down).
 
 The GEMMs of the native conv run on the threads of numpy's OpenBLAS, whose count comes
 from ``OPENBLAS_NUM_THREADS`` (default: every core): run with
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -69,9 +73,14 @@ def conv_model(xs: tuple, ws: tuple, attrs: dict) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _time(fn, seconds: float = 0.2) -> float:
-    """Seconds per call of ``fn`` over about ``seconds`` of calls."""
-    fn()
+def _time(fn, seconds: float = 0.2, settle: float = 0.3) -> float:
+    """Seconds per call of ``fn`` over about ``seconds`` of calls, after ``settle``
+    seconds of sleep and three untimed calls: the thread pools of the system timed
+    before (OpenBLAS's threads spin for tens of milliseconds after a GEMM, onnxruntime's
+    after a run) must not take this one's cores."""
+    time.sleep(settle)
+    for _ in range(3):
+        fn()
     n, t0 = 0, time.perf_counter()
     while True:
         fn()
@@ -81,33 +90,54 @@ def _time(fn, seconds: float = 0.2) -> float:
             return dt / n
 
 
-def run_case(name: str, rounds: int, threads: int) -> dict[str, float]:
-    """Interleaved timings of one case: medians (ms) and median ratios."""
-    import onnxruntime as ort
+SYSTEMS = ("native", "aicpu", "ort")
 
-    import geode
 
+def runner(system: str, name: str, threads: int):
+    """``(call, result)``: a no-argument call running case ``name`` on ``system``, and
+    its output."""
     xs, ws, attrs = CASES[name]
     model = conv_model(xs, ws, attrs)
     x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
-    native = geode.compile(model, num_threads=threads)
-    reference = geode.compile(model, codegen=False)
-    assert [k.kind for k in native.kernels] == ["library"], native.explain()
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    want = sess.run(None, {"x": x})[0]
-    got = native(x=x)["y"]
-    err = float(np.abs(got - want).max() / max(1e-6, np.abs(want).max()))
-    fns = {
-        "native": lambda: native(x=x),
-        "aicpu": lambda: reference(x=x),
-        "ort": lambda: sess.run(None, {"x": x}),
-    }
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            times[k].append(_time(fn))
+    if system == "ort":
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        sess = ort.InferenceSession(
+            model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
+        return (lambda: sess.run(None, {"x": x})), sess.run(None, {"x": x})[0]
+    import geode
+
+    if system == "native":
+        compiled = geode.compile(model, num_threads=threads)
+        assert [k.kind for k in compiled.kernels] == ["library"], compiled.explain()
+    else:
+        compiled = geode.compile(model, codegen=False)
+    return (lambda: compiled(x=x)), compiled(x=x)["y"]
+
+
+def run_case(name: str, rounds: int, threads: int, isolated: bool) -> dict[str, float]:
+    """Timings of one case, the systems interleaved round by round (each in a process
+    of its own with ``isolated``): medians (ms) and median ratios."""
+    times: dict[str, list[float]] = {k: [] for k in SYSTEMS}
+    if isolated:
+        for _ in range(rounds):
+            for k in SYSTEMS:
+                cmd = [sys.executable, __file__, "--one", k, "--case", name]
+                out = subprocess.run(
+                    [*cmd, "--threads", str(threads)], capture_output=True, text=True, check=True
+                )
+                times[k].append(float(out.stdout.split()[-1]))
+        err = float("nan")
+    else:
+        calls = {k: runner(k, name, threads) for k in SYSTEMS}
+        want, got = calls["ort"][1], calls["native"][1]
+        err = float(np.abs(got - want).max() / max(1e-6, np.abs(want).max()))
+        for _ in range(rounds):
+            for k, (fn, _) in calls.items():
+                times[k].append(_time(fn))
     ratios = {
         "native/ort": statistics.median(n / o for n, o in zip(times["native"], times["ort"])),
         "aicpu/native": statistics.median(a / n for a, n in zip(times["aicpu"], times["native"])),
@@ -138,7 +168,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--isolated", action="store_true", help="each system in its own process")
+    ap.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
+    ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one:  # a child of --isolated: print seconds per call of one system
+        fn, _ = runner(args.one, args.case, args.threads)
+        print(_time(fn, seconds=1.0, settle=0.0))
+        return
     print(f"threads: geode {args.threads}, onnxruntime {args.threads}, OpenBLAS {blas_threads()}")
     print(
         f"{'case':32} {'native ms':>10} {'aicpu ms':>10} {'ort ms':>10} "
@@ -147,7 +184,7 @@ def main() -> None:
     for name in CASES:
         if args.only not in name:
             continue
-        r = run_case(name, args.rounds, args.threads)
+        r = run_case(name, args.rounds, args.threads, args.isolated)
         print(
             f"{name:32} {r['native']:10.3f} {r['aicpu']:10.3f} {r['ort']:10.3f} "
             f"{r['native/ort']:10.2f} {r['aicpu/native']:12.2f} {r['err']:9.1e}"

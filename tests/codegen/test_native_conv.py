@@ -141,16 +141,22 @@ def test_native_conv_without_input_channels() -> None:
         np.testing.assert_array_equal(y, want)
 
 
-def test_native_conv_large_image_uses_several_bands() -> None:
+def test_native_conv_large_image_uses_several_bands(monkeypatch) -> None:
     """An image whose column matrix exceeds the band budget is done band by band (the
-    last band shorter)."""
-    from geode.codegen.backends.llvm.conv_gemm import COL_BUDGET_BYTES
+    last band shorter); the budget made small so a small image needs five bands."""
+    from geode.codegen.backends.llvm import conv_gemm
 
-    xs, ws = (1, 64, 81, 83), (8, 64, 3, 3)
-    band_rows = COL_BUDGET_BYTES // (64 * 9 * 4) // 84  # K * item, OW
-    assert 1 < band_rows < 80 / 3 and 80 % band_rows  # OH = 80: 3+ bands, the last shorter
-    y, want, _ = run_native(xs, ws, {"pads": [1, 2, 0, 1], "strides": [1, 1]})
-    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(conv_gemm, "COL_BUDGET_BYTES", 64 << 10)
+    xs, ws, attrs = (2, 16, 20, 23), (8, 16, 3, 3), {"pads": [1, 2, 0, 1]}
+    band_rows = (64 << 10) // (16 * 9 * 4) // 24  # K * item, OW
+    assert (band_rows, 19 % band_rows) == (4, 3)  # OH = 19: bands of 4, 4, 4, 4, 3 rows
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    k = conv_kernel.__wrapped__(spec_of(xs, ws, attrs, "float32", False))  # not the cached one
+    assert "sdiv i64 113," in k.source  # 113 output positions per band
+    y = np.full((2, 8, 19, 24), np.nan, np.float32)
+    k(x, w, y)
+    np.testing.assert_allclose(y, conv_nd(x, w, None, attrs), rtol=1e-4, atol=1e-4)
 
 
 def test_native_conv_checks_its_arguments() -> None:
