@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from geode.codegen.backends.llvm.conv_spec import ConvSpec
 from geode.codegen.driver import CodegenWarning
 from geode.compiler.ir import Graph, Node
 from geode.compiler.ops.nn import window_attrs
@@ -47,11 +48,9 @@ class ConvChoice:
     reason: str
 
 
-def conv_spec(node: Node, g: Graph):  # -> ConvSpec | str
+def conv_spec(node: Node, g: Graph) -> ConvSpec | str:
     """The :class:`~geode.codegen.backends.llvm.conv_spec.ConvSpec` of a Conv node, or a
     string saying why it cannot run natively (see the module docstring)."""
-    from geode.codegen.backends.llvm.conv_spec import ConvSpec
-
     x, w = node.inputs[0], node.inputs[1]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     y = node.outputs[0] if len(node.outputs) == 1 else None

@@ -42,11 +42,8 @@ class ConvSpec:
             )
         if min(*self.kernel, *self.strides, *self.dilations) < 1 or min(self.pads) < 0:
             raise ValueError(f"native conv: bad window {self}")
-        if self.spatial == 1 and (self.kernel[0], self.strides[0], self.pads[0::2]) != (
-            1,
-            1,
-            (0, 0),
-        ):
+        unit_h = self.kernel[0] == self.strides[0] == 1 and self.pads[0] == self.pads[2] == 0
+        if self.spatial == 1 and not unit_h:
             raise ValueError("native conv: a 1-D conv has a unit H window")
 
     @property
@@ -71,7 +68,7 @@ class ConvSpec:
 
     @property
     def method(self) -> str:
-        """``depthwise``, ``pointwise`` or ``im2col`` (see the module docstring)."""
+        """``depthwise``, ``pointwise`` or ``im2col`` (see :mod:`~.conv`)."""
         if self.cg == 1 and self.group > 1:
             return "depthwise"
         unit = self.kernel == (1, 1) and self.strides == (1, 1)
