@@ -14,7 +14,9 @@ fuse           ``geode/compiler/fusion/planner.py`` (groups and their order)
 lower          ``geode/codegen/lower.py`` (group -> loop AST)
 schedule       ``geode/codegen/autoschedule.py`` (``geode/codegen/schedule/``)
 emit           ``geode/codegen/driver.py`` ``emit_kernel`` (the backend)
-bind           ``geode/runtime/engines.py`` (the engines' steps; views become aliases)
+bind           ``geode/runtime/engines.py`` (the engines' steps; views become aliases;
+               library ops natively: ``codegen/driver.py`` MatMul, ``codegen/native_conv.py``
+               Conv)
 plan           ``geode/plan_builder.py`` (slots, memory plan with aliases, runtime Plan)
 =============  ==========================================================
 
@@ -35,6 +37,7 @@ from geode.codegen import driver
 from geode.codegen.cache import maybe_prune
 from geode.codegen.epilogues import attach_epilogues
 from geode.codegen.lower import make_can_lower
+from geode.codegen.native_conv import conv_interface
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
@@ -252,10 +255,15 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
         return alias_unit(node, view)
     engine = c.placement.engine[node.name]
     library = driver.library_interface(node, c.graph, c.opts) if engine == "aicpu" else None
-    if library is not None:  # a library routine called natively (MatMul: BLAS)
+    reason = "library op: BLAS, called natively"
+    conv = conv_interface(node, c.graph, c.opts) if engine == "aicpu" else None
+    if conv is not None:  # Conv: native (im2col + BLAS, depthwise) or why not
+        c.placement.reason[node.name] = reason = conv.reason
+        library = None if conv.interface is None else (conv.interface, conv.info)
+    if library is not None:  # a library routine called natively (MatMul: BLAS; Conv)
         interface, info = library
         c.placement.engine[node.name] = "aicore"
-        c.placement.reason[node.name] = "library op: BLAS, called natively"
+        c.placement.reason[node.name] = reason
         return Unit(
             node.name, "aicore", [node], list(node.inputs), list(node.outputs), interface, info
         )

@@ -20,6 +20,7 @@ from geode.compiler.passes.const_fold import fold_constants
 from geode.compiler.passes.cse import cse
 from geode.compiler.passes.dce import dce
 from geode.compiler.passes.decompose import decompose
+from geode.compiler.passes.fold_bn import fold_batch_norm
 from geode.compiler.passes.simplify import simplify
 from geode.compiler.passes.variables import freeze_read_only_variables, mark_read_only_variables
 from geode.errors import GeodeError
@@ -52,6 +53,7 @@ class PassRecord:
 PIPELINE: list[Pass] = [
     Pass("mark_variables", mark_read_only_variables),
     Pass("freeze_variables", freeze_read_only_variables, optional=True),
+    Pass("fold_bn", fold_batch_norm),  # before decompose splits BatchNormalization
     Pass("decompose", decompose),
     Pass("simplify", simplify),
     Pass("const_fold", fold_constants),

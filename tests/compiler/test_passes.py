@@ -867,7 +867,13 @@ def test_pipeline_runs_to_a_fixed_point():
 def test_pipeline_disable_enable_and_bounds():
     g = _model()
     records = run_pipeline(g.copy(), disabled=["decompose", "cse"], max_rounds=1)
-    assert {r.name for r in records} == {"mark_variables", "simplify", "const_fold", "dce"}
+    assert {r.name for r in records} == {
+        "mark_variables",
+        "fold_bn",
+        "simplify",
+        "const_fold",
+        "dce",
+    }
     assert {r.round for r in records} == {1}
     with pytest.raises(GeodeError, match="not passes"):
         run_pipeline(g.copy(), disabled=["nope"])

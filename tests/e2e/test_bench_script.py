@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "run.py"
@@ -101,3 +102,17 @@ def test_load_runtimes_reports_a_missing_library(monkeypatch) -> None:
     missing = load_runtimes(["geode", "numpy", "onnxruntime"], 1)
     assert list(missing) == ["onnxruntime"]
     assert "onnxruntime" in missing["onnxruntime"]
+
+
+def test_conv_bench_systems_agree() -> None:
+    """``bench/conv.py``: the three systems it times compute the same conv, and the
+    native one is the library kernel (its ``runner`` asserts it)."""
+    sys.path.insert(0, str(SCRIPT.parents[1]))
+    try:
+        from bench.conv import CASES, runner
+    finally:
+        sys.path.pop(0)
+    name = next(n for n in CASES if "depthwise" in n)
+    outs = {s: runner(s, name, 1)[1] for s in ("native", "aicpu", "ort")}
+    for s in ("aicpu", "ort"):
+        np.testing.assert_allclose(outs["native"], outs[s], rtol=1e-4, atol=1e-4, err_msg=s)

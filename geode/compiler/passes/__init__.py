@@ -5,6 +5,7 @@ dce         dce                        remove what no output needs
 cse         cse                        merge duplicate nodes and constants
 simplify    simplify                   algebraic identities (x*1, Transpose pairs, ...)
 decompose   decompose                  composite ops into primitives
+fold_bn     fold_batch_norm            BatchNormalization (per-channel Mul/Add) into the Conv before
 variables   mark_read_only_variables   GE-style variable marks; freeze_read_only_variables
 
 ``rewrite`` holds what they share (replace_value keeps graph output names). The order

@@ -16,6 +16,12 @@ Rooms, in the order a kernel passes through them:
 - :mod:`~.objcache`: object code on disk (a warm start runs no optimizer);
 - :mod:`~.kernel`: :func:`compile_kernel` and the callable :class:`LLVMKernel`.
 
+Library routines are written as IR directly, not from a loop AST: :mod:`~.library`
+(MatMul through numpy's BLAS) and the convolutions, :mod:`~.conv` (the entry and
+:func:`~.conv.conv_kernel`) with :mod:`~.conv_spec`, :mod:`~.conv_gemm` (im2col and
+1x1 through BLAS), :mod:`~.conv_depthwise` (direct) and :mod:`~.irloops` (structured
+loops over the IR text writer).
+
 Semantics are those of the numba backend it replaces (numpy's dtype promotion with
 weak Python-scalar constants, integer division and shifts as numpy defines them,
 NaN-propagating min/max, float16 values carried as float32 and rounded after every

@@ -1,0 +1,209 @@
+"""Conv (1-D and 2-D, NCHW) as native kernels with the kernels' ABI, compiled from IR
+written here: the whole convolution, batch and groups included, is one call into
+machine code (no Python between images or groups).
+
+A :class:`ConvSpec` holds what is fixed when a model is compiled (dtype, channels,
+the weights' static shape, group, strides, dilations, pads or ``auto_pad``, bias or
+not); the batch and the spatial sizes are read from the arrays at run time (SAME pads
+are computed from them). :func:`conv_kernel` compiles one entry per spec
+(``int32 entry(ptrs, recs, ints)``, arrays ``X, W, [B], Y``, ints the thread count):
+
+- the entry checks every record (status ``i + 1`` for a bad argument ``i``: rank,
+  item size, X's channels, W's exact shape, B's length, Y's shape against the output
+  size the geometry gives) before touching memory, then calls the method's body;
+- the body is chosen by shape when the spec is made (:attr:`ConvSpec.method`):
+  ``pointwise`` (1x1, stride 1, no padding: each image's group of channels already is
+  the GEMM's right operand), ``im2col`` (the general case, :mod:`~.conv_gemm`) or
+  ``depthwise`` (one input channel per group, :mod:`~.conv_depthwise`: a direct loop
+  nest, no GEMM). A 1-D conv is the 2-D one with ``H = 1``.
+- status ``n_arrays + 1`` says the body could not allocate its scratch buffer,
+  ``n_arrays + 2`` that the input leaves no output position (an output dim below 1);
+  :class:`ConvKernel` raises :class:`~geode.errors.ExecutionError` and
+  :class:`~geode.errors.ShapeError` for them.
+
+Results match the reference kernel (:func:`geode.compiler.ops.nn.conv_nd`) to rounding:
+both sum the same products, in another order.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+
+from geode.codegen.backends.llvm import conv_depthwise, conv_gemm, jit, objcache
+from geode.codegen.backends.llvm.conv_spec import TYPES, ConvSpec, Geometry
+from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
+from geode.codegen.backends.llvm.irloops import Builder
+from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
+from geode.codegen.backends.llvm.kernel import LLVMKernel
+from geode.errors import ExecutionError, ShapeError
+
+__all__ = ["ConvKernel", "ConvSpec", "conv_ir", "conv_kernel"]
+
+
+def _out_size(b: Builder, spec: ConvSpec, axis: int, size: str) -> tuple[str, str]:
+    """``(output size, begin pad)`` of spatial ``axis`` for an input of ``size``."""
+    k, s, d = spec.kernel[axis], spec.strides[axis], spec.dilations[axis]
+    span = d * (k - 1) + 1
+    if spec.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = b.ceildiv(size, s, "out")
+        need = b.sub(b.add(b.mul(b.sub(out, "1"), str(s)), str(span)), size)
+        total = b.max(need, "0", "padtot")
+        small = b.op("sdiv", total, "2", "padhalf")
+        begin = small if spec.auto_pad == "SAME_UPPER" else b.sub(total, small, "padbeg")
+        return out, begin
+    pads = spec.explicit_pads
+    pb, pe = pads[axis], pads[axis + 2]
+    num = b.add(size, str(pb + pe - span))
+    return b.add(b.floordiv(num, s), "1", "out"), str(pb)
+
+
+def _records(b: Builder, spec: ConvSpec) -> tuple[dict[str, list[str]], int]:
+    """Check the X, W and B records (statuses 1, 2, 3, each record's rank before its
+    other words are read); returns their dims and the index of Y's record."""
+    item = TYPES[spec.dtype][1]
+    rank = spec.spatial + 2
+    kh, kw = spec.kernel
+    w_dims = [spec.out_channels, spec.cg] + ([kh, kw] if spec.spatial == 2 else [kw])
+    want = {"X": (rank, {1: spec.channels}), "W": (rank, dict(enumerate(w_dims)))}
+    if spec.bias:
+        want["B"] = (1, {0: spec.out_channels})
+    dims: dict[str, list[str]] = {}
+    at = 0
+
+    def word(j: int) -> str:
+        return b.load("i64", b.gep("i64", "%recs", str(j)), "r")
+
+    for status, name in enumerate(spec.arrays[:-1], start=1):
+        nd, fixed = want[name]
+        b.fail_unless(b.cmp("eq", word(at), str(nd)), status)
+        got = [word(at + 2 + j) for j in range(nd)]
+        conds = [b.cmp("eq", word(at + 1), str(item))]
+        conds += [b.cmp("eq", got[j], str(v)) for j, v in fixed.items()]
+        b.fail_unless(b.all_of(conds), status)
+        dims[name] = got
+        at += 2 + nd
+    return dims, at
+
+
+def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
+    """The entry ``i32 @name(ptrs, recs, ints)``: records checked, geometry computed,
+    ``@body`` called (see the module docstring)."""
+    fn = FunctionWriter(name, "i32", [("ptr", "ptrs"), ("ptr", "recs"), ("ptr", "ints")])
+    fn.attrs = " nounwind"
+    b = Builder(fn)
+    dims, at = _records(b, spec)
+    y_status = len(spec.arrays)
+    x = dims["X"]
+    n, wd = x[0], x[-1]
+    h = x[2] if spec.spatial == 2 else "1"
+    oh, pt = _out_size(b, spec, 0, h) if spec.spatial == 2 else ("1", "0")
+    ow, pl = _out_size(b, spec, 1, wd)
+    rank = spec.spatial + 2
+    y = [b.load("i64", b.gep("i64", "%recs", str(at + j)), "ry") for j in range(2)]
+    b.fail_unless(b.cmp("eq", y[0], str(rank)), y_status)
+    ydims = [b.load("i64", b.gep("i64", "%recs", str(at + 2 + j)), "ry") for j in range(rank)]
+    want = [n, str(spec.out_channels)] + ([oh] if spec.spatial == 2 else []) + [ow]
+    conds = [b.cmp("eq", y[1], str(TYPES[spec.dtype][1]))]
+    conds += [b.cmp("eq", g, w) for g, w in zip(ydims, want)]
+    b.fail_unless(b.all_of(conds), y_status)
+    fits = b.all_of([b.cmp("sgt", oh, "0"), b.cmp("sgt", ow, "0")])
+    b.fail_unless(fits, len(spec.arrays) + 2, "fits")
+    ptrs = [b.load("ptr", b.gep("ptr", "%ptrs", str(i)), a) for i, a in enumerate(spec.arrays)]
+    bias = ptrs[2] if spec.bias else "null"
+    threads = b.load("i64", "%ints", "threads")
+    geo = Geometry(ptrs[0], ptrs[1], bias, ptrs[-1], n, h, wd, oh, ow, pt, pl, threads)
+    status = fn.value(f"call i32 @{body}({geo.args()})", "status")
+    fn.terminate(f"ret i32 {status}")
+    return fn
+
+
+def conv_ir(
+    spec: ConvSpec, blas_symbol: str, blas_int_bits: int, attrs: str = ""
+) -> tuple[str, str]:
+    """``(entry name, module IR)`` of the native conv of ``spec`` (the GEMM methods call
+    ``blas_symbol``, a CBLAS ``?gemm`` taking ``blas_int_bits``-bit ints; ``attrs``: the
+    target's function attributes, :attr:`~.target.Target.function_attrs`)."""
+    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+    name = f"geode_conv_{spec.method}_{digest}"
+    module = ModuleWriter(name)
+    body = f"{name}.run"
+    if spec.method == "depthwise":
+        conv_depthwise.write_body(module, body, spec, attrs)
+    else:
+        conv_gemm.write_body(module, body, spec, blas_symbol, blas_int_bits, attrs)
+    module.add_function(entry_function(name, body, spec))
+    return name, f"; {spec.describe()}\n" + module.text()
+
+
+class ConvKernel(LLVMKernel):
+    """A compiled native conv of ``spec``: an :class:`LLVMKernel` whose entry may also
+    say that its column buffer could not be allocated (raised as
+    :class:`ExecutionError`) or that the input leaves no output position for the window
+    (:class:`ShapeError`, as the reference kernel raises)."""
+
+    spec: ConvSpec
+
+    def _bad_argument(self, i: int) -> None:
+        if i == len(self._args):
+            what = "padded plane" if self.spec.method == "depthwise" else "im2col column"
+            raise ExecutionError(f"kernel {self.name}: out of memory allocating its {what} buffer")
+        if i == len(self._args) + 1:
+            raise ShapeError(
+                f"kernel {self.name}: the input is too small for the window, no output "
+                f"position is left ({self.spec.describe()})"
+            )
+        super()._bad_argument(i)
+
+
+def _arg_specs(spec: ConvSpec) -> tuple[ArgSpec, ...]:
+    """The entry's arrays, with the shapes its errors quote."""
+    two = spec.spatial == 2
+    kh, kw = spec.kernel
+    m, rank = spec.out_channels, spec.spatial + 2
+    args = [
+        ArgSpec("X", "input", spec.dtype, rank, f"(N, {spec.channels}, {'H, ' * two}W)"),
+        ArgSpec("W", "input", spec.dtype, rank, f"({m}, {spec.cg}, {f'{kh}, ' * two}{kw})"),
+    ]
+    if spec.bias:
+        args.append(ArgSpec("B", "input", spec.dtype, 1, f"({m},)"))
+    args.append(ArgSpec("Y", "output", spec.dtype, rank, f"(N, {m}, {'OH, ' * two}OW)"))
+    return tuple(args)
+
+
+@functools.lru_cache(maxsize=256)
+def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | None:
+    """The compiled native conv of ``spec`` (object code through the disk cache in
+    ``cache_dir`` when given), or None when its method needs a BLAS and none is found."""
+    from geode.codegen.backends.llvm.library import blas, share_pool
+    from geode.codegen.backends.llvm.target import host
+
+    t0 = time.perf_counter()
+    lib = blas()
+    needs_blas = spec.method != "depthwise"
+    if needs_blas and lib is None:
+        return None
+    if needs_blas:
+        share_pool(lib)  # its GEMMs' threads on the native pool, like MatMul's
+    symbol = lib.symbol(spec.dtype) if lib is not None else "geode_blas_unused"
+    target = host()
+    bits = lib.int_bits if lib is not None else 64
+    name, ir = conv_ir(spec, symbol, bits, target.function_attrs)
+    key = objcache.cache_key(ir, target.fingerprint())
+    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
+    from_cache = obj is not None
+    if obj is None:
+        obj = jit.compile_ir(ir, target)
+        if cache_dir is not None:
+            objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    imports = {symbol: lib.address(spec.dtype)} if needs_blas else {}
+    parallel = spec.method == "depthwise"
+    loaded = jit.load_object(obj, [name], runtime=parallel, imports=imports)
+    emitted = Emitted(ir, name, _arg_specs(spec), (), parallel, ())
+    seconds = time.perf_counter() - t0
+    kernel = ConvKernel(
+        f"conv_{spec.method}", emitted, loaded, target, seconds, from_cache, fastmath=False
+    )
+    kernel.spec = spec
+    return kernel

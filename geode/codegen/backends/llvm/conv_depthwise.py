@@ -1,0 +1,253 @@
+"""The ``depthwise`` body of a native conv (:mod:`~.conv`): one input channel per group
+(``C/g = 1``, any ``M/g``), computed directly, no GEMM: im2col would copy every input
+element ``kh * kw`` times for a GEMM whose inner dimension is only ``kh * kw``.
+
+Output plane ``(n, m)`` reads input plane ``(n, m // (M/g))`` and the ``kh * kw``
+weights of channel ``m``. With padding, the input plane is first copied into a
+zero-bordered scratch plane of exactly the rows and columns the windows reach
+(``(OH-1)*sh + (kh-1)*dh + 1`` by ``(OW-1)*sw + (kw-1)*dw + 1``; planes sharing an
+input plane, ``M/g > 1``, copy it once); without, the windows read the input in place.
+Then every output element is ``bias + sum_ij w[m, 0, i, j] * p[oh*sh + i*dh, ow*sw +
+j*dw]`` with no bounds to check: up to :data:`MAX_UNROLLED_TAPS` taps are summed
+unrolled in registers, one loop over the row's columns that LLVM vectorizes; larger
+windows accumulate tap by tap into the output row (each tap one vectorized loop).
+
+The planes are shared among the native pool's threads (:mod:`~.parallel`'s launcher,
+``threads`` from the entry's ints; no BLAS runs here); below
+:data:`~.parallel.MIN_PARALLEL_ELEMENTS` multiply-adds the calling thread does all.
+Each chunk of planes ``malloc``-s its own scratch plane; a NULL sets the context's
+failure flag and the body returns status ``n_arrays + 1`` once the launch is over.
+"""
+
+from __future__ import annotations
+
+from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, body_geometry
+from geode.codegen.backends.llvm.irloops import Builder
+from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
+from geode.codegen.backends.llvm.parallel import LAUNCH, MIN_PARALLEL_ELEMENTS
+
+__all__ = ["MAX_UNROLLED_TAPS", "write_body"]
+
+#: windows of at most this many taps are summed unrolled, in registers
+MAX_UNROLLED_TAPS = 64
+#: the chunk function's context: pointers, sizes, the failure flag; one i64 slot each
+_CTX = ("X", "W", "B", "Y", "planes", "H", "Wd", "OH", "OW", "pt", "pl", "failed")
+
+
+def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> None:
+    """Add ``i32 @name(geometry)`` (see :data:`~.conv_spec.BODY_PARAMS`) computing
+    ``spec``'s depthwise conv on the native pool; ``attrs``: the target's function
+    attributes."""
+    plane, pad, chunk = f"{name}.plane", f"{name}.pad", f"{name}.chunk"
+    module.add_function(_plane_function(module, plane, spec, attrs))
+    module.add_function(_pad_function(module, pad, spec, attrs))
+    module.add_function(_chunk_function(module, chunk, plane, pad, spec, attrs))
+    module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
+    module.declare(
+        "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
+    )
+    module.add_global("geode.launch", LAUNCH)
+    fn = FunctionWriter(name, "i32", BODY_PARAMS)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind " + attrs)
+    b = Builder(fn)
+    geo = body_geometry(fn)
+    planes = b.mul(geo.n, str(spec.out_channels), "planes")
+    values = [geo.x, geo.w, geo.b, geo.y, planes, geo.h, geo.wd, geo.oh, geo.ow, geo.pt, geo.pl]
+    ctx = fn.alloca(f"[{len(_CTX)} x i64]", "ctx", align=8)
+    for i, v in enumerate([*values, "0"]):
+        slot = b.gep("i64", ctx, str(i), "slot")
+        fn.add(f"store {'ptr' if i < 4 else 'i64'} {v}, ptr {slot}")
+    taps = spec.kernel[0] * spec.kernel[1]
+    work = b.mul(b.mul(planes, b.mul(geo.oh, geo.ow)), str(taps), "work")
+    small = b.cmp("slt", work, str(MIN_PARALLEL_ELEMENTS), "small")
+    fn.add(
+        f"call void @geode.launch(ptr @{chunk}, ptr {ctx}, i64 {planes}, i64 {geo.threads}, "
+        f"i1 {small})"
+    )
+    failed = b.load("i64", b.gep("i64", ctx, str(len(_CTX) - 1)), "failed")
+    status = fn.value(f"select i1 {b.cmp('ne', failed, '0')}, i32 {len(spec.arrays) + 1}, i32 0")
+    fn.terminate(f"ret i32 {status}")
+    module.add_function(fn)
+
+
+def _padded_size(b: Builder, spec: ConvSpec, v: dict[str, str]) -> tuple[str, str]:
+    """Rows and columns of the scratch plane: what the windows reach."""
+    (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
+    hp = b.add(b.mul(b.sub(v["OH"], "1"), str(sh)), str((kh - 1) * dh + 1), "Hp")
+    wp = b.add(b.mul(b.sub(v["OW"], "1"), str(sw)), str((kw - 1) * dw + 1), "Wp")
+    return hp, wp
+
+
+def _chunk_function(
+    module: ModuleWriter, name: str, plane: str, pad: str, spec: ConvSpec, attrs: str
+) -> FunctionWriter:
+    """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: this chunk's share of the planes
+    (padded into its own scratch plane when the conv pads)."""
+    ty, item = TYPES[spec.dtype]
+    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind " + attrs)
+    b = Builder(fn)
+    ctx, chunk, nchunks = fn.param(0), fn.param(1), fn.param(2)
+    v = {
+        k: b.load("ptr" if i < 4 else "i64", b.gep("i64", ctx, str(i)), k)
+        for i, k in enumerate(_CTX[:-1])
+    }
+    lo = b.op("udiv", b.mul(v["planes"], chunk), nchunks, "lo")
+    hi = b.op("udiv", b.mul(v["planes"], b.add(chunk, "1")), nchunks, "hi")
+    hw, p = b.mul(v["H"], v["Wd"], "HW"), b.mul(v["OH"], v["OW"], "P")
+    hp, wp = _padded_size(b, spec, v)
+    pads = [b.cmp("sgt", v["pt"], "0"), b.cmp("sgt", v["pl"], "0")]
+    pads += [b.cmp("sgt", hp, v["H"]), b.cmp("sgt", wp, v["Wd"])]
+    padded = b.any_of(pads)
+    module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
+    module.declare("free", "declare void @free(ptr) nounwind")
+    nbytes = b.mul(b.mul(hp, wp), str(item), "padbytes")
+    scratch = fn.value(f"select i1 {padded}, i64 {nbytes}, i64 0", "scratch")
+    buf = fn.value(f"call noalias ptr @malloc(i64 {scratch})", "buf")  # malloc(0): a token
+    ok = b.all_of([b.cmp("slt", lo, hi), fn.value(f"icmp eq ptr {buf}, null")])
+
+    def fail() -> None:
+        fn.add(
+            f"store atomic i64 1, ptr {b.gep('i64', ctx, str(len(_CTX) - 1))} monotonic, align 8"
+        )
+        fn.terminate("ret void")
+        fn.start_block(fn.label("unreachable"))
+
+    b.when(fn.value(f"and i1 {ok}, {padded}"), fail, "nomem")
+    last = fn.alloca("i64", "last")
+    fn.add(f"store i64 -1, ptr {last}")
+    m_all, taps = str(spec.out_channels), spec.kernel[0] * spec.kernel[1]
+    sizes = ", ".join(f"i64 {x}" for x in (v["OH"], v["OW"]))
+
+    def one(q: str) -> None:
+        n, m = b.op("udiv", q, m_all, "n"), b.op("urem", q, m_all, "m")
+        xplane = b.add(b.mul(n, str(spec.channels)), b.op("udiv", m, str(spec.mg)), "xplane")
+        x = b.gep(ty, v["X"], b.mul(xplane, hw), "x")
+        fresh = b.all_of([padded, b.cmp("ne", b.load("i64", last, "prev"), xplane)])
+
+        def copy() -> None:
+            fn.add(
+                f"call void @{pad}(ptr {x}, ptr {buf}, i64 {v['H']}, i64 {v['Wd']}, i64 {hp}, "
+                f"i64 {wp}, i64 {v['pt']}, i64 {v['pl']})"
+            )
+            fn.add(f"store i64 {xplane}, ptr {last}")
+
+        b.when(fresh, copy, "copy")
+        src = fn.value(f"select i1 {padded}, ptr {buf}, ptr {x}", "src")
+        pitch = b.select(padded, wp, v["Wd"], "pitch")
+        y = b.gep(ty, v["Y"], b.mul(q, p), "y")
+        w = b.gep(ty, v["W"], b.mul(m, str(taps)), "w")
+        bias = b.load(ty, b.gep(ty, v["B"], m), "bias") if spec.bias else float_literal(0.0, ty)
+        fn.add(
+            f"call void @{plane}(ptr {src}, i64 {pitch}, ptr {w}, ptr {y}, {ty} {bias}, {sizes})"
+        )
+
+    b.loop(lo, hi, one, "q")
+    fn.add(f"call void @free(ptr {buf})")
+    fn.terminate("ret void")
+    return fn
+
+
+def _pad_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
+    """``void @name(ptr x, ptr buf, i64 H, i64 Wd, i64 Hp, i64 Wp, i64 pt, i64 pl)``: the
+    input plane ``x`` into the ``Hp x Wp`` scratch plane, ``pt`` rows and ``pl`` columns
+    in, zeros around it (nothing past what the windows reach). A row is one loop of
+    masked vector loads and stores (short rows: three loops, or memset and memcpy calls,
+    cost more than the copy)."""
+    ty, _ = TYPES[spec.dtype]
+    names = ("x", "buf", "H", "Wd", "Hp", "Wp", "pt", "pl")
+    params = [("ptr noalias", n) for n in names[:2]] + [("i64", n) for n in names[2:]]
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group('nounwind noinline "no-builtins" ' + attrs)
+    b = Builder(fn)
+    x, buf, h, wd, hp, wp, pt, pl = (fn.param(i) for i in range(len(names)))
+    lo = b.min(pl, wp, "lo")  # columns [lo, hi) of a row come from the input
+    hi = b.max(lo, b.min(b.add(pl, wd), wp), "hi")
+    zero = float_literal(0.0, ty)
+
+    def row(r: str) -> None:
+        ih = b.sub(r, pt, "ih")
+        dst = b.gep(ty, buf, b.mul(r, wp), "dst")
+        inside = b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
+        first = b.select(inside, lo, wp, "first")  # a row outside the image: all zeros
+        last = b.select(inside, hi, wp, "last")
+        xrow = b.gep(ty, x, b.mul(b.select(inside, ih, "0"), wd), "xrow")
+
+        def column(c: str) -> None:
+            into = b.gep(ty, dst, c, "into")
+            taken = b.all_of([b.cmp("sge", c, first), b.cmp("slt", c, last)])
+
+            def copy() -> None:  # c - pl >= lo - pl >= 0 here
+                v = b.load(ty, b.gep(ty, xrow, b.sub(c, pl)), "v")
+                fn.add(f"store {ty} {v}, ptr {into}")
+
+            b.branch(taken, copy, lambda: fn.add(f"store {ty} {zero}, ptr {into}"), "taken")
+
+        b.loop("0", wp, column, "c", meta=Builder.tail_folded(module))
+
+    b.loop("0", hp, row, "r")
+    fn.terminate("ret void")
+    return fn
+
+
+def _plane_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
+    """``void @name(ptr p, i64 pitch, ptr w, ptr y, T bias, i64 OH, i64 OW)``: one output
+    plane from the (scratch) input plane ``p`` of row pitch ``pitch`` (see the module
+    docstring)."""
+    ty, _ = TYPES[spec.dtype]
+    (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
+    params = [("ptr noalias", "p"), ("i64", "pitch"), ("ptr noalias", "w"), ("ptr noalias", "y")]
+    params += [(ty, "bias"), ("i64", "OH"), ("i64", "OW")]
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
+    b = Builder(fn)
+    p, pitch, w, y, bias, oh_n, ow_n = (fn.param(i) for i in range(len(params)))
+    unrolled = kh * kw <= MAX_UNROLLED_TAPS
+    weights = [b.load(ty, b.gep(ty, w, str(t)), "w") for t in range(kh * kw)] if unrolled else []
+
+    def madd(acc: str, wv: str, src: str) -> str:
+        prod = fn.value(f"fmul contract {ty} {wv}, {b.load(ty, src, 'xv')}", "prod")
+        return fn.value(f"fadd contract {ty} {acc}, {prod}", "sum")
+
+    def out_row(oh: str) -> None:
+        yrow = b.gep(ty, y, b.mul(oh, ow_n), "yrow")
+        top = b.mul(oh, str(sh), "top")
+        if unrolled:
+            rows = [b.gep(ty, p, b.mul(b.add(top, str(i * dh)), pitch), "prow") for i in range(kh)]
+
+            def column(o: str) -> None:
+                base, acc = b.mul(o, str(sw), "iw"), bias
+                for t in range(kh * kw):
+                    i, j = divmod(t, kw)
+                    acc = madd(acc, weights[t], b.gep(ty, rows[i], b.add(base, str(j * dw))))
+                fn.add(f"store {ty} {acc}, ptr {b.gep(ty, yrow, o)}")
+
+            # masked tail: unit stride only (strided masked loads become slow gathers)
+            meta = Builder.tail_folded(module) if sw == 1 else ""
+            b.loop("0", ow_n, column, "ow", meta=meta)
+            return
+        fill = lambda o: fn.add(f"store {ty} {bias}, ptr {b.gep(ty, yrow, o)}")  # noqa: E731
+        b.loop("0", ow_n, fill, "fill")
+
+        def tap(t: str) -> None:
+            i, j = b.op("udiv", t, str(kw), "ti"), b.op("urem", t, str(kw), "tj")
+            wv = b.load(ty, b.gep(ty, w, t), "wv")
+            at = b.add(b.mul(b.add(top, b.mul(i, str(dh))), pitch), b.mul(j, str(dw)))
+            prow = b.gep(ty, p, at, "prow")
+
+            def column(o: str) -> None:
+                dst = b.gep(ty, yrow, o, "dst")
+                src = b.gep(ty, prow, b.mul(o, str(sw)), "src")
+                fn.add(f"store {ty} {madd(b.load(ty, dst, 'acc'), wv, src)}, ptr {dst}")
+
+            b.loop("0", ow_n, column, "ow")
+
+        b.loop("0", str(kh * kw), tap, "tap", meta=Builder.no_unroll(module))
+
+    b.loop("0", oh_n, out_row, "oh")
+    fn.terminate("ret void")
+    return fn

@@ -1,0 +1,136 @@
+"""What a native conv (:mod:`~.conv`) fixes at compile time, and what its entry hands
+the method's body: :class:`ConvSpec`, :class:`Geometry`, :data:`BODY_PARAMS`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from geode.codegen.backends.llvm.irtext import FunctionWriter
+
+__all__ = ["AUTO_PADS", "BODY_PARAMS", "TYPES", "ConvSpec", "Geometry", "body_geometry"]
+
+#: float type and item size of each dtype a native conv takes
+TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
+AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """What a compiled conv fixes (see :mod:`~.conv`). 1-D convs have ``spatial=1``
+    and the H entries of ``kernel``/``strides``/``dilations``/``pads`` at 1, 1, 1, 0."""
+
+    dtype: str
+    spatial: int  # 1 or 2
+    channels: int  # C
+    out_channels: int  # M
+    group: int
+    kernel: tuple[int, int]  # (kh, kw)
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    pads: tuple[int, int, int, int]  # top, left, bottom, right (unused by SAME_*)
+    auto_pad: str
+    bias: bool
+
+    def __post_init__(self) -> None:
+        if self.dtype not in TYPES:
+            raise ValueError(f"native conv: dtype {self.dtype} is not float32/float64")
+        if self.spatial not in (1, 2) or self.auto_pad not in AUTO_PADS:
+            raise ValueError(f"native conv: {self.spatial}-D / auto_pad {self.auto_pad}")
+        if self.group < 1 or self.channels % self.group or self.out_channels % self.group:
+            raise ValueError(
+                f"native conv: C={self.channels}, M={self.out_channels} and group={self.group}"
+            )
+        if min(*self.kernel, *self.strides, *self.dilations) < 1 or min(self.pads) < 0:
+            raise ValueError(f"native conv: bad window {self}")
+        unit_h = self.kernel[0] == self.strides[0] == 1 and self.pads[0] == self.pads[2] == 0
+        if self.spatial == 1 and not unit_h:
+            raise ValueError("native conv: a 1-D conv has a unit H window")
+
+    @property
+    def cg(self) -> int:
+        """Input channels per group."""
+        return self.channels // self.group
+
+    @property
+    def mg(self) -> int:
+        """Output channels per group."""
+        return self.out_channels // self.group
+
+    @property
+    def depth(self) -> int:
+        """Rows of a group's column matrix: ``C/g * kh * kw`` (the GEMM's K)."""
+        return self.cg * self.kernel[0] * self.kernel[1]
+
+    @property
+    def explicit_pads(self) -> tuple[int, int, int, int]:
+        """The pads of NOTSET (VALID: none); SAME pads are computed at run time."""
+        return (0, 0, 0, 0) if self.auto_pad == "VALID" else self.pads
+
+    @property
+    def method(self) -> str:
+        """``depthwise``, ``pointwise`` or ``im2col`` (see :mod:`~.conv`)."""
+        if self.cg == 1 and self.group > 1:
+            return "depthwise"
+        unit = self.kernel == (1, 1) and self.strides == (1, 1)
+        if unit and (self.auto_pad != "NOTSET" or not any(self.pads)):
+            return "pointwise"  # SAME with a 1x1 window at stride 1 pads nothing
+        return "im2col"
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """The entry's arrays, in order."""
+        return ("X", "W", "B", "Y") if self.bias else ("X", "W", "Y")
+
+    def describe(self) -> str:
+        """A short readable summary (kernel names, ``explain()``)."""
+        kh, kw = self.kernel
+        pads = (
+            self.auto_pad if self.auto_pad != "NOTSET" else "pads " + ",".join(map(str, self.pads))
+        )
+        return (
+            f"{self.method} {self.spatial}-D {self.dtype} C={self.channels} M={self.out_channels} "
+            f"g={self.group} k={kh}x{kw} s={self.strides} d={self.dilations} {pads}"
+            + (" +bias" if self.bias else "")
+        )
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The IR operands an entry hands its body: pointers, sizes and pads (i64)."""
+
+    x: str
+    w: str
+    b: str  # "null" without a bias
+    y: str
+    n: str
+    h: str
+    wd: str
+    oh: str
+    ow: str
+    pt: str
+    pl: str
+    threads: str
+
+    def args(self) -> str:
+        """The body's call arguments."""
+        ptrs = ", ".join(f"ptr {p}" for p in (self.x, self.w, self.b, self.y))
+        ints = ", ".join(
+            f"i64 {v}"
+            for v in (self.n, self.h, self.wd, self.oh, self.ow, self.pt, self.pl, self.threads)
+        )
+        return f"{ptrs}, {ints}"
+
+
+#: the body's parameters, in :meth:`Geometry.args` order
+BODY_PARAMS = [
+    ("ptr noalias", "X"),
+    ("ptr noalias", "W"),
+    ("ptr noalias", "B"),
+    ("ptr noalias", "Y"),
+    *(("i64", n) for n in ("N", "H", "Wd", "OH", "OW", "pt", "pl", "threads")),
+]
+
+
+def body_geometry(fn: FunctionWriter) -> Geometry:
+    """The body function's parameters as a :class:`Geometry`."""
+    return Geometry(*(fn.param(i) for i in range(len(BODY_PARAMS))))

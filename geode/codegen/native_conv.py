@@ -1,0 +1,146 @@
+"""Conv nodes as native AI Core steps (the bind stage asks :func:`conv_interface` for
+every Conv placed on AICPU).
+
+A Conv goes native (:mod:`geode.codegen.backends.llvm.conv`: im2col + BLAS GEMM,
+pointwise GEMM, or the direct depthwise kernel) when, with the LLVM backend and codegen
+on: X, W (and B) and Y are all float32 or all float64; X is 3-D or 4-D (1-D or 2-D
+conv, NCHW); W's shape is static (so are the channels, group and window); and Y's shape
+follows from the graph inputs' symbols (a dim known only once a value is computed
+cannot size a native step's output). Otherwise it keeps the reference kernel, and the
+placement records why.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from geode.codegen.backends.llvm.conv_spec import ConvSpec
+from geode.codegen.driver import CodegenWarning
+from geode.compiler.ir import Graph, Node
+from geode.compiler.ops.nn import window_attrs
+from geode.compiler.shapes import compile_shape_fn, free_symbols
+from geode.config import Options
+from geode.debug import log
+from geode.errors import CodegenError, GeodeError
+from geode.runtime.engines import NativeKernel
+from geode.runtime.model import KernelInfo
+
+__all__ = ["ConvChoice", "conv_interface", "conv_spec"]
+
+#: what each method is called in the placement's reasons
+_METHODS = {
+    "im2col": "im2col + BLAS GEMM",
+    "pointwise": "1x1 BLAS GEMM",
+    "depthwise": "direct depthwise kernel",
+}
+
+
+@dataclass
+class ConvChoice:
+    """What became of one Conv: its native step (``interface`` and ``info``, or None to
+    keep the reference kernel) and the placement's ``reason``."""
+
+    interface: NativeKernel | None
+    info: KernelInfo | None
+    reason: str
+
+
+def conv_spec(node: Node, g: Graph) -> ConvSpec | str:
+    """The :class:`~geode.codegen.backends.llvm.conv_spec.ConvSpec` of a Conv node, or a
+    string saying why it cannot run natively (see the module docstring)."""
+    x, w = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    y = node.outputs[0] if len(node.outputs) == 1 else None
+    if y is None or x is None or w is None:
+        return "not a single-output Conv"
+    dtype = str(np.dtype(x.dtype))
+    if dtype not in ("float32", "float64"):
+        return f"{dtype} (native: float32, float64)"
+    if any(v is not None and v.dtype != x.dtype for v in (w, bias, y)):
+        return "mixed dtypes"
+    if x.shape is None or len(x.shape) not in (3, 4):
+        return "X is not 3-D or 4-D (native: 1-D and 2-D convs)"
+    if (
+        w.shape is None
+        or not all(isinstance(d, int) for d in w.shape)
+        or len(w.shape) != len(x.shape)
+    ):
+        return "W's shape is not static"
+    if y.shape is None:
+        return "Y's shape is unknown"
+    known = set().union(*(free_symbols(v.shape) for v in g.inputs))
+    if not free_symbols(y.shape) <= known:
+        return "Y's shape is known only at run time"
+    try:
+        win = window_attrs(node.attrs, list(w.shape[2:]))
+    except GeodeError as exc:
+        return f"window attributes: {exc}"
+    group = int(node.attrs.get("group") or 1)
+    lift = len(x.shape) == 3  # a 1-D conv is the 2-D one with H = 1
+    pads = [0, *win.begin, 0, *win.end] if lift else [*win.begin, *win.end]
+    try:
+        return ConvSpec(
+            dtype=dtype,
+            spatial=2 - lift,
+            channels=w.shape[1] * group,
+            out_channels=w.shape[0],
+            group=group,
+            kernel=tuple([1] * lift + list(w.shape[2:])),
+            strides=tuple([1] * lift + win.strides),
+            dilations=tuple([1] * lift + win.dilations),
+            pads=tuple(pads),
+            auto_pad=win.auto_pad,
+            bias=bias is not None,
+        )
+    except ValueError as exc:
+        return str(exc)
+
+
+def conv_interface(node: Node, g: Graph, opts: Options) -> ConvChoice | None:
+    """The native step of a Conv node (see the module docstring): a :class:`ConvChoice`,
+    or None for a node that is not a Conv or when native code is off (LLVM backend and
+    codegen both needed)."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
+        return None
+    if opts.backend != "llvm" or not opts.codegen:
+        return None
+    spec = conv_spec(node, g)
+    if isinstance(spec, str):
+        return ConvChoice(None, None, f"library op: reference kernel (Conv: {spec})")
+    from geode.codegen.backends.llvm.conv import conv_kernel
+
+    try:
+        kernel = conv_kernel(spec, opts.cache_dir)
+    except CodegenError as exc:  # never lose a result to a codegen bug: fall back, loudly
+        msg = f"Conv {node.name!r} falls back to AICPU: {exc}"
+        warnings.warn(msg, CodegenWarning, stacklevel=3)
+        log.warning(msg)
+        return ConvChoice(None, None, f"library op: reference kernel (Conv: {exc})")
+    if kernel is None:
+        return ConvChoice(None, None, "library op: reference kernel (Conv: no BLAS found)")
+    y = node.outputs[0]
+    interface = NativeKernel(
+        name=node.name,
+        fn=kernel,
+        n_inputs=len(spec.arrays) - 1,
+        out_shapes=[compile_shape_fn(y.shape)],
+        out_dtypes=[y.dtype],
+        threads=int(opts.num_threads),
+        launch_threads=True,
+        call=kernel.call,
+    )
+    info = KernelInfo(
+        name=node.name,
+        ops=[node],
+        engine="aicore",
+        source=kernel.source,
+        kind="library",
+        trace=spec.describe(),
+        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
+        _llvm=lambda: kernel.llvm,
+        _asm=lambda: kernel.asm,
+    )
+    return ConvChoice(interface, info, f"library op: Conv, {_METHODS[spec.method]}, native")
