@@ -138,3 +138,19 @@ def test_random_batched_matmuls_match_numpy(batch, mkn, drop_a, dtype):
     if max(len(sa), len(sb)) < 3:
         sb = (1, *sb)
     _check(sa, sb, dtype)
+
+
+def test_an_operand_of_another_rank_is_refused_before_the_records_after_it_are_read():
+    """A's record is shorter than the entry expects: the entry checks its ndim first (the
+    later records would be read at shifted places, past the end of the record array)."""
+    from geode.codegen.backends.llvm.library import matmul_kernel
+
+    k = batched_matmul_kernel("float32", 3, 3)
+    y = np.zeros((2, 3, 6), np.float32)
+    with pytest.raises(ValueError, match="argument A"):
+        k.call((np.zeros((3, 4), np.float32), np.zeros((2, 4, 6), np.float32), y), (0,))
+    with pytest.raises(ValueError, match="argument Y"):
+        k.call((np.zeros((2, 3, 4), np.float32), np.zeros((2, 4, 6), np.float32), y[0]), (0,))
+    flat = matmul_kernel("float32", 3)
+    with pytest.raises(ValueError, match="argument A"):
+        flat.call((np.zeros((3, 4), np.float32), np.zeros((4, 6), np.float32), y), (0,))

@@ -115,7 +115,9 @@ def _records(w: _Lines, ra: int, rb: int, ry: int, item: int) -> tuple[list, lis
     """Load and check the three records; returns A's, B's and Y's dims."""
     pos, out = 0, []
     for status, rank in ((1, ra), (2, rb), (3, ry)):
-        nd, its = w.load("%recs", pos), w.load("%recs", pos + 1)
+        nd = w.load("%recs", pos)  # checked before reading on: another rank shifts the rest
+        _check(w, w.tmp(f"icmp eq i64 {nd}, {rank}"), status)
+        its = w.load("%recs", pos + 1)
         dims = [w.load("%recs", pos + 2 + i) for i in range(rank)]
         pos += 2 + rank
         out.append((status, nd, its, rank, dims))

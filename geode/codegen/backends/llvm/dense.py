@@ -166,12 +166,16 @@ class _Writer:
 
 
 def _records(w: _Writer, ranks: list[int]) -> list[tuple[str, str, list[str]]]:
-    """Load every record: ``(ndim, itemsize, dims)`` per array."""
+    """Load every record: ``(ndim, itemsize, dims)`` per array. Each array's ndim is checked
+    (status: its index + 1) before anything after it is read: a record of another rank
+    would shift the later ones, and reading on could run past the records."""
     out, pos = [], 0
-    for rank in ranks:
-        words = [w.word("%recs", pos + i) for i in range(2 + rank)]
+    for i, rank in enumerate(ranks):
+        nd = w.word("%recs", pos)
+        w.check(w.eq(nd, rank), i + 1)
+        words = [w.word("%recs", pos + 1 + j) for j in range(1 + rank)]
         pos += 2 + rank
-        out.append((words[0], words[1], words[2:]))
+        out.append((nd, words[0], words[1:]))
     return out
 
 

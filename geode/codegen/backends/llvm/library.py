@@ -138,11 +138,22 @@ def matmul_ir(dtype: str, rank: int, lib: Blas) -> tuple[str, str]:
     def rec(i: int) -> str:
         return f"%r{i}"
 
+    # A: [0] ndim, [1] item, [2 .. 2+rank) dims; B at 2+rank; Y at 2+rank+4. Each record's
+    # ndim is checked before the words after it are read: another rank shifts the later
+    # records, and reading on could run past them.
+    b0, y0 = 2 + rank, 2 + rank + 4
     for i in range(2 * rank + 8):  # every record word: A (2 + rank), B (4), Y (2 + rank)
         lines.append(f"  %p{i} = getelementptr inbounds i64, ptr %recs, i64 {i}")
         lines.append(f"  {rec(i)} = load i64, ptr %p{i}")
-    # A: [0] ndim, [1] item, [2 .. 2+rank) dims; B at 2+rank; Y at 2+rank+4
-    b0, y0 = 2 + rank, 2 + rank + 4
+        for start, want, status in ((0, rank, 1), (b0, 2, 2), (y0, rank, 3)):
+            if i == start:
+                lines += [
+                    f"  %nd{status} = icmp eq i64 {rec(i)}, {want}",
+                    f"  br i1 %nd{status}, label %nd_ok{status}, label %nd_bad{status}",
+                    f"nd_bad{status}:",
+                    f"  ret i32 {status}",
+                    f"nd_ok{status}:",
+                ]
     checks = {
         1: [f"icmp eq i64 %r0, {rank}", f"icmp eq i64 %r1, {item}"],
         2: [
