@@ -265,7 +265,7 @@ def dense_kernel(
         obj = jit.compile_ir(ir, target)
         if cache_dir is not None:
             objcache.store(cache_dir, key, name, obj, target.fingerprint())
-    imports = {lib.symbol(dtype): lib.address(dtype), epilogue.entry: epilogue.address}
+    imports = {epilogue.entry: epilogue.address}
     loaded = jit.load_object(obj, [name], imports=imports)
     n_ext_in = sum(
         1 for a_ in inner[: len(lowered.inputs)] if a_.source >= 0

@@ -69,6 +69,13 @@ call_chain = _ext.call_chain
 #: wait on each other, so they run on as many threads at once, on the pool (waiting for it if
 #: another thread's job holds it) or, from inside a pool job, on short-lived threads.
 blas_share_pool = _ext.blas_share_pool
+#: ``gemm_configure(sgemm, dgemm, int_bits, set_threads)``: the BLAS ``geode_gemm`` calls
+#: (row-major cblas ``?gemm`` addresses with ``int_bits``-bit ints, and OpenBLAS's
+#: ``openblas_set_num_threads`` or 0). ``geode_gemm`` (a C symbol for JIT code, see
+#: :func:`symbols`) splits ``C = A @ B + beta C`` into independent blocks over the pool,
+#: each a single-threaded BLAS call: no job waits for another (OpenBLAS's own threads wait
+#: on each other, and stall when a core is busy or a worker sleeps)
+gemm_configure = _ext.gemm_configure
 #: ``release_scratch()``: free the calling thread's scratch buffers (a pool worker's are
 #: freed when it stops, e.g. on :func:`set_num_threads`)
 release_scratch = _ext.release_scratch
@@ -79,6 +86,7 @@ __all__ = [
     "call",
     "blas_share_pool",
     "call_chain",
+    "gemm_configure",
     "get_num_threads",
     "pool_info",
     "release_scratch",
@@ -108,13 +116,15 @@ def pool_info() -> dict[str, int]:
     the pool) and ``inline_runs`` (calls run serially on their caller: nested, concurrent
     with another job, one thread or one chunk); ``blas_pool_runs`` and ``blas_thread_runs``
     count OpenBLAS calls whose jobs ran on the pool and on short-lived threads;
-    ``scratch_bytes`` the bytes every thread's scratch buffers hold (:func:`symbols`)."""
+    ``scratch_bytes`` the bytes every thread's scratch buffers hold (:func:`symbols`);
+    ``gemm_split_calls`` the ``geode_gemm`` calls split over the pool."""
     return _ext.pool_info()
 
 
 def symbols() -> dict[str, int]:
     """Return the runtime's C functions for JIT code as ``{name: address}``:
-    ``geode_parallel_for``, ``geode_num_threads`` and ``geode_scratch`` (``void
+    ``geode_parallel_for``, ``geode_num_threads``, ``geode_gemm`` (see
+    :data:`gemm_configure`) and ``geode_scratch`` (``void
     *geode_scratch(int64_t slot, int64_t bytes)``: the calling thread's buffer for ``slot``
     (0 to 3), at least ``bytes`` long, 64-byte aligned, kept for its next call; NULL when
     out of memory). JIT code links them by address."""

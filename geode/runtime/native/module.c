@@ -32,7 +32,7 @@ PyDoc_STRVAR(get_num_threads_doc,
 PyDoc_STRVAR(pool_info_doc,
              "pool_info($module, /)\n--\n\n"
              "Return a dict: threads, spin_us, workers_running, launches, inline_runs,\n"
-             "blas_pool_runs, blas_thread_runs, scratch_bytes.");
+             "blas_pool_runs, blas_thread_runs, scratch_bytes, gemm_split_calls.");
 
 PyDoc_STRVAR(symbols_doc,
              "symbols($module, /)\n--\n\n"
@@ -81,23 +81,25 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
     uint64_t blas_pool = 0, blas_threads = 0;
     geode_pool_get_stats(&s);
     geode_blas_stats(&blas_pool, &blas_threads);
-    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:L}", "threads", (long long)s.threads,
+    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:L,s:K}", "threads", (long long)s.threads,
                          "spin_us", (long long)s.spin_us, "workers_running",
                          (long long)s.workers_running, "launches", (unsigned long long)s.launches,
                          "inline_runs", (unsigned long long)s.inline_runs, "blas_pool_runs",
                          (unsigned long long)blas_pool, "blas_thread_runs",
                          (unsigned long long)blas_threads, "scratch_bytes",
-                         (long long)geode_scratch_held());
+                         (long long)geode_scratch_held(), "gemm_split_calls",
+                         (unsigned long long)geode_gemm_split_calls());
 }
 
 static PyObject *py_symbols(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    return Py_BuildValue("{s:N,s:N,s:N}", "geode_parallel_for",
+    return Py_BuildValue("{s:N,s:N,s:N,s:N}", "geode_parallel_for",
                          PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_num_threads",
                          PyLong_FromVoidPtr((void *)&geode_num_threads), "geode_scratch",
-                         PyLong_FromVoidPtr((void *)&geode_scratch));
+                         PyLong_FromVoidPtr((void *)&geode_scratch), "geode_gemm",
+                         PyLong_FromVoidPtr((void *)&geode_gemm));
 }
 
 PyDoc_STRVAR(blas_share_pool_doc,
@@ -122,6 +124,32 @@ static PyObject *py_blas_share_pool(PyObject *module, PyObject *const *args, Py_
         return NULL;
     }
     geode_blas_share_pool((void (*)(void *))set_callback, (void (*)(int))set_threads);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(gemm_configure_doc,
+             "gemm_configure($module, sgemm, dgemm, int_bits, set_threads, get_threads, /)\n"
+             "--\n\n"
+             "Give geode_gemm the BLAS's row-major cblas ?gemm (int_bits-bit ints) and its\n"
+             "openblas_set/get_num_threads (0: none; without set, geode_gemm never splits).");
+
+static PyObject *py_gemm_configure(PyObject *module, PyObject *const *args, Py_ssize_t n)
+{
+    (void)module;
+    if (n != 5) {
+        PyErr_SetString(PyExc_TypeError, "gemm_configure() takes 5 arguments");
+        return NULL;
+    }
+    void *s = PyLong_AsVoidPtr(args[0]), *d = PyLong_AsVoidPtr(args[1]);
+    long bits = PyLong_AsLong(args[2]);
+    void *set = PyLong_AsVoidPtr(args[3]), *get = PyLong_AsVoidPtr(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (s == NULL || d == NULL || (bits != 32 && bits != 64)) {
+        PyErr_SetString(PyExc_ValueError, "gemm_configure(): null routine or bad int width");
+        return NULL;
+    }
+    geode_gemm_configure(s, d, (int)bits, set, get);
     Py_RETURN_NONE;
 }
 
@@ -156,6 +184,8 @@ static PyMethodDef methods[] = {
     {"blas_share_pool", (PyCFunction)(void (*)(void))py_blas_share_pool, METH_FASTCALL,
      blas_share_pool_doc},
     {"release_scratch", py_release_scratch, METH_NOARGS, release_scratch_doc},
+    {"gemm_configure", (PyCFunction)(void (*)(void))py_gemm_configure, METH_FASTCALL,
+     gemm_configure_doc},
     {"_set_max_slot_chunks", py_set_max_slot_chunks, METH_O, set_max_slot_chunks_doc},
     {NULL, NULL, 0, NULL},
 };

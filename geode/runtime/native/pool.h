@@ -42,6 +42,14 @@ GEODE_EXPORT void *geode_scratch(int64_t slot, int64_t bytes);
 void geode_scratch_release(void);  /* frees the calling thread's buffers */
 int64_t geode_scratch_held(void);  /* bytes held by every thread's buffers */
 
+/* gemm.c: C = A @ B + beta C, split into independent blocks over the pool (see gemm.c). */
+GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, const void *a,
+                             int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+                             int64_t ldc, int64_t threads);
+void geode_gemm_configure(void *sgemm, void *dgemm, int bits, void *set_threads,
+                          void *get_threads);
+uint64_t geode_gemm_split_calls(void);
+
 /* Internal API for the Python module. */
 typedef struct {
     int64_t threads;

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from geode.codegen.backends.llvm.library import _TYPES, Blas
+from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, Blas, gemm_call
 
 __all__ = ["SMALL_GEMM", "batched_matmul_ir", "batched_matmul_kernel"]
 
@@ -26,8 +26,9 @@ __all__ = ["SMALL_GEMM", "batched_matmul_ir", "batched_matmul_kernel"]
 #: (its GEMM_MULTITHREAD_THRESHOLD x 65536): batches of them go to the pool instead
 SMALL_GEMM = 4 * 65536
 
-#: ctx words: A, B, Y (pointers as ints), M, N, K, then per batch dim: Y's, A's, B's
-_FIXED = 6
+#: ctx words: A, B, Y (pointers as ints), M, N, K, the GEMMs' threads, then per batch dim:
+#: Y's, A's, B's
+_FIXED = 7
 
 
 class _Lines:
@@ -48,12 +49,11 @@ class _Lines:
         return self.tmp(f"load {ty}, ptr {p}")
 
 
-def _chunk_fn(name: str, dtype: str, nb: int, lib: Blas) -> list[str]:
+def _chunk_fn(name: str, dtype: str, nb: int) -> list[str]:
     """``void @name.chunk(ctx, t, n)``: matrix ``t`` of ``Y``."""
     ty = _TYPES[dtype][0]
-    it = f"i{lib.int_bits}"
     w = _Lines()
-    a, b, y, m, n, k = (w.load("%ctx", i) for i in range(_FIXED))
+    a, b, y, m, n, k, threads = (w.load("%ctx", i) for i in range(_FIXED))
     rest, a_off, b_off = "%c", "0", "0"
     a_stride, b_stride = "1", "1"
     for i in reversed(range(nb)):
@@ -83,15 +83,7 @@ def _chunk_fn(name: str, dtype: str, nb: int, lib: Blas) -> list[str]:
     ma = w.tmp(f"getelementptr inbounds {ty}, ptr {pa}, i64 {ea}")
     mb = w.tmp(f"getelementptr inbounds {ty}, ptr {pb}, i64 {eb}")
     my = w.tmp(f"getelementptr inbounds {ty}, ptr {py}, i64 {ey}")
-    ints = [m, n, k]
-    if lib.int_bits == 32:
-        ints = [w.tmp(f"trunc i64 {v} to i32") for v in ints]
-    mi, ni, ki = ints
-    w.emit(
-        f"  call void @{lib.symbol(dtype)}(i32 101, i32 111, i32 111, {it} {mi}, {it} {ni}, "
-        f"{it} {ki}, {ty} 1.0, ptr {ma}, {it} {ki}, ptr {mb}, {it} {ni}, {ty} 0.0, "
-        f"ptr {my}, {it} {ni})"
-    )
+    w.lines.append(gemm_call(dtype, m, n, k, [(ma, k), (mb, n), (my, n)], threads))
     head = [f"define internal void @{name}.chunk(ptr %ctx, i64 %c, i64 %n) {{", "entry:"]
     return head + w.lines + ["  ret void", "}"]
 
@@ -155,10 +147,9 @@ def _batch_dims(w: _Lines, ad: list, bd: list, yd: list) -> list[tuple[str, str,
 
 def batched_matmul_ir(dtype: str, ra: int, rb: int, lib: Blas) -> tuple[str, str]:
     """``(entry name, module IR)`` of the batched MatMul (see the module docstring)."""
-    ty, letter, item = _TYPES[dtype]
+    _, letter, item = _TYPES[dtype]
     ry = max(ra, rb)
     name = f"geode_bmm_{letter}_a{ra}_b{rb}"
-    it = f"i{lib.int_bits}"
     w = _Lines()
     ad, bd, yd = _records(w, ra, rb, ry, item)
     m, k, n = ad[-2], ad[-1], bd[-1]
@@ -169,7 +160,8 @@ def batched_matmul_ir(dtype: str, ra: int, rb: int, lib: Blas) -> tuple[str, str
     dims = _batch_dims(w, ad, bd, yd)
     ptrs = [w.load("%ptrs", i, "ptr") for i in range(3)]
     ctx = w.tmp(f"alloca [{_FIXED + 3 * len(dims)} x i64]")
-    words = [w.tmp(f"ptrtoint ptr {p} to i64") for p in ptrs] + [m, n, k]
+    threads = w.load("%ints", 0)  # inside a pool job (the small matrices), geode_gemm is serial
+    words = [w.tmp(f"ptrtoint ptr {p} to i64") for p in ptrs] + [m, n, k, threads]
     words += [d for triple in dims for d in triple]
     for i, word in enumerate(words):
         slot = w.tmp(f"getelementptr inbounds i64, ptr {ctx}, i64 {i}")
@@ -193,7 +185,6 @@ def batched_matmul_ir(dtype: str, ra: int, rb: int, lib: Blas) -> tuple[str, str
     small = w.tmp(f"icmp ule i64 {mnk}, {SMALL_GEMM}")
     many = w.tmp(f"icmp ugt i64 {t}, 1")
     par = w.tmp(f"and i1 {small}, {many}")
-    threads = w.load("%ints", 0)
     w.emit(f"  br i1 {par}, label %par, label %loop")
     w.emit("par:")
     w.emit(f"  call void @geode_parallel_for(ptr @{name}.chunk, ptr {ctx}, i64 {t}, i64 {threads})")
@@ -207,11 +198,10 @@ def batched_matmul_ir(dtype: str, ra: int, rb: int, lib: Blas) -> tuple[str, str
     w.emit("done:")
     w.emit("  ret i32 0")
     head = [
-        f"declare void @{lib.symbol(dtype)}(i32, i32, i32, {it}, {it}, {it}, {ty}, ptr, {it}, "
-        f"ptr, {it}, {ty}, ptr, {it}) nounwind",
+        GEMM_DECL,
         "declare void @geode_parallel_for(ptr, ptr, i64, i64)",
         "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)",
-        *_chunk_fn(name, dtype, len(dims), lib),
+        *_chunk_fn(name, dtype, len(dims)),
         f"define i32 @{name}(ptr %ptrs, ptr %recs, ptr %ints) {{",
         "entry:",
     ]
@@ -235,7 +225,7 @@ def batched_matmul_kernel(dtype: str, ra: int, rb: int):  # -> LLVMKernel | None
     name, ir = batched_matmul_ir(dtype, ra, rb, lib)
     target = host()
     obj = jit.compile_ir(ir, target)
-    loaded = jit.load_object(obj, [name], imports={lib.symbol(dtype): lib.address(dtype)})
+    loaded = jit.load_object(obj, [name])
     ry = max(ra, rb)
     args = (
         ArgSpec("A", "input", dtype, ra, f"(..., M, K) of rank {ra}"),

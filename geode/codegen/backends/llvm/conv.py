@@ -197,9 +197,8 @@ def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | No
         obj = jit.compile_ir(ir, target)
         if cache_dir is not None:
             objcache.store(cache_dir, key, name, obj, target.fingerprint())
-    imports = {symbol: lib.address(spec.dtype)} if needs_blas else {}
     parallel = spec.method == "depthwise"
-    loaded = jit.load_object(obj, [name], runtime=parallel, imports=imports)
+    loaded = jit.load_object(obj, [name])  # the runtime: geode_gemm, the pool
     emitted = Emitted(ir, name, _arg_specs(spec), (), parallel, ())
     seconds = time.perf_counter() - t0
     kernel = ConvKernel(

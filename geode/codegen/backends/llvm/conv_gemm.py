@@ -36,6 +36,7 @@ from geode.codegen.backends.llvm.conv_spec import (
 )
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
+from geode.codegen.backends.llvm.library import GEMM_DECL, gemm_call
 
 __all__ = ["COL_BUDGET_BYTES", "write_body"]
 
@@ -57,12 +58,7 @@ def write_body(
     ``spec``'s conv by ``pointwise`` or ``im2col`` GEMMs through CBLAS ``symbol``;
     ``attrs``: the target's function attributes."""
     ty, item = TYPES[spec.dtype]
-    it = f"i{int_bits}"
-    module.declare(
-        symbol,
-        f"declare void @{symbol}(i32, i32, i32, {it}, {it}, {it}, {ty}, ptr, {it}, ptr, {it}, "
-        f"{ty}, ptr, {it}) nounwind",
-    )
+    module.declare("geode_gemm", GEMM_DECL)  # the BLAS split over the pool (no barriers)
     module.declare("llvm.memset.p0.i64", _MEMSET)
     fill = f"{name}.fill"
     module.add_function(_fill_function(module, fill, spec, attrs))
@@ -85,7 +81,7 @@ def write_body(
         fn.terminate("ret i32 0")
         return module.add_function(fn)
     b.fail_unless(b.cmp("sgt", geo.n, "0"), 0, "some")
-    gemm = _Gemm(b, symbol, ty, int_bits, beta=1.0 if spec.bias else 0.0)
+    gemm = _Gemm(b, spec.dtype, geo.threads, beta=1.0 if spec.bias else 0.0)
     if spec.method == "pointwise":
         hw = b.mul(geo.h, geo.wd, "HW")
         _per_image_group(
@@ -127,27 +123,19 @@ def write_body(
 
 
 class _Gemm:
-    """Writes ``Y[M x N] (+)= A[M x K] @ B[K x N]`` calls of a row-major CBLAS ``?gemm``."""
+    """Writes ``Y[M x N] (+)= A[M x K] @ B[K x N]`` calls of ``geode_gemm`` (row-major;
+    :func:`~geode.codegen.backends.llvm.library.gemm_call`)."""
 
-    def __init__(self, b: Builder, symbol: str, ty: str, int_bits: int, beta: float):
-        self.b, self.symbol, self.ty, self.bits = b, symbol, ty, int_bits
-        self.beta = float_literal(beta, ty)
-        self.one = float_literal(1.0, ty)
-
-    def _int(self, v: object) -> str:
-        v = str(v)
-        if self.bits == 64 or v.lstrip("-").isdigit():
-            return f"i{self.bits} {v}"
-        return f"i32 {self.b.fn.value(f'trunc i64 {v} to i32', 'i32')}"
+    def __init__(self, b: Builder, dtype: str, threads: str, beta: float):
+        self.b, self.dtype, self.threads = b, dtype, threads
+        self.beta = "1.0" if beta else "0.0"
 
     def __call__(
         self, m: object, n: object, k: object, a: str, lda: str, bm: str, ldb: str, c: str, ldc: str
     ) -> None:
-        m_, n_, k_, la, lb, lc = (self._int(v) for v in (m, n, k, lda, ldb, ldc))
+        ops = [(a, str(lda)), (bm, str(ldb)), (c, str(ldc))]
         self.b.fn.add(
-            f"call void @{self.symbol}(i32 101, i32 111, i32 111, {m_}, {n_}, {k_}, "
-            f"{self.ty} {self.one}, ptr {a}, {la}, ptr {bm}, {lb}, {self.ty} {self.beta}, "
-            f"ptr {c}, {lc})"
+            gemm_call(self.dtype, str(m), str(n), str(k), ops, self.threads, self.beta).strip()
         )
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from geode.codegen.backends.llvm.library import _TYPES, Blas
+from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, Blas, gemm_call
 
 __all__ = ["EPILOGUE_STATUS", "NO_MEMORY", "DenseSpec", "InnerArg", "OuterArg", "dense_ir"]
 
@@ -338,20 +338,11 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     return head + w.lines + ["}"]
 
 
-def _gemm(w: _Writer, lib: Blas, dtype: str, mnk: list[str], ops: list[tuple[str, str]]) -> None:
-    """``C = A @ B`` (row-major, no transposes): ``mnk`` the sizes, ``ops`` ``(pointer,
-    leading dim)`` of A, B, C."""
-    ty, it = _TYPES[dtype][0], f"i{lib.int_bits}"
-    args = list(mnk) + [x for _, x in ops]
-    if lib.int_bits == 32:
-        args = [w.tmp(f"trunc i64 {x} to i32") for x in args]
-    m, n, k, lda, ldb, ldc = args
-    (a, _), (b, _), (c, _) = ops
-    w.emit(
-        f"  call void @{lib.symbol(dtype)}(i32 101, i32 111, i32 111, {it} {m}, {it} {n}, "
-        f"{it} {k}, {ty} 1.0, ptr {a}, {it} {lda}, ptr {b}, {it} {ldb}, {ty} 0.0, "
-        f"ptr {c}, {it} {ldc})"
-    )
+def _gemm(w: _Writer, dtype: str, mnk: list[str], ops: list[tuple[str, str]], threads: str) -> None:
+    """``C = A @ B`` (row-major): ``mnk`` the sizes, ``ops`` ``(pointer, leading dim)`` of
+    A, B, C; through ``geode_gemm`` (inside a pool job, one serial BLAS call)."""
+    m, n, k = mnk
+    w.emit(gemm_call(dtype, m, n, k, ops, threads))
 
 
 def _offsets(w: _Writer, sp: DenseSpec, t: str, n_brow: int) -> dict[str, str]:
@@ -487,10 +478,10 @@ def _chunk(sp: DenseSpec, lib: Blas, item: int) -> list[str]:
     w.label("gemm")
     _gemm(
         w,
-        lib,
         sp.dtype,
         [v["rows"], v["N"], v["K"]],
         [(pa, v["K"]), (pb, v["N"]), (v["s1"], v["N"])],
+        v["threads"],
     )
     w.emit("  br label %epi")
     w.label("epi")
@@ -527,10 +518,10 @@ def _second_gemm(
     w.label("gemm2")
     _gemm(
         w,
-        lib,
         sp.dtype,
         [v["rows"], v["D"], v["N"]],
         [(v["s2"], v["N"]), (pv, v["D"]), (po, v["D"])],
+        v["threads"],
     )
     w.emit("  br label %out")
     w.label("out")
@@ -538,11 +529,9 @@ def _second_gemm(
 
 def dense_ir(sp: DenseSpec, lib: Blas) -> str:
     """The entry's module (see the module docstring)."""
-    ty, _, item = _TYPES[sp.dtype]
-    it = f"i{lib.int_bits}"
+    item = _TYPES[sp.dtype][2]
     head = [
-        f"declare void @{lib.symbol(sp.dtype)}(i32, i32, i32, {it}, {it}, {it}, {ty}, ptr, "
-        f"{it}, ptr, {it}, {ty}, ptr, {it}) nounwind",
+        GEMM_DECL,
         f"declare i32 @{sp.epilogue}(ptr, ptr, ptr)",
         "declare void @geode_parallel_for(ptr, ptr, i64, i64)",
         "declare ptr @geode_scratch(i64, i64)",

@@ -42,6 +42,7 @@ class Blas:
     where: str
     set_threads: int = 0
     set_callback: int = 0
+    get_threads: int = 0
 
     def symbol(self, dtype: str) -> str:
         """The name geode links the ``dtype`` GEMM under (its address is imported)."""
@@ -74,27 +75,57 @@ def blas() -> Blas | None:
         ):
             found = _lookup(lib, names)
             if found and all(found):
-                threads = _threading(lib)
-                return Blas(found[0], found[1], bits, path, *threads)
+                return _configured(Blas(found[0], found[1], bits, path, *_threading(lib)))
     found = _lookup(ctypes.CDLL(None), ("cblas_sgemm", "cblas_dgemm"))
     if found and all(found):
-        return Blas(found[0], found[1], 32, "process")
+        return _configured(Blas(found[0], found[1], 32, "process"))
     return None
 
 
-def _threading(lib: ctypes.CDLL) -> tuple[int, int]:
-    """OpenBLAS's ``(set_num_threads, set_threads_callback_function)``, or zeros."""
-    for names in (
-        ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_threads_callback_function64_"),
-        ("openblas_set_num_threads", "openblas_set_threads_callback_function"),
-    ):
-        found = _lookup(lib, names)
-        if found and all(found):
-            return found  # type: ignore[return-value]
-    return (0, 0)
+def _configured(lib: Blas) -> Blas:
+    """``lib``, given to the native runtime's ``geode_gemm`` (which JIT code calls)."""
+    from geode.runtime import native
+
+    native.gemm_configure(lib.sgemm, lib.dgemm, lib.int_bits, lib.set_threads, lib.get_threads)
+    return lib
+
+
+def _threading(lib: ctypes.CDLL) -> tuple[int, int, int]:
+    """OpenBLAS's ``(set_num_threads, set_threads_callback_function, get_num_threads)``,
+    or zeros."""
+    for prefix, suffix in (("scipy_openblas_", "64_"), ("openblas_", "")):
+        names = (
+            f"{prefix}set_num_threads{suffix}",
+            f"{prefix}set_threads_callback_function{suffix}",
+            f"{prefix}get_num_threads{suffix}",
+        )
+        found = [_lookup(lib, (name, name)) for name in names]
+        if all(f and f[0] for f in found):
+            return tuple(f[0] for f in found)  # type: ignore[return-value,index]
+    return (0, 0, 0)
 
 
 _shared: list[Blas] = []
+
+#: the native runtime's partitioned GEMM (``runtime/native/gemm.c``), as JIT code declares it
+GEMM_DECL = (
+    "declare void @geode_gemm(i64, i64, i64, i64, ptr, i64, ptr, i64, double, ptr, i64, i64)"
+)
+
+
+def gemm_call(
+    dtype: str, m: str, n: str, k: str, ops: list[tuple[str, str]], threads: str, beta: str = "0.0"
+) -> str:
+    """The IR call of ``C = A @ B (+ beta C)`` through ``geode_gemm`` (row-major, leading
+    dims in elements; ``ops`` the ``(pointer, leading dim)`` of A, B, C; ``beta`` 0.0 or
+    1.0; ``threads`` 0 for the pool's): split into independent blocks over the pool, each a
+    single-threaded BLAS call, no barrier between threads (``runtime/native/gemm.c``)."""
+    (a, lda), (b, ldb), (c, ldc) = ops
+    kind = 0 if dtype == "float32" else 1
+    return (
+        f"  call void @geode_gemm(i64 {kind}, i64 {m}, i64 {n}, i64 {k}, ptr {a}, i64 {lda}, "
+        f"ptr {b}, i64 {ldb}, double {beta}, ptr {c}, i64 {ldc}, i64 {threads})"
+    )
 
 
 def share_pool(lib: Blas) -> bool:
@@ -123,13 +154,10 @@ def _shape_text(rank: int, last: str) -> str:
 
 def matmul_ir(dtype: str, rank: int, lib: Blas) -> tuple[str, str]:
     """``(entry name, module IR)`` of ``Y = A @ B`` for ``A`` of rank ``rank``."""
-    ty, letter, item = _TYPES[dtype]
-    it = f"i{lib.int_bits}"
+    _, letter, item = _TYPES[dtype]
     name = f"geode_matmul_{letter}_r{rank}"
-    sym = lib.symbol(dtype)
     lines = [
-        f"declare void @{sym}(i32, i32, i32, {it}, {it}, {it}, {ty}, ptr, {it}, ptr, {it}, "
-        f"{ty}, ptr, {it}) nounwind",
+        GEMM_DECL,
         "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)",
         f"define i32 @{name}(ptr %ptrs, ptr %recs, ptr %ints) nounwind {{",
         "entry:",
@@ -204,19 +232,10 @@ def matmul_ir(dtype: str, rank: int, lib: Blas) -> tuple[str, str]:
         "  br label %done",
         "gemm:",
     ]
-    if lib.int_bits == 32:
-        args = []
-        for v, tag in ((m, "M"), (n, "N"), (k, "K")):
-            lines.append(f"  %{tag}32 = trunc i64 {v} to i32")
-            args.append(f"%{tag}32")
-        mi, ni, ki = args
-    else:
-        mi, ni, ki = m, n, k
-    one = "1.0"
-    zero = "0.0"
     lines += [
-        f"  call void @{sym}(i32 101, i32 111, i32 111, {it} {mi}, {it} {ni}, {it} {ki}, "
-        f"{ty} {one}, ptr %A, {it} {ki}, ptr %B, {it} {ni}, {ty} {zero}, ptr %Y, {it} {ni})",
+        "  %pt = getelementptr inbounds i64, ptr %ints, i64 0",
+        "  %threads = load i64, ptr %pt",
+        gemm_call(dtype, m, n, k, [("%A", k), ("%B", n), ("%Y", n)], "%threads"),
         "  br label %done",
         "done:",
         "  ret i32 0",
@@ -240,9 +259,7 @@ def matmul_kernel(dtype: str, rank: int):  # -> LLVMKernel | None
     name, ir = matmul_ir(dtype, rank, lib)
     target = host()
     obj = jit.compile_ir(ir, target)
-    loaded = jit.load_object(
-        obj, [name], runtime=False, imports={lib.symbol(dtype): lib.address(dtype)}
-    )
+    loaded = jit.load_object(obj, [name])
     args = (
         ArgSpec("A", "input", dtype, rank, _shape_text(rank, "K")),
         ArgSpec("B", "input", dtype, 2, "(K, N)"),

@@ -1,0 +1,163 @@
+/* geode native runtime: GEMMs partitioned over the pool, without barriers.
+
+   OpenBLAS threads a large GEMM as jobs that wait on each other (they share packed blocks).
+   Such jobs must all run at once: when a core is busy with another process, or a worker
+   sleeps after idling, every job waits for the late one (measured: tens of milliseconds per
+   call on a shared 2-core machine, against a fraction of a millisecond). geode_gemm instead
+   splits C into independent blocks (columns when C is wide, rows when it is tall: the
+   operand each block re-packs is the smaller one) and runs them through
+   geode_parallel_for: work stealing, so a late worker's blocks are taken by the others and
+   nothing waits. Each block is one single-threaded BLAS call: while any geode_gemm runs,
+   OpenBLAS's thread count is 1 (restored to what it was after the last one; a numpy matmul
+   in another thread meanwhile runs single-threaded, and right). */
+
+#define _GNU_SOURCE
+#include "pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+typedef void (*sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *,
+                           int64_t, const float *, int64_t, float, float *, int64_t);
+typedef void (*dgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, double, const double *,
+                           int64_t, const double *, int64_t, double, double *, int64_t);
+typedef void (*sgemm32_fn)(int, int, int, int, int, int, float, const float *, int,
+                           const float *, int, float, float *, int);
+typedef void (*dgemm32_fn)(int, int, int, int, int, int, double, const double *, int,
+                           const double *, int, double, double *, int);
+typedef void (*set_threads_fn)(int);
+typedef int (*get_threads_fn)(void);
+
+static void *g_gemm[2];
+static int g_bits = 64;
+static set_threads_fn g_set_threads;
+static get_threads_fn g_get_threads;
+static int g_saved_threads = 1;
+static pthread_mutex_t g_single_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_single_depth;
+static atomic_ullong g_split_calls;
+
+/* Below this many multiply-adds a GEMM is one call (splitting costs more than it saves). */
+#define SPLIT_MIN_WORK (1 << 18)
+/* Blocks per thread: enough for stealing to even out a late or slow thread. */
+#define BLOCKS_PER_THREAD 4
+
+typedef struct {
+    int kind; /* 0: float32, 1: float64 */
+    int64_t m, n, k, lda, ldb, ldc;
+    const char *a, *b;
+    char *c;
+    double beta;
+    int by_cols;
+    int64_t block;
+} gemm_t;
+
+static void one_call(const gemm_t *g, int64_t m, int64_t n, const char *a, const char *b,
+                     char *c)
+{
+    const int rm = 101, nt = 111;
+    if (g->kind == 0) {
+        if (g_bits == 64)
+            ((sgemm64_fn)g_gemm[0])(rm, nt, nt, m, n, g->k, 1.0f, (const float *)a, g->lda,
+                                    (const float *)b, g->ldb, (float)g->beta, (float *)c, g->ldc);
+        else
+            ((sgemm32_fn)g_gemm[0])(rm, nt, nt, (int)m, (int)n, (int)g->k, 1.0f,
+                                    (const float *)a, (int)g->lda, (const float *)b,
+                                    (int)g->ldb, (float)g->beta, (float *)c, (int)g->ldc);
+    } else {
+        if (g_bits == 64)
+            ((dgemm64_fn)g_gemm[1])(rm, nt, nt, m, n, g->k, 1.0, (const double *)a, g->lda,
+                                    (const double *)b, g->ldb, g->beta, (double *)c, g->ldc);
+        else
+            ((dgemm32_fn)g_gemm[1])(rm, nt, nt, (int)m, (int)n, (int)g->k, 1.0,
+                                    (const double *)a, (int)g->lda, (const double *)b,
+                                    (int)g->ldb, g->beta, (double *)c, (int)g->ldc);
+    }
+}
+
+static void block_fn(void *ctx, int64_t chunk, int64_t nchunks)
+{
+    (void)nchunks;
+    const gemm_t *g = ctx;
+    const int64_t item = g->kind == 0 ? 4 : 8;
+    int64_t lo = chunk * g->block;
+    if (g->by_cols) {
+        int64_t n = g->n - lo < g->block ? g->n - lo : g->block;
+        one_call(g, g->m, n, g->a, g->b + lo * item, g->c + lo * item);
+    } else {
+        int64_t m = g->m - lo < g->block ? g->m - lo : g->block;
+        one_call(g, m, g->n, g->a + lo * g->lda * item, g->b, g->c + lo * g->ldc * item);
+    }
+}
+
+static void single_enter(void)
+{
+    pthread_mutex_lock(&g_single_lock);
+    if (g_single_depth++ == 0) {
+        g_saved_threads = g_get_threads != NULL ? g_get_threads() : (int)geode_num_threads();
+        g_set_threads(1);
+    }
+    pthread_mutex_unlock(&g_single_lock);
+}
+
+static void single_exit(void)
+{
+    pthread_mutex_lock(&g_single_lock);
+    if (--g_single_depth == 0)
+        g_set_threads(g_saved_threads);
+    pthread_mutex_unlock(&g_single_lock);
+}
+
+/* C[m x n] = A[m x k] @ B[k x n] + beta C (row-major, leading dims in elements; beta 0 or
+   1). kind 0: float32, 1: float64. threads <= 0: the pool's size. k = 0 scales C by beta. */
+GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, const void *a,
+                             int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+                             int64_t ldc, int64_t threads)
+{
+    const int64_t item = kind == 0 ? 4 : 8;
+    if (m <= 0 || n <= 0)
+        return;
+    if (k <= 0) {
+        if (beta == 0.0)
+            for (int64_t i = 0; i < m; i++)
+                memset((char *)c + i * ldc * item, 0, (size_t)(n * item));
+        return;
+    }
+    gemm_t g = {(int)kind, m, n, k, lda, ldb, ldc, a, b, c, beta, m <= n, 0};
+    int64_t t = threads > 0 ? threads : geode_num_threads();
+    if (g_set_threads == NULL || t <= 1 || (double)m * n * k < SPLIT_MIN_WORK ||
+        geode_pool_in_job()) {
+        if (g_set_threads != NULL)
+            single_enter();
+        one_call(&g, m, n, a, b, c);
+        if (g_set_threads != NULL)
+            single_exit();
+        return;
+    }
+    int64_t dim = g.by_cols ? n : m, align = g.by_cols ? 16 : 4;
+    int64_t want = t * BLOCKS_PER_THREAD;
+    int64_t block = (dim + want - 1) / want;
+    block = (block + align - 1) / align * align;
+    g.block = block;
+    int64_t blocks = (dim + block - 1) / block;
+    atomic_fetch_add_explicit(&g_split_calls, 1, memory_order_relaxed);
+    single_enter();
+    geode_parallel_for(block_fn, &g, blocks, t);
+    single_exit();
+}
+
+void geode_gemm_configure(void *sgemm, void *dgemm, int bits, void *set_threads,
+                          void *get_threads)
+{
+    g_gemm[0] = sgemm;
+    g_gemm[1] = dgemm;
+    g_bits = bits;
+    g_set_threads = (set_threads_fn)set_threads;
+    g_get_threads = (get_threads_fn)get_threads;
+}
+
+uint64_t geode_gemm_split_calls(void)
+{
+    return atomic_load(&g_split_calls);
+}

@@ -1,0 +1,124 @@
+"""geode_gemm: C = A @ B + beta C split into independent blocks over the native pool, each
+a single-threaded BLAS call (runtime/native/gemm.c), against numpy."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from geode.codegen.backends.llvm.library import blas
+from geode.runtime import native
+
+pytestmark = pytest.mark.skipif(blas() is None, reason="no BLAS found in numpy's wheel")
+
+_GEMM = ctypes.CFUNCTYPE(
+    None,
+    *([ctypes.c_int64] * 4),
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_double,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int64,
+)(native.symbols()["geode_gemm"])
+RNG = np.random.default_rng(5)
+
+
+def _gemm(a, b, c, beta=0.0, threads=0):
+    kind = 0 if a.dtype == np.float32 else 1
+    m, k = a.shape
+    n = b.shape[1]
+    _GEMM(
+        kind,
+        m,
+        n,
+        k,
+        a.ctypes.data,
+        a.strides[0] // a.itemsize,
+        b.ctypes.data,
+        b.strides[0] // b.itemsize,
+        beta,
+        c.ctypes.data,
+        c.strides[0] // c.itemsize,
+        threads,
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(300, 200, 500), (1000, 64, 40), (7, 3, 1), (64, 256, 2048)])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_blocks_add_up_to_the_product(dtype, shape, beta):
+    m, k, n = shape
+    a, b = RNG.standard_normal((m, k)).astype(dtype), RNG.standard_normal((k, n)).astype(dtype)
+    c0 = RNG.standard_normal((m, n)).astype(dtype)
+    c = c0.copy()
+    _gemm(a, b, c, beta)
+    want = a.astype(np.float64) @ b + (c0 if beta else 0)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(c, want, rtol=tol, atol=tol * k)
+
+
+def test_large_products_are_split_small_ones_are_one_call():
+    if native.get_num_threads() < 2:
+        pytest.skip("one thread: nothing is split")
+    a = RNG.standard_normal((256, 256)).astype(np.float32)
+    c = np.empty_like(a)
+    before = native.pool_info()["gemm_split_calls"]
+    _gemm(a, a, c)
+    assert native.pool_info()["gemm_split_calls"] == before + 1
+    _gemm(a[:8, :8].copy(), a[:8, :8].copy(), c[:8, :8].copy())  # 512 multiply-adds
+    _gemm(a, a, c, threads=1)  # asked for one thread
+    assert native.pool_info()["gemm_split_calls"] == before + 1
+
+
+def test_strided_operands_and_k_zero():
+    """Leading dims larger than the width (a sub-matrix), and K = 0: C = beta C."""
+    big = RNG.standard_normal((50, 90)).astype(np.float32)
+    a, b = big[:, :30], big[:30, 40:85]
+    c = np.zeros((50, 45), np.float32)
+    _gemm(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    c = np.ones((4, 5), np.float32)
+    _gemm(np.empty((4, 0), np.float32), np.empty((0, 5), np.float32), c, beta=1.0)
+    np.testing.assert_array_equal(c, 1.0)
+    _gemm(np.empty((4, 0), np.float32), np.empty((0, 5), np.float32), c, beta=0.0)
+    np.testing.assert_array_equal(c, 0.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(1, 300),
+    k=st.integers(1, 64),
+    n=st.integers(1, 300),
+    threads=st.integers(0, 3),
+)
+def test_random_shapes_match_numpy(m, k, n, threads):
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.standard_normal((k, n)).astype(np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    _gemm(a, b, c, threads=threads)
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_the_blas_thread_count_is_restored_after_a_split_gemm():
+    """While geode_gemm runs OpenBLAS is single-threaded; afterwards it has the count it had
+    (here one the user set) again."""
+    lib = blas()
+    if not lib.set_threads or not lib.get_threads:
+        pytest.skip("the BLAS has no thread-count functions")
+    set_threads = ctypes.CFUNCTYPE(None, ctypes.c_int)(lib.set_threads)
+    get_threads = ctypes.CFUNCTYPE(ctypes.c_int)(lib.get_threads)
+    old = get_threads()
+    try:
+        set_threads(3)
+        a = RNG.standard_normal((256, 256)).astype(np.float32)
+        _gemm(a, a, np.empty_like(a))
+        assert get_threads() == 3
+    finally:
+        set_threads(old)
