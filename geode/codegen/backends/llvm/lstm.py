@@ -1,0 +1,431 @@
+"""ONNX LSTM (default activations: Sigmoid, Tanh, Tanh; no clip) as one native entry
+compiled from IR written here: the whole layer, every direction and step, is one call
+into machine code.
+
+An :class:`LstmSpec` holds what is fixed when a model is compiled (dtype, hidden and
+input sizes, directions, layout, which optional inputs and outputs there are); the
+sequence length and the batch are read from X's record at run time. The entry
+(``int32 entry(ptrs, recs, ints)``, arrays ``X, W, R, [B], [initial_h], [initial_c],
+[P], Y, [Y_h], [Y_c]``, ints the thread count) checks every record (status ``i + 1``
+for a bad argument ``i``: rank, item size, exact dims) before touching memory, then per
+direction ``d`` (forward, or reverse: the steps in the other order):
+
+1. one CBLAS ``?gemm`` projects every step's input at once,
+   ``GX[T*B, 4H] = X[T*B, I] @ W[d]^T`` (rows in X's own order, so layout 1 needs no
+   copy);
+2. per step ``t``: ``G[B, 4H] = h @ R[d]^T`` (one GEMM), then a vectorized loop per
+   batch row computes the gates (``GX + Wb + G + Rb``, peepholes when P is given), the
+   new cell and hidden states, and writes the row of ``Y[t]``;
+3. the last states go to ``Y_h``/``Y_c``.
+
+The states ``h`` and ``c``, the projection and the gates live in one ``malloc``-ed
+buffer freed before the entry returns; status ``n_arrays + 1`` says it could not be
+allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`). Sigmoid and
+tanh are the LLVM backend's vmath functions (IEEE variants, inlined and vectorized).
+Results match the reference kernel (:func:`geode.compiler.ops.rnn.recurrent`) to
+rounding: the same sums in the same order, the GEMMs' inner products in another.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+from dataclasses import dataclass
+
+from geode.codegen.backends.llvm import jit, objcache, vmath
+from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
+from geode.codegen.backends.llvm.irloops import Builder
+from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
+from geode.codegen.backends.llvm.kernel import LLVMKernel
+from geode.errors import ExecutionError
+
+__all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel"]
+
+#: dtype -> (IR type, item size)
+TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
+
+_MEMSET = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
+_MEMCPY = "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"
+
+
+@dataclass(frozen=True)
+class LstmSpec:
+    """What one native LSTM fixes at compile time (see the module docstring)."""
+
+    dtype: str
+    hidden: int
+    input_size: int
+    directions: int
+    reverse: bool  # one direction, run backwards (direction="reverse")
+    layout: int
+    bias: bool
+    initial_h: bool
+    initial_c: bool
+    peephole: bool
+    n_outputs: int
+
+    def __post_init__(self) -> None:
+        if self.dtype not in TYPES:
+            raise ValueError(f"dtype {self.dtype} (native: float32, float64)")
+        if self.hidden < 1 or self.input_size < 0:
+            raise ValueError(f"hidden size {self.hidden} (native: at least 1)")
+        if self.directions not in (1, 2) or (self.reverse and self.directions != 1):
+            raise ValueError("directions must be 1 (forward or reverse) or 2")
+        if self.layout not in (0, 1) or not 1 <= self.n_outputs <= 3:
+            raise ValueError(f"layout {self.layout} or {self.n_outputs} outputs")
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """The entry's array names, inputs then outputs."""
+        opt = [("B", self.bias), ("initial_h", self.initial_h), ("initial_c", self.initial_c)]
+        opt.append(("P", self.peephole))
+        ins = ["X", "W", "R"] + [n for n, on in opt if on]
+        return (*ins, *["Y", "Y_h", "Y_c"][: self.n_outputs])
+
+    @property
+    def n_inputs(self) -> int:
+        """How many of :attr:`arrays` are inputs."""
+        return len(self.arrays) - self.n_outputs
+
+    def describe(self) -> str:
+        """One line for traces and the IR's header."""
+        dirs = (
+            "bidirectional" if self.directions == 2 else ("reverse" if self.reverse else "forward")
+        )
+        extra = [n for n in self.arrays[3 : self.n_inputs]]
+        return (
+            f"LSTM {self.dtype} hidden={self.hidden} input={self.input_size} {dirs} "
+            f"layout={self.layout} inputs=X,W,R{''.join(',' + e for e in extra)} "
+            f"outputs={','.join(self.arrays[self.n_inputs :])}"
+        )
+
+
+def _records(b: Builder, spec: LstmSpec) -> dict[str, list[str]]:
+    """Check every record (status ``i + 1`` for array ``i``; each record's rank before
+    its other words are read); returns each array's dims."""
+    item = TYPES[spec.dtype][1]
+    h, d, i = str(spec.hidden), str(spec.directions), str(spec.input_size)
+    dims: dict[str, list[str]] = {}
+    at = 0
+
+    def word(j: int) -> str:
+        return b.load("i64", b.gep("i64", "%recs", str(j)), "r")
+
+    def check(status: int, name: str, want: list[str | None]) -> list[str]:
+        nonlocal at
+        b.fail_unless(b.cmp("eq", word(at), str(len(want))), status)
+        got = [word(at + 2 + j) for j in range(len(want))]
+        conds = [b.cmp("eq", word(at + 1), str(item))]
+        conds += [b.cmp("eq", g, w) for g, w in zip(got, want) if w is not None]
+        b.fail_unless(b.all_of(conds), status)
+        at += 2 + len(want)
+        dims[name] = got
+        return got
+
+    x = check(1, "X", [None, None, i])
+    seq, batch = (x[1], x[0]) if spec.layout else (x[0], x[1])
+    dims["T"], dims["N"] = [seq], [batch]
+    state = [batch, d, h] if spec.layout else [d, batch, h]
+    y = [batch, seq, d, h] if spec.layout else [seq, d, batch, h]
+    want = {
+        "W": [d, str(4 * spec.hidden), i],
+        "R": [d, str(4 * spec.hidden), h],
+        "B": [d, str(8 * spec.hidden)],
+        "initial_h": state,
+        "initial_c": state,
+        "P": [d, str(3 * spec.hidden)],
+        "Y": y,
+        "Y_h": state,
+        "Y_c": state,
+    }
+    for status, name in enumerate(spec.arrays[1:], start=2):
+        check(status, name, want[name])
+    return dims
+
+
+class _Gemm:
+    """Writes ``C = A[M x K] @ Bt[N x K]^T`` calls of a row-major CBLAS ``?gemm``."""
+
+    def __init__(self, b: Builder, symbol: str, ty: str, int_bits: int):
+        self.b, self.symbol, self.ty, self.bits = b, symbol, ty, int_bits
+
+    def _int(self, v: str) -> str:
+        if self.bits == 64 or v.lstrip("-").isdigit():
+            return f"i{self.bits} {v}"
+        return f"i32 {self.b.fn.value(f'trunc i64 {v} to i32', 'i32')}"
+
+    def __call__(self, m: str, n: int, k: int, a: str, bt: str, c: str) -> None:
+        m_, n_, k_ = self._int(m), self._int(str(n)), self._int(str(k))
+        one, zero = float_literal(1.0, self.ty), float_literal(0.0, self.ty)
+        self.b.fn.add(
+            f"call void @{self.symbol}(i32 101, i32 111, i32 112, {m_}, {n_}, {k_}, "
+            f"{self.ty} {one}, ptr {a}, {k_}, ptr {bt}, {k_}, {self.ty} {zero}, "
+            f"ptr {c}, {n_})"
+        )
+
+
+def _cell_function(module: ModuleWriter, name: str, spec: LstmSpec, attrs: str) -> FunctionWriter:
+    """``void @name(ptr G, ptr GX, ptr B, ptr P, ptr c, ptr h, ptr y)``: one batch row's
+    step (``G``: the row's ``h @ R^T``, ``GX``: its input projection, ``B``/``P`` the
+    direction's biases and peepholes, ``c`` and ``h`` its states, updated, ``y`` its row
+    of Y), a loop over the hidden units the vectorizer widens."""
+    ty, _ = TYPES[spec.dtype]
+    names = ["G", "GX", "B", "P", "c", "h", "y"]
+    fn = FunctionWriter(name, "void", [("ptr noalias", n) for n in names])
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
+    b = Builder(fn)
+    g, gx, bias, peep, c, h, y = (fn.param(j) for j in range(len(names)))
+    hid = spec.hidden
+    sig = vmath.function_name("sigmoid", spec.dtype, ieee=True)
+    tanh = vmath.function_name("tanh", spec.dtype, ieee=True)
+
+    def f(op: str, a: str, bb: str, hint: str) -> str:
+        return fn.value(f"{op} {ty} {a}, {bb}", hint)
+
+    def call(func: str, a: str, hint: str) -> str:
+        return fn.value(f"call {ty} @{func}({ty} {a})", hint)
+
+    def body(j: str) -> None:
+        pre = []
+        for k, gate in enumerate("iofc"):
+            at = b.add(j, str(k * hid), f"at{gate}")
+            v = b.load(ty, b.gep(ty, gx, at), f"x{gate}")
+            if spec.bias:
+                v = f("fadd", v, b.load(ty, b.gep(ty, bias, at), f"wb{gate}"), f"x{gate}")
+            v = f("fadd", v, b.load(ty, b.gep(ty, g, at), f"r{gate}"), f"s{gate}")
+            if spec.bias:
+                rb = b.load(ty, b.gep(ty, bias, b.add(at, str(4 * hid))), f"rb{gate}")
+                v = f("fadd", v, rb, f"s{gate}")
+            pre.append(v)
+        gi, go, gf, gc = pre
+        c_ptr = b.gep(ty, c, j, "cp")
+        c_old = b.load(ty, c_ptr, "c")
+
+        def peephole(v: str, k: int, state: str, hint: str) -> str:
+            if not spec.peephole:
+                return v
+            pk = b.load(ty, b.gep(ty, peep, b.add(j, str(k * hid))), f"p{hint}")
+            return f("fadd", v, f("fmul", pk, state, f"pc{hint}"), hint)
+
+        i = call(sig, peephole(gi, 0, c_old, "i"), "i")
+        fg = call(sig, peephole(gf, 2, c_old, "f"), "f")
+        cand = call(tanh, gc, "g")
+        c_new = f("fadd", f("fmul", fg, c_old, "fc"), f("fmul", i, cand, "ig"), "cn")
+        o = call(sig, peephole(go, 1, c_new, "o"), "o")
+        h_new = f("fmul", o, call(tanh, c_new, "tc"), "hn")
+        fn.add(f"store {ty} {c_new}, ptr {c_ptr}")
+        fn.add(f"store {ty} {h_new}, ptr {b.gep(ty, h, j)}")
+        fn.add(f"store {ty} {h_new}, ptr {b.gep(ty, y, j)}")
+
+    b.loop("0", str(hid), body, "j")
+    fn.terminate("ret void")
+    return fn
+
+
+def _state_rows(b: Builder, spec: LstmSpec, base: str, d: int, n: str, row: str) -> str:
+    """Pointer to ``row`` of direction ``d`` in a state array (initial_h, Y_h ...)."""
+    ty, _ = TYPES[spec.dtype]
+    dd, hid = str(spec.directions), str(spec.hidden)
+    at = b.add(b.mul(row, dd), str(d)) if spec.layout else b.add(b.mul(str(d), n), row)
+    return b.gep(ty, base, b.mul(at, hid), "srow")
+
+
+def _copy_state(
+    b: Builder, spec: LstmSpec, src: str | None, dst: str, d: int, n: str, out: bool
+) -> None:
+    """Copy direction ``d``'s rows between a state array and the scratch rows ``dst``
+    (``out``: scratch to array; ``src`` None: zero the scratch)."""
+    ty, item = TYPES[spec.dtype]
+    fn = b.fn
+    row_bytes = str(spec.hidden * item)
+    if src is None:
+        nbytes = b.mul(n, row_bytes, "zbytes")
+        fn.add(f"call void @llvm.memset.p0.i64(ptr {dst}, i8 0, i64 {nbytes}, i1 false)")
+        return
+
+    def row(r: str) -> None:
+        state = _state_rows(b, spec, src, d, n, r)
+        mine = b.gep(ty, dst, b.mul(r, str(spec.hidden)), "mrow")
+        to, frm = (state, mine) if out else (mine, state)
+        fn.add(f"call void @llvm.memcpy.p0.p0.i64(ptr {to}, ptr {frm}, i64 {row_bytes}, i1 false)")
+
+    b.loop("0", n, row, "row")
+
+
+def entry_function(name: str, cell: str, spec: LstmSpec, symbol: str, bits: int) -> FunctionWriter:
+    """The entry ``i32 @name(ptrs, recs, ints)`` (see the module docstring)."""
+    ty, item = TYPES[spec.dtype]
+    fn = FunctionWriter(name, "i32", [("ptr", "ptrs"), ("ptr", "recs"), ("ptr", "ints")])
+    fn.attrs = " nounwind"
+    b = Builder(fn)
+    dims = _records(b, spec)
+    seq, n = dims["T"][0], dims["N"][0]
+    ptr = {
+        a: b.load("ptr", b.gep("ptr", "%ptrs", str(j)), a.lower())
+        for j, a in enumerate(spec.arrays)
+    }
+    hid, g4 = spec.hidden, 4 * spec.hidden
+    rows = b.mul(seq, n, "rows")
+    # scratch: GX [T*N, 4H], G [N, 4H], h [N, H], c [N, H] (+ one item: never 0 bytes)
+    words = b.add(b.mul(b.add(rows, n), str(g4)), b.mul(n, str(2 * hid)), "words")
+    nbytes = b.mul(b.add(words, "1"), str(item), "bytes")
+    buf = fn.value(f"call noalias ptr @malloc(i64 {nbytes})", "buf")
+    b.fail_unless(fn.value(f"icmp ne ptr {buf}, null", "allocated"), len(spec.arrays) + 1)
+    gx = buf
+    gates = b.gep(ty, gx, b.mul(rows, str(g4)), "gates")
+    h = b.gep(ty, gates, b.mul(n, str(g4)), "h")
+    c = b.gep(ty, h, b.mul(n, str(hid)), "c")
+    gemm = _Gemm(b, symbol, ty, bits)
+    dd = str(spec.directions)
+    for d in range(spec.directions):
+        reverse = spec.reverse or d == 1
+        _copy_state(b, spec, ptr.get("initial_h"), h, d, n, out=False)
+        _copy_state(b, spec, ptr.get("initial_c"), c, d, n, out=False)
+        w_d = b.gep(ty, ptr["W"], str(d * g4 * spec.input_size), "wd")
+        r_d = b.gep(ty, ptr["R"], str(d * g4 * hid), "rd")
+        b_d = b.gep(ty, ptr["B"], str(d * 8 * hid), "bd") if spec.bias else "null"
+        p_d = b.gep(ty, ptr["P"], str(d * 3 * hid), "pd") if spec.peephole else "null"
+
+        def project() -> None:
+            if spec.input_size == 0:
+                zb = b.mul(rows, str(g4 * item), "gxbytes")
+                fn.add(f"call void @llvm.memset.p0.i64(ptr {gx}, i8 0, i64 {zb}, i1 false)")
+            else:
+                gemm(rows, g4, spec.input_size, ptr["X"], w_d, gx)  # noqa: B023
+
+        b.when(b.cmp("sgt", rows, "0"), project, "proj")
+
+        def step(s: str) -> None:
+            t = b.sub(b.sub(seq, "1"), s, "t") if reverse else s  # noqa: B023
+            gemm(n, g4, hid, h, r_d, gates)  # noqa: B023
+
+            def batch_row(r: str) -> None:
+                xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
+                yrow = (
+                    b.add(b.mul(b.add(b.mul(r, seq), t), dd), str(d))  # noqa: B023
+                    if spec.layout
+                    else b.add(b.mul(b.add(b.mul(t, dd), str(d)), n), r)  # noqa: B023
+                )
+                args = [
+                    b.gep(ty, gates, b.mul(r, str(g4))),
+                    b.gep(ty, gx, b.mul(xrow, str(g4))),
+                    b_d,  # noqa: B023
+                    p_d,  # noqa: B023
+                    b.gep(ty, c, b.mul(r, str(hid))),
+                    b.gep(ty, h, b.mul(r, str(hid))),
+                    b.gep(ty, ptr["Y"], b.mul(yrow, str(hid))),
+                ]
+                fn.add(f"call void @{cell}({', '.join('ptr ' + a for a in args)})")
+
+            b.loop("0", n, batch_row, "b")
+
+        b.when(b.cmp("sgt", n, "0"), lambda: b.loop("0", seq, step, "s"), "some")
+        if spec.n_outputs >= 2:
+            _copy_state(b, spec, ptr["Y_h"], h, d, n, out=True)
+        if spec.n_outputs >= 3:
+            _copy_state(b, spec, ptr["Y_c"], c, d, n, out=True)
+    fn.add(f"call void @free(ptr {buf})")
+    fn.terminate("ret i32 0")
+    return fn
+
+
+def lstm_ir(
+    spec: LstmSpec, blas_symbol: str, blas_int_bits: int, attrs: str = ""
+) -> tuple[str, str]:
+    """``(entry name, module IR)`` of the native LSTM of ``spec`` (its GEMMs call
+    ``blas_symbol``, a CBLAS ``?gemm`` taking ``blas_int_bits``-bit ints; ``attrs``: the
+    target's function attributes)."""
+    ty, _ = TYPES[spec.dtype]
+    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+    name = f"geode_lstm_{digest}"
+    module = ModuleWriter(name)
+    it = f"i{blas_int_bits}"
+    module.declare(
+        blas_symbol,
+        f"declare void @{blas_symbol}(i32, i32, i32, {it}, {it}, {it}, {ty}, ptr, {it}, ptr, "
+        f"{it}, {ty}, ptr, {it}) nounwind",
+    )
+    module.declare("llvm.memset.p0.i64", _MEMSET)
+    module.declare("llvm.memcpy.p0.p0.i64", _MEMCPY)
+    module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
+    module.declare("free", "declare void @free(ptr) nounwind")
+    used = [vmath.function_name(op, spec.dtype, ieee=True) for op in ("sigmoid", "tanh")]
+    lib = vmath.definitions(used, vmath.VmathTarget.host())
+    for gname, text in lib.globals.items():
+        module.add_global(gname, text)
+    for dname, text in lib.declares.items():
+        module.declare(dname, text)
+    module.add_function(lib.functions)
+    cell = f"{name}.cell"
+    module.add_function(_cell_function(module, cell, spec, attrs))
+    module.add_function(entry_function(name, cell, spec, blas_symbol, blas_int_bits))
+    return name, f"; {spec.describe()}\n" + module.text()
+
+
+class LstmKernel(LLVMKernel):
+    """A compiled native LSTM of ``spec``: an :class:`LLVMKernel` whose entry may also say
+    that its scratch buffer could not be allocated (raised as :class:`ExecutionError`)."""
+
+    spec: LstmSpec
+
+    def _bad_argument(self, i: int) -> None:
+        if i == len(self._args):
+            raise ExecutionError(f"kernel {self.name}: out of memory allocating its scratch buffer")
+        super()._bad_argument(i)
+
+
+def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
+    """The entry's arrays, with the shapes its errors quote."""
+    h, d, i = spec.hidden, spec.directions, spec.input_size
+    state = f"(N, {d}, {h})" if spec.layout else f"({d}, N, {h})"
+    shapes = {
+        "X": "(N, T, {i})" if spec.layout else "(T, N, {i})",
+        "W": f"({d}, {4 * h}, {i})",
+        "R": f"({d}, {4 * h}, {h})",
+        "B": f"({d}, {8 * h})",
+        "initial_h": state,
+        "initial_c": state,
+        "P": f"({d}, {3 * h})",
+        "Y": f"(N, T, {d}, {h})" if spec.layout else f"(T, {d}, N, {h})",
+        "Y_h": state,
+        "Y_c": state,
+    }
+    shapes["X"] = shapes["X"].format(i=i)
+    args = []
+    for j, a in enumerate(spec.arrays):
+        role = "input" if j < spec.n_inputs else "output"
+        rank = shapes[a].count(",") + 1
+        args.append(ArgSpec(a, role, spec.dtype, rank, shapes[a]))
+    return tuple(args)
+
+
+@functools.lru_cache(maxsize=64)
+def lstm_kernel(spec: LstmSpec, cache_dir: str | None = None) -> LstmKernel | None:
+    """The compiled native LSTM of ``spec`` (object code through the disk cache in
+    ``cache_dir`` when given), or None when no BLAS is found."""
+    from geode.codegen.backends.llvm.library import blas, share_pool
+    from geode.codegen.backends.llvm.target import host
+
+    t0 = time.perf_counter()
+    lib = blas()
+    if lib is None:
+        return None
+    share_pool(lib)  # its GEMMs' threads on the native pool, like MatMul's
+    symbol = lib.symbol(spec.dtype)
+    target = host()
+    name, ir = lstm_ir(spec, symbol, lib.int_bits, target.function_attrs)
+    key = objcache.cache_key(ir, target.fingerprint())
+    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
+    from_cache = obj is not None
+    if obj is None:
+        obj = jit.compile_ir(ir, target)
+        if cache_dir is not None:
+            objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    loaded = jit.load_object(obj, [name], runtime=False, imports={symbol: lib.address(spec.dtype)})
+    emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
+    seconds = time.perf_counter() - t0
+    kernel = LstmKernel("lstm", emitted, loaded, target, seconds, from_cache, fastmath=False)
+    kernel.spec = spec
+    return kernel
