@@ -2,9 +2,9 @@
 every LSTM placed on AICPU).
 
 An LSTM goes native (:mod:`geode.codegen.backends.llvm.lstm`: the input projection of
-every step as one BLAS GEMM, then per step a GEMM and a vectorized gate loop) when, with
-the LLVM backend and codegen on: X, W, R (and B, initial_h, initial_c, P) and its outputs
-are all float32 or all float64; W's and R's shapes are static; the activations are the
+every step at once, then per step the recurrent product and a vectorized gate loop, all
+in one JIT-compiled call) when, with the LLVM backend and codegen on: X, W, R (and B,
+initial_h, initial_c, P) and its outputs are all float32 or all float64; W's and R's shapes are static; the activations are the
 default ones (Sigmoid, Tanh, Tanh), with no ``clip`` and no ``input_forget``; there is no
 ``sequence_lens`` input; and the outputs' shapes follow from the graph inputs' symbols (a
 dim known only once a value is computed cannot size a native step's output). Every
@@ -132,8 +132,6 @@ def rnn_interface(node: Node, g: Graph, opts: Options) -> RnnChoice | None:
         warnings.warn(msg, CodegenWarning, stacklevel=3)
         log.warning(msg)
         return RnnChoice(None, None, f"library op: reference kernel (LSTM: {exc})")
-    if kernel is None:
-        return RnnChoice(None, None, "library op: reference kernel (LSTM: no BLAS found)")
     interface = NativeKernel(
         name=node.name,
         fn=kernel,
@@ -155,5 +153,5 @@ def rnn_interface(node: Node, g: Graph, opts: Options) -> RnnChoice | None:
         _llvm=lambda: kernel.llvm,
         _asm=lambda: kernel.asm,
     )
-    reason = "library op: LSTM, BLAS GEMMs + native gate loop, native"
+    reason = "library op: LSTM, native products and gate loop"
     return RnnChoice(interface, info, reason)

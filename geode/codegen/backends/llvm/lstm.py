@@ -6,24 +6,30 @@ An :class:`LstmSpec` holds what is fixed when a model is compiled (dtype, hidden
 input sizes, directions, layout, which optional inputs and outputs there are); the
 sequence length and the batch are read from X's record at run time. The entry
 (``int32 entry(ptrs, recs, ints)``, arrays ``X, W, R, [B], [initial_h], [initial_c],
-[P], Y, [Y_h], [Y_c]``, ints the thread count) checks every record (status ``i + 1``
-for a bad argument ``i``: rank, item size, exact dims) before touching memory, then per
-direction ``d`` (forward, or reverse: the steps in the other order):
+[P], Y, [Y_h], [Y_c]``, ints the thread count, unused: the steps are sequential) checks
+every record (status ``i + 1`` for a bad argument ``i``: rank, item size, exact dims)
+before touching memory, then per direction ``d`` (forward, or reverse: the steps in the
+other order):
 
-1. one CBLAS ``?gemm`` projects every step's input at once,
-   ``GX[T*B, 4H] = X[T*B, I] @ W[d]^T`` (rows in X's own order, so layout 1 needs no
-   copy);
-2. per step ``t``: ``G[B, 4H] = h @ R[d]^T`` (one GEMM), then a vectorized loop per
-   batch row computes the gates (``GX + Wb + G + Rb``, peepholes when P is given), the
-   new cell and hidden states, and writes the row of ``Y[t]``;
+1. every step's input is projected at once, ``GX[T*B, 4H] = X[T*B, I] @ W[d]^T`` (rows
+   in X's own order, so layout 1 needs no copy);
+2. per step ``t``: ``G[B, 4H] = h @ R[d]^T``, then a vectorized loop per batch row
+   computes the gates (``GX + Wb + G + Rb``, peepholes when P is given), the new cell
+   and hidden states, and writes the row of ``Y[t]``;
 3. the last states go to ``Y_h``/``Y_c``.
+
+Both products are dot products written here (:func:`_product_function`), not BLAS
+GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes
+(one step's batch rows against all of ``R``) costs more than the products, and every
+threaded GEMM call is a barrier of the BLAS's threads; on a shared 2-core machine the
+BLAS path measured 5-10x slower than these loops.
 
 The states ``h`` and ``c``, the projection and the gates live in one ``malloc``-ed
 buffer freed before the entry returns; status ``n_arrays + 1`` says it could not be
 allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`). Sigmoid and
 tanh are the LLVM backend's vmath functions (IEEE variants, inlined and vectorized).
 Results match the reference kernel (:func:`geode.compiler.ops.rnn.recurrent`) to
-rounding: the same sums in the same order, the GEMMs' inner products in another.
+rounding: the same sums in the same order, the products' inner sums in another.
 """
 
 from __future__ import annotations
@@ -144,27 +150,6 @@ def _records(b: Builder, spec: LstmSpec) -> dict[str, list[str]]:
     return dims
 
 
-class _Gemm:
-    """Writes ``C = A[M x K] @ Bt[N x K]^T`` calls of a row-major CBLAS ``?gemm``."""
-
-    def __init__(self, b: Builder, symbol: str, ty: str, int_bits: int):
-        self.b, self.symbol, self.ty, self.bits = b, symbol, ty, int_bits
-
-    def _int(self, v: str) -> str:
-        if self.bits == 64 or v.lstrip("-").isdigit():
-            return f"i{self.bits} {v}"
-        return f"i32 {self.b.fn.value(f'trunc i64 {v} to i32', 'i32')}"
-
-    def __call__(self, m: str, n: int, k: int, a: str, bt: str, c: str) -> None:
-        m_, n_, k_ = self._int(m), self._int(str(n)), self._int(str(k))
-        one, zero = float_literal(1.0, self.ty), float_literal(0.0, self.ty)
-        self.b.fn.add(
-            f"call void @{self.symbol}(i32 101, i32 111, i32 112, {m_}, {n_}, {k_}, "
-            f"{self.ty} {one}, ptr {a}, {k_}, ptr {bt}, {k_}, {self.ty} {zero}, "
-            f"ptr {c}, {n_})"
-        )
-
-
 def _cell_function(module: ModuleWriter, name: str, spec: LstmSpec, attrs: str) -> FunctionWriter:
     """``void @name(ptr G, ptr GX, ptr B, ptr P, ptr c, ptr h, ptr y)``: one batch row's
     step (``G``: the row's ``h @ R^T``, ``GX``: its input projection, ``B``/``P`` the
@@ -224,6 +209,57 @@ def _cell_function(module: ModuleWriter, name: str, spec: LstmSpec, attrs: str) 
     return fn
 
 
+def _product_function(
+    module: ModuleWriter, name: str, spec: LstmSpec, attrs: str
+) -> FunctionWriter:
+    """``void @name(ptr R, ptr h, ptr G, i64 N, i64 K)``: ``G[N, 4H] = h[N, K] @ R^T``
+    (``R``: ``[4H, K]``) as dot products, each row of ``R`` (one gate unit) used for
+    every row of ``h`` while it is in cache. The sums may be reassociated (so they
+    vectorize), as a GEMM's are."""
+    ty, _ = TYPES[spec.dtype]
+    fn = FunctionWriter(
+        name,
+        "void",
+        [
+            ("ptr noalias", "R"),
+            ("ptr noalias", "h"),
+            ("ptr noalias", "G"),
+            ("i64", "N"),
+            ("i64", "K"),
+        ],
+    )
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
+    b = Builder(fn)
+    r, h, g, n, hid = (fn.param(j) for j in range(5))
+    g4 = str(4 * spec.hidden)
+    acc = fn.alloca(ty, "acc")
+    zero = float_literal(0.0, ty)
+
+    def unit(j: str) -> None:
+        rrow = b.gep(ty, r, b.mul(j, hid), "rrow")
+
+        def row(i: str) -> None:
+            hrow = b.gep(ty, h, b.mul(i, hid), "hrow")
+            fn.add(f"store {ty} {zero}, ptr {acc}")
+
+            def term(k: str) -> None:
+                rv = b.load(ty, b.gep(ty, rrow, k), "rv")
+                prod = fn.value(f"fmul contract {ty} {rv}, {b.load(ty, b.gep(ty, hrow, k), 'hv')}")
+                total = fn.value(f"fadd reassoc contract {ty} {b.load(ty, acc, 'a')}, {prod}")
+                fn.add(f"store {ty} {total}, ptr {acc}")
+
+            b.loop("0", hid, term, "k")
+            out = b.gep(ty, g, b.add(b.mul(i, g4), j), "gout")
+            fn.add(f"store {ty} {b.load(ty, acc, 'sum')}, ptr {out}")
+
+        b.loop("0", n, row, "b")
+
+    b.loop("0", g4, unit, "j")
+    fn.terminate("ret void")
+    return fn
+
+
 def _state_rows(b: Builder, spec: LstmSpec, base: str, d: int, n: str, row: str) -> str:
     """Pointer to ``row`` of direction ``d`` in a state array (initial_h, Y_h ...)."""
     ty, _ = TYPES[spec.dtype]
@@ -254,7 +290,7 @@ def _copy_state(
     b.loop("0", n, row, "row")
 
 
-def entry_function(name: str, cell: str, spec: LstmSpec, symbol: str, bits: int) -> FunctionWriter:
+def entry_function(name: str, cell: str, rec: str, spec: LstmSpec) -> FunctionWriter:
     """The entry ``i32 @name(ptrs, recs, ints)`` (see the module docstring)."""
     ty, item = TYPES[spec.dtype]
     fn = FunctionWriter(name, "i32", [("ptr", "ptrs"), ("ptr", "recs"), ("ptr", "ints")])
@@ -277,7 +313,6 @@ def entry_function(name: str, cell: str, spec: LstmSpec, symbol: str, bits: int)
     gates = b.gep(ty, gx, b.mul(rows, str(g4)), "gates")
     h = b.gep(ty, gates, b.mul(n, str(g4)), "h")
     c = b.gep(ty, h, b.mul(n, str(hid)), "c")
-    gemm = _Gemm(b, symbol, ty, bits)
     dd = str(spec.directions)
     for d in range(spec.directions):
         reverse = spec.reverse or d == 1
@@ -293,13 +328,16 @@ def entry_function(name: str, cell: str, spec: LstmSpec, symbol: str, bits: int)
                 zb = b.mul(rows, str(g4 * item), "gxbytes")
                 fn.add(f"call void @llvm.memset.p0.i64(ptr {gx}, i8 0, i64 {zb}, i1 false)")
             else:
-                gemm(rows, g4, spec.input_size, ptr["X"], w_d, gx)  # noqa: B023
+                fn.add(
+                    f"call void @{rec}(ptr {w_d}, ptr {ptr['X']}, ptr {gx}, i64 {rows}, "  # noqa: B023
+                    f"i64 {spec.input_size})"
+                )
 
         b.when(b.cmp("sgt", rows, "0"), project, "proj")
 
         def step(s: str) -> None:
             t = b.sub(b.sub(seq, "1"), s, "t") if reverse else s  # noqa: B023
-            gemm(n, g4, hid, h, r_d, gates)  # noqa: B023
+            fn.add(f"call void @{rec}(ptr {r_d}, ptr {h}, ptr {gates}, i64 {n}, i64 {hid})")  # noqa: B023
 
             def batch_row(r: str) -> None:
                 xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
@@ -331,22 +369,12 @@ def entry_function(name: str, cell: str, spec: LstmSpec, symbol: str, bits: int)
     return fn
 
 
-def lstm_ir(
-    spec: LstmSpec, blas_symbol: str, blas_int_bits: int, attrs: str = ""
-) -> tuple[str, str]:
-    """``(entry name, module IR)`` of the native LSTM of ``spec`` (its GEMMs call
-    ``blas_symbol``, a CBLAS ``?gemm`` taking ``blas_int_bits``-bit ints; ``attrs``: the
-    target's function attributes)."""
-    ty, _ = TYPES[spec.dtype]
+def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
+    """``(entry name, module IR)`` of the native LSTM of ``spec`` (``attrs``: the target's
+    function attributes, :attr:`~.target.Target.function_attrs`)."""
     digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
     name = f"geode_lstm_{digest}"
     module = ModuleWriter(name)
-    it = f"i{blas_int_bits}"
-    module.declare(
-        blas_symbol,
-        f"declare void @{blas_symbol}(i32, i32, i32, {it}, {it}, {it}, {ty}, ptr, {it}, ptr, "
-        f"{it}, {ty}, ptr, {it}) nounwind",
-    )
     module.declare("llvm.memset.p0.i64", _MEMSET)
     module.declare("llvm.memcpy.p0.p0.i64", _MEMCPY)
     module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
@@ -360,7 +388,9 @@ def lstm_ir(
     module.add_function(lib.functions)
     cell = f"{name}.cell"
     module.add_function(_cell_function(module, cell, spec, attrs))
-    module.add_function(entry_function(name, cell, spec, blas_symbol, blas_int_bits))
+    rec = f"{name}.product"
+    module.add_function(_product_function(module, rec, spec, attrs))
+    module.add_function(entry_function(name, cell, rec, spec))
     return name, f"; {spec.describe()}\n" + module.text()
 
 
@@ -402,20 +432,14 @@ def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def lstm_kernel(spec: LstmSpec, cache_dir: str | None = None) -> LstmKernel | None:
+def lstm_kernel(spec: LstmSpec, cache_dir: str | None = None) -> LstmKernel:
     """The compiled native LSTM of ``spec`` (object code through the disk cache in
-    ``cache_dir`` when given), or None when no BLAS is found."""
-    from geode.codegen.backends.llvm.library import blas, share_pool
+    ``cache_dir`` when given)."""
     from geode.codegen.backends.llvm.target import host
 
     t0 = time.perf_counter()
-    lib = blas()
-    if lib is None:
-        return None
-    share_pool(lib)  # its GEMMs' threads on the native pool, like MatMul's
-    symbol = lib.symbol(spec.dtype)
     target = host()
-    name, ir = lstm_ir(spec, symbol, lib.int_bits, target.function_attrs)
+    name, ir = lstm_ir(spec, target.function_attrs)
     key = objcache.cache_key(ir, target.fingerprint())
     obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
     from_cache = obj is not None
@@ -423,7 +447,7 @@ def lstm_kernel(spec: LstmSpec, cache_dir: str | None = None) -> LstmKernel | No
         obj = jit.compile_ir(ir, target)
         if cache_dir is not None:
             objcache.store(cache_dir, key, name, obj, target.fingerprint())
-    loaded = jit.load_object(obj, [name], runtime=False, imports={symbol: lib.address(spec.dtype)})
+    loaded = jit.load_object(obj, [name], runtime=False)
     emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
     seconds = time.perf_counter() - t0
     kernel = LstmKernel("lstm", emitted, loaded, target, seconds, from_cache, fastmath=False)
