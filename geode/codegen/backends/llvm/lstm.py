@@ -51,6 +51,10 @@ __all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel"]
 #: dtype -> (IR type, item size)
 TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
 
+#: gate units (rows of W or R) the products compute together, sharing the loads of ``h``
+#: (``4H`` is a multiple)
+UNITS = 4
+
 _MEMSET = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
 _MEMCPY = "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"
 
@@ -233,29 +237,33 @@ def _product_function(
     b = Builder(fn)
     r, h, g, n, hid = (fn.param(j) for j in range(5))
     g4 = str(4 * spec.hidden)
-    acc = fn.alloca(ty, "acc")
+    accs = [fn.alloca(ty, f"acc{u}") for u in range(UNITS)]
     zero = float_literal(0.0, ty)
 
-    def unit(j: str) -> None:
-        rrow = b.gep(ty, r, b.mul(j, hid), "rrow")
+    def units(j: str) -> None:
+        rrows = [b.gep(ty, r, b.mul(b.add(j, str(u)), hid), f"rrow{u}") for u in range(UNITS)]
 
         def row(i: str) -> None:
             hrow = b.gep(ty, h, b.mul(i, hid), "hrow")
-            fn.add(f"store {ty} {zero}, ptr {acc}")
+            for acc in accs:
+                fn.add(f"store {ty} {zero}, ptr {acc}")
 
             def term(k: str) -> None:
-                rv = b.load(ty, b.gep(ty, rrow, k), "rv")
-                prod = fn.value(f"fmul contract {ty} {rv}, {b.load(ty, b.gep(ty, hrow, k), 'hv')}")
-                total = fn.value(f"fadd reassoc contract {ty} {b.load(ty, acc, 'a')}, {prod}")
-                fn.add(f"store {ty} {total}, ptr {acc}")
+                hv = b.load(ty, b.gep(ty, hrow, k), "hv")
+                for acc, rrow in zip(accs, rrows):
+                    rv = b.load(ty, b.gep(ty, rrow, k), "rv")
+                    prod = fn.value(f"fmul contract {ty} {rv}, {hv}", "prod")
+                    total = fn.value(f"fadd reassoc contract {ty} {b.load(ty, acc, 'a')}, {prod}")
+                    fn.add(f"store {ty} {total}, ptr {acc}")
 
             b.loop("0", hid, term, "k")
             out = b.gep(ty, g, b.add(b.mul(i, g4), j), "gout")
-            fn.add(f"store {ty} {b.load(ty, acc, 'sum')}, ptr {out}")
+            for u, acc in enumerate(accs):
+                fn.add(f"store {ty} {b.load(ty, acc, 'sum')}, ptr {b.gep(ty, out, str(u))}")
 
         b.loop("0", n, row, "b")
 
-    b.loop("0", g4, unit, "j")
+    b.loop("0", g4, units, "j", step=str(UNITS))
     fn.terminate("ret void")
     return fn
 
