@@ -5,8 +5,8 @@ An LSTM goes native (:mod:`geode.codegen.backends.llvm.lstm`: the input projecti
 every step at once, then per step the recurrent product and a vectorized gate loop, all
 in one JIT-compiled call) when, with the LLVM backend and codegen on: X, W, R (and B,
 initial_h, initial_c, P) and its outputs are all float32 or all float64; W's and R's shapes are static; the activations are the
-default ones (Sigmoid, Tanh, Tanh), with no ``clip`` and no ``input_forget``; there is no
-``sequence_lens`` input; and the outputs' shapes follow from the graph inputs' symbols (a
+default ones (Sigmoid, Tanh, Tanh), with no ``clip`` and no ``input_forget``; a
+``sequence_lens`` input, when given, is int32; and the outputs' shapes follow from the graph inputs' symbols (a
 dim known only once a value is computed cannot size a native step's output). Every
 direction and both layouts are native. Otherwise the node keeps the reference kernel
 (:func:`geode.compiler.ops.rnn.recurrent`), and the placement records why.
@@ -79,8 +79,8 @@ def lstm_spec(node: Node, g: Graph) -> LstmSpec | str:
     acts = [_text(a).lower() for a in attrs.get("activations") or []]
     if acts and acts not in (list(_DEFAULT_ACTS), list(_DEFAULT_ACTS) * n_dirs):
         return f"activations {acts} (native: Sigmoid, Tanh, Tanh)"
-    if lens is not None:
-        return "sequence_lens (native: all steps of every batch entry)"
+    if lens is not None and str(np.dtype(lens.dtype)) != "int32":
+        return f"sequence_lens of {np.dtype(lens.dtype)} (native: int32)"
     if x.shape is None or len(x.shape) != 3:
         return "X is not 3-D"
     if not _static(w.shape, 3) or not _static(r.shape, 3):
@@ -107,6 +107,7 @@ def lstm_spec(node: Node, g: Graph) -> LstmSpec | str:
             initial_c=c0 is not None,
             peephole=p is not None,
             n_outputs=len(node.outputs),
+            lens=lens is not None,
         )
     except ValueError as exc:
         return str(exc)

@@ -19,6 +19,7 @@ from onnx.reference import ReferenceEvaluator
 import geode
 from geode.codegen.backends.llvm.lstm import LstmKernel, LstmSpec, lstm_kernel
 from geode.compiler.ops.rnn import recurrent
+from geode.errors import ShapeError
 
 TOL = {"float32": 2e-5, "float64": 1e-12}
 DIRS = {"forward": 1, "reverse": 1, "bidirectional": 2}
@@ -26,7 +27,7 @@ DIRS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 
 def lstm_inputs(rng, dtype, hidden, size, direction, layout, seq, batch, opt):
     """Random LSTM inputs in ONNX order (None for an omitted one); ``opt``: the set of
-    optional inputs to give (B, initial_h, initial_c, P)."""
+    optional inputs to give (B, sequence_lens, initial_h, initial_c, P)."""
     d = DIRS[direction]
     state = (batch, d, hidden) if layout else (d, batch, hidden)
 
@@ -38,7 +39,7 @@ def lstm_inputs(rng, dtype, hidden, size, direction, layout, seq, batch, opt):
         arr((d, 4 * hidden, size), 0.4),
         arr((d, 4 * hidden, hidden), 0.4),
         arr((d, 8 * hidden)) if "B" in opt else None,
-        None,
+        rng.integers(0, seq + 1, batch).astype(np.int32) if "sequence_lens" in opt else None,
         arr(state) if "initial_h" in opt else None,
         arr(state) if "initial_c" in opt else None,
         arr((d, 3 * hidden)) if "P" in opt else None,
@@ -53,6 +54,7 @@ def run_kernel(dtype, hidden, size, direction, layout, seq, batch, opt, n_out=3,
     spec = LstmSpec(
         dtype, hidden, size, DIRS[direction], direction == "reverse", layout,
         "B" in opt, "initial_h" in opt, "initial_c" in opt, "P" in opt, n_out,
+        lens="sequence_lens" in opt,
     )  # fmt: skip
     want = recurrent("LSTM", ins, {"direction": direction, "layout": layout, "hidden_size": hidden})
     outs = [np.full(w.shape, np.nan, dtype) for w in want[:n_out]]
@@ -60,7 +62,7 @@ def run_kernel(dtype, hidden, size, direction, layout, seq, batch, opt, n_out=3,
     return outs, want[:n_out]
 
 
-ALL = {"B", "initial_h", "initial_c", "P"}
+ALL = {"B", "sequence_lens", "initial_h", "initial_c", "P"}
 
 
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
@@ -165,10 +167,17 @@ def test_native_lstm_out_of_memory_is_a_geode_error() -> None:
 
 
 # -- models -------------------------------------------------------------------------
+def ort_run(model, feeds: dict) -> list:
+    """onnxruntime's outputs of ``model``."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+
+
 def lstm_model(ins, direction, layout, outputs=("y", "y_h", "y_c"), dims=None, **attrs):
     """An ONNX model of one LSTM: X a graph input, the other given inputs initializers;
     ``outputs``: the names of Y, Y_h, Y_c ("" for one not asked for)."""
-    names = ["x", "w", "r", "b", "", "h0", "c0", "p"]
+    names = ["x", "w", "r", "b", "lens", "h0", "c0", "p"]
     et = helper.np_dtype_to_tensor_dtype(ins[0].dtype)
     inits = [numpy_helper.from_array(a, n) for a, n in zip(ins[1:], names[1:]) if a is not None]
     used = [n if i == 0 or ins[i] is not None else "" for i, n in enumerate(names)]
@@ -214,11 +223,17 @@ def test_native_lstm_models_match_onnx_reference(cfg) -> None:
     native = geode.compile(model)
     assert [(k.kind, k.engine) for k in native.kernels] == [("library", "aicore")]
     got = native(x=ins[0])
-    want = ReferenceEvaluator(model).run(None, {"x": ins[0]})
+    if ins[4] is None:
+        want = ReferenceEvaluator(model).run(None, {"x": ins[0]})
+    else:  # onnx's ReferenceEvaluator ignores sequence_lens; onnxruntime does not (but
+        # has no float64 or batch-first LSTM): the others are checked against the AICPU path
+        ort_ok = dtype == "float32" and layout == 0
+        want = ort_run(model, {"x": ins[0]}) if ort_ok else []
     aicpu = geode.compile(model, codegen=False)(x=ins[0])
     tol = 1e-5 if dtype == "float32" else 1e-10
     for name, w in zip([o for o in outputs if o], want):
         np.testing.assert_allclose(got[name], w, rtol=tol, atol=tol)
+    for name in [o for o in outputs if o]:
         np.testing.assert_allclose(got[name], aicpu[name], rtol=tol, atol=tol)
 
 
@@ -260,10 +275,9 @@ def _stay(**changes):
         (_stay(attrs={"clip": 2.0}), "clip (native: none)"),
         (_stay(attrs={"input_forget": 1}), "input_forget (native: 0)"),
         (_stay(attrs={"activations": ["Tanh", "Tanh", "Tanh"]}), "activations ['tanh', 'tanh'"),
-        (_stay(lens=True), "sequence_lens"),
         (_stay(dtype="float16"), "float16"),
     ],
-    ids=["clip", "input_forget", "activations", "sequence_lens", "float16"],
+    ids=["clip", "input_forget", "activations", "float16"],
 )
 def test_lstms_that_stay_on_aicpu_say_why(model, reason) -> None:
     compiled = geode.compile(model[0])
@@ -271,16 +285,11 @@ def test_lstms_that_stay_on_aicpu_say_why(model, reason) -> None:
     assert k.engine == "aicpu"
     assert f": aicpu (library op: reference kernel (LSTM: {reason}" in compiled.explain()
     feeds = {"x": model[1]}
-    if any(i.name == "lens" for i in model[0].graph.input):
-        feeds["lens"] = np.array([3, 1], np.int32)
     got = compiled(**feeds)
     # onnx's ReferenceEvaluator ignores clip, input_forget and activations; onnxruntime
     # does not (but has no float16 LSTM)
     if model[1].dtype != np.float16:
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(model[0].SerializeToString())
-        want = sess.run(None, feeds)
+        want = ort_run(model[0], feeds)
     else:
         want = ReferenceEvaluator(model[0]).run(None, feeds)
     tol = 5e-3 if model[1].dtype == np.float16 else 1e-5
@@ -288,3 +297,21 @@ def test_lstms_that_stay_on_aicpu_say_why(model, reason) -> None:
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
     off = geode.compile(model[0], codegen=False)
     assert "LSTM: " not in off.explain() and [k.engine for k in off.kernels] == ["aicpu"]
+
+
+def test_sequence_lens_given_at_run_time_go_native() -> None:
+    """sequence_lens as a graph input: native, each batch entry's own steps (onnxruntime
+    agrees); a length outside [0, T] is a ShapeError."""
+    model, x = _stay(lens=True)
+    compiled = geode.compile(model)
+    (k,) = compiled.kernels
+    assert (k.engine, k.kind) == ("aicore", "library")
+    for lens in ([3, 1], [0, 2], [3, 3]):
+        feeds = {"x": x, "lens": np.array(lens, np.int32)}
+        got = compiled(**feeds)
+        for w, g in zip(ort_run(model, feeds), got.values()):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ShapeError, match="sequence_lens value must be between 0 and"):
+        compiled(x=x, lens=np.array([4, 1], np.int32))
+    with pytest.raises(ShapeError, match="sequence_lens"):
+        compiled(x=x, lens=np.array([-1, 1], np.int32))

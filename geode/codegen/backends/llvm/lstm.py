@@ -5,11 +5,11 @@ into machine code.
 An :class:`LstmSpec` holds what is fixed when a model is compiled (dtype, hidden and
 input sizes, directions, layout, which optional inputs and outputs there are); the
 sequence length and the batch are read from X's record at run time. The entry
-(``int32 entry(ptrs, recs, ints)``, arrays ``X, W, R, [B], [initial_h], [initial_c],
-[P], Y, [Y_h], [Y_c]``, ints the thread count, unused: the steps are sequential) checks
-every record (status ``i + 1`` for a bad argument ``i``: rank, item size, exact dims)
-before touching memory, then per direction ``d`` (forward, or reverse: the steps in the
-other order):
+(``int32 entry(ptrs, recs, ints)``, arrays ``X, W, R, [B], [sequence_lens],
+[initial_h], [initial_c], [P], Y, [Y_h], [Y_c]``, ints the thread count, unused: the
+steps are sequential) checks every record (status ``i + 1`` for a bad argument ``i``:
+rank, item size, exact dims) before touching memory, then per direction ``d`` (forward,
+or reverse: the steps in the other order):
 
 1. every step's input is projected at once, ``GX[T*B, 4H] = X[T*B, I] @ W[d]^T`` (rows
    in X's own order, so layout 1 needs no copy);
@@ -17,6 +17,11 @@ other order):
    computes the gates (``GX + Wb + G + Rb``, peepholes when P is given), the new cell
    and hidden states, and writes the row of ``Y[t]``;
 3. the last states go to ``Y_h``/``Y_c``.
+
+With ``sequence_lens`` (int32, one per batch entry, each checked to lie in ``[0, T]``:
+status ``n_arrays + 2``, raised as :class:`~geode.errors.ShapeError`), Y starts as zeros
+and a batch row takes only its own steps: the reverse direction starts at its own last
+step, and past its length its states stay as they are (the reference's semantics).
 
 Both products are dot products written here (:func:`_product_function`), not BLAS
 GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes
@@ -44,7 +49,7 @@ from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
 from geode.codegen.backends.llvm.kernel import LLVMKernel
-from geode.errors import ExecutionError
+from geode.errors import ExecutionError, ShapeError
 
 __all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel"]
 
@@ -74,6 +79,7 @@ class LstmSpec:
     initial_c: bool
     peephole: bool
     n_outputs: int
+    lens: bool = False  # a sequence_lens input (int32, one length per batch entry)
 
     def __post_init__(self) -> None:
         if self.dtype not in TYPES:
@@ -88,7 +94,8 @@ class LstmSpec:
     @property
     def arrays(self) -> tuple[str, ...]:
         """The entry's array names, inputs then outputs."""
-        opt = [("B", self.bias), ("initial_h", self.initial_h), ("initial_c", self.initial_c)]
+        opt = [("B", self.bias), ("sequence_lens", self.lens), ("initial_h", self.initial_h)]
+        opt.append(("initial_c", self.initial_c))
         opt.append(("P", self.peephole))
         ins = ["X", "W", "R"] + [n for n, on in opt if on]
         return (*ins, *["Y", "Y_h", "Y_c"][: self.n_outputs])
@@ -126,7 +133,7 @@ def _records(b: Builder, spec: LstmSpec) -> dict[str, list[str]]:
         nonlocal at
         b.fail_unless(b.cmp("eq", word(at), str(len(want))), status)
         got = [word(at + 2 + j) for j in range(len(want))]
-        conds = [b.cmp("eq", word(at + 1), str(item))]
+        conds = [b.cmp("eq", word(at + 1), "4" if name == "sequence_lens" else str(item))]
         conds += [b.cmp("eq", g, w) for g, w in zip(got, want) if w is not None]
         b.fail_unless(b.all_of(conds), status)
         at += 2 + len(want)
@@ -142,6 +149,7 @@ def _records(b: Builder, spec: LstmSpec) -> dict[str, list[str]]:
         "W": [d, str(4 * spec.hidden), i],
         "R": [d, str(4 * spec.hidden), h],
         "B": [d, str(8 * spec.hidden)],
+        "sequence_lens": [batch],
         "initial_h": state,
         "initial_c": state,
         "P": [d, str(3 * spec.hidden)],
@@ -268,6 +276,27 @@ def _product_function(
     return fn
 
 
+def _check_lens(b: Builder, lens: str, seq: str, n: str, status: int, buf: str) -> None:
+    """Return ``status`` (``buf`` freed) unless every length is in ``[0, T]``."""
+    fn = b.fn
+    bad = fn.alloca("i1", "badlen")
+    fn.add(f"store i1 false, ptr {bad}")
+
+    def entry(r: str) -> None:
+        length = fn.value(f"sext i32 {b.load('i32', b.gep('i32', lens, r))} to i64", "len")
+        out = b.any_of([b.cmp("slt", length, "0"), b.cmp("sgt", length, seq)])
+        seen = b.load("i1", bad, "seen")
+        fn.add(f"store i1 {fn.value(f'or i1 {seen}, {out}', 'bad')}, ptr {bad}")
+
+    b.loop("0", n, entry, "l")
+    ok, fail = fn.label("lens_ok"), fn.label("lens_bad")
+    fn.cond_br(b.load("i1", bad, "anybad"), fail, ok)
+    fn.start_block(fail)
+    fn.add(f"call void @free(ptr {buf})")
+    fn.terminate(f"ret i32 {status}")
+    fn.start_block(ok)
+
+
 def _state_rows(b: Builder, spec: LstmSpec, base: str, d: int, n: str, row: str) -> str:
     """Pointer to ``row`` of direction ``d`` in a state array (initial_h, Y_h ...)."""
     ty, _ = TYPES[spec.dtype]
@@ -318,6 +347,10 @@ def entry_function(name: str, cell: str, rec: str, spec: LstmSpec) -> FunctionWr
     buf = fn.value(f"call noalias ptr @malloc(i64 {nbytes})", "buf")
     b.fail_unless(fn.value(f"icmp ne ptr {buf}, null", "allocated"), len(spec.arrays) + 1)
     gx = buf
+    if spec.lens:
+        _check_lens(b, ptr["sequence_lens"], seq, n, len(spec.arrays) + 2, buf)
+        ybytes = b.mul(b.mul(rows, str(spec.directions * hid)), str(item), "ybytes")
+        fn.add(f"call void @llvm.memset.p0.i64(ptr {ptr['Y']}, i8 0, i64 {ybytes}, i1 false)")
     gates = b.gep(ty, gx, b.mul(rows, str(g4)), "gates")
     h = b.gep(ty, gates, b.mul(n, str(g4)), "h")
     c = b.gep(ty, h, b.mul(n, str(hid)), "c")
@@ -348,6 +381,14 @@ def entry_function(name: str, cell: str, rec: str, spec: LstmSpec) -> FunctionWr
             fn.add(f"call void @{rec}(ptr {r_d}, ptr {h}, ptr {gates}, i64 {n}, i64 {hid})")  # noqa: B023
 
             def batch_row(r: str) -> None:
+                if not spec.lens:
+                    return row_step(r, t)  # noqa: B023
+                lens = ptr["sequence_lens"]
+                length = fn.value(f"sext i32 {b.load('i32', b.gep('i32', lens, r))} to i64", "len")
+                mine = b.sub(b.sub(length, "1"), s, "t") if reverse else s  # noqa: B023
+                b.when(b.cmp("slt", s, length), lambda: row_step(r, mine), "valid")
+
+            def row_step(r: str, t: str) -> None:
                 xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
                 yrow = (
                     b.add(b.mul(b.add(b.mul(r, seq), t), dd), str(d))  # noqa: B023
@@ -404,13 +445,19 @@ def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
 
 class LstmKernel(LLVMKernel):
     """A compiled native LSTM of ``spec``: an :class:`LLVMKernel` whose entry may also say
-    that its scratch buffer could not be allocated (raised as :class:`ExecutionError`)."""
+    that its scratch buffer could not be allocated (raised as :class:`ExecutionError`) or
+    that a sequence length is outside ``[0, T]`` (:class:`ShapeError`)."""
 
     spec: LstmSpec
 
     def _bad_argument(self, i: int) -> None:
         if i == len(self._args):
             raise ExecutionError(f"kernel {self.name}: out of memory allocating its scratch buffer")
+        if i == len(self._args) + 1:
+            raise ShapeError(
+                f"kernel {self.name}: every sequence_lens value must be between 0 and the "
+                "sequence length T"
+            )
         super()._bad_argument(i)
 
 
@@ -423,6 +470,7 @@ def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
         "W": f"({d}, {4 * h}, {i})",
         "R": f"({d}, {4 * h}, {h})",
         "B": f"({d}, {8 * h})",
+        "sequence_lens": "(N,)",
         "initial_h": state,
         "initial_c": state,
         "P": f"({d}, {3 * h})",
@@ -434,8 +482,9 @@ def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
     args = []
     for j, a in enumerate(spec.arrays):
         role = "input" if j < spec.n_inputs else "output"
-        rank = shapes[a].count(",") + 1
-        args.append(ArgSpec(a, role, spec.dtype, rank, shapes[a]))
+        rank = len([t for t in shapes[a].strip("()").split(",") if t.strip()])
+        dtype = "int32" if a == "sequence_lens" else spec.dtype
+        args.append(ArgSpec(a, role, dtype, rank, shapes[a]))
     return tuple(args)
 
 
