@@ -90,10 +90,11 @@ def test_native_lstm_matches_the_reference_kernel(direction, layout, dtype) -> N
     ],
 )
 def test_native_lstm_edge_sizes(seq, batch, size, opt) -> None:
-    for layout in (0, 1):
-        got, want = run_kernel("float32", 7, size, "bidirectional", layout, seq, batch, opt)
-        for g, w in zip(got, want):
-            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+    """Bidirectional, batch-first when the case gives an odd number of optional inputs."""
+    layout = len(opt) % 2
+    got, want = run_kernel("float32", 7, size, "bidirectional", layout, seq, batch, opt)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("n_out", [1, 2])
