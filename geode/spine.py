@@ -38,6 +38,7 @@ from geode.codegen.cache import maybe_prune
 from geode.codegen.epilogues import attach_epilogues
 from geode.codegen.lower import make_can_lower
 from geode.codegen.native_conv import conv_interface
+from geode.codegen.native_rnn import rnn_interface
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
@@ -256,17 +257,18 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
     engine = c.placement.engine[node.name]
     library = driver.library_interface(node, c.graph, c.opts) if engine == "aicpu" else None
     reason = "library op: BLAS, called natively"
-    conv = conv_interface(node, c.graph, c.opts) if engine == "aicpu" else None
-    if conv is not None:  # Conv: native (im2col + BLAS, depthwise) or why not
-        c.placement.reason[node.name] = reason = conv.reason
-        library = None if conv.interface is None else (conv.interface, conv.info)
-    if library is not None:  # a library routine called natively (MatMul: BLAS; Conv)
+    for choose in (conv_interface, rnn_interface):
+        # Conv (im2col + BLAS, depthwise) and LSTM (BLAS + gate loop): native, or why not
+        choice = choose(node, c.graph, c.opts) if engine == "aicpu" else None
+        if choice is not None:
+            c.placement.reason[node.name] = reason = choice.reason
+            library = None if choice.interface is None else (choice.interface, choice.info)
+    if library is not None:  # a library routine called natively (MatMul: BLAS; Conv; LSTM)
         interface, info = library
         c.placement.engine[node.name] = "aicore"
         c.placement.reason[node.name] = reason
-        return Unit(
-            node.name, "aicore", [node], list(node.inputs), list(node.outputs), interface, info
-        )
+        inputs = [v for v in node.inputs if v is not None]  # omitted optional inputs
+        return Unit(node.name, "aicore", [node], inputs, list(node.outputs), interface, info)
     return reference_unit(node, "aicpu" if engine == "aicore" else engine)
 
 

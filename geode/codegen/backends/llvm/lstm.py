@@ -1,0 +1,512 @@
+"""ONNX LSTM (default activations: Sigmoid, Tanh, Tanh; no clip) as one native entry
+compiled from IR written here: the whole layer, every direction and step, is one call
+into machine code.
+
+An :class:`LstmSpec` holds what is fixed when a model is compiled (dtype, hidden and
+input sizes, directions, layout, which optional inputs and outputs there are); the
+sequence length and the batch are read from X's record at run time. The entry
+(``int32 entry(ptrs, recs, ints)``, arrays ``X, W, R, [B], [sequence_lens],
+[initial_h], [initial_c], [P], Y, [Y_h], [Y_c]``, ints the thread count, unused: the
+steps are sequential) checks every record (status ``i + 1`` for a bad argument ``i``:
+rank, item size, exact dims) before touching memory, then per direction ``d`` (forward,
+or reverse: the steps in the other order):
+
+1. every step's input is projected at once, ``GX[T*B, 4H] = X[T*B, I] @ W[d]^T`` (rows
+   in X's own order, so layout 1 needs no copy);
+2. per step ``t``: ``G[B, 4H] = h @ R[d]^T``, then a vectorized loop per batch row
+   computes the gates (``GX + Wb + G + Rb``, peepholes when P is given), the new cell
+   and hidden states, and writes the row of ``Y[t]``;
+3. the last states go to ``Y_h``/``Y_c``.
+
+With ``sequence_lens`` (int32, one per batch entry, each checked to lie in ``[0, T]``:
+status ``n_arrays + 2``, raised as :class:`~geode.errors.ShapeError`), Y starts as zeros
+and a batch row takes only its own steps: the reverse direction starts at its own last
+step, and past its length its states stay as they are (the reference's semantics).
+
+Both products are dot products written here (:func:`_product_function`), not BLAS
+GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes
+(one step's batch rows against all of ``R``) costs more than the products, and every
+threaded GEMM call is a barrier of the BLAS's threads; on a shared 2-core machine the
+BLAS path measured 5-10x slower than these loops.
+
+The states ``h`` and ``c``, the projection and the gates live in one ``malloc``-ed
+buffer freed before the entry returns; status ``n_arrays + 1`` says it could not be
+allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`). Sigmoid and
+tanh are the LLVM backend's vmath functions (IEEE variants, inlined and vectorized).
+Results match the reference kernel (:func:`geode.compiler.ops.rnn.recurrent`) to
+rounding: the same sums in the same order, the products' inner sums in another.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+from dataclasses import dataclass
+
+from geode.codegen.backends.llvm import jit, objcache, vmath
+from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
+from geode.codegen.backends.llvm.irloops import Builder
+from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
+from geode.codegen.backends.llvm.kernel import LLVMKernel
+from geode.errors import ExecutionError, ShapeError
+
+__all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel"]
+
+#: dtype -> (IR type, item size)
+TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
+
+#: gate units (rows of W or R) the products compute together, sharing the loads of ``h``
+#: (``4H`` is a multiple)
+UNITS = 4
+
+_MEMSET = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
+_MEMCPY = "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"
+
+
+@dataclass(frozen=True)
+class LstmSpec:
+    """What one native LSTM fixes at compile time (see the module docstring)."""
+
+    dtype: str
+    hidden: int
+    input_size: int
+    directions: int
+    reverse: bool  # one direction, run backwards (direction="reverse")
+    layout: int
+    bias: bool
+    initial_h: bool
+    initial_c: bool
+    peephole: bool
+    n_outputs: int
+    lens: bool = False  # a sequence_lens input (int32, one length per batch entry)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in TYPES:
+            raise ValueError(f"dtype {self.dtype} (native: float32, float64)")
+        if self.hidden < 1 or self.input_size < 0:
+            raise ValueError(f"hidden size {self.hidden} (native: at least 1)")
+        if self.directions not in (1, 2) or (self.reverse and self.directions != 1):
+            raise ValueError("directions must be 1 (forward or reverse) or 2")
+        if self.layout not in (0, 1) or not 1 <= self.n_outputs <= 3:
+            raise ValueError(f"layout {self.layout} or {self.n_outputs} outputs")
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """The entry's array names, inputs then outputs."""
+        opt = [("B", self.bias), ("sequence_lens", self.lens), ("initial_h", self.initial_h)]
+        opt.append(("initial_c", self.initial_c))
+        opt.append(("P", self.peephole))
+        ins = ["X", "W", "R"] + [n for n, on in opt if on]
+        return (*ins, *["Y", "Y_h", "Y_c"][: self.n_outputs])
+
+    @property
+    def n_inputs(self) -> int:
+        """How many of :attr:`arrays` are inputs."""
+        return len(self.arrays) - self.n_outputs
+
+    def describe(self) -> str:
+        """One line for traces and the IR's header."""
+        dirs = (
+            "bidirectional" if self.directions == 2 else ("reverse" if self.reverse else "forward")
+        )
+        extra = [n for n in self.arrays[3 : self.n_inputs]]
+        return (
+            f"LSTM {self.dtype} hidden={self.hidden} input={self.input_size} {dirs} "
+            f"layout={self.layout} inputs=X,W,R{''.join(',' + e for e in extra)} "
+            f"outputs={','.join(self.arrays[self.n_inputs :])}"
+        )
+
+
+def _records(b: Builder, spec: LstmSpec) -> dict[str, list[str]]:
+    """Check every record (status ``i + 1`` for array ``i``; each record's rank before
+    its other words are read); returns each array's dims."""
+    item = TYPES[spec.dtype][1]
+    h, d, i = str(spec.hidden), str(spec.directions), str(spec.input_size)
+    dims: dict[str, list[str]] = {}
+    at = 0
+
+    def word(j: int) -> str:
+        return b.load("i64", b.gep("i64", "%recs", str(j)), "r")
+
+    def check(status: int, name: str, want: list[str | None]) -> list[str]:
+        nonlocal at
+        b.fail_unless(b.cmp("eq", word(at), str(len(want))), status)
+        got = [word(at + 2 + j) for j in range(len(want))]
+        conds = [b.cmp("eq", word(at + 1), "4" if name == "sequence_lens" else str(item))]
+        conds += [b.cmp("eq", g, w) for g, w in zip(got, want) if w is not None]
+        b.fail_unless(b.all_of(conds), status)
+        at += 2 + len(want)
+        dims[name] = got
+        return got
+
+    x = check(1, "X", [None, None, i])
+    seq, batch = (x[1], x[0]) if spec.layout else (x[0], x[1])
+    dims["T"], dims["N"] = [seq], [batch]
+    state = [batch, d, h] if spec.layout else [d, batch, h]
+    y = [batch, seq, d, h] if spec.layout else [seq, d, batch, h]
+    want = {
+        "W": [d, str(4 * spec.hidden), i],
+        "R": [d, str(4 * spec.hidden), h],
+        "B": [d, str(8 * spec.hidden)],
+        "sequence_lens": [batch],
+        "initial_h": state,
+        "initial_c": state,
+        "P": [d, str(3 * spec.hidden)],
+        "Y": y,
+        "Y_h": state,
+        "Y_c": state,
+    }
+    for status, name in enumerate(spec.arrays[1:], start=2):
+        check(status, name, want[name])
+    return dims
+
+
+def _cell_function(module: ModuleWriter, name: str, spec: LstmSpec, attrs: str) -> FunctionWriter:
+    """``void @name(ptr G, ptr GX, ptr B, ptr P, ptr c, ptr h, ptr y)``: one batch row's
+    step (``G``: the row's ``h @ R^T``, ``GX``: its input projection, ``B``/``P`` the
+    direction's biases and peepholes, ``c`` and ``h`` its states, updated, ``y`` its row
+    of Y), a loop over the hidden units the vectorizer widens."""
+    ty, _ = TYPES[spec.dtype]
+    names = ["G", "GX", "B", "P", "c", "h", "y"]
+    fn = FunctionWriter(name, "void", [("ptr noalias", n) for n in names])
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
+    b = Builder(fn)
+    g, gx, bias, peep, c, h, y = (fn.param(j) for j in range(len(names)))
+    hid = spec.hidden
+    sig = vmath.function_name("sigmoid", spec.dtype, ieee=True)
+    tanh = vmath.function_name("tanh", spec.dtype, ieee=True)
+
+    def f(op: str, a: str, bb: str, hint: str) -> str:
+        return fn.value(f"{op} {ty} {a}, {bb}", hint)
+
+    def call(func: str, a: str, hint: str) -> str:
+        return fn.value(f"call {ty} @{func}({ty} {a})", hint)
+
+    def body(j: str) -> None:
+        pre = []
+        for k, gate in enumerate("iofc"):
+            at = b.add(j, str(k * hid), f"at{gate}")
+            v = b.load(ty, b.gep(ty, gx, at), f"x{gate}")
+            if spec.bias:
+                v = f("fadd", v, b.load(ty, b.gep(ty, bias, at), f"wb{gate}"), f"x{gate}")
+            v = f("fadd", v, b.load(ty, b.gep(ty, g, at), f"r{gate}"), f"s{gate}")
+            if spec.bias:
+                rb = b.load(ty, b.gep(ty, bias, b.add(at, str(4 * hid))), f"rb{gate}")
+                v = f("fadd", v, rb, f"s{gate}")
+            pre.append(v)
+        gi, go, gf, gc = pre
+        c_ptr = b.gep(ty, c, j, "cp")
+        c_old = b.load(ty, c_ptr, "c")
+
+        def peephole(v: str, k: int, state: str, hint: str) -> str:
+            if not spec.peephole:
+                return v
+            pk = b.load(ty, b.gep(ty, peep, b.add(j, str(k * hid))), f"p{hint}")
+            return f("fadd", v, f("fmul", pk, state, f"pc{hint}"), hint)
+
+        i = call(sig, peephole(gi, 0, c_old, "i"), "i")
+        fg = call(sig, peephole(gf, 2, c_old, "f"), "f")
+        cand = call(tanh, gc, "g")
+        c_new = f("fadd", f("fmul", fg, c_old, "fc"), f("fmul", i, cand, "ig"), "cn")
+        o = call(sig, peephole(go, 1, c_new, "o"), "o")
+        h_new = f("fmul", o, call(tanh, c_new, "tc"), "hn")
+        fn.add(f"store {ty} {c_new}, ptr {c_ptr}")
+        fn.add(f"store {ty} {h_new}, ptr {b.gep(ty, h, j)}")
+        fn.add(f"store {ty} {h_new}, ptr {b.gep(ty, y, j)}")
+
+    b.loop("0", str(hid), body, "j")
+    fn.terminate("ret void")
+    return fn
+
+
+def _product_function(
+    module: ModuleWriter, name: str, spec: LstmSpec, attrs: str
+) -> FunctionWriter:
+    """``void @name(ptr R, ptr h, ptr G, i64 N, i64 K)``: ``G[N, 4H] = h[N, K] @ R^T``
+    (``R``: ``[4H, K]``) as dot products, each row of ``R`` (one gate unit) used for
+    every row of ``h`` while it is in cache. The sums may be reassociated (so they
+    vectorize), as a GEMM's are."""
+    ty, _ = TYPES[spec.dtype]
+    fn = FunctionWriter(
+        name,
+        "void",
+        [
+            ("ptr noalias", "R"),
+            ("ptr noalias", "h"),
+            ("ptr noalias", "G"),
+            ("i64", "N"),
+            ("i64", "K"),
+        ],
+    )
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
+    b = Builder(fn)
+    r, h, g, n, hid = (fn.param(j) for j in range(5))
+    g4 = str(4 * spec.hidden)
+    accs = [fn.alloca(ty, f"acc{u}") for u in range(UNITS)]
+    zero = float_literal(0.0, ty)
+
+    def units(j: str) -> None:
+        rrows = [b.gep(ty, r, b.mul(b.add(j, str(u)), hid), f"rrow{u}") for u in range(UNITS)]
+
+        def row(i: str) -> None:
+            hrow = b.gep(ty, h, b.mul(i, hid), "hrow")
+            for acc in accs:
+                fn.add(f"store {ty} {zero}, ptr {acc}")
+
+            def term(k: str) -> None:
+                hv = b.load(ty, b.gep(ty, hrow, k), "hv")
+                for acc, rrow in zip(accs, rrows):
+                    rv = b.load(ty, b.gep(ty, rrow, k), "rv")
+                    prod = fn.value(f"fmul contract {ty} {rv}, {hv}", "prod")
+                    total = fn.value(f"fadd reassoc contract {ty} {b.load(ty, acc, 'a')}, {prod}")
+                    fn.add(f"store {ty} {total}, ptr {acc}")
+
+            b.loop("0", hid, term, "k")
+            out = b.gep(ty, g, b.add(b.mul(i, g4), j), "gout")
+            for u, acc in enumerate(accs):
+                fn.add(f"store {ty} {b.load(ty, acc, 'sum')}, ptr {b.gep(ty, out, str(u))}")
+
+        b.loop("0", n, row, "b")
+
+    b.loop("0", g4, units, "j", step=str(UNITS))
+    fn.terminate("ret void")
+    return fn
+
+
+def _check_lens(b: Builder, lens: str, seq: str, n: str, status: int, buf: str) -> None:
+    """Return ``status`` (``buf`` freed) unless every length is in ``[0, T]``."""
+    fn = b.fn
+    bad = fn.alloca("i1", "badlen")
+    fn.add(f"store i1 false, ptr {bad}")
+
+    def entry(r: str) -> None:
+        length = fn.value(f"sext i32 {b.load('i32', b.gep('i32', lens, r))} to i64", "len")
+        out = b.any_of([b.cmp("slt", length, "0"), b.cmp("sgt", length, seq)])
+        seen = b.load("i1", bad, "seen")
+        fn.add(f"store i1 {fn.value(f'or i1 {seen}, {out}', 'bad')}, ptr {bad}")
+
+    b.loop("0", n, entry, "l")
+    ok, fail = fn.label("lens_ok"), fn.label("lens_bad")
+    fn.cond_br(b.load("i1", bad, "anybad"), fail, ok)
+    fn.start_block(fail)
+    fn.add(f"call void @free(ptr {buf})")
+    fn.terminate(f"ret i32 {status}")
+    fn.start_block(ok)
+
+
+def _state_rows(b: Builder, spec: LstmSpec, base: str, d: int, n: str, row: str) -> str:
+    """Pointer to ``row`` of direction ``d`` in a state array (initial_h, Y_h ...)."""
+    ty, _ = TYPES[spec.dtype]
+    dd, hid = str(spec.directions), str(spec.hidden)
+    at = b.add(b.mul(row, dd), str(d)) if spec.layout else b.add(b.mul(str(d), n), row)
+    return b.gep(ty, base, b.mul(at, hid), "srow")
+
+
+def _copy_state(
+    b: Builder, spec: LstmSpec, src: str | None, dst: str, d: int, n: str, out: bool
+) -> None:
+    """Copy direction ``d``'s rows between a state array and the scratch rows ``dst``
+    (``out``: scratch to array; ``src`` None: zero the scratch)."""
+    ty, item = TYPES[spec.dtype]
+    fn = b.fn
+    row_bytes = str(spec.hidden * item)
+    if src is None:
+        nbytes = b.mul(n, row_bytes, "zbytes")
+        fn.add(f"call void @llvm.memset.p0.i64(ptr {dst}, i8 0, i64 {nbytes}, i1 false)")
+        return
+
+    def row(r: str) -> None:
+        state = _state_rows(b, spec, src, d, n, r)
+        mine = b.gep(ty, dst, b.mul(r, str(spec.hidden)), "mrow")
+        to, frm = (state, mine) if out else (mine, state)
+        fn.add(f"call void @llvm.memcpy.p0.p0.i64(ptr {to}, ptr {frm}, i64 {row_bytes}, i1 false)")
+
+    b.loop("0", n, row, "row")
+
+
+def entry_function(name: str, cell: str, rec: str, spec: LstmSpec) -> FunctionWriter:
+    """The entry ``i32 @name(ptrs, recs, ints)`` (see the module docstring)."""
+    ty, item = TYPES[spec.dtype]
+    fn = FunctionWriter(name, "i32", [("ptr", "ptrs"), ("ptr", "recs"), ("ptr", "ints")])
+    fn.attrs = " nounwind"
+    b = Builder(fn)
+    dims = _records(b, spec)
+    seq, n = dims["T"][0], dims["N"][0]
+    ptr = {
+        a: b.load("ptr", b.gep("ptr", "%ptrs", str(j)), a.lower())
+        for j, a in enumerate(spec.arrays)
+    }
+    hid, g4 = spec.hidden, 4 * spec.hidden
+    rows = b.mul(seq, n, "rows")
+    # scratch: GX [T*N, 4H], G [N, 4H], h [N, H], c [N, H] (+ one item: never 0 bytes)
+    words = b.add(b.mul(b.add(rows, n), str(g4)), b.mul(n, str(2 * hid)), "words")
+    nbytes = b.mul(b.add(words, "1"), str(item), "bytes")
+    buf = fn.value(f"call noalias ptr @malloc(i64 {nbytes})", "buf")
+    b.fail_unless(fn.value(f"icmp ne ptr {buf}, null", "allocated"), len(spec.arrays) + 1)
+    gx = buf
+    if spec.lens:
+        _check_lens(b, ptr["sequence_lens"], seq, n, len(spec.arrays) + 2, buf)
+        ybytes = b.mul(b.mul(rows, str(spec.directions * hid)), str(item), "ybytes")
+        fn.add(f"call void @llvm.memset.p0.i64(ptr {ptr['Y']}, i8 0, i64 {ybytes}, i1 false)")
+    gates = b.gep(ty, gx, b.mul(rows, str(g4)), "gates")
+    h = b.gep(ty, gates, b.mul(n, str(g4)), "h")
+    c = b.gep(ty, h, b.mul(n, str(hid)), "c")
+    dd = str(spec.directions)
+    for d in range(spec.directions):
+        reverse = spec.reverse or d == 1
+        _copy_state(b, spec, ptr.get("initial_h"), h, d, n, out=False)
+        _copy_state(b, spec, ptr.get("initial_c"), c, d, n, out=False)
+        w_d = b.gep(ty, ptr["W"], str(d * g4 * spec.input_size), "wd")
+        r_d = b.gep(ty, ptr["R"], str(d * g4 * hid), "rd")
+        b_d = b.gep(ty, ptr["B"], str(d * 8 * hid), "bd") if spec.bias else "null"
+        p_d = b.gep(ty, ptr["P"], str(d * 3 * hid), "pd") if spec.peephole else "null"
+
+        def project() -> None:
+            if spec.input_size == 0:
+                zb = b.mul(rows, str(g4 * item), "gxbytes")
+                fn.add(f"call void @llvm.memset.p0.i64(ptr {gx}, i8 0, i64 {zb}, i1 false)")
+            else:
+                fn.add(
+                    f"call void @{rec}(ptr {w_d}, ptr {ptr['X']}, ptr {gx}, i64 {rows}, "  # noqa: B023
+                    f"i64 {spec.input_size})"
+                )
+
+        b.when(b.cmp("sgt", rows, "0"), project, "proj")
+
+        def step(s: str) -> None:
+            t = b.sub(b.sub(seq, "1"), s, "t") if reverse else s  # noqa: B023
+            fn.add(f"call void @{rec}(ptr {r_d}, ptr {h}, ptr {gates}, i64 {n}, i64 {hid})")  # noqa: B023
+
+            def batch_row(r: str) -> None:
+                if not spec.lens:
+                    return row_step(r, t)  # noqa: B023
+                lens = ptr["sequence_lens"]
+                length = fn.value(f"sext i32 {b.load('i32', b.gep('i32', lens, r))} to i64", "len")
+                mine = b.sub(b.sub(length, "1"), s, "t") if reverse else s  # noqa: B023
+                b.when(b.cmp("slt", s, length), lambda: row_step(r, mine), "valid")
+
+            def row_step(r: str, t: str) -> None:
+                xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
+                yrow = (
+                    b.add(b.mul(b.add(b.mul(r, seq), t), dd), str(d))  # noqa: B023
+                    if spec.layout
+                    else b.add(b.mul(b.add(b.mul(t, dd), str(d)), n), r)  # noqa: B023
+                )
+                args = [
+                    b.gep(ty, gates, b.mul(r, str(g4))),
+                    b.gep(ty, gx, b.mul(xrow, str(g4))),
+                    b_d,  # noqa: B023
+                    p_d,  # noqa: B023
+                    b.gep(ty, c, b.mul(r, str(hid))),
+                    b.gep(ty, h, b.mul(r, str(hid))),
+                    b.gep(ty, ptr["Y"], b.mul(yrow, str(hid))),
+                ]
+                fn.add(f"call void @{cell}({', '.join('ptr ' + a for a in args)})")
+
+            b.loop("0", n, batch_row, "b")
+
+        b.when(b.cmp("sgt", n, "0"), lambda: b.loop("0", seq, step, "s"), "some")
+        if spec.n_outputs >= 2:
+            _copy_state(b, spec, ptr["Y_h"], h, d, n, out=True)
+        if spec.n_outputs >= 3:
+            _copy_state(b, spec, ptr["Y_c"], c, d, n, out=True)
+    fn.add(f"call void @free(ptr {buf})")
+    fn.terminate("ret i32 0")
+    return fn
+
+
+def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
+    """``(entry name, module IR)`` of the native LSTM of ``spec`` (``attrs``: the target's
+    function attributes, :attr:`~.target.Target.function_attrs`)."""
+    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+    name = f"geode_lstm_{digest}"
+    module = ModuleWriter(name)
+    module.declare("llvm.memset.p0.i64", _MEMSET)
+    module.declare("llvm.memcpy.p0.p0.i64", _MEMCPY)
+    module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
+    module.declare("free", "declare void @free(ptr) nounwind")
+    used = [vmath.function_name(op, spec.dtype, ieee=True) for op in ("sigmoid", "tanh")]
+    lib = vmath.definitions(used, vmath.VmathTarget.host())
+    for gname, text in lib.globals.items():
+        module.add_global(gname, text)
+    for dname, text in lib.declares.items():
+        module.declare(dname, text)
+    module.add_function(lib.functions)
+    cell = f"{name}.cell"
+    module.add_function(_cell_function(module, cell, spec, attrs))
+    rec = f"{name}.product"
+    module.add_function(_product_function(module, rec, spec, attrs))
+    module.add_function(entry_function(name, cell, rec, spec))
+    return name, f"; {spec.describe()}\n" + module.text()
+
+
+class LstmKernel(LLVMKernel):
+    """A compiled native LSTM of ``spec``: an :class:`LLVMKernel` whose entry may also say
+    that its scratch buffer could not be allocated (raised as :class:`ExecutionError`) or
+    that a sequence length is outside ``[0, T]`` (:class:`ShapeError`)."""
+
+    spec: LstmSpec
+
+    def _bad_argument(self, i: int) -> None:
+        if i == len(self._args):
+            raise ExecutionError(f"kernel {self.name}: out of memory allocating its scratch buffer")
+        if i == len(self._args) + 1:
+            raise ShapeError(
+                f"kernel {self.name}: every sequence_lens value must be between 0 and the "
+                "sequence length T"
+            )
+        super()._bad_argument(i)
+
+
+def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
+    """The entry's arrays, with the shapes its errors quote."""
+    h, d, i = spec.hidden, spec.directions, spec.input_size
+    state = f"(N, {d}, {h})" if spec.layout else f"({d}, N, {h})"
+    shapes = {
+        "X": "(N, T, {i})" if spec.layout else "(T, N, {i})",
+        "W": f"({d}, {4 * h}, {i})",
+        "R": f"({d}, {4 * h}, {h})",
+        "B": f"({d}, {8 * h})",
+        "sequence_lens": "(N,)",
+        "initial_h": state,
+        "initial_c": state,
+        "P": f"({d}, {3 * h})",
+        "Y": f"(N, T, {d}, {h})" if spec.layout else f"(T, {d}, N, {h})",
+        "Y_h": state,
+        "Y_c": state,
+    }
+    shapes["X"] = shapes["X"].format(i=i)
+    args = []
+    for j, a in enumerate(spec.arrays):
+        role = "input" if j < spec.n_inputs else "output"
+        rank = len([t for t in shapes[a].strip("()").split(",") if t.strip()])
+        dtype = "int32" if a == "sequence_lens" else spec.dtype
+        args.append(ArgSpec(a, role, dtype, rank, shapes[a]))
+    return tuple(args)
+
+
+@functools.lru_cache(maxsize=64)
+def lstm_kernel(spec: LstmSpec, cache_dir: str | None = None) -> LstmKernel:
+    """The compiled native LSTM of ``spec`` (object code through the disk cache in
+    ``cache_dir`` when given)."""
+    from geode.codegen.backends.llvm.target import host
+
+    t0 = time.perf_counter()
+    target = host()
+    name, ir = lstm_ir(spec, target.function_attrs)
+    key = objcache.cache_key(ir, target.fingerprint())
+    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
+    from_cache = obj is not None
+    if obj is None:
+        obj = jit.compile_ir(ir, target)
+        if cache_dir is not None:
+            objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    loaded = jit.load_object(obj, [name], runtime=False)
+    emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
+    seconds = time.perf_counter() - t0
+    kernel = LstmKernel("lstm", emitted, loaded, target, seconds, from_cache, fastmath=False)
+    kernel.spec = spec
+    return kernel

@@ -1,0 +1,158 @@
+"""LSTM nodes as native AI Core steps (the bind stage asks :func:`rnn_interface` for
+every LSTM placed on AICPU).
+
+An LSTM goes native (:mod:`geode.codegen.backends.llvm.lstm`: the input projection of
+every step at once, then per step the recurrent product and a vectorized gate loop, all
+in one JIT-compiled call) when, with the LLVM backend and codegen on: X, W, R (and B,
+initial_h, initial_c, P) and its outputs are all float32 or all float64; W's and R's shapes are static; the activations are the
+default ones (Sigmoid, Tanh, Tanh), with no ``clip`` and no ``input_forget``; a
+``sequence_lens`` input, when given, is int32; and the outputs' shapes follow from the graph inputs' symbols (a
+dim known only once a value is computed cannot size a native step's output). Every
+direction and both layouts are native. Otherwise the node keeps the reference kernel
+(:func:`geode.compiler.ops.rnn.recurrent`), and the placement records why.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from geode.codegen.backends.llvm.lstm import LstmSpec
+from geode.codegen.driver import CodegenWarning
+from geode.compiler.ir import Graph, Node
+from geode.compiler.shapes import compile_shape_fn, free_symbols
+from geode.config import Options
+from geode.debug import log
+from geode.errors import CodegenError
+from geode.runtime.engines import NativeKernel
+from geode.runtime.model import KernelInfo
+
+__all__ = ["RnnChoice", "lstm_spec", "rnn_interface"]
+
+_DEFAULT_ACTS = ("sigmoid", "tanh", "tanh")
+
+
+@dataclass
+class RnnChoice:
+    """What became of one LSTM: its native step (``interface`` and ``info``, or None to
+    keep the reference kernel) and the placement's ``reason``."""
+
+    interface: NativeKernel | None
+    info: KernelInfo | None
+    reason: str
+
+
+def _text(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _static(shape: object, rank: int) -> bool:
+    return (
+        isinstance(shape, tuple | list)
+        and len(shape) == rank
+        and all(isinstance(d, int) for d in shape)
+    )
+
+
+def lstm_spec(node: Node, g: Graph) -> LstmSpec | str:
+    """The :class:`~geode.codegen.backends.llvm.lstm.LstmSpec` of an LSTM node, or a
+    string saying why it cannot run natively (see the module docstring)."""
+    ins = list(node.inputs) + [None] * (8 - len(node.inputs))
+    x, w, r, bias, lens, h0, c0, p = ins[:8]
+    if x is None or w is None or r is None:
+        return "X, W or R is missing"
+    dtype = str(np.dtype(x.dtype))
+    if dtype not in ("float32", "float64"):
+        return f"{dtype} (native: float32, float64)"
+    present = [v for v in (w, r, bias, h0, c0, p, *node.outputs) if v is not None]
+    if any(v.dtype != x.dtype for v in present):
+        return "mixed dtypes"
+    attrs = node.attrs
+    if attrs.get("clip") is not None:
+        return "clip (native: none)"
+    if int(attrs.get("input_forget") or 0):
+        return "input_forget (native: 0)"
+    direction = _text(attrs.get("direction") or "forward")
+    n_dirs = 2 if direction == "bidirectional" else 1
+    acts = [_text(a).lower() for a in attrs.get("activations") or []]
+    if acts and acts not in (list(_DEFAULT_ACTS), list(_DEFAULT_ACTS) * n_dirs):
+        return f"activations {acts} (native: Sigmoid, Tanh, Tanh)"
+    if lens is not None and str(np.dtype(lens.dtype)) != "int32":
+        return f"sequence_lens of {np.dtype(lens.dtype)} (native: int32)"
+    if x.shape is None or len(x.shape) != 3:
+        return "X is not 3-D"
+    if not _static(w.shape, 3) or not _static(r.shape, 3):
+        return "W's or R's shape is not static"
+    hidden = int(attrs.get("hidden_size") or r.shape[-1])
+    if w.shape[1] != 4 * hidden or r.shape[1:] != (4 * hidden, hidden):
+        return f"W or R does not hold 4 gates of hidden_size {hidden}"
+    if w.shape[0] != n_dirs or r.shape[0] != n_dirs:
+        return f"W or R does not hold {n_dirs} direction(s)"
+    known = set().union(*(free_symbols(v.shape) for v in g.inputs if v.shape is not None))
+    for out in node.outputs:
+        if out.shape is None or not free_symbols(out.shape) <= known:
+            return f"output {out.name!r}'s shape is known only at run time"
+    try:
+        return LstmSpec(
+            dtype=dtype,
+            hidden=hidden,
+            input_size=w.shape[2],
+            directions=n_dirs,
+            reverse=direction == "reverse",
+            layout=int(attrs.get("layout") or 0),
+            bias=bias is not None,
+            initial_h=h0 is not None,
+            initial_c=c0 is not None,
+            peephole=p is not None,
+            n_outputs=len(node.outputs),
+            lens=lens is not None,
+        )
+    except ValueError as exc:
+        return str(exc)
+
+
+def rnn_interface(node: Node, g: Graph, opts: Options) -> RnnChoice | None:
+    """The native step of an LSTM node (see the module docstring): an
+    :class:`RnnChoice`, or None for a node that is not an LSTM or when native code is off
+    (LLVM backend and codegen both needed)."""
+    if node.op_type != "LSTM" or node.domain not in ("", "ai.onnx"):
+        return None
+    if opts.backend != "llvm" or not opts.codegen:
+        return None
+    spec = lstm_spec(node, g)
+    if isinstance(spec, str):
+        return RnnChoice(None, None, f"library op: reference kernel (LSTM: {spec})")
+    from geode.codegen.backends.llvm.lstm import lstm_kernel
+
+    try:
+        kernel = lstm_kernel(spec, opts.cache_dir)
+    except CodegenError as exc:  # never lose a result to a codegen bug: fall back, loudly
+        msg = f"LSTM {node.name!r} falls back to AICPU: {exc}"
+        warnings.warn(msg, CodegenWarning, stacklevel=3)
+        log.warning(msg)
+        return RnnChoice(None, None, f"library op: reference kernel (LSTM: {exc})")
+    interface = NativeKernel(
+        name=node.name,
+        fn=kernel,
+        n_inputs=spec.n_inputs,
+        out_shapes=[compile_shape_fn(o.shape) for o in node.outputs],
+        out_dtypes=[o.dtype for o in node.outputs],
+        threads=int(opts.num_threads),
+        launch_threads=True,
+        call=kernel.call,
+    )
+    info = KernelInfo(
+        name=node.name,
+        ops=[node],
+        engine="aicore",
+        source=kernel.source,
+        kind="library",
+        trace=spec.describe(),
+        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
+        _llvm=lambda: kernel.llvm,
+        _asm=lambda: kernel.asm,
+    )
+    reason = "library op: LSTM, native products and gate loop"
+    return RnnChoice(interface, info, reason)

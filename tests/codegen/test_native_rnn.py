@@ -1,0 +1,318 @@
+"""LSTM as a native AI Core op (backends/llvm/lstm.py, codegen/native_rnn.py): the
+compiled kernel against the reference kernel and onnx's ReferenceEvaluator, its argument
+checks, and which LSTMs models run natively (and why the others do not)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import geode
+from geode.codegen.backends.llvm.lstm import LstmKernel, LstmSpec, lstm_kernel
+from geode.compiler.ops.rnn import recurrent
+from geode.errors import ShapeError
+
+TOL = {"float32": 2e-5, "float64": 1e-12}
+DIRS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+
+
+def lstm_inputs(rng, dtype, hidden, size, direction, layout, seq, batch, opt):
+    """Random LSTM inputs in ONNX order (None for an omitted one); ``opt``: the set of
+    optional inputs to give (B, sequence_lens, initial_h, initial_c, P)."""
+    d = DIRS[direction]
+    state = (batch, d, hidden) if layout else (d, batch, hidden)
+
+    def arr(shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
+    return [
+        arr((batch, seq, size) if layout else (seq, batch, size)),
+        arr((d, 4 * hidden, size), 0.4),
+        arr((d, 4 * hidden, hidden), 0.4),
+        arr((d, 8 * hidden)) if "B" in opt else None,
+        rng.integers(0, seq + 1, batch).astype(np.int32) if "sequence_lens" in opt else None,
+        arr(state) if "initial_h" in opt else None,
+        arr(state) if "initial_c" in opt else None,
+        arr((d, 3 * hidden)) if "P" in opt else None,
+    ]
+
+
+def run_kernel(dtype, hidden, size, direction, layout, seq, batch, opt, n_out=3, seed=0):
+    """(native outputs, reference outputs) of one LSTM on random data."""
+    ins = lstm_inputs(
+        np.random.default_rng(seed), dtype, hidden, size, direction, layout, seq, batch, opt
+    )
+    spec = LstmSpec(
+        dtype, hidden, size, DIRS[direction], direction == "reverse", layout,
+        "B" in opt, "initial_h" in opt, "initial_c" in opt, "P" in opt, n_out,
+        lens="sequence_lens" in opt,
+    )  # fmt: skip
+    want = recurrent("LSTM", ins, {"direction": direction, "layout": layout, "hidden_size": hidden})
+    outs = [np.full(w.shape, np.nan, dtype) for w in want[:n_out]]
+    lstm_kernel(spec)(*[a for a in ins if a is not None], *outs)
+    return outs, want[:n_out]
+
+
+ALL = {"B", "sequence_lens", "initial_h", "initial_c", "P"}
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_native_lstm_matches_the_reference_kernel(direction, layout, dtype) -> None:
+    """Every direction and layout, with every optional input and without any."""
+    for opt in (ALL, set()):
+        got, want = run_kernel(dtype, 6, 5, direction, layout, 4, 3, opt)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize(
+    "seq, batch, size, opt",
+    [
+        (1, 1, 3, {"B"}),  # one step
+        (3, 0, 3, ALL),  # no batch: empty outputs
+        (0, 2, 3, {"initial_h", "initial_c"}),  # no steps: the states are the initial ones
+        (0, 2, 3, set()),  # ... or zeros
+        (4, 2, 0, {"B", "initial_h"}),  # no input features: only the biases and R
+        (5, 3, 4, {"initial_c"}),
+        (2, 2, 4, {"P"}),
+    ],
+)
+def test_native_lstm_edge_sizes(seq, batch, size, opt) -> None:
+    """Bidirectional, batch-first when the case gives an odd number of optional inputs."""
+    layout = len(opt) % 2
+    got, want = run_kernel("float32", 7, size, "bidirectional", layout, seq, batch, opt)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("n_out", [1, 2])
+def test_native_lstm_writes_only_the_outputs_it_has(n_out) -> None:
+    got, want = run_kernel("float64", 5, 3, "reverse", 0, 3, 2, {"B"}, n_out=n_out)
+    assert len(got) == n_out
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_native_lstm_checks_its_arguments() -> None:
+    spec = LstmSpec("float32", 4, 3, 1, False, 0, True, False, False, False, 3)
+    k = lstm_kernel(spec)
+    x, w = np.ones((5, 2, 3), np.float32), np.ones((1, 16, 3), np.float32)
+    r, b = np.ones((1, 16, 4), np.float32), np.ones((1, 32), np.float32)
+    y, yh, yc = (np.zeros(s, np.float32) for s in ((5, 1, 2, 4), (1, 2, 4), (1, 2, 4)))
+    with pytest.raises(ValueError, match=r"argument X must have shape \(T, N, 3\)"):
+        k(np.ones((5, 2, 4), np.float32), w, r, b, y, yh, yc)
+    with pytest.raises(ValueError, match=r"argument W must have shape \(1, 16, 3\)"):
+        k(x, np.ones((1, 12, 3), np.float32), r, b, y, yh, yc)
+    with pytest.raises(ValueError, match="argument R must have shape"):
+        k(x, w, np.ones((2, 16, 4), np.float32), b, y, yh, yc)
+    with pytest.raises(ValueError, match="argument B must have shape"):
+        k(x, w, r, np.ones((1, 16), np.float32), y, yh, yc)
+    with pytest.raises(ValueError, match=r"argument Y must have shape \(T, 1, N, 4\)"):
+        k(x, w, r, b, np.zeros((5, 1, 3, 4), np.float32), yh, yc)
+    with pytest.raises(ValueError, match="argument Y_c must have shape"):
+        k(x, w, r, b, y, yh, np.zeros((1, 2, 4, 1), np.float32))
+    with pytest.raises(TypeError, match="must be a float32 array of rank 3"):
+        k(x.astype(np.float64), w, r, b, y, yh, yc)
+    k(np.asfortranarray(x), w, r, b, y, yh, yc)  # a strided input is copied
+    want = recurrent("LSTM", [x, w, r, b], {"hidden_size": 4})
+    np.testing.assert_allclose(y, want[0], rtol=1e-5)
+    assert isinstance(k, LstmKernel) and "geode_lstm_" in k.source and "sigmoid" in k.source
+
+
+def test_lstm_spec_rejects_what_it_cannot_compile() -> None:
+    with pytest.raises(ValueError, match="hidden size 0"):
+        LstmSpec("float32", 0, 3, 1, False, 0, False, False, False, False, 1)
+    with pytest.raises(ValueError, match="float16"):
+        LstmSpec("float16", 4, 3, 1, False, 0, False, False, False, False, 1)
+
+
+def test_native_lstm_out_of_memory_is_a_geode_error() -> None:
+    """A scratch buffer malloc cannot give (the address space capped) returns the
+    out-of-memory status, raised as ExecutionError: 300M steps of one unit with no input
+    features need 4.8 GB of gates (Y itself, 1.2 GB, is never touched)."""
+    script = textwrap.dedent(
+        """
+        import resource, numpy as np
+        from geode.codegen.backends.llvm.lstm import LstmSpec, lstm_kernel
+        from geode.errors import ExecutionError
+        k = lstm_kernel(LstmSpec("float32", 1, 0, 1, False, 0, False, False, False, False, 1))
+        t = 300_000_000
+        x, w, r = np.ones((t, 1, 0), np.float32), np.ones((1, 4, 0), np.float32), np.ones((1, 4, 1), np.float32)
+        y = np.zeros((t, 1, 1, 1), np.float32)
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))
+        try:
+            k(x, w, r, y, threads=1)
+        except ExecutionError as exc:
+            print("raised:", exc)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "raised: kernel lstm: out of memory allocating its scratch buffer"
+
+
+# -- models -------------------------------------------------------------------------
+def ort_run(model, feeds: dict) -> list:
+    """onnxruntime's outputs of ``model``."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+
+
+def lstm_model(ins, direction, layout, outputs=("y", "y_h", "y_c"), dims=None, **attrs):
+    """An ONNX model of one LSTM: X a graph input, the other given inputs initializers;
+    ``outputs``: the names of Y, Y_h, Y_c ("" for one not asked for)."""
+    names = ["x", "w", "r", "b", "lens", "h0", "c0", "p"]
+    et = helper.np_dtype_to_tensor_dtype(ins[0].dtype)
+    inits = [numpy_helper.from_array(a, n) for a, n in zip(ins[1:], names[1:]) if a is not None]
+    used = [n if i == 0 or ins[i] is not None else "" for i, n in enumerate(names)]
+    while used[-1] == "":
+        used.pop()
+    hidden = ins[2].shape[-1]
+    node = helper.make_node(
+        "LSTM", used, list(outputs), hidden_size=hidden, direction=direction, layout=layout, **attrs
+    )
+    g = helper.make_graph(
+        [node],
+        "lstm",
+        [helper.make_tensor_value_info("x", et, list(dims or ins[0].shape))],
+        [helper.make_tensor_value_info(o, et, None) for o in outputs if o],
+        inits,
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@st.composite
+def lstm_configs(draw):
+    direction = draw(st.sampled_from(list(DIRS)))
+    layout = draw(st.sampled_from([0, 1]))
+    sizes = (draw(st.integers(1, 9)), draw(st.integers(1, 6)), draw(st.integers(1, 4)))
+    seq = draw(st.integers(1, 5))
+    opt = {n for n in ALL if draw(st.booleans())}
+    dtype = draw(st.sampled_from(["float32", "float32", "float64"]))
+    outputs = draw(st.sampled_from([("y", "y_h", "y_c"), ("y",), ("", "y_h"), ("y", "", "y_c")]))
+    return direction, layout, sizes, seq, opt, dtype, outputs, draw(st.booleans())
+
+
+@settings(max_examples=10, deadline=None)
+@given(lstm_configs())
+def test_native_lstm_models_match_onnx_reference(cfg) -> None:
+    """Random LSTMs compiled to native steps (static or symbolic sequence and batch)
+    against onnx's ReferenceEvaluator and geode's AICPU path."""
+    direction, layout, (hidden, size, batch), seq, opt, dtype, outputs, symbolic = cfg
+    ins = lstm_inputs(
+        np.random.default_rng(2), dtype, hidden, size, direction, layout, seq, batch, opt
+    )
+    dims = (["N", "T", size] if layout else ["T", "N", size]) if symbolic else None
+    model = lstm_model(ins, direction, layout, outputs, dims)
+    native = geode.compile(model)
+    assert [(k.kind, k.engine) for k in native.kernels] == [("library", "aicore")]
+    got = native(x=ins[0])
+    if ins[4] is None:
+        want = ReferenceEvaluator(model).run(None, {"x": ins[0]})
+    else:  # onnx's ReferenceEvaluator ignores sequence_lens; onnxruntime does not (but
+        # has no float64 or batch-first LSTM): the others are checked against the AICPU path
+        ort_ok = dtype == "float32" and layout == 0
+        want = ort_run(model, {"x": ins[0]}) if ort_ok else []
+    aicpu = geode.compile(model, codegen=False)(x=ins[0])
+    tol = 1e-5 if dtype == "float32" else 1e-10
+    for name, w in zip([o for o in outputs if o], want):
+        np.testing.assert_allclose(got[name], w, rtol=tol, atol=tol)
+    for name in [o for o in outputs if o]:
+        np.testing.assert_allclose(got[name], aicpu[name], rtol=tol, atol=tol)
+
+
+def test_lstms_are_placed_on_aicore_as_library_ops() -> None:
+    rng = np.random.default_rng(4)
+    ins = lstm_inputs(rng, "float32", 8, 5, "bidirectional", 1, 6, 2, {"B", "P"})
+    model = geode.compile(lstm_model(ins, "bidirectional", 1, dims=["N", "T", 5]))
+    info = {k.name: k for k in model.kernels}
+    (name,) = info
+    assert (info[name].kind, info[name].engine) == ("library", "aicore")
+    reason = "library op: LSTM, native products and gate loop"
+    assert f"{name}: aicore ({reason})" in model.explain()
+    assert info[name].trace.startswith("LSTM float32 hidden=8 input=5 bidirectional layout=1")
+    assert "define" in info[name].source
+    attrs = {"hidden_size": 8, "direction": "bidirectional", "layout": 1}
+    for batch, seq in ((2, 6), (5, 3), (1, 1)):  # one compiled model, several input sizes
+        x = rng.standard_normal((batch, seq, 5)).astype(np.float32)
+        want = recurrent("LSTM", [x, *ins[1:]], attrs)
+        got = model(x=x)
+        for n, w in zip(("y", "y_h", "y_c"), want):
+            np.testing.assert_allclose(got[n], w, rtol=1e-5, atol=1e-5)
+
+
+def _stay(**changes):
+    """An LSTM model (float32, forward, B given) with ``changes`` to its attributes, its
+    X's dtype (``dtype``) or its inputs (``lens``: a sequence_lens input)."""
+    dtype = changes.pop("dtype", "float32")
+    ins = lstm_inputs(np.random.default_rng(5), dtype, 4, 3, "forward", 0, 3, 2, {"B"})
+    model = lstm_model(ins, "forward", 0, **changes.pop("attrs", {}))
+    if changes.pop("lens", False):
+        model.graph.node[0].input.append("lens")  # X, W, R, B, sequence_lens
+        model.graph.input.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [2]))
+    return model, ins[0]
+
+
+@pytest.mark.parametrize(
+    "model, reason",
+    [
+        (_stay(attrs={"clip": 2.0}), "clip (native: none)"),
+        (_stay(attrs={"input_forget": 1}), "input_forget (native: 0)"),
+        (_stay(attrs={"activations": ["Tanh", "Tanh", "Tanh"]}), "activations ['tanh', 'tanh'"),
+        (_stay(dtype="float16"), "float16"),
+    ],
+    ids=["clip", "input_forget", "activations", "float16"],
+)
+def test_lstms_that_stay_on_aicpu_say_why(model, reason) -> None:
+    compiled = geode.compile(model[0])
+    (k,) = compiled.kernels
+    assert k.engine == "aicpu"
+    assert f": aicpu (library op: reference kernel (LSTM: {reason}" in compiled.explain()
+    feeds = {"x": model[1]}
+    got = compiled(**feeds)
+    # onnx's ReferenceEvaluator ignores clip, input_forget and activations; onnxruntime
+    # does not (but has no float16 LSTM)
+    if model[1].dtype != np.float16:
+        want = ort_run(model[0], feeds)
+    else:
+        want = ReferenceEvaluator(model[0]).run(None, feeds)
+    tol = 5e-3 if model[1].dtype == np.float16 else 1e-5
+    for w, g in zip(want, got.values()):
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+    off = geode.compile(model[0], codegen=False)
+    assert "LSTM: " not in off.explain() and [k.engine for k in off.kernels] == ["aicpu"]
+
+
+def test_sequence_lens_given_at_run_time_go_native() -> None:
+    """sequence_lens as a graph input: native, each batch entry's own steps (onnxruntime
+    agrees); a length outside [0, T] is a ShapeError."""
+    model, x = _stay(lens=True)
+    compiled = geode.compile(model)
+    (k,) = compiled.kernels
+    assert (k.engine, k.kind) == ("aicore", "library")
+    for lens in ([3, 1], [0, 2], [3, 3]):
+        feeds = {"x": x, "lens": np.array(lens, np.int32)}
+        got = compiled(**feeds)
+        for w, g in zip(ort_run(model, feeds), got.values()):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ShapeError, match="sequence_lens value must be between 0 and"):
+        compiled(x=x, lens=np.array([4, 1], np.int32))
+    with pytest.raises(ShapeError, match="sequence_lens"):
+        compiled(x=x, lens=np.array([-1, 1], np.int32))
