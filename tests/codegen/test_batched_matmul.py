@@ -95,7 +95,7 @@ def test_small_matrices_run_on_the_pool_large_ones_in_turn():
     assert after["launches"] > before["launches"]
     assert after["blas_pool_runs"] == before["blas_pool_runs"]
     np.testing.assert_allclose(y, a @ a, rtol=1e-5, atol=1e-5)
-    side = 128  # 2M multiply-adds: past SMALL_GEMM and past OpenBLAS's small-matrix path
+    side = 256  # 16M multiply-adds: past SMALL_GEMM, and enough for geode_gemm to split
     assert side**3 > SMALL_GEMM
     b = RNG.standard_normal((2, side, side)).astype(np.float32)
     y = np.empty_like(b)

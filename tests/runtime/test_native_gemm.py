@@ -122,3 +122,18 @@ def test_the_blas_thread_count_is_restored_after_a_split_gemm():
         assert get_threads() == 3
     finally:
         set_threads(old)
+
+
+def test_split_blocks_round_every_column_alike():
+    """Equal columns stay equal when the product is split (a block must not fall into the
+    BLAS's small-matrix kernel, which rounds its edge columns differently): softmax over
+    such logits is uniform, as with one call."""
+    x = (RNG.standard_normal((1, 2048)) * 1e17).astype(np.float32)
+    w = np.full((2048, 1000), 0.02, np.float32)
+    c = np.empty((1, 1000), np.float32)
+    _gemm(x, w, c, threads=2)
+    assert len(np.unique(c)) == 1
+    big = np.ones((4, 4000), np.float32)  # 48M multiply-adds: split into column blocks
+    c = np.empty((4, 3000), np.float32)
+    _gemm(big, np.full((4000, 3000), 0.25, np.float32), c, threads=2)
+    assert len(np.unique(c)) == 1

@@ -38,8 +38,12 @@ static pthread_mutex_t g_single_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_single_depth;
 static atomic_ullong g_split_calls;
 
-/* Below this many multiply-adds a GEMM is one call (splitting costs more than it saves). */
-#define SPLIT_MIN_WORK (1 << 18)
+/* Every block has at least this many multiply-adds: splitting a smaller GEMM costs more
+   than it saves, and OpenBLAS computes GEMMs below about 10^6 multiply-adds with another
+   kernel (its small-matrix path), whose edge columns round differently: a block under that
+   size would give a row of the product columns rounded unlike its neighbours (equal logits
+   would no longer be equal). */
+#define BLOCK_MIN_WORK (1 << 20)
 /* Blocks per thread: enough for stealing to even out a late or slow thread. */
 #define BLOCKS_PER_THREAD 4
 
@@ -50,7 +54,7 @@ typedef struct {
     char *c;
     double beta;
     int by_cols;
-    int64_t block;
+    int64_t align; /* block edges are multiples of it (the last block ends at the edge) */
 } gemm_t;
 
 static void one_call(const gemm_t *g, int64_t m, int64_t n, const char *a, const char *b,
@@ -76,19 +80,26 @@ static void one_call(const gemm_t *g, int64_t m, int64_t n, const char *a, const
     }
 }
 
+/* Block `chunk` of `nchunks` even blocks: [edge(chunk), edge(chunk + 1)). */
+static int64_t edge(const gemm_t *g, int64_t chunk, int64_t nchunks)
+{
+    int64_t dim = g->by_cols ? g->n : g->m;
+    if (chunk >= nchunks)
+        return dim;
+    return dim * chunk / nchunks / g->align * g->align;
+}
+
 static void block_fn(void *ctx, int64_t chunk, int64_t nchunks)
 {
-    (void)nchunks;
     const gemm_t *g = ctx;
     const int64_t item = g->kind == 0 ? 4 : 8;
-    int64_t lo = chunk * g->block;
-    if (g->by_cols) {
-        int64_t n = g->n - lo < g->block ? g->n - lo : g->block;
-        one_call(g, g->m, n, g->a, g->b + lo * item, g->c + lo * item);
-    } else {
-        int64_t m = g->m - lo < g->block ? g->m - lo : g->block;
-        one_call(g, m, g->n, g->a + lo * g->lda * item, g->b, g->c + lo * g->ldc * item);
-    }
+    int64_t lo = edge(g, chunk, nchunks), hi = edge(g, chunk + 1, nchunks);
+    if (hi <= lo)
+        return;
+    if (g->by_cols)
+        one_call(g, g->m, hi - lo, g->a, g->b + lo * item, g->c + lo * item);
+    else
+        one_call(g, hi - lo, g->n, g->a + lo * g->lda * item, g->b, g->c + lo * g->ldc * item);
 }
 
 static void single_enter(void)
@@ -124,10 +135,17 @@ GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, cons
                 memset((char *)c + i * ldc * item, 0, (size_t)(n * item));
         return;
     }
-    gemm_t g = {(int)kind, m, n, k, lda, ldb, ldc, a, b, c, beta, m <= n, 0};
+    gemm_t g = {(int)kind, m, n, k, lda, ldb, ldc, a, b, c, beta, m <= n, m <= n ? 16 : 4};
     int64_t t = threads > 0 ? threads : geode_num_threads();
-    if (g_set_threads == NULL || t <= 1 || (double)m * n * k < SPLIT_MIN_WORK ||
-        geode_pool_in_job()) {
+    double work = (double)m * (double)n * (double)k;
+    int64_t dim = g.by_cols ? n : m;
+    /* even blocks of at least 2 x BLOCK_MIN_WORK (so alignment cannot take one under it) */
+    int64_t blocks = t * BLOCKS_PER_THREAD;
+    if ((double)blocks > work / (2.0 * BLOCK_MIN_WORK))
+        blocks = (int64_t)(work / (2.0 * BLOCK_MIN_WORK));
+    if (blocks > dim / g.align)
+        blocks = dim / g.align;
+    if (g_set_threads == NULL || t <= 1 || blocks < 2 || geode_pool_in_job()) {
         if (g_set_threads != NULL)
             single_enter();
         one_call(&g, m, n, a, b, c);
@@ -135,12 +153,6 @@ GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, cons
             single_exit();
         return;
     }
-    int64_t dim = g.by_cols ? n : m, align = g.by_cols ? 16 : 4;
-    int64_t want = t * BLOCKS_PER_THREAD;
-    int64_t block = (dim + want - 1) / want;
-    block = (block + align - 1) / align * align;
-    g.block = block;
-    int64_t blocks = (dim + block - 1) / block;
     atomic_fetch_add_explicit(&g_split_calls, 1, memory_order_relaxed);
     single_enter();
     geode_parallel_for(block_fn, &g, blocks, t);
