@@ -38,6 +38,7 @@ from geode.codegen.cache import maybe_prune
 from geode.codegen.epilogues import attach_epilogues
 from geode.codegen.lower import make_can_lower
 from geode.codegen.native_conv import conv_interface
+from geode.codegen.native_pool import pool_interface
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
@@ -256,8 +257,10 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
     engine = c.placement.engine[node.name]
     library = driver.library_interface(node, c.graph, c.opts) if engine == "aicpu" else None
     reason = "library op: BLAS, called natively"
-    conv = conv_interface(node, c.graph, c.opts) if engine == "aicpu" else None
-    if conv is not None:  # Conv: native (im2col + BLAS, depthwise) or why not
+    conv = None
+    if engine == "aicpu":  # Conv and pools: native or why not
+        conv = conv_interface(node, c.graph, c.opts) or pool_interface(node, c.graph, c.opts)
+    if conv is not None:  # Conv (im2col + BLAS, depthwise), pools (direct): native or why not
         c.placement.reason[node.name] = reason = conv.reason
         library = None if conv.interface is None else (conv.interface, conv.info)
     if library is not None:  # a library routine called natively (MatMul: BLAS; Conv)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,7 +29,10 @@ from geode.errors import CodegenError, GeodeError
 from geode.runtime.engines import NativeKernel
 from geode.runtime.model import KernelInfo
 
-__all__ = ["ConvChoice", "conv_interface", "conv_spec"]
+if TYPE_CHECKING:
+    from geode.codegen.backends.llvm.kernel import LLVMKernel
+
+__all__ = ["ConvChoice", "conv_interface", "conv_spec", "native_step"]
 
 #: what each method is called in the placement's reasons
 _METHODS = {
@@ -46,6 +50,37 @@ class ConvChoice:
     interface: NativeKernel | None
     info: KernelInfo | None
     reason: str
+
+
+def native_step(
+    node: Node, kernel: LLVMKernel, n_inputs: int, trace: str, opts: Options
+) -> tuple[NativeKernel, KernelInfo]:
+    """The native step of a single-output library node run by ``kernel`` (its first
+    ``n_inputs`` arrays the node's inputs, then the output) and its kernel record
+    (``trace``: the spec's summary)."""
+    y = node.outputs[0]
+    interface = NativeKernel(
+        name=node.name,
+        fn=kernel,
+        n_inputs=n_inputs,
+        out_shapes=[compile_shape_fn(y.shape)],
+        out_dtypes=[y.dtype],
+        threads=int(opts.num_threads),
+        launch_threads=True,
+        call=kernel.call,
+    )
+    info = KernelInfo(
+        name=node.name,
+        ops=[node],
+        engine="aicore",
+        source=kernel.source,
+        kind="library",
+        trace=trace,
+        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
+        _llvm=lambda: kernel.llvm,
+        _asm=lambda: kernel.asm,
+    )
+    return interface, info
 
 
 def conv_spec(node: Node, g: Graph) -> ConvSpec | str:
@@ -121,26 +156,5 @@ def conv_interface(node: Node, g: Graph, opts: Options) -> ConvChoice | None:
         return ConvChoice(None, None, f"library op: reference kernel (Conv: {exc})")
     if kernel is None:
         return ConvChoice(None, None, "library op: reference kernel (Conv: no BLAS found)")
-    y = node.outputs[0]
-    interface = NativeKernel(
-        name=node.name,
-        fn=kernel,
-        n_inputs=len(spec.arrays) - 1,
-        out_shapes=[compile_shape_fn(y.shape)],
-        out_dtypes=[y.dtype],
-        threads=int(opts.num_threads),
-        launch_threads=True,
-        call=kernel.call,
-    )
-    info = KernelInfo(
-        name=node.name,
-        ops=[node],
-        engine="aicore",
-        source=kernel.source,
-        kind="library",
-        trace=spec.describe(),
-        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
-        _llvm=lambda: kernel.llvm,
-        _asm=lambda: kernel.asm,
-    )
+    interface, info = native_step(node, kernel, len(spec.arrays) - 1, spec.describe(), opts)
     return ConvChoice(interface, info, f"library op: Conv, {_METHODS[spec.method]}, native")

@@ -39,11 +39,13 @@ from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
 from geode.codegen.backends.llvm.kernel import LLVMKernel
 from geode.errors import ExecutionError, ShapeError
 
-__all__ = ["ConvKernel", "ConvSpec", "conv_ir", "conv_kernel"]
+__all__ = ["ConvKernel", "ConvSpec", "conv_ir", "conv_kernel", "out_size"]
 
 
-def _out_size(b: Builder, spec: ConvSpec, axis: int, size: str) -> tuple[str, str]:
-    """``(output size, begin pad)`` of spatial ``axis`` for an input of ``size``."""
+def out_size(b: Builder, spec: ConvSpec, axis: int, size: str) -> tuple[str, str]:
+    """``(output size, begin pad)`` of spatial ``axis`` for an input of ``size`` (the
+    conv formula; ``spec``: any window spec with ``kernel``, ``strides``, ``dilations``,
+    ``auto_pad`` and ``explicit_pads``)."""
     k, s, d = spec.kernel[axis], spec.strides[axis], spec.dilations[axis]
     span = d * (k - 1) + 1
     if spec.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -98,8 +100,8 @@ def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     x = dims["X"]
     n, wd = x[0], x[-1]
     h = x[2] if spec.spatial == 2 else "1"
-    oh, pt = _out_size(b, spec, 0, h) if spec.spatial == 2 else ("1", "0")
-    ow, pl = _out_size(b, spec, 1, wd)
+    oh, pt = out_size(b, spec, 0, h) if spec.spatial == 2 else ("1", "0")
+    ow, pl = out_size(b, spec, 1, wd)
     rank = spec.spatial + 2
     y = [b.load("i64", b.gep("i64", "%recs", str(at + j)), "ry") for j in range(2)]
     b.fail_unless(b.cmp("eq", y[0], str(rank)), y_status)

@@ -26,7 +26,7 @@ from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
 from geode.codegen.backends.llvm.parallel import LAUNCH, MIN_PARALLEL_ELEMENTS
 
-__all__ = ["MAX_UNROLLED_TAPS", "write_body"]
+__all__ = ["MAX_UNROLLED_TAPS", "pad_function", "padded_size", "write_body"]
 
 #: windows of at most this many taps are summed unrolled, in registers
 MAX_UNROLLED_TAPS = 64
@@ -40,7 +40,7 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     attributes."""
     plane, pad, chunk = f"{name}.plane", f"{name}.pad", f"{name}.chunk"
     module.add_function(_plane_function(module, plane, spec, attrs))
-    module.add_function(_pad_function(module, pad, spec, attrs))
+    module.add_function(pad_function(module, pad, spec.dtype, attrs))
     module.add_function(_chunk_function(module, chunk, plane, pad, spec, attrs))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     module.declare(
@@ -71,8 +71,9 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     module.add_function(fn)
 
 
-def _padded_size(b: Builder, spec: ConvSpec, v: dict[str, str]) -> tuple[str, str]:
-    """Rows and columns of the scratch plane: what the windows reach."""
+def padded_size(b: Builder, spec: ConvSpec, v: dict[str, str]) -> tuple[str, str]:
+    """Rows and columns of the scratch plane: what the windows reach (``spec``: any
+    window spec with ``kernel``, ``strides`` and ``dilations``; ``v``: ``OH``, ``OW``)."""
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
     hp = b.add(b.mul(b.sub(v["OH"], "1"), str(sh)), str((kh - 1) * dh + 1), "Hp")
     wp = b.add(b.mul(b.sub(v["OW"], "1"), str(sw)), str((kw - 1) * dw + 1), "Wp")
@@ -97,7 +98,7 @@ def _chunk_function(
     lo = b.op("udiv", b.mul(v["planes"], chunk), nchunks, "lo")
     hi = b.op("udiv", b.mul(v["planes"], b.add(chunk, "1")), nchunks, "hi")
     hw, p = b.mul(v["H"], v["Wd"], "HW"), b.mul(v["OH"], v["OW"], "P")
-    hp, wp = _padded_size(b, spec, v)
+    hp, wp = padded_size(b, spec, v)
     pads = [b.cmp("sgt", v["pt"], "0"), b.cmp("sgt", v["pl"], "0")]
     pads += [b.cmp("sgt", hp, v["H"]), b.cmp("sgt", wp, v["Wd"])]
     padded = b.any_of(pads)
@@ -150,13 +151,15 @@ def _chunk_function(
     return fn
 
 
-def _pad_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
+def pad_function(
+    module: ModuleWriter, name: str, dtype: str, attrs: str, fill: float = 0.0
+) -> FunctionWriter:
     """``void @name(ptr x, ptr buf, i64 H, i64 Wd, i64 Hp, i64 Wp, i64 pt, i64 pl)``: the
-    input plane ``x`` into the ``Hp x Wp`` scratch plane, ``pt`` rows and ``pl`` columns
-    in, zeros around it (nothing past what the windows reach). A row is one loop of
+    ``dtype`` input plane ``x`` into the ``Hp x Wp`` scratch plane, ``pt`` rows and ``pl``
+    columns in, ``fill`` around it (nothing past what the windows reach). A row is one loop of
     masked vector loads and stores (short rows: three loops, or memset and memcpy calls,
     cost more than the copy)."""
-    ty, _ = TYPES[spec.dtype]
+    ty, _ = TYPES[dtype]
     names = ("x", "buf", "H", "Wd", "Hp", "Wp", "pt", "pl")
     params = [("ptr noalias", n) for n in names[:2]] + [("i64", n) for n in names[2:]]
     fn = FunctionWriter(name, "void", params)
@@ -166,7 +169,7 @@ def _pad_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -
     x, buf, h, wd, hp, wp, pt, pl = (fn.param(i) for i in range(len(names)))
     lo = b.min(pl, wp, "lo")  # columns [lo, hi) of a row come from the input
     hi = b.max(lo, b.min(b.add(pl, wd), wp), "hi")
-    zero = float_literal(0.0, ty)
+    zero = float_literal(fill, ty)
 
     def row(r: str) -> None:
         ih = b.sub(r, pt, "ih")
