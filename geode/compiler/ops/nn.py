@@ -799,7 +799,8 @@ def max_pool_nd(x: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray, np.nd
     flat = view.reshape((nb, c, *out, n_k))
     y = flat.max(axis=-1)
     mask = _tap_mask(x.shape[2:], out, win, begin).reshape((*out, n_k))
-    hit = (flat == y[..., None]) & mask
+    top = y[..., None]
+    hit = ((flat == top) | (np.isnan(flat) & np.isnan(top))) & mask  # a NaN max: its tap
     first = hit.argmax(axis=-1)  # first tap holding the max, in kernel row-major order
     kidx = np.unravel_index(first, win.kernel)
     coords = []
