@@ -32,7 +32,7 @@ from geode.runtime.model import KernelInfo
 if TYPE_CHECKING:
     from geode.codegen.backends.llvm.kernel import LLVMKernel
 
-__all__ = ["ConvChoice", "conv_interface", "conv_spec", "native_step"]
+__all__ = ["ConvChoice", "conv_interface", "conv_spec", "fall_back", "native_step"]
 
 #: what each method is called in the placement's reasons
 _METHODS = {
@@ -50,6 +50,16 @@ class ConvChoice:
     interface: NativeKernel | None
     info: KernelInfo | None
     reason: str
+
+
+def fall_back(node: Node, exc: CodegenError) -> ConvChoice:
+    """The reference kernel for ``node``, whose native kernel failed to compile with
+    ``exc``: a result is never lost to a codegen bug, but the fall-back is loud (a
+    :class:`~geode.codegen.driver.CodegenWarning` and a log line)."""
+    msg = f"{node.op_type} {node.name!r} falls back to AICPU: {exc}"
+    warnings.warn(msg, CodegenWarning, stacklevel=4)
+    log.warning(msg)
+    return ConvChoice(None, None, f"library op: reference kernel ({node.op_type}: {exc})")
 
 
 def native_step(
@@ -149,11 +159,8 @@ def conv_interface(node: Node, g: Graph, opts: Options) -> ConvChoice | None:
 
     try:
         kernel = conv_kernel(spec, opts.cache_dir)
-    except CodegenError as exc:  # never lose a result to a codegen bug: fall back, loudly
-        msg = f"Conv {node.name!r} falls back to AICPU: {exc}"
-        warnings.warn(msg, CodegenWarning, stacklevel=3)
-        log.warning(msg)
-        return ConvChoice(None, None, f"library op: reference kernel (Conv: {exc})")
+    except CodegenError as exc:
+        return fall_back(node, exc)
     if kernel is None:
         return ConvChoice(None, None, "library op: reference kernel (Conv: no BLAS found)")
     interface, info = native_step(node, kernel, len(spec.arrays) - 1, spec.describe(), opts)

@@ -11,18 +11,14 @@ the reference kernel, and the placement records why.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from geode.codegen.backends.llvm.pool_spec import PoolSpec
-from geode.codegen.driver import CodegenWarning
-from geode.codegen.native_conv import ConvChoice, native_step
+from geode.codegen.native_conv import ConvChoice, fall_back, native_step
 from geode.compiler.ir import Graph, Node
 from geode.compiler.ops.nn import window_attrs
 from geode.compiler.shapes import free_symbols
 from geode.config import Options
-from geode.debug import log
 from geode.errors import CodegenError, GeodeError
 
 __all__ = ["POOL_OPS", "pool_interface", "pool_spec"]
@@ -97,11 +93,8 @@ def pool_interface(node: Node, g: Graph, opts: Options) -> ConvChoice | None:
 
     try:
         kernel = pool_kernel(spec, opts.cache_dir)
-    except CodegenError as exc:  # never lose a result to a codegen bug: fall back, loudly
-        msg = f"{what} {node.name!r} falls back to AICPU: {exc}"
-        warnings.warn(msg, CodegenWarning, stacklevel=3)
-        log.warning(msg)
-        return ConvChoice(None, None, f"library op: reference kernel ({what}: {exc})")
+    except CodegenError as exc:
+        return fall_back(node, exc)
     interface, info = native_step(node, kernel, 1, spec.describe(), opts)
     how = "whole-plane reduction" if spec.is_global else "direct window kernel"
     return ConvChoice(interface, info, f"library op: {what}, {how}, native")

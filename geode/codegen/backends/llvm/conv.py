@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
+from typing import TYPE_CHECKING
 
 from geode.codegen.backends.llvm import conv_depthwise, conv_gemm, jit, objcache
 from geode.codegen.backends.llvm.conv_spec import TYPES, ConvSpec, Geometry
@@ -39,7 +40,17 @@ from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
 from geode.codegen.backends.llvm.kernel import LLVMKernel
 from geode.errors import ExecutionError, ShapeError
 
-__all__ = ["ConvKernel", "ConvSpec", "conv_ir", "conv_kernel", "out_size"]
+if TYPE_CHECKING:
+    from geode.codegen.backends.llvm.target import Target
+
+__all__ = [
+    "ConvKernel",
+    "ConvSpec",
+    "conv_ir",
+    "conv_kernel",
+    "object_code",
+    "out_size",
+]
 
 
 def out_size(b: Builder, spec: ConvSpec, axis: int, size: str) -> tuple[str, str]:
@@ -174,6 +185,20 @@ def _arg_specs(spec: ConvSpec) -> tuple[ArgSpec, ...]:
     return tuple(args)
 
 
+def object_code(name: str, ir: str, target: Target, cache_dir: str | None) -> tuple[bytes, bool]:
+    """``(object code, from the cache)`` of module ``ir`` with entry ``name`` for
+    ``target``: loaded from the disk cache in ``cache_dir`` when there, else compiled
+    (and stored there)."""
+    key = objcache.cache_key(ir, target.fingerprint())
+    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
+    if obj is not None:
+        return obj, True
+    obj = jit.compile_ir(ir, target)
+    if cache_dir is not None:
+        objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    return obj, False
+
+
 @functools.lru_cache(maxsize=256)
 def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | None:
     """The compiled native conv of ``spec`` (object code through the disk cache in
@@ -192,13 +217,7 @@ def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | No
     target = host()
     bits = lib.int_bits if lib is not None else 64
     name, ir = conv_ir(spec, symbol, bits, target.function_attrs)
-    key = objcache.cache_key(ir, target.fingerprint())
-    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
-    from_cache = obj is not None
-    if obj is None:
-        obj = jit.compile_ir(ir, target)
-        if cache_dir is not None:
-            objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    obj, from_cache = object_code(name, ir, target, cache_dir)
     imports = {symbol: lib.address(spec.dtype)} if needs_blas else {}
     parallel = spec.method == "depthwise"
     loaded = jit.load_object(obj, [name], runtime=parallel, imports=imports)

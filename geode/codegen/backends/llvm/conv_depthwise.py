@@ -21,12 +21,22 @@ failure flag and the body returns status ``n_arrays + 1`` once the launch is ove
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, body_geometry
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
 from geode.codegen.backends.llvm.parallel import LAUNCH, MIN_PARALLEL_ELEMENTS
 
-__all__ = ["MAX_UNROLLED_TAPS", "pad_function", "padded_size", "write_body"]
+__all__ = [
+    "MAX_UNROLLED_TAPS",
+    "Chunk",
+    "chunk_start",
+    "pad_function",
+    "padded_size",
+    "scratch_plane",
+    "write_body",
+]
 
 #: windows of at most this many taps are summed unrolled, in registers
 MAX_UNROLLED_TAPS = 64
@@ -80,43 +90,80 @@ def padded_size(b: Builder, spec: ConvSpec, v: dict[str, str]) -> tuple[str, str
     return hp, wp
 
 
-def _chunk_function(
-    module: ModuleWriter, name: str, plane: str, pad: str, spec: ConvSpec, attrs: str
-) -> FunctionWriter:
-    """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: this chunk's share of the planes
-    (padded into its own scratch plane when the conv pads)."""
-    ty, item = TYPES[spec.dtype]
+@dataclass
+class Chunk:
+    """A chunk function's start (:func:`chunk_start`): its writer, the context's values
+    by name, this chunk's planes ``[lo, hi)``; with :func:`scratch_plane`, whether the
+    planes are padded, the scratch plane's rows and columns and its buffer."""
+
+    fn: FunctionWriter
+    b: Builder
+    v: dict[str, str]
+    lo: str
+    hi: str
+    padded: str = "false"
+    hp: str = ""
+    wp: str = ""
+    buf: str = "null"
+
+
+def chunk_start(
+    module: ModuleWriter, name: str, attrs: str, ctx_names: tuple[str, ...], n_ptrs: int
+) -> Chunk:
+    """Begin ``void @name(ptr ctx, i64 chunk, i64 nchunks)``: the context's slots named
+    ``ctx_names`` (the first ``n_ptrs`` pointers, then i64s; the last one, the failure
+    flag, not loaded) and this chunk's share of ``planes`` (one of them)."""
     fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
     fn.linkage = "internal"
     fn.attrs = " " + module.attr_group("nounwind " + attrs)
     b = Builder(fn)
     ctx, chunk, nchunks = fn.param(0), fn.param(1), fn.param(2)
     v = {
-        k: b.load("ptr" if i < 4 else "i64", b.gep("i64", ctx, str(i)), k)
-        for i, k in enumerate(_CTX[:-1])
+        k: b.load("ptr" if i < n_ptrs else "i64", b.gep("i64", ctx, str(i)), k)
+        for i, k in enumerate(ctx_names[:-1])
     }
+    v["failed"] = b.gep("i64", ctx, str(len(ctx_names) - 1), "failed")
     lo = b.op("udiv", b.mul(v["planes"], chunk), nchunks, "lo")
     hi = b.op("udiv", b.mul(v["planes"], b.add(chunk, "1")), nchunks, "hi")
-    hw, p = b.mul(v["H"], v["Wd"], "HW"), b.mul(v["OH"], v["OW"], "P")
-    hp, wp = padded_size(b, spec, v)
+    return Chunk(fn, b, v, lo, hi)
+
+
+def scratch_plane(module: ModuleWriter, c: Chunk, spec: ConvSpec, item: int) -> None:
+    """The chunk's scratch plane (sets ``c.padded``, ``c.hp``, ``c.wp``, ``c.buf``): what
+    the windows of ``spec`` reach, ``malloc``-ed when they reach past the input (the
+    context's ``pt``, ``pl``, ``H``, ``Wd``, ``OH``, ``OW``); a NULL sets the failure flag
+    and returns."""
+    fn, b, v = c.fn, c.b, c.v
+    c.hp, c.wp = hp, wp = padded_size(b, spec, v)
     pads = [b.cmp("sgt", v["pt"], "0"), b.cmp("sgt", v["pl"], "0")]
     pads += [b.cmp("sgt", hp, v["H"]), b.cmp("sgt", wp, v["Wd"])]
-    padded = b.any_of(pads)
+    c.padded = padded = b.any_of(pads)
     module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
     module.declare("free", "declare void @free(ptr) nounwind")
     nbytes = b.mul(b.mul(hp, wp), str(item), "padbytes")
     scratch = fn.value(f"select i1 {padded}, i64 {nbytes}, i64 0", "scratch")
-    buf = fn.value(f"call noalias ptr @malloc(i64 {scratch})", "buf")  # malloc(0): a token
-    ok = b.all_of([b.cmp("slt", lo, hi), fn.value(f"icmp eq ptr {buf}, null")])
+    c.buf = buf = fn.value(f"call noalias ptr @malloc(i64 {scratch})", "buf")  # 0: a token
+    nomem = b.all_of([b.cmp("slt", c.lo, c.hi), fn.value(f"icmp eq ptr {buf}, null"), padded])
 
     def fail() -> None:
-        fn.add(
-            f"store atomic i64 1, ptr {b.gep('i64', ctx, str(len(_CTX) - 1))} monotonic, align 8"
-        )
+        fn.add(f"store atomic i64 1, ptr {v['failed']} monotonic, align 8")
         fn.terminate("ret void")
         fn.start_block(fn.label("unreachable"))
 
-    b.when(fn.value(f"and i1 {ok}, {padded}"), fail, "nomem")
+    b.when(nomem, fail, "nomem")
+
+
+def _chunk_function(
+    module: ModuleWriter, name: str, plane: str, pad: str, spec: ConvSpec, attrs: str
+) -> FunctionWriter:
+    """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: this chunk's share of the planes
+    (padded into its own scratch plane when the conv pads)."""
+    ty, item = TYPES[spec.dtype]
+    c = chunk_start(module, name, attrs, _CTX, 4)
+    scratch_plane(module, c, spec, item)
+    fn, b, v, lo, hi = c.fn, c.b, c.v, c.lo, c.hi
+    hw, p = b.mul(v["H"], v["Wd"], "HW"), b.mul(v["OH"], v["OW"], "P")
+    padded, hp, wp, buf = c.padded, c.hp, c.wp, c.buf
     last = fn.alloca("i64", "last")
     fn.add(f"store i64 -1, ptr {last}")
     m_all, taps = str(spec.out_channels), spec.kernel[0] * spec.kernel[1]

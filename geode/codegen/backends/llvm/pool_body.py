@@ -25,7 +25,12 @@ scratch plane that ``malloc`` cannot give sets the failure flag: status ``3``.
 
 from __future__ import annotations
 
-from geode.codegen.backends.llvm.conv_depthwise import MAX_UNROLLED_TAPS, pad_function, padded_size
+from geode.codegen.backends.llvm.conv_depthwise import (
+    MAX_UNROLLED_TAPS,
+    chunk_start,
+    pad_function,
+    scratch_plane,
+)
 from geode.codegen.backends.llvm.conv_spec import TYPES
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
@@ -101,17 +106,8 @@ def _chunk_function(module: ModuleWriter, name: str, spec: PoolSpec, attrs: str)
     """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: this chunk's share of the planes
     (padded into its own scratch plane when the windows reach past the input)."""
     ty, item = TYPES[spec.dtype]
-    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
-    fn.linkage = "internal"
-    fn.attrs = " " + module.attr_group("nounwind " + attrs)
-    b = Builder(fn)
-    ctx, chunk, nchunks = fn.param(0), fn.param(1), fn.param(2)
-    v = {
-        k: b.load("ptr" if i < 2 else "i64", b.gep("i64", ctx, str(i)), k)
-        for i, k in enumerate(_CTX[:-1])
-    }
-    lo = b.op("udiv", b.mul(v["planes"], chunk), nchunks, "lo")
-    hi = b.op("udiv", b.mul(v["planes"], b.add(chunk, "1")), nchunks, "hi")
+    c = chunk_start(module, name, attrs, _CTX, 2)
+    fn, b, v, lo, hi = c.fn, c.b, c.v, c.lo, c.hi
     hw, p = b.mul(v["H"], v["Wd"], "HW"), b.mul(v["OH"], v["OW"], "P")
     if spec.is_global:
         plane = module.unique(f"{name}.global")
@@ -128,25 +124,8 @@ def _chunk_function(module: ModuleWriter, name: str, spec: PoolSpec, attrs: str)
     module.add_function(_plane_function(module, plane, spec, attrs))
     fill = float("-inf") if spec.op == "max" else 0.0
     module.add_function(pad_function(module, pad, spec.dtype, attrs, fill))
-    hp, wp = padded_size(b, spec, v)
-    pads = [b.cmp("sgt", v["pt"], "0"), b.cmp("sgt", v["pl"], "0")]
-    pads += [b.cmp("sgt", hp, v["H"]), b.cmp("sgt", wp, v["Wd"])]
-    padded = b.any_of(pads)
-    module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
-    module.declare("free", "declare void @free(ptr) nounwind")
-    nbytes = b.mul(b.mul(hp, wp), str(item), "padbytes")
-    scratch = fn.value(f"select i1 {padded}, i64 {nbytes}, i64 0", "scratch")
-    buf = fn.value(f"call noalias ptr @malloc(i64 {scratch})", "buf")
-    nomem = b.all_of([b.cmp("slt", lo, hi), fn.value(f"icmp eq ptr {buf}, null"), padded])
-
-    def fail() -> None:
-        fn.add(
-            f"store atomic i64 1, ptr {b.gep('i64', ctx, str(len(_CTX) - 1))} monotonic, align 8"
-        )
-        fn.terminate("ret void")
-        fn.start_block(fn.label("unreachable"))
-
-    b.when(nomem, fail, "nomem")
+    scratch_plane(module, c, spec, item)
+    padded, hp, wp, buf = c.padded, c.hp, c.wp, c.buf
     ranges = ", ".join(f"i64 {v[k]}" for k in ("OH", "OW", "hlo", "hhi", "wlo", "whi"))
 
     def one(q: str) -> None:
