@@ -62,7 +62,7 @@ class _Reduce:
         ty = self.ty
         if self.max:
             return self.fn.value(f"call {ty} @{self.intrinsic}({ty} {acc}, {ty} {v})", "mx")
-        return self.fn.value(f"fadd {flags} {ty} {acc}, {v}".replace("  ", " "), "sum")
+        return self.fn.value(f"fadd {flags + ' ' if flags else ''}{ty} {acc}, {v}", "sum")
 
     def divide(self, acc: str, count: str) -> str:
         """``acc / count`` (``count`` an i64)."""
