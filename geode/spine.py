@@ -38,6 +38,7 @@ from geode.codegen.cache import maybe_prune
 from geode.codegen.epilogues import attach_epilogues
 from geode.codegen.lower import make_can_lower
 from geode.codegen.native_conv import conv_interface
+from geode.codegen.native_pool import pool_interface
 from geode.codegen.native_rnn import rnn_interface
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
@@ -257,13 +258,14 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
     engine = c.placement.engine[node.name]
     library = driver.library_interface(node, c.graph, c.opts) if engine == "aicpu" else None
     reason = "library op: BLAS, called natively"
-    for choose in (conv_interface, rnn_interface):
-        # Conv (im2col + BLAS, depthwise) and LSTM (BLAS + gate loop): native, or why not
+    for choose in (conv_interface, pool_interface, rnn_interface):
+        # Conv (im2col + BLAS, depthwise), pools (direct) and LSTM (vectorized products and
+        # gate loop): native, or why not
         choice = choose(node, c.graph, c.opts) if engine == "aicpu" else None
         if choice is not None:
             c.placement.reason[node.name] = reason = choice.reason
             library = None if choice.interface is None else (choice.interface, choice.info)
-    if library is not None:  # a library routine called natively (MatMul: BLAS; Conv; LSTM)
+    if library is not None:  # a library routine called natively (MatMul; Conv; pools; LSTM)
         interface, info = library
         c.placement.engine[node.name] = "aicore"
         c.placement.reason[node.name] = reason

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,7 +29,10 @@ from geode.errors import CodegenError, GeodeError
 from geode.runtime.engines import NativeKernel
 from geode.runtime.model import KernelInfo
 
-__all__ = ["ConvChoice", "conv_interface", "conv_spec"]
+if TYPE_CHECKING:
+    from geode.codegen.backends.llvm.kernel import LLVMKernel
+
+__all__ = ["ConvChoice", "conv_interface", "conv_spec", "fall_back", "native_step"]
 
 #: what each method is called in the placement's reasons
 _METHODS = {
@@ -46,6 +50,47 @@ class ConvChoice:
     interface: NativeKernel | None
     info: KernelInfo | None
     reason: str
+
+
+def fall_back(node: Node, exc: CodegenError) -> ConvChoice:
+    """The reference kernel for ``node``, whose native kernel failed to compile with
+    ``exc``: a result is never lost to a codegen bug, but the fall-back is loud (a
+    :class:`~geode.codegen.driver.CodegenWarning` and a log line)."""
+    msg = f"{node.op_type} {node.name!r} falls back to AICPU: {exc}"
+    warnings.warn(msg, CodegenWarning, stacklevel=4)
+    log.warning(msg)
+    return ConvChoice(None, None, f"library op: reference kernel ({node.op_type}: {exc})")
+
+
+def native_step(
+    node: Node, kernel: LLVMKernel, n_inputs: int, trace: str, opts: Options
+) -> tuple[NativeKernel, KernelInfo]:
+    """The native step of a single-output library node run by ``kernel`` (its first
+    ``n_inputs`` arrays the node's inputs, then the output) and its kernel record
+    (``trace``: the spec's summary)."""
+    y = node.outputs[0]
+    interface = NativeKernel(
+        name=node.name,
+        fn=kernel,
+        n_inputs=n_inputs,
+        out_shapes=[compile_shape_fn(y.shape)],
+        out_dtypes=[y.dtype],
+        threads=int(opts.num_threads),
+        launch_threads=True,
+        call=kernel.call,
+    )
+    info = KernelInfo(
+        name=node.name,
+        ops=[node],
+        engine="aicore",
+        source=kernel.source,
+        kind="library",
+        trace=trace,
+        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
+        _llvm=lambda: kernel.llvm,
+        _asm=lambda: kernel.asm,
+    )
+    return interface, info
 
 
 def conv_spec(node: Node, g: Graph) -> ConvSpec | str:
@@ -114,33 +159,9 @@ def conv_interface(node: Node, g: Graph, opts: Options) -> ConvChoice | None:
 
     try:
         kernel = conv_kernel(spec, opts.cache_dir)
-    except CodegenError as exc:  # never lose a result to a codegen bug: fall back, loudly
-        msg = f"Conv {node.name!r} falls back to AICPU: {exc}"
-        warnings.warn(msg, CodegenWarning, stacklevel=3)
-        log.warning(msg)
-        return ConvChoice(None, None, f"library op: reference kernel (Conv: {exc})")
+    except CodegenError as exc:
+        return fall_back(node, exc)
     if kernel is None:
         return ConvChoice(None, None, "library op: reference kernel (Conv: no BLAS found)")
-    y = node.outputs[0]
-    interface = NativeKernel(
-        name=node.name,
-        fn=kernel,
-        n_inputs=len(spec.arrays) - 1,
-        out_shapes=[compile_shape_fn(y.shape)],
-        out_dtypes=[y.dtype],
-        threads=int(opts.num_threads),
-        launch_threads=True,
-        call=kernel.call,
-    )
-    info = KernelInfo(
-        name=node.name,
-        ops=[node],
-        engine="aicore",
-        source=kernel.source,
-        kind="library",
-        trace=spec.describe(),
-        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
-        _llvm=lambda: kernel.llvm,
-        _asm=lambda: kernel.asm,
-    )
+    interface, info = native_step(node, kernel, len(spec.arrays) - 1, spec.describe(), opts)
     return ConvChoice(interface, info, f"library op: Conv, {_METHODS[spec.method]}, native")

@@ -232,7 +232,12 @@ def test_native_lstm_models_match_onnx_reference(cfg) -> None:
         want = ort_run(model, {"x": ins[0]}) if ort_ok else []
     aicpu = geode.compile(model, codegen=False)(x=ins[0])
     tol = 1e-5 if dtype == "float32" else 1e-10
+    # a batch entry of length 0: onnxruntime zeroes its Y_h/Y_c, geode's reference keeps
+    # the initial states (ONNX leaves it open); Y agrees
+    empty = ins[4] is not None and bool((np.asarray(ins[4]) == 0).any())
     for name, w in zip([o for o in outputs if o], want):
+        if empty and name != "y":
+            continue
         np.testing.assert_allclose(got[name], w, rtol=tol, atol=tol)
     for name in [o for o in outputs if o]:
         np.testing.assert_allclose(got[name], aicpu[name], rtol=tol, atol=tol)

@@ -799,7 +799,8 @@ def max_pool_nd(x: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray, np.nd
     flat = view.reshape((nb, c, *out, n_k))
     y = flat.max(axis=-1)
     mask = _tap_mask(x.shape[2:], out, win, begin).reshape((*out, n_k))
-    hit = (flat == y[..., None]) & mask
+    top = y[..., None]
+    hit = ((flat == top) | (np.isnan(flat) & np.isnan(top))) & mask  # a NaN max: its tap
     first = hit.argmax(axis=-1)  # first tap holding the max, in kernel row-major order
     kidx = np.unravel_index(first, win.kernel)
     coords = []
@@ -809,9 +810,10 @@ def max_pool_nd(x: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray, np.nd
     coords = [np.broadcast_to(cd, first.shape) for cd in coords]
     order = "F" if int(attrs.get("storage_order") or 0) else "C"
     sp = x.shape[2:]
-    local = np.ravel_multi_index(tuple(coords), sp, order=order)
+    local = np.ravel_multi_index(tuple(coords), sp, order=order, mode="clip")
     base = (np.arange(nb * c, dtype=np.int64) * math.prod(sp)).reshape((nb, c) + (1,) * n)
-    return y.astype(x.dtype, copy=False), (base + local).astype(np.int64)
+    index = np.where(hit.any(axis=-1), base + local, -1)  # -1: a window of padding only
+    return y.astype(x.dtype, copy=False), index.astype(np.int64)
 
 
 def _maxpool_kernel(ins: list, attrs: dict) -> list[np.ndarray]:

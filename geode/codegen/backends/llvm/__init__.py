@@ -19,8 +19,10 @@ Rooms, in the order a kernel passes through them:
 Library routines are written as IR directly, not from a loop AST: :mod:`~.library`
 (MatMul through numpy's BLAS) and the convolutions, :mod:`~.conv` (the entry and
 :func:`~.conv.conv_kernel`) with :mod:`~.conv_spec`, :mod:`~.conv_gemm` (im2col and
-1x1 through BLAS), :mod:`~.conv_depthwise` (direct) and :mod:`~.irloops` (structured
-loops over the IR text writer).
+1x1 through BLAS), :mod:`~.conv_depthwise` (direct), the pools, :mod:`~.pool` (the
+entry and :func:`~.pool.pool_kernel`) with :mod:`~.pool_spec` and :mod:`~.pool_body`
+(direct window reductions), and :mod:`~.irloops` (structured loops over the IR text
+writer).
 
 Semantics are those of the numba backend it replaces (numpy's dtype promotion with
 weak Python-scalar constants, integer division and shifts as numpy defines them,

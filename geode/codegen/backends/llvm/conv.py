@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
+from typing import TYPE_CHECKING
 
 from geode.codegen.backends.llvm import conv_depthwise, conv_gemm, jit, objcache
 from geode.codegen.backends.llvm.conv_spec import TYPES, ConvSpec, Geometry
@@ -39,11 +40,23 @@ from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
 from geode.codegen.backends.llvm.kernel import LLVMKernel
 from geode.errors import ExecutionError, ShapeError
 
-__all__ = ["ConvKernel", "ConvSpec", "conv_ir", "conv_kernel"]
+if TYPE_CHECKING:
+    from geode.codegen.backends.llvm.target import Target
+
+__all__ = [
+    "ConvKernel",
+    "ConvSpec",
+    "conv_ir",
+    "conv_kernel",
+    "object_code",
+    "out_size",
+]
 
 
-def _out_size(b: Builder, spec: ConvSpec, axis: int, size: str) -> tuple[str, str]:
-    """``(output size, begin pad)`` of spatial ``axis`` for an input of ``size``."""
+def out_size(b: Builder, spec: ConvSpec, axis: int, size: str) -> tuple[str, str]:
+    """``(output size, begin pad)`` of spatial ``axis`` for an input of ``size`` (the
+    conv formula; ``spec``: any window spec with ``kernel``, ``strides``, ``dilations``,
+    ``auto_pad`` and ``explicit_pads``)."""
     k, s, d = spec.kernel[axis], spec.strides[axis], spec.dilations[axis]
     span = d * (k - 1) + 1
     if spec.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -98,8 +111,8 @@ def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     x = dims["X"]
     n, wd = x[0], x[-1]
     h = x[2] if spec.spatial == 2 else "1"
-    oh, pt = _out_size(b, spec, 0, h) if spec.spatial == 2 else ("1", "0")
-    ow, pl = _out_size(b, spec, 1, wd)
+    oh, pt = out_size(b, spec, 0, h) if spec.spatial == 2 else ("1", "0")
+    ow, pl = out_size(b, spec, 1, wd)
     rank = spec.spatial + 2
     y = [b.load("i64", b.gep("i64", "%recs", str(at + j)), "ry") for j in range(2)]
     b.fail_unless(b.cmp("eq", y[0], str(rank)), y_status)
@@ -172,6 +185,20 @@ def _arg_specs(spec: ConvSpec) -> tuple[ArgSpec, ...]:
     return tuple(args)
 
 
+def object_code(name: str, ir: str, target: Target, cache_dir: str | None) -> tuple[bytes, bool]:
+    """``(object code, from the cache)`` of module ``ir`` with entry ``name`` for
+    ``target``: loaded from the disk cache in ``cache_dir`` when there, else compiled
+    (and stored there)."""
+    key = objcache.cache_key(ir, target.fingerprint())
+    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
+    if obj is not None:
+        return obj, True
+    obj = jit.compile_ir(ir, target)
+    if cache_dir is not None:
+        objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    return obj, False
+
+
 @functools.lru_cache(maxsize=256)
 def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | None:
     """The compiled native conv of ``spec`` (object code through the disk cache in
@@ -190,13 +217,7 @@ def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | No
     target = host()
     bits = lib.int_bits if lib is not None else 64
     name, ir = conv_ir(spec, symbol, bits, target.function_attrs)
-    key = objcache.cache_key(ir, target.fingerprint())
-    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
-    from_cache = obj is not None
-    if obj is None:
-        obj = jit.compile_ir(ir, target)
-        if cache_dir is not None:
-            objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    obj, from_cache = object_code(name, ir, target, cache_dir)
     parallel = spec.method == "depthwise"
     loaded = jit.load_object(obj, [name])  # the runtime: geode_gemm, the pool
     emitted = Emitted(ir, name, _arg_specs(spec), (), parallel, ())

@@ -21,12 +21,22 @@ failure flag and the body returns status ``n_arrays + 1`` once the launch is ove
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, body_geometry
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
 from geode.codegen.backends.llvm.parallel import LAUNCH, MIN_PARALLEL_ELEMENTS
 
-__all__ = ["MAX_UNROLLED_TAPS", "write_body"]
+__all__ = [
+    "MAX_UNROLLED_TAPS",
+    "Chunk",
+    "chunk_start",
+    "pad_function",
+    "padded_size",
+    "scratch_plane",
+    "write_body",
+]
 
 #: windows of at most this many taps are summed unrolled, in registers
 MAX_UNROLLED_TAPS = 64
@@ -40,7 +50,7 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     attributes."""
     plane, pad, chunk = f"{name}.plane", f"{name}.pad", f"{name}.chunk"
     module.add_function(_plane_function(module, plane, spec, attrs))
-    module.add_function(_pad_function(module, pad, spec, attrs))
+    module.add_function(pad_function(module, pad, spec.dtype, attrs))
     module.add_function(_chunk_function(module, chunk, plane, pad, spec, attrs))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     module.declare(
@@ -71,12 +81,76 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     module.add_function(fn)
 
 
-def _padded_size(b: Builder, spec: ConvSpec, v: dict[str, str]) -> tuple[str, str]:
-    """Rows and columns of the scratch plane: what the windows reach."""
+def padded_size(b: Builder, spec: ConvSpec, v: dict[str, str]) -> tuple[str, str]:
+    """Rows and columns of the scratch plane: what the windows reach (``spec``: any
+    window spec with ``kernel``, ``strides`` and ``dilations``; ``v``: ``OH``, ``OW``)."""
     (kh, kw), (sh, sw), (dh, dw) = spec.kernel, spec.strides, spec.dilations
     hp = b.add(b.mul(b.sub(v["OH"], "1"), str(sh)), str((kh - 1) * dh + 1), "Hp")
     wp = b.add(b.mul(b.sub(v["OW"], "1"), str(sw)), str((kw - 1) * dw + 1), "Wp")
     return hp, wp
+
+
+@dataclass
+class Chunk:
+    """A chunk function's start (:func:`chunk_start`): its writer, the context's values
+    by name, this chunk's planes ``[lo, hi)``; with :func:`scratch_plane`, whether the
+    planes are padded, the scratch plane's rows and columns and its buffer."""
+
+    fn: FunctionWriter
+    b: Builder
+    v: dict[str, str]
+    lo: str
+    hi: str
+    padded: str = "false"
+    hp: str = ""
+    wp: str = ""
+    buf: str = "null"
+
+
+def chunk_start(
+    module: ModuleWriter, name: str, attrs: str, ctx_names: tuple[str, ...], n_ptrs: int
+) -> Chunk:
+    """Begin ``void @name(ptr ctx, i64 chunk, i64 nchunks)``: the context's slots named
+    ``ctx_names`` (the first ``n_ptrs`` pointers, then i64s; the last one, the failure
+    flag, not loaded) and this chunk's share of ``planes`` (one of them)."""
+    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind " + attrs)
+    b = Builder(fn)
+    ctx, chunk, nchunks = fn.param(0), fn.param(1), fn.param(2)
+    v = {
+        k: b.load("ptr" if i < n_ptrs else "i64", b.gep("i64", ctx, str(i)), k)
+        for i, k in enumerate(ctx_names[:-1])
+    }
+    v["failed"] = b.gep("i64", ctx, str(len(ctx_names) - 1), "failed")
+    lo = b.op("udiv", b.mul(v["planes"], chunk), nchunks, "lo")
+    hi = b.op("udiv", b.mul(v["planes"], b.add(chunk, "1")), nchunks, "hi")
+    return Chunk(fn, b, v, lo, hi)
+
+
+def scratch_plane(module: ModuleWriter, c: Chunk, spec: ConvSpec, item: int) -> None:
+    """The chunk's scratch plane (sets ``c.padded``, ``c.hp``, ``c.wp``, ``c.buf``): what
+    the windows of ``spec`` reach, ``malloc``-ed when they reach past the input (the
+    context's ``pt``, ``pl``, ``H``, ``Wd``, ``OH``, ``OW``); a NULL sets the failure flag
+    and returns."""
+    fn, b, v = c.fn, c.b, c.v
+    c.hp, c.wp = hp, wp = padded_size(b, spec, v)
+    pads = [b.cmp("sgt", v["pt"], "0"), b.cmp("sgt", v["pl"], "0")]
+    pads += [b.cmp("sgt", hp, v["H"]), b.cmp("sgt", wp, v["Wd"])]
+    c.padded = padded = b.any_of(pads)
+    module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
+    module.declare("free", "declare void @free(ptr) nounwind")
+    nbytes = b.mul(b.mul(hp, wp), str(item), "padbytes")
+    scratch = fn.value(f"select i1 {padded}, i64 {nbytes}, i64 0", "scratch")
+    c.buf = buf = fn.value(f"call noalias ptr @malloc(i64 {scratch})", "buf")  # 0: a token
+    nomem = b.all_of([b.cmp("slt", c.lo, c.hi), fn.value(f"icmp eq ptr {buf}, null"), padded])
+
+    def fail() -> None:
+        fn.add(f"store atomic i64 1, ptr {v['failed']} monotonic, align 8")
+        fn.terminate("ret void")
+        fn.start_block(fn.label("unreachable"))
+
+    b.when(nomem, fail, "nomem")
 
 
 def _chunk_function(
@@ -85,37 +159,11 @@ def _chunk_function(
     """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: this chunk's share of the planes
     (padded into its own scratch plane when the conv pads)."""
     ty, item = TYPES[spec.dtype]
-    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
-    fn.linkage = "internal"
-    fn.attrs = " " + module.attr_group("nounwind " + attrs)
-    b = Builder(fn)
-    ctx, chunk, nchunks = fn.param(0), fn.param(1), fn.param(2)
-    v = {
-        k: b.load("ptr" if i < 4 else "i64", b.gep("i64", ctx, str(i)), k)
-        for i, k in enumerate(_CTX[:-1])
-    }
-    lo = b.op("udiv", b.mul(v["planes"], chunk), nchunks, "lo")
-    hi = b.op("udiv", b.mul(v["planes"], b.add(chunk, "1")), nchunks, "hi")
+    c = chunk_start(module, name, attrs, _CTX, 4)
+    scratch_plane(module, c, spec, item)
+    fn, b, v, lo, hi = c.fn, c.b, c.v, c.lo, c.hi
     hw, p = b.mul(v["H"], v["Wd"], "HW"), b.mul(v["OH"], v["OW"], "P")
-    hp, wp = _padded_size(b, spec, v)
-    pads = [b.cmp("sgt", v["pt"], "0"), b.cmp("sgt", v["pl"], "0")]
-    pads += [b.cmp("sgt", hp, v["H"]), b.cmp("sgt", wp, v["Wd"])]
-    padded = b.any_of(pads)
-    module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
-    module.declare("free", "declare void @free(ptr) nounwind")
-    nbytes = b.mul(b.mul(hp, wp), str(item), "padbytes")
-    scratch = fn.value(f"select i1 {padded}, i64 {nbytes}, i64 0", "scratch")
-    buf = fn.value(f"call noalias ptr @malloc(i64 {scratch})", "buf")  # malloc(0): a token
-    ok = b.all_of([b.cmp("slt", lo, hi), fn.value(f"icmp eq ptr {buf}, null")])
-
-    def fail() -> None:
-        fn.add(
-            f"store atomic i64 1, ptr {b.gep('i64', ctx, str(len(_CTX) - 1))} monotonic, align 8"
-        )
-        fn.terminate("ret void")
-        fn.start_block(fn.label("unreachable"))
-
-    b.when(fn.value(f"and i1 {ok}, {padded}"), fail, "nomem")
+    padded, hp, wp, buf = c.padded, c.hp, c.wp, c.buf
     last = fn.alloca("i64", "last")
     fn.add(f"store i64 -1, ptr {last}")
     m_all, taps = str(spec.out_channels), spec.kernel[0] * spec.kernel[1]
@@ -150,13 +198,15 @@ def _chunk_function(
     return fn
 
 
-def _pad_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
+def pad_function(
+    module: ModuleWriter, name: str, dtype: str, attrs: str, fill: float = 0.0
+) -> FunctionWriter:
     """``void @name(ptr x, ptr buf, i64 H, i64 Wd, i64 Hp, i64 Wp, i64 pt, i64 pl)``: the
-    input plane ``x`` into the ``Hp x Wp`` scratch plane, ``pt`` rows and ``pl`` columns
-    in, zeros around it (nothing past what the windows reach). A row is one loop of
+    ``dtype`` input plane ``x`` into the ``Hp x Wp`` scratch plane, ``pt`` rows and ``pl``
+    columns in, ``fill`` around it (nothing past what the windows reach). A row is one loop of
     masked vector loads and stores (short rows: three loops, or memset and memcpy calls,
     cost more than the copy)."""
-    ty, _ = TYPES[spec.dtype]
+    ty, _ = TYPES[dtype]
     names = ("x", "buf", "H", "Wd", "Hp", "Wp", "pt", "pl")
     params = [("ptr noalias", n) for n in names[:2]] + [("i64", n) for n in names[2:]]
     fn = FunctionWriter(name, "void", params)
@@ -166,7 +216,7 @@ def _pad_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -
     x, buf, h, wd, hp, wp, pt, pl = (fn.param(i) for i in range(len(names)))
     lo = b.min(pl, wp, "lo")  # columns [lo, hi) of a row come from the input
     hi = b.max(lo, b.min(b.add(pl, wd), wp), "hi")
-    zero = float_literal(0.0, ty)
+    zero = float_literal(fill, ty)
 
     def row(r: str) -> None:
         ih = b.sub(r, pt, "ih")
