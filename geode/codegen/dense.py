@@ -257,7 +257,7 @@ def dense_kernel(
         min_rows,
         len(pg.epilogue.second.inputs[1].shape) if pg.epilogue.second is not None else 0,
     )
-    ir = dense_ir(spec, lib)
+    ir = dense_ir(spec)
     target = host()
     key = objcache.cache_key(ir, target.fingerprint())
     obj = None if cache_dir is None else objcache.load(cache_dir, key, name)

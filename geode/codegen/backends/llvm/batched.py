@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, Blas, gemm_call
+from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
 
 __all__ = ["SMALL_GEMM", "batched_matmul_ir", "batched_matmul_kernel"]
 
@@ -145,7 +145,7 @@ def _batch_dims(w: _Lines, ad: list, bd: list, yd: list) -> list[tuple[str, str,
     return dims
 
 
-def batched_matmul_ir(dtype: str, ra: int, rb: int, lib: Blas) -> tuple[str, str]:
+def batched_matmul_ir(dtype: str, ra: int, rb: int) -> tuple[str, str]:
     """``(entry name, module IR)`` of the batched MatMul (see the module docstring)."""
     _, letter, item = _TYPES[dtype]
     ry = max(ra, rb)
@@ -222,7 +222,7 @@ def batched_matmul_kernel(dtype: str, ra: int, rb: int):  # -> LLVMKernel | None
     if lib is None or dtype not in _TYPES or min(ra, rb) < 2 or max(ra, rb) < 3:
         return None
     share_pool(lib)
-    name, ir = batched_matmul_ir(dtype, ra, rb, lib)
+    name, ir = batched_matmul_ir(dtype, ra, rb)
     target = host()
     obj = jit.compile_ir(ir, target)
     loaded = jit.load_object(obj, [name])

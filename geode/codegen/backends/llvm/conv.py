@@ -132,12 +132,10 @@ def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     return fn
 
 
-def conv_ir(
-    spec: ConvSpec, blas_symbol: str, blas_int_bits: int, attrs: str = ""
-) -> tuple[str, str]:
+def conv_ir(spec: ConvSpec, attrs: str = "") -> tuple[str, str]:
     """``(entry name, module IR)`` of the native conv of ``spec`` (the GEMM methods call
-    ``blas_symbol``, a CBLAS ``?gemm`` taking ``blas_int_bits``-bit ints; ``attrs``: the
-    target's function attributes, :attr:`~.target.Target.function_attrs`)."""
+    the native runtime's ``geode_gemm``; ``attrs``: the target's function attributes,
+    :attr:`~.target.Target.function_attrs`)."""
     digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
     name = f"geode_conv_{spec.method}_{digest}"
     module = ModuleWriter(name)
@@ -145,7 +143,7 @@ def conv_ir(
     if spec.method == "depthwise":
         conv_depthwise.write_body(module, body, spec, attrs)
     else:
-        conv_gemm.write_body(module, body, spec, blas_symbol, blas_int_bits, attrs)
+        conv_gemm.write_body(module, body, spec, attrs)
     module.add_function(entry_function(name, body, spec))
     return name, f"; {spec.describe()}\n" + module.text()
 
@@ -213,10 +211,8 @@ def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | No
         return None
     if needs_blas:
         share_pool(lib)  # its GEMMs' threads on the native pool, like MatMul's
-    symbol = lib.symbol(spec.dtype) if lib is not None else "geode_blas_unused"
     target = host()
-    bits = lib.int_bits if lib is not None else 64
-    name, ir = conv_ir(spec, symbol, bits, target.function_attrs)
+    name, ir = conv_ir(spec, target.function_attrs)
     obj, from_cache = object_code(name, ir, target, cache_dir)
     parallel = spec.method == "depthwise"
     loaded = jit.load_object(obj, [name])  # the runtime: geode_gemm, the pool

@@ -51,11 +51,9 @@ _MEMSET = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
 _MEMCPY = "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"
 
 
-def write_body(
-    module: ModuleWriter, name: str, spec: ConvSpec, symbol: str, int_bits: int, attrs: str
-) -> None:
+def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> None:
     """Add ``i32 @name(geometry)`` (see :data:`~.conv_spec.BODY_PARAMS`) computing
-    ``spec``'s conv by ``pointwise`` or ``im2col`` GEMMs through CBLAS ``symbol``;
+    ``spec``'s conv by ``pointwise`` or ``im2col`` GEMMs through ``geode_gemm``;
     ``attrs``: the target's function attributes."""
     ty, item = TYPES[spec.dtype]
     module.declare("geode_gemm", GEMM_DECL)  # the BLAS split over the pool (no barriers)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, Blas, gemm_call
+from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
 
 __all__ = ["EPILOGUE_STATUS", "NO_MEMORY", "DenseSpec", "InnerArg", "OuterArg", "dense_ir"]
 
@@ -425,7 +425,7 @@ def _fail(w: _Writer, v: dict[str, str], status: str) -> None:
     w.emit("  ret void")
 
 
-def _chunk(sp: DenseSpec, lib: Blas, item: int) -> list[str]:
+def _chunk(sp: DenseSpec, item: int) -> list[str]:
     """``void @D.chunk(ctx, c, n)``: panel ``c`` (matrix ``c / P``, rows from
     ``(c mod P) x mb``): GEMM, epilogue, second GEMM (see the module docstring)."""
     ty = _TYPES[sp.dtype][0]
@@ -492,15 +492,13 @@ def _chunk(sp: DenseSpec, lib: Blas, item: int) -> list[str]:
     _fail(w, v, w.tmp(f"zext i32 {w.tmp(f'add i32 {st}, {EPILOGUE_STATUS}')} to i64"))
     w.label("good")
     if sp.v_rank:
-        _second_gemm(w, sp, lib, v, ptr, off, item)
+        _second_gemm(w, sp, v, ptr, off, item)
     w.emit("  ret void")
     head = [f"define internal void @{sp.name}.chunk(ptr %ctx, i64 %c, i64 %n) {{", "entry:"]
     return head + w.lines + ["}"]
 
 
-def _second_gemm(
-    w: _Writer, sp: DenseSpec, lib: Blas, v: dict, ptr: dict, off: dict, item: int
-) -> None:
+def _second_gemm(w: _Writer, sp: DenseSpec, v: dict, ptr: dict, off: dict, item: int) -> None:
     """``O[r0:r0+rows] = P @ V_t`` (zeros when N is 0; nothing when D is 0)."""
     ty = _TYPES[sp.dtype][0]
     nd = w.tmp(f"mul i64 {v['N']}, {v['D']}")
@@ -527,7 +525,7 @@ def _second_gemm(
     w.label("out")
 
 
-def dense_ir(sp: DenseSpec, lib: Blas) -> str:
+def dense_ir(sp: DenseSpec) -> str:
     """The entry's module (see the module docstring)."""
     item = _TYPES[sp.dtype][2]
     head = [
@@ -537,5 +535,5 @@ def dense_ir(sp: DenseSpec, lib: Blas) -> str:
         "declare ptr @geode_scratch(i64, i64)",
         "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)",
     ]
-    body = _chunk(sp, lib, item) + _entry(sp, item)
+    body = _chunk(sp, item) + _entry(sp, item)
     return "\n".join(head + body) + "\n"

@@ -152,7 +152,7 @@ def _shape_text(rank: int, last: str) -> str:
     return "(" + ", ".join(dims) + ")"
 
 
-def matmul_ir(dtype: str, rank: int, lib: Blas) -> tuple[str, str]:
+def matmul_ir(dtype: str, rank: int) -> tuple[str, str]:
     """``(entry name, module IR)`` of ``Y = A @ B`` for ``A`` of rank ``rank``."""
     _, letter, item = _TYPES[dtype]
     name = f"geode_matmul_{letter}_r{rank}"
@@ -256,7 +256,7 @@ def matmul_kernel(dtype: str, rank: int):  # -> LLVMKernel | None
     if lib is None or dtype not in _TYPES or rank < 2:
         return None
     share_pool(lib)
-    name, ir = matmul_ir(dtype, rank, lib)
+    name, ir = matmul_ir(dtype, rank)
     target = host()
     obj = jit.compile_ir(ir, target)
     loaded = jit.load_object(obj, [name])
