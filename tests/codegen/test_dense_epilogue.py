@@ -432,3 +432,34 @@ def test_random_batched_epilogues_match_the_reference(batch, mkn, d, second):
     assert len(_dense_kernels(model)) == 1, model.explain()
     _close(got, want)
     del yb
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_float16_gemm_and_matmul_compute_natively_in_float32(trans_b):
+    """float16 storage: the MatMul runs natively in float32 between casts, as the reference
+    kernel computes it (float32, rounded back to float16)."""
+    wv = _rand(*((24, 16) if trans_b else (16, 24))).astype(np.float16)
+    node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=trans_b, alpha=0.5, beta=2.0)
+    graph = helper.make_graph(
+        [node, helper.make_node("MatMul", ["y", "w2"], ["z"])],
+        "g16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["M", 16])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT16, ["M", 8])],
+        [
+            numpy_helper.from_array(wv, "w"),
+            numpy_helper.from_array(_rand(24).astype(np.float16), "c"),
+            numpy_helper.from_array(_rand(24, 8).astype(np.float16), "w2"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = _rand(5, 16).astype(np.float16)
+    (want,) = ReferenceEvaluator(proto).run(None, {"x": x})
+    model = geode.compile(proto)
+    native = [k for k in model.kernels if k.kind in ("library", "dense")]
+    assert len(native) == 2, model.explain()
+    got = model.run({"x": x})["z"]
+    assert got.dtype == np.float16
+    ref = geode.compile(proto, codegen=False).run({"x": x})["z"]
+    scale = float(np.abs(want.astype(np.float32)).max())
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=4e-3 * scale)
+    np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), atol=4e-3 * scale)

@@ -12,8 +12,9 @@ What is decomposed and what is not:
   LogSum/LogSumExp/SumSquare) and BatchNormalization (inference) are decomposed:
   that is where fusion gains;
 * Gelu is decomposed into Erf/Tanh arithmetic, so the codegen needs no Gelu;
-* float32/float64 Gemm becomes MatMul (transposes of constant weights fold) and an
-  elementwise scale and bias, which fuse into the MatMul as its epilogue;
+* float Gemm becomes MatMul (transposes of constant weights fold) and an elementwise
+  scale and bias, which fuse into the MatMul as its epilogue; float16 Gemm and MatMul
+  compute in float32 (Cast in, Cast out), as their reference kernels do;
 * variadic Sum/Mean (and Max/Min with more than two inputs) become binary chains;
 * single-input elementwise activations (HardSwish, HardSigmoid, Softplus, Elu,
   Mish, ...) stay whole: each is already one Trivial op that fuses as it is, and
@@ -338,15 +339,16 @@ def _reduce_log_sum_exp(rw: Rewriter, node: Node) -> list[Value | None] | None:
 
 # -- dense ops -------------------------------------------------------------------------------
 def _gemm(rw: Rewriter, node: Node) -> list[Value | None] | None:
-    """float32/float64 Gemm as ``MatMul(A', B') * alpha + C * beta``, in its reference
-    kernel's order: the MatMul runs natively on the BLAS and the scaling and bias become
-    an elementwise epilogue that fuses into it; a transposed constant weight folds (the
-    weight is stored pre-transposed). Integer and float16 Gemm stay whole."""
-    if node.outputs[0].dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+    """float Gemm as ``MatMul(A', B') * alpha + C * beta``, in its reference kernel's order
+    (float16 in float32, rounded back): the MatMul runs natively on the BLAS and the
+    scaling and bias become an elementwise epilogue that fuses into it; a transposed
+    constant weight folds (the weight is stored pre-transposed). Integer Gemm stays whole."""
+    out = node.outputs[0].dtype
+    if out not in (_F16, np.dtype(np.float32), np.dtype(np.float64)):
         return None
-    if not has_ops("MatMul", "Transpose", "Mul", "Add"):
+    if not has_ops("MatMul", "Transpose", "Mul", "Add", "Cast"):
         return None
-    a, b, c = node.input(0), node.input(1), node.input(2)
+    a, b, c = (None if v is None else _up(rw, v) for v in (node.input(i) for i in range(3)))
     alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
     if int(node.attr("transA", 0)):
         a = rw.op("Transpose", a, perm=[1, 0])
@@ -357,7 +359,16 @@ def _gemm(rw: Rewriter, node: Node) -> list[Value | None] | None:
         y = rw.op("Mul", y, rw.scalar(alpha, like=y))
     if c is not None and beta != 0.0:
         y = rw.op("Add", y, c if beta == 1.0 else rw.op("Mul", c, rw.scalar(beta, like=c)))
-    return [y]
+    return [_cast(rw, y, out)]
+
+
+def _matmul_f16(rw: Rewriter, node: Node) -> list[Value | None] | None:
+    """float16 MatMul as its reference kernel computes it: in float32, rounded back; the
+    float32 MatMul runs natively and the casts fuse into its neighbours (its epilogue)."""
+    if node.outputs[0].dtype != _F16 or not has_ops("Cast"):
+        return None
+    a, b = (_up(rw, v) for v in node.inputs[:2])
+    return [_cast(rw, rw.op("MatMul", a, b), _F16)]
 
 
 # -- variadic ops -----------------------------------------------------------------------------
@@ -395,6 +406,7 @@ DECOMPOSITIONS: dict[str, Decomposition] = {
     "LpNormalization": _lp_norm,
     "Gelu": _gelu,
     "Gemm": _gemm,
+    "MatMul": _matmul_f16,
     "ReduceSumSquare": _reduce_sum_square,
     "ReduceL1": _reduce_l1,
     "ReduceL2": _reduce_l2,
