@@ -9,6 +9,7 @@ AI Core engine builds the step from the backend-neutral interface that
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,7 +207,7 @@ def library_interface(
     (a dim known only once a value is computed cannot size a native step's output)."""
     if not native_matmul(node, g, opts):
         return None
-    (a, b), y = node.inputs, node.outputs[0]
+    a, b = node.inputs
     dtype = str(np.dtype(a.dtype))
     from geode.codegen.backends.llvm.batched import batched_matmul_kernel
     from geode.codegen.backends.llvm.library import matmul_kernel
@@ -217,12 +218,42 @@ def library_interface(
         kernel = batched_matmul_kernel(dtype, len(a.shape), len(b.shape))
     if kernel is None:
         return None
+    return library_step(node, kernel, 2, "", opts)
+
+
+@dataclass
+class LibraryChoice:
+    """What became of one library node (Conv, pool, LSTM): its native step
+    (``interface`` and ``info``, or None to keep the reference kernel) and the
+    placement's ``reason``."""
+
+    interface: NativeKernel | None
+    info: KernelInfo | None
+    reason: str
+
+
+def library_fallback(node: Node, exc: GeodeError) -> LibraryChoice:
+    """The reference kernel for ``node``, whose native kernel failed to compile with
+    ``exc``: a result is never lost to a codegen bug, but the fall-back is loud (a
+    :class:`CodegenWarning` and a log line)."""
+    msg = f"{node.op_type} {node.name!r} falls back to AICPU: {exc}"
+    warnings.warn(msg, CodegenWarning, stacklevel=4)
+    log.warning(msg)
+    return LibraryChoice(None, None, f"library op: reference kernel ({node.op_type}: {exc})")
+
+
+def library_step(
+    node: Node, kernel: Any, n_inputs: int, trace: str, opts: Options
+) -> tuple[NativeKernel, KernelInfo]:
+    """The native step of a library node run by the LLVM ``kernel`` (its first
+    ``n_inputs`` arrays the node's inputs, then its outputs) and its kernel record
+    (``trace``: the spec's summary)."""
     interface = NativeKernel(
         name=node.name,
         fn=kernel,
-        n_inputs=2,
-        out_shapes=[compile_shape_fn(y.shape)],
-        out_dtypes=[y.dtype],
+        n_inputs=n_inputs,
+        out_shapes=[compile_shape_fn(o.shape) for o in node.outputs],
+        out_dtypes=[o.dtype for o in node.outputs],
         threads=int(opts.num_threads),
         launch_threads=True,
         call=kernel.call,
@@ -233,6 +264,8 @@ def library_interface(
         engine="aicore",
         source=kernel.source,
         kind="library",
+        trace=trace,
+        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
         _llvm=lambda: kernel.llvm,
         _asm=lambda: kernel.asm,
     )

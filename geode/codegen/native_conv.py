@@ -12,27 +12,22 @@ placement records why.
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from geode.codegen.backends.llvm.conv_spec import ConvSpec
-from geode.codegen.driver import CodegenWarning
+from geode.codegen.driver import LibraryChoice, library_fallback, library_step
 from geode.compiler.ir import Graph, Node
 from geode.compiler.ops.nn import window_attrs
-from geode.compiler.shapes import compile_shape_fn, free_symbols
+from geode.compiler.shapes import free_symbols
 from geode.config import Options
-from geode.debug import log
 from geode.errors import CodegenError, GeodeError
-from geode.runtime.engines import NativeKernel
-from geode.runtime.model import KernelInfo
 
 if TYPE_CHECKING:
-    from geode.codegen.backends.llvm.kernel import LLVMKernel
+    pass
 
-__all__ = ["ConvChoice", "conv_interface", "conv_spec", "fall_back", "native_step"]
+__all__ = ["conv_interface", "conv_spec"]
 
 #: what each method is called in the placement's reasons
 _METHODS = {
@@ -40,57 +35,6 @@ _METHODS = {
     "pointwise": "1x1 BLAS GEMM",
     "depthwise": "direct depthwise kernel",
 }
-
-
-@dataclass
-class ConvChoice:
-    """What became of one Conv: its native step (``interface`` and ``info``, or None to
-    keep the reference kernel) and the placement's ``reason``."""
-
-    interface: NativeKernel | None
-    info: KernelInfo | None
-    reason: str
-
-
-def fall_back(node: Node, exc: CodegenError) -> ConvChoice:
-    """The reference kernel for ``node``, whose native kernel failed to compile with
-    ``exc``: a result is never lost to a codegen bug, but the fall-back is loud (a
-    :class:`~geode.codegen.driver.CodegenWarning` and a log line)."""
-    msg = f"{node.op_type} {node.name!r} falls back to AICPU: {exc}"
-    warnings.warn(msg, CodegenWarning, stacklevel=4)
-    log.warning(msg)
-    return ConvChoice(None, None, f"library op: reference kernel ({node.op_type}: {exc})")
-
-
-def native_step(
-    node: Node, kernel: LLVMKernel, n_inputs: int, trace: str, opts: Options
-) -> tuple[NativeKernel, KernelInfo]:
-    """The native step of a single-output library node run by ``kernel`` (its first
-    ``n_inputs`` arrays the node's inputs, then the output) and its kernel record
-    (``trace``: the spec's summary)."""
-    y = node.outputs[0]
-    interface = NativeKernel(
-        name=node.name,
-        fn=kernel,
-        n_inputs=n_inputs,
-        out_shapes=[compile_shape_fn(y.shape)],
-        out_dtypes=[y.dtype],
-        threads=int(opts.num_threads),
-        launch_threads=True,
-        call=kernel.call,
-    )
-    info = KernelInfo(
-        name=node.name,
-        ops=[node],
-        engine="aicore",
-        source=kernel.source,
-        kind="library",
-        trace=trace,
-        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
-        _llvm=lambda: kernel.llvm,
-        _asm=lambda: kernel.asm,
-    )
-    return interface, info
 
 
 def conv_spec(node: Node, g: Graph) -> ConvSpec | str:
@@ -144,8 +88,8 @@ def conv_spec(node: Node, g: Graph) -> ConvSpec | str:
         return str(exc)
 
 
-def conv_interface(node: Node, g: Graph, opts: Options) -> ConvChoice | None:
-    """The native step of a Conv node (see the module docstring): a :class:`ConvChoice`,
+def conv_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
+    """The native step of a Conv node (see the module docstring): a :class:`LibraryChoice`,
     or None for a node that is not a Conv or when native code is off (LLVM backend and
     codegen both needed)."""
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
@@ -154,14 +98,14 @@ def conv_interface(node: Node, g: Graph, opts: Options) -> ConvChoice | None:
         return None
     spec = conv_spec(node, g)
     if isinstance(spec, str):
-        return ConvChoice(None, None, f"library op: reference kernel (Conv: {spec})")
+        return LibraryChoice(None, None, f"library op: reference kernel (Conv: {spec})")
     from geode.codegen.backends.llvm.conv import conv_kernel
 
     try:
         kernel = conv_kernel(spec, opts.cache_dir)
     except CodegenError as exc:
-        return fall_back(node, exc)
+        return library_fallback(node, exc)
     if kernel is None:
-        return ConvChoice(None, None, "library op: reference kernel (Conv: no BLAS found)")
-    interface, info = native_step(node, kernel, len(spec.arrays) - 1, spec.describe(), opts)
-    return ConvChoice(interface, info, f"library op: Conv, {_METHODS[spec.method]}, native")
+        return LibraryChoice(None, None, "library op: reference kernel (Conv: no BLAS found)")
+    interface, info = library_step(node, kernel, len(spec.arrays) - 1, spec.describe(), opts)
+    return LibraryChoice(interface, info, f"library op: Conv, {_METHODS[spec.method]}, native")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from geode.codegen.backends.llvm.pool_spec import PoolSpec
-from geode.codegen.native_conv import ConvChoice, fall_back, native_step
+from geode.codegen.driver import LibraryChoice, library_fallback, library_step
 from geode.compiler.ir import Graph, Node
 from geode.compiler.ops.nn import window_attrs
 from geode.compiler.shapes import free_symbols
@@ -77,9 +77,9 @@ def pool_spec(node: Node, g: Graph) -> PoolSpec | str:
         return f"window attributes: {exc}"
 
 
-def pool_interface(node: Node, g: Graph, opts: Options) -> ConvChoice | None:
+def pool_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     """The native step of a pooling node (see the module docstring): a
-    :class:`~geode.codegen.native_conv.ConvChoice`, or None for a node that is not one of
+    :class:`~geode.codegen.driver.LibraryChoice`, or None for a node that is not one of
     :data:`POOL_OPS` or when native code is off (LLVM backend and codegen both needed)."""
     if node.op_type not in POOL_OPS or node.domain not in ("", "ai.onnx"):
         return None
@@ -88,13 +88,13 @@ def pool_interface(node: Node, g: Graph, opts: Options) -> ConvChoice | None:
     what = node.op_type
     spec = pool_spec(node, g)
     if isinstance(spec, str):
-        return ConvChoice(None, None, f"library op: reference kernel ({what}: {spec})")
+        return LibraryChoice(None, None, f"library op: reference kernel ({what}: {spec})")
     from geode.codegen.backends.llvm.pool import pool_kernel
 
     try:
         kernel = pool_kernel(spec, opts.cache_dir)
     except CodegenError as exc:
-        return fall_back(node, exc)
-    interface, info = native_step(node, kernel, 1, spec.describe(), opts)
+        return library_fallback(node, exc)
+    interface, info = library_step(node, kernel, 1, spec.describe(), opts)
     how = "whole-plane reduction" if spec.is_global else "direct window kernel"
-    return ConvChoice(interface, info, f"library op: {what}, {how}, native")
+    return LibraryChoice(interface, info, f"library op: {what}, {how}, native")

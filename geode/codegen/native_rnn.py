@@ -14,34 +14,18 @@ direction and both layouts are native. Otherwise the node keeps the reference ke
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
-
 import numpy as np
 
 from geode.codegen.backends.llvm.lstm import LstmSpec
-from geode.codegen.driver import CodegenWarning
+from geode.codegen.driver import LibraryChoice, library_fallback, library_step
 from geode.compiler.ir import Graph, Node
-from geode.compiler.shapes import compile_shape_fn, free_symbols
+from geode.compiler.shapes import free_symbols
 from geode.config import Options
-from geode.debug import log
 from geode.errors import CodegenError
-from geode.runtime.engines import NativeKernel
-from geode.runtime.model import KernelInfo
 
-__all__ = ["RnnChoice", "lstm_spec", "rnn_interface"]
+__all__ = ["lstm_spec", "rnn_interface"]
 
 _DEFAULT_ACTS = ("sigmoid", "tanh", "tanh")
-
-
-@dataclass
-class RnnChoice:
-    """What became of one LSTM: its native step (``interface`` and ``info``, or None to
-    keep the reference kernel) and the placement's ``reason``."""
-
-    interface: NativeKernel | None
-    info: KernelInfo | None
-    reason: str
 
 
 def _text(v: object) -> str:
@@ -113,9 +97,9 @@ def lstm_spec(node: Node, g: Graph) -> LstmSpec | str:
         return str(exc)
 
 
-def rnn_interface(node: Node, g: Graph, opts: Options) -> RnnChoice | None:
+def rnn_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     """The native step of an LSTM node (see the module docstring): an
-    :class:`RnnChoice`, or None for a node that is not an LSTM or when native code is off
+    :class:`LibraryChoice`, or None for a node that is not an LSTM or when native code is off
     (LLVM backend and codegen both needed)."""
     if node.op_type != "LSTM" or node.domain not in ("", "ai.onnx"):
         return None
@@ -123,36 +107,12 @@ def rnn_interface(node: Node, g: Graph, opts: Options) -> RnnChoice | None:
         return None
     spec = lstm_spec(node, g)
     if isinstance(spec, str):
-        return RnnChoice(None, None, f"library op: reference kernel (LSTM: {spec})")
+        return LibraryChoice(None, None, f"library op: reference kernel (LSTM: {spec})")
     from geode.codegen.backends.llvm.lstm import lstm_kernel
 
     try:
         kernel = lstm_kernel(spec, opts.cache_dir)
-    except CodegenError as exc:  # never lose a result to a codegen bug: fall back, loudly
-        msg = f"LSTM {node.name!r} falls back to AICPU: {exc}"
-        warnings.warn(msg, CodegenWarning, stacklevel=3)
-        log.warning(msg)
-        return RnnChoice(None, None, f"library op: reference kernel (LSTM: {exc})")
-    interface = NativeKernel(
-        name=node.name,
-        fn=kernel,
-        n_inputs=spec.n_inputs,
-        out_shapes=[compile_shape_fn(o.shape) for o in node.outputs],
-        out_dtypes=[o.dtype for o in node.outputs],
-        threads=int(opts.num_threads),
-        launch_threads=True,
-        call=kernel.call,
-    )
-    info = KernelInfo(
-        name=node.name,
-        ops=[node],
-        engine="aicore",
-        source=kernel.source,
-        kind="library",
-        trace=spec.describe(),
-        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
-        _llvm=lambda: kernel.llvm,
-        _asm=lambda: kernel.asm,
-    )
-    reason = "library op: LSTM, native products and gate loop"
-    return RnnChoice(interface, info, reason)
+    except CodegenError as exc:
+        return library_fallback(node, exc)
+    interface, info = library_step(node, kernel, spec.n_inputs, spec.describe(), opts)
+    return LibraryChoice(interface, info, "library op: LSTM, native products and gate loop")

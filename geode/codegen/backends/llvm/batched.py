@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 
 from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
+from geode.codegen.backends.llvm.ssa import SsaWriter
 
 __all__ = ["SMALL_GEMM", "batched_matmul_ir", "batched_matmul_kernel"]
 
@@ -31,33 +32,15 @@ SMALL_GEMM = 4 * 65536
 _FIXED = 7
 
 
-class _Lines:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.n = 0
-
-    def tmp(self, text: str) -> str:
-        self.n += 1
-        self.lines.append(f"  %t{self.n} = {text}")
-        return f"%t{self.n}"
-
-    def emit(self, text: str) -> None:
-        self.lines.append(text)
-
-    def load(self, base: str, i: int, ty: str = "i64") -> str:
-        p = self.tmp(f"getelementptr inbounds {ty}, ptr {base}, i64 {i}")
-        return self.tmp(f"load {ty}, ptr {p}")
-
-
 def _chunk_fn(name: str, dtype: str, nb: int) -> list[str]:
     """``void @name.chunk(ctx, t, n)``: matrix ``t`` of ``Y``."""
     ty = _TYPES[dtype][0]
-    w = _Lines()
-    a, b, y, m, n, k, threads = (w.load("%ctx", i) for i in range(_FIXED))
+    w = SsaWriter()
+    a, b, y, m, n, k, threads = (w.word("%ctx", i) for i in range(_FIXED))
     rest, a_off, b_off = "%c", "0", "0"
     a_stride, b_stride = "1", "1"
     for i in reversed(range(nb)):
-        yd, ad, bd = (w.load("%ctx", _FIXED + 3 * i + j) for j in range(3))
+        yd, ad, bd = (w.word("%ctx", _FIXED + 3 * i + j) for j in range(3))
         q = w.tmp(f"udiv i64 {rest}, {yd}")
         qy = w.tmp(f"mul i64 {q}, {yd}")
         idx = w.tmp(f"sub i64 {rest}, {qy}")
@@ -88,38 +71,23 @@ def _chunk_fn(name: str, dtype: str, nb: int) -> list[str]:
     return head + w.lines + ["  ret void", "}"]
 
 
-def _all(w: _Lines, conds: list[str]) -> str:
-    ok = "true"
-    for c in conds:
-        ok = c if ok == "true" else w.tmp(f"and i1 {ok}, {c}")
-    return ok
-
-
-def _check(w: _Lines, cond: str, status: int) -> None:
-    w.n += 1
-    w.emit(f"  br i1 {cond}, label %ok{w.n}, label %bad{w.n}")
-    w.emit(f"bad{w.n}:")
-    w.emit(f"  ret i32 {status}")
-    w.emit(f"ok{w.n}:")
-
-
-def _records(w: _Lines, ra: int, rb: int, ry: int, item: int) -> tuple[list, list, list]:
+def _records(w: SsaWriter, ra: int, rb: int, ry: int, item: int) -> tuple[list, list, list]:
     """Load and check the three records; returns A's, B's and Y's dims."""
     pos, out = 0, []
     for status, rank in ((1, ra), (2, rb), (3, ry)):
-        nd = w.load("%recs", pos)  # checked before reading on: another rank shifts the rest
-        _check(w, w.tmp(f"icmp eq i64 {nd}, {rank}"), status)
-        its = w.load("%recs", pos + 1)
-        dims = [w.load("%recs", pos + 2 + i) for i in range(rank)]
+        nd = w.word("%recs", pos)  # checked before reading on: another rank shifts the rest
+        w.check(w.tmp(f"icmp eq i64 {nd}, {rank}"), status)
+        its = w.word("%recs", pos + 1)
+        dims = [w.word("%recs", pos + 2 + i) for i in range(rank)]
         pos += 2 + rank
         out.append((status, nd, its, rank, dims))
     for status, nd, its, rank, _ in out:
         ok = [w.tmp(f"icmp eq i64 {nd}, {rank}"), w.tmp(f"icmp eq i64 {its}, {item}")]
-        _check(w, _all(w, ok), status)
+        w.check(w.all_of(ok), status)
     return out[0][4], out[1][4], out[2][4]
 
 
-def _batch_dims(w: _Lines, ad: list, bd: list, yd: list) -> list[tuple[str, str, str]]:
+def _batch_dims(w: SsaWriter, ad: list, bd: list, yd: list) -> list[tuple[str, str, str]]:
     """Check ``Y``'s batch dims against ``A``'s and ``B``'s (right-aligned, 1 broadcasts);
     returns ``(Y's, A's, B's)`` per batch dim (``"1"`` where an operand has none)."""
     nb = len(yd) - 2
@@ -140,7 +108,7 @@ def _batch_dims(w: _Lines, ad: list, bd: list, yd: list) -> list[tuple[str, str,
         big = w.tmp(f"select i1 {w.tmp(f'icmp eq i64 {big_a}, 1')}, i64 {b}, i64 {big_a}")
         conds.append((w.tmp(f"icmp eq i64 {big}, {y}"), 3))
         for cond, status in conds:
-            _check(w, cond, status)
+            w.check(cond, status)
         dims.append((y, a, b))
     return dims
 
@@ -150,17 +118,15 @@ def batched_matmul_ir(dtype: str, ra: int, rb: int) -> tuple[str, str]:
     _, letter, item = _TYPES[dtype]
     ry = max(ra, rb)
     name = f"geode_bmm_{letter}_a{ra}_b{rb}"
-    w = _Lines()
+    w = SsaWriter()
     ad, bd, yd = _records(w, ra, rb, ry, item)
     m, k, n = ad[-2], ad[-1], bd[-1]
-    _check(w, w.tmp(f"icmp eq i64 {bd[-2]}, {k}"), 2)
-    _check(
-        w, _all(w, [w.tmp(f"icmp eq i64 {yd[-2]}, {m}"), w.tmp(f"icmp eq i64 {yd[-1]}, {n}")]), 3
-    )
+    w.check(w.tmp(f"icmp eq i64 {bd[-2]}, {k}"), 2)
+    w.check(w.all_of([w.eq(yd[-2], m), w.eq(yd[-1], n)]), 3)
     dims = _batch_dims(w, ad, bd, yd)
-    ptrs = [w.load("%ptrs", i, "ptr") for i in range(3)]
+    ptrs = [w.word("%ptrs", i, "ptr") for i in range(3)]
     ctx = w.tmp(f"alloca [{_FIXED + 3 * len(dims)} x i64]")
-    threads = w.load("%ints", 0)  # inside a pool job (the small matrices), geode_gemm is serial
+    threads = w.word("%ints", 0)  # inside a pool job (the small matrices), geode_gemm is serial
     words = [w.tmp(f"ptrtoint ptr {p} to i64") for p in ptrs] + [m, n, k, threads]
     words += [d for triple in dims for d in triple]
     for i, word in enumerate(words):

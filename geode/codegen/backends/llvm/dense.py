@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
+from geode.codegen.backends.llvm.ssa import SsaWriter
 
 __all__ = ["EPILOGUE_STATUS", "NO_MEMORY", "DenseSpec", "InnerArg", "OuterArg", "dense_ir"]
 
@@ -112,60 +113,7 @@ class DenseSpec:
         return 3 if self.v_rank else 2
 
 
-class _Writer:
-    """Numbered SSA temporaries and the lines of one function."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.n = 0
-
-    def tmp(self, text: str) -> str:
-        self.n += 1
-        self.lines.append(f"  %t{self.n} = {text}")
-        return f"%t{self.n}"
-
-    def emit(self, text: str) -> None:
-        self.lines.append(text)
-
-    def word(self, base: str, i: int | str, ty: str = "i64") -> str:
-        p = self.tmp(f"getelementptr inbounds {ty}, ptr {base}, i64 {i}")
-        return self.tmp(f"load {ty}, ptr {p}")
-
-    def put(self, base: str, i: int | str, value: str, ty: str = "i64") -> None:
-        p = self.tmp(f"getelementptr inbounds {ty}, ptr {base}, i64 {i}")
-        self.emit(f"  store {ty} {value}, ptr {p}")
-
-    def product(self, values: list[str]) -> str:
-        acc = "1"
-        for v in values:
-            acc = v if acc == "1" else self.tmp(f"mul i64 {acc}, {v}")
-        return acc
-
-    def all_of(self, conds: list[str]) -> str:
-        ok = "true"
-        for c in conds:
-            ok = c if ok == "true" else self.tmp(f"and i1 {ok}, {c}")
-        return ok
-
-    def op(self, opcode: str, a: str, b: str | int, ty: str = "i64") -> str:
-        """``opcode ty a, b`` (``mul``, ``add``, ``icmp ult`` ...) as a new temporary."""
-        return self.tmp(f"{opcode} {ty} {a}, {b}")
-
-    def eq(self, a: str, b: str | int) -> str:
-        return self.tmp(f"icmp eq i64 {a}, {b}")
-
-    def check(self, cond: str, status: int) -> None:
-        self.n += 1
-        self.emit(f"  br i1 {cond}, label %ok{self.n}, label %bad{self.n}")
-        self.emit(f"bad{self.n}:")
-        self.emit(f"  ret i32 {status}")
-        self.emit(f"ok{self.n}:")
-
-    def label(self, name: str) -> None:
-        self.emit(f"{name}:")
-
-
-def _records(w: _Writer, ranks: list[int]) -> list[tuple[str, str, list[str]]]:
+def _records(w: SsaWriter, ranks: list[int]) -> list[tuple[str, str, list[str]]]:
     """Load every record: ``(ndim, itemsize, dims)`` per array. Each array's ndim is checked
     (status: its index + 1) before anything after it is read: a record of another rank
     would shift the later ones, and reading on could run past the records."""
@@ -191,7 +139,7 @@ def _aligned(dims: list[str], nb: int) -> list[str]:
     return ["1"] * (nb - len(batch)) + batch
 
 
-def _broadcast_ok(w: _Writer, dims: list[str], yb: list[str]) -> list[str]:
+def _broadcast_ok(w: SsaWriter, dims: list[str], yb: list[str]) -> list[str]:
     """Each batch dim equals ``Y``'s or is 1."""
     out = []
     for d, y in zip(dims, yb):
@@ -200,7 +148,7 @@ def _broadcast_ok(w: _Writer, dims: list[str], yb: list[str]) -> list[str]:
     return out
 
 
-def _shape(w: _Writer, sp: DenseSpec, recs: list, item: int) -> dict:
+def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     """Check A, B (and V) and derive ``M, K, N, T``, ``D`` and ``Y``'s batch dims."""
     (a_nd, a_it, ad), (b_nd, b_it, bd) = recs[0], recs[1]
     nb = sp.batch
@@ -227,7 +175,7 @@ def _shape(w: _Writer, sp: DenseSpec, recs: list, item: int) -> dict:
     return s
 
 
-def _check_ext(w: _Writer, sp: DenseSpec, recs: list, s: dict) -> list[list[str]]:
+def _check_ext(w: SsaWriter, sp: DenseSpec, recs: list, s: dict) -> list[list[str]]:
     """Check every epilogue argument (and O) against its role; returns each brow
     argument's batch dims."""
     mn = w.tmp(f"mul i64 {s['M']}, {s['N']}")
@@ -264,7 +212,7 @@ def _check_ext(w: _Writer, sp: DenseSpec, recs: list, s: dict) -> list[list[str]
     return brows
 
 
-def _panel_rows(w: _Writer, sp: DenseSpec, s: dict, item: int) -> str:
+def _panel_rows(w: SsaWriter, sp: DenseSpec, s: dict, item: int) -> str:
     """Rows per panel, in ``[1, max(M, 1)]``: ``panel_bytes / (N * item)`` rows (at least
     ``min_rows``), a panel the caches hold, when the weights are small enough to re-pack
     for every panel (``(K + D) x N x item <= panel_bytes``); else all rows in one panel
@@ -284,7 +232,7 @@ def _panel_rows(w: _Writer, sp: DenseSpec, s: dict, item: int) -> str:
 
 def _entry(sp: DenseSpec, item: int) -> list[str]:
     """The entry: checks, the ctx, and the panels' launch."""
-    w = _Writer()
+    w = SsaWriter()
     recs = _records(w, _ranks(sp))
     s = _shape(w, sp, recs, item)
     brows = _check_ext(w, sp, recs, s)
@@ -338,14 +286,16 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     return head + w.lines + ["}"]
 
 
-def _gemm(w: _Writer, dtype: str, mnk: list[str], ops: list[tuple[str, str]], threads: str) -> None:
+def _gemm(
+    w: SsaWriter, dtype: str, mnk: list[str], ops: list[tuple[str, str]], threads: str
+) -> None:
     """``C = A @ B`` (row-major): ``mnk`` the sizes, ``ops`` ``(pointer, leading dim)`` of
     A, B, C; through ``geode_gemm`` (inside a pool job, one serial BLAS call)."""
     m, n, k = mnk
     w.emit(gemm_call(dtype, m, n, k, ops, threads))
 
 
-def _offsets(w: _Writer, sp: DenseSpec, t: str, n_brow: int) -> dict[str, str]:
+def _offsets(w: SsaWriter, sp: DenseSpec, t: str, n_brow: int) -> dict[str, str]:
     """Matrix offsets of batch ``t`` in A, B, V and each brow argument (broadcast dims
     index 0)."""
     nb, n_ext = sp.batch, len(sp.outer)
@@ -370,7 +320,7 @@ def _offsets(w: _Writer, sp: DenseSpec, t: str, n_brow: int) -> dict[str, str]:
     return off
 
 
-def _inner_dims(w: _Writer, arg: InnerArg, rows: str, n: str) -> list[str]:
+def _inner_dims(w: SsaWriter, arg: InnerArg, rows: str, n: str) -> list[str]:
     """The epilogue argument's record dims for a panel: its 2-D shape by role, with the
     dims its view merges multiplied."""
     two = {"col": [rows, "1"], "row": [n], "brow": [n], "scalar": []}.get(arg.role, [rows, n])
@@ -386,7 +336,7 @@ def _inner_rank(arg: InnerArg) -> int:
     return {"row": 1, "brow": 1, "scalar": 0}.get(arg.role, 2)
 
 
-def _epilogue_args(w: _Writer, sp: DenseSpec, v: dict[str, str], off: dict[str, str]) -> None:
+def _epilogue_args(w: SsaWriter, sp: DenseSpec, v: dict[str, str], off: dict[str, str]) -> None:
     """Fill the epilogue's pointers, records and dims for this panel."""
     pos, brow = 0, 0
     n_ext = len(sp.outer)
@@ -420,7 +370,7 @@ def _epilogue_args(w: _Writer, sp: DenseSpec, v: dict[str, str], off: dict[str, 
     del n_ext
 
 
-def _fail(w: _Writer, v: dict[str, str], status: str) -> None:
+def _fail(w: SsaWriter, v: dict[str, str], status: str) -> None:
     w.put("%ctx", _STATUS, status)
     w.emit("  ret void")
 
@@ -429,7 +379,7 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     """``void @D.chunk(ctx, c, n)``: panel ``c`` (matrix ``c / P``, rows from
     ``(c mod P) x mb``): GEMM, epilogue, second GEMM (see the module docstring)."""
     ty = _TYPES[sp.dtype][0]
-    w = _Writer()
+    w = SsaWriter()
     n_rec = sum(2 + _inner_rank(a) for a in sp.inner)
     v = {
         "iptrs": w.tmp(f"alloca [{max(len(sp.inner), 1)} x ptr]"),
@@ -498,7 +448,7 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     return head + w.lines + ["}"]
 
 
-def _second_gemm(w: _Writer, sp: DenseSpec, v: dict, ptr: dict, off: dict, item: int) -> None:
+def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, item: int) -> None:
     """``O[r0:r0+rows] = P @ V_t`` (zeros when N is 0; nothing when D is 0)."""
     ty = _TYPES[sp.dtype][0]
     nd = w.tmp(f"mul i64 {v['N']}, {v['D']}")
