@@ -259,12 +259,7 @@ def dense_kernel(
     )
     ir = dense_ir(spec)
     target = host()
-    key = objcache.cache_key(ir, target.fingerprint())
-    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
-    if obj is None:
-        obj = jit.compile_ir(ir, target)
-        if cache_dir is not None:
-            objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
     imports = {epilogue.entry: epilogue.address}
     loaded = jit.load_object(obj, [name], imports=imports)
     n_ext_in = sum(
@@ -282,5 +277,6 @@ def dense_kernel(
             ArgSpec(v.name, role, str(v.dtype), len(v.shape), str(list(v.shape))) for v in group
         ]
     emitted = Emitted(ir, name, tuple(specs), (), False, ())
-    entry = LLVMKernel(name, emitted, loaded, target, time.perf_counter() - t0, False, False)
+    seconds = time.perf_counter() - t0
+    entry = LLVMKernel(name, emitted, loaded, target, seconds, from_cache, False)
     return DenseKernel(pg.dense.name, entry, epilogue, ir), ins, outs

@@ -213,9 +213,9 @@ def library_interface(
     from geode.codegen.backends.llvm.library import matmul_kernel
 
     if len(b.shape) == 2:
-        kernel = matmul_kernel(dtype, len(a.shape))
+        kernel = matmul_kernel(dtype, len(a.shape), opts.cache_dir)
     else:
-        kernel = batched_matmul_kernel(dtype, len(a.shape), len(b.shape))
+        kernel = batched_matmul_kernel(dtype, len(a.shape), len(b.shape), opts.cache_dir)
     if kernel is None:
         return None
     return library_step(node, kernel, 2, "", opts)

@@ -17,6 +17,7 @@ after another, each GEMM threaded by the BLAS itself (on the same pool, see
 from __future__ import annotations
 
 import functools
+import time
 
 from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
 from geode.codegen.backends.llvm.ssa import SsaWriter
@@ -175,10 +176,13 @@ def batched_matmul_ir(dtype: str, ra: int, rb: int) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=32)
-def batched_matmul_kernel(dtype: str, ra: int, rb: int):  # -> LLVMKernel | None
+def batched_matmul_kernel(
+    dtype: str, ra: int, rb: int, cache_dir: str | None = None
+):  # -> LLVMKernel | None
     """The native batched MatMul for ``A`` of rank ``ra`` and ``B`` of rank ``rb`` (both
-    >= 2, one > 2) of ``dtype`` (float32/float64), or None when no BLAS is found."""
-    from geode.codegen.backends.llvm import jit
+    >= 2, one > 2) of ``dtype`` (float32/float64), or None when no BLAS is found (object
+    code through the disk cache in ``cache_dir`` when given)."""
+    from geode.codegen.backends.llvm import jit, objcache
     from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
     from geode.codegen.backends.llvm.kernel import LLVMKernel
     from geode.codegen.backends.llvm.library import blas, share_pool
@@ -190,7 +194,8 @@ def batched_matmul_kernel(dtype: str, ra: int, rb: int):  # -> LLVMKernel | None
     share_pool(lib)
     name, ir = batched_matmul_ir(dtype, ra, rb)
     target = host()
-    obj = jit.compile_ir(ir, target)
+    t0 = time.perf_counter()
+    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
     loaded = jit.load_object(obj, [name])
     ry = max(ra, rb)
     args = (
@@ -199,4 +204,7 @@ def batched_matmul_kernel(dtype: str, ra: int, rb: int):  # -> LLVMKernel | None
         ArgSpec("Y", "output", dtype, ry, f"(broadcast batch..., M, N) of rank {ry}"),
     )
     emitted = Emitted(ir, name, args, (), True, ())
-    return LLVMKernel(f"matmul_{dtype}_a{ra}_b{rb}", emitted, loaded, target, 0.0, False, False)
+    seconds = time.perf_counter() - t0
+    return LLVMKernel(
+        f"matmul_{dtype}_a{ra}_b{rb}", emitted, loaded, target, seconds, from_cache, False
+    )

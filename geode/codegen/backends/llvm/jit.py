@@ -129,10 +129,16 @@ def runtime_symbols() -> dict[str, int]:
 @dataclass(eq=False)
 class Loaded:
     """Machine code linked into the process: ``addresses`` of its exported symbols.
-    The code stays mapped while this object is alive."""
+    The code stays mapped while this object is alive. ``obj`` is the object code it was
+    linked from, ``runtime`` whether it was linked against the native runtime and
+    ``imports`` the other symbols it was given (by name): what a model file keeps to
+    link the same code again in another process."""
 
     tracker: Any
     addresses: dict[str, int]
+    obj: bytes = b""
+    runtime: bool = True
+    imports: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> int:
         return self.addresses[name]
@@ -160,4 +166,4 @@ def load_object(
     missing = [n for n, a in addresses.items() if not a]
     if missing:
         raise CodegenError(f"compiled code lacks symbols {missing}")
-    return Loaded(tracker, addresses)
+    return Loaded(tracker, addresses, obj, runtime, tuple(imports or ()))

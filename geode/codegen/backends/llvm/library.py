@@ -19,6 +19,7 @@ import ctypes
 import functools
 import glob
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,10 +246,11 @@ def matmul_ir(dtype: str, rank: int) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=16)
-def matmul_kernel(dtype: str, rank: int):  # -> LLVMKernel | None
+def matmul_kernel(dtype: str, rank: int, cache_dir: str | None = None):  # -> LLVMKernel | None
     """The native ``Y = A @ B`` kernel for ``A`` of rank ``rank`` (>= 2) and a matrix
-    ``B`` of ``dtype`` (float32/float64), or None when no BLAS is found."""
-    from geode.codegen.backends.llvm import jit
+    ``B`` of ``dtype`` (float32/float64), or None when no BLAS is found (object code
+    through the disk cache in ``cache_dir`` when given)."""
+    from geode.codegen.backends.llvm import jit, objcache
     from geode.codegen.backends.llvm.kernel import LLVMKernel
     from geode.codegen.backends.llvm.target import host
 
@@ -258,7 +260,8 @@ def matmul_kernel(dtype: str, rank: int):  # -> LLVMKernel | None
     share_pool(lib)
     name, ir = matmul_ir(dtype, rank)
     target = host()
-    obj = jit.compile_ir(ir, target)
+    t0 = time.perf_counter()
+    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
     loaded = jit.load_object(obj, [name])
     args = (
         ArgSpec("A", "input", dtype, rank, _shape_text(rank, "K")),
@@ -266,4 +269,7 @@ def matmul_kernel(dtype: str, rank: int):  # -> LLVMKernel | None
         ArgSpec("Y", "output", dtype, rank, _shape_text(rank, "N")),
     )
     emitted = Emitted(ir, name, args, (), False, ())
-    return LLVMKernel(f"matmul_{dtype}_r{rank}", emitted, loaded, target, 0.0, False, False)
+    seconds = time.perf_counter() - t0
+    return LLVMKernel(
+        f"matmul_{dtype}_r{rank}", emitted, loaded, target, seconds, from_cache, False
+    )

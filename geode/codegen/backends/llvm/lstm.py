@@ -497,13 +497,7 @@ def lstm_kernel(spec: LstmSpec, cache_dir: str | None = None) -> LstmKernel:
     t0 = time.perf_counter()
     target = host()
     name, ir = lstm_ir(spec, target.function_attrs)
-    key = objcache.cache_key(ir, target.fingerprint())
-    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
-    from_cache = obj is not None
-    if obj is None:
-        obj = jit.compile_ir(ir, target)
-        if cache_dir is not None:
-            objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
     loaded = jit.load_object(obj, [name], runtime=False)
     emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
     seconds = time.perf_counter() - t0

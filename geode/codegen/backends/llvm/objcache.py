@@ -30,10 +30,11 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from geode.codegen.cache import KERNEL_AREA, atomic_write
 
-__all__ = ["CODEGEN_VERSION", "cache_key", "load", "store"]
+__all__ = ["CODEGEN_VERSION", "cache_key", "load", "object_code", "store"]
 
 #: bump when generated code's conventions change in a way the IR text does not show
 CODEGEN_VERSION = "llvm-1"
@@ -175,3 +176,21 @@ def store(
         log.warning("kernel cache %s: entry not written: %s", cache_dir, exc)
         return False
     return True
+
+
+def object_code(
+    name: str, ir: str, target: Any, cache_dir: str | os.PathLike[str] | None
+) -> tuple[bytes, bool]:
+    """``(object code, from the cache)`` of module ``ir`` (entry symbol ``name``) for
+    ``target``: read from the disk cache in ``cache_dir`` when it holds the entry, else
+    compiled now (and stored there). ``cache_dir=None`` compiles in memory."""
+    from geode.codegen.backends.llvm import jit
+
+    key = cache_key(ir, target.fingerprint())
+    obj = None if cache_dir is None else load(cache_dir, key, name)
+    if obj is not None:
+        return obj, True
+    obj = jit.compile_ir(ir, target)
+    if cache_dir is not None:
+        store(cache_dir, key, name, obj, target.fingerprint())
+    return obj, False

@@ -28,8 +28,8 @@ import functools
 import hashlib
 import time
 
-from geode.codegen.backends.llvm import jit, pool_body
-from geode.codegen.backends.llvm.conv import object_code, out_size
+from geode.codegen.backends.llvm import jit, objcache, pool_body
+from geode.codegen.backends.llvm.conv import out_size
 from geode.codegen.backends.llvm.conv_spec import TYPES
 from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
@@ -156,7 +156,7 @@ def pool_kernel(spec: PoolSpec, cache_dir: str | None = None) -> PoolKernel:
     t0 = time.perf_counter()
     target = host()
     name, ir = pool_ir(spec, target.function_attrs)
-    obj, from_cache = object_code(name, ir, target, cache_dir)
+    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
     loaded = jit.load_object(obj, [name], runtime=True, imports={})
     emitted = Emitted(ir, name, _arg_specs(spec), (), True, ())
     seconds = time.perf_counter() - t0
