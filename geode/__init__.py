@@ -30,7 +30,7 @@ __all__ = [
     "ops",
     "set_options",
 ]
-__version__ = "0.1.0"
+from geode.version import __version__ as __version__  # noqa: E402
 
 
 def __getattr__(name: str) -> object:

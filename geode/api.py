@@ -35,7 +35,22 @@ def to_graph(model: Any) -> Graph:
     )
 
 
-def load(path: str | os.PathLike | Any, **options: Any) -> CompiledModel:
-    """Load and compile an ONNX model file (a ``ModelProto`` or ``geode.Graph`` is compiled
-    as :func:`compile` would; anything else is a GeodeError naming what was given)."""
-    return compile(path, **options)
+def load(path: str | os.PathLike | Any, session: Any = None, **options: Any) -> CompiledModel:
+    """Load a model: a geode model file (``.geode``, written by ``CompiledModel.save``)
+    is read back without compiling (``num_threads=`` is the one option it takes); an ONNX
+    model file, ``ModelProto`` or ``geode.Graph`` is compiled as :func:`compile` would;
+    anything else is a GeodeError naming what was given."""
+    from geode.modelfile import is_model_file
+
+    if is_model_file(path):
+        from geode.session import default_session
+
+        other = sorted(set(options) - {"num_threads"})
+        if other:
+            raise GeodeError(
+                f"a geode model file is compiled already: options {other} do not apply "
+                "(num_threads does)"
+            )
+        sess = session if session is not None else default_session()
+        return sess.load(path, options.get("num_threads"))
+    return compile(path, session, **options)

@@ -80,5 +80,11 @@ class ModelLoadError(GeodeError):
     """A model file or proto that cannot be read (truncated, not ONNX, bad paths)."""
 
 
+class ModelFileError(ModelLoadError):
+    """A geode model file (``.geode``) that cannot be written, or cannot be trusted or
+    used when read: a bad format, a checksum that does not match, another geode or
+    library version, a CPU feature this machine lacks, a variable described otherwise."""
+
+
 class ExecutionError(GeodeError):
     """A failure while running a compiled plan (a kernel raised, a shape mismatch)."""

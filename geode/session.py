@@ -9,7 +9,9 @@ VarManager.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from geode import config
@@ -59,6 +61,7 @@ class Session:
         explain.memory_text = c.plan.memory_text
         kernels = [u.info for u in units if u.engine != ALIAS]  # a view is no kernel
         model = CompiledModel(c.plan, self.var_manager, kernels, explain, {"timings": timings})
+        model.saver = _saver(model, g, units, explain, explain.dot)
         if dump.wants(2):
             run_by = {n.name: f"{u.name} [{u.engine}]" for u in units for n in u.nodes}
             dump.stage(
@@ -72,6 +75,17 @@ class Session:
         log.debug("compiled %s in %.3fs: %d steps", g.name, timings["total"], len(units))
         return model
 
+    def load(self, path: str | os.PathLike, num_threads: int | None = None) -> CompiledModel:
+        """Load a geode model file (written by ``CompiledModel.save``) into this session:
+        no compiler runs (see :mod:`geode.modelfile`). ``num_threads`` overrides the
+        thread count it was compiled with."""
+        from geode.modelfile import load_model
+
+        prefix = f"m{next(self._models)}:file"
+        model, g, units = load_model(path, self.var_manager, prefix, num_threads)
+        model.saver = _saver(model, g, units, model.explain, model.to_dot)
+        return model
+
     def close(self) -> None:
         """Free the session's VarManager memory."""
         VarManagerPool.instance().destroy(self.id)
@@ -81,6 +95,17 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _saver(model: CompiledModel, g: Graph, units: list[Unit], explain, dot) -> Callable:
+    """``model``'s ``save(path, overwrite, external_data)``: writes its model file."""
+
+    def save(path: str | os.PathLike, overwrite: bool, external_data: str) -> int:
+        from geode.modelfile import save_model
+
+        return save_model(model, g, units, explain, dot, path, overwrite, external_data)
+
+    return save
 
 
 class _Explain:

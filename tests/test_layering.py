@@ -15,14 +15,16 @@ rank  layer      modules
                  ``geode.examples`` (built-in graphs the CLI runs)
 3     session    ``geode.session``, ``geode.spine`` (the spine: the stages in
                  order), ``geode.plan_builder`` (units -> runtime plan),
-                 ``geode.viz`` (DOT rendering of a compiled graph)
+                 ``geode.viz`` (DOT rendering of a compiled graph),
+                 ``geode.modelfile.*`` (model files: a compiled model saved and loaded)
 2     codegen    ``geode.codegen.*``  } peers: codegen may import compiler, never
 2     compiler   ``geode.compiler.*`` } the other way round
 1     runtime    ``geode.runtime.*``    } peers that never import each other
 1     costmodel  ``geode.costmodel.*``  }
 0     base       ``geode.errors``, ``geode.config``, ``geode.debug``,
-                 ``geode.progress`` (errors, options, logging and dumps, progress
-                 bars: used by every layer, they import only each other)
+                 ``geode.progress``, ``geode.version`` (errors, options, logging and
+                 dumps, progress bars, the version: used by every layer, they import
+                 only each other)
 ====  =========  ===========================================================
 
 Besides the ranks, no import cycle may run between packages: a *package* here is a
@@ -58,6 +60,7 @@ LAYER_OF: dict[str, str] = {
     "geode.spine": "session",
     "geode.plan_builder": "session",
     "geode.viz": "session",
+    "geode.modelfile": "session",
     "geode.codegen": "codegen",
     "geode.compiler": "compiler",
     "geode.runtime": "runtime",
@@ -66,6 +69,7 @@ LAYER_OF: dict[str, str] = {
     "geode.config": "base",
     "geode.debug": "base",
     "geode.progress": "base",
+    "geode.version": "base",
 }
 
 RANK = {

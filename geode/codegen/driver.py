@@ -304,9 +304,10 @@ def native_interface(
         out_shapes=[compile_shape_fn(v.shape) for v in lowered.outputs],
         out_dtypes=[v.dtype for v in lowered.outputs],
         dims=[compile_dim_fn(d) for d in lowered.dim_exprs.values()],
+        dim_exprs=tuple(lowered.dim_exprs.values()),
         views=arg_views(lowered, kernel),
         index_bounds=[
-            IndexBound(c.node, c.axis, compile_dim_fn(c.dim), c.input, c.data)
+            IndexBound(c.node, c.axis, compile_dim_fn(c.dim), c.input, c.data, c.dim)
             for c in lowered.index_checks
         ],
         threads=threads,

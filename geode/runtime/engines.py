@@ -41,6 +41,8 @@ class IndexBound:
     dim: DimFn
     input: int | None
     data: np.ndarray | None = None
+    #: the dim's expression ``dim`` was compiled from (what a model file keeps)
+    expr: Any = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class NativeKernel:
     launch_threads: bool = False
     set_threads: Callable[[int], Any] | None = None
     call: Callable[[tuple, tuple], Any] | None = None
+    #: the expressions ``dims`` were compiled from (what a model file keeps)
+    dim_exprs: Sequence[Any] = ()
 
 
 def _store(name: str, results: Sequence[np.ndarray], outs: list) -> list[np.ndarray]:

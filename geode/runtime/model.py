@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -62,6 +63,8 @@ class CompiledModel:
         self._explain = explain
         self.stats = dict(stats or {})
         self._local = threading.local()
+        #: ``(path, overwrite, external_data) -> bytes written``: set by the session
+        self.saver: Callable[[str | os.PathLike, bool, str], int] | None = None
 
     @property
     def input_names(self) -> list[str]:
@@ -92,6 +95,21 @@ class CompiledModel:
 
     def __call__(self, **feeds: Any) -> dict[str, np.ndarray]:
         return self.run(feeds)
+
+    def save(
+        self, path: str | os.PathLike, overwrite: bool = False, external_data: str = "embed"
+    ) -> int:
+        """Write this model to a geode model file (``.geode``) that ``geode.load`` reads
+        back in any process without compiling; returns the file's size in bytes.
+
+        Variables are saved with their current values. ``external_data="reference"``
+        keeps constants that came from external data files as references to those files
+        (checked by length and sha256 when loaded) instead of copies. A file already at
+        ``path`` is replaced only when it is a geode model file, or with ``overwrite``.
+        Needs the LLVM backend (the default)."""
+        if self.saver is None:
+            raise GeodeError(f"model {self.plan.name!r} cannot be saved (no compile record)")
+        return self.saver(path, overwrite, external_data)
 
     def explain(self) -> str:
         """Partition, fusion groups with the reason for each decision, kernels and costs."""

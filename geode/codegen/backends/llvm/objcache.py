@@ -34,7 +34,7 @@ from typing import Any
 
 from geode.codegen.cache import KERNEL_AREA, atomic_write
 
-__all__ = ["CODEGEN_VERSION", "cache_key", "load", "object_code", "store"]
+__all__ = ["CODEGEN_VERSION", "cache_key", "load", "object_code", "store", "versions"]
 
 #: bump when generated code's conventions change in a way the IR text does not show
 CODEGEN_VERSION = "llvm-1"
@@ -57,6 +57,12 @@ def _versions() -> dict[str, str]:
         "codegen_version": CODEGEN_VERSION,
         "python": sys.implementation.cache_tag or sys.version,
     }
+
+
+def versions() -> dict[str, str]:
+    """The versions generated object code depends on (llvmlite, LLVM, code conventions,
+    Python's cache tag)."""
+    return dict(_versions())
 
 
 def cache_key(ir_text: str, fingerprint: dict[str, str]) -> str:

@@ -1,0 +1,186 @@
+"""Compiled kernels as data (an *image*: object code plus what calling it needs), and back.
+
+A model file keeps every native kernel of a compiled model as an image: the object
+code LLVM emitted, the entry symbol, the entry's argument specs (for its error
+messages), its dim names, whether it runs on the thread pool and links against the
+native runtime, the symbols of other images it calls (a GEMM entry calls its
+epilogue), the kind of kernel (a fused kernel, a native conv, pool or LSTM with its
+spec, a GEMM with a fused epilogue) and its IR text (zlib-compressed, for
+``model.kernels[i].source`` and ``.llvm``). Loading links the object code into the
+process (:func:`~geode.codegen.backends.llvm.jit.load_object`): no IR is parsed,
+optimized or compiled.
+
+Blobs are written and read through callables (``add(bytes) -> index``,
+``blob(index) -> bytes``), so this module knows nothing of the file around it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from geode.codegen.backends.llvm import jit
+from geode.codegen.backends.llvm.conv import ConvKernel
+from geode.codegen.backends.llvm.conv_spec import ConvSpec
+from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
+from geode.codegen.backends.llvm.kernel import LLVMKernel
+from geode.codegen.backends.llvm.lstm import LstmKernel, LstmSpec
+from geode.codegen.backends.llvm.pool import PoolKernel
+from geode.codegen.backends.llvm.pool_spec import PoolSpec
+from geode.codegen.dense import DenseKernel
+from geode.errors import ModelFileError
+
+#: image kind -> (kernel class, spec class or None)
+KINDS: dict[str, tuple[type, type | None]] = {
+    "llvm": (LLVMKernel, None),
+    "conv": (ConvKernel, ConvSpec),
+    "pool": (PoolKernel, PoolSpec),
+    "lstm": (LstmKernel, LstmSpec),
+}
+_KIND_OF = {cls: kind for kind, (cls, _) in KINDS.items()}
+#: an image's IR text larger than this (decompressed) is refused
+MAX_SOURCE = 64 << 20
+
+Add = Callable[[bytes], int]
+Blob = Callable[[Any], bytes]
+
+
+class ImageWriter:
+    """Turns kernels into image records (each kernel once, callees first)."""
+
+    def __init__(self, add: Add):
+        self._add = add
+        self._index: dict[int, int] = {}
+        self.records: list[dict[str, Any]] = []
+
+    def image(self, kernel: Any) -> int:
+        """The index of ``kernel``'s image (written now unless it already was)."""
+        hit = self._index.get(id(kernel))
+        if hit is not None:
+            return hit
+        if isinstance(kernel, DenseKernel):
+            epilogue = self.image(kernel.epilogue)  # the callee first: the entry links to it
+            record = {
+                "kind": "dense",
+                "name": kernel.name,
+                "entry": self.image(kernel.kernel),
+                "epilogue": epilogue,
+            }
+        else:
+            record = self._llvm_record(kernel)
+        self.records.append(record)
+        self._index[id(kernel)] = len(self.records) - 1
+        return len(self.records) - 1
+
+    def _llvm_record(self, k: Any) -> dict[str, Any]:
+        kind = _KIND_OF.get(type(k))
+        loaded = getattr(k, "_loaded", None)
+        if kind is None or loaded is None or not loaded.obj:
+            raise ModelFileError(
+                f"kernel {getattr(k, 'name', k)!r} ({type(k).__name__}) has no object code "
+                "to save (model files need the LLVM backend)"
+            )
+        record: dict[str, Any] = {
+            "kind": kind,
+            "name": k.name,
+            "entry": k.entry,
+            "args": [dataclasses.astuple(a) for a in k._args],
+            "dims": list(k._dims),
+            "parallel": bool(k.parallel),
+            "fastmath": bool(k.fastmath),
+            "runtime": bool(loaded.runtime),
+            "imports": list(loaded.imports),
+            "blas": b"geode_gemm" in loaded.obj,  # its GEMMs call numpy's BLAS
+            "object": self._add(loaded.obj),
+            "source": self._add(zlib.compress(k.source.encode(), 6)),
+        }
+        spec = getattr(k, "spec", None)
+        if KINDS[kind][1] is not None:
+            record["spec"] = dataclasses.asdict(spec)
+        return record
+
+
+class ImageLoader:
+    """Links image records back into callable kernels, in order (callees come first)."""
+
+    def __init__(self, records: Any, blob: Blob, label: str):
+        if not isinstance(records, list):
+            raise ModelFileError(f"model file {label!r}: bad kernel image table")
+        self._records = records
+        self._blob = blob
+        self._label = label
+        self._exports: dict[str, int] = {}
+        self.kernels: list[Any] = []
+
+    def load_all(self) -> list[Any]:
+        """Every image's kernel, by index."""
+        from geode.codegen.backends.llvm.target import host
+
+        target = host()
+        if any(isinstance(r, dict) and r.get("blas") for r in self._records):
+            _configure_blas(self._label)
+        for i, r in enumerate(self._records):
+            try:
+                self.kernels.append(self._load(r, target))
+            except ModelFileError:
+                raise
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise ModelFileError(
+                    f"model file {self._label!r}: bad kernel image {i} "
+                    f"({type(exc).__name__}: {exc})"[:300]
+                ) from None
+        return self.kernels
+
+    def _kernel(self, index: Any) -> Any:
+        if not isinstance(index, int) or not 0 <= index < len(self.kernels):
+            raise ModelFileError(f"model file {self._label!r}: bad kernel reference {index!r}")
+        return self.kernels[index]
+
+    def _load(self, r: dict[str, Any], target: Any) -> Any:
+        if r["kind"] == "dense":
+            entry, epilogue = self._kernel(r["entry"]), self._kernel(r["epilogue"])
+            return DenseKernel(str(r["name"]), entry, epilogue, entry.source)
+        cls, spec_cls = KINDS[r["kind"]]
+        source = zlib.decompressobj().decompress(bytes(self._blob(r["source"])), MAX_SOURCE)
+        imports = {}
+        for name in r["imports"]:
+            if name not in self._exports:
+                raise ModelFileError(f"model file {self._label!r}: no kernel exports {name!r}")
+            imports[name] = self._exports[name]
+        entry = str(r["entry"])
+        loaded = jit.load_object(
+            bytes(self._blob(r["object"])), [entry], runtime=bool(r["runtime"]), imports=imports
+        )
+        self._exports[entry] = loaded[entry]
+        args = tuple(
+            ArgSpec(str(n), str(role), str(dt), int(rank), str(text))
+            for n, role, dt, rank, text in r["args"]
+        )
+        emitted = Emitted(
+            source.decode(), entry, args, tuple(map(str, r["dims"])), bool(r["parallel"]), ()
+        )
+        k = cls(str(r["name"]), emitted, loaded, target, 0.0, True, bool(r["fastmath"]))
+        if spec_cls is not None:
+            k.spec = _spec(spec_cls, r["spec"])
+        return k
+
+
+def _configure_blas(label: str) -> None:
+    """Give the native runtime numpy's BLAS (and share the pool), as a compile does."""
+    from geode.codegen.backends.llvm.library import blas, share_pool
+
+    lib = blas()
+    if lib is None:
+        raise ModelFileError(f"model file {label!r}: its GEMMs need a BLAS and none is found")
+    share_pool(lib)
+
+
+def _spec(cls: type, fields: Any) -> Any:
+    """A spec dataclass from its fields (JSON lists back to tuples)."""
+    if not isinstance(fields, dict):
+        raise ValueError("bad spec")
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items() if k in names}
+    return cls(**values)

@@ -1,0 +1,86 @@
+"""Write a compiled model to a model file (see :mod:`geode.modelfile`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from geode.codegen.images import ImageWriter
+from geode.compiler.ir import Graph, ValueKind
+from geode.errors import ModelFileError
+from geode.modelfile import compat
+from geode.modelfile.container import Writer
+from geode.modelfile.graph_codec import encode_array, encode_graph
+from geode.modelfile.units_codec import encode_units
+from geode.plan_builder import Unit
+from geode.runtime.model import CompiledModel
+
+#: what ``external_data=`` may be
+EXTERNAL_DATA = ("embed", "reference")
+
+
+def save_model(
+    model: CompiledModel,
+    graph: Graph,
+    units: list[Unit],
+    explain: Callable[[], str],
+    dot: Callable[[], str] | None,
+    path: str | os.PathLike,
+    overwrite: bool = False,
+    external_data: str = "embed",
+) -> int:
+    """Write ``model`` (compiled from ``graph`` into ``units``) to ``path``; returns the
+    file's size. ``external_data``: ``"embed"`` copies constants read from external data
+    files into the model file; ``"reference"`` keeps the file's path, offset, length and
+    sha256 instead (loading checks them). Variables are saved with their current values.
+    ``overwrite``: replace an existing file that is not a geode model file (one that is
+    is always replaced)."""
+    if external_data not in EXTERNAL_DATA:
+        raise ModelFileError(
+            f"external_data={external_data!r}: use one of {', '.join(EXTERNAL_DATA)}"
+        )
+    t0 = time.perf_counter()
+    w = Writer()
+    images = ImageWriter(lambda data: w.add(data))
+    header: dict[str, Any] = {
+        **compat.environment(),
+        "name": graph.name,
+        "graph": encode_graph(graph, w, constants=external_data == "embed"),
+        "units": encode_units(units, w, images),
+        "images": images.records,
+        "variables": _variables(model, graph, w),
+        "memory": model.plan.memory_text,
+        "explain": explain(),
+        "dot": "" if dot is None else dot(),
+        "compile_seconds": float(model.stats.get("timings", {}).get("total", 0.0)),
+    }
+    size = w.write(path, header, overwrite)
+    model.stats["save_seconds"] = time.perf_counter() - t0
+    return size
+
+
+def _variables(model: CompiledModel, graph: Graph, w: Writer) -> list[dict[str, Any]]:
+    """Each variable's description and a snapshot of its current value."""
+    from geode.compiler import dtypes
+
+    out = []
+    for v in graph.values.values():
+        if v.kind is not ValueKind.VARIABLE:
+            continue
+        slot = next((s for s in model.plan.slots if s.name == v.name and s.var_key), None)
+        if slot is None:  # not read by any step: its initial value is all there is
+            current = v.data
+        else:
+            current = model.var_manager.get(slot.var_key)
+        out.append(
+            {
+                "name": v.name,
+                "dtype": dtypes.name(v.dtype),
+                "shape": [int(d) for d in v.shape],
+                "format": v.desc.format,
+                "snapshot": encode_array(current, w),
+            }
+        )
+    return out
