@@ -117,9 +117,16 @@ class Loaded:
     label: str
     onnx_path: str | None = None
     example: Any = None
+    #: a geode model file (compiled already: loaded, not compiled)
+    geode_path: str | None = None
 
     def onnx_bytes(self) -> bytes:
         """The serialized ONNX model (exported for built-in examples)."""
+        if self.geode_path is not None:
+            raise CLIError(
+                f"{self.label}: a geode model file holds no ONNX model for onnxruntime; "
+                "bench the .onnx file to compare, or use --no-compare-ort"
+            )
         if self.onnx_path is not None:
             return Path(self.onnx_path).read_bytes()
         from geode.compiler.frontend.onnx_export import to_onnx
@@ -147,6 +154,10 @@ def load_model(spec: str) -> Loaded:
         raise CLIError(f"{spec}: no such file{hint}")
     if path.is_dir():
         raise CLIError(f"{spec}: is a directory, expected an .onnx file")
+    from geode.modelfile import is_model_file
+
+    if is_model_file(path):
+        return Loaded(None, str(path), geode_path=str(path))
     from geode.compiler.frontend.onnx import import_model
 
     return Loaded(import_model(str(path)), str(path), onnx_path=str(path))
@@ -333,11 +344,22 @@ def make_feeds(
 
 
 def compile_model(loaded: Loaded, options: dict[str, Any]) -> tuple[Any, float]:
-    """The compiled model and the compile time in seconds."""
+    """The compiled model and the compile time in seconds (for a geode model file: the
+    model loaded, and the load time; ``num_threads`` is the one option it takes)."""
     import geode
 
     t0 = time.perf_counter()
-    model = geode.compile(loaded.graph, **options)
+    if loaded.geode_path is not None:
+        other = sorted(set(options) - {"num_threads"})
+        if other:
+            raise CLIError(
+                f"{loaded.label}: a geode model file is compiled already; options "
+                f"{', '.join(other)} do not apply"
+            )
+        threads = options.get("num_threads")
+        model = geode.load(loaded.geode_path, num_threads=None if threads is None else int(threads))
+    else:
+        model = geode.compile(loaded.graph, **options)
     return model, time.perf_counter() - t0
 
 
@@ -441,9 +463,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     native = sum(1 for k in model.kernels if k.engine == "aicore")
     print(f"model {loaded.label}: {model.signature}")
     print(f"inputs: {describe_feeds(feeds)}")
+    how = "loaded (no compiler run)" if loaded.geode_path else "compiled"
     print(
-        f"compiled in {compile_s * 1e3:.1f} ms ({native} native kernels, {len(model.kernels)} steps); "
-        f"ran in {run_s * 1e3:.3f} ms"
+        f"{how} in {compile_s * 1e3:.1f} ms ({native} native kernels, {len(model.kernels)} "
+        f"steps); ran in {run_s * 1e3:.3f} ms"
     )
     print("outputs:")
     width = max((len(k) for k in outputs), default=0)
@@ -493,6 +516,9 @@ def _ort_for_bench(args: argparse.Namespace, loaded: Loaded, feeds: dict) -> tup
     from geode import benchmark
 
     if args.compare_ort is False:
+        return None, None
+    if loaded.geode_path is not None and args.compare_ort is None:
+        note("a geode model file holds no ONNX model: timing geode alone (bench the .onnx file)")
         return None, None
     if not benchmark.have_onnxruntime():
         if args.compare_ort:
@@ -573,6 +599,26 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if dot_path is not None:
         write_new_text("--dot", dot_path, model.to_dot(), args.force)
         print(f"wrote {args.dot}")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile a model and write it to a geode model file that loads without compiling."""
+    from geode.modelfile.container import writable_target
+
+    writable_target(args.output, args.force)  # refuse before compiling, not after
+    loaded = load_model(args.model)
+    if loaded.geode_path is not None:
+        raise CLIError(f"{loaded.label}: a geode model file is compiled already")
+    model, compile_s = compile_model(loaded, parse_options(args.option or []))
+    size = model.save(args.output, overwrite=args.force, external_data=args.external_data)
+    native = sum(1 for k in model.kernels if k.engine == "aicore")
+    print(f"model {loaded.label}: {model.signature}")
+    print(
+        f"compiled in {compile_s * 1e3:.1f} ms ({native} native kernels, "
+        f"{len(model.kernels)} steps); wrote {args.output} ({format_bytes(size)})"
+    )
+    print(f"run it with: geode run {args.output}   (or geode.load({args.output!r}) in Python)")
     return 0
 
 
@@ -697,7 +743,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"geode: error: {message} (see '{self.prog} --help')\n")
 
 
-_MODEL_HELP = "an .onnx file, or builtin:NAME for a built-in example graph (e.g. builtin:layernorm)"
+_MODEL_HELP = (
+    "an .onnx file, a geode model file (.geode, from `geode compile`), or builtin:NAME for "
+    "a built-in example graph (e.g. builtin:layernorm)"
+)
 _SHAPE = (
     ("--shape",),
     dict(
@@ -790,7 +839,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="geode",
         description="geode: a fusion compiler for deep-learning graphs",
-        epilog="MODEL is an .onnx file or builtin:NAME. Environment: GEODE_DEBUG=1..4, "
+        epilog="MODEL is an .onnx file, a .geode model file or builtin:NAME. Environment: "
+        "GEODE_DEBUG=1..4, "
         "GEODE_DUMP_DIR=dir, GEODE_PROGRESS=auto|1|0, GEODE_CACHE_DIR (see geode/config.py).",
     )
     p.add_argument("--version", action="version", version=f"geode {__version__}")
@@ -810,6 +860,28 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     _add_bench(sub)
+
+    k = sub.add_parser(
+        "compile",
+        help="compile a model into a geode model file (.geode) that loads without compiling",
+        description="Compile MODEL and write it to OUT.geode: the compiled graph, every "
+        "kernel's machine code, the memory plan, constants and variables. `geode run`, "
+        "`bench` and `explain` (and geode.load in Python) read it back in any process on a "
+        "machine with the same CPU features, without compiling.",
+    )
+    _common(k)
+    k.add_argument("-o", "--output", required=True, metavar="OUT.geode", help="the model file")
+    k.add_argument(
+        "--force", action="store_true", help="overwrite OUT even if it is not a geode model file"
+    )
+    k.add_argument(
+        "--external-data",
+        choices=("embed", "reference"),
+        default="embed",
+        help="constants from external data files: copied in (embed, the default) or kept "
+        "as references checked by sha256 when loaded",
+    )
+    k.set_defaults(func=cmd_compile)
 
     e = sub.add_parser(
         "explain",

@@ -24,7 +24,7 @@ from geode.compiler.frontend.onnx_export import to_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE_ORT = importlib.util.find_spec("onnxruntime") is not None
-SUBCOMMANDS = ("run", "bench", "explain", "dump", "cache", "demo")
+SUBCOMMANDS = ("run", "bench", "explain", "dump", "cache", "demo", "compile")
 
 
 @pytest.fixture(scope="session")
@@ -360,6 +360,42 @@ def test_every_subcommand_has_help(capsys):
     top = capsys.readouterr().out
     for sub in SUBCOMMANDS:
         assert sub in top
+
+
+# -- compile: model files ------------------------------------------------------------------------
+def test_compile_then_run_bench_explain_a_model_file(env, onnx_file, tmp_path):
+    out = tmp_path / "small.geode"
+    res = geode_cmd(env, "compile", str(onnx_file), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    assert f"wrote {out}" in res.stdout and out.exists()
+    x = np.random.default_rng(4).standard_normal((3, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    npz = tmp_path / "y.npz"
+    res = geode_cmd(env, "run", str(out), "--input", f"x={tmp_path / 'x.npy'}", "-o", str(npz))
+    assert res.returncode == 0, res.stderr
+    assert "loaded (no compiler run) in" in res.stdout
+    got = np.load(npz)
+    for k, v in small_numpy(x).items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-5)
+    res = geode_cmd(env, "explain", str(out))
+    assert res.returncode == 0 and "no compiler run" in res.stdout, res.stderr
+    res = geode_cmd(env, "bench", str(out), "--shape", "x:4,16", "--rounds", "2")
+    assert res.returncode == 0, res.stderr
+    assert "timing geode alone" in res.stderr
+    line = one_error_line(geode_cmd(env, "run", str(out), "--option", "fusion=0"))
+    assert "compiled already" in line and "fusion" in line
+
+
+def test_compile_refuses_to_overwrite_other_files(env, onnx_file, tmp_path):
+    precious = tmp_path / "notes.txt"
+    precious.write_text("mine")
+    line = one_error_line(geode_cmd(env, "compile", str(onnx_file), "-o", str(precious)))
+    assert "refusing to overwrite" in line
+    assert precious.read_text() == "mine"
+    res = geode_cmd(env, "compile", str(onnx_file), "-o", str(precious), "--force")
+    assert res.returncode == 0, res.stderr
+    line = one_error_line(geode_cmd(env, "compile", str(precious), "-o", str(tmp_path / "b")))
+    assert "compiled already" in line
 
 
 # -- bench / explain / dump / demo ------------------------------------------------------------------
