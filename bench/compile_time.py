@@ -67,7 +67,9 @@ print(json.dumps({"import": time.perf_counter() - t0, "numba": "numba" in sys.mo
 """
 
 
-def _run(code: str) -> dict:
+def run_fresh(code: str) -> dict:
+    """Run ``code`` (after the feeds helper) in a fresh Python process; its last stdout
+    line, a JSON object."""
     code = _FEEDS + code
     # bytecode caching on, as on a user's machine (this workplace sets PYTHONDONTWRITEBYTECODE)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="llvm,numba")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
-    imports = [_run(_IMPORT) for _ in range(args.repeat)]
+    imports = [run_fresh(_IMPORT) for _ in range(args.repeat)]
     t_imp = statistics.median(r["import"] for r in imports)
     print(f"import geode: {t_imp:.3f} s (numba imported: {imports[0]['numba']})")
     print(
@@ -93,15 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models.split(","):
         path = str(DATA / f"{name}.onnx")
         ort = statistics.median(
-            _run(_ORT.format(path=path, name=name))["total"] for _ in range(args.repeat)
+            run_fresh(_ORT.format(path=path, name=name))["total"] for _ in range(args.repeat)
         )
         for backend in args.backends.split(","):
             colds, warms, numba = [], [], False
             for _ in range(args.repeat):
                 with tempfile.TemporaryDirectory() as cache:
                     code = _GEODE.format(path=path, name=name, backend=backend, cache=cache)
-                    cold = _run(code)
-                    warm = _run(code)
+                    cold = run_fresh(code)
+                    warm = run_fresh(code)
                 colds.append(cold["total"])
                 warms.append(warm["total"])
                 numba = numba or warm["numba"]

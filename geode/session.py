@@ -12,18 +12,19 @@ import itertools
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from geode import config
 from geode.compiler.ir import Graph, format_graph
 from geode.compiler.ops import control
-from geode.compiler.partition.placement import Placement
 from geode.debug import Dumper, log
 from geode.errors import GraphError
 from geode.plan_builder import ALIAS, Unit
 from geode.runtime.model import CompiledModel
 from geode.runtime.var_manager import VarManager, VarManagerPool
-from geode.spine import Compilation, compile_graph
+
+if TYPE_CHECKING:
+    from geode.compiler.partition.placement import Placement
 
 
 class Session:
@@ -53,6 +54,12 @@ class Session:
         dump = Dumper(graph.name, opts.debug, opts.dump_dir)
         g = graph.copy()
         prefix = f"m{next(self._models)}:{g.name}"
+        key = _model_cache_key(g, opts)
+        hit = None if key is None else self._cached_model(key, opts)
+        if hit is not None:
+            return hit
+        from geode.spine import Compilation, compile_graph  # the whole compiler: on first use
+
         c = compile_graph(Compilation(g, opts, dump, self.var_manager, prefix))
         units, timings = c.units, c.timings
         explain = _Explain(
@@ -73,6 +80,25 @@ class Session:
         if dump.dir is not None:
             dump.artifact("graph.dot", explain.dot())
         log.debug("compiled %s in %.3fs: %d steps", g.name, timings["total"], len(units))
+        if key is not None:
+            _store_model(model, key, opts)
+        return model
+
+    def _cached_model(self, key: str, opts: config.Options) -> CompiledModel | None:
+        """The model of a compile done before with the same key (see
+        :mod:`geode.modelfile.cache`), or None."""
+        from geode.errors import GeodeError
+        from geode.modelfile import cache
+
+        path = cache.lookup(opts.cache_dir, key)
+        if path is None:
+            return None
+        try:
+            model = self.load(path)
+        except GeodeError as exc:  # stale or damaged: compile again, and rewrite it
+            log.info("cached model %s not used: %s", path, exc)
+            return None
+        model.stats["model_cache"] = str(path)
         return model
 
     def load(self, path: str | os.PathLike, num_threads: int | None = None) -> CompiledModel:
@@ -97,13 +123,41 @@ class Session:
         self.close()
 
 
+def _model_cache_key(g: Graph, opts: config.Options) -> str | None:
+    """The model cache's key for compiling ``g`` with ``opts``, or None to compile
+    without it."""
+    from geode.modelfile import cache
+
+    return cache.cache_key(g, opts) if cache.usable(g, opts) else None
+
+
+def _store_model(model: CompiledModel, key: str, opts: config.Options) -> None:
+    """Put a freshly compiled model into the model cache (with its initial variables)."""
+    from geode.modelfile import cache
+
+    saver = model.saver
+
+    def save(path: os.PathLike, max_bytes: int) -> int:
+        return saver(path, True, "embed", "initial", max_bytes)
+
+    cache.store(opts.cache_dir, key, (opts.cache_max_mb << 20) // 8, save)
+
+
 def _saver(model: CompiledModel, g: Graph, units: list[Unit], explain, dot) -> Callable:
     """``model``'s ``save(path, overwrite, external_data)``: writes its model file."""
 
-    def save(path: str | os.PathLike, overwrite: bool, external_data: str) -> int:
+    def save(
+        path: str | os.PathLike,
+        overwrite: bool,
+        external_data: str,
+        snapshot: str = "current",
+        max_bytes: int | None = None,
+    ) -> int:
         from geode.modelfile import save_model
 
-        return save_model(model, g, units, explain, dot, path, overwrite, external_data)
+        return save_model(
+            model, g, units, explain, dot, path, overwrite, external_data, snapshot, max_bytes
+        )
 
     return save
 

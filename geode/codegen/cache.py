@@ -71,7 +71,9 @@ KERNEL_AREA = "kernels"
 #: entries of the runtime helpers kernels link in (the chunk launcher, vmath functions),
 #: kept apart so the kernel entries can be counted
 RUNTIME_AREA = "runtime"
-_AREAS = (KERNEL_AREA, RUNTIME_AREA)
+#: compiled models (model files keyed by graph and options, :mod:`geode.modelfile.cache`)
+MODEL_AREA = "models"
+_AREAS = (KERNEL_AREA, RUNTIME_AREA, MODEL_AREA)
 _MANIFEST = "manifest.json"
 _MODULE_PREFIX = "geode_k_"
 
@@ -464,9 +466,9 @@ def cache_info(cache_dir: str | os.PathLike[str]) -> CacheInfo:
 
 
 def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
-    """Delete every entry under ``cache_dir`` (only geode's ``kernels/`` and ``runtime/``
-    folders); returns the number of kernel entries removed (:class:`~geode.config.OptionError`
-    if ``cache_dir`` is not a path)."""
+    """Delete every entry under ``cache_dir`` (only geode's ``kernels/``, ``runtime/`` and
+    ``models/`` folders); returns the number of kernel entries removed
+    (:class:`~geode.config.OptionError` if ``cache_dir`` is not a path)."""
     cache_dir = _checked_dir(cache_dir)
     n = 0
     for area in _AREAS:

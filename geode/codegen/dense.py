@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from geode.codegen.backends.llvm.compiled import DenseKernel
 from geode.codegen.lower import LoweredKernel
 from geode.compiler.fusion.epilogue import Epilogue
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import Pattern, pattern_of
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.shapes import dims_equal
-from geode.errors import CodegenError, ExecutionError, GeodeError
+from geode.errors import CodegenError, GeodeError
 
 __all__ = ["ROWS", "DenseKernel", "PanelGraph", "dense_kernel", "panel_graph"]
 
@@ -165,55 +166,6 @@ def _arguments(pg: PanelGraph, lowered: LoweredKernel, views: list) -> tuple[lis
     return values, outer, inner
 
 
-class DenseKernel:
-    """A GEMM with its fused epilogue, compiled (see :mod:`geode.codegen.backends.llvm.dense`):
-    called like an LLVM kernel (``call(arrays, ints)``, ``ints`` the thread count)."""
-
-    def __init__(self, name: str, kernel: Any, epilogue: Any, ir: str) -> None:
-        self.name = name
-        self.kernel = kernel  # the entry, an LLVMKernel
-        self.epilogue = epilogue  # kept alive: the entry calls it
-        self.source = ir + "\n; epilogue kernel\n" + epilogue.source
-        self.address = kernel.address
-        self.chunked = True
-        self.parallel = True
-
-    def call(self, arrays: tuple, ints: tuple) -> None:
-        """Run on ``arrays`` (A, B, the epilogue's inputs, its outputs)."""
-        from geode.runtime import native
-
-        n_in = self.kernel._n_in
-        try:
-            status = native.call(self.address, n_in, arrays, ints)
-        except native.ArgumentError as exc:  # a strided input: copied to C order
-            arrays = self.kernel._coerce(arrays, exc.index)
-            status = native.call(self.address, n_in, arrays, ints)
-        if status:
-            self._bad_argument(status - 1)
-
-    def _bad_argument(self, i: int) -> None:
-        """Raise for the entry's status ``i + 1``: a bad argument ``i``, no memory for the
-        panel, or an epilogue that refused its panel arguments."""
-        from geode.codegen.backends.llvm.dense import EPILOGUE_STATUS, NO_MEMORY
-
-        status = i + 1
-        if status == NO_MEMORY:
-            raise ExecutionError(f"kernel {self.name}: out of memory for its product panel")
-        if status >= EPILOGUE_STATUS:
-            raise ExecutionError(
-                f"kernel {self.name}: its epilogue refused argument {status - EPILOGUE_STATUS - 1}"
-            )
-        self.kernel._bad_argument(i)
-
-    @property
-    def llvm(self) -> str:
-        return self.kernel.llvm + "\n" + self.epilogue.llvm
-
-    @property
-    def asm(self) -> str:
-        return self.kernel.asm + "\n" + self.epilogue.asm
-
-
 def dense_kernel(
     pg: PanelGraph,
     lowered: LoweredKernel,
@@ -227,9 +179,8 @@ def dense_kernel(
     values of its inputs after ``A`` and ``B`` (``V``, then the epilogue's) and of its
     outputs (the epilogue's, then ``O``)."""
     from geode.codegen.backends.llvm import jit, objcache
+    from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
     from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir
-    from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
-    from geode.codegen.backends.llvm.kernel import LLVMKernel
     from geode.codegen.backends.llvm.library import blas, share_pool
     from geode.codegen.backends.llvm.target import host
 

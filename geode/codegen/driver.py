@@ -25,24 +25,16 @@ from geode.compiler.fusion.profit import describe_work
 from geode.compiler.ir import Graph, Node
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols
 from geode.config import Options, stream_min_bytes
-from geode.costmodel.device import DeviceSpec, default_spec, load_or_calibrate
+from geode.costmodel.device import DeviceSpec, cached_spec
 from geode.debug import Dumper, log
 from geode.errors import GeodeError
 from geode.runtime.engines import IndexBound, NativeKernel, View
 from geode.runtime.model import KernelInfo
 
-_SPECS: dict[str, DeviceSpec] = {}
-
 
 def device_spec(cache_dir: str) -> DeviceSpec:
     """The calibrated device spec (measured once per machine, cached on disk and in memory)."""
-    if cache_dir not in _SPECS:
-        try:
-            _SPECS[cache_dir] = load_or_calibrate(cache_dir, quick=True)
-        except OSError as exc:  # unwritable cache dir: calibrate without caching
-            log.warning("device spec not cached (%s); using defaults", exc)
-            _SPECS[cache_dir] = default_spec()
-    return _SPECS[cache_dir]
+    return cached_spec(cache_dir)
 
 
 class CodegenWarning(UserWarning):

@@ -17,34 +17,49 @@ Blobs are written and read through callables (``add(bytes) -> index``,
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 from geode.codegen.backends.llvm import jit
-from geode.codegen.backends.llvm.conv import ConvKernel
-from geode.codegen.backends.llvm.conv_spec import ConvSpec
-from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
-from geode.codegen.backends.llvm.kernel import LLVMKernel
-from geode.codegen.backends.llvm.lstm import LstmKernel, LstmSpec
-from geode.codegen.backends.llvm.pool import PoolKernel
-from geode.codegen.backends.llvm.pool_spec import PoolSpec
-from geode.codegen.dense import DenseKernel
+from geode.codegen.backends.llvm.compiled import ArgSpec, DenseKernel, Emitted, LLVMKernel
 from geode.errors import ModelFileError
 
-#: image kind -> (kernel class, spec class or None)
-KINDS: dict[str, tuple[type, type | None]] = {
-    "llvm": (LLVMKernel, None),
-    "conv": (ConvKernel, ConvSpec),
-    "pool": (PoolKernel, PoolSpec),
-    "lstm": (LstmKernel, LstmSpec),
+#: image kind -> (module, kernel class, spec module, spec class): imported only when a
+#: model holds such a kernel (a model of GEMMs and fused kernels loads no conv code)
+KINDS: dict[str, tuple[str, str, str, str]] = {
+    "conv": ("conv", "ConvKernel", "conv_spec", "ConvSpec"),
+    "pool": ("pool", "PoolKernel", "pool_spec", "PoolSpec"),
+    "lstm": ("lstm", "LstmKernel", "lstm", "LstmSpec"),
 }
-_KIND_OF = {cls: kind for kind, (cls, _) in KINDS.items()}
 #: an image's IR text larger than this (decompressed) is refused
 MAX_SOURCE = 64 << 20
 
 Add = Callable[[bytes], int]
 Blob = Callable[[Any], bytes]
+
+
+def _classes(kind: str) -> tuple[type, type | None]:
+    """The kernel class and spec class of an image kind."""
+    if kind == "llvm":
+        return LLVMKernel, None
+    if kind not in KINDS:
+        raise ModelFileError(f"unknown kernel kind {kind!r}")
+    module, cls, spec_module, spec = KINDS[kind]
+    base = "geode.codegen.backends.llvm."
+    kernel_cls = getattr(importlib.import_module(base + module), cls)
+    return kernel_cls, getattr(importlib.import_module(base + spec_module), spec)
+
+
+def _kind_of(kernel: Any) -> str | None:
+    """The image kind of a compiled kernel, or None when it has none."""
+    if type(kernel) is LLVMKernel:
+        return "llvm"
+    for kind, (_, cls, _, _) in KINDS.items():
+        if type(kernel).__name__ == cls and _classes(kind)[0] is type(kernel):
+            return kind
+    return None
 
 
 class ImageWriter:
@@ -75,7 +90,7 @@ class ImageWriter:
         return len(self.records) - 1
 
     def _llvm_record(self, k: Any) -> dict[str, Any]:
-        kind = _KIND_OF.get(type(k))
+        kind = _kind_of(k)
         loaded = getattr(k, "_loaded", None)
         if kind is None or loaded is None or not loaded.obj:
             raise ModelFileError(
@@ -97,7 +112,7 @@ class ImageWriter:
             "source": self._add(zlib.compress(k.source.encode(), 6)),
         }
         spec = getattr(k, "spec", None)
-        if KINDS[kind][1] is not None:
+        if kind != "llvm":
             record["spec"] = dataclasses.asdict(spec)
         return record
 
@@ -142,7 +157,7 @@ class ImageLoader:
         if r["kind"] == "dense":
             entry, epilogue = self._kernel(r["entry"]), self._kernel(r["epilogue"])
             return DenseKernel(str(r["name"]), entry, epilogue, entry.source)
-        cls, spec_cls = KINDS[r["kind"]]
+        cls, spec_cls = _classes(str(r["kind"]))
         source = zlib.decompressobj().decompress(bytes(self._blob(r["source"])), MAX_SOURCE)
         imports = {}
         for name in r["imports"]:

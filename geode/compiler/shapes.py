@@ -231,6 +231,7 @@ class SymbolTable:
             self.constraints.append(entry)
 
 
+@functools.lru_cache(maxsize=1)
 def _int_printer():  # noqa: ANN202 - built lazily: sympy's printers are slow to import
     from sympy.printing.pycode import PythonCodePrinter
 
@@ -275,6 +276,13 @@ def compile_shape_fn(shape: Sequence[Dim]) -> Callable[[Mapping[str, int]], tupl
     if all(isinstance(d, int) for d in shape):
         const = tuple(int(d) for d in shape)
         return lambda env: const
+    return _compiled_shape_fn(tuple(shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled_shape_fn(shape: tuple[Dim, ...]) -> Callable[[Mapping[str, int]], tuple[int, ...]]:
+    """:func:`compile_shape_fn` of a symbolic shape, once per shape (the values of a
+    model share a few shapes; each costs a sympy print and an ``exec``)."""
     printer = _int_printer()
     # symbol names come from the model (an ONNX dim_param, a user's dim string) and may be
     # any text: the generated source names them only as _s0, _s1, ... and looks the real

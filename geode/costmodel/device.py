@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import platform
@@ -662,3 +663,19 @@ def load_or_calibrate(cache_dir: str | os.PathLike[str], quick: bool = False) ->
     spec = calibrate(quick=quick)
     _store(path, spec)
     return spec
+
+
+_SPECS: dict[str, DeviceSpec] = {}
+
+
+def cached_spec(cache_dir: str) -> DeviceSpec:
+    """This machine's spec for compiles using ``cache_dir``: a quick calibration, measured
+    once per machine (cached on disk) and once per process (in memory); the defaults when
+    the cache folder cannot be written."""
+    if cache_dir not in _SPECS:
+        try:
+            _SPECS[cache_dir] = load_or_calibrate(cache_dir, quick=True)
+        except OSError as exc:  # unwritable cache dir: calibrate without caching
+            logging.getLogger(__name__).warning("device spec not cached (%s); using defaults", exc)
+            _SPECS[cache_dir] = default_spec()
+    return _SPECS[cache_dir]

@@ -65,6 +65,15 @@ class Writer:
         self._size = start + len(data)
         return len(self._blobs) - 1
 
+    @property
+    def size(self) -> int:
+        """Bytes of the blobs added so far (with their alignment)."""
+        return self._size
+
+    def blobs(self) -> list[bytes | memoryview]:
+        """The blobs added so far, in order."""
+        return list(self._blobs)
+
     def write(self, path: str | os.PathLike, header: dict[str, Any], overwrite: bool) -> int:
         """Write the file atomically; returns its size in bytes."""
         target = writable_target(path, overwrite)

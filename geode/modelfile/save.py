@@ -30,13 +30,18 @@ def save_model(
     path: str | os.PathLike,
     overwrite: bool = False,
     external_data: str = "embed",
+    snapshot: str = "current",
+    max_bytes: int | None = None,
 ) -> int:
     """Write ``model`` (compiled from ``graph`` into ``units``) to ``path``; returns the
     file's size. ``external_data``: ``"embed"`` copies constants read from external data
     files into the model file; ``"reference"`` keeps the file's path, offset, length and
     sha256 instead (loading checks them). Variables are saved with their current values.
     ``overwrite``: replace an existing file that is not a geode model file (one that is
-    is always replaced)."""
+    is always replaced). ``snapshot="initial"`` saves the variables' initial values
+    instead (the model cache: a compile's result must not depend on earlier runs);
+    ``max_bytes``: refuse (a :class:`ModelFileError`, nothing written) a file that would
+    hold more tensor and code bytes."""
     if external_data not in EXTERNAL_DATA:
         raise ModelFileError(
             f"external_data={external_data!r}: use one of {', '.join(EXTERNAL_DATA)}"
@@ -50,19 +55,26 @@ def save_model(
         "graph": encode_graph(graph, w, constants=external_data == "embed"),
         "units": encode_units(units, w, images),
         "images": images.records,
-        "variables": _variables(model, graph, w),
+        "variables": _variables(model, graph, w, snapshot == "current"),
         "memory": model.plan.memory_text,
         "explain": explain(),
         "dot": "" if dot is None else dot(),
         "compile_seconds": float(model.stats.get("timings", {}).get("total", 0.0)),
     }
+    if max_bytes is not None and w.size > max_bytes:
+        raise ModelFileError(
+            f"model {graph.name!r}: {w.size} bytes of tensors and code, more than {max_bytes}"
+        )
     size = w.write(path, header, overwrite)
     model.stats["save_seconds"] = time.perf_counter() - t0
     return size
 
 
-def _variables(model: CompiledModel, graph: Graph, w: Writer) -> list[dict[str, Any]]:
-    """Each variable's description and a snapshot of its current value."""
+def _variables(
+    model: CompiledModel, graph: Graph, w: Writer, current: bool
+) -> list[dict[str, Any]]:
+    """Each variable's description and a snapshot of its current value (or, without
+    ``current``, of its initial value)."""
     from geode.compiler import dtypes
 
     out = []
@@ -70,7 +82,7 @@ def _variables(model: CompiledModel, graph: Graph, w: Writer) -> list[dict[str, 
         if v.kind is not ValueKind.VARIABLE:
             continue
         slot = next((s for s in model.plan.slots if s.name == v.name and s.var_key), None)
-        if slot is None:  # not read by any step: its initial value is all there is
+        if slot is None or not current:  # the initial value
             current = v.data
         else:
             current = model.var_manager.get(slot.var_key)

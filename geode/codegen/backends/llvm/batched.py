@@ -183,8 +183,7 @@ def batched_matmul_kernel(
     >= 2, one > 2) of ``dtype`` (float32/float64), or None when no BLAS is found (object
     code through the disk cache in ``cache_dir`` when given)."""
     from geode.codegen.backends.llvm import jit, objcache
-    from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
-    from geode.codegen.backends.llvm.kernel import LLVMKernel
+    from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
     from geode.codegen.backends.llvm.library import blas, share_pool
     from geode.codegen.backends.llvm.target import host
 

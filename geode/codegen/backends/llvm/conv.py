@@ -33,11 +33,10 @@ import time
 from typing import TYPE_CHECKING
 
 from geode.codegen.backends.llvm import conv_depthwise, conv_gemm, jit, objcache
+from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.conv_spec import TYPES, ConvSpec, Geometry
-from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
-from geode.codegen.backends.llvm.kernel import LLVMKernel
 from geode.errors import ExecutionError, ShapeError
 
 if TYPE_CHECKING:

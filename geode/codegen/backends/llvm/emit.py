@@ -21,8 +21,6 @@ vector boundary, else ``K.body``: a whole function is duplicated rather than the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from geode.codegen.ast import Const, Expr, For, ForKind, Kernel, Var, expr_str, walk_stmts
@@ -35,6 +33,7 @@ from geode.codegen.backends.llvm.analysis import (
     static_size,
     vectorized_loops,
 )
+from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, quote_name
 from geode.codegen.backends.llvm.parallel import MIN_PARALLEL_ELEMENTS, ParallelWriter
 from geode.codegen.backends.llvm.target import Target
@@ -42,33 +41,6 @@ from geode.codegen.backends.patterns import flat_index
 from geode.errors import CodegenError
 
 __all__ = ["ArgSpec", "Emitted", "emit_module"]
-
-
-@dataclass(frozen=True)
-class ArgSpec:
-    """One array argument of a compiled kernel."""
-
-    name: str
-    role: str  # input | output
-    dtype: str
-    rank: int
-    shape_text: str
-
-
-@dataclass(frozen=True)
-class Emitted:
-    """A kernel's module: IR text, entry symbol, arguments, what it needs."""
-
-    ir: str
-    entry: str
-    args: tuple[ArgSpec, ...]
-    dims: tuple[str, ...]
-    parallel: bool
-    vmath: tuple[str, ...]
-
-    @property
-    def n_inputs(self) -> int:
-        return sum(1 for a in self.args if a.role == "input")
 
 
 class Emitter(ParallelWriter):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
+from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted
 
 __all__ = ["Blas", "blas", "matmul_kernel", "share_pool"]
 
@@ -251,7 +251,7 @@ def matmul_kernel(dtype: str, rank: int, cache_dir: str | None = None):  # -> LL
     ``B`` of ``dtype`` (float32/float64), or None when no BLAS is found (object code
     through the disk cache in ``cache_dir`` when given)."""
     from geode.codegen.backends.llvm import jit, objcache
-    from geode.codegen.backends.llvm.kernel import LLVMKernel
+    from geode.codegen.backends.llvm.compiled import LLVMKernel
     from geode.codegen.backends.llvm.target import host
 
     lib = blas()

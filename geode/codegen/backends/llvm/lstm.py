@@ -45,10 +45,9 @@ import time
 from dataclasses import dataclass
 
 from geode.codegen.backends.llvm import jit, objcache, vmath
-from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
+from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
-from geode.codegen.backends.llvm.kernel import LLVMKernel
 from geode.errors import ExecutionError, ShapeError
 
 __all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel"]

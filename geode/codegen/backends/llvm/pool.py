@@ -29,12 +29,11 @@ import hashlib
 import time
 
 from geode.codegen.backends.llvm import jit, objcache, pool_body
+from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.conv import out_size
 from geode.codegen.backends.llvm.conv_spec import TYPES
-from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
-from geode.codegen.backends.llvm.kernel import LLVMKernel
 from geode.codegen.backends.llvm.pool_spec import PoolSpec
 from geode.errors import ExecutionError, ShapeError
 

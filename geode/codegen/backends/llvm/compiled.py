@@ -1,0 +1,248 @@
+"""Compiled kernels as callables: what an LLVM kernel's entry takes and how Python calls it.
+
+:class:`ArgSpec` and :class:`Emitted` describe a compiled module's entry (its arrays,
+dims and needs); :class:`LLVMKernel` calls an entry through the native runtime's
+trampoline; :class:`DenseKernel` calls a GEMM entry with its fused epilogue. This
+module imports no code generator, so a process that only links object code (a model
+file being loaded, see :mod:`geode.modelfile`) never loads the emitters.
+
+An :class:`LLVMKernel` is called as ``kernel(*inputs, *outputs, *dims, threads=0)``,
+the order of ``Kernel.inputs``, ``Kernel.outputs``, ``Kernel.dims``: C-contiguous numpy
+arrays of the buffers' dtypes and ranks (a 0-d buffer also takes a one-element 1-d
+array; float16 arrays are passed as they are), outputs written in place, dims as ints,
+``threads`` the thread count of its parallel loops (0: the pool's size). The call goes
+through the native runtime's trampoline (:func:`geode.runtime.native.call`), which
+releases the GIL while the kernel runs. A shape that does not match the buffer's
+raises ``ValueError`` naming the argument (the entry checks it before touching
+memory); a wrong dtype or rank ``TypeError``; a non-contiguous input is copied to C
+order, a non-contiguous output is an error.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from geode.codegen.backends.llvm import jit
+from geode.codegen.backends.llvm.target import Target
+from geode.errors import ExecutionError
+
+__all__ = ["ArgSpec", "DenseKernel", "Emitted", "LLVMKernel"]
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One array argument of a compiled kernel."""
+
+    name: str
+    role: str  # input | output
+    dtype: str
+    rank: int
+    shape_text: str
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """A kernel's module: IR text, entry symbol, arguments, what it needs."""
+
+    ir: str
+    entry: str
+    args: tuple[ArgSpec, ...]
+    dims: tuple[str, ...]
+    parallel: bool
+    vmath: tuple[str, ...]
+
+    @property
+    def n_inputs(self) -> int:
+        return sum(1 for a in self.args if a.role == "input")
+
+
+class LLVMKernel:
+    """A kernel compiled by the LLVM backend (see the module docstring).
+
+    ``source`` is the module's IR text, ``llvm`` the optimized IR and ``asm`` the
+    machine code (computed on first access), ``compile_seconds`` the wall time of
+    :func:`compile_kernel`, ``from_cache`` whether the object code came from the disk
+    cache, ``address`` the entry's address (``int32 entry(ptrs, recs, ints)``, see
+    :mod:`geode.codegen.backends.llvm.emit`)."""
+
+    #: the kernel takes its thread count per call (``threads=``)
+    chunked = True
+
+    def __init__(
+        self,
+        name: str,
+        emitted: Emitted,
+        loaded: jit.Loaded,
+        target: Target,
+        seconds: float,
+        from_cache: bool,
+        fastmath: bool,
+    ) -> None:
+        from geode.runtime import native
+
+        self.name = name
+        self.source = emitted.ir
+        self.parallel = emitted.parallel
+        self.fastmath = fastmath
+        self.compile_seconds = seconds
+        self.from_cache = from_cache
+        self.entry = emitted.entry
+        self.address = loaded[emitted.entry]
+        self._loaded = loaded  # keeps the machine code mapped
+        self._target = target
+        self._args = emitted.args
+        self._dims = emitted.dims
+        self._n_in = emitted.n_inputs
+        self._n = len(emitted.args)
+        self._n_dims = len(emitted.dims)
+        self._n_args = self._n + self._n_dims
+        self._dtypes = tuple(np.dtype(a.dtype) for a in emitted.args)
+        self._call = native.call
+        self._argument_error = native.ArgumentError
+
+    def __call__(self, *args: Any, threads: int = 0) -> None:
+        """Run the kernel on ``(*inputs, *outputs, *dims)``."""
+        n = self._n
+        if len(args) != self._n_args:
+            self._explain(args)
+        arrays = args[:n]
+        for a, dt in zip(arrays, self._dtypes):
+            # numpy's dtypes of native byte order are singletons: ``is`` is the fast test
+            if type(a) is not np.ndarray or (a.dtype is not dt and a.dtype != dt):
+                arrays = self._coerce(arrays)
+                break
+        ints = args[n:] + (threads,) if self._n_dims else (threads,)
+        try:
+            status = self._call(self.address, self._n_in, arrays, ints)
+        except self._argument_error as exc:
+            arrays = self._coerce(arrays, exc.index)
+            status = self._call(self.address, self._n_in, arrays, ints)
+        except (TypeError, OverflowError, ValueError) as exc:
+            self._explain(args)
+            raise TypeError(f"kernel {self.name}: {exc}") from None
+        if status:
+            self._bad_argument(status - 1)
+
+    def call(self, arrays: tuple, ints: tuple) -> None:
+        """The lean entry for callers that guarantee the arrays' dtypes (the runtime's
+        AI Core steps): ``arrays`` the inputs and outputs, ``ints`` the dims then the
+        thread count. Shapes, ranks, item sizes and contiguity are still checked (by the
+        trampoline and the kernel's entry); a non-contiguous input is copied."""
+        try:
+            status = self._call(self.address, self._n_in, arrays, ints)
+        except self._argument_error as exc:
+            arrays = self._coerce(arrays, exc.index)
+            status = self._call(self.address, self._n_in, arrays, ints)
+        if status:
+            self._bad_argument(status - 1)
+
+    def _bad_argument(self, i: int) -> None:
+        """Raise the ``ValueError`` for argument ``i`` the entry refused."""
+        a = self._args[i]
+        if a.rank == 0:
+            raise ValueError(f"kernel {self.name}: argument {a.name} must hold exactly one element")
+        raise ValueError(f"kernel {self.name}: argument {a.name} must have shape {a.shape_text}")
+
+    def _explain(self, args: tuple[Any, ...]) -> None:
+        """Raise ``TypeError`` describing what a bad argument list should be."""
+        arrays, dims = self._args, self._dims
+        if len(args) != len(arrays) + len(dims):
+            raise TypeError(
+                f"kernel {self.name}: expected {len(arrays)} arrays "
+                f"({', '.join(a.name for a in arrays)}) and {len(dims)} dims "
+                f"({', '.join(dims)}), got {len(args)} arguments"
+            )
+        for d, name in zip(args[len(arrays) :], dims):
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+                raise TypeError(f"kernel {self.name}: dim {name} must be an int, got {d!r}")
+
+    def _coerce(self, arrays: tuple[Any, ...], bad: int | None = None) -> tuple[Any, ...]:
+        """Check dtypes and ranks; copy non-contiguous inputs to C order."""
+        out = []
+        for i, (a, spec) in enumerate(zip(arrays, self._args)):
+            want = np.dtype(spec.dtype)
+            if (
+                not isinstance(a, np.ndarray)
+                or a.dtype != want
+                or max(a.ndim, 1) != max(spec.rank, 1)
+            ):
+                got = f"{a.dtype}[{a.ndim}-d]" if isinstance(a, np.ndarray) else type(a).__name__
+                raise TypeError(
+                    f"kernel {self.name}: argument {spec.name} must be a {spec.dtype} array "
+                    f"of rank {spec.rank}, got {got}"
+                )
+            if not a.flags.c_contiguous or (i == bad and spec.role == "input"):
+                if spec.role == "output":
+                    raise TypeError(f"kernel {self.name}: output {spec.name} must be C-contiguous")
+                a = np.ascontiguousarray(a)
+            if spec.role == "output" and not a.flags.writeable:
+                raise TypeError(f"kernel {self.name}: output {spec.name} is read-only")
+            out.append(a)
+        return tuple(out)
+
+    @functools.cached_property
+    def llvm(self) -> str:
+        """The optimized LLVM IR of the kernel's module."""
+        return jit.optimized_ir(self.source, self._target)
+
+    @functools.cached_property
+    def asm(self) -> str:
+        """The kernel's machine code as assembly text."""
+        return jit.assembly(self.source, self._target)
+
+    def __repr__(self) -> str:
+        how = "cached" if self.from_cache else f"{self.compile_seconds * 1e3:.1f} ms"
+        return f"<LLVMKernel {self.name} ({how}{', parallel' if self.parallel else ''})>"
+
+
+class DenseKernel:
+    """A GEMM with its fused epilogue, compiled (see :mod:`geode.codegen.backends.llvm.dense`):
+    called like an LLVM kernel (``call(arrays, ints)``, ``ints`` the thread count)."""
+
+    def __init__(self, name: str, kernel: Any, epilogue: Any, ir: str) -> None:
+        self.name = name
+        self.kernel = kernel  # the entry, an LLVMKernel
+        self.epilogue = epilogue  # kept alive: the entry calls it
+        self.source = ir + "\n; epilogue kernel\n" + epilogue.source
+        self.address = kernel.address
+        self.chunked = True
+        self.parallel = True
+
+    def call(self, arrays: tuple, ints: tuple) -> None:
+        """Run on ``arrays`` (A, B, the epilogue's inputs, its outputs)."""
+        from geode.runtime import native
+
+        n_in = self.kernel._n_in
+        try:
+            status = native.call(self.address, n_in, arrays, ints)
+        except native.ArgumentError as exc:  # a strided input: copied to C order
+            arrays = self.kernel._coerce(arrays, exc.index)
+            status = native.call(self.address, n_in, arrays, ints)
+        if status:
+            self._bad_argument(status - 1)
+
+    def _bad_argument(self, i: int) -> None:
+        """Raise for the entry's status ``i + 1``: a bad argument ``i``, no memory for the
+        panel, or an epilogue that refused its panel arguments."""
+        from geode.codegen.backends.llvm.dense import EPILOGUE_STATUS, NO_MEMORY
+
+        status = i + 1
+        if status == NO_MEMORY:
+            raise ExecutionError(f"kernel {self.name}: out of memory for its product panel")
+        if status >= EPILOGUE_STATUS:
+            raise ExecutionError(
+                f"kernel {self.name}: its epilogue refused argument {status - EPILOGUE_STATUS - 1}"
+            )
+        self.kernel._bad_argument(i)
+
+    @property
+    def llvm(self) -> str:
+        return self.kernel.llvm + "\n" + self.epilogue.llvm
+
+    @property
+    def asm(self) -> str:
+        return self.kernel.asm + "\n" + self.epilogue.asm

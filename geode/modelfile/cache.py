@@ -1,0 +1,122 @@
+"""Compiled models in the kernel cache: a warm compile is a model file loaded.
+
+A compile with the LLVM backend writes its model file into the cache folder
+(``<cache_dir>/models/<key[:32]>/model.geode``), keyed by everything the result depends
+on: the user's graph as it was given (structure, attributes, tensor bytes), the compile
+options that shape the result, the device spec the cost models used, and what the code
+depends on (geode, llvmlite and LLVM versions, code conventions, the target CPU). The
+next compile of the same graph with the same options loads that file (checked like any
+model file: format, checksum, versions, CPU features) instead of running the pipeline:
+no pass, no fusion, no scheduling, no IR. The kernels' object code is already cached
+too, so a miss here still compiles no kernel twice.
+
+Skipped (the pipeline runs): the numba backend, debug logging or dumps asked for
+(``GEODE_DEBUG``/``GEODE_DUMP_DIR``: the user wants to see the stages), a graph with
+constants still in external files (loaded lazily: hashing them would read them), a
+model whose constants are too large to copy into the cache (an eighth of
+``cache_max_mb``), a cache folder geode does not trust (not the user's own, or writable
+by others). An entry that fails its checks is recompiled and written again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from geode.codegen.backends.llvm.objcache import trusted_folder
+from geode.codegen.cache import MODEL_AREA
+from geode.compiler.ir import Graph, ValueKind
+from geode.config import Options
+from geode.costmodel.device import cached_spec
+from geode.errors import GeodeError
+from geode.modelfile import compat
+from geode.modelfile.container import Writer
+from geode.modelfile.graph_codec import encode_graph
+
+_FILE = "model.geode"
+#: options that do not change the compiled model
+_IRRELEVANT = frozenset({"debug", "dump_dir", "cache_dir", "cache_max_mb", "progress"})
+
+log = logging.getLogger(__name__)
+
+
+def usable(g: Graph, opts: Options) -> bool:
+    """Whether a compile of ``g`` with ``opts`` may go through the model cache."""
+    if opts.backend != "llvm" or opts.debug or opts.dump_dir or not opts.codegen:
+        return False
+    # a constant without data is in an external file, loaded lazily
+    return all(v.data is not None for v in g.values.values() if v.kind is ValueKind.CONSTANT)
+
+
+def cache_key(g: Graph, opts: Options) -> str | None:
+    """The key of a compile of ``g`` (the user's graph, before any stage ran) with
+    ``opts``; None when the graph has no file form (then nothing is cached)."""
+    digest = hashlib.sha256(b"geode-model-cache-1\0")
+    w = Writer()
+    try:
+        graph = encode_graph(g, w)
+    except GeodeError:
+        return None
+    options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in _IRRELEVANT}
+    head = {
+        "env": compat.environment(),
+        "options": options,
+        "device": dataclasses.asdict(cached_spec(opts.cache_dir)),
+        "graph": graph,
+    }
+    digest.update(json.dumps(head, sort_keys=True, default=str).encode())
+    for blob in w.blobs():
+        digest.update(len(blob).to_bytes(8, "little"))
+        digest.update(blob)
+    return digest.hexdigest()
+
+
+def entry_path(cache_dir: str, key: str) -> Path:
+    """Where the model file of ``key`` lives in ``cache_dir``."""
+    return Path(cache_dir).expanduser() / MODEL_AREA / key[:32] / _FILE
+
+
+def lookup(cache_dir: str, key: str) -> Path | None:
+    """The cached model file of ``key``, when there and trusted (a regular file in the
+    user's own folders, writable by nobody else)."""
+    path = entry_path(cache_dir, key)
+    if not trusted_folder(cache_dir):
+        return None
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path.parent)  # last use, for least-recently-used eviction
+    return path
+
+
+def store(cache_dir: str, key: str, max_bytes: int, save: Any) -> Path | None:
+    """Write a model file for ``key`` with ``save(path, overwrite, snapshot)``; None when
+    the cache folder is not trusted or the model is larger than ``max_bytes``."""
+    if not trusted_folder(cache_dir):
+        return None
+    path = entry_path(cache_dir, key)
+    try:
+        old = os.umask(0o077)  # the cache's own files: the user's alone
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        finally:
+            os.umask(old)
+        save(path, max_bytes)
+        os.chmod(path, 0o600)
+    except (OSError, GeodeError) as exc:
+        log.info("compiled model not cached (%s)", exc)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+    return path

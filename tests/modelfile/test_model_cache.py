@@ -1,0 +1,127 @@
+"""The model cache: a second compile of the same graph with the same options loads the
+first one's model file (no stage of the pipeline runs), and anything that could make
+the result differ is a miss."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import geode
+from geode import examples, spine
+from geode.modelfile import cache
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("GEODE_CACHE_DIR", str(d))
+    return d
+
+
+def _no_pipeline(monkeypatch):
+    def refuse(c):
+        raise AssertionError("the pipeline ran on a cached model")
+
+    monkeypatch.setattr(spine, "compile_graph", refuse)
+
+
+def _feeds(n=3):
+    return {"x": np.random.default_rng(0).standard_normal((n, 64)).astype(np.float32)}
+
+
+def _scaled(scale: float = 2.0) -> geode.Graph:
+    g = geode.Graph("scaled")
+    x = g.input("x", ["N", 64])
+    g.output(g.op("Tanh", g.op("Mul", x, g.constant(np.float32(scale)))), names=["y"])
+    return g
+
+
+def test_second_compile_is_a_load(cache_dir, monkeypatch):
+    g = examples.ALL["layernorm"](hidden=64).graph
+    first = geode.compile(g, session=geode.Session())
+    assert "model_cache" not in first.stats
+    (entry,) = list((cache_dir / cache.MODEL_AREA).glob("*/model.geode"))
+    assert os.stat(entry).st_mode & 0o777 == 0o600
+    _no_pipeline(monkeypatch)
+    second = geode.compile(g, session=geode.Session())
+    assert second.stats["model_cache"] == str(entry)
+    assert "no compiler run" in second.explain()
+    a, b = first.run(_feeds()), second.run(_feeds())
+    np.testing.assert_array_equal(a["y"], b["y"])
+
+
+@pytest.mark.parametrize(
+    "scale, options",
+    [(3.0, {}), (2.0, {"fusion": False}), (2.0, {"num_threads": 1}), (2.0, {"fastmath": True})],
+    ids=["constant", "fusion", "threads", "fastmath"],
+)
+def test_what_changes_the_result_is_a_miss(cache_dir, scale, options):
+    geode.compile(_scaled(2.0), session=geode.Session())
+    model = geode.compile(_scaled(scale), session=geode.Session(), **options)
+    assert "model_cache" not in model.stats
+    y = model.run(_feeds())["y"]
+    np.testing.assert_allclose(y, np.tanh(_feeds()["x"] * scale), rtol=1e-5, atol=1e-6)
+
+
+def test_debug_and_dumps_bypass_the_cache(cache_dir, tmp_path):
+    geode.compile(_scaled(), session=geode.Session())
+    again = geode.compile(_scaled(), session=geode.Session(), dump_dir=str(tmp_path / "d"))
+    assert "model_cache" not in again.stats
+    assert any((tmp_path / "d").rglob("*"))
+
+
+def test_damaged_entry_is_recompiled_and_rewritten(cache_dir):
+    geode.compile(_scaled(), session=geode.Session())
+    (entry,) = list((cache_dir / cache.MODEL_AREA).glob("*/model.geode"))
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    model = geode.compile(_scaled(), session=geode.Session())
+    assert "model_cache" not in model.stats
+    np.testing.assert_allclose(
+        model.run(_feeds())["y"], np.tanh(_feeds()["x"] * 2), rtol=1e-5, atol=1e-6
+    )
+    assert geode.compile(_scaled(), session=geode.Session()).stats["model_cache"] == str(entry)
+
+
+def test_entry_writable_by_others_is_not_trusted(cache_dir):
+    geode.compile(_scaled(), session=geode.Session())
+    (entry,) = list((cache_dir / cache.MODEL_AREA).glob("*/model.geode"))
+    os.chmod(entry, 0o622)
+    assert "model_cache" not in geode.compile(_scaled(), session=geode.Session()).stats
+
+
+def test_cache_folder_writable_by_others_is_not_used(tmp_path, monkeypatch):
+    d = tmp_path / "shared"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    monkeypatch.setenv("GEODE_CACHE_DIR", str(d))
+    geode.compile(_scaled(), session=geode.Session())
+    assert not (d / cache.MODEL_AREA).exists()
+
+
+def test_a_cached_model_starts_from_the_initial_variables(cache_dir):
+    def graph():
+        g = geode.Graph("v")
+        x = g.input("x", ["N", 4])
+        g.output(g.op("Mul", x, g.variable("w", np.ones(4, np.float32))), names=["y"])
+        return g
+
+    first = geode.compile(graph(), session=geode.Session())
+    key = next(s.var_key for s in first.plan.slots if s.name == "w")
+    first.var_manager.assign(key, np.full(4, 7.0, np.float32))
+    second = geode.compile(graph(), session=geode.Session())
+    assert "model_cache" in second.stats
+    y = second.run({"x": np.ones((1, 4), np.float32)})["y"]
+    np.testing.assert_array_equal(y, np.ones((1, 4), np.float32))
+
+
+def test_numba_backend_is_never_cached(cache_dir):
+    pytest.importorskip("numba")
+    g = _scaled()
+    geode.compile(g, session=geode.Session(), backend="numba")
+    assert not (cache_dir / cache.MODEL_AREA).exists()
