@@ -80,7 +80,7 @@ class Session:
         if dump.dir is not None:
             dump.artifact("graph.dot", explain.dot())
         log.debug("compiled %s in %.3fs: %d steps", g.name, timings["total"], len(units))
-        if key is not None:
+        if key is not None and not c.fallbacks:  # a fall-back stays loud at every compile
             _store_model(model, key, opts)
         return model
 

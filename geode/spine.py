@@ -85,6 +85,8 @@ class Compilation:
     units: list[Unit] = field(default_factory=list)
     plan: Plan | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    #: codegen failures that fell back to a reference kernel (each gave a CodegenWarning)
+    fallbacks: int = 0
 
     @property
     def fuses(self) -> bool:
@@ -263,6 +265,7 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
         # gate loop): native, or why not
         choice = choose(node, c.graph, c.opts) if engine == "aicpu" else None
         if choice is not None:
+            c.fallbacks += choice.fallback
             c.placement.reason[node.name] = reason = choice.reason
             library = None if choice.interface is None else (choice.interface, choice.info)
     if library is not None:  # a library routine called natively (MatMul; Conv; pools; LSTM)
@@ -326,6 +329,7 @@ def _codegen_stage(
         stage(job, job.graph_of(c.graph), c.opts, c.dump)
     except Exception as exc:  # noqa: BLE001 - any codegen failure falls back, loudly
         job.error = exc
+        c.fallbacks += 1
         group = job.group
         msg = (
             f"group {group.id} ({len(group.nodes)} ops) falls back to AICPU: "

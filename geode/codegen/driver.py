@@ -222,6 +222,8 @@ class LibraryChoice:
     interface: NativeKernel | None
     info: KernelInfo | None
     reason: str
+    #: its native kernel failed to compile (a CodegenWarning was given)
+    fallback: bool = False
 
 
 def library_fallback(node: Node, exc: GeodeError) -> LibraryChoice:
@@ -231,7 +233,9 @@ def library_fallback(node: Node, exc: GeodeError) -> LibraryChoice:
     msg = f"{node.op_type} {node.name!r} falls back to AICPU: {exc}"
     warnings.warn(msg, CodegenWarning, stacklevel=4)
     log.warning(msg)
-    return LibraryChoice(None, None, f"library op: reference kernel ({node.op_type}: {exc})")
+    return LibraryChoice(
+        None, None, f"library op: reference kernel ({node.op_type}: {exc})", fallback=True
+    )
 
 
 def library_step(

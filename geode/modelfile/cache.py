@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import stat
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +115,19 @@ def store(cache_dir: str, key: str, max_bytes: int, save: Any) -> Path | None:
             os.umask(old)
         save(path, max_bytes)
         os.chmod(path, 0o600)
-    except (OSError, GeodeError) as exc:
+    except (OSError, GeodeError) as exc:  # no room, too large: the compile stands
         log.info("compiled model not cached (%s)", exc)
-        with contextlib.suppress(OSError):
-            path.unlink()
+        _remove(path)
+        return None
+    except Exception as exc:  # noqa: BLE001 - a bug in saving must not lose the compile
+        warnings.warn(
+            f"compiled model not cached: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3
+        )
+        _remove(path)
         return None
     return path
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()

@@ -57,8 +57,8 @@ class Writer:
 
     def add(self, data: bytes | np.ndarray) -> int:
         """Add a blob (an array's bytes in C order); returns its index."""
-        if isinstance(data, np.ndarray):
-            data = memoryview(np.ascontiguousarray(data)).cast("B")
+        if isinstance(data, np.ndarray):  # its bytes (an empty or 0-d array too)
+            data = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
         start = self._size + _pad(self._size)
         self._blobs.append(data)
         self._offsets.append((start, len(data)))

@@ -172,6 +172,9 @@ def _encode_value(v: Value, w: Writer, constants: bool) -> dict[str, Any]:
         d["external"] = _external_record(v, w, constants)
     elif v.data is not None:
         d["data"] = encode_array(v.data, w)
+        if external is not None:  # where it came from: saving it again may refer to it
+            path, offset, length = external
+            d["source"] = [os.path.abspath(os.fsdecode(path)), int(offset or 0), int(length or 0)]
     default = getattr(v, "default", None)
     if default is not None:
         d["default"] = encode_array(default, w)
@@ -261,6 +264,10 @@ def _decode_value(d: dict[str, Any], r: _Reader, producer: Node | None) -> Value
         v.sym_value = tuple(r.dims(x) for x in d["sym_value"])
     if "default" in d:
         v.default = decode_array(d["default"], r.c)  # type: ignore[attr-defined]
+    source = d.get("source")
+    if source is not None and v.data is not None:
+        path, offset, length = source
+        v.external = (str(path), int(offset), int(length))  # type: ignore[attr-defined]
     ext = d.get("external")
     if ext is not None:
         if "embedded" in ext:

@@ -56,6 +56,17 @@ def test_pytorch_models_roundtrip(name, tmp_path):
     assert [k.kind for k in loaded.kernels] == [k.kind for k in model.kernels]
 
 
+def test_empty_and_scalar_tensors(tmp_path):
+    g = geode.Graph("empty")
+    x = g.input("x", ["N", 3])
+    empty = g.constant(np.zeros((0, 3), np.float32), "empty")
+    scalar = g.constant(np.float32(2.5), "scalar")
+    g.output(g.op("Concat", g.op("Mul", x, scalar), empty, axis=0), names=["y"])
+    model = geode.compile(g)
+    feeds = [{"x": np.arange(6, dtype=np.float32).reshape(2, 3)}, {"x": np.ones((0, 3), "f4")}]
+    _roundtrip(model, tmp_path / "m.geode", feeds)
+
+
 def test_loaded_model_saves_again(tmp_path):
     ex = examples.ALL["layernorm"]()
     model = geode.compile(ex.graph)
