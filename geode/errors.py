@@ -80,5 +80,10 @@ class ModelLoadError(GeodeError):
     """A model file or proto that cannot be read (truncated, not ONNX, bad paths)."""
 
 
+class CheckpointError(GeodeError):
+    """A variable checkpoint that cannot be written or read: a bad path, a truncated or
+    altered file, or variables whose description differs from the session's."""
+
+
 class ExecutionError(GeodeError):
     """A failure while running a compiled plan (a kernel raised, a shape mismatch)."""
