@@ -136,7 +136,11 @@ def run_reference(
             if keep_all:
                 result[node.outputs[0].name] = vals[id(node.outputs[0])]
             continue
-        args = [None if v is None else fetch(v) for v in node.inputs]
+        overwrite = state.is_write(node) and node.op_type == "Assign"  # reads no old value
+        args = [
+            None if v is None or (overwrite and i == 0) else fetch(v)
+            for i, v in enumerate(node.inputs)
+        ]
         od = registry.get(node.op_type, node.domain, where=node.where)
         try:
             outs = od.run(args, node.attrs)

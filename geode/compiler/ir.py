@@ -441,8 +441,9 @@ class Graph:
     def assign(self, var: Value, value: object, name: str | None = None) -> Value:
         """Write ``value`` into variable ``var``; returns the new value.
 
-        ``value`` must have the variable's exact dtype and shape (scalars are lifted in
-        its dtype). Order is the graph's: nodes built before this call that read ``var``
+        ``value`` must have the variable's exact dtype and shape; a Python or numpy
+        scalar or array (not a graph Value) becomes a constant of the variable's dtype,
+        broadcast to its shape (``g.assign_add(step, 1)``). Order is the graph's: nodes built before this call that read ``var``
         see its old value, nodes built after it see the new one; the session's
         VarManager holds the new value once the run ends (other models see it then).
         """
@@ -467,7 +468,17 @@ class Graph:
         if not isinstance(var, Value):
             raise GraphError(f"{op}: the target must be a variable Value, got {type(var).__name__}")
         var = self.lift(var)
-        node = self.add_node(op, [var, self.lift(value, like=var)], name=name, domain=GEODE_DOMAIN)
+        if not isinstance(value, Value):
+            arr = _array(value, var.dtype, f"{op} of variable {var.name!r}")
+            try:
+                arr = np.broadcast_to(arr, var.shape).copy()
+            except (ValueError, TypeError):
+                raise GraphError(
+                    f"{op} of variable {var.name!r} ({var.desc}): a value of shape "
+                    f"{list(arr.shape)} does not broadcast to it"
+                ) from None
+            value = self.constant(arr, f"{var.name}_{op.lower()}_value", dtype=var.dtype)
+        node = self.add_node(op, [var, self.lift(value)], name=name, domain=GEODE_DOMAIN)
         return node.outputs[0]
 
     def lift(self, x: object, like: Value | None = None) -> Value:

@@ -198,7 +198,7 @@ def decode(buffer: bytes | bytearray | memoryview | np.ndarray, where: str) -> l
             ).hexdigest()
             != r["sha256"]
         ]
-        what = f"the data of {changed}" if changed else "its header"
+        what = f"the data of {changed}" if changed else "its header or padding"
         raise CheckpointError(f"{where}: altered: checksum mismatch in {what}")
     return [_entry(r, buf, start, where) for r in header["entries"]]
 

@@ -112,9 +112,10 @@ for _op in sorted(WRITE_OPS):
         OpDef(
             _op,
             OpKind.OPAQUE,
-            inputs=[In("var", "T"), In("value", "T")],
+            # two type variables: _verify_write names the variable when the dtypes differ
+            inputs=[In("var", "T"), In("value", "V")],
             outputs=[Out("new_value", "T")],
-            types={"T": _ANY if _op == "Assign" else dtypes.NUMERIC},
+            types={"T": _ANY if _op == "Assign" else dtypes.NUMERIC, "V": _ANY},
             infer=_same_as_variable,
             verify=_verify_write,
             kernel=_kernel(_op),
@@ -143,9 +144,9 @@ register(
     OpDef(
         VAR_REF,
         OpKind.OPAQUE,
-        inputs=[In("var", "T"), In("value", "T")],
-        outputs=[Out("written", "T")],
-        types={"T": _ANY},
+        inputs=[In("var", "T"), In("value", "V")],
+        outputs=[Out("written", "V")],
+        types={"T": _ANY, "V": _ANY},
         infer=lambda ctx: [TensorDesc(ctx.dtype(1), ctx.shape(1))],
         verify=_verify_var_ref,
         kernel=lambda ins, attrs: [np.asarray(ins[1])],
