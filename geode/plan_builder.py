@@ -114,10 +114,11 @@ def var_query_unit(node: Node, vm: VarManager) -> Unit:
     """A host unit for a ``VarIsInitialized`` the graph passes could not answer: its step
     asks the session's VarManager, reading nothing of the variable's data."""
     var = node.inputs[0]
-    key = _variable_key(vm, var)
+    key = _variable_key(vm, var) if var.kind is ValueKind.VARIABLE else None
 
     def kernel(inputs: list) -> list[np.ndarray]:
-        return [np.array(vm.is_initialized(key))]
+        # a value that is not a variable (a write's result) exists: it is initialized
+        return [np.array(key is None or vm.is_initialized(key))]
 
     info = KernelInfo(name=node.name, ops=[node], engine="host")
     return Unit(node.name, "host", [node], [], list(node.outputs), kernel, info)

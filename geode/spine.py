@@ -259,6 +259,11 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
     """The unit of a node outside any kernel: a variable's write at the end of the run
     (VarRef), a question to the session (VarIsInitialized), an alias (a view of a known
     shape), a library routine called natively (MatMul: BLAS), or its reference kernel."""
+    if state.is_write(node):
+        raise GraphError(
+            f"{node.where} writes variable {node.inputs[0].name!r}, but the variable_prepare "
+            "pass, which gives writes their meaning, did not run: do not disable it"
+        )
     if state.is_var_ref(node):
         c.placement.engine[node.name] = COMMIT
         c.placement.reason[node.name] = (

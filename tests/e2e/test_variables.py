@@ -296,3 +296,14 @@ def test_an_onnx_assign_of_a_graph_input_is_refused():
     model.graph.node[0].input[0] = "x"
     with pytest.raises(GeodeError, match="not a variable"):
         import_model(model)
+
+
+def test_writes_need_the_prepare_pass():
+    g = geode.Graph("nopass")
+    x = g.input("x", [2])
+    g.output(g.assign(g.variable(np.zeros(2, np.float32), "w"), x), names=["y"])
+    with (
+        geode.Session(disabled_passes=("variable_prepare",)) as sess,
+        pytest.raises(GeodeError, match="variable_prepare pass"),
+    ):
+        sess.compile(g)
