@@ -42,7 +42,7 @@ import numpy as np
 from geode.errors import CheckpointError
 from geode.runtime import var_format
 
-__all__ = ["MAGIC", "VERSION", "VarEntry", "decode", "encode", "read", "write"]
+__all__ = ["MAGIC", "VERSION", "VarEntry", "decode", "describe", "encode", "entry", "read", "write"]
 
 MAGIC = b"GEODEVAR"
 #: the format version this geode writes and reads
