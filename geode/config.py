@@ -35,6 +35,10 @@ backend                   GEODE_BACKEND           the native code generator: llv
 dense_epilogues           GEODE_DENSE_EPILOGUES   fuse the group that consumes a native
                                                   MatMul's product into it (run per panel
                                                   of rows while the panel is in cache)
+model_cache               GEODE_MODEL_CACHE       keep each compiled model in the cache
+                                                  folder; compiling the same graph with the
+                                                  same options again loads it (no pipeline
+                                                  stage runs; see geode.modelfile.cache)
 ========================  ======================  =========================================
 
 ``dump_dir`` and ``cache_dir`` take a ``str`` or ``os.PathLike`` path (anything else is
@@ -106,6 +110,7 @@ class Options:
     lazy_compile: bool = True
     backend: str = "llvm"
     dense_epilogues: bool = True
+    model_cache: bool = True
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -128,6 +133,7 @@ class Options:
             "lazy_compile": "GEODE_LAZY_COMPILE",
             "backend": "GEODE_BACKEND",
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
+            "model_cache": "GEODE_MODEL_CACHE",
         }
         for name, var in env.items():
             raw = os.environ.get(var)

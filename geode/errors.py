@@ -86,5 +86,10 @@ class ModelFileError(ModelLoadError):
     library version, a CPU feature this machine lacks, a variable described otherwise."""
 
 
+class CheckpointError(GeodeError):
+    """A variable checkpoint that cannot be written or read: a bad path, a truncated or
+    altered file, or variables whose description differs from the session's."""
+
+
 class ExecutionError(GeodeError):
     """A failure while running a compiled plan (a kernel raised, a shape mismatch)."""

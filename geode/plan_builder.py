@@ -2,7 +2,8 @@
 
 A *unit* is one step of the plan: a fused group compiled to a native kernel, or a
 single node on a fallback engine, or a view node run as an *alias* (engine ``alias``:
-no step, see :func:`alias_unit`). This module gives every value a slot, registers
+no step, see :func:`alias_unit`), or a variable's write at the end of the run (engine
+``commit``: no step, a :class:`~geode.runtime.plan.Commit`, see :func:`commit_unit`). This module gives every value a slot, registers
 constants and variables with the session's VarManager, compiles symbolic shapes to
 plain functions, and builds the activation memory plan (liveness-based reuse): an alias
 gets no buffer, and its root's buffer stays live until the alias's last use.
@@ -20,6 +21,7 @@ from geode.compiler import dtypes
 from geode.compiler.fusion.views import ViewSpec
 from geode.compiler.ir import Graph, Node, Value, ValueKind
 from geode.compiler.ops import registry
+from geode.compiler.passes.rewrite import SIDE_EFFECT_OPS
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols, shape_str
 from geode.errors import ExecutionError
 from geode.runtime.engines import ENGINES
@@ -27,6 +29,7 @@ from geode.runtime.memory import BufferRequest, MemoryPlan
 from geode.runtime.model import KernelInfo
 from geode.runtime.plan import (
     Alias,
+    Commit,
     Constraint,
     DimCheck,
     Env,
@@ -37,7 +40,7 @@ from geode.runtime.plan import (
     Step,
     StepFn,
 )
-from geode.runtime.var_manager import VarManager
+from geode.runtime.var_manager import VarKey, VarManager, VarManagerError
 
 
 @dataclass
@@ -90,8 +93,39 @@ def alias_unit(node: Node, spec: ViewSpec) -> Unit:
     return unit
 
 
+#: the engine name of units that write a variable when the run ends: no step
+COMMIT = "commit"
+
+#: the engines whose units are not steps
+NO_STEP = frozenset({ALIAS, COMMIT})
+
+
+def commit_unit(node: Node) -> Unit:
+    """A unit for a ``VarRef`` node (see ``compiler/passes/variable_prepare.py``): its
+    value is written into its variable once the run's steps have run; no step."""
+    var = node.inputs[0]
+    info = KernelInfo(name=node.name, ops=[node], engine=COMMIT, kind="commit")
+    unit = Unit(node.name, COMMIT, [node], [node.inputs[1]], [], None, info)
+    unit.extra["variable"] = var.name
+    return unit
+
+
+def var_query_unit(node: Node, vm: VarManager) -> Unit:
+    """A host unit for a ``VarIsInitialized`` the graph passes could not answer: its step
+    asks the session's VarManager, reading nothing of the variable's data."""
+    var = node.inputs[0]
+    key = _variable_key(vm, var) if var.kind is ValueKind.VARIABLE else None
+
+    def kernel(inputs: list) -> list[np.ndarray]:
+        # a value that is not a variable (a write's result) exists: it is initialized
+        return [np.array(key is None or vm.is_initialized(key))]
+
+    info = KernelInfo(name=node.name, ops=[node], engine="host")
+    return Unit(node.name, "host", [node], [], list(node.outputs), kernel, info)
+
+
 #: ops that must run even when nothing reads their outputs
-SIDE_EFFECTS = frozenset({"Assign", "Print"})
+SIDE_EFFECTS = SIDE_EFFECT_OPS | {"Print"}
 
 
 def drop_dead_units(units: list[Unit], g: Graph) -> list[Unit]:
@@ -109,9 +143,10 @@ def drop_dead_units(units: list[Unit], g: Graph) -> list[Unit]:
 
 
 def bind_units(units: list[Unit]) -> None:
-    """Give every unit its step: its engine's binding of its kernel (aliases have none)."""
+    """Give every unit its step: its engine's binding of its kernel (aliases and commits
+    have none)."""
     for u in units:
-        if u.engine != ALIAS:
+        if u.engine not in NO_STEP:
             u.step = ENGINES[u.engine].bind(u.name, u.kernel)
 
 
@@ -152,8 +187,14 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
     specs = [_input_spec(v, slot_for(v), bound_first) for v in graph.inputs]
     steps: list[Step] = []
     aliases: dict[int, Alias] = {}
-    step_units = [u for u in units if u.engine != ALIAS]
+    commits: list[Commit] = []
+    step_units = [u for u in units if u.engine not in NO_STEP]
     for u in units:
+        if u.engine == COMMIT:
+            var = u.nodes[0].inputs[0]
+            text = f"{u.name}: {u.inputs[0].name!r} into variable {var.name!r}"
+            commits.append(Commit(slot_for(u.inputs[0]), _variable_key(vm, var), text))
+            continue
         if u.engine == ALIAS:
             alias = _alias(u, slot_for(u.inputs[0]), slot_for(u.outputs[0]), slots, aliases)
             aliases[alias.slot] = alias
@@ -165,8 +206,9 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
         steps.append(Step(u.name, u.engine, fn, ins, outs, label, dict(u.extra)))
     outputs = [(v.name, slot_for(v)) for v in graph.outputs]
     out_slots = {s for _, s in outputs}
-    memory, arena = _memory_plan(slots, steps, out_slots, aliases)
-    release = _release_lists(slots, steps, arena, out_slots)
+    kept = out_slots | {c.slot for c in commits}  # live to the end of the run
+    memory, arena = _memory_plan(slots, steps, kept, aliases)
+    release = _release_lists(slots, steps, arena, kept)
     constraints = []
     for a, b, where in graph.symbols.constraints:
         syms = frozenset(s.name for s in free_symbols((a, b)))
@@ -193,6 +235,7 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
         start,
         after,
         text,
+        commits,
     )
 
 
@@ -402,6 +445,8 @@ IMPURE_OPS = frozenset(
         "AssignAdd",
         "AssignSub",
         "Print",
+        "VarIsInitialized",
+        "VarRef",
         "If",
         "Loop",
         "Scan",
@@ -437,15 +482,14 @@ def _binding_steps(
     return frozenset(memo)
 
 
-def _variable_key(vm: VarManager, v: Value) -> Any:
-    from geode.runtime.var_manager import VarKey, VarManagerError
-
-    key = VarKey(v.name, v.desc.format, str(v.dtype))
-    if key in vm and v.data is None:
-        return key
-    # registering again checks that the initial value, shape and dtype agree with the
-    # session's variable of that name (then the graphs share it), or raises
+def _variable_key(vm: VarManager, v: Value) -> VarKey:
+    """Register variable ``v`` with the session (declare it when it has no initial value)
+    and return its key; registering again checks that the initial value, shape, dtype
+    and format agree with the session's variable of that name (then the graphs share
+    it), or raises."""
     try:
+        if v.data is None:
+            return vm.declare_variable(v.name, v.dtype, tuple(v.shape), v.desc.format)
         return vm.register_variable(v.name, v.data, v.desc.format)
     except VarManagerError as exc:
         raise VarManagerError(

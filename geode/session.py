@@ -4,6 +4,12 @@
 compile stages of :mod:`geode.spine` on the copy, and returns a
 :class:`CompiledModel` whose constants and variables live in this session's
 VarManager.
+
+Variables are the session's: every model compiled in it that names a variable shares
+it, sees what another model's run wrote into it, and reads it through the methods
+here in the user's layout whatever its storage format (``get_variable``,
+``set_variable``); ``save_variables`` / ``restore_variables`` checkpoint them all
+(:mod:`geode.runtime.var_checkpoint`).
 """
 
 from __future__ import annotations
@@ -14,14 +20,17 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from geode import config
 from geode.compiler.ir import Graph, format_graph
 from geode.compiler.ops import control
 from geode.debug import Dumper, log
-from geode.errors import GraphError
-from geode.plan_builder import ALIAS, Unit
+from geode.errors import CheckpointError, GraphError
+from geode.plan_builder import ALIAS, COMMIT, NO_STEP, Unit
+from geode.runtime import var_checkpoint
 from geode.runtime.model import CompiledModel
-from geode.runtime.var_manager import VarManager, VarManagerPool
+from geode.runtime.var_manager import VarKind, VarManager, VarManagerError, VarManagerPool
 
 if TYPE_CHECKING:
     from geode.compiler.partition.placement import Placement
@@ -66,7 +75,7 @@ class Session:
             g, c.placement, units, c.fusion_text, c.pass_text, self.var_manager, timings
         )
         explain.memory_text = c.plan.memory_text
-        kernels = [u.info for u in units if u.engine != ALIAS]  # a view is no kernel
+        kernels = [u.info for u in units if u.engine not in NO_STEP]  # views, commits: none
         model = CompiledModel(c.plan, self.var_manager, kernels, explain, {"timings": timings})
         model.saver = _saver(model, g, units, explain, explain.dot)
         if dump.wants(2):
@@ -111,6 +120,52 @@ class Session:
         model, g, units = load_model(path, self.var_manager, prefix, num_threads)
         model.saver = _saver(model, g, units, model.explain, model.to_dot)
         return model
+
+    # -- variables --------------------------------------------------------------------
+    def variable_names(self) -> list[str]:
+        """The names of the session's variables, in registration order."""
+        return [k.name for k in self.var_manager.variables()]
+
+    def _variable(self, name: str) -> str:
+        if not isinstance(name, str) or name not in self.var_manager:
+            raise VarManagerError(
+                f"session {self.id} has no variable {name!r}; it has {self.variable_names()}"
+            )
+        if self.var_manager.kind(name) is not VarKind.VARIABLE:
+            raise VarManagerError(f"{name!r} is a constant of session {self.id}, not a variable")
+        return name
+
+    def get_variable(self, name: str) -> np.ndarray:
+        """A copy of variable ``name``'s current value, in the layout of its initial value
+        (a variable stored in another format is converted back)."""
+        return self.var_manager.get_value(self._variable(name))
+
+    def set_variable(self, name: str, value: object) -> None:
+        """Set variable ``name`` (its exact dtype and shape, in the user's layout); every
+        model of the session sees the new value from its next run."""
+        self.var_manager.set_value(self._variable(name), value)
+
+    def save_variables(self, path: str | os.PathLike) -> list[str]:
+        """Write every variable that has a value to a checkpoint at ``path`` (atomically:
+        the file is replaced only once complete); returns their names. See
+        :mod:`geode.runtime.var_checkpoint` for the format."""
+        entries = self.var_manager.snapshot()
+        var_checkpoint.write(path, entries)
+        return [e.name for e in entries]
+
+    def restore_variables(self, path: str | os.PathLike) -> list[str]:
+        """Set the session's variables from the checkpoint at ``path``; returns the names
+        restored. Variables the session does not have yet are created (a graph that
+        declares one later uses the restored value); one it has must have the same
+        dtype and shape, else :class:`CheckpointError` names it and nothing changes."""
+        try:
+            p = os.fspath(path)
+        except TypeError:
+            raise CheckpointError(
+                f"a checkpoint path is a str or os.PathLike, got {type(path).__name__}"
+            ) from None
+        entries = var_checkpoint.read(p)
+        return self.var_manager.restore(entries, f"checkpoint {p!r}")
 
     def close(self) -> None:
         """Free the session's VarManager memory."""
@@ -211,7 +266,7 @@ class _Explain:
         lines.append("  " + self.placement.describe().replace("\n", "\n  "))
         lines.append("fusion plan:")
         lines.append("  " + self.plan_text.replace("\n", "\n  "))
-        kernels = [u for u in self.units if u.engine != ALIAS]
+        kernels = [u for u in self.units if u.engine not in NO_STEP]
         lines.append(f"kernels ({len(kernels)}):")
         for u in kernels:
             ops = ", ".join(f"{n.op_type}:{n.name}" for n in u.nodes)
@@ -227,6 +282,12 @@ class _Explain:
                 f"  {u.name} [{ALIAS}] {n.op_type}:{n.name}: alias of {u.inputs[0].name} "
                 f"(view: {u.extra.get('view', '')})"
             )
+        writes = [u for u in self.units if u.engine == COMMIT]
+        if writes:
+            lines.append(f"variable writes ({len(writes)}): once every step has run, no step")
+            for u in writes:
+                var = u.nodes[0].inputs[0]
+                lines.append(f"  {var.name}: {var.desc} <- {u.inputs[0].name} [{COMMIT}]")
         if self.memory_text:
             lines.append(self.memory_text)
         lines.append(

@@ -45,23 +45,28 @@ from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
 from geode.compiler.fusion.views import alias_view
 from geode.compiler.ir import Graph, Node, format_graph
+from geode.compiler.ops import state
 from geode.compiler.partition.placement import (
     Placement,
     assign_engines,
     input_symbols,
     split_partitions,
 )
+from geode.compiler.passes.variables import SessionVariable
 from geode.compiler.pipeline import PassRecord, run_pipeline
 from geode.debug import Dumper, log
 from geode.errors import GeodeError, GraphError
 from geode.plan_builder import (
     ALIAS,
+    COMMIT,
     Unit,
     alias_unit,
     bind_units,
     build_plan,
+    commit_unit,
     drop_dead_units,
     reference_unit,
+    var_query_unit,
 )
 from geode.progress import progress_bar
 from geode.runtime.plan import Plan
@@ -136,6 +141,7 @@ def graph_passes(c: Compilation) -> None:
         disabled=opts.disabled_passes,
         enabled=("freeze_variables",) if opts.freeze_variables else (),
         fold_limit=opts.const_fold_limit,
+        session_variables=session_variables(c.var_manager),
         on_pass=lambda name, gr, changed: (
             dump.stage(f"after_{name}", format_graph(gr), level=2)
             if changed and dump.wants(2)
@@ -144,6 +150,11 @@ def graph_passes(c: Compilation) -> None:
     )
     dump.stage("passes", c.pass_text, level=1)
     c.graph.sort()
+
+
+def session_variables(vm: VarManager) -> dict[str, SessionVariable]:
+    """What the session's VarManager knows of its variables, for the variable passes."""
+    return {k.name: SessionVariable(k.format, vm.is_initialized(k)) for k in vm.variables()}
 
 
 def place(c: Compilation) -> None:
@@ -247,8 +258,23 @@ def _nodes_of(job: driver.KernelJob) -> list[Node]:
 
 
 def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
-    """The unit of a node outside any kernel: an alias (a view of a known shape), a
-    library routine called natively (MatMul: BLAS), or its reference kernel."""
+    """The unit of a node outside any kernel: a variable's write at the end of the run
+    (VarRef), a question to the session (VarIsInitialized), an alias (a view of a known
+    shape), a library routine called natively (MatMul: BLAS), or its reference kernel."""
+    if state.is_write(node):
+        raise GraphError(
+            f"{node.where} writes variable {node.inputs[0].name!r}, but the variable_prepare "
+            "pass, which gives writes their meaning, did not run: do not disable it"
+        )
+    if state.is_var_ref(node):
+        c.placement.engine[node.name] = COMMIT
+        c.placement.reason[node.name] = (
+            f"writes variable {node.inputs[0].name!r} once the run's steps have run: no step"
+        )
+        return commit_unit(node)
+    if state.is_var_query(node):
+        c.placement.reason[node.name] = "asks the session's VarManager at run time"
+        return var_query_unit(node, c.var_manager)
     view = alias_view(node, bound)
     if view is not None:
         c.placement.engine[node.name] = ALIAS

@@ -32,6 +32,7 @@ ENGINE_COLORS: dict[str, str] = {
     "aicpu": "#fdae6b",
     "host": "#c7e9c0",
     "alias": "#dadaeb",  # a view: no kernel, it shares its input's memory
+    "commit": "#fcbba1",  # a variable's write when the run ends: no kernel
 }
 UNPLACED_COLOR = "#ffffff"
 DEAD_COLOR = "#e0e0e0"

@@ -1,9 +1,12 @@
 """The reference interpreter: runs a graph with the registry's numpy reference kernels.
 
 It is the ground truth that compiled paths and graph passes are checked against,
-and the engine constant folding uses. Nodes run in topological order; constants
-and variables read their ``Value.data``; intermediates are freed after their last
-use::
+and the engine constant folding uses. Nodes run in topological order (the graph's
+order where it is one); constants and variables read their ``Value.data``;
+intermediates are freed after their last use. A write of a variable (geode's Assign
+ops) changes what later nodes read of it, in that order: the semantics the compiled
+model has (``geode/compiler/passes/variable_prepare.py``). ``VarIsInitialized`` is
+True for a variable with data or written before it. ::
 
     out = run_reference(g, {"x": np.ones((4, 768), np.float32)})["y"]
 """
@@ -17,7 +20,7 @@ import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import Graph, Value, ValueKind
-from geode.compiler.ops import registry
+from geode.compiler.ops import registry, state
 from geode.compiler.shapes import evaluate_dim
 from geode.errors import (
     ExecutionError,
@@ -126,7 +129,18 @@ def run_reference(
         raise ExecutionError(f"value {v.name!r} is read before it is computed")
 
     for node in order:
-        args = [None if v is None else fetch(v) for v in node.inputs]
+        if state.is_var_query(node):
+            var = node.inputs[0]
+            known = id(var) in vals or var.kind is not ValueKind.VARIABLE or var.data is not None
+            vals[id(node.outputs[0])] = np.array(known)
+            if keep_all:
+                result[node.outputs[0].name] = vals[id(node.outputs[0])]
+            continue
+        overwrite = state.is_write(node) and node.op_type == "Assign"  # reads no old value
+        args = [
+            None if v is None or (overwrite and i == 0) else fetch(v)
+            for i, v in enumerate(node.inputs)
+        ]
         od = registry.get(node.op_type, node.domain, where=node.where)
         try:
             outs = od.run(args, node.attrs)
@@ -152,6 +166,8 @@ def run_reference(
             remaining[id(v)] -= 1
             if remaining[id(v)] == 0 and id(v) not in keep and not keep_all:
                 vals.pop(id(v), None)
+        if state.is_write(node):  # later readers of the variable see the new value
+            vals[id(node.inputs[0])] = vals[id(node.outputs[0])]
     for v in graph.outputs:
         result[v.name] = fetch(v)
     return result

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,10 @@ class TensorDesc:
         fmt = "" if self.format == "ND" else f"@{self.format}"
         return f"{dtypes.name(self.dtype)}{shape_str(self.shape)}{fmt}"
 
+
+#: the domain of geode's own ops (Assign, AssignAdd, AssignSub, VarIsInitialized,
+#: VarRef: ``geode/compiler/ops/state.py``), in graphs and in ONNX models
+GEODE_DOMAIN = "geode"
 
 #: optional Value attributes front ends set and copies must keep: ``external``
 #: (file, offset, length) and ``external_loader`` of a lazily loaded file constant,
@@ -374,12 +379,107 @@ class Graph:
             name, TensorDesc(arr.dtype, tuple(arr.shape)), ValueKind.CONSTANT, data=arr
         )
 
-    def variable(self, name: str, data: object, dtype: object = None) -> Value:
-        """A variable: a named tensor with an initial value that lives in the VarManager."""
+    def variable(
+        self,
+        data: object = None,
+        name: str | None = None,
+        dtype: object = None,
+        *,
+        shape: Iterable[int] | None = None,
+    ) -> Value:
+        """A variable: a named tensor that lives in the session's VarManager, shared by
+        every model of the session that names it, and that graphs may write
+        (:meth:`assign`). Arguments in the order of :meth:`constant`: ``data`` (its initial
+        value) first, then ``name`` (required)::
+
+            w = g.variable(np.zeros((4, 3), np.float32), "w")
+            step = g.variable(name="step", shape=[], dtype="int64")  # no value yet
+
+        Without ``data``, ``shape`` (static) and ``dtype`` declare it: it has no value
+        until a graph assigns it, ``session.set_variable`` sets it or a checkpoint is
+        restored (reading it before raises; ``var_is_initialized`` tells).
+
+        The former order ``variable(name, data)`` still works (a str first, then
+        something that is not a str) with a DeprecationWarning.
+        """
+        if isinstance(data, str) and name is not None and not isinstance(name, str):
+            warnings.warn(
+                f"Graph.variable({data!r}, data) is deprecated: pass the data first, "
+                f"like Graph.constant: variable(data, {data!r})",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            data, name = name, data
+        if not isinstance(name, str) or not name:
+            raise GraphError(
+                f"a variable needs a name (a non-empty str), got {name!r}: variable(data, name)"
+            )
+        if data is None:
+            return self._declared_variable(name, shape, dtype)
         arr = _array(data, dtype, f"variable {name!r}")
+        if shape is not None and tuple(arr.shape) != tuple(shape):
+            raise GraphError(
+                f"variable {name!r}: data has shape {list(arr.shape)}, shape= says {list(shape)}"
+            )
         return self._new_value(
             name, TensorDesc(arr.dtype, tuple(arr.shape)), ValueKind.VARIABLE, data=arr
         )
+
+    def _declared_variable(self, name: str, shape: object, dtype: object) -> Value:
+        """A variable without an initial value (static shape and dtype required)."""
+        if shape is None or dtype is None:
+            raise GraphError(
+                f"variable {name!r} has no data: give its shape= and dtype= to declare it"
+            )
+        dims = _dims(name, shape)
+        if dims is None or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
+            raise GraphError(f"variable {name!r}: shape {shape!r} must be static (ints >= 0)")
+        desc = TensorDesc(dtypes.to_numpy(dtype, f"variable {name!r}"), tuple(int(d) for d in dims))
+        return self._new_value(name, desc, ValueKind.VARIABLE, data=None)
+
+    # -- writing variables (ops of GEODE_DOMAIN, geode/compiler/ops/state.py) -------------
+    def assign(self, var: Value, value: object, name: str | None = None) -> Value:
+        """Write ``value`` into variable ``var``; returns the new value.
+
+        ``value`` must have the variable's exact dtype and shape; a Python or numpy
+        scalar or array (not a graph Value) becomes a constant of the variable's dtype,
+        broadcast to its shape (``g.assign_add(step, 1)``). Order is the graph's: nodes built before this call that read ``var``
+        see its old value, nodes built after it see the new one; the session's
+        VarManager holds the new value once the run ends (other models see it then).
+        """
+        return self._write("Assign", var, value, name)
+
+    def assign_add(self, var: Value, delta: object, name: str | None = None) -> Value:
+        """``var <- var + delta`` (as :meth:`assign`); returns the new value."""
+        return self._write("AssignAdd", var, delta, name)
+
+    def assign_sub(self, var: Value, delta: object, name: str | None = None) -> Value:
+        """``var <- var - delta`` (as :meth:`assign`); returns the new value."""
+        return self._write("AssignSub", var, delta, name)
+
+    def var_is_initialized(self, var: Value, name: str | None = None) -> Value:
+        """A bool scalar: whether variable ``var`` has a value when this node runs (its
+        initial value, an earlier write in the graph, or the session's value)."""
+        var = self.lift(var)
+        node = self.add_node("VarIsInitialized", [var], name=name, domain=GEODE_DOMAIN)
+        return node.outputs[0]
+
+    def _write(self, op: str, var: Value, value: object, name: str | None) -> Value:
+        if not isinstance(var, Value):
+            raise GraphError(f"{op}: the target must be a variable Value, got {type(var).__name__}")
+        var = self.lift(var)
+        if not isinstance(value, Value):
+            arr = _array(value, var.dtype, f"{op} of variable {var.name!r}")
+            try:
+                arr = np.broadcast_to(arr, var.shape).copy()
+            except (ValueError, TypeError):
+                raise GraphError(
+                    f"{op} of variable {var.name!r} ({var.desc}): a value of shape "
+                    f"{list(arr.shape)} does not broadcast to it"
+                ) from None
+            value = self.constant(arr, f"{var.name}_{op.lower()}_value", dtype=var.dtype)
+        node = self.add_node(op, [var, self.lift(value)], name=name, domain=GEODE_DOMAIN)
+        return node.outputs[0]
 
     def lift(self, x: object, like: Value | None = None) -> Value:
         """A Value for ``x``: Values pass through, Python/numpy scalars become constants."""

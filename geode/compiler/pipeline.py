@@ -22,7 +22,14 @@ from geode.compiler.passes.dce import dce
 from geode.compiler.passes.decompose import decompose
 from geode.compiler.passes.fold_bn import fold_batch_norm
 from geode.compiler.passes.simplify import simplify
-from geode.compiler.passes.variables import freeze_read_only_variables, mark_read_only_variables
+from geode.compiler.passes.variable_format import accelerate_variable_formats
+from geode.compiler.passes.variable_prepare import prepare_variables
+from geode.compiler.passes.variables import (
+    SessionVariables,
+    fold_var_is_initialized,
+    freeze_read_only_variables,
+    mark_read_only_variables,
+)
 from geode.errors import GeodeError
 
 PassFn = Callable[[Graph], bool]
@@ -30,11 +37,14 @@ PassFn = Callable[[Graph], bool]
 
 @dataclass(frozen=True)
 class Pass:
-    """A named graph pass; ``optional`` passes run only when enabled by name."""
+    """A named graph pass; ``optional`` passes run only when enabled by name; ``session``
+    passes also take what the compiling session knows of the graph's variables
+    (``fn(graph, session=...)``)."""
 
     name: str
     fn: PassFn
     optional: bool = False
+    session: bool = False
 
 
 @dataclass
@@ -51,11 +61,14 @@ class PassRecord:
 
 # fmt: off
 PIPELINE: list[Pass] = [
+    Pass("variable_prepare", prepare_variables),  # first: reads the graph's order
+    Pass("var_is_initialized", fold_var_is_initialized, session=True),
     Pass("mark_variables", mark_read_only_variables),
     Pass("freeze_variables", freeze_read_only_variables, optional=True),
     Pass("fold_bn", fold_batch_norm),  # before decompose splits BatchNormalization
     Pass("decompose", decompose),
     Pass("simplify", simplify),
+    Pass("variable_format", accelerate_variable_formats, session=True),  # after decompose
     Pass("const_fold", fold_constants),
     Pass("cse", cse),
     Pass("dce", dce),
@@ -78,13 +91,16 @@ def run_pipeline(
     fold_limit: int | None = None,
     verify: bool = False,
     passes: list[Pass] | None = None,
+    session_variables: SessionVariables | None = None,
 ) -> list[PassRecord]:
     """Run the pipeline on ``graph`` in place until nothing changes; returns one record per pass run.
 
     ``disabled`` names passes to skip, ``enabled`` optional passes to run (unknown
     names raise :class:`GeodeError`). ``fold_limit`` overrides const_fold's minimum
     size budget in bytes. With ``verify`` the graph's invariants are checked after
-    every pass that changed it. The graph ends topologically sorted.
+    every pass that changed it. ``session_variables`` is what the compiling session
+    knows of variables (their storage formats, whether they have values), for the
+    passes marked ``session``. The graph ends topologically sorted.
     """
     plist = PIPELINE if passes is None else passes
     known = {p.name for p in plist}
@@ -106,6 +122,12 @@ def run_pipeline(
             else p
             for p in active
         ]
+    active = [
+        Pass(p.name, functools.partial(p.fn, session=session_variables or {}), p.optional)
+        if p.session
+        else p
+        for p in active
+    ]
     records: list[PassRecord] = []
     graph.sort()
     for rnd in range(max(1, max_rounds)):

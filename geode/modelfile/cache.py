@@ -10,7 +10,8 @@ model file: format, checksum, versions, CPU features) instead of running the pip
 no pass, no fusion, no scheduling, no IR. The kernels' object code is already cached
 too, so a miss here still compiles no kernel twice.
 
-Skipped (the pipeline runs): the numba backend, debug logging or dumps asked for
+Skipped (the pipeline runs): ``model_cache=False`` (``GEODE_MODEL_CACHE=0``), the numba
+backend, debug logging or dumps asked for
 (``GEODE_DEBUG``/``GEODE_DUMP_DIR``: the user wants to see the stages), a graph with
 constants still in external files (loaded lazily: hashing them would read them), a
 model whose constants are too large to copy into the cache (an eighth of
@@ -43,14 +44,18 @@ from geode.modelfile.graph_codec import encode_graph
 
 _FILE = "model.geode"
 #: options that do not change the compiled model
-_IRRELEVANT = frozenset({"debug", "dump_dir", "cache_dir", "cache_max_mb", "progress"})
+_IRRELEVANT = frozenset(
+    {"debug", "dump_dir", "cache_dir", "cache_max_mb", "progress", "model_cache"}
+)
 
 log = logging.getLogger(__name__)
 
 
 def usable(g: Graph, opts: Options) -> bool:
     """Whether a compile of ``g`` with ``opts`` may go through the model cache."""
-    if opts.backend != "llvm" or opts.debug or opts.dump_dir or not opts.codegen:
+    if not opts.model_cache or opts.backend != "llvm" or not opts.codegen:
+        return False
+    if opts.debug or opts.dump_dir:
         return False
     # a constant without data is in an external file, loaded lazily
     return all(v.data is not None for v in g.values.values() if v.kind is ValueKind.CONSTANT)

@@ -23,7 +23,7 @@ from geode.errors import GeodeError, ModelFileError
 from geode.modelfile import compat, container
 from geode.modelfile.graph_codec import decode_array, decode_graph
 from geode.modelfile.units_codec import decode_units
-from geode.plan_builder import ALIAS, bind_units, build_plan
+from geode.plan_builder import NO_STEP, bind_units, build_plan
 from geode.runtime.model import CompiledModel
 from geode.runtime.var_manager import VarManager
 
@@ -44,7 +44,7 @@ def load_model(
     t_link = time.perf_counter()
     g = decode_graph(h.get("graph"), c, _external_loader(c.path))
     snapshots = _variables(h.get("variables"), g, c)
-    units = decode_units(h.get("units"), g, kernels, c, num_threads)
+    units = decode_units(h.get("units"), g, kernels, c, num_threads, vm)
     bind_units(units)
     shared = {name for name in snapshots if name in vm}
     try:
@@ -65,7 +65,7 @@ def load_model(
         "plan": t_end - t_link,
         "total": t_end - t0,
     }
-    infos = [u.info for u in units if u.engine != ALIAS]
+    infos = [u.info for u in units if u.engine not in NO_STEP]
     text = _Text(c.path, str(h.get("explain", "")), str(h.get("dot", "")), timings)
     stats = {"timings": timings, "loaded_from": c.path}
     stats["compile_seconds"] = float(h.get("compile_seconds", 0.0))

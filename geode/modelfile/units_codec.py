@@ -15,15 +15,25 @@ from typing import Any
 from geode.codegen.images import ImageWriter
 from geode.compiler.fusion.views import alias_view
 from geode.compiler.ir import Graph
+from geode.compiler.ops import state
 from geode.compiler.partition.placement import input_symbols
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn
 from geode.errors import ModelFileError
 from geode.modelfile.container import Container, Writer
 from geode.modelfile.exprs import Decoder, encode
 from geode.modelfile.graph_codec import decode_array, encode_array
-from geode.plan_builder import ALIAS, Unit, alias_unit, reference_unit
+from geode.plan_builder import (
+    ALIAS,
+    COMMIT,
+    Unit,
+    alias_unit,
+    commit_unit,
+    reference_unit,
+    var_query_unit,
+)
 from geode.runtime.engines import IndexBound, NativeKernel
 from geode.runtime.model import KernelInfo
+from geode.runtime.var_manager import VarManager
 
 _SIMPLE = (str, int, float, bool)
 
@@ -77,10 +87,11 @@ def _encode_unit(u: Unit, w: Writer, images: ImageWriter) -> dict[str, Any]:
 
 
 def decode_units(
-    data: Any, g: Graph, kernels: list[Any], c: Container, threads: int | None
+    data: Any, g: Graph, kernels: list[Any], c: Container, threads: int | None, vm: VarManager
 ) -> list[Unit]:
     """The units of :func:`encode_units`'s data over graph ``g`` (``kernels``: the loaded
-    images; ``threads`` overrides the native kernels' thread count when given)."""
+    images; ``threads`` overrides the native kernels' thread count when given; ``vm``
+    answers the run-time questions about variables)."""
     if not isinstance(data, list):
         raise ModelFileError(f"model file {c.path!r}: bad unit table")
     nodes = {n.name: n for n in g.nodes}
@@ -89,7 +100,7 @@ def decode_units(
     units = []
     for i, d in enumerate(data):
         try:
-            units.append(_decode_unit(d, g, nodes, kernels, c, dims, bound, threads))
+            units.append(_decode_unit(d, g, nodes, kernels, c, dims, bound, threads, vm))
         except ModelFileError:
             raise
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
@@ -108,11 +119,19 @@ def _decode_unit(
     dims: Decoder,
     bound: set,
     threads: int | None,
+    vm: VarManager,
 ) -> Unit:
     engine = str(d["engine"])
     unit_nodes = [nodes[n] for n in d["nodes"]]
+    if engine == COMMIT:
+        (node,) = unit_nodes
+        if not state.is_var_ref(node):
+            raise ModelFileError(f"model file {c.path!r}: {node.name!r} writes no variable")
+        return commit_unit(node)
     if engine in ("aicpu", "host"):
         (node,) = unit_nodes
+        if state.is_var_query(node):
+            return var_query_unit(node, vm)
         return reference_unit(node, engine)
     if engine == ALIAS:
         (node,) = unit_nodes

@@ -1,4 +1,6 @@
-"""The executor: checks inputs, binds symbols, lays out memory and runs a plan's steps."""
+"""The executor: checks inputs, binds symbols, lays out memory and runs a plan's steps;
+when they have all run, hands out the outputs and commits the variables the graph
+writes (``Plan.commits``)."""
 
 from __future__ import annotations
 
@@ -164,8 +166,14 @@ class Executor:
         self.arena = Arena()
         self.pool = OutputPool()
         self._outputs = {slot for _, slot in plan.outputs}
-        #: the outputs and the roots of outputs that are aliases: fresh memory per call
+        #: the outputs and the roots of outputs that are aliases, and the values committed
+        #: to variables (read when the run ends): fresh memory per call
         self._output_roots = {plan.root(slot) for _, slot in plan.outputs}
+        self._output_roots |= {plan.root(c.slot) for c in plan.commits}
+        #: per commit: slot, key, and whether its value is a variable's own memory
+        self._commits = [
+            (c.slot, c.key, plan.slots[plan.root(c.slot)].role == "variable") for c in plan.commits
+        ]
         #: per step, the aliases made right after it (a plan built by hand may have none)
         self._alias_after = plan.alias_after or [[] for _ in plan.steps]
         self._static = [
@@ -343,7 +351,21 @@ class Executor:
                     values[o] = None
         if fresh_memo is not None:
             _remember(self._memo, memo_key, fresh_memo)
-        return self._hand_out(values)
+        out = self._hand_out(values)
+        if self._commits:
+            self._commit(values)
+        return out
+
+    def _commit(self, values: list[Any]) -> None:
+        """Write the run's variable updates into the VarManager, in plan order. A value
+        that is a variable's own memory (``Assign(a, b)`` with ``b`` a variable the run
+        also writes) is copied first, so every commit writes what the run computed."""
+        staged = [
+            (key, np.array(values[slot], copy=True) if own else values[slot])
+            for slot, key, own in self._commits
+        ]
+        for key, value in staged:
+            self.vm.set_value(key, value)
 
     def _hand_out(self, values: list[Any]) -> dict[str, np.ndarray]:
         """The model's outputs, none sharing memory with the model or with each other:

@@ -10,6 +10,10 @@ contiguous slice) of its *root*, the slot that owns the storage. The executor ma
 from the root's array when the root is there (at the start of a run for inputs and
 constants, after the root's step otherwise); the memory plan keeps the root's buffer
 live until the last use of any of its aliases.
+
+A :class:`Commit` writes a variable once all of a run's steps have run (the graph's
+writes, see ``geode/compiler/passes/variable_prepare.py``): no step sees the VarManager
+change under it.
 """
 
 from __future__ import annotations
@@ -98,6 +102,17 @@ class Alias:
 
 
 @dataclass
+class Commit:
+    """A write of a variable when the run ends (a graph's VarRef): the value of ``slot``,
+    in the user's layout, becomes variable ``key``'s value (converted to its storage
+    format by the VarManager)."""
+
+    slot: int
+    key: VarKey
+    text: str = ""
+
+
+@dataclass
 class Constraint:
     """Two dim expressions that must agree at run time."""
 
@@ -134,6 +149,8 @@ class Plan:
     #: the memory plan in words (arena buffers and their live ranges, aliases), for
     #: ``explain()`` and the dumps
     memory_text: str = ""
+    #: the variables the run writes, in order, once every step has run
+    commits: list[Commit] = field(default_factory=list)
 
     def root(self, slot: int) -> int:
         """The slot that owns ``slot``'s storage (``slot`` itself unless an alias)."""

@@ -19,6 +19,13 @@ Reuse, as in GE's ``AssignVarMem``:
   once, on the first :meth:`VarManager.get`;
 * variables are mutable and never shared.
 
+Variables have a storage *format* (:mod:`geode.runtime.var_format`): their data may be
+kept in another layout than the user's (a weight stored transposed). :meth:`get` and
+:meth:`assign` work on the stored layout; :meth:`get_value` and :meth:`set_value` on
+the user's, converting. A variable may be *declared* without a value
+(:meth:`declare_variable`): it is then not *initialized* (:meth:`is_initialized`) until
+something assigns it, and reading it raises.
+
 A name identifies one tensor in a session: registering a name again returns the same
 key when the registration agrees with the first one and raises
 :class:`VarManagerError` when it does not.
@@ -38,7 +45,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from geode.errors import GeodeError
+from geode.errors import CheckpointError, GeodeError
+from geode.runtime import var_format
+from geode.runtime.var_checkpoint import VarEntry, describe
 
 __all__ = [
     "VarInfo",
@@ -93,6 +102,8 @@ class VarInfo:
     shared_with: tuple[VarKey, ...]
     loaded: bool
     source: tuple[str, int] | None
+    #: False for a variable declared without a value and not assigned since
+    initialized: bool = True
 
 
 def _round_up(n: int, alignment: int) -> int:
@@ -177,6 +188,7 @@ class _Entry:
     loader: Callable[[], np.ndarray] | None = None
     source: tuple[str, int] | None = None
     declared: tuple[np.dtype, tuple[int, ...]] | None = field(default=None)
+    initialized: bool = True  # variables: whether the variable has a value
 
 
 def _as_dtype(dtype: object, what: str) -> np.dtype:
@@ -360,32 +372,70 @@ class VarManager:
             key = VarKey(name, format, arr.dtype.name)
             return self._add(_Entry(key, VarKind.CONSTANT, block, digest=digest))
 
-    def register_variable(self, name: str, array: object, format: str = "ND") -> VarKey:
-        """Copy ``array`` into session memory as the initial value of a mutable variable.
+    def register_variable(
+        self, name: str, array: object, format: str = "ND", *, initial: bool = True
+    ) -> VarKey:
+        """Copy ``array`` (stored layout) into session memory as a mutable variable.
 
-        Variables are never shared. Registering ``name`` again with the same initial value
-        returns the existing key and keeps the variable's *current* value (several graphs
-        of a session share a variable); a different initial value, dtype, shape or format
-        raises :class:`VarManagerError`.
+        With ``initial`` the array is the variable's *initial value*: registering
+        ``name`` again with the same initial value returns the existing key and keeps
+        the variable's *current* value (several graphs of a session share a variable);
+        a different initial value, dtype, shape or format raises
+        :class:`VarManagerError`. Without ``initial`` (a value restored from a
+        checkpoint) the value is current but not initial: any later initial value of
+        that name is accepted once, and the current value kept.
+
+        A variable declared without a value (:meth:`declare_variable`) and not yet
+        initialized takes ``array`` as its value.
         """
         what = f"variable {name!r}"
         arr = _prepare(array, what)
         digest = _digest(arr)
+        var_format.storage_shape(arr.shape, format)  # the format fits the rank
         with self._lock:
             self._check_live()
             entry = self._existing(name, VarKind.VARIABLE, format, arr.dtype)
             if entry is not None:
                 self._check_same_shape(entry, arr.shape)
-                if entry.digest != digest:
+                if not entry.initialized:
+                    entry.block.raw()[:] = _flat_bytes(arr)
+                    entry.initialized = True
+                elif initial and entry.digest is not None and entry.digest != digest:
                     raise VarManagerError(
                         f"variable {name!r} is already registered with a different initial value"
                     )
+                if initial and entry.digest is None:
+                    entry.digest = digest
                 return entry.key
             block = self._allocate(arr.dtype, arr.shape)
             block.raw()[:] = _flat_bytes(arr)
             block.loaded = True
             key = VarKey(name, format, arr.dtype.name)
-            return self._add(_Entry(key, VarKind.VARIABLE, block, digest=digest))
+            return self._add(
+                _Entry(key, VarKind.VARIABLE, block, digest=digest if initial else None)
+            )
+
+    def declare_variable(
+        self, name: str, dtype: object, shape: Sequence[int], format: str = "ND"
+    ) -> VarKey:
+        """Register a variable without a value (``shape``: its stored shape): it is not
+        initialized until assigned (:meth:`assign`, :meth:`set_value`, a graph's write or
+        a restored checkpoint); reading it before raises. Declaring a registered variable
+        again checks dtype, shape and format and returns its key."""
+        what = f"variable {name!r}"
+        dt = _as_dtype(dtype, what)
+        dims = _shape_tuple(shape, what)
+        var_format.storage_shape(dims, format)
+        with self._lock:
+            self._check_live()
+            entry = self._existing(name, VarKind.VARIABLE, format, dt)
+            if entry is not None:
+                self._check_same_shape(entry, dims)
+                return entry.key
+            block = self._allocate(dt, dims)
+            block.loaded = True
+            key = VarKey(name, format, dt.name)
+            return self._add(_Entry(key, VarKind.VARIABLE, block, initialized=False))
 
     def register_file_constant(
         self,
@@ -498,6 +548,12 @@ class VarManager:
         first call. ``key`` may also be a registered name.
         """
         entry = self._entry(key)
+        if not entry.initialized:
+            raise VarManagerError(
+                f"variable {entry.key.name!r} is read before it has a value: it was declared "
+                "without one; assign it in a graph, call session.set_variable, or restore "
+                "a checkpoint first"
+            )
         if not entry.block.loaded:
             self._load(entry)
         view = entry.block.array()
@@ -506,11 +562,10 @@ class VarManager:
         return view
 
     def assign(self, key: VarKey | str, array: object) -> None:
-        """Overwrite a variable's value; ``array`` must have its exact dtype and shape."""
-        entry = self._entry(key)
+        """Overwrite a variable's stored value; ``array`` must have its exact dtype and
+        stored shape. The variable is initialized afterwards."""
+        entry = self._writable(key)
         name = entry.key.name
-        if entry.kind is not VarKind.VARIABLE:
-            raise VarManagerError(f"cannot assign to {entry.kind.value} {name!r}: it is read-only")
         arr = np.asarray(array)
         block = entry.block
         if arr.dtype != block.dtype:
@@ -522,6 +577,109 @@ class VarManager:
                 f"assign to variable {name!r}: expected shape {block.shape}, got {arr.shape}"
             )
         np.copyto(block.array(), arr)
+        entry.initialized = True
+
+    def _writable(self, key: VarKey | str) -> _Entry:
+        entry = self._entry(key)
+        if entry.kind is not VarKind.VARIABLE:
+            raise VarManagerError(
+                f"cannot assign to {entry.kind.value} {entry.key.name!r}: it is read-only"
+            )
+        return entry
+
+    def user_shape(self, key: VarKey | str) -> tuple[int, ...]:
+        """The tensor's shape in the user's layout (its stored shape converted back)."""
+        entry = self._entry(key)
+        return var_format.user_shape(entry.block.shape, entry.key.format)
+
+    def get_value(self, key: VarKey | str) -> np.ndarray:
+        """A copy of the tensor's value in the user's layout (converted back from its
+        storage format)."""
+        entry = self._entry(key)
+        stored = self.get(entry.key)
+        value = var_format.from_storage(stored, entry.key.format)
+        return np.array(value, copy=True) if value is stored else value
+
+    def set_value(self, key: VarKey | str, array: object) -> None:
+        """Overwrite a variable from a value in the user's layout (exact dtype and user
+        shape), converting it to its storage format."""
+        entry = self._writable(key)
+        name = entry.key.name
+        arr = np.asarray(array)
+        want = self.user_shape(entry.key)
+        if arr.dtype != entry.block.dtype:
+            raise VarManagerError(
+                f"set variable {name!r}: expected dtype {entry.block.dtype.name}, got {arr.dtype}"
+            )
+        if arr.shape != want:
+            raise VarManagerError(f"set variable {name!r}: expected shape {want}, got {arr.shape}")
+        self.assign(entry.key, var_format.to_storage(arr, entry.key.format))
+
+    def is_initialized(self, key: VarKey | str) -> bool:
+        """Whether the tensor has a value: always for constants, for a variable unless it
+        was declared without one and not assigned since."""
+        return self._entry(key).initialized
+
+    def variables(self) -> list[VarKey]:
+        """The keys of every variable (not constants), in registration order."""
+        with self._lock:
+            return [k for k, e in self._entries.items() if e.kind is VarKind.VARIABLE]
+
+    def snapshot(self) -> list[VarEntry]:
+        """Every initialized variable as a checkpoint entry: name, dtype, stored shape,
+        format and a copy of its stored data (see :mod:`geode.runtime.var_checkpoint`)."""
+        with self._lock:
+            self._check_live()
+            return [
+                VarEntry(k.name, e.block.dtype, e.block.shape, k.format, e.block.array().copy())
+                for k, e in self._entries.items()
+                if e.kind is VarKind.VARIABLE and e.initialized
+            ]
+
+    def restore(self, entries: Sequence[VarEntry], where: str = "checkpoint") -> list[str]:
+        """Set variables from checkpoint entries; returns their names.
+
+        A variable the session has must agree with its entry in dtype and user shape
+        (the entry's stored data is converted when the storage formats differ); one it
+        does not have is registered with the entry's format and value (not as an initial
+        value: a graph declaring it later keeps the restored value). Every entry is
+        checked before any variable changes: :class:`CheckpointError` names the first
+        variable whose description differs, or that is a constant in this session.
+        Variables the checkpoint does not hold keep their values.
+        """
+        plan: list[tuple[VarEntry, _Entry | None]] = []
+        with self._lock:
+            self._check_live()
+            for e in entries:
+                key = self._names.get(e.name)
+                mine = self._entries[key] if key is not None else None
+                if mine is not None:
+                    self._check_restorable(e, mine, where)
+                plan.append((e, mine))
+            for e, mine in plan:
+                if mine is None:
+                    self.register_variable(e.name, e.data, e.format, initial=False)
+                elif mine.key.format == e.format:
+                    self.assign(mine.key, e.data)
+                else:
+                    self.set_value(mine.key, var_format.from_storage(e.data, e.format))
+        return [e.name for e, _ in plan]
+
+    def _check_restorable(self, e: VarEntry, mine: _Entry, where: str) -> None:
+        if mine.kind is not VarKind.VARIABLE:
+            raise CheckpointError(
+                f"{where}: {e.name!r} is a {mine.kind.value} in session {self.session_id}, "
+                "not a variable"
+            )
+        theirs = var_format.user_shape(e.shape, e.format)
+        ours = var_format.user_shape(mine.block.shape, mine.key.format)
+        if np.dtype(e.dtype) != mine.block.dtype or theirs != ours:
+            raise CheckpointError(
+                f"{where}: variable {e.name!r} differs: the checkpoint has "
+                f"{describe(e.dtype, e.shape, e.format)} (user shape {list(theirs)}), the "
+                f"session has {describe(mine.block.dtype, mine.block.shape, mine.key.format)} "
+                f"(user shape {list(ours)})"
+            )
 
     def logic_address(self, key: VarKey | str) -> int:
         """The tensor's logical address, ``logic_base + region start + offset``."""
@@ -549,6 +707,7 @@ class VarManager:
                 shared_with=tuple(k for k in block.owners if k != entry.key),
                 loaded=block.loaded,
                 source=entry.source,
+                initialized=entry.initialized,
             )
 
     def owners(self, address: int) -> list[VarKey]:
@@ -628,6 +787,8 @@ class VarManager:
             for key, entry in self._entries.items():
                 block = entry.block
                 state = "loaded" if block.loaded else "pending"
+                if not entry.initialized:
+                    state = "uninitialized"
                 rows.append(
                     (
                         str(key),

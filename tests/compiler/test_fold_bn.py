@@ -193,7 +193,7 @@ def test_non_constant_parts_are_not_folded() -> None:
     _left_alone(g2)
     g3 = geode.Graph("variable")  # trainable weights: a variable, not a constant
     x3 = g3.input("x", ["N", 4, 5, 5])
-    y3 = g3.op("Conv", x3, g3.variable("w", rand(6, 4, 3, 3)))
+    y3 = g3.op("Conv", x3, g3.variable(rand(6, 4, 3, 3), "w"))
     g3.output(g3.op("BatchNormalization", y3, *map(g3.constant, p)), names=["out"])
     _left_alone(g3)
     g4 = geode.Graph("spatial")  # a constant varying along W is not per channel

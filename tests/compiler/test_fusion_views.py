@@ -74,7 +74,7 @@ def test_a_slice_is_a_view_only_when_contiguous(shape, starts, ends, axes, steps
 def test_no_view_of_a_variable_or_of_a_shape_known_only_at_run_time():
     g = geode.Graph("no")
     x = g.input("x", ["N", 8])
-    v = g.variable("v", np.zeros((2, 4), np.float32))
+    v = g.variable(np.zeros((2, 4), np.float32), "v")
     rv = ops.reshape(v, [8])
     nz = ops.non_zero(x)  # [2, K]: K known only at run time
     rn = ops.reshape(nz, [-1])

@@ -42,7 +42,7 @@ def test_values_match_numpy():
 def test_variables_constants_and_passthrough_outputs():
     g = geode.Graph("vars")
     x = g.input("x", [3])
-    v = g.variable("v", np.array([1.0, 2.0, 3.0], np.float32))
+    v = g.variable(np.array([1.0, 2.0, 3.0], np.float32), "v")
     c = g.constant(np.float32(10.0))
     g.output(x * v + c, x, names=["y", "x_out"])
     x_in = np.ones(3, np.float32)

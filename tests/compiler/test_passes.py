@@ -229,7 +229,7 @@ def test_fold_constant_chain():
 def test_fold_keeps_output_name_and_skips_variables():
     g = geode.Graph("fold")
     x = g.input("x", [2])
-    v = g.variable("v", np.ones(2, np.float32))
+    v = g.variable(np.ones(2, np.float32), "v")
     c = g.constant(np.array([1.0, 2.0], np.float32))
     g.output(c * 3.0, x + v * 2.0, names=["k", "y"])
     after = run_pass(g, fold_constants)
@@ -343,7 +343,7 @@ def test_dce_removes_dead_nodes_and_values_but_not_inputs():
     g = geode.Graph("dce")
     x = g.input("x", ["N"])
     unused_in = g.input("unused", [3])
-    g.variable("w", np.ones(3, np.float32))
+    g.variable(np.ones(3, np.float32), "w")
     dead = ops.exp(x) * g.constant(np.float32(5.0))
     assert dead.uses == []
     g.output(ops.neg(x), names=["y"])
@@ -358,7 +358,7 @@ def test_dce_removes_dead_nodes_and_values_but_not_inputs():
 def test_dce_keeps_side_effects():
     g = geode.Graph("assign")
     x = g.input("x", [3])
-    v = g.variable("v", np.zeros(3, np.float32))
+    v = g.variable(np.zeros(3, np.float32), "v")
     g.add_node("Assign", [v, x], domain=TEST_DOMAIN)
     g.output(ops.neg(x), names=["y"])
     assert not dce(g)
@@ -804,8 +804,8 @@ def test_decompose_leaves_primitives_and_simple_activations():
 def test_variable_marks_and_freezing():
     g = geode.Graph("vars")
     x = g.input("x", [3])
-    w = g.variable("w", np.full(3, 2.0, np.float32))
-    counter = g.variable("counter", np.zeros(3, np.float32))
+    w = g.variable(np.full(3, 2.0, np.float32), "w")
+    counter = g.variable(np.zeros(3, np.float32), "counter")
     g.add_node("Assign", [counter, x], domain=TEST_DOMAIN)
     g.output(x * (w * 3.0) + counter, names=["y"])
     assert [v.name for v in read_only_variables(g)] == ["w"]
@@ -868,9 +868,12 @@ def test_pipeline_disable_enable_and_bounds():
     g = _model()
     records = run_pipeline(g.copy(), disabled=["decompose", "cse"], max_rounds=1)
     assert {r.name for r in records} == {
+        "variable_prepare",
+        "var_is_initialized",
         "mark_variables",
         "fold_bn",
         "simplify",
+        "variable_format",
         "const_fold",
         "dce",
     }
@@ -879,7 +882,7 @@ def test_pipeline_disable_enable_and_bounds():
         run_pipeline(g.copy(), disabled=["nope"])
     gv = geode.Graph("v")
     x = gv.input("x", [2])
-    gv.output(x + gv.variable("w", np.ones(2, np.float32)) * 2.0, names=["y"])
+    gv.output(x + gv.variable(np.ones(2, np.float32), "w") * 2.0, names=["y"])
     run_pipeline(gv)
     assert optypes(gv) == ["Mul", "Add"]
     run_pipeline(gv, enabled=["freeze_variables"])

@@ -267,7 +267,7 @@ def test_ragged_constant_and_variable_are_graph_errors():
     with pytest.raises(GraphError, match="constant 'c': cannot make an array of list"):
         g.constant([[1, 2], [3]], name="c")
     with pytest.raises(GraphError, match="variable 'v': cannot make an array of list"):
-        g.variable("v", [[1.0], [2.0, 3.0]])
+        g.variable([[1.0], [2.0, 3.0]], "v")
 
 
 def test_unknown_op_in_geode_ops():

@@ -19,6 +19,7 @@ def cache_dir(tmp_path, monkeypatch):
     d = tmp_path / "cache"
     d.mkdir(mode=0o700)
     monkeypatch.setenv("GEODE_CACHE_DIR", str(d))
+    monkeypatch.setenv("GEODE_MODEL_CACHE", "1")  # off for the rest of the suite
     return d
 
 
@@ -100,6 +101,7 @@ def test_cache_folder_writable_by_others_is_not_used(tmp_path, monkeypatch):
     d.mkdir()
     os.chmod(d, 0o777)
     monkeypatch.setenv("GEODE_CACHE_DIR", str(d))
+    monkeypatch.setenv("GEODE_MODEL_CACHE", "1")
     geode.compile(_scaled(), session=geode.Session())
     assert not (d / cache.MODEL_AREA).exists()
 
@@ -108,7 +110,7 @@ def test_a_cached_model_starts_from_the_initial_variables(cache_dir):
     def graph():
         g = geode.Graph("v")
         x = g.input("x", ["N", 4])
-        g.output(g.op("Mul", x, g.variable("w", np.ones(4, np.float32))), names=["y"])
+        g.output(g.op("Mul", x, g.variable(np.ones(4, np.float32), "w")), names=["y"])
         return g
 
     first = geode.compile(graph(), session=geode.Session())
@@ -125,3 +127,11 @@ def test_numba_backend_is_never_cached(cache_dir):
     g = _scaled()
     geode.compile(g, session=geode.Session(), backend="numba")
     assert not (cache_dir / cache.MODEL_AREA).exists()
+
+
+def test_option_turns_it_off(cache_dir):
+    geode.compile(_scaled(), session=geode.Session(), model_cache=False)
+    assert not (cache_dir / cache.MODEL_AREA).exists()
+    geode.compile(_scaled(), session=geode.Session())
+    again = geode.compile(_scaled(), session=geode.Session(), model_cache=False)
+    assert "model_cache" not in again.stats

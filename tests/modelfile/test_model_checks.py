@@ -22,7 +22,7 @@ def saved(tmp_path_factory):
     """A saved model with a variable, and its path."""
     g = geode.Graph("checked")
     x = g.input("x", ["N", 4])
-    w = g.variable("w", np.arange(4, dtype=np.float32))
+    w = g.variable(np.arange(4, dtype=np.float32), "w")
     g.output(g.op("Exp", g.op("Mul", x, w)), names=["y"])
     path = tmp_path_factory.mktemp("m") / "m.geode"
     geode.compile(g, session=geode.Session()).save(path)
@@ -144,7 +144,7 @@ def test_variable_described_as_the_session_holds_it_otherwise(saved):
     sess = geode.Session()
     g = geode.Graph("other")
     x = g.input("x", [3])
-    g.output(g.op("Add", x, g.variable("w", np.zeros(3, np.float32))), names=["y"])
+    g.output(g.op("Add", x, g.variable(np.zeros(3, np.float32), "w")), names=["y"])
     geode.compile(g, session=sess)
     with pytest.raises(GeodeError, match="'w'"):
         geode.load(saved, session=sess)

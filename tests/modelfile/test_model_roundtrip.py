@@ -95,7 +95,7 @@ def test_kernel_source_and_explain_survive(tmp_path):
 def _variable_graph() -> geode.Graph:
     g = geode.Graph("with_var")
     x = g.input("x", ["N", 4])
-    w = g.variable("w", np.arange(4, dtype=np.float32))
+    w = g.variable(np.arange(4, dtype=np.float32), "w")
     g.output(g.op("Mul", x, w), names=["y"])
     return g
 
@@ -198,3 +198,46 @@ def test_fresh_process_loads_without_compiling(tmp_path):
     assert report == {**report, "numba": False, "onnx": False}
     _same(model.run(feeds), dict(np.load(tmp_path / "out.npz")))
     assert not os.path.exists(tmp_path / "empty_cache" / "kernels")  # nothing compiled
+
+
+def test_training_graph_resumes_from_its_file(tmp_path):
+    """An SGD loop written as a graph (Assign): saved after 3 steps, loaded into a new
+    session, it goes on from the saved weights, step for step like numpy."""
+    from test_variables import X, Y, numpy_sgd, sgd_graph
+
+    with geode.Session() as sess:
+        train = sess.compile(sgd_graph())
+        w = np.zeros((X.shape[1], 1), np.float32)
+        for _ in range(3):
+            train(x=X, y=Y)
+            w, _ = numpy_sgd(w)
+        train.save(tmp_path / "train.geode")
+    with geode.Session() as sess:
+        resumed = sess.load(tmp_path / "train.geode")
+        np.testing.assert_allclose(sess.get_variable("w"), w, rtol=1e-5, atol=1e-6)
+        for _ in range(3):
+            loss = float(resumed(x=X, y=Y)["loss"])
+            w, want = numpy_sgd(w)
+            np.testing.assert_allclose(loss, want, rtol=1e-5)
+        np.testing.assert_allclose(sess.get_variable("w"), w, rtol=1e-5, atol=1e-6)
+
+
+def test_weight_kept_in_its_accelerated_format(tmp_path):
+    """A variable stored transposed (format acceleration) is saved in that format and
+    loaded without converting it again; read out, it is in the user's layout."""
+    from test_variables import _linear_graph
+
+    from geode.runtime import var_format
+
+    w0 = np.random.default_rng(5).standard_normal((6, 8)).astype(np.float32)
+    x = np.random.default_rng(6).standard_normal((3, 8)).astype(np.float32)
+    with geode.Session() as sess:
+        model = sess.compile(_linear_graph(w0))
+        model.save(tmp_path / "lin.geode")
+    with geode.Session() as sess:
+        start = var_format.conversions()
+        loaded = sess.load(tmp_path / "lin.geode")
+        assert var_format.conversions() == start  # stored as it was: no conversion
+        assert sess.var_manager.info("W").key.format == "TRANSPOSED(1,0)"
+        np.testing.assert_allclose(loaded(x=x)["y"], x @ w0.T + 1.0, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(sess.get_variable("W"), w0)

@@ -58,7 +58,7 @@ def test_variables_live_in_the_session_and_are_shared():
     def graph(name):
         g = geode.Graph(name)
         x = g.input("x", [4])
-        v = g.variable("scale", np.full(4, 2.0, np.float32))
+        v = g.variable(np.full(4, 2.0, np.float32), "scale")
         g.output(x * v, names=["y"])
         return g
 
@@ -86,7 +86,7 @@ def test_same_variable_name_with_another_initial_value_is_refused(second):
     def graph(name, init):
         g = geode.Graph(name)
         x = g.input("x", [4])
-        g.output(x * g.variable("scale", init), names=["y"])
+        g.output(x * g.variable(init, "scale"), names=["y"])
         return g
 
     with geode.Session() as sess:
@@ -319,7 +319,7 @@ def test_memoized_outputs_are_copies_the_caller_may_change():
 def test_steps_reading_data_or_variables_are_not_memoized():
     g = geode.Graph("data")
     x = g.input("x", ["N", 4])
-    v = g.variable("v", np.ones(4, np.float32))
+    v = g.variable(np.ones(4, np.float32), "v")
     g.output(ops.shape(x), x + v, names=["s", "y"])
     model = geode.compile(g)
     memo_labels = {model.plan.steps[k].label for k in model.plan.memo_steps}

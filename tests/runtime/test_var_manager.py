@@ -396,3 +396,75 @@ def test_thread_safety_smoke():
     addrs = [m.logic_address(k) for n, k in keys.items() if not n.startswith("c")]
     assert len(set(addrs)) == len(addrs)
     m.release()
+
+
+# -- formats, declared variables, user-layout access -------------------------------------
+def test_var_format_conversions_and_shapes():
+    from geode.runtime import var_format
+
+    fmt = var_format.transposed([1, 0])
+    assert fmt == "TRANSPOSED(1,0)" and var_format.permutation(fmt) == (1, 0)
+    assert var_format.transposed([0, 1]) == var_format.ND
+    assert var_format.permutation("NCHW") is None  # a label: stored as the user sees it
+    assert var_format.storage_shape((2, 3, 4), "TRANSPOSED(2,0,1)") == (4, 2, 3)
+    assert var_format.user_shape((4, 2, 3), "TRANSPOSED(2,0,1)") == (2, 3, 4)
+    a = np.arange(24).reshape(2, 3, 4)
+    before = var_format.conversions()
+    s = var_format.to_storage(a, "TRANSPOSED(2,0,1)")
+    assert s.flags.c_contiguous and s.shape == (4, 2, 3)
+    np.testing.assert_array_equal(var_format.from_storage(s, "TRANSPOSED(2,0,1)"), a)
+    assert var_format.to_storage(a, "ND") is a
+    assert var_format.conversions() == before + 2
+    for bad, match in [("TRANSPOSED(1,1)", "not a permutation"), ("TRANSPOSED(x)", "malformed")]:
+        with pytest.raises(GeodeError, match=match):
+            var_format.permutation(bad)
+    with pytest.raises(GeodeError, match="rank 3"):
+        var_format.to_storage(a, "TRANSPOSED(1,0)")
+
+
+def test_declared_variable_is_uninitialized_until_assigned(vm):
+    key = vm.declare_variable("d", "float32", (2, 3))
+    assert not vm.is_initialized(key) and not vm.info(key).initialized
+    assert "uninitialized" in vm.describe()
+    with pytest.raises(VarManagerError, match="'d' is read before it has a value"):
+        vm.get(key)
+    with pytest.raises(VarManagerError, match="'d' is read before"):
+        vm.get_value("d")
+    assert vm.declare_variable("d", "float32", (2, 3)) == key  # declaring again agrees
+    with pytest.raises(VarManagerError, match="shape"):
+        vm.declare_variable("d", "float32", (3, 2))
+    vm.assign(key, np.ones((2, 3), np.float32))
+    assert vm.is_initialized(key)
+    np.testing.assert_array_equal(vm.get(key), 1.0)
+    assert vm.variables() == [key]
+    assert vm.snapshot()[0].name == "d"
+
+
+def test_declared_variable_takes_a_later_initial_value(vm):
+    vm.declare_variable("d", "float32", (2,))
+    vm.register_variable("d", np.full(2, 4.0, np.float32))  # a graph with an initial value
+    np.testing.assert_array_equal(vm.get("d"), 4.0)
+    vm.assign("d", np.zeros(2, np.float32))
+    vm.register_variable("d", np.full(2, 4.0, np.float32))  # same initial value: kept
+    np.testing.assert_array_equal(vm.get("d"), 0.0)
+    with pytest.raises(VarManagerError, match="different initial value"):
+        vm.register_variable("d", np.full(2, 5.0, np.float32))
+
+
+def test_user_layout_access_converts_a_transposed_variable(vm):
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    key = vm.register_variable("w", w.T.copy(), "TRANSPOSED(1,0)")
+    assert vm.info(key).shape == (3, 2) and vm.user_shape(key) == (2, 3)
+    np.testing.assert_array_equal(vm.get_value(key), w)
+    vm.set_value(key, w * 2)
+    np.testing.assert_array_equal(vm.get(key), (w * 2).T)
+    with pytest.raises(VarManagerError, match=r"expected shape \(2, 3\), got \(3, 2\)"):
+        vm.set_value(key, w.T)
+    with pytest.raises(VarManagerError, match="expected dtype float32"):
+        vm.set_value(key, w.astype(np.float64))
+    plain = vm.register_variable("p", np.ones(2, np.float32))
+    got = vm.get_value(plain)
+    got[:] = 7  # a copy, not the session's memory
+    np.testing.assert_array_equal(vm.get(plain), 1.0)
+    with pytest.raises(GeodeError, match="rank 1"):
+        vm.register_variable("bad", np.ones(2, np.float32), "TRANSPOSED(1,0)")

@@ -304,7 +304,7 @@ def test_views_of_a_variable_are_not_aliases():
     """An assignment may replace a variable during the run: a view of it stays a step."""
     g = geode.Graph("var_view")
     x = g.input("x", [2, 3])
-    v = g.variable("table", np.arange(6, dtype=np.float32))
+    v = g.variable(np.arange(6, dtype=np.float32), "table")
     g.output(x + ops.reshape(v, [2, 3]), names=["y"])
     model = geode.compile(g)
     assert not model.plan.aliases

@@ -13,7 +13,9 @@ What it does:
 - checks the opset imports (default domain: :data:`SUPPORTED_OPSET_RANGE`);
 - turns graph inputs into :meth:`Graph.input` values (``dim_value`` -> int,
   ``dim_param`` -> one shared symbol per name, missing dim -> fresh symbol, missing
-  shape -> unknown rank) and initializers into constants;
+  shape -> unknown rank) and initializers into constants, except an initializer that
+  a node of geode's domain (``"geode"``: Assign, AssignAdd, AssignSub) writes, which
+  becomes a variable of that name with the initializer as its initial value;
 - converts every node's attributes to Python values, brings the node from the model's
   opset to geode's opset-21 form (:mod:`geode.compiler.frontend.onnx_versions`) and adds
   it with :meth:`Graph.add_node` (verify + shape inference). ``Constant`` nodes become
@@ -43,8 +45,9 @@ from onnx import external_data_helper, helper, numpy_helper
 from geode.compiler import dtypes
 from geode.compiler.frontend import onnx_versions
 from geode.compiler.frontend.onnx_versions import AdaptContext, NodeSpec
-from geode.compiler.ir import Graph, TensorDesc, Value, ValueKind
+from geode.compiler.ir import GEODE_DOMAIN, Graph, TensorDesc, Value, ValueKind
 from geode.compiler.ops import registry
+from geode.compiler.ops.state import WRITE_OPS
 from geode.compiler.shapes import SymbolTable
 from geode.errors import ModelLoadError, UnknownOpError
 
@@ -484,6 +487,12 @@ class _GraphBuilder:
         self.captures: list[str] = []
         self._node_count = 0
         self._reserved: set[str] = set()
+        #: initializers that geode-domain Assign ops write: variables, not constants
+        self.written = {
+            n.input[0]
+            for n in gp.node
+            if _norm_domain(n.domain) == GEODE_DOMAIN and n.op_type in WRITE_OPS and n.input
+        }
 
     @property
     def label(self) -> str:
@@ -631,7 +640,10 @@ class _GraphBuilder:
             defaults[name].default = arr  # type: ignore[attr-defined]
             return
         self._check_new_name(name, "initializer")
-        v = self._constant(name, arr, t, ref, loader)
+        if name in self.written:  # a variable, with the initializer as its initial value
+            v = self.graph.variable(loader() if arr is None else arr, name)
+        else:
+            v = self._constant(name, arr, t, ref, loader)
         self._define(name, v)
 
     def _tensor(

@@ -3,7 +3,8 @@
 geode's IR already follows ONNX's op set and attribute conventions, so export is a
 direct translation: inputs and outputs with symbolic dims as ``dim_param``,
 constants as initializers, nodes as they are. Variables export as initializers too
-(ONNX has no mutable state).
+(ONNX has no mutable state; their initial values), and geode's own ops (Assign, ...)
+under their domain ``"geode"``, which the importer reads back as variable writes.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def to_onnx(graph: Graph, opset: int = OPSET) -> onnx.ModelProto:
     """The ONNX model of a graph; GeodeError when an op has no ONNX form."""
     g = graph.copy()
     g.sort()
+    empty = [v.name for v in g.variables() if v.data is None]
+    if empty:
+        raise GeodeError(
+            f"graph {graph.name!r}: variables {empty} have no initial value; ONNX stores "
+            "one per initializer"
+        )
     inits = [
         numpy_helper.from_array(np.asarray(v.data), v.name)
         for v in g.values.values()

@@ -15,6 +15,7 @@ from geode.compiler.ops import registry
 from geode.compiler.ops import rnn as _rnn  # noqa: F401
 from geode.compiler.ops import scatter as _scatter  # noqa: F401
 from geode.compiler.ops import signal as _signal  # noqa: F401
+from geode.compiler.ops import state as _state  # noqa: F401
 from geode.compiler.ops import strings as _strings  # noqa: F401
 from geode.compiler.ops.registry import OpDef, OpKind, all_ops, get, has, register
 
