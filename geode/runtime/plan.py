@@ -108,6 +108,34 @@ class Constraint:
 
 
 @dataclass
+class BroadcastConstraint:
+    """Dims broadcast together (ONNX): at run time those that are not 1 must be equal.
+
+    ``dims`` holds each dim's value as a function of the binding and its text (``N``);
+    ``where`` names the op that broadcasts them."""
+
+    dims: tuple[tuple[Callable[[Env], int], str], ...]
+    symbols: frozenset[str]
+    where: str
+
+    def violation(self, env: Env) -> str | None:
+        """None when the bound dims broadcast, else what is wrong, naming two dims that
+        are neither equal nor 1 and their values."""
+        seen: tuple[str, int] | None = None
+        for fn, text in self.dims:
+            v = fn(env)
+            if v == 1:
+                continue
+            if seen is not None and seen[1] != v:
+                return (
+                    f"dims {seen[0]} = {seen[1]} and {text} = {v} cannot broadcast "
+                    f"(they must be equal or one of them 1) at {self.where}"
+                )
+            seen = seen or (text, v)
+        return None
+
+
+@dataclass
 class Plan:
     """Everything the executor needs to run a compiled graph."""
 
@@ -134,6 +162,8 @@ class Plan:
     #: the memory plan in words (arena buffers and their live ranges, aliases), for
     #: ``explain()`` and the dumps
     memory_text: str = ""
+    #: dims broadcast together by symbolic broadcasts, checked once the inputs bind them
+    broadcasts: list[BroadcastConstraint] = field(default_factory=list)
 
     def root(self, slot: int) -> int:
         """The slot that owns ``slot``'s storage (``slot`` itself unless an alias)."""
