@@ -127,12 +127,18 @@ class BroadcastConstraint:
             if v == 1:
                 continue
             if seen is not None and seen[1] != v:
+                a, b = _named(*seen), _named(text, v)
                 return (
-                    f"dims {seen[0]} = {seen[1]} and {text} = {v} cannot broadcast "
+                    f"dims {a} and {b} cannot broadcast "
                     f"(they must be equal or one of them 1) at {self.where}"
                 )
             seen = seen or (text, v)
         return None
+
+
+def _named(text: str, value: int) -> str:
+    """``N = 5`` for a symbolic dim, ``5`` for a static one."""
+    return text if text == str(value) else f"{text} = {value}"
 
 
 @dataclass
