@@ -142,7 +142,8 @@ class BroadcastDim(sympy.Function):
     is_integer = True
 
     @classmethod
-    def eval(cls, *args: sympy.Expr) -> sympy.Expr | None:  # noqa: D102 - sympy's hook
+    def eval(cls, *args: sympy.Expr) -> sympy.Expr | None:
+        """sympy's hook on construction: the canonical form, or None when ``args`` are."""
         ops = broadcast_operands(args)
         statics = sorted({int(a) for a in ops if a.is_Integer})
         if len(statics) > 1:
