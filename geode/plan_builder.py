@@ -29,6 +29,7 @@ from geode.runtime.memory import BufferRequest, MemoryPlan
 from geode.runtime.model import KernelInfo
 from geode.runtime.plan import (
     Alias,
+    BroadcastConstraint,
     Commit,
     Constraint,
     DimCheck,
@@ -216,6 +217,7 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
             constraints.append(
                 Constraint(compile_dim_fn(a), compile_dim_fn(b), syms, f"{a} == {b} ({where})")
             )
+    broadcasts = _broadcast_constraints(graph, input_names)
     memo = _binding_steps(step_units, steps, slots, aliases)
     text = describe_memory(slots, steps, memory, aliases, out_slots)
     steps, release, memo = _chain_native_runs(step_units, steps, release, memo, aliases)
@@ -236,7 +238,21 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
         after,
         text,
         commits,
+        broadcasts,
     )
+
+
+def _broadcast_constraints(graph: Graph, input_names: set[str]) -> list[BroadcastConstraint]:
+    """The graph's recorded symbolic broadcasts (``SymbolTable.broadcasts``) whose dims the
+    inputs bind, for the executor to check before the run. The others involve symbols a
+    step binds; the ops that broadcast them check their operands when they run."""
+    out = []
+    for dims, where in graph.symbols.broadcasts:
+        syms = frozenset(s.name for s in free_symbols(dims))
+        if syms <= input_names:
+            fns = tuple((compile_dim_fn(d), str(d)) for d in dims)
+            out.append(BroadcastConstraint(fns, syms, where))
+    return out
 
 
 def _slot(v: Value, input_names: set[str], vm: VarManager, key_prefix: str) -> Slot:

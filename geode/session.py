@@ -255,6 +255,11 @@ class _Explain:
         lines = [f"model {g.name}"]
         lines.append("inputs: " + ", ".join(f"{v.name}: {v.desc}" for v in g.inputs))
         lines.append("outputs: " + ", ".join(f"{v.name}: {v.desc}" for v in g.outputs))
+        if g.symbols.broadcasts:
+            groups = "; ".join(
+                f"{', '.join(map(str, dims))} ({where})" for dims, where in g.symbols.broadcasts
+            )
+            lines.append(f"broadcasts (checked at run time: equal or 1): {groups}")
         lines.append(
             f"compile time: {self.timings.get('total', 0.0) * 1e3:.1f} ms "
             f"(passes {self.timings.get('passes', 0.0) * 1e3:.1f} ms, "

@@ -29,7 +29,14 @@ from geode.compiler import dtypes
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import reduce_axes
 from geode.compiler.ir import Graph, Node, Value
-from geode.compiler.shapes import Dim, dims_equal, free_symbols
+from geode.compiler.shapes import (
+    Dim,
+    SymbolTable,
+    broadcast_stride,
+    broadcasts_to,
+    dims_equal,
+    free_symbols,
+)
 from geode.errors import CodegenError
 
 #: dtypes the native backend handles
@@ -168,13 +175,25 @@ class LowerCtx:
         return A.Load(self.buffer_of(v), tuple(idx))
 
     def bload(self, v: Value, ivs: list[A.Expr], out_shape: tuple[Dim, ...]) -> A.Expr:
-        """Read ``v`` broadcast to an output of ``out_shape`` at output index ``ivs``."""
+        """Read ``v`` broadcast to an output of ``out_shape`` at output index ``ivs``.
+
+        A static 1 reads index 0; a dim provably equal to the output's reads the output's
+        index. Any other dim ``d`` is a symbolic broadcast (``N`` into ``bcast(M, N)``,
+        legal by :func:`broadcasts_to`): ``d`` is the output's dim or 1 at run time, so it
+        reads index ``i * stride`` with the dim argument ``stride = Min(1, d - 1)``: 1
+        when ``d`` is the output's dim, 0 when it is 1 (when ``d`` is 0 so is the
+        output's dim, and nothing is read)."""
         shape = v.shape
         off = len(out_shape) - len(shape)
         idx = []
         for j, d in enumerate(shape):
             od = out_shape[j + off]
-            idx.append(A.Const(0) if d == 1 and od != 1 else ivs[j + off])
+            if d == 1 and od != 1:
+                idx.append(A.Const(0))
+            elif d == od or dims_equal(d, od) is True:
+                idx.append(ivs[j + off])
+            else:
+                idx.append(A.mul(ivs[j + off], self.dim(broadcast_stride(d))))
         return self.load(v, idx)
 
 
@@ -650,12 +669,12 @@ def make_can_lower(graph: Graph) -> Callable[[Node], str | None]:
                 return f"{v.name!r} has dtype {dtypes.name(v.dtype)} (not compiled)"
             if not free_symbols(v.shape) <= bound:
                 return f"{v.name!r} has a shape known only at run time"
-        return _op_check(node)
+        return _op_check(node, graph.symbols)
 
     return check
 
 
-def _op_check(node: Node) -> str | None:
+def _op_check(node: Node, symbols: SymbolTable) -> str | None:
     out = node.outputs[0]
     if node.op_type in REDUCES:
         if reduce_axes(node) is None:
@@ -672,7 +691,7 @@ def _op_check(node: Node) -> str | None:
                 continue
             off = len(out.shape) - len(v.shape)
             for j, d in enumerate(v.shape):
-                if not (d == 1 or dims_equal(d, out.shape[j + off]) is True):
+                if not broadcasts_to(d, out.shape[j + off], symbols):
                     return f"broadcast of {v.name!r} dim {j} ({d}) against {out.shape[j + off]} is ambiguous"
     if node.op_type == "Slice":
         if not all(v is None or v.is_constant for v in node.inputs[1:]):
@@ -688,7 +707,7 @@ def _op_check(node: Node) -> str | None:
             return "expand shape known only at run time"
         off = len(out.shape) - len(x.shape)
         for j, d in enumerate(x.shape):
-            if not (d == 1 or dims_equal(d, out.shape[j + off]) is True):
+            if not broadcasts_to(d, out.shape[j + off], symbols):
                 return "ambiguous expand"
     if node.op_type == "Squeeze" or node.op_type == "Unsqueeze":
         x = node.inputs[0]

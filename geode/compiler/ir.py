@@ -677,7 +677,10 @@ class Graph:
         """A structural copy (tensor data is shared, not copied)."""
         g = Graph(self.name)
         g.symbols = SymbolTable(
-            dict(self.symbols.named), self.symbols.counter, list(self.symbols.constraints)
+            dict(self.symbols.named),
+            self.symbols.counter,
+            list(self.symbols.constraints),
+            list(self.symbols.broadcasts),
         )
         g.opset = self.opset
         vmap: dict[int, Value] = {}
@@ -750,6 +753,9 @@ def format_graph(g: Graph, annotate: dict[str, str] | None = None) -> str:
     if g.symbols.constraints:
         cons = "; ".join(f"{a} == {b}" for a, b, _ in g.symbols.constraints)
         lines.append(f"  constraints: {cons}")
+    if g.symbols.broadcasts:
+        groups = "; ".join(", ".join(map(str, dims)) for dims, _ in g.symbols.broadcasts)
+        lines.append(f"  broadcast (equal or 1): {groups}")
     lines.append("}")
     return "\n".join(lines)
 

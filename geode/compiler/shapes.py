@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sympy
+from sympy.core.logic import fuzzy_and
 
 from geode.errors import ShapeError
 
@@ -126,8 +127,104 @@ def evaluate(shape: Sequence[Dim], env: Mapping[sympy.Symbol, int]) -> tuple[int
     return tuple(evaluate_dim(d, env) for d in shape)
 
 
-def broadcast_dim(a: Dim, b: Dim, where: str = "") -> Dim:
-    """Multidirectional (numpy/ONNX) broadcast of two dims."""
+class BroadcastDim(sympy.Function):
+    """The ONNX broadcast of two or more symbolic dims: the one of them that is not 1 (1
+    when all are), legal only when those that are not 1 are equal (checked at run time:
+    :meth:`SymbolTable.require_broadcast`). Printed ``bcast(M, N)``.
+
+    Canonical on construction: nested broadcasts flatten, 1s drop out, repeated operands
+    count once and the rest are sorted, so ``bcast(N, M)`` is ``bcast(M, N)``. A static
+    operand other than 1 is the result (the others must be 1 or equal to it), and two
+    different ones raise :class:`ShapeError`; so binding every symbol yields an int.
+    Unlike ``Max`` it is right for 0: ``bcast(0, 1)`` is 0.
+    """
+
+    is_integer = True
+
+    @classmethod
+    def eval(cls, *args: sympy.Expr) -> sympy.Expr | None:
+        """sympy's hook on construction: the canonical form, or None when ``args`` are."""
+        ops = broadcast_operands(args)
+        statics = sorted({int(a) for a in ops if a.is_Integer})
+        if len(statics) > 1:
+            raise ShapeError(f"cannot broadcast dims {statics[0]} and {statics[1]}")
+        if statics:
+            return sympy.Integer(statics[0])
+        if not ops:
+            return sympy.Integer(1)
+        if len(ops) == 1:
+            return ops[0]
+        if tuple(ops) != tuple(args):
+            return cls(*ops, evaluate=False)
+        return None
+
+    def _eval_is_positive(self) -> bool | None:
+        return fuzzy_and(a.is_positive for a in self.args)
+
+    def _eval_is_nonnegative(self) -> bool | None:
+        return fuzzy_and(a.is_nonnegative for a in self.args)
+
+    def _sympystr(self, printer: object) -> str:
+        return "bcast(" + ", ".join(printer._print(a) for a in self.args) + ")"  # type: ignore[attr-defined]
+
+
+def broadcast_operands(dims: Iterable[object]) -> list[sympy.Expr]:
+    """The operands of a broadcast of ``dims`` in canonical order: nested
+    :class:`BroadcastDim` flattened, 1s dropped, each operand once."""
+    seen: set[sympy.Expr] = set()
+    for d in dims:
+        e = sympy.sympify(d)
+        for a in e.args if isinstance(e, BroadcastDim) else (e,):
+            if a != 1:
+                seen.add(a)
+    return sorted(seen, key=sympy.default_sort_key)
+
+
+def broadcast_value(*values: int) -> int:
+    """The broadcast of concrete sizes (ONNX: those other than 1 must be equal; 0 with 1
+    is 0); :class:`ShapeError` naming two that differ."""
+    out = 1
+    for v in values:
+        if v != 1:
+            if out not in (1, v):
+                raise ShapeError(f"cannot broadcast dims {out} and {v}")
+            out = v
+    return out
+
+
+def broadcasts_to(d: Dim, target: Dim, symbols: SymbolTable | None = None) -> bool:
+    """True when a dim ``d`` of an operand broadcasts to the result dim ``target`` for
+    every binding the model admits: ``d`` is 1 or provably ``target``, or ``target`` is a
+    broadcast of ``d``'s operands and others (``N`` into ``bcast(M, N)``), or, given the
+    graph's ``symbols``, a recorded broadcast made a static ``target`` of ``d`` (``N``
+    against 16 gives 16, legal when ``N`` is 1 or 16). Then ``d`` equals ``target`` or is
+    1 at run time, and a kernel reads it at index 0 when it is 1."""
+    if d == 1 or dims_equal(d, target) is True:
+        return True
+    ops = set(broadcast_operands((d,)))
+    if isinstance(target, BroadcastDim) and ops <= set(target.args):
+        return True
+    return symbols is not None and symbols.broadcast_recorded(ops | {sympy.sympify(target)})
+
+
+def broadcast_stride(d: Dim) -> Dim:
+    """The index stride of a dim ``d`` that broadcasts (:func:`broadcasts_to`) to a result
+    dim: ``Min(1, d - 1)``, 1 when ``d`` is the result (a size other than 1), 0 when it
+    is 1 (every index reads element 0). For ``d`` = 0 it is -1, but then the result is 0
+    too and nothing is read."""
+    if isinstance(d, int):
+        return min(1, d - 1)
+    return as_dim(sympy.Min(1, d - 1))
+
+
+def broadcast_dim(a: Dim, b: Dim, where: str = "", symbols: SymbolTable | None = None) -> Dim:
+    """Multidirectional (numpy/ONNX) broadcast of two dims.
+
+    Static dims are decided here. A symbolic pair that is not provably equal broadcasts to
+    :class:`BroadcastDim` (or to the static side when it is not 1), legal at run time only
+    when the two are equal or one is 1: ``symbols`` (the graph's table) records that
+    constraint for the executor to check (:meth:`SymbolTable.require_broadcast`).
+    """
     if isinstance(a, int) and isinstance(b, int):
         if a == b or b == 1:
             return a
@@ -138,38 +235,39 @@ def broadcast_dim(a: Dim, b: Dim, where: str = "") -> Dim:
         return b
     if b == 1:
         return a
-    eq = dims_equal(a, b)
-    if eq:
+    if dims_equal(a, b) is True:
         return a
-    # One side may be 1 at run time; the static side wins when it is not 1. Two distinct
-    # symbols broadcast to their Max: symbols are positive, so a run-time 0 against 1 is
-    # outside the model and is caught by the executor's shape checks, never silently wrong.
-    if isinstance(a, int):
-        return a
-    if isinstance(b, int):
-        return b
-    return sympy.Max(a, b)
+    if symbols is not None:
+        symbols.require_broadcast((a, b), where)
+    try:
+        return as_dim(BroadcastDim(a, b))
+    except ShapeError as exc:  # two different static operands of nested broadcasts
+        raise ShapeError(f"{exc}" + (f" at {where}" if where else "")) from None
 
 
-def broadcast_shapes(*shapes: Shape, where: str = "") -> Shape:
-    """Multidirectional broadcast of several shapes (None if any rank is unknown)."""
+def broadcast_shapes(*shapes: Shape, where: str = "", symbols: SymbolTable | None = None) -> Shape:
+    """Multidirectional broadcast of several shapes (None if any rank is unknown); with
+    the graph's ``symbols``, symbolic broadcasts are recorded (see :func:`broadcast_dim`)."""
     if any(s is None for s in shapes):
         return None
     rank = max((len(s) for s in shapes), default=0)
     out: list[Dim] = [1] * rank
     for s in shapes:
         padded = (1,) * (rank - len(s)) + tuple(s)
-        out = [broadcast_dim(x, y, where) for x, y in zip(out, padded)]
+        out = [broadcast_dim(x, y, where, symbols) for x, y in zip(out, padded)]
     return tuple(out)
 
 
 @dataclass
 class SymbolTable:
-    """The symbols of one graph: named dims, fresh dims, and equality constraints."""
+    """The symbols of one graph: named dims, fresh dims, equality constraints, and
+    broadcast constraints (groups of dims broadcast together: those that are not 1
+    must be equal at run time)."""
 
     named: dict[str, sympy.Symbol] = field(default_factory=dict)
     counter: int = 0
     constraints: list[tuple[Dim, Dim, str]] = field(default_factory=list)
+    broadcasts: list[tuple[tuple[Dim, ...], str]] = field(default_factory=list)
 
     def named_dim(self, name: str) -> sympy.Symbol:
         """The shared symbol for a named dim."""
@@ -230,6 +328,20 @@ class SymbolTable:
         if not any(a == entry[0] for a, _, _ in self.constraints):
             self.constraints.append(entry)
 
+    def require_broadcast(self, dims: Iterable[Dim], where: str = "") -> None:
+        """Record that ``dims`` broadcast together (ONNX: equal, or 1): the executor checks
+        it once the symbols are bound. Nested broadcasts are flattened into one group of
+        operands; a group already recorded is not repeated."""
+        ops = tuple(as_dim(d) for d in broadcast_operands(dims))
+        if len(ops) < 2 or any(set(ops) <= set(g) for g, _ in self.broadcasts):
+            return
+        self.broadcasts.append((ops, where))
+
+    def broadcast_recorded(self, dims: Iterable[Dim]) -> bool:
+        """True when a recorded broadcast group holds every operand of ``dims``."""
+        want = set(broadcast_operands(dims))
+        return any(want <= set(broadcast_operands(g)) for g, _ in self.broadcasts)
+
 
 @functools.lru_cache(maxsize=1)
 def _int_printer():  # noqa: ANN202 - built lazily: sympy's printers are slow to import
@@ -262,6 +374,9 @@ def _int_printer():  # noqa: ANN202 - built lazily: sympy's printers are slow to
 
         def _print_Min(self, e: sympy.Expr) -> str:  # noqa: N802 - sympy's name
             return "min(" + ", ".join(self._print(a) for a in e.args) + ")"
+
+        def _print_BroadcastDim(self, e: sympy.Expr) -> str:  # noqa: N802 - sympy's name
+            return "_bcast(" + ", ".join(self._print(a) for a in e.args) + ")"
 
     return IntShapePrinter()
 
@@ -301,7 +416,12 @@ def _compiled_shape_fn(shape: tuple[Dim, ...]) -> Callable[[Mapping[str, int]], 
     import fractions
     import math
 
-    scope: dict = {"math": math, "Fraction": fractions.Fraction, "_names": tuple(names)}
+    scope: dict = {
+        "math": math,
+        "Fraction": fractions.Fraction,
+        "_bcast": broadcast_value,
+        "_names": tuple(names),
+    }
     exec("\n".join(lines), scope)  # noqa: S102 - sympy expressions over _s<i> symbols only
     return scope["shape_fn"]
 

@@ -1,7 +1,7 @@
 """Dim expressions as JSON data, and back.
 
 A model file keeps every symbolic dim (``N``, ``N*256``, ``Max(M, N)``,
-``floor((H - 3)/2) + 1``) as nested JSON lists: an int is itself, a symbol is
+``floor((H - 3)/2) + 1``, ``bcast(M, N)``) as nested JSON lists: an int is itself, a symbol is
 ``["s", name]``, a rational ``["q", p, q]`` and anything else ``[op, *args]`` with
 ``op`` one of :data:`OPS`. Decoding builds the expression with sympy's constructors
 from that whitelist only: nothing in a file is parsed as code (``sympify`` would
@@ -15,6 +15,7 @@ from typing import Any
 
 import sympy
 
+from geode.compiler.shapes import BroadcastDim
 from geode.errors import ModelFileError
 
 #: operator name -> sympy constructor (the only functions a file may name)
@@ -28,6 +29,7 @@ OPS: dict[str, Callable[..., Any]] = {
     "ceiling": sympy.ceiling,
     "Mod": sympy.Mod,
     "Abs": sympy.Abs,
+    "bcast": BroadcastDim,
 }
 _NAMES = {
     sympy.Add: "+",
@@ -39,6 +41,7 @@ _NAMES = {
     sympy.ceiling: "ceiling",
     sympy.Mod: "Mod",
     sympy.Abs: "Abs",
+    BroadcastDim: "bcast",
 }
 #: deeper expressions than this are refused when read (a file cannot exhaust the stack)
 MAX_DEPTH = 64

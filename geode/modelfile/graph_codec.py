@@ -148,6 +148,7 @@ def encode_graph(g: Graph, w: Writer, constants: bool = True) -> dict[str, Any]:
         "symbols": sorted(table.named),
         "counter": table.counter,
         "constraints": [[encode(a), encode(b), where] for a, b, where in table.constraints],
+        "broadcasts": [[[encode(d) for d in dims], where] for dims, where in table.broadcasts],
         "values": values,
         "nodes": nodes,
         "inputs": [v.name for v in g.inputs],
@@ -238,6 +239,9 @@ def _decode_graph(d: dict[str, Any], c: Container, external: Callable | None) ->
     g.symbols = SymbolTable({str(n): sym(str(n)) for n in d["symbols"]}, int(d["counter"]))
     r = _Reader(c, g, external)
     g.symbols.constraints = [(r.dims(a), r.dims(b), str(wh)) for a, b, wh in d["constraints"]]
+    g.symbols.broadcasts = [
+        (tuple(r.dims(x) for x in dims), str(wh)) for dims, wh in d["broadcasts"]
+    ]
     for vd in d["values"]:
         _decode_value(vd, r, None)
     for nd in d["nodes"]:

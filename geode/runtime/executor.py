@@ -154,6 +154,11 @@ def bind_inputs(
                 raise InputShapeError(
                     f"model {plan.name!r}: inputs break constraint {c.text} ({a} != {b})"
                 )
+    for bc in plan.broadcasts:
+        if bc.symbols <= env.keys():
+            problem = bc.violation(env)
+            if problem is not None:
+                raise InputShapeError(f"model {plan.name!r}: input {problem}")
     return env, arrays
 
 

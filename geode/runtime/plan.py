@@ -123,6 +123,40 @@ class Constraint:
 
 
 @dataclass
+class BroadcastConstraint:
+    """Dims broadcast together (ONNX): at run time those that are not 1 must be equal.
+
+    ``dims`` holds each dim's value as a function of the binding and its text (``N``);
+    ``where`` names the op that broadcasts them."""
+
+    dims: tuple[tuple[Callable[[Env], int], str], ...]
+    symbols: frozenset[str]
+    where: str
+
+    def violation(self, env: Env) -> str | None:
+        """None when the bound dims broadcast, else what is wrong, naming two dims that
+        are neither equal nor 1 and their values."""
+        seen: tuple[str, int] | None = None
+        for fn, text in self.dims:
+            v = fn(env)
+            if v == 1:
+                continue
+            if seen is not None and seen[1] != v:
+                a, b = _named(*seen), _named(text, v)
+                return (
+                    f"dims {a} and {b} cannot broadcast "
+                    f"(they must be equal or one of them 1) at {self.where}"
+                )
+            seen = seen or (text, v)
+        return None
+
+
+def _named(text: str, value: int) -> str:
+    """``N = 5`` for a symbolic dim, ``5`` for a static one."""
+    return text if text == str(value) else f"{text} = {value}"
+
+
+@dataclass
 class Plan:
     """Everything the executor needs to run a compiled graph."""
 
@@ -151,6 +185,8 @@ class Plan:
     memory_text: str = ""
     #: the variables the run writes, in order, once every step has run
     commits: list[Commit] = field(default_factory=list)
+    #: dims broadcast together by symbolic broadcasts, checked once the inputs bind them
+    broadcasts: list[BroadcastConstraint] = field(default_factory=list)
 
     def root(self, slot: int) -> int:
         """The slot that owns ``slot``'s storage (``slot`` itself unless an alias)."""

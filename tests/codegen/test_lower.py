@@ -210,3 +210,40 @@ def test_random_reshapes_match_numpy(case) -> None:
         a = rng.standard_normal(([n] if symbolic else []) + dims).astype(np.float32)
         want = np.exp(a).reshape(([n] if symbolic else []) + list(target)) * 2.0
         np.testing.assert_allclose(model(x=a)["y"], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("n", "m"), [(3, 3), (1, 3), (3, 1), (1, 1), (0, 1)])
+def test_symbolic_broadcast_reads_a_size_1_side_at_index_0(n, m):
+    """``x[N, 4] + y[M, 4]``: one group over ``[bcast(M, N), 4]`` whose loads index the
+    broadcast axis times a stride argument, 0 when that side's dim is 1."""
+    g = _graph(lambda a, b: ops.tanh(a + b) * a, [["N", 4], ["M", 4]])
+    from lowering_check import prepare
+
+    pg, plan = prepare(g)
+    assert len(plan.groups) == 1
+    lk = lower_group(plan.groups[0], pg, "k")
+    strides = {
+        name for name, d in lk.dim_exprs.items() if str(d) in ("Min(1, N - 1)", "Min(1, M - 1)")
+    }
+    assert len(strides) == 2
+    text = A.format_kernel(lk.kernel)
+    assert all(f"* {s}, " in text for s in strides), text
+    feeds = {
+        "x0": rng.standard_normal((n, 4)).astype(np.float32),
+        "x1": rng.standard_normal((m, 4)).astype(np.float32),
+    }
+    assert check_groups(g, feeds) == 1
+
+
+def test_can_lower_refuses_a_broadcast_no_constraint_covers():
+    """A dim that is neither 1, nor the output's, nor recorded as broadcast to it stays
+    ambiguous (a graph whose output shape was given, not inferred by broadcasting)."""
+    from geode.codegen.lower import make_can_lower
+
+    g = _graph(lambda a, b: a + b, [["N", 4], ["M", 4]])
+    g.infer_shapes()
+    add = g.nodes[0]
+    assert make_can_lower(g)(add) is None
+    g.symbols.broadcasts.clear()
+    add.outputs[0].desc = type(add.outputs[0].desc)(add.outputs[0].dtype, (7, 4))
+    assert "ambiguous" in make_can_lower(g)(add)

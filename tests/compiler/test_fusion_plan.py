@@ -119,3 +119,21 @@ def test_profit_refuses_a_costly_recompute():
     _, plan = planned(gr)
     refused = [d for d in plan.decisions if not d.taken]
     assert refused and any("recompute" in d.reason for d in refused), plan.describe()
+
+
+def test_symbolic_broadcast_is_legal_and_fuses_across():
+    """``exp(x[N, 16]) + y[M, 16]``: the Add broadcasts N and M (legal under the recorded
+    constraint, not "ambiguous"), and the producer on ``[N, 16]`` fuses into the group
+    on ``[bcast(M, N), 16]`` as a partial value (N is that dim or 1)."""
+    from geode.compiler.fusion.patterns import placement_on
+    from geode.compiler.shapes import sym
+
+    gr = geode.Graph("sym_bcast")
+    x, y = gr.input("x", ["N", 16]), gr.input("y", ["M", 16])
+    gr.output(ops.tanh(ops.exp(x) + y), names=["z"])
+    g, plan = planned(gr)
+    assert len(plan.groups) == 1 and not plan.unfused, plan.describe()
+    (group,) = plan.groups
+    assert str(group.domain) == "(bcast(M, N), 16)"
+    assert placement_on(x.shape, group.domain, group.axes) == "partial"
+    assert placement_on((sym("K"), 16), group.domain, group.axes) is None

@@ -368,14 +368,15 @@ def test_arith(op: str, dtype: np.dtype, symbolic: bool) -> None:
         check_op(op, [a, b], symbolic=symbolic)
 
 
-def test_binary_zero_size() -> None:
-    """Broadcasting ops with zero-size dims (static shapes)."""
-    # Static only: geode's symbols are positive, so a dim bound to 0 is outside
-    # what symbolic broadcasting assumes (see the report on shapes.broadcast_dim).
+@SYMBOLIC
+def test_binary_zero_size(symbolic: bool) -> None:
+    """Broadcasting ops with zero-size dims: 0 against 1 is 0, symbolic dims included
+    (``bcast(d0_0, d1_0)`` bound to 0 and 1 is 0, where ``Max`` was 1)."""
     for op in ["Add", "Mul", "Equal", "Max"]:
-        check_op(op, [np.zeros((0, 3), F32), np.ones((1, 3), F32)], symbolic=False)
-        check_op(op, [np.zeros((2, 0), F32), np.ones((), F32)], symbolic=False)
-    check_op("Add", [np.zeros((0, 3), F32), np.ones((0, 3), F32)])
+        check_op(op, [np.zeros((0, 3), F32), np.ones((1, 3), F32)], symbolic=symbolic)
+        check_op(op, [np.ones((1, 3), F32), np.zeros((0, 3), F32)], symbolic=symbolic)
+        check_op(op, [np.zeros((2, 0), F32), np.ones((), F32)], symbolic=symbolic)
+    check_op("Add", [np.zeros((0, 3), F32), np.ones((0, 3), F32)], symbolic=symbolic)
 
 
 def test_int_div_truncates() -> None:

@@ -241,3 +241,23 @@ def test_weight_kept_in_its_accelerated_format(tmp_path):
         assert sess.var_manager.info("W").key.format == "TRANSPOSED(1,0)"
         np.testing.assert_allclose(loaded(x=x)["y"], x @ w0.T + 1.0, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(sess.get_variable("W"), w0)
+
+
+def test_symbolic_broadcast_and_its_check_survive(tmp_path):
+    """``x[N, 16] + y[M, 16]``: the ``bcast(M, N)`` dims and the run-time check that N and
+    M broadcast come back from the file."""
+    g = geode.Graph("bcast")
+    x, y = g.input("x", ["N", 16]), g.input("y", ["M", 16])
+    g.output(g.op("Mul", g.op("Exp", g.op("Add", x, y)), x), names=["z"])
+    model = geode.compile(g)
+    rng = np.random.default_rng(0)
+    feeds = [
+        {
+            "x": rng.standard_normal((n, 16)).astype("f4"),
+            "y": rng.standard_normal((m, 16)).astype("f4"),
+        }
+        for n, m in ((4, 4), (1, 5), (5, 1))
+    ]
+    loaded = _roundtrip(model, tmp_path / "m.geode", feeds)
+    with pytest.raises(geode.GeodeError, match="cannot broadcast"):
+        loaded.run({"x": np.ones((5, 16), "f4"), "y": np.ones((6, 16), "f4")})

@@ -324,3 +324,28 @@ def test_steps_reading_data_or_variables_are_not_memoized():
     model = geode.compile(g)
     memo_labels = {model.plan.steps[k].label for k in model.plan.memo_steps}
     assert memo_labels == {"Shape"}
+
+
+def test_broadcast_constraints_in_the_plan_are_checked_before_any_step():
+    """A symbolic broadcast becomes a plan constraint, checked when the inputs bind its
+    symbols: the refusal names both dims and their values, and the op; the AICPU
+    engine (codegen off) relies on the same check."""
+    from geode.errors import InputShapeError
+    from geode.runtime.plan import BroadcastConstraint
+
+    g = geode.Graph("bc")
+    x, y = g.input("x", ["N", 3]), g.input("y", ["M", 3])
+    g.output(ops.sigmoid(x * y), names=["z"])
+    for codegen in (True, False):
+        model = geode.compile(g, codegen=codegen)
+        (bc,) = model.plan.broadcasts
+        assert [text for _, text in bc.dims] == ["M", "N"] and bc.symbols == {"M", "N"}
+        assert bc.violation({"N": 4, "M": 1}) is None and bc.violation({"N": 0, "M": 0}) is None
+        with pytest.raises(InputShapeError, match=r"dims M = 2 and N = 4 cannot broadcast.*'mul'"):
+            model(x=np.ones((4, 3), np.float32), y=np.ones((2, 3), np.float32))
+        out = model(x=np.ones((1, 3), np.float32), y=np.full((2, 3), 2, np.float32))["z"]
+        np.testing.assert_allclose(out, np.full((2, 3), 1 / (1 + np.exp(-2)), np.float32))
+    static = BroadcastConstraint(((lambda env: 5, "5"), (lambda env: env["N"], "N")), {"N"}, "op")
+    assert static.violation({"N": 3}) == (
+        "dims 5 and N = 3 cannot broadcast (they must be equal or one of them 1) at op"
+    )

@@ -20,7 +20,7 @@ import numpy as np
 from geode.compiler.ir import Node
 from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpKind
-from geode.compiler.shapes import Dim, Shape, dims_equal
+from geode.compiler.shapes import Dim, Shape, broadcasts_to, dims_equal
 
 #: reductions the code generator can fuse (after decomposition of the others)
 FUSABLE_REDUCES = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"})
@@ -97,10 +97,12 @@ def reduced_shapes(
 
 
 def broadcasts_into(small: Shape, big: tuple[Dim, ...]) -> bool:
-    """``small`` broadcasts to ``big`` with every dim equal or a static 1."""
+    """``small`` broadcasts to ``big``: every dim a static 1, provably equal, or an
+    operand of a symbolic broadcast (``N`` into ``bcast(M, N)``: N is that dim or 1 at
+    run time; see :func:`geode.compiler.shapes.broadcasts_to`)."""
     if small is None or len(small) > len(big):
         return False
-    return all(s == 1 or dims_equal(s, b) is True for s, b in zip(reversed(small), reversed(big)))
+    return all(broadcasts_to(s, b) for s, b in zip(reversed(small), reversed(big)))
 
 
 def placement_on(shape: Shape, domain: tuple[Dim, ...], axes: frozenset[int]) -> str | None:

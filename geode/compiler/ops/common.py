@@ -29,7 +29,11 @@ def broadcast_infer(dtype: object = None) -> Callable[[InferContext], list[Tenso
     def infer(ctx: InferContext) -> list[TensorDesc]:
         shapes = [v.shape for v in ctx.node.inputs if v is not None]
         out_dtype = dtype if dtype is not None else ctx.dtype(0)
-        return [TensorDesc(out_dtype, broadcast_shapes(*shapes, where=ctx.where))]
+        return [
+            TensorDesc(
+                out_dtype, broadcast_shapes(*shapes, where=ctx.where, symbols=ctx.graph.symbols)
+            )
+        ]
 
     return infer
 

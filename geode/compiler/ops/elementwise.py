@@ -316,7 +316,11 @@ _with_verify(
 # -- Where, PRelu ----------------------------------------------------------------------
 def _infer_where(ctx: InferContext) -> list[TensorDesc]:
     shapes = [ctx.shape(i) for i in range(3)]
-    return [TensorDesc(ctx.dtype(1), broadcast_shapes(*shapes, where=ctx.where))]
+    return [
+        TensorDesc(
+            ctx.dtype(1), broadcast_shapes(*shapes, where=ctx.where, symbols=ctx.graph.symbols)
+        )
+    ]
 
 
 register(

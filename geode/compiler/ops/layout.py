@@ -980,7 +980,12 @@ def _infer_expand(ctx: InferContext) -> list[TensorDesc]:
         ctx.fail(f"shape {target} has a negative dim")
     if x.shape is None:
         return [TensorDesc(x.dtype, None)]
-    return [TensorDesc(x.dtype, broadcast_shapes(x.shape, tuple(target), where=ctx.where))]
+    return [
+        TensorDesc(
+            x.dtype,
+            broadcast_shapes(x.shape, tuple(target), where=ctx.where, symbols=ctx.graph.symbols),
+        )
+    ]
 
 
 def _expand(ins: list, attrs: dict) -> list[np.ndarray]:

@@ -305,7 +305,9 @@ def matmul_shape(ctx: InferContext, a: Shape, b: Shape) -> Shape:
     ka = a[-1]
     kb = b[0] if len(b) == 1 else b[-2]
     _equate(ctx, ka, kb, "inner dims differ (A[-1] vs B[-2])")
-    batch = broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]), where=ctx.where)
+    batch = broadcast_shapes(
+        tuple(a[:-2]), tuple(b[:-2]), where=ctx.where, symbols=ctx.graph.symbols
+    )
     out = list(batch)
     if len(a) >= 2:
         out.append(a[-2])
@@ -1187,7 +1189,9 @@ def _einsum_infer(ctx: InferContext) -> list[TensorDesc]:
                 labels[ch] = d
             elif d != 1:
                 _equate(ctx, labels[ch], d, f"label {ch!r} has different sizes")
-    ell = broadcast_shapes(*ellipses, where=ctx.where) if ellipses else ()
+    ell = (
+        broadcast_shapes(*ellipses, where=ctx.where, symbols=ctx.graph.symbols) if ellipses else ()
+    )
     out: list[Dim] = []
     for ch in spec.output:
         out.extend(ell if ch == "." else [labels[ch]])
