@@ -17,9 +17,10 @@ def compile(model: Any, session: Any = None, **options: Any) -> CompiledModel:  
     """
     from geode.session import default_session
 
-    graph = to_graph(model)
     sess = session if session is not None else default_session()
-    return sess.compile(graph, **options)
+    if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        return sess.compile_file(model, **options)  # the model cache may know the file
+    return sess.compile(to_graph(model), **options)
 
 
 def to_graph(model: Any) -> Graph:

@@ -60,13 +60,35 @@ class Session:
         if not isinstance(graph, Graph):
             raise GraphError(f"compile() expects a geode.Graph, got {type(graph).__name__}")
         opts = config.current(**{**self._overrides, **options})  # read at every compile
-        dump = Dumper(graph.name, opts.debug, opts.dump_dir)
         g = graph.copy()
-        prefix = f"m{next(self._models)}:{g.name}"
         key = _model_cache_key(g, opts)
+        hit = None if key is None else self._cached_model(key, opts)
+        return hit if hit is not None else self._compile(g, opts, key)
+
+    def compile_file(self, path: str | os.PathLike, **options: Any) -> CompiledModel:
+        """Compile the ONNX model file at ``path`` (as :meth:`compile` would its graph).
+
+        The model cache is keyed by the file's bytes here (when it refers to no external
+        data file), so a model compiled before is loaded without reading it as ONNX
+        (see :mod:`geode.modelfile.cache`)."""
+        from geode.compiler.frontend.onnx import import_model
+        from geode.modelfile import cache
+
+        opts = config.current(**{**self._overrides, **options})
+        key = cache.file_key(path, opts)
         hit = None if key is None else self._cached_model(key, opts)
         if hit is not None:
             return hit
+        g = import_model(path)
+        if key is None or not cache.usable(g, opts):
+            return self.compile(g, **options)
+        return self._compile(g, opts, key)
+
+    def _compile(self, g: Graph, opts: config.Options, key: str | None) -> CompiledModel:
+        """Run the spine on ``g`` (a copy of the user's graph); the result goes into the
+        model cache under ``key`` unless None."""
+        dump = Dumper(g.name, opts.debug, opts.dump_dir)
+        prefix = f"m{next(self._models)}:{g.name}"
         from geode.spine import Compilation, compile_graph  # the whole compiler: on first use
 
         c = compile_graph(Compilation(g, opts, dump, self.var_manager, prefix))

@@ -39,7 +39,7 @@ from geode.config import Options
 from geode.costmodel.device import cached_spec
 from geode.errors import GeodeError
 from geode.modelfile import compat
-from geode.modelfile.container import Writer
+from geode.modelfile.container import Writer, read_regular
 from geode.modelfile.graph_codec import encode_graph
 
 _FILE = "model.geode"
@@ -53,12 +53,51 @@ log = logging.getLogger(__name__)
 
 def usable(g: Graph, opts: Options) -> bool:
     """Whether a compile of ``g`` with ``opts`` may go through the model cache."""
-    if not opts.model_cache or opts.backend != "llvm" or not opts.codegen:
-        return False
-    if opts.debug or opts.dump_dir:
+    if not options_usable(opts):
         return False
     # a constant without data is in an external file, loaded lazily
     return all(v.data is not None for v in g.values.values() if v.kind is ValueKind.CONSTANT)
+
+
+def options_usable(opts: Options) -> bool:
+    """Whether compiles with ``opts`` may go through the model cache at all."""
+    if not opts.model_cache or opts.backend != "llvm" or not opts.codegen:
+        return False
+    return not (opts.debug or opts.dump_dir)
+
+
+#: ONNX files larger than this are keyed by their graph, not hashed whole first
+MAX_KEYED_FILE = 1 << 30
+
+
+def file_key(path: str | os.PathLike, opts: Options) -> str | None:
+    """The key of compiling the ONNX file at ``path`` with ``opts``, from its bytes; None
+    when the file may refer to external data files (the bytes ``location``, the key every
+    external tensor carries, appear in it), is too large, or cannot be read: then the
+    graph is read as ONNX and keyed by :func:`cache_key`."""
+    if not options_usable(opts):
+        return None
+    try:
+        if os.path.getsize(path) > MAX_KEYED_FILE:
+            return None
+        data = read_regular(path)
+    except (OSError, TypeError, ValueError):
+        return None
+    if data is None or b"location" in data:
+        return None
+    digest = hashlib.sha256(b"geode-model-cache-onnx-file-1\0")
+    digest.update(json.dumps(_context(opts), sort_keys=True, default=str).encode())
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def _context(opts: Options) -> dict[str, Any]:
+    """What besides the model a compile's result depends on."""
+    return {
+        "env": compat.environment(),
+        "options": {k: v for k, v in dataclasses.asdict(opts).items() if k not in _IRRELEVANT},
+        "device": dataclasses.asdict(cached_spec(opts.cache_dir)),
+    }
 
 
 def cache_key(g: Graph, opts: Options) -> str | None:
@@ -70,13 +109,7 @@ def cache_key(g: Graph, opts: Options) -> str | None:
         graph = encode_graph(g, w)
     except GeodeError:
         return None
-    options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in _IRRELEVANT}
-    head = {
-        "env": compat.environment(),
-        "options": options,
-        "device": dataclasses.asdict(cached_spec(opts.cache_dir)),
-        "graph": graph,
-    }
+    head = {**_context(opts), "graph": graph}
     digest.update(json.dumps(head, sort_keys=True, default=str).encode())
     for blob in w.blobs():
         digest.update(len(blob).to_bytes(8, "little"))

@@ -217,22 +217,28 @@ def read(path: str | os.PathLike) -> Container:
     checksum that matches, a JSON header, blobs inside the file."""
     p = os.fsdecode(os.fspath(path))
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        data = read_regular(p)
     except FileNotFoundError:
         raise ModelFileError(f"model file {p!r}: no such file") from None
     except OSError as exc:
-        raise ModelFileError(f"model file {p!r}: cannot open it: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ModelFileError(f"model file {p!r}: not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
-    except OSError as exc:
         raise ModelFileError(f"model file {p!r}: cannot read it: {exc.strerror}") from None
+    if data is None:
+        raise ModelFileError(f"model file {p!r}: not a regular file")
+    return parse(data, p)
+
+
+def read_regular(path: str | os.PathLike) -> bytes | None:
+    """The bytes of the regular file at ``path``, or None when it is something else (a
+    folder, a FIFO: opened without blocking and checked on the open descriptor).
+    ``OSError`` when it cannot be opened or read."""
+    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
     finally:
         os.close(fd)
-    return parse(data, p)
 
 
 def parse(data: bytes, label: str) -> Container:

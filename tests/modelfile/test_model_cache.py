@@ -135,3 +135,54 @@ def test_option_turns_it_off(cache_dir):
     geode.compile(_scaled(), session=geode.Session())
     again = geode.compile(_scaled(), session=geode.Session(), model_cache=False)
     assert "model_cache" not in again.stats
+
+
+def _onnx_file(folder, scale=2.0, external=False):
+    import onnx
+
+    from geode.compiler.frontend.onnx_export import to_onnx
+
+    path = os.path.join(folder, f"m{scale}{'x' if external else ''}.onnx")
+    proto = to_onnx(_scaled(scale))
+    if external:
+        onnx.save_model(proto, path, save_as_external_data=True, size_threshold=0)
+    else:
+        onnx.save_model(proto, path)
+    return path
+
+
+def test_an_onnx_file_seen_before_is_not_read_as_onnx(cache_dir, tmp_path, monkeypatch):
+    from geode.compiler.frontend import onnx as frontend
+
+    path = _onnx_file(tmp_path)
+    first = geode.compile(path, session=geode.Session())
+    assert "model_cache" not in first.stats
+
+    def refuse(*a, **k):
+        raise AssertionError("the ONNX file was read again")
+
+    monkeypatch.setattr(frontend, "import_model", refuse)
+    _no_pipeline(monkeypatch)
+    second = geode.load(path, session=geode.Session())
+    assert "model_cache" in second.stats
+    np.testing.assert_array_equal(first.run(_feeds())["y"], second.run(_feeds())["y"])
+
+
+def test_changed_onnx_bytes_are_a_miss(cache_dir, tmp_path):
+    path = _onnx_file(tmp_path, 2.0)
+    geode.compile(path, session=geode.Session())
+    os.replace(_onnx_file(tmp_path, 3.0), path)
+    model = geode.compile(path, session=geode.Session())
+    assert "model_cache" not in model.stats
+    np.testing.assert_allclose(
+        model.run(_feeds())["y"], np.tanh(_feeds()["x"] * 3), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_external_data_is_keyed_by_the_graph(cache_dir, tmp_path):
+    """A file whose weights live in another file is keyed by what it holds (read as
+    ONNX), so changed weights are a miss even when the .onnx file is the same."""
+    path = _onnx_file(tmp_path, 2.0, external=True)
+    assert cache.file_key(path, geode.config.current()) is None
+    geode.compile(path, session=geode.Session())
+    assert "model_cache" in geode.compile(path, session=geode.Session()).stats
