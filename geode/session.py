@@ -71,7 +71,6 @@ class Session:
         The model cache is keyed by the file's bytes here (when it refers to no external
         data file), so a model compiled before is loaded without reading it as ONNX
         (see :mod:`geode.modelfile.cache`)."""
-        from geode.compiler.frontend.onnx import import_model
         from geode.modelfile import cache
 
         opts = config.current(**{**self._overrides, **options})
@@ -79,6 +78,8 @@ class Session:
         hit = None if key is None else self._cached_model(key, opts)
         if hit is not None:
             return hit
+        from geode.compiler.frontend.onnx import import_model  # onnx: 0.07 s to import
+
         g = import_model(path)
         if key is None or not cache.usable(g, opts):
             return self.compile(g, **options)
