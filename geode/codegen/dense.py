@@ -221,15 +221,14 @@ def dense_kernel(
     epilogue: Any,
     panel_bytes: int,
     min_rows: int,
-    cache_dir: str | None,
+    cache_dir: Any,
 ) -> tuple[DenseKernel, list[Value], list[Value]]:
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
     values of its inputs after ``A`` and ``B`` (``V``, then the epilogue's) and of its
     outputs (the epilogue's, then ``O``)."""
-    from geode.codegen.backends.llvm import jit, objcache
     from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir
     from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
-    from geode.codegen.backends.llvm.kernel import LLVMKernel
+    from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module
     from geode.codegen.backends.llvm.library import blas, share_pool
     from geode.codegen.backends.llvm.target import host
 
@@ -259,14 +258,8 @@ def dense_kernel(
     )
     ir = dense_ir(spec)
     target = host()
-    key = objcache.cache_key(ir, target.fingerprint())
-    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
-    if obj is None:
-        obj = jit.compile_ir(ir, target)
-        if cache_dir is not None:
-            objcache.store(cache_dir, key, name, obj, target.fingerprint())
     imports = {epilogue.entry: epilogue.address}
-    loaded = jit.load_object(obj, [name], imports=imports)
+    loaded, _ = build_module(name, ir, target, cache_dir, imports=imports)
     n_ext_in = sum(
         1 for a_ in inner[: len(lowered.inputs)] if a_.source >= 0
     )  # the epilogue's own inputs come first among its arguments

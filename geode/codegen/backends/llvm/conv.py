@@ -30,25 +30,21 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from typing import TYPE_CHECKING
 
-from geode.codegen.backends.llvm import conv_depthwise, conv_gemm, jit, objcache
+from geode.codegen.backends.llvm import conv_depthwise, conv_gemm
 from geode.codegen.backends.llvm.conv_spec import TYPES, ConvSpec, Geometry
 from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
-from geode.codegen.backends.llvm.kernel import LLVMKernel
+from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module
+from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.errors import ExecutionError, ShapeError
-
-if TYPE_CHECKING:
-    from geode.codegen.backends.llvm.target import Target
 
 __all__ = [
     "ConvKernel",
     "ConvSpec",
     "conv_ir",
     "conv_kernel",
-    "object_code",
     "out_size",
 ]
 
@@ -183,22 +179,8 @@ def _arg_specs(spec: ConvSpec) -> tuple[ArgSpec, ...]:
     return tuple(args)
 
 
-def object_code(name: str, ir: str, target: Target, cache_dir: str | None) -> tuple[bytes, bool]:
-    """``(object code, from the cache)`` of module ``ir`` with entry ``name`` for
-    ``target``: loaded from the disk cache in ``cache_dir`` when there, else compiled
-    (and stored there)."""
-    key = objcache.cache_key(ir, target.fingerprint())
-    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
-    if obj is not None:
-        return obj, True
-    obj = jit.compile_ir(ir, target)
-    if cache_dir is not None:
-        objcache.store(cache_dir, key, name, obj, target.fingerprint())
-    return obj, False
-
-
 @functools.lru_cache(maxsize=256)
-def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | None:
+def conv_kernel(spec: ConvSpec, cache_dir: CacheDir | None = None) -> ConvKernel | None:
     """The compiled native conv of ``spec`` (object code through the disk cache in
     ``cache_dir`` when given), or None when its method needs a BLAS and none is found."""
     from geode.codegen.backends.llvm.library import blas, share_pool
@@ -213,9 +195,9 @@ def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | No
         share_pool(lib)  # its GEMMs' threads on the native pool, like MatMul's
     target = host()
     name, ir = conv_ir(spec, target.function_attrs)
-    obj, from_cache = object_code(name, ir, target, cache_dir)
+    # the runtime: geode_gemm, the pool
+    loaded, from_cache = build_module(name, ir, target, cache_dir)
     parallel = spec.method == "depthwise"
-    loaded = jit.load_object(obj, [name])  # the runtime: geode_gemm, the pool
     emitted = Emitted(ir, name, _arg_specs(spec), (), parallel, ())
     seconds = time.perf_counter() - t0
     kernel = ConvKernel(

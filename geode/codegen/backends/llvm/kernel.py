@@ -15,7 +15,7 @@ order, a non-contiguous output is an error.
 from __future__ import annotations
 
 import functools
-import os
+import logging
 import threading
 import time
 import weakref
@@ -30,7 +30,9 @@ from geode.codegen.backends.llvm.parallel import MIN_PARALLEL_ELEMENTS
 from geode.codegen.backends.llvm.target import Target, host
 from geode.errors import CodegenError
 
-__all__ = ["LLVMKernel", "compile_kernel"]
+__all__ = ["LLVMKernel", "build_module", "compile_kernel"]
+
+log = logging.getLogger(__name__)
 
 
 class LLVMKernel:
@@ -172,8 +174,39 @@ class LLVMKernel:
         return f"<LLVMKernel {self.name} ({how}{', parallel' if self.parallel else ''})>"
 
 
-#: kernels alive in this process by (key, cache folder): compiled once while in use
-_memo: weakref.WeakValueDictionary[tuple[str, str | None], LLVMKernel] = (
+def build_module(
+    name: str,
+    ir: str,
+    target: Target,
+    cache_dir: objcache.CacheDir | None,
+    *,
+    runtime: bool = True,
+    imports: dict[str, int] | None = None,
+    key: str | None = None,
+) -> tuple[jit.Loaded, bool]:
+    """The machine code of module ``ir`` (exporting ``name``) linked into the process, and
+    whether its object code came from the disk cache in ``cache_dir`` (None: compile in
+    memory). A miss compiles the module with LLVM and stores the object code; a cached
+    object that fails to link is a miss too (rebuilt, its entry rewritten), never an
+    error. ``runtime``/``imports``: what the code calls (:func:`jit.load_object`);
+    ``key``: the module's :func:`objcache.cache_key` when the caller has it."""
+    key = key or objcache.cache_key(ir, target.fingerprint())
+    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
+    if obj is not None:
+        try:
+            return jit.load_object(obj, [name], runtime=runtime, imports=imports), True
+        except CodegenError as exc:
+            log.warning(
+                "kernel cache entry %s (%s) does not link, rebuilding: %s", key[:32], name, exc
+            )
+    obj = jit.compile_ir(ir, target)
+    if cache_dir is not None:
+        objcache.store(cache_dir, key, name, obj, target.fingerprint())
+    return jit.load_object(obj, [name], runtime=runtime, imports=imports), False
+
+
+#: kernels alive in this process by (key, cache location): compiled once while in use
+_memo: weakref.WeakValueDictionary[tuple[str, objcache.CacheLocation | None], LLVMKernel] = (
     weakref.WeakValueDictionary()
 )
 _memo_lock = threading.Lock()
@@ -185,7 +218,7 @@ def compile_kernel(
     kernel: Kernel,
     *,
     fastmath: bool = False,
-    cache_dir: str | os.PathLike[str] | None = None,
+    cache_dir: objcache.CacheDir | None = None,
     parallel: bool | None = None,
     min_work: int = MIN_PARALLEL_ELEMENTS,
 ) -> LLVMKernel:
@@ -193,7 +226,8 @@ def compile_kernel(
 
     ``fastmath``: LLVM's ``fast`` flags on the kernel's float arithmetic (default: the
     accuracy-preserving ``reassoc arcp contract``); ``cache_dir``: the disk cache of
-    object code (:mod:`~geode.codegen.backends.llvm.objcache`; None: compile in memory);
+    object code, a folder or an :class:`~objcache.CacheLocation` (signed entries;
+    :mod:`~geode.codegen.backends.llvm.objcache`; None: compile in memory);
     ``parallel=None`` runs the kernel's parallel loops on the thread pool (False: all
     serial); ``min_work``: below this many elements in every argument the parallel loops
     run on the calling thread. The same kernel compiled twice in one process returns the same object.
@@ -208,8 +242,8 @@ def compile_kernel(
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise CodegenError(f"kernel {kernel.name!r}: cannot emit LLVM IR: {exc}") from exc
     key = objcache.cache_key(emitted.ir, target.fingerprint())
-    cdir = None if cache_dir is None else os.fspath(cache_dir)
-    memo_key = (key, cdir)
+    loc = objcache.location(cache_dir)
+    memo_key = (key, loc)
     with _memo_lock:
         hit = _memo.get(memo_key)
         if hit is not None:
@@ -219,16 +253,12 @@ def compile_kernel(
         hit = _memo.get(memo_key)
         if hit is not None:
             return hit
-        obj = None if cdir is None else objcache.load(cdir, key, emitted.entry)
-        from_cache = obj is not None
-        if obj is None:
-            try:
-                obj = jit.compile_ir(emitted.ir, target)
-            except CodegenError as exc:
-                raise CodegenError(f"kernel {kernel.name!r}: {exc}") from None
-            if cdir is not None:
-                objcache.store(cdir, key, emitted.entry, obj, target.fingerprint())
-        loaded = jit.load_object(obj, [emitted.entry], runtime=emitted.parallel)
+        try:
+            loaded, from_cache = build_module(
+                emitted.entry, emitted.ir, target, loc, runtime=emitted.parallel, key=key
+            )
+        except CodegenError as exc:
+            raise CodegenError(f"kernel {kernel.name!r}: {exc}") from None
         k = LLVMKernel(
             kernel.name, emitted, loaded, target, time.perf_counter() - t0, from_cache, fastmath
         )

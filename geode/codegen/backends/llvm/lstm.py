@@ -44,11 +44,12 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from geode.codegen.backends.llvm import jit, objcache, vmath
+from geode.codegen.backends.llvm import vmath
 from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
-from geode.codegen.backends.llvm.kernel import LLVMKernel
+from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module
+from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.errors import ExecutionError, ShapeError
 
 __all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel"]
@@ -489,7 +490,7 @@ def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def lstm_kernel(spec: LstmSpec, cache_dir: str | None = None) -> LstmKernel:
+def lstm_kernel(spec: LstmSpec, cache_dir: CacheDir | None = None) -> LstmKernel:
     """The compiled native LSTM of ``spec`` (object code through the disk cache in
     ``cache_dir`` when given)."""
     from geode.codegen.backends.llvm.target import host
@@ -497,14 +498,7 @@ def lstm_kernel(spec: LstmSpec, cache_dir: str | None = None) -> LstmKernel:
     t0 = time.perf_counter()
     target = host()
     name, ir = lstm_ir(spec, target.function_attrs)
-    key = objcache.cache_key(ir, target.fingerprint())
-    obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
-    from_cache = obj is not None
-    if obj is None:
-        obj = jit.compile_ir(ir, target)
-        if cache_dir is not None:
-            objcache.store(cache_dir, key, name, obj, target.fingerprint())
-    loaded = jit.load_object(obj, [name], runtime=False)
+    loaded, from_cache = build_module(name, ir, target, cache_dir, runtime=False)
     emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
     seconds = time.perf_counter() - t0
     kernel = LstmKernel("lstm", emitted, loaded, target, seconds, from_cache, fastmath=False)

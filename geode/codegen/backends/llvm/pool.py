@@ -28,13 +28,14 @@ import functools
 import hashlib
 import time
 
-from geode.codegen.backends.llvm import jit, pool_body
-from geode.codegen.backends.llvm.conv import object_code, out_size
+from geode.codegen.backends.llvm import pool_body
+from geode.codegen.backends.llvm.conv import out_size
 from geode.codegen.backends.llvm.conv_spec import TYPES
 from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
-from geode.codegen.backends.llvm.kernel import LLVMKernel
+from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module
+from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.codegen.backends.llvm.pool_spec import PoolSpec
 from geode.errors import ExecutionError, ShapeError
 
@@ -148,7 +149,7 @@ def _arg_specs(spec: PoolSpec) -> tuple[ArgSpec, ...]:
 
 
 @functools.lru_cache(maxsize=256)
-def pool_kernel(spec: PoolSpec, cache_dir: str | None = None) -> PoolKernel:
+def pool_kernel(spec: PoolSpec, cache_dir: CacheDir | None = None) -> PoolKernel:
     """The compiled native pool of ``spec`` (object code through the disk cache in
     ``cache_dir`` when given)."""
     from geode.codegen.backends.llvm.target import host
@@ -156,8 +157,7 @@ def pool_kernel(spec: PoolSpec, cache_dir: str | None = None) -> PoolKernel:
     t0 = time.perf_counter()
     target = host()
     name, ir = pool_ir(spec, target.function_attrs)
-    obj, from_cache = object_code(name, ir, target, cache_dir)
-    loaded = jit.load_object(obj, [name], runtime=True, imports={})
+    loaded, from_cache = build_module(name, ir, target, cache_dir)
     emitted = Emitted(ir, name, _arg_specs(spec), (), True, ())
     seconds = time.perf_counter() - t0
     kind = "global_" * spec.is_global + f"{spec.op}pool"

@@ -322,6 +322,8 @@ def _load(kernel: Kernel, emitted: Emitted, key: str, cache_dir: str | None) -> 
         try:
             entry = _cache.prepare_entry(cache_dir, key, emitted.source)
             module_name, filename = entry.module_name, str(entry.module_path)
+        except _cache.UntrustedCacheError as exc:  # reported once, naming the folder
+            log.debug("kernel cache not used for %s: %s", kernel.name, exc)
         except OSError as exc:
             log.warning(
                 "kernel cache %s unusable (%s): compiling %s in memory", cache_dir, exc, kernel.name
