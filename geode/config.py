@@ -16,6 +16,10 @@ cache_sign                GEODE_CACHE_SIGN        sign each kernel cache entry w
                                                   user's secret key (HMAC, see
                                                   geode.signing) and ignore (rebuild)
                                                   entries without a valid signature
+memory_limit_mb           GEODE_MEMORY_LIMIT_MB   a run whose buffers would need more than
+                                                  this many MiB raises a GeodeError before
+                                                  allocating (0: the memory available at
+                                                  the time, see geode.runtime.memlimit)
 fusion                    GEODE_FUSION            fuse Trivial/Reduce ops into groups
 codegen                   GEODE_CODEGEN           compile groups to native AI Core kernels
 fastmath                  GEODE_FASTMATH          allow reassociation (see ACCURACY_POLICY)
@@ -99,6 +103,7 @@ class Options:
     cache_dir: str = field(default_factory=_default_cache_dir)
     cache_max_mb: int = 2048
     cache_sign: bool = False
+    memory_limit_mb: int = 0
     fusion: bool = True
     codegen: bool = True
     fastmath: bool = False
@@ -122,6 +127,7 @@ class Options:
             "cache_dir": "GEODE_CACHE_DIR",
             "cache_max_mb": "GEODE_CACHE_MAX_MB",
             "cache_sign": "GEODE_CACHE_SIGN",
+            "memory_limit_mb": "GEODE_MEMORY_LIMIT_MB",
             "fusion": "GEODE_FUSION",
             "codegen": "GEODE_CODEGEN",
             "fastmath": "GEODE_FASTMATH",
@@ -165,6 +171,7 @@ _INT_MINIMUMS = {
     "num_threads": 0,
     "const_fold_limit": 0,
     "cache_max_mb": 0,
+    "memory_limit_mb": 0,
 }
 _BOOL_OPTIONS = (
     "cache_sign",

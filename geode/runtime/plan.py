@@ -134,6 +134,9 @@ class Plan:
     #: the memory plan in words (arena buffers and their live ranges, aliases), for
     #: ``explain()`` and the dumps
     memory_text: str = ""
+    #: the most bytes a run may ask for (the ``memory_limit_mb`` option); 0: the memory
+    #: available at the time (see :mod:`geode.runtime.memlimit`)
+    memory_limit: int = 0
 
     def root(self, slot: int) -> int:
         """The slot that owns ``slot``'s storage (``slot`` itself unless an alias)."""
