@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from typing import Any
 
 from geode import config
@@ -18,7 +19,7 @@ from geode.compiler.ops import control
 from geode.compiler.partition.placement import Placement
 from geode.debug import Dumper, log
 from geode.errors import GraphError
-from geode.plan_builder import ALIAS, Unit
+from geode.plan_builder import ALIAS, Unit, held_keys
 from geode.runtime.model import CompiledModel
 from geode.runtime.var_manager import VarManager, VarManagerPool
 from geode.spine import Compilation, compile_graph
@@ -59,6 +60,8 @@ class Session:
         explain.memory_text = c.plan.memory_text
         kernels = [u.info for u in units if u.engine != ALIAS]  # a view is no kernel
         model = CompiledModel(c.plan, self.var_manager, kernels, explain, {"timings": timings})
+        # the model's constants and variables leave the session with the model
+        weakref.finalize(model, self.var_manager.release_keys, held_keys(c.plan))
         if dump.wants(2):
             run_by = {n.name: f"{u.name} [{u.engine}]" for u in units for n in u.nodes}
             dump.stage(

@@ -290,7 +290,8 @@ def commit_entry(entry: CacheEntry) -> bool:
     return True
 
 
-_module_lock = threading.Lock()
+#: held while a kernel module is added to or removed from ``sys.modules``
+module_lock = threading.Lock()
 
 
 def load_module(source: str, module_name: str, filename: str) -> types.ModuleType:
@@ -302,7 +303,7 @@ def load_module(source: str, module_name: str, filename: str) -> types.ModuleTyp
     is also registered with ``linecache`` so tracebacks and numba's error messages
     show generated lines even for in-memory kernels.
     """
-    with _module_lock:
+    with module_lock:
         existing = sys.modules.get(module_name)
         if existing is not None and getattr(existing, "__geode_source__", None) == source:
             return existing

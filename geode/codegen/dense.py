@@ -175,6 +175,8 @@ class DenseKernel:
         self.epilogue = epilogue  # kept alive: the entry calls it
         self.source = ir + "\n; epilogue kernel\n" + epilogue.source
         self.address = kernel.address
+        #: whether both the entry and the epilogue came from the disk cache
+        self.from_cache = bool(kernel.from_cache and epilogue.from_cache)
         self.chunked = True
         self.parallel = True
 
@@ -226,9 +228,9 @@ def dense_kernel(
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
     values of its inputs after ``A`` and ``B`` (``V``, then the epilogue's) and of its
     outputs (the epilogue's, then ``O``)."""
-    from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir
+    from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir, link_dense
     from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
-    from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module
+    from geode.codegen.backends.llvm.kernel import LLVMKernel
     from geode.codegen.backends.llvm.library import blas, share_pool
     from geode.codegen.backends.llvm.target import host
 
@@ -258,8 +260,7 @@ def dense_kernel(
     )
     ir = dense_ir(spec)
     target = host()
-    imports = {epilogue.entry: epilogue.address}
-    loaded, _ = build_module(name, ir, target, cache_dir, imports=imports)
+    loaded, from_cache = link_dense(name, ir, cache_dir, epilogue)
     n_ext_in = sum(
         1 for a_ in inner[: len(lowered.inputs)] if a_.source >= 0
     )  # the epilogue's own inputs come first among its arguments
@@ -275,5 +276,6 @@ def dense_kernel(
             ArgSpec(v.name, role, str(v.dtype), len(v.shape), str(list(v.shape))) for v in group
         ]
     emitted = Emitted(ir, name, tuple(specs), (), False, ())
-    entry = LLVMKernel(name, emitted, loaded, target, time.perf_counter() - t0, False, False)
+    seconds = time.perf_counter() - t0
+    entry = LLVMKernel(name, emitted, loaded, target, seconds, from_cache, False)
     return DenseKernel(pg.dense.name, entry, epilogue, ir), ins, outs

@@ -383,7 +383,7 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         source=kernel.source,
         kind="dense",
         trace=str(job.schedule.trace),
-        cost={"compile_s": job.seconds},
+        cost={"compile_s": job.seconds, "from_cache": float(kernel.from_cache)},
         _llvm=lambda: kernel.llvm,
         _asm=lambda: kernel.asm,
     )

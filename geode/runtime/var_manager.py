@@ -23,6 +23,12 @@ A name identifies one tensor in a session: registering a name again returns the 
 key when the registration agrees with the first one and raises
 :class:`VarManagerError` when it does not.
 
+Every registration is a *hold* on the tensor, and :meth:`VarManager.release_keys` drops
+holds: the session gives back a compiled model's holds when the model is collected, so
+a tensor no live model uses is forgotten, its storage freed once no other key shares
+it, and a region's memory once none of its tensors is left (a process compiling model
+after model in one session does not keep every model's weights).
+
 :class:`VarManagerPool` maps session ids to managers for the whole process.
 """
 
@@ -33,7 +39,7 @@ import enum
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,7 +119,7 @@ class _Region:
     that are actually written.
     """
 
-    __slots__ = ("start", "size", "used", "dedicated", "buffer")
+    __slots__ = ("start", "size", "used", "dedicated", "buffer", "live")
 
     def __init__(self, start: int, size: int, dedicated: bool, align: int):
         self.start = start  # logical offset from logic_base
@@ -121,6 +127,7 @@ class _Region:
         self.used = 0
         self.dedicated = dedicated
         self.buffer = _aligned_zeros(size, align)
+        self.live = 0  # blocks allocated here and not yet freed
 
 
 class _Block:
@@ -177,6 +184,7 @@ class _Entry:
     loader: Callable[[], np.ndarray] | None = None
     source: tuple[str, int] | None = None
     declared: tuple[np.dtype, tuple[int, ...]] | None = field(default=None)
+    holds: int = 1  # registrations not yet released (see VarManager.release_keys)
 
 
 def _as_dtype(dtype: object, what: str) -> np.dtype:
@@ -277,6 +285,7 @@ class VarManager:
                 region = self._new_region(self.region_size, dedicated=False)
         block = _Block(region, region.used, reserved, dtype, shape)
         region.used += reserved
+        region.live += 1
         idx = bisect.bisect(self._block_starts, block.rel_address)
         self._block_starts.insert(idx, block.rel_address)
         self._blocks.insert(idx, block)
@@ -345,6 +354,7 @@ class VarManager:
                     raise VarManagerError(
                         f"constant {name!r} is already registered with different contents"
                     )
+                entry.holds += 1
                 return entry.key
             content_key = (arr.dtype.str, arr.shape, digest)
             block = None
@@ -380,6 +390,7 @@ class VarManager:
                     raise VarManagerError(
                         f"variable {name!r} is already registered with a different initial value"
                     )
+                entry.holds += 1
                 return entry.key
             block = self._allocate(arr.dtype, arr.shape)
             block.raw()[:] = _flat_bytes(arr)
@@ -427,6 +438,7 @@ class VarManager:
                         f"{_source_text(entry.source)}; cannot register it again from "
                         f"{_source_text(source)}"
                     )
+                entry.holds += 1
                 return entry.key
             block = None
             if source is not None:
@@ -651,6 +663,64 @@ class VarManager:
                 if i == 0:
                     lines.append("  ".join("-" * w for w in widths))
             return "\n".join(lines)
+
+    def hold(self, key: VarKey) -> None:
+        """Take one more hold on a registered ``key`` (as registering it again would)."""
+        with self._lock:
+            self._check_live()
+            entry = self._entries.get(key)
+            if entry is None:
+                raise VarManagerError(f"unknown variable/constant {str(key)!r}")
+            entry.holds += 1
+
+    def release_keys(self, keys: Iterable[VarKey]) -> int:
+        """Drop one hold on each of ``keys`` (one per time it appears); a tensor left
+        without holds is forgotten (see the module docstring). Returns how many were
+        forgotten; unknown keys and a released manager are ignored."""
+        forgotten = 0
+        with self._lock:
+            if self._released:
+                return 0
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is None:
+                    continue
+                entry.holds -= 1
+                if entry.holds > 0:
+                    continue
+                del self._entries[key]
+                if self._names.get(key.name) == key:
+                    del self._names[key.name]
+                entry.block.owners.remove(key)
+                if not entry.block.owners:
+                    self._free(entry.block, entry)
+                forgotten += 1
+        return forgotten
+
+    def _free(self, block: _Block, entry: _Entry) -> None:
+        """Forget a block no key owns; free its region when it was the region's last."""
+        if entry.digest is not None and entry.kind is VarKind.CONSTANT:
+            content_key = (block.dtype.str, block.shape, entry.digest)
+            same = self._by_content.get(content_key, [])
+            if block in same:
+                same.remove(block)
+            if not same:
+                self._by_content.pop(content_key, None)
+        for source_key, b in list(self._by_source.items()):
+            if b is block:
+                del self._by_source[source_key]
+        idx = bisect.bisect_left(self._block_starts, block.rel_address)
+        while idx < len(self._blocks) and self._blocks[idx] is not block:
+            idx += 1
+        if idx < len(self._blocks):
+            del self._blocks[idx]
+            del self._block_starts[idx]
+        region = block.region
+        region.live -= 1
+        if block.offset + block.reserved == region.used:
+            region.used = block.offset  # the bump pointer steps back over the last block
+        if region.live == 0:
+            self._regions.remove(region)  # its memory goes once no array views it
 
     def release(self) -> None:
         """Free every region. The manager is unusable afterwards; arrays handed out

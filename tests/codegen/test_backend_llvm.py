@@ -726,8 +726,9 @@ def test_cache_not_private_to_the_user_is_not_read(tmp_path, caplog) -> None:
 
 
 def test_kernels_and_their_machine_code_are_freed_with_their_model() -> None:
-    """A model's kernels (and the JIT library each keeps mapped) die with the model: a
-    process compiling model after model does not keep them all."""
+    """A model's kernels (and the JIT library each keeps mapped) die with the model once
+    the memo stops holding the most recent ones: a process compiling model after model
+    does not keep them all (see test_only_the_most_recent_dead_kernels_are_held)."""
     import gc
     import weakref
 
@@ -744,8 +745,43 @@ def test_kernels_and_their_machine_code_are_freed_with_their_model() -> None:
     assert mine, "the model compiled no LLVM kernel"
     refs = [weakref.ref(k) for k in mine] + [weakref.ref(k._loaded) for k in mine]
     del model, mine
+    kernel_mod.drop_recent_kernels()
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_only_the_most_recent_dead_kernels_are_held() -> None:
+    """A recompile of the same model finds its kernels (LLVM keeps ~10 KB per JIT library
+    ever linked, so linking them anew each time would grow without bound), and a memo
+    holds no more than ``keep`` kernels that no model uses."""
+    import gc
+
+    from geode.codegen.backends.llvm import kernel as kernel_mod
+
+    memo = kernel_mod.KernelMemo(keep=3)
+
+    class K:
+        pass
+
+    for i in range(10):
+        memo.put(i, K())
+    gc.collect()
+    assert sorted(memo.keys()) == [7, 8, 9]
+    kept = memo.get(7)  # asked for again: the most recent
+    memo.put(10, K())
+    gc.collect()
+    assert sorted(memo.keys()) == [7, 9, 10]
+    memo.drop_recent()
+    gc.collect()
+    assert memo.keys() == [7] and memo.get(7) is kept
+
+    kern = eltwise(lambda X: X * A.Const(5.0, "float64"), {"X": "float32"}, "float32")
+    first = compile_kernel(kern)
+    address = first.address
+    del first
+    gc.collect()
+    again = compile_kernel(kern)
+    assert again.address == address, "a recompile linked the kernel anew"
 
 
 # ---------------------------------------------------------------------------------

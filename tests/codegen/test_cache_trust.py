@@ -45,10 +45,10 @@ def config_home(tmp_path, monkeypatch):
 @pytest.fixture
 def fresh_memos():
     """Forget kernels compiled in this process, so compiles go to the disk cache."""
-    kernel_mod._memo.clear()
+    kernel_mod.forget_kernels()
     nb._memo.clear()
     yield
-    kernel_mod._memo.clear()
+    kernel_mod.forget_kernels()
     nb._memo.clear()
 
 
@@ -103,7 +103,7 @@ def triple_kernel() -> A.Kernel:
 def compile_and_check(cache) -> bool:
     """Compile the kernel through ``cache`` (after forgetting it in memory), run it and
     check its result; returns whether it came from the disk cache."""
-    kernel_mod._memo.clear()
+    kernel_mod.forget_kernels()
     k = compile_kernel(triple_kernel(), cache_dir=cache)
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     y = np.zeros_like(x)

@@ -27,7 +27,6 @@ both sum the same products, in another order.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import time
 
@@ -36,7 +35,7 @@ from geode.codegen.backends.llvm.conv_spec import TYPES, ConvSpec, Geometry
 from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
-from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module
+from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module, while_alive
 from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.errors import ExecutionError, ShapeError
 
@@ -179,7 +178,7 @@ def _arg_specs(spec: ConvSpec) -> tuple[ArgSpec, ...]:
     return tuple(args)
 
 
-@functools.lru_cache(maxsize=256)
+@while_alive
 def conv_kernel(spec: ConvSpec, cache_dir: CacheDir | None = None) -> ConvKernel | None:
     """The compiled native conv of ``spec`` (object code through the disk cache in
     ``cache_dir`` when given), or None when its method needs a BLAS and none is found."""

@@ -129,10 +129,12 @@ def runtime_symbols() -> dict[str, int]:
 @dataclass(eq=False)
 class Loaded:
     """Machine code linked into the process: ``addresses`` of its exported symbols.
-    The code stays mapped while this object is alive."""
+    The code stays mapped while this object is alive; ``keep`` holds what it calls into
+    (other loaded code whose addresses it was linked with), alive as long as it is."""
 
     tracker: Any
     addresses: dict[str, int]
+    keep: Any = None
 
     def __getitem__(self, name: str) -> int:
         return self.addresses[name]

@@ -19,6 +19,8 @@ import logging
 import threading
 import time
 import weakref
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,7 +32,15 @@ from geode.codegen.backends.llvm.parallel import MIN_PARALLEL_ELEMENTS
 from geode.codegen.backends.llvm.target import Target, host
 from geode.errors import CodegenError
 
-__all__ = ["LLVMKernel", "build_module", "compile_kernel"]
+__all__ = [
+    "KernelMemo",
+    "LLVMKernel",
+    "build_module",
+    "compile_kernel",
+    "drop_recent_kernels",
+    "forget_kernels",
+    "while_alive",
+]
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +184,94 @@ class LLVMKernel:
         return f"<LLVMKernel {self.name} ({how}{', parallel' if self.parallel else ''})>"
 
 
+class KernelMemo:
+    """Compiled kernels (or linked code) by key, for as long as they are in use, plus
+    the ``keep`` most recently asked for (none by default). Two threads asking for the
+    same key get one kernel (:meth:`lock_for` serializes its build)."""
+
+    def __init__(self, keep: int = 0) -> None:
+        self.keep = keep
+        self._alive: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
+        self._recent: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._locks = [threading.Lock() for _ in range(64)]
+        _memos.add(self)
+
+    def get(self, key: Any) -> Any:
+        """The value of ``key`` if one is alive (it becomes the most recent), else None."""
+        with self._lock:
+            value = self._alive.get(key)
+            if value is not None:
+                self._hold(key, value)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        """Remember ``value`` as the value of ``key``."""
+        with self._lock:
+            self._alive[key] = value
+            self._hold(key, value)
+
+    def _hold(self, key: Any, value: Any) -> None:
+        if self.keep <= 0:
+            return
+        self._recent[key] = value
+        self._recent.move_to_end(key)
+        while len(self._recent) > self.keep:
+            self._recent.popitem(last=False)
+
+    def lock_for(self, key: Any) -> threading.Lock:
+        """The lock to hold while building the value of ``key``."""
+        return self._locks[hash(key) % len(self._locks)]
+
+    def drop_recent(self) -> None:
+        """Stop holding the recent values: those nothing else uses die now."""
+        with self._lock:
+            self._recent.clear()
+
+    def clear(self) -> None:
+        """Forget every value (their users keep theirs)."""
+        with self._lock:
+            self._recent.clear()
+            self._alive.clear()
+
+    def keys(self) -> list[Any]:
+        """Keys of the values alive."""
+        with self._lock:
+            return list(self._alive.keys())
+
+    def items(self) -> list[tuple[Any, Any]]:
+        """``(key, value)`` of the values alive."""
+        with self._lock:
+            return list(self._alive.items())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._alive)
+
+
+_memos: weakref.WeakSet[KernelMemo] = weakref.WeakSet()
+
+#: linked machine code held after its last kernel died (see :func:`build_module`)
+KEEP_LINKED = 64
+
+#: linked machine code by (cache key, cache location, entry, what it calls)
+_linked = KernelMemo(KEEP_LINKED)
+
+
+def drop_recent_kernels() -> None:
+    """Stop holding recently linked code (:func:`build_module`): machine code no kernel
+    uses is unloaded now."""
+    for memo in list(_memos):
+        memo.drop_recent()
+
+
+def forget_kernels() -> None:
+    """Forget every kernel and linked code this process memoized (models keep theirs):
+    the next compile of any kernel goes to the disk cache or LLVM."""
+    for memo in list(_memos):
+        memo.clear()
+
+
 def build_module(
     name: str,
     ir: str,
@@ -182,6 +280,7 @@ def build_module(
     *,
     runtime: bool = True,
     imports: dict[str, int] | None = None,
+    keep: Any = None,
     key: str | None = None,
 ) -> tuple[jit.Loaded, bool]:
     """The machine code of module ``ir`` (exporting ``name``) linked into the process, and
@@ -189,8 +288,41 @@ def build_module(
     memory). A miss compiles the module with LLVM and stores the object code; a cached
     object that fails to link is a miss too (rebuilt, its entry rewritten), never an
     error. ``runtime``/``imports``: what the code calls (:func:`jit.load_object`);
-    ``key``: the module's :func:`objcache.cache_key` when the caller has it."""
+    ``keep``: the objects owning the ``imports`` (kept alive with the code); ``key``: the
+    module's :func:`objcache.cache_key` when the caller has it.
+
+    Code linked before and still alive, or among the :data:`KEEP_LINKED` most recent, is
+    returned again (as if from the cache): LLVM keeps about 10 KB for every JIT library
+    it ever linked, even once unloaded (llvmlite cannot remove a library from its
+    session), so a process compiling the same models again and again would otherwise
+    grow by that much per kernel each time; held, only its machine code stays mapped.
+    """
     key = key or objcache.cache_key(ir, target.fingerprint())
+    loc = objcache.location(cache_dir)
+    link_key = (key, loc, name, runtime, tuple(sorted((imports or {}).items())))
+    loaded = _linked.get(link_key)
+    if loaded is not None:
+        return loaded, True
+    with _linked.lock_for(link_key):
+        loaded = _linked.get(link_key)
+        if loaded is not None:
+            return loaded, True
+        loaded, from_cache = _link(name, ir, target, loc, runtime, imports, key)
+        loaded.keep = keep
+        _linked.put(link_key, loaded)
+        return loaded, from_cache
+
+
+def _link(
+    name: str,
+    ir: str,
+    target: Target,
+    cache_dir: objcache.CacheDir | None,
+    runtime: bool,
+    imports: dict[str, int] | None,
+    key: str,
+) -> tuple[jit.Loaded, bool]:
+    """:func:`build_module` without its memo: from the disk cache, else LLVM."""
     obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
     if obj is not None:
         try:
@@ -205,13 +337,33 @@ def build_module(
     return jit.load_object(obj, [name], runtime=runtime, imports=imports), False
 
 
-#: kernels alive in this process by (key, cache location): compiled once while in use
-_memo: weakref.WeakValueDictionary[tuple[str, objcache.CacheLocation | None], LLVMKernel] = (
-    weakref.WeakValueDictionary()
-)
-_memo_lock = threading.Lock()
-#: striped locks: two threads compiling the same kernel compile it once
-_key_locks = [threading.Lock() for _ in range(64)]
+def while_alive(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Memoize ``fn`` (arguments hashable) in a :class:`KernelMemo`: the same arguments
+    give the same kernel while it is in use; a None result is not kept.
+    ``fn.cache_clear()`` forgets them all, ``fn.memo`` is the memo."""
+    memo = KernelMemo()
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        hit = memo.get(args)
+        if hit is not None:
+            return hit
+        with memo.lock_for(args):
+            hit = memo.get(args)
+            if hit is not None:
+                return hit
+            value = fn(*args)
+            if value is not None:
+                memo.put(args, value)
+            return value
+
+    wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]
+    wrapper.memo = memo  # type: ignore[attr-defined]
+    return wrapper
+
+
+#: kernels of :func:`compile_kernel` by (key, cache location), while in use
+_memo = KernelMemo()
 
 
 def compile_kernel(
@@ -244,12 +396,10 @@ def compile_kernel(
     key = objcache.cache_key(emitted.ir, target.fingerprint())
     loc = objcache.location(cache_dir)
     memo_key = (key, loc)
-    with _memo_lock:
-        hit = _memo.get(memo_key)
-        if hit is not None:
-            return hit
-        lock = _key_locks[hash(memo_key) % len(_key_locks)]
-    with lock:
+    hit = _memo.get(memo_key)
+    if hit is not None:
+        return hit
+    with _memo.lock_for(memo_key):
         hit = _memo.get(memo_key)
         if hit is not None:
             return hit
@@ -262,6 +412,5 @@ def compile_kernel(
         k = LLVMKernel(
             kernel.name, emitted, loaded, target, time.perf_counter() - t0, from_cache, fastmath
         )
-        with _memo_lock:
-            _memo[memo_key] = k
+        _memo.put(memo_key, k)
         return k

@@ -39,7 +39,6 @@ rounding: the same sums in the same order, the products' inner sums in another.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import time
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ from geode.codegen.backends.llvm import vmath
 from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
-from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module
+from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module, while_alive
 from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.errors import ExecutionError, ShapeError
 
@@ -489,7 +488,7 @@ def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
     return tuple(args)
 
 
-@functools.lru_cache(maxsize=64)
+@while_alive
 def lstm_kernel(spec: LstmSpec, cache_dir: CacheDir | None = None) -> LstmKernel:
     """The compiled native LSTM of ``spec`` (object code through the disk cache in
     ``cache_dir`` when given)."""

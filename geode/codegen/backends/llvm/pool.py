@@ -24,7 +24,6 @@ rounding (the same taps, summed in another order for the global mean).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import time
 
@@ -34,7 +33,7 @@ from geode.codegen.backends.llvm.conv_spec import TYPES
 from geode.codegen.backends.llvm.emit import ArgSpec, Emitted
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
-from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module
+from geode.codegen.backends.llvm.kernel import LLVMKernel, build_module, while_alive
 from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.codegen.backends.llvm.pool_spec import PoolSpec
 from geode.errors import ExecutionError, ShapeError
@@ -148,7 +147,7 @@ def _arg_specs(spec: PoolSpec) -> tuple[ArgSpec, ...]:
     )
 
 
-@functools.lru_cache(maxsize=256)
+@while_alive
 def pool_kernel(spec: PoolSpec, cache_dir: CacheDir | None = None) -> PoolKernel:
     """The compiled native pool of ``spec`` (object code through the disk cache in
     ``cache_dir`` when given)."""

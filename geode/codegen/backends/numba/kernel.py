@@ -11,8 +11,10 @@ import inspect
 import logging
 import os
 import re
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -296,9 +298,23 @@ def _compile_error(kernel: Kernel, exc: BaseException, source: str, filename: st
     return CodegenError(msg)
 
 
-_memo: dict[tuple[str, str | None], NumbaKernel] = {}
+#: kernels alive in this process by (key, cache folder): compiled once while in use,
+#: forgotten with the last model using them (so are their modules, see compile_kernel)
+_memo: weakref.WeakValueDictionary[tuple[str, str | None], NumbaKernel] = (
+    weakref.WeakValueDictionary()
+)
 _memo_lock = threading.Lock()
-_key_locks: dict[tuple[str, str | None], threading.Lock] = {}
+#: striped locks: two threads compiling the same kernel compile it once
+_key_locks = [threading.Lock() for _ in range(64)]
+
+
+def _forget_module(name: str, source: str) -> None:
+    """Drop kernel module ``name`` from ``sys.modules`` (its kernel died) unless it was
+    replaced meanwhile; a later compile of the same source loads it again."""
+    with _cache.module_lock:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__geode_source__", None) == source:
+            del sys.modules[name]
 
 
 class _Loaded(NamedTuple):
@@ -523,7 +539,7 @@ def compile_kernel(
         hit = _memo.get(memo_key)
         if hit is not None:
             return hit
-        lock = _key_locks.setdefault(memo_key, threading.Lock())
+        lock = _key_locks[hash(memo_key) % len(_key_locks)]
     with lock:
         hit = _memo.get(memo_key)
         if hit is not None:
@@ -546,6 +562,7 @@ def compile_kernel(
         )
         with _memo_lock:
             _memo[memo_key] = k
+        weakref.finalize(k, _forget_module, f"geode_k_{key[:32]}", emitted.source)
         return k
 
 
