@@ -870,3 +870,45 @@ def test_matmul_of_a_data_dependent_shape_keeps_its_reference_kernel() -> None:
     xv = np.array([[1, 0], [0, 2], [3, 4]], np.float32)
     want = np.transpose(np.nonzero(xv)).astype(np.float32) @ g.values[w.name].data
     np.testing.assert_array_equal(model(x=xv)["y"], want)
+
+
+def test_temporaries_are_allocated_in_an_order_that_does_not_depend_on_hashing() -> None:
+    """The IR text is the cache key: temporaries allocated in a set's order (which
+    changes from process to process with string hashing) gave one kernel different keys
+    in different processes, so warm starts missed the cache at random."""
+    from geode.codegen.backends.llvm.analysis import allocation_sites
+
+    names = {f"t{i}_sum" for i in range(12)}
+    for order in (sorted(names), sorted(names, reverse=True)):
+        sites = allocation_sites([], set(order), lambda loop: False)
+        assert list(sites) == sorted(names)
+
+
+_HASH_CHILD = """
+import hashlib, sys
+sys.path.insert(0, {tests!r})
+from test_concurrency import graph
+import geode
+m = geode.compile(graph())
+print(hashlib.sha256("".join(k.source for k in m.kernels).encode()).hexdigest())
+"""
+
+
+def test_kernel_ir_is_the_same_in_every_process() -> None:
+    code = _HASH_CHILD.format(tests=os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e"))
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed, "GEODE_PROGRESS": "0"},
+        )
+        for seed in ("1", "2")
+    ]
+    digests = set()
+    for p in children:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        digests.add(out.strip().splitlines()[-1])
+    assert len(digests) == 1
