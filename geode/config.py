@@ -15,7 +15,9 @@ cache_max_mb              GEODE_CACHE_MAX_MB      the kernel cache is kept under
 cache_sign                GEODE_CACHE_SIGN        sign each kernel cache entry with this
                                                   user's secret key (HMAC, see
                                                   geode.signing) and ignore (rebuild)
-                                                  entries without a valid signature
+                                                  entries without a valid signature (the
+                                                  numba backend's cache, whose entries
+                                                  are pickles, is always signed)
 memory_limit_mb           GEODE_MEMORY_LIMIT_MB   a run whose buffers would need more than
                                                   this many MiB raises a GeodeError before
                                                   allocating (0: the memory available at

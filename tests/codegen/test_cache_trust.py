@@ -350,3 +350,16 @@ def test_numba_cache_without_a_usable_key_is_not_used(
         assert not numba_compile(cache).from_cache
         assert not numba_compile(cache).from_cache
     assert not list(cache.rglob("manifest.json"))
+
+
+@pytest.mark.parametrize("which", ["manifest.json", "index"])
+def test_a_fifo_in_a_numba_entry_never_blocks(tmp_path, fresh_memos, which) -> None:
+    cache = tmp_path / "cache"
+    numba_compile(cache)
+    (entry,) = (cache / "kernels").iterdir()
+    target = entry / which if which == "manifest.json" else next(entry.glob("*.nbi"))
+    target.unlink()
+    os.mkfifo(target)
+    with deadline(120):
+        assert not numba_compile(cache).from_cache
+    assert numba_compile(cache).from_cache

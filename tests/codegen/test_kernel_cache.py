@@ -500,3 +500,21 @@ def test_compile_keeps_the_cache_under_its_limit(tmp_path: Path, monkeypatch) ->
     geode.compile(examples.softmax(hidden=64).graph, cache_dir=str(tmp_path), cache_max_mb=2)
     assert not stale.exists()
     assert cache.cache_info(tmp_path).entries >= 1  # the new kernel stays
+
+
+def test_a_numba_kernel_and_its_module_are_forgotten_with_it(fresh_memo) -> None:
+    """The memo holds kernels only while they are used: a process compiling kernel after
+    kernel does not keep them all, nor their generated modules in ``sys.modules``."""
+    import gc
+    import weakref
+
+    k = nb.compile_kernel(make_kernel(4.5, parallel=False))
+    check(k, 4.5)
+    assert nb.compile_kernel(make_kernel(4.5, parallel=False)) is k  # memoized while alive
+    name = f"geode_k_{k.key[:32]}"
+    assert name in sys.modules
+    ref = weakref.ref(k)
+    del k
+    gc.collect()
+    assert ref() is None, "the memo kept a kernel nobody uses"
+    assert name not in sys.modules
