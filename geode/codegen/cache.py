@@ -640,9 +640,11 @@ def maybe_prune(cache_dir: str | os.PathLike[str], max_bytes: int) -> PruneResul
     process) in the last :data:`PRUNE_INTERVAL` seconds; None when it was not due.
 
     The check time is a stamp file in ``cache_dir``; a cache that cannot be read or
-    written is left as it is (the limit is best effort, never a compile error).
+    written is left as it is (the limit is best effort, never a compile error), and so
+    is one that is not private to the user (geode does not use it, so it does not
+    maintain it either).
     """
-    if max_bytes <= 0:
+    if max_bytes <= 0 or not private_folder(cache_dir, _AREAS, "kernel cache"):
         return None
     key = os.fspath(cache_dir)
     now = time.time()

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import linecache
 import logging
 import os
 import re
@@ -309,12 +310,14 @@ _key_locks = [threading.Lock() for _ in range(64)]
 
 
 def _forget_module(name: str, source: str) -> None:
-    """Drop kernel module ``name`` from ``sys.modules`` (its kernel died) unless it was
-    replaced meanwhile; a later compile of the same source loads it again."""
+    """Drop kernel module ``name`` from ``sys.modules``, and its source from ``linecache``
+    (its kernel died), unless it was replaced meanwhile; a later compile of the same
+    source loads it again."""
     with _cache.module_lock:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__geode_source__", None) == source:
             del sys.modules[name]
+            linecache.cache.pop(getattr(module, "__file__", None), None)
 
 
 class _Loaded(NamedTuple):
