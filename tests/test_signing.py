@@ -16,6 +16,7 @@ def config_home(tmp_path, monkeypatch):
     """A fresh XDG_CONFIG_HOME, no GEODE_CACHE_KEY."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.delenv(signing.KEY_ENV, raising=False)
+    monkeypatch.setattr(signing, "_warned", set())  # each test sees its warnings
     return tmp_path / "config"
 
 

@@ -38,7 +38,8 @@ writer of the cache folder could run code in every process that loads an entry. 
 - numba reads its files through :class:`_VerifiedCacheFile`: each file is read once,
   non-blocking and only if it is a regular private file, and unpickled only if the
   sha256 of those very bytes is one the verified manifest lists (or one this process
-  wrote), so a file swapped after the check is never unpickled either.
+  wrote), so a file swapped after the check is never unpickled either. A fresh entry's
+  manifest lists the files on disk when it is written (:func:`commit_entry`).
 
 Anything else (a truncated or garbage module, a corrupt numba index or data file, a
 missing, corrupt or unsigned manifest, an entry left half-written by a crashed process,
@@ -275,15 +276,29 @@ def discard_entry(entry: CacheEntry) -> None:
 
 
 def commit_entry(entry: CacheEntry) -> bool:
-    """Write the signed manifest of a freshly compiled entry, listing the module and the
-    numba files this process wrote; False if numba saved nothing (or no key is usable)."""
-    names = set(entry.hashes)
+    """Write the signed manifest of a freshly compiled entry: the module's hash and those
+    of numba's files as they are on disk now; False if numba saved nothing (or a file
+    cannot be read, or no key is usable).
+
+    The files on disk, not only those this process wrote: two processes compiling the
+    same kernel at once each replace numba's files (numba's pickles differ from process
+    to process), and the manifest written last must describe the files that stayed. In a
+    private folder only this user's processes write them (see the module docstring)."""
+    if not any(entry.hashes):
+        return False
+    files = {entry.module_path.name: entry.source_sha256}
+    for p in entry.data_files():
+        data = read_file(p, _MAX_FILE_BYTES)
+        if data is None:
+            return False
+        files[p.name] = _sha256(data)
+    names = set(files)
     if not any(n.endswith(".nbi") for n in names) or not any(n.endswith(".nbc") for n in names):
         return False
     secret = signing.signing_key()
     if secret is None:
         return False
-    files = {entry.module_path.name: entry.source_sha256, **entry.hashes}
+    entry.hashes = {n: h for n, h in files.items() if n != entry.module_path.name}
     manifest: dict[str, Any] = {"key": entry.key, "files": files, "env": environment_fingerprint()}
     manifest[signing.FIELD] = signing.sign(manifest, secret)
     atomic_write(entry.directory / _MANIFEST, json.dumps(manifest, indent=1).encode())

@@ -176,7 +176,7 @@ class DenseKernel:
         self.source = ir + "\n; epilogue kernel\n" + epilogue.source
         self.address = kernel.address
         #: whether both the entry and the epilogue came from the disk cache
-        self.from_cache = bool(kernel.from_cache and epilogue.from_cache)
+        self.from_cache = all(getattr(k, "from_cache", False) for k in (kernel, epilogue))
         self.chunked = True
         self.parallel = True
 
