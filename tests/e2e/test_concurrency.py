@@ -227,7 +227,7 @@ def test_processes_killed_mid_compile_leave_nothing_trusted(tmp_path) -> None:
     killed = 0
     left: list[int] = []
     for i in range(8):
-        if i % 2 == 0 and (cache / "kernels").exists():
+        if i % 3 == 2 and (cache / "kernels").exists():
             # start over now and then, so kills keep landing in cold compiles
             for e in (cache / "kernels").iterdir():
                 for p in e.iterdir():
@@ -236,7 +236,7 @@ def test_processes_killed_mid_compile_leave_nothing_trusted(tmp_path) -> None:
         p = spawn(cache, "full")
         ready, _, _ = select.select([p.stdout], [], [], 120)
         assert ready and p.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.0, 2.0))  # somewhere in the compile (cold: a few seconds)
+        time.sleep(rng.uniform(0.1, 1.5))  # somewhere in the compile (cold: about 1.5 s)
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             killed += 1
@@ -244,7 +244,7 @@ def test_processes_killed_mid_compile_leave_nothing_trusted(tmp_path) -> None:
             left.append(files)
         p.communicate(timeout=60)
     print(f"\n{killed} of 8 compiling processes killed mid-compile; files left: {left}")
-    assert killed >= 4, "the processes finished before the kills: raise the delays"
+    assert killed >= 3, "the processes finished before the kills: lower the delays"
     survivor = result(spawn(cache, "full"))
     assert survivor["ok"], survivor
     # every entry is valid or gone: leftovers of killed writers are temporaries only
