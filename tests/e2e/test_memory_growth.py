@@ -149,6 +149,25 @@ def test_a_deleted_models_kernels_and_weights_are_freed(tmp_path) -> None:
     session.close()
 
 
+def test_models_compiled_and_deleted_give_their_weights_back() -> None:
+    """geode.compile's default session kept every model's constants (8 MiB each here:
+    +144 MiB over 20 models before); now they leave with the model."""
+    samples = []
+    for i in range(6):
+        g = geode.Graph(f"weights{i}")
+        x = g.input("x", ["N", 1024], "float32")
+        w = g.constant(np.random.default_rng(i).standard_normal((1024, 2048)).astype(np.float32))
+        g.output(ops.matmul(x, w), names=["y"])
+        model = geode.compile(g)
+        assert model(x=np.ones((2, 1024), np.float32))["y"].shape == (2, 2048)
+        del model, g, w
+        gc.collect()
+        samples.append(rss())
+    growth = samples[-1] - samples[1]
+    print(f"\nRSS after 4 more models of 8 MiB of weights: {growth / MIB:+.1f} MiB")
+    assert growth < 8 * MIB, [s // MIB for s in samples]
+
+
 _MODELS_SCRIPT = r"""
 import gc, json, os, sys, time
 import numpy as np
