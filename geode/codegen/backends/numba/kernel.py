@@ -309,15 +309,34 @@ _memo_lock = threading.Lock()
 _key_locks = [threading.Lock() for _ in range(64)]
 
 
+#: (module name, source) of kernels that died, for :func:`release_dead_modules`
+_dead_modules: list[tuple[str, str]] = []
+
+
 def _forget_module(name: str, source: str) -> None:
-    """Drop kernel module ``name`` from ``sys.modules``, and its source from ``linecache``
-    (its kernel died), unless it was replaced meanwhile; a later compile of the same
-    source loads it again."""
-    with _cache.module_lock:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__geode_source__", None) == source:
-            del sys.modules[name]
-            linecache.cache.pop(getattr(module, "__file__", None), None)
+    """Note that the kernel of module ``name`` died (a finalizer: it may run inside any
+    allocation, even while a module is being loaded, so it only takes note)."""
+    _dead_modules.append((name, source))
+
+
+def release_dead_modules() -> int:
+    """Drop the modules of kernels that died from ``sys.modules``, and their source from
+    ``linecache``, unless a live kernel uses the module again (a later compile of the
+    same source loads it anew); returns how many were dropped. Every compile calls it."""
+    dropped = 0
+    while _dead_modules:
+        name, source = _dead_modules.pop()
+        with _memo_lock:
+            used = any(f"geode_k_{key[:32]}" == name for key, _ in list(_memo.keys()))
+        if used:
+            continue
+        with _cache.module_lock:
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, "__geode_source__", None) == source:
+                del sys.modules[name]
+                linecache.cache.pop(getattr(module, "__file__", None), None)
+                dropped += 1
+    return dropped
 
 
 class _Loaded(NamedTuple):
@@ -529,6 +548,7 @@ def compile_kernel(
     kernel (and the generated source line numba reported) when compilation fails.
     """
     t0 = time.perf_counter()
+    release_dead_modules()
     emitted = emit_module_source(kernel, fastmath, parallel)
     extra = {
         "backend": backend_fingerprint(),
