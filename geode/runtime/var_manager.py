@@ -35,6 +35,7 @@ after model in one session does not keep every model's weights).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import hashlib
 import os
@@ -266,6 +267,24 @@ class VarManager:
         self._blocks: list[_Block] = []  # sorted by rel_address
         self._block_starts: list[int] = []
         self._released = False
+        #: holds to drop (see release_keys) and how deep this thread is in _locked
+        self._pending: list[tuple[VarKey, ...]] = []
+        self._depth = 0
+        self._last_drained = 0
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The manager's lock; on the outermost acquisition, drop the holds released
+        meanwhile (:meth:`release_keys` may run inside a locked section: a finalizer
+        called by the garbage collector on any allocation only queues them)."""
+        with self._lock:
+            self._depth += 1
+            try:
+                if self._depth == 1 and self._pending:
+                    self._drain()
+                yield
+            finally:
+                self._depth -= 1
 
     # ------------------------------------------------------------------ allocation
 
@@ -343,7 +362,7 @@ class VarManager:
         what = f"constant {name!r}"
         arr = _prepare(array, what)
         digest = _digest(arr)
-        with self._lock:
+        with self._locked():
             self._check_live()
             entry = self._existing(name, VarKind.CONSTANT, format, arr.dtype)
             if entry is not None:
@@ -381,7 +400,7 @@ class VarManager:
         what = f"variable {name!r}"
         arr = _prepare(array, what)
         digest = _digest(arr)
-        with self._lock:
+        with self._locked():
             self._check_live()
             entry = self._existing(name, VarKind.VARIABLE, format, arr.dtype)
             if entry is not None:
@@ -427,7 +446,7 @@ class VarManager:
                 raise VarManagerError(
                     f"{what}: source must be (file, offset), got {source!r}"
                 ) from exc
-        with self._lock:
+        with self._locked():
             self._check_live()
             entry = self._existing(name, VarKind.FILE_CONSTANT, format, dt)
             if entry is not None:
@@ -464,7 +483,7 @@ class VarManager:
     # --------------------------------------------------------------------- access
 
     def _entry(self, key: VarKey | str) -> _Entry:
-        with self._lock:
+        with self._locked():
             self._check_live()
             if isinstance(key, str):
                 k = self._names.get(key)
@@ -550,7 +569,7 @@ class VarManager:
     def info(self, key: VarKey | str) -> VarInfo:
         """Kind, shape, address, size, sharers and load state of one tensor."""
         entry = self._entry(key)
-        with self._lock:
+        with self._locked():
             block = entry.block
             return VarInfo(
                 key=entry.key,
@@ -565,14 +584,14 @@ class VarManager:
 
     def owners(self, address: int) -> list[VarKey]:
         """Keys whose storage contains logical ``address`` (empty when none does)."""
-        with self._lock:
+        with self._locked():
             block = self._block_at(address)
             return list(block.owners) if block is not None else []
 
     def memory_of(self, address: int) -> np.ndarray:
         """Debugging: the raw bytes (uint8, read-only) of the tensor holding ``address``,
         from ``address`` to the tensor's end. Raises when no tensor holds it."""
-        with self._lock:
+        with self._locked():
             self._check_live()
             block = self._block_at(address)
             if block is None:
@@ -597,17 +616,17 @@ class VarManager:
 
     def keys(self) -> list[VarKey]:
         """All registered keys, in registration order."""
-        with self._lock:
+        with self._locked():
             return list(self._entries)
 
     def __contains__(self, key: object) -> bool:
-        with self._lock:
+        with self._locked():
             if isinstance(key, str):
                 return key in self._names
             return key in self._entries
 
     def __len__(self) -> int:
-        with self._lock:
+        with self._locked():
             return len(self._entries)
 
     def __iter__(self) -> Iterator[VarKey]:
@@ -618,24 +637,24 @@ class VarManager:
     @property
     def nbytes(self) -> int:
         """Bytes of tensor data held; storage shared by several keys counts once."""
-        with self._lock:
+        with self._locked():
             return sum(b.nbytes for b in self._blocks)
 
     @property
     def num_regions(self) -> int:
         """Number of memory regions created so far."""
-        with self._lock:
+        with self._locked():
             return len(self._regions)
 
     @property
     def dedup_saved_bytes(self) -> int:
         """Bytes not stored thanks to sharing (constant dedup and file-constant sources)."""
-        with self._lock:
+        with self._locked():
             return sum(b.nbytes * (len(b.owners) - 1) for b in self._blocks if b.owners)
 
     def describe(self) -> str:
         """A readable table of every tensor: key, kind, address, bytes, shared-with."""
-        with self._lock:
+        with self._locked():
             rows = [("key", "kind", "shape", "address", "bytes", "state", "shared-with")]
             for key, entry in self._entries.items():
                 block = entry.block
@@ -666,7 +685,7 @@ class VarManager:
 
     def hold(self, key: VarKey) -> None:
         """Take one more hold on a registered ``key`` (as registering it again would)."""
-        with self._lock:
+        with self._locked():
             self._check_live()
             entry = self._entries.get(key)
             if entry is None:
@@ -676,11 +695,20 @@ class VarManager:
     def release_keys(self, keys: Iterable[VarKey]) -> int:
         """Drop one hold on each of ``keys`` (one per time it appears); a tensor left
         without holds is forgotten (see the module docstring). Returns how many were
-        forgotten; unknown keys and a released manager are ignored."""
+        forgotten now: 0 when called inside a locked section of this thread (a finalizer
+        run by the garbage collector), whose holds are dropped on the next use. Unknown
+        keys and a released manager are ignored."""
+        self._pending.append(tuple(keys))
+        with self._locked():
+            return self._last_drained if self._depth == 1 else 0
+
+    def _drain(self) -> None:
+        """Drop the holds :meth:`release_keys` queued (called with the lock held)."""
         forgotten = 0
-        with self._lock:
+        while self._pending:
+            keys = self._pending.pop()
             if self._released:
-                return 0
+                continue
             for key in keys:
                 entry = self._entries.get(key)
                 if entry is None:
@@ -695,7 +723,7 @@ class VarManager:
                 if not entry.block.owners:
                     self._free(entry.block, entry)
                 forgotten += 1
-        return forgotten
+        self._last_drained = forgotten
 
     def _free(self, block: _Block, entry: _Entry) -> None:
         """Forget a block no key owns; free its region when it was the region's last."""
@@ -725,7 +753,7 @@ class VarManager:
     def release(self) -> None:
         """Free every region. The manager is unusable afterwards; arrays handed out
         earlier stay valid (they keep their memory alive) but are no longer managed."""
-        with self._lock:
+        with self._locked():
             self._regions.clear()
             self._entries.clear()
             self._names.clear()

@@ -469,3 +469,15 @@ def test_a_models_constants_leave_the_session_with_the_model():
         del m2
         gc.collect()
         assert len(vm) == 0 and vm.nbytes == 0 and vm.num_regions == 0
+
+
+def test_a_release_inside_a_locked_section_waits_for_the_next_use():
+    """The session releases a model's holds from a finalizer, which the garbage
+    collector may run inside any allocation, even one the manager makes while it holds
+    its lock: then the holds are dropped on the next use, not mid-operation."""
+    m = VarManager(8)
+    w = m.register_constant("a/w", np.ones(4, np.float32))
+    with m._locked():  # as if the collector ran the finalizer here
+        assert m.release_keys([w]) == 0
+        assert w in m  # still there within the section
+    assert w not in m and len(m) == 0  # dropped on the next use
