@@ -22,7 +22,9 @@ Subcommands, in the style of onnxruntime_perf_test and tvmc:
 MODEL is an ``.onnx`` file or ``builtin:NAME`` for a graph of ``geode.examples.ALL``.
 Compile options may be given as ``--option key=value`` (see ``geode.config``).
 Errors print one line, ``geode: error: ...``, and exit with status 2 (3 for an
-internal error, whose traceback ``GEODE_DEBUG=1`` shows).
+internal error, whose traceback ``GEODE_DEBUG=1`` shows); running out of memory is an
+error, not an internal one (a run that would not fit is refused before allocating,
+naming the value and the size: :mod:`geode.runtime.memlimit`).
 """
 
 from __future__ import annotations
@@ -988,6 +990,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except GeodeError as exc:
         print(f"geode: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except MemoryError as exc:  # not foreseen by a check (those raise GeodeErrors)
+        detail = f": {_one_line(exc)}" if str(exc) else ""
+        print(f"geode: error: out of memory{detail}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `geode explain m.onnx | head`: stop quietly
         with contextlib.suppress(OSError):  # keep the interpreter's final flush quiet

@@ -12,6 +12,16 @@ cache_dir                 GEODE_CACHE_DIR         on-disk kernel cache (default 
 cache_max_mb              GEODE_CACHE_MAX_MB      the kernel cache is kept under this many MiB:
                                                   least recently used entries are evicted
                                                   (checked at most hourly; 0: no limit)
+cache_sign                GEODE_CACHE_SIGN        sign each kernel cache entry with this
+                                                  user's secret key (HMAC, see
+                                                  geode.signing) and ignore (rebuild)
+                                                  entries without a valid signature (the
+                                                  numba backend's cache, whose entries
+                                                  are pickles, is always signed)
+memory_limit_mb           GEODE_MEMORY_LIMIT_MB   a run whose buffers would need more than
+                                                  this many MiB raises a GeodeError before
+                                                  allocating (0: the memory available at
+                                                  the time, see geode.runtime.memlimit)
 fusion                    GEODE_FUSION            fuse Trivial/Reduce ops into groups
 codegen                   GEODE_CODEGEN           compile groups to native AI Core kernels
 fastmath                  GEODE_FASTMATH          allow reassociation (see ACCURACY_POLICY)
@@ -98,6 +108,8 @@ class Options:
     dump_dir: str | None = None
     cache_dir: str = field(default_factory=_default_cache_dir)
     cache_max_mb: int = 2048
+    cache_sign: bool = False
+    memory_limit_mb: int = 0
     fusion: bool = True
     codegen: bool = True
     fastmath: bool = False
@@ -121,6 +133,8 @@ class Options:
             "dump_dir": "GEODE_DUMP_DIR",
             "cache_dir": "GEODE_CACHE_DIR",
             "cache_max_mb": "GEODE_CACHE_MAX_MB",
+            "cache_sign": "GEODE_CACHE_SIGN",
+            "memory_limit_mb": "GEODE_MEMORY_LIMIT_MB",
             "fusion": "GEODE_FUSION",
             "codegen": "GEODE_CODEGEN",
             "fastmath": "GEODE_FASTMATH",
@@ -160,8 +174,15 @@ class Options:
 
 
 #: int options and the smallest value each accepts
-_INT_MINIMUMS = {"debug": 0, "num_threads": 0, "const_fold_limit": 0, "cache_max_mb": 0}
+_INT_MINIMUMS = {
+    "debug": 0,
+    "num_threads": 0,
+    "const_fold_limit": 0,
+    "cache_max_mb": 0,
+    "memory_limit_mb": 0,
+}
 _BOOL_OPTIONS = (
+    "cache_sign",
     "fusion",
     "codegen",
     "fastmath",

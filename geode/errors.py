@@ -93,3 +93,14 @@ class CheckpointError(GeodeError):
 
 class ExecutionError(GeodeError):
     """A failure while running a compiled plan (a kernel raised, a shape mismatch)."""
+
+
+class OutOfMemoryError(ExecutionError, MemoryError):
+    """A run (or the copy of an input) would need more memory than it may use: raised
+    before allocating, naming the value and the bytes asked for (see
+    :mod:`geode.runtime.memlimit`). Also a ``MemoryError``."""
+
+
+class InputMemoryError(OutOfMemoryError, InputError):
+    """A model input geode would have to copy (a strided or broadcast view, a
+    byte-swapped array) whose contiguous copy would not fit in memory."""

@@ -170,7 +170,26 @@ def _input_spec(v: Value, slot: int, bound_first: dict[str, str]) -> InputSpec:
 
 
 def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str) -> Plan:
-    """Build the runtime plan for ``units`` (already in a valid execution order)."""
+    """Build the runtime plan for ``units`` (already in a valid execution order). Every
+    constant and variable it registers in ``vm`` is held once per slot (the session
+    releases the holds when the model dies: :func:`held_keys`); on failure the holds
+    taken so far are released."""
+    held: list = []
+    try:
+        return _build_plan(graph, units, vm, key_prefix, held)
+    except BaseException:
+        vm.release_keys(held)
+        raise
+
+
+def held_keys(plan: Plan) -> list:
+    """The VarManager keys ``plan`` holds, one per slot (see :func:`build_plan`)."""
+    return [s.var_key for s in plan.slots if s.var_key is not None]
+
+
+def _build_plan(
+    graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str, held: list
+) -> Plan:
     slots: list[Slot] = []
     slot_of: dict[int, int] = {}
     input_symbols: set = set()
@@ -181,6 +200,8 @@ def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str)
     def slot_for(v: Value) -> int:
         if id(v) not in slot_of:
             slots.append(_slot(v, input_names, vm, key_prefix))
+            if slots[-1].var_key is not None:
+                held.append(slots[-1].var_key)
             slot_of[id(v)] = len(slots) - 1
         return slot_of[id(v)]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from geode.compiler.ir import Graph, format_graph
 from geode.compiler.ops import control
 from geode.debug import Dumper, log
 from geode.errors import CheckpointError, GraphError
-from geode.plan_builder import ALIAS, COMMIT, NO_STEP, Unit
+from geode.plan_builder import ALIAS, COMMIT, NO_STEP, Unit, held_keys
 from geode.runtime import var_checkpoint
 from geode.runtime.model import CompiledModel
 from geode.runtime.var_manager import VarKind, VarManager, VarManagerError, VarManagerPool
@@ -101,6 +102,8 @@ class Session:
         kernels = [u.info for u in units if u.engine not in NO_STEP]  # views, commits: none
         model = CompiledModel(c.plan, self.var_manager, kernels, explain, {"timings": timings})
         model.saver = _saver(model, g, units, explain, explain.dot)
+        # the model's constants leave the session with the model
+        weakref.finalize(model, self.var_manager.release_keys, held_keys(c.plan))
         if dump.wants(2):
             run_by = {n.name: f"{u.name} [{u.engine}]" for u in units for n in u.nodes}
             dump.stage(
@@ -122,7 +125,7 @@ class Session:
         from geode.errors import GeodeError
         from geode.modelfile import cache
 
-        path = cache.lookup(opts.cache_dir, key)
+        path = cache.lookup(opts.cache_dir, key, opts.cache_sign)
         if path is None:
             return None
         try:
@@ -142,6 +145,8 @@ class Session:
         prefix = f"m{next(self._models)}:file"
         model, g, units = load_model(path, self.var_manager, prefix, num_threads)
         model.saver = _saver(model, g, units, model.explain, model.to_dot)
+        model.plan.memory_limit = self.options.memory_limit_mb << 20
+        weakref.finalize(model, self.var_manager.release_keys, held_keys(model.plan))
         return model
 
     # -- variables --------------------------------------------------------------------
@@ -218,7 +223,7 @@ def _store_model(model: CompiledModel, key: str, opts: config.Options) -> None:
     def save(path: os.PathLike, max_bytes: int) -> int:
         return saver(path, True, "embed", "initial", max_bytes)
 
-    cache.store(opts.cache_dir, key, (opts.cache_max_mb << 20) // 8, save)
+    cache.store(opts.cache_dir, key, (opts.cache_max_mb << 20) // 8, save, opts.cache_sign)
 
 
 def _saver(model: CompiledModel, g: Graph, units: list[Unit], explain, dot) -> Callable:

@@ -307,6 +307,7 @@ def plan(c: Compilation) -> None:
     """The runtime plan: a slot per value, constants and variables registered with the
     VarManager, the activation memory plan."""
     c.plan = build_plan(c.graph, c.units, c.var_manager, c.key_prefix)
+    c.plan.memory_limit = c.opts.memory_limit_mb << 20
     c.dump.stage("memory_plan", c.plan.memory_text)
 
 

@@ -277,6 +277,30 @@ def test_inputs_too_large_for_memory_are_user_errors(capsys, in_process, monkeyp
         cli.random_array(np.random.default_rng(0), np.dtype(np.float32), (99999999999, 768))
 
 
+def test_a_run_too_large_for_memory_is_a_user_error(tmp_path, capsys, in_process, monkeypatch):
+    """An output that would not fit is refused before allocating with a GeodeError the
+    CLI prints as one line naming the value and the size; a stray MemoryError is an
+    error too, not an internal one."""
+    g = geode.Graph("outer")
+    x = g.input("x", ["N"], "float32")
+    g.output(ops.reshape(x, [-1, 1]) * ops.reshape(x, [1, -1]), names=["y"])
+    path = tmp_path / "outer.onnx"
+    onnx.save(to_onnx(g), str(path))
+    argv = ["run", str(path), "--shape", "x:20000", "--option", "memory_limit_mb=64"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("geode: error: model 'outer': this run needs 1.5 GiB"), err
+    assert "the largest is output 'y' float32[20000, 20000]: 1.5 GiB (1600000000 bytes)" in err[0]
+
+    def no_memory(self, feeds):
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(geode.runtime.model.CompiledModel, "run", no_memory)
+    assert cli.main(["run", str(path), "--shape", "x:4"]) == 2
+    assert capsys.readouterr().err.strip() == "geode: error: out of memory: simulated"
+
+
 def test_explain_dot_file_is_not_overwritten(tmp_path, capsys, in_process):
     dot = tmp_path / "keep.dot"
     dot.write_text("user data")

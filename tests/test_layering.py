@@ -22,9 +22,10 @@ rank  layer      modules
 1     runtime    ``geode.runtime.*``    } peers that never import each other
 1     costmodel  ``geode.costmodel.*``  }
 0     base       ``geode.errors``, ``geode.config``, ``geode.debug``,
-                 ``geode.progress``, ``geode.version`` (errors, options, logging and
-                 dumps, progress bars, the version: used by every layer, they import
-                 only each other)
+                 ``geode.progress``, ``geode.version``, ``geode.safe_files``,
+                 ``geode.signing`` (errors, options, logging and dumps, progress bars,
+                 the version, geode's own files on disk and their signatures: used by
+                 every layer, they import only each other)
 ====  =========  ===========================================================
 
 Besides the ranks, no import cycle may run between packages: a *package* here is a
@@ -70,6 +71,8 @@ LAYER_OF: dict[str, str] = {
     "geode.debug": "base",
     "geode.progress": "base",
     "geode.version": "base",
+    "geode.safe_files": "base",
+    "geode.signing": "base",
 }
 
 RANK = {

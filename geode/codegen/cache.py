@@ -24,15 +24,30 @@ preference of :mod:`geode.codegen.backends.target`), the versions of
 numba, llvmlite, numpy and Python, :data:`CODEGEN_VERSION`, and whatever the backend
 adds (a hash of its own runtime helpers, compile settings).
 
-Trust: an entry is used only if its ``manifest.json`` lists the hash of every file
-and every file still has that hash; the module file must also equal the expected
-source byte for byte. Anything else (a truncated or garbage module, a corrupt numba
-index or data file, a missing or corrupt manifest, an entry left half-written by a
-crashed process) makes the entry untrusted: its files are deleted and the kernel is
-rebuilt. All writes are atomic (a temporary file in the same directory, then
-``os.replace``), and numba writes its own files the same way, so concurrent processes
-compiling the same kernel never see a torn file; the worst a race can cause is a
-cache miss.
+Trust: numba's index and data files are pickles, and unpickling runs code, so a
+writer of the cache folder could run code in every process that loads an entry. So:
+
+- the cache folder, its area and the entry folder must be private to the user (owned
+  by them, not writable by group or others; :func:`geode.safe_files.private_folder`),
+  else geode warns once naming the folder and compiles in memory;
+- every manifest is signed with the user's secret key (HMAC, :mod:`geode.signing`;
+  always for this cache, whatever the ``cache_sign`` option says), and an entry is used
+  only if its manifest's signature is valid, it lists the hash of every file, every
+  file still has that hash and the module file equals the expected source byte for
+  byte. Without a usable key this cache is not used at all;
+- numba reads its files through :class:`_VerifiedCacheFile`: each file is read once,
+  non-blocking and only if it is a regular private file, and unpickled only if the
+  sha256 of those very bytes is one the verified manifest lists (or one this process
+  wrote), so a file swapped after the check is never unpickled either. A fresh entry's
+  manifest lists the files on disk when it is written (:func:`commit_entry`).
+
+Anything else (a truncated or garbage module, a corrupt numba index or data file, a
+missing, corrupt or unsigned manifest, an entry left half-written by a crashed process,
+a FIFO in place of a file) makes the entry untrusted: its files are deleted and the
+kernel is rebuilt. All writes are atomic (a temporary file in the same directory, then
+``os.replace``) and respect the umask (:func:`geode.safe_files.atomic_write`), so
+concurrent processes compiling the same kernel never see a torn file; the worst a race
+can cause is a cache miss.
 """
 
 from __future__ import annotations
@@ -41,24 +56,28 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import io
 import json
 import linecache
 import logging
 import math
 import os
+import pickle
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import types
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from geode import signing
 from geode.errors import CodegenError
+from geode.safe_files import atomic_write as _atomic_write
+from geode.safe_files import make_dirs, private_dir, private_folder, read_file
 
 #: Bump when generated code or its runtime conventions change in a way the source
 #: text does not show (the backend also hashes its own helpers into the key).
@@ -76,6 +95,8 @@ MODEL_AREA = "models"
 _AREAS = (KERNEL_AREA, RUNTIME_AREA, MODEL_AREA)
 _MANIFEST = "manifest.json"
 _MODULE_PREFIX = "geode_k_"
+#: no module, numba file or manifest of an entry is near this size; larger ones are not read
+_MAX_FILE_BYTES = 256 << 20
 
 
 #: the target's part of the environment fingerprint (triple, CPU name and features),
@@ -124,27 +145,18 @@ def cache_key(source: str, extra: Mapping[str, str] | None = None) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: a temporary file, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write ``data`` to ``path`` atomically (see :func:`geode.safe_files.atomic_write`)."""
+    _atomic_write(path, data)
+
+
+class UntrustedCacheError(OSError):
+    """The cache folder may not be used (not private to the user, or no signing key);
+    already reported once as a warning naming it."""
 
 
 @dataclass
@@ -157,6 +169,11 @@ class CacheEntry:
     module_path: Path
     #: True when the entry's files were verified against its manifest (a probable hit).
     trusted: bool = False
+    #: file name -> sha256 of the files numba may unpickle: those the verified manifest
+    #: lists, and those this process wrote
+    hashes: dict[str, str] = field(default_factory=dict)
+    #: sha256 of the module's source (what the module file holds)
+    source_sha256: str = ""
 
     def data_files(self) -> list[Path]:
         """numba's files of this entry (index and data)."""
@@ -180,25 +197,31 @@ def _entry_for(cache_dir: str | os.PathLike[str], key: str, area: str) -> CacheE
     return CacheEntry(key, directory, name, directory / f"{name}.py")
 
 
-def _verify(entry: CacheEntry, source_bytes: bytes) -> bool:
-    """True when the module equals the source and every manifest hash still holds."""
+def _verify(entry: CacheEntry, source_bytes: bytes, secret: bytes) -> bool:
+    """True when the module equals the source, the manifest is signed with ``secret``
+    and every hash it lists still holds; then ``entry.hashes`` holds those hashes."""
+    if read_file(entry.module_path, _MAX_FILE_BYTES) != source_bytes:
+        return False
+    raw = read_file(entry.directory / _MANIFEST, _MAX_FILE_BYTES)
     try:
-        if entry.module_path.read_bytes() != source_bytes:
+        manifest = json.loads(raw) if raw is not None else None
+        if not isinstance(manifest, dict) or manifest.get("key") != entry.key:
             return False
-        manifest = json.loads((entry.directory / _MANIFEST).read_text())
-        if manifest.get("key") != entry.key or not isinstance(manifest.get("files"), dict):
+        files = manifest.get("files")
+        if not isinstance(files, dict) or not any(str(n).endswith(".nbi") for n in files):
             return False
-        files: dict[str, str] = manifest["files"]
-        if not any(n.endswith(".nbi") for n in files):
+        if not signing.verify(manifest, secret):
             return False
         for name, digest in files.items():
             if os.sep in name or name.startswith("."):
                 return False
-            if _sha256_file(entry.directory / name) != digest:
+            data = read_file(entry.directory / name, _MAX_FILE_BYTES)
+            if data is None or _sha256(data) != digest:
                 return False
-        return True
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         return False
+    entry.hashes = dict(files)
+    return True
 
 
 def _wipe(entry: CacheEntry) -> None:
@@ -210,6 +233,18 @@ def _wipe(entry: CacheEntry) -> None:
             p.unlink()
     with contextlib.suppress(OSError):
         shutil.rmtree(entry.directory / "__pycache__")
+    entry.hashes = {}
+
+
+def _secret(cache_dir: str | os.PathLike[str], area: str) -> bytes:
+    """The signing key, once the cache folder is found private; UntrustedCacheError when
+    either is missing (reported once, naming the folder or the key)."""
+    if not private_folder(cache_dir, (area,), "kernel cache"):
+        raise UntrustedCacheError(f"kernel cache {cache_dir} is not private to this user")
+    secret = signing.signing_key()
+    if secret is None:
+        raise UntrustedCacheError(f"no signing key for the numba kernel cache {cache_dir}")
+    return secret
 
 
 def prepare_entry(
@@ -217,11 +252,16 @@ def prepare_entry(
 ) -> CacheEntry:
     """The cache entry for ``key``, verified; an untrusted entry is wiped and its module
     rewritten, so numba finds either verified files or none. ``area``: ``"kernels"``, or
-    :data:`RUNTIME_AREA` for a runtime helper's entry."""
+    :data:`RUNTIME_AREA` for a runtime helper's entry. :class:`UntrustedCacheError` when
+    the folder may not be used (see the module docstring), OSError when it cannot be."""
+    secret = _secret(cache_dir, area)
     entry = _entry_for(cache_dir, key, area)
-    entry.directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(entry.directory)
+    if not private_dir(entry.directory):
+        raise UntrustedCacheError(f"kernel cache entry {entry.directory} is not private")
     data = source.encode()
-    if _verify(entry, data):
+    entry.source_sha256 = _sha256(data)
+    if _verify(entry, data, secret):
         entry.trusted = True
         with contextlib.suppress(OSError):
             os.utime(entry.directory)  # last use, for least-recently-used eviction
@@ -238,23 +278,37 @@ def discard_entry(entry: CacheEntry) -> None:
 
 
 def commit_entry(entry: CacheEntry) -> bool:
-    """Write the manifest of a freshly compiled entry; False if numba saved nothing
-    (or a concurrent process removed the files meanwhile)."""
-    files: dict[str, str] = {}
-    try:
-        files[entry.module_path.name] = _sha256_file(entry.module_path)
-        for p in entry.data_files():
-            files[p.name] = _sha256_file(p)
-    except OSError:
+    """Write the signed manifest of a freshly compiled entry: the module's hash and those
+    of numba's files as they are on disk now; False if numba saved nothing (or a file
+    cannot be read, or no key is usable).
+
+    The files on disk, not only those this process wrote: two processes compiling the
+    same kernel at once each replace numba's files (numba's pickles differ from process
+    to process), and the manifest written last must describe the files that stayed. In a
+    private folder only this user's processes write them (see the module docstring)."""
+    if not any(entry.hashes):
         return False
-    if not any(n.endswith(".nbi") for n in files) or not any(n.endswith(".nbc") for n in files):
+    files = {entry.module_path.name: entry.source_sha256}
+    for p in entry.data_files():
+        data = read_file(p, _MAX_FILE_BYTES)
+        if data is None:
+            return False
+        files[p.name] = _sha256(data)
+    names = set(files)
+    if not any(n.endswith(".nbi") for n in names) or not any(n.endswith(".nbc") for n in names):
         return False
-    manifest = {"key": entry.key, "files": files, "env": environment_fingerprint()}
+    secret = signing.signing_key()
+    if secret is None:
+        return False
+    entry.hashes = {n: h for n, h in files.items() if n != entry.module_path.name}
+    manifest: dict[str, Any] = {"key": entry.key, "files": files, "env": environment_fingerprint()}
+    manifest[signing.FIELD] = signing.sign(manifest, secret)
     atomic_write(entry.directory / _MANIFEST, json.dumps(manifest, indent=1).encode())
     return True
 
 
-_module_lock = threading.Lock()
+#: held while a kernel module is added to or removed from ``sys.modules``
+module_lock = threading.Lock()
 
 
 def load_module(source: str, module_name: str, filename: str) -> types.ModuleType:
@@ -266,7 +320,7 @@ def load_module(source: str, module_name: str, filename: str) -> types.ModuleTyp
     is also registered with ``linecache`` so tracebacks and numba's error messages
     show generated lines even for in-memory kernels.
     """
-    with _module_lock:
+    with module_lock:
         existing = sys.modules.get(module_name)
         if existing is not None and getattr(existing, "__geode_source__", None) == source:
             return existing
@@ -304,7 +358,53 @@ def attach_numba_cache(dispatcher: Any, entry: CacheEntry) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _entry_cache_class() -> type:
-    from numba.core.caching import CompileResultCacheImpl, FunctionCache, _CacheLocator
+    from numba.core.caching import (
+        CompileResultCacheImpl,
+        FunctionCache,
+        IndexDataCacheFile,
+        _CacheLocator,
+    )
+
+    class _VerifiedCacheFile(IndexDataCacheFile):
+        """numba's index and data files, read once and unpickled only when the sha256
+        of the bytes read is one the entry trusts (``CacheEntry.hashes``); written
+        atomically with the umask respected, their hashes recorded for the manifest."""
+
+        def __init__(self, cache: Any, entry: CacheEntry) -> None:
+            super().__init__(cache._cache_path, cache._impl.filename_base, entry.key)
+            self._entry = entry
+
+        def _verified(self, path: str) -> bytes | None:
+            want = self._entry.hashes.get(os.path.basename(path))
+            data = read_file(path, _MAX_FILE_BYTES) if want else None
+            return data if data is not None and _sha256(data) == want else None
+
+        def _load_index(self) -> dict:
+            data = self._verified(self._index_path)
+            if data is None:
+                return {}
+            stream = io.BytesIO(data)
+            if pickle.load(stream) != self._version:
+                return {}
+            stamp, overloads = pickle.loads(stream.read())
+            return overloads if stamp == self._source_stamp else {}
+
+        def _load_data(self, name: str) -> Any:
+            data = self._verified(self._data_path(name))
+            if data is None:
+                raise OSError(f"{name}: not a file the entry's manifest vouches for")
+            return pickle.loads(data)
+
+        def _save_index(self, overloads: dict) -> None:
+            blob = pickle.dumps(self._version, protocol=-1)
+            self._write(self._index_path, blob + self._dump((self._source_stamp, overloads)))
+
+        def _save_data(self, name: str, data: Any) -> None:
+            self._write(self._data_path(name), self._dump(data))
+
+        def _write(self, path: str, blob: bytes) -> None:
+            atomic_write(Path(path), blob)
+            self._entry.hashes[os.path.basename(path)] = _sha256(blob)
 
     class _EntryLocator(_CacheLocator):
         """Locates numba's files in one cache entry; the stamp is the source hash."""
@@ -342,6 +442,7 @@ def _entry_cache_class() -> type:
         def __init__(self, py_func: Any, entry: CacheEntry) -> None:
             self._entry = entry
             super().__init__(py_func)
+            self._cache_file = _VerifiedCacheFile(self, entry)
 
         @property
         def _impl_class(self) -> Any:  # type: ignore[override]
@@ -413,6 +514,9 @@ def _helper_entry(
             "signature": str(signature),
         }
         entry = prepare_entry(cache_dir, cache_key(source, extra), source, area=RUNTIME_AREA)
+    except UntrustedCacheError as exc:  # reported once, naming the folder
+        log.debug("helper %s not cached: %s", py_func.__name__, exc)
+        return None
     except OSError as exc:
         log.warning(
             "kernel cache %s unusable (%s): compiling %s in memory",
@@ -553,9 +657,11 @@ def maybe_prune(cache_dir: str | os.PathLike[str], max_bytes: int) -> PruneResul
     process) in the last :data:`PRUNE_INTERVAL` seconds; None when it was not due.
 
     The check time is a stamp file in ``cache_dir``; a cache that cannot be read or
-    written is left as it is (the limit is best effort, never a compile error).
+    written is left as it is (the limit is best effort, never a compile error), and so
+    is one that is not private to the user (geode does not use it, so it does not
+    maintain it either).
     """
-    if max_bytes <= 0:
+    if max_bytes <= 0 or not private_folder(cache_dir, _AREAS, "kernel cache"):
         return None
     key = os.fspath(cache_dir)
     now = time.time()
@@ -569,8 +675,8 @@ def maybe_prune(cache_dir: str | os.PathLike[str], max_bytes: int) -> PruneResul
     except OSError:
         pass  # never checked
     try:
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.touch()
+        make_dirs(stamp.parent)
+        stamp.touch(mode=0o644)
         return prune_cache(key, max_bytes)
     except OSError as exc:
         log.warning("kernel cache %s: size check failed: %s", key, exc)

@@ -173,14 +173,13 @@ def dense_kernel(
     epilogue: Any,
     panel_bytes: int,
     min_rows: int,
-    cache_dir: str | None,
+    cache_dir: Any,
 ) -> tuple[DenseKernel, list[Value], list[Value]]:
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
     values of its inputs after ``A`` and ``B`` (``V``, then the epilogue's) and of its
     outputs (the epilogue's, then ``O``)."""
-    from geode.codegen.backends.llvm import jit, objcache
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
-    from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir
+    from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir, link_dense
     from geode.codegen.backends.llvm.library import blas, share_pool
     from geode.codegen.backends.llvm.target import host
 
@@ -210,9 +209,7 @@ def dense_kernel(
     )
     ir = dense_ir(spec)
     target = host()
-    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
-    imports = {epilogue.entry: epilogue.address}
-    loaded = jit.load_object(obj, [name], imports=imports)
+    loaded, from_cache = link_dense(name, ir, cache_dir, epilogue)
     n_ext_in = sum(
         1 for a_ in inner[: len(lowered.inputs)] if a_.source >= 0
     )  # the epilogue's own inputs come first among its arguments

@@ -37,6 +37,14 @@ def device_spec(cache_dir: str) -> DeviceSpec:
     return cached_spec(cache_dir)
 
 
+def object_cache(opts: Options) -> Any:
+    """The LLVM backend's object cache for ``opts``: its folder and whether its entries
+    are signed (a :class:`~geode.codegen.backends.llvm.objcache.CacheLocation`)."""
+    from geode.codegen.backends.llvm.objcache import CacheLocation
+
+    return CacheLocation(opts.cache_dir, opts.cache_sign)
+
+
 class CodegenWarning(UserWarning):
     """A group could not be compiled and falls back to the AICPU engine."""
 
@@ -119,7 +127,7 @@ def emit_kernel(kernel: A.Kernel, opts: Options) -> Any:
         return llvm_compile(
             kernel,
             fastmath=opts.fastmath,
-            cache_dir=opts.cache_dir,
+            cache_dir=object_cache(opts),
             min_work=choices().parallel_min_elements,
         )
     from geode.codegen.backends.numba import compile_kernel
@@ -345,7 +353,13 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     views = arg_views(job.lowered, job.schedule.kernel)
     spec = device_spec(opts.cache_dir)
     kernel, ins, outs = dense_kernel(
-        pg, job.lowered, views, job.native, panel_bytes(spec), DENSE_MIN_ROWS, opts.cache_dir
+        pg,
+        job.lowered,
+        views,
+        job.native,
+        panel_bytes(spec),
+        DENSE_MIN_ROWS,
+        object_cache(opts),
     )
     job.inputs = [*pg.dense.inputs, *ins]
     job.outputs = outs
@@ -366,7 +380,7 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         source=kernel.source,
         kind="dense",
         trace=str(job.schedule.trace),
-        cost={"compile_s": job.seconds},
+        cost={"compile_s": job.seconds, "from_cache": float(kernel.from_cache)},
         _llvm=lambda: kernel.llvm,
         _asm=lambda: kernel.asm,
     )

@@ -82,15 +82,11 @@ def all_and(es: Sequence[Expr]) -> Expr | None:
     return out
 
 
-_SYMS: dict[str, sympy.Symbol] = {}
-
-
 @functools.lru_cache(maxsize=4096)
 def to_sympy(e: Expr) -> sympy.Expr:
     if isinstance(e, Var):
-        if e.name not in _SYMS:
-            _SYMS[e.name] = sympy.Symbol(e.name, integer=True, nonnegative=True)
-        return _SYMS[e.name]
+        # sympy interns symbols by name and assumptions (no table of ours grows per name)
+        return sympy.Symbol(e.name, integer=True, nonnegative=True)
     if isinstance(e, Const):
         if e.dtype not in ("int64", "int32"):
             raise ValueError("not an index constant")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from geode.codegen.backends.llvm.conv_spec import ConvSpec
-from geode.codegen.driver import LibraryChoice, library_fallback, library_step
+from geode.codegen.driver import LibraryChoice, library_fallback, library_step, object_cache
 from geode.compiler.ir import Graph, Node
 from geode.compiler.ops.nn import window_attrs
 from geode.compiler.shapes import free_symbols
@@ -102,7 +102,7 @@ def conv_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     from geode.codegen.backends.llvm.conv import conv_kernel
 
     try:
-        kernel = conv_kernel(spec, opts.cache_dir)
+        kernel = conv_kernel(spec, object_cache(opts))
     except CodegenError as exc:
         return library_fallback(node, exc)
     if kernel is None:

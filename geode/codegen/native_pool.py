@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from geode.codegen.backends.llvm.pool_spec import PoolSpec
-from geode.codegen.driver import LibraryChoice, library_fallback, library_step
+from geode.codegen.driver import LibraryChoice, library_fallback, library_step, object_cache
 from geode.compiler.ir import Graph, Node
 from geode.compiler.ops.nn import window_attrs
 from geode.compiler.shapes import free_symbols
@@ -92,7 +92,7 @@ def pool_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     from geode.codegen.backends.llvm.pool import pool_kernel
 
     try:
-        kernel = pool_kernel(spec, opts.cache_dir)
+        kernel = pool_kernel(spec, object_cache(opts))
     except CodegenError as exc:
         return library_fallback(node, exc)
     interface, info = library_step(node, kernel, 1, spec.describe(), opts)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from geode.codegen.backends.llvm.lstm import LstmSpec
-from geode.codegen.driver import LibraryChoice, library_fallback, library_step
+from geode.codegen.driver import LibraryChoice, library_fallback, library_step, object_cache
 from geode.compiler.ir import Graph, Node
 from geode.compiler.shapes import free_symbols
 from geode.config import Options
@@ -111,7 +111,7 @@ def rnn_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     from geode.codegen.backends.llvm.lstm import lstm_kernel
 
     try:
-        kernel = lstm_kernel(spec, opts.cache_dir)
+        kernel = lstm_kernel(spec, object_cache(opts))
     except CodegenError as exc:
         return library_fallback(node, exc)
     interface, info = library_step(node, kernel, spec.n_inputs, spec.describe(), opts)

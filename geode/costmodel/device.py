@@ -20,7 +20,6 @@ measures with come from a provider the codegen package installs
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,7 +29,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -41,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from geode.safe_files import atomic_write, read_file
 
 #: Bumped whenever the JSON layout or the meaning of a field changes.
 FORMAT_VERSION = 1
@@ -627,13 +627,15 @@ def cache_path(cache_dir: str | os.PathLike[str]) -> Path:
 
 
 def _load_cached(path: Path, quick: bool) -> DeviceSpec | None:
-    """The cached spec if it is well formed, for this machine and good enough."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
+    """The cached spec if it is well formed, for this machine and good enough. Read like
+    every cache file (:func:`geode.safe_files.read_file`): a regular file of this user's
+    that others cannot write, opened non-blocking (a FIFO in its place is a miss, never
+    a hang)."""
+    raw = read_file(path, 1 << 20)
+    if raw is None:
         return None
     try:
-        spec = DeviceSpec.from_json(text)
+        spec = DeviceSpec.from_json(raw.decode("utf-8"))
     except (ValueError, TypeError) as e:
         warnings.warn(f"ignoring corrupt device spec {path}: {e}", stacklevel=3)
         return None
@@ -645,18 +647,9 @@ def _load_cached(path: Path, quick: bool) -> DeviceSpec | None:
 
 
 def _store(path: Path, spec: DeviceSpec) -> None:
-    """Write atomically (temp file + rename); warn instead of failing."""
+    """Write atomically (temp file + rename, the umask respected); warn instead of failing."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".device-", suffix=".json", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(spec.to_json())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, spec.to_json().encode("utf-8"))
     except OSError as e:
         warnings.warn(f"could not cache the device spec in {path.parent}: {e}", stacklevel=3)
 

@@ -16,7 +16,10 @@ backend, debug logging or dumps asked for
 constants still in external files (loaded lazily: hashing them would read them), a
 model whose constants are too large to copy into the cache (an eighth of
 ``cache_max_mb``), a cache folder geode does not trust (not the user's own, or writable
-by others). An entry that fails its checks is recompiled and written again.
+by others). With ``cache_sign`` (``GEODE_CACHE_SIGN=1``) an entry also carries a
+manifest signed with the user's key, and one without a valid signature is not used: in
+a shared folder only models written by holders of the key are trusted. An entry that
+fails its checks is recompiled and written again.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from geode.codegen.backends.llvm.objcache import trusted_folder
+from geode import signing
 from geode.codegen.cache import MODEL_AREA
 from geode.compiler.ir import Graph, ValueKind
 from geode.config import Options
@@ -41,11 +44,30 @@ from geode.errors import GeodeError
 from geode.modelfile import compat
 from geode.modelfile.container import Writer, read_regular
 from geode.modelfile.graph_codec import encode_graph
+from geode.safe_files import (
+    atomic_write,
+    file_mode,
+    is_private,
+    make_dirs,
+    private_dir,
+    private_folder,
+    read_file,
+)
 
 _FILE = "model.geode"
+_MANIFEST = "model.json"
 #: options that do not change the compiled model
 _IRRELEVANT = frozenset(
-    {"debug", "dump_dir", "cache_dir", "cache_max_mb", "progress", "model_cache"}
+    {
+        "debug",
+        "dump_dir",
+        "cache_dir",
+        "cache_max_mb",
+        "cache_sign",
+        "progress",
+        "model_cache",
+        "memory_limit_mb",
+    }
 )
 
 log = logging.getLogger(__name__)
@@ -122,37 +144,79 @@ def entry_path(cache_dir: str, key: str) -> Path:
     return Path(cache_dir).expanduser() / MODEL_AREA / key[:32] / _FILE
 
 
-def lookup(cache_dir: str, key: str) -> Path | None:
-    """The cached model file of ``key``, when there and trusted (a regular file in the
-    user's own folders, writable by nobody else)."""
+def _trusted(cache_dir: str) -> bool:
+    return private_folder(cache_dir, (MODEL_AREA,), "kernel cache")
+
+
+def lookup(cache_dir: str, key: str, sign: bool = False) -> Path | None:
+    """The cached model file of ``key``, when there and trusted: a regular file in the
+    user's own folders, writable by nobody else, and with ``sign`` one whose signed
+    manifest (``model.json``, an HMAC under the user's key, :mod:`geode.signing`) names
+    this key and the file's checksum."""
     path = entry_path(cache_dir, key)
-    if not trusted_folder(cache_dir):
+    if not _trusted(cache_dir) or not private_dir(path.parent):
         return None
     try:
         st = os.stat(path, follow_symlinks=False)
     except OSError:
         return None
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+    if not stat.S_ISREG(st.st_mode) or not is_private(st):
+        return None
+    if sign and not _signed(path, key):
         return None
     with contextlib.suppress(OSError):
         os.utime(path.parent)  # last use, for least-recently-used eviction
     return path
 
 
-def store(cache_dir: str, key: str, max_bytes: int, save: Any) -> Path | None:
-    """Write a model file for ``key`` with ``save(path, overwrite, snapshot)``; None when
-    the cache folder is not trusted or the model is larger than ``max_bytes``."""
-    if not trusted_folder(cache_dir):
+def _tail(path: Path) -> str | None:
+    """The file's own checksum (its last 32 bytes, which :mod:`.container` checks
+    against everything before them): signing it signs the whole file."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-32, os.SEEK_END)
+            return f.read(32).hex()
+    except OSError:
+        return None
+
+
+def _signed(path: Path, key: str) -> bool:
+    secret = signing.signing_key()
+    raw = read_file(path.parent / _MANIFEST, 1 << 16)
+    if secret is None or raw is None:
+        return False
+    try:
+        manifest = json.loads(raw)
+    except ValueError:
+        return False
+    return (
+        isinstance(manifest, dict)
+        and manifest.get("key") == key
+        and manifest.get("digest") == _tail(path)
+        and signing.verify(manifest, secret)
+    )
+
+
+def store(cache_dir: str, key: str, max_bytes: int, save: Any, sign: bool = False) -> Path | None:
+    """Write a model file for ``key`` with ``save(path, max_bytes)`` (and with ``sign``
+    its signed manifest); None when the cache folder is not trusted, the model is larger
+    than ``max_bytes`` or signing has no key."""
+    if not _trusted(cache_dir):
         return None
     path = entry_path(cache_dir, key)
     try:
-        old = os.umask(0o077)  # the cache's own files: the user's alone
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        finally:
-            os.umask(old)
+        make_dirs(path.parent)
+        if not private_dir(path.parent):
+            return None
         save(path, max_bytes)
-        os.chmod(path, 0o600)
+        os.chmod(path, file_mode())
+        if sign:
+            secret = signing.signing_key()
+            if secret is None:
+                raise OSError("no signing key")
+            manifest = {"key": key, "digest": _tail(path)}
+            manifest[signing.FIELD] = signing.sign(manifest, secret)
+            atomic_write(path.parent / _MANIFEST, json.dumps(manifest).encode())
     except (OSError, GeodeError) as exc:  # no room, too large: the compile stands
         log.info("compiled model not cached (%s)", exc)
         _remove(path)

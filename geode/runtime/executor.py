@@ -15,10 +15,13 @@ from geode.errors import (
     GeodeError,
     InputDTypeError,
     InputError,
+    InputMemoryError,
     InputShapeError,
     MissingInputError,
+    OutOfMemoryError,
     UnexpectedInputError,
 )
+from geode.runtime import memlimit
 from geode.runtime.allocator import OutputPool
 from geode.runtime.memory import Arena
 from geode.runtime.plan import Plan
@@ -29,15 +32,23 @@ def _dtype_name(d: np.dtype) -> str:
     return "bool" if d == np.bool_ else str(d)
 
 
-def _contiguous(name: str, raw: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
-    """A C-contiguous copy of a strided feed, of ``dtype`` if given (InputError when it
-    does not fit in memory: a broadcast view can be far larger than the memory it reads)."""
+def _contiguous(
+    name: str, raw: np.ndarray, dtype: np.dtype | None = None, limit: int = 0
+) -> np.ndarray:
+    """A C-contiguous copy of a strided feed, of ``dtype`` if given. A broadcast view
+    (stride 0) can be far larger than the memory it reads, so the copy's size is checked
+    against the memory limit (``limit``: the plan's setting) first:
+    :class:`OutOfMemoryError` (an ``InputError`` too) naming the input and the size when
+    it would not fit, never a copy that gets the process killed."""
+    dt = np.dtype(dtype) if dtype is not None else raw.dtype
+    need = memlimit.nbytes(raw.shape, dt.itemsize)
+    what = f"input {name!r}: {dt}{list(raw.shape)} is a strided view; its contiguous copy"
+    memlimit.check(need, limit, what, error=InputMemoryError)
     try:
         return np.ascontiguousarray(raw, dtype=dtype)
     except MemoryError:
-        raise InputError(
-            f"input {name!r}: shape {list(raw.shape)} is a strided view of "
-            f"{raw.nbytes} bytes that does not fit in memory as a contiguous copy"
+        raise InputMemoryError(
+            f"{what} needs {memlimit.format_bytes(need)}, which does not fit in memory"
         ) from None
 
 
@@ -110,7 +121,8 @@ def bind_inputs(
                     f"input {spec.name!r}: expected a numpy array, got {type(raw).__name__}"
                 )
         if raw.dtype != spec.dtype and raw.dtype.newbyteorder("=") == spec.dtype:
-            raw = _contiguous(spec.name, raw, spec.dtype)  # byte-swapped: same values
+            # byte-swapped: same values
+            raw = _contiguous(spec.name, raw, spec.dtype, plan.memory_limit)
         if raw.dtype != spec.dtype:
             raise InputDTypeError(
                 f"input {spec.name!r}: dtype {_dtype_name(raw.dtype)}, expected {_dtype_name(spec.dtype)}"
@@ -135,7 +147,9 @@ def bind_inputs(
                         )
                     env.setdefault(d, int(n))
                     where.setdefault(d, f"input {spec.name!r} dim {axis}")
-        arrays[spec.name] = raw if raw.flags.c_contiguous else _contiguous(spec.name, raw)
+        arrays[spec.name] = (
+            raw if raw.flags.c_contiguous else _contiguous(spec.name, raw, None, plan.memory_limit)
+        )
     for spec in plan.inputs:
         for chk in spec.checks:
             try:
@@ -197,6 +211,17 @@ class Executor:
         self._memo: dict[tuple, dict[int, np.ndarray]] = {}
         #: what memo steps write: the memo keeps those arrays across runs
         self._memo_outputs = {o for k in plan.memo_steps for o in plan.steps[k].outputs}
+        #: bindings whose memory need passed :meth:`_check_memory`
+        self._fits: dict[tuple, bool] = {}
+        #: intermediates a step allocates itself (not in the arena, not an output)
+        self._dynamic = [
+            i
+            for i, s in enumerate(plan.slots)
+            if s.role == "activation"
+            and i not in plan.arena_slots
+            and i not in self._output_roots
+            and i not in plan.aliases
+        ]
 
     def _bind(self, feeds: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, np.ndarray]]:
         """:func:`bind_inputs`, remembered per input shapes: feeds that are a dict of
@@ -269,9 +294,57 @@ class Executor:
         outs: list = []  # a new list: the step may not change the prepared one
         for buf in bufs:
             if type(buf) is tuple:
-                buf = self.pool.empty(*buf, near=(*ins, *outs))
+                try:
+                    buf = self.pool.empty(*buf, near=(*ins, *outs))
+                except MemoryError:
+                    shape, dtype = buf
+                    need = memlimit.nbytes(shape, np.dtype(dtype).itemsize)
+                    raise OutOfMemoryError(
+                        f"model {self.plan.name!r}: an output of {np.dtype(dtype)}"
+                        f"{list(shape)} needs {memlimit.format_bytes(need)}, which does "
+                        "not fit in memory"
+                    ) from None
             outs.append(buf)
         return outs
+
+    def _describe(self, slot: int, env: dict[str, int]) -> tuple[int, str] | None:
+        """``(bytes, "kind 'name' dtype[shape]: size")`` of a slot whose shape the
+        binding gives, else None."""
+        s = self.plan.slots[slot]
+        if s.shape is None:
+            return None
+        try:
+            shape = s.shape(env)
+        except (KeyError, NameError, TypeError, ValueError):
+            return None
+        n = memlimit.nbytes(shape, s.dtype.itemsize)
+        kind = "output" if slot in self._output_roots else "intermediate"
+        return (
+            n,
+            f"{kind} {s.name!r} {_dtype_name(s.dtype)}{list(shape)}: {memlimit.format_bytes(n)}",
+        )
+
+    def _check_memory(self, layout: Any, env: dict[str, int], key: tuple) -> None:
+        """Raise :class:`OutOfMemoryError` before anything is allocated when the binding
+        ``env`` needs more memory than the plan may use (:mod:`~geode.runtime.memlimit`):
+        what the arena must grow by, plus every output (each gets memory of its own),
+        plus the largest intermediate a step allocates itself (they come and go). Each
+        binding (``key``) is checked once."""
+        plan = self.plan
+        found = []
+        need = 0
+        if layout is not None:
+            need += max(layout.total - self.arena.capacity, 0)
+            found += [self._describe(i, env) for i in layout.sizes]
+        outputs = [self._describe(slot, env) for _, slot in plan.outputs]
+        need += sum(d[0] for d in outputs if d is not None)
+        dynamic = [self._describe(i, env) for i in self._dynamic]
+        need += max((d[0] for d in dynamic if d is not None), default=0)
+        if need >= memlimit.CHECK_MIN_BYTES:
+            known = [d for d in (*found, *outputs, *dynamic) if d is not None]
+            largest = max(known)[1] if known else ""
+            memlimit.check(need, plan.memory_limit, f"model {plan.name!r}: this run", largest)
+        _remember(self._fits, key, True)
 
     def _memo_for(self, key: tuple) -> tuple[dict | None, dict | None]:
         """``(memo, None)``: the memo steps' results for this binding, which the run
@@ -308,10 +381,18 @@ class Executor:
                 layout = plan.memory.layout(env)
             except (KeyError, NameError):
                 layout = None  # a size depends on a value known only at run time
-            if layout is not None:
+        memo_key = tuple(env.items())  # the binding: memo steps' results depend on it alone
+        if memo_key not in self._fits:
+            self._check_memory(layout, env, memo_key)
+        if layout is not None:
+            try:
                 self.arena.ensure(layout.total)
+            except MemoryError:
+                raise OutOfMemoryError(
+                    f"model {plan.name!r}: the intermediates of this run need "
+                    f"{memlimit.format_bytes(layout.total)}, which does not fit in memory"
+                ) from None
         prepared = self._step_outputs(layout, env) if layout is not None else None
-        memo_key = tuple(env.items())  # the binding: the memo steps' results depend on it alone
         memo, fresh_memo = self._memo_for(memo_key)
         for k, step in enumerate(plan.steps):
             if memo is not None and k in plan.memo_steps:
@@ -328,6 +409,10 @@ class Executor:
                 if not str(exc).startswith(f"step {step.name!r}"):
                     exc.add_note(f"in step {step.name!r} ({step.engine}: {step.label})")
                 raise
+            except MemoryError as exc:
+                raise OutOfMemoryError(
+                    f"step {step.name!r} ({step.engine}: {step.label}) ran out of memory: {exc}"
+                ) from None
             except Exception as exc:
                 raise ExecutionError(
                     f"step {step.name!r} ({step.engine}: {step.label}) failed: {type(exc).__name__}: {exc}"

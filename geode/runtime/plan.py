@@ -187,6 +187,9 @@ class Plan:
     commits: list[Commit] = field(default_factory=list)
     #: dims broadcast together by symbolic broadcasts, checked once the inputs bind them
     broadcasts: list[BroadcastConstraint] = field(default_factory=list)
+    #: the most bytes a run may ask for (the ``memory_limit_mb`` option); 0: the memory
+    #: available at the time (see :mod:`geode.runtime.memlimit`)
+    memory_limit: int = 0
 
     def root(self, slot: int) -> int:
         """The slot that owns ``slot``'s storage (``slot`` itself unless an alias)."""

@@ -30,17 +30,26 @@ A name identifies one tensor in a session: registering a name again returns the 
 key when the registration agrees with the first one and raises
 :class:`VarManagerError` when it does not.
 
+Every registration is a *hold* on the tensor, and :meth:`VarManager.release_keys` drops
+holds: the session gives back a compiled model's holds when the model is collected, so
+a constant no live model uses is forgotten, its storage freed once no other key shares
+it, and a region's memory once none of its tensors is left (a process compiling model
+after model in one session does not keep every model's weights). Variables are the
+session's state (graphs write them, checkpoints save them): they stay until the
+session closes.
+
 :class:`VarManagerPool` maps session ids to managers for the whole process.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,7 +133,7 @@ class _Region:
     that are actually written.
     """
 
-    __slots__ = ("start", "size", "used", "dedicated", "buffer")
+    __slots__ = ("start", "size", "used", "dedicated", "buffer", "live")
 
     def __init__(self, start: int, size: int, dedicated: bool, align: int):
         self.start = start  # logical offset from logic_base
@@ -132,6 +141,7 @@ class _Region:
         self.used = 0
         self.dedicated = dedicated
         self.buffer = _aligned_zeros(size, align)
+        self.live = 0  # blocks allocated here and not yet freed
 
 
 class _Block:
@@ -189,6 +199,7 @@ class _Entry:
     source: tuple[str, int] | None = None
     declared: tuple[np.dtype, tuple[int, ...]] | None = field(default=None)
     initialized: bool = True  # variables: whether the variable has a value
+    holds: int = 1  # registrations not yet released (see VarManager.release_keys)
 
 
 def _as_dtype(dtype: object, what: str) -> np.dtype:
@@ -270,6 +281,24 @@ class VarManager:
         self._blocks: list[_Block] = []  # sorted by rel_address
         self._block_starts: list[int] = []
         self._released = False
+        #: holds to drop (see release_keys) and how deep this thread is in _locked
+        self._pending: list[tuple[VarKey, ...]] = []
+        self._depth = 0
+        self._last_drained = 0
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The manager's lock; on the outermost acquisition, drop the holds released
+        meanwhile (:meth:`release_keys` may run inside a locked section: a finalizer
+        called by the garbage collector on any allocation only queues them)."""
+        with self._lock:
+            self._depth += 1
+            try:
+                if self._depth == 1 and self._pending:
+                    self._drain()
+                yield
+            finally:
+                self._depth -= 1
 
     # ------------------------------------------------------------------ allocation
 
@@ -289,6 +318,7 @@ class VarManager:
                 region = self._new_region(self.region_size, dedicated=False)
         block = _Block(region, region.used, reserved, dtype, shape)
         region.used += reserved
+        region.live += 1
         idx = bisect.bisect(self._block_starts, block.rel_address)
         self._block_starts.insert(idx, block.rel_address)
         self._blocks.insert(idx, block)
@@ -346,7 +376,7 @@ class VarManager:
         what = f"constant {name!r}"
         arr = _prepare(array, what)
         digest = _digest(arr)
-        with self._lock:
+        with self._locked():
             self._check_live()
             entry = self._existing(name, VarKind.CONSTANT, format, arr.dtype)
             if entry is not None:
@@ -357,6 +387,7 @@ class VarManager:
                     raise VarManagerError(
                         f"constant {name!r} is already registered with different contents"
                     )
+                entry.holds += 1
                 return entry.key
             content_key = (arr.dtype.str, arr.shape, digest)
             block = None
@@ -392,7 +423,7 @@ class VarManager:
         arr = _prepare(array, what)
         digest = _digest(arr)
         var_format.storage_shape(arr.shape, format)  # the format fits the rank
-        with self._lock:
+        with self._locked():
             self._check_live()
             entry = self._existing(name, VarKind.VARIABLE, format, arr.dtype)
             if entry is not None:
@@ -406,6 +437,7 @@ class VarManager:
                     )
                 if initial and entry.digest is None:
                     entry.digest = digest
+                entry.holds += 1
                 return entry.key
             block = self._allocate(arr.dtype, arr.shape)
             block.raw()[:] = _flat_bytes(arr)
@@ -426,11 +458,12 @@ class VarManager:
         dt = _as_dtype(dtype, what)
         dims = _shape_tuple(shape, what)
         var_format.storage_shape(dims, format)
-        with self._lock:
+        with self._locked():
             self._check_live()
             entry = self._existing(name, VarKind.VARIABLE, format, dt)
             if entry is not None:
                 self._check_same_shape(entry, dims)
+                entry.holds += 1
                 return entry.key
             block = self._allocate(dt, dims)
             block.loaded = True
@@ -466,7 +499,7 @@ class VarManager:
                 raise VarManagerError(
                     f"{what}: source must be (file, offset), got {source!r}"
                 ) from exc
-        with self._lock:
+        with self._locked():
             self._check_live()
             entry = self._existing(name, VarKind.FILE_CONSTANT, format, dt)
             if entry is not None:
@@ -477,6 +510,7 @@ class VarManager:
                         f"{_source_text(entry.source)}; cannot register it again from "
                         f"{_source_text(source)}"
                     )
+                entry.holds += 1
                 return entry.key
             block = None
             if source is not None:
@@ -502,7 +536,7 @@ class VarManager:
     # --------------------------------------------------------------------- access
 
     def _entry(self, key: VarKey | str) -> _Entry:
-        with self._lock:
+        with self._locked():
             self._check_live()
             if isinstance(key, str):
                 k = self._names.get(key)
@@ -622,13 +656,13 @@ class VarManager:
 
     def variables(self) -> list[VarKey]:
         """The keys of every variable (not constants), in registration order."""
-        with self._lock:
+        with self._locked():
             return [k for k, e in self._entries.items() if e.kind is VarKind.VARIABLE]
 
     def snapshot(self) -> list[VarEntry]:
         """Every initialized variable as a checkpoint entry: name, dtype, stored shape,
         format and a copy of its stored data (see :mod:`geode.runtime.var_checkpoint`)."""
-        with self._lock:
+        with self._locked():
             self._check_live()
             return [
                 VarEntry(k.name, e.block.dtype, e.block.shape, k.format, e.block.array().copy())
@@ -648,7 +682,7 @@ class VarManager:
         Variables the checkpoint does not hold keep their values.
         """
         plan: list[tuple[VarEntry, _Entry | None]] = []
-        with self._lock:
+        with self._locked():
             self._check_live()
             for e in entries:
                 key = self._names.get(e.name)
@@ -696,7 +730,7 @@ class VarManager:
     def info(self, key: VarKey | str) -> VarInfo:
         """Kind, shape, address, size, sharers and load state of one tensor."""
         entry = self._entry(key)
-        with self._lock:
+        with self._locked():
             block = entry.block
             return VarInfo(
                 key=entry.key,
@@ -712,14 +746,14 @@ class VarManager:
 
     def owners(self, address: int) -> list[VarKey]:
         """Keys whose storage contains logical ``address`` (empty when none does)."""
-        with self._lock:
+        with self._locked():
             block = self._block_at(address)
             return list(block.owners) if block is not None else []
 
     def memory_of(self, address: int) -> np.ndarray:
         """Debugging: the raw bytes (uint8, read-only) of the tensor holding ``address``,
         from ``address`` to the tensor's end. Raises when no tensor holds it."""
-        with self._lock:
+        with self._locked():
             self._check_live()
             block = self._block_at(address)
             if block is None:
@@ -744,17 +778,17 @@ class VarManager:
 
     def keys(self) -> list[VarKey]:
         """All registered keys, in registration order."""
-        with self._lock:
+        with self._locked():
             return list(self._entries)
 
     def __contains__(self, key: object) -> bool:
-        with self._lock:
+        with self._locked():
             if isinstance(key, str):
                 return key in self._names
             return key in self._entries
 
     def __len__(self) -> int:
-        with self._lock:
+        with self._locked():
             return len(self._entries)
 
     def __iter__(self) -> Iterator[VarKey]:
@@ -765,24 +799,24 @@ class VarManager:
     @property
     def nbytes(self) -> int:
         """Bytes of tensor data held; storage shared by several keys counts once."""
-        with self._lock:
+        with self._locked():
             return sum(b.nbytes for b in self._blocks)
 
     @property
     def num_regions(self) -> int:
         """Number of memory regions created so far."""
-        with self._lock:
+        with self._locked():
             return len(self._regions)
 
     @property
     def dedup_saved_bytes(self) -> int:
         """Bytes not stored thanks to sharing (constant dedup and file-constant sources)."""
-        with self._lock:
+        with self._locked():
             return sum(b.nbytes * (len(b.owners) - 1) for b in self._blocks if b.owners)
 
     def describe(self) -> str:
         """A readable table of every tensor: key, kind, address, bytes, shared-with."""
-        with self._lock:
+        with self._locked():
             rows = [("key", "kind", "shape", "address", "bytes", "state", "shared-with")]
             for key, entry in self._entries.items():
                 block = entry.block
@@ -813,10 +847,77 @@ class VarManager:
                     lines.append("  ".join("-" * w for w in widths))
             return "\n".join(lines)
 
+    def hold(self, key: VarKey) -> None:
+        """Take one more hold on a registered ``key`` (as registering it again would)."""
+        with self._locked():
+            self._check_live()
+            entry = self._entries.get(key)
+            if entry is None:
+                raise VarManagerError(f"unknown variable/constant {str(key)!r}")
+            entry.holds += 1
+
+    def release_keys(self, keys: Iterable[VarKey]) -> int:
+        """Drop one hold on each of ``keys`` (one per time it appears); a tensor left
+        without holds is forgotten (see the module docstring). Returns how many were
+        forgotten now: 0 when called inside a locked section of this thread (a finalizer
+        run by the garbage collector), whose holds are dropped on the next use. Unknown
+        keys and a released manager are ignored."""
+        self._pending.append(tuple(keys))
+        with self._locked():
+            return self._last_drained if self._depth == 1 else 0
+
+    def _drain(self) -> None:
+        """Drop the holds :meth:`release_keys` queued (called with the lock held)."""
+        forgotten = 0
+        while self._pending:
+            keys = self._pending.pop()
+            if self._released:
+                continue
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is None:
+                    continue
+                entry.holds -= 1
+                if entry.holds > 0 or entry.kind is VarKind.VARIABLE:
+                    continue  # variables are the session's state: kept until it closes
+                del self._entries[key]
+                if self._names.get(key.name) == key:
+                    del self._names[key.name]
+                entry.block.owners.remove(key)
+                if not entry.block.owners:
+                    self._free(entry.block, entry)
+                forgotten += 1
+        self._last_drained = forgotten
+
+    def _free(self, block: _Block, entry: _Entry) -> None:
+        """Forget a block no key owns; free its region when it was the region's last."""
+        if entry.digest is not None and entry.kind is VarKind.CONSTANT:
+            content_key = (block.dtype.str, block.shape, entry.digest)
+            same = self._by_content.get(content_key, [])
+            if block in same:
+                same.remove(block)
+            if not same:
+                self._by_content.pop(content_key, None)
+        for source_key, b in list(self._by_source.items()):
+            if b is block:
+                del self._by_source[source_key]
+        idx = bisect.bisect_left(self._block_starts, block.rel_address)
+        while idx < len(self._blocks) and self._blocks[idx] is not block:
+            idx += 1
+        if idx < len(self._blocks):
+            del self._blocks[idx]
+            del self._block_starts[idx]
+        region = block.region
+        region.live -= 1
+        if block.offset + block.reserved == region.used:
+            region.used = block.offset  # the bump pointer steps back over the last block
+        if region.live == 0:
+            self._regions.remove(region)  # its memory goes once no array views it
+
     def release(self) -> None:
         """Free every region. The manager is unusable afterwards; arrays handed out
         earlier stay valid (they keep their memory alive) but are no longer managed."""
-        with self._lock:
+        with self._locked():
             self._regions.clear()
             self._entries.clear()
             self._names.clear()

@@ -726,8 +726,9 @@ def test_cache_not_private_to_the_user_is_not_read(tmp_path, caplog) -> None:
 
 
 def test_kernels_and_their_machine_code_are_freed_with_their_model() -> None:
-    """A model's kernels (and the JIT library each keeps mapped) die with the model: a
-    process compiling model after model does not keep them all."""
+    """A model's kernels (and the JIT library each keeps mapped) die with the model once
+    the memo stops holding the most recent ones: a process compiling model after model
+    does not keep them all (see test_only_the_most_recent_dead_kernels_are_held)."""
     import gc
     import weakref
 
@@ -744,8 +745,43 @@ def test_kernels_and_their_machine_code_are_freed_with_their_model() -> None:
     assert mine, "the model compiled no LLVM kernel"
     refs = [weakref.ref(k) for k in mine] + [weakref.ref(k._loaded) for k in mine]
     del model, mine
+    kernel_mod.drop_recent_kernels()
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_only_the_most_recent_dead_kernels_are_held() -> None:
+    """A recompile of the same model finds its kernels (LLVM keeps ~10 KB per JIT library
+    ever linked, so linking them anew each time would grow without bound), and a memo
+    holds no more than ``keep`` kernels that no model uses."""
+    import gc
+
+    from geode.codegen.backends.llvm import kernel as kernel_mod
+
+    memo = kernel_mod.KernelMemo(keep=3)
+
+    class K:
+        pass
+
+    for i in range(10):
+        memo.put(i, K())
+    gc.collect()
+    assert sorted(memo.keys()) == [7, 8, 9]
+    kept = memo.get(7)  # asked for again: the most recent
+    memo.put(10, K())
+    gc.collect()
+    assert sorted(memo.keys()) == [7, 9, 10]
+    memo.drop_recent()
+    gc.collect()
+    assert memo.keys() == [7] and memo.get(7) is kept
+
+    kern = eltwise(lambda X: X * A.Const(5.0, "float64"), {"X": "float32"}, "float32")
+    first = compile_kernel(kern)
+    address = first.address
+    del first
+    gc.collect()
+    again = compile_kernel(kern)
+    assert again.address == address, "a recompile linked the kernel anew"
 
 
 # ---------------------------------------------------------------------------------
@@ -834,3 +870,45 @@ def test_matmul_of_a_data_dependent_shape_keeps_its_reference_kernel() -> None:
     xv = np.array([[1, 0], [0, 2], [3, 4]], np.float32)
     want = np.transpose(np.nonzero(xv)).astype(np.float32) @ g.values[w.name].data
     np.testing.assert_array_equal(model(x=xv)["y"], want)
+
+
+def test_temporaries_are_allocated_in_an_order_that_does_not_depend_on_hashing() -> None:
+    """The IR text is the cache key: temporaries allocated in a set's order (which
+    changes from process to process with string hashing) gave one kernel different keys
+    in different processes, so warm starts missed the cache at random."""
+    from geode.codegen.backends.llvm.analysis import allocation_sites
+
+    names = {f"t{i}_sum" for i in range(12)}
+    for order in (sorted(names), sorted(names, reverse=True)):
+        sites = allocation_sites([], set(order), lambda loop: False)
+        assert list(sites) == sorted(names)
+
+
+_HASH_CHILD = """
+import hashlib, sys
+sys.path.insert(0, {tests!r})
+from test_concurrency import graph
+import geode
+m = geode.compile(graph())
+print(hashlib.sha256("".join(k.source for k in m.kernels).encode()).hexdigest())
+"""
+
+
+def test_kernel_ir_is_the_same_in_every_process() -> None:
+    code = _HASH_CHILD.format(tests=os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e"))
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed, "GEODE_PROGRESS": "0"},
+        )
+        for seed in ("1", "2")
+    ]
+    digests = set()
+    for p in children:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        digests.add(out.strip().splitlines()[-1])
+    assert len(digests) == 1

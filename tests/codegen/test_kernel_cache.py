@@ -490,6 +490,20 @@ def test_maybe_prune_of_an_unusable_cache_is_not_an_error(tmp_path: Path, monkey
     assert blocker.read_text() == "not a folder"
 
 
+def test_maybe_prune_leaves_a_folder_others_can_write_alone(tmp_path: Path, monkeypatch) -> None:
+    """geode does not use a cache folder that is not private, so it does not evict from
+    it either (nor leave its stamp there)."""
+    monkeypatch.setattr(cache, "_pruned_at", {})
+    old = time.time() - 10 * cache.KEEP_RECENT
+    entry = _fake_entry(tmp_path, cache.KERNEL_AREA, "a" * 32, 4096, old)
+    os.chmod(tmp_path, 0o777)
+    assert cache.maybe_prune(tmp_path, 1) is None
+    assert entry.exists() and not (tmp_path / ".geode-pruned").exists()
+    os.chmod(tmp_path, 0o755)
+    monkeypatch.setattr(cache, "_pruned_at", {})
+    assert cache.maybe_prune(tmp_path, 1).removed == 1
+
+
 def test_compile_keeps_the_cache_under_its_limit(tmp_path: Path, monkeypatch) -> None:
     """A compile evicts stale entries when the cache is over ``cache_max_mb``."""
     import geode
@@ -500,3 +514,26 @@ def test_compile_keeps_the_cache_under_its_limit(tmp_path: Path, monkeypatch) ->
     geode.compile(examples.softmax(hidden=64).graph, cache_dir=str(tmp_path), cache_max_mb=2)
     assert not stale.exists()
     assert cache.cache_info(tmp_path).entries >= 1  # the new kernel stays
+
+
+def test_a_numba_kernel_and_its_module_are_forgotten_with_it(fresh_memo) -> None:
+    """The memo holds kernels only while they are used: a process compiling kernel after
+    kernel does not keep them all, nor their generated modules in ``sys.modules``."""
+    import gc
+    import weakref
+
+    k = nb.compile_kernel(make_kernel(4.5, parallel=False))
+    check(k, 4.5)
+    assert nb.compile_kernel(make_kernel(4.5, parallel=False)) is k  # memoized while alive
+    import linecache
+
+    name = f"geode_k_{k.key[:32]}"
+    assert name in sys.modules
+    filename = sys.modules[name].__file__
+    assert filename in linecache.cache
+    ref = weakref.ref(k)
+    del k
+    gc.collect()
+    assert ref() is None, "the memo kept a kernel nobody uses"
+    nb.kernel.release_dead_modules()  # what the next compile does first
+    assert name not in sys.modules and filename not in linecache.cache

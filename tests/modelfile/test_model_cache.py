@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import geode
-from geode import examples, spine
+from geode import examples, safe_files, spine
 from geode.modelfile import cache
 
 
@@ -46,7 +46,7 @@ def test_second_compile_is_a_load(cache_dir, monkeypatch):
     first = geode.compile(g, session=geode.Session())
     assert "model_cache" not in first.stats
     (entry,) = list((cache_dir / cache.MODEL_AREA).glob("*/model.geode"))
-    assert os.stat(entry).st_mode & 0o777 == 0o600
+    assert os.stat(entry).st_mode & 0o777 == safe_files.file_mode()  # the umask's, never o+w
     _no_pipeline(monkeypatch)
     second = geode.compile(g, session=geode.Session())
     assert second.stats["model_cache"] == str(entry)
@@ -186,3 +186,19 @@ def test_external_data_is_keyed_by_the_graph(cache_dir, tmp_path):
     assert cache.file_key(path, geode.config.current()) is None
     geode.compile(path, session=geode.Session())
     assert "model_cache" in geode.compile(path, session=geode.Session()).stats
+
+
+def test_signed_cache_trusts_only_signed_models(cache_dir, monkeypatch, tmp_path):
+    """With cache signing, a cached model is used only when its manifest carries a valid
+    HMAC of its checksum under the user's key; another key's or an unsigned one is not."""
+    monkeypatch.setenv("GEODE_CACHE_KEY", str(tmp_path / "key"))
+    signed = {"cache_sign": True}
+    geode.compile(_scaled(), session=geode.Session(), **signed)
+    (entry,) = list((cache_dir / cache.MODEL_AREA).glob("*/model.geode"))
+    assert (entry.parent / "model.json").exists()
+    assert "model_cache" in geode.compile(_scaled(), session=geode.Session(), **signed).stats
+    monkeypatch.setenv("GEODE_CACHE_KEY", str(tmp_path / "another key"))
+    model = geode.compile(_scaled(), session=geode.Session(), **signed)
+    assert "model_cache" not in model.stats  # written by someone without our key
+    (entry.parent / "model.json").unlink()
+    assert "model_cache" not in geode.compile(_scaled(), session=geode.Session(), **signed).stats

@@ -468,3 +468,96 @@ def test_user_layout_access_converts_a_transposed_variable(vm):
     np.testing.assert_array_equal(vm.get(plain), 1.0)
     with pytest.raises(GeodeError, match="rank 1"):
         vm.register_variable("bad", np.ones(2, np.float32), "TRANSPOSED(1,0)")
+
+
+# -- holds: a model's tensors leave the session with the model ------------------------------
+
+
+def test_release_keys_forgets_a_tensor_after_its_last_hold():
+    m = VarManager(5, region_size=1024)
+    w = m.register_constant("a/w", np.arange(8, dtype=np.float32))
+    assert m.register_constant("a/w", np.arange(8, dtype=np.float32)) == w  # a second hold
+    assert m.release_keys([w]) == 0 and w in m
+    assert m.release_keys([w]) == 1 and w not in m and len(m) == 0
+    assert m.nbytes == 0 and m.num_regions == 0, "the region outlived its tensors"
+    assert m.release_keys([w, VarKey("never", "ND", "float32")]) == 0  # unknown: ignored
+    with pytest.raises(VarManagerError):
+        m.hold(w)
+    # a name forgotten can be registered again, with other contents
+    w2 = m.register_constant("a/w", np.ones(3, np.float32))
+    np.testing.assert_array_equal(m.get(w2), 1.0)
+
+
+def test_variables_stay_when_their_models_go():
+    """Variables are the session's state (graphs write them, checkpoints save them):
+    released holds never forget them."""
+    m = VarManager(7, region_size=1024)
+    v = m.register_variable("v", np.zeros(4, np.float32))
+    m.hold(v)
+    m.assign(v, np.full(4, 3.0, np.float32))
+    assert m.release_keys([v, v]) == 0 and v in m
+    np.testing.assert_array_equal(m.get(v), 3.0)
+
+
+def test_shared_storage_stays_while_any_key_holds_it():
+    m = VarManager(6)
+    data = np.arange(16, dtype=np.float32)
+    a = m.register_constant("a/w", data)
+    b = m.register_constant("b/w", data.copy())
+    assert m.logic_address(a) == m.logic_address(b) and m.dedup_saved_bytes == data.nbytes
+    m.release_keys([a])
+    np.testing.assert_array_equal(m.get(b), data)
+    assert m.nbytes == data.nbytes
+    m.release_keys([b])
+    assert m.nbytes == 0
+    # the content index forgot the block: a new constant of those bytes gets new storage
+    c = m.register_constant("c/w", data)
+    np.testing.assert_array_equal(m.get(c), data)
+
+
+def test_released_space_at_the_end_of_a_region_is_reused():
+    m = VarManager(7, region_size=4096, alignment=64)
+    keep = m.register_constant("keep", np.zeros(4, np.float32))
+    tmp = m.register_constant("tmp", np.ones(100, np.float32))
+    end = m.logic_address(tmp)
+    m.release_keys([tmp])
+    again = m.register_constant("again", np.full(100, 2.0, np.float32))
+    assert m.logic_address(again) == end and m.num_regions == 1
+    np.testing.assert_array_equal(m.get(keep), 0.0)
+    np.testing.assert_array_equal(m.get(again), 2.0)
+
+
+def test_a_models_constants_leave_the_session_with_the_model():
+    import gc
+
+    import geode
+
+    g = geode.Graph("weights")
+    x = g.input("x", [256])
+    g.output(x * g.constant(np.arange(256, dtype=np.float32), name="w") + 1.0, names=["y"])
+    with geode.Session() as sess:
+        vm = sess.var_manager
+        m1 = sess.compile(g)
+        m2 = sess.compile(g)
+        assert len([k for k in vm if k.name.endswith("/w")]) == 2
+        before = vm.nbytes
+        assert before >= 1024
+        del m1
+        gc.collect()
+        assert len([k for k in vm if k.name.endswith("/w")]) == 1
+        np.testing.assert_array_equal(m2(x=np.zeros(256, np.float32))["y"], 1.0)
+        del m2
+        gc.collect()
+        assert len(vm) == 0 and vm.nbytes == 0 and vm.num_regions == 0
+
+
+def test_a_release_inside_a_locked_section_waits_for_the_next_use():
+    """The session releases a model's holds from a finalizer, which the garbage
+    collector may run inside any allocation, even one the manager makes while it holds
+    its lock: then the holds are dropped on the next use, not mid-operation."""
+    m = VarManager(8)
+    w = m.register_constant("a/w", np.ones(4, np.float32))
+    with m._locked():  # as if the collector ran the finalizer here
+        assert m.release_keys([w]) == 0
+        assert w in m  # still there within the section
+    assert w not in m and len(m) == 0  # dropped on the next use

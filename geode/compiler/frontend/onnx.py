@@ -11,6 +11,8 @@ What it does:
   files are read through ``onnx.external_data_helper``, whose checked loader rejects
   locations outside the model's folder (absolute paths, ``..``, symbolic links);
 - checks the opset imports (default domain: :data:`SUPPORTED_OPSET_RANGE`);
+- decodes text that is not valid UTF-8 (names, ``dim_param``, op types;
+  :mod:`geode.compiler.frontend.onnx_text`) as it decodes string attributes;
 - turns graph inputs into :meth:`Graph.input` values (``dim_value`` -> int,
   ``dim_param`` -> one shared symbol per name, missing dim -> fresh symbol, missing
   shape -> unknown rank) and initializers into constants, except an initializer that
@@ -44,6 +46,7 @@ from onnx import external_data_helper, helper, numpy_helper
 
 from geode.compiler import dtypes
 from geode.compiler.frontend import onnx_versions
+from geode.compiler.frontend.onnx_text import decode_text, decoded
 from geode.compiler.frontend.onnx_versions import AdaptContext, NodeSpec
 from geode.compiler.ir import GEODE_DOMAIN, Graph, TensorDesc, Value, ValueKind
 from geode.compiler.ops import registry
@@ -106,6 +109,7 @@ def import_model(
     if external_data_dir is not None:
         base_dir = os.path.abspath(os.fspath(external_data_dir))
     _check_model(proto, label)
+    proto = decoded(proto)  # names and dims that are not valid UTF-8
     importer = _Importer(
         proto,
         base_dir,
@@ -190,15 +194,6 @@ def _opsets(entries: Iterable[onnx.OperatorSetIdProto]) -> dict[str, int]:
     for e in entries:
         out[_norm_domain(e.domain)] = int(e.version)
     return out
-
-
-def _decode(b: bytes | str) -> str:
-    if isinstance(b, str):
-        return b
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        return b.decode("latin-1")
 
 
 # -- names read and defined by graphs (for ordering and captures) -------------------------
@@ -841,9 +836,9 @@ class _GraphBuilder:
         elif a.name == "value_ints":
             arr = np.array(list(a.ints), dtype=np.int64)
         elif a.name == "value_string":
-            arr = np.array(_decode(a.s), dtype=object)
+            arr = np.array(decode_text(a.s), dtype=object)
         elif a.name == "value_strings":
-            arr = np.array([_decode(s) for s in a.strings], dtype=object)
+            arr = np.array([decode_text(s) for s in a.strings], dtype=object)
         else:
             raise ModelLoadError(f"{self.label}: {where} has unknown attribute {a.name!r}")
         out = node.output[0]
@@ -878,7 +873,7 @@ class _GraphBuilder:
         if t == _A.INT:
             return int(a.i)
         if t == _A.STRING:
-            return _decode(a.s)
+            return decode_text(a.s)
         if t == _A.TENSOR:
             arr, _, _ = self._tensor(a.t, what)
             if arr is None:
@@ -893,7 +888,7 @@ class _GraphBuilder:
         if t == _A.INTS:
             return [int(x) for x in a.ints]
         if t == _A.STRINGS:
-            return [_decode(s) for s in a.strings]
+            return [decode_text(s) for s in a.strings]
         if t == _A.TENSORS:
             return [self._tensor(x, what)[0] for x in a.tensors]
         if t == _A.GRAPHS:

@@ -232,7 +232,7 @@ def allocation_sites(
 
     visit(body, None)
     out: dict[str, int | None] = {}
-    for name in temps:
+    for name in sorted(temps):  # a set's order changes between processes: the IR must not
         found = sites.get(name, {None})
         out[name] = next(iter(found)) if len(found) == 1 else None
     return out

@@ -182,8 +182,8 @@ def batched_matmul_kernel(
     """The native batched MatMul for ``A`` of rank ``ra`` and ``B`` of rank ``rb`` (both
     >= 2, one > 2) of ``dtype`` (float32/float64), or None when no BLAS is found (object
     code through the disk cache in ``cache_dir`` when given)."""
-    from geode.codegen.backends.llvm import jit, objcache
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
+    from geode.codegen.backends.llvm.kernel import build_module
     from geode.codegen.backends.llvm.library import blas, share_pool
     from geode.codegen.backends.llvm.target import host
 
@@ -194,8 +194,7 @@ def batched_matmul_kernel(
     name, ir = batched_matmul_ir(dtype, ra, rb)
     target = host()
     t0 = time.perf_counter()
-    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
-    loaded = jit.load_object(obj, [name])
+    loaded, from_cache = build_module(name, ir, target, cache_dir)
     ry = max(ra, rb)
     args = (
         ArgSpec("A", "input", dtype, ra, f"(..., M, K) of rank {ra}"),

@@ -209,6 +209,8 @@ class DenseKernel:
         self.epilogue = epilogue  # kept alive: the entry calls it
         self.source = ir + "\n; epilogue kernel\n" + epilogue.source
         self.address = kernel.address
+        #: whether both the entry and the epilogue came from the disk cache
+        self.from_cache = all(getattr(k, "from_cache", False) for k in (kernel, epilogue))
         self.chunked = True
         self.parallel = True
 

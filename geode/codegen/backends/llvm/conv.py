@@ -27,20 +27,17 @@ both sum the same products, in another order.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import time
-from typing import TYPE_CHECKING
 
-from geode.codegen.backends.llvm import conv_depthwise, conv_gemm, jit, objcache
+from geode.codegen.backends.llvm import conv_depthwise, conv_gemm
 from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.conv_spec import TYPES, ConvSpec, Geometry
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
+from geode.codegen.backends.llvm.kernel import build_module, while_alive
+from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.errors import ExecutionError, ShapeError
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "ConvKernel",
@@ -181,8 +178,8 @@ def _arg_specs(spec: ConvSpec) -> tuple[ArgSpec, ...]:
     return tuple(args)
 
 
-@functools.lru_cache(maxsize=256)
-def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | None:
+@while_alive
+def conv_kernel(spec: ConvSpec, cache_dir: CacheDir | None = None) -> ConvKernel | None:
     """The compiled native conv of ``spec`` (object code through the disk cache in
     ``cache_dir`` when given), or None when its method needs a BLAS and none is found."""
     from geode.codegen.backends.llvm.library import blas, share_pool
@@ -197,9 +194,9 @@ def conv_kernel(spec: ConvSpec, cache_dir: str | None = None) -> ConvKernel | No
         share_pool(lib)  # its GEMMs' threads on the native pool, like MatMul's
     target = host()
     name, ir = conv_ir(spec, target.function_attrs)
-    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
+    # the runtime: geode_gemm, the pool
+    loaded, from_cache = build_module(name, ir, target, cache_dir)
     parallel = spec.method == "depthwise"
-    loaded = jit.load_object(obj, [name])  # the runtime: geode_gemm, the pool
     emitted = Emitted(ir, name, _arg_specs(spec), (), parallel, ())
     seconds = time.perf_counter() - t0
     kernel = ConvKernel(

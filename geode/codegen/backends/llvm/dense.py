@@ -39,9 +39,14 @@ its scratch reports :data:`NO_MEMORY`; an epilogue status ``s``, :data:`EPILOGUE
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from geode.codegen.backends.llvm import jit
+from geode.codegen.backends.llvm.kernel import build_module
 from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
+from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.codegen.backends.llvm.ssa import SsaWriter
+from geode.codegen.backends.llvm.target import host
 
 __all__ = ["EPILOGUE_STATUS", "NO_MEMORY", "DenseSpec", "InnerArg", "OuterArg", "dense_ir"]
 
@@ -487,3 +492,19 @@ def dense_ir(sp: DenseSpec) -> str:
     ]
     body = _chunk(sp, item) + _entry(sp, item)
     return "\n".join(head + body) + "\n"
+
+
+def link_dense(
+    name: str, ir: str, cache_dir: CacheDir | None, epilogue: Any
+) -> tuple[jit.Loaded, bool]:
+    """The machine code of the dense entry ``name`` (module ``ir``, through the disk cache
+    in ``cache_dir``) linked to the compiled ``epilogue`` kernel it calls, which it keeps
+    alive (its address is in the code), and whether it came from the cache."""
+    return build_module(
+        name,
+        ir,
+        host(),
+        cache_dir,
+        imports={epilogue.entry: epilogue.address},
+        keep=epilogue,
+    )

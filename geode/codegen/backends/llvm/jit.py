@@ -129,16 +129,18 @@ def runtime_symbols() -> dict[str, int]:
 @dataclass(eq=False)
 class Loaded:
     """Machine code linked into the process: ``addresses`` of its exported symbols.
-    The code stays mapped while this object is alive. ``obj`` is the object code it was
-    linked from, ``runtime`` whether it was linked against the native runtime and
-    ``imports`` the other symbols it was given (by name): what a model file keeps to
-    link the same code again in another process."""
+    The code stays mapped while this object is alive; ``keep`` holds what it calls into
+    (other loaded code whose addresses it was linked with), alive as long as it is.
+    ``obj`` is the object code it was linked from, ``runtime`` whether it was linked
+    against the native runtime and ``imports`` the other symbols it was given (by name):
+    what a model file keeps to link the same code again in another process."""
 
     tracker: Any
     addresses: dict[str, int]
     obj: bytes = b""
     runtime: bool = True
     imports: tuple[str, ...] = ()
+    keep: Any = None
 
     def __getitem__(self, name: str) -> int:
         return self.addresses[name]

@@ -250,8 +250,8 @@ def matmul_kernel(dtype: str, rank: int, cache_dir: str | None = None):  # -> LL
     """The native ``Y = A @ B`` kernel for ``A`` of rank ``rank`` (>= 2) and a matrix
     ``B`` of ``dtype`` (float32/float64), or None when no BLAS is found (object code
     through the disk cache in ``cache_dir`` when given)."""
-    from geode.codegen.backends.llvm import jit, objcache
     from geode.codegen.backends.llvm.compiled import LLVMKernel
+    from geode.codegen.backends.llvm.kernel import build_module
     from geode.codegen.backends.llvm.target import host
 
     lib = blas()
@@ -261,8 +261,7 @@ def matmul_kernel(dtype: str, rank: int, cache_dir: str | None = None):  # -> LL
     name, ir = matmul_ir(dtype, rank)
     target = host()
     t0 = time.perf_counter()
-    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
-    loaded = jit.load_object(obj, [name])
+    loaded, from_cache = build_module(name, ir, target, cache_dir)
     args = (
         ArgSpec("A", "input", dtype, rank, _shape_text(rank, "K")),
         ArgSpec("B", "input", dtype, 2, "(K, N)"),

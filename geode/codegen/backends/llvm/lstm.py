@@ -39,15 +39,16 @@ rounding: the same sums in the same order, the products' inner sums in another.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import time
 from dataclasses import dataclass
 
-from geode.codegen.backends.llvm import jit, objcache, vmath
+from geode.codegen.backends.llvm import vmath
 from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
+from geode.codegen.backends.llvm.kernel import build_module, while_alive
+from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.errors import ExecutionError, ShapeError
 
 __all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel"]
@@ -487,8 +488,8 @@ def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
     return tuple(args)
 
 
-@functools.lru_cache(maxsize=64)
-def lstm_kernel(spec: LstmSpec, cache_dir: str | None = None) -> LstmKernel:
+@while_alive
+def lstm_kernel(spec: LstmSpec, cache_dir: CacheDir | None = None) -> LstmKernel:
     """The compiled native LSTM of ``spec`` (object code through the disk cache in
     ``cache_dir`` when given)."""
     from geode.codegen.backends.llvm.target import host
@@ -496,8 +497,7 @@ def lstm_kernel(spec: LstmSpec, cache_dir: str | None = None) -> LstmKernel:
     t0 = time.perf_counter()
     target = host()
     name, ir = lstm_ir(spec, target.function_attrs)
-    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
-    loaded = jit.load_object(obj, [name], runtime=False)
+    loaded, from_cache = build_module(name, ir, target, cache_dir, runtime=False)
     emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
     seconds = time.perf_counter() - t0
     kernel = LstmKernel("lstm", emitted, loaded, target, seconds, from_cache, fastmath=False)

@@ -9,14 +9,21 @@ vector width) and the versions of llvmlite, LLVM and the backend's conventions
 optimizer, and code built for another CPU or library is never loaded.
 
 Trust: loading maps machine code into the process, so an entry is code that will run.
-Nothing is unpickled. geode reads an entry only when the cache folder, the entry
-folder and its files are regular files and folders owned by the current user and not
-writable by group or others (anyone else who could write them could run code in this
-process); otherwise it warns once, naming the folder, and compiles without the cache.
+Nothing is unpickled. geode reads an entry only when the cache folder, its ``kernels``
+folder and the entry folder are folders (not links) owned by the current user and not
+writable by group or others, and its files are regular files of that user's (anyone
+else who could write them could run code in this process); otherwise it warns once,
+naming the folder, and compiles without the cache (:func:`geode.safe_files.private_folder`).
 A manifest or object that is missing, truncated, of the wrong size or hash, or not a
-regular file (a FIFO would block a read) is a miss: the entry is rebuilt. Writes are
-atomic (:func:`geode.codegen.cache.atomic_write`), so concurrent processes never see a
-torn file.
+regular file (a FIFO would block a read: files are opened non-blocking and checked on
+the open descriptor, :func:`geode.safe_files.read_file`) is a miss: the entry is
+rebuilt, as is one whose object code fails to link. With signing on
+(:class:`CacheLocation` ``sign``: the ``cache_sign`` option, ``GEODE_CACHE_SIGN=1``) the
+manifest carries an HMAC under the user's key (:mod:`geode.signing`) and an entry
+without a valid one is a miss too: in a shared folder only entries written by holders
+of the key are trusted. Writes are atomic and respect the umask
+(:func:`geode.safe_files.atomic_write`), so concurrent processes never see a torn file
+and a process killed mid-write leaves at most an entry that is a miss.
 """
 
 from __future__ import annotations
@@ -27,14 +34,24 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from geode.codegen.cache import KERNEL_AREA, atomic_write
+from geode import signing
+from geode.codegen.cache import KERNEL_AREA
+from geode.safe_files import atomic_write, make_dirs, private_dir, private_folder, read_file
 
-__all__ = ["CODEGEN_VERSION", "cache_key", "load", "object_code", "store", "versions"]
+__all__ = [
+    "CODEGEN_VERSION",
+    "CacheLocation",
+    "cache_key",
+    "load",
+    "location",
+    "store",
+    "trusted_folder",
+    "versions",
+]
 
 #: bump when generated code's conventions change in a way the IR text does not show
 CODEGEN_VERSION = "llvm-1"
@@ -42,6 +59,7 @@ _OBJECT = "kernel.o"
 _MANIFEST = "manifest.json"
 #: manifests and objects larger than this are not read (no entry is near it)
 _MAX_BYTES = 256 << 20
+_MAX_MANIFEST_BYTES = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -73,78 +91,76 @@ def cache_key(ir_text: str, fingerprint: dict[str, str]) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def _entry_dir(cache_dir: str | os.PathLike[str], key: str) -> Path:
+@dataclass(frozen=True)
+class CacheLocation:
+    """An object cache folder and how its entries are trusted: ``sign`` writes an HMAC
+    under the user's key into each manifest and reads only entries that carry a valid
+    one (see the module docstring)."""
+
+    path: str
+    sign: bool = False
+
+
+#: what the functions here take as a cache: a folder (entries unsigned) or a location
+CacheDir = str | os.PathLike[str] | CacheLocation
+
+
+def location(cache_dir: CacheDir | None) -> CacheLocation | None:
+    """``cache_dir`` as a :class:`CacheLocation` (a plain folder: unsigned); None for None."""
+    if cache_dir is None or isinstance(cache_dir, CacheLocation):
+        return cache_dir
+    return CacheLocation(os.fspath(cache_dir))
+
+
+def _entry_dir(cache_dir: str, key: str) -> Path:
     return Path(cache_dir).expanduser() / KERNEL_AREA / key[:32]
 
 
-_warned: set[str] = set()
-
-
-def _private(path: Path, kind: str) -> bool:
-    """Whether ``path`` is a ``kind`` ("dir"/"file") owned by this user and not writable by
-    others (no symlink)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    is_kind = stat.S_ISDIR(st.st_mode) if kind == "dir" else stat.S_ISREG(st.st_mode)
-    if not is_kind:
-        return False
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return False
-    return not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-def trusted_folder(cache_dir: str | os.PathLike[str]) -> bool:
-    """Whether the cache folder may be read (see the module docstring); warns once per
+def trusted_folder(cache_dir: CacheDir) -> bool:
+    """Whether the cache folder may be used (see the module docstring); warns once per
     folder when not."""
-    root = Path(cache_dir).expanduser()
-    ok = all(_private(p, "dir") for p in (root, root / KERNEL_AREA) if p.exists())
-    if not ok and str(root) not in _warned:
-        _warned.add(str(root))
-        log.warning(
-            "kernel cache %s is not private to this user (owner or permissions): compiling "
-            "without it",
-            root,
-        )
-    return ok
+    loc = location(cache_dir)
+    assert loc is not None
+    return private_folder(loc.path, (KERNEL_AREA,), "kernel cache")
 
 
-def _read(path: Path) -> bytes | None:
-    if not _private(path, "file"):
-        return None
-    try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_BYTES + 1)
-    except OSError:
-        return None
-    return data if len(data) <= _MAX_BYTES else None
+def _key(loc: CacheLocation) -> bytes | None | bool:
+    """The signing key when ``loc`` signs (None: none usable), else False."""
+    return signing.signing_key() if loc.sign else False
 
 
-def load(cache_dir: str | os.PathLike[str], key: str, entry: str) -> bytes | None:
-    """The object code cached for ``key`` (exporting ``entry``), or None on a miss."""
-    if not trusted_folder(cache_dir):
-        return None
-    d = _entry_dir(cache_dir, key)
-    if not _private(d, "dir"):
-        return None
-    raw = _read(d / _MANIFEST)
-    if raw is None:
-        return None
+def _manifest(raw: bytes, key: str, entry: str) -> dict | None:
     try:
         manifest = json.loads(raw)
-        ok = (
-            isinstance(manifest, dict)
-            and manifest.get("key") == key
-            and manifest.get("entry") == entry
-            and isinstance(manifest.get("size"), int)
-            and isinstance(manifest.get("sha256"), str)
-        )
     except ValueError:
-        ok = False
-    if not ok:
         return None
-    obj = _read(d / _OBJECT)
+    ok = (
+        isinstance(manifest, dict)
+        and manifest.get("key") == key
+        and manifest.get("entry") == entry
+        and isinstance(manifest.get("size"), int)
+        and isinstance(manifest.get("sha256"), str)
+    )
+    return manifest if ok else None
+
+
+def load(cache_dir: CacheDir, key: str, entry: str) -> bytes | None:
+    """The object code cached for ``key`` (exporting ``entry``), or None on a miss."""
+    loc = location(cache_dir)
+    assert loc is not None
+    if not trusted_folder(loc):
+        return None
+    secret = _key(loc)
+    if secret is None:
+        return None
+    d = _entry_dir(loc.path, key)
+    if not private_dir(d):
+        return None
+    raw = read_file(d / _MANIFEST, _MAX_MANIFEST_BYTES)
+    manifest = None if raw is None else _manifest(raw, key, entry)
+    if manifest is None or (secret and not signing.verify(manifest, secret)):
+        return None
+    obj = read_file(d / _OBJECT, _MAX_BYTES)
     if obj is None or len(obj) != manifest["size"]:
         return None
     if hashlib.sha256(obj).hexdigest() != manifest["sha256"]:
@@ -154,20 +170,20 @@ def load(cache_dir: str | os.PathLike[str], key: str, entry: str) -> bytes | Non
     return obj
 
 
-def store(
-    cache_dir: str | os.PathLike[str], key: str, entry: str, obj: bytes, env: dict[str, str]
-) -> bool:
-    """Write an entry (object first, manifest last); False when the folder is not usable."""
-    if not trusted_folder(cache_dir):
+def store(cache_dir: CacheDir, key: str, entry: str, obj: bytes, env: dict[str, str]) -> bool:
+    """Write an entry (object first, manifest last); False when the folder is not usable
+    (or signing is on and there is no key)."""
+    loc = location(cache_dir)
+    assert loc is not None
+    if not trusted_folder(loc):
         return False
-    d = _entry_dir(cache_dir, key)
+    secret = _key(loc)
+    if secret is None:
+        return False
+    d = _entry_dir(loc.path, key)
     try:
-        old = os.umask(0o022)
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        finally:
-            os.umask(old)
-        if not _private(d, "dir"):
+        make_dirs(d)
+        if not private_dir(d):
             return False
         atomic_write(d / _OBJECT, obj)
         manifest = {
@@ -177,26 +193,10 @@ def store(
             "sha256": hashlib.sha256(obj).hexdigest(),
             "env": {**env, **_versions()},
         }
+        if secret:
+            manifest[signing.FIELD] = signing.sign(manifest, secret)
         atomic_write(d / _MANIFEST, json.dumps(manifest, indent=1).encode())
     except OSError as exc:
-        log.warning("kernel cache %s: entry not written: %s", cache_dir, exc)
+        log.warning("kernel cache %s: entry not written: %s", loc.path, exc)
         return False
     return True
-
-
-def object_code(
-    name: str, ir: str, target: Any, cache_dir: str | os.PathLike[str] | None
-) -> tuple[bytes, bool]:
-    """``(object code, from the cache)`` of module ``ir`` (entry symbol ``name``) for
-    ``target``: read from the disk cache in ``cache_dir`` when it holds the entry, else
-    compiled now (and stored there). ``cache_dir=None`` compiles in memory."""
-    from geode.codegen.backends.llvm import jit
-
-    key = cache_key(ir, target.fingerprint())
-    obj = None if cache_dir is None else load(cache_dir, key, name)
-    if obj is not None:
-        return obj, True
-    obj = jit.compile_ir(ir, target)
-    if cache_dir is not None:
-        store(cache_dir, key, name, obj, target.fingerprint())
-    return obj, False

@@ -24,16 +24,17 @@ rounding (the same taps, summed in another order for the global mean).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import time
 
-from geode.codegen.backends.llvm import jit, objcache, pool_body
+from geode.codegen.backends.llvm import pool_body
 from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.conv import out_size
 from geode.codegen.backends.llvm.conv_spec import TYPES
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
+from geode.codegen.backends.llvm.kernel import build_module, while_alive
+from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.codegen.backends.llvm.pool_spec import PoolSpec
 from geode.errors import ExecutionError, ShapeError
 
@@ -146,8 +147,8 @@ def _arg_specs(spec: PoolSpec) -> tuple[ArgSpec, ...]:
     )
 
 
-@functools.lru_cache(maxsize=256)
-def pool_kernel(spec: PoolSpec, cache_dir: str | None = None) -> PoolKernel:
+@while_alive
+def pool_kernel(spec: PoolSpec, cache_dir: CacheDir | None = None) -> PoolKernel:
     """The compiled native pool of ``spec`` (object code through the disk cache in
     ``cache_dir`` when given)."""
     from geode.codegen.backends.llvm.target import host
@@ -155,8 +156,7 @@ def pool_kernel(spec: PoolSpec, cache_dir: str | None = None) -> PoolKernel:
     t0 = time.perf_counter()
     target = host()
     name, ir = pool_ir(spec, target.function_attrs)
-    obj, from_cache = objcache.object_code(name, ir, target, cache_dir)
-    loaded = jit.load_object(obj, [name], runtime=True, imports={})
+    loaded, from_cache = build_module(name, ir, target, cache_dir)
     emitted = Emitted(ir, name, _arg_specs(spec), (), True, ())
     seconds = time.perf_counter() - t0
     kind = "global_" * spec.is_global + f"{spec.op}pool"

@@ -8,11 +8,14 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import linecache
 import logging
 import os
 import re
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -296,9 +299,44 @@ def _compile_error(kernel: Kernel, exc: BaseException, source: str, filename: st
     return CodegenError(msg)
 
 
-_memo: dict[tuple[str, str | None], NumbaKernel] = {}
+#: kernels alive in this process by (key, cache folder): compiled once while in use,
+#: forgotten with the last model using them (so are their modules, see compile_kernel)
+_memo: weakref.WeakValueDictionary[tuple[str, str | None], NumbaKernel] = (
+    weakref.WeakValueDictionary()
+)
 _memo_lock = threading.Lock()
-_key_locks: dict[tuple[str, str | None], threading.Lock] = {}
+#: striped locks: two threads compiling the same kernel compile it once
+_key_locks = [threading.Lock() for _ in range(64)]
+
+
+#: (module name, source) of kernels that died, for :func:`release_dead_modules`
+_dead_modules: list[tuple[str, str]] = []
+
+
+def _forget_module(name: str, source: str) -> None:
+    """Note that the kernel of module ``name`` died (a finalizer: it may run inside any
+    allocation, even while a module is being loaded, so it only takes note)."""
+    _dead_modules.append((name, source))
+
+
+def release_dead_modules() -> int:
+    """Drop the modules of kernels that died from ``sys.modules``, and their source from
+    ``linecache``, unless a live kernel uses the module again (a later compile of the
+    same source loads it anew); returns how many were dropped. Every compile calls it."""
+    dropped = 0
+    while _dead_modules:
+        name, source = _dead_modules.pop()
+        with _memo_lock:
+            used = any(f"geode_k_{key[:32]}" == name for key, _ in list(_memo.keys()))
+        if used:
+            continue
+        with _cache.module_lock:
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, "__geode_source__", None) == source:
+                del sys.modules[name]
+                linecache.cache.pop(getattr(module, "__file__", None), None)
+                dropped += 1
+    return dropped
 
 
 class _Loaded(NamedTuple):
@@ -322,6 +360,8 @@ def _load(kernel: Kernel, emitted: Emitted, key: str, cache_dir: str | None) -> 
         try:
             entry = _cache.prepare_entry(cache_dir, key, emitted.source)
             module_name, filename = entry.module_name, str(entry.module_path)
+        except _cache.UntrustedCacheError as exc:  # reported once, naming the folder
+            log.debug("kernel cache not used for %s: %s", kernel.name, exc)
         except OSError as exc:
             log.warning(
                 "kernel cache %s unusable (%s): compiling %s in memory", cache_dir, exc, kernel.name
@@ -508,6 +548,7 @@ def compile_kernel(
     kernel (and the generated source line numba reported) when compilation fails.
     """
     t0 = time.perf_counter()
+    release_dead_modules()
     emitted = emit_module_source(kernel, fastmath, parallel)
     extra = {
         "backend": backend_fingerprint(),
@@ -521,7 +562,7 @@ def compile_kernel(
         hit = _memo.get(memo_key)
         if hit is not None:
             return hit
-        lock = _key_locks.setdefault(memo_key, threading.Lock())
+        lock = _key_locks[hash(memo_key) % len(_key_locks)]
     with lock:
         hit = _memo.get(memo_key)
         if hit is not None:
@@ -544,6 +585,7 @@ def compile_kernel(
         )
         with _memo_lock:
             _memo[memo_key] = k
+        weakref.finalize(k, _forget_module, f"geode_k_{key[:32]}", emitted.source)
         return k
 
 
