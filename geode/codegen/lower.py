@@ -335,11 +335,17 @@ def _reciprocal(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     return A.Bin("/", _c(1, node.outputs[0]), _ins(ctx, node, ivs)[0])
 
 
+def _float_attr(node: Node, name: str, default: float) -> float:
+    """A float attribute at ONNX's precision (``AttributeProto`` floats are 32-bit), as
+    the reference kernels read it: ``alpha=0.2`` is ``float32(0.2)`` on float64 too."""
+    return float(np.float32(node.attrs.get(name, default)))
+
+
 @_rule("LeakyRelu")
 def _leaky(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
-    alpha = node.attrs.get("alpha", 0.01)
+    alpha = _float_attr(node, "alpha", 0.01)
     return A.Select(A.Bin("<", x, _c(0, o)), A.Bin("*", x, _c(alpha, o)), x)
 
 
@@ -347,7 +353,7 @@ def _leaky(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
 def _elu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
-    alpha = node.attrs.get("alpha", 1.0)
+    alpha = _float_attr(node, "alpha", 1.0)
     return A.Select(
         A.Bin("<", x, _c(0, o)), A.Bin("*", _c(alpha, o), A.Bin("-", A.Un("exp", x), _c(1, o))), x
     )
@@ -357,8 +363,8 @@ def _elu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
 def _selu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
-    alpha = node.attrs.get("alpha", 1.67326319217681884765625)
-    gamma = node.attrs.get("gamma", 1.05070102214813232421875)
+    alpha = _float_attr(node, "alpha", 1.67326319217681884765625)
+    gamma = _float_attr(node, "gamma", 1.05070102214813232421875)
     neg = A.Bin("*", _c(alpha, o), A.Bin("-", A.Un("exp", x), _c(1, o)))
     return A.Bin("*", _c(gamma, o), A.Select(A.Bin("<=", x, _c(0, o)), neg, x))
 
@@ -367,7 +373,7 @@ def _selu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
 def _hardsigmoid(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
-    a, b = node.attrs.get("alpha", 0.2), node.attrs.get("beta", 0.5)
+    a, b = _float_attr(node, "alpha", 0.2), _float_attr(node, "beta", 0.5)
     return A.Bin(
         "max", _c(0, o), A.Bin("min", _c(1, o), A.Bin("+", A.Bin("*", _c(a, o), x), _c(b, o)))
     )

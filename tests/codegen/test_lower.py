@@ -210,3 +210,26 @@ def test_random_reshapes_match_numpy(case) -> None:
         a = rng.standard_normal(([n] if symbolic else []) + dims).astype(np.float32)
         want = np.exp(a).reshape(([n] if symbolic else []) + list(target)) * 2.0
         np.testing.assert_allclose(model(x=a)["y"], want, rtol=1e-6)
+
+
+def test_float_attributes_are_float32_on_float64_tensors() -> None:
+    """ONNX float attributes are 32-bit: alpha=0.2 means float32(0.2) for float64 data
+    too, as the reference kernels read it (found by geode.fuzz: LeakyRelu, Elu, Selu
+    and HardSigmoid used the double 0.2 and differed in the 9th digit)."""
+    from geode.compiler.interpret import run_reference
+
+    g = geode.Graph("attrs64")
+    x = g.input("x", ["N"], "float64")
+    outs = (
+        ops.leaky_relu(x, alpha=0.2),
+        ops.elu(x, alpha=0.3),
+        ops.selu(x, alpha=1.7, gamma=1.1),
+        ops.hard_sigmoid(x, alpha=0.3, beta=0.4),
+    )
+    g.output(*outs, names=["leaky", "elu", "selu", "hard"])
+    model = geode.compile(g)
+    feeds = {"x": np.linspace(-3.0, 3.0, 41)}
+    want = run_reference(g, feeds)
+    got = model.run(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-14, atol=1e-15, err_msg=name)
