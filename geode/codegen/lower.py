@@ -733,6 +733,8 @@ def _identity_of(op: str, dtype: np.dtype) -> A.Const:
         return literal(1, dtype)
     if np.issubdtype(dtype, np.floating):
         return literal(-np.inf if op == "max" else np.inf, dtype)
+    if dtype == np.bool_:  # the max of nothing is False, the min True (the reference's)
+        return literal(op == "min", dtype)
     info = np.iinfo(dtype)
     return literal(info.min if op == "max" else info.max, dtype)
 

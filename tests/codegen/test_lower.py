@@ -233,3 +233,32 @@ def test_float_attributes_are_float32_on_float64_tensors() -> None:
     got = model.run(feeds)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-14, atol=1e-15, err_msg=name)
+
+
+def test_bool_max_and_min_reductions_compile() -> None:
+    """ReduceMax/ReduceMin of bool (the registry allows it) start from False/True; the
+    lowering asked numpy for bool's integer limits and the group fell back to AICPU
+    (found by geode.fuzz). Empty reductions give the identities, like the reference."""
+    import warnings
+
+    from geode.codegen.driver import CodegenWarning
+    from geode.compiler.interpret import run_reference
+
+    g = geode.Graph("bool_reduce")
+    x = g.input("x", ["N", 3], "bool")
+    g.output(
+        ops.reduce_max(x, axes=[0], keepdims=0),
+        ops.reduce_min(x, axes=[1], keepdims=1),
+        ops.reduce_max(x, keepdims=0),
+        names=["a", "b", "c"],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CodegenWarning)
+        model = geode.compile(g)
+    assert all(k.engine == "aicore" for k in model.kernels)
+    for n in (0, 1, 5):
+        feeds = {"x": rng.random((n, 3)) < 0.5}
+        got, want = model.run(feeds), run_reference(g, feeds)
+        for name in want:
+            assert got[name].dtype == want[name].dtype
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} n={n}")
