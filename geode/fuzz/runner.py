@@ -1,0 +1,268 @@
+"""Checking one case: build, compile natively, run both engines, compare.
+
+:func:`check_case` builds the case's graph, compiles it with geode (default options:
+fusion, the LLVM backend) in the given session, and runs every run's feeds through
+the compiled model and through the reference interpreter
+(:func:`geode.compiler.interpret.run_reference`, numpy kernels with ONNX semantics).
+The :class:`Outcome` is
+
+* ``pass``: every run matched (or both engines refused a run with a GeodeError);
+* ``rejected``: geode refused the graph cleanly (a GeodeError while building or
+  compiling, or in every run from both engines);
+* ``undefined``: a run hits behaviour ONNX leaves undefined (a float cast to an
+  integer out of its range, an integer mean of nothing, ``0 ** -1`` on integers),
+  so no answer is wrong;
+* ``invalid``: the case is no fair test (only the shrinker makes such candidates);
+* ``fail``: anything else: a non-GeodeError exception anywhere, one engine raising
+  where the other computes, or outputs that differ beyond the tolerance policy
+  (:mod:`geode.fuzz.compare`). Its ``kind`` says which, for deduplication and for
+  the shrinker, which keeps a candidate only if it fails the same way.
+"""
+
+from __future__ import annotations
+
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from geode.codegen.driver import CodegenWarning
+from geode.compiler.interpret import run_reference
+from geode.compiler.ir import Graph
+from geode.errors import GeodeError
+from geode.fuzz import compare, oplib
+from geode.fuzz.build import SpecError, build_graph
+from geode.fuzz.spec import Case
+
+
+@dataclass
+class Outcome:
+    """The verdict on one case (see the module docstring)."""
+
+    status: str
+    kind: str = ""
+    message: str = ""
+    stage: str = ""
+    fallbacks: int = 0
+    #: why groups fell back to the AICPU engine (the CodegenWarnings' first lines)
+    fallback_reasons: list[str] = field(default_factory=list)
+    noisy: int = 0
+    kernels: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the case found a bug."""
+        return self.status == "fail"
+
+
+def _crash(stage: str, exc: BaseException) -> Outcome:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-6))
+    return Outcome(
+        "fail",
+        f"crash:{stage}:{type(exc).__name__}",
+        f"{type(exc).__name__} while {stage}: {exc}\n{tb}",
+        stage,
+    )
+
+
+def undefined_behaviour(case: Case, values: dict[str, np.ndarray]) -> str | None:
+    """Why a run of ``case`` (``values``: every reference value by name) leaves ONNX's
+    defined behaviour, or None."""
+    for node in case.nodes:
+        args = [values.get(a) for a in node.args]
+        out = values.get(node.out)
+        if out is None or any(a is None for a, n in zip(args, node.args) if n):
+            continue
+        if node.op == "Cast" and args[0].dtype.kind == "f" and out.dtype.kind in "iu":
+            x = args[0].astype(np.float64)
+            info = np.iinfo(out.dtype)
+            with np.errstate(invalid="ignore"):
+                ok = np.isfinite(x) & (x > info.min - 1.0) & (x < info.max + 1.0)
+            if not ok.all():
+                return f"{node.out}: Cast of {args[0].dtype} out of {out.dtype}'s range"
+        if node.op == "Pow" and args[0].dtype.kind in "iu":
+            why = _undefined_int_pow(args[0], args[1])
+            if why:
+                return f"{node.out}: {why}"
+        if node.op == "ReduceMean" and out.dtype.kind in "iu" and args[0].size == 0 and out.size:
+            return f"{node.out}: integer mean of no elements"
+    return None
+
+
+def _undefined_int_pow(base: np.ndarray, exponent: np.ndarray) -> str | None:
+    """Why an integer Pow is undefined: 0 to a negative power, or (a float exponent:
+    computed in double, then truncated) a power that is NaN or out of range."""
+    with np.errstate(all="ignore"):
+        b, e = np.broadcast_arrays(base, exponent)
+        if ((b == 0) & (e < 0)).any():
+            return "integer 0 to a negative power"
+        if e.dtype.kind == "f":
+            p = np.power(b.astype(np.float64), e.astype(np.float64))
+            info = np.iinfo(base.dtype)
+            ok = np.isfinite(p) & (p > info.min - 1.0) & (p < info.max + 1.0)
+            if not ok.all():
+                return "integer to a float power out of range"
+    return None
+
+
+class Checker:
+    """Checks cases in one geode session (compile options fixed for the run)."""
+
+    def __init__(self, session: Any, compile_options: dict[str, Any] | None = None):
+        self.session = session
+        self.options = dict(compile_options or {})
+
+    def check(self, case: Case) -> Outcome:
+        """Build, compile, run and compare ``case`` (never raises)."""
+        try:
+            graph = build_graph(case)
+        except SpecError as exc:
+            return Outcome("invalid", message=str(exc), stage="build")
+        except GeodeError as exc:
+            return Outcome("rejected", message=f"{type(exc).__name__}: {exc}", stage="build")
+        except Exception as exc:  # noqa: BLE001 - the fuzzer's job is to catch these
+            return _crash("build", exc)
+        dtype_of = {v.name: str(v.dtype) for v in graph.values.values()}
+        bad = oplib.inexact_discontinuities(case, dtype_of)
+        if bad:
+            return Outcome("invalid", message=f"inexact floats into {bad}", stage="build")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", CodegenWarning)
+                model = self.session.compile(graph, **self.options)
+        except GeodeError as exc:
+            return Outcome("rejected", message=f"{type(exc).__name__}: {exc}", stage="compile")
+        except Exception as exc:  # noqa: BLE001
+            return _crash("compile", exc)
+        reasons = [
+            str(w.message).splitlines()[0] for w in caught if issubclass(w.category, CodegenWarning)
+        ]
+        kernels: dict[str, int] = {}
+        for k in model.kernels:
+            kernels[k.engine] = kernels.get(k.engine, 0) + 1
+        outcome = self._runs(case, graph, model)
+        outcome.fallbacks, outcome.fallback_reasons = len(reasons), reasons
+        outcome.kernels = kernels
+        return outcome
+
+    def _runs(self, case: Case, graph: Graph, model: Any) -> Outcome:
+        refused = 0
+        noisy = 0
+        for run, feeds in enumerate(case.feeds):
+            result = self._run(case, graph, model, run, feeds)
+            if isinstance(result, Outcome):
+                if result.status != "pass":
+                    return result
+                noisy += result.noisy
+            else:
+                refused += 1
+        if refused == len(case.feeds):
+            return Outcome("rejected", message="every run refused by both engines", stage="run")
+        return Outcome("pass", noisy=noisy)
+
+    def _run(
+        self, case: Case, graph: Graph, model: Any, run: int, feeds: dict[str, np.ndarray]
+    ) -> Outcome | str:
+        """One run: an Outcome, or ``"refused"`` when both engines raised a GeodeError."""
+        ref_error = got_error = None
+        try:
+            want = run_reference(graph, feeds, keep_all=True)
+        except GeodeError as exc:
+            ref_error, want = exc, {}
+        except Exception as exc:  # noqa: BLE001
+            return _crash(f"reference run {run}", exc)
+        if ref_error is None:
+            why = undefined_behaviour(case, {**_constants(graph), **feeds, **want})
+            if why is not None:
+                return Outcome("undefined", message=f"run {run}: {why}", stage="run")
+        try:
+            got = model.run(feeds)
+        except GeodeError as exc:
+            got_error, got = exc, {}
+        except Exception as exc:  # noqa: BLE001
+            return _crash(f"compiled run {run}", exc)
+        if ref_error is not None and got_error is not None:
+            return "refused"
+        if ref_error is not None:
+            return Outcome(
+                "fail",
+                f"error-mismatch:reference-raised:{type(ref_error).__name__}",
+                f"run {run}: the reference raised {type(ref_error).__name__}: {ref_error}; "
+                "the compiled model returned a result",
+                "run",
+            )
+        if got_error is not None:
+            return Outcome(
+                "fail",
+                f"error-mismatch:compiled-raised:{type(got_error).__name__}",
+                f"run {run}: the compiled model raised {type(got_error).__name__}: {got_error}; "
+                "the reference computed a result",
+                "run",
+            )
+        return self._compare(case, feeds, {**_constants(graph), **want}, got, run)
+
+    def _compare(self, case: Case, feeds: dict, want: dict, got: dict, run: int) -> Outcome:
+        values = {**feeds, **want}
+        noisy = 0
+        for name in case.outputs:
+            if name not in got:
+                return Outcome("fail", "missing-output", f"run {run}: no output {name!r}", "run")
+            nodes = case.ancestors(name)
+            ancestors = [values[n.out] for n in nodes if n.out in values]
+            ancestors += [feeds[a] for n in nodes for a in n.args if a in feeds]
+            if name in feeds:
+                ancestors.append(feeds[name])
+            cls = oplib.rounding_class(case, name)
+            scale = compare.finite_scale(ancestors)
+            precision = compare.least_precise([*ancestors, want[name]])
+            miss = compare.compare_output(name, got[name], want[name], cls, scale, precision)
+            if miss is None:
+                continue
+            if miss.mask is not None and want[name].dtype.kind == "f" and cls != "exact":
+                perturbed = self._perturbed(case, name, feeds, run)
+                if compare.explained(got[name], want[name], miss.mask, perturbed):
+                    noisy += 1
+                    continue
+            return Outcome("fail", f"mismatch:{miss.kind}", f"run {run}: {miss.message}", "compare")
+        return Outcome("pass", noisy=noisy)
+
+    def _perturbed(self, case: Case, name: str, feeds: dict, run: int) -> list[np.ndarray]:
+        """Reference values of output ``name`` on feeds perturbed by a few ulp (inputs
+        that feed discontinuous ops are kept: their jumps are not rounding)."""
+        keep = _discontinuity_inputs(case)
+        rng = np.random.default_rng([case.seed, case.index, run])
+        graph = build_graph(case)
+        out = []
+        for _ in range(3):
+            try:
+                out.append(run_reference(graph, compare.perturb(feeds, rng, keep))[name])
+            except GeodeError:
+                return []
+        return out
+
+
+def _constants(graph: Graph) -> dict[str, np.ndarray]:
+    """The graph's constants by name (a case's Const nodes)."""
+    return {v.name: np.asarray(v.data) for v in graph.constants() if v.data is not None}
+
+
+def _discontinuity_inputs(case: Case) -> set[str]:
+    """Inputs on which some discontinuous op depends."""
+    inputs = {i.name for i in case.inputs}
+    keep: set[str] = set()
+    for node in case.nodes:
+        if (
+            node.op in oplib.DISCONTINUOUS_UNARY
+            or node.op in oplib.COMPARE
+            or node.op
+            in (
+                "Mod",
+                "Cast",
+            )
+        ):
+            for anc in case.ancestors(node.out):
+                keep.update(a for a in anc.args if a in inputs)
+            keep.update(a for a in node.args if a in inputs)
+    return keep
