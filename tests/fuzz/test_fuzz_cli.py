@@ -4,6 +4,7 @@ cases in isolation (geode/fuzz/executors.py)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,15 @@ def test_the_command_prints_speed_seed_and_counts(capsys, tmp_path, cache_dir):
     out = capsys.readouterr().out
     assert "seed 5: 3 graphs" in out and "graphs/s" in out
     assert "passed 3, rejected-clean 0, failed 0" in out
+
+
+def test_the_time_budget_stops_the_run(capsys, cache_dir):
+    args = ["--n", "1000", "--seed", "5", "--no-isolate", "--cache-dir", cache_dir]
+    assert main([*args, "--time-budget", "0.5"]) == 0
+    captured = capsys.readouterr()
+    assert "time budget of 0.5 s reached" in captured.err
+    checked = int(re.search(r"seed 5: (\d+) graphs", captured.out).group(1))
+    assert 1 <= checked < 1000
 
 
 def test_bad_options_are_refused(capsys):
