@@ -272,12 +272,27 @@ def _binary(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     a, b = _ins(ctx, node, ivs)[:2]
     base, exponent = node.inputs[0].dtype, node.inputs[1].dtype
     if node.op_type == "Pow" and exponent != base:
-        if base.kind in "iu" and exponent.kind == "f":
-            # ONNX: the power of the values, then cast to the base's type (2 ** 0.5 -> 1)
-            wide = A.Bin("pow", A.Cast("float64", a), A.Cast("float64", b))
-            return A.Cast(dtypes.name(base), wide)
-        b = A.Cast(dtypes.name(base), b)
+        return _mixed_pow(a, b, base, exponent)
     return A.Bin(_BINARY[node.op_type], a, b)
+
+
+def _mixed_pow(a: A.Expr, b: A.Expr, base: np.dtype, exponent: np.dtype) -> A.Expr:
+    """``a ** b`` with an exponent of another dtype, computed as the reference does
+    (then cast to the base's dtype): a float base in ``result_type(base, exponent,
+    float32)`` (a float32 base with an int32 exponent in float64: float32 would round
+    an odd exponent above 2**24 to an even one), an integer base with a float exponent
+    in float64 (2 ** 0.5 -> 1), integers in int64 (the exponent's value kept: a uint32
+    exponent of 2**32 - 1 is no -1 in int32; a uint64 one saturates at the int64
+    maximum, as the reference's)."""
+    if base.kind == "f" or exponent.kind == "f":
+        work = np.result_type(base, exponent, np.float32) if base.kind == "f" else np.float64
+        work_name = dtypes.name(work)
+        wide = A.Bin("pow", A.Cast(work_name, a), A.Cast(work_name, b))
+        return wide if np.dtype(work) == base else A.Cast(dtypes.name(base), wide)
+    if exponent == np.uint64:
+        b = A.Bin("min", b, literal(np.iinfo(np.int64).max, exponent))
+    wide = A.Bin("pow", A.Cast("int64", a), A.Cast("int64", b))
+    return wide if base == np.int64 else A.Cast(dtypes.name(base), wide)
 
 
 @_rule("Mod")

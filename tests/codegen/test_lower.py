@@ -262,3 +262,30 @@ def test_bool_max_and_min_reductions_compile() -> None:
         for name in want:
             assert got[name].dtype == want[name].dtype
             np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} n={n}")
+
+
+@pytest.mark.parametrize(
+    ("base", "exponent"),
+    [("float32", "int32"), ("float32", "uint64"), ("float32", "float64"), ("int32", "uint32")],
+)
+def test_pow_with_an_exponent_of_another_dtype_keeps_its_value(base, exponent) -> None:
+    """The exponent is no longer cast to the base's dtype: float32 rounded the odd
+    exponent 300279179 to an even one (a negative base then gave +inf, not -inf), int32
+    read the uint32 4294967295 as -1 (found by geode.fuzz). The power is computed as the
+    reference computes it: float32 ** int32 in float64, integers in int64."""
+    from geode.compiler.interpret import run_reference
+
+    g = geode.Graph("pow_mixed")
+    x = g.input("x", ["N"], base)
+    y = g.input("y", ["N"], exponent)
+    g.output(ops.pow(x, y), names=["z"])
+    model = geode.compile(g)
+    big = 4294967295 if exponent == "uint32" else 300279179
+    xs = np.array([-3.0, -2.0, 1.5, -1.0, 2.0, -5.0]).astype(base)
+    ys = np.array([big, 3, 2, big, 0, 1]).astype(exponent)
+    feeds = {"x": xs, "y": ys}
+    want = run_reference(g, feeds)["z"]
+    got = model.run(feeds)["z"]
+    np.testing.assert_array_equal(got, want)
+    if base == "float32":
+        assert got[0] == -np.inf
