@@ -16,7 +16,8 @@ in :mod:`geode.fuzz.compare`), shrinks the failures to small graphs
 ``gen_layout``     node makers for layout ops
 ``generator``      :func:`generate_case` (seed, index) -> :class:`Case`
 ``build``          :func:`build_graph` :class:`Case` -> ``geode.Graph``
-``compare``        the tolerance policy, the conditioning check
+``compare``        the tolerance policy
+``noise``          is a mismatch rounding noise? (perturbed rounding, wider precision)
 ``runner``         :class:`Checker`: build, compile, run both engines -> :class:`Outcome`
 ``shrink``         :func:`shrink`: smaller cases that fail the same way
 ``reproducer``     :func:`write_reproducer`, :func:`load_case`

@@ -8,14 +8,12 @@
   from :data:`RTOL` by class (``arith``: plain arithmetic; ``trans``: transcendentals,
   float reductions, softmax, Pow) and by the least precise float dtype the output's
   computation went through (a float32 result cast to float64 keeps float32's error),
-  and ``scale`` the largest finite magnitude among the output's ancestors in the
-  reference run (cancellation leaves an error of the size of the values that
+  and ``scale`` the largest finite float magnitude among the output's ancestors in
+  the reference run (cancellation leaves an error of the size of the values that
   cancelled); NaN where NaN; an infinity only where the same infinity is.
 
-A float mismatch may still be rounding amplified by an ill-conditioned function
-(``exp(a - b)`` with a and b large, a sum that cancels). :func:`explained` tells:
-the reference is re-run on inputs perturbed by a few ulp, and a mismatch no larger
-than a few times the perturbed results' spread is counted as noise, not failure.
+A float mismatch may still be rounding amplified by an ill-conditioned function;
+:mod:`geode.fuzz.noise` tells such noise from bugs.
 """
 
 from __future__ import annotations
@@ -31,10 +29,6 @@ RTOL: dict[str, dict[str, float]] = {
     "float32": {"arith": 1e-5, "trans": 1e-4},
     "float16": {"arith": 4e-3, "trans": 1e-2},
 }
-#: how far inputs are perturbed for the conditioning check, in units of their dtype's eps
-PERTURB_EPS = 4
-#: a mismatch up to this many times the perturbed spread is noise
-NOISE_FACTOR = 8.0
 
 
 @dataclass
@@ -48,11 +42,13 @@ class Mismatch:
 
 
 def finite_scale(arrays: Sequence[np.ndarray]) -> float:
-    """The largest finite magnitude among numeric ``arrays`` (0 when there is none)."""
+    """The largest finite magnitude among the float ``arrays`` (0 when there is none;
+    integers do not count: an integer exponent of 2**31 says nothing about the size of
+    the floats that may cancel)."""
     best = 0.0
     for a in arrays:
         a = np.asarray(a)
-        if a.size == 0 or a.dtype == np.bool_ or a.dtype.kind not in "iuf":
+        if a.size == 0 or a.dtype.kind != "f":
             continue
         w = np.abs(a.astype(np.float64))
         w = w[np.isfinite(w)]
@@ -119,45 +115,3 @@ def compare_output(
         what = f"output {name!r} ({want.dtype}, {cls} tolerance, scale {scale:.3g})"
         return Mismatch(str(want.dtype), _describe(got, want, bad, what), bad)
     return None
-
-
-def perturb(feeds: dict[str, np.ndarray], rng: np.random.Generator, keep: set[str]) -> dict:
-    """``feeds`` with every float input not in ``keep`` scaled by ``1 + u * k * eps``
-    (u uniform in [-1, 1], k = :data:`PERTURB_EPS`)."""
-    out = {}
-    for name, x in feeds.items():
-        x = np.asarray(x)
-        if x.dtype.kind != "f" or name in keep or x.size == 0:
-            out[name] = x
-            continue
-        eps = float(np.finfo(x.dtype).eps) * PERTURB_EPS
-        u = rng.uniform(-1.0, 1.0, x.shape)
-        with np.errstate(all="ignore"):
-            out[name] = (x.astype(np.float64) * (1.0 + u * eps)).astype(x.dtype)
-    return out
-
-
-def explained(
-    got: np.ndarray, want: np.ndarray, mask: np.ndarray, perturbed: Sequence[np.ndarray]
-) -> bool:
-    """Whether every element of ``mask`` differs by no more than the reference itself
-    moves under input perturbation (``perturbed``: reference results on perturbed
-    inputs); a NaN or infinity that the perturbation also flips counts as explained."""
-    if not perturbed:
-        return False
-    g = np.asarray(got, dtype=np.float64)[mask]
-    w = np.asarray(want, dtype=np.float64)[mask]
-    spread = np.zeros(w.shape)
-    flips = np.zeros(w.shape, dtype=bool)
-    for p in perturbed:
-        p = np.asarray(p, dtype=np.float64)
-        if p.shape != np.shape(want):
-            return False
-        pv = p[mask]
-        with np.errstate(invalid="ignore"):
-            flips |= (np.isnan(pv) != np.isnan(w)) | (np.isinf(pv) & (pv != w))
-            d = np.abs(pv - w)
-        spread = np.maximum(spread, np.where(np.isfinite(d), d, 0.0))
-    with np.errstate(invalid="ignore"):
-        close = np.abs(g - w) <= NOISE_FACTOR * spread
-    return bool(np.all(flips | close))

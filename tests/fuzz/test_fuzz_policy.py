@@ -7,7 +7,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from geode.fuzz import Case, DimSpec, InputSpec, NodeSpec, build_graph, compare, oplib, shrink
+from geode.fuzz import (
+    Case,
+    DimSpec,
+    InputSpec,
+    NodeSpec,
+    build_graph,
+    compare,
+    noise,
+    oplib,
+    shrink,
+)
 from geode.fuzz.runner import undefined_behaviour
 from geode.fuzz.shrink import size_of
 
@@ -94,20 +104,56 @@ def test_float_tolerance_by_dtype_class_and_scale():
     assert compare.least_precise([w64, np.zeros(1, np.float16), np.ones(2, np.int8)]) == "float16"
 
 
-def test_the_conditioning_check_tells_noise_from_bugs():
+def test_perturbed_rounding_and_wider_precision_tell_noise_from_bugs():
     want = np.array([1.0, 2.0], np.float32)
     got = np.array([1.0, 2.001], np.float32)
     mask = np.array([False, True])
     wobbly = [np.array([1.0, 2.0 + d], np.float32) for d in (-4e-4, 3e-4, 1e-4)]
-    assert compare.explained(got, want, mask, wobbly)
+    assert noise.explained(got, want, mask, wobbly)
     steady = [np.array([1.0, 2.0], np.float32)] * 3
-    assert not compare.explained(got, want, mask, steady)
-    assert not compare.explained(got, want, mask, [])
-    feeds = {"x": np.ones(1000, np.float32), "i": np.arange(3)}
-    moved = compare.perturb(feeds, np.random.default_rng(1), keep=set())
-    assert moved["i"] is feeds["i"]
-    assert 0 < np.abs(moved["x"] - 1).max() <= 4 * compare.PERTURB_EPS * np.finfo(np.float32).eps
-    assert compare.perturb(feeds, np.random.default_rng(1), keep={"x"})["x"] is feeds["x"]
+    assert not noise.explained(got, want, mask, steady)
+    assert not noise.explained(got, want, mask, [])
+    # the reference overflowed where float64 did not: the compiled result is the better one
+    big = np.array([1.0, np.inf], np.float32)
+    wide = np.array([1.0, 2.001], np.float64)
+    assert noise.explained(got, big, mask, [], wide, 1e-4)
+    assert not noise.explained(got, big, mask, [], np.array([1.0, 7.0]), 1e-4)
+    flipped = np.array([1.0, -np.inf], np.float32)  # an infinity of the wrong sign is no noise
+    assert not noise.explained(big, flipped, mask, [flipped] * 3, flipped.astype(np.float64), 1e-4)
+
+
+def test_perturbed_runs_move_inexact_results_only():
+    case = _case(
+        [
+            NodeSpec("Abs", ["x"], {}, "a"),  # exact: never perturbed
+            NodeSpec("Exp", ["x"], {}, "e"),
+            NodeSpec("Floor", ["a"], {}, "f"),
+        ],
+        outputs=["a", "e", "f"],
+    )
+    runs = noise.perturbed_runs(case, case.feeds[0], [1, 2, 3])
+    assert len(runs) == 3
+    x = case.feeds[0]["x"]
+    for r in runs:
+        assert np.array_equal(r["a"], np.abs(x)) and np.array_equal(r["f"], np.floor(np.abs(x)))
+        moved = np.abs(r["e"] / np.exp(x) - 1)
+        assert 0 < moved.max() <= noise.PERTURB_EPS * np.finfo(np.float32).eps * 1.01
+    wide = noise.widened(case)
+    assert wide.inputs[0].dtype == "float64" and wide.feeds[0]["x"].dtype == np.float64
+    assert noise.wide_run(case, 0)["e"].dtype == np.float64
+
+
+def test_an_ill_conditioned_mismatch_is_noise_a_planted_one_is_not():
+    """tan(acos(x)) near x = 0 amplifies acos's last-ulp rounding a millionfold."""
+    x = np.array([-1.3510e-6, 0.25], np.float32)
+    case = _case([NodeSpec("Acos", ["x"], {}, "c"), NodeSpec("Tan", ["c"], {}, "t")])
+    case.inputs[0].dims = ["D"]
+    case.feeds = [{"x": x, "y": case.feeds[0]["y"]}]
+    want = np.tan(np.arccos(x))
+    runs = [r["t"] for r in noise.perturbed_runs(case, case.feeds[0], [0])]
+    mask = np.array([True, False])
+    assert noise.explained(want * np.float32(1.1), want, mask, runs)
+    assert not noise.explained(want * np.float32(1.1), want, ~mask, runs)
 
 
 def test_undefined_behaviour_is_recognised():
