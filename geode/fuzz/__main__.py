@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-nodes", type=int, default=8, help="nodes per graph at most (8)")
     p.add_argument("--time-budget", type=float, help="stop checking after this many seconds")
     p.add_argument(
-        "--max-shrink", type=int, default=20, help="failures to shrink at most (default 20)"
+        "--max-shrink", type=int, default=50, help="failures to shrink at most (default 50)"
     )
     p.add_argument(
         "--no-isolate",

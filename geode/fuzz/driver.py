@@ -41,7 +41,7 @@ class FuzzConfig:
     max_nodes: int = 8
     time_budget: float | None = None
     isolate: bool = True
-    max_shrink: int = 20
+    max_shrink: int = 50
     shrink_checks: int = 400
     shrink_seconds: float = 120.0
     cache_dir: str | None = None
@@ -92,6 +92,7 @@ class FuzzReport:
     #: why groups fell back to AICPU (digits blanked) -> how many times
     fallback_reasons: Counter = field(default_factory=Counter)
     noisy: int = 0
+    constrained: int = 0
     refused_nodes: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -114,7 +115,8 @@ class FuzzReport:
             f"  passed {c['pass']}, rejected-clean {c['rejected']}, failed {c['fail']} "
             f"(undefined behaviour skipped {c['undefined']}, nodes refused while building "
             f"{refused}, groups falling back to AICPU {self.fallbacks}, outputs within "
-            f"rounding noise {self.noisy})",
+            f"rounding noise {self.noisy}, runs refused by compiled input constraints "
+            f"{self.constrained})",
         ]
         for reason, k in self.fallback_reasons.most_common(5):
             lines.append(f"  fallback x{k}: {reason}")
@@ -149,6 +151,7 @@ def _check_all(config: FuzzConfig, executor: Any, report: FuzzReport, log: Calla
         for reason in outcome.fallback_reasons:
             report.fallback_reasons[_reason_key(reason)] += 1
         report.noisy += outcome.noisy
+        report.constrained += outcome.constrained
         if outcome.failed:
             report.failures.append(Failure(outcome, case))
         now = time.monotonic()

@@ -6,7 +6,10 @@ the compiled model and through the reference interpreter
 (:func:`geode.compiler.interpret.run_reference`, numpy kernels with ONNX semantics).
 The :class:`Outcome` is
 
-* ``pass``: every run matched (or both engines refused a run with a GeodeError);
+* ``pass``: every run matched, or was refused cleanly: by both engines with a
+  GeodeError, or by the compiled model's stated input constraints (an InputError
+  ``inputs break constraint ...``: symbolic dims geode assumes non-empty under a
+  Slice, say), which are counted apart (``constrained``);
 * ``rejected``: geode refused the graph cleanly (a GeodeError while building or
   compiling, or in every run from both engines);
 * ``undefined``: a run hits behaviour ONNX leaves undefined (a float cast to an
@@ -32,7 +35,7 @@ import numpy as np
 from geode.codegen.driver import CodegenWarning
 from geode.compiler.interpret import run_reference
 from geode.compiler.ir import Graph
-from geode.errors import GeodeError
+from geode.errors import GeodeError, InputError
 from geode.fuzz import compare, noise, oplib
 from geode.fuzz.build import SpecError, build_graph
 from geode.fuzz.spec import Case
@@ -50,6 +53,9 @@ class Outcome:
     #: why groups fell back to the AICPU engine (the CodegenWarnings' first lines)
     fallback_reasons: list[str] = field(default_factory=list)
     noisy: int = 0
+    #: runs the compiled model refused by its own input constraints (symbolic dims it
+    #: assumes non-empty, say) where the reference computed: clean refusals, counted
+    constrained: int = 0
     kernels: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -154,24 +160,31 @@ class Checker:
         return outcome
 
     def _runs(self, case: Case, graph: Graph, model: Any) -> Outcome:
-        refused = 0
-        noisy = 0
+        refused = constrained = noisy = 0
         for run, feeds in enumerate(case.feeds):
             result = self._run(case, graph, model, run, feeds)
             if isinstance(result, Outcome):
                 if result.status != "pass":
                     return result
                 noisy += result.noisy
+            elif result == "constraint":
+                constrained += 1
             else:
                 refused += 1
-        if refused == len(case.feeds):
-            return Outcome("rejected", message="every run refused by both engines", stage="run")
-        return Outcome("pass", noisy=noisy)
+        if refused + constrained == len(case.feeds):
+            why = "by both engines" if not constrained else "(compiled: by its input constraints)"
+            out = Outcome("rejected", message=f"every run refused {why}", stage="run")
+        else:
+            out = Outcome("pass", noisy=noisy)
+        out.constrained = constrained
+        return out
 
     def _run(
         self, case: Case, graph: Graph, model: Any, run: int, feeds: dict[str, np.ndarray]
     ) -> Outcome | str:
-        """One run: an Outcome, or ``"refused"`` when both engines raised a GeodeError."""
+        """One run: an Outcome, ``"refused"`` when both engines raised a GeodeError, or
+        ``"constraint"`` when the compiled model refused the inputs by a constraint it
+        states (``inputs break constraint ...``, an InputError)."""
         ref_error = got_error = None
         try:
             want = run_reference(graph, feeds, keep_all=True)
@@ -199,6 +212,8 @@ class Checker:
                 "the compiled model returned a result",
                 "run",
             )
+        if isinstance(got_error, InputError) and "inputs break constraint" in str(got_error):
+            return "constraint"  # a symbolic-dim contract geode states and checks: clean
         if got_error is not None:
             return Outcome(
                 "fail",

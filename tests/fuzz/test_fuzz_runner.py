@@ -136,3 +136,17 @@ def test_a_reproducer_of_a_build_crash_still_writes(tmp_path, checker):
     folder = write_reproducer(tmp_path, case, out)
     assert (folder / "REPORT.txt").read_text().startswith("geode fuzz failure")
     assert not (folder / "model.onnx").exists()
+
+
+def test_a_run_refused_by_a_stated_input_constraint_is_counted_not_failed(checker):
+    """Geode assumes a sliced symbolic axis is non-empty and says so (an InputError
+    naming the constraint) where the reference slices an empty axis: a clean refusal."""
+    node = NodeSpec("Slice", ["x"], {"starts": [-2], "ends": [-1], "axes": [1], "steps": [1]}, "y")
+    feeds = [{"x": np.zeros((0, 0), np.float32)}, {"x": np.ones((3, 3), np.float32)}]
+    case = Case(0, 0, [DimSpec("N", True, [0, 3])], [InputSpec("x", ["N", "N"], "float32")],
+                [node], ["y"], feeds)  # fmt: skip
+    out = checker.check(case)
+    assert (out.status, out.constrained) == ("pass", 1), out
+    case.feeds, case.dims[0].sizes = feeds[:1], [0]
+    out = checker.check(case)
+    assert out.status == "rejected" and "input constraints" in out.message, out
