@@ -118,6 +118,9 @@ class FuzzReport:
             f"rounding noise {self.noisy}, runs refused by compiled input constraints "
             f"{self.constrained})",
         ]
+        if refused:
+            by_op = ", ".join(f"{op} {k}" for op, k in sorted(self.refused_nodes.items()))
+            lines.append(f"  nodes refused while building: {by_op}")
         for reason, k in self.fallback_reasons.most_common(5):
             lines.append(f"  fallback x{k}: {reason}")
         if self.failures:
