@@ -13,7 +13,7 @@ from geode.fuzz import FuzzConfig, run_fuzz
 
 @pytest.mark.fuzz
 def test_random_graphs_match_the_reference_engine(tmp_path):
-    n = int(os.environ.get("GEODE_FUZZ_N", "400"))
+    n = int(os.environ.get("GEODE_FUZZ_N", "600"))
     seed = int(os.environ.get("GEODE_FUZZ_SEED", "2024"))
     config = FuzzConfig(n=n, seed=seed, out=str(tmp_path / "failures"), max_shrink=5)
     report = run_fuzz(config, log=print)
