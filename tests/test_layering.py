@@ -8,8 +8,9 @@ one. Layers, top to bottom (a module may import its own layer and the layers bel
 rank  layer      modules
 ====  =========  ===========================================================
 5     cli        ``geode.cli``, ``geode.__main__``, ``geode.onnx_conformance``,
-                 ``geode.benchmark`` (the command line, the conformance-suite runner
-                 and the timing against onnxruntime drive the API)
+                 ``geode.benchmark``, ``geode.fuzz.*`` (the command line, the
+                 conformance-suite runner, the timing against onnxruntime and the
+                 differential fuzzer drive the API)
 4     api        ``geode`` (the package's public face), ``geode.api``,
                  ``geode.onnx_backend`` (the ONNX backend protocol over the API),
                  ``geode.examples`` (built-in graphs the CLI runs)
@@ -53,6 +54,7 @@ LAYER_OF: dict[str, str] = {
     "geode.__main__": "cli",
     "geode.onnx_conformance": "cli",
     "geode.benchmark": "cli",
+    "geode.fuzz": "cli",
     "geode": "api",
     "geode.api": "api",
     "geode.onnx_backend": "api",

@@ -332,16 +332,36 @@ def arg_views(lowered: LoweredKernel, kernel: A.Kernel) -> list[View | None]:
         if len(old.shape) == len(new.shape):
             out.append(None)
             continue
-        starts, k = [], 0
-        for d in new.shape:
-            starts.append(k)
-            size: A.Expr = A.Const(1)
-            while k < len(old.shape) and not (exprs_equal(size, d) and k > starts[-1]):
-                size, k = A.mul(size, old.shape[k]), k + 1
-        if k != len(old.shape):
+        starts = view_starts(list(old.shape), list(new.shape))
+        if starts is None:
             raise GeodeError(f"kernel {kernel.name}: argument {new.name} has an unknown view")
-        out.append(tuple(starts))
+        out.append(starts)
     return out
+
+
+def view_starts(old: list[A.Expr], new: list[A.Expr]) -> tuple[int, ...] | None:
+    """Where each dim of ``new`` starts among the dims of ``old``, when ``new`` merges
+    runs of consecutive dims of ``old`` (each new dim the product of its run), else
+    None. Unit and zero dims make a greedy match ambiguous (``(4, 1) -> (4,)``,
+    ``(0, 0, 1, 0) -> (0, 1, 0)``), so runs are searched with backtracking."""
+    memo: dict[tuple[int, int], tuple[int, ...] | None] = {}
+
+    def search(i: int, k: int) -> tuple[int, ...] | None:
+        if i == len(new):
+            return () if k == len(old) else None
+        if (i, k) not in memo:
+            memo[i, k] = None
+            size: A.Expr = A.Const(1)
+            for end in range(k, len(old)):
+                size = A.mul(size, old[end])
+                if exprs_equal(size, new[i]):
+                    rest = search(i + 1, end + 1)
+                    if rest is not None:
+                        memo[i, k] = (k, *rest)
+                        break
+        return memo[i, k]
+
+    return search(0, 0)
 
 
 def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:

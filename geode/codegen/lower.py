@@ -291,12 +291,27 @@ def _binary(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     a, b = _ins(ctx, node, ivs)[:2]
     base, exponent = node.inputs[0].dtype, node.inputs[1].dtype
     if node.op_type == "Pow" and exponent != base:
-        if base.kind in "iu" and exponent.kind == "f":
-            # ONNX: the power of the values, then cast to the base's type (2 ** 0.5 -> 1)
-            wide = A.Bin("pow", A.Cast("float64", a), A.Cast("float64", b))
-            return A.Cast(dtypes.name(base), wide)
-        b = A.Cast(dtypes.name(base), b)
+        return _mixed_pow(a, b, base, exponent)
     return A.Bin(_BINARY[node.op_type], a, b)
+
+
+def _mixed_pow(a: A.Expr, b: A.Expr, base: np.dtype, exponent: np.dtype) -> A.Expr:
+    """``a ** b`` with an exponent of another dtype, computed as the reference does
+    (then cast to the base's dtype): a float base in ``result_type(base, exponent,
+    float32)`` (a float32 base with an int32 exponent in float64: float32 would round
+    an odd exponent above 2**24 to an even one), an integer base with a float exponent
+    in float64 (2 ** 0.5 -> 1), integers in int64 (the exponent's value kept: a uint32
+    exponent of 2**32 - 1 is no -1 in int32; a uint64 one saturates at the int64
+    maximum, as the reference's)."""
+    if base.kind == "f" or exponent.kind == "f":
+        work = np.result_type(base, exponent, np.float32) if base.kind == "f" else np.float64
+        work_name = dtypes.name(work)
+        wide = A.Bin("pow", A.Cast(work_name, a), A.Cast(work_name, b))
+        return wide if np.dtype(work) == base else A.Cast(dtypes.name(base), wide)
+    if exponent == np.uint64:
+        b = A.Bin("min", b, literal(np.iinfo(np.int64).max, exponent))
+    wide = A.Bin("pow", A.Cast("int64", a), A.Cast("int64", b))
+    return wide if base == np.int64 else A.Cast(dtypes.name(base), wide)
 
 
 @_rule("Mod")
@@ -354,11 +369,17 @@ def _reciprocal(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     return A.Bin("/", _c(1, node.outputs[0]), _ins(ctx, node, ivs)[0])
 
 
+def _float_attr(node: Node, name: str, default: float) -> float:
+    """A float attribute at ONNX's precision (``AttributeProto`` floats are 32-bit), as
+    the reference kernels read it: ``alpha=0.2`` is ``float32(0.2)`` on float64 too."""
+    return float(np.float32(node.attrs.get(name, default)))
+
+
 @_rule("LeakyRelu")
 def _leaky(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
-    alpha = node.attrs.get("alpha", 0.01)
+    alpha = _float_attr(node, "alpha", 0.01)
     return A.Select(A.Bin("<", x, _c(0, o)), A.Bin("*", x, _c(alpha, o)), x)
 
 
@@ -366,7 +387,7 @@ def _leaky(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
 def _elu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
-    alpha = node.attrs.get("alpha", 1.0)
+    alpha = _float_attr(node, "alpha", 1.0)
     return A.Select(
         A.Bin("<", x, _c(0, o)), A.Bin("*", _c(alpha, o), A.Bin("-", A.Un("exp", x), _c(1, o))), x
     )
@@ -376,8 +397,8 @@ def _elu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
 def _selu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
-    alpha = node.attrs.get("alpha", 1.67326319217681884765625)
-    gamma = node.attrs.get("gamma", 1.05070102214813232421875)
+    alpha = _float_attr(node, "alpha", 1.67326319217681884765625)
+    gamma = _float_attr(node, "gamma", 1.05070102214813232421875)
     neg = A.Bin("*", _c(alpha, o), A.Bin("-", A.Un("exp", x), _c(1, o)))
     return A.Bin("*", _c(gamma, o), A.Select(A.Bin("<=", x, _c(0, o)), neg, x))
 
@@ -386,7 +407,7 @@ def _selu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
 def _hardsigmoid(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
-    a, b = node.attrs.get("alpha", 0.2), node.attrs.get("beta", 0.5)
+    a, b = _float_attr(node, "alpha", 0.2), _float_attr(node, "beta", 0.5)
     return A.Bin(
         "max", _c(0, o), A.Bin("min", _c(1, o), A.Bin("+", A.Bin("*", _c(a, o), x), _c(b, o)))
     )
@@ -746,6 +767,8 @@ def _identity_of(op: str, dtype: np.dtype) -> A.Const:
         return literal(1, dtype)
     if np.issubdtype(dtype, np.floating):
         return literal(-np.inf if op == "max" else np.inf, dtype)
+    if dtype == np.bool_:  # the max of nothing is False, the min True (the reference's)
+        return literal(op == "min", dtype)
     info = np.iinfo(dtype)
     return literal(info.min if op == "max" else info.max, dtype)
 

@@ -80,12 +80,20 @@ class NativeKernel:
     dim_exprs: Sequence[Any] = ()
 
 
-def _store(name: str, results: Sequence[np.ndarray], outs: list) -> list[np.ndarray]:
+def _store(
+    name: str, results: Sequence[np.ndarray], outs: list, inputs: Sequence[object] = ()
+) -> list[np.ndarray]:
+    """A reference kernel's results, copied into the buffers the plan gave (``outs``).
+    A result with no planned buffer is kept, unless it is a view of one of the step's
+    ``inputs`` (``np.transpose`` of a ``[N, 1]``, ``np.broadcast_to``): their memory may
+    be an arena buffer the plan reuses, or the caller's, so such a result is copied."""
     stored = []
     for i, r in enumerate(results):
         buf = outs[i] if i < len(outs) else None
         r = np.asarray(r)
         if buf is None:
+            if any(isinstance(x, np.ndarray) and np.may_share_memory(r, x) for x in inputs):
+                r = r.copy()
             stored.append(r)
             continue
         if buf.shape != r.shape or buf.dtype != r.dtype:
@@ -117,7 +125,7 @@ class AicpuEngine(Engine):
         """Wrap a reference kernel ``kernel(inputs) -> outputs``."""
 
         def step(inputs: list, outs: list, env: Env) -> list[np.ndarray]:
-            return _store(name, kernel(inputs), outs)
+            return _store(name, kernel(inputs), outs, inputs)
 
         return step
 

@@ -247,3 +247,82 @@ def test_can_lower_refuses_a_broadcast_no_constraint_covers():
     g.symbols.broadcasts.clear()
     add.outputs[0].desc = type(add.outputs[0].desc)(add.outputs[0].dtype, (7, 4))
     assert "ambiguous" in make_can_lower(g)(add)
+
+
+def test_float_attributes_are_float32_on_float64_tensors() -> None:
+    """ONNX float attributes are 32-bit: alpha=0.2 means float32(0.2) for float64 data
+    too, as the reference kernels read it (found by geode.fuzz: LeakyRelu, Elu, Selu
+    and HardSigmoid used the double 0.2 and differed in the 9th digit)."""
+    from geode.compiler.interpret import run_reference
+
+    g = geode.Graph("attrs64")
+    x = g.input("x", ["N"], "float64")
+    outs = (
+        ops.leaky_relu(x, alpha=0.2),
+        ops.elu(x, alpha=0.3),
+        ops.selu(x, alpha=1.7, gamma=1.1),
+        ops.hard_sigmoid(x, alpha=0.3, beta=0.4),
+    )
+    g.output(*outs, names=["leaky", "elu", "selu", "hard"])
+    model = geode.compile(g)
+    feeds = {"x": np.linspace(-3.0, 3.0, 41)}
+    want = run_reference(g, feeds)
+    got = model.run(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-14, atol=1e-15, err_msg=name)
+
+
+def test_bool_max_and_min_reductions_compile() -> None:
+    """ReduceMax/ReduceMin of bool (the registry allows it) start from False/True; the
+    lowering asked numpy for bool's integer limits and the group fell back to AICPU
+    (found by geode.fuzz). Empty reductions give the identities, like the reference."""
+    import warnings
+
+    from geode.codegen.driver import CodegenWarning
+    from geode.compiler.interpret import run_reference
+
+    g = geode.Graph("bool_reduce")
+    x = g.input("x", ["N", 3], "bool")
+    g.output(
+        ops.reduce_max(x, axes=[0], keepdims=0),
+        ops.reduce_min(x, axes=[1], keepdims=1),
+        ops.reduce_max(x, keepdims=0),
+        names=["a", "b", "c"],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CodegenWarning)
+        model = geode.compile(g)
+    assert all(k.engine == "aicore" for k in model.kernels)
+    for n in (0, 1, 5):
+        feeds = {"x": rng.random((n, 3)) < 0.5}
+        got, want = model.run(feeds), run_reference(g, feeds)
+        for name in want:
+            assert got[name].dtype == want[name].dtype
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} n={n}")
+
+
+@pytest.mark.parametrize(
+    ("base", "exponent"),
+    [("float32", "int32"), ("float32", "uint64"), ("float32", "float64"), ("int32", "uint32")],
+)
+def test_pow_with_an_exponent_of_another_dtype_keeps_its_value(base, exponent) -> None:
+    """The exponent is no longer cast to the base's dtype: float32 rounded the odd
+    exponent 300279179 to an even one (a negative base then gave +inf, not -inf), int32
+    read the uint32 4294967295 as -1 (found by geode.fuzz). The power is computed as the
+    reference computes it: float32 ** int32 in float64, integers in int64."""
+    from geode.compiler.interpret import run_reference
+
+    g = geode.Graph("pow_mixed")
+    x = g.input("x", ["N"], base)
+    y = g.input("y", ["N"], exponent)
+    g.output(ops.pow(x, y), names=["z"])
+    model = geode.compile(g)
+    big = 4294967295 if exponent == "uint32" else 300279179
+    xs = np.array([-3.0, -2.0, 1.5, -1.0, 2.0, -5.0]).astype(base)
+    ys = np.array([big, 3, 2, big, 0, 1]).astype(exponent)
+    feeds = {"x": xs, "y": ys}
+    want = run_reference(g, feeds)["z"]
+    got = model.run(feeds)["z"]
+    np.testing.assert_array_equal(got, want)
+    if base == "float32":
+        assert got[0] == -np.inf

@@ -537,3 +537,27 @@ def test_reference_dtype_for_sumsquare_int_is_int64() -> None:
     # documents why reduce_check compares ReduceSumSquare on ints by hand
     x = np.arange(6, dtype=np.int32).reshape(2, 3)
     assert onnx_reference("ReduceSumSquare", [x, np.array([1])], {}, 1)[0].dtype == np.int64
+
+
+def test_integer_means_are_exact_and_truncate_toward_zero():
+    """Integer ReduceMean: the sum in the input's type divided by the count, truncated
+    toward zero, without numpy's float64 division (which dropped the low bits of int64
+    sums beyond 2**53 and made the mean of the int64 maximum the minimum; found by
+    geode.fuzz against the compiled kernel, which was exact). A mean of nothing is 0."""
+    from geode.compiler.interpret import run_reference
+
+    mean = registry.get("ReduceMean")
+    big = np.iinfo(np.int64).max
+    x = np.array([[big], [2**62 + 1]], np.int64)
+    assert mean.run([x, np.array([1])], {"keepdims": 0})[0].tolist() == [big, 2**62 + 1]
+    neg = np.array([[-3, -4], [3, 4]], np.int32)
+    assert mean.run([neg, np.array([1])], {"keepdims": 0})[0].tolist() == [-3, 3]
+    empty = np.zeros((2, 0), np.uint64)
+    out = mean.run([empty, np.array([1])], {"keepdims": 1})[0]
+    assert out.dtype == np.uint64 and out.tolist() == [[0], [0]]
+    g = geode.Graph("int_mean")
+    v = g.input("x", ["N", "M"], "int64")
+    g.output(geode.ops.reduce_mean(v, axes=[1], keepdims=0), names=["y"])
+    model = geode.compile(g)
+    for feeds in ({"x": x}, {"x": neg.astype(np.int64)}, {"x": np.zeros((2, 0), np.int64)}):
+        np.testing.assert_array_equal(model.run(feeds)["y"], run_reference(g, feeds)["y"])

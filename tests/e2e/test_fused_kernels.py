@@ -771,3 +771,26 @@ def test_thread_count_is_set_by_each_model_not_inherited():
         assert numba.get_num_threads() == every_core
     finally:
         numba.set_num_threads(before)
+
+
+def test_merged_argument_views_with_zero_and_unit_dims():
+    """A kernel that merges dims (merge_dims) views its arguments by runs of dims whose
+    products are the merged dims; zero and unit dims make a greedy match ambiguous
+    (found by geode.fuzz: a Cast of float32[0, 0, 1, 0] refused its own input)."""
+    from geode.codegen import ast as A
+    from geode.codegen.driver import view_starts
+
+    c = A.Const
+    assert view_starts([c(0), c(0), c(1), c(0)], [c(0), c(1), c(0)]) == (0, 2, 3)
+    assert view_starts([c(4), c(1)], [c(4)]) == (0,)
+    assert view_starts([c(2), c(3), c(4)], [c(6), c(4)]) == (0, 2)
+    assert view_starts([c(2), c(3)], [c(5)]) is None
+    for shape in ([0, 0, 1, 0], [0, 3, 0], [3, 1, 0, 2]):
+        g = geode.Graph("zeros")
+        x = g.input("x", shape)
+        g.output(ops.cast(x, to="int32"), ops.exp(x) * 2.0, names=["i", "e"])
+        model = geode.compile(g)
+        feeds = {"x": np.zeros(shape, np.float32)}
+        got, want = model.run(feeds), run_reference(g, feeds)
+        for name in want:
+            assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype

@@ -99,3 +99,46 @@ def test_a_non_contiguous_output_is_refused_when_viewed() -> None:
     buf = np.zeros((2, 4))[:, ::2]
     with pytest.raises(ExecutionError, match="step 'v': kernel output 0 is not C-contiguous"):
         ENGINES["aicore"].bind("v", k)([np.ones(4)], [buf], {})
+
+
+def test_an_aicpu_result_that_views_its_input_is_copied() -> None:
+    """A reference kernel may return a view of its input (a Transpose of [N, 1] is one);
+    with no planned buffer the step copies it, since the input's memory may be an arena
+    buffer the plan reuses (found by geode.fuzz: a float16 Transpose output read the
+    values of a later step)."""
+    x = np.arange(4, dtype=np.float16).reshape(4, 1)
+    step = ENGINES["aicpu"].bind("t", lambda ins: [np.ascontiguousarray(ins[0].T)])
+    (out,) = step([x], [], {})
+    assert not np.may_share_memory(out, x)
+    x[:] = -1  # the arena reuses the input's memory
+    assert out.tolist() == [[0, 1, 2, 3]]
+    fresh = ENGINES["aicpu"].bind("n", lambda ins: [ins[0] + 1])
+    (y,) = fresh([x], [], {})
+    assert y.tolist() == [[0]] * 4  # results of their own are not copied again
+
+
+def test_a_float16_transpose_output_is_not_overwritten_by_later_steps() -> None:
+    """End to end: Tanh and Transpose of float16 run on AICPU; the Transpose's output
+    (a model output) must keep its values while later steps reuse the arena."""
+    import tempfile
+
+    import geode
+    from geode import ops
+    from geode.compiler.interpret import run_reference
+
+    g = geode.Graph("f16_transpose")
+    x0 = g.input("x0", ["N", 1], "float16")
+    x1 = g.input("x1", [], "float16")
+    x2 = g.input("x2", ["N", 1], "float16")
+    g.output(ops.sum(x0, x1, x2), ops.transpose(ops.tanh(x2)), names=["s", "t"])
+    model = geode.compile(g, cache_dir=tempfile.mkdtemp())
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x0": rng.normal(size=(4, 1)).astype(np.float16),
+        "x1": np.asarray(0.5, np.float16),
+        "x2": rng.normal(size=(4, 1)).astype(np.float16),
+    }
+    want = run_reference(g, feeds)
+    got = model.run(feeds)
+    for name in ("s", "t"):
+        np.testing.assert_array_equal(got[name], want[name])

@@ -13,6 +13,7 @@ reduced tensor, and a later pass decomposes them into primitives.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -229,10 +230,27 @@ def _sum(x: np.ndarray, axes: tuple[int, ...], keep: bool) -> np.ndarray:
 
 
 def _mean(x: np.ndarray, axes: tuple[int, ...], keep: bool) -> np.ndarray:
-    # integer means truncate toward zero (numpy's mean with an integer dtype, like ONNX's reference)
+    if x.dtype.kind in "iu":
+        return _int_mean(x, axes, keep)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.mean(x, axis=axes, keepdims=keep, dtype=_acc_dtype(x.dtype))
+
+
+def _int_mean(x: np.ndarray, axes: tuple[int, ...], keep: bool) -> np.ndarray:
+    """An integer mean, exact: the sum in the input's type (wrapping, as a native
+    kernel's does) divided by the count, truncated toward zero; the mean of nothing is
+    0 (integer division by zero gives 0 in geode). numpy's mean divides in float64,
+    which drops the low bits of int64 sums beyond 2**53 and turns the int64 maximum
+    into the minimum."""
+    s = np.sum(x, axis=axes, keepdims=keep, dtype=x.dtype)
+    n = math.prod(x.shape[a] for a in axes)
+    if n == 0:
+        return np.zeros_like(s)
+    q = s // n
+    if x.dtype.kind == "i":
+        q = q + ((s % n != 0) & (s < 0)).astype(q.dtype)
+    return q
 
 
 def _identity_low(dtype: np.dtype) -> object:
