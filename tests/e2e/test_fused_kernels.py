@@ -416,7 +416,8 @@ def test_softmax_prefetches_the_next_row_over_its_exp_chunks(streaming):
     assert "_g_stream(" not in k.source
     # streamed, the scale pass of each row runs inside the next row's exp pass
     assert ("defer_last_pass(" in k.trace) == (streaming != "off")
-    assert ("softmax_reducesum_3_prev = " in k.source) == (streaming != "off")
+    deferred = re.search(r"softmax_reducesum_\d+_prev = ", k.source) is not None
+    assert deferred == (streaming != "off")
     run_sizes(model, ex, sizes=(1, 2, 7, 16, 17, 130))
 
 

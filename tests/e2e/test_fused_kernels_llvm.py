@@ -124,3 +124,26 @@ def test_each_model_runs_on_its_own_thread_count():
     y2 = every(x=x)["y"]
     assert native.pool_info()["launches"] > before
     np.testing.assert_array_equal(y1, y2)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_of_a_fused_product_never_overflows(op):
+    """``softmax(a * b)``: the product is recomputed for the max and for the difference;
+    rounded apart (a fused multiply-add in one pass), a product of 3e29 came out 2e22
+    above its own max, and exp of that made the column NaN (found by geode.fuzz). The
+    decomposition clamps ``x - max`` at 0."""
+    from geode.compiler.interpret import run_reference
+
+    g = geode.Graph("softmax_product")
+    a, b = g.input("a", [9, 3]), g.input("b", [9, 3])
+    g.output(g.op(op, g.op("Mul", a, b), axis=0), names=["y"])
+    rng = np.random.default_rng(0)
+    av = rng.standard_normal((9, 3)).astype(np.float32)
+    bv = rng.standard_normal((9, 3)).astype(np.float32)
+    av[8, 2], bv[8, 2] = np.float32(1e30), np.float32(0.3080566)
+    model = geode.compile(g)
+    assert len([k for k in model.kernels if k.engine == "aicore"]) == 1
+    got = model.run({"a": av, "b": bv})["y"]
+    want = run_reference(g, {"a": av, "b": bv})["y"]
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -124,14 +124,24 @@ def _layer_norm(rw: Rewriter, node: Node) -> list[Value | None] | None:
     return [_cast(rw, v, o.dtype) for v, o in zip(outs, node.outputs)]
 
 
+def _shifted(rw: Rewriter, xs: Value, ax: Value) -> Value:
+    """``min(x - max(x), 0)`` along ``ax``: never above 0, as it is exactly. A kernel that
+    recomputes ``x`` for the max and again for the difference may round the two apart
+    (``a * b`` contracted into a fused multiply-add in one pass only): a product near
+    3e29 then came out 2e22 above its own max and its exp overflowed to a NaN softmax
+    (found by geode.fuzz). The Min keeps NaN (NaN in, NaN out)."""
+    diff = rw.op("Sub", xs, rw.op("ReduceMax", xs, ax, keepdims=1))
+    return rw.op("Min", diff, rw.const(0.0, xs.dtype))
+
+
 def _softmax(rw: Rewriter, node: Node) -> list[Value | None] | None:
     """exp(x - max) / sum(exp(x - max)) along ``axis``."""
-    if not has_ops("ReduceMax", "ReduceSum", "Sub", "Exp", "Div") or rw.graph.opset < 13:
+    if not has_ops("ReduceMax", "ReduceSum", "Sub", "Exp", "Div", "Min") or rw.graph.opset < 13:
         return None  # before opset 13 Softmax flattened the axes from ``axis`` on
     x = node.input(0)
     xs = _up(rw, x)
     ax = rw.ints([_axes_attr(node)])
-    shifted = rw.op("Sub", xs, rw.op("ReduceMax", xs, ax, keepdims=1))
+    shifted = _shifted(rw, xs, ax)
     e = rw.op("Exp", shifted)
     y = rw.op("Div", e, rw.op("ReduceSum", e, ax, keepdims=1))
     return [_cast(rw, y, x.dtype)]
@@ -139,12 +149,12 @@ def _softmax(rw: Rewriter, node: Node) -> list[Value | None] | None:
 
 def _log_softmax(rw: Rewriter, node: Node) -> list[Value | None] | None:
     """(x - max) - log(sum(exp(x - max))) along ``axis``."""
-    if not has_ops("ReduceMax", "ReduceSum", "Sub", "Exp", "Log") or rw.graph.opset < 13:
+    if not has_ops("ReduceMax", "ReduceSum", "Sub", "Exp", "Log", "Min") or rw.graph.opset < 13:
         return None  # before opset 13 LogSoftmax flattened the axes from ``axis`` on
     x = node.input(0)
     xs = _up(rw, x)
     ax = rw.ints([_axes_attr(node)])
-    shifted = rw.op("Sub", xs, rw.op("ReduceMax", xs, ax, keepdims=1))
+    shifted = _shifted(rw, xs, ax)
     lse = rw.op("Log", rw.op("ReduceSum", rw.op("Exp", shifted), ax, keepdims=1))
     return [_cast(rw, rw.op("Sub", shifted, lse), x.dtype)]
 
