@@ -99,6 +99,10 @@ def to_sympy(e: Expr) -> sympy.Expr:
             return a - b
         if e.op == "*":
             return a * b
+        if e.op in ("//", "%") and b == 0:
+            # a static dim of 0: the loops over it never run, so no such index is ever
+            # computed; any value stands in (sympy would raise ZeroDivisionError)
+            return sympy.Integer(0) if e.op == "//" else a
         if e.op == "//":
             return sympy.floor(a / b)
         if e.op == "%":

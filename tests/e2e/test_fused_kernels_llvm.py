@@ -147,3 +147,24 @@ def test_softmax_of_a_fused_product_never_overflows(op):
     want = run_reference(g, {"a": av, "b": bv})["y"]
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 3), (0, 2, 3), (2, 3, 0)])
+def test_zero_size_dims_merged_by_a_view_compile(shape):
+    """A Flatten that merges a static 0 into another dim gave index arithmetic ``i % 0``:
+    sympy raised ZeroDivisionError and the group fell back to AICPU (found by
+    geode.fuzz). The loops over a 0 never run, so such an index is never computed."""
+    import warnings
+
+    from geode.codegen.driver import CodegenWarning
+
+    g = geode.Graph("zero")
+    x = g.input("x", list(shape))
+    y = g.op("Exp", g.op("Flatten", x, axis=1))
+    g.output(g.op("Add", y, y), names=["y"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CodegenWarning)
+        model = geode.compile(g)
+    assert [k.engine for k in model.kernels] == ["aicore"]
+    out = model.run({"x": np.zeros(shape, np.float32)})["y"]
+    assert out.shape == (shape[0], shape[1] * shape[2])
