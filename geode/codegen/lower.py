@@ -383,14 +383,24 @@ def _leaky(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     return A.Select(A.Bin("<", x, _c(0, o)), A.Bin("*", x, _c(alpha, o)), x)
 
 
+def _expm1(x: A.Expr, o: Value) -> A.Expr:
+    """``exp(x) - 1`` without its cancellation near 0 (Kahan): with ``u = exp(x)``, ``x``
+    where ``u`` rounds to 1, -1 where ``u - 1`` does, else ``(u - 1) * x / log(u)``, whose
+    rounding errors cancel. ``exp(x) - 1`` itself lost all but a few bits near 0: Elu at
+    x = -4e-5 in float32 was off by 2e-4 relative (found by geode.fuzz)."""
+    u = A.Un("exp", x)
+    d = A.Bin("-", u, _c(1, o))
+    ratio = A.Bin("/", A.Bin("*", d, x), A.Un("log", u))
+    tail = A.Select(A.Bin("==", d, _c(-1, o)), _c(-1, o), ratio)
+    return A.Select(A.Bin("==", d, _c(0, o)), x, tail)
+
+
 @_rule("Elu")
 def _elu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     x = _ins(ctx, node, ivs)[0]
     o = node.outputs[0]
     alpha = _float_attr(node, "alpha", 1.0)
-    return A.Select(
-        A.Bin("<", x, _c(0, o)), A.Bin("*", _c(alpha, o), A.Bin("-", A.Un("exp", x), _c(1, o))), x
-    )
+    return A.Select(A.Bin("<", x, _c(0, o)), A.Bin("*", _c(alpha, o), _expm1(x, o)), x)
 
 
 @_rule("Selu")
@@ -399,7 +409,7 @@ def _selu(ctx: LowerCtx, node: Node, k: int, ivs: list[A.Expr]) -> A.Expr:
     o = node.outputs[0]
     alpha = _float_attr(node, "alpha", 1.67326319217681884765625)
     gamma = _float_attr(node, "gamma", 1.05070102214813232421875)
-    neg = A.Bin("*", _c(alpha, o), A.Bin("-", A.Un("exp", x), _c(1, o)))
+    neg = A.Bin("*", _c(alpha, o), _expm1(x, o))
     return A.Bin("*", _c(gamma, o), A.Select(A.Bin("<=", x, _c(0, o)), neg, x))
 
 
