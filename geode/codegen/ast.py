@@ -253,7 +253,11 @@ def mul(a: Expr, b: Expr) -> Expr:
 
 
 def floordiv(a: Expr, b: Expr) -> Expr:
-    """Index floor division with trivial folding."""
+    """Index floor division with trivial folding. A division by a constant 0 (a static
+    dim of 0, whose loops never run, so the index is never used) folds to 0: neither
+    Python's folding nor the machine's division may see it."""
+    if _is_const(b, 0):
+        return Const(0)
     if isinstance(a, Const) and isinstance(b, Const) and a.dtype == b.dtype == "int64":
         return Const(a.value // b.value)
     if _is_const(b, 1):
@@ -264,7 +268,10 @@ def floordiv(a: Expr, b: Expr) -> Expr:
 
 
 def mod(a: Expr, b: Expr) -> Expr:
-    """Index modulo with trivial folding."""
+    """Index modulo with trivial folding (modulo a constant 0 folds to 0, as
+    :func:`floordiv`)."""
+    if _is_const(b, 0):
+        return Const(0)
     if isinstance(a, Const) and isinstance(b, Const) and a.dtype == b.dtype == "int64":
         return Const(a.value % b.value)
     if _is_const(b, 1):

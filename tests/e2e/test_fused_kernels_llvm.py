@@ -188,3 +188,26 @@ def test_elu_and_selu_are_accurate_near_zero(dtype, rtol):
     got, want = model.run({"x": xs}), run_reference(g, {"x": xs})
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=0, err_msg=name)
+
+
+def test_slices_and_sums_over_a_static_zero_dim_compile():
+    """A Slice and a full sum over ``[7, 0, 7]`` folded an index ``i // 0`` in Python
+    (ZeroDivisionError: the group fell back to AICPU; found by geode.fuzz, seed 1 case
+    1538). A division by a constant 0 folds to 0: its loops never run."""
+    import warnings
+
+    from geode.codegen.driver import CodegenWarning
+
+    g = geode.Graph("zero_dim")
+    x = g.input("x", [7, 0, 7], "float64")
+    a = g.op("Atanh", x)
+    ints = lambda v: g.constant(np.array(v, np.int64))  # noqa: E731
+    s = g.op("Slice", a, ints([-9]), ints([-3]), ints([0]), ints([1]))
+    r = g.op("ReduceSum", a, ints([0, 1, -1]), keepdims=1)
+    g.output(s, r, g.op("Add", a, g.constant(np.array(2.0))), names=["s", "r", "y"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CodegenWarning)
+        model = geode.compile(g)
+    out = model.run({"x": np.zeros((7, 0, 7))})
+    assert out["s"].shape == (4, 0, 7) and out["y"].shape == (7, 0, 7)
+    np.testing.assert_array_equal(out["r"], np.zeros((1, 1, 1)))
