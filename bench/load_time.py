@@ -26,8 +26,9 @@ from pathlib import Path
 from bench.compile_time import DATA, run_fresh
 
 _GEODE_LOAD = """
-import time, json, sys
+import time, json, sys, os
 import numpy as np
+os.environ["GEODE_CACHE_DIR"] = {empty!r}  # nothing can come from a cache
 t0 = time.perf_counter()
 import geode
 t1 = time.perf_counter()
@@ -103,8 +104,7 @@ def measure(name: str, path: str, repeat: int) -> dict[str, float]:
         loads, orts, warms = [], [], []
         for _ in range(repeat):  # alternate, so drifts of a noisy machine hit both alike
             with tempfile.TemporaryDirectory() as empty:
-                code = _GEODE_LOAD.format(file=file, feeds=feeds)
-                loads.append(run_fresh(code.replace("import geode", _empty_cache(empty))))
+                loads.append(run_fresh(_GEODE_LOAD.format(file=file, feeds=feeds, empty=empty)))
             orts.append(run_fresh(_ORT.format(path=path, feeds=feeds)))
             code = _GEODE_COMPILE.format(path=path, cache=cache, feeds=feeds)
             warms.append(run_fresh(code))
@@ -119,11 +119,6 @@ def measure(name: str, path: str, repeat: int) -> dict[str, float]:
         "numba": any(r["numba"] for r in loads),
         "onnx": any(r["onnx"] for r in loads),
     }
-
-
-def _empty_cache(folder: str) -> str:
-    """``import geode`` with the kernel cache pointed at an empty folder."""
-    return f"import os; os.environ['GEODE_CACHE_DIR'] = {folder!r}\nimport geode"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,10 +26,13 @@ import os
 import stat
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = [
     "atomic_write",
+    "atomic_writer",
     "file_mode",
     "is_private",
     "make_dirs",
@@ -110,11 +113,28 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     ``os.replace``), with :func:`file_mode`; the folder is made if missing."""
     path = Path(path)
     make_dirs(path.parent)
+    with atomic_writer(path) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_writer(
+    path: str | os.PathLike[str], mode: int | None = None, sync: bool = False
+) -> Iterator[BinaryIO]:
+    """A binary file to write ``path``'s new contents to: a temporary file in the same
+    folder that replaces ``path`` at once when the block ends (and is removed, leaving
+    ``path`` as it was, when the block raises). ``mode``: its permission bits
+    (:func:`file_mode` by default); ``sync``: flushed to the disk before it replaces
+    ``path`` (for files the user keeps, not for caches). The folder must exist."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            os.fchmod(f.fileno(), file_mode())
+            yield f
+            f.flush()
+            if sync:
+                os.fsync(f.fileno())
+            os.fchmod(f.fileno(), file_mode() if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -122,23 +142,24 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
         raise
 
 
-_OPEN_FLAGS = (
-    os.O_RDONLY
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_NONBLOCK", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-)
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def read_file(
-    path: str | os.PathLike[str], max_bytes: int, private: bool = True, forbid: int = 0
+    path: str | os.PathLike[str],
+    max_bytes: int,
+    private: bool = True,
+    forbid: int = 0,
+    follow_links: bool = False,
 ) -> bytes | None:
-    """The bytes of ``path`` if it is a regular file (not a link) of at most
-    ``max_bytes`` bytes, with none of the mode bits ``forbid`` and, with ``private``,
-    :func:`is_private`; None otherwise (missing, unreadable, a FIFO or device, too
-    large, or grown while read)."""
+    """The bytes of ``path`` if it is a regular file (not a link, unless
+    ``follow_links``: a file the user names) of at most ``max_bytes`` bytes, with none of
+    the mode bits ``forbid`` and, with ``private``, :func:`is_private`; None otherwise
+    (missing, unreadable, a FIFO or device, too large, or grown while read). The file is
+    read into one buffer of its size (no second copy of a large model)."""
+    flags = _OPEN_FLAGS | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0))
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, flags)
     except OSError:
         return None
     try:
@@ -147,20 +168,13 @@ def read_file(
             return None
         if (private and not is_private(st)) or st.st_mode & forbid:
             return None
-        chunks = []
-        left = max_bytes + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(st.st_size + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
-    data = b"".join(chunks)
-    return data if len(data) <= max_bytes else None
+    return data if len(data) <= min(st.st_size, max_bytes) else None
 
 
 _warned: set[str] = set()

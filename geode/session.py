@@ -27,7 +27,7 @@ from geode import config
 from geode.compiler.ir import Graph, format_graph
 from geode.compiler.ops import control
 from geode.debug import Dumper, log
-from geode.errors import CheckpointError, GraphError
+from geode.errors import CheckpointError, GeodeError, GraphError
 from geode.plan_builder import ALIAS, COMMIT, NO_STEP, Unit, held_keys
 from geode.runtime import var_checkpoint
 from geode.runtime.model import CompiledModel
@@ -122,7 +122,6 @@ class Session:
     def _cached_model(self, key: str, opts: config.Options) -> CompiledModel | None:
         """The model of a compile done before with the same key (see
         :mod:`geode.modelfile.cache`), or None."""
-        from geode.errors import GeodeError
         from geode.modelfile import cache
 
         path = cache.lookup(opts.cache_dir, key, opts.cache_sign)

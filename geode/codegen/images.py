@@ -53,13 +53,9 @@ def _classes(kind: str) -> tuple[type, type | None]:
 
 
 def _kind_of(kernel: Any) -> str | None:
-    """The image kind of a compiled kernel, or None when it has none."""
-    if type(kernel) is LLVMKernel:
-        return "llvm"
-    for kind, (_, cls, _, _) in KINDS.items():
-        if type(kernel).__name__ == cls and _classes(kind)[0] is type(kernel):
-            return kind
-    return None
+    """The image kind of a compiled kernel (its class says), or None when it has none."""
+    kind = getattr(type(kernel), "image_kind", None)
+    return kind if kind == "llvm" or kind in KINDS else None
 
 
 class ImageWriter:

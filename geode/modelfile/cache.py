@@ -42,7 +42,7 @@ from geode.config import Options
 from geode.costmodel.device import cached_spec
 from geode.errors import GeodeError
 from geode.modelfile import compat
-from geode.modelfile.container import Writer, read_regular
+from geode.modelfile.container import Writer, read_user_file
 from geode.modelfile.graph_codec import encode_graph
 from geode.safe_files import (
     atomic_write,
@@ -102,7 +102,7 @@ def file_key(path: str | os.PathLike, opts: Options) -> str | None:
     try:
         if os.path.getsize(path) > MAX_KEYED_FILE:
             return None
-        data = read_regular(path)
+        data = read_user_file(path)
     except (OSError, TypeError, ValueError):
         return None
     if data is None or b"location" in data:

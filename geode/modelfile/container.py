@@ -19,19 +19,18 @@ a crash never leaves half a model file under the user's name.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import stat
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from geode.errors import ModelFileError
+from geode.safe_files import atomic_writer, read_file, umask
 
 MAGIC = b"GEODEMDL"
 #: bump when the layout or the header's meaning changes; files of other versions are refused
@@ -80,12 +79,10 @@ class Writer:
         head = json.dumps({**header, "blobs": self._offsets}, separators=(",", ":")).encode()
         prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(head))
         first = len(prefix) + len(head)
-        folder = os.path.dirname(target) or "."
         digest = hashlib.sha256()
-        fd, tmp = tempfile.mkstemp(prefix=".geode-", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                written = 0
+        written = 0
+        try:  # the mode a plain ``open`` would give it (mkstemp's is 0600)
+            with atomic_writer(target, mode=0o666 & ~umask(), sync=True) as f:
 
                 def put(chunk: bytes | memoryview) -> None:
                     nonlocal written
@@ -101,29 +98,9 @@ class Writer:
                     put(b"\0" * (base + start - written))
                     put(blob)
                 f.write(digest.digest())
-                f.flush()
-                os.fsync(f.fileno())
-            _match_umask(tmp)
-            os.replace(tmp, target)
         except OSError as exc:
-            _remove(tmp)
             raise ModelFileError(f"model file {target!r}: cannot write it: {exc}") from None
-        except BaseException:
-            _remove(tmp)
-            raise
         return written + _DIGEST
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
-def _match_umask(path: str) -> None:
-    """Give a new file the mode a plain ``open`` would (mkstemp makes it 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
 
 
 def writable_target(path: str | os.PathLike, overwrite: bool) -> str:
@@ -216,29 +193,29 @@ def read(path: str | os.PathLike) -> Container:
     """Read and check a model file: a regular file, geode's magic and format version, a
     checksum that matches, a JSON header, blobs inside the file."""
     p = os.fsdecode(os.fspath(path))
-    try:
-        data = read_regular(p)
-    except FileNotFoundError:
-        raise ModelFileError(f"model file {p!r}: no such file") from None
-    except OSError as exc:
-        raise ModelFileError(f"model file {p!r}: cannot read it: {exc.strerror}") from None
+    data = read_user_file(p)
     if data is None:
-        raise ModelFileError(f"model file {p!r}: not a regular file")
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            raise ModelFileError(f"model file {p!r}: no such file") from None
+        except OSError as exc:
+            raise ModelFileError(f"model file {p!r}: cannot read it: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelFileError(f"model file {p!r}: not a regular file")
+        raise ModelFileError(f"model file {p!r}: cannot read it (too large, or it changed)")
     return parse(data, p)
 
 
-def read_regular(path: str | os.PathLike) -> bytes | None:
-    """The bytes of the regular file at ``path``, or None when it is something else (a
-    folder, a FIFO: opened without blocking and checked on the open descriptor).
-    ``OSError`` when it cannot be opened or read."""
-    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read()
-    finally:
-        os.close(fd)
+#: model files larger than this are not read
+MAX_FILE = 1 << 40
+
+
+def read_user_file(path: str | os.PathLike) -> bytes | None:
+    """The bytes of the regular file at ``path`` the user named (links followed, any
+    owner), or None when it is missing, unreadable or something else (a FIFO is never
+    waited on: see :func:`geode.safe_files.read_file`)."""
+    return read_file(path, MAX_FILE, private=False, follow_links=True)
 
 
 def parse(data: bytes, label: str) -> Container:

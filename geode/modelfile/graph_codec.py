@@ -207,13 +207,7 @@ class _Reader:
         self.c = c
         self.g = g
         self.external = external
-        self.dims = Decoder(self._symbol)
-
-    def _symbol(self, name: str) -> Any:
-        table = self.g.symbols
-        if name not in table.named:
-            table.named[name] = sym(name)
-        return table.named[name]
+        self.dims = Decoder(g.symbols.named_dim)
 
 
 def decode_graph(d: Any, c: Container, external: Callable | None = None) -> Graph:

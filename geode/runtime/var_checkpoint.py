@@ -27,13 +27,11 @@ refuses a path that is a directory or a symbolic link.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import stat
 import struct
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +39,7 @@ import numpy as np
 
 from geode.errors import CheckpointError
 from geode.runtime import var_format
+from geode.safe_files import atomic_writer, umask
 
 __all__ = ["MAGIC", "VERSION", "VarEntry", "decode", "describe", "encode", "entry", "read", "write"]
 
@@ -291,18 +290,6 @@ def _fspath(path: object) -> str:
     return p
 
 
-def _umask() -> int:
-    """The process's umask (read, not changed, where /proc tells it)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
 def write(path: str | os.PathLike, entries: Sequence[VarEntry]) -> None:
     """Write ``entries`` to ``path`` atomically: into a temporary file in the same
     folder, flushed to disk, then renamed over ``path``. On any failure ``path`` is left
@@ -328,35 +315,21 @@ def write(path: str | os.PathLike, entries: Sequence[VarEntry]) -> None:
     folder = os.path.dirname(os.path.abspath(p))
     if not os.path.isdir(folder):
         raise CheckpointError(f"cannot write checkpoint {p!r}: folder {folder!r} does not exist")
+    mode = stat.S_IMODE(os.stat(p).st_mode) if os.path.isfile(p) else 0o666 & ~umask()
+    opened = False
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise CheckpointError(
-            f"cannot write checkpoint {p!r}: cannot create a file in {folder!r}: {exc.strerror}"
-        ) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_writer(p, mode=mode, sync=True) as f:
+            opened = True
             f.write(first)
             for chunk in chunks:
                 f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-            mode = 0o666 & ~_umask()
-            if os.path.isfile(p):
-                mode = stat.S_IMODE(os.stat(p).st_mode)
-            os.fchmod(f.fileno(), mode)
-        os.replace(tmp, p)
     except OSError as exc:
-        _remove(tmp)
-        raise CheckpointError(f"cannot write checkpoint {p!r}: {exc.strerror or exc}") from None
-    except BaseException:
-        _remove(tmp)
-        raise
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+        where = (
+            "" if opened else f": cannot create a file in {os.path.dirname(os.path.abspath(p))!r}"
+        )
+        raise CheckpointError(
+            f"cannot write checkpoint {p!r}{where}: {exc.strerror or exc}"
+        ) from None
 
 
 def read(path: str | os.PathLike) -> list[VarEntry]:

@@ -213,7 +213,7 @@ def test_save_never_overwrites_other_files(tmp_path):
     model.save(tmp_path / "m.geode")  # a model file is replaced
     model.save(precious, overwrite=True)
     assert container.is_model_file(precious)
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".geode-")]  # no temp left
+    assert sorted(os.listdir(tmp_path)) == ["m.geode", "notes.txt"]  # no temporary left
 
 
 def test_saved_file_follows_the_umask(tmp_path):

@@ -85,9 +85,7 @@ def test_kernel_source_and_explain_survive(tmp_path):
     native = [k for k in model.kernels if k.engine == "aicore"]
     got = [k for k in loaded.kernels if k.engine == "aicore"]
     assert native and [k.source for k in native] == [k.source for k in got]
-    assert model.explain().splitlines()[1:] == loaded.explain().splitlines()[2:] or (
-        model.explain() in loaded.explain()
-    )
+    assert loaded.explain().endswith(model.explain())
     assert loaded.to_dot() == model.to_dot()
     assert "define" in got[0].llvm
 

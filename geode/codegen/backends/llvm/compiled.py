@@ -71,6 +71,8 @@ class LLVMKernel:
 
     #: the kernel takes its thread count per call (``threads=``)
     chunked = True
+    #: how a model file keeps it (:mod:`geode.codegen.images`)
+    image_kind = "llvm"
 
     def __init__(
         self,

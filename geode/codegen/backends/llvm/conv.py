@@ -149,6 +149,7 @@ class ConvKernel(LLVMKernel):
     :class:`ExecutionError`) or that the input leaves no output position for the window
     (:class:`ShapeError`, as the reference kernel raises)."""
 
+    image_kind = "conv"
     spec: ConvSpec
 
     def _bad_argument(self, i: int) -> None:

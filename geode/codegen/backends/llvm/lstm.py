@@ -448,6 +448,7 @@ class LstmKernel(LLVMKernel):
     that its scratch buffer could not be allocated (raised as :class:`ExecutionError`) or
     that a sequence length is outside ``[0, T]`` (:class:`ShapeError`)."""
 
+    image_kind = "lstm"
     spec: LstmSpec
 
     def _bad_argument(self, i: int) -> None:

@@ -123,6 +123,7 @@ class PoolKernel(LLVMKernel):
     or that the input leaves no output position (:class:`ShapeError`, as the reference
     kernel raises)."""
 
+    image_kind = "pool"
     spec: PoolSpec
 
     def _bad_argument(self, i: int) -> None:
