@@ -77,6 +77,41 @@ def test_native_lstm_matches_the_reference_kernel(direction, layout, dtype) -> N
             np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
 
 
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_products_shared_among_threads_give_the_same_bits(direction, dtype) -> None:
+    """Products big enough for the pool (``MIN_PARALLEL_FMAS``; hidden 36: column chunks
+    that are not a power of two) give bit for bit what one thread gives, and match the
+    reference kernel, with sequence lengths and every optional input."""
+    from geode.codegen.backends.llvm.lstm import MIN_PARALLEL_FMAS
+    from geode.runtime import native
+
+    hidden, size, seq, batch = 36, 40, 5, 16
+    assert batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS  # the steps' products too
+    ins = lstm_inputs(np.random.default_rng(7), dtype, hidden, size, direction, 0, seq, batch, ALL)
+    spec = LstmSpec(
+        dtype, hidden, size, DIRS[direction], False, 0, True, True, True, True, 3, lens=True
+    )
+    kernel = lstm_kernel(spec)
+    attrs = {"direction": direction, "layout": 0, "hidden_size": hidden}
+    want = recurrent("LSTM", ins, attrs)
+    results, launched = {}, {}
+    for threads in (1, 2, 3):
+        outs = [np.full(w.shape, np.nan, dtype) for w in want]
+        before = native.pool_info()["launches"]
+        kernel(*[a for a in ins if a is not None], *outs, threads=threads)
+        launched[threads] = native.pool_info()["launches"] - before
+        results[threads] = outs
+    # one thread: no launch; more: the projection and every step's product of each direction
+    assert launched[1] == 0
+    assert launched[2] == launched[3] == DIRS[direction] * (1 + seq)
+    for threads in (2, 3):
+        for a, b in zip(results[1], results[threads]):
+            np.testing.assert_array_equal(a, b)
+    for g, w in zip(results[2], want):
+        np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
+
+
 @pytest.mark.parametrize(
     "seq, batch, size, opt",
     [

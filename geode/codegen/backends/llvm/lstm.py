@@ -6,8 +6,8 @@ An :class:`LstmSpec` holds what is fixed when a model is compiled (dtype, hidden
 input sizes, directions, layout, which optional inputs and outputs there are); the
 sequence length and the batch are read from X's record at run time. The entry
 (``int32 entry(ptrs, recs, ints)``, arrays ``X, W, R, [B], [sequence_lens],
-[initial_h], [initial_c], [P], Y, [Y_h], [Y_c]``, ints the thread count, unused: the
-steps are sequential) checks every record (status ``i + 1`` for a bad argument ``i``:
+[initial_h], [initial_c], [P], Y, [Y_h], [Y_c]``, ints the thread count, 0 for the
+native pool's size) checks every record (status ``i + 1`` for a bad argument ``i``:
 rank, item size, exact dims) before touching memory, then per direction ``d`` (forward,
 or reverse: the steps in the other order):
 
@@ -23,8 +23,13 @@ status ``n_arrays + 2``, raised as :class:`~geode.errors.ShapeError`), Y starts 
 and a batch row takes only its own steps: the reverse direction starts at its own last
 step, and past its length its states stay as they are (the reference's semantics).
 
-Both products are dot products written here (:func:`_product_function`), not BLAS
-GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes
+The steps are sequential; each product (the projection, and every step's ``h @ R^T``)
+is shared among the pool's threads by columns of its result (one chunk of gate units
+per thread: each thread keeps reading the same rows of ``R``, which stay in its core's
+cache from step to step) when it has at least :data:`MIN_PARALLEL_FMAS` multiply-adds;
+every column is summed by the same code whatever the thread count, so the results are
+the same bits. The gate loop stays on the calling thread. Both products are dot
+products written here (:func:`_product_function`), not BLAS GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes
 (one step's batch rows against all of ``R``) costs more than the products, and every
 threaded GEMM call is a barrier of the BLAS's threads; on a shared 2-core machine the
 BLAS path measured 5-10x slower than these loops.
@@ -224,10 +229,11 @@ def _cell_function(module: ModuleWriter, name: str, spec: LstmSpec, attrs: str) 
 def _product_function(
     module: ModuleWriter, name: str, spec: LstmSpec, attrs: str
 ) -> FunctionWriter:
-    """``void @name(ptr R, ptr h, ptr G, i64 N, i64 K)``: ``G[N, 4H] = h[N, K] @ R^T``
-    (``R``: ``[4H, K]``) as dot products, each row of ``R`` (one gate unit) used for
-    every row of ``h`` while it is in cache. The sums may be reassociated (so they
-    vectorize), as a GEMM's are."""
+    """``void @name(ptr R, ptr h, ptr G, i64 N, i64 K, i64 j0, i64 j1)``: columns
+    ``[j0, j1)`` (multiples of :data:`UNITS`) of ``G[N, 4H] = h[N, K] @ R^T`` (``R``:
+    ``[4H, K]``) as dot products, each row of ``R`` (one gate unit) used for every row
+    of ``h`` while it is in cache. The sums may be reassociated (so they vectorize), as
+    a GEMM's are."""
     ty, _ = TYPES[spec.dtype]
     fn = FunctionWriter(
         name,
@@ -238,12 +244,14 @@ def _product_function(
             ("ptr noalias", "G"),
             ("i64", "N"),
             ("i64", "K"),
+            ("i64", "j0"),
+            ("i64", "j1"),
         ],
     )
     fn.linkage = "internal"
     fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
     b = Builder(fn)
-    r, h, g, n, hid = (fn.param(j) for j in range(5))
+    r, h, g, n, hid, j0, j1 = (fn.param(j) for j in range(7))
     g4 = str(4 * spec.hidden)
     accs = [fn.alloca(ty, f"acc{u}") for u in range(UNITS)]
     zero = float_literal(0.0, ty)
@@ -271,9 +279,87 @@ def _product_function(
 
         b.loop("0", n, row, "b")
 
-    b.loop("0", g4, units, "j", step=str(UNITS))
+    b.loop(j0, j1, units, "j", step=str(UNITS))
     fn.terminate("ret void")
     return fn
+
+
+#: the context of a parallel product: R, h, G, N, K (one 8-byte slot each)
+_CTX_SLOTS = 5
+
+
+def _chunk_function(module: ModuleWriter, name: str, rec: str, spec: LstmSpec) -> FunctionWriter:
+    """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: the native pool's share of a
+    product (:func:`_product_function`): chunk ``c`` of ``n`` computes the columns
+    ``[UNITS * (4H / UNITS) * c / n, UNITS * (4H / UNITS) * (c + 1) / n)`` of ``G``
+    (the context holds ``R, h, G, N, K``)."""
+    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
+    fn.linkage = "internal"
+    fn.attrs = " nounwind"
+    b = Builder(fn)
+    ctx, chunk, nchunks = (fn.param(j) for j in range(3))
+    slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_CTX_SLOTS)]
+    r, h, g = (fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:3])
+    n, k = slots[3], slots[4]
+    groups = str(4 * spec.hidden // UNITS)
+
+    def bound(c: str) -> str:
+        part = fn.value(f"udiv i64 {b.mul(groups, c)}, {nchunks}", "part")
+        return b.mul(part, str(UNITS), "col")
+
+    lo, hi = bound(chunk), bound(b.add(chunk, "1"))
+    fn.add(f"call void @{rec}(ptr {r}, ptr {h}, ptr {g}, i64 {n}, i64 {k}, i64 {lo}, i64 {hi})")
+    fn.terminate("ret void")
+    return fn
+
+
+#: multiply-adds of a product below which it runs on the calling thread (waking the
+#: pool's workers costs more than they save)
+MIN_PARALLEL_FMAS = 1 << 16
+
+
+class _Products:
+    """Emits the entry's products ``G = h @ R^T``: on the calling thread, or shared among
+    the native pool's threads (the ``threads`` argument, 0: the pool's size) by
+    columns of ``G`` when there is enough work (:data:`MIN_PARALLEL_FMAS`)."""
+
+    def __init__(self, b: Builder, rec: str, chunk: str, spec: LstmSpec) -> None:
+        self.b, self.rec, self.chunk, self.spec = b, rec, chunk, spec
+        fn = b.fn
+        given = b.load("i64", "%ints", "threads")
+        self.ctx = fn.alloca("i64", "ctx", str(_CTX_SLOTS))
+        pool = fn.value("call i64 @geode_num_threads()", "pool")
+        self.threads = b.select(b.cmp("sgt", given, "0"), given, pool, "nthreads")
+
+    def __call__(self, r: str, h: str, g: str, n: str, k: str) -> None:
+        b, fn = self.b, self.b.fn
+        cols = str(4 * self.spec.hidden)
+        work = b.mul(b.mul(n, k, "nk"), cols, "fmas")
+        many = b.all_of(
+            [b.cmp("sgt", self.threads, "1"), b.cmp("sge", work, str(MIN_PARALLEL_FMAS))]
+        )
+
+        def pool() -> None:
+            for j, v in enumerate((r, h, g)):
+                fn.add(
+                    f"store i64 {fn.value(f'ptrtoint ptr {v} to i64', 'addr')}, ptr "
+                    f"{b.gep('i64', self.ctx, str(j))}"
+                )
+            fn.add(f"store i64 {n}, ptr {b.gep('i64', self.ctx, '3')}")
+            fn.add(f"store i64 {k}, ptr {b.gep('i64', self.ctx, '4')}")
+            parts = b.min(self.threads, str(4 * self.spec.hidden // UNITS), "parts")
+            fn.add(
+                f"call void @geode_parallel_for(ptr @{self.chunk}, ptr {self.ctx}, "
+                f"i64 {parts}, i64 {self.threads})"
+            )
+
+        def alone() -> None:
+            fn.add(
+                f"call void @{self.rec}(ptr {r}, ptr {h}, ptr {g}, i64 {n}, i64 {k}, "
+                f"i64 0, i64 {cols})"
+            )
+
+        b.branch(many, pool, alone, "par")
 
 
 def _check_lens(b: Builder, lens: str, seq: str, n: str, status: int, buf: str) -> None:
@@ -327,7 +413,7 @@ def _copy_state(
     b.loop("0", n, row, "row")
 
 
-def entry_function(name: str, cell: str, rec: str, spec: LstmSpec) -> FunctionWriter:
+def entry_function(name: str, cell: str, rec: str, chunk: str, spec: LstmSpec) -> FunctionWriter:
     """The entry ``i32 @name(ptrs, recs, ints)`` (see the module docstring)."""
     ty, item = TYPES[spec.dtype]
     fn = FunctionWriter(name, "i32", [("ptr", "ptrs"), ("ptr", "recs"), ("ptr", "ints")])
@@ -335,6 +421,7 @@ def entry_function(name: str, cell: str, rec: str, spec: LstmSpec) -> FunctionWr
     b = Builder(fn)
     dims = _records(b, spec)
     seq, n = dims["T"][0], dims["N"][0]
+    product = _Products(b, rec, chunk, spec)
     ptr = {
         a: b.load("ptr", b.gep("ptr", "%ptrs", str(j)), a.lower())
         for j, a in enumerate(spec.arrays)
@@ -369,16 +456,13 @@ def entry_function(name: str, cell: str, rec: str, spec: LstmSpec) -> FunctionWr
                 zb = b.mul(rows, str(g4 * item), "gxbytes")
                 fn.add(f"call void @llvm.memset.p0.i64(ptr {gx}, i8 0, i64 {zb}, i1 false)")
             else:
-                fn.add(
-                    f"call void @{rec}(ptr {w_d}, ptr {ptr['X']}, ptr {gx}, i64 {rows}, "  # noqa: B023
-                    f"i64 {spec.input_size})"
-                )
+                product(w_d, ptr["X"], gx, rows, str(spec.input_size))  # noqa: B023
 
         b.when(b.cmp("sgt", rows, "0"), project, "proj")
 
         def step(s: str) -> None:
             t = b.sub(b.sub(seq, "1"), s, "t") if reverse else s  # noqa: B023
-            fn.add(f"call void @{rec}(ptr {r_d}, ptr {h}, ptr {gates}, i64 {n}, i64 {hid})")  # noqa: B023
+            product(r_d, h, gates, n, str(hid))  # noqa: B023
 
             def batch_row(r: str) -> None:
                 if not spec.lens:
@@ -439,7 +523,13 @@ def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
     module.add_function(_cell_function(module, cell, spec, attrs))
     rec = f"{name}.product"
     module.add_function(_product_function(module, rec, spec, attrs))
-    module.add_function(entry_function(name, cell, rec, spec))
+    chunk = f"{name}.chunk"
+    module.add_function(_chunk_function(module, chunk, rec, spec))
+    module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
+    module.declare(
+        "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
+    )
+    module.add_function(entry_function(name, cell, rec, chunk, spec))
     return name, f"; {spec.describe()}\n" + module.text()
 
 
@@ -498,7 +588,7 @@ def lstm_kernel(spec: LstmSpec, cache_dir: CacheDir | None = None) -> LstmKernel
     t0 = time.perf_counter()
     target = host()
     name, ir = lstm_ir(spec, target.function_attrs)
-    loaded, from_cache = build_module(name, ir, target, cache_dir, runtime=False)
+    loaded, from_cache = build_module(name, ir, target, cache_dir)
     emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
     seconds = time.perf_counter() - t0
     kernel = LstmKernel("lstm", emitted, loaded, target, seconds, from_cache, fastmath=False)
