@@ -25,8 +25,8 @@ step, and past its length its states stay as they are (the reference's semantics
 
 The steps are sequential; each product (the projection, and every step's ``h @ R^T``)
 is shared among the pool's threads by columns of its result (one chunk of gate units
-per thread: each thread keeps reading the same rows of ``R``, which stay in its core's
-cache from step to step) when it has at least :data:`MIN_PARALLEL_FMAS` multiply-adds;
+per thread; a thread runs its own chunk before it steals another, so from step to step a
+thread mostly reads the same rows of ``R``, in its core's cache) when it has at least :data:`MIN_PARALLEL_FMAS` multiply-adds;
 every column is summed by the same code whatever the thread count, so the results are
 the same bits. The gate loop stays on the calling thread. Both products are dot
 products written here (:func:`_product_function`), not BLAS GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes
