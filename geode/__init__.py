@@ -30,19 +30,19 @@ __all__ = [
     "ops",
     "set_options",
 ]
+# The runtime comes with the package: what loading a model file and running it use (the
+# session, the model-file reader, the native runtime, llvmlite's binding), so that
+# geode.load and a first run pay only for their own work. The compiler's symbolic
+# algebra (sympy) and the ONNX importer are imported by the first compile (geode.lazy).
+import llvmlite.binding as _llvm  # noqa: E402, F401, I001
+
+from geode.api import compile, load  # noqa: E402, A004
+from geode.modelfile import load as _modelfile_load  # noqa: E402, F401
+from geode.session import Session  # noqa: E402
 from geode.version import __version__ as __version__  # noqa: E402
 
 
 def __getattr__(name: str) -> object:
-    # compile/load/Session pull in the whole compiler and codegen stack: import on first use
-    if name in ("compile", "load"):
-        from geode import api
-
-        return getattr(api, name)
-    if name == "Session":
-        from geode.session import Session
-
-        return Session
     if name == "onnx_backend":
         import importlib
 

@@ -24,9 +24,10 @@ rank  layer      modules
 1     costmodel  ``geode.costmodel.*``  }
 0     base       ``geode.errors``, ``geode.config``, ``geode.debug``,
                  ``geode.progress``, ``geode.version``, ``geode.safe_files``,
-                 ``geode.signing`` (errors, options, logging and dumps, progress bars,
-                 the version, geode's own files on disk and their signatures: used by
-                 every layer, they import only each other)
+                 ``geode.signing``, ``geode.lazy`` (errors, options, logging and dumps,
+                 progress bars, the version, geode's own files on disk and their
+                 signatures, modules imported on first use: used by every layer, they
+                 import only each other)
 ====  =========  ===========================================================
 
 Besides the ranks, no import cycle may run between packages: a *package* here is a
@@ -75,6 +76,7 @@ LAYER_OF: dict[str, str] = {
     "geode.version": "base",
     "geode.safe_files": "base",
     "geode.signing": "base",
+    "geode.lazy": "base",
 }
 
 RANK = {

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import sympy
 
+from geode import lazy
 from geode.compiler import dtypes
 from geode.compiler.shapes import Shape, SymbolTable, shape_str
 from geode.errors import GeodeError, GraphError
+from geode.lazy import sympy
 
 
 @dataclass
@@ -283,8 +284,14 @@ class Node:
     __hash__ = object.__hash__
 
 
-#: what a declared input dim may be (sympy: a dim of an outer graph, for subgraph inputs)
-_DIM_TYPES = (int, np.integer, str, type(None), sympy.Basic)
+#: what a declared input dim may be (also a sympy expression: a dim of an outer graph,
+#: for subgraph inputs; see _is_symbolic)
+_DIM_TYPES = (int, np.integer, str, type(None))
+
+
+def _is_symbolic(d: object) -> bool:
+    """Whether ``d`` is a sympy expression (none can exist before sympy is imported)."""
+    return lazy.imported("sympy") and isinstance(d, sympy.Basic)
 
 
 def _dims(name: str, shape: object) -> list[object] | None:
@@ -299,7 +306,7 @@ def _dims(name: str, shape: object) -> list[object] | None:
         )
     dims = list(shape)
     for d in dims:
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, _DIM_TYPES):
+        if isinstance(d, (bool, np.bool_)) or not (isinstance(d, _DIM_TYPES) or _is_symbolic(d)):
             raise GraphError(f"input {name!r}: dim {d!r} is not an int, a name or None")
         if isinstance(d, (int, np.integer)) and d < -1:
             raise GraphError(f"input {name!r}: dim {d} is negative (-1 or None: unknown)")

@@ -4,6 +4,11 @@ A dim is an ``int`` or a sympy expression over positive integer symbols. A shape
 tuple of dims, or ``None`` when even the rank is unknown. Named dims (``"N"``,
 ``"seq"``) become one shared symbol per :class:`SymbolTable`; unknown dims get fresh
 symbols (``_s0``, ``_s1``, ...).
+
+sympy is imported on first use (:mod:`geode.lazy`): a graph read from a model file
+holds :class:`~geode.compiler.stored_dims.StoredDim` data instead, which the functions
+the runtime needs here (:func:`free_symbols`, :func:`shape_str`,
+:func:`compile_shape_fn`, :func:`compile_dim_fn`, :func:`as_dim`) accept as they are.
 """
 
 from __future__ import annotations
@@ -11,14 +16,72 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Union
 
-import sympy
-from sympy.core.logic import fuzzy_and
-
+from geode.compiler.stored_dims import StoredDim, broadcast_value, compile_stored_shape
 from geode.errors import ShapeError
+from geode.lazy import sympy
 
-Dim = int | sympy.Expr
+#: a dim: an int, a sympy expression, or (in a graph read from a model file) a StoredDim
+Dim = Union[int, "sympy.Expr", StoredDim]
 Shape = tuple[Dim, ...] | None
+
+
+def __getattr__(name: str) -> Any:
+    # BroadcastDim subclasses a sympy class: defined (and sympy imported) on first use
+    if name == "BroadcastDim":
+        return _bcast_type()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _bcast_type() -> type:
+    """:class:`BroadcastDim`, the ONNX broadcast of symbolic dims as a sympy function,
+    defined on first use (it subclasses a sympy class: defining it imports sympy)."""
+    from sympy.core.logic import fuzzy_and
+
+    class BroadcastDim(sympy.Function):
+        """The ONNX broadcast of two or more symbolic dims: the one of them that is not 1 (1
+        when all are), legal only when those that are not 1 are equal (checked at run time:
+        :meth:`SymbolTable.require_broadcast`). Printed ``bcast(M, N)``.
+
+        Canonical on construction: nested broadcasts flatten, 1s drop out, repeated operands
+        count once and the rest are sorted, so ``bcast(N, M)`` is ``bcast(M, N)``. A static
+        operand other than 1 is the result (the others must be 1 or equal to it), and two
+        different ones raise :class:`ShapeError`; so binding every symbol yields an int.
+        Unlike ``Max`` it is right for 0: ``bcast(0, 1)`` is 0.
+        """
+
+        is_integer = True
+
+        @classmethod
+        def eval(cls, *args: sympy.Expr) -> sympy.Expr | None:
+            """sympy's hook on construction: the canonical form, or None when ``args`` are."""
+            ops = broadcast_operands(args)
+            statics = sorted({int(a) for a in ops if a.is_Integer})
+            if len(statics) > 1:
+                raise ShapeError(f"cannot broadcast dims {statics[0]} and {statics[1]}")
+            if statics:
+                return sympy.Integer(statics[0])
+            if not ops:
+                return sympy.Integer(1)
+            if len(ops) == 1:
+                return ops[0]
+            if tuple(ops) != tuple(args):
+                return cls(*ops, evaluate=False)
+            return None
+
+        def _eval_is_positive(self) -> bool | None:
+            return fuzzy_and(a.is_positive for a in self.args)
+
+        def _eval_is_nonnegative(self) -> bool | None:
+            return fuzzy_and(a.is_nonnegative for a in self.args)
+
+        def _sympystr(self, printer: object) -> str:
+            return "bcast(" + ", ".join(printer._print(a) for a in self.args) + ")"  # type: ignore[attr-defined]
+
+    BroadcastDim.__module__, BroadcastDim.__qualname__ = __name__, "BroadcastDim"
+    return BroadcastDim
 
 
 def sym(name: str) -> sympy.Symbol:
@@ -34,6 +97,8 @@ def as_dim(d: object) -> Dim:
         return d
     if isinstance(d, str):
         return sym(d)
+    if isinstance(d, StoredDim):
+        return d
     if isinstance(d, sympy.Expr):
         # sympy canonicalises arithmetic on construction; a full simplify() is too slow
         # to run on every dim (tens of ms for Min/Max/ceiling)
@@ -127,69 +192,16 @@ def evaluate(shape: Sequence[Dim], env: Mapping[sympy.Symbol, int]) -> tuple[int
     return tuple(evaluate_dim(d, env) for d in shape)
 
 
-class BroadcastDim(sympy.Function):
-    """The ONNX broadcast of two or more symbolic dims: the one of them that is not 1 (1
-    when all are), legal only when those that are not 1 are equal (checked at run time:
-    :meth:`SymbolTable.require_broadcast`). Printed ``bcast(M, N)``.
-
-    Canonical on construction: nested broadcasts flatten, 1s drop out, repeated operands
-    count once and the rest are sorted, so ``bcast(N, M)`` is ``bcast(M, N)``. A static
-    operand other than 1 is the result (the others must be 1 or equal to it), and two
-    different ones raise :class:`ShapeError`; so binding every symbol yields an int.
-    Unlike ``Max`` it is right for 0: ``bcast(0, 1)`` is 0.
-    """
-
-    is_integer = True
-
-    @classmethod
-    def eval(cls, *args: sympy.Expr) -> sympy.Expr | None:
-        """sympy's hook on construction: the canonical form, or None when ``args`` are."""
-        ops = broadcast_operands(args)
-        statics = sorted({int(a) for a in ops if a.is_Integer})
-        if len(statics) > 1:
-            raise ShapeError(f"cannot broadcast dims {statics[0]} and {statics[1]}")
-        if statics:
-            return sympy.Integer(statics[0])
-        if not ops:
-            return sympy.Integer(1)
-        if len(ops) == 1:
-            return ops[0]
-        if tuple(ops) != tuple(args):
-            return cls(*ops, evaluate=False)
-        return None
-
-    def _eval_is_positive(self) -> bool | None:
-        return fuzzy_and(a.is_positive for a in self.args)
-
-    def _eval_is_nonnegative(self) -> bool | None:
-        return fuzzy_and(a.is_nonnegative for a in self.args)
-
-    def _sympystr(self, printer: object) -> str:
-        return "bcast(" + ", ".join(printer._print(a) for a in self.args) + ")"  # type: ignore[attr-defined]
-
-
 def broadcast_operands(dims: Iterable[object]) -> list[sympy.Expr]:
     """The operands of a broadcast of ``dims`` in canonical order: nested
     :class:`BroadcastDim` flattened, 1s dropped, each operand once."""
     seen: set[sympy.Expr] = set()
     for d in dims:
         e = sympy.sympify(d)
-        for a in e.args if isinstance(e, BroadcastDim) else (e,):
+        for a in e.args if isinstance(e, _bcast_type()) else (e,):
             if a != 1:
                 seen.add(a)
     return sorted(seen, key=sympy.default_sort_key)
-
-
-def broadcast_value(*values: int) -> int:
-    """The broadcast of concrete sizes (ONNX: those other than 1 must be equal; 0 with 1
-    is 0); :class:`ShapeError` naming two that differ."""
-    out = 1
-    for v in values:
-        if v != 1:
-            if out not in (1, v):
-                raise ShapeError(f"cannot broadcast dims {out} and {v}")
-            out = v
-    return out
 
 
 def broadcasts_to(d: Dim, target: Dim, symbols: SymbolTable | None = None) -> bool:
@@ -202,7 +214,7 @@ def broadcasts_to(d: Dim, target: Dim, symbols: SymbolTable | None = None) -> bo
     if d == 1 or dims_equal(d, target) is True:
         return True
     ops = set(broadcast_operands((d,)))
-    if isinstance(target, BroadcastDim) and ops <= set(target.args):
+    if isinstance(target, _bcast_type()) and ops <= set(target.args):
         return True
     return symbols is not None and symbols.broadcast_recorded(ops | {sympy.sympify(target)})
 
@@ -240,7 +252,7 @@ def broadcast_dim(a: Dim, b: Dim, where: str = "", symbols: SymbolTable | None =
     if symbols is not None:
         symbols.require_broadcast((a, b), where)
     try:
-        return as_dim(BroadcastDim(a, b))
+        return as_dim(_bcast_type()(a, b))
     except ShapeError as exc:  # two different static operands of nested broadcasts
         raise ShapeError(f"{exc}" + (f" at {where}" if where else "")) from None
 
@@ -391,6 +403,8 @@ def compile_shape_fn(shape: Sequence[Dim]) -> Callable[[Mapping[str, int]], tupl
     if all(isinstance(d, int) for d in shape):
         const = tuple(int(d) for d in shape)
         return lambda env: const
+    if any(isinstance(d, StoredDim) for d in shape):
+        return compile_stored_shape(tuple(shape))
     return _compiled_shape_fn(tuple(shape))
 
 

@@ -34,7 +34,7 @@ from geode.safe_files import atomic_writer, read_file, umask
 
 MAGIC = b"GEODEMDL"
 #: bump when the layout or the header's meaning changes; files of other versions are refused
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _PREFIX = struct.Struct("<8sIIQ")
 _DIGEST = 32
 _ALIGN = 64

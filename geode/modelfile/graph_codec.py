@@ -24,7 +24,8 @@ import numpy as np
 
 from geode.compiler import dtypes
 from geode.compiler.ir import Graph, Node, TensorDesc, Value, ValueKind
-from geode.compiler.shapes import SymbolTable, sym
+from geode.compiler.shapes import SymbolTable
+from geode.compiler.stored_dims import StoredDim
 from geode.errors import GeodeError, ModelFileError
 from geode.modelfile.container import Container, Writer
 from geode.modelfile.exprs import Decoder, encode, encode_shape
@@ -207,7 +208,7 @@ class _Reader:
         self.c = c
         self.g = g
         self.external = external
-        self.dims = Decoder(g.symbols.named_dim)
+        self.dims = Decoder(g.symbols.named)
 
 
 def decode_graph(d: Any, c: Container, external: Callable | None = None) -> Graph:
@@ -230,7 +231,8 @@ def decode_graph(d: Any, c: Container, external: Callable | None = None) -> Grap
 def _decode_graph(d: dict[str, Any], c: Container, external: Callable | None) -> Graph:
     g = Graph(str(d["name"]))
     g.opset = int(d["opset"])
-    g.symbols = SymbolTable({str(n): sym(str(n)) for n in d["symbols"]}, int(d["counter"]))
+    names = [str(n) for n in d["symbols"]]
+    g.symbols = SymbolTable({n: StoredDim.symbol(n) for n in names}, int(d["counter"]))
     r = _Reader(c, g, external)
     g.symbols.constraints = [(r.dims(a), r.dims(b), str(wh)) for a, b, wh in d["constraints"]]
     g.symbols.broadcasts = [

@@ -95,7 +95,7 @@ def decode_units(
     if not isinstance(data, list):
         raise ModelFileError(f"model file {c.path!r}: bad unit table")
     nodes = {n.name: n for n in g.nodes}
-    dims = Decoder(lambda name: g.symbols.named_dim(name))
+    dims = Decoder(g.symbols.named)
     bound = input_symbols(g)
     units = []
     for i, d in enumerate(data):

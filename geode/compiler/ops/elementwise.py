@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
@@ -40,6 +39,7 @@ from geode.compiler.ops.registry import (
 )
 from geode.compiler.shapes import as_dim, broadcast_shapes, dims_equal, shape_str
 from geode.errors import DTypeError, ShapeError, VerifyError
+from geode.lazy import sympy
 
 _F = dtypes.FLOATS
 _SIGNED = dtypes.FLOATS | dtypes.SIGNED_INTS

@@ -18,13 +18,13 @@ import math
 from typing import Any
 
 import numpy as np
-import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
 from geode.compiler.ops.registry import Attr, In, InferContext, OpDef, OpKind, Out, register
 from geode.compiler.shapes import Dim, as_dim, numel
 from geode.errors import ShapeError, VerifyError
+from geode.lazy import sympy
 
 INT64 = frozenset([np.dtype(np.int64)])
 #: longest Range whose contents are recorded as a symbolic value (for constant folding)

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
@@ -36,6 +35,7 @@ from geode.compiler.ops.registry import (
 )
 from geode.compiler.shapes import Dim, as_dim, dims_equal
 from geode.errors import ShapeError, VerifyError
+from geode.lazy import sympy
 
 _FLOATS = dtypes.FLOATS
 _I64 = frozenset([np.dtype(np.int64)])

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
@@ -56,6 +55,7 @@ from geode.compiler.shapes import (
     sym,
 )
 from geode.errors import ShapeError, VerifyError
+from geode.lazy import sympy
 
 _ALL = dtypes.ANY  # data movement carries the storage dtypes too
 _I64 = frozenset([np.dtype(np.int64)])

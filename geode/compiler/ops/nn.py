@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
@@ -37,6 +36,7 @@ from geode.compiler.ops.registry import (
 )
 from geode.compiler.shapes import Dim, Shape, as_dim, broadcast_shapes, dims_equal
 from geode.errors import GeodeError, ShapeError, VerifyError
+from geode.lazy import sympy
 
 #: dtypes of MatMul and Gemm (ONNX: float16/32/64, int32/64, uint32/64)
 MATMUL_TYPES = dtypes.FLOATS | frozenset(

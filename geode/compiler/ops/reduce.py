@@ -18,7 +18,6 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import sympy
 
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
@@ -34,6 +33,7 @@ from geode.compiler.ops.registry import (
 )
 from geode.compiler.shapes import Dim, Shape, as_dim, broadcast_shapes, dims_equal
 from geode.errors import ShapeError, VerifyError
+from geode.lazy import sympy
 
 #: dtypes of the opset-18 Reduce family (bfloat16 aside)
 REDUCE_TYPES = dtypes.FLOATS | frozenset(
