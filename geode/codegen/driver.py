@@ -111,6 +111,19 @@ def default_schedule(lowered: LoweredKernel, group: Group, opts: Options) -> Sch
     )
 
 
+def group_cost_fn(g: Graph, opts: Options) -> Any:
+    """``cost(group) -> seconds``: the projected model's prediction for the kernel a
+    fusion group would become under ``opts`` (fitted on this device when a fit was
+    saved; the fusion plan search's score)."""
+    from geode.codegen.costs import KernelPredictor, group_cost, projected_model
+
+    spec = device_spec(opts.cache_dir)
+    predictor = KernelPredictor(
+        spec, projected_model(opts.cache_dir, spec), threads=int(opts.num_threads)
+    )
+    return group_cost(g, predictor, lambda lowered, group: default_schedule(lowered, group, opts))
+
+
 def vector_registers(opts: Options) -> int:
     """Vector registers of the CPU the ``backend`` option's code generator targets."""
     if opts.backend == "numba":

@@ -4,9 +4,10 @@
 dims bound to numbers and counts what the projected model
 (:mod:`geode.costmodel.projected`) needs: the bytes every argument moves (its
 footprint once, the rest as re-reads; split by the level of the memory hierarchy its
-working set lives in; accesses that stride along the innermost loop), the operations
-every element evaluates by kind (simple, division, transcendental) and whether a
-vector loop runs them, the parallel loop's extent, and the trips and entries of
+working set lives in; accesses that stride along the innermost loop, a cache line
+each), the operations every element evaluates by kind (simple, division,
+transcendental) and whether a vector loop runs them (not when the statement gathers
+strided elements), the parallel loop's extent, and the trips and entries of
 every loop. Counting follows the loop nest: a statement counts once per iteration
 of the loops around it; inside one statement a repeated sub-expression counts once
 (the backend computes it once); a load that does not depend on the innermost loop
@@ -51,6 +52,9 @@ TRANSCENDENTAL = frozenset(
 )
 #: operations on the divider's slow pipe
 DIVIDES = frozenset({"/", "//", "%", "fmod", "sqrt"})
+
+#: bytes of a cache line (what a strided access moves)
+LINE_BYTES = 64
 
 #: what an extent is taken as when it cannot be evaluated (a dim not in the environment)
 NOMINAL_EXTENT = 512
@@ -144,6 +148,11 @@ class _Walker:
     def store(self, s: A.Store, mult: float, loop: _Loop | None, bind: dict) -> None:
         seen: set[A.Expr] = set()
         vector = loop is not None and loop.vector
+        if vector and any(
+            l.buffer in self.globals and l.indices and _strided(l.indices, loop.var, bind)
+            for l in A.loads(s.value)
+        ):
+            vector = False  # a gather: the backend keeps such a loop's arithmetic scalar
         self.expr(s.value, mult, loop, bind, seen, vector)
         size = self.items.get(s.buffer, 4)
         self.access(s.buffer, mult * size, s.indices, loop, bind)
@@ -158,7 +167,8 @@ class _Walker:
         if buf in self.globals:
             self.c.access[buf] = self.c.access.get(buf, 0.0) + nbytes
             if indices and loop is not None and _strided(indices, loop.var, bind):
-                self.c.strided_bytes += nbytes
+                # every strided access touches a cache line of its own
+                self.c.strided_bytes += nbytes / self.items.get(buf, 4) * LINE_BYTES
         elif self.scopes.get(buf) == "local":
             self.c.local_bytes += nbytes
 

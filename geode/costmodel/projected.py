@@ -356,22 +356,28 @@ def fit(
     prior: ProjectedModel | None = None,
     *,
     ridge: float = 1e-3,
+    loss: str = "log",
     device: str | None = None,
 ) -> ProjectedModel:
     """Fit the coefficients to ``(features, measured seconds)`` samples.
 
-    Ridge regression on relative error: each row is divided by its measured time (a
-    10 us kernel counts as much as a 10 ms one), the columns scaled to unit norm, and
+    First ridge regression on relative error: each row is divided by its measured time
+    (a 10 us kernel counts as much as a 10 ms one), the columns scaled to unit norm,
     the deviation from ``prior`` penalized by ``ridge`` (a term the samples never
-    exercise keeps its prior coefficient). Coefficients stay non-negative: one that
-    comes out negative is pinned to zero and the rest re-fitted. ``device`` (default:
-    ``spec.key()``) is recorded in the model.
+    exercise keeps its prior coefficient), coefficients kept non-negative. With
+    ``loss="log"`` (default) that solution is then refined on the log of the ratio
+    predicted / measured, robustly (Huber weights: a kernel disturbed by other load
+    counts less), by Levenberg-Marquardt over the logs of the coefficients, which
+    keeps them positive; ``loss="relative"`` stops after the first step. ``device``
+    (default: ``spec.key()``) is recorded in the model.
     """
     prior = prior or DEFAULT_MODEL
     if not samples:
         raise ValueError("fit needs at least one sample")
     if not (math.isfinite(ridge) and ridge >= 0):
         raise ValueError(f"ridge must be a finite number >= 0, got {ridge!r}")
+    if loss not in ("log", "relative"):
+        raise ValueError(f"loss must be 'log' or 'relative', got {loss!r}")
     rows, y = [], []
     for i, (feat, seconds) in enumerate(samples):
         if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
@@ -379,8 +385,9 @@ def fit(
         rows.append(term_vector(feat, spec))
         y.append(float(seconds))
     X, yv = np.array(rows), np.array(y)
-    Xw = X / yv[:, None]
-    coef = _ridge_nonnegative(Xw, np.ones(len(yv)), prior.vector(), ridge)
+    coef = _ridge_nonnegative(X / yv[:, None], np.ones(len(yv)), prior.vector(), ridge)
+    if loss == "log":
+        coef = _refine_log(X, yv, coef, prior.vector(), ridge)
     pred = X @ coef
     err = float(np.median(np.abs(pred - yv) / yv))
     return ProjectedModel(
@@ -389,6 +396,60 @@ def fit(
         n_samples=len(samples),
         device=spec.key() if device is None else device,
     )
+
+
+#: smallest coefficient (relative to the prior's scale) the log refinement keeps
+_FLOOR = 1e-6
+#: Huber threshold on |log(predicted / measured)|
+_HUBER = 0.4
+
+
+def _refine_log(
+    X: np.ndarray, y: np.ndarray, start: np.ndarray, c0: np.ndarray, ridge: float
+) -> np.ndarray:
+    """Levenberg-Marquardt on ``sum huber(log(X c) - log y)`` over ``theta = log c``,
+    shrunk toward ``log c0`` by ``ridge`` per sample; terms no sample exercises stay."""
+    used = (X > 0).any(axis=0)
+    if not used.any():
+        return start
+    theta = np.log(np.maximum(start, _FLOOR))
+    theta0 = np.log(np.maximum(c0, _FLOOR))
+    logy = np.log(y)
+    lam_r = ridge * len(y)
+
+    def objective(th: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        pred = X @ np.exp(th)
+        r = np.log(np.maximum(pred, 1e-30)) - logy
+        a = np.abs(r)
+        rho = np.where(a <= _HUBER, 0.5 * r * r, _HUBER * (a - 0.5 * _HUBER))
+        pen = 0.5 * lam_r * float(np.sum((th - theta0)[used] ** 2))
+        return float(rho.sum()) + pen, r, pred
+
+    f, r, pred = objective(theta)
+    mu = 1e-2
+    for _ in range(100):
+        w = np.where(np.abs(r) <= _HUBER, 1.0, _HUBER / np.maximum(np.abs(r), 1e-12))
+        J = (X * np.exp(theta)[None, :]) / np.maximum(pred, 1e-30)[:, None]
+        J = J[:, used]
+        g = J.T @ (w * r) + lam_r * (theta - theta0)[used]
+        H = J.T @ (J * w[:, None]) + lam_r * np.eye(J.shape[1])
+        improved = False
+        while mu < 1e8:
+            step = np.linalg.solve(H + mu * np.diag(np.diag(H) + 1e-12), -g)
+            trial = theta.copy()
+            trial[used] += step
+            f2, r2, pred2 = objective(trial)
+            if f2 < f:
+                theta, f, r, pred = trial, f2, r2, pred2
+                mu = max(mu / 3, 1e-6)
+                improved = True
+                break
+            mu *= 4
+        if not improved or float(np.max(np.abs(step))) < 1e-6:
+            break
+    coef = np.exp(theta)
+    coef[~used] = c0[~used]
+    return coef
 
 
 def _ridge_nonnegative(A: np.ndarray, b: np.ndarray, c0: np.ndarray, ridge: float) -> np.ndarray:

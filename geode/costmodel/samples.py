@@ -239,10 +239,12 @@ def collect(
     opts: config.Options | None = None,
     rounds: int = 7,
     batch: int = 6,
+    min_time: float = 1e-3,
     progress: str | bool = "auto",
 ) -> list[Sample]:
     """Generate ``n`` cases from ``seed``, compile them and time their kernels: ``batch``
-    cases at a time in ``rounds`` interleaved rounds. Cases that fail to compile (a
+    cases at a time in ``rounds`` interleaved rounds, each kernel's calls batched to
+    ``min_time`` seconds. Cases that fail to compile (a
     :class:`~geode.errors.GeodeError`) are skipped. A progress bar counts cases."""
     opts = opts or config.current(progress="0", model_cache=False)
     spec = cached_spec(opts.cache_dir)
@@ -256,7 +258,7 @@ def collect(
                 compiled.append(compile_case(case, opts, spec))
             bar.update()
         timers = {name: t for cc in compiled for name, _, _, t in cc.kernels}
-        timings = measure_interleaved(timers, rounds=rounds, seed=seed + start)
+        timings = measure_interleaved(timers, rounds=rounds, min_time=min_time, seed=seed + start)
         for cc in compiled:
             for name, f, w, _ in cc.kernels:
                 t = timings[name]

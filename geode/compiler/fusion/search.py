@@ -1,0 +1,273 @@
+"""Fusion plan search: a beam of candidate plans scored by a kernel cost model.
+
+The greedy planner (:mod:`.planner`) takes every legal merge the SOL model finds
+worth it, in graph order, and never looks back. The search, after PAI's cost-based
+fusion, explores: a *state* is a partition of the fusable nodes into groups, its
+cost the sum of the predicted seconds of the kernels its groups become (``cost``:
+injected by the caller, the projected model over each group's scheduled loop AST);
+from every state of the beam, the ``top_k`` merges that save the most (vertical along
+an edge, or horizontal between groups sharing an input) give the next states, of
+which the ``beam`` cheapest are kept. The search ends when no state has a merge that
+saves time; the cheapest state seen wins, and is compared with the greedy plan
+(scored by the same model): the cheaper of the two is the plan, the other is the
+runner-up, and both costs are recorded for ``explain()``.
+
+Legality and profitability stay apart: a merge is first checked by the fusion rules
+(``rules.check_merge``: the domain part once per pair, the cycle check per state)
+and the view rule (``views.view_copy_reason``), then priced. Every merge of the
+chosen plan is recorded with both reasons, and so is every pair still apart at the
+end with the reason it stayed apart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from geode.compiler.fusion.groups import Decision, FusionPlan, Group
+from geode.compiler.fusion.planner import (
+    MAX_HORIZONTAL_GROUPS,
+    LowerCheck,
+    PlanState,
+    finish_plan,
+    initial_state,
+)
+from geode.compiler.fusion.rules import check_merge, creates_cycle, rule_name
+from geode.compiler.fusion.views import view_copy_reason
+from geode.compiler.ir import Graph
+from geode.compiler.partition.placement import Placement
+from geode.compiler.shapes import Dim
+
+#: ``cost(group) -> seconds`` of the kernel a group becomes (inf: cannot be compiled)
+CostFn = Callable[[Group], float]
+
+#: a merge must save at least this share of the pair's cost to count (noise guard)
+MIN_GAIN = 0.01
+
+
+@dataclass
+class SearchReport:
+    """What the search found: the chosen plan's and the runner-up's predicted
+    seconds and names, how many group costs were evaluated, the states expanded and
+    the seconds it took."""
+
+    chosen: str
+    chosen_s: float
+    runner_up: str
+    runner_up_s: float
+    evaluations: int = 0
+    states: int = 0
+    seconds: float = 0.0
+
+    def lines(self) -> list[str]:
+        """The report as ``explain()`` shows it."""
+        return [
+            f"chosen: {self.chosen} plan, predicted {self.chosen_s * 1e6:.1f} us",
+            f"runner-up: {self.runner_up} plan, predicted {self.runner_up_s * 1e6:.1f} us",
+            f"searched {self.states} states, {self.evaluations} kernel costs, "
+            f"in {self.seconds * 1e3:.0f} ms",
+        ]
+
+
+@dataclass(frozen=True)
+class _Move:
+    """A priced merge of two groups."""
+
+    saved: float
+    a: int
+    b: int
+    vertical: bool
+    domain: tuple[Dim, ...]
+    axes: frozenset[int]
+    reason: str
+    before: float
+    after: float
+
+
+@dataclass
+class _Search:
+    """Memos shared by every state: group costs and the state-independent legality."""
+
+    graph: Graph
+    cost: CostFn
+    costs: dict[frozenset[str], float] = field(default_factory=dict)
+    legal: dict[tuple[frozenset[str], frozenset[str]], tuple] = field(default_factory=dict)
+
+    def group_cost(self, st: PlanState, g: Group) -> float:
+        key = frozenset(g.names)
+        if key not in self.costs:
+            views = all(st.is_view(n) is not None for n in g.nodes)
+            self.costs[key] = 0.0 if views else float(self.cost(g))
+        return self.costs[key]
+
+    def domain_check(self, a: Group, b: Group) -> tuple:
+        """``(domain or None, reason)`` of the rules without the state's other groups."""
+        key = (frozenset(a.names), frozenset(b.names))
+        if key not in self.legal:
+            self.legal[key] = check_merge(a, b, None)
+        return self.legal[key]
+
+
+def _pairs(st: PlanState, horizontal: bool) -> Iterator[tuple[Group, Group, bool]]:
+    """Candidate pairs of a state: producer -> consumer, then groups sharing an input
+    (or a loop space, when there are few groups)."""
+    seen: set[tuple[int, int]] = set()
+    for node in st.graph.nodes:
+        if node.name not in st.of:
+            continue
+        b = st.of[node.name]
+        for v in node.inputs:
+            if v is None or v.producer is None or v.producer.name not in st.of:
+                continue
+            a = st.of[v.producer.name]
+            if a != b and (a, b) not in seen:
+                seen.add((a, b))
+                yield st.groups[a], st.groups[b], True
+    if not horizontal:
+        return
+    readers: dict[object, list[int]] = {}
+    for g in st.groups.values():
+        for v in g.inputs():
+            if not v.is_constant:
+                readers.setdefault(id(v), []).append(g.id)
+        if not g.axes and len(st.groups) <= MAX_HORIZONTAL_GROUPS:
+            readers.setdefault(("space", str(g.domain)), []).append(g.id)
+    for ids in readers.values():
+        ids = sorted(set(ids))
+        for i in range(len(ids)):
+            for j in range(i + 1, len(ids)):
+                key = (ids[i], ids[j])
+                if key not in seen and (key[1], key[0]) not in seen:
+                    seen.add(key)
+                    yield st.groups[ids[i]], st.groups[ids[j]], False
+
+
+def _price(s: _Search, st: PlanState, a: Group, b: Group, vertical: bool) -> _Move | str:
+    """The priced merge of ``a`` and ``b`` (state-independent legality only), or why not."""
+    dom, reason = s.domain_check(a, b)
+    if dom is None:
+        return f"illegal: {reason}"
+    merged = Group(min(a.id, b.id), a.nodes + b.nodes, dom[0], dom[1])
+    copy = view_copy_reason(merged, st.graph, st.is_view)
+    if copy is not None:
+        return f"{reason}; {copy}"
+    before = s.group_cost(st, a) + s.group_cost(st, b)
+    after = s.group_cost(st, merged)
+    return _Move(before - after, a.id, b.id, vertical, dom[0], dom[1], reason, before, after)
+
+
+def _moves(s: _Search, st: PlanState, horizontal: bool, top_k: int) -> list[_Move]:
+    """The ``top_k`` merges of a state that save the most, legal in this state."""
+    priced = []
+    for a, b, vertical in _pairs(st, horizontal):
+        m = _price(s, st, a, b, vertical)
+        if isinstance(m, _Move) and m.saved > MIN_GAIN * m.before:
+            priced.append(m)
+    priced.sort(key=lambda m: -m.saved)
+    out = []
+    for m in priced:
+        if not creates_cycle(st.groups[m.a], st.groups[m.b], st.unit_of):
+            out.append(m)
+            if len(out) >= top_k:
+                break
+    return out
+
+
+def _apply(st: PlanState, m: _Move) -> PlanState:
+    nxt = st.copy()
+    a, b = nxt.groups[m.a], nxt.groups[m.b]
+    why = f"{m.reason}; projected: saves {_us(m.saved)} ({_us(m.before)} -> {_us(m.after)})"
+    nxt.decisions.append(Decision(a.id, b.id, rule_name(a, b, m.vertical), True, why))
+    nxt.merge(a, b, m.domain, m.axes)
+    return nxt
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _key(st: PlanState) -> frozenset[frozenset[str]]:
+    return frozenset(frozenset(g.names) for g in st.groups.values())
+
+
+def _total(s: _Search, st: PlanState) -> float:
+    return sum(s.group_cost(st, g) for g in st.groups.values())
+
+
+def _record_apart(s: _Search, st: PlanState, horizontal: bool) -> None:
+    """Why each pair of the final state's groups that could meet stayed apart."""
+    for a, b, vertical in _pairs(st, horizontal):
+        m = _price(s, st, a, b, vertical)
+        if isinstance(m, str):
+            why = m
+        elif creates_cycle(a, b, st.unit_of):
+            why = "illegal: merging would create a cycle through nodes outside both groups"
+        else:
+            verdict = "loses" if m.saved < 0 else "saves only"
+            why = (
+                f"{m.reason}; projected: {verdict} {_us(abs(m.saved))} "
+                f"({_us(m.before)} -> {_us(m.after)})"
+            )
+        st.decisions.append(Decision(a.id, b.id, rule_name(a, b, vertical), False, why))
+
+
+def search_fusion(
+    graph: Graph,
+    placement: Placement,
+    can_lower: LowerCheck,
+    cost: CostFn,
+    greedy: FusionPlan | None = None,
+    *,
+    beam: int = 4,
+    top_k: int = 3,
+    horizontal: bool = True,
+) -> FusionPlan:
+    """The cheapest fusion plan found by a beam search scored by ``cost``, or
+    ``greedy`` (the greedy planner's plan of the same graph) when that is cheaper by
+    the same model; ``plan.search`` reports both."""
+    if beam < 1 or top_k < 1:
+        raise ValueError(f"beam and top_k must be >= 1, got {beam}, {top_k}")
+    t0 = time.perf_counter()
+    start, plan = initial_state(graph, placement, can_lower)
+    s = _Search(graph, cost)
+    best, best_cost = start, _total(s, start)
+    states, frontier, seen = 1, [start], {_key(start)}
+    while frontier:
+        children = []
+        for st in frontier:
+            for m in _moves(s, st, horizontal, top_k):
+                nxt = _apply(st, m)
+                k = _key(nxt)
+                if k not in seen:
+                    seen.add(k)
+                    children.append((_total(s, nxt), len(children), nxt))
+        states += len(children)
+        children.sort(key=lambda c: c[:2])
+        frontier = [c[2] for c in children[:beam]]
+        if children and children[0][0] < best_cost:
+            best_cost, best = children[0][0], children[0][2]
+    greedy_cost = _greedy_cost(s, greedy)
+    _record_apart(s, best, horizontal)
+    report = SearchReport("beam search", best_cost, "greedy", greedy_cost)
+    if greedy is not None and greedy_cost < best_cost:
+        chosen, report = greedy, SearchReport("greedy", greedy_cost, "beam search", best_cost)
+    else:
+        chosen = finish_plan(best, plan)
+    report.evaluations, report.states = len(s.costs), states
+    report.seconds = time.perf_counter() - t0
+    chosen.search = report.lines()
+    return chosen
+
+
+def _greedy_cost(s: _Search, greedy: FusionPlan | None) -> float:
+    """The greedy plan's cost by the search's model (infinite without one)."""
+    if greedy is None:
+        return float("inf")
+    total = 0.0
+    for g in greedy.groups:
+        key = frozenset(g.names)
+        if key not in s.costs:
+            s.costs[key] = float(s.cost(g))
+        total += s.costs[key]
+    return total
