@@ -356,20 +356,21 @@ def fit(
     prior: ProjectedModel | None = None,
     *,
     ridge: float = 1e-3,
-    loss: str = "log",
+    loss: str = "relative",
     device: str | None = None,
 ) -> ProjectedModel:
     """Fit the coefficients to ``(features, measured seconds)`` samples.
 
-    First ridge regression on relative error: each row is divided by its measured time
-    (a 10 us kernel counts as much as a 10 ms one), the columns scaled to unit norm,
-    the deviation from ``prior`` penalized by ``ridge`` (a term the samples never
-    exercise keeps its prior coefficient), coefficients kept non-negative. With
-    ``loss="log"`` (default) that solution is then refined on the log of the ratio
-    predicted / measured, robustly (Huber weights: a kernel disturbed by other load
-    counts less), by Levenberg-Marquardt over the logs of the coefficients, which
-    keeps them positive; ``loss="relative"`` stops after the first step. ``device``
-    (default: ``spec.key()``) is recorded in the model.
+    ``loss="relative"`` (default): ridge regression on relative error, each row divided
+    by its measured time (a 10 us kernel counts as much as a 10 ms one), the columns
+    scaled to unit norm, the deviation from ``prior`` penalized by ``ridge`` (a term the
+    samples never exercise keeps its prior coefficient), coefficients kept
+    non-negative. A kernel slowed down by other load (the usual disturbance on a shared
+    machine) can miss by at most 100% of its measured time, so it pulls little.
+    ``loss="log"`` then refines that solution on the log of the ratio predicted /
+    measured (Huber weights) by Levenberg-Marquardt over the logs of the coefficients:
+    fewer large misses either way, but pulled further by slowed-down samples.
+    ``device`` (default: ``spec.key()``) is recorded in the model.
     """
     prior = prior or DEFAULT_MODEL
     if not samples:
@@ -408,14 +409,14 @@ def _refine_log(
     X: np.ndarray, y: np.ndarray, start: np.ndarray, c0: np.ndarray, ridge: float
 ) -> np.ndarray:
     """Levenberg-Marquardt on ``sum huber(log(X c) - log y)`` over ``theta = log c``,
-    shrunk toward ``log c0`` by ``ridge`` per sample; terms no sample exercises stay."""
+    shrunk toward ``log c0`` by ``ridge``; terms no sample exercises stay."""
     used = (X > 0).any(axis=0)
     if not used.any():
         return start
     theta = np.log(np.maximum(start, _FLOOR))
     theta0 = np.log(np.maximum(c0, _FLOOR))
     logy = np.log(y)
-    lam_r = ridge * len(y)
+    lam_r = ridge
 
     def objective(th: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         pred = X @ np.exp(th)

@@ -12,6 +12,10 @@ saves time; the cheapest state seen wins, and is compared with the greedy plan
 (scored by the same model): the cheaper of the two is the plan, the other is the
 runner-up, and both costs are recorded for ``explain()``.
 
+Merges that need no model (an elementwise group into its only reader over the same
+loop space) are made first; the search starts from there and prices at most
+``max_evaluations`` distinct groups (the compile time it may add).
+
 Legality and profitability stay apart: a merge is first checked by the fusion rules
 (``rules.check_merge``: the domain part once per pair, the cycle check per state)
 and the view rule (``views.view_copy_reason``), then priced. Every merge of the
@@ -26,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from geode.compiler.fusion.groups import Decision, FusionPlan, Group
+from geode.compiler.fusion.patterns import same_shape
 from geode.compiler.fusion.planner import (
     MAX_HORIZONTAL_GROUPS,
     LowerCheck,
@@ -222,18 +227,22 @@ def search_fusion(
     beam: int = 4,
     top_k: int = 3,
     horizontal: bool = True,
+    max_evaluations: int = 400,
 ) -> FusionPlan:
     """The cheapest fusion plan found by a beam search scored by ``cost``, or
     ``greedy`` (the greedy planner's plan of the same graph) when that is cheaper by
-    the same model; ``plan.search`` reports both."""
+    the same model; ``plan.search`` reports both. The search stops expanding once it
+    has priced ``max_evaluations`` distinct groups (each is a lowering and a schedule:
+    the compile time it may add), keeping the best state found so far."""
     if beam < 1 or top_k < 1:
         raise ValueError(f"beam and top_k must be >= 1, got {beam}, {top_k}")
     t0 = time.perf_counter()
     start, plan = initial_state(graph, placement, can_lower)
+    _sure_merges(start)
     s = _Search(graph, cost)
     best, best_cost = start, _total(s, start)
     states, frontier, seen = 1, [start], {_key(start)}
-    while frontier:
+    while frontier and len(s.costs) < max_evaluations:
         children = []
         for st in frontier:
             for m in _moves(s, st, horizontal, top_k):
@@ -258,6 +267,42 @@ def search_fusion(
     report.seconds = time.perf_counter() - t0
     chosen.search = report.lines()
     return chosen
+
+
+def _sure_merges(st: PlanState) -> None:
+    """Merge what needs no model: an elementwise group whose every reader is one
+    elementwise consumer over the same loop space (nothing is recomputed, the
+    intermediate and a launch are saved). Fewer states for the search to price."""
+    changed = True
+    while changed:
+        changed = False
+        for a, b, vertical in list(_pairs(st, False)):
+            if a.id not in st.groups or b.id not in st.groups or a.axes or b.axes:
+                continue
+            if not same_shape(a.domain, b.domain) or not _only_reader(st, a, b):
+                continue
+            dom, reason = check_merge(a, b, st.unit_of)
+            if dom is None or view_copy_reason(
+                Group(a.id, a.nodes + b.nodes, dom[0], dom[1]), st.graph, st.is_view
+            ):
+                continue
+            why = f"{reason}; sure: its only reader, same loop space (no recompute)"
+            st.decisions.append(Decision(a.id, b.id, rule_name(a, b, vertical), True, why))
+            st.merge(a, b, dom[0], dom[1])
+            changed = True
+
+
+def _only_reader(st: PlanState, a: Group, b: Group) -> bool:
+    """Whether every value ``a`` produces is read by ``b`` alone (and no graph output)."""
+    outs = {id(v) for v in st.graph.outputs}
+    for n in a.nodes:
+        for o in n.outputs:
+            if id(o) in outs:
+                return False
+            for c in o.consumers:
+                if c.name not in a.names and c.name not in b.names:
+                    return False
+    return True
 
 
 def _greedy_cost(s: _Search, greedy: FusionPlan | None) -> float:
