@@ -10,7 +10,8 @@ correlation and median relative error (:mod:`geode.costmodel.accuracy`)::
 
 ``--save`` refits the projected model on every sample and keeps it for this device in
 the cache folder, where compiles find it (:mod:`geode.costmodel.store`).
-``--samples FILE`` replays samples saved with ``--save-samples`` instead of measuring.
+``--samples FILE`` replays samples saved with ``--save-samples`` (on the device spec
+they were measured on) instead of measuring.
 """
 
 from __future__ import annotations
@@ -65,13 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         if args.samples:
-            samples = load_samples(args.samples)
+            samples, recorded = load_samples(args.samples)
+            spec = recorded or spec
         else:
             samples = collect(
                 args.n, args.seed, opts=opts, rounds=args.rounds, progress=args.progress
             )
         if args.save_samples:
-            save_samples(args.save_samples, samples)
+            save_samples(args.save_samples, samples, spec)
         ev = evaluate(samples, spec, holdout=args.holdout, seed=args.seed)
     except (ValueError, GeodeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

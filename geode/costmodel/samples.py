@@ -12,7 +12,8 @@ kernel of the case: a case may become several), times the kernels of a few cases
 a time in interleaved rounds (:func:`geode.costmodel.profiling.measure_interleaved`,
 the median), and returns :class:`~geode.costmodel.profiling.Sample` records carrying
 the SOL work and the projected features of each. Samples save to and load from JSON
-(:func:`save_samples`, :func:`load_samples`) so a fit can be replayed.
+(:func:`save_samples`, :func:`load_samples`), with the device spec they were measured
+on, so a fit can be replayed.
 
 This module drives the compiler (layer ``session``); the cost models it feeds import
 nothing of it.
@@ -267,15 +268,18 @@ def collect(
     return samples
 
 
-def samples_to_json(samples: Sequence[Sample]) -> str:
+def samples_to_json(samples: Sequence[Sample], spec: DeviceSpec | None = None) -> str:
     """Samples as a JSON document: name, measured seconds, features (the SOL work
-    follows from the features)."""
+    follows from the features), and the device spec they were measured on."""
     rows = [
         {"name": s.name, "measured_s": s.measured_s, "features": _features_dict(s)}
         for s in samples
         if s.features is not None
     ]
-    return json.dumps({"format": 1, "samples": rows}, indent=1)
+    doc: dict[str, Any] = {"format": 1, "samples": rows}
+    if spec is not None:
+        doc["device"] = spec.to_dict()
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def _features_dict(s: Sample) -> dict[str, Any]:
@@ -283,14 +287,16 @@ def _features_dict(s: Sample) -> dict[str, Any]:
     return f.to_dict() if isinstance(f, ScheduleFeatures) else dict(f)
 
 
-def samples_from_json(text: str) -> list[Sample]:
-    """Samples from :func:`samples_to_json`; ``ValueError`` naming the defect otherwise."""
+def samples_from_json(text: str) -> tuple[list[Sample], DeviceSpec | None]:
+    """Samples and their device spec (None when not recorded) from
+    :func:`samples_to_json`; ``ValueError`` naming the defect otherwise."""
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"samples are not valid JSON: {e}") from e
     if not isinstance(d, dict) or d.get("format") != 1 or not isinstance(d.get("samples"), list):
         raise ValueError("samples: expected an object with format 1 and a list of samples")
+    spec = DeviceSpec.from_dict(d["device"]) if "device" in d else None
     out = []
     for i, row in enumerate(d["samples"]):
         if not isinstance(row, dict) or set(row) != {"name", "measured_s", "features"}:
@@ -302,16 +308,19 @@ def samples_from_json(text: str) -> list[Sample]:
             raise ValueError(f"sample {i}: features must be an object")
         f = ScheduleFeatures.from_mapping(row["features"])
         out.append(Sample(str(row["name"]), float(t), work=sol_work(f), features=f))
-    return out
+    return out, spec
 
 
-def save_samples(path: str | os.PathLike[str], samples: Sequence[Sample]) -> None:
-    """Write samples to ``path`` as JSON (atomically)."""
-    atomic_write(path, samples_to_json(samples).encode("utf-8"))
+def save_samples(
+    path: str | os.PathLike[str], samples: Sequence[Sample], spec: DeviceSpec | None = None
+) -> None:
+    """Write samples (and the spec they were measured on) to ``path`` as JSON, atomically."""
+    atomic_write(path, samples_to_json(samples, spec).encode("utf-8"))
 
 
-def load_samples(path: str | os.PathLike[str]) -> list[Sample]:
-    """Samples saved by :func:`save_samples`; ``ValueError`` if unreadable or malformed."""
+def load_samples(path: str | os.PathLike[str]) -> tuple[list[Sample], DeviceSpec | None]:
+    """Samples saved by :func:`save_samples`, and their spec; ``ValueError`` if the file
+    is unreadable or malformed."""
     raw = read_file(path, 64 << 20, private=False, follow_links=True)
     if raw is None:
         raise ValueError(f"{path}: not a readable regular file of samples")

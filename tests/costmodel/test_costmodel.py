@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from geode.costmodel import device, profiling, projected, sol
+from geode.costmodel import device, profiling, sol
 from geode.costmodel.device import MIB, DeviceSpec, default_spec
 from geode.costmodel.projected import ScheduleFeatures
 from geode.costmodel.sol import KernelWork, decide_merge, estimate, fusion_gain
