@@ -8,9 +8,9 @@ injected by the caller, the projected model over each group's scheduled loop AST
 from every state of the beam, the ``top_k`` merges that save the most (vertical along
 an edge, or horizontal between groups sharing an input) give the next states, of
 which the ``beam`` cheapest are kept. The search ends when no state has a merge that
-saves time; the cheapest state seen wins, and is compared with the greedy plan
-(scored by the same model): the cheaper of the two is the plan, the other is the
-runner-up, and both costs are recorded for ``explain()``.
+saves time. The beam starts from the greedy plan too (when given), so the winner,
+the cheapest state seen, is never worse than greedy by the model; it and the
+runner-up (the cheapest other state) are recorded with their costs for ``explain()``.
 
 Merges that need no model (an elementwise group into its only reader over the same
 loop space) are made first; the search starts from there and prices at most
@@ -25,6 +25,7 @@ end with the reason it stayed apart.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -69,7 +70,9 @@ class SearchReport:
         """The report as ``explain()`` shows it."""
         return [
             f"chosen: {self.chosen} plan, predicted {self.chosen_s * 1e6:.1f} us",
-            f"runner-up: {self.runner_up} plan, predicted {self.runner_up_s * 1e6:.1f} us",
+            f"runner-up: {self.runner_up} plan, predicted {self.runner_up_s * 1e6:.1f} us"
+            if math.isfinite(self.runner_up_s)
+            else "runner-up: none (no other plan was found)",
             f"searched {self.states} states, {self.evaluations} kernel costs, "
             f"in {self.seconds * 1e3:.0f} ms",
         ]
@@ -229,19 +232,25 @@ def search_fusion(
     horizontal: bool = True,
     max_evaluations: int = 400,
 ) -> FusionPlan:
-    """The cheapest fusion plan found by a beam search scored by ``cost``, or
-    ``greedy`` (the greedy planner's plan of the same graph) when that is cheaper by
-    the same model; ``plan.search`` reports both. The search stops expanding once it
-    has priced ``max_evaluations`` distinct groups (each is a lowering and a schedule:
-    the compile time it may add), keeping the best state found so far."""
+    """The cheapest fusion plan a beam search scored by ``cost`` finds. The beam starts
+    from the sure merges and, when given, from ``greedy`` (the greedy planner's plan of
+    the same graph), so the result is never worse than greedy by the model; the
+    search stops expanding once it has priced ``max_evaluations`` distinct groups (each
+    a lowering and a schedule: the compile time it may add). ``plan.search`` reports
+    the chosen plan and the runner-up (the best other plan seen) with their costs."""
     if beam < 1 or top_k < 1:
         raise ValueError(f"beam and top_k must be >= 1, got {beam}, {top_k}")
     t0 = time.perf_counter()
     start, plan = initial_state(graph, placement, can_lower)
     _sure_merges(start)
     s = _Search(graph, cost)
-    best, best_cost = start, _total(s, start)
-    states, frontier, seen = 1, [start], {_key(start)}
+    seeded = None if greedy is None else _state_of(start, greedy)
+    frontier = [start] if seeded is None else [start, seeded]
+    seen = {_key(st) for st in frontier}
+    top = _Top(seeded)
+    for st in frontier:
+        top.offer(_total(s, st), st)
+    states = len(frontier)
     while frontier and len(s.costs) < max_evaluations:
         children = []
         for st in frontier:
@@ -254,19 +263,49 @@ def search_fusion(
         states += len(children)
         children.sort(key=lambda c: c[:2])
         frontier = [c[2] for c in children[:beam]]
-        if children and children[0][0] < best_cost:
-            best_cost, best = children[0][0], children[0][2]
-    greedy_cost = _greedy_cost(s, greedy)
-    _record_apart(s, best, horizontal)
-    report = SearchReport("beam search", best_cost, "greedy", greedy_cost)
-    if greedy is not None and greedy_cost < best_cost:
-        chosen, report = greedy, SearchReport("greedy", greedy_cost, "beam search", best_cost)
+        for c, _, st in children[:2]:
+            top.offer(c, st)
+    best_cost, best, best_name = top.best[0]
+    runner_cost, _, runner_name = top.best[1] if len(top.best) > 1 else (math.inf, None, "none")
+    report = SearchReport(best_name, best_cost, runner_name, runner_cost)
+    if best is seeded:
+        chosen = greedy  # nothing beat the greedy plan: it stays, with its decisions
     else:
+        _record_apart(s, best, horizontal)
         chosen = finish_plan(best, plan)
+        for name, why in (greedy.unfused if greedy else {}).items():
+            if chosen.group_of(name) is None:  # views the greedy plan dissolved
+                chosen.unfused.setdefault(name, why)
     report.evaluations, report.states = len(s.costs), states
     report.seconds = time.perf_counter() - t0
     chosen.search = report.lines()
     return chosen
+
+
+class _Top:
+    """The two cheapest distinct states seen, named ``greedy`` (the seeded greedy plan)
+    or ``beam search``."""
+
+    def __init__(self, seeded: PlanState | None):
+        self.seeded = seeded
+        self.best: list[tuple[float, PlanState, str]] = []
+
+    def offer(self, c: float, st: PlanState) -> None:
+        name = "greedy" if st is self.seeded else "beam search"
+        self.best = sorted([*self.best, (c, st, name)], key=lambda t: t[0])[:2]
+
+
+def _state_of(start: PlanState, plan: FusionPlan) -> PlanState:
+    """A state holding ``plan``'s groups (copies: finishing a state renumbers them)."""
+    st = PlanState(start.graph)
+    for g in plan.groups:
+        st.add(Group(g.id, list(g.nodes), g.domain, g.axes))
+    st.decisions = [
+        Decision(d.producer, d.consumer, d.rule, d.taken, f"greedy: {d.reason}")
+        for d in plan.decisions
+        if d.taken
+    ]
+    return st
 
 
 def _sure_merges(st: PlanState) -> None:
@@ -303,16 +342,3 @@ def _only_reader(st: PlanState, a: Group, b: Group) -> bool:
                 if c.name not in a.names and c.name not in b.names:
                     return False
     return True
-
-
-def _greedy_cost(s: _Search, greedy: FusionPlan | None) -> float:
-    """The greedy plan's cost by the search's model (infinite without one)."""
-    if greedy is None:
-        return float("inf")
-    total = 0.0
-    for g in greedy.groups:
-        key = frozenset(g.names)
-        if key not in s.costs:
-            s.costs[key] = float(s.cost(g))
-        total += s.costs[key]
-    return total
