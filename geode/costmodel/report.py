@@ -17,6 +17,7 @@ they were measured on) instead of measuring.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -45,6 +46,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", metavar="FILE", help="replay samples instead of measuring")
     p.add_argument("--progress", default="auto", help="progress bar: auto, 1 or 0")
     return p
+
+
+def load_text() -> str:
+    """The machine's load average, which the timings depend on (other processes on the
+    cores slow kernels down, parallel ones most)."""
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     took = time.perf_counter() - t0
-    print(f"device: {spec.key()} ({spec.method} calibration)")
+    print(f"device: {spec.key()} ({spec.method} calibration); {load_text()}")
     print(
         f"{len(samples)} kernels ({'replayed' if args.samples else 'measured'} in {took:.1f} s): "
         f"fitted on {ev.n_fit}, held out {ev.n_held_out} (seed {args.seed})"

@@ -17,7 +17,7 @@ def test_replayed_report_prints_every_model(capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     for name in ("sol", "projected-prior", "projected", "bytes-baseline", "spearman"):
         assert name in out
-    assert "replayed" in out and "saved the model" in out
+    assert "replayed" in out and "saved the model" in out and "load average" in out
     _, spec = load_samples(DATA)
     saved = store.load_model(tmp_path, spec)
     assert saved is not None and saved.n_samples >= 200
