@@ -45,6 +45,12 @@ backend                   GEODE_BACKEND           the native code generator: llv
 dense_epilogues           GEODE_DENSE_EPILOGUES   fuse the group that consumes a native
                                                   MatMul's product into it (run per panel
                                                   of rows while the panel is in cache)
+fusion_search             GEODE_FUSION_SEARCH     how fusion groups are chosen: greedy (the
+                                                  SOL model's verdict on each legal merge, in
+                                                  graph order) or beam (a beam search over
+                                                  plans scored by the projected model, the
+                                                  greedy plan among the candidates; see
+                                                  geode.compiler.fusion.search)
 model_cache               GEODE_MODEL_CACHE       keep each compiled model in the cache
                                                   folder; compiling the same graph with the
                                                   same options again loads it (no pipeline
@@ -122,6 +128,7 @@ class Options:
     lazy_compile: bool = True
     backend: str = "llvm"
     dense_epilogues: bool = True
+    fusion_search: str = "greedy"
     model_cache: bool = True
 
     @classmethod
@@ -147,6 +154,7 @@ class Options:
             "lazy_compile": "GEODE_LAZY_COMPILE",
             "backend": "GEODE_BACKEND",
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
+            "fusion_search": "GEODE_FUSION_SEARCH",
             "model_cache": "GEODE_MODEL_CACHE",
         }
         for name, var in env.items():
@@ -165,7 +173,12 @@ class Options:
                 raise OptionError(f"unknown option {k!r}; known options: {sorted(known)}")
             if k in _PATH_OPTIONS:
                 overrides[k] = check_path_option(k, v)
-            elif isinstance(v, str) and k not in ("progress", "streaming", "backend"):
+            elif isinstance(v, str) and k not in (
+                "progress",
+                "streaming",
+                "backend",
+                "fusion_search",
+            ):
                 overrides[k] = _parse(k, v, k)
             if k == "disabled_passes" and isinstance(v, (list, set)):
                 overrides[k] = tuple(v)
@@ -226,6 +239,8 @@ def _check_kind(name: str, value: Any) -> None:
         _streaming_setting(value)
     elif name == "backend" and value not in BACKENDS:
         raise OptionError(f"backend={value!r}: expected one of {', '.join(BACKENDS)}")
+    elif name == "fusion_search" and value not in FUSION_SEARCHES:
+        raise OptionError(f"fusion_search={value!r}: expected one of {', '.join(FUSION_SEARCHES)}")
     elif (
         name == "progress"
         and not isinstance(value, (bool, int))
@@ -236,6 +251,8 @@ def _check_kind(name: str, value: Any) -> None:
 
 #: the native code generators (``backend`` option)
 BACKENDS = ("llvm", "numba")
+#: how fusion plans are chosen (``fusion_search`` option)
+FUSION_SEARCHES = ("greedy", "beam")
 
 #: the words ``progress`` accepts for on and off (besides ``auto``; see :mod:`geode.progress`)
 PROGRESS_ON = ("1", "true", "yes", "on", "always")
@@ -281,7 +298,7 @@ def _parse(name: str, raw: str, source: str) -> Any:
             return int(raw)
         if kind.startswith("tuple"):
             return tuple(p.strip() for p in raw.split(",") if p.strip())
-        if name == "backend":
+        if name in ("backend", "fusion_search"):
             return raw.strip().lower()
         return raw
     except ValueError:

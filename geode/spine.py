@@ -43,6 +43,7 @@ from geode.codegen.native_rnn import rnn_interface
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
+from geode.compiler.fusion.search import search_fusion
 from geode.compiler.fusion.views import alias_view
 from geode.compiler.ir import Graph, Node, format_graph
 from geode.compiler.ops import state
@@ -175,7 +176,11 @@ def fuse(c: Compilation) -> None:
         return
     profit_spec = driver.device_spec(c.opts.cache_dir)
     profit = make_profit(profit_spec)
-    c.fusion = plan_fusion(c.graph, c.placement, make_can_lower(c.graph), profit)
+    can_lower = make_can_lower(c.graph)
+    c.fusion = plan_fusion(c.graph, c.placement, can_lower, profit)
+    if c.opts.fusion_search == "beam":
+        cost = driver.group_cost_fn(c.graph, c.opts)
+        c.fusion = search_fusion(c.graph, c.placement, can_lower, cost, c.fusion)
     c.dump.stage("fusion_plan", c.fusion.describe())
     c.work = [
         item if isinstance(item, Node) else driver.KernelJob(f"fused_{k}", item)

@@ -8,7 +8,8 @@ one. Layers, top to bottom (a module may import its own layer and the layers bel
 rank  layer      modules
 ====  =========  ===========================================================
 5     cli        ``geode.cli``, ``geode.__main__``, ``geode.onnx_conformance``,
-                 ``geode.benchmark``, ``geode.fuzz.*`` (the command line, the
+                 ``geode.benchmark``, ``geode.fuzz.*``,
+                 ``geode.costmodel.report`` (the command line, the
                  conformance-suite runner, the timing against onnxruntime and the
                  differential fuzzer drive the API)
 4     api        ``geode`` (the package's public face), ``geode.api``,
@@ -17,7 +18,8 @@ rank  layer      modules
 3     session    ``geode.session``, ``geode.spine`` (the spine: the stages in
                  order), ``geode.plan_builder`` (units -> runtime plan),
                  ``geode.viz`` (DOT rendering of a compiled graph),
-                 ``geode.modelfile.*`` (model files: a compiled model saved and loaded)
+                 ``geode.modelfile.*`` (model files: a compiled model saved and loaded),
+                 ``geode.costmodel.samples`` (profiled samples of compiled kernels)
 2     codegen    ``geode.codegen.*``  } peers: codegen may import compiler, never
 2     compiler   ``geode.compiler.*`` } the other way round
 1     runtime    ``geode.runtime.*``    } peers that never import each other
@@ -69,6 +71,8 @@ LAYER_OF: dict[str, str] = {
     "geode.compiler": "compiler",
     "geode.runtime": "runtime",
     "geode.costmodel": "costmodel",
+    "geode.costmodel.samples": "session",
+    "geode.costmodel.report": "cli",
     "geode.errors": "base",
     "geode.config": "base",
     "geode.debug": "base",

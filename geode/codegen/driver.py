@@ -88,21 +88,40 @@ def lower_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
 
 def schedule_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     """Apply the default schedule of the group's pattern to its loop AST."""
-    from geode.codegen.autoschedule import schedule_group, stream_interleave
-
-    spec = device_spec(opts.cache_dir)
-    job.schedule = schedule_group(
-        job.lowered,
-        job.group,
-        stream_min_bytes(opts, spec.l3_bytes),
-        stream_interleave(vector_registers(opts)),
-        stream_min_bytes(opts, spec.l2_bytes),
-    )
+    job.schedule = default_schedule(job.lowered, job.group, opts)
     if dump.wants(2):
         trace = str(job.schedule.trace)
         text = A.format_kernel(job.schedule.kernel) + "\n\n# trace\n" + trace
         dump.stage(f"{job.name}_ast_scheduled", text, level=2)
         dump.stage(f"{job.name}_trace", trace, level=2)
+
+
+def default_schedule(lowered: LoweredKernel, group: Group, opts: Options) -> Schedule:
+    """The default schedule of a lowered group's pattern under ``opts`` (streaming
+    thresholds from the device's caches, interleave from the target's registers)."""
+    from geode.codegen.autoschedule import schedule_group, stream_interleave
+
+    spec = device_spec(opts.cache_dir)
+    return schedule_group(
+        lowered,
+        group,
+        stream_min_bytes(opts, spec.l3_bytes),
+        stream_interleave(vector_registers(opts)),
+        stream_min_bytes(opts, spec.l2_bytes),
+    )
+
+
+def group_cost_fn(g: Graph, opts: Options) -> Any:
+    """``cost(group) -> seconds``: the projected model's prediction for the kernel a
+    fusion group would become under ``opts`` (fitted on this device when a fit was
+    saved; the fusion plan search's score)."""
+    from geode.codegen.costs import KernelPredictor, group_cost, projected_model
+
+    spec = device_spec(opts.cache_dir)
+    predictor = KernelPredictor(
+        spec, projected_model(opts.cache_dir, spec), threads=int(opts.num_threads)
+    )
+    return group_cost(g, predictor, lambda lowered, group: default_schedule(lowered, group, opts))
 
 
 def vector_registers(opts: Options) -> int:

@@ -3,15 +3,19 @@
 The most expensive and most accurate of PAI's three levels. :func:`measure` times
 any callable (warm-up first, so JIT compilation is not counted; calls batched so
 each sample is well above the timer's resolution; the garbage collector paused;
-total time bounded). :class:`Sample` pairs a measured time with the inputs the
-cheaper models take, :func:`compare` reports how far each model is from the
-measurements, and :func:`fit_projected` calibrates the projected model on them.
+total time bounded). :func:`measure_interleaved` times several callables in
+interleaved rounds, each round in a new random order, so a change of load on a
+shared machine falls on all of them alike; the median round is the measurement.
+:class:`Sample` pairs a measured time with the inputs the cheaper models take,
+:func:`compare` reports how far each model is from the measurements, and
+:func:`fit_projected` calibrates the projected model on them.
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,8 +33,9 @@ class Timing:
     """Per-call times of a measured callable, in seconds.
 
     ``samples`` holds one per-call time per batch of ``number`` calls; ``min``,
-    ``median`` and ``mean`` summarize them. ``min`` is the least disturbed by
-    other load and is what the profiling model reports as ground truth.
+    ``median`` and ``mean`` summarize them. ``median`` is what the profiling model
+    reports as ground truth (``min`` is the least disturbed by other load, but on a
+    shared machine the typical call is what a model should predict).
     """
 
     min: float
@@ -111,6 +116,83 @@ def measure(
     )
 
 
+def _autorange(fn: Callable[[], Any], min_time: float, deadline: float) -> tuple[int, float]:
+    """The batch size that makes ``number`` calls of ``fn`` last ``min_time``, and the
+    per-call time of the last batch tried."""
+    number = 1
+    while True:
+        t0 = time.perf_counter_ns()
+        for _ in range(number):
+            fn()
+        t = (time.perf_counter_ns() - t0) * 1e-9
+        if t >= min_time or time.perf_counter() >= deadline:
+            return number, t / number
+        grow = 10 if t <= 0 else min(10.0, max(2.0, 1.2 * min_time / t))
+        number = max(number + 1, int(number * grow))
+
+
+def measure_interleaved(
+    fns: Mapping[str, Callable[[], Any]],
+    *,
+    rounds: int = 7,
+    warmup: int = 2,
+    min_time: float = 2e-4,
+    max_time: float = 5.0,
+    seed: int = 0,
+) -> dict[str, Timing]:
+    """Time each of ``fns`` (callables of no argument) in interleaved rounds.
+
+    Every callable is first called ``warmup`` times and its batch size grown until a
+    batch lasts ``min_time`` seconds; then each round times one batch of every
+    callable, in an order shuffled per round (seeded by ``seed``), so drifts in the
+    machine's load spread evenly. Rounds stop at ``rounds``, or once ``max_time``
+    seconds have passed after at least three. The garbage collector is paused.
+    Returns a :class:`Timing` per name (its ``median`` is the measurement).
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if min_time < 0 or max_time <= 0:
+        raise ValueError(f"need min_time >= 0 and max_time > 0, got {min_time}, {max_time}")
+    names = list(fns)
+    if not names:
+        return {}
+    rng = random.Random(seed)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        deadline = time.perf_counter() + max_time
+        numbers: dict[str, int] = {}
+        for name in names:
+            for _ in range(max(0, warmup)):
+                fns[name]()
+            numbers[name], _ = _autorange(fns[name], min_time, deadline)
+        samples: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(rounds):
+            order = names[:]
+            rng.shuffle(order)
+            for name in order:
+                fn, number = fns[name], numbers[name]
+                t0 = time.perf_counter_ns()
+                for _ in range(number):
+                    fn()
+                samples[name].append((time.perf_counter_ns() - t0) * 1e-9 / number)
+            if r + 1 >= min(3, rounds) and time.perf_counter() > deadline:
+                break
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {
+        n: Timing(
+            min=min(s),
+            median=statistics.median(s),
+            mean=statistics.fmean(s),
+            samples=tuple(s),
+            number=numbers[n],
+        )
+        for n, s in samples.items()
+    }
+
+
 @dataclass(frozen=True)
 class Sample:
     """One measured kernel: its name, measured seconds and the models' inputs.
@@ -135,9 +217,9 @@ def profile(
     features: ScheduleFeatures | Mapping[str, Any] | None = None,
     **measure_options: Any,
 ) -> Sample:
-    """Measure ``fn(*args)`` and pair its minimum time with the models' inputs."""
+    """Measure ``fn(*args)`` and pair its median time with the models' inputs."""
     timing = measure(fn, args, **measure_options)
-    return Sample(name, timing.min, work=work, features=features, timing=timing)
+    return Sample(name, timing.median, work=work, features=features, timing=timing)
 
 
 #: A model, as :func:`compare` sees it: seconds for a sample, or None to skip it.
@@ -251,3 +333,15 @@ def fit_projected(
     if not usable:
         raise ValueError("no sample carries schedule features to fit on")
     return projected.fit(usable, spec, prior)
+
+
+def predictions(model: Predictor, samples: Sequence[Sample]) -> tuple[list[float], list[float]]:
+    """``(predicted, measured)`` seconds of the samples ``model`` predicts (others
+    skipped), for :mod:`.stats`."""
+    pred, meas = [], []
+    for s in samples:
+        p = model(s)
+        if p is not None:
+            pred.append(float(p))
+            meas.append(s.measured_s)
+    return pred, meas

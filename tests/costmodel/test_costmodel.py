@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from geode.costmodel import device, profiling, projected, sol
+from geode.costmodel import device, profiling, sol
 from geode.costmodel.device import MIB, DeviceSpec, default_spec
-from geode.costmodel.projected import TERMS, ProjectedModel, ScheduleFeatures
+from geode.costmodel.projected import ScheduleFeatures
 from geode.costmodel.sol import KernelWork, decide_merge, estimate, fusion_gain
 
 
@@ -374,101 +374,6 @@ def test_quick_calibration_measures_sane_numbers():
     assert DeviceSpec.from_json(spec.to_json()) == spec
 
 
-# -- projected --------------------------------------------------------------------
-
-
-def random_features(rng: np.random.Generator, n: int) -> list[ScheduleFeatures]:
-    out = []
-    for _ in range(n):
-        elems = float(2 ** rng.integers(10, 26))
-        out.append(
-            ScheduleFeatures(
-                bytes_read=elems * 4 * rng.integers(1, 4),
-                bytes_written=elems * 4,
-                flops=elems * float(rng.choice([1, 4, 64, 512])),
-                transcendentals=elems * float(rng.choice([0, 0, 1])),
-                contiguous=bool(rng.random() < 0.7),
-                vectorized=bool(rng.random() < 0.7),
-                parallel_extent=int(rng.choice([1, 2, 64, 4096])),
-                reduce_passes=int(rng.choice([0, 1, 2, 3])),
-                temp_bytes=elems * float(rng.choice([0, 0, 4, 8])),
-                n_blocks=int(rng.integers(1, 4)),
-            )
-        )
-    return out
-
-
-def test_projected_fit_recovers_known_coefficients():
-    spec = round_spec()
-    truth = ProjectedModel(
-        {
-            "launch": 1.3,
-            "roofline": 0.8,
-            "overlap": 0.4,
-            "strided": 3.0,
-            "reread": 0.25,
-            "temp": 1.5,
-            "blocks": 2.0,
-        }
-    )
-    feats = random_features(np.random.default_rng(1), 120)
-    samples = [(f, truth.predict(f, spec)) for f in feats]
-    fitted = projected.fit(samples, spec)
-    for t in TERMS:
-        assert fitted.coefficients[t] == pytest.approx(truth.coefficients[t], rel=1e-6), t
-    assert fitted.fit_error < 1e-9 and fitted.n_samples == 120
-
-
-def test_projected_fit_with_noise_and_dict_features():
-    spec = round_spec()
-    truth = ProjectedModel(dict(zip(TERMS, [1.0, 1.2, 0.1, 2.0, 0.6, 1.0, 1.0])))
-    rng = np.random.default_rng(2)
-    feats = random_features(rng, 300)
-    samples = [(f.to_dict(), truth.predict(f, spec) * rng.lognormal(0, 0.02)) for f in feats]
-    fitted = projected.fit(samples, spec)
-    assert fitted.coefficients["roofline"] == pytest.approx(1.2, rel=0.05)
-    assert fitted.coefficients["strided"] == pytest.approx(2.0, rel=0.1)
-    assert fitted.fit_error < 0.05
-
-
-def test_projected_fit_keeps_prior_for_unexercised_terms_and_stays_nonnegative():
-    spec = round_spec()
-    # Only contiguous, single-block, reduction-free kernels: strided/reread/temp/blocks
-    # never appear, so they keep the prior.
-    feats = [
-        ScheduleFeatures(bytes_read=4.0 * n, bytes_written=4.0 * n, flops=float(n))
-        for n in (1 << 12, 1 << 16, 1 << 20, 1 << 24)
-    ]
-    samples = [(f, 0.5 * projected.feature_terms(f, spec)["roofline"] + 3e-6) for f in feats]
-    fitted = projected.fit(samples, spec)
-    for t in ("strided", "reread", "temp", "blocks"):
-        assert fitted.coefficients[t] == projected.DEFAULT_COEFFICIENTS[t]
-    assert all(c >= 0 for c in fitted.coefficients.values())
-    for f, y in samples:
-        assert fitted.predict(f, spec) == pytest.approx(y, rel=0.05)
-
-
-def test_projected_features_validation_and_terms():
-    with pytest.raises(ValueError, match="unknown schedule features"):
-        ScheduleFeatures.from_mapping({"bytes_read": 1, "bytes_written": 1, "flops": 1, "flop": 2})
-    with pytest.raises(ValueError, match="parallel_extent"):
-        ScheduleFeatures(bytes_read=1, bytes_written=1, flops=1, parallel_extent=-2)
-    spec = round_spec()
-    serial = ScheduleFeatures(bytes_read=5e8, bytes_written=0, flops=0)
-    par = ScheduleFeatures(bytes_read=5e8, bytes_written=0, flops=0, parallel_extent=1000)
-    assert projected.feature_terms(serial, spec)["roofline"] == pytest.approx(0.1)  # 5 GB/s
-    assert projected.feature_terms(par, spec)["roofline"] == pytest.approx(0.05)  # 10 GB/s
-    scalar = ScheduleFeatures(bytes_read=0, bytes_written=0, flops=25e9, vectorized=False)
-    assert projected.feature_terms(scalar, spec)["roofline"] == pytest.approx(
-        projected.VECTOR_LANES
-    )
-    assert "roofline" in projected.DEFAULT_MODEL.explain(par, spec)
-    # Parallel beats serial, strided is slower than contiguous.
-    assert projected.predict(par, spec) < projected.predict(serial, spec)
-    strided = ScheduleFeatures(bytes_read=5e8, bytes_written=0, flops=0, contiguous=False)
-    assert projected.predict(strided, spec) > projected.predict(serial, spec)
-
-
 # -- profiling --------------------------------------------------------------------
 
 
@@ -557,8 +462,13 @@ def imported_modules(path: Path) -> list[tuple[str, int]]:
     return found
 
 
+#: modules of the folder in higher layers (they drive the compiler to make and report
+#: samples; tests/test_layering.py places them), left out of this check
+ABOVE = {"samples.py", "report.py"}
+
+
 def test_costmodel_imports_nothing_else_of_geode():
-    files = sorted(COSTMODEL.glob("*.py"))
+    files = sorted(f for f in COSTMODEL.glob("*.py") if f.name not in ABOVE)
     assert {f.name for f in files} >= {"device.py", "sol.py", "projected.py", "profiling.py"}
     allowed = set(sys.stdlib_module_names) | ALLOWED_THIRD_PARTY | {"__future__"}
     for f in files:

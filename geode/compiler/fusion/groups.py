@@ -111,6 +111,9 @@ class FusionPlan:
     unfused: dict[str, str] = field(default_factory=dict)  # node name -> why it is not in a group
     #: dense ops and their epilogues: one line per decision, taken or not, with its reason
     epilogues: list[str] = field(default_factory=list)
+    #: the plan search's report (chosen plan, runner-up, their predicted costs); empty
+    #: for the greedy planner alone
+    search: list[str] = field(default_factory=list)
 
     def group_of(self, node_name: str) -> Group | None:
         """The group holding a node, if any."""
@@ -123,6 +126,9 @@ class FusionPlan:
         """Readable plan: groups, then decisions with reasons, then unfused nodes."""
         lines = [f"{len(self.groups)} fusion groups"]
         lines += ["  " + g.describe() for g in self.groups]
+        if self.search:
+            lines.append("plan search (projected cost model):")
+            lines += ["  " + line for line in self.search]
         if self.decisions:
             lines.append("decisions:")
             lines += ["  " + str(d) for d in self.decisions]

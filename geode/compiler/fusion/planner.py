@@ -40,7 +40,11 @@ def always_profitable(a: Group, b: Group, merged: Group, graph: Graph) -> tuple[
     return True, "legal merge (no cost model)"
 
 
-class _State:
+class PlanState:
+    """A partition in progress: the groups, which group each node is in, the decisions
+    so far. ``copy()`` gives an independent state (groups are shared: a merge makes a
+    new group rather than changing one)."""
+
     def __init__(self, graph: Graph):
         self.graph = graph
         self._bound = input_symbols(graph)
@@ -62,11 +66,21 @@ class _State:
         return self.groups[gid].nodes if gid is not None else [node]
 
     def add(self, g: Group) -> None:
+        """Put group ``g`` in the state."""
         self.groups[g.id] = g
         for n in g.nodes:
             self.of[n.name] = g.id
 
+    def copy(self) -> PlanState:
+        """An independent copy (the graph and the view cache shared)."""
+        st = PlanState.__new__(PlanState)
+        st.graph, st._bound, st._views = self.graph, self._bound, self._views
+        st.groups, st.of = dict(self.groups), dict(self.of)
+        st.decisions, st.refused = list(self.decisions), set(self.refused)
+        return st
+
     def merge(self, a: Group, b: Group, domain: tuple[Dim, ...], axes: frozenset[int]) -> Group:
+        """Replace ``a`` and ``b`` by their union over ``domain`` and ``axes``."""
         order = {n.name: i for i, n in enumerate(self.graph.nodes)}
         nodes = sorted(a.nodes + b.nodes, key=lambda n: order[n.name])
         merged = Group(min(a.id, b.id), nodes, domain, axes)
@@ -76,7 +90,7 @@ class _State:
         return merged
 
 
-def _try(st: _State, a: Group, b: Group, vertical: bool, profit: ProfitFn) -> bool:
+def _try(st: PlanState, a: Group, b: Group, vertical: bool, profit: ProfitFn) -> bool:
     key = (frozenset(a.names), frozenset(b.names))
     if key in st.refused:
         return False
@@ -109,7 +123,19 @@ def plan_fusion(
     horizontal: bool = True,
 ) -> FusionPlan:
     """Plan fusion groups for the AI Core nodes of a (sorted) graph."""
-    st = _State(graph)
+    st, plan = initial_state(graph, placement, can_lower)
+    _vertical(st, profit)
+    if horizontal:
+        _horizontal(st, profit)
+    return finish_plan(st, plan)
+
+
+def initial_state(
+    graph: Graph, placement: Placement, can_lower: LowerCheck
+) -> tuple[PlanState, FusionPlan]:
+    """Every fusable AI Core node in a group of its own; the plan records the others
+    as not fused, with the reason."""
+    st = PlanState(graph)
     plan = FusionPlan()
     for node in graph.nodes:
         if placement.engine.get(node.name) != "aicore":
@@ -123,18 +149,21 @@ def plan_fusion(
             plan.unfused[node.name] = why
             continue
         st.add(group_of_node(len(st.of), node))
-    _vertical(st, profit)
-    if horizontal:
-        _horizontal(st, profit)
-    _dissolve_views(st, plan)
-    plan.groups = _ordered(st, graph)
+    return st, plan
+
+
+def finish_plan(st: PlanState, plan: FusionPlan) -> FusionPlan:
+    """The plan of a final state: view-only groups dissolved, groups in graph order
+    and numbered, the decisions recorded."""
+    dissolve_views(st, plan)
+    plan.groups = _ordered(st, st.graph)
     for i, g in enumerate(plan.groups):
         g.id = i
     plan.decisions = st.decisions
     return plan
 
 
-def _dissolve_views(st: _State, plan: FusionPlan) -> None:
+def dissolve_views(st: PlanState, plan: FusionPlan) -> None:
     """Groups of nothing but views run no kernel: each view is an alias of its input."""
     for gid, g in list(st.groups.items()):
         if all(st.is_view(n) is not None for n in g.nodes):
@@ -146,7 +175,7 @@ def _dissolve_views(st: _State, plan: FusionPlan) -> None:
                 )
 
 
-def _vertical(st: _State, profit: ProfitFn) -> None:
+def _vertical(st: PlanState, profit: ProfitFn) -> None:
     changed = True
     while changed:
         changed = False
@@ -167,7 +196,7 @@ def _vertical(st: _State, profit: ProfitFn) -> None:
 MAX_HORIZONTAL_GROUPS = 256
 
 
-def _horizontal(st: _State, profit: ProfitFn) -> None:
+def _horizontal(st: PlanState, profit: ProfitFn) -> None:
     """Merge unconnected groups that read a common input, or that share a loop space."""
     changed = True
     while changed:
@@ -195,7 +224,7 @@ def _horizontal(st: _State, profit: ProfitFn) -> None:
                 break
 
 
-def _ordered(st: _State, graph: Graph) -> list[Group]:
+def _ordered(st: PlanState, graph: Graph) -> list[Group]:
     """Groups in the order of their first member (execution order comes from schedule_units)."""
     pos = {n.name: i for i, n in enumerate(graph.nodes)}
     return sorted(st.groups.values(), key=lambda g: min(pos[n.name] for n in g.nodes))
