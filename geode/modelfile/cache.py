@@ -114,12 +114,19 @@ def file_key(path: str | os.PathLike, opts: Options) -> str | None:
 
 
 def _context(opts: Options) -> dict[str, Any]:
-    """What besides the model a compile's result depends on."""
-    return {
+    """What besides the model a compile's result depends on (with the plan search on,
+    the projected model fitted on this device too: it scores the plans)."""
+    spec = cached_spec(opts.cache_dir)
+    context = {
         "env": compat.environment(),
         "options": {k: v for k, v in dataclasses.asdict(opts).items() if k not in _IRRELEVANT},
-        "device": dataclasses.asdict(cached_spec(opts.cache_dir)),
+        "device": dataclasses.asdict(spec),
     }
+    if opts.fusion_search != "greedy":
+        from geode.codegen.costs import projected_model
+
+        context["projected_model"] = projected_model(opts.cache_dir, spec).to_dict()
+    return context
 
 
 def cache_key(g: Graph, opts: Options) -> str | None:

@@ -68,6 +68,23 @@ def test_what_changes_the_result_is_a_miss(cache_dir, scale, options):
     np.testing.assert_allclose(y, np.tanh(_feeds()["x"] * scale), rtol=1e-5, atol=1e-6)
 
 
+def test_a_refitted_projected_model_is_a_miss_for_the_plan_search(cache_dir):
+    """With the plan search on, the fitted projected model scores the plans: refitting it
+    changes the key (greedy plans do not depend on it)."""
+    from geode.costmodel.device import cached_spec
+    from geode.costmodel.projected import DEFAULT_COEFFICIENTS, ProjectedModel
+    from geode.costmodel.store import save_model
+
+    opts = geode.config.Options(cache_dir=str(cache_dir), fusion_search="beam")
+    greedy = geode.config.Options(cache_dir=str(cache_dir))
+    before, before_greedy = cache.cache_key(_scaled(), opts), cache.cache_key(_scaled(), greedy)
+    doubled = {t: 2 * c + 1e-9 for t, c in DEFAULT_COEFFICIENTS.items()}
+    spec = cached_spec(str(cache_dir))
+    save_model(cache_dir, spec, ProjectedModel(coefficients=doubled, device=spec.key()))
+    assert cache.cache_key(_scaled(), opts) != before
+    assert cache.cache_key(_scaled(), greedy) == before_greedy
+
+
 def test_debug_and_dumps_bypass_the_cache(cache_dir, tmp_path):
     geode.compile(_scaled(), session=geode.Session())
     again = geode.compile(_scaled(), session=geode.Session(), dump_dir=str(tmp_path / "d"))
