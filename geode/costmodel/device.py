@@ -5,7 +5,7 @@ memory bandwidth (one thread and all cores), vectorized fp32 FMA throughput,
 transcendental throughput, cache sizes and the fixed costs of calling a kernel and
 of forking/joining a ``prange`` region.
 
-:func:`calibrate` measures them (a few seconds; ``quick=True`` well under two),
+:func:`calibrate` measures them (a few seconds; ``quick=True`` about 0.2 s),
 :func:`load_or_calibrate` caches the result as JSON keyed by CPU name, core count
 and numba version, and :func:`default_spec` gives fixed conservative numbers for
 code (and tests) that must not measure.
@@ -490,24 +490,25 @@ def _numba_copy_bandwidth(src: np.ndarray, dst: np.ndarray, budget_s: float) -> 
     return 2 * src.nbytes / best / 1e9
 
 
-def _compute_rate(mode: int, threads: int, budget_s: float) -> float:
-    """Elements-times-reps per second of the compute kernel in ``mode`` on ``threads``."""
+def _compute_rate(mode: int, threads: int, budget_s: float, run_s: float = 0.01) -> float:
+    """Elements-times-reps per second of the compute kernel in ``mode`` on ``threads``
+    (each timed run about ``run_s`` seconds)."""
     compute = _kernels()["compute"]
     rng = np.random.default_rng(0)
     # Values in [0.1, 0.2): the FMA recurrence stays bounded, exp stays normal.
     x = (rng.random(_COMPUTE_ELEMS, dtype=np.float32) * 0.1 + 0.1).astype(np.float32)
     outs = [np.empty_like(x) for _ in range(max(1, threads))]
     compute(x, outs[0], 1, mode)  # compile + warm
-    # Size one run at ~10 ms from a short probe.
+    # Size one run at ~run_s from a short probe.
     reps = 16
     while True:
         t0 = time.perf_counter_ns()
         compute(x, outs[0], reps, mode)
         dt = (time.perf_counter_ns() - t0) * 1e-9
-        if dt > 2e-3 or reps >= 1 << 24:
+        if dt > min(2e-3, run_s / 2) or reps >= 1 << 24:
             break
         reps *= 4
-    reps = max(1, int(reps * 0.01 / max(dt, 1e-9)))
+    reps = max(1, int(reps * run_s / max(dt, 1e-9)))
 
     def run() -> float:
         return _in_threads([lambda o=o: compute(x, o, reps, mode) for o in outs])
@@ -516,17 +517,21 @@ def _compute_rate(mode: int, threads: int, budget_s: float) -> float:
     return len(outs) * reps * x.size / best
 
 
-def measure_peak_gflops(threads: int = 1, budget_s: float = 0.3) -> float:
+def measure_peak_gflops(threads: int = 1, budget_s: float = 0.3, run_s: float = 0.01) -> float:
     """All-thread fp32 GFLOPS of an L1-resident, vectorized FMA-chain numba loop.
 
-    Runs the kernel in ``threads`` Python threads (it releases the GIL).
+    Runs the kernel in ``threads`` Python threads (it releases the GIL), the best of runs
+    of about ``run_s`` seconds within ``budget_s``.
     """
-    return _compute_rate(0, threads, budget_s) * _FMA_FLOPS_PER_ELEM / 1e9
+    return _compute_rate(0, threads, budget_s, run_s) * _FMA_FLOPS_PER_ELEM / 1e9
 
 
-def measure_transcendental_gops(threads: int = 1, budget_s: float = 0.2) -> float:
-    """Billions of fp32 ``exp`` evaluations per second from a numba loop on ``threads``."""
-    return _compute_rate(1, threads, budget_s) / 1e9
+def measure_transcendental_gops(
+    threads: int = 1, budget_s: float = 0.2, run_s: float = 0.01
+) -> float:
+    """Billions of fp32 ``exp`` evaluations per second from a numba loop on ``threads``
+    (runs of about ``run_s`` seconds within ``budget_s``)."""
+    return _compute_rate(1, threads, budget_s, run_s) / 1e9
 
 
 def _per_call_us(fn: Callable[..., Any], args: tuple[Any, ...], budget_s: float) -> float:
@@ -576,15 +581,19 @@ def calibrate(quick: bool = False) -> DeviceSpec:
     numpy copy on one thread and the best of a numba ``prange`` copy and a threaded
     numpy copy on all cores, over 256 MiB buffers; the FMA and ``exp`` throughput
     with nogil numba loops in one thread per core; the kernel-call overhead; and the
-    ``prange`` fork/join overhead. Quick mode (well under two seconds) uses 64 MiB
-    buffers, shorter runs and no ``prange`` kernel: the all-core bandwidth comes from
-    the threaded numpy copy and the fork/join overhead is the default constant.
+    ``prange`` fork/join overhead. Quick mode (what a compile runs once per machine and
+    cache folder: about 0.2 s) copies buffers just past the last-level cache (each at
+    least the L3's size, together twice it; 16 MiB at least), takes the best of a few
+    short runs (3 ms compute runs) and runs no ``prange`` kernel: the all-core bandwidth
+    comes from the threaded numpy copy and the fork/join overhead is the default
+    constant. Its minima agree with the longer runs' within the machine's noise
+    (measurements: ``docs/performance.md``).
     """
     t_start = time.perf_counter()
     cores = core_count()
     l1, l2, l3 = detect_cache_sizes()
-    scale = 0.3 if quick else 1.0
-    src, dst = _buffers(64 * MIB if quick else 256 * MIB)
+    scale = 0.1 if quick else 1.0
+    src, dst = _buffers(max(l3, 16 * MIB) if quick else 256 * MIB)
 
     bw_1t = _copy_bandwidth(src, dst, threads=1, budget_s=0.25 * scale)
     bw_all = bw_1t
@@ -593,8 +602,9 @@ def calibrate(quick: bool = False) -> DeviceSpec:
     if not quick:
         bw_all = max(bw_all, _numba_copy_bandwidth(src, dst, budget_s=0.4))
     del src, dst
-    gflops = measure_peak_gflops(threads=cores, budget_s=0.3 * scale)
-    trans = measure_transcendental_gops(threads=cores, budget_s=0.2 * scale)
+    run_s = 0.003 if quick else 0.01
+    gflops = measure_peak_gflops(threads=cores, budget_s=0.3 * scale, run_s=run_s)
+    trans = measure_transcendental_gops(threads=cores, budget_s=0.2 * scale, run_s=run_s)
     launch = measure_launch_overhead_us(budget_s=0.1 * scale)
     if quick:
         par = _DEFAULT_PARALLEL_OVERHEAD_US

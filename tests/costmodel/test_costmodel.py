@@ -247,8 +247,10 @@ def fake_measurements(monkeypatch):
     monkeypatch.setattr(device, "_buffers", lambda nbytes: (np.ones(4), np.ones(4)))
     monkeypatch.setattr(device, "_copy_bandwidth", bandwidth)
     monkeypatch.setattr(device, "_numba_copy_bandwidth", lambda src, dst, budget_s: 12.0)
-    monkeypatch.setattr(device, "measure_peak_gflops", lambda threads, budget_s: 40.0 * threads)
-    monkeypatch.setattr(device, "measure_transcendental_gops", lambda threads, budget_s: 0.5)
+    monkeypatch.setattr(
+        device, "measure_peak_gflops", lambda threads, budget_s, run_s: 40.0 * threads
+    )
+    monkeypatch.setattr(device, "measure_transcendental_gops", lambda threads, budget_s, run_s: 0.5)
     monkeypatch.setattr(device, "measure_launch_overhead_us", lambda budget_s: 1.5)
     monkeypatch.setattr(
         device, "measure_parallel_overhead_us", lambda launch_us, budget_s: 7.0 + 0 * launch_us
