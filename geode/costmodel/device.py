@@ -586,8 +586,7 @@ def calibrate(quick: bool = False) -> DeviceSpec:
     least the L3's size, together twice it; 16 MiB at least), takes the best of a few
     short runs (3 ms compute runs) and runs no ``prange`` kernel: the all-core bandwidth
     comes from the threaded numpy copy and the fork/join overhead is the default
-    constant. Its minima agree with the longer runs' within the machine's noise
-    (measurements: ``docs/performance.md``).
+    constant (measurements: ``docs/performance.md``).
     """
     t_start = time.perf_counter()
     cores = core_count()
