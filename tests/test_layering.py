@@ -66,6 +66,8 @@ LAYER_OF: dict[str, str] = {
     "geode.modelfile": "session",
     "geode.codegen": "codegen",
     "geode.compiler": "compiler",
+    "geode.compiler.partition.clusters": "compiler",
+    "geode.compiler.partition.dynamic_shape": "compiler",
     "geode.runtime": "runtime",
     "geode.costmodel": "costmodel",
     "geode.errors": "base",
