@@ -34,6 +34,7 @@ from geode.runtime.model import CompiledModel
 from geode.runtime.var_manager import VarKind, VarManager, VarManagerError, VarManagerPool
 
 if TYPE_CHECKING:
+    from geode.compiler.partition.engine import EnginePartition
     from geode.compiler.partition.placement import Placement
 
 
@@ -99,6 +100,7 @@ class Session:
             g, c.placement, units, c.fusion_text, c.pass_text, self.var_manager, timings
         )
         explain.memory_text = c.plan.memory_text
+        explain.engine_partition = c.engine_partition
         kernels = [u.info for u in units if u.engine not in NO_STEP]  # views, commits: none
         model = CompiledModel(c.plan, self.var_manager, kernels, explain, {"timings": timings})
         model.saver = _saver(model, g, units, explain, explain.dot)
@@ -260,9 +262,11 @@ class _Explain:
         self.g, self.placement, self.units = g, placement, units
         self.plan_text, self.pass_text, self.vm, self.timings = plan_text, pass_text, vm, timings
         self.memory_text = ""
+        self.engine_partition: EnginePartition | None = None
 
     def dot(self) -> str:
-        """Graphviz DOT of the compiled graph: a cluster per native kernel, engines as colours."""
+        """Graphviz DOT of the compiled graph: a cluster per native kernel, engines as
+        colours, a box per engine subgraph with its PlaceHolder and End nodes."""
         from geode.viz import Cluster, to_dot
 
         clusters = [
@@ -275,7 +279,13 @@ class _Explain:
             for u in self.units
             if u.engine == "aicore"
         ]
-        return to_dot(self.g, self.placement, clusters, kernels=[u.info for u in self.units])
+        return to_dot(
+            self.g,
+            self.placement,
+            clusters,
+            kernels=[u.info for u in self.units],
+            engine_partition=self.engine_partition,
+        )
 
     def __call__(self) -> str:
         g = self.g
@@ -320,6 +330,8 @@ class _Explain:
             for u in writes:
                 var = u.nodes[0].inputs[0]
                 lines.append(f"  {var.name}: {var.desc} <- {u.inputs[0].name} [{COMMIT}]")
+        if self.engine_partition is not None:
+            lines.append(self.engine_partition.describe())
         if self.memory_text:
             lines.append(self.memory_text)
         lines.append(

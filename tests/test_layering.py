@@ -68,6 +68,7 @@ LAYER_OF: dict[str, str] = {
     "geode.compiler": "compiler",
     "geode.compiler.partition.clusters": "compiler",
     "geode.compiler.partition.dynamic_shape": "compiler",
+    "geode.compiler.partition.engine": "compiler",
     "geode.runtime": "runtime",
     "geode.costmodel": "costmodel",
     "geode.errors": "base",
