@@ -63,6 +63,16 @@ class Session:
             raise GraphError(f"compile() expects a geode.Graph, got {type(graph).__name__}")
         opts = config.current(**{**self._overrides, **options})  # read at every compile
         g = graph.copy()
+        if opts.dynamic_dims:
+            from geode.buckets import compile_buckets
+
+            return compile_buckets(self, g, opts)
+        return self.compile_with(g, opts)
+
+    def compile_with(self, g: Graph, opts: config.Options) -> CompiledModel:
+        """Compile ``g`` (a graph the session may change: a copy of the user's) with
+        ``opts`` as given (no bucketing: ``dynamic_dims`` is ignored here), through the
+        model cache."""
         key = _model_cache_key(g, opts)
         hit = None if key is None else self._cached_model(key, opts)
         return hit if hit is not None else self._compile(g, opts, key)
@@ -76,7 +86,7 @@ class Session:
         from geode.modelfile import cache
 
         opts = config.current(**{**self._overrides, **options})
-        key = cache.file_key(path, opts)
+        key = None if opts.dynamic_dims else cache.file_key(path, opts)
         hit = None if key is None else self._cached_model(key, opts)
         if hit is not None:
             return hit
@@ -84,7 +94,7 @@ class Session:
 
         g = import_model(path)
         if key is None or not cache.usable(g, opts):
-            return self.compile(g, **options)
+            return self.compile(g, **options)  # buckets too
         return self._compile(g, opts, key)
 
     def _compile(self, g: Graph, opts: config.Options, key: str | None) -> CompiledModel:
@@ -358,7 +368,7 @@ def control_flow_session() -> Session:
 def compile_subgraph(body: Graph) -> CompiledModel:
     """Compile an If/Loop/Scan body in the control-flow session (the subgraph compiler
     this module installs in :mod:`geode.compiler.ops.control`)."""
-    return control_flow_session().compile(body)
+    return control_flow_session().compile(body, dynamic_dims=())  # buckets: the outer graph's
 
 
 control.set_subgraph_compiler(compile_subgraph)

@@ -16,6 +16,7 @@ rank  layer      modules
                  ``geode.examples`` (built-in graphs the CLI runs)
 3     session    ``geode.session``, ``geode.spine`` (the spine: the stages in
                  order), ``geode.plan_builder`` (units -> runtime plan),
+                 ``geode.buckets`` (bucketed variants of a compile),
                  ``geode.viz`` (DOT rendering of a compiled graph),
                  ``geode.modelfile.*`` (model files: a compiled model saved and loaded)
 2     codegen    ``geode.codegen.*``  } peers: codegen may import compiler, never
@@ -60,6 +61,7 @@ LAYER_OF: dict[str, str] = {
     "geode.onnx_backend": "api",
     "geode.examples": "api",
     "geode.session": "session",
+    "geode.buckets": "session",
     "geode.spine": "session",
     "geode.plan_builder": "session",
     "geode.viz": "session",
@@ -69,6 +71,8 @@ LAYER_OF: dict[str, str] = {
     "geode.compiler.partition.clusters": "compiler",
     "geode.compiler.partition.dynamic_shape": "compiler",
     "geode.compiler.partition.engine": "compiler",
+    "geode.compiler.partition.multi_batch": "compiler",
+    "geode.runtime.buckets": "runtime",
     "geode.runtime": "runtime",
     "geode.costmodel": "costmodel",
     "geode.errors": "base",
