@@ -49,6 +49,10 @@ model_cache               GEODE_MODEL_CACHE       keep each compiled model in th
                                                   folder; compiling the same graph with the
                                                   same options again loads it (no pipeline
                                                   stage runs; see geode.modelfile.cache)
+incremental               GEODE_INCREMENTAL       compile a graph with data-dependent shapes
+                                                  up to its data-dependent ops; the rest is
+                                                  compiled per shape at run time and cached
+                                                  (see geode.incremental)
 dynamic_dims              GEODE_DYNAMIC_DIMS      bucketed variants: {"batch": [1, 4, 16]}
                                                   (environment: "batch=1,4,16;seq=32,64")
                                                   compiles the graph once per bucket with
@@ -129,6 +133,7 @@ class Options:
     backend: str = "llvm"
     dense_epilogues: bool = True
     model_cache: bool = True
+    incremental: bool = False
     #: ((dim name, sizes increasing), ...): see :func:`dynamic_dims_setting`
     dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
@@ -156,6 +161,7 @@ class Options:
             "backend": "GEODE_BACKEND",
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
             "model_cache": "GEODE_MODEL_CACHE",
+            "incremental": "GEODE_INCREMENTAL",
             "dynamic_dims": "GEODE_DYNAMIC_DIMS",
         }
         for name, var in env.items():
@@ -200,6 +206,7 @@ _BOOL_OPTIONS = (
     "freeze_variables",
     "lazy_compile",
     "dense_epilogues",
+    "incremental",
 )
 
 

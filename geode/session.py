@@ -26,6 +26,7 @@ import numpy as np
 from geode import config
 from geode.compiler.ir import Graph, format_graph
 from geode.compiler.ops import control
+from geode.compiler.partition.stages import has_stages
 from geode.debug import Dumper, log
 from geode.errors import CheckpointError, GeodeError, GraphError
 from geode.plan_builder import ALIAS, COMMIT, NO_STEP, Unit, held_keys
@@ -63,6 +64,14 @@ class Session:
             raise GraphError(f"compile() expects a geode.Graph, got {type(graph).__name__}")
         opts = config.current(**{**self._overrides, **options})  # read at every compile
         g = graph.copy()
+        if has_stages(g):
+            from geode.stages import compile_stages
+
+            return compile_stages(self, g, opts)
+        if opts.incremental:
+            from geode.incremental import compile_incremental
+
+            return compile_incremental(self, g, opts)
         if opts.dynamic_dims:
             from geode.buckets import compile_buckets
 
@@ -71,8 +80,8 @@ class Session:
 
     def compile_with(self, g: Graph, opts: config.Options) -> CompiledModel:
         """Compile ``g`` (a graph the session may change: a copy of the user's) with
-        ``opts`` as given (no bucketing: ``dynamic_dims`` is ignored here), through the
-        model cache."""
+        ``opts`` as given (no buckets, stages or incremental cut: ``dynamic_dims`` and
+        ``incremental`` are ignored here), through the model cache."""
         key = _model_cache_key(g, opts)
         hit = None if key is None else self._cached_model(key, opts)
         return hit if hit is not None else self._compile(g, opts, key)
@@ -86,7 +95,7 @@ class Session:
         from geode.modelfile import cache
 
         opts = config.current(**{**self._overrides, **options})
-        key = None if opts.dynamic_dims else cache.file_key(path, opts)
+        key = None if opts.dynamic_dims or opts.incremental else cache.file_key(path, opts)
         hit = None if key is None else self._cached_model(key, opts)
         if hit is not None:
             return hit

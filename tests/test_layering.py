@@ -16,7 +16,8 @@ rank  layer      modules
                  ``geode.examples`` (built-in graphs the CLI runs)
 3     session    ``geode.session``, ``geode.spine`` (the spine: the stages in
                  order), ``geode.plan_builder`` (units -> runtime plan),
-                 ``geode.buckets`` (bucketed variants of a compile),
+                 ``geode.buckets``, ``geode.stages``, ``geode.incremental``
+                 (bucketed, staged and incremental compiles),
                  ``geode.viz`` (DOT rendering of a compiled graph),
                  ``geode.modelfile.*`` (model files: a compiled model saved and loaded)
 2     codegen    ``geode.codegen.*``  } peers: codegen may import compiler, never
@@ -62,6 +63,8 @@ LAYER_OF: dict[str, str] = {
     "geode.examples": "api",
     "geode.session": "session",
     "geode.buckets": "session",
+    "geode.stages": "session",
+    "geode.incremental": "session",
     "geode.spine": "session",
     "geode.plan_builder": "session",
     "geode.viz": "session",
@@ -72,7 +75,12 @@ LAYER_OF: dict[str, str] = {
     "geode.compiler.partition.dynamic_shape": "compiler",
     "geode.compiler.partition.engine": "compiler",
     "geode.compiler.partition.multi_batch": "compiler",
+    "geode.compiler.partition.subgraph": "compiler",
+    "geode.compiler.partition.stages": "compiler",
+    "geode.compiler.partition.binary": "compiler",
     "geode.runtime.buckets": "runtime",
+    "geode.runtime.stages": "runtime",
+    "geode.runtime.incremental": "runtime",
     "geode.runtime": "runtime",
     "geode.costmodel": "costmodel",
     "geode.errors": "base",

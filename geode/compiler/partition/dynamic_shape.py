@@ -36,7 +36,7 @@ from geode.compiler.ir import Graph, Node
 from geode.compiler.partition.clusters import merge_clusters
 from geode.compiler.shapes import free_symbols
 
-__all__ = ["KNOWN", "UNKNOWN", "cluster", "input_symbols", "unknown_reasons"]
+__all__ = ["KNOWN", "UNKNOWN", "cluster", "input_symbols", "symbol_origins", "unknown_reasons"]
 
 KNOWN = "known-shape"
 UNKNOWN = "unknown-shape"
@@ -50,7 +50,7 @@ def input_symbols(graph: Graph) -> set[sympy.Symbol]:
     return out
 
 
-def _symbol_origins(graph: Graph, bound: set[sympy.Symbol]) -> dict[sympy.Symbol, Node]:
+def symbol_origins(graph: Graph, bound: set[sympy.Symbol]) -> dict[sympy.Symbol, Node]:
     """Each symbol not bound by the inputs -> the first node (graph order) whose outputs
     hold it while none of its inputs do: the node whose result binds it."""
     origin: dict[sympy.Symbol, Node] = {}
@@ -101,7 +101,7 @@ def unknown_reasons(graph: Graph, engine: Mapping[str, str]) -> dict[str, str]:
     docstring); a node not in the result has a known shape. ``engine``: node name ->
     its engine."""
     bound = input_symbols(graph)
-    origin = _symbol_origins(graph, bound)
+    origin = symbol_origins(graph, bound)
     reasons: dict[str, str] = {}
     for node in graph.nodes:
         why = _own_reason(node, engine.get(node.name, ""), bound, origin)
