@@ -176,6 +176,16 @@ def parse_options(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def command_options(args: argparse.Namespace) -> dict[str, str]:
+    """The compile options of a command: its ``--option`` pairs, and ``--dynamic-dims``
+    as the ``dynamic_dims`` option (checked by geode.config)."""
+    out = parse_options(getattr(args, "option", None) or [])
+    dims = getattr(args, "dynamic_dims", None)
+    if dims:
+        out["dynamic_dims"] = ";".join(dims)
+    return out
+
+
 def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     """``--shape`` items as name -> shape: ``name:2,128`` or ``name=2x128`` (dims separated
     by ``,`` or ``x`` in either form; ``name:`` or ``name=`` is a scalar)."""
@@ -448,7 +458,7 @@ def _prepare(
     and make the inputs."""
     shapes = parse_shapes(getattr(args, "shape", None) or [])
     files = parse_input_files(getattr(args, "input", None) or [])
-    options = {**parse_options(args.option or []), **extra}
+    options = {**command_options(args), **extra}
     loaded = load_model(args.model)
     model, compile_s = compile_model(loaded, options)
     feeds = make_feeds(model.plan.inputs, shapes, files, np.random.default_rng(args.seed))
@@ -551,7 +561,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from geode import benchmark, config
     from geode.progress import progress_bar
 
-    options = parse_options(args.option or [])
+    options = command_options(args)
     if "num_threads" in options:
         raise CLIError("give the thread count with --threads, not --option num_threads")
     setting = config.current(**options).progress
@@ -596,7 +606,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """Print how a model was compiled: partitions, fusion decisions, kernels and costs."""
     dot_path = check_new_file("--dot", args.dot, args.force) if args.dot else None
     loaded = load_model(args.model)
-    model, _ = compile_model(loaded, parse_options(args.option or []))
+    model, _ = compile_model(loaded, command_options(args))
     print(model.explain())
     if dot_path is not None:
         write_new_text("--dot", dot_path, model.to_dot(), args.force)
@@ -608,11 +618,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
     """Compile a model and write it to a geode model file that loads without compiling."""
     from geode.modelfile.container import writable_target
 
+    if args.dynamic_dims:
+        raise CLIError(
+            "--dynamic-dims: a model file holds one compiled graph, not a bucketed model "
+            "(run, bench and explain take --dynamic-dims)"
+        )
     writable_target(args.output, args.force)  # refuse before compiling, not after
     loaded = load_model(args.model)
     if loaded.geode_path is not None:
         raise CLIError(f"{loaded.label}: a geode model file is compiled already")
-    model, compile_s = compile_model(loaded, parse_options(args.option or []))
+    model, compile_s = compile_model(loaded, command_options(args))
     size = model.save(args.output, overwrite=args.force, external_data=args.external_data)
     native = sum(1 for k in model.kernels if k.engine == "aicore")
     print(f"model {loaded.label}: {model.signature}")
@@ -656,7 +671,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     d = Path(args.dir)
     if d.exists() and not d.is_dir():
         raise CLIError(f"-d {args.dir}: exists and is not a directory")
-    options = parse_options(args.option or [])
+    options = command_options(args)
     loaded = load_model(args.model)
     options["dump_dir"] = str(d)
     model, _ = compile_model(loaded, options)
@@ -778,6 +793,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="a compile option of geode.config, e.g. fusion=0 or debug=2 (repeatable)",
+    )
+    p.add_argument(
+        "--dynamic-dims",
+        action="append",
+        metavar="NAME=S1,S2,...",
+        help="compile a variant per size of a symbolic input dim (buckets), e.g. "
+        "batch=1,4,16,64 (repeatable); other sizes pad up to the next bucket or run "
+        "the symbolic model",
     )
 
 

@@ -55,6 +55,16 @@ model_cache               GEODE_MODEL_CACHE       keep each compiled model in th
                                                   folder; compiling the same graph with the
                                                   same options again loads it (no pipeline
                                                   stage runs; see geode.modelfile.cache)
+incremental               GEODE_INCREMENTAL       compile a graph with data-dependent shapes
+                                                  up to its data-dependent ops; the rest is
+                                                  compiled per shape at run time and cached
+                                                  (see geode.incremental)
+dynamic_dims              GEODE_DYNAMIC_DIMS      bucketed variants: {"batch": [1, 4, 16]}
+                                                  (environment: "batch=1,4,16;seq=32,64")
+                                                  compiles the graph once per bucket with
+                                                  that dim static, plus the symbolic graph;
+                                                  each call runs the bucket of its size (see
+                                                  geode.buckets)
 ========================  ======================  =========================================
 
 ``dump_dir`` and ``cache_dir`` take a ``str`` or ``os.PathLike`` path (anything else is
@@ -130,6 +140,9 @@ class Options:
     dense_epilogues: bool = True
     fusion_search: str = "greedy"
     model_cache: bool = True
+    incremental: bool = False
+    #: ((dim name, sizes increasing), ...): see :func:`dynamic_dims_setting`
+    dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -156,6 +169,8 @@ class Options:
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
             "fusion_search": "GEODE_FUSION_SEARCH",
             "model_cache": "GEODE_MODEL_CACHE",
+            "incremental": "GEODE_INCREMENTAL",
+            "dynamic_dims": "GEODE_DYNAMIC_DIMS",
         }
         for name, var in env.items():
             raw = os.environ.get(var)
@@ -173,6 +188,8 @@ class Options:
                 raise OptionError(f"unknown option {k!r}; known options: {sorted(known)}")
             if k in _PATH_OPTIONS:
                 overrides[k] = check_path_option(k, v)
+            elif k == "dynamic_dims":
+                overrides[k] = dynamic_dims_setting(v)
             elif isinstance(v, str) and k not in (
                 "progress",
                 "streaming",
@@ -202,6 +219,7 @@ _BOOL_OPTIONS = (
     "freeze_variables",
     "lazy_compile",
     "dense_epilogues",
+    "incremental",
 )
 
 
@@ -296,6 +314,8 @@ def _parse(name: str, raw: str, source: str) -> Any:
             raise ValueError(raw)
         if kind == "int":
             return int(raw)
+        if name == "dynamic_dims":
+            return dynamic_dims_setting(raw, source)
         if kind.startswith("tuple"):
             return tuple(p.strip() for p in raw.split(",") if p.strip())
         if name in ("backend", "fusion_search"):
@@ -303,6 +323,64 @@ def _parse(name: str, raw: str, source: str) -> Any:
         return raw
     except ValueError:
         raise OptionError(f"{source}={raw!r}: expected {kind} for option {name!r}") from None
+
+
+#: the most bucketed variants one compile makes (the product of every dim's sizes)
+MAX_BUCKETS = 64
+
+
+def dynamic_dims_setting(value: Any, source: str = "dynamic_dims") -> tuple:
+    """The ``dynamic_dims`` option in its canonical form, ``((name, (sizes...)), ...)``,
+    from a mapping (``{"batch": [1, 4, 16]}``), a sequence of pairs, that form itself,
+    or the text of the environment and the command line (``"batch=1,4,16;seq=32,64"``);
+    None or empty: no buckets. OptionError naming the dim when a name is not a str,
+    the sizes are not positive ints in increasing order, or the variants are more than
+    :data:`MAX_BUCKETS`."""
+    if value is None or (isinstance(value, (str, dict, tuple, list)) and not value):
+        return ()
+    if isinstance(value, str):
+        pairs = []
+        for part in value.split(";"):
+            name, eq, sizes = part.partition("=")
+            if not eq or not name.strip():
+                raise OptionError(
+                    f"{source}={value!r}: expected name=size,size,... (e.g. batch=1,4,16)"
+                )
+            try:
+                pairs.append((name.strip(), [int(t) for t in sizes.split(",")]))
+            except ValueError:
+                raise OptionError(
+                    f"{source}: sizes of dim {name.strip()!r} must be ints, got {sizes.strip()!r}"
+                ) from None
+        value = pairs
+    items = list(value.items()) if isinstance(value, dict) else list(value)
+    out = []
+    total = 1
+    for item in items:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise OptionError(f"{source}: expected dim name -> sizes, got {item!r}")
+        name, sizes = item
+        if not isinstance(name, str) or not name:
+            raise OptionError(f"{source}: a dim name is a non-empty str, got {name!r}")
+        sizes = list(sizes) if isinstance(sizes, (tuple, list, range)) else [sizes]
+        if not sizes:
+            raise OptionError(f"{source}: dim {name!r} has no sizes")
+        if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in sizes):
+            raise OptionError(f"{source}: sizes of dim {name!r} must be ints, got {sizes!r}")
+        if min(sizes) < 1 or any(b <= a for a, b in zip(sizes, sizes[1:])):
+            raise OptionError(
+                f"{source}: sizes of dim {name!r} must be positive and increasing, got {sizes}"
+            )
+        out.append((name, tuple(int(n) for n in sizes)))
+        total *= len(sizes)
+    if len({n for n, _ in out}) != len(out):
+        raise OptionError(f"{source}: a dim is named twice in {[n for n, _ in out]}")
+    if total > MAX_BUCKETS:
+        raise OptionError(
+            f"{source}: {total} bucketed variants (the product of the dims' sizes); "
+            f"at most {MAX_BUCKETS}"
+        )
+    return tuple(out)
 
 
 def stream_min_bytes(opts: Options, cache_bytes: int) -> int | None:

@@ -231,18 +231,14 @@ def _build_plan(
     kept = out_slots | {c.slot for c in commits}  # live to the end of the run
     memory, arena = _memory_plan(slots, steps, kept, aliases)
     release = _release_lists(slots, steps, arena, kept)
-    constraints = []
-    for a, b, where in graph.symbols.constraints:
-        syms = frozenset(s.name for s in free_symbols((a, b)))
-        if syms <= input_names:
-            constraints.append(
-                Constraint(compile_dim_fn(a), compile_dim_fn(b), syms, f"{a} == {b} ({where})")
-            )
+    constraints, late = _constraints(graph, input_names)
     broadcasts = _broadcast_constraints(graph, input_names)
     memo = _binding_steps(step_units, steps, slots, aliases)
     text = describe_memory(slots, steps, memory, aliases, out_slots)
     steps, release, memo = _chain_native_runs(step_units, steps, release, memo, aliases)
     start, after = _alias_schedule(steps, aliases)
+    late += _broadcast_constraints(graph, input_names, late=True)
+    checks_after = _late_check_schedule(late, steps, slots, input_names)
     return Plan(
         graph.name,
         specs,
@@ -260,20 +256,58 @@ def _build_plan(
         text,
         commits,
         broadcasts,
+        checks_after=checks_after,
     )
 
 
-def _broadcast_constraints(graph: Graph, input_names: set[str]) -> list[BroadcastConstraint]:
+def _constraints(graph: Graph, input_names: set[str]) -> tuple[list[Constraint], list[Constraint]]:
+    """The graph's equality constraints: those over symbols the inputs bind (checked
+    before the run), and those over symbols a step binds (checked after it)."""
+    early: list[Constraint] = []
+    late: list[Constraint] = []
+    for a, b, where in graph.symbols.constraints:
+        syms = frozenset(s.name for s in free_symbols((a, b)))
+        c = Constraint(compile_dim_fn(a), compile_dim_fn(b), syms, f"{a} == {b} ({where})")
+        (early if syms <= input_names else late).append(c)
+    return early, late
+
+
+def _broadcast_constraints(
+    graph: Graph, input_names: set[str], late: bool = False
+) -> list[BroadcastConstraint]:
     """The graph's recorded symbolic broadcasts (``SymbolTable.broadcasts``) whose dims the
-    inputs bind, for the executor to check before the run. The others involve symbols a
-    step binds; the ops that broadcast them check their operands when they run."""
+    inputs bind, for the executor to check before the run; with ``late``, the others:
+    those over symbols a step binds (a NonZero's count), checked once it has run."""
     out = []
     for dims, where in graph.symbols.broadcasts:
         syms = frozenset(s.name for s in free_symbols(dims))
-        if syms <= input_names:
+        if (syms <= input_names) != late:
             fns = tuple((compile_dim_fn(d), str(d)) for d in dims)
             out.append(BroadcastConstraint(fns, syms, where))
     return out
+
+
+def _late_check_schedule(
+    checks: list[Constraint | BroadcastConstraint],
+    steps: list[Step],
+    slots: list[Slot],
+    input_names: set[str],
+) -> list[list[Constraint | BroadcastConstraint]]:
+    """Per step, the checks whose last symbol it binds (``Slot.binds`` of its outputs):
+    the executor runs them right after the step, before any later kernel reads dims that
+    rely on them. A check over a symbol no step binds is dropped (nothing can be wrong
+    before it is bound, and nothing that reads it runs)."""
+    after: list[list[Constraint | BroadcastConstraint]] = [[] for _ in steps]
+    if not checks:
+        return after
+    bound = set(input_names)
+    pending = list(checks)
+    for k, st in enumerate(steps):
+        bound.update(name for o in st.outputs for _, name in slots[o].binds)
+        ready = [c for c in pending if c.symbols <= bound]
+        after[k] = ready
+        pending = [c for c in pending if c not in ready]
+    return after
 
 
 def _slot(v: Value, input_names: set[str], vm: VarManager, key_prefix: str) -> Slot:

@@ -26,6 +26,7 @@ import numpy as np
 from geode import config
 from geode.compiler.ir import Graph, format_graph
 from geode.compiler.ops import control
+from geode.compiler.partition.stages import has_stages
 from geode.debug import Dumper, log
 from geode.errors import CheckpointError, GeodeError, GraphError
 from geode.plan_builder import ALIAS, COMMIT, NO_STEP, Unit, held_keys
@@ -34,6 +35,7 @@ from geode.runtime.model import CompiledModel
 from geode.runtime.var_manager import VarKind, VarManager, VarManagerError, VarManagerPool
 
 if TYPE_CHECKING:
+    from geode.compiler.partition.engine import EnginePartition
     from geode.compiler.partition.placement import Placement
 
 
@@ -62,6 +64,24 @@ class Session:
             raise GraphError(f"compile() expects a geode.Graph, got {type(graph).__name__}")
         opts = config.current(**{**self._overrides, **options})  # read at every compile
         g = graph.copy()
+        if has_stages(g):
+            from geode.stages import compile_stages
+
+            return compile_stages(self, g, opts)
+        if opts.incremental:
+            from geode.incremental import compile_incremental
+
+            return compile_incremental(self, g, opts)
+        if opts.dynamic_dims:
+            from geode.buckets import compile_buckets
+
+            return compile_buckets(self, g, opts)
+        return self.compile_with(g, opts)
+
+    def compile_with(self, g: Graph, opts: config.Options) -> CompiledModel:
+        """Compile ``g`` (a graph the session may change: a copy of the user's) with
+        ``opts`` as given (no buckets, stages or incremental cut: ``dynamic_dims`` and
+        ``incremental`` are ignored here), through the model cache."""
         key = _model_cache_key(g, opts)
         hit = None if key is None else self._cached_model(key, opts)
         return hit if hit is not None else self._compile(g, opts, key)
@@ -75,7 +95,7 @@ class Session:
         from geode.modelfile import cache
 
         opts = config.current(**{**self._overrides, **options})
-        key = cache.file_key(path, opts)
+        key = None if opts.dynamic_dims or opts.incremental else cache.file_key(path, opts)
         hit = None if key is None else self._cached_model(key, opts)
         if hit is not None:
             return hit
@@ -83,7 +103,7 @@ class Session:
 
         g = import_model(path)
         if key is None or not cache.usable(g, opts):
-            return self.compile(g, **options)
+            return self.compile(g, **options)  # buckets too
         return self._compile(g, opts, key)
 
     def _compile(self, g: Graph, opts: config.Options, key: str | None) -> CompiledModel:
@@ -99,6 +119,7 @@ class Session:
             g, c.placement, units, c.fusion_text, c.pass_text, self.var_manager, timings
         )
         explain.memory_text = c.plan.memory_text
+        explain.engine_partition = c.engine_partition
         kernels = [u.info for u in units if u.engine not in NO_STEP]  # views, commits: none
         model = CompiledModel(c.plan, self.var_manager, kernels, explain, {"timings": timings})
         model.saver = _saver(model, g, units, explain, explain.dot)
@@ -260,9 +281,11 @@ class _Explain:
         self.g, self.placement, self.units = g, placement, units
         self.plan_text, self.pass_text, self.vm, self.timings = plan_text, pass_text, vm, timings
         self.memory_text = ""
+        self.engine_partition: EnginePartition | None = None
 
     def dot(self) -> str:
-        """Graphviz DOT of the compiled graph: a cluster per native kernel, engines as colours."""
+        """Graphviz DOT of the compiled graph: a cluster per native kernel, engines as
+        colours, a box per engine subgraph with its PlaceHolder and End nodes."""
         from geode.viz import Cluster, to_dot
 
         clusters = [
@@ -275,7 +298,13 @@ class _Explain:
             for u in self.units
             if u.engine == "aicore"
         ]
-        return to_dot(self.g, self.placement, clusters, kernels=[u.info for u in self.units])
+        return to_dot(
+            self.g,
+            self.placement,
+            clusters,
+            kernels=[u.info for u in self.units],
+            engine_partition=self.engine_partition,
+        )
 
     def __call__(self) -> str:
         g = self.g
@@ -320,6 +349,8 @@ class _Explain:
             for u in writes:
                 var = u.nodes[0].inputs[0]
                 lines.append(f"  {var.name}: {var.desc} <- {u.inputs[0].name} [{COMMIT}]")
+        if self.engine_partition is not None:
+            lines.append(self.engine_partition.describe())
         if self.memory_text:
             lines.append(self.memory_text)
         lines.append(
@@ -346,7 +377,7 @@ def control_flow_session() -> Session:
 def compile_subgraph(body: Graph) -> CompiledModel:
     """Compile an If/Loop/Scan body in the control-flow session (the subgraph compiler
     this module installs in :mod:`geode.compiler.ops.control`)."""
-    return control_flow_session().compile(body)
+    return control_flow_session().compile(body, dynamic_dims=())  # buckets: the outer graph's
 
 
 control.set_subgraph_compiler(compile_subgraph)

@@ -17,6 +17,8 @@ emit           ``geode/codegen/driver.py`` ``emit_kernel`` (the backend)
 bind           ``geode/runtime/engines.py`` (the engines' steps; views become aliases;
                library ops natively: ``codegen/driver.py`` MatMul, ``codegen/native_conv.py``
                Conv)
+engines        ``geode/compiler/partition/engine.py`` (per-engine subgraphs with
+               PlaceHolder/End boundaries, for ``explain()`` and the DOT picture)
 plan           ``geode/plan_builder.py`` (slots, memory plan with aliases, runtime Plan)
 =============  ==========================================================
 
@@ -47,6 +49,7 @@ from geode.compiler.fusion.search import search_fusion
 from geode.compiler.fusion.views import alias_view
 from geode.compiler.ir import Graph, Node, format_graph
 from geode.compiler.ops import state
+from geode.compiler.partition.engine import EnginePartition, partition_engines
 from geode.compiler.partition.placement import (
     Placement,
     assign_engines,
@@ -60,6 +63,7 @@ from geode.errors import GeodeError, GraphError
 from geode.plan_builder import (
     ALIAS,
     COMMIT,
+    NO_STEP,
     Unit,
     alias_unit,
     bind_units,
@@ -89,6 +93,8 @@ class Compilation:
     #: the fusion plan's order of work: single nodes and groups on their way to kernels
     work: list[Node | driver.KernelJob] = field(default_factory=list)
     units: list[Unit] = field(default_factory=list)
+    #: the per-engine subgraphs of the bound units (GE's EnginePartitioner)
+    engine_partition: EnginePartition | None = None
     plan: Plan | None = None
     timings: dict[str, float] = field(default_factory=dict)
     #: codegen failures that fell back to a reference kernel (each gave a CodegenWarning)
@@ -308,6 +314,15 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
     return reference_unit(node, "aicpu" if engine == "aicore" else engine)
 
 
+def engines(c: Compilation) -> None:
+    """Cut the bound graph into per-engine subgraphs with PlaceHolder/End boundaries
+    (GE's EnginePartitioner): what ``explain()`` and the DOT picture show of engines."""
+    engine_of = {n.name: u.engine for u in c.units for n in u.nodes}
+    step_of = {n.name: u.name for u in c.units for n in u.nodes if u.engine not in NO_STEP}
+    c.engine_partition = partition_engines(c.graph, engine_of, step_of, sorted(NO_STEP))
+    c.dump.stage("engine_partition", c.engine_partition.describe())
+
+
 def plan(c: Compilation) -> None:
     """The runtime plan: a slot per value, constants and variables registered with the
     VarManager, the activation memory plan."""
@@ -330,6 +345,7 @@ STAGES: list[tuple[str, Stage]] = [
     ("schedule", schedule),
     ("emit", emit),
     ("bind", bind),
+    ("engines", engines),
     ("plan", plan),
 ]
 # fmt: on

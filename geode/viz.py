@@ -5,8 +5,12 @@ with its engine's colour (a legend names them), every fusion group (or compiled
 kernel) is a cluster around its ops, graph inputs are green ellipses, outputs double
 ellipses, constants grey notes; edges carry the tensor type. Ops in an unknown-shape
 partition have a dashed border; ops the compiled model never runs (dead after
-fusion) are grey and dotted. ``render_svg(dot, path)`` runs Graphviz's ``dot``
-when it is installed.
+fusion) are grey and dotted. Given the engine partition (GE's EnginePartitioner,
+:mod:`geode.compiler.partition.engine`), each engine subgraph is a dashed box around
+its ops and kernels (subgraph 0 holds the inputs), and a value that crosses between
+subgraphs runs through an End node (in the box that produces it) and a PlaceHolder
+node (in the box that reads it), joined by a dotted edge labelled with their peer
+index. ``render_svg(dot, path)`` runs Graphviz's ``dot`` when it is installed.
 
 ``model.to_dot()`` and ``geode dump`` (``graph.dot`` in every dump dir) use it.
 """
@@ -23,6 +27,7 @@ from typing import Any
 
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.ir import Graph, Value, ValueKind
+from geode.compiler.partition.engine import NET_OUTPUT, EnginePartition
 from geode.compiler.partition.placement import Placement
 from geode.errors import GeodeError
 
@@ -107,6 +112,7 @@ def to_dot(
     kernels: Sequence[Any] | None = None,
     title: str | None = None,
     show_constants: bool = True,
+    engine_partition: EnginePartition | None = None,
 ) -> str:
     """Graphviz DOT of ``graph``.
 
@@ -114,7 +120,8 @@ def to_dot(
     (a :class:`FusionPlan` or a list of :class:`Cluster`) draws a cluster per group.
     ``kernels`` (``model.kernels``: objects with ``name``, ``ops``, ``engine``) gives
     the engine each op really runs on, marks ops no kernel runs as dead, and draws a
-    cluster per native kernel when no ``fusion_plan`` is given.
+    cluster per native kernel when no ``fusion_plan`` is given. ``engine_partition``
+    draws the engine subgraphs and their PlaceHolder/End nodes (module docstring).
     """
     if isinstance(fusion_plan, FusionPlan):
         clusters = clusters_from_plan(fusion_plan)
@@ -179,25 +186,32 @@ def to_dot(
             f"fillcolor={_q(color)}, tooltip={_q(tip)}];"
         )
 
-    clustered: set[str] = set()
-    known = set(ids)
     by_name = {n.name: n for n in graph.nodes}
+    kernel_boxes: list[tuple[int, Cluster, list[str]]] = []
+    clustered: set[str] = set()
     for ci, c in enumerate(clusters):
-        members = [m for m in c.nodes if m in known and m not in clustered]
-        if not members:
-            continue
-        clustered.update(members)
-        lines.append(f"  subgraph cluster_{ci} {{")
-        lines.append(f'    label={_q(c.label)}; style="rounded"; color="#3182bd"; fontsize=10;')
-        for m in members:
-            lines.append("    " + op_stmt(by_name[m]))
-        lines.append("  }")
-    for n in graph.nodes:
-        if n.name not in clustered:
-            lines.append("  " + op_stmt(n))
+        members = [m for m in c.nodes if m in ids and m not in clustered]
+        if members:
+            clustered.update(members)
+            kernel_boxes.append((ci, c, members))
 
-    lines += _value_lines(graph, consts, val_ids)
-    lines += _edge_lines(graph, ids, val_ids)
+    def box_lines(boxes: list[tuple[int, Cluster, list[str]]], loose: list[str], pad: str):
+        return _box_lines(boxes, [op_stmt(by_name[m]) for m in loose], pad, op_stmt, by_name)
+
+    loose = [n.name for n in graph.nodes if n.name not in clustered]
+    if engine_partition is None:
+        lines += box_lines(kernel_boxes, loose, "  ")
+        lines += _value_lines(graph, consts, val_ids)
+        lines += _edge_lines(graph, ids, val_ids)
+    else:
+        sub_of = engine_partition.subgraph_of()
+        for sg in engine_partition.subgraphs:
+            boxes = [b for b in kernel_boxes if sub_of.get(b[2][0]) == sg.index]
+            mine = [m for m in loose if sub_of.get(m) == sg.index]
+            lines += _subgraph_lines(sg, box_lines(boxes, mine, "    "), graph, val_ids)
+        lines += box_lines([], [m for m in loose if m not in sub_of], "  ")
+        lines += _value_lines(graph, consts, val_ids, inputs=False)
+        lines += _boundary_edges(graph, ids, val_ids, engine_partition)
     dead = kernels is not None and len(run_by) < len(ids)
     lines += _legend_lines(
         sorted({e for e in engine.values() if e} | ({"dead"} if dead else set()))
@@ -206,14 +220,75 @@ def to_dot(
     return "\n".join(lines) + "\n"
 
 
-def _value_lines(graph: Graph, consts: list[Value], val_ids: dict[int, str]) -> list[str]:
-    """DOT nodes of the graph's inputs, drawn constants and variables, and outputs."""
-    lines = []
-    for v in graph.inputs:
+def _box_lines(
+    boxes: list[tuple[int, Cluster, list[str]]],
+    loose: list[str],
+    pad: str,
+    op_stmt: Any,
+    by_name: Mapping[str, Any],
+) -> list[str]:
+    """A cluster per kernel box (its ops inside), then the ``loose`` op statements."""
+    out = []
+    for ci, c, members in boxes:
+        out.append(f"{pad}subgraph cluster_{ci} {{")
+        out.append(f'{pad}  label={_q(c.label)}; style="rounded"; color="#3182bd"; fontsize=10;')
+        out += [f"{pad}  " + op_stmt(by_name[m]) for m in members]
+        out.append(f"{pad}}}")
+    return out + [pad + stmt for stmt in loose]
+
+
+def _boundary_edges(
+    graph: Graph, ids: dict[str, str], val_ids: dict[int, str], part: EnginePartition
+) -> list[str]:
+    """The edges of an engine-partitioned picture: End -> PlaceHolder pairs (dotted,
+    labelled with their peer index), then every value's edges routed through them."""
+    lines = [
+        f"  end{b.peer_index} -> ph{b.peer_index} [style=dotted, label={_q('#' + str(b.peer_index))}];"
+        for b in part.boundaries
+        if b.target != NET_OUTPUT
+    ]
+    routes = {(b.value, b.target): b.peer_index for b in part.boundaries}
+    sub_of = {**part.subgraph_of(), **{v.name: 0 for v in graph.inputs}}
+    return lines + _edge_lines(graph, ids, val_ids, routes, sub_of)
+
+
+def _input_line(v: Value, val_ids: dict[int, str]) -> str:
+    return (
+        f"{val_ids[id(v)]} [label={_q(v.name + chr(10) + _desc(v))}, shape=ellipse, "
+        f"style=filled, fillcolor={_q(INPUT_COLOR)}];"
+    )
+
+
+def _subgraph_lines(sg: Any, body: list[str], graph: Graph, val_ids: dict[int, str]) -> list[str]:
+    """An engine subgraph's box: its ops and kernel boxes (``body``), the inputs for
+    subgraph 0, and a PlaceHolder node per value it reads from another subgraph and an
+    End node per value it hands on."""
+    lines = [f"  subgraph cluster_sg{sg.index} {{"]
+    label = f"subgraph {sg.index} [{sg.engine}]"
+    lines.append(f'    label={_q(label)}; style="dashed"; color="#636363"; fontsize=11;')
+    if sg.index == 0:
+        lines += ["    " + _input_line(v, val_ids) for v in graph.inputs]
+    lines += body
+    for b in sg.placeholders:
         lines.append(
-            f"  {val_ids[id(v)]} [label={_q(v.name + chr(10) + _desc(v))}, shape=ellipse, "
-            f"style=filled, fillcolor={_q(INPUT_COLOR)}];"
+            f"    ph{b.peer_index} [label={_q(f'PlaceHolder #{b.peer_index}' + chr(10) + b.value)}, "
+            'shape=house, style=filled, fillcolor="#ffffff", fontsize=8];'
         )
+    for b in sg.ends:
+        lines.append(
+            f"    end{b.peer_index} [label={_q(f'End #{b.peer_index}' + chr(10) + b.value)}, "
+            'shape=invhouse, style=filled, fillcolor="#ffffff", fontsize=8];'
+        )
+    lines.append("  }")
+    return lines
+
+
+def _value_lines(
+    graph: Graph, consts: list[Value], val_ids: dict[int, str], inputs: bool = True
+) -> list[str]:
+    """DOT nodes of the graph's inputs (unless ``inputs`` is false: they are drawn in
+    subgraph 0), drawn constants and variables, and outputs."""
+    lines = ["  " + _input_line(v, val_ids) for v in graph.inputs] if inputs else []
     for v in consts:
         if id(v) in val_ids:
             kind = "variable" if v.kind is ValueKind.VARIABLE else "constant"
@@ -229,8 +304,20 @@ def _value_lines(graph: Graph, consts: list[Value], val_ids: dict[int, str]) -> 
     return lines
 
 
-def _edge_lines(graph: Graph, ids: dict[str, str], val_ids: dict[int, str]) -> list[str]:
-    """DOT edges: each value from its producer (or its own node) to its readers."""
+def _edge_lines(
+    graph: Graph,
+    ids: dict[str, str],
+    val_ids: dict[int, str],
+    routes: Mapping[tuple[str, int], int] | None = None,
+    sub_of: Mapping[str, int] | None = None,
+) -> list[str]:
+    """DOT edges: each value from its producer (or its own node) to its readers. With
+    an engine partition (``routes``: (value, reading subgraph) -> peer index; ``sub_of``:
+    op or input name -> its subgraph), a value that crosses subgraphs runs from its
+    producer to its End and from the paired PlaceHolder to its readers; a model output
+    from its End."""
+    routes = routes or {}
+    sub_of = sub_of or {}
 
     def source(v: Value) -> str | None:
         if v.producer is not None and v.producer.name in ids:
@@ -238,17 +325,33 @@ def _edge_lines(graph: Graph, ids: dict[str, str], val_ids: dict[int, str]) -> l
         return val_ids.get(id(v))
 
     lines = []
+    ended: set[int] = set()
+
+    def via(v: Value, src: str, peer: int | None) -> str:
+        if peer is None:
+            return src
+        if peer not in ended:
+            ended.add(peer)
+            lines.append(f"  {src} -> end{peer} [label={_q(_desc(v))}];")
+        return f"end{peer}"
+
     for n in graph.nodes:
         for v in n.inputs:
             if v is None:
                 continue
             src = source(v)
-            if src is not None:
-                lines.append(f"  {src} -> {ids[n.name]} [label={_q(_desc(v))}];")
+            if src is None:
+                continue
+            peer = routes.get((v.name, sub_of.get(n.name, -2)))
+            if peer is not None:
+                via(v, src, peer)
+                src = f"ph{peer}"
+            lines.append(f"  {src} -> {ids[n.name]} [label={_q(_desc(v))}];")
+    outs = {value: peer for (value, target), peer in routes.items() if target == NET_OUTPUT}
     for i, v in enumerate(graph.outputs):
         src = source(v)
         if src is not None:
-            lines.append(f"  {src} -> out{i};")
+            lines.append(f"  {via(v, src, outs.get(v.name))} -> out{i};")
     return lines
 
 

@@ -687,3 +687,38 @@ def test_error_notes_join_the_one_line():
     exc = ValueError("bad\n value")
     exc.add_note("in step 's' (aicpu: Slice)")
     assert cli._one_line(exc) == "bad value (in step 's' (aicpu: Slice))"
+
+
+def test_dynamic_dims_run_and_explain(tmp_path, capsys, in_process):
+    block = str(Path(__file__).parent / "data" / "torch_block.onnx")
+    argv = ["run", block, "--dynamic-dims", "batch=1,4", "--shape", "x:3,8,16"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "y       float32[3, 8, 16]" in out and "pooled  float32[3, 16]" in out
+    assert cli.main(["explain", block, "--dynamic-dims", "batch=1,4"]) == 0
+    text = capsys.readouterr().out
+    assert "  dim batch: 1, 4 (x dim 0)" in text
+    assert "  bucket batch=4: compile " in text and "symbolic model (every size):" in text
+
+
+@pytest.mark.parametrize(
+    ("value", "msg"),
+    [
+        ("bach=1,4", "dynamic dim 'bach' is not a dim of graph 'main_graph''s inputs"),
+        ("batch=4,1", "sizes of dim 'batch' must be positive and increasing, got [4, 1]"),
+        ("batch", "expected name=size,size,..."),
+    ],
+)
+def test_bad_dynamic_dims_are_one_error_line(value, msg, capsys, in_process):
+    block = str(Path(__file__).parent / "data" / "torch_block.onnx")
+    assert cli.main(["explain", block, "--dynamic-dims", value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("geode: error: ") and msg in err[0], err
+
+
+def test_compile_refuses_dynamic_dims(tmp_path, capsys, in_process):
+    out = tmp_path / "m.geode"
+    argv = ["compile", "builtin:layernorm", "-o", str(out), "--dynamic-dims", "N=1,2"]
+    assert cli.main(argv) == 2
+    assert "a model file holds one compiled graph" in capsys.readouterr().err
+    assert not out.exists()

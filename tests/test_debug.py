@@ -289,7 +289,10 @@ def test_layernorm_dump_dir_from_set_options(clean_options, tmp_path, capsys):
     assert read("memory_plan").strip() == model.plan.memory_text.strip() != ""
     assert read("memory_plan").strip() in model.explain()
     dot = (d / "graph.dot").read_text()
-    assert dot == model.to_dot() and dot.count("subgraph cluster_") == 2
+    # the kernel and the legend, and the engine subgraphs: the inputs', the kernel's
+    assert dot == model.to_dot() and dot.count("subgraph cluster_") == 4
+    assert dot.count("subgraph cluster_sg") == 2
+    assert "engine partition: 2 subgraphs" in read("engine_partition")
 
 
 def test_debug_env_levels_log_stages(clean_options, monkeypatch, caplog):

@@ -27,6 +27,7 @@ def test_the_stages_in_order() -> None:
         "schedule",
         "emit",
         "bind",
+        "engines",
         "plan",
     ]
     for name, fn in spine.STAGES:

@@ -64,19 +64,20 @@ def parse_dot(text: str) -> dict:
         labels[m.group(1)] = unquote(m.group(2))
     edges = re.findall(r"^\s*(\w+) -> (\w+)", bare, re.M)
     clusters: dict[str, list[str]] = {}
-    current = None
+    open_clusters: list[str] = []  # nested: a node belongs to every cluster around it
     for line in text.splitlines():
         m = re.match(r"\s*subgraph (cluster_\w+) \{", line)
         if m:
-            current = m.group(1)
-            clusters[current] = []
+            open_clusters.append(m.group(1))
+            clusters[m.group(1)] = []
             continue
-        if current and line.strip() == "}":
-            current = None
+        if open_clusters and line.strip() == "}":
+            open_clusters.pop()
             continue
         m = re.match(r"\s*(\w+) \[label=", line)
-        if m and current:
-            clusters[current].append(m.group(1))
+        if m:
+            for c in open_clusters:
+                clusters[c].append(m.group(1))
     for a, b in edges:
         assert a in labels and b in labels, f"edge {a} -> {b} names an undeclared node"
     return {"labels": labels, "edges": edges, "clusters": clusters}
@@ -94,7 +95,11 @@ def test_clusters_engines_and_every_node():
     g, placement, plan = planned(examples.attention().graph)
     dot = viz.to_dot(g, placement, plan)
     parsed = parse_dot(dot)
-    fusion = {k: v for k, v in parsed["clusters"].items() if k != "cluster_legend"}
+    fusion = {
+        k: v
+        for k, v in parsed["clusters"].items()
+        if k != "cluster_legend" and not k.startswith("cluster_sg")
+    }
     assert len(fusion) == len(plan.groups) >= 2
     for n in g.nodes:  # every op once, inside its group's cluster when it has one
         (i,) = op_ids(parsed, n.name)
@@ -169,7 +174,11 @@ def test_compiled_model_gives_its_dot(cache_dir):
     dot = model.to_dot()
     parsed = parse_dot(dot)
     native = [k for k in model.kernels if k.engine == "aicore"]  # fused and library
-    fusion = {k: v for k, v in parsed["clusters"].items() if k != "cluster_legend"}
+    fusion = {
+        k: v
+        for k, v in parsed["clusters"].items()
+        if k != "cluster_legend" and not k.startswith("cluster_sg")
+    }
     assert len(fusion) == len(native) >= 2
     labels = {unquote(m) for m in re.findall(r'label=("(?:[^"\\]|\\.)*");', dot)}
     for k in native:
@@ -221,3 +230,38 @@ def test_render_svg_without_dot(monkeypatch, tmp_path):
 def test_render_svg_rejects_bad_dot(tmp_path):
     with pytest.raises(viz.GraphvizError, match="dot failed"):
         viz.render_svg("digraph {", tmp_path / "bad.svg")
+
+
+def test_engine_subgraphs_with_placeholder_and_end_nodes(cache_dir):
+    g = geode.Graph("engines")
+    x = g.input("x", ["N", 8])
+    a = ops.exp(x) * 2.0
+    nz = ops.cast(ops.non_zero(a > 3.0), to=1)  # host, then aicore again
+    g.output(ops.sigmoid(nz), ops.tanh(a), names=["z", "b"])
+    model = geode.compile(g, cache_dir=str(cache_dir), progress="0")
+    parsed = parse_dot(model.to_dot())
+    boxes = {k: v for k, v in parsed["clusters"].items() if k.startswith("cluster_sg")}
+    assert sorted(boxes) == ["cluster_sg0", "cluster_sg1", "cluster_sg2", "cluster_sg3"]
+    labels = parsed["labels"]
+    assert [labels[i] for i in boxes["cluster_sg0"]] == ["x\nfloat32[N, 8]", "End #0\nx"]
+    (nonzero,) = op_ids(parsed, "nonzero")
+    assert nonzero in boxes["cluster_sg2"]
+    (exp,) = op_ids(parsed, "exp")
+    assert exp in boxes["cluster_sg1"]
+    # every crossing runs producer -> End -> PlaceHolder -> reader, End and PlaceHolder
+    # in the boxes of the producer and of the reader
+    edges = set(parsed["edges"])
+    ends = sorted(i for i in labels if i.startswith("end"))
+    phs = sorted(i for i in labels if i.startswith("ph"))
+    assert len(ends) == len(phs) + 2  # + the two model outputs' Ends
+    for ph in phs:
+        peer = ph[2:]
+        assert (f"end{peer}", ph) in edges
+        assert labels[ph].startswith(f"PlaceHolder #{peer}\n")
+        src = next(k for k, v in boxes.items() if f"end{peer}" in v)
+        dst = next(k for k, v in boxes.items() if ph in v)
+        assert src != dst
+    assert any(a == nonzero and b.startswith("end") for a, b in edges)
+    assert not any(a == exp and b == nonzero for a, b in edges)  # no direct crossing edge
+    assert {b for _, b in edges if b.startswith("out")} == {"out0", "out1"}
+    assert all(a.startswith("end") for a, b in edges if b.startswith("out"))

@@ -35,7 +35,6 @@ from geode.compiler.shapes import (
     broadcast_stride,
     broadcasts_to,
     dims_equal,
-    free_symbols,
 )
 from geode.errors import CodegenError
 
@@ -683,10 +682,11 @@ def _check_indices_later(ctx: LowerCtx, node: Node, axis: int) -> None:
 
 
 def make_can_lower(graph: Graph) -> Callable[[Node], str | None]:
-    """The planner's ``can_lower``: None when a node can be lowered, else the reason."""
-    bound = set()
-    for v in graph.inputs:
-        bound |= free_symbols(v.shape)
+    """The planner's ``can_lower``: None when a node can be lowered, else the reason.
+
+    A shape known only at run time (a dim a NonZero or a Reshape to a computed shape
+    binds) is no reason: a kernel takes its dims as arguments, which the step computes
+    from the symbols bound by the arrays produced before it."""
 
     def check(node: Node) -> str | None:
         if node.op_type not in RULES and node.op_type not in REDUCES:
@@ -698,8 +698,6 @@ def make_can_lower(graph: Graph) -> Callable[[Node], str | None]:
                 return f"{v.name!r} has unknown rank"
             if v.dtype not in CODEGEN_DTYPES:
                 return f"{v.name!r} has dtype {dtypes.name(v.dtype)} (not compiled)"
-            if not free_symbols(v.shape) <= bound:
-                return f"{v.name!r} has a shape known only at run time"
         return _op_check(node, graph.symbols)
 
     return check

@@ -12,10 +12,11 @@ arithmetic operators, so a graph built with the Python API reads like numpy::
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,6 +243,8 @@ class Node:
         self.attrs: dict[str, Any] = dict(attrs or {})
         self.inputs: list[Value | None] = []
         self.outputs: list[Value] = []
+        #: the pipeline stage it runs in (GE's ATTR_STAGE_LEVEL; ``Graph.stage``), or None
+        self.stage: int | None = None
         for v in inputs:
             self.add_input(v)
 
@@ -347,6 +350,7 @@ class Graph:
         self.opset: int = 21
         self._names = itertools.count()
         self._node_names: set[str] = set()  # every node name ever used (only grows)
+        self._stage: int | None = None  # the stage nodes added now run in (see stage)
 
     # -- naming ----------------------------------------------------------------------
     def unique_name(self, base: str) -> str:
@@ -516,6 +520,7 @@ class Graph:
     ) -> Node:
         """Append a node; with ``infer`` its schema is verified and output shapes inferred."""
         node = Node(self.unique_name(name or op_type.lower()), op_type, inputs, attrs, domain)
+        node.stage = self._stage
         self._node_names.add(node.name)
         for v in inputs:
             if v is not None and v.graph is not self:
@@ -552,6 +557,20 @@ class Graph:
         vals = [None if x is None else self.lift(x, like) for x in inputs]
         node = self.add_node(op_type, vals, attrs, n_outputs=n_outputs, name=name)
         return node.outputs[0] if n_outputs == 1 else tuple(node.outputs)
+
+    @contextlib.contextmanager
+    def stage(self, index: int) -> Iterator[None]:
+        """Nodes added inside ``with g.stage(k):`` run in pipeline stage ``k`` (GE's
+        StagePartitioner): a graph with stages compiles into one model per stage, run
+        one after another or pipelined over micro-batches (``geode/stages.py``). Nodes
+        outside any ``with`` take the stage of their first reader, or the last stage."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
+            raise GraphError(f"graph {self.name!r}: a stage is an int >= 0, got {index!r}")
+        before, self._stage = self._stage, int(index)
+        try:
+            yield
+        finally:
+            self._stage = before
 
     def output(self, *values: Value, names: Sequence[str] | None = None) -> None:
         """Mark values as graph outputs, optionally renaming them."""
@@ -710,6 +729,7 @@ class Graph:
                 n.attrs,
                 n.domain,
             )
+            nn.stage = n.stage
             for o in n.outputs:
                 no = g._new_value(
                     o.name, TensorDesc(o.dtype, o.shape, o.desc.format), o.kind, producer=nn

@@ -59,6 +59,8 @@ _MANIFEST = "model.json"
 #: options that do not change the compiled model
 _IRRELEVANT = frozenset(
     {
+        "dynamic_dims",  # a cached compile is one variant: the same with or without them
+        "incremental",
         "debug",
         "dump_dir",
         "cache_dir",

@@ -24,7 +24,7 @@ from geode.errors import (
 from geode.runtime import memlimit
 from geode.runtime.allocator import OutputPool
 from geode.runtime.memory import Arena
-from geode.runtime.plan import Plan
+from geode.runtime.plan import BroadcastConstraint, Plan
 from geode.runtime.var_manager import VarManager
 
 
@@ -174,6 +174,35 @@ def bind_inputs(
             if problem is not None:
                 raise InputShapeError(f"model {plan.name!r}: input {problem}")
     return env, arrays
+
+
+def _bind_symbols(step: Any, slot: Any, r: np.ndarray, env: dict[str, int]) -> None:
+    """Bind the symbols ``slot`` binds (``Slot.binds``) from its array ``r`` into ``env``;
+    ExecutionError when one is already bound to another size."""
+    for axis, name in slot.binds:
+        n = int(r.shape[axis])
+        if env.setdefault(name, n) != n:
+            raise ExecutionError(
+                f"step {step.name!r}: output {slot.name!r} dim {axis} is {n}, "
+                f"but symbol {name} is {env[name]}"
+            )
+
+
+def _check_late(model: str, step: str, checks: list, env: Mapping[str, int]) -> None:
+    """Check the constraints and broadcasts whose symbols step ``step`` has just bound
+    (``Plan.checks_after``): ExecutionError naming the dims and their sizes, before any
+    kernel reads them."""
+    for c in checks:
+        if isinstance(c, BroadcastConstraint):
+            problem = c.violation(env)
+        else:
+            a, b = c.lhs(env), c.rhs(env)
+            problem = None if a == b else f"constraint {c.text} is broken ({a} != {b})"
+        if problem is not None:
+            raise ExecutionError(
+                f"model {model!r}: sizes computed at run time: {problem} "
+                f"(known after step {step!r})"
+            )
 
 
 class Executor:
@@ -394,11 +423,15 @@ class Executor:
                 ) from None
         prepared = self._step_outputs(layout, env) if layout is not None else None
         memo, fresh_memo = self._memo_for(memo_key)
+        checks_after = plan.checks_after
         for k, step in enumerate(plan.steps):
             if memo is not None and k in plan.memo_steps:
                 for o in step.outputs:
                     values[o] = memo[o]
+                    _bind_symbols(step, plan.slots[o], memo[o], env)
                 self._make_aliases(self._alias_after[k], values, env)
+                if checks_after and checks_after[k]:
+                    _check_late(plan.name, step.name, checks_after[k], env)
                 continue
             ins = [None if i is None else values[i] for i in step.inputs]
             bufs = prepared[k] if prepared is not None else self._buffers(step, None, env)
@@ -424,16 +457,13 @@ class Executor:
                         f"step {step.name!r}: output {slot.name!r} is {_dtype_name(r.dtype)}, "
                         f"expected {_dtype_name(slot.dtype)}"
                     )
-                for axis, name in slot.binds:
-                    n = int(r.shape[axis])
-                    if env.setdefault(name, n) != n:
-                        raise ExecutionError(
-                            f"step {step.name!r}: output {slot.name!r} dim {axis} is {n}, "
-                            f"but symbol {name} is {env[name]}"
-                        )
+                if slot.binds:
+                    _bind_symbols(step, slot, r, env)
                 values[o] = r
                 if fresh_memo is not None and k in plan.memo_steps:
                     fresh_memo[o] = np.array(r, copy=True)  # its own: arena memory is reused
+            if checks_after and checks_after[k]:
+                _check_late(plan.name, step.name, checks_after[k], env)
             if self._alias_after[k]:
                 self._make_aliases(self._alias_after[k], values, env)
             if plan.release:

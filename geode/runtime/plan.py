@@ -190,6 +190,10 @@ class Plan:
     #: the most bytes a run may ask for (the ``memory_limit_mb`` option); 0: the memory
     #: available at the time (see :mod:`geode.runtime.memlimit`)
     memory_limit: int = 0
+    #: per step, the constraints and broadcasts over symbols a step binds (a NonZero's
+    #: count) that become checkable once it has run: checked right after it, before any
+    #: kernel that relies on them
+    checks_after: list[list[Constraint | BroadcastConstraint]] = field(default_factory=list)
 
     def root(self, slot: int) -> int:
         """The slot that owns ``slot``'s storage (``slot`` itself unless an alias)."""

@@ -116,3 +116,26 @@ def test_conv_bench_systems_agree() -> None:
     outs = {s: runner(s, name, 1)[1] for s in ("native", "aicpu", "ort")}
     for s in ("aicpu", "ort"):
         np.testing.assert_allclose(outs["native"], outs[s], rtol=1e-4, atol=1e-4, err_msg=s)
+
+
+def test_bucket_bench_reports_every_batch(tmp_path) -> None:
+    """``bench/buckets.py``: one row per batch size with the variant that served it, the
+    three systems' times and the ratios; the JSON holds the same rows."""
+    script = SCRIPT.parent / "buckets.py"
+    out_json = tmp_path / "b.json"
+    args = ["--buckets", "1,4", "--batches", "1,3,6", "--seq", "8", "--rounds", "1"]
+    p = subprocess.run(
+        [sys.executable, str(script), *args, "--max-ratio", "100", "--json", str(out_json)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert p.returncode == 0, p.stderr
+    rows = [ln.split() for ln in p.stdout.splitlines() if re.match(r"^\s+\d+\s+\S", ln)]
+    assert [r[0] for r in rows] == ["1", "3", "6"], p.stdout
+    assert rows[2][1] == "symbolic"  # beyond the last bucket
+    import json
+
+    data = json.loads(out_json.read_text())
+    assert [r["batch"] for r in data["rows"]] == [1, 3, 6]
+    assert all(r["max_rel_error"] < 1e-3 for r in data["rows"])

@@ -8,11 +8,9 @@ Engines:
   codegen is on;
 * ``aicpu``: everything else, on reference kernels.
 
-The shape split follows GE's DynamicShapePartitioner, adapted to symbolic dims: a
-value has a *known* shape when its dims depend only on symbols bound by the graph's
-inputs (so the executor can size it before running anything); a node is *unknown*
-when an output's shape depends on a value computed at run time (NonZero, Reshape to a
-computed shape) or has unknown rank. Adjacent nodes of one kind merge into partitions.
+The shape split (which nodes are unknown-shape, and why; the partitions) is
+:mod:`geode.compiler.partition.dynamic_shape`, GE's DynamicShapePartitioner adapted to
+symbolic dims.
 """
 
 from __future__ import annotations
@@ -24,7 +22,8 @@ import numpy as np
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpKind
-from geode.compiler.shapes import free_symbols
+from geode.compiler.partition import dynamic_shape
+from geode.compiler.partition.dynamic_shape import input_symbols
 
 #: Op kinds that the AI Core engine compiles.
 AICORE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE, OpKind.REDUCE})
@@ -40,24 +39,28 @@ class Placement:
     engine: dict[str, str] = field(default_factory=dict)
     reason: dict[str, str] = field(default_factory=dict)
     unknown_shape: dict[str, bool] = field(default_factory=dict)
+    #: why each unknown-shape node is one (see ``dynamic_shape.unknown_reasons``)
+    unknown_reason: dict[str, str] = field(default_factory=dict)
     partitions: list[tuple[str, list[str]]] = field(default_factory=list)
 
     def describe(self) -> str:
-        """Readable partition table."""
+        """Readable partition table: per node its engine and why, and for an
+        unknown-shape node why its shapes are known only at run time."""
         lines = []
         for i, (kind, names) in enumerate(self.partitions):
             lines.append(f"partition {i} [{kind}] ({len(names)} nodes)")
             for n in names:
                 lines.append(f"  {n}: {self.engine[n]} ({self.reason[n]})")
+                if n in self.unknown_reason:
+                    lines.append(f"    unknown shape: {self.unknown_reason[n]}")
         return "\n".join(lines)
 
+    def partition_of(self) -> dict[str, int]:
+        """Node name -> the index of its partition."""
+        return {n: i for i, (_, names) in enumerate(self.partitions) for n in names}
 
-def input_symbols(graph: Graph) -> set:
-    """Symbols bound by the graph's inputs."""
-    out: set = set()
-    for v in graph.inputs:
-        out |= free_symbols(v.shape)
-    return out
+
+__all__ = ["Placement", "assign_engines", "input_symbols", "place", "split_partitions"]
 
 
 def _is_shape_value(v: Value | None, host_values: set[str]) -> bool:
@@ -91,12 +94,6 @@ def _place_node(node: Node, host_values: set[str], codegen: bool) -> tuple[str, 
     return "aicpu", f"{od.kind.value} op: reference kernel"
 
 
-def _unknown(node: Node, engine: str, bound: set) -> bool:
-    if engine == "host":
-        return True
-    return any(o.shape is None or not free_symbols(o.shape) <= bound for o in node.outputs)
-
-
 def place(graph: Graph, codegen: bool = True) -> Placement:
     """Assign an engine to every node (graph must be sorted) and split by shape kind."""
     p = assign_engines(graph, codegen)
@@ -106,30 +103,21 @@ def place(graph: Graph, codegen: bool = True) -> Placement:
 
 def assign_engines(graph: Graph, codegen: bool = True) -> Placement:
     """Assign an engine to every node of a sorted graph, with the reason, and record
-    which nodes' output shapes are unknown before the run (host ops, unbound symbols)."""
+    which nodes are unknown-shape and why (:func:`dynamic_shape.unknown_reasons`)."""
     p = Placement()
     host_values: set[str] = set()
-    bound = input_symbols(graph)
     for node in graph.nodes:
         engine, why = _place_node(node, host_values, codegen)
         p.engine[node.name] = engine
         p.reason[node.name] = why
-        p.unknown_shape[node.name] = _unknown(node, engine, bound)
         if engine == "host":
             host_values.update(o.name for o in node.outputs)
+    p.unknown_reason = dynamic_shape.unknown_reasons(graph, p.engine)
+    p.unknown_shape = {n.name: n.name in p.unknown_reason for n in graph.nodes}
     return p
 
 
 def split_partitions(graph: Graph, p: Placement) -> None:
-    """Split the placed graph into runs of known-shape and unknown-shape nodes
-    (``p.partitions``, in graph order)."""
-    p.partitions.clear()
-    kind_of = {
-        n.name: ("unknown-shape" if p.unknown_shape[n.name] else "known-shape") for n in graph.nodes
-    }
-    for node in graph.nodes:
-        kind = kind_of[node.name]
-        if p.partitions and p.partitions[-1][0] == kind:
-            p.partitions[-1][1].append(node.name)
-        else:
-            p.partitions.append((kind, [node.name]))
+    """Split the placed graph into known-shape and unknown-shape partitions
+    (``p.partitions``, in a topological order; :func:`dynamic_shape.cluster`)."""
+    p.partitions = dynamic_shape.cluster(graph, p.unknown_shape)
