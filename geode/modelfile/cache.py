@@ -53,6 +53,7 @@ from geode.safe_files import (
     private_folder,
     read_file,
 )
+from geode.version import source_digest
 
 _FILE = "model.geode"
 _MANIFEST = "model.json"
@@ -116,11 +117,13 @@ def file_key(path: str | os.PathLike, opts: Options) -> str | None:
 
 
 def _context(opts: Options) -> dict[str, Any]:
-    """What besides the model a compile's result depends on (with the plan search on,
-    the projected model fitted on this device too: it scores the plans)."""
+    """What besides the model a compile's result depends on: the environment, geode's
+    own code (:func:`~geode.version.source_digest`), the options, the device (with the
+    plan search on, the projected model fitted on it too: it scores the plans)."""
     spec = cached_spec(opts.cache_dir)
     context = {
         "env": compat.environment(),
+        "source": source_digest(),
         "options": {k: v for k, v in dataclasses.asdict(opts).items() if k not in _IRRELEVANT},
         "device": dataclasses.asdict(spec),
     }
