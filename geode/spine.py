@@ -40,6 +40,7 @@ from geode.codegen.lower import make_can_lower
 from geode.codegen.native_conv import conv_interface
 from geode.codegen.native_pool import pool_interface
 from geode.codegen.native_rnn import rnn_interface
+from geode.codegen.schedule_source import schedule_sources
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
@@ -55,7 +56,7 @@ from geode.compiler.partition.placement import (
 from geode.compiler.passes.variables import SessionVariable
 from geode.compiler.pipeline import PassRecord, run_pipeline
 from geode.debug import Dumper, log
-from geode.errors import GeodeError, GraphError
+from geode.errors import GeodeError, GraphError, UserScheduleError
 from geode.plan_builder import (
     ALIAS,
     COMMIT,
@@ -191,9 +192,23 @@ def lower(c: Compilation) -> None:
 
 
 def schedule(c: Compilation) -> None:
-    """Schedule every group's loop AST (tile, inline, reduce, parallelize, vectorize)."""
+    """Schedule every group's loop AST (tile, inline, reduce, parallelize, vectorize):
+    with the schedule given for its kernel key, its tuned one, or the default."""
+    sources = schedule_sources(c.opts)
+
+    def stage(job: driver.KernelJob, g: Graph, opts: config.Options, dump: Dumper) -> None:
+        driver.schedule_job(job, g, opts, dump, sources)
+
     for job in c.jobs:
-        _codegen_stage(c, job, driver.schedule_job)
+        _codegen_stage(c, job, stage)
+    unused = sources.unused()
+    if unused:
+        msg = (
+            f"schedules given for kernel keys {unused} match no kernel of {c.graph.name!r} "
+            "(model.explain() lists its kernels' keys)"
+        )
+        warnings.warn(msg, UserWarning, stacklevel=3)
+        log.warning(msg)
 
 
 def emit(c: Compilation) -> None:
@@ -232,6 +247,7 @@ def bind(c: Compilation) -> None:
                 item.name, "aicore", nodes, item.inputs, item.outputs, item.interface, item.info
             )
             unit.extra["pattern"] = "dense+" + item.panel.epilogue.group.pattern_name()
+            _note_schedule(unit, item)
             units.append(unit)
         else:
             lowered = item.lowered
@@ -246,9 +262,18 @@ def bind(c: Compilation) -> None:
                 item.info,
             )
             unit.extra["pattern"] = item.group.pattern_name()
+            _note_schedule(unit, item)
             units.append(unit)
     c.units = drop_dead_units(units, c.graph) if c.fuses else units
     bind_units(c.units)
+
+
+def _note_schedule(unit: Unit, job: driver.KernelJob) -> None:
+    """Record the kernel's key and where its schedule came from (for ``explain()``)."""
+    unit.extra["kernel_key"] = job.kernel_key
+    if job.schedule_choice is not None:
+        unit.extra["schedule"] = job.schedule_choice.origin
+        unit.extra["schedule_note"] = job.schedule_choice.describe()
 
 
 def _nodes_of(job: driver.KernelJob) -> list[Node]:
@@ -354,6 +379,8 @@ def _codegen_stage(
     t0 = time.perf_counter()
     try:
         stage(job, job.graph_of(c.graph), c.opts, c.dump)
+    except UserScheduleError:
+        raise  # the user's schedule is wrong: no fall-back hides it
     except Exception as exc:  # noqa: BLE001 - any codegen failure falls back, loudly
         job.error = exc
         c.fallbacks += 1
