@@ -61,6 +61,10 @@
   :attr:`Choices.stream_interleave`; measurements: ``docs/performance.md``). A streamed
   output pass that also reads the row is not pipelined, one that only writes is (see ``_host_reads_inputs``).
 
+* **full reductions** (every pattern, first): a group whose every output is one
+  element reduced from many (a sum of ``[N, 1024]`` to a scalar) runs each reduction in
+  two steps, contiguous runs in parallel, then their partials (:func:`_full_reduce`).
+
 If a step's requirements fail, the schedule falls back to a simpler one (and, last,
 to the unscheduled kernel); the reason is kept in ``Schedule.notes``.
 """
@@ -173,6 +177,11 @@ class Choices:
     #: interleaving four keeps the FMA units busy. Measurements: ``docs/performance.md``
     #: (``stream_interleave``).
     stream_interleave: int = 4
+    #: partial results of a full reduction to a scalar (two-step reduce, see
+    #: :func:`_full_reduce`): the reduction is cut into this many contiguous runs, one
+    #: parallel iteration each, so every thread takes a share (64 runs balance well on
+    #: up to 16 threads and add 64 elements to the second step); 1 turns it off
+    rfactor_partials: int = 64
     #: cache line size (bytes) the schedules assume when they decide which rows to
     #: stream: a streamed row must be whole cache lines
     line_bytes: int = LINE_BYTES
@@ -249,7 +258,9 @@ def schedule_group(
             if level == "full":
                 par = wants_parallel(group)
                 rows = None
-                if pattern == "elementwise":
+                if par and _full_reduce(sch):
+                    pass  # every reduction to a scalar cut in parallel runs
+                elif pattern == "elementwise":
                     rows = _elementwise(sch, par)
                 elif pattern in ("row_reduce", "reduce_broadcast"):
                     rows = _row_reduce(sch, lowered, group, par, stream_min_bytes)
@@ -1013,6 +1024,63 @@ def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
                 sch.parallel(loops[0])
             except ScheduleError as exc:
                 log.debug("column reduce: %s stays serial: %s", name, exc)
+
+
+def _scalar_outputs(sch: Schedule) -> bool:
+    """Whether every kernel output holds one element (static dims, all 1)."""
+    return all(
+        all(isinstance(d, A.Const) and int(d.value) == 1 for d in o.shape)
+        for o in sch.kernel.outputs
+    )
+
+
+def _full_reduce(sch: Schedule) -> bool:
+    """Schedule a group whose every output is a scalar reduced from many elements (a
+    ``ReduceSum`` of ``[N, 1024]`` to one value) in two steps: each reduction's widest
+    reduce loop is cut into :attr:`Choices.rfactor_partials` contiguous runs
+    (``rfactor(..., partials="outer")``, :func:`_rfactor_loop`) whose loop moves
+    outermost and runs in parallel, the innermost loop vectorized; then the partials are
+    reduced into the output. Without it the whole reduction ran on one thread. Returns
+    False (the schedule unchanged) when the group is not such a reduction; raises
+    ScheduleError when a step fails (the caller falls back)."""
+    updates = [n for n in sch.blocks() if _is_reduce_update(sch.get_block(n))]
+    if not updates or not _scalar_outputs(sch) or choices().rfactor_partials <= 1:
+        return False
+    for name in updates:
+        loop, factor = _rfactor_loop(sch, name)
+        p, _ = sch.rfactor(name, loop, factor, partials="outer")
+        (rf,) = [n for n in sch.blocks() if p in sch.get_loops(n)]
+        loops = _nest_loops(sch, rf)
+        if loops[0] != p:
+            sch.reorder([p] + [v for v in loops if v != p])
+        sch.parallel(p)
+    for name in sch.blocks():
+        loops = _nest_loops(sch, name)
+        if loops and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL:
+            sch.vectorize(loops[-1], allow_reassoc=True)
+    return True
+
+
+def _rfactor_loop(sch: Schedule, block: str) -> tuple[str, int]:
+    """The reduce loop of ``block`` to cut in runs, and how many: the outermost whose
+    extent is symbolic or at least :attr:`Choices.rfactor_partials` (that many runs),
+    else the longest (as many runs as it has iterations)."""
+    b = sch.get_block(block)
+    direct = {
+        x.name
+        for x, iv in zip(b.bindings, b.iter_vars)
+        if isinstance(x, A.Var) and iv.kind == "reduce"
+    }
+    loops = [v for v in _nest_loops(sch, block) if v in direct]
+    if not loops:
+        raise ScheduleError("rfactor", block, "no reduce loop binds an iteration variable directly")
+    want = choices().rfactor_partials
+    for v in loops:
+        ext = sch.get_loop(v).extent
+        if not isinstance(ext, A.Const) or int(ext.value) >= want:
+            return v, want
+    v = max(loops, key=lambda x: int(sch.get_loop(x).extent.value))  # type: ignore[attr-defined]
+    return v, int(sch.get_loop(v).extent.value)  # type: ignore[attr-defined]
 
 
 def _single_iteration(sch: Schedule, loop: str) -> bool:
