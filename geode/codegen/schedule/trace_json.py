@@ -161,7 +161,8 @@ def _step(s: Any, where: str) -> TraceStep:
         check, what = parameter_kind(p)
         if not check(args[p.name]):
             raise TraceError(f"{where}: argument {p.name!r} must be {what}, got {args[p.name]!r}")
-    return TraceStep(name, dict(copy.deepcopy(args)), copy.deepcopy(s.get("result")))
+    ordered = {p: copy.deepcopy(args[p]) for p in params if p in args}  # signature order
+    return TraceStep(name, ordered, copy.deepcopy(s.get("result")))
 
 
 def trace_from_json(text: str | bytes, where: str = "trace") -> Trace:
