@@ -29,6 +29,7 @@ __all__ = [
     "load",
     "ops",
     "set_options",
+    "tune",
 ]
 from geode.version import __version__ as __version__  # noqa: E402
 
@@ -39,6 +40,10 @@ def __getattr__(name: str) -> object:
         from geode import api
 
         return getattr(api, name)
+    if name == "tune":
+        from geode.tuner import tune
+
+        return tune
     if name == "Session":
         from geode.session import Session
 

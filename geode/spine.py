@@ -370,6 +370,19 @@ def compile_graph(c: Compilation) -> Compilation:
     return c
 
 
+def compile_until(c: Compilation, last: str) -> Compilation:
+    """Run the stages of :data:`STAGES` on ``c`` up to and including ``last`` (the tuner
+    stops after ``lower``: it schedules and compiles each kernel itself)."""
+    names = [name for name, _ in STAGES]
+    if last not in names:
+        raise GeodeError(f"no compile stage {last!r}; the stages are {names}")
+    for name, stage in STAGES[: names.index(last) + 1]:
+        t = time.perf_counter()
+        stage(c)
+        c.timings[name] = time.perf_counter() - t
+    return c
+
+
 def _codegen_stage(
     c: Compilation,
     job: driver.KernelJob,

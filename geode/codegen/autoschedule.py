@@ -107,6 +107,8 @@ class Choices:
     #: a group whose domain is static and smaller than this runs on one thread: forking
     #: costs more than the work, and a serial kernel compiles several times faster
     parallel_min_elements: int = 1 << 15
+    #: whether any loop may run in parallel (0: every kernel on the calling thread)
+    parallel: int = 1
     #: a Trivial block with at most this many arithmetic ops (none of them costly) is
     #: recomputed in each pass that reads it instead of being kept in a row buffer
     recompute_max_ops: int = 4
@@ -215,7 +217,10 @@ def override_choices(base: Choices | None = None, **changes: int) -> Iterator[Ch
 
 
 def wants_parallel(group: Group) -> bool:
-    """False for groups with a static domain too small to be worth threads."""
+    """False for groups with a static domain too small to be worth threads (and for
+    every group when :attr:`Choices.parallel` is 0)."""
+    if not choices().parallel:
+        return False
     n = 1
     for d in group.domain:
         if not isinstance(d, int):
@@ -702,7 +707,7 @@ def _chunk_costly_pass(
     sch: Schedule,
     sp: str,
     first: int = 1,
-    chunk: int = choices().prefetch_chunk,
+    chunk: int | None = None,
     reassoc: bool = True,
 ) -> bool:
     """Cut the costliest pass over each row from pass ``first`` on (softmax's exp, after
@@ -711,7 +716,9 @@ def _chunk_costly_pass(
     element and its row length is a constant multiple of the chunk of at least
     :attr:`Choices.prefetch_min_row`; :func:`_prefetch_rows` then spreads the next row's fetch
     over those chunks, where the arithmetic hides it. ``reassoc``: the chunk loop may
-    reassociate (a reduction's pass). Returns whether it did."""
+    reassociate (a reduction's pass). Returns whether it did. ``chunk`` defaults to
+    :attr:`Choices.prefetch_chunk` (read when called, so overridden choices apply)."""
+    chunk = choices().prefetch_chunk if chunk is None else chunk
     top = _costly_pass(sch, sp, first, chunk)
     if top is None:
         return False
@@ -720,10 +727,9 @@ def _chunk_costly_pass(
     return True
 
 
-def _costly_pass(
-    sch: Schedule, sp: str, first: int = 1, chunk: int = choices().prefetch_chunk
-) -> A.For | None:
+def _costly_pass(sch: Schedule, sp: str, first: int = 1, chunk: int | None = None) -> A.For | None:
     """The pass :func:`_chunk_costly_pass` would cut in chunks, or None."""
+    chunk = choices().prefetch_chunk if chunk is None else chunk
     passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
     top = max(passes[first:], key=_pass_cost, default=None)
     if top is None or _pass_cost(top) <= choices().pipeline_max_host_ops:
@@ -1203,13 +1209,13 @@ def element_cost(b: A.Block) -> int:
     return cost
 
 
-def _streams(
-    sch: Schedule, block: str, min_bytes: int | None, max_ops: int = choices().stream_max_ops
-) -> bool:
-    """Whether ``block`` is the cheap (at most ``max_ops`` per element), only accessor of
-    an output that may reach ``min_bytes`` (the candidates of :func:`_stream_outputs`)."""
+def _streams(sch: Schedule, block: str, min_bytes: int | None, max_ops: int | None = None) -> bool:
+    """Whether ``block`` is the cheap (at most ``max_ops`` per element, default
+    :attr:`Choices.stream_max_ops`), only accessor of an output that may reach
+    ``min_bytes`` (the candidates of :func:`_stream_outputs`)."""
     if min_bytes is None:
         return False
+    max_ops = choices().stream_max_ops if max_ops is None else max_ops
     b = sch.get_block(block)
     outs = {o.name: o for o in sch.kernel.outputs}
     stores = [st for st in A.walk_stmts(b.body) if isinstance(st, A.Store)]

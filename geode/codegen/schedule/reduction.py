@@ -95,25 +95,13 @@ class Reduction(ScheduleBase):
         factor = int(factor)
         cbuf = self.kernel.buffer(st.buffer)
         old_pred = b.predicate
-        outer = partials == "outer"
-        # 1. split the reduce loop: the partials' loop is the inner part (or the outer)
-        r0, r1 = self.split(loop, [factor, None] if outer else [None, factor])
-        red_loop, part_loop = (r1, r0) if outer else (r0, r1)
-        ctx = self._ctx()
-        # 2. the reduce iter var becomes vk_o (reduce) and vk_i (spatial)
-        iv = b.iter_vars[ri]
+        # 1.-2. split the reduce loop; its iter var becomes vk_o (reduce), vk_i (spatial)
         taken: set[str] = set()
-        vo = self._fresh(f"{iv.name}_o", taken)
-        vi = self._fresh(f"{iv.name}_i", taken)
-        red_iv = IterVar(vo, ctx.ext[red_loop], "reduce")
-        part_iv = IterVar(vi, Const(factor), "spatial")
-        b.iter_vars[ri : ri + 1] = [part_iv, red_iv] if outer else [red_iv, part_iv]
-        b.bindings[ri : ri + 1] = [Var(r0), Var(r1)]
-        if outer:
-            recon = add(mul(Var(vi), ctx.ext[red_loop]), Var(vo))
-        else:
-            recon = add(mul(Var(vo), Const(factor)), Var(vi))
-        rest = substitute(rest, {iv.name: recon})
+        iv_name = b.iter_vars[ri].name
+        r0, r1, part_loop, vi, recon = self._rfactor_split(
+            b, ri, loop, factor, partials == "outer", taken
+        )
+        rest = substitute(rest, {iv_name: recon})
         # 3. partial buffer and the rf block
         rf_buf = self._fresh(f"{cbuf.name}_rf", kind="buffer")
         self.kernel.temps.append(
@@ -166,6 +154,29 @@ class Reduction(ScheduleBase):
         cont[at + 1 : at + 1] = [fin_nest]
         cont[at:at] = [init_nest]
         return [r0, r1]
+
+    def _rfactor_split(
+        self, b: Block, ri: int, loop: str, factor: int, outer: bool, taken: set[str]
+    ) -> tuple[str, str, str, str, Expr]:
+        """Split ``loop`` for :meth:`rfactor` (the partials' loop the inner part, or the
+        outer one) and replace ``b``'s iteration variable ``ri`` by the reduce ``vk_o``
+        and the spatial partials' ``vk_i``; returns the two loops, the partials' loop,
+        ``vk_i`` and the old variable in terms of the new ones."""
+        r0, r1 = self.split(loop, [factor, None] if outer else [None, factor])
+        red_loop, part_loop = (r1, r0) if outer else (r0, r1)
+        ctx = self._ctx()
+        iv = b.iter_vars[ri]
+        vo = self._fresh(f"{iv.name}_o", taken)
+        vi = self._fresh(f"{iv.name}_i", taken)
+        red_iv = IterVar(vo, ctx.ext[red_loop], "reduce")
+        part_iv = IterVar(vi, Const(factor), "spatial")
+        b.iter_vars[ri : ri + 1] = [part_iv, red_iv] if outer else [red_iv, part_iv]
+        b.bindings[ri : ri + 1] = [Var(r0), Var(r1)]
+        if outer:
+            recon = add(mul(Var(vi), ctx.ext[red_loop]), Var(vo))
+        else:
+            recon = add(mul(Var(vo), Const(factor)), Var(vi))
+        return r0, r1, part_loop, vi, recon
 
     def _rfactor_target(
         self, block: str, loop: str, factor: int
