@@ -25,7 +25,7 @@ QUICK = {"repeat": 1, "min_time": 0.0, "max_time": 0.05}
 
 
 def _task(name="softmax", rows=16, **kw) -> search.KernelTask:
-    ex = examples.ALL[name](**kw)
+    ex = examples.ALL[name](**({"hidden": 1024} if name == "softmax" else {}) | kw)
     g, plan = prepare(ex.graph)
     (group,) = plan.groups
     lk = lower_group(group, g, "fused_0")
@@ -84,6 +84,10 @@ def test_the_sol_predictor_sees_parallel_and_work() -> None:
     sol = sol_predictor(default_spec())
     assert predict(sol, par.kernel, dims) < predict(sol, ser.kernel, dims)
     assert predict(lambda k: 2.5, par.kernel, dims) == 2.5  # one-argument predictors too
+    # loops whose extent uses an outer loop's variable (a deferred pass's chunks)
+    deferred = space.build(task.lowered, task.group, OPTS, {"streaming": "always"})
+    assert "defer_last_pass" in str(deferred.trace)
+    assert kernel_work(deferred.kernel, dims).transcendentals == n
 
 
 # -- the search ----------------------------------------------------------------------------

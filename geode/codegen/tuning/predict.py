@@ -69,7 +69,11 @@ def kernel_work(kernel: A.Kernel, dims: Mapping[str, int]) -> KernelWork:
         for s in stmts:
             if isinstance(s, A.For):
                 parallel |= s.kind is A.ForKind.PARALLEL
-                visit(s.body, iters * max(0, eval_shape((s.extent,), d)[0]))
+                # an extent may use an outer loop's variable (a chunk's clamped length):
+                # taken at the loop's first iteration
+                n = max(0, eval_shape((s.extent,), d)[0])
+                d.setdefault(s.var, 0)
+                visit(s.body, iters * n)
             elif isinstance(s, (A.Block, A.If)):
                 visit(s.body, iters)
             elif isinstance(s, A.Store):
