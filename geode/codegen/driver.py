@@ -195,6 +195,8 @@ def interface_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None
         source=native.source,
         kind="fused",
         trace=str(job.schedule.trace),
+        key=job.kernel_key,
+        schedule=job.schedule_choice.origin if job.schedule_choice is not None else "",
         cost={
             "compile_s": job.seconds,
             "from_cache": float(getattr(native, "from_cache", False)),
@@ -427,6 +429,8 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         source=kernel.source,
         kind="dense",
         trace=str(job.schedule.trace),
+        key=job.kernel_key,
+        schedule=job.schedule_choice.origin if job.schedule_choice is not None else "",
         cost={"compile_s": job.seconds, "from_cache": float(kernel.from_cache)},
         _llvm=lambda: kernel.llvm,
         _asm=lambda: kernel.asm,

@@ -52,6 +52,8 @@ def test_a_given_trace_is_replayed_instead_of_the_default() -> None:
     model = geode.compile(ex.graph, schedules={key: trace})
     (k,) = [k for k in model.kernels if k.engine == "aicore"]
     assert k.trace == str(trace) and "parallel" not in k.trace
+    assert (k.key, k.schedule) == (key, "given")
+    assert [(i.key, i.schedule) for i in base.kernels] == [(key, "default")]
     np.testing.assert_allclose(model(**feeds)["y"], base(**feeds)["y"], rtol=1e-6)
     text = model.explain()
     assert f"key {key}, schedule: given (trace)" in text

@@ -234,5 +234,7 @@ def test_the_cache_follows_the_tuning_database_and_skips_given_schedules(cache_d
     assert "tuned (the default was best)" in tuned.explain()
     cached = geode.compile(g, session=geode.Session(), tuning_db=db_path)
     assert "model_cache" in cached.stats and "tuned (the default was best)" in cached.explain()
+    fused = [k for k in cached.kernels if k.key]  # the key and origin survive the model file
+    assert [(k.key, k.schedule) for k in fused] == [(key, "tuned-default")]
     given = geode.compile(g, session=geode.Session(), schedules={key: lambda sch: None})
     assert "model_cache" not in given.stats
