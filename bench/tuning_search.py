@@ -1,15 +1,16 @@
 """How close the tuner's search gets to the best schedule of a space small enough to
 measure whole, and how many measurements it needs.
 
-    python bench/tuning_search.py [--kernels softmax,column] [--rows 4096] [--limit 100]
+    python bench/tuning_search.py [--kernels softmax,column] [--rows 4096] [--limit 4096]
                                   [--budget 0.2] [--predictor none|sol] [--threads N]
+                                  [--knobs parallel,streaming,...]
 
 For each kernel (a row softmax over ``[rows, 1024]``; a column reduction, the sum over
 axis 0 of ``[rows, 1024]``) the space is the product of the knobs that change its
-schedule (:mod:`geode.codegen.tuning.space`), the distinct kernels among them, at most
-``--limit``. Every one is measured (the exhaustive best); then the search
-(:func:`geode.codegen.tuning.search.tune_kernel`) runs with ``budget`` times the space's
-size as its trials. Prints, per kernel: the space's size, the default, the exhaustive
+schedule, its distinct kernels (:func:`geode.codegen.tuning.space.enumerate_space`;
+a product over ``--limit`` settings is skipped). Every one is measured (the exhaustive
+best); then the search (:func:`geode.codegen.tuning.search.tune_kernel`) runs with
+``budget`` times the space's size as its trials. Prints, per kernel: the space's size, the default, the exhaustive
 best, the search's pick (measured again alongside), how far the pick is from the best
 and the fraction of the space measured.
 """
@@ -17,7 +18,6 @@ and the fraction of the space measured.
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 from pathlib import Path
@@ -30,7 +30,6 @@ from lowering_check import prepare  # noqa: E402
 
 import geode  # noqa: E402
 from geode import examples, ops  # noqa: E402
-from geode.codegen import ast as A  # noqa: E402
 from geode.codegen.kernel_key import canonical_lowered, kernel_key  # noqa: E402
 from geode.codegen.lower import lower_group  # noqa: E402
 from geode.codegen.tuning import space  # noqa: E402
@@ -40,7 +39,7 @@ from geode.codegen.tuning.search import KernelTask, tune_kernel  # noqa: E402
 from geode.compiler.interpret import bind_inputs, run_reference  # noqa: E402
 from geode.config import Options  # noqa: E402
 from geode.costmodel.device import cached_spec  # noqa: E402
-from geode.errors import GeodeError, ScheduleError  # noqa: E402
+from geode.errors import GeodeError  # noqa: E402
 
 
 def graph(name: str) -> geode.Graph:
@@ -66,32 +65,6 @@ def task(name: str, rows: int) -> KernelTask:
     return KernelTask(name, kernel_key(lk.kernel), clk, group, arrays, env)
 
 
-def enumerate_space(t: KernelTask, opts: Options, limit: int) -> list[tuple[dict, object]]:
-    """The distinct schedules of the product of the knobs that change ``t``'s kernel."""
-    base = A.format_kernel(space.build(t.lowered, t.group, opts, {}).kernel)
-    live = []
-    for k in space.KNOBS:
-        for v in k.values[1:]:
-            try:
-                sch = space.build(t.lowered, t.group, opts, {k.name: v})
-            except ScheduleError:
-                continue
-            if A.format_kernel(sch.kernel) != base:
-                live.append(k)
-                break
-    out: dict[str, tuple[dict, object]] = {}
-    for values in itertools.product(*(k.values for k in live)):
-        setting = space.normalize(dict(zip((k.name for k in live), values)))
-        try:
-            sch = space.build(t.lowered, t.group, opts, setting)
-        except ScheduleError:
-            continue
-        out.setdefault(A.format_kernel(sch.kernel), (setting, sch))
-        if len(out) >= limit:
-            break
-    return list(out.values())
-
-
 def exhaustive(t: KernelTask, opts: Options, schedules: list) -> list[tuple[float, dict]]:
     """Every schedule measured: (seconds, setting), fastest first."""
     bench = KernelBench(t.name, t.lowered, t.inputs, t.env, opts)
@@ -109,21 +82,30 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", default="softmax,column")
     p.add_argument("--rows", type=int, default=4096)
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=int, default=4096)
     p.add_argument("--budget", type=float, default=0.2)
     p.add_argument("--predictor", choices=("none", "sol"), default="sol")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument(
+        "--knobs",
+        default="",
+        help="the knobs of the space (comma-separated; empty: all)",
+    )
     a = p.parse_args()
     opts = Options(num_threads=a.threads)
     predictor = sol_predictor(cached_spec(opts.cache_dir)) if a.predictor == "sol" else None
     for name in a.kernels.split(","):
         t = task(name, a.rows)
-        schedules = enumerate_space(t, opts, a.limit)
+        knobs = a.knobs.split(",") if a.knobs else None
+        schedules = space.enumerate_space(t.lowered, t.group, opts, a.limit, knobs)
+        if schedules is None:
+            print(f"{name}: the space has more than --limit {a.limit} settings")
+            continue
         ranked = exhaustive(t, opts, schedules)
         best_s, best = ranked[0]
         default_s = next(s for s, st in ranked if not st)
         trials = max(1, int(a.budget * len(schedules)))
-        res = tune_kernel(t, opts, trials, predictor)
+        res = tune_kernel(t, opts, trials, predictor, whole_space=a.limit, knobs=knobs)
         pick = res.setting
         bench = KernelBench(t.name, t.lowered, t.inputs, t.env, opts)
         run_best = bench.runner(next(sch for st, sch in schedules if st == best))

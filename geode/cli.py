@@ -649,6 +649,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         predictor=None if args.predictor == "none" else args.predictor,
         retune=args.retune,
         seed=args.seed,
+        knobs=args.knobs.split(",") if args.knobs else None,
         **options,
     )
     print(f"model {loaded.label}")
@@ -903,6 +904,11 @@ def _add_tune(sub: Any) -> None:
         choices=("none", "sol"),
         default="none",
         help="rank candidates before measuring them (default none: knob order)",
+    )
+    t.add_argument(
+        "--knobs",
+        metavar="K1,K2,...",
+        help="search only these knobs (default all; see geode/codegen/tuning/space.py)",
     )
     t.add_argument("--retune", action="store_true", help="tune kernels already in the database")
     t.set_defaults(func=cmd_tune)

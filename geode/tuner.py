@@ -19,7 +19,7 @@ key are tuned once. A progress bar follows the kernels (option ``progress``).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ import numpy as np
 
 from geode.api import to_graph
 from geode.codegen.kernel_key import canonical_lowered, kernel_key
+from geode.codegen.tuning import space
 from geode.codegen.tuning.predict import Predictor, sol_predictor
 from geode.codegen.tuning.search import KernelTask, TuneResult, tune_kernel
 from geode.codegen.tuning_db import (
@@ -111,6 +112,7 @@ def tune(
     min_gain: float = 0.03,
     seed: int = 0,
     bench_options: Mapping[str, Any] | None = None,
+    knobs: Sequence[str] | None = None,
     session: Any = None,
     **options: Any,
 ) -> TuneReport:
@@ -125,7 +127,9 @@ def tune(
     callable ``fn(kernel[, dims]) -> seconds``. ``min_gain``: the fraction by which a
     schedule must beat the default to be kept. ``seed``: of the random inputs.
     ``bench_options``: how each candidate is timed (``repeat``, ``min_time``,
-    ``max_time`` of :class:`~geode.codegen.tuning.measure.KernelBench`). ``options`` are
+    ``max_time`` of :class:`~geode.codegen.tuning.measure.KernelBench`). ``knobs``: the
+    knobs searched (names of :data:`geode.codegen.tuning.space.KNOBS`; default all).
+    ``options`` are
     compile options (e.g. ``num_threads``: the tuned kernels' thread count, part of the
     database key)."""
     from geode.session import default_session
@@ -139,6 +143,10 @@ def tune(
     path = db if db is not None else opts.tuning_db
     if path is None:
         raise TuningError("no tuning database: give db=PATH (or the tuning_db option)")
+    try:
+        space.select(knobs)
+    except KeyError as exc:
+        raise TuningError(str(exc.args[0])) from None
     tdb = TuningDB.open(path, opts.cache_sign)
     graph = to_graph(model)
     rank = _predictor(predictor, opts)
@@ -172,7 +180,9 @@ def tune(
         lowered = canonical_lowered(job.lowered)
         arrays = [_value_array(v, values, feeds) for v in lowered.inputs]
         task = KernelTask(job.name, key, lowered, job.group, arrays, env)
-        result = tune_kernel(task, opts, trials, rank, min_gain, dict(bench_options or {}))
+        result = tune_kernel(
+            task, opts, trials, rank, min_gain, dict(bench_options or {}), knobs=knobs
+        )
         report.kernels[at[job.name]] = _record(tdb, result, device, threads)
         bar.set_postfix_str(f"{job.name}: {result.status}")
         bar.update()

@@ -118,6 +118,15 @@ def test_the_tuned_model_gives_the_same_results(tmp_path) -> None:
         np.testing.assert_allclose(model(**feeds)[k], want, rtol=1e-4, atol=1e-5)
 
 
+def test_only_the_knobs_asked_for_are_searched(tmp_path) -> None:
+    g = examples.softmax(hidden=64).graph
+    db = tmp_path / "db.json"
+    report = _tune(g, db, trials=10, shapes={"x": (8, 64)}, knobs=["interleave"])
+    assert report.kernels[0].trials <= 2  # interleave 2 and 4
+    knobs = next(iter(json.loads(db.read_text())["entries"].values()))["knobs"]
+    assert set(knobs) <= {"interleave"}
+
+
 def test_gemm_epilogues_are_skipped(tmp_path) -> None:
     report = _tune(_two_kernels(), tmp_path / "db.json", dense_epilogues=True)
     assert "skipped" in [k.status for k in report.kernels]
@@ -140,6 +149,7 @@ def test_real_inputs_size_the_run(tmp_path) -> None:
         ({"trials": -1}, "trials=-1"),
         ({"predictor": "psychic"}, "predictor='psychic'"),
         ({"backend": "numba"}, "needs the llvm backend"),
+        ({"knobs": ["interleave", "warp"]}, r"unknown knobs \['warp'\]"),
     ],
 )
 def test_bad_requests_are_tuning_errors(tmp_path, kw, message) -> None:

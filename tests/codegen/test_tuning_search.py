@@ -33,7 +33,9 @@ def _task(name="softmax", rows=16, **kw) -> search.KernelTask:
     values = run_reference(g, feeds, keep_all=True)
     env = {str(k): int(v) for k, v in bind_inputs(g, feeds).items()}
     clk = canonical_lowered(lk)
-    arrays = [feeds[v.name] if v.name in feeds else values[v.name] for v in clk.inputs]
+    arrays = [
+        v.data if v.data is not None else feeds.get(v.name, values.get(v.name)) for v in clk.inputs
+    ]
     return search.KernelTask("fused_0", kernel_key(lk.kernel), clk, group, arrays, env)
 
 
@@ -126,17 +128,28 @@ def test_the_search_climbs_to_a_faster_schedule_and_keeps_it(monkeypatch) -> Non
     assert "interleave(4)" in A.format_kernel(back.kernel)
 
 
-def test_a_predictor_orders_the_measurements(monkeypatch) -> None:
+def _likes_interleave_2(kernel) -> float:
+    return 0.0 if "interleave(2)" in A.format_kernel(kernel) else 1.0
+
+
+def test_a_predictor_orders_the_climb(monkeypatch) -> None:
     _fake_times(monkeypatch, lambda text: 1.0 if "interleave(2)" in text else 2.0)
-    task = _task()
-    res = search.tune_kernel(
-        task,
-        OPTS,
-        trials=40,
-        predictor=lambda k: 0.0 if "interleave(2)" in A.format_kernel(k) else 1.0,
-    )
+    res = search.tune_kernel(_task(), OPTS, trials=40, predictor=_likes_interleave_2, whole_space=0)
     assert res.candidates[0].setting == {"interleave": 2} and res.status == "tuned"
     assert res.candidates[0].predicted == 0.0
+
+
+def test_a_predictor_ranks_a_small_space_whole(monkeypatch) -> None:
+    """With a predictor and a space small enough, every schedule of it is predicted and
+    the best-predicted are measured first, up to the trials."""
+    timed = _fake_times(monkeypatch, lambda text: 1.0 if "interleave(2)" in text else 2.0)
+    task = _task("rmsnorm")
+    whole = space.enumerate_space(task.lowered, task.group, OPTS, 512)
+    assert whole is not None and len(whole) > 8
+    res = search.tune_kernel(task, OPTS, trials=5, predictor=_likes_interleave_2)
+    assert res.trials == 5 and len(timed) == 5 + 1 + 2 * 5  # the default, 5, confirm rounds
+    assert all(c.predicted == 0.0 for c in res.candidates)  # the best-predicted went first
+    assert res.status == "tuned" and res.setting.get("interleave") == 2
 
 
 def test_the_budget_and_a_local_optimum_stop_the_search(monkeypatch) -> None:

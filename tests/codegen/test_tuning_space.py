@@ -39,6 +39,10 @@ def test_settings_name_only_what_differs_from_the_default() -> None:
     assert space.knob("streaming").default == "auto"
     with pytest.raises(KeyError):
         space.knob("nope")
+    only = list(space.neighbours({}, ["interleave", "unroll"]))
+    assert only == [{"interleave": 2}, {"interleave": 4}, {"unroll": True}]
+    with pytest.raises(KeyError, match=r"unknown knobs \['tile'\]"):
+        space.select(["tile", "unroll"])
 
 
 def test_the_empty_setting_is_the_default_schedule() -> None:
@@ -93,3 +97,14 @@ def test_every_neighbour_of_the_default_replays_from_json_and_is_correct(name) -
     feeds = ex.make_inputs(np.random.default_rng(0), 5)
     for s in ({"streaming": "always", "interleave": 4}, {"pipeline_max_host_ops": 0}):
         check_groups(ex.graph, feeds, lambda lk_, grp, s=s: space.build(lk_, grp, OPTS, s).kernel)
+
+
+def test_the_live_knobs_and_the_whole_space() -> None:
+    full = _graph(lambda x: ops.reduce_sum(x, keepdims=0), [["N", 1024]])
+    lk, group = _lowered(full)
+    live = {k.name for k in space.live_knobs(lk, group, OPTS)}
+    assert "rfactor_partials" in live and "transpose_tile_bytes" not in live
+    whole = space.enumerate_space(lk, group, OPTS, 10**6)
+    texts = [A.format_kernel(sch.kernel) for _, sch in whole]
+    assert whole[0][0] == {} and len(set(texts)) == len(texts)  # the default first, distinct
+    assert space.enumerate_space(lk, group, OPTS, 2) is None  # too large

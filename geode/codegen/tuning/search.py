@@ -1,7 +1,11 @@
 """The search over one kernel's schedule space, from its default schedule.
 
-Hill climbing with first improvement: the candidates are the settings one knob away
-from the best so far (:func:`~geode.codegen.tuning.space.neighbours`); each is built,
+With a predictor and a space small enough to build whole (the product of the knobs
+that change this kernel, :func:`~geode.codegen.tuning.space.enumerate_space`), every
+schedule of it is predicted and measured best-predicted first until ``trials`` are
+spent (PAI's way: the model proposes, profiling decides). Otherwise hill climbing
+with first improvement: the candidates are the settings one knob away from the best so
+far (:func:`~geode.codegen.tuning.space.neighbours`); each is built,
 and one whose kernel is the same as a candidate's already measured (a knob that does
 not touch this kernel) is dropped without costing a trial. With a predictor the
 candidates are measured best-predicted first, else in knob order. A candidate whose
@@ -16,7 +20,7 @@ is then timed against the default in interleaved rounds and kept only if still f
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,9 +104,14 @@ def tune_kernel(
     min_gain: float = 0.03,
     bench_options: dict[str, Any] | None = None,
     on_trial: Callable[[Candidate], None] | None = None,
+    whole_space: int = 512,
+    knobs: Sequence[str] | None = None,
 ) -> TuneResult:
     """Search ``task``'s schedule space with at most ``trials`` measured candidates
-    (see the module docstring); ``on_trial`` is called after each measurement."""
+    (see the module docstring); ``on_trial`` is called after each measurement. With a
+    predictor and a space of at most ``whole_space`` settings, the whole space is built
+    and measured best-predicted first instead of climbing. ``knobs``: the knobs searched
+    (default all; the others stay at their defaults)."""
     bench = KernelBench(
         task.name, task.lowered, task.inputs, task.env, opts, **(bench_options or {})
     )
@@ -115,30 +124,20 @@ def tune_kernel(
     except GeodeError as exc:
         result.notes.append(f"the default schedule could not be measured: {exc}")
         return result
-    best, runners = default, {default.digest: run_default}
-    measured = {default.digest}
-    while result.trials < trials:
-        pool = _pool(task, opts, best.setting, measured, predictor, result.notes)
-        improved = False
-        for cand in pool:
-            if result.trials >= trials:
-                break
-            result.trials += 1
-            measured.add(cand.digest)
-            run = _measure(bench, cand, want)
-            result.candidates.append(cand)
-            if on_trial is not None:
-                on_trial(cand)
-            if run is not None and cand.seconds < best.seconds * (1 - min_gain):  # type: ignore[operator]
-                best, improved = cand, True
-                runners[cand.digest] = run
-                break
-        if not improved:
-            break
+    state = _Search(bench, want, result, trials, min_gain, on_trial, default, run_default)
+    whole = None
+    if predictor is not None:
+        whole = space.enumerate_space(task.lowered, task.group, opts, whole_space, knobs)
+    if whole is not None:
+        pool = [Candidate(st, sch, _digest(sch)) for st, sch in whole]
+        state.ranked(_rank([c for c in pool if c.digest != default.digest], task, predictor))
+    else:
+        state.climb(task, opts, predictor, knobs)
+    best = state.best
     result.default_s = result.best_s = default.seconds
     result.status, result.trace = "default", default.schedule.trace
     if best is not default:
-        t_default, t_best = bench.confirm(run_default, runners[best.digest])
+        t_default, t_best = bench.confirm(run_default, state.runners[best.digest])
         result.default_s = t_default
         if t_best < t_default * (1 - min_gain):
             result.status, result.best_s = "tuned", t_best
@@ -152,6 +151,74 @@ def tune_kernel(
     return result
 
 
+@dataclass
+class _Search:
+    """The state of one search: the best so far and the trials spent."""
+
+    bench: KernelBench
+    want: list[np.ndarray]
+    result: TuneResult
+    trials: int
+    min_gain: float
+    on_trial: Callable[[Candidate], None] | None
+    best: Candidate
+    run_best: Callable[[], list[np.ndarray]]
+    runners: dict[str, Callable[[], list[np.ndarray]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.runners[self.best.digest] = self.run_best
+
+    def try_one(self, cand: Candidate) -> bool:
+        """Measure ``cand``; whether it became the best."""
+        self.result.trials += 1
+        run = _measure(self.bench, cand, self.want)
+        self.result.candidates.append(cand)
+        if self.on_trial is not None:
+            self.on_trial(cand)
+        if run is None or cand.seconds >= self.best.seconds * (1 - self.min_gain):  # type: ignore[operator]
+            return False
+        self.best = cand
+        self.runners[cand.digest] = run
+        return True
+
+    def ranked(self, pool: list[Candidate]) -> None:
+        """Measure ``pool`` in order until the trials are spent."""
+        for cand in pool[: self.trials]:
+            self.try_one(cand)
+
+    def climb(
+        self,
+        task: KernelTask,
+        opts: Options,
+        predictor: Predictor | None,
+        knobs: Sequence[str] | None,
+    ) -> None:
+        """Hill climbing with first improvement from the best (the default)."""
+        measured = {self.best.digest}
+        while self.result.trials < self.trials:
+            pool = _pool(task, opts, self.best.setting, measured, self.result.notes, knobs)
+            improved = False
+            for cand in _rank(pool, task, predictor):
+                if self.result.trials >= self.trials:
+                    break
+                measured.add(cand.digest)
+                if self.try_one(cand):
+                    improved = True
+                    break
+            if not improved:
+                return
+
+
+def _rank(pool: list[Candidate], task: KernelTask, predictor: Predictor | None) -> list[Candidate]:
+    """``pool`` best-predicted first (as it is without a predictor)."""
+    if predictor is None:
+        return pool
+    dims = task.dims
+    for cand in pool:
+        cand.predicted = predict(predictor, cand.schedule.kernel, dims)
+    return sorted(pool, key=lambda c: c.predicted)  # type: ignore[arg-type,return-value]
+
+
 def _candidate(task: KernelTask, opts: Options, setting: space.Setting) -> Candidate:
     sch = space.build(task.lowered, task.group, opts, setting)
     return Candidate(setting, sch, _digest(sch))
@@ -162,13 +229,13 @@ def _pool(
     opts: Options,
     setting: space.Setting,
     measured: set[str],
-    predictor: Predictor | None,
     notes: list[str],
+    knobs: Sequence[str] | None = None,
 ) -> list[Candidate]:
-    """The neighbours of ``setting`` whose kernels are new, best-predicted first."""
+    """The neighbours of ``setting`` whose kernels are new."""
     pool: list[Candidate] = []
     digests = set(measured)
-    for s in space.neighbours(setting):
+    for s in space.neighbours(setting, knobs):
         try:
             cand = _candidate(task, opts, s)
         except ScheduleError as exc:
@@ -178,11 +245,6 @@ def _pool(
             continue
         digests.add(cand.digest)
         pool.append(cand)
-    if predictor is not None:
-        dims = task.dims
-        for cand in pool:
-            cand.predicted = predict(predictor, cand.schedule.kernel, dims)
-        pool.sort(key=lambda c: c.predicted)  # type: ignore[arg-type,return-value]
     return pool
 
 

@@ -17,7 +17,8 @@ schedule's trace, so the trace alone reproduces it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,9 +84,21 @@ def normalize(setting: Setting) -> Setting:
     return {k.name: setting[k.name] for k in KNOBS if setting.get(k.name, k.default) != k.default}
 
 
-def neighbours(setting: Setting) -> Iterator[Setting]:
-    """Every setting that changes one knob of ``setting`` to another of its values."""
-    for k in KNOBS:
+def select(names: Sequence[str] | None) -> tuple[Knob, ...]:
+    """The knobs called ``names`` (all for None), in knob order; KeyError naming an
+    unknown one."""
+    if names is None:
+        return KNOBS
+    unknown = sorted(set(names) - set(_BY_NAME))
+    if unknown:
+        raise KeyError(f"unknown knobs {unknown}; the knobs are {[k.name for k in KNOBS]}")
+    return tuple(k for k in KNOBS if k.name in set(names))
+
+
+def neighbours(setting: Setting, knobs: Sequence[str] | None = None) -> Iterator[Setting]:
+    """Every setting that changes one knob of ``setting`` (of ``knobs``, default all) to
+    another of its values."""
+    for k in select(knobs):
         current = setting.get(k.name, k.default)
         for v in k.values:
             if v != current:
@@ -115,6 +128,52 @@ def build(lowered: LoweredKernel, group: Group, opts: Options, setting: Setting)
         if not unrolled:
             raise ScheduleError("unroll", "-", "no short innermost serial loop to unroll")
     return sch
+
+
+def live_knobs(
+    lowered: LoweredKernel, group: Group, opts: Options, knobs: Sequence[str] | None = None
+) -> list[Knob]:
+    """The knobs (of ``knobs``, default all) of which some value changes ``lowered``'s
+    default schedule (the others do not apply to this kernel: no transpose to tile, no
+    full reduction to cut)."""
+    base = A.format_kernel(build(lowered, group, opts, {}).kernel)
+    live = []
+    for k in select(knobs):
+        for v in k.values[1:]:
+            try:
+                sch = build(lowered, group, opts, {k.name: v})
+            except ScheduleError:
+                continue
+            if A.format_kernel(sch.kernel) != base:
+                live.append(k)
+                break
+    return live
+
+
+def enumerate_space(
+    lowered: LoweredKernel,
+    group: Group,
+    opts: Options,
+    limit: int,
+    knobs: Sequence[str] | None = None,
+) -> list[tuple[Setting, Schedule]] | None:
+    """Every distinct schedule of the product of the live knobs' values (the default
+    first), or None when the product has more than ``limit`` settings."""
+    live = live_knobs(lowered, group, opts, knobs)
+    size = 1
+    for k in live:
+        size *= len(k.values)
+    if size > limit:
+        return None
+    out: dict[str, tuple[Setting, Schedule]] = {}
+    for values in itertools.product(*(k.values for k in live)):
+        setting = normalize(dict(zip((k.name for k in live), values)))
+        try:
+            sch = build(lowered, group, opts, setting)
+        except ScheduleError:
+            continue
+        out.setdefault(A.format_kernel(sch.kernel), (setting, sch))
+    return list(out.values())
 
 
 _STREAMING = {"off": "off", "always": "0"}
