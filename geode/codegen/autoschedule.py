@@ -184,6 +184,10 @@ class Choices:
     #: parallel iteration each, so every thread takes a share (64 runs balance well on
     #: up to 16 threads and add 64 elements to the second step); 1 turns it off
     rfactor_partials: int = 64
+    #: ... for a group whose every output holds at most this many elements (static): 1,
+    #: reductions to a scalar; more takes reductions of a few rows too (each partial run
+    #: then covers every row), where the rows alone are too few to share out
+    rfactor_max_outputs: int = 1
     #: cache line size (bytes) the schedules assume when they decide which rows to
     #: stream: a streamed row must be whole cache lines
     line_bytes: int = LINE_BYTES
@@ -1032,17 +1036,20 @@ def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
                 log.debug("column reduce: %s stays serial: %s", name, exc)
 
 
-def _scalar_outputs(sch: Schedule) -> bool:
-    """Whether every kernel output holds one element (static dims, all 1)."""
-    return all(
-        all(isinstance(d, A.Const) and int(d.value) == 1 for d in o.shape)
-        for o in sch.kernel.outputs
-    )
+def _small_outputs(sch: Schedule, most: int) -> bool:
+    """Whether every kernel output has static dims and at most ``most`` elements."""
+    for o in sch.kernel.outputs:
+        if not all(isinstance(d, A.Const) for d in o.shape):
+            return False
+        if int(np.prod([int(d.value) for d in o.shape], dtype=np.int64)) > most:
+            return False
+    return True
 
 
 def _full_reduce(sch: Schedule) -> bool:
     """Schedule a group whose every output is a scalar reduced from many elements (a
-    ``ReduceSum`` of ``[N, 1024]`` to one value) in two steps: each reduction's widest
+    ``ReduceSum`` of ``[N, 1024]`` to one value; or a few elements, up to
+    :attr:`Choices.rfactor_max_outputs`) in two steps: each reduction's widest
     reduce loop is cut into :attr:`Choices.rfactor_partials` contiguous runs
     (``rfactor(..., partials="outer")``, :func:`_rfactor_loop`) whose loop moves
     outermost and runs in parallel, the innermost loop vectorized; then the partials are
@@ -1050,7 +1057,8 @@ def _full_reduce(sch: Schedule) -> bool:
     False (the schedule unchanged) when the group is not such a reduction; raises
     ScheduleError when a step fails (the caller falls back)."""
     updates = [n for n in sch.blocks() if _is_reduce_update(sch.get_block(n))]
-    if not updates or not _scalar_outputs(sch) or choices().rfactor_partials <= 1:
+    small = _small_outputs(sch, choices().rfactor_max_outputs)
+    if not updates or not small or choices().rfactor_partials <= 1:
         return False
     for name in updates:
         loop, factor = _rfactor_loop(sch, name)

@@ -861,3 +861,24 @@ def test_full_reductions_compiled_match_numpy_nan_included(rows):
     x[rows - 1, 1000] = np.nan
     out = model(x0=x)
     assert np.isnan(out["y0"]) and np.isnan(out["y1"])
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_reductions_of_a_few_rows_in_two_steps_when_asked(rows):
+    """``rfactor_max_outputs``: a sum over the rows of [R, 100000] (R outputs) is cut
+    in runs too, each run covering every row, the runs' loop outermost and parallel."""
+    graph = _graph(lambda x: ops.reduce_sum(x, axes=[1], keepdims=0), [[rows, 100000]])
+    g, plan = prepare(graph)
+    (group,) = plan.groups
+    lk = lower_group(group, g, "k")
+    assert "rfactor" not in str(schedule_group(lk, group).trace)  # not by default (one: yes)
+
+    def two_steps(lk, group):
+        sch = schedule_group(lk, group, tuning=Choices(rfactor_max_outputs=4))
+        (step,) = [s for s in sch.trace if s.primitive == "rfactor"]
+        top = [s for s in sch.kernel.body if isinstance(s, A.For)]
+        assert any(f.var == step.result[0] and f.kind is A.ForKind.PARALLEL for f in top)
+        return sch.kernel
+
+    x = rng.integers(-3, 4, (rows, 100000)).astype(np.float32)  # sums exact in any order
+    check_groups(graph, {"x0": x}, two_steps)

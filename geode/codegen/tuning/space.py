@@ -56,6 +56,7 @@ class Knob:
 
 KNOBS: tuple[Knob, ...] = (
     Knob("rfactor_partials", (64, 1, 16, 256), "choice", "runs of a full reduction (1: serial)"),
+    Knob("rfactor_max_outputs", (1, 64), "choice", "two steps for reductions of a few rows"),
     Knob("parallel", (1, 0), "choice", "loops in parallel, or one thread"),
     Knob("parallel_min_elements", (1 << 15, 1 << 12), "choice", "the smallest parallel domain"),
     Knob("vector_chunk", (4096, 1024, 16384), "choice", "split factor of a 1-D nest"),
