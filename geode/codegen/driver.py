@@ -106,7 +106,7 @@ def schedule_job(
         canonical = A.format_kernel(canonical_kernel(job.lowered.kernel, job.name))
         dump.stage(f"{job.name}_ast_canonical", f"# key {job.kernel_key}\n{canonical}", level=2)
     sch = None
-    if choice.origin != "default":
+    if choice.origin in ("given", "tuned"):
         job.lowered = canonical_lowered(job.lowered)
         sch = apply_choice(choice, job.lowered, job.name, job.kernel_key)
     job.schedule = sch if sch is not None else default_schedule(job.lowered, job.group, opts)
