@@ -3,7 +3,7 @@ measure whole, and how many measurements it needs.
 
     python bench/tuning_search.py [--kernels softmax,column] [--rows 4096] [--limit 4096]
                                   [--budget 0.2] [--predictor none|sol] [--threads N]
-                                  [--knobs parallel,streaming,...]
+                                  [--knobs parallel,streaming,...] [--whole-space N]
 
 For each kernel (a row softmax over ``[rows, 1024]``; a column reduction, the sum over
 axis 0 of ``[rows, 1024]``) the space is the product of the knobs that change its
@@ -87,6 +87,12 @@ def main() -> None:
     p.add_argument("--predictor", choices=("none", "sol"), default="sol")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument(
+        "--whole-space",
+        type=int,
+        default=0,
+        help="with a predictor, rank a space of at most this many settings whole (default 0)",
+    )
+    p.add_argument(
         "--knobs",
         default="",
         help="the knobs of the space (comma-separated; empty: all)",
@@ -105,7 +111,7 @@ def main() -> None:
         best_s, best = ranked[0]
         default_s = next(s for s, st in ranked if not st)
         trials = max(1, int(a.budget * len(schedules)))
-        res = tune_kernel(t, opts, trials, predictor, whole_space=a.limit, knobs=knobs)
+        res = tune_kernel(t, opts, trials, predictor, whole_space=a.whole_space, knobs=knobs)
         pick = res.setting
         bench = KernelBench(t.name, t.lowered, t.inputs, t.env, opts)
         run_best = bench.runner(next(sch for st, sch in schedules if st == best))

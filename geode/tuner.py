@@ -113,6 +113,7 @@ def tune(
     seed: int = 0,
     bench_options: Mapping[str, Any] | None = None,
     knobs: Sequence[str] | None = None,
+    whole_space: int = 0,
     session: Any = None,
     **options: Any,
 ) -> TuneReport:
@@ -129,6 +130,9 @@ def tune(
     ``bench_options``: how each candidate is timed (``repeat``, ``min_time``,
     ``max_time`` of :class:`~geode.codegen.tuning.measure.KernelBench`). ``knobs``: the
     knobs searched (names of :data:`geode.codegen.tuning.space.KNOBS`; default all).
+    ``whole_space``: with a predictor, a kernel whose space has at most this many
+    settings is searched whole, best-predicted first (see
+    :func:`~geode.codegen.tuning.search.tune_kernel`; default 0: hill climbing).
     ``options`` are
     compile options (e.g. ``num_threads``: the tuned kernels' thread count, part of the
     database key)."""
@@ -181,7 +185,14 @@ def tune(
         arrays = [_value_array(v, values, feeds) for v in lowered.inputs]
         task = KernelTask(job.name, key, lowered, job.group, arrays, env)
         result = tune_kernel(
-            task, opts, trials, rank, min_gain, dict(bench_options or {}), knobs=knobs
+            task,
+            opts,
+            trials,
+            rank,
+            min_gain,
+            dict(bench_options or {}),
+            whole_space=whole_space,
+            knobs=knobs,
         )
         report.kernels[at[job.name]] = _record(tdb, result, device, threads)
         bar.set_postfix_str(f"{job.name}: {result.status}")

@@ -146,7 +146,7 @@ def test_a_predictor_ranks_a_small_space_whole(monkeypatch) -> None:
     task = _task("rmsnorm")
     whole = space.enumerate_space(task.lowered, task.group, OPTS, 512)
     assert whole is not None and len(whole) > 8
-    res = search.tune_kernel(task, OPTS, trials=5, predictor=_likes_interleave_2)
+    res = search.tune_kernel(task, OPTS, trials=5, predictor=_likes_interleave_2, whole_space=512)
     assert res.trials == 5 and len(timed) == 5 + 1 + 2 * 5  # the default, 5, confirm rounds
     assert all(c.predicted == 0.0 for c in res.candidates)  # the best-predicted went first
     assert res.status == "tuned" and res.setting.get("interleave") == 2

@@ -1,10 +1,6 @@
 """The search over one kernel's schedule space, from its default schedule.
 
-With a predictor and a space small enough to build whole (the product of the knobs
-that change this kernel, :func:`~geode.codegen.tuning.space.enumerate_space`), every
-schedule of it is predicted and measured best-predicted first until ``trials`` are
-spent (PAI's way: the model proposes, profiling decides). Otherwise hill climbing
-with first improvement: the candidates are the settings one knob away from the best so
+Hill climbing with first improvement: the candidates are the settings one knob away from the best so
 far (:func:`~geode.codegen.tuning.space.neighbours`); each is built,
 and one whose kernel is the same as a candidate's already measured (a knob that does
 not touch this kernel) is dropped without costing a trial. With a predictor the
@@ -15,6 +11,12 @@ more than ``min_gain`` becomes the best and the search moves there. It stops whe
 ``trials`` candidates have been measured or no neighbour of the best is faster. The best
 is then timed against the default in interleaved rounds and kept only if still faster by
 ``min_gain``.
+
+With a predictor that ranks schedules well and a space small enough to build whole
+(``whole_space``: the product of the knobs that change this kernel,
+:func:`~geode.codegen.tuning.space.enumerate_space`), every schedule of it is predicted
+instead and measured best-predicted first until ``trials`` are spent (PAI's way: the
+model proposes, profiling decides).
 """
 
 from __future__ import annotations
@@ -104,13 +106,15 @@ def tune_kernel(
     min_gain: float = 0.03,
     bench_options: dict[str, Any] | None = None,
     on_trial: Callable[[Candidate], None] | None = None,
-    whole_space: int = 512,
+    whole_space: int = 0,
     knobs: Sequence[str] | None = None,
 ) -> TuneResult:
     """Search ``task``'s schedule space with at most ``trials`` measured candidates
     (see the module docstring); ``on_trial`` is called after each measurement. With a
-    predictor and a space of at most ``whole_space`` settings, the whole space is built
-    and measured best-predicted first instead of climbing. ``knobs``: the knobs searched
+    predictor and a space of at most ``whole_space`` settings (default 0: never), the
+    whole space is built and measured best-predicted first instead of climbing: for a
+    predictor that ranks schedules well (a fitted model), not the SOL model, which sees
+    no difference between most of them. ``knobs``: the knobs searched
     (default all; the others stay at their defaults)."""
     bench = KernelBench(
         task.name, task.lowered, task.inputs, task.env, opts, **(bench_options or {})
