@@ -29,6 +29,7 @@ __all__ = [
     "load",
     "ops",
     "set_options",
+    "tune",
 ]
 # The runtime comes with the package: what loading a model file and running it use (the
 # session, the model-file reader, the native runtime, llvmlite's binding), so that
@@ -43,6 +44,10 @@ from geode.version import __version__ as __version__  # noqa: E402
 
 
 def __getattr__(name: str) -> object:
+    if name == "tune":
+        from geode.tuner import tune
+
+        return tune
     if name == "onnx_backend":
         import importlib
 

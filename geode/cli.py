@@ -14,6 +14,9 @@ Subcommands, in the style of onnxruntime_perf_test and tvmc:
   groups with the reason for each decision, kernels with their ops and cost estimates;
 * ``geode dump MODEL -d DIR [--llvm]``: every compile stage as files (what
   ``GEODE_DUMP_DIR`` writes) plus ``graph.dot`` (and ``graph.svg`` with Graphviz);
+* ``geode tune MODEL --db PATH [--trials N] [--shape x:64,1024 ...] [--threads N]``:
+  searches each kernel's schedule space and keeps faster schedules in a tuning
+  database (see :mod:`geode.tuner`), resumable;
 * ``geode cache [--dir DIR] [--clear | --prune]``: the kernel cache's folder, number of
   entries, size and limit; ``--clear`` removes geode's entries (and nothing else in the
   folder), ``--prune`` evicts the least recently used ones down to the limit;
@@ -639,6 +642,38 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Tune every kernel's schedule of a model into a tuning database."""
+    import geode
+
+    loaded = load_model(args.model)
+    if loaded.geode_path is not None:
+        raise CLIError(f"{loaded.label}: a geode model file is compiled already; tune the model")
+    shapes = parse_shapes(args.shape or [])
+    files = parse_input_files(args.input or [])
+    inputs = {name: load_npy(name, path) for name, path in files.items()}
+    options: dict[str, Any] = dict(parse_options(args.option or []))
+    if args.threads is not None:
+        options["num_threads"] = args.threads
+    report = geode.tune(
+        loaded.graph,
+        trials=args.trials,
+        db=args.db,
+        inputs=inputs or None,
+        shapes=shapes or None,
+        predictor=None if args.predictor == "none" else args.predictor,
+        retune=args.retune,
+        seed=args.seed,
+        knobs=args.knobs.split(",") if args.knobs else None,
+        **options,
+    )
+    print(f"model {loaded.label}")
+    print(report.table())
+    tuned = sum(k.status == "tuned" for k in report.kernels)
+    print(f"{tuned} kernel(s) tuned; compile with tuning_db={args.db!r} (or GEODE_TUNING_DB)")
+    return 0
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     """Show where the on-disk kernel cache is and what it holds; ``--clear`` empties it."""
     from geode import config
@@ -857,6 +892,51 @@ def _add_bench(sub: Any) -> None:
     b.set_defaults(func=cmd_bench)
 
 
+def _add_tune(sub: Any) -> None:
+    """The ``tune`` subcommand's parser."""
+    t = sub.add_parser(
+        "tune",
+        help="search each kernel's schedule space; keep faster schedules in a database",
+        description="Compile MODEL up to its kernels and, for each kernel not in the tuning "
+        "database yet, measure schedules around the default one (split, tile and rfactor "
+        "factors, parallel or not, prefetch distance, streaming stores, interleave, unroll), "
+        "keeping the fastest that gives the default's results. The database is written after "
+        "every kernel; a rerun skips the kernels done. Compile with "
+        "--option tuning_db=PATH (or GEODE_TUNING_DB) to use it.",
+    )
+    _common(t)
+    for flags, kw in (_INPUT, _SHAPE, _SEED):
+        t.add_argument(*flags, **kw)
+    t.add_argument("--db", required=True, metavar="PATH", help="the tuning database (JSON)")
+    t.add_argument(
+        "--trials",
+        type=_int_at_least(0),
+        default=32,
+        metavar="N",
+        help="candidates measured per kernel at most (default 32)",
+    )
+    t.add_argument(
+        "--threads",
+        type=_int_at_least(1),
+        default=None,
+        metavar="N",
+        help="threads the kernels run with (part of the database key; default: all cores)",
+    )
+    t.add_argument(
+        "--predictor",
+        choices=("none", "sol"),
+        default="none",
+        help="rank candidates before measuring them (default none: knob order)",
+    )
+    t.add_argument(
+        "--knobs",
+        metavar="K1,K2,...",
+        help="search only these knobs (default all; see geode/codegen/tuning/space.py)",
+    )
+    t.add_argument("--retune", action="store_true", help="tune kernels already in the database")
+    t.set_defaults(func=cmd_tune)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     from geode import __version__
@@ -937,6 +1017,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--llvm", action="store_true", help="also write each kernel's LLVM IR and assembly"
     )
     d.set_defaults(func=cmd_dump)
+
+    _add_tune(sub)
 
     c = sub.add_parser(
         "cache",

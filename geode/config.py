@@ -65,6 +65,14 @@ dynamic_dims              GEODE_DYNAMIC_DIMS      bucketed variants: {"batch": [
                                                   that dim static, plus the symbolic graph;
                                                   each call runs the bucket of its size (see
                                                   geode.buckets)
+tuning_db                 GEODE_TUNING_DB         a tuning database (``geode.tune``): each
+                                                  kernel it holds a tuned schedule for, on
+                                                  this device and thread count, gets it
+schedules                 (none)                  ``{kernel_key: trace or function}``:
+                                                  the schedule of the kernels with those
+                                                  keys (a Trace is replayed, a function
+                                                  gets the Schedule); see
+                                                  geode.codegen.given_schedules
 ========================  ======================  =========================================
 
 ``dump_dir`` and ``cache_dir`` take a ``str`` or ``os.PathLike`` path (anything else is
@@ -85,6 +93,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +152,8 @@ class Options:
     incremental: bool = False
     #: ((dim name, sizes increasing), ...): see :func:`dynamic_dims_setting`
     dynamic_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    tuning_db: str | None = None
+    schedules: Mapping[str, Any] | None = None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Options:
@@ -171,6 +182,7 @@ class Options:
             "model_cache": "GEODE_MODEL_CACHE",
             "incremental": "GEODE_INCREMENTAL",
             "dynamic_dims": "GEODE_DYNAMIC_DIMS",
+            "tuning_db": "GEODE_TUNING_DB",
         }
         for name, var in env.items():
             raw = os.environ.get(var)
@@ -255,6 +267,8 @@ def _check_kind(name: str, value: Any) -> None:
         raise OptionError(f"{name}={value!r}: expected pass names (a tuple of str)")
     elif name == "streaming":
         _streaming_setting(value)
+    elif name == "schedules":
+        _check_schedules(value)
     elif name == "backend" and value not in BACKENDS:
         raise OptionError(f"backend={value!r}: expected one of {', '.join(BACKENDS)}")
     elif name == "fusion_search" and value not in FUSION_SEARCHES:
@@ -278,24 +292,46 @@ PROGRESS_OFF = ("0", "false", "no", "off", "never")
 _PROGRESS_WORDS = ("auto", *PROGRESS_ON, *PROGRESS_OFF)
 
 
-#: options whose value is a folder path (``dump_dir`` may also be None: no dumps)
-_PATH_OPTIONS = ("dump_dir", "cache_dir")
+def _check_schedules(value: Any) -> None:
+    """``schedules`` is None or a mapping of kernel keys (str) to traces or functions
+    (anything with a ``replay`` method, or a callable); what each does to its kernel
+    is checked when the kernel is scheduled."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise OptionError(
+            f"schedules={value!r}: expected a dict of kernel keys to traces or functions"
+        )
+    for key, v in value.items():
+        if not isinstance(key, str) or not key:
+            raise OptionError(f"schedules: key {key!r} is not a kernel key (a str)")
+        if not (callable(v) or callable(getattr(v, "replay", None))):
+            raise OptionError(
+                f"schedules[{key!r}]: expected a Trace or a function of the Schedule, "
+                f"got {type(v).__name__}"
+            )
+
+
+#: options whose value is a path (``dump_dir`` and ``tuning_db`` may also be None)
+_PATH_OPTIONS = ("dump_dir", "cache_dir", "tuning_db")
+_NONE_PATH_OPTIONS = ("dump_dir", "tuning_db")
 
 
 def check_path_option(name: str, value: Any) -> str | None:
-    """``value`` of the folder option ``name`` as a ``str`` path; OptionError if it is not one.
+    """``value`` of the path option ``name`` as a ``str`` path; OptionError if it is not one.
 
     A ``str`` or ``os.PathLike`` (e.g. ``pathlib.Path``) is a path; ``None`` is allowed for
-    ``dump_dir`` only (no dumps). Anything else (a number, bytes, a path holding a NUL
-    character) is refused with an error naming the option and the value.
+    ``dump_dir`` (no dumps) and ``tuning_db`` (none) only. Anything else (a number, bytes,
+    a path holding a NUL character) is refused with an error naming the option and the
+    value.
     """
-    if value is None and name == "dump_dir":
+    if value is None and name in _NONE_PATH_OPTIONS:
         return None
     path = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(path, str):
+        what = "a file path" if name == "tuning_db" else "a folder path"
         raise OptionError(
-            f"{name}={value!r}: expected a folder path (str or os.PathLike), "
-            f"got {type(value).__name__}"
+            f"{name}={value!r}: expected {what} (str or os.PathLike), got {type(value).__name__}"
         )
     if "\x00" in path:
         raise OptionError(f"{name}={path!r}: a path cannot contain a NUL character")

@@ -104,3 +104,21 @@ class OutOfMemoryError(ExecutionError, MemoryError):
 class InputMemoryError(OutOfMemoryError, InputError):
     """A model input geode would have to copy (a strided or broadcast view, a
     byte-swapped array) whose contiguous copy would not fit in memory."""
+
+
+class TraceError(GeodeError):
+    """A schedule trace that cannot be read or replayed: not the trace format, a
+    version geode does not know, an unknown primitive or a bad argument, or a step
+    whose requirements fail on the kernel it is replayed on (the message names the
+    trace and the step)."""
+
+
+class UserScheduleError(GeodeError):
+    """A schedule given to ``geode.compile(..., schedules=...)`` that cannot be applied
+    to its kernel (the message names the kernel and its key)."""
+
+
+class TuningError(GeodeError):
+    """A tuning database that cannot be used (not a tuning database, another format
+    version, a file others may write, a bad signature) or a tuning run that cannot
+    proceed (no inputs for the model's symbolic dims)."""

@@ -335,6 +335,10 @@ class _Explain:
             if u.info.cost:
                 cost = " cost " + ", ".join(f"{k}={v:.3g}" for k, v in u.info.cost.items())
             lines.append(f"  {u.name} [{u.engine}] {ops}{cost}")
+            if u.extra.get("kernel_key"):
+                note = u.extra.get("schedule_note", "default")
+                lines.append(f"    key {u.extra['kernel_key']}, schedule: {note}")
+        lines.append(_schedule_summary(kernels))
         views = [u for u in self.units if u.engine == ALIAS]
         lines.append(f"views ({len(views)}): aliases in the memory plan, no kernel, no step")
         for u in views:
@@ -358,6 +362,26 @@ class _Explain:
             f"{self.vm.nbytes} bytes, {self.vm.dedup_saved_bytes} bytes saved by dedup"
         )
         return "\n".join(lines)
+
+
+def _schedule_summary(units: list[Unit]) -> str:
+    """``schedules: ...``: how many kernels got a given, a tuned or the default schedule,
+    naming the given and tuned ones."""
+    by: dict[str, list[str]] = {}
+    for u in units:
+        if u.extra.get("kernel_key"):
+            by.setdefault(str(u.extra.get("schedule", "default")), []).append(u.name)
+    parts = []
+    for origin, what in (
+        ("given", "given"),
+        ("tuned", "tuned"),
+        ("tuned-default", "tuned (default kept)"),
+    ):
+        names = by.get(origin, [])
+        if names:
+            parts.append(f"{len(names)} {what} ({', '.join(names)})")
+    parts.append(f"{len(by.get('default', []))} default")
+    return "schedules: " + ", ".join(parts)
 
 
 _default: Session | None = None

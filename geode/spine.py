@@ -42,6 +42,7 @@ from geode.codegen.lower import make_can_lower
 from geode.codegen.native_conv import conv_interface
 from geode.codegen.native_pool import pool_interface
 from geode.codegen.native_rnn import rnn_interface
+from geode.codegen.schedule_source import schedule_sources
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
@@ -59,7 +60,7 @@ from geode.compiler.partition.placement import (
 from geode.compiler.passes.variables import SessionVariable
 from geode.compiler.pipeline import PassRecord, run_pipeline
 from geode.debug import Dumper, log
-from geode.errors import GeodeError, GraphError
+from geode.errors import GeodeError, GraphError, UserScheduleError
 from geode.plan_builder import (
     ALIAS,
     COMMIT,
@@ -202,9 +203,23 @@ def lower(c: Compilation) -> None:
 
 
 def schedule(c: Compilation) -> None:
-    """Schedule every group's loop AST (tile, inline, reduce, parallelize, vectorize)."""
+    """Schedule every group's loop AST (tile, inline, reduce, parallelize, vectorize):
+    with the schedule given for its kernel key, its tuned one, or the default."""
+    sources = schedule_sources(c.opts)
+
+    def stage(job: driver.KernelJob, g: Graph, opts: config.Options, dump: Dumper) -> None:
+        driver.schedule_job(job, g, opts, dump, sources)
+
     for job in c.jobs:
-        _codegen_stage(c, job, driver.schedule_job)
+        _codegen_stage(c, job, stage)
+    unused = sources.unused()
+    if unused:
+        msg = (
+            f"schedules given for kernel keys {unused} match no kernel of {c.graph.name!r} "
+            "(model.explain() lists its kernels' keys)"
+        )
+        warnings.warn(msg, UserWarning, stacklevel=3)
+        log.warning(msg)
 
 
 def emit(c: Compilation) -> None:
@@ -243,6 +258,7 @@ def bind(c: Compilation) -> None:
                 item.name, "aicore", nodes, item.inputs, item.outputs, item.interface, item.info
             )
             unit.extra["pattern"] = "dense+" + item.panel.epilogue.group.pattern_name()
+            _note_schedule(unit, item)
             units.append(unit)
         else:
             lowered = item.lowered
@@ -257,9 +273,18 @@ def bind(c: Compilation) -> None:
                 item.info,
             )
             unit.extra["pattern"] = item.group.pattern_name()
+            _note_schedule(unit, item)
             units.append(unit)
     c.units = drop_dead_units(units, c.graph) if c.fuses else units
     bind_units(c.units)
+
+
+def _note_schedule(unit: Unit, job: driver.KernelJob) -> None:
+    """Record the kernel's key and where its schedule came from (for ``explain()``)."""
+    unit.extra["kernel_key"] = job.kernel_key
+    if job.schedule_choice is not None:
+        unit.extra["schedule"] = job.schedule_choice.origin
+        unit.extra["schedule_note"] = job.schedule_choice.describe()
 
 
 def _nodes_of(job: driver.KernelJob) -> list[Node]:
@@ -366,6 +391,19 @@ def compile_graph(c: Compilation) -> Compilation:
     return c
 
 
+def compile_until(c: Compilation, last: str) -> Compilation:
+    """Run the stages of :data:`STAGES` on ``c`` up to and including ``last`` (the tuner
+    stops after ``lower``: it schedules and compiles each kernel itself)."""
+    names = [name for name, _ in STAGES]
+    if last not in names:
+        raise GeodeError(f"no compile stage {last!r}; the stages are {names}")
+    for name, stage in STAGES[: names.index(last) + 1]:
+        t = time.perf_counter()
+        stage(c)
+        c.timings[name] = time.perf_counter() - t
+    return c
+
+
 def _codegen_stage(
     c: Compilation,
     job: driver.KernelJob,
@@ -375,6 +413,8 @@ def _codegen_stage(
     t0 = time.perf_counter()
     try:
         stage(job, job.graph_of(c.graph), c.opts, c.dump)
+    except UserScheduleError:
+        raise  # the user's schedule is wrong: no fall-back hides it
     except Exception as exc:  # noqa: BLE001 - any codegen failure falls back, loudly
         job.error = exc
         c.fallbacks += 1

@@ -24,7 +24,7 @@ from geode.compiler.frontend.onnx_export import to_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE_ORT = importlib.util.find_spec("onnxruntime") is not None
-SUBCOMMANDS = ("run", "bench", "explain", "dump", "cache", "demo", "compile")
+SUBCOMMANDS = ("run", "bench", "explain", "dump", "cache", "demo", "compile", "tune")
 
 
 @pytest.fixture(scope="session")
@@ -722,3 +722,28 @@ def test_compile_refuses_dynamic_dims(tmp_path, capsys, in_process):
     assert cli.main(argv) == 2
     assert "a model file holds one compiled graph" in capsys.readouterr().err
     assert not out.exists()
+
+
+# -- tune ---------------------------------------------------------------------------------------
+def test_tune_writes_a_database_the_compile_uses(tmp_path, capsys, in_process):
+    db = tmp_path / "tuning.json"
+    argv = ["tune", "builtin:rmsnorm", "--db", str(db), "--trials", "1", "--shape", "x:8,768"]
+    assert cli.main([*argv, "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fused_0" in out and "tuning database" in out and db.exists()
+    assert cli.main([*argv, "--threads", "1"]) == 0  # resumed: nothing left to tune
+    assert "in db" in capsys.readouterr().out
+    explain = ["explain", "builtin:rmsnorm", "--option", f"tuning_db={db}"]
+    assert cli.main([*explain, "--option", "num_threads=1"]) == 0
+    assert "schedule: tuned" in capsys.readouterr().out
+
+
+def test_tune_errors_are_one_line(tmp_path, capsys, in_process):
+    db = tmp_path / "tuning.json"
+    assert cli.main(["tune", "builtin:rmsnorm", "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert "input 'x' has the shape" in err and "--shape x:D1,D2" in err
+    (tmp_path / "other.json").write_text("{}")
+    argv = ["tune", "builtin:rmsnorm", "--db", str(tmp_path / "other.json"), "--shape", "x:2,768"]
+    assert cli.main(argv) == 2
+    assert "is not a geode tuning database" in capsys.readouterr().err

@@ -14,7 +14,8 @@ rank  layer      modules
                  differential fuzzer drive the API)
 4     api        ``geode`` (the package's public face), ``geode.api``,
                  ``geode.onnx_backend`` (the ONNX backend protocol over the API),
-                 ``geode.examples`` (built-in graphs the CLI runs)
+                 ``geode.examples`` (built-in graphs the CLI runs), ``geode.tuner``
+                 (``geode.tune``: drives the spine, then tunes each kernel)
 3     session    ``geode.session``, ``geode.spine`` (the spine: the stages in
                  order), ``geode.plan_builder`` (units -> runtime plan),
                  ``geode.buckets``, ``geode.stages``, ``geode.incremental``
@@ -64,6 +65,7 @@ LAYER_OF: dict[str, str] = {
     "geode.api": "api",
     "geode.onnx_backend": "api",
     "geode.examples": "api",
+    "geode.tuner": "api",
     "geode.session": "session",
     "geode.buckets": "session",
     "geode.stages": "session",

@@ -61,6 +61,10 @@
   :attr:`Choices.stream_interleave`; measurements: ``docs/performance.md``). A streamed
   output pass that also reads the row is not pipelined, one that only writes is (see ``_host_reads_inputs``).
 
+* **full reductions** (every pattern, first): a group whose every output is one
+  element reduced from many (a sum of ``[N, 1024]`` to a scalar) runs each reduction in
+  two steps, contiguous runs in parallel, then their partials (:func:`_full_reduce`).
+
 If a step's requirements fail, the schedule falls back to a simpler one (and, last,
 to the unscheduled kernel); the reason is kept in ``Schedule.notes``.
 """
@@ -103,6 +107,8 @@ class Choices:
     #: a group whose domain is static and smaller than this runs on one thread: forking
     #: costs more than the work, and a serial kernel compiles several times faster
     parallel_min_elements: int = 1 << 15
+    #: whether any loop may run in parallel (0: every kernel on the calling thread)
+    parallel: int = 1
     #: a Trivial block with at most this many arithmetic ops (none of them costly) is
     #: recomputed in each pass that reads it instead of being kept in a row buffer
     recompute_max_ops: int = 4
@@ -173,6 +179,15 @@ class Choices:
     #: interleaving four keeps the FMA units busy. Measurements: ``docs/performance.md``
     #: (``stream_interleave``).
     stream_interleave: int = 4
+    #: partial results of a full reduction to a scalar (two-step reduce, see
+    #: :func:`_full_reduce`): the reduction is cut into this many contiguous runs, one
+    #: parallel iteration each, so every thread takes a share (64 runs balance well on
+    #: up to 16 threads and add 64 elements to the second step); 1 turns it off
+    rfactor_partials: int = 64
+    #: ... for a group whose every output holds at most this many elements (static): 1,
+    #: reductions to a scalar; more takes reductions of a few rows too (each partial run
+    #: then covers every row), where the rows alone are too few to share out
+    rfactor_max_outputs: int = 1
     #: cache line size (bytes) the schedules assume when they decide which rows to
     #: stream: a streamed row must be whole cache lines
     line_bytes: int = LINE_BYTES
@@ -206,7 +221,10 @@ def override_choices(base: Choices | None = None, **changes: int) -> Iterator[Ch
 
 
 def wants_parallel(group: Group) -> bool:
-    """False for groups with a static domain too small to be worth threads."""
+    """False for groups with a static domain too small to be worth threads (and for
+    every group when :attr:`Choices.parallel` is 0)."""
+    if not choices().parallel:
+        return False
     n = 1
     for d in group.domain:
         if not isinstance(d, int):
@@ -249,7 +267,9 @@ def schedule_group(
             if level == "full":
                 par = wants_parallel(group)
                 rows = None
-                if pattern == "elementwise":
+                if par and _full_reduce(sch):
+                    pass  # every reduction to a scalar cut in parallel runs
+                elif pattern == "elementwise":
                     rows = _elementwise(sch, par)
                 elif pattern in ("row_reduce", "reduce_broadcast"):
                     rows = _row_reduce(sch, lowered, group, par, stream_min_bytes)
@@ -691,7 +711,7 @@ def _chunk_costly_pass(
     sch: Schedule,
     sp: str,
     first: int = 1,
-    chunk: int = choices().prefetch_chunk,
+    chunk: int | None = None,
     reassoc: bool = True,
 ) -> bool:
     """Cut the costliest pass over each row from pass ``first`` on (softmax's exp, after
@@ -700,7 +720,9 @@ def _chunk_costly_pass(
     element and its row length is a constant multiple of the chunk of at least
     :attr:`Choices.prefetch_min_row`; :func:`_prefetch_rows` then spreads the next row's fetch
     over those chunks, where the arithmetic hides it. ``reassoc``: the chunk loop may
-    reassociate (a reduction's pass). Returns whether it did."""
+    reassociate (a reduction's pass). Returns whether it did. ``chunk`` defaults to
+    :attr:`Choices.prefetch_chunk` (read when called, so overridden choices apply)."""
+    chunk = choices().prefetch_chunk if chunk is None else chunk
     top = _costly_pass(sch, sp, first, chunk)
     if top is None:
         return False
@@ -709,10 +731,9 @@ def _chunk_costly_pass(
     return True
 
 
-def _costly_pass(
-    sch: Schedule, sp: str, first: int = 1, chunk: int = choices().prefetch_chunk
-) -> A.For | None:
+def _costly_pass(sch: Schedule, sp: str, first: int = 1, chunk: int | None = None) -> A.For | None:
     """The pass :func:`_chunk_costly_pass` would cut in chunks, or None."""
+    chunk = choices().prefetch_chunk if chunk is None else chunk
     passes = [s for s in sch.get_loop(sp).body if isinstance(s, A.For)]
     top = max(passes[first:], key=_pass_cost, default=None)
     if top is None or _pass_cost(top) <= choices().pipeline_max_host_ops:
@@ -1015,6 +1036,67 @@ def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
                 log.debug("column reduce: %s stays serial: %s", name, exc)
 
 
+def _small_outputs(sch: Schedule, most: int) -> bool:
+    """Whether every kernel output has static dims and at most ``most`` elements."""
+    for o in sch.kernel.outputs:
+        if not all(isinstance(d, A.Const) for d in o.shape):
+            return False
+        if int(np.prod([int(d.value) for d in o.shape], dtype=np.int64)) > most:
+            return False
+    return True
+
+
+def _full_reduce(sch: Schedule) -> bool:
+    """Schedule a group whose every output is a scalar reduced from many elements (a
+    ``ReduceSum`` of ``[N, 1024]`` to one value; or a few elements, up to
+    :attr:`Choices.rfactor_max_outputs`) in two steps: each reduction's widest
+    reduce loop is cut into :attr:`Choices.rfactor_partials` contiguous runs
+    (``rfactor(..., partials="outer")``, :func:`_rfactor_loop`) whose loop moves
+    outermost and runs in parallel, the innermost loop vectorized; then the partials are
+    reduced into the output. Without it the whole reduction ran on one thread. Returns
+    False (the schedule unchanged) when the group is not such a reduction; raises
+    ScheduleError when a step fails (the caller falls back)."""
+    updates = [n for n in sch.blocks() if _is_reduce_update(sch.get_block(n))]
+    small = _small_outputs(sch, choices().rfactor_max_outputs)
+    if not updates or not small or choices().rfactor_partials <= 1:
+        return False
+    for name in updates:
+        loop, factor = _rfactor_loop(sch, name)
+        p, _ = sch.rfactor(name, loop, factor, partials="outer")
+        (rf,) = [n for n in sch.blocks() if p in sch.get_loops(n)]
+        loops = _nest_loops(sch, rf)
+        if loops[0] != p:
+            sch.reorder([p] + [v for v in loops if v != p])
+        sch.parallel(p)
+    for name in sch.blocks():
+        loops = _nest_loops(sch, name)
+        if loops and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL:
+            sch.vectorize(loops[-1], allow_reassoc=True)
+    return True
+
+
+def _rfactor_loop(sch: Schedule, block: str) -> tuple[str, int]:
+    """The reduce loop of ``block`` to cut in runs, and how many: the outermost whose
+    extent is symbolic or at least :attr:`Choices.rfactor_partials` (that many runs),
+    else the longest (as many runs as it has iterations)."""
+    b = sch.get_block(block)
+    direct = {
+        x.name
+        for x, iv in zip(b.bindings, b.iter_vars)
+        if isinstance(x, A.Var) and iv.kind == "reduce"
+    }
+    loops = [v for v in _nest_loops(sch, block) if v in direct]
+    if not loops:
+        raise ScheduleError("rfactor", block, "no reduce loop binds an iteration variable directly")
+    want = choices().rfactor_partials
+    for v in loops:
+        ext = sch.get_loop(v).extent
+        if not isinstance(ext, A.Const) or int(ext.value) >= want:
+            return v, want
+    v = max(loops, key=lambda x: int(sch.get_loop(x).extent.value))  # type: ignore[attr-defined]
+    return v, int(sch.get_loop(v).extent.value)  # type: ignore[attr-defined]
+
+
 def _single_iteration(sch: Schedule, loop: str) -> bool:
     """Whether ``loop`` has the static extent 1 (a batch of one). Such a loop is not made
     parallel: it has nothing to share, and numba lowers a parallel loop's body as a
@@ -1135,13 +1217,13 @@ def element_cost(b: A.Block) -> int:
     return cost
 
 
-def _streams(
-    sch: Schedule, block: str, min_bytes: int | None, max_ops: int = choices().stream_max_ops
-) -> bool:
-    """Whether ``block`` is the cheap (at most ``max_ops`` per element), only accessor of
-    an output that may reach ``min_bytes`` (the candidates of :func:`_stream_outputs`)."""
+def _streams(sch: Schedule, block: str, min_bytes: int | None, max_ops: int | None = None) -> bool:
+    """Whether ``block`` is the cheap (at most ``max_ops`` per element, default
+    :attr:`Choices.stream_max_ops`), only accessor of an output that may reach
+    ``min_bytes`` (the candidates of :func:`_stream_outputs`)."""
     if min_bytes is None:
         return False
+    max_ops = choices().stream_max_ops if max_ops is None else max_ops
     b = sch.get_block(block)
     outs = {o.name: o for o in sch.kernel.outputs}
     stores = [st for st in A.walk_stmts(b.body) if isinstance(st, A.Store)]

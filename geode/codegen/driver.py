@@ -18,8 +18,10 @@ import numpy as np
 from geode.codegen import ast as A
 from geode.codegen.dense import PanelGraph, dense_kernel
 from geode.codegen.indexing import exprs_equal
+from geode.codegen.kernel_key import canonical_kernel, canonical_lowered, kernel_key
 from geode.codegen.lower import LoweredKernel, lower_group
 from geode.codegen.schedule import Schedule
+from geode.codegen.schedule_source import ScheduleChoice, ScheduleSources, apply_choice
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.profit import describe_work
 from geode.compiler.ir import Graph, Node
@@ -68,6 +70,10 @@ class KernelJob:
     #: its outputs
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
+    #: the lowered kernel's structural key (:func:`geode.codegen.kernel_key.kernel_key`)
+    kernel_key: str = ""
+    #: where its schedule came from (given, tuned or default)
+    schedule_choice: ScheduleChoice | None = None
 
     def graph_of(self, model: Graph) -> Graph:
         """The graph the job's group belongs to: the model's, or its panel graph's."""
@@ -86,9 +92,24 @@ def lower_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         dump.stage(f"{job.name}_ast_lowered", A.format_kernel(job.lowered.kernel), level=2)
 
 
-def schedule_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
-    """Apply the default schedule of the group's pattern to its loop AST."""
-    job.schedule = default_schedule(job.lowered, job.group, opts)
+def schedule_job(
+    job: KernelJob, g: Graph, opts: Options, dump: Dumper, sources: ScheduleSources | None = None
+) -> None:
+    """Schedule the group's loop AST: with the schedule the user gave for its kernel
+    key, else its tuned one, else the default of its pattern (see
+    :mod:`geode.codegen.schedule_source`). A given or tuned schedule is applied to the
+    kernel's canonical form, which then replaces ``job.lowered``."""
+    job.kernel_key = kernel_key(job.lowered.kernel)
+    choice = sources.choose(job.kernel_key) if sources is not None else ScheduleChoice("default")
+    job.schedule_choice = choice
+    if dump.wants(2):
+        canonical = A.format_kernel(canonical_kernel(job.lowered.kernel, job.name))
+        dump.stage(f"{job.name}_ast_canonical", f"# key {job.kernel_key}\n{canonical}", level=2)
+    sch = None
+    if choice.origin in ("given", "tuned"):
+        job.lowered = canonical_lowered(job.lowered)
+        sch = apply_choice(choice, job.lowered, job.name, job.kernel_key)
+    job.schedule = sch if sch is not None else default_schedule(job.lowered, job.group, opts)
     if dump.wants(2):
         trace = str(job.schedule.trace)
         text = A.format_kernel(job.schedule.kernel) + "\n\n# trace\n" + trace
@@ -187,6 +208,8 @@ def interface_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None
         source=native.source,
         kind="fused",
         trace=str(job.schedule.trace),
+        key=job.kernel_key,
+        schedule=job.schedule_choice.origin if job.schedule_choice is not None else "",
         cost={
             "compile_s": job.seconds,
             "from_cache": float(getattr(native, "from_cache", False)),
@@ -421,6 +444,8 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         source=kernel.source,
         kind="dense",
         trace=str(job.schedule.trace),
+        key=job.kernel_key,
+        schedule=job.schedule_choice.origin if job.schedule_choice is not None else "",
         cost={"compile_s": job.seconds, "from_cache": float(kernel.from_cache)},
         _llvm=lambda: kernel.llvm,
         _asm=lambda: kernel.asm,

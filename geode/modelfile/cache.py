@@ -10,8 +10,10 @@ model file: format, checksum, versions, CPU features) instead of running the pip
 no pass, no fusion, no scheduling, no IR. The kernels' object code is already cached
 too, so a miss here still compiles no kernel twice.
 
-Skipped (the pipeline runs): ``model_cache=False`` (``GEODE_MODEL_CACHE=0``), the numba
-backend, debug logging or dumps asked for
+A tuning database (``tuning_db``) keys the entry by its contents: a database tuned
+further gives another key. Skipped (the pipeline runs): ``model_cache=False``
+(``GEODE_MODEL_CACHE=0``), schedules given to the compile (``schedules``: functions
+have no file form), the numba backend, debug logging or dumps asked for
 (``GEODE_DEBUG``/``GEODE_DUMP_DIR``: the user wants to see the stages), a graph with
 constants still in external files (loaded lazily: hashing them would read them), a
 model whose constants are too large to copy into the cache (an eighth of
@@ -37,6 +39,7 @@ from typing import Any
 
 from geode import signing
 from geode.codegen.cache import MODEL_AREA
+from geode.codegen.tuning_db import db_digest
 from geode.compiler.ir import Graph, ValueKind
 from geode.config import Options
 from geode.costmodel.device import cached_spec
@@ -70,6 +73,8 @@ _IRRELEVANT = frozenset(
         "progress",
         "model_cache",
         "memory_limit_mb",
+        "tuning_db",  # keyed by the database's contents instead (see _context)
+        "schedules",  # a compile given schedules does not use the model cache
     }
 )
 
@@ -88,7 +93,7 @@ def options_usable(opts: Options) -> bool:
     """Whether compiles with ``opts`` may go through the model cache at all."""
     if not opts.model_cache or opts.backend != "llvm" or not opts.codegen:
         return False
-    return not (opts.debug or opts.dump_dir)
+    return not (opts.debug or opts.dump_dir or opts.schedules)
 
 
 #: ONNX files larger than this are keyed by their graph, not hashed whole first
@@ -126,6 +131,7 @@ def _context(opts: Options) -> dict[str, Any]:
         "source": source_digest(),
         "options": {k: v for k, v in dataclasses.asdict(opts).items() if k not in _IRRELEVANT},
         "device": dataclasses.asdict(spec),
+        "tuning_db": None if opts.tuning_db is None else db_digest(opts.tuning_db),
     }
     if opts.fusion_search != "greedy":
         from geode.codegen.costs import projected_model

@@ -82,6 +82,8 @@ def _encode_unit(u: Unit, w: Writer, images: ImageWriter) -> dict[str, Any]:
         "kind": info.kind,
         "trace": info.trace,
         "cost": {k_: float(v) for k_, v in info.cost.items() if isinstance(v, (int, float))},
+        "key": info.key,
+        "schedule": info.schedule,
     }
     return d
 
@@ -172,6 +174,8 @@ def _decode_unit(
         kind=str(info_d["kind"]),
         trace=str(info_d["trace"]),
         cost={**{str(k): float(v) for k, v in info_d["cost"].items()}, "from_cache": 1.0},
+        key=str(info_d.get("key", "")),
+        schedule=str(info_d.get("schedule", "")),
         _llvm=lambda: fn.llvm,
         _asm=lambda: fn.asm,
     )

@@ -29,6 +29,10 @@ class KernelInfo:
     kind: str = ""
     trace: str = ""
     cost: dict[str, float] = field(default_factory=dict)
+    #: a fused kernel's structural key (``geode.compile(..., schedules={key: ...})``)
+    key: str = ""
+    #: where its schedule came from: "default", "given", "tuned" or "tuned-default"
+    schedule: str = ""
     _llvm: Callable[[], str] | None = None
     _asm: Callable[[], str] | None = None
 

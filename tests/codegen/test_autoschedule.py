@@ -774,3 +774,111 @@ def test_schedule_group_takes_its_choices():
     lifted = Choices(pipeline_max_host_ops=1000)
     piped = [s.primitive for s in schedule_group(lk, group, tuning=lifted).trace]
     assert "software_pipeline" not in plain and "software_pipeline" in piped
+
+
+# ---------------------------------------------------------------------------------
+# full reductions to a scalar: two steps, the runs in parallel
+# ---------------------------------------------------------------------------------
+
+FULL_REDUCTIONS = {
+    "sum": lambda x: ops.reduce_sum(x, keepdims=0),
+    "mean_keepdims": lambda x: ops.reduce_mean(x, keepdims=1),
+    "max_of_squares": lambda x: ops.reduce_max(x * x, keepdims=0),
+    "sum_and_min": lambda x: (ops.reduce_sum(x, keepdims=0), ops.reduce_min(x, keepdims=0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FULL_REDUCTIONS))
+@pytest.mark.parametrize("rows", [1, 3, 70, 129])
+def test_full_reduction_runs_in_parallel_runs(name, rows):
+    """A reduction of [N, 1024] to a scalar is cut into contiguous runs reduced on every
+    thread (an rfactor with outer partials, its loop parallel), then their partials;
+    the interpreted kernel matches the reference for N not a multiple of the runs."""
+    graph = _graph(FULL_REDUCTIONS[name], [["N", 1024]])
+    runs = DEFAULTS.rfactor_partials
+
+    def check(lk, group):
+        sch = schedule_group(lk, group)
+        assert sch.level == "full", sch.notes
+        prims = [s.primitive for s in sch.trace]
+        steps = [s for s in sch.trace if s.primitive == "rfactor"]
+        assert steps and all(s.args["partials"] == "outer" for s in steps), prims
+        assert all(s.args["factor"] == runs for s in steps)
+        for s in steps:
+            p = s.result[0]
+            assert sch.get_loop(p).kind is A.ForKind.PARALLEL
+        return sch.kernel
+
+    x = rng.standard_normal((rows, 1024)).astype(np.float32)
+    assert check_groups(graph, {"x0": x}, check) == 1
+
+
+def test_full_reduction_of_a_short_outer_axis_cuts_the_longest():
+    """[4, 100000]: the rows are too few to share out, so the runs cut the row axis."""
+    graph = _graph(lambda x: ops.reduce_sum(x, keepdims=0), [[4, 100000]])
+    g, plan = prepare(graph)
+    (group,) = plan.groups
+    sch = schedule_group(lower_group(group, g, "k"), group)
+    (step,) = [s for s in sch.trace if s.primitive == "rfactor"]
+    assert step.args["factor"] == DEFAULTS.rfactor_partials
+    assert sch.get_loop(step.args["loop"] + "_1").extent == A.Const(-(-100000 // 64))
+    top = sch.kernel.body[2]  # the rf nest: the runs' loop moved outermost, in parallel
+    assert isinstance(top, A.For) and top.kind is A.ForKind.PARALLEL
+    assert top.var == step.result[0]
+    x = rng.standard_normal((4, 100000)).astype(np.float32)
+    check_groups(graph, {"x0": x}, lambda lk, grp: schedule_group(lk, grp).kernel)
+
+
+def test_small_full_reductions_and_the_off_switch_stay_serial():
+    small = _graph(lambda x: ops.reduce_sum(x, keepdims=0), [[8, 64]])
+    big = _graph(lambda x: ops.reduce_sum(x, keepdims=0), [["N", 1024]])
+    for graph, choices in ((small, None), (big, Choices(rfactor_partials=1))):
+        g, plan = prepare(graph)
+        (group,) = plan.groups
+        sch = schedule_group(lower_group(group, g, "k"), group, tuning=choices)
+        assert "rfactor" not in str(sch.trace)
+    # not every output a scalar: a row reduction keeps its row schedule
+    rows = _graph(lambda x: ops.reduce_sum(x, axes=[1], keepdims=0), [["N", 1024]])
+    g, plan = prepare(rows)
+    sch = schedule_group(lower_group(plan.groups[0], g, "k"), plan.groups[0])
+    assert "rfactor" not in str(sch.trace)
+
+
+@pytest.mark.parametrize("rows", [5, 1000])
+def test_full_reductions_compiled_match_numpy_nan_included(rows):
+    """Compiled (LLVM): sums within the reassociation tolerance, max and min exact, a NaN
+    anywhere reaches the max."""
+    g = _graph(
+        lambda x: (ops.reduce_sum(x, keepdims=0), ops.reduce_max(x, keepdims=0)),
+        [["N", 1024]],
+    )
+    model = geode.compile(g, model_cache=False)
+    assert "rfactor" in next(k.trace for k in model.kernels if k.engine == "aicore")
+    x = rng.standard_normal((rows, 1024)).astype(np.float32)
+    out = model(x0=x)
+    np.testing.assert_allclose(out["y0"], x.sum(dtype=np.float64), rtol=1e-4, atol=1e-2)
+    assert out["y1"] == x.max()
+    x[rows - 1, 1000] = np.nan
+    out = model(x0=x)
+    assert np.isnan(out["y0"]) and np.isnan(out["y1"])
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_reductions_of_a_few_rows_in_two_steps_when_asked(rows):
+    """``rfactor_max_outputs``: a sum over the rows of [R, 100000] (R outputs) is cut
+    in runs too, each run covering every row, the runs' loop outermost and parallel."""
+    graph = _graph(lambda x: ops.reduce_sum(x, axes=[1], keepdims=0), [[rows, 100000]])
+    g, plan = prepare(graph)
+    (group,) = plan.groups
+    lk = lower_group(group, g, "k")
+    assert "rfactor" not in str(schedule_group(lk, group).trace)  # not by default (one: yes)
+
+    def two_steps(lk, group):
+        sch = schedule_group(lk, group, tuning=Choices(rfactor_max_outputs=4))
+        (step,) = [s for s in sch.trace if s.primitive == "rfactor"]
+        top = [s for s in sch.kernel.body if isinstance(s, A.For)]
+        assert any(f.var == step.result[0] and f.kind is A.ForKind.PARALLEL for f in top)
+        return sch.kernel
+
+    x = rng.integers(-3, 4, (rows, 100000)).astype(np.float32)  # sums exact in any order
+    check_groups(graph, {"x0": x}, two_steps)

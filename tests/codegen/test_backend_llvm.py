@@ -917,3 +917,54 @@ def test_kernel_ir_is_the_same_in_every_process() -> None:
         assert p.returncode == 0, err
         digests.add(out.strip().splitlines()[-1])
     assert len(digests) == 1
+
+
+# ---------------------------------------------------------------------------------
+# a predicate that does not depend on the innermost loop is tested once before it
+# ---------------------------------------------------------------------------------
+
+
+def _guarded_rows() -> Kernel:
+    """``Y[i, j] = X[i, j] * 2`` with the row loop split 4 ways (a non-dividing split:
+    the block's guard uses the two row loops, not the element loop)."""
+    from geode.codegen.schedule import Schedule
+
+    blk = Block(
+        "b",
+        [IterVar("vi", N), IterVar("vj", M)],
+        [Var("i"), Var("j")],
+        [Store("Y", (Var("vi"), Var("vj")), ld("X", Var("vi"), Var("vj")) * Const(2.0, "float32"))],
+    )
+    kern = Kernel(
+        "rows",
+        [Buffer("X", "float32", (N, M))],
+        [Buffer("Y", "float32", (N, M))],
+        ["N", "M"],
+        [For("i", N, [For("j", M, [blk])])],
+    )
+    sch = Schedule(kern)
+    sch.split("i", [4, None])
+    sch.vectorize("j")
+    return sch.kernel
+
+
+def test_a_loop_invariant_predicate_is_hoisted_out_of_the_loop() -> None:
+    from geode.codegen.backends.llvm.stmts import hoist_predicate
+
+    kern = _guarded_rows()
+    inner = kern.body[0].body[0].body[0]
+    assert isinstance(inner, For) and inner.var == "j"
+    hoisted = hoist_predicate(inner)
+    assert hoisted is not None
+    pred, loop = hoisted
+    assert A.expr_str(pred) == "i_0 * ((N + 3) // 4) + i_1 < N"
+    assert loop.body[0].predicate is None and loop.kind is ForKind.VECTORIZED
+    assert inner.body[0].predicate is not None  # the kernel itself is left as it was
+    # a loop holding a loop, or a predicate using the loop's own variable: not hoisted
+    assert hoist_predicate(kern.body[0].body[0]) is None
+    own = Block("c", [], [], [], A.Bin("<", Var("j"), M))
+    assert hoist_predicate(For("j", M, [own])) is None
+    rng = np.random.default_rng(3)
+    for n, m in ((7, 33), (1, 5), (8, 64), (0, 3)):
+        X = rng.standard_normal((n, m), dtype=np.float32)
+        check_against_reference(kern, {"X": X}, {"N": n, "M": m})

@@ -42,6 +42,7 @@ from geode.codegen.ast import (
 from geode.codegen.ast import blocks as ast_blocks
 from geode.codegen.ast_eval import KernelEvalError, eval_shape, run_kernel
 from geode.codegen.schedule import Schedule, Trace, TraceStep, alloc_loop
+from geode.codegen.schedule.trace_json import replay_checked
 from geode.errors import ScheduleError
 
 F32 = "float32"
@@ -271,7 +272,10 @@ def check_same(
 
 
 def check_replay(k: Kernel, sch: Schedule) -> None:
+    """The trace replays to the same AST, also after a round trip through its JSON form."""
     assert format_kernel(sch.trace.replay(k).kernel) == format_kernel(sch.kernel)
+    back = Trace.from_json(sch.trace.to_json())
+    assert format_kernel(replay_checked(back, k).kernel) == format_kernel(sch.kernel)
 
 
 def raises(prim: str, block: str | None = None) -> pytest.RaisesContext:
@@ -682,6 +686,27 @@ def test_rfactor_reduce(m: int | str, factor: int) -> None:
     sch.parallel("sum_0_i0")
     check_same(k, sch.kernel, dims)
     check_replay(k, sch)
+
+
+@pytest.mark.parametrize("m,factor", [(12, 4), (10, 4), ("M", 3), (7, 1), (5, 8)])
+def test_rfactor_outer_partials(m: int | str, factor: int) -> None:
+    """Partials over contiguous runs: the outer loop carries them (parallel), the inner
+    reduces a run (vectorized); a non-dividing extent is guarded."""
+    k = k_reduce(m=m)
+    sch = Schedule(k)
+    p, r = sch.rfactor("sum_0", "sum_0_k0", factor, partials="outer")
+    assert (p, r) == ("sum_0_k0_0", "sum_0_k0_1")
+    assert sch.get_loop(p).extent == Const(factor)
+    rf = sch.get_block("sum_0_rf")
+    assert [iv.kind for iv in rf.iter_vars] == ["spatial", "spatial", "reduce"]
+    dims = [{"N": 2, "M": 1}, {"N": 3, "M": 7}, {"N": 1, "M": 12}] if m == "M" else DIMS_N
+    check_same(k, sch.kernel, dims)
+    sch.parallel(p)
+    sch.vectorize(r, allow_reassoc=True)
+    check_same(k, sch.kernel, dims)
+    check_replay(k, sch)
+    with raises("rfactor", "sum_0"):
+        Schedule(k).rfactor("sum_0", "sum_0_k0", 2, partials="middle")
 
 
 def test_rfactor_max_and_aligned_chain() -> None:

@@ -139,3 +139,20 @@ def test_bucket_bench_reports_every_batch(tmp_path) -> None:
     data = json.loads(out_json.read_text())
     assert [r["batch"] for r in data["rows"]] == [1, 3, 6]
     assert all(r["max_rel_error"] < 1e-3 for r in data["rows"])
+
+
+def test_full_reduce_bench_compares_both_schedules() -> None:
+    """``bench/full_reduce.py``: both schedules of each full reduction agree (its ``run``
+    asserts it) and the two-step one is the default's rfactor schedule."""
+    sys.path.insert(0, str(SCRIPT.parents[1]))
+    try:
+        from bench.full_reduce import REDUCTIONS, compile_both, run
+    finally:
+        sys.path.pop(0)
+    lines = run(rows=70, cols=256, threads=1, rounds=1, calls=1)
+    assert len(lines) == len(REDUCTIONS) and all("speedup" in ln for ln in lines)
+    models = compile_both("sum", 256, 1)
+    traces = {
+        k: next(i.trace for i in m.kernels if i.engine == "aicore") for k, m in models.items()
+    }
+    assert "partials='outer'" in traces["two-step"] and "rfactor" not in traces["one thread"]

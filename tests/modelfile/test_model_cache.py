@@ -219,3 +219,39 @@ def test_signed_cache_trusts_only_signed_models(cache_dir, monkeypatch, tmp_path
     assert "model_cache" not in model.stats  # written by someone without our key
     (entry.parent / "model.json").unlink()
     assert "model_cache" not in geode.compile(_scaled(), session=geode.Session(), **signed).stats
+
+
+def test_the_cache_follows_the_tuning_database_and_skips_given_schedules(cache_dir, tmp_path):
+    """A model compiled with a tuning database is cached under the database's contents:
+    tuned further, the database gives another key; a compile given schedules (functions
+    have no file form) does not use the cache."""
+    import re
+
+    from geode.codegen.schedule import Trace
+    from geode.codegen.tuning_db import (
+        TunedEntry,
+        TuningDB,
+        device_fingerprint,
+        effective_threads,
+    )
+
+    g = examples.ALL["layernorm"](hidden=64).graph
+    db_path = tmp_path / "db.json"
+    first = geode.compile(g, session=geode.Session(), tuning_db=db_path)
+    assert "model_cache" not in first.stats
+    again = geode.compile(g, session=geode.Session(), tuning_db=db_path)
+    assert "model_cache" in again.stats
+    (key,) = re.findall(r"key ([0-9a-f]{32})", first.explain())
+    db = TuningDB.open(db_path)
+    device = device_fingerprint(effective_threads(0))
+    db.put(TunedEntry(key, device, "default", Trace(), 1e-3, 1e-3, 4))
+    db.save()
+    tuned = geode.compile(g, session=geode.Session(), tuning_db=db_path)
+    assert "model_cache" not in tuned.stats
+    assert "tuned (the default was best)" in tuned.explain()
+    cached = geode.compile(g, session=geode.Session(), tuning_db=db_path)
+    assert "model_cache" in cached.stats and "tuned (the default was best)" in cached.explain()
+    fused = [k for k in cached.kernels if k.key]  # the key and origin survive the model file
+    assert [(k.key, k.schedule) for k in fused] == [(key, "tuned-default")]
+    given = geode.compile(g, session=geode.Session(), schedules={key: lambda sch: None})
+    assert "model_cache" not in given.stats

@@ -39,7 +39,7 @@ class Reduction(ScheduleBase):
     """Two-step reductions: rfactor."""
 
     @primitive
-    def rfactor(self, block: str, loop: str, factor: int) -> list[str]:
+    def rfactor(self, block: str, loop: str, factor: int, partials: str = "inner") -> list[str]:
         """Two-step reduce: split reduce loop ``loop`` into ``outer * factor``,
         accumulate ``factor`` partial results per output element in a new local buffer
         ``<buf>_rf`` (the output's shape plus an axis of size ``factor``) in a block
@@ -47,6 +47,13 @@ class Reduction(ScheduleBase):
         that axis into the output. Returns the rf nest's two new loops
         ``[<loop>_0, <loop>_1]``; the inner one carries the partials' axis and is
         spatial for the rf block, so it can be vectorized or parallelized.
+
+        ``partials="outer"`` splits ``loop`` the other way, ``factor * inner``: partial
+        ``p`` reduces the ``p``-th contiguous run of ``ceil(extent / factor)``
+        iterations, and the outer loop ``<loop>_0`` carries the partials' axis (run it
+        in parallel: a full reduction on every thread), the inner one ``<loop>_1`` the
+        run (vectorize it). A symbolic or non-dividing extent guards the rf block with
+        ``p * run + r < extent``.
 
         Requirements: ``block`` is a reduction ``C[idx] = C[idx] op value`` with op in
         ``+ * max min``; ``loop`` is among the loops holding nothing but the block,
@@ -83,24 +90,18 @@ class Reduction(ScheduleBase):
         b, (op, st, rest, acc_left), ri, sp_loops, red_vars = self._rfactor_target(
             block, loop, factor
         )
+        if partials not in ("inner", "outer"):
+            raise ScheduleError("rfactor", block, f"partials {partials!r} is not inner or outer")
         factor = int(factor)
         cbuf = self.kernel.buffer(st.buffer)
         old_pred = b.predicate
-        # 1. split the reduce loop
-        r0, r1 = self.split(loop, [None, factor])
-        ctx = self._ctx()
-        # 2. the reduce iter var becomes vk_o (reduce) and vk_i (spatial)
-        iv = b.iter_vars[ri]
+        # 1.-2. split the reduce loop; its iter var becomes vk_o (reduce), vk_i (spatial)
         taken: set[str] = set()
-        vo = self._fresh(f"{iv.name}_o", taken)
-        vi = self._fresh(f"{iv.name}_i", taken)
-        b.iter_vars[ri : ri + 1] = [
-            IterVar(vo, ctx.ext[r0], "reduce"),
-            IterVar(vi, Const(factor), "spatial"),
-        ]
-        b.bindings[ri : ri + 1] = [Var(r0), Var(r1)]
-        recon = add(mul(Var(vo), Const(factor)), Var(vi))
-        rest = substitute(rest, {iv.name: recon})
+        iv_name = b.iter_vars[ri].name
+        r0, r1, part_loop, vi, recon = self._rfactor_split(
+            b, ri, loop, factor, partials == "outer", taken
+        )
+        rest = substitute(rest, {iv_name: recon})
         # 3. partial buffer and the rf block
         rf_buf = self._fresh(f"{cbuf.name}_rf", kind="buffer")
         self.kernel.temps.append(
@@ -120,7 +121,7 @@ class Reduction(ScheduleBase):
 
         def nest(suffix: str, blk: Block) -> Stmt:
             ren = {f.var: Var(self._fresh(f"{f.var}_{suffix}", taken)) for f in sp_loops}
-            rvar = self._fresh(f"{r1}_{suffix}", taken)
+            rvar = self._fresh(f"{part_loop}_{suffix}", taken)
             blk.bindings = [substitute(x, ren) for x in blk.bindings[:-1]] + [Var(rvar)]
             blk.predicate = all_and([substitute(c, ren) for c in keep_pred])
             inner: Stmt = For(rvar, Const(factor), [blk])
@@ -153,6 +154,29 @@ class Reduction(ScheduleBase):
         cont[at + 1 : at + 1] = [fin_nest]
         cont[at:at] = [init_nest]
         return [r0, r1]
+
+    def _rfactor_split(
+        self, b: Block, ri: int, loop: str, factor: int, outer: bool, taken: set[str]
+    ) -> tuple[str, str, str, str, Expr]:
+        """Split ``loop`` for :meth:`rfactor` (the partials' loop the inner part, or the
+        outer one) and replace ``b``'s iteration variable ``ri`` by the reduce ``vk_o``
+        and the spatial partials' ``vk_i``; returns the two loops, the partials' loop,
+        ``vk_i`` and the old variable in terms of the new ones."""
+        r0, r1 = self.split(loop, [factor, None] if outer else [None, factor])
+        red_loop, part_loop = (r1, r0) if outer else (r0, r1)
+        ctx = self._ctx()
+        iv = b.iter_vars[ri]
+        vo = self._fresh(f"{iv.name}_o", taken)
+        vi = self._fresh(f"{iv.name}_i", taken)
+        red_iv = IterVar(vo, ctx.ext[red_loop], "reduce")
+        part_iv = IterVar(vi, Const(factor), "spatial")
+        b.iter_vars[ri : ri + 1] = [part_iv, red_iv] if outer else [red_iv, part_iv]
+        b.bindings[ri : ri + 1] = [Var(r0), Var(r1)]
+        if outer:
+            recon = add(mul(Var(vi), ctx.ext[red_loop]), Var(vo))
+        else:
+            recon = add(mul(Var(vo), Const(factor)), Var(vi))
+        return r0, r1, part_loop, vi, recon
 
     def _rfactor_target(
         self, block: str, loop: str, factor: int

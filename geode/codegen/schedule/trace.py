@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -68,6 +69,34 @@ class Trace:
             getattr(sch, step.primitive)(**copy.deepcopy(step.args))
         return sch
 
+    def to_json(self, indent: int | None = 1) -> str:
+        """The trace as JSON text (the versioned, data-only format of
+        :mod:`geode.codegen.schedule.trace_json`)."""
+        from geode.codegen.schedule.trace_json import trace_to_json
+
+        return trace_to_json(self, indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = "trace") -> Trace:
+        """The trace of JSON ``text``; :class:`~geode.errors.TraceError` naming ``where``,
+        the step and the argument when it is malformed."""
+        from geode.codegen.schedule.trace_json import trace_from_json
+
+        return trace_from_json(text, where)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the trace to ``path`` as JSON (atomically)."""
+        from geode.codegen.schedule.trace_json import save_trace
+
+        save_trace(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Trace:
+        """The trace saved at ``path`` (see :meth:`save`)."""
+        from geode.codegen.schedule.trace_json import load_trace
+
+        return load_trace(path)
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -98,6 +127,7 @@ def primitive(fn: F) -> F:
             self.trace.append(TraceStep(fn.__name__, record, copy.deepcopy(result)))
         return result
 
+    wrapper.__geode_primitive__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
 
 

@@ -13,7 +13,10 @@ min/max NaN guards, prefetches and streaming stores.
   vectorization packs. An outermost parallel loop is outlined and run on the thread
   pool (:mod:`geode.codegen.backends.llvm.parallel`).
 - ``Block``: bindings that fold to a constant or a variable are substituted, others
-  are computed once; a ``predicate`` guards the body.
+  are computed once; a ``predicate`` guards the body. A loop holding nothing but one
+  block whose predicate does not depend on it is emitted inside that predicate instead
+  (:func:`hoist_predicate`): the guard of a non-dividing outer split (a two-step
+  reduction's runs) is tested once per run, and the loop stays vectorizable.
 - Buffers: arguments by pointer (float16 as ``half``, bool as ``i8``); registers and
   local temporaries as stack arrays (SROA turns constant-indexed registers into SSA
   values), or ``malloc``'d when larger than :data:`STACK_LIMIT` bytes or of a size
@@ -227,6 +230,11 @@ class StmtWriter(ExprWriter):
         n = fold_int(ext)
         if s.kind is ForKind.PARALLEL and self.parallel and not self.in_parallel:
             self.parallel_loop(s)
+            return
+        hoisted = hoist_predicate(s)
+        if hoisted is not None:
+            pred, loop = hoisted
+            self.if_(self.convert(self.value(pred), "bool"), [loop])
             return
         regs = {
             name
@@ -540,3 +548,20 @@ def fold_int_expr(e: Expr) -> Expr:
     from geode.codegen.backends.llvm.analysis import fold_consts
 
     return fold_consts(e)
+
+
+def hoist_predicate(s: For) -> tuple[Expr, For] | None:
+    """For a serial, vectorized or unrolled loop whose body is one block with a predicate
+    that uses neither the loop variable nor the block's iteration variables: the
+    predicate and the loop with the block unguarded (testing it once before the loop
+    means the same); None otherwise."""
+    if s.kind is ForKind.PARALLEL or len(s.body) != 1 or not isinstance(s.body[0], Block):
+        return None
+    b = s.body[0]
+    if b.predicate is None:
+        return None
+    used = free_vars(b.predicate)
+    if s.var in used or used & {iv.name for iv in b.iter_vars}:
+        return None
+    inner = Block(b.name, b.iter_vars, b.bindings, b.body, None, b.reduce_of)
+    return b.predicate, For(s.var, s.extent, [inner], s.kind, s.interleave)
