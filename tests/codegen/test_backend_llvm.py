@@ -968,3 +968,63 @@ def test_a_loop_invariant_predicate_is_hoisted_out_of_the_loop() -> None:
     for n, m in ((7, 33), (1, 5), (8, 64), (0, 3)):
         X = rng.standard_normal((n, m), dtype=np.float32)
         check_against_reference(kern, {"X": X}, {"N": n, "M": m})
+
+
+# ---------------------------------------------------------------------------------
+# a tile's guard on the innermost loop becomes the loop's bound
+# ---------------------------------------------------------------------------------
+
+
+def _tiled_transpose() -> Kernel:
+    """``Y[j, i] = X[i, j]`` with the inner loop split into tiles of 8 (``M`` need not
+    divide: the block's guard is ``j_0 * 8 + j_1 < M``), the tile loop vectorized."""
+    from geode.codegen.schedule import Schedule
+
+    blk = Block(
+        "t",
+        [IterVar("vi", N), IterVar("vj", M)],
+        [Var("i"), Var("j")],
+        [Store("Y", (Var("vj"), Var("vi")), ld("X", Var("vi"), Var("vj")))],
+    )
+    kern = Kernel(
+        "transpose",
+        [Buffer("X", "float32", (N, M))],
+        [Buffer("Y", "float32", (M, N))],
+        ["N", "M"],
+        [For("i", N, [For("j", M, [blk])])],
+    )
+    sch = Schedule(kern)
+    sch.split("j", [None, 8])
+    sch.vectorize("j_1")
+    return sch.kernel
+
+
+def test_a_tile_guard_becomes_the_loop_bound() -> None:
+    from geode.codegen.backends.llvm.stmts import narrow_to_predicate
+
+    kern = _tiled_transpose()
+    tile = kern.body[0].body[0].body[0]
+    assert isinstance(tile, For) and tile.var == "j_1"
+    assert A.expr_str(tile.body[0].predicate) == "j_0 * 8 + j_1 < M"
+    narrowed = narrow_to_predicate(tile)
+    assert narrowed is not None and narrowed.body[0].predicate is None
+    assert A.expr_str(narrowed.extent) == "max(0, min(8, M - j_0 * 8))"
+    assert narrowed.kind is ForKind.VECTORIZED
+    assert tile.body[0].predicate is not None  # the kernel itself is left as it was
+    # a guard that is not var + c < e in the loop's variable: left alone
+    for cond in (
+        A.Bin("<", Var("j_1") * Const(2), M),
+        A.Bin("<", M, Var("j_1")),
+        A.Bin("<", Var("j_1"), Var("j_1") + M),
+        A.Bin("==", Var("j_1"), M),
+    ):
+        assert narrow_to_predicate(For("j_1", Const(8), [Block("c", [], [], [], cond)])) is None
+    # an invariant conjunct stays as the block's guard (hoisted before the loop)
+    both = A.Bin("and", A.Bin("<", Var("i"), N), A.Bin("<=", Var("j_1") + Const(3), M))
+    kept = narrow_to_predicate(For("j_1", Const(8), [Block("c", [], [], [], both)]))
+    assert kept is not None and A.expr_str(kept.body[0].predicate) == "i < N"
+    assert A.expr_str(kept.extent) == "max(0, min(8, M - 3 + 1))"
+    rng = np.random.default_rng(5)
+    for n, m in ((3, 19), (2, 8), (5, 1), (4, 0), (1, 33)):
+        X = rng.standard_normal((n, m), dtype=np.float32)
+        check_against_reference(kern, {"X": X}, {"N": n, "M": m})

@@ -30,6 +30,7 @@ min/max NaN guards, prefetches and streaming stores.
 from __future__ import annotations
 
 from geode.codegen.ast import (
+    Bin,
     Block,
     Buffer,
     Const,
@@ -231,16 +232,21 @@ class StmtWriter(ExprWriter):
         if s.kind is ForKind.PARALLEL and self.parallel and not self.in_parallel:
             self.parallel_loop(s)
             return
-        hoisted = hoist_predicate(s)
-        if hoisted is not None:
-            pred, loop = hoisted
-            self.if_(self.convert(self.value(pred), "bool"), [loop])
-            return
         regs = {
             name
             for name, b in self.bufs.items()
             if self.roles[name] == "temp" and b.scope == "register" and static_size(b) != 1
         }
+        narrowed = None if indexes_register(s, regs) else narrow_to_predicate(s)
+        if narrowed is not None:
+            s = narrowed
+            ext = self.fold(s.extent)
+            n = fold_int(ext)
+        hoisted = hoist_predicate(s)
+        if hoisted is not None:
+            pred, loop = hoisted
+            self.if_(self.convert(self.value(pred), "bool"), [loop])
+            return
         unroll = (
             n is not None
             and not self.holds_nt(s)
@@ -565,3 +571,69 @@ def hoist_predicate(s: For) -> tuple[Expr, For] | None:
         return None
     inner = Block(b.name, b.iter_vars, b.bindings, b.body, None, b.reduce_of)
     return b.predicate, For(s.var, s.extent, [inner], s.kind, s.interleave)
+
+
+def narrow_to_predicate(s: For) -> For | None:
+    """For a serial or vectorized loop whose body is one block guarded by ``var + c < e``
+    (``var`` the loop's variable; ``c`` and ``e`` free of it; other conjuncts of the
+    guard free of it too): the loop over ``[0, min(extent, e - c))`` with that conjunct
+    dropped (the others stay, for :func:`hoist_predicate`); None otherwise.
+
+    A tile's guard where a symbolic dim does not divide into tiles of the innermost
+    loop is of this form (``t * 32 + i < seq``): tested per iteration it makes LLVM
+    predicate the vectorized loop into masked operations, slow to run and, for a
+    transposing copy, hundreds of milliseconds to compile; as the loop's bound it is a
+    plain vector loop and a remainder. Before and after::
+
+        vectorized for (i, 0, 32)                vectorized for (i, 0, min(32, seq - t * 32))
+          ScheduleBlock(B)                         ScheduleBlock(B)
+            predicate = t * 32 + i < seq             out[t * 32 + i] = ...
+            out[t * 32 + i] = ...
+    """
+    if s.kind not in (ForKind.SERIAL, ForKind.VECTORIZED) or len(s.body) != 1:
+        return None
+    b = s.body[0]
+    if not isinstance(b, Block) or b.predicate is None:
+        return None
+    if {iv.name for iv in b.iter_vars} & free_vars(b.predicate):
+        return None
+    bound, rest = None, []
+    for conj in _conjuncts(b.predicate):
+        if s.var not in free_vars(conj):
+            rest.append(conj)
+            continue
+        limit = _upper_limit(conj, s.var)
+        if limit is None or bound is not None:
+            return None
+        bound = limit
+    if bound is None:
+        return None
+    pred = None
+    for conj in rest:
+        pred = conj if pred is None else Bin("and", pred, conj)
+    inner = Block(b.name, b.iter_vars, b.bindings, b.body, pred, b.reduce_of)
+    extent = Bin("max", Const(0), Bin("min", s.extent, bound))
+    return For(s.var, extent, [inner], s.kind, s.interleave)
+
+
+def _conjuncts(e: Expr) -> list[Expr]:
+    if isinstance(e, Bin) and e.op == "and":
+        return _conjuncts(e.a) + _conjuncts(e.b)
+    return [e]
+
+
+def _upper_limit(cond: Expr, var: str) -> Expr | None:
+    """``e - c`` when ``cond`` is ``var + c < e`` (or ``<= e``: ``e - c + 1``) with ``c``
+    and ``e`` free of ``var``, else None."""
+    from geode.codegen.indexing import exprs_equal
+
+    if not isinstance(cond, Bin) or cond.op not in ("<", "<="):
+        return None
+    lhs, rhs = cond.a, cond.b
+    if var in free_vars(rhs):
+        return None
+    c = substitute(lhs, {var: Const(0)})
+    if var in free_vars(c) or not exprs_equal(lhs, Bin("+", Var(var), c)):
+        return None
+    limit = Bin("-", rhs, c)
+    return Bin("+", limit, Const(1)) if cond.op == "<=" else limit
