@@ -16,7 +16,9 @@ min/max NaN guards, prefetches and streaming stores.
   are computed once; a ``predicate`` guards the body. A loop holding nothing but one
   block whose predicate does not depend on it is emitted inside that predicate instead
   (:func:`hoist_predicate`): the guard of a non-dividing outer split (a two-step
-  reduction's runs) is tested once per run, and the loop stays vectorizable.
+  reduction's runs) is tested once per run, and the loop stays vectorizable. A guard
+  ``var + c < e`` on the loop's own variable becomes the loop's bound
+  (:func:`narrow_to_predicate`): a tile of a dim it does not divide.
 - Buffers: arguments by pointer (float16 as ``half``, bool as ``i8``); registers and
   local temporaries as stack arrays (SROA turns constant-indexed registers into SSA
   values), or ``malloc``'d when larger than :data:`STACK_LIMIT` bytes or of a size
