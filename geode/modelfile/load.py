@@ -23,7 +23,8 @@ from geode.errors import GeodeError, ModelFileError
 from geode.modelfile import compat, container
 from geode.modelfile.graph_codec import decode_array, decode_graph
 from geode.modelfile.units_codec import decode_units
-from geode.plan_builder import NO_STEP, bind_units, build_plan
+from geode.modelfile.var_state import check_state
+from geode.plan_builder import NO_STEP, bind_units, build_plan, held_keys
 from geode.runtime.model import CompiledModel
 from geode.runtime.var_manager import VarManager
 
@@ -53,23 +54,25 @@ def load_model(
         raise
     except GeodeError as exc:
         raise ModelFileError(f"model file {c.path!r}: {exc}") from exc
-    if plan.memory_text != h.get("memory"):
-        raise ModelFileError(
-            f"model file {c.path!r}: the memory plan built from it differs from the one it recorded"
-        )
-    _restore(plan, vm, {k: a for k, a in snapshots.items() if k not in shared})
-    t_end = time.perf_counter()
-    timings = {
-        "read": t_read - t0,
-        "link": t_link - t_read,
-        "plan": t_end - t_link,
-        "total": t_end - t0,
-    }
+    timings = {"read": t_read - t0, "link": t_link - t_read}
     infos = [u.info for u in units if u.engine not in NO_STEP]
     text = _Text(c.path, str(h.get("explain", "")), str(h.get("dot", "")), timings)
     stats = {"timings": timings, "loaded_from": c.path}
     stats["compile_seconds"] = float(h.get("compile_seconds", 0.0))
     model = CompiledModel(plan, vm, infos, text, stats)
+    try:
+        if plan.memory_text != h.get("memory"):
+            raise ModelFileError(
+                f"model file {c.path!r}: the memory plan built from it differs from the one "
+                "it recorded"
+            )
+        model.stats["var_offsets"] = check_state(h.get("var_manager"), model, c.path)
+    except BaseException:
+        vm.release_keys(held_keys(plan))  # the session keeps nothing of a refused file
+        raise
+    _restore(plan, vm, {k: a for k, a in snapshots.items() if k not in shared})
+    t_end = time.perf_counter()
+    timings.update(plan=t_end - t_link, total=t_end - t0)
     return model, g, units
 
 

@@ -14,6 +14,7 @@ from geode.modelfile import compat
 from geode.modelfile.container import Writer
 from geode.modelfile.graph_codec import encode_array, encode_graph
 from geode.modelfile.units_codec import encode_units
+from geode.modelfile.var_state import encode_state
 from geode.plan_builder import Unit
 from geode.runtime.model import CompiledModel
 
@@ -56,6 +57,7 @@ def save_model(
         "units": encode_units(units, w, images),
         "images": images.records,
         "variables": _variables(model, graph, w, snapshot == "current"),
+        "var_manager": encode_state(model),
         "memory": model.plan.memory_text,
         "explain": explain(),
         "dot": "" if dot is None else dot(),

@@ -113,6 +113,8 @@ class VarInfo:
     source: tuple[str, int] | None
     #: False for a variable declared without a value and not assigned since
     initialized: bool = True
+    #: the region holding it: its logical start (from ``logic_base``) and size in bytes
+    region: tuple[int, int] = (0, 0)
 
 
 def _round_up(n: int, alignment: int) -> int:
@@ -742,6 +744,7 @@ class VarManager:
                 loaded=block.loaded,
                 source=entry.source,
                 initialized=entry.initialized,
+                region=(block.region.start, block.region.size),
             )
 
     def owners(self, address: int) -> list[VarKey]:

@@ -15,6 +15,7 @@ import geode
 from geode import examples
 from geode.errors import GeodeError, ModelFileError
 from geode.modelfile import container
+from geode.runtime.var_manager import VarKind
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +242,87 @@ def test_numba_models_cannot_be_saved(tmp_path):
     with pytest.raises(ModelFileError, match="LLVM backend"):
         model.save(tmp_path / "m.geode")
     assert not (tmp_path / "m.geode").exists()
+
+
+# -- the VarManager's record ---------------------------------------------------------------
+
+
+def test_var_manager_record_holds_every_tensor(saved):
+    header, _ = _split(saved.read_bytes())
+    state = header["var_manager"]
+    assert state["regions"] >= 1 and state["alignment"] > 0 and state["region_size"] > 0
+    (w,) = [t for t in state["tensors"] if t["slot"] == "w"]
+    assert w == {**w, "role": "variable", "dtype": "float32", "shape": [4], "nbytes": 16}
+    start, size = w["region"]
+    assert start <= w["offset"] < start + size
+
+
+def test_a_new_session_gets_the_recorded_layout(saved):
+    from geode.modelfile.var_state import layout
+
+    model = _load(saved)
+    offsets = model.stats["var_offsets"]
+    assert "w" in offsets and all(a == b for a, b in offsets.values())
+    assert (
+        layout(offsets)
+        == f"VarManager: {len(offsets)} tensors, {len(offsets)} at their recorded logical offsets"
+    )
+    busy = geode.Session()  # another model's tensors first: relocated, and it still runs
+    geode.compile(examples.ALL["layernorm"](hidden=64).graph, session=busy)
+    moved = geode.load(saved, session=busy)
+    assert any(a != b for a, b in moved.stats["var_offsets"].values())
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(moved.run({"x": x})["y"], model.run({"x": x})["y"])
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("dtype", "float64"), ("shape", [5]), ("format", "NC"), ("role", "constant"), ("nbytes", 8)],
+)
+def test_changed_var_manager_record(saved, tmp_path, field, value):
+    def change(h):
+        (w,) = [t for t in h["var_manager"]["tensors"] if t["slot"] == "w"]
+        w[field] = value
+
+    with pytest.raises(ModelFileError, match=f"VarManager tensor 'w' is recorded with {field}"):
+        _load(_edit(saved, tmp_path, change))
+
+
+def test_a_refused_file_leaves_no_constant_behind(tmp_path):
+    g = geode.Graph("consts")
+    x = g.input("x", ["N", 4])
+    g.output(g.op("Add", x, g.constant(np.arange(4, dtype=np.float32), "b")), names=["y"])
+    path = tmp_path / "c.geode"
+    geode.compile(g, session=geode.Session()).save(path)
+
+    def change(h):
+        (b,) = [t for t in h["var_manager"]["tensors"] if t["role"] == "constant"]
+        b["shape"] = [2, 2]
+
+    session = geode.Session()
+    with pytest.raises(ModelFileError, match="is recorded with shape"):
+        geode.load(_edit(path, tmp_path, change), session=session)
+    vm = session.var_manager
+    assert [k.name for k in list(vm.keys()) if vm.kind(k) is VarKind.CONSTANT] == []
+    assert geode.load(path, session=session).run({"x": np.ones((1, 4), np.float32)})["y"].shape
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (
+            lambda h: h["var_manager"].update(tensors=[]),
+            "'w' of the VarManager is missing from the file",
+        ),
+        (
+            lambda h: h["var_manager"]["tensors"].append({"slot": "ghost"}),
+            "'ghost' of the VarManager is missing from the plan",
+        ),
+        (lambda h: h.update(var_manager=[1]), "bad VarManager record"),
+        (lambda h: h["var_manager"]["tensors"].append(7), "bad VarManager tensor record"),
+    ],
+    ids=["missing", "extra", "malformed", "bad-tensor"],
+)
+def test_var_manager_record_must_match_the_plan(saved, tmp_path, change, match):
+    with pytest.raises(ModelFileError, match=match):
+        _load(_edit(saved, tmp_path, change))
