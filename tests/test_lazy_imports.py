@@ -102,3 +102,21 @@ def test_lazy_module_keeps_what_it_handed_out():
         m.dumps = None
     with pytest.raises(AttributeError):
         m.no_such_function  # noqa: B018
+
+
+def test_a_model_cache_hit_imports_no_sympy(tmp_path):
+    """A compile the model cache answers is a load: no sympy, no onnx (the ONNX file is
+    keyed by its bytes)."""
+    code = f"""
+        import json, sys
+        import numpy as np
+        import geode
+        m = geode.compile({os.path.join(DATA, "torch_block.onnx")!r}, progress=0)
+        m(x=np.ones((1, 4, 16), np.float32))
+        print(json.dumps({{"cached": "model_cache" in m.stats,
+                          **{{k: k in sys.modules for k in {_HEAVY!r}}}}}))
+        """
+    env = {"GEODE_CACHE_DIR": str(tmp_path / "cache"), "GEODE_MODEL_CACHE": "1"}
+    first = _child(code, env=env)
+    assert first["cached"] is False and first["sympy"] is True  # compiled: the compiler ran
+    assert _child(code, env=env) == {"cached": True, **dict.fromkeys(_HEAVY, False)}

@@ -39,7 +39,6 @@ from typing import Any
 
 from geode import signing
 from geode.codegen.cache import MODEL_AREA
-from geode.codegen.tuning_db import db_digest
 from geode.compiler.ir import Graph, ValueKind
 from geode.config import Options
 from geode.costmodel.device import cached_spec
@@ -131,7 +130,7 @@ def _context(opts: Options) -> dict[str, Any]:
         "source": source_digest(),
         "options": {k: v for k, v in dataclasses.asdict(opts).items() if k not in _IRRELEVANT},
         "device": dataclasses.asdict(spec),
-        "tuning_db": None if opts.tuning_db is None else db_digest(opts.tuning_db),
+        "tuning_db": None if opts.tuning_db is None else _db_digest(opts.tuning_db),
     }
     if opts.fusion_search != "greedy":
         from geode.codegen.costs import projected_model
@@ -251,3 +250,11 @@ def store(cache_dir: str, key: str, max_bytes: int, save: Any, sign: bool = Fals
 def _remove(path: Path) -> None:
     with contextlib.suppress(OSError):
         path.unlink()
+
+
+def _db_digest(path: str) -> str:
+    # imported here: the tuning database's module brings the schedule primitives (and
+    # sympy), which a cache hit without one never needs
+    from geode.codegen.tuning_db import db_digest
+
+    return db_digest(path)
