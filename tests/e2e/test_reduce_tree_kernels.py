@@ -151,3 +151,24 @@ def test_random_chains_match_numpy(dims, op, keep, dtype, data):
     rtol, atol = tol(dtype)
     got = model.run({"x": x})["y"]
     np.testing.assert_allclose(got, reference(x, levels, op, keep)[-1], rtol=rtol, atol=atol * 100)
+
+
+@pytest.mark.parametrize("stitch", [True, False])
+def test_short_reduction_loops_stay_vector_loops(stitch):
+    """Rows of 56: LLVM would unroll the vectorized reduction loop fully and vectorize
+    the loop over rows with gathers instead; the backend marks such loops (directly in
+    a serial loop or a parallel chunk) not to be unrolled."""
+    from geode.codegen.backends.llvm import jit
+    from geode.codegen.backends.llvm.target import host
+
+    model = geode.compile(chain(["N", 8, 56, 56], [[3], [2]], square=True), stitch_fusion=stitch)
+    # fused: the tree; unfused: the first kernel, the row reduction over W (the second
+    # reduces [N, 8, 56, 1] over its axis 2, a column reduction)
+    for k in fused(model)[:1]:
+        assert "llvm.loop.unroll.disable" in k.llvm
+        assert "masked.gather" not in jit.optimized_ir(k.llvm, host())
+    gr = geode.Graph("ew")
+    x = gr.input("x", ["N", 56])
+    gr.output(gr.op("Mul", x, x), names=["y"])
+    (k,) = fused(geode.compile(gr))
+    assert "llvm.loop.unroll.disable" not in k.llvm  # elementwise loops: LLVM decides
