@@ -67,6 +67,9 @@ __all__ = ["MAX_REGISTER_UNROLL", "MAX_UNROLL", "STACK_LIMIT", "StmtWriter"]
 MAX_UNROLL = 256
 #: a loop indexing a register array with a constant extent up to this is unrolled
 MAX_REGISTER_UNROLL = 64
+#: a short vectorized reduction loop whose trip count is a multiple of this many
+#: elements is left to LLVM's unroller (see :meth:`StmtWriter.short_vector_loop`)
+WHOLE_VECTORS = 16
 #: temporaries up to this many bytes live on the stack, larger ones are malloc'd
 STACK_LIMIT = 64 * 1024
 _TYPE_BYTES = {"i8": 1, "i16": 2, "i32": 4, "i64": 8, "float": 4, "double": 8}
@@ -281,11 +284,13 @@ class StmtWriter(ExprWriter):
 
     def short_vector_loop(self, s: Stmt) -> bool:
         """Whether ``s`` is a vectorized reduction loop (a block inside reduces along it)
-        of a constant trip count LLVM may unroll fully (at most :data:`MAX_UNROLL`)."""
+        of a constant trip count LLVM may unroll fully (at most :data:`MAX_UNROLL`) and
+        not a multiple of :data:`WHOLE_VECTORS` (whole vectors unroll into clean vector
+        code; a remainder is what sends LLVM to vectorizing the row loop instead)."""
         if not isinstance(s, For) or s.kind is not ForKind.VECTORIZED:
             return False
         n = fold_int(self.fold(s.extent))
-        if n is None or n > MAX_UNROLL:
+        if n is None or n > MAX_UNROLL or n % WHOLE_VECTORS == 0:
             return False
         return any(
             isinstance(b, Block)
