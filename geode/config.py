@@ -51,6 +51,11 @@ fusion_search             GEODE_FUSION_SEARCH     how fusion groups are chosen: 
                                                   plans scored by the projected model, the
                                                   greedy plan among the candidates; see
                                                   geode.compiler.fusion.search)
+stitch_fusion             GEODE_STITCH_FUSION     fuse chained reductions over different axes
+                                                  (x -> sum over HW -> sum over C) into one
+                                                  kernel, a reduce tree, where the cost model
+                                                  says it pays (see
+                                                  geode.compiler.fusion.reduce_tree); 0: never
 model_cache               GEODE_MODEL_CACHE       keep each compiled model in the cache
                                                   folder; compiling the same graph with the
                                                   same options again loads it (no pipeline
@@ -148,6 +153,7 @@ class Options:
     backend: str = "llvm"
     dense_epilogues: bool = True
     fusion_search: str = "greedy"
+    stitch_fusion: bool = True
     model_cache: bool = True
     incremental: bool = False
     #: ((dim name, sizes increasing), ...): see :func:`dynamic_dims_setting`
@@ -179,6 +185,7 @@ class Options:
             "backend": "GEODE_BACKEND",
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
             "fusion_search": "GEODE_FUSION_SEARCH",
+            "stitch_fusion": "GEODE_STITCH_FUSION",
             "model_cache": "GEODE_MODEL_CACHE",
             "incremental": "GEODE_INCREMENTAL",
             "dynamic_dims": "GEODE_DYNAMIC_DIMS",
@@ -232,6 +239,7 @@ _BOOL_OPTIONS = (
     "lazy_compile",
     "dense_epilogues",
     "incremental",
+    "stitch_fusion",
 )
 
 

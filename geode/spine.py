@@ -184,10 +184,11 @@ def fuse(c: Compilation) -> None:
     profit_spec = driver.device_spec(c.opts.cache_dir)
     profit = make_profit(profit_spec)
     can_lower = make_can_lower(c.graph)
-    c.fusion = plan_fusion(c.graph, c.placement, can_lower, profit)
+    trees = bool(c.opts.stitch_fusion)
+    c.fusion = plan_fusion(c.graph, c.placement, can_lower, profit, trees=trees)
     if c.opts.fusion_search == "beam":
         cost = driver.group_cost_fn(c.graph, c.opts)
-        c.fusion = search_fusion(c.graph, c.placement, can_lower, cost, c.fusion)
+        c.fusion = search_fusion(c.graph, c.placement, can_lower, cost, c.fusion, trees=trees)
     c.dump.stage("fusion_plan", c.fusion.describe())
     c.work = [
         item if isinstance(item, Node) else driver.KernelJob(f"fused_{k}", item)

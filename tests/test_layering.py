@@ -76,6 +76,7 @@ LAYER_OF: dict[str, str] = {
     "geode.modelfile": "session",
     "geode.codegen": "codegen",
     "geode.compiler": "compiler",
+    "geode.compiler.fusion.reduce_tree": "compiler",
     "geode.compiler.partition.clusters": "compiler",
     "geode.compiler.partition.dynamic_shape": "compiler",
     "geode.compiler.partition.engine": "compiler",

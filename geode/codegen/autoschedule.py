@@ -43,6 +43,10 @@
   after a costly chunked pass (softmax's scale after its exp) then runs inside the next
   row's costly pass (``defer_last_pass``), so its streaming stores overlap that pass's
   arithmetic. Loop-invariant row indices are computed once per row by the backend.
+* **reduce_tree** (chained reductions over different axes): the row loops of the last
+  nest (the leading axes no reduction reduces) fused into one parallel row loop, every
+  other nest moved under it (``compute_at``: each level's intermediate becomes a row
+  buffer or a register), innermost loops vectorized (:func:`_reduce_tree`).
 * **column_reduce**: a reduction whose input is contiguous along spatial axes after
   its reduce axes runs ``outer spatial | reduce | inner spatial``, the inner spatial
   loops fused and vectorized (measurements: ``docs/performance.md``); each nest's outer loop runs
@@ -267,7 +271,9 @@ def schedule_group(
             if level == "full":
                 par = wants_parallel(group)
                 rows = None
-                if par and _full_reduce(sch):
+                if pattern == "reduce_tree":
+                    _reduce_tree(sch, group, par)
+                elif par and _full_reduce(sch):
                     pass  # every reduction to a scalar cut in parallel runs
                 elif pattern == "elementwise":
                     rows = _elementwise(sch, par)
@@ -275,7 +281,7 @@ def schedule_group(
                     rows = _row_reduce(sch, lowered, group, par, stream_min_bytes)
                 elif par:
                     _column_reduce(sch, lowered, group)
-                if stream_min_bytes is not None and pattern != "column_reduce":
+                if stream_min_bytes is not None and pattern not in ("column_reduce", "reduce_tree"):
                     wide = pattern == "elementwise" and interleave > 1
                     heavy = heavy_stream_min_bytes
                     if heavy is None:
@@ -1014,6 +1020,37 @@ def _merge_digit_dims(sch: Schedule) -> None:
     for buf in [b.name for b in sch.kernel.inputs + sch.kernel.outputs + local]:
         while dims := sch.digit_dims(buf):
             sch.merge_dims(buf, dims[-1])
+
+
+def _reduce_tree(sch: Schedule, group: Group, par: bool) -> None:
+    """Schedule a reduce tree (chained reductions over different axes, see
+    ``compiler/fusion/reduce_tree.py``): the leading loops of the last block's nest
+    over the rows (the axes no level reduces, which lead every nest) are fused into one
+    row loop, every other block moves under it in program order (``compute_at``: each
+    level's result shrinks to a row buffer, or a register, unless it is an output),
+    the row loop runs in parallel and every innermost loop is vectorized."""
+    rows = 0
+    while rows < len(group.domain) and rows not in group.axes:
+        rows += 1
+    blocks = [n for n in sch.blocks() if sch.get_block(n).reduce_of is None]
+    anchor = blocks[-1]
+    loops = _nest_loops(sch, anchor)
+    if rows == 0 or len(loops) < rows:
+        raise ScheduleError("reduce_tree", anchor, f"its nest has no {rows} row loops")
+    row = sch.fuse(loops[:rows]) if rows > 1 else loops[0]
+    for name in reversed(blocks[:-1]):
+        if row not in _nest_loops(sch, name):
+            sch.compute_at(name, row)
+    if par:
+        sch.parallel(row)
+    for name in sch.blocks():
+        loops = _nest_loops(sch, name)
+        if (
+            len(loops) >= 2
+            and sch.get_loop(loops[-1]).kind is A.ForKind.SERIAL
+            and not _single_iteration(sch, loops[-1])
+        ):
+            sch.vectorize(loops[-1], allow_reassoc=True)
 
 
 def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:

@@ -172,6 +172,8 @@ def epilogue_legality(dense: Node, group: Group, graph: Graph) -> Epilogue | str
     rank = len(y.shape)
     if len(group.domain) != rank or not all(_same(a, b) for a, b in zip(group.domain, y.shape)):
         return "the group's domain is not the product's shape"
+    if group.levels:
+        return "the group is a reduce tree"
     if group.axes and set(group.axes) != {rank - 1}:
         return "the group reduces other than the last axis"
     _, rest = split_dependent(group, y)

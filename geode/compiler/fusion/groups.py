@@ -11,12 +11,17 @@ from geode.compiler.shapes import Dim, shape_str
 
 @dataclass
 class Group:
-    """Nodes that become one kernel, over one domain (shape ``domain``, reduced ``axes``)."""
+    """Nodes that become one kernel, over one domain (shape ``domain``, reduced ``axes``).
+
+    A *reduce tree* (chained reductions over different axes, see ``reduce_tree.py``)
+    also has ``levels``: the axes each reduction of the chain reduces, in turn, in
+    domain coordinates (``axes`` is their union); empty for every other group."""
 
     id: int
     nodes: list[Node]
     domain: tuple[Dim, ...]
     axes: frozenset[int] = frozenset()
+    levels: tuple[frozenset[int], ...] = ()
 
     @property
     def names(self) -> set[str]:
@@ -52,9 +57,12 @@ class Group:
         return outs
 
     def pattern_name(self) -> str:
-        """The schedule pattern: elementwise, row_reduce, column_reduce, reduce_broadcast."""
+        """The schedule pattern: elementwise, row_reduce, column_reduce, reduce_broadcast,
+        reduce_tree."""
         if not self.axes:
             return "elementwise"
+        if self.levels:
+            return "reduce_tree"
         rank = len(self.domain)
         trailing = self.axes == frozenset(range(rank - len(self.axes), rank))
         if not trailing:
@@ -70,6 +78,8 @@ class Group:
     def describe(self) -> str:
         """One line: id, pattern, domain and op types."""
         axes = f" reduce axes {sorted(self.axes)}" if self.axes else ""
+        if self.levels:
+            axes += " in turn " + " then ".join(str(sorted(lv)) for lv in self.levels)
         ops = ", ".join(f"{n.op_type}:{n.name}" for n in self.nodes)
         return (
             f"group {self.id} [{self.pattern_name()}] domain {shape_str(self.domain)}{axes}: {ops}"

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from geode.compiler.fusion.groups import Decision, FusionPlan, Group, group_of_node
 from geode.compiler.fusion.patterns import Pattern, pattern_of
+from geode.compiler.fusion.reduce_tree import merged_group
 from geode.compiler.fusion.rules import check_merge, rule_name
 from geode.compiler.fusion.views import ViewSpec, alias_view, view_copy_reason
 from geode.compiler.ir import Graph, Node
@@ -45,8 +46,10 @@ class PlanState:
     so far. ``copy()`` gives an independent state (groups are shared: a merge makes a
     new group rather than changing one)."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, trees: bool = True):
         self.graph = graph
+        #: whether reduce trees may form (option ``stitch_fusion``)
+        self.trees = trees
         self._bound = input_symbols(graph)
         self._views: dict[str, ViewSpec | None] = {}
         self.groups: dict[int, Group] = {}
@@ -75,6 +78,7 @@ class PlanState:
         """An independent copy (the graph and the view cache shared)."""
         st = PlanState.__new__(PlanState)
         st.graph, st._bound, st._views = self.graph, self._bound, self._views
+        st.trees = self.trees
         st.groups, st.of = dict(self.groups), dict(self.of)
         st.decisions, st.refused = list(self.decisions), set(self.refused)
         return st
@@ -82,8 +86,8 @@ class PlanState:
     def merge(self, a: Group, b: Group, domain: tuple[Dim, ...], axes: frozenset[int]) -> Group:
         """Replace ``a`` and ``b`` by their union over ``domain`` and ``axes``."""
         order = {n.name: i for i, n in enumerate(self.graph.nodes)}
-        nodes = sorted(a.nodes + b.nodes, key=lambda n: order[n.name])
-        merged = Group(min(a.id, b.id), nodes, domain, axes)
+        merged = merged_group(min(a.id, b.id), a, b, domain, axes)
+        merged.nodes.sort(key=lambda n: order[n.name])
         del self.groups[a.id]
         del self.groups[b.id]
         self.add(merged)
@@ -95,12 +99,12 @@ def _try(st: PlanState, a: Group, b: Group, vertical: bool, profit: ProfitFn) ->
     if key in st.refused:
         return False
     rule = rule_name(a, b, vertical)
-    dom, reason = check_merge(a, b, st.unit_of)
+    dom, reason = check_merge(a, b, st.unit_of, st.trees)
     if dom is None:
         st.decisions.append(Decision(a.id, b.id, rule, False, f"illegal: {reason}"))
         st.refused.add(key)
         return False
-    candidate = Group(min(a.id, b.id), a.nodes + b.nodes, dom[0], dom[1])
+    candidate = merged_group(min(a.id, b.id), a, b, dom[0], dom[1])
     copy = view_copy_reason(candidate, st.graph, st.is_view)
     if copy is not None:
         st.decisions.append(Decision(a.id, b.id, rule, False, f"{reason}; {copy}"))
@@ -121,9 +125,11 @@ def plan_fusion(
     can_lower: LowerCheck,
     profit: ProfitFn = always_profitable,
     horizontal: bool = True,
+    trees: bool = True,
 ) -> FusionPlan:
-    """Plan fusion groups for the AI Core nodes of a (sorted) graph."""
-    st, plan = initial_state(graph, placement, can_lower)
+    """Plan fusion groups for the AI Core nodes of a (sorted) graph (``trees``: whether
+    chained reductions may form reduce trees, see ``reduce_tree.py``)."""
+    st, plan = initial_state(graph, placement, can_lower, trees)
     _vertical(st, profit)
     if horizontal:
         _horizontal(st, profit)
@@ -131,11 +137,11 @@ def plan_fusion(
 
 
 def initial_state(
-    graph: Graph, placement: Placement, can_lower: LowerCheck
+    graph: Graph, placement: Placement, can_lower: LowerCheck, trees: bool = True
 ) -> tuple[PlanState, FusionPlan]:
     """Every fusable AI Core node in a group of its own; the plan records the others
     as not fused, with the reason."""
-    st = PlanState(graph)
+    st = PlanState(graph, trees)
     plan = FusionPlan()
     for node in graph.nodes:
         if placement.engine.get(node.name) != "aicore":

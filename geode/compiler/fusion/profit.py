@@ -16,6 +16,7 @@ import sympy
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import Pattern, pattern_of
 from geode.compiler.ir import Graph, Node, Value
+from geode.compiler.shapes import Dim
 from geode.costmodel.device import DeviceSpec
 from geode.costmodel.sol import KernelWork, decide_merge
 
@@ -134,6 +135,10 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
     """The planner's profitability callback for a device."""
 
     def profit(a: Group, b: Group, merged: Group, graph: Graph) -> tuple[bool, str]:
+        if merged.levels:
+            lost = tree_parallelism_lost(a, b, merged, spec)
+            if lost:
+                return False, lost
         separate = [group_work(a, graph), group_work(b, graph)]
         fused = group_work(merged, graph)
         evals = evaluations(merged, graph)
@@ -144,6 +149,34 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
         return d.take, d.reason
 
     return profit
+
+
+def _extent(dims: list[Dim]) -> float:
+    n = 1.0
+    for d in dims:
+        n *= float(d) if isinstance(d, int) else float(NOMINAL_DIM)
+    return n
+
+
+def tree_parallelism_lost(a: Group, b: Group, merged: Group, spec: DeviceSpec) -> str | None:
+    """Why a reduce tree would lose too much parallelism, or None.
+
+    The tree's kernel runs its rows (the axes no level reduces) in parallel; its first
+    reduction alone ran the rows times its other kept axes. A tree with fewer rows than
+    the device has cores leaves cores idle while the separate first reduction would
+    use them all: the traffic it saves (the intermediate, written and read once) is a
+    fraction of what the first reduction reads, so idle cores cost more."""
+    if not (a.axes and b.axes):
+        return None  # an elementwise group joins a tree: its rows stay
+    rows = _extent([merged.domain[i] for i in range(len(merged.domain)) if i not in merged.axes])
+    first = a if len(a.domain) == len(merged.domain) and a.domain == merged.domain else b
+    before = _extent([first.domain[i] for i in range(len(first.domain)) if i not in first.axes])
+    if rows < spec.cores and before > rows:
+        return (
+            f"reduce tree: {rows:g} rows in parallel on {spec.cores} cores, where the first "
+            f"reduction alone runs {before:g}: parallelism lost"
+        )
+    return None
 
 
 def describe_work(group: Group, graph: Graph, spec: DeviceSpec) -> dict[str, float]:

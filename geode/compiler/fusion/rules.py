@@ -13,7 +13,11 @@ Rules, after CINN's Trivial/Reduce fusion:
   check them against the gathered axis before the kernel runs (a kernel reads memory
   unchecked);
 * no merge may create a cycle between groups: there must be no path from one group
-  to the other through a node outside both.
+  to the other through a node outside both;
+* ReduceTree: a reduction may join the reduction group it reads from when its input is
+  that group's whole reduced result and the axes left lead the domain (see
+  ``reduce_tree.py``); a tree's own nodes were checked when it formed, so with an
+  elementwise group only the elementwise group's nodes are checked against its domain.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from geode.compiler.fusion.patterns import (
     remaps_index,
     same_shape,
 )
+from geode.compiler.fusion.reduce_tree import TreeMerge, tree_merge
 from geode.compiler.ir import Node
 from geode.compiler.shapes import Dim, shape_str
 
@@ -172,17 +177,36 @@ def _domain_candidates(a: Group, b: Group) -> list[tuple[tuple[Dim, ...], frozen
 
 
 def check_merge(
-    a: Group, b: Group, unit_of: Callable[[Node], list[Node]] | None = None
+    a: Group,
+    b: Group,
+    unit_of: Callable[[Node], list[Node]] | None = None,
+    trees: bool = True,
 ) -> tuple[tuple[tuple[Dim, ...], frozenset[int]] | None, str]:
     """(merged domain, reason) when legal, (None, reason) when not; ``unit_of`` maps a
-    node to the members of the unit (group) it runs in, for the cycle check."""
+    node to the members of the unit (group) it runs in, for the cycle check;
+    ``trees=False`` refuses reduce trees (option ``stitch_fusion``)."""
+    tree = tree_merge(a, b)
+    if isinstance(tree, str):
+        return None, tree
+    if isinstance(tree, TreeMerge):
+        if not trees:
+            return None, "reduce trees are off (option stitch_fusion)"
+        remap = _remap_reason(a.nodes + b.nodes)
+        if remap:
+            return None, remap
+        if creates_cycle(a, b, unit_of):
+            return None, "merging would create a cycle through nodes outside both groups"
+        return (tree.domain, tree.axes), tree.reason
     cands = _domain_candidates(a, b)
     if isinstance(cands, str):
         return None, cands
     nodes = a.nodes + b.nodes
+    placed = a.names if a.levels else b.names if b.levels else set()
     why = ""
     for domain, axes in cands:
-        misfits = {n.name: w for n in nodes if (w := node_fits(n, domain, axes))}
+        misfits = {
+            n.name: w for n in nodes if n.name not in placed and (w := node_fits(n, domain, axes))
+        }
         inline_only = _inline_only(nodes, set(misfits)) if misfits else set()
         bad = [w for name, w in misfits.items() if name not in inline_only]
         if bad:
@@ -201,7 +225,9 @@ def check_merge(
 
 
 def rule_name(a: Group, b: Group, vertical: bool) -> str:
-    """T+T, T+R, R+T, R+R or horizontal, for the record."""
+    """T+T, T+R, R+T, R+R, ReduceTree or horizontal, for the record."""
+    if isinstance(tree_merge(a, b), TreeMerge):
+        return "ReduceTree"
     if not vertical:
         return "horizontal"
     ka = "R" if a.axes else "T"

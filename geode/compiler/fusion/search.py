@@ -39,6 +39,7 @@ from geode.compiler.fusion.planner import (
     finish_plan,
     initial_state,
 )
+from geode.compiler.fusion.reduce_tree import merged_group
 from geode.compiler.fusion.rules import check_merge, creates_cycle, rule_name
 from geode.compiler.fusion.views import view_copy_reason
 from geode.compiler.ir import Graph
@@ -99,6 +100,7 @@ class _Search:
 
     graph: Graph
     cost: CostFn
+    trees: bool = True
     costs: dict[frozenset[str], float] = field(default_factory=dict)
     legal: dict[tuple[frozenset[str], frozenset[str]], tuple] = field(default_factory=dict)
 
@@ -113,7 +115,7 @@ class _Search:
         """``(domain or None, reason)`` of the rules without the state's other groups."""
         key = (frozenset(a.names), frozenset(b.names))
         if key not in self.legal:
-            self.legal[key] = check_merge(a, b, None)
+            self.legal[key] = check_merge(a, b, None, self.trees)
         return self.legal[key]
 
 
@@ -156,7 +158,7 @@ def _price(s: _Search, st: PlanState, a: Group, b: Group, vertical: bool) -> _Mo
     dom, reason = s.domain_check(a, b)
     if dom is None:
         return f"illegal: {reason}"
-    merged = Group(min(a.id, b.id), a.nodes + b.nodes, dom[0], dom[1])
+    merged = merged_group(min(a.id, b.id), a, b, dom[0], dom[1])
     copy = view_copy_reason(merged, st.graph, st.is_view)
     if copy is not None:
         return f"{reason}; {copy}"
@@ -231,6 +233,7 @@ def search_fusion(
     top_k: int = 3,
     horizontal: bool = True,
     max_evaluations: int = 400,
+    trees: bool = True,
 ) -> FusionPlan:
     """The cheapest fusion plan a beam search scored by ``cost`` finds. The beam starts
     from the sure merges and, when given, from ``greedy`` (the greedy planner's plan of
@@ -241,9 +244,9 @@ def search_fusion(
     if beam < 1 or top_k < 1:
         raise ValueError(f"beam and top_k must be >= 1, got {beam}, {top_k}")
     t0 = time.perf_counter()
-    start, plan = initial_state(graph, placement, can_lower)
+    start, plan = initial_state(graph, placement, can_lower, trees)
     _sure_merges(start)
-    s = _Search(graph, cost)
+    s = _Search(graph, cost, trees)
     seeded = None if greedy is None else _state_of(start, greedy)
     frontier = [start] if seeded is None else [start, seeded]
     seen = {_key(st) for st in frontier}
@@ -297,9 +300,9 @@ class _Top:
 
 def _state_of(start: PlanState, plan: FusionPlan) -> PlanState:
     """A state holding ``plan``'s groups (copies: finishing a state renumbers them)."""
-    st = PlanState(start.graph)
+    st = PlanState(start.graph, start.trees)
     for g in plan.groups:
-        st.add(Group(g.id, list(g.nodes), g.domain, g.axes))
+        st.add(Group(g.id, list(g.nodes), g.domain, g.axes, g.levels))
     st.decisions = [
         Decision(d.producer, d.consumer, d.rule, d.taken, f"greedy: {d.reason}")
         for d in plan.decisions
@@ -320,7 +323,7 @@ def _sure_merges(st: PlanState) -> None:
                 continue
             if not same_shape(a.domain, b.domain) or not _only_reader(st, a, b):
                 continue
-            dom, reason = check_merge(a, b, st.unit_of)
+            dom, reason = check_merge(a, b, st.unit_of, st.trees)
             if dom is None or view_copy_reason(
                 Group(a.id, a.nodes + b.nodes, dom[0], dom[1]), st.graph, st.is_view
             ):

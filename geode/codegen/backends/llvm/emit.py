@@ -127,6 +127,7 @@ class Emitter(ParallelWriter):
         self.fence_at_end = False
         self.streamed = False
         self.guard_frames = []
+        self.rolled = set()
         self.nt_on = nt
         frees = self.allocate(None)
         self.stmts(k.body)

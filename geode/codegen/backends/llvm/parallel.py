@@ -202,6 +202,7 @@ class ParallelWriter(StmtWriter):
                 self.stmts(s.body)
                 self.free_all(per_iter)
 
+            self.rolled.update(id(x) for x in s.body if self.short_vector_loop(x))
             try:
                 self.counted_loop(lo, hi, s.var, self.loop_meta(s), body)
             finally:

@@ -70,6 +70,9 @@ __all__ = ["MAX_REGISTER_UNROLL", "MAX_UNROLL", "STACK_LIMIT", "StmtWriter"]
 MAX_UNROLL = 256
 #: a loop indexing a register array with a constant extent up to this is unrolled
 MAX_REGISTER_UNROLL = 64
+#: a short vectorized reduction loop whose trip count is a multiple of this many
+#: elements is left to LLVM's unroller (see :meth:`StmtWriter.short_vector_loop`)
+WHOLE_VECTORS = 16
 #: temporaries up to this many bytes live on the stack, larger ones are malloc'd
 STACK_LIMIT = 64 * 1024
 _TYPE_BYTES = {"i8": 1, "i16": 2, "i32": 4, "i64": 8, "float": 4, "double": 8}
@@ -89,6 +92,8 @@ class StmtWriter(ExprWriter):
     quiet: set[str]
     #: per loop being written: the guarded registers it updates (None: exact updates)
     guard_frames: list[list[str] | None]
+    #: ``id`` of vectorized loops LLVM must not fully unroll (see :meth:`loop_meta`)
+    rolled: set[int]
     #: stores written as non-temporal stores in the body being written
     nt_on: set[int]
     #: functions' pending ``free`` calls (pointers malloc'd at function level)
@@ -277,11 +282,32 @@ class StmtWriter(ExprWriter):
                         f"{self.where()}: loop {s.var!r} has extent of dtype {v.dtype}"
                     )
                 hi = self.as_int64(v, self.where())
+                if s.kind is ForKind.SERIAL:
+                    self.rolled.update(id(x) for x in s.body if self.short_vector_loop(x))
                 self.counted_loop("0", hi, s.var, self.loop_meta(s), lambda: self.stmts(s.body))
         finally:
             frame = self.guard_frames.pop()
         for name in frame or []:
             self.check_guard(name)
+
+    def short_vector_loop(self, s: Stmt) -> bool:
+        """Whether ``s`` is a vectorized reduction loop (a block inside reduces along it)
+        of a constant trip count LLVM may unroll fully (at most :data:`MAX_UNROLL`) and
+        not a multiple of :data:`WHOLE_VECTORS` (whole vectors unroll into clean vector
+        code; a remainder is what sends LLVM to vectorizing the row loop instead)."""
+        if not isinstance(s, For) or s.kind is not ForKind.VECTORIZED:
+            return False
+        n = fold_int(self.fold(s.extent))
+        if n is None or n > MAX_UNROLL or n % WHOLE_VECTORS == 0:
+            return False
+        return any(
+            isinstance(b, Block)
+            and any(
+                iv.kind == "reduce" and isinstance(x, Var) and x.name == s.var
+                for iv, x in zip(b.iter_vars, b.bindings)
+            )
+            for b in walk_stmts(s.body)
+        )
 
     def loop_meta(self, s: For) -> str:
         """``!llvm.loop`` metadata for loop ``s``."""
@@ -291,6 +317,12 @@ class StmtWriter(ExprWriter):
         # loops it cannot vectorize); a vectorized loop's interleave count is kept
         if s.kind is ForKind.VECTORIZED and s.interleave > 1:
             parts.append(m.metadata(f'!"llvm.loop.interleave.count", i32 {s.interleave}'))
+        # a vectorized reduction loop with a short constant trip count directly in a
+        # serial loop or a parallel chunk (rows of 49 or 56 elements) is fully unrolled by
+        # LLVM, which then vectorizes the loop over rows instead, with gathers (17x
+        # slower on rows of 56; bench/stitch.py): keep it a loop
+        if id(s) in self.rolled:
+            parts.append(m.metadata('!"llvm.loop.unroll.disable"'))
         return m.metadata(", ".join(parts), distinct=True)
 
     def counted_loop(self, lo: str, hi: str, var: str, meta: str, body, bind: bool = True) -> str:
