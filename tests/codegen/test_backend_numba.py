@@ -859,6 +859,7 @@ FLOAT_UN = [
     "ceil",
     "round",
     "sign",
+    "fence",
 ]
 BOOL_UN = ["not", "isnan", "isinf", "isposinf", "isneginf"]
 INT_BIN = [
@@ -896,6 +897,7 @@ EXACT_FLOAT = {
     "ceil",
     "round",
     "sign",
+    "fence",
 }
 
 
@@ -969,6 +971,8 @@ def np_bin(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def np_un(op: str, a: np.ndarray) -> np.ndarray:
     if op == "neg":
         return np.negative(a)
+    if op == "fence":
+        return a
     if op == "not":
         return a == 0
     if op == "bitnot":

@@ -147,6 +147,11 @@ class ExprWriter(ValueWriter):
             return self.convert(self.ex(e.a), D.check_dtype(e.dtype, f"{self.where()} cast"))
         if isinstance(e, Select):
             return self.select(e)
+        if isinstance(e, Un) and e.op == "fence":
+            # its root operation without fast-math flags: LLVM then neither contracts nor
+            # reassociates it with its users (both instructions would need the flag), and
+            # it vectorizes (llvm.arithmetic.fence does not)
+            return self.binary(e.a, plain=True) if isinstance(e.a, Bin) else self.ex(e.a)
         if isinstance(e, Un):
             return self.unary(e)
         if isinstance(e, Bin):
@@ -278,7 +283,9 @@ class ExprWriter(ValueWriter):
         table = _SCMP if D.is_signed(a.dtype) else _UCMP
         return self.fn.value(f"icmp {table[op]} {ty} {a.ref}, {b.ref}")
 
-    def binary(self, e: Bin) -> V:
+    def binary(self, e: Bin, plain: bool = False) -> V:
+        """``e``'s value; ``plain``: its own float operation (not its operands') carries no
+        fast-math flags (a ``fence``)."""
         op = e.op
         fused = self.tanh_gate(e) or self.one_plus_tanh(e)
         if fused is not None:
@@ -298,9 +305,9 @@ class ExprWriter(ValueWriter):
             return self.bool_binary(op, a, b)
         if D.is_float(r):
             if op == "/":
-                fl = self.division_flags(e.b, b_dtype, r)
+                fl = "" if plain else self.division_flags(e.b, b_dtype, r)
                 return self.wrap(self.fn.value(f"fdiv {fl} {ty} {a.ref}, {b.ref}"), r)
-            return self.float_binary(op, a, b, r)
+            return self.float_binary(op, a, b, r, plain)
         if op in ("+", "*") and self.is_index(e):
             return V(f.value(f"{_INT_OPS[op]} nsw {ty} {a.ref}, {b.ref}"), r)
         if op in _INT_OPS:
@@ -321,10 +328,10 @@ class ExprWriter(ValueWriter):
             return self.int_op(fn, [a, b, nbits], r)
         raise CodegenError(f"{self.where()}: unknown binary op {op!r}")
 
-    def float_binary(self, op: str, a: V, b: V, r: str) -> V:
+    def float_binary(self, op: str, a: V, b: V, r: str, plain: bool = False) -> V:
         ty = D.value_type(r)
         if op in _FLOAT_OPS:
-            fl = "" if op == "fmod" else f"{self.flags} "
+            fl = "" if op == "fmod" or plain else f"{self.flags} "
             return self.wrap(self.fn.value(f"{_FLOAT_OPS[op]} {fl}{ty} {a.ref}, {b.ref}"), r)
         if op in ("min", "max"):
             callee = self.intrinsic(op + "imum", ty, [ty, ty])

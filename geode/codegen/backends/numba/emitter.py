@@ -359,6 +359,8 @@ class _Emitter:
             if isf:
                 raise CodegenError(f"{self.where()}: bitnot of {dt}")
             return self.wrap(f"~{paren(a, UNARY)}", UNARY, dt)
+        if op == "fence":  # numba's fast-math flags are per function: nothing to fence
+            return a
         if op == "abs":
             if dt == "bool" or dt in UINTS:
                 return a
