@@ -132,6 +132,22 @@ def test_only_divisors_with_a_normal_reciprocal_keep_arcp():
     np.testing.assert_allclose(got["y4"], xs.mean(-1, keepdims=True), rtol=1e-6, atol=1e-7)
 
 
+def test_a_mean_over_a_symbolic_dim_keeps_its_multiply():
+    """The count of a mean is an integer converted to float: 1 / count is finite and
+    normal (count >= 1), or inf for an empty axis, whose 0 * inf is the same NaN as 0 / 0."""
+    g = geode.Graph("mean")
+    x = g.input("x", ["N", "M"])
+    g.output(ops.reduce_mean(x, axes=[-1], keepdims=1), names=["y"])
+    model = geode.compile(g, model_cache=False)
+    lines = _fdiv_lines(model)
+    assert lines and all(" arcp " in ln for ln in lines), lines
+    xs = np.random.default_rng(1).standard_normal((4, 9)).astype(np.float32)
+    np.testing.assert_allclose(model(x=xs)["y"], xs.mean(-1, keepdims=True), rtol=1e-6)
+    with np.errstate(invalid="ignore"):
+        empty = model(x=np.zeros((3, 0), np.float32))["y"]
+    assert empty.shape == (3, 1) and np.isnan(empty).all()
+
+
 def test_fastmath_kernels_keep_their_fast_division():
     g = geode.Graph("fast")
     x, d = g.input("x", ["N", 8]), g.input("d", ["N", 1])
