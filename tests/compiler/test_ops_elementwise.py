@@ -872,3 +872,27 @@ def test_builder_operators() -> None:
     assert ops.sum(x, x, x).producer.op_type == "Sum"
     assert ops.cast_like(i, x).dtype == F32
     assert (-i).dtype == I32 and abs(i).dtype == I32
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32])
+def test_constant_integer_arithmetic_wraps_as_numpy_does(dtype) -> None:
+    """Symbolic contents of small int tensors are computed in Python ints: a result the
+    dtype cannot hold (``uint8 0 - 1``) is not recorded, so constant folding takes the
+    kernel's wrapped value (it raised OverflowError while compiling, found by geode.fuzz)
+    and a Cast to int64 does not carry the unwrapped one."""
+    info = np.iinfo(dtype)
+    zero, one, top = (np.array(v, dtype) for v in (0, 1, info.max))
+    g = geode.Graph("wrap")
+    a, b, c = g.constant(zero), g.constant(one), g.constant(top)
+    diff = a - b
+    assert diff.sym_value is None or diff.sym_value == (-1,)
+    if np.dtype(dtype).kind == "u":
+        assert diff.sym_value is None
+    outs = [diff, c + b, c * c, g.op("Cast", diff, to=int(TensorProto.INT64))]
+    g.output(*outs, names=["d", "s", "p", "wide"])
+    got = geode.compile(g, model_cache=False)()
+    with np.errstate(over="ignore"):
+        want = {"d": zero - one, "s": top + one, "p": top * top}
+    for k, v in want.items():
+        assert got[k].dtype == dtype and got[k] == v, k
+    assert got["wide"] == np.int64(zero - one)

@@ -27,7 +27,7 @@ import sympy
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
 from geode.compiler.ops.common import binary, broadcast_infer, same_as_input, unary
-from geode.compiler.ops.reduce import carries_value, value_dims
+from geode.compiler.ops.reduce import carries_value, value_dims, value_fits
 from geode.compiler.ops.registry import (
     REQUIRED,
     Attr,
@@ -172,7 +172,9 @@ def _with_sym_values(od: OpDef, fn: Callable[[Any, Any], Any]) -> OpDef:
             return descs
         vals = [fn(a[i if len(a) > 1 else 0], b[i if len(b) > 1 else 0]) for i in range(n)]
         if all(v is not None for v in vals):
-            ctx.set_sym_value(0, [v if isinstance(v, int) else as_dim(v) for v in vals])
+            vals = [v if isinstance(v, int) else as_dim(v) for v in vals]
+            if value_fits(vals, out.dtype):  # Python ints do not wrap as numpy's do
+                ctx.set_sym_value(0, vals)
         return descs
 
     od.infer = infer
