@@ -896,3 +896,30 @@ def test_constant_integer_arithmetic_wraps_as_numpy_does(dtype) -> None:
     for k, v in want.items():
         assert got[k].dtype == dtype and got[k] == v, k
     assert got["wide"] == np.int64(zero - one)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_tanh_reference_has_no_cancellation_in_its_tail(dtype) -> None:
+    """0.5 * x * (1 + tanh(z)) is x * sigmoid(2 z): where tanh(z) rounds to -1 the sum
+    cancelled to 0, so Gelu(-7.07) was -0.0 against -1.02e-15, and a Reciprocal of it -inf
+    while the compiled model (1 + tanh without the cancellation) gave -9.8e14 (geode.fuzz
+    seed 2024 case 7860, shrunk to Gelu + Reciprocal)."""
+    from geode.compiler.interpret import run_reference
+
+    x = np.array([-7.0680623, -9.0, -3.0, -0.5, 0.0, 0.5, 3.0, 30.0], dtype)
+
+    def exact(v: float) -> float:
+        z = math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)
+        return v / (1 + math.exp(-2 * z))
+
+    g = geode.Graph("gelu_tail")
+    xi = g.input("x", [8], dtype=dtype)
+    gelu = g.op("Gelu", xi, approximate="tanh")
+    g.output(gelu, g.op("Reciprocal", gelu), names=["y", "r"])
+    want = np.array([exact(float(v)) for v in x])
+    ref = run_reference(g, {"x": x})
+    got = geode.compile(g, model_cache=False)(x=x)
+    for out in (ref, got):
+        np.testing.assert_allclose(out["y"], want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+        assert np.isfinite(out["r"][:2]).all() and out["r"][0] < -9e14
+    np.testing.assert_allclose(got["r"], ref["r"], rtol=1e-5)

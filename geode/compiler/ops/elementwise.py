@@ -740,7 +740,12 @@ _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
 def _gelu(x: np.ndarray, a: dict) -> np.ndarray:
     if _str(a["approximate"]) == "tanh":
-        return 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+        z = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+        # 0.5 * (1 + tanh(z)) is sigmoid(2 z), without the cancellation of 1 + tanh(z)
+        # where tanh(z) rounds to -1: at x = -7.07 (float32) the sum was 0 and Gelu -0.0,
+        # against -1.0e-15 (found by geode.fuzz through a Reciprocal: -inf against -9.8e14;
+        # the compiled kernel computes 1 + tanh(z) without the cancellation too)
+        return x / (1 + np.exp(-2 * z))
     return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 
