@@ -109,10 +109,12 @@ from geode.errors import GeodeError
 
 #: How floating-point accuracy is traded for speed, stated once for every kernel.
 ACCURACY_POLICY = """\
-fastmath=False (default): kernels may reassociate floating-point arithmetic, contract
-  multiply-adds into FMAs and divide by multiplying with a reciprocal (LLVM flags
-  'reassoc', 'contract', 'arcp'), which is what lets reductions vectorize and run in
-  parallel and a division by a per-row value cost one multiply; NaN and Inf keep IEEE semantics
+fastmath=False (default): kernels may reassociate floating-point arithmetic and contract
+  multiply-adds into FMAs (LLVM flags 'reassoc', 'contract'), which is what lets reductions
+  vectorize and run in parallel. Division is IEEE division: only a divisor whose reciprocal
+  is finite and normal (a constant such as 3.0, an integer such as a mean's count) may
+  become a multiply with its reciprocal ('arcp', within an ulp); any other divisor may be
+  subnormal, and 1/d would overflow to inf. NaN and Inf keep IEEE semantics
   (no 'nnan'/'ninf'), transcendentals use geode's vectorized implementations (a few
   ulp), and a max/min reduction may return either zero when +0 and -0 tie (NaN still
   propagates). Results match the reference within the tests' tolerance policy.

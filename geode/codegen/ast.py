@@ -124,6 +124,10 @@ BIN_OPS = frozenset(
 #: Unary operators and math functions. ``round`` rounds half to even; ``sign`` gives
 #: -1/0/1 in the operand's dtype; ``isnan``/``isinf``/``isposinf``/``isneginf`` give
 #: bool; ``not`` is logical, ``bitnot`` bitwise; ``sigmoid`` is ``1 / (1 + exp(-x))``.
+#: ``fence`` is its operand, computed on its own: no fast-math rewriting (contraction
+#: into a fused multiply-add, reassociation) joins it with the expression around it, so
+#: every copy of a value that ``compute_inline`` recomputes at several sites rounds
+#: alike (see :func:`fenced`).
 UN_OPS = frozenset(
     [
         "neg",
@@ -156,8 +160,23 @@ UN_OPS = frozenset(
         "isinf",
         "isposinf",
         "isneginf",
+        "fence",
     ]
 )
+
+#: the float operators whose results fast-math flags may rewrite together with their users
+_FAST_MATH_ROOTS = frozenset(["+", "-", "*", "/"])
+
+
+def fenced(value: Expr, dtype: str) -> Expr:
+    """``value`` (of ``dtype``) as a ``fence`` when fast-math flags could compute it
+    differently at different sites: a float32/float64 ``+ - * /`` (a ``x * y`` whose copy
+    feeding a max is rounded but whose copy in ``x * y - max`` is contracted into a fused
+    multiply-add ends up below its own max: exp of that underflowed a whole softmax column
+    to 0 / 0, found by geode.fuzz); anything else as it is."""
+    if dtype in ("float32", "float64") and isinstance(value, Bin) and value.op in _FAST_MATH_ROOTS:
+        return Un("fence", value)
+    return value
 
 
 @dataclass(frozen=True)

@@ -351,7 +351,17 @@ def _inline(sch: Schedule, group: Group, row_buffers: bool) -> None:
 
 
 #: ops whose recomputation in every pass costs more than keeping a row buffer
-_COSTLY_OPS = A.UN_OPS - {"neg", "not", "bitnot", "abs", "isnan", "isinf", "isposinf", "isneginf"}
+_COSTLY_OPS = A.UN_OPS - {
+    "neg",
+    "not",
+    "bitnot",
+    "abs",
+    "isnan",
+    "isinf",
+    "isposinf",
+    "isneginf",
+    "fence",
+}
 
 
 def _cheap_to_recompute(b: A.Block) -> bool:
@@ -1203,6 +1213,7 @@ def stream_interleave(vector_registers: int) -> int:
 #: approximate vector instructions per element of the costly operations (vmath's
 #: functions, division and square root); every other operation counts 1
 _OP_COST = {
+    "fence": 0,
     "exp": 16,
     "log": 20,
     "log1p": 22,

@@ -92,6 +92,15 @@ def _bind_shape(
                 raise exc(f"{what}: dim {axis} ({d}) is {n}, expected {want}")
 
 
+def _at_node(exc: GeodeError, where: str) -> GeodeError:
+    """``exc`` with its message prefixed by ``where`` (the node whose kernel raised it),
+    as the same class; ``exc`` itself when it names the node already or its class builds
+    its own message."""
+    if where in str(exc) or type(exc).__init__ is not GeodeError.__init__:
+        return exc
+    return type(exc)(f"{where}: {exc}")
+
+
 def run_reference(
     graph: Graph,
     feeds: Mapping[str, object],
@@ -144,8 +153,11 @@ def run_reference(
         od = registry.get(node.op_type, node.domain, where=node.where)
         try:
             outs = od.run(args, node.attrs)
-        except GeodeError:
-            raise
+        except GeodeError as exc:
+            named = _at_node(exc, node.where)
+            if named is exc:
+                raise
+            raise named from exc
         except Exception as exc:
             raise ExecutionError(
                 f"{node.where}: reference kernel failed: {type(exc).__name__}: {exc}"

@@ -1,6 +1,7 @@
 """``python -m geode.fuzz``: differential fuzzing of geode against its reference engine.
 
-    python -m geode.fuzz --n 10000 --seed 1 [--out DIR] [--max-nodes K] [--time-budget SEC]
+    python -m geode.fuzz --n 10000 --seed 1 [--jobs J] [--out DIR] [--max-nodes K]
+                         [--time-budget SEC]
     python -m geode.fuzz --replay DIR
 
 Prints graphs per second, the seed and the counts (passed, rejected-clean, failed);
@@ -36,6 +37,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="check in this process (a crashing kernel then ends the run)",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="worker processes checking cases at once (default 1; the results do not depend on it)",
+    )
     p.add_argument("--cache-dir", help="kernel cache folder (default: a temporary one)")
     p.add_argument(
         "--only",
@@ -67,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             max_shrink=args.max_shrink,
             cache_dir=args.cache_dir,
             only=tuple(args.only),
+            jobs=args.jobs,
         )
         report = run_fuzz(config)
     except GeodeError as exc:

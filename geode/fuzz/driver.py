@@ -1,7 +1,8 @@
 """A fuzz run: check ``n`` cases of one seed, shrink the failures, write reproducers.
 
-:func:`run_fuzz` checks cases 0..n-1 of the seed (stopping early at the time
-budget), counts outcomes, then shrinks failures (distinct kinds first, up to
+:func:`run_fuzz` checks cases 0..n-1 of the seed (on ``jobs`` worker processes at
+once; a case depends only on its seed and index, so the outcome does not depend on
+``jobs``), stopping early at the time budget, counts outcomes, then shrinks failures (distinct kinds first, up to
 ``max_shrink`` of them) and writes one reproducer folder per failure (shrunk or
 not) under ``out``. The kernel cache goes to a temporary folder unless
 ``cache_dir`` is given, so a run never fills the user's cache.
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from geode.fuzz.build import FuzzError
-from geode.fuzz.executors import InProcessExecutor, IsolatedExecutor
+from geode.fuzz.executors import InProcessExecutor, IsolatedExecutor, WorkerPool
 from geode.fuzz.reproducer import load_case, write_reproducer
 from geode.fuzz.runner import Outcome
 from geode.fuzz.shrink import shrink, size_of
@@ -49,11 +50,17 @@ class FuzzConfig:
     timeout: float = 300.0
     #: check only these case indices (to rerun a few cases of a seed), not 0..n-1
     only: tuple[int, ...] = ()
+    #: worker processes checking cases at once (isolated runs only)
+    jobs: int = 1
 
     def validate(self) -> None:
         """FuzzError naming the first option out of range."""
         if self.n < 0:
             raise FuzzError(f"--n must be >= 0, got {self.n}")
+        if self.jobs < 1:
+            raise FuzzError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.jobs > 1 and not self.isolate:
+            raise FuzzError("--jobs above 1 checks in worker processes: drop --no-isolate")
         if self.max_nodes < 1:
             raise FuzzError(f"--max-nodes must be >= 1, got {self.max_nodes}")
         if self.time_budget is not None and self.time_budget <= 0:
@@ -135,6 +142,8 @@ class FuzzReport:
 
 
 def _make_executor(config: FuzzConfig, cache_dir: str) -> Any:
+    if config.isolate and config.jobs > 1:
+        return WorkerPool(cache_dir, config.jobs, config.recycle, config.timeout)
     if config.isolate:
         return IsolatedExecutor(cache_dir, config.recycle, config.timeout)
     return InProcessExecutor(cache_dir)
@@ -143,11 +152,16 @@ def _make_executor(config: FuzzConfig, cache_dir: str) -> Any:
 def _check_all(config: FuzzConfig, executor: Any, report: FuzzReport, log: Callable) -> None:
     start = last = time.monotonic()
     indices = config.only or range(config.n)
-    for index in indices:
-        if config.time_budget is not None and time.monotonic() - start >= config.time_budget:
-            log(f"geode.fuzz: time budget of {config.time_budget:g} s reached after {index} graphs")
-            break
-        outcome, case = executor.check_index(config.seed, index, config.max_nodes)
+    budget_hit = False
+
+    def stop() -> bool:
+        """Whether the time budget is spent (no further case is started)."""
+        nonlocal budget_hit
+        budget = config.time_budget
+        budget_hit = budget_hit or (budget is not None and time.monotonic() - start >= budget)
+        return budget_hit
+
+    for outcome, case in executor.check_indices(config.seed, indices, config.max_nodes, stop):
         report.checked += 1
         report.counts[outcome.status] += 1
         report.fallbacks += outcome.fallbacks
@@ -165,7 +179,13 @@ def _check_all(config: FuzzConfig, executor: Any, report: FuzzReport, log: Calla
                 f"geode.fuzz: {report.checked}/{len(indices)} graphs, {report.checked / (now - start):.2f}"
                 f"/s: passed {c['pass']}, rejected {c['rejected']}, failed {c['fail']}"
             )
+    if budget_hit:
+        log(
+            f"geode.fuzz: time budget of {config.time_budget:g} s reached after "
+            f"{report.checked} graphs"
+        )
     report.seconds = time.monotonic() - start
+    report.failures.sort(key=lambda f: f.case.index)  # finishing order varies with jobs
     report.refused_nodes = dict(executor.stats.refused)
 
 

@@ -7,16 +7,25 @@ session, restarted every ``recycle`` cases), reports a child that dies as a
 ``crash:process`` failure and one that stops answering for ``timeout`` seconds as a
 ``hang``, and starts a fresh child. :class:`InProcessExecutor` checks in this
 process (what tests use: a monkeypatched geode is the one checked).
+:class:`WorkerPool` checks on ``jobs`` worker processes at once (each an
+:class:`IsolatedExecutor`'s worker): a case depends only on (seed, index), so the
+outcomes are those of one worker, in the order the cases finish.
 
-Both offer ``check_index(seed, index, max_nodes)`` (generate and check) and
-``check_case(case)`` (the shrinker's check).
+All offer ``check_index(seed, index, max_nodes)`` (generate and check),
+``check_indices(seed, indices, max_nodes, stop)`` (many, ``(outcome, case)`` as each
+finishes, none started once ``stop()`` holds) and ``check_case(case)`` (the
+shrinker's check).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
+import multiprocessing.connection
 import os
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from geode.fuzz.gen_state import GenStats
@@ -47,9 +56,24 @@ class InProcessExecutor:
         """Check a given case."""
         return self.checker.check(case)
 
+    def check_indices(
+        self, seed: int, indices: Iterable[int], max_nodes: int, stop: Callable[[], bool]
+    ) -> Iterator[tuple[Outcome, Case]]:
+        """Check cases ``indices`` of ``seed`` one after another until ``stop()``."""
+        return _one_by_one(self, seed, indices, max_nodes, stop)
+
     def close(self) -> None:
         """Free the session."""
         self.checker.session.close()
+
+
+def _one_by_one(
+    executor: Any, seed: int, indices: Iterable[int], max_nodes: int, stop: Callable[[], bool]
+) -> Iterator[tuple[Outcome, Case]]:
+    for index in indices:
+        if stop():
+            return
+        yield executor.check_index(seed, index, max_nodes)
 
 
 def worker_main(conn: Any, cache_dir: str) -> None:
@@ -88,6 +112,8 @@ class IsolatedExecutor:
         self._proc: Any = None
         self._conn: Any = None
         self._served = 0
+        #: when the message being answered was sent (None: nothing pending)
+        self.sent_at: float | None = None
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
@@ -100,6 +126,7 @@ class IsolatedExecutor:
         self._served = 0
 
     def _stop(self, kill: bool = False) -> None:
+        self.sent_at = None
         if self._proc is None:
             return
         if not kill:
@@ -114,18 +141,29 @@ class IsolatedExecutor:
         self._conn.close()
         self._proc = self._conn = None
 
-    def _call(self, msg: tuple) -> tuple[Any, Outcome | None]:
-        """Send ``msg``; (reply, None), or (None, the failure) when the worker died or hung."""
+    @property
+    def connection(self) -> Any:
+        """The pipe to the worker (readable when an answer, or the worker's death, is in)."""
+        return self._conn
+
+    def submit(self, msg: tuple) -> None:
+        """Send ``msg`` to the worker (started, or restarted every ``recycle`` messages);
+        :meth:`receive` takes the answer."""
         if self._proc is None or self._served >= self.recycle:
             self._stop()
             self._start()
         self._served += 1
-        try:
+        self.sent_at = time.monotonic()
+        with contextlib.suppress(OSError, ConnectionError):  # died: receive() reports it
             self._conn.send(msg)
-            if self._conn.poll(self.timeout):
-                return self._conn.recv(), None
-            self._stop(kill=True)
-            return None, Outcome("fail", "hang", f"no answer in {self.timeout:.0f} s", "run")
+
+    def receive(self) -> tuple[Any, Outcome | None]:
+        """The answer to the submitted message: (reply, None), or (None, the failure) when
+        the worker died before answering (it is then replaced at the next submit)."""
+        try:
+            reply = self._conn.recv()
+            self.sent_at = None
+            return reply, None
         except (EOFError, OSError, ConnectionError):
             self._proc.join(10)
             code = self._proc.exitcode
@@ -134,9 +172,28 @@ class IsolatedExecutor:
                 "fail", "crash:process", f"the checking process died (exit code {code})", "run"
             )
 
-    def check_index(self, seed: int, index: int, max_nodes: int) -> tuple[Outcome, Case]:
-        """Generate case ``index`` of ``seed`` and check it in the worker."""
-        reply, failure = self._call(("index", seed, index, max_nodes))
+    def kill_hung(self) -> Outcome:
+        """Kill a worker that did not answer in ``timeout`` seconds; the ``hang`` failure."""
+        self._stop(kill=True)
+        return Outcome("fail", "hang", f"no answer in {self.timeout:.0f} s", "run")
+
+    def _call(self, msg: tuple) -> tuple[Any, Outcome | None]:
+        """Send ``msg``; (reply, None), or (None, the failure) when the worker died or hung."""
+        self.submit(msg)
+        try:
+            answered = self._conn.poll(self.timeout)
+        except (EOFError, OSError, ConnectionError):
+            answered = True  # receive() sees the death
+        if not answered:
+            return None, self.kill_hung()
+        return self.receive()
+
+    def index_result(
+        self, answer: tuple[Any, Outcome | None], seed: int, index: int, max_nodes: int
+    ) -> tuple[Outcome, Case]:
+        """(outcome, case) of case ``index`` from the worker's answer (the case made again
+        here when the worker died or hung; only its identity when it passed)."""
+        reply, failure = answer
         if failure is not None:
             return failure, generate_case(seed, index, max_nodes)
         outcome, case, refused = reply
@@ -146,6 +203,17 @@ class IsolatedExecutor:
             case = Case(seed, index, [], [], [], [])
         return outcome, case
 
+    def check_index(self, seed: int, index: int, max_nodes: int) -> tuple[Outcome, Case]:
+        """Generate case ``index`` of ``seed`` and check it in the worker."""
+        answer = self._call(("index", seed, index, max_nodes))
+        return self.index_result(answer, seed, index, max_nodes)
+
+    def check_indices(
+        self, seed: int, indices: Iterable[int], max_nodes: int, stop: Callable[[], bool]
+    ) -> Iterator[tuple[Outcome, Case]]:
+        """Check cases ``indices`` of ``seed`` one after another until ``stop()``."""
+        return _one_by_one(self, seed, indices, max_nodes, stop)
+
     def check_case(self, case: Case) -> Outcome:
         """Check a given case in the worker."""
         reply, failure = self._call(("case", case))
@@ -154,3 +222,67 @@ class IsolatedExecutor:
     def close(self) -> None:
         """Stop the worker."""
         self._stop()
+
+
+class WorkerPool:
+    """Checks cases on ``jobs`` worker processes at once (see the module docstring); the
+    shrinker's checks go to the first worker."""
+
+    def __init__(self, cache_dir: str, jobs: int, recycle: int = 300, timeout: float = 300.0):
+        self.workers = [IsolatedExecutor(cache_dir, recycle, timeout) for _ in range(jobs)]
+        self.timeout = timeout
+
+    @property
+    def stats(self) -> GenStats:
+        """What generation met, over every worker."""
+        total = GenStats()
+        for w in self.workers:
+            for op, k in w.stats.refused.items():
+                total.refused[op] = total.refused.get(op, 0) + k
+        return total
+
+    def check_index(self, seed: int, index: int, max_nodes: int) -> tuple[Outcome, Case]:
+        """Generate case ``index`` of ``seed`` and check it in the first worker."""
+        return self.workers[0].check_index(seed, index, max_nodes)
+
+    def check_indices(
+        self, seed: int, indices: Iterable[int], max_nodes: int, stop: Callable[[], bool]
+    ) -> Iterator[tuple[Outcome, Case]]:
+        """Check cases ``indices`` of ``seed``, one per idle worker, yielding each as it
+        finishes; a worker that dies or hangs gives that case's failure and is replaced.
+        No case is started once ``stop()`` holds (those running are finished)."""
+        todo = iter(indices)
+        busy: dict[Any, tuple[IsolatedExecutor, int]] = {}
+
+        def feed(worker: IsolatedExecutor) -> None:
+            index = next(todo, None)
+            if index is not None and not stop():
+                worker.submit(("index", seed, index, max_nodes))
+                busy[worker.connection] = (worker, index)
+
+        for worker in self.workers:
+            feed(worker)
+        while busy:
+            oldest = min(w.sent_at or 0.0 for w, _ in busy.values())
+            wait = max(0.0, oldest + self.timeout - time.monotonic())
+            ready = mp.connection.wait(list(busy), timeout=wait)
+            for conn in ready:
+                worker, index = busy.pop(conn)
+                yield worker.index_result(worker.receive(), seed, index, max_nodes)
+                feed(worker)
+            now = time.monotonic()
+            for conn, (worker, index) in list(busy.items()):
+                if conn not in ready and now - (worker.sent_at or now) >= self.timeout:
+                    del busy[conn]
+                    hung = (None, worker.kill_hung())
+                    yield worker.index_result(hung, seed, index, max_nodes)
+                    feed(worker)
+
+    def check_case(self, case: Case) -> Outcome:
+        """Check a given case in the first worker."""
+        return self.workers[0].check_case(case)
+
+    def close(self) -> None:
+        """Stop every worker."""
+        for w in self.workers:
+            w.close()

@@ -196,7 +196,8 @@ def test_softmax_streams_only_rows_it_prefetches_over(hidden):
     x = np.random.default_rng(1).standard_normal((37, hidden), dtype=np.float32) * 4
     want = ex.numpy(x=x.astype(np.float64))["y"]
     np.testing.assert_allclose(model(x=x)["y"], want, rtol=2e-6, atol=1e-9)
-    assert any("_g_stream_scaled(" in k.source for k in model.kernels) == prefetched
+    # e / sum: divided on the way (the sum may be subnormal, its reciprocal inf)
+    assert any("_g_stream_divided(" in k.source for k in model.kernels) == prefetched
 
 
 @pytest.mark.parametrize("hidden", [1000, 1030])  # shorter than PREFETCH_MIN_ROW; not 128k

@@ -859,6 +859,7 @@ FLOAT_UN = [
     "ceil",
     "round",
     "sign",
+    "fence",
 ]
 BOOL_UN = ["not", "isnan", "isinf", "isposinf", "isneginf"]
 INT_BIN = [
@@ -896,6 +897,7 @@ EXACT_FLOAT = {
     "ceil",
     "round",
     "sign",
+    "fence",
 }
 
 
@@ -969,6 +971,8 @@ def np_bin(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def np_un(op: str, a: np.ndarray) -> np.ndarray:
     if op == "neg":
         return np.negative(a)
+    if op == "fence":
+        return a
     if op == "not":
         return a == 0
     if op == "bitnot":
@@ -1231,7 +1235,7 @@ def test_mixed_dtype_buffers(mixed_dtypes: nb.NumbaKernel, n: int) -> None:
         )
         exact(HO[3], D.astype(np.float16), "float64 -> float16")
         exact(HO[4], H1 - np.float16(2.5), "float16 const")
-        # the default policy's 'arcp' turns D / 3 into D * (1/3): within an ulp
+        # D / 3 + h, the add contracted (and D * (1/3) under fastmath): within an ulp
         h64 = H1.astype(np.float64)
         want64 = D / 3 + h64
         close = np.abs(DO - want64) <= 4e-16 * (np.abs(D / 3) + np.abs(h64))
@@ -2052,6 +2056,38 @@ def test_g_stream_scaled_writes_the_products_of_any_range(dtype: str, nt: bool) 
         _stream_scaled(dst, 0, src, 0, 40, nt, np.dtype(dtype).type(special))
         with np.errstate(invalid="ignore"):
             np.testing.assert_array_equal(dst, src[:40] * np.dtype(dtype).type(special))
+
+
+@numba.njit
+def _stream_divided(dst, doff, src, soff, n, nt, divisor):
+    nb._g_stream_divided(dst, doff, src, soff, n, nt, divisor)
+    nb._g_sfence()
+
+
+@pytest.mark.parametrize("nt", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_g_stream_divided_writes_the_quotients_of_any_range(dtype: str, nt: bool) -> None:
+    """Every offset and length writes exactly numpy's ``src[soff:soff+n] / divisor`` into
+    ``dst[doff:doff+n]`` and nothing else, for a subnormal divisor (whose reciprocal is
+    inf) too, and for zero, NaN and inf."""
+    rng = np.random.default_rng(9)
+    src = (rng.standard_normal(300) * 1e-30).astype(dtype)
+    src[::7] = 0.0
+    for divisor in (0.3, 3 * np.finfo(dtype).smallest_subnormal):
+        div = np.dtype(dtype).type(divisor)
+        for doff in (0, 1, 15, 16, 17):
+            for soff in (0, 5):
+                for n in (0, 1, 7, 33, 250):
+                    dst = np.ones(300, dtype)
+                    _stream_divided(dst, doff, src, soff, n, nt, div)
+                    want = np.ones(300, dtype)
+                    want[doff : doff + n] = src[soff : soff + n] / div
+                    np.testing.assert_array_equal(dst, want, err_msg=f"{divisor=} {doff=} {n=}")
+    for special in (np.nan, np.inf, 0.0):
+        dst = np.ones(40, dtype)
+        _stream_divided(dst, 0, src, 0, 40, nt, np.dtype(dtype).type(special))
+        with np.errstate(all="ignore"):
+            np.testing.assert_array_equal(dst, src[:40] / np.dtype(dtype).type(special))
 
 
 def test_g_stream_scaled_uses_non_temporal_stores() -> None:

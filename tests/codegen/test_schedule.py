@@ -618,6 +618,37 @@ def test_compute_inline_after_align_and_split() -> None:
     check_replay(k, sch)
 
 
+def test_compute_inline_fences_a_value_it_recomputes() -> None:
+    """A float ``+ - * /`` inlined at several sites is wrapped in ``fence``: each copy then
+    rounds alike (no copy contracted or reassociated with its users); a value inlined
+    once, and one that is not such an operation, are inlined as they are."""
+    k = k_layernorm()
+    sch = Schedule(k)
+    sch.compute_inline("mean_1")  # read once, by sub_2
+    assert "fence" not in str(sch)
+    sch.compute_inline("sub_2")  # read twice by sq_3 and once by norm_6
+    text = str(sch)
+    assert text.count("fence(X[") == 3, text
+    sch.compute_inline("sq_3")  # a fenced product of fences, read once
+    assert str(sch).count("fence(") == 3
+    check_same(k, sch.kernel, DIMS_LN)
+    check_replay(k, sch)
+    ints = Kernel(
+        "ints",
+        [buf("X", [4], dtype="int32")],
+        [buf("Y", [4], dtype="int32")],
+        [],
+        [
+            ew("a", "A", [4], lambda v: Bin("*", ld("X", v), Const(3, "int32"))),
+            ew("b", "Y", [4], lambda v: Bin("+", ld("A", v), ld("A", v))),
+        ],
+        [buf("A", [4], "local", dtype="int32")],
+    )
+    sch = Schedule(ints)
+    sch.compute_inline("a")
+    assert "fence" not in str(sch)
+
+
 def test_compute_inline_errors() -> None:
     sch = Schedule(k_chain())
     with raises("compute_inline", "F"):

@@ -872,3 +872,54 @@ def test_builder_operators() -> None:
     assert ops.sum(x, x, x).producer.op_type == "Sum"
     assert ops.cast_like(i, x).dtype == F32
     assert (-i).dtype == I32 and abs(i).dtype == I32
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32])
+def test_constant_integer_arithmetic_wraps_as_numpy_does(dtype) -> None:
+    """Symbolic contents of small int tensors are computed in Python ints: a result the
+    dtype cannot hold (``uint8 0 - 1``) is not recorded, so constant folding takes the
+    kernel's wrapped value (it raised OverflowError while compiling, found by geode.fuzz)
+    and a Cast to int64 does not carry the unwrapped one."""
+    info = np.iinfo(dtype)
+    zero, one, top = (np.array(v, dtype) for v in (0, 1, info.max))
+    g = geode.Graph("wrap")
+    a, b, c = g.constant(zero), g.constant(one), g.constant(top)
+    diff = a - b
+    assert diff.sym_value is None or diff.sym_value == (-1,)
+    if np.dtype(dtype).kind == "u":
+        assert diff.sym_value is None
+    outs = [diff, c + b, c * c, g.op("Cast", diff, to=int(TensorProto.INT64))]
+    g.output(*outs, names=["d", "s", "p", "wide"])
+    got = geode.compile(g, model_cache=False)()
+    with np.errstate(over="ignore"):
+        want = {"d": zero - one, "s": top + one, "p": top * top}
+    for k, v in want.items():
+        assert got[k].dtype == dtype and got[k] == v, k
+    assert got["wide"] == np.int64(zero - one)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_tanh_reference_has_no_cancellation_in_its_tail(dtype) -> None:
+    """0.5 * x * (1 + tanh(z)) is x * sigmoid(2 z): where tanh(z) rounds to -1 the sum
+    cancelled to 0, so Gelu(-7.07) was -0.0 against -1.02e-15, and a Reciprocal of it -inf
+    while the compiled model (1 + tanh without the cancellation) gave -9.8e14 (geode.fuzz
+    seed 2024 case 7860, shrunk to Gelu + Reciprocal)."""
+    from geode.compiler.interpret import run_reference
+
+    x = np.array([-7.0680623, -9.0, -3.0, -0.5, 0.0, 0.5, 3.0, 30.0], dtype)
+
+    def exact(v: float) -> float:
+        z = math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)
+        return v / (1 + math.exp(-2 * z))
+
+    g = geode.Graph("gelu_tail")
+    xi = g.input("x", [8], dtype=dtype)
+    gelu = g.op("Gelu", xi, approximate="tanh")
+    g.output(gelu, g.op("Reciprocal", gelu), names=["y", "r"])
+    want = np.array([exact(float(v)) for v in x])
+    ref = run_reference(g, {"x": x})
+    got = geode.compile(g, model_cache=False)(x=x)
+    for out in (ref, got):
+        np.testing.assert_allclose(out["y"], want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+        assert np.isfinite(out["r"][:2]).all() and out["r"][0] < -9e14
+    np.testing.assert_allclose(got["r"], ref["r"], rtol=1e-5)

@@ -557,6 +557,42 @@ def test_reshape_errors() -> None:
         g.op("Reshape", x, g.constant(np.array([24], np.int32)))
 
 
+def test_reshape_minus_one_beside_a_zero_dim_is_refused_by_both_engines() -> None:
+    """numpy and ONNX refuse a -1 whose other dims multiply to 0 (any size would do). A
+    static graph fails to build; a symbolic one is refused at run time, by the reference
+    engine and by the compiled model alike (ShapeError naming the node), where before the
+    compiled model gave the size inferred for non-empty inputs. Unambiguous -1s (the
+    other dims non-zero) still reshape empty inputs."""
+    from geode.compiler.interpret import run_reference
+
+    g = geode.Graph("t")
+    with pytest.raises(ShapeError, match=r"node 'rs' \(Reshape\).*-1 .*ambiguous"):
+        g.op("Reshape", g.input("s", [0, 4]), g.constant(i64(0, -1)), name="rs")
+    cases = [
+        (["N", 4], [0, -1], (0, 4), None),
+        (["N", 4], [0, -1], (3, 4), (3, 4)),
+        (["N", "M"], [-1, 0], (3, 0), None),
+        (["N", 3, 2], [0, 3, -1], (0, 3, 2), None),
+        (["N", 4], [-1, 2], (0, 4), (0, 2)),  # unambiguous: the other dims are 2
+        (["N", 3], [-1], (0, 3), (0,)),
+        (["N", "M"], [-1, 5], (0, 5), (0, 5)),
+    ]
+    for in_dims, target, feed, want in cases:
+        g = geode.Graph("t")
+        x = g.input("x", in_dims)
+        g.output(g.op("Reshape", x, g.constant(i64(*target)), name="rs") * 2.0, names=["y"])
+        xs = np.ones(feed, np.float32)
+        model = geode.compile(g)
+        if want is None:
+            with pytest.raises(ShapeError, match=r"node 'rs' \(Reshape\).*ambiguous"):
+                run_reference(g, {"x": xs})
+            with pytest.raises(ShapeError, match=r"node 'rs' \(Reshape\).*ambiguous"):
+                model(x=xs)
+            continue
+        np.testing.assert_array_equal(model(x=xs)["y"], np.full(want, 2.0, np.float32))
+        assert run_reference(g, {"x": xs})["y"].shape == want
+
+
 @st.composite
 def reshape_cases(draw: st.DrawFn) -> tuple:
     shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=4)))

@@ -411,8 +411,8 @@ def test_softmax_prefetches_the_next_row_over_its_exp_chunks(streaming):
     assert "software_pipeline" not in k.trace and "level=2, distance=8)" in k.trace
     assert k.source.count("_g_prefetch_l2(x, ") == 1 and "_g_prefetch(" not in k.source
     assert ("reuse_output(" in k.trace) == (streaming == "off")
-    # streamed, e / sum goes from the exp row buffer to y in one scaled copy (no stage)
-    assert ("_g_stream_scaled(y, " in k.source) == (streaming != "off")
+    # streamed, e / sum goes from the exp row buffer to y in one dividing copy (no stage)
+    assert ("_g_stream_divided(y, " in k.source) == (streaming != "off")
     assert "_g_stream(" not in k.source
     # streamed, the scale pass of each row runs inside the next row's exp pass
     assert ("defer_last_pass(" in k.trace) == (streaming != "off")
@@ -436,6 +436,7 @@ def test_deferred_output_pass_reads_the_previous_rows_registers_and_input():
     assert k.source.count("_prev = ") == 4  # two registers: zeroed per chunk, copied per row
     # its output is no product of a row buffer: staged, then copied
     assert "_g_stream(y, " in k.source and "_g_stream_scaled" not in k.source
+    assert "_g_stream_divided" not in k.source
     rng = np.random.default_rng(8)
     for n in (1, 2, 3, 15, 16, 17, 33, 130):
         xv = (rng.standard_normal((n, 1024)) * 4).astype(np.float32)
@@ -551,10 +552,10 @@ def test_streamed_outputs_match_numpy(name, kw):
         assert all("_g_sfence()" in k.source for k in aicore(model) if "_g_stream" in k.source)
         # rows of whole cache lines: non-temporal at run time (reduce_chain's row offset
         # goes through // and % of its fused row loop, still a multiple of the row);
-        # softmax's staged e / sum streams as a scaled copy of its exp row
+        # softmax's staged e / sum streams as a dividing copy of its exp row
         lines = [ln for k in aicore(model) for ln in k.source.splitlines()]
         calls = [ln for ln in lines if "_g_stream(" in ln]
-        scaled = [ln for ln in lines if "_g_stream_scaled(" in ln]
+        scaled = [ln for ln in lines if "_g_stream_divided(" in ln]
         assert bool(scaled) == (name == "softmax") and (calls or scaled), lines
         assert not any(ln.endswith(", False)") for ln in calls), calls
         assert not any(", False, " in ln for ln in scaled), scaled

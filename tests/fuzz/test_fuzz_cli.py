@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from geode.fuzz import Case, DimSpec, InputSpec, NodeSpec, Outcome
+from geode.fuzz import Case, DimSpec, FuzzConfig, InputSpec, NodeSpec, Outcome, run_fuzz
 from geode.fuzz.__main__ import main
-from geode.fuzz.executors import IsolatedExecutor
+from geode.fuzz.executors import IsolatedExecutor, WorkerPool
 from geode.fuzz.reproducer import write_reproducer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,6 +56,10 @@ def test_bad_options_are_refused(capsys):
     assert main(["--max-nodes", "0"]) == 2
     assert main(["--replay", "/nonexistent/folder"]) == 2
     assert "not a geode fuzz reproducer" in capsys.readouterr().err
+    assert main(["--jobs", "0"]) == 2
+    assert "--jobs must be >= 1" in capsys.readouterr().err
+    assert main(["--jobs", "2", "--no-isolate"]) == 2
+    assert "drop --no-isolate" in capsys.readouterr().err
 
 
 def test_replay_checks_a_reproducer_again(capsys, tmp_path):
@@ -93,3 +97,46 @@ def test_a_worker_that_dies_is_a_failure_and_is_replaced(cache_dir):
         assert outcome.status == "pass" and (case.seed, case.index) == (3, 0)
     finally:
         executor.close()
+
+
+def _digest(report) -> tuple:
+    """Everything a run found, whatever order its cases finished in."""
+    failures = [(f.case.index, f.outcome.kind) for f in report.failures]
+    return (
+        report.checked,
+        dict(report.counts),
+        report.fallbacks,
+        report.noisy,
+        report.constrained,
+        report.refused_nodes,
+        failures,
+    )
+
+
+def test_jobs_give_the_results_of_one_process(tmp_path, cache_dir):
+    """Cases depend only on (seed, index): two workers find what one process finds."""
+    common = {"n": 12, "seed": 5, "out": str(tmp_path), "cache_dir": cache_dir}
+    one = run_fuzz(FuzzConfig(isolate=False, **common), log=lambda _: None)
+    two = run_fuzz(FuzzConfig(jobs=2, **common), log=lambda _: None)
+    assert _digest(two) == _digest(one)
+    assert two.counts["pass"] >= 9, two.summary()
+
+
+def test_a_pool_worker_that_hangs_is_a_failure_and_is_replaced(cache_dir):
+    pool = WorkerPool(cache_dir, jobs=2, recycle=10, timeout=0.01)
+    try:
+        # no worker answers in 10 ms (starting one takes longer): each case is a hang
+        hung = list(pool.check_indices(3, range(3), 8, lambda: False))
+        assert sorted(case.index for _, case in hung) == [0, 1, 2]
+        assert all(o.failed and o.kind == "hang" for o, _ in hung), hung
+        assert all(case.nodes for _, case in hung)  # the case made again, to shrink
+        pool.timeout = 600.0
+        for w in pool.workers:
+            w.timeout = 600.0
+        done = list(pool.check_indices(3, [0, 1, 2], 8, lambda: False))
+        assert sorted(case.index for _, case in done) == [0, 1, 2]
+        assert all(o.status == "pass" for o, _ in done), done
+        # nothing starts once stop() holds
+        assert list(pool.check_indices(3, range(5), 8, lambda: True)) == []
+    finally:
+        pool.close()

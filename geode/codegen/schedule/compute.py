@@ -14,6 +14,7 @@ from geode.codegen.ast import (
     Store,
     Var,
     expr_str,
+    fenced,
     free_vars,
     loads,
     prod,
@@ -99,6 +100,11 @@ class ComputeLocation(ScheduleBase):
                             f"{y} is rewritten by {w} in a loop that does not enclose "
                             f"consumer {c.name}",
                         )
+
+        # a value recomputed at several sites is fenced, so that every copy rounds alike
+        sites = sum(1 for c in consumers for ld in block_loads(c) if ld.buffer == buf)
+        if sites > 1:
+            value = fenced(value, self.kernel.buffer(buf).dtype)
 
         def repl(e: Expr) -> Expr | None:
             if isinstance(e, Load) and e.buffer == buf:

@@ -26,7 +26,7 @@ import numpy as np
 from geode.compiler import dtypes
 from geode.compiler.ir import TensorDesc
 from geode.compiler.ops.common import binary, broadcast_infer, same_as_input, unary
-from geode.compiler.ops.reduce import carries_value, value_dims
+from geode.compiler.ops.reduce import carries_value, value_dims, value_fits
 from geode.compiler.ops.registry import (
     REQUIRED,
     Attr,
@@ -172,7 +172,9 @@ def _with_sym_values(od: OpDef, fn: Callable[[Any, Any], Any]) -> OpDef:
             return descs
         vals = [fn(a[i if len(a) > 1 else 0], b[i if len(b) > 1 else 0]) for i in range(n)]
         if all(v is not None for v in vals):
-            ctx.set_sym_value(0, [v if isinstance(v, int) else as_dim(v) for v in vals])
+            vals = [v if isinstance(v, int) else as_dim(v) for v in vals]
+            if value_fits(vals, out.dtype):  # Python ints do not wrap as numpy's do
+                ctx.set_sym_value(0, vals)
         return descs
 
     od.infer = infer
@@ -738,7 +740,12 @@ _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
 def _gelu(x: np.ndarray, a: dict) -> np.ndarray:
     if _str(a["approximate"]) == "tanh":
-        return 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+        z = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+        # 0.5 * (1 + tanh(z)) is sigmoid(2 z), without the cancellation of 1 + tanh(z)
+        # where tanh(z) rounds to -1: at x = -7.07 (float32) the sum was 0 and Gelu -0.0,
+        # against -1.0e-15 (found by geode.fuzz through a Reciprocal: -inf against -9.8e14;
+        # the compiled kernel computes 1 + tanh(z) without the cancellation too)
+        return x / (1 + np.exp(-2 * z))
     return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 

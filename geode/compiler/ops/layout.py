@@ -757,12 +757,15 @@ def reshape_shape(ctx: InferContext, shape: Shape, target: Sequence[Dim], allowz
     total = numel(shape)
     known = numel([d for d in dims if d is not None])
     if -1 in ints:
+        ambiguous = f"cannot infer the -1 of {target}: the other dims multiply to 0 (ambiguous)"
         if isinstance(total, int) and isinstance(known, int):
-            if known == 0 or total % known != 0:
+            if known == 0:
+                ctx.fail(ambiguous)
+            if total % known != 0:
                 ctx.fail(f"cannot reshape {list(shape)} ({total} elements) to {target}")
             q: Dim = total // known
         elif dims_equal(known, 0) is True:
-            ctx.fail(f"cannot infer -1 in {target}: the other dims have no elements")
+            ctx.fail(ambiguous)
         else:
             q = as_dim(sympy.Integer(1) * total / known)
             if not isinstance(q, int) and q.is_number:
@@ -771,6 +774,10 @@ def reshape_shape(ctx: InferContext, shape: Shape, target: Sequence[Dim], allowz
             # checked when the inputs bind the symbols
             what = f"{total} elements divisible by {known} (the -1 of {target})"
             equate_dims(ctx, as_dim(sympy.Mod(total, known)), 0, what)
+            # ONNX and numpy refuse a -1 whose other dims multiply to 0 (any size would
+            # do): the inferred q holds only while they do not, so a run where they do is
+            # refused (as the reference kernel refuses it), not given the size q
+            ctx.graph.symbols.require_nonzero(known, f"{ctx.where}, {ambiguous}")
         return tuple(q if d is None else d for d in dims)
     if dims_equal(total, known) is False or _counts_differ(total, known):
         ctx.fail(f"cannot reshape {list(shape)} ({total} elements) to {target} ({known} elements)")
@@ -793,9 +800,15 @@ def _infer_reshape(ctx: InferContext) -> list[TensorDesc]:
 
 def _reshape(ins: list, attrs: dict) -> list[np.ndarray]:
     x = np.asarray(ins[0])
-    target = [int(t) for t in np.asarray(ins[1]).reshape(-1)]
+    given = [int(t) for t in np.asarray(ins[1]).reshape(-1)]
+    target = given
     if not attrs["allowzero"]:
-        target = [x.shape[i] if t == 0 else t for i, t in enumerate(target)]
+        target = [x.shape[i] if t == 0 else t for i, t in enumerate(given)]
+    if -1 in target and 0 in target:
+        raise ShapeError(
+            f"Reshape: cannot infer the -1 of {given} for an input of shape {list(x.shape)}: "
+            "the other dims multiply to 0 (ambiguous)"
+        )
     return [np.reshape(x, target).copy()]
 
 

@@ -120,6 +120,18 @@ def carries_value(desc: TensorDesc) -> bool:
     )
 
 
+def value_fits(vals: Sequence[object], dtype: np.dtype) -> bool:
+    """Whether symbolic contents ``vals`` are what an int tensor of ``dtype`` holds: every
+    int in its range (ops compute them in Python ints, where numpy's would wrap:
+    ``uint8 0 - 1`` is 255, not -1), and symbolic entries only in int32/int64 (the dtypes
+    of shape arithmetic, whose dims fit)."""
+    info = np.iinfo(dtype)
+    wide = np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.int64))
+    return all(
+        info.min <= int(v) <= info.max if isinstance(v, (int, np.integer)) else wide for v in vals
+    )
+
+
 def _same_dim(dims: Sequence[Dim]) -> Dim | None:
     """The common dim when all ``dims`` are provably equal, else None."""
     if not dims:
@@ -211,7 +223,9 @@ def _reduce_value(ctx: InferContext, out: TensorDesc) -> None:
         return
     vals = value_dims(ctx, 0)
     if vals and ctx.rank(0) in (0, 1):
-        ctx.set_sym_value(0, [fold(vals)])
+        folded = [fold(vals)]
+        if value_fits(folded, out.dtype):
+            ctx.set_sym_value(0, folded)
 
 
 def kernel_axes(ndim: int, axes: np.ndarray | None, noop: bool) -> tuple[int, ...]:

@@ -126,8 +126,9 @@ def _fold_sym_values(node: Node) -> list[np.ndarray] | None:
         n = 1
         for d in out.shape:
             n *= int(d)
-        if n != len(sv):
-            return None
+        info = np.iinfo(out.dtype)
+        if n != len(sv) or not all(info.min <= int(d) <= info.max for d in sv):
+            return None  # (a value the dtype cannot hold: the kernel folds it)
         outs.append(np.array([int(d) for d in sv], dtype=out.dtype).reshape(out.shape))
     return outs or None
 

@@ -28,5 +28,8 @@ Semantics are those of the numba backend it replaces (numpy's dtype promotion wi
 weak Python-scalar constants, integer division and shifts as numpy defines them,
 NaN-propagating min/max, float16 values carried as float32 and rounded after every
 operation, saturating float -> int casts); see :mod:`~.expr` and :mod:`~.stmts`.
+Float arithmetic carries the flags of ``config.ACCURACY_POLICY``: ``reassoc contract``,
+and ``arcp`` only on a division whose divisor has a finite, normal reciprocal
+(:meth:`~.expr.ExprWriter.division_flags`), so a division is IEEE division.
 Importing this package imports neither numba nor LLVM.
 """

@@ -8,6 +8,8 @@ value :class:`~geode.codegen.backends.llvm.values.V`.
 
 from __future__ import annotations
 
+import numpy as np
+
 from geode.codegen.ast import Bin, Cast, Const, Expr, Load, Select, Un, Var, transform
 from geode.codegen.backends.llvm import dtypes as D
 from geode.codegen.backends.llvm import ops as O
@@ -53,6 +55,11 @@ _ROUND = {"floor": "floor", "ceil": "ceil", "round": "roundeven"}
 #: fast-math flags of float arithmetic: geode's default policy, and ``fastmath=True``
 DEFAULT_FLAGS = "reassoc arcp contract"
 FASTMATH_FLAGS = "fast"
+#: the default policy's flags on a division whose divisor may be tiny: no ``arcp``. With it
+#: LLVM turns ``x / d`` into ``x * (1 / d)`` (hoisting ``1 / d`` out of a loop when ``d`` is
+#: fixed there), and ``1 / d`` overflows to inf for a subnormal ``d``: NaN or inf where the
+#: quotient is finite (found by geode.fuzz). See :meth:`ExprWriter.division_flags`.
+DIVISION_FLAGS = "reassoc contract"
 
 
 def _weak(e: Expr, v: V) -> bool:
@@ -140,6 +147,11 @@ class ExprWriter(ValueWriter):
             return self.convert(self.ex(e.a), D.check_dtype(e.dtype, f"{self.where()} cast"))
         if isinstance(e, Select):
             return self.select(e)
+        if isinstance(e, Un) and e.op == "fence":
+            # its root operation without fast-math flags: LLVM then neither contracts nor
+            # reassociates it with its users (both instructions would need the flag), and
+            # it vectorizes (llvm.arithmetic.fence does not)
+            return self.binary(e.a, plain=True) if isinstance(e.a, Bin) else self.ex(e.a)
         if isinstance(e, Un):
             return self.unary(e)
         if isinstance(e, Bin):
@@ -271,7 +283,9 @@ class ExprWriter(ValueWriter):
         table = _SCMP if D.is_signed(a.dtype) else _UCMP
         return self.fn.value(f"icmp {table[op]} {ty} {a.ref}, {b.ref}")
 
-    def binary(self, e: Bin) -> V:
+    def binary(self, e: Bin, plain: bool = False) -> V:
+        """``e``'s value; ``plain``: its own float operation (not its operands') carries no
+        fast-math flags (a ``fence``)."""
         op = e.op
         fused = self.tanh_gate(e) or self.one_plus_tanh(e)
         if fused is not None:
@@ -282,6 +296,7 @@ class ExprWriter(ValueWriter):
             a, b = self.convert(a, "bool"), self.convert(b, "bool")
             return V(f.value(f"{op} i1 {a.ref}, {b.ref}"), "bool")
         r = D.promote(a.dtype, _weak(e.a, a), b.dtype, _weak(e.b, b))
+        b_dtype = b.dtype
         a, b = self.convert(a, r), self.convert(b, r)
         ty = D.value_type(r)
         if op in _FCMP:
@@ -289,7 +304,10 @@ class ExprWriter(ValueWriter):
         if r == "bool":
             return self.bool_binary(op, a, b)
         if D.is_float(r):
-            return self.float_binary(op, a, b, r)
+            if op == "/":
+                fl = "" if plain else self.division_flags(e.b, b_dtype, r)
+                return self.wrap(self.fn.value(f"fdiv {fl} {ty} {a.ref}, {b.ref}"), r)
+            return self.float_binary(op, a, b, r, plain)
         if op in ("+", "*") and self.is_index(e):
             return V(f.value(f"{_INT_OPS[op]} nsw {ty} {a.ref}, {b.ref}"), r)
         if op in _INT_OPS:
@@ -310,10 +328,10 @@ class ExprWriter(ValueWriter):
             return self.int_op(fn, [a, b, nbits], r)
         raise CodegenError(f"{self.where()}: unknown binary op {op!r}")
 
-    def float_binary(self, op: str, a: V, b: V, r: str) -> V:
+    def float_binary(self, op: str, a: V, b: V, r: str, plain: bool = False) -> V:
         ty = D.value_type(r)
         if op in _FLOAT_OPS:
-            fl = "" if op == "fmod" else f"{self.flags} "
+            fl = "" if op == "fmod" or plain else f"{self.flags} "
             return self.wrap(self.fn.value(f"{_FLOAT_OPS[op]} {fl}{ty} {a.ref}, {b.ref}"), r)
         if op in ("min", "max"):
             callee = self.intrinsic(op + "imum", ty, [ty, ty])
@@ -326,6 +344,37 @@ class ExprWriter(ValueWriter):
         if op == "%":  # numpy's remainder: fmod, moved to the divisor's sign
             return self.wrap(self.float_remainder(a.ref, b.ref, ty), r)
         raise CodegenError(f"{self.where()}: {op} of {r}")
+
+    def division_flags(self, divisor: Expr, divisor_dtype: str, dtype: str) -> str:
+        """Fast-math flags of a ``dtype`` division by ``divisor`` (folded; ``divisor_dtype``:
+        its dtype before the conversion to ``dtype``). ``fastmath`` kernels keep ``fast``.
+        Under the default policy only a divisor whose reciprocal is finite and normal in
+        ``dtype`` keeps ``arcp`` (``x * (1 / d)`` is then within an ulp of ``x / d``, and
+        faster): a constant whose reciprocal is, or an integer converted to float32 or
+        float64 (|d| >= 1, or 0, whose reciprocal inf gives the same inf or NaN as the
+        division). Any other divisor may be subnormal: IEEE division, no ``arcp``."""
+        if self.fastmath:
+            return FASTMATH_FLAGS
+        return (
+            DEFAULT_FLAGS
+            if self.reciprocal_is_safe(divisor, divisor_dtype, dtype)
+            else (DIVISION_FLAGS)
+        )
+
+    def reciprocal_is_safe(self, divisor: Expr, divisor_dtype: str, dtype: str) -> bool:
+        """Whether ``1 / divisor`` is finite and normal in ``dtype`` (see
+        :meth:`division_flags`)."""
+        if isinstance(divisor, Const):
+            info = np.finfo(dtype)
+            with np.errstate(all="ignore"):
+                d = np.asarray(divisor.value).astype(dtype)
+                inv = np.asarray(1, dtype) / d
+            return bool(np.isfinite(d) and info.tiny <= abs(d) and info.tiny <= abs(inv) < np.inf)
+        if dtype not in ("float32", "float64"):
+            return False
+        if D.is_int(divisor_dtype) or divisor_dtype == "bool":
+            return True
+        return isinstance(divisor, Cast) and self.is_index(divisor.a)
 
     def float_floor_divide(self, a: str, b: str, ty: str) -> str:
         """numpy's float ``floor_divide`` (its divmod algorithm, without fast-math)."""

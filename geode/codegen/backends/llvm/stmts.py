@@ -460,14 +460,16 @@ class StmtWriter(ExprWriter):
             )
         self.emit_stream(s, None)
 
-    def emit_stream(self, s: StreamStore, factor: str | None) -> None:
+    def emit_stream(self, s: StreamStore, factor: str | None, divide: bool = False) -> None:
+        """Copy stream ``s``; each element multiplied by ``factor`` when given (divided by
+        it with ``divide``)."""
         from geode.codegen.backends.llvm.streams import stream_function
 
         dt = self.dtypes[s.buffer]
         ty = D.value_type(dt)
         off, soff, n = (self.index(e) for e in (s.offset, s.src_offset, s.length))
         nt = self.convert(self.value(s.nontemporal), "bool").ref
-        name, text, decls = stream_function(dt, factor is not None, self.target)
+        name, text, decls = stream_function(dt, factor is not None, self.target, divide)
         self.module.add_global(name, text)
         for d in decls:
             self.module.declare(d.split("@")[1].split("(")[0], d)
@@ -510,15 +512,18 @@ class StmtWriter(ExprWriter):
         sv = self.ex(scale_e)
         if D.promote(dt, False, sv.dtype, isinstance(scale_e, Const) and sv.dtype in D.WEAK) != dt:
             return False
+        scale_dtype = sv.dtype
         sv = self.convert(sv, dt)
         ty = D.value_type(dt)
         ref = sv.ref
-        if divide:
+        # a division by a divisor whose reciprocal may overflow (a subnormal sum) stays one
+        divided = divide and "arcp" not in self.division_flags(scale_e, scale_dtype, dt)
+        if divide and not divided:
             ref = self.fn.value(f"fdiv {self.flags} {ty} {float_literal(1.0, ty)}, {ref}")
         start = [substitute(x, {loop.var: Const(0)}) for x in load.indices]
         src_off = flat_index(start, self.bufs[load.buffer].shape)
         direct = StreamStore(ss.buffer, ss.offset, load.buffer, src_off, Const(n), ss.nontemporal)
-        self.emit_stream(direct, ref)
+        self.emit_stream(direct, ref, divided)
         return True
 
     # -- temporaries -------------------------------------------------------------------

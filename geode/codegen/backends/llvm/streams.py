@@ -7,8 +7,10 @@ vectors with aligned non-temporal stores (``vmovntps``: no read-for-ownership, t
 bypass the caches), scalar stores for the tail. Without: ``llvm.memcpy``, then a write
 prefetch of the next ``n`` elements' lines (the next chunk's stores then find their lines
 fetched; the prefetch past the end never faults). The ``.scaled`` variant multiplies each
-element by a factor on the way (softmax's ``e / sum`` straight from registers), with
-whole-vector ordinary stores when not streaming.
+element by a factor on the way (softmax's ``e / sum`` straight from registers, as ``e * (1 /
+sum)``), with whole-vector ordinary stores when not streaming; the ``.divided`` variant
+divides each element by it instead (IEEE division, for a divisor whose reciprocal may
+overflow: a subnormal one).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from geode.codegen.backends.llvm import dtypes as D
 __all__ = ["stream_function"]
 
 
-def _copy_loop(lbl: str, lo: str, hi: str, ty: str, scale: str | None, after: str) -> list[str]:
-    """Scalar copy ``dst[i] = src[i] (* scale)`` for ``i`` in ``[lo, hi)``, then ``br after``."""
-    mul = [f"  %{lbl}.m = fmul {ty} %{lbl}.v, %s"] if scale else []
+def _copy_loop(
+    lbl: str, lo: str, hi: str, ty: str, scale: str | None, after: str, op: str = "fmul"
+) -> list[str]:
+    """Scalar copy ``dst[i] = src[i] (op scale)`` for ``i`` in ``[lo, hi)``, then ``br after``
+    (``op``: ``fmul`` or ``fdiv``)."""
+    mul = [f"  %{lbl}.m = {op} {ty} %{lbl}.v, %s"] if scale else []
     val = f"%{lbl}.m" if scale else f"%{lbl}.v"
     return [
         f"  %{lbl}.go = icmp slt i64 {lo}, {hi}",
@@ -48,9 +53,10 @@ def _vector_loop(
     store_tail: str,
     after: str,
     scaled: bool,
+    op: str = "fmul",
 ) -> list[str]:
     vty = f"<{lanes} x {ty}>"
-    mul = [f"  %{lbl}.m = fmul {vty} %{lbl}.v, %splat"] if scaled else []
+    mul = [f"  %{lbl}.m = {op} {vty} %{lbl}.v, %splat"] if scaled else []
     val = f"%{lbl}.m" if scaled else f"%{lbl}.v"
     return [
         f"  %{lbl}.go = icmp sgt i64 {nvec}, 0",
@@ -70,14 +76,18 @@ def _vector_loop(
     ]
 
 
-def stream_function(dtype: str, scaled: bool, target) -> tuple[str, str]:
-    """``(name, IR text)`` of the stream copy for ``dtype`` (float32/float64 or an
-    integer type; ``scaled``: floats only)."""
+def stream_function(
+    dtype: str, scaled: bool, target, divide: bool = False
+) -> tuple[str, str, list[str]]:
+    """``(name, IR text, declarations)`` of the stream copy for ``dtype`` (float32/float64
+    or an integer type; ``scaled``: floats only, each element multiplied by the factor, or
+    divided by it with ``divide``)."""
     ty = D.memory_type(dtype)
     esz = max(1, D.bits(dtype) // 8)
     vb = target.stream_vector_bytes
     lanes = max(1, vb // esz)
-    name = f"geode.stream.{dtype}" + (".scaled" if scaled else "")
+    op = "fdiv" if divide else "fmul"
+    name = f"geode.stream.{dtype}" + ((".divided" if divide else ".scaled") if scaled else "")
     params = f"ptr noalias %dst, ptr noalias %src, i64 %n, i1 %nt{f', {ty} %s' if scaled else ''}"
     nt_tail = f", align {vb}, !nontemporal !{{i32 1}}"
     lines = [f'define internal void @"{name}"({params}) nounwind {{', "entry:"]
@@ -103,7 +113,7 @@ def stream_function(dtype: str, scaled: bool, target) -> tuple[str, str]:
         "a.pre:",
     ]
     sc = "%s" if scaled else None
-    lines += _copy_loop("a", "0", "%head", ty, sc, "b.pre0")
+    lines += _copy_loop("a", "0", "%head", ty, sc, "b.pre0", op)
     lines += [
         "b.pre0:",
         "  %rest = sub i64 %n, %head",
@@ -111,7 +121,7 @@ def stream_function(dtype: str, scaled: bool, target) -> tuple[str, str]:
         "  br label %b.pre",
         "b.pre:",
     ]
-    lines += _vector_loop("b", "%head", "%nvec", ty, lanes, esz, nt_tail, "c.pre0", scaled)
+    lines += _vector_loop("b", "%head", "%nvec", ty, lanes, esz, nt_tail, "c.pre0", scaled, op)
     lines += [
         "c.pre0:",
         f"  %done0 = mul nsw i64 %nvec, {lanes}",
@@ -119,18 +129,20 @@ def stream_function(dtype: str, scaled: bool, target) -> tuple[str, str]:
         "  br label %c.pre",
         "c.pre:",
     ]
-    lines += _copy_loop("c", "%tail", "%n", ty, sc, "fin")
+    lines += _copy_loop("c", "%tail", "%n", ty, sc, "fin", op)
     lines += ["plain:"]
     if scaled:
         lines += [f"  %pnvec = sdiv i64 %n, {lanes}", "  br label %d.pre", "d.pre:"]
-        lines += _vector_loop("d", "0", "%pnvec", ty, lanes, esz, f", align {esz}", "e.pre0", True)
+        lines += _vector_loop(
+            "d", "0", "%pnvec", ty, lanes, esz, f", align {esz}", "e.pre0", True, op
+        )
         lines += [
             "e.pre0:",
             f"  %pdone = mul nsw i64 %pnvec, {lanes}",
             "  br label %e.pre",
             "e.pre:",
         ]
-        lines += _copy_loop("e", "%pdone", "%n", ty, sc, "pf.pre0")
+        lines += _copy_loop("e", "%pdone", "%n", ty, sc, "pf.pre0", op)
     else:
         lines += [
             f"  %bytes = mul i64 %n, {esz}",

@@ -135,7 +135,8 @@ Statements
   the loop just before it only stages ``buf[..., x + j] * s`` (or ``s * buf[...]``,
   ``buf[...] / s``) for its variable ``j``, ``buf`` a local buffer and ``s`` fixed for
   the chunk (softmax's ``e / sum``), the pair prints as one ``_g_stream_scaled``, which
-  multiplies on the way: no stage store and load per element.
+  multiplies on the way (``_g_stream_divided`` for ``/ s``, an IEEE division per element):
+  no stage store and load per element.
 
 dtypes
 ------
@@ -241,6 +242,7 @@ from geode.codegen.backends.numba.helpers import (  # noqa: E402
     _g_shl,
     _g_shr,
     _g_stream,
+    _g_stream_divided,
     _g_stream_scaled,
     _g_tdiv,
     _g_udiv,

@@ -359,6 +359,8 @@ class _Emitter:
             if isf:
                 raise CodegenError(f"{self.where()}: bitnot of {dt}")
             return self.wrap(f"~{paren(a, UNARY)}", UNARY, dt)
+        if op == "fence":  # numba's fast-math flags are per function: nothing to fence
+            return a
         if op == "abs":
             if dt == "bool" or dt in UINTS:
                 return a
@@ -648,9 +650,8 @@ class _Emitter:
         self, f: Stmt, ss: Stmt, env: dict[str, Expr], ind: int, in_prange: bool
     ) -> bool:
         """Emit a staged chunk and its stream as one ``_g_stream_scaled`` when the chunk loop
-        ``f`` only stages ``buf[... + j] * s`` (or ``s * buf[...]``, ``buf[...] / s``: a
-        division by ``s`` is a multiply by ``1 / s`` under the policy's ``arcp``) for its
-        variable ``j``, ``buf`` a local buffer read at unit stride in ``j``, ``s`` fixed
+        ``f`` only stages ``buf[... + j] * s`` (or ``s * buf[...]``; ``buf[...] / s`` as one
+        ``_g_stream_divided``, an IEEE division per element) for its variable ``j``, ``buf`` a local buffer read at unit stride in ``j``, ``s`` fixed
         for the chunk, all of the output's float dtype, and ``ss`` streams exactly that
         stage: the products go from registers to the output, without the stage's store and
         load per element. Returns whether it did (nothing is emitted otherwise)."""
@@ -678,12 +679,11 @@ class _Emitter:
         if promote(dt, False, sv.dtype, is_weak(scale, sv)) != dt:
             return False
         sv = self.convert(sv, dt)
-        if divide:
-            sv = self.wrap(f"{self.const(1.0, dt).code} / {paren(sv, MUL + 1)}", MUL, dt)
         start = [substitute(x, {f.var: Const(0)}) for x in load.indices]
         src_off = flat_index(start, self.bufs[load.buffer].shape)
         direct = StreamStore(ss.buffer, ss.offset, load.buffer, src_off, Const(n), ss.nontemporal)
-        self.emit_stream(direct, "_g_stream_scaled", sv.code, env, ind, in_prange)
+        helper = "_g_stream_divided" if divide else "_g_stream_scaled"
+        self.emit_stream(direct, helper, sv.code, env, ind, in_prange)
         return True
 
     def emit_stream(

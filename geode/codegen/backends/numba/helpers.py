@@ -23,11 +23,11 @@ FASTMATH_FLAGS: frozenset[str] = frozenset(
     ["nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"]
 )
 
-#: LLVM fast-math flags used by default (``fastmath=False``): reassociation, FMA
-#: contraction and reciprocal multiplication only, so reductions vectorize and a division
-#: by a row-invariant value becomes one reciprocal and a multiply, while NaN/Inf keep
-#: IEEE semantics (see ``config.ACCURACY_POLICY``).
-DEFAULT_FLAGS: frozenset[str] = frozenset(["arcp", "contract", "reassoc"])
+#: LLVM fast-math flags used by default (``fastmath=False``): reassociation and FMA
+#: contraction only, so reductions vectorize while NaN/Inf keep IEEE semantics (see
+#: ``config.ACCURACY_POLICY``). No ``arcp``: numba sets the flags per function, and a
+#: division ``x / d`` by a multiply with ``1 / d`` overflows for a subnormal ``d``.
+DEFAULT_FLAGS: frozenset[str] = frozenset(["contract", "reassoc"])
 
 #: Largest constant extent of an ``unrolled`` loop that is expanded into straight code.
 
@@ -295,9 +295,10 @@ _g_prefetch_l2 = _prefetch_to(2)
 PREFETCH_HELPERS = {1: "_g_prefetch", 2: "_g_prefetch_l2"}
 
 
-def _stream_codegen(scaled: bool) -> Callable[..., Any]:
+def _stream_codegen(scaled: bool, divide: bool = False) -> Callable[..., Any]:
     """The LLVM codegen of :func:`_g_stream` (``scaled``: :func:`_g_stream_scaled`, whose
-    seventh argument multiplies every element on its way)."""
+    seventh argument multiplies every element on its way, or with ``divide``
+    :func:`_g_stream_divided`, whose seventh argument divides it)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         from numba.core import cgutils
@@ -330,7 +331,7 @@ def _stream_codegen(scaled: bool) -> Callable[..., Any]:
             with cgutils.for_range_slice(builder, lo, hi, c64(1)) as (i, _):
                 v = builder.load(builder.gep(sptr, [i]))
                 if factor is not None:
-                    v = builder.fmul(v, factor)
+                    v = builder.fdiv(v, factor) if divide else builder.fmul(v, factor)
                 builder.store(v, builder.gep(dptr, [i]))
 
         def copy_vectors(head: Any, nvec: Any, nontemporal: Any) -> None:
@@ -339,7 +340,7 @@ def _stream_codegen(scaled: bool) -> Callable[..., Any]:
                 v = builder.load(builder.bitcast(builder.gep(sptr, [off]), vty.as_pointer()))
                 v.align = esz
                 if vfactor is not None:
-                    v = builder.fmul(v, vfactor)
+                    v = builder.fdiv(v, vfactor) if divide else builder.fmul(v, vfactor)
                 st = builder.store(v, builder.bitcast(builder.gep(dptr, [off]), vty.as_pointer()))
                 if nontemporal is None:
                     st.align = esz
@@ -428,6 +429,22 @@ def _g_stream_scaled(
     ):
         return None
     return nbt.void(dst, doff, src, soff, n, nt, factor), _stream_codegen(True)
+
+
+@intrinsic
+def _g_stream_divided(
+    typingctx: Any, dst: Any, doff: Any, src: Any, soff: Any, n: Any, nt: Any, divisor: Any
+) -> Any:
+    """:func:`_g_stream_scaled` of ``src[i] / divisor``, an IEEE division per element: the
+    form of a staged ``buf[...] / s`` (softmax's ``e / sum``), whose ``s`` may be subnormal
+    (its reciprocal would overflow to inf)."""
+    if not (
+        _stream_types_ok(dst, doff, src, soff, n, nt)
+        and isinstance(dst.dtype, nbt.Float)
+        and divisor == dst.dtype
+    ):
+        return None
+    return nbt.void(dst, doff, src, soff, n, nt, divisor), _stream_codegen(True, divide=True)
 
 
 @intrinsic

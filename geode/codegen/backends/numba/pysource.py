@@ -156,6 +156,7 @@ def _implemented_ops() -> tuple[set[str], set[str]]:
     binary |= {"fmod", "min", "max", "pow", "shl", "shr"}
     unary = set(MATH_UN) | set(ROUND_UN) | {"sigmoid"}
     unary |= {"neg", "not", "bitnot", "abs", "sign", "isnan", "isinf", "isposinf", "isneginf"}
+    unary |= {"fence"}
     return binary, unary
 
 
