@@ -19,7 +19,7 @@ from geode.codegen import ast as A
 from geode.codegen.dense import PanelGraph, dense_kernel
 from geode.codegen.indexing import exprs_equal
 from geode.codegen.kernel_key import canonical_kernel, canonical_lowered, kernel_key
-from geode.codegen.lower import LoweredKernel, lower_group
+from geode.codegen.lower import LoweredKernel, first_binders, lower_group, unbound_dim
 from geode.codegen.schedule import Schedule
 from geode.codegen.schedule_source import ScheduleChoice, ScheduleSources, apply_choice
 from geode.compiler.fusion.groups import Group
@@ -236,6 +236,7 @@ def native_matmul(node: Node, g: Graph, opts: Options) -> bool:
         and b.shape is not None
         and y.shape is not None
         and (min(len(a.shape), len(b.shape)) >= 2)
+        and unbound_dim(node, first_binders(g)) is None
     )
 
 

@@ -35,6 +35,7 @@ from geode.compiler.shapes import (
     broadcast_stride,
     broadcasts_to,
     dims_equal,
+    free_symbols,
 )
 from geode.errors import CodegenError
 
@@ -686,11 +687,19 @@ def make_can_lower(graph: Graph) -> Callable[[Node], str | None]:
 
     A shape known only at run time (a dim a NonZero or a Reshape to a computed shape
     binds) is no reason: a kernel takes its dims as arguments, which the step computes
-    from the symbols bound by the arrays produced before it."""
+    from the symbols bound by the arrays produced before it: a symbol that first appears,
+    as a dim of its own, in the output of a step that is not compiled (a NonZero's
+    count). Any other run-time symbol is a reason (a Reshape or Split whose sizes are
+    the values of a tensor read at run time, a dim computed from such a value):
+    nothing before the kernel binds it, and its outputs must be allocated first."""
+    first = first_binders(graph)
 
     def check(node: Node) -> str | None:
         if node.op_type not in RULES and node.op_type not in REDUCES:
             return f"no lowering rule for {node.op_type}"
+        unbound = unbound_dim(node, first)
+        if unbound is not None:
+            return unbound
         for v in list(node.inputs) + list(node.outputs):
             if v is None:
                 continue
@@ -701,6 +710,39 @@ def make_can_lower(graph: Graph) -> Callable[[Node], str | None]:
         return _op_check(node, graph.symbols)
 
     return check
+
+
+def unbound_dim(node: Node, first: dict) -> str | None:
+    """Why a native step of ``node`` could not be sized before it runs (a dim of its
+    inputs or outputs that no earlier step binds: see :func:`make_can_lower`), or None;
+    ``first``: :func:`first_binders` of its graph."""
+    for v in list(node.inputs) + list(node.outputs):
+        for s in sorted(free_symbols(v.shape or ()) if v is not None else (), key=str):
+            binder, lone = first.get(s, (None, True))
+            compiled = binder is not None and (binder.op_type in RULES or binder.op_type in REDUCES)
+            if binder is node or compiled or not lone:
+                return f"dim {s} of {v.name!r} is known only from values read at run time"
+    return None
+
+
+def first_binders(graph: Graph) -> dict:
+    """symbol -> (the node whose output is the first value, in graph order, to carry it
+    in its shape, whether it is a dim of its own there); the node is None for a symbol
+    of a graph input or a constant."""
+    first: dict = {}
+    for v in graph.inputs:
+        for s in free_symbols(v.shape or ()):
+            first.setdefault(s, (None, True))
+    for node in graph.nodes:
+        for v in node.inputs:
+            if v is not None and v.producer is None:
+                for s in free_symbols(v.shape or ()):
+                    first.setdefault(s, (None, True))
+        for v in node.outputs:
+            lone = {d for d in v.shape or () if not isinstance(d, int) and d.is_Symbol}
+            for s in free_symbols(v.shape or ()):
+                first.setdefault(s, (node, s in lone))
+    return first
 
 
 def _op_check(node: Node, symbols: SymbolTable) -> str | None:

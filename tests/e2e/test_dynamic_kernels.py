@@ -145,3 +145,25 @@ def test_model_file_keeps_run_time_dims(chain, tmp_path):
     assert [k.engine for k in loaded.kernels] == ["host", "aicore"]
     for n in (0, 7):
         check(loaded, g, {"x": mask(n, 10 + n)})
+
+
+def test_sizes_read_from_values_at_run_time_are_not_compiled():
+    """A Reshape to a shape given as an input tensor, then Exp, and a MatMul of that: the
+    dims are the shape tensor's values, which no step binds before a kernel would need
+    them, so those ops run on the reference engine (saying why) and give its results."""
+    g = geode.Graph("reshape_by_value")
+    x = g.input("x", [2, 12], "float32")
+    shape = g.input("shape", [2], "int64")
+    y = ops.exp(g.op("Reshape", x, shape))
+    w = g.constant(np.ones((4, 5), np.float32), "w")
+    g.output(y, g.op("MatMul", y, w), names=["y", "z"])
+    model = geode.compile(g, progress=0)
+    for s in ([6, 4], [3, 4]):
+        feeds = {"x": np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 12),
+                 "shape": np.array(s, np.int64)}  # fmt: skip
+        if s == [3, 4]:
+            with pytest.raises(geode.GeodeError):  # 24 elements cannot be 3 x 4
+                model(**feeds)
+            continue
+        check(model, g, feeds)
+    assert "known only from values read at run time" in model.explain()
