@@ -123,9 +123,7 @@ def run_case(case: Case, threads: int, rounds: int) -> dict:
 def describe(row: dict) -> str:
     """One case's lines of text."""
     ms = "  ".join(f"{k} {v:.3f} ms" for k, v in row["median_ms"].items())
-    ratios = "  ".join(
-        f"{k} {q[1]:.2f} [{q[0]:.2f}, {q[2]:.2f}]" for k, q in row["ratios"].items()
-    )
+    ratios = "  ".join(f"{k} {q[1]:.2f} [{q[0]:.2f}, {q[2]:.2f}]" for k, q in row["ratios"].items())
     k = row["kernels"]
     return (
         f"{row['case']} {row['shape']} (kernels fused {k['fused']}, unfused {k['unfused']}, "
