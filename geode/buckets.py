@@ -22,7 +22,7 @@ import itertools
 import time
 from typing import Any
 
-from geode import config
+import geode.config as config
 from geode.compiler.ir import Graph
 from geode.compiler.partition.multi_batch import (
     dim_sites,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from geode import config
+import geode.config as config
 from geode.compiler.ir import Graph, format_graph
 from geode.compiler.ops import control
 from geode.compiler.partition.stages import has_stages

@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from geode import config
+import geode.config as config
 from geode.codegen import driver
 from geode.codegen.cache import maybe_prune
 from geode.codegen.epilogues import attach_epilogues

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from geode import config
+import geode.config as config
 from geode.compiler.ir import Graph
 from geode.compiler.partition.stages import split_stages
 from geode.errors import GeodeError

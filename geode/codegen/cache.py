@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geode import signing
+import geode.signing as signing
 from geode.errors import CodegenError
 from geode.safe_files import atomic_write as _atomic_write
 from geode.safe_files import make_dirs, private_dir, private_folder, read_file

@@ -25,7 +25,7 @@ from geode.codegen.schedule_source import ScheduleChoice, ScheduleSources, apply
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.profit import describe_work
 from geode.compiler.ir import Graph, Node
-from geode.compiler.shapes import compile_dim_fn, compile_shape_fn
+from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols
 from geode.config import Options, stream_min_bytes
 from geode.costmodel.device import DeviceSpec, cached_spec
 from geode.debug import Dumper, log
@@ -236,8 +236,17 @@ def native_matmul(node: Node, g: Graph, opts: Options) -> bool:
         and b.shape is not None
         and y.shape is not None
         and (min(len(a.shape), len(b.shape)) >= 2)
-        and unbound_dim(node, first_binders(g)) is None
+        and _sized_before(node, g)
     )
+
+
+def _sized_before(node: Node, g: Graph) -> bool:
+    """Whether every dim of ``node``'s operands and result is bound before it runs (see
+    :func:`~geode.codegen.lower.unbound_dim`); the graph is walked only when a dim is not
+    the graph inputs' own (the common case needs no walk)."""
+    own = set().union(*(free_symbols(v.shape) for v in g.inputs if v.shape is not None))
+    dims = set().union(*(free_symbols(v.shape or ()) for v in (*node.inputs, *node.outputs) if v))
+    return dims <= own or unbound_dim(node, first_binders(g)) is None
 
 
 def library_interface(

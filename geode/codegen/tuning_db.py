@@ -41,7 +41,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from geode import signing
+import geode.signing as signing
 from geode.codegen.schedule import Trace
 from geode.codegen.schedule.trace_json import trace_from_data, trace_to_data
 from geode.errors import TraceError, TuningError

@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from geode import lazy
 from geode.compiler import dtypes
 from geode.compiler.shapes import Shape, SymbolTable, shape_str
 from geode.errors import GeodeError, GraphError
-from geode.lazy import sympy
+from geode.lazy import imported, sympy
 
 
 @dataclass
@@ -294,7 +293,7 @@ _DIM_TYPES = (int, np.integer, str, type(None))
 
 def _is_symbolic(d: object) -> bool:
     """Whether ``d`` is a sympy expression (none can exist before sympy is imported)."""
-    return lazy.imported("sympy") and isinstance(d, sympy.Basic)
+    return imported("sympy") and isinstance(d, sympy.Basic)
 
 
 def _dims(name: str, shape: object) -> list[object] | None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from geode import config
+import geode.config as config
 from geode.codegen.autoschedule import override_choices
 from geode.codegen.costs import KernelPredictor, kernel_env, kernel_timer, sol_work
 from geode.compiler.frontend import builder as ops

@@ -37,7 +37,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from geode import signing
+import geode.signing as signing
 from geode.codegen.cache import MODEL_AREA
 from geode.compiler.ir import Graph, ValueKind
 from geode.config import Options

@@ -23,7 +23,7 @@ from geode.errors import GeodeError, ModelFileError
 from geode.modelfile import compat, container
 from geode.modelfile.graph_codec import decode_array, decode_graph
 from geode.modelfile.units_codec import decode_units
-from geode.modelfile.var_state import check_state
+from geode.modelfile.var_state import check_state, layout
 from geode.plan_builder import NO_STEP, bind_units, build_plan, held_keys
 from geode.runtime.model import CompiledModel
 from geode.runtime.var_manager import VarManager
@@ -56,8 +56,8 @@ def load_model(
         raise ModelFileError(f"model file {c.path!r}: {exc}") from exc
     timings = {"read": t_read - t0, "link": t_link - t_read}
     infos = [u.info for u in units if u.engine not in NO_STEP]
-    text = _Text(c.path, str(h.get("explain", "")), str(h.get("dot", "")), timings)
     stats = {"timings": timings, "loaded_from": c.path}
+    text = _Text(c.path, str(h.get("explain", "")), str(h.get("dot", "")), stats)
     stats["compile_seconds"] = float(h.get("compile_seconds", 0.0))
     model = CompiledModel(plan, vm, infos, text, stats)
     try:
@@ -66,7 +66,8 @@ def load_model(
                 f"model file {c.path!r}: the memory plan built from it differs from the one "
                 "it recorded"
             )
-        model.stats["var_offsets"] = check_state(h.get("var_manager"), model, c.path)
+        offsets = check_state(h.get("var_manager"), model, c.path)
+        stats["var_offsets"] = model.stats["var_offsets"] = offsets
     except BaseException:
         vm.release_keys(held_keys(plan))  # the session keeps nothing of a refused file
         raise
@@ -80,12 +81,13 @@ class _Text:
     """``explain()`` and ``to_dot()`` of a loaded model: what the compile wrote, headed
     by where it came from."""
 
-    def __init__(self, path: str, explain: str, dot: str, timings: dict[str, float]):
-        self.path, self.text, self._dot, self.timings = path, explain, dot, timings
+    def __init__(self, path: str, explain: str, dot: str, stats: dict[str, Any]):
+        self.path, self.text, self._dot, self.stats = path, explain, dot, stats
 
     def __call__(self) -> str:
-        ms = self.timings["total"] * 1e3
-        return f"loaded from {self.path} in {ms:.1f} ms (no compiler run)\n{self.text}"
+        ms = self.stats["timings"]["total"] * 1e3
+        head = f"loaded from {self.path} in {ms:.1f} ms (no compiler run)"
+        return f"{head}; {layout(self.stats['var_offsets'])}\n{self.text}"
 
     def dot(self) -> str:
         """The DOT picture the compile drew."""

@@ -7,31 +7,11 @@ import math
 
 import numpy as np
 import pytest
+from test_costmodel import round_spec
 
 from geode.costmodel import projected
-from geode.costmodel.device import MIB, DeviceSpec
+from geode.costmodel.device import MIB
 from geode.costmodel.projected import TERMS, ProjectedModel, ScheduleFeatures
-
-
-def round_spec(**overrides) -> DeviceSpec:
-    """A spec with round numbers so expected times are easy to write down."""
-    fields = dict(
-        name="test-cpu",
-        cores=4,
-        mem_bandwidth_gbs=10.0,
-        mem_bandwidth_1t_gbs=5.0,
-        peak_gflops_fp32=100.0,
-        l1_bytes=32 * 1024,
-        l2_bytes=1 * MIB,
-        l3_bytes=8 * MIB,
-        launch_overhead_us=2.0,
-        parallel_overhead_us=10.0,
-        transcendental_gops=1.0,
-        numba_version="0.0",
-        method="full",
-    )
-    fields.update(overrides)
-    return DeviceSpec(**fields)
 
 
 def random_features(rng: np.random.Generator, n: int) -> list[ScheduleFeatures]:

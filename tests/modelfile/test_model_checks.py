@@ -263,6 +263,7 @@ def test_a_new_session_gets_the_recorded_layout(saved):
     model = _load(saved)
     offsets = model.stats["var_offsets"]
     assert "w" in offsets and all(a == b for a, b in offsets.values())
+    assert layout(offsets) in model.explain().splitlines()[0]
     assert (
         layout(offsets)
         == f"VarManager: {len(offsets)} tensors, {len(offsets)} at their recorded logical offsets"

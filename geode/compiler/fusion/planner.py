@@ -202,31 +202,35 @@ def _vertical(st: PlanState, profit: ProfitFn) -> None:
 MAX_HORIZONTAL_GROUPS = 256
 
 
+def sharing_pairs(st: PlanState) -> list[tuple[int, int]]:
+    """The ids of every two groups of ``st`` that read a common input (not a constant:
+    sharing one saves nothing worth a merge) or, with few groups, share a loop space;
+    the horizontal merges to try, in a fixed order."""
+    readers: dict[object, list[int]] = {}
+    for g in st.groups.values():
+        for v in g.inputs():
+            if not v.is_constant:
+                readers.setdefault(id(v), []).append(g.id)
+        if not g.axes and len(st.groups) <= MAX_HORIZONTAL_GROUPS:
+            readers.setdefault(("space", str(g.domain)), []).append(g.id)
+    pairs = []
+    for ids in readers.values():
+        ids = sorted(set(ids))
+        pairs += [(ids[i], ids[j]) for i in range(len(ids)) for j in range(i + 1, len(ids))]
+    return pairs
+
+
 def _horizontal(st: PlanState, profit: ProfitFn) -> None:
     """Merge unconnected groups that read a common input, or that share a loop space."""
     changed = True
     while changed:
         changed = False
-        readers: dict[object, list[int]] = {}
-        for g in st.groups.values():
-            for v in g.inputs():
-                if not v.is_constant:  # sharing a constant saves nothing worth a merge
-                    readers.setdefault(id(v), []).append(g.id)
-            if not g.axes and len(st.groups) <= MAX_HORIZONTAL_GROUPS:
-                readers.setdefault(("space", str(g.domain)), []).append(g.id)
-        for ids in readers.values():
-            ids = sorted(set(ids))
-            for i in range(len(ids)):
-                for j in range(i + 1, len(ids)):
-                    a, b = st.groups.get(ids[i]), st.groups.get(ids[j])
-                    if a is None or b is None or a.id == b.id:
-                        continue
-                    if _try(st, a, b, False, profit):
-                        changed = True
-                        break
-                if changed:
-                    break
-            if changed:
+        for ia, ib in sharing_pairs(st):
+            a, b = st.groups.get(ia), st.groups.get(ib)
+            if a is None or b is None or a.id == b.id:
+                continue
+            if _try(st, a, b, False, profit):
+                changed = True  # the groups changed: pair them again
                 break
 
 

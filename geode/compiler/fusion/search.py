@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from geode.compiler.fusion.groups import Decision, FusionPlan, Group
 from geode.compiler.fusion.patterns import same_shape
 from geode.compiler.fusion.planner import (
-    MAX_HORIZONTAL_GROUPS,
     LowerCheck,
     PlanState,
     finish_plan,
     initial_state,
+    sharing_pairs,
 )
 from geode.compiler.fusion.reduce_tree import merged_group
 from geode.compiler.fusion.rules import check_merge, creates_cycle, rule_name
@@ -136,21 +136,10 @@ def _pairs(st: PlanState, horizontal: bool) -> Iterator[tuple[Group, Group, bool
                 yield st.groups[a], st.groups[b], True
     if not horizontal:
         return
-    readers: dict[object, list[int]] = {}
-    for g in st.groups.values():
-        for v in g.inputs():
-            if not v.is_constant:
-                readers.setdefault(id(v), []).append(g.id)
-        if not g.axes and len(st.groups) <= MAX_HORIZONTAL_GROUPS:
-            readers.setdefault(("space", str(g.domain)), []).append(g.id)
-    for ids in readers.values():
-        ids = sorted(set(ids))
-        for i in range(len(ids)):
-            for j in range(i + 1, len(ids)):
-                key = (ids[i], ids[j])
-                if key not in seen and (key[1], key[0]) not in seen:
-                    seen.add(key)
-                    yield st.groups[ids[i]], st.groups[ids[j]], False
+    for key in sharing_pairs(st):
+        if key not in seen and (key[1], key[0]) not in seen:
+            seen.add(key)
+            yield st.groups[key[0]], st.groups[key[1]], False
 
 
 def _price(s: _Search, st: PlanState, a: Group, b: Group, vertical: bool) -> _Move | str:

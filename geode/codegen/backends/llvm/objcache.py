@@ -38,7 +38,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from geode import signing
+import geode.signing as signing
 from geode.codegen.cache import KERNEL_AREA
 from geode.safe_files import atomic_write, make_dirs, private_dir, private_folder, read_file
 
