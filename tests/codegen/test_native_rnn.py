@@ -77,6 +77,19 @@ def test_native_lstm_matches_the_reference_kernel(direction, layout, dtype) -> N
             np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
 
 
+@pytest.mark.parametrize("batch", [4, 5, 6, 7, 9])
+def test_products_in_row_blocks_and_their_tail(batch) -> None:
+    """Batches that fill blocks of ``ROWS`` rows of ``h`` exactly and with 1-3 rows left
+    (the projection's rows, ``seq * batch``, too) match the reference kernel."""
+    from geode.codegen.backends.llvm.lstm import ROWS
+
+    assert ROWS == 4  # the batches above: whole blocks, and each tail length
+    for layout in (0, 1):
+        got, want = run_kernel("float32", 8, 6, "bidirectional", layout, 3, batch, ALL)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
+
+
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_products_shared_among_threads_give_the_same_bits(direction, dtype) -> None:

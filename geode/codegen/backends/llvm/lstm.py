@@ -65,6 +65,11 @@ TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
 #: (``4H`` is a multiple)
 UNITS = 4
 
+#: rows of ``h`` the products compute together, sharing the loads of ``R``: with
+#: :data:`UNITS`, a block of ``ROWS x UNITS`` sums loads ``ROWS + UNITS`` vectors per
+#: ``ROWS * UNITS`` multiply-adds (one row at a time: ``1 + UNITS`` per ``UNITS``)
+ROWS = 4
+
 _MEMSET = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
 _MEMCPY = "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"
 
@@ -232,7 +237,8 @@ def _product_function(
     """``void @name(ptr R, ptr h, ptr G, i64 N, i64 K, i64 j0, i64 j1)``: columns
     ``[j0, j1)`` (multiples of :data:`UNITS`) of ``G[N, 4H] = h[N, K] @ R^T`` (``R``:
     ``[4H, K]``) as dot products, each row of ``R`` (one gate unit) used for every row
-    of ``h`` while it is in cache. The sums may be reassociated (so they vectorize), as
+    of ``h`` while it is in cache: blocks of :data:`ROWS` rows of ``h`` by
+    :data:`UNITS` units, then the rows left one at a time. The sums may be reassociated (so they vectorize), as
     a GEMM's are."""
     ty, _ = TYPES[spec.dtype]
     fn = FunctionWriter(
@@ -253,31 +259,36 @@ def _product_function(
     b = Builder(fn)
     r, h, g, n, hid, j0, j1 = (fn.param(j) for j in range(7))
     g4 = str(4 * spec.hidden)
-    accs = [fn.alloca(ty, f"acc{u}") for u in range(UNITS)]
+    accs = [[fn.alloca(ty, f"acc{i}_{u}") for u in range(UNITS)] for i in range(ROWS)]
     zero = float_literal(0.0, ty)
 
     def units(j: str) -> None:
         rrows = [b.gep(ty, r, b.mul(b.add(j, str(u)), hid), f"rrow{u}") for u in range(UNITS)]
 
-        def row(i: str) -> None:
-            hrow = b.gep(ty, h, b.mul(i, hid), "hrow")
-            for acc in accs:
+        def rows(i0: str, count: int) -> None:
+            hrows = [b.gep(ty, h, b.mul(b.add(i0, str(i)), hid), "hrow") for i in range(count)]
+            for acc in (a for line in accs[:count] for a in line):
                 fn.add(f"store {ty} {zero}, ptr {acc}")
 
             def term(k: str) -> None:
-                hv = b.load(ty, b.gep(ty, hrow, k), "hv")
-                for acc, rrow in zip(accs, rrows):
-                    rv = b.load(ty, b.gep(ty, rrow, k), "rv")
-                    prod = fn.value(f"fmul contract {ty} {rv}, {hv}", "prod")
-                    total = fn.value(f"fadd reassoc contract {ty} {b.load(ty, acc, 'a')}, {prod}")
-                    fn.add(f"store {ty} {total}, ptr {acc}")
+                hvs = [b.load(ty, b.gep(ty, hrow, k), "hv") for hrow in hrows]
+                rvs = [b.load(ty, b.gep(ty, rrow, k), "rv") for rrow in rrows]
+                for hv, line in zip(hvs, accs):
+                    for acc, rv in zip(line, rvs):
+                        prod = fn.value(f"fmul contract {ty} {rv}, {hv}", "prod")
+                        old = b.load(ty, acc, "a")
+                        total = fn.value(f"fadd reassoc contract {ty} {old}, {prod}")
+                        fn.add(f"store {ty} {total}, ptr {acc}")
 
             b.loop("0", hid, term, "k")
-            out = b.gep(ty, g, b.add(b.mul(i, g4), j), "gout")
-            for u, acc in enumerate(accs):
-                fn.add(f"store {ty} {b.load(ty, acc, 'sum')}, ptr {b.gep(ty, out, str(u))}")
+            for i, line in enumerate(accs[:count]):
+                out = b.gep(ty, g, b.add(b.mul(b.add(i0, str(i)), g4), j), "gout")
+                for u, acc in enumerate(line):
+                    fn.add(f"store {ty} {b.load(ty, acc, 'sum')}, ptr {b.gep(ty, out, str(u))}")
 
-        b.loop("0", n, row, "b")
+        blocked = b.mul(b.op("sdiv", n, str(ROWS), "blocks"), str(ROWS), "blocked")
+        b.loop("0", blocked, lambda i: rows(i, ROWS), "b", step=str(ROWS))
+        b.loop(blocked, n, lambda i: rows(i, 1), "bt")
 
     b.loop(j0, j1, units, "j", step=str(UNITS))
     fn.terminate("ret void")
