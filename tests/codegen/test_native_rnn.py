@@ -115,9 +115,10 @@ def test_products_shared_among_threads_give_the_same_bits(direction, dtype) -> N
         kernel(*[a for a in ins if a is not None], *outs, threads=threads)
         launched[threads] = native.pool_info()["launches"] - before
         results[threads] = outs
-    # one thread: no launch; more: the projection and every step's product of each direction
+    # one thread: no launch; more: the projection, and every step's product and gates, of
+    # each direction
     assert launched[1] == 0
-    assert launched[2] == launched[3] == DIRS[direction] * (1 + seq)
+    assert launched[2] == launched[3] == DIRS[direction] * (1 + 2 * seq)
     for threads in (2, 3):
         for a, b in zip(results[1], results[threads]):
             np.testing.assert_array_equal(a, b)

@@ -28,7 +28,10 @@ is shared among the pool's threads by columns of its result (one chunk of gate u
 per thread; a thread runs its own chunk before it steals another, so from step to step a
 thread mostly reads the same rows of ``R``, in its core's cache) when it has at least :data:`MIN_PARALLEL_FMAS` multiply-adds;
 every column is summed by the same code whatever the thread count, so the results are
-the same bits. The gate loop stays on the calling thread. Both products are dot
+the same bits. Each step's gates are shared the same way (runs of
+:data:`GATE_UNITS` hidden units of each batch row, :func:`_gates_function`) once the
+step has :data:`MIN_PARALLEL_GATES` units: the gates' transcendental functions at
+their stated accuracy are most of the arithmetic left after the products. Both products are dot
 products written here (:func:`_product_function`), not BLAS GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes
 (one step's batch rows against all of ``R``) costs more than the products, and every
 threaded GEMM call is a barrier of the BLAS's threads; on a shared 2-core machine the
@@ -173,17 +176,18 @@ def _records(b: Builder, spec: LstmSpec) -> dict[str, list[str]]:
 
 
 def _cell_function(module: ModuleWriter, name: str, spec: LstmSpec, attrs: str) -> FunctionWriter:
-    """``void @name(ptr G, ptr GX, ptr B, ptr P, ptr c, ptr h, ptr y)``: one batch row's
-    step (``G``: the row's ``h @ R^T``, ``GX``: its input projection, ``B``/``P`` the
-    direction's biases and peepholes, ``c`` and ``h`` its states, updated, ``y`` its row
-    of Y), a loop over the hidden units the vectorizer widens."""
+    """``void @name(ptr G, ptr GX, ptr B, ptr P, ptr c, ptr h, ptr y, i64 j0, i64 j1)``:
+    the hidden units ``[j0, j1)`` of one batch row's step (``G``: the row's ``h @ R^T``,
+    ``GX``: its input projection, ``B``/``P`` the direction's biases and peepholes, ``c``
+    and ``h`` its states, updated, ``y`` its row of Y), a loop the vectorizer widens."""
     ty, _ = TYPES[spec.dtype]
     names = ["G", "GX", "B", "P", "c", "h", "y"]
-    fn = FunctionWriter(name, "void", [("ptr noalias", n) for n in names])
+    params = [("ptr noalias", n) for n in names] + [("i64", "j0"), ("i64", "j1")]
+    fn = FunctionWriter(name, "void", params)
     fn.linkage = "internal"
     fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
     b = Builder(fn)
-    g, gx, bias, peep, c, h, y = (fn.param(j) for j in range(len(names)))
+    g, gx, bias, peep, c, h, y, j0, j1 = (fn.param(j) for j in range(len(params)))
     hid = spec.hidden
     sig = vmath.function_name("sigmoid", spec.dtype, ieee=True)
     tanh = vmath.function_name("tanh", spec.dtype, ieee=True)
@@ -226,7 +230,7 @@ def _cell_function(module: ModuleWriter, name: str, spec: LstmSpec, attrs: str) 
         fn.add(f"store {ty} {h_new}, ptr {b.gep(ty, h, j)}")
         fn.add(f"store {ty} {h_new}, ptr {b.gep(ty, y, j)}")
 
-    b.loop("0", str(hid), body, "j")
+    b.loop(j0, j1, body, "j")
     fn.terminate("ret void")
     return fn
 
@@ -324,6 +328,79 @@ def _chunk_function(module: ModuleWriter, name: str, rec: str, spec: LstmSpec) -
     return fn
 
 
+#: the context of a step's gates: G, GX, B, P, c, h, Y, sequence_lens (pointers), then
+#: T, N, the step s, the direction d, whether it runs backwards (one 8-byte slot each)
+_GATE_SLOTS = 13
+
+#: hidden units of one batch row that one item of the gates' work computes
+GATE_UNITS = 64
+
+#: batch rows x hidden units of a step below which its gates run on the calling thread
+MIN_PARALLEL_GATES = 256
+
+
+def _gates_function(module: ModuleWriter, name: str, cell: str, spec: LstmSpec) -> FunctionWriter:
+    """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: share ``chunk`` of ``nchunks`` of
+    one step's gates (the context: :data:`_GATE_SLOTS`). The work is ``N`` batch rows of
+    ``ceil(H / GATE_UNITS)`` items (runs of hidden units); each item takes its row's
+    input step (its own with ``sequence_lens``: rows past their length are left as they
+    are) and calls ``cell`` on its units. Every unit is computed by the same code
+    whatever the split, so the results are the same bits on any thread count."""
+    ty, _ = TYPES[spec.dtype]
+    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
+    fn.linkage = "internal"
+    fn.attrs = " nounwind"
+    b = Builder(fn)
+    ctx, chunk, nchunks = (fn.param(j) for j in range(3))
+    slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_GATE_SLOTS)]
+    gates, gx, bias, peep, c, h, y, lens = (
+        fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:8]
+    )
+    seq, n, s, d, rev = slots[8:]
+    hid, g4 = spec.hidden, 4 * spec.hidden
+    per_row = str(-(-hid // GATE_UNITS))
+    items = b.mul(n, per_row, "items")
+    first = fn.value(f"udiv i64 {b.mul(items, chunk)}, {nchunks}", "first")
+    last = fn.value(f"udiv i64 {b.mul(items, b.add(chunk, '1'))}, {nchunks}", "last")
+    dd = str(spec.directions)
+
+    def backwards(v: str) -> str:
+        return b.select(b.cmp("ne", rev, "0"), b.sub(b.sub(v, "1"), s), s, "t")
+
+    def item(i: str) -> None:
+        r = fn.value(f"udiv i64 {i}, {per_row}", "r")
+        j0 = b.mul(fn.value(f"urem i64 {i}, {per_row}", "jb"), str(GATE_UNITS), "j0")
+        j1 = b.min(b.add(j0, str(GATE_UNITS)), str(hid), "j1")
+
+        def row_step(t: str) -> None:
+            xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
+            yrow = (
+                b.add(b.mul(b.add(b.mul(r, seq), t), dd), d)
+                if spec.layout
+                else b.add(b.mul(b.add(b.mul(t, dd), d), n), r)
+            )
+            args = [
+                b.gep(ty, gates, b.mul(r, str(g4))),
+                b.gep(ty, gx, b.mul(xrow, str(g4))),
+                bias,
+                peep,
+                b.gep(ty, c, b.mul(r, str(hid))),
+                b.gep(ty, h, b.mul(r, str(hid))),
+                b.gep(ty, y, b.mul(yrow, str(hid))),
+            ]
+            ptrs = ", ".join("ptr " + a for a in args)
+            fn.add(f"call void @{cell}({ptrs}, i64 {j0}, i64 {j1})")
+
+        if not spec.lens:
+            return row_step(backwards(seq))
+        length = fn.value(f"sext i32 {b.load('i32', b.gep('i32', lens, r))} to i64", "len")
+        b.when(b.cmp("slt", s, length), lambda: row_step(backwards(length)), "valid")
+
+    b.loop(first, last, item, "item")
+    fn.terminate("ret void")
+    return fn
+
+
 #: multiply-adds of a product below which it runs on the calling thread (waking the
 #: pool's workers costs more than they save)
 MIN_PARALLEL_FMAS = 1 << 16
@@ -371,6 +448,40 @@ class _Products:
             )
 
         b.branch(many, pool, alone, "par")
+
+
+class _Gates:
+    """Emits a step's gates (:func:`_gates_function`): shared among the native pool's
+    threads when there is more than one and the step has at least
+    :data:`MIN_PARALLEL_GATES` units, else on the calling thread (one chunk)."""
+
+    def __init__(self, b: Builder, func: str, threads: str, spec: LstmSpec) -> None:
+        self.b, self.func, self.threads, self.spec = b, func, threads, spec
+        self.ctx = b.fn.alloca("i64", "gctx", str(_GATE_SLOTS))
+
+    def __call__(self, pointers: list[str], ints: list[str]) -> None:
+        b, fn = self.b, self.b.fn
+        values = [fn.value(f"ptrtoint ptr {v} to i64", "addr") for v in pointers] + ints
+        for j, v in enumerate(values):
+            fn.add(f"store i64 {v}, ptr {b.gep('i64', self.ctx, str(j))}")
+        n = ints[1]
+        per_row = str(-(-self.spec.hidden // GATE_UNITS))
+        units = b.mul(n, str(self.spec.hidden), "units")
+        many = b.all_of(
+            [b.cmp("sgt", self.threads, "1"), b.cmp("sge", units, str(MIN_PARALLEL_GATES))]
+        )
+
+        def pool() -> None:
+            parts = b.min(self.threads, b.mul(n, per_row, "items"), "parts")
+            fn.add(
+                f"call void @geode_parallel_for(ptr @{self.func}, ptr {self.ctx}, "
+                f"i64 {parts}, i64 {self.threads})"
+            )
+
+        def alone() -> None:
+            fn.add(f"call void @{self.func}(ptr {self.ctx}, i64 0, i64 1)")
+
+        b.branch(many, pool, alone, "gpar")
 
 
 def _check_lens(b: Builder, lens: str, seq: str, n: str, status: int, buf: str) -> None:
@@ -424,7 +535,9 @@ def _copy_state(
     b.loop("0", n, row, "row")
 
 
-def entry_function(name: str, cell: str, rec: str, chunk: str, spec: LstmSpec) -> FunctionWriter:
+def entry_function(
+    name: str, gates_fn: str, rec: str, chunk: str, spec: LstmSpec
+) -> FunctionWriter:
     """The entry ``i32 @name(ptrs, recs, ints)`` (see the module docstring)."""
     ty, item = TYPES[spec.dtype]
     fn = FunctionWriter(name, "i32", [("ptr", "ptrs"), ("ptr", "recs"), ("ptr", "ints")])
@@ -433,6 +546,7 @@ def entry_function(name: str, cell: str, rec: str, chunk: str, spec: LstmSpec) -
     dims = _records(b, spec)
     seq, n = dims["T"][0], dims["N"][0]
     product = _Products(b, rec, chunk, spec)
+    gates_step = _Gates(b, gates_fn, product.threads, spec)
     ptr = {
         a: b.load("ptr", b.gep("ptr", "%ptrs", str(j)), a.lower())
         for j, a in enumerate(spec.arrays)
@@ -452,9 +566,7 @@ def entry_function(name: str, cell: str, rec: str, chunk: str, spec: LstmSpec) -
     gates = b.gep(ty, gx, b.mul(rows, str(g4)), "gates")
     h = b.gep(ty, gates, b.mul(n, str(g4)), "h")
     c = b.gep(ty, h, b.mul(n, str(hid)), "c")
-    dd = str(spec.directions)
     for d in range(spec.directions):
-        reverse = spec.reverse or d == 1
         _copy_state(b, spec, ptr.get("initial_h"), h, d, n, out=False)
         _copy_state(b, spec, ptr.get("initial_c"), c, d, n, out=False)
         w_d = b.gep(ty, ptr["W"], str(d * g4 * spec.input_size), "wd")
@@ -471,37 +583,11 @@ def entry_function(name: str, cell: str, rec: str, chunk: str, spec: LstmSpec) -
 
         b.when(b.cmp("sgt", rows, "0"), project, "proj")
 
-        def step(s: str) -> None:
-            t = b.sub(b.sub(seq, "1"), s, "t") if reverse else s  # noqa: B023
-            product(r_d, h, gates, n, str(hid))  # noqa: B023
-
-            def batch_row(r: str) -> None:
-                if not spec.lens:
-                    return row_step(r, t)  # noqa: B023
-                lens = ptr["sequence_lens"]
-                length = fn.value(f"sext i32 {b.load('i32', b.gep('i32', lens, r))} to i64", "len")
-                mine = b.sub(b.sub(length, "1"), s, "t") if reverse else s  # noqa: B023
-                b.when(b.cmp("slt", s, length), lambda: row_step(r, mine), "valid")
-
-            def row_step(r: str, t: str) -> None:
-                xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
-                yrow = (
-                    b.add(b.mul(b.add(b.mul(r, seq), t), dd), str(d))  # noqa: B023
-                    if spec.layout
-                    else b.add(b.mul(b.add(b.mul(t, dd), str(d)), n), r)  # noqa: B023
-                )
-                args = [
-                    b.gep(ty, gates, b.mul(r, str(g4))),
-                    b.gep(ty, gx, b.mul(xrow, str(g4))),
-                    b_d,  # noqa: B023
-                    p_d,  # noqa: B023
-                    b.gep(ty, c, b.mul(r, str(hid))),
-                    b.gep(ty, h, b.mul(r, str(hid))),
-                    b.gep(ty, ptr["Y"], b.mul(yrow, str(hid))),
-                ]
-                fn.add(f"call void @{cell}({', '.join('ptr ' + a for a in args)})")
-
-            b.loop("0", n, batch_row, "b")
+        def step(s: str, r_d: str = r_d, b_d: str = b_d, p_d: str = p_d, d: int = d) -> None:
+            product(r_d, h, gates, n, str(hid))
+            arrays = [gates, gx, b_d, p_d, c, h, ptr["Y"], ptr.get("sequence_lens", "null")]
+            backwards = "1" if spec.reverse or d == 1 else "0"
+            gates_step(arrays, [seq, n, s, str(d), backwards])
 
         b.when(b.cmp("sgt", n, "0"), lambda: b.loop("0", seq, step, "s"), "some")
         if spec.n_outputs >= 2:
@@ -536,11 +622,13 @@ def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
     module.add_function(_product_function(module, rec, spec, attrs))
     chunk = f"{name}.chunk"
     module.add_function(_chunk_function(module, chunk, rec, spec))
+    gates = f"{name}.gates"
+    module.add_function(_gates_function(module, gates, cell, spec))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
     )
-    module.add_function(entry_function(name, cell, rec, chunk, spec))
+    module.add_function(entry_function(name, gates, rec, chunk, spec))
     return name, f"; {spec.describe()}\n" + module.text()
 
 
