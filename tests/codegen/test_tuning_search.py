@@ -140,15 +140,18 @@ def test_a_predictor_orders_the_climb(monkeypatch) -> None:
 
 
 def test_a_predictor_ranks_a_small_space_whole(monkeypatch) -> None:
-    """With a predictor and a space small enough, every schedule of it is predicted and
-    the best-predicted are measured first, up to the trials."""
+    """With a predictor and a space small enough, every schedule of it is predicted, the
+    best-predicted are measured first, then the climb from the fastest, up to the trials;
+    the default and the three fastest are timed again in interleaved rounds."""
     timed = _fake_times(monkeypatch, lambda text: 1.0 if "interleave(2)" in text else 2.0)
     task = _task("rmsnorm")
     whole = space.enumerate_space(task.lowered, task.group, OPTS, 512)
     assert whole is not None and len(whole) > 8
     res = search.tune_kernel(task, OPTS, trials=5, predictor=_likes_interleave_2, whole_space=512)
-    assert res.trials == 5 and len(timed) == 5 + 1 + 2 * 5  # the default, 5, confirm rounds
-    assert all(c.predicted == 0.0 for c in res.candidates)  # the best-predicted went first
+    rounds = (1 + search.FINALISTS) * 5
+    assert res.trials == 5 and len(timed) == 1 + 5 + rounds  # the default, 5, confirm rounds
+    seeded = res.candidates[: int(5 * search.SEED_SHARE)]
+    assert seeded and all(c.predicted == 0.0 for c in seeded)  # the best-predicted went first
     assert res.status == "tuned" and res.setting.get("interleave") == 2
 
 
@@ -187,7 +190,7 @@ def test_wrong_candidates_are_refused(monkeypatch) -> None:
 
 def test_a_winner_not_confirmed_in_interleaved_rounds_is_dropped(monkeypatch) -> None:
     _fake_times(monkeypatch, lambda text: 1.0 if "interleave(2)" in text else 2.0)
-    monkeypatch.setattr(KernelBench, "confirm", lambda self, a, b, rounds=5: (1.0, 1.0))
+    monkeypatch.setattr(KernelBench, "confirm_many", lambda self, runs, rounds=5: [1.0] * len(runs))
     res = search.tune_kernel(_task(), OPTS, trials=40)
     assert res.status == "default" and "not faster in interleaved rounds" in res.notes[-1]
 
