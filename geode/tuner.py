@@ -131,7 +131,7 @@ def tune(
     callable ``fn(kernel[, dims]) -> seconds``. ``min_gain``: the fraction by which a
     schedule must beat the default to be kept. ``seed``: of the random inputs.
     ``bench_options``: how each candidate is timed (``repeat``, ``min_time``,
-    ``max_time`` of :class:`~geode.codegen.tuning.measure.KernelBench`). ``knobs``: the
+    ``max_time``, ``statistic`` of :class:`~geode.codegen.tuning.measure.KernelBench`). ``knobs``: the
     knobs searched (names of :data:`geode.codegen.tuning.space.KNOBS`; default all).
     ``whole_space``: with a predictor, a kernel whose space has at most this many
     settings is searched whole, best-predicted first (see

@@ -3,7 +3,9 @@ checked against the default schedule's outputs and timed.
 
 Times come from :func:`geode.costmodel.profiling.measure` (warm-up calls, batches long
 enough for the timer, several samples, the garbage collector paused); the bench takes
-their median. Every candidate runs with the thread count the compile options give
+their min (``statistic="min"``, the default: on a shared machine other work only
+slows a run down, so the fastest sample is the kernel's own time) or their median.
+Every candidate runs with the thread count the compile options give
 (``num_threads``; 0: the native pool's size), the one the tuned kernel will run with.
 :meth:`KernelBench.confirm` times two candidates in interleaved rounds, so a change of
 the machine's load during the search cannot make the chosen one look faster.
@@ -30,8 +32,14 @@ from geode.codegen.lower import LoweredKernel
 from geode.codegen.schedule import Schedule
 from geode.config import Options
 from geode.costmodel.profiling import measure
-from geode.errors import GeodeError
+from geode.errors import GeodeError, TuningError
 from geode.runtime.engines import AiCoreEngine
+
+#: how a measurement's samples become its seconds
+STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {
+    "min": lambda xs: float(min(xs)),
+    "median": lambda xs: float(statistics.median(xs)),
+}
 
 #: relative and absolute tolerances (the absolute one scaled by the output's largest
 #: magnitude) within which a candidate's outputs must match the default's: schedules
@@ -46,7 +54,8 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per call of a candidate (the median of the samples) and the samples."""
+    """Seconds per call of a candidate (the bench's statistic of the samples: their
+    min or median) and the samples."""
 
     seconds: float
     samples: tuple[float, ...]
@@ -55,7 +64,8 @@ class Timing:
 class KernelBench:
     """Candidates of one lowered kernel (``lowered``, in the form their schedules were
     made on), run on ``inputs`` (one array per kernel input) with the dims of ``env``
-    (symbol name -> size)."""
+    (symbol name -> size). ``statistic``: ``min`` (default) or ``median`` of a
+    measurement's samples."""
 
     def __init__(
         self,
@@ -67,7 +77,11 @@ class KernelBench:
         repeat: int = 7,
         min_time: float = 2e-3,
         max_time: float = 1.0,
+        statistic: str = "min",
     ):
+        if statistic not in STATISTICS:
+            raise TuningError(f"statistic={statistic!r}: expected one of {sorted(STATISTICS)}")
+        self.statistic = statistic
         self.name, self.lowered, self.opts = name, lowered, opts
         self.inputs = [np.ascontiguousarray(a) for a in inputs]
         self.env = dict(env)
@@ -91,11 +105,12 @@ class KernelBench:
         return run
 
     def time(self, run: Callable[[], object]) -> Timing:
-        """The median seconds per call of ``run`` (after two warm-up calls)."""
+        """Seconds per call of ``run``: the bench's statistic (min or median) of its
+        samples, after two warm-up calls."""
         t = measure(
             run, repeat=self.repeat, min_time=self.min_time, max_time=self.max_time, warmup=2
         )
-        return Timing(t.median, t.samples)
+        return Timing(STATISTICS[self.statistic](t.samples), t.samples)
 
     def confirm(
         self, a: Callable[[], object], b: Callable[[], object], rounds: int = 5
@@ -112,12 +127,15 @@ class KernelBench:
         reduce: Callable[[list[float]], float] = min,
     ) -> list[float]:
         """Seconds per call of each of ``runs``, timed one after another in ``rounds``
-        interleaved rounds: ``reduce`` (default the min: a busy machine only slows a
-        run down) of each one's round times."""
+        interleaved rounds, each round starting one further along (no run always goes
+        first): ``reduce`` (default the min: a busy machine only slows a run down) of
+        each one's round times."""
         times: list[list[float]] = [[] for _ in runs]
-        for _ in range(rounds):
-            for t, run in zip(times, runs):
-                t.append(self.time(run).seconds)
+        n = len(runs)
+        for r in range(rounds):
+            for k in range(n):
+                i = (r + k) % n
+                times[i].append(self.time(runs[i]).seconds)
         return [float(reduce(t)) for t in times]
 
 
