@@ -20,7 +20,10 @@ of the knobs that change this kernel,
 :func:`~geode.codegen.tuning.space.enumerate_space`), every schedule of it is
 predicted; the best-predicted :data:`SEED_SHARE` of the trials are measured first, then
 the climb starts from the fastest of them (the model proposes, profiling decides, and
-the climb corrects what the model misjudged nearby).
+the climb corrects what the model misjudged nearby). When the climb stops with trials
+left, half of them go to the next best-predicted schedules not measured yet, and the
+climb starts again from one of them that is faster than the best, until the trials are
+spent.
 """
 
 from __future__ import annotations
@@ -140,10 +143,19 @@ def tune_kernel(
     whole = None
     if predictor is not None:
         whole = space.enumerate_space(task.lowered, task.group, opts, whole_space, knobs)
-    if whole is not None:
+    if whole is None:
+        state.climb(task, opts, predictor, knobs)
+    else:
         pool = [Candidate(st, sch, schedule_digest(sch)) for st, sch in whole]
-        state.seed(_rank([c for c in pool if c.digest != default.digest], task, predictor))
-    state.climb(task, opts, predictor, knobs)
+        ranked = _rank([c for c in pool if c.digest != default.digest], task, predictor)
+        state.seed(ranked, max(1, int(trials * SEED_SHARE)))
+        state.climb(task, opts, predictor, knobs)
+        while state.left > 0:
+            spent = result.trials
+            if state.seed(ranked, max(1, state.left // 2)):
+                state.climb(task, opts, predictor, knobs)  # from a better one the model found
+            elif result.trials == spent:
+                break  # every schedule of the space measured
     _decide(state, default, min_gain)
     return result
 
@@ -228,15 +240,17 @@ class _Search:
                 return True
         return False
 
-    def seed(self, ranked: list[Candidate]) -> None:
-        """Measure the best-predicted :data:`SEED_SHARE` of the trials of ``ranked``
-        (the whole space, best-predicted first), the best of them the climb's start."""
-        n = max(1, int(self.trials * SEED_SHARE))
-        pool = ranked[:n]
+    def seed(self, ranked: list[Candidate], n: int) -> bool:
+        """Measure the next ``n`` best-predicted of ``ranked`` (the whole space,
+        best-predicted first) not measured yet; whether the best improved (the climb
+        then starts again from it). False when none is left."""
+        pool = [c for c in ranked if c.digest not in self.measured][:n]
         width = max(1, int(self.measurer.width))
+        improved = False
         while pool and self.left > 0:
             batch, pool = pool[: min(width, self.left)], pool[min(width, self.left) :]
-            self.try_batch(batch)
+            improved |= self.try_batch(batch)
+        return improved
 
     def climb(
         self,
