@@ -160,7 +160,8 @@ def main() -> None:
                 f"{res.trials} measured "
                 f"({res.trials / len(schedules):.0%} of the space, predictor {a.predictor}); "
                 f"together: best {tb * 1e6:.1f} us, pick {tp * 1e6:.1f} us "
-                f"({tp / tb - 1:+.1%}), default {td * 1e6:.1f} us ({td / tb - 1:+.1%})",
+                f"({tp / tb - 1:+.1%}{': the same kernel, the noise' if same else ''}), "
+                f"default {td * 1e6:.1f} us ({td / tb - 1:+.1%})",
                 flush=True,
             )
 
