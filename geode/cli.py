@@ -666,6 +666,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         seed=args.seed,
         knobs=args.knobs.split(",") if args.knobs else None,
         ray=args.ray,
+        whole_space=args.whole_space,
         **options,
     )
     print(f"model {loaded.label}")
@@ -934,6 +935,14 @@ def _add_tune(sub: Any) -> None:
         "--knobs",
         metavar="K1,K2,...",
         help="search only these knobs (default all; see geode/codegen/tuning/space.py)",
+    )
+    t.add_argument(
+        "--whole-space",
+        type=_int_at_least(0),
+        default=0,
+        metavar="N",
+        help="with a predictor, rank a kernel's whole space when it has at most N settings, "
+        "the best-predicted measured first (default 0: climb from the default)",
     )
     t.add_argument(
         "--ray",

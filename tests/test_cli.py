@@ -755,5 +755,6 @@ def test_tune_errors_are_one_line(tmp_path, capsys, in_process):
 def test_tune_predictor_projected(tmp_path, capsys, in_process):
     db = tmp_path / "tuning.json"
     argv = ["tune", "builtin:rmsnorm", "--db", str(db), "--trials", "2", "--shape", "x:8,768"]
-    assert cli.main([*argv, "--predictor", "projected", "--threads", "1"]) == 0
+    more = ["--predictor", "projected", "--whole-space", "4096", "--threads", "1"]
+    assert cli.main([*argv, *more]) == 0
     assert "fused_0" in capsys.readouterr().out and db.exists()
