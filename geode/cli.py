@@ -665,6 +665,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         retune=args.retune,
         seed=args.seed,
         knobs=args.knobs.split(",") if args.knobs else None,
+        ray=args.ray,
+        whole_space=args.whole_space,
         **options,
     )
     print(f"model {loaded.label}")
@@ -924,14 +926,30 @@ def _add_tune(sub: Any) -> None:
     )
     t.add_argument(
         "--predictor",
-        choices=("none", "sol"),
+        choices=("none", "sol", "projected"),
         default="none",
-        help="rank candidates before measuring them (default none: knob order)",
+        help="rank candidates before measuring them (default none: knob order; projected: "
+        "the projected cost model, fitted on this machine when a fit was saved)",
     )
     t.add_argument(
         "--knobs",
         metavar="K1,K2,...",
         help="search only these knobs (default all; see geode/codegen/tuning/space.py)",
+    )
+    t.add_argument(
+        "--whole-space",
+        type=_int_at_least(0),
+        default=0,
+        metavar="N",
+        help="with a predictor, rank a kernel's whole space when it has at most N settings, "
+        "the best-predicted measured first (default 0: climb from the default)",
+    )
+    t.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="measure candidates on the Ray cluster at ADDRESS (HOST:PORT, ray://HOST:PORT; "
+        "'local' or 'auto' start one here); needs the geode[ray] extra",
     )
     t.add_argument("--retune", action="store_true", help="tune kernels already in the database")
     t.set_defaults(func=cmd_tune)

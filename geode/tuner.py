@@ -28,7 +28,7 @@ import numpy as np
 from geode.api import to_graph
 from geode.codegen.kernel_key import canonical_lowered, kernel_key
 from geode.codegen.tuning import space
-from geode.codegen.tuning.predict import Predictor, sol_predictor
+from geode.codegen.tuning.predict import Predictor, projected_predictor, sol_predictor
 from geode.codegen.tuning.search import KernelTask, TuneResult, tune_kernel
 from geode.codegen.tuning_db import (
     TunedEntry,
@@ -115,6 +115,7 @@ def tune(
     knobs: Sequence[str] | None = None,
     whole_space: int = 0,
     session: Any = None,
+    ray: str | None = None,
     **options: Any,
 ) -> TuneReport:
     """Tune the schedule of every kernel of ``model`` (a Graph, ONNX model or path) and
@@ -124,16 +125,21 @@ def tune(
     ``trials``: candidates measured per kernel at most. ``inputs`` (arrays by input
     name) or ``shapes`` (shapes by input name, random data) size the run; a symbolic
     dim neither fixes is a :class:`TuningError`. ``predictor``: ranks candidates before
-    they are measured: None (knob order), ``"sol"`` (the speed-of-light model) or a
+    they are measured: None (knob order), ``"sol"`` (the speed-of-light model),
+    ``"projected"`` (the projected model: fitted on this device when a fit was saved,
+    else its prior; :func:`~geode.codegen.tuning.predict.projected_predictor`) or a
     callable ``fn(kernel[, dims]) -> seconds``. ``min_gain``: the fraction by which a
     schedule must beat the default to be kept. ``seed``: of the random inputs.
     ``bench_options``: how each candidate is timed (``repeat``, ``min_time``,
-    ``max_time`` of :class:`~geode.codegen.tuning.measure.KernelBench`). ``knobs``: the
+    ``max_time``, ``statistic`` of :class:`~geode.codegen.tuning.measure.KernelBench`). ``knobs``: the
     knobs searched (names of :data:`geode.codegen.tuning.space.KNOBS`; default all).
     ``whole_space``: with a predictor, a kernel whose space has at most this many
     settings is searched whole, best-predicted first (see
     :func:`~geode.codegen.tuning.search.tune_kernel`; default 0: hill climbing).
-    ``options`` are
+    ``ray``: the address of a Ray cluster (``host:port``, ``ray://host:port``; ``local``
+    or ``auto`` start one on this machine) whose workers measure the candidates, several
+    at once (:mod:`geode.codegen.tuning.ray_runner`; the ``geode[ray]`` extra); the
+    results go into the same database. ``options`` are
     compile options (e.g. ``num_threads``: the tuned kernels' thread count, part of the
     database key)."""
     from geode.session import default_session
@@ -178,27 +184,63 @@ def tune(
     feeds = make_feeds(c.graph, inputs, shapes, np.random.default_rng(seed))
     values = run_reference(c.graph, feeds, keep_all=True)
     env = {str(k): int(v) for k, v in bind_inputs(c.graph, feeds).items()}
+    cluster = None
+    if ray is not None:
+        from geode.codegen.tuning.ray_runner import connect
+
+        cluster = connect(ray)
     bar = progress_bar(len(todo), f"geode: tuning {graph.name}", opts.progress, unit="kernel")
     at = {r.name: i for i, r in enumerate(report.kernels)}
-    for job, key in todo:
-        lowered = canonical_lowered(job.lowered)
-        arrays = [_value_array(v, values, feeds) for v in lowered.inputs]
-        task = KernelTask(job.name, key, lowered, job.group, arrays, env)
-        result = tune_kernel(
-            task,
-            opts,
-            trials,
-            rank,
-            min_gain,
-            dict(bench_options or {}),
-            whole_space=whole_space,
-            knobs=knobs,
-        )
-        report.kernels[at[job.name]] = _record(tdb, result, device, threads)
-        bar.set_postfix_str(f"{job.name}: {result.status}")
-        bar.update()
-    bar.close()
+    try:
+        for job, key in todo:
+            lowered = canonical_lowered(job.lowered)
+            arrays = [_value_array(v, values, feeds) for v in lowered.inputs]
+            task = KernelTask(job.name, key, lowered, job.group, arrays, env)
+            result = tune_kernel(
+                task,
+                opts,
+                trials,
+                rank,
+                min_gain,
+                dict(bench_options or {}),
+                whole_space=whole_space,
+                knobs=knobs,
+                measurer=_measurer(cluster, task, opts, threads, device, bench_options),
+            )
+            report.kernels[at[job.name]] = _record(tdb, result, device, threads)
+            bar.set_postfix_str(f"{job.name}: {result.status}")
+            bar.update()
+    finally:
+        bar.close()
+        if cluster is not None:
+            cluster.close()
     return report
+
+
+def _measurer(
+    cluster: Any,
+    task: KernelTask,
+    opts: Options,
+    threads: int,
+    device: str,
+    bench_options: Mapping[str, Any] | None,
+) -> Any:
+    """Where ``task``'s candidates are measured: on ``cluster``'s workers, or here (None)."""
+    if cluster is None:
+        return None
+    from geode.codegen.tuning.ray_runner import RayMeasurer
+
+    return RayMeasurer(
+        cluster,
+        task.name,
+        task.lowered,
+        task.inputs,
+        task.env,
+        opts,
+        threads,
+        device,
+        dict(bench_options or {}),
+    )
 
 
 def _lowered(graph: Graph, opts: Options, sess: Any) -> Any:
@@ -247,9 +289,11 @@ def _predictor(predictor: Predictor | str | None, opts: Options) -> Predictor | 
         from geode.codegen.driver import device_spec
 
         return sol_predictor(device_spec(opts.cache_dir))
+    if predictor == "projected":
+        return projected_predictor(opts)
     if callable(predictor):
         return predictor
-    raise TuningError(f"predictor={predictor!r}: expected None, 'sol' or a callable")
+    raise TuningError(f"predictor={predictor!r}: expected None, 'sol', 'projected' or a callable")
 
 
 def make_feeds(

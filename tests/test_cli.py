@@ -747,3 +747,14 @@ def test_tune_errors_are_one_line(tmp_path, capsys, in_process):
     argv = ["tune", "builtin:rmsnorm", "--db", str(tmp_path / "other.json"), "--shape", "x:2,768"]
     assert cli.main(argv) == 2
     assert "is not a geode tuning database" in capsys.readouterr().err
+    argv = ["tune", "builtin:rmsnorm", "--db", str(db), "--shape", "x:2,768", "--ray", "nohost"]
+    assert cli.main(argv) == 2
+    assert "ray='nohost': not a Ray address" in capsys.readouterr().err
+
+
+def test_tune_predictor_projected(tmp_path, capsys, in_process):
+    db = tmp_path / "tuning.json"
+    argv = ["tune", "builtin:rmsnorm", "--db", str(db), "--trials", "2", "--shape", "x:8,768"]
+    more = ["--predictor", "projected", "--whole-space", "4096", "--threads", "1"]
+    assert cli.main([*argv, *more]) == 0
+    assert "fused_0" in capsys.readouterr().out and db.exists()

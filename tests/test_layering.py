@@ -75,6 +75,7 @@ LAYER_OF: dict[str, str] = {
     "geode.viz": "session",
     "geode.modelfile": "session",
     "geode.codegen": "codegen",
+    "geode.codegen.tuning.ray_runner": "codegen",
     "geode.compiler": "compiler",
     "geode.compiler.fusion.reduce_tree": "compiler",
     "geode.compiler.partition.clusters": "compiler",

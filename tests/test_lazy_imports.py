@@ -1,6 +1,6 @@
 """geode.lazy: ``import geode``, loading a model file and running it import neither sympy
-nor onnx nor numba (the compiler's dependencies), in a fresh process; the first compile
-imports sympy, and a loaded model with symbolic dims gives the compiled model's bits at
+nor onnx nor numba (the compiler's dependencies) nor ray (distributed tuning's), in a
+fresh process; the first compile imports sympy, and a loaded model with symbolic dims gives the compiled model's bits at
 every input size."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from test_pytorch_models import DATA, MODELS
 import geode
 from geode.lazy import LazyModule
 
-_HEAVY = ("sympy", "onnx", "numba")
+_HEAVY = ("sympy", "onnx", "numba", "ray")
 
 
 def _child(code: str, *args: str, env: dict | None = None) -> dict:

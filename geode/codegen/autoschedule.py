@@ -192,6 +192,14 @@ class Choices:
     #: reductions to a scalar; more takes reductions of a few rows too (each partial run
     #: then covers every row), where the rows alone are too few to share out
     rfactor_max_outputs: int = 1
+    #: a column reduction (the sum over axis 0 of ``[N, C]``) cut into this many
+    #: contiguous runs of rows, each run's partial sums a parallel iteration, then the
+    #: partials added up (:func:`_tiled_column_reduce`); 1: the rows in one serial pass
+    column_partials: int = 1
+    #: the columns of a column reduction cut in tiles of this many elements, the tile
+    #: loop outermost (in parallel when the rows are not cut): each tile's accumulators
+    #: stay in vector registers over all the rows; 0: one pass over whole rows
+    column_tile: int = 0
     #: cache line size (bytes) the schedules assume when they decide which rows to
     #: stream: a streamed row must be whole cache lines
     line_bytes: int = LINE_BYTES
@@ -1067,7 +1075,10 @@ def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
     """Every nest runs its outer loop in parallel; a reduction whose input is contiguous
     along spatial axes (softmax over the middle axis of ``[N, 1000, 64]``, a mean over
     C of ``[N, C, H, W]``) first moves its reduce loops outside those axes and
-    vectorizes them (:func:`_reduce_outside_inner_axes`)."""
+    vectorizes them (:func:`_reduce_outside_inner_axes`). A 2-D column reduction may
+    instead be cut in row runs and column tiles (:func:`_tiled_column_reduce`)."""
+    if _tiled_column_reduce(sch):
+        return
     for name in sch.blocks():
         if _is_reduce_update(sch.get_block(name)):
             try:
@@ -1081,6 +1092,61 @@ def _column_reduce(sch: Schedule, lowered: LoweredKernel, group: Group) -> None:
                 sch.parallel(loops[0])
             except ScheduleError as exc:
                 log.debug("column reduce: %s stays serial: %s", name, exc)
+
+
+def _tiled_column_reduce(sch: Schedule) -> bool:
+    """Schedule a reduction over the rows of a 2-D input contiguous along its columns
+    (the sum over axis 0 of ``[N, C]``) with :attr:`Choices.column_partials` runs of
+    rows (``rfactor(..., partials="outer")``: each run's partial sums one parallel
+    iteration, then the partials added up, columns vectorized) and columns in tiles of
+    :attr:`Choices.column_tile` elements (the tile loop outside the rows: a tile's
+    accumulators stay in registers; in parallel when the rows are not cut). Returns
+    False (the schedule unchanged) when both choices are off or the group is not such a
+    reduction; raises ScheduleError when a step fails (the caller falls back)."""
+    parts, tile = choices().column_partials, choices().column_tile
+    updates = [n for n in sch.blocks() if _is_reduce_update(sch.get_block(n))]
+    if (parts <= 1 and tile <= 0) or len(updates) != 1:
+        return False
+    (name,) = updates
+    b = sch.get_block(name)
+    loops = _nest_loops(sch, name)
+    kinds = [iv.kind for iv in b.iter_vars]
+    if kinds != ["spatial", "reduce"] or len(loops) != 2 or _inner_spatial(b) != [0]:
+        return False
+    col, row = loops
+    if parts > 1:
+        p, run = sch.rfactor(name, row, parts, partials="outer")
+        (rf,) = [n for n in sch.blocks() if p in sch.get_loops(n)]
+        col = _nest_loops(sch, rf)[0]
+        inner = _column_tiles(sch, col, tile)
+        sch.reorder([p, *inner[:-1], run, inner[-1]])
+        sch.parallel(p)
+        sch.vectorize(inner[-1])
+    else:
+        inner = _column_tiles(sch, col, tile)
+        sch.reorder([*inner[:-1], row, inner[-1]])
+        if len(inner) > 1:
+            sch.parallel(inner[0])
+        sch.vectorize(inner[-1])
+    for n in sch.blocks():
+        if n == name and parts <= 1 or (parts > 1 and n == f"{name}_rf"):
+            continue
+        nest = _nest_loops(sch, n)
+        if len(nest) == 2:  # the partials' init and their sum: the columns innermost
+            sch.reorder([nest[1], nest[0]])
+            sch.vectorize(nest[0])
+        elif nest and not _single_iteration(sch, nest[0]):
+            sch.parallel(nest[0])
+    return True
+
+
+def _column_tiles(sch: Schedule, col: str, tile: int) -> list[str]:
+    """``col`` split in tiles of ``tile`` elements (``[tiles, within]``), or ``[col]``
+    when ``tile`` is 0 or not shorter than its static extent."""
+    ext = sch.get_loop(col).extent
+    if tile <= 0 or (isinstance(ext, A.Const) and int(ext.value) <= tile):
+        return [col]
+    return sch.split(col, [-1, tile])
 
 
 def _small_outputs(sch: Schedule, most: int) -> bool:

@@ -16,6 +16,7 @@ from geode.codegen.lower import lower_group
 from geode.codegen.schedule import Trace
 from geode.codegen.schedule.trace_json import replay_checked
 from geode.codegen.tuning import space
+from geode.codegen.tuning.measure import KernelBench
 from geode.config import Options
 from geode.errors import ScheduleError
 
@@ -108,3 +109,42 @@ def test_the_live_knobs_and_the_whole_space() -> None:
     texts = [A.format_kernel(sch.kernel) for _, sch in whole]
     assert whole[0][0] == {} and len(set(texts)) == len(texts)  # the default first, distinct
     assert space.enumerate_space(lk, group, OPTS, 2) is None  # too large
+
+
+COLUMN_SETTINGS = [
+    {"column_partials": 8},
+    {"column_tile": 64},
+    {"column_partials": 2, "column_tile": 128, "interleave": 2},
+    {"column_partials": 4, "column_tile": 32, "interleave": 4},
+    {"column_tile": 512, "parallel": 0},
+]
+
+
+def test_a_column_reduction_has_a_real_space_and_every_schedule_is_correct() -> None:
+    """The sum over axis 0 of ``[N, 1024]``: row runs (rfactor, in parallel) and column
+    tiles (outermost, in parallel) make a space of dozens of kernels; each replays from
+    JSON and gives numpy's sums, interpreted and compiled (row counts below, at and
+    above the runs: 5, 8, 37)."""
+    graph = _graph(lambda x: ops.reduce_sum(x, axes=[0], keepdims=0), [["N", 1024]])
+    lk, group = _lowered(graph)
+    live = {k.name for k in space.live_knobs(lk, group, OPTS)}
+    assert {"column_partials", "column_tile", "parallel", "interleave"} <= live
+    whole = space.enumerate_space(lk, group, OPTS, 10**4)
+    assert whole is not None and 50 <= len(whole) <= 150
+    rng = np.random.default_rng(2)
+    for s in COLUMN_SETTINGS:
+        sch = space.build(lk, group, OPTS, s)
+        text = A.format_kernel(sch.kernel)
+        if s.get("column_partials"):
+            assert "rfactor" in str(sch.trace) and "parallel for (l2_0" in text, text
+        elif s.get("parallel", 1):
+            assert "parallel for (l1_0" in text, text
+        back = replay_checked(Trace.from_json(sch.trace.to_json()), lk.kernel)
+        assert A.format_kernel(back.kernel) == text
+        x = rng.standard_normal((7, 1024)).astype(np.float32)  # the loop nest, interpreted
+        check_groups(graph, {"x0": x}, lambda lk_, grp, s=s: space.build(lk_, grp, OPTS, s).kernel)
+        for rows in (5, 8, 37):  # compiled
+            x = rng.standard_normal((rows, 1024)).astype(np.float32)
+            bench = KernelBench("k", lk, [x], {"N": rows}, OPTS)
+            (got,) = bench.runner(sch)()
+            np.testing.assert_allclose(got, x.sum(axis=0), rtol=1e-5, atol=1e-5)

@@ -24,6 +24,7 @@ import numpy as np
 
 from geode.codegen import ast as A
 from geode.codegen.ast_eval import eval_shape
+from geode.config import Options
 from geode.costmodel.device import DeviceSpec
 from geode.costmodel.sol import KernelWork, estimate
 
@@ -98,6 +99,18 @@ def sol_predictor(spec: DeviceSpec) -> Predictor:
         return estimate(kernel_work(kernel, dims), spec)
 
     return predict_sol
+
+
+def projected_predictor(opts: Options) -> Predictor:
+    """The projected model as a predictor: fitted on this device when a fit was saved
+    in ``opts.cache_dir`` (``python -m geode.costmodel.report --save``), else its prior;
+    at the thread count ``opts.num_threads`` gives."""
+    from geode.codegen.costs import KernelPredictor, projected_model
+    from geode.codegen.driver import device_spec
+
+    spec = device_spec(opts.cache_dir)
+    model = projected_model(opts.cache_dir, spec)
+    return KernelPredictor(spec, model, threads=int(opts.num_threads))
 
 
 def predict(predictor: Predictor, kernel: A.Kernel, dims: Mapping[str, int]) -> float:

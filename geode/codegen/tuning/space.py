@@ -4,7 +4,7 @@ setting of them gives.
 A *setting* maps knob names to values; a knob it does not name keeps its default (the
 first of its values), so the empty setting is the default schedule. Most knobs are
 fields of :class:`~geode.codegen.autoschedule.Choices` that the default schedules read
-(split and tile factors, rfactor runs, whether loops run in parallel, the prefetch
+(split and tile factors, rfactor runs, a column reduction's row runs and column tiles, whether loops run in parallel, the prefetch
 distance and chunks, software pipelining, chains split in passes, stream chunks and
 the interleave of streamed loops); ``streaming`` is the streaming-stores threshold the
 driver passes (``auto``: the cache size, ``off``, ``always``); ``interleave`` and
@@ -57,6 +57,8 @@ class Knob:
 KNOBS: tuple[Knob, ...] = (
     Knob("rfactor_partials", (64, 1, 16, 256), "choice", "runs of a full reduction (1: serial)"),
     Knob("rfactor_max_outputs", (1, 64), "choice", "two steps for reductions of a few rows"),
+    Knob("column_partials", (1, 2, 4, 8), "choice", "a column reduction's row runs"),
+    Knob("column_tile", (0, 512, 256, 128, 64, 32), "choice", "a column reduction's tile"),
     Knob("parallel", (1, 0), "choice", "loops in parallel, or one thread"),
     Knob("parallel_min_elements", (1 << 15, 1 << 12), "choice", "the smallest parallel domain"),
     Knob("vector_chunk", (4096, 1024, 16384), "choice", "split factor of a 1-D nest"),
