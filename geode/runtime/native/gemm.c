@@ -102,6 +102,66 @@ static void block_fn(void *ctx, int64_t chunk, int64_t nchunks)
         one_call(g, hi - lo, g->n, g->a + lo * g->lda * item, g->b, g->c + lo * g->ldc * item);
 }
 
+/* geode's own float32 kernel (sgemm_thin.c) for the products the BLAS cannot split */
+void geode_sgemm_thin(int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
+                      int64_t lda, const float *b, int64_t ldb, int add, float *c, int64_t ldc);
+static atomic_ullong g_thin_calls;
+static int g_thin = -1; /* -1: not yet asked, else geode_sgemm_thin_ok() */
+
+/* A thin product's blocks have at least this many multiply-adds (the pool's launch, a few
+   microseconds, is then a small part of a block), and are at least THIN_ALIGN columns or
+   4 rows. Products smaller than two such blocks stay one BLAS call. */
+#define THIN_BLOCK_MIN_WORK (1 << 15)
+#define THIN_ALIGN 32
+
+static void thin_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
+{
+    const gemm_t *g = ctx;
+    int64_t lo = edge(g, chunk, nchunks), hi = edge(g, chunk + 1, nchunks);
+    if (hi <= lo)
+        return;
+    const float *a = (const float *)g->a, *b = (const float *)g->b;
+    float *c = (float *)g->c;
+    if (g->by_cols)
+        geode_sgemm_thin(g->m, lo, hi, g->k, a, g->lda, b, g->ldb, g->beta != 0.0, c, g->ldc);
+    else
+        geode_sgemm_thin(hi - lo, 0, g->n, g->k, a + lo * g->lda, g->lda, b, g->ldb,
+                         g->beta != 0.0, c + lo * g->ldc, g->ldc);
+}
+
+/* A float32 product with geode's own kernel: split over `t` threads when the BLAS would
+   compute it in one call (`blas_split` 0) and it makes two blocks, or (one row, at least a
+   block's work) serially: the kernel streams B faster than the BLAS's GEMV when B is not
+   in the L2 cache, and a split GEMV is one anyway. Returns 0 when the BLAS should. */
+static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, int in_job)
+{
+    if (g0->kind != 0 || work < THIN_BLOCK_MIN_WORK)
+        return 0;
+    if (g_thin < 0)
+        g_thin = geode_sgemm_thin_ok();
+    if (!g_thin || (blas_split && g0->m > 1))
+        return 0;
+    gemm_t copy = *g0, *g = &copy;
+    g->by_cols = g->m == 1 || g->n / THIN_ALIGN >= g->m / 4;
+    g->align = g->by_cols ? THIN_ALIGN : 4;
+    int64_t dim = g->by_cols ? g->n : g->m;
+    int64_t blocks = t * BLOCKS_PER_THREAD;
+    if ((double)blocks > work / THIN_BLOCK_MIN_WORK)
+        blocks = (int64_t)(work / THIN_BLOCK_MIN_WORK);
+    if (blocks > dim / g->align)
+        blocks = dim / g->align;
+    if (t > 1 && blocks >= 2 && !in_job) {
+        atomic_fetch_add_explicit(&g_thin_calls, 1, memory_order_relaxed);
+        geode_parallel_for(thin_block_fn, g, blocks, t);
+        return 1;
+    }
+    if (g->m != 1)
+        return 0;
+    atomic_fetch_add_explicit(&g_thin_calls, 1, memory_order_relaxed);
+    thin_block_fn(g, 0, 1);
+    return 1;
+}
+
 static void single_enter(void)
 {
     pthread_mutex_lock(&g_single_lock);
@@ -145,7 +205,11 @@ GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, cons
         blocks = (int64_t)(work / (2.0 * BLOCK_MIN_WORK));
     if (blocks > dim / g.align)
         blocks = dim / g.align;
-    if (g_set_threads == NULL || t <= 1 || blocks < 2 || geode_pool_in_job()) {
+    int in_job = geode_pool_in_job();
+    int blas_split = g_set_threads != NULL && t > 1 && blocks >= 2 && !in_job;
+    if (thin_path(&g, t, work, blas_split, in_job))
+        return;
+    if (!blas_split) {
         if (g_set_threads != NULL)
             single_enter();
         one_call(&g, m, n, a, b, c);
@@ -172,4 +236,9 @@ void geode_gemm_configure(void *sgemm, void *dgemm, int bits, void *set_threads,
 uint64_t geode_gemm_split_calls(void)
 {
     return atomic_load(&g_split_calls);
+}
+
+uint64_t geode_gemm_thin_calls(void)
+{
+    return atomic_load(&g_thin_calls);
 }
