@@ -174,15 +174,16 @@ def test_small_float32_products_use_geode_own_kernel():
 @settings(max_examples=60, deadline=None)
 @given(
     m=st.integers(1, 40),
-    k=st.integers(1, 300),
+    k=st.integers(1, 700),
     n=st.integers(1, 300),
     pad=st.integers(0, 9),
     beta=st.sampled_from([0.0, 1.0]),
     threads=st.integers(1, 3),
 )
 def test_thin_kernel_matches_numpy(m, k, n, pad, beta, threads):
-    """Every tile shape (rows 1-4, full and masked column vectors, GEMV panels), sub-matrix
-    operands (leading dims past the width), beta 0 and 1, split or not."""
+    """Every tile shape (rows 1-4, full and masked column vectors, GEMV panels), strips of B
+    packed (K up to 512) or read in place, sub-matrix operands (leading dims past the
+    width), beta 0 and 1, split or not."""
     a = RNG.standard_normal((m, k + pad)).astype(np.float32)[:, :k]
     b = RNG.standard_normal((k, n + pad)).astype(np.float32)[:, :n]
     full = RNG.standard_normal((m, n + pad)).astype(np.float32)

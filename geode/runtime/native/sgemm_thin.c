@@ -167,6 +167,19 @@ TARGET static void gemv_2(const float *a, int64_t lda, const float *b, int64_t l
     gemv_panel(2, a, lda, b, ldb, c, ldc, k, add, w);
 }
 
+/* Strips of B are copied (packed) to a contiguous buffer when several row tiles read them
+   and K is at most this: B's rows are far apart in memory (a page for 1024 columns), and
+   the cache keeps few lines a page apart. */
+#define PACK_MAX_K 512
+
+TARGET static void pack_strip(const float *b, int64_t ldb, int64_t k, float *out)
+{
+    for (int64_t p = 0; p < k; p++) {
+        _mm256_store_ps(out + 16 * p, _mm256_loadu_ps(b + p * ldb));
+        _mm256_store_ps(out + 16 * p + 8, _mm256_loadu_ps(b + p * ldb + 8));
+    }
+}
+
 /* C[0:m, j0:j1] (= or +=) A[0:m, :] @ B[:, j0:j1], row-major, leading dims in elements.
    Column strips of 16 outermost, so a strip of B stays in the L1 cache for all rows. */
 void geode_sgemm_thin(int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
@@ -180,14 +193,23 @@ void geode_sgemm_thin(int64_t m, int64_t j0, int64_t j1, int64_t k, const float 
         return;
     }
     const int64_t strip = 16;
+    float packed[PACK_MAX_K * 16] __attribute__((aligned(64)));
+    const int pack = m > 4 && k <= PACK_MAX_K;
     for (int64_t j = j0; j < j1; j += strip) {
         int64_t w = j1 - j < strip ? j1 - j : strip;
+        const float *bj = b + j;
+        int64_t ldbj = ldb;
+        if (pack && w == strip) {
+            pack_strip(b + j, ldb, k, packed);
+            bj = packed;
+            ldbj = strip;
+        }
         for (int64_t i = 0; i < m; i += 4) {
             int rows = m - i < 4 ? (int)(m - i) : 4;
             const float *ai = a + i * lda;
             float *ci = c + i * ldc + j;
             if (w == strip) {
-                g_strip[rows](ai, lda, b + j, ldb, ci, ldc, k, add, 8);
+                g_strip[rows](ai, lda, bj, ldbj, ci, ldc, k, add, 8);
                 continue;
             }
             for (int64_t q = 0; q < w; q += 8) {
