@@ -9,7 +9,13 @@
    geode_parallel_for: work stealing, so a late worker's blocks are taken by the others and
    nothing waits. Each block is one single-threaded BLAS call: while any geode_gemm runs,
    OpenBLAS's thread count is 1 (restored to what it was after the last one; a numpy matmul
-   in another thread meanwhile runs single-threaded, and right). */
+   in another thread meanwhile runs single-threaded, and right).
+
+   A float32 product too small for such blocks (under 4M multiply-adds) would be one
+   single-threaded BLAS call while the other cores idle: it is split instead with geode's
+   own kernel (sgemm_thin.c), whose blocks may be any size (every element is summed alike),
+   and a GEMV (one row) always takes that kernel, split or not (it streams B faster than
+   the BLAS's GEMV). */
 
 #define _GNU_SOURCE
 #include "pool.h"
