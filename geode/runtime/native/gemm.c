@@ -112,7 +112,7 @@ static void block_fn(void *ctx, int64_t chunk, int64_t nchunks)
 void geode_sgemm_thin(int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
                       int64_t lda, const float *b, int64_t ldb, int add, float *c, int64_t ldc);
 static atomic_ullong g_thin_calls;
-static int g_thin = -1; /* -1: not yet asked, else geode_sgemm_thin_ok() */
+static atomic_int g_thin = -1; /* -1: not yet asked, else geode_sgemm_thin_ok() */
 
 /* A thin product's blocks have at least this many multiply-adds (the pool's launch, a few
    microseconds, is then a small part of a block), and are at least THIN_ALIGN columns or
@@ -143,9 +143,9 @@ static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, i
 {
     if (g0->kind != 0 || work < THIN_BLOCK_MIN_WORK)
         return 0;
-    if (g_thin < 0)
-        g_thin = geode_sgemm_thin_ok();
-    if (!g_thin || (blas_split && g0->m > 1))
+    if (atomic_load_explicit(&g_thin, memory_order_relaxed) < 0)
+        atomic_store_explicit(&g_thin, geode_sgemm_thin_ok(), memory_order_relaxed);
+    if (!atomic_load_explicit(&g_thin, memory_order_relaxed) || (blas_split && g0->m > 1))
         return 0;
     gemm_t copy = *g0, *g = &copy;
     g->by_cols = g->m == 1 || g->n / THIN_ALIGN >= g->m / 4;
