@@ -51,7 +51,9 @@ def _gemm(a, b, c, beta=0.0, threads=0):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(300, 200, 500), (1000, 64, 40), (7, 3, 1), (64, 256, 2048)])
+@pytest.mark.parametrize(
+    "shape", [(300, 200, 500), (1000, 64, 40), (7, 3, 1), (64, 256, 2048), (32, 256, 768)]
+)
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_blocks_add_up_to_the_product(dtype, shape, beta):
     m, k, n = shape

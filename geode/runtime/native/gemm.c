@@ -53,6 +53,15 @@ static atomic_ullong g_split_calls;
 /* Blocks per thread: enough for stealing to even out a late or slow thread. */
 #define BLOCKS_PER_THREAD 4
 
+/* `blocks` even blocks on `t` threads: a multiple of t when there are too few for stealing
+   to even them out (3 blocks on 2 threads take as long as 4, the last one alone). */
+static int64_t balanced(int64_t blocks, int64_t t)
+{
+    if (t > 1 && blocks > t && blocks < t * BLOCKS_PER_THREAD)
+        blocks -= blocks % t;
+    return blocks;
+}
+
 typedef struct {
     int kind; /* 0: float32, 1: float64 */
     int64_t m, n, k, lda, ldb, ldc;
@@ -156,6 +165,7 @@ static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, i
         blocks = (int64_t)(work / THIN_BLOCK_MIN_WORK);
     if (blocks > dim / g->align)
         blocks = dim / g->align;
+    blocks = balanced(blocks, t);
     if (t > 1 && blocks >= 2 && !in_job) {
         atomic_fetch_add_explicit(&g_thin_calls, 1, memory_order_relaxed);
         geode_parallel_for(thin_block_fn, g, blocks, t);
@@ -211,6 +221,7 @@ GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, cons
         blocks = (int64_t)(work / (2.0 * BLOCK_MIN_WORK));
     if (blocks > dim / g.align)
         blocks = dim / g.align;
+    blocks = balanced(blocks, t);
     int in_job = geode_pool_in_job();
     int blas_split = g_set_threads != NULL && t > 1 && blocks >= 2 && !in_job;
     if (thin_path(&g, t, work, blas_split, in_job))
