@@ -51,7 +51,9 @@ def _gemm(a, b, c, beta=0.0, threads=0):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(300, 200, 500), (1000, 64, 40), (7, 3, 1), (64, 256, 2048)])
+@pytest.mark.parametrize(
+    "shape", [(300, 200, 500), (1000, 64, 40), (7, 3, 1), (64, 256, 2048), (32, 256, 768)]
+)
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_blocks_add_up_to_the_product(dtype, shape, beta):
     m, k, n = shape
@@ -137,3 +139,73 @@ def test_split_blocks_round_every_column_alike():
     c = np.empty((4, 3000), np.float32)
     _gemm(big, np.full((4000, 3000), 0.25, np.float32), c, threads=2)
     assert len(np.unique(c)) == 1
+
+
+def _thin_calls() -> int:
+    return native.pool_info()["gemm_thin_calls"]
+
+
+thin_only = pytest.mark.skipif(
+    not native.pool_info()["gemm_thin_kernel"], reason="no AVX2 and FMA: the BLAS does all"
+)
+
+
+@thin_only
+def test_small_float32_products_use_geode_own_kernel():
+    """A float32 product too small for the BLAS's blocks is split with geode's own kernel,
+    a GEMV (one row) always uses it; float64 and tiny products never do."""
+    a = RNG.standard_normal((32, 256)).astype(np.float32)
+    b = RNG.standard_normal((256, 256)).astype(np.float32)
+    c = np.empty((32, 256), np.float32)
+    before = _thin_calls()
+    _gemm(a, b, c, threads=2)  # 2M multiply-adds: one BLAS call, or two thin blocks
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    assert _thin_calls() == before + 1
+    _gemm(a, b, c, threads=1)  # one thread, more than one row: the BLAS
+    assert _thin_calls() == before + 1
+    x, y = a[:1].copy(), np.empty((1, 256), np.float32)
+    _gemm(x, b, y, threads=1)
+    np.testing.assert_allclose(y, x.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    assert _thin_calls() == before + 2
+    _gemm(a.astype(np.float64)[:1], b.astype(np.float64), np.empty((1, 256)), threads=2)
+    _gemm(a[:8, :8].copy(), b[:8, :8].copy(), np.empty((8, 8), np.float32), threads=2)
+    assert _thin_calls() == before + 2
+
+
+@thin_only
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    k=st.integers(1, 700),
+    n=st.integers(1, 300),
+    pad=st.integers(0, 9),
+    beta=st.sampled_from([0.0, 1.0]),
+    threads=st.integers(1, 3),
+)
+def test_thin_kernel_matches_numpy(m, k, n, pad, beta, threads):
+    """Every tile shape (rows 1-4, full and masked column vectors, GEMV panels), strips of B
+    packed (K up to 512) or read in place, sub-matrix operands (leading dims past the
+    width), beta 0 and 1, split or not."""
+    a = RNG.standard_normal((m, k + pad)).astype(np.float32)[:, :k]
+    b = RNG.standard_normal((k, n + pad)).astype(np.float32)[:, :n]
+    full = RNG.standard_normal((m, n + pad)).astype(np.float32)
+    c = full[:, :n]
+    c0, outside = c.copy(), full[:, n:].copy()
+    _gemm(a, b, c, beta, threads)
+    want = a.astype(np.float64) @ b + (c0 if beta else 0)
+    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_array_equal(full[:, n:], outside)  # masked stores stay in the row
+
+
+@thin_only
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 32])
+def test_thin_blocks_round_every_column_alike(m):
+    """B with equal columns gives equal columns of C in every row, however the product is
+    split and whichever tile (full, masked, GEMV panel) computes a column."""
+    a = (RNG.standard_normal((m, 300)) * 1e6).astype(np.float32)
+    col = RNG.standard_normal((300, 1)).astype(np.float32)
+    b = np.repeat(col, 203, axis=1)
+    c = np.empty((m, 203), np.float32)
+    _gemm(a, b, c, threads=2)
+    for row in c:
+        assert len(np.unique(row)) == 1

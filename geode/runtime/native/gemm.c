@@ -9,7 +9,13 @@
    geode_parallel_for: work stealing, so a late worker's blocks are taken by the others and
    nothing waits. Each block is one single-threaded BLAS call: while any geode_gemm runs,
    OpenBLAS's thread count is 1 (restored to what it was after the last one; a numpy matmul
-   in another thread meanwhile runs single-threaded, and right). */
+   in another thread meanwhile runs single-threaded, and right).
+
+   A float32 product too small for such blocks (under 4M multiply-adds) would be one
+   single-threaded BLAS call while the other cores idle: it is split instead with geode's
+   own kernel (sgemm_thin.c), whose blocks may be any size (every element is summed alike),
+   and a GEMV (one row) always takes that kernel, split or not (it streams B faster than
+   the BLAS's GEMV). */
 
 #define _GNU_SOURCE
 #include "pool.h"
@@ -46,6 +52,15 @@ static atomic_ullong g_split_calls;
 #define BLOCK_MIN_WORK (1 << 20)
 /* Blocks per thread: enough for stealing to even out a late or slow thread. */
 #define BLOCKS_PER_THREAD 4
+
+/* `blocks` even blocks on `t` threads: a multiple of t when there are too few for stealing
+   to even them out (3 blocks on 2 threads take as long as 4, the last one alone). */
+static int64_t balanced(int64_t blocks, int64_t t)
+{
+    if (t > 1 && blocks > t && blocks < t * BLOCKS_PER_THREAD)
+        blocks -= blocks % t;
+    return blocks;
+}
 
 typedef struct {
     int kind; /* 0: float32, 1: float64 */
@@ -102,6 +117,67 @@ static void block_fn(void *ctx, int64_t chunk, int64_t nchunks)
         one_call(g, hi - lo, g->n, g->a + lo * g->lda * item, g->b, g->c + lo * g->ldc * item);
 }
 
+/* geode's own float32 kernel (sgemm_thin.c) for the products the BLAS cannot split */
+void geode_sgemm_thin(int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
+                      int64_t lda, const float *b, int64_t ldb, int add, float *c, int64_t ldc);
+static atomic_ullong g_thin_calls;
+static atomic_int g_thin = -1; /* -1: not yet asked, else geode_sgemm_thin_ok() */
+
+/* A thin product's blocks have at least this many multiply-adds (the pool's launch, a few
+   microseconds, is then a small part of a block), and are at least THIN_ALIGN columns or
+   4 rows. Products smaller than two such blocks stay one BLAS call. */
+#define THIN_BLOCK_MIN_WORK (1 << 15)
+#define THIN_ALIGN 32
+
+static void thin_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
+{
+    const gemm_t *g = ctx;
+    int64_t lo = edge(g, chunk, nchunks), hi = edge(g, chunk + 1, nchunks);
+    if (hi <= lo)
+        return;
+    const float *a = (const float *)g->a, *b = (const float *)g->b;
+    float *c = (float *)g->c;
+    if (g->by_cols)
+        geode_sgemm_thin(g->m, lo, hi, g->k, a, g->lda, b, g->ldb, g->beta != 0.0, c, g->ldc);
+    else
+        geode_sgemm_thin(hi - lo, 0, g->n, g->k, a + lo * g->lda, g->lda, b, g->ldb,
+                         g->beta != 0.0, c + lo * g->ldc, g->ldc);
+}
+
+/* A float32 product with geode's own kernel: split over `t` threads when the BLAS would
+   compute it in one call (`blas_split` 0) and it makes two blocks, or (one row, at least a
+   block's work) serially: the kernel streams B faster than the BLAS's GEMV when B is not
+   in the L2 cache, and a split GEMV is one anyway. Returns 0 when the BLAS should. */
+static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, int in_job)
+{
+    if (g0->kind != 0 || work < THIN_BLOCK_MIN_WORK)
+        return 0;
+    if (atomic_load_explicit(&g_thin, memory_order_relaxed) < 0)
+        atomic_store_explicit(&g_thin, geode_sgemm_thin_ok(), memory_order_relaxed);
+    if (!atomic_load_explicit(&g_thin, memory_order_relaxed) || (blas_split && g0->m > 1))
+        return 0;
+    gemm_t copy = *g0, *g = &copy;
+    g->by_cols = g->m == 1 || g->n / THIN_ALIGN >= g->m / 4;
+    g->align = g->by_cols ? THIN_ALIGN : 4;
+    int64_t dim = g->by_cols ? g->n : g->m;
+    int64_t blocks = t * BLOCKS_PER_THREAD;
+    if ((double)blocks > work / THIN_BLOCK_MIN_WORK)
+        blocks = (int64_t)(work / THIN_BLOCK_MIN_WORK);
+    if (blocks > dim / g->align)
+        blocks = dim / g->align;
+    blocks = balanced(blocks, t);
+    if (t > 1 && blocks >= 2 && !in_job) {
+        atomic_fetch_add_explicit(&g_thin_calls, 1, memory_order_relaxed);
+        geode_parallel_for(thin_block_fn, g, blocks, t);
+        return 1;
+    }
+    if (g->m != 1)
+        return 0;
+    atomic_fetch_add_explicit(&g_thin_calls, 1, memory_order_relaxed);
+    thin_block_fn(g, 0, 1);
+    return 1;
+}
+
 static void single_enter(void)
 {
     pthread_mutex_lock(&g_single_lock);
@@ -145,7 +221,12 @@ GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, cons
         blocks = (int64_t)(work / (2.0 * BLOCK_MIN_WORK));
     if (blocks > dim / g.align)
         blocks = dim / g.align;
-    if (g_set_threads == NULL || t <= 1 || blocks < 2 || geode_pool_in_job()) {
+    blocks = balanced(blocks, t);
+    int in_job = geode_pool_in_job();
+    int blas_split = g_set_threads != NULL && t > 1 && blocks >= 2 && !in_job;
+    if (thin_path(&g, t, work, blas_split, in_job))
+        return;
+    if (!blas_split) {
         if (g_set_threads != NULL)
             single_enter();
         one_call(&g, m, n, a, b, c);
@@ -172,4 +253,9 @@ void geode_gemm_configure(void *sgemm, void *dgemm, int bits, void *set_threads,
 uint64_t geode_gemm_split_calls(void)
 {
     return atomic_load(&g_split_calls);
+}
+
+uint64_t geode_gemm_thin_calls(void)
+{
+    return atomic_load(&g_thin_calls);
 }

@@ -32,7 +32,8 @@ PyDoc_STRVAR(get_num_threads_doc,
 PyDoc_STRVAR(pool_info_doc,
              "pool_info($module, /)\n--\n\n"
              "Return a dict: threads, spin_us, workers_running, launches, inline_runs,\n"
-             "blas_pool_runs, blas_thread_runs, scratch_bytes, gemm_split_calls.");
+             "blas_pool_runs, blas_thread_runs, scratch_bytes, gemm_split_calls, gemm_thin_calls,\n"
+             "gemm_thin_kernel (1: geode's own float32 GEMM kernel runs on this CPU).");
 
 PyDoc_STRVAR(symbols_doc,
              "symbols($module, /)\n--\n\n"
@@ -81,14 +82,16 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
     uint64_t blas_pool = 0, blas_threads = 0;
     geode_pool_get_stats(&s);
     geode_blas_stats(&blas_pool, &blas_threads);
-    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:L,s:K}", "threads", (long long)s.threads,
+    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:L,s:K,s:K,s:i}", "threads", (long long)s.threads,
                          "spin_us", (long long)s.spin_us, "workers_running",
                          (long long)s.workers_running, "launches", (unsigned long long)s.launches,
                          "inline_runs", (unsigned long long)s.inline_runs, "blas_pool_runs",
                          (unsigned long long)blas_pool, "blas_thread_runs",
                          (unsigned long long)blas_threads, "scratch_bytes",
                          (long long)geode_scratch_held(), "gemm_split_calls",
-                         (unsigned long long)geode_gemm_split_calls());
+                         (unsigned long long)geode_gemm_split_calls(), "gemm_thin_calls",
+                         (unsigned long long)geode_gemm_thin_calls(), "gemm_thin_kernel",
+                         geode_sgemm_thin_ok());
 }
 
 static PyObject *py_symbols(PyObject *module, PyObject *unused)

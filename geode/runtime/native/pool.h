@@ -49,6 +49,8 @@ GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, cons
 void geode_gemm_configure(void *sgemm, void *dgemm, int bits, void *set_threads,
                           void *get_threads);
 uint64_t geode_gemm_split_calls(void);
+uint64_t geode_gemm_thin_calls(void); /* products computed with geode's own kernel */
+int geode_sgemm_thin_ok(void);        /* sgemm_thin.c: 1 when the CPU can run it */
 
 /* Internal API for the Python module. */
 typedef struct {

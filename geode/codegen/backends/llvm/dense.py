@@ -295,7 +295,8 @@ def _gemm(
     w: SsaWriter, dtype: str, mnk: list[str], ops: list[tuple[str, str]], threads: str
 ) -> None:
     """``C = A @ B`` (row-major): ``mnk`` the sizes, ``ops`` ``(pointer, leading dim)`` of
-    A, B, C; through ``geode_gemm`` (inside a pool job, one serial BLAS call)."""
+    A, B, C; through ``geode_gemm`` (inside a pool job, one serial call: the BLAS, or
+    geode's own kernel for a float32 row)."""
     m, n, k = mnk
     w.emit(gemm_call(dtype, m, n, k, ops, threads))
 

@@ -120,7 +120,9 @@ def gemm_call(
     """The IR call of ``C = A @ B (+ beta C)`` through ``geode_gemm`` (row-major, leading
     dims in elements; ``ops`` the ``(pointer, leading dim)`` of A, B, C; ``beta`` 0.0 or
     1.0; ``threads`` 0 for the pool's): split into independent blocks over the pool, each a
-    single-threaded BLAS call, no barrier between threads (``runtime/native/gemm.c``)."""
+    single-threaded BLAS call, no barrier between threads; a float32 product too small for
+    such blocks, and every float32 GEMV, on geode's own kernel (``runtime/native/gemm.c``,
+    ``sgemm_thin.c``)."""
     (a, lda), (b, ldb), (c, ldc) = ops
     kind = 0 if dtype == "float32" else 1
     return (
