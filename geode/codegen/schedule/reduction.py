@@ -39,7 +39,14 @@ class Reduction(ScheduleBase):
     """Two-step reductions: rfactor."""
 
     @primitive
-    def rfactor(self, block: str, loop: str, factor: int, partials: str = "inner") -> list[str]:
+    def rfactor(
+        self,
+        block: str,
+        loop: str,
+        factor: int,
+        partials: str = "inner",
+        partials_axis: str = "last",
+    ) -> list[str]:
         """Two-step reduce: split reduce loop ``loop`` into ``outer * factor``,
         accumulate ``factor`` partial results per output element in a new local buffer
         ``<buf>_rf`` (the output's shape plus an axis of size ``factor``) in a block
@@ -54,6 +61,13 @@ class Reduction(ScheduleBase):
         in parallel: a full reduction on every thread), the inner one ``<loop>_1`` the
         run (vectorize it). A symbolic or non-dividing extent guards the rf block with
         ``p * run + r < extent``.
+
+        ``partials_axis="first"`` puts the partials' axis first in ``<buf>_rf``
+        (``factor`` rows of the output's shape instead of the output's shape with an
+        axis of ``factor`` appended): partial ``p`` is then one contiguous row, which a
+        loop over the output's last axis walks with unit stride (a column reduction
+        whose partials accumulate whole rows, vectorized; used by
+        ``autoschedule._stitch_reduce``).
 
         Requirements: ``block`` is a reduction ``C[idx] = C[idx] op value`` with op in
         ``+ * max min``; ``loop`` is among the loops holding nothing but the block,
@@ -92,6 +106,11 @@ class Reduction(ScheduleBase):
         )
         if partials not in ("inner", "outer"):
             raise ScheduleError("rfactor", block, f"partials {partials!r} is not inner or outer")
+        if partials_axis not in ("first", "last"):
+            raise ScheduleError(
+                "rfactor", block, f"partials_axis {partials_axis!r} is not first or last"
+            )
+        first = partials_axis == "first"
         factor = int(factor)
         cbuf = self.kernel.buffer(st.buffer)
         old_pred = b.predicate
@@ -104,10 +123,10 @@ class Reduction(ScheduleBase):
         rest = substitute(rest, {iv_name: recon})
         # 3. partial buffer and the rf block
         rf_buf = self._fresh(f"{cbuf.name}_rf", kind="buffer")
-        self.kernel.temps.append(
-            Buffer(rf_buf, cbuf.dtype, tuple(cbuf.shape) + (Const(factor),), "local")
-        )
-        rf_idx = tuple(st.indices) + (Var(vi),)
+        part_shape = (Const(factor),)
+        rf_shape = part_shape + tuple(cbuf.shape) if first else tuple(cbuf.shape) + part_shape
+        self.kernel.temps.append(Buffer(rf_buf, cbuf.dtype, rf_shape, "local"))
+        rf_idx = (Var(vi),) + tuple(st.indices) if first else tuple(st.indices) + (Var(vi),)
         acc = Load(rf_buf, rf_idx)
         b.body = [Store(rf_buf, rf_idx, Bin(op, acc, rest) if acc_left else Bin(op, rest, acc))]
         final_name = b.name

@@ -15,6 +15,7 @@ import sympy
 
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import Pattern, pattern_of
+from geode.compiler.fusion.stitch import STITCH_PARTIALS
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.shapes import Dim
 from geode.costmodel.device import DeviceSpec
@@ -140,7 +141,7 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
             if lost:
                 return False, lost
         separate = [group_work(a, graph), group_work(b, graph)]
-        fused = group_work(merged, graph)
+        fused = stitch_work(merged, graph) if merged.branches else group_work(merged, graph)
         evals = evaluations(merged, graph)
         factor = max(evals.values()) if evals else 1
         d = decide_merge(
@@ -149,6 +150,26 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
         return d.take, d.reason
 
     return profit
+
+
+def stitch_work(group: Group, graph: Graph) -> KernelWork:
+    """The SOL work of a stitch group's kernel (``stitch.py``): its reads and writes
+    plus the column partials, written by the row blocks and read back by the final
+    combine: ``min(STITCH_PARTIALS, rows)`` rows of the column reduction's result
+    shape. The shared input is read once. With few rows the partials grow as large as
+    the input and the stitch does not pay (the separate kernels win)."""
+    w = group_work(group, graph)
+    rows_axes, col_axes = group.branches
+    rows = _extent([group.domain[i] for i in sorted(col_axes)])  # what the columns reduce
+    cols = _extent([group.domain[i] for i in sorted(rows_axes)])
+    item = max((o.dtype.itemsize for n in group.nodes for o in n.outputs), default=4)
+    partials = min(float(STITCH_PARTIALS), rows) * cols * item
+    return KernelWork(
+        bytes_read=w.bytes_read + partials,
+        bytes_written=w.bytes_written + partials,
+        flops=w.flops,
+        transcendentals=w.transcendentals,
+    )
 
 
 def _extent(dims: list[Dim]) -> float:
