@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from geode.compiler.fusion.groups import Decision, FusionPlan, Group, group_of_node
 from geode.compiler.fusion.patterns import Pattern, pattern_of
-from geode.compiler.fusion.stitch import merge_groups
 from geode.compiler.fusion.rules import check_merge, rule_name
+from geode.compiler.fusion.stitch import merge_groups
 from geode.compiler.fusion.views import ViewSpec, alias_view, view_copy_reason
 from geode.compiler.ir import Graph, Node
 from geode.compiler.partition.placement import Placement, input_symbols

@@ -39,8 +39,8 @@ from geode.compiler.fusion.planner import (
     initial_state,
     sharing_pairs,
 )
-from geode.compiler.fusion.stitch import merge_groups
 from geode.compiler.fusion.rules import check_merge, creates_cycle, rule_name
+from geode.compiler.fusion.stitch import merge_groups
 from geode.compiler.fusion.views import view_copy_reason
 from geode.compiler.ir import Graph
 from geode.compiler.partition.placement import Placement

@@ -34,11 +34,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from geode.compiler.fusion.groups import Group
-from geode.compiler.fusion.patterns import Pattern, pattern_of, placement_on, same_shape
+from geode.compiler.fusion.patterns import (
+    Pattern,
+    pattern_of,
+    placement_on,
+    reduce_axes,
+    same_shape,
+)
 from geode.compiler.fusion.reduce_tree import broadcast_epilogue, merged_group
-from geode.compiler.ir import Value
+from geode.compiler.ir import Node, Value
 from geode.compiler.shapes import Dim, shape_str
-
 
 #: column partials the stitch kernel keeps (one private column accumulator per block of
 #: rows, at most one block per row): the schedule's default
@@ -164,6 +169,30 @@ def stitch_merge(a: Group, b: Group) -> StitchMerge | str | None:
         f"over {sorted(columns)} in one pass over {shared.name!r} (column partials per row block)"
     )
     return StitchMerge(a.domain, columns, rows, shared.name, reason)
+
+
+def lowering_order(g: Group) -> list[Node]:
+    """A stitch group's nodes in the order its kernel lowers them: the prologue (what
+    no reduction precedes), then the column reduction and what follows it, then the
+    row reduction and what follows it (each part in graph order). The row reduction's
+    nests come last so the schedule can move them into the column reduction's row
+    loop without passing a nest that reads them (a mean's division)."""
+    if not g.branches:
+        return list(g.nodes)
+    columns = g.branches[1]
+    part: dict[str, int] = {}
+    for n in g.nodes:  # graph order: a node follows the reduction it reads
+        if pattern_of(n) is Pattern.REDUCE and n.inputs[0] is not None:
+            axes = frozenset(reduce_axes(n) or ())
+            part[n.name] = 1 if axes == columns else 2
+            continue
+        ups = {
+            part.get(v.producer.name, 0)
+            for v in n.inputs
+            if v is not None and v.producer is not None
+        }
+        part[n.name] = max(ups, default=0)
+    return sorted(g.nodes, key=lambda n: part[n.name])  # stable: graph order inside
 
 
 def merge_groups(
