@@ -18,7 +18,8 @@ Legality (:func:`stitch_merge`), for two groups ``a`` and ``b``:
 * they read the same full-domain value: a common input from outside, or a value one
   group computes before reducing (an elementwise prologue such as ``x * x``) that the
   other reads; neither reads what the other computes after reducing (that is a
-  chain: a reduce tree);
+  chain: a reduce tree). Pairs without such a value are no stitch case: the plain
+  rules give their reason;
 * neither writes values over its full domain after reducing (a broadcast epilogue
   such as ``x - mean`` is a ``reduce_broadcast`` kernel of its own);
 * no path leads from one group to the other through nodes outside both (checked by
@@ -101,17 +102,15 @@ def _post_reduce_names(g: Group) -> set[str]:
     return after
 
 
-def _shared_value(a: Group, b: Group) -> Value | str:
+def _shared_value(a: Group, b: Group) -> Value | None:
     """The full-domain value both groups read (one reads it from the other's prologue,
-    or both from outside), or why there is none."""
+    or both from outside); None when there is none, or when one reads what the other
+    computes after reducing (a chain, not side by side: the reduce-tree and plain
+    rules decide)."""
     for reader, writer in ((a, b), (b, a)):
         post = _post_reduce_names(writer)
-        for v in reader.inputs():
-            if v.producer is not None and v.producer.name in post:
-                return (
-                    f"group {reader.id} reads {v.name!r}, which group {writer.id} computes "
-                    "after reducing (a chain, not side by side)"
-                )
+        if any(v.producer is not None and v.producer.name in post for v in reader.inputs()):
+            return None
     pre = {**_pre_reduce_values(a), **_pre_reduce_values(b)}
     ins_a = {id(v): v for v in a.inputs()}
     ins_b = {id(v): v for v in b.inputs()}
@@ -119,7 +118,7 @@ def _shared_value(a: Group, b: Group) -> Value | str:
         full = same_shape(v.shape, a.domain) and not v.is_constant
         if full and (key in ins_a and key in ins_b or key in pre):
             return v
-    return "the reductions share no full-domain input"
+    return None
 
 
 def _split(domain: tuple[Dim, ...], a: frozenset[int], b: frozenset[int]) -> int | None:
@@ -150,6 +149,9 @@ def stitch_merge(a: Group, b: Group) -> StitchMerge | str | None:
             f"stitch: axes {sorted(a.axes)} and {sorted(b.axes)} of {shape_str(a.domain)} "
             "do not split it into leading (column) and trailing (row) axes"
         )
+    shared = _shared_value(a, b)
+    if shared is None:
+        return None  # nothing read by both, or a chain: the other rules say why
     for g in (a, b):
         if broadcast_epilogue(g):
             return f"stitch: group {g.id} writes values over its full domain after reducing"
@@ -160,9 +162,6 @@ def stitch_merge(a: Group, b: Group) -> StitchMerge | str | None:
                 placement_on(o.shape, g.domain, g.axes) is None for o in n.outputs
             ):
                 return f"stitch: {n.op_type} {n.name!r} does not sit on {shape_str(g.domain)}"
-    shared = _shared_value(a, b)
-    if isinstance(shared, str):
-        return f"stitch: {shared}"
     columns, rows = (a.axes, b.axes) if len(a.axes) == s and 0 in a.axes else (b.axes, a.axes)
     reason = (
         f"stitch over {shape_str(a.domain)}: rows reduced over {sorted(rows)} and columns "
