@@ -1,13 +1,21 @@
 """Stitch fusion planning: a row and a column reduction of one input as one group, why
 (legality) and whether it pays (the SOL model), and the cases refused."""
 
+import dataclasses
+
 import numpy as np
 import pytest
+from test_reduce_tree import planned
 
 import geode
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.planner import always_profitable
-from geode.compiler.fusion.profit import group_work, make_profit, stitch_work
+from geode.compiler.fusion.profit import (
+    group_work,
+    make_profit,
+    stitch_parallelism_lost,
+    stitch_work,
+)
 from geode.compiler.fusion.stitch import (
     STITCH_PARTIALS,
     StitchMerge,
@@ -16,7 +24,6 @@ from geode.compiler.fusion.stitch import (
     stitch_merge,
 )
 from geode.costmodel.device import default_spec
-from test_reduce_tree import planned
 
 
 def ints(g: geode.Graph, v: list[int]) -> geode.Value:
@@ -166,3 +173,15 @@ def test_profit_counts_the_partials_and_refuses_few_rows():
     assert len(plan.groups) == 2, plan.describe()
     d = stitch_decision(plan)
     assert not d.taken and "stitch over [2, 1048576]" in d.reason
+
+
+def test_too_few_row_blocks_lose_parallelism():
+    # [1, T, 64]: the row blocks cut the first axis, a batch of one: one block
+    spec = dataclasses.replace(default_spec(), cores=4)
+    assert stitch_parallelism_lost(Group(0, [], (1, 512, 64), branches=((2,),)), spec)
+    assert stitch_parallelism_lost(Group(0, [], ("B", 512, 64), branches=((2,),)), spec) is None
+    g = rowcol(shape=(1, 512, 64), split=2)
+    _, plan = planned(g, make_profit(spec))
+    assert len(plan.groups) == 2
+    d = stitch_decision(plan)
+    assert not d.taken and "1 row blocks (the first axis) on 4 cores: parallelism lost" in d.reason

@@ -140,6 +140,10 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
             lost = tree_parallelism_lost(a, b, merged, spec)
             if lost:
                 return False, lost
+        if merged.branches:
+            lost = stitch_parallelism_lost(merged, spec)
+            if lost:
+                return False, lost
         separate = [group_work(a, graph), group_work(b, graph)]
         fused = stitch_work(merged, graph) if merged.branches else group_work(merged, graph)
         evals = evaluations(merged, graph)
@@ -170,6 +174,20 @@ def stitch_work(group: Group, graph: Graph) -> KernelWork:
         flops=w.flops,
         transcendentals=w.transcendentals,
     )
+
+
+def stitch_parallelism_lost(group: Group, spec: DeviceSpec) -> str | None:
+    """Why a stitch kernel would leave cores idle, or None. Its row blocks cut the
+    first axis (``codegen/stitch_schedule.py``): ``min(STITCH_PARTIALS, domain[0])``
+    blocks; fewer than the device's cores (a batch of one in ``[1, T, C]``) run the
+    whole pass on fewer threads than either reduction alone would use."""
+    blocks = min(float(STITCH_PARTIALS), _extent([group.domain[0]]))
+    if blocks < spec.cores:
+        return (
+            f"stitch: {blocks:g} row blocks (the first axis) on {spec.cores} cores: "
+            "parallelism lost"
+        )
+    return None
 
 
 def _extent(dims: list[Dim]) -> float:
