@@ -104,13 +104,7 @@ class Reduction(ScheduleBase):
         b, (op, st, rest, acc_left), ri, sp_loops, red_vars = self._rfactor_target(
             block, loop, factor
         )
-        if partials not in ("inner", "outer"):
-            raise ScheduleError("rfactor", block, f"partials {partials!r} is not inner or outer")
-        if partials_axis not in ("first", "last"):
-            raise ScheduleError(
-                "rfactor", block, f"partials_axis {partials_axis!r} is not first or last"
-            )
-        first = partials_axis == "first"
+        _check_layout(block, partials, partials_axis)
         factor = int(factor)
         cbuf = self.kernel.buffer(st.buffer)
         old_pred = b.predicate
@@ -122,11 +116,7 @@ class Reduction(ScheduleBase):
         )
         rest = substitute(rest, {iv_name: recon})
         # 3. partial buffer and the rf block
-        rf_buf = self._fresh(f"{cbuf.name}_rf", kind="buffer")
-        part_shape = (Const(factor),)
-        rf_shape = part_shape + tuple(cbuf.shape) if first else tuple(cbuf.shape) + part_shape
-        self.kernel.temps.append(Buffer(rf_buf, cbuf.dtype, rf_shape, "local"))
-        rf_idx = (Var(vi),) + tuple(st.indices) if first else tuple(st.indices) + (Var(vi),)
+        rf_buf, rf_idx = self._partials_buffer(cbuf, st, vi, factor, partials_axis == "first")
         acc = Load(rf_buf, rf_idx)
         b.body = [Store(rf_buf, rf_idx, Bin(op, acc, rest) if acc_left else Bin(op, rest, acc))]
         final_name = b.name
@@ -173,6 +163,18 @@ class Reduction(ScheduleBase):
         cont[at + 1 : at + 1] = [fin_nest]
         cont[at:at] = [init_nest]
         return [r0, r1]
+
+    def _partials_buffer(
+        self, cbuf: Buffer, st: Store, vi: str, factor: int, first: bool
+    ) -> tuple[str, tuple[Expr, ...]]:
+        """The partials' local buffer ``<buf>_rf`` (the output's shape with an axis of
+        ``factor``, first or last) and the index its partial ``vi`` is stored at."""
+        rf_buf = self._fresh(f"{cbuf.name}_rf", kind="buffer")
+        part = (Const(factor),)
+        shape = part + tuple(cbuf.shape) if first else tuple(cbuf.shape) + part
+        self.kernel.temps.append(Buffer(rf_buf, cbuf.dtype, shape, "local"))
+        idx = (Var(vi),) + tuple(st.indices) if first else tuple(st.indices) + (Var(vi),)
+        return rf_buf, idx
 
     def _rfactor_split(
         self, b: Block, ri: int, loop: str, factor: int, outer: bool, taken: set[str]
@@ -236,3 +238,13 @@ class Reduction(ScheduleBase):
             if f.var not in sp_bound:
                 raise ScheduleError(prim, block, f"loop {f.var} binds no iteration variable")
         return b, comb, ri, sp_loops, red_vars
+
+
+def _check_layout(block: str, partials: str, partials_axis: str) -> None:
+    """:meth:`Reduction.rfactor`'s ``partials`` and ``partials_axis`` are known values."""
+    if partials not in ("inner", "outer"):
+        raise ScheduleError("rfactor", block, f"partials {partials!r} is not inner or outer")
+    if partials_axis not in ("first", "last"):
+        raise ScheduleError(
+            "rfactor", block, f"partials_axis {partials_axis!r} is not first or last"
+        )
