@@ -62,12 +62,8 @@ class Reduction(ScheduleBase):
         run (vectorize it). A symbolic or non-dividing extent guards the rf block with
         ``p * run + r < extent``.
 
-        ``partials_axis="first"`` puts the partials' axis first in ``<buf>_rf``
-        (``factor`` rows of the output's shape instead of the output's shape with an
-        axis of ``factor`` appended): partial ``p`` is then one contiguous row, which a
-        loop over the output's last axis walks with unit stride (a column reduction
-        whose partials accumulate whole rows, vectorized; used by
-        ``autoschedule._stitch_reduce``).
+        ``partials_axis="first"`` puts the partials' axis first in ``<buf>_rf``: each
+        partial a contiguous row (unit stride along the output's last axis).
 
         Requirements: ``block`` is a reduction ``C[idx] = C[idx] op value`` with op in
         ``+ * max min``; ``loop`` is among the loops holding nothing but the block,
