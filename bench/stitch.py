@@ -66,6 +66,7 @@ CASES = [
     Case("sumsq_w_then_h", (32, 64, 56, 56), ((3,), (2,)), square=True),
     Case("max_hw_then_c", (128, 512, 49), ((2,), (1,)), "ReduceMax"),
     Case("rowsum_colsum", (4096, 1024), ((1,), (0,)), kind="rowcol"),
+    Case("rowsum_colsum_large", (16384, 1024), ((1,), (0,)), kind="rowcol"),
     Case("rowsum_colsum_small", (256, 64), ((1,), (0,)), kind="rowcol"),
     Case("rowsum_colsum_tall", (65536, 64), ((1,), (0,)), kind="rowcol"),
     Case(
