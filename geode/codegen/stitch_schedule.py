@@ -38,6 +38,7 @@ from __future__ import annotations
 from geode.codegen import ast as A
 from geode.codegen.schedule import Schedule
 from geode.compiler.fusion.groups import Group
+from geode.debug import log
 from geode.errors import ScheduleError
 
 
@@ -130,8 +131,12 @@ def schedule_stitch(sch: Schedule, group: Group, par: bool, partials: int) -> No
     sch.reorder([p0, p1, *c_red[1:], c_sp])
     sch.split(r_first, [p, None])
     sch.split(sch.get_loops(init)[0], [p, None])
-    sch.compute_at(row, c_red[-1] if len(c_red) > 1 else p1)
+    anchor = c_red[-1] if len(c_red) > 1 else p1
+    sch.compute_at(row, anchor)
     j = sch.fuse_siblings(c_sp, r_red)
+    for name in sch.blocks():
+        if name not in (row, rf) and _writes_domain(sch, name, len(group.domain)):
+            j = _join_pass(sch, name, n_rows, p, anchor, j)
     if par and p > 1:
         sch.parallel(p0)
     sch.vectorize(j, allow_reassoc=True)
@@ -147,6 +152,36 @@ def schedule_stitch(sch: Schedule, group: Group, par: bool, partials: int) -> No
             and _static(last.extent) != 1
         ):
             sch.vectorize(loops[-1], allow_reassoc=True)
+
+
+def _writes_domain(sch: Schedule, block: str, rank: int) -> bool:
+    """Whether ``block`` is an elementwise block alone at kernel level in a nest of
+    ``rank`` loops (a prologue value that is also an output, ``x * x`` stored)."""
+    b = sch.get_block(block)
+    loops = sch.get_loops(block)
+    return (
+        b.reduce_of is None
+        and all(iv.kind == "spatial" for iv in b.iter_vars)
+        and len(loops) == rank
+        and len(sch.get_loop(loops[0]).body) == 1
+    )
+
+
+def _join_pass(sch: Schedule, block: str, n_rows: int, p: int, anchor: str, j: str) -> str:
+    """Move a full-domain elementwise pass (a prologue value stored as an output) into
+    the row blocks, its column loop fused with theirs, so it too runs in parallel and
+    reads the row while it is in cache. Optional: a primitive that refuses leaves the
+    pass a nest of its own (the last ones applied leave it split, same values).
+    Returns the fused column loop (its name is the pass's loop once fused)."""
+    try:
+        loops = sch.get_loops(block)
+        _fused(sch, loops[n_rows:])
+        sch.split(loops[0], [p, None])
+        inner = sch.compute_at(block, anchor)
+        return sch.fuse_siblings(inner[-1], j)
+    except ScheduleError as exc:
+        log.debug("stitch: %s stays a pass of its own: %s", block, exc)
+        return j
 
 
 def _by_rows(sch: Schedule, block: str) -> None:

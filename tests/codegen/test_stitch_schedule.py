@@ -23,7 +23,7 @@ from geode.costmodel.device import default_spec
 from geode.errors import ScheduleError
 
 
-def stitched(shape, split=1, ops=("ReduceSum", "ReduceSum"), keep=0, square=False):
+def stitched(shape, split=1, ops=("ReduceSum", "ReduceSum"), keep=0, square=False, out=False):
     gr = geode.Graph("rowcol")
     x = gr.input("x", list(shape))
     v = gr.op("Mul", x, x) if square else x
@@ -32,7 +32,10 @@ def stitched(shape, split=1, ops=("ReduceSum", "ReduceSum"), keep=0, square=Fals
     outs = [
         gr.op(op, v, gr.constant(np.array(a, np.int64)), keepdims=keep) for op, a in zip(ops, axes)
     ]
-    gr.output(*outs, names=["r", "c"])
+    if out:  # the square is an output too
+        gr.output(*outs, v, names=["r", "c", "sq"])
+    else:
+        gr.output(*outs, names=["r", "c"])
     g = gr.copy()
     g.infer_shapes()
     run_pipeline(g)
@@ -116,3 +119,26 @@ def test_row_and_column_blocks_and_requirements():
     lone = Schedule(A.Kernel("k", [], [], [], [], []))
     with pytest.raises(ScheduleError, match="not two reductions"):
         row_and_column_blocks(lone, group)
+
+
+@pytest.mark.parametrize(
+    "shape,split,joined", [(("N", 24), 1, True), (("B", "N", 5), 2, True), (("N", 4, 6), 1, False)]
+)
+def test_a_stored_prologue_joins_the_row_blocks(shape, split, joined):
+    """``x * x`` also an output: its pass moves into the row blocks, its column loop
+    fused with the reductions' (three blocks in one vectorized loop); with several
+    column axes ``compute_at`` refuses the fused column index and the pass stays a nest
+    of its own (same values, the rest of the schedule unchanged)."""
+    _, group, low = stitched(shape, split, square=True, out=True)
+    sch = schedule_group(low, group)
+    assert sch.level == "full" and not sch.notes, sch.notes
+    loops = loops_of(sch.kernel)
+    three = [
+        f
+        for f in loops
+        if f.kind is A.ForKind.VECTORIZED and sum(isinstance(s, A.Block) for s in f.body) == 3
+    ]
+    assert len(three) == (1 if joined else 0)
+    assert any(f.kind is A.ForKind.PARALLEL for f in loops)
+    same_values(low.kernel, sch.kernel, [{"N": 0, "B": 2}, {"N": 1, "B": 1}, {"N": 19, "B": 3}])
+    check_replay(low.kernel, sch)

@@ -185,3 +185,21 @@ def test_too_few_row_blocks_lose_parallelism():
     assert len(plan.groups) == 2
     d = stitch_decision(plan)
     assert not d.taken and "1 row blocks (the first axis) on 4 cores: parallelism lost" in d.reason
+
+
+def test_a_group_of_two_row_reductions_is_not_stitched():
+    # the row sum and the row max merge (R+R, same axes) first; the stitch kernel holds
+    # one row and one column reduction, so the column sum stays apart, with the reason
+    gr = geode.Graph("two_rows")
+    x = gr.input("x", ["N", 64])
+    gr.output(
+        gr.op("ReduceSum", x, ints(gr, [1]), keepdims=0),
+        gr.op("ReduceMax", x, ints(gr, [1]), keepdims=0),
+        gr.op("ReduceSum", x, ints(gr, [0]), keepdims=0),
+        names=["r", "m", "c"],
+    )
+    _, plan = planned(gr, always_profitable)
+    assert len(plan.groups) == 2 and not any(is_stitch(g) for g in plan.groups)
+    assert any(
+        "holds 2 reductions (a stitch holds one of each)" in d.reason for d in plan.decisions
+    )

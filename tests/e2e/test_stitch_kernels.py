@@ -34,12 +34,17 @@ def rowcol(
         v = gr.op("Mul", x, x)
     elif prologue == "diff":
         v = gr.op("Sub", x, gr.input("y", list(shape), dtype))
+    elif prologue == "stored":  # x * x, also an output
+        v = gr.op("Mul", x, x)
     rank = len(shape)
     axes = [list(range(split, rank)), list(range(split))]
     r, c = (
         gr.op(op, v, gr.constant(np.array(a, np.int64)), keepdims=keep) for op, a in zip(ops, axes)
     )
-    gr.output(r, c, names=["r", "c"])
+    if prologue == "stored":
+        gr.output(r, c, v, names=["r", "c", "sq"])
+    else:
+        gr.output(r, c, names=["r", "c"])
     return gr
 
 
@@ -77,6 +82,7 @@ CASES = [
     (("N", "M"), 1, ("ReduceMax", "ReduceMin"), 0, "diff", "float64"),
     (("B", 5, 7), 1, ("ReduceSum", "ReduceMean"), 1, None, "float64"),
     (("B", "T", 17), 2, ("ReduceMean", "ReduceMax"), 0, "square", "float32"),
+    (("N", 29), 1, ("ReduceSum", "ReduceMean"), 0, "stored", "float64"),
 ]
 
 

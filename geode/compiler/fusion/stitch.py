@@ -20,6 +20,9 @@ Legality (:func:`stitch_merge`), for two groups ``a`` and ``b``:
   other reads; neither reads what the other computes after reducing (that is a
   chain: a reduce tree). Pairs without such a value are no stitch case: the plain
   rules give their reason;
+* each holds one reduction (the kernel's form: one row and one column reduction; two
+  row sums of one input merge by the plain R+R rule first, and then stay apart from
+  the column reduction);
 * neither writes values over its full domain after reducing (a broadcast epilogue
   such as ``x - mean`` is a ``reduce_broadcast`` kernel of its own);
 * no path leads from one group to the other through nodes outside both (checked by
@@ -27,7 +30,8 @@ Legality (:func:`stitch_merge`), for two groups ``a`` and ``b``:
 
 Whether a legal stitch pays (the shared input read once instead of twice, against
 the column partials every row block writes and the final combine reads) is the
-profitability model's call (``profit.py: stitch_cost``), kept apart from legality.
+profitability model's call (``profit.py: stitch_work``, ``stitch_parallelism_lost``),
+kept apart from legality.
 """
 
 from __future__ import annotations
@@ -153,6 +157,9 @@ def stitch_merge(a: Group, b: Group) -> StitchMerge | str | None:
     if shared is None:
         return None  # nothing read by both, or a chain: the other rules say why
     for g in (a, b):
+        count = sum(1 for n in g.nodes if pattern_of(n) is Pattern.REDUCE)
+        if count != 1:
+            return f"stitch: group {g.id} holds {count} reductions (a stitch holds one of each)"
         if broadcast_epilogue(g):
             return f"stitch: group {g.id} writes values over its full domain after reducing"
         for n in g.nodes:
