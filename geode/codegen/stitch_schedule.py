@@ -63,26 +63,26 @@ def _leads_with_reduce(b: A.Block, rank: int) -> bool:
     return False
 
 
-def row_and_column_blocks(sch: Schedule, group: Group) -> tuple[str, str]:
-    """The row reduction's and the column reduction's update blocks of a stitch group."""
+def row_and_column_blocks(sch: Schedule, group: Group) -> tuple[list[str], str]:
+    """The row reductions' update blocks (one or more, over the same axes) and the
+    column reduction's of a stitch group."""
     updates = _updates(sch)
-    if len(updates) != 2:
-        raise ScheduleError("stitch", updates[0] if updates else "-", "not two reductions")
+    if len(updates) < 2:
+        raise ScheduleError("stitch", updates[0] if updates else "-", "fewer than two reductions")
     rank = len(group.domain)
     rows, cols = group.branches
-    by_kinds = {}
-    for name in updates:
-        kinds = [iv.kind for iv in sch.get_block(name).iter_vars]
-        by_kinds[name] = kinds.count("reduce")
+
+    def reduced(name: str) -> int:
+        return [iv.kind for iv in sch.get_block(name).iter_vars].count("reduce")
+
     if len(rows) != len(cols):
-        row = next((n for n in updates if by_kinds[n] == len(rows)), None)
-        col = next((n for n in updates if by_kinds[n] == len(cols)), None)
+        col_side = [n for n in updates if reduced(n) == len(cols)]
     else:
-        col = next((n for n in updates if _leads_with_reduce(sch.get_block(n), rank)), None)
-        row = next((n for n in updates if n != col), None)
-    if row is None or col is None or row == col:
+        col_side = [n for n in updates if _leads_with_reduce(sch.get_block(n), rank)]
+    row_side = [n for n in updates if n not in col_side]
+    if len(col_side) != 1 or not row_side:
         raise ScheduleError("stitch", updates[0], "cannot tell the row and column reductions")
-    return row, col
+    return row_side, col_side[0]
 
 
 def _fused(sch: Schedule, loops: list[str]) -> str:
@@ -106,36 +106,27 @@ def schedule_stitch(sch: Schedule, group: Group, par: bool, partials: int) -> No
     With several row axes the first is cut into the blocks and the others stay loops
     inside them; several column axes are fused into one loop.
 
-    Requirements: the group's kernel has exactly two reduction update blocks, the row
-    reduction's nest ``rows | columns`` and the column reduction's ``columns | rows``
+    Requirements: the group's kernel has one column reduction update block, nest
+    ``columns | rows``, and one or more row reductions', nests ``rows | columns``
     (as lowered, prologues inlined); the primitives' own requirements (a failure
     raises ``ScheduleError``, the kernel left in an unspecified state: schedule a fresh
     copy)."""
-    row, col = row_and_column_blocks(sch, group)
+    rows, col = row_and_column_blocks(sch, group)
     n_rows = len(group.branches[1])  # axes the column reduction reduces lead the domain
-    r_first = sch.get_loops(row)[0]
-    r_red = _fused(sch, sch.get_loops(row)[n_rows:])
     c_loops = sch.get_loops(col)
     c_sp = _fused(sch, c_loops[: len(c_loops) - n_rows])
     c_red = sch.get_loops(col)[1:]
-    init = _init_of(sch, row)
-    i_loops = sch.get_loops(init)
-    if len(i_loops) < n_rows:
-        raise ScheduleError("stitch", init, "the row init has fewer loops than the rows")
-    if len(i_loops) > n_rows:  # keepdims: unit loops over the reduced axes
-        _fused(sch, i_loops[n_rows - 1 :])
     extent = _static(sch.get_loop(c_red[0]).extent)
     p = max(1, min(partials, extent)) if extent is not None else max(1, partials)
     p0, p1 = sch.rfactor(col, c_red[0], p, partials="outer", partials_axis="first")
     rf = next(n for n in sch.blocks() if p0 in sch.get_loops(n))
     sch.reorder([p0, p1, *c_red[1:], c_sp])
-    sch.split(r_first, [p, None])
-    sch.split(sch.get_loops(init)[0], [p, None])
     anchor = c_red[-1] if len(c_red) > 1 else p1
-    sch.compute_at(row, anchor)
-    j = sch.fuse_siblings(c_sp, r_red)
+    j = c_sp
+    for row in rows:
+        j = _join_row(sch, row, n_rows, p, anchor, j)
     for name in sch.blocks():
-        if name not in (row, rf) and _writes_domain(sch, name, len(group.domain)):
+        if name not in (*rows, rf) and _writes_domain(sch, name, len(group.domain)):
             j = _join_pass(sch, name, n_rows, p, anchor, j)
     if par and p > 1:
         sch.parallel(p0)
@@ -152,6 +143,24 @@ def schedule_stitch(sch: Schedule, group: Group, par: bool, partials: int) -> No
             and _static(last.extent) != 1
         ):
             sch.vectorize(loops[-1], allow_reassoc=True)
+
+
+def _join_row(sch: Schedule, row: str, n_rows: int, p: int, anchor: str, j: str) -> str:
+    """Move row reduction ``row`` (and its init) into the row blocks: its leading loop
+    split like the partials' rows, ``compute_at`` the block's row loop, its reduce loop
+    fused with the column loop ``j``; returns the fused loop."""
+    r_first = sch.get_loops(row)[0]
+    r_red = _fused(sch, sch.get_loops(row)[n_rows:])
+    init = _init_of(sch, row)
+    i_loops = sch.get_loops(init)
+    if len(i_loops) < n_rows:
+        raise ScheduleError("stitch", init, "the row init has fewer loops than the rows")
+    if len(i_loops) > n_rows:  # keepdims: unit loops over the reduced axes
+        _fused(sch, i_loops[n_rows - 1 :])
+    sch.split(r_first, [p, None])
+    sch.split(sch.get_loops(init)[0], [p, None])
+    sch.compute_at(row, anchor)
+    return sch.fuse_siblings(j, r_red)
 
 
 def _writes_domain(sch: Schedule, block: str, rank: int) -> bool:

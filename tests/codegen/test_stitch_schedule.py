@@ -110,14 +110,45 @@ def test_static_rows_fewer_than_partials_and_serial():
     check_same(low.kernel, sch.kernel, [{}])
 
 
+def test_several_row_reductions_share_the_column_loop():
+    gr = geode.Graph("rows")
+    x = gr.input("x", ["N", 24])
+    ax = lambda v: gr.constant(np.array(v, np.int64))  # noqa: E731
+    gr.output(
+        gr.op("ReduceSum", x, ax([1]), keepdims=0),
+        gr.op("ReduceMax", x, ax([1]), keepdims=1),
+        gr.op("ReduceMean", x, ax([0]), keepdims=0),
+        names=["r", "m", "c"],
+    )
+    g = gr.copy()
+    g.infer_shapes()
+    run_pipeline(g)
+    g.sort()
+    plan = plan_fusion(g, place(g), make_can_lower(g), make_profit(default_spec()))
+    (group,) = plan.groups
+    low = lower_group(group, g, "rows")
+    sch = schedule_group(low, group)
+    assert sch.level == "full" and not sch.notes, sch.notes
+    rows, col = row_and_column_blocks(Schedule(low.kernel), group)
+    assert len(rows) == 2
+    three = [
+        f
+        for f in loops_of(sch.kernel)
+        if f.kind is A.ForKind.VECTORIZED and sum(isinstance(s, A.Block) for s in f.body) == 3
+    ]
+    assert len(three) == 1
+    same_values(low.kernel, sch.kernel, [{"N": 0}, {"N": 1}, {"N": 40}])
+    check_replay(low.kernel, sch)
+
+
 def test_row_and_column_blocks_and_requirements():
     _, group, low = stitched(("N", 8), ops=("ReduceSum", "ReduceMax"))
     sch = Schedule(low.kernel)
-    row, col = row_and_column_blocks(sch, group)
+    (row,), col = row_and_column_blocks(sch, group)
     assert sch.get_block(row).body[0].buffer == "r"
     assert "c" in sch.get_block(col).body[0].buffer
     lone = Schedule(A.Kernel("k", [], [], [], [], []))
-    with pytest.raises(ScheduleError, match="not two reductions"):
+    with pytest.raises(ScheduleError, match="fewer than two reductions"):
         row_and_column_blocks(lone, group)
 
 

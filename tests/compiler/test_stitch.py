@@ -152,7 +152,10 @@ def test_stitch_merge_helpers_and_lowering_order():
     assert st.rows == frozenset({1}) and st.columns == frozenset({0}) and st.shared == "x"
     assert stitch_merge(a, a) is None  # same axes: the plain R+R rules
     merged = Group(0, a.nodes + b.nodes, st.domain, st.rows | st.columns, branches=st.branches)
-    assert stitch_merge(merged, a) == "a stitch group merges with nothing further"
+    assert (
+        stitch_merge(merged, b)
+        == "a stitch group merges only with another row reduction of its input"
+    )
     order = [n.op_type for n in lowering_order(merged)]
     assert order.index("ReduceSum") < order.index("ReduceMean")  # the column part first
     assert lowering_order(a) == a.nodes
@@ -187,9 +190,8 @@ def test_too_few_row_blocks_lose_parallelism():
     assert not d.taken and "1 row blocks (the first axis) on 4 cores: parallelism lost" in d.reason
 
 
-def test_a_group_of_two_row_reductions_is_not_stitched():
-    # the row sum and the row max merge (R+R, same axes) first; the stitch kernel holds
-    # one row and one column reduction, so the column sum stays apart, with the reason
+def test_two_row_reductions_merge_then_stitch():
+    # the row sum and the row max merge (R+R), then stitch with the column sum
     gr = geode.Graph("two_rows")
     x = gr.input("x", ["N", 64])
     gr.output(
@@ -198,8 +200,39 @@ def test_a_group_of_two_row_reductions_is_not_stitched():
         gr.op("ReduceSum", x, ints(gr, [0]), keepdims=0),
         names=["r", "m", "c"],
     )
+    _, plan = planned(gr)
+    assert len(plan.groups) == 1 and is_stitch(plan.groups[0]), plan.describe()
+
+
+def test_a_row_reduction_joins_a_stitch():
+    # x * x summed over columns, then over rows (vertical: the stitch forms first), then
+    # the row max of x joins the stitch group (horizontal, x read by both)
+    gr = geode.Graph("join")
+    x = gr.input("x", ["N", 64])
+    sq = gr.op("Mul", x, x)
+    c = gr.op("ReduceSum", sq, ints(gr, [0]), keepdims=0)
+    r = gr.op("ReduceSum", sq, ints(gr, [1]), keepdims=0)
+    m = gr.op("ReduceMax", x, ints(gr, [1]), keepdims=0)
+    gr.output(c, r, m, names=["c", "r", "m"])
+    _, plan = planned(gr)
+    assert len(plan.groups) == 1 and is_stitch(plan.groups[0]), plan.describe()
+    joins = [d for d in plan.decisions if "another row reduction over [1] joins" in d.reason]
+    assert len(joins) == 1 and joins[0].taken and joins[0].rule == "Stitch"
+
+
+def test_two_column_reductions_are_not_one_stitch():
+    gr = geode.Graph("two_cols")
+    x = gr.input("x", ["N", 64])
+    gr.output(
+        gr.op("ReduceSum", x, ints(gr, [1]), keepdims=0),
+        gr.op("ReduceSum", x, ints(gr, [0]), keepdims=0),
+        gr.op("ReduceMax", x, ints(gr, [0]), keepdims=0),
+        names=["r", "c", "m"],
+    )
     _, plan = planned(gr, always_profitable)
-    assert len(plan.groups) == 2 and not any(is_stitch(g) for g in plan.groups)
+    assert len(plan.groups) == 2, plan.describe()
     assert any(
-        "holds 2 reductions (a stitch holds one of each)" in d.reason for d in plan.decisions
+        "holds 2 column reductions" in d.reason
+        or "merges only with another row reduction" in d.reason
+        for d in plan.decisions
     )

@@ -137,3 +137,24 @@ def test_random_shapes_match_the_reference(case, n, m, t, seed):
     assert len(model.kernels) == 1
     f = feeds(gr, {"N": n, "M": m, "T": t}, seed, nans=seed % 3 == 0)
     check(gr, model, f)
+
+
+@pytest.mark.parametrize("keep", [0, 1])
+def test_several_row_reductions_and_a_column_one(keep):
+    """A row sum, a row max and a row mean (of x * x, which the column mean reads too)
+    next to a column mean: one kernel, the reference's values, NaNs propagated."""
+    gr = geode.Graph("rows")
+    x = gr.input("x", ["N", "M"])
+    ax = lambda v: gr.constant(np.array(v, np.int64))  # noqa: E731
+    sq = gr.op("Mul", x, x)
+    outs = [
+        gr.op("ReduceMean", sq, ax([0]), keepdims=keep),
+        gr.op("ReduceMean", sq, ax([1]), keepdims=keep),
+        gr.op("ReduceSum", x, ax([1]), keepdims=keep),
+        gr.op("ReduceMax", x, ax([1]), keepdims=keep),
+    ]
+    gr.output(*outs, names=["c", "r2", "r", "m"])
+    model = geode.compile(gr, model_cache=False)
+    assert len(model.kernels) == 1, model.explain()
+    for n, m, seed in [(53, 31, 0), (0, 5, 1), (7, 0, 2), (1, 1, 3), (300, 17, 4)]:
+        check(gr, model, feeds(gr, {"N": n, "M": m}, seed, nans=seed % 2 == 0))

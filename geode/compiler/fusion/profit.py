@@ -144,8 +144,8 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
             lost = stitch_parallelism_lost(merged, spec)
             if lost:
                 return False, lost
-        separate = [group_work(a, graph), group_work(b, graph)]
-        fused = stitch_work(merged, graph) if merged.branches else group_work(merged, graph)
+        separate = [kernel_work(a, graph), kernel_work(b, graph)]
+        fused = kernel_work(merged, graph)
         evals = evaluations(merged, graph)
         factor = max(evals.values()) if evals else 1
         d = decide_merge(
@@ -154,6 +154,12 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
         return d.take, d.reason
 
     return profit
+
+
+def kernel_work(group: Group, graph: Graph) -> KernelWork:
+    """The SOL work of a group's kernel: :func:`stitch_work` for a stitch group, else
+    :func:`group_work`."""
+    return stitch_work(group, graph) if group.branches else group_work(group, graph)
 
 
 def stitch_work(group: Group, graph: Graph) -> KernelWork:

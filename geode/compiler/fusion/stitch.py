@@ -20,9 +20,10 @@ Legality (:func:`stitch_merge`), for two groups ``a`` and ``b``:
   other reads; neither reads what the other computes after reducing (that is a
   chain: a reduce tree). Pairs without such a value are no stitch case: the plain
   rules give their reason;
-* each holds one reduction (the kernel's form: one row and one column reduction; two
-  row sums of one input merge by the plain R+R rule first, and then stay apart from
-  the column reduction);
+* the column side holds one reduction (the kernel keeps one set of column partials);
+  the row side may hold several over the same axes (a row sum and a row max), and a
+  further row reduction of the input may join a stitch group later; a stitch group
+  merges with nothing else;
 * neither writes values over its full domain after reducing (a broadcast epilogue
   such as ``x - mean`` is a ``reduce_broadcast`` kernel of its own);
 * no path leads from one group to the other through nodes outside both (checked by
@@ -142,7 +143,7 @@ def stitch_merge(a: Group, b: Group) -> StitchMerge | str | None:
     if not (a.axes and b.axes):
         return None
     if a.branches or b.branches:
-        return "a stitch group merges with nothing further"
+        return _join(a, b) if a.branches else _join(b, a)
     if a.levels or b.levels:
         return None  # reduce trees: their own rules
     if not same_shape(a.domain, b.domain) or a.axes == b.axes:
@@ -156,25 +157,56 @@ def stitch_merge(a: Group, b: Group) -> StitchMerge | str | None:
     shared = _shared_value(a, b)
     if shared is None:
         return None  # nothing read by both, or a chain: the other rules say why
-    for g in (a, b):
-        count = sum(1 for n in g.nodes if pattern_of(n) is Pattern.REDUCE)
-        if count != 1:
-            return f"stitch: group {g.id} holds {count} reductions (a stitch holds one of each)"
-        if broadcast_epilogue(g):
-            return f"stitch: group {g.id} writes values over its full domain after reducing"
-        for n in g.nodes:
-            if pattern_of(n) is Pattern.NONE:
-                return f"{n.op_type} {n.name!r} is not fusable"
-            if pattern_of(n) is not Pattern.REDUCE and any(
-                placement_on(o.shape, g.domain, g.axes) is None for o in n.outputs
-            ):
-                return f"stitch: {n.op_type} {n.name!r} does not sit on {shape_str(g.domain)}"
     columns, rows = (a.axes, b.axes) if len(a.axes) == s and 0 in a.axes else (b.axes, a.axes)
+    col_group = a if a.axes == columns else b
+    count = sum(1 for n in col_group.nodes if pattern_of(n) is Pattern.REDUCE)
+    if count != 1:
+        return (
+            f"stitch: group {col_group.id} holds {count} column reductions "
+            "(a stitch kernel holds one)"
+        )
+    for g in (a, b):
+        why = _side_reason(g)
+        if why:
+            return why
     reason = (
         f"stitch over {shape_str(a.domain)}: rows reduced over {sorted(rows)} and columns "
         f"over {sorted(columns)} in one pass over {shared.name!r} (column partials per row block)"
     )
     return StitchMerge(a.domain, columns, rows, shared.name, reason)
+
+
+def _side_reason(g: Group) -> str | None:
+    """Why ``g`` cannot be a side of a stitch, or None."""
+    if broadcast_epilogue(g):
+        return f"stitch: group {g.id} writes values over its full domain after reducing"
+    for n in g.nodes:
+        if pattern_of(n) is Pattern.NONE:
+            return f"{n.op_type} {n.name!r} is not fusable"
+        if pattern_of(n) is not Pattern.REDUCE and any(
+            placement_on(o.shape, g.domain, g.axes) is None for o in n.outputs
+        ):
+            return f"stitch: {n.op_type} {n.name!r} does not sit on {shape_str(g.domain)}"
+    return None
+
+
+def _join(st: Group, g: Group) -> StitchMerge | str:
+    """A plain row reduction ``g`` of the stitch group ``st``'s input joining it (a row
+    sum and a row max of ``x`` next to its column sum), or why not."""
+    rows, columns = st.branches
+    if g.branches or g.levels or not same_shape(g.domain, st.domain) or g.axes != rows:
+        return "a stitch group merges only with another row reduction of its input"
+    shared = _shared_value(st, g)
+    if shared is None:
+        return "stitch: the row reduction shares no full-domain input with the stitch"
+    why = _side_reason(g)
+    if why:
+        return why
+    reason = (
+        f"stitch over {shape_str(st.domain)}: another row reduction over {sorted(rows)} "
+        f"joins the pass over {shared.name!r}"
+    )
+    return StitchMerge(st.domain, columns, rows, shared.name, reason)
 
 
 def lowering_order(g: Group) -> list[Node]:
