@@ -1,4 +1,4 @@
-"""The default schedule of a stitch group: a row and a column reduction, one pass.
+"""The default schedule of a stitch group: row and column reductions, one pass.
 
 A stitch group (``compiler/fusion/stitch.py``) lowers to two reduction nests over the
 same input ``x[N, M]`` (the column reduction's axes lead the domain, the row
@@ -28,7 +28,10 @@ vertically; then the partials are combined::
       for (j', 0, M)                                vectorized
         c[j'] = c[j'] + c_rf[p', j']
 
-A mean's division, the inits and the combine stay nests of their own (vectorized).
+Further row reductions of the group join the same loop (each moved and fused the
+same way); a full-domain pass the group stores (``x * x``, also an output) joins it
+when ``compute_at`` allows (one column axis), else stays a nest of its own. A mean's
+division, the inits and the combine stay nests of their own (vectorized).
 Every step is a checked schedule primitive, so a failure raises ``ScheduleError`` and
 the caller falls back to a simpler schedule (the two nests as lowered, one kernel).
 """
