@@ -2,7 +2,8 @@
 
 A stitch group (``compiler/fusion/stitch.py``) lowers to two reduction nests over the
 same input ``x[N, M]`` (the column reduction's axes lead the domain, the row
-reduction's trail it; several of either are fused into one loop first)::
+reduction's trail it; several trailing axes are fused into one column loop first,
+several leading ones keep their loops, the first cut into the row blocks)::
 
     for (i, 0, N)                          # row reduction R
       for (j, 0, M)
