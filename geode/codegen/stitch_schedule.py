@@ -55,38 +55,22 @@ def _updates(sch: Schedule) -> list[str]:
     ]
 
 
-def _leads_with_reduce(b: A.Block, rank: int) -> bool:
-    """Whether the first full-rank load of ``b`` indexes its first axis by a reduce
-    iteration variable (a column reduction reads ``x[i', j']`` with ``i'`` reduced)."""
-    red = {iv.name for iv in b.iter_vars if iv.kind == "reduce"}
-    for st in A.walk_stmts(b.body):
-        if isinstance(st, A.Store):
-            for ld in A.loads(st.value):
-                if len(ld.indices) == rank and ld.buffer != st.buffer:
-                    return bool(A.free_vars(ld.indices[0]) & red)
-    return False
-
-
 def row_and_column_blocks(sch: Schedule, group: Group) -> tuple[list[str], str]:
     """The row reductions' update blocks (one or more, over the same axes) and the
-    column reduction's of a stitch group."""
+    column reduction's of a stitch group: the group lowers the column reduction first
+    (``stitch.lowering_order``), so it is the first update block in program order."""
     updates = _updates(sch)
     if len(updates) < 2:
         raise ScheduleError("stitch", updates[0] if updates else "-", "fewer than two reductions")
-    rank = len(group.domain)
     rows, cols = group.branches
 
     def reduced(name: str) -> int:
         return [iv.kind for iv in sch.get_block(name).iter_vars].count("reduce")
 
-    if len(rows) != len(cols):
-        col_side = [n for n in updates if reduced(n) == len(cols)]
-    else:
-        col_side = [n for n in updates if _leads_with_reduce(sch.get_block(n), rank)]
-    row_side = [n for n in updates if n not in col_side]
-    if len(col_side) != 1 or not row_side:
-        raise ScheduleError("stitch", updates[0], "cannot tell the row and column reductions")
-    return row_side, col_side[0]
+    col, row_side = updates[0], updates[1:]
+    if reduced(col) != len(cols) or any(reduced(n) != len(rows) for n in row_side):
+        raise ScheduleError("stitch", col, "cannot tell the row and column reductions")
+    return row_side, col
 
 
 def _fused(sch: Schedule, loops: list[str]) -> str:

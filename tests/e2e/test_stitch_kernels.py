@@ -158,3 +158,20 @@ def test_several_row_reductions_and_a_column_one(keep):
     assert len(model.kernels) == 1, model.explain()
     for n, m, seed in [(53, 31, 0), (0, 5, 1), (7, 0, 2), (1, 1, 3), (300, 17, 4)]:
         check(gr, model, feeds(gr, {"N": n, "M": m}, seed, nans=seed % 2 == 0))
+
+
+def test_a_transposed_input_is_stitched_too():
+    """x = Transpose(y): both reductions read y through the remapped index."""
+    gr = geode.Graph("t")
+    y = gr.input("x", [48, "N"])
+    x = gr.op("Transpose", y, perm=[1, 0])
+    ax = lambda v: gr.constant(np.array(v, np.int64))  # noqa: E731
+    gr.output(
+        gr.op("ReduceSum", x, ax([1]), keepdims=0),
+        gr.op("ReduceMax", x, ax([0]), keepdims=1),
+        names=["r", "c"],
+    )
+    model = geode.compile(gr, model_cache=False)
+    assert len(model.kernels) == 1, model.explain()
+    for n, seed in [(0, 0), (1, 1), (77, 2)]:
+        check(gr, model, feeds(gr, {"N": n}, seed, nans=True))
