@@ -1,12 +1,17 @@
-"""Reduce trees (chained reductions over different axes in one kernel) against the same
-chains as separate kernels (``stitch_fusion=False``), numpy and onnxruntime.
+"""Reduce trees (chained reductions over different axes in one kernel) and stitches (a
+row and a column reduction of one input in one kernel) against the same reductions as
+separate kernels (``stitch_fusion=False``), numpy and onnxruntime.
 
     python bench/stitch.py [--threads 0] [--rounds 15] [--case NAME ...] [--json out.json]
 
 Each case is a float32 chain (a mean over HW then over C of ``[N, C, HW]``, a sum of
 squares over W then H of ``[N, C, H, W]``, ...) compiled twice by geode in one process
 (fused: one kernel; unfused: one kernel per reduction, the intermediate through
-memory), run by numpy and, when installed, by onnxruntime. The four run in interleaved
+memory), run by numpy and, when installed, by onnxruntime. A *stitch* case (``kind=
+"rowcol"``: a row reduction over the trailing axes and a column reduction over the
+leading ones of the same input, optionally of its square, two outputs) compiles to one
+kernel that reads the input once against two kernels that read it twice. The four run
+in interleaved
 rounds (:func:`geode.benchmark.interleave`); printed are each one's median time per
 call and the medians and interquartile ranges of the per-round ratios fused / unfused,
 fused / numpy and fused / onnxruntime, with the largest output difference, the kernel
@@ -42,13 +47,17 @@ from geode.benchmark import (  # noqa: E402
 
 @dataclass(frozen=True)
 class Case:
-    """A chain of reductions: input shape, each level's axes, the op, a squared input."""
+    """A chain of reductions (``kind="tree"``: input shape, each level's axes in turn,
+    the op, a squared input), or a row and a column reduction of one input
+    (``kind="rowcol"``: ``levels`` the row's axes then the column's, ``ops`` theirs)."""
 
     name: str
     shape: tuple[int, ...]
     levels: tuple[tuple[int, ...], ...]
     op: str = "ReduceSum"
     square: bool = False
+    kind: str = "tree"
+    ops: tuple[str, str] = ("ReduceSum", "ReduceSum")
 
 
 CASES = [
@@ -56,31 +65,55 @@ CASES = [
     Case("sum_hw_then_c_small", (64, 64, 49), ((2,), (1,))),
     Case("sumsq_w_then_h", (32, 64, 56, 56), ((3,), (2,)), square=True),
     Case("max_hw_then_c", (128, 512, 49), ((2,), (1,)), "ReduceMax"),
+    Case("rowsum_colsum", (4096, 1024), ((1,), (0,)), kind="rowcol"),
+    Case("rowsum_colsum_large", (16384, 1024), ((1,), (0,)), kind="rowcol"),
+    Case("rowsum_colsum_small", (256, 64), ((1,), (0,)), kind="rowcol"),
+    Case("rowsum_colsum_tall", (65536, 64), ((1,), (0,)), kind="rowcol"),
+    Case(
+        "rowmean_colsum_sq_3d",
+        (32, 128, 512),
+        ((2,), (0, 1)),
+        square=True,
+        kind="rowcol",
+        ops=("ReduceMean", "ReduceSum"),
+    ),
+    Case("rowmax_colmax", (2048, 1024), ((1,), (0,)), kind="rowcol", ops=("ReduceMax",) * 2),
 ]
 
 NUMPY = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max}
 
 
 def graph(case: Case) -> geode.Graph:
-    """The chain as a geode graph (symbolic batch, keepdims=1)."""
+    """The case as a geode graph (symbolic leading dim, keepdims=1)."""
     g = geode.Graph(case.name)
     x = g.input("x", ["N", *case.shape[1:]], np.float32)
     v = g.op("Mul", x, x) if case.square else x
+    if case.kind == "rowcol":
+        r, c = (
+            g.op(op, v, g.constant(np.array(axes, np.int64)), keepdims=1)
+            for op, axes in zip(case.ops, case.levels)
+        )
+        g.output(r, c, names=["r", "c"])
+        return g
     for axes in case.levels:
         v = g.op(case.op, v, g.constant(np.array(axes, np.int64)), keepdims=1)
     g.output(v, names=["y"])
     return g
 
 
-def numpy_fn(case: Case) -> Callable[[np.ndarray], np.ndarray]:
-    """The chain in numpy."""
-    red = NUMPY[case.op]
+def numpy_fn(case: Case) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
+    """The case in numpy (outputs by name)."""
 
-    def fn(x: np.ndarray) -> np.ndarray:
+    def fn(x: np.ndarray) -> dict[str, np.ndarray]:
         v = x * x if case.square else x
+        if case.kind == "rowcol":
+            return {
+                k: NUMPY[op](v, axis=axes, keepdims=True)
+                for k, op, axes in zip("rc", case.ops, case.levels)
+            }
         for axes in case.levels:
-            v = red(v, axis=axes, keepdims=True)
-        return v
+            v = NUMPY[case.op](v, axis=axes, keepdims=True)
+        return {"y": v}
 
     return fn
 
@@ -92,7 +125,7 @@ def run_case(case: Case, threads: int, rounds: int) -> dict:
     unfused = geode.compile(graph(case), stitch_fusion=False, **opts)
     x = np.random.default_rng(0).standard_normal(case.shape, dtype=np.float32)
     ref = numpy_fn(case)
-    want = {"y": ref(x)}
+    want = ref(x)
     fns: dict[str, Callable[[], object]] = {
         "fused": lambda: fused(x=x),
         "unfused": lambda: unfused(x=x),
@@ -137,12 +170,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="0: all cores")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--case", action="append", choices=[c.name for c in CASES])
+    p.add_argument("--kind", choices=["tree", "rowcol"], help="only the cases of this kind")
     p.add_argument("--json")
     a = p.parse_args()
     print(f"load average before: {os.getloadavg()}")
     rows = []
     for case in CASES:
-        if a.case and case.name not in a.case:
+        if a.case and case.name not in a.case or a.kind and case.kind != a.kind:
             continue
         rows.append(run_case(case, a.threads, a.rounds))
         print(describe(rows[-1]), flush=True)

@@ -55,7 +55,10 @@ stitch_fusion             GEODE_STITCH_FUSION     fuse chained reductions over d
                                                   (x -> sum over HW -> sum over C) into one
                                                   kernel, a reduce tree, where the cost model
                                                   says it pays (see
-                                                  geode.compiler.fusion.reduce_tree); 0: never
+                                                  geode.compiler.fusion.reduce_tree), and a
+                                                  row and a column reduction of one input
+                                                  into one kernel, a stitch (see
+                                                  geode.compiler.fusion.stitch); 0: never
 model_cache               GEODE_MODEL_CACHE       keep each compiled model in the cache
                                                   folder; compiling the same graph with the
                                                   same options again loads it (no pipeline

@@ -78,6 +78,8 @@ LAYER_OF: dict[str, str] = {
     "geode.codegen.tuning.ray_runner": "codegen",
     "geode.compiler": "compiler",
     "geode.compiler.fusion.reduce_tree": "compiler",
+    "geode.compiler.fusion.stitch": "compiler",
+    "geode.codegen.stitch_schedule": "codegen",
     "geode.compiler.partition.clusters": "compiler",
     "geode.compiler.partition.dynamic_shape": "compiler",
     "geode.compiler.partition.engine": "compiler",

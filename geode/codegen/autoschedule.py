@@ -47,6 +47,10 @@
   nest (the leading axes no reduction reduces) fused into one parallel row loop, every
   other nest moved under it (``compute_at``: each level's intermediate becomes a row
   buffer or a register), innermost loops vectorized (:func:`_reduce_tree`).
+* **stitch_reduce** (a row and a column reduction of one input side by side): one pass
+  over the input, row blocks in parallel with private column partials, each row's
+  column loop vectorized for both reductions, then the partials combined
+  (:func:`geode.codegen.stitch_schedule.schedule_stitch`).
 * **column_reduce**: a reduction whose input is contiguous along spatial axes after
   its reduce axes runs ``outer spatial | reduce | inner spatial``, the inner spatial
   loops fused and vectorized (measurements: ``docs/performance.md``); each nest's outer loop runs
@@ -86,7 +90,9 @@ import numpy as np
 from geode.codegen import ast as A
 from geode.codegen.lower import LoweredKernel
 from geode.codegen.schedule import LINE_BYTES, Schedule
+from geode.codegen.stitch_schedule import schedule_stitch
 from geode.compiler.fusion.groups import Group
+from geode.compiler.fusion.stitch import STITCH_PARTIALS
 from geode.config import OptionError
 from geode.debug import log
 from geode.errors import ScheduleError
@@ -200,6 +206,11 @@ class Choices:
     #: loop outermost (in parallel when the rows are not cut): each tile's accumulators
     #: stay in vector registers over all the rows; 0: one pass over whole rows
     column_tile: int = 0
+    #: row blocks of a stitch kernel (a row and a column reduction of one input in one
+    #: pass, :func:`geode.codegen.stitch_schedule.schedule_stitch`), each with a private
+    #: row of column partials: every thread gets blocks, and the combine reads this many
+    #: rows of partials (the profitability model assumes the same: ``STITCH_PARTIALS``)
+    stitch_partials: int = STITCH_PARTIALS
     #: cache line size (bytes) the schedules assume when they decide which rows to
     #: stream: a streamed row must be whole cache lines
     line_bytes: int = LINE_BYTES
@@ -281,6 +292,8 @@ def schedule_group(
                 rows = None
                 if pattern == "reduce_tree":
                     _reduce_tree(sch, group, par)
+                elif pattern == "stitch_reduce":
+                    schedule_stitch(sch, group, par, choices().stitch_partials)
                 elif par and _full_reduce(sch):
                     pass  # every reduction to a scalar cut in parallel runs
                 elif pattern == "elementwise":
@@ -289,7 +302,11 @@ def schedule_group(
                     rows = _row_reduce(sch, lowered, group, par, stream_min_bytes)
                 elif par:
                     _column_reduce(sch, lowered, group)
-                if stream_min_bytes is not None and pattern not in ("column_reduce", "reduce_tree"):
+                if stream_min_bytes is not None and pattern not in (
+                    "column_reduce",
+                    "reduce_tree",
+                    "stitch_reduce",
+                ):
                     wide = pattern == "elementwise" and interleave > 1
                     heavy = heavy_stream_min_bytes
                     if heavy is None:

@@ -28,6 +28,7 @@ from geode.codegen.nan_flow import nan_insensitive_reductions
 from geode.compiler import dtypes
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import reduce_axes
+from geode.compiler.fusion.stitch import lowering_order
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.shapes import (
     Dim,
@@ -878,7 +879,7 @@ def lower_group(group: Group, graph: Graph, name: str) -> LoweredKernel:
         nm = ctx.name(v.name)
         ctx.buf[id(v)] = nm
         out_bufs[id(v)] = A.Buffer(nm, dtypes.name(v.dtype), ctx.shape(v), "global")
-    for node in group.nodes:
+    for node in lowering_order(group):
         for k, out in enumerate(node.outputs):
             used = id(out) in out_ids or any(c.name in names for c in out.consumers)
             if not used:

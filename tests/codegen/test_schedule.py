@@ -740,6 +740,25 @@ def test_rfactor_outer_partials(m: int | str, factor: int) -> None:
         Schedule(k).rfactor("sum_0", "sum_0_k0", 2, partials="middle")
 
 
+@pytest.mark.parametrize("m,factor", [(12, 4), ("M", 3), (5, 8)])
+def test_rfactor_partials_axis_first(m: int | str, factor: int) -> None:
+    """``partials_axis="first"``: the partials are rows of the output's shape (each one
+    contiguous), the same values as with the axis last."""
+    k = k_reduce(m=m)
+    sch = Schedule(k)
+    p, r = sch.rfactor("sum_0", "sum_0_k0", factor, partials="outer", partials_axis="first")
+    rf = sch.kernel.buffer("S_rf")
+    assert rf.shape[0] == Const(factor) and len(rf.shape) == 2
+    assert "S[vi0] = S[vi0] + S_rf[vk0_i, vi0]" in str(sch)
+    dims = [{"N": 2, "M": 1}, {"N": 3, "M": 7}, {"N": 1, "M": 12}] if m == "M" else DIMS_N
+    check_same(k, sch.kernel, dims)
+    sch.parallel(p)
+    check_same(k, sch.kernel, dims)
+    check_replay(k, sch)
+    with raises("rfactor", "sum_0"):
+        Schedule(k).rfactor("sum_0", "sum_0_k0", 2, partials_axis="middle")
+
+
 def test_rfactor_max_and_aligned_chain() -> None:
     k = k_reduce(op="max")
     sch = Schedule(k)

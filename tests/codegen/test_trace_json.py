@@ -80,7 +80,13 @@ def test_the_format_is_versioned_data() -> None:
     assert data["format"] == FORMAT and data["version"] == VERSION
     assert data["steps"][0] == {
         "primitive": "rfactor",
-        "args": {"block": "sum_0", "loop": "sum_0_k0", "factor": 2, "partials": "inner"},
+        "args": {
+            "block": "sum_0",
+            "loop": "sum_0_k0",
+            "factor": 2,
+            "partials": "inner",
+            "partials_axis": "last",
+        },
         "result": ["sum_0_k0_0", "sum_0_k0_1"],
     }
     assert data["steps"][1] == {"primitive": "parallel", "args": {"loop": "sum_0_i0"}}

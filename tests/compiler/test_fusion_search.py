@@ -38,7 +38,8 @@ def sol_cost(graph, calls=None):
 
 def plans(graph, cost_of=sol_cost, **kw):
     g, p = prepared(graph)
-    greedy = plan_fusion(g, p, make_can_lower(g), make_profit(SPEC))
+    trees = kw.get("trees", True)
+    greedy = plan_fusion(g, p, make_can_lower(g), make_profit(SPEC), trees=trees)
     cost = cost_of(g)
     found = search_fusion(g, p, make_can_lower(g), cost, greedy, **kw)
     return g, greedy, found, cost
@@ -78,15 +79,19 @@ def test_merges_and_refusals_are_recorded_with_their_reasons():
     x = gr.input("x", [64, 256])
     a = ops.exp(ops.mul(x, 2.0))
     gr.output(ops.reduce_sum(a, axes=[1], keepdims=0), ops.reduce_sum(a, axes=[0], keepdims=0))
-    g, greedy, found, cost = plans(gr)
+    g, greedy, found, cost = plans(gr, trees=False)
     taken = [d for d in found.decisions if d.taken]
     refused = [d for d in found.decisions if not d.taken]
     assert any("sure:" in d.reason for d in taken)  # exp into... the mul's only reader
     assert any("projected: saves" in d.reason for d in taken)
-    assert any("reduce domains differ" in d.reason for d in refused), found.describe()
-    # the row and the column reduction of one input stay apart (legality, not cost)
+    assert any("stitch fusion is off" in d.reason for d in refused), found.describe()
+    # with stitch fusion off the row and the column reduction of one input stay apart
+    # (legality, not cost); on, both plans make them one stitch kernel
     kinds = sorted(gr_.pattern_name() for gr_ in found.groups)
     assert "column_reduce" in kinds and "row_reduce" in kinds
+    g, greedy, found, cost = plans(gr)
+    assert [gr_.pattern_name() for gr_ in found.groups] == ["stitch_reduce"]
+    assert any(d.rule == "Stitch" and d.taken for d in found.decisions)
 
 
 def reductions(group):

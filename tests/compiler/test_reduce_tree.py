@@ -113,8 +113,9 @@ def test_broadcast_epilogue_producer_is_refused():
     assert any("full domain after reducing" in d.reason for d in plan.decisions)
 
 
-def test_unrelated_reductions_of_one_input_keep_the_plain_reason():
-    # a row sum and a column sum of x: different domains, neither reads the other
+def test_unrelated_reductions_of_one_input_are_no_tree():
+    # a row sum and a column sum of x: neither reads the other, so no reduce tree; with
+    # reduce trees and stitches off they keep apart (a stitch: tests/compiler/test_stitch.py)
     gr = geode.Graph("rowcol")
     x = gr.input("x", ["N", 16])
     ints = lambda v: gr.constant(np.array(v, np.int64))  # noqa: E731
@@ -123,9 +124,11 @@ def test_unrelated_reductions_of_one_input_keep_the_plain_reason():
         gr.op("ReduceSum", x, ints([0]), keepdims=0),
         names=["r", "c"],
     )
-    _, plan = planned(gr, always_profitable)
+    _, plan = planned(gr, always_profitable, trees=False)
     assert len(plan.groups) == 2
-    assert any("reduce domains differ" in d.reason for d in plan.decisions)
+    a, b = plan.groups
+    assert tree_merge(a, b) is None
+    assert any("stitch fusion is off" in d.reason for d in plan.decisions)
 
 
 def test_tree_merge_helpers():

@@ -156,3 +156,21 @@ def test_full_reduce_bench_compares_both_schedules() -> None:
         k: next(i.trace for i in m.kernels if i.engine == "aicore") for k, m in models.items()
     }
     assert "partials='outer'" in traces["two-step"] and "rfactor" not in traces["one thread"]
+
+
+def test_stitch_bench_rowcol_case_runs_and_is_one_kernel() -> None:
+    """``bench/stitch.py``: a row + column case (kind ``rowcol``) runs against the separate
+    kernels and numpy, stitched into one kernel, within the tolerance."""
+    sys.path.insert(0, str(SCRIPT.parents[1]))
+    try:
+        from bench.stitch import Case, describe, run_case
+    finally:
+        sys.path.pop(0)
+    case = Case(
+        "rc", (67, 33), ((1,), (0,)), square=True, kind="rowcol", ops=("ReduceMean", "ReduceMax")
+    )
+    row = run_case(case, threads=1, rounds=1)
+    assert row["kernels"] == {"fused": 1, "unfused": 2}
+    assert row["max_rel_error"] < 1e-5
+    assert "fused/unfused" in row["ratios"] and "fused/numpy" in row["ratios"]
+    assert "rc [67, 33]" in describe(row)

@@ -39,7 +39,14 @@ class Reduction(ScheduleBase):
     """Two-step reductions: rfactor."""
 
     @primitive
-    def rfactor(self, block: str, loop: str, factor: int, partials: str = "inner") -> list[str]:
+    def rfactor(
+        self,
+        block: str,
+        loop: str,
+        factor: int,
+        partials: str = "inner",
+        partials_axis: str = "last",
+    ) -> list[str]:
         """Two-step reduce: split reduce loop ``loop`` into ``outer * factor``,
         accumulate ``factor`` partial results per output element in a new local buffer
         ``<buf>_rf`` (the output's shape plus an axis of size ``factor``) in a block
@@ -54,6 +61,9 @@ class Reduction(ScheduleBase):
         in parallel: a full reduction on every thread), the inner one ``<loop>_1`` the
         run (vectorize it). A symbolic or non-dividing extent guards the rf block with
         ``p * run + r < extent``.
+
+        ``partials_axis="first"`` puts the partials' axis first in ``<buf>_rf``: each
+        partial a contiguous row (unit stride along the output's last axis).
 
         Requirements: ``block`` is a reduction ``C[idx] = C[idx] op value`` with op in
         ``+ * max min``; ``loop`` is among the loops holding nothing but the block,
@@ -90,8 +100,7 @@ class Reduction(ScheduleBase):
         b, (op, st, rest, acc_left), ri, sp_loops, red_vars = self._rfactor_target(
             block, loop, factor
         )
-        if partials not in ("inner", "outer"):
-            raise ScheduleError("rfactor", block, f"partials {partials!r} is not inner or outer")
+        _check_layout(block, partials, partials_axis)
         factor = int(factor)
         cbuf = self.kernel.buffer(st.buffer)
         old_pred = b.predicate
@@ -103,11 +112,7 @@ class Reduction(ScheduleBase):
         )
         rest = substitute(rest, {iv_name: recon})
         # 3. partial buffer and the rf block
-        rf_buf = self._fresh(f"{cbuf.name}_rf", kind="buffer")
-        self.kernel.temps.append(
-            Buffer(rf_buf, cbuf.dtype, tuple(cbuf.shape) + (Const(factor),), "local")
-        )
-        rf_idx = tuple(st.indices) + (Var(vi),)
+        rf_buf, rf_idx = self._partials_buffer(cbuf, st, vi, factor, partials_axis == "first")
         acc = Load(rf_buf, rf_idx)
         b.body = [Store(rf_buf, rf_idx, Bin(op, acc, rest) if acc_left else Bin(op, rest, acc))]
         final_name = b.name
@@ -154,6 +159,18 @@ class Reduction(ScheduleBase):
         cont[at + 1 : at + 1] = [fin_nest]
         cont[at:at] = [init_nest]
         return [r0, r1]
+
+    def _partials_buffer(
+        self, cbuf: Buffer, st: Store, vi: str, factor: int, first: bool
+    ) -> tuple[str, tuple[Expr, ...]]:
+        """The partials' local buffer ``<buf>_rf`` (the output's shape with an axis of
+        ``factor``, first or last) and the index its partial ``vi`` is stored at."""
+        rf_buf = self._fresh(f"{cbuf.name}_rf", kind="buffer")
+        part = (Const(factor),)
+        shape = part + tuple(cbuf.shape) if first else tuple(cbuf.shape) + part
+        self.kernel.temps.append(Buffer(rf_buf, cbuf.dtype, shape, "local"))
+        idx = (Var(vi),) + tuple(st.indices) if first else tuple(st.indices) + (Var(vi),)
+        return rf_buf, idx
 
     def _rfactor_split(
         self, b: Block, ri: int, loop: str, factor: int, outer: bool, taken: set[str]
@@ -217,3 +234,13 @@ class Reduction(ScheduleBase):
             if f.var not in sp_bound:
                 raise ScheduleError(prim, block, f"loop {f.var} binds no iteration variable")
         return b, comb, ri, sp_loops, red_vars
+
+
+def _check_layout(block: str, partials: str, partials_axis: str) -> None:
+    """:meth:`Reduction.rfactor`'s ``partials`` and ``partials_axis`` are known values."""
+    if partials not in ("inner", "outer"):
+        raise ScheduleError("rfactor", block, f"partials {partials!r} is not inner or outer")
+    if partials_axis not in ("first", "last"):
+        raise ScheduleError(
+            "rfactor", block, f"partials_axis {partials_axis!r} is not first or last"
+        )

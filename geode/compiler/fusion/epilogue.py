@@ -174,6 +174,8 @@ def epilogue_legality(dense: Node, group: Group, graph: Graph) -> Epilogue | str
         return "the group's domain is not the product's shape"
     if group.levels:
         return "the group is a reduce tree"
+    if group.branches:
+        return "the group is a stitch (a row and a column reduction side by side)"
     if group.axes and set(group.axes) != {rank - 1}:
         return "the group reduces other than the last axis"
     _, rest = split_dependent(group, y)

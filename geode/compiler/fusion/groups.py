@@ -15,13 +15,17 @@ class Group:
 
     A *reduce tree* (chained reductions over different axes, see ``reduce_tree.py``)
     also has ``levels``: the axes each reduction of the chain reduces, in turn, in
-    domain coordinates (``axes`` is their union); empty for every other group."""
+    domain coordinates (``axes`` is their union); empty for every other group. A
+    *stitch* group (a row and a column reduction of one input side by side, see
+    ``stitch.py``) has ``branches``: the row reduction's axes, then the column
+    reduction's (``axes`` is their union)."""
 
     id: int
     nodes: list[Node]
     domain: tuple[Dim, ...]
     axes: frozenset[int] = frozenset()
     levels: tuple[frozenset[int], ...] = ()
+    branches: tuple[frozenset[int], ...] = ()
 
     @property
     def names(self) -> set[str]:
@@ -58,9 +62,11 @@ class Group:
 
     def pattern_name(self) -> str:
         """The schedule pattern: elementwise, row_reduce, column_reduce, reduce_broadcast,
-        reduce_tree."""
+        reduce_tree, stitch_reduce."""
         if not self.axes:
             return "elementwise"
+        if self.branches:
+            return "stitch_reduce"
         if self.levels:
             return "reduce_tree"
         rank = len(self.domain)
@@ -80,6 +86,8 @@ class Group:
         axes = f" reduce axes {sorted(self.axes)}" if self.axes else ""
         if self.levels:
             axes += " in turn " + " then ".join(str(sorted(lv)) for lv in self.levels)
+        if self.branches:
+            axes += " side by side " + " and ".join(str(sorted(b)) for b in self.branches)
         ops = ", ".join(f"{n.op_type}:{n.name}" for n in self.nodes)
         return (
             f"group {self.id} [{self.pattern_name()}] domain {shape_str(self.domain)}{axes}: {ops}"

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from geode.compiler.fusion.groups import Decision, FusionPlan, Group, group_of_node
 from geode.compiler.fusion.patterns import Pattern, pattern_of
-from geode.compiler.fusion.reduce_tree import merged_group
 from geode.compiler.fusion.rules import check_merge, rule_name
+from geode.compiler.fusion.stitch import merge_groups
 from geode.compiler.fusion.views import ViewSpec, alias_view, view_copy_reason
 from geode.compiler.ir import Graph, Node
 from geode.compiler.partition.placement import Placement, input_symbols
@@ -86,7 +86,7 @@ class PlanState:
     def merge(self, a: Group, b: Group, domain: tuple[Dim, ...], axes: frozenset[int]) -> Group:
         """Replace ``a`` and ``b`` by their union over ``domain`` and ``axes``."""
         order = {n.name: i for i, n in enumerate(self.graph.nodes)}
-        merged = merged_group(min(a.id, b.id), a, b, domain, axes)
+        merged = merge_groups(min(a.id, b.id), a, b, domain, axes)
         merged.nodes.sort(key=lambda n: order[n.name])
         del self.groups[a.id]
         del self.groups[b.id]
@@ -104,7 +104,7 @@ def _try(st: PlanState, a: Group, b: Group, vertical: bool, profit: ProfitFn) ->
         st.decisions.append(Decision(a.id, b.id, rule, False, f"illegal: {reason}"))
         st.refused.add(key)
         return False
-    candidate = merged_group(min(a.id, b.id), a, b, dom[0], dom[1])
+    candidate = merge_groups(min(a.id, b.id), a, b, dom[0], dom[1])
     copy = view_copy_reason(candidate, st.graph, st.is_view)
     if copy is not None:
         st.decisions.append(Decision(a.id, b.id, rule, False, f"{reason}; {copy}"))

@@ -15,6 +15,7 @@ import sympy
 
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import Pattern, pattern_of
+from geode.compiler.fusion.stitch import STITCH_PARTIALS
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.shapes import Dim
 from geode.costmodel.device import DeviceSpec
@@ -139,8 +140,12 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
             lost = tree_parallelism_lost(a, b, merged, spec)
             if lost:
                 return False, lost
-        separate = [group_work(a, graph), group_work(b, graph)]
-        fused = group_work(merged, graph)
+        if merged.branches:
+            lost = stitch_parallelism_lost(merged, spec)
+            if lost:
+                return False, lost
+        separate = [kernel_work(a, graph), kernel_work(b, graph)]
+        fused = kernel_work(merged, graph)
         evals = evaluations(merged, graph)
         factor = max(evals.values()) if evals else 1
         d = decide_merge(
@@ -149,6 +154,46 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
         return d.take, d.reason
 
     return profit
+
+
+def kernel_work(group: Group, graph: Graph) -> KernelWork:
+    """The SOL work of a group's kernel: :func:`stitch_work` for a stitch group, else
+    :func:`group_work`."""
+    return stitch_work(group, graph) if group.branches else group_work(group, graph)
+
+
+def stitch_work(group: Group, graph: Graph) -> KernelWork:
+    """The SOL work of a stitch group's kernel (``stitch.py``): its reads and writes
+    plus the column partials, written by the row blocks and read back by the final
+    combine: ``min(STITCH_PARTIALS, rows)`` rows of the column reduction's result
+    shape. The shared input is read once. With few rows the partials grow as large as
+    the input and the stitch does not pay (the separate kernels win)."""
+    w = group_work(group, graph)
+    rows_axes, col_axes = group.branches
+    rows = _extent([group.domain[i] for i in sorted(col_axes)])  # what the columns reduce
+    cols = _extent([group.domain[i] for i in sorted(rows_axes)])
+    item = max((o.dtype.itemsize for n in group.nodes for o in n.outputs), default=4)
+    partials = min(float(STITCH_PARTIALS), rows) * cols * item
+    return KernelWork(
+        bytes_read=w.bytes_read + partials,
+        bytes_written=w.bytes_written + partials,
+        flops=w.flops,
+        transcendentals=w.transcendentals,
+    )
+
+
+def stitch_parallelism_lost(group: Group, spec: DeviceSpec) -> str | None:
+    """Why a stitch kernel would leave cores idle, or None. Its row blocks cut the
+    first axis (``codegen/stitch_schedule.py``): ``min(STITCH_PARTIALS, domain[0])``
+    blocks; fewer than the device's cores (a batch of one in ``[1, T, C]``) run the
+    whole pass on fewer threads than either reduction alone would use."""
+    blocks = min(float(STITCH_PARTIALS), _extent([group.domain[0]]))
+    if blocks < spec.cores:
+        return (
+            f"stitch: {blocks:g} row blocks (the first axis) on {spec.cores} cores: "
+            "parallelism lost"
+        )
+    return None
 
 
 def _extent(dims: list[Dim]) -> float:

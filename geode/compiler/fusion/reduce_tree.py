@@ -66,7 +66,7 @@ def _reads_from(consumer: Group, producer: Group) -> bool:
     return any(v.producer is not None and v.producer.name in names for v in consumer.inputs())
 
 
-def _broadcast_epilogue(g: Group) -> bool:
+def broadcast_epilogue(g: Group) -> bool:
     """Whether ``g`` computes a value on its full domain from one of its reductions (a
     broadcast epilogue such as ``x - mean``; a prologue such as ``x * x`` is fine)."""
     names = g.names
@@ -123,7 +123,7 @@ def _chain(producer: Group, consumer: Group) -> TreeMerge | str:
             f"whole result ({shape_str(producer.domain)} reduced over {sorted(producer.axes)})"
         )
     for g in (producer, consumer):
-        if _broadcast_epilogue(g):
+        if broadcast_epilogue(g):
             return f"group {g.id} writes values over its full domain after reducing"
     for n in consumer.nodes:
         if pattern_of(n) is Pattern.NONE:

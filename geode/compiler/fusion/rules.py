@@ -17,7 +17,13 @@ Rules, after CINN's Trivial/Reduce fusion:
 * ReduceTree: a reduction may join the reduction group it reads from when its input is
   that group's whole reduced result and the axes left lead the domain (see
   ``reduce_tree.py``); a tree's own nodes were checked when it formed, so with an
-  elementwise group only the elementwise group's nodes are checked against its domain.
+  elementwise group only the elementwise group's nodes are checked against its domain;
+* Stitch: two reductions of one input over the same domain, one over its leading
+  axes (columns), the other over the rest (rows), with no path between them, become
+  one kernel that reads the input once (see ``stitch.py``); a stitch group merges
+  with nothing further.
+
+Reduce trees and stitches are both refused when the option ``stitch_fusion`` is off.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from geode.compiler.fusion.patterns import (
     same_shape,
 )
 from geode.compiler.fusion.reduce_tree import TreeMerge, tree_merge
+from geode.compiler.fusion.stitch import StitchMerge, stitch_merge
 from geode.compiler.ir import Node
 from geode.compiler.shapes import Dim, shape_str
 
@@ -184,7 +191,12 @@ def check_merge(
 ) -> tuple[tuple[tuple[Dim, ...], frozenset[int]] | None, str]:
     """(merged domain, reason) when legal, (None, reason) when not; ``unit_of`` maps a
     node to the members of the unit (group) it runs in, for the cycle check;
-    ``trees=False`` refuses reduce trees (option ``stitch_fusion``)."""
+    ``trees=False`` refuses reduce trees and stitches (option ``stitch_fusion``)."""
+    stitch = stitch_merge(a, b)
+    if isinstance(stitch, str):
+        return None, stitch
+    if isinstance(stitch, StitchMerge):
+        return _check_stitch(a, b, stitch, unit_of, trees)
     tree = tree_merge(a, b)
     if isinstance(tree, str):
         return None, tree
@@ -224,8 +236,27 @@ def check_merge(
     return None, why
 
 
+def _check_stitch(
+    a: Group,
+    b: Group,
+    stitch: StitchMerge,
+    unit_of: Callable[[Node], list[Node]] | None,
+    trees: bool,
+) -> tuple[tuple[tuple[Dim, ...], frozenset[int]] | None, str]:
+    if not trees:
+        return None, "stitch fusion is off (option stitch_fusion)"
+    remap = _remap_reason(a.nodes + b.nodes)
+    if remap:
+        return None, remap
+    if creates_cycle(a, b, unit_of):
+        return None, "stitch: a path leads from one reduction to the other through other nodes"
+    return (stitch.domain, stitch.rows | stitch.columns), stitch.reason
+
+
 def rule_name(a: Group, b: Group, vertical: bool) -> str:
-    """T+T, T+R, R+T, R+R, ReduceTree or horizontal, for the record."""
+    """T+T, T+R, R+T, R+R, ReduceTree, Stitch or horizontal, for the record."""
+    if isinstance(stitch_merge(a, b), StitchMerge):
+        return "Stitch"
     if isinstance(tree_merge(a, b), TreeMerge):
         return "ReduceTree"
     if not vertical:

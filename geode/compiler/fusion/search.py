@@ -39,8 +39,8 @@ from geode.compiler.fusion.planner import (
     initial_state,
     sharing_pairs,
 )
-from geode.compiler.fusion.reduce_tree import merged_group
 from geode.compiler.fusion.rules import check_merge, creates_cycle, rule_name
+from geode.compiler.fusion.stitch import merge_groups
 from geode.compiler.fusion.views import view_copy_reason
 from geode.compiler.ir import Graph
 from geode.compiler.partition.placement import Placement
@@ -147,7 +147,7 @@ def _price(s: _Search, st: PlanState, a: Group, b: Group, vertical: bool) -> _Mo
     dom, reason = s.domain_check(a, b)
     if dom is None:
         return f"illegal: {reason}"
-    merged = merged_group(min(a.id, b.id), a, b, dom[0], dom[1])
+    merged = merge_groups(min(a.id, b.id), a, b, dom[0], dom[1])
     copy = view_copy_reason(merged, st.graph, st.is_view)
     if copy is not None:
         return f"{reason}; {copy}"
@@ -291,7 +291,7 @@ def _state_of(start: PlanState, plan: FusionPlan) -> PlanState:
     """A state holding ``plan``'s groups (copies: finishing a state renumbers them)."""
     st = PlanState(start.graph, start.trees)
     for g in plan.groups:
-        st.add(Group(g.id, list(g.nodes), g.domain, g.axes, g.levels))
+        st.add(Group(g.id, list(g.nodes), g.domain, g.axes, g.levels, g.branches))
     st.decisions = [
         Decision(d.producer, d.consumer, d.rule, d.taken, f"greedy: {d.reason}")
         for d in plan.decisions
