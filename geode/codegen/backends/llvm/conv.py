@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from geode.codegen.backends.llvm import conv_depthwise, conv_gemm
+from geode.codegen.backends.llvm import conv_depthwise, conv_direct, conv_gemm
 from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.conv_spec import TYPES, ConvSpec, Geometry
 from geode.codegen.backends.llvm.irloops import Builder
@@ -77,6 +77,8 @@ def _records(b: Builder, spec: ConvSpec) -> tuple[dict[str, list[str]], int]:
     want = {"X": (rank, {1: spec.channels}), "W": (rank, dict(enumerate(w_dims)))}
     if spec.bias:
         want["B"] = (1, {0: spec.out_channels})
+    if spec.residual:
+        want["Z"] = (rank, {1: spec.out_channels})  # all of Y's dims: checked with Y's
     dims: dict[str, list[str]] = {}
     at = 0
 
@@ -116,14 +118,59 @@ def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     conds = [b.cmp("eq", y[1], str(TYPES[spec.dtype][1]))]
     conds += [b.cmp("eq", g, w) for g, w in zip(ydims, want)]
     b.fail_unless(b.all_of(conds), y_status)
+    if spec.residual:
+        z_conds = [b.cmp("eq", g, w) for g, w in zip(dims["Z"], want)]
+        b.fail_unless(b.all_of(z_conds), spec.arrays.index("Z") + 1, "zshape")
     fits = b.all_of([b.cmp("sgt", oh, "0"), b.cmp("sgt", ow, "0")])
     b.fail_unless(fits, len(spec.arrays) + 2, "fits")
     ptrs = [b.load("ptr", b.gep("ptr", "%ptrs", str(i)), a) for i, a in enumerate(spec.arrays)]
-    bias = ptrs[2] if spec.bias else "null"
+    named = dict(zip(spec.arrays, ptrs))
+    bias, z = named.get("B", "null"), named.get("Z", "null")
     threads = b.load("i64", "%ints", "threads")
     geo = Geometry(ptrs[0], ptrs[1], bias, ptrs[-1], n, h, wd, oh, ow, pt, pl, threads)
+    if spec.method == "direct":  # the epilogue is in the kernel's tiles
+        status = fn.value(f"call i32 @{body}({geo.args()}, ptr {z})", "status")
+        fn.terminate(f"ret i32 {status}")
+        return fn
     status = fn.value(f"call i32 @{body}({geo.args()})", "status")
+    if spec.residual or spec.activation:
+        ok, bad = fn.label("epi"), fn.label("failed")
+        fn.cond_br(fn.value(f"icmp eq i32 {status}, 0", "done"), ok, bad)
+        fn.start_block(bad)
+        fn.terminate(f"ret i32 {status}")
+        fn.start_block(ok)
+        count = b.mul(b.mul(n, str(spec.out_channels)), b.mul(oh, ow), "count")
+        fn.add(f"call void @{body}.epilogue(ptr {ptrs[-1]}, ptr {z}, i64 {count})")
+        fn.terminate("ret i32 0")
+        return fn
     fn.terminate(f"ret i32 {status}")
+    return fn
+
+
+def epilogue_function(
+    module: ModuleWriter, name: str, spec: ConvSpec, attrs: str
+) -> FunctionWriter:
+    """``void @name(ptr Y, ptr Z, i64 count)``: the epilogue of a GEMM or depthwise conv,
+    a pass over Y after the body: ``Y = act(Y + Z)`` (Z when ``spec.residual``, the
+    activation when ``spec.activation``)."""
+    ty, _ = TYPES[spec.dtype]
+    fn = FunctionWriter(name, "void", [("ptr noalias", "Y"), ("ptr noalias", "Z"), ("i64", "n")])
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind " + attrs)
+    b = Builder(fn)
+
+    def one(i: str) -> None:
+        at = b.gep(ty, "%Y", i, "at")
+        val = b.load(ty, at, "y")
+        if spec.residual:
+            val = fn.value(f"fadd {ty} {val}, {b.load(ty, b.gep(ty, '%Z', i), 'z')}", "sum")
+        if spec.activation == "relu":
+            neg = fn.value(f"fcmp olt {ty} {val}, 0.0", "neg")
+            val = fn.value(f"select i1 {neg}, {ty} 0.0, {ty} {val}", "relu")
+        fn.add(f"store {ty} {val}, ptr {at}")
+
+    b.loop("0", "%n", one, "i")
+    fn.terminate("ret void")
     return fn
 
 
@@ -137,8 +184,12 @@ def conv_ir(spec: ConvSpec, attrs: str = "") -> tuple[str, str]:
     body = f"{name}.run"
     if spec.method == "depthwise":
         conv_depthwise.write_body(module, body, spec, attrs)
+    elif spec.method == "direct":
+        conv_direct.write_body(module, body, spec, attrs)
     else:
         conv_gemm.write_body(module, body, spec, attrs)
+    if spec.method != "direct" and (spec.residual or spec.activation):
+        module.add_function(epilogue_function(module, f"{body}.epilogue", spec, attrs))
     module.add_function(entry_function(name, body, spec))
     return name, f"; {spec.describe()}\n" + module.text()
 
@@ -154,7 +205,9 @@ class ConvKernel(LLVMKernel):
 
     def _bad_argument(self, i: int) -> None:
         if i == len(self._args):
-            what = "padded plane" if self.spec.method == "depthwise" else "im2col column"
+            what = {"depthwise": "padded plane", "direct": "padded band"}.get(
+                self.spec.method, "im2col column"
+            )
             raise ExecutionError(f"kernel {self.name}: out of memory allocating its {what} buffer")
         if i == len(self._args) + 1:
             raise ShapeError(
@@ -175,6 +228,8 @@ def _arg_specs(spec: ConvSpec) -> tuple[ArgSpec, ...]:
     ]
     if spec.bias:
         args.append(ArgSpec("B", "input", spec.dtype, 1, f"({m},)"))
+    if spec.residual:
+        args.append(ArgSpec("Z", "input", spec.dtype, rank, f"(N, {m}, {'OH, ' * two}OW)"))
     args.append(ArgSpec("Y", "output", spec.dtype, rank, f"(N, {m}, {'OH, ' * two}OW)"))
     return tuple(args)
 
@@ -188,7 +243,7 @@ def conv_kernel(spec: ConvSpec, cache_dir: CacheDir | None = None) -> ConvKernel
 
     t0 = time.perf_counter()
     lib = blas()
-    needs_blas = spec.method != "depthwise"
+    needs_blas = spec.method in ("im2col", "pointwise")
     if needs_blas and lib is None:
         return None
     if needs_blas:
@@ -197,7 +252,7 @@ def conv_kernel(spec: ConvSpec, cache_dir: CacheDir | None = None) -> ConvKernel
     name, ir = conv_ir(spec, target.function_attrs)
     # the runtime: geode_gemm, the pool
     loaded, from_cache = build_module(name, ir, target, cache_dir)
-    parallel = spec.method == "depthwise"
+    parallel = spec.method in ("depthwise", "direct")
     emitted = Emitted(ir, name, _arg_specs(spec), (), parallel, ())
     seconds = time.perf_counter() - t0
     kernel = ConvKernel(

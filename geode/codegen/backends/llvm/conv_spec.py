@@ -12,6 +12,10 @@ __all__ = ["AUTO_PADS", "BODY_PARAMS", "TYPES", "ConvSpec", "Geometry", "body_ge
 #: float type and item size of each dtype a native conv takes
 TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
 AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+#: the fused activations of a conv's epilogue ("": none)
+ACTIVATIONS = ("", "relu")
+#: what ``ConvSpec.choice`` may ask for: the method by shape, or one forced
+CHOICES = ("auto", "im2col", "direct")
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,11 @@ class ConvSpec:
     pads: tuple[int, int, int, int]  # top, left, bottom, right (unused by SAME_*)
     auto_pad: str
     bias: bool
+    #: the epilogue: Z (Y's shape) added after the bias, then the activation
+    residual: bool = False
+    activation: str = ""
+    #: ``auto``: the method by shape; ``im2col`` or ``direct``: that one where it applies
+    choice: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in TYPES:
@@ -40,6 +49,8 @@ class ConvSpec:
             raise ValueError(
                 f"native conv: C={self.channels}, M={self.out_channels} and group={self.group}"
             )
+        if self.activation not in ACTIVATIONS or self.choice not in CHOICES:
+            raise ValueError(f"native conv: activation {self.activation!r} / {self.choice!r}")
         if min(*self.kernel, *self.strides, *self.dilations) < 1 or min(self.pads) < 0:
             raise ValueError(f"native conv: bad window {self}")
         unit_h = self.kernel[0] == self.strides[0] == 1 and self.pads[0] == self.pads[2] == 0
@@ -68,18 +79,23 @@ class ConvSpec:
 
     @property
     def method(self) -> str:
-        """``depthwise``, ``pointwise`` or ``im2col`` (see :mod:`~.conv`)."""
+        """``depthwise``, ``pointwise``, ``direct`` or ``im2col`` (see :mod:`~.conv`):
+        depthwise for one input channel per group; a 1x1 window at unit stride without
+        padding is one GEMM on the input; other windows at horizontal stride 1 run the
+        direct kernel (``choice="im2col"`` forces im2col there), the rest im2col."""
         if self.cg == 1 and self.group > 1:
             return "depthwise"
         unit = self.kernel == (1, 1) and self.strides == (1, 1)
         if unit and (self.auto_pad != "NOTSET" or not any(self.pads)):
             return "pointwise"  # SAME with a 1x1 window at stride 1 pads nothing
+        if self.strides[1] == 1 and self.choice != "im2col":
+            return "direct"
         return "im2col"
 
     @property
     def arrays(self) -> tuple[str, ...]:
-        """The entry's arrays, in order."""
-        return ("X", "W", "B", "Y") if self.bias else ("X", "W", "Y")
+        """The entry's arrays, in order: X, W, then B and Z when the conv has them, Y."""
+        return ("X", "W") + ("B",) * self.bias + ("Z",) * self.residual + ("Y",)
 
     def describe(self) -> str:
         """A short readable summary (kernel names, ``explain()``)."""
@@ -91,6 +107,8 @@ class ConvSpec:
             f"{self.method} {self.spatial}-D {self.dtype} C={self.channels} M={self.out_channels} "
             f"g={self.group} k={kh}x{kw} s={self.strides} d={self.dilations} {pads}"
             + (" +bias" if self.bias else "")
+            + (" +residual" if self.residual else "")
+            + (f" +{self.activation}" if self.activation else "")
         )
 
 
