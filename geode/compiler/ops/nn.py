@@ -544,6 +544,74 @@ register(
 )
 
 
+# == FusedConv (geode) =======================================================================
+
+#: the op a Conv with its epilogue becomes (``compiler/passes/fuse_conv.py``)
+FUSED_CONV = "FusedConv"
+#: FusedConv's activations ("": none)
+FUSED_ACTIVATIONS = ("", "Relu")
+
+
+def _fused_conv_verify(ctx: InferContext) -> None:
+    _conv_verify(ctx)
+    act = ctx.attr("activation")
+    if act not in FUSED_ACTIVATIONS:
+        ctx.fail(f"activation must be one of {FUSED_ACTIVATIONS}, got {act!r}", VerifyError)
+    if ctx.has(3):
+        z, y = ctx.shape(3), conv_shape(ctx, ctx.shape(0), ctx.shape(1))
+        if z is not None and y is not None:
+            if len(z) != len(y):
+                ctx.fail(f"Z of shape {list(z)} must have Y's shape {list(y)}")
+            for i, (a, b) in enumerate(zip(z, y)):
+                _equate(ctx, a, b, f"Z's dim {i} must equal Y's")
+
+
+def fused_conv(
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray | None,
+    z: np.ndarray | None,
+    attrs: dict[str, Any],
+) -> np.ndarray:
+    """FusedConv on numpy arrays: ``act(conv_nd(x, w, b) + z)``."""
+    y = conv_nd(x, w, b, attrs)
+    if z is not None:
+        if z.shape != y.shape:
+            raise ShapeError(f"FusedConv: Z{list(z.shape)} is not Y's shape {list(y.shape)}")
+        y = np.add(y, z, dtype=y.dtype)
+    if attrs.get("activation") == "Relu":
+        y = np.maximum(y, y.dtype.type(0))  # NaN stays NaN, as Relu's kernel
+    return y
+
+
+def _fused_conv_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
+    get = lambda i: ins[i] if len(ins) > i else None  # noqa: E731
+    return [fused_conv(ins[0], ins[1], get(2), get(3), attrs)]
+
+
+register(
+    OpDef(
+        FUSED_CONV,
+        OpKind.LIBRARY,
+        inputs=[
+            In("X", "T"),
+            In("W", "T"),
+            In("B", "T", optional=True),
+            In("Z", "T", optional=True),
+        ],
+        outputs=[Out("Y", "T")],
+        types={"T": dtypes.FLOATS},
+        attrs=[*CONV_ATTRS, Attr("activation", "string", "")],
+        verify=_fused_conv_verify,
+        infer=_conv_infer,
+        kernel=_fused_conv_kernel,
+        domain="geode",
+        doc="Conv with its epilogue: activation(Conv(X, W, B) + Z), Z of Y's shape "
+        "(made by the fuse_conv pass from Conv, Add and Relu)",
+    )
+)
+
+
 # == ConvTranspose ===========================================================================
 
 

@@ -83,7 +83,9 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     geo = body_geometry(fn)
     z = fn.param(len(BODY_PARAMS))
     kw, dw = spec.kernel[1], spec.dilations[1]
-    wp = b.add(b.mul(b.ceildiv(geo.ow, v_lanes), str(v_lanes)), str((kw - 1) * dw), "Wp")
+    sw = spec.strides[1]
+    reach = b.mul(b.ceildiv(geo.ow, v_lanes), str(v_lanes * sw))
+    wp = b.add(reach, str((kw - 1) * dw), "Wp")
     band = band_rows(b, spec, geo.n, geo.oh, wp)
     bands = b.op("sdiv", b.add(geo.oh, b.sub(band, "1")), band, "bands")
     items = b.mul(b.mul(geo.n, str(spec.group)), bands, "items")
@@ -275,7 +277,18 @@ def _tile_function(
     for row in accs:
         for a in row:
             fn.add(f"store {zero}, ptr {a}")
-    base = b.gep(ty, src, t, "base")
+    sw = spec.strides[1]
+    base = b.gep(ty, src, b.mul(t, str(sw)), "base")
+    wide = f"<{vl * sw} x {ty}>"
+    picks = ", ".join(f"i32 {q * sw}" for q in range(vl))
+
+    def load_x(at: str) -> str:
+        """``V`` input columns ``sw`` apart from ``at``: one load, or (stride 2) one
+        load of ``2V`` and its even lanes."""
+        if sw == 1:
+            return fn.value(f"load {vty}, ptr {at}, align 4", "x")
+        both = fn.value(f"load {wide}, ptr {at}, align 4", "xx")
+        return fn.value(f"shufflevector {wide} {both}, {wide} poison, <{vl} x i32> <{picks}>", "x")
 
     def splat(s: str) -> str:
         one = fn.value(f"insertelement <1 x {ty}> poison, {ty} {s}, i64 0", "one")
@@ -291,10 +304,7 @@ def _tile_function(
         for i in range(kh):
             xr = b.gep(ty, xc, b.mul(str(i * dh), wp), "xr")
             for j in range(kw):
-                xs = [
-                    fn.value(f"load {vty}, ptr {b.gep(ty, xr, str(j * dw + k * vl))}, align 4", "x")
-                    for k in range(u)
-                ]
+                xs = [load_x(b.gep(ty, xr, str(j * dw + k * vl * sw))) for k in range(u)]
                 for m in range(cb):
                     wv = b.load(ty, b.gep(ty, wc, str(m * spec.cg * khw + i * kw + j)), "wt")
                     ws = splat(wv)

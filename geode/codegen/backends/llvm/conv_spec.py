@@ -81,14 +81,14 @@ class ConvSpec:
     def method(self) -> str:
         """``depthwise``, ``pointwise``, ``direct`` or ``im2col`` (see :mod:`~.conv`):
         depthwise for one input channel per group; a 1x1 window at unit stride without
-        padding is one GEMM on the input; other windows at horizontal stride 1 run the
-        direct kernel (``choice="im2col"`` forces im2col there), the rest im2col."""
+        padding is one GEMM on the input; other windows at horizontal stride 1 or 2 run
+        the direct kernel (``choice="im2col"`` forces im2col there), the rest im2col."""
         if self.cg == 1 and self.group > 1:
             return "depthwise"
         unit = self.kernel == (1, 1) and self.strides == (1, 1)
         if unit and (self.auto_pad != "NOTSET" or not any(self.pads)):
             return "pointwise"  # SAME with a 1x1 window at stride 1 pads nothing
-        if self.strides[1] == 1 and self.choice != "im2col":
+        if self.strides[1] <= 2 and self.choice != "im2col":
             return "direct"
         return "im2col"
 
