@@ -19,7 +19,7 @@ import numpy as np
 from geode.codegen.backends.llvm.conv_spec import ConvSpec
 from geode.codegen.driver import LibraryChoice, library_fallback, library_step, object_cache
 from geode.compiler.ir import GEODE_DOMAIN, Graph, Node
-from geode.compiler.ops.nn import FUSED_CONV, window_attrs
+from geode.compiler.ops.nn import FUSED_CONV, pool_attrs, window_attrs
 from geode.compiler.shapes import free_symbols
 from geode.config import Options
 from geode.errors import CodegenError, GeodeError
@@ -89,9 +89,19 @@ def conv_spec(node: Node, g: Graph, choice: str = "auto") -> ConvSpec | str:
             residual=z is not None,
             activation=str(node.attrs.get("activation") or "").lower(),
             choice=choice,
+            pool=_pool_of(node.attrs),
         )
     except ValueError as exc:
         return str(exc)
+
+
+def _pool_of(attrs: dict) -> tuple[int, ...]:
+    """A FusedConv's pooling as ``ConvSpec.pool`` (``()`` without one)."""
+    pool = pool_attrs(attrs)
+    if pool is None:
+        return ()
+    (kh, kw), (sh, sw) = pool["kernel_shape"], pool["strides"]
+    return (kh, kw, sh, sw, *pool["pads"])
 
 
 def conv_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
@@ -115,11 +125,8 @@ def conv_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     if kernel is None:
         return LibraryChoice(None, None, "library op: reference kernel (Conv: no BLAS found)")
     interface, info = library_step(node, kernel, len(spec.arrays) - 1, spec.describe(), opts)
-    epilogue = "".join(
-        f" + {e}"
-        for e, on in (("residual add", spec.residual), (spec.activation, spec.activation))
-        if on
-    )
+    parts = (("residual add", spec.residual), (spec.activation, spec.activation))
+    epilogue = "".join(f" + {e}" for e, on in (*parts, ("max pool", spec.pool)) if on)
     return LibraryChoice(
         interface,
         info,

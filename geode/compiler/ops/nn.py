@@ -552,11 +552,27 @@ FUSED_CONV = "FusedConv"
 FUSED_ACTIVATIONS = ("", "Relu")
 
 
+def pool_attrs(attrs: dict[str, Any]) -> dict[str, Any] | None:
+    """The MaxPool attributes of a FusedConv's pooling (None without one)."""
+    kernel = attrs.get("pool_kernel")
+    if not kernel:
+        return None
+    n = len(kernel)
+    return {
+        "kernel_shape": [int(k) for k in kernel],
+        "strides": [int(k) for k in attrs.get("pool_strides") or [1] * n],
+        "pads": [int(k) for k in attrs.get("pool_pads") or [0] * (2 * n)],
+    }
+
+
 def _fused_conv_verify(ctx: InferContext) -> None:
     _conv_verify(ctx)
     act = ctx.attr("activation")
     if act not in FUSED_ACTIVATIONS:
         ctx.fail(f"activation must be one of {FUSED_ACTIVATIONS}, got {act!r}", VerifyError)
+    pool = pool_attrs(ctx.attrs)
+    if pool is not None and ctx.has(3):
+        ctx.fail("a FusedConv with pooling takes no residual Z", VerifyError)
     if ctx.has(3):
         z, y = ctx.shape(3), conv_shape(ctx, ctx.shape(0), ctx.shape(1))
         if z is not None and y is not None:
@@ -566,6 +582,15 @@ def _fused_conv_verify(ctx: InferContext) -> None:
                 _equate(ctx, a, b, f"Z's dim {i} must equal Y's")
 
 
+def _fused_conv_infer(ctx: InferContext) -> list[TensorDesc]:
+    y = conv_shape(ctx, ctx.shape(0), ctx.shape(1))
+    pool = pool_attrs(ctx.attrs)
+    if pool is not None and y is not None:
+        win = window_attrs(pool, pool["kernel_shape"], _ctx_fail(ctx))
+        y = (y[0], y[1], *_spatial_out(ctx, y[2:], win, False))
+    return [TensorDesc(ctx.dtype(0), y)]
+
+
 def fused_conv(
     x: np.ndarray,
     w: np.ndarray,
@@ -573,7 +598,8 @@ def fused_conv(
     z: np.ndarray | None,
     attrs: dict[str, Any],
 ) -> np.ndarray:
-    """FusedConv on numpy arrays: ``act(conv_nd(x, w, b) + z)``."""
+    """FusedConv on numpy arrays: ``maxpool(act(conv_nd(x, w, b) + z))`` (the pooling
+    when ``pool_kernel`` is given)."""
     y = conv_nd(x, w, b, attrs)
     if z is not None:
         if z.shape != y.shape:
@@ -581,6 +607,9 @@ def fused_conv(
         y = np.add(y, z, dtype=y.dtype)
     if attrs.get("activation") == "Relu":
         y = np.maximum(y, y.dtype.type(0))  # NaN stays NaN, as Relu's kernel
+    pool = pool_attrs(attrs)
+    if pool is not None:
+        y = max_pool_nd(y, pool)[0]
     return y
 
 
@@ -601,13 +630,20 @@ register(
         ],
         outputs=[Out("Y", "T")],
         types={"T": dtypes.FLOATS},
-        attrs=[*CONV_ATTRS, Attr("activation", "string", "")],
+        attrs=[
+            *CONV_ATTRS,
+            Attr("activation", "string", ""),
+            Attr("pool_kernel", "ints", None),
+            Attr("pool_strides", "ints", None),
+            Attr("pool_pads", "ints", None),
+        ],
         verify=_fused_conv_verify,
-        infer=_conv_infer,
+        infer=_fused_conv_infer,
         kernel=_fused_conv_kernel,
         domain="geode",
-        doc="Conv with its epilogue: activation(Conv(X, W, B) + Z), Z of Y's shape "
-        "(made by the fuse_conv pass from Conv, Add and Relu)",
+        doc="Conv with its epilogue: MaxPool(activation(Conv(X, W, B) + Z)), Z of the "
+        "conv's output shape, the pooling optional (pool_kernel, pool_strides, pool_pads; "
+        "made by the fuse_conv pass from Conv, Add, Relu and MaxPool)",
     )
 )
 

@@ -1,5 +1,6 @@
 """Fuse a Conv's epilogue into the conv: ``Relu(Conv(x) + z)``, ``Conv(x) + z`` and
-``Relu(Conv(x))`` become one geode ``FusedConv`` node (``compiler/ops/nn.py``), whose
+``Relu(Conv(x))`` become one geode ``FusedConv`` node (``compiler/ops/nn.py``), and a
+MaxPool after such a node (or after a Conv) joins it, whose
 native kernel applies the residual add and the activation to each output tile while it
 is in registers (``codegen/backends/llvm/conv_direct.py``) instead of passes over the
 output after it: one kernel for a ResNet block's Conv+BatchNorm+Add+Relu once
@@ -10,8 +11,12 @@ follows it) feeds nothing else and is not a graph output; ``z`` has exactly the 
 output's shape and dtype (no broadcast); the dtype is float32 or float64, the conv is
 1-D or 2-D and its weights' shape is static (what a native conv takes: other convs
 gain nothing from the rewrite). Of an Add of two such Convs the second in graph order
-takes the Add, the first's output becoming its ``z``. Runs after ``fold_bn`` (pass
-``fuse_conv`` in ``explain()``).
+takes the Add, the first's output becoming its ``z``. A MaxPool joins a conv without
+a residual when it is 2-D, has no Indices output, ceil_mode, dilations or auto_pad, and
+the conv is one the direct kernel computes (2-D, horizontal stride at most 2, not
+depthwise): the kernel keeps a band of conv rows in a scratch and pools them, so the
+conv's output never goes to memory. Runs after ``fold_bn`` (pass ``fuse_conv`` in
+``explain()``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,13 @@ def fuse_conv_epilogues(graph: Graph) -> bool:
     changed = False
     for node in graph.toposort():
         if not node_alive(graph, node) or node.domain not in _ONNX:
+            continue
+        if node.op_type == "MaxPool":
+            conv = _poolable(graph, node)
+            if conv is not None and try_rewrite(
+                graph, node, lambda rw, c=conv, p=node: [_pooled(rw, c, p)]
+            ):
+                changed = True
             continue
         found = _epilogue(graph, node)
         if found is None:
@@ -109,6 +121,57 @@ def _residual(graph: Graph, add: Node) -> tuple[Node, Value] | None:
         if best is None or order[conv.name] > order[best[0].name]:
             best = (conv, z)
     return best
+
+
+def _poolable(graph: Graph, pool: Node) -> Node | None:
+    """The Conv or FusedConv (without a residual or pooling of its own) whose output
+    ``pool``, a 2-D MaxPool without Indices, ceil_mode, dilations or auto_pad, may take
+    into the conv (see the module docstring); else None."""
+    a = pool.attrs
+    if len(pool.outputs) != 1 or int(a.get("ceil_mode") or 0) or int(a.get("storage_order") or 0):
+        return None
+    kernel = a.get("kernel_shape")
+    if kernel is None or len(kernel) != 2 or (a.get("auto_pad") or "NOTSET") != "NOTSET":
+        return None
+    if any(int(d) != 1 for d in a.get("dilations") or []):
+        return None
+    v = pool.inputs[0]
+    conv = None if v is None else v.producer
+    if conv is None:
+        return None
+    if conv.op_type == "FusedConv" and conv.domain == GEODE_DOMAIN:
+        if conv.attrs.get("pool_kernel") or (len(conv.inputs) > 3 and conv.inputs[3]):
+            return None
+        if len(v.uses) != 1 or is_output(graph, v):
+            return None
+    elif _fusable_conv(graph, v) is None:
+        return None
+    w = conv.inputs[1]
+    group = int(conv.attrs.get("group") or 1)
+    strides = conv.attrs.get("strides") or [1, 1]
+    if len(w.shape) != 4 or int(strides[1]) > 2 or (w.shape[1] == 1 and group > 1):
+        return None  # the direct kernel's convs only
+    return conv
+
+
+def _pooled(rw, conv: Node, pool: Node) -> Value:
+    """The FusedConv computing ``pool(conv(...))``."""
+    a = pool.attrs
+    attrs = dict(conv.attrs)
+    attrs.setdefault("activation", "")
+    attrs["pool_kernel"] = [int(k) for k in a["kernel_shape"]]
+    attrs["pool_strides"] = [int(k) for k in a.get("strides") or [1, 1]]
+    attrs["pool_pads"] = [int(k) for k in a.get("pads") or [0, 0, 0, 0]]
+    bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+    node = rw.graph.add_node(
+        "FusedConv",
+        [conv.inputs[0], conv.inputs[1], bias, None],
+        attrs,
+        name=f"{conv.name}_pool",
+        domain=GEODE_DOMAIN,
+    )
+    rw.nodes.append(node)
+    return node.outputs[0]
 
 
 def _fused(rw, conv: Node, z: Value | None, relu: Node | None) -> Value:

@@ -97,6 +97,16 @@ def _records(b: Builder, spec: ConvSpec) -> tuple[dict[str, list[str]], int]:
     return dims, at
 
 
+def pooled_size(b: Builder, spec: ConvSpec, size: str, axis: str) -> str:
+    """The pooled size of a conv output dim ``size`` (``axis`` "0": H, "1": W); the
+    size itself without pooling (or on a 1-D conv's H)."""
+    if not spec.pool:
+        return size
+    k, s = spec.pool[int(axis)], spec.pool[2 + int(axis)]
+    begin, end = spec.pool[4 + int(axis)], spec.pool[6 + int(axis)]
+    return b.add(b.floordiv(b.add(size, str(begin + end - k)), s), "1", "pooled")
+
+
 def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     """The entry ``i32 @name(ptrs, recs, ints)``: records checked, geometry computed,
     ``@body`` called (see the module docstring)."""
@@ -111,17 +121,18 @@ def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     oh, pt = out_size(b, spec, 0, h) if spec.spatial == 2 else ("1", "0")
     ow, pl = out_size(b, spec, 1, wd)
     rank = spec.spatial + 2
+    poh, pow_ = pooled_size(b, spec, oh, "0"), pooled_size(b, spec, ow, "1")
     y = [b.load("i64", b.gep("i64", "%recs", str(at + j)), "ry") for j in range(2)]
     b.fail_unless(b.cmp("eq", y[0], str(rank)), y_status)
     ydims = [b.load("i64", b.gep("i64", "%recs", str(at + 2 + j)), "ry") for j in range(rank)]
-    want = [n, str(spec.out_channels)] + ([oh] if spec.spatial == 2 else []) + [ow]
+    want = [n, str(spec.out_channels)] + ([poh] if spec.spatial == 2 else []) + [pow_]
     conds = [b.cmp("eq", y[1], str(TYPES[spec.dtype][1]))]
     conds += [b.cmp("eq", g, w) for g, w in zip(ydims, want)]
     b.fail_unless(b.all_of(conds), y_status)
     if spec.residual:
         z_conds = [b.cmp("eq", g, w) for g, w in zip(dims["Z"], want)]
         b.fail_unless(b.all_of(z_conds), spec.arrays.index("Z") + 1, "zshape")
-    fits = b.all_of([b.cmp("sgt", oh, "0"), b.cmp("sgt", ow, "0")])
+    fits = b.all_of([b.cmp("sgt", v, "0") for v in (oh, ow, poh, pow_)])
     b.fail_unless(fits, len(spec.arrays) + 2, "fits")
     ptrs = [b.load("ptr", b.gep("ptr", "%ptrs", str(i)), a) for i, a in enumerate(spec.arrays)]
     named = dict(zip(spec.arrays, ptrs))
@@ -129,7 +140,8 @@ def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     threads = b.load("i64", "%ints", "threads")
     geo = Geometry(ptrs[0], ptrs[1], bias, ptrs[-1], n, h, wd, oh, ow, pt, pl, threads)
     if spec.method == "direct":  # the epilogue is in the kernel's tiles
-        status = fn.value(f"call i32 @{body}({geo.args()}, ptr {z})", "status")
+        pooled = f"i64 {poh}, i64 {pow_}"
+        status = fn.value(f"call i32 @{body}({geo.args()}, ptr {z}, {pooled})", "status")
         fn.terminate(f"ret i32 {status}")
         return fn
     status = fn.value(f"call i32 @{body}({geo.args()})", "status")

@@ -29,7 +29,7 @@ from __future__ import annotations
 from geode.codegen.backends.llvm.conv_depthwise import chunk_start, pad_function
 from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, body_geometry
 from geode.codegen.backends.llvm.irloops import Builder
-from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
+from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
 from geode.codegen.backends.llvm.parallel import LAUNCH
 
 __all__ = ["BAND_BUDGET_BYTES", "ITEMS_WANTED", "blocking", "lanes", "write_body"]
@@ -40,7 +40,7 @@ BAND_BUDGET_BYTES = 512 << 10
 ITEMS_WANTED = 8
 #: the chunk function's context: pointers, sizes, the failure flag; one i64 slot each
 _CTX = ("X", "W", "B", "Z", "Y", "planes", "H", "Wd", "OH", "OW", "pt", "pl", "band")
-_CTX = (*_CTX, "bands", "Wp", "failed")
+_CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
 
 
 def lanes(spec: ConvSpec, attrs: str) -> int:
@@ -76,26 +76,29 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
     )
     module.add_global("geode.launch", LAUNCH)
-    fn = FunctionWriter(name, "i32", [*BODY_PARAMS, ("ptr noalias", "Z")])
+    extra = [("ptr noalias", "Z"), ("i64", "POH"), ("i64", "POW")]
+    fn = FunctionWriter(name, "i32", [*BODY_PARAMS, *extra])
     fn.linkage = "internal"
     fn.attrs = " " + module.attr_group("nounwind " + attrs)
     b = Builder(fn)
     geo = body_geometry(fn)
-    z = fn.param(len(BODY_PARAMS))
+    z, poh, pow_ = (fn.param(len(BODY_PARAMS) + i) for i in range(3))
     kw, dw = spec.kernel[1], spec.dilations[1]
     sw = spec.strides[1]
     reach = b.mul(b.ceildiv(geo.ow, v_lanes), str(v_lanes * sw))
     wp = b.add(reach, str((kw - 1) * dw), "Wp")
-    band = band_rows(b, spec, geo.n, geo.oh, wp)
-    bands = b.op("sdiv", b.add(geo.oh, b.sub(band, "1")), band, "bands")
+    band = band_rows(b, spec, geo.n, poh, wp)  # rows of Y: pooled rows when pooling
+    bands = b.op("sdiv", b.add(poh, b.sub(band, "1")), band, "bands")
     items = b.mul(b.mul(geo.n, str(spec.group)), bands, "items")
     values = [geo.x, geo.w, geo.b, z, geo.y, items, geo.h, geo.wd, geo.oh, geo.ow, geo.pt]
-    values += [geo.pl, band, bands, wp]
+    values += [geo.pl, band, bands, wp, poh, pow_]
     ctx = fn.alloca(f"[{len(_CTX)} x i64]", "ctx", align=8)
     for i, val in enumerate([*values, "0"]):
         slot = b.gep("i64", ctx, str(i), "slot")
         fn.add(f"store {'ptr' if i < 5 else 'i64'} {val}, ptr {slot}")
     macs = b.mul(b.mul(items, b.mul(band, geo.ow)), str(spec.mg * spec.depth), "work")
+    if spec.pool:
+        module.add_function(_pool_function(module, f"{name}.maxpool", spec, attrs))
     small = b.cmp("slt", macs, str(1 << 17), "small")
     fn.add(
         f"call void @geode.launch(ptr @{chunk}, ptr {ctx}, i64 {items}, i64 {geo.threads}, "
@@ -132,15 +135,22 @@ def _chunk_function(
     """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: this chunk's items (see the
     module docstring)."""
     ty, item = TYPES[spec.dtype]
-    (kh, kw), (sh, _), (dh, _) = spec.kernel, spec.strides, spec.dilations
+    (kh, _), (sh, _), (dh, _) = spec.kernel, spec.strides, spec.dilations
     c = chunk_start(module, name, attrs, _CTX, 5)
     fn, b, v = c.fn, c.b, c.v
     module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
     module.declare("free", "declare void @free(ptr) nounwind")
-    rin_max = b.add(b.mul(b.sub(v["band"], "1"), str(sh)), str((kh - 1) * dh + 1), "rin")
+    pkh, psh = (spec.pool[0], spec.pool[2]) if spec.pool else (1, 1)
+    crows_max = b.add(b.mul(b.sub(v["band"], "1"), str(psh)), str(pkh), "crows")  # conv rows
+    rin_max = b.add(b.mul(b.sub(crows_max, "1"), str(sh)), str((kh - 1) * dh + 1), "rin")
     plane = b.mul(rin_max, v["Wp"], "plane")
-    nbytes = b.mul(b.mul(plane, str(spec.cg)), str(item), "bytes")
-    buf = fn.value(f"call noalias ptr @malloc(i64 {nbytes})", "buf")
+    in_elems = b.mul(plane, str(spec.cg), "in_elems")
+    cplane = b.mul(crows_max, v["OW"], "cplane") if spec.pool else "0"
+    tw = b.add(v["OW"], str(sum(spec.pool[4:]) + spec.pool[1]), "tw") if spec.pool else "0"
+    elems = b.add(b.add(in_elems, b.mul(cplane, str(spec.mg))), tw, "elems")
+    buf = fn.value(f"call noalias ptr @malloc(i64 {b.mul(elems, str(item))})", "buf")
+    conv_buf = b.gep(ty, buf, in_elems, "convbuf")
+    tmp = b.gep(ty, conv_buf, b.mul(cplane, str(spec.mg)), "tmp")
     nomem = b.all_of([b.cmp("slt", c.lo, c.hi), fn.value(f"icmp eq ptr {buf}, null")])
 
     def fail() -> None:
@@ -149,13 +159,21 @@ def _chunk_function(
         fn.start_block(fn.label("unreachable"))
 
     b.when(nomem, fail, "nomem")
-    hw, p = b.mul(v["H"], v["Wd"], "HW"), b.mul(v["OH"], v["OW"], "P")
-    khw = kh * kw
+    hw = b.mul(v["H"], v["Wd"], "HW")
+    pp = b.mul(v["POH"], v["POW"], "PP")
 
     def one(q: str) -> None:
         img = b.op("udiv", q, v["bands"], "img")  # n * group + g
-        oh0 = b.mul(b.op("urem", q, v["bands"]), v["band"], "oh0")
-        nrows = b.min(v["band"], b.sub(v["OH"], oh0), "nrows")
+        r0 = b.mul(b.op("urem", q, v["bands"]), v["band"], "r0")  # first row of Y
+        yrows = b.min(v["band"], b.sub(v["POH"], r0), "yrows")
+        if spec.pool:  # the conv rows the pooled rows' windows reach, within the output
+            ppt = spec.pool[4]
+            first = b.max(b.sub(b.mul(r0, str(psh)), str(ppt)), "0", "cfirst")
+            last = b.add(b.mul(b.add(r0, b.sub(yrows, "1")), str(psh)), str(pkh - ppt))
+            oh0 = b.min(first, v["OH"], "oh0")
+            nrows = b.max(b.sub(b.min(last, v["OH"]), oh0), "0", "nrows")
+        else:
+            oh0, nrows = r0, yrows
         rin = b.add(b.mul(b.sub(nrows, "1"), str(sh)), str((kh - 1) * dh + 1), "rin")
         g = b.op("urem", img, str(spec.group), "g")
         n = b.op("udiv", img, str(spec.group), "n")
@@ -170,15 +188,58 @@ def _chunk_function(
                 f"i64 {rin}, i64 {v['Wp']}, i64 {top}, i64 {v['pl']})"
             )
 
-        b.loop("0", str(spec.cg), copy, "ci")
+        b.when(b.cmp("sgt", nrows, "0"), lambda: b.loop("0", str(spec.cg), copy, "ci"), "any")
         m0 = b.mul(g, str(spec.mg), "m0")
+        _conv_rows(b, spec, v, rows, cb, (buf, plane, conv_buf, cplane), (n, m0, oh0, nrows))
+        if spec.pool:
 
-        def out_row(r: str) -> None:
-            src = b.gep(ty, buf, b.mul(b.mul(r, str(sh)), v["Wp"]), "src")
-            orow = b.add(oh0, r, "orow")
+            def pool_channel(m: str) -> None:
+                src = b.gep(ty, conv_buf, b.mul(m, cplane), "csrc")
+                yc = b.add(b.mul(n, str(spec.out_channels)), b.add(m0, m), "yc")
+                y = b.gep(ty, v["Y"], b.add(b.mul(yc, pp), b.mul(r0, v["POW"])), "ypool")
+                fn.add(
+                    f"call void @{name[: -len('.chunk')]}.maxpool(ptr {src}, i64 {nrows}, "
+                    f"i64 {oh0}, i64 {v['OW']}, ptr {y}, i64 {v['POW']}, i64 {r0}, "
+                    f"i64 {yrows}, ptr {tmp}, i64 {tw})"
+                )
 
-            def block(m: str, row_fn: str) -> None:
-                ch = b.add(m0, m, "ch")
+            b.loop("0", str(spec.mg), pool_channel, "pm")
+
+    b.loop(c.lo, c.hi, one, "q")
+    fn.add(f"call void @free(ptr {buf})")
+    fn.terminate("ret void")
+    return fn
+
+
+def _conv_rows(
+    b: Builder,
+    spec: ConvSpec,
+    v: dict[str, str],
+    rows: list[str],
+    cb: int,
+    bufs: tuple[str, str, str, str],
+    at: tuple[str, str, str, str],
+) -> None:
+    """The conv rows ``[oh0, oh0 + nrows)`` of image ``n``, channels ``m0 ...`` of the
+    group, from the padded band (``bufs``: band, its plane size, the conv scratch and
+    its plane size): into Y, or into the conv scratch when pooling."""
+    ty, _ = TYPES[spec.dtype]
+    fn = b.fn
+    buf, plane, conv_buf, cplane = bufs
+    n, m0, oh0, nrows = at
+    sh, khw = spec.strides[0], spec.kernel[0] * spec.kernel[1]
+    p = b.mul(v["OH"], v["OW"], "P")
+
+    def out_row(r: str) -> None:
+        src = b.gep(ty, buf, b.mul(b.mul(r, str(sh)), v["Wp"]), "src")
+        orow = b.add(oh0, r, "orow")
+
+        def block(m: str, row_fn: str) -> None:
+            ch = b.add(m0, m, "ch")
+            if spec.pool:
+                y = b.gep(ty, conv_buf, b.add(b.mul(m, cplane), b.mul(r, v["OW"])), "y")
+                z, stride = "null", cplane
+            else:
                 yoff = b.add(
                     b.mul(b.add(b.mul(n, str(spec.out_channels)), ch), p),
                     b.mul(orow, v["OW"]),
@@ -186,23 +247,78 @@ def _chunk_function(
                 )
                 y = b.gep(ty, v["Y"], yoff, "y")
                 z = b.gep(ty, v["Z"], yoff, "z") if spec.residual else "null"
-                w = b.gep(ty, v["W"], b.mul(ch, str(spec.cg * khw)), "w")
-                bias = b.gep(ty, v["B"], ch, "bias") if spec.bias else "null"
-                fn.add(
-                    f"call void @{row_fn}(ptr {src}, i64 {v['Wp']}, i64 {plane}, ptr {w}, "
-                    f"ptr {bias}, ptr {z}, ptr {y}, i64 {v['OW']}, i64 {p})"
-                )
+                stride = p
+            w = b.gep(ty, v["W"], b.mul(ch, str(spec.cg * khw)), "w")
+            bias = b.gep(ty, v["B"], ch, "bias") if spec.bias else "null"
+            fn.add(
+                f"call void @{row_fn}(ptr {src}, i64 {v['Wp']}, i64 {plane}, ptr {w}, "
+                f"ptr {bias}, ptr {z}, ptr {y}, i64 {v['OW']}, i64 {stride})"
+            )
 
-            full = spec.mg - spec.mg % cb
-            if full:
-                b.loop("0", str(full), lambda m: block(m, rows[0]), "mb", step=str(cb))
-            if spec.mg % cb:
-                block(str(full), rows[1])
+        full = spec.mg - spec.mg % cb
+        if full:
+            b.loop("0", str(full), lambda m: block(m, rows[0]), "mb", step=str(cb))
+        if spec.mg % cb:
+            block(str(full), rows[1])
 
-        b.loop("0", nrows, out_row, "r")
+    b.loop("0", nrows, out_row, "r")
 
-    b.loop(c.lo, c.hi, one, "q")
-    fn.add(f"call void @free(ptr {buf})")
+
+def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
+    """``void @name(ptr src, i64 crows, i64 c0, i64 OW, ptr y, i64 POW, i64 r0, i64 yrows,
+    ptr tmp, i64 tw)``: pooled rows ``[r0, r0 + yrows)`` of one channel from its conv
+    rows ``[c0, c0 + crows)`` at ``src``: per pooled row the window's rows reduced into
+    the ``-inf``-bordered row ``tmp`` (``tw`` long), then the window's columns
+    (``llvm.maximum``: NaN propagates, as MaxPool's)."""
+    ty, _ = TYPES[spec.dtype]
+    pkh, pkw, psh, psw, ppt, ppl = spec.pool[:6]
+    names = ("src", "crows", "c0", "OW", "y", "POW", "r0", "yrows", "tmp", "tw")
+    kinds = ("ptr noalias", "i64", "i64", "i64", "ptr noalias", "i64", "i64", "i64")
+    params = list(zip((*kinds, "ptr noalias", "i64"), names))
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
+    b = Builder(fn)
+    src, crows, c0, ow, y, pow_, r0, yrows, tmp, tw = (fn.param(i) for i in range(len(names)))
+    suffix = "f32" if ty == "float" else "f64"
+    module.declare(f"llvm.maximum.{suffix}", f"declare {ty} @llvm.maximum.{suffix}({ty}, {ty})")
+    ninf = float_literal(float("-inf"), ty)
+
+    def maximum(a: str, c: str) -> str:
+        return fn.value(f"call {ty} @llvm.maximum.{suffix}({ty} {a}, {ty} {c})", "max")
+
+    b.loop("0", tw, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, tmp, i)}"), "init")
+    mid = b.gep(ty, tmp, str(ppl), "mid")
+
+    def pooled_row(pr: str) -> None:
+        wl = b.sub(b.mul(b.add(r0, pr), str(psh)), str(ppt), "wl")
+        lo = b.max(wl, c0, "lo")
+        hi = b.min(b.add(wl, str(pkh)), b.add(c0, crows), "hi")
+        b.loop("0", ow, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, mid, i)}"), "clr")
+
+        def conv_row(cr: str) -> None:
+            row = b.gep(ty, src, b.mul(b.sub(cr, c0), ow), "crow")
+
+            def col(i: str) -> None:
+                at = b.gep(ty, mid, i, "at")
+                val = maximum(b.load(ty, at, "t"), b.load(ty, b.gep(ty, row, i), "c"))
+                fn.add(f"store {ty} {val}, ptr {at}")
+
+            b.loop("0", ow, col, "vc")
+
+        b.loop(lo, hi, conv_row, "cr")
+        yrow = b.gep(ty, y, b.mul(pr, pow_), "yrow")
+
+        def out(pw: str) -> None:
+            base = b.gep(ty, tmp, b.mul(pw, str(psw)), "win")
+            acc = ninf
+            for j in range(pkw):
+                acc = maximum(acc, b.load(ty, b.gep(ty, base, str(j)), "t"))
+            fn.add(f"store {ty} {acc}, ptr {b.gep(ty, yrow, pw)}")
+
+        b.loop("0", pow_, out, "pw")
+
+    b.loop("0", yrows, pooled_row, "pr")
     fn.terminate("ret void")
     return fn
 

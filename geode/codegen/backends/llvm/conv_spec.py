@@ -39,6 +39,8 @@ class ConvSpec:
     activation: str = ""
     #: ``auto``: the method by shape; ``im2col`` or ``direct``: that one where it applies
     choice: str = "auto"
+    #: a MaxPool of the conv's output: (kh, kw, sh, sw, top, left, bottom, right), or ()
+    pool: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.dtype not in TYPES:
@@ -51,6 +53,16 @@ class ConvSpec:
             )
         if self.activation not in ACTIVATIONS or self.choice not in CHOICES:
             raise ValueError(f"native conv: activation {self.activation!r} / {self.choice!r}")
+        if self.pool and (
+            len(self.pool) != 8
+            or self.spatial != 2
+            or min(self.pool[:4]) < 1
+            or min(self.pool[4:]) < 0
+            or self.residual
+            or self.strides[1] > 2
+            or (self.cg == 1 and self.group > 1)
+        ):
+            raise ValueError(f"native conv: pooling {self.pool} with {self}")
         if min(*self.kernel, *self.strides, *self.dilations) < 1 or min(self.pads) < 0:
             raise ValueError(f"native conv: bad window {self}")
         unit_h = self.kernel[0] == self.strides[0] == 1 and self.pads[0] == self.pads[2] == 0
@@ -85,6 +97,8 @@ class ConvSpec:
         the direct kernel (``choice="im2col"`` forces im2col there), the rest im2col."""
         if self.cg == 1 and self.group > 1:
             return "depthwise"
+        if self.pool:
+            return "direct"  # the one method that pools its output
         unit = self.kernel == (1, 1) and self.strides == (1, 1)
         if unit and (self.auto_pad != "NOTSET" or not any(self.pads)):
             return "pointwise"  # SAME with a 1x1 window at stride 1 pads nothing
@@ -109,6 +123,13 @@ class ConvSpec:
             + (" +bias" if self.bias else "")
             + (" +residual" if self.residual else "")
             + (f" +{self.activation}" if self.activation else "")
+            + (
+                " +maxpool {}x{} s{},{} pads {}".format(
+                    *self.pool[:4], ",".join(map(str, self.pool[4:]))
+                )
+                if self.pool
+                else ""
+            )
         )
 
 
