@@ -63,15 +63,15 @@ def run_native(xs, ws, attrs, dtype="float32", bias=True, seed=0):
 
 FIXED = [
     # (x shape, w shape, attrs, method)
-    ((2, 3, 7, 7), (4, 3, 3, 3), {}, "im2col"),
+    ((2, 3, 7, 7), (4, 3, 3, 3), {}, "direct"),
     ((1, 3, 9, 8), (5, 3, 3, 2), {"strides": [2, 3], "pads": [1, 0, 2, 1]}, "im2col"),
-    ((1, 2, 11, 10), (4, 2, 3, 2), {"dilations": [3, 2], "pads": [2, 1, 0, 1]}, "im2col"),
-    ((2, 4, 6, 5), (6, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, "im2col"),
-    ((1, 6, 5, 7), (6, 2, 3, 1), {"group": 3, "strides": [1, 2]}, "im2col"),
+    ((1, 2, 11, 10), (4, 2, 3, 2), {"dilations": [3, 2], "pads": [2, 1, 0, 1]}, "direct"),
+    ((2, 4, 6, 5), (6, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, "direct"),
+    ((1, 6, 5, 7), (6, 2, 3, 1), {"group": 3, "strides": [1, 2]}, "direct"),
     ((2, 5, 6, 7), (3, 5, 1, 1), {}, "pointwise"),
     ((1, 6, 5, 5), (4, 3, 1, 1), {"group": 2}, "pointwise"),
-    ((1, 3, 7, 6), (4, 3, 1, 1), {"strides": [2, 2]}, "im2col"),  # 1x1 strided
-    ((1, 3, 5, 5), (2, 3, 1, 1), {"pads": [1, 0, 0, 1]}, "im2col"),  # 1x1 padded
+    ((1, 3, 7, 6), (4, 3, 1, 1), {"strides": [2, 2]}, "direct"),  # 1x1 strided
+    ((1, 3, 5, 5), (2, 3, 1, 1), {"pads": [1, 0, 0, 1]}, "direct"),  # 1x1 padded
     ((2, 4, 9, 7), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, "depthwise"),
     ((1, 4, 8, 9), (8, 1, 3, 3), {"group": 4, "strides": [2, 2]}, "depthwise"),  # multiplier 2
     (
@@ -80,10 +80,10 @@ FIXED = [
         {"group": 3, "dilations": [2, 3], "pads": [0, 2, 3, 1]},
         "depthwise",
     ),
-    ((1, 3, 5, 4), (3, 3, 5, 4), {}, "im2col"),  # the window is the whole image
-    ((1, 2, 3, 3), (3, 2, 3, 3), {"pads": [3, 3, 3, 3]}, "im2col"),  # rows of padding only
-    ((3, 3, 11), (4, 3, 3), {"strides": [2], "pads": [1, 2]}, "im2col"),  # 1-D
-    ((1, 4, 13), (4, 2, 4), {"group": 2, "dilations": [2]}, "im2col"),  # 1-D grouped
+    ((1, 3, 5, 4), (3, 3, 5, 4), {}, "direct"),  # the window is the whole image
+    ((1, 2, 3, 3), (3, 2, 3, 3), {"pads": [3, 3, 3, 3]}, "direct"),  # rows of padding only
+    ((3, 3, 11), (4, 3, 3), {"strides": [2], "pads": [1, 2]}, "direct"),  # 1-D
+    ((1, 4, 13), (4, 2, 4), {"group": 2, "dilations": [2]}, "direct"),  # 1-D grouped
     ((1, 4, 10), (4, 1, 3), {"group": 4, "pads": [2, 0]}, "depthwise"),  # 1-D depthwise
     ((2, 4, 9), (5, 4, 1), {}, "pointwise"),  # 1-D pointwise
     ((2, 2, 12, 11), (2, 1, 9, 8), {"group": 2, "pads": [1, 2, 0, 3]}, "depthwise"),  # 72 taps
@@ -94,7 +94,7 @@ FIXED = [
         "depthwise",
     ),
     ((2, 3, 7, 8), (6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}, "depthwise"),  # shared pad
-    ((0, 3, 5, 5), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "im2col"),  # batch 0
+    ((0, 3, 5, 5), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "direct"),  # batch 0
     ((0, 4, 5, 5), (4, 1, 3, 3), {"group": 4}, "depthwise"),
     ((0, 3, 5, 5), (4, 3, 1, 1), {}, "pointwise"),
 ]
