@@ -69,7 +69,10 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
         rows.append(f"{name}.row{spec.mg % cb}")
         module.add_function(_row_function(module, rows[1], spec, attrs, spec.mg % cb, u, v_lanes))
     pad, chunk = f"{name}.pad", f"{name}.chunk"
-    module.add_function(pad_function(module, pad, spec.dtype, attrs))
+    if spec.strides[1] == 2:
+        module.add_function(_split_pad_function(module, pad, spec.dtype, attrs))
+    else:
+        module.add_function(pad_function(module, pad, spec.dtype, attrs))
     module.add_function(_chunk_function(module, chunk, rows, pad, spec, attrs, cb))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     module.declare(
@@ -87,6 +90,8 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     sw = spec.strides[1]
     reach = b.mul(b.ceildiv(geo.ow, v_lanes), str(v_lanes * sw))
     wp = b.add(reach, str((kw - 1) * dw), "Wp")
+    if sw == 2:  # two halves (even, odd columns) of equal length
+        wp = b.mul(b.ceildiv(wp, 2), "2", "Wp")
     band = band_rows(b, spec, geo.n, poh, wp)  # rows of Y: pooled rows when pooling
     bands = b.op("sdiv", b.add(poh, b.sub(band, "1")), band, "bands")
     items = b.mul(b.mul(geo.n, str(spec.group)), bands, "items")
@@ -264,6 +269,47 @@ def _conv_rows(
     b.loop("0", nrows, out_row, "r")
 
 
+def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str) -> FunctionWriter:
+    """``void @name(ptr x, ptr buf, i64 H, i64 Wd, i64 Hp, i64 Wp, i64 pt, i64 pl)``: as
+    ``conv_depthwise.pad_function`` (the plane ``x`` into the zero-bordered ``Hp x Wp``
+    scratch, ``pt`` rows and ``pl`` columns in), each scratch row stored as its even
+    columns, then its odd ones (``Wp`` even): a stride-2 conv's tap reads ``V``
+    consecutive elements of one half."""
+    ty, _ = TYPES[dtype]
+    names = ("x", "buf", "H", "Wd", "Hp", "Wp", "pt", "pl")
+    params = [("ptr noalias", n) for n in names[:2]] + [("i64", n) for n in names[2:]]
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group('nounwind noinline "no-builtins" ' + attrs)
+    b = Builder(fn)
+    x, buf, h, wd, hp, wp, pt, pl = (fn.param(i) for i in range(len(names)))
+    half = b.op("sdiv", wp, "2", "half")
+
+    def row(r: str) -> None:
+        ih = b.sub(r, pt, "ih")
+        inside = b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
+        xrow = b.gep(ty, x, b.mul(b.select(inside, ih, "0"), wd), "xrow")
+        dst = b.gep(ty, buf, b.mul(r, wp), "dst")
+
+        def pair(c2: str) -> None:
+            for odd in (0, 1):
+                c = b.add(b.mul(c2, "2"), str(odd), "c")
+                iw = b.sub(c, pl, "iw")
+                ok = b.all_of([inside, b.cmp("sge", iw, "0"), b.cmp("slt", iw, wd)])
+                into = b.gep(ty, dst, b.add(b.mul(str(odd), half), c2), "into")
+
+                def copy(iw: str = iw, into: str = into) -> None:  # read only inside
+                    fn.add(f"store {ty} {b.load(ty, b.gep(ty, xrow, iw), 'v')}, ptr {into}")
+
+                b.branch(ok, copy, lambda into=into: fn.add(f"store {ty} 0.0, ptr {into}"), "in")
+
+        b.loop("0", half, pair, "c2")
+
+    b.loop("0", hp, row, "r")
+    fn.terminate("ret void")
+    return fn
+
+
 def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
     """``void @name(ptr src, i64 crows, i64 c0, i64 OW, ptr y, i64 POW, i64 r0, i64 yrows,
     ptr tmp, i64 tw)``: pooled rows ``[r0, r0 + yrows)`` of one channel from its conv
@@ -393,18 +439,16 @@ def _tile_function(
     for row in accs:
         for a in row:
             fn.add(f"store {zero}, ptr {a}")
-    sw = spec.strides[1]
-    base = b.gep(ty, src, b.mul(t, str(sw)), "base")
-    wide = f"<{vl * sw} x {ty}>"
-    picks = ", ".join(f"i32 {q * sw}" for q in range(vl))
+    base = b.gep(ty, src, t, "base")
+    half = b.op("sdiv", wp, "2", "half")  # stride 2: where a row's odd columns start
 
-    def load_x(at: str) -> str:
-        """``V`` input columns ``sw`` apart from ``at``: one load, or (stride 2) one
-        load of ``2V`` and its even lanes."""
-        if sw == 1:
-            return fn.value(f"load {vty}, ptr {at}, align 4", "x")
-        both = fn.value(f"load {wide}, ptr {at}, align 4", "xx")
-        return fn.value(f"shufflevector {wide} {both}, {wide} poison, <{vl} x i32> <{picks}>", "x")
+    def column(j: int) -> str:
+        """Where tap column ``j``'s input starts in a scratch row, from the tile's first
+        column: ``j * dw`` (stride 1), or that column's half and place (stride 2)."""
+        if spec.strides[1] == 1:
+            return str(j * dw)
+        odd, at = (j * dw) % 2, (j * dw) // 2
+        return b.add(b.mul(str(odd), half), str(at), "col") if odd else str(at)
 
     def splat(s: str) -> str:
         one = fn.value(f"insertelement <1 x {ty}> poison, {ty} {s}, i64 0", "one")
@@ -420,7 +464,11 @@ def _tile_function(
         for i in range(kh):
             xr = b.gep(ty, xc, b.mul(str(i * dh), wp), "xr")
             for j in range(kw):
-                xs = [load_x(b.gep(ty, xr, str(j * dw + k * vl * sw))) for k in range(u)]
+                col = b.gep(ty, xr, column(j), "xcol")
+                xs = [
+                    fn.value(f"load {vty}, ptr {b.gep(ty, col, str(k * vl))}, align 4", "x")
+                    for k in range(u)
+                ]
                 for m in range(cb):
                     wv = b.load(ty, b.gep(ty, wc, str(m * spec.cg * khw + i * kw + j)), "wt")
                     ws = splat(wv)
