@@ -4,6 +4,7 @@ argument checks, and which Convs models run natively (and why the others do not)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -152,7 +153,8 @@ def test_native_conv_large_image_uses_several_bands(monkeypatch) -> None:
     assert (band_rows, 19 % band_rows) == (4, 3)  # OH = 19: bands of 4, 4, 4, 4, 3 rows
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-    k = conv_kernel.__wrapped__(spec_of(xs, ws, attrs, "float32", False))  # not the cached one
+    spec = dataclasses.replace(spec_of(xs, ws, attrs, "float32", False), choice="im2col")
+    k = conv_kernel.__wrapped__(spec)  # not the cached one
     assert "sdiv i64 113," in k.source  # 113 output positions per band
     y = np.full((2, 8, 19, 24), np.nan, np.float32)
     k(x, w, y)
@@ -178,7 +180,7 @@ def test_native_conv_checks_its_arguments() -> None:
         k(x.astype(np.float64), w, b, y)
     k(np.asfortranarray(x), w, b, y)  # a strided input is copied
     np.testing.assert_allclose(y, conv_nd(x, w, b, attrs), rtol=1e-5)
-    assert isinstance(k, ConvKernel) and "geode_conv_im2col" in k.source
+    assert isinstance(k, ConvKernel) and "geode_conv_direct" in k.source
 
 
 def test_native_conv_out_of_memory_is_a_geode_error() -> None:
@@ -300,16 +302,17 @@ def test_convs_are_placed_on_aicore_as_library_ops() -> None:
     x = g.input("x", ["N", 8, "H", "W"])
     w1 = g.constant(rng.standard_normal((16, 8, 3, 3)).astype(np.float32))
     b1 = g.constant(rng.standard_normal(16).astype(np.float32))
-    y = g.op("Conv", x, w1, b1, pads=[1, 1, 1, 1], strides=[2, 2], name="c1")
+    y = g.op("Conv", x, w1, b1, pads=[1, 1, 1, 1], strides=[2, 2], name="c1")  # + its Relu
     w2 = g.constant(rng.standard_normal((16, 1, 3, 3)).astype(np.float32))
     z = g.op("Conv", geode.ops.relu(y), w2, pads=[1, 1, 1, 1], group=16, name="c2")
     w3 = g.constant(rng.standard_normal((4, 16, 1, 1)).astype(np.float32))
     g.output(g.op("Conv", z, w3, name="c3"), names=["out"])
     model = geode.compile(g)
     kinds = {k.name: (k.kind, k.engine) for k in model.kernels}
-    assert all(kinds[n] == ("library", "aicore") for n in ("c1", "c2", "c3")), kinds
+    assert all(kinds[n] == ("library", "aicore") for n in ("c1_fused", "c2", "c3")), kinds
     text = model.explain()
-    assert "c1: aicore (library op: Conv, im2col + BLAS GEMM, native)" in text
+    fused = "library op: FusedConv, direct register-blocked kernel + relu, native"
+    assert f"c1_fused: aicore ({fused})" in text
     assert "c2: aicore (library op: Conv, direct depthwise kernel, native)" in text
     assert "c3: aicore (library op: Conv, 1x1 BLAS GEMM, native)" in text
     info = {k.name: k for k in model.kernels}

@@ -13,8 +13,8 @@ output's shape and dtype (no broadcast); the dtype is float32 or float64, the co
 gain nothing from the rewrite). Of an Add of two such Convs the second in graph order
 takes the Add, the first's output becoming its ``z``. A MaxPool joins a conv without
 a residual when it is 2-D, has no Indices output, ceil_mode, dilations or auto_pad, and
-the conv is one the direct kernel computes (2-D, horizontal stride at most 2, not
-depthwise): the kernel keeps a band of conv rows in a scratch and pools them, so the
+the conv is one the direct kernel computes (2-D, horizontal stride at most 2, at most
+64 taps, not depthwise): the kernel keeps a band of conv rows in a scratch and pools them, so the
 conv's output never goes to memory. Runs after ``fold_bn`` (pass ``fuse_conv`` in
 ``explain()``).
 """
@@ -149,7 +149,10 @@ def _poolable(graph: Graph, pool: Node) -> Node | None:
     w = conv.inputs[1]
     group = int(conv.attrs.get("group") or 1)
     strides = conv.attrs.get("strides") or [1, 1]
-    if len(w.shape) != 4 or int(strides[1]) > 2 or (w.shape[1] == 1 and group > 1):
+    taps = w.shape[2] * w.shape[3] if len(w.shape) == 4 else 0
+    if len(w.shape) != 4 or int(strides[1]) > 2 or not 0 < taps <= 64 or w.shape[1] == 0:
+        return None
+    if w.shape[1] == 1 and group > 1:
         return None  # the direct kernel's convs only
     return conv
 

@@ -7,13 +7,23 @@ from dataclasses import dataclass
 
 from geode.codegen.backends.llvm.irtext import FunctionWriter
 
-__all__ = ["AUTO_PADS", "BODY_PARAMS", "TYPES", "ConvSpec", "Geometry", "body_geometry"]
+__all__ = [
+    "AUTO_PADS",
+    "MAX_DIRECT_TAPS",
+    "BODY_PARAMS",
+    "TYPES",
+    "ConvSpec",
+    "Geometry",
+    "body_geometry",
+]
 
 #: float type and item size of each dtype a native conv takes
 TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
 AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 #: the fused activations of a conv's epilogue ("": none)
 ACTIVATIONS = ("", "relu")
+#: windows of at most this many taps run the direct kernel (its tiles unroll the taps)
+MAX_DIRECT_TAPS = 64
 #: what ``ConvSpec.choice`` may ask for: the method by shape, or one forced
 CHOICES = ("auto", "im2col", "direct")
 
@@ -60,6 +70,8 @@ class ConvSpec:
             or min(self.pool[4:]) < 0
             or self.residual
             or self.strides[1] > 2
+            or self.cg == 0
+            or self.kernel[0] * self.kernel[1] > MAX_DIRECT_TAPS
             or (self.cg == 1 and self.group > 1)
         ):
             raise ValueError(f"native conv: pooling {self.pool} with {self}")
@@ -93,16 +105,19 @@ class ConvSpec:
     def method(self) -> str:
         """``depthwise``, ``pointwise``, ``direct`` or ``im2col`` (see :mod:`~.conv`):
         depthwise for one input channel per group; a 1x1 window at unit stride without
-        padding is one GEMM on the input; other windows at horizontal stride 1 or 2 run
-        the direct kernel (``choice="im2col"`` forces im2col there), the rest im2col."""
+        padding is one GEMM on the input; other windows of at most :data:`MAX_DIRECT_TAPS`
+        taps at horizontal stride 1 or 2 run the direct kernel (``choice="im2col"`` forces im2col there), the rest im2col."""
         if self.cg == 1 and self.group > 1:
             return "depthwise"
         if self.pool:
             return "direct"  # the one method that pools its output
+        if self.depth == 0:
+            return "im2col"  # no input channels: Y is the bias, no GEMM runs
         unit = self.kernel == (1, 1) and self.strides == (1, 1)
         if unit and (self.auto_pad != "NOTSET" or not any(self.pads)):
             return "pointwise"  # SAME with a 1x1 window at stride 1 pads nothing
-        if self.strides[1] <= 2 and self.choice != "im2col":
+        small = self.kernel[0] * self.kernel[1] <= MAX_DIRECT_TAPS
+        if self.strides[1] <= 2 and small and self.choice != "im2col":
             return "direct"
         return "im2col"
 
