@@ -1,13 +1,17 @@
 """Conv nodes as native AI Core steps (the bind stage asks :func:`conv_interface` for
-every Conv placed on AICPU).
+every Conv and geode FusedConv placed on AICPU).
 
-A Conv goes native (:mod:`geode.codegen.backends.llvm.conv`: im2col + BLAS GEMM,
-pointwise GEMM, or the direct depthwise kernel) when, with the LLVM backend and codegen
+A Conv goes native (:mod:`geode.codegen.backends.llvm.conv`: the direct register-blocked
+kernel, im2col + BLAS GEMM, pointwise GEMM, or the direct depthwise kernel; the option
+``conv_method="im2col"`` trades the direct kernel for im2col) when, with the LLVM
+backend and codegen
 on: X, W (and B) and Y are all float32 or all float64; X is 3-D or 4-D (1-D or 2-D
 conv, NCHW); W's shape is static (so are the channels, group and window); and Y's shape
 follows from the graph inputs' symbols (a dim known only once a value is computed
-cannot size a native step's output). Otherwise it keeps the reference kernel, and the
-placement records why.
+cannot size a native step's output). A FusedConv (the ``fuse_conv`` pass's Conv with
+its residual add, Relu and MaxPool) goes native the same way, its epilogue in the
+kernel; the placement's reason names the method and the epilogue (``explain()``).
+Otherwise it keeps the reference kernel, and the placement records why.
 """
 
 from __future__ import annotations

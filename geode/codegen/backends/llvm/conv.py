@@ -13,9 +13,15 @@ are computed from them). :func:`conv_kernel` compiles one entry per spec
   size the geometry gives) before touching memory, then calls the method's body;
 - the body is chosen by shape when the spec is made (:attr:`ConvSpec.method`):
   ``pointwise`` (1x1, stride 1, no padding: each image's group of channels already is
-  the GEMM's right operand), ``im2col`` (the general case, :mod:`~.conv_gemm`) or
+  the GEMM's right operand), ``direct`` (windows of up to 64 taps at horizontal stride
+  1 or 2, :mod:`~.conv_direct`: a register-blocked loop nest, no GEMM), ``im2col`` (the
+  rest, or any non-depthwise conv with ``choice="im2col"``, :mod:`~.conv_gemm`) or
   ``depthwise`` (one input channel per group, :mod:`~.conv_depthwise`: a direct loop
   nest, no GEMM). A 1-D conv is the 2-D one with ``H = 1``.
+- the epilogue (a FusedConv's residual ``Z`` and Relu) is applied by the direct kernel to
+  each output tile in registers; after the other bodies, by one pass over Y
+  (:func:`epilogue_function`). A MaxPool (``ConvSpec.pool``) is the direct kernel's only:
+  Y is then the pooled output, its shape checked against the pooled sizes.
 - status ``n_arrays + 1`` says the body could not allocate its scratch buffer,
   ``n_arrays + 2`` that the input leaves no output position (an output dim below 1);
   :class:`ConvKernel` raises :class:`~geode.errors.ExecutionError` and

@@ -1,6 +1,6 @@
 """The ``direct`` body of a native conv (:mod:`~.conv`): a register-blocked loop nest,
-no im2col and no GEMM, for convs whose output columns are contiguous input columns
-(horizontal stride 1; any vertical stride, dilation, padding and groups).
+no im2col and no GEMM, for windows of up to 64 taps at horizontal stride 1 or 2 (any
+vertical stride, dilation, padding and groups; depthwise convs have their own kernel).
 
 An output *tile* is ``CB`` output channels by ``U`` vectors of ``V`` output columns of
 one output row (``V``: the lanes of the host's widest vector, 16 floats with AVX-512;
@@ -16,9 +16,16 @@ Work is split into *items*, one band of output rows of one image and group
 (:func:`band_rows`), shared among the native pool's threads (:mod:`~.parallel`'s
 launcher). An item first copies the input rows its band reads into a zero-bordered
 scratch of ``C/g`` planes (``conv_depthwise.pad_function``), with rows as wide as the
-last tile reaches (``ceil(OW / V) * V + (kw - 1) * dw``), so the tiles check no bounds.
-Each chunk ``malloc``-s one scratch for its items; a NULL sets the failure flag and
-the body returns status ``n_arrays + 1``.
+last tile reaches (``ceil(OW / V) * V * sw + (kw - 1) * dw``), so the tiles check no
+bounds. At stride 2 each scratch row is stored as its even columns, then its odd ones
+(:func:`_split_pad_function`): a tap's ``V`` inputs are then consecutive, one plain
+vector load as at stride 1. Each chunk ``malloc``-s one scratch for its items; a NULL
+sets the failure flag and the body returns status ``n_arrays + 1``.
+
+With a MaxPool (``ConvSpec.pool``) an item is a band of *pooled* rows: its conv rows
+(the pooled windows' rows within the output) go to a scratch of ``M/g`` planes, and
+:func:`_pool_function` reduces them (``llvm.maximum``: NaN propagates) into Y, so the
+conv's output never goes to memory.
 
 The weights are read in place (the ``CB`` broadcasts of a tap are ``C/g * kh * kw``
 apart, each cache line reused by the next 16 taps): nothing is packed at compile time.
