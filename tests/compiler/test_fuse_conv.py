@@ -144,3 +144,15 @@ def test_pass_can_be_disabled() -> None:
     g = resnet_block()
     assert "FusedConv" not in ops_after(g, disabled=["fuse_conv"])
     assert "fuse_conv: changed" in geode.compile(g).explain()
+
+
+def test_fused_convs_survive_a_model_file(tmp_path) -> None:
+    """A saved model's FusedConv kernels (their specs with the epilogue) load and give
+    the same results."""
+    g = resnet_block()
+    m = geode.compile(g)
+    m.save(tmp_path / "block.geode")
+    loaded = geode.load(tmp_path / "block.geode")
+    x = rand(2, 3, 13, 17)
+    np.testing.assert_array_equal(loaded(x=x)["out"], m(x=x)["out"])
+    assert len(loaded.kernels) == 3
