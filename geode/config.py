@@ -52,10 +52,12 @@ fusion_search             GEODE_FUSION_SEARCH     how fusion groups are chosen: 
                                                   greedy plan among the candidates; see
                                                   geode.compiler.fusion.search)
 conv_method               GEODE_CONV_METHOD       native convs' method: auto (by shape: the
-                                                  direct register-blocked kernel at
-                                                  horizontal stride 1, 1x1 GEMM, depthwise,
-                                                  else im2col + GEMM), im2col (instead of the
-                                                  direct kernel) or direct (the same as auto)
+                                                  direct register-blocked kernel for windows
+                                                  of 2-64 taps at horizontal stride 1 or 2,
+                                                  1x1 GEMM, depthwise, else im2col + GEMM),
+                                                  im2col (instead of the direct kernel; a
+                                                  conv with a fused MaxPool stays direct) or
+                                                  direct (the same as auto)
 stitch_fusion             GEODE_STITCH_FUSION     fuse chained reductions over different axes
                                                   (x -> sum over HW -> sum over C) into one
                                                   kernel, a reduce tree, where the cost model

@@ -13,7 +13,7 @@ are computed from them). :func:`conv_kernel` compiles one entry per spec
   size the geometry gives) before touching memory, then calls the method's body;
 - the body is chosen by shape when the spec is made (:attr:`ConvSpec.method`):
   ``pointwise`` (1x1, stride 1, no padding: each image's group of channels already is
-  the GEMM's right operand), ``direct`` (windows of up to 64 taps at horizontal stride
+  the GEMM's right operand), ``direct`` (windows of 2 to 64 taps at horizontal stride
   1 or 2, :mod:`~.conv_direct`: a register-blocked loop nest, no GEMM), ``im2col`` (the
   rest, or any non-depthwise conv with ``choice="im2col"``, :mod:`~.conv_gemm`) or
   ``depthwise`` (one input channel per group, :mod:`~.conv_depthwise`: a direct loop

@@ -1,5 +1,5 @@
 """The ``direct`` body of a native conv (:mod:`~.conv`): a register-blocked loop nest,
-no im2col and no GEMM, for windows of up to 64 taps at horizontal stride 1 or 2 (any
+no im2col and no GEMM, for windows of 2 to 64 taps at horizontal stride 1 or 2 (any
 vertical stride, dilation, padding and groups; depthwise convs have their own kernel).
 
 An output *tile* is ``CB`` output channels by ``U`` vectors of ``V`` output columns of
