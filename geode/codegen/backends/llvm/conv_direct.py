@@ -101,7 +101,7 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     wp = b.add(reach, str((kw - 1) * dw), "Wp")
     if sw == 2:  # two halves (even, odd columns) of equal length
         wp = b.mul(b.ceildiv(wp, 2), "2", "Wp")
-    band = band_rows(b, spec, geo.n, poh, wp)  # rows of Y: pooled rows when pooling
+    band = band_rows(b, spec, geo.n, poh, wp, geo.ow)  # rows of Y: pooled rows when pooling
     bands = b.op("sdiv", b.add(poh, b.sub(band, "1")), band, "bands")
     items = b.mul(b.mul(geo.n, str(spec.group)), bands, "items")
     values = [geo.x, geo.w, geo.b, z, geo.y, items, geo.h, geo.wd, geo.oh, geo.ow, geo.pt]
@@ -124,15 +124,18 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     module.add_function(fn)
 
 
-def band_rows(b: Builder, spec: ConvSpec, n: str, oh: str, wp: str) -> str:
+def band_rows(b: Builder, spec: ConvSpec, n: str, oh: str, wp: str, ow: str) -> str:
     """Output rows per item: as many as keep at least :data:`ITEMS_WANTED` items in all
-    (when the output has that many rows) and the band's input rows within
-    :data:`BAND_BUDGET_BYTES` (at least one row)."""
+    (when the output has that many rows) and the band's input rows (and, pooling, its
+    conv rows: ``ow`` wide) within :data:`BAND_BUDGET_BYTES` (at least one row)."""
     item = TYPES[spec.dtype][1]
     images = b.max(b.mul(n, str(spec.group)), "1", "images")
     want = b.max(b.op("sdiv", b.add(str(ITEMS_WANTED - 1), images), images), "1", "want")
     band = b.op("sdiv", b.add(oh, b.sub(want, "1")), want, "band")
-    row_bytes = b.mul(wp, str(spec.cg * item * max(1, spec.strides[0])), "rowbytes")
+    conv_rows = spec.pool[2] if spec.pool else 1  # conv rows per row of Y
+    row_bytes = b.mul(wp, str(spec.cg * item * spec.strides[0] * conv_rows), "rowbytes")
+    if spec.pool:
+        row_bytes = b.add(row_bytes, b.mul(ow, str(spec.mg * item * conv_rows)), "rowbytes")
     fit = b.max(b.op("sdiv", str(BAND_BUDGET_BYTES), row_bytes), "1", "fit")
     return b.max(b.min(band, fit), "1", "band")
 
@@ -336,8 +339,8 @@ def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str)
 def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
     """``void @name(ptr src, i64 crows, i64 c0, i64 OW, ptr y, i64 POW, i64 r0, i64 yrows,
     ptr tmp, i64 tw)``: pooled rows ``[r0, r0 + yrows)`` of one channel from its conv
-    rows ``[c0, c0 + crows)`` at ``src``: per pooled row the window's rows reduced into
-    the ``-inf``-bordered row ``tmp`` (``tw`` long), then the window's columns
+    rows ``[c0, c0 + crows)`` at ``src``: per pooled row the window's rows reduced in one
+    pass into the ``-inf``-bordered row ``tmp`` (``tw`` long), then the window's columns
     (``llvm.maximum``: NaN propagates, as MaxPool's)."""
     ty, _ = TYPES[spec.dtype]
     pkh, pkw, psh, psw, ppt, ppl = spec.pool[:6]
@@ -363,25 +366,27 @@ def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) 
         wl = b.sub(b.mul(b.add(r0, pr), str(psh)), str(ppt), "wl")
         lo = b.max(wl, c0, "lo")
         hi = b.min(b.add(wl, str(pkh)), b.add(c0, crows), "hi")
-        b.loop("0", ow, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, mid, i)}"), "clr")
+        # the window's rows within the conv rows, each read once per column (rows past
+        # the edge repeat an inside one: the max is the same); none inside: -inf
+        rows = [b.max(lo, b.min(b.add(wl, str(i)), b.sub(hi, "1")), "ri") for i in range(pkh)]
+        ptrs = [b.gep(ty, src, b.mul(b.sub(r, c0), ow), "prow") for r in rows]
 
-        def conv_row(cr: str) -> None:
-            row = b.gep(ty, src, b.mul(b.sub(cr, c0), ow), "crow")
+        def col(i: str) -> None:
+            acc = b.load(ty, b.gep(ty, ptrs[0], i), "c")
+            for q in ptrs[1:]:
+                acc = maximum(acc, b.load(ty, b.gep(ty, q, i), "c"))
+            fn.add(f"store {ty} {acc}, ptr {b.gep(ty, mid, i)}")
 
-            def col(i: str) -> None:
-                at = b.gep(ty, mid, i, "at")
-                val = maximum(b.load(ty, at, "t"), b.load(ty, b.gep(ty, row, i), "c"))
-                fn.add(f"store {ty} {val}, ptr {at}")
+        def empty() -> None:
+            b.loop("0", ow, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, mid, i)}"), "e")
 
-            b.loop("0", ow, col, "vc")
-
-        b.loop(lo, hi, conv_row, "cr")
+        b.branch(b.cmp("slt", lo, hi), lambda: b.loop("0", ow, col, "vc"), empty, "rows")
         yrow = b.gep(ty, y, b.mul(pr, pow_), "yrow")
 
         def out(pw: str) -> None:
             base = b.gep(ty, tmp, b.mul(pw, str(psw)), "win")
-            acc = ninf
-            for j in range(pkw):
+            acc = b.load(ty, base, "t")
+            for j in range(1, pkw):
                 acc = maximum(acc, b.load(ty, b.gep(ty, base, str(j)), "t"))
             fn.add(f"store {ty} {acc}, ptr {b.gep(ty, yrow, pw)}")
 
