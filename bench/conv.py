@@ -55,6 +55,23 @@ CASES = {
         (128, 1, 3, 3),
         {"pads": [1, 1, 1, 1], "group": 128, "strides": [2, 2]},
     ),
+    # the convs of bench/models.py's cnn (ResNet-style, width 32), small and large batch
+    "cnn stem 3->32 64x64": ((1, 3, 64, 64), (32, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "cnn a 32->32 32x32": ((1, 32, 32, 32), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "cnn b1 s2 32->64 32x32": (
+        (1, 32, 32, 32),
+        (64, 32, 3, 3),
+        {"pads": [1, 1, 1, 1], "strides": [2, 2]},
+    ),
+    "cnn b2 64->64 16x16": ((1, 64, 16, 16), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "cnn stem 3->32 224x224 b8": ((8, 3, 224, 224), (32, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "cnn a 32->32 112x112 b8": ((8, 32, 112, 112), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "cnn b1 s2 32->64 112x112 b8": (
+        (8, 32, 112, 112),
+        (64, 32, 3, 3),
+        {"pads": [1, 1, 1, 1], "strides": [2, 2]},
+    ),
+    "cnn b2 64->64 56x56 b8": ((8, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
 }
 
 
@@ -92,6 +109,8 @@ def _time(fn, seconds: float = 0.2, settle: float = 0.3) -> float:
 
 
 SYSTEMS = ("native", "aicpu", "ort")
+#: the systems a run times (``--no-aicpu`` drops the slow reference kernel)
+ACTIVE = list(SYSTEMS)
 
 
 def runner(system: str, name: str, threads: int):
@@ -122,10 +141,10 @@ def runner(system: str, name: str, threads: int):
 def run_case(name: str, rounds: int, threads: int, isolated: bool) -> dict[str, float]:
     """Timings of one case, the systems interleaved round by round (each in a process
     of its own with ``isolated``): medians (ms) and median ratios."""
-    times: dict[str, list[float]] = {k: [] for k in SYSTEMS}
+    times: dict[str, list[float]] = {k: [] for k in ACTIVE}
     if isolated:
         for _ in range(rounds):
-            for k in SYSTEMS:
+            for k in ACTIVE:
                 cmd = [sys.executable, __file__, "--one", k, "--case", name]
                 out = subprocess.run(
                     [*cmd, "--threads", str(threads)], capture_output=True, text=True, check=True
@@ -133,7 +152,7 @@ def run_case(name: str, rounds: int, threads: int, isolated: bool) -> dict[str, 
                 times[k].append(float(out.stdout.split()[-1]))
         err = float("nan")
     else:
-        calls = {k: runner(k, name, threads) for k in SYSTEMS}
+        calls = {k: runner(k, name, threads) for k in ACTIVE}
         want, got = calls["ort"][1], calls["native"][1]
         err = float(np.abs(got - want).max() / max(1e-6, np.abs(want).max()))
         for _ in range(rounds):
@@ -141,10 +160,13 @@ def run_case(name: str, rounds: int, threads: int, isolated: bool) -> dict[str, 
                 times[k].append(_time(fn))
     ratios = {
         "native/ort": statistics.median(n / o for n, o in zip(times["native"], times["ort"])),
-        "aicpu/native": statistics.median(a / n for a, n in zip(times["aicpu"], times["native"])),
+        "aicpu/native": statistics.median(
+            a / n for a, n in zip(times.get("aicpu", [np.nan]), times["native"])
+        ),
         "best native/ort": min(times["native"]) / min(times["ort"]),
     }
-    return {**{k: statistics.median(v) * 1e3 for k, v in times.items()}, **ratios, "err": err}
+    medians = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    return {"aicpu": float("nan"), **medians, **ratios, "err": err}
 
 
 def blas_threads() -> int | None:
@@ -171,9 +193,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
     ap.add_argument("--isolated", action="store_true", help="each system in its own process")
+    ap.add_argument("--no-aicpu", action="store_true", help="skip the AICPU reference kernel")
     ap.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
     ap.add_argument("--case", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.no_aicpu:
+        ACTIVE.remove("aicpu")
     if args.one:  # a child of --isolated: print seconds per call of one system
         fn, _ = runner(args.one, args.case, args.threads)
         print(_time(fn, seconds=1.0, settle=0.0))

@@ -51,6 +51,13 @@ fusion_search             GEODE_FUSION_SEARCH     how fusion groups are chosen: 
                                                   plans scored by the projected model, the
                                                   greedy plan among the candidates; see
                                                   geode.compiler.fusion.search)
+conv_method               GEODE_CONV_METHOD       native convs' method: auto (by shape: the
+                                                  direct register-blocked kernel for windows
+                                                  of 2-64 taps at horizontal stride 1 or 2,
+                                                  1x1 GEMM, depthwise, else im2col + GEMM),
+                                                  im2col (instead of the direct kernel; a
+                                                  conv with a fused MaxPool stays direct) or
+                                                  direct (the same as auto)
 stitch_fusion             GEODE_STITCH_FUSION     fuse chained reductions over different axes
                                                   (x -> sum over HW -> sum over C) into one
                                                   kernel, a reduce tree, where the cost model
@@ -158,6 +165,7 @@ class Options:
     backend: str = "llvm"
     dense_epilogues: bool = True
     fusion_search: str = "greedy"
+    conv_method: str = "auto"
     stitch_fusion: bool = True
     model_cache: bool = True
     incremental: bool = False
@@ -190,6 +198,7 @@ class Options:
             "backend": "GEODE_BACKEND",
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
             "fusion_search": "GEODE_FUSION_SEARCH",
+            "conv_method": "GEODE_CONV_METHOD",
             "stitch_fusion": "GEODE_STITCH_FUSION",
             "model_cache": "GEODE_MODEL_CACHE",
             "incremental": "GEODE_INCREMENTAL",
@@ -219,6 +228,7 @@ class Options:
                 "streaming",
                 "backend",
                 "fusion_search",
+                "conv_method",
             ):
                 overrides[k] = _parse(k, v, k)
             if k == "disabled_passes" and isinstance(v, (list, set)):
@@ -286,6 +296,8 @@ def _check_kind(name: str, value: Any) -> None:
         raise OptionError(f"backend={value!r}: expected one of {', '.join(BACKENDS)}")
     elif name == "fusion_search" and value not in FUSION_SEARCHES:
         raise OptionError(f"fusion_search={value!r}: expected one of {', '.join(FUSION_SEARCHES)}")
+    elif name == "conv_method" and value not in CONV_METHODS:
+        raise OptionError(f"conv_method={value!r}: expected one of {', '.join(CONV_METHODS)}")
     elif (
         name == "progress"
         and not isinstance(value, (bool, int))
@@ -298,6 +310,8 @@ def _check_kind(name: str, value: Any) -> None:
 BACKENDS = ("llvm", "numba")
 #: how fusion plans are chosen (``fusion_search`` option)
 FUSION_SEARCHES = ("greedy", "beam")
+#: what native convs may be asked to use (``conv_method`` option)
+CONV_METHODS = ("auto", "im2col", "direct")
 
 #: the words ``progress`` accepts for on and off (besides ``auto``; see :mod:`geode.progress`)
 PROGRESS_ON = ("1", "true", "yes", "on", "always")
@@ -367,7 +381,7 @@ def _parse(name: str, raw: str, source: str) -> Any:
             return dynamic_dims_setting(raw, source)
         if kind.startswith("tuple"):
             return tuple(p.strip() for p in raw.split(",") if p.strip())
-        if name in ("backend", "fusion_search"):
+        if name in ("backend", "fusion_search", "conv_method"):
             return raw.strip().lower()
         return raw
     except ValueError:

@@ -164,6 +164,7 @@ def test_bad_dump_dir_is_an_option_error(clean_options, tmp_path):
         ("streaming", "-5", "streaming='-5': expected auto, off or a size in bytes"),
         ("streaming", 1.5, "streaming=1.5: expected auto, off or a size in bytes"),
         ("progress", "sometimes", "progress='sometimes': expected auto, 1 or 0"),
+        ("conv_method", "winograd", "conv_method='winograd': expected one of auto, im2col"),
     ],
 )
 def test_bad_option_values_are_refused_when_set(clean_options, option, value, message):
@@ -185,6 +186,7 @@ def test_bad_option_values_are_refused_when_set(clean_options, option, value, me
         ("GEODE_NUM_THREADS", "two", "GEODE_NUM_THREADS='two': expected int"),
         ("GEODE_STREAMING", "sometimes", "GEODE_STREAMING: streaming='sometimes'"),
         ("GEODE_PROGRESS", "7x", "GEODE_PROGRESS: progress='7x': expected auto, 1 or 0"),
+        ("GEODE_CONV_METHOD", "fft", "GEODE_CONV_METHOD: conv_method='fft'"),
     ],
 )
 def test_bad_environment_values_name_the_variable(clean_options, monkeypatch, var, raw, message):
@@ -198,6 +200,7 @@ def test_good_option_values_are_kept(clean_options):
     assert (opts.num_threads, opts.fusion, opts.streaming, opts.progress) == (2, 0, "off", True)
     opts = config.current(disabled_passes=["cse"], streaming=1024, num_threads=np.int64(1))
     assert opts.disabled_passes == ("cse",) and opts.streaming == 1024
+    assert config.current(conv_method="im2col").conv_method == "im2col"
 
 
 def test_unwritable_dump_dir_is_an_option_error(tmp_path, monkeypatch):

@@ -1,13 +1,17 @@
 """Conv nodes as native AI Core steps (the bind stage asks :func:`conv_interface` for
-every Conv placed on AICPU).
+every Conv and geode FusedConv placed on AICPU).
 
-A Conv goes native (:mod:`geode.codegen.backends.llvm.conv`: im2col + BLAS GEMM,
-pointwise GEMM, or the direct depthwise kernel) when, with the LLVM backend and codegen
+A Conv goes native (:mod:`geode.codegen.backends.llvm.conv`: the direct register-blocked
+kernel, im2col + BLAS GEMM, pointwise GEMM, or the direct depthwise kernel; the option
+``conv_method="im2col"`` trades the direct kernel for im2col) when, with the LLVM
+backend and codegen
 on: X, W (and B) and Y are all float32 or all float64; X is 3-D or 4-D (1-D or 2-D
 conv, NCHW); W's shape is static (so are the channels, group and window); and Y's shape
 follows from the graph inputs' symbols (a dim known only once a value is computed
-cannot size a native step's output). Otherwise it keeps the reference kernel, and the
-placement records why.
+cannot size a native step's output). A FusedConv (the ``fuse_conv`` pass's Conv with
+its residual add, Relu and MaxPool) goes native the same way, its epilogue in the
+kernel; the placement's reason names the method and the epilogue (``explain()``).
+Otherwise it keeps the reference kernel, and the placement records why.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import numpy as np
 
 from geode.codegen.backends.llvm.conv_spec import ConvSpec
 from geode.codegen.driver import LibraryChoice, library_fallback, library_step, object_cache
-from geode.compiler.ir import Graph, Node
-from geode.compiler.ops.nn import window_attrs
+from geode.compiler.ir import GEODE_DOMAIN, Graph, Node
+from geode.compiler.ops.nn import FUSED_CONV, pool_attrs, window_attrs
 from geode.compiler.shapes import free_symbols
 from geode.config import Options
 from geode.errors import CodegenError, GeodeError
@@ -34,21 +38,24 @@ _METHODS = {
     "im2col": "im2col + BLAS GEMM",
     "pointwise": "1x1 BLAS GEMM",
     "depthwise": "direct depthwise kernel",
+    "direct": "direct register-blocked kernel",
 }
 
 
-def conv_spec(node: Node, g: Graph) -> ConvSpec | str:
-    """The :class:`~geode.codegen.backends.llvm.conv_spec.ConvSpec` of a Conv node, or a
-    string saying why it cannot run natively (see the module docstring)."""
+def conv_spec(node: Node, g: Graph, choice: str = "auto") -> ConvSpec | str:
+    """The :class:`~geode.codegen.backends.llvm.conv_spec.ConvSpec` of a Conv or
+    FusedConv node, or a string saying why it cannot run natively (see the module
+    docstring); ``choice``: the option ``conv_method``."""
     x, w = node.inputs[0], node.inputs[1]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
+    z = node.inputs[3] if len(node.inputs) > 3 else None
     y = node.outputs[0] if len(node.outputs) == 1 else None
     if y is None or x is None or w is None:
         return "not a single-output Conv"
     dtype = str(np.dtype(x.dtype))
     if dtype not in ("float32", "float64"):
         return f"{dtype} (native: float32, float64)"
-    if any(v is not None and v.dtype != x.dtype for v in (w, bias, y)):
+    if any(v is not None and v.dtype != x.dtype for v in (w, bias, z, y)):
         return "mixed dtypes"
     if x.shape is None or len(x.shape) not in (3, 4):
         return "X is not 3-D or 4-D (native: 1-D and 2-D convs)"
@@ -83,20 +90,34 @@ def conv_spec(node: Node, g: Graph) -> ConvSpec | str:
             pads=tuple(pads),
             auto_pad=win.auto_pad,
             bias=bias is not None,
+            residual=z is not None,
+            activation=str(node.attrs.get("activation") or "").lower(),
+            choice=choice,
+            pool=_pool_of(node.attrs),
         )
     except ValueError as exc:
         return str(exc)
+
+
+def _pool_of(attrs: dict) -> tuple[int, ...]:
+    """A FusedConv's pooling as ``ConvSpec.pool`` (``()`` without one)."""
+    pool = pool_attrs(attrs)
+    if pool is None:
+        return ()
+    (kh, kw), (sh, sw) = pool["kernel_shape"], pool["strides"]
+    return (kh, kw, sh, sw, *pool["pads"])
 
 
 def conv_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     """The native step of a Conv node (see the module docstring): a :class:`LibraryChoice`,
     or None for a node that is not a Conv or when native code is off (LLVM backend and
     codegen both needed)."""
-    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
+    plain = node.op_type == "Conv" and node.domain in ("", "ai.onnx")
+    if not plain and (node.op_type, node.domain) != (FUSED_CONV, GEODE_DOMAIN):
         return None
     if opts.backend != "llvm" or not opts.codegen:
         return None
-    spec = conv_spec(node, g)
+    spec = conv_spec(node, g, opts.conv_method)
     if isinstance(spec, str):
         return LibraryChoice(None, None, f"library op: reference kernel (Conv: {spec})")
     from geode.codegen.backends.llvm.conv import conv_kernel
@@ -108,4 +129,10 @@ def conv_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     if kernel is None:
         return LibraryChoice(None, None, "library op: reference kernel (Conv: no BLAS found)")
     interface, info = library_step(node, kernel, len(spec.arrays) - 1, spec.describe(), opts)
-    return LibraryChoice(interface, info, f"library op: Conv, {_METHODS[spec.method]}, native")
+    parts = (("residual add", spec.residual), (spec.activation, spec.activation))
+    epilogue = "".join(f" + {e}" for e, on in (*parts, ("max pool", spec.pool)) if on)
+    return LibraryChoice(
+        interface,
+        info,
+        f"library op: {node.op_type}, {_METHODS[spec.method]}{epilogue}, native",
+    )

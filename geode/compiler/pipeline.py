@@ -21,6 +21,7 @@ from geode.compiler.passes.cse import cse
 from geode.compiler.passes.dce import dce
 from geode.compiler.passes.decompose import decompose
 from geode.compiler.passes.fold_bn import fold_batch_norm
+from geode.compiler.passes.fuse_conv import fuse_conv_epilogues
 from geode.compiler.passes.simplify import simplify
 from geode.compiler.passes.variable_format import accelerate_variable_formats
 from geode.compiler.passes.variable_prepare import prepare_variables
@@ -72,6 +73,7 @@ PIPELINE: list[Pass] = [
     Pass("const_fold", fold_constants),
     Pass("cse", cse),
     Pass("dce", dce),
+    Pass("fuse_conv", fuse_conv_epilogues),  # last: fold_bn has folded what it can
 ]
 # fmt: on
 

@@ -4,6 +4,7 @@ argument checks, and which Convs models run natively (and why the others do not)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -63,11 +64,11 @@ def run_native(xs, ws, attrs, dtype="float32", bias=True, seed=0):
 
 FIXED = [
     # (x shape, w shape, attrs, method)
-    ((2, 3, 7, 7), (4, 3, 3, 3), {}, "im2col"),
+    ((2, 3, 7, 7), (4, 3, 3, 3), {}, "direct"),
     ((1, 3, 9, 8), (5, 3, 3, 2), {"strides": [2, 3], "pads": [1, 0, 2, 1]}, "im2col"),
-    ((1, 2, 11, 10), (4, 2, 3, 2), {"dilations": [3, 2], "pads": [2, 1, 0, 1]}, "im2col"),
-    ((2, 4, 6, 5), (6, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, "im2col"),
-    ((1, 6, 5, 7), (6, 2, 3, 1), {"group": 3, "strides": [1, 2]}, "im2col"),
+    ((1, 2, 11, 10), (4, 2, 3, 2), {"dilations": [3, 2], "pads": [2, 1, 0, 1]}, "direct"),
+    ((2, 4, 6, 5), (6, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, "direct"),
+    ((1, 6, 5, 7), (6, 2, 3, 1), {"group": 3, "strides": [1, 2]}, "direct"),
     ((2, 5, 6, 7), (3, 5, 1, 1), {}, "pointwise"),
     ((1, 6, 5, 5), (4, 3, 1, 1), {"group": 2}, "pointwise"),
     ((1, 3, 7, 6), (4, 3, 1, 1), {"strides": [2, 2]}, "im2col"),  # 1x1 strided
@@ -80,10 +81,10 @@ FIXED = [
         {"group": 3, "dilations": [2, 3], "pads": [0, 2, 3, 1]},
         "depthwise",
     ),
-    ((1, 3, 5, 4), (3, 3, 5, 4), {}, "im2col"),  # the window is the whole image
-    ((1, 2, 3, 3), (3, 2, 3, 3), {"pads": [3, 3, 3, 3]}, "im2col"),  # rows of padding only
-    ((3, 3, 11), (4, 3, 3), {"strides": [2], "pads": [1, 2]}, "im2col"),  # 1-D
-    ((1, 4, 13), (4, 2, 4), {"group": 2, "dilations": [2]}, "im2col"),  # 1-D grouped
+    ((1, 3, 5, 4), (3, 3, 5, 4), {}, "direct"),  # the window is the whole image
+    ((1, 2, 3, 3), (3, 2, 3, 3), {"pads": [3, 3, 3, 3]}, "direct"),  # rows of padding only
+    ((3, 3, 11), (4, 3, 3), {"strides": [2], "pads": [1, 2]}, "direct"),  # 1-D
+    ((1, 4, 13), (4, 2, 4), {"group": 2, "dilations": [2]}, "direct"),  # 1-D grouped
     ((1, 4, 10), (4, 1, 3), {"group": 4, "pads": [2, 0]}, "depthwise"),  # 1-D depthwise
     ((2, 4, 9), (5, 4, 1), {}, "pointwise"),  # 1-D pointwise
     ((2, 2, 12, 11), (2, 1, 9, 8), {"group": 2, "pads": [1, 2, 0, 3]}, "depthwise"),  # 72 taps
@@ -94,7 +95,7 @@ FIXED = [
         "depthwise",
     ),
     ((2, 3, 7, 8), (6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}, "depthwise"),  # shared pad
-    ((0, 3, 5, 5), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "im2col"),  # batch 0
+    ((0, 3, 5, 5), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "direct"),  # batch 0
     ((0, 4, 5, 5), (4, 1, 3, 3), {"group": 4}, "depthwise"),
     ((0, 3, 5, 5), (4, 3, 1, 1), {}, "pointwise"),
 ]
@@ -152,7 +153,8 @@ def test_native_conv_large_image_uses_several_bands(monkeypatch) -> None:
     assert (band_rows, 19 % band_rows) == (4, 3)  # OH = 19: bands of 4, 4, 4, 4, 3 rows
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-    k = conv_kernel.__wrapped__(spec_of(xs, ws, attrs, "float32", False))  # not the cached one
+    spec = dataclasses.replace(spec_of(xs, ws, attrs, "float32", False), choice="im2col")
+    k = conv_kernel.__wrapped__(spec)  # not the cached one
     assert "sdiv i64 113," in k.source  # 113 output positions per band
     y = np.full((2, 8, 19, 24), np.nan, np.float32)
     k(x, w, y)
@@ -178,7 +180,7 @@ def test_native_conv_checks_its_arguments() -> None:
         k(x.astype(np.float64), w, b, y)
     k(np.asfortranarray(x), w, b, y)  # a strided input is copied
     np.testing.assert_allclose(y, conv_nd(x, w, b, attrs), rtol=1e-5)
-    assert isinstance(k, ConvKernel) and "geode_conv_im2col" in k.source
+    assert isinstance(k, ConvKernel) and "geode_conv_direct" in k.source
 
 
 def test_native_conv_out_of_memory_is_a_geode_error() -> None:
@@ -300,16 +302,17 @@ def test_convs_are_placed_on_aicore_as_library_ops() -> None:
     x = g.input("x", ["N", 8, "H", "W"])
     w1 = g.constant(rng.standard_normal((16, 8, 3, 3)).astype(np.float32))
     b1 = g.constant(rng.standard_normal(16).astype(np.float32))
-    y = g.op("Conv", x, w1, b1, pads=[1, 1, 1, 1], strides=[2, 2], name="c1")
+    y = g.op("Conv", x, w1, b1, pads=[1, 1, 1, 1], strides=[2, 2], name="c1")  # + its Relu
     w2 = g.constant(rng.standard_normal((16, 1, 3, 3)).astype(np.float32))
     z = g.op("Conv", geode.ops.relu(y), w2, pads=[1, 1, 1, 1], group=16, name="c2")
     w3 = g.constant(rng.standard_normal((4, 16, 1, 1)).astype(np.float32))
     g.output(g.op("Conv", z, w3, name="c3"), names=["out"])
     model = geode.compile(g)
     kinds = {k.name: (k.kind, k.engine) for k in model.kernels}
-    assert all(kinds[n] == ("library", "aicore") for n in ("c1", "c2", "c3")), kinds
+    assert all(kinds[n] == ("library", "aicore") for n in ("c1_fused", "c2", "c3")), kinds
     text = model.explain()
-    assert "c1: aicore (library op: Conv, im2col + BLAS GEMM, native)" in text
+    fused = "library op: FusedConv, direct register-blocked kernel + relu, native"
+    assert f"c1_fused: aicore ({fused})" in text
     assert "c2: aicore (library op: Conv, direct depthwise kernel, native)" in text
     assert "c3: aicore (library op: Conv, 1x1 BLAS GEMM, native)" in text
     info = {k.name: k for k in model.kernels}

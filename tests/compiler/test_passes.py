@@ -876,6 +876,7 @@ def test_pipeline_disable_enable_and_bounds():
         "variable_format",
         "const_fold",
         "dce",
+        "fuse_conv",
     }
     assert {r.round for r in records} == {1}
     with pytest.raises(GeodeError, match="not passes"):

@@ -81,7 +81,7 @@ def test_ten_thousand_calls_keep_rss_flat() -> None:
 
 
 def conv_model(i: int) -> onnx.ModelProto:
-    """Conv + Relu + MaxPool + Flatten + MatMul + Tanh: native conv, pool and dense
+    """Conv + Sigmoid + MaxPool + Flatten + MatMul + Tanh: native conv, pool and dense
     kernels and fused ones; ``i`` changes the shapes (distinct kernels per model)."""
     rng = np.random.default_rng(i)
     c = 3 + i % 4
@@ -90,7 +90,7 @@ def conv_model(i: int) -> onnx.ModelProto:
     w2 = rng.standard_normal((8 * 8 * 8, 10 + i)).astype(np.float32)
     nodes = [
         helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Sigmoid", ["c"], ["r"]),  # a fused kernel (a Relu joins the conv)
         helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Flatten", ["p"], ["f"]),
         helper.make_node("MatMul", ["f", "W2"], ["m"]),

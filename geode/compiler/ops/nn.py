@@ -544,6 +544,110 @@ register(
 )
 
 
+# == FusedConv (geode) =======================================================================
+
+#: the op a Conv with its epilogue becomes (``compiler/passes/fuse_conv.py``)
+FUSED_CONV = "FusedConv"
+#: FusedConv's activations ("": none)
+FUSED_ACTIVATIONS = ("", "Relu")
+
+
+def pool_attrs(attrs: dict[str, Any]) -> dict[str, Any] | None:
+    """The MaxPool attributes of a FusedConv's pooling (None without one)."""
+    kernel = attrs.get("pool_kernel")
+    if not kernel:
+        return None
+    n = len(kernel)
+    return {
+        "kernel_shape": [int(k) for k in kernel],
+        "strides": [int(k) for k in attrs.get("pool_strides") or [1] * n],
+        "pads": [int(k) for k in attrs.get("pool_pads") or [0] * (2 * n)],
+    }
+
+
+def _fused_conv_verify(ctx: InferContext) -> None:
+    _conv_verify(ctx)
+    act = ctx.attr("activation")
+    if act not in FUSED_ACTIVATIONS:
+        ctx.fail(f"activation must be one of {FUSED_ACTIVATIONS}, got {act!r}", VerifyError)
+    pool = pool_attrs(ctx.attrs)
+    if pool is not None and ctx.has(3):
+        ctx.fail("a FusedConv with pooling takes no residual Z", VerifyError)
+    if ctx.has(3):
+        z, y = ctx.shape(3), conv_shape(ctx, ctx.shape(0), ctx.shape(1))
+        if z is not None and y is not None:
+            if len(z) != len(y):
+                ctx.fail(f"Z of shape {list(z)} must have Y's shape {list(y)}")
+            for i, (a, b) in enumerate(zip(z, y)):
+                _equate(ctx, a, b, f"Z's dim {i} must equal Y's")
+
+
+def _fused_conv_infer(ctx: InferContext) -> list[TensorDesc]:
+    y = conv_shape(ctx, ctx.shape(0), ctx.shape(1))
+    pool = pool_attrs(ctx.attrs)
+    if pool is not None and y is not None:
+        win = window_attrs(pool, pool["kernel_shape"], _ctx_fail(ctx))
+        y = (y[0], y[1], *_spatial_out(ctx, y[2:], win, False))
+    return [TensorDesc(ctx.dtype(0), y)]
+
+
+def fused_conv(
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray | None,
+    z: np.ndarray | None,
+    attrs: dict[str, Any],
+) -> np.ndarray:
+    """FusedConv on numpy arrays: ``maxpool(act(conv_nd(x, w, b) + z))`` (the pooling
+    when ``pool_kernel`` is given)."""
+    y = conv_nd(x, w, b, attrs)
+    if z is not None:
+        if z.shape != y.shape:
+            raise ShapeError(f"FusedConv: Z{list(z.shape)} is not Y's shape {list(y.shape)}")
+        y = np.add(y, z, dtype=y.dtype)
+    if attrs.get("activation") == "Relu":
+        y = np.maximum(y, y.dtype.type(0))  # NaN stays NaN, as Relu's kernel
+    pool = pool_attrs(attrs)
+    if pool is not None:
+        y = max_pool_nd(y, pool)[0]
+    return y
+
+
+def _fused_conv_kernel(ins: list, attrs: dict) -> list[np.ndarray]:
+    get = lambda i: ins[i] if len(ins) > i else None  # noqa: E731
+    return [fused_conv(ins[0], ins[1], get(2), get(3), attrs)]
+
+
+register(
+    OpDef(
+        FUSED_CONV,
+        OpKind.LIBRARY,
+        inputs=[
+            In("X", "T"),
+            In("W", "T"),
+            In("B", "T", optional=True),
+            In("Z", "T", optional=True),
+        ],
+        outputs=[Out("Y", "T")],
+        types={"T": dtypes.FLOATS},
+        attrs=[
+            *CONV_ATTRS,
+            Attr("activation", "string", ""),
+            Attr("pool_kernel", "ints", None),
+            Attr("pool_strides", "ints", None),
+            Attr("pool_pads", "ints", None),
+        ],
+        verify=_fused_conv_verify,
+        infer=_fused_conv_infer,
+        kernel=_fused_conv_kernel,
+        domain="geode",
+        doc="Conv with its epilogue: MaxPool(activation(Conv(X, W, B) + Z)), Z of the "
+        "conv's output shape, the pooling optional (pool_kernel, pool_strides, pool_pads; "
+        "made by the fuse_conv pass from Conv, Add, Relu and MaxPool)",
+    )
+)
+
+
 # == ConvTranspose ===========================================================================
 
 

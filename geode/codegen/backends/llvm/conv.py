@@ -13,9 +13,15 @@ are computed from them). :func:`conv_kernel` compiles one entry per spec
   size the geometry gives) before touching memory, then calls the method's body;
 - the body is chosen by shape when the spec is made (:attr:`ConvSpec.method`):
   ``pointwise`` (1x1, stride 1, no padding: each image's group of channels already is
-  the GEMM's right operand), ``im2col`` (the general case, :mod:`~.conv_gemm`) or
+  the GEMM's right operand), ``direct`` (windows of 2 to 64 taps at horizontal stride
+  1 or 2, :mod:`~.conv_direct`: a register-blocked loop nest, no GEMM), ``im2col`` (the
+  rest, or any non-depthwise conv with ``choice="im2col"``, :mod:`~.conv_gemm`) or
   ``depthwise`` (one input channel per group, :mod:`~.conv_depthwise`: a direct loop
   nest, no GEMM). A 1-D conv is the 2-D one with ``H = 1``.
+- the epilogue (a FusedConv's residual ``Z`` and Relu) is applied by the direct kernel to
+  each output tile in registers; after the other bodies, by one pass over Y
+  (:func:`epilogue_function`). A MaxPool (``ConvSpec.pool``) is the direct kernel's only:
+  Y is then the pooled output, its shape checked against the pooled sizes.
 - status ``n_arrays + 1`` says the body could not allocate its scratch buffer,
   ``n_arrays + 2`` that the input leaves no output position (an output dim below 1);
   :class:`ConvKernel` raises :class:`~geode.errors.ExecutionError` and
@@ -30,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from geode.codegen.backends.llvm import conv_depthwise, conv_gemm
+from geode.codegen.backends.llvm import conv_depthwise, conv_direct, conv_gemm
 from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.conv_spec import TYPES, ConvSpec, Geometry
 from geode.codegen.backends.llvm.irloops import Builder
@@ -77,6 +83,8 @@ def _records(b: Builder, spec: ConvSpec) -> tuple[dict[str, list[str]], int]:
     want = {"X": (rank, {1: spec.channels}), "W": (rank, dict(enumerate(w_dims)))}
     if spec.bias:
         want["B"] = (1, {0: spec.out_channels})
+    if spec.residual:
+        want["Z"] = (rank, {1: spec.out_channels})  # all of Y's dims: checked with Y's
     dims: dict[str, list[str]] = {}
     at = 0
 
@@ -95,6 +103,16 @@ def _records(b: Builder, spec: ConvSpec) -> tuple[dict[str, list[str]], int]:
     return dims, at
 
 
+def pooled_size(b: Builder, spec: ConvSpec, size: str, axis: str) -> str:
+    """The pooled size of a conv output dim ``size`` (``axis`` "0": H, "1": W); the
+    size itself without pooling (or on a 1-D conv's H)."""
+    if not spec.pool:
+        return size
+    k, s = spec.pool[int(axis)], spec.pool[2 + int(axis)]
+    begin, end = spec.pool[4 + int(axis)], spec.pool[6 + int(axis)]
+    return b.add(b.floordiv(b.add(size, str(begin + end - k)), s), "1", "pooled")
+
+
 def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     """The entry ``i32 @name(ptrs, recs, ints)``: records checked, geometry computed,
     ``@body`` called (see the module docstring)."""
@@ -109,21 +127,68 @@ def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     oh, pt = out_size(b, spec, 0, h) if spec.spatial == 2 else ("1", "0")
     ow, pl = out_size(b, spec, 1, wd)
     rank = spec.spatial + 2
+    poh, pow_ = pooled_size(b, spec, oh, "0"), pooled_size(b, spec, ow, "1")
     y = [b.load("i64", b.gep("i64", "%recs", str(at + j)), "ry") for j in range(2)]
     b.fail_unless(b.cmp("eq", y[0], str(rank)), y_status)
     ydims = [b.load("i64", b.gep("i64", "%recs", str(at + 2 + j)), "ry") for j in range(rank)]
-    want = [n, str(spec.out_channels)] + ([oh] if spec.spatial == 2 else []) + [ow]
+    want = [n, str(spec.out_channels)] + ([poh] if spec.spatial == 2 else []) + [pow_]
     conds = [b.cmp("eq", y[1], str(TYPES[spec.dtype][1]))]
     conds += [b.cmp("eq", g, w) for g, w in zip(ydims, want)]
     b.fail_unless(b.all_of(conds), y_status)
-    fits = b.all_of([b.cmp("sgt", oh, "0"), b.cmp("sgt", ow, "0")])
+    if spec.residual:
+        z_conds = [b.cmp("eq", g, w) for g, w in zip(dims["Z"], want)]
+        b.fail_unless(b.all_of(z_conds), spec.arrays.index("Z") + 1, "zshape")
+    fits = b.all_of([b.cmp("sgt", v, "0") for v in (oh, ow, poh, pow_)])
     b.fail_unless(fits, len(spec.arrays) + 2, "fits")
     ptrs = [b.load("ptr", b.gep("ptr", "%ptrs", str(i)), a) for i, a in enumerate(spec.arrays)]
-    bias = ptrs[2] if spec.bias else "null"
+    named = dict(zip(spec.arrays, ptrs))
+    bias, z = named.get("B", "null"), named.get("Z", "null")
     threads = b.load("i64", "%ints", "threads")
     geo = Geometry(ptrs[0], ptrs[1], bias, ptrs[-1], n, h, wd, oh, ow, pt, pl, threads)
+    if spec.method == "direct":  # the epilogue is in the kernel's tiles
+        pooled = f"i64 {poh}, i64 {pow_}"
+        status = fn.value(f"call i32 @{body}({geo.args()}, ptr {z}, {pooled})", "status")
+        fn.terminate(f"ret i32 {status}")
+        return fn
     status = fn.value(f"call i32 @{body}({geo.args()})", "status")
+    if spec.residual or spec.activation:
+        ok, bad = fn.label("epi"), fn.label("failed")
+        fn.cond_br(fn.value(f"icmp eq i32 {status}, 0", "done"), ok, bad)
+        fn.start_block(bad)
+        fn.terminate(f"ret i32 {status}")
+        fn.start_block(ok)
+        count = b.mul(b.mul(n, str(spec.out_channels)), b.mul(oh, ow), "count")
+        fn.add(f"call void @{body}.epilogue(ptr {ptrs[-1]}, ptr {z}, i64 {count})")
+        fn.terminate("ret i32 0")
+        return fn
     fn.terminate(f"ret i32 {status}")
+    return fn
+
+
+def epilogue_function(
+    module: ModuleWriter, name: str, spec: ConvSpec, attrs: str
+) -> FunctionWriter:
+    """``void @name(ptr Y, ptr Z, i64 count)``: the epilogue of a GEMM or depthwise conv,
+    a pass over Y after the body: ``Y = act(Y + Z)`` (Z when ``spec.residual``, the
+    activation when ``spec.activation``)."""
+    ty, _ = TYPES[spec.dtype]
+    fn = FunctionWriter(name, "void", [("ptr noalias", "Y"), ("ptr noalias", "Z"), ("i64", "n")])
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind " + attrs)
+    b = Builder(fn)
+
+    def one(i: str) -> None:
+        at = b.gep(ty, "%Y", i, "at")
+        val = b.load(ty, at, "y")
+        if spec.residual:
+            val = fn.value(f"fadd {ty} {val}, {b.load(ty, b.gep(ty, '%Z', i), 'z')}", "sum")
+        if spec.activation == "relu":
+            neg = fn.value(f"fcmp olt {ty} {val}, 0.0", "neg")
+            val = fn.value(f"select i1 {neg}, {ty} 0.0, {ty} {val}", "relu")
+        fn.add(f"store {ty} {val}, ptr {at}")
+
+    b.loop("0", "%n", one, "i")
+    fn.terminate("ret void")
     return fn
 
 
@@ -137,8 +202,12 @@ def conv_ir(spec: ConvSpec, attrs: str = "") -> tuple[str, str]:
     body = f"{name}.run"
     if spec.method == "depthwise":
         conv_depthwise.write_body(module, body, spec, attrs)
+    elif spec.method == "direct":
+        conv_direct.write_body(module, body, spec, attrs)
     else:
         conv_gemm.write_body(module, body, spec, attrs)
+    if spec.method != "direct" and (spec.residual or spec.activation):
+        module.add_function(epilogue_function(module, f"{body}.epilogue", spec, attrs))
     module.add_function(entry_function(name, body, spec))
     return name, f"; {spec.describe()}\n" + module.text()
 
@@ -154,7 +223,9 @@ class ConvKernel(LLVMKernel):
 
     def _bad_argument(self, i: int) -> None:
         if i == len(self._args):
-            what = "padded plane" if self.spec.method == "depthwise" else "im2col column"
+            what = {"depthwise": "padded plane", "direct": "padded band"}.get(
+                self.spec.method, "im2col column"
+            )
             raise ExecutionError(f"kernel {self.name}: out of memory allocating its {what} buffer")
         if i == len(self._args) + 1:
             raise ShapeError(
@@ -175,6 +246,8 @@ def _arg_specs(spec: ConvSpec) -> tuple[ArgSpec, ...]:
     ]
     if spec.bias:
         args.append(ArgSpec("B", "input", spec.dtype, 1, f"({m},)"))
+    if spec.residual:
+        args.append(ArgSpec("Z", "input", spec.dtype, rank, f"(N, {m}, {'OH, ' * two}OW)"))
     args.append(ArgSpec("Y", "output", spec.dtype, rank, f"(N, {m}, {'OH, ' * two}OW)"))
     return tuple(args)
 
@@ -188,7 +261,7 @@ def conv_kernel(spec: ConvSpec, cache_dir: CacheDir | None = None) -> ConvKernel
 
     t0 = time.perf_counter()
     lib = blas()
-    needs_blas = spec.method != "depthwise"
+    needs_blas = spec.method in ("im2col", "pointwise")
     if needs_blas and lib is None:
         return None
     if needs_blas:
@@ -197,7 +270,7 @@ def conv_kernel(spec: ConvSpec, cache_dir: CacheDir | None = None) -> ConvKernel
     name, ir = conv_ir(spec, target.function_attrs)
     # the runtime: geode_gemm, the pool
     loaded, from_cache = build_module(name, ir, target, cache_dir)
-    parallel = spec.method == "depthwise"
+    parallel = spec.method in ("depthwise", "direct")
     emitted = Emitted(ir, name, _arg_specs(spec), (), parallel, ())
     seconds = time.perf_counter() - t0
     kernel = ConvKernel(

@@ -1,0 +1,577 @@
+"""The ``direct`` body of a native conv (:mod:`~.conv`): a register-blocked loop nest,
+no im2col and no GEMM, for windows of 2 to 64 taps at horizontal stride 1 or 2 (any
+vertical stride, dilation, padding and groups; depthwise convs have their own kernel).
+
+An output *tile* is ``CB`` output channels by ``U`` vectors of ``V`` output columns of
+one output row (``V``: the lanes of the host's widest vector, 16 floats with AVX-512;
+``CB * U`` accumulators stay in registers, :func:`blocking`). For every input channel
+and tap ``(i, j)`` of the window, the tile loads ``U`` vectors of the (scratch) input row
+and multiplies each by the ``CB`` weights, broadcast: ``CB * U`` fused multiply-adds per
+``U`` vector loads. The epilogue runs on the tile in registers before its one store:
+the bias, then the residual ``Z`` (same shape as Y) added, then the activation (Relu).
+The last tile of a row stores through a lane mask (its extra lanes read zeros of the
+scratch row and are never stored).
+
+Work is split into *items*, one band of output rows of one image and group
+(:func:`band_rows`), shared among the native pool's threads (:mod:`~.parallel`'s
+launcher). An item first copies the input rows its band reads into a zero-bordered
+scratch of ``C/g`` planes (``conv_depthwise.pad_function``), with rows as wide as the
+last tile reaches (``ceil(OW / V) * V * sw + (kw - 1) * dw``), so the tiles check no
+bounds. At stride 2 each scratch row is stored as its even columns, then its odd ones
+(:func:`_split_pad_function`): a tap's ``V`` inputs are then consecutive, one plain
+vector load as at stride 1. Each chunk ``malloc``-s one scratch for its items; a NULL
+sets the failure flag and the body returns status ``n_arrays + 1``.
+
+With a MaxPool (``ConvSpec.pool``) an item is a band of *pooled* rows: its conv rows
+(the pooled windows' rows within the output) go to a scratch of ``M/g`` planes, and
+:func:`_pool_function` reduces them (``llvm.maximum``: NaN propagates) into Y, so the
+conv's output never goes to memory.
+
+The weights are read in place (the ``CB`` broadcasts of a tap are ``C/g * kh * kw``
+apart, each cache line reused by the next 16 taps): nothing is packed at compile time.
+"""
+
+from __future__ import annotations
+
+from geode.codegen.backends.llvm.conv_depthwise import chunk_start, pad_function
+from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, body_geometry
+from geode.codegen.backends.llvm.irloops import Builder
+from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
+from geode.codegen.backends.llvm.parallel import LAUNCH
+
+__all__ = ["BAND_BUDGET_BYTES", "ITEMS_WANTED", "blocking", "lanes", "write_body"]
+
+#: bytes of an item's scratch (its band's input rows): bands are cut to fit
+BAND_BUDGET_BYTES = 512 << 10
+#: items a launch aims for (bands are cut so a small batch still feeds every thread)
+ITEMS_WANTED = 8
+#: the chunk function's context: pointers, sizes, the failure flag; one i64 slot each
+_CTX = ("X", "W", "B", "Z", "Y", "planes", "H", "Wd", "OH", "OW", "pt", "pl", "band")
+_CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
+
+
+def lanes(spec: ConvSpec, attrs: str) -> int:
+    """``V``: elements per vector (64-byte vectors on AVX-512 hosts, else 32 bytes)."""
+    wide = "+avx512f" in attrs and '"prefer-vector-width"="256"' not in attrs
+    return (64 if wide else 32) // TYPES[spec.dtype][1]
+
+
+def blocking(spec: ConvSpec, attrs: str) -> tuple[int, int]:
+    """``(CB, U)``: output channels and column vectors per tile (``CB * U`` accumulators:
+    16 of the 32 AVX-512 registers, 8 of AVX2's 16). 4 x 4 on AVX-512: as fast as 8 x 2
+    on 112-wide rows and 16% faster on 56-wide ones (one tile of 16 + 16 + 16 + 8 columns
+    per row instead of two), measured one thread, 64 -> 64 channels at 56 x 56: 107
+    against 92 GFLOP/s."""
+    u = 4 if "+avx512f" in attrs else 2
+    return min(4, max(1, spec.mg)), u
+
+
+def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> None:
+    """Add ``i32 @name(geometry, ptr Z)`` (see :data:`~.conv_spec.BODY_PARAMS`) computing
+    ``spec``'s conv directly on the native pool; ``attrs``: the target's function
+    attributes."""
+    v_lanes = lanes(spec, attrs)
+    cb, u = blocking(spec, attrs)
+    rows = [f"{name}.row{cb}"]
+    module.add_function(_row_function(module, rows[0], spec, attrs, cb, u, v_lanes))
+    if spec.mg % cb:
+        rows.append(f"{name}.row{spec.mg % cb}")
+        module.add_function(_row_function(module, rows[1], spec, attrs, spec.mg % cb, u, v_lanes))
+    pad, chunk = f"{name}.pad", f"{name}.chunk"
+    if spec.strides[1] == 2:
+        module.add_function(_split_pad_function(module, pad, spec.dtype, attrs))
+    else:
+        module.add_function(pad_function(module, pad, spec.dtype, attrs))
+    module.add_function(_chunk_function(module, chunk, rows, pad, spec, attrs, cb))
+    module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
+    module.declare(
+        "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
+    )
+    module.add_global("geode.launch", LAUNCH)
+    extra = [("ptr noalias", "Z"), ("i64", "POH"), ("i64", "POW")]
+    fn = FunctionWriter(name, "i32", [*BODY_PARAMS, *extra])
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind " + attrs)
+    b = Builder(fn)
+    geo = body_geometry(fn)
+    z, poh, pow_ = (fn.param(len(BODY_PARAMS) + i) for i in range(3))
+    kw, dw = spec.kernel[1], spec.dilations[1]
+    sw = spec.strides[1]
+    reach = b.mul(b.ceildiv(geo.ow, v_lanes), str(v_lanes * sw))
+    wp = b.add(reach, str((kw - 1) * dw), "Wp")
+    if sw == 2:  # two halves (even, odd columns) of equal length
+        wp = b.mul(b.ceildiv(wp, 2), "2", "Wp")
+    band = band_rows(b, spec, geo.n, poh, wp, geo.ow)  # rows of Y: pooled rows when pooling
+    bands = b.op("sdiv", b.add(poh, b.sub(band, "1")), band, "bands")
+    items = b.mul(b.mul(geo.n, str(spec.group)), bands, "items")
+    values = [geo.x, geo.w, geo.b, z, geo.y, items, geo.h, geo.wd, geo.oh, geo.ow, geo.pt]
+    values += [geo.pl, band, bands, wp, poh, pow_]
+    ctx = fn.alloca(f"[{len(_CTX)} x i64]", "ctx", align=8)
+    for i, val in enumerate([*values, "0"]):
+        slot = b.gep("i64", ctx, str(i), "slot")
+        fn.add(f"store {'ptr' if i < 5 else 'i64'} {val}, ptr {slot}")
+    macs = b.mul(b.mul(items, b.mul(band, geo.ow)), str(spec.mg * spec.depth), "work")
+    if spec.pool:
+        module.add_function(_pool_function(module, f"{name}.maxpool", spec, attrs))
+    small = b.cmp("slt", macs, str(1 << 17), "small")
+    fn.add(
+        f"call void @geode.launch(ptr @{chunk}, ptr {ctx}, i64 {items}, i64 {geo.threads}, "
+        f"i1 {small})"
+    )
+    failed = b.load("i64", b.gep("i64", ctx, str(len(_CTX) - 1)), "failed")
+    status = fn.value(f"select i1 {b.cmp('ne', failed, '0')}, i32 {len(spec.arrays) + 1}, i32 0")
+    fn.terminate(f"ret i32 {status}")
+    module.add_function(fn)
+
+
+def band_rows(b: Builder, spec: ConvSpec, n: str, oh: str, wp: str, ow: str) -> str:
+    """Output rows per item: as many as keep at least :data:`ITEMS_WANTED` items in all
+    (when the output has that many rows) and the band's input rows (and, pooling, its
+    conv rows: ``ow`` wide) within :data:`BAND_BUDGET_BYTES` (at least one row)."""
+    item = TYPES[spec.dtype][1]
+    images = b.max(b.mul(n, str(spec.group)), "1", "images")
+    want = b.max(b.op("sdiv", b.add(str(ITEMS_WANTED - 1), images), images), "1", "want")
+    band = b.op("sdiv", b.add(oh, b.sub(want, "1")), want, "band")
+    conv_rows = spec.pool[2] if spec.pool else 1  # conv rows per row of Y
+    row_bytes = b.mul(wp, str(spec.cg * item * spec.strides[0] * conv_rows), "rowbytes")
+    if spec.pool:
+        row_bytes = b.add(row_bytes, b.mul(ow, str(spec.mg * item * conv_rows)), "rowbytes")
+    fit = b.max(b.op("sdiv", str(BAND_BUDGET_BYTES), row_bytes), "1", "fit")
+    return b.max(b.min(band, fit), "1", "band")
+
+
+def _chunk_function(
+    module: ModuleWriter,
+    name: str,
+    rows: list[str],
+    pad: str,
+    spec: ConvSpec,
+    attrs: str,
+    cb: int,
+) -> FunctionWriter:
+    """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: this chunk's items (see the
+    module docstring)."""
+    ty, item = TYPES[spec.dtype]
+    (kh, _), (sh, _), (dh, _) = spec.kernel, spec.strides, spec.dilations
+    c = chunk_start(module, name, attrs, _CTX, 5)
+    fn, b, v = c.fn, c.b, c.v
+    module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
+    module.declare("free", "declare void @free(ptr) nounwind")
+    pkh, psh = (spec.pool[0], spec.pool[2]) if spec.pool else (1, 1)
+    crows_max = b.add(b.mul(b.sub(v["band"], "1"), str(psh)), str(pkh), "crows")  # conv rows
+    rin_max = b.add(b.mul(b.sub(crows_max, "1"), str(sh)), str((kh - 1) * dh + 1), "rin")
+    plane = b.mul(rin_max, v["Wp"], "plane")
+    in_elems = b.mul(plane, str(spec.cg), "in_elems")
+    cplane = b.mul(crows_max, v["OW"], "cplane") if spec.pool else "0"
+    tw = b.add(v["OW"], str(sum(spec.pool[4:]) + spec.pool[1]), "tw") if spec.pool else "0"
+    elems = b.add(b.add(in_elems, b.mul(cplane, str(spec.mg))), tw, "elems")
+    buf = fn.value(f"call noalias ptr @malloc(i64 {b.mul(elems, str(item))})", "buf")
+    conv_buf = b.gep(ty, buf, in_elems, "convbuf")
+    tmp = b.gep(ty, conv_buf, b.mul(cplane, str(spec.mg)), "tmp")
+    nomem = b.all_of([b.cmp("slt", c.lo, c.hi), fn.value(f"icmp eq ptr {buf}, null")])
+
+    def fail() -> None:
+        fn.add(f"store atomic i64 1, ptr {v['failed']} monotonic, align 8")
+        fn.terminate("ret void")
+        fn.start_block(fn.label("unreachable"))
+
+    b.when(nomem, fail, "nomem")
+    hw = b.mul(v["H"], v["Wd"], "HW")
+    pp = b.mul(v["POH"], v["POW"], "PP")
+
+    def one(q: str) -> None:
+        img = b.op("udiv", q, v["bands"], "img")  # n * group + g
+        r0 = b.mul(b.op("urem", q, v["bands"]), v["band"], "r0")  # first row of Y
+        yrows = b.min(v["band"], b.sub(v["POH"], r0), "yrows")
+        if spec.pool:  # the conv rows the pooled rows' windows reach, within the output
+            ppt = spec.pool[4]
+            first = b.max(b.sub(b.mul(r0, str(psh)), str(ppt)), "0", "cfirst")
+            last = b.add(b.mul(b.add(r0, b.sub(yrows, "1")), str(psh)), str(pkh - ppt))
+            oh0 = b.min(first, v["OH"], "oh0")
+            nrows = b.max(b.sub(b.min(last, v["OH"]), oh0), "0", "nrows")
+        else:
+            oh0, nrows = r0, yrows
+        rin = b.add(b.mul(b.sub(nrows, "1"), str(sh)), str((kh - 1) * dh + 1), "rin")
+        g = b.op("urem", img, str(spec.group), "g")
+        n = b.op("udiv", img, str(spec.group), "n")
+        top = b.sub(v["pt"], b.mul(oh0, str(sh)), "top")  # the band's first input row: -top
+        x0 = b.gep(ty, v["X"], b.mul(b.mul(img, str(spec.cg)), hw), "x0")
+
+        def copy(ci: str) -> None:
+            xc = b.gep(ty, x0, b.mul(ci, hw), "xc")
+            dst = b.gep(ty, buf, b.mul(ci, plane), "dst")
+            fn.add(
+                f"call void @{pad}(ptr {xc}, ptr {dst}, i64 {v['H']}, i64 {v['Wd']}, "
+                f"i64 {rin}, i64 {v['Wp']}, i64 {top}, i64 {v['pl']})"
+            )
+
+        b.when(b.cmp("sgt", nrows, "0"), lambda: b.loop("0", str(spec.cg), copy, "ci"), "any")
+        m0 = b.mul(g, str(spec.mg), "m0")
+        _conv_rows(b, spec, v, rows, cb, (buf, plane, conv_buf, cplane), (n, m0, oh0, nrows))
+        if spec.pool:
+
+            def pool_channel(m: str) -> None:
+                src = b.gep(ty, conv_buf, b.mul(m, cplane), "csrc")
+                yc = b.add(b.mul(n, str(spec.out_channels)), b.add(m0, m), "yc")
+                y = b.gep(ty, v["Y"], b.add(b.mul(yc, pp), b.mul(r0, v["POW"])), "ypool")
+                fn.add(
+                    f"call void @{name[: -len('.chunk')]}.maxpool(ptr {src}, i64 {nrows}, "
+                    f"i64 {oh0}, i64 {v['OW']}, ptr {y}, i64 {v['POW']}, i64 {r0}, "
+                    f"i64 {yrows}, ptr {tmp}, i64 {tw})"
+                )
+
+            b.loop("0", str(spec.mg), pool_channel, "pm")
+
+    b.loop(c.lo, c.hi, one, "q")
+    fn.add(f"call void @free(ptr {buf})")
+    fn.terminate("ret void")
+    return fn
+
+
+def _conv_rows(
+    b: Builder,
+    spec: ConvSpec,
+    v: dict[str, str],
+    rows: list[str],
+    cb: int,
+    bufs: tuple[str, str, str, str],
+    at: tuple[str, str, str, str],
+) -> None:
+    """The conv rows ``[oh0, oh0 + nrows)`` of image ``n``, channels ``m0 ...`` of the
+    group, from the padded band (``bufs``: band, its plane size, the conv scratch and
+    its plane size): into Y, or into the conv scratch when pooling."""
+    ty, _ = TYPES[spec.dtype]
+    fn = b.fn
+    buf, plane, conv_buf, cplane = bufs
+    n, m0, oh0, nrows = at
+    sh, khw = spec.strides[0], spec.kernel[0] * spec.kernel[1]
+    p = b.mul(v["OH"], v["OW"], "P")
+
+    def out_row(r: str) -> None:
+        src = b.gep(ty, buf, b.mul(b.mul(r, str(sh)), v["Wp"]), "src")
+        orow = b.add(oh0, r, "orow")
+
+        def block(m: str, row_fn: str) -> None:
+            ch = b.add(m0, m, "ch")
+            if spec.pool:
+                y = b.gep(ty, conv_buf, b.add(b.mul(m, cplane), b.mul(r, v["OW"])), "y")
+                z, stride = "null", cplane
+            else:
+                yoff = b.add(
+                    b.mul(b.add(b.mul(n, str(spec.out_channels)), ch), p),
+                    b.mul(orow, v["OW"]),
+                    "yoff",
+                )
+                y = b.gep(ty, v["Y"], yoff, "y")
+                z = b.gep(ty, v["Z"], yoff, "z") if spec.residual else "null"
+                stride = p
+            w = b.gep(ty, v["W"], b.mul(ch, str(spec.cg * khw)), "w")
+            bias = b.gep(ty, v["B"], ch, "bias") if spec.bias else "null"
+            fn.add(
+                f"call void @{row_fn}(ptr {src}, i64 {v['Wp']}, i64 {plane}, ptr {w}, "
+                f"ptr {bias}, ptr {z}, ptr {y}, i64 {v['OW']}, i64 {stride})"
+            )
+
+        full = spec.mg - spec.mg % cb
+        if full:
+            b.loop("0", str(full), lambda m: block(m, rows[0]), "mb", step=str(cb))
+        if spec.mg % cb:
+            block(str(full), rows[1])
+
+    b.loop("0", nrows, out_row, "r")
+
+
+def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str) -> FunctionWriter:
+    """``void @name(ptr x, ptr buf, i64 H, i64 Wd, i64 Hp, i64 Wp, i64 pt, i64 pl)``: as
+    ``conv_depthwise.pad_function`` (the plane ``x`` into the zero-bordered ``Hp x Wp``
+    scratch, ``pt`` rows and ``pl`` columns in), each scratch row stored as its even
+    columns, then its odd ones (``Wp`` even): a stride-2 conv's tap reads ``V``
+    consecutive elements of one half."""
+    ty, _ = TYPES[dtype]
+    names = ("x", "buf", "H", "Wd", "Hp", "Wp", "pt", "pl")
+    params = [("ptr noalias", n) for n in names[:2]] + [("i64", n) for n in names[2:]]
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group('nounwind noinline "no-builtins" ' + attrs)
+    b = Builder(fn)
+    x, buf, h, wd, hp, wp, pt, pl = (fn.param(i) for i in range(len(names)))
+    half = b.op("sdiv", wp, "2", "half")
+
+    def row(r: str) -> None:
+        ih = b.sub(r, pt, "ih")
+        inside = b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
+        xrow = b.gep(ty, x, b.mul(b.select(inside, ih, "0"), wd), "xrow")
+        dst = b.gep(ty, buf, b.mul(r, wp), "dst")
+
+        # columns 2*c2 and 2*c2 + 1 both inside the row: c2 in [lo, hi), no checks
+        lo = b.min(b.ceildiv(pl, 2), half, "lo")
+        last = b.add(b.floordiv(b.add(wd, b.sub(pl, "2")), 2), "1")  # past the last such c2
+        hi = b.max(lo, b.min(last, half), "hi")
+        hi = b.select(inside, hi, lo, "hi")  # a row outside: all checked (zeros)
+
+        def fast(c2: str) -> None:
+            src = b.gep(ty, xrow, b.sub(b.mul(c2, "2"), pl), "src")
+            for odd in (0, 1):
+                v = b.load(ty, b.gep(ty, src, str(odd)), "v")
+                fn.add(f"store {ty} {v}, ptr {b.gep(ty, dst, b.add(b.mul(str(odd), half), c2))}")
+
+        def pair(c2: str) -> None:
+            for odd in (0, 1):
+                c = b.add(b.mul(c2, "2"), str(odd), "c")
+                iw = b.sub(c, pl, "iw")
+                ok = b.all_of([inside, b.cmp("sge", iw, "0"), b.cmp("slt", iw, wd)])
+                into = b.gep(ty, dst, b.add(b.mul(str(odd), half), c2), "into")
+
+                def copy(iw: str = iw, into: str = into) -> None:  # read only inside
+                    fn.add(f"store {ty} {b.load(ty, b.gep(ty, xrow, iw), 'v')}, ptr {into}")
+
+                b.branch(ok, copy, lambda into=into: fn.add(f"store {ty} 0.0, ptr {into}"), "in")
+
+        b.loop("0", lo, pair, "c2")
+        b.loop(lo, hi, fast, "f2")
+        b.loop(hi, half, pair, "c2")
+
+    b.loop("0", hp, row, "r")
+    fn.terminate("ret void")
+    return fn
+
+
+def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
+    """``void @name(ptr src, i64 crows, i64 c0, i64 OW, ptr y, i64 POW, i64 r0, i64 yrows,
+    ptr tmp, i64 tw)``: pooled rows ``[r0, r0 + yrows)`` of one channel from its conv
+    rows ``[c0, c0 + crows)`` at ``src``: per pooled row the window's rows reduced in one
+    pass into the ``-inf``-bordered row ``tmp`` (``tw`` long), then the window's columns
+    (``llvm.maximum``: NaN propagates, as MaxPool's)."""
+    ty, _ = TYPES[spec.dtype]
+    pkh, pkw, psh, psw, ppt, ppl = spec.pool[:6]
+    names = ("src", "crows", "c0", "OW", "y", "POW", "r0", "yrows", "tmp", "tw")
+    kinds = ("ptr noalias", "i64", "i64", "i64", "ptr noalias", "i64", "i64", "i64")
+    params = list(zip((*kinds, "ptr noalias", "i64"), names))
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
+    b = Builder(fn)
+    src, crows, c0, ow, y, pow_, r0, yrows, tmp, tw = (fn.param(i) for i in range(len(names)))
+    suffix = "f32" if ty == "float" else "f64"
+    module.declare(f"llvm.maximum.{suffix}", f"declare {ty} @llvm.maximum.{suffix}({ty}, {ty})")
+    ninf = float_literal(float("-inf"), ty)
+
+    def maximum(a: str, c: str) -> str:
+        return fn.value(f"call {ty} @llvm.maximum.{suffix}({ty} {a}, {ty} {c})", "max")
+
+    b.loop("0", tw, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, tmp, i)}"), "init")
+    mid = b.gep(ty, tmp, str(ppl), "mid")
+
+    def pooled_row(pr: str) -> None:
+        wl = b.sub(b.mul(b.add(r0, pr), str(psh)), str(ppt), "wl")
+        lo = b.max(wl, c0, "lo")
+        hi = b.min(b.add(wl, str(pkh)), b.add(c0, crows), "hi")
+        # the window's rows within the conv rows, each read once per column (rows past
+        # the edge repeat an inside one: the max is the same); none inside: -inf
+        rows = [b.max(lo, b.min(b.add(wl, str(i)), b.sub(hi, "1")), "ri") for i in range(pkh)]
+        ptrs = [b.gep(ty, src, b.mul(b.sub(r, c0), ow), "prow") for r in rows]
+
+        def col(i: str) -> None:
+            acc = b.load(ty, b.gep(ty, ptrs[0], i), "c")
+            for q in ptrs[1:]:
+                acc = maximum(acc, b.load(ty, b.gep(ty, q, i), "c"))
+            fn.add(f"store {ty} {acc}, ptr {b.gep(ty, mid, i)}")
+
+        def empty() -> None:
+            b.loop("0", ow, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, mid, i)}"), "e")
+
+        b.branch(b.cmp("slt", lo, hi), lambda: b.loop("0", ow, col, "vc"), empty, "rows")
+        yrow = b.gep(ty, y, b.mul(pr, pow_), "yrow")
+
+        def out(pw: str) -> None:
+            base = b.gep(ty, tmp, b.mul(pw, str(psw)), "win")
+            acc = b.load(ty, base, "t")
+            for j in range(1, pkw):
+                acc = maximum(acc, b.load(ty, b.gep(ty, base, str(j)), "t"))
+            fn.add(f"store {ty} {acc}, ptr {b.gep(ty, yrow, pw)}")
+
+        b.loop("0", pow_, out, "pw")
+
+    b.loop("0", yrows, pooled_row, "pr")
+    fn.terminate("ret void")
+    return fn
+
+
+def _row_function(
+    module: ModuleWriter, name: str, spec: ConvSpec, attrs: str, cb: int, u: int, vl: int
+) -> FunctionWriter:
+    """``void @name(ptr src, i64 Wp, i64 plane, ptr w, ptr bias, ptr z, ptr y, i64 OW,
+    i64 P)``: one output row of ``cb`` channels (``P`` apart in Y and Z) from the scratch
+    rows at ``src`` (planes ``plane`` apart, rows ``Wp`` apart), tile by tile: full tiles
+    of ``u`` vectors, then a tail tile of as many vectors as the rest needs, its last one
+    half as wide when half a vector holds what is left (a 56-column row: 32 + 16 + 8)."""
+    tails = [(vl,) * k for k in range(1, u + 1)]
+    tails += [(vl,) * (k - 1) + (vl // 2,) for k in range(1, u + 1)] if vl % 2 == 0 else []
+    shapes = sorted(set(tails), key=lambda w: (sum(w), len(w)))
+    tiles = {w: f"{name}.tile{'_'.join(map(str, w))}" for w in shapes}
+    for widths, tile_name in tiles.items():
+        module.add_function(_tile_function(module, tile_name, spec, attrs, cb, widths))
+    names = ("src", "Wp", "plane", "w", "bias", "z", "y", "OW", "P")
+    kinds = ("ptr noalias", "i64", "i64", "ptr noalias", "ptr noalias", "ptr noalias")
+    params = list(zip((*kinds, "ptr noalias", "i64", "i64"), names))
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
+    b = Builder(fn)
+    src, wp, plane, w, bias, z, y, ow, p = (fn.param(i) for i in range(len(names)))
+    width = u * vl
+    nfull = b.mul(b.op("sdiv", ow, str(width)), str(width), "nfull")
+    args = f"ptr {src}, i64 {wp}, i64 {plane}, ptr {w}, ptr {bias}, ptr {z}, ptr {y}, i64 {p}"
+    full = tiles[(vl,) * u]
+
+    def tile(t: str) -> None:
+        fn.add(f"call void @{full}({args}, i64 {t}, i64 {width})")
+
+    b.loop("0", nfull, tile, "t", step=str(width), meta=Builder.no_unroll(module))
+    rest = b.sub(ow, nfull, "rest")
+    lo = 0
+    for widths in shapes:  # the tail: the narrowest tile that holds the rest
+        hi = sum(widths)
+        cond = b.all_of([b.cmp("sgt", rest, str(lo)), b.cmp("sle", rest, str(hi))])
+        call = f"call void @{tiles[widths]}({args}, i64 {nfull}, i64 {rest})"
+        b.when(cond, lambda call=call: fn.add(call), "tail")
+        lo = hi
+    fn.terminate("ret void")
+    return fn
+
+
+def _vector_ops(module: ModuleWriter, ty: str, lanes: int) -> tuple[str, str]:
+    """``(vector type, intrinsic suffix)`` of ``lanes`` x ``ty``, its FMA and masked
+    load and store declared."""
+    vty, suffix = f"<{lanes} x {ty}>", f"v{lanes}f{32 if ty == 'float' else 64}"
+    module.declare(f"llvm.fma.{suffix}", f"declare {vty} @llvm.fma.{suffix}({vty}, {vty}, {vty})")
+    module.declare(
+        f"llvm.masked.store.{suffix}.p0",
+        f"declare void @llvm.masked.store.{suffix}.p0({vty}, ptr, i32, <{lanes} x i1>)",
+    )
+    module.declare(
+        f"llvm.masked.load.{suffix}.p0",
+        f"declare {vty} @llvm.masked.load.{suffix}.p0(ptr, i32, <{lanes} x i1>, {vty})",
+    )
+    return vty, suffix
+
+
+def _tile_function(
+    module: ModuleWriter, name: str, spec: ConvSpec, attrs: str, cb: int, widths: tuple[int, ...]
+) -> FunctionWriter:
+    """``void @name(row args, i64 t, i64 valid)``: the tile of ``cb`` channels by vectors
+    of ``widths`` lanes at column ``t`` of the row, ``valid`` of its columns stored."""
+    ty, _ = TYPES[spec.dtype]
+    ops = [_vector_ops(module, ty, lanes) for lanes in widths]
+    offs = [sum(widths[:k]) for k in range(len(widths))]
+    names = ("src", "Wp", "plane", "w", "bias", "z", "y", "P", "t", "valid")
+    kinds = ("ptr noalias", "i64", "i64", "ptr noalias", "ptr noalias", "ptr noalias")
+    params = list(zip((*kinds, "ptr noalias", "i64", "i64", "i64"), names))
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind " + attrs)
+    b = Builder(fn)
+    src, wp, plane, w, bias, z, y, p, t, valid = (fn.param(i) for i in range(len(names)))
+    (kh, kw), (dh, dw) = spec.kernel, spec.dilations
+    khw, slots = kh * kw, range(len(widths))
+    accs = [[fn.alloca(ops[k][0], f"acc{m}_{k}") for k in slots] for m in range(cb)]
+    for row in accs:
+        for k, a in zip(slots, row):
+            fn.add(f"store {ops[k][0]} zeroinitializer, ptr {a}")
+    base = b.gep(ty, src, t, "base")
+    half = b.op("sdiv", wp, "2", "half")  # stride 2: where a row's odd columns start
+
+    def column(j: int) -> str:
+        """Where tap column ``j``'s input starts in a scratch row, from the tile's first
+        column: ``j * dw`` (stride 1), or that column's half and place (stride 2)."""
+        if spec.strides[1] == 1:
+            return str(j * dw)
+        odd, at = (j * dw) % 2, (j * dw) // 2
+        return b.add(b.mul(str(odd), half), str(at), "col") if odd else str(at)
+
+    def channel(ci: str) -> None:
+        xc = b.gep(ty, base, b.mul(ci, plane), "xc")
+        wc = b.gep(ty, w, b.mul(ci, str(khw)), "wc")
+        vals = [[fn.value(f"load {ops[k][0]}, ptr {a}", "a") for k, a in zip(slots, r)]
+                for r in accs]  # fmt: skip
+        for i in range(kh):
+            xr = b.gep(ty, xc, b.mul(str(i * dh), wp), "xr")
+            for j in range(kw):
+                col = b.gep(ty, xr, column(j), "xcol")
+                xs = [
+                    fn.value(f"load {ops[k][0]}, ptr {b.gep(ty, col, str(offs[k]))}, align 4", "x")
+                    for k in slots
+                ]
+                for m in range(cb):
+                    wv = b.load(ty, b.gep(ty, wc, str(m * spec.cg * khw + i * kw + j)), "wt")
+                    for k in slots:
+                        vty, suffix = ops[k]
+                        vals[m][k] = fn.value(
+                            f"call {vty} @llvm.fma.{suffix}({vty} {_splat(fn, ty, wv, widths[k])}, "
+                            f"{vty} {xs[k]}, {vty} {vals[m][k]})",
+                            "acc",
+                        )
+        for row, vrow in zip(accs, vals):
+            for k, a, val in zip(slots, row, vrow):
+                fn.add(f"store {ops[k][0]} {val}, ptr {a}")
+
+    b.loop("0", str(spec.cg), channel, "ci", meta=Builder.no_unroll(module))
+    for k in slots:
+        _store_slot(b, spec, (widths[k], offs[k]), [r[k] for r in accs], (bias, z, y, p, t, valid))
+    fn.terminate("ret void")
+    return fn
+
+
+def _splat(fn: FunctionWriter, ty: str, s: str, lanes: int) -> str:
+    """``s`` in every one of ``lanes`` lanes."""
+    one = fn.value(f"insertelement <1 x {ty}> poison, {ty} {s}, i64 0", "one")
+    return fn.value(
+        f"shufflevector <1 x {ty}> {one}, <1 x {ty}> poison, <{lanes} x i32> zeroinitializer",
+        "splat",
+    )
+
+
+def _store_slot(
+    b: Builder, spec: ConvSpec, slot: tuple[int, int], accs: list[str], at: tuple[str, ...]
+) -> None:
+    """The epilogue of one vector slot (``slot``: its lanes and first column in the tile)
+    of a tile's ``cb`` channels (``accs``: their accumulators): bias, residual,
+    activation, the store of the columns below ``valid``."""
+    fn = b.fn
+    ty, _ = TYPES[spec.dtype]
+    lanes, off0 = slot
+    bias, z, y, p, t, valid = at
+    vty, suffix = f"<{lanes} x {ty}>", f"v{lanes}f{32 if ty == 'float' else 64}"
+    ids = ", ".join(f"i64 {off0 + q}" for q in range(lanes))
+    limit = _splat_i64(fn, valid, lanes)
+    mask = fn.value(f"icmp slt <{lanes} x i64> <{ids}>, {limit}", "mask")
+    for m, acc in enumerate(accs):
+        val = fn.value(f"load {vty}, ptr {acc}", "r")
+        if spec.bias:
+            bv = b.load(ty, b.gep(ty, bias, str(m)), "bv")
+            val = fn.value(f"fadd {vty} {val}, {_splat(fn, ty, bv, lanes)}", "biased")
+        off = b.add(b.mul(str(m), p), b.add(t, str(off0)), "off")
+        dst = b.gep(ty, y, off, "dst")
+        if spec.residual:
+            zv = fn.value(
+                f"call {vty} @llvm.masked.load.{suffix}.p0(ptr {b.gep(ty, z, off, 'zs')}, i32 4, "
+                f"<{lanes} x i1> {mask}, {vty} zeroinitializer)",
+                "zv",
+            )
+            val = fn.value(f"fadd {vty} {val}, {zv}", "summed")
+        if spec.activation == "relu":
+            neg = fn.value(f"fcmp olt {vty} {val}, zeroinitializer", "neg")
+            val = fn.value(f"select <{lanes} x i1> {neg}, {vty} zeroinitializer, {vty} {val}")
+        fn.add(
+            f"call void @llvm.masked.store.{suffix}.p0({vty} {val}, ptr {dst}, i32 4, "
+            f"<{lanes} x i1> {mask})"
+        )
+
+
+def _splat_i64(fn: FunctionWriter, v: str, lanes: int) -> str:
+    """The i64 ``v`` in every one of ``lanes`` lanes."""
+    one = fn.value(f"insertelement <1 x i64> poison, i64 {v}, i64 0", "vv")
+    return fn.value(
+        f"shufflevector <1 x i64> {one}, <1 x i64> poison, <{lanes} x i32> zeroinitializer",
+        "limit",
+    )
