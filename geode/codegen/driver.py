@@ -210,14 +210,22 @@ def interface_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None
         trace=str(job.schedule.trace),
         key=job.kernel_key,
         schedule=job.schedule_choice.origin if job.schedule_choice is not None else "",
-        cost={
-            "compile_s": job.seconds,
-            "from_cache": float(getattr(native, "from_cache", False)),
-        },
+        cost=compile_cost(native, job.seconds),
         _llvm=lambda: native.llvm,
         _asm=lambda: native.asm,
     )
     job.info.cost.update(describe_work(job.group, g, device_spec(opts.cache_dir)))
+
+
+def compile_cost(native: Any, seconds: float) -> dict[str, float]:
+    """What compiling ``native`` cost, for its KernelInfo (``explain()`` prints it): the
+    seconds, whether it came from the cache, and the LLVM optimization level its code was
+    compiled at (a dense kernel's: its epilogue's, the loop LLVM optimized)."""
+    cost = {"compile_s": seconds, "from_cache": float(getattr(native, "from_cache", False))}
+    level = getattr(getattr(native, "epilogue", native), "opt_level", None)
+    if level is not None:
+        cost["opt_level"] = float(level)
+    return cost
 
 
 def native_matmul(node: Node, g: Graph, opts: Options) -> bool:
@@ -323,7 +331,7 @@ def library_step(
         source=kernel.source,
         kind="library",
         trace=trace,
-        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
+        cost=compile_cost(kernel, kernel.compile_seconds),
         _llvm=lambda: kernel.llvm,
         _asm=lambda: kernel.asm,
     )
@@ -456,7 +464,7 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         trace=str(job.schedule.trace),
         key=job.kernel_key,
         schedule=job.schedule_choice.origin if job.schedule_choice is not None else "",
-        cost={"compile_s": job.seconds, "from_cache": float(kernel.from_cache)},
+        cost=compile_cost(kernel, job.seconds),
         _llvm=lambda: kernel.llvm,
         _asm=lambda: kernel.asm,
     )

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from geode.codegen.ast import Kernel
-from geode.codegen.backends.llvm import jit, objcache
+from geode.codegen.backends.llvm import jit, objcache, optlevel
 from geode.codegen.backends.llvm.compiled import LLVMKernel
 from geode.codegen.backends.llvm.emit import emit_module
 from geode.codegen.backends.llvm.parallel import MIN_PARALLEL_ELEMENTS
@@ -29,6 +29,7 @@ __all__ = [
     "compile_kernel",
     "drop_recent_kernels",
     "forget_kernels",
+    "module_key",
     "while_alive",
 ]
 
@@ -123,6 +124,11 @@ def forget_kernels() -> None:
         memo.clear()
 
 
+def module_key(ir: str, target: Target, level: int) -> str:
+    """The cache key of module ``ir`` compiled for ``target`` at optimization ``level``."""
+    return objcache.cache_key(ir, {**target.fingerprint(), "opt_level": str(level)})
+
+
 def build_module(
     name: str,
     ir: str,
@@ -133,14 +139,17 @@ def build_module(
     imports: dict[str, int] | None = None,
     keep: Any = None,
     key: str | None = None,
+    choice: optlevel.Choice | None = None,
 ) -> tuple[jit.Loaded, bool]:
     """The machine code of module ``ir`` (exporting ``name``) linked into the process, and
     whether its object code came from the disk cache in ``cache_dir`` (None: compile in
     memory). A miss compiles the module with LLVM and stores the object code; a cached
     object that fails to link is a miss too (rebuilt, its entry rewritten), never an
     error. ``runtime``/``imports``: what the code calls (:func:`jit.load_object`);
-    ``keep``: the objects owning the ``imports`` (kept alive with the code); ``key``: the
-    module's :func:`objcache.cache_key` when the caller has it.
+    ``keep``: the objects owning the ``imports`` (kept alive with the code); ``choice``:
+    the optimization level (:func:`optlevel.choose` of ``ir`` as a library module when
+    not given); ``key``:
+    the module's :func:`module_key` at that level when the caller has it.
 
     Code linked before and still alive, or among the :data:`KEEP_LINKED` most recent, is
     returned again (as if from the cache): LLVM keeps about 10 KB for every JIT library
@@ -148,7 +157,8 @@ def build_module(
     session), so a process compiling the same models again and again would otherwise
     grow by that much per kernel each time; held, only its machine code stays mapped.
     """
-    key = key or objcache.cache_key(ir, target.fingerprint())
+    choice = choice or optlevel.choose(ir, generated=False)
+    key = key or module_key(ir, target, choice.level)
     loc = objcache.location(cache_dir)
     link_key = (key, loc, name, runtime, tuple(sorted((imports or {}).items())))
     loaded = _linked.get(link_key)
@@ -158,7 +168,7 @@ def build_module(
         loaded = _linked.get(link_key)
         if loaded is not None:
             return loaded, True
-        loaded, from_cache = _link(name, ir, target, loc, runtime, imports, key)
+        loaded, from_cache = _link(name, ir, target, loc, runtime, imports, key, choice)
         loaded.keep = keep
         _linked.put(link_key, loaded)
         return loaded, from_cache
@@ -172,20 +182,29 @@ def _link(
     runtime: bool,
     imports: dict[str, int] | None,
     key: str,
+    choice: optlevel.Choice,
 ) -> tuple[jit.Loaded, bool]:
     """:func:`build_module` without its memo: from the disk cache, else LLVM."""
     obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
     if obj is not None:
         try:
-            return jit.load_object(obj, [name], runtime=runtime, imports=imports), True
+            loaded = jit.load_object(obj, [name], runtime=runtime, imports=imports)
+            loaded.level = choice.level
+            return loaded, True
         except CodegenError as exc:
             log.warning(
                 "kernel cache entry %s (%s) does not link, rebuilding: %s", key[:32], name, exc
             )
-    obj = jit.compile_ir(ir, target)
+    t0 = time.perf_counter()
+    obj = jit.compile_ir(ir, target, choice.level)
+    log.debug(
+        "LLVM: %s at %s in %.1f ms", name, choice.describe(), (time.perf_counter() - t0) * 1e3
+    )
     if cache_dir is not None:
         objcache.store(cache_dir, key, name, obj, target.fingerprint())
-    return jit.load_object(obj, [name], runtime=runtime, imports=imports), False
+    loaded = jit.load_object(obj, [name], runtime=runtime, imports=imports)
+    loaded.level = choice.level
+    return loaded, False
 
 
 def while_alive(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -244,7 +263,8 @@ def compile_kernel(
         raise
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise CodegenError(f"kernel {kernel.name!r}: cannot emit LLVM IR: {exc}") from exc
-    key = objcache.cache_key(emitted.ir, target.fingerprint())
+    choice = optlevel.choose(emitted.ir)
+    key = module_key(emitted.ir, target, choice.level)
     loc = objcache.location(cache_dir)
     memo_key = (key, loc)
     hit = _memo.get(memo_key)
@@ -256,7 +276,13 @@ def compile_kernel(
             return hit
         try:
             loaded, from_cache = build_module(
-                emitted.entry, emitted.ir, target, loc, runtime=emitted.parallel, key=key
+                emitted.entry,
+                emitted.ir,
+                target,
+                loc,
+                runtime=emitted.parallel,
+                key=key,
+                choice=choice,
             )
         except CodegenError as exc:
             raise CodegenError(f"kernel {kernel.name!r}: {exc}") from None
