@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from geode.codegen.ast import Kernel
-from geode.codegen.backends.llvm import jit, objcache, optlevel
-from geode.codegen.backends.llvm.compiled import LLVMKernel
+from geode.codegen.backends.llvm import background, jit, objcache, optlevel
+from geode.codegen.backends.llvm.compiled import Emitted, LLVMKernel
 from geode.codegen.backends.llvm.emit import emit_module
 from geode.codegen.backends.llvm.parallel import MIN_PARALLEL_ELEMENTS
 from geode.codegen.backends.llvm.target import Target, host
@@ -30,6 +30,7 @@ __all__ = [
     "drop_recent_kernels",
     "forget_kernels",
     "module_key",
+    "start_compile",
     "while_alive",
 ]
 
@@ -196,7 +197,9 @@ def _link(
                 "kernel cache entry %s (%s) does not link, rebuilding: %s", key[:32], name, exc
             )
     t0 = time.perf_counter()
-    obj = jit.compile_ir(ir, target, choice.level)
+    obj = background.claim(key)
+    if obj is None:
+        obj = jit.compile_ir(ir, target, choice.level)
     log.debug(
         "LLVM: %s at %s in %.1f ms", name, choice.describe(), (time.perf_counter() - t0) * 1e3
     )
@@ -243,6 +246,7 @@ def compile_kernel(
     cache_dir: objcache.CacheDir | None = None,
     parallel: bool | None = None,
     min_work: int = MIN_PARALLEL_ELEMENTS,
+    emitted: Emitted | None = None,
 ) -> LLVMKernel:
     """Compile ``kernel`` to machine code now and return the callable :class:`LLVMKernel`.
 
@@ -252,17 +256,14 @@ def compile_kernel(
     :mod:`~geode.codegen.backends.llvm.objcache`; None: compile in memory);
     ``parallel=None`` runs the kernel's parallel loops on the thread pool (False: all
     serial); ``min_work``: below this many elements in every argument the parallel loops
-    run on the calling thread. The same kernel compiled twice in one process returns the same object.
-    Raises :class:`~geode.errors.CodegenError` naming the kernel when it cannot be
-    compiled."""
+    run on the calling thread; ``emitted``: the module :func:`start_compile` returned for
+    the same kernel and arguments. The same kernel compiled twice in one process returns
+    the same object. Raises :class:`~geode.errors.CodegenError` naming the kernel when it
+    cannot be compiled."""
     t0 = time.perf_counter()
     target = host()
-    try:
-        emitted = emit_module(kernel, fastmath, parallel is not False, target, min_work)
-    except CodegenError:
-        raise
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
-        raise CodegenError(f"kernel {kernel.name!r}: cannot emit LLVM IR: {exc}") from exc
+    if emitted is None:
+        emitted = _emit(kernel, fastmath, parallel, target, min_work)
     choice = optlevel.choose(emitted.ir)
     key = module_key(emitted.ir, target, choice.level)
     loc = objcache.location(cache_dir)
@@ -291,3 +292,40 @@ def compile_kernel(
         )
         _memo.put(memo_key, k)
         return k
+
+
+def _emit(
+    kernel: Kernel, fastmath: bool, parallel: bool | None, target: Target, min_work: int
+) -> Emitted:
+    try:
+        return emit_module(kernel, fastmath, parallel is not False, target, min_work)
+    except CodegenError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise CodegenError(f"kernel {kernel.name!r}: cannot emit LLVM IR: {exc}") from exc
+
+
+def start_compile(
+    kernel: Kernel,
+    *,
+    fastmath: bool = False,
+    cache_dir: objcache.CacheDir | None = None,
+    parallel: bool | None = None,
+    min_work: int = MIN_PARALLEL_ELEMENTS,
+) -> Emitted:
+    """Emit ``kernel``'s module and, unless this process holds its kernel or the disk
+    cache its object code, start LLVM on it on the background thread
+    (:mod:`~geode.codegen.backends.llvm.background`); returns the module, for
+    :func:`compile_kernel` (same arguments, ``emitted=``), which links it later. Raises
+    :class:`~geode.errors.CodegenError` like :func:`compile_kernel` when it cannot be emitted."""
+    target = host()
+    emitted = _emit(kernel, fastmath, parallel, target, min_work)
+    choice = optlevel.choose(emitted.ir)
+    key = module_key(emitted.ir, target, choice.level)
+    loc = objcache.location(cache_dir)
+    if _memo.get((key, loc)) is not None:
+        return emitted
+    if loc is not None and objcache.load(loc, key, emitted.entry) is not None:
+        return emitted
+    background.submit(key, emitted.ir, target, choice.level)
+    return emitted
