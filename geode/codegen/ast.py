@@ -31,6 +31,7 @@ import copy
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -309,17 +310,20 @@ def prod(xs: list[Expr]) -> Expr:
 _FOLD = {"+": add, "-": sub, "*": mul, "//": floordiv, "%": mod}
 
 
+#: the direct sub-expressions of each expression class with any (the classes are final)
+_KIDS: dict[type, Callable[[Any], tuple[Expr, ...]]] = {
+    Bin: lambda e: (e.a, e.b),
+    Un: lambda e: (e.a,),
+    Cast: lambda e: (e.a,),
+    Select: lambda e: (e.cond, e.t, e.f),
+    Load: lambda e: e.indices,
+}
+
+
 def children(e: Expr) -> tuple[Expr, ...]:
     """Direct sub-expressions."""
-    if isinstance(e, Bin):
-        return (e.a, e.b)
-    if isinstance(e, (Un, Cast)):
-        return (e.a,)
-    if isinstance(e, Select):
-        return (e.cond, e.t, e.f)
-    if isinstance(e, Load):
-        return e.indices
-    return ()
+    kids = _KIDS.get(type(e))
+    return () if kids is None else kids(e)
 
 
 def rebuild(e: Expr, kids: tuple[Expr, ...]) -> Expr:
@@ -387,12 +391,13 @@ def preorder(e: Expr) -> list[Expr]:
     the schedule asks for the loads of every statement many times)."""
     out: list[Expr] = []
     stack = [e]
+    kids_of = _KIDS.get
     while stack:
         x = stack.pop()
         out.append(x)
-        kids = children(x)
-        if kids:
-            stack.extend(reversed(kids))
+        kids = kids_of(type(x))
+        if kids is not None:
+            stack.extend(kids(x)[::-1])
     return out
 
 
