@@ -182,6 +182,16 @@ def emit_kernel(kernel: A.Kernel, opts: Options, emitted: Any = None) -> Any:
     return native
 
 
+def check_backend_settings(opts: Options) -> None:
+    """Raise :class:`~geode.config.OptionError` for a bad process-wide setting of the
+    backend (``GEODE_LLVM_OPT``) before any kernel is compiled: inside a kernel's stages
+    the error would only make that kernel fall back."""
+    if opts.backend == "llvm" and opts.codegen:
+        from geode.codegen.backends.llvm.optlevel import setting
+
+        setting()
+
+
 def start_emit(job: KernelJob, opts: Options) -> None:
     """Begin compiling the job's scheduled kernel (LLVM backend): its module emitted now,
     LLVM started on it on the background thread, so it compiles while the next kernels

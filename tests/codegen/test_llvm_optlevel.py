@@ -76,6 +76,12 @@ def test_bad_setting_and_bad_level_raise_clear_errors(monkeypatch) -> None:
         jit.compile_ir("define void @k() {\n ret void\n}", host(), 1)
 
 
+def test_a_bad_setting_fails_the_compile_instead_of_every_kernel(monkeypatch) -> None:
+    monkeypatch.setenv(optlevel.ENV_VAR, "O3")
+    with pytest.raises(OptionError, match="GEODE_LLVM_OPT='o3'"):
+        geode.compile(examples.layernorm(hidden=8).graph, model_cache=False)
+
+
 def test_kernels_record_their_level_and_match_the_reference(monkeypatch) -> None:
     monkeypatch.delenv(optlevel.ENV_VAR, raising=False)
     plain, vm = _kernel("ol_affine", _affine), _kernel("ol_exp", _exp)
