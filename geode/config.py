@@ -97,6 +97,9 @@ Process-wide flags that are not options:
 
 - ``GEODE_VECTOR_WIDTH`` = auto (default; 512-bit vectors on AVX-512 hosts), 256 or 512
   (numba builds its CPU target once per process); see :mod:`geode.codegen.backends.target`.
+- ``GEODE_LLVM_OPT`` = auto (default: O2 for kernels without vmath calls, O3 for the
+  others and for library modules), 2 or 3: the LLVM backend's optimization level per
+  module; see :mod:`geode.codegen.backends.llvm.optlevel`.
 - ``GEODE_BLAS_POOL`` = 1 (default) or 0: whether OpenBLAS's threads run on geode's native
   pool once a model uses the BLAS (numpy's own matmul included: one pool, one thread
   count); see :func:`geode.codegen.backends.llvm.library.share_pool`.

@@ -207,9 +207,11 @@ def schedule(c: Compilation) -> None:
     """Schedule every group's loop AST (tile, inline, reduce, parallelize, vectorize):
     with the schedule given for its kernel key, its tuned one, or the default."""
     sources = schedule_sources(c.opts)
+    driver.check_backend_settings(c.opts)
 
     def stage(job: driver.KernelJob, g: Graph, opts: config.Options, dump: Dumper) -> None:
         driver.schedule_job(job, g, opts, dump, sources)
+        driver.start_emit(job, opts)  # LLVM on it while the next kernels are scheduled
 
     for job in c.jobs:
         _codegen_stage(c, job, stage)

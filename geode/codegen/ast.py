@@ -31,6 +31,7 @@ import copy
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -309,17 +310,20 @@ def prod(xs: list[Expr]) -> Expr:
 _FOLD = {"+": add, "-": sub, "*": mul, "//": floordiv, "%": mod}
 
 
+#: the direct sub-expressions of each expression class with any (the classes are final)
+_KIDS: dict[type, Callable[[Any], tuple[Expr, ...]]] = {
+    Bin: lambda e: (e.a, e.b),
+    Un: lambda e: (e.a,),
+    Cast: lambda e: (e.a,),
+    Select: lambda e: (e.cond, e.t, e.f),
+    Load: lambda e: e.indices,
+}
+
+
 def children(e: Expr) -> tuple[Expr, ...]:
     """Direct sub-expressions."""
-    if isinstance(e, Bin):
-        return (e.a, e.b)
-    if isinstance(e, (Un, Cast)):
-        return (e.a,)
-    if isinstance(e, Select):
-        return (e.cond, e.t, e.f)
-    if isinstance(e, Load):
-        return e.indices
-    return ()
+    kids = _KIDS.get(type(e))
+    return () if kids is None else kids(e)
 
 
 def rebuild(e: Expr, kids: tuple[Expr, ...]) -> Expr:
@@ -374,12 +378,27 @@ def walk(e: Expr) -> Iterator[Expr]:
 
 def free_vars(e: Expr) -> set[str]:
     """Names of variables an expression reads."""
-    return {x.name for x in walk(e) if isinstance(x, Var)}
+    return {x.name for x in preorder(e) if isinstance(x, Var)}
 
 
 def loads(e: Expr) -> list[Load]:
     """Loads in an expression, pre-order."""
-    return [x for x in walk(e) if isinstance(x, Load)]
+    return [x for x in preorder(e) if isinstance(x, Load)]
+
+
+def preorder(e: Expr) -> list[Expr]:
+    """Every sub-expression, pre-order, as a list (:func:`walk` without its generators:
+    the schedule asks for the loads of every statement many times)."""
+    out: list[Expr] = []
+    stack = [e]
+    kids_of = _KIDS.get
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        kids = kids_of(type(x))
+        if kids is not None:
+            stack.extend(kids(x)[::-1])
+    return out
 
 
 # ---------------------------------------------------------------------------------
@@ -496,6 +515,9 @@ class Prefetch(Stmt):
     offset: Expr
     level: int = 1
 
+    def __deepcopy__(self, memo: dict) -> Prefetch:
+        return Prefetch(self.buffer, self.offset, self.level)
+
 
 @dataclass(eq=False)
 class StreamStore(Stmt):
@@ -512,6 +534,11 @@ class StreamStore(Stmt):
     src_offset: Expr
     length: Expr
     nontemporal: Expr
+
+    def __deepcopy__(self, memo: dict) -> StreamStore:
+        return StreamStore(
+            self.buffer, self.offset, self.src, self.src_offset, self.length, self.nontemporal
+        )
 
 
 @dataclass
@@ -530,6 +557,12 @@ class Buffer:
     scope: str = "global"  # global | local | register
     nan_insensitive: bool = False
 
+    def __deepcopy__(self, memo: dict) -> Buffer:
+        # its fields are strings, flags and a tuple of (immutable) expressions
+        new = copy.copy(self)
+        memo[id(self)] = new
+        return new
+
 
 @dataclass
 class Kernel:
@@ -542,6 +575,18 @@ class Kernel:
     dims: list[str]
     body: list[Stmt]
     temps: list[Buffer] = field(default_factory=list)
+
+    def __deepcopy__(self, memo: dict) -> Kernel:
+        # a schedule backs up its kernel before every primitive: copy the statements
+        # and buffers, share the (immutable) expressions, skip the generic reconstruction
+        return Kernel(
+            self.name,
+            copy.deepcopy(self.inputs, memo),
+            copy.deepcopy(self.outputs, memo),
+            list(self.dims),
+            copy.deepcopy(self.body, memo),
+            copy.deepcopy(self.temps, memo),
+        )
 
     def buffer(self, name: str) -> Buffer:
         """The buffer called ``name`` (argument or temporary)."""
@@ -563,9 +608,22 @@ def walk_stmts(stmts: list[Stmt]) -> Iterator[Stmt]:
             yield from walk_stmts(s.body)
 
 
+def _stmts_preorder(stmts: list[Stmt]) -> list[Stmt]:
+    # an explicit stack, not nested generators: the schedule walks its kernel's
+    # statements for every block it looks up
+    out: list[Stmt] = []
+    stack = list(reversed(stmts))
+    while stack:
+        s = stack.pop()
+        out.append(s)
+        if isinstance(s, (For, Block, If)):
+            stack.extend(reversed(s.body))
+    return out
+
+
 def blocks(stmts: list[Stmt]) -> list[Block]:
     """ScheduleBlocks in program order."""
-    return [s for s in walk_stmts(stmts) if isinstance(s, Block)]
+    return [s for s in _stmts_preorder(stmts) if isinstance(s, Block)]
 
 
 def stmt_exprs(s: Stmt) -> list[Expr]:

@@ -29,7 +29,7 @@ from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols
 from geode.config import Options, stream_min_bytes
 from geode.costmodel.device import DeviceSpec, cached_spec
 from geode.debug import Dumper, log
-from geode.errors import GeodeError
+from geode.errors import CodegenError, GeodeError
 from geode.runtime.engines import IndexBound, NativeKernel, View
 from geode.runtime.model import KernelInfo
 
@@ -59,6 +59,8 @@ class KernelJob:
     group: Group
     lowered: LoweredKernel | None = None
     schedule: Schedule | None = None
+    #: its module, emitted and being compiled in the background (:func:`start_emit`)
+    emitted: Any = None
     native: Any = None
     interface: NativeKernel | None = None
     info: KernelInfo | None = None
@@ -156,10 +158,11 @@ def vector_registers(opts: Options) -> int:
     return host().vector_registers
 
 
-def emit_kernel(kernel: A.Kernel, opts: Options) -> Any:
+def emit_kernel(kernel: A.Kernel, opts: Options, emitted: Any = None) -> Any:
     """Compile a scheduled kernel with the backend the ``backend`` option names: the native
     kernel object (callable as ``fn(*inputs, *outputs, *dims, threads=n)``, with
-    ``source``, ``llvm`` and ``asm`` to inspect)."""
+    ``source``, ``llvm`` and ``asm`` to inspect). ``emitted``: what :func:`start_emit`
+    began for it (LLVM backend)."""
     if opts.backend == "llvm":
         from geode.codegen.autoschedule import choices
         from geode.codegen.backends.llvm.kernel import compile_kernel as llvm_compile
@@ -169,6 +172,7 @@ def emit_kernel(kernel: A.Kernel, opts: Options) -> Any:
             fastmath=opts.fastmath,
             cache_dir=object_cache(opts),
             min_work=choices().parallel_min_elements,
+            emitted=emitted,
         )
     from geode.codegen.backends.numba import compile_kernel
 
@@ -178,9 +182,40 @@ def emit_kernel(kernel: A.Kernel, opts: Options) -> Any:
     return native
 
 
+def check_backend_settings(opts: Options) -> None:
+    """Raise :class:`~geode.config.OptionError` for a bad process-wide setting of the
+    backend (``GEODE_LLVM_OPT``) before any kernel is compiled: inside a kernel's stages
+    the error would only make that kernel fall back."""
+    if opts.backend == "llvm" and opts.codegen:
+        from geode.codegen.backends.llvm.optlevel import setting
+
+        setting()
+
+
+def start_emit(job: KernelJob, opts: Options) -> None:
+    """Begin compiling the job's scheduled kernel (LLVM backend): its module emitted now,
+    LLVM started on it on the background thread, so it compiles while the next kernels
+    are scheduled; :func:`emit_job` links it. A module that cannot be emitted is left to
+    :func:`emit_job`, which raises."""
+    if opts.backend != "llvm" or job.schedule is None:
+        return
+    from geode.codegen.autoschedule import choices
+    from geode.codegen.backends.llvm.kernel import start_compile
+
+    try:
+        job.emitted = start_compile(
+            job.schedule.kernel,
+            fastmath=opts.fastmath,
+            cache_dir=object_cache(opts),
+            min_work=choices().parallel_min_elements,
+        )
+    except CodegenError:
+        job.emitted = None
+
+
 def emit_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     """Compile the job's scheduled kernel (:func:`emit_kernel`) and dump its code."""
-    native = emit_kernel(job.schedule.kernel, opts)
+    native = emit_kernel(job.schedule.kernel, opts, job.emitted)
     job.native = native
     if dump.wants(3):
         dump.stage(
@@ -210,14 +245,22 @@ def interface_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None
         trace=str(job.schedule.trace),
         key=job.kernel_key,
         schedule=job.schedule_choice.origin if job.schedule_choice is not None else "",
-        cost={
-            "compile_s": job.seconds,
-            "from_cache": float(getattr(native, "from_cache", False)),
-        },
+        cost=compile_cost(native, job.seconds),
         _llvm=lambda: native.llvm,
         _asm=lambda: native.asm,
     )
     job.info.cost.update(describe_work(job.group, g, device_spec(opts.cache_dir)))
+
+
+def compile_cost(native: Any, seconds: float) -> dict[str, float]:
+    """What compiling ``native`` cost, for its KernelInfo (``explain()`` prints it): the
+    seconds, whether it came from the cache, and the LLVM optimization level its code was
+    compiled at (a dense kernel's: its epilogue's, the loop LLVM optimized)."""
+    cost = {"compile_s": seconds, "from_cache": float(getattr(native, "from_cache", False))}
+    level = getattr(getattr(native, "epilogue", native), "opt_level", None)
+    if level is not None:
+        cost["opt_level"] = float(level)
+    return cost
 
 
 def native_matmul(node: Node, g: Graph, opts: Options) -> bool:
@@ -323,7 +366,7 @@ def library_step(
         source=kernel.source,
         kind="library",
         trace=trace,
-        cost={"compile_s": kernel.compile_seconds, "from_cache": float(kernel.from_cache)},
+        cost=compile_cost(kernel, kernel.compile_seconds),
         _llvm=lambda: kernel.llvm,
         _asm=lambda: kernel.asm,
     )
@@ -456,7 +499,7 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         trace=str(job.schedule.trace),
         key=job.kernel_key,
         schedule=job.schedule_choice.origin if job.schedule_choice is not None else "",
-        cost={"compile_s": job.seconds, "from_cache": float(kernel.from_cache)},
+        cost=compile_cost(kernel, job.seconds),
         _llvm=lambda: kernel.llvm,
         _asm=lambda: kernel.asm,
     )

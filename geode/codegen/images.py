@@ -104,6 +104,7 @@ class ImageWriter:
             "runtime": bool(loaded.runtime),
             "imports": list(loaded.imports),
             "blas": b"geode_gemm" in loaded.obj,  # its GEMMs call numpy's BLAS
+            "opt_level": int(loaded.level),
             "object": self._add(loaded.obj),
             "source": self._add(zlib.compress(k.source.encode(), 6)),
         }
@@ -165,6 +166,7 @@ class ImageLoader:
             bytes(self._blob(r["object"])), [entry], runtime=bool(r["runtime"]), imports=imports
         )
         self._exports[entry] = loaded[entry]
+        loaded.level = int(r.get("opt_level", 3))
         args = tuple(
             ArgSpec(str(n), str(role), str(dt), int(rank), str(text))
             for n, role, dt, rank, text in r["args"]

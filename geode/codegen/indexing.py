@@ -169,6 +169,21 @@ def and_flags(a: Expr, b: Expr) -> Expr:
 
 
 def expr_difference(a: Expr, b: Expr) -> sympy.Expr | None:
+    """``a - b`` expanded by sympy, or None when an expression has no sympy form.
+    Remembered per pair (expressions are immutable): a BERT layer's schedule asks 91
+    times about 28 pairs, each a sympy ``expand`` of 0.5 ms or more."""
+    try:
+        return _difference(a, b)
+    except TypeError:  # an unhashable constant: not remembered
+        return _expanded_difference(a, b)
+
+
+@functools.lru_cache(maxsize=4096)
+def _difference(a: Expr, b: Expr) -> sympy.Expr | None:
+    return _expanded_difference(a, b)
+
+
+def _expanded_difference(a: Expr, b: Expr) -> sympy.Expr | None:
     try:
         return sympy.expand(to_sympy(a) - to_sympy(b))
     except (ValueError, TypeError):

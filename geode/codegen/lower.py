@@ -35,6 +35,7 @@ from geode.compiler.shapes import (
     SymbolTable,
     broadcast_stride,
     broadcasts_to,
+    dim_str,
     dims_equal,
     free_symbols,
 )
@@ -146,7 +147,7 @@ class LowerCtx:
         """An AST expression for a dim (kernel dim argument when symbolic)."""
         if isinstance(d, int):
             return A.Const(int(d))
-        key = str(d)
+        key = dim_str(d)
         if key not in self.dim_names:
             if isinstance(d, sympy.Symbol):
                 nm = self.name(d.name)

@@ -122,7 +122,19 @@ def numel(shape: Sequence[Dim]) -> Dim:
 
 
 def dim_str(d: Dim) -> str:
-    """Readable text for one dim."""
+    """Readable text for one dim (a symbolic dim's printed once per process: sympy builds
+    a printer for every ``str``, 20-70 us each, and a compile prints the same few dims
+    hundreds of times)."""
+    if isinstance(d, int):
+        return str(d)
+    try:
+        return _printed(d)
+    except TypeError:  # an unhashable dim
+        return str(d)
+
+
+@functools.lru_cache(maxsize=4096)
+def _printed(d: Any) -> str:
     return str(d)
 
 

@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import math
+import mmap
 import os
 import platform
 import subprocess
@@ -458,10 +459,42 @@ def _in_threads(fns: list[Callable[[], None]]) -> float:
 
 
 def _buffers(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two float32 buffers of ``nbytes`` (``src`` all ones), both touched now, not inside
+    a timing. They are anonymous memory maps of their own rather than numpy's allocations:
+    numpy asks for transparent huge pages on large arrays, and on a kernel that compacts
+    memory for them when asked (``defrag=madvise``) the first touch of 64 MiB took 0.1 s
+    of the quick calibration, against 0.04 s in small pages (the copy's speed is the same:
+    ``docs/performance.md``)."""
     n = max(1, nbytes // 4)
-    src = np.ones(n, dtype=np.float32)
-    dst = np.zeros(n, dtype=np.float32)  # first touch now, not inside the timing
+    src, dst = (np.frombuffer(mmap.mmap(-1, n * 4), dtype=np.float32) for _ in range(2))
+    src.fill(1.0)
+    dst.fill(0.0)
     return src, dst
+
+
+def _buffers_and_kernels(nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_buffers`, while another thread compiles the calibration kernels
+    (:func:`_kernels`): touching the buffers' pages is the kernel's work and compiling is
+    LLVM's, both without the GIL, so on two cores they overlap (40-60 ms each here). Both
+    are done when this returns, so no timing runs beside either. A compile error is
+    raised here."""
+    failure: list[BaseException] = []
+
+    def compile_kernels() -> None:
+        try:
+            _kernels()
+        except BaseException as exc:  # noqa: BLE001 - raised in the calling thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=compile_kernels, name="geode-calibration", daemon=True)
+    worker.start()
+    try:
+        buffers = _buffers(nbytes)
+    finally:
+        worker.join()
+    if failure:
+        raise failure[0]
+    return buffers
 
 
 def _copy_bandwidth(src: np.ndarray, dst: np.ndarray, threads: int, budget_s: float) -> float:
@@ -586,13 +619,15 @@ def calibrate(quick: bool = False) -> DeviceSpec:
     least the L3's size, together twice it; 16 MiB at least), takes the best of a few
     short runs (3 ms compute runs) and runs no ``prange`` kernel: the all-core bandwidth
     comes from the threaded numpy copy and the fork/join overhead is the default
-    constant (measurements: ``docs/performance.md``).
+    constant (measurements: ``docs/performance.md``). The kernels are compiled on a
+    thread of their own while the buffers are allocated and touched, before anything is
+    timed (:func:`_buffers_and_kernels`).
     """
     t_start = time.perf_counter()
     cores = core_count()
     l1, l2, l3 = detect_cache_sizes()
     scale = 0.1 if quick else 1.0
-    src, dst = _buffers(max(l3, 16 * MIB) if quick else 256 * MIB)
+    src, dst = _buffers_and_kernels(max(l3, 16 * MIB) if quick else 256 * MIB)
 
     bw_1t = _copy_bandwidth(src, dst, threads=1, budget_s=0.25 * scale)
     bw_all = bw_1t

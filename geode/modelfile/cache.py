@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import geode.signing as signing
+from geode.codegen.backends.llvm import optlevel
 from geode.codegen.cache import MODEL_AREA
 from geode.compiler.ir import Graph, ValueKind
 from geode.config import Options
@@ -131,6 +132,7 @@ def _context(opts: Options) -> dict[str, Any]:
         "options": {k: v for k, v in dataclasses.asdict(opts).items() if k not in _IRRELEVANT},
         "device": dataclasses.asdict(spec),
         "tuning_db": None if opts.tuning_db is None else _db_digest(opts.tuning_db),
+        "llvm_opt": optlevel.setting(),
     }
     if opts.fusion_search != "greedy":
         from geode.codegen.costs import projected_model

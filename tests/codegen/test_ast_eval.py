@@ -364,3 +364,41 @@ def test_symbolic_2d_with_local_temp() -> None:
     got = run_kernel(k, {"X": x}, {"N": 3, "M": 5})["O"]
     np.testing.assert_allclose(got, (x * 3).T)
     assert got.dtype == np.float32
+
+
+def test_a_deep_copy_of_a_kernel_shares_expressions_but_not_statements_or_buffers() -> None:
+    import copy
+
+    from geode.codegen import ast as A
+
+    n = A.Var("N")
+    x = A.Buffer("x", "float32", (n,))
+    y = A.Buffer("y", "float32", (n,))
+    tmp = A.Buffer("t", "float32", (A.Const(4),), scope="local")
+    store = A.Store("y", (A.Var("vi"),), A.Load("x", (A.Var("vi"),)))
+    blk = A.Block("b", [A.IterVar("vi", n)], [A.Var("i")], [store])
+    body = [A.For("i", n, [blk, A.Prefetch("x", A.Var("i"))]), A.If(A.Const(1), [])]
+    k = A.Kernel("k", [x], [y], ["N"], body, [tmp])
+    c = copy.deepcopy(k)
+    assert A.format_kernel(c) == A.format_kernel(k)
+    assert c.inputs[0] is not x and c.temps[0] is not tmp and c.body[0] is not body[0]
+    assert c.body[0].body[0].body[0].value is store.value  # expressions are shared
+    c.temps[0].scope = "register"
+    c.body[0].body.pop()
+    c.dims.append("M")
+    assert tmp.scope == "local" and len(body[0].body) == 2 and k.dims == ["N"]
+
+
+def test_preorder_lists_what_walk_yields() -> None:
+    from geode.codegen import ast as A
+
+    e = A.Bin(
+        "+",
+        A.Load("x", (A.Var("i"), A.Bin("*", A.Var("j"), A.Const(2)))),
+        A.Select(
+            A.Var("c"), A.Un("exp", A.Load("y", (A.Var("k"),))), A.Cast("float32", A.Var("j"))
+        ),
+    )
+    assert A.preorder(e) == list(A.walk(e))
+    assert A.free_vars(e) == {"i", "j", "k", "c"}
+    assert [ld.buffer for ld in A.loads(e)] == ["x", "y"]

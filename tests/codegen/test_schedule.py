@@ -2953,3 +2953,16 @@ def test_substitute_applies_once_when_a_node_folds_to_a_child():
     assert substitute(e, {"k": Var("m"), "a": Var("b"), "b": Var("c")}) == Bin(
         "+", Bin("*", Var("m"), Const(2)), Var("b")
     )
+
+
+def test_index_differences_are_remembered_and_still_exact() -> None:
+    from geode.codegen import ast as A
+    from geode.codegen import indexing
+
+    n = A.Var("N")
+    a = A.Bin("+", A.Bin("*", n, A.Const(4)), A.Const(3))
+    b = A.Bin("*", A.Bin("+", n, A.Const(1)), A.Const(4))
+    first = indexing.expr_difference(b, a)
+    assert first == 1 and indexing.expr_difference(b, a) is first  # the same object
+    assert indexing.provably_le(a, b) and not indexing.provably_le(b, a)
+    assert indexing.exprs_equal(A.Bin("+", n, n), A.Bin("*", n, A.Const(2)))

@@ -245,6 +245,7 @@ def fake_measurements(monkeypatch):
         return 5.0 * threads
 
     monkeypatch.setattr(device, "_buffers", lambda nbytes: (np.ones(4), np.ones(4)))
+    monkeypatch.setattr(device, "_kernels", lambda: {})
     monkeypatch.setattr(device, "_copy_bandwidth", bandwidth)
     monkeypatch.setattr(device, "_numba_copy_bandwidth", lambda src, dst, budget_s: 12.0)
     monkeypatch.setattr(
@@ -362,6 +363,24 @@ def test_unwritable_cache_dir_warns_but_returns(tmp_path, fake_measurements):
     with pytest.warns(UserWarning, match="could not cache"):
         spec = device.load_or_calibrate(blocker / "sub")
     assert spec.method == "full"
+
+
+def test_calibration_buffers_are_touched_and_kernels_compiled_beside_them(monkeypatch):
+    compiled = []
+    monkeypatch.setattr(device, "_kernels", lambda: compiled.append(1) or {})
+    src, dst = device._buffers_and_kernels(3 * MIB + 8)
+    assert compiled == [1]
+    assert src.dtype == dst.dtype == np.float32 and src.size == dst.size == (3 * MIB + 8) // 4
+    assert np.all(src == 1.0) and np.all(dst == 0.0) and dst.flags.writeable
+
+
+def test_a_calibration_kernel_that_fails_to_compile_raises_in_the_caller(monkeypatch):
+    def broken() -> dict:
+        raise RuntimeError("no kernels today")
+
+    monkeypatch.setattr(device, "_kernels", broken)
+    with pytest.raises(RuntimeError, match="no kernels today"):
+        device._buffers_and_kernels(MIB)
 
 
 def test_quick_calibration_measures_sane_numbers():

@@ -5,7 +5,8 @@ compiled by the LLVM backend, so measuring a machine needs no numba.
 - ``compute(x, out, reps, mode)``: ``reps`` passes over ``x`` of 16 dependent
   multiply-adds per element (mode 0, vectorized: the FMA peak) or of ``exp`` (mode 1:
   vmath's), compiled with fast-math like the numba version;
-- ``pcopy(src, dst)``: a parallel copy on the native thread pool.
+- ``pcopy(src, dst)``: a parallel copy on the native thread pool (compiled on its first
+  call: only the full calibration runs it).
 """
 
 from __future__ import annotations
@@ -95,12 +96,14 @@ def kernels() -> dict[str, Callable[..., Any]]:
             )
         ],
     )
-    copy = compile_kernel(copy_k)
+    copy: list = []  # compiled on first use: the quick calibration runs no parallel copy
 
     def compute(x: np.ndarray, out: np.ndarray, reps: int, mode: int) -> None:
         (fma if mode == 0 else exp)(x, out, x.shape[0], int(reps))
 
     def pcopy(src: np.ndarray, dst: np.ndarray) -> None:
-        copy(src, dst, src.shape[0])
+        if not copy:
+            copy.append(compile_kernel(copy_k))
+        copy[0](src, dst, src.shape[0])
 
     return {"tiny": tiny, "compute": compute, "pcopy": pcopy}

@@ -93,6 +93,8 @@ class LLVMKernel:
         self.compile_seconds = seconds
         self.from_cache = from_cache
         self.entry = emitted.entry
+        #: the LLVM optimization level its object code was compiled at (2 or 3)
+        self.opt_level = loaded.level
         self.address = loaded[emitted.entry]
         self._loaded = loaded  # keeps the machine code mapped
         self._target = target
@@ -189,12 +191,12 @@ class LLVMKernel:
     @functools.cached_property
     def llvm(self) -> str:
         """The optimized LLVM IR of the kernel's module."""
-        return jit.optimized_ir(self.source, self._target)
+        return jit.optimized_ir(self.source, self._target, self.opt_level)
 
     @functools.cached_property
     def asm(self) -> str:
         """The kernel's machine code as assembly text."""
-        return jit.assembly(self.source, self._target)
+        return jit.assembly(self.source, self._target, self.opt_level)
 
     def __repr__(self) -> str:
         how = "cached" if self.from_cache else f"{self.compile_seconds * 1e3:.1f} ms"

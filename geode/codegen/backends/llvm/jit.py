@@ -1,7 +1,8 @@
 """LLVM IR text -> optimized module -> relocatable object code -> machine code in memory.
 
-:func:`compile_ir` parses a module's text, runs LLVM's O3 pipeline for the target
-(new pass manager, loop and SLP vectorization on) and emits relocatable object code;
+:func:`compile_ir` parses a module's text, runs LLVM's O3 (or O2) pipeline for the target
+(new pass manager, loop and SLP vectorization on; the level is chosen per module by
+:mod:`~geode.codegen.backends.llvm.optlevel`) and emits relocatable object code;
 :func:`load_object` links object code into the process's one ``LLJIT`` instance and
 returns the addresses of the symbols asked for. The object code is what the disk cache
 keeps (:mod:`geode.codegen.backends.llvm.objcache`), so a warm start runs no optimizer.
@@ -26,6 +27,9 @@ from typing import Any
 from geode.errors import CodegenError
 
 __all__ = ["Loaded", "compile_ir", "initialize", "load_object", "optimized_ir", "assembly"]
+
+#: the optimization levels a module can be compiled at (LLVM's O2 and O3 pipelines)
+LEVELS = (2, 3)
 
 #: held around every use of LLVM's global state
 LOCK = threading.RLock()
@@ -71,11 +75,13 @@ def _parse(ir_text: str, target: Any) -> Any:
     return mod
 
 
-def _optimize(mod: Any, target: Any) -> None:
+def _optimize(mod: Any, target: Any, level: int) -> None:
     import llvmlite.binding as llvm
 
+    if level not in LEVELS:
+        raise CodegenError(f"no LLVM optimization level {level!r}; the levels are {LEVELS}")
     tm = target_machine(target)
-    pto = llvm.PipelineTuningOptions(speed_level=3)
+    pto = llvm.PipelineTuningOptions(speed_level=level)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
     pto.loop_interleaving = True
@@ -84,27 +90,29 @@ def _optimize(mod: Any, target: Any) -> None:
     pb.getModulePassManager().run(mod, pb)
 
 
-def compile_ir(ir_text: str, target: Any) -> bytes:
-    """Parse, optimize (O3) and compile ``ir_text`` to relocatable object code."""
+def compile_ir(ir_text: str, target: Any, level: int = 3) -> bytes:
+    """Parse, optimize (``level``: 3 for O3, 2 for O2) and compile ``ir_text`` to
+    relocatable object code (machine code generation at LLVM's aggressive level either
+    way)."""
     with LOCK:
         mod = _parse(ir_text, target)
-        _optimize(mod, target)
+        _optimize(mod, target, level)
         return bytes(target_machine(target).emit_object(mod))
 
 
-def optimized_ir(ir_text: str, target: Any) -> str:
-    """The optimized IR of ``ir_text`` (for inspection)."""
+def optimized_ir(ir_text: str, target: Any, level: int = 3) -> str:
+    """The optimized IR of ``ir_text`` at ``level`` (for inspection)."""
     with LOCK:
         mod = _parse(ir_text, target)
-        _optimize(mod, target)
+        _optimize(mod, target, level)
         return str(mod)
 
 
-def assembly(ir_text: str, target: Any) -> str:
-    """The machine code of ``ir_text`` as assembly text (for inspection)."""
+def assembly(ir_text: str, target: Any, level: int = 3) -> str:
+    """The machine code of ``ir_text`` at ``level`` as assembly text (for inspection)."""
     with LOCK:
         mod = _parse(ir_text, target)
-        _optimize(mod, target)
+        _optimize(mod, target, level)
         return str(target_machine(target).emit_assembly(mod))
 
 
@@ -133,7 +141,8 @@ class Loaded:
     (other loaded code whose addresses it was linked with), alive as long as it is.
     ``obj`` is the object code it was linked from, ``runtime`` whether it was linked
     against the native runtime and ``imports`` the other symbols it was given (by name):
-    what a model file keeps to link the same code again in another process."""
+    what a model file keeps to link the same code again in another process. ``level``:
+    the optimization level the object code was compiled at."""
 
     tracker: Any
     addresses: dict[str, int]
@@ -141,6 +150,7 @@ class Loaded:
     runtime: bool = True
     imports: tuple[str, ...] = ()
     keep: Any = None
+    level: int = 3
 
     def __getitem__(self, name: str) -> int:
         return self.addresses[name]

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from geode.codegen.ast import Kernel
-from geode.codegen.backends.llvm import jit, objcache
-from geode.codegen.backends.llvm.compiled import LLVMKernel
+from geode.codegen.backends.llvm import background, jit, objcache, optlevel
+from geode.codegen.backends.llvm.compiled import Emitted, LLVMKernel
 from geode.codegen.backends.llvm.emit import emit_module
 from geode.codegen.backends.llvm.parallel import MIN_PARALLEL_ELEMENTS
 from geode.codegen.backends.llvm.target import Target, host
@@ -29,6 +29,8 @@ __all__ = [
     "compile_kernel",
     "drop_recent_kernels",
     "forget_kernels",
+    "module_key",
+    "start_compile",
     "while_alive",
 ]
 
@@ -123,6 +125,11 @@ def forget_kernels() -> None:
         memo.clear()
 
 
+def module_key(ir: str, target: Target, level: int) -> str:
+    """The cache key of module ``ir`` compiled for ``target`` at optimization ``level``."""
+    return objcache.cache_key(ir, {**target.fingerprint(), "opt_level": str(level)})
+
+
 def build_module(
     name: str,
     ir: str,
@@ -133,14 +140,17 @@ def build_module(
     imports: dict[str, int] | None = None,
     keep: Any = None,
     key: str | None = None,
+    choice: optlevel.Choice | None = None,
 ) -> tuple[jit.Loaded, bool]:
     """The machine code of module ``ir`` (exporting ``name``) linked into the process, and
     whether its object code came from the disk cache in ``cache_dir`` (None: compile in
     memory). A miss compiles the module with LLVM and stores the object code; a cached
     object that fails to link is a miss too (rebuilt, its entry rewritten), never an
     error. ``runtime``/``imports``: what the code calls (:func:`jit.load_object`);
-    ``keep``: the objects owning the ``imports`` (kept alive with the code); ``key``: the
-    module's :func:`objcache.cache_key` when the caller has it.
+    ``keep``: the objects owning the ``imports`` (kept alive with the code); ``choice``:
+    the optimization level (:func:`optlevel.choose` of ``ir`` as a library module when
+    not given); ``key``:
+    the module's :func:`module_key` at that level when the caller has it.
 
     Code linked before and still alive, or among the :data:`KEEP_LINKED` most recent, is
     returned again (as if from the cache): LLVM keeps about 10 KB for every JIT library
@@ -148,7 +158,8 @@ def build_module(
     session), so a process compiling the same models again and again would otherwise
     grow by that much per kernel each time; held, only its machine code stays mapped.
     """
-    key = key or objcache.cache_key(ir, target.fingerprint())
+    choice = choice or optlevel.choose(ir, generated=False)
+    key = key or module_key(ir, target, choice.level)
     loc = objcache.location(cache_dir)
     link_key = (key, loc, name, runtime, tuple(sorted((imports or {}).items())))
     loaded = _linked.get(link_key)
@@ -158,7 +169,7 @@ def build_module(
         loaded = _linked.get(link_key)
         if loaded is not None:
             return loaded, True
-        loaded, from_cache = _link(name, ir, target, loc, runtime, imports, key)
+        loaded, from_cache = _link(name, ir, target, loc, runtime, imports, key, choice)
         loaded.keep = keep
         _linked.put(link_key, loaded)
         return loaded, from_cache
@@ -172,20 +183,31 @@ def _link(
     runtime: bool,
     imports: dict[str, int] | None,
     key: str,
+    choice: optlevel.Choice,
 ) -> tuple[jit.Loaded, bool]:
     """:func:`build_module` without its memo: from the disk cache, else LLVM."""
     obj = None if cache_dir is None else objcache.load(cache_dir, key, name)
     if obj is not None:
         try:
-            return jit.load_object(obj, [name], runtime=runtime, imports=imports), True
+            loaded = jit.load_object(obj, [name], runtime=runtime, imports=imports)
+            loaded.level = choice.level
+            return loaded, True
         except CodegenError as exc:
             log.warning(
                 "kernel cache entry %s (%s) does not link, rebuilding: %s", key[:32], name, exc
             )
-    obj = jit.compile_ir(ir, target)
+    t0 = time.perf_counter()
+    obj = background.claim(key)
+    if obj is None:
+        obj = jit.compile_ir(ir, target, choice.level)
+    log.debug(
+        "LLVM: %s at %s in %.1f ms", name, choice.describe(), (time.perf_counter() - t0) * 1e3
+    )
     if cache_dir is not None:
         objcache.store(cache_dir, key, name, obj, target.fingerprint())
-    return jit.load_object(obj, [name], runtime=runtime, imports=imports), False
+    loaded = jit.load_object(obj, [name], runtime=runtime, imports=imports)
+    loaded.level = choice.level
+    return loaded, False
 
 
 def while_alive(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -224,6 +246,7 @@ def compile_kernel(
     cache_dir: objcache.CacheDir | None = None,
     parallel: bool | None = None,
     min_work: int = MIN_PARALLEL_ELEMENTS,
+    emitted: Emitted | None = None,
 ) -> LLVMKernel:
     """Compile ``kernel`` to machine code now and return the callable :class:`LLVMKernel`.
 
@@ -233,18 +256,16 @@ def compile_kernel(
     :mod:`~geode.codegen.backends.llvm.objcache`; None: compile in memory);
     ``parallel=None`` runs the kernel's parallel loops on the thread pool (False: all
     serial); ``min_work``: below this many elements in every argument the parallel loops
-    run on the calling thread. The same kernel compiled twice in one process returns the same object.
-    Raises :class:`~geode.errors.CodegenError` naming the kernel when it cannot be
-    compiled."""
+    run on the calling thread; ``emitted``: the module :func:`start_compile` returned for
+    the same kernel and arguments. The same kernel compiled twice in one process returns
+    the same object. Raises :class:`~geode.errors.CodegenError` naming the kernel when it
+    cannot be compiled."""
     t0 = time.perf_counter()
     target = host()
-    try:
-        emitted = emit_module(kernel, fastmath, parallel is not False, target, min_work)
-    except CodegenError:
-        raise
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
-        raise CodegenError(f"kernel {kernel.name!r}: cannot emit LLVM IR: {exc}") from exc
-    key = objcache.cache_key(emitted.ir, target.fingerprint())
+    if emitted is None:
+        emitted = _emit(kernel, fastmath, parallel, target, min_work)
+    choice = optlevel.choose(emitted.ir)
+    key = module_key(emitted.ir, target, choice.level)
     loc = objcache.location(cache_dir)
     memo_key = (key, loc)
     hit = _memo.get(memo_key)
@@ -256,7 +277,13 @@ def compile_kernel(
             return hit
         try:
             loaded, from_cache = build_module(
-                emitted.entry, emitted.ir, target, loc, runtime=emitted.parallel, key=key
+                emitted.entry,
+                emitted.ir,
+                target,
+                loc,
+                runtime=emitted.parallel,
+                key=key,
+                choice=choice,
             )
         except CodegenError as exc:
             raise CodegenError(f"kernel {kernel.name!r}: {exc}") from None
@@ -265,3 +292,40 @@ def compile_kernel(
         )
         _memo.put(memo_key, k)
         return k
+
+
+def _emit(
+    kernel: Kernel, fastmath: bool, parallel: bool | None, target: Target, min_work: int
+) -> Emitted:
+    try:
+        return emit_module(kernel, fastmath, parallel is not False, target, min_work)
+    except CodegenError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise CodegenError(f"kernel {kernel.name!r}: cannot emit LLVM IR: {exc}") from exc
+
+
+def start_compile(
+    kernel: Kernel,
+    *,
+    fastmath: bool = False,
+    cache_dir: objcache.CacheDir | None = None,
+    parallel: bool | None = None,
+    min_work: int = MIN_PARALLEL_ELEMENTS,
+) -> Emitted:
+    """Emit ``kernel``'s module and, unless this process holds its kernel or the disk
+    cache its object code, start LLVM on it on the background thread
+    (:mod:`~geode.codegen.backends.llvm.background`); returns the module, for
+    :func:`compile_kernel` (same arguments, ``emitted=``), which links it later. Raises
+    :class:`~geode.errors.CodegenError` like :func:`compile_kernel` when it cannot be emitted."""
+    target = host()
+    emitted = _emit(kernel, fastmath, parallel, target, min_work)
+    choice = optlevel.choose(emitted.ir)
+    key = module_key(emitted.ir, target, choice.level)
+    loc = objcache.location(cache_dir)
+    if _memo.get((key, loc)) is not None:
+        return emitted
+    if loc is not None and objcache.load(loc, key, emitted.entry) is not None:
+        return emitted
+    background.submit(key, emitted.ir, target, choice.level)
+    return emitted

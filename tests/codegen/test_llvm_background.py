@@ -1,0 +1,84 @@
+"""Object code compiled ahead on the background thread
+(:mod:`geode.codegen.backends.llvm.background`): claimed by key, errors raised at the
+claim, nothing left pending after a compile, a forked child starting empty."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import geode
+from geode import examples
+from geode.codegen.backends.llvm import background, jit
+from geode.codegen.backends.llvm.target import host
+from geode.errors import CodegenError
+
+IR = "define i32 @bg_{n}(i32 %a) {{\n  %b = add i32 %a, {n}\n  ret i32 %b\n}}\n"
+
+
+def test_claimed_object_code_is_what_llvm_compiles() -> None:
+    ir = IR.format(n=7)
+    background.submit("test-bg-7", ir, host(), 2)
+    obj = background.claim("test-bg-7")
+    assert obj is not None and obj[:4] == b"\x7fELF"
+    assert background.claim("test-bg-7") is None  # claimed once
+    loaded = jit.load_object(obj, ["bg_7"], runtime=False)
+    assert loaded["bg_7"]
+
+
+def test_unknown_keys_are_not_pending_and_errors_raise_at_the_claim() -> None:
+    assert background.claim("test-bg-never-submitted") is None
+    background.submit("test-bg-bad", "this is not IR", host(), 2)
+    with pytest.raises(CodegenError, match="LLVM rejected"):
+        background.claim("test-bg-bad")
+
+
+def test_only_the_newest_unclaimed_modules_are_kept(monkeypatch) -> None:
+    monkeypatch.setattr(background, "MAX_PENDING", 2)
+    for n in range(4):
+        background.submit(f"test-bg-cap{n}", IR.format(n=n), host(), 2)
+    assert background.pending() <= 2
+    assert background.claim("test-bg-cap0") is None  # dropped: its caller compiles itself
+    assert background.claim("test-bg-cap3") is not None
+    background.claim("test-bg-cap2")
+
+
+def test_a_compile_claims_every_module_it_started(tmp_path) -> None:
+    before = background.pending()
+    ex = examples.layernorm(hidden=64)
+    model = geode.compile(ex.graph, cache_dir=str(tmp_path), model_cache=False)
+    assert background.pending() == before
+    feeds = ex.make_inputs(np.random.default_rng(0), 9)
+    for name, want in ex.numpy(**feeds).items():
+        np.testing.assert_allclose(model(**feeds)[name], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_with_nothing_pending_and_compiles() -> None:
+    code = textwrap.dedent(
+        """
+        import os
+        from geode.codegen.backends.llvm import background, jit
+        from geode.codegen.backends.llvm.target import host
+        ir = "define i32 @f(i32 %a) {\\n  ret i32 %a\\n}\\n"
+        background.submit("k1", ir, host(), 2)
+        pid = os.fork()
+        if pid == 0:
+            ok = background.pending() == 0 and background.claim("k1") is None
+            background.submit("k2", ir, host(), 2)
+            ok = ok and background.claim("k2") is not None
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert background.claim("k1") is not None
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
