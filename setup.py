@@ -12,7 +12,15 @@ setup(
     ext_modules=[
         Extension(
             "geode.runtime.native._ext",
-            sources=[f"{NATIVE}/module.c", f"{NATIVE}/call.c", f"{NATIVE}/pool.c", f"{NATIVE}/blas_threads.c", f"{NATIVE}/scratch.c", f"{NATIVE}/gemm.c", f"{NATIVE}/sgemm_thin.c"],
+            sources=[
+                f"{NATIVE}/module.c",
+                f"{NATIVE}/call.c",
+                f"{NATIVE}/pool.c",
+                f"{NATIVE}/blas_threads.c",
+                f"{NATIVE}/scratch.c",
+                f"{NATIVE}/gemm.c",
+                f"{NATIVE}/sgemm_thin.c",
+            ],
             depends=[f"{NATIVE}/pool.h", f"{NATIVE}/call.h"],
             extra_compile_args=["-O2", "-pthread", "-std=gnu11", "-fvisibility=hidden"],
             extra_link_args=["-pthread"],
