@@ -14,7 +14,6 @@ and the median are printed in microseconds, with which path each call took.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 import time
 from pathlib import Path
@@ -27,19 +26,6 @@ from geode.codegen.backends.llvm.library import blas  # noqa: E402
 from geode.runtime import native  # noqa: E402
 
 SHAPES = [(1, 256, 1024), (1, 256, 256), (32, 256, 256), (32, 256, 768), (32, 256, 688)]
-
-_GEMM = ctypes.CFUNCTYPE(
-    None,
-    *([ctypes.c_int64] * 4),
-    ctypes.c_void_p,
-    ctypes.c_int64,
-    ctypes.c_void_p,
-    ctypes.c_int64,
-    ctypes.c_double,
-    ctypes.c_void_p,
-    ctypes.c_int64,
-    ctypes.c_int64,
-)
 
 
 def _times(fn, calls: int) -> tuple[float, float]:
@@ -93,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no BLAS found in numpy's wheel")
         return 1
     native.set_num_threads(args.threads)
-    gemm = _GEMM(native.symbols()["geode_gemm"])
+    gemm = native.gemm_function()
     print(f"threads {args.threads}; us per call, p5 / median; path of the threaded call")
     print("| M x K x N | geode threaded | path | geode 1 thread | numpy |")
     print("|---|---:|---|---:|---:|")

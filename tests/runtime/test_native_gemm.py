@@ -15,18 +15,7 @@ from geode.runtime import native
 
 pytestmark = pytest.mark.skipif(blas() is None, reason="no BLAS found in numpy's wheel")
 
-_GEMM = ctypes.CFUNCTYPE(
-    None,
-    *([ctypes.c_int64] * 4),
-    ctypes.c_void_p,
-    ctypes.c_int64,
-    ctypes.c_void_p,
-    ctypes.c_int64,
-    ctypes.c_double,
-    ctypes.c_void_p,
-    ctypes.c_int64,
-    ctypes.c_int64,
-)(native.symbols()["geode_gemm"])
+_GEMM = native.gemm_function()
 RNG = np.random.default_rng(5)
 
 

@@ -45,6 +45,8 @@ the offending array. Buffers are released after the call, also on errors.
 
 from __future__ import annotations
 
+from typing import Any
+
 try:
     from geode.runtime.native import _ext
 except ImportError as exc:  # pragma: no cover - depends on the build
@@ -119,6 +121,19 @@ def pool_info() -> dict[str, int]:
     ``scratch_bytes`` the bytes every thread's scratch buffers hold (:func:`symbols`);
     ``gemm_split_calls`` the ``geode_gemm`` calls split over the pool."""
     return _ext.pool_info()
+
+
+def gemm_function() -> Any:
+    """``geode_gemm`` as a ctypes function, for Python callers that pass raw addresses
+    (tests, benchmarks): ``(kind, m, n, k, a, lda, b, ldb, beta, c, ldc, threads)``, kind
+    0 float32, 1 float64 (see :data:`gemm_configure` for what it computes)."""
+    import ctypes
+
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    signature = ctypes.CFUNCTYPE(
+        None, i64, i64, i64, i64, ptr, i64, ptr, i64, ctypes.c_double, ptr, i64, i64
+    )
+    return signature(symbols()["geode_gemm"])
 
 
 def symbols() -> dict[str, int]:

@@ -71,14 +71,30 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     taps = spec.kernel[0] * spec.kernel[1]
     work = b.mul(b.mul(planes, b.mul(geo.oh, geo.ow)), str(taps), "work")
     small = b.cmp("slt", work, str(MIN_PARALLEL_ELEMENTS), "small")
+    launch_and_return(b, chunk, ctx, len(_CTX), planes, geo.threads, small, spec)
+    module.add_function(fn)
+
+
+def launch_and_return(
+    b: Builder,
+    chunk: str,
+    ctx: str,
+    slots: int,
+    items: str,
+    threads: str,
+    small: str,
+    spec: ConvSpec,
+) -> None:
+    """The entry's tail: ``items`` chunks of ``@chunk`` launched on the pool (on the
+    calling thread when ``small``), then ``ret`` 0, or the out-of-memory status
+    (``n_arrays + 1``) when a chunk set the context's last slot (``failed``)."""
+    fn = b.fn
     fn.add(
-        f"call void @geode.launch(ptr @{chunk}, ptr {ctx}, i64 {planes}, i64 {geo.threads}, "
-        f"i1 {small})"
+        f"call void @geode.launch(ptr @{chunk}, ptr {ctx}, i64 {items}, i64 {threads}, i1 {small})"
     )
-    failed = b.load("i64", b.gep("i64", ctx, str(len(_CTX) - 1)), "failed")
+    failed = b.load("i64", b.gep("i64", ctx, str(slots - 1)), "failed")
     status = fn.value(f"select i1 {b.cmp('ne', failed, '0')}, i32 {len(spec.arrays) + 1}, i32 0")
     fn.terminate(f"ret i32 {status}")
-    module.add_function(fn)
 
 
 def padded_size(b: Builder, spec: ConvSpec, v: dict[str, str]) -> tuple[str, str]:

@@ -33,7 +33,11 @@ apart, each cache line reused by the next 16 taps): nothing is packed at compile
 
 from __future__ import annotations
 
-from geode.codegen.backends.llvm.conv_depthwise import chunk_start, pad_function
+from geode.codegen.backends.llvm.conv_depthwise import (
+    chunk_start,
+    launch_and_return,
+    pad_function,
+)
 from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, body_geometry
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
@@ -114,13 +118,7 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     if spec.pool:
         module.add_function(_pool_function(module, f"{name}.maxpool", spec, attrs))
     small = b.cmp("slt", macs, str(1 << 17), "small")
-    fn.add(
-        f"call void @geode.launch(ptr @{chunk}, ptr {ctx}, i64 {items}, i64 {geo.threads}, "
-        f"i1 {small})"
-    )
-    failed = b.load("i64", b.gep("i64", ctx, str(len(_CTX) - 1)), "failed")
-    status = fn.value(f"select i1 {b.cmp('ne', failed, '0')}, i32 {len(spec.arrays) + 1}, i32 0")
-    fn.terminate(f"ret i32 {status}")
+    launch_and_return(b, chunk, ctx, len(_CTX), items, geo.threads, small, spec)
     module.add_function(fn)
 
 
