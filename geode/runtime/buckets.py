@@ -141,6 +141,7 @@ class BucketedModel(CompiledModel):
         self.dims = dims
         self.buckets = buckets
         self._by_sizes = {tuple(b.sizes[d.name] for d in dims): b for b in buckets}
+        self._sites = tuple(tuple(d.sites) for d in dims)
         self.runs: Counter[str] = Counter()
         #: per size served by a bucket (the dims' sizes), the variant that serves it
         self.decisions: dict[tuple[int, ...], Decision] = {}
@@ -151,11 +152,16 @@ class BucketedModel(CompiledModel):
         """The dynamic dims' sizes in ``feeds`` (None when an input is missing or lacks
         the axis, or two inputs disagree: the symbolic model names the problem)."""
         out = []
-        for d in self.dims:
-            n = _size(feeds, d)
+        for sites in self._sites:  # every call reads them: kept lean
+            n = None
+            for name, axis in sites:
+                shape = getattr(feeds.get(name), "shape", None)
+                if shape is None or len(shape) <= axis or (n is not None and shape[axis] != n):
+                    return None
+                n = shape[axis]
             if n is None:
                 return None
-            out.append(n)
+            out.append(int(n))
         return tuple(out)
 
     def choose(self, feeds: Mapping[str, Any]) -> Choice:
@@ -186,7 +192,11 @@ class BucketedModel(CompiledModel):
             return self.run_variant(feeds, SYMBOLIC)
         decided = self.decisions.get(sizes)
         if decided is not None:
-            return self.run_variant(feeds, decided.winner)
+            winner = decided.winner
+            if winner.bucket is None:  # the symbolic model: no padding to do
+                self.runs[winner.label] += 1
+                return self.symbolic.run(feeds)
+            return self.run_variant(feeds, winner)
         choice = self._choose(sizes)
         if choice.bucket is None:
             return self.run_variant(feeds, choice)
@@ -251,20 +261,6 @@ class BucketedModel(CompiledModel):
             f"BucketedModel({self.plan.name!r} {self.signature}, "
             f"buckets {', '.join(b.label for b in self.buckets)})"
         )
-
-
-def _size(feeds: Mapping[str, Any], d: DynamicDim) -> int | None:
-    """The size of dim ``d`` in ``feeds``, None when an input is missing or has no such
-    axis, or when its inputs disagree (the symbolic model then names the problem)."""
-    n = None
-    for name, axis in d.sites:
-        shape = getattr(feeds.get(name), "shape", None)
-        if shape is None or len(shape) <= axis:
-            return None
-        if n is not None and shape[axis] != n:
-            return None
-        n = int(shape[axis])
-    return n
 
 
 def _pad(a: np.ndarray, axis: int, size: int) -> np.ndarray:
