@@ -214,6 +214,20 @@ def _chunk_function(
     return fn
 
 
+def pad_writer(
+    module: ModuleWriter, name: str, attrs: str
+) -> tuple[FunctionWriter, Builder, tuple[str, ...]]:
+    """A scratch-plane copy's function ``void @name(ptr x, ptr buf, i64 H, i64 Wd, i64 Hp,
+    i64 Wp, i64 pt, i64 pl)`` (internal, never inlined, no library calls), its builder
+    and its eight parameters in that order."""
+    names = ("x", "buf", "H", "Wd", "Hp", "Wp", "pt", "pl")
+    params = [("ptr noalias", n) for n in names[:2]] + [("i64", n) for n in names[2:]]
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group('nounwind noinline "no-builtins" ' + attrs)
+    return fn, Builder(fn), tuple(fn.param(i) for i in range(len(names)))
+
+
 def pad_function(
     module: ModuleWriter, name: str, dtype: str, attrs: str, fill: float = 0.0
 ) -> FunctionWriter:
@@ -223,13 +237,7 @@ def pad_function(
     masked vector loads and stores (short rows: three loops, or memset and memcpy calls,
     cost more than the copy)."""
     ty, _ = TYPES[dtype]
-    names = ("x", "buf", "H", "Wd", "Hp", "Wp", "pt", "pl")
-    params = [("ptr noalias", n) for n in names[:2]] + [("i64", n) for n in names[2:]]
-    fn = FunctionWriter(name, "void", params)
-    fn.linkage = "internal"
-    fn.attrs = " " + module.attr_group('nounwind noinline "no-builtins" ' + attrs)
-    b = Builder(fn)
-    x, buf, h, wd, hp, wp, pt, pl = (fn.param(i) for i in range(len(names)))
+    fn, b, (x, buf, h, wd, hp, wp, pt, pl) = pad_writer(module, name, attrs)
     lo = b.min(pl, wp, "lo")  # columns [lo, hi) of a row come from the input
     hi = b.max(lo, b.min(b.add(pl, wd), wp), "hi")
     zero = float_literal(fill, ty)

@@ -37,6 +37,7 @@ from geode.codegen.backends.llvm.conv_depthwise import (
     chunk_start,
     launch_and_return,
     pad_function,
+    pad_writer,
 )
 from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, body_geometry
 from geode.codegen.backends.llvm.irloops import Builder
@@ -286,13 +287,7 @@ def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str)
     columns, then its odd ones (``Wp`` even): a stride-2 conv's tap reads ``V``
     consecutive elements of one half."""
     ty, _ = TYPES[dtype]
-    names = ("x", "buf", "H", "Wd", "Hp", "Wp", "pt", "pl")
-    params = [("ptr noalias", n) for n in names[:2]] + [("i64", n) for n in names[2:]]
-    fn = FunctionWriter(name, "void", params)
-    fn.linkage = "internal"
-    fn.attrs = " " + module.attr_group('nounwind noinline "no-builtins" ' + attrs)
-    b = Builder(fn)
-    x, buf, h, wd, hp, wp, pt, pl = (fn.param(i) for i in range(len(names)))
+    fn, b, (x, buf, h, wd, hp, wp, pt, pl) = pad_writer(module, name, attrs)
     half = b.op("sdiv", wp, "2", "half")
 
     def row(r: str) -> None:
