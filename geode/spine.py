@@ -383,10 +383,13 @@ def compile_graph(c: Compilation) -> Compilation:
     """Run every stage on ``c`` in order; ``c.timings`` gets each stage's seconds, plus
     ``passes`` (verify to graph passes), ``codegen`` (place to bind) and ``total``."""
     t0 = time.perf_counter()
-    for name, stage in STAGES:
-        t = time.perf_counter()
-        stage(c)
-        c.timings[name] = time.perf_counter() - t
+    try:
+        for name, stage in STAGES:
+            t = time.perf_counter()
+            stage(c)
+            c.timings[name] = time.perf_counter() - t
+    finally:
+        _abandon_unlinked(c)
     tm = c.timings
     tm["passes"] = tm["verify"] + tm["infer_shapes"] + tm["graph_passes"]
     tm["codegen"] = sum(tm[s] for s in ("fuse", "lower", "schedule", "emit", "bind"))
@@ -400,11 +403,22 @@ def compile_until(c: Compilation, last: str) -> Compilation:
     names = [name for name, _ in STAGES]
     if last not in names:
         raise GeodeError(f"no compile stage {last!r}; the stages are {names}")
-    for name, stage in STAGES[: names.index(last) + 1]:
-        t = time.perf_counter()
-        stage(c)
-        c.timings[name] = time.perf_counter() - t
+    try:
+        for name, stage in STAGES[: names.index(last) + 1]:
+            t = time.perf_counter()
+            stage(c)
+            c.timings[name] = time.perf_counter() - t
+    finally:
+        _abandon_unlinked(c)
     return c
+
+
+def _abandon_unlinked(c: Compilation) -> None:
+    """Cancel the background LLVM runs of kernels never linked (a stage failed, or the
+    compile stopped before ``emit``): none goes on after the compile returns."""
+    for job in c.work or ():
+        if isinstance(job, driver.KernelJob):
+            driver.abandon_emit(job)
 
 
 def _codegen_stage(

@@ -213,6 +213,15 @@ def start_emit(job: KernelJob, opts: Options) -> None:
         job.emitted = None
 
 
+def abandon_emit(job: KernelJob) -> None:
+    """Cancel the job's background LLVM run when its kernel was never linked (a later
+    stage failed): see :func:`start_emit`."""
+    if job.emitted is not None and job.native is None:
+        from geode.codegen.backends.llvm.kernel import abandon_compile
+
+        abandon_compile(job.emitted)
+
+
 def emit_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     """Compile the job's scheduled kernel (:func:`emit_kernel`) and dump its code."""
     native = emit_kernel(job.schedule.kernel, opts, job.emitted)

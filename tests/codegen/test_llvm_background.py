@@ -59,6 +59,36 @@ def test_a_compile_claims_every_module_it_started(tmp_path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_kernel_that_fails_after_its_module_started_leaves_nothing_pending(
+    tmp_path, monkeypatch
+) -> None:
+    """A kernel whose link fails after its module went to the background thread falls
+    back, and its LLVM run is cancelled: nothing of the compile goes on after it."""
+    from geode.codegen import driver
+
+    started, real_submit = [], background.submit
+
+    def submit(key, ir, target, level):
+        started.append(key)
+        real_submit(key, ir, target, level)
+
+    def failing_emit(kernel, opts, emitted=None):
+        raise CodegenError("test: linking refused")
+
+    monkeypatch.setattr(background, "submit", submit)
+    monkeypatch.setattr(driver, "emit_kernel", failing_emit)
+    before = background.pending()
+    ex = examples.layernorm(hidden=64)
+    model = geode.compile(ex.graph, cache_dir=str(tmp_path), model_cache=False)
+    assert started, "no module went to the background thread"
+    assert background.pending() == before
+    assert all(background.claim(key) is None for key in started)  # cancelled, not kept
+    assert not any(k.engine == "aicore" for k in model.kernels)  # the group fell back
+    feeds = ex.make_inputs(np.random.default_rng(0), 9)
+    for name, want in ex.numpy(**feeds).items():
+        np.testing.assert_allclose(model(**feeds)[name], want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_forked_child_starts_with_nothing_pending_and_compiles() -> None:
     code = textwrap.dedent(
         """

@@ -10,8 +10,9 @@ all the overlap there is.
 
 Modules are known by their cache key (:func:`~geode.codegen.backends.llvm.kernel.module_key`:
 the IR text, the target and the optimization level), so a claimed result is the object
-code the caller would have compiled itself. A submitted module nobody claims (its kernel
-failed in a later stage) is dropped once :data:`MAX_PENDING` newer ones wait. The thread
+code the caller would have compiled itself. A submitted module nobody will claim (its
+kernel failed in a later stage) is cancelled when the compile's emit stage ends
+(:func:`cancel`), and at the latest dropped once :data:`MAX_PENDING` newer ones wait. The thread
 is a daemon started on first use. A fork waits for the module being compiled (it takes
 LLVM's lock first); the child starts with nothing pending and no thread (what it claims,
 it compiles itself).
@@ -27,7 +28,7 @@ from typing import Any
 
 from geode.codegen.backends.llvm import jit
 
-__all__ = ["MAX_PENDING", "claim", "pending", "submit"]
+__all__ = ["MAX_PENDING", "cancel", "claim", "pending", "submit"]
 
 #: unclaimed modules kept at most (the oldest is dropped beyond)
 MAX_PENDING = 256
@@ -82,6 +83,17 @@ def claim(key: str) -> bytes | None:
     if fut.cancelled():
         return None
     return fut.result()
+
+
+def cancel(key: str) -> None:
+    """Forget the module submitted under ``key`` (nothing when none is pending): a queued
+    one is never compiled, one being compiled finishes unclaimed. For a kernel whose
+    compile stopped before it was linked: its LLVM must not go on after the compile
+    returns."""
+    with _lock:
+        fut = _futures.pop(key, None)
+    if fut is not None:
+        fut.cancel()
 
 
 def _before_fork() -> None:

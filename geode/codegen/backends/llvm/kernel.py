@@ -30,6 +30,7 @@ __all__ = [
     "drop_recent_kernels",
     "forget_kernels",
     "module_key",
+    "abandon_compile",
     "start_compile",
     "while_alive",
 ]
@@ -303,6 +304,13 @@ def _emit(
         raise
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise CodegenError(f"kernel {kernel.name!r}: cannot emit LLVM IR: {exc}") from exc
+
+
+def abandon_compile(emitted: Emitted) -> None:
+    """Cancel the background LLVM run :func:`start_compile` began on ``emitted``'s module
+    when it was never linked (nothing when it was, or never began)."""
+    target = host()
+    background.cancel(module_key(emitted.ir, target, optlevel.choose(emitted.ir).level))
 
 
 def start_compile(
