@@ -370,25 +370,24 @@ def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
 
 
 def walk(e: Expr) -> Iterator[Expr]:
-    """Every sub-expression, pre-order."""
-    yield e
-    for k in children(e):
-        yield from walk(k)
+    """Every sub-expression, pre-order (:func:`preorder`'s list; expressions are
+    immutable, so the list is what a lazy walk would yield)."""
+    return iter(preorder(e))
 
 
 def free_vars(e: Expr) -> set[str]:
     """Names of variables an expression reads."""
-    return {x.name for x in preorder(e) if isinstance(x, Var)}
+    return {x.name for x in walk(e) if isinstance(x, Var)}
 
 
 def loads(e: Expr) -> list[Load]:
     """Loads in an expression, pre-order."""
-    return [x for x in preorder(e) if isinstance(x, Load)]
+    return [x for x in walk(e) if isinstance(x, Load)]
 
 
 def preorder(e: Expr) -> list[Expr]:
-    """Every sub-expression, pre-order, as a list (:func:`walk` without its generators:
-    the schedule asks for the loads of every statement many times)."""
+    """Every sub-expression, pre-order, as a list, walked with an explicit stack (not
+    nested generators: the schedule asks for the loads of every statement many times)."""
     out: list[Expr] = []
     stack = [e]
     kids_of = _KIDS.get

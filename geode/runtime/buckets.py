@@ -141,7 +141,6 @@ class BucketedModel(CompiledModel):
         self.dims = dims
         self.buckets = buckets
         self._by_sizes = {tuple(b.sizes[d.name] for d in dims): b for b in buckets}
-        self._sites = tuple(tuple(d.sites) for d in dims)
         self.runs: Counter[str] = Counter()
         #: per size served by a bucket (the dims' sizes), the variant that serves it
         self.decisions: dict[tuple[int, ...], Decision] = {}
@@ -152,9 +151,9 @@ class BucketedModel(CompiledModel):
         """The dynamic dims' sizes in ``feeds`` (None when an input is missing or lacks
         the axis, or two inputs disagree: the symbolic model names the problem)."""
         out = []
-        for sites in self._sites:  # every call reads them: kept lean
+        for d in self.dims:
             n = None
-            for name, axis in sites:
+            for name, axis in d.sites:
                 shape = getattr(feeds.get(name), "shape", None)
                 if shape is None or len(shape) <= axis or (n is not None and shape[axis] != n):
                     return None
@@ -192,11 +191,7 @@ class BucketedModel(CompiledModel):
             return self.run_variant(feeds, SYMBOLIC)
         decided = self.decisions.get(sizes)
         if decided is not None:
-            winner = decided.winner
-            if winner.bucket is None:  # the symbolic model: no padding to do
-                self.runs[winner.label] += 1
-                return self.symbolic.run(feeds)
-            return self.run_variant(feeds, winner)
+            return self.run_variant(feeds, decided.winner)
         choice = self._choose(sizes)
         if choice.bucket is None:
             return self.run_variant(feeds, choice)

@@ -406,48 +406,59 @@ def _gates_function(module: ModuleWriter, name: str, cell: str, spec: LstmSpec) 
 MIN_PARALLEL_FMAS = 1 << 16
 
 
-class _Products:
-    """Emits the entry's products ``G = h @ R^T``: on the calling thread, or shared among
-    the native pool's threads (the ``threads`` argument, 0: the pool's size) by
-    columns of ``G`` when there is enough work (:data:`MIN_PARALLEL_FMAS`)."""
+def _launch(
+    b: Builder,
+    func: str,
+    ctx: str,
+    values: list[str],
+    threads: str,
+    work: str,
+    least: int,
+    items: str,
+    hint: str,
+) -> None:
+    """Store ``values`` (i64s) in ``ctx`` and run the chunk function ``func`` (``void
+    (ptr ctx, i64 chunk, i64 nchunks)``): as ``min(threads, items)`` chunks on the native
+    pool when there is more than one thread and ``work`` is at least ``least``, else as
+    one chunk on the calling thread."""
+    fn = b.fn
+    for j, v in enumerate(values):
+        fn.add(f"store i64 {v}, ptr {b.gep('i64', ctx, str(j))}")
+    many = b.all_of([b.cmp("sgt", threads, "1"), b.cmp("sge", work, str(least))])
 
-    def __init__(self, b: Builder, rec: str, chunk: str, spec: LstmSpec) -> None:
-        self.b, self.rec, self.chunk, self.spec = b, rec, chunk, spec
-        fn = b.fn
+    def pool() -> None:
+        parts = b.min(threads, items, "parts")
+        fn.add(f"call void @geode_parallel_for(ptr @{func}, ptr {ctx}, i64 {parts}, i64 {threads})")
+
+    b.branch(many, pool, lambda: fn.add(f"call void @{func}(ptr {ctx}, i64 0, i64 1)"), hint)
+
+
+def _addresses(b: Builder, pointers: list[str]) -> list[str]:
+    """The pointers as i64s (a chunk function's context holds them so)."""
+    return [b.fn.value(f"ptrtoint ptr {v} to i64", "addr") for v in pointers]
+
+
+class _Products:
+    """Emits the entry's products ``G = h @ R^T`` (:func:`_chunk_function`): on the
+    calling thread, or shared among the native pool's threads (the ``threads`` argument,
+    0: the pool's size) by columns of ``G`` when there is enough work
+    (:data:`MIN_PARALLEL_FMAS`)."""
+
+    def __init__(self, b: Builder, chunk: str, spec: LstmSpec) -> None:
+        self.b, self.chunk, self.spec = b, chunk, spec
         given = b.load("i64", "%ints", "threads")
-        self.ctx = fn.alloca("i64", "ctx", str(_CTX_SLOTS))
-        pool = fn.value("call i64 @geode_num_threads()", "pool")
+        self.ctx = b.fn.alloca("i64", "ctx", str(_CTX_SLOTS))
+        pool = b.fn.value("call i64 @geode_num_threads()", "pool")
         self.threads = b.select(b.cmp("sgt", given, "0"), given, pool, "nthreads")
 
     def __call__(self, r: str, h: str, g: str, n: str, k: str) -> None:
-        b, fn = self.b, self.b.fn
-        cols = str(4 * self.spec.hidden)
-        work = b.mul(b.mul(n, k, "nk"), cols, "fmas")
-        many = b.all_of(
-            [b.cmp("sgt", self.threads, "1"), b.cmp("sge", work, str(MIN_PARALLEL_FMAS))]
+        b = self.b
+        work = b.mul(b.mul(n, k, "nk"), str(4 * self.spec.hidden), "fmas")
+        groups = str(4 * self.spec.hidden // UNITS)
+        values = [*_addresses(b, [r, h, g]), n, k]
+        _launch(
+            b, self.chunk, self.ctx, values, self.threads, work, MIN_PARALLEL_FMAS, groups, "par"
         )
-
-        def pool() -> None:
-            for j, v in enumerate((r, h, g)):
-                fn.add(
-                    f"store i64 {fn.value(f'ptrtoint ptr {v} to i64', 'addr')}, ptr "
-                    f"{b.gep('i64', self.ctx, str(j))}"
-                )
-            fn.add(f"store i64 {n}, ptr {b.gep('i64', self.ctx, '3')}")
-            fn.add(f"store i64 {k}, ptr {b.gep('i64', self.ctx, '4')}")
-            parts = b.min(self.threads, str(4 * self.spec.hidden // UNITS), "parts")
-            fn.add(
-                f"call void @geode_parallel_for(ptr @{self.chunk}, ptr {self.ctx}, "
-                f"i64 {parts}, i64 {self.threads})"
-            )
-
-        def alone() -> None:
-            fn.add(
-                f"call void @{self.rec}(ptr {r}, ptr {h}, ptr {g}, i64 {n}, i64 {k}, "
-                f"i64 0, i64 {cols})"
-            )
-
-        b.branch(many, pool, alone, "par")
 
 
 class _Gates:
@@ -460,28 +471,13 @@ class _Gates:
         self.ctx = b.fn.alloca("i64", "gctx", str(_GATE_SLOTS))
 
     def __call__(self, pointers: list[str], ints: list[str]) -> None:
-        b, fn = self.b, self.b.fn
-        values = [fn.value(f"ptrtoint ptr {v} to i64", "addr") for v in pointers] + ints
-        for j, v in enumerate(values):
-            fn.add(f"store i64 {v}, ptr {b.gep('i64', self.ctx, str(j))}")
-        n = ints[1]
-        per_row = str(-(-self.spec.hidden // GATE_UNITS))
+        b, n = self.b, ints[1]
         units = b.mul(n, str(self.spec.hidden), "units")
-        many = b.all_of(
-            [b.cmp("sgt", self.threads, "1"), b.cmp("sge", units, str(MIN_PARALLEL_GATES))]
+        items = b.mul(n, str(-(-self.spec.hidden // GATE_UNITS)), "items")
+        values = _addresses(b, pointers) + ints
+        _launch(
+            b, self.func, self.ctx, values, self.threads, units, MIN_PARALLEL_GATES, items, "gpar"
         )
-
-        def pool() -> None:
-            parts = b.min(self.threads, b.mul(n, per_row, "items"), "parts")
-            fn.add(
-                f"call void @geode_parallel_for(ptr @{self.func}, ptr {self.ctx}, "
-                f"i64 {parts}, i64 {self.threads})"
-            )
-
-        def alone() -> None:
-            fn.add(f"call void @{self.func}(ptr {self.ctx}, i64 0, i64 1)")
-
-        b.branch(many, pool, alone, "gpar")
 
 
 def _check_lens(b: Builder, lens: str, seq: str, n: str, status: int, buf: str) -> None:
@@ -535,9 +531,7 @@ def _copy_state(
     b.loop("0", n, row, "row")
 
 
-def entry_function(
-    name: str, gates_fn: str, rec: str, chunk: str, spec: LstmSpec
-) -> FunctionWriter:
+def entry_function(name: str, gates_fn: str, chunk: str, spec: LstmSpec) -> FunctionWriter:
     """The entry ``i32 @name(ptrs, recs, ints)`` (see the module docstring)."""
     ty, item = TYPES[spec.dtype]
     fn = FunctionWriter(name, "i32", [("ptr", "ptrs"), ("ptr", "recs"), ("ptr", "ints")])
@@ -545,7 +539,7 @@ def entry_function(
     b = Builder(fn)
     dims = _records(b, spec)
     seq, n = dims["T"][0], dims["N"][0]
-    product = _Products(b, rec, chunk, spec)
+    product = _Products(b, chunk, spec)
     gates_step = _Gates(b, gates_fn, product.threads, spec)
     ptr = {
         a: b.load("ptr", b.gep("ptr", "%ptrs", str(j)), a.lower())
@@ -628,7 +622,7 @@ def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
     )
-    module.add_function(entry_function(name, gates, rec, chunk, spec))
+    module.add_function(entry_function(name, gates, chunk, spec))
     return name, f"; {spec.describe()}\n" + module.text()
 
 
