@@ -409,10 +409,10 @@ def test_local_temp_private_to_parallel_iteration_and_large_temps() -> None:
         [T],
     )
     x = (
-        np.random.default_rng(0).standard_normal((37, 40000)).astype(np.float32)
-    )  # 160 KB temp: malloc'd
+        np.random.default_rng(0).standard_normal((5, 40000)).astype(np.float32)
+    )  # 160 KB temp: malloc'd; 5 rows: every thread has rows of its own and shares none
     for threads in (1, 2):
-        check_against_reference(kern, {"X": x}, {"N": 37, "M": 40000}, threads=threads)
+        check_against_reference(kern, {"X": x}, {"N": 5, "M": 40000}, threads=threads)
 
 
 def test_register_array_loops_are_unrolled_to_scalars() -> None:

@@ -372,7 +372,15 @@ def test_runtime_helpers_are_cached_across_processes(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("what", ["data", "index", "manifest"])
+# each case runs three numba processes: the default suite keeps one, `-m slow` the others
+@pytest.mark.parametrize(
+    "what",
+    [
+        pytest.param("data", marks=pytest.mark.slow),
+        pytest.param("index", marks=pytest.mark.slow),
+        "manifest",
+    ],
+)
 def test_corrupt_runtime_helper_entry_is_rebuilt(tmp_path: Path, what: str) -> None:
     """A helper entry whose machine code, index or manifest was damaged is not trusted:
     the next process compiles the helper again, computes correctly and saves a sound

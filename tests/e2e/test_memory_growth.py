@@ -48,6 +48,7 @@ def dense_model() -> geode.Graph:
     return g
 
 
+@pytest.mark.slow  # 11,000 calls: about 10 s on two cores
 def test_ten_thousand_calls_keep_rss_flat() -> None:
     model = geode.compile(dense_model())
     rng = np.random.default_rng(1)
