@@ -43,13 +43,10 @@ from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, 
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
 from geode.codegen.backends.llvm.parallel import LAUNCH
+from geode.compiler.fusion.conv_profit import BAND_BUDGET_BYTES, ITEMS_WANTED
 
 __all__ = ["BAND_BUDGET_BYTES", "ITEMS_WANTED", "blocking", "lanes", "write_body"]
 
-#: bytes of an item's scratch (its band's input rows): bands are cut to fit
-BAND_BUDGET_BYTES = 512 << 10
-#: items a launch aims for (bands are cut so a small batch still feeds every thread)
-ITEMS_WANTED = 8
 #: the chunk function's context: pointers, sizes, the failure flag; one i64 slot each
 _CTX = ("X", "W", "B", "Z", "Y", "planes", "H", "Wd", "OH", "OW", "pt", "pl", "band")
 _CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
