@@ -33,6 +33,8 @@ apart, each cache line reused by the next 16 taps): nothing is packed at compile
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from geode.codegen.backends.llvm.conv_depthwise import (
     chunk_start,
     launch_and_return,
@@ -114,7 +116,7 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
         fn.add(f"store {'ptr' if i < 5 else 'i64'} {val}, ptr {slot}")
     macs = b.mul(b.mul(items, b.mul(band, geo.ow)), str(spec.mg * spec.depth), "work")
     if spec.pool:
-        module.add_function(_pool_function(module, f"{name}.maxpool", spec, attrs))
+        module.add_function(_pool_function(module, f"{name}.maxpool", spec, attrs, v_lanes))
     small = b.cmp("slt", macs, str(1 << 17), "small")
     launch_and_return(b, chunk, ctx, len(_CTX), items, geo.threads, small, spec)
     module.add_function(fn)
@@ -159,7 +161,10 @@ def _chunk_function(
     plane = b.mul(rin_max, v["Wp"], "plane")
     in_elems = b.mul(plane, str(spec.cg), "in_elems")
     cplane = b.mul(crows_max, v["OW"], "cplane") if spec.pool else "0"
-    tw = b.add(v["OW"], str(sum(spec.pool[4:]) + spec.pool[1]), "tw") if spec.pool else "0"
+    slack = (
+        sum(spec.pool[4:]) + spec.pool[1] + spec.pool[3] * lanes(spec, attrs) if spec.pool else 0
+    )
+    tw = b.add(v["OW"], str(slack), "tw") if spec.pool else "0"
     elems = b.add(b.add(in_elems, b.mul(cplane, str(spec.mg))), tw, "elems")
     buf = fn.value(f"call noalias ptr @malloc(i64 {b.mul(elems, str(item))})", "buf")
     conv_buf = b.gep(ty, buf, in_elems, "convbuf")
@@ -326,12 +331,16 @@ def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str)
     return fn
 
 
-def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
+def _pool_function(
+    module: ModuleWriter, name: str, spec: ConvSpec, attrs: str, vl: int
+) -> FunctionWriter:
     """``void @name(ptr src, i64 crows, i64 c0, i64 OW, ptr y, i64 POW, i64 r0, i64 yrows,
     ptr tmp, i64 tw)``: pooled rows ``[r0, r0 + yrows)`` of one channel from its conv
     rows ``[c0, c0 + crows)`` at ``src``: per pooled row the window's rows reduced in one
-    pass into the ``-inf``-bordered row ``tmp`` (``tw`` long), then the window's columns
-    (``llvm.maximum``: NaN propagates, as MaxPool's)."""
+    pass into the ``-inf``-bordered row ``tmp`` (``tw`` long: ``pool stride * vl``
+    elements past the last window), then the window's columns (``llvm.maximum``: NaN
+    propagates, as MaxPool's), ``vl`` pooled columns at a time (:func:`_window_columns`)
+    and the rest one by one."""
     ty, _ = TYPES[spec.dtype]
     pkh, pkw, psh, psw, ppt, ppl = spec.pool[:6]
     names = ("src", "crows", "c0", "OW", "y", "POW", "r0", "yrows", "tmp", "tw")
@@ -380,11 +389,51 @@ def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) 
                 acc = maximum(acc, b.load(ty, b.gep(ty, base, str(j)), "t"))
             fn.add(f"store {ty} {acc}, ptr {b.gep(ty, yrow, pw)}")
 
-        b.loop("0", pow_, out, "pw")
+        nvec = b.mul(b.op("sdiv", pow_, str(vl)), str(vl), "nvec")
+        if psw <= 2:
+            columns = _window_columns(module, fn, ty, (pkw, psw), vl)
+            b.loop("0", nvec, lambda pw: columns(tmp, yrow, pw), "pv", step=str(vl))
+        else:
+            nvec = "0"
+        b.loop(nvec, pow_, out, "pw")
 
     b.loop("0", yrows, pooled_row, "pr")
     fn.terminate("ret void")
     return fn
+
+
+def _window_columns(
+    module: ModuleWriter, fn: FunctionWriter, ty: str, window: tuple[int, int], vl: int
+) -> Callable[[str, str, str], None]:
+    """``columns(tmp, yrow, pw)``: pooled columns ``[pw, pw + vl)`` of a row from the
+    row-reduced ``tmp`` as vectors (``window``: the pool's columns and stride, at most 2):
+    per window column ``j`` one load of ``stride * vl`` elements from ``stride * pw + j``,
+    its every ``stride``-th lane kept, reduced with ``llvm.maximum``."""
+    pkw, psw = window
+    vty, wide = f"<{vl} x {ty}>", f"<{psw * vl} x {ty}>"
+    suffix = f"v{vl}f{32 if ty == 'float' else 64}"
+    module.declare(f"llvm.maximum.{suffix}", f"declare {vty} @llvm.maximum.{suffix}({vty}, {vty})")
+    lanes = ", ".join(f"i32 {psw * q}" for q in range(vl))
+
+    def columns(tmp: str, yrow: str, pw: str) -> None:
+        b = Builder(fn)
+        start = b.mul(pw, str(psw), "wstart")
+        acc = None
+        for j in range(pkw):
+            at = b.gep(ty, tmp, b.add(start, str(j)), "wcol")
+            val = fn.value(f"load {wide}, ptr {at}, align 4", "wide")
+            if psw > 1:
+                val = fn.value(f"shufflevector {wide} {val}, {wide} poison, <{vl} x i32> <{lanes}>")
+            acc = (
+                val
+                if acc is None
+                else fn.value(
+                    f"call {vty} @llvm.maximum.{suffix}({vty} {acc}, {vty} {val})", "vmax"
+                )
+            )
+        fn.add(f"store {vty} {acc}, ptr {b.gep(ty, yrow, pw, 'ydst')}, align 4")
+
+    return columns
 
 
 def _row_function(
