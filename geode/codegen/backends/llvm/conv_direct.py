@@ -24,7 +24,7 @@ sets the failure flag and the body returns status ``n_arrays + 1``.
 
 With a MaxPool (``ConvSpec.pool``) an item is a band of *pooled* rows: its conv rows
 (the pooled windows' rows within the output) go to a scratch of ``M/g`` planes, and
-:func:`_pool_function` reduces them (``llvm.maximum``: NaN propagates) into Y, so the
+:func:`_pool_function` reduces them (:func:`nan_max`: NaN propagates) into Y, so the
 conv's output never goes to memory.
 
 The weights are read in place (the ``CB`` broadcasts of a tap are ``C/g * kh * kw``
@@ -338,7 +338,7 @@ def _pool_function(
     ptr tmp, i64 tw)``: pooled rows ``[r0, r0 + yrows)`` of one channel from its conv
     rows ``[c0, c0 + crows)`` at ``src``: per pooled row the window's rows reduced in one
     pass into the ``-inf``-bordered row ``tmp`` (``tw`` long: ``pool stride * vl``
-    elements past the last window), then the window's columns (``llvm.maximum``: NaN
+    elements past the last window), then the window's columns (:func:`nan_max`: NaN
     propagates, as MaxPool's), ``vl`` pooled columns at a time (:func:`_window_columns`)
     and the rest one by one."""
     ty, _ = TYPES[spec.dtype]
@@ -351,12 +351,7 @@ def _pool_function(
     fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
     b = Builder(fn)
     src, crows, c0, ow, y, pow_, r0, yrows, tmp, tw = (fn.param(i) for i in range(len(names)))
-    suffix = "f32" if ty == "float" else "f64"
-    module.declare(f"llvm.maximum.{suffix}", f"declare {ty} @llvm.maximum.{suffix}({ty}, {ty})")
     ninf = float_literal(float("-inf"), ty)
-
-    def maximum(a: str, c: str) -> str:
-        return fn.value(f"call {ty} @llvm.maximum.{suffix}({ty} {a}, {ty} {c})", "max")
 
     b.loop("0", tw, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, tmp, i)}"), "init")
     mid = b.gep(ty, tmp, str(ppl), "mid")
@@ -371,9 +366,7 @@ def _pool_function(
         ptrs = [b.gep(ty, src, b.mul(b.sub(r, c0), ow), "prow") for r in rows]
 
         def col(i: str) -> None:
-            acc = b.load(ty, b.gep(ty, ptrs[0], i), "c")
-            for q in ptrs[1:]:
-                acc = maximum(acc, b.load(ty, b.gep(ty, q, i), "c"))
+            acc = nan_max(fn, ty, 1, [b.load(ty, b.gep(ty, q, i), "c") for q in ptrs])
             fn.add(f"store {ty} {acc}, ptr {b.gep(ty, mid, i)}")
 
         def empty() -> None:
@@ -384,14 +377,12 @@ def _pool_function(
 
         def out(pw: str) -> None:
             base = b.gep(ty, tmp, b.mul(pw, str(psw)), "win")
-            acc = b.load(ty, base, "t")
-            for j in range(1, pkw):
-                acc = maximum(acc, b.load(ty, b.gep(ty, base, str(j)), "t"))
+            acc = nan_max(fn, ty, 1, [b.load(ty, b.gep(ty, base, str(j)), "t") for j in range(pkw)])
             fn.add(f"store {ty} {acc}, ptr {b.gep(ty, yrow, pw)}")
 
         nvec = b.mul(b.op("sdiv", pow_, str(vl)), str(vl), "nvec")
         if psw <= 2:
-            columns = _window_columns(module, fn, ty, (pkw, psw), vl)
+            columns = _window_columns(fn, ty, (pkw, psw), vl)
             b.loop("0", nvec, lambda pw: columns(tmp, yrow, pw), "pv", step=str(vl))
         else:
             nvec = "0"
@@ -403,37 +394,52 @@ def _pool_function(
 
 
 def _window_columns(
-    module: ModuleWriter, fn: FunctionWriter, ty: str, window: tuple[int, int], vl: int
+    fn: FunctionWriter, ty: str, window: tuple[int, int], vl: int
 ) -> Callable[[str, str, str], None]:
     """``columns(tmp, yrow, pw)``: pooled columns ``[pw, pw + vl)`` of a row from the
     row-reduced ``tmp`` as vectors (``window``: the pool's columns and stride, at most 2):
     per window column ``j`` one load of ``stride * vl`` elements from ``stride * pw + j``,
-    its every ``stride``-th lane kept, reduced with ``llvm.maximum``."""
+    its every ``stride``-th lane kept, reduced with :func:`nan_max`."""
     pkw, psw = window
-    vty, wide = f"<{vl} x {ty}>", f"<{psw * vl} x {ty}>"
-    suffix = f"v{vl}f{32 if ty == 'float' else 64}"
-    module.declare(f"llvm.maximum.{suffix}", f"declare {vty} @llvm.maximum.{suffix}({vty}, {vty})")
+    wide = f"<{psw * vl} x {ty}>"
     lanes = ", ".join(f"i32 {psw * q}" for q in range(vl))
 
     def columns(tmp: str, yrow: str, pw: str) -> None:
         b = Builder(fn)
         start = b.mul(pw, str(psw), "wstart")
-        acc = None
+        vals = []
         for j in range(pkw):
             at = b.gep(ty, tmp, b.add(start, str(j)), "wcol")
             val = fn.value(f"load {wide}, ptr {at}, align 4", "wide")
             if psw > 1:
                 val = fn.value(f"shufflevector {wide} {val}, {wide} poison, <{vl} x i32> <{lanes}>")
-            acc = (
-                val
-                if acc is None
-                else fn.value(
-                    f"call {vty} @llvm.maximum.{suffix}({vty} {acc}, {vty} {val})", "vmax"
-                )
-            )
-        fn.add(f"store {vty} {acc}, ptr {b.gep(ty, yrow, pw, 'ydst')}, align 4")
+            vals.append(val)
+        acc = nan_max(fn, ty, vl, vals)
+        fn.add(f"store <{vl} x {ty}> {acc}, ptr {b.gep(ty, yrow, pw, 'ydst')}, align 4")
 
     return columns
+
+
+def nan_max(fn: FunctionWriter, ty: str, lanes: int, vals: list[str]) -> str:
+    """The largest of ``vals`` (of ``ty``, or vectors of ``lanes`` of it), NaN when any is
+    NaN, as ``llvm.maximum`` (the sign of a zero aside) in fewer instructions: a chain of
+    compare-and-selects (one ``vmaxps`` each), one unordered compare per pair of values,
+    one select of NaN at the end."""
+    vty = ty if lanes == 1 else f"<{lanes} x {ty}>"
+    mty = "i1" if lanes == 1 else f"<{lanes} x i1>"
+    acc = vals[0]
+    for v in vals[1:]:
+        gt = fn.value(f"fcmp ogt {vty} {acc}, {v}", "gt")
+        acc = fn.value(f"select {mty} {gt}, {vty} {acc}, {vty} {v}", "mx")
+    pairs = [(vals[i], vals[min(i + 1, len(vals) - 1)]) for i in range(0, len(vals), 2)]
+    flags = [fn.value(f"fcmp uno {vty} {a}, {c}", "isnan") for a, c in pairs]
+    anynan = flags[0]
+    for f in flags[1:]:
+        anynan = fn.value(f"or {mty} {anynan}, {f}", "anynan")
+    nan = float_literal(float("nan"), ty)
+    if lanes > 1:
+        nan = "<" + ", ".join([f"{ty} {nan}"] * lanes) + ">"
+    return fn.value(f"select {mty} {anynan}, {vty} {nan}, {vty} {acc}", "nanmax")
 
 
 def _row_function(
