@@ -20,19 +20,14 @@ import math
 import numpy as np
 import sympy
 
+from geode.compiler.fusion.conv_bands import BAND_BUDGET_BYTES, ITEMS_WANTED
 from geode.compiler.fusion.conv_epilogue import ConvFusion
 from geode.compiler.fusion.profit import NOMINAL_DIM, nbytes, numel
 from geode.compiler.ir import Node, Value
 from geode.costmodel.device import DeviceSpec
 from geode.costmodel.sol import KernelWork, decide_merge
 
-__all__ = ["BAND_BUDGET_BYTES", "ITEMS_WANTED", "conv_fusion_profit", "pool_recompute"]
-
-#: the direct kernel's work items a launch aims for (``codegen/backends/llvm/conv_direct.py``
-#: cuts bands of output rows so a small batch still feeds every thread)
-ITEMS_WANTED = 8
-#: bytes of a direct-kernel item's scratch (its band's input rows): bands are cut to fit
-BAND_BUDGET_BYTES = 512 << 10
+__all__ = ["conv_fusion_profit", "pool_recompute"]
 
 
 def conv_fusion_profit(c: ConvFusion, spec: DeviceSpec) -> tuple[bool, str]:

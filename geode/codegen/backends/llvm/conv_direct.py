@@ -45,7 +45,7 @@ from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, 
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
 from geode.codegen.backends.llvm.parallel import LAUNCH
-from geode.compiler.fusion.conv_profit import BAND_BUDGET_BYTES, ITEMS_WANTED
+from geode.compiler.fusion.conv_bands import BAND_BUDGET_BYTES, ITEMS_WANTED
 
 __all__ = ["BAND_BUDGET_BYTES", "ITEMS_WANTED", "blocking", "lanes", "write_body"]
 
