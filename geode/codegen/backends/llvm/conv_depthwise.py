@@ -36,6 +36,8 @@ __all__ = [
     "pad_function",
     "padded_size",
     "scratch_plane",
+    "span_writer",
+    "vector_lanes",
     "write_body",
 ]
 
@@ -243,7 +245,7 @@ def pad_function(
     fn, b, (x, buf, h, wd, hp, wp, pt, pl) = pad_writer(module, name, attrs)
     lo = b.min(pl, wp, "lo")  # columns [lo, hi) of a row come from the input
     hi = b.max(lo, b.min(b.add(pl, wd), wp), "hi")
-    span = _span_writer(module, fn, b, ty, _vector_lanes(size, attrs), fill)
+    span = span_writer(module, fn, b, ty, vector_lanes(size, attrs), fill)
 
     def row(r: str) -> None:
         ih = b.sub(r, pt, "ih")
@@ -263,14 +265,14 @@ def pad_function(
     return fn
 
 
-def _vector_lanes(size: int, attrs: str) -> int:
+def vector_lanes(size: int, attrs: str) -> int:
     """Elements of ``size`` bytes per vector: 64-byte vectors on AVX-512 hosts (unless the
     target prefers 256-bit ones), else 32 bytes."""
     wide = "+avx512f" in attrs and '"prefer-vector-width"="256"' not in attrs
     return (64 if wide else 32) // size
 
 
-def _span_writer(
+def span_writer(
     module: ModuleWriter, fn: FunctionWriter, b: Builder, ty: str, vl: int, fill: float
 ) -> Callable[[str, str | None, str], None]:
     """``span(dst, src, n)``: ``n`` elements from ``src`` (None: ``fill``) to ``dst``, in

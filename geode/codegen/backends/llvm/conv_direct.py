@@ -40,6 +40,8 @@ from geode.codegen.backends.llvm.conv_depthwise import (
     launch_and_return,
     pad_function,
     pad_writer,
+    span_writer,
+    vector_lanes,
 )
 from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, body_geometry
 from geode.codegen.backends.llvm.irloops import Builder
@@ -56,8 +58,7 @@ _CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
 
 def lanes(spec: ConvSpec, attrs: str) -> int:
     """``V``: elements per vector (64-byte vectors on AVX-512 hosts, else 32 bytes)."""
-    wide = "+avx512f" in attrs and '"prefer-vector-width"="256"' not in attrs
-    return (64 if wide else 32) // TYPES[spec.dtype][1]
+    return vector_lanes(TYPES[spec.dtype][1], attrs)
 
 
 def blocking(spec: ConvSpec, attrs: str) -> tuple[int, int]:
@@ -287,44 +288,83 @@ def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str)
     ``conv_depthwise.pad_function`` (the plane ``x`` into the zero-bordered ``Hp x Wp``
     scratch, ``pt`` rows and ``pl`` columns in), each scratch row stored as its even
     columns, then its odd ones (``Wp`` even): a stride-2 conv's tap reads ``V``
-    consecutive elements of one half."""
-    ty, _ = TYPES[dtype]
+    consecutive elements of one half. ``V`` columns of each half at a time: one masked
+    load of the ``2V`` input columns they come from (zeros outside the row), its even and
+    its odd lanes stored, masked to the half's length."""
+    ty, size = TYPES[dtype]
     fn, b, (x, buf, h, wd, hp, wp, pt, pl) = pad_writer(module, name, attrs)
+    vl = vector_lanes(size, attrs)
+    span = span_writer(module, fn, b, ty, vl, 0.0)
+    wide, vty, bits = f"<{2 * vl} x {ty}>", f"<{vl} x {ty}>", 8 * size
+    for lanes in (vl, 2 * vl):
+        t = f"<{lanes} x {ty}>"
+        sfx = f"v{lanes}f{bits}"
+        module.declare(
+            f"llvm.masked.load.{sfx}.p0",
+            f"declare {t} @llvm.masked.load.{sfx}.p0(ptr, i32, <{lanes} x i1>, {t})",
+        )
+        module.declare(
+            f"llvm.masked.store.{sfx}.p0",
+            f"declare void @llvm.masked.store.{sfx}.p0({t}, ptr, i32, <{lanes} x i1>)",
+        )
     half = b.op("sdiv", wp, "2", "half")
+
+    def ids(n: int) -> str:
+        return "<" + ", ".join(f"i32 {q}" for q in range(n)) + ">"
+
+    def splat32(v: str, n: int, hint: str) -> str:
+        """The i64 ``v`` (within i32) in every one of ``n`` i32 lanes."""
+        v32 = fn.value(f"trunc i64 {v} to i32", hint)
+        one = fn.value(f"insertelement <{n} x i32> poison, i32 {v32}, i64 0", hint)
+        return fn.value(
+            f"shufflevector <{n} x i32> {one}, <{n} x i32> poison, <{n} x i32> zeroinitializer",
+            hint,
+        )
+
+    def clamp(v: str) -> str:
+        return b.min(b.max(v, "0"), str(2 * vl))
 
     def row(r: str) -> None:
         ih = b.sub(r, pt, "ih")
-        inside = b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
-        xrow = b.gep(ty, x, b.mul(b.select(inside, ih, "0"), wd), "xrow")
         dst = b.gep(ty, buf, b.mul(r, wp), "dst")
+        inside = b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
 
-        # columns 2*c2 and 2*c2 + 1 both inside the row: c2 in [lo, hi), no checks
-        lo = b.min(b.ceildiv(pl, 2), half, "lo")
-        last = b.add(b.floordiv(b.add(wd, b.sub(pl, "2")), 2), "1")  # past the last such c2
-        hi = b.max(lo, b.min(last, half), "hi")
-        hi = b.select(inside, hi, lo, "hi")  # a row outside: all checked (zeros)
+        def copy() -> None:
+            xrow = b.gep(ty, x, b.mul(ih, wd), "xrow")
 
-        def fast(c2: str) -> None:
-            src = b.gep(ty, xrow, b.sub(b.mul(c2, "2"), pl), "src")
-            for odd in (0, 1):
-                v = b.load(ty, b.gep(ty, src, str(odd)), "v")
-                fn.add(f"store {ty} {v}, ptr {b.gep(ty, dst, b.add(b.mul(str(odd), half), c2))}")
+            def chunk(c: str) -> None:
+                start = b.sub(b.mul(c, "2"), pl, "start")  # the chunk's first input column
+                lo = splat32(clamp(b.sub("0", start)), 2 * vl, "lo")
+                hi = splat32(clamp(b.sub(wd, start)), 2 * vl, "hi")
+                mask = fn.value(
+                    f"and <{2 * vl} x i1> "
+                    f"{fn.value(f'icmp sge <{2 * vl} x i32> {ids(2 * vl)}, {lo}', 'ge')}, "
+                    f"{fn.value(f'icmp slt <{2 * vl} x i32> {ids(2 * vl)}, {hi}', 'lt')}",
+                    "inmask",
+                )
+                # not inbounds: the chunk may start before the row (those lanes are masked)
+                src = fn.value(f"getelementptr {ty}, ptr {xrow}, i64 {start}", "src")
+                both = fn.value(
+                    f"call {wide} @llvm.masked.load.v{2 * vl}f{bits}.p0(ptr {src}, i32 {size}, "
+                    f"<{2 * vl} x i1> {mask}, {wide} zeroinitializer)",
+                    "both",
+                )
+                left = splat32(b.min(b.sub(half, c), str(vl)), vl, "left")
+                out = fn.value(f"icmp slt <{vl} x i32> {ids(vl)}, {left}", "outmask")
+                for odd in (0, 1):
+                    pick = ", ".join(f"i32 {2 * q + odd}" for q in range(vl))
+                    val = fn.value(
+                        f"shufflevector {wide} {both}, {wide} poison, <{vl} x i32> <{pick}>"
+                    )
+                    at = b.gep(ty, dst, b.add(b.mul(str(odd), half), c), "into")
+                    fn.add(
+                        f"call void @llvm.masked.store.v{vl}f{bits}.p0({vty} {val}, ptr {at}, "
+                        f"i32 {size}, <{vl} x i1> {out})"
+                    )
 
-        def pair(c2: str) -> None:
-            for odd in (0, 1):
-                c = b.add(b.mul(c2, "2"), str(odd), "c")
-                iw = b.sub(c, pl, "iw")
-                ok = b.all_of([inside, b.cmp("sge", iw, "0"), b.cmp("slt", iw, wd)])
-                into = b.gep(ty, dst, b.add(b.mul(str(odd), half), c2), "into")
+            b.loop("0", half, chunk, "c2", step=str(vl))
 
-                def copy(iw: str = iw, into: str = into) -> None:  # read only inside
-                    fn.add(f"store {ty} {b.load(ty, b.gep(ty, xrow, iw), 'v')}, ptr {into}")
-
-                b.branch(ok, copy, lambda into=into: fn.add(f"store {ty} 0.0, ptr {into}"), "in")
-
-        b.loop("0", lo, pair, "c2")
-        b.loop(lo, hi, fast, "f2")
-        b.loop(hi, half, pair, "c2")
+        b.branch(inside, copy, lambda: span(dst, None, wp), "inside")
 
     b.loop("0", hp, row, "r")
     fn.terminate("ret void")
