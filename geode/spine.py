@@ -89,6 +89,9 @@ class Compilation:
     var_manager: VarManager
     key_prefix: str  # of this model's constants and variables in the VarManager
     pass_records: list[PassRecord] = field(default_factory=list)
+    #: the fuse_conv pass's decisions (node name -> line), shown with the fusion plan's
+    #: dense epilogues
+    conv_decisions: dict[str, str] = field(default_factory=dict)
     placement: Placement | None = None
     fusion: FusionPlan | None = None
     #: the fusion plan's order of work: single nodes and groups on their way to kernels
@@ -150,6 +153,7 @@ def graph_passes(c: Compilation) -> None:
         enabled=("freeze_variables",) if opts.freeze_variables else (),
         fold_limit=opts.const_fold_limit,
         session_variables=session_variables(c.var_manager),
+        decisions=c.conv_decisions,
         on_pass=lambda name, gr, changed: (
             dump.stage(f"after_{name}", format_graph(gr), level=2)
             if changed and dump.wants(2)
@@ -189,6 +193,7 @@ def fuse(c: Compilation) -> None:
     if c.opts.fusion_search == "beam":
         cost = driver.group_cost_fn(c.graph, c.opts)
         c.fusion = search_fusion(c.graph, c.placement, can_lower, cost, c.fusion, trees=trees)
+    c.fusion.epilogues[:0] = c.conv_decisions.values()
     c.dump.stage("fusion_plan", c.fusion.describe())
     c.work = [
         item if isinstance(item, Node) else driver.KernelJob(f"fused_{k}", item)

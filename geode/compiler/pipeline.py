@@ -5,7 +5,10 @@ Each pass is a function ``(graph) -> bool`` that says whether it changed the gra
 ``max_rounds``), calls ``on_pass`` after every pass (debug dumps hook in there), and
 returns a :class:`PassRecord` per pass run. Passes marked ``optional`` run only when
 named in ``enabled``; any pass can be skipped by naming it in ``disabled``
-(``GEODE_DISABLE_PASSES=cse,simplify``).
+(``GEODE_DISABLE_PASSES=cse,simplify``). Passes marked ``decides`` (``fuse_conv``: the
+conv epilogue fusion decisions) also record each decision they make, taken or refused,
+in the ``decisions`` mapping given to ``run_pipeline`` (node name -> line, a later round's
+decision replacing an earlier one).
 """
 
 from __future__ import annotations
@@ -40,12 +43,14 @@ PassFn = Callable[[Graph], bool]
 class Pass:
     """A named graph pass; ``optional`` passes run only when enabled by name; ``session``
     passes also take what the compiling session knows of the graph's variables
-    (``fn(graph, session=...)``)."""
+    (``fn(graph, session=...)``); ``decides`` passes record their decisions
+    (``fn(graph, decisions=...)``)."""
 
     name: str
     fn: PassFn
     optional: bool = False
     session: bool = False
+    decides: bool = False
 
 
 @dataclass
@@ -73,7 +78,7 @@ PIPELINE: list[Pass] = [
     Pass("const_fold", fold_constants),
     Pass("cse", cse),
     Pass("dce", dce),
-    Pass("fuse_conv", fuse_conv_epilogues),  # last: fold_bn has folded what it can
+    Pass("fuse_conv", fuse_conv_epilogues, decides=True),  # last: fold_bn has folded what it can
 ]
 # fmt: on
 
@@ -94,6 +99,7 @@ def run_pipeline(
     verify: bool = False,
     passes: list[Pass] | None = None,
     session_variables: SessionVariables | None = None,
+    decisions: dict[str, str] | None = None,
 ) -> list[PassRecord]:
     """Run the pipeline on ``graph`` in place until nothing changes; returns one record per pass run.
 
@@ -102,7 +108,8 @@ def run_pipeline(
     size budget in bytes. With ``verify`` the graph's invariants are checked after
     every pass that changed it. ``session_variables`` is what the compiling session
     knows of variables (their storage formats, whether they have values), for the
-    passes marked ``session``. The graph ends topologically sorted.
+    passes marked ``session``; ``decisions`` receives what the passes marked ``decides``
+    decided (see the module docstring). The graph ends topologically sorted.
     """
     plist = PIPELINE if passes is None else passes
     known = {p.name for p in plist}
@@ -128,6 +135,10 @@ def run_pipeline(
         Pass(p.name, functools.partial(p.fn, session=session_variables or {}), p.optional)
         if p.session
         else p
+        for p in active
+    ]
+    active = [
+        Pass(p.name, functools.partial(p.fn, decisions=decisions), p.optional) if p.decides else p
         for p in active
     ]
     records: list[PassRecord] = []

@@ -172,6 +172,16 @@ def test_direct_kernel_band_budget(monkeypatch) -> None:
     check((2, 6, 11, 19), (9, 6, 3, 3), {"pads": [1, 1, 1, 1]}, pool=(2, 3, 2, 2, 0, 1, 1, 0))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(
+    "pool", [(3, 3, 1, 1, 1, 1, 1, 1), (2, 2, 2, 2, 0, 0, 0, 0), (3, 2, 2, 1, 0, 1, 1, 0)]
+)
+def test_pooled_columns_as_vectors(pool, dtype) -> None:
+    """Rows of 37 columns: the pooled columns a vector at a time, then the rest one by
+    one (stride 1, stride 2, a 2-wide window), pads on either side."""
+    check((2, 5, 9, 37), (7, 5, 3, 3), {"pads": [1, 1, 1, 1]}, dtype, activation="relu", pool=pool)
+
+
 def test_relu_keeps_nan() -> None:
     """The fused Relu and MaxPool let NaN through, as the ops' kernels do."""
     spec = make_spec((1, 2, 6, 6), (3, 2, 3, 3), {"pads": [1, 1, 1, 1]}, "float32", False,
@@ -180,6 +190,15 @@ def test_relu_keeps_nan() -> None:
     x[0, 0, 2, 2] = np.nan
     w = np.ones((3, 2, 3, 3), np.float32)
     y = np.zeros((1, 3, 3, 3), np.float32)
+    conv_kernel(spec)(x, w, y)
+    want = reference(x, w, None, None, {"pads": [1, 1, 1, 1]}, "relu", spec.pool)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    # 40 columns: pooled columns as vectors, NaN in lanes of the vector part
+    spec = make_spec((1, 2, 6, 40), (3, 2, 3, 3), {"pads": [1, 1, 1, 1]}, "float32", False,
+                     activation="relu", pool=(2, 2, 2, 2, 0, 0, 0, 0))  # fmt: skip
+    x = np.ones((1, 2, 6, 40), np.float32)
+    x[0, 1, 3, 5] = x[0, 0, 1, 30] = np.nan
+    y = np.zeros((1, 3, 3, 20), np.float32)
     conv_kernel(spec)(x, w, y)
     want = reference(x, w, None, None, {"pads": [1, 1, 1, 1]}, "relu", spec.pool)
     np.testing.assert_array_equal(np.isnan(y), np.isnan(want))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import geode
+from geode.compiler.fusion.conv_profit import pool_recompute
 from geode.compiler.ops.nn import conv_nd, fused_conv, max_pool_nd
 from geode.compiler.pipeline import run_pipeline
 
@@ -156,3 +157,62 @@ def test_fused_convs_survive_a_model_file(tmp_path) -> None:
     x = rand(2, 3, 13, 17)
     np.testing.assert_array_equal(loaded(x=x)["out"], m(x=x)["out"])
     assert len(loaded.kernels) == 3
+
+
+def test_explain_shows_each_decision_and_its_reason() -> None:
+    """Every conv fusion decision is in the fusion plan's text: taken ones with the cost
+    model's reason, refused ones with the legality rule that refused them."""
+    g = resnet_block()
+    text = geode.compile(g).explain()
+    assert "+ Relu (conv_epilogue) -> FusedConv: fuse: saves" in text
+    assert "+ residual Add + Relu (conv_epilogue) -> FusedConv: fuse: saves" in text
+    assert "(conv_pool) -> FusedConv: fuse: saves" in text
+    g = _graph(
+        lambda g, x: [
+            g.op("MaxPool", g.op("Relu", conv(g, x, 4, 4)), kernel_shape=[2, 2], ceil_mode=1)
+        ]
+    )
+    text = geode.compile(g).explain()
+    assert "keep apart: illegal: the MaxPool has ceil_mode or a storage order" in text
+
+
+def _pooled_after_conv(batch: int) -> geode.Graph:
+    """Relu(Conv 64->64 3x3) over 16x16 maps, then a stride-1 3x3 MaxPool."""
+    g = geode.Graph("pooled")
+    x = g.input("x", [batch, 64, 16, 16], np.float32)
+    y = g.op("Relu", conv(g, x, 64, 64, bn=False))
+    g.output(g.op("MaxPool", y, kernel_shape=[3, 3], pads=[1, 1, 1, 1]), names=["out"])
+    return g
+
+
+def test_cost_model_refuses_a_pool_that_recomputes_the_conv() -> None:
+    """A stride-1 pool over a small map cut into bands of 2 rows would compute most conv
+    rows twice: the cost model keeps it apart (and says why); 16 images give bands of
+    the whole map and no recompute: fused. Both as the reference engine computes."""
+    small, large = _pooled_after_conv(1), _pooled_after_conv(16)
+    assert pool_recompute(*_conv_and_pool(small)) == pytest.approx(30 / 16)
+    assert pool_recompute(*_conv_and_pool(large)) == 1.0
+    assert ops_after(small) == ["FusedConv", "MaxPool"]
+    assert ops_after(large) == ["FusedConv"]
+    for g in (small, large):
+        m = geode.compile(g)
+        ref = geode.compile(g, codegen=False, disabled_passes=["fuse_conv"])
+        x = rand(*g.inputs[0].shape)
+        np.testing.assert_allclose(m(x=x)["out"], ref(x=x)["out"], rtol=1e-4, atol=1e-4)
+    text = geode.compile(small).explain()
+    assert "(conv_pool): keep apart: recompute of 1.88x expands flops" in text
+
+
+def _conv_and_pool(g: geode.Graph):
+    h = g.copy()
+    run_pipeline(h, disabled=["fuse_conv"])
+    conv_node = next(n for n in h.nodes if n.op_type == "Conv")
+    return conv_node, next(n for n in h.nodes if n.op_type == "MaxPool")
+
+
+def test_decisions_are_recorded_by_the_pipeline() -> None:
+    """run_pipeline hands the fuse_conv pass a mapping it fills: one line per node."""
+    decisions: dict[str, str] = {}
+    run_pipeline(resnet_block().copy(), decisions=decisions)
+    assert len(decisions) == 4  # stem Relu, its MaxPool, the middle Relu, the Add's Relu
+    assert all(": fuse: " in line for line in decisions.values())

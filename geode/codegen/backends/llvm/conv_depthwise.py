@@ -21,6 +21,7 @@ failure flag and the body returns status ``n_arrays + 1`` once the launch is ove
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, body_geometry
@@ -35,6 +36,8 @@ __all__ = [
     "pad_function",
     "padded_size",
     "scratch_plane",
+    "span_writer",
+    "vector_lanes",
     "write_body",
 ]
 
@@ -233,38 +236,85 @@ def pad_function(
 ) -> FunctionWriter:
     """``void @name(ptr x, ptr buf, i64 H, i64 Wd, i64 Hp, i64 Wp, i64 pt, i64 pl)``: the
     ``dtype`` input plane ``x`` into the ``Hp x Wp`` scratch plane, ``pt`` rows and ``pl``
-    columns in, ``fill`` around it (nothing past what the windows reach). A row is one loop of
-    masked vector loads and stores (short rows: three loops, or memset and memcpy calls,
-    cost more than the copy)."""
-    ty, _ = TYPES[dtype]
+    columns in, ``fill`` around it (nothing past what the windows reach). A row is three
+    spans (the fill left of the input, the input's columns, the fill right of it), each
+    in vectors of the host's width, the last one of a span masked: no per-element index
+    arithmetic, and a short row is a few vector operations (LLVM's own loops over such
+    spans leave short rows to scalar remainders)."""
+    ty, size = TYPES[dtype]
     fn, b, (x, buf, h, wd, hp, wp, pt, pl) = pad_writer(module, name, attrs)
     lo = b.min(pl, wp, "lo")  # columns [lo, hi) of a row come from the input
     hi = b.max(lo, b.min(b.add(pl, wd), wp), "hi")
-    zero = float_literal(fill, ty)
+    span = span_writer(module, fn, b, ty, vector_lanes(size, attrs), fill)
 
     def row(r: str) -> None:
         ih = b.sub(r, pt, "ih")
         dst = b.gep(ty, buf, b.mul(r, wp), "dst")
         inside = b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
-        first = b.select(inside, lo, wp, "first")  # a row outside the image: all zeros
-        last = b.select(inside, hi, wp, "last")
-        xrow = b.gep(ty, x, b.mul(b.select(inside, ih, "0"), wd), "xrow")
 
-        def column(c: str) -> None:
-            into = b.gep(ty, dst, c, "into")
-            taken = b.all_of([b.cmp("sge", c, first), b.cmp("slt", c, last)])
+        def copy() -> None:
+            xrow = b.gep(ty, x, b.mul(ih, wd), "xrow")
+            span(dst, None, lo)
+            span(b.gep(ty, dst, lo, "mid"), b.gep(ty, xrow, b.sub(lo, pl), "from"), b.sub(hi, lo))
+            span(b.gep(ty, dst, hi, "right"), None, b.sub(wp, hi))
 
-            def copy() -> None:  # c - pl >= lo - pl >= 0 here
-                v = b.load(ty, b.gep(ty, xrow, b.sub(c, pl)), "v")
-                fn.add(f"store {ty} {v}, ptr {into}")
-
-            b.branch(taken, copy, lambda: fn.add(f"store {ty} {zero}, ptr {into}"), "taken")
-
-        b.loop("0", wp, column, "c", meta=Builder.tail_folded(module))
+        b.branch(inside, copy, lambda: span(dst, None, wp), "inside")
 
     b.loop("0", hp, row, "r")
     fn.terminate("ret void")
     return fn
+
+
+def vector_lanes(size: int, attrs: str) -> int:
+    """Elements of ``size`` bytes per vector: 64-byte vectors on AVX-512 hosts (unless the
+    target prefers 256-bit ones), else 32 bytes."""
+    wide = "+avx512f" in attrs and '"prefer-vector-width"="256"' not in attrs
+    return (64 if wide else 32) // size
+
+
+def span_writer(
+    module: ModuleWriter, fn: FunctionWriter, b: Builder, ty: str, vl: int, fill: float
+) -> Callable[[str, str | None, str], None]:
+    """``span(dst, src, n)``: ``n`` elements from ``src`` (None: ``fill``) to ``dst``, in
+    vectors of ``vl`` lanes, each store (and load) masked to the lanes below ``n``."""
+    vty, bits = f"<{vl} x {ty}>", 32 if ty == "float" else 64
+    suffix = f"v{vl}f{bits}"
+    module.declare(
+        f"llvm.masked.store.{suffix}.p0",
+        f"declare void @llvm.masked.store.{suffix}.p0({vty}, ptr, i32, <{vl} x i1>)",
+    )
+    module.declare(
+        f"llvm.masked.load.{suffix}.p0",
+        f"declare {vty} @llvm.masked.load.{suffix}.p0(ptr, i32, <{vl} x i1>, {vty})",
+    )
+    lanes = "<" + ", ".join(f"i32 {q}" for q in range(vl)) + ">"
+    filled = "<" + ", ".join([f"{ty} {float_literal(fill, ty)}"] * vl) + ">"
+
+    def span(dst: str, src: str | None, n: str) -> None:
+        def chunk(c: str) -> None:
+            left = fn.value(f"trunc i64 {b.min(b.sub(n, c), str(vl))} to i32", "left")
+            one = fn.value(f"insertelement <{vl} x i32> poison, i32 {left}, i64 0", "one")
+            limit = fn.value(
+                f"shufflevector <{vl} x i32> {one}, <{vl} x i32> poison, "
+                f"<{vl} x i32> zeroinitializer",
+                "limit",
+            )
+            mask = fn.value(f"icmp slt <{vl} x i32> {lanes}, {limit}", "mask")
+            val = filled
+            if src is not None:
+                val = fn.value(
+                    f"call {vty} @llvm.masked.load.{suffix}.p0(ptr {b.gep(ty, src, c)}, "
+                    f"i32 {bits // 8}, <{vl} x i1> {mask}, {vty} {filled})",
+                    "v",
+                )
+            fn.add(
+                f"call void @llvm.masked.store.{suffix}.p0({vty} {val}, ptr {b.gep(ty, dst, c)}, "
+                f"i32 {bits // 8}, <{vl} x i1> {mask})"
+            )
+
+        b.loop("0", n, chunk, "pc", step=str(vl))
+
+    return span
 
 
 def _plane_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:

@@ -24,7 +24,7 @@ sets the failure flag and the body returns status ``n_arrays + 1``.
 
 With a MaxPool (``ConvSpec.pool``) an item is a band of *pooled* rows: its conv rows
 (the pooled windows' rows within the output) go to a scratch of ``M/g`` planes, and
-:func:`_pool_function` reduces them (``llvm.maximum``: NaN propagates) into Y, so the
+:func:`_pool_function` reduces them (:func:`nan_max`: NaN propagates) into Y, so the
 conv's output never goes to memory.
 
 The weights are read in place (the ``CB`` broadcasts of a tap are ``C/g * kh * kw``
@@ -33,23 +33,24 @@ apart, each cache line reused by the next 16 taps): nothing is packed at compile
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from geode.codegen.backends.llvm.conv_depthwise import (
     chunk_start,
     launch_and_return,
     pad_function,
     pad_writer,
+    span_writer,
+    vector_lanes,
 )
 from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, TYPES, ConvSpec, body_geometry
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
 from geode.codegen.backends.llvm.parallel import LAUNCH
+from geode.compiler.fusion.conv_bands import BAND_BUDGET_BYTES, ITEMS_WANTED
 
 __all__ = ["BAND_BUDGET_BYTES", "ITEMS_WANTED", "blocking", "lanes", "write_body"]
 
-#: bytes of an item's scratch (its band's input rows): bands are cut to fit
-BAND_BUDGET_BYTES = 512 << 10
-#: items a launch aims for (bands are cut so a small batch still feeds every thread)
-ITEMS_WANTED = 8
 #: the chunk function's context: pointers, sizes, the failure flag; one i64 slot each
 _CTX = ("X", "W", "B", "Z", "Y", "planes", "H", "Wd", "OH", "OW", "pt", "pl", "band")
 _CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
@@ -57,8 +58,7 @@ _CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
 
 def lanes(spec: ConvSpec, attrs: str) -> int:
     """``V``: elements per vector (64-byte vectors on AVX-512 hosts, else 32 bytes)."""
-    wide = "+avx512f" in attrs and '"prefer-vector-width"="256"' not in attrs
-    return (64 if wide else 32) // TYPES[spec.dtype][1]
+    return vector_lanes(TYPES[spec.dtype][1], attrs)
 
 
 def blocking(spec: ConvSpec, attrs: str) -> tuple[int, int]:
@@ -117,7 +117,7 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
         fn.add(f"store {'ptr' if i < 5 else 'i64'} {val}, ptr {slot}")
     macs = b.mul(b.mul(items, b.mul(band, geo.ow)), str(spec.mg * spec.depth), "work")
     if spec.pool:
-        module.add_function(_pool_function(module, f"{name}.maxpool", spec, attrs))
+        module.add_function(_pool_function(module, f"{name}.maxpool", spec, attrs, v_lanes))
     small = b.cmp("slt", macs, str(1 << 17), "small")
     launch_and_return(b, chunk, ctx, len(_CTX), items, geo.threads, small, spec)
     module.add_function(fn)
@@ -162,7 +162,10 @@ def _chunk_function(
     plane = b.mul(rin_max, v["Wp"], "plane")
     in_elems = b.mul(plane, str(spec.cg), "in_elems")
     cplane = b.mul(crows_max, v["OW"], "cplane") if spec.pool else "0"
-    tw = b.add(v["OW"], str(sum(spec.pool[4:]) + spec.pool[1]), "tw") if spec.pool else "0"
+    slack = (
+        sum(spec.pool[4:]) + spec.pool[1] + spec.pool[3] * lanes(spec, attrs) if spec.pool else 0
+    )
+    tw = b.add(v["OW"], str(slack), "tw") if spec.pool else "0"
     elems = b.add(b.add(in_elems, b.mul(cplane, str(spec.mg))), tw, "elems")
     buf = fn.value(f"call noalias ptr @malloc(i64 {b.mul(elems, str(item))})", "buf")
     conv_buf = b.gep(ty, buf, in_elems, "convbuf")
@@ -285,56 +288,99 @@ def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str)
     ``conv_depthwise.pad_function`` (the plane ``x`` into the zero-bordered ``Hp x Wp``
     scratch, ``pt`` rows and ``pl`` columns in), each scratch row stored as its even
     columns, then its odd ones (``Wp`` even): a stride-2 conv's tap reads ``V``
-    consecutive elements of one half."""
-    ty, _ = TYPES[dtype]
+    consecutive elements of one half. ``V`` columns of each half at a time: one masked
+    load of the ``2V`` input columns they come from (zeros outside the row), its even and
+    its odd lanes stored, masked to the half's length."""
+    ty, size = TYPES[dtype]
     fn, b, (x, buf, h, wd, hp, wp, pt, pl) = pad_writer(module, name, attrs)
+    vl = vector_lanes(size, attrs)
+    span = span_writer(module, fn, b, ty, vl, 0.0)
+    wide, vty, bits = f"<{2 * vl} x {ty}>", f"<{vl} x {ty}>", 8 * size
+    for lanes in (vl, 2 * vl):
+        t = f"<{lanes} x {ty}>"
+        sfx = f"v{lanes}f{bits}"
+        module.declare(
+            f"llvm.masked.load.{sfx}.p0",
+            f"declare {t} @llvm.masked.load.{sfx}.p0(ptr, i32, <{lanes} x i1>, {t})",
+        )
+        module.declare(
+            f"llvm.masked.store.{sfx}.p0",
+            f"declare void @llvm.masked.store.{sfx}.p0({t}, ptr, i32, <{lanes} x i1>)",
+        )
     half = b.op("sdiv", wp, "2", "half")
+
+    def ids(n: int) -> str:
+        return "<" + ", ".join(f"i32 {q}" for q in range(n)) + ">"
+
+    def splat32(v: str, n: int, hint: str) -> str:
+        """The i64 ``v`` (within i32) in every one of ``n`` i32 lanes."""
+        v32 = fn.value(f"trunc i64 {v} to i32", hint)
+        one = fn.value(f"insertelement <{n} x i32> poison, i32 {v32}, i64 0", hint)
+        return fn.value(
+            f"shufflevector <{n} x i32> {one}, <{n} x i32> poison, <{n} x i32> zeroinitializer",
+            hint,
+        )
+
+    def clamp(v: str) -> str:
+        return b.min(b.max(v, "0"), str(2 * vl))
 
     def row(r: str) -> None:
         ih = b.sub(r, pt, "ih")
-        inside = b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
-        xrow = b.gep(ty, x, b.mul(b.select(inside, ih, "0"), wd), "xrow")
         dst = b.gep(ty, buf, b.mul(r, wp), "dst")
+        inside = b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
 
-        # columns 2*c2 and 2*c2 + 1 both inside the row: c2 in [lo, hi), no checks
-        lo = b.min(b.ceildiv(pl, 2), half, "lo")
-        last = b.add(b.floordiv(b.add(wd, b.sub(pl, "2")), 2), "1")  # past the last such c2
-        hi = b.max(lo, b.min(last, half), "hi")
-        hi = b.select(inside, hi, lo, "hi")  # a row outside: all checked (zeros)
+        def copy() -> None:
+            xrow = b.gep(ty, x, b.mul(ih, wd), "xrow")
 
-        def fast(c2: str) -> None:
-            src = b.gep(ty, xrow, b.sub(b.mul(c2, "2"), pl), "src")
-            for odd in (0, 1):
-                v = b.load(ty, b.gep(ty, src, str(odd)), "v")
-                fn.add(f"store {ty} {v}, ptr {b.gep(ty, dst, b.add(b.mul(str(odd), half), c2))}")
+            def chunk(c: str) -> None:
+                start = b.sub(b.mul(c, "2"), pl, "start")  # the chunk's first input column
+                lo = splat32(clamp(b.sub("0", start)), 2 * vl, "lo")
+                hi = splat32(clamp(b.sub(wd, start)), 2 * vl, "hi")
+                mask = fn.value(
+                    f"and <{2 * vl} x i1> "
+                    f"{fn.value(f'icmp sge <{2 * vl} x i32> {ids(2 * vl)}, {lo}', 'ge')}, "
+                    f"{fn.value(f'icmp slt <{2 * vl} x i32> {ids(2 * vl)}, {hi}', 'lt')}",
+                    "inmask",
+                )
+                # not inbounds: the chunk may start before the row (those lanes are masked)
+                src = fn.value(f"getelementptr {ty}, ptr {xrow}, i64 {start}", "src")
+                both = fn.value(
+                    f"call {wide} @llvm.masked.load.v{2 * vl}f{bits}.p0(ptr {src}, i32 {size}, "
+                    f"<{2 * vl} x i1> {mask}, {wide} zeroinitializer)",
+                    "both",
+                )
+                left = splat32(b.min(b.sub(half, c), str(vl)), vl, "left")
+                out = fn.value(f"icmp slt <{vl} x i32> {ids(vl)}, {left}", "outmask")
+                for odd in (0, 1):
+                    pick = ", ".join(f"i32 {2 * q + odd}" for q in range(vl))
+                    val = fn.value(
+                        f"shufflevector {wide} {both}, {wide} poison, <{vl} x i32> <{pick}>"
+                    )
+                    at = b.gep(ty, dst, b.add(b.mul(str(odd), half), c), "into")
+                    fn.add(
+                        f"call void @llvm.masked.store.v{vl}f{bits}.p0({vty} {val}, ptr {at}, "
+                        f"i32 {size}, <{vl} x i1> {out})"
+                    )
 
-        def pair(c2: str) -> None:
-            for odd in (0, 1):
-                c = b.add(b.mul(c2, "2"), str(odd), "c")
-                iw = b.sub(c, pl, "iw")
-                ok = b.all_of([inside, b.cmp("sge", iw, "0"), b.cmp("slt", iw, wd)])
-                into = b.gep(ty, dst, b.add(b.mul(str(odd), half), c2), "into")
+            b.loop("0", half, chunk, "c2", step=str(vl))
 
-                def copy(iw: str = iw, into: str = into) -> None:  # read only inside
-                    fn.add(f"store {ty} {b.load(ty, b.gep(ty, xrow, iw), 'v')}, ptr {into}")
-
-                b.branch(ok, copy, lambda into=into: fn.add(f"store {ty} 0.0, ptr {into}"), "in")
-
-        b.loop("0", lo, pair, "c2")
-        b.loop(lo, hi, fast, "f2")
-        b.loop(hi, half, pair, "c2")
+        b.branch(inside, copy, lambda: span(dst, None, wp), "inside")
 
     b.loop("0", hp, row, "r")
     fn.terminate("ret void")
     return fn
 
 
-def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> FunctionWriter:
+def _pool_function(
+    module: ModuleWriter, name: str, spec: ConvSpec, attrs: str, vl: int
+) -> FunctionWriter:
     """``void @name(ptr src, i64 crows, i64 c0, i64 OW, ptr y, i64 POW, i64 r0, i64 yrows,
     ptr tmp, i64 tw)``: pooled rows ``[r0, r0 + yrows)`` of one channel from its conv
     rows ``[c0, c0 + crows)`` at ``src``: per pooled row the window's rows reduced in one
-    pass into the ``-inf``-bordered row ``tmp`` (``tw`` long), then the window's columns
-    (``llvm.maximum``: NaN propagates, as MaxPool's)."""
+    pass into the ``-inf``-bordered row ``tmp`` (``tw`` long: ``pool stride * vl``
+    elements past the last window), then the window's columns (:func:`nan_max`: NaN
+    propagates, as MaxPool's), ``vl`` pooled columns at a time (:func:`_window_columns`)
+    and the rest one by one."""
     ty, _ = TYPES[spec.dtype]
     pkh, pkw, psh, psw, ppt, ppl = spec.pool[:6]
     names = ("src", "crows", "c0", "OW", "y", "POW", "r0", "yrows", "tmp", "tw")
@@ -345,12 +391,7 @@ def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) 
     fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
     b = Builder(fn)
     src, crows, c0, ow, y, pow_, r0, yrows, tmp, tw = (fn.param(i) for i in range(len(names)))
-    suffix = "f32" if ty == "float" else "f64"
-    module.declare(f"llvm.maximum.{suffix}", f"declare {ty} @llvm.maximum.{suffix}({ty}, {ty})")
     ninf = float_literal(float("-inf"), ty)
-
-    def maximum(a: str, c: str) -> str:
-        return fn.value(f"call {ty} @llvm.maximum.{suffix}({ty} {a}, {ty} {c})", "max")
 
     b.loop("0", tw, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, tmp, i)}"), "init")
     mid = b.gep(ty, tmp, str(ppl), "mid")
@@ -365,9 +406,7 @@ def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) 
         ptrs = [b.gep(ty, src, b.mul(b.sub(r, c0), ow), "prow") for r in rows]
 
         def col(i: str) -> None:
-            acc = b.load(ty, b.gep(ty, ptrs[0], i), "c")
-            for q in ptrs[1:]:
-                acc = maximum(acc, b.load(ty, b.gep(ty, q, i), "c"))
+            acc = nan_max(fn, ty, 1, [b.load(ty, b.gep(ty, q, i), "c") for q in ptrs])
             fn.add(f"store {ty} {acc}, ptr {b.gep(ty, mid, i)}")
 
         def empty() -> None:
@@ -378,16 +417,69 @@ def _pool_function(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) 
 
         def out(pw: str) -> None:
             base = b.gep(ty, tmp, b.mul(pw, str(psw)), "win")
-            acc = b.load(ty, base, "t")
-            for j in range(1, pkw):
-                acc = maximum(acc, b.load(ty, b.gep(ty, base, str(j)), "t"))
+            acc = nan_max(fn, ty, 1, [b.load(ty, b.gep(ty, base, str(j)), "t") for j in range(pkw)])
             fn.add(f"store {ty} {acc}, ptr {b.gep(ty, yrow, pw)}")
 
-        b.loop("0", pow_, out, "pw")
+        nvec = b.mul(b.op("sdiv", pow_, str(vl)), str(vl), "nvec")
+        if psw <= 2:
+            columns = _window_columns(fn, ty, (pkw, psw), vl)
+            b.loop("0", nvec, lambda pw: columns(tmp, yrow, pw), "pv", step=str(vl))
+        else:
+            nvec = "0"
+        b.loop(nvec, pow_, out, "pw")
 
     b.loop("0", yrows, pooled_row, "pr")
     fn.terminate("ret void")
     return fn
+
+
+def _window_columns(
+    fn: FunctionWriter, ty: str, window: tuple[int, int], vl: int
+) -> Callable[[str, str, str], None]:
+    """``columns(tmp, yrow, pw)``: pooled columns ``[pw, pw + vl)`` of a row from the
+    row-reduced ``tmp`` as vectors (``window``: the pool's columns and stride, at most 2):
+    per window column ``j`` one load of ``stride * vl`` elements from ``stride * pw + j``,
+    its every ``stride``-th lane kept, reduced with :func:`nan_max`."""
+    pkw, psw = window
+    wide = f"<{psw * vl} x {ty}>"
+    lanes = ", ".join(f"i32 {psw * q}" for q in range(vl))
+
+    def columns(tmp: str, yrow: str, pw: str) -> None:
+        b = Builder(fn)
+        start = b.mul(pw, str(psw), "wstart")
+        vals = []
+        for j in range(pkw):
+            at = b.gep(ty, tmp, b.add(start, str(j)), "wcol")
+            val = fn.value(f"load {wide}, ptr {at}, align 4", "wide")
+            if psw > 1:
+                val = fn.value(f"shufflevector {wide} {val}, {wide} poison, <{vl} x i32> <{lanes}>")
+            vals.append(val)
+        acc = nan_max(fn, ty, vl, vals)
+        fn.add(f"store <{vl} x {ty}> {acc}, ptr {b.gep(ty, yrow, pw, 'ydst')}, align 4")
+
+    return columns
+
+
+def nan_max(fn: FunctionWriter, ty: str, lanes: int, vals: list[str]) -> str:
+    """The largest of ``vals`` (of ``ty``, or vectors of ``lanes`` of it), NaN when any is
+    NaN, as ``llvm.maximum`` (the sign of a zero aside) in fewer instructions: a chain of
+    compare-and-selects (one ``vmaxps`` each), one unordered compare per pair of values,
+    one select of NaN at the end."""
+    vty = ty if lanes == 1 else f"<{lanes} x {ty}>"
+    mty = "i1" if lanes == 1 else f"<{lanes} x i1>"
+    acc = vals[0]
+    for v in vals[1:]:
+        gt = fn.value(f"fcmp ogt {vty} {acc}, {v}", "gt")
+        acc = fn.value(f"select {mty} {gt}, {vty} {acc}, {vty} {v}", "mx")
+    pairs = [(vals[i], vals[min(i + 1, len(vals) - 1)]) for i in range(0, len(vals), 2)]
+    flags = [fn.value(f"fcmp uno {vty} {a}, {c}", "isnan") for a, c in pairs]
+    anynan = flags[0]
+    for f in flags[1:]:
+        anynan = fn.value(f"or {mty} {anynan}, {f}", "anynan")
+    nan = float_literal(float("nan"), ty)
+    if lanes > 1:
+        nan = "<" + ", ".join([f"{ty} {nan}"] * lanes) + ">"
+    return fn.value(f"select {mty} {anynan}, {vty} {nan}, {vty} {acc}", "nanmax")
 
 
 def _row_function(
