@@ -174,10 +174,12 @@ def dense_kernel(
     panel_bytes: int,
     min_rows: int,
     cache_dir: Any,
+    packed_n: int = 0,
 ) -> tuple[DenseKernel, list[Value], list[Value]]:
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
     values of its inputs after ``A`` and ``B`` (``V``, then the epilogue's) and of its
-    outputs (the epilogue's, then ``O``)."""
+    outputs (the epilogue's, then ``O``). ``packed_n > 0``: ``B`` (float32, that many
+    columns) is passed packed once (:mod:`geode.codegen.packed_weights`)."""
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
     from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir, link_dense
     from geode.codegen.backends.llvm.library import blas, share_pool
@@ -206,6 +208,7 @@ def dense_kernel(
         panel_bytes,
         min_rows,
         len(pg.epilogue.second.inputs[1].shape) if pg.epilogue.second is not None else 0,
+        packed_n,
     )
     ir = dense_ir(spec)
     target = host()
@@ -220,6 +223,9 @@ def dense_kernel(
         ArgSpec("A", "input", dtype, len(a.shape), str(list(a.shape))),
         ArgSpec("B", "input", dtype, len(b.shape), str(list(b.shape))),
     ]
+    if packed_n:
+        k = b.shape[0]
+        specs[1] = ArgSpec("Bp", "input", dtype, 3, str([-(-packed_n // 16), k, 16]))
     for role, group in (("input", ins), ("output", outs)):
         specs += [
             ArgSpec(v.name, role, str(v.dtype), len(v.shape), str(list(v.shape))) for v in group

@@ -16,9 +16,10 @@
    the pool by column panels (few rows) or row blocks (many rows), and gives the same bits
    on any thread count; the AVX-512 and AVX2 paths give the same bits too.
 
-   Register tiles: AVX-512F, up to 8 rows x 2 panels (16 accumulators of 16 floats);
-   AVX2 + FMA, up to 6 rows x 1 panel (12 accumulators of 8 floats); plain C, up to 4
-   rows x 1 panel. Columns past N in the last panel are computed (on zeros) and not
+   Register tiles: AVX-512F, up to 8 rows x 2 panels (16 accumulators of 16 floats), fewer
+   rows over more panels (a row alone, 8 panels: a GEMV is then not bound by the latency of
+   one chain of multiply-adds); AVX2 + FMA, up to 6 rows x 1 panel (12 accumulators of 8
+   floats), 3 rows x 2, 1 row x 4; plain C, up to 4 rows x 1 panel. Columns past N in the last panel are computed (on zeros) and not
    stored. Loops: a block of panels that the L2 cache holds outermost, then row tiles,
    then the block's panels, so a row tile of A is read from L1 for all of them. */
 
@@ -66,22 +67,22 @@ T512 INLINE __m512 finish512(__m512 x, const float *out, __mmask16 m, const scal
 T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, const float *bp, int64_t k,
                          float *c, int64_t ldc, int64_t last, const scale_t *s)
 {
-    __m512 acc[MR512][2];
+    __m512 acc[MR512][8];
     const int64_t ps = k * NR;
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
+#pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             acc[r][v] = _mm512_setzero_ps();
     for (int64_t p = 0; p < k; p++) {
-        __m512 bv[2];
-#pragma GCC unroll 2
+        __m512 bv[8];
+#pragma GCC unroll 8
         for (int v = 0; v < V; v++)
             bv[v] = _mm512_loadu_ps(bp + v * ps + p * NR);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512 av = _mm512_set1_ps(a[r * lda + p]);
-#pragma GCC unroll 2
+#pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
         }
@@ -89,7 +90,7 @@ T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, const float 
     const __mmask16 full = 0xFFFF, tail = (__mmask16)((1u << last) - 1u);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
+#pragma GCC unroll 8
         for (int v = 0; v < V; v++) {
             float *out = c + r * ldc + v * NR;
             __mmask16 m = v == V - 1 ? tail : full;
@@ -103,14 +104,29 @@ T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, const float 
     {                                                                                       \
         tile512(R, V, a, lda, bp, k, c, ldc, last, s);                                      \
     }
-W512(1, 1) W512(2, 1) W512(3, 1) W512(4, 1) W512(5, 1) W512(6, 1) W512(7, 1) W512(8, 1)
-W512(1, 2) W512(2, 2) W512(3, 2) W512(4, 2) W512(5, 2) W512(6, 2) W512(7, 2) W512(8, 2)
+#define W512_ROWS(V)                                                                        \
+    W512(1, V) W512(2, V) W512(3, V) W512(4, V) W512(5, V) W512(6, V) W512(7, V) W512(8, V)
+W512_ROWS(1) W512_ROWS(2) W512(1, 3) W512(2, 3) W512(3, 3) W512(4, 3) W512(1, 4) W512(2, 4)
+W512(3, 4) W512(4, 4) W512(1, 5) W512(2, 5) W512(1, 6) W512(2, 6) W512(1, 7) W512(2, 7)
+W512(1, 8) W512(2, 8)
 
-static const tile_fn g_t512[3][MR512 + 1] = {
-    {0},
-    {0, t512_1_1, t512_2_1, t512_3_1, t512_4_1, t512_5_1, t512_6_1, t512_7_1, t512_8_1},
-    {0, t512_1_2, t512_2_2, t512_3_2, t512_4_2, t512_5_2, t512_6_2, t512_7_2, t512_8_2},
+/* Tiles by panels (1..8) and rows: 8 rows take up to 2 panels, 4 rows 4, 2 rows 8 (at
+   most 16 accumulators, and at least 4 independent ones for a single row). */
+#define ROWS8(V)                                                                            \
+    {0, t512_1_##V, t512_2_##V, t512_3_##V, t512_4_##V, t512_5_##V, t512_6_##V, t512_7_##V, \
+     t512_8_##V}
+#define ROWS4(V) {0, t512_1_##V, t512_2_##V, t512_3_##V, t512_4_##V}
+#define ROWS2(V) {0, t512_1_##V, t512_2_##V}
+static const tile_fn g_t512[9][MR512 + 1] = {
+    {0},      ROWS8(1), ROWS8(2), ROWS4(3), ROWS4(4),
+    ROWS2(5), ROWS2(6), ROWS2(7), ROWS2(8),
 };
+
+/* Panels a tile of `rows` rows takes at most. */
+static int panels512(int rows)
+{
+    return rows <= 2 ? 8 : rows <= 4 ? 4 : 2;
+}
 
 /* ---------------------------------------------------------------- AVX2 + FMA */
 
@@ -131,44 +147,71 @@ T256 INLINE __m256 finish256(__m256 x, const float *out, __m256i m, const scale_
     return x;
 }
 
-/* R rows x one panel (two vectors of 8); `last` columns (1..16) stored. */
-T256 INLINE void tile256(int R, const float *a, int64_t lda, const float *bp, int64_t k,
+/* R rows x V panels (two vectors of 8 each); `last` columns (1..16) of the last panel
+   stored. */
+T256 INLINE void tile256(int R, int V, const float *a, int64_t lda, const float *bp, int64_t k,
                          float *c, int64_t ldc, int64_t last, const scale_t *s)
 {
-    __m256 acc[MR256][2];
+    __m256 acc[MR256][8];
+    const int64_t ps = k * NR;
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
-        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+        for (int v = 0; v < 2 * V; v++)
+            acc[r][v] = _mm256_setzero_ps();
     for (int64_t p = 0; p < k; p++) {
-        const __m256 b0 = _mm256_loadu_ps(bp + p * NR), b1 = _mm256_loadu_ps(bp + p * NR + 8);
+        __m256 bv[8];
+#pragma GCC unroll 8
+        for (int v = 0; v < 2 * V; v++)
+            bv[v] = _mm256_loadu_ps(bp + (v / 2) * ps + p * NR + 8 * (v % 2));
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             __m256 av = _mm256_broadcast_ss(a + r * lda + p);
-            acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+#pragma GCC unroll 8
+            for (int v = 0; v < 2 * V; v++)
+                acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
         }
     }
     const int64_t lo = last < 8 ? last : 8, hi = last > 8 ? last - 8 : 0;
+    const __m256i ones = _mm256_set1_epi32(-1);
     const __m256i m0 = _mm256_loadu_si256((const __m256i *)(g_mask_words + 8 - lo));
     const __m256i m1 = _mm256_loadu_si256((const __m256i *)(g_mask_words + 8 - hi));
 #pragma GCC unroll 6
-    for (int r = 0; r < R; r++) {
-        float *out = c + r * ldc;
-        _mm256_maskstore_ps(out, m0, finish256(acc[r][0], out, m0, s));
-        if (hi > 0)
-            _mm256_maskstore_ps(out + 8, m1, finish256(acc[r][1], out + 8, m1, s));
-    }
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int v = 0; v < 2 * V; v++) {
+            float *out = c + r * ldc + 8 * v;
+            const int tail = v >= 2 * V - 2;
+            const __m256i m = !tail ? ones : v % 2 == 0 ? m0 : m1;
+            if (tail && v % 2 == 1 && hi == 0)
+                continue;
+            _mm256_maskstore_ps(out, m, finish256(acc[r][v], out, m, s));
+        }
 }
 
-#define W256(R)                                                                             \
-    T256 static void t256_##R(const float *a, int64_t lda, const float *bp, int64_t k,       \
-                              float *c, int64_t ldc, int64_t last, const scale_t *s)        \
+#define W256(R, V)                                                                          \
+    T256 static void t256_##R##_##V(const float *a, int64_t lda, const float *bp, int64_t k, \
+                                    float *c, int64_t ldc, int64_t last, const scale_t *s)  \
     {                                                                                       \
-        tile256(R, a, lda, bp, k, c, ldc, last, s);                                         \
+        tile256(R, V, a, lda, bp, k, c, ldc, last, s);                                      \
     }
-W256(1) W256(2) W256(3) W256(4) W256(5) W256(6)
+W256(1, 1) W256(2, 1) W256(3, 1) W256(4, 1) W256(5, 1) W256(6, 1)
+W256(1, 2) W256(2, 2) W256(3, 2) W256(1, 3) W256(1, 4)
 
-static const tile_fn g_t256[MR256 + 1] = {0, t256_1, t256_2, t256_3, t256_4, t256_5, t256_6};
+/* Tiles by panels (1..4) and rows: 6 rows take 1 panel, 3 rows 2, 1 row 4 (at most 12
+   accumulators, at least 4 independent ones for a single row). */
+static const tile_fn g_t256[5][MR256 + 1] = {
+    {0},
+    {0, t256_1_1, t256_2_1, t256_3_1, t256_4_1, t256_5_1, t256_6_1},
+    {0, t256_1_2, t256_2_2, t256_3_2},
+    {0, t256_1_3},
+    {0, t256_1_4},
+};
+
+static int panels256(int rows)
+{
+    return rows <= 1 ? 4 : rows <= 3 ? 2 : 1;
+}
 
 /* ---------------------------------------------------------------- plain C */
 
@@ -312,19 +355,22 @@ static void run_block(const packed_t *g, int64_t r0, int64_t r1, int64_t p0, int
             const int rows = r1 - i < mr ? (int)(r1 - i) : mr;
             const float *ai = g->a + i * g->lda;
             float *ci = g->c + i * g->ldc;
+            const int most = g->isa == ISA_AVX512 ? panels512(rows)
+                             : g->isa == ISA_AVX2   ? panels256(rows)
+                                                    : 1;
             for (int64_t p = q0; p < q1;) {
-                const int two = g->isa == ISA_AVX512 && p + 1 < q1;
-                const int64_t end = (p + (two ? 2 : 1)) * NR; /* first column after */
+                const int v = q1 - p < most ? (int)(q1 - p) : most;
+                const int64_t end = (p + v) * NR; /* the column after the tile's panels */
                 const int64_t last = end <= g->n ? NR : g->n - (end - NR);
                 const float *bp = g->bp + p * ps;
                 float *cp = ci + p * NR;
                 if (g->isa == ISA_AVX512)
-                    g_t512[two ? 2 : 1][rows](ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s);
+                    g_t512[v][rows](ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s);
                 else if (g->isa == ISA_AVX2)
-                    g_t256[rows](ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s);
+                    g_t256[v][rows](ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s);
                 else
                     tile_c(rows, ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s);
-                p += two ? 2 : 1;
+                p += v;
             }
         }
     }

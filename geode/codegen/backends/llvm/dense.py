@@ -1,7 +1,8 @@
 """A GEMM with a fused epilogue (and optionally a second GEMM) as one native entry.
 
-The product ``Y = A @ B`` is computed a panel of rows at a time by the BLAS into a scratch
-panel, the epilogue kernel (a fused group compiled over ``[rows, N]``) runs on the panel
+The product ``Y = A @ B`` is computed a panel of rows at a time by the BLAS (or, for a
+float32 weight packed once, ``DenseSpec.packed_n``, by the packed-weight GEMM:
+:mod:`~geode.codegen.backends.llvm.packed`) into a scratch panel, the epilogue kernel (a fused group compiled over ``[rows, N]``) runs on the panel
 while it is in cache, and with a second GEMM (attention's ``softmax(Q K^T) V``) the
 epilogue's output panel is multiplied by ``V`` straight into the output ``O``: neither
 the product nor the epilogue's result goes to memory.
@@ -45,6 +46,7 @@ from geode.codegen.backends.llvm import jit
 from geode.codegen.backends.llvm.kernel import build_module
 from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
 from geode.codegen.backends.llvm.objcache import CacheDir
+from geode.codegen.backends.llvm.packed import PACKED_DECL, packed_call, packed_check
 from geode.codegen.backends.llvm.ssa import SsaWriter
 from geode.codegen.backends.llvm.target import host
 
@@ -102,6 +104,9 @@ class DenseSpec:
     panel_bytes: int
     min_rows: int
     v_rank: int = 0  # 0: no second GEMM
+    #: > 0: ``B`` is a float32 weight of this many columns packed once
+    #: (:mod:`~geode.codegen.backends.llvm.packed`), multiplied by the packed-weight GEMM
+    packed_n: int = 0
 
     @property
     def batch(self) -> int:
@@ -133,7 +138,8 @@ def _records(w: SsaWriter, ranks: list[int]) -> list[tuple[str, str, list[str]]]
 
 
 def _ranks(sp: DenseSpec) -> list[int]:
-    ranks = [sp.a_rank, sp.b_rank] + ([sp.v_rank] if sp.v_rank else [])
+    b_rank = 3 if sp.packed_n else sp.b_rank
+    ranks = [sp.a_rank, b_rank] + ([sp.v_rank] if sp.v_rank else [])
     ranks += [o.rank for o in sp.outer]
     return ranks + ([sp.y_rank] if sp.v_rank else [])
 
@@ -159,8 +165,12 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     nb = sp.batch
     w.check(w.all_of([w.eq(a_nd, sp.a_rank), w.eq(a_it, item)]), 1)
     k = ad[-1]
-    w.check(w.all_of([w.eq(b_nd, sp.b_rank), w.eq(b_it, item), w.eq(bd[-2], k)]), 2)
-    s = {"K": k, "N": bd[-1], "D": "0"}
+    if sp.packed_n:
+        w.check(packed_check(w, recs[1], k, sp.packed_n), 2)
+        s = {"K": k, "N": str(sp.packed_n), "D": "0"}
+    else:
+        w.check(w.all_of([w.eq(b_nd, sp.b_rank), w.eq(b_it, item), w.eq(bd[-2], k)]), 2)
+        s = {"K": k, "N": bd[-1], "D": "0"}
     if nb == 0:
         s["M"], s["yb"], s["ab"], s["bb"] = w.product(ad[:-1]), [], [], []
     else:
@@ -222,14 +232,15 @@ def _panel_rows(w: SsaWriter, sp: DenseSpec, s: dict, item: int) -> str:
     ``min_rows``), a panel the caches hold, when the weights are small enough to re-pack
     for every panel (``(K + D) x N x item <= panel_bytes``); else all rows in one panel
     (the BLAS re-packs large weights for every call, and slows down several-fold on panels
-    of a few hundred rows: ``docs/performance.md``). All rows when N is 0."""
+    of a few hundred rows: ``docs/performance.md``; a weight packed once is not re-packed,
+    so its panels are always cache-sized). All rows when N is 0."""
     m, n = s["M"], s["N"]
     nz = w.eq(n, 0)
     row_bytes = w.op("mul", n, item)
     fit = w.op("udiv", sp.panel_bytes, w.tmp(f"select i1 {nz}, i64 1, i64 {row_bytes}"))
     mb = w.tmp(f"select i1 {w.op('icmp ugt', fit, sp.min_rows)}, i64 {fit}, i64 {sp.min_rows}")
     weights = w.op("mul", w.op("mul", w.op("add", s["K"], s["D"]), n), item)
-    large = w.op("icmp ugt", weights, sp.panel_bytes)
+    large = w.op("icmp ugt", weights, sp.panel_bytes) if not sp.packed_n else "false"
     mb = w.tmp(f"select i1 {w.op('or', nz, large, 'i1')}, i64 {m}, i64 {mb}")
     mb = w.tmp(f"select i1 {w.op('icmp ult', m, mb)}, i64 {m}, i64 {mb}")
     return w.tmp(f"select i1 {w.op('icmp ult', mb, 1)}, i64 1, i64 {mb}")
@@ -432,13 +443,11 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     w.emit(f"  call void @llvm.memset.p0.i64(ptr {v['s1']}, i8 0, i64 {panel}, i1 false)")
     w.emit("  br label %epi")
     w.label("gemm")
-    _gemm(
-        w,
-        sp.dtype,
-        [v["rows"], v["N"], v["K"]],
-        [(pa, v["K"]), (pb, v["N"]), (v["s1"], v["N"])],
-        v["threads"],
-    )
+    ops = [(pa, v["K"]), (pb, v["N"]), (v["s1"], v["N"])]
+    if sp.packed_n:
+        w.emit(packed_call(v["rows"], v["N"], v["K"], ops, v["threads"]))
+    else:
+        _gemm(w, sp.dtype, [v["rows"], v["N"], v["K"]], ops, v["threads"])
     w.emit("  br label %epi")
     w.label("epi")
     _epilogue_args(w, sp, v, off)
@@ -486,6 +495,7 @@ def dense_ir(sp: DenseSpec) -> str:
     item = _TYPES[sp.dtype][2]
     head = [
         GEMM_DECL,
+        *([PACKED_DECL] if sp.packed_n else []),
         f"declare i32 @{sp.epilogue}(ptr, ptr, ptr)",
         "declare void @geode_parallel_for(ptr, ptr, i64, i64)",
         "declare ptr @geode_scratch(i64, i64)",
