@@ -255,8 +255,7 @@ def bind(c: Compilation) -> None:
             nodes = item.panel.nodes
             for n in nodes:
                 if n.op_type == "MatMul":
-                    packed = n is item.panel.dense and "packed once" in item.weights
-                    how = "packed-weight GEMM" if packed else "BLAS"
+                    how = "packed-weight GEMM" if n.name in item.packed_nodes else "BLAS"
                     c.placement.engine[n.name] = "aicore"
                     c.placement.reason[n.name] = f"library op: {how} with a fused epilogue"
             unit = Unit(

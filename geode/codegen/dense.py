@@ -175,11 +175,13 @@ def dense_kernel(
     min_rows: int,
     cache_dir: Any,
     packed_n: int = 0,
+    packed_d: int = 0,
 ) -> tuple[DenseKernel, list[Value], list[Value]]:
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
     values of its inputs after ``A`` and ``B`` (``V``, then the epilogue's) and of its
     outputs (the epilogue's, then ``O``). ``packed_n > 0``: ``B`` (float32, that many
-    columns) is passed packed once (:mod:`geode.codegen.packed_weights`)."""
+    columns) is passed packed once (:mod:`geode.codegen.packed_weights`); ``packed_d > 0``:
+    likewise ``V`` (the caller passes the packed values)."""
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
     from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir, link_dense
     from geode.codegen.backends.llvm.library import blas, share_pool
@@ -209,6 +211,7 @@ def dense_kernel(
         min_rows,
         len(pg.epilogue.second.inputs[1].shape) if pg.epilogue.second is not None else 0,
         packed_n,
+        packed_d,
     )
     ir = dense_ir(spec)
     target = host()

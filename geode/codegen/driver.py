@@ -20,7 +20,7 @@ from geode.codegen.dense import PanelGraph, dense_kernel
 from geode.codegen.indexing import exprs_equal
 from geode.codegen.kernel_key import canonical_kernel, canonical_lowered, kernel_key
 from geode.codegen.lower import LoweredKernel, first_binders, lower_group, unbound_dim
-from geode.codegen.packed_weights import choose_packing, packed_value
+from geode.codegen.packed_weights import PackChoice, choose_packing, packed_value
 from geode.codegen.schedule import Schedule
 from geode.codegen.schedule_source import ScheduleChoice, ScheduleSources, apply_choice
 from geode.compiler.fusion.groups import Group
@@ -80,6 +80,8 @@ class KernelJob:
     #: a GEMM epilogue's weight: packed once or through the BLAS, and why
     #: (:class:`~geode.codegen.packed_weights.PackChoice`)
     weights: str = ""
+    #: the names of its MatMuls that multiply by a weight packed once
+    packed_nodes: tuple[str, ...] = ()
 
     def graph_of(self, model: Graph) -> Graph:
         """The graph the job's group belongs to: the model's, or its panel graph's."""
@@ -491,6 +493,19 @@ def view_starts(old: list[A.Expr], new: list[A.Expr]) -> tuple[int, ...] | None:
     return search(0, 0)
 
 
+def dense_packing(
+    a: Value, b: Value, second: Node | None, opts: Options
+) -> tuple[PackChoice | None, PackChoice | None]:
+    """How a GEMM with a fused epilogue takes its weights ``B`` and (with a second GEMM)
+    ``V``: packed once or through the BLAS (None: a batched operand, not a choice)."""
+    if len(b.shape) != 2:
+        return None, None
+    first = choose_packing(a, b, opts)
+    if second is None or len(second.inputs[1].shape) != 2:
+        return first, None
+    return first, choose_packing(second.inputs[0], second.inputs[1], opts)
+
+
 def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     """A GEMM with its fused epilogue (``job.panel``): the entry around the compiled
     epilogue kernel, its interface (inputs ``A``, ``B``, then the epilogue's) and info."""
@@ -500,8 +515,9 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     views = arg_views(job.lowered, job.schedule.kernel)
     spec = device_spec(opts.cache_dir)
     a, b = pg.dense.inputs
-    choice = choose_packing(a, b, opts) if len(b.shape) == 2 else None
-    packed = choice is not None and choice.packed
+    second = pg.epilogue.second
+    choices = dense_packing(a, b, second, opts)
+    packed = [c is not None and c.packed for c in choices]
     kernel, ins, outs = dense_kernel(
         pg,
         job.lowered,
@@ -510,10 +526,16 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         panel_bytes(spec),
         DENSE_MIN_ROWS,
         object_cache(opts),
-        choice.n if packed else 0,
+        choices[0].n if packed[0] else 0,
+        choices[1].n if packed[1] else 0,
     )
-    job.inputs = [a, packed_value(b) if packed else b, *ins]
-    job.weights = choice.text if choice is not None else ""
+    if packed[1]:
+        ins[0] = packed_value(ins[0])
+    job.inputs = [a, packed_value(b) if packed[0] else b, *ins]
+    notes = [("" if i == 0 else "V: ") + c.text for i, c in enumerate(choices) if c is not None]
+    job.weights = "; then ".join(notes)
+    nodes = [pg.dense, second]
+    job.packed_nodes = tuple(n.name for n, p in zip(nodes, packed) if p and n is not None)
     job.outputs = outs
     job.interface = NativeKernel(
         name=job.name,

@@ -1,7 +1,8 @@
 """A GEMM with a fused epilogue (and optionally a second GEMM) as one native entry.
 
 The product ``Y = A @ B`` is computed a panel of rows at a time by the BLAS (or, for a
-float32 weight packed once, ``DenseSpec.packed_n``, by the packed-weight GEMM:
+float32 weight packed once, ``DenseSpec.packed_n``, by the packed-weight GEMM; likewise
+``V`` with ``packed_d``:
 :mod:`~geode.codegen.backends.llvm.packed`) into a scratch panel, the epilogue kernel (a fused group compiled over ``[rows, N]``) runs on the panel
 while it is in cache, and with a second GEMM (attention's ``softmax(Q K^T) V``) the
 epilogue's output panel is multiplied by ``V`` straight into the output ``O``: neither
@@ -107,6 +108,8 @@ class DenseSpec:
     #: > 0: ``B`` is a float32 weight of this many columns packed once
     #: (:mod:`~geode.codegen.backends.llvm.packed`), multiplied by the packed-weight GEMM
     packed_n: int = 0
+    #: > 0: ``V`` (a matrix) is a float32 weight of this many columns packed once
+    packed_d: int = 0
 
     @property
     def batch(self) -> int:
@@ -139,7 +142,8 @@ def _records(w: SsaWriter, ranks: list[int]) -> list[tuple[str, str, list[str]]]
 
 def _ranks(sp: DenseSpec) -> list[int]:
     b_rank = 3 if sp.packed_n else sp.b_rank
-    ranks = [sp.a_rank, b_rank] + ([sp.v_rank] if sp.v_rank else [])
+    v_rank = 3 if sp.packed_d else sp.v_rank
+    ranks = [sp.a_rank, b_rank] + ([v_rank] if sp.v_rank else [])
     ranks += [o.rank for o in sp.outer]
     return ranks + ([sp.y_rank] if sp.v_rank else [])
 
@@ -182,7 +186,10 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
         w.check(w.all_of(_broadcast_ok(w, s["bb"], s["yb"]) or ["true"]), 2)
     s["T"] = w.product(s["yb"])
     s["vb"] = []
-    if sp.v_rank:
+    if sp.packed_d:  # unbatched (B and V are matrices)
+        s["D"] = str(sp.packed_d)
+        w.check(packed_check(w, recs[2], s["N"], sp.packed_d), 3)
+    elif sp.v_rank:
         v_nd, v_it, vd = recs[2]
         s["D"], s["vb"] = vd[-1], _aligned(vd, nb)
         conds = [w.eq(v_nd, sp.v_rank), w.eq(v_it, item), w.eq(vd[-2], s["N"])]
@@ -479,13 +486,11 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
     w.emit(f"  call void @llvm.memset.p0.i64(ptr {po}, i8 0, i64 {nbytes}, i1 false)")
     w.emit("  br label %out")
     w.label("gemm2")
-    _gemm(
-        w,
-        sp.dtype,
-        [v["rows"], v["D"], v["N"]],
-        [(v["s2"], v["N"]), (pv, v["D"]), (po, v["D"])],
-        v["threads"],
-    )
+    ops = [(v["s2"], v["N"]), (pv, v["D"]), (po, v["D"])]
+    if sp.packed_d:
+        w.emit(packed_call(v["rows"], v["D"], v["N"], ops, v["threads"]))
+    else:
+        _gemm(w, sp.dtype, [v["rows"], v["D"], v["N"]], ops, v["threads"])
     w.emit("  br label %out")
     w.label("out")
 
@@ -495,7 +500,7 @@ def dense_ir(sp: DenseSpec) -> str:
     item = _TYPES[sp.dtype][2]
     head = [
         GEMM_DECL,
-        *([PACKED_DECL] if sp.packed_n else []),
+        *([PACKED_DECL] if sp.packed_n or sp.packed_d else []),
         f"declare i32 @{sp.epilogue}(ptr, ptr, ptr)",
         "declare void @geode_parallel_for(ptr, ptr, i64, i64)",
         "declare ptr @geode_scratch(i64, i64)",
