@@ -74,6 +74,10 @@ def ort_session(b: np.ndarray, m: int, threads: int):  # -> (session, binding)
 
 def measure(m: int, k: int, n: int, threads: int, rounds: int) -> dict[str, float]:
     """Median microseconds of the four ways for one shape and thread count."""
+    lib = blas()  # geode_gemm calls the BLAS it is given
+    if lib is None:
+        raise RuntimeError("no BLAS found in numpy's wheel")
+    share_pool(lib)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
