@@ -20,6 +20,7 @@ import numpy as np
 
 from geode.codegen.backends.llvm.compiled import DenseKernel
 from geode.codegen.lower import LoweredKernel
+from geode.codegen.packed_weights import packed_value
 from geode.compiler.fusion.epilogue import Epilogue
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import Pattern, pattern_of
@@ -181,7 +182,7 @@ def dense_kernel(
     values of its inputs after ``A`` and ``B`` (``V``, then the epilogue's) and of its
     outputs (the epilogue's, then ``O``). ``packed_n > 0``: ``B`` (float32, that many
     columns) is passed packed once (:mod:`geode.codegen.packed_weights`); ``packed_d > 0``:
-    likewise ``V`` (the caller passes the packed values)."""
+    likewise ``V`` (returned packed among the inputs; the caller passes ``B`` packed)."""
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
     from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir, link_dense
     from geode.codegen.backends.llvm.library import blas, share_pool
@@ -221,6 +222,8 @@ def dense_kernel(
     )  # the epilogue's own inputs come first among its arguments
     second = pg.epilogue.second
     ins = ([second.inputs[1]] if second is not None else []) + values[:n_ext_in]
+    if packed_d:  # V, packed once
+        ins[0] = packed_value(ins[0])
     outs = values[n_ext_in:] + ([second.outputs[0]] if second is not None else [])
     specs = [
         ArgSpec("A", "input", dtype, len(a.shape), str(list(a.shape))),

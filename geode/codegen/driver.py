@@ -529,8 +529,6 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         choices[0].n if packed[0] else 0,
         choices[1].n if packed[1] else 0,
     )
-    if packed[1]:
-        ins[0] = packed_value(ins[0])
     job.inputs = [a, packed_value(b) if packed[0] else b, *ins]
     notes = [("" if i == 0 else "V: ") + c.text for i, c in enumerate(choices) if c is not None]
     job.weights = "; then ".join(notes)
