@@ -239,15 +239,16 @@ def _panel_rows(w: SsaWriter, sp: DenseSpec, s: dict, item: int) -> str:
     ``min_rows``), a panel the caches hold, when the weights are small enough to re-pack
     for every panel (``(K + D) x N x item <= panel_bytes``); else all rows in one panel
     (the BLAS re-packs large weights for every call, and slows down several-fold on panels
-    of a few hundred rows: ``docs/performance.md``; a weight packed once is not re-packed,
-    so its panels are always cache-sized). All rows when N is 0."""
+    of a few hundred rows: ``docs/performance.md``; a weight packed once keeps the same
+    rule: cache-sized panels measured no better for it, and cost more pool launches). All
+    rows when N is 0."""
     m, n = s["M"], s["N"]
     nz = w.eq(n, 0)
     row_bytes = w.op("mul", n, item)
     fit = w.op("udiv", sp.panel_bytes, w.tmp(f"select i1 {nz}, i64 1, i64 {row_bytes}"))
     mb = w.tmp(f"select i1 {w.op('icmp ugt', fit, sp.min_rows)}, i64 {fit}, i64 {sp.min_rows}")
     weights = w.op("mul", w.op("mul", w.op("add", s["K"], s["D"]), n), item)
-    large = w.op("icmp ugt", weights, sp.panel_bytes) if not sp.packed_n else "false"
+    large = w.op("icmp ugt", weights, sp.panel_bytes)
     mb = w.tmp(f"select i1 {w.op('or', nz, large, 'i1')}, i64 {m}, i64 {mb}")
     mb = w.tmp(f"select i1 {w.op('icmp ult', m, mb)}, i64 {m}, i64 {mb}")
     return w.tmp(f"select i1 {w.op('icmp ult', mb, 1)}, i64 1, i64 {mb}")
