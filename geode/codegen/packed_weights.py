@@ -11,12 +11,11 @@ weight. The BLAS path is kept when the option ``packed_weights`` is off, when th
 AVX2 + FMA (the kernel's plain C path is slower than the BLAS), or when ``B`` is not such a
 constant. Every choice is recorded (:attr:`PackChoice.text`, printed by ``explain()``).
 
-The rule follows ``bench/packed_gemm.py`` (``docs/performance.md``): on this kind of CPU
-the packed kernel ran the models' products (``M`` = 1 to 2048 rows against their ``K x
-N`` weights) in 0.5-0.9x the time of ``geode_gemm`` (the BLAS per block, or geode's thin
-kernel) for ``M >= 32`` and within a few percent of it for ``M = 1`` (a GEMV: both stream
-``B``); ``M`` is most often known only at run time (a batch, a sequence), so there is one
-rule for every ``M``.
+The rule follows ``bench/packed_gemm.py`` (its figures: ``docs/performance.md``): the
+packed kernel ran the models' products (``M`` = 1 to 2048 rows against their ``K x N``
+weights) faster than ``geode_gemm`` (the BLAS per block, or geode's thin kernel) from
+``M = 32`` up and as fast at ``M = 1`` (a GEMV: both stream ``B``); ``M`` is most often
+known only at run time (a batch, a sequence), so there is one rule for every ``M``.
 
 A model file keeps the original ``B`` (in its graph) and re-packs it when loaded: its
 units name a packed input as ``{"packed": <B's name>}`` (:func:`packed_value`).
@@ -38,8 +37,8 @@ __all__ = ["PACKED_SUFFIX", "PackChoice", "PackedWeight", "choose_packing", "pac
 PACKED_SUFFIX = "#packed16"
 #: what the rule rests on (``explain()`` prints it with each choice)
 BASIS = (
-    "bench/packed_gemm.py: 0.5-0.9x geode_gemm's time for M >= 32, within a few percent "
-    "at M = 1 (docs/performance.md)"
+    "measured by bench/packed_gemm.py: faster than the BLAS from M = 32 up, as fast at M = 1 "
+    "(docs/performance.md)"
 )
 _ISA = {0: "plain C", 1: "AVX2+FMA", 2: "AVX-512F"}
 
