@@ -111,6 +111,9 @@ Process-wide flags that are not options:
   count); see :func:`geode.codegen.backends.llvm.library.share_pool`.
 - ``GEODE_NUM_THREADS`` and ``GEODE_SPIN_US`` also size the native pool and its workers'
   spin before they sleep (:mod:`geode.runtime.native`).
+- ``GEODE_PACKED_ISA`` = plain, avx2 or avx512 (default: the best the CPU runs): the
+  packed-weight GEMM's path, read once per process (``runtime/native/sgemm_packed.c``;
+  a path the CPU cannot run is ignored).
 """
 
 from __future__ import annotations

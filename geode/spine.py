@@ -255,7 +255,7 @@ def bind(c: Compilation) -> None:
             nodes = item.panel.nodes
             for n in nodes:
                 if n.op_type == "MatMul":
-                    how = "packed-weight GEMM" if n.name in item.packed_nodes else "BLAS"
+                    how = "geode's packed-weight GEMM" if n.name in item.packed_nodes else "BLAS"
                     c.placement.engine[n.name] = "aicore"
                     c.placement.reason[n.name] = f"library op: {how} with a fused epilogue"
             unit = Unit(
