@@ -66,7 +66,9 @@ def test_compiled_matmuls_use_packed_weights():
     assert "'w1' 64x40" in line and "V: B 'w2' 40x33" in line
     assert {"w1" + PACKED_SUFFIX, "w2" + PACKED_SUFFIX} <= _var_names(model)
     assert not {"w1", "w2"} & _var_names(model)  # only the packed copies are kept
-    assert model.explain().count("library op: packed-weight GEMM with a fused epilogue") == 2
+    assert (
+        model.explain().count("library op: geode's packed-weight GEMM with a fused epilogue") == 2
+    )
     x = _rand(37, 64)
     calls = native.pool_info()["gemm_packed_calls"]
     got = model(x=x)["y"]
