@@ -20,6 +20,7 @@ setup(
                 f"{NATIVE}/scratch.c",
                 f"{NATIVE}/gemm.c",
                 f"{NATIVE}/sgemm_thin.c",
+                f"{NATIVE}/sgemm_packed.c",
             ],
             depends=[f"{NATIVE}/pool.h", f"{NATIVE}/call.h"],
             extra_compile_args=["-O2", "-pthread", "-std=gnu11", "-fvisibility=hidden"],

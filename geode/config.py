@@ -45,6 +45,12 @@ backend                   GEODE_BACKEND           the native code generator: llv
 dense_epilogues           GEODE_DENSE_EPILOGUES   fuse the group that consumes a native
                                                   MatMul's product into it (run per panel
                                                   of rows while the panel is in cache)
+packed_weights            GEODE_PACKED_WEIGHTS    a native float32 MatMul whose B is a constant
+                                                  matrix multiplies by a copy of B packed once
+                                                  at compile (or load) time, with geode's own
+                                                  kernel (where the CPU has AVX2 + FMA; the
+                                                  choice and its basis in explain()); 0: the
+                                                  BLAS, which packs B on every call
 fusion_search             GEODE_FUSION_SEARCH     how fusion groups are chosen: greedy (the
                                                   SOL model's verdict on each legal merge, in
                                                   graph order) or beam (a beam search over
@@ -105,6 +111,9 @@ Process-wide flags that are not options:
   count); see :func:`geode.codegen.backends.llvm.library.share_pool`.
 - ``GEODE_NUM_THREADS`` and ``GEODE_SPIN_US`` also size the native pool and its workers'
   spin before they sleep (:mod:`geode.runtime.native`).
+- ``GEODE_PACKED_ISA`` = plain, avx2 or avx512 (default: the best the CPU runs): the
+  packed-weight GEMM's path, read once per process (``runtime/native/sgemm_packed.c``;
+  a path the CPU cannot run is ignored).
 """
 
 from __future__ import annotations
@@ -167,6 +176,7 @@ class Options:
     lazy_compile: bool = True
     backend: str = "llvm"
     dense_epilogues: bool = True
+    packed_weights: bool = True
     fusion_search: str = "greedy"
     conv_method: str = "auto"
     stitch_fusion: bool = True
@@ -200,6 +210,7 @@ class Options:
             "lazy_compile": "GEODE_LAZY_COMPILE",
             "backend": "GEODE_BACKEND",
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
+            "packed_weights": "GEODE_PACKED_WEIGHTS",
             "fusion_search": "GEODE_FUSION_SEARCH",
             "conv_method": "GEODE_CONV_METHOD",
             "stitch_fusion": "GEODE_STITCH_FUSION",
@@ -256,6 +267,7 @@ _BOOL_OPTIONS = (
     "freeze_variables",
     "lazy_compile",
     "dense_epilogues",
+    "packed_weights",
     "incremental",
     "stitch_fusion",
 )

@@ -338,6 +338,8 @@ class _Explain:
             if u.extra.get("kernel_key"):
                 note = u.extra.get("schedule_note", "default")
                 lines.append(f"    key {u.extra['kernel_key']}, schedule: {note}")
+            if u.extra.get("weights"):
+                lines.append(f"    weights: {u.extra['weights']}")
         lines.append(_schedule_summary(kernels))
         views = [u for u in self.units if u.engine == ALIAS]
         lines.append(f"views ({len(views)}): aliases in the memory plan, no kernel, no step")

@@ -260,12 +260,15 @@ def bind(c: Compilation) -> None:
             nodes = item.panel.nodes
             for n in nodes:
                 if n.op_type == "MatMul":
+                    how = "geode's packed-weight GEMM" if n.name in item.packed_nodes else "BLAS"
                     c.placement.engine[n.name] = "aicore"
-                    c.placement.reason[n.name] = "library op: BLAS with a fused epilogue"
+                    c.placement.reason[n.name] = f"library op: {how} with a fused epilogue"
             unit = Unit(
                 item.name, "aicore", nodes, item.inputs, item.outputs, item.interface, item.info
             )
             unit.extra["pattern"] = "dense+" + item.panel.epilogue.group.pattern_name()
+            if item.weights:
+                unit.extra["weights"] = item.weights
             _note_schedule(unit, item)
             units.append(unit)
         else:
@@ -341,9 +344,14 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
     if library is not None:  # a library routine called natively (MatMul; Conv; pools; LSTM)
         interface, info = library
         c.placement.engine[node.name] = "aicore"
+        if getattr(interface.fn, "packed_n", 0):
+            reason = "library op: geode's packed-weight GEMM, called natively"
         c.placement.reason[node.name] = reason
-        inputs = [v for v in node.inputs if v is not None]  # omitted optional inputs
-        return Unit(node.name, "aicore", [node], inputs, list(node.outputs), interface, info)
+        inputs = driver.library_inputs(node, interface)  # a weight packed once, if so
+        unit = Unit(node.name, "aicore", [node], inputs, list(node.outputs), interface, info)
+        if node.op_type == "MatMul" and info.trace:
+            unit.extra["weights"] = info.trace
+        return unit
     return reference_unit(node, "aicpu" if engine == "aicore" else engine)
 
 

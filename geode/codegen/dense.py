@@ -20,6 +20,7 @@ import numpy as np
 
 from geode.codegen.backends.llvm.compiled import DenseKernel
 from geode.codegen.lower import LoweredKernel
+from geode.codegen.packed_weights import packed_value
 from geode.compiler.fusion.epilogue import Epilogue
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import Pattern, pattern_of
@@ -174,10 +175,14 @@ def dense_kernel(
     panel_bytes: int,
     min_rows: int,
     cache_dir: Any,
+    packed_n: int = 0,
+    packed_d: int = 0,
 ) -> tuple[DenseKernel, list[Value], list[Value]]:
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
     values of its inputs after ``A`` and ``B`` (``V``, then the epilogue's) and of its
-    outputs (the epilogue's, then ``O``)."""
+    outputs (the epilogue's, then ``O``). ``packed_n > 0``: ``B`` (float32, that many
+    columns) is passed packed once (:mod:`geode.codegen.packed_weights`); ``packed_d > 0``:
+    likewise ``V`` (returned packed among the inputs; the caller passes ``B`` packed)."""
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
     from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir, link_dense
     from geode.codegen.backends.llvm.library import blas, share_pool
@@ -206,6 +211,8 @@ def dense_kernel(
         panel_bytes,
         min_rows,
         len(pg.epilogue.second.inputs[1].shape) if pg.epilogue.second is not None else 0,
+        packed_n,
+        packed_d,
     )
     ir = dense_ir(spec)
     target = host()
@@ -215,11 +222,16 @@ def dense_kernel(
     )  # the epilogue's own inputs come first among its arguments
     second = pg.epilogue.second
     ins = ([second.inputs[1]] if second is not None else []) + values[:n_ext_in]
+    if packed_d:  # V, packed once
+        ins[0] = packed_value(ins[0])
     outs = values[n_ext_in:] + ([second.outputs[0]] if second is not None else [])
     specs = [
         ArgSpec("A", "input", dtype, len(a.shape), str(list(a.shape))),
         ArgSpec("B", "input", dtype, len(b.shape), str(list(b.shape))),
     ]
+    if packed_n:
+        k = b.shape[0]
+        specs[1] = ArgSpec("Bp", "input", dtype, 3, str([-(-packed_n // 16), k, 16]))
     for role, group in (("input", ins), ("output", outs)):
         specs += [
             ArgSpec(v.name, role, str(v.dtype), len(v.shape), str(list(v.shape))) for v in group

@@ -20,11 +20,12 @@ from geode.codegen.dense import PanelGraph, dense_kernel
 from geode.codegen.indexing import exprs_equal
 from geode.codegen.kernel_key import canonical_kernel, canonical_lowered, kernel_key
 from geode.codegen.lower import LoweredKernel, first_binders, lower_group, unbound_dim
+from geode.codegen.packed_weights import PackChoice, choose_packing, packed_value
 from geode.codegen.schedule import Schedule
 from geode.codegen.schedule_source import ScheduleChoice, ScheduleSources, apply_choice
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.profit import describe_work
-from geode.compiler.ir import Graph, Node
+from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols
 from geode.config import Options, stream_min_bytes
 from geode.costmodel.device import DeviceSpec, cached_spec
@@ -76,6 +77,11 @@ class KernelJob:
     kernel_key: str = ""
     #: where its schedule came from (given, tuned or default)
     schedule_choice: ScheduleChoice | None = None
+    #: a GEMM epilogue's weight: packed once or through the BLAS, and why
+    #: (:class:`~geode.codegen.packed_weights.PackChoice`)
+    weights: str = ""
+    #: the names of its MatMuls that multiply by a weight packed once
+    packed_nodes: tuple[str, ...] = ()
 
     def graph_of(self, model: Graph) -> Graph:
         """The graph the job's group belongs to: the model's, or its panel graph's."""
@@ -317,14 +323,31 @@ def library_interface(
     dtype = str(np.dtype(a.dtype))
     from geode.codegen.backends.llvm.batched import batched_matmul_kernel
     from geode.codegen.backends.llvm.library import matmul_kernel
+    from geode.codegen.backends.llvm.packed import packed_matmul_kernel
 
-    if len(b.shape) == 2:
+    choice = choose_packing(a, b, opts) if len(b.shape) == 2 else None
+    if choice is not None and choice.packed:
+        kernel = packed_matmul_kernel(len(a.shape), choice.n, opts.cache_dir)
+    elif len(b.shape) == 2:
         kernel = matmul_kernel(dtype, len(a.shape), opts.cache_dir)
     else:
         kernel = batched_matmul_kernel(dtype, len(a.shape), len(b.shape), opts.cache_dir)
     if kernel is None:
         return None
-    return library_step(node, kernel, 2, "", opts)
+    interface, info = library_step(node, kernel, 2, "", opts)
+    if choice is not None:
+        info.trace = choice.text
+    return interface, info
+
+
+def library_inputs(node: Node, interface: NativeKernel) -> list[Value]:
+    """The step arguments of library node ``node`` run by ``interface``: its inputs (those
+    given), its weight packed once when its kernel multiplies by a packed weight
+    (:func:`library_interface`)."""
+    inputs = [v for v in node.inputs if v is not None]  # omitted optional inputs
+    if getattr(interface.fn, "packed_n", 0):
+        inputs[1] = packed_value(inputs[1])
+    return inputs
 
 
 @dataclass
@@ -470,6 +493,19 @@ def view_starts(old: list[A.Expr], new: list[A.Expr]) -> tuple[int, ...] | None:
     return search(0, 0)
 
 
+def dense_packing(
+    a: Value, b: Value, second: Node | None, opts: Options
+) -> tuple[PackChoice | None, PackChoice | None]:
+    """How a GEMM with a fused epilogue takes its weights ``B`` and (with a second GEMM)
+    ``V``: packed once or through the BLAS (None: a batched operand, not a choice)."""
+    if len(b.shape) != 2:
+        return None, None
+    first = choose_packing(a, b, opts)
+    if second is None or len(second.inputs[1].shape) != 2:
+        return first, None
+    return first, choose_packing(second.inputs[0], second.inputs[1], opts)
+
+
 def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     """A GEMM with its fused epilogue (``job.panel``): the entry around the compiled
     epilogue kernel, its interface (inputs ``A``, ``B``, then the epilogue's) and info."""
@@ -478,6 +514,10 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     pg = job.panel
     views = arg_views(job.lowered, job.schedule.kernel)
     spec = device_spec(opts.cache_dir)
+    a, b = pg.dense.inputs
+    second = pg.epilogue.second
+    choices = dense_packing(a, b, second, opts)
+    packed = [c is not None and c.packed for c in choices]
     kernel, ins, outs = dense_kernel(
         pg,
         job.lowered,
@@ -486,8 +526,14 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         panel_bytes(spec),
         DENSE_MIN_ROWS,
         object_cache(opts),
+        choices[0].n if packed[0] else 0,
+        choices[1].n if packed[1] else 0,
     )
-    job.inputs = [*pg.dense.inputs, *ins]
+    job.inputs = [a, packed_value(b) if packed[0] else b, *ins]
+    notes = [("" if i == 0 else "V: ") + c.text for i, c in enumerate(choices) if c is not None]
+    job.weights = "; then ".join(notes)
+    nodes = [pg.dense, second]
+    job.packed_nodes = tuple(n.name for n, p in zip(nodes, packed) if p and n is not None)
     job.outputs = outs
     job.interface = NativeKernel(
         name=job.name,

@@ -5,7 +5,9 @@ its node's alias: both are rebuilt from the node, as the compile built them. A n
 unit (``aicore``) keeps its kernel's image index (:mod:`geode.codegen.images`) and the
 rest of its calling interface: the dims it is passed (as expressions over the graph's
 symbols), the views of its arguments, the index bounds it relies on, its thread count.
-Output shapes and dtypes come from the unit's output values, as at compile time.
+Output shapes and dtypes come from the unit's output values, as at compile time. A weight
+a step reads packed once (:mod:`geode.codegen.packed_weights`) is stored as its weight's
+name and re-packed at load.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from geode.codegen.images import ImageWriter
+from geode.codegen.packed_weights import PackedWeight, packed_value
 from geode.compiler.fusion.views import alias_view
-from geode.compiler.ir import Graph
+from geode.compiler.ir import Graph, Value
 from geode.compiler.ops import state
 from geode.compiler.partition.placement import input_symbols
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn
-from geode.errors import ModelFileError
+from geode.errors import CodegenError, ModelFileError
 from geode.modelfile.container import Container, Writer
 from geode.modelfile.exprs import Decoder, encode
 from geode.modelfile.graph_codec import decode_array, encode_array
@@ -48,7 +51,7 @@ def _encode_unit(u: Unit, w: Writer, images: ImageWriter) -> dict[str, Any]:
         "name": u.name,
         "engine": u.engine,
         "nodes": [n.name for n in u.nodes],
-        "inputs": [None if v is None else v.name for v in u.inputs],
+        "inputs": [_encode_input(v) for v in u.inputs],
         "outputs": [v.name for v in u.outputs],
         "extra": {k: v for k, v in u.extra.items() if isinstance(v, _SIMPLE)},
     }
@@ -86,6 +89,28 @@ def _encode_unit(u: Unit, w: Writer, images: ImageWriter) -> dict[str, Any]:
         "schedule": info.schedule,
     }
     return d
+
+
+def _encode_input(v: Value | None) -> str | dict[str, str] | None:
+    """A unit's input: its name, or for a weight packed once ``{"packed": <weight>}``
+    (re-packed when the file is loaded)."""
+    if v is None:
+        return None
+    if isinstance(v, PackedWeight):
+        return {"packed": v.source.name}
+    return v.name
+
+
+def _decode_input(d: Any, g: Graph, c: Container) -> Value | None:
+    if d is None:
+        return None
+    if isinstance(d, dict):
+        source = g.values[str(d["packed"])]
+        try:
+            return packed_value(source)
+        except CodegenError as exc:
+            raise ModelFileError(f"model file {c.path!r}: {exc}") from None
+    return g.values[d]
 
 
 def decode_units(
@@ -148,7 +173,7 @@ def _decode_unit(
     if not isinstance(index, int) or not 0 <= index < len(kernels):
         raise ModelFileError(f"model file {c.path!r}: bad kernel reference {index!r}")
     fn = kernels[index]
-    inputs = [None if n is None else g.values[n] for n in d["inputs"]]
+    inputs = [_decode_input(n, g, c) for n in d["inputs"]]
     outputs = [g.values[n] for n in d["outputs"]]
     exprs = tuple(dims(e) for e in nd["dims"])
     interface = NativeKernel(

@@ -174,3 +174,23 @@ def test_stitch_bench_rowcol_case_runs_and_is_one_kernel() -> None:
     assert row["max_rel_error"] < 1e-5
     assert "fused/unfused" in row["ratios"] and "fused/numpy" in row["ratios"]
     assert "rc [67, 33]" in describe(row)
+
+
+def test_packed_gemm_bench_ways_agree() -> None:
+    """``bench/packed_gemm.py``: numpy, ``geode_gemm``, the packed kernel and
+    onnxruntime's MatMul compute the same product (its ``measure`` checks each against
+    float64) and every way is timed."""
+    from geode.runtime import native
+
+    sys.path.insert(0, str(SCRIPT.parents[1]))
+    try:
+        from bench.packed_gemm import measure, shapes
+    finally:
+        sys.path.pop(0)
+    assert (2048, 1024, 1024) in shapes("all") and (2048, 256, 256) not in shapes("small")
+    saved = native.get_num_threads()
+    try:
+        times = measure(5, 24, 40, 1, 1)
+    finally:
+        native.set_num_threads(saved)
+    assert set(times) == {"numpy", "gemm", "packed", "ort"} and min(times.values()) > 0

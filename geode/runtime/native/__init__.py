@@ -88,6 +88,11 @@ __all__ = [
     "call",
     "blas_share_pool",
     "call_chain",
+    "PACK_NR",
+    "pack_weight",
+    "packed_gemm_function",
+    "packed_size",
+    "set_packed_isa",
     "gemm_configure",
     "get_num_threads",
     "pool_info",
@@ -119,7 +124,9 @@ def pool_info() -> dict[str, int]:
     with another job, one thread or one chunk); ``blas_pool_runs`` and ``blas_thread_runs``
     count OpenBLAS calls whose jobs ran on the pool and on short-lived threads;
     ``scratch_bytes`` the bytes every thread's scratch buffers hold (:func:`symbols`);
-    ``gemm_split_calls`` the ``geode_gemm`` calls split over the pool."""
+    ``gemm_split_calls`` the ``geode_gemm`` calls split over the pool;
+    ``gemm_packed_calls`` the calls of the packed-weight GEMM and ``gemm_packed_isa`` its
+    path (0 plain C, 1 AVX2, 2 AVX-512)."""
     return _ext.pool_info()
 
 
@@ -136,10 +143,70 @@ def gemm_function() -> Any:
     return signature(symbols()["geode_gemm"])
 
 
+#: columns per panel of a packed weight (:func:`pack_weight`)
+PACK_NR = 16
+
+
+def packed_size(k: int, n: int) -> int:
+    """Floats of a ``k x n`` weight packed by :func:`pack_weight`: ``ceil(n / 16)``
+    panels of ``k x 16``."""
+    return -(-n // PACK_NR) * k * PACK_NR
+
+
+def pack_weight(b: Any, transposed: bool = False) -> Any:
+    """A float32 weight ``B`` (``K x N``; with ``transposed``, ``B^T`` given as ``N x
+    K``, Gemm's ``transB``) packed for :func:`packed_gemm_function` (C
+    ``geode_sgemm_pack``): a new array of shape ``(ceil(N / 16), K, 16)``, one panel of
+    16 columns after another, each ``K`` rows of 16 contiguous floats, the columns past
+    ``N`` zero. Raises ``ValueError`` for anything but a 2-D float32 array."""
+    import ctypes
+
+    import numpy as np
+
+    arr = np.ascontiguousarray(b)
+    if arr.ndim != 2 or arr.dtype != np.float32:
+        raise ValueError(f"pack_weight(): a 2-D float32 matrix, not {arr.dtype}{arr.shape}")
+    k, n = (arr.shape[1], arr.shape[0]) if transposed else arr.shape
+    out = np.empty((-(-n // PACK_NR), k, PACK_NR), dtype=np.float32)
+    if out.size:
+        fn = ctypes.CFUNCTYPE(
+            None,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+        )(symbols()["geode_sgemm_pack"])
+        fn(k, n, arr.ctypes.data, arr.shape[1], int(transposed), out.ctypes.data)
+    return out
+
+
+def packed_gemm_function() -> Any:
+    """``geode_sgemm_packed`` as a ctypes function (tests, benchmarks): ``(m, n, k,
+    alpha, a, lda, packed_b, beta, c, ldc, threads)`` computes ``C = alpha A @ B + beta C``
+    (float32, row-major, leading dims in elements; ``packed_b`` from :func:`pack_weight`;
+    ``threads <= 0``: the pool's size), every element summed in the same order whatever the
+    split over the pool (``runtime/native/sgemm_packed.c``)."""
+    import ctypes
+
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    signature = ctypes.CFUNCTYPE(None, i64, i64, i64, f32, ptr, i64, ptr, f32, ptr, i64, i64)
+    return signature(symbols()["geode_sgemm_packed"])
+
+
+def set_packed_isa(isa: int) -> int:
+    """Testing hook: the packed GEMM's path (0 plain C, 1 AVX2 + FMA, 2 AVX-512F; a
+    negative value: the default again, the best the CPU runs or ``GEODE_PACKED_ISA``).
+    Returns the previous path; ``ValueError`` when the CPU cannot run ``isa``."""
+    return _ext._set_packed_isa(isa)
+
+
 def symbols() -> dict[str, int]:
     """Return the runtime's C functions for JIT code as ``{name: address}``:
     ``geode_parallel_for``, ``geode_num_threads``, ``geode_gemm`` (see
-    :data:`gemm_configure`) and ``geode_scratch`` (``void
+    :data:`gemm_configure`), ``geode_sgemm_packed`` and ``geode_sgemm_pack`` (see
+    :func:`packed_gemm_function`, :func:`pack_weight`) and ``geode_scratch`` (``void
     *geode_scratch(int64_t slot, int64_t bytes)``: the calling thread's buffer for ``slot``
     (0 to 3), at least ``bytes`` long, 64-byte aligned, kept for its next call; NULL when
     out of memory). JIT code links them by address."""

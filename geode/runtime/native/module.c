@@ -33,7 +33,9 @@ PyDoc_STRVAR(pool_info_doc,
              "pool_info($module, /)\n--\n\n"
              "Return a dict: threads, spin_us, workers_running, launches, inline_runs,\n"
              "blas_pool_runs, blas_thread_runs, scratch_bytes, gemm_split_calls, gemm_thin_calls,\n"
-             "gemm_thin_kernel (1: geode's own float32 GEMM kernel runs on this CPU).");
+             "gemm_thin_kernel (1: geode's own float32 GEMM kernel runs on this CPU),\n"
+             "gemm_packed_calls, gemm_packed_isa (packed-weight GEMM path: 0 plain C, 1 AVX2,\n"
+             "2 AVX-512).");
 
 PyDoc_STRVAR(symbols_doc,
              "symbols($module, /)\n--\n\n"
@@ -82,7 +84,8 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
     uint64_t blas_pool = 0, blas_threads = 0;
     geode_pool_get_stats(&s);
     geode_blas_stats(&blas_pool, &blas_threads);
-    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:L,s:K,s:K,s:i}", "threads", (long long)s.threads,
+    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:L,s:K,s:K,s:i,s:K,s:i}", "threads",
+                         (long long)s.threads,
                          "spin_us", (long long)s.spin_us, "workers_running",
                          (long long)s.workers_running, "launches", (unsigned long long)s.launches,
                          "inline_runs", (unsigned long long)s.inline_runs, "blas_pool_runs",
@@ -91,18 +94,22 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
                          (long long)geode_scratch_held(), "gemm_split_calls",
                          (unsigned long long)geode_gemm_split_calls(), "gemm_thin_calls",
                          (unsigned long long)geode_gemm_thin_calls(), "gemm_thin_kernel",
-                         geode_sgemm_thin_ok());
+                         geode_sgemm_thin_ok(), "gemm_packed_calls",
+                         (unsigned long long)geode_sgemm_packed_calls(), "gemm_packed_isa",
+                         geode_sgemm_packed_isa());
 }
 
 static PyObject *py_symbols(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    return Py_BuildValue("{s:N,s:N,s:N,s:N}", "geode_parallel_for",
+    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
                          PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_num_threads",
                          PyLong_FromVoidPtr((void *)&geode_num_threads), "geode_scratch",
                          PyLong_FromVoidPtr((void *)&geode_scratch), "geode_gemm",
-                         PyLong_FromVoidPtr((void *)&geode_gemm));
+                         PyLong_FromVoidPtr((void *)&geode_gemm), "geode_sgemm_packed",
+                         PyLong_FromVoidPtr((void *)&geode_sgemm_packed), "geode_sgemm_pack",
+                         PyLong_FromVoidPtr((void *)&geode_sgemm_pack));
 }
 
 PyDoc_STRVAR(blas_share_pool_doc,
@@ -177,6 +184,30 @@ static PyObject *py_set_max_slot_chunks(PyObject *module, PyObject *arg)
     return PyLong_FromLongLong(geode_pool_set_max_slot_chunks((int64_t)n));
 }
 
+PyDoc_STRVAR(set_packed_isa_doc,
+             "_set_packed_isa($module, isa, /)\n--\n\n"
+             "Testing hook: the packed-weight GEMM's path (0 plain C, 1 AVX2, 2 AVX-512; < 0:\n"
+             "the default again). Returns the previous path; ValueError when the CPU cannot\n"
+             "run `isa`.");
+
+static PyObject *py_set_packed_isa(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n > 2) {
+        PyErr_Format(PyExc_ValueError, "_set_packed_isa(): no path %ld (0, 1 or 2)", n);
+        return NULL;
+    }
+    int old = geode_sgemm_packed_set_isa((int)n);
+    if (old == -2) {
+        PyErr_Format(PyExc_ValueError, "_set_packed_isa(): this CPU cannot run path %ld", n);
+        return NULL;
+    }
+    return PyLong_FromLong(old);
+}
+
 static PyMethodDef methods[] = {
     {"call", (PyCFunction)(void (*)(void))geode_call, METH_FASTCALL, call_doc},
     {"call_chain", (PyCFunction)(void (*)(void))geode_call_chain, METH_FASTCALL, call_chain_doc},
@@ -190,6 +221,7 @@ static PyMethodDef methods[] = {
     {"gemm_configure", (PyCFunction)(void (*)(void))py_gemm_configure, METH_FASTCALL,
      gemm_configure_doc},
     {"_set_max_slot_chunks", py_set_max_slot_chunks, METH_O, set_max_slot_chunks_doc},
+    {"_set_packed_isa", py_set_packed_isa, METH_O, set_packed_isa_doc},
     {NULL, NULL, 0, NULL},
 };
 

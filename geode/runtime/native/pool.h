@@ -52,6 +52,18 @@ uint64_t geode_gemm_split_calls(void);
 uint64_t geode_gemm_thin_calls(void); /* products computed with geode's own kernel */
 int geode_sgemm_thin_ok(void);        /* sgemm_thin.c: 1 when the CPU can run it */
 
+/* sgemm_packed.c: C = alpha A @ B + beta C against B packed once (geode_sgemm_pack: panels
+   of 16 columns, K contiguous per panel; trans: B^T given, N x K), split over the pool. */
+GEODE_EXPORT void geode_sgemm_pack(int64_t k, int64_t n, const float *b, int64_t ldb,
+                                   int64_t trans, float *out);
+GEODE_EXPORT void geode_sgemm_packed(int64_t m, int64_t n, int64_t k, float alpha,
+                                     const float *a, int64_t lda, const float *bp, float beta,
+                                     float *c, int64_t ldc, int64_t threads);
+int geode_sgemm_packed_isa(void);      /* the path in use: 0 plain C, 1 AVX2, 2 AVX-512 */
+int geode_sgemm_packed_best_isa(void); /* the best path this CPU runs */
+int geode_sgemm_packed_set_isa(int isa); /* test hook (see sgemm_packed.c) */
+uint64_t geode_sgemm_packed_calls(void);
+
 /* Internal API for the Python module. */
 typedef struct {
     int64_t threads;

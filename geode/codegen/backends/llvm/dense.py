@@ -1,7 +1,9 @@
 """A GEMM with a fused epilogue (and optionally a second GEMM) as one native entry.
 
-The product ``Y = A @ B`` is computed a panel of rows at a time by the BLAS into a scratch
-panel, the epilogue kernel (a fused group compiled over ``[rows, N]``) runs on the panel
+The product ``Y = A @ B`` is computed a panel of rows at a time by the BLAS (or, for a
+float32 weight packed once, ``DenseSpec.packed_n``, by the packed-weight GEMM; likewise
+``V`` with ``packed_d``:
+:mod:`~geode.codegen.backends.llvm.packed`) into a scratch panel, the epilogue kernel (a fused group compiled over ``[rows, N]``) runs on the panel
 while it is in cache, and with a second GEMM (attention's ``softmax(Q K^T) V``) the
 epilogue's output panel is multiplied by ``V`` straight into the output ``O``: neither
 the product nor the epilogue's result goes to memory.
@@ -45,6 +47,7 @@ from geode.codegen.backends.llvm import jit
 from geode.codegen.backends.llvm.kernel import build_module
 from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
 from geode.codegen.backends.llvm.objcache import CacheDir
+from geode.codegen.backends.llvm.packed import PACKED_DECL, packed_call, packed_check
 from geode.codegen.backends.llvm.ssa import SsaWriter
 from geode.codegen.backends.llvm.target import host
 
@@ -102,6 +105,11 @@ class DenseSpec:
     panel_bytes: int
     min_rows: int
     v_rank: int = 0  # 0: no second GEMM
+    #: > 0: ``B`` is a float32 weight of this many columns packed once
+    #: (:mod:`~geode.codegen.backends.llvm.packed`), multiplied by the packed-weight GEMM
+    packed_n: int = 0
+    #: > 0: ``V`` (a matrix) is a float32 weight of this many columns packed once
+    packed_d: int = 0
 
     @property
     def batch(self) -> int:
@@ -133,7 +141,9 @@ def _records(w: SsaWriter, ranks: list[int]) -> list[tuple[str, str, list[str]]]
 
 
 def _ranks(sp: DenseSpec) -> list[int]:
-    ranks = [sp.a_rank, sp.b_rank] + ([sp.v_rank] if sp.v_rank else [])
+    b_rank = 3 if sp.packed_n else sp.b_rank
+    v_rank = 3 if sp.packed_d else sp.v_rank
+    ranks = [sp.a_rank, b_rank] + ([v_rank] if sp.v_rank else [])
     ranks += [o.rank for o in sp.outer]
     return ranks + ([sp.y_rank] if sp.v_rank else [])
 
@@ -159,8 +169,12 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     nb = sp.batch
     w.check(w.all_of([w.eq(a_nd, sp.a_rank), w.eq(a_it, item)]), 1)
     k = ad[-1]
-    w.check(w.all_of([w.eq(b_nd, sp.b_rank), w.eq(b_it, item), w.eq(bd[-2], k)]), 2)
-    s = {"K": k, "N": bd[-1], "D": "0"}
+    if sp.packed_n:
+        w.check(packed_check(w, recs[1], k, sp.packed_n), 2)
+        s = {"K": k, "N": str(sp.packed_n), "D": "0"}
+    else:
+        w.check(w.all_of([w.eq(b_nd, sp.b_rank), w.eq(b_it, item), w.eq(bd[-2], k)]), 2)
+        s = {"K": k, "N": bd[-1], "D": "0"}
     if nb == 0:
         s["M"], s["yb"], s["ab"], s["bb"] = w.product(ad[:-1]), [], [], []
     else:
@@ -172,7 +186,10 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
         w.check(w.all_of(_broadcast_ok(w, s["bb"], s["yb"]) or ["true"]), 2)
     s["T"] = w.product(s["yb"])
     s["vb"] = []
-    if sp.v_rank:
+    if sp.packed_d:  # unbatched (B and V are matrices)
+        s["D"] = str(sp.packed_d)
+        w.check(packed_check(w, recs[2], s["N"], sp.packed_d), 3)
+    elif sp.v_rank:
         v_nd, v_it, vd = recs[2]
         s["D"], s["vb"] = vd[-1], _aligned(vd, nb)
         conds = [w.eq(v_nd, sp.v_rank), w.eq(v_it, item), w.eq(vd[-2], s["N"])]
@@ -222,7 +239,9 @@ def _panel_rows(w: SsaWriter, sp: DenseSpec, s: dict, item: int) -> str:
     ``min_rows``), a panel the caches hold, when the weights are small enough to re-pack
     for every panel (``(K + D) x N x item <= panel_bytes``); else all rows in one panel
     (the BLAS re-packs large weights for every call, and slows down several-fold on panels
-    of a few hundred rows: ``docs/performance.md``). All rows when N is 0."""
+    of a few hundred rows: ``docs/performance.md``; a weight packed once keeps the same
+    rule: cache-sized panels measured no better for it, and cost more pool launches). All
+    rows when N is 0."""
     m, n = s["M"], s["N"]
     nz = w.eq(n, 0)
     row_bytes = w.op("mul", n, item)
@@ -432,13 +451,11 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     w.emit(f"  call void @llvm.memset.p0.i64(ptr {v['s1']}, i8 0, i64 {panel}, i1 false)")
     w.emit("  br label %epi")
     w.label("gemm")
-    _gemm(
-        w,
-        sp.dtype,
-        [v["rows"], v["N"], v["K"]],
-        [(pa, v["K"]), (pb, v["N"]), (v["s1"], v["N"])],
-        v["threads"],
-    )
+    ops = [(pa, v["K"]), (pb, v["N"]), (v["s1"], v["N"])]
+    if sp.packed_n:
+        w.emit(packed_call(v["rows"], v["N"], v["K"], ops, v["threads"]))
+    else:
+        _gemm(w, sp.dtype, [v["rows"], v["N"], v["K"]], ops, v["threads"])
     w.emit("  br label %epi")
     w.label("epi")
     _epilogue_args(w, sp, v, off)
@@ -470,13 +487,11 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
     w.emit(f"  call void @llvm.memset.p0.i64(ptr {po}, i8 0, i64 {nbytes}, i1 false)")
     w.emit("  br label %out")
     w.label("gemm2")
-    _gemm(
-        w,
-        sp.dtype,
-        [v["rows"], v["D"], v["N"]],
-        [(v["s2"], v["N"]), (pv, v["D"]), (po, v["D"])],
-        v["threads"],
-    )
+    ops = [(v["s2"], v["N"]), (pv, v["D"]), (po, v["D"])]
+    if sp.packed_d:
+        w.emit(packed_call(v["rows"], v["D"], v["N"], ops, v["threads"]))
+    else:
+        _gemm(w, sp.dtype, [v["rows"], v["D"], v["N"]], ops, v["threads"])
     w.emit("  br label %out")
     w.label("out")
 
@@ -486,6 +501,7 @@ def dense_ir(sp: DenseSpec) -> str:
     item = _TYPES[sp.dtype][2]
     head = [
         GEMM_DECL,
+        *([PACKED_DECL] if sp.packed_n or sp.packed_d else []),
         f"declare i32 @{sp.epilogue}(ptr, ptr, ptr)",
         "declare void @geode_parallel_for(ptr, ptr, i64, i64)",
         "declare ptr @geode_scratch(i64, i64)",
