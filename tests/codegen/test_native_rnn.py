@@ -93,14 +93,18 @@ def test_products_in_row_blocks_and_their_tail(batch) -> None:
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_products_shared_among_threads_give_the_same_bits(direction, dtype) -> None:
-    """Products big enough for the pool (``MIN_PARALLEL_FMAS``; hidden 36: column chunks
-    that are not a power of two) give bit for bit what one thread gives, and match the
-    reference kernel, with sequence lengths and every optional input."""
-    from geode.codegen.backends.llvm.lstm import MIN_PARALLEL_FMAS
+    """Products big enough for the pool (``MIN_PARALLEL_FMAS``; the projection's column
+    chunks are not a power of two; each step has items of two row blocks, the second
+    short, by two runs of units, the second short and not a multiple of ``UNITS``) give
+    bit for bit what one thread gives, and match the reference kernel, with sequence
+    lengths and every optional input."""
+    from geode.codegen.backends.llvm.lstm import GATE_UNITS, MIN_PARALLEL_FMAS, ROW_BLOCK, UNITS
     from geode.runtime import native
 
-    hidden, size, seq, batch = 36, 40, 5, 16
+    hidden, size, seq, batch = 70, 40, 5, 20
     assert batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS  # the steps' products too
+    assert ROW_BLOCK < batch < 2 * ROW_BLOCK and GATE_UNITS < hidden < 2 * GATE_UNITS
+    assert (hidden - GATE_UNITS) % UNITS
     ins = lstm_inputs(np.random.default_rng(7), dtype, hidden, size, direction, 0, seq, batch, ALL)
     spec = LstmSpec(
         dtype, hidden, size, DIRS[direction], False, 0, True, True, True, True, 3, lens=True
@@ -115,10 +119,10 @@ def test_products_shared_among_threads_give_the_same_bits(direction, dtype) -> N
         kernel(*[a for a in ins if a is not None], *outs, threads=threads)
         launched[threads] = native.pool_info()["launches"] - before
         results[threads] = outs
-    # one thread: no launch; more: the projection, and every step's product and gates, of
-    # each direction
+    # one thread: no launch; more: the projection, and every step (its product and
+    # gates in one launch), of each direction
     assert launched[1] == 0
-    assert launched[2] == launched[3] == DIRS[direction] * (1 + 2 * seq)
+    assert launched[2] == launched[3] == DIRS[direction] * (1 + seq)
     for threads in (2, 3):
         for a, b in zip(results[1], results[threads]):
             np.testing.assert_array_equal(a, b)

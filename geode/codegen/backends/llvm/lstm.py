@@ -239,11 +239,12 @@ def _product_function(
     module: ModuleWriter, name: str, spec: LstmSpec, attrs: str
 ) -> FunctionWriter:
     """``void @name(ptr R, ptr h, ptr G, i64 N, i64 K, i64 j0, i64 j1)``: columns
-    ``[j0, j1)`` (multiples of :data:`UNITS`) of ``G[N, 4H] = h[N, K] @ R^T`` (``R``:
-    ``[4H, K]``) as dot products, each row of ``R`` (one gate unit) used for every row
-    of ``h`` while it is in cache: blocks of :data:`ROWS` rows of ``h`` by
-    :data:`UNITS` units, then the rows left one at a time. The sums may be reassociated (so they vectorize), as
-    a GEMM's are."""
+    ``[j0, j1)`` of ``G[N, 4H] = h[N, K] @ R^T`` (``R``: ``[4H, K]``) as dot products,
+    each row of ``R`` (one gate unit) used for every row of ``h`` while it is in cache:
+    blocks of :data:`ROWS` rows of ``h`` by :data:`UNITS` units, then the rows left one
+    at a time; the units left after the last whole block of :data:`UNITS` one at a time
+    too. Which code sums a column depends only on ``j0``, ``j1`` and ``N``. The sums may
+    be reassociated (so they vectorize), as a GEMM's are."""
     ty, _ = TYPES[spec.dtype]
     fn = FunctionWriter(
         name,
@@ -266,18 +267,19 @@ def _product_function(
     accs = [[fn.alloca(ty, f"acc{i}_{u}") for u in range(UNITS)] for i in range(ROWS)]
     zero = float_literal(0.0, ty)
 
-    def units(j: str) -> None:
-        rrows = [b.gep(ty, r, b.mul(b.add(j, str(u)), hid), f"rrow{u}") for u in range(UNITS)]
+    def units(j: str, width: int) -> None:
+        rrows = [b.gep(ty, r, b.mul(b.add(j, str(u)), hid), f"rrow{u}") for u in range(width)]
 
         def rows(i0: str, count: int) -> None:
             hrows = [b.gep(ty, h, b.mul(b.add(i0, str(i)), hid), "hrow") for i in range(count)]
-            for acc in (a for line in accs[:count] for a in line):
+            lines = [line[:width] for line in accs[:count]]
+            for acc in (a for line in lines for a in line):
                 fn.add(f"store {ty} {zero}, ptr {acc}")
 
             def term(k: str) -> None:
                 hvs = [b.load(ty, b.gep(ty, hrow, k), "hv") for hrow in hrows]
                 rvs = [b.load(ty, b.gep(ty, rrow, k), "rv") for rrow in rrows]
-                for hv, line in zip(hvs, accs):
+                for hv, line in zip(hvs, lines):
                     for acc, rv in zip(line, rvs):
                         prod = fn.value(f"fmul contract {ty} {rv}, {hv}", "prod")
                         old = b.load(ty, acc, "a")
@@ -285,7 +287,7 @@ def _product_function(
                         fn.add(f"store {ty} {total}, ptr {acc}")
 
             b.loop("0", hid, term, "k")
-            for i, line in enumerate(accs[:count]):
+            for i, line in enumerate(lines):
                 out = b.gep(ty, g, b.add(b.mul(b.add(i0, str(i)), g4), j), "gout")
                 for u, acc in enumerate(line):
                     fn.add(f"store {ty} {b.load(ty, acc, 'sum')}, ptr {b.gep(ty, out, str(u))}")
@@ -294,7 +296,9 @@ def _product_function(
         b.loop("0", blocked, lambda i: rows(i, ROWS), "b", step=str(ROWS))
         b.loop(blocked, n, lambda i: rows(i, 1), "bt")
 
-    b.loop(j0, j1, units, "j", step=str(UNITS))
+    whole = b.add(j0, b.mul(b.op("sdiv", b.sub(j1, j0), str(UNITS)), str(UNITS)), "whole")
+    b.loop(j0, whole, lambda j: units(j, UNITS), "j", step=str(UNITS))
+    b.loop(whole, j1, lambda j: units(j, 1), "jt")
     fn.terminate("ret void")
     return fn
 
@@ -328,38 +332,51 @@ def _chunk_function(module: ModuleWriter, name: str, rec: str, spec: LstmSpec) -
     return fn
 
 
-#: the context of a step's gates: G, GX, B, P, c, h, Y, sequence_lens (pointers), then
-#: T, N, the step s, the direction d, whether it runs backwards (one 8-byte slot each)
-_GATE_SLOTS = 13
+#: the context of a step: R, the states h (read) and h' (written), G, GX, B, P, c, Y,
+#: sequence_lens (pointers), then T, N, the step s, the direction d, whether it runs
+#: backwards (one 8-byte slot each)
+_STEP_SLOTS = 15
 
-#: hidden units of one batch row that one item of the gates' work computes
+#: hidden units of one item of a step's work (the unit runs are fixed: the same bits on
+#: any thread count)
 GATE_UNITS = 64
 
-#: batch rows x hidden units of a step below which its gates run on the calling thread
-MIN_PARALLEL_GATES = 256
+#: batch rows of one item of a step's work
+ROW_BLOCK = 16
 
 
-def _gates_function(module: ModuleWriter, name: str, cell: str, spec: LstmSpec) -> FunctionWriter:
+def _step_items(b: Builder, spec: LstmSpec, n: str) -> str:
+    """How many items a step's work has: ``ceil(N / ROW_BLOCK) * ceil(H / GATE_UNITS)``."""
+    return b.mul(b.ceildiv(n, ROW_BLOCK, "rblocks"), str(-(-spec.hidden // GATE_UNITS)), "items")
+
+
+def _step_function(
+    module: ModuleWriter, name: str, rec: str, cell: str, spec: LstmSpec
+) -> FunctionWriter:
     """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: share ``chunk`` of ``nchunks`` of
-    one step's gates (the context: :data:`_GATE_SLOTS`). The work is ``N`` batch rows of
-    ``ceil(H / GATE_UNITS)`` items (runs of hidden units); each item takes its row's
-    input step (its own with ``sequence_lens``: rows past their length are left as they
-    are) and calls ``cell`` on its units. Every unit is computed by the same code
-    whatever the split, so the results are the same bits on any thread count."""
+    one step (the context: :data:`_STEP_SLOTS`). The work is items of
+    :data:`ROW_BLOCK` batch rows by :data:`GATE_UNITS` hidden units; an item computes
+    its rows' four gate columns of its units of ``G = h @ R^T`` (``rec``,
+    :func:`_product_function`), then their gates (``cell``): a unit's gates need only
+    its own four columns, so one launch does a step's product and gates, the states read
+    from ``h`` and written to ``h'`` (other items still read ``h``). Each row takes its
+    own input step (with ``sequence_lens``, a row past its length copies its units of
+    ``h`` to ``h'`` and keeps ``c``). Every unit is computed by the same code whatever
+    the split, so the results are the same bits on any thread count."""
     ty, _ = TYPES[spec.dtype]
     fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
     fn.linkage = "internal"
     fn.attrs = " nounwind"
     b = Builder(fn)
     ctx, chunk, nchunks = (fn.param(j) for j in range(3))
-    slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_GATE_SLOTS)]
-    gates, gx, bias, peep, c, h, y, lens = (
-        fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:8]
+    slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_STEP_SLOTS)]
+    r_d, h, h_new, gates, gx, bias, peep, c, y, lens = (
+        fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:10]
     )
-    seq, n, s, d, rev = slots[8:]
+    seq, n, s, d, rev = slots[10:]
     hid, g4 = spec.hidden, 4 * spec.hidden
     per_row = str(-(-hid // GATE_UNITS))
-    items = b.mul(n, per_row, "items")
+    items = _step_items(b, spec, n)
     first = fn.value(f"udiv i64 {b.mul(items, chunk)}, {nchunks}", "first")
     last = fn.value(f"udiv i64 {b.mul(items, b.add(chunk, '1'))}, {nchunks}", "last")
     dd = str(spec.directions)
@@ -368,33 +385,53 @@ def _gates_function(module: ModuleWriter, name: str, cell: str, spec: LstmSpec) 
         return b.select(b.cmp("ne", rev, "0"), b.sub(b.sub(v, "1"), s), s, "t")
 
     def item(i: str) -> None:
-        r = fn.value(f"udiv i64 {i}, {per_row}", "r")
+        r0 = b.mul(fn.value(f"udiv i64 {i}, {per_row}", "rb"), str(ROW_BLOCK), "r0")
+        r1 = b.min(b.add(r0, str(ROW_BLOCK)), n, "r1")
         j0 = b.mul(fn.value(f"urem i64 {i}, {per_row}", "jb"), str(GATE_UNITS), "j0")
         j1 = b.min(b.add(j0, str(GATE_UNITS)), str(hid), "j1")
+        h_rows = b.gep(ty, h, b.mul(r0, str(hid)), "hrows")
+        g_rows = b.gep(ty, gates, b.mul(r0, str(g4)), "grows")
+        rows = b.sub(r1, r0, "nrows")
+        for q in range(4):
+            lo, hi = b.add(j0, str(q * hid), "lo"), b.add(j1, str(q * hid), "hi")
+            args = f"ptr {r_d}, ptr {h_rows}, ptr {g_rows}, i64 {rows}, i64 {hid}"
+            fn.add(f"call void @{rec}({args}, i64 {lo}, i64 {hi})")
 
-        def row_step(t: str) -> None:
-            xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
-            yrow = (
-                b.add(b.mul(b.add(b.mul(r, seq), t), dd), d)
-                if spec.layout
-                else b.add(b.mul(b.add(b.mul(t, dd), d), n), r)
-            )
-            args = [
-                b.gep(ty, gates, b.mul(r, str(g4))),
-                b.gep(ty, gx, b.mul(xrow, str(g4))),
-                bias,
-                peep,
-                b.gep(ty, c, b.mul(r, str(hid))),
-                b.gep(ty, h, b.mul(r, str(hid))),
-                b.gep(ty, y, b.mul(yrow, str(hid))),
-            ]
-            ptrs = ", ".join("ptr " + a for a in args)
-            fn.add(f"call void @{cell}({ptrs}, i64 {j0}, i64 {j1})")
+        def row(r: str) -> None:
+            def row_step(t: str) -> None:
+                xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
+                yrow = (
+                    b.add(b.mul(b.add(b.mul(r, seq), t), dd), d)
+                    if spec.layout
+                    else b.add(b.mul(b.add(b.mul(t, dd), d), n), r)
+                )
+                args = [
+                    b.gep(ty, gates, b.mul(r, str(g4))),
+                    b.gep(ty, gx, b.mul(xrow, str(g4))),
+                    bias,
+                    peep,
+                    b.gep(ty, c, b.mul(r, str(hid))),
+                    b.gep(ty, h_new, b.mul(r, str(hid))),
+                    b.gep(ty, y, b.mul(yrow, str(hid))),
+                ]
+                ptrs = ", ".join("ptr " + a for a in args)
+                fn.add(f"call void @{cell}({ptrs}, i64 {j0}, i64 {j1})")
 
-        if not spec.lens:
-            return row_step(backwards(seq))
-        length = fn.value(f"sext i32 {b.load('i32', b.gep('i32', lens, r))} to i64", "len")
-        b.when(b.cmp("slt", s, length), lambda: row_step(backwards(length)), "valid")
+            if not spec.lens:
+                return row_step(backwards(seq))
+            length = fn.value(f"sext i32 {b.load('i32', b.gep('i32', lens, r))} to i64", "len")
+
+            def keep() -> None:
+                at = b.add(b.mul(r, str(hid)), j0, "at")
+                nbytes = b.mul(b.sub(j1, j0), str(TYPES[spec.dtype][1]), "kbytes")
+                src, dst = b.gep(ty, h, at, "hsrc"), b.gep(ty, h_new, at, "hdst")
+                fn.add(
+                    f"call void @llvm.memcpy.p0.p0.i64(ptr {dst}, ptr {src}, i64 {nbytes}, i1 false)"
+                )
+
+            b.branch(b.cmp("slt", s, length), lambda: row_step(backwards(length)), keep, "valid")
+
+        b.loop(r0, r1, row, "row")
 
     b.loop(first, last, item, "item")
     fn.terminate("ret void")
@@ -461,22 +498,22 @@ class _Products:
         )
 
 
-class _Gates:
-    """Emits a step's gates (:func:`_gates_function`): shared among the native pool's
-    threads when there is more than one and the step has at least
-    :data:`MIN_PARALLEL_GATES` units, else on the calling thread (one chunk)."""
+class _Steps:
+    """Emits a step (:func:`_step_function`): shared among the native pool's threads
+    when there is more than one and its product has at least :data:`MIN_PARALLEL_FMAS`
+    multiply-adds, else on the calling thread (one chunk)."""
 
     def __init__(self, b: Builder, func: str, threads: str, spec: LstmSpec) -> None:
         self.b, self.func, self.threads, self.spec = b, func, threads, spec
-        self.ctx = b.fn.alloca("i64", "gctx", str(_GATE_SLOTS))
+        self.ctx = b.fn.alloca("i64", "sctx", str(_STEP_SLOTS))
 
     def __call__(self, pointers: list[str], ints: list[str]) -> None:
-        b, n = self.b, ints[1]
-        units = b.mul(n, str(self.spec.hidden), "units")
-        items = b.mul(n, str(-(-self.spec.hidden // GATE_UNITS)), "items")
+        b, n, hid = self.b, ints[1], self.spec.hidden
+        work = b.mul(n, str(4 * hid * hid), "sfmas")
         values = _addresses(b, pointers) + ints
+        items = _step_items(b, self.spec, n)
         _launch(
-            b, self.func, self.ctx, values, self.threads, units, MIN_PARALLEL_GATES, items, "gpar"
+            b, self.func, self.ctx, values, self.threads, work, MIN_PARALLEL_FMAS, items, "spar"
         )
 
 
@@ -531,7 +568,12 @@ def _copy_state(
     b.loop("0", n, row, "row")
 
 
-def entry_function(name: str, gates_fn: str, chunk: str, spec: LstmSpec) -> FunctionWriter:
+def _select_ptr(b: Builder, cond: str, a: str, other: str, hint: str) -> str:
+    """``cond ? a : other`` for pointers."""
+    return b.fn.value(f"select i1 {cond}, ptr {a}, ptr {other}", hint)
+
+
+def entry_function(name: str, step_fn: str, chunk: str, spec: LstmSpec) -> FunctionWriter:
     """The entry ``i32 @name(ptrs, recs, ints)`` (see the module docstring)."""
     ty, item = TYPES[spec.dtype]
     fn = FunctionWriter(name, "i32", [("ptr", "ptrs"), ("ptr", "recs"), ("ptr", "ints")])
@@ -540,15 +582,16 @@ def entry_function(name: str, gates_fn: str, chunk: str, spec: LstmSpec) -> Func
     dims = _records(b, spec)
     seq, n = dims["T"][0], dims["N"][0]
     product = _Products(b, chunk, spec)
-    gates_step = _Gates(b, gates_fn, product.threads, spec)
+    run_step = _Steps(b, step_fn, product.threads, spec)
     ptr = {
         a: b.load("ptr", b.gep("ptr", "%ptrs", str(j)), a.lower())
         for j, a in enumerate(spec.arrays)
     }
     hid, g4 = spec.hidden, 4 * spec.hidden
     rows = b.mul(seq, n, "rows")
-    # scratch: GX [T*N, 4H], G [N, 4H], h [N, H], c [N, H] (+ one item: never 0 bytes)
-    words = b.add(b.mul(b.add(rows, n), str(g4)), b.mul(n, str(2 * hid)), "words")
+    # scratch: GX [T*N, 4H], G [N, 4H], h [N, H] twice (the steps read one and write the
+    # other), c [N, H] (+ one item: never 0 bytes)
+    words = b.add(b.mul(b.add(rows, n), str(g4)), b.mul(n, str(3 * hid)), "words")
     nbytes = b.mul(b.add(words, "1"), str(item), "bytes")
     buf = fn.value(f"call noalias ptr @malloc(i64 {nbytes})", "buf")
     b.fail_unless(fn.value(f"icmp ne ptr {buf}, null", "allocated"), len(spec.arrays) + 1)
@@ -559,7 +602,10 @@ def entry_function(name: str, gates_fn: str, chunk: str, spec: LstmSpec) -> Func
         fn.add(f"call void @llvm.memset.p0.i64(ptr {ptr['Y']}, i8 0, i64 {ybytes}, i1 false)")
     gates = b.gep(ty, gx, b.mul(rows, str(g4)), "gates")
     h = b.gep(ty, gates, b.mul(n, str(g4)), "h")
-    c = b.gep(ty, h, b.mul(n, str(hid)), "c")
+    h_odd = b.gep(ty, h, b.mul(n, str(hid)), "hodd")
+    c = b.gep(ty, h_odd, b.mul(n, str(hid)), "c")
+    # after the steps, the last states are in h when T is even, else in h_odd
+    h_last = _select_ptr(b, b.cmp("eq", b.op("and", seq, "1"), "0"), h, h_odd, "hlast")
     for d in range(spec.directions):
         _copy_state(b, spec, ptr.get("initial_h"), h, d, n, out=False)
         _copy_state(b, spec, ptr.get("initial_c"), c, d, n, out=False)
@@ -578,14 +624,17 @@ def entry_function(name: str, gates_fn: str, chunk: str, spec: LstmSpec) -> Func
         b.when(b.cmp("sgt", rows, "0"), project, "proj")
 
         def step(s: str, r_d: str = r_d, b_d: str = b_d, p_d: str = p_d, d: int = d) -> None:
-            product(r_d, h, gates, n, str(hid))
-            arrays = [gates, gx, b_d, p_d, c, h, ptr["Y"], ptr.get("sequence_lens", "null")]
+            even = b.cmp("eq", b.op("and", s, "1"), "0")
+            h_in = _select_ptr(b, even, h, h_odd, "hin")
+            h_out = _select_ptr(b, even, h_odd, h, "hout")
+            arrays = [r_d, h_in, h_out, gates, gx, b_d, p_d, c, ptr["Y"]]
+            arrays.append(ptr.get("sequence_lens", "null"))
             backwards = "1" if spec.reverse or d == 1 else "0"
-            gates_step(arrays, [seq, n, s, str(d), backwards])
+            run_step(arrays, [seq, n, s, str(d), backwards])
 
         b.when(b.cmp("sgt", n, "0"), lambda: b.loop("0", seq, step, "s"), "some")
         if spec.n_outputs >= 2:
-            _copy_state(b, spec, ptr["Y_h"], h, d, n, out=True)
+            _copy_state(b, spec, ptr["Y_h"], h_last, d, n, out=True)
         if spec.n_outputs >= 3:
             _copy_state(b, spec, ptr["Y_c"], c, d, n, out=True)
     fn.add(f"call void @free(ptr {buf})")
@@ -616,13 +665,13 @@ def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
     module.add_function(_product_function(module, rec, spec, attrs))
     chunk = f"{name}.chunk"
     module.add_function(_chunk_function(module, chunk, rec, spec))
-    gates = f"{name}.gates"
-    module.add_function(_gates_function(module, gates, cell, spec))
+    step = f"{name}.step"
+    module.add_function(_step_function(module, step, rec, cell, spec))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
     )
-    module.add_function(entry_function(name, gates, chunk, spec))
+    module.add_function(entry_function(name, step, chunk, spec))
     return name, f"; {spec.describe()}\n" + module.text()
 
 
