@@ -13,9 +13,12 @@ or reverse: the steps in the other order):
 
 1. every step's input is projected at once, ``GX[T*B, 4H] = X[T*B, I] @ W[d]^T`` (rows
    in X's own order, so layout 1 needs no copy);
-2. per step ``t``: ``G[B, 4H] = h @ R[d]^T``, then a vectorized loop per batch row
+2. per step ``t``: ``G[B, 4H] = h @ R^T``, then a vectorized loop per batch row
    computes the gates (``GX + Wb + G + Rb``, peepholes when P is given), the new cell
-   and hidden states, and writes the row of ``Y[t]``;
+   and hidden states, and writes the row of ``Y[t]``; both in one pass over items of
+   :data:`ROW_BLOCK` batch rows by :data:`GATE_UNITS` hidden units (a unit's gates need
+   only its own four columns of ``G``), ``h`` read from one buffer and written to the
+   other;
 3. the last states go to ``Y_h``/``Y_c``.
 
 With ``sequence_lens`` (int32, one per batch entry, each checked to lie in ``[0, T]``:
@@ -23,22 +26,21 @@ status ``n_arrays + 2``, raised as :class:`~geode.errors.ShapeError`), Y starts 
 and a batch row takes only its own steps: the reverse direction starts at its own last
 step, and past its length its states stay as they are (the reference's semantics).
 
-The steps are sequential; each product (the projection, and every step's ``h @ R^T``)
-is shared among the pool's threads by columns of its result (one chunk of gate units
-per thread; a thread runs its own chunk before it steals another, so from step to step a
-thread mostly reads the same rows of ``R``, in its core's cache) when it has at least :data:`MIN_PARALLEL_FMAS` multiply-adds;
-every column is summed by the same code whatever the thread count, so the results are
-the same bits. Each step's gates are shared the same way (runs of
-:data:`GATE_UNITS` hidden units of each batch row, :func:`_gates_function`) once the
-step has :data:`MIN_PARALLEL_GATES` units: the gates' transcendental functions at
-their stated accuracy are most of the arithmetic left after the products. Both products are dot
-products written here (:func:`_product_function`), not BLAS GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes
-(one step's batch rows against all of ``R``) costs more than the products, and every
-threaded GEMM call is a barrier of the BLAS's threads; on a shared 2-core machine the
-BLAS path measured 5-10x slower than these loops.
+The steps are sequential. The projection is shared among the pool's threads by columns
+of its result (one chunk of gate units per thread) when it has at least
+:data:`MIN_PARALLEL_FMAS` multiply-adds; a step, by its items (:func:`_step_function`:
+one launch per step; a thread runs its own items before it steals another, so from step
+to step a thread mostly reads the same rows of ``R``, in its core's cache) when its
+product has that many. Every column and every unit is computed by the same code
+whatever the thread count, so the results are the same bits. Both products are dot
+products written here (:func:`_product_function`), not BLAS GEMMs: a GEMM packs its
+whole right operand at every call, which at an LSTM's sizes (one step's batch rows
+against all of ``R``) costs more than the products, and every threaded GEMM call is a
+barrier of the BLAS's threads; on a shared 2-core machine the BLAS path measured 5-10x
+slower than these loops.
 
-The states ``h`` and ``c``, the projection and the gates live in one ``malloc``-ed
-buffer freed before the entry returns; status ``n_arrays + 1`` says it could not be
+The states ``h`` (twice) and ``c``, the projection and the gates live in one
+``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it could not be
 allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`). Sigmoid and
 tanh are the LLVM backend's vmath functions (IEEE variants, inlined and vectorized).
 Results match the reference kernel (:func:`geode.compiler.ops.rnn.recurrent`) to
