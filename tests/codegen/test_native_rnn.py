@@ -90,6 +90,21 @@ def test_products_in_row_blocks_and_their_tail(batch) -> None:
             np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
 
 
+@pytest.mark.parametrize("vbytes", [16, 32, 64])
+def test_products_at_each_vector_width(vbytes, monkeypatch) -> None:
+    """The products' vectors of 16, 32 and 64 bytes (what hosts without AVX, with AVX
+    and with AVX-512 get): sums over ``K`` shorter than a vector, and longer with a
+    masked part left; hidden sizes that leave units after the blocks of ``UNITS``."""
+    from geode.codegen.backends.llvm import lstm
+
+    monkeypatch.setattr(lstm, "vector_bytes", lambda target: vbytes)
+    hidden, size = 5 + vbytes // 8, 3 + vbytes // 4  # distinct specs: a kernel per width
+    for dtype in ("float32", "float64"):
+        got, want = run_kernel(dtype, hidden, size, "bidirectional", 1, 3, 5, ALL)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
+
+
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_products_shared_among_threads_give_the_same_bits(direction, dtype) -> None:
@@ -101,9 +116,8 @@ def test_products_shared_among_threads_give_the_same_bits(direction, dtype) -> N
     from geode.codegen.backends.llvm.lstm import GATE_UNITS, MIN_PARALLEL_FMAS, ROW_BLOCK, UNITS
     from geode.runtime import native
 
-    hidden, size, seq, batch = 70, 40, 5, 20
+    hidden, size, seq, batch = GATE_UNITS + 6, 40, 5, ROW_BLOCK + 4
     assert batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS  # the steps' products too
-    assert ROW_BLOCK < batch < 2 * ROW_BLOCK and GATE_UNITS < hidden < 2 * GATE_UNITS
     assert (hidden - GATE_UNITS) % UNITS
     ins = lstm_inputs(np.random.default_rng(7), dtype, hidden, size, direction, 0, seq, batch, ALL)
     spec = LstmSpec(

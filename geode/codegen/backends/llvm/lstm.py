@@ -44,7 +44,8 @@ The states ``h`` (twice) and ``c``, the projection and the gates live in one
 allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`). Sigmoid and
 tanh are the LLVM backend's vmath functions (IEEE variants, inlined and vectorized).
 Results match the reference kernel (:func:`geode.compiler.ops.rnn.recurrent`) to
-rounding: the same sums in the same order, the products' inner sums in another.
+rounding: the same sums in the same order, the products' inner sums in another (vectors
+along ``K`` of :func:`vector_bytes`, folded together by :func:`_reduce`).
 """
 
 from __future__ import annotations
@@ -56,12 +57,13 @@ from dataclasses import dataclass
 from geode.codegen.backends.llvm import vmath
 from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.irloops import Builder
-from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
+from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
 from geode.codegen.backends.llvm.kernel import build_module, while_alive
 from geode.codegen.backends.llvm.objcache import CacheDir
+from geode.codegen.backends.llvm.target import Target
 from geode.errors import ExecutionError, ShapeError
 
-__all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel"]
+__all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel", "vector_bytes"]
 
 #: dtype -> (IR type, item size)
 TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
@@ -237,17 +239,99 @@ def _cell_function(module: ModuleWriter, name: str, spec: LstmSpec, attrs: str) 
     return fn
 
 
+def _reduce(fn: FunctionWriter, ty: str, lanes: int, vecs: list[str]) -> tuple[list[str], int]:
+    """Sum the lanes of each of ``vecs`` (``<lanes x ty>``, a power of two of them):
+    pairs of vectors are folded into one by adding their halves (a lane of the result
+    holds a partial sum of one source, the partial-major order keeping each source's
+    lanes together), then each vector is halved until one lane per source is left.
+    Returns the sums as vectors of ``S`` lanes each (``S`` sources: the first vector
+    holds the sums of ``vecs[0:S]`` in order, the next of ``vecs[S:2S]`` ...) and ``S``:
+    fewer shuffles than a horizontal sum per vector."""
+    sources, parts = 1, lanes
+    while len(vecs) > 1 and parts > 1:
+        width, half = sources * parts, parts // 2
+        pick = [
+            [
+                (p * sources + s) if s < sources else width + p * sources + s - sources
+                for p in range(first, first + half)
+                for s in range(2 * sources)
+            ]
+            for first in (0, half)
+        ]
+        nxt = []
+        for a, c in zip(vecs[0::2], vecs[1::2]):
+            lo, hi = (
+                fn.value(
+                    f"shufflevector <{width} x {ty}> {a}, <{width} x {ty}> {c}, "
+                    f"<{width} x i32> <{', '.join(f'i32 {m}' for m in mask)}>",
+                    "fold",
+                )
+                for mask in pick
+            )
+            nxt.append(fn.value(f"fadd <{width} x {ty}> {lo}, {hi}", "folded"))
+        vecs, sources, parts = nxt, 2 * sources, half
+    while parts > 1:
+        width, half = sources * parts, sources * parts // 2
+        out = []
+        for v in vecs:
+            lo, hi = (
+                fn.value(
+                    f"shufflevector <{width} x {ty}> {v}, <{width} x {ty}> poison, "
+                    f"<{half} x i32> <{', '.join(f'i32 {m}' for m in range(first, first + half))}>",
+                    "half",
+                )
+                for first in (0, half)
+            )
+            out.append(fn.value(f"fadd <{half} x {ty}> {lo}, {hi}", "halved"))
+        vecs, parts = out, parts // 2
+    return vecs, sources
+
+
+def _store_sums(
+    fn: FunctionWriter, ty: str, item: int, sums: list[str], per: int, first: int, n: int, out: str
+) -> None:
+    """Store the sums ``[first, first + n)`` (:func:`_reduce`'s vectors of ``per``) to
+    ``out`` and on: a whole vector at once, a part of one through a shuffle."""
+    u = 0
+    while u < n:
+        vec, at = sums[(first + u) // per], (first + u) % per
+        take = min(per - at, n - u)
+        dst = fn.value(f"getelementptr inbounds {ty}, ptr {out}, i64 {u}", "dst")
+        if take == 1:
+            one = fn.value(f"extractelement <{per} x {ty}> {vec}, i64 {at}", "one")
+            fn.add(f"store {ty} {one}, ptr {dst}")
+        else:
+            if take != per:
+                picks = ", ".join(f"i32 {at + k}" for k in range(take))
+                vec = fn.value(
+                    f"shufflevector <{per} x {ty}> {vec}, <{per} x {ty}> poison, "
+                    f"<{take} x i32> <{picks}>",
+                    "part",
+                )
+            fn.add(f"store <{take} x {ty}> {vec}, ptr {dst}, align {item}")
+        u += take
+
+
 def _product_function(
-    module: ModuleWriter, name: str, spec: LstmSpec, attrs: str
+    module: ModuleWriter, name: str, spec: LstmSpec, attrs: str, lanes: int
 ) -> FunctionWriter:
     """``void @name(ptr R, ptr h, ptr G, i64 N, i64 K, i64 j0, i64 j1)``: columns
     ``[j0, j1)`` of ``G[N, 4H] = h[N, K] @ R^T`` (``R``: ``[4H, K]``) as dot products,
     each row of ``R`` (one gate unit) used for every row of ``h`` while it is in cache:
     blocks of :data:`ROWS` rows of ``h`` by :data:`UNITS` units, then the rows left one
     at a time; the units left after the last whole block of :data:`UNITS` one at a time
-    too. Which code sums a column depends only on ``j0``, ``j1`` and ``N``. The sums may
-    be reassociated (so they vectorize), as a GEMM's are."""
-    ty, _ = TYPES[spec.dtype]
+    too. A block's sums are vectors of ``lanes`` items along ``K`` (fused multiply-adds;
+    the last part of ``K`` through masked loads), folded together at the end
+    (:func:`_reduce`). Which code sums a column depends only on ``j0``, ``j1`` and
+    ``N``."""
+    ty, item = TYPES[spec.dtype]
+    vt = f"<{lanes} x {ty}>"
+    suffix = f"v{lanes}f{8 * item}"
+    fma = module.declare(f"llvm.fma.{suffix}", f"declare {vt} @llvm.fma.{suffix}({vt}, {vt}, {vt})")
+    masked = module.declare(
+        f"llvm.masked.load.{suffix}.p0",
+        f"declare {vt} @llvm.masked.load.{suffix}.p0(ptr, i32 immarg, <{lanes} x i1>, {vt})",
+    )
     fn = FunctionWriter(
         name,
         "void",
@@ -266,8 +350,17 @@ def _product_function(
     b = Builder(fn)
     r, h, g, n, hid, j0, j1 = (fn.param(j) for j in range(7))
     g4 = str(4 * spec.hidden)
-    accs = [[fn.alloca(ty, f"acc{i}_{u}") for u in range(UNITS)] for i in range(ROWS)]
-    zero = float_literal(0.0, ty)
+    accs = [[fn.alloca(vt, f"acc{i}_{u}") for u in range(UNITS)] for i in range(ROWS)]
+    full = b.mul(b.op("sdiv", hid, str(lanes), "kvecs"), str(lanes), "kfull")
+    rest = b.sub(hid, full, "krest")
+    spread = fn.value(f"insertelement <{lanes} x i64> poison, i64 {rest}, i64 0", "rest")
+    spread = fn.value(
+        f"shufflevector <{lanes} x i64> {spread}, <{lanes} x i64> poison, "
+        f"<{lanes} x i32> zeroinitializer",
+        "rests",
+    )
+    steps = ", ".join(f"i64 {k}" for k in range(lanes))
+    mask = fn.value(f"icmp slt <{lanes} x i64> <{steps}>, {spread}", "kmask")
 
     def units(j: str, width: int) -> None:
         rrows = [b.gep(ty, r, b.mul(b.add(j, str(u)), hid), f"rrow{u}") for u in range(width)]
@@ -276,23 +369,31 @@ def _product_function(
             hrows = [b.gep(ty, h, b.mul(b.add(i0, str(i)), hid), "hrow") for i in range(count)]
             lines = [line[:width] for line in accs[:count]]
             for acc in (a for line in lines for a in line):
-                fn.add(f"store {ty} {zero}, ptr {acc}")
+                fn.add(f"store {vt} zeroinitializer, ptr {acc}")
 
-            def term(k: str) -> None:
-                hvs = [b.load(ty, b.gep(ty, hrow, k), "hv") for hrow in hrows]
-                rvs = [b.load(ty, b.gep(ty, rrow, k), "rv") for rrow in rrows]
+            def load(row: str, k: str, tail: bool) -> str:
+                at = b.gep(ty, row, k, "at")
+                if tail:
+                    args = f"ptr {at}, i32 {item}, <{lanes} x i1> {mask}, {vt} zeroinitializer"
+                    return fn.value(f"call {vt} {masked}({args})", "tv")
+                return fn.value(f"load {vt}, ptr {at}, align {item}", "v")
+
+            def term(k: str, tail: bool = False) -> None:
+                hvs = [load(hrow, k, tail) for hrow in hrows]
+                rvs = [load(rrow, k, tail) for rrow in rrows]
                 for hv, line in zip(hvs, lines):
                     for acc, rv in zip(line, rvs):
-                        prod = fn.value(f"fmul contract {ty} {rv}, {hv}", "prod")
-                        old = b.load(ty, acc, "a")
-                        total = fn.value(f"fadd reassoc contract {ty} {old}, {prod}")
-                        fn.add(f"store {ty} {total}, ptr {acc}")
+                        old = fn.value(f"load {vt}, ptr {acc}", "a")
+                        total = fn.value(f"call {vt} {fma}({vt} {rv}, {vt} {hv}, {vt} {old})")
+                        fn.add(f"store {vt} {total}, ptr {acc}")
 
-            b.loop("0", hid, term, "k")
-            for i, line in enumerate(lines):
+            b.loop("0", full, term, "k", step=str(lanes))
+            b.when(b.cmp("sgt", rest, "0"), lambda: term(full, tail=True), "ktail")
+            flat = [fn.value(f"load {vt}, ptr {a}", "sum") for line in lines for a in line]
+            sums, per = _reduce(fn, ty, lanes, flat)
+            for i in range(count):
                 out = b.gep(ty, g, b.add(b.mul(b.add(i0, str(i)), g4), j), "gout")
-                for u, acc in enumerate(line):
-                    fn.add(f"store {ty} {b.load(ty, acc, 'sum')}, ptr {b.gep(ty, out, str(u))}")
+                _store_sums(fn, ty, item, sums, per, i * width, width, out)
 
         blocked = b.mul(b.op("sdiv", n, str(ROWS), "blocks"), str(ROWS), "blocked")
         b.loop("0", blocked, lambda i: rows(i, ROWS), "b", step=str(ROWS))
@@ -341,7 +442,7 @@ _STEP_SLOTS = 15
 
 #: hidden units of one item of a step's work (the unit runs are fixed: the same bits on
 #: any thread count)
-GATE_UNITS = 64
+GATE_UNITS = 32
 
 #: batch rows of one item of a step's work
 ROW_BLOCK = 16
@@ -445,6 +546,12 @@ def _step_function(
 MIN_PARALLEL_FMAS = 1 << 16
 
 
+#: chunks per thread a launch is split into: the pool's threads take them one at a
+#: time, so a thread the machine's other work delays holds back only one small chunk
+#: (the others take the rest) and the step's barrier waits less
+CHUNKS_PER_THREAD = 4
+
+
 def _launch(
     b: Builder,
     func: str,
@@ -457,16 +564,16 @@ def _launch(
     hint: str,
 ) -> None:
     """Store ``values`` (i64s) in ``ctx`` and run the chunk function ``func`` (``void
-    (ptr ctx, i64 chunk, i64 nchunks)``): as ``min(threads, items)`` chunks on the native
-    pool when there is more than one thread and ``work`` is at least ``least``, else as
-    one chunk on the calling thread."""
+    (ptr ctx, i64 chunk, i64 nchunks)``): as ``min(CHUNKS_PER_THREAD * threads, items)``
+    chunks on the native pool when there is more than one thread and ``work`` is at
+    least ``least``, else as one chunk on the calling thread."""
     fn = b.fn
     for j, v in enumerate(values):
         fn.add(f"store i64 {v}, ptr {b.gep('i64', ctx, str(j))}")
     many = b.all_of([b.cmp("sgt", threads, "1"), b.cmp("sge", work, str(least))])
 
     def pool() -> None:
-        parts = b.min(threads, items, "parts")
+        parts = b.min(b.mul(threads, str(CHUNKS_PER_THREAD)), items, "parts")
         fn.add(f"call void @geode_parallel_for(ptr @{func}, ptr {ctx}, i64 {parts}, i64 {threads})")
 
     b.branch(many, pool, lambda: fn.add(f"call void @{func}(ptr {ctx}, i64 0, i64 1)"), hint)
@@ -644,10 +751,11 @@ def entry_function(name: str, step_fn: str, chunk: str, spec: LstmSpec) -> Funct
     return fn
 
 
-def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
+def lstm_ir(spec: LstmSpec, attrs: str = "", vector_bytes: int = 32) -> tuple[str, str]:
     """``(entry name, module IR)`` of the native LSTM of ``spec`` (``attrs``: the target's
-    function attributes, :attr:`~.target.Target.function_attrs`)."""
-    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+    function attributes, :attr:`~.target.Target.function_attrs`; ``vector_bytes``: the
+    width of the products' vectors, :func:`vector_bytes`)."""
+    digest = hashlib.sha256(f"{spec!r} {vector_bytes}".encode()).hexdigest()[:12]
     name = f"geode_lstm_{digest}"
     module = ModuleWriter(name)
     module.declare("llvm.memset.p0.i64", _MEMSET)
@@ -664,7 +772,8 @@ def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
     cell = f"{name}.cell"
     module.add_function(_cell_function(module, cell, spec, attrs))
     rec = f"{name}.product"
-    module.add_function(_product_function(module, rec, spec, attrs))
+    lanes = max(1, vector_bytes // TYPES[spec.dtype][1])
+    module.add_function(_product_function(module, rec, spec, attrs, lanes))
     chunk = f"{name}.chunk"
     module.add_function(_chunk_function(module, chunk, rec, spec))
     step = f"{name}.step"
@@ -723,6 +832,14 @@ def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
     return tuple(args)
 
 
+def vector_bytes(target: Target) -> int:
+    """Bytes of the products' vectors on ``target``: 64 where 512-bit vectors are
+    preferred, else 32 with AVX, else 16."""
+    if target.prefer_vector_width == "512":
+        return 64
+    return 32 if target.has("avx") else 16
+
+
 @while_alive
 def lstm_kernel(spec: LstmSpec, cache_dir: CacheDir | None = None) -> LstmKernel:
     """The compiled native LSTM of ``spec`` (object code through the disk cache in
@@ -731,7 +848,7 @@ def lstm_kernel(spec: LstmSpec, cache_dir: CacheDir | None = None) -> LstmKernel
 
     t0 = time.perf_counter()
     target = host()
-    name, ir = lstm_ir(spec, target.function_attrs)
+    name, ir = lstm_ir(spec, target.function_attrs, vector_bytes(target))
     loaded, from_cache = build_module(name, ir, target, cache_dir)
     emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
     seconds = time.perf_counter() - t0
