@@ -105,20 +105,33 @@ def test_products_at_each_vector_width(vbytes, monkeypatch) -> None:
             np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
 
 
-@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_products_shared_among_threads_give_the_same_bits(direction, dtype) -> None:
+@pytest.mark.parametrize(
+    "direction, dtype, case",
+    [
+        ("forward", "float32", "blocks"),
+        ("forward", "float64", "blocks"),
+        ("bidirectional", "float32", "blocks"),
+        ("bidirectional", "float64", "blocks"),
+        ("forward", "float32", "batch1"),
+        ("bidirectional", "float64", "batch1"),
+    ],
+)
+def test_products_shared_among_threads_give_the_same_bits(direction, dtype, case) -> None:
     """Products big enough for the pool (``MIN_PARALLEL_FMAS``; the projection's column
-    chunks are not a power of two; each step has items of two row blocks, the second
-    short, by two runs of units, the second short and not a multiple of ``UNITS``) give
-    bit for bit what one thread gives, and match the reference kernel, with sequence
-    lengths and every optional input."""
+    chunks are not a power of two) give bit for bit what one thread gives, and match the
+    reference kernel, with sequence lengths and every optional input. The steps' items:
+    "blocks", two row blocks, the second short, by two runs of units, the second short
+    and not a multiple of ``UNITS``; "batch1", one batch row by five runs of units (more
+    items than chunks on two threads), the last of three units."""
     from geode.codegen.backends.llvm.lstm import GATE_UNITS, MIN_PARALLEL_FMAS, ROW_BLOCK, UNITS
     from geode.runtime import native
 
-    hidden, size, seq, batch = GATE_UNITS + 6, 40, 5, ROW_BLOCK + 4
+    if case == "blocks":
+        hidden, size, seq, batch = GATE_UNITS + 6, 40, 5, ROW_BLOCK + 4
+    else:
+        hidden, size, seq, batch = 4 * GATE_UNITS + 3, 40, 5, 1
     assert batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS  # the steps' products too
-    assert (hidden - GATE_UNITS) % UNITS
+    assert hidden % GATE_UNITS % UNITS
     ins = lstm_inputs(np.random.default_rng(7), dtype, hidden, size, direction, 0, seq, batch, ALL)
     spec = LstmSpec(
         dtype, hidden, size, DIRS[direction], False, 0, True, True, True, True, 3, lens=True
