@@ -872,6 +872,7 @@ def test_pipeline_disable_enable_and_bounds():
         "var_is_initialized",
         "mark_variables",
         "fold_bn",
+        "rnn_layout",
         "simplify",
         "variable_format",
         "const_fold",
