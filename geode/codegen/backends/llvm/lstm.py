@@ -27,25 +27,26 @@ and a batch row takes only its own steps: the reverse direction starts at its ow
 step, and past its length its states stay as they are (the reference's semantics).
 
 The steps are sequential. The projection is shared among the pool's threads by columns
-of its result (one chunk of gate units per thread) when it has at least
-:data:`MIN_PARALLEL_FMAS` multiply-adds; a step, by its items (:func:`_step_function`:
-one launch per step; a thread runs its own items before it steals another, so from step
-to step a thread mostly reads the same rows of ``R``, in its core's cache) when its
-product has that many. Every column and every unit is computed by the same code
-whatever the thread count, so the results are the same bits. Both products are dot
-products written here (:func:`_product_function`), not BLAS GEMMs: a GEMM packs its
-whole right operand at every call, which at an LSTM's sizes (one step's batch rows
-against all of ``R``) costs more than the products, and every threaded GEMM call is a
-barrier of the BLAS's threads; on a shared 2-core machine the BLAS path measured 5-10x
-slower than these loops.
+of its result (up to :data:`CHUNKS_PER_THREAD` chunks of gate units per thread) when it
+has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; a step, by its items
+(:func:`_step_function`: one launch per step; a thread runs its own items before it
+steals another, so from step to step a thread mostly reads the same rows of ``R``, in
+its core's cache) when its product has that many. Every column and every unit is
+computed by the same code whatever the thread count, so the results are the same bits.
+Both products are dot products written here (:func:`_product_function`), not BLAS
+GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes (one
+step's batch rows against all of ``R``) costs more than the products, and every threaded
+GEMM call is a barrier of the BLAS's threads; on a shared 2-core machine the BLAS path
+measured 5-10x slower than these loops.
 
 The states ``h`` (twice) and ``c``, the projection and the gates live in one
-``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it could not be
-allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`). Sigmoid and
-tanh are the LLVM backend's vmath functions (IEEE variants, inlined and vectorized).
-Results match the reference kernel (:func:`geode.compiler.ops.rnn.recurrent`) to
-rounding: the same sums in the same order, the products' inner sums in another (vectors
-along ``K`` of :func:`vector_bytes`, folded together by :func:`_reduce`).
+``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
+could not be allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`).
+Sigmoid and tanh are the LLVM backend's vmath functions (IEEE variants, inlined and
+vectorized). Results match the reference kernel
+(:func:`geode.compiler.ops.rnn.recurrent`) to rounding: the same sums in the same order,
+the products' inner sums in another (vectors along ``K`` of :func:`vector_bytes`, folded
+together by :func:`_reduce`).
 """
 
 from __future__ import annotations
@@ -585,10 +586,10 @@ def _addresses(b: Builder, pointers: list[str]) -> list[str]:
 
 
 class _Products:
-    """Emits the entry's products ``G = h @ R^T`` (:func:`_chunk_function`): on the
+    """Emits the input projection ``GX = X @ W^T`` (:func:`_chunk_function`): on the
     calling thread, or shared among the native pool's threads (the ``threads`` argument,
     0: the pool's size) by columns of ``G`` when there is enough work
-    (:data:`MIN_PARALLEL_FMAS`)."""
+    (:data:`MIN_PARALLEL_FMAS`). Its thread count is the steps' too."""
 
     def __init__(self, b: Builder, chunk: str, spec: LstmSpec) -> None:
         self.b, self.chunk, self.spec = b, chunk, spec
