@@ -248,6 +248,8 @@ def _reduce(fn: FunctionWriter, ty: str, lanes: int, vecs: list[str]) -> tuple[l
     Returns the sums as vectors of ``S`` lanes each (``S`` sources: the first vector
     holds the sums of ``vecs[0:S]`` in order, the next of ``vecs[S:2S]`` ...) and ``S``:
     fewer shuffles than a horizontal sum per vector."""
+    if len(vecs) & (len(vecs) - 1):
+        raise ValueError(f"{len(vecs)} sums to fold (a power of two: ROWS and UNITS are)")
     sources, parts = 1, lanes
     while len(vecs) > 1 and parts > 1:
         width, half = sources * parts, parts // 2
