@@ -25,6 +25,7 @@ from geode.compiler.passes.dce import dce
 from geode.compiler.passes.decompose import decompose
 from geode.compiler.passes.fold_bn import fold_batch_norm
 from geode.compiler.passes.fuse_conv import fuse_conv_epilogues
+from geode.compiler.passes.rnn_layout import absorb_lstm_transposes
 from geode.compiler.passes.simplify import simplify
 from geode.compiler.passes.variable_format import accelerate_variable_formats
 from geode.compiler.passes.variable_prepare import prepare_variables
@@ -73,6 +74,7 @@ PIPELINE: list[Pass] = [
     Pass("freeze_variables", freeze_read_only_variables, optional=True),
     Pass("fold_bn", fold_batch_norm),  # before decompose splits BatchNormalization
     Pass("decompose", decompose),
+    Pass("rnn_layout", absorb_lstm_transposes),  # before simplify folds what it leaves
     Pass("simplify", simplify),
     Pass("variable_format", accelerate_variable_formats, session=True),  # after decompose
     Pass("const_fold", fold_constants),

@@ -90,17 +90,48 @@ def test_products_in_row_blocks_and_their_tail(batch) -> None:
             np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
 
 
-@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_products_shared_among_threads_give_the_same_bits(direction, dtype) -> None:
-    """Products big enough for the pool (``MIN_PARALLEL_FMAS``; hidden 36: column chunks
-    that are not a power of two) give bit for bit what one thread gives, and match the
-    reference kernel, with sequence lengths and every optional input."""
-    from geode.codegen.backends.llvm.lstm import MIN_PARALLEL_FMAS
+@pytest.mark.parametrize("vbytes", [16, 32, 64])
+def test_products_at_each_vector_width(vbytes, monkeypatch) -> None:
+    """The products' vectors of 16, 32 and 64 bytes (what hosts without AVX, with AVX
+    and with AVX-512 get): sums over ``K`` shorter than a vector, and longer with a
+    masked part left; hidden sizes that leave units after the blocks of ``UNITS``."""
+    from geode.codegen.backends.llvm import lstm
+
+    monkeypatch.setattr(lstm, "vector_bytes", lambda target: vbytes)
+    hidden, size = 5 + vbytes // 8, 3 + vbytes // 4  # distinct specs: a kernel per width
+    for dtype in ("float32", "float64"):
+        got, want = run_kernel(dtype, hidden, size, "bidirectional", 1, 3, 5, ALL)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize(
+    "direction, dtype, case",
+    [
+        ("forward", "float32", "blocks"),
+        ("forward", "float64", "blocks"),
+        ("bidirectional", "float32", "blocks"),
+        ("bidirectional", "float64", "blocks"),
+        ("forward", "float32", "batch1"),
+        ("bidirectional", "float64", "batch1"),
+    ],
+)
+def test_products_shared_among_threads_give_the_same_bits(direction, dtype, case) -> None:
+    """Products big enough for the pool (``MIN_PARALLEL_FMAS``; the projection's column
+    chunks are not a power of two) give bit for bit what one thread gives, and match the
+    reference kernel, with sequence lengths and every optional input. The steps' items:
+    "blocks", two row blocks, the second short, by two runs of units, the second short
+    and not a multiple of ``UNITS``; "batch1", one batch row by five runs of units (more
+    items than chunks on two threads), the last of three units."""
+    from geode.codegen.backends.llvm.lstm import GATE_UNITS, MIN_PARALLEL_FMAS, ROW_BLOCK, UNITS
     from geode.runtime import native
 
-    hidden, size, seq, batch = 36, 40, 5, 16
+    if case == "blocks":
+        hidden, size, seq, batch = GATE_UNITS + 6, 40, 5, ROW_BLOCK + 4
+    else:
+        hidden, size, seq, batch = 4 * GATE_UNITS + 3, 40, 5, 1
     assert batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS  # the steps' products too
+    assert hidden % GATE_UNITS % UNITS
     ins = lstm_inputs(np.random.default_rng(7), dtype, hidden, size, direction, 0, seq, batch, ALL)
     spec = LstmSpec(
         dtype, hidden, size, DIRS[direction], False, 0, True, True, True, True, 3, lens=True
@@ -115,10 +146,10 @@ def test_products_shared_among_threads_give_the_same_bits(direction, dtype) -> N
         kernel(*[a for a in ins if a is not None], *outs, threads=threads)
         launched[threads] = native.pool_info()["launches"] - before
         results[threads] = outs
-    # one thread: no launch; more: the projection, and every step's product and gates, of
-    # each direction
+    # one thread: no launch; more: the projection, and every step (its product and
+    # gates in one launch), of each direction
     assert launched[1] == 0
-    assert launched[2] == launched[3] == DIRS[direction] * (1 + 2 * seq)
+    assert launched[2] == launched[3] == DIRS[direction] * (1 + seq)
     for threads in (2, 3):
         for a, b in zip(results[1], results[threads]):
             np.testing.assert_array_equal(a, b)

@@ -558,6 +558,24 @@ def test_simplify_squeeze_pairs_at_unknown_rank():
     assert out["a"].shape == (1, 1, 3) and out["b"].shape == (1, 1, 3)
 
 
+def test_simplify_gather_of_a_size_one_axis_is_a_squeeze():
+    g = geode.Graph("gather")
+    x = g.input("x", [1, "N", 3])
+    y = g.input("y", [2, "N", 3])
+    first = g.constant(np.array(0, np.int64))
+    last = g.constant(np.array(-1, np.int64))
+    a = g.op("Gather", x, last)  # axis 0 of size 1: a Squeeze
+    b = g.op("Gather", ops.unsqueeze(x, [0]), first, axis=-4)  # negative axis too
+    c = g.op("Gather", y, last)  # axis of size 2: stays
+    d = g.op("Gather", x, g.constant(np.array([0], np.int64)))  # 1-D index: stays
+    g.output(a, b, c, d, names=["a", "b", "c", "d"])
+    after = run_pass(g, simplify)
+    assert after.values["a"].producer.op_type == "Squeeze"
+    assert after.values["b"].producer.op_type in ("Squeeze", "Unsqueeze", "Identity")
+    assert after.values["c"].producer.op_type == "Gather"
+    assert after.values["d"].producer.op_type == "Gather"
+
+
 def test_simplify_pow_strength_reduction():
     g = geode.Graph("p")
     x = g.input("x", ["N", 4])
@@ -872,6 +890,7 @@ def test_pipeline_disable_enable_and_bounds():
         "var_is_initialized",
         "mark_variables",
         "fold_bn",
+        "rnn_layout",
         "simplify",
         "variable_format",
         "const_fold",

@@ -26,6 +26,7 @@ from geode.compiler.passes.rewrite import (
     shapes_equal,
     try_rewrite,
 )
+from geode.compiler.shapes import dims_equal
 
 #: ops that only reinterpret the shape of row-major data
 RESHAPE_LIKE = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
@@ -52,7 +53,9 @@ def simplify(graph: Graph) -> bool:
       (they cancel, even at unknown rank); ``Reshape(Reshape(x, s1), s2)`` ->
       ``Reshape(x, s2)`` when ``s2`` is constant without 0 (a 0 copies a dim of the
       middle shape; -1 is fine: it depends only on the element count);
-    * ``Expand(x, s)`` -> ``x`` when the result has ``x``'s shape.
+    * ``Expand(x, s)`` -> ``x`` when the result has ``x``'s shape;
+    * ``Gather(x, i, axis)`` with a constant scalar ``i`` of 0 or -1 on an axis of size 1
+      -> ``Squeeze(x, axis)`` (a view, which the Reshape-like rules may cancel further).
 
     Graph outputs keep their names. Returns True when the graph changed.
     """
@@ -237,6 +240,21 @@ def _expand(graph: Graph, node: Node) -> bool:
     return _forward(graph, node, x)
 
 
+def _gather(graph: Graph, node: Node) -> bool:
+    x, index = node.input(0), node.input(1)
+    if x is None or x.shape is None or index is None or index.rank != 0:
+        return False
+    at = const_ints(index)
+    rank = len(x.shape)
+    axis = int(node.attr("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    if at is None or at[0] not in (0, -1) or not 0 <= axis < rank:
+        return False
+    if dims_equal(x.shape[axis], 1) is not True:
+        return False
+    return try_rewrite(graph, node, lambda rw: [rw.op("Squeeze", x, rw.ints([axis]))])
+
+
 RULES: dict[str, Rule] = {
     "Identity": _identity,
     "Add": _neutral,
@@ -255,4 +273,5 @@ RULES: dict[str, Rule] = {
     "Unsqueeze": _reshape_like,
     "Flatten": _reshape_like,
     "Expand": _expand,
+    "Gather": _gather,
 }

@@ -13,9 +13,12 @@ or reverse: the steps in the other order):
 
 1. every step's input is projected at once, ``GX[T*B, 4H] = X[T*B, I] @ W[d]^T`` (rows
    in X's own order, so layout 1 needs no copy);
-2. per step ``t``: ``G[B, 4H] = h @ R[d]^T``, then a vectorized loop per batch row
+2. per step ``t``: ``G[B, 4H] = h @ R^T``, then a vectorized loop per batch row
    computes the gates (``GX + Wb + G + Rb``, peepholes when P is given), the new cell
-   and hidden states, and writes the row of ``Y[t]``;
+   and hidden states, and writes the row of ``Y[t]``; both in one pass over items of
+   :data:`ROW_BLOCK` batch rows by :data:`GATE_UNITS` hidden units (a unit's gates need
+   only its own four columns of ``G``), ``h`` read from one buffer and written to the
+   other;
 3. the last states go to ``Y_h``/``Y_c``.
 
 With ``sequence_lens`` (int32, one per batch entry, each checked to lie in ``[0, T]``:
@@ -23,26 +26,27 @@ status ``n_arrays + 2``, raised as :class:`~geode.errors.ShapeError`), Y starts 
 and a batch row takes only its own steps: the reverse direction starts at its own last
 step, and past its length its states stay as they are (the reference's semantics).
 
-The steps are sequential; each product (the projection, and every step's ``h @ R^T``)
-is shared among the pool's threads by columns of its result (one chunk of gate units
-per thread; a thread runs its own chunk before it steals another, so from step to step a
-thread mostly reads the same rows of ``R``, in its core's cache) when it has at least :data:`MIN_PARALLEL_FMAS` multiply-adds;
-every column is summed by the same code whatever the thread count, so the results are
-the same bits. Each step's gates are shared the same way (runs of
-:data:`GATE_UNITS` hidden units of each batch row, :func:`_gates_function`) once the
-step has :data:`MIN_PARALLEL_GATES` units: the gates' transcendental functions at
-their stated accuracy are most of the arithmetic left after the products. Both products are dot
-products written here (:func:`_product_function`), not BLAS GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes
-(one step's batch rows against all of ``R``) costs more than the products, and every
-threaded GEMM call is a barrier of the BLAS's threads; on a shared 2-core machine the
-BLAS path measured 5-10x slower than these loops.
+The steps are sequential. The projection is shared among the pool's threads by columns
+of its result (up to :data:`CHUNKS_PER_THREAD` chunks of gate units per thread) when it
+has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; a step, by its items
+(:func:`_step_function`: one launch per step; a thread runs its own items before it
+steals another, so from step to step a thread mostly reads the same rows of ``R``, in
+its core's cache) when its product has that many. Every column and every unit is
+computed by the same code whatever the thread count, so the results are the same bits.
+Both products are dot products written here (:func:`_product_function`), not BLAS
+GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes (one
+step's batch rows against all of ``R``) costs more than the products, and every threaded
+GEMM call is a barrier of the BLAS's threads; on a shared 2-core machine the BLAS path
+measured 5-10x slower than these loops.
 
-The states ``h`` and ``c``, the projection and the gates live in one ``malloc``-ed
-buffer freed before the entry returns; status ``n_arrays + 1`` says it could not be
-allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`). Sigmoid and
-tanh are the LLVM backend's vmath functions (IEEE variants, inlined and vectorized).
-Results match the reference kernel (:func:`geode.compiler.ops.rnn.recurrent`) to
-rounding: the same sums in the same order, the products' inner sums in another.
+The states ``h`` (twice) and ``c``, the projection and the gates live in one
+``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
+could not be allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`).
+Sigmoid and tanh are the LLVM backend's vmath functions (IEEE variants, inlined and
+vectorized). Results match the reference kernel
+(:func:`geode.compiler.ops.rnn.recurrent`) to rounding: the same sums in the same order,
+the products' inner sums in another (vectors along ``K`` of :func:`vector_bytes`, folded
+together by :func:`_reduce`).
 """
 
 from __future__ import annotations
@@ -54,12 +58,13 @@ from dataclasses import dataclass
 from geode.codegen.backends.llvm import vmath
 from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.irloops import Builder
-from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
+from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
 from geode.codegen.backends.llvm.kernel import build_module, while_alive
 from geode.codegen.backends.llvm.objcache import CacheDir
+from geode.codegen.backends.llvm.target import Target
 from geode.errors import ExecutionError, ShapeError
 
-__all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel"]
+__all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel", "vector_bytes"]
 
 #: dtype -> (IR type, item size)
 TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
@@ -235,16 +240,101 @@ def _cell_function(module: ModuleWriter, name: str, spec: LstmSpec, attrs: str) 
     return fn
 
 
+def _reduce(fn: FunctionWriter, ty: str, lanes: int, vecs: list[str]) -> tuple[list[str], int]:
+    """Sum the lanes of each of ``vecs`` (``<lanes x ty>``, a power of two of them):
+    pairs of vectors are folded into one by adding their halves (a lane of the result
+    holds a partial sum of one source, the partial-major order keeping each source's
+    lanes together), then each vector is halved until one lane per source is left.
+    Returns the sums as vectors of ``S`` lanes each (``S`` sources: the first vector
+    holds the sums of ``vecs[0:S]`` in order, the next of ``vecs[S:2S]`` ...) and ``S``:
+    fewer shuffles than a horizontal sum per vector."""
+    if len(vecs) & (len(vecs) - 1):
+        raise ValueError(f"{len(vecs)} sums to fold (a power of two: ROWS and UNITS are)")
+    sources, parts = 1, lanes
+    while len(vecs) > 1 and parts > 1:
+        width, half = sources * parts, parts // 2
+        pick = [
+            [
+                (p * sources + s) if s < sources else width + p * sources + s - sources
+                for p in range(first, first + half)
+                for s in range(2 * sources)
+            ]
+            for first in (0, half)
+        ]
+        nxt = []
+        for a, c in zip(vecs[0::2], vecs[1::2]):
+            lo, hi = (
+                fn.value(
+                    f"shufflevector <{width} x {ty}> {a}, <{width} x {ty}> {c}, "
+                    f"<{width} x i32> <{', '.join(f'i32 {m}' for m in mask)}>",
+                    "fold",
+                )
+                for mask in pick
+            )
+            nxt.append(fn.value(f"fadd <{width} x {ty}> {lo}, {hi}", "folded"))
+        vecs, sources, parts = nxt, 2 * sources, half
+    while parts > 1:
+        width, half = sources * parts, sources * parts // 2
+        out = []
+        for v in vecs:
+            lo, hi = (
+                fn.value(
+                    f"shufflevector <{width} x {ty}> {v}, <{width} x {ty}> poison, "
+                    f"<{half} x i32> <{', '.join(f'i32 {m}' for m in range(first, first + half))}>",
+                    "half",
+                )
+                for first in (0, half)
+            )
+            out.append(fn.value(f"fadd <{half} x {ty}> {lo}, {hi}", "halved"))
+        vecs, parts = out, parts // 2
+    return vecs, sources
+
+
+def _store_sums(
+    fn: FunctionWriter, ty: str, item: int, sums: list[str], per: int, first: int, n: int, out: str
+) -> None:
+    """Store the sums ``[first, first + n)`` (:func:`_reduce`'s vectors of ``per``) to
+    ``out`` and on: a whole vector at once, a part of one through a shuffle."""
+    u = 0
+    while u < n:
+        vec, at = sums[(first + u) // per], (first + u) % per
+        take = min(per - at, n - u)
+        dst = fn.value(f"getelementptr inbounds {ty}, ptr {out}, i64 {u}", "dst")
+        if take == 1:
+            one = fn.value(f"extractelement <{per} x {ty}> {vec}, i64 {at}", "one")
+            fn.add(f"store {ty} {one}, ptr {dst}")
+        else:
+            if take != per:
+                picks = ", ".join(f"i32 {at + k}" for k in range(take))
+                vec = fn.value(
+                    f"shufflevector <{per} x {ty}> {vec}, <{per} x {ty}> poison, "
+                    f"<{take} x i32> <{picks}>",
+                    "part",
+                )
+            fn.add(f"store <{take} x {ty}> {vec}, ptr {dst}, align {item}")
+        u += take
+
+
 def _product_function(
-    module: ModuleWriter, name: str, spec: LstmSpec, attrs: str
+    module: ModuleWriter, name: str, spec: LstmSpec, attrs: str, lanes: int
 ) -> FunctionWriter:
     """``void @name(ptr R, ptr h, ptr G, i64 N, i64 K, i64 j0, i64 j1)``: columns
-    ``[j0, j1)`` (multiples of :data:`UNITS`) of ``G[N, 4H] = h[N, K] @ R^T`` (``R``:
-    ``[4H, K]``) as dot products, each row of ``R`` (one gate unit) used for every row
-    of ``h`` while it is in cache: blocks of :data:`ROWS` rows of ``h`` by
-    :data:`UNITS` units, then the rows left one at a time. The sums may be reassociated (so they vectorize), as
-    a GEMM's are."""
-    ty, _ = TYPES[spec.dtype]
+    ``[j0, j1)`` of ``G[N, 4H] = h[N, K] @ R^T`` (``R``: ``[4H, K]``) as dot products,
+    each row of ``R`` (one gate unit) used for every row of ``h`` while it is in cache:
+    blocks of :data:`ROWS` rows of ``h`` by :data:`UNITS` units, then the rows left one
+    at a time; the units left after the last whole block of :data:`UNITS` one at a time
+    too. A block's sums are vectors of ``lanes`` items along ``K`` (fused multiply-adds;
+    the last part of ``K`` through masked loads), folded together at the end
+    (:func:`_reduce`). Which code sums a column depends only on ``j0``, ``j1`` and
+    ``N``."""
+    ty, item = TYPES[spec.dtype]
+    vt = f"<{lanes} x {ty}>"
+    suffix = f"v{lanes}f{8 * item}"
+    fma = module.declare(f"llvm.fma.{suffix}", f"declare {vt} @llvm.fma.{suffix}({vt}, {vt}, {vt})")
+    masked = module.declare(
+        f"llvm.masked.load.{suffix}.p0",
+        f"declare {vt} @llvm.masked.load.{suffix}.p0(ptr, i32 immarg, <{lanes} x i1>, {vt})",
+    )
     fn = FunctionWriter(
         name,
         "void",
@@ -263,38 +353,58 @@ def _product_function(
     b = Builder(fn)
     r, h, g, n, hid, j0, j1 = (fn.param(j) for j in range(7))
     g4 = str(4 * spec.hidden)
-    accs = [[fn.alloca(ty, f"acc{i}_{u}") for u in range(UNITS)] for i in range(ROWS)]
-    zero = float_literal(0.0, ty)
+    accs = [[fn.alloca(vt, f"acc{i}_{u}") for u in range(UNITS)] for i in range(ROWS)]
+    full = b.mul(b.op("sdiv", hid, str(lanes), "kvecs"), str(lanes), "kfull")
+    rest = b.sub(hid, full, "krest")
+    spread = fn.value(f"insertelement <{lanes} x i64> poison, i64 {rest}, i64 0", "rest")
+    spread = fn.value(
+        f"shufflevector <{lanes} x i64> {spread}, <{lanes} x i64> poison, "
+        f"<{lanes} x i32> zeroinitializer",
+        "rests",
+    )
+    steps = ", ".join(f"i64 {k}" for k in range(lanes))
+    mask = fn.value(f"icmp slt <{lanes} x i64> <{steps}>, {spread}", "kmask")
 
-    def units(j: str) -> None:
-        rrows = [b.gep(ty, r, b.mul(b.add(j, str(u)), hid), f"rrow{u}") for u in range(UNITS)]
+    def units(j: str, width: int) -> None:
+        rrows = [b.gep(ty, r, b.mul(b.add(j, str(u)), hid), f"rrow{u}") for u in range(width)]
 
         def rows(i0: str, count: int) -> None:
             hrows = [b.gep(ty, h, b.mul(b.add(i0, str(i)), hid), "hrow") for i in range(count)]
-            for acc in (a for line in accs[:count] for a in line):
-                fn.add(f"store {ty} {zero}, ptr {acc}")
+            lines = [line[:width] for line in accs[:count]]
+            for acc in (a for line in lines for a in line):
+                fn.add(f"store {vt} zeroinitializer, ptr {acc}")
 
-            def term(k: str) -> None:
-                hvs = [b.load(ty, b.gep(ty, hrow, k), "hv") for hrow in hrows]
-                rvs = [b.load(ty, b.gep(ty, rrow, k), "rv") for rrow in rrows]
-                for hv, line in zip(hvs, accs):
+            def load(row: str, k: str, tail: bool) -> str:
+                at = b.gep(ty, row, k, "at")
+                if tail:
+                    args = f"ptr {at}, i32 {item}, <{lanes} x i1> {mask}, {vt} zeroinitializer"
+                    return fn.value(f"call {vt} {masked}({args})", "tv")
+                return fn.value(f"load {vt}, ptr {at}, align {item}", "v")
+
+            def term(k: str, tail: bool = False) -> None:
+                hvs = [load(hrow, k, tail) for hrow in hrows]
+                rvs = [load(rrow, k, tail) for rrow in rrows]
+                for hv, line in zip(hvs, lines):
                     for acc, rv in zip(line, rvs):
-                        prod = fn.value(f"fmul contract {ty} {rv}, {hv}", "prod")
-                        old = b.load(ty, acc, "a")
-                        total = fn.value(f"fadd reassoc contract {ty} {old}, {prod}")
-                        fn.add(f"store {ty} {total}, ptr {acc}")
+                        old = fn.value(f"load {vt}, ptr {acc}", "a")
+                        total = fn.value(f"call {vt} {fma}({vt} {rv}, {vt} {hv}, {vt} {old})")
+                        fn.add(f"store {vt} {total}, ptr {acc}")
 
-            b.loop("0", hid, term, "k")
-            for i, line in enumerate(accs[:count]):
+            b.loop("0", full, term, "k", step=str(lanes))
+            b.when(b.cmp("sgt", rest, "0"), lambda: term(full, tail=True), "ktail")
+            flat = [fn.value(f"load {vt}, ptr {a}", "sum") for line in lines for a in line]
+            sums, per = _reduce(fn, ty, lanes, flat)
+            for i in range(count):
                 out = b.gep(ty, g, b.add(b.mul(b.add(i0, str(i)), g4), j), "gout")
-                for u, acc in enumerate(line):
-                    fn.add(f"store {ty} {b.load(ty, acc, 'sum')}, ptr {b.gep(ty, out, str(u))}")
+                _store_sums(fn, ty, item, sums, per, i * width, width, out)
 
         blocked = b.mul(b.op("sdiv", n, str(ROWS), "blocks"), str(ROWS), "blocked")
         b.loop("0", blocked, lambda i: rows(i, ROWS), "b", step=str(ROWS))
         b.loop(blocked, n, lambda i: rows(i, 1), "bt")
 
-    b.loop(j0, j1, units, "j", step=str(UNITS))
+    whole = b.add(j0, b.mul(b.op("sdiv", b.sub(j1, j0), str(UNITS)), str(UNITS)), "whole")
+    b.loop(j0, whole, lambda j: units(j, UNITS), "j", step=str(UNITS))
+    b.loop(whole, j1, lambda j: units(j, 1), "jt")
     fn.terminate("ret void")
     return fn
 
@@ -328,38 +438,51 @@ def _chunk_function(module: ModuleWriter, name: str, rec: str, spec: LstmSpec) -
     return fn
 
 
-#: the context of a step's gates: G, GX, B, P, c, h, Y, sequence_lens (pointers), then
-#: T, N, the step s, the direction d, whether it runs backwards (one 8-byte slot each)
-_GATE_SLOTS = 13
+#: the context of a step: R, the states h (read) and h' (written), G, GX, B, P, c, Y,
+#: sequence_lens (pointers), then T, N, the step s, the direction d, whether it runs
+#: backwards (one 8-byte slot each)
+_STEP_SLOTS = 15
 
-#: hidden units of one batch row that one item of the gates' work computes
-GATE_UNITS = 64
+#: hidden units of one item of a step's work (the unit runs are fixed: the same bits on
+#: any thread count)
+GATE_UNITS = 32
 
-#: batch rows x hidden units of a step below which its gates run on the calling thread
-MIN_PARALLEL_GATES = 256
+#: batch rows of one item of a step's work
+ROW_BLOCK = 16
 
 
-def _gates_function(module: ModuleWriter, name: str, cell: str, spec: LstmSpec) -> FunctionWriter:
+def _step_items(b: Builder, spec: LstmSpec, n: str) -> str:
+    """How many items a step's work has: ``ceil(N / ROW_BLOCK) * ceil(H / GATE_UNITS)``."""
+    return b.mul(b.ceildiv(n, ROW_BLOCK, "rblocks"), str(-(-spec.hidden // GATE_UNITS)), "items")
+
+
+def _step_function(
+    module: ModuleWriter, name: str, rec: str, cell: str, spec: LstmSpec
+) -> FunctionWriter:
     """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: share ``chunk`` of ``nchunks`` of
-    one step's gates (the context: :data:`_GATE_SLOTS`). The work is ``N`` batch rows of
-    ``ceil(H / GATE_UNITS)`` items (runs of hidden units); each item takes its row's
-    input step (its own with ``sequence_lens``: rows past their length are left as they
-    are) and calls ``cell`` on its units. Every unit is computed by the same code
-    whatever the split, so the results are the same bits on any thread count."""
+    one step (the context: :data:`_STEP_SLOTS`). The work is items of
+    :data:`ROW_BLOCK` batch rows by :data:`GATE_UNITS` hidden units; an item computes
+    its rows' four gate columns of its units of ``G = h @ R^T`` (``rec``,
+    :func:`_product_function`), then their gates (``cell``): a unit's gates need only
+    its own four columns, so one launch does a step's product and gates, the states read
+    from ``h`` and written to ``h'`` (other items still read ``h``). Each row takes its
+    own input step (with ``sequence_lens``, a row past its length copies its units of
+    ``h`` to ``h'`` and keeps ``c``). Every unit is computed by the same code whatever
+    the split, so the results are the same bits on any thread count."""
     ty, _ = TYPES[spec.dtype]
     fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
     fn.linkage = "internal"
     fn.attrs = " nounwind"
     b = Builder(fn)
     ctx, chunk, nchunks = (fn.param(j) for j in range(3))
-    slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_GATE_SLOTS)]
-    gates, gx, bias, peep, c, h, y, lens = (
-        fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:8]
+    slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_STEP_SLOTS)]
+    r_d, h, h_new, gates, gx, bias, peep, c, y, lens = (
+        fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:10]
     )
-    seq, n, s, d, rev = slots[8:]
+    seq, n, s, d, rev = slots[10:]
     hid, g4 = spec.hidden, 4 * spec.hidden
     per_row = str(-(-hid // GATE_UNITS))
-    items = b.mul(n, per_row, "items")
+    items = _step_items(b, spec, n)
     first = fn.value(f"udiv i64 {b.mul(items, chunk)}, {nchunks}", "first")
     last = fn.value(f"udiv i64 {b.mul(items, b.add(chunk, '1'))}, {nchunks}", "last")
     dd = str(spec.directions)
@@ -368,33 +491,53 @@ def _gates_function(module: ModuleWriter, name: str, cell: str, spec: LstmSpec) 
         return b.select(b.cmp("ne", rev, "0"), b.sub(b.sub(v, "1"), s), s, "t")
 
     def item(i: str) -> None:
-        r = fn.value(f"udiv i64 {i}, {per_row}", "r")
+        r0 = b.mul(fn.value(f"udiv i64 {i}, {per_row}", "rb"), str(ROW_BLOCK), "r0")
+        r1 = b.min(b.add(r0, str(ROW_BLOCK)), n, "r1")
         j0 = b.mul(fn.value(f"urem i64 {i}, {per_row}", "jb"), str(GATE_UNITS), "j0")
         j1 = b.min(b.add(j0, str(GATE_UNITS)), str(hid), "j1")
+        h_rows = b.gep(ty, h, b.mul(r0, str(hid)), "hrows")
+        g_rows = b.gep(ty, gates, b.mul(r0, str(g4)), "grows")
+        rows = b.sub(r1, r0, "nrows")
+        for q in range(4):
+            lo, hi = b.add(j0, str(q * hid), "lo"), b.add(j1, str(q * hid), "hi")
+            args = f"ptr {r_d}, ptr {h_rows}, ptr {g_rows}, i64 {rows}, i64 {hid}"
+            fn.add(f"call void @{rec}({args}, i64 {lo}, i64 {hi})")
 
-        def row_step(t: str) -> None:
-            xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
-            yrow = (
-                b.add(b.mul(b.add(b.mul(r, seq), t), dd), d)
-                if spec.layout
-                else b.add(b.mul(b.add(b.mul(t, dd), d), n), r)
-            )
-            args = [
-                b.gep(ty, gates, b.mul(r, str(g4))),
-                b.gep(ty, gx, b.mul(xrow, str(g4))),
-                bias,
-                peep,
-                b.gep(ty, c, b.mul(r, str(hid))),
-                b.gep(ty, h, b.mul(r, str(hid))),
-                b.gep(ty, y, b.mul(yrow, str(hid))),
-            ]
-            ptrs = ", ".join("ptr " + a for a in args)
-            fn.add(f"call void @{cell}({ptrs}, i64 {j0}, i64 {j1})")
+        def row(r: str) -> None:
+            def row_step(t: str) -> None:
+                xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
+                yrow = (
+                    b.add(b.mul(b.add(b.mul(r, seq), t), dd), d)
+                    if spec.layout
+                    else b.add(b.mul(b.add(b.mul(t, dd), d), n), r)
+                )
+                args = [
+                    b.gep(ty, gates, b.mul(r, str(g4))),
+                    b.gep(ty, gx, b.mul(xrow, str(g4))),
+                    bias,
+                    peep,
+                    b.gep(ty, c, b.mul(r, str(hid))),
+                    b.gep(ty, h_new, b.mul(r, str(hid))),
+                    b.gep(ty, y, b.mul(yrow, str(hid))),
+                ]
+                ptrs = ", ".join("ptr " + a for a in args)
+                fn.add(f"call void @{cell}({ptrs}, i64 {j0}, i64 {j1})")
 
-        if not spec.lens:
-            return row_step(backwards(seq))
-        length = fn.value(f"sext i32 {b.load('i32', b.gep('i32', lens, r))} to i64", "len")
-        b.when(b.cmp("slt", s, length), lambda: row_step(backwards(length)), "valid")
+            if not spec.lens:
+                return row_step(backwards(seq))
+            length = fn.value(f"sext i32 {b.load('i32', b.gep('i32', lens, r))} to i64", "len")
+
+            def keep() -> None:
+                at = b.add(b.mul(r, str(hid)), j0, "at")
+                nbytes = b.mul(b.sub(j1, j0), str(TYPES[spec.dtype][1]), "kbytes")
+                src, dst = b.gep(ty, h, at, "hsrc"), b.gep(ty, h_new, at, "hdst")
+                fn.add(
+                    f"call void @llvm.memcpy.p0.p0.i64(ptr {dst}, ptr {src}, i64 {nbytes}, i1 false)"
+                )
+
+            b.branch(b.cmp("slt", s, length), lambda: row_step(backwards(length)), keep, "valid")
+
+        b.loop(r0, r1, row, "row")
 
     b.loop(first, last, item, "item")
     fn.terminate("ret void")
@@ -404,6 +547,12 @@ def _gates_function(module: ModuleWriter, name: str, cell: str, spec: LstmSpec) 
 #: multiply-adds of a product below which it runs on the calling thread (waking the
 #: pool's workers costs more than they save)
 MIN_PARALLEL_FMAS = 1 << 16
+
+
+#: chunks per thread a launch is split into: the pool's threads take them one at a
+#: time, so a thread the machine's other work delays holds back only one small chunk
+#: (the others take the rest) and the step's barrier waits less
+CHUNKS_PER_THREAD = 4
 
 
 def _launch(
@@ -418,16 +567,16 @@ def _launch(
     hint: str,
 ) -> None:
     """Store ``values`` (i64s) in ``ctx`` and run the chunk function ``func`` (``void
-    (ptr ctx, i64 chunk, i64 nchunks)``): as ``min(threads, items)`` chunks on the native
-    pool when there is more than one thread and ``work`` is at least ``least``, else as
-    one chunk on the calling thread."""
+    (ptr ctx, i64 chunk, i64 nchunks)``): as ``min(CHUNKS_PER_THREAD * threads, items)``
+    chunks on the native pool when there is more than one thread and ``work`` is at
+    least ``least``, else as one chunk on the calling thread."""
     fn = b.fn
     for j, v in enumerate(values):
         fn.add(f"store i64 {v}, ptr {b.gep('i64', ctx, str(j))}")
     many = b.all_of([b.cmp("sgt", threads, "1"), b.cmp("sge", work, str(least))])
 
     def pool() -> None:
-        parts = b.min(threads, items, "parts")
+        parts = b.min(b.mul(threads, str(CHUNKS_PER_THREAD)), items, "parts")
         fn.add(f"call void @geode_parallel_for(ptr @{func}, ptr {ctx}, i64 {parts}, i64 {threads})")
 
     b.branch(many, pool, lambda: fn.add(f"call void @{func}(ptr {ctx}, i64 0, i64 1)"), hint)
@@ -439,10 +588,10 @@ def _addresses(b: Builder, pointers: list[str]) -> list[str]:
 
 
 class _Products:
-    """Emits the entry's products ``G = h @ R^T`` (:func:`_chunk_function`): on the
+    """Emits the input projection ``GX = X @ W^T`` (:func:`_chunk_function`): on the
     calling thread, or shared among the native pool's threads (the ``threads`` argument,
     0: the pool's size) by columns of ``G`` when there is enough work
-    (:data:`MIN_PARALLEL_FMAS`)."""
+    (:data:`MIN_PARALLEL_FMAS`). Its thread count is the steps' too."""
 
     def __init__(self, b: Builder, chunk: str, spec: LstmSpec) -> None:
         self.b, self.chunk, self.spec = b, chunk, spec
@@ -461,22 +610,22 @@ class _Products:
         )
 
 
-class _Gates:
-    """Emits a step's gates (:func:`_gates_function`): shared among the native pool's
-    threads when there is more than one and the step has at least
-    :data:`MIN_PARALLEL_GATES` units, else on the calling thread (one chunk)."""
+class _Steps:
+    """Emits a step (:func:`_step_function`): shared among the native pool's threads
+    when there is more than one and its product has at least :data:`MIN_PARALLEL_FMAS`
+    multiply-adds, else on the calling thread (one chunk)."""
 
     def __init__(self, b: Builder, func: str, threads: str, spec: LstmSpec) -> None:
         self.b, self.func, self.threads, self.spec = b, func, threads, spec
-        self.ctx = b.fn.alloca("i64", "gctx", str(_GATE_SLOTS))
+        self.ctx = b.fn.alloca("i64", "sctx", str(_STEP_SLOTS))
 
     def __call__(self, pointers: list[str], ints: list[str]) -> None:
-        b, n = self.b, ints[1]
-        units = b.mul(n, str(self.spec.hidden), "units")
-        items = b.mul(n, str(-(-self.spec.hidden // GATE_UNITS)), "items")
+        b, n, hid = self.b, ints[1], self.spec.hidden
+        work = b.mul(n, str(4 * hid * hid), "sfmas")
         values = _addresses(b, pointers) + ints
+        items = _step_items(b, self.spec, n)
         _launch(
-            b, self.func, self.ctx, values, self.threads, units, MIN_PARALLEL_GATES, items, "gpar"
+            b, self.func, self.ctx, values, self.threads, work, MIN_PARALLEL_FMAS, items, "spar"
         )
 
 
@@ -531,7 +680,12 @@ def _copy_state(
     b.loop("0", n, row, "row")
 
 
-def entry_function(name: str, gates_fn: str, chunk: str, spec: LstmSpec) -> FunctionWriter:
+def _select_ptr(b: Builder, cond: str, a: str, other: str, hint: str) -> str:
+    """``cond ? a : other`` for pointers."""
+    return b.fn.value(f"select i1 {cond}, ptr {a}, ptr {other}", hint)
+
+
+def entry_function(name: str, step_fn: str, chunk: str, spec: LstmSpec) -> FunctionWriter:
     """The entry ``i32 @name(ptrs, recs, ints)`` (see the module docstring)."""
     ty, item = TYPES[spec.dtype]
     fn = FunctionWriter(name, "i32", [("ptr", "ptrs"), ("ptr", "recs"), ("ptr", "ints")])
@@ -540,15 +694,16 @@ def entry_function(name: str, gates_fn: str, chunk: str, spec: LstmSpec) -> Func
     dims = _records(b, spec)
     seq, n = dims["T"][0], dims["N"][0]
     product = _Products(b, chunk, spec)
-    gates_step = _Gates(b, gates_fn, product.threads, spec)
+    run_step = _Steps(b, step_fn, product.threads, spec)
     ptr = {
         a: b.load("ptr", b.gep("ptr", "%ptrs", str(j)), a.lower())
         for j, a in enumerate(spec.arrays)
     }
     hid, g4 = spec.hidden, 4 * spec.hidden
     rows = b.mul(seq, n, "rows")
-    # scratch: GX [T*N, 4H], G [N, 4H], h [N, H], c [N, H] (+ one item: never 0 bytes)
-    words = b.add(b.mul(b.add(rows, n), str(g4)), b.mul(n, str(2 * hid)), "words")
+    # scratch: GX [T*N, 4H], G [N, 4H], h [N, H] twice (the steps read one and write the
+    # other), c [N, H] (+ one item: never 0 bytes)
+    words = b.add(b.mul(b.add(rows, n), str(g4)), b.mul(n, str(3 * hid)), "words")
     nbytes = b.mul(b.add(words, "1"), str(item), "bytes")
     buf = fn.value(f"call noalias ptr @malloc(i64 {nbytes})", "buf")
     b.fail_unless(fn.value(f"icmp ne ptr {buf}, null", "allocated"), len(spec.arrays) + 1)
@@ -559,7 +714,10 @@ def entry_function(name: str, gates_fn: str, chunk: str, spec: LstmSpec) -> Func
         fn.add(f"call void @llvm.memset.p0.i64(ptr {ptr['Y']}, i8 0, i64 {ybytes}, i1 false)")
     gates = b.gep(ty, gx, b.mul(rows, str(g4)), "gates")
     h = b.gep(ty, gates, b.mul(n, str(g4)), "h")
-    c = b.gep(ty, h, b.mul(n, str(hid)), "c")
+    h_odd = b.gep(ty, h, b.mul(n, str(hid)), "hodd")
+    c = b.gep(ty, h_odd, b.mul(n, str(hid)), "c")
+    # after the steps, the last states are in h when T is even, else in h_odd
+    h_last = _select_ptr(b, b.cmp("eq", b.op("and", seq, "1"), "0"), h, h_odd, "hlast")
     for d in range(spec.directions):
         _copy_state(b, spec, ptr.get("initial_h"), h, d, n, out=False)
         _copy_state(b, spec, ptr.get("initial_c"), c, d, n, out=False)
@@ -578,14 +736,17 @@ def entry_function(name: str, gates_fn: str, chunk: str, spec: LstmSpec) -> Func
         b.when(b.cmp("sgt", rows, "0"), project, "proj")
 
         def step(s: str, r_d: str = r_d, b_d: str = b_d, p_d: str = p_d, d: int = d) -> None:
-            product(r_d, h, gates, n, str(hid))
-            arrays = [gates, gx, b_d, p_d, c, h, ptr["Y"], ptr.get("sequence_lens", "null")]
+            even = b.cmp("eq", b.op("and", s, "1"), "0")
+            h_in = _select_ptr(b, even, h, h_odd, "hin")
+            h_out = _select_ptr(b, even, h_odd, h, "hout")
+            arrays = [r_d, h_in, h_out, gates, gx, b_d, p_d, c, ptr["Y"]]
+            arrays.append(ptr.get("sequence_lens", "null"))
             backwards = "1" if spec.reverse or d == 1 else "0"
-            gates_step(arrays, [seq, n, s, str(d), backwards])
+            run_step(arrays, [seq, n, s, str(d), backwards])
 
         b.when(b.cmp("sgt", n, "0"), lambda: b.loop("0", seq, step, "s"), "some")
         if spec.n_outputs >= 2:
-            _copy_state(b, spec, ptr["Y_h"], h, d, n, out=True)
+            _copy_state(b, spec, ptr["Y_h"], h_last, d, n, out=True)
         if spec.n_outputs >= 3:
             _copy_state(b, spec, ptr["Y_c"], c, d, n, out=True)
     fn.add(f"call void @free(ptr {buf})")
@@ -593,10 +754,11 @@ def entry_function(name: str, gates_fn: str, chunk: str, spec: LstmSpec) -> Func
     return fn
 
 
-def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
+def lstm_ir(spec: LstmSpec, attrs: str = "", vector_bytes: int = 32) -> tuple[str, str]:
     """``(entry name, module IR)`` of the native LSTM of ``spec`` (``attrs``: the target's
-    function attributes, :attr:`~.target.Target.function_attrs`)."""
-    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+    function attributes, :attr:`~.target.Target.function_attrs`; ``vector_bytes``: the
+    width of the products' vectors, :func:`vector_bytes`)."""
+    digest = hashlib.sha256(f"{spec!r} {vector_bytes}".encode()).hexdigest()[:12]
     name = f"geode_lstm_{digest}"
     module = ModuleWriter(name)
     module.declare("llvm.memset.p0.i64", _MEMSET)
@@ -613,16 +775,17 @@ def lstm_ir(spec: LstmSpec, attrs: str = "") -> tuple[str, str]:
     cell = f"{name}.cell"
     module.add_function(_cell_function(module, cell, spec, attrs))
     rec = f"{name}.product"
-    module.add_function(_product_function(module, rec, spec, attrs))
+    lanes = max(1, vector_bytes // TYPES[spec.dtype][1])
+    module.add_function(_product_function(module, rec, spec, attrs, lanes))
     chunk = f"{name}.chunk"
     module.add_function(_chunk_function(module, chunk, rec, spec))
-    gates = f"{name}.gates"
-    module.add_function(_gates_function(module, gates, cell, spec))
+    step = f"{name}.step"
+    module.add_function(_step_function(module, step, rec, cell, spec))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
     )
-    module.add_function(entry_function(name, gates, chunk, spec))
+    module.add_function(entry_function(name, step, chunk, spec))
     return name, f"; {spec.describe()}\n" + module.text()
 
 
@@ -672,6 +835,14 @@ def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
     return tuple(args)
 
 
+def vector_bytes(target: Target) -> int:
+    """Bytes of the products' vectors on ``target``: 64 where 512-bit vectors are
+    preferred, else 32 with AVX, else 16."""
+    if target.prefer_vector_width == "512":
+        return 64
+    return 32 if target.has("avx") else 16
+
+
 @while_alive
 def lstm_kernel(spec: LstmSpec, cache_dir: CacheDir | None = None) -> LstmKernel:
     """The compiled native LSTM of ``spec`` (object code through the disk cache in
@@ -680,7 +851,7 @@ def lstm_kernel(spec: LstmSpec, cache_dir: CacheDir | None = None) -> LstmKernel
 
     t0 = time.perf_counter()
     target = host()
-    name, ir = lstm_ir(spec, target.function_attrs)
+    name, ir = lstm_ir(spec, target.function_attrs, vector_bytes(target))
     loaded, from_cache = build_module(name, ir, target, cache_dir)
     emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
     seconds = time.perf_counter() - t0
