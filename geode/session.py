@@ -99,6 +99,7 @@ class Session:
         hit = None if key is None else self._cached_model(key, opts)
         if hit is not None:
             return hit
+        _start_calibration(opts)  # while ONNX is read and the compiler imported
         from geode.compiler.frontend.onnx import import_model  # onnx: 0.07 s to import
 
         g = import_model(path)
@@ -109,6 +110,7 @@ class Session:
     def _compile(self, g: Graph, opts: config.Options, key: str | None) -> CompiledModel:
         """Run the spine on ``g`` (a copy of the user's graph); the result goes into the
         model cache under ``key`` unless None."""
+        _start_calibration(opts)  # while the compiler is imported and the first stages run
         dump = Dumper(g.name, opts.debug, opts.dump_dir)
         prefix = f"m{next(self._models)}:{g.name}"
         from geode.spine import Compilation, compile_graph  # the whole compiler: on first use
@@ -224,6 +226,16 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _start_calibration(opts: config.Options) -> None:
+    """Have the device spec the fusion stage needs found on a background thread from now
+    on (read from the cache folder, else measured: :func:`~geode.costmodel.device.
+    start_calibration`), for a compile that runs the pipeline with fusion."""
+    if opts.codegen and opts.fusion:
+        from geode.costmodel.device import start_calibration
+
+        start_calibration(opts.cache_dir)
 
 
 def _model_cache_key(g: Graph, opts: config.Options) -> str | None:
