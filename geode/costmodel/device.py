@@ -34,7 +34,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -807,6 +807,16 @@ def cached_spec(cache_dir: str) -> DeviceSpec:
     if mine:
         _fill(cache_dir, fut)
     return fut.result()
+
+
+def wait_calibration(cache_dir: str) -> None:
+    """Wait until no calibration for ``cache_dir`` is under way (nothing when none is):
+    a compile that stops early lets none go on after it returns. A failed one's error is
+    left to the next use of the spec (which measures again)."""
+    with _specs_lock:
+        fut = _PENDING.get(cache_dir)
+    if fut is not None:
+        wait([fut])
 
 
 def _reset_after_fork() -> None:

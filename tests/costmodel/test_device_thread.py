@@ -108,3 +108,27 @@ def test_a_forked_child_does_not_wait_for_its_parents_calibration(tmp_path) -> N
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_compile_that_fails_early_leaves_no_calibration_running(monkeypatch, tmp_path) -> None:
+    """A compile stopping before the fusion stage (here: a graph without outputs) waits
+    for the calibration it started: none goes on after it returns."""
+    import geode
+    from geode.errors import GraphError
+
+    finished = threading.Event()
+
+    def measure(cache_dir):
+        threading.Event().wait(0.3)
+        finished.set()
+        return default_spec()
+
+    monkeypatch.setattr(device, "_measure", measure)
+    monkeypatch.setattr(device, "_SPECS", {})
+    monkeypatch.setattr(device, "_PENDING", {})
+    g = geode.Graph("no_outputs")
+    g.input("x", [4], "float32")
+    with pytest.raises(GraphError, match="no outputs"):
+        geode.compile(g, cache_dir=str(tmp_path), model_cache=False)
+    assert finished.is_set() and not device._PENDING
+    assert device._SPECS[str(tmp_path)] == default_spec()

@@ -113,6 +113,7 @@ def test_a_warm_compile_measures_no_device(cache_dir, monkeypatch):
 
     geode.compile(_scaled(), session=geode.Session())
     monkeypatch.setattr(device, "_SPECS", {})
+    monkeypatch.setattr(device, "_PENDING", {})
 
     def refuse(cache_dir):
         raise AssertionError("a warm compile asked for the device spec")
