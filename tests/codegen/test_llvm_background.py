@@ -219,3 +219,21 @@ def test_a_cancelled_module_is_not_compiled_by_a_claiming_thread(monkeypatch) ->
     assert all(background.claim(key) is not None for key in held)  # waited, compiling none
     assert "bg_110" not in [name for name, _ in log]
     assert background.claim("test-bg-dropped") is None
+
+
+def test_a_claim_whose_module_is_being_compiled_takes_the_largest_queued(monkeypatch) -> None:
+    """While a worker compiles the claimed module, the claiming thread compiles the
+    largest queued one (the workers take the oldest): no large module is left to the
+    end for one thread alone."""
+    import threading
+
+    release, log, held = _busy_workers(monkeypatch, 121)
+    small, large = IR.format(n=120), LOOP.format(n=120)
+    background.submit("test-bg-small", small, host(), 2)
+    background.submit("test-bg-large", large, host(), 2)
+    threading.Timer(0.3, release.set).start()
+    assert background.claim(held[0]) is not None
+    me = threading.current_thread().name
+    assert log[len(held)] == ("axpy_120", me), log  # the large one first, on this thread
+    assert all(background.claim(key) is not None for key in [*held[1:], "test-bg-small"])
+    assert background.claim("test-bg-large") == jit.compile_ir(large, host(), 2)

@@ -7,8 +7,9 @@ while the calling thread schedules the next kernel; :func:`claim` then takes the
 code when the module is linked. Modules compile on several threads at once
 (:func:`~geode.codegen.backends.llvm.jit.compile_ir` touches no shared LLVM state): on
 :data:`WORKERS` background threads, and on the thread that claims one not done yet,
-which compiles queued modules (the one it waits for first) instead of waiting idle. On
-two cores that is one background thread while geode's Python runs, two LLVMs at the end.
+which compiles queued modules (the one it waits for first, else the largest) instead of
+waiting idle. On two cores that is one background thread while geode's Python runs, two
+LLVMs at the end.
 
 Modules are known by their cache key (:func:`~geode.codegen.backends.llvm.kernel.module_key`:
 the IR text, the target and the optimization level), so a claimed result is the object
@@ -80,12 +81,17 @@ def _worker() -> None:
 
 def _take(wanted: Future) -> _Job | None:
     """A queued module for a claiming thread to compile: ``wanted``'s when it is still
-    queued, else the oldest; None when none is queued."""
+    queued, else the largest (the workers take the oldest, in the order the modules are
+    claimed: the largest left to the end would keep one thread busy alone); None when
+    none is queued."""
     with _lock:
         for i, job in enumerate(_queue):
             if job[0] is wanted:
                 return _queue.pop(i)
-        return _queue.pop(0) if _queue else None
+        if not _queue:
+            return None
+        largest = max(range(len(_queue)), key=lambda i: len(_queue[i][1]))
+        return _queue.pop(largest)
 
 
 def submit(key: str, ir: str, target: Any, level: int) -> None:
