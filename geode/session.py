@@ -14,11 +14,12 @@ here in the user's layout whatever its storage format (``get_variable``,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,21 +100,23 @@ class Session:
         hit = None if key is None else self._cached_model(key, opts)
         if hit is not None:
             return hit
-        from geode.compiler.frontend.onnx import import_model  # onnx: 0.07 s to import
+        with _calibrating(opts):  # while ONNX is read and the compiler imported
+            from geode.compiler.frontend.onnx import import_model  # onnx: 0.07 s to import
 
-        g = import_model(path)
-        if key is None or not cache.usable(g, opts):
-            return self.compile(g, **options)  # buckets too
-        return self._compile(g, opts, key)
+            g = import_model(path)
+            if key is None or not cache.usable(g, opts):
+                return self.compile(g, **options)  # buckets too
+            return self._compile(g, opts, key)
 
     def _compile(self, g: Graph, opts: config.Options, key: str | None) -> CompiledModel:
         """Run the spine on ``g`` (a copy of the user's graph); the result goes into the
         model cache under ``key`` unless None."""
         dump = Dumper(g.name, opts.debug, opts.dump_dir)
         prefix = f"m{next(self._models)}:{g.name}"
-        from geode.spine import Compilation, compile_graph  # the whole compiler: on first use
+        with _calibrating(opts):  # while the compiler is imported and the first stages run
+            from geode.spine import Compilation, compile_graph  # the whole compiler: first use
 
-        c = compile_graph(Compilation(g, opts, dump, self.var_manager, prefix))
+            c = compile_graph(Compilation(g, opts, dump, self.var_manager, prefix))
         units, timings = c.units, c.timings
         explain = _Explain(
             g, c.placement, units, c.fusion_text, c.pass_text, self.var_manager, timings
@@ -224,6 +227,25 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _calibrating(opts: config.Options) -> Iterator[None]:
+    """Have the device spec the fusion stage needs found on a background thread while
+    the body runs (read from the cache folder, else measured: :func:`~geode.costmodel.
+    device.start_calibration`), for a compile that runs the pipeline with fusion; a body
+    that stops early (an error before the fusion stage) waits for it: nothing of a
+    compile goes on after it returns."""
+    if not (opts.codegen and opts.fusion):
+        yield
+        return
+    from geode.costmodel.device import start_calibration, wait_calibration
+
+    start_calibration(opts.cache_dir)
+    try:
+        yield
+    finally:
+        wait_calibration(opts.cache_dir)
 
 
 def _model_cache_key(g: Graph, opts: config.Options) -> str | None:

@@ -88,3 +88,32 @@ def test_a_graph_without_outputs_fails_in_verify() -> None:
     g.input("x", [2])
     with pytest.raises(geode.GeodeError, match="has no outputs"):
         spine.compile_graph(_compilation(g))
+
+
+def test_gemm_epilogues_are_emitted_first_and_the_kernels_keep_their_order(
+    tmp_path, monkeypatch
+) -> None:
+    """The emit stage links the GEMM epilogues first (their entries compile on the
+    calling thread while the background threads compile the other kernels); the steps
+    stay in the fusion plan's order and the results are the reference's."""
+    rng = np.random.default_rng(0)
+    g = Graph("pre_dense_post")
+    x = g.input("x", ["B", 16], np.float32)
+    w = g.constant(rng.standard_normal((16, 24)).astype(np.float32), "w")
+    h = g.op("Relu", g.op("Add", g.op("MatMul", g.op("Tanh", x), w), g.constant(np.float32(1))))
+    axes = g.constant(np.array([1], np.int64))
+    g.output(g.op("Exp", g.op("ReduceSum", h, axes, keepdims=1)), names=["y"])
+    emitted, real = [], driver.emit_job
+
+    def emit_job(job, graph, opts, dump):
+        emitted.append(job.panel is not None)
+        real(job, graph, opts, dump)
+
+    monkeypatch.setattr(driver, "emit_job", emit_job)
+    model = geode.compile(g, cache_dir=str(tmp_path), model_cache=False)
+    assert emitted == sorted(emitted, reverse=True) and emitted[0] and not emitted[-1]
+    kinds = [k.kind for k in model.kernels]
+    assert kinds.index("dense") > 0, model.explain()  # the Tanh's kernel still runs first
+    feeds = {"x": rng.standard_normal((5, 16)).astype(np.float32)}
+    want = geode.compile(g, codegen=False).run(feeds)["y"]
+    np.testing.assert_allclose(model.run(feeds)["y"], want, rtol=1e-4, atol=1e-4)

@@ -200,7 +200,7 @@ def check_backend_settings(opts: Options) -> None:
 
 def start_emit(job: KernelJob, opts: Options) -> None:
     """Begin compiling the job's scheduled kernel (LLVM backend): its module emitted now,
-    LLVM started on it on the background thread, so it compiles while the next kernels
+    LLVM started on it on a background thread, so it compiles while the next kernels
     are scheduled; :func:`emit_job` links it. A module that cannot be emitted is left to
     :func:`emit_job`, which raises."""
     if opts.backend != "llvm" or job.schedule is None:

@@ -34,6 +34,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -715,17 +716,115 @@ def load_or_calibrate(cache_dir: str | os.PathLike[str], quick: bool = False) ->
     return spec
 
 
+def fingerprint() -> dict[str, Any]:
+    """What identifies this machine's spec without timing anything: the CPU's name, the
+    cores this process may use, the cache sizes, the numba version and the spec's format.
+    Two processes with the same fingerprint share a cached spec (:func:`cache_path` keys
+    the file by the first, second and fourth); the model cache keys compiles by it
+    rather than by the measured numbers, which vary from calibration to calibration."""
+    l1, l2, l3 = detect_cache_sizes()
+    return {
+        "name": cpu_name(),
+        "cores": core_count(),
+        "l1_bytes": l1,
+        "l2_bytes": l2,
+        "l3_bytes": l3,
+        "numba_version": numba_version(),
+        "format": FORMAT_VERSION,
+    }
+
+
+#: the spec of each cache folder, once known in this process
 _SPECS: dict[str, DeviceSpec] = {}
+#: the spec of each cache folder being measured (or loaded) now, on whichever thread
+_PENDING: dict[str, Future[DeviceSpec]] = {}
+_specs_lock = threading.Lock()
+
+
+def _measure(cache_dir: str) -> DeviceSpec:
+    """The spec of ``cache_dir`` from its file, else a quick calibration (stored); the
+    defaults when the cache folder cannot be written."""
+    try:
+        return load_or_calibrate(cache_dir, quick=True)
+    except OSError as exc:  # unwritable cache dir: calibrate without caching
+        logging.getLogger(__name__).warning("device spec not cached (%s); using defaults", exc)
+        return default_spec()
+
+
+def _claim(cache_dir: str) -> tuple[DeviceSpec | None, Future[DeviceSpec] | None, bool]:
+    """The spec of ``cache_dir`` when known; else its pending future, and whether the
+    caller just registered it (and so must fill it in)."""
+    with _specs_lock:
+        spec = _SPECS.get(cache_dir)
+        if spec is not None:
+            return spec, None, False
+        fut = _PENDING.get(cache_dir)
+        if fut is not None:
+            return None, fut, False
+        fut = Future()
+        _PENDING[cache_dir] = fut
+        return None, fut, True
+
+
+def _fill(cache_dir: str, fut: Future[DeviceSpec]) -> None:
+    """Measure ``cache_dir``'s spec into ``fut`` (its error, if any, goes to the waiters)."""
+    fut.set_running_or_notify_cancel()
+    try:
+        spec = _measure(cache_dir)
+    except BaseException as exc:  # noqa: BLE001 - raised where the spec is asked for
+        with _specs_lock:
+            _PENDING.pop(cache_dir, None)
+        fut.set_exception(exc)
+        return
+    with _specs_lock:
+        _SPECS[cache_dir] = spec
+        _PENDING.pop(cache_dir, None)
+    fut.set_result(spec)
+
+
+def start_calibration(cache_dir: str) -> None:
+    """Begin finding this machine's spec for ``cache_dir`` on a background thread (its
+    file read, else a quick calibration: LLVM compiles and native runs, which release the
+    GIL), unless it is known or under way already; :func:`cached_spec` waits for it. A
+    compile starts it first thing, so the calibration overlaps the compile's own work
+    up to the first stage that needs the measured numbers."""
+    _, fut, mine = _claim(cache_dir)
+    if mine and fut is not None:
+        threading.Thread(
+            target=_fill, args=(cache_dir, fut), name="geode-calibration", daemon=True
+        ).start()
 
 
 def cached_spec(cache_dir: str) -> DeviceSpec:
     """This machine's spec for compiles using ``cache_dir``: a quick calibration, measured
     once per machine (cached on disk) and once per process (in memory); the defaults when
-    the cache folder cannot be written."""
-    if cache_dir not in _SPECS:
-        try:
-            _SPECS[cache_dir] = load_or_calibrate(cache_dir, quick=True)
-        except OSError as exc:  # unwritable cache dir: calibrate without caching
-            logging.getLogger(__name__).warning("device spec not cached (%s); using defaults", exc)
-            _SPECS[cache_dir] = default_spec()
-    return _SPECS[cache_dir]
+    the cache folder cannot be written. Waits for the one :func:`start_calibration`
+    began, if any (measured once, whichever thread asks)."""
+    spec, fut, mine = _claim(cache_dir)
+    if spec is not None:
+        return spec
+    assert fut is not None  # (no spec known: one is pending)
+    if mine:
+        _fill(cache_dir, fut)
+    return fut.result()
+
+
+def wait_calibration(cache_dir: str) -> None:
+    """Wait until no calibration for ``cache_dir`` is under way (nothing when none is):
+    a compile that stops early lets none go on after it returns. A failed one's error is
+    left to the next use of the spec (which measures again)."""
+    with _specs_lock:
+        fut = _PENDING.get(cache_dir)
+    if fut is not None:
+        wait([fut])
+
+
+def _reset_after_fork() -> None:
+    """A forked child has none of its parent's threads: what they were measuring, it
+    measures again when asked."""
+    global _specs_lock
+    _specs_lock = threading.Lock()
+    _PENDING.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -3,7 +3,8 @@
 A compile with the LLVM backend writes its model file into the cache folder
 (``<cache_dir>/models/<key[:32]>/model.geode``), keyed by everything the result depends
 on: the user's graph as it was given (structure, attributes, tensor bytes), the compile
-options that shape the result, the device spec the cost models used, and what the code
+options that shape the result, the device (its fingerprint: CPU, cores, caches; the
+spec the cost models measured on it is measured once and reused) and what the code
 depends on (geode, llvmlite and LLVM versions, code conventions, the target CPU). The
 next compile of the same graph with the same options loads that file (checked like any
 model file: format, checksum, versions, CPU features) instead of running the pipeline:
@@ -42,7 +43,7 @@ from geode.codegen.backends.llvm import optlevel
 from geode.codegen.cache import MODEL_AREA
 from geode.compiler.ir import Graph, ValueKind
 from geode.config import Options
-from geode.costmodel.device import cached_spec
+from geode.costmodel.device import cached_spec, fingerprint
 from geode.errors import GeodeError
 from geode.modelfile import compat
 from geode.modelfile.container import Writer, read_user_file
@@ -123,20 +124,25 @@ def file_key(path: str | os.PathLike, opts: Options) -> str | None:
 
 def _context(opts: Options) -> dict[str, Any]:
     """What besides the model a compile's result depends on: the environment, geode's
-    own code (:func:`~geode.version.source_digest`), the options, the device (with the
-    plan search on, the projected model fitted on it too: it scores the plans)."""
-    spec = cached_spec(opts.cache_dir)
+    own code (:func:`~geode.version.source_digest`), the options, the device: its
+    fingerprint (:func:`~geode.costmodel.device.fingerprint`: CPU, cores, caches), not
+    its measured numbers (measured once per machine and cache folder, then reused: so
+    the key is known without waiting for a calibration, and a warm compile needs none);
+    with the plan search on, also the measured spec and the projected model fitted on
+    it (they score the plans)."""
     context = {
         "env": compat.environment(),
         "source": source_digest(),
         "options": {k: v for k, v in dataclasses.asdict(opts).items() if k not in _IRRELEVANT},
-        "device": dataclasses.asdict(spec),
+        "device": fingerprint(),
         "tuning_db": None if opts.tuning_db is None else _db_digest(opts.tuning_db),
         "llvm_opt": optlevel.setting(),
     }
     if opts.fusion_search != "greedy":
         from geode.codegen.costs import projected_model
 
+        spec = cached_spec(opts.cache_dir)
+        context["device_spec"] = dataclasses.asdict(spec)
         context["projected_model"] = projected_model(opts.cache_dir, spec).to_dict()
     return context
 

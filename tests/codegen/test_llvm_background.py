@@ -112,3 +112,128 @@ def test_a_forked_child_starts_with_nothing_pending_and_compiles() -> None:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+LOOP = """define void @axpy_{n}(float* noalias %x, float* noalias %y, i64 %n) {{
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %j, %loop ]
+  %px = getelementptr float, float* %x, i64 %i
+  %py = getelementptr float, float* %y, i64 %i
+  %a = load float, float* %px
+  %b = load float, float* %py
+  %m = fmul fast float %a, {n}.0
+  %s = fadd fast float %m, %b
+  store float %s, float* %py
+  %j = add i64 %i, 1
+  %c = icmp slt i64 %j, %n
+  br i1 %c, label %loop, label %done
+done:
+  ret void
+}}
+"""
+
+
+def _global_context_compile(ir: str, level: int) -> bytes:
+    """The object code of ``ir`` as one thread compiles it in LLVM's global context."""
+    import llvmlite.binding as llvm
+
+    target = host()
+    with jit.LOCK:
+        mod = llvm.parse_assembly(ir)
+        mod.triple = target.triple
+        mod.data_layout = str(jit.target_machine(target).target_data)
+        jit._optimize(mod, target, level)
+        return bytes(jit.target_machine(target).emit_object(mod))
+
+
+def test_modules_compiled_on_several_threads_at_once_are_the_same_code() -> None:
+    """Each in a context of its own, by its thread's target machine, past llvmlite's
+    lock: the object code of one thread in LLVM's global context, byte for byte."""
+    import threading
+
+    irs = [(LOOP.format(n=n), 2 + n % 2) for n in range(1, 9)]
+    want = [_global_context_compile(ir, level) for ir, level in irs]
+    got: dict[int, bytes] = {}
+
+    def work(first: int) -> None:
+        for i in range(first, len(irs), 3):
+            got[i] = jit.compile_ir(irs[i][0], host(), irs[i][1])
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got[i] for i in range(len(irs))] == want
+
+
+def _busy_workers(monkeypatch, first: int) -> tuple:
+    """Every background worker inside a module of its own (``bg_<first>``, the next
+    numbers), held there until the returned event is set; ``jit.compile_ir`` as the
+    background module sees it records (module, thread) in the returned log."""
+    import threading
+
+    release, log, real = threading.Event(), [], jit.compile_ir
+    monkeypatch.setattr(background, "WORKERS", 1)
+    workers = max(background._threads, 1)  # (more when started on more cores before)
+    held = {f"bg_{first + k}" for k in range(workers)}
+
+    def compile_ir(ir, target, level=3):
+        name = ir.split("@")[1].split("(")[0]
+        log.append((name, threading.current_thread().name))
+        if name in held:
+            assert release.wait(10)
+        return real(ir, target, level)
+
+    monkeypatch.setattr(background.jit, "compile_ir", compile_ir)
+    for k in range(workers):
+        background.submit(f"test-bg-held{first + k}", IR.format(n=first + k), host(), 2)
+    while len(log) < workers:
+        threading.Event().wait(0.01)
+    return release, log, [f"test-bg-held{first + k}" for k in range(workers)]
+
+
+def test_a_claim_compiles_its_module_while_the_workers_are_busy(monkeypatch) -> None:
+    """The claiming thread does not wait behind a long module: it compiles the one it
+    claims itself, and the result is the module's code."""
+    import threading
+
+    release, log, held = _busy_workers(monkeypatch, 101)
+    background.submit("test-bg-next", IR.format(n=100), host(), 2)
+    obj = background.claim("test-bg-next")
+    assert ("bg_100", threading.current_thread().name) in log
+    assert obj == jit.compile_ir(IR.format(n=100), host(), 2)
+    release.set()
+    assert all(background.claim(key) is not None for key in held)
+
+
+def test_a_cancelled_module_is_not_compiled_by_a_claiming_thread(monkeypatch) -> None:
+    import threading
+
+    release, log, held = _busy_workers(monkeypatch, 111)
+    background.submit("test-bg-dropped", IR.format(n=110), host(), 2)
+    background.cancel("test-bg-dropped")
+    threading.Timer(0.2, release.set).start()
+    assert all(background.claim(key) is not None for key in held)  # waited, compiling none
+    assert "bg_110" not in [name for name, _ in log]
+    assert background.claim("test-bg-dropped") is None
+
+
+def test_a_claim_whose_module_is_being_compiled_takes_the_largest_queued(monkeypatch) -> None:
+    """While a worker compiles the claimed module, the claiming thread compiles the
+    largest queued one (the workers take the oldest): no large module is left to the
+    end for one thread alone."""
+    import threading
+
+    release, log, held = _busy_workers(monkeypatch, 121)
+    small, large = IR.format(n=120), LOOP.format(n=120)
+    background.submit("test-bg-small", small, host(), 2)
+    background.submit("test-bg-large", large, host(), 2)
+    threading.Timer(0.3, release.set).start()
+    assert background.claim(held[0]) is not None
+    me = threading.current_thread().name
+    assert log[len(held)] == ("axpy_120", me), log  # the large one first, on this thread
+    assert all(background.claim(key) is not None for key in [*held[1:], "test-bg-small"])
+    assert background.claim("test-bg-large") == jit.compile_ir(large, host(), 2)

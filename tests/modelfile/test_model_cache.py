@@ -85,6 +85,46 @@ def test_a_refitted_projected_model_is_a_miss_for_the_plan_search(cache_dir):
     assert cache.cache_key(_scaled(), greedy) == before_greedy
 
 
+def test_the_key_is_the_devices_fingerprint_not_its_measured_numbers(cache_dir, monkeypatch):
+    """Calibrations of one machine differ by their timing noise: the key does not (with
+    the plan search on, which scores plans by the measured numbers, it does); another
+    machine's fingerprint (here: other cache sizes) is another key."""
+    import dataclasses
+
+    from geode.costmodel import device
+
+    greedy = geode.config.Options(cache_dir=str(cache_dir))
+    beam = geode.config.Options(cache_dir=str(cache_dir), fusion_search="beam")
+    spec = device.default_spec()
+    monkeypatch.setitem(device._SPECS, str(cache_dir), spec)
+    before, before_beam = cache.cache_key(_scaled(), greedy), cache.cache_key(_scaled(), beam)
+    noisy = dataclasses.replace(spec, mem_bandwidth_gbs=11.5, launch_overhead_us=2.5)
+    monkeypatch.setitem(device._SPECS, str(cache_dir), noisy)
+    assert cache.cache_key(_scaled(), greedy) == before
+    assert cache.cache_key(_scaled(), beam) != before_beam
+    monkeypatch.setattr(device, "detect_cache_sizes", lambda: (1 << 15, 1 << 21, 1 << 25))
+    assert cache.cache_key(_scaled(), greedy) != before
+
+
+def test_a_warm_compile_measures_no_device(cache_dir, monkeypatch):
+    """The model cache's key needs no calibration: a compile loading its model from the
+    cache finds no device spec (neither in memory nor in the cache folder)."""
+    from geode.costmodel import device
+
+    geode.compile(_scaled(), session=geode.Session())
+    monkeypatch.setattr(device, "_SPECS", {})
+    monkeypatch.setattr(device, "_PENDING", {})
+
+    def refuse(cache_dir):
+        raise AssertionError("a warm compile asked for the device spec")
+
+    monkeypatch.setattr(device, "_measure", refuse)
+    _no_pipeline(monkeypatch)
+    model = geode.compile(_scaled(), session=geode.Session())
+    assert "model_cache" in model.stats
+    assert not device._PENDING
+
+
 def test_debug_and_dumps_bypass_the_cache(cache_dir, tmp_path):
     geode.compile(_scaled(), session=geode.Session())
     again = geode.compile(_scaled(), session=geode.Session(), dump_dir=str(tmp_path / "d"))

@@ -1,21 +1,25 @@
-"""Object code compiled ahead, on one background thread, while the compile goes on.
+"""Object code compiled ahead, on background threads, while the compile goes on.
 
 A cold compile spends about half its time in LLVM and most of the rest in geode's own
 Python (lowering and scheduling the next kernels). LLVM runs without the GIL, so a
-module handed to :func:`submit` as soon as its IR is known compiles on the second core
+module handed to :func:`submit` as soon as its IR is known compiles on another core
 while the calling thread schedules the next kernel; :func:`claim` then takes the object
-code (waiting for it if need be) when the module is linked. LLVM's own calls stay
-serialized (:data:`~geode.codegen.backends.llvm.jit.LOCK`): one background thread is
-all the overlap there is.
+code when the module is linked. Modules compile on several threads at once
+(:func:`~geode.codegen.backends.llvm.jit.compile_ir` touches no shared LLVM state): on
+:data:`WORKERS` background threads, and on the thread that claims one not done yet,
+which compiles queued modules (the one it waits for first, else the largest) instead of
+waiting idle. On two cores that is one background thread while geode's Python runs, two
+LLVMs at the end.
 
 Modules are known by their cache key (:func:`~geode.codegen.backends.llvm.kernel.module_key`:
 the IR text, the target and the optimization level), so a claimed result is the object
-code the caller would have compiled itself. A submitted module nobody will claim (its
-kernel failed in a later stage) is cancelled when the compile's emit stage ends
-(:func:`cancel`), and at the latest dropped once :data:`MAX_PENDING` newer ones wait. The thread
-is a daemon started on first use. A fork waits for the module being compiled (it takes
-LLVM's lock first); the child starts with nothing pending and no thread (what it claims,
-it compiles itself).
+code the caller would have compiled itself, on whichever thread. A submitted module
+nobody will claim (its kernel failed in a later stage) is cancelled when the compile's
+emit stage ends (:func:`cancel`), and at the latest dropped once :data:`MAX_PENDING`
+newer ones wait. The threads are daemons started on first use. A fork waits for the
+modules being compiled (:mod:`~geode.codegen.backends.llvm.jit`'s fork handler, and it
+takes LLVM's lock first); the child starts with nothing pending and no thread (what it
+claims, it compiles itself).
 """
 
 from __future__ import annotations
@@ -28,16 +32,42 @@ from typing import Any
 
 from geode.codegen.backends.llvm import jit
 
-__all__ = ["MAX_PENDING", "cancel", "claim", "pending", "submit"]
+__all__ = ["MAX_PENDING", "WORKERS", "cancel", "claim", "pending", "submit"]
 
 #: unclaimed modules kept at most (the oldest is dropped beyond)
 MAX_PENDING = 256
 
+
+def _cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+#: background compile threads: one beside the thread running geode's Python on two
+#: cores, two with more (a thread claiming a module compiles too, see :func:`claim`)
+WORKERS = 1 if _cores() <= 2 else 2
+
+_Job = tuple[Future, str, Any, int]
+
 _lock = threading.Lock()
 _futures: OrderedDict[str, Future[bytes]] = OrderedDict()
-_queue: list[tuple[Future[bytes], str, Any, int]] = []
+_queue: list[_Job] = []
 _wake = threading.Condition(_lock)
-_thread: threading.Thread | None = None
+_threads = 0
+
+
+def _run(job: _Job) -> None:
+    """Compile one queued module into its future (skipped when it was cancelled)."""
+    fut, ir, target, level = job
+    if not fut.set_running_or_notify_cancel():
+        return
+    try:
+        fut.set_result(jit.compile_ir(ir, target, level))
+    except BaseException as exc:  # noqa: BLE001 - handed to the claimer, raised there
+        fut.set_exception(exc)
 
 
 def _worker() -> None:
@@ -45,19 +75,29 @@ def _worker() -> None:
         with _wake:
             while not _queue:
                 _wake.wait()
-            fut, ir, target, level = _queue.pop(0)
-        if not fut.set_running_or_notify_cancel():
-            continue
-        try:
-            fut.set_result(jit.compile_ir(ir, target, level))
-        except BaseException as exc:  # noqa: BLE001 - handed to the claimer, raised there
-            fut.set_exception(exc)
+            job = _queue.pop(0)
+        _run(job)
+
+
+def _take(wanted: Future) -> _Job | None:
+    """A queued module for a claiming thread to compile: ``wanted``'s when it is still
+    queued, else the largest (the workers take the oldest, in the order the modules are
+    claimed: the largest left to the end would keep one thread busy alone); None when
+    none is queued."""
+    with _lock:
+        for i, job in enumerate(_queue):
+            if job[0] is wanted:
+                return _queue.pop(i)
+        if not _queue:
+            return None
+        largest = max(range(len(_queue)), key=lambda i: len(_queue[i][1]))
+        return _queue.pop(largest)
 
 
 def submit(key: str, ir: str, target: Any, level: int) -> None:
     """Start compiling module ``ir`` (cache key ``key``) for ``target`` at ``level`` on
-    the background thread, unless it is already pending."""
-    global _thread
+    a background thread, unless it is already pending."""
+    global _threads
     with _wake:
         if key in _futures:
             return
@@ -67,21 +107,25 @@ def submit(key: str, ir: str, target: Any, level: int) -> None:
         while len(_futures) > MAX_PENDING:
             _, old = _futures.popitem(last=False)
             old.cancel()  # a queued one is skipped; a running one finishes unclaimed
-        if _thread is None:
-            _thread = threading.Thread(target=_worker, name="geode-llvm", daemon=True)
-            _thread.start()
+        if _threads < WORKERS:
+            threading.Thread(target=_worker, name=f"geode-llvm-{_threads}", daemon=True).start()
+            _threads += 1
         _wake.notify()
 
 
 def claim(key: str) -> bytes | None:
-    """The object code of the module submitted under ``key`` (waiting for it; its
-    compile's error is raised here), or None if none was submitted."""
+    """The object code of the module submitted under ``key`` (its compile's error is
+    raised here), or None if none was submitted. Until it is done, the calling thread
+    compiles queued modules, this one first, rather than wait."""
     with _lock:
         fut = _futures.pop(key, None)
-    if fut is None:
+    if fut is None or fut.cancelled():
         return None
-    if fut.cancelled():
-        return None
+    while not fut.done():
+        job = _take(fut)
+        if job is None:
+            break  # every queued module is being compiled: wait for this one
+        _run(job)
     return fut.result()
 
 
@@ -107,10 +151,10 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _lock, _wake, _thread
+    global _lock, _wake, _threads
     _lock = threading.Lock()
     _wake = threading.Condition(_lock)
-    _thread = None
+    _threads = 0
     _futures.clear()
     _queue.clear()
     jit.LOCK.release()

@@ -322,7 +322,7 @@ def start_compile(
     min_work: int = MIN_PARALLEL_ELEMENTS,
 ) -> Emitted:
     """Emit ``kernel``'s module and, unless this process holds its kernel or the disk
-    cache its object code, start LLVM on it on the background thread
+    cache its object code, start LLVM on it on a background thread
     (:mod:`~geode.codegen.backends.llvm.background`); returns the module, for
     :func:`compile_kernel` (same arguments, ``emitted=``), which links it later. Raises
     :class:`~geode.errors.CodegenError` like :func:`compile_kernel` when it cannot be emitted."""
