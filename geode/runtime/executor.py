@@ -261,6 +261,20 @@ class Executor:
         self._memo: dict[tuple, dict[int, np.ndarray]] = {}
         #: what memo steps write: the memo keeps those arrays across runs
         self._memo_outputs = {o for k in plan.memo_steps for o in plan.steps[k].outputs}
+        #: per step: its index, the step, whether it is a memo step, its outputs (slot
+        #: id, Slot), the checks and aliases after it, and the values it releases
+        self._steps = [
+            (
+                k,
+                step,
+                k in plan.memo_steps,
+                [(o, plan.slots[o]) for o in step.outputs],
+                plan.checks_after[k] if plan.checks_after else [],
+                self._alias_after[k],
+                plan.release[k] if plan.release else [],
+            )
+            for k, step in enumerate(plan.steps)
+        ]
         #: per output: name, slot, and whether it is copied when handed out (see _hand_out)
         self._handout = self._handout_plan()
         #: intermediates a step allocates itself (not in the arena, not an output)
@@ -454,19 +468,19 @@ class Executor:
         prepared = self._step_outputs(rec)
         memo_key = rec.memo_key  # the binding: memo steps' results depend on it alone
         memo, fresh_memo = self._memo_for(memo_key)
-        checks_after = plan.checks_after
-        for k, step in enumerate(plan.steps):
-            if memo is not None and k in plan.memo_steps:
-                for o in step.outputs:
+        for k, step, is_memo, outs_of, checks, after, release in self._steps:
+            if is_memo and memo is not None:
+                for o, slot in outs_of:
                     values[o] = memo[o]
-                    _bind_symbols(step, plan.slots[o], memo[o], env)
-                self._make_aliases(self._alias_after[k], values, env)
-                if checks_after and checks_after[k]:
-                    _check_late(plan.name, step.name, checks_after[k], env)
+                    _bind_symbols(step, slot, memo[o], env)
+                self._make_aliases(after, values, env)
+                if checks:
+                    _check_late(plan.name, step.name, checks, env)
                 continue
             ins = [None if i is None else values[i] for i in step.inputs]
             bufs = prepared[k] if prepared is not None else self._buffers(step, None, env)
-            outs = self._fresh(bufs, ins)
+            # a new list either way: the step may not change the prepared one
+            outs = self._fresh(bufs, ins) if tuple in map(type, bufs) else list(bufs)
             try:
                 results = step.fn(ins, outs, env)
             except GeodeError as exc:
@@ -481,9 +495,9 @@ class Executor:
                 raise ExecutionError(
                     f"step {step.name!r} ({step.engine}: {step.label}) failed: {type(exc).__name__}: {exc}"
                 ) from exc
-            for o, r in zip(step.outputs, results):
-                slot = plan.slots[o]
-                if r.dtype != slot.dtype:
+            for (o, slot), r, given in zip(outs_of, results, outs):
+                # a buffer the executor made has the slot's dtype
+                if r is not given and r.dtype != slot.dtype:
                     raise ExecutionError(
                         f"step {step.name!r}: output {slot.name!r} is {_dtype_name(r.dtype)}, "
                         f"expected {_dtype_name(slot.dtype)}"
@@ -491,15 +505,14 @@ class Executor:
                 if slot.binds:
                     _bind_symbols(step, slot, r, env)
                 values[o] = r
-                if fresh_memo is not None and k in plan.memo_steps:
+                if is_memo and fresh_memo is not None:
                     fresh_memo[o] = np.array(r, copy=True)  # its own: arena memory is reused
-            if checks_after and checks_after[k]:
-                _check_late(plan.name, step.name, checks_after[k], env)
-            if self._alias_after[k]:
-                self._make_aliases(self._alias_after[k], values, env)
-            if plan.release:
-                for o in plan.release[k]:
-                    values[o] = None
+            if checks:
+                _check_late(plan.name, step.name, checks, env)
+            if after:
+                self._make_aliases(after, values, env)
+            for o in release:
+                values[o] = None
         if fresh_memo is not None:
             _remember(self._memo, memo_key, fresh_memo)
         out = self._hand_out(values)
