@@ -472,8 +472,10 @@ class Executor:
             if is_memo and memo is not None:
                 for o, slot in outs_of:
                     values[o] = memo[o]
-                    _bind_symbols(step, slot, memo[o], env)
-                self._make_aliases(after, values, env)
+                    if slot.binds:
+                        _bind_symbols(step, slot, memo[o], env)
+                if after:
+                    self._make_aliases(after, values, env)
                 if checks:
                     _check_late(plan.name, step.name, checks, env)
                 continue
