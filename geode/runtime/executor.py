@@ -499,7 +499,7 @@ class Executor:
                 ) from exc
             for (o, slot), r, given in zip(outs_of, results, outs):
                 # a buffer the executor made has the slot's dtype
-                if r is not given and r.dtype != slot.dtype:
+                if (r is not given or given is None) and r.dtype != slot.dtype:
                     raise ExecutionError(
                         f"step {step.name!r}: output {slot.name!r} is {_dtype_name(r.dtype)}, "
                         f"expected {_dtype_name(slot.dtype)}"
