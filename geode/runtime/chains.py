@@ -16,6 +16,7 @@ view from the chain itself: the executor makes aliases only after a step returns
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +45,14 @@ def chainable(kernel: Any) -> bool:
 
 #: alias slot -> (its root slot, ``view(root_array, env)``)
 Views = Mapping[int, tuple[int, Callable[[np.ndarray, Any], np.ndarray]]]
+
+
+def _picker(picks: Sequence[int]) -> Callable[[list], tuple]:
+    """``src -> tuple(src[p] for p in picks)``, in one C call."""
+    if len(picks) == 1:
+        only = picks[0]
+        return lambda src: (src[only],)
+    return operator.itemgetter(*picks)  # type: ignore[return-value]
 
 
 def chain_step(
@@ -79,48 +88,64 @@ def chain_step(
     source.update({o: len(inputs) + j for j, o in enumerate(outputs)})
     source.update({a: len(inputs) + len(outputs) + j for j, a in enumerate(derived)})
     made = [(source[views[a][0]], views[a][1]) for a in derived]
+    n_src = len(inputs) + len(outputs) + len(derived)
     picks: list[int] = []
-    reviews: list[tuple[int, tuple[int, ...]]] = []
+    #: (source position, view) of each argument a member views differently: each is
+    #: appended to the sources once (position n_src + r) and picked from there
+    reviewed: list[tuple[int, tuple[int, ...]]] = []
     dim_fns: list[tuple[list, int]] = []
     for st, k in zip(steps, kernels):
-        args = [*st.inputs[: k.n_inputs], *st.outputs]
-        base = len(picks)
-        picks += [source[s] for s in args]
-        reviews += [(base + j, v) for j, v in enumerate(k.views) if v is not None]
+        args = [source[s] for s in [*st.inputs[: k.n_inputs], *st.outputs]]
+        for j, v in enumerate(k.views):
+            if v is not None:
+                if (args[j], v) not in reviewed:
+                    reviewed.append((args[j], v))
+                args[j] = n_src + reviewed.index((args[j], v))
+        picks += args
         dim_fns.append((list(k.dims), k.threads))
+    pick = _picker(picks)
     shapes = [
         (k.out_shapes[j], k.out_dtypes[j])
         for st, k in zip(steps, kernels)
         for j in range(len(st.outputs))
     ]
+    n_out = len(shapes)
     names = [st.name for st in steps]
     call_chain = native.call_chain
-    ints_of: dict[tuple, tuple] = {}
+    #: per binding: the members' ints, and per reviewed argument the shape it has and
+    #: the shape its view gets (all fixed by the binding; checked per call all the same)
+    per_binding: dict[tuple, tuple[tuple, list[tuple[tuple, tuple]]]] = {}
 
-    def chain_ints(env: Any) -> tuple:
-        key = tuple(env.items())
-        got = ints_of.get(key)
-        if got is None:
-            got = tuple(v for fns, threads in dim_fns for v in (*(f(env) for f in fns), threads))
-            if len(ints_of) >= 8:  # a few bindings; threads may race here: harmless
-                ints_of.clear()
-            ints_of[key] = got
-        return got
+    def for_binding(env: Any, src: list) -> tuple[tuple, list[tuple[tuple, tuple]]]:
+        ints = tuple(v for fns, threads in dim_fns for v in (*(f(env) for f in fns), threads))
+        reshapes = []
+        for p, starts in reviewed:
+            a = src[p]
+            reshapes.append((a.shape, view(a, starts).shape))
+        if len(per_binding) >= 8:  # a few bindings; threads may race here: harmless
+            per_binding.clear()
+        per_binding[tuple(env.items())] = (ints, reshapes)
+        return ints, reshapes
 
     def run(ins: list, outs: list, env: Any) -> list:
-        results = []
-        for j, (shape_fn, dtype) in enumerate(shapes):
-            buf = outs[j] if j < len(outs) else None
-            results.append(np.empty(shape_fn(env), dtype) if buf is None else buf)
+        results = list(outs)
+        if len(results) < n_out:
+            results += [None] * (n_out - len(results))
+        for j, buf in enumerate(results):
+            if buf is None:
+                shape_fn, dtype = shapes[j]
+                results[j] = np.empty(shape_fn(env), dtype)
         src = [*ins, *results]
         for p, make in made:
             src.append(make(src[p], env))
-        arrays = [src[p] for p in picks]
-        for p, starts in reviews:
-            arrays[p] = view(arrays[p], starts)
-        ints = chain_ints(env)
+        got = per_binding.get(tuple(env.items()))
+        ints, reshapes = got if got is not None else for_binding(env, src)
+        for (p, starts), (have, want) in zip(reviewed, reshapes):
+            a = src[p]
+            src.append(a.reshape(want) if a.shape == have else view(a, starts))
+        arrays = pick(src)
         try:
-            status = call_chain(entries, tuple(arrays), ints)
+            status = call_chain(entries, arrays, ints)
         except native.ArgumentError:
             status = _one_by_one(arrays, ints)
         if status:
@@ -132,7 +157,7 @@ def chain_step(
             raise ExecutionError(f"step {names[k]!r}: kernel returned status {code}")
         return results
 
-    def _one_by_one(arrays: list, ints: tuple) -> int:
+    def _one_by_one(arrays: tuple, ints: tuple) -> int:
         """A strided input: each member's own entry copies what it must."""
         pa = pi = 0
         for k, (_, n_arrays, _, n_ints) in enumerate(entries):

@@ -65,6 +65,21 @@ def _remember(cache: dict, key: Any, value: Any) -> None:
     cache[key] = value
 
 
+class _Binding:
+    """What a run derives from its input shapes alone, kept per binding (see
+    :meth:`Executor._record`): the symbols the inputs bind, the memo key, the memory
+    layout, and each step's output buffers for the arena buffer of ``generation``."""
+
+    __slots__ = ("env", "memo_key", "layout", "prepared", "generation")
+
+    def __init__(self, env: dict[str, int], layout: Any) -> None:
+        self.env = env
+        self.memo_key = tuple(env.items())
+        self.layout = layout
+        self.prepared: list[list] | None = None
+        self.generation = -1
+
+
 def _output_shape(step: str, slot: Any, env: Mapping[str, int]) -> tuple[int, ...]:
     """The shape of a step's output for the bound symbols (ExecutionError when a dim is
     negative: the inputs are too small for the op, e.g. a convolution window larger
@@ -230,18 +245,38 @@ class Executor:
             if s.var_key is not None and s.role == "constant"
         ]
         self._variables = [(i, s.var_key) for i, s in enumerate(plan.slots) if s.role == "variable"]
-        #: per binding, for the arena's current buffer: each step's output buffers (see
-        #: _step_outputs)
-        self._prepared: dict[tuple, list[list]] = {}
+        #: input shapes that passed :func:`bind_inputs` and the memory check -> what the
+        #: run derives from them (see :meth:`_record`)
+        self._records: dict[tuple, _Binding] = {}
+        #: the same records by binding (feeds that take :func:`bind_inputs` every call)
+        self._by_env: dict[tuple, _Binding] = {}
+        #: the arena buffer (its generation) the records' prepared buffers are views of
         self._prepared_for = self.arena.generation
-        #: input shapes that passed :func:`bind_inputs` -> the binding they gave (see _bind)
-        self._bound: dict[tuple, dict[str, int]] = {}
+        #: the values list a run starts from: the constants in their slots
+        self._base: list[Any] = [None] * len(plan.slots)
+        for i, arr in self._static:
+            self._base[i] = arr
+        self._input_slots = [(s.name, s.slot) for s in plan.inputs]
         #: per binding, the results of the plan's memo steps (see run)
         self._memo: dict[tuple, dict[int, np.ndarray]] = {}
         #: what memo steps write: the memo keeps those arrays across runs
         self._memo_outputs = {o for k in plan.memo_steps for o in plan.steps[k].outputs}
-        #: bindings whose memory need passed :meth:`_check_memory`
-        self._fits: dict[tuple, bool] = {}
+        #: per step: its index, the step, whether it is a memo step, its outputs (slot
+        #: id, Slot), the checks and aliases after it, and the values it releases
+        self._steps = [
+            (
+                k,
+                step,
+                k in plan.memo_steps,
+                [(o, plan.slots[o]) for o in step.outputs],
+                plan.checks_after[k] if plan.checks_after else [],
+                self._alias_after[k],
+                plan.release[k] if plan.release else [],
+            )
+            for k, step in enumerate(plan.steps)
+        ]
+        #: per output: name, slot, and whether it is copied when handed out (see _hand_out)
+        self._handout = self._handout_plan()
         #: intermediates a step allocates itself (not in the arena, not an output)
         self._dynamic = [
             i
@@ -252,25 +287,12 @@ class Executor:
             and i not in plan.aliases
         ]
 
-    def _bind(self, feeds: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, np.ndarray]]:
-        """:func:`bind_inputs`, remembered per input shapes: feeds that are a dict of
-        exactly the inputs, each a plain C-contiguous ndarray of its input's dtype (what
-        :func:`bind_inputs` passes through unchanged), with shapes that passed before,
-        skip the checks, which depend on nothing but those shapes (the symbol binding,
-        the inputs' dim checks, the plan's constraints). Anything else takes
-        :func:`bind_inputs`. Measurements: ``docs/performance.md``."""
-        key = self._shapes_key(feeds)
-        env = self._bound.get(key) if key is not None else None
-        if env is not None:
-            return dict(env), {s.name: feeds[s.name] for s in self.plan.inputs}
-        env, arrays = bind_inputs(self.plan, feeds)
-        if key is not None:
-            _remember(self._bound, key, dict(env))  # run() adds the symbols steps bind
-        return env, arrays
-
     def _shapes_key(self, feeds: Mapping[str, Any]) -> tuple | None:
-        """The input shapes, in the plan's input order, when ``feeds`` qualifies for the
-        remembered binding (see :meth:`_bind`), else None."""
+        """The input shapes, in the plan's input order, when ``feeds`` is a dict of
+        exactly the inputs, each a plain C-contiguous ndarray of its input's dtype (what
+        :func:`bind_inputs` passes through unchanged), else None: such feeds with
+        shapes that passed before skip the checks, which depend on nothing but those
+        shapes (the symbol binding, the inputs' dim checks, the plan's constraints)."""
         specs = self.plan.inputs
         if type(feeds) is not dict or len(feeds) != len(specs):
             return None
@@ -282,22 +304,63 @@ class Executor:
             key.append(raw.shape)
         return tuple(key)
 
-    def _step_outputs(self, layout: Any, env: dict[str, int]) -> list[list]:
-        """Each step's output buffers for the binding ``env`` (see :meth:`_buffers`),
+    def _record(self, feeds: Mapping[str, Any]) -> tuple[_Binding, dict[str, np.ndarray]]:
+        """The binding of ``feeds`` and the arrays to run on. Feeds that qualify (see
+        :meth:`_shapes_key`) with shapes seen before reuse their :class:`_Binding`
+        (binding, layout, memory check, prepared buffers); anything else is checked by
+        :func:`bind_inputs`, laid out and checked against the memory limit, and the
+        result kept when the feeds qualify. Measurements: ``docs/performance.md``."""
+        key = self._shapes_key(feeds)
+        if key is not None:
+            rec = self._records.get(key)
+            if rec is not None:
+                return rec, feeds  # type: ignore[return-value]
+        env, arrays = bind_inputs(self.plan, feeds)
+        rec = self._by_env.get(tuple(env.items()))
+        if rec is None:
+            plan = self.plan
+            layout = None
+            if plan.memory is not None and plan.arena_slots:
+                try:
+                    layout = plan.memory.layout(env)
+                except (KeyError, NameError):
+                    layout = None  # a size depends on a value known only at run time
+            self._check_memory(layout, env)
+            rec = _Binding(env, layout)
+            _remember(self._by_env, rec.memo_key, rec)
+        if key is not None:
+            _remember(self._records, key, rec)
+        return rec, arrays
+
+    def _step_outputs(self, rec: _Binding) -> list[list] | None:
+        """Each step's output buffers for the binding ``rec`` (see :meth:`_buffers`),
         built once per binding and arena buffer, then reused: making ~20 views and
         evaluating their shapes was a third of a small model's per-call time. Views
-        stay valid while the arena keeps its buffer (its ``generation``); model outputs
-        are never views, so nothing handed to the caller is shared between calls.
-        """
+        stay valid while the arena keeps its buffer (its ``generation``; the arena only
+        grows, so a binding that fitted it still does); model outputs are never views,
+        so nothing handed to the caller is shared between calls. None without a
+        layout. The arena is grown here when the binding needs more."""
+        layout = rec.layout
+        if layout is None:
+            return None
+        if rec.generation == self.arena.generation:
+            return rec.prepared
+        try:
+            self.arena.ensure(layout.total)
+        except MemoryError:
+            raise OutOfMemoryError(
+                f"model {self.plan.name!r}: the intermediates of this run need "
+                f"{memlimit.format_bytes(layout.total)}, which does not fit in memory"
+            ) from None
         if self._prepared_for != self.arena.generation:
-            self._prepared.clear()  # views of a replaced buffer: drop them (and the buffer)
+            # views of a replaced buffer: drop them all (and with them the buffer)
+            for old in (*self._records.values(), *self._by_env.values()):
+                old.prepared, old.generation = None, -1
             self._prepared_for = self.arena.generation
-        key = tuple(env.items())
-        prepared = self._prepared.get(key)
-        if prepared is None:
-            prepared = [self._buffers(step, layout, env) for step in self.plan.steps]
-            _remember(self._prepared, key, prepared)
-        return prepared
+        env = rec.env
+        rec.prepared = [self._buffers(step, layout, env) for step in self.plan.steps]
+        rec.generation = self.arena.generation
+        return rec.prepared
 
     def _buffers(self, step: Any, layout: Any, env: dict[str, int]) -> list:
         """What each output of ``step`` is written into: an arena view (``layout`` given
@@ -353,12 +416,12 @@ class Executor:
             f"{kind} {s.name!r} {_dtype_name(s.dtype)}{list(shape)}: {memlimit.format_bytes(n)}",
         )
 
-    def _check_memory(self, layout: Any, env: dict[str, int], key: tuple) -> None:
+    def _check_memory(self, layout: Any, env: dict[str, int]) -> None:
         """Raise :class:`OutOfMemoryError` before anything is allocated when the binding
         ``env`` needs more memory than the plan may use (:mod:`~geode.runtime.memlimit`):
         what the arena must grow by, plus every output (each gets memory of its own),
         plus the largest intermediate a step allocates itself (they come and go). Each
-        binding (``key``) is checked once."""
+        binding is checked once (before its record is kept: :meth:`_record`)."""
         plan = self.plan
         found = []
         need = 0
@@ -373,7 +436,6 @@ class Executor:
             known = [d for d in (*found, *outputs, *dynamic) if d is not None]
             largest = max(known)[1] if known else ""
             memlimit.check(need, plan.memory_limit, f"model {plan.name!r}: this run", largest)
-        _remember(self._fits, key, True)
 
     def _memo_for(self, key: tuple) -> tuple[dict | None, dict | None]:
         """``(memo, None)``: the memo steps' results for this binding, which the run
@@ -394,48 +456,33 @@ class Executor:
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the plan on ``feeds`` (input name -> array); returns output name -> array."""
         plan = self.plan
-        env, arrays = self._bind(feeds)
-        values: list[Any] = [None] * len(plan.slots)
-        for spec in plan.inputs:
-            values[spec.slot] = arrays[spec.name]
-        for i, arr in self._static:
-            values[i] = arr
+        rec, arrays = self._record(feeds)
+        env = dict(rec.env)  # steps may bind more symbols
+        values = self._base.copy()
+        for name, slot in self._input_slots:
+            values[slot] = arrays[name]
         for i, key in self._variables:
             values[i] = self.vm.get(key)  # looked up per run: assignments replace the array
         if plan.alias_start:
             self._make_aliases(plan.alias_start, values, env)
-        layout = None
-        if plan.memory is not None and plan.arena_slots:
-            try:
-                layout = plan.memory.layout(env)
-            except (KeyError, NameError):
-                layout = None  # a size depends on a value known only at run time
-        memo_key = tuple(env.items())  # the binding: memo steps' results depend on it alone
-        if memo_key not in self._fits:
-            self._check_memory(layout, env, memo_key)
-        if layout is not None:
-            try:
-                self.arena.ensure(layout.total)
-            except MemoryError:
-                raise OutOfMemoryError(
-                    f"model {plan.name!r}: the intermediates of this run need "
-                    f"{memlimit.format_bytes(layout.total)}, which does not fit in memory"
-                ) from None
-        prepared = self._step_outputs(layout, env) if layout is not None else None
+        prepared = self._step_outputs(rec)
+        memo_key = rec.memo_key  # the binding: memo steps' results depend on it alone
         memo, fresh_memo = self._memo_for(memo_key)
-        checks_after = plan.checks_after
-        for k, step in enumerate(plan.steps):
-            if memo is not None and k in plan.memo_steps:
-                for o in step.outputs:
+        for k, step, is_memo, outs_of, checks, after, release in self._steps:
+            if is_memo and memo is not None:
+                for o, slot in outs_of:
                     values[o] = memo[o]
-                    _bind_symbols(step, plan.slots[o], memo[o], env)
-                self._make_aliases(self._alias_after[k], values, env)
-                if checks_after and checks_after[k]:
-                    _check_late(plan.name, step.name, checks_after[k], env)
+                    if slot.binds:
+                        _bind_symbols(step, slot, memo[o], env)
+                if after:
+                    self._make_aliases(after, values, env)
+                if checks:
+                    _check_late(plan.name, step.name, checks, env)
                 continue
             ins = [None if i is None else values[i] for i in step.inputs]
             bufs = prepared[k] if prepared is not None else self._buffers(step, None, env)
-            outs = self._fresh(bufs, ins)
+            # a new list either way: the step may not change the prepared one
+            outs = self._fresh(bufs, ins) if tuple in map(type, bufs) else list(bufs)
             try:
                 results = step.fn(ins, outs, env)
             except GeodeError as exc:
@@ -450,9 +497,9 @@ class Executor:
                 raise ExecutionError(
                     f"step {step.name!r} ({step.engine}: {step.label}) failed: {type(exc).__name__}: {exc}"
                 ) from exc
-            for o, r in zip(step.outputs, results):
-                slot = plan.slots[o]
-                if r.dtype != slot.dtype:
+            for (o, slot), r, given in zip(outs_of, results, outs):
+                # a buffer the executor made has the slot's dtype
+                if (r is not given or given is None) and r.dtype != slot.dtype:
                     raise ExecutionError(
                         f"step {step.name!r}: output {slot.name!r} is {_dtype_name(r.dtype)}, "
                         f"expected {_dtype_name(slot.dtype)}"
@@ -460,15 +507,14 @@ class Executor:
                 if slot.binds:
                     _bind_symbols(step, slot, r, env)
                 values[o] = r
-                if fresh_memo is not None and k in plan.memo_steps:
+                if is_memo and fresh_memo is not None:
                     fresh_memo[o] = np.array(r, copy=True)  # its own: arena memory is reused
-            if checks_after and checks_after[k]:
-                _check_late(plan.name, step.name, checks_after[k], env)
-            if self._alias_after[k]:
-                self._make_aliases(self._alias_after[k], values, env)
-            if plan.release:
-                for o in plan.release[k]:
-                    values[o] = None
+            if checks:
+                _check_late(plan.name, step.name, checks, env)
+            if after:
+                self._make_aliases(after, values, env)
+            for o in release:
+                values[o] = None
         if fresh_memo is not None:
             _remember(self._memo, memo_key, fresh_memo)
         out = self._hand_out(values)
@@ -487,26 +533,39 @@ class Executor:
         for key, value in staged:
             self.vm.set_value(key, value)
 
-    def _hand_out(self, values: list[Any]) -> dict[str, np.ndarray]:
-        """The model's outputs, none sharing memory with the model or with each other:
-        an output whose storage (its root's, for an alias) is an input, a constant, a
-        variable, the arena, the memo or another output's is copied."""
+    def _handout_plan(self) -> list[tuple[str, int, bool]]:
+        """Per model output: its name, its slot, and whether it is copied when handed
+        out: when its storage (its root's, for an alias) is an input, a constant, a
+        variable, the arena, the memo or an earlier output's. All of it is fixed by the
+        plan, so it is worked out once."""
         plan = self.plan
-        out: dict[str, np.ndarray] = {}
+        rows = []
         handed: set[int] = set()
         for name, slot in plan.outputs:
-            v = values[slot]
             root = plan.root(slot)
-            if (
+            copy = (
                 plan.slots[root].role != "activation"
                 or root in plan.arena_slots
                 or root in self._memo_outputs
                 or root in handed
-            ):
-                v = np.array(v, copy=True)
+            )
             handed.add(root)
-            out[name] = v
-        return out
+            rows.append((name, slot, copy))
+        return rows
+
+    def prepared_bindings(self) -> int:
+        """How many bindings hold prepared step buffers (views of the current arena
+        buffer; see :meth:`_step_outputs`)."""
+        recs = {id(r): r for r in (*self._records.values(), *self._by_env.values())}
+        return sum(r.prepared is not None for r in recs.values())
+
+    def _hand_out(self, values: list[Any]) -> dict[str, np.ndarray]:
+        """The model's outputs, none sharing memory with the model or with each other
+        (see :meth:`_handout_plan`)."""
+        return {
+            name: np.array(values[slot], copy=True) if copy else values[slot]
+            for name, slot, copy in self._handout
+        }
 
     def _make_aliases(self, slots: list[int], values: list[Any], env: dict[str, int]) -> None:
         """Set each alias of ``slots`` to its view of its root's array."""

