@@ -2,7 +2,7 @@
 entry called it before, geode's packed-weight kernel, and onnxruntime's MatMul.
 
     PYTHONPATH=. python bench/packed_gemm.py [--threads 1,2] [--rounds 5] [--shapes small]
-                                             [--json out.json]
+                                             [--rows 2048] [--ort-spin] [--json out.json]
 
 Per shape ``M x K x N`` (the rows of the models of ``bench/models.py``: 1, 32, 196/197 and
 2048, against their weights ``K x N``, plus two large ones) and thread count: numpy's
@@ -11,7 +11,11 @@ blocks over the pool, or geode's ``sgemm_thin.c`` kernel for small products), th
 kernel (``runtime/native/sgemm_packed.c``, the weight packed once beforehand) and a
 one-node onnxruntime MatMul whose ``B`` is an initializer (onnxruntime's MLAS packs it
 once at session creation; called through an IO binding, so its call costs a few
-microseconds more than the ctypes calls of the others). Times are the medians of
+microseconds more than the ctypes calls of the others). onnxruntime's intra-op workers
+sleep after a call here (``session.intra_op.allow_spinning`` 0): left spinning, as they
+do by default, they hold a core while the next way in the round runs, and on two cores
+the two-thread figures of the others then measure that contention (``--ort-spin`` keeps
+onnxruntime's default, to see it). Times are the medians of
 interleaved rounds (:func:`geode.costmodel.profiling.measure_interleaved`), in
 microseconds; the ratios are packed / each other (below 1: the packed kernel is faster).
 Results: ``docs/performance.md``.
@@ -46,8 +50,9 @@ def shapes(which: str) -> list[tuple[int, int, int]]:
     return out + (LARGE if which == "all" else [])
 
 
-def ort_session(b: np.ndarray, m: int, threads: int):  # -> (session, binding)
-    """onnxruntime's one-node ``Y = X @ B`` with ``B`` an initializer, bound to arrays."""
+def ort_session(b: np.ndarray, m: int, threads: int, spin: bool = False):
+    """onnxruntime's one-node ``Y = X @ B`` with ``B`` an initializer; ``spin``: its
+    intra-op workers spin after a call (onnxruntime's default) instead of sleeping."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -64,6 +69,7 @@ def ort_session(b: np.ndarray, m: int, threads: int):  # -> (session, binding)
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     sess = ort.InferenceSession(
         onnx._serialize(model) if hasattr(onnx, "_serialize") else model.SerializeToString(),
         so,
@@ -72,7 +78,9 @@ def ort_session(b: np.ndarray, m: int, threads: int):  # -> (session, binding)
     return sess
 
 
-def measure(m: int, k: int, n: int, threads: int, rounds: int) -> dict[str, float]:
+def measure(
+    m: int, k: int, n: int, threads: int, rounds: int, ort_spin: bool = False
+) -> dict[str, float]:
     """Median microseconds of the four ways for one shape and thread count."""
     lib = blas()  # geode_gemm calls the BLAS it is given
     if lib is None:
@@ -86,7 +94,7 @@ def measure(m: int, k: int, n: int, threads: int, rounds: int) -> dict[str, floa
     gemm, packed = native.gemm_function(), native.packed_gemm_function()
     pa, pb, pbp = a.ctypes.data, b.ctypes.data, bp.ctypes.data
     cg, cp = outs["gemm"].ctypes.data, outs["packed"].ctypes.data
-    sess = ort_session(b, m, threads)
+    sess = ort_session(b, m, threads, ort_spin)
     binding = sess.io_binding()
     binding.bind_cpu_input("X", a)
     binding.bind_output("Y", "cpu", 0, np.float32, (m, n), outs["ort"].ctypes.data)
@@ -112,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--shapes", choices=("small", "all"), default="all")
+    ap.add_argument("--rows", default="", help="only these M (comma-separated)")
+    ap.add_argument("--ort-spin", action="store_true", help="onnxruntime's workers spin")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     lib = blas()
@@ -128,8 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for t in (int(x) for x in args.threads.split(",")):
+        keep = {int(x) for x in args.rows.split(",")} if args.rows else None
         for m, k, n in shapes(args.shapes):
-            r = measure(m, k, n, t, args.rounds)
+            if keep is not None and m not in keep:
+                continue
+            r = measure(m, k, n, t, args.rounds, args.ort_spin)
             rows.append({"m": m, "k": k, "n": n, "threads": t, **r})
             p = r["packed"]
             print(

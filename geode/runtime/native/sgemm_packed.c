@@ -21,7 +21,10 @@
    one chain of multiply-adds); AVX2 + FMA, up to 6 rows x 1 panel (12 accumulators of 8
    floats), 3 rows x 2, 1 row x 4; plain C, up to 4 rows x 1 panel. Columns past N in the last panel are computed (on zeros) and not
    stored. Loops: a block of panels that the L2 cache holds outermost, then row tiles,
-   then the block's panels, so a row tile of A is read from L1 for all of them. */
+   then the block's panels, so a row tile of A is read from L1 for all of them. K blocks
+   (A packed per block, C accumulated across them), 12-row tiles and more row blocks per
+   thread were measured against this and not kept (docs/performance.md, "Weights packed
+   once"). */
 
 #define _GNU_SOURCE
 #pragma GCC optimize("O3")
