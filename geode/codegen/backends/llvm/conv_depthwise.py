@@ -36,6 +36,7 @@ __all__ = [
     "pad_function",
     "padded_size",
     "scratch_plane",
+    "scratch_row",
     "span_writer",
     "vector_lanes",
     "write_body",
@@ -248,9 +249,7 @@ def pad_function(
     span = span_writer(module, fn, b, ty, vector_lanes(size, attrs), fill)
 
     def row(r: str) -> None:
-        ih = b.sub(r, pt, "ih")
-        dst = b.gep(ty, buf, b.mul(r, wp), "dst")
-        inside = b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
+        ih, dst, inside = scratch_row(b, ty, buf, r, (pt, wp, h))
 
         def copy() -> None:
             xrow = b.gep(ty, x, b.mul(ih, wd), "xrow")
@@ -263,6 +262,18 @@ def pad_function(
     b.loop("0", hp, row, "r")
     fn.terminate("ret void")
     return fn
+
+
+def scratch_row(
+    b: Builder, ty: str, buf: str, r: str, geo: tuple[str, str, str]
+) -> tuple[str, str, str]:
+    """Scratch row ``r`` of a padded plane, ``geo`` = (top pad, padded width, input
+    height): its input row ``ih``, its first element, and whether ``ih`` is inside the
+    input (else the row is all padding)."""
+    pt, wp, h = geo
+    ih = b.sub(r, pt, "ih")
+    dst = b.gep(ty, buf, b.mul(r, wp), "dst")
+    return ih, dst, b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
 
 
 def vector_lanes(size: int, attrs: str) -> int:

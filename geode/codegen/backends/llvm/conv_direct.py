@@ -40,6 +40,7 @@ from geode.codegen.backends.llvm.conv_depthwise import (
     launch_and_return,
     pad_function,
     pad_writer,
+    scratch_row,
     span_writer,
     vector_lanes,
 )
@@ -325,9 +326,7 @@ def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str)
         return b.min(b.max(v, "0"), str(2 * vl))
 
     def row(r: str) -> None:
-        ih = b.sub(r, pt, "ih")
-        dst = b.gep(ty, buf, b.mul(r, wp), "dst")
-        inside = b.all_of([b.cmp("sge", ih, "0"), b.cmp("slt", ih, h)])
+        ih, dst, inside = scratch_row(b, ty, buf, r, (pt, wp, h))
 
         def copy() -> None:
             xrow = b.gep(ty, x, b.mul(ih, wd), "xrow")
