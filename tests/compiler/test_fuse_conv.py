@@ -216,3 +216,15 @@ def test_decisions_are_recorded_by_the_pipeline() -> None:
     run_pipeline(resnet_block().copy(), decisions=decisions)
     assert len(decisions) == 4  # stem Relu, its MaxPool, the middle Relu, the Add's Relu
     assert all(": fuse: " in line for line in decisions.values())
+
+
+def test_a_symbolic_shape_says_its_figures_are_nominal() -> None:
+    """With a symbolic batch the cost model's figures are at a nominal size, and the
+    reason says so; with every size known it does not."""
+    for batch, nominal in (("N", True), (2, False)):
+        g = geode.Graph("sym")
+        x = g.input("x", [batch, 4, 8, 8], np.float32)
+        g.output(g.op("Relu", conv(g, x, 4, 4)), names=["out"])
+        text = geode.compile(g).explain()
+        assert "(conv_epilogue) -> FusedConv: fuse: saves" in text
+        assert ("(symbolic dims taken as 512)" in text) is nominal, text

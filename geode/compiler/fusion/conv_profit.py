@@ -43,7 +43,7 @@ def conv_fusion_profit(c: ConvFusion, spec: DeviceSpec) -> tuple[bool, str]:
         separate = [KernelWork(read, nbytes(y), flops), KernelWork(nbytes(y) + z, nbytes(y), epi)]
         fused = KernelWork(read + z, nbytes(y), flops + epi)
         d = decide_merge(separate, fused, spec)
-        return d.take, d.reason
+        return d.take, d.reason + _nominal_note(c)
     pooled = c.pool.outputs[0]
     kh, kw = (int(k) for k in c.pool.attrs["kernel_shape"])
     pool_flops = numel(pooled) * kh * kw
@@ -54,7 +54,15 @@ def conv_fusion_profit(c: ConvFusion, spec: DeviceSpec) -> tuple[bool, str]:
     ]
     fused = KernelWork(read, nbytes(pooled), flops * factor + pool_flops)
     d = decide_merge(separate, fused, spec, recompute_factor=round(factor, 2))
-    return d.take, d.reason
+    return d.take, d.reason + _nominal_note(c)
+
+
+def _nominal_note(c: ConvFusion) -> str:
+    """What the figures assume when a shape is symbolic (the sizes are then nominal)."""
+    values = [*c.conv.inputs, *c.conv.outputs, c.z, c.pool.outputs[0] if c.pool else None]
+    if any(not isinstance(d, int) for v in values if v is not None for d in v.shape):
+        return f" (symbolic dims taken as {NOMINAL_DIM})"
+    return ""
 
 
 def _taps(conv: Node) -> int:
