@@ -911,9 +911,7 @@ def lstm_kernel(spec: LstmSpec, cache_dir: CacheDir | None = None) -> LstmKernel
 
     t0 = time.perf_counter()
     target = host()
-    name, ir = lstm_ir(
-        spec, target.function_attrs, vector_bytes(target), target.vector_registers
-    )
+    name, ir = lstm_ir(spec, target.function_attrs, vector_bytes(target), target.vector_registers)
     loaded, from_cache = build_module(name, ir, target, cache_dir)
     emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
     seconds = time.perf_counter() - t0

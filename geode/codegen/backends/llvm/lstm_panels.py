@@ -33,7 +33,7 @@ __all__ = [
 
 #: batch from which the LSTM's products run in this form (below it, the dot products of
 #: :mod:`~.lstm`, which need no packing: at batch 1 a step streams ``R`` once either way)
-PANEL_MIN_BATCH = 4
+PANEL_MIN_BATCH = 2
 
 #: gate vectors a block of rows computes together (its accumulators: rows x this)
 GROUP_VECTORS = 2
@@ -135,8 +135,7 @@ def pack_function(
                     f"getelementptr {ty}, ptr {m}, i64 {b.add(b.mul(row, k_len), k0)}", "src"
                 )
                 mask = fn.value(
-                    f"select i1 {rowok[r]}, <{lanes} x i1> {kmask}, <{lanes} x i1> "
-                    "zeroinitializer",
+                    f"select i1 {rowok[r]}, <{lanes} x i1> {kmask}, <{lanes} x i1> zeroinitializer",
                     "mask",
                 )
                 args = f"ptr {at}, i32 {item}, <{lanes} x i1> {mask}, {zero}"
@@ -146,7 +145,7 @@ def pack_function(
             for kk, vec in enumerate(cols):
                 k = b.add(k0, str(kk), "k")
 
-                def put(k: str = k, vec: str = vec) -> None:
+                def put(k: str = k, vec: str = vec, base: str = base) -> None:
                     at = b.add(base, b.mul(k, str(GROUP_VECTORS * lanes)), "dsti")
                     fn.add(f"store {vt} {vec}, ptr {b.gep(ty, dst, at, 'dst')}, align {item}")
 
@@ -203,9 +202,7 @@ def panel_product_function(
             def term(k: str, gbase: str = gbase, mine: list[list[str]] = mine) -> None:
                 krow = b.gep(ty, gbase, b.mul(k, str(GROUP_VECTORS * lanes)), "krow")
                 mv = [
-                    fn.value(
-                        f"load {vt}, ptr {b.gep(ty, krow, str(s * lanes))}, align {item}", "m"
-                    )
+                    fn.value(f"load {vt}, ptr {b.gep(ty, krow, str(s * lanes))}, align {item}", "m")
                     for s in range(GROUP_VECTORS)
                 ]
                 for arow, line in zip(arows, mine):
