@@ -33,20 +33,30 @@ has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; a step, by its items
 steals another, so from step to step a thread mostly reads the same rows of ``R``, in
 its core's cache) when its product has that many. Every column and every unit is
 computed by the same code whatever the thread count, so the results are the same bits.
-Both products are dot products written here (:func:`_product_function`), not BLAS
-GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes (one
-step's batch rows against all of ``R``) costs more than the products, and every threaded
-GEMM call is a barrier of the BLAS's threads; on a shared 2-core machine the BLAS path
-measured 5-10x slower than these loops.
+Both products are written here, not BLAS GEMMs (every threaded GEMM call is a barrier
+of the BLAS's threads, and a GEMM packs its right operand at every call: per step, for
+an LSTM; on a shared 2-core machine the BLAS path measured 5-10x slower than these
+loops), in one of two forms chosen by the batch ``N`` at run time (so the same bits on
+any thread count):
 
-The states ``h`` (twice) and ``c``, the projection and the gates live in one
-``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
+* below :data:`~.lstm_panels.PANEL_MIN_BATCH` (batch 1), dot products
+  (:func:`_product_function`): a step streams the rows of ``R`` once, no packing;
+* from it, the outer-product form of :mod:`~.lstm_panels`: each direction starts with
+  one launch over panels of a vector's width of hidden units which packs ``W``'s panel,
+  computes its columns of the projection and packs ``R``'s panel (``R^T`` laid out per
+  panel and gate group ``[k][units]``, in the scratch: once per call, about 1 MiB each
+  at hidden 256); a step's item then computes its rows' gate columns panel by panel with
+  accumulators along the units (``h[b, k]`` broadcast, no horizontal sums).
+
+The states ``h`` (twice) and ``c``, the projection, the gates and the packed panels
+live in one ``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
 could not be allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`).
 Sigmoid and tanh are the LLVM backend's vmath functions (IEEE variants, inlined and
 vectorized). Results match the reference kernel
 (:func:`geode.compiler.ops.rnn.recurrent`) to rounding: the same sums in the same order,
-the products' inner sums in another (vectors along ``K`` of :func:`vector_bytes`, folded
-together by :func:`_reduce`).
+the products' inner sums in another (the dot products: vectors along ``K`` of
+:func:`vector_bytes`, folded together by :func:`_reduce`; the outer-product form: one
+chain of fused multiply-adds along ``K`` per element).
 """
 
 from __future__ import annotations
@@ -452,7 +462,8 @@ def _chunk_function(module: ModuleWriter, name: str, rec: str, spec: LstmSpec) -
 _STEP_SLOTS = 16
 
 #: hidden units of one item of a step's work (the unit runs are fixed: the same bits on
-#: any thread count)
+#: any thread count; a multiple of a vector's lanes, so an item's units are whole panels
+#: of the outer-product form)
 GATE_UNITS = 32
 
 #: batch rows of one item of a step's work
@@ -471,7 +482,9 @@ def _step_function(
     one step (the context: :data:`_STEP_SLOTS`). The work is items of
     :data:`ROW_BLOCK` batch rows by :data:`GATE_UNITS` hidden units; an item computes
     its rows' four gate columns of its units of ``G = h @ R^T`` (``rec``,
-    :func:`_product_function`), then their gates (``cell``): a unit's gates need only
+    :func:`_product_function`; or, when the context holds ``R``'s packed panels,
+    ``panel``, :func:`~.lstm_panels.panel_product_function`, one panel of ``lanes``
+    units at a time), then their gates (``cell``): a unit's gates need only
     its own four columns, so one launch does a step's product and gates, the states read
     from ``h`` and written to ``h'`` (other items still read ``h``). Each row takes its
     own input step (with ``sequence_lens``, a row past its length copies its units of
@@ -725,12 +738,13 @@ def entry_function(
     hid, g4 = spec.hidden, 4 * spec.hidden
     rows = b.mul(seq, n, "rows")
     # scratch: GX [T*N, 4H], G [N, 4H], h [N, H] twice (the steps read one and write the
-    # other), c [N, H], W's and R's packed panels (the panel form, else unused) (+ one
+    # other), c [N, H], W's and R's packed panels (the outer-product form only) (+ one
     # item: never 0 bytes)
     panel_words = -(-hid // lanes) * 4 * lanes
     words = b.add(b.mul(b.add(rows, n), str(g4)), b.mul(n, str(3 * hid)), "words")
-    words = b.add(words, str(panel_words * (hid + spec.input_size)), "words")
     in_panels = b.cmp("sge", n, str(PANEL_MIN_BATCH), "inpanels")
+    packed = b.select(in_panels, str(panel_words * (hid + spec.input_size)), "0", "pwords")
+    words = b.add(words, packed, "words")
     start_ctx = fn.alloca("i64", "pctx", str(PROJECTION_SLOTS))
     nbytes = b.mul(b.add(words, "1"), str(item), "bytes")
     buf = fn.value(f"call noalias ptr @malloc(i64 {nbytes})", "buf")
@@ -826,6 +840,8 @@ def lstm_ir(
     module.add_function(_cell_function(module, cell, spec, attrs))
     rec = f"{name}.product"
     lanes = max(1, vector_bytes // TYPES[spec.dtype][1])
+    if GATE_UNITS % lanes:
+        raise ValueError(f"{lanes} lanes per vector (GATE_UNITS must be a multiple)")
     module.add_function(_product_function(module, rec, spec, attrs, lanes))
     chunk = f"{name}.chunk"
     module.add_function(_chunk_function(module, chunk, rec, spec))
