@@ -157,6 +157,75 @@ def test_products_shared_among_threads_give_the_same_bits(direction, dtype, case
         np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_panel_form_gives_the_same_bits_on_any_thread_count(dtype, direction) -> None:
+    """The outer-product form (batch at least ``PANEL_MIN_BATCH``): an odd batch (blocks of
+    8, 4 and 1 rows), a hidden size leaving a part-filled last panel at every vector width,
+    sequence lengths and every optional input, batch-first; the same bits on 1, 2 and 3
+    threads (the start, packing and projecting, and every step launched on more than one),
+    and the reference kernel's results."""
+    from geode.codegen.backends.llvm.lstm import MIN_PARALLEL_FMAS
+    from geode.codegen.backends.llvm.lstm_panels import PANEL_MIN_BATCH
+    from geode.runtime import native
+
+    hidden, size, seq, batch = 37, 19, 4, 13
+    assert batch >= PANEL_MIN_BATCH and batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS
+    assert hidden % 2 and hidden % 16
+    ins = lstm_inputs(np.random.default_rng(3), dtype, hidden, size, direction, 1, seq, batch, ALL)
+    spec = LstmSpec(
+        dtype, hidden, size, DIRS[direction], False, 1, True, True, True, True, 3, lens=True
+    )
+    kernel = lstm_kernel(spec)
+    want = recurrent("LSTM", ins, {"direction": direction, "layout": 1, "hidden_size": hidden})
+    results, launched = {}, {}
+    for threads in (1, 2, 3):
+        outs = [np.full(w.shape, np.nan, dtype) for w in want]
+        before = native.pool_info()["launches"]
+        kernel(*[a for a in ins if a is not None], *outs, threads=threads)
+        launched[threads] = native.pool_info()["launches"] - before
+        results[threads] = outs
+    assert launched[1] == 0
+    assert launched[2] == launched[3] == DIRS[direction] * (1 + seq)
+    for threads in (2, 3):
+        for a, b in zip(results[1], results[threads]):
+            np.testing.assert_array_equal(a, b)
+    for g, w in zip(results[1], want):
+        np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_the_forms_either_side_of_the_panel_threshold(batch) -> None:
+    """Batch 1 (dot products), 2 (the outer-product form's first batch: one block of 2
+    rows) and 3 (blocks of 2 and 1), no input features (only ``R``'s panels packed), and
+    a projection with them, both layouts."""
+    from geode.codegen.backends.llvm.lstm_panels import PANEL_MIN_BATCH
+
+    assert PANEL_MIN_BATCH == 2
+    for size in (0, 9):
+        got, want = run_kernel("float32", 21, size, "reverse", batch % 2, 3, batch, {"B"})
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
+
+
+def test_panel_form_with_16_vector_registers(monkeypatch) -> None:
+    """Blocks of 4 rows (a target with 16 vector registers: ``panel_rows``), a batch of
+    7 (blocks of 4, 2 and 1 rows), float32 and float64."""
+    from geode.codegen.backends.llvm import lstm
+    from geode.codegen.backends.llvm.lstm_panels import panel_rows
+
+    assert panel_rows(16) == 4 and panel_rows(32) == 8
+    monkeypatch.setattr(lstm, "panel_rows", lambda registers: 4)
+    spec = LstmSpec("float32", 23, 11, 2, False, 0, True, True, True, True, 3, lens=True)
+    ir = lstm.lstm_ir(spec, "", 64, 32)[1]
+    assert "%acc3_1" in ir and "%acc4_1" not in ir  # 4 rows by 2 vectors of accumulators
+    for dtype in ("float32", "float64"):
+        # a spec no other test compiles: the kernel cache holds one per spec
+        got, want = run_kernel(dtype, 23, 11, "bidirectional", 0, 3, 7, ALL)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
+
+
 @pytest.mark.parametrize(
     "seq, batch, size, opt",
     [

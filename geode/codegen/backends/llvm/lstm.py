@@ -33,20 +33,30 @@ has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; a step, by its items
 steals another, so from step to step a thread mostly reads the same rows of ``R``, in
 its core's cache) when its product has that many. Every column and every unit is
 computed by the same code whatever the thread count, so the results are the same bits.
-Both products are dot products written here (:func:`_product_function`), not BLAS
-GEMMs: a GEMM packs its whole right operand at every call, which at an LSTM's sizes (one
-step's batch rows against all of ``R``) costs more than the products, and every threaded
-GEMM call is a barrier of the BLAS's threads; on a shared 2-core machine the BLAS path
-measured 5-10x slower than these loops.
+Both products are written here, not BLAS GEMMs (every threaded GEMM call is a barrier
+of the BLAS's threads, and a GEMM packs its right operand at every call: per step, for
+an LSTM; on a shared 2-core machine the BLAS path measured 5-10x slower than these
+loops), in one of two forms chosen by the batch ``N`` at run time (so the same bits on
+any thread count):
 
-The states ``h`` (twice) and ``c``, the projection and the gates live in one
-``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
+* below :data:`~.lstm_panels.PANEL_MIN_BATCH` (batch 1), dot products
+  (:func:`_product_function`): a step streams the rows of ``R`` once, no packing;
+* from it, the outer-product form of :mod:`~.lstm_panels`: each direction starts with
+  one launch over panels of a vector's width of hidden units which packs ``W``'s panel,
+  computes its columns of the projection and packs ``R``'s panel (``R^T`` laid out per
+  panel and gate group ``[k][units]``, in the scratch: once per call, about 1 MiB each
+  at hidden 256); a step's item then computes its rows' gate columns panel by panel with
+  accumulators along the units (``h[b, k]`` broadcast, no horizontal sums).
+
+The states ``h`` (twice) and ``c``, the projection, the gates and the packed panels
+live in one ``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
 could not be allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`).
 Sigmoid and tanh are the LLVM backend's vmath functions (IEEE variants, inlined and
 vectorized). Results match the reference kernel
 (:func:`geode.compiler.ops.rnn.recurrent`) to rounding: the same sums in the same order,
-the products' inner sums in another (vectors along ``K`` of :func:`vector_bytes`, folded
-together by :func:`_reduce`).
+the products' inner sums in another (the dot products: vectors along ``K`` of
+:func:`vector_bytes`, folded together by :func:`_reduce`; the outer-product form: one
+chain of fused multiply-adds along ``K`` per element).
 """
 
 from __future__ import annotations
@@ -60,6 +70,14 @@ from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
 from geode.codegen.backends.llvm.kernel import build_module, while_alive
+from geode.codegen.backends.llvm.lstm_panels import (
+    PANEL_MIN_BATCH,
+    PROJECTION_SLOTS,
+    pack_function,
+    panel_chunk_function,
+    panel_product_function,
+    panel_rows,
+)
 from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.codegen.backends.llvm.target import Target
 from geode.errors import ExecutionError, ShapeError
@@ -439,12 +457,13 @@ def _chunk_function(module: ModuleWriter, name: str, rec: str, spec: LstmSpec) -
 
 
 #: the context of a step: R, the states h (read) and h' (written), G, GX, B, P, c, Y,
-#: sequence_lens (pointers), then T, N, the step s, the direction d, whether it runs
-#: backwards (one 8-byte slot each)
-_STEP_SLOTS = 15
+#: sequence_lens, R's packed panels (null: the dot products) (pointers), then T, N, the
+#: step s, the direction d, whether it runs backwards (one 8-byte slot each)
+_STEP_SLOTS = 16
 
 #: hidden units of one item of a step's work (the unit runs are fixed: the same bits on
-#: any thread count)
+#: any thread count; a multiple of a vector's lanes, so an item's units are whole panels
+#: of the outer-product form)
 GATE_UNITS = 32
 
 #: batch rows of one item of a step's work
@@ -457,13 +476,15 @@ def _step_items(b: Builder, spec: LstmSpec, n: str) -> str:
 
 
 def _step_function(
-    module: ModuleWriter, name: str, rec: str, cell: str, spec: LstmSpec
+    module: ModuleWriter, name: str, rec: str, panel: str, cell: str, spec: LstmSpec, lanes: int
 ) -> FunctionWriter:
     """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: share ``chunk`` of ``nchunks`` of
     one step (the context: :data:`_STEP_SLOTS`). The work is items of
     :data:`ROW_BLOCK` batch rows by :data:`GATE_UNITS` hidden units; an item computes
     its rows' four gate columns of its units of ``G = h @ R^T`` (``rec``,
-    :func:`_product_function`), then their gates (``cell``): a unit's gates need only
+    :func:`_product_function`; or, when the context holds ``R``'s packed panels,
+    ``panel``, :func:`~.lstm_panels.panel_product_function`, one panel of ``lanes``
+    units at a time), then their gates (``cell``): a unit's gates need only
     its own four columns, so one launch does a step's product and gates, the states read
     from ``h`` and written to ``h'`` (other items still read ``h``). Each row takes its
     own input step (with ``sequence_lens``, a row past its length copies its units of
@@ -476,10 +497,10 @@ def _step_function(
     b = Builder(fn)
     ctx, chunk, nchunks = (fn.param(j) for j in range(3))
     slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_STEP_SLOTS)]
-    r_d, h, h_new, gates, gx, bias, peep, c, y, lens = (
-        fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:10]
+    r_d, h, h_new, gates, gx, bias, peep, c, y, lens, packed = (
+        fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:11]
     )
-    seq, n, s, d, rev = slots[10:]
+    seq, n, s, d, rev = slots[11:]
     hid, g4 = spec.hidden, 4 * spec.hidden
     per_row = str(-(-hid // GATE_UNITS))
     items = _step_items(b, spec, n)
@@ -498,10 +519,23 @@ def _step_function(
         h_rows = b.gep(ty, h, b.mul(r0, str(hid)), "hrows")
         g_rows = b.gep(ty, gates, b.mul(r0, str(g4)), "grows")
         rows = b.sub(r1, r0, "nrows")
-        for q in range(4):
-            lo, hi = b.add(j0, str(q * hid), "lo"), b.add(j1, str(q * hid), "hi")
-            args = f"ptr {r_d}, ptr {h_rows}, ptr {g_rows}, i64 {rows}, i64 {hid}"
-            fn.add(f"call void @{rec}({args}, i64 {lo}, i64 {hi})")
+
+        def dots() -> None:
+            for q in range(4):
+                lo, hi = b.add(j0, str(q * hid), "lo"), b.add(j1, str(q * hid), "hi")
+                args = f"ptr {r_d}, ptr {h_rows}, ptr {g_rows}, i64 {rows}, i64 {hid}"
+                fn.add(f"call void @{rec}({args}, i64 {lo}, i64 {hi})")
+
+        def panels() -> None:
+            def one(p: str) -> None:
+                pan = b.gep(ty, packed, b.mul(p, str(4 * lanes * hid)), "rpan")
+                args = f"ptr {h_rows}, i64 {hid}, ptr {pan}, ptr {g_rows}, i64 {g4}"
+                fn.add(f"call void @{panel}({args}, i64 {rows}, i64 {hid}, i64 {p})")
+
+            plo = fn.value(f"udiv i64 {j0}, {lanes}", "plo")
+            b.loop(plo, b.ceildiv(j1, lanes, "phi"), one, "pan")
+
+        b.branch(fn.value(f"icmp ne ptr {packed}, null", "packed"), panels, dots, "form")
 
         def row(r: str) -> None:
             def row_step(t: str) -> None:
@@ -685,7 +719,9 @@ def _select_ptr(b: Builder, cond: str, a: str, other: str, hint: str) -> str:
     return b.fn.value(f"select i1 {cond}, ptr {a}, ptr {other}", hint)
 
 
-def entry_function(name: str, step_fn: str, chunk: str, spec: LstmSpec) -> FunctionWriter:
+def entry_function(
+    name: str, step_fn: str, chunk: str, start: str, spec: LstmSpec, lanes: int
+) -> FunctionWriter:
     """The entry ``i32 @name(ptrs, recs, ints)`` (see the module docstring)."""
     ty, item = TYPES[spec.dtype]
     fn = FunctionWriter(name, "i32", [("ptr", "ptrs"), ("ptr", "recs"), ("ptr", "ints")])
@@ -702,8 +738,14 @@ def entry_function(name: str, step_fn: str, chunk: str, spec: LstmSpec) -> Funct
     hid, g4 = spec.hidden, 4 * spec.hidden
     rows = b.mul(seq, n, "rows")
     # scratch: GX [T*N, 4H], G [N, 4H], h [N, H] twice (the steps read one and write the
-    # other), c [N, H] (+ one item: never 0 bytes)
+    # other), c [N, H], W's and R's packed panels (the outer-product form only) (+ one
+    # item: never 0 bytes)
+    panel_words = -(-hid // lanes) * 4 * lanes
     words = b.add(b.mul(b.add(rows, n), str(g4)), b.mul(n, str(3 * hid)), "words")
+    in_panels = b.cmp("sge", n, str(PANEL_MIN_BATCH), "inpanels")
+    packed = b.select(in_panels, str(panel_words * (hid + spec.input_size)), "0", "pwords")
+    words = b.add(words, packed, "words")
+    start_ctx = fn.alloca("i64", "pctx", str(PROJECTION_SLOTS))
     nbytes = b.mul(b.add(words, "1"), str(item), "bytes")
     buf = fn.value(f"call noalias ptr @malloc(i64 {nbytes})", "buf")
     b.fail_unless(fn.value(f"icmp ne ptr {buf}, null", "allocated"), len(spec.arrays) + 1)
@@ -716,6 +758,9 @@ def entry_function(name: str, step_fn: str, chunk: str, spec: LstmSpec) -> Funct
     h = b.gep(ty, gates, b.mul(n, str(g4)), "h")
     h_odd = b.gep(ty, h, b.mul(n, str(hid)), "hodd")
     c = b.gep(ty, h_odd, b.mul(n, str(hid)), "c")
+    w_packed = b.gep(ty, c, b.mul(n, str(hid)), "wpacked")
+    r_packed = b.gep(ty, w_packed, str(panel_words * spec.input_size), "rpacked")
+    steps_packed = _select_ptr(b, in_panels, r_packed, "null", "spacked")
     # after the steps, the last states are in h when T is even, else in h_odd
     h_last = _select_ptr(b, b.cmp("eq", b.op("and", seq, "1"), "0"), h, h_odd, "hlast")
     for d in range(spec.directions):
@@ -726,12 +771,25 @@ def entry_function(name: str, step_fn: str, chunk: str, spec: LstmSpec) -> Funct
         b_d = b.gep(ty, ptr["B"], str(d * 8 * hid), "bd") if spec.bias else "null"
         p_d = b.gep(ty, ptr["P"], str(d * 3 * hid), "pd") if spec.peephole else "null"
 
-        def project() -> None:
+        def project(w_d: str = w_d, r_d: str = r_d) -> None:
             if spec.input_size == 0:
                 zb = b.mul(rows, str(g4 * item), "gxbytes")
                 fn.add(f"call void @llvm.memset.p0.i64(ptr {gx}, i8 0, i64 {zb}, i1 false)")
-            else:
-                product(w_d, ptr["X"], gx, rows, str(spec.input_size))  # noqa: B023
+
+            def dots() -> None:
+                if spec.input_size:
+                    product(w_d, ptr["X"], gx, rows, str(spec.input_size))
+
+            def panels() -> None:
+                pointers = [w_d, w_packed, r_d, r_packed, ptr["X"], gx]
+                values = [*_addresses(b, pointers), rows]
+                size = spec.input_size + hid
+                work = b.mul(rows, str(size * g4), "pfmas")
+                items = str(-(-hid // lanes))
+                threads = product.threads
+                _launch(b, start, start_ctx, values, threads, work, MIN_PARALLEL_FMAS, items, "pp")
+
+            b.branch(in_panels, panels, dots, "pform")
 
         b.when(b.cmp("sgt", rows, "0"), project, "proj")
 
@@ -741,6 +799,7 @@ def entry_function(name: str, step_fn: str, chunk: str, spec: LstmSpec) -> Funct
             h_out = _select_ptr(b, even, h_odd, h, "hout")
             arrays = [r_d, h_in, h_out, gates, gx, b_d, p_d, c, ptr["Y"]]
             arrays.append(ptr.get("sequence_lens", "null"))
+            arrays.append(steps_packed)
             backwards = "1" if spec.reverse or d == 1 else "0"
             run_step(arrays, [seq, n, s, str(d), backwards])
 
@@ -754,11 +813,16 @@ def entry_function(name: str, step_fn: str, chunk: str, spec: LstmSpec) -> Funct
     return fn
 
 
-def lstm_ir(spec: LstmSpec, attrs: str = "", vector_bytes: int = 32) -> tuple[str, str]:
+def lstm_ir(
+    spec: LstmSpec, attrs: str = "", vector_bytes: int = 32, vector_registers: int = 16
+) -> tuple[str, str]:
     """``(entry name, module IR)`` of the native LSTM of ``spec`` (``attrs``: the target's
     function attributes, :attr:`~.target.Target.function_attrs`; ``vector_bytes``: the
-    width of the products' vectors, :func:`vector_bytes`)."""
-    digest = hashlib.sha256(f"{spec!r} {vector_bytes}".encode()).hexdigest()[:12]
+    width of the products' vectors, :func:`vector_bytes`; ``vector_registers``: the
+    target's, :attr:`~.target.Target.vector_registers`, which size the panel form's
+    blocks, :func:`~.lstm_panels.panel_rows`)."""
+    key = f"{spec!r} {vector_bytes} {vector_registers}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     name = f"geode_lstm_{digest}"
     module = ModuleWriter(name)
     module.declare("llvm.memset.p0.i64", _MEMSET)
@@ -776,16 +840,28 @@ def lstm_ir(spec: LstmSpec, attrs: str = "", vector_bytes: int = 32) -> tuple[st
     module.add_function(_cell_function(module, cell, spec, attrs))
     rec = f"{name}.product"
     lanes = max(1, vector_bytes // TYPES[spec.dtype][1])
+    if GATE_UNITS % lanes:
+        raise ValueError(f"{lanes} lanes per vector (GATE_UNITS must be a multiple)")
     module.add_function(_product_function(module, rec, spec, attrs, lanes))
     chunk = f"{name}.chunk"
     module.add_function(_chunk_function(module, chunk, rec, spec))
+    ty, item = TYPES[spec.dtype]
+    pack, panel, start = f"{name}.pack", f"{name}.panel", f"{name}.start"
+    module.add_function(pack_function(module, pack, ty, item, spec.hidden, lanes, attrs))
+    block = panel_rows(vector_registers)
+    module.add_function(
+        panel_product_function(module, panel, ty, item, spec.hidden, lanes, block, attrs)
+    )
+    module.add_function(
+        panel_chunk_function(module, start, pack, panel, ty, spec.hidden, spec.input_size, lanes)
+    )
     step = f"{name}.step"
-    module.add_function(_step_function(module, step, rec, cell, spec))
+    module.add_function(_step_function(module, step, rec, panel, cell, spec, lanes))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
     )
-    module.add_function(entry_function(name, step, chunk, spec))
+    module.add_function(entry_function(name, step, chunk, start, spec, lanes))
     return name, f"; {spec.describe()}\n" + module.text()
 
 
@@ -851,7 +927,7 @@ def lstm_kernel(spec: LstmSpec, cache_dir: CacheDir | None = None) -> LstmKernel
 
     t0 = time.perf_counter()
     target = host()
-    name, ir = lstm_ir(spec, target.function_attrs, vector_bytes(target))
+    name, ir = lstm_ir(spec, target.function_attrs, vector_bytes(target), target.vector_registers)
     loaded, from_cache = build_module(name, ir, target, cache_dir)
     emitted = Emitted(ir, name, _arg_specs(spec), (), False, ())
     seconds = time.perf_counter() - t0

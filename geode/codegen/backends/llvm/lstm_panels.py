@@ -1,0 +1,288 @@
+"""The native LSTM's products in outer-product form (:mod:`~.lstm` at a batch of at least
+:data:`PANEL_MIN_BATCH`): a weight matrix ``M[4H, K]`` (``W`` or ``R`` of one direction)
+is packed once per call into panels of ``U`` hidden units (``U``: one vector's lanes),
+and ``out[rows, 4H] = A[rows, K] @ M^T`` is computed panel by panel with accumulators
+along the panel's columns, broadcasting ``A[r, k]`` and multiplying ``M^T``'s row ``k``
+in: no horizontal sums, and the packed panel streamed contiguously.
+
+Panel ``p`` holds the units ``[p * U, p * U + U)`` of the four gates (units past ``H``
+are zero columns), as :data:`GROUPS` groups of :data:`GROUP_VECTORS` gate vectors each,
+a group laid out ``[k][GROUP_VECTORS * U]`` (``4 * U * K`` items per panel): a block of
+rows of ``A`` by one group is one pass of fused multiply-adds over ``k``.
+
+Every element of ``out`` is one chain of fused multiply-adds over ``k`` in order from
+zero, whatever the row block or panel split, so the results are the same bits on any
+thread count.
+"""
+
+from __future__ import annotations
+
+from geode.codegen.backends.llvm.irloops import Builder
+from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
+
+__all__ = [
+    "GROUPS",
+    "GROUP_VECTORS",
+    "PANEL_MIN_BATCH",
+    "PROJECTION_SLOTS",
+    "pack_function",
+    "panel_chunk_function",
+    "panel_product_function",
+    "panel_rows",
+]
+
+#: batch from which the LSTM's products run in this form (below it, the dot products of
+#: :mod:`~.lstm`, which need no packing: at batch 1 a step streams ``R`` once either way)
+PANEL_MIN_BATCH = 2
+
+#: gate vectors a block of rows computes together (its accumulators: rows x this)
+GROUP_VECTORS = 2
+
+#: groups of a panel (the four gates, :data:`GROUP_VECTORS` at a time)
+GROUPS = 4 // GROUP_VECTORS
+
+
+def panel_rows(vector_registers: int) -> int:
+    """Rows of ``A`` a block computes at once: 8 (16 accumulators) with 32 vector
+    registers, else 4 (8 accumulators, the group's loads and a broadcast beside them)."""
+    return 8 if vector_registers >= 32 else 4
+
+
+def _declare(module: ModuleWriter, ty: str, lanes: int, item: int) -> tuple[str, str, str]:
+    """The fma, masked load and masked store intrinsics of ``<lanes x ty>``."""
+    vt = f"<{lanes} x {ty}>"
+    sfx = f"v{lanes}f{8 * item}"
+    fma = module.declare(f"llvm.fma.{sfx}", f"declare {vt} @llvm.fma.{sfx}({vt}, {vt}, {vt})")
+    mload = module.declare(
+        f"llvm.masked.load.{sfx}.p0",
+        f"declare {vt} @llvm.masked.load.{sfx}.p0(ptr, i32 immarg, <{lanes} x i1>, {vt})",
+    )
+    mstore = module.declare(
+        f"llvm.masked.store.{sfx}.p0",
+        f"declare void @llvm.masked.store.{sfx}.p0({vt}, ptr, i32 immarg, <{lanes} x i1>)",
+    )
+    return fma, mload, mstore
+
+
+def _lanes_below(fn: FunctionWriter, lanes: int, bound: str, hint: str) -> str:
+    """``<lanes x i1>``: lane ``l`` is ``l < bound``."""
+    one = fn.value(f"insertelement <{lanes} x i64> poison, i64 {bound}, i64 0", hint)
+    splat = fn.value(
+        f"shufflevector <{lanes} x i64> {one}, <{lanes} x i64> poison, "
+        f"<{lanes} x i32> zeroinitializer",
+        hint,
+    )
+    steps = ", ".join(f"i64 {k}" for k in range(lanes))
+    return fn.value(f"icmp slt <{lanes} x i64> <{steps}>, {splat}", hint)
+
+
+def _transpose(fn: FunctionWriter, ty: str, lanes: int, rows: list[str]) -> list[str]:
+    """The ``lanes x lanes`` tile ``rows`` transposed (vector ``k`` of the result: lane
+    ``l`` is ``rows[l][k]``): at each width ``w`` (half the tile, then halving), the
+    off-diagonal ``w x w`` blocks of every ``2w x 2w`` block swapped by two-source
+    shuffles."""
+    vt = f"<{lanes} x {ty}>"
+    v = list(rows)
+    w = lanes // 2
+    while w >= 1:
+        lo = [j if j & w == 0 else lanes + j - w for j in range(lanes)]
+        hi = [j + w if j & w == 0 else lanes + j for j in range(lanes)]
+        for i in range(lanes):
+            if i & w:
+                continue
+            a, c = v[i], v[i + w]
+            for dst, mask in ((i, lo), (i + w, hi)):
+                picks = ", ".join(f"i32 {m}" for m in mask)
+                v[dst] = fn.value(
+                    f"shufflevector {vt} {a}, {vt} {c}, <{lanes} x i32> <{picks}>", "tr"
+                )
+        w //= 2
+    return v
+
+
+def pack_function(
+    module: ModuleWriter, name: str, ty: str, item: int, hidden: int, lanes: int, attrs: str
+) -> FunctionWriter:
+    """``void @name(ptr M, ptr P, i64 K, i64 p)``: pack panel ``p`` of ``M[4H, K]``
+    (row-major) into ``P`` (the panel's own start; see the module docstring), tiles of
+    ``lanes x lanes`` transposed in registers."""
+    _, mload, _ = _declare(module, ty, lanes, item)
+    vt = f"<{lanes} x {ty}>"
+    params = [("ptr noalias", "M"), ("ptr noalias", "P"), ("i64", "K"), ("i64", "p")]
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
+    b = Builder(fn)
+    m, dst, k_len, p = (fn.param(j) for j in range(4))
+    unit0 = b.mul(p, str(lanes), "unit0")
+    valid = b.min(b.sub(str(hidden), unit0), str(lanes), "valid")
+    rowok = [b.cmp("slt", str(r), valid, "rowok") for r in range(lanes)]
+    full = b.mul(b.op("sdiv", k_len, str(lanes)), str(lanes), "kfull")
+    rest = b.sub(k_len, full, "krest")
+    all_k = _lanes_below(fn, lanes, str(lanes), "kall")
+    tail_k = _lanes_below(fn, lanes, rest, "ktail")
+    zero = f"{vt} zeroinitializer"
+    group_items = b.mul(k_len, str(GROUP_VECTORS * lanes), "gitems")
+
+    def tile(k0: str, tail: bool) -> None:
+        kmask = tail_k if tail else all_k
+        for q in range(4):
+            g, s = divmod(q, GROUP_VECTORS)
+            loads = []
+            for r in range(lanes):
+                row = b.add(unit0, str(q * hidden + r), "mrow")
+                at = fn.value(
+                    f"getelementptr {ty}, ptr {m}, i64 {b.add(b.mul(row, k_len), k0)}", "src"
+                )
+                mask = fn.value(
+                    f"select i1 {rowok[r]}, <{lanes} x i1> {kmask}, <{lanes} x i1> zeroinitializer",
+                    "mask",
+                )
+                args = f"ptr {at}, i32 {item}, <{lanes} x i1> {mask}, {zero}"
+                loads.append(fn.value(f"call {vt} {mload}({args})", "row"))
+            cols = _transpose(fn, ty, lanes, loads)
+            base = b.add(b.mul(str(g), group_items), str(s * lanes), "gbase")
+            for kk, vec in enumerate(cols):
+                k = b.add(k0, str(kk), "k")
+
+                def put(k: str = k, vec: str = vec, base: str = base) -> None:
+                    at = b.add(base, b.mul(k, str(GROUP_VECTORS * lanes)), "dsti")
+                    fn.add(f"store {vt} {vec}, ptr {b.gep(ty, dst, at, 'dst')}, align {item}")
+
+                if tail:
+                    b.when(b.cmp("slt", k, k_len), put, "kin")
+                else:
+                    put()
+
+    b.loop("0", full, lambda k0: tile(k0, False), "kt", step=str(lanes))
+    b.when(b.cmp("sgt", rest, "0"), lambda: tile(full, True), "ktl")
+    fn.terminate("ret void")
+    return fn
+
+
+def panel_product_function(
+    module: ModuleWriter,
+    name: str,
+    ty: str,
+    item: int,
+    hidden: int,
+    lanes: int,
+    block_rows: int,
+    attrs: str,
+) -> FunctionWriter:
+    """``void @name(ptr A, i64 lda, ptr P, ptr out, i64 ldo, i64 rows, i64 K, i64 p)``:
+    the columns of panel ``p`` (packed at ``P``) of ``out[rows, 4H] = A[rows, K] @ M^T``
+    (``A`` and ``out`` row-major with row strides ``lda`` and ``ldo``): blocks of
+    ``block_rows`` rows of ``A``, then one block each of half, a quarter ... of that for
+    the rows left; per block and group, ``block_rows x GROUP_VECTORS`` accumulators
+    along the units, ``A[r, k]`` broadcast; the columns past ``H`` not stored."""
+    fma, _, mstore = _declare(module, ty, lanes, item)
+    vt = f"<{lanes} x {ty}>"
+    names = ["A", "lda", "P", "out", "ldo", "rows", "K", "p"]
+    kinds = ["ptr noalias", "i64", "ptr noalias", "ptr noalias", "i64", "i64", "i64", "i64"]
+    fn = FunctionWriter(name, "void", list(zip(kinds, names)))
+    fn.linkage = "internal"
+    fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
+    b = Builder(fn)
+    a, lda, panel, out, ldo, rows, k_len, p = (fn.param(j) for j in range(8))
+    unit0 = b.mul(p, str(lanes), "unit0")
+    valid = b.min(b.sub(str(hidden), unit0), str(lanes), "valid")
+    smask = _lanes_below(fn, lanes, valid, "smask")
+    accs = [[fn.alloca(vt, f"acc{r}_{s}") for s in range(GROUP_VECTORS)] for r in range(block_rows)]
+    group_items = b.mul(k_len, str(GROUP_VECTORS * lanes), "gitems")
+
+    def block(r0: str, count: int) -> None:
+        arows = [b.gep(ty, a, b.mul(b.add(r0, str(r)), lda), "arow") for r in range(count)]
+        for g in range(GROUPS):
+            gbase = b.gep(ty, panel, b.mul(str(g), group_items), "gbase")
+            mine = [line for line in accs[:count]]
+            for acc in (x for line in mine for x in line):
+                fn.add(f"store {vt} zeroinitializer, ptr {acc}")
+
+            def term(k: str, gbase: str = gbase, mine: list[list[str]] = mine) -> None:
+                krow = b.gep(ty, gbase, b.mul(k, str(GROUP_VECTORS * lanes)), "krow")
+                mv = [
+                    fn.value(f"load {vt}, ptr {b.gep(ty, krow, str(s * lanes))}, align {item}", "m")
+                    for s in range(GROUP_VECTORS)
+                ]
+                for arow, line in zip(arows, mine):
+                    x = b.load(ty, b.gep(ty, arow, k), "x")
+                    one = fn.value(f"insertelement {vt} poison, {ty} {x}, i64 0", "x1")
+                    xs = fn.value(
+                        f"shufflevector {vt} {one}, {vt} poison, <{lanes} x i32> zeroinitializer",
+                        "xs",
+                    )
+                    for acc, mvec in zip(line, mv):
+                        old = fn.value(f"load {vt}, ptr {acc}", "a")
+                        new = fn.value(f"call {vt} {fma}({vt} {mvec}, {vt} {xs}, {vt} {old})")
+                        fn.add(f"store {vt} {new}, ptr {acc}")
+
+            b.loop("0", k_len, term, "k")
+            for r, line in enumerate(mine):
+                orow = b.gep(ty, out, b.mul(b.add(r0, str(r)), ldo), "orow")
+                for s, acc in enumerate(line):
+                    q = g * GROUP_VECTORS + s
+                    dst = b.gep(ty, orow, b.add(unit0, str(q * hidden)), "dst")
+                    val = fn.value(f"load {vt}, ptr {acc}", "sum")
+                    args = f"{vt} {val}, ptr {dst}, i32 {item}, <{lanes} x i1> {smask}"
+                    fn.add(f"call void {mstore}({args})")
+
+    full = b.mul(b.op("sdiv", rows, str(block_rows)), str(block_rows), "rfull")
+    b.loop("0", full, lambda r0: block(r0, block_rows), "rb", step=str(block_rows))
+    rem = b.sub(rows, full, "rrem")
+    count = block_rows // 2
+    while count >= 1:
+        start = b.add(full, b.op("and", rem, str(-2 * count)), "rstart")
+        has = b.cmp("ne", b.op("and", rem, str(count)), "0")
+        b.when(has, lambda start=start, count=count: block(start, count), f"rt{count}")
+        count //= 2
+    fn.terminate("ret void")
+    return fn
+
+
+#: the context of the panel form's projection launch: W, its panels, R, its panels, X,
+#: GX (pointers), then the rows of X (one 8-byte slot each)
+PROJECTION_SLOTS = 7
+
+
+def panel_chunk_function(
+    module: ModuleWriter,
+    name: str,
+    pack: str,
+    product: str,
+    ty: str,
+    hidden: int,
+    input_size: int,
+    lanes: int,
+) -> FunctionWriter:
+    """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: chunk ``c`` of ``n`` of a
+    direction's start (the context: :data:`PROJECTION_SLOTS`): for each panel ``p`` in
+    ``[P * c / n, P * (c + 1) / n)`` (``P`` panels of ``lanes`` units), pack ``W``'s
+    panel, compute its columns of ``GX = X @ W^T`` (``pack``, ``product``: the functions
+    of :func:`pack_function` and :func:`panel_product_function`), then pack ``R``'s
+    panel for the steps."""
+    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
+    fn.linkage = "internal"
+    fn.attrs = " nounwind"
+    b = Builder(fn)
+    ctx, chunk, nchunks = (fn.param(j) for j in range(3))
+    slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(PROJECTION_SLOTS)]
+    w, wp, r, rp, x, gx = (fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:6])
+    rows = slots[6]
+    panels = str(-(-hidden // lanes))
+    lo = fn.value(f"udiv i64 {b.mul(panels, chunk)}, {nchunks}", "plo")
+    hi = fn.value(f"udiv i64 {b.mul(panels, b.add(chunk, '1'))}, {nchunks}", "phi")
+    size, hid, g4 = str(input_size), str(hidden), str(4 * hidden)
+
+    def panel(p: str) -> None:
+        if input_size:
+            wpan = b.gep(ty, wp, b.mul(p, str(4 * lanes * input_size)), "wpan")
+            fn.add(f"call void @{pack}(ptr {w}, ptr {wpan}, i64 {size}, i64 {p})")
+            args = f"ptr {x}, i64 {size}, ptr {wpan}, ptr {gx}, i64 {g4}, i64 {rows}, i64 {size}"
+            fn.add(f"call void @{product}({args}, i64 {p})")
+        rpan = b.gep(ty, rp, b.mul(p, str(4 * lanes * hidden)), "rpan")
+        fn.add(f"call void @{pack}(ptr {r}, ptr {rpan}, i64 {hid}, i64 {p})")
+
+    b.loop(lo, hi, panel, "pan")
+    fn.terminate("ret void")
+    return fn
