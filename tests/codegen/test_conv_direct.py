@@ -173,6 +173,24 @@ def test_direct_kernel_band_budget(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("pool", [(), (3, 3, 2, 2, 1, 1, 1, 1)])
+def test_bands_per_thread_count(pool, dtype) -> None:
+    """One image on one thread is one band (on two, 4 items a thread: bands of 3, 3, 3, 2
+    output rows, or pooled rows sharing conv rows at their edges); every cut gives the
+    reference's result, stride 2 and odd sizes included."""
+    rng = np.random.default_rng(5)
+    xs, ws = (1, 5, 23, 21), (9, 5, 3, 3)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2]} if not pool else {"pads": [1, 0, 1, 2]}
+    x, w, b = (rng.standard_normal(s).astype(dtype) for s in (xs, ws, ws[:1]))
+    want = reference(x, w, b, None, attrs, "relu", pool)
+    k = conv_kernel(make_spec(xs, ws, attrs, dtype, True, activation="relu", pool=pool))
+    for threads in (1, 2, 0):
+        y = np.full(want.shape, np.nan, dtype)
+        k(x, w, b, y, threads=threads)
+        np.testing.assert_allclose(y, want, rtol=TOL[dtype], atol=TOL[dtype] * 10)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize(
     "pool", [(3, 3, 1, 1, 1, 1, 1, 1), (2, 2, 2, 2, 0, 0, 0, 0), (3, 2, 2, 1, 0, 1, 1, 0)]
 )
