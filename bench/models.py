@@ -35,6 +35,11 @@ vocabulary and its attention mask all ones. The LSTM cell has no sequence and ta
 issue's batch 64 as its large size; ``nn.LSTM`` runs the issue's 32 steps at both sizes;
 the Mixer's token count is fixed by its token-mixing weights.
 
+onnxruntime runs in a worker process of its own (:mod:`geode.bench_isolated`; the rounds
+still alternate, geode's process waiting idle while the worker times its block): in one
+process its spinning workers take the cores of geode's next calls (a CNN call 39.5 ms
+alone, 45.3 ms after onnxruntime's). ``--same-process`` runs it here, as before.
+
 numpy's BLAS (behind geode's MatMul) reads ``OPENBLAS_NUM_THREADS`` when numpy loads:
 set it in the environment for a ``--threads`` other than the machine's core count. Its
 threads and geode's pool share the cores: with other processes on them, the default
@@ -45,6 +50,7 @@ header's load average; ``docs/performance.md``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -62,6 +68,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from geode import benchmark  # noqa: E402
+from geode.bench_isolated import IsolatedOrt  # noqa: E402
 
 HIDDEN = 256
 SIZES = ("small", "large")
@@ -230,27 +237,52 @@ def run_model(
     t0 = time.perf_counter()
     model.run(first)
     compiled = benchmark.CompileTime(spec.name, compile_s, time.perf_counter() - t0)
-    sess = None
-    if benchmark.have_onnxruntime():
+    out = ModelRun(compiled, [], {})
+    with contextlib.ExitStack() as stack:
+        ort_fns = _ort_runners(path, feeds, sizes, args, compiled, stack)
+        for size in sizes:
+            f = feeds[size]
+            res = benchmark.compare(
+                spec.name,
+                _size_label(spec, size),
+                lambda f=f: model.run(f),
+                ort_fns.get(size),
+                args.rounds,
+            )
+            out.results.append(res)
+            ratio = f", geode/ORT {res.ratio:.2f}" if res.ratio is not None else ""
+            print(f"  {spec.name} {size}: geode {res.geode_s * 1e3:.3f} ms{ratio}", file=sys.stderr)
+            if args.profile:
+                out.profiles[res.size] = benchmark.step_profile(model, f)
+    return out
+
+
+def _ort_runners(
+    path: str,
+    feeds: dict[str, dict[str, np.ndarray]],
+    sizes: list[str],
+    args: argparse.Namespace,
+    compiled: benchmark.CompileTime,
+    stack: contextlib.ExitStack,
+) -> dict[str, Callable[[], dict]]:
+    """onnxruntime's call per size (none without onnxruntime), its session creation and
+    first run recorded in ``compiled``: in a worker process of its own (the default), or
+    with ``--same-process`` in this one."""
+    if not benchmark.have_onnxruntime():
+        return {}
+    if args.same_process:
         t0 = time.perf_counter()
         sess = benchmark.ort_session(path, args.threads)
         compiled.ort_session_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        benchmark.ort_runner(sess, first)()
+        benchmark.ort_runner(sess, feeds[sizes[0]])()
         compiled.ort_first_s = time.perf_counter() - t0
-    out = ModelRun(compiled, [], {})
-    for size in sizes:
-        f = feeds[size]
-        ort_fn = benchmark.ort_runner(sess, f) if sess is not None else None
-        res = benchmark.compare(
-            spec.name, _size_label(spec, size), lambda f=f: model.run(f), ort_fn, args.rounds
-        )
-        out.results.append(res)
-        ratio = f", geode/ORT {res.ratio:.2f}" if res.ratio is not None else ""
-        print(f"  {spec.name} {size}: geode {res.geode_s * 1e3:.3f} ms{ratio}", file=sys.stderr)
-        if args.profile:
-            out.profiles[res.size] = benchmark.step_profile(model, f)
-    return out
+        return {size: benchmark.ort_runner(sess, feeds[size]) for size in sizes}
+    ort = stack.enter_context(IsolatedOrt(path, args.threads))
+    runners = {size: ort.runner(feeds[size]) for size in sizes}
+    compiled.ort_session_s = ort.session_s
+    compiled.ort_first_s = runners[sizes[0]].first_s
+    return runners
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -259,6 +291,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sizes", default=",".join(SIZES), help="small and/or large")
     ap.add_argument("--threads", type=int, default=2, help="for both systems (default 2)")
     ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
+    ap.add_argument(
+        "--same-process",
+        action="store_true",
+        help="run onnxruntime in this process (default: a worker process of its own, where "
+        "its spinning threads do not take the cores of geode's next calls)",
+    )
     ap.add_argument("--json", metavar="PATH", help="also save the results as JSON here")
     ap.add_argument("--profile", type=int, default=0, metavar="K", help="geode's K slowest steps")
     ap.add_argument("--onnx-dir", metavar="DIR", help="keep the exported models in DIR")
@@ -285,7 +323,8 @@ def _load() -> float:
 def _report(args: argparse.Namespace, runs: list[ModelRun]) -> str:
     results = [r for run in runs for r in run.results]
     text = [
-        f"threads {args.threads}, {args.rounds} interleaved rounds; "
+        f"threads {args.threads}, {args.rounds} interleaved rounds, onnxruntime in "
+        f"{'this process' if args.same_process else 'a worker process of its own'}; "
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"load average {args.load_before:.2f} before, {_load():.2f} after (other processes "
         "on the cores slow geode and onnxruntime unequally: compare runs at low load); "

@@ -67,6 +67,16 @@ def _seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def _block(fn: Callable[[], object], calls: int) -> float:
+    """The median seconds of ``calls`` calls of ``fn``; a function timed elsewhere (one
+    with a ``block(calls)`` method: :class:`geode.bench_isolated.RemoteRunner`) times
+    them itself."""
+    block = getattr(fn, "block", None)
+    if block is not None:
+        return float(block(calls))
+    return statistics.median(_seconds(fn) for _ in range(calls))
+
+
 def interleave(
     fns: Mapping[str, Callable[[], object]],
     rounds: int,
@@ -76,21 +86,23 @@ def interleave(
     on_round: Callable[[], object] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per call of each function in each of ``rounds`` interleaved rounds (the
-    median of the round's block of calls); see the module docstring. ``on_round`` is
-    called after each round (a progress bar's update)."""
+    median of the round's block of calls); see the module docstring. A function with a
+    ``block(calls)`` method times its blocks itself (onnxruntime in a process of its own:
+    :mod:`geode.bench_isolated`). ``on_round`` is called after each round (a progress
+    bar's update)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     calls: dict[str, int] = {}
     for name, fn in fns.items():
-        t = _seconds(fn)
+        t = _block(fn, 1)
         for _ in range(warmup - 1):
-            t = _seconds(fn)
+            t = _block(fn, 1)
         calls[name] = max(1, min(1000, int(block_s / max(t, 1e-9))))
     out: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             time.sleep(settle_s)
-            out[name].append(statistics.median(_seconds(fn) for _ in range(calls[name])))
+            out[name].append(_block(fn, calls[name]))
         if on_round is not None:
             on_round()
     return out

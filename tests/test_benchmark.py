@@ -191,3 +191,52 @@ def test_ort_session_uses_the_thread_count_and_takes_its_own_inputs():
     assert (opts.intra_op_num_threads, opts.inter_op_num_threads) == (1, 1)
     run = benchmark.ort_runner(sess, {"x": np.array([-1.0, 2.0], np.float32), "extra": 0})
     np.testing.assert_array_equal(run()["y"], [0.0, 2.0])
+
+
+def _relu_file(tmp_path) -> str:
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    path = tmp_path / "relu.onnx"
+    path.write_bytes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    )
+    return str(path)
+
+
+@pytest.mark.skipif(not HAVE_ORT, reason="onnxruntime is not installed")
+def test_onnxruntime_in_its_own_process_answers_and_times_its_blocks(tmp_path):
+    """The worker's session gives the outputs a session here gives, times its first call
+    and its blocks, and interleave asks it for its blocks; a request it cannot serve is a
+    geode error and the worker goes on; close stops it."""
+    from geode.bench_isolated import IsolatedOrt
+    from geode.errors import GeodeError
+
+    with IsolatedOrt(_relu_file(tmp_path), threads=1) as ort:
+        assert ort.session_s > 0
+        run = ort.runner({"x": np.array([-1.0, 2.0], np.float32), "extra": 0})
+        assert run.first_s > 0
+        np.testing.assert_array_equal(run()["y"], [0.0, 2.0])
+        assert 0 < run.block(5) < 1
+        times = benchmark.interleave({"ort": run}, rounds=2, warmup=1, block_s=0.001)
+        assert len(times["ort"]) == 2 and all(t > 0 for t in times["ort"])
+        with pytest.raises(GeodeError, match="onnxruntime's worker process: .*x"):
+            ort.runner({"x": np.zeros(3, np.float64)})  # wrong shape and dtype
+        np.testing.assert_array_equal(run()["y"], [0.0, 2.0])
+        proc = ort._proc
+    assert not proc.is_alive()
+
+
+@pytest.mark.skipif(not HAVE_ORT, reason="onnxruntime is not installed")
+def test_onnxruntime_in_its_own_process_reports_a_bad_model(tmp_path):
+    from geode.bench_isolated import IsolatedOrt
+    from geode.errors import GeodeError
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(GeodeError, match="onnxruntime's worker process"):
+        IsolatedOrt(str(bad), threads=1)

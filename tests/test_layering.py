@@ -60,6 +60,7 @@ LAYER_OF: dict[str, str] = {
     "geode.__main__": "cli",
     "geode.onnx_conformance": "cli",
     "geode.benchmark": "cli",
+    "geode.bench_isolated": "cli",
     "geode.fuzz": "cli",
     "geode": "api",
     "geode.api": "api",
