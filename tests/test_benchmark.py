@@ -177,7 +177,8 @@ def test_profile_table_escapes_chain_labels():
 
 # -- onnxruntime ------------------------------------------------------------------------------
 @pytest.mark.skipif(not HAVE_ORT, reason="onnxruntime is not installed")
-def test_ort_session_uses_the_thread_count_and_takes_its_own_inputs():
+def _relu_model() -> bytes:
+    """A one-Relu ONNX model over a float32 [2], serialized."""
     node = helper.make_node("Relu", ["x"], ["y"])
     graph = helper.make_graph(
         [node],
@@ -185,8 +186,11 @@ def test_ort_session_uses_the_thread_count_and_takes_its_own_inputs():
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    sess = benchmark.ort_session(model.SerializeToString(), threads=1)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_ort_session_uses_the_thread_count_and_takes_its_own_inputs():
+    sess = benchmark.ort_session(_relu_model(), threads=1)
     opts = sess.get_session_options()
     assert (opts.intra_op_num_threads, opts.inter_op_num_threads) == (1, 1)
     run = benchmark.ort_runner(sess, {"x": np.array([-1.0, 2.0], np.float32), "extra": 0})
@@ -194,17 +198,8 @@ def test_ort_session_uses_the_thread_count_and_takes_its_own_inputs():
 
 
 def _relu_file(tmp_path) -> str:
-    node = helper.make_node("Relu", ["x"], ["y"])
-    graph = helper.make_graph(
-        [node],
-        "relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
-    )
     path = tmp_path / "relu.onnx"
-    path.write_bytes(
-        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    )
+    path.write_bytes(_relu_model())
     return str(path)
 
 

@@ -124,7 +124,6 @@ def test_products_shared_among_threads_give_the_same_bits(direction, dtype, case
     and not a multiple of ``UNITS``; "batch1", one batch row by five runs of units (more
     items than chunks on two threads), the last of three units."""
     from geode.codegen.backends.llvm.lstm import GATE_UNITS, MIN_PARALLEL_FMAS, ROW_BLOCK, UNITS
-    from geode.runtime import native
 
     if case == "blocks":
         hidden, size, seq, batch = GATE_UNITS + 6, 40, 5, ROW_BLOCK + 4
@@ -139,13 +138,7 @@ def test_products_shared_among_threads_give_the_same_bits(direction, dtype, case
     kernel = lstm_kernel(spec)
     attrs = {"direction": direction, "layout": 0, "hidden_size": hidden}
     want = recurrent("LSTM", ins, attrs)
-    results, launched = {}, {}
-    for threads in (1, 2, 3):
-        outs = [np.full(w.shape, np.nan, dtype) for w in want]
-        before = native.pool_info()["launches"]
-        kernel(*[a for a in ins if a is not None], *outs, threads=threads)
-        launched[threads] = native.pool_info()["launches"] - before
-        results[threads] = outs
+    results, launched = _on_threads(kernel, ins, want, dtype)
     # one thread: no launch; more: the projection, and every step (its product and
     # gates in one launch), of each direction
     assert launched[1] == 0
@@ -155,6 +148,21 @@ def test_products_shared_among_threads_give_the_same_bits(direction, dtype, case
             np.testing.assert_array_equal(a, b)
     for g, w in zip(results[2], want):
         np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def _on_threads(kernel, ins, want, dtype) -> tuple[dict, dict]:  # noqa: ANN001
+    """The kernel's outputs on 1, 2 and 3 threads (buffers NaN-filled first), and the pool
+    launches each run made."""
+    from geode.runtime import native
+
+    results, launched = {}, {}
+    for threads in (1, 2, 3):
+        outs = [np.full(w.shape, np.nan, dtype) for w in want]
+        before = native.pool_info()["launches"]
+        kernel(*[a for a in ins if a is not None], *outs, threads=threads)
+        launched[threads] = native.pool_info()["launches"] - before
+        results[threads] = outs
+    return results, launched
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -167,7 +175,6 @@ def test_panel_form_gives_the_same_bits_on_any_thread_count(dtype, direction) ->
     and the reference kernel's results."""
     from geode.codegen.backends.llvm.lstm import MIN_PARALLEL_FMAS
     from geode.codegen.backends.llvm.lstm_panels import PANEL_MIN_BATCH
-    from geode.runtime import native
 
     hidden, size, seq, batch = 37, 19, 4, 13
     assert batch >= PANEL_MIN_BATCH and batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS
@@ -178,13 +185,7 @@ def test_panel_form_gives_the_same_bits_on_any_thread_count(dtype, direction) ->
     )
     kernel = lstm_kernel(spec)
     want = recurrent("LSTM", ins, {"direction": direction, "layout": 1, "hidden_size": hidden})
-    results, launched = {}, {}
-    for threads in (1, 2, 3):
-        outs = [np.full(w.shape, np.nan, dtype) for w in want]
-        before = native.pool_info()["launches"]
-        kernel(*[a for a in ins if a is not None], *outs, threads=threads)
-        launched[threads] = native.pool_info()["launches"] - before
-        results[threads] = outs
+    results, launched = _on_threads(kernel, ins, want, dtype)
     assert launched[1] == 0
     assert launched[2] == launched[3] == DIRS[direction] * (1 + seq)
     for threads in (2, 3):

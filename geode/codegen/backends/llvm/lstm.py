@@ -73,6 +73,7 @@ from geode.codegen.backends.llvm.kernel import build_module, while_alive
 from geode.codegen.backends.llvm.lstm_panels import (
     PANEL_MIN_BATCH,
     PROJECTION_SLOTS,
+    declare_vector_ops,
     pack_function,
     panel_chunk_function,
     panel_product_function,
@@ -347,12 +348,7 @@ def _product_function(
     ``N``."""
     ty, item = TYPES[spec.dtype]
     vt = f"<{lanes} x {ty}>"
-    suffix = f"v{lanes}f{8 * item}"
-    fma = module.declare(f"llvm.fma.{suffix}", f"declare {vt} @llvm.fma.{suffix}({vt}, {vt}, {vt})")
-    masked = module.declare(
-        f"llvm.masked.load.{suffix}.p0",
-        f"declare {vt} @llvm.masked.load.{suffix}.p0(ptr, i32 immarg, <{lanes} x i1>, {vt})",
-    )
+    fma, masked, _ = declare_vector_ops(module, ty, lanes, item)
     fn = FunctionWriter(
         name,
         "void",

@@ -25,6 +25,7 @@ __all__ = [
     "GROUP_VECTORS",
     "PANEL_MIN_BATCH",
     "PROJECTION_SLOTS",
+    "declare_vector_ops",
     "pack_function",
     "panel_chunk_function",
     "panel_product_function",
@@ -48,7 +49,9 @@ def panel_rows(vector_registers: int) -> int:
     return 8 if vector_registers >= 32 else 4
 
 
-def _declare(module: ModuleWriter, ty: str, lanes: int, item: int) -> tuple[str, str, str]:
+def declare_vector_ops(
+    module: ModuleWriter, ty: str, lanes: int, item: int
+) -> tuple[str, str, str]:
     """The fma, masked load and masked store intrinsics of ``<lanes x ty>``."""
     vt = f"<{lanes} x {ty}>"
     sfx = f"v{lanes}f{8 * item}"
@@ -106,7 +109,7 @@ def pack_function(
     """``void @name(ptr M, ptr P, i64 K, i64 p)``: pack panel ``p`` of ``M[4H, K]``
     (row-major) into ``P`` (the panel's own start; see the module docstring), tiles of
     ``lanes x lanes`` transposed in registers."""
-    _, mload, _ = _declare(module, ty, lanes, item)
+    _, mload, _ = declare_vector_ops(module, ty, lanes, item)
     vt = f"<{lanes} x {ty}>"
     params = [("ptr noalias", "M"), ("ptr noalias", "P"), ("i64", "K"), ("i64", "p")]
     fn = FunctionWriter(name, "void", params)
@@ -176,7 +179,7 @@ def panel_product_function(
     ``block_rows`` rows of ``A``, then one block each of half, a quarter ... of that for
     the rows left; per block and group, ``block_rows x GROUP_VECTORS`` accumulators
     along the units, ``A[r, k]`` broadcast; the columns past ``H`` not stored."""
-    fma, _, mstore = _declare(module, ty, lanes, item)
+    fma, _, mstore = declare_vector_ops(module, ty, lanes, item)
     vt = f"<{lanes} x {ty}>"
     names = ["A", "lda", "P", "out", "ldo", "rows", "K", "p"]
     kinds = ["ptr noalias", "i64", "ptr noalias", "ptr noalias", "i64", "i64", "i64", "i64"]
