@@ -107,14 +107,26 @@ def _loader(b: Value):  # -> Callable[[], np.ndarray] | None
     return getattr(b, "external_loader", None)
 
 
+#: the attribute of a weight's Value holding its packed copy (one per weight, however
+#: many MatMuls read it; it lives as long as the weight's graph)
+_PACKED_ATTR = "_geode_packed_copy"
+
+
 def packed_value(b: Value) -> PackedWeight:
     """``b`` (a float32 constant matrix, its data in the graph or in an external file)
-    packed: a new :class:`PackedWeight`. Raises :class:`~geode.errors.CodegenError` when
-    ``b`` has no such data (and the loader's error when its file is not what it was)."""
+    packed: its :class:`PackedWeight`, made on the first call and the same object on the
+    next (a weight that several MatMuls read is packed and registered once). Raises
+    :class:`~geode.errors.CodegenError` when ``b`` has no such data (and the loader's
+    error when its file is not what it was)."""
     from geode.runtime import native
 
+    done = getattr(b, _PACKED_ATTR, None)
+    if done is not None:
+        return done
     loader = _loader(b)
     data = b.data if b.data is not None or loader is None else loader()
     if data is None or np.asarray(data).dtype != np.float32 or np.ndim(data) != 2:
         raise CodegenError(f"weight {b.name!r} cannot be packed: not a float32 matrix")
-    return PackedWeight(b, native.pack_weight(np.asarray(data)))
+    packed = PackedWeight(b, native.pack_weight(np.asarray(data)))
+    setattr(b, _PACKED_ATTR, packed)
+    return packed

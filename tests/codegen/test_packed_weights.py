@@ -165,3 +165,30 @@ def test_choice_reasons():
     packed = packed_value(w)
     assert packed.name == "w" + PACKED_SUFFIX and packed.shape == (1, 8, 16)
     np.testing.assert_array_equal(packed.data[0, :, :4], w.data)
+
+
+def test_a_weight_read_by_two_matmuls_is_packed_once(monkeypatch) -> None:
+    """Two MatMuls of one constant weight share its packed copy: one packing at compile
+    time, and both products right."""
+    packs = []
+    real = native.pack_weight
+
+    def counting(b, *args, **kwargs):  # noqa: ANN001, ANN202
+        packs.append(b.shape)
+        return real(b, *args, **kwargs)
+
+    monkeypatch.setattr(native, "pack_weight", counting)
+    g = geode.Graph("tied")
+    x = g.input("x", [4, 64], np.float32)
+    y = g.input("y", [4, 64], np.float32)
+    w = _rand(64, 32)
+    wv = g.constant(w, "W")
+    g.output(g.op("MatMul", x, wv), names=["a"])
+    g.output(g.op("MatMul", y, wv), names=["b"])
+    model = geode.compile(g)
+    assert packs == [(64, 32)]
+    assert packed_value(wv) is packed_value(wv)
+    xs, ys = _rand(4, 64), _rand(4, 64)
+    out = model(x=xs, y=ys)
+    np.testing.assert_allclose(out["a"], xs @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["b"], ys @ w, rtol=1e-5, atol=1e-5)
