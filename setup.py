@@ -21,8 +21,9 @@ setup(
                 f"{NATIVE}/gemm.c",
                 f"{NATIVE}/sgemm_thin.c",
                 f"{NATIVE}/sgemm_packed.c",
+                f"{NATIVE}/winograd.c",
             ],
-            depends=[f"{NATIVE}/pool.h", f"{NATIVE}/call.h"],
+            depends=[f"{NATIVE}/pool.h", f"{NATIVE}/call.h", f"{NATIVE}/winograd_body.h"],
             extra_compile_args=["-O2", "-pthread", "-std=gnu11", "-fvisibility=hidden"],
             extra_link_args=["-pthread"],
         )

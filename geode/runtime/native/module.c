@@ -35,7 +35,7 @@ PyDoc_STRVAR(pool_info_doc,
              "blas_pool_runs, blas_thread_runs, scratch_bytes, gemm_split_calls, gemm_thin_calls,\n"
              "gemm_thin_kernel (1: geode's own float32 GEMM kernel runs on this CPU),\n"
              "gemm_packed_calls, gemm_packed_isa (packed-weight GEMM path: 0 plain C, 1 AVX2,\n"
-             "2 AVX-512).");
+             "2 AVX-512), winograd_isa (Winograd conv path: 0 plain C, 1 AVX2, 2 AVX-512VL).");
 
 PyDoc_STRVAR(symbols_doc,
              "symbols($module, /)\n--\n\n"
@@ -84,7 +84,7 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
     uint64_t blas_pool = 0, blas_threads = 0;
     geode_pool_get_stats(&s);
     geode_blas_stats(&blas_pool, &blas_threads);
-    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:L,s:K,s:K,s:i,s:K,s:i}", "threads",
+    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:L,s:K,s:K,s:i,s:K,s:i,s:i}", "threads",
                          (long long)s.threads,
                          "spin_us", (long long)s.spin_us, "workers_running",
                          (long long)s.workers_running, "launches", (unsigned long long)s.launches,
@@ -96,20 +96,21 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
                          (unsigned long long)geode_gemm_thin_calls(), "gemm_thin_kernel",
                          geode_sgemm_thin_ok(), "gemm_packed_calls",
                          (unsigned long long)geode_sgemm_packed_calls(), "gemm_packed_isa",
-                         geode_sgemm_packed_isa());
+                         geode_sgemm_packed_isa(), "winograd_isa", geode_winograd_isa());
 }
 
 static PyObject *py_symbols(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
+    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
                          PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_num_threads",
                          PyLong_FromVoidPtr((void *)&geode_num_threads), "geode_scratch",
                          PyLong_FromVoidPtr((void *)&geode_scratch), "geode_gemm",
                          PyLong_FromVoidPtr((void *)&geode_gemm), "geode_sgemm_packed",
                          PyLong_FromVoidPtr((void *)&geode_sgemm_packed), "geode_sgemm_pack",
-                         PyLong_FromVoidPtr((void *)&geode_sgemm_pack));
+                         PyLong_FromVoidPtr((void *)&geode_sgemm_pack), "geode_conv_winograd",
+                         PyLong_FromVoidPtr((void *)&geode_conv_winograd));
 }
 
 PyDoc_STRVAR(blas_share_pool_doc,
@@ -208,6 +209,26 @@ static PyObject *py_set_packed_isa(PyObject *module, PyObject *arg)
     return PyLong_FromLong(old);
 }
 
+PyDoc_STRVAR(set_winograd_isa_doc,
+             "_set_winograd_isa($module, isa, /)\n--\n\n"
+             "Testing hook: the Winograd conv's path (0 plain C, 1 AVX2, 2 AVX-512VL; < 0:\n"
+             "the best again). Returns the previous path; ValueError when the CPU cannot\n"
+             "run `isa`.");
+
+static PyObject *py_set_winograd_isa(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    int old = n > 2 ? -2 : geode_winograd_set_isa((int)n);
+    if (old == -2) {
+        PyErr_Format(PyExc_ValueError, "_set_winograd_isa(): this CPU cannot run path %ld", n);
+        return NULL;
+    }
+    return PyLong_FromLong(old);
+}
+
 static PyMethodDef methods[] = {
     {"call", (PyCFunction)(void (*)(void))geode_call, METH_FASTCALL, call_doc},
     {"call_chain", (PyCFunction)(void (*)(void))geode_call_chain, METH_FASTCALL, call_chain_doc},
@@ -222,6 +243,7 @@ static PyMethodDef methods[] = {
      gemm_configure_doc},
     {"_set_max_slot_chunks", py_set_max_slot_chunks, METH_O, set_max_slot_chunks_doc},
     {"_set_packed_isa", py_set_packed_isa, METH_O, set_packed_isa_doc},
+    {"_set_winograd_isa", py_set_winograd_isa, METH_O, set_winograd_isa_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,239 @@
+/* geode native runtime: float32 Winograd F(2x2, 3x3) convolution (stride 1, dilation 1,
+   one group, NCHW) with its epilogue (bias, residual, Relu), split over the pool.
+
+   Each 2x2 block of outputs (a tile) of output channel co is
+     Y = A^T [ sum over ci of U[co][ci] * V[ci] ] A,   V = B^T d B,   U = G g G^T,
+   d the tile's 4x4 input window of channel ci, g the 3x3 filter; the sum is 16 products
+   of matrices, one per position xi of the 4x4 transformed tile: 2.25 times fewer
+   multiplies than the direct conv. U is computed once, when the model is compiled
+   (geode/codegen/winograd_weights.py), laid out [16][M][C] (position, output channel,
+   input channel).
+
+   Work items: a chunk of up to WMAXNV vectors of 8 tiles of one tile row of one image
+   (a tile row's vectors shared evenly among its chunks). Per item, in the thread's
+   scratch buffer: V for every input channel, [16][C][tb] (tb = the chunk's tiles, lanes
+   along the row); then per group of 4 output channels the 16 products [4 x C] @ [C x tb]
+   into a small buffer m[16][4][tb] (kept in L1), and the output transform of each
+   channel with the bias, the residual and Relu, written straight to Y as interleaved
+   rows. Every output is computed from its own tile, in the same order, whatever the item
+   boundaries or the thread count: the same bits on any split. The AVX-512VL, AVX2 + FMA
+   and plain paths (chosen at run time, winograd_set_isa to force one) differ only in
+   whether a product and a sum are fused, so their results differ by rounding. */
+
+#define _GNU_SOURCE
+#pragma GCC optimize("O3")
+/* the vector helpers are always inlined into functions of a vector target */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#include "pool.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* most output channels per product (AVX-512VL: 32 vector registers; the other paths
+   take 4), most vectors of tiles per item, and tiles per item */
+#define WR 8
+#define WMAXNV 3
+#define WMAXTB (WMAXNV * 8)
+/* floats per row of an item's bordered input copy (2 * WMAXTB + 2, rounded up) */
+#define WROW 56
+/* the scratch slot (geode_scratch) the kernel uses */
+#define WSLOT 2
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4)));
+
+#define EVENS ((v8i){0, 2, 4, 6, 8, 10, 12, 14})
+#define ODDS ((v8i){1, 3, 5, 7, 9, 11, 13, 15})
+#define ZIP_LO ((v8i){0, 8, 1, 9, 2, 10, 3, 11})
+#define ZIP_HI ((v8i){4, 12, 5, 13, 6, 14, 7, 15})
+
+static inline __attribute__((always_inline)) v8 vload(const float *p)
+{
+    return *(const v8u *)p;
+}
+
+static inline __attribute__((always_inline)) void vstore(float *p, v8 x)
+{
+    *(v8u *)p = x;
+}
+
+static inline __attribute__((always_inline)) v8 vsplat(float x)
+{
+    const v8 one = {x};
+    return __builtin_shuffle(one, (v8i){0});
+}
+
+/* x < 0 ? 0 : x (NaN and -0.0 kept, as the reference's Relu) */
+static inline __attribute__((always_inline)) v8 vrelu(v8 x)
+{
+    const v8i neg = x < (v8){0};
+    return (v8)((v8i)x & ~neg);
+}
+
+typedef struct {
+    const float *x, *u, *bias, *z;
+    float *y;
+    int64_t n, c, m, h, w, oh, ow, pt, pl, relu;
+    int64_t tw, vr, cr; /* tiles per row, their vectors, chunks per row */
+    int64_t items;
+    int isa;
+} wino_t;
+
+typedef struct {
+    int64_t n, ty, tx0, nv;
+} item_t;
+
+typedef void (*gemm_fn)(const float *u, int64_t c, const float *v, int64_t tb, float *out);
+
+static const float g_zero_row[WROW];
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx2,fma")
+#define WSUF avx512
+#define WRI 8
+#include "winograd_body.h"
+#undef WRI
+#undef WSUF
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define WSUF avx2
+#define WRI 4
+#include "winograd_body.h"
+#undef WRI
+#undef WSUF
+#pragma GCC pop_options
+
+#define WSUF plain
+#define WRI 4
+#include "winograd_body.h"
+#undef WRI
+#undef WSUF
+
+/* ---------------------------------------------------------------- ISA choice */
+
+enum { W_PLAIN = 0, W_AVX2 = 1, W_AVX512 = 2 };
+
+static atomic_int g_isa = -1;
+
+static int best_isa(void)
+{
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
+        return W_AVX512;
+    return avx2 ? W_AVX2 : W_PLAIN;
+}
+
+/* The path in use: 0 plain C, 1 AVX2 + FMA, 2 AVX-512VL (the best the CPU runs unless
+   geode_winograd_set_isa chose another). */
+int geode_winograd_isa(void)
+{
+    int isa = atomic_load_explicit(&g_isa, memory_order_relaxed);
+    if (isa < 0) {
+        isa = best_isa();
+        atomic_store_explicit(&g_isa, isa, memory_order_relaxed);
+    }
+    return isa;
+}
+
+/* Test hook: use path `isa` (< 0: the best again). Returns the previous path, or -2
+   (nothing changed) when the CPU cannot run `isa`. */
+int geode_winograd_set_isa(int isa)
+{
+    const int old = geode_winograd_isa();
+    if (isa > best_isa())
+        return -2;
+    atomic_store_explicit(&g_isa, isa < 0 ? best_isa() : isa, memory_order_relaxed);
+    return old;
+}
+
+/* ---------------------------------------------------------------- items */
+
+static void item_of(const wino_t *g, int64_t k, item_t *it)
+{
+    const int64_t chunk = k % g->cr, row = k / g->cr;
+    const int64_t th = (g->oh + 1) / 2;
+    it->n = row / th;
+    it->ty = row % th;
+    const int64_t v0 = g->vr * chunk / g->cr, v1 = g->vr * (chunk + 1) / g->cr;
+    it->tx0 = 8 * v0;
+    it->nv = v1 - v0;
+}
+
+static int64_t scratch_floats(int64_t c)
+{
+    return 16 * c * WMAXTB + 16 * WR * WMAXTB + 4 * WROW;
+}
+
+typedef struct {
+    const wino_t *g;
+    int64_t nchunks;
+    atomic_int failed;
+} job_t;
+
+static void run_range(const wino_t *g, int64_t k0, int64_t k1, atomic_int *failed)
+{
+    if (k1 <= k0)
+        return;
+    float *scratch = geode_scratch(WSLOT, scratch_floats(g->c) * (int64_t)sizeof(float));
+    if (scratch == NULL) {
+        atomic_store(failed, 1);
+        return;
+    }
+    for (int64_t k = k0; k < k1; k++) {
+        item_t it;
+        item_of(g, k, &it);
+        if (it.nv <= 0)
+            continue;
+        if (g->isa == W_AVX512)
+            run_item_avx512(g, &it, scratch);
+        else if (g->isa == W_AVX2)
+            run_item_avx2(g, &it, scratch);
+        else
+            run_item_plain(g, &it, scratch);
+    }
+}
+
+static void chunk_fn(void *ctx, int64_t chunk, int64_t nchunks)
+{
+    job_t *job = ctx;
+    const int64_t items = job->g->items;
+    run_range(job->g, items * chunk / nchunks, items * (chunk + 1) / nchunks, &job->failed);
+}
+
+#define CHUNKS_PER_THREAD 4
+
+/* Y[n][m][oh][ow] = act(conv(X, W) + bias + Z) with W given as U ([16][m][c], see the top
+   of the file); bias and z may be NULL; pt, pl: the top and left pads (the bottom and
+   right ones follow from oh and ow); threads <= 0: the pool's size. Returns 0, or 1 when
+   a thread's scratch buffer could not be allocated. */
+GEODE_EXPORT int32_t geode_conv_winograd(const float *x, const float *u, const float *bias,
+                                         const float *z, float *y, int64_t n, int64_t c,
+                                         int64_t m, int64_t h, int64_t w, int64_t oh,
+                                         int64_t ow, int64_t pt, int64_t pl, int64_t relu,
+                                         int64_t threads)
+{
+    if (n <= 0 || m <= 0 || oh <= 0 || ow <= 0)
+        return 0;
+    wino_t g = {x, u, bias, z, y, n, c, m, h, w, oh, ow, pt, pl, relu};
+    g.tw = (ow + 1) / 2;
+    g.vr = (g.tw + 7) / 8;
+    g.cr = (g.vr + WMAXNV - 1) / WMAXNV;
+    g.items = n * ((oh + 1) / 2) * g.cr;
+    g.isa = geode_winograd_isa();
+    job_t job = {&g, 0, 0};
+    const int64_t t = threads > 0 ? threads : geode_num_threads();
+    int64_t chunks = t * CHUNKS_PER_THREAD;
+    if (chunks > g.items)
+        chunks = g.items;
+    if (t > 1 && chunks >= 2 && !geode_pool_in_job())
+        geode_parallel_for(chunk_fn, &job, chunks, t);
+    else
+        run_range(&g, 0, g.items, &job.failed);
+    return atomic_load(&job.failed) ? 1 : 0;
+}

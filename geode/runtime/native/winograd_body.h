@@ -1,0 +1,201 @@
+/* geode native runtime: the body of the Winograd F(2x2, 3x3) convolution, included by
+   winograd.c once per instruction set, with WSUF (the functions' suffix) defined and a
+   `#pragma GCC target` in force. Vectors are GCC vector extensions of 8 floats (one
+   ymm register with AVX2 or AVX-512VL, SSE halves on the plain path); lanes are tiles of
+   one tile row (see winograd.c for the layouts). */
+
+#define WCAT2(a, b) a##_##b
+#define WCAT(a, b) WCAT2(a, b)
+#define WF(name) WCAT(name, WSUF)
+
+/* WRI: output channels per product on this path (its vector registers hold WRI x 3
+   accumulators) */
+
+/* acc[r][j] = sum over k of u[r * c + k] * v[k * tb + 8 j], stored to out[r * tb + 8 j]:
+   R output channels by NV vectors of tiles, every sum in k order from zero. */
+static inline __attribute__((always_inline)) void WF(gemm)(int R, int NV, const float *u,
+                                                          int64_t c, const float *v,
+                                                          int64_t tb, float *out)
+{
+    v8 acc[WR][WMAXNV];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++)
+            acc[r][j] = (v8){0};
+    for (int64_t k = 0; k < c; k++) {
+        v8 b[WMAXNV];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++)
+            b[j] = vload(v + k * tb + 8 * j);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const v8 a = vsplat(u[r * c + k]);
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; j++)
+                acc[r][j] += a * b[j];
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++)
+            vstore(out + r * tb + 8 * j, acc[r][j]);
+}
+
+#define WGEMM(R, NV)                                                                        \
+    static void WCAT(WCAT(WF(g), R), NV)(const float *u, int64_t c, const float *v,        \
+                                         int64_t tb, float *out)                            \
+    {                                                                                       \
+        WF(gemm)(R, NV, u, c, v, tb, out);                                                  \
+    }
+#define WGEMMS(NV)                                                                          \
+    WGEMM(1, NV) WGEMM(2, NV) WGEMM(3, NV) WGEMM(4, NV) WGEMM(5, NV) WGEMM(6, NV)          \
+    WGEMM(7, NV) WGEMM(8, NV)
+WGEMMS(1) WGEMMS(2) WGEMMS(3)
+
+#define WROWS(NV)                                                                           \
+    {0,                                                                                     \
+     WCAT(WCAT(WF(g), 1), NV),                                                              \
+     WCAT(WCAT(WF(g), 2), NV),                                                              \
+     WCAT(WCAT(WF(g), 3), NV),                                                              \
+     WCAT(WCAT(WF(g), 4), NV),                                                              \
+     WCAT(WCAT(WF(g), 5), NV),                                                              \
+     WCAT(WCAT(WF(g), 6), NV),                                                              \
+     WCAT(WCAT(WF(g), 7), NV),                                                              \
+     WCAT(WCAT(WF(g), 8), NV)}
+static const gemm_fn WF(g_gemms)[WMAXNV + 1][WR + 1] = {{0}, WROWS(1), WROWS(2), WROWS(3)};
+#undef WROWS
+#undef WGEMMS
+
+/* V = B^T d B for every input channel of one item into v ([16][c][tb]). */
+static void WF(input_transform)(const wino_t *g, const item_t *it, float *v, float *rowbuf)
+{
+    const int64_t tb = it->nv * 8, span = 2 * tb + 2;
+    const int64_t col0 = 2 * it->tx0 - g->pl;
+    for (int64_t ch = 0; ch < g->c; ch++) {
+        const float *plane = g->x + (it->n * g->c + ch) * g->h * g->w;
+        const float *rows[4];
+        for (int i = 0; i < 4; i++) {
+            const int64_t iy = 2 * it->ty - g->pt + i;
+            if (iy < 0 || iy >= g->h) {
+                rows[i] = g_zero_row;
+            } else if (col0 >= 0 && col0 + span <= g->w) {
+                rows[i] = plane + iy * g->w + col0;
+            } else {
+                float *dst = rowbuf + i * WROW;
+                const float *src = plane + iy * g->w;
+                for (int64_t q = 0; q < span; q++) {
+                    const int64_t col = col0 + q;
+                    dst[q] = col >= 0 && col < g->w ? src[col] : 0.0f;
+                }
+                rows[i] = dst;
+            }
+        }
+        for (int64_t j = 0; j < it->nv; j++) {
+            v8 d[4][4];
+            for (int i = 0; i < 4; i++) {
+                const float *p = rows[i] + 16 * j;
+                const v8 a = vload(p), b = vload(p + 8), e = vload(p + 2), f = vload(p + 10);
+                d[i][0] = __builtin_shuffle(a, b, EVENS);
+                d[i][1] = __builtin_shuffle(a, b, ODDS);
+                d[i][2] = __builtin_shuffle(e, f, EVENS);
+                d[i][3] = __builtin_shuffle(e, f, ODDS);
+            }
+            v8 t[4][4];
+            for (int q = 0; q < 4; q++) {
+                t[0][q] = d[0][q] - d[2][q];
+                t[1][q] = d[1][q] + d[2][q];
+                t[2][q] = d[2][q] - d[1][q];
+                t[3][q] = d[1][q] - d[3][q];
+            }
+            float *out = v + ch * tb + 8 * j;
+            const int64_t xs = g->c * tb; /* one position's matrix */
+            for (int i = 0; i < 4; i++) {
+                vstore(out + (4 * i + 0) * xs, t[i][0] - t[i][2]);
+                vstore(out + (4 * i + 1) * xs, t[i][1] + t[i][2]);
+                vstore(out + (4 * i + 2) * xs, t[i][2] - t[i][1]);
+                vstore(out + (4 * i + 3) * xs, t[i][1] - t[i][3]);
+            }
+        }
+    }
+}
+
+/* Y = A^T m A for output channel co (m: mb[xi][r][tb]), then bias, residual, Relu. */
+static void WF(output_transform)(const wino_t *g, const item_t *it, const float *mb, int r,
+                                 int64_t co)
+{
+    const int64_t tb = it->nv * 8;
+    const v8 bias = vsplat(g->bias != NULL ? g->bias[co] : 0.0f);
+    const int64_t plane = (it->n * g->m + co) * g->oh * g->ow;
+    for (int64_t j = 0; j < it->nv; j++) {
+        const int64_t ox = 2 * (it->tx0 + 8 * j);
+        if (ox >= g->ow)
+            break;
+        v8 m[16];
+        for (int xi = 0; xi < 16; xi++)
+            m[xi] = vload(mb + (xi * WR + r) * tb + 8 * j);
+        v8 a[2][4];
+        for (int q = 0; q < 4; q++) {
+            a[0][q] = m[q] + m[4 + q] + m[8 + q];
+            a[1][q] = m[4 + q] - m[8 + q] - m[12 + q];
+        }
+        const int64_t count = g->ow - ox < 16 ? g->ow - ox : 16;
+        for (int i = 0; i < 2; i++) {
+            const int64_t oy = 2 * it->ty + i;
+            if (oy >= g->oh)
+                break;
+            const v8 y0 = a[i][0] + a[i][1] + a[i][2] + bias;
+            const v8 y1 = a[i][1] - a[i][2] - a[i][3] + bias;
+            v8 lo = __builtin_shuffle(y0, y1, ZIP_LO), hi = __builtin_shuffle(y0, y1, ZIP_HI);
+            float *dst = g->y + plane + oy * g->ow + ox;
+            const float *zs = g->z != NULL ? g->z + plane + oy * g->ow + ox : NULL;
+            if (count == 16) {
+                if (zs != NULL) {
+                    lo += vload(zs);
+                    hi += vload(zs + 8);
+                }
+                if (g->relu) {
+                    lo = vrelu(lo);
+                    hi = vrelu(hi);
+                }
+                vstore(dst, lo);
+                vstore(dst + 8, hi);
+            } else {
+                float tmp[16];
+                vstore(tmp, lo);
+                vstore(tmp + 8, hi);
+                for (int64_t q = 0; q < count; q++) {
+                    float val = tmp[q];
+                    if (zs != NULL)
+                        val += zs[q];
+                    if (g->relu && val < 0.0f)
+                        val = 0.0f;
+                    dst[q] = val;
+                }
+            }
+        }
+    }
+}
+
+/* One item: a chunk of one tile row of one image, every output channel. */
+static void WF(run_item)(const wino_t *g, const item_t *it, float *scratch)
+{
+    float *v = scratch;
+    float *mb = v + 16 * g->c * WMAXTB;
+    float *rowbuf = mb + 16 * WR * WMAXTB;
+    const int64_t tb = it->nv * 8;
+    WF(input_transform)(g, it, v, rowbuf);
+    for (int64_t co = 0; co < g->m; co += WRI) {
+        const int r = g->m - co < WRI ? (int)(g->m - co) : WRI;
+        const gemm_fn fn = WF(g_gemms)[it->nv][r];
+        for (int xi = 0; xi < 16; xi++)
+            fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * g->c * tb, tb, mb + xi * WR * tb);
+        for (int q = 0; q < r; q++)
+            WF(output_transform)(g, it, mb, q, co + q);
+    }
+}
+
+#undef WF
+#undef WCAT
+#undef WCAT2
