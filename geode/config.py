@@ -57,13 +57,16 @@ fusion_search             GEODE_FUSION_SEARCH     how fusion groups are chosen: 
                                                   plans scored by the projected model, the
                                                   greedy plan among the candidates; see
                                                   geode.compiler.fusion.search)
-conv_method               GEODE_CONV_METHOD       native convs' method: auto (by shape: the
-                                                  direct register-blocked kernel for windows
-                                                  of 2-64 taps at horizontal stride 1 or 2,
-                                                  1x1 GEMM, depthwise, else im2col + GEMM),
-                                                  im2col (instead of the direct kernel; a
-                                                  conv with a fused MaxPool stays direct) or
-                                                  direct (the same as auto)
+conv_method               GEODE_CONV_METHOD       native convs' method: auto (by shape:
+                                                  Winograd F(2x2,3x3) for float32 3x3 stride-1
+                                                  convs where it measured faster, the direct
+                                                  register-blocked kernel for windows of 2-64
+                                                  taps at horizontal stride 1 or 2, 1x1 GEMM,
+                                                  depthwise, else im2col + GEMM), im2col
+                                                  (instead of the direct kernel; a conv with a
+                                                  fused MaxPool stays direct), direct (auto
+                                                  without Winograd) or winograd (Winograd for
+                                                  every conv it can run, else as auto)
 stitch_fusion             GEODE_STITCH_FUSION     fuse chained reductions over different axes
                                                   (x -> sum over HW -> sum over C) into one
                                                   kernel, a reduce tree, where the cost model
@@ -326,7 +329,7 @@ BACKENDS = ("llvm", "numba")
 #: how fusion plans are chosen (``fusion_search`` option)
 FUSION_SEARCHES = ("greedy", "beam")
 #: what native convs may be asked to use (``conv_method`` option)
-CONV_METHODS = ("auto", "im2col", "direct")
+CONV_METHODS = ("auto", "im2col", "direct", "winograd")
 
 #: the words ``progress`` accepts for on and off (besides ``auto``; see :mod:`geode.progress`)
 PROGRESS_ON = ("1", "true", "yes", "on", "always")

@@ -21,6 +21,7 @@ from geode.codegen.indexing import exprs_equal
 from geode.codegen.kernel_key import canonical_kernel, canonical_lowered, kernel_key
 from geode.codegen.lower import LoweredKernel, first_binders, lower_group, unbound_dim
 from geode.codegen.packed_weights import PackChoice, choose_packing, packed_value
+from geode.codegen.winograd_weights import winograd_value
 from geode.codegen.schedule import Schedule
 from geode.codegen.schedule_source import ScheduleChoice, ScheduleSources, apply_choice
 from geode.compiler.fusion.groups import Group
@@ -343,10 +344,13 @@ def library_interface(
 def library_inputs(node: Node, interface: NativeKernel) -> list[Value]:
     """The step arguments of library node ``node`` run by ``interface``: its inputs (those
     given), its weight packed once when its kernel multiplies by a packed weight
-    (:func:`library_interface`)."""
+    (:func:`library_interface`), a conv's weight in its Winograd transform when its kernel
+    is the Winograd one."""
     inputs = [v for v in node.inputs if v is not None]  # omitted optional inputs
     if getattr(interface.fn, "packed_n", 0):
         inputs[1] = packed_value(inputs[1])
+    if getattr(interface.fn, "winograd_weight", False):
+        inputs[1] = winograd_value(inputs[1])
     return inputs
 
 

@@ -1,16 +1,19 @@
 """Conv nodes as native AI Core steps (the bind stage asks :func:`conv_interface` for
 every Conv and geode FusedConv placed on AICPU).
 
-A Conv goes native (:mod:`geode.codegen.backends.llvm.conv`: the direct register-blocked
-kernel, im2col + BLAS GEMM, pointwise GEMM, or the direct depthwise kernel; the option
-``conv_method="im2col"`` trades the direct kernel for im2col) when, with the LLVM
+A Conv goes native (:mod:`geode.codegen.backends.llvm.conv`: the Winograd kernel, the
+direct register-blocked kernel, im2col + BLAS GEMM, pointwise GEMM, or the direct
+depthwise kernel; the option ``conv_method="im2col"`` trades the direct kernel for im2col,
+``direct`` never takes Winograd, ``winograd`` takes it wherever it runs) when, with the LLVM
 backend and codegen
 on: X, W (and B) and Y are all float32 or all float64; X is 3-D or 4-D (1-D or 2-D
 conv, NCHW); W's shape is static (so are the channels, group and window); and Y's shape
 follows from the graph inputs' symbols (a dim known only once a value is computed
 cannot size a native step's output). A FusedConv (the ``fuse_conv`` pass's Conv with
 its residual add, Relu and MaxPool) goes native the same way, its epilogue in the
-kernel; the placement's reason names the method and the epilogue (``explain()``).
+kernel; the placement's reason names the method, the epilogue and why the method was
+chosen (``explain()``). A Winograd conv's step reads its weight's transform, computed
+once (:mod:`geode.codegen.winograd_weights`).
 Otherwise it keeps the reference kernel, and the placement records why.
 """
 
@@ -39,6 +42,7 @@ _METHODS = {
     "pointwise": "1x1 BLAS GEMM",
     "depthwise": "direct depthwise kernel",
     "direct": "direct register-blocked kernel",
+    "winograd": "Winograd F(2x2,3x3) kernel",
 }
 
 
@@ -92,11 +96,24 @@ def conv_spec(node: Node, g: Graph, choice: str = "auto") -> ConvSpec | str:
             bias=bias is not None,
             residual=z is not None,
             activation=str(node.attrs.get("activation") or "").lower(),
-            choice=choice,
+            choice=_choice(choice),
             pool=_pool_of(node.attrs),
+            constant_weight=w.is_constant
+            and (w.data is not None or getattr(w, "external_loader", None) is not None),
         )
     except ValueError as exc:
         return str(exc)
+
+
+def _choice(choice: str) -> str:
+    """The option ``conv_method`` as ``ConvSpec.choice``: ``auto`` without Winograd
+    (``direct``) on a CPU without AVX2 + FMA, where the Winograd kernel runs its plain C
+    path (not measured faster than the direct kernel there)."""
+    from geode.runtime import native
+
+    if choice == "auto" and int(native.pool_info()["winograd_isa"]) < 1:
+        return "direct"
+    return choice
 
 
 def _pool_of(attrs: dict) -> tuple[int, ...]:
@@ -131,8 +148,9 @@ def conv_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     interface, info = library_step(node, kernel, len(spec.arrays) - 1, spec.describe(), opts)
     parts = (("residual add", spec.residual), (spec.activation, spec.activation))
     epilogue = "".join(f" + {e}" for e, on in (*parts, ("max pool", spec.pool)) if on)
+    why = f" ({spec.reason})" if spec.reason else ""
     return LibraryChoice(
         interface,
         info,
-        f"library op: {node.op_type}, {_METHODS[spec.method]}{epilogue}, native",
+        f"library op: {node.op_type}, {_METHODS[spec.method]}{epilogue}, native{why}",
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 from geode.codegen.images import ImageWriter
 from geode.codegen.packed_weights import PackedWeight, packed_value
+from geode.codegen.winograd_weights import WinogradWeight, winograd_value
 from geode.compiler.fusion.views import alias_view
 from geode.compiler.ir import Graph, Value
 from geode.compiler.ops import state
@@ -93,11 +94,14 @@ def _encode_unit(u: Unit, w: Writer, images: ImageWriter) -> dict[str, Any]:
 
 def _encode_input(v: Value | None) -> str | dict[str, str] | None:
     """A unit's input: its name, or for a weight packed once ``{"packed": <weight>}``
-    (re-packed when the file is loaded)."""
+    (re-packed when the file is loaded; a conv weight's Winograd transform likewise
+    ``{"winograd": <weight>}``)."""
     if v is None:
         return None
     if isinstance(v, PackedWeight):
         return {"packed": v.source.name}
+    if isinstance(v, WinogradWeight):
+        return {"winograd": v.source.name}
     return v.name
 
 
@@ -105,9 +109,10 @@ def _decode_input(d: Any, g: Graph, c: Container) -> Value | None:
     if d is None:
         return None
     if isinstance(d, dict):
-        source = g.values[str(d["packed"])]
+        form = "winograd" if "winograd" in d else "packed"
+        source = g.values[str(d[form])]
         try:
-            return packed_value(source)
+            return winograd_value(source) if form == "winograd" else packed_value(source)
         except CodegenError as exc:
             raise ModelFileError(f"model file {c.path!r}: {exc}") from None
     return g.values[d]

@@ -158,8 +158,8 @@ def test_conv_with_max_pool_matches_the_reference(case) -> None:
 def test_direct_kernel_on_resnet_shapes(xs, ws, attrs, dtype) -> None:
     """Channel blocks with a remainder (20 = 2 * 8 + 4), several tiles per row and a
     masked tail, stride 2's even lanes, with every epilogue."""
-    check(xs, ws, attrs, dtype, method="direct")
-    check(xs, ws, attrs, dtype, residual=True, activation="relu", method="direct")
+    check(xs, ws, attrs, dtype, choice="direct", method="direct")
+    check(xs, ws, attrs, dtype, residual=True, activation="relu", choice="direct", method="direct")
     check(xs, ws, attrs, dtype, activation="relu", pool=(3, 3, 2, 2, 1, 1, 1, 1))
 
 

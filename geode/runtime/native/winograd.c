@@ -90,6 +90,49 @@ typedef void (*gemm_fn)(const float *u, int64_t c, const float *v, int64_t tb, f
 
 static const float g_zero_row[WROW];
 
+/* The cache lines of Y (for writing) and Z (for reading) that output channels
+   [co, co + r) of item `it` touch. */
+static void prefetch_outputs(const wino_t *g, const item_t *it, int64_t co, int r)
+{
+    const int64_t ox = 2 * it->tx0;
+    if (ox >= g->ow)
+        return;
+    const int64_t cols = g->ow - ox < 16 * it->nv ? g->ow - ox : 16 * it->nv;
+    for (int q = 0; q < r; q++) {
+        const int64_t plane = (it->n * g->m + co + q) * g->oh * g->ow;
+        for (int64_t i = 0; i < 2 && 2 * it->ty + i < g->oh; i++) {
+            const int64_t at = plane + (2 * it->ty + i) * g->ow + ox;
+            for (int64_t j = 0; j < cols + 15; j += 16) {
+                const int64_t e = j < cols ? j : cols - 1;
+                __builtin_prefetch(g->y + at + e, 1, 3);
+                if (g->z != NULL)
+                    __builtin_prefetch(g->z + at + e, 0, 3);
+            }
+        }
+    }
+}
+
+/* Share `part` of `parts` of the input rows item `it` reads (its channels cut evenly). */
+static void prefetch_inputs(const wino_t *g, const item_t *it, int64_t part, int64_t parts)
+{
+    const int64_t c0 = g->c * part / parts, c1 = g->c * (part + 1) / parts;
+    int64_t col0 = 2 * it->tx0 - g->pl, col1 = col0 + 16 * it->nv + 2;
+    col0 = col0 < 0 ? 0 : col0;
+    col1 = col1 > g->w ? g->w : col1;
+    if (col1 <= col0)
+        return;
+    for (int64_t ch = c0; ch < c1; ch++) {
+        const float *plane = g->x + (it->n * g->c + ch) * g->h * g->w;
+        for (int i = 0; i < 4; i++) {
+            const int64_t iy = 2 * it->ty - g->pt + i;
+            if (iy < 0 || iy >= g->h)
+                continue;
+            for (int64_t q = col0; q < col1 + 15; q += 16)
+                __builtin_prefetch(plane + iy * g->w + (q < col1 ? q : col1 - 1), 0, 3);
+        }
+    }
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx2,fma")
 #define WSUF avx512
@@ -185,17 +228,20 @@ static void run_range(const wino_t *g, int64_t k0, int64_t k1, atomic_int *faile
         atomic_store(failed, 1);
         return;
     }
+    item_t it, next;
+    item_of(g, k0, &it);
     for (int64_t k = k0; k < k1; k++) {
-        item_t it;
-        item_of(g, k, &it);
-        if (it.nv <= 0)
-            continue;
-        if (g->isa == W_AVX512)
-            run_item_avx512(g, &it, scratch);
-        else if (g->isa == W_AVX2)
-            run_item_avx2(g, &it, scratch);
-        else
-            run_item_plain(g, &it, scratch);
+        const int more = k + 1 < k1;
+        if (more)
+            item_of(g, k + 1, &next);
+        const item_t *after = more ? &next : NULL;
+        if (it.nv > 0 && g->isa == W_AVX512)
+            run_item_avx512(g, &it, after, scratch);
+        else if (it.nv > 0 && g->isa == W_AVX2)
+            run_item_avx2(g, &it, after, scratch);
+        else if (it.nv > 0)
+            run_item_plain(g, &it, after, scratch);
+        it = next;
     }
 }
 

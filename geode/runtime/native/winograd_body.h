@@ -178,16 +178,25 @@ static void WF(output_transform)(const wino_t *g, const item_t *it, const float 
     }
 }
 
-/* One item: a chunk of one tile row of one image, every output channel. */
-static void WF(run_item)(const wino_t *g, const item_t *it, float *scratch)
+/* One item: a chunk of one tile row of one image, every output channel. While a group
+   of output channels multiplies, the lines its epilogue reads (Z) and writes (Y) are
+   prefetched, and a share of the next item's input rows (`next`, NULL: none): the
+   item's 2 x channels rows of Y and Z and 4 x C rows of X are more streams than the
+   hardware prefetcher follows. */
+static void WF(run_item)(const wino_t *g, const item_t *it, const item_t *next,
+                         float *scratch)
 {
     float *v = scratch;
     float *mb = v + 16 * g->c * WMAXTB;
     float *rowbuf = mb + 16 * WR * WMAXTB;
     const int64_t tb = it->nv * 8;
+    const int64_t groups = (g->m + WRI - 1) / WRI;
     WF(input_transform)(g, it, v, rowbuf);
     for (int64_t co = 0; co < g->m; co += WRI) {
         const int r = g->m - co < WRI ? (int)(g->m - co) : WRI;
+        prefetch_outputs(g, it, co, r);
+        if (next != NULL)
+            prefetch_inputs(g, next, co / WRI, groups);
         const gemm_fn fn = WF(g_gemms)[it->nv][r];
         for (int xi = 0; xi < 16; xi++)
             fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * g->c * tb, tb, mb + xi * WR * tb);

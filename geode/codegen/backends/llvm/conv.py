@@ -17,9 +17,12 @@ are computed from them). :func:`conv_kernel` compiles one entry per spec
   1 or 2, :mod:`~.conv_direct`: a register-blocked loop nest, no GEMM), ``im2col`` (the
   rest, or any non-depthwise conv with ``choice="im2col"``, :mod:`~.conv_gemm`) or
   ``depthwise`` (one input channel per group, :mod:`~.conv_depthwise`: a direct loop
-  nest, no GEMM). A 1-D conv is the 2-D one with ``H = 1``.
-- the epilogue (a FusedConv's residual ``Z`` and Relu) is applied by the direct kernel to
-  each output tile in registers; after the other bodies, by one pass over Y
+  nest, no GEMM) or ``winograd`` (float32 3x3 stride-1 convs by shape or by
+  ``choice="winograd"``, :mod:`~.conv_winograd`: the native runtime's F(2x2, 3x3)
+  kernel; its ``W`` is the weight's transform, ``(16, M, C)``). A 1-D conv is the 2-D
+  one with ``H = 1``.
+- the epilogue (a FusedConv's residual ``Z`` and Relu) is applied by the direct and
+  Winograd kernels to each output tile in registers; after the other bodies, by one pass over Y
   (:func:`epilogue_function`). A MaxPool (``ConvSpec.pool``) is the direct kernel's only:
   Y is then the pooled output, its shape checked against the pooled sizes.
 - status ``n_arrays + 1`` says the body could not allocate its scratch buffer,
@@ -36,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from geode.codegen.backends.llvm import conv_depthwise, conv_direct, conv_gemm
+from geode.codegen.backends.llvm import conv_depthwise, conv_direct, conv_gemm, conv_winograd
 from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
 from geode.codegen.backends.llvm.conv_spec import TYPES, ConvSpec, Geometry
 from geode.codegen.backends.llvm.irloops import Builder
@@ -80,7 +83,9 @@ def _records(b: Builder, spec: ConvSpec) -> tuple[dict[str, list[str]], int]:
     rank = spec.spatial + 2
     kh, kw = spec.kernel
     w_dims = [spec.out_channels, spec.cg] + ([kh, kw] if spec.spatial == 2 else [kw])
-    want = {"X": (rank, {1: spec.channels}), "W": (rank, dict(enumerate(w_dims)))}
+    if spec.method == "winograd":  # W is the weight's transform
+        w_dims = list(conv_winograd.u_shape(spec))
+    want = {"X": (rank, {1: spec.channels}), "W": (len(w_dims), dict(enumerate(w_dims)))}
     if spec.bias:
         want["B"] = (1, {0: spec.out_channels})
     if spec.residual:
@@ -145,6 +150,10 @@ def entry_function(name: str, body: str, spec: ConvSpec) -> FunctionWriter:
     bias, z = named.get("B", "null"), named.get("Z", "null")
     threads = b.load("i64", "%ints", "threads")
     geo = Geometry(ptrs[0], ptrs[1], bias, ptrs[-1], n, h, wd, oh, ow, pt, pl, threads)
+    if spec.method == "winograd":  # the epilogue is in the kernel's tiles
+        status = fn.value(f"call i32 @{body}({geo.args()}, ptr {z})", "status")
+        fn.terminate(f"ret i32 {status}")
+        return fn
     if spec.method == "direct":  # the epilogue is in the kernel's tiles
         pooled = f"i64 {poh}, i64 {pow_}"
         status = fn.value(f"call i32 @{body}({geo.args()}, ptr {z}, {pooled})", "status")
@@ -204,9 +213,12 @@ def conv_ir(spec: ConvSpec, attrs: str = "") -> tuple[str, str]:
         conv_depthwise.write_body(module, body, spec, attrs)
     elif spec.method == "direct":
         conv_direct.write_body(module, body, spec, attrs)
+    elif spec.method == "winograd":
+        conv_winograd.write_body(module, body, spec, attrs)
     else:
         conv_gemm.write_body(module, body, spec, attrs)
-    if spec.method != "direct" and (spec.residual or spec.activation):
+    tiles = spec.method in ("direct", "winograd")  # the epilogue in the kernel's tiles
+    if not tiles and (spec.residual or spec.activation):
         module.add_function(epilogue_function(module, f"{body}.epilogue", spec, attrs))
     module.add_function(entry_function(name, body, spec))
     return name, f"; {spec.describe()}\n" + module.text()
@@ -223,7 +235,11 @@ class ConvKernel(LLVMKernel):
 
     def _bad_argument(self, i: int) -> None:
         if i == len(self._args):
-            what = {"depthwise": "padded plane", "direct": "padded band"}.get(
+            what = {
+                "depthwise": "padded plane",
+                "direct": "padded band",
+                "winograd": "Winograd transform",
+            }.get(
                 self.spec.method, "im2col column"
             )
             raise ExecutionError(f"kernel {self.name}: out of memory allocating its {what} buffer")
@@ -240,9 +256,12 @@ def _arg_specs(spec: ConvSpec) -> tuple[ArgSpec, ...]:
     two = spec.spatial == 2
     kh, kw = spec.kernel
     m, rank = spec.out_channels, spec.spatial + 2
+    w_arg = ArgSpec("W", "input", spec.dtype, rank, f"({m}, {spec.cg}, {f'{kh}, ' * two}{kw})")
+    if spec.method == "winograd":
+        w_arg = ArgSpec("U", "input", spec.dtype, 3, str(conv_winograd.u_shape(spec)))
     args = [
         ArgSpec("X", "input", spec.dtype, rank, f"(N, {spec.channels}, {'H, ' * two}W)"),
-        ArgSpec("W", "input", spec.dtype, rank, f"({m}, {spec.cg}, {f'{kh}, ' * two}{kw})"),
+        w_arg,
     ]
     if spec.bias:
         args.append(ArgSpec("B", "input", spec.dtype, 1, f"({m},)"))
@@ -270,11 +289,13 @@ def conv_kernel(spec: ConvSpec, cache_dir: CacheDir | None = None) -> ConvKernel
     name, ir = conv_ir(spec, target.function_attrs)
     # the runtime: geode_gemm, the pool
     loaded, from_cache = build_module(name, ir, target, cache_dir)
-    parallel = spec.method in ("depthwise", "direct")
+    parallel = spec.method in ("depthwise", "direct", "winograd")
     emitted = Emitted(ir, name, _arg_specs(spec), (), parallel, ())
     seconds = time.perf_counter() - t0
     kernel = ConvKernel(
         f"conv_{spec.method}", emitted, loaded, target, seconds, from_cache, fastmath=False
     )
     kernel.spec = spec
+    #: its W argument is the weight's Winograd transform (``driver.library_inputs``)
+    kernel.winograd_weight = spec.method == "winograd"
     return kernel

@@ -10,6 +10,7 @@ from geode.codegen.backends.llvm.irtext import FunctionWriter
 __all__ = [
     "AUTO_PADS",
     "MAX_DIRECT_TAPS",
+    "WINOGRAD_MIN_CHANNELS",
     "BODY_PARAMS",
     "TYPES",
     "ConvSpec",
@@ -25,7 +26,10 @@ ACTIVATIONS = ("", "relu")
 #: windows of at most this many taps run the direct kernel (its tiles unroll the taps)
 MAX_DIRECT_TAPS = 64
 #: what ``ConvSpec.choice`` may ask for: the method by shape, or one forced
-CHOICES = ("auto", "im2col", "direct")
+CHOICES = ("auto", "im2col", "direct", "winograd")
+#: ``auto`` takes Winograd for a conv it can run when both its input and its output
+#: channels are at least this many (measured, docs/performance.md "Winograd")
+WINOGRAD_MIN_CHANNELS = 16
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class ConvSpec:
     choice: str = "auto"
     #: a MaxPool of the conv's output: (kh, kw, sh, sw, top, left, bottom, right), or ()
     pool: tuple[int, ...] = ()
+    #: W is a constant known at compile time (Winograd transforms it then)
+    constant_weight: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in TYPES:
@@ -103,9 +109,11 @@ class ConvSpec:
 
     @property
     def method(self) -> str:
-        """``depthwise``, ``pointwise``, ``direct`` or ``im2col`` (see :mod:`~.conv`):
-        depthwise for one input channel per group; a 1x1 window at unit stride without
-        padding is one GEMM on the input; other windows of 2 to :data:`MAX_DIRECT_TAPS`
+        """``depthwise``, ``pointwise``, ``winograd``, ``direct`` or ``im2col`` (see
+        :mod:`~.conv`): depthwise for one input channel per group; a 1x1 window at unit
+        stride without padding is one GEMM on the input; a conv Winograd runs
+        (:attr:`winograd_blocker`) by Winograd with ``choice="winograd"``, or by shape
+        (:attr:`winograd_pays`) with ``choice="auto"``; other windows of 2 to :data:`MAX_DIRECT_TAPS`
         taps at horizontal stride 1 or 2 run the direct kernel (a strided or padded 1x1
         conv is faster as im2col + GEMM: 1.3-1.5x, measured) (``choice="im2col"`` forces im2col there), the rest im2col."""
         if self.cg == 1 and self.group > 1:
@@ -117,10 +125,63 @@ class ConvSpec:
         unit = self.kernel == (1, 1) and self.strides == (1, 1)
         if unit and (self.auto_pad != "NOTSET" or not any(self.pads)):
             return "pointwise"  # SAME with a 1x1 window at stride 1 pads nothing
+        if not self.winograd_blocker and self.choice in ("auto", "winograd"):
+            if self.choice == "winograd" or self.winograd_pays:
+                return "winograd"
         small = 1 < self.kernel[0] * self.kernel[1] <= MAX_DIRECT_TAPS  # 1x1: GEMM faster
         if self.strides[1] <= 2 and small and self.choice != "im2col":
             return "direct"
         return "im2col"
+
+    @property
+    def winograd_blocker(self) -> str:
+        """Why the Winograd kernel cannot run this conv ("" when it can: float32, 2-D,
+        a 3x3 window, stride 1, dilation 1, one group, no fused MaxPool)."""
+        if self.dtype != "float32":
+            return f"{self.dtype} (Winograd: float32)"
+        if self.spatial != 2 or self.kernel != (3, 3):
+            return f"a {self.kernel[0]}x{self.kernel[1]} window (Winograd: 3x3)"
+        if self.strides != (1, 1) or self.dilations != (1, 1):
+            return f"strides {self.strides}, dilations {self.dilations} (Winograd: 1)"
+        if self.group != 1:
+            return f"group={self.group} (Winograd: 1)"
+        if self.pool:
+            return "a fused MaxPool (the direct kernel pools)"
+        if self.depth == 0:
+            return "no input channels"
+        if not self.constant_weight:
+            return "W is not a constant known at compile time"
+        return ""
+
+    @property
+    def winograd_pays(self) -> bool:
+        """Whether Winograd measured faster than the direct kernel for this conv's
+        channels (see :data:`WINOGRAD_MIN_CHANNELS`)."""
+        return min(self.channels, self.out_channels) >= WINOGRAD_MIN_CHANNELS
+
+    @property
+    def reason(self) -> str:
+        """Why the method was chosen, for ``explain()`` ("" for the methods that follow
+        from the window alone)."""
+        if self.method == "winograd":
+            if self.choice == "winograd":
+                return "Winograd F(2x2,3x3): forced by conv_method=winograd"
+            return (
+                f"Winograd F(2x2,3x3): C={self.channels}, M={self.out_channels} >= "
+                f"{WINOGRAD_MIN_CHANNELS}, measured faster than the direct kernel "
+                "(docs/performance.md)"
+            )
+        if self.method not in ("direct", "im2col") or self.choice == "im2col":
+            return ""
+        blocker = self.winograd_blocker
+        if blocker:
+            return f"not Winograd: {blocker}"
+        if self.choice == "direct":
+            return "not Winograd: conv_method=direct"
+        return (
+            f"not Winograd: C={self.channels}, M={self.out_channels} below "
+            f"{WINOGRAD_MIN_CHANNELS}, where the direct kernel measured faster"
+        )
 
     @property
     def arrays(self) -> tuple[str, ...]:

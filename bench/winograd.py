@@ -1,0 +1,136 @@
+"""Winograd against the direct conv kernel and onnxruntime, one conv at a time.
+
+    python bench/winograd.py [--rounds 9] [--threads 1,2] [--only SUBSTRING] [--calls N]
+
+Each case is a one-layer ONNX model as the cnn of ``bench/models.py`` has them after
+BatchNormalization is folded: a 3x3 conv (pads 1, stride 1, a bias) with its Relu and,
+for the residual ones, the Add of a second input before it (geode fuses both into the
+kernel). Timed: geode with ``conv_method="direct"``, geode with ``conv_method="winograd"``
+and onnxruntime (``intra_op_num_threads`` = the thread count, spinning off so its
+threads do not take the cores from geode's next calls), in interleaved rounds of
+``--calls`` calls each; the report gives each system's best round (ms per call) and the
+median over rounds of Winograd's time over the direct kernel's and over onnxruntime's.
+The cases named ``cnn ...`` are the cnn's layers at its two sizes; the ``rule ...`` cases
+(C = M from 8 to 128) are what the choice by channels (``WINOGRAD_MIN_CHANNELS``) rests on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+#: name -> (N, C, M, H = W, residual)
+CASES = {
+    "cnn a1 32->32 +relu 8x112": (8, 32, 32, 112, False),
+    "cnn a2 32->32 +res+relu 8x112": (8, 32, 32, 112, True),
+    "cnn b2 64->64 +res+relu 8x56": (8, 64, 64, 56, True),
+    "cnn a1 32->32 +relu 1x32": (1, 32, 32, 32, False),
+    "cnn a2 32->32 +res+relu 1x32": (1, 32, 32, 32, True),
+    "cnn b2 64->64 +res+relu 1x16": (1, 64, 64, 16, True),
+    **{f"rule {c}->{c} 1x{h}": (1, c, c, h, False) for c in (8, 12, 16, 24) for h in (16, 56)},
+    "rule 128->128 1x28": (1, 128, 128, 28, False),
+}
+
+
+def conv_model(n: int, c: int, m: int, h: int, residual: bool) -> onnx.ModelProto:
+    """A 3x3 conv with bias, (+ Z,) Relu, fixed shapes."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((m, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) * 0.1
+    nodes = [helper.make_node("Conv", ["X", "W", "B"], ["c"], pads=[1] * 4)]
+    ins = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [n, c, h, h])]
+    last = "c"
+    if residual:
+        ins.append(helper.make_tensor_value_info("Z", TensorProto.FLOAT, [n, m, h, h]))
+        nodes.append(helper.make_node("Add", ["c", "Z"], ["a"]))
+        last = "a"
+    nodes.append(helper.make_node("Relu", [last], ["Y"]))
+    outs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n, m, h, h])]
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")]
+    graph = helper.make_graph(nodes, "conv", ins, outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def systems(model: onnx.ModelProto, threads: int) -> dict:
+    """name -> callable(feeds) for geode direct, geode Winograd and onnxruntime."""
+    import onnxruntime as ort
+
+    import geode
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(
+        model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    )
+    direct = geode.compile(model, conv_method="direct", num_threads=threads)
+    wino = geode.compile(model, conv_method="winograd", num_threads=threads)
+    return {
+        "direct": lambda f: direct(**f),
+        "winograd": lambda f: wino(**f),
+        "ort": lambda f: sess.run(None, f),
+    }
+
+
+def time_case(case: tuple, threads: int, rounds: int, calls: int) -> dict[str, list[float]]:
+    """Per system, the ms per call of each round (rounds interleaved, order rotated)."""
+    n, c, m, h, residual = case
+    model = conv_model(n, c, m, h, residual)
+    rng = np.random.default_rng(1)
+    feeds = {"X": rng.standard_normal((n, c, h, h)).astype(np.float32)}
+    if residual:
+        feeds["Z"] = rng.standard_normal((n, m, h, h)).astype(np.float32)
+    runs = systems(model, threads)
+    want = np.asarray(runs["ort"](feeds)[0])
+    for name in ("direct", "winograd"):
+        got = np.asarray(runs[name](feeds)["Y"])
+        err = float(np.abs(got - want).max() / max(1e-30, float(np.abs(want).max())))
+        assert err < 1e-4, f"{name}: relative error {err}"
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    names = list(runs)
+    for r in range(rounds):
+        for name in names[r % 3 :] + names[: r % 3]:
+            fn = runs[name]
+            fn(feeds)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn(feeds)
+            times[name].append((time.perf_counter() - t0) / calls * 1e3)
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Time the cases and print a table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--only", default="")
+    p.add_argument("--calls", type=int, default=0, help="calls per round (0: by size)")
+    a = p.parse_args(argv)
+    print("| case | threads | direct ms | winograd ms | ORT ms | wino/direct | wino/ORT |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, case in CASES.items():
+        if a.only not in name:
+            continue
+        for threads in [int(t) for t in a.threads.split(",")]:
+            n, c, m, h, _ = case
+            calls = a.calls or max(1, int(2e8 // (n * c * m * h * h * 9)))
+            t = time_case(case, threads, a.rounds, calls)
+            rd = statistics.median(w / d for w, d in zip(t["winograd"], t["direct"]))
+            ro = statistics.median(w / o for w, o in zip(t["winograd"], t["ort"]))
+            best = {k: min(v) for k, v in t.items()}
+            print(
+                f"| {name} | {threads} | {best['direct']:.3f} | {best['winograd']:.3f} | "
+                f"{best['ort']:.3f} | {rd:.2f} | {ro:.2f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

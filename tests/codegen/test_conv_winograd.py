@@ -1,0 +1,236 @@
+"""The Winograd conv (runtime/native/winograd.c through backends/llvm/conv_winograd.py):
+random shapes against the reference kernel (odd sizes, padding 0 and 1, channels that are
+no multiple of the vector width, batches, every epilogue, 1 to 3 threads, each vector
+path), the filter transform, the choice by shape and its record in ``explain()``, and the
+convs it must not take."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import geode
+from geode.codegen.backends.llvm.conv import conv_kernel
+from geode.codegen.backends.llvm.conv_spec import WINOGRAD_MIN_CHANNELS, ConvSpec
+from geode.codegen.winograd_weights import transform_filters
+from geode.compiler.ops.nn import conv_nd
+from geode.runtime import native
+
+TOL = 3e-5
+
+
+def spec_of(c: int, m: int, pad: int, bias: bool, residual: bool, relu: bool, **kw) -> ConvSpec:
+    """A float32 3x3 conv's spec (``kw``: fields to change)."""
+    base = ConvSpec(
+        dtype="float32",
+        spatial=2,
+        channels=c,
+        out_channels=m,
+        group=1,
+        kernel=(3, 3),
+        strides=(1, 1),
+        dilations=(1, 1),
+        pads=(pad,) * 4,
+        auto_pad="NOTSET",
+        bias=bias,
+        residual=residual,
+        activation="relu" if relu else "",
+        choice="winograd",
+    )
+    return dataclasses.replace(base, **kw)
+
+
+def run_case(n, c, m, h, w, pad, bias, residual, relu, seed, threads=(1, 2, 3)) -> None:
+    """The Winograd kernel of the case on every thread count: the reference's result,
+    the same bits on each."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    attrs = {"pads": [pad] * 4}
+    want = conv_nd(x, wt, b, attrs)
+    z = rng.standard_normal(want.shape).astype(np.float32) if residual else None
+    if z is not None:
+        want = want + z
+    if relu:
+        want = np.maximum(want, 0)
+    spec = spec_of(c, m, pad, bias, residual, relu)
+    assert spec.method == "winograd"
+    k = conv_kernel(spec)
+    u = transform_filters(wt)
+    first = None
+    for t in threads:
+        y = np.full(want.shape, np.nan, np.float32)
+        k(*[a for a in (x, u, b, z, y) if a is not None], threads=t)
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(y, want, rtol=TOL, atol=TOL * scale)
+        if first is None:
+            first = y
+        else:
+            np.testing.assert_array_equal(y, first)  # the same bits on any thread count
+
+
+@st.composite
+def cases(draw):
+    """A random Winograd conv: odd sizes (partial tiles), padding 0 or 1, channels off the
+    vector width, batch 1 to 3, each epilogue."""
+    pad = draw(st.integers(0, 1))
+    return {
+        "n": draw(st.integers(1, 3)),
+        "c": draw(st.integers(1, 20)),
+        "m": draw(st.integers(1, 19)),
+        "h": draw(st.integers(3 - 2 * pad, 13)),
+        "w": draw(st.integers(3 - 2 * pad, 60)),
+        "pad": pad,
+        "bias": draw(st.booleans()),
+        "residual": draw(st.booleans()),
+        "relu": draw(st.booleans()),
+        "seed": draw(st.integers(0, 1000)),
+    }
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_winograd_matches_the_reference_over_random_shapes(case) -> None:
+    """Random shapes and epilogues on 1, 2 and 3 threads."""
+    run_case(**case)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 32, 32, 17, 33, 1),  # 17 tiles a row: a vector of 8 and a partial one
+        (1, 64, 64, 16, 16, 1),  # the small cnn's 64-channel conv
+        (1, 3, 9, 50, 50, 0),  # 24 tiles a row: one item of three vectors, then its tail
+        (3, 17, 13, 7, 130, 1),  # 65 tiles a row: three items a row, one lane in the last
+    ],
+)
+def test_winograd_on_resnet_shapes(shape) -> None:
+    """Rows of several items, every epilogue."""
+    n, c, m, h, w, pad = shape
+    run_case(n, c, m, h, w, pad, True, True, True, seed=1)
+    run_case(n, c, m, h, w, pad, False, False, False, seed=2, threads=(2,))
+
+
+@pytest.mark.parametrize("isa", [0, 1, 2])
+def test_each_vector_path(isa) -> None:
+    """The plain C, AVX2 and AVX-512VL paths (those this CPU runs) give the reference's
+    result."""
+    try:
+        old = native._ext._set_winograd_isa(isa)
+    except ValueError:
+        pytest.skip(f"this CPU cannot run path {isa}")
+    try:
+        assert native.pool_info()["winograd_isa"] == isa
+        run_case(2, 19, 21, 11, 37, 1, True, True, True, seed=3)
+    finally:
+        native._ext._set_winograd_isa(old)
+
+
+def test_relu_keeps_nan_and_transform_is_exact() -> None:
+    """NaN in the input reaches the output through the fused Relu; the filter transform
+    is G g G^T."""
+    g = np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3)
+    big = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+    np.testing.assert_allclose(transform_filters(g)[:, 0, 0], (big @ g[0, 0] @ big.T).ravel())
+    k = conv_kernel(spec_of(2, 3, 1, False, False, True))
+    x = np.ones((1, 2, 6, 6), np.float32)
+    x[0, 0, 2, 2] = np.nan
+    y = np.zeros((1, 3, 6, 6), np.float32)
+    k(x, transform_filters(np.ones((3, 2, 3, 3), np.float32)), y)
+    want = np.maximum(conv_nd(x, np.ones((3, 2, 3, 3), np.float32), None, {"pads": [1] * 4}), 0)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    assert np.isnan(y).any()
+
+
+def test_the_raw_weight_is_refused() -> None:
+    """The entry takes the transform (16, M, C), not the weight: a clear argument error."""
+    k = conv_kernel(spec_of(4, 5, 1, False, False, False))
+    x = np.zeros((1, 4, 6, 6), np.float32)
+    with pytest.raises(ValueError, match="argument U"):
+        k(x, np.zeros((5, 4, 3, 3), np.float32), np.zeros((1, 5, 6, 6), np.float32))
+
+
+def test_which_convs_take_winograd() -> None:
+    """By shape under ``auto``; never for stride 2, dilation, groups, other windows,
+    float64, a fused MaxPool or ``choice="direct"``; each with its reason."""
+    big = WINOGRAD_MIN_CHANNELS
+    spec = spec_of(big, big, 1, True, True, True, choice="auto")
+    assert spec.method == "winograd" and "measured faster" in spec.reason
+    small = spec_of(big - 1, big, 1, True, False, True, choice="auto")
+    assert small.method == "direct" and "not Winograd" in small.reason
+    assert spec_of(3, 3, 1, True, False, False).method == "winograd"  # forced
+    blocked = {
+        "strides": dict(strides=(2, 2)),
+        "dilations": dict(dilations=(2, 2)),
+        "group": dict(group=2),
+        "window": dict(kernel=(5, 5)),
+        "float64": dict(dtype="float64"),
+        "MaxPool": dict(pool=(2, 2, 2, 2, 0, 0, 0, 0)),
+        "constant": dict(constant_weight=False),
+    }
+    for word, change in blocked.items():
+        s = spec_of(big, big, 1, True, False, True, **change)
+        assert s.method != "winograd" and word in s.reason, (word, s.reason)
+    assert spec_of(big, big, 1, True, True, True, choice="direct").method == "direct"
+
+
+def cnn_block(c: int, m: int, stride: int) -> onnx.ModelProto:
+    """Conv (3x3, pads 1) + BatchNormalization + residual Add + Relu, as in the cnn."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((m, c, 3, 3)) * 0.1).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.random(m).astype(np.float32) + 0.5, "scale"),
+        numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "bias"),
+        numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "mean"),
+        numpy_helper.from_array(rng.random(m).astype(np.float32) + 0.5, "var"),
+    ]
+    out = 12 // stride
+    nodes = [
+        helper.make_node("Conv", ["X", "W"], ["c"], pads=[1] * 4, strides=[stride] * 2),
+        helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["bn"]),
+        helper.make_node("Add", ["bn", "Z"], ["a"]),
+        helper.make_node("Relu", ["a"], ["Y"]),
+    ]
+    ins = [
+        helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, c, 12, 12]),
+        helper.make_tensor_value_info("Z", TensorProto.FLOAT, [2, m, out, out]),
+    ]
+    outs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, m, out, out])]
+    graph = helper.make_graph(nodes, "block", ins, outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_cnn_conv_picks_winograd_and_explain_says_so(stride, tmp_path) -> None:
+    """The cnn's 32->32 conv with its folded BN, residual and Relu runs Winograd (its
+    result the reference's, also from a saved model file); stride 2 keeps the direct
+    kernel; explain() says which and why."""
+    model = cnn_block(32, 32, stride)
+    m = geode.compile(model)
+    text = m.explain()
+    rng = np.random.default_rng(1)
+    out = 12 // stride
+    feeds = {
+        "X": rng.standard_normal((2, 32, 12, 12)).astype(np.float32),
+        "Z": rng.standard_normal((2, 32, out, out)).astype(np.float32),
+    }
+    ref = geode.compile(model, codegen=False)
+    want = ref(**feeds)["Y"]
+    got = m(**feeds)["Y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if stride == 1:
+        assert "Winograd F(2x2,3x3) kernel + residual add + relu" in text
+        assert "measured faster" in text
+        path = tmp_path / "block.geode"
+        m.save(path)
+        np.testing.assert_array_equal(geode.load(path)(**feeds)["Y"], got)
+    else:
+        assert "direct register-blocked kernel" in text
+        assert "not Winograd: strides (2, 2)" in text
