@@ -66,9 +66,7 @@ def systems(model: onnx.ModelProto, threads: int) -> dict:
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(
-        model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
-    )
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     direct = geode.compile(model, conv_method="direct", num_threads=threads)
     wino = geode.compile(model, conv_method="winograd", num_threads=threads)
     return {

@@ -2,13 +2,14 @@
 
 A conv that runs the Winograd kernel (``ConvSpec.method == "winograd"``,
 ``runtime/native/winograd.c``) takes, instead of its weight ``g`` (float32
-``M x C x 3 x 3``), the weight's F(2x2, 3x3) transform ``U = G g G^T``: 16 matrices
-``M x C`` (one per position of the 4x4 transformed tile), shape ``(16, M, C)``. It is
-computed once, here, when the model is compiled or loaded (in float64, then rounded to
-float32), and the step reads it as a constant of its own (:class:`WinogradWeight`, named
-``<W>#winograd``) that the plan registers in the session's VarManager like any other
-weight. A model file keeps the original weight and transforms it again when loaded (its
-units name the input ``{"winograd": <W's name>}``).
+``M x C x 3 x 3``), the weight's F(t x t, 3x3) transform ``U = G g G^T`` (``t`` the
+output tile's side, 2 or 4): ``(t + 2)^2`` matrices ``M x C``, one per position of the
+transformed tile, shape ``((t + 2)^2, M, C)``. It is computed once, here, when the model
+is compiled or loaded (in float64, then rounded to float32), and the step reads it as a
+constant of its own (:class:`WinogradWeight`, named ``<W>#winograd<t>``) that the plan
+registers in the session's VarManager like any other weight. A model file keeps the
+original weight and transforms it again when loaded (its units name the input
+``{"winograd": <W's name>, "tile": <t>}``).
 """
 
 from __future__ import annotations
@@ -20,44 +21,68 @@ from geode.errors import CodegenError
 
 __all__ = ["WINOGRAD_SUFFIX", "WinogradWeight", "transform_filters", "winograd_value"]
 
-#: the transformed copy's name: its weight's name then this
+#: the transformed copy's name: its weight's name then this and the tile side
 WINOGRAD_SUFFIX = "#winograd"
 
-#: F(2x2, 3x3)'s filter transform G (4 x 3)
-G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+#: the filter transforms G by tile side: F(2x2, 3x3) (4 x 3, points 0, 1, -1) and
+#: F(4x4, 3x3) (6 x 3, points 0, 1, -1, 2, -2)
+G = {
+    2: np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]]),
+    4: np.array(
+        [
+            [1 / 4, 0.0, 0.0],
+            [-1 / 6, -1 / 6, -1 / 6],
+            [-1 / 6, 1 / 6, -1 / 6],
+            [1 / 24, 1 / 12, 1 / 6],
+            [1 / 24, -1 / 12, 1 / 6],
+            [0.0, 0.0, 1.0],
+        ]
+    ),
+}
 
 
-def transform_filters(w: np.ndarray) -> np.ndarray:
-    """``U = G g G^T`` of every filter of ``w`` (``M x C x 3 x 3``), as float32 of shape
-    ``(16, M, C)``: ``U[4 i + j, m, c] = (G w[m, c] G^T)[i, j]``."""
+def transform_filters(w: np.ndarray, tile: int = 2) -> np.ndarray:
+    """``U = G g G^T`` of every filter of ``w`` (``M x C x 3 x 3``) for tile side
+    ``tile`` (2 or 4), as float32 of shape ``(P, M, C)``, ``P = (tile + 2)^2``:
+    ``U[(tile + 2) i + j, m, c] = (G w[m, c] G^T)[i, j]``."""
+    g = G[tile]
     m, c = w.shape[:2]
-    u = np.einsum("ik,mckl,jl->ijmc", G, np.asarray(w, dtype=np.float64), G)
-    return np.ascontiguousarray(u.reshape(16, m, c).astype(np.float32))
+    u = np.einsum("ik,mckl,jl->ijmc", g, np.asarray(w, dtype=np.float64), g)
+    return np.ascontiguousarray(u.reshape(-1, m, c).astype(np.float32))
 
 
 class WinogradWeight(Value):
-    """A conv's constant weight ``source`` in its Winograd transform: a derived constant
-    of shape ``(16, M, C)``, not a node's value in the graph (only a step reads it)."""
+    """A conv's constant weight ``source`` in its Winograd transform for tile side
+    ``tile``: a derived constant of shape ``((tile + 2)^2, M, C)``, not a node's value in
+    the graph (only a step reads it)."""
 
-    def __init__(self, source: Value, data: np.ndarray):
+    def __init__(self, source: Value, data: np.ndarray, tile: int):
         desc = TensorDesc(np.float32, tuple(int(d) for d in data.shape))
-        super().__init__(source.graph, source.name + WINOGRAD_SUFFIX, desc, ValueKind.CONSTANT)
+        name = f"{source.name}{WINOGRAD_SUFFIX}{tile}"
+        super().__init__(source.graph, name, desc, ValueKind.CONSTANT)
         self.data = data
         self.source = source
+        self.tile = tile
 
 
-#: the attribute of a weight's Value holding its transform (one per weight)
-_WINOGRAD_ATTR = "_geode_winograd_copy"
+#: the attribute of a weight's Value holding its transforms (one per weight and tile)
+_WINOGRAD_ATTR = "_geode_winograd_copies"
 
 
-def winograd_value(w: Value) -> WinogradWeight:
+def winograd_value(w: Value, tile: int) -> WinogradWeight:
     """``w`` (a float32 constant ``M x C x 3 x 3``, its data in the graph or in an
-    external file) transformed: its :class:`WinogradWeight`, made on the first call and
-    the same object on the next. Raises :class:`~geode.errors.CodegenError` when ``w``
-    has no such data."""
+    external file) transformed for tile side ``tile`` (2 or 4): its
+    :class:`WinogradWeight`, made on the first call and the same object on the next.
+    Raises :class:`~geode.errors.CodegenError` when ``w`` has no such data or ``tile``
+    is not 2 or 4."""
+    if tile not in G:
+        raise CodegenError(f"weight {w.name!r}: no Winograd transform for tile {tile}")
     done = getattr(w, _WINOGRAD_ATTR, None)
-    if done is not None:
-        return done
+    if done is None:
+        done = {}
+        setattr(w, _WINOGRAD_ATTR, done)
+    if tile in done:
+        return done[tile]
     loader = getattr(w, "external_loader", None)
     data = w.data if w.data is not None or loader is None else loader()
     arr = None if data is None else np.asarray(data)
@@ -66,6 +91,5 @@ def winograd_value(w: Value) -> WinogradWeight:
             f"weight {w.name!r} cannot take the Winograd transform: not a constant float32 "
             "M x C x 3 x 3 array"
         )
-    out = WinogradWeight(w, transform_filters(arr))
-    setattr(w, _WINOGRAD_ATTR, out)
+    out = done[tile] = WinogradWeight(w, transform_filters(arr, tile), tile)
     return out

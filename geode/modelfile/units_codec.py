@@ -101,7 +101,7 @@ def _encode_input(v: Value | None) -> str | dict[str, str] | None:
     if isinstance(v, PackedWeight):
         return {"packed": v.source.name}
     if isinstance(v, WinogradWeight):
-        return {"winograd": v.source.name}
+        return {"winograd": v.source.name, "tile": str(v.tile)}
     return v.name
 
 
@@ -112,7 +112,9 @@ def _decode_input(d: Any, g: Graph, c: Container) -> Value | None:
         form = "winograd" if "winograd" in d else "packed"
         source = g.values[str(d[form])]
         try:
-            return winograd_value(source) if form == "winograd" else packed_value(source)
+            if form == "winograd":
+                return winograd_value(source, int(d.get("tile", 2)))
+            return packed_value(source)
         except CodegenError as exc:
             raise ModelFileError(f"model file {c.path!r}: {exc}") from None
     return g.values[d]

@@ -194,3 +194,14 @@ def test_packed_gemm_bench_ways_agree() -> None:
     finally:
         native.set_num_threads(saved)
     assert set(times) == {"numpy", "gemm", "packed", "ort"} and min(times.values()) > 0
+
+
+def test_winograd_bench_runs_a_case(monkeypatch, capsys) -> None:
+    """``bench/winograd.py``: one small case at one thread count, its three systems
+    checked against each other, a row of the table."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parents[1]))
+    from bench import winograd
+
+    winograd.main(["--only", "rule 8->8 1x16", "--threads", "1", "--rounds", "1", "--calls", "1"])
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| rule 8->8")]
+    assert len(rows) == 1 and rows[0].count("|") == 8, rows

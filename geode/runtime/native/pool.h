@@ -64,13 +64,13 @@ int geode_sgemm_packed_best_isa(void); /* the best path this CPU runs */
 int geode_sgemm_packed_set_isa(int isa); /* test hook (see sgemm_packed.c) */
 uint64_t geode_sgemm_packed_calls(void);
 
-/* winograd.c: Y = act(conv3x3(X, W) + bias + Z) by Winograd F(2x2, 3x3), W given as its
-   transform U ([16][m][c]); returns 1 when out of memory (see winograd.c). */
+/* winograd.c: Y = act(conv3x3(X, W) + bias + Z) by Winograd F(tile x tile, 3x3), W given
+   as its transform U ([(tile + 2)^2][m][c]); returns 1 when out of memory (winograd.c). */
 GEODE_EXPORT int32_t geode_conv_winograd(const float *x, const float *u, const float *bias,
                                          const float *z, float *y, int64_t n, int64_t c,
                                          int64_t m, int64_t h, int64_t w, int64_t oh,
                                          int64_t ow, int64_t pt, int64_t pl, int64_t relu,
-                                         int64_t threads);
+                                         int64_t tile, int64_t threads);
 int geode_winograd_isa(void);        /* the path in use: 0 plain C, 1 AVX2, 2 AVX-512VL */
 int geode_winograd_set_isa(int isa); /* test hook (see winograd.c) */
 

@@ -36,8 +36,8 @@
 #define WR 8
 #define WMAXNV 3
 #define WMAXTB (WMAXNV * 8)
-/* floats per row of an item's bordered input copy (2 * WMAXTB + 2, rounded up) */
-#define WROW 56
+/* floats per row of an item's bordered input copy (F(4x4): 4 * WMAXTB + 4, rounded up) */
+#define WROW 104
 /* the scratch slot (geode_scratch) the kernel uses */
 #define WSLOT 2
 
@@ -77,6 +77,7 @@ typedef struct {
     const float *x, *u, *bias, *z;
     float *y;
     int64_t n, c, m, h, w, oh, ow, pt, pl, relu;
+    int64_t tile; /* outputs per tile side: 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3)) */
     int64_t tw, vr, cr; /* tiles per row, their vectors, chunks per row */
     int64_t items;
     int isa;
@@ -94,14 +95,14 @@ static const float g_zero_row[WROW];
    [co, co + r) of item `it` touch. */
 static void prefetch_outputs(const wino_t *g, const item_t *it, int64_t co, int r)
 {
-    const int64_t ox = 2 * it->tx0;
+    const int64_t t = g->tile, ox = t * it->tx0;
     if (ox >= g->ow)
         return;
-    const int64_t cols = g->ow - ox < 16 * it->nv ? g->ow - ox : 16 * it->nv;
+    const int64_t cols = g->ow - ox < 8 * t * it->nv ? g->ow - ox : 8 * t * it->nv;
     for (int q = 0; q < r; q++) {
         const int64_t plane = (it->n * g->m + co + q) * g->oh * g->ow;
-        for (int64_t i = 0; i < 2 && 2 * it->ty + i < g->oh; i++) {
-            const int64_t at = plane + (2 * it->ty + i) * g->ow + ox;
+        for (int64_t i = 0; i < t && t * it->ty + i < g->oh; i++) {
+            const int64_t at = plane + (t * it->ty + i) * g->ow + ox;
             for (int64_t j = 0; j < cols + 15; j += 16) {
                 const int64_t e = j < cols ? j : cols - 1;
                 __builtin_prefetch(g->y + at + e, 1, 3);
@@ -116,15 +117,16 @@ static void prefetch_outputs(const wino_t *g, const item_t *it, int64_t co, int 
 static void prefetch_inputs(const wino_t *g, const item_t *it, int64_t part, int64_t parts)
 {
     const int64_t c0 = g->c * part / parts, c1 = g->c * (part + 1) / parts;
-    int64_t col0 = 2 * it->tx0 - g->pl, col1 = col0 + 16 * it->nv + 2;
+    const int64_t t = g->tile;
+    int64_t col0 = t * it->tx0 - g->pl, col1 = col0 + 8 * t * it->nv + 2;
     col0 = col0 < 0 ? 0 : col0;
     col1 = col1 > g->w ? g->w : col1;
     if (col1 <= col0)
         return;
     for (int64_t ch = c0; ch < c1; ch++) {
         const float *plane = g->x + (it->n * g->c + ch) * g->h * g->w;
-        for (int i = 0; i < 4; i++) {
-            const int64_t iy = 2 * it->ty - g->pt + i;
+        for (int64_t i = 0; i < t + 2; i++) {
+            const int64_t iy = t * it->ty - g->pt + i;
             if (iy < 0 || iy >= g->h)
                 continue;
             for (int64_t q = col0; q < col1 + 15; q += 16)
@@ -200,7 +202,7 @@ int geode_winograd_set_isa(int isa)
 static void item_of(const wino_t *g, int64_t k, item_t *it)
 {
     const int64_t chunk = k % g->cr, row = k / g->cr;
-    const int64_t th = (g->oh + 1) / 2;
+    const int64_t th = (g->oh + g->tile - 1) / g->tile;
     it->n = row / th;
     it->ty = row % th;
     const int64_t v0 = g->vr * chunk / g->cr, v1 = g->vr * (chunk + 1) / g->cr;
@@ -208,9 +210,10 @@ static void item_of(const wino_t *g, int64_t k, item_t *it)
     it->nv = v1 - v0;
 }
 
-static int64_t scratch_floats(int64_t c)
+static int64_t scratch_floats(int64_t c, int64_t tile)
 {
-    return 16 * c * WMAXTB + 16 * WR * WMAXTB + 4 * WROW;
+    const int64_t side = tile + 2;
+    return side * side * (c + WR) * WMAXTB + side * WROW;
 }
 
 typedef struct {
@@ -223,7 +226,7 @@ static void run_range(const wino_t *g, int64_t k0, int64_t k1, atomic_int *faile
 {
     if (k1 <= k0)
         return;
-    float *scratch = geode_scratch(WSLOT, scratch_floats(g->c) * (int64_t)sizeof(float));
+    float *scratch = geode_scratch(WSLOT, scratch_floats(g->c, g->tile) * (int64_t)sizeof(float));
     if (scratch == NULL) {
         atomic_store(failed, 1);
         return;
@@ -235,12 +238,15 @@ static void run_range(const wino_t *g, int64_t k0, int64_t k1, atomic_int *faile
         if (more)
             item_of(g, k + 1, &next);
         const item_t *after = more ? &next : NULL;
-        if (it.nv > 0 && g->isa == W_AVX512)
-            run_item_avx512(g, &it, after, scratch);
-        else if (it.nv > 0 && g->isa == W_AVX2)
-            run_item_avx2(g, &it, after, scratch);
-        else if (it.nv > 0)
-            run_item_plain(g, &it, after, scratch);
+        const int f4 = g->tile == 4;
+        if (it.nv <= 0)
+            ;
+        else if (g->isa == W_AVX512)
+            (f4 ? run_item4_avx512 : run_item_avx512)(g, &it, after, scratch);
+        else if (g->isa == W_AVX2)
+            (f4 ? run_item4_avx2 : run_item_avx2)(g, &it, after, scratch);
+        else
+            (f4 ? run_item4_plain : run_item_plain)(g, &it, after, scratch);
         it = next;
     }
 }
@@ -254,23 +260,26 @@ static void chunk_fn(void *ctx, int64_t chunk, int64_t nchunks)
 
 #define CHUNKS_PER_THREAD 4
 
-/* Y[n][m][oh][ow] = act(conv(X, W) + bias + Z) with W given as U ([16][m][c], see the top
-   of the file); bias and z may be NULL; pt, pl: the top and left pads (the bottom and
-   right ones follow from oh and ow); threads <= 0: the pool's size. Returns 0, or 1 when
-   a thread's scratch buffer could not be allocated. */
+/* Y[n][m][oh][ow] = act(conv(X, W) + bias + Z) with W given as U ([P][m][c], see the top
+   of the file; P = 16 for tile 2, F(2x2, 3x3), 36 for tile 4, F(4x4, 3x3)); bias and z
+   may be NULL; pt, pl: the top and left pads (the bottom and right ones follow from oh
+   and ow); threads <= 0: the pool's size. Returns 0, 1 when a thread's scratch buffer
+   could not be allocated, 2 for a tile other than 2 or 4. */
 GEODE_EXPORT int32_t geode_conv_winograd(const float *x, const float *u, const float *bias,
                                          const float *z, float *y, int64_t n, int64_t c,
                                          int64_t m, int64_t h, int64_t w, int64_t oh,
                                          int64_t ow, int64_t pt, int64_t pl, int64_t relu,
-                                         int64_t threads)
+                                         int64_t tile, int64_t threads)
 {
     if (n <= 0 || m <= 0 || oh <= 0 || ow <= 0)
         return 0;
-    wino_t g = {x, u, bias, z, y, n, c, m, h, w, oh, ow, pt, pl, relu};
-    g.tw = (ow + 1) / 2;
+    if (tile != 2 && tile != 4)
+        return 2;
+    wino_t g = {x, u, bias, z, y, n, c, m, h, w, oh, ow, pt, pl, relu, tile};
+    g.tw = (ow + tile - 1) / tile;
     g.vr = (g.tw + 7) / 8;
     g.cr = (g.vr + WMAXNV - 1) / WMAXNV;
-    g.items = n * ((oh + 1) / 2) * g.cr;
+    g.items = n * ((oh + tile - 1) / tile) * g.cr;
     g.isa = geode_winograd_isa();
     job_t job = {&g, 0, 0};
     const int64_t t = threads > 0 ? threads : geode_num_threads();

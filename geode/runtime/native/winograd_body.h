@@ -205,6 +205,180 @@ static void WF(run_item)(const wino_t *g, const item_t *it, const item_t *next,
     }
 }
 
+/* ---------------------------------------------------------------- F(4x4, 3x3) */
+
+/* out = B^T d for one column of 6 (B^T of F(4x4, 3x3), points 0, 1, -1, 2, -2). */
+static inline __attribute__((always_inline)) void WF(bt6)(const v8 *d, int sd, v8 *out,
+                                                         int so)
+{
+    const v8 four = vsplat(4.0f), five = vsplat(5.0f), two = vsplat(2.0f);
+    const v8 a = d[4 * sd] - four * d[2 * sd], b = d[3 * sd] - four * d[sd];
+    const v8 e = d[4 * sd] - d[2 * sd], f = two * (d[3 * sd] - d[sd]);
+    out[0] = four * d[0] - five * d[2 * sd] + d[4 * sd];
+    out[so] = a + b;
+    out[2 * so] = a - b;
+    out[3 * so] = e + f;
+    out[4 * so] = e - f;
+    out[5 * so] = four * d[sd] - five * d[3 * sd] + d[5 * sd];
+}
+
+/* Lanes t of columns j..j+1 of a row: p[4 t + j] for 8 tiles, from 32 floats (j: 0, 1
+   give columns 0..3 as c[0..3]; from p + 4, columns 4 and 5). */
+static inline __attribute__((always_inline)) void WF(cols4)(const float *p, v8 *c)
+{
+    const v8 a0 = vload(p), a1 = vload(p + 8), a2 = vload(p + 16), a3 = vload(p + 24);
+    const v8i s02 = {0, 4, 8, 12, 2, 6, 10, 14}, s13 = {1, 5, 9, 13, 3, 7, 11, 15};
+    const v8i lo = {0, 1, 2, 3, 8, 9, 10, 11}, hi = {4, 5, 6, 7, 12, 13, 14, 15};
+    const v8 p02 = __builtin_shuffle(a0, a1, s02), q02 = __builtin_shuffle(a2, a3, s02);
+    const v8 p13 = __builtin_shuffle(a0, a1, s13), q13 = __builtin_shuffle(a2, a3, s13);
+    c[0] = __builtin_shuffle(p02, q02, lo);
+    c[2] = __builtin_shuffle(p02, q02, hi);
+    c[1] = __builtin_shuffle(p13, q13, lo);
+    c[3] = __builtin_shuffle(p13, q13, hi);
+}
+
+/* V = B^T d B for every input channel of one item into v ([36][c][tb]). */
+static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, float *rowbuf)
+{
+    const int64_t tb = it->nv * 8, span = 4 * tb + 4;
+    const int64_t col0 = 4 * it->tx0 - g->pl;
+    const int64_t xs = g->c * tb; /* one position's matrix */
+    for (int64_t ch = 0; ch < g->c; ch++) {
+        const float *plane = g->x + (it->n * g->c + ch) * g->h * g->w;
+        const float *rows[6];
+        for (int i = 0; i < 6; i++) {
+            const int64_t iy = 4 * it->ty - g->pt + i;
+            if (iy < 0 || iy >= g->h) {
+                rows[i] = g_zero_row;
+            } else if (col0 >= 0 && col0 + span <= g->w) {
+                rows[i] = plane + iy * g->w + col0;
+            } else {
+                float *dst = rowbuf + i * WROW;
+                const float *src = plane + iy * g->w;
+                for (int64_t q = 0; q < span; q++) {
+                    const int64_t col = col0 + q;
+                    dst[q] = col >= 0 && col < g->w ? src[col] : 0.0f;
+                }
+                rows[i] = dst;
+            }
+        }
+        for (int64_t j = 0; j < it->nv; j++) {
+            v8 d[6][6], t[6][6];
+            for (int i = 0; i < 6; i++) {
+                v8 hi4[4];
+                WF(cols4)(rows[i] + 32 * j, d[i]);
+                WF(cols4)(rows[i] + 32 * j + 4, hi4);
+                d[i][4] = hi4[0];
+                d[i][5] = hi4[1];
+            }
+            for (int q = 0; q < 6; q++)
+                WF(bt6)(&d[0][q], 6, &t[0][q], 6); /* down each column */
+            float *out = v + ch * tb + 8 * j;
+            for (int i = 0; i < 6; i++) {
+                v8 r[6];
+                WF(bt6)(t[i], 1, r, 1); /* along each row */
+                for (int q = 0; q < 6; q++)
+                    vstore(out + (6 * i + q) * xs, r[q]);
+            }
+        }
+    }
+}
+
+/* out[0..3] = A^T m for one column of 6. */
+static inline __attribute__((always_inline)) void WF(at6)(const v8 *m, int sm, v8 *out,
+                                                         int so)
+{
+    const v8 two = vsplat(2.0f), four = vsplat(4.0f), eight = vsplat(8.0f);
+    const v8 s12 = m[sm] + m[2 * sm], d12 = m[sm] - m[2 * sm];
+    const v8 s34 = m[3 * sm] + m[4 * sm], d34 = m[3 * sm] - m[4 * sm];
+    out[0] = m[0] + s12 + s34;
+    out[so] = d12 + two * d34;
+    out[2 * so] = s12 + four * s34;
+    out[3 * so] = d12 + eight * d34 + m[5 * sm];
+}
+
+/* Y = A^T m A for output channel co (m: mb[xi][r][tb], 36 positions), then bias,
+   residual, Relu. */
+static void WF(output_transform4)(const wino_t *g, const item_t *it, const float *mb, int r,
+                                  int64_t co)
+{
+    const int64_t tb = it->nv * 8;
+    const v8 bias = vsplat(g->bias != NULL ? g->bias[co] : 0.0f);
+    const int64_t plane = (it->n * g->m + co) * g->oh * g->ow;
+    for (int64_t j = 0; j < it->nv; j++) {
+        const int64_t ox = 4 * (it->tx0 + 8 * j);
+        if (ox >= g->ow)
+            break;
+        v8 m[36], a[4][6];
+        for (int xi = 0; xi < 36; xi++)
+            m[xi] = vload(mb + (xi * WR + r) * tb + 8 * j);
+        for (int q = 0; q < 6; q++)
+            WF(at6)(&m[q], 6, &a[0][q], 6);
+        const int64_t count = g->ow - ox < 32 ? g->ow - ox : 32;
+        for (int i = 0; i < 4; i++) {
+            const int64_t oy = 4 * it->ty + i;
+            if (oy >= g->oh)
+                break;
+            v8 y[4];
+            WF(at6)(a[i], 1, y, 1);
+            for (int q = 0; q < 4; q++)
+                y[q] += bias;
+            const v8 e = __builtin_shuffle(y[0], y[2], ZIP_LO);
+            const v8 f = __builtin_shuffle(y[1], y[3], ZIP_LO);
+            const v8 e2 = __builtin_shuffle(y[0], y[2], ZIP_HI);
+            const v8 f2 = __builtin_shuffle(y[1], y[3], ZIP_HI);
+            v8 o[4] = {__builtin_shuffle(e, f, ZIP_LO), __builtin_shuffle(e, f, ZIP_HI),
+                       __builtin_shuffle(e2, f2, ZIP_LO), __builtin_shuffle(e2, f2, ZIP_HI)};
+            float *dst = g->y + plane + oy * g->ow + ox;
+            const float *zs = g->z != NULL ? g->z + plane + oy * g->ow + ox : NULL;
+            if (count == 32) {
+                for (int q = 0; q < 4; q++) {
+                    if (zs != NULL)
+                        o[q] += vload(zs + 8 * q);
+                    if (g->relu)
+                        o[q] = vrelu(o[q]);
+                    vstore(dst + 8 * q, o[q]);
+                }
+            } else {
+                float tmp[32];
+                for (int q = 0; q < 4; q++)
+                    vstore(tmp + 8 * q, o[q]);
+                for (int64_t q = 0; q < count; q++) {
+                    float val = tmp[q];
+                    if (zs != NULL)
+                        val += zs[q];
+                    if (g->relu && val < 0.0f)
+                        val = 0.0f;
+                    dst[q] = val;
+                }
+            }
+        }
+    }
+}
+
+/* One F(4x4, 3x3) item (see run_item). */
+static void WF(run_item4)(const wino_t *g, const item_t *it, const item_t *next,
+                          float *scratch)
+{
+    float *v = scratch;
+    float *mb = v + 36 * g->c * WMAXTB;
+    float *rowbuf = mb + 36 * WR * WMAXTB;
+    const int64_t tb = it->nv * 8;
+    const int64_t groups = (g->m + WRI - 1) / WRI;
+    WF(input_transform4)(g, it, v, rowbuf);
+    for (int64_t co = 0; co < g->m; co += WRI) {
+        const int r = g->m - co < WRI ? (int)(g->m - co) : WRI;
+        prefetch_outputs(g, it, co, r);
+        if (next != NULL)
+            prefetch_inputs(g, next, co / WRI, groups);
+        const gemm_fn fn = WF(g_gemms)[it->nv][r];
+        for (int xi = 0; xi < 36; xi++)
+            fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * g->c * tb, tb, mb + xi * WR * tb);
+        for (int q = 0; q < r; q++)
+            WF(output_transform4)(g, it, mb, q, co + q);
+    }
+}
+
 #undef WF
 #undef WCAT
 #undef WCAT2

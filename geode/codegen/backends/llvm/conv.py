@@ -18,8 +18,8 @@ are computed from them). :func:`conv_kernel` compiles one entry per spec
   rest, or any non-depthwise conv with ``choice="im2col"``, :mod:`~.conv_gemm`) or
   ``depthwise`` (one input channel per group, :mod:`~.conv_depthwise`: a direct loop
   nest, no GEMM) or ``winograd`` (float32 3x3 stride-1 convs by shape or by
-  ``choice="winograd"``, :mod:`~.conv_winograd`: the native runtime's F(2x2, 3x3)
-  kernel; its ``W`` is the weight's transform, ``(16, M, C)``). A 1-D conv is the 2-D
+  ``choice="winograd"``, :mod:`~.conv_winograd`: the native runtime's F(2x2, 3x3) or
+  F(4x4, 3x3) kernel; its ``W`` is the weight's transform, ``(16 or 36, M, C)``). A 1-D conv is the 2-D
   one with ``H = 1``.
 - the epilogue (a FusedConv's residual ``Z`` and Relu) is applied by the direct and
   Winograd kernels to each output tile in registers; after the other bodies, by one pass over Y
@@ -239,9 +239,7 @@ class ConvKernel(LLVMKernel):
                 "depthwise": "padded plane",
                 "direct": "padded band",
                 "winograd": "Winograd transform",
-            }.get(
-                self.spec.method, "im2col column"
-            )
+            }.get(self.spec.method, "im2col column")
             raise ExecutionError(f"kernel {self.name}: out of memory allocating its {what} buffer")
         if i == len(self._args) + 1:
             raise ShapeError(
@@ -297,5 +295,5 @@ def conv_kernel(spec: ConvSpec, cache_dir: CacheDir | None = None) -> ConvKernel
     )
     kernel.spec = spec
     #: its W argument is the weight's Winograd transform (``driver.library_inputs``)
-    kernel.winograd_weight = spec.method == "winograd"
+    kernel.winograd_weight = spec.winograd_tile if spec.method == "winograd" else 0
     return kernel

@@ -10,7 +10,9 @@ from geode.codegen.backends.llvm.irtext import FunctionWriter
 __all__ = [
     "AUTO_PADS",
     "MAX_DIRECT_TAPS",
+    "WINOGRAD_F4_MIN_WIDTH",
     "WINOGRAD_MIN_CHANNELS",
+    "WINOGRAD_TILES",
     "BODY_PARAMS",
     "TYPES",
     "ConvSpec",
@@ -30,6 +32,12 @@ CHOICES = ("auto", "im2col", "direct", "winograd")
 #: ``auto`` takes Winograd for a conv it can run when both its input and its output
 #: channels are at least this many (measured, docs/performance.md "Winograd")
 WINOGRAD_MIN_CHANNELS = 16
+#: Winograd's tile sizes: F(2x2, 3x3) and F(4x4, 3x3)
+WINOGRAD_TILES = (2, 4)
+#: F(4x4, 3x3) from this output width up (or when the width is known only at run time),
+#: F(2x2, 3x3) below: a row of 8 lanes of 4-wide tiles is half empty at width 16
+#: (measured, docs/performance.md "Winograd")
+WINOGRAD_F4_MIN_WIDTH = 24
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,8 @@ class ConvSpec:
     pool: tuple[int, ...] = ()
     #: W is a constant known at compile time (Winograd transforms it then)
     constant_weight: bool = True
+    #: Winograd's output tile side (:data:`WINOGRAD_TILES`)
+    winograd_tile: int = 4
 
     def __post_init__(self) -> None:
         if self.dtype not in TYPES:
@@ -67,6 +77,8 @@ class ConvSpec:
             raise ValueError(
                 f"native conv: C={self.channels}, M={self.out_channels} and group={self.group}"
             )
+        if self.winograd_tile not in WINOGRAD_TILES:
+            raise ValueError(f"native conv: Winograd tile {self.winograd_tile}")
         if self.activation not in ACTIVATIONS or self.choice not in CHOICES:
             raise ValueError(f"native conv: activation {self.activation!r} / {self.choice!r}")
         if self.pool and (
@@ -164,10 +176,11 @@ class ConvSpec:
         """Why the method was chosen, for ``explain()`` ("" for the methods that follow
         from the window alone)."""
         if self.method == "winograd":
+            tile = f"F({self.winograd_tile}x{self.winograd_tile},3x3)"
             if self.choice == "winograd":
-                return "Winograd F(2x2,3x3): forced by conv_method=winograd"
+                return f"Winograd {tile}: forced by conv_method=winograd"
             return (
-                f"Winograd F(2x2,3x3): C={self.channels}, M={self.out_channels} >= "
+                f"Winograd {tile}: C={self.channels}, M={self.out_channels} >= "
                 f"{WINOGRAD_MIN_CHANNELS}, measured faster than the direct kernel "
                 "(docs/performance.md)"
             )

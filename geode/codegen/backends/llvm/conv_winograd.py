@@ -1,12 +1,12 @@
 """The Winograd method of a native conv (:mod:`~.conv`): the body calls the native
-runtime's ``geode_conv_winograd`` (``runtime/native/winograd.c``: F(2x2, 3x3), the
-bias, the residual and Relu applied to each output tile before its one store, items
-over the native pool).
+runtime's ``geode_conv_winograd`` (``runtime/native/winograd.c``: F(2x2, 3x3) or
+F(4x4, 3x3) by ``ConvSpec.winograd_tile``, the bias, the residual and Relu applied to
+each output tile before its one store, items over the native pool).
 
 Its ``W`` argument is not the conv's weight but the weight's Winograd transform
 ``U = G g G^T``, computed once when the model is compiled or loaded
 (:func:`geode.codegen.winograd_weights.winograd_value`): float32 of shape
-``(16, M, C)`` (:data:`U_SHAPE`), checked by the entry like any weight.
+``(P, M, C)`` (:func:`u_shape`), checked by the entry like any weight.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ __all__ = ["WINOGRAD_DECL", "u_shape", "write_body"]
 #: the native runtime's Winograd conv, as JIT code declares it
 WINOGRAD_DECL = (
     "declare i32 @geode_conv_winograd(ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, "
-    "i64, i64, i64, i64, i64, i64) nounwind"
+    "i64, i64, i64, i64, i64, i64, i64) nounwind"
 )
 
 
 def u_shape(spec: ConvSpec) -> tuple[int, int, int]:
-    """The shape of the transformed weight the entry takes as ``W``: ``(16, M, C)``."""
-    return (16, spec.out_channels, spec.channels)
+    """The shape of the transformed weight the entry takes as ``W``: ``(P, M, C)``, ``P``
+    the positions of a transformed tile (16 for F(2x2, 3x3), 36 for F(4x4, 3x3))."""
+    return ((spec.winograd_tile + 2) ** 2, spec.out_channels, spec.channels)
 
 
 def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> None:
@@ -40,7 +41,8 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     geo = body_geometry(fn)
     relu = int(spec.activation == "relu")
     sizes = (geo.n, spec.channels, spec.out_channels, geo.h, geo.wd, geo.oh, geo.ow)
-    ints = ", ".join(f"i64 {v}" for v in (*sizes, geo.pt, geo.pl, relu, geo.threads))
+    tile = spec.winograd_tile
+    ints = ", ".join(f"i64 {v}" for v in (*sizes, geo.pt, geo.pl, relu, tile, geo.threads))
     ptrs = f"ptr {geo.x}, ptr {geo.w}, ptr {geo.b}, ptr %Z, ptr {geo.y}"
     got = fn.value(f"call i32 @geode_conv_winograd({ptrs}, {ints})", "got")
     failed = fn.value(f"icmp ne i32 {got}, 0", "failed")
