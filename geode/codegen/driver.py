@@ -21,9 +21,9 @@ from geode.codegen.indexing import exprs_equal
 from geode.codegen.kernel_key import canonical_kernel, canonical_lowered, kernel_key
 from geode.codegen.lower import LoweredKernel, first_binders, lower_group, unbound_dim
 from geode.codegen.packed_weights import PackChoice, choose_packing, packed_value
-from geode.codegen.winograd_weights import winograd_value
 from geode.codegen.schedule import Schedule
 from geode.codegen.schedule_source import ScheduleChoice, ScheduleSources, apply_choice
+from geode.codegen.winograd_weights import winograd_value
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.profit import describe_work
 from geode.compiler.ir import Graph, Node, Value

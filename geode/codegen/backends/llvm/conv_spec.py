@@ -137,9 +137,9 @@ class ConvSpec:
         unit = self.kernel == (1, 1) and self.strides == (1, 1)
         if unit and (self.auto_pad != "NOTSET" or not any(self.pads)):
             return "pointwise"  # SAME with a 1x1 window at stride 1 pads nothing
-        if not self.winograd_blocker and self.choice in ("auto", "winograd"):
-            if self.choice == "winograd" or self.winograd_pays:
-                return "winograd"
+        wanted = self.choice == "winograd" or (self.choice == "auto" and self.winograd_pays)
+        if wanted and not self.winograd_blocker:
+            return "winograd"
         small = 1 < self.kernel[0] * self.kernel[1] <= MAX_DIRECT_TAPS  # 1x1: GEMM faster
         if self.strides[1] <= 2 and small and self.choice != "im2col":
             return "direct"
