@@ -33,6 +33,10 @@ CASES = {
     "cnn a2 32->32 +res+relu 1x32": (1, 32, 32, 32, True),
     "cnn b2 64->64 +res+relu 1x16": (1, 64, 64, 16, True),
     **{f"rule {c}->{c} 1x{h}": (1, c, c, h, False) for c in (8, 12, 16, 24) for h in (16, 56)},
+    "rule 32->32 1x16": (1, 32, 32, 16, False),
+    "rule 32->32 1x8": (1, 32, 32, 8, False),
+    "rule 64->64 1x8": (1, 64, 64, 8, False),
+    "rule 16->16 1x24": (1, 16, 16, 24, False),
     "rule 128->128 1x28": (1, 128, 128, 28, False),
 }
 
@@ -76,8 +80,11 @@ def systems(model: onnx.ModelProto, threads: int) -> dict:
     }
 
 
-def time_case(case: tuple, threads: int, rounds: int, calls: int) -> dict[str, list[float]]:
-    """Per system, the ms per call of each round (rounds interleaved, order rotated)."""
+def time_case(
+    case: tuple, threads: int, rounds: int, calls: int, clock=time.perf_counter
+) -> dict[str, list[float]]:
+    """Per system, the ms per call of each round (rounds interleaved, order rotated),
+    timed by ``clock``."""
     n, c, m, h, residual = case
     model = conv_model(n, c, m, h, residual)
     rng = np.random.default_rng(1)
@@ -96,10 +103,10 @@ def time_case(case: tuple, threads: int, rounds: int, calls: int) -> dict[str, l
         for name in names[r % 3 :] + names[: r % 3]:
             fn = runs[name]
             fn(feeds)
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(calls):
                 fn(feeds)
-            times[name].append((time.perf_counter() - t0) / calls * 1e3)
+            times[name].append((clock() - t0) / calls * 1e3)
     return times
 
 
@@ -110,7 +117,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--only", default="")
     p.add_argument("--calls", type=int, default=0, help="calls per round (0: by size)")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="one thread's CPU time (time.thread_time) instead of wall time, for --threads 1 "
+        "on a loaded machine: every system then runs on the calling thread",
+    )
     a = p.parse_args(argv)
+    clock = time.thread_time if a.cpu else time.perf_counter
     print("| case | threads | direct ms | winograd ms | ORT ms | wino/direct | wino/ORT |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, case in CASES.items():
@@ -119,7 +133,9 @@ def main(argv: list[str] | None = None) -> None:
         for threads in [int(t) for t in a.threads.split(",")]:
             n, c, m, h, _ = case
             calls = a.calls or max(1, int(2e8 // (n * c * m * h * h * 9)))
-            t = time_case(case, threads, a.rounds, calls)
+            if a.cpu and threads != 1:
+                p.error("--cpu times one thread only (--threads 1)")
+            t = time_case(case, threads, a.rounds, calls, clock)
             rd = statistics.median(w / d for w, d in zip(t["winograd"], t["direct"]))
             ro = statistics.median(w / o for w, o in zip(t["winograd"], t["ort"]))
             best = {k: min(v) for k, v in t.items()}

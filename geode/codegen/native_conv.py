@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from geode.codegen.backends.llvm.conv_spec import WINOGRAD_F4_MIN_WIDTH, ConvSpec
+from geode.codegen.backends.llvm.conv_spec import ConvSpec
 from geode.codegen.driver import LibraryChoice, library_fallback, library_step, object_cache
 from geode.compiler.ir import GEODE_DOMAIN, Graph, Node
 from geode.compiler.ops.nn import FUSED_CONV, pool_attrs, window_attrs
@@ -100,7 +100,7 @@ def conv_spec(node: Node, g: Graph, choice: str = "auto") -> ConvSpec | str:
             pool=_pool_of(node.attrs),
             constant_weight=w.is_constant
             and (w.data is not None or getattr(w, "external_loader", None) is not None),
-            winograd_tile=_winograd_tile(y.shape[-1]),
+            out_width=y.shape[-1] if isinstance(y.shape[-1], int) else 0,
         )
     except ValueError as exc:
         return str(exc)
@@ -115,14 +115,6 @@ def _choice(choice: str) -> str:
     if choice == "auto" and int(native.pool_info()["winograd_isa"]) < 1:
         return "direct"
     return choice
-
-
-def _winograd_tile(width: object) -> int:
-    """Winograd's tile for an output ``width`` (an int, or a symbol): F(4x4, 3x3) from
-    ``WINOGRAD_F4_MIN_WIDTH`` up or when the width is known only at run time, else
-    F(2x2, 3x3)."""
-    narrow = isinstance(width, int) and width < WINOGRAD_F4_MIN_WIDTH
-    return 2 if narrow else 4
 
 
 def _pool_of(attrs: dict) -> tuple[int, ...]:

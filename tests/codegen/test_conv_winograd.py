@@ -196,6 +196,14 @@ def test_which_convs_take_winograd() -> None:
     small = spec_of(big - 1, big, 1, True, False, True, choice="auto")
     assert small.method == "direct" and "not Winograd" in small.reason
     assert spec_of(3, 3, 1, True, False, False).method == "winograd"  # forced
+    # narrow outputs: F(2x2,3x3), from 32 channels and 16 columns
+    narrow = spec_of(32, 64, 1, True, False, True, choice="auto", out_width=16)
+    assert narrow.method == "winograd" and narrow.tile_side == 2
+    assert "F(2x2,3x3)" in narrow.reason and "width 16" in narrow.reason
+    for c, width in ((16, 16), (64, 8)):
+        s = spec_of(c, c, 1, True, False, True, choice="auto", out_width=width)
+        assert s.method == "direct" and "not Winograd" in s.reason, s.reason
+    assert spec_of(16, 16, 1, True, False, True, choice="auto", out_width=24).tile_side == 4
     blocked = {
         "strides": dict(strides=(2, 2)),
         "dilations": dict(dilations=(2, 2)),

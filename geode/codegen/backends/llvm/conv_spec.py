@@ -10,6 +10,8 @@ from geode.codegen.backends.llvm.irtext import FunctionWriter
 __all__ = [
     "AUTO_PADS",
     "MAX_DIRECT_TAPS",
+    "WINOGRAD_F2_MIN_CHANNELS",
+    "WINOGRAD_F2_MIN_WIDTH",
     "WINOGRAD_F4_MIN_WIDTH",
     "WINOGRAD_MIN_CHANNELS",
     "WINOGRAD_TILES",
@@ -29,15 +31,17 @@ ACTIVATIONS = ("", "relu")
 MAX_DIRECT_TAPS = 64
 #: what ``ConvSpec.choice`` may ask for: the method by shape, or one forced
 CHOICES = ("auto", "im2col", "direct", "winograd")
-#: ``auto`` takes Winograd for a conv it can run when both its input and its output
-#: channels are at least this many (measured, docs/performance.md "Winograd")
-WINOGRAD_MIN_CHANNELS = 16
-#: Winograd's tile sizes: F(2x2, 3x3) and F(4x4, 3x3)
+#: Winograd's tile sides: F(2x2, 3x3) and F(4x4, 3x3)
 WINOGRAD_TILES = (2, 4)
 #: F(4x4, 3x3) from this output width up (or when the width is known only at run time),
 #: F(2x2, 3x3) below: a row of 8 lanes of 4-wide tiles is half empty at width 16
-#: (measured, docs/performance.md "Winograd")
 WINOGRAD_F4_MIN_WIDTH = 24
+#: ``auto`` takes F(4x4, 3x3) when the input and output channels are at least this many
+WINOGRAD_MIN_CHANNELS = 16
+#: and F(2x2, 3x3) (narrow outputs) at least this many channels and this output width
+#: (all three rules measured by bench/winograd.py, docs/performance.md "Winograd")
+WINOGRAD_F2_MIN_CHANNELS = 32
+WINOGRAD_F2_MIN_WIDTH = 16
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,10 @@ class ConvSpec:
     pool: tuple[int, ...] = ()
     #: W is a constant known at compile time (Winograd transforms it then)
     constant_weight: bool = True
-    #: Winograd's output tile side (:data:`WINOGRAD_TILES`)
-    winograd_tile: int = 4
+    #: the output width when known at compile time (0: known only at run time)
+    out_width: int = 0
+    #: Winograd's output tile side (:data:`WINOGRAD_TILES`; 0: by the output width)
+    winograd_tile: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in TYPES:
@@ -77,7 +83,7 @@ class ConvSpec:
             raise ValueError(
                 f"native conv: C={self.channels}, M={self.out_channels} and group={self.group}"
             )
-        if self.winograd_tile not in WINOGRAD_TILES:
+        if self.winograd_tile not in (0, *WINOGRAD_TILES) or self.out_width < 0:
             raise ValueError(f"native conv: Winograd tile {self.winograd_tile}")
         if self.activation not in ACTIVATIONS or self.choice not in CHOICES:
             raise ValueError(f"native conv: activation {self.activation!r} / {self.choice!r}")
@@ -166,23 +172,40 @@ class ConvSpec:
         return ""
 
     @property
+    def tile_side(self) -> int:
+        """Winograd's output tile side: ``winograd_tile`` when given, else 2 below
+        :data:`WINOGRAD_F4_MIN_WIDTH` output columns, 4 from there or when unknown."""
+        if self.winograd_tile:
+            return self.winograd_tile
+        return 2 if 0 < self.out_width < WINOGRAD_F4_MIN_WIDTH else 4
+
+    @property
     def winograd_pays(self) -> bool:
         """Whether Winograd measured faster than the direct kernel for this conv's
-        channels (see :data:`WINOGRAD_MIN_CHANNELS`)."""
-        return min(self.channels, self.out_channels) >= WINOGRAD_MIN_CHANNELS
+        channels and output width (see :data:`WINOGRAD_MIN_CHANNELS`)."""
+        least = min(self.channels, self.out_channels)
+        if self.tile_side == 4:
+            return least >= WINOGRAD_MIN_CHANNELS
+        return least >= WINOGRAD_F2_MIN_CHANNELS and self.out_width >= WINOGRAD_F2_MIN_WIDTH
+
+    def _rule(self) -> str:
+        """The rule by shape for this conv's tile, as text."""
+        if self.tile_side == 4:
+            return f"C, M >= {WINOGRAD_MIN_CHANNELS}"
+        return f"C, M >= {WINOGRAD_F2_MIN_CHANNELS} and width >= {WINOGRAD_F2_MIN_WIDTH}"
 
     @property
     def reason(self) -> str:
         """Why the method was chosen, for ``explain()`` ("" for the methods that follow
         from the window alone)."""
         if self.method == "winograd":
-            tile = f"F({self.winograd_tile}x{self.winograd_tile},3x3)"
+            tile = f"F({self.tile_side}x{self.tile_side},3x3)"
             if self.choice == "winograd":
                 return f"Winograd {tile}: forced by conv_method=winograd"
             return (
-                f"Winograd {tile}: C={self.channels}, M={self.out_channels} >= "
-                f"{WINOGRAD_MIN_CHANNELS}, measured faster than the direct kernel "
-                "(docs/performance.md)"
+                f"Winograd {tile}: C={self.channels}, M={self.out_channels}, "
+                f"width {self.out_width or 'known at run time'}: {self._rule()}, where it "
+                "measured faster than the direct kernel (docs/performance.md)"
             )
         if self.method not in ("direct", "im2col") or self.choice == "im2col":
             return ""
@@ -192,8 +215,10 @@ class ConvSpec:
         if self.choice == "direct":
             return "not Winograd: conv_method=direct"
         return (
-            f"not Winograd: C={self.channels}, M={self.out_channels} below "
-            f"{WINOGRAD_MIN_CHANNELS}, where the direct kernel measured faster"
+            f"not Winograd: C={self.channels}, M={self.out_channels}, width "
+            f"{self.out_width or 'known at run time'}: outside {self._rule()} (F("
+            f"{self.tile_side}x{self.tile_side},3x3)), where the direct kernel measured "
+            "faster"
         )
 
     @property

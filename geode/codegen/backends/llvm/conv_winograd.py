@@ -1,6 +1,6 @@
 """The Winograd method of a native conv (:mod:`~.conv`): the body calls the native
 runtime's ``geode_conv_winograd`` (``runtime/native/winograd.c``: F(2x2, 3x3) or
-F(4x4, 3x3) by ``ConvSpec.winograd_tile``, the bias, the residual and Relu applied to
+F(4x4, 3x3) by ``ConvSpec.tile_side``, the bias, the residual and Relu applied to
 each output tile before its one store, items over the native pool).
 
 Its ``W`` argument is not the conv's weight but the weight's Winograd transform
@@ -26,7 +26,7 @@ WINOGRAD_DECL = (
 def u_shape(spec: ConvSpec) -> tuple[int, int, int]:
     """The shape of the transformed weight the entry takes as ``W``: ``(P, M, C)``, ``P``
     the positions of a transformed tile (16 for F(2x2, 3x3), 36 for F(4x4, 3x3))."""
-    return ((spec.winograd_tile + 2) ** 2, spec.out_channels, spec.channels)
+    return ((spec.tile_side + 2) ** 2, spec.out_channels, spec.channels)
 
 
 def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> None:
@@ -41,7 +41,7 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     geo = body_geometry(fn)
     relu = int(spec.activation == "relu")
     sizes = (geo.n, spec.channels, spec.out_channels, geo.h, geo.wd, geo.oh, geo.ow)
-    tile = spec.winograd_tile
+    tile = spec.tile_side
     ints = ", ".join(f"i64 {v}" for v in (*sizes, geo.pt, geo.pl, relu, tile, geo.threads))
     ptrs = f"ptr {geo.x}, ptr {geo.w}, ptr {geo.b}, ptr %Z, ptr {geo.y}"
     got = fn.value(f"call i32 @geode_conv_winograd({ptrs}, {ints})", "got")
