@@ -349,9 +349,9 @@ def library_inputs(node: Node, interface: NativeKernel) -> list[Value]:
     inputs = [v for v in node.inputs if v is not None]  # omitted optional inputs
     if getattr(interface.fn, "packed_n", 0):
         inputs[1] = packed_value(inputs[1])
-    tile = getattr(interface.fn, "winograd_weight", 0)
-    if tile:
-        inputs[1] = winograd_value(inputs[1], tile)
+    tiles = getattr(interface.fn, "winograd_weight", ())
+    if tiles:
+        inputs[1] = winograd_value(inputs[1], tiles)
     return inputs
 
 

@@ -9,7 +9,8 @@ is compiled or loaded (in float64, then rounded to float32), and the step reads 
 constant of its own (:class:`WinogradWeight`, named ``<W>#winograd<t>``) that the plan
 registers in the session's VarManager like any other weight. A model file keeps the
 original weight and transforms it again when loaded (its units name the input
-``{"winograd": <W's name>, "tile": <t>}``).
+``{"winograd": <W's name>, "tiles": "4"}``). A kernel that picks its tile at run time
+takes both transforms, F(2x2)'s then F(4x4)'s, as one constant ``(52, M, C)``.
 """
 
 from __future__ import annotations
@@ -52,37 +53,38 @@ def transform_filters(w: np.ndarray, tile: int = 2) -> np.ndarray:
 
 
 class WinogradWeight(Value):
-    """A conv's constant weight ``source`` in its Winograd transform for tile side
-    ``tile``: a derived constant of shape ``((tile + 2)^2, M, C)``, not a node's value in
-    the graph (only a step reads it)."""
+    """A conv's constant weight ``source`` in its Winograd transforms for tile sides
+    ``tiles``, one after the other: a derived constant of shape ``(P, M, C)`` (``P`` the
+    sum of ``(tile + 2)^2``), not a node's value in the graph (only a step reads it)."""
 
-    def __init__(self, source: Value, data: np.ndarray, tile: int):
+    def __init__(self, source: Value, data: np.ndarray, tiles: tuple[int, ...]):
         desc = TensorDesc(np.float32, tuple(int(d) for d in data.shape))
-        name = f"{source.name}{WINOGRAD_SUFFIX}{tile}"
+        name = f"{source.name}{WINOGRAD_SUFFIX}{'+'.join(map(str, tiles))}"
         super().__init__(source.graph, name, desc, ValueKind.CONSTANT)
         self.data = data
         self.source = source
-        self.tile = tile
+        self.tiles = tiles
 
 
 #: the attribute of a weight's Value holding its transforms (one per weight and tile)
 _WINOGRAD_ATTR = "_geode_winograd_copies"
 
 
-def winograd_value(w: Value, tile: int) -> WinogradWeight:
+def winograd_value(w: Value, tiles: tuple[int, ...]) -> WinogradWeight:
     """``w`` (a float32 constant ``M x C x 3 x 3``, its data in the graph or in an
-    external file) transformed for tile side ``tile`` (2 or 4): its
+    external file) transformed for the tile sides ``tiles`` (2 and/or 4, in order): its
     :class:`WinogradWeight`, made on the first call and the same object on the next.
-    Raises :class:`~geode.errors.CodegenError` when ``w`` has no such data or ``tile``
+    Raises :class:`~geode.errors.CodegenError` when ``w`` has no such data or a tile
     is not 2 or 4."""
-    if tile not in G:
-        raise CodegenError(f"weight {w.name!r}: no Winograd transform for tile {tile}")
+    tiles = tuple(tiles)
+    if not tiles or any(t not in G for t in tiles):
+        raise CodegenError(f"weight {w.name!r}: no Winograd transform for tiles {tiles}")
     done = getattr(w, _WINOGRAD_ATTR, None)
     if done is None:
         done = {}
         setattr(w, _WINOGRAD_ATTR, done)
-    if tile in done:
-        return done[tile]
+    if tiles in done:
+        return done[tiles]
     loader = getattr(w, "external_loader", None)
     data = w.data if w.data is not None or loader is None else loader()
     arr = None if data is None else np.asarray(data)
@@ -91,5 +93,6 @@ def winograd_value(w: Value, tile: int) -> WinogradWeight:
             f"weight {w.name!r} cannot take the Winograd transform: not a constant float32 "
             "M x C x 3 x 3 array"
         )
-    out = done[tile] = WinogradWeight(w, transform_filters(arr, tile), tile)
+    data = np.concatenate([transform_filters(arr, t) for t in tiles])
+    out = done[tiles] = WinogradWeight(w, data, tiles)
     return out

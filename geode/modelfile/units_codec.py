@@ -95,13 +95,13 @@ def _encode_unit(u: Unit, w: Writer, images: ImageWriter) -> dict[str, Any]:
 def _encode_input(v: Value | None) -> str | dict[str, str] | None:
     """A unit's input: its name, or for a weight packed once ``{"packed": <weight>}``
     (re-packed when the file is loaded; a conv weight's Winograd transform likewise
-    ``{"winograd": <weight>}``)."""
+    ``{"winograd": <weight>, "tiles": "2+4"}``)."""
     if v is None:
         return None
     if isinstance(v, PackedWeight):
         return {"packed": v.source.name}
     if isinstance(v, WinogradWeight):
-        return {"winograd": v.source.name, "tile": str(v.tile)}
+        return {"winograd": v.source.name, "tiles": "+".join(map(str, v.tiles))}
     return v.name
 
 
@@ -113,7 +113,8 @@ def _decode_input(d: Any, g: Graph, c: Container) -> Value | None:
         source = g.values[str(d[form])]
         try:
             if form == "winograd":
-                return winograd_value(source, int(d.get("tile", 2)))
+                tiles = tuple(int(t) for t in str(d.get("tiles", "")).split("+") if t)
+                return winograd_value(source, tiles)
             return packed_value(source)
         except CodegenError as exc:
             raise ModelFileError(f"model file {c.path!r}: {exc}") from None

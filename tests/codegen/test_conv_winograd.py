@@ -63,7 +63,7 @@ def run_case(n, c, m, h, w, pad, bias, residual, relu, seed, tile, threads=(1, 2
     spec = spec_of(c, m, pad, bias, residual, relu, winograd_tile=tile)
     assert spec.method == "winograd"
     k = conv_kernel(spec)
-    u = transform_filters(wt, tile)
+    u = np.concatenate([transform_filters(wt, t) for t in spec.winograd_tiles])
     first = None
     for t in threads:
         y = np.full(want.shape, np.nan, np.float32)
@@ -87,7 +87,7 @@ def cases(draw):
         "m": draw(st.integers(1, 19)),
         "h": draw(st.integers(3 - 2 * pad, 13)),
         "w": draw(st.integers(3 - 2 * pad, 110)),
-        "tile": draw(st.sampled_from([2, 4])),
+        "tile": draw(st.sampled_from([2, 4, 0])),  # 0: both, by the width at run time
         "pad": pad,
         "bias": draw(st.booleans()),
         "residual": draw(st.booleans()),
@@ -114,6 +114,8 @@ def test_winograd_matches_the_reference_over_random_shapes(case) -> None:
         ((1, 32, 32, 32, 32, 1), 4),  # the small cnn's 32-channel convs
         ((1, 5, 9, 14, 98, 0), 4),  # 24 tiles a row: one item of three vectors
         ((2, 17, 13, 9, 230, 1), 4),  # 58 tiles a row: three items, two lanes in the last
+        ((1, 16, 16, 8, 22, 1), 0),  # both transforms: 22 columns take F(2x2)
+        ((1, 16, 16, 8, 24, 1), 0),  # and 24 F(4x4)
     ],
 )
 def test_winograd_on_resnet_shapes(shape, tile) -> None:
@@ -204,6 +206,8 @@ def test_which_convs_take_winograd() -> None:
         s = spec_of(c, c, 1, True, False, True, choice="auto", out_width=width)
         assert s.method == "direct" and "not Winograd" in s.reason, s.reason
     assert spec_of(16, 16, 1, True, False, True, choice="auto", out_width=24).tile_side == 4
+    assert spec.tile_side == 0 and spec.winograd_tiles == (2, 4)  # width known at run time
+    assert "F(4x4,3x3), F(2x2,3x3) below 24 columns" in spec.reason
     blocked = {
         "strides": dict(strides=(2, 2)),
         "dilations": dict(dilations=(2, 2)),

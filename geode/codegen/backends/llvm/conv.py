@@ -295,5 +295,5 @@ def conv_kernel(spec: ConvSpec, cache_dir: CacheDir | None = None) -> ConvKernel
     )
     kernel.spec = spec
     #: its W argument is the weight's Winograd transform (``driver.library_inputs``)
-    kernel.winograd_weight = spec.tile_side if spec.method == "winograd" else 0
+    kernel.winograd_weight = spec.winograd_tiles if spec.method == "winograd" else ()
     return kernel

@@ -174,23 +174,32 @@ class ConvSpec:
     @property
     def tile_side(self) -> int:
         """Winograd's output tile side: ``winograd_tile`` when given, else 2 below
-        :data:`WINOGRAD_F4_MIN_WIDTH` output columns, 4 from there or when unknown."""
+        :data:`WINOGRAD_F4_MIN_WIDTH` output columns, 4 from there; 0 when the width is
+        known only at run time (the kernel then takes both transforms and picks by the
+        same rule at run time)."""
         if self.winograd_tile:
             return self.winograd_tile
-        return 2 if 0 < self.out_width < WINOGRAD_F4_MIN_WIDTH else 4
+        if not self.out_width:
+            return 0
+        return 2 if self.out_width < WINOGRAD_F4_MIN_WIDTH else 4
+
+    @property
+    def winograd_tiles(self) -> tuple[int, ...]:
+        """The tile sides whose transforms the Winograd kernel takes, in order."""
+        return (self.tile_side,) if self.tile_side else WINOGRAD_TILES
 
     @property
     def winograd_pays(self) -> bool:
         """Whether Winograd measured faster than the direct kernel for this conv's
         channels and output width (see :data:`WINOGRAD_MIN_CHANNELS`)."""
         least = min(self.channels, self.out_channels)
-        if self.tile_side == 4:
+        if self.tile_side != 2:
             return least >= WINOGRAD_MIN_CHANNELS
         return least >= WINOGRAD_F2_MIN_CHANNELS and self.out_width >= WINOGRAD_F2_MIN_WIDTH
 
     def _rule(self) -> str:
         """The rule by shape for this conv's tile, as text."""
-        if self.tile_side == 4:
+        if self.tile_side != 2:
             return f"C, M >= {WINOGRAD_MIN_CHANNELS}"
         return f"C, M >= {WINOGRAD_F2_MIN_CHANNELS} and width >= {WINOGRAD_F2_MIN_WIDTH}"
 
@@ -200,6 +209,8 @@ class ConvSpec:
         from the window alone)."""
         if self.method == "winograd":
             tile = f"F({self.tile_side}x{self.tile_side},3x3)"
+            if not self.tile_side:
+                tile = f"F(4x4,3x3), F(2x2,3x3) below {WINOGRAD_F4_MIN_WIDTH} columns"
             if self.choice == "winograd":
                 return f"Winograd {tile}: forced by conv_method=winograd"
             return (
@@ -216,9 +227,8 @@ class ConvSpec:
             return "not Winograd: conv_method=direct"
         return (
             f"not Winograd: C={self.channels}, M={self.out_channels}, width "
-            f"{self.out_width or 'known at run time'}: outside {self._rule()} (F("
-            f"{self.tile_side}x{self.tile_side},3x3)), where the direct kernel measured "
-            "faster"
+            f"{self.out_width or 'known at run time'}: outside {self._rule()}, where the "
+            "direct kernel measured faster"
         )
 
     @property

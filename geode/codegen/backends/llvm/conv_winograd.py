@@ -6,12 +6,19 @@ each output tile before its one store, items over the native pool).
 Its ``W`` argument is not the conv's weight but the weight's Winograd transform
 ``U = G g G^T``, computed once when the model is compiled or loaded
 (:func:`geode.codegen.winograd_weights.winograd_value`): float32 of shape
-``(P, M, C)`` (:func:`u_shape`), checked by the entry like any weight.
+``(P, M, C)`` (:func:`u_shape`), checked by the entry like any weight. When the output
+width is known only at run time the kernel takes both transforms, one after the other,
+and the body picks the tile by the width (``ConvSpec.tile_side`` 0).
 """
 
 from __future__ import annotations
 
-from geode.codegen.backends.llvm.conv_spec import BODY_PARAMS, ConvSpec, body_geometry
+from geode.codegen.backends.llvm.conv_spec import (
+    BODY_PARAMS,
+    WINOGRAD_F4_MIN_WIDTH,
+    ConvSpec,
+    body_geometry,
+)
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
 
 __all__ = ["WINOGRAD_DECL", "u_shape", "write_body"]
@@ -25,8 +32,10 @@ WINOGRAD_DECL = (
 
 def u_shape(spec: ConvSpec) -> tuple[int, int, int]:
     """The shape of the transformed weight the entry takes as ``W``: ``(P, M, C)``, ``P``
-    the positions of a transformed tile (16 for F(2x2, 3x3), 36 for F(4x4, 3x3))."""
-    return ((spec.tile_side + 2) ** 2, spec.out_channels, spec.channels)
+    the positions of a transformed tile (16 for F(2x2, 3x3), 36 for F(4x4, 3x3)), summed
+    over the spec's tiles (52: both, F(2x2)'s first)."""
+    positions = sum((t + 2) ** 2 for t in spec.winograd_tiles)
+    return (positions, spec.out_channels, spec.channels)
 
 
 def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> None:
@@ -41,9 +50,15 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     geo = body_geometry(fn)
     relu = int(spec.activation == "relu")
     sizes = (geo.n, spec.channels, spec.out_channels, geo.h, geo.wd, geo.oh, geo.ow)
-    tile = spec.tile_side
+    tile, u = str(spec.tile_side), geo.w
+    if not spec.tile_side:  # both transforms: the tile by the output width, at run time
+        narrow = fn.value(f"icmp slt i64 {geo.ow}, {WINOGRAD_F4_MIN_WIDTH}", "narrow")
+        tile = fn.value(f"select i1 {narrow}, i64 2, i64 4", "tile")
+        skip = 16 * spec.out_channels * spec.channels  # F(2x2)'s positions come first
+        u4 = fn.value(f"getelementptr float, ptr {geo.w}, i64 {skip}", "u4")
+        u = fn.value(f"select i1 {narrow}, ptr {geo.w}, ptr {u4}", "u")
     ints = ", ".join(f"i64 {v}" for v in (*sizes, geo.pt, geo.pl, relu, tile, geo.threads))
-    ptrs = f"ptr {geo.x}, ptr {geo.w}, ptr {geo.b}, ptr %Z, ptr {geo.y}"
+    ptrs = f"ptr {geo.x}, ptr {u}, ptr {geo.b}, ptr %Z, ptr {geo.y}"
     got = fn.value(f"call i32 @geode_conv_winograd({ptrs}, {ints})", "got")
     failed = fn.value(f"icmp ne i32 {got}, 0", "failed")
     status = fn.value(f"select i1 {failed}, i32 {len(spec.arrays) + 1}, i32 0", "status")
