@@ -60,8 +60,9 @@ def conv_model(n: int, c: int, m: int, h: int, residual: bool) -> onnx.ModelProt
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def systems(model: onnx.ModelProto, threads: int) -> dict:
-    """name -> callable(feeds) for geode direct, geode Winograd and onnxruntime."""
+def systems(model: onnx.ModelProto, threads: int, method: str = "winograd") -> dict:
+    """name -> callable(feeds) for geode direct, geode Winograd (``conv_method=method``;
+    ``auto``: Winograd where the rule by shape takes it) and onnxruntime."""
     import onnxruntime as ort
 
     import geode
@@ -72,7 +73,7 @@ def systems(model: onnx.ModelProto, threads: int) -> dict:
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     direct = geode.compile(model, conv_method="direct", num_threads=threads)
-    wino = geode.compile(model, conv_method="winograd", num_threads=threads)
+    wino = geode.compile(model, conv_method=method, num_threads=threads)
     return {
         "direct": lambda f: direct(**f),
         "winograd": lambda f: wino(**f),
@@ -91,10 +92,24 @@ def time_case(
     feeds = {"X": rng.standard_normal((n, c, h, h)).astype(np.float32)}
     if residual:
         feeds["Z"] = rng.standard_normal((n, m, h, h)).astype(np.float32)
-    runs = systems(model, threads)
+    return time_model(model, feeds, threads, rounds, calls, clock)
+
+
+def time_model(
+    model: onnx.ModelProto,
+    feeds: dict,
+    threads: int,
+    rounds: int,
+    calls: int,
+    clock,
+    method: str = "winograd",
+) -> dict[str, list[float]]:
+    """:func:`time_case` for any one-output model and its feeds (its output checked
+    against onnxruntime's first: within 1e-4 of its largest magnitude)."""
+    runs = systems(model, threads, method)
     want = np.asarray(runs["ort"](feeds)[0])
     for name in ("direct", "winograd"):
-        got = np.asarray(runs[name](feeds)["Y"])
+        got = np.asarray(next(iter(runs[name](feeds).values())))
         err = float(np.abs(got - want).max() / max(1e-30, float(np.abs(want).max())))
         assert err < 1e-4, f"{name}: relative error {err}"
     times: dict[str, list[float]] = {k: [] for k in runs}
@@ -123,8 +138,26 @@ def main(argv: list[str] | None = None) -> None:
         help="one thread's CPU time (time.thread_time) instead of wall time, for --threads 1 "
         "on a loaded machine: every system then runs on the calling thread",
     )
+    p.add_argument(
+        "--model",
+        default="",
+        help="time this ONNX model (one float32 input) instead of the cases: geode's "
+        "conv_method direct against auto (Winograd by shape) and onnxruntime",
+    )
+    p.add_argument("--shape", default="1x3x64x64", help="--model's input shape")
     a = p.parse_args(argv)
     clock = time.thread_time if a.cpu else time.perf_counter
+    if a.model:
+        model = onnx.load(a.model)
+        shape = tuple(int(d) for d in a.shape.split("x"))
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        feeds = {model.graph.input[0].name: x}
+        print("| model | threads | direct ms | auto ms | ORT ms | auto/direct | auto/ORT |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for threads in [int(t) for t in a.threads.split(",")]:
+            t = time_model(model, feeds, threads, a.rounds, a.calls or 10, clock, "auto")
+            _row(f"{a.model} {a.shape}", threads, t)
+        return
     print("| case | threads | direct ms | winograd ms | ORT ms | wino/direct | wino/ORT |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, case in CASES.items():
@@ -135,15 +168,19 @@ def main(argv: list[str] | None = None) -> None:
             calls = a.calls or max(1, int(2e8 // (n * c * m * h * h * 9)))
             if a.cpu and threads != 1:
                 p.error("--cpu times one thread only (--threads 1)")
-            t = time_case(case, threads, a.rounds, calls, clock)
-            rd = statistics.median(w / d for w, d in zip(t["winograd"], t["direct"]))
-            ro = statistics.median(w / o for w, o in zip(t["winograd"], t["ort"]))
-            best = {k: min(v) for k, v in t.items()}
-            print(
-                f"| {name} | {threads} | {best['direct']:.3f} | {best['winograd']:.3f} | "
-                f"{best['ort']:.3f} | {rd:.2f} | {ro:.2f} |",
-                flush=True,
-            )
+            _row(name, threads, time_case(case, threads, a.rounds, calls, clock))
+
+
+def _row(name: str, threads: int, t: dict[str, list[float]]) -> None:
+    """One table row: best rounds, medians of the per-round ratios."""
+    rd = statistics.median(w / d for w, d in zip(t["winograd"], t["direct"]))
+    ro = statistics.median(w / o for w, o in zip(t["winograd"], t["ort"]))
+    best = {k: min(v) for k, v in t.items()}
+    print(
+        f"| {name} | {threads} | {best['direct']:.3f} | {best['winograd']:.3f} | "
+        f"{best['ort']:.3f} | {rd:.2f} | {ro:.2f} |",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
