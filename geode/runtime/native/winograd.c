@@ -91,48 +91,75 @@ typedef void (*gemm_fn)(const float *u, int64_t c, const float *v, int64_t tb, f
 
 static const float g_zero_row[WROW];
 
-/* The cache lines of Y (for writing) and Z (for reading) that output channels
-   [co, co + r) of item `it` touch. */
-static void prefetch_outputs(const wino_t *g, const item_t *it, int64_t co, int r)
+/* dst[q] = src[col0 + q] for q in [0, span), zero where col0 + q is outside [0, w). */
+static void border_copy(float *dst, const float *src, int64_t col0, int64_t span, int64_t w)
 {
-    const int64_t t = g->tile, ox = t * it->tx0;
-    if (ox >= g->ow)
+    int64_t lo = col0 < 0 ? -col0 : 0, hi = w - col0 < span ? w - col0 : span;
+    if (hi < lo)
+        hi = lo;
+    if (lo > span)
+        lo = hi = span;
+    memset(dst, 0, (size_t)lo * sizeof(float));
+    memcpy(dst + lo, src + col0 + lo, (size_t)(hi - lo) * sizeof(float));
+    memset(dst + hi, 0, (size_t)(span - hi) * sizeof(float));
+}
+
+/* Prefetches, spread over an item's products so that few are in flight at a time: an
+   item's t rows of Y and Z for each output channel and its t + 2 rows of X for each
+   input channel are more streams than the hardware prefetcher follows. */
+
+/* The lines of Y (to write) and Z (to read) of output unit k of item `it`'s channels
+   [co, co + r): channel co + k / t, output row k % t of the item. */
+static void prefetch_out_unit(const wino_t *g, const item_t *it, int64_t co, int r, int64_t k)
+{
+    const int64_t t = g->tile, ox = t * it->tx0, oy = t * it->ty + k % t;
+    if (k >= r * t || ox >= g->ow || oy >= g->oh)
         return;
     const int64_t cols = g->ow - ox < 8 * t * it->nv ? g->ow - ox : 8 * t * it->nv;
-    for (int q = 0; q < r; q++) {
-        const int64_t plane = (it->n * g->m + co + q) * g->oh * g->ow;
-        for (int64_t i = 0; i < t && t * it->ty + i < g->oh; i++) {
-            const int64_t at = plane + (t * it->ty + i) * g->ow + ox;
-            for (int64_t j = 0; j < cols + 15; j += 16) {
-                const int64_t e = j < cols ? j : cols - 1;
-                __builtin_prefetch(g->y + at + e, 1, 3);
-                if (g->z != NULL)
-                    __builtin_prefetch(g->z + at + e, 0, 3);
-            }
-        }
+    const int64_t at = ((it->n * g->m + co + k / t) * g->oh + oy) * g->ow + ox;
+    for (int64_t j = 0; j < cols + 15; j += 16) {
+        const int64_t e = j < cols ? j : cols - 1;
+        __builtin_prefetch(g->y + at + e, 1, 3);
+        if (g->z != NULL)
+            __builtin_prefetch(g->z + at + e, 0, 3);
     }
 }
 
-/* Share `part` of `parts` of the input rows item `it` reads (its channels cut evenly). */
-static void prefetch_inputs(const wino_t *g, const item_t *it, int64_t part, int64_t parts)
+/* The lines of X of input unit k of item `it`: channel k / (t + 2), input row
+   k % (t + 2) of the item's window. */
+static void prefetch_in_unit(const wino_t *g, const item_t *it, int64_t k)
 {
-    const int64_t c0 = g->c * part / parts, c1 = g->c * (part + 1) / parts;
-    const int64_t t = g->tile;
+    const int64_t t = g->tile, ch = k / (t + 2), iy = t * it->ty - g->pt + k % (t + 2);
     int64_t col0 = t * it->tx0 - g->pl, col1 = col0 + 8 * t * it->nv + 2;
     col0 = col0 < 0 ? 0 : col0;
     col1 = col1 > g->w ? g->w : col1;
-    if (col1 <= col0)
+    if (ch >= g->c || iy < 0 || iy >= g->h || col1 <= col0)
         return;
-    for (int64_t ch = c0; ch < c1; ch++) {
-        const float *plane = g->x + (it->n * g->c + ch) * g->h * g->w;
-        for (int64_t i = 0; i < t + 2; i++) {
-            const int64_t iy = t * it->ty - g->pt + i;
-            if (iy < 0 || iy >= g->h)
-                continue;
-            for (int64_t q = col0; q < col1 + 15; q += 16)
-                __builtin_prefetch(plane + iy * g->w + (q < col1 ? q : col1 - 1), 0, 3);
-        }
+    const float *row = g->x + ((it->n * g->c + ch) * g->h + iy) * g->w;
+    for (int64_t q = col0; q < col1 + 15; q += 16)
+        __builtin_prefetch(row + (q < col1 ? q : col1 - 1), 0, 3);
+}
+
+/* The prefetches that go with product `step` of an item (steps in all; co, r: the
+   channels whose products run now): the next group's output unit, and a share of the
+   next item's input units (`next`, NULL: none). Group 0's outputs are prefetched
+   before the input transform (step -1: all of them). */
+static void prefetch_step(const wino_t *g, const item_t *it, const item_t *next, int64_t co,
+                          int r, int64_t xi, int64_t step, int64_t steps)
+{
+    if (step < 0) {
+        for (int64_t k = 0; k < r * g->tile; k++)
+            prefetch_out_unit(g, it, 0, r, k);
+        return;
     }
+    const int64_t nco = co + r;
+    if (nco < g->m)
+        prefetch_out_unit(g, it, nco, g->m - nco < r ? (int)(g->m - nco) : r, xi);
+    if (next == NULL)
+        return;
+    const int64_t units = g->c * (g->tile + 2), per = (units + steps - 1) / steps;
+    for (int64_t k = step * per; k < (step + 1) * per && k < units; k++)
+        prefetch_in_unit(g, next, k);
 }
 
 #pragma GCC push_options

@@ -84,11 +84,7 @@ static void WF(input_transform)(const wino_t *g, const item_t *it, float *v, flo
                 rows[i] = plane + iy * g->w + col0;
             } else {
                 float *dst = rowbuf + i * WROW;
-                const float *src = plane + iy * g->w;
-                for (int64_t q = 0; q < span; q++) {
-                    const int64_t col = col0 + q;
-                    dst[q] = col >= 0 && col < g->w ? src[col] : 0.0f;
-                }
+                border_copy(dst, plane + iy * g->w, col0, span, g->w);
                 rows[i] = dst;
             }
         }
@@ -179,10 +175,9 @@ static void WF(output_transform)(const wino_t *g, const item_t *it, const float 
 }
 
 /* One item: a chunk of one tile row of one image, every output channel. While a group
-   of output channels multiplies, the lines its epilogue reads (Z) and writes (Y) are
-   prefetched, and a share of the next item's input rows (`next`, NULL: none): the
-   item's 2 x channels rows of Y and Z and 4 x C rows of X are more streams than the
-   hardware prefetcher follows. */
+   of output channels multiplies, the lines the next group's epilogue reads (Z) and
+   writes (Y) are prefetched, and a share of the next item's input rows (`next`, NULL:
+   none), a few after each product (prefetch_step). */
 static void WF(run_item)(const wino_t *g, const item_t *it, const item_t *next,
                          float *scratch)
 {
@@ -190,16 +185,17 @@ static void WF(run_item)(const wino_t *g, const item_t *it, const item_t *next,
     float *mb = v + 16 * g->c * WMAXTB;
     float *rowbuf = mb + 16 * WR * WMAXTB;
     const int64_t tb = it->nv * 8;
-    const int64_t groups = (g->m + WRI - 1) / WRI;
+    const int64_t steps = (g->m + WRI - 1) / WRI * 16;
+    int64_t step = 0;
+    prefetch_step(g, it, next, 0, g->m < WRI ? (int)g->m : WRI, 0, -1, steps);
     WF(input_transform)(g, it, v, rowbuf);
     for (int64_t co = 0; co < g->m; co += WRI) {
         const int r = g->m - co < WRI ? (int)(g->m - co) : WRI;
-        prefetch_outputs(g, it, co, r);
-        if (next != NULL)
-            prefetch_inputs(g, next, co / WRI, groups);
         const gemm_fn fn = WF(g_gemms)[it->nv][r];
-        for (int xi = 0; xi < 16; xi++)
+        for (int xi = 0; xi < 16; xi++) {
             fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * g->c * tb, tb, mb + xi * WR * tb);
+            prefetch_step(g, it, next, co, r, xi, step++, steps);
+        }
         for (int q = 0; q < r; q++)
             WF(output_transform)(g, it, mb, q, co + q);
     }
@@ -254,11 +250,7 @@ static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, fl
                 rows[i] = plane + iy * g->w + col0;
             } else {
                 float *dst = rowbuf + i * WROW;
-                const float *src = plane + iy * g->w;
-                for (int64_t q = 0; q < span; q++) {
-                    const int64_t col = col0 + q;
-                    dst[q] = col >= 0 && col < g->w ? src[col] : 0.0f;
-                }
+                border_copy(dst, plane + iy * g->w, col0, span, g->w);
                 rows[i] = dst;
             }
         }
@@ -364,16 +356,17 @@ static void WF(run_item4)(const wino_t *g, const item_t *it, const item_t *next,
     float *mb = v + 36 * g->c * WMAXTB;
     float *rowbuf = mb + 36 * WR * WMAXTB;
     const int64_t tb = it->nv * 8;
-    const int64_t groups = (g->m + WRI - 1) / WRI;
+    const int64_t steps = (g->m + WRI - 1) / WRI * 36;
+    int64_t step = 0;
+    prefetch_step(g, it, next, 0, g->m < WRI ? (int)g->m : WRI, 0, -1, steps);
     WF(input_transform4)(g, it, v, rowbuf);
     for (int64_t co = 0; co < g->m; co += WRI) {
         const int r = g->m - co < WRI ? (int)(g->m - co) : WRI;
-        prefetch_outputs(g, it, co, r);
-        if (next != NULL)
-            prefetch_inputs(g, next, co / WRI, groups);
         const gemm_fn fn = WF(g_gemms)[it->nv][r];
-        for (int xi = 0; xi < 36; xi++)
+        for (int xi = 0; xi < 36; xi++) {
             fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * g->c * tb, tb, mb + xi * WR * tb);
+            prefetch_step(g, it, next, co, r, xi, step++, steps);
+        }
         for (int q = 0; q < r; q++)
             WF(output_transform4)(g, it, mb, q, co + q);
     }
