@@ -144,8 +144,9 @@ static void prefetch_in_unit(const wino_t *g, const item_t *it, int64_t k)
    channels whose products run now): the next group's output unit, and a share of the
    next item's input units (`next`, NULL: none). Group 0's outputs are prefetched
    before the input transform (step -1: all of them). */
-static void prefetch_step(const wino_t *g, const item_t *it, const item_t *next, int64_t co,
-                          int r, int64_t xi, int64_t step, int64_t steps)
+static inline __attribute__((always_inline)) void
+prefetch_step(const wino_t *g, const item_t *it, const item_t *next, int64_t co, int r,
+              int64_t xi, int64_t step, int64_t steps)
 {
     if (step < 0) {
         for (int64_t k = 0; k < r * g->tile; k++)
