@@ -81,6 +81,7 @@ typedef struct {
     int64_t tw, vr, cr; /* tiles per row, their vectors, chunks per row */
     int64_t items;
     int isa;
+    int prefetch; /* the arrays outgrow the L2 cache: prefetch_step's prefetches pay */
 } wino_t;
 
 typedef struct {
@@ -148,6 +149,8 @@ static inline __attribute__((always_inline)) void
 prefetch_step(const wino_t *g, const item_t *it, const item_t *next, int64_t co, int r,
               int64_t xi, int64_t step, int64_t steps)
 {
+    if (!g->prefetch)
+        return;
     if (step < 0) {
         for (int64_t k = 0; k < r * g->tile; k++)
             prefetch_out_unit(g, it, 0, r, k);
@@ -287,6 +290,10 @@ static void chunk_fn(void *ctx, int64_t chunk, int64_t nchunks)
 }
 
 #define CHUNKS_PER_THREAD 4
+/* X, Y and Z together over this many bytes: prefetch (below it they stay in the L2
+   cache between calls and the prefetches cost more than they save: the small cnn's
+   32x32 convs 0.112 -> 0.119 ms with them) */
+#define PREFETCH_MIN_BYTES (1 << 20)
 
 /* Y[n][m][oh][ow] = act(conv(X, W) + bias + Z) with W given as U ([P][m][c], see the top
    of the file; P = 16 for tile 2, F(2x2, 3x3), 36 for tile 4, F(4x4, 3x3)); bias and z
@@ -309,6 +316,8 @@ GEODE_EXPORT int32_t geode_conv_winograd(const float *x, const float *u, const f
     g.cr = (g.vr + WMAXNV - 1) / WMAXNV;
     g.items = n * ((oh + tile - 1) / tile) * g.cr;
     g.isa = geode_winograd_isa();
+    const int64_t outs = n * m * oh * ow * (z != NULL ? 2 : 1);
+    g.prefetch = (n * c * h * w + outs) * (int64_t)sizeof(float) > PREFETCH_MIN_BYTES;
     job_t job = {&g, 0, 0};
     const int64_t t = threads > 0 ? threads : geode_num_threads();
     int64_t chunks = t * CHUNKS_PER_THREAD;
