@@ -116,6 +116,7 @@ def test_winograd_matches_the_reference_over_random_shapes(case) -> None:
         ((2, 17, 13, 9, 230, 1), 4),  # 58 tiles a row: three items, two lanes in the last
         ((1, 16, 16, 8, 22, 1), 0),  # both transforms: 22 columns take F(2x2)
         ((1, 16, 16, 8, 24, 1), 0),  # and 24 F(4x4)
+        ((1, 32, 32, 64, 70, 1), 4),  # over 1 MB of X, Y (and Z): the prefetching path
     ],
 )
 def test_winograd_on_resnet_shapes(shape, tile) -> None:
