@@ -1,5 +1,6 @@
 """The Winograd conv (runtime/native/winograd.c through backends/llvm/conv_winograd.py):
-random shapes against the reference kernel (odd sizes, padding 0 and 1, channels that are
+random shapes against the reference kernel (odd sizes, padding 0 and 1 or uneven, SAME
+and VALID, channels that are
 no multiple of the vector width, batches, every epilogue, 1 to 3 threads, each vector
 path), the filter transform, the choice by shape and its record in ``explain()``, and the
 convs it must not take."""
@@ -25,8 +26,9 @@ from geode.runtime import native
 TOL = 3e-5
 
 
-def spec_of(c: int, m: int, pad: int, bias: bool, residual: bool, relu: bool, **kw) -> ConvSpec:
-    """A float32 3x3 conv's spec (``kw``: fields to change)."""
+def spec_of(c: int, m: int, pad, bias: bool, residual: bool, relu: bool, **kw) -> ConvSpec:
+    """A float32 3x3 conv's spec (``pad``: one pad for every side, or the four;
+    ``kw``: fields to change)."""
     base = ConvSpec(
         dtype="float32",
         spatial=2,
@@ -36,7 +38,7 @@ def spec_of(c: int, m: int, pad: int, bias: bool, residual: bool, relu: bool, **
         kernel=(3, 3),
         strides=(1, 1),
         dilations=(1, 1),
-        pads=(pad,) * 4,
+        pads=tuple(pad) if isinstance(pad, (tuple, list)) else (pad,) * 4,
         auto_pad="NOTSET",
         bias=bias,
         residual=residual,
@@ -53,7 +55,7 @@ def run_case(n, c, m, h, w, pad, bias, residual, relu, seed, tile, threads=(1, 2
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     wt = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
     b = rng.standard_normal(m).astype(np.float32) if bias else None
-    attrs = {"pads": [pad] * 4}
+    attrs = {"pads": list(pad) if isinstance(pad, (tuple, list)) else [pad] * 4}
     want = conv_nd(x, wt, b, attrs)
     z = rng.standard_normal(want.shape).astype(np.float32) if residual else None
     if z is not None:
@@ -78,15 +80,18 @@ def run_case(n, c, m, h, w, pad, bias, residual, relu, seed, tile, threads=(1, 2
 
 @st.composite
 def cases(draw):
-    """A random Winograd conv: odd sizes (partial tiles), padding 0 or 1, channels off the
-    vector width, batch 1 to 3, each epilogue."""
+    """A random Winograd conv: odd sizes (partial tiles), padding 0 or 1 or uneven pads,
+    channels off the vector width, batch 1 to 3, each epilogue."""
     pad = draw(st.integers(0, 1))
+    if draw(st.booleans()):  # or four pads of 0 to 2: top, left, bottom, right
+        pad = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    pt, pl, pb, pr = pad if isinstance(pad, tuple) else (pad,) * 4
     return {
         "n": draw(st.integers(1, 3)),
         "c": draw(st.integers(1, 20)),
         "m": draw(st.integers(1, 19)),
-        "h": draw(st.integers(3 - 2 * pad, 13)),
-        "w": draw(st.integers(3 - 2 * pad, 110)),
+        "h": draw(st.integers(max(1, 3 - pt - pb), 13)),
+        "w": draw(st.integers(max(1, 3 - pl - pr), 110)),
         "tile": draw(st.sampled_from([2, 4, 0])),  # 0: both, by the width at run time
         "pad": pad,
         "bias": draw(st.booleans()),
@@ -177,6 +182,19 @@ def test_relu_keeps_nan_and_transform_is_exact(tile) -> None:
     # outputs 0..3) or tile 0 (F(4x4): outputs 0..3); the last output row and column
     # are NaN-free either way
     assert not np.isnan(y[..., 5, :]).any() and not np.isnan(y[..., :, 5]).any()
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+def test_auto_pads(auto_pad) -> None:
+    """SAME pads (computed at run time) and VALID, against the reference."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 5, 9, 30)).astype(np.float32)
+    w = rng.standard_normal((6, 5, 3, 3)).astype(np.float32)
+    want = conv_nd(x, w, None, {"auto_pad": auto_pad})
+    spec = spec_of(5, 6, 0, False, False, False, auto_pad=auto_pad)
+    y = np.full(want.shape, np.nan, np.float32)
+    conv_kernel(spec)(x, np.concatenate([transform_filters(w, t) for t in (2, 4)]), y)
+    np.testing.assert_allclose(y, want, rtol=TOL, atol=TOL * 10)
 
 
 def test_the_raw_weight_is_refused() -> None:
