@@ -1,8 +1,7 @@
 """The Winograd conv (runtime/native/winograd.c through backends/llvm/conv_winograd.py):
 random shapes against the reference kernel (odd sizes, padding 0 and 1 or uneven, SAME
-and VALID, channels that are
-no multiple of the vector width, batches, every epilogue, 1 to 3 threads, each vector
-path), the filter transform, the choice by shape and its record in ``explain()``, and the
+and VALID, channels that are no multiple of the vector width, batches, every epilogue, 1
+to 3 threads, each vector path), the filter transform, the choice by shape and its record in ``explain()``, and the
 convs it must not take."""
 
 from __future__ import annotations
