@@ -218,8 +218,7 @@ static inline __attribute__((always_inline)) void WF(bt6)(const v8 *d, int sd, v
     out[5 * so] = four * d[sd] - five * d[3 * sd] + d[5 * sd];
 }
 
-/* Lanes t of columns j..j+1 of a row: p[4 t + j] for 8 tiles, from 32 floats (j: 0, 1
-   give columns 0..3 as c[0..3]; from p + 4, columns 4 and 5). */
+/* Lanes t of columns 0..3 of a row: c[j][t] = p[4 t + j] for 8 tiles, from 32 floats. */
 static inline __attribute__((always_inline)) void WF(cols4)(const float *p, v8 *c)
 {
     const v8 a0 = vload(p), a1 = vload(p + 8), a2 = vload(p + 16), a3 = vload(p + 24);
@@ -256,12 +255,13 @@ static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, fl
         }
         for (int64_t j = 0; j < it->nv; j++) {
             v8 d[6][6], t[6][6];
+            const v8i next = {1, 2, 3, 4, 5, 6, 7, 8};
             for (int i = 0; i < 6; i++) {
-                v8 hi4[4];
-                WF(cols4)(rows[i] + 32 * j, d[i]);
-                WF(cols4)(rows[i] + 32 * j + 4, hi4);
-                d[i][4] = hi4[0];
-                d[i][5] = hi4[1];
+                const float *p = rows[i] + 32 * j;
+                WF(cols4)(p, d[i]);
+                /* columns 4 and 5: columns 0 and 1 one tile on, p[32] and p[33] last */
+                d[i][4] = __builtin_shuffle(d[i][0], vsplat(p[32]), next);
+                d[i][5] = __builtin_shuffle(d[i][1], vsplat(p[33]), next);
             }
             for (int q = 0; q < 6; q++)
                 WF(bt6)(&d[0][q], 6, &t[0][q], 6); /* down each column */
