@@ -1,24 +1,27 @@
-/* geode native runtime: float32 Winograd F(2x2, 3x3) convolution (stride 1, dilation 1,
-   one group, NCHW) with its epilogue (bias, residual, Relu), split over the pool.
+/* geode native runtime: float32 Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution
+   (stride 1, dilation 1, one group, NCHW) with its epilogue (bias, residual, Relu), split
+   over the pool.
 
-   Each 2x2 block of outputs (a tile) of output channel co is
+   Each t x t block of outputs (a tile, t = 2 or 4) of output channel co is
      Y = A^T [ sum over ci of U[co][ci] * V[ci] ] A,   V = B^T d B,   U = G g G^T,
-   d the tile's 4x4 input window of channel ci, g the 3x3 filter; the sum is 16 products
-   of matrices, one per position xi of the 4x4 transformed tile: 2.25 times fewer
-   multiplies than the direct conv. U is computed once, when the model is compiled
-   (geode/codegen/winograd_weights.py), laid out [16][M][C] (position, output channel,
-   input channel).
+   d the tile's (t+2) x (t+2) input window of channel ci, g the 3x3 filter; the sum is
+   P = (t+2)^2 products of matrices, one per position xi of the transformed tile: 2.25
+   (t = 2) or 4 (t = 4) times fewer multiplies than the direct conv. U is computed once,
+   when the model is compiled (geode/codegen/winograd_weights.py), laid out [P][M][C]
+   (position, output channel, input channel).
 
    Work items: a chunk of up to WMAXNV vectors of 8 tiles of one tile row of one image
    (a tile row's vectors shared evenly among its chunks). Per item, in the thread's
-   scratch buffer: V for every input channel, [16][C][tb] (tb = the chunk's tiles, lanes
-   along the row); then per group of 4 output channels the 16 products [4 x C] @ [C x tb]
-   into a small buffer m[16][4][tb] (kept in L1), and the output transform of each
-   channel with the bias, the residual and Relu, written straight to Y as interleaved
-   rows. Every output is computed from its own tile, in the same order, whatever the item
-   boundaries or the thread count: the same bits on any split. The AVX-512VL, AVX2 + FMA
-   and plain paths (chosen at run time, winograd_set_isa to force one) differ only in
-   whether a product and a sum are fused, so their results differ by rounding. */
+   scratch buffer: V for every input channel, [P][C][tb] (tb = the chunk's tiles, lanes
+   along the row); then per group of WRI output channels (8 with AVX-512VL's 32 vector
+   registers, else 4) the P products [WRI x C] @ [C x tb] into a small buffer
+   m[P][WR][tb] (kept in L1), and the output transform of each channel with the bias, the
+   residual and Relu, written straight to Y as interleaved rows. Every output is computed
+   from its own tile, in the same order, whatever the item boundaries or the thread count:
+   the same bits on any split. The AVX-512VL, AVX2 + FMA and plain paths (chosen at run
+   time, winograd_set_isa to force one) differ only in whether a product and a sum are
+   fused, so their results differ by rounding. A NaN or Inf in a tile's input window
+   reaches all of the tile's outputs (the transforms mix the window). */
 
 #define _GNU_SOURCE
 #pragma GCC optimize("O3")

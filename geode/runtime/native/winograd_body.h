@@ -1,5 +1,5 @@
-/* geode native runtime: the body of the Winograd F(2x2, 3x3) convolution, included by
-   winograd.c once per instruction set, with WSUF (the functions' suffix) defined and a
+/* geode native runtime: the body of the Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution,
+   included by winograd.c once per instruction set, with WSUF (the functions' suffix) defined and a
    `#pragma GCC target` in force. Vectors are GCC vector extensions of 8 floats (one
    ymm register with AVX2 or AVX-512VL, SSE halves on the plain path); lanes are tiles of
    one tile row (see winograd.c for the layouts). */
