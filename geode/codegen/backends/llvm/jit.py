@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from geode.codegen.backends.llvm import linker
 from geode.errors import CodegenError
 
 __all__ = ["Loaded", "compile_ir", "initialize", "load_object", "optimized_ir", "assembly"]
@@ -232,16 +233,6 @@ def assembly(ir_text: str, target: Any, level: int = 3) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _lljit() -> Any:
-    import llvmlite.binding as llvm
-
-    from geode.codegen.backends.llvm.target import host
-
-    initialize()
-    return llvm.create_lljit_compiler(target_machine(host()))
-
-
-@functools.lru_cache(maxsize=1)
 def runtime_symbols() -> dict[str, int]:
     """Addresses of the native runtime's C functions that generated code calls."""
     from geode.runtime import native
@@ -277,20 +268,7 @@ def load_object(
     """Link object code into the process and return the addresses of ``exports``
     (``runtime``: the code calls the native runtime's functions; ``imports``: other
     symbols it calls, by address)."""
-    import llvmlite.binding as llvm
-
     with LOCK:
-        builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
-        for name, addr in {**(runtime_symbols() if runtime else {}), **(imports or {})}.items():
-            builder.import_symbol(name, addr)
-        for name in exports:
-            builder.export_symbol(name)
-        try:
-            tracker = builder.link(_lljit(), f"geode_lib{next(_names)}")
-        except RuntimeError as exc:
-            raise CodegenError(f"linking compiled code failed: {exc}") from None
-        addresses = {name: tracker[name] for name in exports}
-    missing = [n for n, a in addresses.items() if not a]
-    if missing:
-        raise CodegenError(f"compiled code lacks symbols {missing}")
-    return Loaded(tracker, addresses, obj, runtime, tuple(imports or ()))
+        imported = {**(runtime_symbols() if runtime else {}), **(imports or {})}
+        tracker = linker.link([obj], f"geode_lib{next(_names)}", exports, imported)
+    return Loaded(tracker, dict(tracker.addresses), obj, runtime, tuple(imports or ()))
