@@ -27,8 +27,6 @@ import logging
 import math
 import mmap
 import os
-import platform
-import subprocess
 import sys
 import threading
 import time
@@ -222,6 +220,8 @@ def cpu_name() -> str:
                     return " ".join(value.split())
     except OSError:
         pass
+    import platform  # here: a fallback that a warm start never takes
+
     return platform.processor() or platform.machine() or "unknown-cpu"
 
 
@@ -303,6 +303,8 @@ def detect_cache_sizes() -> tuple[int, int, int]:
     except OSError:
         pass
     if len(found) < 3:
+        import subprocess  # here: a fallback that a warm start never takes
+
         try:
             out = subprocess.run(
                 ["lscpu", "-C=NAME,ONE-SIZE"],
