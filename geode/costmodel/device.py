@@ -32,15 +32,17 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from geode.safe_files import atomic_write, read_file
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 #: Bumped whenever the JSON layout or the meaning of a field changes.
 FORMAT_VERSION = 1
@@ -763,6 +765,8 @@ def _claim(cache_dir: str) -> tuple[DeviceSpec | None, Future[DeviceSpec] | None
         fut = _PENDING.get(cache_dir)
         if fut is not None:
             return None, fut, False
+        from concurrent.futures import Future  # a calibration's: a warm start has none
+
         fut = Future()
         _PENDING[cache_dir] = fut
         return None, fut, True
@@ -818,6 +822,8 @@ def wait_calibration(cache_dir: str) -> None:
     with _specs_lock:
         fut = _PENDING.get(cache_dir)
     if fut is not None:
+        from concurrent.futures import wait
+
         wait([fut])
 
 
