@@ -79,3 +79,23 @@ def test_missing_export_is_a_codegen_error():
     obj = jit.compile_ir(ADD.replace("lk_add", "lk_add4"), host(), 2)
     with pytest.raises(CodegenError):
         linker.link([obj], "lk_test_missing", ["no_such_symbol"], {})
+
+
+def test_load_objects_links_one_library():
+    ext = jit.compile_ir(ADD.replace("lk_add", "lk_add5"), host(), 2)
+    caller = CALLS.replace("lk_ext(i64 %a)", "lk_add5(i64 %a, i64 %a)")
+    caller = caller.replace("lk_ext(i64 %x)", "lk_add5(i64 %x, i64 %x)")
+    caller = caller.replace("declare i64 @lk_ext(i64)", "declare i64 @lk_add5(i64, i64)")
+    obj = jit.compile_ir(caller.replace("lk_twice", "lk_quad"), host(), 2)
+    a, b = jit.load_objects([(ext, "lk_add5", False, ()), (obj, "lk_quad", False, ("lk_add5",))])
+    assert a.tracker is b.tracker and b.imports == ("lk_add5",) and b.obj == obj
+    quad = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(b["lk_quad"])
+    assert quad(3) == 12
+
+
+def test_load_objects_refuses_duplicates_and_forward_calls():
+    obj = jit.compile_ir(ADD.replace("lk_add", "lk_add6"), host(), 2)
+    with pytest.raises(CodegenError, match="export one symbol"):
+        jit.load_objects([(obj, "lk_add6", False, ()), (obj, "lk_add6", False, ())])
+    with pytest.raises(CodegenError, match="not linked before it"):
+        jit.load_objects([(obj, "lk_add6", False, ("lk_later",))])
