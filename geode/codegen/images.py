@@ -161,10 +161,11 @@ class ImageLoader:
             except (KeyError, TypeError, ValueError, IndexError, ModelFileError):
                 return {}
             indices.append(i)
-        entries = [entry for _, entry, _, _ in items]
+        if len({entry for _, entry, _, _ in items}) != len(items):
+            return {}
         earlier: set[str] = set()
         for _, entry, _, imports in items:
-            if len(set(entries)) != len(entries) or not earlier.issuperset(imports):
+            if not earlier.issuperset(imports):
                 return {}
             earlier.add(entry)
         return dict(zip(indices, jit.load_objects(items), strict=True)) if items else {}
