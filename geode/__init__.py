@@ -13,7 +13,6 @@ Public face::
 """
 
 from geode.compiler import ops as _registry  # noqa: F401  (registers every op)
-from geode.compiler.frontend import builder as ops
 from geode.compiler.ir import Graph, Node, TensorDesc, Value
 from geode.config import set_options
 from geode.errors import GeodeError
@@ -44,6 +43,11 @@ from geode.version import __version__ as __version__  # noqa: E402
 
 
 def __getattr__(name: str) -> object:
+    if name == "ops":  # the graph builder: imported when a graph is built, not by a load
+        from geode.compiler.frontend import builder
+
+        globals()["ops"] = builder
+        return builder
     if name == "tune":
         from geode.tuner import tune
 
