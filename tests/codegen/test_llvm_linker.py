@@ -48,8 +48,12 @@ def test_link_calls_and_unloads():
     assert add(40, 2) == 42
     lib.close()
     lib.close()  # a second close does nothing
-    del lib
+    dropped = linker.link([obj], "lk_test_add_dropped", ["lk_add"], {})
+    del dropped
     gc.collect()
+    assert linker._dead  # the finalizer only queues it (it may run under any lock)
+    linker.link([obj], "lk_test_add_next", ["lk_add"], {}).close()
+    assert not linker._dead  # unloaded by the next link
 
 
 def test_link_resolves_imports_by_address():

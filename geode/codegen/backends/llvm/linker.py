@@ -179,12 +179,26 @@ def _jit() -> int:
     return jit
 
 
+#: trackers of libraries the collector freed, unloaded at the next link or close: a
+#: finalizer takes no lock (the thread it runs on may hold llvmlite's, or this module's)
+_dead: list[int] = []
+
+
+def _unload(lib: ctypes.CDLL, trackers: list[int]) -> None:
+    """Unload the libraries of ``trackers`` (this module's lock held)."""
+    while trackers:
+        err = c_void_p()
+        lib.LLVMPY_LLJIT_Dylib_Tracker_Dispose(trackers.pop(), ctypes.byref(err))
+        _take_string(lib, err)
+
+
 class Library:
     """Object code linked into the process under ``name``: ``addresses`` of its exported
     symbols. The code stays mapped while this object is alive (see :func:`link`)."""
 
     def __init__(self, tracker: int, name: str, addresses: dict[str, int]) -> None:
         self._tracker = tracker
+        self._dead = _dead  # held here: at interpreter exit the module's globals may be gone
         self.name = name
         self.addresses = addresses
 
@@ -194,18 +208,14 @@ class Library:
     def close(self) -> None:
         """Unload the code (no symbol of it may be called after)."""
         tracker, self._tracker = self._tracker, 0
-        if tracker and not sys.is_finalizing():
-            with _locked() as lib:
-                err = c_void_p()
-                lib.LLVMPY_LLJIT_Dylib_Tracker_Dispose(tracker, ctypes.byref(err))
-                _take_string(lib, err)
+        with _locked() as lib:
+            _unload(lib, [tracker] if tracker else [])
+            _unload(lib, _dead)
 
     def __del__(self) -> None:
-        # not contextlib.suppress: at interpreter exit this module's globals may be gone
-        try:  # noqa: SIM105
-            self.close()
-        except Exception:  # noqa: BLE001 - the process unmaps the code anyway
-            pass
+        tracker, self._tracker = self._tracker, 0
+        if tracker:
+            self._dead.append(tracker)  # unloaded by the next link (at exit: by the process)
 
 
 def link(
@@ -229,6 +239,7 @@ def link(
         exp[i].name = sym.encode()
     jit = _jit()
     with _locked() as lib:
+        _unload(lib, _dead)
         err = c_void_p()
         tracker = lib.LLVMPY_LLJIT_Link(
             jit, name.encode(), elements, len(elements), imp, len(imp), exp, len(exp),
