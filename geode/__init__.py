@@ -13,7 +13,6 @@ Public face::
 """
 
 from geode.compiler import ops as _registry  # noqa: F401  (registers every op)
-from geode.compiler.frontend import builder as ops
 from geode.compiler.ir import Graph, Node, TensorDesc, Value
 from geode.config import set_options
 from geode.errors import GeodeError
@@ -32,11 +31,11 @@ __all__ = [
     "tune",
 ]
 # The runtime comes with the package: what loading a model file and running it use (the
-# session, the model-file reader, the native runtime, llvmlite's binding), so that
-# geode.load and a first run pay only for their own work. The compiler's symbolic
-# algebra (sympy) and the ONNX importer are imported by the first compile (geode.lazy).
-import llvmlite.binding as _llvm  # noqa: E402, F401, I001
-
+# session, the model-file reader, the native runtime), so that geode.load and a first
+# run pay only for their own work; the model's object code is linked through
+# libllvmlite's C functions (codegen/backends/llvm/linker.py), not llvmlite's Python
+# binding. The compiler's symbolic algebra (sympy), the ONNX importer and llvmlite's
+# binding (to compile IR) are imported by the first compile (geode.lazy).
 from geode.api import compile, load  # noqa: E402, A004
 from geode.modelfile import load as _modelfile_load  # noqa: E402, F401
 from geode.session import Session  # noqa: E402
@@ -44,6 +43,11 @@ from geode.version import __version__ as __version__  # noqa: E402
 
 
 def __getattr__(name: str) -> object:
+    if name == "ops":  # the graph builder: imported when a graph is built, not by a load
+        from geode.compiler.frontend import builder
+
+        globals()["ops"] = builder
+        return builder
     if name == "tune":
         from geode.tuner import tune
 

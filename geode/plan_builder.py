@@ -21,7 +21,7 @@ from geode.compiler import dtypes
 from geode.compiler.fusion.views import ViewSpec
 from geode.compiler.ir import Graph, Node, Value, ValueKind
 from geode.compiler.ops import registry
-from geode.compiler.passes.rewrite import SIDE_EFFECT_OPS
+from geode.compiler.ops.state import SIDE_EFFECT_OPS
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols, shape_str
 from geode.errors import ExecutionError
 from geode.runtime.engines import ENGINES

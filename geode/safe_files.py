@@ -24,7 +24,6 @@ import contextlib
 import logging
 import os
 import stat
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +126,8 @@ def atomic_writer(
     (:func:`file_mode` by default); ``sync``: flushed to the disk before it replaces
     ``path`` (for files the user keeps, not for caches). The folder must exist."""
     path = Path(path)
+    import tempfile  # here: reading (a warm start) needs no temporary file
+
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

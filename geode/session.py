@@ -27,7 +27,6 @@ import numpy as np
 import geode.config as config
 from geode.compiler.ir import Graph, format_graph
 from geode.compiler.ops import control
-from geode.compiler.partition.stages import has_stages
 from geode.debug import Dumper, log
 from geode.errors import CheckpointError, GeodeError, GraphError
 from geode.plan_builder import ALIAS, COMMIT, NO_STEP, Unit, held_keys
@@ -65,6 +64,8 @@ class Session:
             raise GraphError(f"compile() expects a geode.Graph, got {type(graph).__name__}")
         opts = config.current(**{**self._overrides, **options})  # read at every compile
         g = graph.copy()
+        from geode.compiler.partition.stages import has_stages  # a compile's: not a load's
+
         if has_stages(g):
             from geode.stages import compile_stages
 

@@ -27,13 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
 import json
 import logging
 import os
-import secrets
 import stat
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -111,6 +108,9 @@ def _create_key(path: Path) -> None:
     make_dirs(path.parent)
     with contextlib.suppress(OSError):
         os.chmod(path.parent, 0o700)
+    import secrets  # here and below: a warm start that checks no signature needs none
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp.", dir=path.parent)  # mode 0o600
     try:
         with os.fdopen(fd, "w") as f:
@@ -128,6 +128,8 @@ def _payload(manifest: Mapping[str, Any]) -> bytes:
 
 def sign(manifest: Mapping[str, Any], key: bytes) -> str:
     """The signature of ``manifest`` (its fields but ``hmac``) under ``key``, in hex."""
+    import hmac
+
     return hmac.new(key, _payload(manifest), hashlib.sha256).hexdigest()
 
 
@@ -138,6 +140,8 @@ def verify(manifest: Mapping[str, Any], key: bytes) -> bool:
     if not isinstance(got, str):
         return False
     try:
+        import hmac
+
         return hmac.compare_digest(got, sign(manifest, key))
     except (TypeError, ValueError):
         return False

@@ -1,7 +1,7 @@
 """geode.lazy: ``import geode``, loading a model file and running it import neither sympy
-nor onnx nor numba (the compiler's dependencies) nor ray (distributed tuning's), in a
-fresh process; the first compile imports sympy, and a loaded model with symbolic dims gives the compiled model's bits at
-every input size."""
+nor onnx nor numba nor llvmlite's binding (the compiler's dependencies) nor ray
+(distributed tuning's), in a fresh process; the first compile imports sympy, and a
+loaded model with symbolic dims gives the compiled model's bits at every input size."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from test_pytorch_models import DATA, MODELS
 import geode
 from geode.lazy import LazyModule
 
-_HEAVY = ("sympy", "onnx", "numba", "ray")
+_HEAVY = ("sympy", "onnx", "numba", "ray", "llvmlite.binding")
 
 
 def _child(code: str, *args: str, env: dict | None = None) -> dict:

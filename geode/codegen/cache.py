@@ -64,7 +64,6 @@ import math
 import os
 import pickle
 import re
-import shutil
 import sys
 import threading
 import time
@@ -232,6 +231,8 @@ def _wipe(entry: CacheEntry) -> None:
         with contextlib.suppress(OSError):
             p.unlink()
     with contextlib.suppress(OSError):
+        import shutil  # here and below: only removing entries needs it
+
         shutil.rmtree(entry.directory / "__pycache__")
     entry.hashes = {}
 
@@ -577,6 +578,8 @@ def clear_cache(cache_dir: str | os.PathLike[str]) -> int:
     n = 0
     for area in _AREAS:
         for d in list(_entry_dirs(cache_dir, area)):
+            import shutil
+
             shutil.rmtree(d, ignore_errors=True)
             n += area == KERNEL_AREA
         root = _area_dir(cache_dir, area)
@@ -645,6 +648,8 @@ def prune_cache(
     for used, size, d in sorted(entries, key=lambda e: e[0]):
         if left <= max_bytes or now - used < keep_recent:
             break
+        import shutil
+
         shutil.rmtree(d, ignore_errors=True)
         removed, freed, left = removed + 1, freed + size, left - size
     if removed:

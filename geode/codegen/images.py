@@ -8,7 +8,7 @@ epilogue), the kind of kernel (a fused kernel, a native conv, pool or LSTM with 
 spec, a GEMM with a fused epilogue) and its IR text (zlib-compressed, for
 ``model.kernels[i].source`` and ``.llvm``). Loading links the object code into the
 process (:func:`~geode.codegen.backends.llvm.jit.load_object`): no IR is parsed,
-optimized or compiled.
+optimized or compiled; a model's images are linked as one library (one link).
 
 Blobs are written and read through callables (``add(bytes) -> index``,
 ``blob(index) -> bytes``), so this module knows nothing of the file around it.
@@ -133,9 +133,10 @@ class ImageLoader:
         target = host()
         if any(isinstance(r, dict) and r.get("blas") for r in self._records):
             _configure_blas(self._label)
+        linked = self._link_together()
         for i, r in enumerate(self._records):
             try:
-                self.kernels.append(self._load(r, target))
+                self.kernels.append(self._load(r, target, linked.get(i)))
             except ModelFileError:
                 raise
             except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -145,12 +146,36 @@ class ImageLoader:
                 ) from None
         return self.kernels
 
+    def _link_together(self) -> dict[int, Any]:
+        """Every image's object code linked as one library (one link: most of a link's
+        cost is per library), by record index; empty when the table is not well formed
+        (then each image is linked on its own, and a bad one raises its own error)."""
+        items, indices = [], []
+        for i, r in enumerate(self._records):
+            if not isinstance(r, dict) or r.get("kind") == "dense":
+                continue
+            try:
+                obj = bytes(self._blob(r["object"]))
+                imports = tuple(str(n) for n in r["imports"])
+                items.append((obj, str(r["entry"]), bool(r["runtime"]), imports))
+            except (KeyError, TypeError, ValueError, IndexError, ModelFileError):
+                return {}
+            indices.append(i)
+        if len({entry for _, entry, _, _ in items}) != len(items):
+            return {}
+        earlier: set[str] = set()
+        for _, entry, _, imports in items:
+            if not earlier.issuperset(imports):
+                return {}
+            earlier.add(entry)
+        return dict(zip(indices, jit.load_objects(items), strict=True)) if items else {}
+
     def _kernel(self, index: Any) -> Any:
         if not isinstance(index, int) or not 0 <= index < len(self.kernels):
             raise ModelFileError(f"model file {self._label!r}: bad kernel reference {index!r}")
         return self.kernels[index]
 
-    def _load(self, r: dict[str, Any], target: Any) -> Any:
+    def _load(self, r: dict[str, Any], target: Any, linked: Any = None) -> Any:
         if r["kind"] == "dense":
             entry, epilogue = self._kernel(r["entry"]), self._kernel(r["epilogue"])
             return DenseKernel(str(r["name"]), entry, epilogue, entry.source)
@@ -162,9 +187,11 @@ class ImageLoader:
                 raise ModelFileError(f"model file {self._label!r}: no kernel exports {name!r}")
             imports[name] = self._exports[name]
         entry = str(r["entry"])
-        loaded = jit.load_object(
-            bytes(self._blob(r["object"])), [entry], runtime=bool(r["runtime"]), imports=imports
-        )
+        if linked is None:
+            linked = jit.load_object(
+                bytes(self._blob(r["object"])), [entry], runtime=bool(r["runtime"]), imports=imports
+            )
+        loaded = linked
         self._exports[entry] = loaded[entry]
         loaded.level = int(r.get("opt_level", 3))
         args = tuple(

@@ -25,8 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from geode.errors import ShapeError
 
@@ -42,7 +41,12 @@ __all__ = [
 #: deeper trees than this are refused (a file cannot exhaust the stack)
 MAX_DEPTH = 64
 
-Value = int | Fraction
+if TYPE_CHECKING:  # at run time fractions is imported where a rational is made (2 ms)
+    from fractions import Fraction
+
+    Value = int | Fraction
+else:
+    Value = Any  # an int or a fractions.Fraction
 Env = Mapping[str, int]
 Eval = Callable[[Env], Value]
 
@@ -76,6 +80,8 @@ def _product(*values: Value) -> Value:
 def _power(a: Value, b: Value) -> Value:
     if a == 0 and b < 0:
         raise ShapeError("a dim divides by 0")
+    from fractions import Fraction
+
     return Fraction(a) ** int(b)
 
 
@@ -179,6 +185,8 @@ def _compile(expr: Any, depth: int, symbols: set[str]) -> Eval:
         ok = len(args) == 2 and all(isinstance(a, int) and not isinstance(a, bool) for a in args)
         if not ok or args[1] == 0:
             raise ValueError(f"bad rational in a dim expression: {expr!r}"[:200])
+        from fractions import Fraction
+
         q = Fraction(args[0], args[1])
         return lambda env: q
     entry = OPS.get(op)

@@ -15,10 +15,28 @@ and :mod:`.report` (``python -m geode.costmodel.report``; layer cli), which noth
 in the package imports.
 """
 
-from .device import DeviceSpec, calibrate, default_spec, load_or_calibrate
-from .profiling import Sample, Timing, compare, measure, measure_interleaved
-from .projected import ProjectedModel, ScheduleFeatures
-from .sol import Decision, KernelWork, decide_merge, estimate, fusion_gain
+import importlib
+from typing import Any
+
+#: the package's names, by the module they come from: imported on first use (a warm
+#: start needs only :mod:`.device`, and the others cost milliseconds to import)
+_EXPORTS = {
+    "device": ("DeviceSpec", "calibrate", "default_spec", "load_or_calibrate"),
+    "profiling": ("Sample", "Timing", "compare", "measure", "measure_interleaved"),
+    "projected": ("ProjectedModel", "ScheduleFeatures"),
+    "sol": ("Decision", "KernelWork", "decide_merge", "estimate", "fusion_gain"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'geode.costmodel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Decision",

@@ -27,22 +27,22 @@ import logging
 import math
 import mmap
 import os
-import platform
-import subprocess
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from geode.safe_files import atomic_write, read_file
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 #: Bumped whenever the JSON layout or the meaning of a field changes.
 FORMAT_VERSION = 1
@@ -222,6 +222,8 @@ def cpu_name() -> str:
                     return " ".join(value.split())
     except OSError:
         pass
+    import platform  # here: a fallback that a warm start never takes
+
     return platform.processor() or platform.machine() or "unknown-cpu"
 
 
@@ -245,8 +247,13 @@ def numba_version() -> str:
     spec = importlib.util.find_spec("numba")
     if spec is None or not spec.origin:
         return "none"
-    for info in sorted(Path(spec.origin).parent.parent.glob("numba-*.dist-info")):
-        return info.name[len("numba-") : -len(".dist-info")]
+    try:
+        names = sorted(os.listdir(Path(spec.origin).parent.parent))  # no glob: 1 ms less
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith("numba-") and name.endswith(".dist-info"):
+            return name[len("numba-") : -len(".dist-info")]
     try:
         from importlib.metadata import version
 
@@ -303,6 +310,8 @@ def detect_cache_sizes() -> tuple[int, int, int]:
     except OSError:
         pass
     if len(found) < 3:
+        import subprocess  # here: a fallback that a warm start never takes
+
         try:
             out = subprocess.run(
                 ["lscpu", "-C=NAME,ONE-SIZE"],
@@ -761,6 +770,8 @@ def _claim(cache_dir: str) -> tuple[DeviceSpec | None, Future[DeviceSpec] | None
         fut = _PENDING.get(cache_dir)
         if fut is not None:
             return None, fut, False
+        from concurrent.futures import Future  # a calibration's: a warm start has none
+
         fut = Future()
         _PENDING[cache_dir] = fut
         return None, fut, True
@@ -816,6 +827,8 @@ def wait_calibration(cache_dir: str) -> None:
     with _specs_lock:
         fut = _PENDING.get(cache_dir)
     if fut is not None:
+        from concurrent.futures import wait
+
         wait([fut])
 
 

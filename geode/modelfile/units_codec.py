@@ -20,7 +20,7 @@ from geode.codegen.winograd_weights import WinogradWeight, winograd_value
 from geode.compiler.fusion.views import alias_view
 from geode.compiler.ir import Graph, Value
 from geode.compiler.ops import state
-from geode.compiler.partition.placement import input_symbols
+from geode.compiler.partition.dynamic_shape import input_symbols
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn
 from geode.errors import CodegenError, ModelFileError
 from geode.modelfile.container import Container, Writer

@@ -77,6 +77,22 @@ def test_loaded_model_saves_again(tmp_path):
     _same(model.run(feeds), geode.load(tmp_path / "b.geode").run(feeds))
 
 
+def test_loaded_kernels_share_one_library(tmp_path, monkeypatch):
+    """A model file's kernels are linked in one link (codegen/images.py): one library
+    for all, the GEMM entries calling their epilogues inside it."""
+    from geode.codegen.backends.llvm import linker
+
+    model = geode.load(os.path.join(DATA, "torch_bert.onnx"))
+    model.save(tmp_path / "bert.geode")
+    links, real = [], linker.link
+    monkeypatch.setattr(linker, "link", lambda objs, *a: links.append(len(objs)) or real(objs, *a))
+    feeds = MODELS["torch_bert.onnx"](np.random.default_rng(2))
+    loaded = geode.load(tmp_path / "bert.geode", session=geode.Session())
+    for f in feeds:
+        _same(model.run(f), loaded.run(f))
+    assert len(links) == 1 and links[0] > 3
+
+
 def test_kernel_source_and_explain_survive(tmp_path):
     ex = examples.ALL["softmax"]()
     model = geode.compile(ex.graph)

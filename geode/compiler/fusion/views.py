@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from geode.compiler.fusion.groups import Group
 from geode.compiler.ir import Graph, Node, ValueKind
 from geode.compiler.shapes import free_symbols
+
+if TYPE_CHECKING:
+    from geode.compiler.fusion.groups import Group
 
 __all__ = ["RESHAPE_VIEWS", "ViewSpec", "alias_view", "view_copy_reason"]
 

@@ -1,22 +1,13 @@
 """The op registry and every registered op prototype.
 
-Importing this package registers all ops; ``registry.get(op_type)`` finds one.
+The prototypes are defined by family (``control``, ``elementwise``, ``nn``, ...: see
+:data:`~geode.compiler.ops.registry.FAMILIES`), each family's module imported by the
+first lookup of one of its ops (``registry.get(op_type)``, ``has``, ``register``;
+``all_ops`` imports them all): loading a compiled model that runs only a few ops on the
+reference engines imports only their families.
 """
 
-from geode.compiler.ops import control as _control  # noqa: F401
-from geode.compiler.ops import elementwise as _elementwise  # noqa: F401
-from geode.compiler.ops import host as _host  # noqa: F401
-from geode.compiler.ops import image as _image  # noqa: F401
-from geode.compiler.ops import layout as _layout  # noqa: F401
-from geode.compiler.ops import nn as _nn  # noqa: F401
-from geode.compiler.ops import quant as _quant  # noqa: F401
-from geode.compiler.ops import reduce as _reduce  # noqa: F401
 from geode.compiler.ops import registry
-from geode.compiler.ops import rnn as _rnn  # noqa: F401
-from geode.compiler.ops import scatter as _scatter  # noqa: F401
-from geode.compiler.ops import signal as _signal  # noqa: F401
-from geode.compiler.ops import state as _state  # noqa: F401
-from geode.compiler.ops import strings as _strings  # noqa: F401
 from geode.compiler.ops.registry import OpDef, OpKind, all_ops, get, has, register
 
 __all__ = ["OpDef", "OpKind", "all_ops", "get", "has", "register", "registry"]

@@ -19,6 +19,8 @@ Registering an op::
 from __future__ import annotations
 
 import enum
+import importlib
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -151,30 +153,80 @@ class OpDef:
 
 _REGISTRY: dict[tuple[str, str], OpDef] = {}
 
+#: the modules (``geode.compiler.ops.<family>``) that define geode's op prototypes
+FAMILIES = (
+    "control", "elementwise", "host", "image", "layout", "nn", "quant", "reduce", "rnn",
+    "scatter", "signal", "state", "strings",
+)  # fmt: skip
+
+
+def load_family(family: str) -> None:
+    """Import the op family ``family`` (one of :data:`FAMILIES`): its ops are registered
+    once the import returns (a family imported on this thread already, or being imported,
+    is not imported again)."""
+    if family not in FAMILIES:
+        raise GeodeError(f"no op family {family!r}; the families are {FAMILIES}")
+    importlib.import_module(f"{__package__}.{family}")
+
+
+def load_all() -> None:
+    """Import every op family."""
+    for family in FAMILIES:
+        load_family(family)
+
+
+def _key(op_type: str, domain: str) -> tuple[str, str]:
+    return ("" if domain in ("", "ai.onnx") else domain, op_type)
+
+
+def _lookup(key: tuple[str, str]) -> OpDef | None:
+    """The prototype of ``key``, its family imported first when it is not registered
+    yet (every family when the op is not in the family table)."""
+    opdef = _REGISTRY.get(key)
+    if opdef is None:
+        from geode.compiler.ops.family_table import FAMILY_OF
+
+        family = FAMILY_OF.get(key)
+        if family is not None:
+            load_family(family)
+            opdef = _REGISTRY.get(key)
+        if opdef is None:
+            load_all()
+            opdef = _REGISTRY.get(key)
+    return opdef
+
 
 def register(opdef: OpDef) -> OpDef:
-    """Add an op prototype (replacing one of the same domain and type)."""
-    _REGISTRY[(opdef.domain, opdef.op_type)] = opdef
+    """Add an op prototype (replacing one of the same domain and type: the family that
+    defines one of geode's is imported first, so that it does not replace this one
+    later)."""
+    key = (opdef.domain, opdef.op_type)
+    if key not in _REGISTRY:
+        from geode.compiler.ops.family_table import FAMILY_OF
+
+        family = FAMILY_OF.get(key)
+        if family is not None and f"{__package__}.{family}" not in sys.modules:
+            load_family(family)
+    _REGISTRY[key] = opdef
     return opdef
 
 
 def get(op_type: str, domain: str = "", where: str = "") -> OpDef:
     """The prototype of an op type; UnknownOpError if none is registered."""
-    dom = "" if domain in ("", "ai.onnx") else domain
-    try:
-        return _REGISTRY[(dom, op_type)]
-    except KeyError:
-        raise UnknownOpError(op_type, domain, where=where) from None
+    opdef = _lookup(_key(op_type, domain))
+    if opdef is None:
+        raise UnknownOpError(op_type, domain, where=where)
+    return opdef
 
 
 def has(op_type: str, domain: str = "") -> bool:
     """Whether an op type is registered."""
-    dom = "" if domain in ("", "ai.onnx") else domain
-    return (dom, op_type) in _REGISTRY
+    return _lookup(_key(op_type, domain)) is not None
 
 
 def all_ops() -> list[OpDef]:
     """Every registered prototype, sorted by type."""
+    load_all()
     return sorted(_REGISTRY.values(), key=lambda d: (d.domain, d.op_type))
 
 

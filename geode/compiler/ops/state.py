@@ -30,6 +30,11 @@ WRITE_OPS = frozenset({"Assign", "AssignAdd", "AssignSub"})
 VAR_REF = "VarRef"
 #: the query op
 VAR_IS_INITIALIZED = "VarIsInitialized"
+#: ops that write state (GE's Assign family, and the VarRef node the variable-prepare
+#: pass leaves per written variable); never removed, merged or folded.
+SIDE_EFFECT_OPS = frozenset(
+    {"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "ScatterUpdate", "VarRef"}
+)
 
 _ANY = dtypes.ALL
 

@@ -16,14 +16,9 @@ import numpy as np
 
 from geode.compiler.ir import Graph, Node, TensorDesc, Value, ValueKind
 from geode.compiler.ops import registry
+from geode.compiler.ops.state import SIDE_EFFECT_OPS
 from geode.compiler.shapes import Shape, dims_equal, is_static
 from geode.errors import GeodeError
-
-#: ops that write state (GE's Assign family, and the VarRef node the variable-prepare
-#: pass leaves per written variable); never removed, merged or folded.
-SIDE_EFFECT_OPS = frozenset(
-    {"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "ScatterUpdate", "VarRef"}
-)
 
 #: ops whose results are random; never folded or merged.
 RANDOM_OPS = frozenset(

@@ -9,8 +9,9 @@ keeps (:mod:`geode.codegen.backends.llvm.objcache`), so a warm start runs no opt
 
 The JIT resolves undefined symbols against the process (libm's ``expf``, ``malloc``,
 ...) and against geode's native runtime (:mod:`geode.runtime.native`: the thread pool
-that parallel loops call). Each loaded object is its own JIT library, kept alive by
-the :class:`Loaded` handle; dropping the last reference unloads its machine code.
+that parallel loops call). Each :func:`load_object` is its own JIT library and a
+:func:`load_objects` one for all its objects, kept alive by the :class:`Loaded` handles;
+dropping the last reference unloads the machine code.
 
 LLVM's global context is not safe to use from several threads at once: the inspection
 helpers and every link hold one process-wide lock (:data:`LOCK`). :func:`compile_ir` uses
@@ -33,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from geode.codegen.backends.llvm import linker
 from geode.errors import CodegenError
 
 __all__ = ["Loaded", "compile_ir", "initialize", "load_object", "optimized_ir", "assembly"]
@@ -232,16 +234,6 @@ def assembly(ir_text: str, target: Any, level: int = 3) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _lljit() -> Any:
-    import llvmlite.binding as llvm
-
-    from geode.codegen.backends.llvm.target import host
-
-    initialize()
-    return llvm.create_lljit_compiler(target_machine(host()))
-
-
-@functools.lru_cache(maxsize=1)
 def runtime_symbols() -> dict[str, int]:
     """Addresses of the native runtime's C functions that generated code calls."""
     from geode.runtime import native
@@ -277,20 +269,34 @@ def load_object(
     """Link object code into the process and return the addresses of ``exports``
     (``runtime``: the code calls the native runtime's functions; ``imports``: other
     symbols it calls, by address)."""
-    import llvmlite.binding as llvm
-
     with LOCK:
-        builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
-        for name, addr in {**(runtime_symbols() if runtime else {}), **(imports or {})}.items():
-            builder.import_symbol(name, addr)
-        for name in exports:
-            builder.export_symbol(name)
-        try:
-            tracker = builder.link(_lljit(), f"geode_lib{next(_names)}")
-        except RuntimeError as exc:
-            raise CodegenError(f"linking compiled code failed: {exc}") from None
-        addresses = {name: tracker[name] for name in exports}
-    missing = [n for n, a in addresses.items() if not a]
-    if missing:
-        raise CodegenError(f"compiled code lacks symbols {missing}")
-    return Loaded(tracker, addresses, obj, runtime, tuple(imports or ()))
+        imported = {**(runtime_symbols() if runtime else {}), **(imports or {})}
+        tracker = linker.link([obj], f"geode_lib{next(_names)}", exports, imported)
+    return Loaded(tracker, dict(tracker.addresses), obj, runtime, tuple(imports or ()))
+
+
+def load_objects(items: list[tuple[bytes, str, bool, tuple[str, ...]]]) -> list[Loaded]:
+    """Link several objects into the process as one library: ``items`` are ``(object
+    code, its entry symbol, whether it calls the native runtime, the entries of other
+    items it calls)``, in an order where each calls only earlier ones. One link of many
+    objects costs little more than one of a single object (LLVM's per-library work is
+    most of a small link), so a model's kernels load together. Raises CodegenError when
+    two items export one entry, an item calls one not before it, or LLVM refuses."""
+    entries = [entry for _, entry, _, _ in items]
+    if len(set(entries)) != len(entries):
+        raise CodegenError(f"several kernels export one symbol: {sorted(entries)}")
+    seen: set[str] = set()
+    for _, entry, _, imports in items:
+        missing = [name for name in imports if name not in seen]
+        if missing:
+            raise CodegenError(f"kernel {entry!r} calls {missing}, not linked before it")
+        seen.add(entry)
+    with LOCK:
+        imported = runtime_symbols() if any(runtime for _, _, runtime, _ in items) else {}
+        library = linker.link(
+            [obj for obj, _, _, _ in items], f"geode_lib{next(_names)}", entries, imported
+        )
+    return [
+        Loaded(library, {entry: library[entry]}, obj, runtime, imports)
+        for obj, entry, runtime, imports in items
+    ]

@@ -66,12 +66,13 @@ log = logging.getLogger(__name__)
 
 @functools.lru_cache(maxsize=1)
 def _versions() -> dict[str, str]:
-    import llvmlite
-    import llvmlite.binding as llvm
+    import llvmlite  # the package only: llvmlite.binding is not needed to ask
+
+    from geode.codegen.backends.llvm.linker import llvm_version
 
     return {
         "llvmlite": llvmlite.__version__,
-        "llvm": ".".join(map(str, llvm.llvm_version_info)),
+        "llvm": ".".join(map(str, llvm_version())),
         "codegen_version": CODEGEN_VERSION,
         "python": sys.implementation.cache_tag or sys.version,
     }

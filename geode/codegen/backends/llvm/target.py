@@ -94,18 +94,12 @@ def _vector_width(features: str, setting: str) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _host(setting: str) -> Target:
-    import llvmlite.binding as llvm
+    from geode.codegen.backends.llvm.linker import host_cpu  # no llvmlite.binding import
 
-    from geode.codegen.backends.llvm.jit import initialize
-
-    initialize()
-    try:
-        features = llvm.get_host_cpu_features().flatten()
-    except RuntimeError:  # some hosts cannot report their features
-        features = ""
+    triple, cpu, features = host_cpu()
     return Target(
-        triple=llvm.get_process_triple(),
-        cpu=llvm.get_host_cpu_name(),
+        triple=triple,
+        cpu=cpu,
         features=features,
         prefer_vector_width=_vector_width(features, setting),
     )
