@@ -14,6 +14,7 @@ from onnx.reference import ReferenceEvaluator
 
 import geode
 from geode.codegen.dense import DenseKernel
+from geode.compiler.fusion.epilogue import value_role
 from geode.compiler.fusion import profit
 from geode.errors import ExecutionError
 
@@ -283,9 +284,10 @@ def test_random_epilogues_match_the_reference(lead, k, n, steps, dtype):
 # -- batched products, hoisted mask preparation, a second GEMM (attention, MLP) ---------------
 
 
-def _attention_proto(h=3, s=70, d=8, causal=True):
+def _attention_proto(h=3, s=70, d=8, causal=True, causal_rank=4):
     """BERT/GPT-style attention: scale, a padding mask prepared from int64 ids (Unsqueeze,
-    Cast, Sub, Mul: hoisted, it does not read the scores), a causal mask, softmax, @ V."""
+    Cast, Sub, Mul: hoisted, it does not read the scores), a causal mask (``[s, s]`` with
+    leading 1s up to ``causal_rank``), softmax, @ V."""
     nodes = [
         helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
         helper.make_node("MatMul", ["q", "kt"], ["sc"]),
@@ -309,7 +311,9 @@ def _attention_proto(h=3, s=70, d=8, causal=True):
         numpy_helper.from_array(np.array([1, 2], np.int64), "ax"),
         numpy_helper.from_array(np.array(1.0, np.float32), "one"),
         numpy_helper.from_array(np.array(-10000.0, np.float32), "big"),
-        numpy_helper.from_array(np.tril(np.ones((s, s), bool))[None, None], "causal"),
+        numpy_helper.from_array(
+            np.tril(np.ones((s, s), bool)).reshape((1,) * (causal_rank - 2) + (s, s)), "causal"
+        ),
         numpy_helper.from_array(np.array(-1e9, np.float32), "ninf"),
     ]
     qkv = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", h, s, d]) for n in "qkv"]
@@ -339,6 +343,43 @@ def test_attention_is_one_fused_kernel(causal, batch):
     assert ops[0] == "MatMul" and ops[-1] == "MatMul" and "ReduceMax" in ops, ops
     assert "Unsqueeze" not in ops  # the mask's preparation runs before, on its own
     np.testing.assert_allclose(model.run(feeds)["o"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal_rank", [2, 3])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_with_a_lower_rank_causal_mask_is_one_fused_kernel(causal_rank, threads):
+    """A causal mask of fewer dims than the scores (``[s, s]``, as GPT-2's export makes it
+    from Trilu) broadcasts like numpy's leading 1s: a ``bfull`` input, the attention still
+    one kernel, its heads split over the pool."""
+    h, s, d = 4, 33, 8
+    proto = _attention_proto(h, s, d, True, causal_rank)
+    feeds = {n: _rand(2, h, s, d) for n in "qkv"}
+    feeds["mask"] = (RNG.random((2, s)) > 0.2).astype(np.int64)
+    (want,) = ReferenceEvaluator(proto).run(None, feeds)
+    model = geode.compile(proto, num_threads=threads)
+    dense = _dense_kernels(model)
+    assert len(dense) == 1 and [n.op_type for n in dense[0].ops].count("MatMul") == 2, (
+        model.explain()
+    )
+    np.testing.assert_allclose(model.run(feeds)["o"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_lower_rank_batch_broadcast_roles():
+    """The roles of values of fewer dims than a batched product ``[2, 3, 5, 6]``."""
+    g = geode.Graph("roles")
+    y = g.input("y", [2, 3, 5, 6])
+    for shape, role in [
+        ([5, 6], "bfull"),
+        ([3, 5, 6], "bfull"),
+        ([1, 5, 6], "bfull"),
+        ([3, 1, 6], "brow"),
+        ([4, 5, 6], None),  # a batch dim neither Y's nor 1
+        ([5, 1], None),  # a value per row, but of fewer dims: no role
+        ([6, 6], None),  # rows other than Y's
+    ]:
+        v = g.input("v" + "_".join(map(str, shape)), shape)
+        assert value_role(v, y, batched=True) == role, shape
+        assert value_role(v, y, batched=False) in (None, "row"), shape
 
 
 def test_mlp_second_layer_runs_per_panel():
