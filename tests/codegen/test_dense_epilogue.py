@@ -14,8 +14,8 @@ from onnx.reference import ReferenceEvaluator
 
 import geode
 from geode.codegen.dense import DenseKernel
-from geode.compiler.fusion.epilogue import value_role
 from geode.compiler.fusion import profit
+from geode.compiler.fusion.epilogue import value_role
 from geode.errors import ExecutionError
 
 RNG = np.random.default_rng(7)
@@ -504,3 +504,31 @@ def test_float16_gemm_and_matmul_compute_natively_in_float32(trans_b):
     scale = float(np.abs(want.astype(np.float32)).max())
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=4e-3 * scale)
     np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), atol=4e-3 * scale)
+
+
+def test_many_large_panels_run_on_the_pool_in_one_launch():
+    """A batch of attention heads whose GEMMs are each too large for the small-GEMM rule:
+    with PAR_PANELS panels per thread or more, the panels go to the pool (one launch for
+    the op, each GEMM single-threaded), the same bits as on one thread."""
+    from geode.codegen.backends.llvm.dense import PAR_PANELS
+    from geode.runtime import native
+
+    b, h, s, d = 2, 4, 128, 64
+    g = geode.Graph("heads")
+    q = g.input("q", [b, h, s, d])
+    kt = g.input("kt", [b, h, d, s])
+    v = g.input("v", [b, h, s, d])
+    p = g.op("Softmax", g.op("Mul", g.op("MatMul", q, kt), g.constant(np.float32(0.125))), axis=-1)
+    g.output(g.op("MatMul", p, v), names=["o"])
+    feeds = {"q": _rand(b, h, s, d), "kt": _rand(b, h, d, s), "v": _rand(b, h, s, d)}
+    one = geode.compile(g, num_threads=1).run(feeds)
+    model = geode.compile(g, num_threads=2)
+    assert len(_dense_kernels(model)) == 1 and len(model.kernels) == 1, model.explain()
+    before = native.pool_info()["launches"]
+    got = model.run(feeds)
+    launches = native.pool_info()["launches"] - before
+    np.testing.assert_array_equal(got["o"], one["o"])
+    _close(got, geode.compile(g, codegen=False).run(feeds))
+    assert b * h >= PAR_PANELS * 2
+    if native.get_num_threads() >= 2:
+        assert launches == 1, launches
