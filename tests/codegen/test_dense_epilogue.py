@@ -364,6 +364,27 @@ def test_attention_with_a_lower_rank_causal_mask_is_one_fused_kernel(causal_rank
     np.testing.assert_allclose(model.run(feeds)["o"], want, rtol=1e-5, atol=1e-6)
 
 
+def test_batched_epilogue_with_lower_rank_rows_and_matrices():
+    """A row per head ``[3, 1, 6]`` and one matrix for all ``[5, 6]``, both of fewer dims
+    than the product ``[2, 3, 5, 6]``: one dense kernel, right."""
+    g = geode.Graph("bat_low")
+    a = g.input("a", [2, 3, 5, 4])
+    b = g.input("b", [2, 3, 4, 6])
+    rows = g.input("rows", [3, 1, 6])
+    mats = g.input("mats", [5, 6])
+    y = g.op("Mul", g.op("Add", g.op("MatMul", a, b), rows), mats)
+    g.output(g.op("Softmax", y, axis=-1), names=["y"])
+    feeds = {
+        "a": _rand(2, 3, 5, 4),
+        "b": _rand(2, 3, 4, 6),
+        "rows": _rand(3, 1, 6),
+        "mats": _rand(5, 6),
+    }
+    model, got, want = _run_both(g, feeds)
+    assert len(_dense_kernels(model)) == 1, model.explain()
+    _close(got, want)
+
+
 def test_lower_rank_batch_broadcast_roles():
     """The roles of values of fewer dims than a batched product ``[2, 3, 5, 6]``."""
     g = geode.Graph("roles")
