@@ -537,6 +537,13 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     job.inputs = [a, packed_value(b) if packed[0] else b, *ins]
     notes = [("" if i == 0 else "V: ") + c.text for i, c in enumerate(choices) if c is not None]
     job.weights = "; then ".join(notes)
+    if packed[0] and (second is None or packed[1]):
+        from geode.codegen.backends.llvm.dense import SPLIT_ROWS
+
+        job.weights += (
+            f"; up to {SPLIT_ROWS} rows per thread: a panel per thread (GEMM, epilogue"
+            f"{', second GEMM' if second is not None else ''} on one thread), one pool launch"
+        )
     nodes = [pg.dense, second]
     job.packed_nodes = tuple(n.name for n, p in zip(nodes, packed) if p and n is not None)
     job.outputs = outs

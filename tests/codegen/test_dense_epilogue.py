@@ -15,6 +15,7 @@ from onnx.reference import ReferenceEvaluator
 import geode
 from geode.codegen.dense import DenseKernel
 from geode.compiler.fusion import profit
+from geode.compiler.fusion.epilogue import value_role
 from geode.errors import ExecutionError
 
 RNG = np.random.default_rng(7)
@@ -283,9 +284,10 @@ def test_random_epilogues_match_the_reference(lead, k, n, steps, dtype):
 # -- batched products, hoisted mask preparation, a second GEMM (attention, MLP) ---------------
 
 
-def _attention_proto(h=3, s=70, d=8, causal=True):
+def _attention_proto(h=3, s=70, d=8, causal=True, causal_rank=4):
     """BERT/GPT-style attention: scale, a padding mask prepared from int64 ids (Unsqueeze,
-    Cast, Sub, Mul: hoisted, it does not read the scores), a causal mask, softmax, @ V."""
+    Cast, Sub, Mul: hoisted, it does not read the scores), a causal mask (``[s, s]`` with
+    leading 1s up to ``causal_rank``), softmax, @ V."""
     nodes = [
         helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
         helper.make_node("MatMul", ["q", "kt"], ["sc"]),
@@ -309,7 +311,9 @@ def _attention_proto(h=3, s=70, d=8, causal=True):
         numpy_helper.from_array(np.array([1, 2], np.int64), "ax"),
         numpy_helper.from_array(np.array(1.0, np.float32), "one"),
         numpy_helper.from_array(np.array(-10000.0, np.float32), "big"),
-        numpy_helper.from_array(np.tril(np.ones((s, s), bool))[None, None], "causal"),
+        numpy_helper.from_array(
+            np.tril(np.ones((s, s), bool)).reshape((1,) * (causal_rank - 2) + (s, s)), "causal"
+        ),
         numpy_helper.from_array(np.array(-1e9, np.float32), "ninf"),
     ]
     qkv = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", h, s, d]) for n in "qkv"]
@@ -339,6 +343,64 @@ def test_attention_is_one_fused_kernel(causal, batch):
     assert ops[0] == "MatMul" and ops[-1] == "MatMul" and "ReduceMax" in ops, ops
     assert "Unsqueeze" not in ops  # the mask's preparation runs before, on its own
     np.testing.assert_allclose(model.run(feeds)["o"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal_rank", [2, 3])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_with_a_lower_rank_causal_mask_is_one_fused_kernel(causal_rank, threads):
+    """A causal mask of fewer dims than the scores (``[s, s]``, as GPT-2's export makes it
+    from Trilu) broadcasts like numpy's leading 1s: a ``bfull`` input, the attention still
+    one kernel, its heads split over the pool."""
+    h, s, d = 4, 33, 8
+    proto = _attention_proto(h, s, d, True, causal_rank)
+    feeds = {n: _rand(2, h, s, d) for n in "qkv"}
+    feeds["mask"] = (RNG.random((2, s)) > 0.2).astype(np.int64)
+    (want,) = ReferenceEvaluator(proto).run(None, feeds)
+    model = geode.compile(proto, num_threads=threads)
+    dense = _dense_kernels(model)
+    assert len(dense) == 1 and [n.op_type for n in dense[0].ops].count("MatMul") == 2, (
+        model.explain()
+    )
+    np.testing.assert_allclose(model.run(feeds)["o"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_batched_epilogue_with_lower_rank_rows_and_matrices():
+    """A row per head ``[3, 1, 6]`` and one matrix for all ``[5, 6]``, both of fewer dims
+    than the product ``[2, 3, 5, 6]``: one dense kernel, right."""
+    g = geode.Graph("bat_low")
+    a = g.input("a", [2, 3, 5, 4])
+    b = g.input("b", [2, 3, 4, 6])
+    rows = g.input("rows", [3, 1, 6])
+    mats = g.input("mats", [5, 6])
+    y = g.op("Mul", g.op("Add", g.op("MatMul", a, b), rows), mats)
+    g.output(g.op("Softmax", y, axis=-1), names=["y"])
+    feeds = {
+        "a": _rand(2, 3, 5, 4),
+        "b": _rand(2, 3, 4, 6),
+        "rows": _rand(3, 1, 6),
+        "mats": _rand(5, 6),
+    }
+    model, got, want = _run_both(g, feeds)
+    assert len(_dense_kernels(model)) == 1, model.explain()
+    _close(got, want)
+
+
+def test_lower_rank_batch_broadcast_roles():
+    """The roles of values of fewer dims than a batched product ``[2, 3, 5, 6]``."""
+    g = geode.Graph("roles")
+    y = g.input("y", [2, 3, 5, 6])
+    for shape, role in [
+        ([5, 6], "bfull"),
+        ([3, 5, 6], "bfull"),
+        ([1, 5, 6], "bfull"),
+        ([3, 1, 6], "brow"),
+        ([4, 5, 6], None),  # a batch dim neither Y's nor 1
+        ([5, 1], None),  # a value per row, but of fewer dims: no role
+        ([6, 6], None),  # rows other than Y's
+    ]:
+        v = g.input("v" + "_".join(map(str, shape)), shape)
+        assert value_role(v, y, batched=True) == role, shape
+        assert value_role(v, y, batched=False) in (None, "row"), shape
 
 
 def test_mlp_second_layer_runs_per_panel():
@@ -463,3 +525,31 @@ def test_float16_gemm_and_matmul_compute_natively_in_float32(trans_b):
     scale = float(np.abs(want.astype(np.float32)).max())
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=4e-3 * scale)
     np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), atol=4e-3 * scale)
+
+
+def test_many_large_panels_run_on_the_pool_in_one_launch():
+    """A batch of attention heads whose GEMMs are each too large for the small-GEMM rule:
+    with PAR_PANELS panels per thread or more, the panels go to the pool (one launch for
+    the op, each GEMM single-threaded), the same bits as on one thread."""
+    from geode.codegen.backends.llvm.dense import PAR_PANELS
+    from geode.runtime import native
+
+    b, h, s, d = 2, 4, 128, 64
+    g = geode.Graph("heads")
+    q = g.input("q", [b, h, s, d])
+    kt = g.input("kt", [b, h, d, s])
+    v = g.input("v", [b, h, s, d])
+    p = g.op("Softmax", g.op("Mul", g.op("MatMul", q, kt), g.constant(np.float32(0.125))), axis=-1)
+    g.output(g.op("MatMul", p, v), names=["o"])
+    feeds = {"q": _rand(b, h, s, d), "kt": _rand(b, h, d, s), "v": _rand(b, h, s, d)}
+    one = geode.compile(g, num_threads=1).run(feeds)
+    model = geode.compile(g, num_threads=2)
+    assert len(_dense_kernels(model)) == 1 and len(model.kernels) == 1, model.explain()
+    before = native.pool_info()["launches"]
+    got = model.run(feeds)
+    launches = native.pool_info()["launches"] - before
+    np.testing.assert_array_equal(got["o"], one["o"])
+    _close(got, geode.compile(g, codegen=False).run(feeds))
+    assert b * h >= PAR_PANELS * 2
+    if native.get_num_threads() >= 2:
+        assert launches == 1, launches

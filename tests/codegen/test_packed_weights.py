@@ -192,3 +192,29 @@ def test_a_weight_read_by_two_matmuls_is_packed_once(monkeypatch) -> None:
     out = model(x=xs, y=ys)
     np.testing.assert_allclose(out["a"], xs @ w, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out["b"], ys @ w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [9, 16, 17, 33, 128, 129])
+def test_few_rows_run_one_panel_per_thread(rows):
+    """Up to SPLIT_ROWS rows per thread against packed weights: one panel per thread (a
+    whole number of 8-row tiles), each panel's GEMM, epilogue and second GEMM on one
+    thread, the op in one pool launch; the same bits as on one thread; more rows keep one
+    panel of all rows, each GEMM split over the pool."""
+    from geode.codegen.backends.llvm.dense import SPLIT_ROWS
+
+    x = _rand(rows, 64)
+    one = geode.compile(_mlp(), session=geode.Session(), model_cache=False, num_threads=1)
+    want = one(x=x)["y"]
+    model = geode.compile(_mlp(), session=geode.Session(), model_cache=False, num_threads=2)
+    before = native.pool_info()
+    got = model(x=x)["y"]
+    after = native.pool_info()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
+    assert f"up to {SPLIT_ROWS} rows per thread: a panel per thread" in model.explain()
+    split = rows <= 2 * SPLIT_ROWS
+    calls = after["gemm_packed_calls"] - before["gemm_packed_calls"]
+    assert calls == (4 if split else 2), (rows, calls)
+    if native.get_num_threads() >= 2:
+        launches = after["launches"] - before["launches"]
+        assert (launches == 1) if split else (launches >= 1), (rows, launches)

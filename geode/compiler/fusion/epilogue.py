@@ -18,7 +18,9 @@ role          shape                                             per panel
 ``scalar``    ``[]`` or all ones                                whole
 ============  ===============================================  ==================
 
-(``brow`` and ``bfull`` only for a batched product: ``B`` of rank > 2.)
+(``brow`` and ``bfull`` only for a batched product: ``B`` of rank > 2; either may have
+fewer batch dims than ``Y``, read as leading 1s like numpy's broadcasting, e.g. a causal
+mask ``[M, N]`` against attention scores ``[batch, heads, M, N]``.)
 
 The group qualifies when: ``Y`` is read by the group only (not a graph output);
 its domain is ``Y``'s shape and it reduces nothing or only the last axis (keeping it);
@@ -71,13 +73,15 @@ def _same(a: object, b: object) -> bool:
 
 
 def _batch_broadcast(shape: tuple, ys: tuple, rows: object) -> bool:
-    """``[batch..., rows, N]`` whose batch dims are ``Y``'s or 1 (checked after ``full`` and
-    ``row``, which it would also match)."""
-    if len(shape) != len(ys) or len(ys) < 3:
+    """``[batch..., rows, N]`` whose batch dims are ``Y``'s or 1, with fewer batch dims than
+    ``Y`` read as leading 1s (numpy's broadcasting: a causal mask ``[M, N]`` against scores
+    ``[batch, heads, M, N]``); checked after ``full`` and ``row``, which it would also
+    match."""
+    if len(shape) < 2 or len(shape) > len(ys) or len(ys) < 3:
         return False
     if not (_same(shape[-1], ys[-1]) and _same(shape[-2], rows)):
         return False
-    batch = list(zip(shape[:-2], ys[:-2]))
+    batch = list(zip(shape[:-2], ys[len(ys) - len(shape) : -2]))
     return all(_same(a, b) or _same(a, 1) for a, b in batch)
 
 

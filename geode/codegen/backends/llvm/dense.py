@@ -25,8 +25,11 @@ dims where it has 1), ``bfull`` (a matrix per batch, broadcast likewise), ``scal
 The entry checks every record (status ``i + 1`` for a bad argument ``i``), then runs the
 ``T x P`` panels (``P`` per matrix, ``mb`` rows each: ``max(min_rows, panel_bytes / (N x
 itemsize))``) through ``@D.chunk``: on the native pool, one panel per chunk, when the
-GEMMs are small (single-threaded in the BLAS); else one after another, the BLAS and the
-epilogue threading each. Each panel::
+GEMMs are small (single-threaded in the BLAS), when there are :data:`PAR_PANELS` panels
+per thread or more (a batch of attention heads), or when a few rows (up to
+:data:`SPLIT_ROWS` per thread) meet packed weights, which cost nothing to read per panel:
+then one panel per thread (:func:`_split_rows`), the op one pool launch with no wait between
+its GEMMs; else one after another, the BLAS and the epilogue threading each. Each panel::
 
     S = A_t[p0:p0+rows] @ B_t          (scratch; zeros when K or N is 0)
     epilogue(S, its inputs' panels)     (writes its outputs' panels; with V: into scratch P)
@@ -60,6 +63,14 @@ EPILOGUE_STATUS = 1 << 21
 #: GEMMs with at most this many multiply-adds run single-threaded in OpenBLAS: their
 #: panels go to the pool
 SMALL_GEMM = 4 * 65536
+#: with at least this many panels per thread (attention's heads of a batch), the panels
+#: go to the pool whatever their size, each GEMM single-threaded: one launch for the op
+#: instead of one per GEMM and epilogue of every panel
+PAR_PANELS = 4
+#: against packed weights, up to this many rows per thread run as one panel per thread
+#: (:func:`_split_rows`), panels a whole number of this many rows (the AVX-512 tile's)
+SPLIT_ROWS = 64
+SPLIT_TILE = 8
 
 # ctx words (i64): pointers as ints, sizes, then per batch dim (Y's, A's, B's, V's), then
 # the ext pointers, then per brow argument its batch dims
@@ -254,6 +265,28 @@ def _panel_rows(w: SsaWriter, sp: DenseSpec, s: dict, item: int) -> str:
     return w.tmp(f"select i1 {w.op('icmp ult', mb, 1)}, i64 1, i64 {mb}")
 
 
+def _split_rows(w: SsaWriter, sp: DenseSpec, s: dict, mb: str, nt: str) -> tuple[str, str]:
+    """A few rows against packed weights (no re-pack per panel): ``(rows per panel, split)``
+    with one panel per thread (``ceil(M / threads)`` rounded up to :data:`SPLIT_TILE` rows)
+    when ``mb`` is all ``M`` rows, there are 2 threads or more and ``M`` is at most
+    :data:`SPLIT_ROWS` per thread; ``split`` then says the panels run on the pool, each
+    GEMM, epilogue and second GEMM on one thread: one launch for the whole op instead of
+    one per GEMM plus the epilogue's, no wait between them."""
+    if not sp.packed_n or (sp.v_rank and not sp.packed_d) or sp.batch:
+        return mb, "false"
+    m = s["M"]
+    per = w.op("udiv", w.op("add", m, w.op("sub", nt, 1)), nt)
+    tile = w.op("mul", w.op("udiv", w.op("add", per, SPLIT_TILE - 1), SPLIT_TILE), SPLIT_TILE)
+    conds = [
+        w.op("icmp uge", mb, m),
+        w.op("icmp ugt", nt, 1),
+        w.op("icmp ult", tile, m),
+        w.op("icmp ule", m, w.op("mul", nt, SPLIT_ROWS)),
+    ]
+    split = w.all_of(conds)
+    return w.tmp(f"select i1 {split}, i64 {tile}, i64 {mb}"), split
+
+
 def _entry(sp: DenseSpec, item: int) -> list[str]:
     """The entry: checks, the ctx, and the panels' launch."""
     w = SsaWriter()
@@ -267,15 +300,19 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     as_int = [w.tmp(f"ptrtoint ptr {p} to i64") for p in ptrs]
     v = as_int[2] if sp.v_rank else "0"
     o = as_int[-1] if sp.v_rank else "0"
-    mb = _panel_rows(w, sp, s, item)
+    threads = w.word("%ints", 0)
+    pool = w.tmp("call i64 @geode_num_threads()")
+    nt = w.tmp(f"select i1 {w.eq(threads, 0)}, i64 {pool}, i64 {threads}")
+    mb, split = _split_rows(w, sp, s, _panel_rows(w, sp, s, item), nt)
     left = w.tmp(f"add i64 {s['M']}, {w.tmp(f'sub i64 {mb}, 1')}")
     panels = w.tmp(f"udiv i64 {left}, {mb}")
     total = w.tmp(f"mul i64 {s['T']}, {panels}")
     mbn = w.tmp(f"mul i64 {mb}, {s['N']}")
     mnk = w.tmp(f"mul i64 {mbn}, {s['K']}")
-    small = w.tmp(f"icmp ule i64 {mnk}, {SMALL_GEMM}")
+    many = w.op("icmp uge", total, w.op("mul", nt, PAR_PANELS))
+    small = w.op("or", w.tmp(f"icmp ule i64 {mnk}, {SMALL_GEMM}"), split, "i1")
+    small = w.op("or", small, many, "i1")
     par = w.tmp(f"and i1 {small}, {w.tmp(f'icmp ugt i64 {total}, 1')}")
-    threads = w.word("%ints", 0)
     inner_threads = w.tmp(f"select i1 {par}, i64 1, i64 {threads}")
     fixed = [as_int[0], as_int[1], v, o, s["M"], s["N"], s["K"], s["D"], s["T"], mb, panels]
     fixed += [inner_threads, "0"]
@@ -504,6 +541,7 @@ def dense_ir(sp: DenseSpec) -> str:
         *([PACKED_DECL] if sp.packed_n or sp.packed_d else []),
         f"declare i32 @{sp.epilogue}(ptr, ptr, ptr)",
         "declare void @geode_parallel_for(ptr, ptr, i64, i64)",
+        "declare i64 @geode_num_threads()",
         "declare ptr @geode_scratch(i64, i64)",
         "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)",
     ]
