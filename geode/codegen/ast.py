@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -371,8 +372,31 @@ def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
 
 def walk(e: Expr) -> Iterator[Expr]:
     """Every sub-expression, pre-order (:func:`preorder`'s list; expressions are
-    immutable, so the list is what a lazy walk would yield)."""
-    return iter(preorder(e))
+    immutable, so the list is what a lazy walk would yield). The list of each of the
+    most recent expressions walked is kept, by identity: a schedule walks the same
+    statements' expressions many times."""
+    return iter(_preorder_of(_Identity(e)))
+
+
+class _Identity:
+    """An expression as a memo key by identity (hashing a frozen dataclass walks it; the
+    memo holding the key keeps the expression, so its id is not reused meanwhile)."""
+
+    __slots__ = ("e",)
+
+    def __init__(self, e: Expr):
+        self.e = e
+
+    def __hash__(self) -> int:
+        return id(self.e)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.e is self.e
+
+
+@functools.lru_cache(maxsize=8192)
+def _preorder_of(key: _Identity) -> tuple[Expr, ...]:
+    return tuple(preorder(key.e))
 
 
 def free_vars(e: Expr) -> set[str]:

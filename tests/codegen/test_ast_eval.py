@@ -26,6 +26,10 @@ from geode.codegen.ast import (
     Un,
     Var,
     format_kernel,
+    free_vars,
+    loads,
+    preorder,
+    walk,
     walk_stmts,
 )
 from geode.codegen.ast_eval import KernelEvalError, eval_shape, run_kernel
@@ -411,3 +415,14 @@ def test_preorder_lists_what_walk_yields() -> None:
     assert A.preorder(e) == list(A.walk(e))
     assert A.free_vars(e) == {"i", "j", "k", "c"}
     assert [ld.buffer for ld in A.loads(e)] == ["x", "y"]
+
+
+def test_walks_are_remembered_by_identity() -> None:
+    """``walk`` keeps the pre-order list of the expressions it walked, by identity: the
+    same sub-expressions every time, and an equal expression built anew walked alike."""
+    e = Bin("+", Bin("*", Var("i"), Const(4)), Load("X", (Var("j"),)))
+    first = list(walk(e))
+    assert first == preorder(e) and list(walk(e)) == first
+    again = Bin("+", Bin("*", Var("i"), Const(4)), Load("X", (Var("j"),)))
+    assert again is not e and list(walk(again)) == first
+    assert free_vars(e) == {"i", "j"} and loads(e) == [Load("X", (Var("j"),))]
