@@ -375,7 +375,6 @@ _NOMINAL_BANDWIDTH_GBS = 30.0
 _NOMINAL_LAUNCH_US = 0.5
 
 
-@cache
 def untimed_spec() -> DeviceSpec:
     """This machine's spec without timing anything: its identity as :func:`fingerprint`
     reads it (CPU name, cores, cache sizes, numba version) with nominal rates: 100
@@ -384,8 +383,13 @@ def untimed_spec() -> DeviceSpec:
     compile plans and schedules with (:func:`geode.codegen.driver.plan_spec`): its
     decisions turn mostly on the cores and cache sizes, which are exact here, and two
     machines with one fingerprint get the same plans (the model cache keys compiles by
-    the fingerprint). Cached per process."""
-    cores = core_count()
+    the fingerprint). Made once per process and core count (the cores are this
+    process's affinity, read each time as the fingerprint reads them)."""
+    return _untimed_spec(core_count())
+
+
+@cache
+def _untimed_spec(cores: int) -> DeviceSpec:
     l1, l2, l3 = detect_cache_sizes()
     return DeviceSpec(
         name=cpu_name(),

@@ -162,6 +162,9 @@ def test_the_untimed_spec_is_the_fingerprint_with_nominal_rates(monkeypatch) -> 
     assert spec.flops_per_s(parallel=False) == pytest.approx(100e9)  # per core, any cores
     assert spec.transcendentals_per_s(parallel=False) == pytest.approx(0.4e9)
     assert spec.source() == f"{fp['name']}, {fp['cores']} cores: nominal rates (not timed)"
+    monkeypatch.setattr(device, "core_count", lambda: 5)  # the affinity changed
+    assert device.untimed_spec().cores == 5
+    assert device.untimed_spec().peak_gflops_fp32 == pytest.approx(500.0)
     quick = default_spec()
     quick.method = "quick"
     assert quick.source().endswith(": quick calibration")
