@@ -113,6 +113,14 @@ def polynomial(e: Expr) -> Poly | None:
     """``e`` as a polynomial over atoms (see the module docstring), or None when it is
     not integer index arithmetic. Remembered per expression (they are immutable)."""
     try:
+        return dict(_poly(e))  # a copy: the remembered one is shared
+    except (_NotIndex, TypeError, ValueError):
+        return None
+
+
+def _polynomial_or_none(e: Expr) -> Poly | None:
+    """:func:`polynomial` without the copy (for reading only)."""
+    try:
         return _poly(e)
     except (_NotIndex, TypeError, ValueError):
         return None
@@ -189,7 +197,7 @@ def _varies(a: Expr, b: Expr) -> bool:
 
 @functools.lru_cache(maxsize=8192)
 def _verdict(a: Expr, b: Expr) -> int | str:
-    pa, pb = polynomial(a), polynomial(b)
+    pa, pb = _polynomial_or_none(a), _polynomial_or_none(b)
     if pa is not None and pb is not None:
         d = _add(pa, pb, -1)
         if not d:
