@@ -10,8 +10,9 @@ Every measurement runs in a fresh Python process (nothing imported, nothing in m
 - onnxruntime: ``InferenceSession`` creation plus the first run of the same model.
 
 Reported: seconds (medians of ``--repeat`` processes), and the ratios geode / onnxruntime
-that the targets are stated in (cold at most 20x, warm at most 3x). The machines are
-noisy: read the ratios, not the absolute times.
+that the targets are stated in (cold at most 20x, warm at most 3x), and the cold
+process's CPU time (user + system, every thread: less noisy than wall time on a shared
+machine). The machines are noisy: read the ratios, not the absolute times.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ t_import = time.perf_counter() - t0
 model = geode.compile({path!r}, backend={backend!r}, cache_dir={cache!r}, progress=0)
 out = model(**feeds({name!r}))
 t_total = time.perf_counter() - t0
-print(json.dumps({{"import": t_import, "total": t_total, "numba": "numba" in sys.modules}}))
+print(json.dumps({{"import": t_import, "total": t_total, "cpu": time.process_time(),
+                  "numba": "numba" in sys.modules}}))
 """
 
 _ORT = """
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     t_imp = statistics.median(r["import"] for r in imports)
     print(f"import geode: {t_imp:.3f} s (numba imported: {imports[0]['numba']})")
     print(
-        f"{'model':<14}{'backend':<8}{'cold s':>9}{'warm s':>9}{'ort s':>8}{'cold/ort':>10}{'warm/ort':>10}  numba?"
+        f"{'model':<14}{'backend':<8}{'cold s':>9}{'cold cpu':>9}{'warm s':>9}{'ort s':>8}"
+        f"{'cold/ort':>10}{'warm/ort':>10}  numba?"
     )
     for name in args.models.split(","):
         path = str(DATA / f"{name}.onnx")
@@ -98,19 +101,21 @@ def main(argv: list[str] | None = None) -> int:
             run_fresh(_ORT.format(path=path, name=name))["total"] for _ in range(args.repeat)
         )
         for backend in args.backends.split(","):
-            colds, warms, numba = [], [], False
+            colds, cpus, warms, numba = [], [], [], False
             for _ in range(args.repeat):
                 with tempfile.TemporaryDirectory() as cache:
                     code = _GEODE.format(path=path, name=name, backend=backend, cache=cache)
                     cold = run_fresh(code)
                     warm = run_fresh(code)
                 colds.append(cold["total"])
+                cpus.append(cold["cpu"])
                 warms.append(warm["total"])
                 numba = numba or warm["numba"]
             c, w = statistics.median(colds), statistics.median(warms)
+            cpu = statistics.median(cpus)
             print(
-                f"{name:<14}{backend:<8}{c:>9.3f}{w:>9.3f}{ort:>8.3f}{c / ort:>10.1f}{w / ort:>10.1f}"
-                f"  {numba}"
+                f"{name:<14}{backend:<8}{c:>9.3f}{cpu:>9.3f}{w:>9.3f}{ort:>8.3f}"
+                f"{c / ort:>10.1f}{w / ort:>10.1f}  {numba}"
             )
     return 0
 

@@ -232,12 +232,14 @@ class Session:
 
 @contextlib.contextmanager
 def _calibrating(opts: config.Options) -> Iterator[None]:
-    """Have the device spec the fusion stage needs found on a background thread while
-    the body runs (read from the cache folder, else measured: :func:`~geode.costmodel.
-    device.start_calibration`), for a compile that runs the pipeline with fusion; a body
-    that stops early (an error before the fusion stage) waits for it: nothing of a
+    """Have the measured device spec the fusion stage needs found on a background thread
+    while the body runs (read from the cache folder, else measured: :func:`~geode.
+    costmodel.device.start_calibration`), for a compile that runs the pipeline with the
+    fusion plan search (which scores plans by measured rates; a greedy compile plans on
+    the untimed spec, :func:`geode.codegen.driver.plan_spec`, and measures nothing); a
+    body that stops early (an error before the fusion stage) waits for it: nothing of a
     compile goes on after it returns."""
-    if not (opts.codegen and opts.fusion):
+    if not (opts.codegen and opts.fusion and opts.fusion_search != "greedy"):
         yield
         return
     from geode.costmodel.device import start_calibration, wait_calibration

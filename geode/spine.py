@@ -185,7 +185,7 @@ def fuse(c: Compilation) -> None:
     if not c.fuses:
         c.work = list(c.graph.nodes)
         return
-    profit_spec = driver.device_spec(c.opts.cache_dir)
+    profit_spec = driver.plan_spec(c.opts)
     profit = make_profit(profit_spec)
     can_lower = make_can_lower(c.graph)
     trees = bool(c.opts.stitch_fusion)
@@ -194,6 +194,7 @@ def fuse(c: Compilation) -> None:
         cost = driver.group_cost_fn(c.graph, c.opts)
         c.fusion = search_fusion(c.graph, c.placement, can_lower, cost, c.fusion, trees=trees)
     c.fusion.epilogues[:0] = c.conv_decisions.values()
+    c.fusion.device = profit_spec.source()
     c.dump.stage("fusion_plan", c.fusion.describe())
     c.work = [
         item if isinstance(item, Node) else driver.KernelJob(f"fused_{k}", item)

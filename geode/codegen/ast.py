@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -371,8 +372,31 @@ def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
 
 def walk(e: Expr) -> Iterator[Expr]:
     """Every sub-expression, pre-order (:func:`preorder`'s list; expressions are
-    immutable, so the list is what a lazy walk would yield)."""
-    return iter(preorder(e))
+    immutable, so the list is what a lazy walk would yield). The list of each of the
+    most recent expressions walked is kept, by identity: a schedule walks the same
+    statements' expressions many times."""
+    return iter(_preorder_of(_Identity(e)))
+
+
+class _Identity:
+    """An expression as a memo key by identity (hashing a frozen dataclass walks it; the
+    memo holding the key keeps the expression, so its id is not reused meanwhile)."""
+
+    __slots__ = ("e",)
+
+    def __init__(self, e: Expr):
+        self.e = e
+
+    def __hash__(self) -> int:
+        return id(self.e)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.e is self.e
+
+
+@functools.lru_cache(maxsize=8192)
+def _preorder_of(key: _Identity) -> tuple[Expr, ...]:
+    return tuple(preorder(key.e))
 
 
 def free_vars(e: Expr) -> set[str]:
@@ -432,9 +456,7 @@ class For(Stmt):
     interleave: int = 1
 
     def __deepcopy__(self, memo: dict) -> For:
-        return For(
-            self.var, self.extent, copy.deepcopy(self.body, memo), self.kind, self.interleave
-        )
+        return For(self.var, self.extent, clone_stmts(self.body), self.kind, self.interleave)
 
 
 @dataclass
@@ -466,7 +488,7 @@ class Block(Stmt):
             self.name,
             [IterVar(iv.name, iv.extent, iv.kind) for iv in self.iter_vars],
             list(self.bindings),
-            copy.deepcopy(self.body, memo),
+            clone_stmts(self.body),
             self.predicate,
             self.reduce_of,
         )
@@ -499,7 +521,7 @@ class If(Stmt):
     body: list[Stmt]
 
     def __deepcopy__(self, memo: dict) -> If:
-        return If(self.cond, copy.deepcopy(self.body, memo))
+        return If(self.cond, clone_stmts(self.body))
 
 
 @dataclass(eq=False)
@@ -583,7 +605,7 @@ class Kernel:
             copy.deepcopy(self.inputs, memo),
             copy.deepcopy(self.outputs, memo),
             list(self.dims),
-            copy.deepcopy(self.body, memo),
+            clone_stmts(self.body),
             copy.deepcopy(self.temps, memo),
         )
 
@@ -597,6 +619,36 @@ class Kernel:
     def copy(self) -> Kernel:
         """A deep copy (schedules work on copies to keep the lowered form)."""
         return copy.deepcopy(self)
+
+
+def clone_stmts(stmts: list[Stmt]) -> list[Stmt]:
+    """A copy of a statement list (what ``copy.deepcopy`` gives: new statements and
+    lists, the immutable expressions shared), made directly: a schedule copies its
+    kernel's statements before every primitive, and the generic deep copy's dispatch
+    and memo cost more than the copying. A statement type not known here is deep-copied."""
+    out: list[Stmt] = []
+    for st in stmts:
+        kind = type(st)
+        if kind is Store:
+            out.append(Store(st.buffer, st.indices, st.value, st.nontemporal))
+        elif kind is For:
+            out.append(For(st.var, st.extent, clone_stmts(st.body), st.kind, st.interleave))
+        elif kind is Block:
+            out.append(
+                Block(
+                    st.name,
+                    [IterVar(iv.name, iv.extent, iv.kind) for iv in st.iter_vars],
+                    list(st.bindings),
+                    clone_stmts(st.body),
+                    st.predicate,
+                    st.reduce_of,
+                )
+            )
+        elif kind is If:
+            out.append(If(st.cond, clone_stmts(st.body)))
+        else:
+            out.append(copy.deepcopy(st))
+    return out
 
 
 def walk_stmts(stmts: list[Stmt]) -> Iterator[Stmt]:

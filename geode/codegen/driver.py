@@ -29,7 +29,7 @@ from geode.compiler.fusion.profit import describe_work
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.shapes import compile_dim_fn, compile_shape_fn, free_symbols
 from geode.config import Options, stream_min_bytes
-from geode.costmodel.device import DeviceSpec, cached_spec
+from geode.costmodel.device import DeviceSpec, cached_spec, untimed_spec
 from geode.debug import Dumper, log
 from geode.errors import CodegenError, GeodeError
 from geode.runtime.engines import IndexBound, NativeKernel, View
@@ -39,6 +39,16 @@ from geode.runtime.model import KernelInfo
 def device_spec(cache_dir: str) -> DeviceSpec:
     """The calibrated device spec (measured once per machine, cached on disk and in memory)."""
     return cached_spec(cache_dir)
+
+
+def plan_spec(opts: Options) -> DeviceSpec:
+    """The device spec a compile under ``opts`` plans and schedules with: the calibrated
+    one (:func:`device_spec`) when the fusion plan search scores plans by measured rates,
+    else the untimed one (:func:`~geode.costmodel.device.untimed_spec`: this machine's
+    cores and caches, nominal rates), so a greedy compile measures nothing."""
+    if opts.fusion_search != "greedy":
+        return device_spec(opts.cache_dir)
+    return untimed_spec()
 
 
 def object_cache(opts: Options) -> Any:
@@ -131,7 +141,7 @@ def default_schedule(lowered: LoweredKernel, group: Group, opts: Options) -> Sch
     thresholds from the device's caches, interleave from the target's registers)."""
     from geode.codegen.autoschedule import schedule_group, stream_interleave
 
-    spec = device_spec(opts.cache_dir)
+    spec = plan_spec(opts)
     return schedule_group(
         lowered,
         group,
@@ -265,7 +275,7 @@ def interface_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None
         _llvm=lambda: native.llvm,
         _asm=lambda: native.asm,
     )
-    job.info.cost.update(describe_work(job.group, g, device_spec(opts.cache_dir)))
+    job.info.cost.update(describe_work(job.group, g, plan_spec(opts)))
 
 
 def compile_cost(native: Any, seconds: float) -> dict[str, float]:
@@ -518,7 +528,7 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
 
     pg = job.panel
     views = arg_views(job.lowered, job.schedule.kernel)
-    spec = device_spec(opts.cache_dir)
+    spec = plan_spec(opts)
     a, b = pg.dense.inputs
     second = pg.epilogue.second
     choices = dense_packing(a, b, second, opts)

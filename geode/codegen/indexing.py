@@ -1,8 +1,10 @@
 """Index arithmetic over loop-AST expressions: the public API every codegen module uses.
 
 Index expressions are integer expressions of loop variables and the kernel's dims.
-They are compared structurally first and then, when symbolic dims are involved, with
-sympy (:func:`to_sympy`, :func:`exprs_equal`, :func:`provably_le`); row-major digits
+They are compared structurally first, then as polynomials and by evaluation
+(:mod:`geode.codegen.index_algebra`, where sympy's verdict is certain without it), and
+then with sympy (:func:`to_sympy`, :func:`exprs_equal`, :func:`provably_le`,
+:func:`constant_difference`); row-major digits
 are built and joined (:func:`flatten_index`, :func:`decompose_index`,
 :func:`join_digits`); bool conditions are combined (:func:`and_expr`, :func:`and_flags`,
 :func:`conjuncts`); :func:`line_aligned` decides when an offset starts a cache line;
@@ -31,6 +33,7 @@ from geode.codegen.ast import (
     transform,
 )
 from geode.codegen.ast import blocks as ast_blocks
+from geode.codegen.index_algebra import NOT_CONSTANT, UNKNOWN, difference_verdict
 
 
 def flatten_index(vars_: Sequence[Expr], extents: Sequence[Expr]) -> Expr:
@@ -190,12 +193,29 @@ def _expanded_difference(a: Expr, b: Expr) -> sympy.Expr | None:
         return None
 
 
+def constant_difference(a: Expr, b: Expr) -> int | None:
+    """``a - b`` when it is provably an integer constant (for all values of the dims and
+    loop variables), else None: sympy's verdict on :func:`expr_difference`, found without
+    sympy where that verdict is certain (:func:`~geode.codegen.index_algebra.
+    difference_verdict`)."""
+    verdict = difference_verdict(a, b)
+    if verdict is NOT_CONSTANT:
+        return None
+    if verdict is not UNKNOWN:
+        return int(verdict)
+    d = expr_difference(a, b)
+    return int(d) if d is not None and d.is_Integer else None
+
+
 def exprs_equal(a: Expr, b: Expr) -> bool:
     """``a == b`` provably (for all values of the dims)."""
     if a == b:
         return True
     if isinstance(a, Const) and isinstance(b, Const):
         return a.value == b.value
+    verdict = difference_verdict(a, b)
+    if verdict is not UNKNOWN:
+        return verdict == 0
     d = expr_difference(a, b)
     return d is not None and d == 0
 
@@ -208,6 +228,11 @@ def provably_le(a: Expr | None, b: Expr | None) -> bool:
         return a.value <= b.value
     if a == b:
         return True
+    verdict = difference_verdict(b, a)
+    if verdict is NOT_CONSTANT:
+        return False
+    if verdict is not UNKNOWN:
+        return int(verdict) >= 0
     d = expr_difference(b, a)
     return d is not None and bool(d.is_number) and bool(d >= 0)
 

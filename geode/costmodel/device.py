@@ -7,8 +7,9 @@ of forking/joining a ``prange`` region.
 
 :func:`calibrate` measures them (a few seconds; ``quick=True`` about 0.2 s),
 :func:`load_or_calibrate` caches the result as JSON keyed by CPU name, core count
-and numba version, and :func:`default_spec` gives fixed conservative numbers for
-code (and tests) that must not measure.
+and numba version, :func:`default_spec` gives fixed conservative numbers for
+code (and tests) that must not measure, and :func:`untimed_spec` this machine's cores
+and caches with nominal rates (what a greedy compile plans with: no timing).
 
 Conventions: bandwidth counts bytes read plus bytes written, like STREAM's copy
 (a copy of ``n`` bytes moves ``2n``); GB/s and GFLOPS are decimal (1e9).
@@ -164,6 +165,16 @@ class DeviceSpec:
         except json.JSONDecodeError as e:
             raise ValueError(f"device spec is not valid JSON: {e}") from e
         return cls.from_dict(d)
+
+    def source(self) -> str:
+        """One line naming the device and where the numbers came from (for ``explain()``):
+        ``"AMD EPYC, 2 cores: nominal rates (not timed)"``, ``"...: quick calibration"``."""
+        where = (
+            "nominal rates (not timed)"
+            if self.method == "default"
+            else f"{self.method} calibration"
+        )
+        return f"{self.name}, {self.cores} cores: {where}"
 
     def summary(self) -> str:
         """One line per number, for logs and ``explain()`` output."""
@@ -359,6 +370,49 @@ def default_spec() -> DeviceSpec:
         parallel_overhead_us=_DEFAULT_PARALLEL_OVERHEAD_US,
         transcendental_gops=0.5,
         numba_version="",
+        method="default",
+    )
+
+
+#: the untimed spec's nominal rates (a current x86 server core with AVX2 and FMA; the
+#: quick calibration measured 106 GFLOPS, 0.42 G exp/s, 24.7 GB/s and 0.23 us a core on
+#: the AMD EPYC of docs/performance.md): compute per core, memory per thread and in all
+_NOMINAL_GFLOPS_PER_CORE = 100.0
+_NOMINAL_EXP_GOPS_PER_CORE = 0.4
+_NOMINAL_BANDWIDTH_1T_GBS = 20.0
+_NOMINAL_BANDWIDTH_GBS = 30.0
+_NOMINAL_LAUNCH_US = 0.5
+
+
+def untimed_spec() -> DeviceSpec:
+    """This machine's spec without timing anything: its identity as :func:`fingerprint`
+    reads it (CPU name, cores, cache sizes, numba version) with nominal rates: 100
+    GFLOPS fp32 and 0.4 G exp/s a core, 20 GB/s on one thread and 30 GB/s on all, 0.5 us
+    per call and 20 us per parallel region. ``method`` is ``"default"``. What a greedy
+    compile plans and schedules with (:func:`geode.codegen.driver.plan_spec`): its
+    decisions turn mostly on the cores and cache sizes, which are exact here, and two
+    machines with one fingerprint get the same plans (the model cache keys compiles by
+    the fingerprint). Made once per process and core count (the cores are this
+    process's affinity, read each time as the fingerprint reads them)."""
+    return _untimed_spec(core_count())
+
+
+@cache
+def _untimed_spec(cores: int) -> DeviceSpec:
+    l1, l2, l3 = detect_cache_sizes()
+    return DeviceSpec(
+        name=cpu_name(),
+        cores=cores,
+        mem_bandwidth_gbs=_NOMINAL_BANDWIDTH_GBS,
+        mem_bandwidth_1t_gbs=_NOMINAL_BANDWIDTH_1T_GBS,
+        peak_gflops_fp32=_NOMINAL_GFLOPS_PER_CORE * cores,
+        l1_bytes=l1,
+        l2_bytes=l2,
+        l3_bytes=l3,
+        launch_overhead_us=_NOMINAL_LAUNCH_US,
+        parallel_overhead_us=_DEFAULT_PARALLEL_OVERHEAD_US,
+        transcendental_gops=_NOMINAL_EXP_GOPS_PER_CORE * cores,
+        numba_version=numba_version(),
         method="default",
     )
 

@@ -3,8 +3,8 @@
 A compile with the LLVM backend writes its model file into the cache folder
 (``<cache_dir>/models/<key[:32]>/model.geode``), keyed by everything the result depends
 on: the user's graph as it was given (structure, attributes, tensor bytes), the compile
-options that shape the result, the device (its fingerprint: CPU, cores, caches; the
-spec the cost models measured on it is measured once and reused) and what the code
+options that shape the result, the device (its fingerprint: CPU, cores, caches; a greedy
+compile plans on it with nominal rates, measuring nothing) and what the code
 depends on (geode, llvmlite and LLVM versions, code conventions, the target CPU). The
 next compile of the same graph with the same options loads that file (checked like any
 model file: format, checksum, versions, CPU features) instead of running the pipeline:
@@ -125,11 +125,11 @@ def file_key(path: str | os.PathLike, opts: Options) -> str | None:
 def _context(opts: Options) -> dict[str, Any]:
     """What besides the model a compile's result depends on: the environment, geode's
     own code (:func:`~geode.version.source_digest`), the options, the device: its
-    fingerprint (:func:`~geode.costmodel.device.fingerprint`: CPU, cores, caches), not
-    its measured numbers (measured once per machine and cache folder, then reused: so
-    the key is known without waiting for a calibration, and a warm compile needs none);
-    with the plan search on, also the measured spec and the projected model fitted on
-    it (they score the plans)."""
+    fingerprint (:func:`~geode.costmodel.device.fingerprint`: CPU, cores, caches), which
+    is all a greedy compile's plan depends on (it plans on the untimed spec, the
+    fingerprint with nominal rates: so the key is known without a calibration, and no
+    compile needs one); with the plan search on, also the measured spec and the projected
+    model fitted on it (they score the plans)."""
     context = {
         "env": compat.environment(),
         "source": source_digest(),

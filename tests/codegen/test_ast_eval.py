@@ -25,6 +25,12 @@ from geode.codegen.ast import (
     Store,
     Un,
     Var,
+    format_kernel,
+    free_vars,
+    loads,
+    preorder,
+    walk,
+    walk_stmts,
 )
 from geode.codegen.ast_eval import KernelEvalError, eval_shape, run_kernel
 
@@ -290,8 +296,15 @@ def test_predicate_register_and_if() -> None:
     x = np.array([1.0, -2.0, 3.0, 4.0, -5.0, 6.0, 0.5], np.float32)
     got = run_kernel(k, {"X": x}, {"N": 7})["O"]
     np.testing.assert_allclose(got, [x[x > 0].sum()])
+    # a copy (a schedule's backup: clone_stmts) has new statements, the same expressions
+    backup = k.copy()
+    assert format_kernel(backup) == format_kernel(k)
+    copies = list(zip(walk_stmts(backup.body), walk_stmts(k.body), strict=True))
+    assert all(a is not b and type(a) is type(b) for a, b in copies)
+    assert backup.body[1].body[0].body[0].predicate is red.predicate
     # without the predicate the overrun binds vk outside its extent
     red.predicate = None
+    np.testing.assert_allclose(run_kernel(backup, {"X": x}, {"N": 7})["O"], got)
     with pytest.raises(KernelEvalError, match="iter var vk = 7 outside"):
         run_kernel(k, {"X": x}, {"N": 7})
 
@@ -402,3 +415,14 @@ def test_preorder_lists_what_walk_yields() -> None:
     assert A.preorder(e) == list(A.walk(e))
     assert A.free_vars(e) == {"i", "j", "k", "c"}
     assert [ld.buffer for ld in A.loads(e)] == ["x", "y"]
+
+
+def test_walks_are_remembered_by_identity() -> None:
+    """``walk`` keeps the pre-order list of the expressions it walked, by identity: the
+    same sub-expressions every time, and an equal expression built anew walked alike."""
+    e = Bin("+", Bin("*", Var("i"), Const(4)), Load("X", (Var("j"),)))
+    first = list(walk(e))
+    assert first == preorder(e) and list(walk(e)) == first
+    again = Bin("+", Bin("*", Var("i"), Const(4)), Load("X", (Var("j"),)))
+    assert again is not e and list(walk(again)) == first
+    assert free_vars(e) == {"i", "j"} and loads(e) == [Load("X", (Var("j"),))]

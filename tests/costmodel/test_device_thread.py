@@ -1,6 +1,7 @@
 """The device spec found on a background thread (:func:`geode.costmodel.device.
 start_calibration`): waited for where it is used, measured once, errors raised at the use,
-and the fingerprint the model cache keys by, which no timing changes."""
+and the fingerprint the model cache keys by, which no timing changes; a greedy compile
+measures nothing (it plans on :func:`~geode.costmodel.device.untimed_spec`)."""
 
 from __future__ import annotations
 
@@ -111,8 +112,9 @@ def test_a_forked_child_does_not_wait_for_its_parents_calibration(tmp_path) -> N
 
 
 def test_a_compile_that_fails_early_leaves_no_calibration_running(monkeypatch, tmp_path) -> None:
-    """A compile stopping before the fusion stage (here: a graph without outputs) waits
-    for the calibration it started: none goes on after it returns."""
+    """A compile with the plan search (which calibrates) stopping before the fusion stage
+    (here: a graph without outputs) waits for the calibration it started: none goes on
+    after it returns."""
     import geode
     from geode.errors import GraphError
 
@@ -129,6 +131,82 @@ def test_a_compile_that_fails_early_leaves_no_calibration_running(monkeypatch, t
     g = geode.Graph("no_outputs")
     g.input("x", [4], "float32")
     with pytest.raises(GraphError, match="no outputs"):
-        geode.compile(g, cache_dir=str(tmp_path), model_cache=False)
+        geode.compile(g, cache_dir=str(tmp_path), model_cache=False, fusion_search="beam")
     assert finished.is_set() and not device._PENDING
     assert device._SPECS[str(tmp_path)] == default_spec()
+
+
+def _refuse_measuring(monkeypatch) -> None:
+    def refuse(cache_dir):
+        raise AssertionError("test: the device was measured")
+
+    monkeypatch.setattr(device, "_measure", refuse)
+    monkeypatch.setattr(device, "_SPECS", {})
+    monkeypatch.setattr(device, "_PENDING", {})
+
+
+def test_the_untimed_spec_is_the_fingerprint_with_nominal_rates(monkeypatch) -> None:
+    _refuse_measuring(monkeypatch)
+    spec, fp = device.untimed_spec(), device.fingerprint()
+    assert spec.method == "default" and spec is device.untimed_spec()
+    assert (spec.name, spec.cores, spec.numba_version) == (
+        fp["name"],
+        fp["cores"],
+        fp["numba_version"],
+    )
+    assert (spec.l1_bytes, spec.l2_bytes, spec.l3_bytes) == (
+        fp["l1_bytes"],
+        fp["l2_bytes"],
+        fp["l3_bytes"],
+    )
+    assert spec.flops_per_s(parallel=False) == pytest.approx(100e9)  # per core, any cores
+    assert spec.transcendentals_per_s(parallel=False) == pytest.approx(0.4e9)
+    assert spec.source() == f"{fp['name']}, {fp['cores']} cores: nominal rates (not timed)"
+    monkeypatch.setattr(device, "core_count", lambda: 5)  # the affinity changed
+    assert device.untimed_spec().cores == 5
+    assert device.untimed_spec().peak_gflops_fp32 == pytest.approx(500.0)
+    quick = default_spec()
+    quick.method = "quick"
+    assert quick.source().endswith(": quick calibration")
+
+
+def _tanh_graph():
+    import geode
+
+    g = geode.Graph("greedy_plan")
+    x = g.input("x", [64, 32], "float32")
+    g.output(g.op("Tanh", g.op("Mul", x, x)), names=["y"])
+    return g
+
+
+def test_a_greedy_compile_measures_no_device(monkeypatch, tmp_path) -> None:
+    """The default (greedy) compile plans on the untimed spec: no calibration runs, none
+    is stored in the cache folder, and ``explain()`` says which spec the plan used."""
+    import numpy as np
+
+    import geode
+
+    _refuse_measuring(monkeypatch)
+    model = geode.compile(_tanh_graph(), cache_dir=str(tmp_path), model_cache=False)
+    x = np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32)
+    np.testing.assert_allclose(model(x=x)["y"], np.tanh(x * x), rtol=1e-5, atol=1e-6)
+    assert not device._SPECS and not device._PENDING
+    assert not list(tmp_path.glob("device-*.json"))
+    assert f"device spec: {device.untimed_spec().source()}" in model.explain()
+
+
+def test_the_plan_search_plans_on_the_measured_spec(monkeypatch, tmp_path) -> None:
+    """``fusion_search="beam"`` scores plans by measured rates: its compile calibrates
+    (here a stand-in measurement) and ``explain()`` names that spec."""
+    import geode
+
+    measured = default_spec()
+    measured.method = "quick"
+    monkeypatch.setattr(device, "_measure", lambda cache_dir: measured)
+    monkeypatch.setattr(device, "_SPECS", {})
+    monkeypatch.setattr(device, "_PENDING", {})
+    model = geode.compile(
+        _tanh_graph(), cache_dir=str(tmp_path), model_cache=False, fusion_search="beam"
+    )
+    assert device._SPECS[str(tmp_path)] is measured
+    assert "device spec: generic-cpu, 4 cores: quick calibration" in model.explain()

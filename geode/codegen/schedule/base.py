@@ -25,7 +25,7 @@ from geode.codegen.ast import (
     transform,
 )
 from geode.codegen.ast import blocks as ast_blocks
-from geode.codegen.indexing import IndexContext, expr_difference, exprs_equal
+from geode.codegen.indexing import IndexContext, constant_difference, exprs_equal
 from geode.codegen.schedule.blocks import (
     block_loads,
     block_reads,
@@ -122,9 +122,9 @@ class ScheduleBase:
                 if loop not in free_vars(e):
                     strides.append(0)
                     continue
-                d = expr_difference(substitute(e, {loop: add(Var(loop), Const(1))}), e)
-                ok = d is not None and d.is_Integer
-                strides.append(int(d) if ok else None)  # type: ignore[arg-type]
+                strides.append(
+                    constant_difference(substitute(e, {loop: add(Var(loop), Const(1))}), e)
+                )
             out.append((ld.buffer, strides))
         return out
 

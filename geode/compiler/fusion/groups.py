@@ -132,6 +132,9 @@ class FusionPlan:
     #: the plan search's report (chosen plan, runner-up, their predicted costs); empty
     #: for the greedy planner alone
     search: list[str] = field(default_factory=list)
+    #: the device spec the decisions were costed on (``DeviceSpec.source()``: the
+    #: machine, and measured or nominal rates); empty when not known
+    device: str = ""
 
     def group_of(self, node_name: str) -> Group | None:
         """The group holding a node, if any."""
@@ -156,4 +159,6 @@ class FusionPlan:
         if self.unfused:
             lines.append("not fused:")
             lines += [f"  {n}: {why}" for n, why in self.unfused.items()]
+        if self.device:
+            lines.append(f"device spec: {self.device}")
         return "\n".join(lines)

@@ -9,6 +9,7 @@ Symbolic dims are scored at a nominal size.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import sympy
@@ -56,11 +57,15 @@ def numel(v: Value) -> float:
     """Elements of a value at the nominal size."""
     n = 1.0
     for d in v.shape or ():
-        if isinstance(d, int):
-            n *= d
-        else:
-            n *= float(d.xreplace({s: sympy.Integer(NOMINAL_DIM) for s in d.free_symbols}))
+        n *= d if isinstance(d, int) else _nominal(d)
     return n
+
+
+@functools.lru_cache(maxsize=4096)
+def _nominal(d: sympy.Expr) -> float:
+    """A symbolic dim at the nominal size (every symbol :data:`NOMINAL_DIM`); remembered
+    per dim: the planner asks about the same few dims thousands of times."""
+    return float(d.xreplace({s: sympy.Integer(NOMINAL_DIM) for s in d.free_symbols}))
 
 
 def nbytes(v: Value) -> float:
