@@ -343,11 +343,14 @@ def library_interface(
 def library_inputs(node: Node, interface: NativeKernel) -> list[Value]:
     """The step arguments of library node ``node`` run by ``interface``: its inputs (those
     given), its weight packed once when its kernel multiplies by a packed weight
-    (:func:`library_interface`)."""
+    (:func:`library_interface`), then the packed copies a kernel's ``packed_inputs`` asks
+    for (:mod:`geode.codegen.native_rnn`)."""
     inputs = [v for v in node.inputs if v is not None]  # omitted optional inputs
     if getattr(interface.fn, "packed_n", 0):
         inputs[1] = packed_value(inputs[1])
-    return inputs
+    # weights a kernel also takes packed once, after its inputs (a native LSTM's W and R)
+    extra = getattr(interface.fn, "packed_inputs", ())
+    return inputs + [packed_value(inputs[i], form) for i, form in extra]
 
 
 @dataclass
@@ -361,6 +364,8 @@ class LibraryChoice:
     reason: str
     #: its native kernel failed to compile (a CodegenWarning was given)
     fallback: bool = False
+    #: how it takes its weights (packed once or per call, and why; ``explain()``)
+    weights: str = ""
 
 
 def library_fallback(node: Node, exc: GeodeError) -> LibraryChoice:

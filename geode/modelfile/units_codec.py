@@ -92,12 +92,14 @@ def _encode_unit(u: Unit, w: Writer, images: ImageWriter) -> dict[str, Any]:
 
 
 def _encode_input(v: Value | None) -> str | dict[str, str] | None:
-    """A unit's input: its name, or for a weight packed once ``{"packed": <weight>}``
-    (re-packed when the file is loaded)."""
+    """A unit's input: its name, or for a weight packed once ``{"packed": <weight>}``,
+    with ``"form": <form>`` when not the GEMM's (re-packed when the file is loaded)."""
     if v is None:
         return None
     if isinstance(v, PackedWeight):
-        return {"packed": v.source.name}
+        if v.form == "gemm":
+            return {"packed": v.source.name}
+        return {"packed": v.source.name, "form": v.form}
     return v.name
 
 
@@ -107,7 +109,7 @@ def _decode_input(d: Any, g: Graph, c: Container) -> Value | None:
     if isinstance(d, dict):
         source = g.values[str(d["packed"])]
         try:
-            return packed_value(source)
+            return packed_value(source, str(d.get("form", "gemm")))
         except CodegenError as exc:
             raise ModelFileError(f"model file {c.path!r}: {exc}") from None
     return g.values[d]

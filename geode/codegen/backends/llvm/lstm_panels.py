@@ -28,6 +28,7 @@ __all__ = [
     "declare_vector_ops",
     "pack_function",
     "panel_chunk_function",
+    "panel_items",
     "panel_product_function",
     "panel_rows",
 ]
@@ -41,6 +42,12 @@ GROUP_VECTORS = 2
 
 #: groups of a panel (the four gates, :data:`GROUP_VECTORS` at a time)
 GROUPS = 4 // GROUP_VECTORS
+
+
+def panel_items(hidden: int, lanes: int, k: int) -> int:
+    """Items of a weight ``M[4H, K]`` packed in panels of ``lanes`` units (``H``:
+    ``hidden``): ``ceil(H / lanes)`` panels of ``4 * lanes * K``."""
+    return -(-hidden // lanes) * 4 * lanes * k if lanes else 0
 
 
 def panel_rows(vector_registers: int) -> int:
