@@ -752,7 +752,8 @@ def entry_function(
     # not given packed) (+ one item: never 0 bytes)
     panel_words = -(-hid // lanes) * 4 * lanes
     words = b.add(b.mul(b.add(rows, n), str(g4)), b.mul(n, str(3 * hid)), "words")
-    in_panels = b.cmp("sge", n, str(PANEL_MIN_BATCH), "inpanels")
+    least = 1 if spec.panel_lanes else PANEL_MIN_BATCH
+    in_panels = b.cmp("sge", n, str(least), "inpanels")
     per_call = 0 if spec.panel_lanes else panel_words * (hid + spec.input_size)
     packed = b.select(in_panels, str(per_call), "0", "pwords")
     words = b.add(words, packed, "words")
