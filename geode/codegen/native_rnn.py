@@ -117,9 +117,10 @@ def rnn_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     from geode.codegen.backends.llvm.lstm import lstm_kernel, panel_lanes
     from geode.codegen.backends.llvm.target import host
 
-    choice = choose_lstm_packing(node.inputs[1], node.inputs[2], opts)
+    lanes = panel_lanes(spec.dtype, host())
+    choice = choose_lstm_packing(node.inputs[1], node.inputs[2], opts, lanes)
     if choice.packed:
-        spec = dataclasses.replace(spec, panel_lanes=panel_lanes(spec.dtype, host()))
+        spec = dataclasses.replace(spec, panel_lanes=lanes)
     try:
         kernel = lstm_kernel(spec, object_cache(opts))
     except CodegenError as exc:

@@ -125,10 +125,11 @@ def choose_packing(a: Value, b: Value, opts: Options) -> PackChoice:
     return PackChoice(True, text, n)
 
 
-def choose_lstm_packing(w: Value, r: Value, opts: Options) -> PackChoice:
+def choose_lstm_packing(w: Value, r: Value, opts: Options, lanes: int) -> PackChoice:
     """Whether a float32 native LSTM takes its ``W`` and ``R`` packed once (see the module
-    docstring): both constants known at compile time, the option ``packed_weights`` on
-    and a CPU with AVX2 + FMA (the input projection's packed-weight GEMM)."""
+    docstring; ``lanes``: the hidden units of one of R's panels): both constants known at
+    compile time, the option ``packed_weights`` on and a CPU with AVX2 + FMA (the input
+    projection's packed-weight GEMM)."""
     if not opts.packed_weights:
         return _per_call("option packed_weights is off")
     if np.dtype(w.dtype) != np.float32:
@@ -141,9 +142,10 @@ def choose_lstm_packing(w: Value, r: Value, opts: Options) -> PackChoice:
         return _per_call("this CPU has no AVX2 + FMA (the packed kernel's plain C path)")
     return PackChoice(
         True,
-        f"W {w.name!r} and R {r.name!r} float32 packed once (constants "
-        f"{w.name + _suffix('lstm_w')!r}: the input projection by geode's packed-weight "
-        f"kernel ({_ISA[isa]}), and {r.name!r}'s panels for the steps); no packing per call",
+        f"W {w.name!r} and R {r.name!r} float32 packed once, into constants "
+        f"{w.name + _suffix('lstm_w')!r} (the input projection, by geode's packed-weight "
+        f"kernel ({_ISA[isa]})) and {r.name + _suffix(f'lstm_r{lanes}')!r} (the steps' "
+        f"panels of {lanes} units); no packing per call",
     )
 
 

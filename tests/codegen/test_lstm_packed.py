@@ -189,7 +189,13 @@ def test_compiled_lstm_takes_its_weights_packed_once(tmp_path) -> None:
     onnx_model, ins = _model("bidirectional")
     model = geode.compile(onnx_model, session=geode.Session(), model_cache=False)
     (line,) = _weights_lines(model)
-    assert line.startswith("weights: W 'w' and R 'r' float32 packed once")
+    assert line.startswith(
+        "weights: W 'w' and R 'r' float32 packed once, into constants 'w#lstm_w16' (the "
+        "input projection, by geode's packed-weight kernel ("
+    )
+    assert line.endswith(
+        f"and 'r#lstm_r{LANES}' (the steps' panels of {LANES} units); no packing per call"
+    )
     assert {"w#lstm_w16", f"r#lstm_r{LANES}"} <= _var_names(model)
     want = _reference(onnx_model, ins[0])
     x = ins[0]
@@ -238,5 +244,5 @@ def test_choice_needs_both_weights_constant() -> None:
     w = g.constant(np.zeros((1, 8, 3), np.float32), name="W")
     r_in = g.input("R", [1, 8, 2], np.float32)
     r = g.constant(np.zeros((1, 8, 2), np.float32), name="R2")
-    assert choose_lstm_packing(w, r, Options()).packed
-    assert "'R' is not a constant" in choose_lstm_packing(w, r_in, Options()).text
+    assert choose_lstm_packing(w, r, Options(), 16).packed
+    assert "'R' is not a constant" in choose_lstm_packing(w, r_in, Options(), 16).text

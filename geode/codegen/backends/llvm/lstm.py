@@ -6,8 +6,8 @@ An :class:`LstmSpec` holds what is fixed when a model is compiled (dtype, hidden
 input sizes, directions, layout, which optional inputs and outputs there are); the
 sequence length and the batch are read from X's record at run time. The entry
 (``int32 entry(ptrs, recs, ints)``, arrays ``X, W, R, [B], [sequence_lens],
-[initial_h], [initial_c], [P], Y, [Y_h], [Y_c]``, ints the thread count, 0 for the
-native pool's size) checks every record (status ``i + 1`` for a bad argument ``i``:
+[initial_h], [initial_c], [P], [W_packed, R_panels], Y, [Y_h], [Y_c]``, ints the
+thread count, 0 for the native pool's size) checks every record (status ``i + 1`` for a bad argument ``i``:
 rank, item size, exact dims) before touching memory, then per direction ``d`` (forward,
 or reverse: the steps in the other order):
 
@@ -47,6 +47,16 @@ any thread count):
   panel and gate group ``[k][units]``, in the scratch: once per call, about 1 MiB each
   at hidden 256); a step's item then computes its rows' gate columns panel by panel with
   accumulators along the units (``h[b, k]`` broadcast, no horizontal sums).
+
+Packed once (:attr:`LstmSpec.panel_lanes`, float32; a model's constant ``W`` and ``R``,
+:mod:`geode.codegen.packed_weights`): the entry also takes ``W_packed`` (per direction
+``W^T`` in the packed-weight GEMM's panels of 16 columns, ``(D, ceil(4H / 16), I, 16)``)
+and ``R_panels`` (per direction ``R`` in the panels above, ``(D, ceil(H / lanes) * 4 *
+lanes * H)``), so a call packs nothing: the projection is one call of the native
+runtime's ``geode_sgemm_packed`` (split over the pool by the runtime, every element one
+chain of fused multiply-adds along ``I`` as in the panels: the same bits), and the steps
+multiply by ``R_panels`` at every batch, 1 included (measured: at batch 1 the dot
+products beside the GEMM's projection were slower).
 
 The states ``h`` (twice) and ``c``, the projection, the gates and the packed panels
 live in one ``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it

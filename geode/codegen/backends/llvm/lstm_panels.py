@@ -1,6 +1,8 @@
 """The native LSTM's products in outer-product form (:mod:`~.lstm` at a batch of at least
 :data:`PANEL_MIN_BATCH`): a weight matrix ``M[4H, K]`` (``W`` or ``R`` of one direction)
-is packed once per call into panels of ``U`` hidden units (``U``: one vector's lanes),
+is packed once per call (or once for all: a model's constant ``R``,
+:func:`geode.codegen.packed_weights.lstm_panels` lays it out alike) into panels of ``U``
+hidden units (``U``: one vector's lanes),
 and ``out[rows, 4H] = A[rows, K] @ M^T`` is computed panel by panel with accumulators
 along the panel's columns, broadcasting ``A[r, k]`` and multiplying ``M^T``'s row ``k``
 in: no horizontal sums, and the packed panel streamed contiguously.
