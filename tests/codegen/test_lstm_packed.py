@@ -216,7 +216,7 @@ def test_lstms_that_pack_per_call_say_why() -> None:
     """W a graph input, the option off, float64: packed per call, explain() says why, and
     the results are right."""
     onnx_model, ins = _model(dynamic_w=True)
-    model = geode.compile(onnx_model)
+    model = geode.compile(onnx_model, session=geode.Session())
     (line,) = _weights_lines(model)
     assert (
         line == "weights: W and R packed on every call: 'w' is not a constant known at compile time"

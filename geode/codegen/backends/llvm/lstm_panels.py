@@ -200,23 +200,34 @@ def panel_product_function(
     unit0 = b.mul(p, str(lanes), "unit0")
     valid = b.min(b.sub(str(hidden), unit0), str(lanes), "valid")
     smask = _lanes_below(fn, lanes, valid, "smask")
-    accs = [[fn.alloca(vt, f"acc{r}_{s}") for s in range(GROUP_VECTORS)] for r in range(block_rows)]
+    gates = GROUPS * GROUP_VECTORS
+    accs = [[fn.alloca(vt, f"acc{r}_{q}") for q in range(gates)] for r in range(block_rows)]
     group_items = b.mul(k_len, str(GROUP_VECTORS * lanes), "gitems")
 
     def block(r0: str, count: int) -> None:
         arows = [b.gep(ty, a, b.mul(b.add(r0, str(r)), lda), "arow") for r in range(count)]
-        for g in range(GROUPS):
-            gbase = b.gep(ty, panel, b.mul(str(g), group_items), "gbase")
-            mine = [line for line in accs[:count]]
+        # groups per pass: all of them when their accumulators fit in a full block's
+        # (a block of few rows then runs 4 chains per row, not 2: the chains' latency, not
+        # the FMA rate, bounds a row alone)
+        together = GROUPS if count * gates <= block_rows * GROUP_VECTORS else 1
+        for g0 in range(0, GROUPS, together):
+            groups = range(g0, g0 + together)
+            gbases = [b.gep(ty, panel, b.mul(str(g), group_items), "gbase") for g in groups]
+            width = together * GROUP_VECTORS
+            mine = [line[:width] for line in accs[:count]]
             for acc in (x for line in mine for x in line):
                 fn.add(f"store {vt} zeroinitializer, ptr {acc}")
 
-            def term(k: str, gbase: str = gbase, mine: list[list[str]] = mine) -> None:
-                krow = b.gep(ty, gbase, b.mul(k, str(GROUP_VECTORS * lanes)), "krow")
-                mv = [
-                    fn.value(f"load {vt}, ptr {b.gep(ty, krow, str(s * lanes))}, align {item}", "m")
-                    for s in range(GROUP_VECTORS)
-                ]
+            def term(k: str, gbases: list[str] = gbases, mine: list[list[str]] = mine) -> None:
+                mv = []
+                for gbase in gbases:
+                    krow = b.gep(ty, gbase, b.mul(k, str(GROUP_VECTORS * lanes)), "krow")
+                    mv += [
+                        fn.value(
+                            f"load {vt}, ptr {b.gep(ty, krow, str(s * lanes))}, align {item}", "m"
+                        )
+                        for s in range(GROUP_VECTORS)
+                    ]
                 for arow, line in zip(arows, mine):
                     x = b.load(ty, b.gep(ty, arow, k), "x")
                     one = fn.value(f"insertelement {vt} poison, {ty} {x}, i64 0", "x1")
@@ -233,7 +244,7 @@ def panel_product_function(
             for r, line in enumerate(mine):
                 orow = b.gep(ty, out, b.mul(b.add(r0, str(r)), ldo), "orow")
                 for s, acc in enumerate(line):
-                    q = g * GROUP_VECTORS + s
+                    q = g0 * GROUP_VECTORS + s
                     dst = b.gep(ty, orow, b.add(unit0, str(q * hidden)), "dst")
                     val = fn.value(f"load {vt}, ptr {acc}", "sum")
                     args = f"{vt} {val}, ptr {dst}, i32 {item}, <{lanes} x i1> {smask}"
