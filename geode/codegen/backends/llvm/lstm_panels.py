@@ -187,7 +187,9 @@ def panel_product_function(
     (``A`` and ``out`` row-major with row strides ``lda`` and ``ldo``): blocks of
     ``block_rows`` rows of ``A``, then one block each of half, a quarter ... of that for
     the rows left; per block and group, ``block_rows x GROUP_VECTORS`` accumulators
-    along the units, ``A[r, k]`` broadcast; the columns past ``H`` not stored."""
+    along the units, ``A[r, k]`` broadcast (a block of fewer rows takes all the groups in
+    one pass when their accumulators fit in as many: more independent chains); the
+    columns past ``H`` not stored."""
     fma, _, mstore = declare_vector_ops(module, ty, lanes, item)
     vt = f"<{lanes} x {ty}>"
     names = ["A", "lda", "P", "out", "ldo", "rows", "K", "p"]
