@@ -343,14 +343,15 @@ def library_interface(
 def library_inputs(node: Node, interface: NativeKernel) -> list[Value]:
     """The step arguments of library node ``node`` run by ``interface``: its inputs (those
     given), its weight packed once when its kernel multiplies by a packed weight
-    (:func:`library_interface`), then the packed copies a kernel's ``packed_inputs`` asks
-    for (:mod:`geode.codegen.native_rnn`)."""
+    (:func:`library_interface`), and the packed copies a kernel's ``packed_inputs`` asks
+    for in their weights' places (:mod:`geode.codegen.native_rnn`)."""
     inputs = [v for v in node.inputs if v is not None]  # omitted optional inputs
     if getattr(interface.fn, "packed_n", 0):
         inputs[1] = packed_value(inputs[1])
-    # weights a kernel also takes packed once, after its inputs (a native LSTM's W and R)
-    extra = getattr(interface.fn, "packed_inputs", ())
-    return inputs + [packed_value(inputs[i], form) for i, form in extra]
+    # weights a kernel takes packed once, in their places (a native LSTM's W and R)
+    for i, form in getattr(interface.fn, "packed_inputs", ()):
+        inputs[i] = packed_value(inputs[i], form)
+    return inputs
 
 
 @dataclass

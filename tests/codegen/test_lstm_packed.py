@@ -43,6 +43,11 @@ def _packed(ins):  # noqa: ANN001, ANN202
     return w, lstm_panels(ins[2], LANES)
 
 
+def _given(ins):  # noqa: ANN001, ANN202
+    """The packed kernel's inputs: W and R packed, in their places."""
+    return [ins[0], *_packed(ins), *[a for a in ins[3:] if a is not None]]
+
+
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("layout", [0, 1])
 def test_kernel_given_packed_weights_matches_reference_and_per_call(direction, layout) -> None:
@@ -65,7 +70,7 @@ def test_kernel_given_packed_weights_matches_reference_and_per_call(direction, l
             got = [np.full(w.shape, np.nan, np.float32) for w in want]
             ref = [np.full(w.shape, np.nan, np.float32) for w in want]
             arrays = [a for a in ins if a is not None]
-            given(*arrays, *_packed(ins), *got)
+            given(*_given(ins), *got)
             per_call(*arrays, *ref)
             for g, w, r in zip(got, want, ref):
                 np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
@@ -85,7 +90,7 @@ def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, ba
     )
     kernel = lstm_kernel(_spec(hidden, size, direction, 1, ALL, LANES))
     want = recurrent("LSTM", ins, {"direction": direction, "layout": 1, "hidden_size": hidden})
-    arrays = [*[a for a in ins if a is not None], *_packed(ins)]
+    arrays = _given(ins)
     results, launched = {}, {}
     for threads in (1, 2, 3):
         outs = [np.full(w.shape, np.nan, np.float32) for w in want]
@@ -111,11 +116,13 @@ def test_kernel_checks_the_packed_weights() -> None:
     w_packed, r_panels = _packed(ins)
     outs = [np.empty(s, np.float32) for s in ((3, 1, 2, 8), (1, 2, 8), (1, 2, 8))]
     with pytest.raises(ValueError, match=r"argument W_packed must have shape \(1, 2, 5, 16\)"):
-        kernel(ins[0], ins[1], ins[2], w_packed[:, :1], r_panels, *outs)
+        kernel(ins[0], w_packed[:, :1], r_panels, *outs)
     with pytest.raises(
         ValueError, match=rf"argument R_panels must have shape \(1, {4 * LANES * 8}\)"
     ):
-        kernel(ins[0], ins[1], ins[2], w_packed, r_panels[:, 1:], *outs)
+        kernel(ins[0], w_packed, r_panels[:, 1:], *outs)
+    with pytest.raises(ValueError, match="argument W_packed must have shape"):
+        kernel(*ins[:3], *outs)  # W and R themselves
 
 
 def test_spec_and_target_must_agree_on_the_panels() -> None:
@@ -196,7 +203,9 @@ def test_compiled_lstm_takes_its_weights_packed_once(tmp_path) -> None:
     assert line.endswith(
         f"and 'r#lstm_r{LANES}' (the steps' panels of {LANES} units); no packing per call"
     )
+    # the packed copies registered instead of W and R (no step reads those)
     assert {"w#lstm_w16", f"r#lstm_r{LANES}"} <= _var_names(model)
+    assert not {"w", "r"} & _var_names(model)
     want = _reference(onnx_model, ins[0])
     x = ins[0]
     got = model(x=x)

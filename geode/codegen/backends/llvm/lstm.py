@@ -6,8 +6,9 @@ An :class:`LstmSpec` holds what is fixed when a model is compiled (dtype, hidden
 input sizes, directions, layout, which optional inputs and outputs there are); the
 sequence length and the batch are read from X's record at run time. The entry
 (``int32 entry(ptrs, recs, ints)``, arrays ``X, W, R, [B], [sequence_lens],
-[initial_h], [initial_c], [P], [W_packed, R_panels], Y, [Y_h], [Y_c]``, ints the
-thread count, 0 for the native pool's size) checks every record (status ``i + 1`` for a bad argument ``i``:
+[initial_h], [initial_c], [P], Y, [Y_h], [Y_c]`` (``W_packed, R_panels`` in the places of
+``W, R`` when they are given packed), ints the thread count, 0 for the native pool's
+size) checks every record (status ``i + 1`` for a bad argument ``i``:
 rank, item size, exact dims) before touching memory, then per direction ``d`` (forward,
 or reverse: the steps in the other order):
 
@@ -49,7 +50,7 @@ any thread count):
   accumulators along the units (``h[b, k]`` broadcast, no horizontal sums).
 
 Packed once (:attr:`LstmSpec.panel_lanes`, float32; a model's constant ``W`` and ``R``,
-:mod:`geode.codegen.packed_weights`): the entry also takes ``W_packed`` (per direction
+:mod:`geode.codegen.packed_weights`): the entry takes, instead, ``W_packed`` (per direction
 ``W^T`` in the packed-weight GEMM's panels of 16 columns, ``(D, ceil(4H / 16), I, 16)``)
 and ``R_panels`` (per direction ``R`` in the panels above, ``(D, ceil(H / lanes) * 4 *
 lanes * H)``), so a call packs nothing: the projection is one call of the native
@@ -155,8 +156,8 @@ class LstmSpec:
         opt = [("B", self.bias), ("sequence_lens", self.lens), ("initial_h", self.initial_h)]
         opt.append(("initial_c", self.initial_c))
         opt.append(("P", self.peephole))
-        opt += [("W_packed", self.panel_lanes > 0), ("R_panels", self.panel_lanes > 0)]
-        ins = ["X", "W", "R"] + [n for n, on in opt if on]
+        weights = ["W_packed", "R_panels"] if self.panel_lanes else ["W", "R"]
+        ins = ["X", *weights] + [n for n, on in opt if on]
         return (*ins, *["Y", "Y_h", "Y_c"][: self.n_outputs])
 
     @property
@@ -169,10 +170,9 @@ class LstmSpec:
         dirs = (
             "bidirectional" if self.directions == 2 else ("reverse" if self.reverse else "forward")
         )
-        extra = [n for n in self.arrays[3 : self.n_inputs]]
         return (
             f"LSTM {self.dtype} hidden={self.hidden} input={self.input_size} {dirs} "
-            f"layout={self.layout} inputs=X,W,R{''.join(',' + e for e in extra)} "
+            f"layout={self.layout} inputs={','.join(self.arrays[: self.n_inputs])} "
             f"outputs={','.join(self.arrays[self.n_inputs :])}"
         )
 
@@ -787,8 +787,12 @@ def entry_function(
     for d in range(spec.directions):
         _copy_state(b, spec, ptr.get("initial_h"), h, d, n, out=False)
         _copy_state(b, spec, ptr.get("initial_c"), c, d, n, out=False)
-        w_d = b.gep(ty, ptr["W"], str(d * g4 * spec.input_size), "wd")
-        r_d = b.gep(ty, ptr["R"], str(d * g4 * hid), "rd")
+        # W and R themselves (the per-call packing and the dot products) or, given
+        # packed, not at all
+        w_d = (
+            "null" if spec.panel_lanes else b.gep(ty, ptr["W"], str(d * g4 * spec.input_size), "wd")
+        )
+        r_d = "null" if spec.panel_lanes else b.gep(ty, ptr["R"], str(d * g4 * hid), "rd")
         b_d = b.gep(ty, ptr["B"], str(d * 8 * hid), "bd") if spec.bias else "null"
         p_d = b.gep(ty, ptr["P"], str(d * 3 * hid), "pd") if spec.peephole else "null"
         if spec.panel_lanes:
@@ -924,8 +928,8 @@ class LstmKernel(LLVMKernel):
 
     @property
     def packed_inputs(self) -> tuple[tuple[int, str], ...]:
-        """The weights it also takes packed once, after its other inputs: ``(input index,
-        packed form)`` (:func:`geode.codegen.packed_weights.packed_value`)."""
+        """The weights it takes packed once, in their own places: ``(input index, packed
+        form)`` (:func:`geode.codegen.packed_weights.packed_value`)."""
         lanes = self.spec.panel_lanes
         return ((1, "lstm_w"), (2, f"lstm_r{lanes}")) if lanes else ()
 
