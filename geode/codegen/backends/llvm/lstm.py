@@ -130,9 +130,9 @@ class LstmSpec:
     peephole: bool
     n_outputs: int
     lens: bool = False  # a sequence_lens input (int32, one length per batch entry)
-    #: 0: ``W`` and ``R`` packed per call; else both also given packed once (float32):
-    #: ``W_packed`` for the packed-weight GEMM, ``R_panels`` in panels of this many lanes
-    #: (the target's vector, :func:`panel_lanes`)
+    #: 0: ``W`` and ``R`` packed per call; else, instead of them, both given packed once
+    #: (float32): ``W_packed`` for the packed-weight GEMM, ``R_panels`` in panels of this
+    #: many lanes (the target's vector, :func:`panel_lanes`)
     panel_lanes: int = 0
 
     def __post_init__(self) -> None:
