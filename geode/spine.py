@@ -336,7 +336,7 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
         return alias_unit(node, view)
     engine = c.placement.engine[node.name]
     library = driver.library_interface(node, c.graph, c.opts) if engine == "aicpu" else None
-    reason = "library op: BLAS, called natively"
+    reason, weights = "library op: BLAS, called natively", ""
     for choose in (conv_interface, pool_interface, rnn_interface):
         # Conv (im2col + BLAS, depthwise), pools (direct) and LSTM (vectorized products and
         # gate loop): native, or why not
@@ -344,6 +344,7 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
         if choice is not None:
             c.fallbacks += choice.fallback
             c.placement.reason[node.name] = reason = choice.reason
+            weights = choice.weights
             library = None if choice.interface is None else (choice.interface, choice.info)
     if library is not None:  # a library routine called natively (MatMul; Conv; pools; LSTM)
         interface, info = library
@@ -355,6 +356,8 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
         unit = Unit(node.name, "aicore", [node], inputs, list(node.outputs), interface, info)
         if node.op_type == "MatMul" and info.trace:
             unit.extra["weights"] = info.trace
+        if weights:
+            unit.extra["weights"] = weights
         return unit
     return reference_unit(node, "aicpu" if engine == "aicore" else engine)
 

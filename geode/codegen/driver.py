@@ -355,13 +355,17 @@ def library_inputs(node: Node, interface: NativeKernel) -> list[Value]:
     """The step arguments of library node ``node`` run by ``interface``: its inputs (those
     given), its weight packed once when its kernel multiplies by a packed weight
     (:func:`library_interface`), a conv's weight in its Winograd transform when its kernel
-    is the Winograd one."""
+    is the Winograd one, and the packed copies a kernel's ``packed_inputs`` asks for in
+    their weights' places (:mod:`geode.codegen.native_rnn`)."""
     inputs = [v for v in node.inputs if v is not None]  # omitted optional inputs
     if getattr(interface.fn, "packed_n", 0):
         inputs[1] = packed_value(inputs[1])
     tiles = getattr(interface.fn, "winograd_weight", ())
     if tiles:
         inputs[1] = winograd_value(inputs[1], tiles)
+    # weights a kernel takes packed once, in their places (a native LSTM's W and R)
+    for i, form in getattr(interface.fn, "packed_inputs", ()):
+        inputs[i] = packed_value(inputs[i], form)
     return inputs
 
 
@@ -376,6 +380,8 @@ class LibraryChoice:
     reason: str
     #: its native kernel failed to compile (a CodegenWarning was given)
     fallback: bool = False
+    #: how it takes its weights (packed once or per call, and why; ``explain()``)
+    weights: str = ""
 
 
 def library_fallback(node: Node, exc: GeodeError) -> LibraryChoice:

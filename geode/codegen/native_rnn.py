@@ -8,16 +8,22 @@ initial_h, initial_c, P) and its outputs are all float32 or all float64; W's and
 default ones (Sigmoid, Tanh, Tanh), with no ``clip`` and no ``input_forget``; a
 ``sequence_lens`` input, when given, is int32; and the outputs' shapes follow from the graph inputs' symbols (a
 dim known only once a value is computed cannot size a native step's output). Every
-direction and both layouts are native. Otherwise the node keeps the reference kernel
+direction and both layouts are native. A float32 LSTM whose ``W`` and ``R`` are constants
+takes them packed once, at compile time (or when its model file is loaded), as derived
+constants of the model (:func:`~geode.codegen.packed_weights.choose_lstm_packing`; the
+choice is its kernel's ``weights:`` line in ``explain()``), so a call packs nothing. Otherwise the node keeps the reference kernel
 (:func:`geode.compiler.ops.rnn.recurrent`), and the placement records why.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from geode.codegen.backends.llvm.lstm import LstmSpec
 from geode.codegen.driver import LibraryChoice, library_fallback, library_step, object_cache
+from geode.codegen.packed_weights import choose_lstm_packing
 from geode.compiler.ir import Graph, Node
 from geode.compiler.shapes import free_symbols
 from geode.config import Options
@@ -108,11 +114,17 @@ def rnn_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     spec = lstm_spec(node, g)
     if isinstance(spec, str):
         return LibraryChoice(None, None, f"library op: reference kernel (LSTM: {spec})")
-    from geode.codegen.backends.llvm.lstm import lstm_kernel
+    from geode.codegen.backends.llvm.lstm import lstm_kernel, panel_lanes
+    from geode.codegen.backends.llvm.target import host
 
+    lanes = panel_lanes(spec.dtype, host())
+    choice = choose_lstm_packing(node.inputs[1], node.inputs[2], opts, lanes)
+    if choice.packed:
+        spec = dataclasses.replace(spec, panel_lanes=lanes)
     try:
         kernel = lstm_kernel(spec, object_cache(opts))
     except CodegenError as exc:
         return library_fallback(node, exc)
     interface, info = library_step(node, kernel, spec.n_inputs, spec.describe(), opts)
-    return LibraryChoice(interface, info, "library op: LSTM, native products and gate loop")
+    why = "library op: LSTM, native products and gate loop"
+    return LibraryChoice(interface, info, why, weights=choice.text)

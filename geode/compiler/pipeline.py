@@ -26,6 +26,7 @@ from geode.compiler.passes.decompose import decompose
 from geode.compiler.passes.fold_bn import fold_batch_norm
 from geode.compiler.passes.fuse_conv import fuse_conv_epilogues
 from geode.compiler.passes.rnn_layout import absorb_lstm_transposes
+from geode.compiler.passes.rnn_states import drop_zero_states
 from geode.compiler.passes.simplify import simplify
 from geode.compiler.passes.variable_format import accelerate_variable_formats
 from geode.compiler.passes.variable_prepare import prepare_variables
@@ -75,6 +76,7 @@ PIPELINE: list[Pass] = [
     Pass("fold_bn", fold_batch_norm),  # before decompose splits BatchNormalization
     Pass("decompose", decompose),
     Pass("rnn_layout", absorb_lstm_transposes),  # before simplify folds what it leaves
+    Pass("rnn_zero_states", drop_zero_states),  # after rnn_layout's views, before dce
     Pass("simplify", simplify),
     Pass("variable_format", accelerate_variable_formats, session=True),  # after decompose
     Pass("const_fold", fold_constants),

@@ -93,13 +93,15 @@ def _encode_unit(u: Unit, w: Writer, images: ImageWriter) -> dict[str, Any]:
 
 
 def _encode_input(v: Value | None) -> str | dict[str, str] | None:
-    """A unit's input: its name, or for a weight packed once ``{"packed": <weight>}``
-    (re-packed when the file is loaded; a conv weight's Winograd transform likewise
-    ``{"winograd": <weight>, "tiles": "2+4"}``)."""
+    """A unit's input: its name, or for a weight packed once ``{"packed": <weight>}``,
+    with ``"form": <form>`` when not the GEMM's (re-packed when the file is loaded; a conv
+    weight's Winograd transform likewise ``{"winograd": <weight>, "tiles": "2+4"}``)."""
     if v is None:
         return None
     if isinstance(v, PackedWeight):
-        return {"packed": v.source.name}
+        if v.form == "gemm":
+            return {"packed": v.source.name}
+        return {"packed": v.source.name, "form": v.form}
     if isinstance(v, WinogradWeight):
         return {"winograd": v.source.name, "tiles": "+".join(map(str, v.tiles))}
     return v.name
@@ -115,7 +117,7 @@ def _decode_input(d: Any, g: Graph, c: Container) -> Value | None:
             if form == "winograd":
                 tiles = tuple(int(t) for t in str(d.get("tiles", "")).split("+") if t)
                 return winograd_value(source, tiles)
-            return packed_value(source)
+            return packed_value(source, str(d.get("form", "gemm")))
         except CodegenError as exc:
             raise ModelFileError(f"model file {c.path!r}: {exc}") from None
     return g.values[d]

@@ -891,6 +891,7 @@ def test_pipeline_disable_enable_and_bounds():
         "mark_variables",
         "fold_bn",
         "rnn_layout",
+        "rnn_zero_states",
         "simplify",
         "variable_format",
         "const_fold",

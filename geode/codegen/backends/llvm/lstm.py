@@ -6,8 +6,9 @@ An :class:`LstmSpec` holds what is fixed when a model is compiled (dtype, hidden
 input sizes, directions, layout, which optional inputs and outputs there are); the
 sequence length and the batch are read from X's record at run time. The entry
 (``int32 entry(ptrs, recs, ints)``, arrays ``X, W, R, [B], [sequence_lens],
-[initial_h], [initial_c], [P], Y, [Y_h], [Y_c]``, ints the thread count, 0 for the
-native pool's size) checks every record (status ``i + 1`` for a bad argument ``i``:
+[initial_h], [initial_c], [P], Y, [Y_h], [Y_c]`` (``W_packed, R_panels`` in the places of
+``W, R`` when they are given packed), ints the thread count, 0 for the native pool's
+size) checks every record (status ``i + 1`` for a bad argument ``i``:
 rank, item size, exact dims) before touching memory, then per direction ``d`` (forward,
 or reverse: the steps in the other order):
 
@@ -48,6 +49,16 @@ any thread count):
   at hidden 256); a step's item then computes its rows' gate columns panel by panel with
   accumulators along the units (``h[b, k]`` broadcast, no horizontal sums).
 
+Packed once (:attr:`LstmSpec.panel_lanes`, float32; a model's constant ``W`` and ``R``,
+:mod:`geode.codegen.packed_weights`): the entry takes, instead, ``W_packed`` (per direction
+``W^T`` in the packed-weight GEMM's panels of 16 columns, ``(D, ceil(4H / 16), I, 16)``)
+and ``R_panels`` (per direction ``R`` in the panels above, ``(D, ceil(H / lanes) * 4 *
+lanes * H)``), so a call packs nothing: the projection is one call of the native
+runtime's ``geode_sgemm_packed`` (split over the pool by the runtime, every element one
+chain of fused multiply-adds along ``I`` as in the panels: the same bits), and the steps
+multiply by ``R_panels`` at every batch, 1 included (measured: at batch 1 the dot
+products beside the GEMM's projection were slower).
+
 The states ``h`` (twice) and ``c``, the projection, the gates and the packed panels
 live in one ``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
 could not be allocated (:class:`LstmKernel` raises :class:`~geode.errors.ExecutionError`).
@@ -76,14 +87,16 @@ from geode.codegen.backends.llvm.lstm_panels import (
     declare_vector_ops,
     pack_function,
     panel_chunk_function,
+    panel_items,
     panel_product_function,
     panel_rows,
 )
 from geode.codegen.backends.llvm.objcache import CacheDir
+from geode.codegen.backends.llvm.packed import PACKED_DECL, PANEL, packed_call
 from geode.codegen.backends.llvm.target import Target
 from geode.errors import ExecutionError, ShapeError
 
-__all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel", "vector_bytes"]
+__all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel", "panel_lanes", "vector_bytes"]
 
 #: dtype -> (IR type, item size)
 TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
@@ -117,10 +130,19 @@ class LstmSpec:
     peephole: bool
     n_outputs: int
     lens: bool = False  # a sequence_lens input (int32, one length per batch entry)
+    #: 0: ``W`` and ``R`` packed per call; else, instead of them, both given packed once
+    #: (float32): ``W_packed`` for the packed-weight GEMM, ``R_panels`` in panels of this
+    #: many lanes (the target's vector, :func:`panel_lanes`)
+    panel_lanes: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in TYPES:
             raise ValueError(f"dtype {self.dtype} (native: float32, float64)")
+        if self.panel_lanes and (self.dtype != "float32" or GATE_UNITS % self.panel_lanes):
+            raise ValueError(
+                f"W and R packed once: float32 and panels of lanes dividing {GATE_UNITS} "
+                f"(not {self.dtype}, {self.panel_lanes} lanes)"
+            )
         if self.hidden < 1 or self.input_size < 0:
             raise ValueError(f"hidden size {self.hidden} (native: at least 1)")
         if self.directions not in (1, 2) or (self.reverse and self.directions != 1):
@@ -134,7 +156,8 @@ class LstmSpec:
         opt = [("B", self.bias), ("sequence_lens", self.lens), ("initial_h", self.initial_h)]
         opt.append(("initial_c", self.initial_c))
         opt.append(("P", self.peephole))
-        ins = ["X", "W", "R"] + [n for n, on in opt if on]
+        weights = ["W_packed", "R_panels"] if self.panel_lanes else ["W", "R"]
+        ins = ["X", *weights] + [n for n, on in opt if on]
         return (*ins, *["Y", "Y_h", "Y_c"][: self.n_outputs])
 
     @property
@@ -147,10 +170,9 @@ class LstmSpec:
         dirs = (
             "bidirectional" if self.directions == 2 else ("reverse" if self.reverse else "forward")
         )
-        extra = [n for n in self.arrays[3 : self.n_inputs]]
         return (
             f"LSTM {self.dtype} hidden={self.hidden} input={self.input_size} {dirs} "
-            f"layout={self.layout} inputs=X,W,R{''.join(',' + e for e in extra)} "
+            f"layout={self.layout} inputs={','.join(self.arrays[: self.n_inputs])} "
             f"outputs={','.join(self.arrays[self.n_inputs :])}"
         )
 
@@ -190,6 +212,8 @@ def _records(b: Builder, spec: LstmSpec) -> dict[str, list[str]]:
         "initial_h": state,
         "initial_c": state,
         "P": [d, str(3 * spec.hidden)],
+        "W_packed": [d, str(-(-4 * spec.hidden // PANEL)), i, str(PANEL)],
+        "R_panels": [d, str(panel_items(spec.hidden, spec.panel_lanes, spec.hidden))],
         "Y": y,
         "Y_h": state,
         "Y_c": state,
@@ -734,12 +758,14 @@ def entry_function(
     hid, g4 = spec.hidden, 4 * spec.hidden
     rows = b.mul(seq, n, "rows")
     # scratch: GX [T*N, 4H], G [N, 4H], h [N, H] twice (the steps read one and write the
-    # other), c [N, H], W's and R's packed panels (the outer-product form only) (+ one
-    # item: never 0 bytes)
+    # other), c [N, H], W's and R's packed panels (the outer-product form, when they are
+    # not given packed) (+ one item: never 0 bytes)
     panel_words = -(-hid // lanes) * 4 * lanes
     words = b.add(b.mul(b.add(rows, n), str(g4)), b.mul(n, str(3 * hid)), "words")
-    in_panels = b.cmp("sge", n, str(PANEL_MIN_BATCH), "inpanels")
-    packed = b.select(in_panels, str(panel_words * (hid + spec.input_size)), "0", "pwords")
+    least = 1 if spec.panel_lanes else PANEL_MIN_BATCH
+    in_panels = b.cmp("sge", n, str(least), "inpanels")
+    per_call = 0 if spec.panel_lanes else panel_words * (hid + spec.input_size)
+    packed = b.select(in_panels, str(per_call), "0", "pwords")
     words = b.add(words, packed, "words")
     start_ctx = fn.alloca("i64", "pctx", str(PROJECTION_SLOTS))
     nbytes = b.mul(b.add(words, "1"), str(item), "bytes")
@@ -756,21 +782,38 @@ def entry_function(
     c = b.gep(ty, h_odd, b.mul(n, str(hid)), "c")
     w_packed = b.gep(ty, c, b.mul(n, str(hid)), "wpacked")
     r_packed = b.gep(ty, w_packed, str(panel_words * spec.input_size), "rpacked")
-    steps_packed = _select_ptr(b, in_panels, r_packed, "null", "spacked")
     # after the steps, the last states are in h when T is even, else in h_odd
     h_last = _select_ptr(b, b.cmp("eq", b.op("and", seq, "1"), "0"), h, h_odd, "hlast")
     for d in range(spec.directions):
         _copy_state(b, spec, ptr.get("initial_h"), h, d, n, out=False)
         _copy_state(b, spec, ptr.get("initial_c"), c, d, n, out=False)
-        w_d = b.gep(ty, ptr["W"], str(d * g4 * spec.input_size), "wd")
-        r_d = b.gep(ty, ptr["R"], str(d * g4 * hid), "rd")
+        # W and R themselves (the per-call packing and the dot products) or, given
+        # packed, not at all
+        w_d = (
+            "null" if spec.panel_lanes else b.gep(ty, ptr["W"], str(d * g4 * spec.input_size), "wd")
+        )
+        r_d = "null" if spec.panel_lanes else b.gep(ty, ptr["R"], str(d * g4 * hid), "rd")
         b_d = b.gep(ty, ptr["B"], str(d * 8 * hid), "bd") if spec.bias else "null"
         p_d = b.gep(ty, ptr["P"], str(d * 3 * hid), "pd") if spec.peephole else "null"
+        if spec.panel_lanes:
+            r_items = panel_items(hid, lanes, hid)
+            r_panels = b.gep(ty, ptr["R_panels"], str(d * r_items), "rpanels")
+        steps_packed = _select_ptr(
+            b, in_panels, r_panels if spec.panel_lanes else r_packed, "null", "spacked"
+        )
 
-        def project(w_d: str = w_d, r_d: str = r_d) -> None:
+        def project(w_d: str = w_d, r_d: str = r_d, d: int = d) -> None:
             if spec.input_size == 0:
                 zb = b.mul(rows, str(g4 * item), "gxbytes")
                 fn.add(f"call void @llvm.memset.p0.i64(ptr {gx}, i8 0, i64 {zb}, i1 false)")
+            if spec.panel_lanes and spec.input_size:
+                # W given packed: the packed-weight GEMM, at any batch (R's panels given)
+                wp_d = str(d * -(-g4 // PANEL) * spec.input_size * PANEL)
+                wp_d = b.gep(ty, ptr["W_packed"], wp_d, "wpd")
+                ops = [(ptr["X"], str(spec.input_size)), (wp_d, "0"), (gx, str(g4))]
+                fn.add(packed_call(rows, g4, str(spec.input_size), ops, product.threads))
+            if spec.panel_lanes:
+                return
 
             def dots() -> None:
                 if spec.input_size:
@@ -789,13 +832,20 @@ def entry_function(
 
         b.when(b.cmp("sgt", rows, "0"), project, "proj")
 
-        def step(s: str, r_d: str = r_d, b_d: str = b_d, p_d: str = p_d, d: int = d) -> None:
+        def step(
+            s: str,
+            r_d: str = r_d,
+            b_d: str = b_d,
+            p_d: str = p_d,
+            d: int = d,
+            sp: str = steps_packed,
+        ) -> None:
             even = b.cmp("eq", b.op("and", s, "1"), "0")
             h_in = _select_ptr(b, even, h, h_odd, "hin")
             h_out = _select_ptr(b, even, h_odd, h, "hout")
             arrays = [r_d, h_in, h_out, gates, gx, b_d, p_d, c, ptr["Y"]]
             arrays.append(ptr.get("sequence_lens", "null"))
-            arrays.append(steps_packed)
+            arrays.append(sp)
             backwards = "1" if spec.reverse or d == 1 else "0"
             run_step(arrays, [seq, n, s, str(d), backwards])
 
@@ -835,9 +885,14 @@ def lstm_ir(
     cell = f"{name}.cell"
     module.add_function(_cell_function(module, cell, spec, attrs))
     rec = f"{name}.product"
-    lanes = max(1, vector_bytes // TYPES[spec.dtype][1])
+    lanes = max(1, vector_bytes // TYPES[spec.dtype][1])  # as panel_lanes
     if GATE_UNITS % lanes:
         raise ValueError(f"{lanes} lanes per vector (GATE_UNITS must be a multiple)")
+    if spec.panel_lanes not in (0, lanes):
+        raise ValueError(
+            f"R's panels packed for {spec.panel_lanes} lanes, but this target's vectors "
+            f"hold {lanes}"
+        )
     module.add_function(_product_function(module, rec, spec, attrs, lanes))
     chunk = f"{name}.chunk"
     module.add_function(_chunk_function(module, chunk, rec, spec))
@@ -854,6 +909,8 @@ def lstm_ir(
     step = f"{name}.step"
     module.add_function(_step_function(module, step, rec, panel, cell, spec, lanes))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
+    if spec.panel_lanes:
+        module.declare("geode_sgemm_packed", PACKED_DECL)
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
     )
@@ -868,6 +925,13 @@ class LstmKernel(LLVMKernel):
 
     image_kind = "lstm"
     spec: LstmSpec
+
+    @property
+    def packed_inputs(self) -> tuple[tuple[int, str], ...]:
+        """The weights it takes packed once, in their own places: ``(input index, packed
+        form)`` (:func:`geode.codegen.packed_weights.packed_value`)."""
+        lanes = self.spec.panel_lanes
+        return ((1, "lstm_w"), (2, f"lstm_r{lanes}")) if lanes else ()
 
     def _bad_argument(self, i: int) -> None:
         if i == len(self._args):
@@ -893,6 +957,8 @@ def _arg_specs(spec: LstmSpec) -> tuple[ArgSpec, ...]:
         "initial_h": state,
         "initial_c": state,
         "P": f"({d}, {3 * h})",
+        "W_packed": f"({d}, {-(-4 * h // PANEL)}, {i}, {PANEL})",
+        "R_panels": f"({d}, {panel_items(h, spec.panel_lanes, h)})",
         "Y": f"(N, T, {d}, {h})" if spec.layout else f"(T, {d}, N, {h})",
         "Y_h": state,
         "Y_c": state,
@@ -913,6 +979,12 @@ def vector_bytes(target: Target) -> int:
     if target.prefer_vector_width == "512":
         return 64
     return 32 if target.has("avx") else 16
+
+
+def panel_lanes(dtype: str, target: Target) -> int:
+    """Lanes of the products' vectors for ``dtype`` on ``target``: the hidden units of one
+    of R's panels (:attr:`LstmSpec.panel_lanes`)."""
+    return max(1, vector_bytes(target) // TYPES[dtype][1])
 
 
 @while_alive

@@ -1,6 +1,8 @@
 """The native LSTM's products in outer-product form (:mod:`~.lstm` at a batch of at least
 :data:`PANEL_MIN_BATCH`): a weight matrix ``M[4H, K]`` (``W`` or ``R`` of one direction)
-is packed once per call into panels of ``U`` hidden units (``U``: one vector's lanes),
+is packed once per call (or once for all: a model's constant ``R``,
+:func:`geode.codegen.packed_weights.lstm_panels` lays it out alike) into panels of ``U``
+hidden units (``U``: one vector's lanes),
 and ``out[rows, 4H] = A[rows, K] @ M^T`` is computed panel by panel with accumulators
 along the panel's columns, broadcasting ``A[r, k]`` and multiplying ``M^T``'s row ``k``
 in: no horizontal sums, and the packed panel streamed contiguously.
@@ -28,6 +30,7 @@ __all__ = [
     "declare_vector_ops",
     "pack_function",
     "panel_chunk_function",
+    "panel_items",
     "panel_product_function",
     "panel_rows",
 ]
@@ -41,6 +44,12 @@ GROUP_VECTORS = 2
 
 #: groups of a panel (the four gates, :data:`GROUP_VECTORS` at a time)
 GROUPS = 4 // GROUP_VECTORS
+
+
+def panel_items(hidden: int, lanes: int, k: int) -> int:
+    """Items of a weight ``M[4H, K]`` packed in panels of ``lanes`` units (``H``:
+    ``hidden``): ``ceil(H / lanes)`` panels of ``4 * lanes * K``."""
+    return -(-hidden // lanes) * 4 * lanes * k if lanes else 0
 
 
 def panel_rows(vector_registers: int) -> int:
@@ -178,7 +187,9 @@ def panel_product_function(
     (``A`` and ``out`` row-major with row strides ``lda`` and ``ldo``): blocks of
     ``block_rows`` rows of ``A``, then one block each of half, a quarter ... of that for
     the rows left; per block and group, ``block_rows x GROUP_VECTORS`` accumulators
-    along the units, ``A[r, k]`` broadcast; the columns past ``H`` not stored."""
+    along the units, ``A[r, k]`` broadcast (a block of fewer rows takes all the groups in
+    one pass when their accumulators fit in as many: more independent chains); the
+    columns past ``H`` not stored."""
     fma, _, mstore = declare_vector_ops(module, ty, lanes, item)
     vt = f"<{lanes} x {ty}>"
     names = ["A", "lda", "P", "out", "ldo", "rows", "K", "p"]
@@ -191,23 +202,34 @@ def panel_product_function(
     unit0 = b.mul(p, str(lanes), "unit0")
     valid = b.min(b.sub(str(hidden), unit0), str(lanes), "valid")
     smask = _lanes_below(fn, lanes, valid, "smask")
-    accs = [[fn.alloca(vt, f"acc{r}_{s}") for s in range(GROUP_VECTORS)] for r in range(block_rows)]
+    gates = GROUPS * GROUP_VECTORS
+    accs = [[fn.alloca(vt, f"acc{r}_{q}") for q in range(gates)] for r in range(block_rows)]
     group_items = b.mul(k_len, str(GROUP_VECTORS * lanes), "gitems")
 
     def block(r0: str, count: int) -> None:
         arows = [b.gep(ty, a, b.mul(b.add(r0, str(r)), lda), "arow") for r in range(count)]
-        for g in range(GROUPS):
-            gbase = b.gep(ty, panel, b.mul(str(g), group_items), "gbase")
-            mine = [line for line in accs[:count]]
+        # groups per pass: all of them when their accumulators fit in a full block's
+        # (a block of few rows then runs 4 chains per row, not 2: the chains' latency, not
+        # the FMA rate, bounds a row alone)
+        together = GROUPS if count * gates <= block_rows * GROUP_VECTORS else 1
+        for g0 in range(0, GROUPS, together):
+            groups = range(g0, g0 + together)
+            gbases = [b.gep(ty, panel, b.mul(str(g), group_items), "gbase") for g in groups]
+            width = together * GROUP_VECTORS
+            mine = [line[:width] for line in accs[:count]]
             for acc in (x for line in mine for x in line):
                 fn.add(f"store {vt} zeroinitializer, ptr {acc}")
 
-            def term(k: str, gbase: str = gbase, mine: list[list[str]] = mine) -> None:
-                krow = b.gep(ty, gbase, b.mul(k, str(GROUP_VECTORS * lanes)), "krow")
-                mv = [
-                    fn.value(f"load {vt}, ptr {b.gep(ty, krow, str(s * lanes))}, align {item}", "m")
-                    for s in range(GROUP_VECTORS)
-                ]
+            def term(k: str, gbases: list[str] = gbases, mine: list[list[str]] = mine) -> None:
+                mv = []
+                for gbase in gbases:
+                    krow = b.gep(ty, gbase, b.mul(k, str(GROUP_VECTORS * lanes)), "krow")
+                    mv += [
+                        fn.value(
+                            f"load {vt}, ptr {b.gep(ty, krow, str(s * lanes))}, align {item}", "m"
+                        )
+                        for s in range(GROUP_VECTORS)
+                    ]
                 for arow, line in zip(arows, mine):
                     x = b.load(ty, b.gep(ty, arow, k), "x")
                     one = fn.value(f"insertelement {vt} poison, {ty} {x}, i64 0", "x1")
@@ -224,7 +246,7 @@ def panel_product_function(
             for r, line in enumerate(mine):
                 orow = b.gep(ty, out, b.mul(b.add(r0, str(r)), ldo), "orow")
                 for s, acc in enumerate(line):
-                    q = g * GROUP_VECTORS + s
+                    q = g0 * GROUP_VECTORS + s
                     dst = b.gep(ty, orow, b.add(unit0, str(q * hidden)), "dst")
                     val = fn.value(f"load {vt}, ptr {acc}", "sum")
                     args = f"{vt} {val}, ptr {dst}, i32 {item}, <{lanes} x i1> {smask}"

@@ -1,0 +1,257 @@
+"""A float32 LSTM's constant W and R packed once (codegen/packed_weights.py: the
+``lstm_w`` and ``lstm_r<lanes>`` forms; backends/llvm/lstm.py: ``LstmSpec.panel_lanes``):
+the kernel given them against the reference kernel and against the kernel that packs per
+call (the same bits from batch 2), on 1, 2 and 3 threads; compiled models' explain()
+line, their derived constants, a model file's re-packing at load; and the LSTMs that keep
+packing per call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from test_native_rnn import ALL, DIRS, TOL, lstm_inputs, lstm_model
+
+import geode
+from geode.codegen.backends.llvm.lstm import MIN_PARALLEL_FMAS, LstmSpec, lstm_kernel, panel_lanes
+from geode.codegen.backends.llvm.lstm_panels import PANEL_MIN_BATCH
+from geode.codegen.backends.llvm.target import host
+from geode.codegen.packed_weights import choose_lstm_packing, lstm_panels, packed_value
+from geode.compiler.ops.rnn import recurrent
+from geode.config import Options
+from geode.errors import CodegenError
+from geode.runtime import native
+
+pytestmark = pytest.mark.skipif(
+    native.pool_info()["gemm_packed_isa"] < 1, reason="the packed kernel needs AVX2 + FMA"
+)
+
+LANES = panel_lanes("float32", host())
+
+
+def _spec(hidden, size, direction, layout, opt, lanes):  # noqa: ANN001, ANN202
+    return LstmSpec(
+        "float32", hidden, size, DIRS[direction], direction == "reverse", layout,
+        "B" in opt, "initial_h" in opt, "initial_c" in opt, "P" in opt, 3,
+        lens="sequence_lens" in opt, panel_lanes=lanes,
+    )  # fmt: skip
+
+
+def _packed(ins):  # noqa: ANN001, ANN202
+    """W and R packed as a compiled model's constants are."""
+    w = np.stack([native.pack_weight(m, transposed=True) for m in ins[1]])
+    return w, lstm_panels(ins[2], LANES)
+
+
+def _given(ins):  # noqa: ANN001, ANN202
+    """The packed kernel's inputs: W and R packed, in their places."""
+    return [ins[0], *_packed(ins), *[a for a in ins[3:] if a is not None]]
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_kernel_given_packed_weights_matches_reference_and_per_call(direction, layout) -> None:
+    """Batches 1, 2 and 8, with every optional input, with B alone or with none (each
+    direction and layout gets two of these: a kernel per spec is compiled): the reference
+    kernel's results; from batch 2 (both products in panels: the projection by the
+    packed-weight GEMM sums like the panels, one fused multiply-add chain along K) the
+    same bits as the kernel that packs per call. Hidden 37: a part-filled last panel of R
+    and of the GEMM's 16 columns."""
+    hidden, size, seq = 37, 19, 4
+    first = (list(DIRS).index(direction) + layout) % 3
+    for opt in [(ALL, {"B"}, set())[(first + j) % 3] for j in (0, 1)]:
+        given = lstm_kernel(_spec(hidden, size, direction, layout, opt, LANES))
+        per_call = lstm_kernel(_spec(hidden, size, direction, layout, opt, 0))
+        for batch in (1, PANEL_MIN_BATCH, 8):
+            rng = np.random.default_rng(batch)
+            ins = lstm_inputs(rng, "float32", hidden, size, direction, layout, seq, batch, opt)
+            attrs = {"direction": direction, "layout": layout, "hidden_size": hidden}
+            want = recurrent("LSTM", ins, attrs)
+            got = [np.full(w.shape, np.nan, np.float32) for w in want]
+            ref = [np.full(w.shape, np.nan, np.float32) for w in want]
+            arrays = [a for a in ins if a is not None]
+            given(*_given(ins), *got)
+            per_call(*arrays, *ref)
+            for g, w, r in zip(got, want, ref):
+                np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
+                if batch >= PANEL_MIN_BATCH:
+                    np.testing.assert_array_equal(g, r)
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("batch", [1, 13])
+def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, batch) -> None:
+    """The same bits on 1, 2 and 3 threads (the projection's packed-weight GEMM split over
+    the pool, every step launched), and the reference's results."""
+    hidden, size = 37, 40
+    seq = 24 if batch == 1 else 4  # the projection's GEMM big enough to split either way
+    ins = lstm_inputs(
+        np.random.default_rng(5), "float32", hidden, size, direction, 1, seq, batch, ALL
+    )
+    kernel = lstm_kernel(_spec(hidden, size, direction, 1, ALL, LANES))
+    want = recurrent("LSTM", ins, {"direction": direction, "layout": 1, "hidden_size": hidden})
+    arrays = _given(ins)
+    results, launched = {}, {}
+    for threads in (1, 2, 3):
+        outs = [np.full(w.shape, np.nan, np.float32) for w in want]
+        before = native.pool_info()["launches"]
+        kernel(*arrays, *outs, threads=threads)
+        launched[threads] = native.pool_info()["launches"] - before
+        results[threads] = outs
+    # one thread: no launch; more: every step's (from batch 13: enough multiply-adds),
+    # and the projection's packed GEMM's
+    steps = DIRS[direction] * seq if batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS else 0
+    assert launched[1] == 0 and launched[2] == launched[3] == steps + DIRS[direction]
+    for threads in (2, 3):
+        for a, b in zip(results[1], results[threads]):
+            np.testing.assert_array_equal(a, b)
+    for g, w in zip(results[1], want):
+        np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
+
+
+def test_kernel_checks_the_packed_weights() -> None:
+    """A packed W or R of the wrong shape is a bad argument (its index and shape named)."""
+    ins = lstm_inputs(np.random.default_rng(1), "float32", 8, 5, "forward", 0, 3, 2, set())
+    kernel = lstm_kernel(_spec(8, 5, "forward", 0, set(), LANES))
+    w_packed, r_panels = _packed(ins)
+    outs = [np.empty(s, np.float32) for s in ((3, 1, 2, 8), (1, 2, 8), (1, 2, 8))]
+    with pytest.raises(ValueError, match=r"argument W_packed must have shape \(1, 2, 5, 16\)"):
+        kernel(ins[0], w_packed[:, :1], r_panels, *outs)
+    with pytest.raises(
+        ValueError, match=rf"argument R_panels must have shape \(1, {4 * LANES * 8}\)"
+    ):
+        kernel(ins[0], w_packed, r_panels[:, 1:], *outs)
+    with pytest.raises(ValueError, match="argument W_packed must have shape"):
+        kernel(*ins[:3], *outs)  # W and R themselves
+
+
+def test_spec_and_target_must_agree_on_the_panels() -> None:
+    from geode.codegen.backends.llvm.lstm import lstm_ir
+
+    with pytest.raises(ValueError, match="float32"):
+        LstmSpec("float64", 4, 3, 1, False, 0, False, False, False, False, 1, panel_lanes=8)
+    spec = LstmSpec("float32", 4, 3, 1, False, 0, False, False, False, False, 1, panel_lanes=8)
+    with pytest.raises(ValueError, match="packed for 8 lanes"):
+        lstm_ir(spec, "", 64)
+
+
+def test_packed_forms_of_lstm_weights() -> None:
+    """The forms' copies: names, shapes, one per weight and form; R's panels hold R's
+    entries where the layout says; bad data is a CodegenError."""
+    g = geode.Graph("forms")
+    hid, size = 5, 3
+    w_data = np.random.default_rng(0).standard_normal((2, 4 * hid, size)).astype(np.float32)
+    r_data = np.random.default_rng(1).standard_normal((2, 4 * hid, hid)).astype(np.float32)
+    w, r = g.constant(w_data, name="W"), g.constant(r_data, name="R")
+    wp, rp = packed_value(w, "lstm_w"), packed_value(r, "lstm_r8")
+    assert (wp.name, rp.name) == ("W#lstm_w16", "R#lstm_r8")
+    assert wp.shape == (2, 2, size, 16) and rp.shape == (2, 4 * 8 * hid)
+    assert packed_value(w, "lstm_w") is wp and packed_value(r, "lstm_r8") is rp
+    columns = wp.data[1].transpose(1, 0, 2).reshape(size, 32)  # [k][panel's 16 columns]
+    np.testing.assert_array_equal(columns[:, : 4 * hid], w_data[1].T)
+    assert not columns[:, 4 * hid :].any()
+    panel = rp.data[1].reshape(2, hid, 2, 8)  # [group][k][gate in group][unit]
+    for q in range(4):  # gates i, o, f, c: units 0..4 of each, then zeros
+        np.testing.assert_array_equal(
+            panel[q // 2, :, q % 2, :hid], r_data[1, q * hid : (q + 1) * hid].T
+        )
+        assert not panel[q // 2, :, q % 2, hid:].any()
+    with pytest.raises(CodegenError, match="cannot be packed"):
+        packed_value(w, "lstm_r8")  # W is not 4H x H
+    with pytest.raises(CodegenError, match="cannot be packed"):
+        packed_value(w, "gemm")  # not a matrix
+
+
+def _model(direction="forward", dynamic_w=False, dtype="float32"):  # noqa: ANN001, ANN202
+    ins = lstm_inputs(
+        np.random.default_rng(9), dtype, 20, 7, direction, 1, 5, 3, {"B", "initial_h"}
+    )
+    model = lstm_model(ins, direction, 1, dims=["N", "T", 7])
+    if dynamic_w:  # W a graph input: not a constant
+        g = model.graph
+        (init,) = [i for i in g.initializer if i.name == "w"]
+        g.initializer.remove(init)
+        et = TensorProto.FLOAT if dtype == "float32" else TensorProto.DOUBLE
+        g.input.append(helper.make_tensor_value_info("w", et, list(ins[1].shape)))
+    return model, ins
+
+
+def _weights_lines(model) -> list[str]:  # noqa: ANN001
+    return [line.strip() for line in model.explain().splitlines() if "weights:" in line]
+
+
+def _var_names(model) -> set[str]:  # noqa: ANN001
+    return {k.name.rsplit("/", 1)[-1] for k in model.var_manager}
+
+
+def _reference(model, x, w=None):  # noqa: ANN001, ANN202
+    feeds = {"x": x} if w is None else {"x": x, "w": w}
+    return geode.compile(model, codegen=False)(**feeds)
+
+
+def test_compiled_lstm_takes_its_weights_packed_once(tmp_path) -> None:
+    """explain()'s weights line, the derived constants in the VarManager, the results;
+    the model file names the packed inputs by weight and form and re-packs them at load:
+    the same lines, constants and bits."""
+    onnx_model, ins = _model("bidirectional")
+    model = geode.compile(onnx_model, session=geode.Session(), model_cache=False)
+    (line,) = _weights_lines(model)
+    assert line.startswith(
+        "weights: W 'w' and R 'r' float32 packed once, into constants 'w#lstm_w16' (the "
+        "input projection, by geode's packed-weight kernel ("
+    )
+    assert line.endswith(
+        f"and 'r#lstm_r{LANES}' (the steps' panels of {LANES} units); no packing per call"
+    )
+    # the packed copies registered instead of W and R (no step reads those)
+    assert {"w#lstm_w16", f"r#lstm_r{LANES}"} <= _var_names(model)
+    assert not {"w", "r"} & _var_names(model)
+    want = _reference(onnx_model, ins[0])
+    x = ins[0]
+    got = model(x=x)
+    for name in ("y", "y_h", "y_c"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+    path = tmp_path / "lstm.geode"
+    model.save(path)
+    loaded = geode.load(path, session=geode.Session())
+    assert _weights_lines(loaded) == [line]
+    assert {"w#lstm_w16", f"r#lstm_r{LANES}"} <= _var_names(loaded)
+    again = loaded(x=x)
+    for name in ("y", "y_h", "y_c"):
+        np.testing.assert_array_equal(again[name], got[name])
+
+
+def test_lstms_that_pack_per_call_say_why() -> None:
+    """W a graph input, the option off, float64: packed per call, explain() says why, and
+    the results are right."""
+    onnx_model, ins = _model(dynamic_w=True)
+    model = geode.compile(onnx_model, session=geode.Session())
+    (line,) = _weights_lines(model)
+    assert (
+        line == "weights: W and R packed on every call: 'w' is not a constant known at compile time"
+    )
+    assert not any("#lstm" in n for n in _var_names(model))
+    got, want = model(x=ins[0], w=ins[1]), _reference(onnx_model, ins[0], ins[1])
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+    onnx_model, ins = _model()
+    off = geode.compile(onnx_model, packed_weights=False)
+    assert _weights_lines(off) == [
+        "weights: W and R packed on every call: option packed_weights is off"
+    ]
+    np.testing.assert_allclose(
+        off(x=ins[0])["y"], _reference(onnx_model, ins[0])["y"], rtol=1e-5, atol=1e-5
+    )
+    onnx_model, ins = _model(dtype="float64")
+    wide = geode.compile(onnx_model)
+    assert _weights_lines(wide) == [
+        "weights: W and R packed on every call: float64 weights (packed once: float32)"
+    ]
+
+
+def test_choice_needs_both_weights_constant() -> None:
+    g = geode.Graph("choice")
+    w = g.constant(np.zeros((1, 8, 3), np.float32), name="W")
+    r_in = g.input("R", [1, 8, 2], np.float32)
+    r = g.constant(np.zeros((1, 8, 2), np.float32), name="R2")
+    assert choose_lstm_packing(w, r, Options(), 16).packed
+    assert "'R' is not a constant" in choose_lstm_packing(w, r_in, Options(), 16).text
