@@ -117,6 +117,35 @@ static void WF(input_transform)(const wino_t *g, const item_t *it, float *v, flo
     }
 }
 
+/* Store nvec vectors o (8 nvec outputs of one row, count of them inside the image) to
+   dst, adding the residual zs (NULL: none) and applying the Relu. */
+static inline __attribute__((always_inline)) void WF(store_row)(const wino_t *g, float *dst,
+                                                                const float *zs, v8 *o,
+                                                                int nvec, int64_t count)
+{
+    if (count == 8 * nvec) {
+        for (int q = 0; q < nvec; q++) {
+            if (zs != NULL)
+                o[q] += vload(zs + 8 * q);
+            if (g->relu)
+                o[q] = vrelu(o[q]);
+            vstore(dst + 8 * q, o[q]);
+        }
+        return;
+    }
+    float tmp[32];
+    for (int q = 0; q < nvec; q++)
+        vstore(tmp + 8 * q, o[q]);
+    for (int64_t q = 0; q < count; q++) {
+        float val = tmp[q];
+        if (zs != NULL)
+            val += zs[q];
+        if (g->relu && val < 0.0f)
+            val = 0.0f;
+        dst[q] = val;
+    }
+}
+
 /* Y = A^T m A for output channel co (m: mb[xi][r][tb]), then bias, residual, Relu. */
 static void WF(output_transform)(const wino_t *g, const item_t *it, const float *mb, int r,
                                  int64_t co)
@@ -143,61 +172,10 @@ static void WF(output_transform)(const wino_t *g, const item_t *it, const float 
                 break;
             const v8 y0 = a[i][0] + a[i][1] + a[i][2] + bias;
             const v8 y1 = a[i][1] - a[i][2] - a[i][3] + bias;
-            v8 lo = __builtin_shuffle(y0, y1, ZIP_LO), hi = __builtin_shuffle(y0, y1, ZIP_HI);
-            float *dst = g->y + plane + oy * g->ow + ox;
-            const float *zs = g->z != NULL ? g->z + plane + oy * g->ow + ox : NULL;
-            if (count == 16) {
-                if (zs != NULL) {
-                    lo += vload(zs);
-                    hi += vload(zs + 8);
-                }
-                if (g->relu) {
-                    lo = vrelu(lo);
-                    hi = vrelu(hi);
-                }
-                vstore(dst, lo);
-                vstore(dst + 8, hi);
-            } else {
-                float tmp[16];
-                vstore(tmp, lo);
-                vstore(tmp + 8, hi);
-                for (int64_t q = 0; q < count; q++) {
-                    float val = tmp[q];
-                    if (zs != NULL)
-                        val += zs[q];
-                    if (g->relu && val < 0.0f)
-                        val = 0.0f;
-                    dst[q] = val;
-                }
-            }
+            v8 o[2] = {__builtin_shuffle(y0, y1, ZIP_LO), __builtin_shuffle(y0, y1, ZIP_HI)};
+            WF(store_row)(g, g->y + plane + oy * g->ow + ox,
+                          g->z != NULL ? g->z + plane + oy * g->ow + ox : NULL, o, 2, count);
         }
-    }
-}
-
-/* One item: a chunk of one tile row of one image, every output channel. While a group
-   of output channels multiplies, the lines the next group's epilogue reads (Z) and
-   writes (Y) are prefetched, and a share of the next item's input rows (`next`, NULL:
-   none), a few after each product (prefetch_step). */
-static void WF(run_item)(const wino_t *g, const item_t *it, const item_t *next,
-                         float *scratch)
-{
-    float *v = scratch;
-    float *mb = v + 16 * g->c * WMAXTB;
-    float *rowbuf = mb + 16 * WR * WMAXTB;
-    const int64_t tb = it->nv * 8;
-    const int64_t steps = (g->m + WRI - 1) / WRI * 16;
-    int64_t step = 0;
-    prefetch_step(g, it, next, 0, g->m < WRI ? (int)g->m : WRI, 0, -1, steps);
-    WF(input_transform)(g, it, v, rowbuf);
-    for (int64_t co = 0; co < g->m; co += WRI) {
-        const int r = g->m - co < WRI ? (int)(g->m - co) : WRI;
-        const gemm_fn fn = WF(g_gemms)[it->nv][r];
-        for (int xi = 0; xi < 16; xi++) {
-            fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * g->c * tb, tb, mb + xi * WR * tb);
-            prefetch_step(g, it, next, co, r, xi, step++, steps);
-        }
-        for (int q = 0; q < r; q++)
-            WF(output_transform)(g, it, mb, q, co + q);
     }
 }
 
@@ -321,55 +299,60 @@ static void WF(output_transform4)(const wino_t *g, const item_t *it, const float
             const v8 f2 = __builtin_shuffle(y[1], y[3], ZIP_HI);
             v8 o[4] = {__builtin_shuffle(e, f, ZIP_LO), __builtin_shuffle(e, f, ZIP_HI),
                        __builtin_shuffle(e2, f2, ZIP_LO), __builtin_shuffle(e2, f2, ZIP_HI)};
-            float *dst = g->y + plane + oy * g->ow + ox;
-            const float *zs = g->z != NULL ? g->z + plane + oy * g->ow + ox : NULL;
-            if (count == 32) {
-                for (int q = 0; q < 4; q++) {
-                    if (zs != NULL)
-                        o[q] += vload(zs + 8 * q);
-                    if (g->relu)
-                        o[q] = vrelu(o[q]);
-                    vstore(dst + 8 * q, o[q]);
-                }
-            } else {
-                float tmp[32];
-                for (int q = 0; q < 4; q++)
-                    vstore(tmp + 8 * q, o[q]);
-                for (int64_t q = 0; q < count; q++) {
-                    float val = tmp[q];
-                    if (zs != NULL)
-                        val += zs[q];
-                    if (g->relu && val < 0.0f)
-                        val = 0.0f;
-                    dst[q] = val;
-                }
-            }
+            WF(store_row)(g, g->y + plane + oy * g->ow + ox,
+                          g->z != NULL ? g->z + plane + oy * g->ow + ox : NULL, o, 4, count);
         }
     }
 }
 
-/* One F(4x4, 3x3) item (see run_item). */
-static void WF(run_item4)(const wino_t *g, const item_t *it, const item_t *next,
-                          float *scratch)
+/* One item of `points` (16: F(2x2, 3x3), 36: F(4x4, 3x3)) transformed points: a chunk of one tile row of one image, every output channel. While a group
+   of output channels multiplies, the lines the next group's epilogue reads (Z) and
+   writes (Y) are prefetched, and a share of the next item's input rows (`next`, NULL:
+   none), a few after each product (prefetch_step). */
+static inline __attribute__((always_inline)) void WF(run_points)(const wino_t *g,
+                                                                 const item_t *it,
+                                                                 const item_t *next,
+                                                                 float *scratch, int points)
 {
     float *v = scratch;
-    float *mb = v + 36 * g->c * WMAXTB;
-    float *rowbuf = mb + 36 * WR * WMAXTB;
+    float *mb = v + points * g->c * WMAXTB;
+    float *rowbuf = mb + points * WR * WMAXTB;
     const int64_t tb = it->nv * 8;
-    const int64_t steps = (g->m + WRI - 1) / WRI * 36;
+    const int64_t steps = (g->m + WRI - 1) / WRI * points;
     int64_t step = 0;
     prefetch_step(g, it, next, 0, g->m < WRI ? (int)g->m : WRI, 0, -1, steps);
-    WF(input_transform4)(g, it, v, rowbuf);
+    if (points == 16)
+        WF(input_transform)(g, it, v, rowbuf);
+    else
+        WF(input_transform4)(g, it, v, rowbuf);
     for (int64_t co = 0; co < g->m; co += WRI) {
         const int r = g->m - co < WRI ? (int)(g->m - co) : WRI;
         const gemm_fn fn = WF(g_gemms)[it->nv][r];
-        for (int xi = 0; xi < 36; xi++) {
+        for (int xi = 0; xi < points; xi++) {
             fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * g->c * tb, tb, mb + xi * WR * tb);
             prefetch_step(g, it, next, co, r, xi, step++, steps);
         }
-        for (int q = 0; q < r; q++)
-            WF(output_transform4)(g, it, mb, q, co + q);
+        for (int q = 0; q < r; q++) {
+            if (points == 16)
+                WF(output_transform)(g, it, mb, q, co + q);
+            else
+                WF(output_transform4)(g, it, mb, q, co + q);
+        }
     }
+}
+
+/* One F(2x2, 3x3) item. */
+static void WF(run_item)(const wino_t *g, const item_t *it, const item_t *next,
+                         float *scratch)
+{
+    WF(run_points)(g, it, next, scratch, 16);
+}
+
+/* One F(4x4, 3x3) item. */
+static void WF(run_item4)(const wino_t *g, const item_t *it, const item_t *next,
+                          float *scratch)
+{
+    WF(run_points)(g, it, next, scratch, 36);
 }
 
 #undef WF
