@@ -49,14 +49,19 @@ class _NotIndex(Exception):
     """The expression is not integer index arithmetic (sympy has no form for it)."""
 
 
+def _accumulate(out: Poly, m: tuple[str, ...], c: int) -> None:
+    """Add ``c`` to the coefficient of monomial ``m`` in ``out``, dropping it at zero."""
+    v = out.get(m, 0) + c
+    if v:
+        out[m] = v
+    else:
+        out.pop(m, None)
+
+
 def _add(p: Poly, q: Poly, sign: int = 1) -> Poly:
     out = dict(p)
     for m, c in q.items():
-        v = out.get(m, 0) + sign * c
-        if v:
-            out[m] = v
-        else:
-            out.pop(m, None)
+        _accumulate(out, m, sign * c)
     return out
 
 
@@ -64,12 +69,7 @@ def _mul(p: Poly, q: Poly) -> Poly:
     out: Poly = {}
     for m1, c1 in p.items():
         for m2, c2 in q.items():
-            m = tuple(sorted(m1 + m2))
-            v = out.get(m, 0) + c1 * c2
-            if v:
-                out[m] = v
-            else:
-                out.pop(m, None)
+            _accumulate(out, tuple(sorted(m1 + m2)), c1 * c2)
     return out
 
 
