@@ -82,7 +82,7 @@ def test_kernel_given_packed_weights_matches_reference_and_per_call(direction, l
 @pytest.mark.parametrize("batch", [1, 13])
 def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, batch) -> None:
     """The same bits on 1, 2 and 3 threads (the projection's packed-weight GEMM split over
-    the pool, every step launched), and the reference's results."""
+    the pool, the steps one stepped launch), and the reference's results."""
     hidden, size = 37, 40
     seq = 24 if batch == 1 else 4  # the projection's GEMM big enough to split either way
     ins = lstm_inputs(
@@ -91,17 +91,19 @@ def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, ba
     kernel = lstm_kernel(_spec(hidden, size, direction, 1, ALL, LANES))
     want = recurrent("LSTM", ins, {"direction": direction, "layout": 1, "hidden_size": hidden})
     arrays = _given(ins)
-    results, launched = {}, {}
+    results, launched, stepped = {}, {}, {}
     for threads in (1, 2, 3):
         outs = [np.full(w.shape, np.nan, np.float32) for w in want]
-        before = native.pool_info()["launches"]
+        before = native.pool_info()
         kernel(*arrays, *outs, threads=threads)
-        launched[threads] = native.pool_info()["launches"] - before
+        launched[threads] = native.pool_info()["launches"] - before["launches"]
+        stepped[threads] = native.pool_info()["stepped_launches"] - before["stepped_launches"]
         results[threads] = outs
-    # one thread: no launch; more: every step's (from batch 13: enough multiply-adds),
-    # and the projection's packed GEMM's
-    steps = DIRS[direction] * seq if batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS else 0
+    # one thread: no launch; more: the projection's packed GEMM's, and all the steps in
+    # one stepped launch (from batch 13: enough multiply-adds), per direction
+    steps = DIRS[direction] if batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS else 0
     assert launched[1] == 0 and launched[2] == launched[3] == steps + DIRS[direction]
+    assert stepped == {1: 0, 2: steps, 3: steps}
     for threads in (2, 3):
         for a, b in zip(results[1], results[threads]):
             np.testing.assert_array_equal(a, b)

@@ -29,10 +29,12 @@ step, and past its length its states stay as they are (the reference's semantics
 
 The steps are sequential. The projection is shared among the pool's threads by columns
 of its result (up to :data:`CHUNKS_PER_THREAD` chunks of gate units per thread) when it
-has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; a step, by its items
-(:func:`_step_function`: one launch per step; a thread runs its own items before it
-steals another, so from step to step a thread mostly reads the same rows of ``R``, in
-its core's cache) when its product has that many. Every column and every unit is
+has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; the steps, by their items
+(:func:`_step_function`) when a step's product has that many: all the steps of a
+direction are ONE launch of the native pool (``geode_parallel_steps``: the threads run
+step ``t``'s items, meet at a barrier, then run step ``t + 1``'s; no wake and join per
+step), a thread takes the same items at every step before it steals another, so from
+step to step it mostly reads the same rows of ``R``, in its core's cache. Every column and every unit is
 computed by the same code whatever the thread count, so the results are the same bits.
 Both products are written here, not BLAS GEMMs (every threaded GEMM call is a barrier
 of the BLAS's threads, and a GEMM packs its right operand at every call: per step, for
@@ -476,10 +478,11 @@ def _chunk_function(module: ModuleWriter, name: str, rec: str, spec: LstmSpec) -
     return fn
 
 
-#: the context of a step: R, the states h (read) and h' (written), G, GX, B, P, c, Y,
-#: sequence_lens, R's packed panels (null: the dot products) (pointers), then T, N, the
-#: step s, the direction d, whether it runs backwards (one 8-byte slot each)
-_STEP_SLOTS = 16
+#: the context of a direction's steps: R, the states h (read at even steps, written at odd
+#: ones) and h' (the other way round), G, GX, B, P, c, Y, sequence_lens, R's packed panels
+#: (null: the dot products) (pointers), then T, N, the direction d, whether it runs
+#: backwards (one 8-byte slot each)
+_STEP_SLOTS = 15
 
 #: hidden units of one item of a step's work (the unit runs are fixed: the same bits on
 #: any thread count; a multiple of a vector's lanes, so an item's units are whole panels
@@ -498,8 +501,10 @@ def _step_items(b: Builder, spec: LstmSpec, n: str) -> str:
 def _step_function(
     module: ModuleWriter, name: str, rec: str, panel: str, cell: str, spec: LstmSpec, lanes: int
 ) -> FunctionWriter:
-    """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: share ``chunk`` of ``nchunks`` of
-    one step (the context: :data:`_STEP_SLOTS`). The work is items of
+    """``void @name(ptr ctx, i64 s, i64 chunk, i64 nchunks)``: share ``chunk`` of
+    ``nchunks`` of step ``s`` (the context: :data:`_STEP_SLOTS`; the native pool's
+    ``geode_parallel_steps`` runs a direction's steps as one launch, a barrier between
+    them). The work is items of
     :data:`ROW_BLOCK` batch rows by :data:`GATE_UNITS` hidden units; an item computes
     its rows' four gate columns of its units of ``G = h @ R^T`` (``rec``,
     :func:`_product_function`; or, when the context holds ``R``'s packed panels,
@@ -511,16 +516,20 @@ def _step_function(
     ``h`` to ``h'`` and keeps ``c``). Every unit is computed by the same code whatever
     the split, so the results are the same bits on any thread count."""
     ty, _ = TYPES[spec.dtype]
-    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
+    params = [("ptr", "ctx"), ("i64", "s"), ("i64", "chunk"), ("i64", "nchunks")]
+    fn = FunctionWriter(name, "void", params)
     fn.linkage = "internal"
     fn.attrs = " nounwind"
     b = Builder(fn)
-    ctx, chunk, nchunks = (fn.param(j) for j in range(3))
+    ctx, s, chunk, nchunks = (fn.param(j) for j in range(4))
     slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_STEP_SLOTS)]
-    r_d, h, h_new, gates, gx, bias, peep, c, y, lens, packed = (
+    r_d, h_even, h_odd, gates, gx, bias, peep, c, y, lens, packed = (
         fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:11]
     )
-    seq, n, s, d, rev = slots[11:]
+    seq, n, d, rev = slots[11:]
+    even = b.cmp("eq", b.op("and", s, "1"), "0")
+    h = _select_ptr(b, even, h_even, h_odd, "hin")
+    h_new = _select_ptr(b, even, h_odd, h_even, "hout")
     hid, g4 = spec.hidden, 4 * spec.hidden
     per_row = str(-(-hid // GATE_UNITS))
     items = _step_items(b, spec, n)
@@ -665,22 +674,39 @@ class _Products:
 
 
 class _Steps:
-    """Emits a step (:func:`_step_function`): shared among the native pool's threads
-    when there is more than one and its product has at least :data:`MIN_PARALLEL_FMAS`
-    multiply-adds, else on the calling thread (one chunk)."""
+    """Emits a direction's steps (:func:`_step_function`): ONE stepped launch of the
+    native pool (``geode_parallel_steps``: the threads meet at a barrier between steps,
+    no launch per step) when there is more than one thread and a step's product has at
+    least :data:`MIN_PARALLEL_FMAS` multiply-adds, else a loop over the steps on the
+    calling thread (one chunk each)."""
 
     def __init__(self, b: Builder, func: str, threads: str, spec: LstmSpec) -> None:
         self.b, self.func, self.threads, self.spec = b, func, threads, spec
         self.ctx = b.fn.alloca("i64", "sctx", str(_STEP_SLOTS))
 
     def __call__(self, pointers: list[str], ints: list[str]) -> None:
-        b, n, hid = self.b, ints[1], self.spec.hidden
+        b, fn, seq, n, hid = self.b, self.b.fn, ints[0], ints[1], self.spec.hidden
+        ctx, threads = self.ctx, self.threads
+        for j, v in enumerate(_addresses(b, pointers) + ints):
+            fn.add(f"store i64 {v}, ptr {b.gep('i64', ctx, str(j))}")
         work = b.mul(n, str(4 * hid * hid), "sfmas")
-        values = _addresses(b, pointers) + ints
-        items = _step_items(b, self.spec, n)
-        _launch(
-            b, self.func, self.ctx, values, self.threads, work, MIN_PARALLEL_FMAS, items, "spar"
-        )
+        many = b.all_of([b.cmp("sgt", threads, "1"), b.cmp("sge", work, str(MIN_PARALLEL_FMAS))])
+
+        def pool() -> None:
+            items = _step_items(b, self.spec, n)
+            parts = b.min(b.mul(threads, str(CHUNKS_PER_THREAD)), items, "parts")
+            args = f"ptr @{self.func}, ptr {ctx}, i64 {seq}, i64 {parts}, i64 {threads}"
+            fn.add(f"call void @geode_parallel_steps({args})")
+
+        def alone() -> None:
+            b.loop(
+                "0",
+                seq,
+                lambda s: fn.add(f"call void @{self.func}(ptr {ctx}, i64 {s}, i64 0, i64 1)"),
+                "s",
+            )
+
+        b.branch(many, pool, alone, "spar")
 
 
 def _check_lens(b: Builder, lens: str, seq: str, n: str, status: int, buf: str) -> None:
@@ -832,24 +858,16 @@ def entry_function(
 
         b.when(b.cmp("sgt", rows, "0"), project, "proj")
 
-        def step(
-            s: str,
-            r_d: str = r_d,
-            b_d: str = b_d,
-            p_d: str = p_d,
-            d: int = d,
-            sp: str = steps_packed,
+        def steps(
+            r_d: str = r_d, b_d: str = b_d, p_d: str = p_d, d: int = d, sp: str = steps_packed
         ) -> None:
-            even = b.cmp("eq", b.op("and", s, "1"), "0")
-            h_in = _select_ptr(b, even, h, h_odd, "hin")
-            h_out = _select_ptr(b, even, h_odd, h, "hout")
-            arrays = [r_d, h_in, h_out, gates, gx, b_d, p_d, c, ptr["Y"]]
+            arrays = [r_d, h, h_odd, gates, gx, b_d, p_d, c, ptr["Y"]]
             arrays.append(ptr.get("sequence_lens", "null"))
             arrays.append(sp)
             backwards = "1" if spec.reverse or d == 1 else "0"
-            run_step(arrays, [seq, n, s, str(d), backwards])
+            run_step(arrays, [seq, n, str(d), backwards])
 
-        b.when(b.cmp("sgt", n, "0"), lambda: b.loop("0", seq, step, "s"), "some")
+        b.when(b.cmp("sgt", n, "0"), steps, "some")
         if spec.n_outputs >= 2:
             _copy_state(b, spec, ptr["Y_h"], h_last, d, n, out=True)
         if spec.n_outputs >= 3:
@@ -913,6 +931,10 @@ def lstm_ir(
         module.declare("geode_sgemm_packed", PACKED_DECL)
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
+    )
+    module.declare(
+        "geode_parallel_steps",
+        "declare void @geode_parallel_steps(ptr, ptr, i64, i64, i64) nounwind",
     )
     module.add_function(entry_function(name, step, chunk, start, spec, lanes))
     return name, f"; {spec.describe()}\n" + module.text()
