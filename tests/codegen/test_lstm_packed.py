@@ -113,6 +113,43 @@ def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, ba
         np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
 
 
+def test_stepped_lstm_leaves_the_pool_idle_between_calls() -> None:
+    """Calls of the packed kernel on 2 threads (the projection and every step one stepped
+    launch per call): the same bits at every call, and between calls the pool's threads
+    sleep (no CPU burned: other libraries of the process keep the cores)."""
+    import time
+
+    hidden, size, seq, batch = 64, 32, 16, 8
+    assert batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS
+    ins = lstm_inputs(
+        np.random.default_rng(9), "float32", hidden, size, "forward", 1, seq, batch, ALL
+    )
+    kernel = lstm_kernel(_spec(hidden, size, "forward", 1, ALL, LANES))
+    want = recurrent("LSTM", ins, {"direction": "forward", "layout": 1, "hidden_size": hidden})
+    arrays = _given(ins)
+    first = [np.empty(w.shape, np.float32) for w in want]
+    old = native.get_num_threads()
+    native.set_num_threads(2)  # a pool of 2 threads, whatever the machine
+    try:
+        kernel(*arrays, *first, threads=2)
+        before = native.pool_info()["stepped_launches"]
+        for _ in range(200):
+            outs = [np.full(w.shape, np.nan, np.float32) for w in want]
+            kernel(*arrays, *outs, threads=2)
+            for a, b in zip(first, outs):
+                np.testing.assert_array_equal(a, b)
+        assert native.pool_info()["stepped_launches"] - before == 200
+    finally:
+        native.set_num_threads(old)
+    time.sleep(0.01)
+    t0, c0 = time.monotonic(), time.process_time()
+    time.sleep(0.3)
+    cpu, wall = time.process_time() - c0, time.monotonic() - t0
+    assert cpu < 0.05 * wall, f"idle process used {cpu:.3f} s CPU in {wall:.3f} s"
+    for g, w in zip(first, want):
+        np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
+
+
 def test_kernel_checks_the_packed_weights() -> None:
     """A packed W or R of the wrong shape is a bad argument (its index and shape named)."""
     ins = lstm_inputs(np.random.default_rng(1), "float32", 8, 5, "forward", 0, 3, 2, set())
