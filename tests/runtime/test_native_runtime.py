@@ -534,3 +534,21 @@ def test_nested_stepped_jobs_run_inline(k, pool3):
     assert (runs == 1).all() and (done == 4).all() and bad == 0
     assert set(seen.tolist()) == {threading.get_ident()}
     assert nt.pool_info()["inline_runs"] > before
+
+
+def test_stepped_jobs_without_spinning():
+    """GEODE_SPIN_US=0: the barrier does not spin either (every wait sleeps at once), and
+    the steps still run in order."""
+    code = (
+        "import numpy as np\n"
+        "from geode.runtime import native as nt\n"
+        "from native_kernels import kernels\n"
+        "k = kernels()\n"
+        "nt.set_num_threads(3)\n"
+        "for _ in range(20):\n"
+        "    out = np.zeros(2 * 100 * 6 + 100 + 2, np.int64)\n"
+        "    nt.call(k.addr('steps_entry'), 0, (out,), (100, 6, 0, 7, 300))\n"
+        "    assert (out[:600] == 1).all() and (out[600:700] == 6).all() and out[700] == 0\n"
+        "print(nt.pool_info()['spin_us'], nt.pool_info()['stepped_launches'])\n"
+    )
+    assert run_python(code, GEODE_SPIN_US="0").split() == ["0", "20"]

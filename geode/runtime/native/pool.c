@@ -370,11 +370,13 @@ static void run_step_chunks(const job_t *job, int64_t me, unsigned step)
 }
 
 /* Waits until g_step differs from `step` (the step's chunks are all done): spins for at
-   most GEODE_BARRIER_SPIN_US, then sleeps on the futex. Returns the new step. */
+   most GEODE_BARRIER_SPIN_US (never longer than the pool's spin_us: GEODE_SPIN_US=0 means
+   no spinning), then sleeps on the futex. Returns the new step. */
 static unsigned wait_step(unsigned step)
 {
     unsigned g;
-    uint64_t deadline = now_ns() + (uint64_t)GEODE_BARRIER_SPIN_US * 1000u;
+    uint64_t spin = (uint64_t)GEODE_BARRIER_SPIN_US * 1000u;
+    uint64_t deadline = now_ns() + (g_spin_ns < spin ? g_spin_ns : spin);
     do {
         for (int i = 0; i < 64; i++) {
             g = atomic_load_explicit(&g_step, memory_order_acquire);

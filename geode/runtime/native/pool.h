@@ -12,7 +12,8 @@
 /* Default spin time (microseconds) of a worker after a job before it sleeps. */
 #define GEODE_DEFAULT_SPIN_US 300
 
-/* Longest a participant of a stepped job spins at a step's barrier before it sleeps. */
+/* Longest a participant of a stepped job spins at a step's barrier before it sleeps
+   (microseconds; at most the pool's spin time, GEODE_SPIN_US). */
 #define GEODE_BARRIER_SPIN_US 50
 
 typedef void (*geode_chunk_fn)(void *ctx, int64_t chunk, int64_t nchunks);
