@@ -552,3 +552,15 @@ def test_stepped_jobs_without_spinning():
         "print(nt.pool_info()['spin_us'], nt.pool_info()['stepped_launches'])\n"
     )
     assert run_python(code, GEODE_SPIN_US="0").split() == ["0", "20"]
+
+
+def test_stepped_job_with_too_many_chunks_per_slot_launches_per_step(k, pool3):
+    """More than 65535 chunks per participant do not fit a stepped slot word: the steps
+    run as a launch each, still every chunk once and in step order."""
+    nsteps, nchunks = 2, 3 * 0xFFFF + 7
+    before = nt.pool_info()
+    runs, done, bad, _ = run_steps(k, nsteps, nchunks)
+    after = nt.pool_info()
+    assert (runs == 1).all() and (done == nchunks).all() and bad == 0
+    assert after["stepped_launches"] == before["stepped_launches"]
+    assert after["launches"] - before["launches"] == nsteps
