@@ -34,8 +34,9 @@ has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; the steps, by their items
 direction are ONE launch of the native pool (``geode_parallel_steps``: the threads run
 step ``t``'s items, meet at a barrier, then run step ``t + 1``'s; no wake and join per
 step), a thread takes the same items at every step before it steals another, so from
-step to step it mostly reads the same rows of ``R``, in its core's cache. Every column and every unit is
-computed by the same code whatever the thread count, so the results are the same bits.
+step to step it mostly reads the same rows of ``R``, in its core's cache. Every column
+and every unit is computed by the same code whatever the thread count, so the results
+are the same bits.
 Both products are written here, not BLAS GEMMs (every threaded GEMM call is a barrier
 of the BLAS's threads, and a GEMM packs its right operand at every call: per step, for
 an LSTM; on a shared 2-core machine the BLAS path measured 5-10x slower than these
@@ -60,8 +61,8 @@ lanes * H)``), so a call packs nothing: the projection is the native runtime's
 the panels: the same bits however split), on the pool as step 0 of the steps' stepped
 launch, a chunk per range of its 16-column panels (:func:`_stepped_function`: no launch
 of its own), or one call split by the runtime when the steps run on the calling
-thread; and the steps multiply by ``R_panels`` at every batch, 1 included (measured: at batch 1 the dot
-products beside the GEMM's projection were slower).
+thread; and the steps multiply by ``R_panels`` at every batch, 1 included (measured: at
+batch 1 the dot products beside the GEMM's projection were slower).
 
 The states ``h`` (twice) and ``c``, the projection, the gates and the packed panels
 live in one ``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
