@@ -374,7 +374,9 @@ static void run_step_chunks(const job_t *job, int64_t me, unsigned step)
    no spinning), then sleeps on the futex. Returns the new step. */
 static unsigned wait_step(unsigned step)
 {
-    unsigned g;
+    unsigned g = atomic_load_explicit(&g_step, memory_order_acquire);
+    if (g != step)
+        return g; /* the usual case for the thread that finished the step */
     uint64_t spin = (uint64_t)GEODE_BARRIER_SPIN_US * 1000u;
     uint64_t deadline = now_ns() + (g_spin_ns < spin ? g_spin_ns : spin);
     do {
