@@ -6,7 +6,9 @@ Launch overhead: median time of one ``geode_parallel_for`` of an empty chunk fun
 ``2 * threads`` chunks, timed inside a JIT-compiled loop (hot: back-to-back launches; cold:
 one launch after 2 ms idle, the workers asleep). Work launch: ``2 * threads`` chunks of 20 us
 of busy work each, against the same work run serially. Idle CPU: process CPU time over
-0.3 s after a burst of launches. Call overhead: ``call()`` of a trivial kernel with 3 arrays
+0.3 s after a burst of launches. Steps: 32 steps of ``2 * threads`` chunks (empty, then 5 us
+of busy work each) as a launch per step against one stepped launch (``geode_parallel_steps``,
+a barrier between steps), interleaved, per step. Call overhead: ``call()`` of a trivial kernel with 3 arrays
 and 2 ints, against ctypes calling a trivial C function of 3 pointers and 2 ints.
 """
 
@@ -55,6 +57,22 @@ def work_launch(k, threads: int, chunk_us: int = 20) -> tuple[float, float]:
     nt.call(k.addr("work_bench_entry"), 0, (out,), ints)
     nt.set_num_threads(old)
     return pooled, float(np.median(out)) / 1e3
+
+
+def steps_vs_launches(k, threads: int, chunk_us: float, reps: int = 300) -> tuple[float, ...]:
+    """Per step (us): median and 10th percentile of a launch per step, then of one stepped
+    launch; 32 steps of ``2 * threads`` chunks of ``chunk_us`` busy work, interleaved."""
+    out = np.zeros(2, np.int64)
+    rows = []
+    for _ in range(reps):
+        nt.call(k.addr("steps_bench_entry"), 0, (out,), (32, 2 * threads, int(chunk_us * 1e3)))
+        rows.append(out / 32e3)
+    r = np.array(rows)
+    return tuple(float(f(r[:, j])) for j in (0, 1) for f in (np.median, _p10))
+
+
+def _p10(values: np.ndarray) -> float:
+    return float(np.percentile(values, 10))
 
 
 def idle_cpu(k, threads: int) -> float:
@@ -113,6 +131,13 @@ def main() -> None:
     print(f"launch after 2 ms idle (workers asleep): median {cold:.2f} us")
     pooled, serial = work_launch(k, threads)
     print(f"{2 * threads} chunks x 20 us busy work: pool {pooled:.1f} us, serial {serial:.1f} us")
+    for chunk_us in (0.0, 5.0):
+        lm, lp, sm, sp = steps_vs_launches(k, threads, chunk_us)
+        print(
+            f"32 steps x {2 * threads} chunks x {chunk_us:g} us, per step: a launch each "
+            f"median {lm:.2f} us (p10 {lp:.2f}), one stepped launch median {sm:.2f} us "
+            f"(p10 {sp:.2f})"
+        )
     print(f"idle CPU over 0.3 s after a burst: {idle_cpu(k, threads) * 1e3:.2f} ms")
     for name, us in call_overhead(k).items():
         print(f"{name}: {us:.3f} us/call")

@@ -82,7 +82,8 @@ def test_kernel_given_packed_weights_matches_reference_and_per_call(direction, l
 @pytest.mark.parametrize("batch", [1, 13])
 def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, batch) -> None:
     """The same bits on 1, 2 and 3 threads (the projection's packed-weight GEMM split over
-    the pool, every step launched), and the reference's results."""
+    the pool by panels of its columns, in the steps' stepped launch or on its own), and
+    the reference's results."""
     hidden, size = 37, 40
     seq = 24 if batch == 1 else 4  # the projection's GEMM big enough to split either way
     ins = lstm_inputs(
@@ -91,21 +92,61 @@ def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, ba
     kernel = lstm_kernel(_spec(hidden, size, direction, 1, ALL, LANES))
     want = recurrent("LSTM", ins, {"direction": direction, "layout": 1, "hidden_size": hidden})
     arrays = _given(ins)
-    results, launched = {}, {}
+    results, launched, stepped = {}, {}, {}
     for threads in (1, 2, 3):
         outs = [np.full(w.shape, np.nan, np.float32) for w in want]
-        before = native.pool_info()["launches"]
+        before = native.pool_info()
         kernel(*arrays, *outs, threads=threads)
-        launched[threads] = native.pool_info()["launches"] - before
+        launched[threads] = native.pool_info()["launches"] - before["launches"]
+        stepped[threads] = native.pool_info()["stepped_launches"] - before["stepped_launches"]
         results[threads] = outs
-    # one thread: no launch; more: every step's (from batch 13: enough multiply-adds),
-    # and the projection's packed GEMM's
-    steps = DIRS[direction] * seq if batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS else 0
-    assert launched[1] == 0 and launched[2] == launched[3] == steps + DIRS[direction]
+    # one thread: no launch; more, per direction: from batch 13 (enough multiply-adds)
+    # one stepped launch, the projection its step 0 and the steps after it; at batch 1,
+    # the projection's packed GEMM's launch, the steps on the calling thread
+    steps = DIRS[direction] if batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS else 0
+    assert launched[1] == 0 and launched[2] == launched[3] == DIRS[direction]
+    assert stepped == {1: 0, 2: steps, 3: steps}
     for threads in (2, 3):
         for a, b in zip(results[1], results[threads]):
             np.testing.assert_array_equal(a, b)
     for g, w in zip(results[1], want):
+        np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
+
+
+def test_stepped_lstm_leaves_the_pool_idle_between_calls() -> None:
+    """Calls of the packed kernel on 2 threads (the projection and every step one stepped
+    launch per call): the same bits at every call, and between calls the pool's threads
+    sleep (no CPU burned: other libraries of the process keep the cores)."""
+    import time
+
+    hidden, size, seq, batch = 64, 32, 16, 8
+    assert batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS
+    ins = lstm_inputs(
+        np.random.default_rng(9), "float32", hidden, size, "forward", 1, seq, batch, ALL
+    )
+    kernel = lstm_kernel(_spec(hidden, size, "forward", 1, ALL, LANES))
+    want = recurrent("LSTM", ins, {"direction": "forward", "layout": 1, "hidden_size": hidden})
+    arrays = _given(ins)
+    first = [np.empty(w.shape, np.float32) for w in want]
+    old = native.get_num_threads()
+    native.set_num_threads(2)  # a pool of 2 threads, whatever the machine
+    try:
+        kernel(*arrays, *first, threads=2)
+        before = native.pool_info()["stepped_launches"]
+        for _ in range(200):
+            outs = [np.full(w.shape, np.nan, np.float32) for w in want]
+            kernel(*arrays, *outs, threads=2)
+            for a, b in zip(first, outs):
+                np.testing.assert_array_equal(a, b)
+        assert native.pool_info()["stepped_launches"] - before == 200
+    finally:
+        native.set_num_threads(old)
+    time.sleep(0.01)
+    t0, c0 = time.monotonic(), time.process_time()
+    time.sleep(0.3)
+    cpu, wall = time.process_time() - c0, time.monotonic() - t0
+    assert cpu < 0.05 * wall, f"idle process used {cpu:.3f} s CPU in {wall:.3f} s"
+    for g, w in zip(first, want):
         np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
 
 

@@ -138,24 +138,29 @@ def test_products_shared_among_threads_give_the_same_bits(direction, dtype, case
     kernel = lstm_kernel(spec)
     attrs = {"direction": direction, "layout": 0, "hidden_size": hidden}
     want = recurrent("LSTM", ins, attrs)
-    # one thread: no launch; more: the projection, and every step (its product and
-    # gates in one launch), of each direction
-    _same_bits_on_threads(kernel, ins, want, dtype, DIRS[direction] * (1 + seq))
+    # one thread: no launch; more: the projection, and all the steps (a step's product
+    # and gates, a barrier between steps) in one stepped launch, of each direction
+    _same_bits_on_threads(kernel, ins, want, dtype, DIRS[direction])
 
 
-def _same_bits_on_threads(kernel, ins, want, dtype, launches: int) -> None:  # noqa: ANN001
+def _same_bits_on_threads(kernel, ins, want, dtype, directions: int) -> None:  # noqa: ANN001
     """The kernel on 1, 2 and 3 threads (outputs NaN-filled first): no pool launch on one
-    thread and ``launches`` on more, the same bits on all, the reference's results."""
+    thread and on more two per direction (its start, then its steps as one stepped
+    launch), the same bits on all, the reference's results."""
     from geode.runtime import native
 
     results, launched = {}, {}
     for threads in (1, 2, 3):
         outs = [np.full(w.shape, np.nan, dtype) for w in want]
-        before = native.pool_info()["launches"]
+        info = native.pool_info()
         kernel(*[a for a in ins if a is not None], *outs, threads=threads)
-        launched[threads] = native.pool_info()["launches"] - before
+        after = native.pool_info()
+        launched[threads] = tuple(
+            after[key] - info[key] for key in ("launches", "stepped_launches")
+        )
         results[threads] = outs
-    assert launched == {1: 0, 2: launches, 3: launches}
+    want_launches = (2 * directions, directions)
+    assert launched == {1: (0, 0), 2: want_launches, 3: want_launches}
     for threads in (2, 3):
         for a, b in zip(results[1], results[threads]):
             np.testing.assert_array_equal(a, b)
@@ -183,7 +188,7 @@ def test_panel_form_gives_the_same_bits_on_any_thread_count(dtype, direction) ->
     )
     kernel = lstm_kernel(spec)
     want = recurrent("LSTM", ins, {"direction": direction, "layout": 1, "hidden_size": hidden})
-    _same_bits_on_threads(kernel, ins, want, dtype, DIRS[direction] * (1 + seq))
+    _same_bits_on_threads(kernel, ins, want, dtype, DIRS[direction])
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3])

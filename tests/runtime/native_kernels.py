@@ -17,6 +17,7 @@ from geode.runtime.native import symbols
 
 IR = r"""
 declare void @geode_parallel_for(ptr, ptr, i64, i64)
+declare void @geode_parallel_steps(ptr, ptr, i64, i64, i64)
 declare i64 @geode_num_threads()
 declare i32 @usleep(i32)
 declare i64 @pthread_self()
@@ -28,6 +29,81 @@ define i32 @trivial_entry(ptr %ptrs, ptr %recs, ptr %ints) {
 
 ; a C function of 3 pointers and 2 int64s doing nothing (the ctypes reference)
 define i32 @trivial5(ptr %a, ptr %b, ptr %c, i64 %i, i64 %j) {
+  ret i32 0
+}
+
+; a stepped job's chunk: ctx = {out, nsteps, sleep_at, sleep_us}; out holds runs[nsteps * n]
+; (each (step, chunk) counted), done[nsteps] (chunks returned per step), bad[1] (chunks that
+; started before every chunk of the previous step had returned), n_seen[1] (calls whose
+; nchunks was not n ... never), tids[nsteps * n]; the chunk s * n + c == sleep_at first
+; sleeps sleep_us microseconds (a worker descheduled inside a chunk)
+define void @step_chunk(ptr %ctx, i64 %s, i64 %c, i64 %n) {
+entry:
+  %out = load ptr, ptr %ctx
+  %p1 = getelementptr { ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 1
+  %nsteps = load i64, ptr %p1
+  %p2 = getelementptr { ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 2
+  %sleep_at = load i64, ptr %p2
+  %p3 = getelementptr { ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 3
+  %sleep_us = load i64, ptr %p3
+  %total = mul i64 %nsteps, %n
+  %done0 = getelementptr i64, ptr %out, i64 %total
+  %badi = add i64 %total, %nsteps
+  %bad = getelementptr i64, ptr %out, i64 %badi
+  %tid0i = add i64 %badi, 2
+  %tids = getelementptr i64, ptr %out, i64 %tid0i
+  %sn = mul i64 %s, %n
+  %me = add i64 %sn, %c
+  %has_prev = icmp sgt i64 %s, 0
+  br i1 %has_prev, label %check, label %work
+check:
+  %prev = sub i64 %s, 1
+  %pdp = getelementptr i64, ptr %done0, i64 %prev
+  %pd = load atomic i64, ptr %pdp seq_cst, align 8
+  %ok = icmp eq i64 %pd, %n
+  br i1 %ok, label %work, label %flag
+flag:
+  %f = atomicrmw add ptr %bad, i64 1 seq_cst
+  br label %work
+work:
+  %sleepy = icmp eq i64 %me, %sleep_at
+  br i1 %sleepy, label %nap, label %count
+nap:
+  %us = trunc i64 %sleep_us to i32
+  %r = call i32 @usleep(i32 %us)
+  br label %count
+count:
+  %rp = getelementptr i64, ptr %out, i64 %me
+  %a = atomicrmw add ptr %rp, i64 1 seq_cst
+  %tid = call i64 @pthread_self()
+  %tp = getelementptr i64, ptr %tids, i64 %me
+  store i64 %tid, ptr %tp
+  %dp = getelementptr i64, ptr %done0, i64 %s
+  %d = atomicrmw add ptr %dp, i64 1 seq_cst
+  ret void
+}
+
+; ptrs = (out,) (see step_chunk), ints = (nsteps, nchunks, nthreads, sleep_at, sleep_us)
+define i32 @steps_entry(ptr %ptrs, ptr %recs, ptr %ints) {
+  %out = load ptr, ptr %ptrs
+  %nsteps = load i64, ptr %ints
+  %p1 = getelementptr i64, ptr %ints, i64 1
+  %n = load i64, ptr %p1
+  %p2 = getelementptr i64, ptr %ints, i64 2
+  %t = load i64, ptr %p2
+  %p3 = getelementptr i64, ptr %ints, i64 3
+  %at = load i64, ptr %p3
+  %p4 = getelementptr i64, ptr %ints, i64 4
+  %us = load i64, ptr %p4
+  %ctx = alloca { ptr, i64, i64, i64 }
+  store ptr %out, ptr %ctx
+  %c1 = getelementptr { ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 1
+  store i64 %nsteps, ptr %c1
+  %c2 = getelementptr { ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 2
+  store i64 %at, ptr %c2
+  %c3 = getelementptr { ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 3
+  store i64 %us, ptr %c3
+  call void @geode_parallel_steps(ptr @step_chunk, ptr %ctx, i64 %nsteps, i64 %n, i64 %t)
   ret i32 0
 }
 
@@ -237,6 +313,45 @@ body:
   %next = add i64 %i, 1
   br label %head
 exit:
+  ret i32 0
+}
+
+; busy-waits ctx (an i64) nanoseconds: a step's chunk
+define void @busy_step(ptr %ctx, i64 %s, i64 %c, i64 %n) {
+  call void @busy_chunk(ptr %ctx, i64 %c, i64 %n)
+  ret void
+}
+
+; ptrs = (out[2],), ints = (nsteps, nchunks, chunk_ns): nsteps steps of nchunks chunks of
+; chunk_ns busy work; out[0] = ns as a launch per step, out[1] = ns as one stepped launch
+define i32 @steps_bench_entry(ptr %ptrs, ptr %recs, ptr %ints) {
+entry:
+  %out = load ptr, ptr %ptrs
+  %steps = load i64, ptr %ints
+  %np = getelementptr i64, ptr %ints, i64 1
+  %n = load i64, ptr %np
+  %wp = getelementptr i64, ptr %ints, i64 2
+  %w = load i64, ptr %wp
+  %ctx = inttoptr i64 %w to ptr
+  %t0 = call i64 @now_ns()
+  br label %head
+head:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %done = icmp sge i64 %i, %steps
+  br i1 %done, label %stepped, label %body
+body:
+  call void @geode_parallel_for(ptr @busy_chunk, ptr %ctx, i64 %n, i64 0)
+  %next = add i64 %i, 1
+  br label %head
+stepped:
+  %t1 = call i64 @now_ns()
+  call void @geode_parallel_steps(ptr @busy_step, ptr %ctx, i64 %steps, i64 %n, i64 0)
+  %t2 = call i64 @now_ns()
+  %d1 = sub i64 %t1, %t0
+  store i64 %d1, ptr %out
+  %d2 = sub i64 %t2, %t1
+  %o2 = getelementptr i64, ptr %out, i64 1
+  store i64 %d2, ptr %o2
   ret i32 0
 }
 

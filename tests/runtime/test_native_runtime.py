@@ -453,3 +453,114 @@ def test_scratch_buffers_are_kept_per_thread_and_grow():
     assert out["held"] >= (1 << 20)
     assert out["bad"] == (None, None, None)
     assert out["after"] <= out["held"] - (1 << 20)
+
+
+# ---- stepped jobs (geode_parallel_steps) ------------------------------------------------------
+
+
+def run_steps(k, nsteps: int, nchunks: int, nthreads: int = 0, sleep_at: int = -1, us: int = 0):
+    """One stepped job of ``step_chunk``: (runs per (step, chunk), chunks done per step,
+    chunks that started before the previous step had finished, the thread of each)."""
+    total = nsteps * nchunks
+    out = np.zeros(2 * total + nsteps + 2, np.int64)
+    ints = (nsteps, nchunks, nthreads, sleep_at, us)
+    assert nt.call(k.addr("steps_entry"), 0, (out,), ints) == 0
+    return out[:total], out[total : total + nsteps], out[total + nsteps], out[total + nsteps + 2 :]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_stepped_job_runs_every_chunk_once_behind_a_barrier(k, threads):
+    old = nt.get_num_threads()
+    nt.set_num_threads(threads)
+    try:
+        before = nt.pool_info()["stepped_launches"]
+        cases = [(1, 1), (1, 5), (7, 2), (300, 8), (1000, 3), (40, 17)]
+        for nsteps, nchunks in cases:
+            for nthreads in (0, 1, 2, 100):
+                runs, done, bad, _ = run_steps(k, nsteps, nchunks, nthreads)
+                assert (runs == 1).all(), np.flatnonzero(runs != 1)[:10]
+                assert (done == nchunks).all()
+                assert bad == 0, f"{bad} chunks ran before their previous step ended"
+        on_pool = nt.pool_info()["stepped_launches"] - before
+        pooled = 3 * sum(1 for _, nchunks in cases if nchunks > 1)  # nthreads 0, 2, 100
+        assert on_pool == (0 if threads == 1 else pooled)
+    finally:
+        nt.set_num_threads(old)
+
+
+def test_stepped_job_with_a_descheduled_worker_sleeps_at_the_barrier(k, pool3):
+    """A chunk that sleeps 100 ms (its thread descheduled inside a step): the others wait
+    for it at the barrier asleep (bounded spin), not spinning, and every step still runs
+    after the previous one."""
+    nsteps, nchunks = 20, 6
+    for _ in range(3):  # the sleeping chunk may land on any participant
+        sleeps = nt.pool_info()["barrier_sleeps"]
+        c0, t0 = time.process_time(), time.monotonic()
+        runs, done, bad, _ = run_steps(k, nsteps, nchunks, 0, 5 * nchunks + 1, 100_000)
+        cpu, wall = time.process_time() - c0, time.monotonic() - t0
+        assert (runs == 1).all() and (done == nchunks).all() and bad == 0
+        assert wall >= 0.1
+        assert nt.pool_info()["barrier_sleeps"] > sleeps
+        assert cpu < 0.3 * wall, f"barrier waits used {cpu:.3f} s CPU in {wall:.3f} s"
+
+
+def test_stepped_jobs_share_the_work_and_leave_the_pool_idle(k, pool3):
+    tids: set[int] = set()
+    for _ in range(20):  # a loaded machine may delay a worker: retry
+        runs, _, bad, seen = run_steps(k, 50, 6, 0, 3, 2000)  # the chunk 3 waits 2 ms
+        assert (runs == 1).all() and bad == 0
+        tids |= set(seen.tolist())
+        if len(tids) == 3:
+            break
+    assert threading.get_ident() in tids and len(tids) == 3
+    for _ in range(2000):
+        run_steps(k, 4, 6)
+    time.sleep(0.01)
+    t0, c0 = time.monotonic(), time.process_time()
+    time.sleep(0.3)
+    cpu, wall = time.process_time() - c0, time.monotonic() - t0
+    assert cpu < 0.05 * wall, f"idle process used {cpu:.3f} s CPU in {wall:.3f} s"
+
+
+def test_nested_stepped_jobs_run_inline(k, pool3):
+    """A stepped job started while another thread's job holds the pool runs on its caller."""
+    before = nt.pool_info()["inline_runs"]
+    out = np.zeros(6, np.int64)
+    job = threading.Thread(target=nt.call, args=(k.addr("tid_entry"), 0, (out,), (6, 0, 50000)))
+    job.start()
+    time.sleep(0.02)
+    runs, done, bad, seen = run_steps(k, 30, 4)
+    join_all([job])
+    assert (runs == 1).all() and (done == 4).all() and bad == 0
+    assert set(seen.tolist()) == {threading.get_ident()}
+    assert nt.pool_info()["inline_runs"] > before
+
+
+def test_stepped_jobs_without_spinning():
+    """GEODE_SPIN_US=0: the barrier does not spin either (every wait sleeps at once), and
+    the steps still run in order."""
+    code = (
+        "import numpy as np\n"
+        "from geode.runtime import native as nt\n"
+        "from native_kernels import kernels\n"
+        "k = kernels()\n"
+        "nt.set_num_threads(3)\n"
+        "for _ in range(20):\n"
+        "    out = np.zeros(2 * 100 * 6 + 100 + 2, np.int64)\n"
+        "    nt.call(k.addr('steps_entry'), 0, (out,), (100, 6, 0, 7, 300))\n"
+        "    assert (out[:600] == 1).all() and (out[600:700] == 6).all() and out[700] == 0\n"
+        "print(nt.pool_info()['spin_us'], nt.pool_info()['stepped_launches'])\n"
+    )
+    assert run_python(code, GEODE_SPIN_US="0").split() == ["0", "20"]
+
+
+def test_stepped_job_with_too_many_chunks_per_slot_launches_per_step(k, pool3):
+    """More than 65535 chunks per participant do not fit a stepped slot word: the steps
+    run as a launch each, still every chunk once and in step order."""
+    nsteps, nchunks = 2, 3 * 0xFFFF + 7
+    before = nt.pool_info()
+    runs, done, bad, _ = run_steps(k, nsteps, nchunks)
+    after = nt.pool_info()
+    assert (runs == 1).all() and (done == nchunks).all() and bad == 0
+    assert after["stepped_launches"] == before["stepped_launches"]
+    assert after["launches"] - before["launches"] == nsteps

@@ -12,6 +12,15 @@ Thread pool (C ABI)
 int64_t nchunks, int64_t nthreads)`` runs ``fn(ctx, c, nchunks)`` once for every ``c`` in
 ``[0, nchunks)`` and returns when all have run; ``nthreads <= 0`` means the pool size.
 ``int64_t geode_num_threads(void)`` returns the pool size.
+``void geode_parallel_steps(void (*fn)(void *ctx, int64_t step, int64_t chunk, int64_t
+nchunks), void *ctx, int64_t nsteps, int64_t nchunks, int64_t nthreads)`` runs ``fn`` for
+every step and chunk as ONE job: every chunk of step ``s`` returns before any of step
+``s + 1`` starts (a barrier inside the job instead of a launch per step; a recurrence's
+steps). A participant takes the same range of chunks at every step; whoever finishes a
+step's last chunk opens the next, so no one waits for a thread that holds no chunk; a
+participant waiting at the barrier spins at most ``GEODE_BARRIER_SPIN_US`` (50 us, pool.h),
+then sleeps on a futex (``pool_info()["barrier_sleeps"]`` counts those sleeps). It falls
+back like ``geode_parallel_for``.
 
 - Size: ``GEODE_NUM_THREADS`` when set to a positive integer, else the CPUs this process may
   run on (``sched_getaffinity``); at most ``MAX_THREADS``. :func:`set_num_threads` changes it.
@@ -120,8 +129,9 @@ def get_num_threads() -> int:
 def pool_info() -> dict[str, int]:
     """Return the pool's state: ``threads`` (pool size), ``spin_us`` (worker spin time
     before sleeping), ``workers_running`` (worker threads alive), ``launches`` (jobs run on
-    the pool) and ``inline_runs`` (calls run serially on their caller: nested, concurrent
-    with another job, one thread or one chunk); ``blas_pool_runs`` and ``blas_thread_runs``
+    the pool), ``inline_runs`` (calls run serially on their caller: nested, concurrent
+    with another job, one thread or one chunk), ``stepped_launches`` (the launches that
+    were stepped jobs) and ``barrier_sleeps`` (their barrier waits that went to sleep); ``blas_pool_runs`` and ``blas_thread_runs``
     count OpenBLAS calls whose jobs ran on the pool and on short-lived threads;
     ``scratch_bytes`` the bytes every thread's scratch buffers hold (:func:`symbols`);
     ``gemm_split_calls`` the ``geode_gemm`` calls split over the pool;
@@ -204,7 +214,7 @@ def set_packed_isa(isa: int) -> int:
 
 def symbols() -> dict[str, int]:
     """Return the runtime's C functions for JIT code as ``{name: address}``:
-    ``geode_parallel_for``, ``geode_num_threads``, ``geode_gemm`` (see
+    ``geode_parallel_for``, ``geode_parallel_steps``, ``geode_num_threads``, ``geode_gemm`` (see
     :data:`gemm_configure`), ``geode_sgemm_packed`` and ``geode_sgemm_pack`` (see
     :func:`packed_gemm_function`, :func:`pack_weight`) and ``geode_scratch`` (``void
     *geode_scratch(int64_t slot, int64_t bytes)``: the calling thread's buffer for ``slot``

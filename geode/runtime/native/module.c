@@ -32,6 +32,7 @@ PyDoc_STRVAR(get_num_threads_doc,
 PyDoc_STRVAR(pool_info_doc,
              "pool_info($module, /)\n--\n\n"
              "Return a dict: threads, spin_us, workers_running, launches, inline_runs,\n"
+             "stepped_launches, barrier_sleeps,\n"
              "blas_pool_runs, blas_thread_runs, scratch_bytes, gemm_split_calls, gemm_thin_calls,\n"
              "gemm_thin_kernel (1: geode's own float32 GEMM kernel runs on this CPU),\n"
              "gemm_packed_calls, gemm_packed_isa (packed-weight GEMM path: 0 plain C, 1 AVX2,\n"
@@ -84,11 +85,13 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
     uint64_t blas_pool = 0, blas_threads = 0;
     geode_pool_get_stats(&s);
     geode_blas_stats(&blas_pool, &blas_threads);
-    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:L,s:K,s:K,s:i,s:K,s:i,s:i}", "threads",
-                         (long long)s.threads,
+    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:K,s:K,s:i,s:K,s:i,s:i}",
+                         "threads", (long long)s.threads,
                          "spin_us", (long long)s.spin_us, "workers_running",
                          (long long)s.workers_running, "launches", (unsigned long long)s.launches,
-                         "inline_runs", (unsigned long long)s.inline_runs, "blas_pool_runs",
+                         "inline_runs", (unsigned long long)s.inline_runs, "stepped_launches",
+                         (unsigned long long)s.stepped_launches, "barrier_sleeps",
+                         (unsigned long long)s.barrier_sleeps, "blas_pool_runs",
                          (unsigned long long)blas_pool, "blas_thread_runs",
                          (unsigned long long)blas_threads, "scratch_bytes",
                          (long long)geode_scratch_held(), "gemm_split_calls",
@@ -103,8 +106,9 @@ static PyObject *py_symbols(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
-                         PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_num_threads",
+    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
+                         PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_parallel_steps",
+                         PyLong_FromVoidPtr((void *)&geode_parallel_steps), "geode_num_threads",
                          PyLong_FromVoidPtr((void *)&geode_num_threads), "geode_scratch",
                          PyLong_FromVoidPtr((void *)&geode_scratch), "geode_gemm",
                          PyLong_FromVoidPtr((void *)&geode_gemm), "geode_sgemm_packed",

@@ -14,7 +14,19 @@
    saw; the caller, once every chunk is claimed, closes the job (g_open = 0) and waits until
    g_active is 0. A late worker therefore never delays the caller by more than its join check,
    and never reads job fields that are being rewritten. Workers spin for spin_us after a job
-   (catching back-to-back launches), then sleep on the futex: an idle pool uses no CPU. */
+   (catching back-to-back launches), then sleep on the futex: an idle pool uses no CPU.
+
+   A stepped job (geode_parallel_steps) runs nsteps rounds of the same chunks in one launch.
+   Its slot words pack the step they belong to (high 32 bits), the back (bits 16..31) and
+   the front (bits 0..15); a claim is a compare-and-swap that also checks the step, so a
+   participant that lags behind can never take a chunk of a step it has not reached. Every
+   finished chunk increments g_steps_done (cumulative over the job); whoever finishes the
+   last chunk of step s refills the slots for step s + 1 and publishes s + 1 in g_step (the
+   futex word of the barrier). Nobody waits for a particular thread: a participant that is
+   descheduled between chunks holds nothing back (the others take its chunks); one that is
+   descheduled inside a chunk makes the others spin for at most GEODE_BARRIER_SPIN_US, then
+   sleep on g_step until the step's last chunk is done. When the job ends every participant
+   returns to the usual wait for the next job (spin_us, then sleep). */
 
 #define _GNU_SOURCE
 #include "pool.h"
@@ -55,6 +67,9 @@ typedef struct {
     int64_t parts;   /* participants: slots 0..parts-1 */
     slot_t *slots;
     unsigned mxcsr;
+    geode_step_fn step_fn; /* a stepped job: step_fn over nsteps steps (fn unused) */
+    int64_t nsteps;        /* 0: a plain job */
+    int64_t first_step;    /* step_fn's step of this job's step 0 */
 } job_t;
 
 /* Hot words, each on its own cache line. */
@@ -73,6 +88,17 @@ static atomic_llong g_max_slot_chunks = DEFAULT_MAX_SLOT_CHUNKS;
 static atomic_ullong g_launches;
 static atomic_ullong g_inline_runs;
 static atomic_llong g_nworkers; /* running worker threads */
+static atomic_ullong g_stepped_launches;
+static atomic_ullong g_barrier_sleeps;
+
+/* A stepped job's barrier: the step open for claims (futex word), its sleepers, and the
+   chunks finished since the job began. */
+static _Alignas(CACHE_LINE) atomic_uint g_step;
+static _Alignas(CACHE_LINE) atomic_int g_step_sleepers;
+static _Alignas(CACHE_LINE) atomic_llong g_steps_done;
+
+#define STEP_MAX_SLOT_CHUNKS 0xFFFF /* a stepped slot's front and back are 16 bits */
+#define STEP_MAX_STEPS ((int64_t)1 << 30) /* steps per stepped job (longer runs: several) */
 
 /* Owned by the pool holder (g_busy). */
 static int g_started;
@@ -221,6 +247,16 @@ static void participate(const job_t *job, int64_t me)
     }
 }
 
+static void participate_steps(const job_t *job, int64_t me);
+
+static void run_part(const job_t *job, int64_t me)
+{
+    if (job->nsteps > 0)
+        participate_steps(job, me);
+    else
+        participate(job, me);
+}
+
 static void join_job(int64_t id, unsigned gen)
 {
     atomic_fetch_add(&g_active, 1);
@@ -232,11 +268,11 @@ static void join_job(int64_t id, unsigned gen)
             unsigned want = (job.mxcsr & ~MXCSR_STATUS_BITS) | (mine & MXCSR_STATUS_BITS);
             if (want != mine)
                 _mm_setcsr(want);
-            participate(&job, id);
+            run_part(&job, id);
             if (want != mine)
                 _mm_setcsr(mine);
 #else
-            participate(&job, id);
+            run_part(&job, id);
 #endif
         }
     }
@@ -268,6 +304,122 @@ static unsigned wait_new_gen(unsigned seen)
         if (g != seen)
             return g;
     }
+}
+
+/* ---- stepped jobs: one launch, a barrier between steps -------------------------------- */
+
+static inline uint64_t step_word(unsigned step, uint32_t back, uint32_t front)
+{
+    return ((uint64_t)step << 32) | ((uint64_t)back << 16) | (uint64_t)front;
+}
+
+/* Refills the slots for `step` and opens it (the previous step's chunks are all done). */
+static void open_step(const job_t *job, unsigned step)
+{
+    const int64_t parts = job->parts;
+    for (int64_t p = 0; p < parts; p++) {
+        int64_t next = p + 1 < parts ? job->slots[p + 1].base : job->nchunks;
+        uint32_t cnt = (uint32_t)(next - job->slots[p].base);
+        atomic_store_explicit(&job->slots[p].range, step_word(step, cnt, 0), memory_order_release);
+    }
+    atomic_store(&g_step, step);
+    if (atomic_load(&g_step_sleepers) > 0)
+        word_wake_all(&g_step);
+}
+
+/* One chunk of `step` is done: the last one of the step opens the next (or ends the job). */
+static void step_chunk_done(const job_t *job, unsigned step)
+{
+    long long done = atomic_fetch_add(&g_steps_done, 1) + 1;
+    if (done == (long long)(step + 1) * job->nchunks) {
+        if ((int64_t)step + 1 < job->nsteps) {
+            open_step(job, step + 1);
+        } else {
+            atomic_store(&g_step, step + 1);
+            if (atomic_load(&g_step_sleepers) > 0)
+                word_wake_all(&g_step);
+        }
+    }
+}
+
+/* Claims the chunks of `step` it can: its own range from the front, then others' from the
+   back (each claim checks the word's step). */
+static void run_step_chunks(const job_t *job, int64_t me, unsigned step)
+{
+    const int64_t parts = job->parts, n = job->nchunks;
+    const geode_step_fn fn = job->step_fn;
+    void *const ctx = job->ctx;
+    for (int64_t k = 0; k < parts; k++) {
+        slot_t *v = &job->slots[(me + k) % parts];
+        const int64_t vbase = v->base;
+        uint64_t cur = atomic_load_explicit(&v->range, memory_order_acquire);
+        for (;;) {
+            uint32_t f = (uint32_t)cur & 0xFFFF, b = (uint32_t)(cur >> 16) & 0xFFFF;
+            if ((unsigned)(cur >> 32) != step || f >= b)
+                break;
+            int own = k == 0;
+            uint64_t next = own ? step_word(step, b, f + 1) : step_word(step, b - 1, f);
+            if (atomic_compare_exchange_weak_explicit(&v->range, &cur, next, memory_order_acq_rel,
+                                                      memory_order_acquire)) {
+                fn(ctx, job->first_step + (int64_t)step, vbase + (int64_t)(own ? f : b - 1), n);
+                step_chunk_done(job, step);
+                cur = atomic_load_explicit(&v->range, memory_order_acquire);
+            }
+        }
+    }
+}
+
+/* Waits until g_step differs from `step` (the step's chunks are all done): spins for at
+   most GEODE_BARRIER_SPIN_US (never longer than the pool's spin_us: GEODE_SPIN_US=0 means
+   no spinning), then sleeps on the futex. Returns the new step. */
+static unsigned wait_step(unsigned step)
+{
+    unsigned g = atomic_load_explicit(&g_step, memory_order_acquire);
+    if (g != step)
+        return g; /* the usual case for the thread that finished the step */
+    uint64_t spin = (uint64_t)GEODE_BARRIER_SPIN_US * 1000u;
+    uint64_t deadline = now_ns() + (g_spin_ns < spin ? g_spin_ns : spin);
+    do {
+        for (int i = 0; i < 64; i++) {
+            g = atomic_load_explicit(&g_step, memory_order_acquire);
+            if (g != step)
+                return g;
+            cpu_relax();
+        }
+    } while (now_ns() < deadline);
+    atomic_fetch_add_explicit(&g_barrier_sleeps, 1, memory_order_relaxed);
+    for (;;) {
+        atomic_fetch_add(&g_step_sleepers, 1);
+        if (atomic_load(&g_step) == step)
+            word_wait(&g_step, step);
+        atomic_fetch_sub(&g_step_sleepers, 1);
+        g = atomic_load(&g_step);
+        if (g != step)
+            return g;
+    }
+}
+
+static void participate_steps(const job_t *job, int64_t me)
+{
+    unsigned step = atomic_load_explicit(&g_step, memory_order_acquire);
+    while ((int64_t)step < job->nsteps) {
+        run_step_chunks(job, me, step);
+        step = wait_step(step);
+    }
+}
+
+/* Adapts one step of a stepped job to geode_parallel_for (the fallback for huge chunk
+   counts). */
+typedef struct {
+    geode_step_fn fn;
+    void *ctx;
+    int64_t step;
+} one_step_t;
+
+static void one_step_chunk(void *ctx, int64_t chunk, int64_t nchunks)
+{
+    const one_step_t *one = ctx;
+    one->fn(one->ctx, one->step, chunk, nchunks);
 }
 
 static void *worker_main(void *arg)
@@ -455,6 +607,70 @@ GEODE_EXPORT void geode_parallel_for(geode_chunk_fn fn, void *ctx, int64_t nchun
     release();
 }
 
+/* Runs steps [first, first + nsteps) of fn as one stepped job (the caller holds the pool,
+   parts >= 2, at most STEP_MAX_SLOT_CHUNKS chunks per slot). */
+static void run_stepped(geode_step_fn fn, void *ctx, int64_t nsteps, int64_t nchunks,
+                        int64_t parts, int64_t first)
+{
+    job_t job = {NULL, ctx, nchunks, parts, g_slots, 0, fn, nsteps, first};
+#ifdef GEODE_HAVE_MXCSR
+    job.mxcsr = _mm_getcsr();
+#endif
+    int64_t q = nchunks / parts, r = nchunks % parts;
+    for (int64_t p = 0; p < parts; p++)
+        job.slots[p].base = p * q + (p < r ? p : r);
+    atomic_store(&g_steps_done, 0);
+    open_step(&job, 0);
+    g_job = job;
+    unsigned gen = next_gen();
+    atomic_store(&g_open, gen);
+    atomic_store(&g_gen, gen);
+    if (atomic_load(&g_sleepers) > 0)
+        word_wake_all(&g_gen);
+    participate_steps(&job, 0);
+    atomic_store(&g_open, 0); /* every step is done: no one joins any more */
+    wait_workers();           /* ... and the joined ones have seen the end */
+}
+
+GEODE_EXPORT void geode_parallel_steps(geode_step_fn fn, void *ctx, int64_t nsteps,
+                                       int64_t nchunks, int64_t nthreads)
+{
+    if (nsteps <= 0 || nchunks <= 0)
+        return;
+    if (t_in_job || nthreads == 1 || nchunks == 1 || geode_num_threads() == 1 || !try_acquire()) {
+        atomic_fetch_add_explicit(&g_inline_runs, 1, memory_order_relaxed);
+        for (int64_t s = 0; s < nsteps; s++)
+            for (int64_t c = 0; c < nchunks; c++)
+                fn(ctx, s, c, nchunks);
+        return;
+    }
+    ensure_config();
+    if (!g_started)
+        start_workers();
+    int64_t parts = atomic_load(&g_nworkers) + 1;
+    if (nthreads > 0 && nthreads < parts)
+        parts = nthreads;
+    if (parts > nchunks)
+        parts = nchunks;
+    if (parts <= 1 || g_slots == NULL || (nchunks + parts - 1) / parts > STEP_MAX_SLOT_CHUNKS) {
+        release(); /* too many chunks per slot for a stepped word: a launch per step */
+        for (int64_t s = 0; s < nsteps; s++) {
+            one_step_t one = {fn, ctx, s};
+            geode_parallel_for(one_step_chunk, &one, nchunks, nthreads);
+        }
+        return;
+    }
+    atomic_fetch_add_explicit(&g_launches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_stepped_launches, 1, memory_order_relaxed);
+    t_in_job = 1;
+    for (int64_t first = 0; first < nsteps; first += STEP_MAX_STEPS) {
+        int64_t count = nsteps - first < STEP_MAX_STEPS ? nsteps - first : STEP_MAX_STEPS;
+        run_stepped(fn, ctx, count, nchunks, parts, first);
+    }
+    t_in_job = 0;
+    release();
+}
+
 /* Runs fn(ctx, c, n) for c in [0, n) on n threads at once (the caller is one), for work whose
    chunks wait on each other (OpenBLAS's level-3 threads do). Waits while another thread's job
    holds the pool. Returns 0, running nothing, when it cannot promise n concurrent threads:
@@ -520,6 +736,8 @@ void geode_pool_get_stats(geode_pool_stats *out)
     out->workers_running = atomic_load(&g_nworkers);
     out->launches = atomic_load(&g_launches);
     out->inline_runs = atomic_load(&g_inline_runs);
+    out->stepped_launches = atomic_load(&g_stepped_launches);
+    out->barrier_sleeps = atomic_load(&g_barrier_sleeps);
 }
 
 int64_t geode_pool_set_max_slot_chunks(int64_t n)
@@ -544,6 +762,7 @@ static void after_fork_child(void)
     atomic_store(&g_sleepers, 0);
     atomic_store(&g_master_waiting, 0);
     atomic_store(&g_quit, 0);
+    atomic_store(&g_step_sleepers, 0);
     t_in_job = 0;
 }
 

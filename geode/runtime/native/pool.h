@@ -12,13 +12,26 @@
 /* Default spin time (microseconds) of a worker after a job before it sleeps. */
 #define GEODE_DEFAULT_SPIN_US 300
 
+/* Longest a participant of a stepped job spins at a step's barrier before it sleeps
+   (microseconds; at most the pool's spin time, GEODE_SPIN_US). */
+#define GEODE_BARRIER_SPIN_US 50
+
 typedef void (*geode_chunk_fn)(void *ctx, int64_t chunk, int64_t nchunks);
+typedef void (*geode_step_fn)(void *ctx, int64_t step, int64_t chunk, int64_t nchunks);
 
 /* Runs fn(ctx, c, nchunks) for every c in [0, nchunks) on up to nthreads threads (<= 0: the
    pool size) and returns when all are done. The caller runs chunks too. A call from inside a
    job, or while another thread's job holds the pool, runs serially on the caller. */
 GEODE_EXPORT void geode_parallel_for(geode_chunk_fn fn, void *ctx, int64_t nchunks,
                                      int64_t nthreads);
+
+/* Runs fn(ctx, s, c, nchunks) for every step s in [0, nsteps) and chunk c in [0, nchunks) as
+   ONE job of the pool: every chunk of step s returns before any chunk of step s + 1 starts (a
+   barrier between steps, inside the job: no launch per step). A participant takes the same
+   range of chunks at every step (stealing single chunks once its own are done). Falls back
+   like geode_parallel_for (inline when nested, busy pool, one thread or one chunk). */
+GEODE_EXPORT void geode_parallel_steps(geode_step_fn fn, void *ctx, int64_t nsteps,
+                                       int64_t nchunks, int64_t nthreads);
 
 /* The pool size (threads of a job, the caller included). */
 GEODE_EXPORT int64_t geode_num_threads(void);
@@ -81,6 +94,8 @@ typedef struct {
     int64_t workers_running;
     uint64_t launches;
     uint64_t inline_runs;
+    uint64_t stepped_launches; /* geode_parallel_steps jobs run on the pool */
+    uint64_t barrier_sleeps;   /* barrier waits that went to sleep (the spin ran out) */
 } geode_pool_stats;
 
 void geode_pool_init(void);                /* registers the fork handlers (once) */

@@ -29,11 +29,14 @@ step, and past its length its states stay as they are (the reference's semantics
 
 The steps are sequential. The projection is shared among the pool's threads by columns
 of its result (up to :data:`CHUNKS_PER_THREAD` chunks of gate units per thread) when it
-has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; a step, by its items
-(:func:`_step_function`: one launch per step; a thread runs its own items before it
-steals another, so from step to step a thread mostly reads the same rows of ``R``, in
-its core's cache) when its product has that many. Every column and every unit is
-computed by the same code whatever the thread count, so the results are the same bits.
+has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; the steps, by their items
+(:func:`_step_function`) when a step's product has that many: all the steps of a
+direction are ONE launch of the native pool (``geode_parallel_steps``: the threads run
+step ``t``'s items, meet at a barrier, then run step ``t + 1``'s; no wake and join per
+step), a thread takes the same items at every step before it steals another, so from
+step to step it mostly reads the same rows of ``R``, in its core's cache. Every column
+and every unit is computed by the same code whatever the thread count, so the results
+are the same bits.
 Both products are written here, not BLAS GEMMs (every threaded GEMM call is a barrier
 of the BLAS's threads, and a GEMM packs its right operand at every call: per step, for
 an LSTM; on a shared 2-core machine the BLAS path measured 5-10x slower than these
@@ -53,11 +56,13 @@ Packed once (:attr:`LstmSpec.panel_lanes`, float32; a model's constant ``W`` and
 :mod:`geode.codegen.packed_weights`): the entry takes, instead, ``W_packed`` (per direction
 ``W^T`` in the packed-weight GEMM's panels of 16 columns, ``(D, ceil(4H / 16), I, 16)``)
 and ``R_panels`` (per direction ``R`` in the panels above, ``(D, ceil(H / lanes) * 4 *
-lanes * H)``), so a call packs nothing: the projection is one call of the native
-runtime's ``geode_sgemm_packed`` (split over the pool by the runtime, every element one
-chain of fused multiply-adds along ``I`` as in the panels: the same bits), and the steps
-multiply by ``R_panels`` at every batch, 1 included (measured: at batch 1 the dot
-products beside the GEMM's projection were slower).
+lanes * H)``), so a call packs nothing: the projection is the native runtime's
+``geode_sgemm_packed`` (every element one chain of fused multiply-adds along ``I`` as in
+the panels: the same bits however split), on the pool as step 0 of the steps' stepped
+launch, a chunk per range of its 16-column panels (:func:`_stepped_function`: no launch
+of its own), or one call split by the runtime when the steps run on the calling
+thread; and the steps multiply by ``R_panels`` at every batch, 1 included (measured: at
+batch 1 the dot products beside the GEMM's projection were slower).
 
 The states ``h`` (twice) and ``c``, the projection, the gates and the packed panels
 live in one ``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
@@ -476,10 +481,11 @@ def _chunk_function(module: ModuleWriter, name: str, rec: str, spec: LstmSpec) -
     return fn
 
 
-#: the context of a step: R, the states h (read) and h' (written), G, GX, B, P, c, Y,
-#: sequence_lens, R's packed panels (null: the dot products) (pointers), then T, N, the
-#: step s, the direction d, whether it runs backwards (one 8-byte slot each)
-_STEP_SLOTS = 16
+#: the context of a direction's steps: R, the states h (read at even steps, written at odd
+#: ones) and h' (the other way round), G, GX, B, P, c, Y, sequence_lens, R's packed panels
+#: (null: the dot products) (pointers), then T, N, the direction d, whether it runs
+#: backwards (one 8-byte slot each)
+_STEP_SLOTS = 15
 
 #: hidden units of one item of a step's work (the unit runs are fixed: the same bits on
 #: any thread count; a multiple of a vector's lanes, so an item's units are whole panels
@@ -498,8 +504,10 @@ def _step_items(b: Builder, spec: LstmSpec, n: str) -> str:
 def _step_function(
     module: ModuleWriter, name: str, rec: str, panel: str, cell: str, spec: LstmSpec, lanes: int
 ) -> FunctionWriter:
-    """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: share ``chunk`` of ``nchunks`` of
-    one step (the context: :data:`_STEP_SLOTS`). The work is items of
+    """``void @name(ptr ctx, i64 s, i64 chunk, i64 nchunks)``: share ``chunk`` of
+    ``nchunks`` of step ``s`` (the context: :data:`_STEP_SLOTS`; the native pool's
+    ``geode_parallel_steps`` runs a direction's steps as one launch, a barrier between
+    them). The work is items of
     :data:`ROW_BLOCK` batch rows by :data:`GATE_UNITS` hidden units; an item computes
     its rows' four gate columns of its units of ``G = h @ R^T`` (``rec``,
     :func:`_product_function`; or, when the context holds ``R``'s packed panels,
@@ -511,16 +519,20 @@ def _step_function(
     ``h`` to ``h'`` and keeps ``c``). Every unit is computed by the same code whatever
     the split, so the results are the same bits on any thread count."""
     ty, _ = TYPES[spec.dtype]
-    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
+    params = [("ptr", "ctx"), ("i64", "s"), ("i64", "chunk"), ("i64", "nchunks")]
+    fn = FunctionWriter(name, "void", params)
     fn.linkage = "internal"
     fn.attrs = " nounwind"
     b = Builder(fn)
-    ctx, chunk, nchunks = (fn.param(j) for j in range(3))
+    ctx, s, chunk, nchunks = (fn.param(j) for j in range(4))
     slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_STEP_SLOTS)]
-    r_d, h, h_new, gates, gx, bias, peep, c, y, lens, packed = (
+    r_d, h_even, h_odd, gates, gx, bias, peep, c, y, lens, packed = (
         fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:11]
     )
-    seq, n, s, d, rev = slots[11:]
+    seq, n, d, rev = slots[11:]
+    even = b.cmp("eq", b.op("and", s, "1"), "0")
+    h = _select_ptr(b, even, h_even, h_odd, "hin")
+    h_new = _select_ptr(b, even, h_odd, h_even, "hout")
     hid, g4 = spec.hidden, 4 * spec.hidden
     per_row = str(-(-hid // GATE_UNITS))
     items = _step_items(b, spec, n)
@@ -598,6 +610,62 @@ def _step_function(
     return fn
 
 
+#: the context slots after :data:`_STEP_SLOTS` of a direction's stepped launch: X and
+#: the direction's ``W_packed`` (pointers), the rows of X, and 1 when the launch's step 0
+#: is the input projection (the steps then 1 to T), else 0
+_FUSED_SLOTS = 4
+
+
+def _stepped_function(module: ModuleWriter, name: str, step: str, spec: LstmSpec) -> FunctionWriter:
+    """``void @name(ptr ctx, i64 s, i64 chunk, i64 nchunks)``: what a direction's stepped
+    launch runs (the context: :data:`_STEP_SLOTS`, then :data:`_FUSED_SLOTS`). When the
+    projection comes first (``W`` given packed), step 0 is the projection, chunk ``c`` of
+    ``n`` computing the packed-weight GEMM's panels ``[P * c / n, P * (c + 1) / n)`` of
+    ``GX`` (``P = ceil(4H / 16)``) on its own thread (every element one chain along ``I``
+    whatever the split: the same bits as one call), and step ``s`` is the recurrence's
+    step ``s - 1`` (``step``, :func:`_step_function`): no launch of its own for the
+    projection. Else step ``s`` is the recurrence's."""
+    params = [("ptr", "ctx"), ("i64", "s"), ("i64", "chunk"), ("i64", "nchunks")]
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " nounwind"
+    b = Builder(fn)
+    ctx, s, chunk, nchunks = (fn.param(j) for j in range(4))
+    slot = [
+        b.load("i64", b.gep("i64", ctx, str(_STEP_SLOTS + j)), "fslot") for j in range(_FUSED_SLOTS)
+    ]
+    x, wp = (fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slot[:2])
+    rows, first = slot[2], slot[3]
+    gx = fn.value(f"inttoptr i64 {b.load('i64', b.gep('i64', ctx, '4'), 'gxa')} to ptr", "gx")
+    g4, size = 4 * spec.hidden, spec.input_size
+
+    def projection() -> None:
+        panels = str(-(-g4 // PANEL))
+        p0 = fn.value(f"udiv i64 {b.mul(panels, chunk)}, {nchunks}", "p0")
+        p1 = fn.value(f"udiv i64 {b.mul(panels, b.add(chunk, '1'))}, {nchunks}", "p1")
+        c0 = b.mul(p0, str(PANEL), "c0")
+        cols = b.sub(b.min(b.mul(p1, str(PANEL)), str(g4)), c0, "cols")
+        wpan = b.gep("float", wp, b.mul(p0, str(size * PANEL)), "wpan")
+        ops = [(x, str(size)), (wpan, "0"), (b.gep("float", gx, c0, "gxc"), str(g4))]
+
+        def call() -> None:
+            fn.add(packed_call(rows, cols, str(size), ops, "1"))
+
+        b.when(b.cmp("sgt", cols, "0"), call, "pcols")
+
+    def recurrence() -> None:
+        t = b.sub(s, first, "step")
+        fn.add(f"call void @{step}(ptr {ctx}, i64 {t}, i64 {chunk}, i64 {nchunks})")
+
+    if spec.panel_lanes and spec.input_size:
+        is_projection = b.all_of([b.cmp("ne", first, "0"), b.cmp("eq", s, "0")])
+        b.branch(is_projection, projection, recurrence, "fused")
+    else:
+        recurrence()
+    fn.terminate("ret void")
+    return fn
+
+
 #: multiply-adds of a product below which it runs on the calling thread (waking the
 #: pool's workers costs more than they save)
 MIN_PARALLEL_FMAS = 1 << 16
@@ -665,22 +733,56 @@ class _Products:
 
 
 class _Steps:
-    """Emits a step (:func:`_step_function`): shared among the native pool's threads
-    when there is more than one and its product has at least :data:`MIN_PARALLEL_FMAS`
-    multiply-adds, else on the calling thread (one chunk)."""
+    """Emits a direction's steps (:func:`_step_function`): ONE stepped launch of the
+    native pool (``geode_parallel_steps``: the threads meet at a barrier between steps,
+    no launch per step) when there is more than one thread and a step's product has at
+    least :data:`MIN_PARALLEL_FMAS` multiply-adds, else a loop over the steps on the
+    calling thread (one chunk each)."""
 
     def __init__(self, b: Builder, func: str, threads: str, spec: LstmSpec) -> None:
         self.b, self.func, self.threads, self.spec = b, func, threads, spec
-        self.ctx = b.fn.alloca("i64", "sctx", str(_STEP_SLOTS))
+        self.ctx = b.fn.alloca("i64", "sctx", str(_STEP_SLOTS + _FUSED_SLOTS))
 
-    def __call__(self, pointers: list[str], ints: list[str]) -> None:
-        b, n, hid = self.b, ints[1], self.spec.hidden
+    def __call__(
+        self, pointers: list[str], ints: list[str], projection: tuple[str, str, str] | None
+    ) -> None:
+        """Emit the steps of one direction (``pointers`` and ``ints``: the context of
+        :data:`_STEP_SLOTS`); ``projection``, ``(X, W_packed of the direction, rows)``:
+        the packed-weight projection, too, before the steps (step 0 of the stepped
+        launch, :func:`_stepped_function`; a call of its own on the calling thread's
+        path)."""
+        b, fn, seq, n, hid = self.b, self.b.fn, ints[0], ints[1], self.spec.hidden
+        ctx, threads = self.ctx, self.threads
+        x, wp, rows = projection or ("null", "null", "0")
+        values = _addresses(b, pointers) + ints + _addresses(b, [x, wp]) + [rows]
+        for j, v in enumerate(values):
+            fn.add(f"store i64 {v}, ptr {b.gep('i64', ctx, str(j))}")
+        first = b.gep("i64", ctx, str(_STEP_SLOTS + 3), "firstp")
         work = b.mul(n, str(4 * hid * hid), "sfmas")
-        values = _addresses(b, pointers) + ints
-        items = _step_items(b, self.spec, n)
-        _launch(
-            b, self.func, self.ctx, values, self.threads, work, MIN_PARALLEL_FMAS, items, "spar"
-        )
+        many = b.all_of([b.cmp("sgt", threads, "1"), b.cmp("sge", work, str(MIN_PARALLEL_FMAS))])
+
+        def pool() -> None:
+            fused = "1" if projection else "0"
+            fn.add(f"store i64 {fused}, ptr {first}")
+            items = _step_items(b, self.spec, n)
+            parts = b.min(b.mul(threads, str(CHUNKS_PER_THREAD)), items, "parts")
+            steps = b.add(seq, fused, "nsteps")
+            args = f"ptr @{self.func}, ptr {ctx}, i64 {steps}, i64 {parts}, i64 {threads}"
+            fn.add(f"call void @geode_parallel_steps({args})")
+
+        def alone() -> None:
+            fn.add(f"store i64 0, ptr {first}")
+            if projection:
+                size = str(self.spec.input_size)
+                ops = [(x, size), (wp, "0"), (pointers[4], str(4 * hid))]
+                fn.add(packed_call(rows, 4 * hid, size, ops, threads))
+
+            def one(s: str) -> None:
+                fn.add(f"call void @{self.func}(ptr {ctx}, i64 {s}, i64 0, i64 1)")
+
+            b.loop("0", seq, one, "s")
+
+        b.branch(many, pool, alone, "spar")
 
 
 def _check_lens(b: Builder, lens: str, seq: str, n: str, status: int, buf: str) -> None:
@@ -806,14 +908,8 @@ def entry_function(
             if spec.input_size == 0:
                 zb = b.mul(rows, str(g4 * item), "gxbytes")
                 fn.add(f"call void @llvm.memset.p0.i64(ptr {gx}, i8 0, i64 {zb}, i1 false)")
-            if spec.panel_lanes and spec.input_size:
-                # W given packed: the packed-weight GEMM, at any batch (R's panels given)
-                wp_d = str(d * -(-g4 // PANEL) * spec.input_size * PANEL)
-                wp_d = b.gep(ty, ptr["W_packed"], wp_d, "wpd")
-                ops = [(ptr["X"], str(spec.input_size)), (wp_d, "0"), (gx, str(g4))]
-                fn.add(packed_call(rows, g4, str(spec.input_size), ops, product.threads))
             if spec.panel_lanes:
-                return
+                return  # W given packed: the packed-weight GEMM, with the steps (below)
 
             def dots() -> None:
                 if spec.input_size:
@@ -832,24 +928,22 @@ def entry_function(
 
         b.when(b.cmp("sgt", rows, "0"), project, "proj")
 
-        def step(
-            s: str,
-            r_d: str = r_d,
-            b_d: str = b_d,
-            p_d: str = p_d,
-            d: int = d,
-            sp: str = steps_packed,
+        def steps(
+            r_d: str = r_d, b_d: str = b_d, p_d: str = p_d, d: int = d, sp: str = steps_packed
         ) -> None:
-            even = b.cmp("eq", b.op("and", s, "1"), "0")
-            h_in = _select_ptr(b, even, h, h_odd, "hin")
-            h_out = _select_ptr(b, even, h_odd, h, "hout")
-            arrays = [r_d, h_in, h_out, gates, gx, b_d, p_d, c, ptr["Y"]]
+            arrays = [r_d, h, h_odd, gates, gx, b_d, p_d, c, ptr["Y"]]
             arrays.append(ptr.get("sequence_lens", "null"))
             arrays.append(sp)
             backwards = "1" if spec.reverse or d == 1 else "0"
-            run_step(arrays, [seq, n, s, str(d), backwards])
+            projection = None
+            if spec.panel_lanes and spec.input_size:
+                # W given packed: the packed-weight GEMM, at any batch (R's panels given)
+                wp_d = str(d * -(-g4 // PANEL) * spec.input_size * PANEL)
+                wp_d = b.gep(ty, ptr["W_packed"], wp_d, "wpd")
+                projection = (ptr["X"], wp_d, rows)
+            run_step(arrays, [seq, n, str(d), backwards], projection)
 
-        b.when(b.cmp("sgt", n, "0"), lambda: b.loop("0", seq, step, "s"), "some")
+        b.when(b.cmp("sgt", n, "0"), steps, "some")
         if spec.n_outputs >= 2:
             _copy_state(b, spec, ptr["Y_h"], h_last, d, n, out=True)
         if spec.n_outputs >= 3:
@@ -906,15 +1000,20 @@ def lstm_ir(
     module.add_function(
         panel_chunk_function(module, start, pack, panel, ty, spec.hidden, spec.input_size, lanes)
     )
-    step = f"{name}.step"
+    step, stepped = f"{name}.step", f"{name}.stepped"
     module.add_function(_step_function(module, step, rec, panel, cell, spec, lanes))
+    module.add_function(_stepped_function(module, stepped, step, spec))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     if spec.panel_lanes:
         module.declare("geode_sgemm_packed", PACKED_DECL)
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
     )
-    module.add_function(entry_function(name, step, chunk, start, spec, lanes))
+    module.declare(
+        "geode_parallel_steps",
+        "declare void @geode_parallel_steps(ptr, ptr, i64, i64, i64) nounwind",
+    )
+    module.add_function(entry_function(name, stepped, chunk, start, spec, lanes))
     return name, f"; {spec.describe()}\n" + module.text()
 
 
