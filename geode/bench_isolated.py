@@ -10,22 +10,83 @@ a spawned worker, and the interleaved rounds of :func:`geode.benchmark.interleav
 for a block of calls (timed there, its median sent back) while geode's process waits
 idle on the pipe, so the rounds still alternate and the per-round ratios still cancel
 the machine's drift.
+
+The spinning goes on after a block too: measured, onnxruntime's worker process used
+about 40 ms of CPU after each block of Llama MLP calls (8 x 8x256x256), longer than the
+interleaved rounds' settling sleep (20 ms), so geode's next block started on one and a
+half cores. :meth:`IsolatedOrt.ask` therefore returns once the worker is quiet
+(:func:`wait_quiet`: its threads' CPU time grew by less than :data:`QUIET_SHARE` of a core
+in :data:`QUIET_WINDOWS` windows of :data:`QUIET_WINDOW_S` in a row, at most
+:data:`QUIET_MAX_S`; ``quiet_s`` sums the waits).
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from geode.errors import GeodeError
 
-__all__ = ["IsolatedOrt", "RemoteRunner"]
+__all__ = ["QUIET_MAX_S", "IsolatedOrt", "RemoteRunner", "process_cpu_s", "wait_quiet"]
+
+#: the worker counts as quiet once its threads used less than this share of one core in
+#: each of :data:`QUIET_WINDOWS` windows of :data:`QUIET_WINDOW_S` seconds in a row (a
+#: spinning thread that other processes keep off the cores for one window is not quiet)
+QUIET_SHARE = 0.1
+QUIET_WINDOW_S = 0.005
+QUIET_WINDOWS = 4
+#: the longest wait for a quiet worker (seconds)
+QUIET_MAX_S = 0.5
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """Seconds of CPU all threads of process ``pid`` have run (Linux's
+    ``/proc/<pid>/task/*/schedstat``), or None where that cannot be read."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that just exited
+    return total * 1e-9
+
+
+def wait_quiet(
+    cpu_s: Callable[[], float | None],
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], object] = time.sleep,
+    window_s: float = QUIET_WINDOW_S,
+    share: float = QUIET_SHARE,
+    windows: int = QUIET_WINDOWS,
+    max_s: float = QUIET_MAX_S,
+) -> float:
+    """Wait until ``cpu_s()`` (a process's CPU seconds) grew by less than ``share`` of the
+    time in each of ``windows`` windows of ``window_s`` seconds in a row, or ``max_s``
+    seconds have passed, or ``cpu_s`` cannot tell (None); returns the seconds waited."""
+    t0 = clock()
+    before = cpu_s()
+    quiet = 0
+    while before is not None and quiet < windows and clock() - t0 < max_s:
+        w0 = clock()
+        sleep(window_s)
+        after = cpu_s()
+        if after is None:
+            break
+        quiet = quiet + 1 if after - before < share * (clock() - w0) else 0
+        before = after
+    return clock() - t0
 
 
 def _serve(conn: Any, model: str, threads: int) -> None:
@@ -78,6 +139,8 @@ class IsolatedOrt:
         self._proc.start()
         child.close()
         self._next = 0
+        #: seconds spent waiting for the worker to go quiet after its answers
+        self.quiet_s = 0.0
         try:
             self.session_s: float = self._reply()
         except BaseException:
@@ -91,9 +154,15 @@ class IsolatedOrt:
         return value
 
     def ask(self, *request: Any) -> Any:
-        """Send ``request`` to the worker; its answer (its error raised here)."""
+        """Send ``request`` to the worker; its answer (its error raised here), once the
+        worker is quiet (:func:`wait_quiet`)."""
         self._conn.send(request)
-        return self._reply()
+        try:
+            return self._reply()
+        finally:
+            pid = self._proc.pid
+            if pid is not None:
+                self.quiet_s += wait_quiet(lambda: process_cpu_s(pid))
 
     def runner(self, feeds: Mapping[str, np.ndarray]) -> RemoteRunner:
         """The session's calls on ``feeds`` (sent to the worker once; the first call is

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 
 import numpy as np
 import pytest
@@ -235,3 +236,50 @@ def test_onnxruntime_in_its_own_process_reports_a_bad_model(tmp_path):
     bad.write_bytes(b"not a model")
     with pytest.raises(GeodeError, match="onnxruntime's worker process"):
         IsolatedOrt(str(bad), threads=1)
+
+
+class _FakeProcess:
+    """A clock and a process's CPU time: the process uses ``busy`` of a core until
+    ``until`` seconds, then nothing."""
+
+    def __init__(self, busy: float, until: float):
+        self.now, self.busy, self.until = 0.0, busy, until
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+    def clock(self) -> float:
+        return self.now
+
+    def cpu(self) -> float:
+        return self.busy * min(self.now, self.until)
+
+
+@pytest.mark.parametrize(
+    ("busy", "until", "low", "high"),
+    [
+        (0.0, 0.0, 0.02, 0.0201),  # quiet from the start: the windows in a row, no more
+        (1.0, 0.1, 0.12, 0.1201),  # a spinning thread: until it stops, then the windows
+        (0.5, 0.3, 0.32, 0.3201),  # half a core (other processes' share) is not quiet
+        (0.05, 1.0, 0.02, 0.0201),  # a twentieth of a core is
+        (1.0, 9.0, 0.5, 0.5051),  # never quiet: the longest wait
+    ],
+)
+def test_wait_quiet_waits_for_a_spinning_worker(busy, until, low, high):
+    from geode.bench_isolated import QUIET_MAX_S, wait_quiet
+
+    p = _FakeProcess(busy, until)
+    waited = wait_quiet(p.cpu, p.clock, p.sleep, window_s=0.005, share=0.1, windows=4)
+    assert low - 1e-9 <= waited <= high, waited
+    assert QUIET_MAX_S == 0.5
+
+
+def test_wait_quiet_gives_up_where_cpu_time_cannot_be_read():
+    from geode.bench_isolated import process_cpu_s, wait_quiet
+
+    p = _FakeProcess(1.0, 9.0)
+    assert wait_quiet(lambda: None, p.clock, p.sleep) == 0.0
+    assert process_cpu_s(-1) is None
+    own = process_cpu_s(os.getpid())
+    if own is not None:  # Linux
+        assert own > 0

@@ -554,11 +554,13 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     notes = [("" if i == 0 else "V: ") + c.text for i, c in enumerate(choices) if c is not None]
     job.weights = "; then ".join(notes)
     if packed[0] and (second is None or packed[1]):
-        from geode.codegen.backends.llvm.dense import SPLIT_ROWS
+        from geode.codegen.backends.llvm.dense import BIG_PANELS, BIG_ROWS, SPLIT_ROWS
 
         job.weights += (
             f"; up to {SPLIT_ROWS} rows per thread: a panel per thread (GEMM, epilogue"
             f"{', second GEMM' if second is not None else ''} on one thread), one pool launch"
+            f"; from {BIG_PANELS * BIG_ROWS} rows per thread: panels of {BIG_ROWS} rows"
+            " on the pool, each on one thread"
         )
     nodes = [pg.dense, second]
     job.packed_nodes = tuple(n.name for n, p in zip(nodes, packed) if p and n is not None)

@@ -194,13 +194,14 @@ def test_a_weight_read_by_two_matmuls_is_packed_once(monkeypatch) -> None:
     np.testing.assert_allclose(out["b"], ys @ w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [9, 16, 17, 33, 128, 129])
+@pytest.mark.parametrize("rows", [9, 16, 17, 33, 128, 129, 511, 512, 700])
 def test_few_rows_run_one_panel_per_thread(rows):
     """Up to SPLIT_ROWS rows per thread against packed weights: one panel per thread (a
     whole number of 8-row tiles), each panel's GEMM, epilogue and second GEMM on one
-    thread, the op in one pool launch; the same bits as on one thread; more rows keep one
-    panel of all rows, each GEMM split over the pool."""
-    from geode.codegen.backends.llvm.dense import SPLIT_ROWS
+    thread, the op in one pool launch; from BIG_PANELS panels of BIG_ROWS rows per thread,
+    panels of BIG_ROWS rows, also one launch; the same bits as on one thread; between
+    them one panel of all rows, each GEMM split over the pool."""
+    from geode.codegen.backends.llvm.dense import BIG_PANELS, BIG_ROWS, SPLIT_ROWS
 
     x = _rand(rows, 64)
     one = geode.compile(_mlp(), session=geode.Session(), model_cache=False, num_threads=1)
@@ -212,9 +213,11 @@ def test_few_rows_run_one_panel_per_thread(rows):
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
     assert f"up to {SPLIT_ROWS} rows per thread: a panel per thread" in model.explain()
-    split = rows <= 2 * SPLIT_ROWS
+    big = rows >= 2 * BIG_PANELS * BIG_ROWS
+    split = rows <= 2 * SPLIT_ROWS or big
     calls = after["gemm_packed_calls"] - before["gemm_packed_calls"]
-    assert calls == (4 if split else 2), (rows, calls)
+    panels = -(-rows // BIG_ROWS) if big else 2 if split else 1
+    assert calls == 2 * panels, (rows, calls)
     if native.get_num_threads() >= 2:
         launches = after["launches"] - before["launches"]
         assert (launches == 1) if split else (launches >= 1), (rows, launches)

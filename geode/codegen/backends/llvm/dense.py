@@ -29,7 +29,11 @@ GEMMs are small (single-threaded in the BLAS), when there are :data:`PAR_PANELS`
 per thread or more (a batch of attention heads), or when a few rows (up to
 :data:`SPLIT_ROWS` per thread) meet packed weights, which cost nothing to read per panel:
 then one panel per thread (:func:`_split_rows`), the op one pool launch with no wait between
-its GEMMs; else one after another, the BLAS and the epilogue threading each. Each panel::
+its GEMMs; or when many rows (:data:`BIG_PANELS` panels of :data:`BIG_ROWS` per thread or
+more) meet packed weights: then panels of :data:`BIG_ROWS` rows, taken by the pool's
+threads as they come (each panel's products stay in its thread's cache, and a thread
+that falls behind leaves its panels to the others); else one after another, the BLAS
+and the epilogue threading each. Each panel::
 
     S = A_t[p0:p0+rows] @ B_t          (scratch; zeros when K or N is 0)
     epilogue(S, its inputs' panels)     (writes its outputs' panels; with V: into scratch P)
@@ -71,6 +75,12 @@ PAR_PANELS = 4
 #: (:func:`_split_rows`), panels a whole number of this many rows (the AVX-512 tile's)
 SPLIT_ROWS = 64
 SPLIT_TILE = 8
+#: against packed weights, at least this many panels per thread of :data:`BIG_ROWS` rows
+#: each run as panels on the pool (:func:`_split_rows`), each panel's GEMM, epilogue and
+#: second GEMM on one thread: the products never leave the thread's cache, and the op is
+#: one launch whose panels a thread that falls behind leaves to the others
+BIG_PANELS = 4
+BIG_ROWS = 64
 
 # ctx words (i64): pointers as ints, sizes, then per batch dim (Y's, A's, B's, V's), then
 # the ext pointers, then per brow argument its batch dims
@@ -269,9 +279,12 @@ def _split_rows(w: SsaWriter, sp: DenseSpec, s: dict, mb: str, nt: str) -> tuple
     """A few rows against packed weights (no re-pack per panel): ``(rows per panel, split)``
     with one panel per thread (``ceil(M / threads)`` rounded up to :data:`SPLIT_TILE` rows)
     when ``mb`` is all ``M`` rows, there are 2 threads or more and ``M`` is at most
-    :data:`SPLIT_ROWS` per thread; ``split`` then says the panels run on the pool, each
-    GEMM, epilogue and second GEMM on one thread: one launch for the whole op instead of
-    one per GEMM plus the epilogue's, no wait between them."""
+    :data:`SPLIT_ROWS` per thread; or panels of :data:`BIG_ROWS` rows when ``mb`` is all
+    ``M`` rows and there are :data:`BIG_PANELS` of them per thread or more (any thread
+    count). ``split`` then says the panels run on the pool, each GEMM, epilogue and second
+    GEMM on one thread: one launch for the whole op instead of one per GEMM plus the
+    epilogue's, no wait between them, and the products never in memory (measured on the
+    Llama MLP at 2048 rows: ``docs/performance.md``)."""
     if not sp.packed_n or (sp.v_rank and not sp.packed_d) or sp.batch:
         return mb, "false"
     m = s["M"]
@@ -283,8 +296,16 @@ def _split_rows(w: SsaWriter, sp: DenseSpec, s: dict, mb: str, nt: str) -> tuple
         w.op("icmp ult", tile, m),
         w.op("icmp ule", m, w.op("mul", nt, SPLIT_ROWS)),
     ]
-    split = w.all_of(conds)
-    return w.tmp(f"select i1 {split}, i64 {tile}, i64 {mb}"), split
+    few = w.all_of(conds)
+    big = w.all_of(
+        [
+            w.op("icmp uge", mb, m),
+            w.op("icmp uge", m, w.op("mul", nt, BIG_PANELS * BIG_ROWS)),
+        ]
+    )
+    rows = w.tmp(f"select i1 {big}, i64 {BIG_ROWS}, i64 {mb}")
+    split = w.op("or", few, big, "i1")
+    return w.tmp(f"select i1 {few}, i64 {tile}, i64 {rows}"), split
 
 
 def _entry(sp: DenseSpec, item: int) -> list[str]:
