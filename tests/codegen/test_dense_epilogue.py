@@ -428,7 +428,7 @@ def test_one_panel_when_the_weights_are_too_large_to_repack_per_panel(monkeypatc
     h = g.op("Relu", g.op("MatMul", x, g.constant(_rand(64, 64), "w1")))
     g.output(g.op("MatMul", h, g.constant(_rand(64, 48), "w2")), names=["y"])
     model, got, want = _run_both(g, {"x": _rand(300, 64)})
-    assert "one panel (weights too large" in model.explain(), model.explain()
+    assert "one panel through the BLAS (weights too large" in model.explain(), model.explain()
     assert len(_dense_kernels(model)) == 1
     _close(got, want)
     ref = geode.compile(g, codegen=False)

@@ -259,8 +259,9 @@ def epilogue_plan(dense: Node, spec: DeviceSpec, second: Node | None = None) -> 
     (with a ``second`` MatMul, also the epilogue's result) to memory and reading it back;
     but the BLAS re-packs the weights (``B``, and ``V``) on every call and slows down
     several-fold on panels of a few hundred rows, so weights larger than a panel get one
-    panel of all rows: as much traffic as unfused, the steps fewer. So a legal epilogue
-    always pays; this says how."""
+    panel of all rows: as much traffic as unfused, the steps fewer (weights packed once at
+    compile time, :mod:`geode.codegen.packed_weights`, are not re-packed: their kernel
+    runs row panels whatever this says). So a legal epilogue always pays; this says how."""
     y, b = dense.outputs[0], dense.inputs[1]
     item = y.dtype.itemsize
     cols = _last(y)
@@ -269,9 +270,10 @@ def epilogue_plan(dense: Node, spec: DeviceSpec, second: Node | None = None) -> 
     depth = _dim(b, -2) + (_last(second.inputs[1]) if second is not None else 0.0)
     steps = 2 if second is not None else 1
     if depth * cols * item > panel_bytes(spec):
-        return int(
-            rows
-        ), f"one panel (weights too large to re-pack per panel): {steps} step(s) fewer"
+        return int(rows), (
+            "one panel through the BLAS (weights too large to re-pack per panel; weights "
+            f"packed once run row panels, see the kernel's weights line): {steps} step(s) fewer"
+        )
     mb = int(max(1, min(max(DENSE_MIN_ROWS, panel_bytes(spec) // max(int(cols * item), 1)), rows)))
     saved = numel(y) * item * steps
     return (
