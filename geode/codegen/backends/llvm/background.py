@@ -8,8 +8,9 @@ code when the module is linked. Modules compile on several threads at once
 (:func:`~geode.codegen.backends.llvm.jit.compile_ir` touches no shared LLVM state): on
 :data:`WORKERS` background threads, and on the thread that claims one not done yet,
 which compiles queued modules (the one it waits for first, else the largest) instead of
-waiting idle. The workers take the largest queued module first too. On two cores that is one background thread while geode's Python runs, two
-LLVMs at the end.
+waiting idle. The workers take the largest queued module first too (the small ones are
+left to the end, when the threads should finish together). On two cores that is one
+background thread while geode's Python runs, two LLVMs at the end.
 
 Modules are known by their cache key (:func:`~geode.codegen.backends.llvm.kernel.module_key`:
 the IR text, the target and the optimization level), so a claimed result is the object
