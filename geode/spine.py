@@ -232,10 +232,10 @@ def schedule(c: Compilation) -> None:
 
 
 def emit(c: Compilation) -> None:
-    """Compile every scheduled kernel to native code (through the kernel cache). The GEMMs
-    with an epilogue go first: their entries' modules compile on this thread (they are
-    known only here) while the background threads compile the other kernels', which are
-    claimed after (the order changes no kernel)."""
+    """Compile every scheduled kernel to native code (through the kernel cache). Every
+    module, a GEMM entry's too, went to the background threads at the schedule stage;
+    this thread claims them, compiling queued ones while it waits. The GEMMs with an
+    epilogue go first (the order changes no kernel)."""
     jobs = sorted(c.jobs, key=lambda job: job.panel is None)
     title = f"geode: compiling {c.graph.name}"
     bar = progress_bar(len(jobs), title, c.opts.progress, unit="kernel")

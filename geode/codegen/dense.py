@@ -28,7 +28,16 @@ from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.shapes import dims_equal
 from geode.errors import CodegenError, GeodeError
 
-__all__ = ["ROWS", "DenseKernel", "PanelGraph", "dense_kernel", "panel_graph"]
+__all__ = [
+    "ROWS",
+    "DenseKernel",
+    "PanelGraph",
+    "abandon_dense",
+    "dense_kernel",
+    "dense_module",
+    "panel_graph",
+    "start_dense",
+]
 
 #: the panel graph's symbol for the rows of one panel (and for the columns when symbolic)
 ROWS, COLS = "geode_rows", "geode_cols"
@@ -167,6 +176,62 @@ def _arguments(pg: PanelGraph, lowered: LoweredKernel, views: list) -> tuple[lis
     return values, outer, inner
 
 
+def dense_module(
+    pg: PanelGraph,
+    lowered: LoweredKernel,
+    views: list,
+    entry: str,
+    panel_bytes: int,
+    min_rows: int,
+    packed_n: int = 0,
+    packed_d: int = 0,
+) -> tuple[str, str]:
+    """The symbol and the LLVM module of the GEMM entry around the epilogue kernel whose
+    symbol is ``entry`` (the arguments as :func:`dense_kernel`'s). The module calls the
+    epilogue by name, so it is known, and LLVM can compile it, once the epilogue's module
+    is emitted (:func:`start_dense`)."""
+    from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir
+
+    if lowered.index_checks:
+        raise CodegenError("an epilogue with index checks has no panel form")
+    a, b = pg.dense.inputs
+    _, outer, inner = _arguments(pg, lowered, views)
+    name = f"geode_dense_{entry}"
+    spec = DenseSpec(
+        name,
+        str(np.dtype(a.dtype)),
+        len(a.shape),
+        len(b.shape),
+        tuple(outer),
+        tuple(inner),
+        tuple(_inner_dims(lowered)),
+        entry,
+        panel_bytes,
+        min_rows,
+        len(pg.epilogue.second.inputs[1].shape) if pg.epilogue.second is not None else 0,
+        packed_n,
+        packed_d,
+    )
+    return name, dense_ir(spec)
+
+
+def start_dense(name: str, ir: str, cache_dir: Any) -> None:
+    """Start LLVM on the GEMM entry module ``ir`` (symbol ``name``, from
+    :func:`dense_module`) on a background thread, unless the disk cache in ``cache_dir``
+    holds its object code; :func:`dense_kernel` then claims it."""
+    from geode.codegen.backends.llvm.kernel import start_module
+
+    start_module(name, ir, cache_dir)
+
+
+def abandon_dense(ir: str) -> None:
+    """Forget the background LLVM run :func:`start_dense` began on ``ir`` if nothing
+    claimed it (the entry was never linked, or linked from memory)."""
+    from geode.codegen.backends.llvm.kernel import abandon_module
+
+    abandon_module(ir)
+
+
 def dense_kernel(
     pg: PanelGraph,
     lowered: LoweredKernel,
@@ -184,7 +249,7 @@ def dense_kernel(
     columns) is passed packed once (:mod:`geode.codegen.packed_weights`); ``packed_d > 0``:
     likewise ``V`` (returned packed among the inputs; the caller passes ``B`` packed)."""
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
-    from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir, link_dense
+    from geode.codegen.backends.llvm.dense import link_dense
     from geode.codegen.backends.llvm.library import blas, share_pool
     from geode.codegen.backends.llvm.target import host
 
@@ -196,25 +261,11 @@ def dense_kernel(
     if lib is None:
         raise CodegenError("no BLAS found")
     share_pool(lib)
-    values, outer, inner = _arguments(pg, lowered, views)
-    name = f"geode_dense_{epilogue.entry}"
+    values, _, inner = _arguments(pg, lowered, views)
     t0 = time.perf_counter()
-    spec = DenseSpec(
-        name,
-        dtype,
-        len(a.shape),
-        len(b.shape),
-        tuple(outer),
-        tuple(inner),
-        tuple(_inner_dims(lowered)),
-        epilogue.entry,
-        panel_bytes,
-        min_rows,
-        len(pg.epilogue.second.inputs[1].shape) if pg.epilogue.second is not None else 0,
-        packed_n,
-        packed_d,
+    name, ir = dense_module(
+        pg, lowered, views, epilogue.entry, panel_bytes, min_rows, packed_n, packed_d
     )
-    ir = dense_ir(spec)
     target = host()
     loaded, from_cache = link_dense(name, ir, cache_dir, epilogue)
     n_ext_in = sum(

@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from geode.codegen import ast as A
-from geode.codegen.dense import PanelGraph, dense_kernel
+from geode.codegen.dense import (
+    PanelGraph,
+    abandon_dense,
+    dense_kernel,
+    dense_module,
+    start_dense,
+)
 from geode.codegen.indexing import exprs_equal
 from geode.codegen.kernel_key import canonical_kernel, canonical_lowered, kernel_key
 from geode.codegen.lower import LoweredKernel, first_binders, lower_group, unbound_dim
@@ -93,6 +99,8 @@ class KernelJob:
     weights: str = ""
     #: the names of its MatMuls that multiply by a weight packed once
     packed_nodes: tuple[str, ...] = ()
+    #: a GEMM epilogue's entry module, being compiled in the background (:func:`start_emit`)
+    dense_ir: str = ""
 
     def graph_of(self, model: Graph) -> Graph:
         """The graph the job's group belongs to: the model's, or its panel graph's."""
@@ -228,15 +236,23 @@ def start_emit(job: KernelJob, opts: Options) -> None:
         )
     except CodegenError:
         job.emitted = None
+    if job.panel is not None and job.emitted is not None:
+        try:
+            _, job.dense_ir = dense_module(*_dense_args(job, opts, job.emitted.entry))
+        except GeodeError:
+            return  # left to dense_job, which raises
+        start_dense(f"geode_dense_{job.emitted.entry}", job.dense_ir, object_cache(opts))
 
 
 def abandon_emit(job: KernelJob) -> None:
-    """Cancel the job's background LLVM run when its kernel was never linked (a later
-    stage failed): see :func:`start_emit`."""
+    """Cancel the job's background LLVM runs nothing claimed: its kernel's when it was
+    never linked (a later stage failed), its GEMM entry's (see :func:`start_emit`)."""
     if job.emitted is not None and job.native is None:
         from geode.codegen.backends.llvm.kernel import abandon_compile
 
         abandon_compile(job.emitted)
+    if job.dense_ir:
+        abandon_dense(job.dense_ir)
 
 
 def emit_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
@@ -527,29 +543,38 @@ def dense_packing(
     return first, choose_packing(second.inputs[0], second.inputs[1], opts)
 
 
-def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
-    """A GEMM with its fused epilogue (``job.panel``): the entry around the compiled
-    epilogue kernel, its interface (inputs ``A``, ``B``, then the epilogue's) and info."""
+def _dense_args(job: KernelJob, opts: Options, entry: Any) -> tuple:
+    """:func:`~geode.codegen.dense.dense_module`'s arguments for the job's GEMM entry
+    around the epilogue ``entry`` (its symbol, or its compiled kernel for
+    :func:`~geode.codegen.dense.dense_kernel`)."""
     from geode.compiler.fusion.profit import DENSE_MIN_ROWS, panel_bytes
 
     pg = job.panel
-    views = arg_views(job.lowered, job.schedule.kernel)
-    spec = plan_spec(opts)
+    a, b = pg.dense.inputs
+    choices = dense_packing(a, b, pg.epilogue.second, opts)
+    packed = [c is not None and c.packed for c in choices]
+    return (
+        pg,
+        job.lowered,
+        arg_views(job.lowered, job.schedule.kernel),
+        entry,
+        panel_bytes(plan_spec(opts)),
+        DENSE_MIN_ROWS,
+        choices[0].n if packed[0] else 0,
+        choices[1].n if packed[1] else 0,
+    )
+
+
+def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
+    """A GEMM with its fused epilogue (``job.panel``): the entry around the compiled
+    epilogue kernel, its interface (inputs ``A``, ``B``, then the epilogue's) and info."""
+    pg = job.panel
     a, b = pg.dense.inputs
     second = pg.epilogue.second
     choices = dense_packing(a, b, second, opts)
     packed = [c is not None and c.packed for c in choices]
-    kernel, ins, outs = dense_kernel(
-        pg,
-        job.lowered,
-        views,
-        job.native,
-        panel_bytes(spec),
-        DENSE_MIN_ROWS,
-        object_cache(opts),
-        choices[0].n if packed[0] else 0,
-        choices[1].n if packed[1] else 0,
-    )
+    args = _dense_args(job, opts, job.native)
+    kernel, ins, outs = dense_kernel(*args[:6], object_cache(opts), *args[6:])
     job.inputs = [a, packed_value(b) if packed[0] else b, *ins]
     notes = [("" if i == 0 else "V: ") + c.text for i, c in enumerate(choices) if c is not None]
     job.weights = "; then ".join(notes)

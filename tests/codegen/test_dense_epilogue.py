@@ -62,6 +62,63 @@ def test_bias_residual_activation_is_one_dense_step():
     _close(got, want)
 
 
+def test_the_entry_module_compiles_in_the_background_from_the_schedule_stage(tmp_path, monkeypatch):
+    """The GEMM entry's module is started when its epilogue is scheduled and claimed at
+    emit: the same IR, compiled once, nothing left pending."""
+    from geode.codegen.backends.llvm import background, jit
+
+    started, compiled = [], []
+    real_submit, real_compile = background.submit, jit.compile_ir
+
+    def submit(key, ir, target, level):
+        started.append(ir)
+        real_submit(key, ir, target, level)
+
+    def compile_ir(ir, target, level=3):
+        compiled.append(ir)
+        return real_compile(ir, target, level)
+
+    monkeypatch.setattr(background, "submit", submit)
+    monkeypatch.setattr(jit, "compile_ir", compile_ir)
+    before = background.pending()
+    g = _mlp()
+    feeds = {"x": _rand(2, 5, 16), "r": _rand(2, 5, 24)}
+    model, got, want = _run_both(g, feeds, cache_dir=str(tmp_path), model_cache=False)
+    (dense,) = _dense_kernels(model)
+    entry_ir = [ir for ir in started if "@geode_dense_" in ir and "define" in ir]
+    assert len(entry_ir) == 1 and compiled.count(entry_ir[0]) == 1
+    assert entry_ir[0] in dense.source
+    assert background.pending() == before
+    _close(got, want)
+
+
+def test_an_entry_linked_before_is_not_compiled_again(tmp_path, monkeypatch):
+    """A second compile of the same model while the first is alive queues no GEMM entry
+    (it is linked in this process, though no longer in the disk cache) and leaves
+    nothing pending."""
+    import shutil
+
+    from geode.codegen.backends.llvm import background
+
+    g = _mlp()
+    first = geode.compile(g, cache_dir=str(tmp_path), model_cache=False)
+    shutil.rmtree(tmp_path)
+    tmp_path.mkdir()
+    started, real_submit = [], background.submit
+
+    def submit(key, ir, target, level):
+        started.append(ir)
+        real_submit(key, ir, target, level)
+
+    monkeypatch.setattr(background, "submit", submit)
+    before = background.pending()
+    second = geode.compile(g, cache_dir=str(tmp_path), model_cache=False)
+    assert not [ir for ir in started if "@geode_dense_" in ir and "define" in ir]
+    assert background.pending() == before
+    feeds = {"x": _rand(2, 5, 16), "r": _rand(2, 5, 24)}
+    _close(second.run(feeds), first.run(feeds))
+
+
 def test_gemm_bias_gelu_is_one_kernel():
     """Gemm + bias + GELU (erf form, as PyTorch exports it) is one kernel."""
     m, k, n = 7, 12, 10

@@ -223,8 +223,7 @@ def test_a_cancelled_module_is_not_compiled_by_a_claiming_thread(monkeypatch) ->
 
 def test_a_claim_whose_module_is_being_compiled_takes_the_largest_queued(monkeypatch) -> None:
     """While a worker compiles the claimed module, the claiming thread compiles the
-    largest queued one (the workers take the oldest): no large module is left to the
-    end for one thread alone."""
+    largest queued one: no large module is left to the end for one thread alone."""
     import threading
 
     release, log, held = _busy_workers(monkeypatch, 121)
@@ -237,3 +236,24 @@ def test_a_claim_whose_module_is_being_compiled_takes_the_largest_queued(monkeyp
     assert log[len(held)] == ("axpy_120", me), log  # the large one first, on this thread
     assert all(background.claim(key) is not None for key in [*held[1:], "test-bg-small"])
     assert background.claim("test-bg-large") == jit.compile_ir(large, host(), 2)
+
+
+def test_a_worker_takes_the_largest_queued_module_first(monkeypatch) -> None:
+    """Largest first on the workers too: of a small module queued before a large one,
+    the large one is compiled first."""
+    import threading
+
+    release, log, held = _busy_workers(monkeypatch, 131)
+    small, large = IR.format(n=130), LOOP.format(n=130)
+    background.submit("test-bg-small2", small, host(), 2)
+    background.submit("test-bg-large2", large, host(), 2)
+    release.set()
+    for _ in range(1000):
+        if {"bg_130", "axpy_130"} <= {name for name, _ in log}:
+            break
+        threading.Event().wait(0.01)
+    names = [name for name, _ in log[len(held) :]]
+    assert names == ["axpy_130", "bg_130"], log
+    assert all(background.claim(key) is not None for key in held)
+    assert background.claim("test-bg-small2") == jit.compile_ir(small, host(), 2)
+    assert background.claim("test-bg-large2") == jit.compile_ir(large, host(), 2)

@@ -8,8 +8,9 @@ code when the module is linked. Modules compile on several threads at once
 (:func:`~geode.codegen.backends.llvm.jit.compile_ir` touches no shared LLVM state): on
 :data:`WORKERS` background threads, and on the thread that claims one not done yet,
 which compiles queued modules (the one it waits for first, else the largest) instead of
-waiting idle. On two cores that is one background thread while geode's Python runs, two
-LLVMs at the end.
+waiting idle. The workers take the largest queued module first too (the small ones are
+left to the end, when the threads should finish together). On two cores that is one
+background thread while geode's Python runs, two LLVMs at the end.
 
 Modules are known by their cache key (:func:`~geode.codegen.backends.llvm.kernel.module_key`:
 the IR text, the target and the optimization level), so a claimed result is the object
@@ -70,28 +71,34 @@ def _run(job: _Job) -> None:
         fut.set_exception(exc)
 
 
+def _pop_largest() -> _Job:
+    """Take the largest queued module (by its IR's length; the oldest of equals) off the
+    queue (``_lock`` held, the queue not empty). Largest first: the modules left to the
+    end are the small ones, so the threads finish together rather than one thread
+    alone on a large module."""
+    largest = max(range(len(_queue)), key=lambda i: (len(_queue[i][1]), -i))
+    return _queue.pop(largest)
+
+
 def _worker() -> None:
     while True:
         with _wake:
             while not _queue:
                 _wake.wait()
-            job = _queue.pop(0)
+            job = _pop_largest()
         _run(job)
 
 
 def _take(wanted: Future) -> _Job | None:
     """A queued module for a claiming thread to compile: ``wanted``'s when it is still
-    queued, else the largest (the workers take the oldest, in the order the modules are
-    claimed: the largest left to the end would keep one thread busy alone); None when
-    none is queued."""
+    queued, else the largest; None when none is queued."""
     with _lock:
         for i, job in enumerate(_queue):
             if job[0] is wanted:
                 return _queue.pop(i)
         if not _queue:
             return None
-        largest = max(range(len(_queue)), key=lambda i: len(_queue[i][1]))
-        return _queue.pop(largest)
+        return _pop_largest()
 
 
 def submit(key: str, ir: str, target: Any, level: int) -> None:

@@ -31,7 +31,9 @@ __all__ = [
     "forget_kernels",
     "module_key",
     "abandon_compile",
+    "abandon_module",
     "start_compile",
+    "start_module",
     "while_alive",
 ]
 
@@ -337,3 +339,26 @@ def start_compile(
         return emitted
     background.submit(key, emitted.ir, target, choice.level)
     return emitted
+
+
+def start_module(name: str, ir: str, cache_dir: objcache.CacheDir | None = None) -> None:
+    """Start LLVM on the hand-written library module ``ir`` (exporting ``name``) on a
+    background thread, unless this process holds it linked or the disk cache in
+    ``cache_dir`` its object code: :func:`build_module` (same ``ir``, its level chosen
+    likewise) then claims it."""
+    target = host()
+    choice = optlevel.choose(ir, generated=False)
+    key = module_key(ir, target, choice.level)
+    loc = objcache.location(cache_dir)
+    linked = _linked.keys()
+    if any(k[0] == key and k[1] == loc for k in linked):
+        return
+    if loc is not None and objcache.load(loc, key, name) is not None:
+        return
+    background.submit(key, ir, target, choice.level)
+
+
+def abandon_module(ir: str) -> None:
+    """Cancel the background LLVM run :func:`start_module` began on ``ir`` when nothing
+    claimed it (nothing when it was claimed, or never began)."""
+    background.cancel(module_key(ir, host(), optlevel.choose(ir, generated=False).level))
