@@ -569,6 +569,21 @@ GEODE_EXPORT int64_t geode_num_threads(void)
     return atomic_load(&g_pool_size);
 }
 
+/* The participants of a job of nchunks chunks on at most nthreads threads (0: the pool's
+   size), the caller included; starts the workers on first use. */
+static int64_t job_parts(int64_t nchunks, int64_t nthreads)
+{
+    ensure_config();
+    if (!g_started)
+        start_workers();
+    int64_t parts = atomic_load(&g_nworkers) + 1;
+    if (nthreads > 0 && nthreads < parts)
+        parts = nthreads;
+    if (parts > nchunks)
+        parts = nchunks;
+    return parts;
+}
+
 GEODE_EXPORT void geode_parallel_for(geode_chunk_fn fn, void *ctx, int64_t nchunks,
                                      int64_t nthreads)
 {
@@ -578,14 +593,7 @@ GEODE_EXPORT void geode_parallel_for(geode_chunk_fn fn, void *ctx, int64_t nchun
         run_inline(fn, ctx, nchunks);
         return;
     }
-    ensure_config();
-    if (!g_started)
-        start_workers();
-    int64_t parts = atomic_load(&g_nworkers) + 1;
-    if (nthreads > 0 && nthreads < parts)
-        parts = nthreads;
-    if (parts > nchunks)
-        parts = nchunks;
+    int64_t parts = job_parts(nchunks, nthreads);
     if (parts <= 1 || g_slots == NULL) {
         release();
         run_inline(fn, ctx, nchunks);
@@ -644,14 +652,7 @@ GEODE_EXPORT void geode_parallel_steps(geode_step_fn fn, void *ctx, int64_t nste
                 fn(ctx, s, c, nchunks);
         return;
     }
-    ensure_config();
-    if (!g_started)
-        start_workers();
-    int64_t parts = atomic_load(&g_nworkers) + 1;
-    if (nthreads > 0 && nthreads < parts)
-        parts = nthreads;
-    if (parts > nchunks)
-        parts = nchunks;
+    int64_t parts = job_parts(nchunks, nthreads);
     if (parts <= 1 || g_slots == NULL || (nchunks + parts - 1) / parts > STEP_MAX_SLOT_CHUNKS) {
         release(); /* too many chunks per slot for a stepped word: a launch per step */
         for (int64_t s = 0; s < nsteps; s++) {
