@@ -68,6 +68,29 @@ static const gemm_fn WF(g_gemms)[WMAXNV + 1][WR + 1] = {{0}, WROWS(1), WROWS(2),
 #undef WROWS
 #undef WGEMMS
 
+/* rows[i] = input row y0 + i of plane from column col0, span floats: in place when the
+   plane holds them, else the zero row (above or below the plane) or a copy with zeros
+   past its borders in rowbuf. */
+static inline __attribute__((always_inline)) void WF(input_rows)(const wino_t *g,
+                                                                 const float *plane, int64_t y0,
+                                                                 int n, int64_t col0,
+                                                                 int64_t span, float *rowbuf,
+                                                                 const float **rows)
+{
+    for (int i = 0; i < n; i++) {
+        const int64_t iy = y0 + i;
+        if (iy < 0 || iy >= g->h) {
+            rows[i] = g_zero_row;
+        } else if (col0 >= 0 && col0 + span <= g->w) {
+            rows[i] = plane + iy * g->w + col0;
+        } else {
+            float *dst = rowbuf + i * WROW;
+            border_copy(dst, plane + iy * g->w, col0, span, g->w);
+            rows[i] = dst;
+        }
+    }
+}
+
 /* V = B^T d B for every input channel of one item into v ([16][c][tb]). */
 static void WF(input_transform)(const wino_t *g, const item_t *it, float *v, float *rowbuf)
 {
@@ -76,18 +99,7 @@ static void WF(input_transform)(const wino_t *g, const item_t *it, float *v, flo
     for (int64_t ch = 0; ch < g->c; ch++) {
         const float *plane = g->x + (it->n * g->c + ch) * g->h * g->w;
         const float *rows[4];
-        for (int i = 0; i < 4; i++) {
-            const int64_t iy = 2 * it->ty - g->pt + i;
-            if (iy < 0 || iy >= g->h) {
-                rows[i] = g_zero_row;
-            } else if (col0 >= 0 && col0 + span <= g->w) {
-                rows[i] = plane + iy * g->w + col0;
-            } else {
-                float *dst = rowbuf + i * WROW;
-                border_copy(dst, plane + iy * g->w, col0, span, g->w);
-                rows[i] = dst;
-            }
-        }
+        WF(input_rows)(g, plane, 2 * it->ty - g->pt, 4, col0, span, rowbuf, rows);
         for (int64_t j = 0; j < it->nv; j++) {
             v8 d[4][4];
             for (int i = 0; i < 4; i++) {
@@ -219,18 +231,7 @@ static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, fl
     for (int64_t ch = 0; ch < g->c; ch++) {
         const float *plane = g->x + (it->n * g->c + ch) * g->h * g->w;
         const float *rows[6];
-        for (int i = 0; i < 6; i++) {
-            const int64_t iy = 4 * it->ty - g->pt + i;
-            if (iy < 0 || iy >= g->h) {
-                rows[i] = g_zero_row;
-            } else if (col0 >= 0 && col0 + span <= g->w) {
-                rows[i] = plane + iy * g->w + col0;
-            } else {
-                float *dst = rowbuf + i * WROW;
-                border_copy(dst, plane + iy * g->w, col0, span, g->w);
-                rows[i] = dst;
-            }
-        }
+        WF(input_rows)(g, plane, 4 * it->ty - g->pt, 6, col0, span, rowbuf, rows);
         for (int64_t j = 0; j < it->nv; j++) {
             v8 d[6][6], t[6][6];
             const v8i next = {1, 2, 3, 4, 5, 6, 7, 8};
