@@ -89,6 +89,7 @@ from geode.codegen.backends.llvm.kernel import build_module, while_alive
 from geode.codegen.backends.llvm.lstm_panels import (
     PANEL_MIN_BATCH,
     PROJECTION_SLOTS,
+    chunk_writer,
     declare_vector_ops,
     pack_function,
     panel_chunk_function,
@@ -461,11 +462,7 @@ def _chunk_function(module: ModuleWriter, name: str, rec: str, spec: LstmSpec) -
     product (:func:`_product_function`): chunk ``c`` of ``n`` computes the columns
     ``[UNITS * (4H / UNITS) * c / n, UNITS * (4H / UNITS) * (c + 1) / n)`` of ``G``
     (the context holds ``R, h, G, N, K``)."""
-    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
-    fn.linkage = "internal"
-    fn.attrs = " nounwind"
-    b = Builder(fn)
-    ctx, chunk, nchunks = (fn.param(j) for j in range(3))
+    fn, b, (ctx, chunk, nchunks) = chunk_writer(name)
     slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_CTX_SLOTS)]
     r, h, g = (fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:3])
     n, k = slots[3], slots[4]
@@ -501,16 +498,6 @@ def _step_items(b: Builder, spec: LstmSpec, n: str) -> str:
     return b.mul(b.ceildiv(n, ROW_BLOCK, "rblocks"), str(-(-spec.hidden // GATE_UNITS)), "items")
 
 
-def _stepped_chunk_writer(name: str) -> tuple[FunctionWriter, Builder, tuple[str, ...]]:
-    """An internal ``void @name(ptr ctx, i64 s, i64 chunk, i64 nchunks)``, the shape of a
-    stepped launch's chunk (``geode_parallel_steps``), its builder and its parameters."""
-    params = [("ptr", "ctx"), ("i64", "s"), ("i64", "chunk"), ("i64", "nchunks")]
-    fn = FunctionWriter(name, "void", params)
-    fn.linkage = "internal"
-    fn.attrs = " nounwind"
-    return fn, Builder(fn), tuple(fn.param(j) for j in range(4))
-
-
 def _step_function(
     module: ModuleWriter, name: str, rec: str, panel: str, cell: str, spec: LstmSpec, lanes: int
 ) -> FunctionWriter:
@@ -529,7 +516,7 @@ def _step_function(
     ``h`` to ``h'`` and keeps ``c``). Every unit is computed by the same code whatever
     the split, so the results are the same bits on any thread count."""
     ty, _ = TYPES[spec.dtype]
-    fn, b, (ctx, s, chunk, nchunks) = _stepped_chunk_writer(name)
+    fn, b, (ctx, s, chunk, nchunks) = chunk_writer(name, stepped=True)
     slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_STEP_SLOTS)]
     r_d, h_even, h_odd, gates, gx, bias, peep, c, y, lens, packed = (
         fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:11]
@@ -630,7 +617,7 @@ def _stepped_function(module: ModuleWriter, name: str, step: str, spec: LstmSpec
     whatever the split: the same bits as one call), and step ``s`` is the recurrence's
     step ``s - 1`` (``step``, :func:`_step_function`): no launch of its own for the
     projection. Else step ``s`` is the recurrence's."""
-    fn, b, (ctx, s, chunk, nchunks) = _stepped_chunk_writer(name)
+    fn, b, (ctx, s, chunk, nchunks) = chunk_writer(name, stepped=True)
     slot = [
         b.load("i64", b.gep("i64", ctx, str(_STEP_SLOTS + j)), "fslot") for j in range(_FUSED_SLOTS)
     ]

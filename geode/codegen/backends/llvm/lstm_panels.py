@@ -46,6 +46,21 @@ GROUP_VECTORS = 2
 GROUPS = 4 // GROUP_VECTORS
 
 
+def chunk_writer(
+    name: str, stepped: bool = False
+) -> tuple[FunctionWriter, Builder, tuple[str, ...]]:
+    """An internal ``void @name(ptr ctx, i64 chunk, i64 nchunks)``, the shape of a pool
+    launch's chunk (``geode_parallel_for``; ``stepped``: ``void @name(ptr ctx, i64 s, i64
+    chunk, i64 nchunks)``, a stepped launch's, ``geode_parallel_steps``), its builder and
+    its parameters."""
+    params = [("ptr", "ctx")] + ([("i64", "s")] if stepped else [])
+    params += [("i64", "chunk"), ("i64", "nchunks")]
+    fn = FunctionWriter(name, "void", params)
+    fn.linkage = "internal"
+    fn.attrs = " nounwind"
+    return fn, Builder(fn), tuple(fn.param(j) for j in range(len(params)))
+
+
 def panel_items(hidden: int, lanes: int, k: int) -> int:
     """Items of a weight ``M[4H, K]`` packed in panels of ``lanes`` units (``H``:
     ``hidden``): ``ceil(H / lanes)`` panels of ``4 * lanes * K``."""
@@ -286,11 +301,7 @@ def panel_chunk_function(
     panel, compute its columns of ``GX = X @ W^T`` (``pack``, ``product``: the functions
     of :func:`pack_function` and :func:`panel_product_function`), then pack ``R``'s
     panel for the steps."""
-    fn = FunctionWriter(name, "void", [("ptr", "ctx"), ("i64", "chunk"), ("i64", "nchunks")])
-    fn.linkage = "internal"
-    fn.attrs = " nounwind"
-    b = Builder(fn)
-    ctx, chunk, nchunks = (fn.param(j) for j in range(3))
+    fn, b, (ctx, chunk, nchunks) = chunk_writer(name)
     slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(PROJECTION_SLOTS)]
     w, wp, r, rp, x, gx = (fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:6])
     rows = slots[6]
