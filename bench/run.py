@@ -162,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.workloads import SYSTEMS, geomean, load_runtimes, roofline_copies, workloads
 
     systems = args.systems.split(",") if args.systems else list(SYSTEMS)
-    # before any numba parallel code runs (geode-numba's kernels): see load_runtimes
-    load_runtimes(systems, args.threads)
+    # the names are checked before the runtimes load (seconds): a typo fails at once
     every = workloads(args.scale)
     known = [w.name for w in every]
     wanted = set(args.workloads.split(",")) if args.workloads else set(known)
@@ -171,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = wanted - set(known)
     if unknown:
         ap.error(f"unknown workload(s) {sorted(unknown)}; known: {', '.join(known)}")
+    # before any numba parallel code runs (geode-numba's kernels): see load_runtimes
+    load_runtimes(systems, args.threads)
     nbytes = int((64 << 20) * max(args.scale, 1 / 16))
     copies = roofline_copies(nbytes)
     copy_times = {k: statistics.median(v) for k, v in time_in_rounds(copies, args.repeat).items()}

@@ -46,6 +46,7 @@ A failure names the importing file and line and the imported module.
 from __future__ import annotations
 
 import ast
+import functools
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,21 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
+def _import_nodes(source: str) -> tuple[tuple[int, int, str, tuple[str, ...], bool], ...]:
+    """Every import statement in ``source`` (at any depth) as ``(line, level, module,
+    names, is_from)``: parsed once per distinct source text (the tests scan the tree
+    several times, and a copy of it once)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.append((node.lineno, 0, "", tuple(a.name for a in node.names), False))
+        elif isinstance(node, ast.ImportFrom):
+            names = tuple(a.name for a in node.names)
+            out.append((node.lineno, node.level, node.module or "", names, True))
+    return tuple(out)
+
+
 def imports_of(
     module: str, source: str, where: str, known: set[str], is_package: bool
 ) -> list[Edge]:
@@ -159,24 +175,19 @@ def imports_of(
     ones count), resolved to module names: ``from geode.codegen import ast`` imports
     ``geode.codegen.ast`` when that is a module in ``known``, else ``geode.codegen``."""
     edges: list[Edge] = []
-    for node in ast.walk(ast.parse(source)):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
+    for line, level, base, names, is_from in _import_nodes(source):
+        targets: list[str] = list(names)
+        if is_from:
+            if level:
                 pkg = module.split(".")
                 if not is_package:
                     pkg = pkg[:-1]
-                pkg = pkg[: len(pkg) - (node.level - 1)]
+                pkg = pkg[: len(pkg) - (level - 1)]
                 base = ".".join(pkg + ([base] if base else []))
-            for a in node.names:
-                sub = f"{base}.{a.name}"
-                targets.append(sub if sub in known else base)
+            targets = [f"{base}.{a}" if f"{base}.{a}" in known else base for a in names]
         for t in targets:
             if t == "geode" or t.startswith("geode."):
-                edges.append(Edge(module, t, f"{where}:{node.lineno}"))
+                edges.append(Edge(module, t, f"{where}:{line}"))
     return edges
 
 

@@ -790,7 +790,8 @@ FULL_REDUCTIONS = {
 
 
 @pytest.mark.parametrize("name", sorted(FULL_REDUCTIONS))
-@pytest.mark.parametrize("rows", [1, 3, 70, 129])
+# 129 rows interpret for 6-12 s per case: `-m slow` (70 rows are not a multiple of the runs either)
+@pytest.mark.parametrize("rows", [1, 3, 70, pytest.param(129, marks=pytest.mark.slow)])
 def test_full_reduction_runs_in_parallel_runs(name, rows):
     """A reduction of [N, 1024] to a scalar is cut into contiguous runs reduced on every
     thread (an rfactor with outer partials, its loop parallel), then their partials;

@@ -372,13 +372,14 @@ def test_runtime_helpers_are_cached_across_processes(tmp_path: Path) -> None:
     )
 
 
-# each case runs three numba processes: the default suite keeps one, `-m slow` the others
+# each case runs three numba processes (about 7 s on two cores): all in `-m slow`; the
+# default suite keeps the cheaper corrupt-entry cases of the kernel cache above
 @pytest.mark.parametrize(
     "what",
     [
         pytest.param("data", marks=pytest.mark.slow),
         pytest.param("index", marks=pytest.mark.slow),
-        "manifest",
+        pytest.param("manifest", marks=pytest.mark.slow),
     ],
 )
 def test_corrupt_runtime_helper_entry_is_rebuilt(tmp_path: Path, what: str) -> None:

@@ -57,6 +57,7 @@ def _entries(path) -> dict:
     return json.loads(open(path).read())["entries"]
 
 
+@pytest.mark.slow  # a local Ray instance: 5-10 s to start on two cores
 @needs_ray
 def test_tuning_through_ray_records_what_the_local_path_records(cluster, tmp_path, monkeypatch):
     kw = {"trials": 3, "shapes": {"x": (64, 256)}, "bench_options": QUICK}
@@ -102,6 +103,7 @@ def _lowered_softmax():
     return canonical_lowered(lower_group(group, g, "k"))
 
 
+@pytest.mark.slow  # a local Ray instance: 5-10 s to start on two cores
 @needs_ray
 def test_a_crashed_worker_leaves_its_candidate_failed(cluster):
     def _crash_on_interleave(payload, traces, rounds=0):

@@ -2098,6 +2098,7 @@ def test_defer_last_pass_keeps_results(chunk: int, min_chunks: int) -> None:
     assert format_kernel(replayed.kernel) == format_kernel(sch.kernel)
 
 
+@pytest.mark.slow  # ten interpreted kernels of up to 12 x 1024: about 5 s
 @given(n=st.integers(0, 12), chunk=st.integers(1, 14), min_chunks=st.integers(1, 9))
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_defer_last_pass_random_rows_and_chunks(n: int, chunk: int, min_chunks: int) -> None:

@@ -26,6 +26,7 @@ def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # geode and onnxruntime in worker processes: about 5 s
 def test_smoke_run_of_the_lstm_cell_at_batch_1(tmp_path) -> None:
     """One tiny model at its small size: a results row (geode and ORT times, the ratio
     inside its IQR, an error within the target), the compile row, the speedup line, a

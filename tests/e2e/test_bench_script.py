@@ -118,6 +118,7 @@ def test_conv_bench_systems_agree() -> None:
         np.testing.assert_allclose(outs["native"], outs[s], rtol=1e-4, atol=1e-4, err_msg=s)
 
 
+@pytest.mark.slow  # a bench run per batch: about 6 s on two cores
 def test_bucket_bench_reports_every_batch(tmp_path) -> None:
     """``bench/buckets.py``: one row per batch size with the variant that served it, the
     three systems' times and the ratios; the JSON holds the same rows."""

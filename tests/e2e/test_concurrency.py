@@ -158,6 +158,7 @@ def valid_entries(cache: Path) -> list[Path]:
     return entries
 
 
+@pytest.mark.slow  # two fresh processes compiling: about 4 s
 def test_two_processes_compiling_into_one_empty_cache(tmp_path) -> None:
     cache = tmp_path / "cache"
     first, second = spawn(cache), spawn(cache)

@@ -150,6 +150,7 @@ def test_a_deleted_models_kernels_and_weights_are_freed(tmp_path) -> None:
     session.close()
 
 
+@pytest.mark.slow  # compiles models in turn: about 6 s
 def test_models_compiled_and_deleted_give_their_weights_back() -> None:
     """geode.compile's default session kept every model's constants (8 MiB each here:
     +144 MiB over 20 models before); now they leave with the model."""

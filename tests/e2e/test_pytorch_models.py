@@ -74,7 +74,14 @@ def _load(name: str) -> geode.load:
         return geode.load(os.path.join(DATA, name))
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+#: models whose check takes the longest (the U-Net: about 4 s on two cores) run in `-m slow`
+SLOW_MODELS = {"torch_unet.onnx"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_MODELS else n for n in sorted(MODELS)],
+)
 def test_real_model_matches_references(name):
     path = os.path.join(DATA, name)
     model = _load(name)

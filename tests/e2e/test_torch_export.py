@@ -61,6 +61,7 @@ def test_one_compile_serves_every_size():
         model(x=np.zeros((2, 3, 15), np.float32))
 
 
+@pytest.mark.slow  # re-exports with torch: about 4 s
 def test_exporter_script_regenerates_the_models(tmp_path):
     """When torch is installed, the committed script still exports loadable models."""
     pytest.importorskip(

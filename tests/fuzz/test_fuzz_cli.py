@@ -85,6 +85,7 @@ class _KillsTheWorker:
         return (os._exit, (3,))
 
 
+@pytest.mark.slow  # a worker pool killed and restarted: about 3 s
 def test_a_worker_that_dies_is_a_failure_and_is_replaced(cache_dir):
     executor = IsolatedExecutor(cache_dir, recycle=10, timeout=120)
     try:
@@ -122,6 +123,7 @@ def test_jobs_give_the_results_of_one_process(tmp_path, cache_dir):
     assert two.counts["pass"] >= 9, two.summary()
 
 
+@pytest.mark.slow  # waits out a hung worker's timeout: about 3 s
 def test_a_pool_worker_that_hangs_is_a_failure_and_is_replaced(cache_dir):
     pool = WorkerPool(cache_dir, jobs=2, recycle=10, timeout=0.01)
     try:
