@@ -3,7 +3,9 @@
 ``Session.compile(graph)`` copies the user's graph (it is never modified), runs the
 compile stages of :mod:`geode.spine` on the copy, and returns a
 :class:`CompiledModel` whose constants and variables live in this session's
-VarManager.
+VarManager. A compile that misses the model cache first has the code generator warmed
+up on the other cores (:func:`geode.codegen.backends.prewarm.prewarm`) while the model is
+read and planned.
 
 Variables are the session's: every model compiled in it that names a variable shares
 it, sees what another model's run wrote into it, and reads it through the methods
