@@ -3,7 +3,9 @@
 ``Session.compile(graph)`` copies the user's graph (it is never modified), runs the
 compile stages of :mod:`geode.spine` on the copy, and returns a
 :class:`CompiledModel` whose constants and variables live in this session's
-VarManager.
+VarManager. A compile that misses the model cache first has the code generator warmed
+up on the other cores (:func:`geode.codegen.backends.prewarm.prewarm`) while the model is
+read and planned.
 
 Variables are the session's: every model compiled in it that names a variable shares
 it, sees what another model's run wrote into it, and reads it through the methods
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import geode.config as config
+from geode.codegen.backends.prewarm import prewarm
 from geode.compiler.ir import Graph, format_graph
 from geode.compiler.ops import control
 from geode.debug import Dumper, log
@@ -101,6 +104,7 @@ class Session:
         hit = None if key is None else self._cached_model(key, opts)
         if hit is not None:
             return hit
+        prewarm(opts)  # LLVM warmed up on the other cores while ONNX is read
         with _calibrating(opts):  # while ONNX is read and the compiler imported
             from geode.compiler.frontend.onnx import import_model  # onnx: 0.07 s to import
 
@@ -114,6 +118,7 @@ class Session:
         model cache under ``key`` unless None."""
         dump = Dumper(g.name, opts.debug, opts.dump_dir)
         prefix = f"m{next(self._models)}:{g.name}"
+        prewarm(opts)  # LLVM warmed up while the first stages run (once per process)
         with _calibrating(opts):  # while the compiler is imported and the first stages run
             from geode.spine import Compilation, compile_graph  # the whole compiler: first use
 

@@ -103,6 +103,8 @@ class Compilation:
     timings: dict[str, float] = field(default_factory=dict)
     #: codegen failures that fell back to a reference kernel (each gave a CodegenWarning)
     fallbacks: int = 0
+    #: the IR of the library modules the schedule stage started (``driver.start_library``)
+    library_modules: list[str] = field(default_factory=list)
 
     @property
     def fuses(self) -> bool:
@@ -214,6 +216,7 @@ def schedule(c: Compilation) -> None:
     with the schedule given for its kernel key, its tuned one, or the default."""
     sources = schedule_sources(c.opts)
     driver.check_backend_settings(c.opts)
+    _start_libraries(c)
 
     def stage(job: driver.KernelJob, g: Graph, opts: config.Options, dump: Dumper) -> None:
         driver.schedule_job(job, g, opts, dump, sources)
@@ -229,6 +232,20 @@ def schedule(c: Compilation) -> None:
         )
         warnings.warn(msg, UserWarning, stacklevel=3)
         log.warning(msg)
+
+
+def _start_libraries(c: Compilation) -> None:
+    """Start LLVM on the library modules the bind stage will link for the single nodes on
+    AICPU (a MatMul run natively: ``driver.start_library``), so they compile beside the
+    kernels rather than alone at the end; one that cannot be started is left to bind."""
+    for item in c.work:
+        if isinstance(item, Node) and c.placement.engine.get(item.name) == "aicpu":
+            try:
+                ir = driver.start_library(item, c.graph, c.opts)
+            except Exception:  # noqa: BLE001 - bind meets the same error and reports it
+                continue
+            if ir is not None:
+                c.library_modules.append(ir)
 
 
 def emit(c: Compilation) -> None:
@@ -439,6 +456,8 @@ def _abandon_unlinked(c: Compilation) -> None:
     for job in c.work or ():
         if isinstance(job, driver.KernelJob):
             driver.abandon_emit(job)
+    for ir in c.library_modules:
+        driver.abandon_library(ir)
 
 
 def _codegen_stage(

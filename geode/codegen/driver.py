@@ -346,25 +346,71 @@ def library_interface(
     is bound by then: the step sizes its output from the run's symbols."""
     if not native_matmul(node, g, opts):
         return None
-    a, b = node.inputs
-    dtype = str(np.dtype(a.dtype))
     from geode.codegen.backends.llvm.batched import batched_matmul_kernel
     from geode.codegen.backends.llvm.library import matmul_kernel
     from geode.codegen.backends.llvm.packed import packed_matmul_kernel
 
-    choice = choose_packing(a, b, opts) if len(b.shape) == 2 else None
-    if choice is not None and choice.packed:
-        kernel = packed_matmul_kernel(len(a.shape), choice.n, opts.cache_dir)
-    elif len(b.shape) == 2:
-        kernel = matmul_kernel(dtype, len(a.shape), opts.cache_dir)
+    form, choice = _matmul_form(node, opts)
+    if form[0] == "packed":
+        kernel = packed_matmul_kernel(*form[1:], opts.cache_dir)
+    elif form[0] == "blas":
+        kernel = matmul_kernel(*form[1:], opts.cache_dir)
     else:
-        kernel = batched_matmul_kernel(dtype, len(a.shape), len(b.shape), opts.cache_dir)
+        kernel = batched_matmul_kernel(*form[1:], opts.cache_dir)
     if kernel is None:
         return None
     interface, info = library_step(node, kernel, 2, "", opts)
     if choice is not None:
         info.trace = choice.text
     return interface, info
+
+
+def _matmul_form(node: Node, opts: Options) -> tuple[tuple, PackChoice | None]:
+    """Which library kernel runs native MatMul ``node`` (see :func:`library_interface`),
+    as ``(kind, its builder's arguments...)`` (kind ``packed``, ``blas`` or ``batched``),
+    and the packing choice (None for a batched ``B``)."""
+    a, b = node.inputs
+    dtype = str(np.dtype(a.dtype))
+    choice = choose_packing(a, b, opts) if len(b.shape) == 2 else None
+    if choice is not None and choice.packed:
+        return ("packed", len(a.shape), choice.n), choice
+    if len(b.shape) == 2:
+        return ("blas", dtype, len(a.shape)), choice
+    return ("batched", dtype, len(a.shape), len(b.shape)), choice
+
+
+def start_library(node: Node, g: Graph, opts: Options) -> str | None:
+    """Start LLVM, on a background thread, on the module :func:`library_interface` will
+    link for ``node`` (a MatMul run natively; nothing for another node), unless this
+    process holds it linked or the disk cache its object code: the bind stage then claims
+    it instead of compiling it alone at the end of the compile. Returns the module's IR,
+    for :func:`abandon_library`, or None when none was started."""
+    if not native_matmul(node, g, opts):
+        return None
+    from geode.codegen.backends.llvm.batched import batched_matmul_ir
+    from geode.codegen.backends.llvm.kernel import start_module
+    from geode.codegen.backends.llvm.library import blas, matmul_ir
+    from geode.codegen.backends.llvm.packed import packed_matmul_ir
+
+    form, _ = _matmul_form(node, opts)
+    if form[0] == "packed":
+        name, ir = packed_matmul_ir(*form[1:])
+    elif blas() is None:
+        return None  # no BLAS: library_interface links no module
+    elif form[0] == "blas":
+        name, ir = matmul_ir(*form[1:])
+    else:
+        name, ir = batched_matmul_ir(*form[1:])
+    start_module(name, ir, opts.cache_dir)
+    return ir
+
+
+def abandon_library(ir: str) -> None:
+    """Forget the background LLVM run :func:`start_library` began on ``ir`` if nothing
+    claimed it (the node was never bound, or its kernel was held in memory)."""
+    from geode.codegen.backends.llvm.kernel import abandon_module
+
+    abandon_module(ir)
 
 
 def library_inputs(node: Node, interface: NativeKernel) -> list[Value]:

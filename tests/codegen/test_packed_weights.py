@@ -221,3 +221,65 @@ def test_few_rows_run_one_panel_per_thread(rows):
     if native.get_num_threads() >= 2:
         launches = after["launches"] - before["launches"]
         assert (launches == 1) if split else (launches >= 1), (rows, launches)
+
+
+def _record_background(monkeypatch) -> tuple[list, list]:
+    """The IR of every module submitted to the background threads, and every claim's
+    (key, whether it found one), from here on."""
+    from geode.codegen.backends.llvm import background
+
+    started, claimed = [], []
+    real_submit, real_claim = background.submit, background.claim
+
+    def submit(key, ir, target, level):
+        started.append(ir)
+        real_submit(key, ir, target, level)
+
+    def claim(key):
+        obj = real_claim(key)
+        claimed.append((key, obj is not None))
+        return obj
+
+    monkeypatch.setattr(background, "submit", submit)
+    monkeypatch.setattr(background, "claim", claim)
+    return started, claimed
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_library_matmul_module_compiles_in_the_background(tmp_path, monkeypatch, packed):
+    """The schedule stage starts the module bind links for a plain MatMul (the packed-weight
+    kernel, or the BLAS call) on the background threads; bind claims it: nothing is left
+    pending, and the result is right."""
+    from geode.codegen.backends.llvm import background
+
+    started, claimed = _record_background(monkeypatch)
+    before = background.pending()
+    model = geode.compile(
+        _plain(), cache_dir=str(tmp_path), packed_weights=packed, model_cache=False
+    )
+    name = "geode_packed_matmul_r3_n33" if packed else "geode_matmul_s_r3"
+    assert [ir for ir in started if f"@{name}(" in ir] == started and len(started) == 1
+    assert [found for _, found in claimed] == [True]
+    assert background.pending() == before
+    x = _rand(2, 5, 40)
+    np.testing.assert_allclose(model(x=x)["y"], x @ W2, rtol=1e-4, atol=1e-4)
+
+
+def test_a_library_module_never_bound_is_cancelled(tmp_path, monkeypatch):
+    """A compile that fails after the schedule stage started a library module leaves
+    nothing of it pending (its LLVM run is cancelled, nothing claims it)."""
+    from geode import spine
+    from geode.codegen.backends.llvm import background
+    from geode.errors import GraphError
+
+    started, _ = _record_background(monkeypatch)
+
+    def failing_bind(c):
+        raise GraphError("test: bind refused")
+
+    stages = [(n, failing_bind if n == "bind" else f) for n, f in spine.STAGES]
+    monkeypatch.setattr(spine, "STAGES", stages)
+    before = background.pending()
+    with pytest.raises(GraphError, match="bind refused"):
+        geode.compile(_plain(), cache_dir=str(tmp_path), model_cache=False)
+    assert len(started) == 1 and background.pending() == before

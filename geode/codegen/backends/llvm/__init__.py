@@ -13,6 +13,8 @@ Rooms, in the order a kernel passes through them:
   facts of :mod:`~.analysis`, the dtype rules of :mod:`~.dtypes` and the text writers
   of :mod:`~.irtext`;
 - :mod:`~.jit`: parse, optimize, emit object code, link it into the process;
+- :mod:`~.background`: modules compiled ahead on background threads, which a compile
+  starts early to warm LLVM up (:mod:`~.warmup`: a throw-away module compiled first);
 - :mod:`~.objcache`: object code on disk (a warm start runs no optimizer);
 - :mod:`~.kernel`: :func:`compile_kernel` and the callable :class:`LLVMKernel`.
 

@@ -17,23 +17,40 @@ the IR text, the target and the optimization level), so a claimed result is the 
 code the caller would have compiled itself, on whichever thread. A submitted module
 nobody will claim (its kernel failed in a later stage) is cancelled when the compile's
 emit stage ends (:func:`cancel`), and at the latest dropped once :data:`MAX_PENDING`
-newer ones wait. The threads are daemons started on first use. A fork waits for the
-modules being compiled (:mod:`~geode.codegen.backends.llvm.jit`'s fork handler, and it
-takes LLVM's lock first); the child starts with nothing pending and no thread (what it
-claims, it compiles itself).
+newer ones wait. The threads are daemons started on first use, or earlier by
+:func:`warm_up` when a compile that will use LLVM starts: then each first compiles the
+throw-away module of :mod:`~geode.codegen.backends.llvm.warmup` (LLVM imported,
+initialized, its code paged in) while the calling thread is still reading the model.
+A fork waits for the modules being compiled, a warm-up's too
+(:mod:`~geode.codegen.backends.llvm.jit`'s fork handler, and it takes LLVM's lock
+first); the child starts with nothing pending and no thread (what it claims, it
+compiles itself).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any
 
 from geode.codegen.backends.llvm import jit
 
-__all__ = ["MAX_PENDING", "WORKERS", "cancel", "claim", "pending", "submit"]
+__all__ = [
+    "MAX_PENDING",
+    "WORKERS",
+    "cancel",
+    "claim",
+    "pending",
+    "submit",
+    "wait_warm",
+    "warm_up",
+]
+
+log = logging.getLogger("geode")
 
 #: unclaimed modules kept at most (the oldest is dropped beyond)
 MAX_PENDING = 256
@@ -58,6 +75,8 @@ _futures: OrderedDict[str, Future[bytes]] = OrderedDict()
 _queue: list[_Job] = []
 _wake = threading.Condition(_lock)
 _threads = 0
+#: one event per warm-up :func:`warm_up` started, set when it is over
+_warm_events: list[threading.Event] = []
 
 
 def _run(job: _Job) -> None:
@@ -80,7 +99,24 @@ def _pop_largest() -> _Job:
     return _queue.pop(largest)
 
 
-def _worker() -> None:
+def _warm() -> None:
+    """Warm LLVM up on this thread (:func:`~geode.codegen.backends.llvm.warmup.warm`).
+    A failure is only logged: the modules' own compiles raise it where they always did."""
+    try:
+        from geode.codegen.backends.llvm import warmup
+        from geode.codegen.backends.llvm.target import host
+
+        warmup.warm(host())
+    except Exception as exc:  # noqa: BLE001 - the real compiles report it
+        log.debug("LLVM warm-up failed: %s", exc)
+
+
+def _worker(warmed: threading.Event | None = None) -> None:
+    if warmed is not None:
+        try:
+            _warm()
+        finally:
+            warmed.set()
     while True:
         with _wake:
             while not _queue:
@@ -104,7 +140,6 @@ def _take(wanted: Future) -> _Job | None:
 def submit(key: str, ir: str, target: Any, level: int) -> None:
     """Start compiling module ``ir`` (cache key ``key``) for ``target`` at ``level`` on
     a background thread, unless it is already pending."""
-    global _threads
     with _wake:
         if key in _futures:
             return
@@ -115,9 +150,51 @@ def submit(key: str, ir: str, target: Any, level: int) -> None:
             _, old = _futures.popitem(last=False)
             old.cancel()  # a queued one is skipped; a running one finishes unclaimed
         if _threads < WORKERS:
-            threading.Thread(target=_worker, name=f"geode-llvm-{_threads}", daemon=True).start()
-            _threads += 1
+            _start_worker()
         _wake.notify()
+
+
+def _start_worker(warmed: threading.Event | None = None) -> None:
+    """Start one more background thread (``_lock`` held); with ``warmed``, it warms LLVM
+    up first and then sets it."""
+    global _threads
+    name = f"geode-llvm-{_threads}"
+    threading.Thread(target=_worker, args=(warmed,), name=name, daemon=True).start()
+    _threads += 1
+
+
+def warm_up() -> bool:
+    """Start the background threads now, each warming LLVM up before it takes a module
+    (:mod:`~geode.codegen.backends.llvm.warmup`), unless some are running already (LLVM
+    is in use). For a compile that will compile modules, as it starts: LLVM's first-use
+    costs are then paid on the other cores while the caller reads and plans the model.
+    Returns whether it started them; never raises (a broken LLVM is reported by the
+    compiles that need it)."""
+    with _lock:
+        if _threads:
+            return False
+        for _ in range(WORKERS):
+            warmed = threading.Event()
+            try:
+                _start_worker(warmed)
+            except RuntimeError as exc:  # no thread to be had: the compile goes on without
+                log.debug("LLVM warm-up not started: %s", exc)
+                return False
+            _warm_events.append(warmed)
+    return True
+
+
+def wait_warm(timeout: float | None = None) -> bool:
+    """Wait until the warm-ups :func:`warm_up` started are over (at most ``timeout``
+    seconds); whether they are."""
+    with _lock:
+        events = list(_warm_events)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for event in events:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not event.wait(left):
+            return False
+    return True
 
 
 def claim(key: str) -> bytes | None:
@@ -162,6 +239,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _wake = threading.Condition(_lock)
     _threads = 0
+    _warm_events.clear()
     _futures.clear()
     _queue.clear()
     jit.LOCK.release()

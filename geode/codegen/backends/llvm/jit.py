@@ -175,10 +175,10 @@ def compile_ir(ir_text: str, target: Any, level: int = 3) -> bytes:
     relocatable object code (machine code generation at LLVM's aggressive level either
     way). Safe to call from several threads at once: the module lives in a context of
     its own and the calling thread's target machine compiles it."""
-    import llvmlite.binding as llvm
+    with _compiling():  # a fork waits for the import and the initialization too
+        import llvmlite.binding as llvm
 
-    initialize()
-    with _compiling():
+        initialize()
         context = llvm.create_context()
         try:
             tm = thread_target_machine(target)
