@@ -15,6 +15,7 @@ setup(
             sources=[
                 f"{NATIVE}/module.c",
                 f"{NATIVE}/call.c",
+                f"{NATIVE}/indices.c",
                 f"{NATIVE}/pool.c",
                 f"{NATIVE}/blas_threads.c",
                 f"{NATIVE}/scratch.c",

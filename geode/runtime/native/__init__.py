@@ -216,8 +216,11 @@ def symbols() -> dict[str, int]:
     """Return the runtime's C functions for JIT code as ``{name: address}``:
     ``geode_parallel_for``, ``geode_parallel_steps``, ``geode_num_threads``, ``geode_gemm`` (see
     :data:`gemm_configure`), ``geode_sgemm_packed`` and ``geode_sgemm_pack`` (see
-    :func:`packed_gemm_function`, :func:`pack_weight`) and ``geode_scratch`` (``void
+    :func:`packed_gemm_function`, :func:`pack_weight`), ``geode_scratch`` (``void
     *geode_scratch(int64_t slot, int64_t bytes)``: the calling thread's buffer for ``slot``
     (0 to 3), at least ``bytes`` long, 64-byte aligned, kept for its next call; NULL when
-    out of memory). JIT code links them by address."""
+    out of memory), and ``geode_check_indices``, a kernel entry (see "Kernel calls") that a
+    chain runs before a kernel reading memory at unchecked indices: 0 when every index of
+    its one array lies in ``[-dim, dim)`` (ints ``dim, unsigned``), 1 when one does not, 2
+    for an item size other than 1, 2, 4 or 8. JIT code links them by address."""
     return _ext.symbols()
