@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,9 +35,9 @@ from geode.errors import ExecutionError
 from geode.runtime.engines import IndexBound, NativeKernel, index_error, index_range, view
 from geode.runtime.plan import Step
 
-__all__ = ["chainable", "chain_step"]
+__all__ = ["chainable", "chain_step", "entries_of"]
 
-#: the most kernels one chain holds (the native runtime's limit)
+#: the most native entries one chain runs (the native runtime's limit)
 MAX_CHAIN = 256
 
 
@@ -77,16 +78,46 @@ def _members(kernels: Sequence[NativeKernel]) -> list[Member]:
     return members
 
 
-def chain_step(
-    steps: Sequence[Step], kernels: Sequence[NativeKernel], views: Views | None = None
-) -> Step:
-    """One step running ``steps`` (consecutive, each with its chainable kernel) in one
-    native call; its inputs are those the run reads from before it, its outputs every
-    member's outputs, in order. ``views``: the plan's aliases; one whose root an earlier
-    member writes is made inside the chain (after the chain's buffers exist)."""
+def entries_of(kernel: NativeKernel) -> int:
+    """How many native entries a chain runs for ``kernel``: its index input checks, and
+    itself (a chain runs at most :data:`MAX_CHAIN`)."""
+    return 1 + sum(b.input is not None for b in kernel.index_bounds)
+
+
+@dataclass
+class _Layout:
+    """Where a chain's arguments come from. The sources are the run's inputs, then its
+    outputs, then the aliases of outputs later members read (``made``: made from a
+    source by a view), then the arguments a member views differently (``reviewed``);
+    ``picks`` lists, member after member, the source of each array it gets."""
+
+    inputs: list[int | None]
+    outputs: list[int]
+    members: list[Member]
+    entries: tuple[tuple[int, int, int, int], ...]
+    made: list[tuple[int, Callable[[np.ndarray, Any], np.ndarray]]] = field(default_factory=list)
+    picks: list[int] = field(default_factory=list)
+    #: (source position, view) of each argument a member views differently: each is
+    #: appended to the sources once and picked from there
+    reviewed: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+    #: per member, how its ints are made: the dim functions, then a constant (a kernel's
+    #: threads) or, for an index check, the source position of its indices (the int
+    #: says whether they are unsigned)
+    int_plan: list[tuple[list, int, int | None]] = field(default_factory=list)
+
+    def first_array(self, m: int) -> int:
+        """Where member ``m``'s arrays start in those handed to ``call_chain``."""
+        return sum(e[1] for e in self.entries[:m])
+
+    def first_int(self, m: int) -> int:
+        """Where member ``m``'s ints start in those handed to ``call_chain``."""
+        return sum(e[3] for e in self.entries[:m])
+
+
+def _layout(steps: Sequence[Step], kernels: Sequence[NativeKernel], views: Views) -> _Layout:
+    """The :class:`_Layout` of a chain of ``steps`` (see :func:`chain_step`)."""
     from geode.runtime import native
 
-    views = views or {}
     produced: set[int] = set()
     inputs: list[int | None] = []
     derived: list[int] = []  # aliases of members' outputs that later members read
@@ -101,9 +132,9 @@ def chain_step(
         produced.update(st.outputs)
     outputs = [o for st in steps for o in st.outputs]
     members = _members(kernels)
-    check_entry = (native.symbols()["geode_check_indices"], 1, 1, 2)
+    check = (native.symbols()["geode_check_indices"], 1, 1, 2)
     entries = tuple(
-        check_entry
+        check
         if b is not None
         else (
             kernels[k].fn.address,
@@ -113,44 +144,91 @@ def chain_step(
         )
         for k, b in members
     )
-    #: where each member's arrays start in the arrays handed to call_chain
-    first = [sum(e[1] for e in entries[:m]) for m in range(len(entries))]
+    lay = _Layout(inputs, outputs, members, entries)
+    source = {slot: p for p, slot in enumerate(inputs)}
+    source.update({o: len(inputs) + j for j, o in enumerate(outputs)})
+    source.update({a: len(inputs) + len(outputs) + j for j, a in enumerate(derived)})
+    lay.made = [(source[views[a][0]], views[a][1]) for a in derived]
+    n_src = len(inputs) + len(outputs) + len(derived)
+    for k, b in members:
+        st, kern = steps[k], kernels[k]
+        if b is not None:
+            lay.picks.append(source[st.inputs[b.input]])
+            lay.int_plan.append(([b.dim], 0, lay.picks[-1]))
+            continue
+        args = [source[s] for s in [*st.inputs[: kern.n_inputs], *st.outputs]]
+        for j, v in enumerate(kern.views):
+            if v is not None:
+                if (args[j], v) not in lay.reviewed:
+                    lay.reviewed.append((args[j], v))
+                args[j] = n_src + lay.reviewed.index((args[j], v))
+        lay.picks += args
+        lay.int_plan.append((list(kern.dims), kern.threads, None))
+    return lay
+
+
+def _refusal(
+    status: int,
+    lay: _Layout,
+    names: list[str],
+    kernels: Sequence[NativeKernel],
+    arrays: tuple,
+    ints: tuple,
+) -> ExecutionError:
+    """The error of the member that stopped the chain with ``status``: an index check
+    reads the indices again to name the one out of range."""
+    m, code = (status >> 32) - 1, status & 0xFFFFFFFF
+    k, bound = lay.members[m]
+    if bound is not None:
+        ind = arrays[lay.first_array(m)]
+        msg = index_error(bound, index_range(ind), ints[lay.first_int(m)]) if code == 1 else None
+        why = msg or f"{bound.node}: indices of type {ind.dtype} cannot be checked"
+        return ExecutionError(f"step {names[k]!r}: {why}")
+    try:
+        kernels[k].fn._bad_argument(code - 1)
+    except ValueError as exc:
+        return ExecutionError(f"step {names[k]!r}: {exc}")
+    return ExecutionError(f"step {names[k]!r}: kernel returned status {code}")
+
+
+def _one_by_one(
+    lay: _Layout, names: list[str], kernels: Sequence[NativeKernel], arrays: tuple, ints: tuple
+) -> int:
+    """A strided argument: each member's own entry copies what it must (an index check
+    runs in Python)."""
+    pa = pi = 0
+    for (k, bound), (_, n_arrays, _, n_ints) in zip(lay.members, lay.entries):
+        if bound is not None:
+            msg = index_error(bound, index_range(np.asarray(arrays[pa])), ints[pi])
+            if msg is not None:
+                raise ExecutionError(f"step {names[k]!r}: {msg}")
+        else:
+            try:
+                kernels[k].call(tuple(arrays[pa : pa + n_arrays]), ints[pi : pi + n_ints])
+            except ValueError as exc:
+                raise ExecutionError(f"step {names[k]!r}: {exc}") from None
+        pa, pi = pa + n_arrays, pi + n_ints
+    return 0
+
+
+def chain_step(
+    steps: Sequence[Step], kernels: Sequence[NativeKernel], views: Views | None = None
+) -> Step:
+    """One step running ``steps`` (consecutive, each with its chainable kernel) in one
+    native call; its inputs are those the run reads from before it, its outputs every
+    member's outputs, in order. ``views``: the plan's aliases; one whose root an earlier
+    member writes is made inside the chain (after the chain's buffers exist)."""
+    from geode.runtime import native
+
+    lay = _layout(steps, kernels, views or {})
+    entries, made, reviewed, int_plan = lay.entries, lay.made, lay.reviewed, lay.int_plan
     folded = [
         (k, b, index_range(b.data))
         for k, kern in enumerate(kernels)
         for b in kern.index_bounds
         if b.input is None
     ]
-    # where each member's arguments come from: position p of ins + results (the run's
-    # inputs, then its outputs), and which of them a member views differently
-    source = {slot: p for p, slot in enumerate(inputs)}
-    source.update({o: len(inputs) + j for j, o in enumerate(outputs)})
-    source.update({a: len(inputs) + len(outputs) + j for j, a in enumerate(derived)})
-    made = [(source[views[a][0]], views[a][1]) for a in derived]
-    n_src = len(inputs) + len(outputs) + len(derived)
-    picks: list[int] = []
-    #: (source position, view) of each argument a member views differently: each is
-    #: appended to the sources once (position n_src + r) and picked from there
-    reviewed: list[tuple[int, tuple[int, ...]]] = []
-    #: per member, how its ints are made: the dim functions, then a constant (a
-    #: kernel's threads) or, for an index check, the source position of its indices
-    #: (the int says whether they are unsigned)
-    int_plan: list[tuple[list, int, int | None]] = []
-    for k, b in members:
-        st, kern = steps[k], kernels[k]
-        if b is not None:
-            picks.append(source[st.inputs[b.input]])
-            int_plan.append(([b.dim], 0, picks[-1]))
-            continue
-        args = [source[s] for s in [*st.inputs[: kern.n_inputs], *st.outputs]]
-        for j, v in enumerate(kern.views):
-            if v is not None:
-                if (args[j], v) not in reviewed:
-                    reviewed.append((args[j], v))
-                args[j] = n_src + reviewed.index((args[j], v))
-        picks += args
-        int_plan.append((list(kern.dims), kern.threads, None))
-    pick = _picker(picks)
+    pick = _picker(lay.picks)
     shapes = [
         (k.out_shapes[j], k.out_dtypes[j])
         for st, k in zip(steps, kernels)
@@ -172,10 +250,7 @@ def chain_step(
         for fns, last, at in int_plan:
             ints += [f(env) for f in fns]
             ints.append(last if at is None else int(src[at].dtype.kind == "u"))
-        reshapes = []
-        for p, starts in reviewed:
-            a = src[p]
-            reshapes.append((a.shape, view(a, starts).shape))
+        reshapes = [(src[p].shape, view(src[p], starts).shape) for p, starts in reviewed]
         if len(per_binding) >= 8:  # a few bindings; threads may race here: harmless
             per_binding.clear()
         per_binding[tuple(env.items())] = (tuple(ints), reshapes)
@@ -201,46 +276,11 @@ def chain_step(
         try:
             status = call_chain(entries, arrays, ints)
         except native.ArgumentError:
-            status = _one_by_one(arrays, ints)
+            status = _one_by_one(lay, names, kernels, arrays, ints)
         if status:
-            raise _refusal(status, arrays, ints)
+            raise _refusal(status, lay, names, kernels, arrays, ints)
         return results
-
-    def _refusal(status: int, arrays: tuple, ints: tuple) -> ExecutionError:
-        """The error of the member that stopped the chain with ``status``."""
-        m, code = (status >> 32) - 1, status & 0xFFFFFFFF
-        k, bound = members[m]
-        if bound is not None:
-            ind = arrays[first[m]]
-            dim = ints[sum(e[3] for e in entries[:m])]
-            msg = index_error(bound, index_range(ind), dim) if code == 1 else None
-            return ExecutionError(
-                f"step {names[k]!r}: "
-                + (msg or f"{bound.node}: indices of type {ind.dtype} cannot be checked")
-            )
-        try:
-            kernels[k].fn._bad_argument(code - 1)
-        except ValueError as exc:
-            return ExecutionError(f"step {names[k]!r}: {exc}")
-        return ExecutionError(f"step {names[k]!r}: kernel returned status {code}")
-
-    def _one_by_one(arrays: tuple, ints: tuple) -> int:
-        """A strided input: each member's own entry copies what it must (an index check
-        runs in Python)."""
-        pa = pi = 0
-        for (k, bound), (_, n_arrays, _, n_ints) in zip(members, entries):
-            if bound is not None:
-                msg = index_error(bound, index_range(np.asarray(arrays[pa])), ints[pi])
-                if msg is not None:
-                    raise ExecutionError(f"step {names[k]!r}: {msg}")
-            else:
-                try:
-                    kernels[k].call(tuple(arrays[pa : pa + n_arrays]), ints[pi : pi + n_ints])
-                except ValueError as exc:
-                    raise ExecutionError(f"step {names[k]!r}: {exc}") from None
-            pa, pi = pa + n_arrays, pi + n_ints
-        return 0
 
     label = " | ".join(st.label for st in steps)
     info = {"chain": names}
-    return Step("chain:" + names[0], "aicore", run, inputs, outputs, label, info)
+    return Step("chain:" + names[0], "aicore", run, lay.inputs, lay.outputs, label, info)

@@ -322,3 +322,18 @@ def test_an_unchained_gather_kernel_names_its_step_too():
     x = np.ones((3, 4), np.float32)
     with pytest.raises(ExecutionError, match=rf"step {step.name!r}: .*index 3 is out of range"):
         model(x=x, ids=np.array([3], np.int64))
+
+
+def test_index_checks_count_towards_the_entries_of_a_chain(monkeypatch):
+    """A chain runs at most MAX_CHAIN native entries, its index checks included: with a
+    limit of 3, the MatMul and the Gather kernel with its check fill one chain and the
+    last kernel runs on its own, with the same results."""
+    from geode.runtime import chains
+
+    g = _gather_chain()
+    feeds = {"x": np.ones((4, 8), np.float32), "ids": np.array([3, 0], np.int64)}
+    monkeypatch.setattr(chains, "MAX_CHAIN", 3)
+    model = geode.compile(g)
+    assert [len(s.info.get("chain", [s.name])) for s in model.plan.steps] == [2, 1]
+    want = run_reference(g, feeds)["y"]
+    np.testing.assert_allclose(model.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)
