@@ -46,7 +46,8 @@ Kernel calls
 const int64_t *ints)`` at ``addr`` with the GIL released and returns its status:
 ``ptrs[i]`` is the data pointer of ``arrays[i]``; ``recs`` holds, per array in order,
 ``ndim, itemsize, shape[0], ..., shape[ndim-1]``; ``ints`` are the ints as int64 (one that
-does not fit raises ``ValueError``). Arrays are taken through the buffer protocol, never
+does not fit raises ``ValueError``). Arrays are taken through the buffer protocol (a numpy
+array read directly from its fields, under the same rules: 150-250 ns an array less), never
 copied: each must be C-contiguous and ``arrays[n_in:]`` writable, else :class:`ArgumentError`
 (a ``ValueError`` and a :class:`geode.errors.GeodeError`) with ``.index``, the position of
 the offending array. Buffers are released after the call, also on errors.

@@ -6,6 +6,10 @@
 #include "call.h"
 #include "pool.h"
 
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL geode_ARRAY_API
+#include <numpy/arrayobject.h>
+
 PyDoc_STRVAR(call_chain_doc,
              "call_chain($module, entries, arrays, ints, /)\n--\n\n"
              "Call several kernel entries in one crossing, the GIL released once: entries is a\n"
@@ -293,6 +297,7 @@ static PyObject *make_argument_error(void)
 
 PyMODINIT_FUNC PyInit__ext(void)
 {
+    import_array(); /* numpy's C API: the trampoline reads numpy arrays directly */
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
