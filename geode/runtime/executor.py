@@ -395,23 +395,21 @@ class Executor:
         pooled)`` becomes a new array, when ``pooled`` one the pool lends placed within
         its page away from the step's array inputs and earlier outputs (see
         :data:`geode.runtime.allocator.PAGE`)."""
-        outs: list = []  # a new list: the step may not change the prepared one
-        for buf in bufs:
-            if type(buf) is tuple:
-                shape, dtype, pooled = buf
-                try:
-                    if pooled:
-                        buf = self.pool.empty(shape, dtype, near=(*ins, *outs))
-                    else:  # small: straight from numpy (what the pool would do)
-                        buf = np.empty(shape, dtype)
-                except MemoryError:
-                    need = memlimit.nbytes(shape, np.dtype(dtype).itemsize)
-                    raise OutOfMemoryError(
-                        f"model {self.plan.name!r}: an output of {np.dtype(dtype)}"
-                        f"{list(shape)} needs {memlimit.format_bytes(need)}, which does "
-                        "not fit in memory"
-                    ) from None
-            outs.append(buf)
+        outs = list(bufs)  # a new list: the step may not change the prepared one
+        for j in [j for j, buf in enumerate(bufs) if type(buf) is tuple]:
+            shape, dtype, pooled = bufs[j]
+            try:
+                if pooled:
+                    outs[j] = self.pool.empty(shape, dtype, near=(*ins, *outs[:j]))
+                else:  # small: straight from numpy (what the pool would do)
+                    outs[j] = np.empty(shape, dtype)
+            except MemoryError:
+                need = memlimit.nbytes(shape, np.dtype(dtype).itemsize)
+                raise OutOfMemoryError(
+                    f"model {self.plan.name!r}: an output of {np.dtype(dtype)}"
+                    f"{list(shape)} needs {memlimit.format_bytes(need)}, which does "
+                    "not fit in memory"
+                ) from None
         return outs
 
     def _describe(self, slot: int, env: dict[str, int]) -> tuple[int, str] | None:
