@@ -4,6 +4,7 @@ Project metadata lives in pyproject.toml; this file only declares the extension,
 ``pip install -e .`` and ``python setup.py build_ext --inplace`` both build it.
 """
 
+import numpy
 from setuptools import Extension, setup
 
 NATIVE = "geode/runtime/native"
@@ -15,6 +16,7 @@ setup(
             sources=[
                 f"{NATIVE}/module.c",
                 f"{NATIVE}/call.c",
+                f"{NATIVE}/indices.c",
                 f"{NATIVE}/pool.c",
                 f"{NATIVE}/blas_threads.c",
                 f"{NATIVE}/scratch.c",
@@ -23,6 +25,7 @@ setup(
                 f"{NATIVE}/sgemm_packed.c",
                 f"{NATIVE}/winograd.c",
             ],
+            include_dirs=[numpy.get_include()],  # the trampoline reads numpy arrays directly
             depends=[f"{NATIVE}/pool.h", f"{NATIVE}/call.h", f"{NATIVE}/winograd_body.h"],
             extra_compile_args=["-O2", "-pthread", "-std=gnu11", "-fvisibility=hidden"],
             extra_link_args=["-pthread"],

@@ -473,7 +473,7 @@ def _chain_native_runs(
     by one chain step (:mod:`geode.runtime.chains`); the memory plan was made for the
     unchained steps and stays valid, release lists and memo indices are carried over. A
     chain makes the aliases its members read of what earlier members wrote itself."""
-    from geode.runtime.chains import MAX_CHAIN, chain_step, chainable
+    from geode.runtime.chains import MAX_CHAIN, chain_step, chainable, entries_of
 
     def ok(k: int) -> bool:
         return units[k].engine == "aicore" and k not in memo and chainable(units[k].kernel)
@@ -483,8 +483,11 @@ def _chain_native_runs(
     new_memo: set[int] = set()
     k = 0
     while k < len(steps):
-        end = k
-        while end < len(steps) and ok(end) and end - k < MAX_CHAIN:
+        end, n_entries = k, 0
+        while end < len(steps) and ok(end):
+            n_entries += entries_of(units[end].kernel)
+            if n_entries > MAX_CHAIN:
+                break
             end += 1
         if end - k >= 2:
             kernels = [units[j].kernel for j in range(k, end)]

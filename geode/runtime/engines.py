@@ -136,20 +136,27 @@ class HostEngine(AicpuEngine):
     name = "host"
 
 
-def check_index_bound(bound: IndexBound, inputs: list, env: Env) -> None:
-    """Raise :class:`ExecutionError` unless every index of ``bound`` lies in
-    ``[-dim, dim)`` (the kernel would read outside its input)."""
-    dim = bound.dim(env)
-    ind = inputs[bound.input] if bound.input is not None else bound.data
-    if ind.size == 0:
-        return
-    lo, hi = int(ind.min()), int(ind.max())
-    if lo < -dim or hi >= dim:
-        bad = lo if lo < -dim else hi
-        raise ExecutionError(
-            f"{bound.node}: index {bad} is out of range for axis {bound.axis} of size {dim} "
-            f"(valid: {-dim} to {dim - 1})"
-        )
+def index_range(indices: np.ndarray) -> tuple[int, int] | None:
+    """The least and the greatest of ``indices``, None when there are none."""
+    if indices.size == 0:
+        return None
+    return int(indices.min()), int(indices.max())
+
+
+def index_error(bound: IndexBound, span: tuple[int, int] | None, dim: int) -> str | None:
+    """What is wrong with indices spanning ``span`` (:func:`index_range`) on an axis of
+    size ``dim``: None when they all lie in ``[-dim, dim)``, else the message naming the
+    first one outside and the valid range."""
+    if span is None:
+        return None
+    lo, hi = span
+    if lo >= -dim and hi < dim:
+        return None
+    bad = lo if lo < -dim else hi
+    return (
+        f"{bound.node}: index {bad} is out of range for axis {bound.axis} of size {dim} "
+        f"(valid: {-dim} to {dim - 1})"
+    )
 
 
 def view(a: np.ndarray, starts: View) -> np.ndarray:
@@ -173,7 +180,10 @@ class AiCoreEngine(Engine):
             list(kernel.out_shapes),
             list(kernel.out_dtypes),
         )
-        dim_fns, bounds = list(kernel.dims), list(kernel.index_bounds)
+        dim_fns = list(kernel.dims)
+        # indices given as kernel inputs are read per call; folded ones once, here
+        bounds = [b for b in kernel.index_bounds if b.input is not None]
+        folded = [(b, index_range(b.data)) for b in kernel.index_bounds if b.input is None]
         reshaped = [(i, v) for i, v in enumerate(kernel.views) if v is not None]
         launch = {"threads": kernel.threads} if kernel.launch_threads else {}
         set_threads = None if kernel.launch_threads else kernel.set_threads
@@ -182,7 +192,13 @@ class AiCoreEngine(Engine):
 
         def step(inputs: list, outs: list, env: Env) -> list:
             for bound in bounds:
-                check_index_bound(bound, inputs, env)
+                msg = index_error(bound, index_range(inputs[bound.input]), bound.dim(env))
+                if msg is not None:
+                    raise ExecutionError(f"step {name!r}: {msg}")
+            for bound, span in folded:
+                msg = index_error(bound, span, bound.dim(env))
+                if msg is not None:
+                    raise ExecutionError(f"step {name!r}: {msg}")
             arrays = []
             for i in range(len(out_dtypes)):
                 o = outs[i] if i < len(outs) else None

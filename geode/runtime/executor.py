@@ -22,7 +22,7 @@ from geode.errors import (
     UnexpectedInputError,
 )
 from geode.runtime import memlimit
-from geode.runtime.allocator import OutputPool
+from geode.runtime.allocator import MIN_POOLED_BYTES, OutputPool
 from geode.runtime.memory import Arena
 from geode.runtime.plan import BroadcastConstraint, Plan
 from geode.runtime.var_manager import VarManager
@@ -68,9 +68,11 @@ def _remember(cache: dict, key: Any, value: Any) -> None:
 class _Binding:
     """What a run derives from its input shapes alone, kept per binding (see
     :meth:`Executor._record`): the symbols the inputs bind, the memo key, the memory
-    layout, and each step's output buffers for the arena buffer of ``generation``."""
+    layout, each step's output buffers for the arena buffer of ``generation``, and the
+    shape of every alias that only reshapes its root (``view_shapes``: fixed by the
+    binding once its slot's shape is)."""
 
-    __slots__ = ("env", "memo_key", "layout", "prepared", "generation")
+    __slots__ = ("env", "memo_key", "layout", "prepared", "generation", "view_shapes")
 
     def __init__(self, env: dict[str, int], layout: Any) -> None:
         self.env = env
@@ -78,6 +80,7 @@ class _Binding:
         self.layout = layout
         self.prepared: list[list] | None = None
         self.generation = -1
+        self.view_shapes: dict[int, tuple[int, ...]] = {}
 
 
 def _output_shape(step: str, slot: Any, env: Mapping[str, int]) -> tuple[int, ...]:
@@ -277,6 +280,11 @@ class Executor:
         ]
         #: per output: name, slot, and whether it is copied when handed out (see _hand_out)
         self._handout = self._handout_plan()
+        #: aliases that only reshape their root to a shape the binding fixes: their
+        #: shapes are kept per binding (see _make_aliases)
+        self._view_kept = frozenset(
+            a for a, x in plan.aliases.items() if x.reshape and plan.slots[a].shape is not None
+        )
         #: intermediates a step allocates itself (not in the arena, not an output)
         self._dynamic = [
             i
@@ -366,7 +374,8 @@ class Executor:
         """What each output of ``step`` is written into: an arena view (``layout`` given
         and the output planned in it), ``(shape, dtype)`` for a new array per call (a
         model output of an aicore step, or the root of an output that is an alias of
-        it; see :meth:`_fresh`), or None (the step allocates)."""
+        it, and whether the pool lends it; see :meth:`_fresh`), or None (the step
+        allocates)."""
         outs: list = []
         for o in step.outputs:
             slot = self.plan.slots[o]
@@ -374,29 +383,33 @@ class Executor:
                 shape = _output_shape(step.name, slot, env)
                 outs.append(self.arena.view(layout.offsets[o], shape, slot.dtype))
             elif o in self._output_roots and step.engine == "aicore" and slot.shape is not None:
-                outs.append((_output_shape(step.name, slot, env), slot.dtype))
+                shape = _output_shape(step.name, slot, env)
+                pooled = memlimit.nbytes(shape, slot.dtype.itemsize) >= MIN_POOLED_BYTES
+                outs.append((shape, slot.dtype, pooled))
             else:
                 outs.append(None)
         return outs
 
     def _fresh(self, bufs: list, ins: list) -> list:
-        """The buffers of :meth:`_buffers` as the step gets them: each ``(shape, dtype)``
-        becomes a new pooled array placed within its page away from the step's array
-        inputs and earlier outputs (see :data:`geode.runtime.allocator.PAGE`)."""
-        outs: list = []  # a new list: the step may not change the prepared one
-        for buf in bufs:
-            if type(buf) is tuple:
-                try:
-                    buf = self.pool.empty(*buf, near=(*ins, *outs))
-                except MemoryError:
-                    shape, dtype = buf
-                    need = memlimit.nbytes(shape, np.dtype(dtype).itemsize)
-                    raise OutOfMemoryError(
-                        f"model {self.plan.name!r}: an output of {np.dtype(dtype)}"
-                        f"{list(shape)} needs {memlimit.format_bytes(need)}, which does "
-                        "not fit in memory"
-                    ) from None
-            outs.append(buf)
+        """The buffers of :meth:`_buffers` as the step gets them: each ``(shape, dtype,
+        pooled)`` becomes a new array, when ``pooled`` one the pool lends placed within
+        its page away from the step's array inputs and earlier outputs (see
+        :data:`geode.runtime.allocator.PAGE`)."""
+        outs = list(bufs)  # a new list: the step may not change the prepared one
+        for j in [j for j, buf in enumerate(bufs) if type(buf) is tuple]:
+            shape, dtype, pooled = bufs[j]
+            try:
+                if pooled:
+                    outs[j] = self.pool.empty(shape, dtype, near=(*ins, *outs[:j]))
+                else:  # small: straight from numpy (what the pool would do)
+                    outs[j] = np.empty(shape, dtype)
+            except MemoryError:
+                need = memlimit.nbytes(shape, np.dtype(dtype).itemsize)
+                raise OutOfMemoryError(
+                    f"model {self.plan.name!r}: an output of {np.dtype(dtype)}"
+                    f"{list(shape)} needs {memlimit.format_bytes(need)}, which does "
+                    "not fit in memory"
+                ) from None
         return outs
 
     def _describe(self, slot: int, env: dict[str, int]) -> tuple[int, str] | None:
@@ -464,7 +477,7 @@ class Executor:
         for i, key in self._variables:
             values[i] = self.vm.get(key)  # looked up per run: assignments replace the array
         if plan.alias_start:
-            self._make_aliases(plan.alias_start, values, env)
+            self._make_aliases(plan.alias_start, values, env, rec.view_shapes)
         prepared = self._step_outputs(rec)
         memo_key = rec.memo_key  # the binding: memo steps' results depend on it alone
         memo, fresh_memo = self._memo_for(memo_key)
@@ -475,7 +488,7 @@ class Executor:
                     if slot.binds:
                         _bind_symbols(step, slot, memo[o], env)
                 if after:
-                    self._make_aliases(after, values, env)
+                    self._make_aliases(after, values, env, rec.view_shapes)
                 if checks:
                     _check_late(plan.name, step.name, checks, env)
                 continue
@@ -512,7 +525,7 @@ class Executor:
             if checks:
                 _check_late(plan.name, step.name, checks, env)
             if after:
-                self._make_aliases(after, values, env)
+                self._make_aliases(after, values, env, rec.view_shapes)
             for o in release:
                 values[o] = None
         if fresh_memo is not None:
@@ -567,14 +580,25 @@ class Executor:
             for name, slot, copy in self._handout
         }
 
-    def _make_aliases(self, slots: list[int], values: list[Any], env: dict[str, int]) -> None:
-        """Set each alias of ``slots`` to its view of its root's array."""
-        aliases = self.plan.aliases
+    def _make_aliases(
+        self, slots: list[int], values: list[Any], env: dict[str, int], shapes: dict
+    ) -> None:
+        """Set each alias of ``slots`` to its view of its root's array. An alias that only
+        reshapes its root, with a shape the binding fixes, is made once by its view and
+        then by a reshape to the shape kept in ``shapes`` (the binding's; evaluating the
+        shape per call was a fifth of a small model's Python time)."""
+        aliases, kept = self.plan.aliases, self._view_kept
         for a in slots:
             alias = aliases[a]
+            shape = shapes.get(a)
             try:
-                values[a] = alias.view(values[alias.root], env)
+                if shape is not None:
+                    values[a] = values[alias.root].reshape(shape)
+                    continue
+                values[a] = v = alias.view(values[alias.root], env)
             except GeodeError:
                 raise
             except Exception as exc:
                 raise ExecutionError(f"view {alias.text}: {type(exc).__name__}: {exc}") from exc
+            if a in kept:
+                shapes[a] = v.shape

@@ -341,6 +341,30 @@ def test_call_accepts_any_buffer(k):
     assert got[8:11].tolist() == list(ints)
 
 
+def test_numpy_arrays_read_directly_pass_what_their_buffers_would(k):
+    """A numpy array is read without taking its buffer; a subclass, a memoryview, a 0-d
+    and an empty array give the records and pointers of the buffer protocol."""
+
+    class Sub(np.ndarray):
+        pass
+
+    base = np.arange(5, dtype=np.int16).reshape(1, 5)
+    arrays = (
+        np.zeros((2, 3), np.float32),
+        np.zeros(4).view(Sub),
+        memoryview(base),
+        np.array(7.0),
+        np.zeros((0, 3), np.int8),
+    )
+    out = np.zeros(64, np.int64)
+    recs = [2, 4, 2, 3, 1, 8, 4, 2, 2, 1, 5, 0, 8, 2, 1, 0, 3, 1, 8, 64]
+    ints = (6, len(recs), 1, 42)
+    assert nt.call(k.addr("dump_entry"), 5, (*arrays, out), ints) == 0
+    assert out[: len(recs)].tolist() == recs
+    ptrs = [np.asarray(a).ctypes.data for a in arrays[:4]]
+    assert out[len(recs) : len(recs) + 4].tolist() == ptrs
+
+
 def test_argument_errors_name_the_argument(k):
     good = np.zeros(4)
     strided = np.zeros(8)[::2]

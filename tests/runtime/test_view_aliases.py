@@ -455,3 +455,40 @@ def test_the_memory_plan_dump_and_log_show_the_aliases(tmp_path, caplog):
     assert "out: float32[N, 8] alias of" in text and "a model output's" in text
     logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "geode")
     assert "==== memory_plan ====" in logged and "alias of matmul_0" in logged
+
+
+def test_a_reshape_alias_runs_its_view_once_per_binding():
+    """An alias that only reshapes its root is made by its view on a binding's first run,
+    then by a reshape to the shape kept for the binding (two bindings in turn); an alias
+    with a slice on the way runs its view every time."""
+    f32 = np.dtype(np.float32)
+    slots = [
+        Slot("x", f32, "input"),
+        Slot("y", f32, "activation", lambda env: (env["N"] * 2,)),
+        Slot("z", f32, "activation", lambda env: (env["N"] - 1, 2)),
+    ]
+    calls = []
+
+    def flat(a, env):
+        calls.append(("y", env["N"]))
+        return a.reshape(slots[1].shape(env))
+
+    def tail(a, env):
+        calls.append(("z", env["N"]))
+        return a[1:]
+
+    aliases = {
+        1: Alias(1, 0, 0, flat, "Reshape 'r' of 'x'"),
+        2: Alias(2, 0, 0, tail, "Slice 's' of 'x'", reshape=False),
+    }
+    spec = InputSpec("x", 0, f32, ("N", 2), ("N", "2"))
+    outputs = [("y", 1), ("z", 2)]
+    plan = Plan("aliases", [spec], outputs, slots, [], aliases=aliases, alias_start=[1, 2])
+    runner = Executor(plan, VarManager(session_id=98))
+    for n in (3, 5, 3, 5, 3):
+        x = np.arange(2 * n, dtype=np.float32).reshape(n, 2)
+        got = runner.run({"x": x})
+        np.testing.assert_array_equal(got["y"], x.reshape(-1))
+        np.testing.assert_array_equal(got["z"], x[1:])
+    assert [c for c in calls if c[0] == "y"] == [("y", 3), ("y", 5)]
+    assert [c for c in calls if c[0] == "z"] == [("z", n) for n in (3, 5, 3, 5, 3)]

@@ -6,6 +6,10 @@
 #include "call.h"
 #include "pool.h"
 
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL geode_ARRAY_API
+#include <numpy/arrayobject.h>
+
 PyDoc_STRVAR(call_chain_doc,
              "call_chain($module, entries, arrays, ints, /)\n--\n\n"
              "Call several kernel entries in one crossing, the GIL released once: entries is a\n"
@@ -106,7 +110,7 @@ static PyObject *py_symbols(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
+    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
                          PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_parallel_steps",
                          PyLong_FromVoidPtr((void *)&geode_parallel_steps), "geode_num_threads",
                          PyLong_FromVoidPtr((void *)&geode_num_threads), "geode_scratch",
@@ -114,7 +118,8 @@ static PyObject *py_symbols(PyObject *module, PyObject *unused)
                          PyLong_FromVoidPtr((void *)&geode_gemm), "geode_sgemm_packed",
                          PyLong_FromVoidPtr((void *)&geode_sgemm_packed), "geode_sgemm_pack",
                          PyLong_FromVoidPtr((void *)&geode_sgemm_pack), "geode_conv_winograd",
-                         PyLong_FromVoidPtr((void *)&geode_conv_winograd));
+                         PyLong_FromVoidPtr((void *)&geode_conv_winograd), "geode_check_indices",
+                         PyLong_FromVoidPtr((void *)&geode_check_indices));
 }
 
 PyDoc_STRVAR(blas_share_pool_doc,
@@ -292,6 +297,7 @@ static PyObject *make_argument_error(void)
 
 PyMODINIT_FUNC PyInit__ext(void)
 {
+    import_array(); /* numpy's C API: the trampoline reads numpy arrays directly */
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
