@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import geode
 from geode.codegen.backends.llvm.conv import conv_kernel
-from geode.codegen.backends.llvm.conv_spec import WINOGRAD_MIN_CHANNELS, ConvSpec
+from geode.codegen.backends.llvm.conv_spec import WINOGRAD_MIN_CHANNELS, ConvSpec, f4_width
 from geode.codegen.winograd_weights import transform_filters
 from geode.compiler.ops.nn import conv_nd
 from geode.runtime import native
@@ -120,7 +120,16 @@ def test_winograd_matches_the_reference_over_random_shapes(case) -> None:
         ((2, 17, 13, 9, 230, 1), 4),  # 58 tiles a row: three items, two lanes in the last
         ((1, 16, 16, 8, 22, 1), 0),  # both transforms: 22 columns take F(2x2)
         ((1, 16, 16, 8, 24, 1), 0),  # and 24 F(4x4)
+        ((1, 16, 16, 8, 16, 1), 0),  # 16 F(4x4) in row groups
+        ((1, 16, 16, 8, 12, 1), 0),  # 12 F(2x2)
+        ((2, 16, 16, 8, 7, 1), 0),  # 7 F(4x4) in row groups
         ((1, 32, 32, 64, 70, 1), 4),  # over 1 MB of X, Y (and Z): the prefetching path
+        ((1, 64, 64, 16, 16, 1), 4),  # 4 tiles a row: row groups of 2, the small cnn's b2
+        ((2, 24, 17, 15, 14, 1), 4),  # 4 tiles a row, 4 tile rows, batch 2: 2 groups each
+        ((3, 19, 9, 13, 13, 1), 4),  # 4 tiles a row, the last one partial, a group's row out
+        ((2, 16, 33, 11, 7, 1), 4),  # 2 tiles a row: row groups of 4, the last half out
+        ((1, 17, 16, 40, 8, 1), 4),  # 2 tiles a row, 10 tile rows: 3 groups, several items
+        ((1, 8, 8, 9, 8, 0), 4),  # no padding: 6 columns, 2 tiles a row, 7 rows
     ],
 )
 def test_winograd_on_resnet_shapes(shape, tile) -> None:
@@ -183,6 +192,26 @@ def test_relu_keeps_nan_and_transform_is_exact(tile) -> None:
     assert not np.isnan(y[..., 5, :]).any() and not np.isnan(y[..., :, 5]).any()
 
 
+@pytest.mark.parametrize("width", [5, 8, 9, 12, 13, 16, 17, 23, 24])
+def test_run_time_tile_follows_the_rule(width) -> None:
+    """With the width known only at run time the kernel picks the tile
+    ``conv_spec.f4_width`` gives: the same bits as the kernel of that tile alone (the
+    two tiles round differently)."""
+    rng = np.random.default_rng(width)
+    x = rng.standard_normal((1, 16, 9, width)).astype(np.float32)
+    wt = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    want_tile = 4 if f4_width(width) else 2
+    outs = []
+    for tile in (0, want_tile, 6 - want_tile):
+        spec = spec_of(16, 16, 1, False, False, False, winograd_tile=tile)
+        u = np.concatenate([transform_filters(wt, t) for t in spec.winograd_tiles])
+        y = np.empty((1, 16, 9, width), np.float32)
+        conv_kernel(spec)(x, u, y, threads=1)
+        outs.append(y)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert not np.array_equal(outs[0], outs[2])
+
+
 @pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
 def test_auto_pads(auto_pad) -> None:
     """SAME pads (computed at run time) and VALID, against the reference."""
@@ -217,15 +246,22 @@ def test_which_convs_take_winograd() -> None:
     assert small.method == "direct" and "not Winograd" in small.reason
     assert spec_of(3, 3, 1, True, False, False).method == "winograd"  # forced
     # narrow outputs: F(2x2,3x3), from 32 channels and 16 columns
-    narrow = spec_of(32, 64, 1, True, False, True, choice="auto", out_width=16)
+    narrow = spec_of(32, 64, 1, True, False, True, choice="auto", out_width=20)
     assert narrow.method == "winograd" and narrow.tile_side == 2
-    assert "F(2x2,3x3)" in narrow.reason and "width 16" in narrow.reason
-    for c, width in ((16, 16), (64, 8)):
+    assert "F(2x2,3x3)" in narrow.reason and "width 20" in narrow.reason
+    for c, width in ((16, 20), (64, 12), (15, 16)):
         s = spec_of(c, c, 1, True, False, True, choice="auto", out_width=width)
         assert s.method == "direct" and "not Winograd" in s.reason, s.reason
+    # but F(4x4,3x3) in row groups at 2 or 4 tiles a row, from 16 channels
+    for width, tiles in ((16, 4), (13, 4), (8, 2), (5, 2)):
+        s = spec_of(16, 16, 1, True, False, True, choice="auto", out_width=width)
+        assert s.method == "winograd" and s.tile_side == 4, (width, s.reason)
+        assert f"F(4x4,3x3) in row groups ({tiles} tiles a row" in s.reason
+    for width in (4, 9, 12, 17, 23):
+        assert spec_of(32, 32, 1, True, False, True, out_width=width).tile_side == 2
     assert spec_of(16, 16, 1, True, False, True, choice="auto", out_width=24).tile_side == 4
     assert spec.tile_side == 0 and spec.winograd_tiles == (2, 4)  # width known at run time
-    assert "F(4x4,3x3), F(2x2,3x3) below 24 columns" in spec.reason
+    assert "F(4x4,3x3), F(2x2,3x3) below 24 columns but at 2 or 4 tiles a row" in spec.reason
     blocked = {
         "strides": dict(strides=(2, 2)),
         "dilations": dict(dilations=(2, 2)),

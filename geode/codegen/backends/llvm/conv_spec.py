@@ -14,7 +14,9 @@ __all__ = [
     "WINOGRAD_F2_MIN_WIDTH",
     "WINOGRAD_F4_MIN_WIDTH",
     "WINOGRAD_MIN_CHANNELS",
+    "WINOGRAD_ROW_GROUP_TILES",
     "WINOGRAD_TILES",
+    "f4_width",
     "BODY_PARAMS",
     "TYPES",
     "ConvSpec",
@@ -34,14 +36,26 @@ CHOICES = ("auto", "im2col", "direct", "winograd")
 #: Winograd's tile sides: F(2x2, 3x3) and F(4x4, 3x3)
 WINOGRAD_TILES = (2, 4)
 #: F(4x4, 3x3) from this output width up (or when the width is known only at run time),
-#: F(2x2, 3x3) below: a row of 8 lanes of 4-wide tiles is half empty at width 16
+#: F(2x2, 3x3) below, except at :data:`WINOGRAD_ROW_GROUP_TILES`
 WINOGRAD_F4_MIN_WIDTH = 24
+#: F(4x4, 3x3) also below :data:`WINOGRAD_F4_MIN_WIDTH` at these tiles a row (5-8 and
+#: 13-16 output columns): the kernel packs 8 / tiles tile rows into a vector of 8 lanes
+#: (``winograd.c``: row groups), none empty; measured 0.62-0.86 of F(2x2)'s time from 16
+#: to 512 channels (the small cnn's 64-channel 16x16 conv 0.131 -> 0.090 ms)
+WINOGRAD_ROW_GROUP_TILES = (2, 4)
 #: ``auto`` takes F(4x4, 3x3) when the input and output channels are at least this many
 WINOGRAD_MIN_CHANNELS = 16
 #: and F(2x2, 3x3) (narrow outputs) at least this many channels and this output width
 #: (all three rules measured by bench/winograd.py, docs/performance.md "Winograd")
 WINOGRAD_F2_MIN_CHANNELS = 32
 WINOGRAD_F2_MIN_WIDTH = 16
+
+
+def f4_width(width: int) -> bool:
+    """Whether Winograd takes F(4x4, 3x3) at this output width (F(2x2, 3x3) otherwise):
+    from :data:`WINOGRAD_F4_MIN_WIDTH` columns, and below at
+    :data:`WINOGRAD_ROW_GROUP_TILES` tiles a row."""
+    return width >= WINOGRAD_F4_MIN_WIDTH or -(-width // 4) in WINOGRAD_ROW_GROUP_TILES
 
 
 @dataclass(frozen=True)
@@ -173,15 +187,15 @@ class ConvSpec:
 
     @property
     def tile_side(self) -> int:
-        """Winograd's output tile side: ``winograd_tile`` when given, else 2 below
-        :data:`WINOGRAD_F4_MIN_WIDTH` output columns, 4 from there; 0 when the width is
+        """Winograd's output tile side: ``winograd_tile`` when given, else 4 at the
+        widths :func:`f4_width` takes, 2 at the others; 0 when the width is
         known only at run time (the kernel then takes both transforms and picks by the
         same rule at run time)."""
         if self.winograd_tile:
             return self.winograd_tile
         if not self.out_width:
             return 0
-        return 2 if self.out_width < WINOGRAD_F4_MIN_WIDTH else 4
+        return 4 if f4_width(self.out_width) else 2
 
     @property
     def winograd_tiles(self) -> tuple[int, ...]:
@@ -210,7 +224,13 @@ class ConvSpec:
         if self.method == "winograd":
             tile = f"F({self.tile_side}x{self.tile_side},3x3)"
             if not self.tile_side:
-                tile = f"F(4x4,3x3), F(2x2,3x3) below {WINOGRAD_F4_MIN_WIDTH} columns"
+                tile = (
+                    f"F(4x4,3x3), F(2x2,3x3) below {WINOGRAD_F4_MIN_WIDTH} columns but at "
+                    f"{' or '.join(map(str, WINOGRAD_ROW_GROUP_TILES))} tiles a row"
+                )
+            elif self.tile_side == 4 and self.out_width < WINOGRAD_F4_MIN_WIDTH:
+                tiles = -(-self.out_width // 4)
+                tile += f" in row groups ({tiles} tiles a row, {8 // tiles} rows a vector)"
             if self.choice == "winograd":
                 return f"Winograd {tile}: forced by conv_method=winograd"
             return (

@@ -16,6 +16,7 @@ from __future__ import annotations
 from geode.codegen.backends.llvm.conv_spec import (
     BODY_PARAMS,
     WINOGRAD_F4_MIN_WIDTH,
+    WINOGRAD_ROW_GROUP_TILES,
     ConvSpec,
     body_geometry,
 )
@@ -52,7 +53,7 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     sizes = (geo.n, spec.channels, spec.out_channels, geo.h, geo.wd, geo.oh, geo.ow)
     tile, u = str(spec.tile_side), geo.w
     if not spec.tile_side:  # both transforms: the tile by the output width, at run time
-        narrow = fn.value(f"icmp slt i64 {geo.ow}, {WINOGRAD_F4_MIN_WIDTH}", "narrow")
+        narrow = _narrow(fn, geo.ow)
         tile = fn.value(f"select i1 {narrow}, i64 2, i64 4", "tile")
         skip = 16 * spec.out_channels * spec.channels  # F(2x2)'s positions come first
         u4 = fn.value(f"getelementptr float, ptr {geo.w}, i64 {skip}", "u4")
@@ -64,3 +65,17 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     status = fn.value(f"select i1 {failed}, i32 {len(spec.arrays) + 1}, i32 0", "status")
     fn.terminate(f"ret i32 {status}")
     module.add_function(fn)
+
+
+def _narrow(fn: FunctionWriter, ow: str) -> str:
+    """``i1``: whether the output width ``ow`` takes F(2x2, 3x3) (``conv_spec.f4_width``
+    false: below :data:`WINOGRAD_F4_MIN_WIDTH` columns and not at
+    :data:`WINOGRAD_ROW_GROUP_TILES` tiles a row)."""
+    below = fn.value(f"icmp slt i64 {ow}, {WINOGRAD_F4_MIN_WIDTH}", "below")
+    tiles = fn.value(f"sdiv i64 {fn.value(f'add i64 {ow}, 3', 'ow3')}, 4", "tiles")
+    grouped = "false"
+    for k in WINOGRAD_ROW_GROUP_TILES:
+        hit = fn.value(f"icmp eq i64 {tiles}, {k}", "rowgroup")
+        grouped = fn.value(f"or i1 {grouped}, {hit}", "grouped")
+    ungrouped = fn.value(f"xor i1 {grouped}, true", "ungrouped")
+    return fn.value(f"and i1 {below}, {ungrouped}", "narrow")
