@@ -130,6 +130,8 @@ def test_winograd_matches_the_reference_over_random_shapes(case) -> None:
         ((2, 16, 33, 11, 7, 1), 4),  # 2 tiles a row: row groups of 4, the last half out
         ((1, 17, 16, 40, 8, 1), 4),  # 2 tiles a row, 10 tile rows: 3 groups, several items
         ((1, 8, 8, 9, 8, 0), 4),  # no padding: 6 columns, 2 tiles a row, 7 rows
+        ((2, 9, 10, 21, 29, 1), 4),  # 8 tiles a row: a vector a tile row, items of rows
+        ((1, 33, 8, 40, 34, 0), 4),  # 32 columns unpadded, 10 tile rows: 8 x 3 products
     ],
 )
 def test_winograd_on_resnet_shapes(shape, tile) -> None:

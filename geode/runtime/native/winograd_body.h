@@ -255,8 +255,8 @@ static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, fl
     }
 }
 
-/* V = B^T d B for every input channel of one item of row groups (g->rp > 1, tw 2 or 4
-   tiles a row: a vector's lane s * tw + tx is tile tx of tile row ty + rp j + s) into v
+/* V = B^T d B for every input channel of one item of row groups (g->rp > 0, tw 2, 4 or
+   8 tiles a row: a vector's lane s * tw + tx is tile tx of tile row ty + rp j + s) into v
    ([36][c][tb]). Lanes of a group's row hold consecutive tiles, so columns 4 and 5 of a
    lane are columns 0 and 1 of the next, except for a row's last tile (its row's columns
    4 tw and 4 tw + 1). */
@@ -354,7 +354,7 @@ static void WF(output_transform4)(const wino_t *g, const item_t *it, const float
     }
 }
 
-/* Y = A^T m A for output channel co of an item of row groups (g->rp > 1; m:
+/* Y = A^T m A for output channel co of an item of row groups (g->rp > 0; m:
    mb[xi][r][tb], 36 positions), then bias, residual, Relu: a lane vector's 4 output rows
    of every tile row of its group. */
 static void WF(output_transform4_rows)(const wino_t *g, const item_t *it, const float *mb,
@@ -412,7 +412,7 @@ static inline __attribute__((always_inline)) void WF(run_points)(const wino_t *g
     prefetch_step(g, it, next, 0, g->m < WRI ? (int)g->m : WRI, 0, -1, steps);
     if (points == 16)
         WF(input_transform)(g, it, v, rowbuf);
-    else if (g->rp > 1)
+    else if (g->rp > 0)
         WF(input_transform4_rows)(g, it, v, rowbuf);
     else
         WF(input_transform4)(g, it, v, rowbuf);
@@ -426,7 +426,7 @@ static inline __attribute__((always_inline)) void WF(run_points)(const wino_t *g
         for (int q = 0; q < r; q++) {
             if (points == 16)
                 WF(output_transform)(g, it, mb, q, co + q);
-            else if (g->rp > 1)
+            else if (g->rp > 0)
                 WF(output_transform4_rows)(g, it, mb, q, co + q);
             else
                 WF(output_transform4)(g, it, mb, q, co + q);
