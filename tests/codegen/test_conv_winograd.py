@@ -132,6 +132,8 @@ def test_winograd_matches_the_reference_over_random_shapes(case) -> None:
         ((1, 8, 8, 9, 8, 0), 4),  # no padding: 6 columns, 2 tiles a row, 7 rows
         ((2, 9, 10, 21, 29, 1), 4),  # 8 tiles a row: a vector a tile row, items of rows
         ((1, 33, 8, 40, 34, 0), 4),  # 32 columns unpadded, 10 tile rows: 8 x 3 products
+        ((1, 20, 24, 9, 26, 1), 4),  # 7 tiles a row: a vector a tile row, one lane empty
+        ((2, 16, 17, 14, 20, 0), 4),  # 18 columns unpadded: 5 tiles a row, the last partial
     ],
 )
 def test_winograd_on_resnet_shapes(shape, tile) -> None:
@@ -154,6 +156,7 @@ def test_each_vector_path(isa, tile) -> None:
         assert native.pool_info()["winograd_isa"] == isa
         run_case(2, 19, 21, 11, 37, 1, True, True, True, seed=3, tile=tile)
         run_case(2, 19, 21, 11, 14, 1, True, True, True, seed=4, tile=tile)  # row groups
+        run_case(1, 19, 21, 13, 27, 1, True, True, True, seed=5, tile=tile)  # 7 tiles a row
     finally:
         native._ext._set_winograd_isa(old)
 

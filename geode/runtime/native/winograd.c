@@ -11,11 +11,11 @@
    (position, output channel, input channel).
 
    Work items: a chunk of up to WMAXNV vectors of 8 tiles of one tile row of one image
-   (a tile row's vectors shared evenly among its chunks). F(4x4) on a map of 2, 4 or 8
-   tiles a row (5-8, 13-16 or 29-32 output columns) takes row groups instead: a vector
-   is rp = 8 / tw whole tile rows (lane s * tw + tx: tile tx of the group's row s), so no
-   lane is empty at 2 and 4 tiles a row, and an item is up to WMAXNV row groups of one
-   image (up to 3 tile rows at 8 tiles a row, where a tile row is one vector: 8 x 3
+   (a tile row's vectors shared evenly among its chunks). F(4x4) on a map of 2, 4 or 5 to
+   8 tiles a row (5-8 or 13-32 output columns) takes row groups instead: a vector is rp =
+   8 / tw whole tile rows at 2 and 4 tiles a row (lane s * tw + tx: tile tx of the
+   group's row s), so no lane is empty, and one tile row (rp 1) at 5 to 8; an item is
+   up to WMAXNV row groups of one image (up to 3 tile rows at 5 to 8 tiles a row: 8 x 3
    accumulators per product instead of 8 x 1), cut into about GROUP_ITEMS_PER_THREAD
    items a thread (the split changes no result; the prefetches stay off). Per item, in
    the thread's scratch buffer: V for every input channel, [P][C][tb] (tb = the chunk's
@@ -336,7 +336,7 @@ GEODE_EXPORT int32_t geode_conv_winograd(const float *x, const float *u, const f
     const int64_t t = threads > 0 ? threads : geode_num_threads();
     const int64_t th = (oh + tile - 1) / tile;
     g.tw = (ow + tile - 1) / tile;
-    g.rp = tile == 4 && (g.tw == 2 || g.tw == 4 || g.tw == 8) ? 8 / g.tw : 0;
+    g.rp = tile != 4 ? 0 : g.tw == 2 || g.tw == 4 ? 8 / g.tw : g.tw >= 5 && g.tw <= 8 ? 1 : 0;
     if (g.rp > 0) { /* vectors of row groups, per image */
         g.vr = (th + g.rp - 1) / g.rp;
         const int64_t want = t > 1 ? (GROUP_ITEMS_PER_THREAD * t + n - 1) / n : 1;

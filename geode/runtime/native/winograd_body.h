@@ -256,14 +256,17 @@ static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, fl
 }
 
 /* V = B^T d B for every input channel of one item of row groups (g->rp > 0, tw 2, 4 or
-   8 tiles a row: a vector's lane s * tw + tx is tile tx of tile row ty + rp j + s) into v
-   ([36][c][tb]). Lanes of a group's row hold consecutive tiles, so columns 4 and 5 of a
-   lane are columns 0 and 1 of the next, except for a row's last tile (its row's columns
-   4 tw and 4 tw + 1). */
+   5 to 8 tiles a row: a vector's lane s * tw + tx is tile tx of tile row ty + rp j + s)
+   into v ([36][c][tb]). Lanes of a group's row hold consecutive tiles, so columns 4 and
+   5 of a lane are columns 0 and 1 of the next, except for a row's last tile (its row's
+   columns 4 tw and 4 tw + 1). */
 static void WF(input_transform4_rows)(const wino_t *g, const item_t *it, float *v,
                                       float *rowbuf)
 {
-    const int64_t tb = it->nv * 8, tw = g->tw, rp = g->rp, seg = 4 * tw, span = seg + 2;
+    const int64_t tb = it->nv * 8, tw = g->tw, rp = g->rp, seg = rp > 1 ? 4 * tw : 32;
+    /* one tile row a vector (5 to 8 tiles): a whole vector's 34 columns read, zeros (or
+       columns never stored) past the row's tiles */
+    const int64_t span = seg + 2;
     const int64_t xs = g->c * tb; /* one position's matrix */
     const v8i next = {1, 2, 3, 4, 5, 6, 7, 8};
     for (int64_t ch = 0; ch < g->c; ch++) {
@@ -278,7 +281,7 @@ static void WF(input_transform4_rows)(const wino_t *g, const item_t *it, float *
                 float q32[32];
                 for (int k = 0; k < 4; k++) { /* floats 8 k.. of the lanes' 32 columns */
                     const int64_t f = 8 * k;
-                    vstore(q32 + f, vload(rows[f / seg][i] + f % seg));
+                    vstore(q32 + f, vload(rows[f / seg][i] + f % seg)); /* rp 1: row 0 */
                 }
                 WF(cols4)(q32, d[i]);
                 v8 c4 = __builtin_shuffle(d[i][0], vsplat(rows[rp - 1][i][seg]), next);
@@ -360,10 +363,10 @@ static void WF(output_transform4)(const wino_t *g, const item_t *it, const float
 static void WF(output_transform4_rows)(const wino_t *g, const item_t *it, const float *mb,
                                        int r, int64_t co)
 {
-    const int64_t tb = it->nv * 8, tw = g->tw, rp = g->rp, seg = 4 * tw;
+    const int64_t tb = it->nv * 8, tw = g->tw, rp = g->rp, seg = rp > 1 ? 4 * tw : 32;
     const v8 bias = vsplat(g->bias != NULL ? g->bias[co] : 0.0f);
     const int64_t plane = (it->n * g->m + co) * g->oh * g->ow;
-    const int64_t count = g->ow < seg ? g->ow : seg;
+    const int64_t count = g->ow < seg ? g->ow : seg; /* the row's columns */
     for (int64_t j = 0; j < it->nv; j++) {
         v8 m[36], a[4][6];
         for (int xi = 0; xi < 36; xi++)
