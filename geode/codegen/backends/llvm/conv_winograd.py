@@ -16,7 +16,7 @@ from __future__ import annotations
 from geode.codegen.backends.llvm.conv_spec import (
     BODY_PARAMS,
     WINOGRAD_F4_MIN_WIDTH,
-    WINOGRAD_ROW_GROUP_TILES,
+    WINOGRAD_F4_NARROW,
     ConvSpec,
     body_geometry,
 )
@@ -69,13 +69,11 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
 
 def _narrow(fn: FunctionWriter, ow: str) -> str:
     """``i1``: whether the output width ``ow`` takes F(2x2, 3x3) (``conv_spec.f4_width``
-    false: below :data:`WINOGRAD_F4_MIN_WIDTH` columns and not at
-    :data:`WINOGRAD_ROW_GROUP_TILES` tiles a row)."""
+    false: below :data:`WINOGRAD_F4_MIN_WIDTH` columns and outside
+    :data:`WINOGRAD_F4_NARROW`)."""
+    lo, hi = WINOGRAD_F4_NARROW
     below = fn.value(f"icmp slt i64 {ow}, {WINOGRAD_F4_MIN_WIDTH}", "below")
-    tiles = fn.value(f"sdiv i64 {fn.value(f'add i64 {ow}, 3', 'ow3')}, 4", "tiles")
-    grouped = "false"
-    for k in WINOGRAD_ROW_GROUP_TILES:
-        hit = fn.value(f"icmp eq i64 {tiles}, {k}", "rowgroup")
-        grouped = fn.value(f"or i1 {grouped}, {hit}", "grouped")
-    ungrouped = fn.value(f"xor i1 {grouped}, true", "ungrouped")
-    return fn.value(f"and i1 {below}, {ungrouped}", "narrow")
+    under = fn.value(f"icmp slt i64 {ow}, {lo}", "under")
+    over = fn.value(f"icmp sgt i64 {ow}, {hi}", "over")
+    outside = fn.value(f"or i1 {under}, {over}", "outside")
+    return fn.value(f"and i1 {below}, {outside}", "narrow")
