@@ -10,7 +10,7 @@ and multiplies each by the ``CB`` weights, broadcast: ``CB * U`` fused multiply-
 ``U`` vector loads. The epilogue runs on the tile in registers before its one store:
 the bias, then the residual ``Z`` (same shape as Y) added, then the activation (Relu).
 The last tile of a row stores through a lane mask (its extra lanes read zeros of the
-scratch row and are never stored). Before its taps a tile prefetches the ``Z`` it will
+scratch row and are never stored); a whole tile stores plain vectors. Before its taps a tile prefetches the ``Z`` it will
 read and the ``Y`` it will write (:func:`_prefetch_tile`).
 
 Work is split into *items*, one band of output rows of one image and group
