@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import geode
 from geode.codegen.backends.llvm.conv import conv_kernel
-from geode.codegen.backends.llvm.conv_spec import WINOGRAD_MIN_CHANNELS, ConvSpec
+from geode.codegen.backends.llvm.conv_spec import WINOGRAD_MIN_CHANNELS, ConvSpec, f4_width
 from geode.codegen.winograd_weights import transform_filters
 from geode.compiler.ops.nn import conv_nd
 from geode.runtime import native
@@ -118,9 +118,22 @@ def test_winograd_matches_the_reference_over_random_shapes(case) -> None:
         ((1, 32, 32, 32, 32, 1), 4),  # the small cnn's 32-channel convs
         ((1, 5, 9, 14, 98, 0), 4),  # 24 tiles a row: one item of three vectors
         ((2, 17, 13, 9, 230, 1), 4),  # 58 tiles a row: three items, two lanes in the last
-        ((1, 16, 16, 8, 22, 1), 0),  # both transforms: 22 columns take F(2x2)
+        ((1, 16, 16, 8, 12, 1), 0),  # both transforms: 12 columns take F(2x2)
         ((1, 16, 16, 8, 24, 1), 0),  # and 24 F(4x4)
+        ((1, 16, 16, 8, 16, 1), 0),  # 16 F(4x4) in row groups
+        ((1, 16, 16, 8, 3, 1), 0),  # 3 F(2x2)
+        ((2, 16, 16, 8, 7, 1), 0),  # 7 F(4x4) in row groups
         ((1, 32, 32, 64, 70, 1), 4),  # over 1 MB of X, Y (and Z): the prefetching path
+        ((1, 64, 64, 16, 16, 1), 4),  # 4 tiles a row: row groups of 2, the small cnn's b2
+        ((2, 24, 17, 15, 14, 1), 4),  # 4 tiles a row, 4 tile rows, batch 2: 2 groups each
+        ((3, 19, 9, 13, 13, 1), 4),  # 4 tiles a row, the last one partial, a group's row out
+        ((2, 16, 33, 11, 7, 1), 4),  # 2 tiles a row: row groups of 4, the last half out
+        ((1, 17, 16, 40, 8, 1), 4),  # 2 tiles a row, 10 tile rows: 3 groups, several items
+        ((1, 8, 8, 9, 8, 0), 4),  # no padding: 6 columns, 2 tiles a row, 7 rows
+        ((2, 9, 10, 21, 29, 1), 4),  # 8 tiles a row: a vector a tile row, items of rows
+        ((1, 33, 8, 40, 34, 0), 4),  # 32 columns unpadded, 10 tile rows: 8 x 3 products
+        ((1, 20, 24, 9, 26, 1), 4),  # 7 tiles a row: a vector a tile row, one lane empty
+        ((2, 16, 17, 14, 20, 0), 4),  # 18 columns unpadded: 5 tiles a row, the last partial
     ],
 )
 def test_winograd_on_resnet_shapes(shape, tile) -> None:
@@ -134,7 +147,7 @@ def test_winograd_on_resnet_shapes(shape, tile) -> None:
 @pytest.mark.parametrize("tile", [2, 4])
 def test_each_vector_path(isa, tile) -> None:
     """The plain C, AVX2 and AVX-512VL paths (those this CPU runs) give the reference's
-    result."""
+    result (F(4x4) on 14 columns: row groups)."""
     try:
         old = native._ext._set_winograd_isa(isa)
     except ValueError:
@@ -142,6 +155,8 @@ def test_each_vector_path(isa, tile) -> None:
     try:
         assert native.pool_info()["winograd_isa"] == isa
         run_case(2, 19, 21, 11, 37, 1, True, True, True, seed=3, tile=tile)
+        run_case(2, 19, 21, 11, 14, 1, True, True, True, seed=4, tile=tile)  # row groups
+        run_case(1, 19, 21, 13, 27, 1, True, True, True, seed=5, tile=tile)  # 7 tiles a row
     finally:
         native._ext._set_winograd_isa(old)
 
@@ -183,6 +198,26 @@ def test_relu_keeps_nan_and_transform_is_exact(tile) -> None:
     assert not np.isnan(y[..., 5, :]).any() and not np.isnan(y[..., :, 5]).any()
 
 
+@pytest.mark.parametrize("width", [4, 5, 8, 9, 12, 13, 16, 17, 23, 24])
+def test_run_time_tile_follows_the_rule(width) -> None:
+    """With the width known only at run time the kernel picks the tile
+    ``conv_spec.f4_width`` gives: the same bits as the kernel of that tile alone (the
+    two tiles round differently)."""
+    rng = np.random.default_rng(width)
+    x = rng.standard_normal((1, 16, 9, width)).astype(np.float32)
+    wt = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    want_tile = 4 if f4_width(width) else 2
+    outs = []
+    for tile in (0, want_tile, 6 - want_tile):
+        spec = spec_of(16, 16, 1, False, False, False, winograd_tile=tile)
+        u = np.concatenate([transform_filters(wt, t) for t in spec.winograd_tiles])
+        y = np.empty((1, 16, 9, width), np.float32)
+        conv_kernel(spec)(x, u, y, threads=1)
+        outs.append(y)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert not np.array_equal(outs[0], outs[2])
+
+
 @pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
 def test_auto_pads(auto_pad) -> None:
     """SAME pads (computed at run time) and VALID, against the reference."""
@@ -216,16 +251,26 @@ def test_which_convs_take_winograd() -> None:
     small = spec_of(big - 1, big, 1, True, False, True, choice="auto")
     assert small.method == "direct" and "not Winograd" in small.reason
     assert spec_of(3, 3, 1, True, False, False).method == "winograd"  # forced
-    # narrow outputs: F(2x2,3x3), from 32 channels and 16 columns
-    narrow = spec_of(32, 64, 1, True, False, True, choice="auto", out_width=16)
+    # narrow outputs (9-12 and below 5 columns): F(2x2,3x3), from 32 channels and 4 columns
+    narrow = spec_of(32, 64, 1, True, False, True, choice="auto", out_width=12)
     assert narrow.method == "winograd" and narrow.tile_side == 2
-    assert "F(2x2,3x3)" in narrow.reason and "width 16" in narrow.reason
-    for c, width in ((16, 16), (64, 8)):
+    assert "F(2x2,3x3)" in narrow.reason and "width 12" in narrow.reason
+    for c, width in ((16, 12), (31, 10), (64, 3), (15, 16)):
         s = spec_of(c, c, 1, True, False, True, choice="auto", out_width=width)
         assert s.method == "direct" and "not Winograd" in s.reason, s.reason
-    assert spec_of(16, 16, 1, True, False, True, choice="auto", out_width=24).tile_side == 4
+    # F(4x4,3x3) from 13 columns and at 5-8, from 16 channels; row groups up to 32
+    rows = ((16, "4 tiles a row, 2 tile rows"), (13, "4 tiles a row, 2 tile rows"))
+    rows += ((8, "2 tiles a row, 4 tile rows"), (5, "2 tiles a row, 4 tile rows"))
+    for width, group in (*rows, (20, "5 tiles a row, one tile row")):
+        s = spec_of(16, 16, 1, True, False, True, choice="auto", out_width=width)
+        assert s.method == "winograd" and s.tile_side == 4, (width, s.reason)
+        assert f"F(4x4,3x3) in row groups ({group} a vector)" in s.reason
+    for width in (4, 9, 12):
+        assert spec_of(32, 32, 1, True, False, True, out_width=width).tile_side == 2
+    for width in (5, 8, 13, 17, 23, 24, 100):
+        assert spec_of(32, 32, 1, True, False, True, out_width=width).tile_side == 4
     assert spec.tile_side == 0 and spec.winograd_tiles == (2, 4)  # width known at run time
-    assert "F(4x4,3x3), F(2x2,3x3) below 24 columns" in spec.reason
+    assert "F(4x4,3x3), F(2x2,3x3) below 13 columns but at 5-8" in spec.reason
     blocked = {
         "strides": dict(strides=(2, 2)),
         "dilations": dict(dilations=(2, 2)),
@@ -287,7 +332,8 @@ def test_cnn_conv_picks_winograd_and_explain_says_so(stride, tmp_path) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     if stride == 1:
         assert "Winograd kernel + residual add + relu" in text
-        assert "Winograd F(4x4,3x3): C=32, M=32" in text and "measured faster" in text
+        why = "Winograd F(4x4,3x3) in row groups (7 tiles a row, one tile row a vector): C=32"
+        assert why in text and "measured faster" in text
         path = tmp_path / "block.geode"
         m.save(path)
         np.testing.assert_array_equal(geode.load(path)(**feeds)["Y"], got)

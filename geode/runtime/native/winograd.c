@@ -11,9 +11,15 @@
    (position, output channel, input channel).
 
    Work items: a chunk of up to WMAXNV vectors of 8 tiles of one tile row of one image
-   (a tile row's vectors shared evenly among its chunks). Per item, in the thread's
-   scratch buffer: V for every input channel, [P][C][tb] (tb = the chunk's tiles, lanes
-   along the row); then per group of WRI output channels (8 with AVX-512VL's 32 vector
+   (a tile row's vectors shared evenly among its chunks). F(4x4) on a map of 2, 4 or 5 to
+   8 tiles a row (5-8 or 13-32 output columns) takes row groups instead: a vector is rp =
+   8 / tw whole tile rows at 2 and 4 tiles a row (lane s * tw + tx: tile tx of the
+   group's row s), so no lane is empty, and one tile row (rp 1) at 5 to 8; an item is
+   up to WMAXNV row groups of one image (up to 3 tile rows at 5 to 8 tiles a row: 8 x 3
+   accumulators per product instead of 8 x 1), cut into about GROUP_ITEMS_PER_THREAD
+   items a thread (the split changes no result; the prefetches stay off). Per item, in
+   the thread's scratch buffer: V for every input channel, [P][C][tb] (tb = the chunk's
+   tiles, lanes along the row); then per group of WRI output channels (8 with AVX-512VL's 32 vector
    registers, else 4) the P products [WRI x C] @ [C x tb] into a small buffer
    m[P][WR][tb] (kept in L1), and the output transform of each channel with the bias, the
    residual and Relu, written straight to Y as interleaved rows. Every output is computed
@@ -81,7 +87,9 @@ typedef struct {
     float *y;
     int64_t n, c, m, h, w, oh, ow, pt, pl, relu;
     int64_t tile; /* outputs per tile side: 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3)) */
-    int64_t tw, vr, cr; /* tiles per row, their vectors, chunks per row */
+    int64_t tw, vr, cr; /* tiles per row, their vectors, chunks per row (with row
+                           groups: the image's groups, chunks per image) */
+    int64_t rp;         /* tile rows per vector of a row group (see the top), 0: none */
     int64_t items;
     int isa;
     int prefetch; /* the arrays outgrow the L2 cache: prefetch_step's prefetches pay */
@@ -236,6 +244,14 @@ int geode_winograd_set_isa(int isa)
 static void item_of(const wino_t *g, int64_t k, item_t *it)
 {
     const int64_t chunk = k % g->cr, row = k / g->cr;
+    if (g->rp > 0) { /* row groups: row is the image, vectors are groups of rp tile rows */
+        const int64_t v0 = g->vr * chunk / g->cr, v1 = g->vr * (chunk + 1) / g->cr;
+        it->n = row;
+        it->ty = g->rp * v0;
+        it->tx0 = 0;
+        it->nv = v1 - v0;
+        return;
+    }
     const int64_t th = (g->oh + g->tile - 1) / g->tile;
     it->n = row / th;
     it->ty = row % th;
@@ -247,7 +263,7 @@ static void item_of(const wino_t *g, int64_t k, item_t *it)
 static int64_t scratch_floats(int64_t c, int64_t tile)
 {
     const int64_t side = tile + 2;
-    return side * side * (c + WR) * WMAXTB + side * WROW;
+    return side * side * (c + WR) * WMAXTB + 4 * side * WROW; /* rp <= 4 */
 }
 
 typedef struct {
@@ -293,6 +309,9 @@ static void chunk_fn(void *ctx, int64_t chunk, int64_t nchunks)
 }
 
 #define CHUNKS_PER_THREAD 4
+/* items a thread with row groups: fewer, longer items than CHUNKS_PER_THREAD (more
+   row groups an item multiply together) */
+#define GROUP_ITEMS_PER_THREAD 2
 /* X, Y and Z together over this many bytes: prefetch (below it they stay in the L2
    cache between calls and the prefetches cost more than they save: the small cnn's
    32x32 convs 0.112 -> 0.119 ms with them) */
@@ -314,15 +333,28 @@ GEODE_EXPORT int32_t geode_conv_winograd(const float *x, const float *u, const f
     if (tile != 2 && tile != 4)
         return 2;
     wino_t g = {x, u, bias, z, y, n, c, m, h, w, oh, ow, pt, pl, relu, tile};
+    const int64_t t = threads > 0 ? threads : geode_num_threads();
+    const int64_t th = (oh + tile - 1) / tile;
     g.tw = (ow + tile - 1) / tile;
-    g.vr = (g.tw + 7) / 8;
-    g.cr = (g.vr + WMAXNV - 1) / WMAXNV;
-    g.items = n * ((oh + tile - 1) / tile) * g.cr;
+    g.rp = tile != 4 ? 0 : g.tw == 2 || g.tw == 4 ? 8 / g.tw : g.tw >= 5 && g.tw <= 8 ? 1 : 0;
+    if (g.rp > 0) { /* vectors of row groups, per image */
+        g.vr = (th + g.rp - 1) / g.rp;
+        const int64_t want = t > 1 ? (GROUP_ITEMS_PER_THREAD * t + n - 1) / n : 1;
+        const int64_t least = (g.vr + WMAXNV - 1) / WMAXNV;
+        g.cr = want < least ? least : want > g.vr ? g.vr : want;
+        g.items = n * g.cr;
+    } else {
+        g.vr = (g.tw + 7) / 8;
+        g.cr = (g.vr + WMAXNV - 1) / WMAXNV;
+        g.items = n * th * g.cr;
+    }
     g.isa = geode_winograd_isa();
     const int64_t outs = n * m * oh * ow * (z != NULL ? 2 : 1);
-    g.prefetch = (n * c * h * w + outs) * (int64_t)sizeof(float) > PREFETCH_MIN_BYTES;
+    /* row groups read short rows of several tile rows: the prefetches are written for
+       one tile row (and narrow maps are small) */
+    const int64_t bytes = (n * c * h * w + outs) * (int64_t)sizeof(float);
+    g.prefetch = g.rp == 0 && bytes > PREFETCH_MIN_BYTES;
     job_t job = {&g, 0, 0};
-    const int64_t t = threads > 0 ? threads : geode_num_threads();
     int64_t chunks = t * CHUNKS_PER_THREAD;
     if (chunks > g.items)
         chunks = g.items;

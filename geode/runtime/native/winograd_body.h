@@ -255,6 +255,57 @@ static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, fl
     }
 }
 
+/* V = B^T d B for every input channel of one item of row groups (g->rp > 0, tw 2, 4 or
+   5 to 8 tiles a row: a vector's lane s * tw + tx is tile tx of tile row ty + rp j + s)
+   into v ([36][c][tb]). Lanes of a group's row hold consecutive tiles, so columns 4 and
+   5 of a lane are columns 0 and 1 of the next, except for a row's last tile (its row's
+   columns 4 tw and 4 tw + 1). */
+static void WF(input_transform4_rows)(const wino_t *g, const item_t *it, float *v,
+                                      float *rowbuf)
+{
+    const int64_t tb = it->nv * 8, tw = g->tw, rp = g->rp, seg = rp > 1 ? 4 * tw : 32;
+    /* one tile row a vector (5 to 8 tiles): a whole vector's 34 columns read, zeros (or
+       columns never stored) past the row's tiles */
+    const int64_t span = seg + 2;
+    const int64_t xs = g->c * tb; /* one position's matrix */
+    const v8i next = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (int64_t ch = 0; ch < g->c; ch++) {
+        const float *plane = g->x + (it->n * g->c + ch) * g->h * g->w;
+        for (int64_t j = 0; j < it->nv; j++) {
+            const float *rows[4][6]; /* [row of the group][window row] */
+            for (int64_t s = 0; s < rp; s++)
+                WF(input_rows)(g, plane, 4 * (it->ty + rp * j + s) - g->pt, 6, -g->pl, span,
+                               rowbuf + 6 * s * WROW, rows[s]);
+            v8 d[6][6], t[6][6];
+            for (int i = 0; i < 6; i++) {
+                float q32[32];
+                for (int k = 0; k < 4; k++) { /* floats 8 k.. of the lanes' 32 columns */
+                    const int64_t f = 8 * k;
+                    vstore(q32 + f, vload(rows[f / seg][i] + f % seg)); /* rp 1: row 0 */
+                }
+                WF(cols4)(q32, d[i]);
+                v8 c4 = __builtin_shuffle(d[i][0], vsplat(rows[rp - 1][i][seg]), next);
+                v8 c5 = __builtin_shuffle(d[i][1], vsplat(rows[rp - 1][i][seg + 1]), next);
+                for (int64_t s = 0; s + 1 < rp; s++) {
+                    c4[s * tw + tw - 1] = rows[s][i][seg];
+                    c5[s * tw + tw - 1] = rows[s][i][seg + 1];
+                }
+                d[i][4] = c4;
+                d[i][5] = c5;
+            }
+            for (int q = 0; q < 6; q++)
+                WF(bt6)(&d[0][q], 6, &t[0][q], 6); /* down each column */
+            float *out = v + ch * tb + 8 * j;
+            for (int i = 0; i < 6; i++) {
+                v8 r[6];
+                WF(bt6)(t[i], 1, r, 1); /* along each row */
+                for (int q = 0; q < 6; q++)
+                    vstore(out + (6 * i + q) * xs, r[q]);
+            }
+        }
+    }
+}
+
 /* out[0..3] = A^T m for one column of 6. */
 static inline __attribute__((always_inline)) void WF(at6)(const v8 *m, int sm, v8 *out,
                                                          int so)
@@ -306,7 +357,47 @@ static void WF(output_transform4)(const wino_t *g, const item_t *it, const float
     }
 }
 
-/* One item of `points` (16: F(2x2, 3x3), 36: F(4x4, 3x3)) transformed points: a chunk of one tile row of one image, every output channel. While a group
+/* Y = A^T m A for output channel co of an item of row groups (g->rp > 0; m:
+   mb[xi][r][tb], 36 positions), then bias, residual, Relu: a lane vector's 4 output rows
+   of every tile row of its group. */
+static void WF(output_transform4_rows)(const wino_t *g, const item_t *it, const float *mb,
+                                       int r, int64_t co)
+{
+    const int64_t tb = it->nv * 8, tw = g->tw, rp = g->rp, seg = rp > 1 ? 4 * tw : 32;
+    const v8 bias = vsplat(g->bias != NULL ? g->bias[co] : 0.0f);
+    const int64_t plane = (it->n * g->m + co) * g->oh * g->ow;
+    const int64_t count = g->ow < seg ? g->ow : seg; /* the row's columns */
+    for (int64_t j = 0; j < it->nv; j++) {
+        v8 m[36], a[4][6];
+        for (int xi = 0; xi < 36; xi++)
+            m[xi] = vload(mb + (xi * WR + r) * tb + 8 * j);
+        for (int q = 0; q < 6; q++)
+            WF(at6)(&m[q], 6, &a[0][q], 6);
+        for (int i = 0; i < 4; i++) {
+            v8 y[4];
+            WF(at6)(a[i], 1, y, 1);
+            for (int q = 0; q < 4; q++)
+                y[q] += bias;
+            const v8 e = __builtin_shuffle(y[0], y[2], ZIP_LO);
+            const v8 f = __builtin_shuffle(y[1], y[3], ZIP_LO);
+            const v8 e2 = __builtin_shuffle(y[0], y[2], ZIP_HI);
+            const v8 f2 = __builtin_shuffle(y[1], y[3], ZIP_HI);
+            v8 o[4] = {__builtin_shuffle(e, f, ZIP_LO), __builtin_shuffle(e, f, ZIP_HI),
+                       __builtin_shuffle(e2, f2, ZIP_LO), __builtin_shuffle(e2, f2, ZIP_HI)};
+            for (int64_t s = 0; s < rp; s++) { /* seg floats of o a row of the group */
+                const int64_t oy = 4 * (it->ty + rp * j + s) + i;
+                if (oy >= g->oh)
+                    break;
+                float *dst = g->y + plane + oy * g->ow;
+                const float *zs = g->z != NULL ? g->z + plane + oy * g->ow : NULL;
+                WF(store_row)(g, dst, zs, o + s * seg / 8, (int)(seg / 8), count);
+            }
+        }
+    }
+}
+
+/* One item of `points` (16: F(2x2, 3x3), 36: F(4x4, 3x3)) transformed points: a chunk
+   of one tile row (or of row groups) of one image, every output channel. While a group
    of output channels multiplies, the lines the next group's epilogue reads (Z) and
    writes (Y) are prefetched, and a share of the next item's input rows (`next`, NULL:
    none), a few after each product (prefetch_step). */
@@ -324,6 +415,8 @@ static inline __attribute__((always_inline)) void WF(run_points)(const wino_t *g
     prefetch_step(g, it, next, 0, g->m < WRI ? (int)g->m : WRI, 0, -1, steps);
     if (points == 16)
         WF(input_transform)(g, it, v, rowbuf);
+    else if (g->rp > 0)
+        WF(input_transform4_rows)(g, it, v, rowbuf);
     else
         WF(input_transform4)(g, it, v, rowbuf);
     for (int64_t co = 0; co < g->m; co += WRI) {
@@ -336,6 +429,8 @@ static inline __attribute__((always_inline)) void WF(run_points)(const wino_t *g
         for (int q = 0; q < r; q++) {
             if (points == 16)
                 WF(output_transform)(g, it, mb, q, co + q);
+            else if (g->rp > 0)
+                WF(output_transform4_rows)(g, it, mb, q, co + q);
             else
                 WF(output_transform4)(g, it, mb, q, co + q);
         }

@@ -10,7 +10,7 @@ and multiplies each by the ``CB`` weights, broadcast: ``CB * U`` fused multiply-
 ``U`` vector loads. The epilogue runs on the tile in registers before its one store:
 the bias, then the residual ``Z`` (same shape as Y) added, then the activation (Relu).
 The last tile of a row stores through a lane mask (its extra lanes read zeros of the
-scratch row and are never stored). Before its taps a tile prefetches the ``Z`` it will
+scratch row and are never stored); a whole tile stores plain vectors. Before its taps a tile prefetches the ``Z`` it will
 read and the ``Y`` it will write (:func:`_prefetch_tile`).
 
 Work is split into *items*, one band of output rows of one image and group
@@ -621,8 +621,16 @@ def _tile_function(
 
     _prefetch_tile(module, b, spec, cb, offs, (z, y, p, t))
     b.loop("0", str(spec.cg), channel, "ci", meta=Builder.no_unroll(module))
-    for k in slots:
-        _store_slot(b, spec, (widths[k], offs[k]), [r[k] for r in accs], (bias, z, y, p, t, valid))
+
+    def epilogue(masked: bool) -> None:
+        for k in slots:
+            at = (bias, z, y, p, t, valid)
+            _store_slot(b, spec, (widths[k], offs[k]), [r[k] for r in accs], at, masked)
+
+    # a whole tile stores (and reads Z) without lane masks: masked 512-bit stores were
+    # 20% of the small stem's tile samples
+    whole = b.cmp("sge", valid, str(sum(widths)), "whole")
+    b.branch(whole, lambda: epilogue(False), lambda: epilogue(True), "store")
     fn.terminate("ret void")
     return fn
 
@@ -665,19 +673,27 @@ def _splat(fn: FunctionWriter, ty: str, s: str, lanes: int) -> str:
 
 
 def _store_slot(
-    b: Builder, spec: ConvSpec, slot: tuple[int, int], accs: list[str], at: tuple[str, ...]
+    b: Builder,
+    spec: ConvSpec,
+    slot: tuple[int, int],
+    accs: list[str],
+    at: tuple[str, ...],
+    masked: bool = True,
 ) -> None:
     """The epilogue of one vector slot (``slot``: its lanes and first column in the tile)
     of a tile's ``cb`` channels (``accs``: their accumulators): bias, residual,
-    activation, the store of the columns below ``valid``."""
+    activation, the store of the columns below ``valid`` (``masked``; else all of them,
+    plain loads and stores)."""
     fn = b.fn
     ty, _ = TYPES[spec.dtype]
     lanes, off0 = slot
     bias, z, y, p, t, valid = at
     vty, suffix = f"<{lanes} x {ty}>", f"v{lanes}f{32 if ty == 'float' else 64}"
     ids = ", ".join(f"i64 {off0 + q}" for q in range(lanes))
-    limit = _splat_i64(fn, valid, lanes)
-    mask = fn.value(f"icmp slt <{lanes} x i64> <{ids}>, {limit}", "mask")
+    mask = ""
+    if masked:
+        limit = _splat_i64(fn, valid, lanes)
+        mask = fn.value(f"icmp slt <{lanes} x i64> <{ids}>, {limit}", "mask")
     for m, acc in enumerate(accs):
         val = fn.value(f"load {vty}, ptr {acc}", "r")
         if spec.bias:
@@ -686,15 +702,21 @@ def _store_slot(
         off = b.add(b.mul(str(m), p), b.add(t, str(off0)), "off")
         dst = b.gep(ty, y, off, "dst")
         if spec.residual:
+            zs = b.gep(ty, z, off, "zs")
             zv = fn.value(
-                f"call {vty} @llvm.masked.load.{suffix}.p0(ptr {b.gep(ty, z, off, 'zs')}, i32 4, "
-                f"<{lanes} x i1> {mask}, {vty} zeroinitializer)",
+                f"call {vty} @llvm.masked.load.{suffix}.p0(ptr {zs}, i32 4, "
+                f"<{lanes} x i1> {mask}, {vty} zeroinitializer)"
+                if masked
+                else f"load {vty}, ptr {zs}, align 4",
                 "zv",
             )
             val = fn.value(f"fadd {vty} {val}, {zv}", "summed")
         if spec.activation == "relu":
             neg = fn.value(f"fcmp olt {vty} {val}, zeroinitializer", "neg")
             val = fn.value(f"select <{lanes} x i1> {neg}, {vty} zeroinitializer, {vty} {val}")
+        if not masked:
+            fn.add(f"store {vty} {val}, ptr {dst}, align 4")
+            continue
         fn.add(
             f"call void @llvm.masked.store.{suffix}.p0({vty} {val}, ptr {dst}, i32 4, "
             f"<{lanes} x i1> {mask})"

@@ -14,7 +14,9 @@ __all__ = [
     "WINOGRAD_F2_MIN_WIDTH",
     "WINOGRAD_F4_MIN_WIDTH",
     "WINOGRAD_MIN_CHANNELS",
+    "WINOGRAD_F4_NARROW",
     "WINOGRAD_TILES",
+    "f4_width",
     "BODY_PARAMS",
     "TYPES",
     "ConvSpec",
@@ -33,15 +35,31 @@ MAX_DIRECT_TAPS = 64
 CHOICES = ("auto", "im2col", "direct", "winograd")
 #: Winograd's tile sides: F(2x2, 3x3) and F(4x4, 3x3)
 WINOGRAD_TILES = (2, 4)
-#: F(4x4, 3x3) from this output width up (or when the width is known only at run time),
-#: F(2x2, 3x3) below: a row of 8 lanes of 4-wide tiles is half empty at width 16
-WINOGRAD_F4_MIN_WIDTH = 24
+#: F(4x4, 3x3) from this output width up (4 tiles a row; or when the width is known only
+#: at run time) and at :data:`WINOGRAD_F4_NARROW` columns, F(2x2, 3x3) at the others (9-12
+#: and below 5 columns). The kernel packs narrow rows (``winograd.c``: row groups): a
+#: vector of 8 lanes holds 2 tile rows at 4 tiles a row, 4 at 2, and an item multiplies up
+#: to 3 tile rows together at 5 to 8; F(4x4) measured 0.62-0.92 of F(2x2)'s time at 13-23
+#: columns and 0.62-0.86 at 5-8 (16 to 512 channels; the small cnn's 64-channel 16x16
+#: conv 0.131 -> 0.090 ms), 1.2-1.5 at 9-12 and at 4 (3 tiles a row and 1: lanes empty)
+WINOGRAD_F4_MIN_WIDTH = 13
+#: the narrow output widths (first, last) that take F(4x4, 3x3) too: 2 tiles a row
+WINOGRAD_F4_NARROW = (5, 8)
 #: ``auto`` takes F(4x4, 3x3) when the input and output channels are at least this many
 WINOGRAD_MIN_CHANNELS = 16
-#: and F(2x2, 3x3) (narrow outputs) at least this many channels and this output width
-#: (all three rules measured by bench/winograd.py, docs/performance.md "Winograd")
+#: and F(2x2, 3x3) (9-12 and below 5 columns) at least this many channels and this output
+#: width (0.72-0.98 of the direct kernel's time at 32 to 128 channels, 4 and 9-12 columns;
+#: 1.27 at 24 channels; all the rules measured by bench/winograd.py and the Winograd
+#: sections of docs/performance.md)
 WINOGRAD_F2_MIN_CHANNELS = 32
-WINOGRAD_F2_MIN_WIDTH = 16
+WINOGRAD_F2_MIN_WIDTH = 4
+
+
+def f4_width(width: int) -> bool:
+    """Whether Winograd takes F(4x4, 3x3) at this output width (F(2x2, 3x3) otherwise):
+    from :data:`WINOGRAD_F4_MIN_WIDTH` columns, and at :data:`WINOGRAD_F4_NARROW`."""
+    lo, hi = WINOGRAD_F4_NARROW
+    return width >= WINOGRAD_F4_MIN_WIDTH or lo <= width <= hi
 
 
 @dataclass(frozen=True)
@@ -173,15 +191,15 @@ class ConvSpec:
 
     @property
     def tile_side(self) -> int:
-        """Winograd's output tile side: ``winograd_tile`` when given, else 2 below
-        :data:`WINOGRAD_F4_MIN_WIDTH` output columns, 4 from there; 0 when the width is
+        """Winograd's output tile side: ``winograd_tile`` when given, else 4 at the
+        widths :func:`f4_width` takes, 2 at the others; 0 when the width is
         known only at run time (the kernel then takes both transforms and picks by the
         same rule at run time)."""
         if self.winograd_tile:
             return self.winograd_tile
         if not self.out_width:
             return 0
-        return 2 if self.out_width < WINOGRAD_F4_MIN_WIDTH else 4
+        return 4 if f4_width(self.out_width) else 2
 
     @property
     def winograd_tiles(self) -> tuple[int, ...]:
@@ -210,7 +228,14 @@ class ConvSpec:
         if self.method == "winograd":
             tile = f"F({self.tile_side}x{self.tile_side},3x3)"
             if not self.tile_side:
-                tile = f"F(4x4,3x3), F(2x2,3x3) below {WINOGRAD_F4_MIN_WIDTH} columns"
+                lo, hi = WINOGRAD_F4_NARROW
+                tile = (
+                    f"F(4x4,3x3), F(2x2,3x3) below {WINOGRAD_F4_MIN_WIDTH} columns but at {lo}-{hi}"
+                )
+            elif self.tile_side == 4 and self.out_width <= 32:
+                tiles = -(-self.out_width // 4)
+                rows = f"{8 // tiles} tile rows" if tiles in (2, 4) else "one tile row"
+                tile += f" in row groups ({tiles} tiles a row, {rows} a vector)"
             if self.choice == "winograd":
                 return f"Winograd {tile}: forced by conv_method=winograd"
             return (

@@ -16,6 +16,7 @@ from __future__ import annotations
 from geode.codegen.backends.llvm.conv_spec import (
     BODY_PARAMS,
     WINOGRAD_F4_MIN_WIDTH,
+    WINOGRAD_F4_NARROW,
     ConvSpec,
     body_geometry,
 )
@@ -52,7 +53,7 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     sizes = (geo.n, spec.channels, spec.out_channels, geo.h, geo.wd, geo.oh, geo.ow)
     tile, u = str(spec.tile_side), geo.w
     if not spec.tile_side:  # both transforms: the tile by the output width, at run time
-        narrow = fn.value(f"icmp slt i64 {geo.ow}, {WINOGRAD_F4_MIN_WIDTH}", "narrow")
+        narrow = _narrow(fn, geo.ow)
         tile = fn.value(f"select i1 {narrow}, i64 2, i64 4", "tile")
         skip = 16 * spec.out_channels * spec.channels  # F(2x2)'s positions come first
         u4 = fn.value(f"getelementptr float, ptr {geo.w}, i64 {skip}", "u4")
@@ -64,3 +65,15 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     status = fn.value(f"select i1 {failed}, i32 {len(spec.arrays) + 1}, i32 0", "status")
     fn.terminate(f"ret i32 {status}")
     module.add_function(fn)
+
+
+def _narrow(fn: FunctionWriter, ow: str) -> str:
+    """``i1``: whether the output width ``ow`` takes F(2x2, 3x3) (``conv_spec.f4_width``
+    false: below :data:`WINOGRAD_F4_MIN_WIDTH` columns and outside
+    :data:`WINOGRAD_F4_NARROW`)."""
+    lo, hi = WINOGRAD_F4_NARROW
+    below = fn.value(f"icmp slt i64 {ow}, {WINOGRAD_F4_MIN_WIDTH}", "below")
+    under = fn.value(f"icmp slt i64 {ow}, {lo}", "under")
+    over = fn.value(f"icmp sgt i64 {ow}, {hi}", "over")
+    outside = fn.value(f"or i1 {under}, {over}", "outside")
+    return fn.value(f"and i1 {below}, {outside}", "narrow")
