@@ -22,7 +22,7 @@ from geode.codegen.ast import (
     format_kernel,
     free_vars,
     substitute,
-    transform,
+    transform_loads_of,
 )
 from geode.codegen.ast import blocks as ast_blocks
 from geode.codegen.indexing import IndexContext, constant_difference, exprs_equal
@@ -197,6 +197,23 @@ class ScheduleBase:
         """Identities of the loops enclosing ``block``."""
         return {id(f) for f in self._locate_block("-", block)[2]}
 
+    def _loop_ids_index(self) -> dict[str, set[int]]:
+        """:meth:`_loop_ids` of every block at once (one walk of the kernel): for a
+        primitive's checks, which ask for many blocks while the kernel stays as it is."""
+        out: dict[str, set[int]] = {}
+        for s, _, loops in walk_loops(self.kernel.body):
+            if isinstance(s, Block) and s.name not in out:
+                out[s.name] = {id(f) for f in loops}
+        return out
+
+    def _writers_index(self) -> dict[str, list[str]]:
+        """:meth:`writers` of every buffer at once (one walk of the kernel)."""
+        out: dict[str, list[str]] = {}
+        for b in ast_blocks(self.kernel.body):
+            for buf in block_writes(b):
+                out.setdefault(buf, []).append(b.name)
+        return out
+
     def _shared_loops(self, a: str, b: str) -> set[int]:
         """Identities of the loops enclosing both blocks."""
         return self._loop_ids(a) & self._loop_ids(b)
@@ -342,7 +359,7 @@ class ScheduleBase:
             for st in block_stores(blk):
                 if st.buffer == buf:
                     st.indices = fix(st.indices)
-            map_block_exprs(blk, lambda e: transform(e, relabel))
+            map_block_exprs(blk, lambda e: transform_loads_of(e, buf, relabel))
         if full:
             b.shape = ()
             b.scope = "register"

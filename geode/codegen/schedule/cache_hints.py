@@ -28,7 +28,7 @@ from geode.codegen.ast import (
     prod,
     sub,
     substitute,
-    transform,
+    transform_loads_of,
     walk_stmts,
 )
 from geode.codegen.ast import blocks as ast_blocks
@@ -416,7 +416,7 @@ class CacheHints(ScheduleBase):
 
         for name in self.readers(out.name):
             for s in walk_stmts([self.get_block(name)]):
-                map_stmt_exprs(s, lambda e: transform(e, repl))
+                map_stmt_exprs(s, lambda e: transform_loads_of(e, out.name, repl))
         st.buffer, st.indices = row, (flatten_index(st.indices[lead:], trail),)
         ss = StreamStore(out.name, add(offset, start), row, start, part, flag)
         if spread is None:

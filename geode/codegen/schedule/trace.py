@@ -109,10 +109,11 @@ def primitive(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(self: ScheduleBase, *args: Any, **kwargs: Any) -> Any:
-        bound = sig.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        record = {k: _plain(v) for k, v in list(bound.arguments.items())[1:]}
         top = self._depth == 0
+        if top:  # a primitive called by another is neither recorded nor backed up
+            bound = sig.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            record = {k: _plain(v) for k, v in list(bound.arguments.items())[1:]}
         backup = copy.deepcopy(self.kernel) if top else None
         self._depth += 1
         try:
