@@ -714,22 +714,23 @@ def walk_stmts(stmts: list[Stmt]) -> Iterator[Stmt]:
             yield from walk_stmts(s.body)
 
 
-def _stmts_preorder(stmts: list[Stmt]) -> list[Stmt]:
-    # an explicit stack, not nested generators: the schedule walks its kernel's
-    # statements for every block it looks up
-    out: list[Stmt] = []
-    stack = list(reversed(stmts))
-    while stack:
-        s = stack.pop()
-        out.append(s)
-        if isinstance(s, (For, Block, If)):
-            stack.extend(reversed(s.body))
+def blocks(stmts: list[Stmt]) -> list[Block]:
+    """ScheduleBlocks in program order."""
+    out: list[Block] = []
+    _collect_blocks(stmts, out)
     return out
 
 
-def blocks(stmts: list[Stmt]) -> list[Block]:
-    """ScheduleBlocks in program order."""
-    return [s for s in _stmts_preorder(stmts) if isinstance(s, Block)]
+def _collect_blocks(stmts: list[Stmt], out: list[Block]) -> None:
+    # pre-order, recursing only into statements that hold others (the statement classes
+    # are final): the schedule lists its kernel's blocks for every block it looks up
+    for s in stmts:
+        kind = type(s)
+        if kind is Block:
+            out.append(s)
+            _collect_blocks(s.body, out)
+        elif kind is For or kind is If:
+            _collect_blocks(s.body, out)
 
 
 def stmt_exprs(s: Stmt) -> list[Expr]:

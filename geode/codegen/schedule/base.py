@@ -32,6 +32,7 @@ from geode.codegen.schedule.blocks import (
     block_stores,
     block_writes,
     common_prefix,
+    find_in_loops,
     in_loop_terms,
     map_block_exprs,
     reduce_binding_vars,
@@ -171,22 +172,22 @@ class ScheduleBase:
         return name
 
     def _locate_block(self, prim: str, name: str) -> tuple[Block, list[Stmt], tuple[For, ...]]:
-        for s, cont, loops in walk_loops(self.kernel.body):
-            if isinstance(s, Block) and s.name == name:
-                return s, cont, loops
-        raise ScheduleError(prim, name, "no such block")
+        found = find_in_loops(self.kernel.body, lambda s: isinstance(s, Block) and s.name == name)
+        if found is None:
+            raise ScheduleError(prim, name, "no such block")
+        return found  # type: ignore[return-value]
 
     def _locate_loop(self, prim: str, var: str) -> tuple[For, list[Stmt], tuple[For, ...]]:
-        for s, cont, loops in walk_loops(self.kernel.body):
-            if isinstance(s, For) and s.var == var:
-                return s, cont, loops
-        raise ScheduleError(prim, "-", f"no loop with variable {var!r}")
+        found = find_in_loops(self.kernel.body, lambda s: isinstance(s, For) and s.var == var)
+        if found is None:
+            raise ScheduleError(prim, "-", f"no loop with variable {var!r}")
+        return found  # type: ignore[return-value]
 
     def _container(self, stmt: Stmt) -> tuple[list[Stmt], tuple[For, ...]]:
-        for s, cont, loops in walk_loops(self.kernel.body):
-            if s is stmt:
-                return cont, loops
-        raise KeyError("statement not in kernel")
+        found = find_in_loops(self.kernel.body, lambda s: s is stmt)
+        if found is None:
+            raise KeyError("statement not in kernel")
+        return found[1], found[2]
 
     @staticmethod
     def _first_block(stmt: Stmt) -> str:

@@ -60,6 +60,27 @@ def walk_loops(
             stack.append((iter(list(s.body)), s.body, outer))
 
 
+def find_in_loops(
+    stmts: list[Stmt], match: Callable[[Stmt], bool], loops: tuple[For, ...] = ()
+) -> tuple[Stmt, list[Stmt], tuple[For, ...]] | None:
+    """The first (statement, the list holding it, enclosing loops) of :func:`walk_loops`
+    whose statement ``match`` accepts, or None: the same search, by plain recursion (the
+    schedule locates blocks and loops this way for nearly every query)."""
+    for s in stmts:
+        if match(s):
+            return s, stmts, loops
+        kind = type(s)
+        if kind is For:
+            found = find_in_loops(s.body, match, loops + (s,))
+        elif kind is If:
+            found = find_in_loops(s.body, match, loops)
+        else:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
 def block_stores(b: Block) -> list[Store]:
     return [s for s in walk_stmts(b.body) if isinstance(s, Store)]
 
