@@ -88,7 +88,13 @@ def block_stores(b: Block) -> list[Store]:
 def block_loads(b: Block) -> list[Load]:
     """The loads in ``b``'s body, in program order (store indices, then the value)."""
     out: list[Load] = []
-    for s in walk_stmts(b.body):
+    body = b.body
+    if len(body) == 1 and type(body[0]) is Store:  # the common flat block, read directly
+        st = body[0]
+        for i in st.indices:
+            out += loads(i)
+        return out + loads(st.value)
+    for s in walk_stmts(body):
         if isinstance(s, Store):
             for i in s.indices:
                 out += loads(i)
