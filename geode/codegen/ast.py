@@ -432,6 +432,15 @@ def free_vars(e: Expr) -> set[str]:
     return set(_vars_of(_Identity(e)))
 
 
+def uses_var(e: Expr, name: str) -> bool:
+    """Whether ``e`` reads variable ``name`` (:func:`free_vars` without building a set)."""
+    if isinstance(e, Var):
+        return e.name == name
+    if isinstance(e, Const):
+        return False
+    return name in _vars_of(_Identity(e))
+
+
 def loads(e: Expr) -> list[Load]:
     """Loads in an expression, pre-order (kept per expression like :func:`walk`'s lists;
     a new list each call)."""

@@ -1331,9 +1331,7 @@ def element_cost(b: A.Block) -> int:
 
     def visit(e: A.Expr) -> None:
         nonlocal cost
-        if inner not in A.free_vars(e) and not any(
-            inner in A.free_vars(i) for ld in A.loads(e) for i in ld.indices
-        ):
+        if not A.uses_var(e, inner):  # nor do its loads' indices, which are inside it
             return
         if isinstance(e, (A.Un, A.Bin)):
             cost += _OP_COST.get(e.op, 1)

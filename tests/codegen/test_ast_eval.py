@@ -479,3 +479,13 @@ def test_transform_folds_every_expression_kind_alike() -> None:
     assert A.substitute(
         A.Bin("+", A.Var("x"), A.Const(0)), {"x": A.Var("y"), "y": A.Var("z")}
     ) == A.Var("y")
+
+
+def test_uses_var_is_free_vars_membership() -> None:
+    from geode.codegen import ast as A
+
+    e = Bin("+", Load("X", (Bin("*", Var("i"), Var("k")),)), Var("n"))
+    for name in ("i", "k", "n", "X", "z"):
+        assert A.uses_var(e, name) == (name in free_vars(e))
+    assert A.uses_var(Var("i"), "i") and not A.uses_var(Var("i"), "j")
+    assert not A.uses_var(Const(1), "i")
