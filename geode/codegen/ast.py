@@ -352,9 +352,22 @@ def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     and is returned as it is: offering it again would apply a substitution twice when
     its result names a variable the substitution also replaces (``x -> y``, ``y -> z``
     gave ``z``)."""
-    kids = children(e)
-    if kids:
-        new_kids = tuple(transform(k, fn) for k in kids)
+    kind = type(e)
+    if kind is Bin:
+        a, b = transform(e.a, fn), transform(e.b, fn)
+        if a is not e.a or b is not e.b:
+            e = rebuild(e, (a, b))
+            if e is a or e is b:
+                return e
+    elif kind is Un or kind is Cast:
+        a = transform(e.a, fn)
+        if a is not e.a:
+            e = rebuild(e, (a,))
+            if e is a:
+                return e
+    elif kind is Select or kind is Load:
+        kids = children(e)
+        new_kids = tuple([transform(k, fn) for k in kids])
         if any(n is not o for n, o in zip(new_kids, kids)):
             e = rebuild(e, new_kids)
             if any(e is k for k in new_kids):
@@ -399,14 +412,55 @@ def _preorder_of(key: _Identity) -> tuple[Expr, ...]:
     return tuple(preorder(key.e))
 
 
+@functools.lru_cache(maxsize=8192)
+def _vars_of(key: _Identity) -> frozenset[str]:
+    return frozenset(x.name for x in _preorder_of(key) if isinstance(x, Var))
+
+
+@functools.lru_cache(maxsize=8192)
+def _loads_of(key: _Identity) -> tuple[Load, ...]:
+    return tuple(x for x in _preorder_of(key) if isinstance(x, Load))
+
+
 def free_vars(e: Expr) -> set[str]:
-    """Names of variables an expression reads."""
-    return {x.name for x in walk(e) if isinstance(x, Var)}
+    """Names of variables an expression reads (kept per expression like :func:`walk`'s
+    lists; a new set each call)."""
+    if isinstance(e, Var):
+        return {e.name}
+    if isinstance(e, Const):
+        return set()
+    return set(_vars_of(_Identity(e)))
+
+
+def uses_var(e: Expr, name: str) -> bool:
+    """Whether ``e`` reads variable ``name`` (:func:`free_vars` without building a set)."""
+    if isinstance(e, Var):
+        return e.name == name
+    if isinstance(e, Const):
+        return False
+    return name in _vars_of(_Identity(e))
 
 
 def loads(e: Expr) -> list[Load]:
-    """Loads in an expression, pre-order."""
-    return [x for x in walk(e) if isinstance(x, Load)]
+    """Loads in an expression, pre-order (kept per expression like :func:`walk`'s lists;
+    a new list each call)."""
+    if isinstance(e, (Var, Const)):
+        return []
+    return list(_loads_of(_Identity(e)))
+
+
+def reads_buffer(e: Expr, buffer: str) -> bool:
+    """Whether ``e`` loads from ``buffer`` anywhere."""
+    if isinstance(e, (Var, Const)):
+        return False
+    return any(x.buffer == buffer for x in _loads_of(_Identity(e)))
+
+
+def transform_loads_of(e: Expr, buffer: str, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """:func:`transform` for a rewrite ``fn`` that replaces only loads of ``buffer``
+    (None for every other node): ``e`` itself, unwalked, when it reads no ``buffer``,
+    which is what the full rewrite would return (no node replaced, nothing rebuilt)."""
+    return transform(e, fn) if reads_buffer(e, buffer) else e
 
 
 def preorder(e: Expr) -> list[Expr]:
@@ -580,7 +634,7 @@ class Buffer:
 
     def __deepcopy__(self, memo: dict) -> Buffer:
         # its fields are strings, flags and a tuple of (immutable) expressions
-        new = copy.copy(self)
+        new = Buffer(self.name, self.dtype, self.shape, self.scope, self.nan_insensitive)
         memo[id(self)] = new
         return new
 
@@ -602,11 +656,11 @@ class Kernel:
         # and buffers, share the (immutable) expressions, skip the generic reconstruction
         return Kernel(
             self.name,
-            copy.deepcopy(self.inputs, memo),
-            copy.deepcopy(self.outputs, memo),
+            _clone_buffers(self.inputs, memo),
+            _clone_buffers(self.outputs, memo),
             list(self.dims),
             clone_stmts(self.body),
-            copy.deepcopy(self.temps, memo),
+            _clone_buffers(self.temps, memo),
         )
 
     def buffer(self, name: str) -> Buffer:
@@ -619,6 +673,16 @@ class Kernel:
     def copy(self) -> Kernel:
         """A deep copy (schedules work on copies to keep the lowered form)."""
         return copy.deepcopy(self)
+
+
+def _clone_buffers(bufs: list[Buffer], memo: dict) -> list[Buffer]:
+    # what copy.deepcopy of the list gives (a buffer met before is its earlier copy),
+    # without the generic dispatch: a schedule copies its kernel before every primitive
+    out: list[Buffer] = []
+    for b in bufs:
+        done = memo.get(id(b))
+        out.append(done if done is not None else b.__deepcopy__(memo))
+    return out
 
 
 def clone_stmts(stmts: list[Stmt]) -> list[Stmt]:
@@ -659,22 +723,23 @@ def walk_stmts(stmts: list[Stmt]) -> Iterator[Stmt]:
             yield from walk_stmts(s.body)
 
 
-def _stmts_preorder(stmts: list[Stmt]) -> list[Stmt]:
-    # an explicit stack, not nested generators: the schedule walks its kernel's
-    # statements for every block it looks up
-    out: list[Stmt] = []
-    stack = list(reversed(stmts))
-    while stack:
-        s = stack.pop()
-        out.append(s)
-        if isinstance(s, (For, Block, If)):
-            stack.extend(reversed(s.body))
+def blocks(stmts: list[Stmt]) -> list[Block]:
+    """ScheduleBlocks in program order."""
+    out: list[Block] = []
+    _collect_blocks(stmts, out)
     return out
 
 
-def blocks(stmts: list[Stmt]) -> list[Block]:
-    """ScheduleBlocks in program order."""
-    return [s for s in _stmts_preorder(stmts) if isinstance(s, Block)]
+def _collect_blocks(stmts: list[Stmt], out: list[Block]) -> None:
+    # pre-order, recursing only into statements that hold others (the statement classes
+    # are final): the schedule lists its kernel's blocks for every block it looks up
+    for s in stmts:
+        kind = type(s)
+        if kind is Block:
+            out.append(s)
+            _collect_blocks(s.body, out)
+        elif kind is For or kind is If:
+            _collect_blocks(s.body, out)
 
 
 def stmt_exprs(s: Stmt) -> list[Expr]:

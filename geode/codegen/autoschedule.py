@@ -358,13 +358,9 @@ def _inline(sch: Schedule, group: Group, row_buffers: bool) -> None:
         bufs = _writes(b)
         if not bufs or not bufs <= _temp_names(sch):
             continue
-        readers = set()
-        for buf in bufs:
-            readers |= set(sch.readers(buf))
-        readers.discard(name)
         if (
             row_buffers
-            and len(readers) > 1
+            and _reader_count(sch, name, bufs) > 1
             and not _reads_only_reduced(b, sch)
             and not _cheap_to_recompute(b)
         ):
@@ -373,6 +369,15 @@ def _inline(sch: Schedule, group: Group, row_buffers: bool) -> None:
             sch.compute_inline(name)
         except ScheduleError as exc:
             log.debug("inline %s skipped: %s", name, exc)
+
+
+def _reader_count(sch: Schedule, name: str, bufs: set[str]) -> int:
+    """How many blocks other than ``name`` read one of ``bufs``."""
+    readers: set[str] = set()
+    for buf in bufs:
+        readers |= set(sch.readers(buf))
+    readers.discard(name)
+    return len(readers)
 
 
 #: ops whose recomputation in every pass costs more than keeping a row buffer
@@ -1331,9 +1336,7 @@ def element_cost(b: A.Block) -> int:
 
     def visit(e: A.Expr) -> None:
         nonlocal cost
-        if inner not in A.free_vars(e) and not any(
-            inner in A.free_vars(i) for ld in A.loads(e) for i in ld.indices
-        ):
+        if not A.uses_var(e, inner):  # nor do its loads' indices, which are inside it
             return
         if isinstance(e, (A.Un, A.Bin)):
             cost += _OP_COST.get(e.op, 1)

@@ -31,6 +31,7 @@ from geode.codegen.ast import (
     mul,
     sub,
     transform,
+    uses_var,
 )
 from geode.codegen.ast import blocks as ast_blocks
 from geode.codegen.index_algebra import NOT_CONSTANT, UNKNOWN, difference_verdict
@@ -191,6 +192,33 @@ def _expanded_difference(a: Expr, b: Expr) -> sympy.Expr | None:
         return sympy.expand(to_sympy(a) - to_sympy(b))
     except (ValueError, TypeError):
         return None
+
+
+def steps_along(e: Expr, var: str) -> bool:
+    """Whether ``e - var`` has a sympy form free of ``var`` (``e`` takes consecutive
+    values in consecutive iterations of loop ``var``). Read off the expression, without
+    sympy's expansion, when it is ``var``, ``x + var`` or ``var + x`` with ``x`` free
+    of ``var`` (``e - var`` is then ``x``); sympy decides every other form."""
+    rest = _offset_of(e, var)
+    if rest is None:
+        d = expr_difference(e, Var(var))
+        return d is not None and to_sympy(Var(var)) not in d.free_symbols
+    try:
+        to_sympy(rest)  # the sympy form must exist, as for the expansion
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def _offset_of(e: Expr, var: str) -> Expr | None:
+    if e == Var(var):
+        return Const(0)
+    if isinstance(e, Bin) and e.op == "+":
+        if e.b == Var(var) and not uses_var(e.a, var):
+            return e.a
+        if e.a == Var(var) and not uses_var(e.b, var):
+            return e.b
+    return None
 
 
 def constant_difference(a: Expr, b: Expr) -> int | None:

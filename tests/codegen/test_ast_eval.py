@@ -426,3 +426,66 @@ def test_walks_are_remembered_by_identity() -> None:
     again = Bin("+", Bin("*", Var("i"), Const(4)), Load("X", (Var("j"),)))
     assert again is not e and list(walk(again)) == first
     assert free_vars(e) == {"i", "j"} and loads(e) == [Load("X", (Var("j"),))]
+
+
+def test_kept_loads_and_free_vars_come_as_new_containers() -> None:
+    """``loads``/``free_vars`` are kept per expression, but each call hands out its own
+    list or set: a caller changing one changes nothing the next call sees."""
+    e = Bin("+", Load("X", (Var("i"),)), Var("n"))
+    first, names = loads(e), free_vars(e)
+    first.clear()
+    names.add("z")
+    assert loads(e) == [Load("X", (Var("i"),))] and free_vars(e) == {"i", "n"}
+    assert free_vars(Var("i")) == {"i"} and free_vars(Const(3)) == set()
+    assert loads(Var("i")) == [] and loads(Const(3)) == []
+
+
+def test_rewrites_of_one_buffer_skip_what_does_not_read_it() -> None:
+    from geode.codegen import ast as A
+
+    e = Bin("*", Load("X", (Var("i"),)), Bin("+", Load("Y", (Var("i"),)), Const(1)))
+
+    def repl(x: A.Expr) -> A.Expr | None:
+        return Var("y") if isinstance(x, Load) and x.buffer == "Y" else None
+
+    assert A.reads_buffer(e, "Y") and not A.reads_buffer(e, "Z")
+    assert not A.reads_buffer(Var("Y"), "Y")
+    assert A.transform_loads_of(e, "Y", repl) == A.transform(e, repl)
+    assert A.transform_loads_of(e, "Y", repl) == Bin(
+        "*", Load("X", (Var("i"),)), Bin("+", Var("y"), Const(1))
+    )
+    assert A.transform_loads_of(e, "Z", repl) is e  # unwalked, the same object
+
+
+def test_transform_folds_every_expression_kind_alike() -> None:
+    """The rewrite rebuilds each kind of node over its rewritten children (folding index
+    arithmetic) and leaves untouched nodes as they are (the same objects)."""
+    from geode.codegen import ast as A
+
+    e = A.Select(
+        A.Bin("<", A.Var("i"), A.Var("n")),
+        A.Un("exp", A.Cast("float32", A.Load("X", (A.Bin("*", A.Var("i"), A.Var("k")),)))),
+        A.Const(0.0, "float32"),
+    )
+    out = A.substitute(e, {"k": A.Const(1)})
+    assert out == A.Select(
+        A.Bin("<", A.Var("i"), A.Var("n")),
+        A.Un("exp", A.Cast("float32", A.Load("X", (A.Var("i"),)))),
+        A.Const(0.0, "float32"),
+    )
+    assert out.cond is e.cond and out.f is e.f  # not rebuilt
+    assert A.substitute(e, {"m": A.Var("q")}) is e
+    # a node folding to a rewritten child is not offered again (x -> y, y -> z gives y)
+    assert A.substitute(
+        A.Bin("+", A.Var("x"), A.Const(0)), {"x": A.Var("y"), "y": A.Var("z")}
+    ) == A.Var("y")
+
+
+def test_uses_var_is_free_vars_membership() -> None:
+    from geode.codegen import ast as A
+
+    e = Bin("+", Load("X", (Bin("*", Var("i"), Var("k")),)), Var("n"))
+    for name in ("i", "k", "n", "X", "z"):
+        assert A.uses_var(e, name) == (name in free_vars(e))
+    assert A.uses_var(Var("i"), "i") and not A.uses_var(Var("i"), "j")
+    assert not A.uses_var(Const(1), "i")

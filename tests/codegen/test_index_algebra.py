@@ -15,6 +15,8 @@ from geode.codegen.indexing import (
     expr_difference,
     exprs_equal,
     provably_le,
+    steps_along,
+    to_sympy,
 )
 
 I, J, N, M = A.Var("i"), A.Var("j"), A.Var("n"), A.Var("m")
@@ -97,3 +99,21 @@ def test_the_index_api_answers_as_sympy_did() -> None:
     assert constant_difference(A.Bin("*", I, A.Const(2)), I) is None
     assert not exprs_equal(N, A.Bin("*", N, M))
     assert constant_difference(A.Un("exp", I), I) is None  # not index arithmetic
+
+
+def _sympy_steps(e: A.Expr, var: str) -> bool:
+    d = expr_difference(e, A.Var(var))
+    return d is not None and to_sympy(A.Var(var)) not in d.free_symbols
+
+
+@settings(max_examples=150, deadline=None)
+@given(_index_exprs(), _index_exprs())
+def test_steps_along_is_sympys_verdict(x: A.Expr, y: A.Expr) -> None:
+    """Read off the expression or left to sympy, the verdict is sympy's: for the forms
+    read off (``i``, ``x + i``, ``i + x``) and for any other."""
+    for e in (I, A.Bin("+", x, I), A.Bin("+", I, x), A.Bin("+", x, y), x):
+        assert steps_along(e, "i") == _sympy_steps(e, "i"), e
+    assert steps_along(A.Bin("+", N, I), "i") and not steps_along(A.Bin("*", I, A.Const(2)), "i")
+    # no sympy form (a float constant): not stepping, either way
+    f = A.Bin("+", A.Const(0.5, "float32"), I)
+    assert not steps_along(f, "i") and not _sympy_steps(f, "i")

@@ -1045,6 +1045,53 @@ def test_trace_text_and_replay() -> None:
     assert format_kernel(k) == format_kernel(k_chain())
 
 
+def test_lookups_agree_with_the_full_walks() -> None:
+    """Blocks are listed in pre-order, and the located statement, its list and its loops
+    are the first the walk over loops yields (also after the nests are reshaped)."""
+    from geode.codegen.ast import walk_stmts
+    from geode.codegen.schedule.blocks import find_in_loops, walk_loops
+
+    sch = Schedule(k_layernorm())
+    for step in (sch.align_all, lambda: sch.split(sch.get_loops(sch.blocks()[-1])[-1], [-1, 4])):
+        step()
+        body = sch.kernel.body
+        assert ast_blocks(body) == [s for s in walk_stmts(body) if isinstance(s, Block)]
+        walked = list(walk_loops(body))
+        for s, cont, loops in walked:
+            found = find_in_loops(body, lambda x, s=s: x is s)
+            assert found is not None and found[0] is s and found[1] is cont
+            assert found[2] == loops
+        assert find_in_loops(body, lambda x: False) is None
+
+
+def test_trace_records_arguments_by_name_whatever_the_call_shape() -> None:
+    # positional, keyword and defaulted arguments are recorded alike, in parameter order
+    shapes = [
+        lambda s: s.split("F_rb", [-1, 4]),
+        lambda s: s.split("F_rb", factors=[-1, 4]),
+        lambda s: s.split(loop="F_rb", factors=[-1, 4]),
+        lambda s: s.split(factors=[-1, 4], loop="F_rb"),
+    ]
+    for call in shapes:
+        sch = Schedule(k_chain())
+        sch.align_all()
+        call(sch)
+        assert list(sch.trace[1].args.items()) == [("loop", "F_rb"), ("factors", [-1, 4])]
+    sch = Schedule(k_chain())
+    block = sch.blocks()[0]
+    sch.align(block)
+    assert sch.trace[0].args == {"block": block, "reduce_axes": None}  # the default, applied
+    sch = Schedule(k_chain())
+    sch.align_all()
+    with pytest.raises(TypeError):
+        sch.split("F_rb", [-1, 4], loop="F_rb")  # bound twice
+    with pytest.raises(TypeError):
+        sch.split("F_rb")  # a missing argument
+    with pytest.raises(TypeError):
+        sch.split("F_rb", [-1, 4], size=2)  # no such parameter
+    assert len(sch.trace) == 1
+
+
 # ---------------------------------------------------------------------------------
 # property: random split/fuse/reorder/parallel sequences preserve results
 # ---------------------------------------------------------------------------------

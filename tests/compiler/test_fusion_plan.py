@@ -121,6 +121,19 @@ def test_profit_refuses_a_costly_recompute():
     assert refused and any("recompute" in d.reason for d in refused), plan.describe()
 
 
+def test_work_with_known_evaluations_is_the_work():
+    """``kernel_work`` given a group's evaluations (the profit callback computes them
+    once for both uses) is what it computes on its own, for every group of a plan."""
+    from geode.compiler.fusion.profit import evaluations, kernel_work
+
+    for name in ("attention", "layernorm", "lstm_cell"):
+        g, plan = planned(getattr(examples, name)().graph)
+        assert plan.groups
+        for group in plan.groups:
+            known = kernel_work(group, g, evaluations(group, g))
+            assert known == kernel_work(group, g)
+
+
 def test_symbolic_broadcast_is_legal_and_fuses_across():
     """``exp(x[N, 16]) + y[M, 16]``: the Add broadcasts N and M (legal under the recorded
     constraint, not "ambiguous"), and the producer on ``[N, 16]`` fuses into the group

@@ -22,7 +22,7 @@ from geode.codegen.ast import (
     format_kernel,
     free_vars,
     substitute,
-    transform,
+    transform_loads_of,
 )
 from geode.codegen.ast import blocks as ast_blocks
 from geode.codegen.indexing import IndexContext, constant_difference, exprs_equal
@@ -32,6 +32,7 @@ from geode.codegen.schedule.blocks import (
     block_stores,
     block_writes,
     common_prefix,
+    find_in_loops,
     in_loop_terms,
     map_block_exprs,
     reduce_binding_vars,
@@ -171,22 +172,22 @@ class ScheduleBase:
         return name
 
     def _locate_block(self, prim: str, name: str) -> tuple[Block, list[Stmt], tuple[For, ...]]:
-        for s, cont, loops in walk_loops(self.kernel.body):
-            if isinstance(s, Block) and s.name == name:
-                return s, cont, loops
-        raise ScheduleError(prim, name, "no such block")
+        found = find_in_loops(self.kernel.body, lambda s: isinstance(s, Block) and s.name == name)
+        if found is None:
+            raise ScheduleError(prim, name, "no such block")
+        return found  # type: ignore[return-value]
 
     def _locate_loop(self, prim: str, var: str) -> tuple[For, list[Stmt], tuple[For, ...]]:
-        for s, cont, loops in walk_loops(self.kernel.body):
-            if isinstance(s, For) and s.var == var:
-                return s, cont, loops
-        raise ScheduleError(prim, "-", f"no loop with variable {var!r}")
+        found = find_in_loops(self.kernel.body, lambda s: isinstance(s, For) and s.var == var)
+        if found is None:
+            raise ScheduleError(prim, "-", f"no loop with variable {var!r}")
+        return found  # type: ignore[return-value]
 
     def _container(self, stmt: Stmt) -> tuple[list[Stmt], tuple[For, ...]]:
-        for s, cont, loops in walk_loops(self.kernel.body):
-            if s is stmt:
-                return cont, loops
-        raise KeyError("statement not in kernel")
+        found = find_in_loops(self.kernel.body, lambda s: s is stmt)
+        if found is None:
+            raise KeyError("statement not in kernel")
+        return found[1], found[2]
 
     @staticmethod
     def _first_block(stmt: Stmt) -> str:
@@ -196,6 +197,23 @@ class ScheduleBase:
     def _loop_ids(self, block: str) -> set[int]:
         """Identities of the loops enclosing ``block``."""
         return {id(f) for f in self._locate_block("-", block)[2]}
+
+    def _loop_ids_index(self) -> dict[str, set[int]]:
+        """:meth:`_loop_ids` of every block at once (one walk of the kernel): for a
+        primitive's checks, which ask for many blocks while the kernel stays as it is."""
+        out: dict[str, set[int]] = {}
+        for s, _, loops in walk_loops(self.kernel.body):
+            if isinstance(s, Block) and s.name not in out:
+                out[s.name] = {id(f) for f in loops}
+        return out
+
+    def _writers_index(self) -> dict[str, list[str]]:
+        """:meth:`writers` of every buffer at once (one walk of the kernel)."""
+        out: dict[str, list[str]] = {}
+        for b in ast_blocks(self.kernel.body):
+            for buf in block_writes(b):
+                out.setdefault(buf, []).append(b.name)
+        return out
 
     def _shared_loops(self, a: str, b: str) -> set[int]:
         """Identities of the loops enclosing both blocks."""
@@ -342,7 +360,7 @@ class ScheduleBase:
             for st in block_stores(blk):
                 if st.buffer == buf:
                     st.indices = fix(st.indices)
-            map_block_exprs(blk, lambda e: transform(e, relabel))
+            map_block_exprs(blk, lambda e: transform_loads_of(e, buf, relabel))
         if full:
             b.shape = ()
             b.scope = "register"

@@ -27,6 +27,7 @@ from geode.codegen.ast import (
     loads,
     substitute,
     transform,
+    transform_loads_of,
     walk_stmts,
 )
 from geode.codegen.ast import blocks as ast_blocks
@@ -39,13 +40,45 @@ def walk_loops(
     stmts: list[Stmt], loops: tuple[For, ...] = ()
 ) -> Iterator[tuple[Stmt, list[Stmt], tuple[For, ...]]]:
     """(statement, the list holding it, enclosing loops) for every statement outside
-    block bodies, pre-order."""
-    for s in list(stmts):
-        yield s, stmts, loops
+    block bodies, pre-order.
+
+    Lazy, like the recursive walk it stands for (each list is copied when the walk
+    enters it, after its parent was yielded), but with an explicit stack: nested
+    generators cost a step per level for every statement, and the schedule looks
+    blocks and loops up this way many times per primitive."""
+    stack = [(iter(list(stmts)), stmts, loops)]
+    while stack:
+        it, cont, outer = stack[-1]
+        s = next(it, None)
+        if s is None:
+            stack.pop()
+            continue
+        yield s, cont, outer
         if isinstance(s, For):
-            yield from walk_loops(s.body, loops + (s,))
+            stack.append((iter(list(s.body)), s.body, outer + (s,)))
         elif isinstance(s, If):
-            yield from walk_loops(s.body, loops)
+            stack.append((iter(list(s.body)), s.body, outer))
+
+
+def find_in_loops(
+    stmts: list[Stmt], match: Callable[[Stmt], bool], loops: tuple[For, ...] = ()
+) -> tuple[Stmt, list[Stmt], tuple[For, ...]] | None:
+    """The first (statement, the list holding it, enclosing loops) of :func:`walk_loops`
+    whose statement ``match`` accepts, or None: the same search, by plain recursion (the
+    schedule locates blocks and loops this way for nearly every query)."""
+    for s in stmts:
+        if match(s):
+            return s, stmts, loops
+        kind = type(s)
+        if kind is For:
+            found = find_in_loops(s.body, match, loops + (s,))
+        elif kind is If:
+            found = find_in_loops(s.body, match, loops)
+        else:
+            continue
+        if found is not None:
+            return found
+    return None
 
 
 def block_stores(b: Block) -> list[Store]:
@@ -53,8 +86,15 @@ def block_stores(b: Block) -> list[Store]:
 
 
 def block_loads(b: Block) -> list[Load]:
+    """The loads in ``b``'s body, in program order (store indices, then the value)."""
     out: list[Load] = []
-    for s in walk_stmts(b.body):
+    body = b.body
+    if len(body) == 1 and type(body[0]) is Store:  # the common flat block, read directly
+        st = body[0]
+        for i in st.indices:
+            out += loads(i)
+        return out + loads(st.value)
+    for s in walk_stmts(body):
         if isinstance(s, Store):
             for i in s.indices:
                 out += loads(i)
@@ -65,10 +105,15 @@ def block_loads(b: Block) -> list[Load]:
 
 
 def block_writes(b: Block) -> set[str]:
+    """The buffers ``b``'s body stores into."""
+    body = b.body
+    if len(body) == 1 and type(body[0]) is Store:  # the common flat block, walked directly
+        return {body[0].buffer}
     return {s.buffer for s in block_stores(b)}
 
 
 def block_reads(b: Block) -> set[str]:
+    """The buffers ``b``'s body loads from."""
     return {ld.buffer for ld in block_loads(b)}
 
 
@@ -230,7 +275,7 @@ def retarget(b: Block, temp: str, out: str, plan: list[int | Expr], row: dict[st
         if st.buffer == temp:
             st.buffer = out
             st.indices = to_out(st.indices)
-    map_block_exprs(b, lambda e: transform(e, repl))
+    map_block_exprs(b, lambda e: transform_loads_of(e, temp, repl))
 
 
 def reduction_combine(b: Block) -> tuple[str, Store, Expr, bool] | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import sympy
 
 from geode.codegen.ast import (
     Bin,
@@ -28,16 +27,16 @@ from geode.codegen.ast import (
     prod,
     sub,
     substitute,
-    transform,
+    transform_loads_of,
     walk_stmts,
 )
 from geode.codegen.ast import blocks as ast_blocks
 from geode.codegen.indexing import (
     and_flags,
-    expr_difference,
     exprs_equal,
     flatten_index,
     line_aligned,
+    steps_along,
 )
 from geode.codegen.schedule.base import ScheduleBase
 from geode.codegen.schedule.blocks import (
@@ -301,12 +300,7 @@ class CacheHints(ScheduleBase):
         idx = [in_loop_terms(b, i) for i in st.indices]
         if not idx:
             raise ScheduleError(prim, b.name, f"{out.name} is a scalar")
-        rest = expr_difference(idx[-1], Var(f.var))
-        if (
-            any(f.var in free_vars(e) for e in idx[:-1])
-            or rest is None
-            or sympy.Symbol(f.var, integer=True, nonnegative=True) in rest.free_symbols
-        ):
+        if any(f.var in free_vars(e) for e in idx[:-1]) or not steps_along(idx[-1], f.var):
             raise ScheduleError(
                 prim, b.name, f"{out.name} is not written at consecutive elements along {f.var}"
             )
@@ -416,7 +410,7 @@ class CacheHints(ScheduleBase):
 
         for name in self.readers(out.name):
             for s in walk_stmts([self.get_block(name)]):
-                map_stmt_exprs(s, lambda e: transform(e, repl))
+                map_stmt_exprs(s, lambda e: transform_loads_of(e, out.name, repl))
         st.buffer, st.indices = row, (flatten_index(st.indices[lead:], trail),)
         ss = StreamStore(out.name, add(offset, start), row, start, part, flag)
         if spread is None:

@@ -20,6 +20,7 @@ from geode.codegen.ast import (
     prod,
     substitute,
     transform,
+    transform_loads_of,
     walk_stmts,
 )
 from geode.codegen.ast import blocks as ast_blocks
@@ -75,8 +76,9 @@ class ComputeLocation(ScheduleBase):
         b, _, _ = self._locate_block("compute_inline", block)
         buf, value, ivs = self._inlinable("compute_inline", b)
         order = self._order()
+        writers = self._writers_index()
         for y in {ld.buffer for ld in loads(value)}:
-            for w in self.writers(y):
+            for w in writers.get(y, []):
                 if order[w] > order[block]:
                     raise ScheduleError(
                         "compute_inline", block, f"{y}, which it reads, is written later by {w}"
@@ -89,11 +91,18 @@ class ComputeLocation(ScheduleBase):
                 )
         # what the value reads must still hold the same data where the consumers run:
         # a writer re-executed by a loop it shares with the block must enclose them too
+        loop_ids = self._loop_ids_index()
+
+        def ids(name: str) -> set[int]:
+            if name not in loop_ids:
+                raise ScheduleError("-", name, "no such block")
+            return loop_ids[name]
+
         for y in {ld.buffer for ld in loads(value)}:
-            for w in self.writers(y):
-                shared = self._shared_loops(w, block)
+            for w in writers.get(y, []):
+                shared = ids(w) & ids(block)
                 for c in consumers:
-                    if not shared <= self._loop_ids(c.name):
+                    if not shared <= ids(c.name):
                         raise ScheduleError(
                             "compute_inline",
                             block,
@@ -112,7 +121,7 @@ class ComputeLocation(ScheduleBase):
             return None
 
         for c in consumers:
-            map_block_exprs(c, lambda e: transform(e, repl))
+            map_block_exprs(c, lambda e: transform_loads_of(e, buf, repl))
         self._remove(b)
         self.kernel.temps = [t for t in self.kernel.temps if t.name != buf]
         return None

@@ -24,7 +24,7 @@ from geode.codegen.ast import (
     mul,
     prod,
     substitute,
-    transform,
+    transform_loads_of,
 )
 from geode.codegen.ast import blocks as ast_blocks
 from geode.codegen.indexing import (
@@ -447,7 +447,7 @@ class LoopTransforms(ScheduleBase):
                 return None
 
             for st in stmts:
-                map_stmt_exprs(st, lambda e: transform(e, repl))
+                map_stmt_exprs(st, lambda e: transform_loads_of(e, buffer, repl))
                 if isinstance(st, Store) and st.buffer == buffer:
                     st.indices = merged(st.indices, bind)
                 if isinstance(st, Block):

@@ -105,14 +105,13 @@ def primitive(fn: F) -> F:
     """Make a method a schedule primitive: atomic (the kernel is restored when it
     raises) and recorded in the trace (only when called by the user, not by another
     primitive)."""
-    sig = inspect.signature(fn)
+    arguments = _binder(fn)
 
     @functools.wraps(fn)
     def wrapper(self: ScheduleBase, *args: Any, **kwargs: Any) -> Any:
-        bound = sig.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        record = {k: _plain(v) for k, v in list(bound.arguments.items())[1:]}
         top = self._depth == 0
+        if top:  # a primitive called by another is neither recorded nor backed up
+            record = {k: _plain(v) for k, v in arguments(self, args, kwargs).items()}
         backup = copy.deepcopy(self.kernel) if top else None
         self._depth += 1
         try:
@@ -129,6 +128,36 @@ def primitive(fn: F) -> F:
 
     wrapper.__geode_primitive__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
+
+
+def _binder(fn: Callable[..., Any]) -> Callable[[Any, tuple, dict], dict[str, Any]]:
+    """``arguments(self, args, kwargs)``: a call's arguments by name, defaults applied,
+    in the order of ``fn``'s parameters (past ``self``), as ``inspect``'s binding gives
+    them; a call of the usual shape (positional, then keyword, every parameter plain)
+    is bound directly, anything else (and every bad call, which raises) by ``inspect``."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())[1:]
+    names = [p.name for p in params]
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    plain = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+
+    def arguments(self: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+        rest = names[len(args) :]
+        if (
+            plain
+            and len(args) <= len(names)
+            and all(k in rest for k in kwargs)
+            and all(n in kwargs or n in defaults for n in rest)
+        ):
+            out = dict(zip(names, args))
+            for n in rest:
+                out[n] = kwargs[n] if n in kwargs else defaults[n]
+            return out
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        return dict(list(bound.arguments.items())[1:])
+
+    return arguments
 
 
 def _plain(v: Any) -> Any:

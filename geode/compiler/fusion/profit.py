@@ -117,13 +117,15 @@ def evaluations(group: Group, graph: Graph) -> dict[str, float]:
     return out
 
 
-def group_work(group: Group, graph: Graph) -> KernelWork:
-    """The SOL work of one group's kernel."""
+def group_work(group: Group, graph: Graph, evals: dict[str, float] | None = None) -> KernelWork:
+    """The SOL work of one group's kernel (``evals``: the group's :func:`evaluations`,
+    when the caller has them already)."""
     reads = sum(nbytes(v) for v in group.inputs())
     writes = sum(nbytes(v) for v in group.outputs(graph))
     flops = 0.0
     trans = 0.0
-    evals = evaluations(group, graph)
+    if evals is None:
+        evals = evaluations(group, graph)
     for n in group.nodes:
         size = (
             numel(n.inputs[0])
@@ -150,8 +152,8 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
             if lost:
                 return False, lost
         separate = [kernel_work(a, graph), kernel_work(b, graph)]
-        fused = kernel_work(merged, graph)
-        evals = evaluations(merged, graph)
+        evals = evaluations(merged, graph)  # the recompute factor's, and the work's
+        fused = kernel_work(merged, graph, evals)
         factor = max(evals.values()) if evals else 1
         d = decide_merge(
             separate, fused, spec, recompute_factor=float(factor) if factor > 1 else None
@@ -161,19 +163,21 @@ def make_profit(spec: DeviceSpec) -> Callable[[Group, Group, Group, Graph], tupl
     return profit
 
 
-def kernel_work(group: Group, graph: Graph) -> KernelWork:
+def kernel_work(group: Group, graph: Graph, evals: dict[str, float] | None = None) -> KernelWork:
     """The SOL work of a group's kernel: :func:`stitch_work` for a stitch group, else
-    :func:`group_work`."""
-    return stitch_work(group, graph) if group.branches else group_work(group, graph)
+    :func:`group_work` (``evals``: the group's :func:`evaluations`, when known)."""
+    if group.branches:
+        return stitch_work(group, graph, evals)
+    return group_work(group, graph, evals)
 
 
-def stitch_work(group: Group, graph: Graph) -> KernelWork:
+def stitch_work(group: Group, graph: Graph, evals: dict[str, float] | None = None) -> KernelWork:
     """The SOL work of a stitch group's kernel (``stitch.py``): its reads and writes
     plus the column partials, written by the row blocks and read back by the final
     combine: ``min(STITCH_PARTIALS, rows)`` rows of the column reduction's result
     shape. The shared input is read once. With few rows the partials grow as large as
     the input and the stitch does not pay (the separate kernels win)."""
-    w = group_work(group, graph)
+    w = group_work(group, graph, evals)
     rows_axes, col_axes = group.branches
     rows = _extent([group.domain[i] for i in sorted(col_axes)])  # what the columns reduce
     cols = _extent([group.domain[i] for i in sorted(rows_axes)])

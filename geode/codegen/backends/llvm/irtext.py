@@ -14,6 +14,7 @@ values are IR operand strings (``"%t3"``, ``"42"``, ``"0x3FF0000000000000"``).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import struct
@@ -64,6 +65,15 @@ def float_literal(value: float, ty: str) -> str:
         value = math.nan  # the canonical quiet NaN
     bits = struct.unpack("<Q", struct.pack("<d", value))[0]
     return f"0x{bits:016X}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_base(hint: str) -> str:
+    """``hint`` as the base of an IR local name: characters IR names cannot hold become
+    ``_``, a leading digit gets a ``v`` (kept per hint: a module names thousands of values
+    after a few hints)."""
+    base = re.sub(r"[^A-Za-z0-9_.]", "_", hint) or "t"
+    return "v" + base if base[0].isdigit() else base
 
 
 def int_literal(value: int, bits: int) -> str:
@@ -117,9 +127,7 @@ class FunctionWriter:
         return "%" + self._fresh_body(hint)
 
     def _fresh_body(self, hint: str) -> str:
-        base = re.sub(r"[^A-Za-z0-9_.]", "_", hint) or "t"
-        if base[0].isdigit():
-            base = "v" + base
+        base = _name_base(hint)
         n = self._used.get(base, 0)
         self._used[base] = n + 1
         return base if n == 0 else f"{base}.{n}"
