@@ -1268,6 +1268,30 @@ def test_random_schedules_preserve_results(which: str, ops: list[tuple]) -> None
     check_replay(k, sch)
 
 
+def test_compute_at_refuses_a_reduction_whose_init_loops_were_reordered() -> None:
+    """Found by the property above: ``C``'s init with its loops swapped, then C (after an
+    rfactor) computed at its partials' second loop. The init's loops would be identified
+    position by position (flattened), so an iteration would zero another element than
+    the one C accumulates into there: refused, the kernel unchanged; the same move with
+    the init's loops in order is accepted and keeps the results."""
+    for swapped in (True, False):
+        k = k_chain()
+        sch = Schedule(k)
+        if swapped:
+            sch.reorder(list(reversed(sch.get_loops("C__init"))))
+        sch.rfactor("C", sch.get_block("C").bindings[2].name, 1)
+        inner = sch.get_loops("C_rf")[1]
+        before = format_kernel(sch.kernel)
+        if swapped:
+            with pytest.raises(ScheduleError, match="init C__init would not write"):
+                sch.compute_at("C", inner)
+            assert format_kernel(sch.kernel) == before
+        else:
+            sch.compute_at("C", inner)
+            assert "C__init" in {x.name for x in ast_blocks(sch.get_loop(inner).body)}
+        check_same(k, sch.kernel, DIMS_CH, rtol=1e-4)
+
+
 # ---------------------------------------------------------------------------------
 # reuse_output
 # ---------------------------------------------------------------------------------

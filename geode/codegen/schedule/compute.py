@@ -345,11 +345,20 @@ class ComputeLocation(ScheduleBase):
         order_before = self._order()
         # identify loops and rewrite bindings
         tops: list[Stmt] = []
+        rests: list[list[For]] = []
         for x, ch in ((init, ichain), (b, chain)):
             if x is None:
                 continue
             keep = self._match_loops(prim, block, x, ch, target)
             tops.append(keep[0] if keep else x)
+            rests.append(keep)
+        if init is not None and not _init_in_step(init, rests[0], b, rests[1]):
+            raise ScheduleError(
+                prim,
+                block,
+                f"its init {init.name} would not write, in an iteration of {loop}'s nest, "
+                f"the elements {block} reduces into there (their loops differ in order)",
+            )
         for x, ch in ((init, ichain), (b, chain)):
             if x is None:
                 continue
@@ -744,3 +753,32 @@ class ComputeLocation(ScheduleBase):
                 row[expr_str(p)] = Var(iv.name)
             retarget(x, temp, out, plan, row)
         self.kernel.temps = [t for t in self.kernel.temps if t.name != temp]
+
+
+def _stored_at(x: Block, rest: list[For]) -> list[list[Expr]]:
+    """The indices ``x`` stores at, as expressions of the loops: its bindings put in, and
+    each of its own remaining loops (``rest``) that is a whole index renamed after that
+    index's position, so two blocks' stores compare in the loops they share."""
+    env = {iv.name: e for iv, e in zip(x.iter_vars, x.bindings)}
+    own = {f.var for f in rest}
+    out = []
+    for st in block_stores(x):
+        idx = [substitute(i, env) for i in st.indices]
+        rename: dict[str, Expr] = {
+            e.name: Var(f"@{p}") for p, e in enumerate(idx) if isinstance(e, Var) and e.name in own
+        }
+        out.append([substitute(e, rename) for e in idx])
+    return out
+
+
+def _init_in_step(init: Block, irest: list[For], b: Block, brest: list[For]) -> bool:
+    """Whether ``init`` and its reduction ``b``, their outer loops just identified with
+    a target nest's, store at the same indices: then each iteration of the shared loops
+    initializes exactly the elements the reduction accumulates into in it. (An init
+    whose loops were reordered before a compute_at has them identified position by
+    position, and would initialize other elements: refused.)"""
+    ii = _stored_at(init, irest)[0]  # an init stores once
+    return any(
+        len(bi) == len(ii) and all(exprs_equal(e, f) for e, f in zip(ii, bi))
+        for bi in _stored_at(b, brest)
+    )
