@@ -62,6 +62,38 @@ def _hoisted_job(ep: Epilogue, job: KernelJob, plan: FusionPlan, g: Graph) -> Ke
     return KernelJob(f"{job.name}_pre", group)
 
 
+def _deciding_order(
+    work: list, jobs: list[KernelJob], g: Graph, native: Callable[[Node], bool], opts: Options
+) -> list[Node]:
+    """The native MatMuls of ``work`` in the order their epilogues are decided: graph
+    order, except that one whose epilogue would hoist nodes reading the product of
+    another native MatMul of the same ``A`` (a gated MLP's ``up`` before its ``gate``)
+    waits for that one, which can take the group with it as its sibling GEMM."""
+    nodes = [w for w in work if isinstance(w, Node) and native(w)]
+    if not opts.sibling_gemms:
+        return nodes
+    at = {n.name: i for i, n in enumerate(nodes)}
+    keys = {}
+    for i, node in enumerate(nodes):
+        keys[node.name] = float(i)
+        job = _consumer_job(node, jobs)
+        ep = epilogue_legality(node, job.group, g) if job is not None else None
+        if not isinstance(ep, Epilogue):
+            continue
+        for v in (v for h in ep.hoisted for v in h.inputs if v is not None):
+            other = v.producer
+            if (
+                other is not None
+                and other.name in at
+                and at[other.name] > i
+                and other.op_type == "MatMul"
+                and other.inputs[0] is node.inputs[0]
+            ):
+                keys[node.name] = at[other.name] + 0.5
+                break
+    return sorted(nodes, key=lambda n: keys[n.name])
+
+
 def _packed(a: Node | None, w_of: Node, opts: Options) -> bool:
     """Whether ``w_of``'s weight is packed once (its A given or its own)."""
     x, w = w_of.inputs[0], w_of.inputs[1]
@@ -142,8 +174,8 @@ def attach_epilogues(
     moved: dict[str, KernelJob] = {}  # second MatMul's name -> the job that runs in its place
     absorbed: dict[int, KernelJob] = {}  # a residual Add's job id -> the job that runs there
     pre: dict[int, KernelJob] = {}  # job id -> its hoisted nodes' job
-    for item in work:
-        if not isinstance(item, Node) or item.name in dropped or not native(item):
+    for item in _deciding_order(work, jobs, g, native, opts):
+        if item.name in dropped:
             continue
         job = _consumer_job(item, [j for j in jobs if j.panel is None])
         if job is None:

@@ -37,7 +37,11 @@ def _weights(k: int, n: int) -> dict[str, np.ndarray]:
 
 
 def _gated(
-    w: dict[str, np.ndarray], norm: bool = True, residual: bool = True, bias: object = None
+    w: dict[str, np.ndarray],
+    norm: bool = True,
+    residual: bool = True,
+    bias: object = None,
+    up_first: bool = False,
 ) -> geode.Graph:
     """[RMSNorm] -> silu(x @ Wg) * (x @ Wu) -> @ Wd [+ x] [+ bias], as LLaMA writes it."""
     k = w["wg"].shape[0]
@@ -49,8 +53,12 @@ def _gated(
         ms = g.op("ReduceMean", g.op("Mul", x, x), axes, keepdims=1)
         inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", ms, g.constant(np.float32(1e-6)))))
         h = g.op("Mul", g.op("Mul", x, inv), g.constant(w["gamma"], name="gamma"))
-    gate = g.op("MatMul", h, g.constant(w["wg"], name="wg"))
-    up = g.op("MatMul", h, g.constant(w["wu"], name="wu"))
+    if up_first:  # the graph's order: the planner decides gate's epilogue first anyway
+        up = g.op("MatMul", h, g.constant(w["wu"], name="wu"))
+        gate = g.op("MatMul", h, g.constant(w["wg"], name="wg"))
+    else:
+        gate = g.op("MatMul", h, g.constant(w["wg"], name="wg"))
+        up = g.op("MatMul", h, g.constant(w["wu"], name="wu"))
     act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
     y = g.op("MatMul", act, g.constant(w["wd"], name="wd"))
     if residual:
@@ -81,9 +89,7 @@ def _dense(model) -> list:
 
 
 def _compile(g: geode.Graph, threads: int, **opts) -> geode.Model:
-    return geode.compile(
-        g, session=geode.Session(), model_cache=False, num_threads=threads, **opts
-    )
+    return geode.compile(g, session=geode.Session(), model_cache=False, num_threads=threads, **opts)
 
 
 W = _weights(40, 37)
@@ -100,6 +106,21 @@ def test_the_gated_mlp_is_one_dense_step_after_the_norm():
     assert [n.name for n in dense.ops if n.op_type == "MatMul"][1] in model.explain()
     x = _rand(2, 9, 40)
     _close(model(x=x)["y"], _want(x, W))
+
+
+def test_up_before_gate_in_the_graph_is_still_one_step():
+    """With up first in graph order, its epilogue would hoist SiLU(gate): gate's is
+    decided first instead, with up as its sibling."""
+    g = _gated(W, up_first=True)
+    model = _compile(g, 2)
+    (dense,) = _dense(model)
+    assert len(model.kernels) == 2, model.explain()
+    assert [n.op_type for n in dense.ops][:3] == ["MatMul", "MatMul", "Sigmoid"]
+    assert "wg" in next(t for t in model.explain().splitlines() if "weights:" in t).split(";")[0]
+    x = _rand(2, 9, 40)
+    got = model(x=x)["y"]
+    _close(got, _want(x, W))
+    np.testing.assert_array_equal(got, _compile(g, 2, **OFF)(x=x)["y"])
 
 
 def test_explain_records_both_decisions_and_their_reasons():
