@@ -105,7 +105,8 @@ def _sibling(ep: Epilogue, g: Graph, spec: DeviceSpec, native: Callable, opts: O
     text ("" when no MatMul of the same A was a candidate)."""
     found = sibling_gemm(ep, g, native)
     if isinstance(found, str):
-        return "" if found.startswith("no full input") else f"no sibling GEMM: {found}"
+        none = found.startswith("no full input") or found == "the product is batched"
+        return "" if none else f"no sibling GEMM: {found}"
     if not (_packed(None, ep.dense, opts) and _packed(None, found, opts)):
         return f"{found.name} apart: a sibling GEMM needs both weights packed once"
     take, why = sibling_plan(ep.dense, found, spec)
