@@ -178,7 +178,7 @@ def attach_epilogues(
     for item in _deciding_order(work, jobs, g, native, opts):
         if item.name in dropped:
             continue
-        job = _consumer_job(item, [j for j in jobs if j.panel is None])
+        job = _consumer_job(item, [j for j in jobs if j.panel is None and id(j) not in absorbed])
         if job is None:
             plan.epilogues.append(
                 f"{item.name}: no epilogue (its product is not read by one group)"

@@ -198,6 +198,25 @@ def test_a_broadcast_add_after_the_down_gemm_is_not_a_residual():
     _close(model(x=x)["y"], _want(x, W, norm=False, residual=False) + bias)
 
 
+def test_a_residual_that_is_another_products_result():
+    """``act @ Wd + x @ W2``: the Add is the down GEMM's residual, so the other MatMul
+    cannot take it as its epilogue too (it runs plain, before)."""
+    w2 = _rand(40, 40)
+    g = _gated(W, norm=False, residual=False)
+    y = g.outputs[0]
+    x = g.inputs[0]
+    g.outputs.clear()
+    g.output(g.op("Add", y, g.op("MatMul", x, g.constant(w2, name="w2"))), names=["z"])
+    model = _compile(g, 2)
+    assert "summed into" in model.explain()
+    (dense,) = _dense(model)
+    assert [n.op_type for n in dense.ops][-1] == "Add"
+    xs = _rand(2, 9, 40)
+    got = model(x=xs)["z"]
+    _close(got, _want(xs, W, norm=False, residual=False) + xs.astype(np.float64) @ w2)
+    np.testing.assert_array_equal(got, _compile(g, 2, **OFF)(x=xs)["z"])
+
+
 def test_not_packed_keeps_up_apart():
     model = _compile(_gated(W), 2, packed_weights=False)
     assert "needs both weights packed once" in model.explain()
