@@ -10,7 +10,8 @@ the product nor the epilogue's result goes to memory.
 
 Entry (the kernels' ABI, :mod:`~geode.codegen.backends.llvm.emit`)::
 
-    i32 @D(ptrs, recs, ints)   ; ptrs: A, B, [V], the epilogue's inputs, its outputs, [O]
+    i32 @D(ptrs, recs, ints)   ; ptrs: A, B, [Bu], [V], [R], the epilogue's inputs, its
+                               ;       outputs, [O]
                                ; ints: the thread count (0: the pool's)
 
 Shapes. Unbatched (``B`` a matrix): ``A`` has rank ``>= 2``, its leading dims flattened
@@ -36,8 +37,14 @@ that falls behind leaves its panels to the others); else one after another, the 
 and the epilogue threading each. Each panel::
 
     S = A_t[p0:p0+rows] @ B_t          (scratch; zeros when K or N is 0)
+    U = A[p0:p0+rows] @ Bu              (with a sibling GEMM: scratch, an epilogue input)
     epilogue(S, its inputs' panels)     (writes its outputs' panels; with V: into scratch P)
-    O_t[p0:p0+rows] = P @ V_t           (with V)
+    O_t[p0:p0+rows] = P @ V_t           (with V; with a residual R: R's panel + P @ V)
+
+A sibling GEMM (``DenseSpec.sibling``: a gated MLP's up beside its gate, ``Bu`` packed
+once like ``B``) and a residual (``DenseSpec.residual``: O's panel starts as R's, the
+packed GEMM adds its sums with beta 1, the bits of adding after) need the packed-weight
+GEMM.
 
 The panels live in the thread's scratch buffers (``geode_scratch``, kept between calls: a
 fresh allocation per call would fault its pages in every time). A panel that cannot get
@@ -57,6 +64,7 @@ from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.codegen.backends.llvm.packed import PACKED_DECL, packed_call, packed_check
 from geode.codegen.backends.llvm.ssa import SsaWriter
 from geode.codegen.backends.llvm.target import host
+from geode.errors import CodegenError
 
 __all__ = ["EPILOGUE_STATUS", "NO_MEMORY", "DenseSpec", "InnerArg", "OuterArg", "dense_ir"]
 
@@ -574,8 +582,6 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
     w.emit(f"  br i1 {w.eq(v['D'], 0)}, label %out, label %some")
     w.label("some")
     if sp.residual:  # K = N = 0 in the packed GEMM leaves C as it is: R
-        if not sp.packed_d:
-            raise ValueError("a residual needs V packed once")
         pr = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['R']}, i64 {o_el}")
         w.emit(f"  call void @llvm.memcpy.p0.p0.i64(ptr {po}, ptr {pr}, i64 {nbytes}, i1 false)")
         w.emit("  br label %gemm2")
@@ -598,6 +604,8 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
 def dense_ir(sp: DenseSpec) -> str:
     """The entry's module (see the module docstring)."""
     item = _TYPES[sp.dtype][2]
+    if (sp.sibling and not sp.packed_n) or (sp.residual and not sp.packed_d):
+        raise CodegenError(f"{sp.name}: a sibling GEMM needs B, a residual V, packed once")
     head = [
         GEMM_DECL,
         *([PACKED_DECL] if sp.packed_n or sp.packed_d else []),
