@@ -45,6 +45,15 @@ backend                   GEODE_BACKEND           the native code generator: llv
 dense_epilogues           GEODE_DENSE_EPILOGUES   fuse the group that consumes a native
                                                   MatMul's product into it (run per panel
                                                   of rows while the panel is in cache)
+sibling_gemms             GEODE_SIBLING_GEMMS     a fused GEMM epilogue that reads another
+                                                  MatMul of the same A (a gated MLP's up
+                                                  beside its gate) computes that product
+                                                  per panel too, when both weights are
+                                                  packed once and the cost model says it
+                                                  pays (reason in explain())
+residual_epilogues        GEODE_RESIDUAL_EPILOGUES  the residual Add after a fused second
+                                                  GEMM is summed into that GEMM's panels
+                                                  (same bits; reason in explain())
 packed_weights            GEODE_PACKED_WEIGHTS    a native float32 MatMul whose B is a constant
                                                   matrix multiplies by a copy of B packed once
                                                   at compile (or load) time, with geode's own
@@ -179,6 +188,8 @@ class Options:
     lazy_compile: bool = True
     backend: str = "llvm"
     dense_epilogues: bool = True
+    sibling_gemms: bool = True
+    residual_epilogues: bool = True
     packed_weights: bool = True
     fusion_search: str = "greedy"
     conv_method: str = "auto"
@@ -213,6 +224,8 @@ class Options:
             "lazy_compile": "GEODE_LAZY_COMPILE",
             "backend": "GEODE_BACKEND",
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
+            "sibling_gemms": "GEODE_SIBLING_GEMMS",
+            "residual_epilogues": "GEODE_RESIDUAL_EPILOGUES",
             "packed_weights": "GEODE_PACKED_WEIGHTS",
             "fusion_search": "GEODE_FUSION_SEARCH",
             "conv_method": "GEODE_CONV_METHOD",
@@ -270,6 +283,8 @@ _BOOL_OPTIONS = (
     "freeze_variables",
     "lazy_compile",
     "dense_epilogues",
+    "sibling_gemms",
+    "residual_epilogues",
     "packed_weights",
     "incremental",
     "stitch_fusion",

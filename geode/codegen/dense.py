@@ -61,10 +61,12 @@ class PanelGraph:
 
     @property
     def nodes(self) -> list[Node]:
-        """The model's nodes the dense step runs: the MatMul, the epilogue, the second
-        MatMul."""
-        second = [self.epilogue.second] if self.epilogue.second is not None else []
-        return [self.dense, *self.epilogue.group.nodes, *second]
+        """The model's nodes the dense step runs: the MatMul (and its sibling), the
+        epilogue, the second MatMul (and the residual Add)."""
+        ep = self.epilogue
+        extra = [n for n in (ep.second, ep.residual) if n is not None]
+        sibling = [ep.sibling] if ep.sibling is not None else []
+        return [self.dense, *sibling, *ep.group.nodes, *extra]
 
 
 #: a role's panel dims: ``r`` the panel's rows, ``c`` the product's columns
@@ -169,6 +171,10 @@ def _arguments(pg: PanelGraph, lowered: LoweredKernel, views: list) -> tuple[lis
         if second is not None and pg.origin[v.name] is second.inputs[0]:
             inner.append(InnerArg(-2, role, item, view))  # the panel the second GEMM reads
             continue
+        sibling = pg.epilogue.sibling
+        if sibling is not None and pg.origin.get(v.name) is sibling.outputs[0]:
+            inner.append(InnerArg(-3, role, item, view))  # the sibling GEMM's panel
+            continue
         model_value = pg.origin[v.name]
         inner.append(InnerArg(len(values), role, item, view))
         values.append(model_value)
@@ -211,6 +217,8 @@ def dense_module(
         len(pg.epilogue.second.inputs[1].shape) if pg.epilogue.second is not None else 0,
         packed_n,
         packed_d,
+        pg.epilogue.sibling is not None,
+        pg.epilogue.residual is not None,
     )
     return name, dense_ir(spec)
 
@@ -232,6 +240,13 @@ def abandon_dense(ir: str) -> None:
     abandon_module(ir)
 
 
+def _residual_input(ep: Epilogue) -> Value:
+    """The residual ``Add``'s input that is not the second product."""
+    o = ep.second.outputs[0]
+    a, b = ep.residual.inputs
+    return b if a is o else a
+
+
 def dense_kernel(
     pg: PanelGraph,
     lowered: LoweredKernel,
@@ -244,8 +259,9 @@ def dense_kernel(
     packed_d: int = 0,
 ) -> tuple[DenseKernel, list[Value], list[Value]]:
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
-    values of its inputs after ``A`` and ``B`` (``V``, then the epilogue's) and of its
-    outputs (the epilogue's, then ``O``). ``packed_n > 0``: ``B`` (float32, that many
+    values of its inputs after ``A`` and ``B`` (a sibling's ``Bu`` packed, ``V``, a
+    residual ``R``, then the epilogue's) and of its outputs (the epilogue's, then ``O``,
+    or the residual ``Add``'s result). ``packed_n > 0``: ``B`` (float32, that many
     columns) is passed packed once (:mod:`geode.codegen.packed_weights`); ``packed_d > 0``:
     likewise ``V`` (returned packed among the inputs; the caller passes ``B`` packed)."""
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
@@ -271,11 +287,16 @@ def dense_kernel(
     n_ext_in = sum(
         1 for a_ in inner[: len(lowered.inputs)] if a_.source >= 0
     )  # the epilogue's own inputs come first among its arguments
-    second = pg.epilogue.second
-    ins = ([second.inputs[1]] if second is not None else []) + values[:n_ext_in]
-    if packed_d:  # V, packed once
-        ins[0] = packed_value(ins[0])
-    outs = values[n_ext_in:] + ([second.outputs[0]] if second is not None else [])
+    ep = pg.epilogue
+    second = ep.second
+    v_in = [second.inputs[1]] if second is not None else []
+    if packed_d and v_in:  # V, packed once
+        v_in[0] = packed_value(v_in[0])
+    u_in = [packed_value(ep.sibling.inputs[1])] if ep.sibling is not None else []
+    r_in = [_residual_input(ep)] if ep.residual is not None else []
+    ins = u_in + v_in + r_in + values[:n_ext_in]
+    last = ep.residual if ep.residual is not None else second
+    outs = values[n_ext_in:] + ([last.outputs[0]] if last is not None else [])
     specs = [
         ArgSpec("A", "input", dtype, len(a.shape), str(list(a.shape))),
         ArgSpec("B", "input", dtype, len(b.shape), str(list(b.shape))),

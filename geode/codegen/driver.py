@@ -633,8 +633,14 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
             f"; from {BIG_PANELS * BIG_ROWS} rows per thread: panels of {BIG_ROWS} rows"
             " on the pool, each on one thread"
         )
+    sibling, residual = pg.epilogue.sibling, pg.epilogue.residual
+    if sibling is not None:  # taken only with both weights packed once
+        job.weights += "; beside it U: " + choose_packing(a, sibling.inputs[1], opts).text
+    if residual is not None:
+        job.weights += f"; {residual.name} summed into the second GEMM's panels"
     nodes = [pg.dense, second]
     job.packed_nodes = tuple(n.name for n, p in zip(nodes, packed) if p and n is not None)
+    job.packed_nodes += (sibling.name,) if sibling is not None else ()
     job.outputs = outs
     job.interface = NativeKernel(
         name=job.name,

@@ -17,9 +17,16 @@ from collections.abc import Callable
 
 from geode.codegen.dense import panel_graph
 from geode.codegen.driver import KernelJob, native_matmul
-from geode.compiler.fusion.epilogue import Epilogue, epilogue_legality, second_gemm
+from geode.codegen.packed_weights import choose_packing
+from geode.compiler.fusion.epilogue import (
+    Epilogue,
+    epilogue_legality,
+    residual_add,
+    second_gemm,
+    sibling_gemm,
+)
 from geode.compiler.fusion.groups import FusionPlan, Group
-from geode.compiler.fusion.profit import epilogue_plan
+from geode.compiler.fusion.profit import epilogue_plan, residual_plan, sibling_plan
 from geode.compiler.ir import Graph, Node
 from geode.config import Options
 from geode.costmodel.device import DeviceSpec
@@ -55,8 +62,86 @@ def _hoisted_job(ep: Epilogue, job: KernelJob, plan: FusionPlan, g: Graph) -> Ke
     return KernelJob(f"{job.name}_pre", group)
 
 
+def _deciding_order(
+    work: list, jobs: list[KernelJob], g: Graph, native: Callable[[Node], bool], opts: Options
+) -> list[Node]:
+    """The native MatMuls of ``work`` in the order their epilogues are decided: graph
+    order, except that one whose epilogue would hoist nodes reading the product of
+    another native MatMul of the same ``A`` (a gated MLP's ``up`` before its ``gate``)
+    waits for that one, which can take the group with it as its sibling GEMM."""
+    nodes = [w for w in work if isinstance(w, Node) and native(w)]
+    if not opts.sibling_gemms:
+        return nodes
+    at = {n.name: i for i, n in enumerate(nodes)}
+    keys = {}
+    for i, node in enumerate(nodes):
+        keys[node.name] = float(i)
+        job = _consumer_job(node, jobs)
+        ep = epilogue_legality(node, job.group, g) if job is not None else None
+        if not isinstance(ep, Epilogue):
+            continue
+        for v in (v for h in ep.hoisted for v in h.inputs if v is not None):
+            other = v.producer
+            if (
+                other is not None
+                and other.name in at
+                and at[other.name] > i
+                and other.op_type == "MatMul"
+                and other.inputs[0] is node.inputs[0]
+            ):
+                keys[node.name] = at[other.name] + 0.5
+                break
+    return sorted(nodes, key=lambda n: keys[n.name])
+
+
+def _packed(a: Node | None, w_of: Node, opts: Options) -> bool:
+    """Whether ``w_of``'s weight is packed once (its A given or its own)."""
+    x, w = w_of.inputs[0], w_of.inputs[1]
+    return choose_packing(a if a is not None else x, w, opts).packed
+
+
+def _sibling(ep: Epilogue, g: Graph, spec: DeviceSpec, native: Callable, opts: Options) -> str:
+    """Attach the epilogue's sibling GEMM when legal and paying; returns the decision's
+    text ("" when no MatMul of the same A was a candidate)."""
+    found = sibling_gemm(ep, g, native)
+    if isinstance(found, str):
+        none = found.startswith("no full input") or found == "the product is batched"
+        return "" if none else f"no sibling GEMM: {found}"
+    if not (_packed(None, ep.dense, opts) and _packed(None, found, opts)):
+        return f"{found.name} apart: a sibling GEMM needs both weights packed once"
+    take, why = sibling_plan(ep.dense, found, spec)
+    if take:
+        ep.sibling = found
+    return why if take else f"{found.name} apart: {why}"
+
+
+def _residual(
+    ep: Epilogue, jobs: list[KernelJob], g: Graph, spec: DeviceSpec, opts: Options
+) -> tuple[KernelJob | None, str]:
+    """The job of the residual ``Add`` after the second MatMul when it is legal and pays
+    as that GEMM's starting value (attached to ``ep``), and the decision's text."""
+    job = _consumer_job(ep.second, jobs)
+    if job is None:
+        return None, ""
+    found = residual_add(ep, job.group, g)
+    if isinstance(found, str):
+        return None, f"no residual: {found}"
+    if not _packed(None, ep.second, opts):
+        return None, f"{found.name} apart: a residual needs V packed once"
+    take, why = residual_plan(ep.second, found, spec)
+    if not take:
+        return None, f"{found.name} apart: {why}"
+    ep.residual = found
+    return job, why
+
+
 def _decide(
-    node: Node, job: KernelJob, g: Graph, spec: DeviceSpec, native: Callable[[Node], bool]
+    node: Node,
+    job: KernelJob,
+    g: Graph,
+    spec: DeviceSpec,
+    native: Callable[[Node], bool],
+    opts: Options,
 ) -> Epilogue | str:
     """The epilogue of ``node`` in ``job`` (its panel form attached to the job), or why not."""
     ep = epilogue_legality(node, job.group, g)
@@ -65,6 +150,7 @@ def _decide(
     second = second_gemm(ep, g, native)
     if isinstance(second, Node):
         ep.second = second
+    sibling = _sibling(ep, g, spec, native, opts) if opts.sibling_gemms else ""
     _, why = epilogue_plan(node, spec, ep.second)
     try:
         job.panel = panel_graph(ep, g)
@@ -72,6 +158,8 @@ def _decide(
         return str(exc)
     job.group = job.panel.group
     ep.reason = why if ep.second is None else f"{why}; then {ep.second.name} per panel"
+    if sibling:
+        ep.reason += f"; {sibling}"
     return ep
 
 
@@ -85,17 +173,18 @@ def attach_epilogues(
     jobs = [w for w in work if isinstance(w, KernelJob)]
     dropped: set[str] = set()
     moved: dict[str, KernelJob] = {}  # second MatMul's name -> the job that runs in its place
+    absorbed: dict[int, KernelJob] = {}  # a residual Add's job id -> the job that runs there
     pre: dict[int, KernelJob] = {}  # job id -> its hoisted nodes' job
-    for item in work:
-        if not isinstance(item, Node) or item.name in dropped or not native(item):
+    for item in _deciding_order(work, jobs, g, native, opts):
+        if item.name in dropped:
             continue
-        job = _consumer_job(item, [j for j in jobs if j.panel is None])
+        job = _consumer_job(item, [j for j in jobs if j.panel is None and id(j) not in absorbed])
         if job is None:
             plan.epilogues.append(
                 f"{item.name}: no epilogue (its product is not read by one group)"
             )
             continue
-        ep = _decide(item, job, g, spec, native)
+        ep = _decide(item, job, g, spec, native, opts)
         if isinstance(ep, str):
             plan.epilogues.append(f"{item.name}: keep apart from group {job.group.id}: {ep}")
             continue
@@ -104,14 +193,29 @@ def attach_epilogues(
         plan.unfused.pop(item.name, None)
         if ep.hoisted:
             pre[id(job)] = _hoisted_job(ep, job, plan, g)
+        if ep.sibling is not None:
+            dropped.add(ep.sibling.name)
+            plan.unfused.pop(ep.sibling.name, None)
         if ep.second is not None:
             dropped.add(ep.second.name)
             plan.unfused.pop(ep.second.name, None)
             moved[ep.second.name] = job
+            free = [j for j in jobs if j.panel is None and id(j) not in absorbed]
+            add_job, text = (
+                _residual(ep, free, g, spec, opts) if opts.residual_epilogues else (None, "")
+            )
+            if text:
+                plan.epilogues[-1] += f"; {text}"
+            if add_job is not None:
+                absorbed[id(add_job)] = job
+                del moved[ep.second.name]
     out: list = []
     for w in work:
         if isinstance(w, KernelJob) and id(w) in pre:
             out.append(pre[id(w)])
+        if isinstance(w, KernelJob) and id(w) in absorbed:
+            out.append(absorbed[id(w)])  # where its residual Add ran (R is ready there)
+            continue
         if isinstance(w, KernelJob) and w.panel is not None and w.panel.epilogue.second:
             continue  # runs where its second MatMul ran (V is ready there)
         if isinstance(w, Node) and w.name in moved:

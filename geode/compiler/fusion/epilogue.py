@@ -41,7 +41,14 @@ from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpKind
 from geode.compiler.shapes import dims_equal
 
-__all__ = ["Epilogue", "epilogue_legality", "value_role"]
+__all__ = [
+    "Epilogue",
+    "epilogue_legality",
+    "residual_add",
+    "second_gemm",
+    "sibling_gemm",
+    "value_role",
+]
 
 _KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.REDUCE})
 
@@ -61,6 +68,12 @@ class Epilogue:
     hoisted: list[Node] = field(default_factory=list)
     #: the second MatMul (its A is the group's only output), or None
     second: Node | None = None
+    #: a MatMul of the same ``A`` whose product is a ``full`` input (computed per panel
+    #: beside the product: :func:`sibling_gemm`), or None
+    sibling: Node | None = None
+    #: the residual ``Add`` after the second MatMul, summed into its product
+    #: (:func:`residual_add`), or None
+    residual: Node | None = None
 
     @property
     def batched(self) -> bool:
@@ -241,3 +254,69 @@ def second_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
     if len(o.shape) != len(want) or not all(_same(a, b) for a, b in zip(o.shape, want)):
         return "the second MatMul's result is not the product's rows times V's columns"
     return mm
+
+
+def sibling_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
+    """A MatMul that reads the dense node's ``A`` too, whose product is a ``full`` input
+    of the epilogue read by it alone (a gated MLP's ``up`` beside its ``gate``): the
+    kernel can compute that product per panel from the same rows of ``A`` (the panel's
+    ``A`` read twice while in cache), so it never goes to memory. Else why not.
+    ``is_native(node)`` says whether a MatMul runs natively."""
+    if ep.batched:
+        return "the product is batched"
+    a, b = ep.dense.inputs
+    found = "no full input of the epilogue is another MatMul of the same A"
+    for v in ep.group.inputs():
+        prod = v.producer
+        if ep.roles.get(v.name) != "full" or prod is None or prod is ep.dense:
+            continue
+        if prod.op_type != "MatMul" or prod.inputs[0] is not a:
+            continue
+        w = prod.inputs[1]
+        if (
+            w.shape is None
+            or len(w.shape) != 2
+            or not all(_same(x, y) for x, y in zip(w.shape, b.shape))
+        ):
+            found = f"{prod.name}'s weight is not a matrix of B's shape"
+            continue
+        if any(o is v for o in graph.outputs) or any(
+            c.name not in ep.group.names for c in v.consumers
+        ):
+            found = f"{prod.name}'s product is read outside the epilogue"
+            continue
+        if not is_native(prod):  # type: ignore[operator]
+            found = f"{prod.name} is not a native MatMul"
+            continue
+        return prod
+    return found
+
+
+def residual_add(ep: Epilogue, group: Group, graph: Graph) -> Node | str:
+    """The residual ``Add`` that ``group`` (the only reader of the second MatMul's result
+    ``O``) is: one ``Add`` of ``O`` and a value of ``O``'s exact shape and type, which the
+    second GEMM can start its sums from (``O = P @ V + R``, the same bits as adding after);
+    else why not."""
+    if ep.second is None:
+        return "no second MatMul"
+    o = ep.second.outputs[0]
+    if len(group.nodes) != 1 or group.nodes[0].op_type != "Add":
+        return "the second product's reader is not one Add"
+    add = group.nodes[0]
+    if any(x is o for x in graph.outputs) or len(o.consumers) != 1:
+        return "the second product is read more than once"
+    ins = list(add.inputs)
+    if len(ins) != 2 or sum(1 for x in ins if x is o) != 1:
+        return "the Add does not read the second product once"
+    r = ins[1] if ins[0] is o else ins[0]
+    out = add.outputs[0]
+    if r.dtype != o.dtype or out.dtype != o.dtype:
+        return "the residual's type is not the product's"
+    for shape in (r.shape, out.shape):
+        if (
+            shape is None
+            or len(shape) != len(o.shape)
+            or not all(_same(x, y) for x, y in zip(shape, o.shape))
+        ):
+            return "the residual's shape is not the second product's"
+    return add

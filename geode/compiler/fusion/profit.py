@@ -294,3 +294,37 @@ def _dim(v: Value, axis: int) -> float:
 def _last(v: Value) -> float:
     d = (v.shape or (1,))[-1]
     return float(d) if isinstance(d, int) else float(NOMINAL_DIM)
+
+
+def sibling_plan(dense: Node, sibling: Node, spec: DeviceSpec) -> tuple[bool, str]:
+    """Whether computing ``sibling``'s product (a MatMul of ``dense``'s ``A``) per panel
+    beside ``dense``'s pays, and why, by the SOL model: apart, the sibling's GEMM writes
+    its product and the epilogue reads it back, a launch of its own; fused, its GEMM runs
+    in the panel (the same multiply-adds and weight reads, ``A``'s panel read again)."""
+    u, a, w = sibling.outputs[0], sibling.inputs[0], sibling.inputs[1]
+    flops = 2.0 * numel(u) * _dim(w, -2)
+    gemm = KernelWork(bytes_read=nbytes(a) + nbytes(w), bytes_written=nbytes(u), flops=flops)
+    readback = KernelWork(bytes_read=nbytes(u), bytes_written=0.0, flops=0.0, n_kernels=0)
+    fused = KernelWork(
+        bytes_read=nbytes(a) + nbytes(w), bytes_written=0.0, flops=flops, n_kernels=0
+    )
+    d = decide_merge([gemm, readback], fused, spec)
+    return d.take, f"{sibling.name} per panel beside {dense.name}: {d.reason}"
+
+
+def residual_plan(second: Node, add: Node, spec: DeviceSpec) -> tuple[bool, str]:
+    """Whether the residual ``add`` after the ``second`` MatMul pays as that GEMM's
+    starting value, and why, by the SOL model: apart, the GEMM writes its product, the
+    ``Add`` (a launch) reads it and the residual and writes the sum; fused, the panel
+    reads the residual and writes the sum."""
+    o, out = second.outputs[0], add.outputs[0]
+    r = add.inputs[1] if add.inputs[0] is o else add.inputs[0]
+    store = KernelWork(bytes_read=0.0, bytes_written=nbytes(o), flops=0.0, n_kernels=0)
+    alone = KernelWork(
+        bytes_read=nbytes(o) + nbytes(r), bytes_written=nbytes(out), flops=numel(out)
+    )
+    fused = KernelWork(
+        bytes_read=nbytes(r), bytes_written=nbytes(out), flops=numel(out), n_kernels=0
+    )
+    d = decide_merge([store, alone], fused, spec)
+    return d.take, f"{add.name} summed into {second.name}'s panels: {d.reason}"

@@ -10,7 +10,8 @@ the product nor the epilogue's result goes to memory.
 
 Entry (the kernels' ABI, :mod:`~geode.codegen.backends.llvm.emit`)::
 
-    i32 @D(ptrs, recs, ints)   ; ptrs: A, B, [V], the epilogue's inputs, its outputs, [O]
+    i32 @D(ptrs, recs, ints)   ; ptrs: A, B, [Bu], [V], [R], the epilogue's inputs, its
+                               ;       outputs, [O]
                                ; ints: the thread count (0: the pool's)
 
 Shapes. Unbatched (``B`` a matrix): ``A`` has rank ``>= 2``, its leading dims flattened
@@ -36,8 +37,14 @@ that falls behind leaves its panels to the others); else one after another, the 
 and the epilogue threading each. Each panel::
 
     S = A_t[p0:p0+rows] @ B_t          (scratch; zeros when K or N is 0)
+    U = A[p0:p0+rows] @ Bu              (with a sibling GEMM: scratch, an epilogue input)
     epilogue(S, its inputs' panels)     (writes its outputs' panels; with V: into scratch P)
-    O_t[p0:p0+rows] = P @ V_t           (with V)
+    O_t[p0:p0+rows] = P @ V_t           (with V; with a residual R: R's panel + P @ V)
+
+A sibling GEMM (``DenseSpec.sibling``: a gated MLP's up beside its gate, ``Bu`` packed
+once like ``B``) and a residual (``DenseSpec.residual``: O's panel starts as R's, the
+packed GEMM adds its sums with beta 1, the bits of adding after) need the packed-weight
+GEMM.
 
 The panels live in the thread's scratch buffers (``geode_scratch``, kept between calls: a
 fresh allocation per call would fault its pages in every time). A panel that cannot get
@@ -57,6 +64,7 @@ from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.codegen.backends.llvm.packed import PACKED_DECL, packed_call, packed_check
 from geode.codegen.backends.llvm.ssa import SsaWriter
 from geode.codegen.backends.llvm.target import host
+from geode.errors import CodegenError
 
 __all__ = ["EPILOGUE_STATUS", "NO_MEMORY", "DenseSpec", "InnerArg", "OuterArg", "dense_ir"]
 
@@ -84,8 +92,8 @@ BIG_ROWS = 64
 
 # ctx words (i64): pointers as ints, sizes, then per batch dim (Y's, A's, B's, V's), then
 # the ext pointers, then per brow argument its batch dims
-_A, _B, _V, _O, _M, _N, _K, _D, _T, _MB, _P, _THREADS, _STATUS = range(13)
-_FIXED = 13
+_A, _B, _V, _O, _M, _N, _K, _D, _T, _MB, _P, _THREADS, _STATUS, _U, _R = range(15)
+_FIXED = 15
 
 
 @dataclass(frozen=True)
@@ -100,9 +108,9 @@ class OuterArg:
 @dataclass(frozen=True)
 class InnerArg:
     """An argument of the epilogue kernel: where its data comes from (``-1``: the product
-    panel, ``-2``: the panel the second GEMM reads, else the index of an
-    :class:`OuterArg`), its role, item size, and the dims of its 2-D shape that the kernel
-    merges (None: its own shape)."""
+    panel, ``-2``: the panel the second GEMM reads, ``-3``: the sibling product's panel,
+    else the index of an :class:`OuterArg`), its role, item size, and the dims of its 2-D
+    shape that the kernel merges (None: its own shape)."""
 
     source: int
     role: str  # acc | full | col | row | brow | scalar
@@ -131,6 +139,11 @@ class DenseSpec:
     packed_n: int = 0
     #: > 0: ``V`` (a matrix) is a float32 weight of this many columns packed once
     packed_d: int = 0
+    #: a sibling GEMM: ``U = A @ Bu`` per panel beside the product, ``Bu`` (after ``B``) a
+    #: float32 weight of ``packed_n`` columns packed once; its panel is an epilogue input
+    sibling: bool = False
+    #: a residual ``R`` (after ``V``, ``O``'s shape): the second GEMM writes ``P @ V + R``
+    residual: bool = False
 
     @property
     def batch(self) -> int:
@@ -142,9 +155,24 @@ class DenseSpec:
         return self.batch + 2 if self.b_rank > 2 else self.a_rank
 
     @property
+    def u_at(self) -> int:
+        """Index of ``Bu`` in ``ptrs`` (with a sibling GEMM)."""
+        return 2
+
+    @property
+    def v_at(self) -> int:
+        """Index of ``V`` in ``ptrs`` (with a second GEMM)."""
+        return 2 + int(self.sibling)
+
+    @property
+    def r_at(self) -> int:
+        """Index of the residual ``R`` in ``ptrs`` (with one)."""
+        return self.v_at + 1
+
+    @property
     def first_ext(self) -> int:
         """Index of the first epilogue argument in ``ptrs``."""
-        return 3 if self.v_rank else 2
+        return 2 + int(self.sibling) + (1 if self.v_rank else 0) + int(self.residual)
 
 
 def _records(w: SsaWriter, ranks: list[int]) -> list[tuple[str, str, list[str]]]:
@@ -164,7 +192,8 @@ def _records(w: SsaWriter, ranks: list[int]) -> list[tuple[str, str, list[str]]]
 def _ranks(sp: DenseSpec) -> list[int]:
     b_rank = 3 if sp.packed_n else sp.b_rank
     v_rank = 3 if sp.packed_d else sp.v_rank
-    ranks = [sp.a_rank, b_rank] + ([v_rank] if sp.v_rank else [])
+    ranks = [sp.a_rank, b_rank] + ([3] if sp.sibling else []) + ([v_rank] if sp.v_rank else [])
+    ranks += [sp.y_rank] if sp.residual else []
     ranks += [o.rank for o in sp.outer]
     return ranks + ([sp.y_rank] if sp.v_rank else [])
 
@@ -192,6 +221,8 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     k = ad[-1]
     if sp.packed_n:
         w.check(packed_check(w, recs[1], k, sp.packed_n), 2)
+        if sp.sibling:
+            w.check(packed_check(w, recs[sp.u_at], k, sp.packed_n), sp.u_at + 1)
         s = {"K": k, "N": str(sp.packed_n), "D": "0"}
     else:
         w.check(w.all_of([w.eq(b_nd, sp.b_rank), w.eq(b_it, item), w.eq(bd[-2], k)]), 2)
@@ -209,17 +240,17 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     s["vb"] = []
     if sp.packed_d:  # unbatched (B and V are matrices)
         s["D"] = str(sp.packed_d)
-        w.check(packed_check(w, recs[2], s["N"], sp.packed_d), 3)
+        w.check(packed_check(w, recs[sp.v_at], s["N"], sp.packed_d), sp.v_at + 1)
     elif sp.v_rank:
-        v_nd, v_it, vd = recs[2]
+        v_nd, v_it, vd = recs[sp.v_at]
         s["D"], s["vb"] = vd[-1], _aligned(vd, nb)
         conds = [w.eq(v_nd, sp.v_rank), w.eq(v_it, item), w.eq(vd[-2], s["N"])]
-        w.check(w.all_of(conds + _broadcast_ok(w, s["vb"], s["yb"])), 3)
+        w.check(w.all_of(conds + _broadcast_ok(w, s["vb"], s["yb"])), sp.v_at + 1)
     return s
 
 
-def _check_ext(w: SsaWriter, sp: DenseSpec, recs: list, s: dict) -> list[list[str]]:
-    """Check every epilogue argument (and O) against its role; returns each brow
+def _check_ext(w: SsaWriter, sp: DenseSpec, recs: list, s: dict, item: int) -> list[list[str]]:
+    """Check every epilogue argument (and O, and R) against its role; returns each brow
     argument's batch dims."""
     mn = w.tmp(f"mul i64 {s['M']}, {s['N']}")
     sizes = {
@@ -247,11 +278,12 @@ def _check_ext(w: SsaWriter, sp: DenseSpec, recs: list, s: dict) -> list[list[st
                 conds.append(w.eq(dims[-1], 1))
         w.check(w.all_of(conds), base + i + 1)
     if sp.v_rank:
-        nd, its, dims = recs[-1]
         md = w.tmp(f"mul i64 {s['M']}, {s['D']}")
         numel = w.tmp(f"mul i64 {s['T']}, {md}")
-        conds = [w.eq(nd, sp.y_rank), w.eq(w.product(dims), numel), w.eq(dims[-1], s["D"])]
-        w.check(w.all_of(conds), len(recs))
+        for at in [len(recs) - 1] + ([sp.r_at] if sp.residual else []):
+            nd, its, dims = recs[at]
+            conds = [w.eq(nd, sp.y_rank), w.eq(w.product(dims), numel), w.eq(dims[-1], s["D"])]
+            w.check(w.all_of([*conds, w.eq(its, item)]), at + 1)
     return brows
 
 
@@ -313,13 +345,13 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     w = SsaWriter()
     recs = _records(w, _ranks(sp))
     s = _shape(w, sp, recs, item)
-    brows = _check_ext(w, sp, recs, s)
+    brows = _check_ext(w, sp, recs, s, item)
     n_ptr = sp.first_ext + len(sp.outer) + (1 if sp.v_rank else 0)
     ptrs = [w.word("%ptrs", i, "ptr") for i in range(n_ptr)]
     nb = sp.batch
     ctx = w.tmp(f"alloca [{_FIXED + 4 * nb + len(sp.outer) + nb * len(brows)} x i64]")
     as_int = [w.tmp(f"ptrtoint ptr {p} to i64") for p in ptrs]
-    v = as_int[2] if sp.v_rank else "0"
+    v = as_int[sp.v_at] if sp.v_rank else "0"
     o = as_int[-1] if sp.v_rank else "0"
     threads = w.word("%ints", 0)
     pool = w.tmp("call i64 @geode_num_threads()")
@@ -337,6 +369,7 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     inner_threads = w.tmp(f"select i1 {par}, i64 1, i64 {threads}")
     fixed = [as_int[0], as_int[1], v, o, s["M"], s["N"], s["K"], s["D"], s["T"], mb, panels]
     fixed += [inner_threads, "0"]
+    fixed += [as_int[sp.u_at] if sp.sibling else "0", as_int[sp.r_at] if sp.residual else "0"]
     for i in range(nb):
         fixed += [s["yb"][i], s["ab"][i], s["bb"][i], s["vb"][i] if s["vb"] else "1"]
     words = fixed
@@ -425,7 +458,7 @@ def _epilogue_args(w: SsaWriter, sp: DenseSpec, v: dict[str, str], off: dict[str
     n_ext = len(sp.outer)
     for j, arg in enumerate(sp.inner):
         if arg.source < 0:
-            data = v["s1"] if arg.source == -1 else v["s2"]
+            data = {-1: v["s1"], -2: v["s2"], -3: v["s3"]}[arg.source]
         else:
             base = w.tmp(
                 f"inttoptr i64 {w.word('%ctx', _FIXED + 4 * sp.batch + arg.source)} to ptr"
@@ -484,7 +517,7 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     v["r0n"] = w.tmp(f"mul i64 {v['r0']}, {v['N']}")
     ptr = {
         x: w.tmp(f"inttoptr i64 {w.word('%ctx', at)} to ptr")
-        for x, at in (("A", _A), ("B", _B), ("V", _V), ("O", _O))
+        for x, at in (("A", _A), ("B", _B), ("V", _V), ("O", _O), ("U", _U), ("R", _R))
     }
     a_row = w.op("add", w.op("mul", off["a"], v["M"]), p0)
     a_el = w.op("mul", a_row, v["K"])
@@ -496,9 +529,11 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     size = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {panel}, 64')}, i64 64, i64 {panel}")
     v["s1"] = w.tmp(f"call ptr @geode_scratch(i64 0, i64 {size})")
     v["s2"] = w.tmp(f"call ptr @geode_scratch(i64 1, i64 {size})") if sp.v_rank else "null"
+    v["s3"] = w.tmp(f"call ptr @geode_scratch(i64 3, i64 {size})") if sp.sibling else "null"
     ok = w.tmp(f"icmp ne ptr {v['s1']}, null")
-    if sp.v_rank:
-        ok = w.op("and", ok, w.op("icmp ne", v["s2"], "null", "ptr"), "i1")
+    for x, there in (("s2", sp.v_rank), ("s3", sp.sibling)):
+        if there:
+            ok = w.op("and", ok, w.op("icmp ne", v[x], "null", "ptr"), "i1")
     w.emit(f"  br i1 {ok}, label %mem, label %nomem")
     w.label("nomem")
     _fail(w, v, str(NO_MEMORY))
@@ -506,12 +541,16 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     skip = w.tmp(f"or i1 {w.eq(v['K'], 0)}, {w.eq(v['N'], 0)}")
     w.emit(f"  br i1 {skip}, label %zero, label %gemm")
     w.label("zero")
-    w.emit(f"  call void @llvm.memset.p0.i64(ptr {v['s1']}, i8 0, i64 {panel}, i1 false)")
+    for x in ("s1", "s3") if sp.sibling else ("s1",):
+        w.emit(f"  call void @llvm.memset.p0.i64(ptr {v[x]}, i8 0, i64 {panel}, i1 false)")
     w.emit("  br label %epi")
     w.label("gemm")
     ops = [(pa, v["K"]), (pb, v["N"]), (v["s1"], v["N"])]
     if sp.packed_n:
         w.emit(packed_call(v["rows"], v["N"], v["K"], ops, v["threads"]))
+        if sp.sibling:  # U's panel from the same rows of A, while they are in cache
+            uops = [(pa, v["K"]), (ptr["U"], "0"), (v["s3"], v["N"])]
+            w.emit(packed_call(v["rows"], v["N"], v["K"], uops, v["threads"]))
     else:
         _gemm(w, sp.dtype, [v["rows"], v["N"], v["K"]], ops, v["threads"])
     w.emit("  br label %epi")
@@ -530,24 +569,32 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
 
 
 def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, item: int) -> None:
-    """``O[r0:r0+rows] = P @ V_t`` (zeros when N is 0; nothing when D is 0)."""
+    """``O[r0:r0+rows] = P @ V_t`` (zeros when N is 0; nothing when D is 0); with a
+    residual ``R``, O's panel is first a copy of R's and the GEMM adds its sums to it
+    (``beta`` 1: each element its sum from zero plus R's value, the bits of ``Add``)."""
     ty = _TYPES[sp.dtype][0]
     nd = w.tmp(f"mul i64 {v['N']}, {v['D']}")
     v_el = w.op("mul", off["v"], nd)
     pv = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['V']}, i64 {v_el}")
     o_el = w.op("mul", v["r0"], v["D"])
     po = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['O']}, i64 {o_el}")
+    nbytes = w.op("mul", w.op("mul", v["rows"], v["D"]), item)
     w.emit(f"  br i1 {w.eq(v['D'], 0)}, label %out, label %some")
     w.label("some")
-    w.emit(f"  br i1 {w.eq(v['N'], 0)}, label %zero2, label %gemm2")
-    w.label("zero2")
-    nbytes = w.op("mul", w.op("mul", v["rows"], v["D"]), item)
-    w.emit(f"  call void @llvm.memset.p0.i64(ptr {po}, i8 0, i64 {nbytes}, i1 false)")
-    w.emit("  br label %out")
+    if sp.residual:  # K = N = 0 in the packed GEMM leaves C as it is: R
+        pr = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['R']}, i64 {o_el}")
+        w.emit(f"  call void @llvm.memcpy.p0.p0.i64(ptr {po}, ptr {pr}, i64 {nbytes}, i1 false)")
+        w.emit("  br label %gemm2")
+    else:
+        w.emit(f"  br i1 {w.eq(v['N'], 0)}, label %zero2, label %gemm2")
+        w.label("zero2")
+        w.emit(f"  call void @llvm.memset.p0.i64(ptr {po}, i8 0, i64 {nbytes}, i1 false)")
+        w.emit("  br label %out")
     w.label("gemm2")
     ops = [(v["s2"], v["N"]), (pv, v["D"]), (po, v["D"])]
     if sp.packed_d:
-        w.emit(packed_call(v["rows"], v["D"], v["N"], ops, v["threads"]))
+        beta = 1.0 if sp.residual else 0.0
+        w.emit(packed_call(v["rows"], v["D"], v["N"], ops, v["threads"], beta))
     else:
         _gemm(w, sp.dtype, [v["rows"], v["D"], v["N"]], ops, v["threads"])
     w.emit("  br label %out")
@@ -557,6 +604,8 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
 def dense_ir(sp: DenseSpec) -> str:
     """The entry's module (see the module docstring)."""
     item = _TYPES[sp.dtype][2]
+    if (sp.sibling and not sp.packed_n) or (sp.residual and not sp.packed_d):
+        raise CodegenError(f"{sp.name}: a sibling GEMM needs B, a residual V, packed once")
     head = [
         GEMM_DECL,
         *([PACKED_DECL] if sp.packed_n or sp.packed_d else []),
@@ -565,6 +614,7 @@ def dense_ir(sp: DenseSpec) -> str:
         "declare i64 @geode_num_threads()",
         "declare ptr @geode_scratch(i64, i64)",
         "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)",
+        *(["declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"] if sp.residual else []),
     ]
     body = _chunk(sp, item) + _entry(sp, item)
     return "\n".join(head + body) + "\n"

@@ -29,13 +29,16 @@ PACKED_DECL = (
 )
 
 
-def packed_call(m: str, n: str | int, k: str, ops: list[tuple[str, str]], threads: str) -> str:
-    """The IR call of ``C = A @ B`` with ``B`` packed (``ops``: ``(pointer, leading dim)``
-    of A, Bp, C; Bp's leading dim is unused)."""
+def packed_call(
+    m: str, n: str | int, k: str, ops: list[tuple[str, str]], threads: str, beta: float = 0.0
+) -> str:
+    """The IR call of ``C = A @ B + beta C`` with ``B`` packed (``ops``: ``(pointer, leading
+    dim)`` of A, Bp, C; Bp's leading dim is unused). With ``beta`` 1 each element is its
+    sum from zero plus ``C``'s value: the bits of adding ``C`` after the product."""
     (a, lda), (bp, _), (c, ldc) = ops
     return (
         f"  call void @geode_sgemm_packed(i64 {m}, i64 {n}, i64 {k}, float 1.0, ptr {a}, "
-        f"i64 {lda}, ptr {bp}, float 0.0, ptr {c}, i64 {ldc}, i64 {threads})"
+        f"i64 {lda}, ptr {bp}, float {float(beta)!r}, ptr {c}, i64 {ldc}, i64 {threads})"
     )
 
 
