@@ -756,10 +756,12 @@ class ComputeLocation(ScheduleBase):
 
 
 def _stored_at(x: Block, rest: list[For]) -> list[list[Expr]]:
-    """The indices ``x`` stores at, as expressions of the loops: its bindings put in, and
-    each of its own remaining loops (``rest``) that is a whole index renamed after that
-    index's position, so two blocks' stores compare in the loops they share."""
-    env = {iv.name: e for iv, e in zip(x.iter_vars, x.bindings)}
+    """The indices ``x`` stores at, as expressions of the loops: its bindings put in, its
+    own remaining loops (``rest``) of one iteration as 0, and each other one that is a
+    whole index renamed after that index's position, so two blocks' stores compare in
+    the loops they share."""
+    single = {f.var: Const(0) for f in rest if f.extent == Const(1)}  # a loop of one: 0
+    env = {iv.name: substitute(e, single) for iv, e in zip(x.iter_vars, x.bindings)}
     own = {f.var for f in rest}
     out = []
     for st in block_stores(x):
