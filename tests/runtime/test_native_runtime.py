@@ -554,6 +554,70 @@ def test_stepped_jobs_without_spinning():
     assert run_python(code, GEODE_SPIN_US="0").split() == ["0", "20"]
 
 
+def run_steps_fill(k, nsteps, nchunks, nfill, per, every, nthreads=0):  # noqa: ANN001, ANN201
+    """One stepped job of ``fill_step_chunk`` with ``fill_chunk`` as its fill work: (runs per
+    (step, chunk), chunks done per step, chunks that started before the previous step had
+    finished, runs per fill chunk, step chunks that started before a fill chunk their step
+    needs had run, the thread of each fill chunk)."""
+    total = nsteps * nchunks
+    out = np.zeros(2 * total + nsteps + 2, np.int64)
+    fills = np.zeros(2 * max(nfill, 0) + 1, np.int64)
+    ints = (nsteps, nchunks, nthreads, nfill, per, every)
+    assert nt.call(k.addr("steps_fill_entry"), 0, (out, fills), ints) == 0
+    nf = max(nfill, 0)
+    steps = (out[:total], out[total : total + nsteps], out[total + nsteps])
+    return (*steps, fills[:nf], fills[nf], fills[nf + 1 :])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_stepped_job_with_fill_work_runs_each_fill_chunk_before_its_step(k, threads):
+    """Every step chunk and every fill chunk runs once; a step's chunks start only after
+    the previous step's and after every fill chunk of the groups it needs (group g from step
+    g * every); groups past the last step still run; no fill work (NULL, or a count, group
+    size or spacing not positive) is a plain stepped job."""
+    old = nt.get_num_threads()
+    nt.set_num_threads(threads)
+    try:
+        before = nt.pool_info()["stepped_launches"]
+        cases = [
+            (1, 1, 3, 3, 1), (7, 2, 5, 2, 3), (40, 8, 64, 16, 16), (32, 8, 64, 32, 16),
+            (300, 3, 90, 9, 30), (10, 5, 40, 4, 1), (5, 4, 0, 4, 2), (5, 4, 8, 0, 2),
+            (5, 4, 8, 4, 0), (3, 6, 20, 4, 1),
+        ]  # fmt: skip
+        for nsteps, nchunks, nfill, per, every in cases:
+            for nthreads in (0, 1, 2, 100):
+                runs, done, bad, fruns, fbad, _ = run_steps_fill(
+                    k, nsteps, nchunks, nfill, per, every, nthreads
+                )
+                assert (runs == 1).all() and (done == nchunks).all() and bad == 0
+                expect = 1 if per > 0 and every > 0 else 0
+                assert (fruns == expect).all(), (nsteps, nchunks, nfill, per, every, fruns)
+                assert fbad == 0, f"{fbad} step chunks ran before the fill work they need"
+        on_pool = nt.pool_info()["stepped_launches"] - before
+        pooled = 3 * sum(1 for case in cases if case[1] > 1)  # nthreads 0, 2, 100
+        assert on_pool == (0 if threads == 1 else pooled)
+    finally:
+        nt.set_num_threads(old)
+
+
+def test_stepped_job_shares_its_fill_work(k, pool3):
+    """Fill work is done by the participants between their steps' chunks: more than one
+    thread runs fill chunks, and the pool is idle after the job."""
+    tids: set[int] = set()
+    for _ in range(50):  # a loaded machine may delay a worker: retry
+        runs, _, bad, fruns, fbad, seen = run_steps_fill(k, 64, 6, 600, 50, 8)
+        assert (runs == 1).all() and bad == 0 and (fruns == 1).all() and fbad == 0
+        tids |= set(seen.tolist())
+        if len(tids) >= 2:
+            break
+    assert len(tids) >= 2
+    time.sleep(0.01)
+    t0, c0 = time.monotonic(), time.process_time()
+    time.sleep(0.3)
+    cpu, wall = time.process_time() - c0, time.monotonic() - t0
+    assert cpu < 0.05 * wall, f"idle process used {cpu:.3f} s CPU in {wall:.3f} s"
+
+
 def test_stepped_job_with_too_many_chunks_per_slot_launches_per_step(k, pool3):
     """More than 65535 chunks per participant do not fit a stepped slot word: the steps
     run as a launch each, still every chunk once and in step order."""

@@ -483,6 +483,8 @@ static void participate_steps(const job_t *job, int64_t me)
         run_step_chunks(job, me, step);
         step = job->fill != NULL ? wait_step_filling(job, step) : wait_step(step);
     }
+    while (job->fill != NULL && run_one_fill(job))
+        ; /* groups no step needed: done before the job ends (the caller waits for all) */
 }
 
 /* Adapts one step of a stepped job to geode_parallel_for (the fallback for huge chunk

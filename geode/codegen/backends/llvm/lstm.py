@@ -631,7 +631,7 @@ def _prefetch_rows(
 _FILL_SLOTS = 3
 
 #: steps whose input projections one group of fill chunks computes (rows of X)
-FILL_STEPS = 8
+FILL_STEPS = 16
 
 #: the packed-weight GEMM's 16-column panels of one fill chunk
 FILL_PANELS = 2
