@@ -58,11 +58,15 @@ Packed once (:attr:`LstmSpec.panel_lanes`, float32; a model's constant ``W`` and
 and ``R_panels`` (per direction ``R`` in the panels above, ``(D, ceil(H / lanes) * 4 *
 lanes * H)``), so a call packs nothing: the projection is the native runtime's
 ``geode_sgemm_packed`` (every element one chain of fused multiply-adds along ``I`` as in
-the panels: the same bits however split), on the pool as step 0 of the steps' stepped
-launch, a chunk per range of its 16-column panels (:func:`_stepped_function`: no launch
-of its own), or one call split by the runtime when the steps run on the calling
-thread; and the steps multiply by ``R_panels`` at every batch, 1 included (measured: at
-batch 1 the dot products beside the GEMM's projection were slower).
+the panels: the same bits however split), on the pool as the fill work of the steps'
+stepped launch (``geode_parallel_steps_fill``, :func:`_fill_function`: groups of
+:data:`FILL_STEPS` steps' projections in chunks of :data:`FILL_PANELS` of its 16-column
+panels, a group done before its first step; a thread with nothing of the open step left
+computes them instead of waiting at the step's barrier), or one call split by the
+runtime when the steps run on the calling thread; and the steps multiply by
+``R_panels`` at every batch, 1 included (measured: at batch 1 the dot products beside
+the GEMM's projection were slower). Before its products an item prefetches its rows'
+``GX`` for its gates (:func:`_prefetch_rows`).
 
 The states ``h`` (twice) and ``c``, the projection, the gates and the packed panels
 live in one ``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
