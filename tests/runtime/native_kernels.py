@@ -18,7 +18,6 @@ from geode.runtime.native import symbols
 IR = r"""
 declare void @geode_parallel_for(ptr, ptr, i64, i64)
 declare void @geode_parallel_steps(ptr, ptr, i64, i64, i64)
-declare void @geode_parallel_steps_fill(ptr, ptr, ptr, i64, i64, i64, i64, i64, i64)
 declare i64 @geode_num_threads()
 declare i32 @usleep(i32)
 declare i64 @pthread_self()
@@ -105,100 +104,6 @@ define i32 @steps_entry(ptr %ptrs, ptr %recs, ptr %ints) {
   %c3 = getelementptr { ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 3
   store i64 %us, ptr %c3
   call void @geode_parallel_steps(ptr @step_chunk, ptr %ctx, i64 %nsteps, i64 %n, i64 %t)
-  ret i32 0
-}
-
-; a stepped job with fill work: ctx = {out, nsteps, sleep_at, sleep_us, fills, nfill, per,
-; every} (the first four as step_chunk's; no fill work unless per and every are positive); fills
-; holds runs[nfill] (each fill chunk counted),
-; bad[1] (step chunks that started before a fill chunk their step needs had run), tids[nfill]
-define void @fill_step_chunk(ptr %ctx, i64 %s, i64 %c, i64 %n) {
-entry:
-  %pf = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 4
-  %fills = load ptr, ptr %pf
-  %pn = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 5
-  %nfill = load i64, ptr %pn
-  %pp = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 6
-  %per = load i64, ptr %pp
-  %pe = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 7
-  %every = load i64, ptr %pe
-  %pos_e = icmp sgt i64 %every, 0
-  %pos_p = icmp sgt i64 %per, 0
-  %pos = and i1 %pos_e, %pos_p
-  %safe = select i1 %pos, i64 %every, i64 1
-  %g = udiv i64 %s, %safe
-  %g1 = add i64 %g, 1
-  %want = mul i64 %g1, %per
-  %few = icmp slt i64 %want, %nfill
-  %need0 = select i1 %few, i64 %want, i64 %nfill
-  %need = select i1 %pos, i64 %need0, i64 0
-  %bad = getelementptr i64, ptr %fills, i64 %nfill
-  %any = icmp sgt i64 %need, 0
-  br i1 %any, label %loop, label %run
-loop:
-  %i = phi i64 [ 0, %entry ], [ %i1, %next ]
-  %fp = getelementptr i64, ptr %fills, i64 %i
-  %f = load atomic i64, ptr %fp seq_cst, align 8
-  %ok = icmp eq i64 %f, 1
-  br i1 %ok, label %next, label %flag
-flag:
-  %x = atomicrmw add ptr %bad, i64 1 seq_cst
-  br label %next
-next:
-  %i1 = add i64 %i, 1
-  %more = icmp slt i64 %i1, %need
-  br i1 %more, label %loop, label %run
-run:
-  call void @step_chunk(ptr %ctx, i64 %s, i64 %c, i64 %n)
-  ret void
-}
-
-define void @fill_chunk(ptr %ctx, i64 %i, i64 %nfill) {
-  %pf = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 4
-  %fills = load ptr, ptr %pf
-  %fp = getelementptr i64, ptr %fills, i64 %i
-  %a = atomicrmw add ptr %fp, i64 1 seq_cst
-  %t0 = add i64 %nfill, 1
-  %ti = add i64 %t0, %i
-  %tp = getelementptr i64, ptr %fills, i64 %ti
-  %tid = call i64 @pthread_self()
-  store i64 %tid, ptr %tp
-  ret void
-}
-
-; ptrs = (out, fills), ints = (nsteps, nchunks, nthreads, nfill, per, every)
-define i32 @steps_fill_entry(ptr %ptrs, ptr %recs, ptr %ints) {
-  %out = load ptr, ptr %ptrs
-  %q1 = getelementptr ptr, ptr %ptrs, i64 1
-  %fills = load ptr, ptr %q1
-  %nsteps = load i64, ptr %ints
-  %p1 = getelementptr i64, ptr %ints, i64 1
-  %n = load i64, ptr %p1
-  %p2 = getelementptr i64, ptr %ints, i64 2
-  %t = load i64, ptr %p2
-  %p3 = getelementptr i64, ptr %ints, i64 3
-  %nfill = load i64, ptr %p3
-  %p4 = getelementptr i64, ptr %ints, i64 4
-  %per = load i64, ptr %p4
-  %p5 = getelementptr i64, ptr %ints, i64 5
-  %every = load i64, ptr %p5
-  %ctx = alloca { ptr, i64, i64, i64, ptr, i64, i64, i64 }
-  store ptr %out, ptr %ctx
-  %c1 = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 1
-  store i64 %nsteps, ptr %c1
-  %c2 = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 2
-  store i64 -1, ptr %c2
-  %c3 = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 3
-  store i64 0, ptr %c3
-  %c4 = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 4
-  store ptr %fills, ptr %c4
-  %c5 = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 5
-  store i64 %nfill, ptr %c5
-  %c6 = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 6
-  store i64 %per, ptr %c6
-  %c7 = getelementptr { ptr, i64, i64, i64, ptr, i64, i64, i64 }, ptr %ctx, i32 0, i32 7
-  store i64 %every, ptr %c7
-  call void @geode_parallel_steps_fill(ptr @fill_step_chunk, ptr @fill_chunk, ptr %ctx, i64 %nsteps, i64 %n, i64 %nfill, i64 %per, i64 %every, i64 %t)
   ret i32 0
 }
 

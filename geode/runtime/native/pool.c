@@ -26,17 +26,7 @@
    descheduled between chunks holds nothing back (the others take its chunks); one that is
    descheduled inside a chunk makes the others spin for at most GEODE_BARRIER_SPIN_US, then
    sleep on g_step until the step's last chunk is done. When the job ends every participant
-   returns to the usual wait for the next job (spin_us, then sleep).
-
-   A stepped job may carry fill work (geode_parallel_steps_fill): chunks that no step depends
-   on until a given step, in groups of fill_per, group g needed from step g * fill_every on.
-   They are claimed in order from one counter (g_fill_next) by whoever has nothing of the
-   open step left to claim: a participant that finishes its share of a step runs fill chunks
-   instead of waiting at the barrier (checking the barrier between them), so the threads'
-   imbalance at a step's end and the barrier's latency become fill work done. Before it
-   claims a chunk of step s a participant runs the unclaimed fill chunks of the groups step s
-   needs and waits until every one of them is done (each group counts its finished chunks
-   in g_fill_done[g], allocated per job). */
+   returns to the usual wait for the next job (spin_us, then sleep). */
 
 #define _GNU_SOURCE
 #include "pool.h"
@@ -80,11 +70,6 @@ typedef struct {
     geode_step_fn step_fn; /* a stepped job: step_fn over nsteps steps (fn unused) */
     int64_t nsteps;        /* 0: a plain job */
     int64_t first_step;    /* step_fn's step of this job's step 0 */
-    geode_chunk_fn fill;   /* a stepped job's fill chunks (NULL: none) */
-    int64_t nfill;         /* fill chunks: groups of fill_per, group g needed by step */
-    int64_t fill_per;      /*   g * fill_every (steps counted from the job's step 0) */
-    int64_t fill_every;
-    _Atomic int64_t *fill_done; /* finished chunks per group */
 } job_t;
 
 /* Hot words, each on its own cache line. */
@@ -111,7 +96,6 @@ static atomic_ullong g_barrier_sleeps;
 static _Alignas(CACHE_LINE) atomic_uint g_step;
 static _Alignas(CACHE_LINE) atomic_int g_step_sleepers;
 static _Alignas(CACHE_LINE) atomic_llong g_steps_done;
-static _Alignas(CACHE_LINE) atomic_llong g_fill_next; /* the next fill chunk to claim */
 
 #define STEP_MAX_SLOT_CHUNKS 0xFFFF /* a stepped slot's front and back are 16 bits */
 #define STEP_MAX_STEPS ((int64_t)1 << 30) /* steps per stepped job (longer runs: several) */
@@ -415,76 +399,13 @@ static unsigned wait_step(unsigned step)
     }
 }
 
-/* Runs one unclaimed fill chunk; 0 when none is left. */
-static int run_one_fill(const job_t *job)
-{
-    if (atomic_load_explicit(&g_fill_next, memory_order_relaxed) >= job->nfill)
-        return 0;
-    long long i = atomic_fetch_add_explicit(&g_fill_next, 1, memory_order_relaxed);
-    if (i >= job->nfill)
-        return 0;
-    job->fill(job->ctx, i, job->nfill);
-    atomic_fetch_add_explicit(&job->fill_done[i / job->fill_per], 1, memory_order_release);
-    return 1;
-}
-
-/* Chunks of fill group g (the last group may be short). */
-static int64_t fill_group_size(const job_t *job, int64_t g)
-{
-    int64_t left = job->nfill - g * job->fill_per;
-    return left < job->fill_per ? left : job->fill_per;
-}
-
-/* Makes sure every fill chunk step `step` needs is done: runs the unclaimed ones of its
-   groups, then waits for those others are running (spinning, then yielding the core). */
-static void fill_for_step(const job_t *job, unsigned step)
-{
-    int64_t last = (int64_t)step / job->fill_every;
-    int64_t groups = (job->nfill + job->fill_per - 1) / job->fill_per;
-    if (last >= groups)
-        last = groups - 1;
-    while (atomic_load_explicit(&g_fill_next, memory_order_relaxed) < (last + 1) * job->fill_per &&
-           run_one_fill(job))
-        ;
-    for (int64_t g = 0; g <= last; g++) {
-        int64_t want = fill_group_size(job, g);
-        uint64_t deadline = 0;
-        while (atomic_load_explicit(&job->fill_done[g], memory_order_acquire) < want) {
-            if (deadline == 0)
-                deadline = now_ns() + (uint64_t)GEODE_BARRIER_SPIN_US * 1000u;
-            if (now_ns() < deadline)
-                for (int i = 0; i < 64; i++)
-                    cpu_relax();
-            else
-                sched_yield();
-        }
-    }
-}
-
-/* The barrier after `step` with fill work: fill chunks until the next step opens, then the
-   usual wait once none is left. */
-static unsigned wait_step_filling(const job_t *job, unsigned step)
-{
-    for (;;) {
-        unsigned g = atomic_load_explicit(&g_step, memory_order_acquire);
-        if (g != step)
-            return g;
-        if (!run_one_fill(job))
-            return wait_step(step);
-    }
-}
-
 static void participate_steps(const job_t *job, int64_t me)
 {
     unsigned step = atomic_load_explicit(&g_step, memory_order_acquire);
     while ((int64_t)step < job->nsteps) {
-        if (job->fill != NULL)
-            fill_for_step(job, step);
         run_step_chunks(job, me, step);
-        step = job->fill != NULL ? wait_step_filling(job, step) : wait_step(step);
+        step = wait_step(step);
     }
-    while (job->fill != NULL && run_one_fill(job))
-        ; /* groups no step needed: done before the job ends (the caller waits for all) */
 }
 
 /* Adapts one step of a stepped job to geode_parallel_for (the fallback for huge chunk
@@ -694,75 +615,46 @@ GEODE_EXPORT void geode_parallel_for(geode_chunk_fn fn, void *ctx, int64_t nchun
     release();
 }
 
-/* Runs the stepped job `job` (the caller holds the pool, parts >= 2, at most
-   STEP_MAX_SLOT_CHUNKS chunks per slot and STEP_MAX_STEPS steps). */
-static void run_stepped(job_t *job)
+/* Runs steps [first, first + nsteps) of fn as one stepped job (the caller holds the pool,
+   parts >= 2, at most STEP_MAX_SLOT_CHUNKS chunks per slot). */
+static void run_stepped(geode_step_fn fn, void *ctx, int64_t nsteps, int64_t nchunks,
+                        int64_t parts, int64_t first)
 {
+    job_t job = {NULL, ctx, nchunks, parts, g_slots, 0, fn, nsteps, first};
 #ifdef GEODE_HAVE_MXCSR
-    job->mxcsr = _mm_getcsr();
+    job.mxcsr = _mm_getcsr();
 #endif
-    const int64_t nchunks = job->nchunks, parts = job->parts;
     int64_t q = nchunks / parts, r = nchunks % parts;
     for (int64_t p = 0; p < parts; p++)
-        job->slots[p].base = p * q + (p < r ? p : r);
+        job.slots[p].base = p * q + (p < r ? p : r);
     atomic_store(&g_steps_done, 0);
-    atomic_store(&g_fill_next, 0);
-    open_step(job, 0);
-    g_job = *job;
+    open_step(&job, 0);
+    g_job = job;
     unsigned gen = next_gen();
     atomic_store(&g_open, gen);
     atomic_store(&g_gen, gen);
     if (atomic_load(&g_sleepers) > 0)
         word_wake_all(&g_gen);
-    participate_steps(job, 0);
+    participate_steps(&job, 0);
     atomic_store(&g_open, 0); /* every step is done: no one joins any more */
     wait_workers();           /* ... and the joined ones have seen the end */
 }
 
-/* Runs a stepped job's steps and fill chunks on the calling thread: each step after the
-   fill groups it needs. */
-static void run_steps_inline(geode_step_fn fn, geode_chunk_fn fill, void *ctx, int64_t nsteps,
-                             int64_t nchunks, int64_t nfill, int64_t per, int64_t every)
-{
-    int64_t filled = 0;
-    for (int64_t s = 0; s < nsteps; s++) {
-        int64_t need = fill != NULL ? (s / every + 1) * per : 0;
-        for (; filled < nfill && filled < need; filled++)
-            fill(ctx, filled, nfill);
-        for (int64_t c = 0; c < nchunks; c++)
-            fn(ctx, s, c, nchunks);
-    }
-    for (; fill != NULL && filled < nfill; filled++)
-        fill(ctx, filled, nfill);
-}
-
-GEODE_EXPORT void geode_parallel_steps_fill(geode_step_fn fn, geode_chunk_fn fill, void *ctx,
-                                            int64_t nsteps, int64_t nchunks, int64_t nfill,
-                                            int64_t fill_per, int64_t fill_every,
-                                            int64_t nthreads)
+GEODE_EXPORT void geode_parallel_steps(geode_step_fn fn, void *ctx, int64_t nsteps,
+                                       int64_t nchunks, int64_t nthreads)
 {
     if (nsteps <= 0 || nchunks <= 0)
         return;
-    if (fill != NULL && (nfill <= 0 || fill_per <= 0 || fill_every <= 0))
-        fill = NULL;
-    if (fill == NULL)
-        nfill = 0;
     if (t_in_job || nthreads == 1 || nchunks == 1 || geode_num_threads() == 1 || !try_acquire()) {
         atomic_fetch_add_explicit(&g_inline_runs, 1, memory_order_relaxed);
-        run_steps_inline(fn, fill, ctx, nsteps, nchunks, nfill, fill_per, fill_every);
+        for (int64_t s = 0; s < nsteps; s++)
+            for (int64_t c = 0; c < nchunks; c++)
+                fn(ctx, s, c, nchunks);
         return;
     }
     int64_t parts = job_parts(nchunks, nthreads);
-    _Atomic int64_t *done = NULL;
-    if (fill != NULL)
-        done = calloc((size_t)((nfill + fill_per - 1) / fill_per), sizeof(*done));
-    if (parts <= 1 || g_slots == NULL || (nchunks + parts - 1) / parts > STEP_MAX_SLOT_CHUNKS ||
-        (fill != NULL && (nsteps > STEP_MAX_STEPS || done == NULL))) {
-        release(); /* no stepped word for this job: its fill work first, then a launch per
-                      step */
-        free(done);
-        for (int64_t i = 0; i < nfill; i++)
-            fill(ctx, i, nfill);
+    if (parts <= 1 || g_slots == NULL || (nchunks + parts - 1) / parts > STEP_MAX_SLOT_CHUNKS) {
+        release(); /* too many chunks per slot for a stepped word: a launch per step */
         for (int64_t s = 0; s < nsteps; s++) {
             one_step_t one = {fn, ctx, s};
             geode_parallel_for(one_step_chunk, &one, nchunks, nthreads);
@@ -774,19 +666,10 @@ GEODE_EXPORT void geode_parallel_steps_fill(geode_step_fn fn, geode_chunk_fn fil
     t_in_job = 1;
     for (int64_t first = 0; first < nsteps; first += STEP_MAX_STEPS) {
         int64_t count = nsteps - first < STEP_MAX_STEPS ? nsteps - first : STEP_MAX_STEPS;
-        job_t job = {NULL, ctx, nchunks, parts, g_slots, 0, fn, count, first,
-                     fill, nfill, fill_per, fill_every, done};
-        run_stepped(&job);
+        run_stepped(fn, ctx, count, nchunks, parts, first);
     }
     t_in_job = 0;
     release();
-    free(done);
-}
-
-GEODE_EXPORT void geode_parallel_steps(geode_step_fn fn, void *ctx, int64_t nsteps,
-                                       int64_t nchunks, int64_t nthreads)
-{
-    geode_parallel_steps_fill(fn, NULL, ctx, nsteps, nchunks, 0, 0, 0, nthreads);
 }
 
 /* Runs fn(ctx, c, n) for c in [0, n) on n threads at once (the caller is one), for work whose

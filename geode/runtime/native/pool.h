@@ -33,16 +33,6 @@ GEODE_EXPORT void geode_parallel_for(geode_chunk_fn fn, void *ctx, int64_t nchun
 GEODE_EXPORT void geode_parallel_steps(geode_step_fn fn, void *ctx, int64_t nsteps,
                                        int64_t nchunks, int64_t nthreads);
 
-/* geode_parallel_steps with fill work: fill(ctx, i, nfill) for every i in [0, nfill), in
-   groups of fill_per (group g: i in [g * fill_per, (g + 1) * fill_per)), group g done before
-   any chunk of step g * fill_every starts. A participant with no chunk of the open step left
-   to claim runs the next fill chunk instead of waiting at the barrier (fill chunks are
-   claimed in order). fill NULL (or nfill, fill_per or fill_every not positive): none. */
-GEODE_EXPORT void geode_parallel_steps_fill(geode_step_fn fn, geode_chunk_fn fill, void *ctx,
-                                            int64_t nsteps, int64_t nchunks, int64_t nfill,
-                                            int64_t fill_per, int64_t fill_every,
-                                            int64_t nthreads);
-
 /* The pool size (threads of a job, the caller included). */
 GEODE_EXPORT int64_t geode_num_threads(void);
 

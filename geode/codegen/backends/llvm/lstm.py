@@ -58,15 +58,11 @@ Packed once (:attr:`LstmSpec.panel_lanes`, float32; a model's constant ``W`` and
 and ``R_panels`` (per direction ``R`` in the panels above, ``(D, ceil(H / lanes) * 4 *
 lanes * H)``), so a call packs nothing: the projection is the native runtime's
 ``geode_sgemm_packed`` (every element one chain of fused multiply-adds along ``I`` as in
-the panels: the same bits however split), on the pool as the fill work of the steps'
-stepped launch (``geode_parallel_steps_fill``, :func:`_fill_function`: groups of
-:data:`FILL_STEPS` steps' projections in chunks of :data:`FILL_PANELS` of its 16-column
-panels, a group done before its first step; a thread with nothing of the open step left
-computes them instead of waiting at the step's barrier), or one call split by the
-runtime when the steps run on the calling thread; and the steps multiply by
-``R_panels`` at every batch, 1 included (measured: at batch 1 the dot products beside
-the GEMM's projection were slower). Before its products an item prefetches its rows'
-``GX`` for its gates (:func:`_prefetch_rows`).
+the panels: the same bits however split), on the pool as step 0 of the steps' stepped
+launch, a chunk per range of its 16-column panels (:func:`_stepped_function`: no launch
+of its own), or one call split by the runtime when the steps run on the calling
+thread; and the steps multiply by ``R_panels`` at every batch, 1 included (measured: at
+batch 1 the dot products beside the GEMM's projection were slower).
 
 The states ``h`` (twice) and ``c``, the projection, the gates and the packed panels
 live in one ``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
@@ -563,8 +559,6 @@ def _step_function(
             plo = fn.value(f"udiv i64 {j0}, {lanes}", "plo")
             b.loop(plo, b.ceildiv(j1, lanes, "phi"), one, "pan")
 
-        if not spec.lens:
-            _prefetch_rows(b, gx, r0, rows, backwards(seq), spec, seq, n, j0)
         b.branch(fn.value(f"icmp ne ptr {packed}, null", "packed"), panels, dots, "form")
 
         def row(r: str) -> None:
@@ -608,90 +602,53 @@ def _step_function(
     return fn
 
 
-def _prefetch_rows(
-    b: Builder, gx: str, r0: str, rows: str, t: str, spec: LstmSpec, seq: str, n: str, j0: str
-) -> None:
-    """Prefetch the input projections ``GX`` of an item's ``rows`` batch rows from ``r0``
-    at step ``t`` (its units' :data:`GATE_UNITS` columns of each gate) before its
-    products, so that its gates find them in the cache (the steps' panels of ``R`` pass
-    through it between the projection and the gates)."""
-    fn = b.fn
-    ty, item = TYPES[spec.dtype]
-    g4 = 4 * spec.hidden
-
-    def fetch(r: str) -> None:
-        xrow = b.add(b.mul(r, seq), t) if spec.layout else b.add(b.mul(t, n), r)
-        base = b.add(b.mul(xrow, str(g4)), j0, "pfat")
-        for q in range(4):
-            for line in range(0, GATE_UNITS * item, 64):
-                at = b.gep(ty, gx, b.add(base, str(q * spec.hidden + line // item), "pfo"), "pf")
-                fn.add(f"call void @llvm.prefetch.p0(ptr {at}, i32 0, i32 3, i32 1)")
-
-    b.loop(r0, b.add(r0, rows, "pfend"), fetch, "pfrow")
+#: the context slots after :data:`_STEP_SLOTS` of a direction's stepped launch: X and
+#: the direction's ``W_packed`` (pointers), the rows of X, and 1 when the launch's step 0
+#: is the input projection (the steps then 1 to T), else 0
+_FUSED_SLOTS = 4
 
 
-#: the context slots after :data:`_STEP_SLOTS` of a direction's stepped launch when ``W``
-#: is given packed: X and the direction's ``W_packed`` (pointers), then the rows of X
-_FILL_SLOTS = 3
-
-#: steps whose input projections one group of fill chunks computes (rows of X)
-FILL_STEPS = 16
-
-#: the packed-weight GEMM's 16-column panels of one fill chunk
-FILL_PANELS = 2
-
-
-def fill_layout(hidden: int) -> tuple[int, int]:
-    """``(chunks per group, steps per group)`` of a direction's projection as fill work:
-    a group is the projections of :data:`FILL_STEPS` steps, split into chunks of
-    :data:`FILL_PANELS` panels of the packed-weight GEMM's 16 columns."""
-    panels = -(-4 * hidden // PANEL)
-    return -(-panels // FILL_PANELS), FILL_STEPS
-
-
-def _fill_function(module: ModuleWriter, name: str, spec: LstmSpec) -> FunctionWriter:
-    """``void @name(ptr ctx, i64 i, i64 nfill)``: fill chunk ``i`` of a direction's stepped
-    launch (the context: :data:`_STEP_SLOTS`, then :data:`_FILL_SLOTS`): group ``g = i /
-    per`` computes the input projections ``GX`` of the steps ``[g * FILL_STEPS, (g + 1) *
-    FILL_STEPS)`` (in the direction's order: a reverse one's are the last timesteps),
-    chunk ``i % per`` its panels ``[FILL_PANELS * (i % per), ...)`` of the packed-weight
-    GEMM's 16 columns (``per``, :func:`fill_layout`), by ``geode_sgemm_packed`` on its own
-    thread: X's rows of those timesteps, one call (layout 0: they are contiguous) or one
-    per batch row (layout 1). Every element is one chain of fused multiply-adds along
-    ``I`` whatever the split: the same bits as one call."""
-    fn, b, (ctx, i, _nfill) = chunk_writer(name)
-    slot = [b.load("i64", b.gep("i64", ctx, str(_STEP_SLOTS + j)), "fslot") for j in range(2)]
-    x, wp = (fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slot)
-    word = [b.load("i64", b.gep("i64", ctx, str(j)), "sslot") for j in (4, 11, 12, 14)]
-    gx = fn.value(f"inttoptr i64 {word[0]} to ptr", "gx")
-    seq, n, rev = word[1:]
+def _stepped_function(module: ModuleWriter, name: str, step: str, spec: LstmSpec) -> FunctionWriter:
+    """``void @name(ptr ctx, i64 s, i64 chunk, i64 nchunks)``: what a direction's stepped
+    launch runs (the context: :data:`_STEP_SLOTS`, then :data:`_FUSED_SLOTS`). When the
+    projection comes first (``W`` given packed), step 0 is the projection, chunk ``c`` of
+    ``n`` computing the packed-weight GEMM's panels ``[P * c / n, P * (c + 1) / n)`` of
+    ``GX`` (``P = ceil(4H / 16)``) on its own thread (every element one chain along ``I``
+    whatever the split: the same bits as one call), and step ``s`` is the recurrence's
+    step ``s - 1`` (``step``, :func:`_step_function`): no launch of its own for the
+    projection. Else step ``s`` is the recurrence's."""
+    fn, b, (ctx, s, chunk, nchunks) = chunk_writer(name, stepped=True)
+    slot = [
+        b.load("i64", b.gep("i64", ctx, str(_STEP_SLOTS + j)), "fslot") for j in range(_FUSED_SLOTS)
+    ]
+    x, wp = (fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slot[:2])
+    rows, first = slot[2], slot[3]
+    gx = fn.value(f"inttoptr i64 {b.load('i64', b.gep('i64', ctx, '4'), 'gxa')} to ptr", "gx")
     g4, size = 4 * spec.hidden, spec.input_size
-    per, every = fill_layout(spec.hidden)
-    group = fn.value(f"udiv i64 {i}, {per}", "group")
-    part = fn.value(f"urem i64 {i}, {per}", "part")
-    s0 = b.mul(group, str(every), "s0")
-    s1 = b.min(b.add(s0, str(every)), seq, "s1")
-    back = b.cmp("ne", rev, "0")
-    t0 = b.select(back, b.sub(seq, s1), s0, "t0")
-    steps = b.sub(s1, s0, "nstep")
-    p0 = b.mul(part, str(FILL_PANELS), "p0")
-    c0 = b.mul(p0, str(PANEL), "c0")
-    cols = b.sub(b.min(b.add(c0, str(FILL_PANELS * PANEL)), str(g4)), c0, "cols")
-    wpan = b.gep("float", wp, b.mul(p0, str(size * PANEL)), "wpan")
 
-    def rows_from(row: str, count: str) -> None:
-        a = b.gep("float", x, b.mul(row, str(size)), "xa")
-        c = b.gep("float", gx, b.add(b.mul(row, str(g4)), c0), "gxc")
-        ops = [(a, str(size)), (wpan, "0"), (c, str(g4))]
-        fn.add(packed_call(count, cols, str(size), ops, "1"))
+    def projection() -> None:
+        panels = str(-(-g4 // PANEL))
+        p0 = fn.value(f"udiv i64 {b.mul(panels, chunk)}, {nchunks}", "p0")
+        p1 = fn.value(f"udiv i64 {b.mul(panels, b.add(chunk, '1'))}, {nchunks}", "p1")
+        c0 = b.mul(p0, str(PANEL), "c0")
+        cols = b.sub(b.min(b.mul(p1, str(PANEL)), str(g4)), c0, "cols")
+        wpan = b.gep("float", wp, b.mul(p0, str(size * PANEL)), "wpan")
+        ops = [(x, str(size)), (wpan, "0"), (b.gep("float", gx, c0, "gxc"), str(g4))]
 
-    def compute() -> None:
-        if spec.layout:
-            b.loop("0", n, lambda r: rows_from(b.add(b.mul(r, seq), t0), steps), "frow")
-        else:
-            rows_from(b.mul(t0, n), b.mul(steps, n))
+        def call() -> None:
+            fn.add(packed_call(rows, cols, str(size), ops, "1"))
 
-    b.when(b.all_of([b.cmp("sgt", cols, "0"), b.cmp("sgt", steps, "0")]), compute, "fcols")
+        b.when(b.cmp("sgt", cols, "0"), call, "pcols")
+
+    def recurrence() -> None:
+        t = b.sub(s, first, "step")
+        fn.add(f"call void @{step}(ptr {ctx}, i64 {t}, i64 {chunk}, i64 {nchunks})")
+
+    if spec.panel_lanes and spec.input_size:
+        is_projection = b.all_of([b.cmp("ne", first, "0"), b.cmp("eq", s, "0")])
+        b.branch(is_projection, projection, recurrence, "fused")
+    else:
+        recurrence()
     fn.terminate("ret void")
     return fn
 
@@ -769,46 +726,39 @@ class _Steps:
     least :data:`MIN_PARALLEL_FMAS` multiply-adds, else a loop over the steps on the
     calling thread (one chunk each)."""
 
-    def __init__(self, b: Builder, func: str, fill: str, threads: str, spec: LstmSpec) -> None:
-        self.b, self.func, self.fill, self.threads, self.spec = b, func, fill, threads, spec
-        self.ctx = b.fn.alloca("i64", "sctx", str(_STEP_SLOTS + _FILL_SLOTS))
+    def __init__(self, b: Builder, func: str, threads: str, spec: LstmSpec) -> None:
+        self.b, self.func, self.threads, self.spec = b, func, threads, spec
+        self.ctx = b.fn.alloca("i64", "sctx", str(_STEP_SLOTS + _FUSED_SLOTS))
 
     def __call__(
         self, pointers: list[str], ints: list[str], projection: tuple[str, str, str] | None
     ) -> None:
         """Emit the steps of one direction (``pointers`` and ``ints``: the context of
         :data:`_STEP_SLOTS`); ``projection``, ``(X, W_packed of the direction, rows)``:
-        the packed-weight projection, too, before the steps need it: on the pool as the
-        stepped launch's fill work (``geode_parallel_steps_fill``, :func:`_fill_function`:
-        a thread with nothing of a step left to do computes the projections of later
-        steps instead of waiting at the barrier), on the calling thread one call before
-        the steps."""
+        the packed-weight projection, too, before the steps (step 0 of the stepped
+        launch, :func:`_stepped_function`; a call of its own on the calling thread's
+        path)."""
         b, fn, seq, n, hid = self.b, self.b.fn, ints[0], ints[1], self.spec.hidden
         ctx, threads = self.ctx, self.threads
         x, wp, rows = projection or ("null", "null", "0")
         values = _addresses(b, pointers) + ints + _addresses(b, [x, wp]) + [rows]
         for j, v in enumerate(values):
             fn.add(f"store i64 {v}, ptr {b.gep('i64', ctx, str(j))}")
+        first = b.gep("i64", ctx, str(_STEP_SLOTS + 3), "firstp")
         work = b.mul(n, str(4 * hid * hid), "sfmas")
         many = b.all_of([b.cmp("sgt", threads, "1"), b.cmp("sge", work, str(MIN_PARALLEL_FMAS))])
 
         def pool() -> None:
+            fused = "1" if projection else "0"
+            fn.add(f"store i64 {fused}, ptr {first}")
             items = _step_items(b, self.spec, n)
             parts = b.min(b.mul(threads, str(CHUNKS_PER_THREAD)), items, "parts")
-            if projection:
-                per, every = fill_layout(hid)
-                groups = b.ceildiv(seq, every, "fgroups")
-                nfill = b.mul(groups, str(per), "nfill")
-                args = (
-                    f"ptr @{self.func}, ptr @{self.fill}, ptr {ctx}, i64 {seq}, i64 {parts}, "
-                    f"i64 {nfill}, i64 {per}, i64 {every}, i64 {threads}"
-                )
-                fn.add(f"call void @geode_parallel_steps_fill({args})")
-            else:
-                args = f"ptr @{self.func}, ptr {ctx}, i64 {seq}, i64 {parts}, i64 {threads}"
-                fn.add(f"call void @geode_parallel_steps({args})")
+            steps = b.add(seq, fused, "nsteps")
+            args = f"ptr @{self.func}, ptr {ctx}, i64 {steps}, i64 {parts}, i64 {threads}"
+            fn.add(f"call void @geode_parallel_steps({args})")
 
         def alone() -> None:
+            fn.add(f"store i64 0, ptr {first}")
             if projection:
                 size = str(self.spec.input_size)
                 ops = [(x, size), (wp, "0"), (pointers[4], str(4 * hid))]
@@ -879,7 +829,7 @@ def _select_ptr(b: Builder, cond: str, a: str, other: str, hint: str) -> str:
 
 
 def entry_function(
-    name: str, step_fn: str, fill: str, chunk: str, start: str, spec: LstmSpec, lanes: int
+    name: str, step_fn: str, chunk: str, start: str, spec: LstmSpec, lanes: int
 ) -> FunctionWriter:
     """The entry ``i32 @name(ptrs, recs, ints)`` (see the module docstring)."""
     ty, item = TYPES[spec.dtype]
@@ -889,7 +839,7 @@ def entry_function(
     dims = _records(b, spec)
     seq, n = dims["T"][0], dims["N"][0]
     product = _Products(b, chunk, spec)
-    run_step = _Steps(b, step_fn, fill, product.threads, spec)
+    run_step = _Steps(b, step_fn, product.threads, spec)
     ptr = {
         a: b.load("ptr", b.gep("ptr", "%ptrs", str(j)), a.lower())
         for j, a in enumerate(spec.arrays)
@@ -1004,7 +954,6 @@ def lstm_ir(
     module = ModuleWriter(name)
     module.declare("llvm.memset.p0.i64", _MEMSET)
     module.declare("llvm.memcpy.p0.p0.i64", _MEMCPY)
-    module.declare("llvm.prefetch.p0", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
     module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
     module.declare("free", "declare void @free(ptr) nounwind")
     used = [vmath.function_name(op, spec.dtype, ieee=True) for op in ("sigmoid", "tanh")]
@@ -1038,10 +987,9 @@ def lstm_ir(
     module.add_function(
         panel_chunk_function(module, start, pack, panel, ty, spec.hidden, spec.input_size, lanes)
     )
-    step, fill = f"{name}.step", f"{name}.fill"
+    step, stepped = f"{name}.step", f"{name}.stepped"
     module.add_function(_step_function(module, step, rec, panel, cell, spec, lanes))
-    if spec.panel_lanes and spec.input_size:
-        module.add_function(_fill_function(module, fill, spec))
+    module.add_function(_stepped_function(module, stepped, step, spec))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     if spec.panel_lanes:
         module.declare("geode_sgemm_packed", PACKED_DECL)
@@ -1052,12 +1000,7 @@ def lstm_ir(
         "geode_parallel_steps",
         "declare void @geode_parallel_steps(ptr, ptr, i64, i64, i64) nounwind",
     )
-    module.declare(
-        "geode_parallel_steps_fill",
-        "declare void @geode_parallel_steps_fill(ptr, ptr, ptr, i64, i64, i64, i64, i64, i64) "
-        "nounwind",
-    )
-    module.add_function(entry_function(name, step, fill, chunk, start, spec, lanes))
+    module.add_function(entry_function(name, stepped, chunk, start, spec, lanes))
     return name, f"; {spec.describe()}\n" + module.text()
 
 
