@@ -513,8 +513,11 @@ def _step_function(
     its own four columns, so one launch does a step's product and gates, the states read
     from ``h`` and written to ``h'`` (other items still read ``h``). Each row takes its
     own input step (with ``sequence_lens``, a row past its length copies its units of
-    ``h`` to ``h'`` and keeps ``c``). Every unit is computed by the same code whatever
-    the split, so the results are the same bits on any thread count."""
+    ``h`` to ``h'`` and keeps ``c``). Without ``initial_h`` the first step's product is
+    not computed: ``h`` is +0, so each of its sums is +0 (a chain of multiply-adds of
+    zeros from +0), stored as such (the same bits; 1 / T of the products saved). Every
+    unit is computed by the same code whatever the split, so the results are the same
+    bits on any thread count."""
     ty, _ = TYPES[spec.dtype]
     fn, b, (ctx, s, chunk, nchunks) = chunk_writer(name, stepped=True)
     slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_STEP_SLOTS)]
@@ -559,7 +562,25 @@ def _step_function(
             plo = fn.value(f"udiv i64 {j0}, {lanes}", "plo")
             b.loop(plo, b.ceildiv(j1, lanes, "phi"), one, "pan")
 
-        b.branch(fn.value(f"icmp ne ptr {packed}, null", "packed"), panels, dots, "form")
+        def products() -> None:
+            b.branch(fn.value(f"icmp ne ptr {packed}, null", "packed"), panels, dots, "form")
+
+        def zeros() -> None:
+            # h is +0 before the first step: every sum of its product is +0 (each one a
+            # chain of multiply-adds of zeros from +0), stored without computing it
+            nbytes = b.mul(b.sub(j1, j0), str(TYPES[spec.dtype][1]), "zbytes")
+
+            def row(r: str) -> None:
+                for q in range(4):
+                    at = b.gep(ty, gates, b.add(b.mul(r, str(g4)), b.add(j0, str(q * hid))))
+                    fn.add(f"call void @llvm.memset.p0.i64(ptr {at}, i8 0, i64 {nbytes}, i1 false)")
+
+            b.loop(r0, r1, row, "zrow")
+
+        if spec.initial_h:
+            products()
+        else:
+            b.branch(b.cmp("eq", s, "0"), zeros, products, "first")
 
         def row(r: str) -> None:
             def row_step(t: str) -> None:
