@@ -684,6 +684,13 @@ MIN_PARALLEL_FMAS = 1 << 16
 #: (the others take the rest) and the step's barrier waits less
 CHUNKS_PER_THREAD = 4
 
+#: multiply-adds of a step's item (its rows by :data:`GATE_UNITS` units by the four gates'
+#: ``H`` products) below which a stepped launch takes one chunk per thread, not
+#: :data:`CHUNKS_PER_THREAD`: at batch 1 an item is about half a microsecond of work, and
+#: claiming and counting more chunks than threads cost more than the balance they buy
+#: (measured at hidden 256: 0.93-0.96 of the time)
+MIN_SPLIT_ITEM_FMAS = 1 << 17
+
 
 def _launch(
     b: Builder,
@@ -773,7 +780,11 @@ class _Steps:
             fused = "1" if projection else "0"
             fn.add(f"store i64 {fused}, ptr {first}")
             items = _step_items(b, self.spec, n)
-            parts = b.min(b.mul(threads, str(CHUNKS_PER_THREAD)), items, "parts")
+            item_rows = b.min(n, str(ROW_BLOCK), "irows")
+            item_fmas = b.mul(item_rows, str(GATE_UNITS * 4 * hid), "ifmas")
+            split = b.cmp("sge", item_fmas, str(MIN_SPLIT_ITEM_FMAS), "split")
+            per = b.select(split, str(CHUNKS_PER_THREAD), "1", "cpt")
+            parts = b.min(b.mul(threads, per), items, "parts")
             steps = b.add(seq, fused, "nsteps")
             args = f"ptr @{self.func}, ptr {ctx}, i64 {steps}, i64 {parts}, i64 {threads}"
             fn.add(f"call void @geode_parallel_steps({args})")
