@@ -30,7 +30,8 @@ step, and past its length its states stay as they are (the reference's semantics
 The steps are sequential. The projection is shared among the pool's threads by columns
 of its result (up to :data:`CHUNKS_PER_THREAD` chunks of gate units per thread) when it
 has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; the steps, by their items
-(:func:`_step_function`) when a step's product has that many: all the steps of a
+(:func:`_step_function`; one chunk per thread when an item is small,
+:data:`MIN_SPLIT_ITEM_FMAS`) when a step's product has that many: all the steps of a
 direction are ONE launch of the native pool (``geode_parallel_steps``: the threads run
 step ``t``'s items, meet at a barrier, then run step ``t + 1``'s; no wake and join per
 step), a thread takes the same items at every step before it steals another, so from
