@@ -115,10 +115,11 @@ def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, ba
 
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
 def test_items_of_each_threads_rows_give_the_same_bits(direction) -> None:
-    """On the pool a step's items take ``ceil(N / threads)`` batch rows (at most
-    ROW_BLOCK: each thread's chunks its own rows): batch 8 on 1 to 4 threads (rows 8, 4, 3
-    and 2 per item, a short last block at 3), and batch 19 (a part of ROW_BLOCK's 16):
-    the same bits on every thread count, and the reference's results."""
+    """On the pool a step's items take ``ceil(N / threads)`` batch rows when that is at
+    least MIN_SPLIT_ROWS (at most ROW_BLOCK: each thread's chunks its own rows), else one
+    block split by units: batch 8 on 1 to 4 threads (4 rows per item on 2, one block on 3
+    and 4) and batch 19 (10, 7 and 5 rows: short last blocks); the same bits on every
+    thread count, and the reference's results."""
     hidden, size, seq = 48, 20, 6
     old = native.get_num_threads()
     native.set_num_threads(4)

@@ -494,17 +494,26 @@ GATE_UNITS = 32
 #: the most batch rows of one item of a step's work
 ROW_BLOCK = 16
 
+#: the fewest batch rows per thread for which a step's items split the batch by rows
+#: (:func:`_row_block`)
+MIN_SPLIT_ROWS = 4
+
 
 def _row_block(b: Builder, n: str, threads: str) -> str:
     """Batch rows of one item of a step's work on ``threads`` threads: ``ceil(N /
-    threads)``, at most :data:`ROW_BLOCK`. Batch rows are independent recurrences, so
-    when each thread's share of the items is whole row blocks (the chunks are contiguous
-    runs of items, row block by row block), a thread reads only the states ``h`` it wrote
-    itself: nothing crosses to another core between steps but the barrier (measured at
-    batch 8 on two threads, rows 4 by 4 against all 8 rows split by units: 0.96-0.97 of the
-    time). Any row split gives the same bits (each sum is one chain along ``K``)."""
+    threads)`` when that is at least :data:`MIN_SPLIT_ROWS` (at most :data:`ROW_BLOCK`),
+    else :data:`ROW_BLOCK`. Batch rows are independent recurrences, so when each thread's
+    share of the items is whole row blocks (the chunks are contiguous runs of items, row
+    block by row block), a thread reads only the states ``h`` it wrote itself: nothing
+    crosses to another core between steps but the barrier (measured at batch 8 on two
+    threads, rows 4 by 4 against all 8 rows split by units: 0.86-0.87 of the time). Each
+    thread then streams all of ``R`` for its rows, which fewer rows than
+    :data:`MIN_SPLIT_ROWS` do not pay for (batch 2 and 4 on two threads: 1.50 and 1.09 of
+    the time): they keep one block split by units. Any row split gives the same bits (each
+    sum is one chain along ``K``)."""
     share = _ceil_div(b, n, threads)
-    return b.max(b.min(share, str(ROW_BLOCK), "rbk"), "1", "rbk")
+    rows = b.min(share, str(ROW_BLOCK), "rbk")
+    return b.select(b.cmp("sge", share, str(MIN_SPLIT_ROWS)), rows, str(ROW_BLOCK), "rbk")
 
 
 def _ceil_div(b: Builder, a: str, d: str) -> str:
