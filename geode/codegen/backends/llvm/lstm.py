@@ -664,8 +664,10 @@ def _stepped_function(module: ModuleWriter, name: str, step: str, spec: LstmSpec
     launch runs (the context: :data:`_STEP_SLOTS`, then :data:`_FUSED_SLOTS`). When the
     projection comes first (``W`` given packed), step 0 is the projection, chunk ``c`` of
     ``n`` computing the packed-weight GEMM's panels ``[P * c / n, P * (c + 1) / n)`` of
-    ``GX`` (``P = ceil(4H / 16)``) on its own thread (every element one chain along ``I``
-    whatever the split: the same bits as one call), and step ``s`` is the recurrence's
+    ``GX`` (``P = ceil(4H / 16)``), or, batch-first with the steps' items splitting the
+    batch by rows, X's rows ``[R * c / n, R * (c + 1) / n)`` (``R = N * T``: a thread's
+    own batch rows), on its own thread (every element one chain along ``I`` whatever the
+    split: the same bits as one call), and step ``s`` is the recurrence's
     step ``s - 1`` (``step``, :func:`_step_function`): no launch of its own for the
     projection. Else step ``s`` is the recurrence's."""
     fn, b, (ctx, s, chunk, nchunks) = chunk_writer(name, stepped=True)
@@ -677,7 +679,29 @@ def _stepped_function(module: ModuleWriter, name: str, step: str, spec: LstmSpec
     gx = fn.value(f"inttoptr i64 {b.load('i64', b.gep('i64', ctx, '4'), 'gxa')} to ptr", "gx")
     g4, size = 4 * spec.hidden, spec.input_size
 
+    def by_rows() -> None:
+        r0 = fn.value(f"udiv i64 {b.mul(rows, chunk)}, {nchunks}", "r0")
+        r1 = fn.value(f"udiv i64 {b.mul(rows, b.add(chunk, '1'))}, {nchunks}", "r1")
+        xa = b.gep("float", x, b.mul(r0, str(size)), "xr")
+        ops = [(xa, str(size)), (wp, "0"), (b.gep("float", gx, b.mul(r0, str(g4)), "gxr"), str(g4))]
+
+        def call() -> None:
+            fn.add(packed_call(b.sub(r1, r0, "nr"), g4, str(size), ops, "1"))
+
+        b.when(b.cmp("sgt", r1, r0), call, "prows")
+
     def projection() -> None:
+        if spec.layout:
+            # batch-first: a thread's batch rows (when the steps split the batch by rows,
+            # :func:`_row_block`) are contiguous rows of X, so the chunks split X's rows:
+            # each thread then computes the GX its own steps read
+            rb = b.load("i64", b.gep("i64", ctx, "15"), "rb")
+            n = b.load("i64", b.gep("i64", ctx, "12"), "n")
+            b.branch(b.cmp("slt", rb, n), by_rows, by_columns, "psplit")
+        else:
+            by_columns()
+
+    def by_columns() -> None:
         panels = str(-(-g4 // PANEL))
         p0 = fn.value(f"udiv i64 {b.mul(panels, chunk)}, {nchunks}", "p0")
         p1 = fn.value(f"udiv i64 {b.mul(panels, b.add(chunk, '1'))}, {nchunks}", "p1")
