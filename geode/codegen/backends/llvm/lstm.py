@@ -63,8 +63,9 @@ lanes * H)``), so a call packs nothing: the projection is the native runtime's
 the panels: the same bits however split), on the pool as step 0 of the steps' stepped
 launch, a chunk per range of its 16-column panels, or batch-first with the steps split
 by rows per range of X's rows (:func:`_stepped_function`: no launch of its own), or one
-call split by the runtime when the steps run on the calling thread; and the steps multiply by ``R_panels`` at every batch, 1 included (measured: at
-batch 1 the dot products beside the GEMM's projection were slower).
+call split by the runtime when the steps run on the calling thread; and the steps
+multiply by ``R_panels`` at every batch, 1 included (measured: at batch 1 the dot
+products beside the GEMM's projection were slower).
 
 The states ``h`` (twice) and ``c``, the projection, the gates and the packed panels
 live in one ``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
