@@ -113,6 +113,41 @@ def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, ba
         np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
 
 
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_items_of_each_threads_rows_give_the_same_bits(direction) -> None:
+    """On the pool a step's items take ``ceil(N / threads)`` batch rows when that is at
+    least MIN_SPLIT_ROWS (at most ROW_BLOCK: each thread's chunks its own rows), else one
+    block split by units: batch 8 on 1 to 4 threads (4 rows per item on 2, one block on 3
+    and 4) and batch 19 (10, 7 and 5 rows: short last blocks); the same bits on every
+    thread count, and the reference's results."""
+    hidden, size, seq = 48, 20, 6
+    old = native.get_num_threads()
+    native.set_num_threads(4)
+    try:
+        for batch in (8, 19):
+            assert batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS
+            ins = lstm_inputs(
+                np.random.default_rng(batch), "float32", hidden, size, direction, 1, seq,
+                batch, {"B", "initial_h"},
+            )  # fmt: skip
+            kernel = lstm_kernel(_spec(hidden, size, direction, 1, {"B", "initial_h"}, LANES))
+            want = recurrent(
+                "LSTM", ins, {"direction": direction, "layout": 1, "hidden_size": hidden}
+            )
+            results = {}
+            for threads in (1, 2, 3, 4):
+                outs = [np.full(w.shape, np.nan, np.float32) for w in want]
+                kernel(*_given(ins), *outs, threads=threads)
+                results[threads] = outs
+            for threads in (2, 3, 4):
+                for a, b in zip(results[1], results[threads]):
+                    np.testing.assert_array_equal(a, b)
+            for g, w in zip(results[1], want):
+                np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
+    finally:
+        native.set_num_threads(old)
+
+
 def test_stepped_lstm_leaves_the_pool_idle_between_calls() -> None:
     """Calls of the packed kernel on 2 threads (the projection and every step one stepped
     launch per call): the same bits at every call, and between calls the pool's threads

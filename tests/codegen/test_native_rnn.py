@@ -191,6 +191,44 @@ def test_panel_form_gives_the_same_bits_on_any_thread_count(dtype, direction) ->
     _same_bits_on_threads(kernel, ins, want, dtype, DIRS[direction])
 
 
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_first_step_without_initial_h_skips_its_product(direction, dtype) -> None:
+    """Without initial_h the first step's product (h = +0) is not computed, its sums
+    stored as +0: the same bits as the kernel given initial_h of zeros (+0 and -0), which
+    computes it, at batch 1 (dot products) and 5 (panels), with and without
+    sequence_lens (a row of length 0 among them), on 1 and 2 threads."""
+    hidden, size, seq = 21, 6, 5
+    for batch in (1, 5):
+        for opt in ({"B", "initial_c"}, {"B", "sequence_lens"}):
+            ins = lstm_inputs(
+                np.random.default_rng(batch), dtype, hidden, size, direction, 0, seq, batch, opt
+            )
+            if ins[4] is not None:
+                ins[4][0] = 0
+            spec = LstmSpec(
+                dtype, hidden, size, DIRS[direction], direction == "reverse", 0,
+                True, False, "initial_c" in opt, False, 3, lens="sequence_lens" in opt,
+            )  # fmt: skip
+            given = LstmSpec(
+                dtype, hidden, size, DIRS[direction], direction == "reverse", 0,
+                True, True, "initial_c" in opt, False, 3, lens="sequence_lens" in opt,
+            )  # fmt: skip
+            state = (DIRS[direction], batch, hidden)
+            for zero in (0.0, -0.0):
+                with_h = list(ins)
+                with_h[5] = np.full(state, zero, dtype)
+                for threads in (1, 2):
+                    want = recurrent("LSTM", ins, {"direction": direction, "hidden_size": hidden})
+                    got = [np.full(w.shape, np.nan, dtype) for w in want]
+                    ref = [np.full(w.shape, np.nan, dtype) for w in want]
+                    lstm_kernel(spec)(*[a for a in ins if a is not None], *got, threads=threads)
+                    lstm_kernel(given)(*[a for a in with_h if a is not None], *ref, threads=threads)
+                    for g, r, w in zip(got, ref, want):
+                        np.testing.assert_array_equal(g, r)
+                        np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
+
+
 @pytest.mark.parametrize("batch", [1, 2, 3])
 def test_the_forms_either_side_of_the_panel_threshold(batch) -> None:
     """Batch 1 (dot products), 2 (the outer-product form's first batch: one block of 2

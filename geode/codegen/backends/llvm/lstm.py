@@ -17,9 +17,10 @@ or reverse: the steps in the other order):
 2. per step ``t``: ``G[B, 4H] = h @ R^T``, then a vectorized loop per batch row
    computes the gates (``GX + Wb + G + Rb``, peepholes when P is given), the new cell
    and hidden states, and writes the row of ``Y[t]``; both in one pass over items of
-   :data:`ROW_BLOCK` batch rows by :data:`GATE_UNITS` hidden units (a unit's gates need
-   only its own four columns of ``G``), ``h`` read from one buffer and written to the
-   other;
+   up to :data:`ROW_BLOCK` batch rows (on the pool ``ceil(N / threads)``: each thread
+   its own rows, :func:`_row_block`) by :data:`GATE_UNITS` hidden units (a unit's gates
+   need only its own four columns of ``G``), ``h`` read from one buffer and written to
+   the other;
 3. the last states go to ``Y_h``/``Y_c``.
 
 With ``sequence_lens`` (int32, one per batch entry, each checked to lie in ``[0, T]``:
@@ -30,7 +31,8 @@ step, and past its length its states stay as they are (the reference's semantics
 The steps are sequential. The projection is shared among the pool's threads by columns
 of its result (up to :data:`CHUNKS_PER_THREAD` chunks of gate units per thread) when it
 has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; the steps, by their items
-(:func:`_step_function`) when a step's product has that many: all the steps of a
+(:func:`_step_function`; one chunk per thread when an item is small,
+:data:`MIN_SPLIT_ITEM_FMAS`) when a step's product has that many: all the steps of a
 direction are ONE launch of the native pool (``geode_parallel_steps``: the threads run
 step ``t``'s items, meet at a barrier, then run step ``t + 1``'s; no wake and join per
 step), a thread takes the same items at every step before it steals another, so from
@@ -59,10 +61,11 @@ and ``R_panels`` (per direction ``R`` in the panels above, ``(D, ceil(H / lanes)
 lanes * H)``), so a call packs nothing: the projection is the native runtime's
 ``geode_sgemm_packed`` (every element one chain of fused multiply-adds along ``I`` as in
 the panels: the same bits however split), on the pool as step 0 of the steps' stepped
-launch, a chunk per range of its 16-column panels (:func:`_stepped_function`: no launch
-of its own), or one call split by the runtime when the steps run on the calling
-thread; and the steps multiply by ``R_panels`` at every batch, 1 included (measured: at
-batch 1 the dot products beside the GEMM's projection were slower).
+launch, a chunk per range of its 16-column panels, or batch-first with the steps split
+by rows per range of X's rows (:func:`_stepped_function`: no launch of its own), or one
+call split by the runtime when the steps run on the calling thread; and the steps
+multiply by ``R_panels`` at every batch, 1 included (measured: at batch 1 the dot
+products beside the GEMM's projection were slower).
 
 The states ``h`` (twice) and ``c``, the projection, the gates and the packed panels
 live in one ``malloc``-ed buffer freed before the entry returns; status ``n_arrays + 1`` says it
@@ -481,21 +484,49 @@ def _chunk_function(module: ModuleWriter, name: str, rec: str, spec: LstmSpec) -
 #: the context of a direction's steps: R, the states h (read at even steps, written at odd
 #: ones) and h' (the other way round), G, GX, B, P, c, Y, sequence_lens, R's packed panels
 #: (null: the dot products) (pointers), then T, N, the direction d, whether it runs
-#: backwards (one 8-byte slot each)
-_STEP_SLOTS = 15
+#: backwards, the batch rows of an item (:func:`_row_block`) (one 8-byte slot each)
+_STEP_SLOTS = 16
 
 #: hidden units of one item of a step's work (the unit runs are fixed: the same bits on
 #: any thread count; a multiple of a vector's lanes, so an item's units are whole panels
 #: of the outer-product form)
 GATE_UNITS = 32
 
-#: batch rows of one item of a step's work
+#: the most batch rows of one item of a step's work
 ROW_BLOCK = 16
 
+#: the fewest batch rows per thread for which a step's items split the batch by rows
+#: (:func:`_row_block`)
+MIN_SPLIT_ROWS = 4
 
-def _step_items(b: Builder, spec: LstmSpec, n: str) -> str:
-    """How many items a step's work has: ``ceil(N / ROW_BLOCK) * ceil(H / GATE_UNITS)``."""
-    return b.mul(b.ceildiv(n, ROW_BLOCK, "rblocks"), str(-(-spec.hidden // GATE_UNITS)), "items")
+
+def _row_block(b: Builder, n: str, threads: str) -> str:
+    """Batch rows of one item of a step's work on ``threads`` threads: ``ceil(N /
+    threads)`` when that is at least :data:`MIN_SPLIT_ROWS` (at most :data:`ROW_BLOCK`),
+    else :data:`ROW_BLOCK`. Batch rows are independent recurrences, so when each thread's
+    share of the items is whole row blocks (the chunks are contiguous runs of items, row
+    block by row block), a thread reads only the states ``h`` it wrote itself: nothing
+    crosses to another core between steps but the barrier (measured at batch 8 on two
+    threads, rows 4 by 4 against all 8 rows split by units: 0.86-0.87 of the time). Each
+    thread then streams all of ``R`` for its rows, which fewer rows than
+    :data:`MIN_SPLIT_ROWS` do not pay for (batch 2 and 4 on two threads: 1.50 and 1.09 of
+    the time): they keep one block split by units. Any row split gives the same bits (each
+    sum is one chain along ``K``)."""
+    share = _ceil_div(b, n, threads)
+    rows = b.min(share, str(ROW_BLOCK), "rbk")
+    return b.select(b.cmp("sge", share, str(MIN_SPLIT_ROWS)), rows, str(ROW_BLOCK), "rbk")
+
+
+def _ceil_div(b: Builder, a: str, d: str) -> str:
+    """``ceil(a / d)`` of positive i64s (``d`` a value, not a constant)."""
+    return b.fn.value(f"udiv i64 {b.sub(b.add(a, d), '1')}, {d}", "cdiv")
+
+
+def _step_items(b: Builder, spec: LstmSpec, n: str, rb: str) -> str:
+    """How many items a step's work has: ``ceil(N / rb) * ceil(H / GATE_UNITS)`` (``rb``:
+    the rows of an item, :func:`_row_block`)."""
+    rblocks = _ceil_div(b, n, rb)
+    return b.mul(rblocks, str(-(-spec.hidden // GATE_UNITS)), "items")
 
 
 def _step_function(
@@ -513,21 +544,24 @@ def _step_function(
     its own four columns, so one launch does a step's product and gates, the states read
     from ``h`` and written to ``h'`` (other items still read ``h``). Each row takes its
     own input step (with ``sequence_lens``, a row past its length copies its units of
-    ``h`` to ``h'`` and keeps ``c``). Every unit is computed by the same code whatever
-    the split, so the results are the same bits on any thread count."""
+    ``h`` to ``h'`` and keeps ``c``). Without ``initial_h`` the first step's product is
+    not computed: ``h`` is +0, so each of its sums is +0 (a chain of multiply-adds of
+    zeros from +0), stored as such (the same bits; 1 / T of the products saved). Every
+    unit is computed by the same code whatever the split, so the results are the same
+    bits on any thread count."""
     ty, _ = TYPES[spec.dtype]
     fn, b, (ctx, s, chunk, nchunks) = chunk_writer(name, stepped=True)
     slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_STEP_SLOTS)]
     r_d, h_even, h_odd, gates, gx, bias, peep, c, y, lens, packed = (
         fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slots[:11]
     )
-    seq, n, d, rev = slots[11:]
+    seq, n, d, rev, rb = slots[11:]
     even = b.cmp("eq", b.op("and", s, "1"), "0")
     h = _select_ptr(b, even, h_even, h_odd, "hin")
     h_new = _select_ptr(b, even, h_odd, h_even, "hout")
     hid, g4 = spec.hidden, 4 * spec.hidden
     per_row = str(-(-hid // GATE_UNITS))
-    items = _step_items(b, spec, n)
+    items = _step_items(b, spec, n, rb)
     first = fn.value(f"udiv i64 {b.mul(items, chunk)}, {nchunks}", "first")
     last = fn.value(f"udiv i64 {b.mul(items, b.add(chunk, '1'))}, {nchunks}", "last")
     dd = str(spec.directions)
@@ -536,8 +570,8 @@ def _step_function(
         return b.select(b.cmp("ne", rev, "0"), b.sub(b.sub(v, "1"), s), s, "t")
 
     def item(i: str) -> None:
-        r0 = b.mul(fn.value(f"udiv i64 {i}, {per_row}", "rb"), str(ROW_BLOCK), "r0")
-        r1 = b.min(b.add(r0, str(ROW_BLOCK)), n, "r1")
+        r0 = b.mul(fn.value(f"udiv i64 {i}, {per_row}", "rblock"), rb, "r0")
+        r1 = b.min(b.add(r0, rb), n, "r1")
         j0 = b.mul(fn.value(f"urem i64 {i}, {per_row}", "jb"), str(GATE_UNITS), "j0")
         j1 = b.min(b.add(j0, str(GATE_UNITS)), str(hid), "j1")
         h_rows = b.gep(ty, h, b.mul(r0, str(hid)), "hrows")
@@ -559,7 +593,25 @@ def _step_function(
             plo = fn.value(f"udiv i64 {j0}, {lanes}", "plo")
             b.loop(plo, b.ceildiv(j1, lanes, "phi"), one, "pan")
 
-        b.branch(fn.value(f"icmp ne ptr {packed}, null", "packed"), panels, dots, "form")
+        def products() -> None:
+            b.branch(fn.value(f"icmp ne ptr {packed}, null", "packed"), panels, dots, "form")
+
+        def zeros() -> None:
+            # h is +0 before the first step: every sum of its product is +0 (each one a
+            # chain of multiply-adds of zeros from +0), stored without computing it
+            nbytes = b.mul(b.sub(j1, j0), str(TYPES[spec.dtype][1]), "zbytes")
+
+            def row(r: str) -> None:
+                for q in range(4):
+                    at = b.gep(ty, gates, b.add(b.mul(r, str(g4)), b.add(j0, str(q * hid))))
+                    fn.add(f"call void @llvm.memset.p0.i64(ptr {at}, i8 0, i64 {nbytes}, i1 false)")
+
+            b.loop(r0, r1, row, "zrow")
+
+        if spec.initial_h:
+            products()
+        else:
+            b.branch(b.cmp("eq", s, "0"), zeros, products, "first")
 
         def row(r: str) -> None:
             def row_step(t: str) -> None:
@@ -613,8 +665,10 @@ def _stepped_function(module: ModuleWriter, name: str, step: str, spec: LstmSpec
     launch runs (the context: :data:`_STEP_SLOTS`, then :data:`_FUSED_SLOTS`). When the
     projection comes first (``W`` given packed), step 0 is the projection, chunk ``c`` of
     ``n`` computing the packed-weight GEMM's panels ``[P * c / n, P * (c + 1) / n)`` of
-    ``GX`` (``P = ceil(4H / 16)``) on its own thread (every element one chain along ``I``
-    whatever the split: the same bits as one call), and step ``s`` is the recurrence's
+    ``GX`` (``P = ceil(4H / 16)``), or, batch-first with the steps' items splitting the
+    batch by rows, X's rows ``[R * c / n, R * (c + 1) / n)`` (``R = N * T``: a thread's
+    own batch rows), on its own thread (every element one chain along ``I`` whatever the
+    split: the same bits as one call), and step ``s`` is the recurrence's
     step ``s - 1`` (``step``, :func:`_step_function`): no launch of its own for the
     projection. Else step ``s`` is the recurrence's."""
     fn, b, (ctx, s, chunk, nchunks) = chunk_writer(name, stepped=True)
@@ -626,7 +680,29 @@ def _stepped_function(module: ModuleWriter, name: str, step: str, spec: LstmSpec
     gx = fn.value(f"inttoptr i64 {b.load('i64', b.gep('i64', ctx, '4'), 'gxa')} to ptr", "gx")
     g4, size = 4 * spec.hidden, spec.input_size
 
+    def by_rows() -> None:
+        r0 = fn.value(f"udiv i64 {b.mul(rows, chunk)}, {nchunks}", "r0")
+        r1 = fn.value(f"udiv i64 {b.mul(rows, b.add(chunk, '1'))}, {nchunks}", "r1")
+        xa = b.gep("float", x, b.mul(r0, str(size)), "xr")
+        ops = [(xa, str(size)), (wp, "0"), (b.gep("float", gx, b.mul(r0, str(g4)), "gxr"), str(g4))]
+
+        def call() -> None:
+            fn.add(packed_call(b.sub(r1, r0, "nr"), g4, str(size), ops, "1"))
+
+        b.when(b.cmp("sgt", r1, r0), call, "prows")
+
     def projection() -> None:
+        if spec.layout:
+            # batch-first: a thread's batch rows (when the steps split the batch by rows,
+            # :func:`_row_block`) are contiguous rows of X, so the chunks split X's rows:
+            # each thread then computes the GX its own steps read
+            rb = b.load("i64", b.gep("i64", ctx, "15"), "rb")
+            n = b.load("i64", b.gep("i64", ctx, "12"), "n")
+            b.branch(b.cmp("slt", rb, n), by_rows, by_columns, "psplit")
+        else:
+            by_columns()
+
+    def by_columns() -> None:
         panels = str(-(-g4 // PANEL))
         p0 = fn.value(f"udiv i64 {b.mul(panels, chunk)}, {nchunks}", "p0")
         p1 = fn.value(f"udiv i64 {b.mul(panels, b.add(chunk, '1'))}, {nchunks}", "p1")
@@ -662,6 +738,13 @@ MIN_PARALLEL_FMAS = 1 << 16
 #: time, so a thread the machine's other work delays holds back only one small chunk
 #: (the others take the rest) and the step's barrier waits less
 CHUNKS_PER_THREAD = 4
+
+#: multiply-adds of a step's item (its rows by :data:`GATE_UNITS` units by the four gates'
+#: ``H`` products) below which a stepped launch takes one chunk per thread, not
+#: :data:`CHUNKS_PER_THREAD`: at batch 1 an item is about half a microsecond of work, and
+#: claiming and counting more chunks than threads cost more than the balance they buy
+#: (measured at hidden 256: 0.93-0.96 of the time)
+MIN_SPLIT_ITEM_FMAS = 1 << 17
 
 
 def _launch(
@@ -741,18 +824,23 @@ class _Steps:
         b, fn, seq, n, hid = self.b, self.b.fn, ints[0], ints[1], self.spec.hidden
         ctx, threads = self.ctx, self.threads
         x, wp, rows = projection or ("null", "null", "0")
-        values = _addresses(b, pointers) + ints + _addresses(b, [x, wp]) + [rows]
+        work = b.mul(n, str(4 * hid * hid), "sfmas")
+        many = b.all_of([b.cmp("sgt", threads, "1"), b.cmp("sge", work, str(MIN_PARALLEL_FMAS))])
+        rb = b.select(many, _row_block(b, n, threads), str(ROW_BLOCK), "rows")
+        values = _addresses(b, pointers) + ints + [rb] + _addresses(b, [x, wp]) + [rows]
         for j, v in enumerate(values):
             fn.add(f"store i64 {v}, ptr {b.gep('i64', ctx, str(j))}")
         first = b.gep("i64", ctx, str(_STEP_SLOTS + 3), "firstp")
-        work = b.mul(n, str(4 * hid * hid), "sfmas")
-        many = b.all_of([b.cmp("sgt", threads, "1"), b.cmp("sge", work, str(MIN_PARALLEL_FMAS))])
 
         def pool() -> None:
             fused = "1" if projection else "0"
             fn.add(f"store i64 {fused}, ptr {first}")
-            items = _step_items(b, self.spec, n)
-            parts = b.min(b.mul(threads, str(CHUNKS_PER_THREAD)), items, "parts")
+            items = _step_items(b, self.spec, n, rb)
+            item_rows = b.min(n, rb, "irows")
+            item_fmas = b.mul(item_rows, str(GATE_UNITS * 4 * hid), "ifmas")
+            split = b.cmp("sge", item_fmas, str(MIN_SPLIT_ITEM_FMAS), "split")
+            per = b.select(split, str(CHUNKS_PER_THREAD), "1", "cpt")
+            parts = b.min(b.mul(threads, per), items, "parts")
             steps = b.add(seq, fused, "nsteps")
             args = f"ptr @{self.func}, ptr {ctx}, i64 {steps}, i64 {parts}, i64 {threads}"
             fn.add(f"call void @geode_parallel_steps({args})")
