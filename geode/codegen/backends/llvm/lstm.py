@@ -596,21 +596,13 @@ def _step_function(
         def products() -> None:
             b.branch(fn.value(f"icmp ne ptr {packed}, null", "packed"), panels, dots, "form")
 
-        def zeros() -> None:
-            # h is +0 before the first step: every sum of its product is +0 (each one a
-            # chain of multiply-adds of zeros from +0), stored without computing it
-            nbytes = b.mul(b.sub(j1, j0), str(TYPES[spec.dtype][1]), "zbytes")
-
-            def row(r: str) -> None:
-                for q in range(4):
-                    at = b.gep(ty, gates, b.add(b.mul(r, str(g4)), b.add(j0, str(q * hid))))
-                    fn.add(f"call void @llvm.memset.p0.i64(ptr {at}, i8 0, i64 {nbytes}, i1 false)")
-
-            b.loop(r0, r1, row, "zrow")
-
         if spec.initial_h:
             products()
         else:
+
+            def zeros() -> None:
+                _zero_sums(fn, b, spec, gates, (r0, r1), (j0, j1))
+
             b.branch(b.cmp("eq", s, "0"), zeros, products, "first")
 
         def row(r: str) -> None:
@@ -652,6 +644,30 @@ def _step_function(
     b.loop(first, last, item, "item")
     fn.terminate("ret void")
     return fn
+
+
+def _zero_sums(
+    fn: FunctionWriter,
+    b: Builder,
+    spec: LstmSpec,
+    gates: str,
+    rows: tuple[str, str],
+    units: tuple[str, str],
+) -> None:
+    """Store the first step's product for ``rows`` x ``units`` without computing it: ``h``
+    is +0 before the first step, so every sum is +0 (each one a chain of multiply-adds of
+    zeros from +0); the four gate columns of each row are zeroed."""
+    ty, size = TYPES[spec.dtype]
+    (r0, r1), (j0, j1) = rows, units
+    hid, g4 = spec.hidden, 4 * spec.hidden
+    nbytes = b.mul(b.sub(j1, j0), str(size), "zbytes")
+
+    def row(r: str) -> None:
+        for q in range(4):
+            at = b.gep(ty, gates, b.add(b.mul(r, str(g4)), b.add(j0, str(q * hid))))
+            fn.add(f"call void @llvm.memset.p0.i64(ptr {at}, i8 0, i64 {nbytes}, i1 false)")
+
+    b.loop(r0, r1, row, "zrow")
 
 
 #: the context slots after :data:`_STEP_SLOTS` of a direction's stepped launch: X and
