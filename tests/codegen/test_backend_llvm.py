@@ -652,9 +652,9 @@ def test_streamed_kernel_matches_numpy(n: int, m: int, min_bytes: int) -> None:
 
 
 def test_stream_helper_loops_are_not_unrolled() -> None:
-    """The stream helper's non-temporal vector loop carries a loop id telling LLVM not to
-    unroll it: the optimized module keeps one non-temporal vector store, not an unrolled
-    row of them; its other loops (scalar head and tail, prefetch) are LLVM's to unroll."""
+    """The stream helper's loops (scalar head, whole vectors, scalar tail, prefetch) each
+    carry a loop id of their own telling LLVM not to unroll them: the optimized module
+    keeps one non-temporal vector store (the vector loop's), not an unrolled row of them."""
     import re
 
     from geode.codegen.backends.llvm import jit
@@ -665,7 +665,7 @@ def test_stream_helper_loops_are_not_unrolled() -> None:
     helper = k.source[k.source.index('define internal void @"geode.stream.float32"') :]
     helper = helper[: helper.index("\n}")]
     ids = re.findall(r"!llvm\.loop (![0-9]+)", helper)
-    assert len(ids) == 1
+    assert len(ids) == 4 and len(set(ids)) == 4  # a, b, c and pf: one id each
     for ref in ids:
         (node,) = re.findall(rf"^{ref} = distinct !\{{{ref}, (![0-9]+)\}}$", k.source, re.M)
         assert re.search(rf'^{node} = !\{{!"llvm.loop.unroll.disable"\}}$', k.source, re.M)
@@ -676,7 +676,7 @@ def test_stream_helper_loops_are_not_unrolled() -> None:
     assert "!llvm.loop" not in text
     counter = iter(range(10, 20))
     _, marked, _ = stream_function("float32", True, host(), loop_id=lambda: f"!{next(counter)}")
-    assert re.findall(r"!llvm\.loop (![0-9]+)", marked) == ["!10"]
+    assert re.findall(r"!llvm\.loop (![0-9]+)", marked) == [f"!{n}" for n in range(10, 16)]
 
 
 def test_kernel_runs_without_the_gil() -> None:

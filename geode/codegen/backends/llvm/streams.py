@@ -12,12 +12,12 @@ sum)``), with whole-vector ordinary stores when not streaming; the ``.divided`` 
 divides each element by it instead (IEEE division, for a divisor whose reciprocal may
 overflow: a subnormal one).
 
-The non-temporal whole-vector loop carries the loop id the caller gives (``loop_id``: a
-loop LLVM must not unroll): LLVM's unroller copied it eight times at run time, with a
-remainder loop, in every kernel that streams, and the rest of its pipeline worked through
-the copies, for stores the memory's bandwidth bounds (the helper timed alone ran as fast
-either way). The other loops are left to LLVM: the scalar head and tail, and the ordinary
-stores' vector loop and the prefetch loop, which ran 5-15% slower rolled on rows in cache
+The helper's loops are already what they should be (whole vectors, a scalar head and tail
+of fewer elements than a vector, one prefetch per line): each carries the loop id the
+caller gives (``loop_id``: a loop LLVM must not unroll), else LLVM's unroller copies them
+(at run time, with remainder loops) in every kernel that streams and the rest of its
+pipeline works through the copies: a sixth of the instructions LLVM's O2 kernels of a
+BERT, GPT-2, Mixer and LLaMA MLP were optimized and compiled with
 (``docs/performance.md``, "LLVM's time per cold compile").
 """
 
@@ -31,10 +31,17 @@ __all__ = ["stream_function", "stream_name"]
 
 
 def _copy_loop(
-    lbl: str, lo: str, hi: str, ty: str, scale: str | None, after: str, op: str = "fmul"
+    lbl: str,
+    lo: str,
+    hi: str,
+    ty: str,
+    scale: str | None,
+    after: str,
+    op: str = "fmul",
+    meta: str = "",
 ) -> list[str]:
     """Scalar copy ``dst[i] = src[i] (op scale)`` for ``i`` in ``[lo, hi)``, then ``br after``
-    (``op``: ``fmul`` or ``fdiv``)."""
+    (``op``: ``fmul`` or ``fdiv``; ``meta``: the back edge's ``, !llvm.loop !N`` or empty)."""
     mul = [f"  %{lbl}.m = {op} {ty} %{lbl}.v, %s"] if scale else []
     val = f"%{lbl}.m" if scale else f"%{lbl}.v"
     return [
@@ -49,7 +56,7 @@ def _copy_loop(
         f"  store {ty} {val}, ptr %{lbl}.dp",
         f"  %{lbl}.n = add nsw i64 %{lbl}.i, 1",
         f"  %{lbl}.again = icmp slt i64 %{lbl}.n, {hi}",
-        f"  br i1 %{lbl}.again, label %{lbl}, label %{after}",
+        f"  br i1 %{lbl}.again, label %{lbl}, label %{after}{meta}",
     ]
 
 
@@ -66,8 +73,6 @@ def _vector_loop(
     op: str = "fmul",
     meta: str = "",
 ) -> list[str]:
-    """Whole vectors ``dst[o] = src[o] (op splat)``, ``nvec`` of them from ``head``, then
-    ``br after`` (``meta``: the back edge's ``, !llvm.loop !N`` or empty)."""
     vty = f"<{lanes} x {ty}>"
     mul = [f"  %{lbl}.m = {op} {vty} %{lbl}.v, %splat"] if scaled else []
     val = f"%{lbl}.m" if scaled else f"%{lbl}.v"
@@ -104,8 +109,7 @@ def stream_function(
     """``(name, IR text, declarations)`` of the stream copy for ``dtype`` (float32/float64
     or an integer type; ``scaled``: floats only, each element multiplied by the factor, or
     divided by it with ``divide``). ``loop_id`` makes a fresh ``!llvm.loop`` node (``!N``)
-    saying not to unroll a loop, for the non-temporal vector loop (see the module
-    docstring)."""
+    for each of its loops: one saying not to unroll it (see the module docstring)."""
 
     def meta() -> str:
         return f", !llvm.loop {loop_id()}" if loop_id is not None else ""
@@ -141,7 +145,7 @@ def stream_function(
         "a.pre:",
     ]
     sc = "%s" if scaled else None
-    lines += _copy_loop("a", "0", "%head", ty, sc, "b.pre0", op)
+    lines += _copy_loop("a", "0", "%head", ty, sc, "b.pre0", op, meta())
     lines += [
         "b.pre0:",
         "  %rest = sub i64 %n, %head",
@@ -159,12 +163,12 @@ def stream_function(
         "  br label %c.pre",
         "c.pre:",
     ]
-    lines += _copy_loop("c", "%tail", "%n", ty, sc, "fin", op)
+    lines += _copy_loop("c", "%tail", "%n", ty, sc, "fin", op, meta())
     lines += ["plain:"]
     if scaled:
         lines += [f"  %pnvec = sdiv i64 %n, {lanes}", "  br label %d.pre", "d.pre:"]
         lines += _vector_loop(
-            "d", "0", "%pnvec", ty, lanes, esz, f", align {esz}", "e.pre0", True, op
+            "d", "0", "%pnvec", ty, lanes, esz, f", align {esz}", "e.pre0", True, op, meta()
         )
         lines += [
             "e.pre0:",
@@ -172,7 +176,7 @@ def stream_function(
             "  br label %e.pre",
             "e.pre:",
         ]
-        lines += _copy_loop("e", "%pdone", "%n", ty, sc, "pf.pre0", op)
+        lines += _copy_loop("e", "%pdone", "%n", ty, sc, "pf.pre0", op, meta())
     else:
         lines += [
             f"  %bytes = mul i64 %n, {esz}",
@@ -194,7 +198,7 @@ def stream_function(
         "  call void @llvm.prefetch.p0(ptr %pp, i32 1, i32 3, i32 1)",
         "  %pl.n = add nsw i64 %pl, 1",
         "  %pagain = icmp slt i64 %pl.n, %nlines",
-        "  br i1 %pagain, label %pf, label %fin",
+        f"  br i1 %pagain, label %pf, label %fin{meta()}",
         "fin:",
         "  ret void",
         "}",
