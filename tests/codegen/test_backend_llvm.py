@@ -651,34 +651,6 @@ def test_streamed_kernel_matches_numpy(n: int, m: int, min_bytes: int) -> None:
     assert "!nontemporal" in k.source and "sfence" in k.source
 
 
-def test_stream_helper_loops_are_not_unrolled() -> None:
-    """The stream helper's loops (scalar head, whole vectors, scalar tail, prefetch) each
-    carry a loop id of their own telling LLVM not to unroll them: the optimized module
-    keeps one non-temporal vector store (the vector loop's), not an unrolled row of them."""
-    import re
-
-    from geode.codegen.backends.llvm import jit
-    from geode.codegen.backends.llvm.streams import stream_function
-    from geode.codegen.backends.llvm.target import host
-
-    k = compile_kernel(streamed())
-    helper = k.source[k.source.index('define internal void @"geode.stream.float32"') :]
-    helper = helper[: helper.index("\n}")]
-    ids = re.findall(r"!llvm\.loop (![0-9]+)", helper)
-    assert len(ids) == 4 and len(set(ids)) == 4  # a, b, c and pf: one id each
-    for ref in ids:
-        (node,) = re.findall(rf"^{ref} = distinct !\{{{ref}, (![0-9]+)\}}$", k.source, re.M)
-        assert re.search(rf'^{node} = !\{{!"llvm.loop.unroll.disable"\}}$', k.source, re.M)
-    optimized = jit.optimized_ir(k.source, host(), k.opt_level)
-    assert len(re.findall(r"store <\d+ x float> .*!nontemporal", optimized)) == 1
-    # without a loop id maker the helper's loops carry no metadata (and the IR is the same)
-    _, text, _ = stream_function("float32", False, host())
-    assert "!llvm.loop" not in text
-    counter = iter(range(10, 20))
-    _, marked, _ = stream_function("float32", True, host(), loop_id=lambda: f"!{next(counter)}")
-    assert re.findall(r"!llvm\.loop (![0-9]+)", marked) == [f"!{n}" for n in range(10, 16)]
-
-
 def test_kernel_runs_without_the_gil() -> None:
     import threading
 

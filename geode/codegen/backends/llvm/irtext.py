@@ -238,10 +238,6 @@ class ModuleWriter:
         self._globals.setdefault(name, text)
         return "@" + quote_name(name)
 
-    def defines(self, name: str) -> bool:
-        """Whether the global ``name`` is defined (:meth:`add_global`)."""
-        return name in self._globals
-
     def attr_group(self, attrs: str) -> str:
         """``#N`` for an attribute group holding ``attrs`` (shared between functions)."""
         if attrs not in self._attr_groups:

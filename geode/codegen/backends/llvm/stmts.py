@@ -463,21 +463,14 @@ class StmtWriter(ExprWriter):
     def emit_stream(self, s: StreamStore, factor: str | None, divide: bool = False) -> None:
         """Copy stream ``s``; each element multiplied by ``factor`` when given (divided by
         it with ``divide``)."""
-        from geode.codegen.backends.llvm.irloops import Builder
-        from geode.codegen.backends.llvm.streams import stream_function, stream_name
+        from geode.codegen.backends.llvm.streams import stream_function
 
         dt = self.dtypes[s.buffer]
         ty = D.value_type(dt)
         off, soff, n = (self.index(e) for e in (s.offset, s.src_offset, s.length))
         nt = self.convert(self.value(s.nontemporal), "bool").ref
-        name = stream_name(dt, factor is not None, divide)
-        if not self.module.defines(name):
-            _, text, decls = stream_function(
-                dt, factor is not None, self.target, divide, lambda: Builder.no_unroll(self.module)
-            )
-            self.module.add_global(name, text)
-        else:
-            decls = []
+        name, text, decls = stream_function(dt, factor is not None, self.target, divide)
+        self.module.add_global(name, text)
         for d in decls:
             self.module.declare(d.split("@")[1].split("(")[0], d)
         f = self.fn

@@ -11,37 +11,20 @@ element by a factor on the way (softmax's ``e / sum`` straight from registers, a
 sum)``), with whole-vector ordinary stores when not streaming; the ``.divided`` variant
 divides each element by it instead (IEEE division, for a divisor whose reciprocal may
 overflow: a subnormal one).
-
-The helper's loops are already what they should be (whole vectors, a scalar head and tail
-of fewer elements than a vector, one prefetch per line): each carries the loop id the
-caller gives (``loop_id``: a loop LLVM must not unroll), else LLVM's unroller copies them
-(at run time, with remainder loops) in every kernel that streams and the rest of its
-pipeline works through the copies: a sixth of the instructions LLVM's O2 kernels of a
-BERT, GPT-2, Mixer and LLaMA MLP were optimized and compiled with
-(``docs/performance.md``, "LLVM's time per cold compile").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from geode.codegen.backends.llvm import dtypes as D
 
-__all__ = ["stream_function", "stream_name"]
+__all__ = ["stream_function"]
 
 
 def _copy_loop(
-    lbl: str,
-    lo: str,
-    hi: str,
-    ty: str,
-    scale: str | None,
-    after: str,
-    op: str = "fmul",
-    meta: str = "",
+    lbl: str, lo: str, hi: str, ty: str, scale: str | None, after: str, op: str = "fmul"
 ) -> list[str]:
     """Scalar copy ``dst[i] = src[i] (op scale)`` for ``i`` in ``[lo, hi)``, then ``br after``
-    (``op``: ``fmul`` or ``fdiv``; ``meta``: the back edge's ``, !llvm.loop !N`` or empty)."""
+    (``op``: ``fmul`` or ``fdiv``)."""
     mul = [f"  %{lbl}.m = {op} {ty} %{lbl}.v, %s"] if scale else []
     val = f"%{lbl}.m" if scale else f"%{lbl}.v"
     return [
@@ -56,7 +39,7 @@ def _copy_loop(
         f"  store {ty} {val}, ptr %{lbl}.dp",
         f"  %{lbl}.n = add nsw i64 %{lbl}.i, 1",
         f"  %{lbl}.again = icmp slt i64 %{lbl}.n, {hi}",
-        f"  br i1 %{lbl}.again, label %{lbl}, label %{after}{meta}",
+        f"  br i1 %{lbl}.again, label %{lbl}, label %{after}",
     ]
 
 
@@ -71,7 +54,6 @@ def _vector_loop(
     after: str,
     scaled: bool,
     op: str = "fmul",
-    meta: str = "",
 ) -> list[str]:
     vty = f"<{lanes} x {ty}>"
     mul = [f"  %{lbl}.m = {op} {vty} %{lbl}.v, %splat"] if scaled else []
@@ -90,36 +72,22 @@ def _vector_loop(
         f"  store {vty} {val}, ptr %{lbl}.dp{store_tail}",
         f"  %{lbl}.n = add nsw i64 %{lbl}.k, 1",
         f"  %{lbl}.again = icmp slt i64 %{lbl}.n, {nvec}",
-        f"  br i1 %{lbl}.again, label %{lbl}, label %{after}{meta}",
+        f"  br i1 %{lbl}.again, label %{lbl}, label %{after}",
     ]
 
 
-def stream_name(dtype: str, scaled: bool, divide: bool = False) -> str:
-    """The name of the stream copy for ``dtype`` (see :func:`stream_function`)."""
-    return f"geode.stream.{dtype}" + ((".divided" if divide else ".scaled") if scaled else "")
-
-
 def stream_function(
-    dtype: str,
-    scaled: bool,
-    target,
-    divide: bool = False,
-    loop_id: Callable[[], str] | None = None,
+    dtype: str, scaled: bool, target, divide: bool = False
 ) -> tuple[str, str, list[str]]:
     """``(name, IR text, declarations)`` of the stream copy for ``dtype`` (float32/float64
     or an integer type; ``scaled``: floats only, each element multiplied by the factor, or
-    divided by it with ``divide``). ``loop_id`` makes a fresh ``!llvm.loop`` node (``!N``)
-    for each of its loops: one saying not to unroll it (see the module docstring)."""
-
-    def meta() -> str:
-        return f", !llvm.loop {loop_id()}" if loop_id is not None else ""
-
+    divided by it with ``divide``)."""
     ty = D.memory_type(dtype)
     esz = max(1, D.bits(dtype) // 8)
     vb = target.stream_vector_bytes
     lanes = max(1, vb // esz)
     op = "fdiv" if divide else "fmul"
-    name = stream_name(dtype, scaled, divide)
+    name = f"geode.stream.{dtype}" + ((".divided" if divide else ".scaled") if scaled else "")
     params = f"ptr noalias %dst, ptr noalias %src, i64 %n, i1 %nt{f', {ty} %s' if scaled else ''}"
     nt_tail = f", align {vb}, !nontemporal !{{i32 1}}"
     lines = [f'define internal void @"{name}"({params}) nounwind {{', "entry:"]
@@ -145,7 +113,7 @@ def stream_function(
         "a.pre:",
     ]
     sc = "%s" if scaled else None
-    lines += _copy_loop("a", "0", "%head", ty, sc, "b.pre0", op, meta())
+    lines += _copy_loop("a", "0", "%head", ty, sc, "b.pre0", op)
     lines += [
         "b.pre0:",
         "  %rest = sub i64 %n, %head",
@@ -153,9 +121,7 @@ def stream_function(
         "  br label %b.pre",
         "b.pre:",
     ]
-    lines += _vector_loop(
-        "b", "%head", "%nvec", ty, lanes, esz, nt_tail, "c.pre0", scaled, op, meta()
-    )
+    lines += _vector_loop("b", "%head", "%nvec", ty, lanes, esz, nt_tail, "c.pre0", scaled, op)
     lines += [
         "c.pre0:",
         f"  %done0 = mul nsw i64 %nvec, {lanes}",
@@ -163,12 +129,12 @@ def stream_function(
         "  br label %c.pre",
         "c.pre:",
     ]
-    lines += _copy_loop("c", "%tail", "%n", ty, sc, "fin", op, meta())
+    lines += _copy_loop("c", "%tail", "%n", ty, sc, "fin", op)
     lines += ["plain:"]
     if scaled:
         lines += [f"  %pnvec = sdiv i64 %n, {lanes}", "  br label %d.pre", "d.pre:"]
         lines += _vector_loop(
-            "d", "0", "%pnvec", ty, lanes, esz, f", align {esz}", "e.pre0", True, op, meta()
+            "d", "0", "%pnvec", ty, lanes, esz, f", align {esz}", "e.pre0", True, op
         )
         lines += [
             "e.pre0:",
@@ -176,7 +142,7 @@ def stream_function(
             "  br label %e.pre",
             "e.pre:",
         ]
-        lines += _copy_loop("e", "%pdone", "%n", ty, sc, "pf.pre0", op, meta())
+        lines += _copy_loop("e", "%pdone", "%n", ty, sc, "pf.pre0", op)
     else:
         lines += [
             f"  %bytes = mul i64 %n, {esz}",
@@ -198,7 +164,7 @@ def stream_function(
         "  call void @llvm.prefetch.p0(ptr %pp, i32 1, i32 3, i32 1)",
         "  %pl.n = add nsw i64 %pl, 1",
         "  %pagain = icmp slt i64 %pl.n, %nlines",
-        f"  br i1 %pagain, label %pf, label %fin{meta()}",
+        "  br i1 %pagain, label %pf, label %fin",
         "fin:",
         "  ret void",
         "}",
