@@ -172,3 +172,24 @@ def test_short_reduction_loops_stay_vector_loops(stitch):
     gr.output(gr.op("Mul", x, x), names=["y"])
     (k,) = fused(geode.compile(gr))
     assert "llvm.loop.unroll.disable" not in k.llvm  # elementwise loops: LLVM decides
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+def test_one_vector_reduction_loops_stay_vector_loops(name):
+    """Rows of exactly 16 elements: LLVM would unroll the reduction loops fully before
+    vectorizing them, and vectorize the straight-line code only in part; the backend
+    marks them not to be unrolled, and the optimized kernel (O2: no vmath call) reduces
+    whole vectors."""
+    from geode import examples
+    from geode.codegen.backends.llvm import jit
+    from geode.codegen.backends.llvm.target import host
+
+    ex = getattr(examples, name)(hidden=16)
+    model = geode.compile(ex.graph)
+    (k,) = fused(model)
+    assert "llvm.loop.unroll.disable" in k.source
+    assert "llvm.vector.reduce.fadd.v16f32" in jit.optimized_ir(k.source, host(), 2)
+    inputs = ex.make_inputs(np.random.default_rng(2), 37)
+    got, want = model(**inputs), ex.numpy(**inputs)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)

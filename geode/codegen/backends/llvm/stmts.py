@@ -294,11 +294,14 @@ class StmtWriter(ExprWriter):
         """Whether ``s`` is a vectorized reduction loop (a block inside reduces along it)
         of a constant trip count LLVM may unroll fully (at most :data:`MAX_UNROLL`) and
         not a multiple of :data:`WHOLE_VECTORS` (whole vectors unroll into clean vector
-        code; a remainder is what sends LLVM to vectorizing the row loop instead)."""
+        code; a remainder is what sends LLVM to vectorizing the row loop instead), or
+        exactly one vector: LLVM unrolls a loop that short before its loop vectorizer sees
+        it, and SLP vectorizes the straight-line code only in part (RMSNorm over rows of
+        16 8x slower, LayerNorm 2.7x; ``docs/performance.md``)."""
         if not isinstance(s, For) or s.kind is not ForKind.VECTORIZED:
             return False
         n = fold_int(self.fold(s.extent))
-        if n is None or n > MAX_UNROLL or n % WHOLE_VECTORS == 0:
+        if n is None or n > MAX_UNROLL or (n % WHOLE_VECTORS == 0 and n != WHOLE_VECTORS):
             return False
         return any(
             isinstance(b, Block)
