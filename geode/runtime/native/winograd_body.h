@@ -222,6 +222,22 @@ static inline __attribute__((always_inline)) void WF(cols4)(const float *p, v8 *
     c[3] = __builtin_shuffle(p13, q13, hi);
 }
 
+/* B^T d B of one lane vector's 6 x 6 windows d, its 36 points stored at
+   out + point * xs (xs: one point's matrix). */
+static inline __attribute__((always_inline)) void WF(input_points)(v8 d[6][6], float *out,
+                                                                   int64_t xs)
+{
+    v8 t[6][6];
+    for (int q = 0; q < 6; q++)
+        WF(bt6)(&d[0][q], 6, &t[0][q], 6); /* down each column */
+    for (int i = 0; i < 6; i++) {
+        v8 r[6];
+        WF(bt6)(t[i], 1, r, 1); /* along each row */
+        for (int q = 0; q < 6; q++)
+            vstore(out + (6 * i + q) * xs, r[q]);
+    }
+}
+
 /* V = B^T d B for every input channel of one item into v ([36][c][tb]). */
 static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, float *rowbuf)
 {
@@ -233,7 +249,7 @@ static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, fl
         const float *rows[6];
         WF(input_rows)(g, plane, 4 * it->ty - g->pt, 6, col0, span, rowbuf, rows);
         for (int64_t j = 0; j < it->nv; j++) {
-            v8 d[6][6], t[6][6];
+            v8 d[6][6];
             const v8i next = {1, 2, 3, 4, 5, 6, 7, 8};
             for (int i = 0; i < 6; i++) {
                 const float *p = rows[i] + 32 * j;
@@ -242,15 +258,7 @@ static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, fl
                 d[i][4] = __builtin_shuffle(d[i][0], vsplat(p[32]), next);
                 d[i][5] = __builtin_shuffle(d[i][1], vsplat(p[33]), next);
             }
-            for (int q = 0; q < 6; q++)
-                WF(bt6)(&d[0][q], 6, &t[0][q], 6); /* down each column */
-            float *out = v + ch * tb + 8 * j;
-            for (int i = 0; i < 6; i++) {
-                v8 r[6];
-                WF(bt6)(t[i], 1, r, 1); /* along each row */
-                for (int q = 0; q < 6; q++)
-                    vstore(out + (6 * i + q) * xs, r[q]);
-            }
+            WF(input_points)(d, v + ch * tb + 8 * j, xs);
         }
     }
 }
@@ -276,7 +284,7 @@ static void WF(input_transform4_rows)(const wino_t *g, const item_t *it, float *
             for (int64_t s = 0; s < rp; s++)
                 WF(input_rows)(g, plane, 4 * (it->ty + rp * j + s) - g->pt, 6, -g->pl, span,
                                rowbuf + 6 * s * WROW, rows[s]);
-            v8 d[6][6], t[6][6];
+            v8 d[6][6];
             for (int i = 0; i < 6; i++) {
                 float q32[32];
                 for (int k = 0; k < 4; k++) { /* floats 8 k.. of the lanes' 32 columns */
@@ -293,15 +301,7 @@ static void WF(input_transform4_rows)(const wino_t *g, const item_t *it, float *
                 d[i][4] = c4;
                 d[i][5] = c5;
             }
-            for (int q = 0; q < 6; q++)
-                WF(bt6)(&d[0][q], 6, &t[0][q], 6); /* down each column */
-            float *out = v + ch * tb + 8 * j;
-            for (int i = 0; i < 6; i++) {
-                v8 r[6];
-                WF(bt6)(t[i], 1, r, 1); /* along each row */
-                for (int q = 0; q < 6; q++)
-                    vstore(out + (6 * i + q) * xs, r[q]);
-            }
+            WF(input_points)(d, v + ch * tb + 8 * j, xs);
         }
     }
 }
@@ -319,6 +319,37 @@ static inline __attribute__((always_inline)) void WF(at6)(const v8 *m, int sm, v
     out[3 * so] = d12 + eight * d34 + m[5 * sm];
 }
 
+/* The column half of an F(4x4) output transform: a[i][q] = (A^T m)[i][q] for the
+   36 points of one lane vector, m[xi] read at m0 + xi * WR * tb (m0: the vector's first
+   point). */
+static inline __attribute__((always_inline)) void WF(output_columns)(const float *m0, int64_t tb, v8 a[4][6])
+{
+    v8 m[36];
+    for (int xi = 0; xi < 36; xi++)
+        m[xi] = vload(m0 + xi * WR * tb);
+    for (int q = 0; q < 6; q++)
+        WF(at6)(&m[q], 6, &a[0][q], 6);
+}
+
+/* Output row i of the lane vector's tiles from its column half (ai = a[i]): the row
+   half of the transform, plus bias, turned from point-major to column-major: o[k] holds
+   the 4 outputs of 2 tiles' row, in output order. */
+static inline __attribute__((always_inline)) void WF(output_row)(const v8 ai[6], v8 bias, v8 o[4])
+{
+    v8 y[4];
+    WF(at6)(ai, 1, y, 1);
+    for (int q = 0; q < 4; q++)
+        y[q] += bias;
+    const v8 e = __builtin_shuffle(y[0], y[2], ZIP_LO);
+    const v8 f = __builtin_shuffle(y[1], y[3], ZIP_LO);
+    const v8 e2 = __builtin_shuffle(y[0], y[2], ZIP_HI);
+    const v8 f2 = __builtin_shuffle(y[1], y[3], ZIP_HI);
+    o[0] = __builtin_shuffle(e, f, ZIP_LO);
+    o[1] = __builtin_shuffle(e, f, ZIP_HI);
+    o[2] = __builtin_shuffle(e2, f2, ZIP_LO);
+    o[3] = __builtin_shuffle(e2, f2, ZIP_HI);
+}
+
 /* Y = A^T m A for output channel co (m: mb[xi][r][tb], 36 positions), then bias,
    residual, Relu. */
 static void WF(output_transform4)(const wino_t *g, const item_t *it, const float *mb, int r,
@@ -331,26 +362,15 @@ static void WF(output_transform4)(const wino_t *g, const item_t *it, const float
         const int64_t ox = 4 * (it->tx0 + 8 * j);
         if (ox >= g->ow)
             break;
-        v8 m[36], a[4][6];
-        for (int xi = 0; xi < 36; xi++)
-            m[xi] = vload(mb + (xi * WR + r) * tb + 8 * j);
-        for (int q = 0; q < 6; q++)
-            WF(at6)(&m[q], 6, &a[0][q], 6);
+        v8 a[4][6];
+        WF(output_columns)(mb + r * tb + 8 * j, tb, a);
         const int64_t count = g->ow - ox < 32 ? g->ow - ox : 32;
         for (int i = 0; i < 4; i++) {
             const int64_t oy = 4 * it->ty + i;
             if (oy >= g->oh)
                 break;
-            v8 y[4];
-            WF(at6)(a[i], 1, y, 1);
-            for (int q = 0; q < 4; q++)
-                y[q] += bias;
-            const v8 e = __builtin_shuffle(y[0], y[2], ZIP_LO);
-            const v8 f = __builtin_shuffle(y[1], y[3], ZIP_LO);
-            const v8 e2 = __builtin_shuffle(y[0], y[2], ZIP_HI);
-            const v8 f2 = __builtin_shuffle(y[1], y[3], ZIP_HI);
-            v8 o[4] = {__builtin_shuffle(e, f, ZIP_LO), __builtin_shuffle(e, f, ZIP_HI),
-                       __builtin_shuffle(e2, f2, ZIP_LO), __builtin_shuffle(e2, f2, ZIP_HI)};
+            v8 o[4];
+            WF(output_row)(a[i], bias, o);
             WF(store_row)(g, g->y + plane + oy * g->ow + ox,
                           g->z != NULL ? g->z + plane + oy * g->ow + ox : NULL, o, 4, count);
         }
@@ -368,22 +388,11 @@ static void WF(output_transform4_rows)(const wino_t *g, const item_t *it, const 
     const int64_t plane = (it->n * g->m + co) * g->oh * g->ow;
     const int64_t count = g->ow < seg ? g->ow : seg; /* the row's columns */
     for (int64_t j = 0; j < it->nv; j++) {
-        v8 m[36], a[4][6];
-        for (int xi = 0; xi < 36; xi++)
-            m[xi] = vload(mb + (xi * WR + r) * tb + 8 * j);
-        for (int q = 0; q < 6; q++)
-            WF(at6)(&m[q], 6, &a[0][q], 6);
+        v8 a[4][6];
+        WF(output_columns)(mb + r * tb + 8 * j, tb, a);
         for (int i = 0; i < 4; i++) {
-            v8 y[4];
-            WF(at6)(a[i], 1, y, 1);
-            for (int q = 0; q < 4; q++)
-                y[q] += bias;
-            const v8 e = __builtin_shuffle(y[0], y[2], ZIP_LO);
-            const v8 f = __builtin_shuffle(y[1], y[3], ZIP_LO);
-            const v8 e2 = __builtin_shuffle(y[0], y[2], ZIP_HI);
-            const v8 f2 = __builtin_shuffle(y[1], y[3], ZIP_HI);
-            v8 o[4] = {__builtin_shuffle(e, f, ZIP_LO), __builtin_shuffle(e, f, ZIP_HI),
-                       __builtin_shuffle(e2, f2, ZIP_LO), __builtin_shuffle(e2, f2, ZIP_HI)};
+            v8 o[4];
+            WF(output_row)(a[i], bias, o);
             for (int64_t s = 0; s < rp; s++) { /* seg floats of o a row of the group */
                 const int64_t oy = 4 * (it->ty + rp * j + s) + i;
                 if (oy >= g->oh)
