@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import geode.config as config
 from geode.codegen import driver
+from geode.codegen.ast import forget_expression_memos
 from geode.codegen.cache import maybe_prune
 from geode.codegen.epilogues import attach_epilogues
 from geode.codegen.lower import make_can_lower
@@ -427,6 +428,7 @@ def compile_graph(c: Compilation) -> Compilation:
             c.timings[name] = time.perf_counter() - t
     finally:
         _abandon_unlinked(c)
+        forget_expression_memos()
     tm = c.timings
     tm["passes"] = tm["verify"] + tm["infer_shapes"] + tm["graph_passes"]
     tm["codegen"] = sum(tm[s] for s in ("fuse", "lower", "schedule", "emit", "bind"))

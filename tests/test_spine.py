@@ -117,3 +117,20 @@ def test_gemm_epilogues_are_emitted_first_and_the_kernels_keep_their_order(
     feeds = {"x": rng.standard_normal((5, 16)).astype(np.float32)}
     want = geode.compile(g, codegen=False).run(feeds)["y"]
     np.testing.assert_allclose(model.run(feeds)["y"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_compile_leaves_no_expression_memos() -> None:
+    """The per-expression memos of ``codegen.ast`` hold the expressions they were asked
+    about: a whole compile drops them at its end, so compiling model after model keeps
+    none (the slow RSS test in tests/e2e/test_memory_growth.py measures the process)."""
+    from geode.codegen import ast as cast
+
+    memos = (cast._preorder_of, cast._vars_of, cast._loads_of)
+    cast.free_vars(cast.Bin("+", cast.Var("a"), cast.Var("b")))  # something memoized
+    assert cast._vars_of.cache_info().currsize > 0
+    ex = examples.layernorm(hidden=48)
+    model = geode.compile(ex.graph, model_cache=False)
+    assert [m.cache_info().currsize for m in memos] == [0, 0, 0]
+    feeds = ex.make_inputs(np.random.default_rng(0), 3)
+    for name, want in ex.numpy(**feeds).items():
+        np.testing.assert_allclose(model(**feeds)[name], want, rtol=1e-5, atol=1e-5)

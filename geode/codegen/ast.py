@@ -422,6 +422,16 @@ def _loads_of(key: _Identity) -> tuple[Load, ...]:
     return tuple(x for x in _preorder_of(key) if isinstance(x, Load))
 
 
+def forget_expression_memos() -> None:
+    """Drop the per-expression memos (pre-order walks, free variables, loads). Each holds
+    the expressions it was asked about, and a compile's expressions are its own: the
+    spine drops them when a compile ends, so a process compiling model after model keeps
+    none of them (the memos' bound alone let RSS grow by about 2.5 MB)."""
+    _preorder_of.cache_clear()
+    _vars_of.cache_clear()
+    _loads_of.cache_clear()
+
+
 def free_vars(e: Expr) -> set[str]:
     """Names of variables an expression reads (kept per expression like :func:`walk`'s
     lists; a new set each call)."""
