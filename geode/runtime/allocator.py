@@ -64,6 +64,12 @@ def spread_offset(taken: Sequence[int]) -> int:
     return (mid - mid % ALIGNMENT) % PAGE
 
 
+def lent(nbytes: int) -> bool:
+    """Whether :meth:`OutputPool.empty` lends an array of ``nbytes`` from its blocks
+    (else numpy allocates it): the one place the threshold is read."""
+    return nbytes >= MIN_POOLED_BYTES
+
+
 class OutputPool:
     """Blocks of memory lent out as large arrays, kept by exact byte size, bounded in
     total bytes; a block is lent again once nothing else refers to it (see the module
@@ -84,7 +90,7 @@ class OutputPool:
         values there are ignored)."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
-        if nbytes < MIN_POOLED_BYTES:
+        if not lent(nbytes):
             return np.empty(shape, dtype)
         size = nbytes + PAGE  # the slack lets the array start at any page offset
         block = self._lend(size)

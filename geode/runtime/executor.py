@@ -22,7 +22,7 @@ from geode.errors import (
     UnexpectedInputError,
 )
 from geode.runtime import memlimit
-from geode.runtime.allocator import MIN_POOLED_BYTES, OutputPool
+from geode.runtime.allocator import OutputPool, lent
 from geode.runtime.memory import Arena
 from geode.runtime.plan import BroadcastConstraint, Plan
 from geode.runtime.var_manager import VarManager
@@ -384,7 +384,7 @@ class Executor:
                 outs.append(self.arena.view(layout.offsets[o], shape, slot.dtype))
             elif o in self._output_roots and step.engine == "aicore" and slot.shape is not None:
                 shape = _output_shape(step.name, slot, env)
-                pooled = memlimit.nbytes(shape, slot.dtype.itemsize) >= MIN_POOLED_BYTES
+                pooled = lent(memlimit.nbytes(shape, slot.dtype.itemsize))
                 outs.append((shape, slot.dtype, pooled))
             else:
                 outs.append(None)
