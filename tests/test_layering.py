@@ -40,6 +40,11 @@ module's name cut to three parts (``geode.compiler.ops.nn`` -> ``geode.compiler.
 ``geode.compiler.ir`` stays itself), so ``ir.py`` and the op registry are two
 packages, while the modules of one subpackage may import each other freely.
 
+No module imports another's private name (architecture rule 5): ``from geode.x import
+_name`` is allowed only when ``_name`` is a module of the importer's own package (a
+package-private module, such as a C extension) or is listed in ``geode.x``'s
+``__all__`` (declared public; the names generated kernels import, ``_g_*``, are).
+
 A failure names the importing file and line and the imported module.
 """
 
@@ -279,6 +284,55 @@ def package_cycles(edges: list[Edge]) -> list[str]:
     return out
 
 
+def _declared_public(source: str) -> frozenset[str]:
+    """The names a module lists in its ``__all__`` (a literal list or tuple; empty when it
+    has none)."""
+    for node in ast.parse(source).body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+            and isinstance(node.value, (ast.List, ast.Tuple))
+        ):
+            return frozenset(e.value for e in node.value.elts if isinstance(e, ast.Constant))
+    return frozenset()
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(sources: dict[str, tuple[str, str, bool]]) -> list[str]:
+    """One message per import of another module's private name (rule 5): a ``_name``
+    that is neither a module of the importer's own package nor in its module's
+    ``__all__``, and a private module imported from outside its package."""
+    known = set(sources)
+    public = {m: _declared_public(src) for m, (_, src, _) in sources.items()}
+    bad = []
+    for mod, (where, src, is_pkg) in sorted(sources.items()):
+        own = mod if is_pkg else mod.rpartition(".")[0]
+        for e in imports_of(mod, src, where, known, is_pkg):
+            parts = e.imported.split(".")
+            for i, part in enumerate(parts):
+                inside = mod == ".".join(parts[:i]) or own.startswith(".".join(parts[:i]))
+                if _is_private(part) and not inside:
+                    bad.append(f"{e.where}: {mod} imports the private module {e.imported}")
+        for line, level, base, names, is_from in _import_nodes(src):
+            if not is_from:
+                continue
+            if level:
+                pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            if not (base == "geode" or base.startswith("geode.")):
+                continue
+            for name in names:
+                if not _is_private(name) or f"{base}.{name}" in known or base == mod:
+                    continue  # a public name, a module (checked above), or its own
+                if name not in public.get(base, frozenset()):
+                    bad.append(f"{where}:{line}: {mod} imports {base}'s private name {name}")
+    return bad
+
+
 def test_every_module_has_a_layer() -> None:
     missing = [m for m in read_tree(ROOT) if layer_of(m) is None]
     assert not missing, f"modules with no layer (add them to LAYER_OF): {missing}"
@@ -292,6 +346,43 @@ def test_no_import_against_the_layers() -> None:
 def test_no_import_cycle_between_packages() -> None:
     bad = package_cycles(scan(read_tree(ROOT)))
     assert not bad, "\n".join(bad)
+
+
+def test_no_import_of_another_modules_private_name() -> None:
+    bad = private_imports(read_tree(ROOT))
+    assert not bad, "imports of private names (rule 5):\n" + "\n".join(bad)
+
+
+def test_checker_catches_a_private_name_and_a_private_module() -> None:
+    sources = {
+        "geode.codegen.lower": (
+            "geode/codegen/lower.py",
+            "_HIDDEN = 1\n__all__ = ['_g_declared', 'lower']\n",
+            False,
+        ),
+        "geode.codegen.user": (
+            "geode/codegen/user.py",
+            "def f():\n    from geode.codegen.lower import _HIDDEN, _g_declared, lower\n",
+            False,
+        ),
+        "geode.runtime.native": (
+            "geode/runtime/native/__init__.py",
+            "from geode.runtime.native import _ext\n",  # its own private module: allowed
+            True,
+        ),
+        "geode.runtime.native._ext": ("geode/runtime/native/_ext.py", "", False),
+        "geode.runtime.engines": (
+            "geode/runtime/engines.py",
+            "from .native import _ext\n",
+            False,
+        ),
+    }
+    assert private_imports(sources) == [
+        "geode/codegen/user.py:2: geode.codegen.user imports geode.codegen.lower's private "
+        "name _HIDDEN",
+        "geode/runtime/engines.py:1: geode.runtime.engines imports the private module "
+        "geode.runtime.native._ext",
+    ]
 
 
 def test_checker_catches_a_planted_upward_import() -> None:

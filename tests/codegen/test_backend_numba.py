@@ -40,6 +40,8 @@ from geode.codegen.ast import (
 )
 from geode.codegen.backends import chunks
 from geode.codegen.backends import numba as nb
+from geode.codegen.backends.numba import kernel as nb_kernel
+from geode.codegen.backends.numba import pysource as nb_pysource
 from geode.config import ACCURACY_POLICY, OptionError
 from geode.errors import CodegenError
 
@@ -902,7 +904,7 @@ EXACT_FLOAT = {
 
 
 def test_op_lists_cover_ast() -> None:
-    assert nb._implemented_ops() == (set(BIN_OPS), set(UN_OPS))
+    assert nb_pysource._implemented_ops() == (set(BIN_OPS), set(UN_OPS))
     assert (
         set(FLOAT_BIN) | set(CMP) | set(LOGIC) | {"bitand", "bitor", "bitxor", "shl", "shr"}
         == BIN_OPS
@@ -2286,7 +2288,7 @@ def test_compile_settings_interleave_reach_llvm() -> None:
             for i in range(x.shape[0]):
                 y[i] = x[i] / (x[i] + np.float32(1.0))
 
-        with nb._numba_compile_settings(interleave):
+        with nb_kernel._numba_compile_settings(interleave):
             f.compile((numba.float32[::1], numba.float32[::1]))
         return len(re.findall(rf"vdivps\s+%{reg}", f.inspect_asm(f.signatures[0])))
 
@@ -2423,9 +2425,9 @@ def test_nontemporal_stores_print_plain_where_they_cannot_stream(what: str) -> N
 def fresh_memo():
     """An empty kernel memo, so the test's kernel is compiled afresh (its chunk functions
     in the state compile_kernel leaves them)."""
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     yield
-    nb._memo.clear()
+    nb_kernel._memo.clear()
 
 
 def _aligned_and_not(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -2574,7 +2576,7 @@ def test_plain_chunk_function_gets_a_cache_entry_of_its_own(tmp_path, fresh_memo
     after = {d.name: d for d in area.iterdir()}
     assert len(after) == 2 and set(entries) < set(after)
     assert all((after[n] / "manifest.json").read_bytes() == m for n, m in entries.items())
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     again = nb.compile_kernel(kern, cache_dir=tmp_path)
     assert again.from_cache
     y = _aligned_and_not(3, 128)[1]
@@ -2601,14 +2603,14 @@ def test_corrupt_cache_entry_of_the_plain_chunk_function_is_rebuilt(tmp_path, fr
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     data.write_bytes(bytes(raw))
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     again = nb.compile_kernel(kern, cache_dir=tmp_path)
     y = _aligned_and_not(3, 64)[1]
     again(x, y, 3, 64)
     assert_close(y, want, "float32")
     plain = next(iter(again._chunk_fns))
     assert again._chunk_fns[plain].cache_hits == 0, "a corrupt entry was trusted"
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     third = nb.compile_kernel(kern, cache_dir=tmp_path)
     third(x, y, 3, 64)
     assert third._chunk_fns[plain].cache_hits > 0, "the rebuilt entry was not reused"

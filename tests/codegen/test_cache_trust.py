@@ -32,6 +32,7 @@ from geode.codegen.backends import numba as nb
 from geode.codegen.backends.llvm import kernel as kernel_mod
 from geode.codegen.backends.llvm import objcache
 from geode.codegen.backends.llvm.kernel import compile_kernel
+from geode.codegen.backends.numba import kernel as nb_kernel
 
 
 @pytest.fixture
@@ -46,10 +47,10 @@ def config_home(tmp_path, monkeypatch):
 def fresh_memos():
     """Forget kernels compiled in this process, so compiles go to the disk cache."""
     kernel_mod.forget_kernels()
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     yield
     kernel_mod.forget_kernels()
-    nb._memo.clear()
+    nb_kernel._memo.clear()
 
 
 @contextlib.contextmanager
@@ -275,7 +276,7 @@ def test_a_fifo_in_place_of_a_cache_file_never_blocks(tmp_path, fresh_memos, whi
 
 
 def numba_compile(cache: Path) -> nb.NumbaKernel:
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     k = nb.compile_kernel(numba_kernel(2.5, parallel=False), cache_dir=cache)
     numba_check(k, 2.5)
     return k

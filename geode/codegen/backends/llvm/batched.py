@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 
-from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
+from geode.codegen.backends.llvm.library import GEMM_DECL, TYPES, gemm_call
 from geode.codegen.backends.llvm.ssa import SsaWriter
 
 __all__ = ["SMALL_GEMM", "batched_matmul_ir", "batched_matmul_kernel"]
@@ -35,7 +35,7 @@ _FIXED = 7
 
 def _chunk_fn(name: str, dtype: str, nb: int) -> list[str]:
     """``void @name.chunk(ctx, t, n)``: matrix ``t`` of ``Y``."""
-    ty = _TYPES[dtype][0]
+    ty = TYPES[dtype][0]
     w = SsaWriter()
     a, b, y, m, n, k, threads = (w.word("%ctx", i) for i in range(_FIXED))
     rest, a_off, b_off = "%c", "0", "0"
@@ -116,7 +116,7 @@ def _batch_dims(w: SsaWriter, ad: list, bd: list, yd: list) -> list[tuple[str, s
 
 def batched_matmul_ir(dtype: str, ra: int, rb: int) -> tuple[str, str]:
     """``(entry name, module IR)`` of the batched MatMul (see the module docstring)."""
-    _, letter, item = _TYPES[dtype]
+    _, letter, item = TYPES[dtype]
     ry = max(ra, rb)
     name = f"geode_bmm_{letter}_a{ra}_b{rb}"
     w = SsaWriter()
@@ -188,7 +188,7 @@ def batched_matmul_kernel(
     from geode.codegen.backends.llvm.target import host
 
     lib = blas()
-    if lib is None or dtype not in _TYPES or min(ra, rb) < 2 or max(ra, rb) < 3:
+    if lib is None or dtype not in TYPES or min(ra, rb) < 2 or max(ra, rb) < 3:
         return None
     share_pool(lib)
     name, ir = batched_matmul_ir(dtype, ra, rb)

@@ -59,7 +59,7 @@ from typing import Any
 
 from geode.codegen.backends.llvm import jit
 from geode.codegen.backends.llvm.kernel import build_module
-from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
+from geode.codegen.backends.llvm.library import GEMM_DECL, TYPES, gemm_call
 from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.codegen.backends.llvm.packed import PACKED_DECL, packed_call, packed_check
 from geode.codegen.backends.llvm.ssa import SsaWriter
@@ -494,7 +494,7 @@ def _fail(w: SsaWriter, v: dict[str, str], status: str) -> None:
 def _chunk(sp: DenseSpec, item: int) -> list[str]:
     """``void @D.chunk(ctx, c, n)``: panel ``c`` (matrix ``c / P``, rows from
     ``(c mod P) x mb``): GEMM, epilogue, second GEMM (see the module docstring)."""
-    ty = _TYPES[sp.dtype][0]
+    ty = TYPES[sp.dtype][0]
     w = SsaWriter()
     n_rec = sum(2 + _inner_rank(a) for a in sp.inner)
     v = {
@@ -572,7 +572,7 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
     """``O[r0:r0+rows] = P @ V_t`` (zeros when N is 0; nothing when D is 0); with a
     residual ``R``, O's panel is first a copy of R's and the GEMM adds its sums to it
     (``beta`` 1: each element its sum from zero plus R's value, the bits of ``Add``)."""
-    ty = _TYPES[sp.dtype][0]
+    ty = TYPES[sp.dtype][0]
     nd = w.tmp(f"mul i64 {v['N']}, {v['D']}")
     v_el = w.op("mul", off["v"], nd)
     pv = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['V']}, i64 {v_el}")
@@ -603,7 +603,7 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
 
 def dense_ir(sp: DenseSpec) -> str:
     """The entry's module (see the module docstring)."""
-    item = _TYPES[sp.dtype][2]
+    item = TYPES[sp.dtype][2]
     if (sp.sibling and not sp.packed_n) or (sp.residual and not sp.packed_d):
         raise CodegenError(f"{sp.name}: a sibling GEMM needs B, a residual V, packed once")
     head = [

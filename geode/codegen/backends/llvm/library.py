@@ -26,9 +26,10 @@ import numpy as np
 
 from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted
 
-__all__ = ["Blas", "blas", "matmul_kernel", "share_pool"]
+__all__ = ["TYPES", "Blas", "blas", "matmul_kernel", "share_pool"]
 
-_TYPES = {"float32": ("float", "s", 4), "float64": ("double", "d", 8)}
+#: the dtypes the BLAS GEMMs take: LLVM element type, BLAS letter, bytes per element
+TYPES = {"float32": ("float", "s", 4), "float64": ("double", "d", 8)}
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Blas:
 
     def symbol(self, dtype: str) -> str:
         """The name geode links the ``dtype`` GEMM under (its address is imported)."""
-        return f"geode_blas_{_TYPES[dtype][1]}gemm"
+        return f"geode_blas_{TYPES[dtype][1]}gemm"
 
     def address(self, dtype: str) -> int:
         return self.sgemm if dtype == "float32" else self.dgemm
@@ -157,7 +158,7 @@ def _shape_text(rank: int, last: str) -> str:
 
 def matmul_ir(dtype: str, rank: int) -> tuple[str, str]:
     """``(entry name, module IR)`` of ``Y = A @ B`` for ``A`` of rank ``rank``."""
-    _, letter, item = _TYPES[dtype]
+    _, letter, item = TYPES[dtype]
     name = f"geode_matmul_{letter}_r{rank}"
     lines = [
         GEMM_DECL,
@@ -257,7 +258,7 @@ def matmul_kernel(dtype: str, rank: int, cache_dir: str | None = None):  # -> LL
     from geode.codegen.backends.llvm.target import host
 
     lib = blas()
-    if lib is None or dtype not in _TYPES or rank < 2:
+    if lib is None or dtype not in TYPES or rank < 2:
         return None
     share_pool(lib)
     name, ir = matmul_ir(dtype, rank)

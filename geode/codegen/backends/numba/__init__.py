@@ -208,8 +208,7 @@ from geode.codegen.backends import target as _target
 
 _target.configure()  # before the rooms below build numba's CPU target
 
-# the names generated kernels import from this package (``_g_*``), the public API, and
-# the internals the backend's tests reach
+# the names generated kernels import from this package (``_g_*``) and the public API
 from geode.codegen.backends.chunks import _g_addr, _g_launch, _g_ptr  # noqa: E402
 from geode.codegen.backends.numba.emitter import emit_source  # noqa: E402
 from geode.codegen.backends.numba.helpers import (  # noqa: E402
@@ -254,14 +253,11 @@ from geode.codegen.backends.numba.helpers import (  # noqa: E402
 )
 from geode.codegen.backends.numba.kernel import (  # noqa: E402
     NumbaKernel,
-    _memo,
-    _numba_compile_settings,
     clamp_threads,
     compile_kernel,
     get_num_threads,
     set_num_threads,
 )
-from geode.codegen.backends.numba.pysource import _implemented_ops  # noqa: E402
 
 __all__ = [
     "DEFAULT_FLAGS",

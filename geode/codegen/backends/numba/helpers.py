@@ -18,6 +18,51 @@ from llvmlite import ir as llir
 from numba import types as nbt
 from numba.extending import intrinsic
 
+# the generated kernels import the ``_g_*`` names (a prefix reserved for them, so no
+# generated variable shadows one): public to the backend despite the underscore
+__all__ = [
+    "DEFAULT_FLAGS",
+    "FASTMATH_FLAGS",
+    "MAX_REGISTER_UNROLL",
+    "MAX_UNROLL",
+    "PREFETCH_HELPERS",
+    "SLP_VECTORIZE",
+    "backend_fingerprint",
+    "_g_f2h",
+    "_g_fdiv",
+    "_g_fmax",
+    "_g_fmin",
+    "_g_fmodi",
+    "_g_freeze",
+    "_g_fsign",
+    "_g_h2f",
+    "_g_ipow",
+    "_g_isign",
+    "_g_maximum",
+    "_g_maxnum_nn",
+    "_g_minimum",
+    "_g_minnum_nn",
+    "_g_mod",
+    "_g_nanguard",
+    "_g_ntstore",
+    "_g_prefetch",
+    "_g_prefetch_l2",
+    "_g_rh",
+    "_g_sfence",
+    "_g_shl",
+    "_g_shr",
+    "_g_stream",
+    "_g_stream_divided",
+    "_g_stream_scaled",
+    "_g_tdiv",
+    "_g_udiv",
+    "_g_umod",
+    "_g_upow",
+    "_g_ushl",
+    "_g_ushr",
+    "_g_vector_start",
+]
+
 #: LLVM fast-math flags used when ``fastmath=True`` (see ``config.ACCURACY_POLICY``).
 FASTMATH_FLAGS: frozenset[str] = frozenset(
     ["nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"]
