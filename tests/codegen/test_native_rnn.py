@@ -261,6 +261,29 @@ def test_panel_form_with_16_vector_registers(monkeypatch) -> None:
             np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
 
 
+def test_panel_blocks_of_few_rows_prefetch_their_panels() -> None:
+    """Blocks of at most ``PREFETCH_MAX_ROWS`` rows prefetch the panel rows
+    ``PREFETCH_AHEAD`` ahead of their loop (one prefetch per group and ``k``), larger
+    blocks do not; the results are checked by every other test (a prefetch changes no
+    value)."""
+    from geode.codegen.backends.llvm import lstm_panels as lp
+    from geode.codegen.backends.llvm.irtext import ModuleWriter
+
+    def prefetches(block_rows: int) -> int:
+        module = ModuleWriter("m")
+        fn = lp.panel_product_function(module, "p", "float", 4, 32, 16, block_rows, "")
+        return fn.text().count("@llvm.prefetch.p0(")
+
+    assert lp.PREFETCH_MAX_ROWS == 2 and lp.PREFETCH_AHEAD > 0
+    # blocks of 8 rows: the full blocks and the 4-row tail none; the 2- and 1-row tails
+    # all groups in one pass, one prefetch per group each
+    assert prefetches(8) == 2 * lp.GROUPS
+    # blocks of 4 rows (16 vector registers): the 2- and 1-row tails only
+    assert prefetches(4) == 2 * lp.GROUPS
+    # blocks of 2 rows: the full blocks too (a pass per group) and the 1-row tail
+    assert prefetches(2) == 2 * lp.GROUPS
+
+
 @pytest.mark.parametrize(
     "seq, batch, size, opt",
     [
