@@ -13,7 +13,14 @@ from onnx import TensorProto, helper
 from test_native_rnn import ALL, DIRS, TOL, lstm_inputs, lstm_model
 
 import geode
-from geode.codegen.backends.llvm.lstm import MIN_PARALLEL_FMAS, LstmSpec, lstm_kernel, panel_lanes
+from geode.codegen.backends.llvm.lstm import (
+    MIN_PARALLEL_FMAS,
+    MIN_SPLIT_ROWS,
+    ROW_BLOCK,
+    LstmSpec,
+    lstm_kernel,
+    panel_lanes,
+)
 from geode.codegen.backends.llvm.lstm_panels import PANEL_MIN_BATCH
 from geode.codegen.backends.llvm.target import host
 from geode.codegen.packed_weights import choose_lstm_packing, lstm_panels, packed_value
@@ -78,13 +85,24 @@ def test_kernel_given_packed_weights_matches_reference_and_per_call(direction, l
                     np.testing.assert_array_equal(g, r)
 
 
+def _by_row_blocks(batch: int, threads: int) -> bool:
+    """Whether a batch-first direction's steps on ``threads`` threads run as one launch of
+    a chunk per row block (``lstm._Steps``): the items split the batch by rows (at least
+    ``MIN_SPLIT_ROWS`` a thread) into at most a block per thread."""
+    share = -(-batch // threads)
+    rows = min(share, ROW_BLOCK)
+    return share >= MIN_SPLIT_ROWS and rows < batch and -(-batch // rows) <= threads
+
+
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
-@pytest.mark.parametrize("batch", [1, 13])
-def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, batch) -> None:
+@pytest.mark.parametrize("batch, hidden", [(1, 37), (4, 64), (13, 37), (40, 37)])
+def test_kernel_given_packed_weights_same_bits_on_any_thread_count(
+    direction, batch, hidden
+) -> None:
     """The same bits on 1, 2 and 3 threads (the projection's packed-weight GEMM split over
-    the pool by panels of its columns, in the steps' stepped launch or on its own), and
-    the reference's results."""
-    hidden, size = 37, 40
+    the pool by panels of its columns, in the steps' stepped launch or on its own, or by
+    row blocks in their own chunks), and the reference's results."""
+    size = 40
     seq = 24 if batch == 1 else 4  # the projection's GEMM big enough to split either way
     ins = lstm_inputs(
         np.random.default_rng(5), "float32", hidden, size, direction, 1, seq, batch, ALL
@@ -100,12 +118,22 @@ def test_kernel_given_packed_weights_same_bits_on_any_thread_count(direction, ba
         launched[threads] = native.pool_info()["launches"] - before["launches"]
         stepped[threads] = native.pool_info()["stepped_launches"] - before["stepped_launches"]
         results[threads] = outs
-    # one thread: no launch; more, per direction: from batch 13 (enough multiply-adds)
-    # one stepped launch, the projection its step 0 and the steps after it; at batch 1,
+    # one thread: no launch; more, one launch per direction: with enough multiply-adds
+    # a launch of a chunk per row block (each its rows' projection and steps, no barrier)
+    # or one stepped launch (the projection its step 0, the steps after it); at batch 1
     # the projection's packed GEMM's launch, the steps on the calling thread
-    steps = DIRS[direction] if batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS else 0
+    pooled = batch * hidden * 4 * hidden >= MIN_PARALLEL_FMAS
+    assert pooled == (batch > 1)
     assert launched[1] == 0 and launched[2] == launched[3] == DIRS[direction]
-    assert stepped == {1: 0, 2: steps, 3: steps}
+    want_stepped = {
+        threads: DIRS[direction] if pooled and not _by_row_blocks(batch, threads) else 0
+        for threads in (2, 3)
+    }
+    assert stepped == {1: 0, **want_stepped}
+    # the rule's cases: batch 4 stepped (2 rows a thread), 13 by blocks (7 and 5 rows a
+    # thread), 40 stepped on 2 threads (3 blocks of 16 rows), by blocks on 3
+    modes = {1: (False, False), 4: (False, False), 13: (True, True), 40: (False, True)}
+    assert modes[batch] == (_by_row_blocks(batch, 2), _by_row_blocks(batch, 3))
     for threads in (2, 3):
         for a, b in zip(results[1], results[threads]):
             np.testing.assert_array_equal(a, b)
@@ -149,9 +177,10 @@ def test_items_of_each_threads_rows_give_the_same_bits(direction) -> None:
 
 
 def test_stepped_lstm_leaves_the_pool_idle_between_calls() -> None:
-    """Calls of the packed kernel on 2 threads (the projection and every step one stepped
-    launch per call): the same bits at every call, and between calls the pool's threads
-    sleep (no CPU burned: other libraries of the process keep the cores)."""
+    """Calls of the packed kernel on 2 threads (batch 8: a launch per call, each thread's
+    chunk its row block's projection and steps): the same bits at every call, and between
+    calls the pool's threads sleep (no CPU burned: other libraries of the process keep the
+    cores)."""
     import time
 
     hidden, size, seq, batch = 64, 32, 16, 8
@@ -167,13 +196,16 @@ def test_stepped_lstm_leaves_the_pool_idle_between_calls() -> None:
     native.set_num_threads(2)  # a pool of 2 threads, whatever the machine
     try:
         kernel(*arrays, *first, threads=2)
-        before = native.pool_info()["stepped_launches"]
+        before = native.pool_info()
         for _ in range(200):
             outs = [np.full(w.shape, np.nan, np.float32) for w in want]
             kernel(*arrays, *outs, threads=2)
             for a, b in zip(first, outs):
                 np.testing.assert_array_equal(a, b)
-        assert native.pool_info()["stepped_launches"] - before == 200
+        after = native.pool_info()
+        assert _by_row_blocks(batch, 2)
+        assert after["launches"] - before["launches"] == 200
+        assert after["stepped_launches"] == before["stepped_launches"]
     finally:
         native.set_num_threads(old)
     time.sleep(0.01)

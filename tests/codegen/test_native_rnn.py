@@ -143,10 +143,13 @@ def test_products_shared_among_threads_give_the_same_bits(direction, dtype, case
     _same_bits_on_threads(kernel, ins, want, dtype, DIRS[direction])
 
 
-def _same_bits_on_threads(kernel, ins, want, dtype, directions: int) -> None:  # noqa: ANN001
+def _same_bits_on_threads(  # noqa: ANN001
+    kernel, ins, want, dtype, directions: int, blocks: bool = False
+) -> None:
     """The kernel on 1, 2 and 3 threads (outputs NaN-filled first): no pool launch on one
     thread and on more two per direction (its start, then its steps as one stepped
-    launch), the same bits on all, the reference's results."""
+    launch, or, ``blocks``, as one launch of a chunk per row block), the same bits on all,
+    the reference's results."""
     from geode.runtime import native
 
     results, launched = {}, {}
@@ -159,7 +162,7 @@ def _same_bits_on_threads(kernel, ins, want, dtype, directions: int) -> None:  #
             after[key] - info[key] for key in ("launches", "stepped_launches")
         )
         results[threads] = outs
-    want_launches = (2 * directions, directions)
+    want_launches = (2 * directions, 0 if blocks else directions)
     assert launched == {1: (0, 0), 2: want_launches, 3: want_launches}
     for threads in (2, 3):
         for a, b in zip(results[1], results[threads]):
@@ -175,7 +178,8 @@ def test_panel_form_gives_the_same_bits_on_any_thread_count(dtype, direction) ->
     8, 4 and 1 rows), a hidden size leaving a part-filled last panel at every vector width,
     sequence lengths and every optional input, batch-first; the same bits on 1, 2 and 3
     threads (the start, packing and projecting, and every step launched on more than one),
-    and the reference kernel's results."""
+    and the reference kernel's results. Batch 13 on 2 and 3 threads is split by rows (7
+    and 5 rows a thread): each row block runs its steps in its own chunk."""
     from geode.codegen.backends.llvm.lstm import MIN_PARALLEL_FMAS
     from geode.codegen.backends.llvm.lstm_panels import PANEL_MIN_BATCH
 
@@ -188,7 +192,7 @@ def test_panel_form_gives_the_same_bits_on_any_thread_count(dtype, direction) ->
     )
     kernel = lstm_kernel(spec)
     want = recurrent("LSTM", ins, {"direction": direction, "layout": 1, "hidden_size": hidden})
-    _same_bits_on_threads(kernel, ins, want, dtype, DIRS[direction])
+    _same_bits_on_threads(kernel, ins, want, dtype, DIRS[direction], blocks=True)
 
 
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
@@ -259,6 +263,29 @@ def test_panel_form_with_16_vector_registers(monkeypatch) -> None:
         got, want = run_kernel(dtype, 23, 11, "bidirectional", 0, 3, 7, ALL)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_panel_blocks_of_few_rows_prefetch_their_panels() -> None:
+    """Blocks of at most ``PREFETCH_MAX_ROWS`` rows prefetch the panel rows
+    ``PREFETCH_AHEAD`` ahead of their loop (one prefetch per group and ``k``), larger
+    blocks do not; the results are checked by every other test (a prefetch changes no
+    value)."""
+    from geode.codegen.backends.llvm import lstm_panels as lp
+    from geode.codegen.backends.llvm.irtext import ModuleWriter
+
+    def prefetches(block_rows: int) -> int:
+        module = ModuleWriter("m")
+        fn = lp.panel_product_function(module, "p", "float", 4, 32, 16, block_rows, "")
+        return fn.text().count("@llvm.prefetch.p0(")
+
+    assert lp.PREFETCH_MAX_ROWS == 2 and lp.PREFETCH_AHEAD > 0
+    # blocks of 8 rows: the full blocks and the 4-row tail none; the 2- and 1-row tails
+    # all groups in one pass, one prefetch per group each
+    assert prefetches(8) == 2 * lp.GROUPS
+    # blocks of 4 rows (16 vector registers): the 2- and 1-row tails only
+    assert prefetches(4) == 2 * lp.GROUPS
+    # blocks of 2 rows: the full blocks too (a pass per group) and the 1-row tail
+    assert prefetches(2) == 2 * lp.GROUPS
 
 
 @pytest.mark.parametrize(

@@ -36,9 +36,12 @@ has at least :data:`MIN_PARALLEL_FMAS` multiply-adds; the steps, by their items
 direction are ONE launch of the native pool (``geode_parallel_steps``: the threads run
 step ``t``'s items, meet at a barrier, then run step ``t + 1``'s; no wake and join per
 step), a thread takes the same items at every step before it steals another, so from
-step to step it mostly reads the same rows of ``R``, in its core's cache. Every column
-and every unit is computed by the same code whatever the thread count, so the results
-are the same bits.
+step to step it mostly reads the same rows of ``R``, in its core's cache. Batch-first
+with the items splitting the batch by rows (:func:`_row_block`: each thread its own
+rows, up to :data:`ROW_BLOCK` of them), a direction is instead one plain launch of a chunk per row block, each running
+its rows' projection and all their steps with no barrier (:func:`_row_block_function`:
+batch rows are independent recurrences). Every column and every unit is computed by
+the same code whatever the thread count, so the results are the same bits.
 Both products are written here, not BLAS GEMMs (every threaded GEMM call is a barrier
 of the BLAS's threads, and a GEMM packs its right operand at every call: per step, for
 an LSTM; on a shared 2-core machine the BLAS path measured 5-10x slower than these
@@ -62,7 +65,7 @@ lanes * H)``), so a call packs nothing: the projection is the native runtime's
 ``geode_sgemm_packed`` (every element one chain of fused multiply-adds along ``I`` as in
 the panels: the same bits however split), on the pool as step 0 of the steps' stepped
 launch, a chunk per range of its 16-column panels, or batch-first with the steps split
-by rows per range of X's rows (:func:`_stepped_function`: no launch of its own), or one
+by rows a row block's rows of X in its chunk (:func:`_row_block_function`), or one
 call split by the runtime when the steps run on the calling thread; and the steps
 multiply by ``R_panels`` at every batch, 1 included (measured: at batch 1 the dot
 products beside the GEMM's projection were slower).
@@ -681,12 +684,11 @@ def _stepped_function(module: ModuleWriter, name: str, step: str, spec: LstmSpec
     launch runs (the context: :data:`_STEP_SLOTS`, then :data:`_FUSED_SLOTS`). When the
     projection comes first (``W`` given packed), step 0 is the projection, chunk ``c`` of
     ``n`` computing the packed-weight GEMM's panels ``[P * c / n, P * (c + 1) / n)`` of
-    ``GX`` (``P = ceil(4H / 16)``), or, batch-first with the steps' items splitting the
-    batch by rows, X's rows ``[R * c / n, R * (c + 1) / n)`` (``R = N * T``: a thread's
-    own batch rows), on its own thread (every element one chain along ``I`` whatever the
-    split: the same bits as one call), and step ``s`` is the recurrence's
+    ``GX`` (``P = ceil(4H / 16)``) on its own thread (every element one chain along ``I``
+    whatever the split: the same bits as one call), and step ``s`` is the recurrence's
     step ``s - 1`` (``step``, :func:`_step_function`): no launch of its own for the
-    projection. Else step ``s`` is the recurrence's."""
+    projection. Else step ``s`` is the recurrence's. (Batch-first with the steps' items
+    splitting the batch by rows, a direction runs :func:`_row_block_function` instead.)"""
     fn, b, (ctx, s, chunk, nchunks) = chunk_writer(name, stepped=True)
     slot = [
         b.load("i64", b.gep("i64", ctx, str(_STEP_SLOTS + j)), "fslot") for j in range(_FUSED_SLOTS)
@@ -696,29 +698,7 @@ def _stepped_function(module: ModuleWriter, name: str, step: str, spec: LstmSpec
     gx = fn.value(f"inttoptr i64 {b.load('i64', b.gep('i64', ctx, '4'), 'gxa')} to ptr", "gx")
     g4, size = 4 * spec.hidden, spec.input_size
 
-    def by_rows() -> None:
-        r0 = fn.value(f"udiv i64 {b.mul(rows, chunk)}, {nchunks}", "r0")
-        r1 = fn.value(f"udiv i64 {b.mul(rows, b.add(chunk, '1'))}, {nchunks}", "r1")
-        xa = b.gep("float", x, b.mul(r0, str(size)), "xr")
-        ops = [(xa, str(size)), (wp, "0"), (b.gep("float", gx, b.mul(r0, str(g4)), "gxr"), str(g4))]
-
-        def call() -> None:
-            fn.add(packed_call(b.sub(r1, r0, "nr"), g4, str(size), ops, "1"))
-
-        b.when(b.cmp("sgt", r1, r0), call, "prows")
-
     def projection() -> None:
-        if spec.layout:
-            # batch-first: a thread's batch rows (when the steps split the batch by rows,
-            # :func:`_row_block`) are contiguous rows of X, so the chunks split X's rows:
-            # each thread then computes the GX its own steps read
-            rb = b.load("i64", b.gep("i64", ctx, "15"), "rb")
-            n = b.load("i64", b.gep("i64", ctx, "12"), "n")
-            b.branch(b.cmp("slt", rb, n), by_rows, by_columns, "psplit")
-        else:
-            by_columns()
-
-    def by_columns() -> None:
         panels = str(-(-g4 // PANEL))
         p0 = fn.value(f"udiv i64 {b.mul(panels, chunk)}, {nchunks}", "p0")
         p1 = fn.value(f"udiv i64 {b.mul(panels, b.add(chunk, '1'))}, {nchunks}", "p1")
@@ -741,6 +721,46 @@ def _stepped_function(module: ModuleWriter, name: str, step: str, spec: LstmSpec
         b.branch(is_projection, projection, recurrence, "fused")
     else:
         recurrence()
+    fn.terminate("ret void")
+    return fn
+
+
+def _row_block_function(
+    module: ModuleWriter, name: str, step: str, spec: LstmSpec
+) -> FunctionWriter:
+    """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: row block ``chunk`` of
+    ``nchunks`` (the context of :func:`_stepped_function`, ``nchunks`` the row blocks of
+    :func:`_row_block`) through the whole sequence: batch-first, its rows' projection (X's
+    rows ``[r0 T, r1 T)``, the packed-weight GEMM on this thread) when ``W`` is given
+    packed, then every step's items of its rows (``step``, :func:`_step_function`). Batch
+    rows are independent recurrences, so row blocks need no barrier between steps: each
+    thread runs its own rows' sequence at its own pace (measured at batch 8 on two threads
+    against the stepped launch, the same bits: 0.964-0.984 of the time), every element
+    computed by the same code as in the stepped launch (the projection's rows one chain
+    along ``I`` each)."""
+    fn, b, (ctx, chunk, nchunks) = chunk_writer(name)
+    n = b.load("i64", b.gep("i64", ctx, "12"), "n")
+    seq = b.load("i64", b.gep("i64", ctx, "11"), "seq")
+    rb = b.load("i64", b.gep("i64", ctx, "15"), "rb")
+    if spec.panel_lanes and spec.input_size:
+        slot = [b.load("i64", b.gep("i64", ctx, str(_STEP_SLOTS + j)), "fs") for j in range(2)]
+        x, wp = (fn.value(f"inttoptr i64 {v} to ptr", "p") for v in slot)
+        gx = fn.value(f"inttoptr i64 {b.load('i64', b.gep('i64', ctx, '4'), 'gxa')} to ptr", "gx")
+        g4, size = 4 * spec.hidden, spec.input_size
+        r0 = b.mul(b.mul(chunk, rb), seq, "xr0")
+        r1 = b.mul(b.min(b.mul(b.add(chunk, "1"), rb), n), seq, "xr1")
+        xa = b.gep("float", x, b.mul(r0, str(size)), "xr")
+        ops = [(xa, str(size)), (wp, "0"), (b.gep("float", gx, b.mul(r0, str(g4)), "gxr"), str(g4))]
+
+        def call() -> None:
+            fn.add(packed_call(b.sub(r1, r0, "nr"), g4, str(size), ops, "1"))
+
+        b.when(b.cmp("sgt", r1, r0), call, "prows")
+
+    def one(t: str) -> None:
+        fn.add(f"call void @{step}(ptr {ctx}, i64 {t}, i64 {chunk}, i64 {nchunks})")
+
+    b.loop("0", seq, one, "s")
     fn.terminate("ret void")
     return fn
 
@@ -819,14 +839,18 @@ class _Products:
 
 
 class _Steps:
-    """Emits a direction's steps (:func:`_step_function`): ONE stepped launch of the
-    native pool (``geode_parallel_steps``: the threads meet at a barrier between steps,
-    no launch per step) when there is more than one thread and a step's product has at
-    least :data:`MIN_PARALLEL_FMAS` multiply-adds, else a loop over the steps on the
-    calling thread (one chunk each)."""
+    """Emits a direction's steps (:func:`_step_function`) when there is more than one
+    thread and a step's product has at least :data:`MIN_PARALLEL_FMAS` multiply-adds:
+    batch-first with the items splitting the batch by rows into at most a block per
+    thread, ONE launch of a chunk per row block (``blocks``, :func:`_row_block_function`:
+    no barrier between steps; more blocks than threads, past ``threads *`` :data:`ROW_BLOCK`
+    rows, would leave a thread two blocks to the other's one), else ONE
+    stepped launch of the native pool (``func``, :func:`_stepped_function`;
+    ``geode_parallel_steps``: the threads meet at a barrier between steps, no launch per
+    step); otherwise a loop over the steps on the calling thread (one chunk each)."""
 
-    def __init__(self, b: Builder, func: str, threads: str, spec: LstmSpec) -> None:
-        self.b, self.func, self.threads, self.spec = b, func, threads, spec
+    def __init__(self, b: Builder, func: str, blocks: str, threads: str, spec: LstmSpec) -> None:
+        self.b, self.func, self.blocks, self.threads, self.spec = b, func, blocks, threads, spec
         self.ctx = b.fn.alloca("i64", "sctx", str(_STEP_SLOTS + _FUSED_SLOTS))
 
     def __call__(
@@ -848,7 +872,22 @@ class _Steps:
             fn.add(f"store i64 {v}, ptr {b.gep('i64', ctx, str(j))}")
         first = b.gep("i64", ctx, str(_STEP_SLOTS + 3), "firstp")
 
+        def by_blocks() -> None:
+            fn.add(f"store i64 {'1' if projection else '0'}, ptr {first}")
+            blocks = _ceil_div(b, n, rb)
+            args = f"ptr @{self.blocks}, ptr {ctx}, i64 {blocks}, i64 {threads}"
+            fn.add(f"call void @geode_parallel_for({args})")
+
         def pool() -> None:
+            if self.spec.layout:
+                # each thread one row block: N split by rows, into at most `threads` blocks
+                few = b.cmp("sle", _ceil_div(b, n, rb), threads, "fewblocks")
+                split = b.all_of([b.cmp("slt", rb, n), few])
+                b.branch(split, by_blocks, stepped, "byblocks")
+            else:
+                stepped()
+
+        def stepped() -> None:
             fused = "1" if projection else "0"
             fn.add(f"store i64 {fused}, ptr {first}")
             items = _step_items(b, self.spec, n, rb)
@@ -943,7 +982,7 @@ def entry_function(
     dims = _records(b, spec)
     seq, n = dims["T"][0], dims["N"][0]
     product = _Products(b, chunk, spec)
-    run_step = _Steps(b, step_fn, product.threads, spec)
+    run_step = _Steps(b, step_fn, f"{name}.blocks", product.threads, spec)
     ptr = {
         a: b.load("ptr", b.gep("ptr", "%ptrs", str(j)), a.lower())
         for j, a in enumerate(spec.arrays)
@@ -1094,6 +1133,7 @@ def lstm_ir(
     step, stepped = f"{name}.step", f"{name}.stepped"
     module.add_function(_step_function(module, step, rec, panel, cell, spec, lanes))
     module.add_function(_stepped_function(module, stepped, step, spec))
+    module.add_function(_row_block_function(module, f"{name}.blocks", step, spec))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     if spec.panel_lanes:
         module.declare("geode_sgemm_packed", PACKED_DECL)

@@ -14,7 +14,9 @@ rows of ``A`` by one group is one pass of fused multiply-adds over ``k``.
 
 Every element of ``out`` is one chain of fused multiply-adds over ``k`` in order from
 zero, whatever the row block or panel split, so the results are the same bits on any
-thread count.
+thread count. Blocks of at most :data:`PREFETCH_MAX_ROWS` rows (batch 1 and 2, and the
+one or two rows a larger batch leaves) prefetch the panel :data:`PREFETCH_AHEAD` rows
+of ``k`` ahead.
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ __all__ = [
 #: batch from which the LSTM's products run in this form (below it, the dot products of
 #: :mod:`~.lstm`, which need no packing: at batch 1 a step streams ``R`` once either way)
 PANEL_MIN_BATCH = 2
+
+#: rows of a packed panel group (``k``) ahead of the loop that a block of at most
+#: :data:`PREFETCH_MAX_ROWS` rows prefetches into the L1 (``prefetcht0``): such a block
+#: loads a group vector per multiply-add or two, so it waits on the panels' stream when
+#: they come from the L3 (one thread at batch 1 streams all of ``R``, 1 MiB at hidden
+#: 256, every step)
+PREFETCH_AHEAD = 8
+
+#: the most rows of a block that prefetches its panels (:data:`PREFETCH_AHEAD`)
+PREFETCH_MAX_ROWS = 2
 
 #: gate vectors a block of rows computes together (its accumulators: rows x this)
 GROUP_VECTORS = 2
@@ -206,6 +218,7 @@ def panel_product_function(
     one pass when their accumulators fit in as many: more independent chains); the
     columns past ``H`` not stored."""
     fma, _, mstore = declare_vector_ops(module, ty, lanes, item)
+    module.declare("llvm.prefetch.p0", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
     vt = f"<{lanes} x {ty}>"
     names = ["A", "lda", "P", "out", "ldo", "rows", "K", "p"]
     kinds = ["ptr noalias", "i64", "ptr noalias", "ptr noalias", "i64", "i64", "i64", "i64"]
@@ -239,6 +252,13 @@ def panel_product_function(
                 mv = []
                 for gbase in gbases:
                     krow = b.gep(ty, gbase, b.mul(k, str(GROUP_VECTORS * lanes)), "krow")
+                    if count <= PREFETCH_MAX_ROWS:
+                        # past the panel's end this touches the next panel or group, or
+                        # lines past the array (a plain getelementptr, not inbounds; a
+                        # prefetch never faults)
+                        ahead = PREFETCH_AHEAD * GROUP_VECTORS * lanes
+                        at = fn.value(f"getelementptr {ty}, ptr {krow}, i64 {ahead}", "pf")
+                        fn.add(f"call void @llvm.prefetch.p0(ptr {at}, i32 0, i32 3, i32 1)")
                     mv += [
                         fn.value(
                             f"load {vt}, ptr {b.gep(ty, krow, str(s * lanes))}, align {item}", "m"
