@@ -636,8 +636,9 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     sibling, residual = pg.epilogue.sibling, pg.epilogue.residual
     if sibling is not None:  # taken only with both weights packed once
         job.weights += "; beside it U: " + choose_packing(a, sibling.inputs[1], opts).text
-    if residual is not None:
-        job.weights += f"; {residual.name} summed into the second GEMM's panels"
+    adds = [n.name for n in (pg.epilogue.bias, residual) if n is not None]
+    if adds:
+        job.weights += f"; {' and '.join(adds)} summed into the second GEMM's panels"
     nodes = [pg.dense, second]
     job.packed_nodes = tuple(n.name for n, p in zip(nodes, packed) if p and n is not None)
     job.packed_nodes += (sibling.name,) if sibling is not None else ()

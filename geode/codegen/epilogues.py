@@ -21,12 +21,12 @@ from geode.codegen.packed_weights import choose_packing
 from geode.compiler.fusion.epilogue import (
     Epilogue,
     epilogue_legality,
-    residual_add,
     second_gemm,
     sibling_gemm,
+    store_adds,
 )
 from geode.compiler.fusion.groups import FusionPlan, Group
-from geode.compiler.fusion.profit import epilogue_plan, residual_plan, sibling_plan
+from geode.compiler.fusion.profit import epilogue_plan, sibling_plan, store_plan
 from geode.compiler.ir import Graph, Node
 from geode.config import Options
 from geode.costmodel.device import DeviceSpec
@@ -118,20 +118,23 @@ def _sibling(ep: Epilogue, g: Graph, spec: DeviceSpec, native: Callable, opts: O
 def _residual(
     ep: Epilogue, jobs: list[KernelJob], g: Graph, spec: DeviceSpec, opts: Options
 ) -> tuple[KernelJob | None, str]:
-    """The job of the residual ``Add`` after the second MatMul when it is legal and pays
-    as that GEMM's starting value (attached to ``ep``), and the decision's text."""
+    """The job of the bias and residual ``Add`` nodes after the second MatMul when they are
+    legal and pay as part of that GEMM's store (attached to ``ep``), and the decision's
+    text."""
     job = _consumer_job(ep.second, jobs)
     if job is None:
         return None, ""
-    found = residual_add(ep, job.group, g)
+    found = store_adds(ep, job.group, g)
     if isinstance(found, str):
         return None, f"no residual: {found}"
+    adds = [a for a in (found.bias, found.residual) if a is not None]
+    names = " and ".join(a.name for a in adds)
     if not _packed(None, ep.second, opts):
-        return None, f"{found.name} apart: a residual needs V packed once"
-    take, why = residual_plan(ep.second, found, spec)
+        return None, f"{names} apart: a bias or a residual needs V packed once"
+    take, why = store_plan(ep.second, adds, spec)
     if not take:
-        return None, f"{found.name} apart: {why}"
-    ep.residual = found
+        return None, f"{names} apart: {why}"
+    ep.bias, ep.residual = found.bias, found.residual
     return job, why
 
 
