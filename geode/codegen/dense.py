@@ -66,7 +66,8 @@ class PanelGraph:
         ep = self.epilogue
         extra = [n for n in (ep.second, ep.bias, ep.residual) if n is not None]
         sibling = [ep.sibling] if ep.sibling is not None else []
-        return [self.dense, *sibling, *ep.group.nodes, *extra]
+        first = [ep.a_transpose] if ep.a_transpose is not None else []
+        return [*first, self.dense, *sibling, *ep.group.nodes, *extra]
 
 
 #: a role's panel dims: ``r`` the panel's rows, ``c`` the product's columns
@@ -200,7 +201,9 @@ def dense_module(
 
     if lowered.index_checks:
         raise CodegenError("an epilogue with index checks has no panel form")
-    a, b = pg.dense.inputs
+    if pg.epilogue.a_transpose is not None and not packed_n:
+        raise CodegenError("a GEMM reading A transposed in place needs B packed once")
+    a, b = pg.epilogue.a_value, pg.dense.inputs[1]
     _, outer, inner = _arguments(pg, lowered, views)
     name = f"geode_dense_{entry}"
     spec = DenseSpec(
@@ -220,6 +223,7 @@ def dense_module(
         pg.epilogue.sibling is not None,
         pg.epilogue.residual is not None,
         len(_bias_input(pg.epilogue).shape) if pg.epilogue.bias is not None else 0,
+        pg.epilogue.a_transpose is not None,
     )
     return name, dense_ir(spec)
 
@@ -280,7 +284,7 @@ def dense_kernel(
     if lowered.index_checks:
         raise CodegenError("an epilogue with index checks has no panel form")
     lib = blas()
-    a, b = pg.dense.inputs
+    a, b = pg.epilogue.a_value, pg.dense.inputs[1]
     dtype = str(np.dtype(a.dtype))
     if lib is None:
         raise CodegenError("no BLAS found")

@@ -210,3 +210,50 @@ def test_no_bias_is_the_plain_product(isa):
     bp = native.pack_weight(b)
     with _path(isa):
         np.testing.assert_array_equal(_run_bias(a, bp, 35, None), _run(a, bp, 35))
+
+
+_AT = native.packed_gemm_at_function()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batch=st.integers(1, 4),
+    rows=st.integers(1, 30),
+    k=st.integers(0, 30),
+    n=st.integers(1, 40),
+    isa=st.sampled_from(ISAS),
+    threads=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_read_transposed_in_place(batch, rows, k, n, isa, threads, seed):
+    """``X [batch, K, R]`` read as ``A = X^T [batch, R, K]`` (row tiles cut at each batch's
+    last row), from any first row: the same bits as the product of ``A`` copied out."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, k, rows)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bp = native.pack_weight(b)
+    a = np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(batch * rows, k)
+    row0 = int(rng.integers(0, batch * rows))
+    m = batch * rows - row0
+    got = np.full((m, n), np.nan, np.float32)
+    with _path(isa):
+        want = _run(a[row0:], bp, n, threads=threads)
+        _AT(
+            m,
+            n,
+            k,
+            1.0,
+            x.ctypes.data,
+            1,
+            rows,
+            rows,
+            k * rows,
+            row0,
+            bp.ctypes.data,
+            None,
+            0.0,
+            got.ctypes.data,
+            n,
+            threads,
+        )
+    np.testing.assert_array_equal(got, want)

@@ -48,6 +48,7 @@ __all__ = [
     "second_gemm",
     "sibling_gemm",
     "store_adds",
+    "transposed_a",
     "value_role",
 ]
 
@@ -78,6 +79,16 @@ class Epilogue:
     #: the bias ``Add`` right after the second MatMul (a Linear layer's), added to each of
     #: its sums before the residual (:func:`store_adds`), or None
     bias: Node | None = None
+    #: the Transpose (of the last two axes) that makes the dense node's ``A``, read in
+    #: place by the GEMM (:func:`transposed_a`), or None
+    a_transpose: Node | None = None
+
+    @property
+    def a_value(self) -> Value:
+        """The value the GEMM reads as ``A``: the MatMul's, or its Transpose's input."""
+        if self.a_transpose is not None:
+            return self.a_transpose.inputs[0]
+        return self.dense.inputs[0]
 
     @property
     def batched(self) -> bool:
@@ -383,3 +394,30 @@ def store_adds(ep: Epilogue, group: Group, graph: Graph) -> StoreAdds | str:
         if not _same_shape(shape, tuple(o.shape)):
             return "the residual's shape is not the second product's"
     return StoreAdds(bias, add)
+
+
+def transposed_a(ep: Epilogue, graph: Graph) -> Node | str:
+    """The Transpose of the last two axes whose result is the dense node's ``A`` and is
+    read by it alone, which the GEMM can read in place (``X [..., K, R]`` read as ``A
+    [..., R, K]``: each row of ``A`` a column of ``X``; the same bits as the copy), else
+    why not. An unbatched product (``B`` a matrix) without a sibling GEMM only."""
+    a = ep.dense.inputs[0]
+    t = a.producer
+    if t is None or t.op_type != "Transpose":
+        return "A is not a Transpose's result"
+    x = t.inputs[0]
+    if x.shape is None or len(x.shape) < 2 or a.shape is None:
+        return "the Transpose's input shape is unknown"
+    r = len(x.shape)
+    perm = [int(p) for p in t.attrs.get("perm", list(reversed(range(r))))]
+    if perm != [*range(r - 2), r - 1, r - 2]:
+        return f"the Transpose's perm {perm} does not swap the last two axes alone"
+    if any(o is a for o in graph.outputs) or len(a.consumers) != 1:
+        return "the Transpose's result is read by more than the MatMul"
+    if ep.batched:
+        return "the product is batched"
+    if ep.sibling is not None:
+        return "a sibling GEMM reads A too"
+    if x.dtype != a.dtype:
+        return "the Transpose changes the type"
+    return t

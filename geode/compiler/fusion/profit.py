@@ -329,3 +329,17 @@ def store_plan(second: Node, adds: list[Node], spec: DeviceSpec) -> tuple[bool, 
     d = decide_merge([store, alone], fused, spec)
     names = " and ".join(a.name for a in adds)
     return d.take, f"{names} summed into {second.name}'s panels: {d.reason}"
+
+
+def transpose_plan(transpose: Node, dense: Node, spec: DeviceSpec) -> tuple[bool, str]:
+    """Whether the GEMM of ``dense`` reading ``transpose``'s input in place (its ``A``
+    transposed) pays, and why, by the SOL model: apart, the Transpose's kernel (a launch)
+    reads ``X`` and writes ``X^T``, which the GEMM reads; in place, the GEMM reads ``X``
+    (its row tiles walk ``X``'s columns: each step along ``K`` reads a few contiguous
+    values of one row of ``X``, the same bytes)."""
+    x, a = transpose.inputs[0], transpose.outputs[0]
+    copy = KernelWork(bytes_read=nbytes(x), bytes_written=nbytes(a), flops=0.0)
+    read = KernelWork(bytes_read=nbytes(a), bytes_written=0.0, flops=0.0, n_kernels=0)
+    fused = KernelWork(bytes_read=nbytes(x), bytes_written=0.0, flops=0.0, n_kernels=0)
+    d = decide_merge([copy, read], fused, spec)
+    return d.take, f"{transpose.name} read in place by {dense.name} (A transposed): {d.reason}"

@@ -48,8 +48,10 @@ typedef struct {
     float alpha, beta;
 } scale_t;
 
-/* bias: NULL, or the bias of the tile's first column (a tile reads its columns of it) */
-typedef void (*tile_fn)(const float *a, int64_t lda, const float *bp, int64_t k, float *c,
+/* a: the tile's first row of A, row r at a + r lda, element p of a row at + p ka (1, or A's
+   rows when A is read transposed); bias: NULL, or the bias of the tile's first column (a
+   tile reads its columns of it) */
+typedef void (*tile_fn)(const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k, float *c,
                         int64_t ldc, int64_t last, const scale_t *s, const float *bias);
 
 /* ---------------------------------------------------------------- AVX-512F */
@@ -73,7 +75,7 @@ T512 INLINE __m512 finish512(__m512 x, const float *out, __mmask16 m, const scal
 }
 
 /* R rows x V panels; `last` columns (1..16) of the last panel are stored. */
-T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, const float *bp, int64_t k,
+T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k,
                          float *c, int64_t ldc, int64_t last, const scale_t *s,
                          const float *bias)
 {
@@ -91,7 +93,7 @@ T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, const float 
             bv[v] = _mm512_loadu_ps(bp + v * ps + p * NR);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            __m512 av = _mm512_set1_ps(a[r * lda + p]);
+            __m512 av = _mm512_set1_ps(a[r * lda + p * ka]);
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
@@ -110,11 +112,11 @@ T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, const float 
 }
 
 #define W512(R, V)                                                                          \
-    T512 static void t512_##R##_##V(const float *a, int64_t lda, const float *bp, int64_t k, \
+    T512 static void t512_##R##_##V(const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k, \
                                     float *c, int64_t ldc, int64_t last, const scale_t *s,  \
                                     const float *bias)                                      \
     {                                                                                       \
-        tile512(R, V, a, lda, bp, k, c, ldc, last, s, bias);                                \
+        tile512(R, V, a, lda, ka, bp, k, c, ldc, last, s, bias);                            \
     }
 #define W512_ROWS(V)                                                                        \
     W512(1, V) W512(2, V) W512(3, V) W512(4, V) W512(5, V) W512(6, V) W512(7, V) W512(8, V)
@@ -164,7 +166,7 @@ T256 INLINE __m256 finish256(__m256 x, const float *out, __m256i m, const scale_
 
 /* R rows x V panels (two vectors of 8 each); `last` columns (1..16) of the last panel
    stored. */
-T256 INLINE void tile256(int R, int V, const float *a, int64_t lda, const float *bp, int64_t k,
+T256 INLINE void tile256(int R, int V, const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k,
                          float *c, int64_t ldc, int64_t last, const scale_t *s,
                          const float *bias)
 {
@@ -182,7 +184,7 @@ T256 INLINE void tile256(int R, int V, const float *a, int64_t lda, const float 
             bv[v] = _mm256_loadu_ps(bp + (v / 2) * ps + p * NR + 8 * (v % 2));
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
-            __m256 av = _mm256_broadcast_ss(a + r * lda + p);
+            __m256 av = _mm256_broadcast_ss(a + r * lda + p * ka);
 #pragma GCC unroll 8
             for (int v = 0; v < 2 * V; v++)
                 acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
@@ -207,11 +209,11 @@ T256 INLINE void tile256(int R, int V, const float *a, int64_t lda, const float 
 }
 
 #define W256(R, V)                                                                          \
-    T256 static void t256_##R##_##V(const float *a, int64_t lda, const float *bp, int64_t k, \
+    T256 static void t256_##R##_##V(const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k, \
                                     float *c, int64_t ldc, int64_t last, const scale_t *s,  \
                                     const float *bias)                                      \
     {                                                                                       \
-        tile256(R, V, a, lda, bp, k, c, ldc, last, s, bias);                                \
+        tile256(R, V, a, lda, ka, bp, k, c, ldc, last, s, bias);                            \
     }
 W256(1, 1) W256(2, 1) W256(3, 1) W256(4, 1) W256(5, 1) W256(6, 1)
 W256(1, 2) W256(2, 2) W256(3, 2) W256(1, 3) W256(1, 4)
@@ -236,14 +238,14 @@ static int panels256(int rows)
 #define MRC 4
 
 /* R rows x one panel, no fused multiply-add (the baseline x86-64 has none to contract to) */
-static void tile_c(int R, const float *a, int64_t lda, const float *bp, int64_t k, float *c,
-                   int64_t ldc, int64_t last, const scale_t *s, const float *bias)
+static void tile_c(int R, const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k,
+                   float *c, int64_t ldc, int64_t last, const scale_t *s, const float *bias)
 {
     float acc[MRC][NR];
     memset(acc, 0, sizeof acc);
     for (int64_t p = 0; p < k; p++)
         for (int r = 0; r < R; r++) {
-            const float av = a[r * lda + p];
+            const float av = a[r * lda + p * ka];
             for (int j = 0; j < NR; j++) {
                 float prod = av * bp[p * NR + j];
                 acc[r][j] = acc[r][j] + prod;
@@ -353,6 +355,10 @@ GEODE_EXPORT void geode_sgemm_pack(int64_t k, int64_t n, const float *b, int64_t
 
 typedef struct {
     int64_t m, n, k, lda, ldc;
+    int64_t ka;        /* A's element stride along k (1: row-major) */
+    int64_t a_rows;    /* > 0: A's rows come in batches of this many ... */
+    int64_t a_bstride; /* ... a batch this many elements after the previous one */
+    int64_t row0;      /* the first row of A this product reads (C's row 0) */
     const float *a, *bp;
     float *c;
     scale_t s;
@@ -372,9 +378,15 @@ static void run_block(const packed_t *g, int64_t r0, int64_t r1, int64_t p0, int
     const int mr = g->isa == ISA_AVX512 ? MR512 : g->isa == ISA_AVX2 ? MR256 : MRC;
     for (int64_t q0 = p0; q0 < p1; q0 += g->cache_pan) {
         const int64_t q1 = q0 + g->cache_pan < p1 ? q0 + g->cache_pan : p1;
-        for (int64_t i = r0; i < r1; i += mr) {
-            const int rows = r1 - i < mr ? (int)(r1 - i) : mr;
-            const float *ai = g->a + i * g->lda;
+        for (int64_t i = r0; i < r1;) {
+            int rows = r1 - i < mr ? (int)(r1 - i) : mr;
+            const float *ai = g->a + (g->row0 + i) * g->lda;
+            if (g->a_rows > 0) { /* a tile stays in one batch of A's rows */
+                const int64_t row = g->row0 + i, in = row % g->a_rows;
+                if (g->a_rows - in < rows)
+                    rows = (int)(g->a_rows - in);
+                ai = g->a + (row / g->a_rows) * g->a_bstride + in * g->lda;
+            }
             float *ci = g->c + i * g->ldc;
             const int most = g->isa == ISA_AVX512 ? panels512(rows)
                              : g->isa == ISA_AVX2   ? panels256(rows)
@@ -387,13 +399,14 @@ static void run_block(const packed_t *g, int64_t r0, int64_t r1, int64_t p0, int
                 const float *bias = g->bias != NULL ? g->bias + p * NR : NULL;
                 float *cp = ci + p * NR;
                 if (g->isa == ISA_AVX512)
-                    g_t512[v][rows](ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s, bias);
+                    g_t512[v][rows](ai, g->lda, g->ka, bp, g->k, cp, g->ldc, last, &g->s, bias);
                 else if (g->isa == ISA_AVX2)
-                    g_t256[v][rows](ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s, bias);
+                    g_t256[v][rows](ai, g->lda, g->ka, bp, g->k, cp, g->ldc, last, &g->s, bias);
                 else
-                    tile_c(rows, ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s, bias);
+                    tile_c(rows, ai, g->lda, g->ka, bp, g->k, cp, g->ldc, last, &g->s, bias);
                 p += v;
             }
+            i += rows;
         }
     }
 }
@@ -429,6 +442,20 @@ GEODE_EXPORT void geode_sgemm_packed_bias(int64_t m, int64_t n, int64_t k, float
                                           const float *bias, float beta, float *c, int64_t ldc,
                                           int64_t threads)
 {
+    geode_sgemm_packed_at(m, n, k, alpha, a, lda, 1, 0, 0, 0, bp, bias, beta, c, ldc, threads);
+}
+
+/* geode_sgemm_packed_bias with A's rows anywhere: C's row i is A's row row0 + i, at
+   a + (row / a_rows) a_bstride + (row mod a_rows) lda (a_rows 0: a + row lda), its
+   element p ka further on. A stored transposed, X[batch, k, rows] read as A[batch, rows,
+   k] (a Transpose of the last two axes the product reads in place): lda 1, ka and a_rows
+   X's rows, a_bstride X's matrix size. The same bits as A copied out first. */
+GEODE_EXPORT void geode_sgemm_packed_at(int64_t m, int64_t n, int64_t k, float alpha,
+                                        const float *a, int64_t lda, int64_t ka, int64_t a_rows,
+                                        int64_t a_bstride, int64_t row0, const float *bp,
+                                        const float *bias, float beta, float *c, int64_t ldc,
+                                        int64_t threads)
+{
     if (m <= 0 || n <= 0)
         return;
     if (k <= 0 && bias != NULL) {
@@ -448,7 +475,8 @@ GEODE_EXPORT void geode_sgemm_packed_bias(int64_t m, int64_t n, int64_t k, float
         return;
     }
     atomic_fetch_add_explicit(&g_calls, 1, memory_order_relaxed);
-    packed_t g = {m, n, k, lda, ldc, a, bp, c, {alpha, beta}, bias, geode_sgemm_packed_isa()};
+    packed_t g = {m,     n,         k,    lda, ldc, ka, a_rows, a_bstride, row0, a, bp, c,
+                  {alpha, beta}, bias, geode_sgemm_packed_isa()};
     g.panels = (n + NR - 1) / NR;
     g.cache_pan = L2_PANEL_BYTES / (k * NR * 4);
     if (g.cache_pan < 2)

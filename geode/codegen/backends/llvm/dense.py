@@ -64,8 +64,10 @@ from geode.codegen.backends.llvm.kernel import build_module
 from geode.codegen.backends.llvm.library import _TYPES, GEMM_DECL, gemm_call
 from geode.codegen.backends.llvm.objcache import CacheDir
 from geode.codegen.backends.llvm.packed import (
+    PACKED_AT_DECL,
     PACKED_BIAS_DECL,
     PACKED_DECL,
+    packed_at_call,
     packed_call,
     packed_check,
 )
@@ -100,7 +102,8 @@ BIG_ROWS = 64
 # ctx words (i64): pointers as ints, sizes, then per batch dim (Y's, A's, B's, V's), then
 # the ext pointers, then per brow argument its batch dims
 _A, _B, _V, _O, _M, _N, _K, _D, _T, _MB, _P, _THREADS, _STATUS, _U, _R, _BIAS = range(16)
-_FIXED = 16
+_AROWS = 16  # A read transposed: the rows of each of its matrices (X's last dim)
+_FIXED = 17
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,9 @@ class DenseSpec:
     #: > 0: a bias of this rank (after ``R``, ``D`` values): the second GEMM writes
     #: ``(P @ V + bias) [+ R]``
     bias_rank: int = 0
+    #: ``A`` is passed as ``X [..., K, R]``, the input of a Transpose of its last two axes,
+    #: and read in place (``A``'s rows are ``X``'s columns; ``B`` packed, unbatched)
+    a_trans: bool = False
 
     @property
     def batch(self) -> int:
@@ -235,7 +241,7 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     (a_nd, a_it, ad), (b_nd, b_it, bd) = recs[0], recs[1]
     nb = sp.batch
     w.check(w.all_of([w.eq(a_nd, sp.a_rank), w.eq(a_it, item)]), 1)
-    k = ad[-1]
+    k = ad[-2] if sp.a_trans else ad[-1]
     if sp.packed_n:
         w.check(packed_check(w, recs[1], k, sp.packed_n), 2)
         if sp.sibling:
@@ -244,8 +250,10 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     else:
         w.check(w.all_of([w.eq(b_nd, sp.b_rank), w.eq(b_it, item), w.eq(bd[-2], k)]), 2)
         s = {"K": k, "N": bd[-1], "D": "0"}
+    s["AR"] = ad[-1] if sp.a_trans else "0"
     if nb == 0:
-        s["M"], s["yb"], s["ab"], s["bb"] = w.product(ad[:-1]), [], [], []
+        m = w.product([*ad[:-2], ad[-1]]) if sp.a_trans else w.product(ad[:-1])
+        s["M"], s["yb"], s["ab"], s["bb"] = m, [], [], []
     else:
         s["M"], s["ab"], s["bb"] = ad[-2], _aligned(ad, nb), _aligned(bd, nb)
         s["yb"] = [
@@ -391,7 +399,7 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     fixed = [as_int[0], as_int[1], v, o, s["M"], s["N"], s["K"], s["D"], s["T"], mb, panels]
     fixed += [inner_threads, "0"]
     fixed += [as_int[sp.u_at] if sp.sibling else "0", as_int[sp.r_at] if sp.residual else "0"]
-    fixed += [as_int[sp.bias_at] if sp.bias_rank else "0"]
+    fixed += [as_int[sp.bias_at] if sp.bias_rank else "0", s["AR"]]
     for i in range(nb):
         fixed += [s["yb"][i], s["ab"][i], s["bb"][i], s["vb"][i] if s["vb"] else "1"]
     words = fixed
@@ -576,7 +584,11 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     w.emit("  br label %epi")
     w.label("gemm")
     ops = [(pa, v["K"]), (pb, v["N"]), (v["s1"], v["N"])]
-    if sp.packed_n:
+    if sp.a_trans:  # A's rows are X's columns: X's matrices K x R, from row a_row
+        ar = w.word("%ctx", _AROWS)
+        at = (ptr["A"], "1", ar, ar, w.op("mul", v["K"], ar), a_row)
+        w.emit(packed_at_call(v["rows"], v["N"], v["K"], at, pb, (v["s1"], v["N"]), v["threads"]))
+    elif sp.packed_n:
         w.emit(packed_call(v["rows"], v["N"], v["K"], ops, v["threads"]))
         if sp.sibling:  # U's panel from the same rows of A, while they are in cache
             uops = [(pa, v["K"]), (ptr["U"], "0"), (v["s3"], v["N"])]
@@ -638,6 +650,8 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
 def dense_ir(sp: DenseSpec) -> str:
     """The entry's module (see the module docstring)."""
     item = _TYPES[sp.dtype][2]
+    if sp.a_trans and (not sp.packed_n or sp.sibling or sp.batch):
+        raise CodegenError(f"{sp.name}: A read transposed needs B packed once, unbatched")
     if (sp.sibling and not sp.packed_n) or ((sp.residual or sp.bias_rank) and not sp.packed_d):
         raise CodegenError(
             f"{sp.name}: a sibling GEMM needs B, a residual or a bias V, packed once"
@@ -646,6 +660,7 @@ def dense_ir(sp: DenseSpec) -> str:
         GEMM_DECL,
         *([PACKED_DECL] if sp.packed_n or sp.packed_d else []),
         *([PACKED_BIAS_DECL] if sp.bias_rank else []),
+        *([PACKED_AT_DECL] if sp.a_trans else []),
         f"declare i32 @{sp.epilogue}(ptr, ptr, ptr)",
         "declare void @geode_parallel_for(ptr, ptr, i64, i64)",
         "declare i64 @geode_num_threads()",

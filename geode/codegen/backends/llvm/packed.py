@@ -19,9 +19,11 @@ from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted
 from geode.codegen.backends.llvm.ssa import SsaWriter
 
 __all__ = [
+    "PACKED_AT_DECL",
     "PACKED_BIAS_DECL",
     "PACKED_DECL",
     "PANEL",
+    "packed_at_call",
     "packed_call",
     "packed_matmul_ir",
     "packed_matmul_kernel",
@@ -33,6 +35,11 @@ PANEL = 16
 #: the native runtime's packed-weight GEMM, as JIT code declares it
 PACKED_DECL = (
     "declare void @geode_sgemm_packed(i64, i64, i64, float, ptr, i64, ptr, float, ptr, i64, i64)"
+)
+#: its form with A's rows anywhere (``packed_at_call``: A read transposed in place)
+PACKED_AT_DECL = (
+    "declare void @geode_sgemm_packed_at(i64, i64, i64, float, ptr, i64, i64, i64, i64, i64, "
+    "ptr, ptr, float, ptr, i64, i64)"
 )
 #: its form with a bias added to every row (``packed_call(..., bias=...)``)
 PACKED_BIAS_DECL = (
@@ -65,6 +72,21 @@ def packed_call(
         f"  call void @geode_sgemm_packed_bias(i64 {m}, i64 {n}, i64 {k}, float 1.0, "
         f"ptr {a}, i64 {lda}, ptr {bp}, ptr {bias}, float {float(beta)!r}, ptr {c}, "
         f"i64 {ldc}, i64 {threads})"
+    )
+
+
+def packed_at_call(
+    m: str, n: str | int, k: str, a_at: tuple[str, ...], bp: str, c: tuple[str, str], threads: str
+) -> str:
+    """The IR call of ``C = A @ B`` with ``B`` packed and ``A``'s rows anywhere
+    (``geode_sgemm_packed_at``): ``a_at`` is ``(A, lda, ka, a_rows, a_bstride, row0)``
+    (C's row ``i`` is A's row ``row0 + i``, at ``A + (row / a_rows) a_bstride + (row mod
+    a_rows) lda``, its elements ``ka`` apart), ``c`` is ``(C, ldc)``."""
+    a, lda, ka, rows, stride, row0 = a_at
+    return (
+        f"  call void @geode_sgemm_packed_at(i64 {m}, i64 {n}, i64 {k}, float 1.0, ptr {a}, "
+        f"i64 {lda}, i64 {ka}, i64 {rows}, i64 {stride}, i64 {row0}, ptr {bp}, ptr null, "
+        f"float 0.0, ptr {c[0]}, i64 {c[1]}, i64 {threads})"
     )
 
 
