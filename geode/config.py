@@ -52,7 +52,14 @@ sibling_gemms             GEODE_SIBLING_GEMMS     a fused GEMM epilogue that rea
                                                   packed once and the cost model says it
                                                   pays (reason in explain())
 residual_epilogues        GEODE_RESIDUAL_EPILOGUES  the residual Add after a fused second
-                                                  GEMM is summed into that GEMM's panels
+                                                  GEMM is summed into that GEMM's panels,
+                                                  and a bias Add before it (a Linear
+                                                  layer's) added to its sums (same bits;
+                                                  reason in explain())
+transposed_operands       GEODE_TRANSPOSED_OPERANDS  a fused GEMM whose A is a Transpose of
+                                                  the last two axes (an MLP-Mixer's token
+                                                  mixing) reads the Transpose's input in
+                                                  place, when the cost model says it pays
                                                   (same bits; reason in explain())
 packed_weights            GEODE_PACKED_WEIGHTS    a native float32 MatMul whose B is a constant
                                                   matrix multiplies by a copy of B packed once
@@ -190,6 +197,7 @@ class Options:
     dense_epilogues: bool = True
     sibling_gemms: bool = True
     residual_epilogues: bool = True
+    transposed_operands: bool = True
     packed_weights: bool = True
     fusion_search: str = "greedy"
     conv_method: str = "auto"
@@ -226,6 +234,7 @@ class Options:
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
             "sibling_gemms": "GEODE_SIBLING_GEMMS",
             "residual_epilogues": "GEODE_RESIDUAL_EPILOGUES",
+            "transposed_operands": "GEODE_TRANSPOSED_OPERANDS",
             "packed_weights": "GEODE_PACKED_WEIGHTS",
             "fusion_search": "GEODE_FUSION_SEARCH",
             "conv_method": "GEODE_CONV_METHOD",
@@ -285,6 +294,7 @@ _BOOL_OPTIONS = (
     "dense_epilogues",
     "sibling_gemms",
     "residual_epilogues",
+    "transposed_operands",
     "packed_weights",
     "incremental",
     "stitch_fusion",

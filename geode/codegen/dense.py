@@ -62,11 +62,12 @@ class PanelGraph:
     @property
     def nodes(self) -> list[Node]:
         """The model's nodes the dense step runs: the MatMul (and its sibling), the
-        epilogue, the second MatMul (and the residual Add)."""
+        epilogue, the second MatMul (and the bias and residual Adds)."""
         ep = self.epilogue
-        extra = [n for n in (ep.second, ep.residual) if n is not None]
+        extra = [n for n in (ep.second, ep.bias, ep.residual) if n is not None]
         sibling = [ep.sibling] if ep.sibling is not None else []
-        return [self.dense, *sibling, *ep.group.nodes, *extra]
+        first = [ep.a_transpose] if ep.a_transpose is not None else []
+        return [*first, self.dense, *sibling, *ep.group.nodes, *extra]
 
 
 #: a role's panel dims: ``r`` the panel's rows, ``c`` the product's columns
@@ -200,7 +201,9 @@ def dense_module(
 
     if lowered.index_checks:
         raise CodegenError("an epilogue with index checks has no panel form")
-    a, b = pg.dense.inputs
+    if pg.epilogue.a_transpose is not None and not packed_n:
+        raise CodegenError("a GEMM reading A transposed in place needs B packed once")
+    a, b = pg.epilogue.a_value, pg.dense.inputs[1]
     _, outer, inner = _arguments(pg, lowered, views)
     name = f"geode_dense_{entry}"
     spec = DenseSpec(
@@ -219,6 +222,8 @@ def dense_module(
         packed_d,
         pg.epilogue.sibling is not None,
         pg.epilogue.residual is not None,
+        len(_bias_input(pg.epilogue).shape) if pg.epilogue.bias is not None else 0,
+        pg.epilogue.a_transpose is not None,
     )
     return name, dense_ir(spec)
 
@@ -241,9 +246,16 @@ def abandon_dense(ir: str) -> None:
 
 
 def _residual_input(ep: Epilogue) -> Value:
-    """The residual ``Add``'s input that is not the second product."""
-    o = ep.second.outputs[0]
+    """The residual ``Add``'s input that is not the second product (or the bias's sum)."""
+    o = (ep.bias if ep.bias is not None else ep.second).outputs[0]
     a, b = ep.residual.inputs
+    return b if a is o else a
+
+
+def _bias_input(ep: Epilogue) -> Value:
+    """The bias ``Add``'s input that is not the second product: the bias."""
+    o = ep.second.outputs[0]
+    a, b = ep.bias.inputs
     return b if a is o else a
 
 
@@ -260,8 +272,8 @@ def dense_kernel(
 ) -> tuple[DenseKernel, list[Value], list[Value]]:
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
     values of its inputs after ``A`` and ``B`` (a sibling's ``Bu`` packed, ``V``, a
-    residual ``R``, then the epilogue's) and of its outputs (the epilogue's, then ``O``,
-    or the residual ``Add``'s result). ``packed_n > 0``: ``B`` (float32, that many
+    residual ``R``, a bias, then the epilogue's) and of its outputs (the epilogue's, then
+    ``O``, or the residual's or the bias ``Add``'s result). ``packed_n > 0``: ``B`` (float32, that many
     columns) is passed packed once (:mod:`geode.codegen.packed_weights`); ``packed_d > 0``:
     likewise ``V`` (returned packed among the inputs; the caller passes ``B`` packed)."""
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
@@ -272,7 +284,7 @@ def dense_kernel(
     if lowered.index_checks:
         raise CodegenError("an epilogue with index checks has no panel form")
     lib = blas()
-    a, b = pg.dense.inputs
+    a, b = pg.epilogue.a_value, pg.dense.inputs[1]
     dtype = str(np.dtype(a.dtype))
     if lib is None:
         raise CodegenError("no BLAS found")
@@ -294,8 +306,9 @@ def dense_kernel(
         v_in[0] = packed_value(v_in[0])
     u_in = [packed_value(ep.sibling.inputs[1])] if ep.sibling is not None else []
     r_in = [_residual_input(ep)] if ep.residual is not None else []
-    ins = u_in + v_in + r_in + values[:n_ext_in]
-    last = ep.residual if ep.residual is not None else second
+    b_in = [_bias_input(ep)] if ep.bias is not None else []
+    ins = u_in + v_in + r_in + b_in + values[:n_ext_in]
+    last = next((n for n in (ep.residual, ep.bias, second) if n is not None), None)
     outs = values[n_ext_in:] + ([last.outputs[0]] if last is not None else [])
     specs = [
         ArgSpec("A", "input", dtype, len(a.shape), str(list(a.shape))),

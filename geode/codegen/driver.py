@@ -621,7 +621,7 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     packed = [c is not None and c.packed for c in choices]
     args = _dense_args(job, opts, job.native)
     kernel, ins, outs = dense_kernel(*args[:6], object_cache(opts), *args[6:])
-    job.inputs = [a, packed_value(b) if packed[0] else b, *ins]
+    job.inputs = [pg.epilogue.a_value, packed_value(b) if packed[0] else b, *ins]
     notes = [("" if i == 0 else "V: ") + c.text for i, c in enumerate(choices) if c is not None]
     job.weights = "; then ".join(notes)
     if packed[0] and (second is None or packed[1]):
@@ -636,8 +636,11 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     sibling, residual = pg.epilogue.sibling, pg.epilogue.residual
     if sibling is not None:  # taken only with both weights packed once
         job.weights += "; beside it U: " + choose_packing(a, sibling.inputs[1], opts).text
-    if residual is not None:
-        job.weights += f"; {residual.name} summed into the second GEMM's panels"
+    if pg.epilogue.a_transpose is not None:
+        job.weights += f"; A read in place through {pg.epilogue.a_transpose.name}"
+    adds = [n.name for n in (pg.epilogue.bias, residual) if n is not None]
+    if adds:
+        job.weights += f"; {' and '.join(adds)} summed into the second GEMM's panels"
     nodes = [pg.dense, second]
     job.packed_nodes = tuple(n.name for n, p in zip(nodes, packed) if p and n is not None)
     job.packed_nodes += (sibling.name,) if sibling is not None else ()

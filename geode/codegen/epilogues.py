@@ -21,12 +21,18 @@ from geode.codegen.packed_weights import choose_packing
 from geode.compiler.fusion.epilogue import (
     Epilogue,
     epilogue_legality,
-    residual_add,
     second_gemm,
     sibling_gemm,
+    store_adds,
+    transposed_a,
 )
 from geode.compiler.fusion.groups import FusionPlan, Group
-from geode.compiler.fusion.profit import epilogue_plan, residual_plan, sibling_plan
+from geode.compiler.fusion.profit import (
+    epilogue_plan,
+    sibling_plan,
+    store_plan,
+    transpose_plan,
+)
 from geode.compiler.ir import Graph, Node
 from geode.config import Options
 from geode.costmodel.device import DeviceSpec
@@ -118,20 +124,44 @@ def _sibling(ep: Epilogue, g: Graph, spec: DeviceSpec, native: Callable, opts: O
 def _residual(
     ep: Epilogue, jobs: list[KernelJob], g: Graph, spec: DeviceSpec, opts: Options
 ) -> tuple[KernelJob | None, str]:
-    """The job of the residual ``Add`` after the second MatMul when it is legal and pays
-    as that GEMM's starting value (attached to ``ep``), and the decision's text."""
+    """The job of the bias and residual ``Add`` nodes after the second MatMul when they are
+    legal and pay as part of that GEMM's store (attached to ``ep``), and the decision's
+    text."""
     job = _consumer_job(ep.second, jobs)
     if job is None:
         return None, ""
-    found = residual_add(ep, job.group, g)
+    found = store_adds(ep, job.group, g)
     if isinstance(found, str):
         return None, f"no residual: {found}"
+    adds = [a for a in (found.bias, found.residual) if a is not None]
+    names = " and ".join(a.name for a in adds)
     if not _packed(None, ep.second, opts):
-        return None, f"{found.name} apart: a residual needs V packed once"
-    take, why = residual_plan(ep.second, found, spec)
+        return None, f"{names} apart: a bias or a residual needs V packed once"
+    take, why = store_plan(ep.second, adds, spec)
     if not take:
-        return None, f"{found.name} apart: {why}"
-    ep.residual = found
+        return None, f"{names} apart: {why}"
+    ep.bias, ep.residual = found.bias, found.residual
+    return job, why
+
+
+def _transposed(
+    ep: Epilogue, jobs: list[KernelJob], g: Graph, spec: DeviceSpec, opts: Options
+) -> tuple[KernelJob | None, str]:
+    """The job of the Transpose that makes the dense node's ``A`` when the GEMM reads its
+    input in place instead, legal and paying (attached to ``ep``), and the decision's text
+    ("" when ``A`` is no Transpose's result)."""
+    found = transposed_a(ep, g)
+    if isinstance(found, str):
+        return None, "" if found == "A is not a Transpose's result" else f"A copied: {found}"
+    job = next((j for j in jobs if j.panel is None and j.group.names == {found.name}), None)
+    if job is None:
+        return None, f"A copied: {found.name} is not a kernel of its own"
+    if not _packed(found.inputs[0], ep.dense, opts):
+        return None, f"A copied: reading {found.name}'s input in place needs B packed once"
+    take, why = transpose_plan(found, ep.dense, spec)
+    if not take:
+        return None, f"A copied: {why}"
+    ep.a_transpose = found
     return job, why
 
 
@@ -174,6 +204,7 @@ def attach_epilogues(
     dropped: set[str] = set()
     moved: dict[str, KernelJob] = {}  # second MatMul's name -> the job that runs in its place
     absorbed: dict[int, KernelJob] = {}  # a residual Add's job id -> the job that runs there
+    gone: set[int] = set()  # ids of the jobs of Transposes their GEMM reads in place
     pre: dict[int, KernelJob] = {}  # job id -> its hoisted nodes' job
     for item in _deciding_order(work, jobs, g, native, opts):
         if item.name in dropped:
@@ -189,6 +220,10 @@ def attach_epilogues(
             plan.epilogues.append(f"{item.name}: keep apart from group {job.group.id}: {ep}")
             continue
         plan.epilogues.append(f"{item.name} + group {job.group.id} -> {job.name}: {ep.reason}")
+        if opts.transposed_operands:
+            t_job, text = _transposed(ep, [j for j in jobs if id(j) not in gone], g, spec, opts)
+            plan.epilogues[-1] += f"; {text}" if text else ""
+            gone |= {id(t_job)} if t_job is not None else set()
         dropped.add(item.name)
         plan.unfused.pop(item.name, None)
         if ep.hoisted:
@@ -211,6 +246,8 @@ def attach_epilogues(
                 del moved[ep.second.name]
     out: list = []
     for w in work:
+        if id(w) in gone:
+            continue  # a Transpose its GEMM reads in place
         if isinstance(w, KernelJob) and id(w) in pre:
             out.append(pre[id(w)])
         if isinstance(w, KernelJob) and id(w) in absorbed:

@@ -1,5 +1,5 @@
 """A gated MLP as one dense step (codegen/epilogues.py, fusion/epilogue.py: sibling_gemm,
-residual_add; fusion/profit.py: sibling_plan, residual_plan; llvm/dense.py): the gate
+store_adds; fusion/profit.py: sibling_plan, store_plan; llvm/dense.py): the gate
 GEMM's epilogue reads the up GEMM's product, which is computed per panel from the same
 rows of A (never in memory), and the residual Add after the down GEMM is its starting
 value. Checked against numpy (float64), against the unfused plan bit for bit, and across
@@ -188,14 +188,30 @@ def test_up_read_elsewhere_stays_apart_with_its_reason():
     _close(out["up"], x.astype(np.float64) @ W["wu"])
 
 
-def test_a_broadcast_add_after_the_down_gemm_is_not_a_residual():
-    """A bias ``[D]`` after the down GEMM is no residual (not the product's shape)."""
+def test_a_bias_after_the_down_gemm_is_added_in_its_store():
+    """A bias ``[D]`` right after the down GEMM is added to its sums as it stores them
+    (tests/codegen/test_store_adds.py has the rest)."""
     bias = _rand(40)
     g = _gated(W, norm=False, residual=False, bias=bias)
     model = _compile(g, 2)
-    assert "no residual: the residual's shape is not the second product's" in model.explain()
+    assert "summed into the second GEMM's panels" in model.explain()
+    (dense,) = _dense(model)
+    assert [n.op_type for n in dense.ops][-2:] == ["MatMul", "Add"]
     x = _rand(2, 5, 40)
-    _close(model(x=x)["y"], _want(x, W, norm=False, residual=False) + bias)
+    got = model(x=x)["y"]
+    _close(got, _want(x, W, norm=False, residual=False) + bias)
+    np.testing.assert_array_equal(got, _compile(g, 2, **OFF)(x=x)["y"])
+
+
+def test_a_bias_after_the_residual_stays_apart_with_its_reason():
+    """``(x + down) + bias``: the residual first, then the bias; the store adds a bias
+    before the residual only (the other order has other bits), so both stay apart."""
+    bias = _rand(40)
+    g = _gated(W, norm=False, residual=True, bias=bias)
+    model = _compile(g, 2)
+    assert "the first Add after the second product is not a bias of D values" in model.explain()
+    x = _rand(2, 5, 40)
+    _close(model(x=x)["y"], _want(x, W, norm=False) + bias)
 
 
 def test_a_residual_that_is_another_products_result():

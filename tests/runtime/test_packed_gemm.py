@@ -160,3 +160,100 @@ def test_random_shapes(m, k, n, isa, seed):
     with _path(isa):
         got = _run(a, native.pack_weight(b), n, threads=2)
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+
+
+_BIAS = native.packed_gemm_bias_function()
+
+
+def _run_bias(a, bp, n, bias, c=None, beta=0.0, threads=0):
+    m, k = a.shape
+    out = np.full((m, n), np.nan, np.float32) if c is None else c
+    lda, ldc = max(k, 1), max(n, 1)
+    ptr = None if bias is None else bias.ctypes.data
+    _BIAS(
+        m, n, k, 1.0, a.ctypes.data, lda, bp.ctypes.data, ptr, beta, out.ctypes.data, ldc, threads
+    )
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    m=st.integers(0, 40),
+    k=st.integers(0, 40),
+    n=st.integers(1, 70),
+    isa=st.sampled_from(ISAS),
+    residual=st.booleans(),
+    threads=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_bias_and_residual_are_the_bits_of_adding_after(m, k, n, isa, residual, threads, seed):
+    """``A @ B + bias (+ C)``: each element its sum, plus its column's bias, plus C's value
+    (beta 1), on every path and thread count the same bits as the product alone followed
+    by numpy's two float32 adds (``k = 0``: the sums are zeros)."""
+    a, b = _operands(m, k, n, seed)
+    rng = np.random.default_rng(seed + 1)
+    bias = rng.standard_normal(n).astype(np.float32)
+    r = rng.standard_normal((m, n)).astype(np.float32)
+    bp = native.pack_weight(b)
+    with _path(isa):
+        plain = _run(a, bp, n, threads=threads)
+        got = _run_bias(a, bp, n, bias, r.copy() if residual else None, float(residual), threads)
+    want = plain + bias
+    if residual:
+        want = want + r
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_no_bias_is_the_plain_product(isa):
+    a, b = _operands(13, 21, 35)
+    bp = native.pack_weight(b)
+    with _path(isa):
+        np.testing.assert_array_equal(_run_bias(a, bp, 35, None), _run(a, bp, 35))
+
+
+_AT = native.packed_gemm_at_function()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batch=st.integers(1, 4),
+    rows=st.integers(1, 30),
+    k=st.integers(0, 30),
+    n=st.integers(1, 40),
+    isa=st.sampled_from(ISAS),
+    threads=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_read_transposed_in_place(batch, rows, k, n, isa, threads, seed):
+    """``X [batch, K, R]`` read as ``A = X^T [batch, R, K]`` (row tiles cut at each batch's
+    last row), from any first row: the same bits as the product of ``A`` copied out."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, k, rows)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bp = native.pack_weight(b)
+    a = np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(batch * rows, k)
+    row0 = int(rng.integers(0, batch * rows))
+    m = batch * rows - row0
+    got = np.full((m, n), np.nan, np.float32)
+    with _path(isa):
+        want = _run(a[row0:], bp, n, threads=threads)
+        _AT(
+            m,
+            n,
+            k,
+            1.0,
+            x.ctypes.data,
+            1,
+            rows,
+            rows,
+            k * rows,
+            row0,
+            bp.ctypes.data,
+            None,
+            0.0,
+            got.ctypes.data,
+            n,
+            threads,
+        )
+    np.testing.assert_array_equal(got, want)

@@ -44,9 +44,11 @@ from geode.compiler.shapes import dims_equal
 __all__ = [
     "Epilogue",
     "epilogue_legality",
-    "residual_add",
+    "StoreAdds",
     "second_gemm",
     "sibling_gemm",
+    "store_adds",
+    "transposed_a",
     "value_role",
 ]
 
@@ -72,8 +74,21 @@ class Epilogue:
     #: beside the product: :func:`sibling_gemm`), or None
     sibling: Node | None = None
     #: the residual ``Add`` after the second MatMul, summed into its product
-    #: (:func:`residual_add`), or None
+    #: (:func:`store_adds`), or None
     residual: Node | None = None
+    #: the bias ``Add`` right after the second MatMul (a Linear layer's), added to each of
+    #: its sums before the residual (:func:`store_adds`), or None
+    bias: Node | None = None
+    #: the Transpose (of the last two axes) that makes the dense node's ``A``, read in
+    #: place by the GEMM (:func:`transposed_a`), or None
+    a_transpose: Node | None = None
+
+    @property
+    def a_value(self) -> Value:
+        """The value the GEMM reads as ``A``: the MatMul's, or its Transpose's input."""
+        if self.a_transpose is not None:
+            return self.a_transpose.inputs[0]
+        return self.dense.inputs[0]
 
     @property
     def batched(self) -> bool:
@@ -292,31 +307,117 @@ def sibling_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
     return found
 
 
-def residual_add(ep: Epilogue, group: Group, graph: Graph) -> Node | str:
-    """The residual ``Add`` that ``group`` (the only reader of the second MatMul's result
-    ``O``) is: one ``Add`` of ``O`` and a value of ``O``'s exact shape and type, which the
-    second GEMM can start its sums from (``O = P @ V + R``, the same bits as adding after);
-    else why not."""
+@dataclass(frozen=True)
+class StoreAdds:
+    """What the second GEMM adds to its sums as it stores them: a bias ``Add`` (a row of
+    ``D`` values, a Linear layer's), then a residual ``Add`` (a value of the product's
+    shape); either may be None, not both."""
+
+    bias: Node | None
+    residual: Node | None
+
+    @property
+    def last(self) -> Node:
+        """The ``Add`` whose result the second GEMM then writes."""
+        return self.residual if self.residual is not None else self.bias  # type: ignore[return-value]
+
+
+def _other(add: Node, v: Value) -> Value | str:
+    """The ``Add``'s input that is not ``v`` (which it reads once), or why not."""
+    ins = list(add.inputs)
+    if add.op_type != "Add" or len(ins) != 2 or sum(1 for x in ins if x is v) != 1:
+        return "the Add does not read the second product once"
+    return ins[1] if ins[0] is v else ins[0]
+
+
+def _same_shape(shape: object, want: tuple) -> bool:
+    return (
+        shape is not None
+        and len(shape) == len(want)  # type: ignore[arg-type]
+        and all(_same(x, y) for x, y in zip(shape, want))  # type: ignore[call-overload]
+    )
+
+
+def _is_bias(b: Value, o: Value) -> bool:
+    """``b`` is ``D`` values of ``o``'s type, one per column (``[D]`` or ``[1, ..., D]``)."""
+    shape = b.shape
+    if shape is None or not shape or len(shape) > len(o.shape) or b.dtype != o.dtype:
+        return False
+    return _same(shape[-1], o.shape[-1]) and all(_same(d, 1) for d in shape[:-1])
+
+
+def _read_once(v: Value, graph: Graph) -> bool:
+    return not any(x is v for x in graph.outputs) and len(v.consumers) == 1
+
+
+def store_adds(ep: Epilogue, group: Group, graph: Graph) -> StoreAdds | str:
+    """The ``Add`` nodes that ``group`` (the only reader of the second MatMul's result
+    ``O``) is, when the second GEMM can add them to its sums as it stores them: a bias
+    (``O + b``, ``b`` of ``D`` values: the GEMM adds ``b`` to each sum), a residual (``O +
+    R``, ``R`` of ``O``'s exact shape and type: the GEMM starts from ``R``), or a bias then
+    a residual (``(O + b) + R``, the bias's result read by the residual's ``Add`` alone).
+    The same bits as adding after: each element is its sum, plus the bias, plus ``R``.
+    Else why not."""
     if ep.second is None:
         return "no second MatMul"
     o = ep.second.outputs[0]
-    if len(group.nodes) != 1 or group.nodes[0].op_type != "Add":
-        return "the second product's reader is not one Add"
-    add = group.nodes[0]
-    if any(x is o for x in graph.outputs) or len(o.consumers) != 1:
+    if not _read_once(o, graph):
         return "the second product is read more than once"
-    ins = list(add.inputs)
-    if len(ins) != 2 or sum(1 for x in ins if x is o) != 1:
-        return "the Add does not read the second product once"
-    r = ins[1] if ins[0] is o else ins[0]
+    nodes = group.nodes
+    if not 1 <= len(nodes) <= 2 or any(n.op_type != "Add" for n in nodes):
+        return "the second product's reader is not one Add (or a bias Add, then one Add)"
+    first = _other(nodes[0], o)
+    if isinstance(first, str):
+        return first
+    bias = nodes[0] if _is_bias(first, o) else None
+    if len(nodes) == 2:
+        if bias is None:
+            return "the first Add after the second product is not a bias of D values"
+        mid = nodes[0].outputs[0]
+        if not _read_once(mid, graph):
+            return "the bias Add's result is read more than once"
+        r = _other(nodes[1], mid)
+        if isinstance(r, str):
+            return "the second Add does not read the bias Add's result once"
+    elif bias is not None:
+        out = nodes[0].outputs[0]
+        if out.dtype != o.dtype or not _same_shape(out.shape, tuple(o.shape)):
+            return "the bias Add's result is not the second product's shape"
+        return StoreAdds(nodes[0], None)
+    else:
+        r = first
+    add = nodes[-1]
     out = add.outputs[0]
     if r.dtype != o.dtype or out.dtype != o.dtype:
         return "the residual's type is not the product's"
     for shape in (r.shape, out.shape):
-        if (
-            shape is None
-            or len(shape) != len(o.shape)
-            or not all(_same(x, y) for x, y in zip(shape, o.shape))
-        ):
+        if not _same_shape(shape, tuple(o.shape)):
             return "the residual's shape is not the second product's"
-    return add
+    return StoreAdds(bias, add)
+
+
+def transposed_a(ep: Epilogue, graph: Graph) -> Node | str:
+    """The Transpose of the last two axes whose result is the dense node's ``A`` and is
+    read by it alone, which the GEMM can read in place (``X [..., K, R]`` read as ``A
+    [..., R, K]``: each row of ``A`` a column of ``X``; the same bits as the copy), else
+    why not. An unbatched product (``B`` a matrix) without a sibling GEMM only."""
+    a = ep.dense.inputs[0]
+    t = a.producer
+    if t is None or t.op_type != "Transpose":
+        return "A is not a Transpose's result"
+    x = t.inputs[0]
+    if x.shape is None or len(x.shape) < 2 or a.shape is None:
+        return "the Transpose's input shape is unknown"
+    r = len(x.shape)
+    perm = [int(p) for p in t.attrs.get("perm", list(reversed(range(r))))]
+    if perm != [*range(r - 2), r - 1, r - 2]:
+        return f"the Transpose's perm {perm} does not swap the last two axes alone"
+    if any(o is a for o in graph.outputs) or len(a.consumers) != 1:
+        return "the Transpose's result is read by more than the MatMul"
+    if ep.batched:
+        return "the product is batched"
+    if ep.sibling is not None:
+        return "a sibling GEMM reads A too"
+    if x.dtype != a.dtype:
+        return "the Transpose changes the type"
+    return t

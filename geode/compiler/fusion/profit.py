@@ -312,19 +312,34 @@ def sibling_plan(dense: Node, sibling: Node, spec: DeviceSpec) -> tuple[bool, st
     return d.take, f"{sibling.name} per panel beside {dense.name}: {d.reason}"
 
 
-def residual_plan(second: Node, add: Node, spec: DeviceSpec) -> tuple[bool, str]:
-    """Whether the residual ``add`` after the ``second`` MatMul pays as that GEMM's
-    starting value, and why, by the SOL model: apart, the GEMM writes its product, the
-    ``Add`` (a launch) reads it and the residual and writes the sum; fused, the panel
-    reads the residual and writes the sum."""
-    o, out = second.outputs[0], add.outputs[0]
-    r = add.inputs[1] if add.inputs[0] is o else add.inputs[0]
+def store_plan(second: Node, adds: list[Node], spec: DeviceSpec) -> tuple[bool, str]:
+    """Whether the ``adds`` after the ``second`` MatMul (a bias ``Add``, then a residual
+    ``Add``, or one of them; :func:`geode.compiler.fusion.epilogue.store_adds`) pay as
+    part of that GEMM's store, and why, by the SOL model: apart, the GEMM writes its
+    product, the ``Add`` kernel (a launch) reads it and their other inputs and writes the
+    result; fused, the panel reads those inputs and writes the result."""
+    o, out = second.outputs[0], adds[-1].outputs[0]
+    mids = {id(o)} | {id(a.outputs[0]) for a in adds}
+    others = [x for a in adds for x in a.inputs if id(x) not in mids]
+    read = sum(nbytes(x) for x in others)
+    flops = numel(out) * len(adds)
     store = KernelWork(bytes_read=0.0, bytes_written=nbytes(o), flops=0.0, n_kernels=0)
-    alone = KernelWork(
-        bytes_read=nbytes(o) + nbytes(r), bytes_written=nbytes(out), flops=numel(out)
-    )
-    fused = KernelWork(
-        bytes_read=nbytes(r), bytes_written=nbytes(out), flops=numel(out), n_kernels=0
-    )
+    alone = KernelWork(bytes_read=nbytes(o) + read, bytes_written=nbytes(out), flops=flops)
+    fused = KernelWork(bytes_read=read, bytes_written=nbytes(out), flops=flops, n_kernels=0)
     d = decide_merge([store, alone], fused, spec)
-    return d.take, f"{add.name} summed into {second.name}'s panels: {d.reason}"
+    names = " and ".join(a.name for a in adds)
+    return d.take, f"{names} summed into {second.name}'s panels: {d.reason}"
+
+
+def transpose_plan(transpose: Node, dense: Node, spec: DeviceSpec) -> tuple[bool, str]:
+    """Whether the GEMM of ``dense`` reading ``transpose``'s input in place (its ``A``
+    transposed) pays, and why, by the SOL model: apart, the Transpose's kernel (a launch)
+    reads ``X`` and writes ``X^T``, which the GEMM reads; in place, the GEMM reads ``X``
+    (its row tiles walk ``X``'s columns: each step along ``K`` reads a few contiguous
+    values of one row of ``X``, the same bytes)."""
+    x, a = transpose.inputs[0], transpose.outputs[0]
+    copy = KernelWork(bytes_read=nbytes(x), bytes_written=nbytes(a), flops=0.0)
+    read = KernelWork(bytes_read=nbytes(a), bytes_written=0.0, flops=0.0, n_kernels=0)
+    fused = KernelWork(bytes_read=nbytes(x), bytes_written=0.0, flops=0.0, n_kernels=0)
+    d = decide_merge([copy, read], fused, spec)
+    return d.take, f"{transpose.name} read in place by {dense.name} (A transposed): {d.reason}"

@@ -100,6 +100,8 @@ __all__ = [
     "call_chain",
     "PACK_NR",
     "pack_weight",
+    "packed_gemm_at_function",
+    "packed_gemm_bias_function",
     "packed_gemm_function",
     "packed_size",
     "set_packed_isa",
@@ -206,6 +208,34 @@ def packed_gemm_function() -> Any:
     return signature(symbols()["geode_sgemm_packed"])
 
 
+def packed_gemm_bias_function() -> Any:
+    """``geode_sgemm_packed_bias`` as a ctypes function (tests, benchmarks): ``(m, n, k,
+    alpha, a, lda, packed_b, bias, beta, c, ldc, threads)`` computes ``C = alpha A @ B +
+    bias + beta C`` like :func:`packed_gemm_function`, ``bias`` (``n`` floats, or None)
+    added to every row after alpha and before ``beta C``: each element is its sum, plus
+    its column's bias, plus ``C``'s value (beta 1), the bits of adding them after."""
+    import ctypes
+
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    signature = ctypes.CFUNCTYPE(None, i64, i64, i64, f32, ptr, i64, ptr, ptr, f32, ptr, i64, i64)
+    return signature(symbols()["geode_sgemm_packed_bias"])
+
+
+def packed_gemm_at_function() -> Any:
+    """``geode_sgemm_packed_at`` as a ctypes function (tests, benchmarks): ``(m, n, k,
+    alpha, a, lda, ka, a_rows, a_bstride, row0, packed_b, bias, beta, c, ldc, threads)``,
+    :func:`packed_gemm_bias_function` with ``A``'s rows anywhere: ``C``'s row ``i`` is
+    ``A``'s row ``row = row0 + i`` at ``a + (row // a_rows) * a_bstride + (row % a_rows) *
+    lda`` (``a_rows`` 0: ``a + row * lda``), its element ``p`` at ``+ p * ka``: an ``X``
+    of shape ``[batch, K, R]`` read as its transpose ``[batch, R, K]`` is ``lda`` 1, ``ka``
+    and ``a_rows`` R, ``a_bstride`` K x R."""
+    import ctypes
+
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    args = [i64, i64, i64, f32, ptr, i64, i64, i64, i64, i64, ptr, ptr, f32, ptr, i64, i64]
+    return ctypes.CFUNCTYPE(None, *args)(symbols()["geode_sgemm_packed_at"])
+
+
 def set_packed_isa(isa: int) -> int:
     """Testing hook: the packed GEMM's path (0 plain C, 1 AVX2 + FMA, 2 AVX-512F; a
     negative value: the default again, the best the CPU runs or ``GEODE_PACKED_ISA``).
@@ -216,8 +246,9 @@ def set_packed_isa(isa: int) -> int:
 def symbols() -> dict[str, int]:
     """Return the runtime's C functions for JIT code as ``{name: address}``:
     ``geode_parallel_for``, ``geode_parallel_steps``, ``geode_num_threads``, ``geode_gemm`` (see
-    :data:`gemm_configure`), ``geode_sgemm_packed`` and ``geode_sgemm_pack`` (see
-    :func:`packed_gemm_function`, :func:`pack_weight`), ``geode_scratch`` (``void
+    :data:`gemm_configure`), ``geode_sgemm_packed``, ``geode_sgemm_packed_bias``,
+    ``geode_sgemm_packed_at`` and ``geode_sgemm_pack`` (see :func:`packed_gemm_function`,
+    :func:`packed_gemm_bias_function`, :func:`packed_gemm_at_function`, :func:`pack_weight`), ``geode_scratch`` (``void
     *geode_scratch(int64_t slot, int64_t bytes)``: the calling thread's buffer for ``slot``
     (0 to 3), at least ``bytes`` long, 64-byte aligned, kept for its next call; NULL when
     out of memory), and ``geode_check_indices``, a kernel entry (see "Kernel calls") that a

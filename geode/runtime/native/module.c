@@ -110,13 +110,16 @@ static PyObject *py_symbols(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
+    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
                          PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_parallel_steps",
                          PyLong_FromVoidPtr((void *)&geode_parallel_steps), "geode_num_threads",
                          PyLong_FromVoidPtr((void *)&geode_num_threads), "geode_scratch",
                          PyLong_FromVoidPtr((void *)&geode_scratch), "geode_gemm",
                          PyLong_FromVoidPtr((void *)&geode_gemm), "geode_sgemm_packed",
-                         PyLong_FromVoidPtr((void *)&geode_sgemm_packed), "geode_sgemm_pack",
+                         PyLong_FromVoidPtr((void *)&geode_sgemm_packed),
+                         "geode_sgemm_packed_bias", PyLong_FromVoidPtr((void *)&geode_sgemm_packed_bias),
+                         "geode_sgemm_packed_at", PyLong_FromVoidPtr((void *)&geode_sgemm_packed_at),
+                         "geode_sgemm_pack",
                          PyLong_FromVoidPtr((void *)&geode_sgemm_pack), "geode_conv_winograd",
                          PyLong_FromVoidPtr((void *)&geode_conv_winograd), "geode_check_indices",
                          PyLong_FromVoidPtr((void *)&geode_check_indices));

@@ -72,6 +72,15 @@ GEODE_EXPORT void geode_sgemm_pack(int64_t k, int64_t n, const float *b, int64_t
 GEODE_EXPORT void geode_sgemm_packed(int64_t m, int64_t n, int64_t k, float alpha,
                                      const float *a, int64_t lda, const float *bp, float beta,
                                      float *c, int64_t ldc, int64_t threads);
+GEODE_EXPORT void geode_sgemm_packed_bias(int64_t m, int64_t n, int64_t k, float alpha,
+                                          const float *a, int64_t lda, const float *bp,
+                                          const float *bias, float beta, float *c, int64_t ldc,
+                                          int64_t threads);
+GEODE_EXPORT void geode_sgemm_packed_at(int64_t m, int64_t n, int64_t k, float alpha,
+                                        const float *a, int64_t lda, int64_t ka, int64_t a_rows,
+                                        int64_t a_bstride, int64_t row0, const float *bp,
+                                        const float *bias, float beta, float *c, int64_t ldc,
+                                        int64_t threads);
 int geode_sgemm_packed_isa(void);      /* the path in use: 0 plain C, 1 AVX2, 2 AVX-512 */
 int geode_sgemm_packed_best_isa(void); /* the best path this CPU runs */
 int geode_sgemm_packed_set_isa(int isa); /* test hook (see sgemm_packed.c) */

@@ -11,7 +11,9 @@
 
    Every element is c[i][j] = sum over k in order of a[i][k] * b[k][j], one fused
    multiply-add per term from zero (the plain C path: a multiply then an add), then
-   times alpha when alpha is not 1, then plus beta * c when beta is not 0. So an element's
+   times alpha when alpha is not 1, then plus the column's bias when one is given
+   (geode_sgemm_packed_bias: a Linear layer's bias), then plus beta * c when beta is not 0
+   (a residual: the bits of adding the bias, then C, after the product). So an element's
    value does not depend on the tile or the block it falls in: the product is split over
    the pool by column panels (few rows) or row blocks (many rows), and gives the same bits
    on any thread count; the AVX-512 and AVX2 paths give the same bits too.
@@ -46,17 +48,23 @@ typedef struct {
     float alpha, beta;
 } scale_t;
 
-typedef void (*tile_fn)(const float *a, int64_t lda, const float *bp, int64_t k, float *c,
-                        int64_t ldc, int64_t last, const scale_t *s);
+/* a: the tile's first row of A, row r at a + r lda, element p of a row at + p ka (1, or A's
+   rows when A is read transposed); bias: NULL, or the bias of the tile's first column (a
+   tile reads its columns of it) */
+typedef void (*tile_fn)(const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k, float *c,
+                        int64_t ldc, int64_t last, const scale_t *s, const float *bias);
 
 /* ---------------------------------------------------------------- AVX-512F */
 
 #define MR512 8
 
-T512 INLINE __m512 finish512(__m512 x, const float *out, __mmask16 m, const scale_t *s)
+T512 INLINE __m512 finish512(__m512 x, const float *out, __mmask16 m, const scale_t *s,
+                             const float *bias)
 {
     if (s->alpha != 1.0f)
         x = _mm512_mul_ps(x, _mm512_set1_ps(s->alpha));
+    if (bias != NULL)
+        x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, bias));
     if (s->beta != 0.0f) {
         __m512 old = _mm512_maskz_loadu_ps(m, out);
         if (s->beta != 1.0f)
@@ -67,8 +75,9 @@ T512 INLINE __m512 finish512(__m512 x, const float *out, __mmask16 m, const scal
 }
 
 /* R rows x V panels; `last` columns (1..16) of the last panel are stored. */
-T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, const float *bp, int64_t k,
-                         float *c, int64_t ldc, int64_t last, const scale_t *s)
+T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k,
+                         float *c, int64_t ldc, int64_t last, const scale_t *s,
+                         const float *bias)
 {
     __m512 acc[MR512][8];
     const int64_t ps = k * NR;
@@ -84,7 +93,7 @@ T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, const float 
             bv[v] = _mm512_loadu_ps(bp + v * ps + p * NR);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            __m512 av = _mm512_set1_ps(a[r * lda + p]);
+            __m512 av = _mm512_set1_ps(a[r * lda + p * ka]);
 #pragma GCC unroll 8
             for (int v = 0; v < V; v++)
                 acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
@@ -97,15 +106,17 @@ T512 INLINE void tile512(int R, int V, const float *a, int64_t lda, const float 
         for (int v = 0; v < V; v++) {
             float *out = c + r * ldc + v * NR;
             __mmask16 m = v == V - 1 ? tail : full;
-            _mm512_mask_storeu_ps(out, m, finish512(acc[r][v], out, m, s));
+            const float *bv = bias != NULL ? bias + v * NR : NULL;
+            _mm512_mask_storeu_ps(out, m, finish512(acc[r][v], out, m, s, bv));
         }
 }
 
 #define W512(R, V)                                                                          \
-    T512 static void t512_##R##_##V(const float *a, int64_t lda, const float *bp, int64_t k, \
-                                    float *c, int64_t ldc, int64_t last, const scale_t *s)  \
+    T512 static void t512_##R##_##V(const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k, \
+                                    float *c, int64_t ldc, int64_t last, const scale_t *s,  \
+                                    const float *bias)                                      \
     {                                                                                       \
-        tile512(R, V, a, lda, bp, k, c, ldc, last, s);                                      \
+        tile512(R, V, a, lda, ka, bp, k, c, ldc, last, s, bias);                            \
     }
 #define W512_ROWS(V)                                                                        \
     W512(1, V) W512(2, V) W512(3, V) W512(4, V) W512(5, V) W512(6, V) W512(7, V) W512(8, V)
@@ -137,10 +148,13 @@ static int panels512(int rows)
 
 static const int32_t g_mask_words[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
-T256 INLINE __m256 finish256(__m256 x, const float *out, __m256i m, const scale_t *s)
+T256 INLINE __m256 finish256(__m256 x, const float *out, __m256i m, const scale_t *s,
+                             const float *bias)
 {
     if (s->alpha != 1.0f)
         x = _mm256_mul_ps(x, _mm256_set1_ps(s->alpha));
+    if (bias != NULL)
+        x = _mm256_add_ps(x, _mm256_maskload_ps(bias, m));
     if (s->beta != 0.0f) {
         __m256 old = _mm256_maskload_ps(out, m);
         if (s->beta != 1.0f)
@@ -152,8 +166,9 @@ T256 INLINE __m256 finish256(__m256 x, const float *out, __m256i m, const scale_
 
 /* R rows x V panels (two vectors of 8 each); `last` columns (1..16) of the last panel
    stored. */
-T256 INLINE void tile256(int R, int V, const float *a, int64_t lda, const float *bp, int64_t k,
-                         float *c, int64_t ldc, int64_t last, const scale_t *s)
+T256 INLINE void tile256(int R, int V, const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k,
+                         float *c, int64_t ldc, int64_t last, const scale_t *s,
+                         const float *bias)
 {
     __m256 acc[MR256][8];
     const int64_t ps = k * NR;
@@ -169,7 +184,7 @@ T256 INLINE void tile256(int R, int V, const float *a, int64_t lda, const float 
             bv[v] = _mm256_loadu_ps(bp + (v / 2) * ps + p * NR + 8 * (v % 2));
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
-            __m256 av = _mm256_broadcast_ss(a + r * lda + p);
+            __m256 av = _mm256_broadcast_ss(a + r * lda + p * ka);
 #pragma GCC unroll 8
             for (int v = 0; v < 2 * V; v++)
                 acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
@@ -188,15 +203,17 @@ T256 INLINE void tile256(int R, int V, const float *a, int64_t lda, const float 
             const __m256i m = !tail ? ones : v % 2 == 0 ? m0 : m1;
             if (tail && v % 2 == 1 && hi == 0)
                 continue;
-            _mm256_maskstore_ps(out, m, finish256(acc[r][v], out, m, s));
+            const float *bv = bias != NULL ? bias + 8 * v : NULL;
+            _mm256_maskstore_ps(out, m, finish256(acc[r][v], out, m, s, bv));
         }
 }
 
 #define W256(R, V)                                                                          \
-    T256 static void t256_##R##_##V(const float *a, int64_t lda, const float *bp, int64_t k, \
-                                    float *c, int64_t ldc, int64_t last, const scale_t *s)  \
+    T256 static void t256_##R##_##V(const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k, \
+                                    float *c, int64_t ldc, int64_t last, const scale_t *s,  \
+                                    const float *bias)                                      \
     {                                                                                       \
-        tile256(R, V, a, lda, bp, k, c, ldc, last, s);                                      \
+        tile256(R, V, a, lda, ka, bp, k, c, ldc, last, s, bias);                            \
     }
 W256(1, 1) W256(2, 1) W256(3, 1) W256(4, 1) W256(5, 1) W256(6, 1)
 W256(1, 2) W256(2, 2) W256(3, 2) W256(1, 3) W256(1, 4)
@@ -221,14 +238,14 @@ static int panels256(int rows)
 #define MRC 4
 
 /* R rows x one panel, no fused multiply-add (the baseline x86-64 has none to contract to) */
-static void tile_c(int R, const float *a, int64_t lda, const float *bp, int64_t k, float *c,
-                   int64_t ldc, int64_t last, const scale_t *s)
+static void tile_c(int R, const float *a, int64_t lda, int64_t ka, const float *bp, int64_t k,
+                   float *c, int64_t ldc, int64_t last, const scale_t *s, const float *bias)
 {
     float acc[MRC][NR];
     memset(acc, 0, sizeof acc);
     for (int64_t p = 0; p < k; p++)
         for (int r = 0; r < R; r++) {
-            const float av = a[r * lda + p];
+            const float av = a[r * lda + p * ka];
             for (int j = 0; j < NR; j++) {
                 float prod = av * bp[p * NR + j];
                 acc[r][j] = acc[r][j] + prod;
@@ -239,6 +256,8 @@ static void tile_c(int R, const float *a, int64_t lda, const float *bp, int64_t 
             float x = acc[r][j];
             if (s->alpha != 1.0f)
                 x = x * s->alpha;
+            if (bias != NULL)
+                x = x + bias[j];
             if (s->beta != 0.0f) {
                 float old = c[r * ldc + j];
                 if (s->beta != 1.0f)
@@ -336,9 +355,14 @@ GEODE_EXPORT void geode_sgemm_pack(int64_t k, int64_t n, const float *b, int64_t
 
 typedef struct {
     int64_t m, n, k, lda, ldc;
+    int64_t ka;        /* A's element stride along k (1: row-major) */
+    int64_t a_rows;    /* > 0: A's rows come in batches of this many ... */
+    int64_t a_bstride; /* ... a batch this many elements after the previous one */
+    int64_t row0;      /* the first row of A this product reads (C's row 0) */
     const float *a, *bp;
     float *c;
     scale_t s;
+    const float *bias; /* NULL: none */
     int isa;
     int by_cols;        /* blocks are column panels (else rows) */
     int64_t panels;     /* ceil(n / 16) */
@@ -354,9 +378,15 @@ static void run_block(const packed_t *g, int64_t r0, int64_t r1, int64_t p0, int
     const int mr = g->isa == ISA_AVX512 ? MR512 : g->isa == ISA_AVX2 ? MR256 : MRC;
     for (int64_t q0 = p0; q0 < p1; q0 += g->cache_pan) {
         const int64_t q1 = q0 + g->cache_pan < p1 ? q0 + g->cache_pan : p1;
-        for (int64_t i = r0; i < r1; i += mr) {
-            const int rows = r1 - i < mr ? (int)(r1 - i) : mr;
-            const float *ai = g->a + i * g->lda;
+        for (int64_t i = r0; i < r1;) {
+            int rows = r1 - i < mr ? (int)(r1 - i) : mr;
+            const float *ai = g->a + (g->row0 + i) * g->lda;
+            if (g->a_rows > 0) { /* a tile stays in one batch of A's rows */
+                const int64_t row = g->row0 + i, in = row % g->a_rows;
+                if (g->a_rows - in < rows)
+                    rows = (int)(g->a_rows - in);
+                ai = g->a + (row / g->a_rows) * g->a_bstride + in * g->lda;
+            }
             float *ci = g->c + i * g->ldc;
             const int most = g->isa == ISA_AVX512 ? panels512(rows)
                              : g->isa == ISA_AVX2   ? panels256(rows)
@@ -366,15 +396,17 @@ static void run_block(const packed_t *g, int64_t r0, int64_t r1, int64_t p0, int
                 const int64_t end = (p + v) * NR; /* the column after the tile's panels */
                 const int64_t last = end <= g->n ? NR : g->n - (end - NR);
                 const float *bp = g->bp + p * ps;
+                const float *bias = g->bias != NULL ? g->bias + p * NR : NULL;
                 float *cp = ci + p * NR;
                 if (g->isa == ISA_AVX512)
-                    g_t512[v][rows](ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s);
+                    g_t512[v][rows](ai, g->lda, g->ka, bp, g->k, cp, g->ldc, last, &g->s, bias);
                 else if (g->isa == ISA_AVX2)
-                    g_t256[v][rows](ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s);
+                    g_t256[v][rows](ai, g->lda, g->ka, bp, g->k, cp, g->ldc, last, &g->s, bias);
                 else
-                    tile_c(rows, ai, g->lda, bp, g->k, cp, g->ldc, last, &g->s);
+                    tile_c(rows, ai, g->lda, g->ka, bp, g->k, cp, g->ldc, last, &g->s, bias);
                 p += v;
             }
+            i += rows;
         }
     }
 }
@@ -401,15 +433,41 @@ static void block_fn(void *ctx, int64_t chunk, int64_t nchunks)
 /* Bytes of B a block of panels keeps in the L2 cache. */
 #define L2_PANEL_BYTES (256 << 10)
 
-/* C[m x n] = alpha * A[m x k] @ B + beta * C, B packed by geode_sgemm_pack (k x n).
-   Row-major, leading dims in elements; threads <= 0: the pool's size. k = 0: C = beta C.
-   Split over the pool unless called from inside a pool job. */
-GEODE_EXPORT void geode_sgemm_packed(int64_t m, int64_t n, int64_t k, float alpha,
-                                     const float *a, int64_t lda, const float *bp, float beta,
-                                     float *c, int64_t ldc, int64_t threads)
+/* C[m x n] = alpha * A[m x k] @ B + bias + beta * C, B packed by geode_sgemm_pack (k x n),
+   bias NULL (none) or n floats added to every row (after alpha, before beta C). Row-major,
+   leading dims in elements; threads <= 0: the pool's size. k = 0: C = bias + beta C (C =
+   beta C without a bias). Split over the pool unless called from inside a pool job. */
+GEODE_EXPORT void geode_sgemm_packed_bias(int64_t m, int64_t n, int64_t k, float alpha,
+                                          const float *a, int64_t lda, const float *bp,
+                                          const float *bias, float beta, float *c, int64_t ldc,
+                                          int64_t threads)
+{
+    geode_sgemm_packed_at(m, n, k, alpha, a, lda, 1, 0, 0, 0, bp, bias, beta, c, ldc, threads);
+}
+
+/* geode_sgemm_packed_bias with A's rows anywhere: C's row i is A's row row0 + i, at
+   a + (row / a_rows) a_bstride + (row mod a_rows) lda (a_rows 0: a + row lda), its
+   element p ka further on. A stored transposed, X[batch, k, rows] read as A[batch, rows,
+   k] (a Transpose of the last two axes the product reads in place): lda 1, ka and a_rows
+   X's rows, a_bstride X's matrix size. The same bits as A copied out first. */
+GEODE_EXPORT void geode_sgemm_packed_at(int64_t m, int64_t n, int64_t k, float alpha,
+                                        const float *a, int64_t lda, int64_t ka, int64_t a_rows,
+                                        int64_t a_bstride, int64_t row0, const float *bp,
+                                        const float *bias, float beta, float *c, int64_t ldc,
+                                        int64_t threads)
 {
     if (m <= 0 || n <= 0)
         return;
+    if (k <= 0 && bias != NULL) {
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                float x = 0.0f + bias[j];
+                if (beta != 0.0f)
+                    x = x + (beta == 1.0f ? c[i * ldc + j] : beta * c[i * ldc + j]);
+                c[i * ldc + j] = x;
+            }
+        return;
+    }
     if (k <= 0) {
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++)
@@ -417,7 +475,8 @@ GEODE_EXPORT void geode_sgemm_packed(int64_t m, int64_t n, int64_t k, float alph
         return;
     }
     atomic_fetch_add_explicit(&g_calls, 1, memory_order_relaxed);
-    packed_t g = {m, n, k, lda, ldc, a, bp, c, {alpha, beta}, geode_sgemm_packed_isa()};
+    packed_t g = {m,     n,         k,    lda, ldc, ka, a_rows, a_bstride, row0, a, bp, c,
+                  {alpha, beta}, bias, geode_sgemm_packed_isa()};
     g.panels = (n + NR - 1) / NR;
     g.cache_pan = L2_PANEL_BYTES / (k * NR * 4);
     if (g.cache_pan < 2)
@@ -439,4 +498,12 @@ GEODE_EXPORT void geode_sgemm_packed(int64_t m, int64_t n, int64_t k, float alph
         geode_parallel_for(block_fn, &g, blocks, t);
     else
         run_block(&g, 0, m, 0, g.panels);
+}
+
+/* C = alpha * A @ B + beta * C (geode_sgemm_packed_bias without a bias). */
+GEODE_EXPORT void geode_sgemm_packed(int64_t m, int64_t n, int64_t k, float alpha,
+                                     const float *a, int64_t lda, const float *bp, float beta,
+                                     float *c, int64_t ldc, int64_t threads)
+{
+    geode_sgemm_packed_bias(m, n, k, alpha, a, lda, bp, NULL, beta, c, ldc, threads);
 }

@@ -10,8 +10,8 @@ the product nor the epilogue's result goes to memory.
 
 Entry (the kernels' ABI, :mod:`~geode.codegen.backends.llvm.emit`)::
 
-    i32 @D(ptrs, recs, ints)   ; ptrs: A, B, [Bu], [V], [R], the epilogue's inputs, its
-                               ;       outputs, [O]
+    i32 @D(ptrs, recs, ints)   ; ptrs: A, B, [Bu], [V], [R], [bias], the epilogue's
+                               ;       inputs, its outputs, [O]
                                ; ints: the thread count (0: the pool's)
 
 Shapes. Unbatched (``B`` a matrix): ``A`` has rank ``>= 2``, its leading dims flattened
@@ -39,12 +39,14 @@ and the epilogue threading each. Each panel::
     S = A_t[p0:p0+rows] @ B_t          (scratch; zeros when K or N is 0)
     U = A[p0:p0+rows] @ Bu              (with a sibling GEMM: scratch, an epilogue input)
     epilogue(S, its inputs' panels)     (writes its outputs' panels; with V: into scratch P)
-    O_t[p0:p0+rows] = P @ V_t           (with V; with a residual R: R's panel + P @ V)
+    O_t[p0:p0+rows] = P @ V_t           (with V; with a bias: + bias; with a residual R:
+                                         then + R's panel)
 
 A sibling GEMM (``DenseSpec.sibling``: a gated MLP's up beside its gate, ``Bu`` packed
-once like ``B``) and a residual (``DenseSpec.residual``: O's panel starts as R's, the
-packed GEMM adds its sums with beta 1, the bits of adding after) need the packed-weight
-GEMM.
+once like ``B``), a residual (``DenseSpec.residual``: O's panel starts as R's, the
+packed GEMM adds its sums with beta 1, the bits of adding after) and a bias
+(``DenseSpec.bias_rank``: ``D`` floats the packed GEMM adds to each sum before R, the bits
+of a Linear layer's bias ``Add`` after the product) need the packed-weight GEMM.
 
 The panels live in the thread's scratch buffers (``geode_scratch``, kept between calls: a
 fresh allocation per call would fault its pages in every time). A panel that cannot get
@@ -61,7 +63,14 @@ from geode.codegen.backends.llvm import jit
 from geode.codegen.backends.llvm.kernel import build_module
 from geode.codegen.backends.llvm.library import GEMM_DECL, TYPES, gemm_call
 from geode.codegen.backends.llvm.objcache import CacheDir
-from geode.codegen.backends.llvm.packed import PACKED_DECL, packed_call, packed_check
+from geode.codegen.backends.llvm.packed import (
+    PACKED_AT_DECL,
+    PACKED_BIAS_DECL,
+    PACKED_DECL,
+    packed_at_call,
+    packed_call,
+    packed_check,
+)
 from geode.codegen.backends.llvm.ssa import SsaWriter
 from geode.codegen.backends.llvm.target import host
 from geode.errors import CodegenError
@@ -92,8 +101,9 @@ BIG_ROWS = 64
 
 # ctx words (i64): pointers as ints, sizes, then per batch dim (Y's, A's, B's, V's), then
 # the ext pointers, then per brow argument its batch dims
-_A, _B, _V, _O, _M, _N, _K, _D, _T, _MB, _P, _THREADS, _STATUS, _U, _R = range(15)
-_FIXED = 15
+_A, _B, _V, _O, _M, _N, _K, _D, _T, _MB, _P, _THREADS, _STATUS, _U, _R, _BIAS = range(16)
+_AROWS = 16  # A read transposed: the rows of each of its matrices (X's last dim)
+_FIXED = 17
 
 
 @dataclass(frozen=True)
@@ -144,6 +154,12 @@ class DenseSpec:
     sibling: bool = False
     #: a residual ``R`` (after ``V``, ``O``'s shape): the second GEMM writes ``P @ V + R``
     residual: bool = False
+    #: > 0: a bias of this rank (after ``R``, ``D`` values): the second GEMM writes
+    #: ``(P @ V + bias) [+ R]``
+    bias_rank: int = 0
+    #: ``A`` is passed as ``X [..., K, R]``, the input of a Transpose of its last two axes,
+    #: and read in place (``A``'s rows are ``X``'s columns; ``B`` packed, unbatched)
+    a_trans: bool = False
 
     @property
     def batch(self) -> int:
@@ -170,9 +186,15 @@ class DenseSpec:
         return self.v_at + 1
 
     @property
+    def bias_at(self) -> int:
+        """Index of the bias in ``ptrs`` (with one)."""
+        return self.r_at + int(self.residual)
+
+    @property
     def first_ext(self) -> int:
         """Index of the first epilogue argument in ``ptrs``."""
-        return 2 + int(self.sibling) + (1 if self.v_rank else 0) + int(self.residual)
+        base = 2 + int(self.sibling) + (1 if self.v_rank else 0)
+        return base + int(self.residual) + int(self.bias_rank > 0)
 
 
 def _records(w: SsaWriter, ranks: list[int]) -> list[tuple[str, str, list[str]]]:
@@ -194,6 +216,7 @@ def _ranks(sp: DenseSpec) -> list[int]:
     v_rank = 3 if sp.packed_d else sp.v_rank
     ranks = [sp.a_rank, b_rank] + ([3] if sp.sibling else []) + ([v_rank] if sp.v_rank else [])
     ranks += [sp.y_rank] if sp.residual else []
+    ranks += [sp.bias_rank] if sp.bias_rank else []
     ranks += [o.rank for o in sp.outer]
     return ranks + ([sp.y_rank] if sp.v_rank else [])
 
@@ -218,7 +241,7 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     (a_nd, a_it, ad), (b_nd, b_it, bd) = recs[0], recs[1]
     nb = sp.batch
     w.check(w.all_of([w.eq(a_nd, sp.a_rank), w.eq(a_it, item)]), 1)
-    k = ad[-1]
+    k = ad[-2] if sp.a_trans else ad[-1]
     if sp.packed_n:
         w.check(packed_check(w, recs[1], k, sp.packed_n), 2)
         if sp.sibling:
@@ -227,8 +250,10 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     else:
         w.check(w.all_of([w.eq(b_nd, sp.b_rank), w.eq(b_it, item), w.eq(bd[-2], k)]), 2)
         s = {"K": k, "N": bd[-1], "D": "0"}
+    s["AR"] = ad[-1] if sp.a_trans else "0"
     if nb == 0:
-        s["M"], s["yb"], s["ab"], s["bb"] = w.product(ad[:-1]), [], [], []
+        m = w.product([*ad[:-2], ad[-1]]) if sp.a_trans else w.product(ad[:-1])
+        s["M"], s["yb"], s["ab"], s["bb"] = m, [], [], []
     else:
         s["M"], s["ab"], s["bb"] = ad[-2], _aligned(ad, nb), _aligned(bd, nb)
         s["yb"] = [
@@ -284,6 +309,10 @@ def _check_ext(w: SsaWriter, sp: DenseSpec, recs: list, s: dict, item: int) -> l
             nd, its, dims = recs[at]
             conds = [w.eq(nd, sp.y_rank), w.eq(w.product(dims), numel), w.eq(dims[-1], s["D"])]
             w.check(w.all_of([*conds, w.eq(its, item)]), at + 1)
+        if sp.bias_rank:
+            nd, its, dims = recs[sp.bias_at]
+            conds = [w.eq(nd, sp.bias_rank), w.eq(its, item), w.eq(w.product(dims), s["D"])]
+            w.check(w.all_of(conds), sp.bias_at + 1)
     return brows
 
 
@@ -370,6 +399,7 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     fixed = [as_int[0], as_int[1], v, o, s["M"], s["N"], s["K"], s["D"], s["T"], mb, panels]
     fixed += [inner_threads, "0"]
     fixed += [as_int[sp.u_at] if sp.sibling else "0", as_int[sp.r_at] if sp.residual else "0"]
+    fixed += [as_int[sp.bias_at] if sp.bias_rank else "0", s["AR"]]
     for i in range(nb):
         fixed += [s["yb"][i], s["ab"][i], s["bb"][i], s["vb"][i] if s["vb"] else "1"]
     words = fixed
@@ -517,7 +547,15 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     v["r0n"] = w.tmp(f"mul i64 {v['r0']}, {v['N']}")
     ptr = {
         x: w.tmp(f"inttoptr i64 {w.word('%ctx', at)} to ptr")
-        for x, at in (("A", _A), ("B", _B), ("V", _V), ("O", _O), ("U", _U), ("R", _R))
+        for x, at in (
+            ("A", _A),
+            ("B", _B),
+            ("V", _V),
+            ("O", _O),
+            ("U", _U),
+            ("R", _R),
+            ("bias", _BIAS),
+        )
     }
     a_row = w.op("add", w.op("mul", off["a"], v["M"]), p0)
     a_el = w.op("mul", a_row, v["K"])
@@ -546,7 +584,11 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     w.emit("  br label %epi")
     w.label("gemm")
     ops = [(pa, v["K"]), (pb, v["N"]), (v["s1"], v["N"])]
-    if sp.packed_n:
+    if sp.a_trans:  # A's rows are X's columns: X's matrices K x R, from row a_row
+        ar = w.word("%ctx", _AROWS)
+        at = (ptr["A"], "1", ar, ar, w.op("mul", v["K"], ar), a_row)
+        w.emit(packed_at_call(v["rows"], v["N"], v["K"], at, pb, (v["s1"], v["N"]), v["threads"]))
+    elif sp.packed_n:
         w.emit(packed_call(v["rows"], v["N"], v["K"], ops, v["threads"]))
         if sp.sibling:  # U's panel from the same rows of A, while they are in cache
             uops = [(pa, v["K"]), (ptr["U"], "0"), (v["s3"], v["N"])]
@@ -570,8 +612,9 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
 
 def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, item: int) -> None:
     """``O[r0:r0+rows] = P @ V_t`` (zeros when N is 0; nothing when D is 0); with a
-    residual ``R``, O's panel is first a copy of R's and the GEMM adds its sums to it
-    (``beta`` 1: each element its sum from zero plus R's value, the bits of ``Add``)."""
+    bias, the GEMM adds it to each sum; with a residual ``R``, O's panel is first a copy of
+    R's and the GEMM adds its sums (and the bias) to it (``beta`` 1: each element its sum
+    from zero, plus the bias, plus R's value: the bits of the ``Add`` nodes)."""
     ty = TYPES[sp.dtype][0]
     nd = w.tmp(f"mul i64 {v['N']}, {v['D']}")
     v_el = w.op("mul", off["v"], nd)
@@ -581,9 +624,11 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
     nbytes = w.op("mul", w.op("mul", v["rows"], v["D"]), item)
     w.emit(f"  br i1 {w.eq(v['D'], 0)}, label %out, label %some")
     w.label("some")
-    if sp.residual:  # K = N = 0 in the packed GEMM leaves C as it is: R
+    if sp.residual:  # K = N = 0 in the packed GEMM leaves C as it is: R (plus the bias)
         pr = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['R']}, i64 {o_el}")
         w.emit(f"  call void @llvm.memcpy.p0.p0.i64(ptr {po}, ptr {pr}, i64 {nbytes}, i1 false)")
+        w.emit("  br label %gemm2")
+    elif sp.bias_rank:  # K = N = 0 in the packed GEMM with a bias writes the bias
         w.emit("  br label %gemm2")
     else:
         w.emit(f"  br i1 {w.eq(v['N'], 0)}, label %zero2, label %gemm2")
@@ -594,7 +639,8 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
     ops = [(v["s2"], v["N"]), (pv, v["D"]), (po, v["D"])]
     if sp.packed_d:
         beta = 1.0 if sp.residual else 0.0
-        w.emit(packed_call(v["rows"], v["D"], v["N"], ops, v["threads"], beta))
+        bias = ptr["bias"] if sp.bias_rank else None
+        w.emit(packed_call(v["rows"], v["D"], v["N"], ops, v["threads"], beta, bias))
     else:
         _gemm(w, sp.dtype, [v["rows"], v["D"], v["N"]], ops, v["threads"])
     w.emit("  br label %out")
@@ -604,11 +650,17 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
 def dense_ir(sp: DenseSpec) -> str:
     """The entry's module (see the module docstring)."""
     item = TYPES[sp.dtype][2]
-    if (sp.sibling and not sp.packed_n) or (sp.residual and not sp.packed_d):
-        raise CodegenError(f"{sp.name}: a sibling GEMM needs B, a residual V, packed once")
+    if sp.a_trans and (not sp.packed_n or sp.sibling or sp.batch):
+        raise CodegenError(f"{sp.name}: A read transposed needs B packed once, unbatched")
+    if (sp.sibling and not sp.packed_n) or ((sp.residual or sp.bias_rank) and not sp.packed_d):
+        raise CodegenError(
+            f"{sp.name}: a sibling GEMM needs B, a residual or a bias V, packed once"
+        )
     head = [
         GEMM_DECL,
         *([PACKED_DECL] if sp.packed_n or sp.packed_d else []),
+        *([PACKED_BIAS_DECL] if sp.bias_rank else []),
+        *([PACKED_AT_DECL] if sp.a_trans else []),
         f"declare i32 @{sp.epilogue}(ptr, ptr, ptr)",
         "declare void @geode_parallel_for(ptr, ptr, i64, i64)",
         "declare i64 @geode_num_threads()",

@@ -18,7 +18,16 @@ import time
 from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted
 from geode.codegen.backends.llvm.ssa import SsaWriter
 
-__all__ = ["PACKED_DECL", "PANEL", "packed_call", "packed_matmul_ir", "packed_matmul_kernel"]
+__all__ = [
+    "PACKED_AT_DECL",
+    "PACKED_BIAS_DECL",
+    "PACKED_DECL",
+    "PANEL",
+    "packed_at_call",
+    "packed_call",
+    "packed_matmul_ir",
+    "packed_matmul_kernel",
+]
 
 #: columns per panel of a packed weight (``runtime/native/sgemm_packed.c``'s NR)
 PANEL = 16
@@ -27,18 +36,57 @@ PANEL = 16
 PACKED_DECL = (
     "declare void @geode_sgemm_packed(i64, i64, i64, float, ptr, i64, ptr, float, ptr, i64, i64)"
 )
+#: its form with A's rows anywhere (``packed_at_call``: A read transposed in place)
+PACKED_AT_DECL = (
+    "declare void @geode_sgemm_packed_at(i64, i64, i64, float, ptr, i64, i64, i64, i64, i64, "
+    "ptr, ptr, float, ptr, i64, i64)"
+)
+#: its form with a bias added to every row (``packed_call(..., bias=...)``)
+PACKED_BIAS_DECL = (
+    "declare void @geode_sgemm_packed_bias(i64, i64, i64, float, ptr, i64, ptr, ptr, float, "
+    "ptr, i64, i64)"
+)
 
 
 def packed_call(
-    m: str, n: str | int, k: str, ops: list[tuple[str, str]], threads: str, beta: float = 0.0
+    m: str,
+    n: str | int,
+    k: str,
+    ops: list[tuple[str, str]],
+    threads: str,
+    beta: float = 0.0,
+    bias: str | None = None,
 ) -> str:
-    """The IR call of ``C = A @ B + beta C`` with ``B`` packed (``ops``: ``(pointer, leading
-    dim)`` of A, Bp, C; Bp's leading dim is unused). With ``beta`` 1 each element is its
-    sum from zero plus ``C``'s value: the bits of adding ``C`` after the product."""
+    """The IR call of ``C = A @ B [+ bias] + beta C`` with ``B`` packed (``ops``:
+    ``(pointer, leading dim)`` of A, Bp, C; Bp's leading dim is unused; ``bias``: a pointer
+    to ``n`` floats added to every row). Each element is its sum from zero, plus the
+    column's bias, plus (``beta`` 1) ``C``'s value: the bits of adding the bias, then
+    ``C``, after the product."""
     (a, lda), (bp, _), (c, ldc) = ops
+    if bias is None:
+        return (
+            f"  call void @geode_sgemm_packed(i64 {m}, i64 {n}, i64 {k}, float 1.0, ptr {a}, "
+            f"i64 {lda}, ptr {bp}, float {float(beta)!r}, ptr {c}, i64 {ldc}, i64 {threads})"
+        )
     return (
-        f"  call void @geode_sgemm_packed(i64 {m}, i64 {n}, i64 {k}, float 1.0, ptr {a}, "
-        f"i64 {lda}, ptr {bp}, float {float(beta)!r}, ptr {c}, i64 {ldc}, i64 {threads})"
+        f"  call void @geode_sgemm_packed_bias(i64 {m}, i64 {n}, i64 {k}, float 1.0, "
+        f"ptr {a}, i64 {lda}, ptr {bp}, ptr {bias}, float {float(beta)!r}, ptr {c}, "
+        f"i64 {ldc}, i64 {threads})"
+    )
+
+
+def packed_at_call(
+    m: str, n: str | int, k: str, a_at: tuple[str, ...], bp: str, c: tuple[str, str], threads: str
+) -> str:
+    """The IR call of ``C = A @ B`` with ``B`` packed and ``A``'s rows anywhere
+    (``geode_sgemm_packed_at``): ``a_at`` is ``(A, lda, ka, a_rows, a_bstride, row0)``
+    (C's row ``i`` is A's row ``row0 + i``, at ``A + (row / a_rows) a_bstride + (row mod
+    a_rows) lda``, its elements ``ka`` apart), ``c`` is ``(C, ldc)``."""
+    a, lda, ka, rows, stride, row0 = a_at
+    return (
+        f"  call void @geode_sgemm_packed_at(i64 {m}, i64 {n}, i64 {k}, float 1.0, ptr {a}, "
+        f"i64 {lda}, i64 {ka}, i64 {rows}, i64 {stride}, i64 {row0}, ptr {bp}, ptr null, "
+        f"float 0.0, ptr {c[0]}, i64 {c[1]}, i64 {threads})"
     )
 
 

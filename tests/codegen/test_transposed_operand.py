@@ -1,0 +1,188 @@
+"""A dense step whose GEMM reads its A through a Transpose of the last two axes in place
+(fusion/epilogue.py: transposed_a, fusion/profit.py: transpose_plan, codegen/epilogues.py,
+llvm/dense.py, runtime/native/sgemm_packed.c: geode_sgemm_packed_at): an MLP-Mixer's
+token mixing, ``x + (gelu(x^T @ W1 + b1) @ W2 + b2)^T``, has no Transpose kernel. Checked
+against numpy (float64), against the plan with the Transpose's copy bit for bit, across
+thread counts, on random and degenerate shapes (row tiles that cross a batch)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import geode
+from geode.runtime import native
+
+RNG = np.random.default_rng(196)
+pytestmark = pytest.mark.skipif(
+    native.pool_info()["gemm_packed_isa"] < 1, reason="the packed kernel needs AVX2 + FMA"
+)
+OFF = {"transposed_operands": False}
+
+
+def _rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _weights(t: int, h: int) -> dict[str, np.ndarray]:
+    return {
+        "w1": _rand(t, h) / np.float32(math.sqrt(max(t, 1))),
+        "b1": _rand(h),
+        "w2": _rand(h, t) / np.float32(math.sqrt(max(h, 1))),
+        "b2": _rand(t),
+    }
+
+
+def _mixing(w: dict[str, np.ndarray], c: int, second: bool = True) -> geode.Graph:
+    """x [B, T, C] -> Transpose -> @ W1 + b1 -> GELU [-> @ W2 + b2 -> Transpose -> + x]."""
+    t = w["w1"].shape[0]
+    g = geode.Graph("token_mixing")
+    x = g.input("x", ["B", t, c], np.float32)
+    xt = g.op("Transpose", x, perm=[0, 2, 1])
+    u = g.op("Add", g.op("MatMul", xt, g.constant(w["w1"], name="w1")), g.constant(w["b1"]))
+    erf = g.op("Erf", g.op("Div", u, g.constant(np.float32(math.sqrt(2)))))
+    y = g.op("Mul", u, g.op("Add", erf, g.constant(np.float32(1))))
+    y = g.op("Mul", y, g.constant(np.float32(0.5)))
+    if second:
+        y = g.op("Add", g.op("MatMul", y, g.constant(w["w2"], name="w2")), g.constant(w["b2"]))
+        y = g.op("Add", x, g.op("Transpose", y, perm=[0, 2, 1]))
+    g.output(y, names=["y"])
+    return g
+
+
+def _want(x: np.ndarray, w: dict, second: bool = True) -> np.ndarray:
+    erf = np.vectorize(math.erf)
+    x64 = x.astype(np.float64)
+    u = x64.transpose(0, 2, 1) @ w["w1"] + w["b1"]
+    y = 0.5 * u * (1 + erf(u / math.sqrt(2))) if u.size else u
+    if not second:
+        return y
+    return x64 + (y @ w["w2"] + w["b2"]).transpose(0, 2, 1)
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    scale = float(np.abs(want).max()) if want.size else 1.0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * (scale or 1.0))
+
+
+def _dense(model) -> list:
+    return [k for k in model.kernels if k.kind == "dense"]
+
+
+def _compile(g: geode.Graph, threads: int = 2, **opts) -> geode.Model:
+    return geode.compile(g, session=geode.Session(), model_cache=False, num_threads=threads, **opts)
+
+
+W = _weights(28, 24)
+
+
+@pytest.mark.parametrize("second", [True, False])
+def test_the_transpose_is_read_in_place(second):
+    """The Transpose is the dense step's first op, no kernel of its own: one kernel
+    fewer than with the copy."""
+    g = _mixing(W, 40, second)
+    model = _compile(g)
+    (dense,) = _dense(model)
+    assert [n.op_type for n in dense.ops][:2] == ["Transpose", "MatMul"]
+    assert len(model.kernels) == len(_compile(g, **OFF).kernels) - 1, model.explain()
+    x = _rand(3, 28, 40)
+    _close(model(x=x)["y"], _want(x, W, second))
+
+
+def test_explain_records_the_decision_and_its_reason():
+    text = _compile(_mixing(W, 40)).explain()
+    line = next(t for t in text.splitlines() if "read in place by" in t)
+    assert "(A transposed)" in line and "saves" in line and "kernel launch" in line
+    assert "A read in place through" in text  # the kernel's weights line
+    assert "read in place" not in _compile(_mixing(W, 40), **OFF).explain()
+
+
+@pytest.mark.parametrize("batch,c", [(1, 256), (8, 256), (4, 196), (3, 13), (2, 1), (1, 700)])
+def test_sizes_match_numpy_the_copy_and_one_thread(batch, c):
+    """Every row split (one panel of all rows, 64-row panels whose row tiles cross a
+    batch when ``C`` is not a multiple of their rows): the same bits as the plan that
+    copies the Transpose out, and as one thread."""
+    g = _mixing(W, c)
+    x = _rand(batch, 28, c)
+    got = _compile(g)(x=x)["y"]
+    _close(got, _want(x, W))
+    np.testing.assert_array_equal(got, _compile(g, **OFF)(x=x)["y"])
+    np.testing.assert_array_equal(got, _compile(g, 1)(x=x)["y"])
+
+
+def test_degenerate_dims():
+    """No batch, no rows, one token."""
+    g = _mixing(W, 40)
+    model = _compile(g)
+    assert model(x=_rand(0, 28, 40))["y"].shape == (0, 28, 40)
+    assert _compile(_mixing(W, 0))(x=_rand(2, 28, 0))["y"].shape == (2, 28, 0)
+    w1 = _weights(1, 5)
+    g1 = _mixing(w1, 9)
+    x = _rand(2, 1, 9)
+    got = _compile(g1)(x=x)["y"]
+    _close(got, _want(x, w1))
+    np.testing.assert_array_equal(got, _compile(g1, **OFF)(x=x)["y"])
+
+
+def test_a_transpose_of_other_axes_is_copied_with_its_reason():
+    g = geode.Graph("other_perm")
+    x = g.input("x", [6, 5, 7], np.float32)
+    xt = g.op("Transpose", x, perm=[1, 0, 2])  # [5, 6, 7]
+    y = g.op("Relu", g.op("MatMul", xt, g.constant(_rand(7, 9), name="w")))
+    g.output(y, names=["y"])
+    model = _compile(g)
+    assert "does not swap the last two axes alone" in model.explain()
+    xs = _rand(6, 5, 7)
+    w = g.nodes[1].inputs[1].data
+    _close(model(x=xs)["y"], np.maximum(xs.transpose(1, 0, 2).astype(np.float64) @ w, 0))
+
+
+def test_a_transpose_read_twice_is_copied_with_its_reason():
+    g = _mixing(W, 12, second=False)
+    xt = next(n for n in g.nodes if n.op_type == "Transpose").outputs[0]
+    g.output(xt, names=["xt"])
+    model = _compile(g)
+    assert "the Transpose's result is read by more than the MatMul" in model.explain()
+    x = _rand(2, 28, 12)
+    out = model(x=x)
+    _close(out["y"], _want(x, W, second=False))
+    np.testing.assert_array_equal(out["xt"], x.transpose(0, 2, 1))
+
+
+def test_not_packed_copies_it():
+    model = _compile(_mixing(W, 40), packed_weights=False)
+    assert "read in place by" not in model.explain()
+    x = _rand(2, 28, 40)
+    _close(model(x=x)["y"], _want(x, W))
+
+
+def test_model_file_round_trip(tmp_path):
+    model = _compile(_mixing(W, 40))
+    x = _rand(3, 28, 40)
+    want = model(x=x)["y"]
+    path = tmp_path / "mixing.geode"
+    model.save(path)
+    loaded = geode.load(path, session=geode.Session())
+    np.testing.assert_array_equal(loaded(x=x)["y"], want)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batch=st.integers(1, 4),
+    t=st.integers(1, 40),
+    c=st.integers(1, 70),
+    h=st.integers(1, 30),
+    second=st.booleans(),
+    threads=st.sampled_from([1, 2]),
+)
+def test_random_shapes_match_numpy_and_the_copy(batch, t, c, h, second, threads):
+    w = _weights(t, h)
+    g = _mixing(w, c, second)
+    x = _rand(batch, t, c)
+    got = _compile(g, threads)(x=x)["y"]
+    _close(got, _want(x, w, second))
+    np.testing.assert_array_equal(got, _compile(g, threads, **OFF)(x=x)["y"])
