@@ -54,6 +54,13 @@ sibling_gemms             GEODE_SIBLING_GEMMS     a fused GEMM epilogue that rea
 residual_epilogues        GEODE_RESIDUAL_EPILOGUES  the residual Add after a fused second
                                                   GEMM is summed into that GEMM's panels
                                                   (same bits; reason in explain())
+row_scale_gemms           GEODE_ROW_SCALE_GEMMS   a row scale before MatMuls by constant
+                                                  weights (an RMSNorm's x * c * w) is
+                                                  folded into them: w into the packed
+                                                  weights, c applied to the products' rows
+                                                  (in the fused epilogue), when legal and
+                                                  the cost model says it pays (reason in
+                                                  explain(); the graph pass row_scale)
 packed_weights            GEODE_PACKED_WEIGHTS    a native float32 MatMul whose B is a constant
                                                   matrix multiplies by a copy of B packed once
                                                   at compile (or load) time, with geode's own
@@ -190,6 +197,7 @@ class Options:
     dense_epilogues: bool = True
     sibling_gemms: bool = True
     residual_epilogues: bool = True
+    row_scale_gemms: bool = True
     packed_weights: bool = True
     fusion_search: str = "greedy"
     conv_method: str = "auto"
@@ -226,6 +234,7 @@ class Options:
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
             "sibling_gemms": "GEODE_SIBLING_GEMMS",
             "residual_epilogues": "GEODE_RESIDUAL_EPILOGUES",
+            "row_scale_gemms": "GEODE_ROW_SCALE_GEMMS",
             "packed_weights": "GEODE_PACKED_WEIGHTS",
             "fusion_search": "GEODE_FUSION_SEARCH",
             "conv_method": "GEODE_CONV_METHOD",
@@ -285,6 +294,7 @@ _BOOL_OPTIONS = (
     "dense_epilogues",
     "sibling_gemms",
     "residual_epilogues",
+    "row_scale_gemms",
     "packed_weights",
     "incremental",
     "stitch_fusion",

@@ -23,6 +23,7 @@ from geode.compiler.fusion.epilogue import (
     epilogue_legality,
     residual_add,
     second_gemm,
+    sibling_candidates,
     sibling_gemm,
 )
 from geode.compiler.fusion.groups import FusionPlan, Group
@@ -62,6 +63,22 @@ def _hoisted_job(ep: Epilogue, job: KernelJob, plan: FusionPlan, g: Graph) -> Ke
     return KernelJob(f"{job.name}_pre", group)
 
 
+def _legality(
+    node: Node, job: KernelJob, g: Graph, native: Callable[[Node], bool], opts: Options
+) -> Epilogue | str:
+    """The epilogue of ``node`` in ``job``'s group, or why not; with ``sibling_gemms``, the
+    nodes that read another native MatMul's product of the same ``A`` stay in it (not
+    hoisted), that product a candidate sibling GEMM (:func:`sibling_candidates`)."""
+    ep = epilogue_legality(node, job.group, g)
+    if not isinstance(ep, Epilogue) or not ep.hoisted or not opts.sibling_gemms:
+        return ep
+    found = sibling_candidates(ep, native)
+    if not found:
+        return ep
+    wide = epilogue_legality(node, job.group, g, found)
+    return wide if isinstance(wide, Epilogue) else ep
+
+
 def _deciding_order(
     work: list, jobs: list[KernelJob], g: Graph, native: Callable[[Node], bool], opts: Options
 ) -> list[Node]:
@@ -77,7 +94,7 @@ def _deciding_order(
     for i, node in enumerate(nodes):
         keys[node.name] = float(i)
         job = _consumer_job(node, jobs)
-        ep = epilogue_legality(node, job.group, g) if job is not None else None
+        ep = _legality(node, job, g, native, opts) if job is not None else None
         if not isinstance(ep, Epilogue):
             continue
         for v in (v for h in ep.hoisted for v in h.inputs if v is not None):
@@ -144,7 +161,7 @@ def _decide(
     opts: Options,
 ) -> Epilogue | str:
     """The epilogue of ``node`` in ``job`` (its panel form attached to the job), or why not."""
-    ep = epilogue_legality(node, job.group, g)
+    ep = _legality(node, job, g, native, opts)
     if isinstance(ep, str):
         return ep
     second = second_gemm(ep, g, native)

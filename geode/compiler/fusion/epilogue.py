@@ -46,6 +46,7 @@ __all__ = [
     "epilogue_legality",
     "residual_add",
     "second_gemm",
+    "sibling_candidates",
     "sibling_gemm",
     "value_role",
 ]
@@ -141,9 +142,13 @@ def _node_ok(node: Node, rank: int) -> str | None:
     return None
 
 
-def split_dependent(group: Group, y: Value) -> tuple[list[Node], list[Node]]:
-    """The group's nodes that depend on the product ``y`` and those that do not (in order)."""
-    reached = {id(y)}
+def split_dependent(
+    group: Group, y: Value, also: tuple[Value, ...] = ()
+) -> tuple[list[Node], list[Node]]:
+    """The group's nodes that depend on the product ``y`` (or on a value of ``also``: the
+    products of sibling GEMMs, computed per panel beside ``y``) and those that do not (in
+    order)."""
+    reached = {id(y), *(id(v) for v in also)}
     dep, rest = [], []
     for node in group.nodes:
         if any(v is not None and id(v) in reached for v in node.inputs):
@@ -170,9 +175,13 @@ def _hoistable(rest: list[Node], graph: Graph) -> str | None:
     return None
 
 
-def epilogue_legality(dense: Node, group: Group, graph: Graph) -> Epilogue | str:
+def epilogue_legality(
+    dense: Node, group: Group, graph: Graph, siblings: tuple[Value, ...] = ()
+) -> Epilogue | str:
     """The fused epilogue of ``dense`` (a native MatMul) and ``group``, or why not. Nodes of
-    the group that do not depend on the product and have no per-panel role are hoisted
+    the group that depend neither on the product nor on a value of ``siblings`` (products
+    of MatMuls of the same ``A``, candidates for :func:`sibling_gemm`: a gated MLP's up
+    product, maybe scaled per row before the gate reads it) are hoisted
     (``Epilogue.hoisted``); the epilogue's group is then the rest."""
     if dense.op_type != "MatMul" or len(dense.outputs) != 1:
         return f"{dense.op_type} has no epilogue form"
@@ -195,7 +204,7 @@ def epilogue_legality(dense: Node, group: Group, graph: Graph) -> Epilogue | str
         return "the group is a stitch (a row and a column reduction side by side)"
     if group.axes and set(group.axes) != {rank - 1}:
         return "the group reduces other than the last axis"
-    _, rest = split_dependent(group, y)
+    _, rest = split_dependent(group, y, siblings)
     roles: dict[str, str] = {}
     hoisted = rest  # they run first, as a group of their own; their results become inputs
     if hoisted:
@@ -254,6 +263,29 @@ def second_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
     if len(o.shape) != len(want) or not all(_same(a, b) for a, b in zip(o.shape, want)):
         return "the second MatMul's result is not the product's rows times V's columns"
     return mm
+
+
+def sibling_candidates(ep: Epilogue, is_native: object) -> tuple[Value, ...]:
+    """Products of other native MatMuls of the dense node's ``A`` that the epilogue's hoisted
+    nodes read (a gated MLP's up product, scaled per row before the gate's epilogue reads
+    it): :func:`epilogue_legality` given them keeps those nodes in the epilogue, and
+    :func:`sibling_gemm` may then compute the product per panel. ``is_native(node)`` says
+    whether a MatMul runs natively."""
+    a = ep.dense.inputs[0]
+    found: list[Value] = []
+    for node in ep.hoisted:
+        for v in node.inputs:
+            prod = None if v is None else v.producer
+            if (
+                prod is not None
+                and prod is not ep.dense
+                and prod.op_type == "MatMul"
+                and prod.inputs[0] is a
+                and is_native(prod)  # type: ignore[operator]
+                and all(v is not f for f in found)
+            ):
+                found.append(v)
+    return tuple(found[:1])
 
 
 def sibling_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:

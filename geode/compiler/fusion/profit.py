@@ -328,3 +328,44 @@ def residual_plan(second: Node, add: Node, spec: DeviceSpec) -> tuple[bool, str]
     )
     d = decide_merge([store, alone], fused, spec)
     return d.take, f"{add.name} summed into {second.name}'s panels: {d.reason}"
+
+
+def row_scale_plan(
+    h: Value,
+    gemms: list[Node],
+    n_muls: int,
+    spec: DeviceSpec,
+    fused_readers: object,
+    x_computed: bool = False,
+) -> tuple[bool, str]:
+    """Whether folding the row scale that computes ``h`` (``n_muls`` Mul nodes) into the
+    ``gemms`` reading it pays, and why, by the SOL model
+    (:mod:`geode.compiler.fusion.row_scale`): apart, the norm's kernel writes ``h`` (its
+    multiplies over ``h``); folded, it writes a value per row, and each product is
+    multiplied by it, inside its readers' kernel when ``fused_readers(gemm)`` says they
+    are all elementwise (a fused epilogue), else in a pass of its own over the product.
+    The GEMMs read ``x`` instead of ``h``: the same bytes; ``x_computed``: ``x`` is an
+    elementwise result the norm's kernel would compute and now has to write (a
+    LayerNorm's ``x - mean``), as many bytes as ``h``."""
+    rows = numel(h) / max(_last(h), 1.0)
+    item = h.dtype.itemsize
+    apart = KernelWork(
+        bytes_read=0.0, bytes_written=nbytes(h), flops=numel(h) * n_muls, n_kernels=0
+    )
+    reads = writes = flops = 0.0
+    kernels = 0
+    for mm in gemms:
+        y = mm.outputs[0]
+        flops += numel(y)
+        if not fused_readers(mm):  # type: ignore[operator]
+            reads += nbytes(y)
+            writes += nbytes(y)
+            kernels += 1
+    fused = KernelWork(
+        bytes_read=reads + rows * item * len(gemms),
+        bytes_written=writes + rows * item + (nbytes(h) if x_computed else 0.0),
+        flops=flops,
+        n_kernels=kernels,
+    )
+    d = decide_merge([apart], fused, spec)
+    return d.take, d.reason.replace("recompute expanding", "the products' scale expanding")
