@@ -83,30 +83,35 @@ def _deciding_order(
     work: list, jobs: list[KernelJob], g: Graph, native: Callable[[Node], bool], opts: Options
 ) -> list[Node]:
     """The native MatMuls of ``work`` in the order their epilogues are decided: graph
-    order, except that one whose epilogue would hoist nodes reading the product of
-    another native MatMul of the same ``A`` (a gated MLP's ``up`` before its ``gate``)
-    waits for that one, which can take the group with it as its sibling GEMM."""
+    order, except that one whose epilogue alone (no sibling) would hoist nodes reading
+    the product of a later native MatMul of the same ``A``, whose own epilogue hoists
+    nothing of its product (a gated MLP's ``up`` before its ``gate``), waits for that
+    one: the gate's epilogue, with up as its sibling GEMM, is then the dense step."""
     nodes = [w for w in work if isinstance(w, Node) and native(w)]
     if not opts.sibling_gemms:
         return nodes
     at = {n.name: i for i, n in enumerate(nodes)}
+    reads: dict[str, list[str]] = {}  # node -> the same-A MatMuls its hoisted nodes read
+    for node in nodes:
+        job = _consumer_job(node, jobs)
+        ep = epilogue_legality(node, job.group, g) if job is not None else None
+        hoisted = ep.hoisted if isinstance(ep, Epilogue) else []
+        reads[node.name] = [
+            v.producer.name
+            for h in hoisted
+            for v in h.inputs
+            if v is not None
+            and v.producer is not None
+            and v.producer.name in at
+            and v.producer.op_type == "MatMul"
+            and v.producer.inputs[0] is node.inputs[0]
+        ]
     keys = {}
     for i, node in enumerate(nodes):
         keys[node.name] = float(i)
-        job = _consumer_job(node, jobs)
-        ep = _legality(node, job, g, native, opts) if job is not None else None
-        if not isinstance(ep, Epilogue):
-            continue
-        for v in (v for h in ep.hoisted for v in h.inputs if v is not None):
-            other = v.producer
-            if (
-                other is not None
-                and other.name in at
-                and at[other.name] > i
-                and other.op_type == "MatMul"
-                and other.inputs[0] is node.inputs[0]
-            ):
-                keys[node.name] = at[other.name] + 0.5
+        for other in reads[node.name]:
+            if at[other] > i and node.name not in reads[other]:
+                keys[node.name] = at[other] + 0.5
                 break
     return sorted(nodes, key=lambda n: keys[n.name])
 
