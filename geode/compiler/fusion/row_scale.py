@@ -165,7 +165,8 @@ def _gemms(h: Value, graph: Graph) -> list[Node] | str:
 def row_scale_candidate(graph: Graph, node: Node) -> RowScale | str | None:
     """The fold of the row scale ``node`` (a ``Mul``) computes into the GEMMs reading it,
     or why it is illegal; None when ``node`` is no candidate (not a ``Mul`` whose result
-    some MatMul reads as ``A``, or no factor of it is a value per row or a constant)."""
+    some MatMul reads as ``A``, or not the product of one value of its shape and
+    others)."""
     if node.op_type != "Mul" or node.domain not in _ONNX or len(node.outputs) != 1:
         return None
     h = node.outputs[0]
@@ -178,15 +179,13 @@ def row_scale_candidate(graph: Graph, node: Node) -> RowScale | str | None:
         return found
     leaves, muls = found
     full = [v for v in leaves if _full(v, h) and not (v.is_constant and v.data is not None)]
-    if len(full) == len(leaves):
-        return None  # a product of whole tensors: no scale to move
+    if len(full) != 1 or len(leaves) == 1:
+        return None  # a product of several whole tensors (a gated MLP's): no row scale
     if any(o is h for o in graph.outputs):
         return f"{h.name} is a graph output"
     gemms = _gemms(h, graph)
     if isinstance(gemms, str):
         return gemms
-    if len(full) != 1:
-        return f"{h.name} is a product of {len(full)} values of its shape, not one"
     k = int(np.asarray(gemms[0].inputs[1].data).shape[0])
     rs = RowScale(h, full[0], muls=muls, gemms=gemms)
     for v in leaves:
