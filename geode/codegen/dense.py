@@ -61,12 +61,14 @@ class PanelGraph:
 
     @property
     def nodes(self) -> list[Node]:
-        """The model's nodes the dense step runs: the MatMul (and its sibling), the
-        epilogue, the second MatMul (and the residual Add)."""
+        """The model's nodes the dense step runs: the RMSNorm scale of its rows (when it
+        computes it), the MatMul (and its sibling), the epilogue, the second MatMul (and
+        the residual Add)."""
         ep = self.epilogue
         extra = [n for n in (ep.second, ep.residual) if n is not None]
         sibling = [ep.sibling] if ep.sibling is not None else []
-        return [self.dense, *sibling, *ep.group.nodes, *extra]
+        pro = ep.prologue.nodes if ep.prologue is not None else []
+        return [*pro, self.dense, *sibling, *ep.group.nodes, *extra]
 
 
 #: a role's panel dims: ``r`` the panel's rows, ``c`` the product's columns
@@ -175,6 +177,10 @@ def _arguments(pg: PanelGraph, lowered: LoweredKernel, views: list) -> tuple[lis
         if sibling is not None and pg.origin.get(v.name) is sibling.outputs[0]:
             inner.append(InnerArg(-3, role, item, view))  # the sibling GEMM's panel
             continue
+        pro = pg.epilogue.prologue
+        if pro is not None and pg.origin.get(v.name) is pro.scale:
+            inner.append(InnerArg(-4, role, item, view))  # the scale per row, from A's panel
+            continue
         model_value = pg.origin[v.name]
         inner.append(InnerArg(len(values), role, item, view))
         values.append(model_value)
@@ -219,6 +225,7 @@ def dense_module(
         packed_d,
         pg.epilogue.sibling is not None,
         pg.epilogue.residual is not None,
+        pg.epilogue.prologue.eps if pg.epilogue.prologue is not None else None,
     )
     return name, dense_ir(spec)
 

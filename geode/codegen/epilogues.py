@@ -22,12 +22,18 @@ from geode.compiler.fusion.epilogue import (
     Epilogue,
     epilogue_legality,
     residual_add,
+    rms_prologue,
     second_gemm,
     sibling_candidates,
     sibling_gemm,
 )
 from geode.compiler.fusion.groups import FusionPlan, Group
-from geode.compiler.fusion.profit import epilogue_plan, residual_plan, sibling_plan
+from geode.compiler.fusion.profit import (
+    epilogue_plan,
+    prologue_plan,
+    residual_plan,
+    sibling_plan,
+)
 from geode.compiler.ir import Graph, Node
 from geode.config import Options
 from geode.costmodel.device import DeviceSpec
@@ -137,6 +143,28 @@ def _sibling(ep: Epilogue, g: Graph, spec: DeviceSpec, native: Callable, opts: O
     return why if take else f"{found.name} apart: {why}"
 
 
+def _prologue(
+    ep: Epilogue, jobs: list[KernelJob], g: Graph, spec: DeviceSpec
+) -> tuple[KernelJob | None, str]:
+    """The job of the RMSNorm whose scale per row of ``A`` the epilogue reads, when the
+    kernel can compute it from ``A``'s panels and that pays (attached to ``ep``: the job
+    goes), and the decision's text ("" when there is no such scale)."""
+    found = rms_prologue(ep, g)
+    if found is None:
+        return None, ""
+    if isinstance(found, str):
+        return None, f"no RMSNorm prologue: {found}"
+    names = {n.name for n in found.nodes}
+    job = next((j for j in jobs if j.panel is None and j.group.names == names), None)
+    if job is None:
+        return None, "RMSNorm prologue apart: its kernel computes more than the scale"
+    take, why = prologue_plan(ep.dense, found.scale, spec)
+    if not take:
+        return None, f"RMSNorm prologue apart: {why}"
+    ep.prologue = found
+    return job, why
+
+
 def _residual(
     ep: Epilogue, jobs: list[KernelJob], g: Graph, spec: DeviceSpec, opts: Options
 ) -> tuple[KernelJob | None, str]:
@@ -197,6 +225,7 @@ def attach_epilogues(
     moved: dict[str, KernelJob] = {}  # second MatMul's name -> the job that runs in its place
     absorbed: dict[int, KernelJob] = {}  # a residual Add's job id -> the job that runs there
     pre: dict[int, KernelJob] = {}  # job id -> its hoisted nodes' job
+    gone: set[int] = set()  # the jobs of RMSNorm scales the dense steps compute
     for item in _deciding_order(work, jobs, g, native, opts):
         if item.name in dropped:
             continue
@@ -211,6 +240,12 @@ def attach_epilogues(
             plan.epilogues.append(f"{item.name}: keep apart from group {job.group.id}: {ep}")
             continue
         plan.epilogues.append(f"{item.name} + group {job.group.id} -> {job.name}: {ep.reason}")
+        if opts.row_scale_gemms:
+            norm_job, text = _prologue(ep, [j for j in jobs if id(j) not in gone], g, spec)
+            if text:
+                plan.epilogues[-1] += f"; {text}"
+            if norm_job is not None:
+                gone.add(id(norm_job))
         dropped.add(item.name)
         plan.unfused.pop(item.name, None)
         if ep.hoisted:
@@ -233,6 +268,8 @@ def attach_epilogues(
                 del moved[ep.second.name]
     out: list = []
     for w in work:
+        if isinstance(w, KernelJob) and id(w) in gone:
+            continue  # its scale is computed in the dense step's panels
         if isinstance(w, KernelJob) and id(w) in pre:
             out.append(pre[id(w)])
         if isinstance(w, KernelJob) and id(w) in absorbed:

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import reduce_axes
 from geode.compiler.ir import Graph, Node, Value
@@ -45,6 +47,7 @@ __all__ = [
     "Epilogue",
     "epilogue_legality",
     "residual_add",
+    "rms_prologue",
     "second_gemm",
     "sibling_candidates",
     "sibling_gemm",
@@ -52,6 +55,19 @@ __all__ = [
 ]
 
 _KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.REDUCE})
+
+
+@dataclass
+class RmsPrologue:
+    """An RMSNorm's scale per row, ``scale = 1 / sqrt(mean(A * A) + eps)`` over ``A``'s last
+    axis, read by the epilogue as a ``col`` input (after the row scale's fold,
+    ``compiler/fusion/row_scale.py``): the kernel computes it from each panel's rows of
+    ``A`` (in cache for the GEMM), so the norm's kernel goes. ``nodes``: ``Mul(A, A)``,
+    ``ReduceMean``, ``Add``, ``Sqrt``, then ``Div(1, .)`` or ``Reciprocal``."""
+
+    scale: Value
+    eps: float
+    nodes: list[Node]
 
 
 @dataclass
@@ -75,6 +91,9 @@ class Epilogue:
     #: the residual ``Add`` after the second MatMul, summed into its product
     #: (:func:`residual_add`), or None
     residual: Node | None = None
+    #: an RMSNorm's scale per row of ``A``, computed by the kernel from ``A``'s panel
+    #: (:func:`rms_prologue`), or None
+    prologue: RmsPrologue | None = None
 
     @property
     def batched(self) -> bool:
@@ -352,3 +371,81 @@ def residual_add(ep: Epilogue, group: Group, graph: Graph) -> Node | str:
         ):
             return "the residual's shape is not the second product's"
     return add
+
+
+def _one_use(v: Value, graph: Graph) -> bool:
+    return len(v.uses) == 1 and not any(o is v for o in graph.outputs)
+
+
+def _scalar(v: Value | None) -> float | None:
+    """The value of a constant float scalar (any rank, one element), else None."""
+    if v is None or not v.is_constant or v.data is None:
+        return None
+    data = np.asarray(v.data)
+    if data.size != 1 or data.dtype.kind != "f":
+        return None
+    return float(data.reshape(-1)[0])
+
+
+def _rms_chain(c: Value, a: Value, graph: Graph) -> tuple[float, list[Node]] | str:
+    """``(eps, nodes)`` when ``c = 1 / sqrt(mean(a * a, last axis) + eps)``, each
+    intermediate read once, else why not."""
+    p = c.producer
+    if p is not None and p.op_type == "Reciprocal":
+        s = p.inputs[0]
+    elif p is not None and p.op_type == "Div" and _scalar(p.inputs[0]) == 1.0:
+        s = p.inputs[1]
+    else:
+        return f"{c.name} is not a reciprocal"
+    sq = s.producer
+    if sq is None or sq.op_type != "Sqrt" or not _one_use(s, graph):
+        return f"{c.name} is not the reciprocal of a square root"
+    t = sq.inputs[0]
+    add = t.producer
+    if add is None or add.op_type != "Add" or not _one_use(t, graph):
+        return f"{c.name} is not 1 / sqrt(m + eps)"
+    eps = _scalar(add.inputs[1])
+    ms = add.inputs[0]
+    if eps is None:
+        eps, ms = _scalar(add.inputs[0]), add.inputs[1]
+    rm = ms.producer
+    if eps is None or rm is None or rm.op_type != "ReduceMean" or not _one_use(ms, graph):
+        return f"{c.name} is not 1 / sqrt(mean + eps)"
+    rank = len(a.shape)
+    axes = reduce_axes(rm)
+    if axes is None or set(axes) != {rank - 1} or not int(rm.attrs.get("keepdims", 1)):
+        return f"{rm.name} is not a mean over the last axis, kept"
+    sqr = rm.inputs[0]
+    mul = sqr.producer
+    if mul is None or mul.op_type != "Mul" or not _one_use(sqr, graph):
+        return f"{rm.name} does not average a square"
+    if mul.inputs[0] is not a or mul.inputs[1] is not a:
+        return f"{rm.name} does not average the squares of the GEMM's A"
+    return eps, [mul, rm, add, sq, p]
+
+
+def rms_prologue(ep: Epilogue, graph: Graph) -> RmsPrologue | str | None:
+    """The RMSNorm scale per row of the dense node's ``A`` that the epilogue reads as a
+    ``col`` input, which the kernel can compute from ``A``'s panel (:class:`RmsPrologue`),
+    or why not; None when no ``col`` input is computed from ``A`` by a mean of its
+    squares (:func:`_rms_chain` says why a candidate is not). The scale must be read by
+    the epilogue only and be of ``A``'s float type."""
+    if ep.batched:
+        return None
+    a = ep.dense.inputs[0]
+    if a.shape is None or len(a.shape) < 2:
+        return None
+    for v in ep.group.inputs():
+        if ep.roles.get(v.name) != "col" or v.producer is None:
+            continue
+        found = _rms_chain(v, a, graph)
+        if isinstance(found, str):
+            continue
+        if any(o is v for o in graph.outputs) or any(
+            c.name not in ep.group.names for c in v.consumers
+        ):
+            return f"the scale {v.name} is read outside the epilogue"
+        if v.dtype != a.dtype:
+            return f"the scale {v.name} is not of A's type"
+        return RmsPrologue(v, found[0], found[1])
+    return None

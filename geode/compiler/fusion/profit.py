@@ -369,3 +369,18 @@ def row_scale_plan(
     )
     d = decide_merge([apart], fused, spec)
     return d.take, d.reason.replace("recompute expanding", "the products' scale expanding")
+
+
+def prologue_plan(dense: Node, scale: Value, spec: DeviceSpec) -> tuple[bool, str]:
+    """Whether the RMSNorm scale per row of ``dense``'s ``A`` (``scale``, read by the
+    epilogue) pays computed in the kernel from each panel's rows of ``A``, and why, by the
+    SOL model: apart, the norm's kernel (a launch) reads ``A`` and writes the scale, and
+    the epilogue reads it back; in the kernel, the panel's rows are in cache for the GEMM
+    (no traffic) and the same sums of squares are done there."""
+    a = dense.inputs[0]
+    flops = 2.0 * numel(a) + 4.0 * numel(scale)
+    alone = KernelWork(bytes_read=nbytes(a), bytes_written=nbytes(scale), flops=flops)
+    readback = KernelWork(bytes_read=nbytes(scale), bytes_written=0.0, flops=0.0, n_kernels=0)
+    fused = KernelWork(bytes_read=0.0, bytes_written=0.0, flops=flops, n_kernels=0)
+    d = decide_merge([alone, readback], fused, spec)
+    return d.take, f"the RMSNorm scale {scale.name} from {dense.name}'s A per panel: {d.reason}"
