@@ -289,3 +289,33 @@ def test_random_shapes_match_numpy_and_the_unfolded_plan(batch, rows, k, n, gamm
     assert got.shape == x.shape
     _close(got, _want(x, w, gamma))
     _close(got, _compile(g, num_threads=threads, row_scale_gemms=False)(x=x)["y"])
+
+
+def test_the_blas_path_computes_the_prologue_too():
+    """Weights not packed: no sibling GEMM (up runs apart, its scaled product an epilogue
+    input), the scale still computed in the dense step's panels (through the BLAS)."""
+    model = _compile(_llama(W), num_threads=2, packed_weights=False)
+    text = model.explain()
+    assert "needs both weights packed once" in text and "the RMSNorm scale" in text
+    x = _rand(2, 70, 40)
+    _close(model(x=x)["y"], _want(x, W))
+
+
+def test_float64():
+    w64 = {k: v.astype(np.float64) for k, v in W.items()}
+    g = geode.Graph("llama64")
+    x = g.input("x", ["B", "S", 40], np.float64)
+    axes = g.constant(np.array([-1], np.int64), name="axes")
+    ms = g.op("ReduceMean", g.op("Mul", x, x), axes, keepdims=1)
+    inv = g.op(
+        "Reciprocal", g.op("Sqrt", g.op("Add", ms, g.constant(np.array(1e-6), dtype=np.float64)))
+    )
+    h = g.op("Mul", g.op("Mul", x, inv), g.constant(w64["gamma"], name="gamma"))
+    gate = g.op("MatMul", h, g.constant(w64["wg"], name="wg"))
+    up = g.op("MatMul", h, g.constant(w64["wu"], name="wu"))
+    act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
+    g.output(g.op("Add", x, g.op("MatMul", act, g.constant(w64["wd"], name="wd"))), names=["y"])
+    model = _compile(g, num_threads=2)
+    assert "row scale of" in model.explain() and "the RMSNorm scale" in model.explain()
+    xs = RNG.standard_normal((2, 9, 40))
+    np.testing.assert_allclose(model(x=xs)["y"], _want(xs, w64), rtol=1e-10, atol=1e-10)

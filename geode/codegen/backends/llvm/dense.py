@@ -36,6 +36,8 @@ threads as they come (each panel's products stay in its thread's cache, and a th
 that falls behind leaves its panels to the others); else one after another, the BLAS
 and the epilogue threading each. Each panel::
 
+    c = 1 / sqrt(mean(A[p0:p0+rows]^2) + eps)   (with an RMSNorm prologue: scratch slot 2,
+                                        a value per row, an epilogue input)
     S = A_t[p0:p0+rows] @ B_t          (scratch; zeros when K or N is 0)
     U = A[p0:p0+rows] @ Bu              (with a sibling GEMM: scratch, an epilogue input)
     epilogue(S, its inputs' panels)     (writes its outputs' panels; with V: into scratch P)
