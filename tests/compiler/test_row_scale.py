@@ -319,3 +319,20 @@ def test_float64():
     assert "row scale of" in model.explain() and "the RMSNorm scale" in model.explain()
     xs = RNG.standard_normal((2, 9, 40))
     np.testing.assert_allclose(model(x=xs)["y"], _want(xs, w64), rtol=1e-10, atol=1e-10)
+
+
+def test_a_constant_per_row_is_a_row_factor_not_a_column_one():
+    """A constant ``[K, 1]`` against ``h [K, K]`` varies along the rows: it scales the
+    product's rows (a value per row), it is not folded into B."""
+    g = geode.Graph("square")
+    x = g.input("x", [6, 6], np.float32)
+    r = g.constant(_rand(6, 1) + np.float32(2), name="r")
+    h = g.op("Mul", x, r)
+    b = _rand(6, 3)
+    g.output(g.op("MatMul", h, g.constant(b, name="b")), names=["y"])
+    found = row_scale_candidate(g, h.producer)
+    assert isinstance(found, RowScale) and [v.name for v in found.cols] == ["r"]
+    assert not found.consts
+    xs = _rand(6, 6)
+    want = (xs.astype(np.float64) * (np.asarray(r.data, np.float64))) @ b
+    _close(_compile(g)(x=xs)["y"], want)

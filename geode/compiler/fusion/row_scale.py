@@ -117,16 +117,14 @@ def _full(v: Value, h: Value) -> bool:
 
 
 def _per_column(v: Value, k: int) -> bool:
-    """A constant of ``v``'s data varying along the last axis only (``[K]``, ``[1, K]``, a
-    scalar), of at most ``h``'s rank."""
+    """A float constant varying along the last axis only (``[K]``, ``[1, K]``, a scalar:
+    every dim but the last 1, the last ``K`` or 1)."""
     if not v.is_constant or v.data is None:
         return False
     data = np.asarray(v.data)
-    return (
-        data.dtype.kind == "f"
-        and data.size in (1, k)
-        and (data.ndim == 0 or data.shape[-1] in (1, k))
-    )
+    if data.dtype.kind != "f" or data.size not in (1, k):
+        return False
+    return data.ndim == 0 or (data.shape[-1] in (1, k) and all(d == 1 for d in data.shape[:-1]))
 
 
 def _per_row(v: Value, h: Value) -> bool:
