@@ -61,6 +61,13 @@ transposed_operands       GEODE_TRANSPOSED_OPERANDS  a fused GEMM whose A is a T
                                                   mixing) reads the Transpose's input in
                                                   place, when the cost model says it pays
                                                   (same bits; reason in explain())
+row_scale_gemms           GEODE_ROW_SCALE_GEMMS   a row scale before MatMuls by constant
+                                                  weights (an RMSNorm's x * c * w) is
+                                                  folded into them: w into the packed
+                                                  weights, c applied to the products' rows
+                                                  (in the fused epilogue), when legal and
+                                                  the cost model says it pays (reason in
+                                                  explain(); the graph pass row_scale)
 packed_weights            GEODE_PACKED_WEIGHTS    a native float32 MatMul whose B is a constant
                                                   matrix multiplies by a copy of B packed once
                                                   at compile (or load) time, with geode's own
@@ -198,6 +205,7 @@ class Options:
     sibling_gemms: bool = True
     residual_epilogues: bool = True
     transposed_operands: bool = True
+    row_scale_gemms: bool = True
     packed_weights: bool = True
     fusion_search: str = "greedy"
     conv_method: str = "auto"
@@ -235,6 +243,7 @@ class Options:
             "sibling_gemms": "GEODE_SIBLING_GEMMS",
             "residual_epilogues": "GEODE_RESIDUAL_EPILOGUES",
             "transposed_operands": "GEODE_TRANSPOSED_OPERANDS",
+            "row_scale_gemms": "GEODE_ROW_SCALE_GEMMS",
             "packed_weights": "GEODE_PACKED_WEIGHTS",
             "fusion_search": "GEODE_FUSION_SEARCH",
             "conv_method": "GEODE_CONV_METHOD",
@@ -295,6 +304,7 @@ _BOOL_OPTIONS = (
     "sibling_gemms",
     "residual_epilogues",
     "transposed_operands",
+    "row_scale_gemms",
     "packed_weights",
     "incremental",
     "stitch_fusion",

@@ -90,8 +90,8 @@ class Compilation:
     var_manager: VarManager
     key_prefix: str  # of this model's constants and variables in the VarManager
     pass_records: list[PassRecord] = field(default_factory=list)
-    #: the fuse_conv pass's decisions (node name -> line), shown with the fusion plan's
-    #: dense epilogues
+    #: the fuse_conv and row_scale passes' decisions (node name -> line), shown with the
+    #: fusion plan's dense epilogues
     conv_decisions: dict[str, str] = field(default_factory=dict)
     placement: Placement | None = None
     fusion: FusionPlan | None = None
@@ -152,7 +152,7 @@ def graph_passes(c: Compilation) -> None:
     opts, dump = c.opts, c.dump
     c.pass_records = run_pipeline(
         c.graph,
-        disabled=opts.disabled_passes,
+        disabled=(*opts.disabled_passes, *(() if opts.row_scale_gemms else ("row_scale",))),
         enabled=("freeze_variables",) if opts.freeze_variables else (),
         fold_limit=opts.const_fold_limit,
         session_variables=session_variables(c.var_manager),

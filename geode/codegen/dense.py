@@ -61,13 +61,15 @@ class PanelGraph:
 
     @property
     def nodes(self) -> list[Node]:
-        """The model's nodes the dense step runs: the MatMul (and its sibling), the
-        epilogue, the second MatMul (and the bias and residual Adds)."""
+        """The model's nodes the dense step runs: the RMSNorm scale of its rows (when it
+        computes it), the MatMul (and its sibling), the epilogue, the second MatMul (and
+        the bias and residual Adds)."""
         ep = self.epilogue
         extra = [n for n in (ep.second, ep.bias, ep.residual) if n is not None]
         sibling = [ep.sibling] if ep.sibling is not None else []
         first = [ep.a_transpose] if ep.a_transpose is not None else []
-        return [*first, self.dense, *sibling, *ep.group.nodes, *extra]
+        pro = ep.prologue.nodes if ep.prologue is not None else []
+        return [*first, *pro, self.dense, *sibling, *ep.group.nodes, *extra]
 
 
 #: a role's panel dims: ``r`` the panel's rows, ``c`` the product's columns
@@ -176,6 +178,10 @@ def _arguments(pg: PanelGraph, lowered: LoweredKernel, views: list) -> tuple[lis
         if sibling is not None and pg.origin.get(v.name) is sibling.outputs[0]:
             inner.append(InnerArg(-3, role, item, view))  # the sibling GEMM's panel
             continue
+        pro = pg.epilogue.prologue
+        if pro is not None and pg.origin.get(v.name) is pro.scale:
+            inner.append(InnerArg(-4, role, item, view))  # the scale per row, from A's panel
+            continue
         model_value = pg.origin[v.name]
         inner.append(InnerArg(len(values), role, item, view))
         values.append(model_value)
@@ -224,6 +230,7 @@ def dense_module(
         pg.epilogue.residual is not None,
         len(_bias_input(pg.epilogue).shape) if pg.epilogue.bias is not None else 0,
         pg.epilogue.a_transpose is not None,
+        pg.epilogue.prologue.eps if pg.epilogue.prologue is not None else None,
     )
     return name, dense_ir(spec)
 

@@ -21,7 +21,9 @@ from geode.codegen.packed_weights import choose_packing
 from geode.compiler.fusion.epilogue import (
     Epilogue,
     epilogue_legality,
+    rms_prologue,
     second_gemm,
+    sibling_candidates,
     sibling_gemm,
     store_adds,
     transposed_a,
@@ -29,6 +31,7 @@ from geode.compiler.fusion.epilogue import (
 from geode.compiler.fusion.groups import FusionPlan, Group
 from geode.compiler.fusion.profit import (
     epilogue_plan,
+    prologue_plan,
     sibling_plan,
     store_plan,
     transpose_plan,
@@ -68,34 +71,55 @@ def _hoisted_job(ep: Epilogue, job: KernelJob, plan: FusionPlan, g: Graph) -> Ke
     return KernelJob(f"{job.name}_pre", group)
 
 
+def _legality(
+    node: Node, job: KernelJob, g: Graph, native: Callable[[Node], bool], opts: Options
+) -> Epilogue | str:
+    """The epilogue of ``node`` in ``job``'s group, or why not; with ``sibling_gemms``, the
+    nodes that read another native MatMul's product of the same ``A`` stay in it (not
+    hoisted), that product a candidate sibling GEMM (:func:`sibling_candidates`)."""
+    ep = epilogue_legality(node, job.group, g)
+    if not isinstance(ep, Epilogue) or not ep.hoisted or not opts.sibling_gemms:
+        return ep
+    found = sibling_candidates(ep, native)
+    if not found:
+        return ep
+    wide = epilogue_legality(node, job.group, g, found)
+    return wide if isinstance(wide, Epilogue) else ep
+
+
 def _deciding_order(
     work: list, jobs: list[KernelJob], g: Graph, native: Callable[[Node], bool], opts: Options
 ) -> list[Node]:
     """The native MatMuls of ``work`` in the order their epilogues are decided: graph
-    order, except that one whose epilogue would hoist nodes reading the product of
-    another native MatMul of the same ``A`` (a gated MLP's ``up`` before its ``gate``)
-    waits for that one, which can take the group with it as its sibling GEMM."""
+    order, except that one whose epilogue alone (no sibling) would hoist nodes reading
+    the product of a later native MatMul of the same ``A``, whose own epilogue hoists
+    nothing of its product (a gated MLP's ``up`` before its ``gate``), waits for that
+    one: the gate's epilogue, with up as its sibling GEMM, is then the dense step."""
     nodes = [w for w in work if isinstance(w, Node) and native(w)]
     if not opts.sibling_gemms:
         return nodes
     at = {n.name: i for i, n in enumerate(nodes)}
+    reads: dict[str, list[str]] = {}  # node -> the same-A MatMuls its hoisted nodes read
+    for node in nodes:
+        job = _consumer_job(node, jobs)
+        ep = epilogue_legality(node, job.group, g) if job is not None else None
+        hoisted = ep.hoisted if isinstance(ep, Epilogue) else []
+        reads[node.name] = [
+            v.producer.name
+            for h in hoisted
+            for v in h.inputs
+            if v is not None
+            and v.producer is not None
+            and v.producer.name in at
+            and v.producer.op_type == "MatMul"
+            and v.producer.inputs[0] is node.inputs[0]
+        ]
     keys = {}
     for i, node in enumerate(nodes):
         keys[node.name] = float(i)
-        job = _consumer_job(node, jobs)
-        ep = epilogue_legality(node, job.group, g) if job is not None else None
-        if not isinstance(ep, Epilogue):
-            continue
-        for v in (v for h in ep.hoisted for v in h.inputs if v is not None):
-            other = v.producer
-            if (
-                other is not None
-                and other.name in at
-                and at[other.name] > i
-                and other.op_type == "MatMul"
-                and other.inputs[0] is node.inputs[0]
-            ):
-                keys[node.name] = at[other.name] + 0.5
+        for other in reads[node.name]:
+            if at[other] > i and node.name not in reads[other]:
+                keys[node.name] = at[other] + 0.5
                 break
     return sorted(nodes, key=lambda n: keys[n.name])
 
@@ -119,6 +143,28 @@ def _sibling(ep: Epilogue, g: Graph, spec: DeviceSpec, native: Callable, opts: O
     if take:
         ep.sibling = found
     return why if take else f"{found.name} apart: {why}"
+
+
+def _prologue(
+    ep: Epilogue, jobs: list[KernelJob], g: Graph, spec: DeviceSpec
+) -> tuple[KernelJob | None, str]:
+    """The job of the RMSNorm whose scale per row of ``A`` the epilogue reads, when the
+    kernel can compute it from ``A``'s panels and that pays (attached to ``ep``: the job
+    goes), and the decision's text ("" when there is no such scale)."""
+    found = rms_prologue(ep, g)
+    if found is None:
+        return None, ""
+    if isinstance(found, str):
+        return None, f"no RMSNorm prologue: {found}"
+    names = {n.name for n in found.nodes}
+    job = next((j for j in jobs if j.panel is None and j.group.names == names), None)
+    if job is None:
+        return None, "RMSNorm prologue apart: its kernel computes more than the scale"
+    take, why = prologue_plan(ep.dense, found.scale, spec)
+    if not take:
+        return None, f"RMSNorm prologue apart: {why}"
+    ep.prologue = found
+    return job, why
 
 
 def _residual(
@@ -174,7 +220,7 @@ def _decide(
     opts: Options,
 ) -> Epilogue | str:
     """The epilogue of ``node`` in ``job`` (its panel form attached to the job), or why not."""
-    ep = epilogue_legality(node, job.group, g)
+    ep = _legality(node, job, g, native, opts)
     if isinstance(ep, str):
         return ep
     second = second_gemm(ep, g, native)
@@ -204,7 +250,9 @@ def attach_epilogues(
     dropped: set[str] = set()
     moved: dict[str, KernelJob] = {}  # second MatMul's name -> the job that runs in its place
     absorbed: dict[int, KernelJob] = {}  # a residual Add's job id -> the job that runs there
-    gone: set[int] = set()  # ids of the jobs of Transposes their GEMM reads in place
+    # ids of the jobs that go: Transposes their GEMM reads in place, RMSNorm scales the
+    # dense steps compute
+    gone: set[int] = set()
     pre: dict[int, KernelJob] = {}  # job id -> its hoisted nodes' job
     for item in _deciding_order(work, jobs, g, native, opts):
         if item.name in dropped:
@@ -224,6 +272,12 @@ def attach_epilogues(
             t_job, text = _transposed(ep, [j for j in jobs if id(j) not in gone], g, spec, opts)
             plan.epilogues[-1] += f"; {text}" if text else ""
             gone |= {id(t_job)} if t_job is not None else set()
+        if opts.row_scale_gemms:
+            norm_job, text = _prologue(ep, [j for j in jobs if id(j) not in gone], g, spec)
+            if text:
+                plan.epilogues[-1] += f"; {text}"
+            if norm_job is not None:
+                gone.add(id(norm_job))
         dropped.add(item.name)
         plan.unfused.pop(item.name, None)
         if ep.hoisted:
@@ -247,7 +301,7 @@ def attach_epilogues(
     out: list = []
     for w in work:
         if id(w) in gone:
-            continue  # a Transpose its GEMM reads in place
+            continue  # a Transpose its GEMM reads in place, a scale its panels compute
         if isinstance(w, KernelJob) and id(w) in pre:
             out.append(pre[id(w)])
         if isinstance(w, KernelJob) and id(w) in absorbed:

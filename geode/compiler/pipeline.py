@@ -6,7 +6,7 @@ Each pass is a function ``(graph) -> bool`` that says whether it changed the gra
 returns a :class:`PassRecord` per pass run. Passes marked ``optional`` run only when
 named in ``enabled``; any pass can be skipped by naming it in ``disabled``
 (``GEODE_DISABLE_PASSES=cse,simplify``). Passes marked ``decides`` (``fuse_conv``: the
-conv epilogue fusion decisions) also record each decision they make, taken or refused,
+conv epilogue fusion decisions; ``row_scale``: row scales folded into GEMMs) also record each decision they make, taken or refused,
 in the ``decisions`` mapping given to ``run_pipeline`` (node name -> line, a later round's
 decision replacing an earlier one).
 """
@@ -27,6 +27,7 @@ from geode.compiler.passes.fold_bn import fold_batch_norm
 from geode.compiler.passes.fuse_conv import fuse_conv_epilogues
 from geode.compiler.passes.rnn_layout import absorb_lstm_transposes
 from geode.compiler.passes.rnn_states import drop_zero_states
+from geode.compiler.passes.row_scale import fold_row_scales
 from geode.compiler.passes.simplify import simplify
 from geode.compiler.passes.variable_format import accelerate_variable_formats
 from geode.compiler.passes.variable_prepare import prepare_variables
@@ -83,6 +84,7 @@ PIPELINE: list[Pass] = [
     Pass("cse", cse),
     Pass("dce", dce),
     Pass("fuse_conv", fuse_conv_epilogues, decides=True),  # last: fold_bn has folded what it can
+    Pass("row_scale", fold_row_scales, decides=True),  # after const_fold: the weights constant
 ]
 # fmt: on
 

@@ -897,6 +897,7 @@ def test_pipeline_disable_enable_and_bounds():
         "const_fold",
         "dce",
         "fuse_conv",
+        "row_scale",
     }
     assert {r.round for r in records} == {1}
     with pytest.raises(GeodeError, match="not passes"):

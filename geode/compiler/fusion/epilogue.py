@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import reduce_axes
 from geode.compiler.ir import Graph, Node, Value
@@ -45,7 +47,9 @@ __all__ = [
     "Epilogue",
     "epilogue_legality",
     "StoreAdds",
+    "rms_prologue",
     "second_gemm",
+    "sibling_candidates",
     "sibling_gemm",
     "store_adds",
     "transposed_a",
@@ -53,6 +57,19 @@ __all__ = [
 ]
 
 _KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.REDUCE})
+
+
+@dataclass
+class RmsPrologue:
+    """An RMSNorm's scale per row, ``scale = 1 / sqrt(mean(A * A) + eps)`` over ``A``'s last
+    axis, read by the epilogue as a ``col`` input (after the row scale's fold,
+    ``compiler/fusion/row_scale.py``): the kernel computes it from each panel's rows of
+    ``A`` (in cache for the GEMM), so the norm's kernel goes. ``nodes``: ``Mul(A, A)``,
+    ``ReduceMean``, ``Add``, ``Sqrt``, then ``Div(1, .)`` or ``Reciprocal``."""
+
+    scale: Value
+    eps: float
+    nodes: list[Node]
 
 
 @dataclass
@@ -82,6 +99,9 @@ class Epilogue:
     #: the Transpose (of the last two axes) that makes the dense node's ``A``, read in
     #: place by the GEMM (:func:`transposed_a`), or None
     a_transpose: Node | None = None
+    #: an RMSNorm's scale per row of ``A``, computed by the kernel from ``A``'s panel
+    #: (:func:`rms_prologue`), or None
+    prologue: RmsPrologue | None = None
 
     @property
     def a_value(self) -> Value:
@@ -156,9 +176,13 @@ def _node_ok(node: Node, rank: int) -> str | None:
     return None
 
 
-def split_dependent(group: Group, y: Value) -> tuple[list[Node], list[Node]]:
-    """The group's nodes that depend on the product ``y`` and those that do not (in order)."""
-    reached = {id(y)}
+def split_dependent(
+    group: Group, y: Value, also: tuple[Value, ...] = ()
+) -> tuple[list[Node], list[Node]]:
+    """The group's nodes that depend on the product ``y`` (or on a value of ``also``: the
+    products of sibling GEMMs, computed per panel beside ``y``) and those that do not (in
+    order)."""
+    reached = {id(y), *(id(v) for v in also)}
     dep, rest = [], []
     for node in group.nodes:
         if any(v is not None and id(v) in reached for v in node.inputs):
@@ -185,9 +209,13 @@ def _hoistable(rest: list[Node], graph: Graph) -> str | None:
     return None
 
 
-def epilogue_legality(dense: Node, group: Group, graph: Graph) -> Epilogue | str:
+def epilogue_legality(
+    dense: Node, group: Group, graph: Graph, siblings: tuple[Value, ...] = ()
+) -> Epilogue | str:
     """The fused epilogue of ``dense`` (a native MatMul) and ``group``, or why not. Nodes of
-    the group that do not depend on the product and have no per-panel role are hoisted
+    the group that depend neither on the product nor on a value of ``siblings`` (products
+    of MatMuls of the same ``A``, candidates for :func:`sibling_gemm`: a gated MLP's up
+    product, maybe scaled per row before the gate reads it) are hoisted
     (``Epilogue.hoisted``); the epilogue's group is then the rest."""
     if dense.op_type != "MatMul" or len(dense.outputs) != 1:
         return f"{dense.op_type} has no epilogue form"
@@ -210,7 +238,7 @@ def epilogue_legality(dense: Node, group: Group, graph: Graph) -> Epilogue | str
         return "the group is a stitch (a row and a column reduction side by side)"
     if group.axes and set(group.axes) != {rank - 1}:
         return "the group reduces other than the last axis"
-    _, rest = split_dependent(group, y)
+    _, rest = split_dependent(group, y, siblings)
     roles: dict[str, str] = {}
     hoisted = rest  # they run first, as a group of their own; their results become inputs
     if hoisted:
@@ -269,6 +297,29 @@ def second_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
     if len(o.shape) != len(want) or not all(_same(a, b) for a, b in zip(o.shape, want)):
         return "the second MatMul's result is not the product's rows times V's columns"
     return mm
+
+
+def sibling_candidates(ep: Epilogue, is_native: object) -> tuple[Value, ...]:
+    """Products of other native MatMuls of the dense node's ``A`` that the epilogue's hoisted
+    nodes read (a gated MLP's up product, scaled per row before the gate's epilogue reads
+    it): :func:`epilogue_legality` given them keeps those nodes in the epilogue, and
+    :func:`sibling_gemm` may then compute the product per panel. ``is_native(node)`` says
+    whether a MatMul runs natively."""
+    a = ep.dense.inputs[0]
+    found: list[Value] = []
+    for node in ep.hoisted:
+        for v in node.inputs:
+            prod = None if v is None else v.producer
+            if (
+                prod is not None
+                and prod is not ep.dense
+                and prod.op_type == "MatMul"
+                and prod.inputs[0] is a
+                and is_native(prod)  # type: ignore[operator]
+                and all(v is not f for f in found)
+            ):
+                found.append(v)
+    return tuple(found[:1])
 
 
 def sibling_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
@@ -421,3 +472,83 @@ def transposed_a(ep: Epilogue, graph: Graph) -> Node | str:
     if x.dtype != a.dtype:
         return "the Transpose changes the type"
     return t
+
+
+def _one_use(v: Value, graph: Graph) -> bool:
+    return len(v.uses) == 1 and not any(o is v for o in graph.outputs)
+
+
+def _scalar(v: Value | None) -> float | None:
+    """The value of a constant float scalar (any rank, one element), else None."""
+    if v is None or not v.is_constant or v.data is None:
+        return None
+    data = np.asarray(v.data)
+    if data.size != 1 or data.dtype.kind != "f":
+        return None
+    return float(data.reshape(-1)[0])
+
+
+def _rms_chain(c: Value, a: Value, graph: Graph) -> tuple[float, list[Node]] | str:
+    """``(eps, nodes)`` when ``c = 1 / sqrt(mean(a * a, last axis) + eps)``, each
+    intermediate read once, else why not."""
+    p = c.producer
+    if p is not None and p.op_type == "Reciprocal":
+        s = p.inputs[0]
+    elif p is not None and p.op_type == "Div" and _scalar(p.inputs[0]) == 1.0:
+        s = p.inputs[1]
+    else:
+        return f"{c.name} is not a reciprocal"
+    sq = s.producer
+    if sq is None or sq.op_type != "Sqrt" or not _one_use(s, graph):
+        return f"{c.name} is not the reciprocal of a square root"
+    t = sq.inputs[0]
+    add = t.producer
+    if add is None or add.op_type != "Add" or not _one_use(t, graph):
+        return f"{c.name} is not 1 / sqrt(m + eps)"
+    eps = _scalar(add.inputs[1])
+    ms = add.inputs[0]
+    if eps is None:
+        eps, ms = _scalar(add.inputs[0]), add.inputs[1]
+    rm = ms.producer
+    if eps is None or rm is None or rm.op_type != "ReduceMean" or not _one_use(ms, graph):
+        return f"{c.name} is not 1 / sqrt(mean + eps)"
+    rank = len(a.shape)
+    axes = reduce_axes(rm)
+    if axes is None or set(axes) != {rank - 1} or not int(rm.attrs.get("keepdims", 1)):
+        return f"{rm.name} is not a mean over the last axis, kept"
+    sqr = rm.inputs[0]
+    mul = sqr.producer
+    if mul is None or mul.op_type != "Mul" or not _one_use(sqr, graph):
+        return f"{rm.name} does not average a square"
+    if mul.inputs[0] is not a or mul.inputs[1] is not a:
+        return f"{rm.name} does not average the squares of the GEMM's A"
+    return eps, [mul, rm, add, sq, p]
+
+
+def rms_prologue(ep: Epilogue, graph: Graph) -> RmsPrologue | str | None:
+    """The RMSNorm scale per row of the dense node's ``A`` that the epilogue reads as a
+    ``col`` input, which the kernel can compute from ``A``'s panel (:class:`RmsPrologue`),
+    or why not; None when no ``col`` input is computed from ``A`` by a mean of its
+    squares (:func:`_rms_chain` says why a candidate is not). The scale must be read by
+    the epilogue only and be of ``A``'s float type."""
+    if ep.batched:
+        return None
+    a = ep.dense.inputs[0]
+    if a.shape is None or len(a.shape) < 2:
+        return None
+    if ep.a_transpose is not None:
+        return "A is read transposed in place (the panel's rows are not contiguous)"
+    for v in ep.group.inputs():
+        if ep.roles.get(v.name) != "col" or v.producer is None:
+            continue
+        found = _rms_chain(v, a, graph)
+        if isinstance(found, str):
+            continue
+        if any(o is v for o in graph.outputs) or any(
+            c.name not in ep.group.names for c in v.consumers
+        ):
+            return f"the scale {v.name} is read outside the epilogue"
+        if v.dtype != a.dtype:
+            return f"the scale {v.name} is not of A's type"
+        return RmsPrologue(v, found[0], found[1])
+    return None

@@ -343,3 +343,59 @@ def transpose_plan(transpose: Node, dense: Node, spec: DeviceSpec) -> tuple[bool
     fused = KernelWork(bytes_read=nbytes(x), bytes_written=0.0, flops=0.0, n_kernels=0)
     d = decide_merge([copy, read], fused, spec)
     return d.take, f"{transpose.name} read in place by {dense.name} (A transposed): {d.reason}"
+
+
+def row_scale_plan(
+    h: Value,
+    gemms: list[Node],
+    n_muls: int,
+    spec: DeviceSpec,
+    fused_readers: object,
+    x_computed: bool = False,
+) -> tuple[bool, str]:
+    """Whether folding the row scale that computes ``h`` (``n_muls`` Mul nodes) into the
+    ``gemms`` reading it pays, and why, by the SOL model
+    (:mod:`geode.compiler.fusion.row_scale`): apart, the norm's kernel writes ``h`` (its
+    multiplies over ``h``); folded, it writes a value per row, and each product is
+    multiplied by it, inside its readers' kernel when ``fused_readers(gemm)`` says they
+    are all elementwise (a fused epilogue), else in a pass of its own over the product.
+    The GEMMs read ``x`` instead of ``h``: the same bytes; ``x_computed``: ``x`` is an
+    elementwise result the norm's kernel would compute and now has to write (a
+    LayerNorm's ``x - mean``), as many bytes as ``h``."""
+    rows = numel(h) / max(_last(h), 1.0)
+    item = h.dtype.itemsize
+    apart = KernelWork(
+        bytes_read=0.0, bytes_written=nbytes(h), flops=numel(h) * n_muls, n_kernels=0
+    )
+    reads = writes = flops = 0.0
+    kernels = 0
+    for mm in gemms:
+        y = mm.outputs[0]
+        flops += numel(y)
+        if not fused_readers(mm):  # type: ignore[operator]
+            reads += nbytes(y)
+            writes += nbytes(y)
+            kernels += 1
+    fused = KernelWork(
+        bytes_read=reads + rows * item * len(gemms),
+        bytes_written=writes + rows * item + (nbytes(h) if x_computed else 0.0),
+        flops=flops,
+        n_kernels=kernels,
+    )
+    d = decide_merge([apart], fused, spec)
+    return d.take, d.reason.replace("recompute expanding", "the products' scale expanding")
+
+
+def prologue_plan(dense: Node, scale: Value, spec: DeviceSpec) -> tuple[bool, str]:
+    """Whether the RMSNorm scale per row of ``dense``'s ``A`` (``scale``, read by the
+    epilogue) pays computed in the kernel from each panel's rows of ``A``, and why, by the
+    SOL model: apart, the norm's kernel (a launch) reads ``A`` and writes the scale, and
+    the epilogue reads it back; in the kernel, the panel's rows are in cache for the GEMM
+    (no traffic) and the same sums of squares are done there."""
+    a = dense.inputs[0]
+    flops = 2.0 * numel(a) + 4.0 * numel(scale)
+    alone = KernelWork(bytes_read=nbytes(a), bytes_written=nbytes(scale), flops=flops)
+    readback = KernelWork(bytes_read=nbytes(scale), bytes_written=0.0, flops=0.0, n_kernels=0)
+    fused = KernelWork(bytes_read=0.0, bytes_written=0.0, flops=flops, n_kernels=0)
+    d = decide_merge([alone, readback], fused, spec)
+    return d.take, f"the RMSNorm scale {scale.name} from {dense.name}'s A per panel: {d.reason}"

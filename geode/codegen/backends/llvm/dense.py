@@ -36,6 +36,8 @@ threads as they come (each panel's products stay in its thread's cache, and a th
 that falls behind leaves its panels to the others); else one after another, the BLAS
 and the epilogue threading each. Each panel::
 
+    c = 1 / sqrt(mean(A[p0:p0+rows]^2) + eps)   (with an RMSNorm prologue: scratch slot 2,
+                                        a value per row, an epilogue input)
     S = A_t[p0:p0+rows] @ B_t          (scratch; zeros when K or N is 0)
     U = A[p0:p0+rows] @ Bu              (with a sibling GEMM: scratch, an epilogue input)
     epilogue(S, its inputs' panels)     (writes its outputs' panels; with V: into scratch P)
@@ -60,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from geode.codegen.backends.llvm import jit
+from geode.codegen.backends.llvm.irtext import float_literal
 from geode.codegen.backends.llvm.kernel import build_module
 from geode.codegen.backends.llvm.library import GEMM_DECL, TYPES, gemm_call
 from geode.codegen.backends.llvm.objcache import CacheDir
@@ -119,7 +122,7 @@ class OuterArg:
 class InnerArg:
     """An argument of the epilogue kernel: where its data comes from (``-1``: the product
     panel, ``-2``: the panel the second GEMM reads, ``-3``: the sibling product's panel,
-    else the index of an :class:`OuterArg`), its role, item size, and the dims of its 2-D
+    ``-4``: the RMSNorm scale of the panel's rows, else the index of an :class:`OuterArg`), its role, item size, and the dims of its 2-D
     shape that the kernel merges (None: its own shape)."""
 
     source: int
@@ -160,6 +163,9 @@ class DenseSpec:
     #: ``A`` is passed as ``X [..., K, R]``, the input of a Transpose of its last two axes,
     #: and read in place (``A``'s rows are ``X``'s columns; ``B`` packed, unbatched)
     a_trans: bool = False
+    #: an RMSNorm prologue (unbatched): the kernel computes ``1 / sqrt(mean(A_r^2) + eps)``
+    #: for each row ``r`` of the panel (:func:`_rms_rows`), the epilogue's ``-4`` input
+    rms_eps: float | None = None
 
     @property
     def batch(self) -> int:
@@ -488,7 +494,7 @@ def _epilogue_args(w: SsaWriter, sp: DenseSpec, v: dict[str, str], off: dict[str
     n_ext = len(sp.outer)
     for j, arg in enumerate(sp.inner):
         if arg.source < 0:
-            data = {-1: v["s1"], -2: v["s2"], -3: v["s3"]}[arg.source]
+            data = {-1: v["s1"], -2: v["s2"], -3: v["s3"], -4: v["s4"]}[arg.source]
         else:
             base = w.tmp(
                 f"inttoptr i64 {w.word('%ctx', _FIXED + 4 * sp.batch + arg.source)} to ptr"
@@ -568,14 +574,22 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     v["s1"] = w.tmp(f"call ptr @geode_scratch(i64 0, i64 {size})")
     v["s2"] = w.tmp(f"call ptr @geode_scratch(i64 1, i64 {size})") if sp.v_rank else "null"
     v["s3"] = w.tmp(f"call ptr @geode_scratch(i64 3, i64 {size})") if sp.sibling else "null"
+    rms = sp.rms_eps is not None
+    v["s4"] = "null"
+    if rms:  # slot 2 (the Winograd conv's) is free while a dense panel runs on the thread
+        col = w.op("mul", v["rows"], item)
+        col = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {col}, 64')}, i64 64, i64 {col}")
+        v["s4"] = w.tmp(f"call ptr @geode_scratch(i64 2, i64 {col})")
     ok = w.tmp(f"icmp ne ptr {v['s1']}, null")
-    for x, there in (("s2", sp.v_rank), ("s3", sp.sibling)):
+    for x, there in (("s2", sp.v_rank), ("s3", sp.sibling), ("s4", rms)):
         if there:
             ok = w.op("and", ok, w.op("icmp ne", v[x], "null", "ptr"), "i1")
     w.emit(f"  br i1 {ok}, label %mem, label %nomem")
     w.label("nomem")
     _fail(w, v, str(NO_MEMORY))
     w.label("mem")
+    if rms:
+        _rms_rows(w, sp, v, pa)
     skip = w.tmp(f"or i1 {w.eq(v['K'], 0)}, {w.eq(v['N'], 0)}")
     w.emit(f"  br i1 {skip}, label %zero, label %gemm")
     w.label("zero")
@@ -608,6 +622,48 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     w.emit("  ret void")
     head = [f"define internal void @{sp.name}.chunk(ptr %ctx, i64 %c, i64 %n) {{", "entry:"]
     return head + w.lines + ["}"]
+
+
+def _rms_rows(w: SsaWriter, sp: DenseSpec, v: dict, pa: str) -> None:
+    """``s4[r] = 1 / sqrt(sum_k A[r, k]^2 / K + eps)`` for the panel's rows (``rows >= 1``)
+    from ``pa`` (the panel's first row of ``A``, rows of ``K``): each row's sum in one
+    loop whose adds may be reordered (``reassoc``: LLVM sums in vector lanes), then the
+    mean, the square root and the division as the norm's kernel does them (IEEE)."""
+    ty = TYPES[sp.dtype][0]
+    suffix = "f32" if ty == "float" else "f64"
+    eps = float_literal(float(sp.rms_eps), ty)
+    kf = w.tmp(f"uitofp i64 {v['K']} to {ty}")
+    kgo = w.tmp(f"icmp ugt i64 {v['K']}, 0")
+    w.emit("  br label %rms_start")
+    w.label("rms_start")
+    w.emit("  br label %rms_row")
+    w.label("rms_row")
+    w.emit("  %rms_r = phi i64 [ 0, %rms_start ], [ %rms_r1, %rms_end ]")
+    w.emit(f"  %rms_base = mul i64 %rms_r, {v['K']}")
+    w.emit(f"  br i1 {kgo}, label %rms_k, label %rms_end")
+    w.label("rms_k")
+    w.emit("  %rms_j = phi i64 [ 0, %rms_row ], [ %rms_j1, %rms_k ]")
+    w.emit(f"  %rms_s = phi {ty} [ 0.0, %rms_row ], [ %rms_s1, %rms_k ]")
+    w.emit("  %rms_i = add i64 %rms_base, %rms_j")
+    w.emit(f"  %rms_p = getelementptr inbounds {ty}, ptr {pa}, i64 %rms_i")
+    w.emit(f"  %rms_x = load {ty}, ptr %rms_p")
+    w.emit(f"  %rms_xx = fmul {ty} %rms_x, %rms_x")
+    w.emit(f"  %rms_s1 = fadd reassoc {ty} %rms_s, %rms_xx")
+    w.emit("  %rms_j1 = add i64 %rms_j, 1")
+    w.emit(f"  %rms_more = icmp ult i64 %rms_j1, {v['K']}")
+    w.emit("  br i1 %rms_more, label %rms_k, label %rms_end")
+    w.label("rms_end")
+    w.emit(f"  %rms_sum = phi {ty} [ 0.0, %rms_row ], [ %rms_s1, %rms_k ]")
+    w.emit(f"  %rms_m = fdiv {ty} %rms_sum, {kf}")
+    w.emit(f"  %rms_me = fadd {ty} %rms_m, {eps}")
+    w.emit(f"  %rms_sq = call {ty} @llvm.sqrt.{suffix}({ty} %rms_me)")
+    w.emit(f"  %rms_c = fdiv {ty} 1.0, %rms_sq")
+    w.emit(f"  %rms_o = getelementptr inbounds {ty}, ptr {v['s4']}, i64 %rms_r")
+    w.emit(f"  store {ty} %rms_c, ptr %rms_o")
+    w.emit("  %rms_r1 = add i64 %rms_r, 1")
+    w.emit(f"  %rms_rmore = icmp ult i64 %rms_r1, {v['rows']}")
+    w.emit("  br i1 %rms_rmore, label %rms_row, label %rms_done")
+    w.label("rms_done")
 
 
 def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, item: int) -> None:
@@ -647,11 +703,16 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
     w.label("out")
 
 
+_SQRT = (("float", "f32"), ("double", "f64"))
+
+
 def dense_ir(sp: DenseSpec) -> str:
     """The entry's module (see the module docstring)."""
     item = TYPES[sp.dtype][2]
     if sp.a_trans and (not sp.packed_n or sp.sibling or sp.batch):
         raise CodegenError(f"{sp.name}: A read transposed needs B packed once, unbatched")
+    if sp.rms_eps is not None and (sp.a_trans or sp.batch):
+        raise CodegenError(f"{sp.name}: an RMSNorm prologue needs A's rows in place, unbatched")
     if (sp.sibling and not sp.packed_n) or ((sp.residual or sp.bias_rank) and not sp.packed_d):
         raise CodegenError(
             f"{sp.name}: a sibling GEMM needs B, a residual or a bias V, packed once"
@@ -667,6 +728,7 @@ def dense_ir(sp: DenseSpec) -> str:
         "declare ptr @geode_scratch(i64, i64)",
         "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)",
         *(["declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"] if sp.residual else []),
+        *([f"declare {t} @llvm.sqrt.{x}({t})" for t, x in _SQRT] if sp.rms_eps is not None else []),
     ]
     body = _chunk(sp, item) + _entry(sp, item)
     return "\n".join(head + body) + "\n"
