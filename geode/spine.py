@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import geode.config as config
+from geode import collector
 from geode.codegen import driver
 from geode.codegen.ast import forget_expression_memos
 from geode.codegen.cache import maybe_prune
@@ -225,6 +226,7 @@ def schedule(c: Compilation) -> None:
 
     for job in c.jobs:
         _codegen_stage(c, job, stage)
+        collector.release()  # LLVM has work: collections now share the cores with it
     unused = sources.unused()
     if unused:
         msg = (
