@@ -16,12 +16,14 @@ Only a collector that is on is held, and only what :func:`hold` switched off is
 switched back on: a program that runs with the collector off keeps it off. The
 collector is the process's, so other threads' garbage waits for the same stretch (at
 most the compile's first part). A program that switches the collector itself from
-another thread during that stretch may find it switched on again at its end.
+another thread during that stretch may find it switched on again at its end. A child
+forked during the stretch starts with the collector on.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,6 +60,21 @@ def release() -> None:
 def is_held() -> bool:
     """Whether the collector is off because :func:`hold` switched it off."""
     return _held
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while a compile held the collector runs no such compile: its
+    collector is switched back on (and the lock made anew: another thread may have held
+    it at the fork)."""
+    global _held, _lock
+    _lock = threading.Lock()
+    if _held:
+        _held = False
+        gc.enable()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextmanager

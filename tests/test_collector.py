@@ -6,6 +6,7 @@ first kernel and leaves it on however it ends, a model-cache hit never holds it.
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -154,3 +155,23 @@ def test_a_graph_compile_holds_it_too(monkeypatch: pytest.MonkeyPatch, tmp_path:
     geode.compile(ex.graph, cache_dir=tmp_path, progress=0)
     assert seen and seen[0] is False
     assert gc.isenabled() and not collector.is_held()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_held_starts_with_the_collector_on() -> None:
+    gc.enable()
+    assert collector.hold()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without running the parent's cleanup
+        os.close(read)
+        os.write(write, b"%d%d" % (gc.isenabled(), collector.is_held()))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        got = f.read()
+    os.waitpid(pid, 0)
+    assert got == b"10"  # on, not held
+    assert not gc.isenabled() and collector.is_held()  # the parent's hold is untouched
+    collector.release()
+    assert gc.isenabled()
