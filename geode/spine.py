@@ -48,7 +48,6 @@ from geode.codegen.schedule_source import schedule_sources
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
-from geode.compiler.fusion.search import search_fusion
 from geode.compiler.fusion.views import alias_view
 from geode.compiler.ir import Graph, Node, format_graph
 from geode.compiler.ops import state
@@ -195,6 +194,8 @@ def fuse(c: Compilation) -> None:
     trees = bool(c.opts.stitch_fusion)
     c.fusion = plan_fusion(c.graph, c.placement, can_lower, profit, trees=trees)
     if c.opts.fusion_search == "beam":
+        from geode.compiler.fusion.search import search_fusion  # the plan search's only use
+
         cost = driver.group_cost_fn(c.graph, c.opts)
         c.fusion = search_fusion(c.graph, c.placement, can_lower, cost, c.fusion, trees=trees)
     c.fusion.epilogues[:0] = c.conv_decisions.values()
