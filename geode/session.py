@@ -274,7 +274,7 @@ def _store_model(model: CompiledModel, key: str, opts: config.Options) -> None:
     saver = model.saver
 
     def save(path: os.PathLike, max_bytes: int) -> int:
-        return saver(path, True, "embed", "initial", max_bytes)
+        return saver(path, True, "embed", "initial", max_bytes, sync=False)  # a cache
 
     cache.store(opts.cache_dir, key, (opts.cache_max_mb << 20) // 8, save, opts.cache_sign)
 
@@ -288,12 +288,14 @@ def _saver(model: CompiledModel, g: Graph, units: list[Unit], explain, dot) -> C
         external_data: str,
         snapshot: str = "current",
         max_bytes: int | None = None,
+        sync: bool = True,
     ) -> int:
         from geode.modelfile import save_model
 
         return save_model(
-            model, g, units, explain, dot, path, overwrite, external_data, snapshot, max_bytes
-        )
+            model, g, units, explain, dot, path, overwrite, external_data, snapshot, max_bytes,
+            sync,
+        )  # fmt: skip
 
     return save
 
