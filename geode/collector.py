@@ -5,7 +5,7 @@ the ONNX and sympy imports, the front end, the graph passes, the fusion plan and
 first kernel's schedule; the code generator's background threads have nothing to
 compile until that first kernel's module is emitted. Collections in that stretch sit
 on the critical path whole: in a cold compile of the BERT layer of ``tests/data``,
-some 180 young collections and one full collection of every object the imports made
+some 60 young collections and one full collection of every object the imports made
 (0.04-0.07 s of the main thread). :func:`hold` switches the collector off for the
 stretch and :func:`release` switches it back on once LLVM has work
 (``spine.schedule``, after the first kernel), or when the compile ends, whichever comes
