@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import geode.config as config
+from geode import collector
 from geode.codegen.backends.prewarm import prewarm
 from geode.compiler.ir import Graph, format_graph
 from geode.compiler.ops import control
@@ -105,7 +106,8 @@ class Session:
         if hit is not None:
             return hit
         prewarm(opts)  # LLVM warmed up on the other cores while ONNX is read
-        with _calibrating(opts):  # while ONNX is read and the compiler imported
+        # no collections while one core works alone: see geode.collector
+        with collector.held(), _calibrating(opts):  # while ONNX is read, the compiler imported
             from geode.compiler.frontend.onnx import import_model  # onnx: 0.07 s to import
 
             g = import_model(path)
@@ -119,7 +121,8 @@ class Session:
         dump = Dumper(g.name, opts.debug, opts.dump_dir)
         prefix = f"m{next(self._models)}:{g.name}"
         prewarm(opts)  # LLVM warmed up while the first stages run (once per process)
-        with _calibrating(opts):  # while the compiler is imported and the first stages run
+        # the collector held until the first kernel goes to LLVM (see geode.collector)
+        with collector.held(), _calibrating(opts):  # while the compiler is imported, ...
             from geode.spine import Compilation, compile_graph  # the whole compiler: first use
 
             c = compile_graph(Compilation(g, opts, dump, self.var_manager, prefix))
@@ -271,7 +274,7 @@ def _store_model(model: CompiledModel, key: str, opts: config.Options) -> None:
     saver = model.saver
 
     def save(path: os.PathLike, max_bytes: int) -> int:
-        return saver(path, True, "embed", "initial", max_bytes)
+        return saver(path, True, "embed", "initial", max_bytes, sync=False)  # a cache
 
     cache.store(opts.cache_dir, key, (opts.cache_max_mb << 20) // 8, save, opts.cache_sign)
 
@@ -285,12 +288,14 @@ def _saver(model: CompiledModel, g: Graph, units: list[Unit], explain, dot) -> C
         external_data: str,
         snapshot: str = "current",
         max_bytes: int | None = None,
+        sync: bool = True,
     ) -> int:
         from geode.modelfile import save_model
 
         return save_model(
-            model, g, units, explain, dot, path, overwrite, external_data, snapshot, max_bytes
-        )
+            model, g, units, explain, dot, path, overwrite, external_data, snapshot, max_bytes,
+            sync,
+        )  # fmt: skip
 
     return save
 

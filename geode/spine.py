@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import geode.config as config
+from geode import collector
 from geode.codegen import driver
 from geode.codegen.ast import forget_expression_memos
 from geode.codegen.cache import maybe_prune
@@ -47,7 +48,6 @@ from geode.codegen.schedule_source import schedule_sources
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
 from geode.compiler.fusion.profit import make_profit
-from geode.compiler.fusion.search import search_fusion
 from geode.compiler.fusion.views import alias_view
 from geode.compiler.ir import Graph, Node, format_graph
 from geode.compiler.ops import state
@@ -194,6 +194,8 @@ def fuse(c: Compilation) -> None:
     trees = bool(c.opts.stitch_fusion)
     c.fusion = plan_fusion(c.graph, c.placement, can_lower, profit, trees=trees)
     if c.opts.fusion_search == "beam":
+        from geode.compiler.fusion.search import search_fusion  # the plan search's only use
+
         cost = driver.group_cost_fn(c.graph, c.opts)
         c.fusion = search_fusion(c.graph, c.placement, can_lower, cost, c.fusion, trees=trees)
     c.fusion.epilogues[:0] = c.conv_decisions.values()
@@ -225,6 +227,7 @@ def schedule(c: Compilation) -> None:
 
     for job in c.jobs:
         _codegen_stage(c, job, stage)
+        collector.release()  # LLVM has work: collections now share the cores with it
     unused = sources.unused()
     if unused:
         msg = (

@@ -109,6 +109,7 @@ LAYER_OF: dict[str, str] = {
     "geode.safe_files": "base",
     "geode.signing": "base",
     "geode.lazy": "base",
+    "geode.collector": "base",
 }
 
 RANK = {

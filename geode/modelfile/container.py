@@ -73,8 +73,12 @@ class Writer:
         """The blobs added so far, in order."""
         return list(self._blobs)
 
-    def write(self, path: str | os.PathLike, header: dict[str, Any], overwrite: bool) -> int:
-        """Write the file atomically; returns its size in bytes."""
+    def write(
+        self, path: str | os.PathLike, header: dict[str, Any], overwrite: bool, sync: bool = True
+    ) -> int:
+        """Write the file atomically; returns its size in bytes. ``sync``: flushed to the
+        disk before it replaces ``path`` (a file the user keeps; the model cache's entries,
+        whose digest a load checks, are not)."""
         target = writable_target(path, overwrite)
         head = json.dumps({**header, "blobs": self._offsets}, separators=(",", ":")).encode()
         prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(head))
@@ -82,7 +86,7 @@ class Writer:
         digest = hashlib.sha256()
         written = 0
         try:  # the mode a plain ``open`` would give it (mkstemp's is 0600)
-            with atomic_writer(target, mode=0o666 & ~umask(), sync=True) as f:
+            with atomic_writer(target, mode=0o666 & ~umask(), sync=sync) as f:
 
                 def put(chunk: bytes | memoryview) -> None:
                     nonlocal written

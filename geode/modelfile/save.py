@@ -33,6 +33,7 @@ def save_model(
     external_data: str = "embed",
     snapshot: str = "current",
     max_bytes: int | None = None,
+    sync: bool = True,
 ) -> int:
     """Write ``model`` (compiled from ``graph`` into ``units``) to ``path``; returns the
     file's size. ``external_data``: ``"embed"`` copies constants read from external data
@@ -42,7 +43,9 @@ def save_model(
     is always replaced). ``snapshot="initial"`` saves the variables' initial values
     instead (the model cache: a compile's result must not depend on earlier runs);
     ``max_bytes``: refuse (a :class:`ModelFileError`, nothing written) a file that would
-    hold more tensor and code bytes."""
+    hold more tensor and code bytes. ``sync``: flush the file to the disk before it
+    replaces ``path`` (off for the model cache's entries: a cache, whose entries a load
+    checks against their digest)."""
     if external_data not in EXTERNAL_DATA:
         raise ModelFileError(
             f"external_data={external_data!r}: use one of {', '.join(EXTERNAL_DATA)}"
@@ -67,7 +70,7 @@ def save_model(
         raise ModelFileError(
             f"model {graph.name!r}: {w.size} bytes of tensors and code, more than {max_bytes}"
         )
-    size = w.write(path, header, overwrite)
+    size = w.write(path, header, overwrite, sync)
     model.stats["save_seconds"] = time.perf_counter() - t0
     return size
 

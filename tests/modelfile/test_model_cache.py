@@ -295,3 +295,26 @@ def test_the_cache_follows_the_tuning_database_and_skips_given_schedules(cache_d
     assert [(k.key, k.schedule) for k in fused] == [(key, "tuned-default")]
     given = geode.compile(g, session=geode.Session(), schedules={key: lambda sch: None})
     assert "model_cache" not in given.stats
+
+
+def test_a_cache_entry_is_not_flushed_to_disk_a_saved_model_is(cache_dir, monkeypatch, tmp_path):
+    """The cache's entries are written like the kernel cache's files (atomically, no
+    fsync: a load checks each against its digest, and a lost one is compiled again); a
+    file the user saves is flushed before it replaces the old one."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    model = geode.compile(_scaled(5.0), session=geode.Session())
+    assert list((cache_dir / cache.MODEL_AREA).glob("*/model.geode"))
+    assert synced == []
+    model.save(tmp_path / "kept.geode")
+    assert len(synced) == 1
+    _no_pipeline(monkeypatch)
+    again = geode.compile(_scaled(5.0), session=geode.Session())  # the entry loads
+    assert "model_cache" in again.stats
+    np.testing.assert_array_equal(model.run(_feeds())["y"], again.run(_feeds())["y"])

@@ -1,0 +1,90 @@
+"""Python's cyclic garbage collector held off while a cold compile runs on one core.
+
+A compile that misses the model cache starts with a stretch of single-threaded Python:
+the ONNX and sympy imports, the front end, the graph passes, the fusion plan and the
+first kernel's schedule; the code generator's background threads have nothing to
+compile until that first kernel's module is emitted. Collections in that stretch sit
+on the critical path whole: in a cold compile of the BERT layer of ``tests/data``,
+some 60 young collections and one full collection of every object the imports made
+(0.04-0.07 s of the main thread). :func:`hold` switches the collector off for the
+stretch and :func:`release` switches it back on once LLVM has work
+(``spine.schedule``, after the first kernel), or when the compile ends, whichever comes
+first (:func:`held`). The garbage of the stretch is collected after it, while the
+background threads compile, by the ordinary collections that follow.
+
+Only a collector that is on is held, and only what :func:`hold` switched off is
+switched back on: a program that runs with the collector off keeps it off. The
+collector is the process's, so other threads' garbage waits for the same stretch (at
+most the compile's first part). A program that switches the collector itself from
+another thread during that stretch may find it switched on again at its end. A child
+forked during the stretch starts with the collector on.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["held", "hold", "is_held", "release"]
+
+_lock = threading.Lock()
+#: whether :func:`hold` switched the collector off and nothing switched it back on yet
+_held = False
+
+
+def hold() -> bool:
+    """Switch the garbage collector off if it is on and not held already; whether this
+    call did (then :func:`release` switches it back on)."""
+    global _held
+    with _lock:
+        if _held or not gc.isenabled():
+            return False
+        gc.disable()
+        _held = True
+        return True
+
+
+def release() -> None:
+    """Switch the collector back on if :func:`hold` switched it off (nothing otherwise;
+    calling it again is harmless)."""
+    global _held
+    with _lock:
+        if _held:
+            _held = False
+            gc.enable()
+
+
+def is_held() -> bool:
+    """Whether the collector is off because :func:`hold` switched it off."""
+    return _held
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while a compile held the collector runs no such compile: its
+    collector is switched back on (and the lock made anew: another thread may have held
+    it at the fork)."""
+    global _held, _lock
+    _lock = threading.Lock()
+    if _held:
+        _held = False
+        gc.enable()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """The collector held (:func:`hold`) inside the block, released at its end if this
+    block took the hold and nothing released it earlier (nested blocks leave it to the
+    outermost)."""
+    took = hold()
+    try:
+        yield
+    finally:
+        if took:
+            release()
