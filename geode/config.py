@@ -54,6 +54,13 @@ sibling_gemms             GEODE_SIBLING_GEMMS     a fused GEMM epilogue that rea
 residual_epilogues        GEODE_RESIDUAL_EPILOGUES  the residual Add after a fused second
                                                   GEMM is summed into that GEMM's panels
                                                   (same bits; reason in explain())
+in_place_heads            GEODE_IN_PLACE_HEADS    a fused attention reads Q, K and V in place
+                                                  as heads of their projection (no transpose
+                                                  copies; a qkv Split's bias Add then joins
+                                                  the projection's GEMM) and writes its
+                                                  result in place through the transpose back
+                                                  to rows, where legal and paying (reasons
+                                                  in explain())
 packed_weights            GEODE_PACKED_WEIGHTS    a native float32 MatMul whose B is a constant
                                                   matrix multiplies by a copy of B packed once
                                                   at compile (or load) time, with geode's own
@@ -190,6 +197,7 @@ class Options:
     dense_epilogues: bool = True
     sibling_gemms: bool = True
     residual_epilogues: bool = True
+    in_place_heads: bool = True
     packed_weights: bool = True
     fusion_search: str = "greedy"
     conv_method: str = "auto"
@@ -226,6 +234,7 @@ class Options:
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
             "sibling_gemms": "GEODE_SIBLING_GEMMS",
             "residual_epilogues": "GEODE_RESIDUAL_EPILOGUES",
+            "in_place_heads": "GEODE_IN_PLACE_HEADS",
             "packed_weights": "GEODE_PACKED_WEIGHTS",
             "fusion_search": "GEODE_FUSION_SEARCH",
             "conv_method": "GEODE_CONV_METHOD",
@@ -285,6 +294,7 @@ _BOOL_OPTIONS = (
     "dense_epilogues",
     "sibling_gemms",
     "residual_epilogues",
+    "in_place_heads",
     "packed_weights",
     "incremental",
     "stitch_fusion",

@@ -37,6 +37,7 @@ __all__ = [
     "dense_module",
     "panel_graph",
     "start_dense",
+    "stored",
 ]
 
 #: the panel graph's symbol for the rows of one panel (and for the columns when symbolic)
@@ -66,7 +67,12 @@ class PanelGraph:
         ep = self.epilogue
         extra = [n for n in (ep.second, ep.residual) if n is not None]
         sibling = [ep.sibling] if ep.sibling is not None else []
-        return [self.dense, *sibling, *ep.group.nodes, *extra]
+        before: list[Node] = []  # the layout nodes of operands read in place, in order
+        for x in ("A", "B", "V"):
+            if x in ep.views:
+                before += [n for n in ep.views[x].nodes if all(n is not m for m in before)]
+        after = list(ep.views["O"].nodes) if "O" in ep.views else []
+        return [*before, self.dense, *sibling, *ep.group.nodes, *extra, *after]
 
 
 #: a role's panel dims: ``r`` the panel's rows, ``c`` the product's columns
@@ -196,7 +202,7 @@ def dense_module(
     symbol is ``entry`` (the arguments as :func:`dense_kernel`'s). The module calls the
     epilogue by name, so it is known, and LLVM can compile it, once the epilogue's module
     is emitted (:func:`start_dense`)."""
-    from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir
+    from geode.codegen.backends.llvm.dense import DenseSpec, HeadLayout, dense_ir
 
     if lowered.index_checks:
         raise CodegenError("an epilogue with index checks has no panel form")
@@ -219,8 +225,24 @@ def dense_module(
         packed_d,
         pg.epilogue.sibling is not None,
         pg.epilogue.residual is not None,
+        tuple(_layout(pg.epilogue, x, HeadLayout) for x in "ABVO"),
     )
     return name, dense_ir(spec)
+
+
+def _layout(ep: Epilogue, operand: str, layout: Any) -> Any:
+    """The entry's head layout of ``operand`` (None: C-contiguous)."""
+    hv = ep.views.get(operand)
+    if hv is None:
+        return None
+    return layout(hv.heads, hv.depth, hv.offset, hv.transposed)
+
+
+def stored(ep: Epilogue, operand: str, value: Value) -> Value:
+    """The model value passed for ``operand`` (``value`` itself, or the root it is read
+    from or written into in place)."""
+    hv = ep.views.get(operand)
+    return value if hv is None else hv.root
 
 
 def start_dense(name: str, ir: str, cache_dir: Any) -> None:
@@ -289,14 +311,16 @@ def dense_kernel(
     )  # the epilogue's own inputs come first among its arguments
     ep = pg.epilogue
     second = ep.second
-    v_in = [second.inputs[1]] if second is not None else []
+    v_in = [stored(ep, "V", second.inputs[1])] if second is not None else []
     if packed_d and v_in:  # V, packed once
         v_in[0] = packed_value(v_in[0])
     u_in = [packed_value(ep.sibling.inputs[1])] if ep.sibling is not None else []
     r_in = [_residual_input(ep)] if ep.residual is not None else []
     ins = u_in + v_in + r_in + values[:n_ext_in]
     last = ep.residual if ep.residual is not None else second
-    outs = values[n_ext_in:] + ([last.outputs[0]] if last is not None else [])
+    last_out = [] if last is None else [stored(ep, "O", last.outputs[0])]
+    outs = values[n_ext_in:] + last_out
+    a, b = stored(ep, "A", a), stored(ep, "B", b)
     specs = [
         ArgSpec("A", "input", dtype, len(a.shape), str(list(a.shape))),
         ArgSpec("B", "input", dtype, len(b.shape), str(list(b.shape))),

@@ -26,7 +26,19 @@ from geode.compiler.fusion.epilogue import (
     sibling_gemm,
 )
 from geode.compiler.fusion.groups import FusionPlan, Group
-from geode.compiler.fusion.profit import epilogue_plan, residual_plan, sibling_plan
+from geode.compiler.fusion.head_views import (
+    HeadView,
+    absorbable,
+    operand_view,
+    remaining_group,
+    result_view,
+)
+from geode.compiler.fusion.profit import (
+    epilogue_plan,
+    head_view_plan,
+    residual_plan,
+    sibling_plan,
+)
 from geode.compiler.ir import Graph, Node
 from geode.config import Options
 from geode.costmodel.device import DeviceSpec
@@ -135,6 +147,122 @@ def _residual(
     return job, why
 
 
+def _head_candidates(
+    node: Node, jobs: list[KernelJob], g: Graph, native: Callable[[Node], bool]
+) -> tuple[list[HeadView], list[str]]:
+    """The head views of a batched native MatMul that will take its epilogue (checked as
+    :func:`_decide` will: legality and the panel form), and why the others are not."""
+    b = node.inputs[1]
+    if b is None or b.shape is None or len(b.shape) < 3:
+        return [], []
+    job = _consumer_job(node, jobs)
+    ep = epilogue_legality(node, job.group, g) if job is not None else None
+    if not isinstance(ep, Epilogue):
+        return [], []
+    try:
+        panel_graph(ep, g)
+    except GeodeError:
+        return [], []
+    second = second_gemm(ep, g, native)
+    found = [operand_view(node.inputs[0], "A", g), operand_view(b, "B", g)]
+    if isinstance(second, Node):
+        found += [operand_view(second.inputs[1], "V", g), result_view(second.outputs[0], g)]
+    return [v for v in found if isinstance(v, HeadView)], [w for w in found if isinstance(w, str)]
+
+
+def _refused(
+    views: dict[str, list[HeadView]], readers: set[str], jobs: list[KernelJob], g: Graph
+) -> dict[int, str]:
+    """The views (by id) whose nodes cannot all leave their groups, with why: a value
+    they make is read elsewhere, or what would stay in a group is no group."""
+    taken = {n.name for vs in views.values() for v in vs for n in v.nodes}
+    bad: dict[int, str] = {}
+    for vs in views.values():
+        for v in vs:
+            chain = v.nodes[:-1] if v.operand == "O" else v.nodes  # O's root is written
+            for n in chain:
+                if not absorbable(n, taken, readers, g):
+                    bad[id(v)] = f"{n.name}'s result is read elsewhere"
+    for job in jobs:
+        if not (job.group.names & taken):
+            continue
+        left = remaining_group(job.group, taken, g)
+        if isinstance(left, str):
+            for vs in views.values():
+                for v in vs:
+                    if any(n.name in job.group.names for n in v.nodes):
+                        bad.setdefault(id(v), left)
+    return bad
+
+
+def _take_views(
+    views: dict[str, list[HeadView]], jobs: list[KernelJob], plan: FusionPlan, g: Graph
+) -> set[int]:
+    """Take the views' nodes out of their groups (a group left empty runs no kernel: its
+    job's id is returned; one left with other nodes keeps those)."""
+    taken = {n.name for vs in views.values() for v in vs for n in v.nodes}
+    gone: set[int] = set()
+    for job in jobs:
+        if not (job.group.names & taken):
+            continue
+        left = remaining_group(job.group, taken, g)
+        at = next(i for i, grp in enumerate(plan.groups) if grp is job.group)
+        if left is None:
+            gone.add(id(job))
+            del plan.groups[at]
+        elif isinstance(left, Group):
+            job.group = plan.groups[at] = left
+    return gone
+
+
+def _head_views(
+    work: list, g: Graph, opts: Options, plan: FusionPlan, spec: DeviceSpec
+) -> tuple[list, dict[str, dict[str, HeadView]]]:
+    """Attention's operands read, and its result written, in place
+    (:mod:`geode.compiler.fusion.head_views`) where legal and paying: their layout
+    nodes leave their groups (before any epilogue is decided, so a qkv ``Split``'s bias
+    ``Add`` left alone can join its GEMM). Returns ``work`` without the groups left
+    empty, and per dense node its views by operand."""
+    if not opts.in_place_heads:
+        return work, {}
+    native = lambda n: native_matmul(n, g, opts)  # noqa: E731
+    jobs = [w for w in work if isinstance(w, KernelJob)]
+    views: dict[str, list[HeadView]] = {}
+    readers: set[str] = set()
+    for node in (w for w in work if isinstance(w, Node) and native(w)):
+        found, _ = _head_candidates(node, jobs, g, native)
+        if found:
+            views[node.name] = found
+            last = [v.nodes[-1].outputs[0] for v in found if v.operand != "O"]
+            readers |= {c.name for x in last for c in x.consumers}
+    while True:
+        bad = _refused(views, readers, jobs, g)
+        if not bad:
+            break
+        for name, vs in views.items():
+            for v in vs:
+                if id(v) in bad:
+                    plan.epilogues.append(f"{name}: {v.operand} not in place: {bad[id(v)]}")
+            views[name] = [v for v in vs if id(v) not in bad]
+    for name, vs in list(views.items()):
+        copies = [v.nodes[0].inputs[0] if v.operand == "O" else v.nodes[-1].outputs[0] for v in vs]
+        mine = {n.name for v in vs for n in v.nodes}
+        emptied = [j for j in jobs if j.group.names <= mine]
+        take, why = head_view_plan(copies, len(emptied), spec) if vs else (False, "")
+        if not take:
+            if vs:
+                plan.epilogues.append(f"{name}: operands not in place: {why}")
+            del views[name]
+            continue
+        plan.epilogues.append(f"{name}: heads in place: {why}")
+    gone = _take_views(views, jobs, plan, g)
+    taken = {n.name for vs in views.values() for v in vs for n in v.nodes}
+    for name in taken:
+        plan.unfused.pop(name, None)
+    work = [w for w in work if id(w) not in gone and not (isinstance(w, Node) and w.name in taken)]
+    return work, {name: {v.operand: v for v in vs} for name, vs in views.items()}
+
+
 def _decide(
     node: Node,
     job: KernelJob,
@@ -142,11 +270,13 @@ def _decide(
     spec: DeviceSpec,
     native: Callable[[Node], bool],
     opts: Options,
+    views: dict[str, HeadView] | None = None,
 ) -> Epilogue | str:
     """The epilogue of ``node`` in ``job`` (its panel form attached to the job), or why not."""
     ep = epilogue_legality(node, job.group, g)
     if isinstance(ep, str):
         return ep
+    ep.views = dict(views or {})
     second = second_gemm(ep, g, native)
     if isinstance(second, Node):
         ep.second = second
@@ -160,6 +290,9 @@ def _decide(
     ep.reason = why if ep.second is None else f"{why}; then {ep.second.name} per panel"
     if sibling:
         ep.reason += f"; {sibling}"
+    for x in "ABVO":
+        if x in ep.views:
+            ep.reason += f"; {ep.views[x].describe()}"
     return ep
 
 
@@ -169,6 +302,7 @@ def attach_epilogues(
     """``work`` with each profitable epilogue attached (see the module docstring)."""
     if not opts.dense_epilogues:
         return work
+    work, views = _head_views(work, g, opts, plan, spec)
     native = lambda n: native_matmul(n, g, opts)  # noqa: E731
     jobs = [w for w in work if isinstance(w, KernelJob)]
     dropped: set[str] = set()
@@ -184,7 +318,7 @@ def attach_epilogues(
                 f"{item.name}: no epilogue (its product is not read by one group)"
             )
             continue
-        ep = _decide(item, job, g, spec, native, opts)
+        ep = _decide(item, job, g, spec, native, opts, views.get(item.name))
         if isinstance(ep, str):
             plan.epilogues.append(f"{item.name}: keep apart from group {job.group.id}: {ep}")
             continue

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from geode.compiler.fusion.groups import Group
+from geode.compiler.fusion.head_views import HeadView
 from geode.compiler.fusion.patterns import reduce_axes
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.ops import registry
@@ -74,6 +75,9 @@ class Epilogue:
     #: the residual ``Add`` after the second MatMul, summed into its product
     #: (:func:`residual_add`), or None
     residual: Node | None = None
+    #: operands read (``"A"``, ``"B"``, ``"V"``) and the result written (``"O"``) in place
+    #: as heads of a wider array (:mod:`geode.compiler.fusion.head_views`)
+    views: dict[str, HeadView] = field(default_factory=dict)
 
     @property
     def batched(self) -> bool:
