@@ -30,7 +30,7 @@ from geode.compiler.fusion.head_views import (
     HeadView,
     absorbable,
     operand_view,
-    remaining_group,
+    remaining_groups,
     result_view,
 )
 from geode.compiler.fusion.profit import (
@@ -186,7 +186,7 @@ def _refused(
     for job in jobs:
         if not (job.group.names & taken):
             continue
-        left = remaining_group(job.group, taken, g)
+        left = remaining_groups(job.group, taken, g)
         if isinstance(left, str):
             for vs in views.values():
                 for v in vs:
@@ -197,22 +197,28 @@ def _refused(
 
 def _take_views(
     views: dict[str, list[HeadView]], jobs: list[KernelJob], plan: FusionPlan, g: Graph
-) -> set[int]:
-    """Take the views' nodes out of their groups (a group left empty runs no kernel: its
-    job's id is returned; one left with other nodes keeps those)."""
+) -> dict[int, list[KernelJob]]:
+    """Take the views' nodes out of their groups; returns, by job id, the jobs that run
+    in place of each job whose group changed: none for a group left empty, its own job
+    with what is left, and one more per further part of it (see
+    :func:`~geode.compiler.fusion.head_views.remaining_groups`)."""
     taken = {n.name for vs in views.values() for v in vs for n in v.nodes}
-    gone: set[int] = set()
+    instead: dict[int, list[KernelJob]] = {}
     for job in jobs:
         if not (job.group.names & taken):
             continue
-        left = remaining_group(job.group, taken, g)
+        left = remaining_groups(job.group, taken, g)
+        assert not isinstance(left, str)  # refused views were dropped (_refused)
         at = next(i for i, grp in enumerate(plan.groups) if grp is job.group)
-        if left is None:
-            gone.add(id(job))
-            del plan.groups[at]
-        elif isinstance(left, Group):
-            job.group = plan.groups[at] = left
-    return gone
+        instead[id(job)] = []
+        for k, grp in enumerate(left):
+            if k:
+                grp.id = max(x.id for x in plan.groups) + 1
+            job_k = job if k == 0 else KernelJob(f"{job.name}_{k}", grp)
+            job_k.group = grp
+            instead[id(job)].append(job_k)
+        plan.groups[at : at + 1] = left
+    return instead
 
 
 def _head_views(
@@ -230,8 +236,9 @@ def _head_views(
     views: dict[str, list[HeadView]] = {}
     readers: set[str] = set()
     for node in (w for w in work if isinstance(w, Node) and native(w)):
-        found, _ = _head_candidates(node, jobs, g, native)
+        found, why = _head_candidates(node, jobs, g, native)
         if found:
+            plan.epilogues += [f"{node.name}: not in place: {w}" for w in why]
             views[node.name] = found
             last = [v.nodes[-1].outputs[0] for v in found if v.operand != "O"]
             readers |= {c.name for x in last for c in x.consumers}
@@ -255,11 +262,16 @@ def _head_views(
             del views[name]
             continue
         plan.epilogues.append(f"{name}: heads in place: {why}")
-    gone = _take_views(views, jobs, plan, g)
+    instead = _take_views(views, jobs, plan, g)
     taken = {n.name for vs in views.values() for v in vs for n in v.nodes}
     for name in taken:
         plan.unfused.pop(name, None)
-    work = [w for w in work if id(w) not in gone and not (isinstance(w, Node) and w.name in taken)]
+    out: list = []
+    for w in work:
+        if isinstance(w, Node) and w.name in taken:
+            continue
+        out += instead.get(id(w), [w]) if isinstance(w, KernelJob) else [w]
+    work = out
     return work, {name: {v.operand: v for v in vs} for name, vs in views.items()}
 
 

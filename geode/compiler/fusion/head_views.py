@@ -15,7 +15,7 @@ a GEMM reads it in place (``K^T`` through ``transB``), and writes ``O`` in place
 :func:`operand_view` and :func:`result_view` recognise one chain each and say why not
 otherwise. Whether a chain's nodes can leave their fusion group (every value they make
 read only by the chain or the dense op; what stays in the group a plain elementwise
-group) is :func:`absorbable`'s; whether it pays is the cost model's
+group) is :func:`absorbable`'s and :func:`remaining_groups`'; whether it pays is the cost model's
 (:func:`geode.compiler.fusion.profit.head_view_plan`).
 """
 
@@ -29,7 +29,7 @@ from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpKind
 from geode.compiler.shapes import dims_equal
 
-__all__ = ["HeadView", "absorbable", "operand_view", "remaining_group", "result_view"]
+__all__ = ["HeadView", "absorbable", "operand_view", "remaining_groups", "result_view"]
 
 
 @dataclass(frozen=True)
@@ -174,27 +174,53 @@ def absorbable(node: Node, taken: set[str], readers: set[str], graph: Graph) -> 
     )
 
 
-def remaining_group(group: Group, taken: set[str], graph: Graph) -> Group | None | str:
-    """``group`` without the chains' nodes ``taken``: None when nothing is left, a plain
-    elementwise group over its outputs' shape (a ``qkv`` projection's bias ``Add`` left
-    after its ``Split``), or why what is left is no group."""
+def _components(nodes: list[Node]) -> list[list[Node]]:
+    """``nodes`` split into the parts that share no value (each in order)."""
+    part = {n.name: i for i, n in enumerate(nodes)}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    parent = list(range(len(nodes)))
+    for i, n in enumerate(nodes):
+        for v in n.inputs:
+            if v is not None and v.producer is not None and v.producer.name in part:
+                parent[root(i)] = root(part[v.producer.name])
+    groups: dict[int, list[Node]] = {}
+    for i, n in enumerate(nodes):
+        groups.setdefault(root(i), []).append(n)
+    return list(groups.values())
+
+
+def remaining_groups(group: Group, taken: set[str], graph: Graph) -> list[Group] | str:
+    """``group`` without the chains' nodes ``taken``: no group when nothing is left, else
+    a plain elementwise group over its outputs' shape per part that shares no value with
+    the others (a ``qkv`` projection's bias ``Add`` left after its ``Split``; the biases
+    of separate projections the planner had merged side by side), the first with the
+    group's id, the others with id 0 (the caller numbers them); or why what is left is no
+    group."""
     left = [n for n in group.nodes if n.name not in taken]
-    if not left:
-        return None
     if len(left) == len(group.nodes):
-        return group
+        return [group]
+    if not left:
+        return []
     if group.axes or group.levels or group.branches:
         return f"group {group.id} reduces: its other nodes stay with the chain"
     plain = (OpKind.ELEMENTWISE, OpKind.BROADCAST)
     if any(registry.get(n.op_type, n.domain, n.where).kind not in plain for n in left):
         return f"group {group.id} keeps nodes that are not elementwise"
-    names = {n.name for n in left}
-    made = [o for n in left for o in n.outputs]
     if any(v.producer is not None and v.producer.name in taken for n in left for v in n.inputs):
         return f"group {group.id} keeps nodes that read the chain"
-    outs = [o for o in made if any(o is g for g in graph.outputs)]
-    outs += [o for o in made if any(c.name not in names for c in o.consumers)]
-    shapes = {tuple(str(d) for d in (o.shape or ())) for o in outs}
-    if len(shapes) != 1 or outs[0].shape is None:
-        return f"group {group.id}'s other nodes make values of several shapes"
-    return Group(group.id, left, tuple(outs[0].shape))
+    out: list[Group] = []
+    for part in _components(left):
+        names = {n.name for n in part}
+        made = [o for n in part for o in n.outputs]
+        outs = [o for o in made if any(o is g for g in graph.outputs)]
+        outs += [o for o in made if any(c.name not in names for c in o.consumers)]
+        shapes = {tuple(str(d) for d in (o.shape or ())) for o in outs}
+        if len(shapes) != 1 or outs[0].shape is None:
+            return f"group {group.id}'s other nodes make values of several shapes"
+        out.append(Group(group.id if not out else 0, part, tuple(outs[0].shape)))
+    return out
