@@ -170,6 +170,11 @@ def _head_candidates(
     return [v for v in found if isinstance(v, HeadView)], [w for w in found if isinstance(w, str)]
 
 
+def _written(views: dict[str, list[HeadView]]) -> frozenset[int]:
+    """The ids of the values the dense ops write in place (their results' roots)."""
+    return frozenset(id(v.root) for vs in views.values() for v in vs if v.operand == "O")
+
+
 def _refused(
     views: dict[str, list[HeadView]], readers: set[str], jobs: list[KernelJob], g: Graph
 ) -> dict[int, str]:
@@ -186,7 +191,7 @@ def _refused(
     for job in jobs:
         if not (job.group.names & taken):
             continue
-        left = remaining_groups(job.group, taken, g)
+        left = remaining_groups(job.group, taken, g, _written(views))
         if isinstance(left, str):
             for vs in views.values():
                 for v in vs:
@@ -207,7 +212,7 @@ def _take_views(
     for job in jobs:
         if not (job.group.names & taken):
             continue
-        left = remaining_groups(job.group, taken, g)
+        left = remaining_groups(job.group, taken, g, _written(views))
         assert not isinstance(left, str)  # refused views were dropped (_refused)
         at = next(i for i, grp in enumerate(plan.groups) if grp is job.group)
         instead[id(job)] = []

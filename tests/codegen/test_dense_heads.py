@@ -185,3 +185,32 @@ def test_random_attention_in_place_matches_the_reference(
     got, want = model.run(feeds), ref.run(feeds)
     (key,) = want
     np.testing.assert_allclose(got[key], want[key], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("lead", [[], ["B", "C"]])
+def test_no_batch_dim_or_two(lead):
+    """Heads of a root with no batch dim (``[S, W]``) or two (``[B, C, S, W]``): the
+    strides per batch dim come from the root's own dims."""
+    g = geode.Graph("lead")
+    h, d, rank = 3, 5, len(lead)
+    x = g.input("x", [*lead, "S", 3 * h * d], np.float32)
+    sizes = g.constant(np.array([h * d] * 3, np.int64), "sizes")
+    q0, k0, v0 = g.op("Split", x, sizes, axis=rank + 1, n_outputs=3)
+    shape = g.constant(np.array([0] * (rank + 1) + [h, d], np.int64), "heads")
+    base = list(range(rank))
+
+    def heads(v, perm):
+        return g.op("Transpose", g.op("Reshape", v, shape), perm=perm)
+
+    q = heads(q0, [*base, rank + 1, rank, rank + 2])
+    kt = heads(k0, [*base, rank + 1, rank + 2, rank])
+    v = heads(v0, [*base, rank + 1, rank, rank + 2])
+    o = g.op("MatMul", g.op("Softmax", g.op("MatMul", q, kt), axis=-1), v)
+    back = g.op("Transpose", o, perm=[*base, rank + 1, rank, rank + 2])
+    rows = g.op("Reshape", back, g.constant(np.array([0] * (rank + 1) + [h * d], np.int64), "r"))
+    g.output(g.op("Relu", rows), names=["y"])
+    model = geode.compile(g, num_threads=2)
+    _attention_kernel(model)
+    ref = geode.compile(g, codegen=False)
+    feeds = {"x": _rand(*[{"B": 2, "C": 3}[n] for n in lead], 7, 3 * h * d)}
+    np.testing.assert_allclose(model.run(feeds)["y"], ref.run(feeds)["y"], rtol=1e-5, atol=1e-5)

@@ -194,13 +194,16 @@ def _components(nodes: list[Node]) -> list[list[Node]]:
     return list(groups.values())
 
 
-def remaining_groups(group: Group, taken: set[str], graph: Graph) -> list[Group] | str:
+def remaining_groups(
+    group: Group, taken: set[str], graph: Graph, written: frozenset[int] = frozenset()
+) -> list[Group] | str:
     """``group`` without the chains' nodes ``taken``: no group when nothing is left, else
     a plain elementwise group over its outputs' shape per part that shares no value with
     the others (a ``qkv`` projection's bias ``Add`` left after its ``Split``; the biases
     of separate projections the planner had merged side by side), the first with the
     group's id, the others with id 0 (the caller numbers them); or why what is left is no
-    group."""
+    group. ``written``: the ids of the values the dense ops write in place (results'
+    roots), which what is left may read."""
     left = [n for n in group.nodes if n.name not in taken]
     if len(left) == len(group.nodes):
         return [group]
@@ -211,7 +214,14 @@ def remaining_groups(group: Group, taken: set[str], graph: Graph) -> list[Group]
     plain = (OpKind.ELEMENTWISE, OpKind.BROADCAST)
     if any(registry.get(n.op_type, n.domain, n.where).kind not in plain for n in left):
         return f"group {group.id} keeps nodes that are not elementwise"
-    if any(v.producer is not None and v.producer.name in taken for n in left for v in n.inputs):
+    if any(
+        v is not None
+        and v.producer is not None
+        and v.producer.name in taken
+        and id(v) not in written
+        for n in left
+        for v in n.inputs
+    ):
         return f"group {group.id} keeps nodes that read the chain"
     out: list[Group] = []
     for part in _components(left):
