@@ -326,6 +326,8 @@ def attach_epilogues(
     moved: dict[str, KernelJob] = {}  # second MatMul's name -> the job that runs in its place
     absorbed: dict[int, KernelJob] = {}  # a residual Add's job id -> the job that runs there
     pre: dict[int, KernelJob] = {}  # job id -> its hoisted nodes' job
+    before: dict[str, list[Node]] = {}  # layout nodes run again before / after a node
+    after: dict[str, list[Node]] = {}
     for item in _deciding_order(work, jobs, g, native, opts):
         if item.name in dropped:
             continue
@@ -334,10 +336,12 @@ def attach_epilogues(
             plan.epilogues.append(
                 f"{item.name}: no epilogue (its product is not read by one group)"
             )
+            _restore(views.get(item.name, {}), item, before, after, plan)
             continue
         ep = _decide(item, job, g, spec, native, opts, views.get(item.name))
         if isinstance(ep, str):
             plan.epilogues.append(f"{item.name}: keep apart from group {job.group.id}: {ep}")
+            _restore(views.get(item.name, {}), item, before, after, plan)
             continue
         plan.epilogues.append(f"{item.name} + group {job.group.id} -> {job.name}: {ep.reason}")
         dropped.add(item.name)
@@ -362,6 +366,8 @@ def attach_epilogues(
                 del moved[ep.second.name]
     out: list = []
     for w in work:
+        if isinstance(w, Node):
+            out += before.get(w.name, [])
         if isinstance(w, KernelJob) and id(w) in pre:
             out.append(pre[id(w)])
         if isinstance(w, KernelJob) and id(w) in absorbed:
@@ -373,4 +379,31 @@ def attach_epilogues(
             out.append(moved[w.name])
         elif not (isinstance(w, Node) and w.name in dropped):
             out.append(w)
+        if isinstance(w, Node):
+            out += after.get(w.name, [])
     return out
+
+
+def _restore(
+    views: dict[str, HeadView],
+    node: Node,
+    before: dict[str, list[Node]],
+    after: dict[str, list[Node]],
+    plan: FusionPlan,
+) -> None:
+    """A dense node whose operands were to be read in place took no epilogue after all
+    (its decision differed from :func:`_head_candidates`'): its layout nodes run again,
+    each on its own, the operands' before the MatMul reading them and the result's after
+    its second MatMul."""
+    if not views:
+        return
+    ins = [n for x in ("A", "B") if x in views for n in views[x].nodes]
+    before[node.name] = [n for i, n in enumerate(ins) if all(n is not m for m in ins[:i])]
+    if "V" in views:  # before the MatMul reading V (V's root may come after the first)
+        v_reader = views["V"].nodes[-1].outputs[0].consumers[0]
+        seen = before[node.name]
+        before[v_reader.name] = [n for n in views["V"].nodes if all(n is not m for m in seen)]
+    if "O" in views:
+        second = views["O"].nodes[0].inputs[0].producer
+        after[second.name] = list(views["O"].nodes)
+    plan.epilogues.append(f"{node.name}: its heads are copied again, each node on its own")

@@ -214,3 +214,25 @@ def test_no_batch_dim_or_two(lead):
     ref = geode.compile(g, codegen=False)
     feeds = {"x": _rand(*[{"B": 2, "C": 3}[n] for n in lead], 7, 3 * h * d)}
     np.testing.assert_allclose(model.run(feeds)["y"], ref.run(feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_an_epilogue_refused_after_the_heads_left_their_groups(monkeypatch):
+    """Should the attention take no epilogue once its layout nodes left their groups,
+    they run again, each on its own, where their readers need them: same results."""
+    from geode.codegen import epilogues
+
+    real = epilogues._decide
+
+    def refuse_attention(node, job, g, spec, native, opts, views=None):
+        if views:
+            return "refused by the test"
+        return real(node, job, g, spec, native, opts, views)
+
+    monkeypatch.setattr(epilogues, "_decide", refuse_attention)
+    proto, names = attention_proto(2, 4, 8, True, "pad", True)
+    model = geode.compile(proto, model_cache=False)
+    text = model.explain()
+    assert "refused by the test" in text and "heads are copied again" in text
+    ref = geode.compile(proto, codegen=False)
+    feeds = _feeds(names, 2, 5, 8)
+    np.testing.assert_allclose(model.run(feeds)["y"], ref.run(feeds)["y"], rtol=1e-5, atol=1e-5)
