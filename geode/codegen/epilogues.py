@@ -260,7 +260,8 @@ def _head_views(
         copies = [v.nodes[0].inputs[0] if v.operand == "O" else v.nodes[-1].outputs[0] for v in vs]
         mine = {n.name for v in vs for n in v.nodes}
         emptied = [j for j in jobs if j.group.names <= mine]
-        take, why = head_view_plan(copies, len(emptied), spec) if vs else (False, "")
+        gathered = [v.nodes[-1].outputs[0] for v in vs if v.transposed]
+        take, why = head_view_plan(copies, len(emptied), spec, gathered) if vs else (False, "")
         if not take:
             if vs:
                 plan.epilogues.append(f"{name}: operands not in place: {why}")

@@ -119,3 +119,18 @@ def test_what_stays_of_a_group_splits_into_its_parts():
     assert not absorbable(reshape, set(), set(), g)
     readers = {c.name for c in reshape.outputs[0].consumers}
     assert absorbable(reshape, readers, set(), g)
+
+
+def test_the_cost_model_weighs_the_copies_against_the_gather():
+    """Copies (read and written once) and their kernels saved against a transposed
+    operand gathered while the BLAS packs it (one more read)."""
+    from geode.compiler.fusion.profit import head_view_plan
+    from geode.costmodel.device import default_spec
+
+    g = geode.Graph("cost")
+    k = g.input("k", [8, 4, 64, 256], F32)
+    spec = default_spec()
+    take, why = head_view_plan([k], 1, spec, [k])
+    assert take and why.startswith("saves"), why
+    take, why = head_view_plan([], 0, spec, [k])
+    assert not take, why
