@@ -68,6 +68,13 @@ row_scale_gemms           GEODE_ROW_SCALE_GEMMS   a row scale before MatMuls by 
                                                   (in the fused epilogue), when legal and
                                                   the cost model says it pays (reason in
                                                   explain(); the graph pass row_scale)
+in_place_heads            GEODE_IN_PLACE_HEADS    a fused attention reads Q, K and V in place
+                                                  as heads of their projection (no transpose
+                                                  copies; a qkv Split's bias Add then joins
+                                                  the projection's GEMM) and writes its
+                                                  result in place through the transpose back
+                                                  to rows, where legal and paying (reasons
+                                                  in explain())
 packed_weights            GEODE_PACKED_WEIGHTS    a native float32 MatMul whose B is a constant
                                                   matrix multiplies by a copy of B packed once
                                                   at compile (or load) time, with geode's own
@@ -206,6 +213,7 @@ class Options:
     residual_epilogues: bool = True
     transposed_operands: bool = True
     row_scale_gemms: bool = True
+    in_place_heads: bool = True
     packed_weights: bool = True
     fusion_search: str = "greedy"
     conv_method: str = "auto"
@@ -244,6 +252,7 @@ class Options:
             "residual_epilogues": "GEODE_RESIDUAL_EPILOGUES",
             "transposed_operands": "GEODE_TRANSPOSED_OPERANDS",
             "row_scale_gemms": "GEODE_ROW_SCALE_GEMMS",
+            "in_place_heads": "GEODE_IN_PLACE_HEADS",
             "packed_weights": "GEODE_PACKED_WEIGHTS",
             "fusion_search": "GEODE_FUSION_SEARCH",
             "conv_method": "GEODE_CONV_METHOD",
@@ -305,6 +314,7 @@ _BOOL_OPTIONS = (
     "residual_epilogues",
     "transposed_operands",
     "row_scale_gemms",
+    "in_place_heads",
     "packed_weights",
     "incremental",
     "stitch_fusion",

@@ -37,6 +37,7 @@ __all__ = [
     "dense_module",
     "panel_graph",
     "start_dense",
+    "stored",
 ]
 
 #: the panel graph's symbol for the rows of one panel (and for the columns when symbolic)
@@ -67,9 +68,14 @@ class PanelGraph:
         ep = self.epilogue
         extra = [n for n in (ep.second, ep.bias, ep.residual) if n is not None]
         sibling = [ep.sibling] if ep.sibling is not None else []
+        before: list[Node] = []  # the layout nodes of operands read in place, in order
+        for x in ("A", "B", "V"):
+            if x in ep.views:
+                before += [n for n in ep.views[x].nodes if all(n is not m for m in before)]
+        after = list(ep.views["O"].nodes) if "O" in ep.views else []
         first = [ep.a_transpose] if ep.a_transpose is not None else []
         pro = ep.prologue.nodes if ep.prologue is not None else []
-        return [*first, *pro, self.dense, *sibling, *ep.group.nodes, *extra]
+        return [*first, *pro, *before, self.dense, *sibling, *ep.group.nodes, *extra, *after]
 
 
 #: a role's panel dims: ``r`` the panel's rows, ``c`` the product's columns
@@ -203,7 +209,7 @@ def dense_module(
     symbol is ``entry`` (the arguments as :func:`dense_kernel`'s). The module calls the
     epilogue by name, so it is known, and LLVM can compile it, once the epilogue's module
     is emitted (:func:`start_dense`)."""
-    from geode.codegen.backends.llvm.dense import DenseSpec, dense_ir
+    from geode.codegen.backends.llvm.dense import DenseSpec, HeadLayout, dense_ir
 
     if lowered.index_checks:
         raise CodegenError("an epilogue with index checks has no panel form")
@@ -231,8 +237,24 @@ def dense_module(
         len(_bias_input(pg.epilogue).shape) if pg.epilogue.bias is not None else 0,
         pg.epilogue.a_transpose is not None,
         pg.epilogue.prologue.eps if pg.epilogue.prologue is not None else None,
+        tuple(_layout(pg.epilogue, x, HeadLayout) for x in "ABVO"),
     )
     return name, dense_ir(spec)
+
+
+def _layout(ep: Epilogue, operand: str, layout: Any) -> Any:
+    """The entry's head layout of ``operand`` (None: C-contiguous)."""
+    hv = ep.views.get(operand)
+    if hv is None:
+        return None
+    return layout(hv.heads, hv.depth, hv.offset, hv.transposed)
+
+
+def stored(ep: Epilogue, operand: str, value: Value) -> Value:
+    """The model value passed for ``operand`` (``value`` itself, or the root it is read
+    from or written into in place)."""
+    hv = ep.views.get(operand)
+    return value if hv is None else hv.root
 
 
 def start_dense(name: str, ir: str, cache_dir: Any) -> None:
@@ -308,7 +330,7 @@ def dense_kernel(
     )  # the epilogue's own inputs come first among its arguments
     ep = pg.epilogue
     second = ep.second
-    v_in = [second.inputs[1]] if second is not None else []
+    v_in = [stored(ep, "V", second.inputs[1])] if second is not None else []
     if packed_d and v_in:  # V, packed once
         v_in[0] = packed_value(v_in[0])
     u_in = [packed_value(ep.sibling.inputs[1])] if ep.sibling is not None else []
@@ -316,7 +338,9 @@ def dense_kernel(
     b_in = [_bias_input(ep)] if ep.bias is not None else []
     ins = u_in + v_in + r_in + b_in + values[:n_ext_in]
     last = next((n for n in (ep.residual, ep.bias, second) if n is not None), None)
-    outs = values[n_ext_in:] + ([last.outputs[0]] if last is not None else [])
+    last_out = [] if last is None else [stored(ep, "O", last.outputs[0])]
+    outs = values[n_ext_in:] + last_out
+    a, b = stored(ep, "A", a), stored(ep, "B", b)
     specs = [
         ArgSpec("A", "input", dtype, len(a.shape), str(list(a.shape))),
         ArgSpec("B", "input", dtype, len(b.shape), str(list(b.shape))),

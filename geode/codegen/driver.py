@@ -22,6 +22,7 @@ from geode.codegen.dense import (
     dense_kernel,
     dense_module,
     start_dense,
+    stored,
 )
 from geode.codegen.indexing import exprs_equal
 from geode.codegen.kernel_key import canonical_kernel, canonical_lowered, kernel_key
@@ -621,7 +622,9 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     packed = [c is not None and c.packed for c in choices]
     args = _dense_args(job, opts, job.native)
     kernel, ins, outs = dense_kernel(*args[:6], object_cache(opts), *args[6:])
-    job.inputs = [pg.epilogue.a_value, packed_value(b) if packed[0] else b, *ins]
+    ep = pg.epilogue
+    a_in, b_in = stored(ep, "A", ep.a_value), stored(ep, "B", b)
+    job.inputs = [a_in, packed_value(b) if packed[0] else b_in, *ins]
     notes = [("" if i == 0 else "V: ") + c.text for i, c in enumerate(choices) if c is not None]
     job.weights = "; then ".join(notes)
     if packed[0] and (second is None or packed[1]):

@@ -29,8 +29,16 @@ from geode.compiler.fusion.epilogue import (
     transposed_a,
 )
 from geode.compiler.fusion.groups import FusionPlan, Group
+from geode.compiler.fusion.head_views import (
+    HeadView,
+    absorbable,
+    operand_view,
+    remaining_groups,
+    result_view,
+)
 from geode.compiler.fusion.profit import (
     epilogue_plan,
+    head_view_plan,
     prologue_plan,
     sibling_plan,
     store_plan,
@@ -211,6 +219,140 @@ def _transposed(
     return job, why
 
 
+def _head_candidates(
+    node: Node, jobs: list[KernelJob], g: Graph, native: Callable[[Node], bool]
+) -> tuple[list[HeadView], list[str]]:
+    """The head views of a batched native MatMul that will take its epilogue (checked as
+    :func:`_decide` will: legality and the panel form), and why the others are not."""
+    b = node.inputs[1]
+    if b is None or b.shape is None or len(b.shape) < 3:
+        return [], []
+    job = _consumer_job(node, jobs)
+    ep = epilogue_legality(node, job.group, g) if job is not None else None
+    if not isinstance(ep, Epilogue):
+        return [], []
+    try:
+        panel_graph(ep, g)
+    except GeodeError:
+        return [], []
+    second = second_gemm(ep, g, native)
+    found = [operand_view(node.inputs[0], "A", g), operand_view(b, "B", g)]
+    if isinstance(second, Node):
+        found += [operand_view(second.inputs[1], "V", g), result_view(second.outputs[0], g)]
+    return [v for v in found if isinstance(v, HeadView)], [w for w in found if isinstance(w, str)]
+
+
+def _written(views: dict[str, list[HeadView]]) -> frozenset[int]:
+    """The ids of the values the dense ops write in place (their results' roots)."""
+    return frozenset(id(v.root) for vs in views.values() for v in vs if v.operand == "O")
+
+
+def _refused(
+    views: dict[str, list[HeadView]], readers: set[str], jobs: list[KernelJob], g: Graph
+) -> dict[int, str]:
+    """The views (by id) whose nodes cannot all leave their groups, with why: a value
+    they make is read elsewhere, or what would stay in a group is no group."""
+    taken = {n.name for vs in views.values() for v in vs for n in v.nodes}
+    bad: dict[int, str] = {}
+    for vs in views.values():
+        for v in vs:
+            chain = v.nodes[:-1] if v.operand == "O" else v.nodes  # O's root is written
+            for n in chain:
+                if not absorbable(n, taken, readers, g):
+                    bad[id(v)] = f"{n.name}'s result is read elsewhere"
+    for job in jobs:
+        if not (job.group.names & taken):
+            continue
+        left = remaining_groups(job.group, taken, g, _written(views))
+        if isinstance(left, str):
+            for vs in views.values():
+                for v in vs:
+                    if any(n.name in job.group.names for n in v.nodes):
+                        bad.setdefault(id(v), left)
+    return bad
+
+
+def _take_views(
+    views: dict[str, list[HeadView]], jobs: list[KernelJob], plan: FusionPlan, g: Graph
+) -> dict[int, list[KernelJob]]:
+    """Take the views' nodes out of their groups; returns, by job id, the jobs that run
+    in place of each job whose group changed: none for a group left empty, its own job
+    with what is left, and one more per further part of it (see
+    :func:`~geode.compiler.fusion.head_views.remaining_groups`)."""
+    taken = {n.name for vs in views.values() for v in vs for n in v.nodes}
+    instead: dict[int, list[KernelJob]] = {}
+    for job in jobs:
+        if not (job.group.names & taken):
+            continue
+        left = remaining_groups(job.group, taken, g, _written(views))
+        assert not isinstance(left, str)  # refused views were dropped (_refused)
+        at = next(i for i, grp in enumerate(plan.groups) if grp is job.group)
+        instead[id(job)] = []
+        for k, grp in enumerate(left):
+            if k:
+                grp.id = max(x.id for x in plan.groups) + 1
+            job_k = job if k == 0 else KernelJob(f"{job.name}_{k}", grp)
+            job_k.group = grp
+            instead[id(job)].append(job_k)
+        plan.groups[at : at + 1] = left
+    return instead
+
+
+def _head_views(
+    work: list, g: Graph, opts: Options, plan: FusionPlan, spec: DeviceSpec
+) -> tuple[list, dict[str, dict[str, HeadView]]]:
+    """Attention's operands read, and its result written, in place
+    (:mod:`geode.compiler.fusion.head_views`) where legal and paying: their layout
+    nodes leave their groups (before any epilogue is decided, so a qkv ``Split``'s bias
+    ``Add`` left alone can join its GEMM). Returns ``work`` without the groups left
+    empty, and per dense node its views by operand."""
+    if not opts.in_place_heads:
+        return work, {}
+    native = lambda n: native_matmul(n, g, opts)  # noqa: E731
+    jobs = [w for w in work if isinstance(w, KernelJob)]
+    views: dict[str, list[HeadView]] = {}
+    readers: set[str] = set()
+    for node in (w for w in work if isinstance(w, Node) and native(w)):
+        found, why = _head_candidates(node, jobs, g, native)
+        if found:
+            plan.epilogues += [f"{node.name}: not in place: {w}" for w in why]
+            views[node.name] = found
+            last = [v.nodes[-1].outputs[0] for v in found if v.operand != "O"]
+            readers |= {c.name for x in last for c in x.consumers}
+    while True:
+        bad = _refused(views, readers, jobs, g)
+        if not bad:
+            break
+        for name, vs in views.items():
+            for v in vs:
+                if id(v) in bad:
+                    plan.epilogues.append(f"{name}: {v.operand} not in place: {bad[id(v)]}")
+            views[name] = [v for v in vs if id(v) not in bad]
+    for name, vs in list(views.items()):
+        copies = [v.nodes[0].inputs[0] if v.operand == "O" else v.nodes[-1].outputs[0] for v in vs]
+        mine = {n.name for v in vs for n in v.nodes}
+        emptied = [j for j in jobs if j.group.names <= mine]
+        gathered = [v.nodes[-1].outputs[0] for v in vs if v.transposed]
+        take, why = head_view_plan(copies, len(emptied), spec, gathered) if vs else (False, "")
+        if not take:
+            if vs:
+                plan.epilogues.append(f"{name}: operands not in place: {why}")
+            del views[name]
+            continue
+        plan.epilogues.append(f"{name}: heads in place: {why}")
+    instead = _take_views(views, jobs, plan, g)
+    taken = {n.name for vs in views.values() for v in vs for n in v.nodes}
+    for name in taken:
+        plan.unfused.pop(name, None)
+    out: list = []
+    for w in work:
+        if isinstance(w, Node) and w.name in taken:
+            continue
+        out += instead.get(id(w), [w]) if isinstance(w, KernelJob) else [w]
+    work = out
+    return work, {name: {v.operand: v for v in vs} for name, vs in views.items()}
+
+
 def _decide(
     node: Node,
     job: KernelJob,
@@ -218,11 +360,13 @@ def _decide(
     spec: DeviceSpec,
     native: Callable[[Node], bool],
     opts: Options,
+    views: dict[str, HeadView] | None = None,
 ) -> Epilogue | str:
     """The epilogue of ``node`` in ``job`` (its panel form attached to the job), or why not."""
     ep = _legality(node, job, g, native, opts)
     if isinstance(ep, str):
         return ep
+    ep.views = dict(views or {})
     second = second_gemm(ep, g, native)
     if isinstance(second, Node):
         ep.second = second
@@ -236,6 +380,9 @@ def _decide(
     ep.reason = why if ep.second is None else f"{why}; then {ep.second.name} per panel"
     if sibling:
         ep.reason += f"; {sibling}"
+    for x in "ABVO":
+        if x in ep.views:
+            ep.reason += f"; {ep.views[x].describe()}"
     return ep
 
 
@@ -245,6 +392,7 @@ def attach_epilogues(
     """``work`` with each profitable epilogue attached (see the module docstring)."""
     if not opts.dense_epilogues:
         return work
+    work, views = _head_views(work, g, opts, plan, spec)
     native = lambda n: native_matmul(n, g, opts)  # noqa: E731
     jobs = [w for w in work if isinstance(w, KernelJob)]
     dropped: set[str] = set()
@@ -254,6 +402,8 @@ def attach_epilogues(
     # dense steps compute
     gone: set[int] = set()
     pre: dict[int, KernelJob] = {}  # job id -> its hoisted nodes' job
+    before: dict[str, list[Node]] = {}  # layout nodes run again before / after a node
+    after: dict[str, list[Node]] = {}
     for item in _deciding_order(work, jobs, g, native, opts):
         if item.name in dropped:
             continue
@@ -262,10 +412,12 @@ def attach_epilogues(
             plan.epilogues.append(
                 f"{item.name}: no epilogue (its product is not read by one group)"
             )
+            _restore(views.get(item.name, {}), item, before, after, plan)
             continue
-        ep = _decide(item, job, g, spec, native, opts)
+        ep = _decide(item, job, g, spec, native, opts, views.get(item.name))
         if isinstance(ep, str):
             plan.epilogues.append(f"{item.name}: keep apart from group {job.group.id}: {ep}")
+            _restore(views.get(item.name, {}), item, before, after, plan)
             continue
         plan.epilogues.append(f"{item.name} + group {job.group.id} -> {job.name}: {ep.reason}")
         if opts.transposed_operands:
@@ -302,6 +454,8 @@ def attach_epilogues(
     for w in work:
         if id(w) in gone:
             continue  # a Transpose its GEMM reads in place, a scale its panels compute
+        if isinstance(w, Node):
+            out += before.get(w.name, [])
         if isinstance(w, KernelJob) and id(w) in pre:
             out.append(pre[id(w)])
         if isinstance(w, KernelJob) and id(w) in absorbed:
@@ -313,4 +467,31 @@ def attach_epilogues(
             out.append(moved[w.name])
         elif not (isinstance(w, Node) and w.name in dropped):
             out.append(w)
+        if isinstance(w, Node):
+            out += after.get(w.name, [])
     return out
+
+
+def _restore(
+    views: dict[str, HeadView],
+    node: Node,
+    before: dict[str, list[Node]],
+    after: dict[str, list[Node]],
+    plan: FusionPlan,
+) -> None:
+    """A dense node whose operands were to be read in place took no epilogue after all
+    (its decision differed from :func:`_head_candidates`'): its layout nodes run again,
+    each on its own, the operands' before the MatMul reading them and the result's after
+    its second MatMul."""
+    if not views:
+        return
+    ins = [n for x in ("A", "B") if x in views for n in views[x].nodes]
+    before[node.name] = [n for i, n in enumerate(ins) if all(n is not m for m in ins[:i])]
+    if "V" in views:  # before the MatMul reading V (V's root may come after the first)
+        v_reader = views["V"].nodes[-1].outputs[0].consumers[0]
+        seen = before[node.name]
+        before[v_reader.name] = [n for n in views["V"].nodes if all(n is not m for m in seen)]
+    if "O" in views:
+        second = views["O"].nodes[0].inputs[0].producer
+        after[second.name] = list(views["O"].nodes)
+    plan.epilogues.append(f"{node.name}: its heads are copied again, each node on its own")

@@ -198,3 +198,26 @@ def test_thin_blocks_round_every_column_alike(m):
     _gemm(a, b, c, threads=2)
     for row in c:
         assert len(np.unique(row)) == 1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "shape", [(300, 200, 500), (1000, 64, 40), (1, 64, 300), (7, 3, 1), (256, 64, 256)]
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_b_stored_transposed(dtype, shape, threads):
+    """kind + 2: B is given as B^T (row-major, its own leading dim: here a slice of a wider
+    array, as attention's K read in place), split by columns or rows like any product,
+    never on geode's own kernel (its thin-product count does not move)."""
+    m, k, n = shape
+    a = RNG.standard_normal((m, k)).astype(dtype)
+    wide = RNG.standard_normal((n, 3 * k + 1)).astype(dtype)
+    bt = wide[:, k : 2 * k]  # B^T [n, k], leading dim 3k + 1
+    c = np.full((m, n), np.nan, dtype)
+    thin = _thin_calls()
+    kind = (0 if dtype == np.float32 else 1) + 2
+    ld = wide.shape[1]
+    _GEMM(kind, m, n, k, a.ctypes.data, k, bt.ctypes.data, ld, 0.0, c.ctypes.data, n, threads)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(c, a.astype(np.float64) @ bt.T, rtol=tol, atol=tol * k)
+    assert _thin_calls() == thin

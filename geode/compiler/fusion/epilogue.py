@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from geode.compiler.fusion.groups import Group
+from geode.compiler.fusion.head_views import HeadView
 from geode.compiler.fusion.patterns import reduce_axes
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.ops import registry
@@ -102,6 +103,9 @@ class Epilogue:
     #: an RMSNorm's scale per row of ``A``, computed by the kernel from ``A``'s panel
     #: (:func:`rms_prologue`), or None
     prologue: RmsPrologue | None = None
+    #: operands read (``"A"``, ``"B"``, ``"V"``) and the result written (``"O"``) in place
+    #: as heads of a wider array (:mod:`geode.compiler.fusion.head_views`)
+    views: dict[str, HeadView] = field(default_factory=dict)
 
     @property
     def a_value(self) -> Value:

@@ -399,3 +399,24 @@ def prologue_plan(dense: Node, scale: Value, spec: DeviceSpec) -> tuple[bool, st
     fused = KernelWork(bytes_read=0.0, bytes_written=0.0, flops=flops, n_kernels=0)
     d = decide_merge([alone, readback], fused, spec)
     return d.take, f"the RMSNorm scale {scale.name} from {dense.name}'s A per panel: {d.reason}"
+
+
+def head_view_plan(
+    copies: list[Value], kernels: int, spec: DeviceSpec, gathered: list[Value] | None = None
+) -> tuple[bool, str]:
+    """Whether a dense op reading its operands (writing its result) in place as heads of
+    wider arrays pays, and why, by the SOL model: apart, each of ``copies`` is a layout
+    copy (read and written once) and ``kernels`` copy kernels run; in place, the GEMMs
+    read (write) the same elements where they are (the BLAS packs every operand block it
+    multiplies, strided or not), but a transposed operand (``gathered``: K read through
+    transB) is gathered while packed: costed as one more read of it (measured: QK^T with
+    K in place 3-10% slower than from a copy, ``docs/performance.md``)."""
+    apart = [
+        KernelWork(bytes_read=nbytes(v), bytes_written=nbytes(v), flops=0.0, n_kernels=0)
+        for v in copies
+    ]
+    apart.append(KernelWork(bytes_read=0.0, bytes_written=0.0, flops=0.0, n_kernels=kernels))
+    gather = sum(nbytes(v) for v in gathered or [])
+    fused = KernelWork(bytes_read=gather, bytes_written=0.0, flops=0.0, n_kernels=0)
+    d = decide_merge(apart, fused, spec)
+    return d.take, d.reason

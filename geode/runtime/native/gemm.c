@@ -64,6 +64,7 @@ static int64_t balanced(int64_t blocks, int64_t t)
 
 typedef struct {
     int kind; /* 0: float32, 1: float64 */
+    int trans_b; /* B is stored transposed: element (k, j) at b[j * ldb + k] */
     int64_t m, n, k, lda, ldb, ldc;
     const char *a, *b;
     char *c;
@@ -75,21 +76,21 @@ typedef struct {
 static void one_call(const gemm_t *g, int64_t m, int64_t n, const char *a, const char *b,
                      char *c)
 {
-    const int rm = 101, nt = 111;
+    const int rm = 101, nt = 111, tb = g->trans_b ? 112 : 111;
     if (g->kind == 0) {
         if (g_bits == 64)
-            ((sgemm64_fn)g_gemm[0])(rm, nt, nt, m, n, g->k, 1.0f, (const float *)a, g->lda,
+            ((sgemm64_fn)g_gemm[0])(rm, nt, tb, m, n, g->k, 1.0f, (const float *)a, g->lda,
                                     (const float *)b, g->ldb, (float)g->beta, (float *)c, g->ldc);
         else
-            ((sgemm32_fn)g_gemm[0])(rm, nt, nt, (int)m, (int)n, (int)g->k, 1.0f,
+            ((sgemm32_fn)g_gemm[0])(rm, nt, tb, (int)m, (int)n, (int)g->k, 1.0f,
                                     (const float *)a, (int)g->lda, (const float *)b,
                                     (int)g->ldb, (float)g->beta, (float *)c, (int)g->ldc);
     } else {
         if (g_bits == 64)
-            ((dgemm64_fn)g_gemm[1])(rm, nt, nt, m, n, g->k, 1.0, (const double *)a, g->lda,
+            ((dgemm64_fn)g_gemm[1])(rm, nt, tb, m, n, g->k, 1.0, (const double *)a, g->lda,
                                     (const double *)b, g->ldb, g->beta, (double *)c, g->ldc);
         else
-            ((dgemm32_fn)g_gemm[1])(rm, nt, nt, (int)m, (int)n, (int)g->k, 1.0,
+            ((dgemm32_fn)g_gemm[1])(rm, nt, tb, (int)m, (int)n, (int)g->k, 1.0,
                                     (const double *)a, (int)g->lda, (const double *)b,
                                     (int)g->ldb, g->beta, (double *)c, (int)g->ldc);
     }
@@ -112,7 +113,8 @@ static void block_fn(void *ctx, int64_t chunk, int64_t nchunks)
     if (hi <= lo)
         return;
     if (g->by_cols)
-        one_call(g, g->m, hi - lo, g->a, g->b + lo * item, g->c + lo * item);
+        one_call(g, g->m, hi - lo, g->a, g->b + lo * (g->trans_b ? g->ldb : 1) * item,
+                 g->c + lo * item);
     else
         one_call(g, hi - lo, g->n, g->a + lo * g->lda * item, g->b, g->c + lo * g->ldc * item);
 }
@@ -150,7 +152,7 @@ static void thin_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
    in the L2 cache, and a split GEMV is one anyway. Returns 0 when the BLAS should. */
 static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, int in_job)
 {
-    if (g0->kind != 0 || work < THIN_BLOCK_MIN_WORK)
+    if (g0->kind != 0 || g0->trans_b || work < THIN_BLOCK_MIN_WORK)
         return 0;
     if (atomic_load_explicit(&g_thin, memory_order_relaxed) < 0)
         atomic_store_explicit(&g_thin, geode_sgemm_thin_ok(), memory_order_relaxed);
@@ -197,11 +199,15 @@ static void single_exit(void)
 }
 
 /* C[m x n] = A[m x k] @ B[k x n] + beta C (row-major, leading dims in elements; beta 0 or
-   1). kind 0: float32, 1: float64. threads <= 0: the pool's size. k = 0 scales C by beta. */
+   1). kind 0: float32, 1: float64; plus 2: B is stored transposed (B^T row-major [n x k],
+   leading dim ldb: attention's K read in place, never through geode's own kernel).
+   threads <= 0: the pool's size. k = 0 scales C by beta. */
 GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, const void *a,
                              int64_t lda, const void *b, int64_t ldb, double beta, void *c,
                              int64_t ldc, int64_t threads)
 {
+    const int trans_b = (int)((kind >> 1) & 1);
+    kind &= 1;
     const int64_t item = kind == 0 ? 4 : 8;
     if (m <= 0 || n <= 0)
         return;
@@ -211,7 +217,8 @@ GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, cons
                 memset((char *)c + i * ldc * item, 0, (size_t)(n * item));
         return;
     }
-    gemm_t g = {(int)kind, m, n, k, lda, ldb, ldc, a, b, c, beta, m <= n, m <= n ? 16 : 4};
+    gemm_t g = {(int)kind, trans_b, m, n, k, lda, ldb, ldc, a, b, c, beta, m <= n,
+                m <= n ? 16 : 4};
     int64_t t = threads > 0 ? threads : geode_num_threads();
     double work = (double)m * (double)n * (double)k;
     int64_t dim = g.by_cols ? n : m;

@@ -78,7 +78,15 @@ from geode.codegen.backends.llvm.ssa import SsaWriter
 from geode.codegen.backends.llvm.target import host
 from geode.errors import CodegenError
 
-__all__ = ["EPILOGUE_STATUS", "NO_MEMORY", "DenseSpec", "InnerArg", "OuterArg", "dense_ir"]
+__all__ = [
+    "EPILOGUE_STATUS",
+    "NO_MEMORY",
+    "DenseSpec",
+    "HeadLayout",
+    "InnerArg",
+    "OuterArg",
+    "dense_ir",
+]
 
 #: status of an entry that could not allocate a scratch panel
 NO_MEMORY = 1 << 20
@@ -103,10 +111,33 @@ BIG_PANELS = 4
 BIG_ROWS = 64
 
 # ctx words (i64): pointers as ints, sizes, then per batch dim (Y's, A's, B's, V's), then
-# the ext pointers, then per brow argument its batch dims
+# the leading dims of A, B, V, O, then per batch dim the element strides of A, B, V, O,
+# then the ext pointers, then per brow argument its batch dims
 _A, _B, _V, _O, _M, _N, _K, _D, _T, _MB, _P, _THREADS, _STATUS, _U, _R, _BIAS = range(16)
 _AROWS = 16  # A read transposed: the rows of each of its matrices (X's last dim)
 _FIXED = 17
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """An operand (``A``, ``B``, ``V``) read, or the result ``O`` written, in place as the
+    heads of a wider array: the array passed is the *root* ``[*lead, S, W]``, and the
+    operand ``[*lead, H, S, D]`` is ``root[..., s, offset + h * D + d]`` (the attention
+    layout ``[batch, heads, seq, depth]`` of a ``[batch, seq, W]`` projection, no transpose
+    copy). ``transposed``: the operand is ``[*lead, H, D, S]`` (``K^T``), multiplied through
+    the GEMM's ``transB`` (``B`` only)."""
+
+    heads: int
+    depth: int
+    offset: int = 0
+    transposed: bool = False
+
+    def describe(self) -> str:
+        """``4 heads of 64 at column 256, transposed``."""
+        at = f" at column {self.offset}" if self.offset else ""
+        return f"{self.heads} heads of {self.depth}{at}" + (
+            ", transposed" if self.transposed else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -166,6 +197,9 @@ class DenseSpec:
     #: an RMSNorm prologue (unbatched): the kernel computes ``1 / sqrt(mean(A_r^2) + eps)``
     #: for each row ``r`` of the panel (:func:`_rms_rows`), the epilogue's ``-4`` input
     rms_eps: float | None = None
+    #: how ``A``, ``B``, ``V`` and ``O`` are laid out: None C-contiguous, else read (written)
+    #: in place as heads of their root array (batched products only)
+    layouts: tuple[HeadLayout | None, ...] = (None, None, None, None)
 
     @property
     def batch(self) -> int:
@@ -197,6 +231,16 @@ class DenseSpec:
         return self.r_at + int(self.residual)
 
     @property
+    def ext_at(self) -> int:
+        """Index in the ctx of the first epilogue argument's pointer."""
+        return _FIXED + 8 * self.batch + 4
+
+    def record_rank(self, which: int, rank: int) -> int:
+        """The rank of the array passed for operand ``which`` (0 A, 1 B, 2 V, 3 O) whose
+        own rank is ``rank``: its root's when it is laid out as heads."""
+        return rank - 1 if self.layouts[which] is not None else rank
+
+    @property
     def first_ext(self) -> int:
         """Index of the first epilogue argument in ``ptrs``."""
         base = 2 + int(self.sibling) + (1 if self.v_rank else 0)
@@ -218,13 +262,29 @@ def _records(w: SsaWriter, ranks: list[int]) -> list[tuple[str, str, list[str]]]
 
 
 def _ranks(sp: DenseSpec) -> list[int]:
-    b_rank = 3 if sp.packed_n else sp.b_rank
-    v_rank = 3 if sp.packed_d else sp.v_rank
-    ranks = [sp.a_rank, b_rank] + ([3] if sp.sibling else []) + ([v_rank] if sp.v_rank else [])
+    b_rank = 3 if sp.packed_n else sp.record_rank(1, sp.b_rank)
+    v_rank = 3 if sp.packed_d else sp.record_rank(2, sp.v_rank)
+    a_rank = sp.record_rank(0, sp.a_rank)
+    ranks = [a_rank, b_rank] + ([3] if sp.sibling else []) + ([v_rank] if sp.v_rank else [])
     ranks += [sp.y_rank] if sp.residual else []
     ranks += [sp.bias_rank] if sp.bias_rank else []
     ranks += [o.rank for o in sp.outer]
-    return ranks + ([sp.y_rank] if sp.v_rank else [])
+    return ranks + ([sp.record_rank(3, sp.y_rank)] if sp.v_rank else [])
+
+
+def _logical(
+    w: SsaWriter, rec: tuple[str, str, list[str]], lay: HeadLayout | None
+) -> tuple[str, str, list[str], list[str]]:
+    """A record as its operand's ``(ndim, itemsize, dims, conditions)``: a root laid out as
+    heads (:class:`HeadLayout`) gives the operand's dims, on condition that its rows are
+    wide enough for the heads."""
+    nd, it, dims = rec
+    if lay is None:
+        return nd, it, dims, []
+    lead, seq, width = dims[:-2], dims[-2], dims[-1]
+    inner = [str(lay.depth), seq] if lay.transposed else [seq, str(lay.depth)]
+    need = lay.offset + lay.heads * lay.depth
+    return nd, it, [*lead, str(lay.heads), *inner], [w.op("icmp uge", width, need)]
 
 
 def _aligned(dims: list[str], nb: int) -> list[str]:
@@ -244,9 +304,10 @@ def _broadcast_ok(w: SsaWriter, dims: list[str], yb: list[str]) -> list[str]:
 
 def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     """Check A, B (and V) and derive ``M, K, N, T``, ``D`` and ``Y``'s batch dims."""
-    (a_nd, a_it, ad), (b_nd, b_it, bd) = recs[0], recs[1]
+    a_nd, a_it, ad, a_ok = _logical(w, recs[0], sp.layouts[0])
+    b_nd, b_it, bd, b_ok = _logical(w, recs[1], None if sp.packed_n else sp.layouts[1])
     nb = sp.batch
-    w.check(w.all_of([w.eq(a_nd, sp.a_rank), w.eq(a_it, item)]), 1)
+    w.check(w.all_of([w.eq(a_nd, sp.record_rank(0, sp.a_rank)), w.eq(a_it, item), *a_ok]), 1)
     k = ad[-2] if sp.a_trans else ad[-1]
     if sp.packed_n:
         w.check(packed_check(w, recs[1], k, sp.packed_n), 2)
@@ -254,7 +315,8 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
             w.check(packed_check(w, recs[sp.u_at], k, sp.packed_n), sp.u_at + 1)
         s = {"K": k, "N": str(sp.packed_n), "D": "0"}
     else:
-        w.check(w.all_of([w.eq(b_nd, sp.b_rank), w.eq(b_it, item), w.eq(bd[-2], k)]), 2)
+        b_rank = sp.record_rank(1, sp.b_rank)
+        w.check(w.all_of([w.eq(b_nd, b_rank), w.eq(b_it, item), w.eq(bd[-2], k), *b_ok]), 2)
         s = {"K": k, "N": bd[-1], "D": "0"}
     s["AR"] = ad[-1] if sp.a_trans else "0"
     if nb == 0:
@@ -269,13 +331,15 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
         w.check(w.all_of(_broadcast_ok(w, s["bb"], s["yb"]) or ["true"]), 2)
     s["T"] = w.product(s["yb"])
     s["vb"] = []
+    s["ad"], s["bd"], s["vd"] = ad, bd, []
     if sp.packed_d:  # unbatched (B and V are matrices)
         s["D"] = str(sp.packed_d)
         w.check(packed_check(w, recs[sp.v_at], s["N"], sp.packed_d), sp.v_at + 1)
     elif sp.v_rank:
-        v_nd, v_it, vd = recs[sp.v_at]
-        s["D"], s["vb"] = vd[-1], _aligned(vd, nb)
-        conds = [w.eq(v_nd, sp.v_rank), w.eq(v_it, item), w.eq(vd[-2], s["N"])]
+        v_nd, v_it, vd, v_ok = _logical(w, recs[sp.v_at], sp.layouts[2])
+        s["D"], s["vb"], s["vd"] = vd[-1], _aligned(vd, nb), vd
+        v_rank = sp.record_rank(2, sp.v_rank)
+        conds = [w.eq(v_nd, v_rank), w.eq(v_it, item), w.eq(vd[-2], s["N"]), *v_ok]
         w.check(w.all_of(conds + _broadcast_ok(w, s["vb"], s["yb"])), sp.v_at + 1)
     return s
 
@@ -312,14 +376,55 @@ def _check_ext(w: SsaWriter, sp: DenseSpec, recs: list, s: dict, item: int) -> l
         md = w.tmp(f"mul i64 {s['M']}, {s['D']}")
         numel = w.tmp(f"mul i64 {s['T']}, {md}")
         for at in [len(recs) - 1] + ([sp.r_at] if sp.residual else []):
-            nd, its, dims = recs[at]
-            conds = [w.eq(nd, sp.y_rank), w.eq(w.product(dims), numel), w.eq(dims[-1], s["D"])]
+            lay = sp.layouts[3] if at == len(recs) - 1 else None
+            nd, its, dims, ok = _logical(w, recs[at], lay)
+            if lay is not None:
+                s["od"] = dims
+                want = [*s["yb"], s["M"], s["D"]]
+                conds = [w.eq(nd, sp.y_rank - 1), *ok]
+                conds += [w.eq(a, b) for a, b in zip(dims, want)]
+            else:
+                conds = [w.eq(nd, sp.y_rank), w.eq(w.product(dims), numel)]
+                conds.append(w.eq(dims[-1], s["D"]))
             w.check(w.all_of([*conds, w.eq(its, item)]), at + 1)
         if sp.bias_rank:
             nd, its, dims = recs[sp.bias_at]
             conds = [w.eq(nd, sp.bias_rank), w.eq(its, item), w.eq(w.product(dims), s["D"])]
             w.check(w.all_of(conds), sp.bias_at + 1)
     return brows
+
+
+def _layout_words(
+    w: SsaWriter, sp: DenseSpec, s: dict, recs: list
+) -> tuple[list[str], list[list[str]]]:
+    """The leading dims of ``A``, ``B``, ``V``, ``O`` and, per batch dim of ``Y``, their
+    element strides (``0`` where an operand has no such dim): C-contiguous operands'
+    from their own dims, those laid out as heads from their roots' (see
+    :class:`HeadLayout`)."""
+    nb = sp.batch
+    o_dims = [*s["yb"], s["M"], s["D"]]
+    dims = [s["ad"], s["bd"], s["vd"], o_dims]
+    roots = [recs[0][2], recs[1][2], recs[sp.v_at][2] if sp.v_rank else [], recs[-1][2]]
+    lds, strides = [], []
+    for x in range(4):
+        lay = sp.layouts[x] if nb else None
+        if x == 1 and sp.packed_n or x == 2 and (sp.packed_d or not sp.v_rank):
+            lay = None
+        d = dims[x]
+        if x == 2 and not d:  # no V: unused
+            lds.append(s["D"])
+            strides.append(["0"] * nb)
+            continue
+        if lay is None:
+            lds.append(d[-1])
+            xb = _aligned(d, nb)
+            strides.append([w.product([*xb[i + 1 :], d[-2], d[-1]]) for i in range(nb)])
+            continue
+        rd = roots[x]
+        lds.append(rd[-1])
+        own = [w.product(rd[j + 1 :]) for j in range(len(rd) - 2)] + [str(lay.depth)]
+        strides.append(["0"] * (nb - len(own)) + own)
+    return lds, strides
 
 
 def _panel_rows(w: SsaWriter, sp: DenseSpec, s: dict, item: int) -> str:
@@ -384,7 +489,7 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     n_ptr = sp.first_ext + len(sp.outer) + (1 if sp.v_rank else 0)
     ptrs = [w.word("%ptrs", i, "ptr") for i in range(n_ptr)]
     nb = sp.batch
-    ctx = w.tmp(f"alloca [{_FIXED + 4 * nb + len(sp.outer) + nb * len(brows)} x i64]")
+    ctx = w.tmp(f"alloca [{sp.ext_at + len(sp.outer) + nb * len(brows)} x i64]")
     as_int = [w.tmp(f"ptrtoint ptr {p} to i64") for p in ptrs]
     v = as_int[sp.v_at] if sp.v_rank else "0"
     o = as_int[-1] if sp.v_rank else "0"
@@ -408,6 +513,10 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     fixed += [as_int[sp.bias_at] if sp.bias_rank else "0", s["AR"]]
     for i in range(nb):
         fixed += [s["yb"][i], s["ab"][i], s["bb"][i], s["vb"][i] if s["vb"] else "1"]
+    lds, strides = _layout_words(w, sp, s, recs)
+    fixed += lds
+    for i in range(nb):
+        fixed += [strides[x][i] for x in range(4)]
     words = fixed
     words += as_int[sp.first_ext : sp.first_ext + len(sp.outer)]
     words += [d for dims in brows for d in dims]
@@ -448,11 +557,15 @@ def _gemm(
 
 
 def _offsets(w: SsaWriter, sp: DenseSpec, t: str, n_brow: int) -> dict[str, str]:
-    """Matrix offsets of batch ``t`` in A, B, V and each brow argument (broadcast dims
+    """Offsets of batch ``t``: in elements in A, B, V and O (from their strides, a head
+    layout's column offset included), in matrices in each brow argument (broadcast dims
     index 0)."""
     nb, n_ext = sp.batch, len(sp.outer)
-    names = ["a", "b", "v"] + [f"r{j}" for j in range(n_brow)]
+    names = ["a", "b", "v", "o"] + [f"r{j}" for j in range(n_brow)]
     off = {x: "0" for x in names}
+    for x, lay in zip("abvo", sp.layouts):
+        if lay is not None and nb:
+            off[x] = str(lay.offset)
     stride = {x: "1" for x in names}
     rest = t
     for i in reversed(range(nb)):
@@ -461,13 +574,18 @@ def _offsets(w: SsaWriter, sp: DenseSpec, t: str, n_brow: int) -> dict[str, str]
         idx = w.tmp(f"sub i64 {rest}, {w.tmp(f'mul i64 {q}, {y}')}")
         for x in names:
             if x[0] == "r":
-                at = _FIXED + 4 * nb + n_ext + int(x[1:]) * nb + i
+                d = w.word("%ctx", sp.ext_at + n_ext + int(x[1:]) * nb + i)
+                use = w.tmp(f"select i1 {w.eq(d, 1)}, i64 0, i64 {idx}")
+                off[x] = w.tmp(f"add i64 {off[x]}, {w.tmp(f'mul i64 {use}, {stride[x]}')}")
+                stride[x] = w.tmp(f"mul i64 {stride[x]}, {d}")
+                continue
+            if x == "o":
+                use = idx
             else:
-                at = _FIXED + 4 * i + 1 + "abv".index(x)
-            d = w.word("%ctx", at)
-            use = w.tmp(f"select i1 {w.eq(d, 1)}, i64 0, i64 {idx}")
-            off[x] = w.tmp(f"add i64 {off[x]}, {w.tmp(f'mul i64 {use}, {stride[x]}')}")
-            stride[x] = w.tmp(f"mul i64 {stride[x]}, {d}")
+                d = w.word("%ctx", _FIXED + 4 * i + 1 + "abv".index(x))
+                use = w.tmp(f"select i1 {w.eq(d, 1)}, i64 0, i64 {idx}")
+            step = w.word("%ctx", _FIXED + 4 * nb + 4 + 4 * i + "abvo".index(x))
+            off[x] = w.tmp(f"add i64 {off[x]}, {w.tmp(f'mul i64 {use}, {step}')}")
         rest = q
     return off
 
@@ -496,9 +614,7 @@ def _epilogue_args(w: SsaWriter, sp: DenseSpec, v: dict[str, str], off: dict[str
         if arg.source < 0:
             data = {-1: v["s1"], -2: v["s2"], -3: v["s3"], -4: v["s4"]}[arg.source]
         else:
-            base = w.tmp(
-                f"inttoptr i64 {w.word('%ctx', _FIXED + 4 * sp.batch + arg.source)} to ptr"
-            )
+            base = w.tmp(f"inttoptr i64 {w.word('%ctx', sp.ext_at + arg.source)} to ptr")
             outer = sp.outer[arg.source]
             if outer.role == "brow":
                 elems = w.op("mul", off[f"r{brow}"], v["N"])
@@ -563,12 +679,11 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
             ("bias", _BIAS),
         )
     }
-    a_row = w.op("add", w.op("mul", off["a"], v["M"]), p0)
-    a_el = w.op("mul", a_row, v["K"])
+    for x, at in (("lda", 0), ("ldb", 1), ("ldv", 2), ("ldo", 3)):
+        v[x] = w.word("%ctx", _FIXED + 4 * sp.batch + at)
+    a_el = w.op("add", off["a"], w.op("mul", p0, v["lda"]))
     pa = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['A']}, i64 {a_el}")
-    kn = w.tmp(f"mul i64 {v['K']}, {v['N']}")
-    b_el = w.op("mul", off["b"], kn)
-    pb = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['B']}, i64 {b_el}")
+    pb = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['B']}, i64 {off['b']}")
     panel = w.op("mul", w.op("mul", v["rows"], v["N"]), item)
     size = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {panel}, 64')}, i64 64, i64 {panel}")
     v["s1"] = w.tmp(f"call ptr @geode_scratch(i64 0, i64 {size})")
@@ -597,10 +712,10 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
         w.emit(f"  call void @llvm.memset.p0.i64(ptr {v[x]}, i8 0, i64 {panel}, i1 false)")
     w.emit("  br label %epi")
     w.label("gemm")
-    ops = [(pa, v["K"]), (pb, v["N"]), (v["s1"], v["N"])]
-    if sp.a_trans:  # A's rows are X's columns: X's matrices K x R, from row a_row
+    ops = [(pa, v["lda"]), (pb, v["ldb"]), (v["s1"], v["N"])]
+    if sp.a_trans:  # A's rows are X's columns: X's matrix K x R, from row p0 (unbatched)
         ar = w.word("%ctx", _AROWS)
-        at = (ptr["A"], "1", ar, ar, w.op("mul", v["K"], ar), a_row)
+        at = (ptr["A"], "1", ar, ar, w.op("mul", v["K"], ar), p0)
         w.emit(packed_at_call(v["rows"], v["N"], v["K"], at, pb, (v["s1"], v["N"]), v["threads"]))
     elif sp.packed_n:
         w.emit(packed_call(v["rows"], v["N"], v["K"], ops, v["threads"]))
@@ -608,7 +723,8 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
             uops = [(pa, v["K"]), (ptr["U"], "0"), (v["s3"], v["N"])]
             w.emit(packed_call(v["rows"], v["N"], v["K"], uops, v["threads"]))
     else:
-        _gemm(w, sp.dtype, [v["rows"], v["N"], v["K"]], ops, v["threads"])
+        trans_b = sp.layouts[1] is not None and sp.layouts[1].transposed
+        w.emit(gemm_call(sp.dtype, v["rows"], v["N"], v["K"], ops, v["threads"], "0.0", trans_b))
     w.emit("  br label %epi")
     w.label("epi")
     _epilogue_args(w, sp, v, off)
@@ -672,10 +788,8 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
     R's and the GEMM adds its sums (and the bias) to it (``beta`` 1: each element its sum
     from zero, plus the bias, plus R's value: the bits of the ``Add`` nodes)."""
     ty = TYPES[sp.dtype][0]
-    nd = w.tmp(f"mul i64 {v['N']}, {v['D']}")
-    v_el = w.op("mul", off["v"], nd)
-    pv = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['V']}, i64 {v_el}")
-    o_el = w.op("mul", v["r0"], v["D"])
+    pv = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['V']}, i64 {off['v']}")
+    o_el = w.op("add", off["o"], w.op("mul", v["p0"], v["ldo"]))
     po = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['O']}, i64 {o_el}")
     nbytes = w.op("mul", w.op("mul", v["rows"], v["D"]), item)
     w.emit(f"  br i1 {w.eq(v['D'], 0)}, label %out, label %some")
@@ -686,13 +800,15 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
         w.emit("  br label %gemm2")
     elif sp.bias_rank:  # K = N = 0 in the packed GEMM with a bias writes the bias
         w.emit("  br label %gemm2")
-    else:
+    elif sp.packed_d:  # O is contiguous (V a matrix); the packed GEMM leaves C as it is
         w.emit(f"  br i1 {w.eq(v['N'], 0)}, label %zero2, label %gemm2")
         w.label("zero2")
         w.emit(f"  call void @llvm.memset.p0.i64(ptr {po}, i8 0, i64 {nbytes}, i1 false)")
         w.emit("  br label %out")
+    else:  # geode_gemm writes zero rows (at O's leading dim) when N is 0
+        w.emit("  br label %gemm2")
     w.label("gemm2")
-    ops = [(v["s2"], v["N"]), (pv, v["D"]), (po, v["D"])]
+    ops = [(v["s2"], v["N"]), (pv, v["ldv"]), (po, v["ldo"])]
     if sp.packed_d:
         beta = 1.0 if sp.residual else 0.0
         bias = ptr["bias"] if sp.bias_rank else None
@@ -706,6 +822,29 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
 _SQRT = (("float", "f32"), ("double", "f64"))
 
 
+def _check_layouts(sp: DenseSpec) -> None:
+    """CodegenError unless the head layouts are ones the entry runs: batched products
+    only, on operands there are (a packed or absent ``V``, a packed ``B``, a residual's
+    ``O`` have none), transposed on ``B`` only."""
+    if len(sp.layouts) != 4:
+        raise CodegenError(f"{sp.name}: layouts of A, B, V and O expected")
+    if all(lay is None for lay in sp.layouts):
+        return
+    absent = [
+        sp.batch == 0,
+        sp.packed_n > 0 and sp.layouts[1] is not None,
+        (sp.packed_d > 0 or not sp.v_rank) and sp.layouts[2] is not None,
+        (sp.residual or sp.bias_rank or not sp.v_rank) and sp.layouts[3] is not None,
+    ]
+    if any(absent):
+        raise CodegenError(f"{sp.name}: a head layout on an operand that cannot have one")
+    for x, lay in enumerate(sp.layouts):
+        if lay is None:
+            continue
+        if lay.heads < 1 or lay.depth < 1 or lay.offset < 0 or (lay.transposed and x != 1):
+            raise CodegenError(f"{sp.name}: bad head layout {lay} of operand {'ABVO'[x]}")
+
+
 def dense_ir(sp: DenseSpec) -> str:
     """The entry's module (see the module docstring)."""
     item = TYPES[sp.dtype][2]
@@ -717,6 +856,7 @@ def dense_ir(sp: DenseSpec) -> str:
         raise CodegenError(
             f"{sp.name}: a sibling GEMM needs B, a residual or a bias V, packed once"
         )
+    _check_layouts(sp)
     head = [
         GEMM_DECL,
         *([PACKED_DECL] if sp.packed_n or sp.packed_d else []),

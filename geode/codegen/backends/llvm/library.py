@@ -116,16 +116,24 @@ GEMM_DECL = (
 
 
 def gemm_call(
-    dtype: str, m: str, n: str, k: str, ops: list[tuple[str, str]], threads: str, beta: str = "0.0"
+    dtype: str,
+    m: str,
+    n: str,
+    k: str,
+    ops: list[tuple[str, str]],
+    threads: str,
+    beta: str = "0.0",
+    trans_b: bool = False,
 ) -> str:
     """The IR call of ``C = A @ B (+ beta C)`` through ``geode_gemm`` (row-major, leading
     dims in elements; ``ops`` the ``(pointer, leading dim)`` of A, B, C; ``beta`` 0.0 or
     1.0; ``threads`` 0 for the pool's): split into independent blocks over the pool, each a
     single-threaded BLAS call, no barrier between threads; a float32 product too small for
     such blocks, and every float32 GEMV, on geode's own kernel (``runtime/native/gemm.c``,
-    ``sgemm_thin.c``)."""
+    ``sgemm_thin.c``). ``trans_b``: B is stored transposed (``B^T`` row-major, ``ldb`` its
+    leading dim; always the BLAS)."""
     (a, lda), (b, ldb), (c, ldc) = ops
-    kind = 0 if dtype == "float32" else 1
+    kind = (0 if dtype == "float32" else 1) + (2 if trans_b else 0)
     return (
         f"  call void @geode_gemm(i64 {kind}, i64 {m}, i64 {n}, i64 {k}, ptr {a}, i64 {lda}, "
         f"ptr {b}, i64 {ldb}, double {beta}, ptr {c}, i64 {ldc}, i64 {threads})"
