@@ -21,6 +21,8 @@ write pass over Y instead of a read-modify-write pass after. With ``K = 0`` (no 
 channels) Y is the bias, or zeros. The im2col copy runs on the calling thread: the
 GEMMs run on OpenBLAS's own threads, and geode's pool spinning beside them would take
 their cores.
+A product of fewer than :data:`SPLIT_MIN_MACS` multiply-adds runs on the calling thread
+(``geode_gemm`` told one thread); a larger one is split over the pool.
 """
 
 from __future__ import annotations
