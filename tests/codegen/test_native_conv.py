@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -159,6 +160,55 @@ def test_native_conv_large_image_uses_several_bands(monkeypatch) -> None:
     y = np.full((2, 8, 19, 24), np.nan, np.float32)
     k(x, w, y)
     np.testing.assert_allclose(y, conv_nd(x, w, None, attrs), rtol=1e-4, atol=1e-4)
+
+
+@st.composite
+def gemm_convs(draw):
+    """A pointwise or im2col conv (1x1, maybe strided or padded, or a small window at
+    stride 2) whose products fall on either side of ``conv_gemm.SPLIT_MIN_MACS``."""
+    n, c, m = draw(st.integers(1, 3)), draw(st.integers(1, 48)), draw(st.integers(1, 96))
+    h, w = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    k = draw(st.sampled_from([1, 1, 3]))
+    s = draw(st.sampled_from([1, 2])) if k == 1 else 2
+    p = draw(st.integers(0, 1)) if k == 3 else draw(st.sampled_from([0, 0, 1]))
+    assume(h + 2 * p >= k and w + 2 * p >= k)
+    attrs = {"strides": [s, s], "pads": [p] * 4}
+    return (n, c, h, w), (m, c, k, k), attrs, draw(st.booleans())
+
+
+@settings(max_examples=25, deadline=None)
+@given(gemm_convs())
+def test_gemm_convs_on_any_thread_count(cfg) -> None:
+    """A GEMM conv (pointwise, im2col) matches the reference at 1, 2 and the pool's
+    threads, with the same bits on each: a product under ``SPLIT_MIN_MACS``
+    multiply-adds runs on the calling thread, a larger one is split over the pool."""
+    xs, ws, attrs, bias = cfg
+    spec = spec_of(xs, ws, attrs, "float32", bias)
+    assume(spec.method in ("pointwise", "im2col"))
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32) if bias else None
+    want = conv_nd(x, w, b, attrs)
+    k = conv_kernel(spec)
+    got = []
+    for threads in (1, 2, 0):
+        y = np.full(want.shape, np.nan, np.float32)
+        k(*((x, w, b, y) if bias else (x, w, y)), threads=threads)
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+        got.append(y)
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(got[0], got[2])
+
+
+def test_small_gemm_convs_stay_on_the_calling_thread() -> None:
+    """The kernel passes one thread to ``geode_gemm`` below ``SPLIT_MIN_MACS``."""
+    from geode.codegen.backends.llvm import conv_gemm
+
+    spec = spec_of((1, 32, 32, 32), (64, 32, 1, 1), {"strides": [2, 2]}, "float32", True)
+    assert spec.method == "im2col"
+    k = conv_kernel.__wrapped__(spec)
+    assert re.search(rf"icmp slt i64 %macs[.\w]*, {conv_gemm.SPLIT_MIN_MACS}\b", k.source)
+    assert re.search(r"select i1 %alone[.\w]*, i64 1, ", k.source)
 
 
 def test_native_conv_checks_its_arguments() -> None:

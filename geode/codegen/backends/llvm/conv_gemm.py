@@ -21,6 +21,8 @@ write pass over Y instead of a read-modify-write pass after. With ``K = 0`` (no 
 channels) Y is the bias, or zeros. The im2col copy runs on the calling thread: the
 GEMMs run on OpenBLAS's own threads, and geode's pool spinning beside them would take
 their cores.
+A product of fewer than :data:`SPLIT_MIN_MACS` multiply-adds runs on the calling thread
+(``geode_gemm`` told one thread); a larger one is split over the pool.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter, float_literal
 from geode.codegen.backends.llvm.library import GEMM_DECL, gemm_call
 
-__all__ = ["COL_BUDGET_BYTES", "write_body"]
+__all__ = ["COL_BUDGET_BYTES", "SPLIT_MIN_MACS", "write_body"]
 
 #: bytes of the im2col column band (one band of output rows at a time, at least one
 #: row). Every GEMM call is a barrier of OpenBLAS's threads, which costs a scheduler
@@ -46,6 +48,12 @@ __all__ = ["COL_BUDGET_BYTES", "write_body"]
 #: input (up to 64 channels at 56x56) one band per image. One thread runs a 64->64
 #: 56x56 conv at the same speed in bands of 256 kB to 8 MB.
 COL_BUDGET_BYTES = 8 << 20
+
+#: multiply-adds below which a conv's GEMM runs on the calling thread alone: splitting a
+#: product this small over the pool saves at most half of a few microseconds of compute
+#: and pays the pool's wake-up and hand-off (the cnn's 1x1 stride-2 shortcut at 1x3x64x64,
+#: 64 x 256 x 32, took longer on two threads than on one). See docs/performance.md.
+SPLIT_MIN_MACS = 1 << 20
 
 _MEMSET = "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"
 _MEMCPY = "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"
@@ -122,7 +130,8 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
 
 class _Gemm:
     """Writes ``Y[M x N] (+)= A[M x K] @ B[K x N]`` calls of ``geode_gemm`` (row-major;
-    :func:`~geode.codegen.backends.llvm.library.gemm_call`)."""
+    :func:`~geode.codegen.backends.llvm.library.gemm_call`); a product of fewer than
+    :data:`SPLIT_MIN_MACS` multiply-adds on one thread."""
 
     def __init__(self, b: Builder, dtype: str, threads: str, beta: float):
         self.b, self.dtype, self.threads = b, dtype, threads
@@ -132,9 +141,11 @@ class _Gemm:
         self, m: object, n: object, k: object, a: str, lda: str, bm: str, ldb: str, c: str, ldc: str
     ) -> None:
         ops = [(a, str(lda)), (bm, str(ldb)), (c, str(ldc))]
-        self.b.fn.add(
-            gemm_call(self.dtype, str(m), str(n), str(k), ops, self.threads, self.beta).strip()
-        )
+        b = self.b
+        macs = b.mul(b.mul(str(m), str(n)), str(k), "macs")
+        alone = b.cmp("slt", macs, str(SPLIT_MIN_MACS), "alone")
+        threads = b.select(alone, "1", self.threads, "gemm_threads")
+        b.fn.add(gemm_call(self.dtype, str(m), str(n), str(k), ops, threads, self.beta).strip())
 
 
 def _per_image_group(
