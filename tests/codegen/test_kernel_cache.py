@@ -35,6 +35,7 @@ from geode.codegen.ast import (
     Var,
 )
 from geode.codegen.backends import numba as nb
+from geode.codegen.backends.numba import kernel as nb_kernel
 
 N, K = Var("N"), Var("K")
 
@@ -114,9 +115,9 @@ def check(k: nb.NumbaKernel, scale: float) -> None:
 @pytest.fixture
 def fresh_memo():
     """Forget in-process compiled kernels so compile_kernel goes to the disk cache."""
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     yield
-    nb._memo.clear()
+    nb_kernel._memo.clear()
 
 
 # ---------------------------------------------------------------------------------
@@ -247,13 +248,13 @@ def test_corrupt_entry_is_rebuilt(
     entry = _entry_dir(tmp_path)
     _corrupt(entry, what)
 
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     rebuilt = nb.compile_kernel(kern, cache_dir=tmp_path)
     assert not rebuilt.from_cache, "a corrupt entry was trusted"
     check(rebuilt, 3.0)
     assert next(entry.glob("geode_k_*.py")).read_text() == rebuilt.source
 
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     again = nb.compile_kernel(kern, cache_dir=tmp_path)
     assert again.from_cache, "the rebuilt entry was not reused"
     check(again, 3.0)
@@ -265,7 +266,7 @@ def test_cached_kernel_can_still_be_inspected(
 ) -> None:
     kern = make_kernel(4.0, parallel=parallel)
     nb.compile_kernel(kern, cache_dir=tmp_path)
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     k = nb.compile_kernel(kern, cache_dir=tmp_path)
     assert k.from_cache and k.chunked == parallel
     assert "define" in k.llvm and kern.name in k.asm and "ret" in k.asm
@@ -311,9 +312,10 @@ import geode
 from geode import examples
 from geode.codegen.backends import chunks, vmath
 from geode.codegen.backends import numba as nb
+from geode.codegen.backends.numba import kernel as nb_kernel
 ex = examples.softmax(hidden=64)
 model = geode.compile(ex.graph, cache_dir=sys.argv[1], backend="numba")
-(k,) = nb._memo.values()  # the one native kernel this process compiled
+(k,) = nb_kernel._memo.values()  # the one native kernel this process compiled
 feeds = ex.make_inputs(np.random.default_rng(0), 37)
 got, want = model(**feeds), ex.numpy(**feeds)
 ok = all(np.allclose(got[n], want[n], rtol=1e-5, atol=1e-7) for n in want)

@@ -146,18 +146,18 @@ def test_lazy_compile_option_leaves_or_compiles_the_plain_chunk_function(lazy, m
     geode.compile leaves its plain chunk function for the first call that needs it;
     with ``lazy_compile=False`` (or ``GEODE_LAZY_COMPILE=0``) geode.compile compiles it
     too. Either way small and large batches match numpy."""
-    from geode.codegen.backends import numba as nb
+    from geode.codegen.backends.numba import kernel as nb_kernel
 
-    nb._memo.clear()
+    nb_kernel._memo.clear()
     monkeypatch.setenv("GEODE_LAZY_COMPILE", "1" if lazy else "0")
     ex = examples.lstm_gates(hidden=64)
     model = geode.compile(ex.graph, streaming="0", backend="numba")
-    (native,) = [k for k in nb._memo.values() if len(k._chunk_fns) == 2]
+    (native,) = [k for k in nb_kernel._memo.values() if len(k._chunk_fns) == 2]
     plain, nt = native._chunk_fns
     assert native._chunk_fns[nt] is not None
     assert (native._chunk_fns[plain] is None) == lazy
     run_sizes(model, ex, sizes=(1, 3, 64))
-    nb._memo.clear()
+    nb_kernel._memo.clear()
 
 
 @pytest.mark.parametrize("how", ["primitives", "Gelu op"])
