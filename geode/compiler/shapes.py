@@ -154,6 +154,12 @@ def dims_equal(a: Dim, b: Dim) -> bool | None:
     return _dims_equal_symbolic(a, b)
 
 
+def same_dim(a: Dim, b: Dim) -> bool:
+    """Whether ``a`` and ``b`` are provably equal (:func:`dims_equal` is True): False when
+    they differ or when it depends on symbol values."""
+    return dims_equal(a, b) is True
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _dims_equal_symbolic(a: Dim, b: Dim) -> bool | None:
     """:func:`dims_equal` on the expanded difference ``a - b``; sympy's ``simplify``

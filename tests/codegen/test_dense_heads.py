@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dense_helpers import close, dense_kernels
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -103,12 +104,8 @@ def _feeds(names: list[str], b: int, s: int, width: int) -> dict[str, np.ndarray
     return feeds
 
 
-def _dense(model: object) -> list:
-    return [k for k in model.kernels if k.kind == "dense"]
-
-
 def _attention_kernel(model: object) -> object:
-    found = [k for k in _dense(model) if [n.op_type for n in k.ops].count("Transpose") == 4]
+    found = [k for k in dense_kernels(model) if [n.op_type for n in k.ops].count("Transpose") == 4]
     assert len(found) == 1, model.explain()
     return found[0]
 
@@ -132,9 +129,9 @@ def test_no_layout_copies_are_left(fused):
     assert "transposed" in text  # K^T through the GEMM's transB
     off = geode.compile(proto, in_place_heads=False)
     assert len(off.kernels) > len(model.kernels)
-    assert not any("Transpose" in [n.op_type for n in k.ops] for k in _dense(off))
+    assert not any("Transpose" in [n.op_type for n in k.ops] for k in dense_kernels(off))
     feeds = _feeds(names, 2, 7, 32)
-    np.testing.assert_allclose(model.run(feeds)["y"], off.run(feeds)["y"], rtol=1e-5, atol=1e-5)
+    close(model.run(feeds)["y"], off.run(feeds)["y"], rtol=1e-5)
 
 
 def test_the_option_keeps_the_copies():
@@ -159,7 +156,7 @@ def test_a_head_read_elsewhere_keeps_its_copy():
     feeds = _feeds(names, 2, 5, 8)
     got, want = model.run(feeds), ref.run(feeds)
     for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+        close(got[k], want[k], rtol=1e-5)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -184,7 +181,7 @@ def test_random_attention_in_place_matches_the_reference(
     feeds = _feeds(names, b, s, width)
     got, want = model.run(feeds), ref.run(feeds)
     (key,) = want
-    np.testing.assert_allclose(got[key], want[key], rtol=2e-5, atol=2e-5)
+    close(got[key], want[key], rtol=2e-5)
 
 
 @pytest.mark.parametrize("lead", [[], ["B", "C"]])
@@ -213,7 +210,7 @@ def test_no_batch_dim_or_two(lead):
     _attention_kernel(model)
     ref = geode.compile(g, codegen=False)
     feeds = {"x": _rand(*[{"B": 2, "C": 3}[n] for n in lead], 7, 3 * h * d)}
-    np.testing.assert_allclose(model.run(feeds)["y"], ref.run(feeds)["y"], rtol=1e-5, atol=1e-5)
+    close(model.run(feeds)["y"], ref.run(feeds)["y"], rtol=1e-5)
 
 
 def test_an_epilogue_refused_after_the_heads_left_their_groups(monkeypatch):
@@ -235,4 +232,4 @@ def test_an_epilogue_refused_after_the_heads_left_their_groups(monkeypatch):
     assert "refused by the test" in text and "heads are copied again" in text
     ref = geode.compile(proto, codegen=False)
     feeds = _feeds(names, 2, 5, 8)
-    np.testing.assert_allclose(model.run(feeds)["y"], ref.run(feeds)["y"], rtol=1e-5, atol=1e-5)
+    close(model.run(feeds)["y"], ref.run(feeds)["y"], rtol=1e-5)

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from dense_helpers import close, compile_fresh, dense_kernels
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -76,42 +77,29 @@ def _want(x: np.ndarray, w: dict, norm: bool = True, residual: bool = True) -> n
     return y + x64 if residual else y
 
 
-def _close(got: np.ndarray, want: np.ndarray) -> None:
-    scale = float(np.abs(want).max()) if want.size else 1.0
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * (scale or 1.0))
-
-
-def _dense(model) -> list:
-    return [k for k in model.kernels if k.kind == "dense"]
-
-
-def _compile(g: geode.Graph, threads: int = 2, **opts) -> geode.Model:
-    return geode.compile(g, session=geode.Session(), model_cache=False, num_threads=threads, **opts)
-
-
 W = _weights(48, 96)
 
 
 def test_the_block_is_the_norm_and_one_dense_step():
     """Both GEMMs, GELU, the bias and the residual in one dense step after the norm; the
     second product and its sum with the bias never a step's output."""
-    model = _compile(_mlp(W))
+    model = compile_fresh(_mlp(W))
     assert len(model.kernels) == 2, model.explain()
-    (dense,) = _dense(model)
+    (dense,) = dense_kernels(model)
     ops = [n.op_type for n in dense.ops]
     assert ops[0] == "MatMul" and ops[-3:] == ["MatMul", "Add", "Add"], ops
     x = _rand(2, 9, 48)
-    _close(model(x=x)["y"], _want(x, W))
+    close(model(x=x)["y"], _want(x, W))
 
 
 def test_unfused_it_is_three_steps():
-    model = _compile(_mlp(W), **OFF)
+    model = compile_fresh(_mlp(W), **OFF)
     assert len(model.kernels) == 3, model.explain()
     assert "summed into" not in model.explain()
 
 
 def test_explain_records_the_decision_and_its_reason():
-    text = _compile(_mlp(W)).explain()
+    text = compile_fresh(_mlp(W)).explain()
     line = next(t for t in text.splitlines() if "summed into" in t and "saves" in t)
     assert "kernel launch" in line and " and " in line  # the bias and the residual Adds
     assert "summed into the second GEMM's panels" in text  # the kernel's weights line
@@ -125,21 +113,21 @@ def test_rows_match_numpy_the_unfused_plan_and_one_thread(rows, residual):
     one thread."""
     g = _mlp(W, residual=residual)
     x = _rand(1, rows, 48)
-    got = _compile(g)(x=x)["y"]
-    _close(got, _want(x, W, residual=residual))
-    np.testing.assert_array_equal(got, _compile(g, **OFF)(x=x)["y"])
-    np.testing.assert_array_equal(got, _compile(g, 1)(x=x)["y"])
+    got = compile_fresh(g)(x=x)["y"]
+    close(got, _want(x, W, residual=residual))
+    np.testing.assert_array_equal(got, compile_fresh(g, **OFF)(x=x)["y"])
+    np.testing.assert_array_equal(got, compile_fresh(g, 1)(x=x)["y"])
 
 
 def test_a_bias_of_shape_1_1_d():
     w = _weights(24, 40, bias_shape=(1, 1, 24))
     g = _mlp(w, norm=False)
-    model = _compile(g)
+    model = compile_fresh(g)
     assert "summed into the second GEMM's panels" in model.explain()
     x = _rand(3, 5, 24)
     got = model(x=x)["y"]
-    _close(got, _want(x, w, norm=False))
-    np.testing.assert_array_equal(got, _compile(g, **OFF)(x=x)["y"])
+    close(got, _want(x, w, norm=False))
+    np.testing.assert_array_equal(got, compile_fresh(g, **OFF)(x=x)["y"])
 
 
 def test_the_biased_sum_read_elsewhere_stays_apart_with_its_reason():
@@ -147,35 +135,35 @@ def test_the_biased_sum_read_elsewhere_stays_apart_with_its_reason():
     g = _mlp(W, norm=False)
     biased = [n for n in g.nodes if n.op_type == "Add"][-2]
     g.output(biased.outputs[0], names=["biased"])
-    model = _compile(g)
+    model = compile_fresh(g)
     assert "the bias Add's result is read more than once" in model.explain()
     x = _rand(2, 5, 48)
     out = model(x=x)
-    _close(out["y"], _want(x, W, norm=False))
-    _close(out["biased"], _want(x, W, norm=False, residual=False))
+    close(out["y"], _want(x, W, norm=False))
+    close(out["biased"], _want(x, W, norm=False, residual=False))
 
 
 def test_not_packed_keeps_them_apart():
-    model = _compile(_mlp(W), packed_weights=False)
+    model = compile_fresh(_mlp(W), packed_weights=False)
     assert "summed into" not in model.explain()
     x = _rand(2, 5, 48)
-    _close(model(x=x)["y"], _want(x, W))
+    close(model(x=x)["y"], _want(x, W))
 
 
 def test_model_file_round_trip(tmp_path):
-    model = _compile(_mlp(W))
+    model = compile_fresh(_mlp(W))
     x = _rand(2, 33, 48)
     want = model(x=x)["y"]
     path = tmp_path / "mlp.geode"
     model.save(path)
     loaded = geode.load(path, session=geode.Session())
     np.testing.assert_array_equal(loaded(x=x)["y"], want)
-    assert len(_dense(loaded)) == 1
+    assert len(dense_kernels(loaded)) == 1
 
 
 def test_no_rows():
     g = _mlp(W, norm=False)
-    got = _compile(g)(x=_rand(2, 0, 48))["y"]
+    got = compile_fresh(g)(x=_rand(2, 0, 48))["y"]
     assert got.shape == (2, 0, 48)
 
 
@@ -192,6 +180,6 @@ def test_random_shapes_match_numpy_and_the_unfused_plan(rows, c, h, norm, residu
     w = _weights(c, h)
     g = _mlp(w, norm, residual)
     x = _rand(1, rows, c)
-    got = _compile(g, threads)(x=x)["y"]
-    _close(got, _want(x, w, norm, residual))
-    np.testing.assert_array_equal(got, _compile(g, threads, **OFF)(x=x)["y"])
+    got = compile_fresh(g, threads)(x=x)["y"]
+    close(got, _want(x, w, norm, residual))
+    np.testing.assert_array_equal(got, compile_fresh(g, threads, **OFF)(x=x)["y"])

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from dense_helpers import close, compile_fresh, dense_kernels
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -64,19 +65,6 @@ def _want(x: np.ndarray, w: dict, second: bool = True) -> np.ndarray:
     return x64 + (y @ w["w2"] + w["b2"]).transpose(0, 2, 1)
 
 
-def _close(got: np.ndarray, want: np.ndarray) -> None:
-    scale = float(np.abs(want).max()) if want.size else 1.0
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * (scale or 1.0))
-
-
-def _dense(model) -> list:
-    return [k for k in model.kernels if k.kind == "dense"]
-
-
-def _compile(g: geode.Graph, threads: int = 2, **opts) -> geode.Model:
-    return geode.compile(g, session=geode.Session(), model_cache=False, num_threads=threads, **opts)
-
-
 W = _weights(28, 24)
 
 
@@ -85,20 +73,20 @@ def test_the_transpose_is_read_in_place(second):
     """The Transpose is the dense step's first op, no kernel of its own: one kernel
     fewer than with the copy."""
     g = _mixing(W, 40, second)
-    model = _compile(g)
-    (dense,) = _dense(model)
+    model = compile_fresh(g)
+    (dense,) = dense_kernels(model)
     assert [n.op_type for n in dense.ops][:2] == ["Transpose", "MatMul"]
-    assert len(model.kernels) == len(_compile(g, **OFF).kernels) - 1, model.explain()
+    assert len(model.kernels) == len(compile_fresh(g, **OFF).kernels) - 1, model.explain()
     x = _rand(3, 28, 40)
-    _close(model(x=x)["y"], _want(x, W, second))
+    close(model(x=x)["y"], _want(x, W, second))
 
 
 def test_explain_records_the_decision_and_its_reason():
-    text = _compile(_mixing(W, 40)).explain()
+    text = compile_fresh(_mixing(W, 40)).explain()
     line = next(t for t in text.splitlines() if "read in place by" in t)
     assert "(A transposed)" in line and "saves" in line and "kernel launch" in line
     assert "A read in place through" in text  # the kernel's weights line
-    assert "read in place" not in _compile(_mixing(W, 40), **OFF).explain()
+    assert "read in place" not in compile_fresh(_mixing(W, 40), **OFF).explain()
 
 
 @pytest.mark.parametrize("batch,c", [(1, 256), (8, 256), (4, 196), (3, 13), (2, 1), (1, 700)])
@@ -108,24 +96,24 @@ def test_sizes_match_numpy_the_copy_and_one_thread(batch, c):
     copies the Transpose out, and as one thread."""
     g = _mixing(W, c)
     x = _rand(batch, 28, c)
-    got = _compile(g)(x=x)["y"]
-    _close(got, _want(x, W))
-    np.testing.assert_array_equal(got, _compile(g, **OFF)(x=x)["y"])
-    np.testing.assert_array_equal(got, _compile(g, 1)(x=x)["y"])
+    got = compile_fresh(g)(x=x)["y"]
+    close(got, _want(x, W))
+    np.testing.assert_array_equal(got, compile_fresh(g, **OFF)(x=x)["y"])
+    np.testing.assert_array_equal(got, compile_fresh(g, 1)(x=x)["y"])
 
 
 def test_degenerate_dims():
     """No batch, no rows, one token."""
     g = _mixing(W, 40)
-    model = _compile(g)
+    model = compile_fresh(g)
     assert model(x=_rand(0, 28, 40))["y"].shape == (0, 28, 40)
-    assert _compile(_mixing(W, 0))(x=_rand(2, 28, 0))["y"].shape == (2, 28, 0)
+    assert compile_fresh(_mixing(W, 0))(x=_rand(2, 28, 0))["y"].shape == (2, 28, 0)
     w1 = _weights(1, 5)
     g1 = _mixing(w1, 9)
     x = _rand(2, 1, 9)
-    got = _compile(g1)(x=x)["y"]
-    _close(got, _want(x, w1))
-    np.testing.assert_array_equal(got, _compile(g1, **OFF)(x=x)["y"])
+    got = compile_fresh(g1)(x=x)["y"]
+    close(got, _want(x, w1))
+    np.testing.assert_array_equal(got, compile_fresh(g1, **OFF)(x=x)["y"])
 
 
 def test_a_transpose_of_other_axes_is_copied_with_its_reason():
@@ -134,34 +122,34 @@ def test_a_transpose_of_other_axes_is_copied_with_its_reason():
     xt = g.op("Transpose", x, perm=[1, 0, 2])  # [5, 6, 7]
     y = g.op("Relu", g.op("MatMul", xt, g.constant(_rand(7, 9), name="w")))
     g.output(y, names=["y"])
-    model = _compile(g)
+    model = compile_fresh(g)
     assert "does not swap the last two axes alone" in model.explain()
     xs = _rand(6, 5, 7)
     w = g.nodes[1].inputs[1].data
-    _close(model(x=xs)["y"], np.maximum(xs.transpose(1, 0, 2).astype(np.float64) @ w, 0))
+    close(model(x=xs)["y"], np.maximum(xs.transpose(1, 0, 2).astype(np.float64) @ w, 0))
 
 
 def test_a_transpose_read_twice_is_copied_with_its_reason():
     g = _mixing(W, 12, second=False)
     xt = next(n for n in g.nodes if n.op_type == "Transpose").outputs[0]
     g.output(xt, names=["xt"])
-    model = _compile(g)
+    model = compile_fresh(g)
     assert "the Transpose's result is read by more than the MatMul" in model.explain()
     x = _rand(2, 28, 12)
     out = model(x=x)
-    _close(out["y"], _want(x, W, second=False))
+    close(out["y"], _want(x, W, second=False))
     np.testing.assert_array_equal(out["xt"], x.transpose(0, 2, 1))
 
 
 def test_not_packed_copies_it():
-    model = _compile(_mixing(W, 40), packed_weights=False)
+    model = compile_fresh(_mixing(W, 40), packed_weights=False)
     assert "read in place by" not in model.explain()
     x = _rand(2, 28, 40)
-    _close(model(x=x)["y"], _want(x, W))
+    close(model(x=x)["y"], _want(x, W))
 
 
 def test_model_file_round_trip(tmp_path):
-    model = _compile(_mixing(W, 40))
+    model = compile_fresh(_mixing(W, 40))
     x = _rand(3, 28, 40)
     want = model(x=x)["y"]
     path = tmp_path / "mixing.geode"
@@ -183,6 +171,6 @@ def test_random_shapes_match_numpy_and_the_copy(batch, t, c, h, second, threads)
     w = _weights(t, h)
     g = _mixing(w, c, second)
     x = _rand(batch, t, c)
-    got = _compile(g, threads)(x=x)["y"]
-    _close(got, _want(x, w, second))
-    np.testing.assert_array_equal(got, _compile(g, threads, **OFF)(x=x)["y"])
+    got = compile_fresh(g, threads)(x=x)["y"]
+    close(got, _want(x, w, second))
+    np.testing.assert_array_equal(got, compile_fresh(g, threads, **OFF)(x=x)["y"])

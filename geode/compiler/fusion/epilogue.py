@@ -42,7 +42,7 @@ from geode.compiler.fusion.patterns import reduce_axes
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpKind
-from geode.compiler.shapes import dims_equal
+from geode.compiler.shapes import same_dim
 
 __all__ = [
     "Epilogue",
@@ -120,10 +120,6 @@ class Epilogue:
         return len(self.dense.inputs[1].shape) > 2
 
 
-def _same(a: object, b: object) -> bool:
-    return dims_equal(a, b) is True
-
-
 def _batch_broadcast(shape: tuple, ys: tuple, rows: object) -> bool:
     """``[batch..., rows, N]`` whose batch dims are ``Y``'s or 1, with fewer batch dims than
     ``Y`` read as leading 1s (numpy's broadcasting: a causal mask ``[M, N]`` against scores
@@ -131,10 +127,10 @@ def _batch_broadcast(shape: tuple, ys: tuple, rows: object) -> bool:
     match."""
     if len(shape) < 2 or len(shape) > len(ys) or len(ys) < 3:
         return False
-    if not (_same(shape[-1], ys[-1]) and _same(shape[-2], rows)):
+    if not (same_dim(shape[-1], ys[-1]) and same_dim(shape[-2], rows)):
         return False
     batch = list(zip(shape[:-2], ys[len(ys) - len(shape) : -2]))
-    return all(_same(a, b) or _same(a, 1) for a, b in batch)
+    return all(same_dim(a, b) or same_dim(a, 1) for a, b in batch)
 
 
 def value_role(v: Value, y: Value, batched: bool = False) -> str | None:
@@ -145,17 +141,21 @@ def value_role(v: Value, y: Value, batched: bool = False) -> str | None:
     if v.shape is None or y.shape is None:
         return None
     shape, ys = tuple(v.shape), tuple(y.shape)
-    if len(shape) == len(ys) and all(_same(a, b) for a, b in zip(shape, ys)):
+    if len(shape) == len(ys) and all(same_dim(a, b) for a, b in zip(shape, ys)):
         return "full"
     if (
         len(shape) == len(ys)
-        and _same(shape[-1], 1)
-        and all(_same(a, b) for a, b in zip(shape[:-1], ys[:-1]))
+        and same_dim(shape[-1], 1)
+        and all(same_dim(a, b) for a, b in zip(shape[:-1], ys[:-1]))
     ):
         return "col"  # before scalar: with one row, a value per row is what a reduction makes
-    if all(_same(d, 1) for d in shape):
+    if all(same_dim(d, 1) for d in shape):
         return "scalar"
-    if len(shape) <= len(ys) and _same(shape[-1], ys[-1]) and all(_same(d, 1) for d in shape[:-1]):
+    if (
+        len(shape) <= len(ys)
+        and same_dim(shape[-1], ys[-1])
+        and all(same_dim(d, 1) for d in shape[:-1])
+    ):
         return "row"
     if batched and _batch_broadcast(shape, ys, 1):
         return "brow"
@@ -234,7 +234,7 @@ def epilogue_legality(
     if any(c.name not in names for c in y.consumers):
         return "the product is read outside the group"
     rank = len(y.shape)
-    if len(group.domain) != rank or not all(_same(a, b) for a, b in zip(group.domain, y.shape)):
+    if len(group.domain) != rank or not all(same_dim(a, b) for a, b in zip(group.domain, y.shape)):
         return "the group's domain is not the product's shape"
     if group.levels:
         return "the group is a reduce tree"
@@ -286,7 +286,7 @@ def second_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
     v, y, o = mm.inputs[1], ep.dense.outputs[0], mm.outputs[0]
     if v.shape is None or o.shape is None or len(v.shape) < 2:
         return "the second MatMul's shapes are unknown"
-    if not _same(v.shape[-2], y.shape[-1]):
+    if not same_dim(v.shape[-2], y.shape[-1]):
         return "the second MatMul's depth is not the product's width"
     if not ep.batched and len(v.shape) != 2:
         return "a batched second MatMul after an unbatched product"
@@ -294,11 +294,11 @@ def second_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
         nb = len(y.shape) - 2
         vb = (1,) * (nb - (len(v.shape) - 2)) + tuple(v.shape[:-2])
         if len(v.shape) - 2 > nb or not all(
-            _same(a, b) or _same(a, 1) for a, b in zip(vb, y.shape[:-2])
+            same_dim(a, b) or same_dim(a, 1) for a, b in zip(vb, y.shape[:-2])
         ):
             return "the second MatMul's batch dims do not broadcast to the product's"
     want = (*y.shape[:-1], v.shape[-1])
-    if len(o.shape) != len(want) or not all(_same(a, b) for a, b in zip(o.shape, want)):
+    if len(o.shape) != len(want) or not all(same_dim(a, b) for a, b in zip(o.shape, want)):
         return "the second MatMul's result is not the product's rows times V's columns"
     return mm
 
@@ -346,7 +346,7 @@ def sibling_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
         if (
             w.shape is None
             or len(w.shape) != 2
-            or not all(_same(x, y) for x, y in zip(w.shape, b.shape))
+            or not all(same_dim(x, y) for x, y in zip(w.shape, b.shape))
         ):
             found = f"{prod.name}'s weight is not a matrix of B's shape"
             continue
@@ -389,7 +389,7 @@ def _same_shape(shape: object, want: tuple) -> bool:
     return (
         shape is not None
         and len(shape) == len(want)  # type: ignore[arg-type]
-        and all(_same(x, y) for x, y in zip(shape, want))  # type: ignore[call-overload]
+        and all(same_dim(x, y) for x, y in zip(shape, want))  # type: ignore[call-overload]
     )
 
 
@@ -398,7 +398,7 @@ def _is_bias(b: Value, o: Value) -> bool:
     shape = b.shape
     if shape is None or not shape or len(shape) > len(o.shape) or b.dtype != o.dtype:
         return False
-    return _same(shape[-1], o.shape[-1]) and all(_same(d, 1) for d in shape[:-1])
+    return same_dim(shape[-1], o.shape[-1]) and all(same_dim(d, 1) for d in shape[:-1])
 
 
 def _read_once(v: Value, graph: Graph) -> bool:

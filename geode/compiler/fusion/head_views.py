@@ -27,7 +27,7 @@ from geode.compiler.fusion.groups import Group
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpKind
-from geode.compiler.shapes import dims_equal
+from geode.compiler.shapes import same_dim
 
 __all__ = ["HeadView", "absorbable", "operand_view", "remaining_groups", "result_view"]
 
@@ -60,10 +60,6 @@ class HeadView:
         )
 
 
-def _same(a: object, b: object) -> bool:
-    return dims_equal(a, b) is True
-
-
 def _only_reader(v: Value, graph: Graph) -> Node | None:
     """``v``'s one reader, when it has exactly one and is not a graph output."""
     if any(o is v for o in graph.outputs) or len(v.consumers) != 1:
@@ -85,7 +81,7 @@ def _heads_of(wide: Value, split: Value) -> tuple[int, int] | str:
     h, d, w = ss[-2], ss[-1], ws[-1]
     if not all(isinstance(x, int) for x in (h, d, w)) or h * d != w or h < 1 or d < 1:
         return "the heads' count and depth are not static or do not make the row"
-    if not all(_same(a, b) for a, b in zip(ws[:-1], ss[:-2])):
+    if not all(same_dim(a, b) for a, b in zip(ws[:-1], ss[:-2])):
         return "the reshape changes more than the last axis"
     return h, d
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from geode.compiler.ir import Graph, Node, Value
-from geode.compiler.shapes import dims_equal
+from geode.compiler.shapes import same_dim
 
 __all__ = ["RowScale", "row_scale_candidate"]
 
@@ -75,10 +75,6 @@ class RowScale:
         )
 
 
-def _same(a: object, b: object) -> bool:
-    return dims_equal(a, b) is True
-
-
 def _is_mul(v: Value) -> bool:
     p = v.producer
     return p is not None and p.op_type == "Mul" and p.domain in _ONNX and len(p.inputs) == 2
@@ -112,7 +108,7 @@ def _full(v: Value, h: Value) -> bool:
     return (
         v.shape is not None
         and len(v.shape) == len(h.shape)
-        and all(_same(a, b) for a, b in zip(v.shape, h.shape))
+        and all(same_dim(a, b) for a, b in zip(v.shape, h.shape))
     )
 
 
@@ -134,9 +130,9 @@ def _per_row(v: Value, h: Value) -> bool:
     if len(v.shape) == 0:
         return True
     tail = h.shape[len(h.shape) - len(v.shape) :]
-    if not _same(v.shape[-1], 1):
+    if not same_dim(v.shape[-1], 1):
         return False
-    return all(_same(a, 1) or _same(a, b) for a, b in zip(v.shape[:-1], tail[:-1]))
+    return all(same_dim(a, 1) or same_dim(a, b) for a, b in zip(v.shape[:-1], tail[:-1]))
 
 
 def _gemms(h: Value, graph: Graph) -> list[Node] | str:
