@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import geode
-from geode.compiler.fusion.profit import row_scale_plan
+from geode.compiler.fusion.profit import prologue_plan, resident, row_scale_plan
 from geode.compiler.fusion.row_scale import RowScale, row_scale_candidate
 from geode.compiler.passes.row_scale import fold_row_scales
 from geode.costmodel.device import default_spec
@@ -34,12 +34,12 @@ def _weights(k: int, n: int) -> dict[str, np.ndarray]:
     }
 
 
-def _llama(w: dict[str, np.ndarray], gamma: bool = True) -> geode.Graph:
+def _llama(w: dict[str, np.ndarray], gamma: bool = True, rows: tuple = ("B", "S")) -> geode.Graph:
     """RMSNorm (as torch exports it: ``x * (1 / sqrt(mean(x^2) + eps)) * w``), then
-    ``silu(h @ Wg) * (h @ Wu) @ Wd + x``."""
+    ``silu(h @ Wg) * (h @ Wu) @ Wd + x``; ``x`` of dims ``[*rows, K]``."""
     k = w["wg"].shape[0]
     g = geode.Graph("llama_mlp")
-    x = g.input("x", ["B", "S", k], np.float32)
+    x = g.input("x", [*rows, k], np.float32)
     axes = g.constant(np.array([-1], np.int64), name="axes")
     ms = g.op("ReduceMean", g.op("Mul", x, x), axes, keepdims=1)
     one = g.constant(np.float32(1), name="one")
@@ -174,6 +174,42 @@ def test_profit_pays_when_the_scale_joins_an_epilogue_not_when_it_is_a_pass():
     found2 = row_scale_candidate(g2, mul)
     take2, why2 = row_scale_plan(found2.value, found2.gemms, 1, spec, lambda mm: False)
     assert not take2 and "loses" in why2
+
+
+@pytest.mark.parametrize(
+    ("rows", "take"),
+    [((1, 32), False), ((8, 256), True), (("B", "S"), True)],
+)
+def test_the_prologue_pays_only_where_it_saves_memory_traffic(rows, take):
+    """The Llama MLP's sizes (K = 256): at 1x32 rows ``x`` (32 KiB) and the scale sit in
+    L2, the norm's kernel apart moves them in cache and the prologue's fixed cost (a
+    kernel call's: measured) cancels the launch it saves: refused. At 8x256 rows (2 MiB)
+    and at the nominal size of symbolic rows it saves the traffic: taken."""
+    g = _llama(_weights(256, 688), rows=rows)
+    gate = next(n for n in g.nodes if n.op_type == "MatMul")
+    scale = next(n for n in g.nodes if n.op_type == "Div").outputs[0]
+    spec = default_spec()
+    assert resident([gate.inputs[0], scale], spec) is not take
+    got, why = prologue_plan(gate, scale, spec)
+    assert got is take, why
+    assert why.startswith(f"the RMSNorm scale {scale.name} from {gate.name}'s A per panel: ")
+    assert ("saves" in why) is take and ("in L2, fusing gains nothing" in why) is not take
+
+
+def test_a_small_known_size_keeps_the_norms_kernel_and_says_why():
+    """Known small rows: the fold still pays (the norm's kernel writes only the scale),
+    the prologue is refused with its reason in explain(); the numbers stay right."""
+    g = _llama(W, rows=(1, 32))
+    model = _compile(g, num_threads=2)
+    text = model.explain()
+    assert "row scale of" in text and "fold: saves" in text
+    assert "RMSNorm prologue apart: the RMSNorm scale" in text and "in L2" in text
+    assert len(model.kernels) == 2
+    norm = next(k for k in model.kernels if k.kind != "dense")
+    assert [n.op_type for n in norm.ops] == ["Mul", "ReduceMean", "Add", "Sqrt", "Div"]
+    x = _rand(1, 32, 40)
+    _close(model(x=x)["y"], _want(x, W))
+    _close(model(x=x)["y"], _compile(g, num_threads=2, row_scale_gemms=False)(x=x)["y"])
 
 
 def test_the_pass_keeps_a_scale_whose_product_is_a_graph_output_and_says_why():

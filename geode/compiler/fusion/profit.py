@@ -391,14 +391,32 @@ def prologue_plan(dense: Node, scale: Value, spec: DeviceSpec) -> tuple[bool, st
     epilogue) pays computed in the kernel from each panel's rows of ``A``, and why, by the
     SOL model: apart, the norm's kernel (a launch) reads ``A`` and writes the scale, and
     the epilogue reads it back; in the kernel, the panel's rows are in cache for the GEMM
-    (no traffic) and the same sums of squares are done there."""
+    (no traffic) and the same sums of squares are done there.
+
+    Two costs the traffic alone misses (measured, ``docs/performance.md``, "The RMSNorm
+    prologue's fixed cost"): the prologue costs the dense step about a kernel call per
+    call however few rows it computes (the same with one row as with 32), and when ``A``
+    and the scale fit in L2 (:func:`resident`) the norm's kernel apart moves them in
+    cache, not through memory. So the prologue pays only where it saves memory traffic:
+    a large ``A`` (or one of symbolic rows, costed at the nominal size)."""
     a = dense.inputs[0]
     flops = 2.0 * numel(a) + 4.0 * numel(scale)
-    alone = KernelWork(bytes_read=nbytes(a), bytes_written=nbytes(scale), flops=flops)
-    readback = KernelWork(bytes_read=nbytes(scale), bytes_written=0.0, flops=0.0, n_kernels=0)
-    fused = KernelWork(bytes_read=0.0, bytes_written=0.0, flops=flops, n_kernels=0)
+    cached = resident([a, scale], spec)
+    a_bytes, s_bytes = (0.0, 0.0) if cached else (nbytes(a), nbytes(scale))
+    alone = KernelWork(bytes_read=a_bytes, bytes_written=s_bytes, flops=flops)
+    readback = KernelWork(bytes_read=s_bytes, bytes_written=0.0, flops=0.0, n_kernels=0)
+    fused = KernelWork(bytes_read=0.0, bytes_written=0.0, flops=flops, n_kernels=1)
     d = decide_merge([alone, readback], fused, spec)
-    return d.take, f"the RMSNorm scale {scale.name} from {dense.name}'s A per panel: {d.reason}"
+    where = f"{a.name} and the scale in L2, " if cached else ""
+    return d.take, (
+        f"the RMSNorm scale {scale.name} from {dense.name}'s A per panel: {where}{d.reason}"
+    )
+
+
+def resident(values: list[Value], spec: DeviceSpec) -> bool:
+    """Whether ``values`` (at the nominal size when their dims are symbolic) fit in
+    ``spec``'s L2 together: read or written there, they cost no memory traffic."""
+    return sum(nbytes(v) for v in values) <= spec.l2_bytes
 
 
 def head_view_plan(
