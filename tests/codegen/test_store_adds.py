@@ -11,32 +11,25 @@ import math
 
 import numpy as np
 import pytest
-from dense_helpers import close, compile_fresh, dense_kernels
+from dense_helpers import close, compile_fresh, dense_kernels, needs_packed, rand
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import geode
-from geode.runtime import native
 
 RNG = np.random.default_rng(83)
-pytestmark = pytest.mark.skipif(
-    native.pool_info()["gemm_packed_isa"] < 1, reason="the packed kernel needs AVX2 + FMA"
-)
+pytestmark = needs_packed
 OFF = {"residual_epilogues": False}
-
-
-def _rand(*shape):
-    return RNG.standard_normal(shape).astype(np.float32)
 
 
 def _weights(c: int, h: int, bias_shape: tuple | None = None) -> dict[str, np.ndarray]:
     return {
-        "w1": _rand(c, h) / np.float32(math.sqrt(max(c, 1))),
-        "b1": _rand(h),
-        "w2": _rand(h, c) / np.float32(math.sqrt(max(h, 1))),
-        "b2": _rand(*(bias_shape or (c,))),
-        "gamma": np.float32(1) + np.float32(0.1) * _rand(c),
-        "beta": np.float32(0.1) * _rand(c),
+        "w1": rand(RNG, c, h) / np.float32(math.sqrt(max(c, 1))),
+        "b1": rand(RNG, h),
+        "w2": rand(RNG, h, c) / np.float32(math.sqrt(max(h, 1))),
+        "b2": rand(RNG, *(bias_shape or (c,))),
+        "gamma": np.float32(1) + np.float32(0.1) * rand(RNG, c),
+        "beta": np.float32(0.1) * rand(RNG, c),
     }
 
 
@@ -88,7 +81,7 @@ def test_the_block_is_the_norm_and_one_dense_step():
     (dense,) = dense_kernels(model)
     ops = [n.op_type for n in dense.ops]
     assert ops[0] == "MatMul" and ops[-3:] == ["MatMul", "Add", "Add"], ops
-    x = _rand(2, 9, 48)
+    x = rand(RNG, 2, 9, 48)
     close(model(x=x)["y"], _want(x, W))
 
 
@@ -112,7 +105,7 @@ def test_rows_match_numpy_the_unfused_plan_and_one_thread(rows, residual):
     unfused plan (the bias, then the residual, added to each sum in that order) and as
     one thread."""
     g = _mlp(W, residual=residual)
-    x = _rand(1, rows, 48)
+    x = rand(RNG, 1, rows, 48)
     got = compile_fresh(g)(x=x)["y"]
     close(got, _want(x, W, residual=residual))
     np.testing.assert_array_equal(got, compile_fresh(g, **OFF)(x=x)["y"])
@@ -124,7 +117,7 @@ def test_a_bias_of_shape_1_1_d():
     g = _mlp(w, norm=False)
     model = compile_fresh(g)
     assert "summed into the second GEMM's panels" in model.explain()
-    x = _rand(3, 5, 24)
+    x = rand(RNG, 3, 5, 24)
     got = model(x=x)["y"]
     close(got, _want(x, w, norm=False))
     np.testing.assert_array_equal(got, compile_fresh(g, **OFF)(x=x)["y"])
@@ -137,7 +130,7 @@ def test_the_biased_sum_read_elsewhere_stays_apart_with_its_reason():
     g.output(biased.outputs[0], names=["biased"])
     model = compile_fresh(g)
     assert "the bias Add's result is read more than once" in model.explain()
-    x = _rand(2, 5, 48)
+    x = rand(RNG, 2, 5, 48)
     out = model(x=x)
     close(out["y"], _want(x, W, norm=False))
     close(out["biased"], _want(x, W, norm=False, residual=False))
@@ -146,13 +139,13 @@ def test_the_biased_sum_read_elsewhere_stays_apart_with_its_reason():
 def test_not_packed_keeps_them_apart():
     model = compile_fresh(_mlp(W), packed_weights=False)
     assert "summed into" not in model.explain()
-    x = _rand(2, 5, 48)
+    x = rand(RNG, 2, 5, 48)
     close(model(x=x)["y"], _want(x, W))
 
 
 def test_model_file_round_trip(tmp_path):
     model = compile_fresh(_mlp(W))
-    x = _rand(2, 33, 48)
+    x = rand(RNG, 2, 33, 48)
     want = model(x=x)["y"]
     path = tmp_path / "mlp.geode"
     model.save(path)
@@ -163,7 +156,7 @@ def test_model_file_round_trip(tmp_path):
 
 def test_no_rows():
     g = _mlp(W, norm=False)
-    got = compile_fresh(g)(x=_rand(2, 0, 48))["y"]
+    got = compile_fresh(g)(x=rand(RNG, 2, 0, 48))["y"]
     assert got.shape == (2, 0, 48)
 
 
@@ -179,7 +172,7 @@ def test_no_rows():
 def test_random_shapes_match_numpy_and_the_unfused_plan(rows, c, h, norm, residual, threads):
     w = _weights(c, h)
     g = _mlp(w, norm, residual)
-    x = _rand(1, rows, c)
+    x = rand(RNG, 1, rows, c)
     got = compile_fresh(g, threads)(x=x)["y"]
     close(got, _want(x, w, norm, residual))
     np.testing.assert_array_equal(got, compile_fresh(g, threads, **OFF)(x=x)["y"])

@@ -11,30 +11,23 @@ import math
 
 import numpy as np
 import pytest
-from dense_helpers import close, compile_fresh, dense_kernels
+from dense_helpers import close, compile_fresh, dense_kernels, needs_packed, rand
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import geode
-from geode.runtime import native
 
 RNG = np.random.default_rng(196)
-pytestmark = pytest.mark.skipif(
-    native.pool_info()["gemm_packed_isa"] < 1, reason="the packed kernel needs AVX2 + FMA"
-)
+pytestmark = needs_packed
 OFF = {"transposed_operands": False}
-
-
-def _rand(*shape):
-    return RNG.standard_normal(shape).astype(np.float32)
 
 
 def _weights(t: int, h: int) -> dict[str, np.ndarray]:
     return {
-        "w1": _rand(t, h) / np.float32(math.sqrt(max(t, 1))),
-        "b1": _rand(h),
-        "w2": _rand(h, t) / np.float32(math.sqrt(max(h, 1))),
-        "b2": _rand(t),
+        "w1": rand(RNG, t, h) / np.float32(math.sqrt(max(t, 1))),
+        "b1": rand(RNG, h),
+        "w2": rand(RNG, h, t) / np.float32(math.sqrt(max(h, 1))),
+        "b2": rand(RNG, t),
     }
 
 
@@ -77,7 +70,7 @@ def test_the_transpose_is_read_in_place(second):
     (dense,) = dense_kernels(model)
     assert [n.op_type for n in dense.ops][:2] == ["Transpose", "MatMul"]
     assert len(model.kernels) == len(compile_fresh(g, **OFF).kernels) - 1, model.explain()
-    x = _rand(3, 28, 40)
+    x = rand(RNG, 3, 28, 40)
     close(model(x=x)["y"], _want(x, W, second))
 
 
@@ -95,7 +88,7 @@ def test_sizes_match_numpy_the_copy_and_one_thread(batch, c):
     batch when ``C`` is not a multiple of their rows): the same bits as the plan that
     copies the Transpose out, and as one thread."""
     g = _mixing(W, c)
-    x = _rand(batch, 28, c)
+    x = rand(RNG, batch, 28, c)
     got = compile_fresh(g)(x=x)["y"]
     close(got, _want(x, W))
     np.testing.assert_array_equal(got, compile_fresh(g, **OFF)(x=x)["y"])
@@ -106,11 +99,11 @@ def test_degenerate_dims():
     """No batch, no rows, one token."""
     g = _mixing(W, 40)
     model = compile_fresh(g)
-    assert model(x=_rand(0, 28, 40))["y"].shape == (0, 28, 40)
-    assert compile_fresh(_mixing(W, 0))(x=_rand(2, 28, 0))["y"].shape == (2, 28, 0)
+    assert model(x=rand(RNG, 0, 28, 40))["y"].shape == (0, 28, 40)
+    assert compile_fresh(_mixing(W, 0))(x=rand(RNG, 2, 28, 0))["y"].shape == (2, 28, 0)
     w1 = _weights(1, 5)
     g1 = _mixing(w1, 9)
-    x = _rand(2, 1, 9)
+    x = rand(RNG, 2, 1, 9)
     got = compile_fresh(g1)(x=x)["y"]
     close(got, _want(x, w1))
     np.testing.assert_array_equal(got, compile_fresh(g1, **OFF)(x=x)["y"])
@@ -120,11 +113,11 @@ def test_a_transpose_of_other_axes_is_copied_with_its_reason():
     g = geode.Graph("other_perm")
     x = g.input("x", [6, 5, 7], np.float32)
     xt = g.op("Transpose", x, perm=[1, 0, 2])  # [5, 6, 7]
-    y = g.op("Relu", g.op("MatMul", xt, g.constant(_rand(7, 9), name="w")))
+    y = g.op("Relu", g.op("MatMul", xt, g.constant(rand(RNG, 7, 9), name="w")))
     g.output(y, names=["y"])
     model = compile_fresh(g)
     assert "does not swap the last two axes alone" in model.explain()
-    xs = _rand(6, 5, 7)
+    xs = rand(RNG, 6, 5, 7)
     w = g.nodes[1].inputs[1].data
     close(model(x=xs)["y"], np.maximum(xs.transpose(1, 0, 2).astype(np.float64) @ w, 0))
 
@@ -135,7 +128,7 @@ def test_a_transpose_read_twice_is_copied_with_its_reason():
     g.output(xt, names=["xt"])
     model = compile_fresh(g)
     assert "the Transpose's result is read by more than the MatMul" in model.explain()
-    x = _rand(2, 28, 12)
+    x = rand(RNG, 2, 28, 12)
     out = model(x=x)
     close(out["y"], _want(x, W, second=False))
     np.testing.assert_array_equal(out["xt"], x.transpose(0, 2, 1))
@@ -144,13 +137,13 @@ def test_a_transpose_read_twice_is_copied_with_its_reason():
 def test_not_packed_copies_it():
     model = compile_fresh(_mixing(W, 40), packed_weights=False)
     assert "read in place by" not in model.explain()
-    x = _rand(2, 28, 40)
+    x = rand(RNG, 2, 28, 40)
     close(model(x=x)["y"], _want(x, W))
 
 
 def test_model_file_round_trip(tmp_path):
     model = compile_fresh(_mixing(W, 40))
-    x = _rand(3, 28, 40)
+    x = rand(RNG, 3, 28, 40)
     want = model(x=x)["y"]
     path = tmp_path / "mixing.geode"
     model.save(path)
@@ -170,7 +163,7 @@ def test_model_file_round_trip(tmp_path):
 def test_random_shapes_match_numpy_and_the_copy(batch, t, c, h, second, threads):
     w = _weights(t, h)
     g = _mixing(w, c, second)
-    x = _rand(batch, t, c)
+    x = rand(RNG, batch, t, c)
     got = compile_fresh(g, threads)(x=x)["y"]
     close(got, _want(x, w, second))
     np.testing.assert_array_equal(got, compile_fresh(g, threads, **OFF)(x=x)["y"])
