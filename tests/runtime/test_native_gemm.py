@@ -56,9 +56,10 @@ def test_blocks_add_up_to_the_product(dtype, shape, beta):
 
 
 def test_large_products_are_split_small_ones_are_one_call():
+    """float64: a float32 product this size may take geode's own kernel (the wide tests)."""
     if native.get_num_threads() < 2:
         pytest.skip("one thread: nothing is split")
-    a = RNG.standard_normal((256, 256)).astype(np.float32)
+    a = RNG.standard_normal((256, 256))
     c = np.empty_like(a)
     before = native.pool_info()["gemm_split_calls"]
     _gemm(a, a, c)
@@ -208,7 +209,8 @@ def test_thin_blocks_round_every_column_alike(m):
 def test_b_stored_transposed(dtype, shape, threads):
     """kind + 2: B is given as B^T (row-major, its own leading dim: here a slice of a wider
     array, as attention's K read in place), split by columns or rows like any product,
-    never on geode's own kernel (its thin-product count does not move)."""
+    never on the thin kernel (its count does not move; on AVX-512 the packed kernel takes
+    float32, test_wide_kernel_reads_b_transposed)."""
     m, k, n = shape
     a = RNG.standard_normal((m, k)).astype(dtype)
     wide = RNG.standard_normal((n, 3 * k + 1)).astype(dtype)
@@ -221,3 +223,146 @@ def test_b_stored_transposed(dtype, shape, threads):
     tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(c, a.astype(np.float64) @ bt.T, rtol=tol, atol=tol * k)
     assert _thin_calls() == thin
+
+
+def _wide_calls() -> int:
+    return native.pool_info()["gemm_wide_calls"]
+
+
+wide_only = pytest.mark.skipif(
+    not native.pool_info()["gemm_wide_kernel"],
+    reason="no AVX-512 packed kernel: float32 products keep the BLAS",
+)
+
+
+@wide_only
+def test_float32_products_take_the_packed_kernel():
+    """A float32 product the BLAS would compute (3 rows or more, K up to 1024, B not
+    transposed) takes geode_sgemm_wide; float64, K past 1024, the packed kernel's path set to
+    AVX2 and ``set_gemm_wide(False)`` keep the BLAS."""
+    a = RNG.standard_normal((256, 256)).astype(np.float32)
+    c = np.empty_like(a)
+    wide, split = _wide_calls(), native.pool_info()["gemm_split_calls"]
+    _gemm(a, a, c, threads=2)
+    _gemm(a, a, c, threads=1)
+    assert _wide_calls() == wide + 2
+    _gemm(a.astype(np.float64), a.astype(np.float64), np.empty((256, 256)), threads=2)
+    long_k = RNG.standard_normal((8, 1100)).astype(np.float32)
+    _gemm(long_k, RNG.standard_normal((1100, 512)).astype(np.float32), np.empty((8, 512), np.float32))
+    assert _wide_calls() == wide + 2
+    old = native.set_packed_isa(1)
+    try:
+        assert not native.pool_info()["gemm_wide_kernel"]
+        _gemm(a, a, c, threads=2)
+    finally:
+        native.set_packed_isa(-1)
+    assert old == 2 and _wide_calls() == wide + 2
+    assert native.set_gemm_wide(False)
+    try:
+        assert not native.pool_info()["gemm_wide_kernel"]
+        _gemm(a, a, c, threads=2)
+        np.testing.assert_allclose(c, a.astype(np.float64) @ a, rtol=1e-4, atol=1e-3)
+    finally:
+        assert not native.set_gemm_wide(True)
+    assert _wide_calls() == wide + 2 and native.pool_info()["gemm_wide_kernel"]
+    if native.get_num_threads() >= 2:
+        assert native.pool_info()["gemm_split_calls"] >= split + 2
+
+
+@wide_only
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(3, 70),
+    k=st.integers(1, 1100),
+    n=st.integers(1, 200),
+    pad=st.integers(0, 9),
+    beta=st.sampled_from([0.0, 1.0]),
+    threads=st.integers(1, 3),
+)
+def test_wide_kernel_matches_numpy(m, k, n, pad, beta, threads):
+    """Strips of 32 columns and the last partial one (a panel or two, masked stores), row
+    tiles of 8 and fewer, sub-matrix operands, beta 0 and 1, split or not."""
+    a = RNG.standard_normal((m, k + pad)).astype(np.float32)[:, :k]
+    b = RNG.standard_normal((k, n + pad)).astype(np.float32)[:, :n]
+    full = RNG.standard_normal((m, n + pad)).astype(np.float32)
+    c = full[:, :n]
+    c0, outside = c.copy(), full[:, n:].copy()
+    _gemm(a, b, c, beta, threads)
+    want = a.astype(np.float64) @ b + (c0 if beta else 0)
+    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_array_equal(full[:, n:], outside)
+
+
+def _packed(a, b, beta, c0):
+    m, k = a.shape
+    n = b.shape[1]
+    bp = native.pack_weight(b)
+    c = c0.copy()
+    native.packed_gemm_function()(m, n, k, 1.0, a.ctypes.data, k, bp.ctypes.data, beta,
+                                  c.ctypes.data, n, 1)
+    return c
+
+
+@wide_only
+@pytest.mark.parametrize("shape", [(32, 256, 256), (64, 288, 3136 // 8), (37, 300, 101)])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_wide_bits_are_the_packed_and_thin_kernels(shape, beta):
+    """Every element one fused multiply-add chain from zero in k order (then plus C): the
+    same bits on any thread count, as the packed kernel's on both vector paths, and (32
+    rows) as sgemm_thin.c's kernel, which computes the product split on two threads."""
+    m, k, n = shape
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.standard_normal((k, n)).astype(np.float32)
+    c0 = RNG.standard_normal((m, n)).astype(np.float32)
+    outs = []
+    for threads in (1, 2, 3):
+        c = c0.copy()
+        _gemm(a, b, c, beta, threads)
+        outs.append(c)
+    with_isa = []
+    for isa in (2, 1):
+        native.set_packed_isa(isa)
+        try:
+            with_isa.append(_packed(a, b, beta, c0))
+        finally:
+            native.set_packed_isa(-1)
+    for c in outs[1:] + with_isa:
+        np.testing.assert_array_equal(c, outs[0])
+    if m * k * n == 32 * 256 * 256 and native.get_num_threads() >= 2:
+        thin = _thin_calls()
+        c = c0.copy()
+        _gemm(a, b, c, beta, threads=2)  # two thin blocks
+        assert _thin_calls() == thin + 1
+        np.testing.assert_array_equal(c, outs[0])
+
+
+@wide_only
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.integers(3, 40),
+    k=st.integers(1, 300),
+    n=st.integers(1, 100),
+    pad=st.integers(0, 5),
+    beta=st.sampled_from([0.0, 1.0]),
+    threads=st.integers(1, 3),
+)
+def test_wide_kernel_reads_b_transposed(m, k, n, pad, beta, threads):
+    """kind + 2 (B^T given, a slice of a wider array) on geode_sgemm_wide: B^T's 16 x 16
+    blocks transposed into panels (K's last block partial), the bits of the packed kernel
+    with B^T packed once (geode_sgemm_pack's transB)."""
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    wide = RNG.standard_normal((n, k + pad)).astype(np.float32)
+    bt = wide[:, :k]
+    c0 = RNG.standard_normal((m, n)).astype(np.float32)
+    c = c0.copy()
+    before = _wide_calls()
+    _GEMM(2, m, n, k, a.ctypes.data, k, bt.ctypes.data, k + pad, beta, c.ctypes.data, n, threads)
+    assert _wide_calls() == before + 1
+    np.testing.assert_allclose(
+        c, a.astype(np.float64) @ bt.T + (c0 if beta else 0), rtol=1e-4, atol=1e-4 * np.sqrt(k)
+    )
+    bp = native.pack_weight(np.ascontiguousarray(bt), transposed=True)
+    want = c0.copy()
+    native.packed_gemm_function()(m, n, k, 1.0, a.ctypes.data, k, bp.ctypes.data, beta,
+                                  want.ctypes.data, n, 1)
+    np.testing.assert_array_equal(c, want)
