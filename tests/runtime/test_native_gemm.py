@@ -135,13 +135,22 @@ def _thin_calls() -> int:
     return native.pool_info()["gemm_thin_calls"]
 
 
+@pytest.fixture
+def wide_off():
+    """The thin kernel's products (3 rows or more) as on a CPU without the AVX-512 packed
+    kernel, which takes them where it runs."""
+    was = native.set_gemm_wide(False)
+    yield
+    native.set_gemm_wide(was)
+
+
 thin_only = pytest.mark.skipif(
     not native.pool_info()["gemm_thin_kernel"], reason="no AVX2 and FMA: the BLAS does all"
 )
 
 
 @thin_only
-def test_small_float32_products_use_geode_own_kernel():
+def test_small_float32_products_use_geode_own_kernel(wide_off):
     """A float32 product too small for the BLAS's blocks is split with geode's own kernel,
     a GEMV (one row) always uses it; float64 and tiny products never do."""
     a = RNG.standard_normal((32, 256)).astype(np.float32)
@@ -173,7 +182,8 @@ def test_small_float32_products_use_geode_own_kernel():
     threads=st.integers(1, 3),
 )
 def test_thin_kernel_matches_numpy(m, k, n, pad, beta, threads):
-    """Every tile shape (rows 1-4, full and masked column vectors, GEMV panels), strips of B
+    """(With the wide kernel kept off: hypothesis does not run function fixtures per
+    example.) Every tile shape (rows 1-4, full and masked column vectors, GEMV panels), strips of B
     packed (K up to 512) or read in place, sub-matrix operands (leading dims past the
     width), beta 0 and 1, split or not."""
     a = RNG.standard_normal((m, k + pad)).astype(np.float32)[:, :k]
@@ -181,7 +191,11 @@ def test_thin_kernel_matches_numpy(m, k, n, pad, beta, threads):
     full = RNG.standard_normal((m, n + pad)).astype(np.float32)
     c = full[:, :n]
     c0, outside = c.copy(), full[:, n:].copy()
-    _gemm(a, b, c, beta, threads)
+    was = native.set_gemm_wide(False)
+    try:
+        _gemm(a, b, c, beta, threads)
+    finally:
+        native.set_gemm_wide(was)
     want = a.astype(np.float64) @ b + (c0 if beta else 0)
     np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
     np.testing.assert_array_equal(full[:, n:], outside)  # masked stores stay in the row
@@ -189,7 +203,7 @@ def test_thin_kernel_matches_numpy(m, k, n, pad, beta, threads):
 
 @thin_only
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 32])
-def test_thin_blocks_round_every_column_alike(m):
+def test_thin_blocks_round_every_column_alike(m, wide_off):
     """B with equal columns gives equal columns of C in every row, however the product is
     split and whichever tile (full, masked, GEMV panel) computes a column."""
     a = (RNG.standard_normal((m, 300)) * 1e6).astype(np.float32)
@@ -237,18 +251,23 @@ wide_only = pytest.mark.skipif(
 
 @wide_only
 def test_float32_products_take_the_packed_kernel():
-    """A float32 product the BLAS would compute (3 rows or more, K up to 1024, B not
-    transposed) takes geode_sgemm_wide; float64, K past 1024, the packed kernel's path set to
-    AVX2 and ``set_gemm_wide(False)`` keep the BLAS."""
+    """A float32 product of 3 rows or more with K up to 1024 (the BLAS's or the thin
+    kernel's before) takes geode_sgemm_wide; float64, K past 1024, the packed kernel's path
+    set to AVX2 and ``set_gemm_wide(False)`` keep the BLAS."""
     a = RNG.standard_normal((256, 256)).astype(np.float32)
     c = np.empty_like(a)
-    wide, split = _wide_calls(), native.pool_info()["gemm_split_calls"]
+    thin, split, wide = _thin_calls(), native.pool_info()["gemm_split_calls"], _wide_calls()
+    _gemm(a[:32].copy(), a, c[:32].copy(), threads=2)  # the thin kernel's without it
+    assert _wide_calls() == wide + 1 and _thin_calls() == thin
+    wide += 1
     _gemm(a, a, c, threads=2)
     _gemm(a, a, c, threads=1)
     assert _wide_calls() == wide + 2
     _gemm(a.astype(np.float64), a.astype(np.float64), np.empty((256, 256)), threads=2)
     long_k = RNG.standard_normal((8, 1100)).astype(np.float32)
-    _gemm(long_k, RNG.standard_normal((1100, 512)).astype(np.float32), np.empty((8, 512), np.float32))
+    _gemm(
+        long_k, RNG.standard_normal((1100, 512)).astype(np.float32), np.empty((8, 512), np.float32)
+    )
     assert _wide_calls() == wide + 2
     old = native.set_packed_isa(1)
     try:
@@ -298,8 +317,9 @@ def _packed(a, b, beta, c0):
     n = b.shape[1]
     bp = native.pack_weight(b)
     c = c0.copy()
-    native.packed_gemm_function()(m, n, k, 1.0, a.ctypes.data, k, bp.ctypes.data, beta,
-                                  c.ctypes.data, n, 1)
+    native.packed_gemm_function()(
+        m, n, k, 1.0, a.ctypes.data, k, bp.ctypes.data, beta, c.ctypes.data, n, 1
+    )
     return c
 
 
@@ -331,7 +351,11 @@ def test_wide_bits_are_the_packed_and_thin_kernels(shape, beta):
     if m * k * n == 32 * 256 * 256 and native.get_num_threads() >= 2:
         thin = _thin_calls()
         c = c0.copy()
-        _gemm(a, b, c, beta, threads=2)  # two thin blocks
+        was = native.set_gemm_wide(False)
+        try:
+            _gemm(a, b, c, beta, threads=2)  # two thin blocks
+        finally:
+            native.set_gemm_wide(was)
         assert _thin_calls() == thin + 1
         np.testing.assert_array_equal(c, outs[0])
 
@@ -363,6 +387,7 @@ def test_wide_kernel_reads_b_transposed(m, k, n, pad, beta, threads):
     )
     bp = native.pack_weight(np.ascontiguousarray(bt), transposed=True)
     want = c0.copy()
-    native.packed_gemm_function()(m, n, k, 1.0, a.ctypes.data, k, bp.ctypes.data, beta,
-                                  want.ctypes.data, n, 1)
+    native.packed_gemm_function()(
+        m, n, k, 1.0, a.ctypes.data, k, bp.ctypes.data, beta, want.ctypes.data, n, 1
+    )
     np.testing.assert_array_equal(c, want)

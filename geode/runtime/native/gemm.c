@@ -17,8 +17,9 @@
    and a GEMV (one row) always takes that kernel, split or not (it streams B faster than
    the BLAS's GEMV).
 
-   Where the packed kernel's tiles are AVX-512 (sgemm_packed.c), the other float32 products
-   with K up to 1024 (B or B^T given) take its geode_sgemm_wide instead of the BLAS:
+   Where the packed kernel's tiles are AVX-512 (sgemm_packed.c), float32 products of 3 rows
+   or more with K up to 1024 (B or B^T given) take its geode_sgemm_wide instead of the BLAS
+   or the thin kernel (AVX2):
    OpenBLAS runs its AVX2 kernels on AMD's AVX-512 CPUs (Zen 4, Zen 5), at half the speed
    (docs/performance.md, "geode_gemm on the packed kernel"). Every element is one fused
    multiply-add chain in k order there too, so its blocks may be any size and a product
@@ -126,6 +127,8 @@ static void block_fn(void *ctx, int64_t chunk, int64_t nchunks)
         one_call(g, hi - lo, g->n, g->a + lo * g->lda * item, g->b, g->c + lo * g->ldc * item);
 }
 
+static int wide_takes(const gemm_t *g);
+
 /* geode's own float32 kernel (sgemm_thin.c) for the products the BLAS cannot split */
 void geode_sgemm_thin(int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
                       int64_t lda, const float *b, int64_t ldb, int add, float *c, int64_t ldc);
@@ -159,7 +162,7 @@ static void thin_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
    in the L2 cache, and a split GEMV is one anyway. Returns 0 when the BLAS should. */
 static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, int in_job)
 {
-    if (g0->kind != 0 || g0->trans_b || work < THIN_BLOCK_MIN_WORK)
+    if (g0->kind != 0 || g0->trans_b || work < THIN_BLOCK_MIN_WORK || wide_takes(g0))
         return 0;
     if (atomic_load_explicit(&g_thin, memory_order_relaxed) < 0)
         atomic_store_explicit(&g_thin, geode_sgemm_thin_ok(), memory_order_relaxed);
@@ -234,9 +237,14 @@ static void wide_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
    geode_sgemm_wide when its tiles are AVX-512: split over `t` threads into blocks of any
    size (every element is summed alike), or on the calling thread inside a pool job. Returns
    0 when the BLAS should compute it. */
+static int wide_takes(const gemm_t *g)
+{
+    return g->kind == 0 && g->k <= WIDE_MAX_K && g->m >= 3 && geode_gemm_wide_on();
+}
+
 static int wide_path(const gemm_t *g0, int64_t t, double work, int in_job)
 {
-    if (g0->kind != 0 || g0->k > WIDE_MAX_K || g0->m < 3 || !geode_gemm_wide_on())
+    if (!wide_takes(g0))
         return 0;
     gemm_t copy = *g0, *g = &copy;
     g->by_cols = g->n / WIDE_COLS >= g->m / WIDE_ROWS;
