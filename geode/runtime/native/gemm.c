@@ -233,15 +233,16 @@ static void wide_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
                          g->beta != 0.0, c + lo * g->ldc, g->ldc);
 }
 
-/* A float32 product (K <= WIDE_MAX_K, 3 rows or more, B or B^T given) with
-   geode_sgemm_wide when its tiles are AVX-512: split over `t` threads into blocks of any
-   size (every element is summed alike), or on the calling thread inside a pool job. Returns
-   0 when the BLAS should compute it. */
+/* 1 when geode_sgemm_wide computes this product: float32, K <= WIDE_MAX_K, 3 rows or more
+   (B or B^T given), its tiles AVX-512 and not switched off. */
 static int wide_takes(const gemm_t *g)
 {
     return g->kind == 0 && g->k <= WIDE_MAX_K && g->m >= 3 && geode_gemm_wide_on();
 }
 
+/* The product with geode_sgemm_wide when wide_takes: split over `t` threads into blocks of
+   any size (every element is summed alike), or on the calling thread inside a pool job.
+   Returns 0 when the BLAS (or the thin kernel) should compute it. */
 static int wide_path(const gemm_t *g0, int64_t t, double work, int in_job)
 {
     if (!wide_takes(g0))
