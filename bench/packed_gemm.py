@@ -7,7 +7,8 @@ entry called it before, geode's packed-weight kernel, and onnxruntime's MatMul.
 Per shape ``M x K x N`` (the rows of the models of ``bench/models.py``: 1, 32, 196/197 and
 2048, against their weights ``K x N``, plus two large ones) and thread count: numpy's
 ``matmul`` into a preallocated output, ``geode_gemm`` (``runtime/native/gemm.c``: BLAS
-blocks over the pool, or geode's ``sgemm_thin.c`` kernel for small products), the packed
+blocks over the pool, or geode's ``sgemm_thin.c`` kernel for small products; on AVX-512
+CPUs the packed kernel with B packed per call, ``geode_sgemm_wide``), the packed
 kernel (``runtime/native/sgemm_packed.c``, the weight packed once beforehand) and a
 one-node onnxruntime MatMul whose ``B`` is an initializer (onnxruntime's MLAS packs it
 once at session creation; called through an IO binding, so its call costs a few

@@ -56,9 +56,10 @@ def test_blocks_add_up_to_the_product(dtype, shape, beta):
 
 
 def test_large_products_are_split_small_ones_are_one_call():
+    """float64: a float32 product this size may take geode's own kernel (the wide tests)."""
     if native.get_num_threads() < 2:
         pytest.skip("one thread: nothing is split")
-    a = RNG.standard_normal((256, 256)).astype(np.float32)
+    a = RNG.standard_normal((256, 256))
     c = np.empty_like(a)
     before = native.pool_info()["gemm_split_calls"]
     _gemm(a, a, c)
@@ -134,13 +135,22 @@ def _thin_calls() -> int:
     return native.pool_info()["gemm_thin_calls"]
 
 
+@pytest.fixture
+def wide_off():
+    """The thin kernel's products (3 rows or more) as on a CPU without the AVX-512 packed
+    kernel, which takes them where it runs."""
+    was = native.set_gemm_wide(False)
+    yield
+    native.set_gemm_wide(was)
+
+
 thin_only = pytest.mark.skipif(
     not native.pool_info()["gemm_thin_kernel"], reason="no AVX2 and FMA: the BLAS does all"
 )
 
 
 @thin_only
-def test_small_float32_products_use_geode_own_kernel():
+def test_small_float32_products_use_geode_own_kernel(wide_off):
     """A float32 product too small for the BLAS's blocks is split with geode's own kernel,
     a GEMV (one row) always uses it; float64 and tiny products never do."""
     a = RNG.standard_normal((32, 256)).astype(np.float32)
@@ -172,7 +182,8 @@ def test_small_float32_products_use_geode_own_kernel():
     threads=st.integers(1, 3),
 )
 def test_thin_kernel_matches_numpy(m, k, n, pad, beta, threads):
-    """Every tile shape (rows 1-4, full and masked column vectors, GEMV panels), strips of B
+    """(With the wide kernel kept off: hypothesis does not run function fixtures per
+    example.) Every tile shape (rows 1-4, full and masked column vectors, GEMV panels), strips of B
     packed (K up to 512) or read in place, sub-matrix operands (leading dims past the
     width), beta 0 and 1, split or not."""
     a = RNG.standard_normal((m, k + pad)).astype(np.float32)[:, :k]
@@ -180,7 +191,11 @@ def test_thin_kernel_matches_numpy(m, k, n, pad, beta, threads):
     full = RNG.standard_normal((m, n + pad)).astype(np.float32)
     c = full[:, :n]
     c0, outside = c.copy(), full[:, n:].copy()
-    _gemm(a, b, c, beta, threads)
+    was = native.set_gemm_wide(False)
+    try:
+        _gemm(a, b, c, beta, threads)
+    finally:
+        native.set_gemm_wide(was)
     want = a.astype(np.float64) @ b + (c0 if beta else 0)
     np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
     np.testing.assert_array_equal(full[:, n:], outside)  # masked stores stay in the row
@@ -188,7 +203,7 @@ def test_thin_kernel_matches_numpy(m, k, n, pad, beta, threads):
 
 @thin_only
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 32])
-def test_thin_blocks_round_every_column_alike(m):
+def test_thin_blocks_round_every_column_alike(m, wide_off):
     """B with equal columns gives equal columns of C in every row, however the product is
     split and whichever tile (full, masked, GEMV panel) computes a column."""
     a = (RNG.standard_normal((m, 300)) * 1e6).astype(np.float32)
@@ -208,7 +223,8 @@ def test_thin_blocks_round_every_column_alike(m):
 def test_b_stored_transposed(dtype, shape, threads):
     """kind + 2: B is given as B^T (row-major, its own leading dim: here a slice of a wider
     array, as attention's K read in place), split by columns or rows like any product,
-    never on geode's own kernel (its thin-product count does not move)."""
+    never on the thin kernel (its count does not move; on AVX-512 the packed kernel takes
+    float32, test_wide_kernel_reads_b_transposed)."""
     m, k, n = shape
     a = RNG.standard_normal((m, k)).astype(dtype)
     wide = RNG.standard_normal((n, 3 * k + 1)).astype(dtype)
@@ -221,3 +237,157 @@ def test_b_stored_transposed(dtype, shape, threads):
     tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(c, a.astype(np.float64) @ bt.T, rtol=tol, atol=tol * k)
     assert _thin_calls() == thin
+
+
+def _wide_calls() -> int:
+    return native.pool_info()["gemm_wide_calls"]
+
+
+wide_only = pytest.mark.skipif(
+    not native.pool_info()["gemm_wide_kernel"],
+    reason="no AVX-512 packed kernel: float32 products keep the BLAS",
+)
+
+
+@wide_only
+def test_float32_products_take_the_packed_kernel():
+    """A float32 product of 3 rows or more with K up to 1024 (the BLAS's or the thin
+    kernel's before) takes geode_sgemm_wide; float64, K past 1024, the packed kernel's path
+    set to AVX2 and ``set_gemm_wide(False)`` keep the BLAS."""
+    a = RNG.standard_normal((256, 256)).astype(np.float32)
+    c = np.empty_like(a)
+    thin, split, wide = _thin_calls(), native.pool_info()["gemm_split_calls"], _wide_calls()
+    _gemm(a[:32].copy(), a, c[:32].copy(), threads=2)  # the thin kernel's without it
+    assert _wide_calls() == wide + 1 and _thin_calls() == thin
+    wide += 1
+    _gemm(a, a, c, threads=2)
+    _gemm(a, a, c, threads=1)
+    assert _wide_calls() == wide + 2
+    _gemm(a.astype(np.float64), a.astype(np.float64), np.empty((256, 256)), threads=2)
+    long_k = RNG.standard_normal((8, 1100)).astype(np.float32)
+    _gemm(
+        long_k, RNG.standard_normal((1100, 512)).astype(np.float32), np.empty((8, 512), np.float32)
+    )
+    assert _wide_calls() == wide + 2
+    old = native.set_packed_isa(1)
+    try:
+        assert not native.pool_info()["gemm_wide_kernel"]
+        _gemm(a, a, c, threads=2)
+    finally:
+        native.set_packed_isa(-1)
+    assert old == 2 and _wide_calls() == wide + 2
+    assert native.set_gemm_wide(False)
+    try:
+        assert not native.pool_info()["gemm_wide_kernel"]
+        _gemm(a, a, c, threads=2)
+        np.testing.assert_allclose(c, a.astype(np.float64) @ a, rtol=1e-4, atol=1e-3)
+    finally:
+        assert not native.set_gemm_wide(True)
+    assert _wide_calls() == wide + 2 and native.pool_info()["gemm_wide_kernel"]
+    if native.get_num_threads() >= 2:
+        assert native.pool_info()["gemm_split_calls"] >= split + 2
+
+
+@wide_only
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(3, 70),
+    k=st.integers(1, 1100),
+    n=st.integers(1, 200),
+    pad=st.integers(0, 9),
+    beta=st.sampled_from([0.0, 1.0]),
+    threads=st.integers(1, 3),
+)
+def test_wide_kernel_matches_numpy(m, k, n, pad, beta, threads):
+    """Strips of 32 columns and the last partial one (a panel or two, masked stores), row
+    tiles of 8 and fewer, sub-matrix operands, beta 0 and 1, split or not."""
+    a = RNG.standard_normal((m, k + pad)).astype(np.float32)[:, :k]
+    b = RNG.standard_normal((k, n + pad)).astype(np.float32)[:, :n]
+    full = RNG.standard_normal((m, n + pad)).astype(np.float32)
+    c = full[:, :n]
+    c0, outside = c.copy(), full[:, n:].copy()
+    _gemm(a, b, c, beta, threads)
+    want = a.astype(np.float64) @ b + (c0 if beta else 0)
+    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_array_equal(full[:, n:], outside)
+
+
+def _packed(a, b, beta, c0):
+    m, k = a.shape
+    n = b.shape[1]
+    bp = native.pack_weight(b)
+    c = c0.copy()
+    native.packed_gemm_function()(
+        m, n, k, 1.0, a.ctypes.data, k, bp.ctypes.data, beta, c.ctypes.data, n, 1
+    )
+    return c
+
+
+@wide_only
+@pytest.mark.parametrize("shape", [(32, 256, 256), (64, 288, 3136 // 8), (37, 300, 101)])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_wide_bits_are_the_packed_and_thin_kernels(shape, beta):
+    """Every element one fused multiply-add chain from zero in k order (then plus C): the
+    same bits on any thread count, as the packed kernel's on both vector paths, and (32
+    rows) as sgemm_thin.c's kernel, which computes the product split on two threads."""
+    m, k, n = shape
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.standard_normal((k, n)).astype(np.float32)
+    c0 = RNG.standard_normal((m, n)).astype(np.float32)
+    outs = []
+    for threads in (1, 2, 3):
+        c = c0.copy()
+        _gemm(a, b, c, beta, threads)
+        outs.append(c)
+    with_isa = []
+    for isa in (2, 1):
+        native.set_packed_isa(isa)
+        try:
+            with_isa.append(_packed(a, b, beta, c0))
+        finally:
+            native.set_packed_isa(-1)
+    for c in outs[1:] + with_isa:
+        np.testing.assert_array_equal(c, outs[0])
+    if m * k * n == 32 * 256 * 256 and native.get_num_threads() >= 2:
+        thin = _thin_calls()
+        c = c0.copy()
+        was = native.set_gemm_wide(False)
+        try:
+            _gemm(a, b, c, beta, threads=2)  # two thin blocks
+        finally:
+            native.set_gemm_wide(was)
+        assert _thin_calls() == thin + 1
+        np.testing.assert_array_equal(c, outs[0])
+
+
+@wide_only
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.integers(3, 40),
+    k=st.integers(1, 300),
+    n=st.integers(1, 100),
+    pad=st.integers(0, 5),
+    beta=st.sampled_from([0.0, 1.0]),
+    threads=st.integers(1, 3),
+)
+def test_wide_kernel_reads_b_transposed(m, k, n, pad, beta, threads):
+    """kind + 2 (B^T given, a slice of a wider array) on geode_sgemm_wide: B^T's 16 x 16
+    blocks transposed into panels (K's last block partial), the bits of the packed kernel
+    with B^T packed once (geode_sgemm_pack's transB)."""
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    wide = RNG.standard_normal((n, k + pad)).astype(np.float32)
+    bt = wide[:, :k]
+    c0 = RNG.standard_normal((m, n)).astype(np.float32)
+    c = c0.copy()
+    before = _wide_calls()
+    _GEMM(2, m, n, k, a.ctypes.data, k, bt.ctypes.data, k + pad, beta, c.ctypes.data, n, threads)
+    assert _wide_calls() == before + 1
+    np.testing.assert_allclose(
+        c, a.astype(np.float64) @ bt.T + (c0 if beta else 0), rtol=1e-4, atol=1e-4 * np.sqrt(k)
+    )
+    bp = native.pack_weight(np.ascontiguousarray(bt), transposed=True)
+    want = c0.copy()
+    native.packed_gemm_function()(
+        m, n, k, 1.0, a.ctypes.data, k, bp.ctypes.data, beta, want.ctypes.data, n, 1
+    )
+    np.testing.assert_array_equal(c, want)

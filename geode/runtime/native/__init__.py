@@ -104,6 +104,7 @@ __all__ = [
     "packed_gemm_bias_function",
     "packed_gemm_function",
     "packed_size",
+    "set_gemm_wide",
     "set_packed_isa",
     "gemm_configure",
     "get_num_threads",
@@ -138,6 +139,8 @@ def pool_info() -> dict[str, int]:
     count OpenBLAS calls whose jobs ran on the pool and on short-lived threads;
     ``scratch_bytes`` the bytes every thread's scratch buffers hold (:func:`symbols`);
     ``gemm_split_calls`` the ``geode_gemm`` calls split over the pool;
+    ``gemm_wide_calls`` its float32 products computed by the packed kernel with B packed per
+    call and ``gemm_wide_kernel`` 1 when they take it (:func:`set_gemm_wide`);
     ``gemm_packed_calls`` the calls of the packed-weight GEMM and ``gemm_packed_isa`` its
     path (0 plain C, 1 AVX2, 2 AVX-512)."""
     return _ext.pool_info()
@@ -241,6 +244,13 @@ def set_packed_isa(isa: int) -> int:
     negative value: the default again, the best the CPU runs or ``GEODE_PACKED_ISA``).
     Returns the previous path; ``ValueError`` when the CPU cannot run ``isa``."""
     return _ext._set_packed_isa(isa)
+
+
+def set_gemm_wide(on: bool) -> bool:
+    """Testing and benchmark hook: ``False`` keeps ``geode_gemm``'s float32 products on the
+    BLAS (as before geode's packed kernel took them on AVX-512 CPUs, ``gemm.c``), ``True``
+    lets them take it again. Returns the previous setting."""
+    return bool(_ext._set_gemm_wide(int(on)))
 
 
 def symbols() -> dict[str, int]:

@@ -15,7 +15,15 @@
    single-threaded BLAS call while the other cores idle: it is split instead with geode's
    own kernel (sgemm_thin.c), whose blocks may be any size (every element is summed alike),
    and a GEMV (one row) always takes that kernel, split or not (it streams B faster than
-   the BLAS's GEMV). */
+   the BLAS's GEMV).
+
+   Where the packed kernel's tiles are AVX-512 (sgemm_packed.c), float32 products of 3 rows
+   or more with K up to 1024 (B or B^T given) take its geode_sgemm_wide instead of the BLAS
+   or the thin kernel (AVX2):
+   OpenBLAS runs its AVX2 kernels on AMD's AVX-512 CPUs (Zen 4, Zen 5), at half the speed
+   (docs/performance.md, "geode_gemm on the packed kernel"). Every element is one fused
+   multiply-add chain in k order there too, so its blocks may be any size and a product
+   gives the same bits on any thread count. */
 
 #define _GNU_SOURCE
 #include "pool.h"
@@ -119,6 +127,8 @@ static void block_fn(void *ctx, int64_t chunk, int64_t nchunks)
         one_call(g, hi - lo, g->n, g->a + lo * g->lda * item, g->b, g->c + lo * g->ldc * item);
 }
 
+static int wide_takes(const gemm_t *g);
+
 /* geode's own float32 kernel (sgemm_thin.c) for the products the BLAS cannot split */
 void geode_sgemm_thin(int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
                       int64_t lda, const float *b, int64_t ldb, int add, float *c, int64_t ldc);
@@ -152,7 +162,7 @@ static void thin_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
    in the L2 cache, and a split GEMV is one anyway. Returns 0 when the BLAS should. */
 static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, int in_job)
 {
-    if (g0->kind != 0 || g0->trans_b || work < THIN_BLOCK_MIN_WORK)
+    if (g0->kind != 0 || g0->trans_b || work < THIN_BLOCK_MIN_WORK || wide_takes(g0))
         return 0;
     if (atomic_load_explicit(&g_thin, memory_order_relaxed) < 0)
         atomic_store_explicit(&g_thin, geode_sgemm_thin_ok(), memory_order_relaxed);
@@ -177,6 +187,81 @@ static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, i
         return 0;
     atomic_fetch_add_explicit(&g_thin_calls, 1, memory_order_relaxed);
     thin_block_fn(g, 0, 1);
+    return 1;
+}
+
+/* geode's packed kernel with B packed per call (sgemm_packed.c: geode_sgemm_wide) for the
+   float32 products the BLAS would compute, where its tiles are AVX-512 (OpenBLAS runs its
+   AVX2 kernels on AMD's AVX-512 CPUs: half the speed, docs/performance.md). */
+void geode_sgemm_wide(int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
+                      int64_t lda, const float *b, int64_t ldb, int trans, int add, float *c,
+                      int64_t ldc);
+static atomic_ullong g_wide_calls;
+static atomic_int g_wide_set = 1; /* _set_gemm_wide */
+
+/* 1 when float32 products take geode_sgemm_wide */
+int geode_gemm_wide_on(void)
+{
+    return atomic_load_explicit(&g_wide_set, memory_order_relaxed) && geode_sgemm_wide_ok();
+}
+
+/* Test hook: on 0 keeps float32 products on the BLAS. Returns the previous setting. */
+int geode_gemm_set_wide(int on)
+{
+    return atomic_exchange_explicit(&g_wide_set, on != 0, memory_order_relaxed);
+}
+
+/* K up to this (geode_sgemm_wide's strip buffer) */
+#define WIDE_MAX_K 1024
+/* columns of a wide block (a multiple of the kernel's strip of 32) or rows (its tile) */
+#define WIDE_COLS 32
+#define WIDE_ROWS 8
+
+static void wide_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
+{
+    const gemm_t *g = ctx;
+    int64_t lo = edge(g, chunk, nchunks), hi = edge(g, chunk + 1, nchunks);
+    if (hi <= lo)
+        return;
+    const float *a = (const float *)g->a, *b = (const float *)g->b;
+    float *c = (float *)g->c;
+    if (g->by_cols)
+        geode_sgemm_wide(g->m, lo, hi, g->k, a, g->lda, b, g->ldb, g->trans_b, g->beta != 0.0, c,
+                         g->ldc);
+    else
+        geode_sgemm_wide(hi - lo, 0, g->n, g->k, a + lo * g->lda, g->lda, b, g->ldb, g->trans_b,
+                         g->beta != 0.0, c + lo * g->ldc, g->ldc);
+}
+
+/* 1 when geode_sgemm_wide computes this product: float32, K <= WIDE_MAX_K, 3 rows or more
+   (B or B^T given), its tiles AVX-512 and not switched off. */
+static int wide_takes(const gemm_t *g)
+{
+    return g->kind == 0 && g->k <= WIDE_MAX_K && g->m >= 3 && geode_gemm_wide_on();
+}
+
+/* The product with geode_sgemm_wide when wide_takes: split over `t` threads into blocks of
+   any size (every element is summed alike), or on the calling thread inside a pool job.
+   Returns 0 when the BLAS (or the thin kernel) should compute it. */
+static int wide_path(const gemm_t *g0, int64_t t, double work, int in_job)
+{
+    if (!wide_takes(g0))
+        return 0;
+    gemm_t copy = *g0, *g = &copy;
+    g->by_cols = g->n / WIDE_COLS >= g->m / WIDE_ROWS;
+    g->align = g->by_cols ? WIDE_COLS : WIDE_ROWS;
+    int64_t dim = g->by_cols ? g->n : g->m;
+    int64_t blocks = t * BLOCKS_PER_THREAD;
+    if ((double)blocks > work / THIN_BLOCK_MIN_WORK)
+        blocks = (int64_t)(work / THIN_BLOCK_MIN_WORK);
+    if (blocks > dim / g->align)
+        blocks = dim / g->align;
+    blocks = balanced(blocks, t);
+    atomic_fetch_add_explicit(&g_wide_calls, 1, memory_order_relaxed);
+    if (t > 1 && blocks >= 2 && !in_job)
+        geode_parallel_for(wide_block_fn, g, blocks, t);
+    else
+        wide_block_fn(g, 0, 1);
     return 1;
 }
 
@@ -231,7 +316,7 @@ GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, cons
     blocks = balanced(blocks, t);
     int in_job = geode_pool_in_job();
     int blas_split = g_set_threads != NULL && t > 1 && blocks >= 2 && !in_job;
-    if (thin_path(&g, t, work, blas_split, in_job))
+    if (thin_path(&g, t, work, blas_split, in_job) || wide_path(&g, t, work, in_job))
         return;
     if (!blas_split) {
         if (g_set_threads != NULL)
@@ -265,4 +350,9 @@ uint64_t geode_gemm_split_calls(void)
 uint64_t geode_gemm_thin_calls(void)
 {
     return atomic_load(&g_thin_calls);
+}
+
+uint64_t geode_gemm_wide_calls(void)
+{
+    return atomic_load(&g_wide_calls);
 }

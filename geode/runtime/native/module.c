@@ -39,6 +39,7 @@ PyDoc_STRVAR(pool_info_doc,
              "stepped_launches, barrier_sleeps,\n"
              "blas_pool_runs, blas_thread_runs, scratch_bytes, gemm_split_calls, gemm_thin_calls,\n"
              "gemm_thin_kernel (1: geode's own float32 GEMM kernel runs on this CPU),\n"
+             "gemm_wide_calls, gemm_wide_kernel (1: float32 products take the packed kernel),\n"
              "gemm_packed_calls, gemm_packed_isa (packed-weight GEMM path: 0 plain C, 1 AVX2,\n"
              "2 AVX-512), winograd_isa (Winograd conv path: 0 plain C, 1 AVX2, 2 AVX-512VL).");
 
@@ -89,7 +90,7 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
     uint64_t blas_pool = 0, blas_threads = 0;
     geode_pool_get_stats(&s);
     geode_blas_stats(&blas_pool, &blas_threads);
-    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:K,s:K,s:i,s:K,s:i,s:i}",
+    return Py_BuildValue("{s:L,s:L,s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:K,s:K,s:i,s:K,s:i,s:K,s:i,s:i}",
                          "threads", (long long)s.threads,
                          "spin_us", (long long)s.spin_us, "workers_running",
                          (long long)s.workers_running, "launches", (unsigned long long)s.launches,
@@ -101,7 +102,9 @@ static PyObject *py_pool_info(PyObject *module, PyObject *unused)
                          (long long)geode_scratch_held(), "gemm_split_calls",
                          (unsigned long long)geode_gemm_split_calls(), "gemm_thin_calls",
                          (unsigned long long)geode_gemm_thin_calls(), "gemm_thin_kernel",
-                         geode_sgemm_thin_ok(), "gemm_packed_calls",
+                         geode_sgemm_thin_ok(), "gemm_wide_calls",
+                         (unsigned long long)geode_gemm_wide_calls(), "gemm_wide_kernel",
+                         geode_gemm_wide_on(), "gemm_packed_calls",
                          (unsigned long long)geode_sgemm_packed_calls(), "gemm_packed_isa",
                          geode_sgemm_packed_isa(), "winograd_isa", geode_winograd_isa());
 }
@@ -221,6 +224,21 @@ static PyObject *py_set_packed_isa(PyObject *module, PyObject *arg)
     return PyLong_FromLong(old);
 }
 
+PyDoc_STRVAR(set_gemm_wide_doc,
+             "_set_gemm_wide($module, on, /)\n--\n\n"
+             "Testing hook: 0 keeps geode_gemm's float32 products off geode_sgemm_wide (the\n"
+             "BLAS then computes them, as before it), 1 lets them take it again. Returns the\n"
+             "previous setting.");
+
+static PyObject *py_set_gemm_wide(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLong(geode_gemm_set_wide(n != 0));
+}
+
 PyDoc_STRVAR(set_winograd_isa_doc,
              "_set_winograd_isa($module, isa, /)\n--\n\n"
              "Testing hook: the Winograd conv's path (0 plain C, 1 AVX2, 2 AVX-512VL; < 0:\n"
@@ -255,6 +273,7 @@ static PyMethodDef methods[] = {
      gemm_configure_doc},
     {"_set_max_slot_chunks", py_set_max_slot_chunks, METH_O, set_max_slot_chunks_doc},
     {"_set_packed_isa", py_set_packed_isa, METH_O, set_packed_isa_doc},
+    {"_set_gemm_wide", py_set_gemm_wide, METH_O, set_gemm_wide_doc},
     {"_set_winograd_isa", py_set_winograd_isa, METH_O, set_winograd_isa_doc},
     {NULL, NULL, 0, NULL},
 };

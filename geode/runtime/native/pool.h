@@ -64,6 +64,10 @@ void geode_gemm_configure(void *sgemm, void *dgemm, int bits, void *set_threads,
 uint64_t geode_gemm_split_calls(void);
 uint64_t geode_gemm_thin_calls(void); /* products computed with geode's own kernel */
 int geode_sgemm_thin_ok(void);        /* sgemm_thin.c: 1 when the CPU can run it */
+uint64_t geode_gemm_wide_calls(void); /* products computed with geode_sgemm_wide */
+int geode_sgemm_wide_ok(void);        /* sgemm_packed.c: 1 when its tiles are AVX-512 */
+int geode_gemm_wide_on(void);         /* 1 when geode_gemm takes geode_sgemm_wide */
+int geode_gemm_set_wide(int on);      /* test hook: returns the previous setting */
 
 /* sgemm_packed.c: C = alpha A @ B + beta C against B packed once (geode_sgemm_pack: panels
    of 16 columns, K contiguous per panel; trans: B^T given, N x K), split over the pool. */

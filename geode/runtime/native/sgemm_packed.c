@@ -26,7 +26,11 @@
    then the block's panels, so a row tile of A is read from L1 for all of them. K blocks
    (A packed per block, C accumulated across them), 12-row tiles and more row blocks per
    thread were measured against this and not kept (docs/performance.md, "Weights packed
-   once"). */
+   once").
+
+   geode_sgemm_wide multiplies by a B not packed beforehand (geode_gemm's float32 products
+   on AVX-512 CPUs): B packed a strip of two panels at a time into a buffer on the stack,
+   then the same tiles over all rows, so the same bits. */
 
 #define _GNU_SOURCE
 #pragma GCC optimize("O3")
@@ -498,6 +502,102 @@ GEODE_EXPORT void geode_sgemm_packed_at(int64_t m, int64_t n, int64_t k, float a
         geode_parallel_for(block_fn, &g, blocks, t);
     else
         run_block(&g, 0, m, 0, g.panels);
+}
+
+/* ---------------------------------------------------------------- B not packed */
+
+/* geode_sgemm_wide: strips of this many panels of B are packed at a time, into a buffer on
+   the calling thread's stack (WIDE_PANELS * WIDE_MAX_K * 64 bytes: 128 KiB). */
+#define WIDE_PANELS 2
+#define WIDE_MAX_K 1024
+
+/* The 16 columns of x[0..15] (16 rows of 16 floats) as rows: out[c] = (x[0][c], ...,
+   x[15][c]); only rows c < rows are stored, at out + c * NR. */
+T512 static void transpose16(__m512 x[16], float *out, int64_t rows)
+{
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(x[i], x[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(x[i], x[i + 1]);
+    }
+    for (int g = 0; g < 4; g++) { /* u[4g + c]: column 4L + c of rows 4g..4g+3 in lane L */
+        const __m512d a0 = _mm512_castps_pd(t[4 * g]), a1 = _mm512_castps_pd(t[4 * g + 1]);
+        const __m512d b0 = _mm512_castps_pd(t[4 * g + 2]), b1 = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, b0));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, b0));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, b1));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, b1));
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
+        const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        const __m512 col[4] = {_mm512_shuffle_f32x4(v0, v2, 0x88), _mm512_shuffle_f32x4(v0, v2, 0xDD),
+                               _mm512_shuffle_f32x4(v1, v3, 0x88), _mm512_shuffle_f32x4(v1, v3, 0xDD)};
+        for (int l = 0; l < 4; l++)
+            if (4 * l + c < rows)
+                _mm512_store_ps(out + (4 * l + c) * NR, col[l]);
+    }
+}
+
+/* B[0:k, 0:16 * WIDE_PANELS] as WIDE_PANELS panels: B row-major (leading dim ldb), or,
+   trans, B^T row-major (element (p, j) at b[j * ldb + p]: 16 x 16 blocks transposed). */
+T512 static void pack_strip512(const float *b, int64_t ldb, int64_t k, int trans, float *out)
+{
+    if (trans) {
+        for (int64_t p = 0; p < k; p += 16) {
+            const int64_t rows = k - p < 16 ? k - p : 16;
+            const __mmask16 m = (__mmask16)((1u << rows) - 1u);
+            for (int q = 0; q < WIDE_PANELS; q++) {
+                __m512 x[16];
+                for (int i = 0; i < 16; i++)
+                    x[i] = _mm512_maskz_loadu_ps(m, b + (q * NR + i) * ldb + p);
+                transpose16(x, out + q * k * NR + p * NR, rows);
+            }
+        }
+        return;
+    }
+    for (int64_t p = 0; p < k; p++) {
+#pragma GCC unroll 4
+        for (int q = 0; q < WIDE_PANELS; q++)
+            _mm512_store_ps(out + q * k * NR + p * NR, _mm512_loadu_ps(b + p * ldb + q * NR));
+    }
+}
+
+/* 1 when geode_sgemm_wide runs with AVX-512 tiles (geode_gemm then takes it for float32
+   products instead of the BLAS, which runs AVX2 kernels on AMD's AVX-512 CPUs). */
+int geode_sgemm_wide_ok(void)
+{
+    return geode_sgemm_packed_isa() == ISA_AVX512;
+}
+
+/* C[0:m, j0:j1] (= or, add 1, +=) A[0:m, 0:k] @ B[0:k, j0:j1], row-major, leading dims in
+   elements (trans: B^T given, row-major [n x k]), k in 1..WIDE_MAX_K, on the
+   calling thread: B packed a strip of WIDE_PANELS
+   panels at a time, then the packed kernel's tiles, all rows of the strip. Every element
+   one fused multiply-add chain from zero in k order (then plus C): the bits of
+   geode_sgemm_packed, and of sgemm_thin.c's kernel, whatever the columns' range. */
+void geode_sgemm_wide(int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
+                      int64_t lda, const float *b, int64_t ldb, int trans, int add, float *c,
+                      int64_t ldc)
+{
+    float strip[WIDE_PANELS * WIDE_MAX_K * NR] __attribute__((aligned(64)));
+    packed_t g = {m,     0,    k,     lda, ldc, 1, 0, 0, 0, a, strip, c,
+                  {1.0f, add ? 1.0f : 0.0f}, NULL, geode_sgemm_packed_isa()};
+    g.cache_pan = WIDE_PANELS;
+    for (int64_t j = j0; j < j1; j += WIDE_PANELS * NR) {
+        const int64_t w = j1 - j < WIDE_PANELS * NR ? j1 - j : WIDE_PANELS * NR;
+        const float *bj = trans ? b + j * ldb : b + j;
+        if (w == WIDE_PANELS * NR && g.isa == ISA_AVX512)
+            pack_strip512(bj, ldb, k, trans, strip);
+        else
+            geode_sgemm_pack(k, w, bj, ldb, trans, strip);
+        g.n = w;
+        g.panels = (w + NR - 1) / NR;
+        g.c = c + j;
+        run_block(&g, 0, m, 0, g.panels);
+    }
 }
 
 /* C = alpha * A @ B + beta * C (geode_sgemm_packed_bias without a bias). */

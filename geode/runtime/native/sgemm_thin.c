@@ -13,7 +13,9 @@
    product of one or two rows (a GEMV, whose speed is that of streaming B) keeps its sums
    in the L1 cache instead (gemv_panel). The last columns of a row (fewer than 8) are loaded and stored
    masked, with the same per-lane arithmetic. Hosts without AVX2 and FMA never use it
-   (geode_sgemm_thin_ok is 0; geode_gemm keeps the BLAS). */
+   (geode_sgemm_thin_ok is 0; geode_gemm keeps the BLAS). Where the packed kernel's tiles
+   are AVX-512, geode_gemm gives it only products of 1 or 2 rows or with K past 1024
+   (gemm.c: the rest take geode_sgemm_wide, the same bits). */
 
 #define _GNU_SOURCE
 #pragma GCC optimize("O3")
