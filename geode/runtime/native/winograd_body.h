@@ -200,7 +200,7 @@ static void WF(input_transform)(const wino_t *g, const item_t *it, float *v, flo
                 t[3][q] = d[1][q] - d[3][q];
             }
             float *out = v + ch * tb + 8 * j;
-            const int64_t xs = g->c * tb; /* one position's matrix */
+            const int64_t xs = pos_stride(g, tb); /* one position's matrix */
             for (int i = 0; i < 4; i++) {
                 vstore(out + (4 * i + 0) * xs, t[i][0] - t[i][2]);
                 vstore(out + (4 * i + 1) * xs, t[i][1] + t[i][2]);
@@ -331,60 +331,83 @@ static inline __attribute__((always_inline)) void WF(input_points)(WV d[6][6], f
 }
 
 #ifdef WZMM
-/* 16 floats of row (NULL: a row of zeros) from column col, zeros outside [0, w): a
-   masked load, which reads no column outside the row. */
-static inline __attribute__((always_inline)) v16 WF(mload)(const float *row, int64_t col,
-                                                          int64_t w)
+/* The mask of the columns [col, col + 16) inside [0, w). */
+static inline __attribute__((always_inline)) __mmask16 WF(colmask)(int64_t col, int64_t w)
 {
-    if (row == NULL)
-        return (v16){0};
     const int64_t lo = col >= 0 ? 0 : -col < 16 ? -col : 16;
     const int64_t hi = w - col >= 16 ? 16 : w - col > 0 ? w - col : 0;
-    const uint32_t bits = hi > lo ? ((1u << hi) - 1u) & ~((1u << lo) - 1u) : 0u;
-    return (v16)_mm512_maskz_loadu_ps((__mmask16)bits, row + col);
+    return (__mmask16)(hi > lo ? ((1u << hi) - 1u) & ~((1u << lo) - 1u) : 0u);
 }
 
-/* row[col], 0 outside the row (or without one). */
-static inline __attribute__((always_inline)) float WF(mget)(const float *row, int64_t col,
-                                                           int64_t w)
+/* 16 floats of row from column col, zeros outside mask: a masked load, which reads no
+   column outside the mask. */
+static inline __attribute__((always_inline)) v16 WF(mload)(const float *row, int64_t col,
+                                                          __mmask16 mask)
 {
-    return row != NULL && col >= 0 && col < w ? row[col] : 0.0f;
+    return (v16)_mm512_maskz_loadu_ps(mask, row + col);
 }
 
-/* The 6 window rows of tile row ty (NULL above or below the plane). */
+/* The 6 window rows of tile row ty (the plane's first row, with ok[i] 0, above or below
+   the plane). */
 static inline __attribute__((always_inline)) void WF(plane_rows)(const wino_t *g,
                                                                  const float *plane,
                                                                  int64_t ty,
-                                                                 const float **rows)
+                                                                 const float **rows,
+                                                                 int *ok)
 {
     for (int i = 0; i < 6; i++) {
         const int64_t iy = 4 * ty - g->pt + i;
-        rows[i] = iy >= 0 && iy < g->h ? plane + iy * g->w : NULL;
+        ok[i] = iy >= 0 && iy < g->h;
+        rows[i] = ok[i] ? plane + iy * g->w : plane;
     }
+}
+
+/* Window row i of a lane vector: 4 masked loads (floats 16 k.. from row r[k], or zeros
+   where o[k] is 0, columns col[k] under mask[k]) turned to columns 0 to 3, and columns 4
+   and 5 (of the last lane: columns c4 and c4 + 1 of row `last` where okl, in4, in5). */
+static inline __attribute__((always_inline)) void
+WF(window_row)(const float *const *r, const int *o, const int64_t *col, const __mmask16 *mask,
+               const float *last, int okl, int64_t c4, int in4, int in5, v16 *d)
+{
+    const v16i next = W_NEXT;
+    const __mmask16 none = 0;
+    WF(cols4v)(WF(mload)(r[0], col[0], o[0] ? mask[0] : none),
+               WF(mload)(r[1], col[1], o[1] ? mask[1] : none),
+               WF(mload)(r[2], col[2], o[2] ? mask[2] : none),
+               WF(mload)(r[3], col[3], o[3] ? mask[3] : none), d);
+    const float e4 = okl && in4 ? last[c4] : 0.0f, e5 = okl && in5 ? last[c4 + 1] : 0.0f;
+    d[4] = __builtin_shuffle(d[0], WSPLAT(e4), next);
+    d[5] = __builtin_shuffle(d[1], WSPLAT(e5), next);
 }
 
 /* V = B^T d B for every input channel of one item into v ([36][c][tb]): the zmm path's
    vectors of 16 tiles, their 66 columns read by masked loads (zeros past the plane's
-   borders, no copies). */
+   borders, no copies; the masks computed once an item). */
 static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, float *rowbuf)
 {
     (void)rowbuf;
     const int64_t tb = it->nv * WVL, w = g->w;
-    const int64_t xs = g->c * tb; /* one position's matrix */
-    const WVI next = W_NEXT;
+    const int64_t xs = pos_stride(g, tb); /* one position's matrix */
+    int64_t col[ZMAXNV][4];
+    __mmask16 mask[ZMAXNV][4];
+    for (int64_t j = 0; j < it->nv; j++)
+        for (int k = 0; k < 4; k++) {
+            col[j][k] = 4 * (it->tx0 + WVL * j) - g->pl + 16 * k;
+            mask[j][k] = WF(colmask)(col[j][k], w);
+        }
     for (int64_t ch = 0; ch < g->c; ch++) {
         const float *plane = g->x + (it->n * g->c + ch) * g->h * w;
         const float *rows[6];
-        WF(plane_rows)(g, plane, it->ty, rows);
+        int ok[6];
+        WF(plane_rows)(g, plane, it->ty, rows, ok);
         for (int64_t j = 0; j < it->nv; j++) {
-            const int64_t col0 = 4 * (it->tx0 + WVL * j) - g->pl;
-            WV d[6][6];
+            const int64_t c4 = col[j][0] + 64;
+            const int in4 = c4 >= 0 && c4 < w, in5 = c4 + 1 >= 0 && c4 + 1 < w;
+            v16 d[6][6];
             for (int i = 0; i < 6; i++) {
-                const float *r = rows[i];
-                WF(cols4v)(WF(mload)(r, col0, w), WF(mload)(r, col0 + 16, w),
-                           WF(mload)(r, col0 + 32, w), WF(mload)(r, col0 + 48, w), d[i]);
-                d[i][4] = __builtin_shuffle(d[i][0], WSPLAT(WF(mget)(r, col0 + 64, w)), next);
-                d[i][5] = __builtin_shuffle(d[i][1], WSPLAT(WF(mget)(r, col0 + 65, w)), next);
+                const float *r[4] = {rows[i], rows[i], rows[i], rows[i]};
+                const int o[4] = {ok[i], ok[i], ok[i], ok[i]};
+                WF(window_row)(r, o, col[j], mask[j], rows[i], ok[i], c4, in4, in5, d[i]);
             }
             WF(input_points)(d, v + ch * tb + WVL * j, xs);
         }
@@ -401,30 +424,36 @@ static void WF(input_transform4_rows)(const wino_t *g, const item_t *it, float *
 {
     (void)rowbuf;
     const int64_t tb = it->nv * WVL, tw = g->tw, rp = g->rp, seg = 4 * tw, w = g->w;
-    const int64_t xs = g->c * tb; /* one position's matrix */
-    const WVI next = W_NEXT;
+    const int64_t xs = pos_stride(g, tb); /* one position's matrix */
+    int64_t col[4];
+    __mmask16 mask[4];
+    int part[4]; /* the group's row of floats 16 k.. of the lanes' 64 columns */
+    for (int k = 0; k < 4; k++) {
+        part[k] = (int)(16 * k / seg);
+        col[k] = 16 * k % seg - g->pl;
+        mask[k] = WF(colmask)(col[k], w);
+    }
+    const int64_t c4 = seg - g->pl;
+    const int in4 = c4 >= 0 && c4 < w, in5 = c4 + 1 >= 0 && c4 + 1 < w;
     for (int64_t ch = 0; ch < g->c; ch++) {
         const float *plane = g->x + (it->n * g->c + ch) * g->h * w;
         for (int64_t j = 0; j < it->nv; j++) {
             const float *rows[4][6]; /* [row of the group][window row] */
+            int ok[4][6];
             for (int64_t s = 0; s < rp; s++)
-                WF(plane_rows)(g, plane, it->ty + rp * j + s, rows[s]);
-            WV d[6][6];
+                WF(plane_rows)(g, plane, it->ty + rp * j + s, rows[s], ok[s]);
+            v16 d[6][6];
             for (int i = 0; i < 6; i++) {
-                WV a[4];
-                for (int k = 0; k < 4; k++) /* floats 16 k.. of the lanes' 64 columns */
-                    a[k] = WF(mload)(rows[16 * k / seg][i], 16 * k % seg - g->pl, w);
-                WF(cols4v)(a[0], a[1], a[2], a[3], d[i]);
-                const int64_t c4 = seg - g->pl;
-                WV e4 = __builtin_shuffle(d[i][0], WSPLAT(WF(mget)(rows[rp - 1][i], c4, w)), next);
-                WV e5 =
-                    __builtin_shuffle(d[i][1], WSPLAT(WF(mget)(rows[rp - 1][i], c4 + 1, w)), next);
+                const float *r[4] = {rows[part[0]][i], rows[part[1]][i], rows[part[2]][i],
+                                     rows[part[3]][i]};
+                const int o[4] = {ok[part[0]][i], ok[part[1]][i], ok[part[2]][i],
+                                  ok[part[3]][i]};
+                WF(window_row)(r, o, col, mask, rows[rp - 1][i], ok[rp - 1][i], c4, in4, in5,
+                               d[i]);
                 for (int64_t s = 0; s + 1 < rp; s++) {
-                    e4[s * tw + tw - 1] = WF(mget)(rows[s][i], c4, w);
-                    e5[s * tw + tw - 1] = WF(mget)(rows[s][i], c4 + 1, w);
+                    d[i][4][s * tw + tw - 1] = ok[s][i] && in4 ? rows[s][i][c4] : 0.0f;
+                    d[i][5][s * tw + tw - 1] = ok[s][i] && in5 ? rows[s][i][c4 + 1] : 0.0f;
                 }
-                d[i][4] = e4;
-                d[i][5] = e5;
             }
             WF(input_points)(d, v + ch * tb + WVL * j, xs);
         }
@@ -437,7 +466,7 @@ static void WF(input_transform4_rows)(const wino_t *g, const item_t *it, float *
 static void WF(input_transform4)(const wino_t *g, const item_t *it, float *v, float *rowbuf)
 {
     const int64_t tb = it->nv * WVL;
-    const int64_t xs = g->c * tb; /* one position's matrix */
+    const int64_t xs = pos_stride(g, tb); /* one position's matrix */
     const WVI next = W_NEXT;
     for (int64_t ch = 0; ch < g->c; ch++) {
         const float *plane = g->x + (it->n * g->c + ch) * g->h * g->w;
@@ -473,7 +502,7 @@ static void WF(input_transform4_rows)(const wino_t *g, const item_t *it, float *
     /* one tile row a vector (5 to 8 tiles): a whole vector's 4 WVL + 2 columns read,
        zeros (or columns never stored) past the row's tiles */
     const int64_t span = seg + 2;
-    const int64_t xs = g->c * tb; /* one position's matrix */
+    const int64_t xs = pos_stride(g, tb); /* one position's matrix */
     const WVI next = W_NEXT;
     for (int64_t ch = 0; ch < g->c; ch++) {
         const float *plane = g->x + (it->n * g->c + ch) * g->h * g->w;
@@ -618,9 +647,9 @@ static inline __attribute__((always_inline)) void WF(run_points)(const wino_t *g
                                                                  float *scratch, int points)
 {
     float *v = scratch;
-    float *mb = v + points * g->c * WMAXTB;
+    float *mb = v + points * (g->c * WMAXTB + WVPAD);
     float *rowbuf = mb + points * WR * WMAXTB;
-    const int64_t tb = it->nv * WVL;
+    const int64_t tb = it->nv * WVL, xs = pos_stride(g, tb);
     /* output channels a product: WRI (zmm: half of them with two zmm vectors of tiles,
        so that the accumulators fit the 32 registers) */
     const int wr = WVL == 16 && it->nv > 1 ? WRI / 2 : WRI;
@@ -640,7 +669,7 @@ static inline __attribute__((always_inline)) void WF(run_points)(const wino_t *g
         const int r = it->co1 - co < wr ? (int)(it->co1 - co) : wr;
         const gemm_fn fn = WF(g_gemms)[it->nv * (WVL / 8)][r];
         for (int xi = 0; xi < points; xi++) {
-            fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * g->c * tb, tb, mb + xi * wr * tb);
+            fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * xs, tb, mb + xi * wr * tb);
             prefetch_step(g, it, next, co, r, xi, step++, steps);
         }
         for (int q = 0; q < r; q++) {
