@@ -359,7 +359,7 @@ static void item_of(const wino_t *g, int64_t k, item_t *it)
 static int64_t scratch_floats(int64_t c, int64_t tile)
 {
     const int64_t side = tile + 2;
-    return side * side * ((c + WR) * WMAXTB + WVPAD) + 4 * side * WROW; /* rp <= 4 (8 lanes) */
+    return side * side * ((c + WR) * WMAXTB + 2 * WVPAD) + 4 * side * WROW; /* rp <= 4 */
 }
 
 typedef struct {

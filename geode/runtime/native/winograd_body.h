@@ -243,9 +243,10 @@ static inline __attribute__((always_inline)) void WF(store_row)(const wino_t *g,
 }
 
 #if WVL == 8
-/* Y = A^T m A for output channel co (m: mb[xi][r][tb]), then bias, residual, Relu. */
-static void WF(output_transform)(const wino_t *g, const item_t *it, const float *mb, int r,
-                                 int64_t co)
+/* Y = A^T m A for output channel co (m: mb[xi][r][tb], positions ms apart), then bias,
+   residual, Relu. */
+static void WF(output_transform)(const wino_t *g, const item_t *it, const float *mb, int64_t ms,
+                                 int r, int64_t co)
 {
     const int64_t tb = it->nv * 8;
     const WV bias = WSPLAT(g->bias != NULL ? g->bias[co] : 0.0f);
@@ -256,7 +257,7 @@ static void WF(output_transform)(const wino_t *g, const item_t *it, const float 
             break;
         WV m[16];
         for (int xi = 0; xi < 16; xi++)
-            m[xi] = WLOAD(mb + (xi * WRI + r) * tb + 8 * j);
+            m[xi] = WLOAD(mb + xi * ms + r * tb + 8 * j);
         WV a[2][4];
         for (int q = 0; q < 4; q++) {
             a[0][q] = m[q] + m[4 + q] + m[8 + q];
@@ -549,14 +550,14 @@ static inline __attribute__((always_inline)) void WF(at6)(const WV *m, int sm, W
 }
 
 /* The column half of an F(4x4) output transform: a[i][q] = (A^T m)[i][q] for the
-   36 points of one lane vector, m[xi] read at m0 + xi * wr * tb (m0: the vector's first
-   point, wr: the rows of a product). */
+   36 points of one lane vector, m[xi] read at m0 + xi * ms (m0: the vector's first
+   point, ms: one position's products, padded). */
 static inline __attribute__((always_inline)) void WF(output_columns)(const float *m0, int64_t tb,
-                                                                     int wr, WV a[4][6])
+                                                                     int64_t ms, WV a[4][6])
 {
     WV m[36];
     for (int xi = 0; xi < 36; xi++)
-        m[xi] = WLOAD(m0 + xi * wr * tb);
+        m[xi] = WLOAD(m0 + xi * ms);
     for (int q = 0; q < 6; q++)
         WF(at6)(&m[q], 6, &a[0][q], 6);
 }
@@ -580,9 +581,9 @@ static inline __attribute__((always_inline)) void WF(output_row)(const WV ai[6],
     o[3] = __builtin_shuffle(e2, f2, W_ZIP_HI);
 }
 
-/* Y = A^T m A for output channel co (m: mb[xi][r][tb], 36 positions, wr rows), then bias,
+/* Y = A^T m A for output channel co (m: mb[xi][r][tb], 36 positions ms apart), then bias,
    residual, Relu. */
-static void WF(output_transform4)(const wino_t *g, const item_t *it, const float *mb, int wr,
+static void WF(output_transform4)(const wino_t *g, const item_t *it, const float *mb, int64_t ms,
                                   int r, int64_t co)
 {
     const int64_t tb = it->nv * WVL;
@@ -593,7 +594,7 @@ static void WF(output_transform4)(const wino_t *g, const item_t *it, const float
         if (ox >= g->ow)
             break;
         WV a[4][6];
-        WF(output_columns)(mb + r * tb + WVL * j, tb, wr, a);
+        WF(output_columns)(mb + r * tb + WVL * j, tb, ms, a);
         const int64_t count = g->ow - ox < 4 * WVL ? g->ow - ox : 4 * WVL;
         for (int i = 0; i < 4; i++) {
             const int64_t oy = 4 * it->ty + i;
@@ -608,10 +609,10 @@ static void WF(output_transform4)(const wino_t *g, const item_t *it, const float
 }
 
 /* Y = A^T m A for output channel co of an item of row groups (g->rp > 0; m:
-   mb[xi][r][tb], 36 positions, wr rows), then bias, residual, Relu: a lane vector's 4 output rows
+   mb[xi][r][tb], 36 positions ms apart), then bias, residual, Relu: a lane vector's 4 output rows
    of every tile row of its group (a row's 4 tw outputs: whole vectors of o when rp > 1). */
 static void WF(output_transform4_rows)(const wino_t *g, const item_t *it, const float *mb,
-                                       int wr, int r, int64_t co)
+                                       int64_t ms, int r, int64_t co)
 {
     const int64_t tb = it->nv * WVL, tw = g->tw, rp = g->rp;
     const int64_t seg = rp > 1 ? 4 * tw : 4 * WVL;
@@ -620,7 +621,7 @@ static void WF(output_transform4_rows)(const wino_t *g, const item_t *it, const 
     const int64_t count = g->ow < seg ? g->ow : seg; /* the row's columns */
     for (int64_t j = 0; j < it->nv; j++) {
         WV a[4][6];
-        WF(output_columns)(mb + r * tb + WVL * j, tb, wr, a);
+        WF(output_columns)(mb + r * tb + WVL * j, tb, ms, a);
         for (int i = 0; i < 4; i++) {
             WV o[4];
             WF(output_row)(a[i], bias, o);
@@ -648,11 +649,12 @@ static inline __attribute__((always_inline)) void WF(run_points)(const wino_t *g
 {
     float *v = scratch;
     float *mb = v + points * (g->c * WMAXTB + WVPAD);
-    float *rowbuf = mb + points * WR * WMAXTB;
+    float *rowbuf = mb + points * (WR * WMAXTB + WVPAD);
     const int64_t tb = it->nv * WVL, xs = pos_stride(g, tb);
     /* output channels a product: WRI (zmm: half of them with two zmm vectors of tiles,
        so that the accumulators fit the 32 registers) */
     const int wr = WVL == 16 && it->nv > 1 ? WRI / 2 : WRI;
+    const int64_t ms = wr * tb + WVPAD; /* one position's products, padded as xs */
     const int64_t steps = (g->m + wr - 1) / wr * points;
     int64_t step = 0;
     prefetch_step(g, it, next, 0, g->m < wr ? (int)g->m : wr, 0, -1, steps);
@@ -669,19 +671,19 @@ static inline __attribute__((always_inline)) void WF(run_points)(const wino_t *g
         const int r = it->co1 - co < wr ? (int)(it->co1 - co) : wr;
         const gemm_fn fn = WF(g_gemms)[it->nv * (WVL / 8)][r];
         for (int xi = 0; xi < points; xi++) {
-            fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * xs, tb, mb + xi * wr * tb);
+            fn(g->u + (xi * g->m + co) * g->c, g->c, v + xi * xs, tb, mb + xi * ms);
             prefetch_step(g, it, next, co, r, xi, step++, steps);
         }
         for (int q = 0; q < r; q++) {
 #if WVL == 8
             if (points == 16)
-                WF(output_transform)(g, it, mb, q, co + q);
+                WF(output_transform)(g, it, mb, ms, q, co + q);
             else
 #endif
             if (g->rp > 0)
-                WF(output_transform4_rows)(g, it, mb, wr, q, co + q);
+                WF(output_transform4_rows)(g, it, mb, ms, q, co + q);
             else
-                WF(output_transform4)(g, it, mb, wr, q, co + q);
+                WF(output_transform4)(g, it, mb, ms, q, co + q);
         }
     }
 }
