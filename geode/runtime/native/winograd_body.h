@@ -220,6 +220,7 @@ static inline __attribute__((always_inline)) void WF(store_row)(const wino_t *g,
                                                                 int nvec, int64_t count)
 {
     if (count == WVL * nvec) {
+#pragma GCC unroll 4
         for (int q = 0; q < nvec; q++) {
             if (zs != NULL)
                 o[q] += WLOAD(zs + WVL * q);
@@ -555,11 +556,14 @@ static inline __attribute__((always_inline)) void WF(at6)(const WV *m, int sm, W
 static inline __attribute__((always_inline)) void WF(output_columns)(const float *m0, int64_t tb,
                                                                      int64_t ms, WV a[4][6])
 {
-    WV m[36];
-    for (int xi = 0; xi < 36; xi++)
-        m[xi] = WLOAD(m0 + xi * ms);
-    for (int q = 0; q < 6; q++)
-        WF(at6)(&m[q], 6, &a[0][q], 6);
+#pragma GCC unroll 6
+    for (int q = 0; q < 6; q++) {
+        WV m[6]; /* column q's points, loaded as the transform needs them */
+#pragma GCC unroll 6
+        for (int k = 0; k < 6; k++)
+            m[k] = WLOAD(m0 + (6 * k + q) * ms);
+        WF(at6)(m, 1, &a[0][q], 6);
+    }
 }
 
 /* Output row i of the lane vector's tiles from its column half (ai = a[i]): the row
