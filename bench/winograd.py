@@ -1,6 +1,7 @@
 """Winograd against the direct conv kernel and onnxruntime, one conv at a time.
 
     python bench/winograd.py [--rounds 9] [--threads 1,2] [--only SUBSTRING] [--calls N]
+                             [--paths 2,3]
 
 Each case is a one-layer ONNX model as the cnn of ``bench/models.py`` has them after
 BatchNormalization is folded: a 3x3 conv (pads 1, stride 1, a bias) with its Relu and,
@@ -12,6 +13,12 @@ threads do not take the cores from geode's next calls), in interleaved rounds of
 median over rounds of Winograd's time over the direct kernel's and over onnxruntime's.
 The cases named ``cnn ...`` are the cnn's layers at its two sizes; the ``rule ...`` cases
 (C = M from 8 to 128) are what the choice by channels (``WINOGRAD_MIN_CHANNELS``) rests on.
+
+``--paths`` times the Winograd kernel alone on each of the given vector paths of the
+native runtime (``_set_winograd_isa``: 0 plain C, 1 AVX2, 2 AVX-512VL, 3 AVX-512 zmm; the
+paths the CPU cannot run are left out) in the same process, alternating paths in
+``--rounds`` blocks; the report gives each path's median ms per call and the median
+over blocks of its time over the first path's.
 """
 
 from __future__ import annotations
@@ -127,6 +134,46 @@ def time_model(
     return times
 
 
+def time_paths(
+    case: tuple, threads: int, rounds: int, calls: int, clock, paths: list[int]
+) -> dict[int, list[float]]:
+    """Per Winograd path, the ms per call of each block (blocks interleaved, the order
+    reversed every other block), the path set by ``_set_winograd_isa`` before each."""
+    import geode
+    from geode.runtime import native
+
+    n, c, m, h, residual = case
+    model = conv_model(n, c, m, h, residual)
+    rng = np.random.default_rng(1)
+    feeds = {"X": rng.standard_normal((n, c, h, h)).astype(np.float32)}
+    if residual:
+        feeds["Z"] = rng.standard_normal((n, m, h, h)).astype(np.float32)
+    wino = geode.compile(model, conv_method="winograd", num_threads=threads)
+    old = native._ext._set_winograd_isa(-1)
+    times: dict[int, list[float]] = {p: [] for p in paths}
+    try:
+        for r in range(rounds):
+            for path in paths if r % 2 == 0 else paths[::-1]:
+                native._ext._set_winograd_isa(path)
+                wino(**feeds)
+                t0 = clock()
+                for _ in range(calls):
+                    wino(**feeds)
+                times[path].append((clock() - t0) / calls * 1e3)
+    finally:
+        native._ext._set_winograd_isa(old)
+    return times
+
+
+def _runnable(paths: list[int]) -> list[int]:
+    """The paths of ``paths`` this CPU runs."""
+    from geode.runtime import native
+
+    old = native._ext._set_winograd_isa(-1)
+    best = native._ext._set_winograd_isa(old)
+    return [p for p in paths if p <= best]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Time the cases and print a table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -147,8 +194,16 @@ def main(argv: list[str] | None = None) -> None:
         "conv_method direct against auto (Winograd by shape) and onnxruntime",
     )
     p.add_argument("--shape", default="1x3x64x64", help="--model's input shape")
+    p.add_argument(
+        "--paths",
+        default="",
+        help="time the Winograd kernel on these vector paths against each other (e.g. 2,3)",
+    )
     a = p.parse_args(argv)
     clock = time.thread_time if a.cpu else time.perf_counter
+    if a.paths:
+        _paths_table(a, clock)
+        return
     if a.model:
         model = onnx.load(a.model)
         shape = tuple(int(d) for d in a.shape.split("x"))
@@ -171,6 +226,28 @@ def main(argv: list[str] | None = None) -> None:
             if a.cpu and threads != 1:
                 p.error("--cpu times one thread only (--threads 1)")
             _row(name, threads, time_case(case, threads, a.rounds, calls, clock))
+
+
+def _paths_table(a: argparse.Namespace, clock) -> None:
+    """The ``--paths`` report: each case's median ms per path and ratios to the first."""
+    paths = _runnable([int(v) for v in a.paths.split(",")])
+    cols = " | ".join(f"path {p} ms" for p in paths)
+    ratios = " | ".join(f"{p}/{paths[0]}" for p in paths[1:])
+    print(f"| case | threads | {cols} | {ratios} |")
+    print("|---|---:|" + "---:|" * (2 * len(paths) - 1))
+    for name, case in CASES.items():
+        if a.only not in name:
+            continue
+        for threads in [int(t) for t in a.threads.split(",")]:
+            n, c, m, h, _ = case
+            calls = a.calls or max(1, int(2e8 // (n * c * m * h * h * 9)))
+            t = time_paths(case, threads, a.rounds, calls, clock, paths)
+            base = t[paths[0]]
+            meds = " | ".join(f"{statistics.median(t[p]):.3f}" for p in paths)
+            rs = " | ".join(
+                f"{statistics.median(x / y for x, y in zip(t[p], base)):.2f}" for p in paths[1:]
+            )
+            print(f"| {name} | {threads} | {meds} | {rs} |", flush=True)
 
 
 def _row(name: str, threads: int, t: dict[str, list[float]]) -> None:

@@ -134,6 +134,12 @@ def test_winograd_matches_the_reference_over_random_shapes(case) -> None:
         ((1, 33, 8, 40, 34, 0), 4),  # 32 columns unpadded, 10 tile rows: 8 x 3 products
         ((1, 20, 24, 9, 26, 1), 4),  # 7 tiles a row: a vector a tile row, one lane empty
         ((2, 16, 17, 14, 20, 0), 4),  # 18 columns unpadded: 5 tiles a row, the last partial
+        # the zmm path's layouts (16 lanes), where the CPU runs it
+        ((1, 20, 24, 18, 32, 1), 4),  # 8 tiles a row: groups of 2 tile rows, the last half out
+        ((2, 16, 20, 13, 15, 1), 4),  # 4 tiles a row, the last partial: groups of 4 rows
+        ((1, 24, 40, 16, 16, 1), 4),  # one item of 16 tiles split by output channels
+        ((1, 9, 21, 10, 66, 1), 4),  # 17 tiles a row: 2 vectors of 16, one lane in the last
+        ((1, 7, 11, 9, 36, 0), 4),  # 9 tiles a row unpadded: a vector a tile row
     ],
 )
 def test_winograd_on_resnet_shapes(shape, tile) -> None:
@@ -143,11 +149,12 @@ def test_winograd_on_resnet_shapes(shape, tile) -> None:
     run_case(n, c, m, h, w, pad, False, False, False, seed=2, tile=tile, threads=(2,))
 
 
-@pytest.mark.parametrize("isa", [0, 1, 2])
+@pytest.mark.parametrize("isa", [0, 1, 2, 3])
 @pytest.mark.parametrize("tile", [2, 4])
 def test_each_vector_path(isa, tile) -> None:
-    """The plain C, AVX2 and AVX-512VL paths (those this CPU runs) give the reference's
-    result (F(4x4) on 14 columns: row groups)."""
+    """The plain C, AVX2, AVX-512VL and AVX-512 zmm paths (those this CPU runs) give the
+    reference's result (F(4x4) on 14 columns: row groups; on 27 columns the zmm path
+    takes its 8-lane layout)."""
     try:
         old = native._ext._set_winograd_isa(isa)
     except ValueError:
@@ -159,6 +166,46 @@ def test_each_vector_path(isa, tile) -> None:
         run_case(1, 19, 21, 13, 27, 1, True, True, True, seed=5, tile=tile)  # 7 tiles a row
     finally:
         native._ext._set_winograd_isa(old)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 19, 21, 11, 37, 1),  # 10 tiles a row: a vector of 16 a tile row
+        (1, 32, 32, 32, 32, 1),  # 8 tiles a row: row groups of 2
+        (1, 64, 64, 16, 16, 1),  # 4 tiles a row: row groups of 4, split by output channels
+        (2, 17, 13, 9, 230, 1),  # 58 tiles a row: items of 2 vectors of 16, a partial one
+        (1, 13, 18, 21, 27, 1),  # 7 tiles a row: the 8-lane layout
+    ],
+)
+def test_zmm_path_gives_the_8_lane_bits(shape) -> None:
+    """The AVX-512 zmm path (16 lanes) and the AVX-512VL one (8) compute every output the
+    same way (fused products and sums, in the same order): the same bits, on 1 to 3
+    threads."""
+    try:
+        old = native._ext._set_winograd_isa(3)
+    except ValueError:
+        pytest.skip("this CPU cannot run the zmm path")
+    n, c, m, h, w, pad = shape
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    z = rng.standard_normal((n, m, h, w)).astype(np.float32)
+    k = conv_kernel(spec_of(c, m, pad, True, True, True, winograd_tile=4))
+    u = transform_filters(wt, 4)
+    got = {}
+    try:
+        for isa in (3, 2):
+            native._ext._set_winograd_isa(isa)
+            for t in (1, 2, 3):
+                y = np.full((n, m, h, w), np.nan, np.float32)
+                k(x, u, b, z, y, threads=t)
+                got[isa, t] = y
+    finally:
+        native._ext._set_winograd_isa(old)
+    for key, y in got.items():
+        np.testing.assert_array_equal(y, got[2, 1], err_msg=str(key))
 
 
 @pytest.mark.parametrize("tile", [2, 4])

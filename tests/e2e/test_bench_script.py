@@ -206,3 +206,19 @@ def test_winograd_bench_runs_a_case(monkeypatch, capsys) -> None:
     winograd.main(["--only", "rule 8->8 1x16", "--threads", "1", "--rounds", "1", "--calls", "1"])
     rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| rule 8->8")]
     assert len(rows) == 1 and rows[0].count("|") == 8, rows
+
+
+def test_winograd_bench_times_the_vector_paths(monkeypatch, capsys) -> None:
+    """``bench/winograd.py --paths``: the Winograd kernel on each path the CPU runs (the
+    others left out), a column each and a ratio to the first, the path in use restored."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parents[1]))
+    from bench import winograd
+    from geode.runtime import native
+
+    before = native.pool_info()["winograd_isa"]
+    args = ["--paths", "0,1,2,3", "--only", "rule 8->8 1x16", "--threads", "1"]
+    winograd.main([*args, "--rounds", "2", "--calls", "1"])
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| rule 8->8")]
+    paths = before + 1  # 0 .. the best path
+    assert len(rows) == 1 and rows[0].count("|") == 2 * paths + 2, rows
+    assert native.pool_info()["winograd_isa"] == before

@@ -41,7 +41,8 @@ PyDoc_STRVAR(pool_info_doc,
              "gemm_thin_kernel (1: geode's own float32 GEMM kernel runs on this CPU),\n"
              "gemm_wide_calls, gemm_wide_kernel (1: float32 products take the packed kernel),\n"
              "gemm_packed_calls, gemm_packed_isa (packed-weight GEMM path: 0 plain C, 1 AVX2,\n"
-             "2 AVX-512), winograd_isa (Winograd conv path: 0 plain C, 1 AVX2, 2 AVX-512VL).");
+             "2 AVX-512), winograd_isa (Winograd conv path: 0 plain C, 1 AVX2, 2 AVX-512VL,\n"
+             "3 AVX-512 zmm).");
 
 PyDoc_STRVAR(symbols_doc,
              "symbols($module, /)\n--\n\n"
@@ -241,9 +242,9 @@ static PyObject *py_set_gemm_wide(PyObject *module, PyObject *arg)
 
 PyDoc_STRVAR(set_winograd_isa_doc,
              "_set_winograd_isa($module, isa, /)\n--\n\n"
-             "Testing hook: the Winograd conv's path (0 plain C, 1 AVX2, 2 AVX-512VL; < 0:\n"
-             "the best again). Returns the previous path; ValueError when the CPU cannot\n"
-             "run `isa`.");
+             "Testing hook: the Winograd conv's path (0 plain C, 1 AVX2, 2 AVX-512VL, 3 AVX-512\n"
+             "zmm; < 0: the best again). Returns the previous path; ValueError when the CPU\n"
+             "cannot run `isa`.");
 
 static PyObject *py_set_winograd_isa(PyObject *module, PyObject *arg)
 {
@@ -251,7 +252,7 @@ static PyObject *py_set_winograd_isa(PyObject *module, PyObject *arg)
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred())
         return NULL;
-    int old = n > 2 ? -2 : geode_winograd_set_isa((int)n);
+    int old = n > 3 ? -2 : geode_winograd_set_isa((int)n);
     if (old == -2) {
         PyErr_Format(PyExc_ValueError, "_set_winograd_isa(): this CPU cannot run path %ld", n);
         return NULL;

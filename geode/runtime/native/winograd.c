@@ -10,24 +10,34 @@
    when the model is compiled (geode/codegen/winograd_weights.py), laid out [P][M][C]
    (position, output channel, input channel).
 
-   Work items: a chunk of up to WMAXNV vectors of 8 tiles of one tile row of one image
-   (a tile row's vectors shared evenly among its chunks). F(4x4) on a map of 2, 4 or 5 to
-   8 tiles a row (5-8 or 13-32 output columns) takes row groups instead: a vector is rp =
-   8 / tw whole tile rows at 2 and 4 tiles a row (lane s * tw + tx: tile tx of the
-   group's row s), so no lane is empty, and one tile row (rp 1) at 5 to 8; an item is
-   up to WMAXNV row groups of one image (up to 3 tile rows at 5 to 8 tiles a row: 8 x 3
-   accumulators per product instead of 8 x 1), cut into about GROUP_ITEMS_PER_THREAD
-   items a thread (the split changes no result; the prefetches stay off). Per item, in
-   the thread's scratch buffer: V for every input channel, [P][C][tb] (tb = the chunk's
-   tiles, lanes along the row); then per group of WRI output channels (8 with AVX-512VL's 32 vector
-   registers, else 4) the P products [WRI x C] @ [C x tb] into a small buffer
-   m[P][WR][tb] (kept in L1), and the output transform of each channel with the bias, the
-   residual and Relu, written straight to Y as interleaved rows. Every output is computed
-   from its own tile, in the same order, whatever the item boundaries or the thread count:
-   the same bits on any split. The AVX-512VL, AVX2 + FMA and plain paths (chosen at run
-   time, winograd_set_isa to force one) differ only in whether a product and a sum are
-   fused, so their results differ by rounding. A NaN or Inf in a tile's input window
-   reaches all of the tile's outputs (the transforms mix the window). */
+   Work items: a chunk of up to 3 vectors of 8 tiles of one tile row of one image (a tile
+   row's vectors shared evenly among its chunks). F(4x4) on a map of 2, 4 or 5 to 8 tiles
+   a row (5-8 or 13-32 output columns) takes row groups instead: a vector is rp = 8 / tw
+   whole tile rows at 2 and 4 tiles a row (lane s * tw + tx: tile tx of the group's row
+   s), so no lane is empty, and one tile row (rp 1) at 5 to 8; an item is up to 3 row
+   groups of one image (up to 3 tile rows at 5 to 8 tiles a row: 8 x 3 accumulators per
+   product instead of 8 x 1), cut into about GROUP_ITEMS_PER_THREAD items a thread (the
+   split changes no result; the prefetches stay off). Per item, in the thread's scratch
+   buffer: V for every input channel, [P][C][tb] (tb = the chunk's tiles, lanes along the
+   row); then per group of WRI output channels (8 with AVX-512VL's 32 vector registers,
+   else 4) the P products [WRI x C] @ [C x tb] into a small buffer m[P][WRI][tb] (kept in
+   L1), and the output transform of each channel with the bias, the residual and Relu,
+   written straight to Y as interleaved rows.
+
+   The AVX-512 zmm path (full-width 512-bit FMAs: Zen 5, Intel server cores) runs F(4x4)
+   in vectors of 16 tiles (plan_items: at 4 or 8 tiles a row row groups of rp = 16 / tw
+   tile rows, from 9 tiles a row chunks of up to ZMAXNV vectors of a tile row; else the
+   8-lane layout of the AVX-512VL path), 16 output channels a product with one vector of
+   tiles, 8 with two (the accumulators fill the 32 registers), its input read by masked
+   loads (no copies at the borders); an item too few for the threads is split by output
+   channels (each part transforms its input again).
+
+   Every output is computed from its own tile, in the same order, whatever the item
+   boundaries or the thread count: the same bits on any split. The zmm and AVX-512VL
+   paths give the same bits; they, AVX2 + FMA and the plain path (chosen at run time,
+   winograd_set_isa to force one) differ only in whether a product and a sum are fused,
+   so their results differ by rounding. A NaN or Inf in a tile's input window reaches all
+   of the tile's outputs (the transforms mix the window). */
 
 #define _GNU_SOURCE
 #pragma GCC optimize("O3")
@@ -35,24 +45,32 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include "pool.h"
 
+#include <immintrin.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* most output channels per product (AVX-512VL: 32 vector registers; the other paths
-   take 4), most vectors of tiles per item, and tiles per item */
-#define WR 8
-#define WMAXNV 3
+/* most output channels per product (the zmm path; AVX-512VL: 8, the other paths 4), most
+   vectors of 8 tiles per item (the zmm path's 2 vectors of 16; 3 on the others), and
+   tiles per item */
+#define WR 16
+#define WMAXNV 4
 #define WMAXTB (WMAXNV * 8)
-/* floats per row of an item's bordered input copy (F(4x4): 4 * WMAXTB + 4, rounded up) */
-#define WROW 104
+/* the zmm path's most vectors of 16 tiles an item */
+#define ZMAXNV 2
+/* floats per row of an item's bordered input copy (the 8-lane paths: F(2x2) 2 * 24 + 2,
+   F(4x4) 34; rounded up) */
+#define WROW 56
 /* the scratch slot (geode_scratch) the kernel uses */
 #define WSLOT 2
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4)));
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
 
 #define EVENS ((v8i){0, 2, 4, 6, 8, 10, 12, 14})
 #define ODDS ((v8i){1, 3, 5, 7, 9, 11, 13, 15})
@@ -75,11 +93,33 @@ static inline __attribute__((always_inline)) v8 vsplat(float x)
     return __builtin_shuffle(one, (v8i){0});
 }
 
+static inline __attribute__((always_inline)) v16 vload16(const float *p)
+{
+    return *(const v16u *)p;
+}
+
+static inline __attribute__((always_inline)) void vstore16(float *p, v16 x)
+{
+    *(v16u *)p = x;
+}
+
+static inline __attribute__((always_inline)) v16 vsplat16(float x)
+{
+    const v16 one = {x};
+    return __builtin_shuffle(one, (v16i){0});
+}
+
 /* x < 0 ? 0 : x (NaN and -0.0 kept, as the reference's Relu) */
 static inline __attribute__((always_inline)) v8 vrelu(v8 x)
 {
     const v8i neg = x < (v8){0};
     return (v8)((v8i)x & ~neg);
+}
+
+static inline __attribute__((always_inline)) v16 vrelu16(v16 x)
+{
+    const v16i neg = x < (v16){0};
+    return (v16)((v16i)x & ~neg);
 }
 
 typedef struct {
@@ -92,12 +132,27 @@ typedef struct {
     int64_t rp;         /* tile rows per vector of a row group (see the top), 0: none */
     int64_t items;
     int isa;
+    int64_t lanes; /* tiles a vector: 8, or 16 on the AVX-512 zmm path */
+    int64_t ms;    /* items an item's tiles are split into by output channels */
     int prefetch; /* the arrays outgrow the L2 cache: prefetch_step's prefetches pay */
 } wino_t;
 
 typedef struct {
-    int64_t n, ty, tx0, nv;
+    int64_t n, ty, tx0, nv; /* image, tile row, first tile, vectors of g->lanes tiles */
+    int64_t co0, co1;       /* the output channels */
 } item_t;
+
+/* Floats between one position's transformed input matrix ([C][tb]) and the next: the
+   matrix and a cache line more, so that the input transform's 16 or 36 stores of a
+   vector (one a position) fall in different sets of the L1 cache (with C tb a multiple of
+   1024, as at 32 channels by 32 tiles, they fell in one set: a third of the small cnn's
+   32-channel conv time on Zen 5). */
+#define WVPAD 16
+
+static inline int64_t pos_stride(const wino_t *g, int64_t tb)
+{
+    return g->c * tb + WVPAD;
+}
 
 typedef void (*gemm_fn)(const float *u, int64_t c, const float *v, int64_t tb, float *out);
 
@@ -127,7 +182,8 @@ static void prefetch_out_unit(const wino_t *g, const item_t *it, int64_t co, int
     const int64_t t = g->tile, ox = t * it->tx0, oy = t * it->ty + k % t;
     if (k >= r * t || ox >= g->ow || oy >= g->oh)
         return;
-    const int64_t cols = g->ow - ox < 8 * t * it->nv ? g->ow - ox : 8 * t * it->nv;
+    const int64_t span = g->lanes * t * it->nv;
+    const int64_t cols = g->ow - ox < span ? g->ow - ox : span;
     const int64_t at = ((it->n * g->m + co + k / t) * g->oh + oy) * g->ow + ox;
     for (int64_t j = 0; j < cols + 15; j += 16) {
         const int64_t e = j < cols ? j : cols - 1;
@@ -142,7 +198,7 @@ static void prefetch_out_unit(const wino_t *g, const item_t *it, int64_t co, int
 static void prefetch_in_unit(const wino_t *g, const item_t *it, int64_t k)
 {
     const int64_t t = g->tile, ch = k / (t + 2), iy = t * it->ty - g->pt + k % (t + 2);
-    int64_t col0 = t * it->tx0 - g->pl, col1 = col0 + 8 * t * it->nv + 2;
+    int64_t col0 = t * it->tx0 - g->pl, col1 = col0 + g->lanes * t * it->nv + 2;
     col0 = col0 < 0 ? 0 : col0;
     col1 = col1 > g->w ? g->w : col1;
     if (ch >= g->c || iy < 0 || iy >= g->h || col1 <= col0)
@@ -177,6 +233,15 @@ prefetch_step(const wino_t *g, const item_t *it, const item_t *next, int64_t co,
         prefetch_in_unit(g, next, k);
 }
 
+/* the body's vectors: 8 lanes (WV v8) on every path but the zmm one (16) */
+#define WV v8
+#define WVI v8i
+#define WVL 8
+#define WLOAD vload
+#define WSTORE vstore
+#define WSPLAT vsplat
+#define WRELU vrelu
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx2,fma")
 #define WSUF avx512
@@ -201,9 +266,35 @@ prefetch_step(const wino_t *g, const item_t *it, const item_t *next, int64_t co,
 #undef WRI
 #undef WSUF
 
+#undef WV
+#undef WVI
+#undef WVL
+#undef WLOAD
+#undef WSTORE
+#undef WSPLAT
+#undef WRELU
+#define WV v16
+#define WVI v16i
+#define WVL 16
+#define WLOAD vload16
+#define WSTORE vstore16
+#define WSPLAT vsplat16
+#define WRELU vrelu16
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx2,fma")
+#define WSUF avx512z
+#define WRI 16
+#define WZMM 1
+#include "winograd_body.h"
+#undef WZMM
+#undef WRI
+#undef WSUF
+#pragma GCC pop_options
+
 /* ---------------------------------------------------------------- ISA choice */
 
-enum { W_PLAIN = 0, W_AVX2 = 1, W_AVX512 = 2 };
+enum { W_PLAIN = 0, W_AVX2 = 1, W_AVX512 = 2, W_AVX512Z = 3 };
 
 static atomic_int g_isa = -1;
 
@@ -212,12 +303,12 @@ static int best_isa(void)
     __builtin_cpu_init();
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
-        return W_AVX512;
+        return W_AVX512Z;
     return avx2 ? W_AVX2 : W_PLAIN;
 }
 
-/* The path in use: 0 plain C, 1 AVX2 + FMA, 2 AVX-512VL (the best the CPU runs unless
-   geode_winograd_set_isa chose another). */
+/* The path in use: 0 plain C, 1 AVX2 + FMA, 2 AVX-512VL (8 lanes), 3 AVX-512 zmm (16
+   lanes; the best the CPU runs unless geode_winograd_set_isa chose another). */
 int geode_winograd_isa(void)
 {
     int isa = atomic_load_explicit(&g_isa, memory_order_relaxed);
@@ -243,6 +334,11 @@ int geode_winograd_set_isa(int isa)
 
 static void item_of(const wino_t *g, int64_t k, item_t *it)
 {
+    const int64_t groups = (g->m + WR - 1) / WR, part = k % g->ms;
+    it->co0 = WR * (groups * part / g->ms);
+    it->co1 = WR * (groups * (part + 1) / g->ms);
+    it->co1 = it->co1 < g->m ? it->co1 : g->m;
+    k /= g->ms;
     const int64_t chunk = k % g->cr, row = k / g->cr;
     if (g->rp > 0) { /* row groups: row is the image, vectors are groups of rp tile rows */
         const int64_t v0 = g->vr * chunk / g->cr, v1 = g->vr * (chunk + 1) / g->cr;
@@ -256,14 +352,14 @@ static void item_of(const wino_t *g, int64_t k, item_t *it)
     it->n = row / th;
     it->ty = row % th;
     const int64_t v0 = g->vr * chunk / g->cr, v1 = g->vr * (chunk + 1) / g->cr;
-    it->tx0 = 8 * v0;
+    it->tx0 = g->lanes * v0;
     it->nv = v1 - v0;
 }
 
 static int64_t scratch_floats(int64_t c, int64_t tile)
 {
     const int64_t side = tile + 2;
-    return side * side * (c + WR) * WMAXTB + 4 * side * WROW; /* rp <= 4 */
+    return side * side * ((c + WR) * WMAXTB + 2 * WVPAD) + 4 * side * WROW; /* rp <= 4 */
 }
 
 typedef struct {
@@ -289,9 +385,11 @@ static void run_range(const wino_t *g, int64_t k0, int64_t k1, atomic_int *faile
             item_of(g, k + 1, &next);
         const item_t *after = more ? &next : NULL;
         const int f4 = g->tile == 4;
-        if (it.nv <= 0)
+        if (it.nv <= 0 || it.co1 <= it.co0)
             ;
-        else if (g->isa == W_AVX512)
+        else if (g->lanes == 16)
+            run_item4_avx512z(g, &it, after, scratch);
+        else if (g->isa >= W_AVX512)
             (f4 ? run_item4_avx512 : run_item_avx512)(g, &it, after, scratch);
         else if (g->isa == W_AVX2)
             (f4 ? run_item4_avx2 : run_item_avx2)(g, &it, after, scratch);
@@ -317,6 +415,43 @@ static void chunk_fn(void *ctx, int64_t chunk, int64_t nchunks)
    32x32 convs 0.112 -> 0.119 ms with them) */
 #define PREFETCH_MIN_BYTES (1 << 20)
 
+/* The items of a call (th tile rows, t threads): the lanes a vector (16 on the zmm path
+   for F(4x4) at 4 or 8 tiles a row (row groups of 4 or 2 tile rows) or 9 and more, else
+   8), the row groups (see the top), the vectors and chunks of a tile row or an image,
+   and the split by output channels: the zmm path's few, wide items of a small map
+   shared among the threads by output channels (each part transforms the item's input
+   again). */
+static void plan_items(wino_t *g, int64_t th, int64_t t)
+{
+    const int64_t tw = g->tw, n = g->n;
+    const int z = g->isa == W_AVX512Z && g->tile == 4 && (tw == 4 || tw >= 8);
+    g->lanes = z ? 16 : 8;
+    const int64_t maxnv = z ? ZMAXNV : 3;
+    if (z)
+        g->rp = tw == 4 || tw == 8 ? 16 / tw : 0;
+    else if (g->tile == 4)
+        g->rp = tw == 2 || tw == 4 ? 8 / tw : tw >= 5 && tw <= 8 ? 1 : 0;
+    else
+        g->rp = 0;
+    if (g->rp > 0) { /* vectors of row groups, per image */
+        g->vr = (th + g->rp - 1) / g->rp;
+        const int64_t want = t > 1 ? (GROUP_ITEMS_PER_THREAD * t + n - 1) / n : 1;
+        const int64_t least = (g->vr + maxnv - 1) / maxnv;
+        g->cr = want < least ? least : want > g->vr ? g->vr : want;
+        g->items = n * g->cr;
+    } else {
+        g->vr = (tw + g->lanes - 1) / g->lanes;
+        g->cr = (g->vr + maxnv - 1) / maxnv;
+        g->items = n * th * g->cr;
+    }
+    g->ms = 1;
+    if (z && g->items < t) { /* fewer items than threads: split them */
+        const int64_t groups = (g->m + WR - 1) / WR, want = (t + g->items - 1) / g->items;
+        g->ms = want < groups ? want : groups;
+        g->items *= g->ms;
+    }
+}
+
 /* Y[n][m][oh][ow] = act(conv(X, W) + bias + Z) with W given as U ([P][m][c], see the top
    of the file; P = 16 for tile 2, F(2x2, 3x3), 36 for tile 4, F(4x4, 3x3)); bias and z
    may be NULL; pt, pl: the top and left pads (the bottom and right ones follow from oh
@@ -334,26 +469,14 @@ GEODE_EXPORT int32_t geode_conv_winograd(const float *x, const float *u, const f
         return 2;
     wino_t g = {x, u, bias, z, y, n, c, m, h, w, oh, ow, pt, pl, relu, tile};
     const int64_t t = threads > 0 ? threads : geode_num_threads();
-    const int64_t th = (oh + tile - 1) / tile;
     g.tw = (ow + tile - 1) / tile;
-    g.rp = tile != 4 ? 0 : g.tw == 2 || g.tw == 4 ? 8 / g.tw : g.tw >= 5 && g.tw <= 8 ? 1 : 0;
-    if (g.rp > 0) { /* vectors of row groups, per image */
-        g.vr = (th + g.rp - 1) / g.rp;
-        const int64_t want = t > 1 ? (GROUP_ITEMS_PER_THREAD * t + n - 1) / n : 1;
-        const int64_t least = (g.vr + WMAXNV - 1) / WMAXNV;
-        g.cr = want < least ? least : want > g.vr ? g.vr : want;
-        g.items = n * g.cr;
-    } else {
-        g.vr = (g.tw + 7) / 8;
-        g.cr = (g.vr + WMAXNV - 1) / WMAXNV;
-        g.items = n * th * g.cr;
-    }
     g.isa = geode_winograd_isa();
+    plan_items(&g, (oh + tile - 1) / tile, t);
     const int64_t outs = n * m * oh * ow * (z != NULL ? 2 : 1);
     /* row groups read short rows of several tile rows: the prefetches are written for
        one tile row (and narrow maps are small) */
     const int64_t bytes = (n * c * h * w + outs) * (int64_t)sizeof(float);
-    g.prefetch = g.rp == 0 && bytes > PREFETCH_MIN_BYTES;
+    g.prefetch = g.rp == 0 && g.ms == 1 && bytes > PREFETCH_MIN_BYTES;
     job_t job = {&g, 0, 0};
     int64_t chunks = t * CHUNKS_PER_THREAD;
     if (chunks > g.items)
