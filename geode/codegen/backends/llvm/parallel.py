@@ -13,7 +13,8 @@ An outermost ``parallel`` loop (in a kernel compiled parallel) becomes:
   alias checks, as numba's prange bodies did. A chunk that streamed stores fences
   them before it returns.
 - in the caller, ``@geode.launch(@K.parN, ctx, ext, threads, work)`` (the native
-  runtime's ``geode_launch``): nothing for an empty loop; the chunk count is ``min(ext, CHUNKS_PER_THREAD * threads)`` (threads: the
+  runtime's ``geode_launch``): nothing for an empty loop; the chunk count is
+  ``min(ext, CHUNKS_PER_THREAD * threads)`` (threads: the
   kernel's ``threads`` argument, or the pool's size when it is 0); one thread, one chunk
   or too little work calls the chunk function directly, else ``geode_parallel_for`` of
   the native runtime shares the chunks among the pool's threads by work stealing.
@@ -39,10 +40,10 @@ CHUNKS_PER_THREAD = 32
 MIN_PARALLEL_ELEMENTS = 1 << 15
 
 #: the launcher every module with a parallel loop declares: the native runtime's
-#: ``geode_launch``, linked under this name (``jit.runtime_symbols``). Defined in each module, it cost LLVM 2-4 ms of a 20-30 ms kernel module (inlined into
-#: the caller, its pool branch optimized and compiled again in every kernel); one C call
-#: runs the same decisions (:data:`CHUNKS_PER_THREAD` is the runtime's
-#: ``GEODE_CHUNKS_PER_THREAD``)
+#: ``geode_launch``, linked under this name (``jit.runtime_symbols``). Defined in each
+#: module, it cost LLVM 2-4 ms of a 20-30 ms kernel module (inlined into the caller, its
+#: pool branch optimized and compiled again in every kernel); one C call runs the same
+#: decisions (:data:`CHUNKS_PER_THREAD` is the runtime's ``GEODE_CHUNKS_PER_THREAD``)
 LAUNCH = "declare void @geode.launch(ptr, ptr, i64, i64, i1 zeroext) nounwind"
 
 
