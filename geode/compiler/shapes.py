@@ -149,7 +149,8 @@ def dims_equal(a: Dim, b: Dim) -> bool | None:
     """True/False when provably equal/different, None when it depends on symbol values."""
     if isinstance(a, int) and isinstance(b, int):
         return a == b
-    if a == b:  # structurally equal (the common case): no simplification needed
+    # one object, or structurally equal (the common case): no simplification needed
+    if a is b or a == b:
         return True
     return _dims_equal_symbolic(a, b)
 

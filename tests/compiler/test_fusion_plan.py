@@ -150,3 +150,28 @@ def test_symbolic_broadcast_is_legal_and_fuses_across():
     assert str(group.domain) == "(bcast(M, N), 16)"
     assert placement_on(x.shape, group.domain, group.axes) == "partial"
     assert placement_on((sym("K"), 16), group.domain, group.axes) is None
+
+
+def test_numel_counts_every_symbolic_dim_at_the_nominal_size() -> None:
+    """A lone symbol (any object, equal or not to one seen before), an expression of
+    symbols and an int each count as at the nominal size: the same figure the memoised
+    substitution gives."""
+    import sympy
+
+    from geode.compiler.fusion.profit import NOMINAL_DIM, _nominal, numel
+
+    gr = geode.Graph("numel")
+    n, s = sympy.Symbol("N"), sympy.Symbol("S")
+    cases = {
+        "a": ([n, 16], NOMINAL_DIM * 16.0),
+        "b": ([sympy.Symbol("N"), s, 3], NOMINAL_DIM * NOMINAL_DIM * 3.0),
+        "c": ([n + 1, 2 * s], (NOMINAL_DIM + 1.0) * 2.0 * NOMINAL_DIM),
+        "d": ([], 1.0),
+    }
+    for name, (shape, want) in cases.items():
+        v = gr.input(name, shape)
+        assert numel(v) == want
+        expect = 1.0
+        for d in shape:
+            expect *= d if isinstance(d, int) else _nominal(d)
+        assert numel(v) == expect

@@ -193,3 +193,33 @@ def test_one_vector_reduction_loops_stay_vector_loops(name):
     got, want = model(**inputs), ex.numpy(**inputs)
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_vector_inner_loops_stay_loops(dtype):
+    """A residual Add and its mean over the sequence on ``[N, S, 16]`` (a GPT-2 block of
+    hidden 16): LLVM would unroll each 16-element inner loop fully and vectorize the
+    loop around it with gathers and scatters; the backend keeps every innermost loop of
+    exactly 16 elements a loop, and the results match numpy for any N and S."""
+    from geode.codegen.backends.llvm import jit
+    from geode.codegen.backends.llvm.target import host
+
+    gr = geode.Graph("resid_mean")
+    x, r = gr.input("x", ["N", "S", 16], dtype), gr.input("r", ["N", "S", 16], dtype)
+    bias = np.linspace(-1, 1, 16).astype(dtype)
+    y = gr.op("Add", r, gr.op("Add", x, gr.constant(bias)))
+    m = gr.op("ReduceMean", y, gr.constant(np.array([1], np.int64)), keepdims=0)
+    gr.output(y, m, names=["y", "m"])
+    model = geode.compile(gr)
+    (k,) = fused(model)
+    assert "llvm.loop.unroll.disable" in k.llvm
+    optimized = jit.optimized_ir(k.llvm, host(), 2)
+    assert "masked.gather" not in optimized and "masked.scatter" not in optimized
+    rng = np.random.default_rng(3)
+    rtol, atol = tol(dtype)
+    for n, s in ((1, 1), (3, 7), (2, 33)):
+        xs, rs = (rng.standard_normal((n, s, 16)).astype(dtype) for _ in range(2))
+        got = model.run({"x": xs, "r": rs})
+        want = rs + (xs + bias)
+        np.testing.assert_allclose(got["y"], want, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(got["m"], want.mean(axis=1), rtol=rtol, atol=atol)

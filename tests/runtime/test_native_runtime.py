@@ -588,3 +588,41 @@ def test_stepped_job_with_too_many_chunks_per_slot_launches_per_step(k, pool3):
     assert (runs == 1).all() and (done == nchunks).all() and bad == 0
     assert after["stepped_launches"] == before["stepped_launches"]
     assert after["launches"] - before["launches"] == nsteps
+
+
+def test_launch_runs_a_parallel_loop_as_the_backend_asks(pool3):
+    """``geode_launch`` (the LLVM backend's ``geode.launch``): nothing for an empty loop,
+    one chunk on the caller when the work is small, one thread or one iteration, else
+    ``min(ext, CHUNKS_PER_THREAD * threads)`` chunks (threads 0: the pool's size)."""
+    import ctypes
+
+    from geode.codegen.backends.llvm.jit import runtime_symbols
+    from geode.codegen.backends.llvm.parallel import CHUNKS_PER_THREAD
+
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+    chunk_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+    def chunk(ctx, c, n):
+        with lock:
+            seen.append((c, n))
+
+    cb = chunk_fn(chunk)
+    args = (chunk_fn, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_bool)
+    launch = ctypes.CFUNCTYPE(None, *args)(nt.symbols()["geode_launch"])
+    assert runtime_symbols()["geode.launch"] == nt.symbols()["geode_launch"]
+
+    def run(ext: int, threads: int, small: bool) -> list[tuple[int, int]]:
+        seen.clear()
+        launch(cb, None, ext, threads, small)
+        return sorted(seen)
+
+    assert run(0, 3, False) == [] and run(-4, 0, True) == []
+    assert run(1000, 3, True) == [(0, 1)]
+    assert run(1000, 1, False) == [(0, 1)]
+    assert run(1, 3, False) == [(0, 1)]
+    assert run(5, 2, False) == [(c, 5) for c in range(5)]
+    n = CHUNKS_PER_THREAD * 2
+    assert run(1000, 2, False) == [(c, n) for c in range(n)]
+    n = CHUNKS_PER_THREAD * pool3
+    assert run(1000, 0, False) == [(c, n) for c in range(n)]

@@ -57,7 +57,14 @@ def numel(v: Value) -> float:
     """Elements of a value at the nominal size."""
     n = 1.0
     for d in v.shape or ():
-        n *= d if isinstance(d, int) else _nominal(d)
+        if isinstance(d, int):
+            n *= d
+        elif isinstance(d, sympy.Symbol):
+            # a lone symbol is the nominal size itself: no memo lookup, whose hit on an
+            # equal but distinct symbol object costs sympy's structural ``==``
+            n *= NOMINAL_DIM
+        else:
+            n *= _nominal(d)
     return n
 
 

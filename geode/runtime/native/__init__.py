@@ -12,6 +12,11 @@ Thread pool (C ABI)
 int64_t nchunks, int64_t nthreads)`` runs ``fn(ctx, c, nchunks)`` once for every ``c`` in
 ``[0, nchunks)`` and returns when all have run; ``nthreads <= 0`` means the pool size.
 ``int64_t geode_num_threads(void)`` returns the pool size.
+``void geode_launch(fn, void *ctx, int64_t ext, int64_t threads, bool small)`` runs a
+generated kernel's parallel loop of ``ext`` iterations: nothing when ``ext < 1``;
+``fn(ctx, 0, 1)`` on the caller when ``small`` or when one thread (``threads <= 0``: the
+pool size) or one chunk would run it; else ``geode_parallel_for`` of ``min(ext, 32 *
+threads)`` chunks (the LLVM backend's ``geode.launch``).
 ``void geode_parallel_steps(void (*fn)(void *ctx, int64_t step, int64_t chunk, int64_t
 nchunks), void *ctx, int64_t nsteps, int64_t nchunks, int64_t nthreads)`` runs ``fn`` for
 every step and chunk as ONE job: every chunk of step ``s`` returns before any of step
@@ -255,7 +260,8 @@ def set_gemm_wide(on: bool) -> bool:
 
 def symbols() -> dict[str, int]:
     """Return the runtime's C functions for JIT code as ``{name: address}``:
-    ``geode_parallel_for``, ``geode_parallel_steps``, ``geode_num_threads``, ``geode_gemm`` (see
+    ``geode_parallel_for``, ``geode_launch``, ``geode_parallel_steps``, ``geode_num_threads``,
+    ``geode_gemm`` (see
     :data:`gemm_configure`), ``geode_sgemm_packed``, ``geode_sgemm_packed_bias``,
     ``geode_sgemm_packed_at`` and ``geode_sgemm_pack`` (see :func:`packed_gemm_function`,
     :func:`packed_gemm_bias_function`, :func:`packed_gemm_at_function`, :func:`pack_weight`), ``geode_scratch`` (``void

@@ -114,8 +114,9 @@ static PyObject *py_symbols(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
-                         PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_parallel_steps",
+    return Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "geode_parallel_for",
+                         PyLong_FromVoidPtr((void *)&geode_parallel_for), "geode_launch",
+                         PyLong_FromVoidPtr((void *)&geode_launch), "geode_parallel_steps",
                          PyLong_FromVoidPtr((void *)&geode_parallel_steps), "geode_num_threads",
                          PyLong_FromVoidPtr((void *)&geode_num_threads), "geode_scratch",
                          PyLong_FromVoidPtr((void *)&geode_scratch), "geode_gemm",

@@ -569,6 +569,23 @@ GEODE_EXPORT int64_t geode_num_threads(void)
     return atomic_load(&g_pool_size);
 }
 
+GEODE_EXPORT void geode_launch(geode_chunk_fn fn, void *ctx, int64_t ext, int64_t threads,
+                               bool small)
+{
+    if (ext < 1)
+        return;
+    if (!small) {
+        int64_t t = threads > 0 ? threads : geode_num_threads();
+        int64_t cap = t * GEODE_CHUNKS_PER_THREAD;
+        int64_t n = ext < cap ? ext : cap;
+        if (n >= 2 && t >= 2) {
+            geode_parallel_for(fn, ctx, n, t);
+            return;
+        }
+    }
+    fn(ctx, 0, 1);
+}
+
 /* The participants of a job of nchunks chunks on at most nthreads threads (0: the pool's
    size), the caller included; starts the workers on first use. */
 static int64_t job_parts(int64_t nchunks, int64_t nthreads)

@@ -2,6 +2,7 @@
 #ifndef GEODE_NATIVE_POOL_H
 #define GEODE_NATIVE_POOL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define GEODE_EXPORT __attribute__((visibility("default")))
@@ -35,6 +36,16 @@ GEODE_EXPORT void geode_parallel_steps(geode_step_fn fn, void *ctx, int64_t nste
 
 /* The pool size (threads of a job, the caller included). */
 GEODE_EXPORT int64_t geode_num_threads(void);
+
+/* Chunks per thread of a launch (the LLVM backend's CHUNKS_PER_THREAD). */
+#define GEODE_CHUNKS_PER_THREAD 32
+
+/* A generated kernel's parallel loop of ext iterations (the LLVM backend's geode.launch):
+   nothing when ext < 1; fn(ctx, 0, 1) on the caller when small, or when one thread (threads
+   <= 0: the pool size) or one chunk would run it; else geode_parallel_for of
+   min(ext, GEODE_CHUNKS_PER_THREAD * threads) chunks. */
+GEODE_EXPORT void geode_launch(geode_chunk_fn fn, void *ctx, int64_t ext, int64_t threads,
+                               bool small);
 
 /* Runs fn(ctx, c, n) for every c in [0, n) on n concurrent threads (the caller included),
    waiting for the pool if another thread's job holds it. Returns 0 without running anything

@@ -235,10 +235,14 @@ def assembly(ir_text: str, target: Any, level: int = 3) -> str:
 
 @functools.lru_cache(maxsize=1)
 def runtime_symbols() -> dict[str, int]:
-    """Addresses of the native runtime's C functions that generated code calls."""
+    """Addresses of the native runtime's C functions that generated code calls (the
+    launcher of parallel loops, ``geode_launch``, also as ``geode.launch``: the name the
+    modules call it by, :data:`~geode.codegen.backends.llvm.parallel.LAUNCH`)."""
     from geode.runtime import native
 
-    return dict(native.symbols())
+    symbols = dict(native.symbols())
+    symbols["geode.launch"] = symbols["geode_launch"]
+    return symbols
 
 
 @dataclass(eq=False)

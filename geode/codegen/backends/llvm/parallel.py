@@ -12,8 +12,9 @@ An outermost ``parallel`` loop (in a kernel compiled parallel) becomes:
   loops nested in it run serially). ``noalias`` lets LLVM vectorize without runtime
   alias checks, as numba's prange bodies did. A chunk that streamed stores fences
   them before it returns.
-- in the caller, ``@geode.launch(@K.parN, ctx, ext, threads, work)``: nothing for an
-  empty loop; the chunk count is ``min(ext, CHUNKS_PER_THREAD * threads)`` (threads: the
+- in the caller, ``@geode.launch(@K.parN, ctx, ext, threads, work)`` (the native
+  runtime's ``geode_launch``): nothing for an empty loop; the chunk count is
+  ``min(ext, CHUNKS_PER_THREAD * threads)`` (threads: the
   kernel's ``threads`` argument, or the pool's size when it is 0); one thread, one chunk
   or too little work calls the chunk function directly, else ``geode_parallel_for`` of
   the native runtime shares the chunks among the pool's threads by work stealing.
@@ -38,37 +39,12 @@ CHUNKS_PER_THREAD = 32
 #: calling thread (the default of ``min_work``, see the module docstring)
 MIN_PARALLEL_ELEMENTS = 1 << 15
 
-#: the launcher every module with a parallel loop defines
-LAUNCH = f"""define internal void @geode.launch(ptr %fn, ptr %ctx, i64 %ext, i64 %threads, i1 %small) {{
-entry:
-  %empty = icmp slt i64 %ext, 1
-  br i1 %empty, label %done, label %go
-go:
-  br i1 %small, label %inline, label %sized
-sized:
-  %given = icmp sgt i64 %threads, 0
-  br i1 %given, label %have, label %ask
-ask:
-  %pool = call i64 @geode_num_threads()
-  br label %have
-have:
-  %t = phi i64 [ %threads, %sized ], [ %pool, %ask ]
-  %cap = mul i64 %t, {CHUNKS_PER_THREAD}
-  %few = icmp slt i64 %ext, %cap
-  %n = select i1 %few, i64 %ext, i64 %cap
-  %one = icmp slt i64 %n, 2
-  %solo = icmp slt i64 %t, 2
-  %serial = or i1 %one, %solo
-  br i1 %serial, label %inline, label %pool_run
-inline:
-  call void %fn(ptr %ctx, i64 0, i64 1)
-  br label %done
-pool_run:
-  call void @geode_parallel_for(ptr %fn, ptr %ctx, i64 %n, i64 %t)
-  br label %done
-done:
-  ret void
-}}"""
+#: the launcher every module with a parallel loop declares: the native runtime's
+#: ``geode_launch``, linked under this name (``jit.runtime_symbols``). Defined in each
+#: module, it cost LLVM 2-4 ms of a 20-30 ms kernel module (inlined into the caller, its
+#: pool branch optimized and compiled again in every kernel); one C call runs the same
+#: decisions (:data:`CHUNKS_PER_THREAD` is the runtime's ``GEODE_CHUNKS_PER_THREAD``)
+LAUNCH = "declare void @geode.launch(ptr, ptr, i64, i64, i1 zeroext) nounwind"
 
 
 class ParallelWriter(StmtWriter):

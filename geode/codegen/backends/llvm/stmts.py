@@ -53,6 +53,7 @@ from geode.codegen.ast import (
 from geode.codegen.backends.llvm import dtypes as D
 from geode.codegen.backends.llvm.analysis import (
     NAN_GUARD,
+    fold_consts,
     fold_int,
     indexes_register,
     minmax_update,
@@ -64,7 +65,13 @@ from geode.codegen.backends.llvm.values import V
 from geode.codegen.backends.patterns import flat_index, scaled_stage
 from geode.errors import CodegenError
 
-__all__ = ["MAX_REGISTER_UNROLL", "MAX_UNROLL", "STACK_LIMIT", "StmtWriter"]
+__all__ = [
+    "MAX_REGISTER_UNROLL",
+    "MAX_UNROLL",
+    "STACK_LIMIT",
+    "StmtWriter",
+    "one_vector_innermost",
+]
 
 #: an ``unrolled`` loop with a constant extent up to this is unrolled
 MAX_UNROLL = 256
@@ -297,8 +304,13 @@ class StmtWriter(ExprWriter):
         code; a remainder is what sends LLVM to vectorizing the row loop instead), or
         exactly one vector: LLVM unrolls a loop that short before its loop vectorizer sees
         it, and SLP vectorizes the straight-line code only in part (RMSNorm over rows of
-        16 8x slower, LayerNorm 2.7x; ``docs/performance.md``)."""
-        if not isinstance(s, For) or s.kind is not ForKind.VECTORIZED:
+        16 8x slower, LayerNorm 2.7x; ``docs/performance.md``). Also any innermost serial
+        or vectorized loop of exactly one vector (:func:`one_vector_innermost`)."""
+        if not isinstance(s, For):
+            return False
+        if one_vector_innermost(s):
+            return True
+        if s.kind is not ForKind.VECTORIZED:
             return False
         n = fold_int(self.fold(s.extent))
         if n is None or n > MAX_UNROLL or (n % WHOLE_VECTORS == 0 and n != WHOLE_VECTORS):
@@ -321,9 +333,10 @@ class StmtWriter(ExprWriter):
         if s.kind is ForKind.VECTORIZED and s.interleave > 1:
             parts.append(m.metadata(f'!"llvm.loop.interleave.count", i32 {s.interleave}'))
         # a vectorized reduction loop with a short constant trip count directly in a
-        # serial loop or a parallel chunk (rows of 49 or 56 elements) is fully unrolled by
-        # LLVM, which then vectorizes the loop over rows instead, with gathers (17x
-        # slower on rows of 56; bench/stitch.py): keep it a loop
+        # serial loop or a parallel chunk (rows of 49 or 56 elements), or any innermost
+        # loop of one vector there, is fully unrolled by LLVM, which then vectorizes the
+        # loop over rows instead, with gathers (17x slower on rows of 56;
+        # bench/stitch.py): keep it a loop
         if id(s) in self.rolled:
             parts.append(m.metadata('!"llvm.loop.unroll.disable"'))
         return m.metadata(", ".join(parts), distinct=True)
@@ -589,6 +602,21 @@ class StmtWriter(ExprWriter):
             self.fn.add(f"call void {callee}()")
         else:
             self.fn.add("fence seq_cst")
+
+
+def one_vector_innermost(s: For) -> bool:
+    """Whether ``s`` is a serial or vectorized loop of exactly :data:`WHOLE_VECTORS`
+    iterations (a constant extent, not one known only from the enclosing loops'
+    variables) holding no loop. LLVM unrolls such a loop fully before its loop
+    vectorizer runs and then vectorizes the loop around it instead, with gathers and
+    scatters at a stride of one vector (a GPT-2 block's residual Add and
+    column mean over ``[batch, seq, 16]``: 3.4x slower, and twice LLVM's time); kept a
+    loop, it becomes one vector operation."""
+    if s.kind not in (ForKind.SERIAL, ForKind.VECTORIZED):
+        return False
+    if fold_int(fold_consts(s.extent)) != WHOLE_VECTORS:
+        return False
+    return not any(isinstance(x, For) for x in walk_stmts(s.body))
 
 
 def fold_int_expr(e: Expr) -> Expr:
