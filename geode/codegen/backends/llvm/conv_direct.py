@@ -56,6 +56,7 @@ __all__ = [
     "ITEMS_PER_THREAD",
     "ITEMS_WANTED",
     "blocking",
+    "blockings",
     "lanes",
     "write_body",
 ]
@@ -65,19 +66,46 @@ _CTX = ("X", "W", "B", "Z", "Y", "planes", "H", "Wd", "OH", "OW", "pt", "pl", "b
 _CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
 
 
+#: independent FMA chains a tile needs to keep two FMA pipes of 4 cycles' latency busy
+FMA_CHAINS = 8
+
+
 def lanes(spec: ConvSpec, attrs: str) -> int:
     """``V``: elements per vector (64-byte vectors on AVX-512 hosts, else 32 bytes)."""
     return vector_lanes(TYPES[spec.dtype][1], attrs)
 
 
 def blocking(spec: ConvSpec, attrs: str) -> tuple[int, int]:
-    """``(CB, U)``: output channels and column vectors per tile (``CB * U`` accumulators:
-    16 of the 32 AVX-512 registers, 8 of AVX2's 16). 4 x 4 on AVX-512: as fast as 8 x 2
-    on 112-wide rows and 16% faster on 56-wide ones (one tile of 16 + 16 + 16 + 8 columns
-    per row instead of two), measured one thread, 64 -> 64 channels at 56 x 56: 107
-    against 92 GFLOP/s."""
+    """``(CB, U)``: output channels and column vectors per tile of a wide row (``CB * U``
+    accumulators: 16 of the 32 AVX-512 registers, 8 of AVX2's 16). 4 x 4 on AVX-512: as
+    fast as 8 x 2 on 112-wide rows and 16% faster on 56-wide ones (one tile of 16 + 16 +
+    16 + 8 columns per row instead of two), measured one thread, 64 -> 64 channels at
+    56 x 56: 107 against 92 GFLOP/s (Zen 4). Narrow rows take :func:`blockings`'s others."""
     u = 4 if "+avx512f" in attrs else 2
     return min(4, max(1, spec.mg)), u
+
+
+def blockings(spec: ConvSpec, attrs: str) -> list[tuple[int, int, int]]:
+    """``(most vectors a row may need, CB, U)`` per row function the body emits, narrowest
+    first (0: any row): rows of at most ``U < 4`` vectors keep the same accumulator count
+    with ``CB`` times as many channels (16 x 1 and 8 x 2 on AVX-512, 8 x 1 on AVX2), since
+    a tile of 4 channels by 1 vector has 4 chains of FMAs, too few for the FMA latency of
+    two FMA pipes (Zen 5: the 16-column rows of the small cnn's 32->64 stride-2 conv ran
+    at 129 GFLOP/s with 4 x 1 tiles, 217 on 32-column rows with 4 x 2). The choice is made
+    per conv at run time by the output width (at compile time when it is known: one row
+    function then)."""
+    cb, u = blocking(spec, attrs)
+    vl = lanes(spec, attrs)
+    found = [
+        (k, min(cb * u // k, spec.mg), k)
+        for k in range(1, u)
+        if cb * k < FMA_CHAINS and spec.mg > cb
+    ]
+    found.append((0, cb, u))
+    if spec.out_width:  # one function: the first that holds the known width
+        need = -(-spec.out_width // vl)
+        found = [next((0, c, u) for k, c, u in found if not k or need <= k)]
+    return found
 
 
 def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> None:
@@ -85,18 +113,20 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     ``spec``'s conv directly on the native pool; ``attrs``: the target's function
     attributes."""
     v_lanes = lanes(spec, attrs)
-    cb, u = blocking(spec, attrs)
-    rows = [f"{name}.row{cb}"]
-    module.add_function(_row_function(module, rows[0], spec, attrs, cb, u, v_lanes))
-    if spec.mg % cb:
-        rows.append(f"{name}.row{spec.mg % cb}")
-        module.add_function(_row_function(module, rows[1], spec, attrs, spec.mg % cb, u, v_lanes))
+    variants = []
+    for most, cb, u in blockings(spec, attrs):
+        rows = []
+        for c in (cb, spec.mg % cb) if spec.mg % cb else (cb,):
+            rows.append(f"{name}.row{c}x{u}")
+            module.add_function(_row_function(module, rows[-1], spec, attrs, c, u, v_lanes))
+        variants.append((most * v_lanes, cb, rows))
     pad, chunk = f"{name}.pad", f"{name}.chunk"
     if spec.strides[1] == 2:
-        module.add_function(_split_pad_function(module, pad, spec.dtype, attrs))
+        odd = spec.kernel[1] > 1 and spec.dilations[1] % 2 == 1  # a tap reads odd columns
+        module.add_function(_split_pad_function(module, pad, spec.dtype, attrs, odd))
     else:
         module.add_function(pad_function(module, pad, spec.dtype, attrs))
-    module.add_function(_chunk_function(module, chunk, rows, pad, spec, attrs, cb))
+    module.add_function(_chunk_function(module, chunk, variants, pad, spec, attrs))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
@@ -139,6 +169,15 @@ def _launch_threads(b: Builder, threads: str) -> str:
     return b.select(b.cmp("sgt", threads, "0"), threads, pool, "threads")
 
 
+def row_step(spec: ConvSpec) -> int:
+    """Scratch rows from one output row's window to the next: the vertical stride, or
+    the window's height when the stride is larger (a 1x1 stride-2 conv never reads the
+    odd input rows: each output row's window rows are copied alone, without those
+    between)."""
+    sh, span = spec.strides[0], (spec.kernel[0] - 1) * spec.dilations[0] + 1
+    return min(sh, span)
+
+
 def band_rows(b: Builder, spec: ConvSpec, n: str, oh: str, wp: str, ow: str, threads: str) -> str:
     """Output rows per item: as many as keep at least :data:`ITEMS_PER_THREAD` items per
     thread in all (when the output has that many rows; on one thread, ``threads`` 1 or the
@@ -153,7 +192,7 @@ def band_rows(b: Builder, spec: ConvSpec, n: str, oh: str, wp: str, ow: str, thr
     want = b.max(b.op("sdiv", b.add(b.sub(wanted, "1"), images), images), "1", "want")
     band = b.op("sdiv", b.add(oh, b.sub(want, "1")), want, "band")
     conv_rows = spec.pool[2] if spec.pool else 1  # conv rows per row of Y
-    row_bytes = b.mul(wp, str(spec.cg * item * spec.strides[0] * conv_rows), "rowbytes")
+    row_bytes = b.mul(wp, str(spec.cg * item * row_step(spec) * conv_rows), "rowbytes")
     if spec.pool:
         row_bytes = b.add(row_bytes, b.mul(ow, str(spec.mg * item * conv_rows)), "rowbytes")
     fit = b.max(b.op("sdiv", str(BAND_BUDGET_BYTES), row_bytes), "1", "fit")
@@ -163,14 +202,14 @@ def band_rows(b: Builder, spec: ConvSpec, n: str, oh: str, wp: str, ow: str, thr
 def _chunk_function(
     module: ModuleWriter,
     name: str,
-    rows: list[str],
+    variants: list[tuple[int, int, list[str]]],
     pad: str,
     spec: ConvSpec,
     attrs: str,
-    cb: int,
 ) -> FunctionWriter:
     """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: this chunk's items (see the
-    module docstring)."""
+    module docstring; ``variants``: per blocking of :func:`blockings`, the widest output
+    row it takes (0: any), its channels per tile and its row functions)."""
     ty, item = TYPES[spec.dtype]
     (kh, _), (sh, _), (dh, _) = spec.kernel, spec.strides, spec.dilations
     c = chunk_start(module, name, attrs, _CTX, 5)
@@ -179,7 +218,8 @@ def _chunk_function(
     module.declare("free", "declare void @free(ptr) nounwind")
     pkh, psh = (spec.pool[0], spec.pool[2]) if spec.pool else (1, 1)
     crows_max = b.add(b.mul(b.sub(v["band"], "1"), str(psh)), str(pkh), "crows")  # conv rows
-    rin_max = b.add(b.mul(b.sub(crows_max, "1"), str(sh)), str((kh - 1) * dh + 1), "rin")
+    step, span = row_step(spec), (kh - 1) * dh + 1
+    rin_max = b.add(b.mul(b.sub(crows_max, "1"), str(step)), str(span), "rin")
     plane = b.mul(rin_max, v["Wp"], "plane")
     in_elems = b.mul(plane, str(spec.cg), "in_elems")
     cplane = b.mul(crows_max, v["OW"], "cplane") if spec.pool else "0"
@@ -214,7 +254,7 @@ def _chunk_function(
             nrows = b.max(b.sub(b.min(last, v["OH"]), oh0), "0", "nrows")
         else:
             oh0, nrows = r0, yrows
-        rin = b.add(b.mul(b.sub(nrows, "1"), str(sh)), str((kh - 1) * dh + 1), "rin")
+        rin = b.add(b.mul(b.sub(nrows, "1"), str(step)), str(span), "rin")
         g = b.op("urem", img, str(spec.group), "g")
         n = b.op("udiv", img, str(spec.group), "n")
         top = b.sub(v["pt"], b.mul(oh0, str(sh)), "top")  # the band's first input row: -top
@@ -223,14 +263,26 @@ def _chunk_function(
         def copy(ci: str) -> None:
             xc = b.gep(ty, x0, b.mul(ci, hw), "xc")
             dst = b.gep(ty, buf, b.mul(ci, plane), "dst")
-            fn.add(
-                f"call void @{pad}(ptr {xc}, ptr {dst}, i64 {v['H']}, i64 {v['Wd']}, "
-                f"i64 {rin}, i64 {v['Wp']}, i64 {top}, i64 {v['pl']})"
-            )
+            if step == sh:  # the band's rows, all read
+                fn.add(
+                    f"call void @{pad}(ptr {xc}, ptr {dst}, i64 {v['H']}, i64 {v['Wd']}, "
+                    f"i64 {rin}, i64 {v['Wp']}, i64 {top}, i64 {v['pl']})"
+                )
+                return
+
+            def window(r: str) -> None:  # only the rows output row r's windows read
+                into = b.gep(ty, dst, b.mul(b.mul(r, str(step)), v["Wp"]), "wrows")
+                fn.add(
+                    f"call void @{pad}(ptr {xc}, ptr {into}, i64 {v['H']}, i64 {v['Wd']}, "
+                    f"i64 {span}, i64 {v['Wp']}, i64 {b.sub(top, b.mul(r, str(sh)))}, "
+                    f"i64 {v['pl']})"
+                )
+
+            b.loop("0", nrows, window, "wr")
 
         b.when(b.cmp("sgt", nrows, "0"), lambda: b.loop("0", str(spec.cg), copy, "ci"), "any")
         m0 = b.mul(g, str(spec.mg), "m0")
-        _conv_rows(b, spec, v, rows, cb, (buf, plane, conv_buf, cplane), (n, m0, oh0, nrows))
+        _conv_rows(b, spec, v, variants, (buf, plane, conv_buf, cplane), (n, m0, oh0, nrows))
         if spec.pool:
 
             def pool_channel(m: str) -> None:
@@ -255,23 +307,23 @@ def _conv_rows(
     b: Builder,
     spec: ConvSpec,
     v: dict[str, str],
-    rows: list[str],
-    cb: int,
+    variants: list[tuple[int, int, list[str]]],
     bufs: tuple[str, str, str, str],
     at: tuple[str, str, str, str],
 ) -> None:
     """The conv rows ``[oh0, oh0 + nrows)`` of image ``n``, channels ``m0 ...`` of the
     group, from the padded band (``bufs``: band, its plane size, the conv scratch and
-    its plane size): into Y, or into the conv scratch when pooling."""
+    its plane size): into Y, or into the conv scratch when pooling; by the first of
+    ``variants`` whose widest row holds ``OW``."""
     ty, _ = TYPES[spec.dtype]
     fn = b.fn
     buf, plane, conv_buf, cplane = bufs
     n, m0, oh0, nrows = at
-    sh, khw = spec.strides[0], spec.kernel[0] * spec.kernel[1]
+    step, khw = row_step(spec), spec.kernel[0] * spec.kernel[1]
     p = b.mul(v["OH"], v["OW"], "P")
 
     def out_row(r: str) -> None:
-        src = b.gep(ty, buf, b.mul(b.mul(r, str(sh)), v["Wp"]), "src")
+        src = b.gep(ty, buf, b.mul(b.mul(r, str(step)), v["Wp"]), "src")
         orow = b.add(oh0, r, "orow")
 
         def block(m: str, row_fn: str) -> None:
@@ -295,23 +347,36 @@ def _conv_rows(
                 f"ptr {bias}, ptr {z}, ptr {y}, i64 {v['OW']}, i64 {stride})"
             )
 
-        full = spec.mg - spec.mg % cb
-        if full:
-            b.loop("0", str(full), lambda m: block(m, rows[0]), "mb", step=str(cb))
-        if spec.mg % cb:
-            block(str(full), rows[1])
+        def blocks(cb: int, rows: list[str]) -> None:
+            full = spec.mg - spec.mg % cb
+            if full:
+                b.loop("0", str(full), lambda m: block(m, rows[0]), "mb", step=str(cb))
+            if spec.mg % cb:
+                block(str(full), rows[1])
+
+        def pick(k: int) -> None:
+            most, cb, rows = variants[k]
+            if not most:
+                return blocks(cb, rows)
+            narrow = b.cmp("sle", v["OW"], str(most), "narrow")
+            b.branch(narrow, lambda: blocks(cb, rows), lambda: pick(k + 1), "width")
+
+        pick(0)
 
     b.loop("0", nrows, out_row, "r")
 
 
-def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str) -> FunctionWriter:
+def _split_pad_function(
+    module: ModuleWriter, name: str, dtype: str, attrs: str, odd: bool = True
+) -> FunctionWriter:
     """``void @name(ptr x, ptr buf, i64 H, i64 Wd, i64 Hp, i64 Wp, i64 pt, i64 pl)``: as
     ``conv_depthwise.pad_function`` (the plane ``x`` into the zero-bordered ``Hp x Wp``
     scratch, ``pt`` rows and ``pl`` columns in), each scratch row stored as its even
     columns, then its odd ones (``Wp`` even): a stride-2 conv's tap reads ``V``
     consecutive elements of one half. ``V`` columns of each half at a time: one masked
     load of the ``2V`` input columns they come from (zeros outside the row), its even and
-    its odd lanes stored, masked to the half's length."""
+    its odd lanes stored, masked to the half's length. Without ``odd`` (no tap reads an odd
+    column: a 1x1 window) the odd half is left unwritten."""
     ty, size = TYPES[dtype]
     fn, b, (x, buf, h, wd, hp, wp, pt, pl) = pad_writer(module, name, attrs)
     vl = vector_lanes(size, attrs)
@@ -370,12 +435,12 @@ def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str)
                 )
                 left = splat32(b.min(b.sub(half, c), str(vl)), vl, "left")
                 out = fn.value(f"icmp slt <{vl} x i32> {ids(vl)}, {left}", "outmask")
-                for odd in (0, 1):
-                    pick = ", ".join(f"i32 {2 * q + odd}" for q in range(vl))
+                for half_at in (0, 1) if odd else (0,):
+                    pick = ", ".join(f"i32 {2 * q + half_at}" for q in range(vl))
                     val = fn.value(
                         f"shufflevector {wide} {both}, {wide} poison, <{vl} x i32> <{pick}>"
                     )
-                    at = b.gep(ty, dst, b.add(b.mul(str(odd), half), c), "into")
+                    at = b.gep(ty, dst, b.add(b.mul(str(half_at), half), c), "into")
                     fn.add(
                         f"call void @llvm.masked.store.v{vl}f{bits}.p0({vty} {val}, ptr {at}, "
                         f"i32 {size}, <{vl} x i1> {out})"
