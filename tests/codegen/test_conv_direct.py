@@ -333,3 +333,16 @@ def test_strided_1x1_and_row_skipping_convs(ws, attrs, dtype) -> None:
         got.append(y)
     np.testing.assert_array_equal(got[0], got[1])
     np.testing.assert_array_equal(got[0], got[2])
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_scratch_copies_prefetch_rows_ahead(stride) -> None:
+    """The band copy (stride 1's and stride 2's split halves) prefetches the input
+    ``PREFETCH_ROWS`` rows below the row it copies."""
+    from geode.codegen.backends.llvm.conv_depthwise import PREFETCH_ROWS
+
+    spec = make_spec((1, 4, 9, 40), (8, 4, 3, 3), {"strides": [stride, stride]}, "float32", True)
+    source = conv_kernel(dataclasses.replace(spec, choice="direct")).source
+    pad = source[source.index(".pad(") :]
+    pad = pad[: pad.index("\n}\n")]
+    assert PREFETCH_ROWS > 0 and "call void @llvm.prefetch.p0(ptr %pf" in pad

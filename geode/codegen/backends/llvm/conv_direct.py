@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from geode.codegen.backends.llvm.conv_depthwise import (
+    PREFETCH_ROWS,
     chunk_start,
     launch_and_return,
     pad_function,
@@ -375,7 +376,8 @@ def _split_pad_function(
     columns, then its odd ones (``Wp`` even): a stride-2 conv's tap reads ``V``
     consecutive elements of one half. ``V`` columns of each half at a time: one masked
     load of the ``2V`` input columns they come from (zeros outside the row), its even and
-    its odd lanes stored, masked to the half's length. Without ``odd`` (no tap reads an odd
+    its odd lanes stored, masked to the half's length, and the same input columns
+    :data:`~.conv_depthwise.PREFETCH_ROWS` rows down prefetched. Without ``odd`` (no tap reads an odd
     column: a 1x1 window) the odd half is left unwritten."""
     ty, size = TYPES[dtype]
     fn, b, (x, buf, h, wd, hp, wp, pt, pl) = pad_writer(module, name, attrs)
@@ -394,6 +396,8 @@ def _split_pad_function(
             f"declare void @llvm.masked.store.{sfx}.p0({t}, ptr, i32, <{lanes} x i1>)",
         )
     half = b.op("sdiv", wp, "2", "half")
+    ahead = PREFETCH_ROWS
+    module.declare("llvm.prefetch.p0", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
 
     def ids(n: int) -> str:
         return "<" + ", ".join(f"i32 {q}" for q in range(n)) + ">"
@@ -428,6 +432,13 @@ def _split_pad_function(
                 )
                 # not inbounds: the chunk may start before the row (those lanes are masked)
                 src = fn.value(f"getelementptr {ty}, ptr {xrow}, i64 {start}", "src")
+                if ahead:  # the same columns PREFETCH_ROWS rows down (it never faults)
+                    for off in (0, vl):
+                        at = b.add(b.mul(wd, str(ahead)), str(off))
+                        pf = fn.value(
+                            f"getelementptr i8, ptr {src}, i64 {b.mul(at, str(size))}", "pf"
+                        )
+                        fn.add(f"call void @llvm.prefetch.p0(ptr {pf}, i32 0, i32 3, i32 1)")
                 both = fn.value(
                     f"call {wide} @llvm.masked.load.v{2 * vl}f{bits}.p0(ptr {src}, i32 {size}, "
                     f"<{2 * vl} x i1> {mask}, {wide} zeroinitializer)",
