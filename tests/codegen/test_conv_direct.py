@@ -250,23 +250,24 @@ def test_spec_rejects_pooling_it_cannot_do() -> None:
 
 
 def test_narrow_rows_take_more_channels_per_tile() -> None:
-    """Rows of one vector get tiles of 4x the channels (16 x 1 on AVX-512, 8 x 1 on AVX2:
-    as many FMA chains as the wide 4 x 4 / 4 x 2 tiles); chosen at run time by the
-    output width, or the one function that holds a width known at compile time."""
-    from geode.codegen.backends.llvm.conv_direct import blockings
+    """Rows of one vector get tiles of 8 channels by 2 rows (4 by 2 on AVX2: as many FMA
+    chains as the wide 4 x 4 / 4 x 2 tiles); chosen at run time by the output width, or
+    the one blocking that holds a width known at compile time."""
+    from geode.codegen.backends.llvm.conv_direct import NARROW_ROWS, blockings
 
+    assert NARROW_ROWS == 2
     spec = make_spec((1, 32, 16, 16), (64, 32, 3, 3), {"strides": [2, 2]}, "float32", True)
-    assert blockings(spec, "+avx2,+avx512f") == [(1, 16, 1), (0, 4, 4)]
-    assert blockings(spec, "+avx2,-avx512f") == [(1, 8, 1), (0, 4, 2)]
-    assert blockings(dataclasses.replace(spec, out_channels=12), "+avx512f") == [
-        (1, 12, 1),
-        (0, 4, 4),
+    assert blockings(spec, "+avx2,+avx512f") == [(1, 8, 1, 2), (0, 4, 4, 1)]
+    assert blockings(spec, "+avx2,-avx512f") == [(1, 4, 1, 2), (0, 4, 2, 1)]
+    assert blockings(dataclasses.replace(spec, out_channels=6), "+avx512f") == [
+        (1, 6, 1, 2),
+        (0, 4, 4, 1),
     ]
-    assert blockings(dataclasses.replace(spec, out_channels=4), "+avx512f") == [(0, 4, 4)]
-    assert blockings(dataclasses.replace(spec, out_width=16), "+avx512f") == [(0, 16, 1)]
-    assert blockings(dataclasses.replace(spec, out_width=17), "+avx512f") == [(0, 4, 4)]
+    assert blockings(dataclasses.replace(spec, out_channels=4), "+avx512f") == [(0, 4, 4, 1)]
+    assert blockings(dataclasses.replace(spec, out_width=16), "+avx512f") == [(0, 8, 1, 2)]
+    assert blockings(dataclasses.replace(spec, out_width=17), "+avx512f") == [(0, 4, 4, 1)]
     assert blockings(dataclasses.replace(spec, dtype="float64", out_width=9), "+avx512f") == [
-        (0, 4, 4)
+        (0, 4, 4, 1)
     ]
 
 
@@ -274,7 +275,8 @@ def test_narrow_rows_take_more_channels_per_tile() -> None:
 @pytest.mark.parametrize("stride", [1, 2])
 def test_narrow_and_wide_tiles_give_the_same_bits(stride, dtype) -> None:
     """The same conv on a narrow input (one vector of output columns: the narrow tiles,
-    20 channels = 16 + a remainder of 4) and on a wider one whose first columns are the
+    20 channels = 2 x 8 + a remainder of 4, 2 rows a tile and an odd last row) and on a
+    wider one whose first columns are the
     narrow one's (the wide tiles): the columns they share have the same bits, on any
     thread count; both match the reference."""
     rng = np.random.default_rng(11)

@@ -56,6 +56,7 @@ __all__ = [
     "BAND_BUDGET_BYTES",
     "ITEMS_PER_THREAD",
     "ITEMS_WANTED",
+    "NARROW_ROWS",
     "blocking",
     "blockings",
     "lanes",
@@ -69,6 +70,8 @@ _CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
 
 #: independent FMA chains a tile needs to keep two FMA pipes of 4 cycles' latency busy
 FMA_CHAINS = 8
+#: output rows a tile of a narrow row's blocking takes (:func:`blockings`)
+NARROW_ROWS = 2
 
 
 def lanes(spec: ConvSpec, attrs: str) -> int:
@@ -86,26 +89,29 @@ def blocking(spec: ConvSpec, attrs: str) -> tuple[int, int]:
     return min(4, max(1, spec.mg)), u
 
 
-def blockings(spec: ConvSpec, attrs: str) -> list[tuple[int, int, int]]:
-    """``(most vectors a row may need, CB, U)`` per row function the body emits, narrowest
-    first (0: any row): rows of at most ``U < 4`` vectors keep the same accumulator count
-    with ``CB`` times as many channels (16 x 1 and 8 x 2 on AVX-512, 8 x 1 on AVX2), since
-    a tile of 4 channels by 1 vector has 4 chains of FMAs, too few for the FMA latency of
-    two FMA pipes (Zen 5: the 16-column rows of the small cnn's 32->64 stride-2 conv ran
-    at 129 GFLOP/s with 4 x 1 tiles, 217 on 32-column rows with 4 x 2). The choice is made
-    per conv at run time by the output width (at compile time when it is known: one row
-    function then)."""
+def blockings(spec: ConvSpec, attrs: str) -> list[tuple[int, int, int, int]]:
+    """``(most vectors a row may need, CB, U, RB)`` per blocking the body emits, narrowest
+    first (0: any row): tiles of ``CB`` channels by ``U`` vectors by ``RB`` output rows. A
+    row of one vector takes tiles of 8 channels by 2 rows (:data:`NARROW_ROWS`; 4 on AVX2)
+    instead of the wide rows' 4 x 4 vectors: the same 16 accumulators, where 4 channels by
+    1 vector had 4 chains of FMAs, too few for two FMA pipes (Zen 5, the small cnn's
+    32->64 stride-2 conv on 16-column rows, one thread: 0.074 ms with 4 x 1 tiles, 0.049
+    with 16 channels x 1 row (17 loads per 16 FMAs), 0.041 with 8 x 2 rows (10 loads),
+    0.042 with 4 x 4 rows). An odd last row of an item takes 8 x 1. The blocking is
+    picked per conv at run time by the output width (at compile time when it is known:
+    only that one is emitted)."""
     cb, u = blocking(spec, attrs)
     vl = lanes(spec, attrs)
+    rb = NARROW_ROWS
     found = [
-        (k, min(cb * u // k, spec.mg), k)
+        (k, min(cb * u // k // rb, spec.mg), k, rb)
         for k in range(1, u)
         if cb * k < FMA_CHAINS and spec.mg > cb
     ]
-    found.append((0, cb, u))
+    found.append((0, cb, u, 1))
     if spec.out_width:  # one function: the first that holds the known width
         need = -(-spec.out_width // vl)
-        found = [next((0, c, u) for k, c, u in found if not k or need <= k)]
+        found = [next((0, c, q, r) for k, c, q, r in found if not k or need <= k)]
     return found
 
 
@@ -115,12 +121,15 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     attributes."""
     v_lanes = lanes(spec, attrs)
     variants = []
-    for most, cb, u in blockings(spec, attrs):
-        rows = []
-        for c in (cb, spec.mg % cb) if spec.mg % cb else (cb,):
-            rows.append(f"{name}.row{c}x{u}")
-            module.add_function(_row_function(module, rows[-1], spec, attrs, c, u, v_lanes))
-        variants.append((most * v_lanes, cb, rows))
+    for most, cb, u, rb in blockings(spec, attrs):
+        rows = []  # per rows a tile (rb, then 1): the full channel block, the remainder
+        for r in (rb, 1) if rb > 1 else (1,):
+            for c in (cb, spec.mg % cb) if spec.mg % cb else (cb,):
+                rows.append(f"{name}.row{c}x{u}x{r}")
+                module.add_function(
+                    _row_function(module, rows[-1], spec, attrs, (c, u, r), v_lanes)
+                )
+        variants.append((most * v_lanes, cb, rb, rows))
     pad, chunk = f"{name}.pad", f"{name}.chunk"
     if spec.strides[1] == 2:
         odd = spec.kernel[1] > 1 and spec.dilations[1] % 2 == 1  # a tap reads odd columns
@@ -203,7 +212,7 @@ def band_rows(b: Builder, spec: ConvSpec, n: str, oh: str, wp: str, ow: str, thr
 def _chunk_function(
     module: ModuleWriter,
     name: str,
-    variants: list[tuple[int, int, list[str]]],
+    variants: list[tuple[int, int, int, list[str]]],
     pad: str,
     spec: ConvSpec,
     attrs: str,
@@ -309,7 +318,7 @@ def _conv_rows(
     b: Builder,
     spec: ConvSpec,
     v: dict[str, str],
-    variants: list[tuple[int, int, list[str]]],
+    variants: list[tuple[int, int, int, list[str]]],
     bufs: tuple[str, str, str, str],
     at: tuple[str, str, str, str],
 ) -> None:
@@ -346,23 +355,27 @@ def _conv_rows(
             f"ptr {bias}, ptr {z}, ptr {y}, i64 {v['OW']}, i64 {stride})"
         )
 
-    def blocks(cb: int, rows: list[str]) -> None:
+    def blocks(cb: int, rb: int, rows: list[str]) -> None:
         full = spec.mg - spec.mg % cb
+        fns = len(rows) // (2 if rb > 1 else 1)  # row functions per rows a tile
 
-        def out_row(r: str) -> None:
+        def out_rows(r: str, fns_at: int) -> None:
             if full:
-                b.loop("0", str(full), lambda m: block(r, m, rows[0]), "mb", step=str(cb))
+                b.loop("0", str(full), lambda m: block(r, m, rows[fns_at]), "mb", step=str(cb))
             if spec.mg % cb:
-                block(r, str(full), rows[1])
+                block(r, str(full), rows[fns_at + 1])
 
-        b.loop("0", nrows, out_row, "r")
+        paired = b.mul(b.op("sdiv", nrows, str(rb)), str(rb), "paired") if rb > 1 else "0"
+        if rb > 1:  # rb rows a tile, then the rest one by one
+            b.loop("0", paired, lambda r: out_rows(r, 0), "rr", step=str(rb))
+        b.loop(paired, nrows, lambda r: out_rows(r, fns if rb > 1 else 0), "r")
 
     def pick(k: int) -> None:
-        most, cb, rows = variants[k]
+        most, cb, rb, rows = variants[k]
         if not most:
-            return blocks(cb, rows)
+            return blocks(cb, rb, rows)
         narrow = b.cmp("sle", v["OW"], str(most), "narrow")
-        b.branch(narrow, lambda: blocks(cb, rows), lambda: pick(k + 1), "width")
+        b.branch(narrow, lambda: blocks(cb, rb, rows), lambda: pick(k + 1), "width")
 
     pick(0)
 
@@ -596,19 +609,27 @@ def nan_max(fn: FunctionWriter, ty: str, lanes: int, vals: list[str]) -> str:
 
 
 def _row_function(
-    module: ModuleWriter, name: str, spec: ConvSpec, attrs: str, cb: int, u: int, vl: int
+    module: ModuleWriter,
+    name: str,
+    spec: ConvSpec,
+    attrs: str,
+    shape: tuple[int, int, int],
+    vl: int,
 ) -> FunctionWriter:
     """``void @name(ptr src, i64 Wp, i64 plane, ptr w, ptr bias, ptr z, ptr y, i64 OW,
     i64 P)``: one output row of ``cb`` channels (``P`` apart in Y and Z) from the scratch
     rows at ``src`` (planes ``plane`` apart, rows ``Wp`` apart), tile by tile: full tiles
     of ``u`` vectors, then a tail tile of as many vectors as the rest needs, its last one
-    half as wide when half a vector holds what is left (a 56-column row: 32 + 16 + 8)."""
+    half as wide when half a vector holds what is left (a 56-column row: 32 + 16 + 8).
+    ``shape``: the tiles' channels, vectors and output rows (``rb`` rows ``OW`` apart in Y
+    and Z, ``row_step`` scratch rows apart)."""
+    cb, u, rb = shape
     tails = [(vl,) * k for k in range(1, u + 1)]
     tails += [(vl,) * (k - 1) + (vl // 2,) for k in range(1, u + 1)] if vl % 2 == 0 else []
     shapes = sorted(set(tails), key=lambda w: (sum(w), len(w)))
     tiles = {w: f"{name}.tile{'_'.join(map(str, w))}" for w in shapes}
     for widths, tile_name in tiles.items():
-        module.add_function(_tile_function(module, tile_name, spec, attrs, cb, widths))
+        module.add_function(_tile_function(module, tile_name, spec, attrs, (cb, rb), widths))
     names = ("src", "Wp", "plane", "w", "bias", "z", "y", "OW", "P")
     kinds = ("ptr noalias", "i64", "i64", "ptr noalias", "ptr noalias", "ptr noalias")
     params = list(zip((*kinds, "ptr noalias", "i64", "i64"), names))
@@ -620,6 +641,7 @@ def _row_function(
     width = u * vl
     nfull = b.mul(b.op("sdiv", ow, str(width)), str(width), "nfull")
     args = f"ptr {src}, i64 {wp}, i64 {plane}, ptr {w}, ptr {bias}, ptr {z}, ptr {y}, i64 {p}"
+    args += f", i64 {ow}"
     full = tiles[(vl,) * u]
 
     def tile(t: str) -> None:
@@ -655,27 +677,37 @@ def _vector_ops(module: ModuleWriter, ty: str, lanes: int) -> tuple[str, str]:
 
 
 def _tile_function(
-    module: ModuleWriter, name: str, spec: ConvSpec, attrs: str, cb: int, widths: tuple[int, ...]
+    module: ModuleWriter,
+    name: str,
+    spec: ConvSpec,
+    attrs: str,
+    block: tuple[int, int],
+    widths: tuple[int, ...],
 ) -> FunctionWriter:
-    """``void @name(row args, i64 t, i64 valid)``: the tile of ``cb`` channels by vectors
-    of ``widths`` lanes at column ``t`` of the row, ``valid`` of its columns stored."""
+    """``void @name(row args, i64 OW, i64 t, i64 valid)``: the tile of ``cb`` channels by
+    ``rb`` output rows (``block``; ``OW`` apart in Y and Z, :func:`row_step` scratch rows
+    apart) by vectors of ``widths`` lanes at column ``t`` of the row, ``valid`` of its
+    columns stored. A tap's ``cb`` weights are broadcast once for its ``rb`` rows."""
+    cb, rb = block
     ty, _ = TYPES[spec.dtype]
     ops = [_vector_ops(module, ty, lanes) for lanes in widths]
     offs = [sum(widths[:k]) for k in range(len(widths))]
-    names = ("src", "Wp", "plane", "w", "bias", "z", "y", "P", "t", "valid")
+    names = ("src", "Wp", "plane", "w", "bias", "z", "y", "P", "OW", "t", "valid")
     kinds = ("ptr noalias", "i64", "i64", "ptr noalias", "ptr noalias", "ptr noalias")
-    params = list(zip((*kinds, "ptr noalias", "i64", "i64", "i64"), names))
+    params = list(zip((*kinds, "ptr noalias", "i64", "i64", "i64", "i64"), names))
     fn = FunctionWriter(name, "void", params)
     fn.linkage = "internal"
     fn.attrs = " " + module.attr_group("nounwind " + attrs)
     b = Builder(fn)
-    src, wp, plane, w, bias, z, y, p, t, valid = (fn.param(i) for i in range(len(names)))
+    src, wp, plane, w, bias, z, y, p, ow, t, valid = (fn.param(i) for i in range(len(names)))
     (kh, kw), (dh, dw) = spec.kernel, spec.dilations
-    khw, slots = kh * kw, range(len(widths))
-    accs = [[fn.alloca(ops[k][0], f"acc{m}_{k}") for k in slots] for m in range(cb)]
-    for row in accs:
-        for k, a in zip(slots, row):
-            fn.add(f"store {ops[k][0]} zeroinitializer, ptr {a}")
+    khw, slots, step = kh * kw, range(len(widths)), row_step(spec)
+    accs = [
+        [[fn.alloca(ops[k][0], f"acc{q}_{m}_{k}") for k in slots] for m in range(cb)]
+        for q in range(rb)
+    ]
+    for k, a in ((k, a) for rows in accs for row in rows for k, a in zip(slots, row)):
+        fn.add(f"store {ops[k][0]} zeroinitializer, ptr {a}")
     base = b.gep(ty, src, t, "base")
     half = b.op("sdiv", wp, "2", "half")  # stride 2: where a row's odd columns start
 
@@ -690,36 +722,51 @@ def _tile_function(
     def channel(ci: str) -> None:
         xc = b.gep(ty, base, b.mul(ci, plane), "xc")
         wc = b.gep(ty, w, b.mul(ci, str(khw)), "wc")
-        vals = [[fn.value(f"load {ops[k][0]}, ptr {a}", "a") for k, a in zip(slots, r)]
-                for r in accs]  # fmt: skip
-        for i in range(kh):
-            xr = b.gep(ty, xc, b.mul(str(i * dh), wp), "xr")
-            for j in range(kw):
+        vals = [[[fn.value(f"load {ops[k][0]}, ptr {a}", "a") for k, a in zip(slots, r)]
+                 for r in rows] for rows in accs]  # fmt: skip
+        for i, j in ((i, j) for i in range(kh) for j in range(kw)):
+            xs = []
+            for q in range(rb):
+                xr = b.gep(ty, xc, b.mul(str(i * dh + q * step), wp), "xr")
                 col = b.gep(ty, xr, column(j), "xcol")
-                xs = [
-                    fn.value(f"load {ops[k][0]}, ptr {b.gep(ty, col, str(offs[k]))}, align 4", "x")
-                    for k in slots
-                ]
-                for m in range(cb):
-                    wv = b.load(ty, b.gep(ty, wc, str(m * spec.cg * khw + i * kw + j)), "wt")
-                    for k in slots:
-                        vty, suffix = ops[k]
-                        vals[m][k] = fn.value(
-                            f"call {vty} @llvm.fma.{suffix}({vty} {_splat(fn, ty, wv, widths[k])}, "
-                            f"{vty} {xs[k]}, {vty} {vals[m][k]})",
-                            "acc",
+                xs.append(
+                    [
+                        fn.value(
+                            f"load {ops[k][0]}, ptr {b.gep(ty, col, str(offs[k]))}, align 4", "x"
                         )
-        for row, vrow in zip(accs, vals):
-            for k, a, val in zip(slots, row, vrow):
-                fn.add(f"store {ops[k][0]} {val}, ptr {a}")
+                        for k in slots
+                    ]
+                )
+            for m in range(cb):
+                wv = b.load(ty, b.gep(ty, wc, str(m * spec.cg * khw + i * kw + j)), "wt")
+                for q, k in ((q, k) for q in range(rb) for k in slots):
+                    vty, suffix = ops[k]
+                    vals[q][m][k] = fn.value(
+                        f"call {vty} @llvm.fma.{suffix}({vty} {_splat(fn, ty, wv, widths[k])}, "
+                        f"{vty} {xs[q][k]}, {vty} {vals[q][m][k]})",
+                        "acc",
+                    )
+        for rows, vrows in zip(accs, vals):
+            for row, vrow in zip(rows, vrows):
+                for k, a, val in zip(slots, row, vrow):
+                    fn.add(f"store {ops[k][0]} {val}, ptr {a}")
 
-    _prefetch_tile(module, b, spec, cb, offs, (z, y, p, t))
+    def row_at(q: int) -> tuple[str, str]:
+        """Y and Z (null without a residual) moved down to the tile's row ``q``."""
+        if not q:
+            return y, z
+        at = b.mul(ow, str(q), "rowoff")
+        return b.gep(ty, y, at, "yq"), b.gep(ty, z, at, "zq") if spec.residual else z
+
+    for q in range(rb):
+        _prefetch_tile(module, b, spec, cb, offs, (row_at(q)[1], row_at(q)[0], p, t))
     b.loop("0", str(spec.cg), channel, "ci", meta=Builder.no_unroll(module))
 
     def epilogue(masked: bool) -> None:
-        for k in slots:
-            at = (bias, z, y, p, t, valid)
-            _store_slot(b, spec, (widths[k], offs[k]), [r[k] for r in accs], at, masked)
+        for q, k in ((q, k) for q in range(rb) for k in slots):
+            yq, zq = row_at(q)
+            at = (bias, zq, yq, p, t, valid)
+            _store_slot(b, spec, (widths[k], offs[k]), [r[k] for r in accs[q]], at, masked)
 
     # a whole tile stores (and reads Z) without lane masks: masked 512-bit stores were
     # 20% of the small stem's tile samples
