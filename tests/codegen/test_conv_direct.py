@@ -250,39 +250,37 @@ def test_spec_rejects_pooling_it_cannot_do() -> None:
 
 
 def test_narrow_rows_take_more_channels_per_tile() -> None:
-    """Rows of one vector get tiles of 8 channels by 2 rows (4 by 2 on AVX2: as many FMA
-    chains as the wide 4 x 4 / 4 x 2 tiles); chosen at run time by the output width, or
-    the one blocking that holds a width known at compile time."""
+    """Rows of one or two vectors get tiles of 2 rows with the wide tile's 16
+    accumulators (8 channels x 1 vector, 4 x 2; AVX2 4 x 1 x 2); chosen at run time by the
+    output width, or the one blocking that holds a width known at compile time."""
     from geode.codegen.backends.llvm.conv_direct import NARROW_ROWS, blockings
 
     assert NARROW_ROWS == 2
     spec = make_spec((1, 32, 16, 16), (64, 32, 3, 3), {"strides": [2, 2]}, "float32", True)
-    assert blockings(spec, "+avx2,+avx512f") == [(1, 8, 1, 2), (0, 4, 4, 1)]
+    wide = (0, 4, 4, 1)
+    assert blockings(spec, "+avx2,+avx512f") == [(1, 8, 1, 2), (2, 4, 2, 2), wide]
     assert blockings(spec, "+avx2,-avx512f") == [(1, 4, 1, 2), (0, 4, 2, 1)]
-    assert blockings(dataclasses.replace(spec, out_channels=6), "+avx512f") == [
-        (1, 6, 1, 2),
-        (0, 4, 4, 1),
-    ]
-    assert blockings(dataclasses.replace(spec, out_channels=4), "+avx512f") == [(0, 4, 4, 1)]
+    few = dataclasses.replace(spec, out_channels=3)
+    assert blockings(few, "+avx512f") == [(1, 3, 1, 2), (2, 3, 2, 2), (0, 3, 4, 1)]
     assert blockings(dataclasses.replace(spec, out_width=16), "+avx512f") == [(0, 8, 1, 2)]
-    assert blockings(dataclasses.replace(spec, out_width=17), "+avx512f") == [(0, 4, 4, 1)]
-    assert blockings(dataclasses.replace(spec, dtype="float64", out_width=9), "+avx512f") == [
-        (0, 4, 4, 1)
-    ]
+    assert blockings(dataclasses.replace(spec, out_width=17), "+avx512f") == [(0, 4, 2, 2)]
+    assert blockings(dataclasses.replace(spec, out_width=33), "+avx512f") == [wide]
+    assert blockings(dataclasses.replace(spec, dtype="float64", out_width=17), "+avx512f") == [wide]
 
 
+@pytest.mark.parametrize("vectors", [1, 2])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_narrow_and_wide_tiles_give_the_same_bits(stride, dtype) -> None:
-    """The same conv on a narrow input (one vector of output columns: the narrow tiles,
-    20 channels = 2 x 8 + a remainder of 4, 2 rows a tile and an odd last row) and on a
+def test_narrow_and_wide_tiles_give_the_same_bits(stride, dtype, vectors) -> None:
+    """The same conv on a narrow input (one or two vectors of output columns: the narrow
+    tiles, 20 channels = 2 x 8 + 4 or 5 x 4, 2 rows a tile and an odd last row) and on a
     wider one whose first columns are the
     narrow one's (the wide tiles): the columns they share have the same bits, on any
     thread count; both match the reference."""
     rng = np.random.default_rng(11)
     lanes = 16 if dtype == "float32" else 8
     wide_x = rng.standard_normal((2, 6, 9, 4 * lanes * stride + 2)).astype(dtype)
-    narrow_x = np.ascontiguousarray(wide_x[..., : lanes * stride + 1])  # OW = lanes
+    narrow_x = np.ascontiguousarray(wide_x[..., : vectors * lanes * stride + 1])
     w = rng.standard_normal((20, 6, 3, 3)).astype(dtype)
     b = rng.standard_normal(20).astype(dtype)
     attrs = {"pads": [1, 1, 1, 0], "strides": [stride, stride]}
@@ -297,7 +295,7 @@ def test_narrow_and_wide_tiles_give_the_same_bits(stride, dtype) -> None:
             np.testing.assert_allclose(y, want, rtol=TOL[dtype], atol=TOL[dtype] * 10)
             outs.append(y)
     ow = outs[0].shape[-1]
-    assert ow == lanes
+    assert ow == vectors * lanes
     for y in outs[1:3]:
         np.testing.assert_array_equal(y, outs[0])
     for y in outs[3:]:

@@ -91,22 +91,21 @@ def blocking(spec: ConvSpec, attrs: str) -> tuple[int, int]:
 
 def blockings(spec: ConvSpec, attrs: str) -> list[tuple[int, int, int, int]]:
     """``(most vectors a row may need, CB, U, RB)`` per blocking the body emits, narrowest
-    first (0: any row): tiles of ``CB`` channels by ``U`` vectors by ``RB`` output rows. A
-    row of one vector takes tiles of 8 channels by 2 rows (:data:`NARROW_ROWS`; 4 on AVX2)
-    instead of the wide rows' 4 x 4 vectors: the same 16 accumulators, where 4 channels by
-    1 vector had 4 chains of FMAs, too few for two FMA pipes (Zen 5, the small cnn's
-    32->64 stride-2 conv on 16-column rows, one thread: 0.074 ms with 4 x 1 tiles, 0.049
-    with 16 channels x 1 row (17 loads per 16 FMAs), 0.041 with 8 x 2 rows (10 loads),
-    0.042 with 4 x 4 rows). An odd last row of an item takes 8 x 1. The blocking is
-    picked per conv at run time by the output width (at compile time when it is known:
-    only that one is emitted)."""
+    first (0: any row): tiles of ``CB`` channels by ``U`` vectors by ``RB`` output rows.
+    Rows of 1 or 2 vectors take tiles of 2 output rows (:data:`NARROW_ROWS`) with the wide
+    4 x 4 tile's 16 accumulators (8 channels x 1 vector, 4 x 2; AVX2: 4 x 1 for 4 x 2): a
+    tile of 4 channels by 1 vector had 4 chains of FMAs, too few for two FMA pipes, and a
+    tap's weights broadcast once serve both rows. Zen 5, one thread: the small cnn's
+    32->64 stride-2 conv on 16-column rows 0.074 ms with 4 x 1 tiles, 0.049 with 16 x 1
+    (17 loads per 16 FMAs), 0.041 with 8 x 1 x 2 rows (10 loads), 0.042 with 4 x 1 x 4;
+    on 32-column rows 4 x 2 x 2 took 0.86-0.90 of 4 x 2's time. An odd last row of an
+    item takes the same channels on one row. Picked per conv at run time by the output
+    width (at compile time when it is known: only that one is emitted)."""
     cb, u = blocking(spec, attrs)
     vl = lanes(spec, attrs)
-    rb = NARROW_ROWS
-    found = [
-        (k, min(cb * u // k // rb, spec.mg), k, rb)
-        for k in range(1, u)
-        if cb * k < FMA_CHAINS and spec.mg > cb
+    rb, acc = NARROW_ROWS, 4 * u  # the wide tile's accumulators (before M clamps CB)
+    found = [  # the wide tile's accumulators, rb rows of k vectors
+        (k, min(acc // (k * rb), spec.mg), k, rb) for k in range(1, u) if acc % (k * rb) == 0
     ]
     found.append((0, cb, u, 1))
     if spec.out_width:  # one function: the first that holds the known width
