@@ -247,3 +247,102 @@ def test_spec_rejects_pooling_it_cannot_do() -> None:
     ):
         with pytest.raises(ValueError):
             dataclasses.replace(base, **bad)
+
+
+def test_narrow_rows_take_more_channels_per_tile() -> None:
+    """Rows of one or two vectors get tiles of 2 rows with the wide tile's 16
+    accumulators (8 channels x 1 vector, 4 x 2; AVX2 4 x 1 x 2); chosen at run time by the
+    output width, or the one blocking that holds a width known at compile time."""
+    from geode.codegen.backends.llvm.conv_direct import NARROW_ROWS, blockings
+
+    assert NARROW_ROWS == 2
+    spec = make_spec((1, 32, 16, 16), (64, 32, 3, 3), {"strides": [2, 2]}, "float32", True)
+    wide = (0, 4, 4, 1)
+    assert blockings(spec, "+avx2,+avx512f") == [(1, 8, 1, 2), (2, 4, 2, 2), wide]
+    assert blockings(spec, "+avx2,-avx512f") == [(1, 4, 1, 2), (0, 4, 2, 1)]
+    few = dataclasses.replace(spec, out_channels=3)
+    assert blockings(few, "+avx512f") == [(1, 3, 1, 2), (2, 3, 2, 2), (0, 3, 4, 1)]
+    assert blockings(dataclasses.replace(spec, out_width=16), "+avx512f") == [(0, 8, 1, 2)]
+    assert blockings(dataclasses.replace(spec, out_width=17), "+avx512f") == [(0, 4, 2, 2)]
+    assert blockings(dataclasses.replace(spec, out_width=33), "+avx512f") == [wide]
+    assert blockings(dataclasses.replace(spec, dtype="float64", out_width=17), "+avx512f") == [wide]
+
+
+@pytest.mark.parametrize("vectors", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_narrow_and_wide_tiles_give_the_same_bits(stride, dtype, vectors) -> None:
+    """The same conv on a narrow input (one or two vectors of output columns: the narrow
+    tiles, 20 channels = 2 x 8 + 4 or 5 x 4, 2 rows a tile and an odd last row) and on a
+    wider one whose first columns are the
+    narrow one's (the wide tiles): the columns they share have the same bits, on any
+    thread count; both match the reference."""
+    rng = np.random.default_rng(11)
+    lanes = 16 if dtype == "float32" else 8
+    wide_x = rng.standard_normal((2, 6, 9, 4 * lanes * stride + 2)).astype(dtype)
+    narrow_x = np.ascontiguousarray(wide_x[..., : vectors * lanes * stride + 1])
+    w = rng.standard_normal((20, 6, 3, 3)).astype(dtype)
+    b = rng.standard_normal(20).astype(dtype)
+    attrs = {"pads": [1, 1, 1, 0], "strides": [stride, stride]}
+    outs = []
+    for x in (narrow_x, wide_x):
+        spec = make_spec(x.shape, w.shape, attrs, dtype, True, activation="relu", choice="direct")
+        want = reference(x, w, b, None, attrs, "relu", ())
+        k = conv_kernel(spec)
+        for threads in (1, 2, 0):
+            y = np.full(want.shape, np.nan, dtype)
+            k(x, w, b, y, threads=threads)
+            np.testing.assert_allclose(y, want, rtol=TOL[dtype], atol=TOL[dtype] * 10)
+            outs.append(y)
+    ow = outs[0].shape[-1]
+    assert ow == vectors * lanes
+    for y in outs[1:3]:
+        np.testing.assert_array_equal(y, outs[0])
+    for y in outs[3:]:
+        np.testing.assert_array_equal(y[..., :ow], outs[0])
+
+
+@pytest.mark.parametrize(
+    "ws, attrs",
+    [
+        ((64, 32, 1, 1), {"strides": [2, 2]}),  # the cnn's shortcut
+        ((9, 5, 1, 1), {"strides": [3, 2], "pads": [1, 0, 2, 1]}),
+        ((9, 5, 2, 1), {"strides": [3, 1]}),  # two rows a window, every third row
+        ((9, 5, 1, 2), {"strides": [2, 2], "dilations": [1, 2]}),  # even columns only
+        ((9, 6, 1, 1), {"strides": [2, 2], "group": 3}),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_strided_1x1_and_row_skipping_convs(ws, attrs, dtype) -> None:
+    """Strided 1x1 convs run the direct kernel (``auto``); windows shorter than the
+    vertical stride copy only the rows they read, a window that reads no odd column
+    only the even half; any thread count, with the residual epilogue too."""
+    xs = (2, ws[1] * attrs.get("group", 1), 19, 23)
+    spec = check(xs, ws, attrs, dtype, method="direct")
+    check(xs, ws, attrs, dtype, residual=True, activation="relu", method="direct")
+    assert spec.method == "direct" and ("strided 1x1" in spec.reason) == (ws[2:] == (1, 1))
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
+    want = conv_nd(x, w, None, attrs)
+    k = conv_kernel(make_spec(xs, ws, attrs, dtype, False))
+    got = []
+    for threads in (1, 2, 0):
+        y = np.full(want.shape, np.nan, dtype)
+        k(x, w, y, threads=threads)
+        np.testing.assert_allclose(y, want, rtol=TOL[dtype], atol=TOL[dtype] * 10)
+        got.append(y)
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(got[0], got[2])
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_scratch_copies_prefetch_rows_ahead(stride) -> None:
+    """The band copy (stride 1's and stride 2's split halves) prefetches the input
+    ``PREFETCH_ROWS`` rows below the row it copies."""
+    from geode.codegen.backends.llvm.conv_depthwise import PREFETCH_ROWS
+
+    spec = make_spec((1, 4, 9, 40), (8, 4, 3, 3), {"strides": [stride, stride]}, "float32", True)
+    source = conv_kernel(dataclasses.replace(spec, choice="direct")).source
+    pad = source[source.index(".pad(") :]
+    pad = pad[: pad.index("\n}\n")]
+    assert PREFETCH_ROWS > 0 and "call void @llvm.prefetch.p0(ptr %pf" in pad

@@ -96,7 +96,9 @@ def pool_recompute(conv: Node, pool: Node) -> float:
     ppt = int((a.get("pads") or [0, 0, 0, 0])[0])
     item = np.dtype(y.dtype).itemsize
     wp = ow * sw + int(w[3]) - 1
-    row_bytes = (wp * int(w[1]) * sh + ow * (m // group)) * item * psh
+    dh = int((conv.attrs.get("dilations") or [1, 1])[0])
+    step = min(sh, dh * (int(w[2]) - 1) + 1)  # scratch rows per conv row (kernel's row_step)
+    row_bytes = (wp * int(w[1]) * step + ow * (m // group)) * item * psh
     want = -(-ITEMS_WANTED // max(1, n * group))
     band = max(1, min(-(-poh // want), BAND_BUDGET_BYTES // max(1, row_bytes)))
     rows = 0

@@ -31,10 +31,12 @@ from geode.codegen.backends.llvm.parallel import LAUNCH, MIN_PARALLEL_ELEMENTS
 
 __all__ = [
     "MAX_UNROLLED_TAPS",
+    "PREFETCH_ROWS",
     "Chunk",
     "chunk_start",
     "pad_function",
     "padded_size",
+    "prefetch_row",
     "scratch_plane",
     "scratch_row",
     "span_writer",
@@ -241,18 +243,23 @@ def pad_function(
     spans (the fill left of the input, the input's columns, the fill right of it), each
     in vectors of the host's width, the last one of a span masked: no per-element index
     arithmetic, and a short row is a few vector operations (LLVM's own loops over such
-    spans leave short rows to scalar remainders)."""
+    spans leave short rows to scalar remainders). Each input row copied prefetches the row
+    :data:`PREFETCH_ROWS` below it."""
     ty, size = TYPES[dtype]
     fn, b, (x, buf, h, wd, hp, wp, pt, pl) = pad_writer(module, name, attrs)
     lo = b.min(pl, wp, "lo")  # columns [lo, hi) of a row come from the input
     hi = b.max(lo, b.min(b.add(pl, wd), wp), "hi")
     span = span_writer(module, fn, b, ty, vector_lanes(size, attrs), fill)
+    ahead = PREFETCH_ROWS
+    module.declare("llvm.prefetch.p0", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
 
     def row(r: str) -> None:
         ih, dst, inside = scratch_row(b, ty, buf, r, (pt, wp, h))
 
         def copy() -> None:
             xrow = b.gep(ty, x, b.mul(ih, wd), "xrow")
+            if ahead:
+                prefetch_row(b, xrow, b.mul(wd, str(ahead)), wd, size)
             span(dst, None, lo)
             span(b.gep(ty, dst, lo, "mid"), b.gep(ty, xrow, b.sub(lo, pl), "from"), b.sub(hi, lo))
             span(b.gep(ty, dst, hi, "right"), None, b.sub(wp, hi))
@@ -262,6 +269,27 @@ def pad_function(
     b.loop("0", hp, row, "r")
     fn.terminate("ret void")
     return fn
+
+
+#: a scratch copy prefetches the input this many rows below the row it copies: the rows of
+#: a plane are one stream, but a band's copy is short and the next plane's starts cold, and
+#: the copies waited on the loads (8x32x112x112 stride-2 conv, one thread, Zen 5: the copy
+#: 23% of its samples; the conv 0.86x, the 1x1 stride-2 shortcut 0.61x, the stem 0.96x
+#: its time without; 8 rows ran as 4)
+PREFETCH_ROWS = 4
+
+
+def prefetch_row(b: Builder, row: str, ahead: str, n: str, size: int) -> None:
+    """Prefetch (for reading) the ``n`` elements of ``size`` bytes ``ahead`` elements past
+    ``row``, a cache line at a time (a prefetch never faults: past the end is harmless)."""
+    fn = b.fn
+    start = fn.value(f"getelementptr i8, ptr {row}, i64 {b.mul(ahead, str(size))}", "pfrow")
+
+    def line(i: str) -> None:
+        at = fn.value(f"getelementptr i8, ptr {start}, i64 {i}", "pfline")
+        fn.add(f"call void @llvm.prefetch.p0(ptr {at}, i32 0, i32 3, i32 1)")
+
+    b.loop("0", b.mul(n, str(size)), line, "pf", step="64")
 
 
 def scratch_row(

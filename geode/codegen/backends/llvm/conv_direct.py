@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from geode.codegen.backends.llvm.conv_depthwise import (
+    PREFETCH_ROWS,
     chunk_start,
     launch_and_return,
     pad_function,
@@ -55,7 +56,9 @@ __all__ = [
     "BAND_BUDGET_BYTES",
     "ITEMS_PER_THREAD",
     "ITEMS_WANTED",
+    "NARROW_ROWS",
     "blocking",
+    "blockings",
     "lanes",
     "write_body",
 ]
@@ -65,19 +68,50 @@ _CTX = ("X", "W", "B", "Z", "Y", "planes", "H", "Wd", "OH", "OW", "pt", "pl", "b
 _CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
 
 
+#: independent FMA chains a tile needs to keep two FMA pipes of 4 cycles' latency busy
+FMA_CHAINS = 8
+#: output rows a tile of a narrow row's blocking takes (:func:`blockings`)
+NARROW_ROWS = 2
+
+
 def lanes(spec: ConvSpec, attrs: str) -> int:
     """``V``: elements per vector (64-byte vectors on AVX-512 hosts, else 32 bytes)."""
     return vector_lanes(TYPES[spec.dtype][1], attrs)
 
 
 def blocking(spec: ConvSpec, attrs: str) -> tuple[int, int]:
-    """``(CB, U)``: output channels and column vectors per tile (``CB * U`` accumulators:
-    16 of the 32 AVX-512 registers, 8 of AVX2's 16). 4 x 4 on AVX-512: as fast as 8 x 2
-    on 112-wide rows and 16% faster on 56-wide ones (one tile of 16 + 16 + 16 + 8 columns
-    per row instead of two), measured one thread, 64 -> 64 channels at 56 x 56: 107
-    against 92 GFLOP/s."""
+    """``(CB, U)``: output channels and column vectors per tile of a wide row (``CB * U``
+    accumulators: 16 of the 32 AVX-512 registers, 8 of AVX2's 16). 4 x 4 on AVX-512: as
+    fast as 8 x 2 on 112-wide rows and 16% faster on 56-wide ones (one tile of 16 + 16 +
+    16 + 8 columns per row instead of two), measured one thread, 64 -> 64 channels at
+    56 x 56: 107 against 92 GFLOP/s (Zen 4). Narrow rows take :func:`blockings`'s others."""
     u = 4 if "+avx512f" in attrs else 2
     return min(4, max(1, spec.mg)), u
+
+
+def blockings(spec: ConvSpec, attrs: str) -> list[tuple[int, int, int, int]]:
+    """``(most vectors a row may need, CB, U, RB)`` per blocking the body emits, narrowest
+    first (0: any row): tiles of ``CB`` channels by ``U`` vectors by ``RB`` output rows.
+    Rows of 1 or 2 vectors take tiles of 2 output rows (:data:`NARROW_ROWS`) with the wide
+    4 x 4 tile's 16 accumulators (8 channels x 1 vector, 4 x 2; AVX2: 4 x 1 for 4 x 2): a
+    tile of 4 channels by 1 vector had 4 chains of FMAs, too few for two FMA pipes, and a
+    tap's weights broadcast once serve both rows. Zen 5, one thread: the small cnn's
+    32->64 stride-2 conv on 16-column rows 0.074 ms with 4 x 1 tiles, 0.049 with 16 x 1
+    (17 loads per 16 FMAs), 0.041 with 8 x 1 x 2 rows (10 loads), 0.042 with 4 x 1 x 4;
+    on 32-column rows 4 x 2 x 2 took 0.86-0.90 of 4 x 2's time. An odd last row of an
+    item takes the same channels on one row. Picked per conv at run time by the output
+    width (at compile time when it is known: only that one is emitted)."""
+    cb, u = blocking(spec, attrs)
+    vl = lanes(spec, attrs)
+    rb, acc = NARROW_ROWS, 4 * u  # the wide tile's accumulators (before M clamps CB)
+    found = [  # the wide tile's accumulators, rb rows of k vectors
+        (k, min(acc // (k * rb), spec.mg), k, rb) for k in range(1, u) if acc % (k * rb) == 0
+    ]
+    found.append((0, cb, u, 1))
+    if spec.out_width:  # one function: the first that holds the known width
+        need = -(-spec.out_width // vl)
+        found = [next((0, c, q, r) for k, c, q, r in found if not k or need <= k)]
+    return found
 
 
 def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> None:
@@ -85,18 +119,23 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     ``spec``'s conv directly on the native pool; ``attrs``: the target's function
     attributes."""
     v_lanes = lanes(spec, attrs)
-    cb, u = blocking(spec, attrs)
-    rows = [f"{name}.row{cb}"]
-    module.add_function(_row_function(module, rows[0], spec, attrs, cb, u, v_lanes))
-    if spec.mg % cb:
-        rows.append(f"{name}.row{spec.mg % cb}")
-        module.add_function(_row_function(module, rows[1], spec, attrs, spec.mg % cb, u, v_lanes))
+    variants = []
+    for most, cb, u, rb in blockings(spec, attrs):
+        rows = []  # per rows a tile (rb, then 1): the full channel block, the remainder
+        for r in (rb, 1) if rb > 1 else (1,):
+            for c in (cb, spec.mg % cb) if spec.mg % cb else (cb,):
+                rows.append(f"{name}.row{c}x{u}x{r}")
+                module.add_function(
+                    _row_function(module, rows[-1], spec, attrs, (c, u, r), v_lanes)
+                )
+        variants.append((most * v_lanes, cb, rb, rows))
     pad, chunk = f"{name}.pad", f"{name}.chunk"
     if spec.strides[1] == 2:
-        module.add_function(_split_pad_function(module, pad, spec.dtype, attrs))
+        odd = spec.kernel[1] > 1 and spec.dilations[1] % 2 == 1  # a tap reads odd columns
+        module.add_function(_split_pad_function(module, pad, spec.dtype, attrs, odd))
     else:
         module.add_function(pad_function(module, pad, spec.dtype, attrs))
-    module.add_function(_chunk_function(module, chunk, rows, pad, spec, attrs, cb))
+    module.add_function(_chunk_function(module, chunk, variants, pad, spec, attrs))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")
     module.declare(
         "geode_parallel_for", "declare void @geode_parallel_for(ptr, ptr, i64, i64) nounwind"
@@ -139,6 +178,15 @@ def _launch_threads(b: Builder, threads: str) -> str:
     return b.select(b.cmp("sgt", threads, "0"), threads, pool, "threads")
 
 
+def row_step(spec: ConvSpec) -> int:
+    """Scratch rows from one output row's window to the next: the vertical stride, or
+    the window's height when the stride is larger (a 1x1 stride-2 conv never reads the
+    odd input rows: each output row's window rows are copied alone, without those
+    between)."""
+    sh, span = spec.strides[0], (spec.kernel[0] - 1) * spec.dilations[0] + 1
+    return min(sh, span)
+
+
 def band_rows(b: Builder, spec: ConvSpec, n: str, oh: str, wp: str, ow: str, threads: str) -> str:
     """Output rows per item: as many as keep at least :data:`ITEMS_PER_THREAD` items per
     thread in all (when the output has that many rows; on one thread, ``threads`` 1 or the
@@ -153,7 +201,7 @@ def band_rows(b: Builder, spec: ConvSpec, n: str, oh: str, wp: str, ow: str, thr
     want = b.max(b.op("sdiv", b.add(b.sub(wanted, "1"), images), images), "1", "want")
     band = b.op("sdiv", b.add(oh, b.sub(want, "1")), want, "band")
     conv_rows = spec.pool[2] if spec.pool else 1  # conv rows per row of Y
-    row_bytes = b.mul(wp, str(spec.cg * item * spec.strides[0] * conv_rows), "rowbytes")
+    row_bytes = b.mul(wp, str(spec.cg * item * row_step(spec) * conv_rows), "rowbytes")
     if spec.pool:
         row_bytes = b.add(row_bytes, b.mul(ow, str(spec.mg * item * conv_rows)), "rowbytes")
     fit = b.max(b.op("sdiv", str(BAND_BUDGET_BYTES), row_bytes), "1", "fit")
@@ -163,14 +211,14 @@ def band_rows(b: Builder, spec: ConvSpec, n: str, oh: str, wp: str, ow: str, thr
 def _chunk_function(
     module: ModuleWriter,
     name: str,
-    rows: list[str],
+    variants: list[tuple[int, int, int, list[str]]],
     pad: str,
     spec: ConvSpec,
     attrs: str,
-    cb: int,
 ) -> FunctionWriter:
     """``void @name(ptr ctx, i64 chunk, i64 nchunks)``: this chunk's items (see the
-    module docstring)."""
+    module docstring; ``variants``: per blocking of :func:`blockings`, the widest output
+    row it takes (0: any), its channels per tile and its row functions)."""
     ty, item = TYPES[spec.dtype]
     (kh, _), (sh, _), (dh, _) = spec.kernel, spec.strides, spec.dilations
     c = chunk_start(module, name, attrs, _CTX, 5)
@@ -179,7 +227,8 @@ def _chunk_function(
     module.declare("free", "declare void @free(ptr) nounwind")
     pkh, psh = (spec.pool[0], spec.pool[2]) if spec.pool else (1, 1)
     crows_max = b.add(b.mul(b.sub(v["band"], "1"), str(psh)), str(pkh), "crows")  # conv rows
-    rin_max = b.add(b.mul(b.sub(crows_max, "1"), str(sh)), str((kh - 1) * dh + 1), "rin")
+    step, span = row_step(spec), (kh - 1) * dh + 1
+    rin_max = b.add(b.mul(b.sub(crows_max, "1"), str(step)), str(span), "rin")
     plane = b.mul(rin_max, v["Wp"], "plane")
     in_elems = b.mul(plane, str(spec.cg), "in_elems")
     cplane = b.mul(crows_max, v["OW"], "cplane") if spec.pool else "0"
@@ -187,7 +236,8 @@ def _chunk_function(
         sum(spec.pool[4:]) + spec.pool[1] + spec.pool[3] * lanes(spec, attrs) if spec.pool else 0
     )
     tw = b.add(v["OW"], str(slack), "tw") if spec.pool else "0"
-    elems = b.add(b.add(in_elems, b.mul(cplane, str(spec.mg))), tw, "elems")
+    tmp_elems = b.mul(tw, v["band"], "tmp_elems")  # a row-reduced row per pooled row
+    elems = b.add(b.add(in_elems, b.mul(cplane, str(spec.mg))), tmp_elems, "elems")
     buf = fn.value(f"call noalias ptr @malloc(i64 {b.mul(elems, str(item))})", "buf")
     conv_buf = b.gep(ty, buf, in_elems, "convbuf")
     tmp = b.gep(ty, conv_buf, b.mul(cplane, str(spec.mg)), "tmp")
@@ -214,7 +264,7 @@ def _chunk_function(
             nrows = b.max(b.sub(b.min(last, v["OH"]), oh0), "0", "nrows")
         else:
             oh0, nrows = r0, yrows
-        rin = b.add(b.mul(b.sub(nrows, "1"), str(sh)), str((kh - 1) * dh + 1), "rin")
+        rin = b.add(b.mul(b.sub(nrows, "1"), str(step)), str(span), "rin")
         g = b.op("urem", img, str(spec.group), "g")
         n = b.op("udiv", img, str(spec.group), "n")
         top = b.sub(v["pt"], b.mul(oh0, str(sh)), "top")  # the band's first input row: -top
@@ -223,14 +273,26 @@ def _chunk_function(
         def copy(ci: str) -> None:
             xc = b.gep(ty, x0, b.mul(ci, hw), "xc")
             dst = b.gep(ty, buf, b.mul(ci, plane), "dst")
-            fn.add(
-                f"call void @{pad}(ptr {xc}, ptr {dst}, i64 {v['H']}, i64 {v['Wd']}, "
-                f"i64 {rin}, i64 {v['Wp']}, i64 {top}, i64 {v['pl']})"
-            )
+            if step == sh:  # the band's rows, all read
+                fn.add(
+                    f"call void @{pad}(ptr {xc}, ptr {dst}, i64 {v['H']}, i64 {v['Wd']}, "
+                    f"i64 {rin}, i64 {v['Wp']}, i64 {top}, i64 {v['pl']})"
+                )
+                return
+
+            def window(r: str) -> None:  # only the rows output row r's windows read
+                into = b.gep(ty, dst, b.mul(b.mul(r, str(step)), v["Wp"]), "wrows")
+                fn.add(
+                    f"call void @{pad}(ptr {xc}, ptr {into}, i64 {v['H']}, i64 {v['Wd']}, "
+                    f"i64 {span}, i64 {v['Wp']}, i64 {b.sub(top, b.mul(r, str(sh)))}, "
+                    f"i64 {v['pl']})"
+                )
+
+            b.loop("0", nrows, window, "wr")
 
         b.when(b.cmp("sgt", nrows, "0"), lambda: b.loop("0", str(spec.cg), copy, "ci"), "any")
         m0 = b.mul(g, str(spec.mg), "m0")
-        _conv_rows(b, spec, v, rows, cb, (buf, plane, conv_buf, cplane), (n, m0, oh0, nrows))
+        _conv_rows(b, spec, v, variants, (buf, plane, conv_buf, cplane), (n, m0, oh0, nrows))
         if spec.pool:
 
             def pool_channel(m: str) -> None:
@@ -240,7 +302,7 @@ def _chunk_function(
                 fn.add(
                     f"call void @{name[: -len('.chunk')]}.maxpool(ptr {src}, i64 {nrows}, "
                     f"i64 {oh0}, i64 {v['OW']}, ptr {y}, i64 {v['POW']}, i64 {r0}, "
-                    f"i64 {yrows}, ptr {tmp}, i64 {tw})"
+                    f"i64 {yrows}, ptr {tmp}, i64 {tw}, i64 {m})"
                 )
 
             b.loop("0", str(spec.mg), pool_channel, "pm")
@@ -255,63 +317,80 @@ def _conv_rows(
     b: Builder,
     spec: ConvSpec,
     v: dict[str, str],
-    rows: list[str],
-    cb: int,
+    variants: list[tuple[int, int, int, list[str]]],
     bufs: tuple[str, str, str, str],
     at: tuple[str, str, str, str],
 ) -> None:
     """The conv rows ``[oh0, oh0 + nrows)`` of image ``n``, channels ``m0 ...`` of the
     group, from the padded band (``bufs``: band, its plane size, the conv scratch and
-    its plane size): into Y, or into the conv scratch when pooling."""
+    its plane size): into Y, or into the conv scratch when pooling; by the first of
+    ``variants`` whose widest row holds ``OW``."""
     ty, _ = TYPES[spec.dtype]
     fn = b.fn
     buf, plane, conv_buf, cplane = bufs
     n, m0, oh0, nrows = at
-    sh, khw = spec.strides[0], spec.kernel[0] * spec.kernel[1]
+    step, khw = row_step(spec), spec.kernel[0] * spec.kernel[1]
     p = b.mul(v["OH"], v["OW"], "P")
 
-    def out_row(r: str) -> None:
-        src = b.gep(ty, buf, b.mul(b.mul(r, str(sh)), v["Wp"]), "src")
-        orow = b.add(oh0, r, "orow")
-
-        def block(m: str, row_fn: str) -> None:
-            ch = b.add(m0, m, "ch")
-            if spec.pool:
-                y = b.gep(ty, conv_buf, b.add(b.mul(m, cplane), b.mul(r, v["OW"])), "y")
-                z, stride = "null", cplane
-            else:
-                yoff = b.add(
-                    b.mul(b.add(b.mul(n, str(spec.out_channels)), ch), p),
-                    b.mul(orow, v["OW"]),
-                    "yoff",
-                )
-                y = b.gep(ty, v["Y"], yoff, "y")
-                z = b.gep(ty, v["Z"], yoff, "z") if spec.residual else "null"
-                stride = p
-            w = b.gep(ty, v["W"], b.mul(ch, str(spec.cg * khw)), "w")
-            bias = b.gep(ty, v["B"], ch, "bias") if spec.bias else "null"
-            fn.add(
-                f"call void @{row_fn}(ptr {src}, i64 {v['Wp']}, i64 {plane}, ptr {w}, "
-                f"ptr {bias}, ptr {z}, ptr {y}, i64 {v['OW']}, i64 {stride})"
+    def block(r: str, m: str, row_fn: str) -> None:
+        src = b.gep(ty, buf, b.mul(b.mul(r, str(step)), v["Wp"]), "src")
+        ch = b.add(m0, m, "ch")
+        if spec.pool:
+            y = b.gep(ty, conv_buf, b.add(b.mul(m, cplane), b.mul(r, v["OW"])), "y")
+            z, stride = "null", cplane
+        else:
+            yoff = b.add(
+                b.mul(b.add(b.mul(n, str(spec.out_channels)), ch), p),
+                b.mul(b.add(oh0, r, "orow"), v["OW"]),
+                "yoff",
             )
+            y = b.gep(ty, v["Y"], yoff, "y")
+            z = b.gep(ty, v["Z"], yoff, "z") if spec.residual else "null"
+            stride = p
+        w = b.gep(ty, v["W"], b.mul(ch, str(spec.cg * khw)), "w")
+        bias = b.gep(ty, v["B"], ch, "bias") if spec.bias else "null"
+        fn.add(
+            f"call void @{row_fn}(ptr {src}, i64 {v['Wp']}, i64 {plane}, ptr {w}, "
+            f"ptr {bias}, ptr {z}, ptr {y}, i64 {v['OW']}, i64 {stride})"
+        )
 
+    def blocks(cb: int, rb: int, rows: list[str]) -> None:
         full = spec.mg - spec.mg % cb
-        if full:
-            b.loop("0", str(full), lambda m: block(m, rows[0]), "mb", step=str(cb))
-        if spec.mg % cb:
-            block(str(full), rows[1])
+        fns = len(rows) // (2 if rb > 1 else 1)  # row functions per rows a tile
 
-    b.loop("0", nrows, out_row, "r")
+        def out_rows(r: str, fns_at: int) -> None:
+            if full:
+                b.loop("0", str(full), lambda m: block(r, m, rows[fns_at]), "mb", step=str(cb))
+            if spec.mg % cb:
+                block(r, str(full), rows[fns_at + 1])
+
+        paired = b.mul(b.op("sdiv", nrows, str(rb)), str(rb), "paired") if rb > 1 else "0"
+        if rb > 1:  # rb rows a tile, then the rest one by one
+            b.loop("0", paired, lambda r: out_rows(r, 0), "rr", step=str(rb))
+        b.loop(paired, nrows, lambda r: out_rows(r, fns if rb > 1 else 0), "r")
+
+    def pick(k: int) -> None:
+        most, cb, rb, rows = variants[k]
+        if not most:
+            return blocks(cb, rb, rows)
+        narrow = b.cmp("sle", v["OW"], str(most), "narrow")
+        b.branch(narrow, lambda: blocks(cb, rb, rows), lambda: pick(k + 1), "width")
+
+    pick(0)
 
 
-def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str) -> FunctionWriter:
+def _split_pad_function(
+    module: ModuleWriter, name: str, dtype: str, attrs: str, odd: bool = True
+) -> FunctionWriter:
     """``void @name(ptr x, ptr buf, i64 H, i64 Wd, i64 Hp, i64 Wp, i64 pt, i64 pl)``: as
     ``conv_depthwise.pad_function`` (the plane ``x`` into the zero-bordered ``Hp x Wp``
     scratch, ``pt`` rows and ``pl`` columns in), each scratch row stored as its even
     columns, then its odd ones (``Wp`` even): a stride-2 conv's tap reads ``V``
     consecutive elements of one half. ``V`` columns of each half at a time: one masked
     load of the ``2V`` input columns they come from (zeros outside the row), its even and
-    its odd lanes stored, masked to the half's length."""
+    its odd lanes stored, masked to the half's length, and the same input columns
+    :data:`~.conv_depthwise.PREFETCH_ROWS` rows down prefetched. Without ``odd`` (no tap reads an odd
+    column: a 1x1 window) the odd half is left unwritten."""
     ty, size = TYPES[dtype]
     fn, b, (x, buf, h, wd, hp, wp, pt, pl) = pad_writer(module, name, attrs)
     vl = vector_lanes(size, attrs)
@@ -329,6 +408,8 @@ def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str)
             f"declare void @llvm.masked.store.{sfx}.p0({t}, ptr, i32, <{lanes} x i1>)",
         )
     half = b.op("sdiv", wp, "2", "half")
+    ahead = PREFETCH_ROWS
+    module.declare("llvm.prefetch.p0", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
 
     def ids(n: int) -> str:
         return "<" + ", ".join(f"i32 {q}" for q in range(n)) + ">"
@@ -363,6 +444,13 @@ def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str)
                 )
                 # not inbounds: the chunk may start before the row (those lanes are masked)
                 src = fn.value(f"getelementptr {ty}, ptr {xrow}, i64 {start}", "src")
+                if ahead:  # the same columns PREFETCH_ROWS rows down (it never faults)
+                    for off in (0, vl):
+                        at = b.add(b.mul(wd, str(ahead)), str(off))
+                        pf = fn.value(
+                            f"getelementptr i8, ptr {src}, i64 {b.mul(at, str(size))}", "pf"
+                        )
+                        fn.add(f"call void @llvm.prefetch.p0(ptr {pf}, i32 0, i32 3, i32 1)")
                 both = fn.value(
                     f"call {wide} @llvm.masked.load.v{2 * vl}f{bits}.p0(ptr {src}, i32 {size}, "
                     f"<{2 * vl} x i1> {mask}, {wide} zeroinitializer)",
@@ -370,12 +458,12 @@ def _split_pad_function(module: ModuleWriter, name: str, dtype: str, attrs: str)
                 )
                 left = splat32(b.min(b.sub(half, c), str(vl)), vl, "left")
                 out = fn.value(f"icmp slt <{vl} x i32> {ids(vl)}, {left}", "outmask")
-                for odd in (0, 1):
-                    pick = ", ".join(f"i32 {2 * q + odd}" for q in range(vl))
+                for half_at in (0, 1) if odd else (0,):
+                    pick = ", ".join(f"i32 {2 * q + half_at}" for q in range(vl))
                     val = fn.value(
                         f"shufflevector {wide} {both}, {wide} poison, <{vl} x i32> <{pick}>"
                     )
-                    at = b.gep(ty, dst, b.add(b.mul(str(odd), half), c), "into")
+                    at = b.gep(ty, dst, b.add(b.mul(str(half_at), half), c), "into")
                     fn.add(
                         f"call void @llvm.masked.store.v{vl}f{bits}.p0({vty} {val}, ptr {at}, "
                         f"i32 {size}, <{vl} x i1> {out})"
@@ -394,28 +482,42 @@ def _pool_function(
     module: ModuleWriter, name: str, spec: ConvSpec, attrs: str, vl: int
 ) -> FunctionWriter:
     """``void @name(ptr src, i64 crows, i64 c0, i64 OW, ptr y, i64 POW, i64 r0, i64 yrows,
-    ptr tmp, i64 tw)``: pooled rows ``[r0, r0 + yrows)`` of one channel from its conv
-    rows ``[c0, c0 + crows)`` at ``src``: per pooled row the window's rows reduced in one
-    pass into the ``-inf``-bordered row ``tmp`` (``tw`` long: ``pool stride * vl``
-    elements past the last window), then the window's columns (:func:`nan_max`: NaN
-    propagates, as MaxPool's), ``vl`` pooled columns at a time (:func:`_window_columns`)
-    and the rest one by one."""
+    ptr tmp, i64 tw, i64 m)``: pooled rows ``[r0, r0 + yrows)`` of one channel from its conv
+    rows ``[c0, c0 + crows)`` at ``src``: first, per pooled row, the window's rows reduced
+    in one pass into its ``-inf``-bordered row of ``tmp`` (``yrows`` rows of ``tw``: ``pool
+    stride * vl`` elements past the last window), then per pooled row the window's columns
+    (:func:`nan_max`: NaN propagates, as MaxPool's), ``vl`` pooled columns at a time
+    (:func:`_window_columns`) and the rest one by one; ``tmp``'s borders are written for
+    the item's first channel (``m`` 0) and kept for the others. Two passes, not one per row: the
+    column pass's loads straddle the row pass's vector stores, and read right after them
+    they waited for the stores to retire (store forwarding fails): 31% of the small stem's
+    samples, the conv's tiles 48% (Zen 5)."""
     ty, _ = TYPES[spec.dtype]
     pkh, pkw, psh, psw, ppt, ppl = spec.pool[:6]
-    names = ("src", "crows", "c0", "OW", "y", "POW", "r0", "yrows", "tmp", "tw")
+    names = ("src", "crows", "c0", "OW", "y", "POW", "r0", "yrows", "tmp", "tw", "m")
     kinds = ("ptr noalias", "i64", "i64", "i64", "ptr noalias", "i64", "i64", "i64")
-    params = list(zip((*kinds, "ptr noalias", "i64"), names))
+    params = list(zip((*kinds, "ptr noalias", "i64", "i64"), names))
     fn = FunctionWriter(name, "void", params)
     fn.linkage = "internal"
     fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
     b = Builder(fn)
-    src, crows, c0, ow, y, pow_, r0, yrows, tmp, tw = (fn.param(i) for i in range(len(names)))
+    src, crows, c0, ow, y, pow_, r0, yrows, tmp, tw, m = (fn.param(i) for i in range(len(names)))
     ninf = float_literal(float("-inf"), ty)
 
-    b.loop("0", tw, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, tmp, i)}"), "init")
-    mid = b.gep(ty, tmp, str(ppl), "mid")
+    def fill(row: str, lo: str, hi: str) -> None:
+        b.loop(lo, hi, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, row, i)}"), "fill")
 
-    def pooled_row(pr: str) -> None:
+    def borders(pr: str) -> None:
+        trow = b.gep(ty, tmp, b.mul(pr, tw), "trow")
+        fill(trow, "0", str(ppl))
+        fill(trow, b.add(ow, str(ppl)), tw)
+
+    # the borders, the same for every channel of the item, are written for its first
+    b.when(b.cmp("eq", m, "0"), lambda: b.loop("0", yrows, borders, "br"), "first")
+
+    def reduced_row(pr: str) -> None:
+        trow = b.gep(ty, tmp, b.mul(pr, tw), "trow")
+        mid = b.gep(ty, trow, str(ppl), "mid")
         wl = b.sub(b.mul(b.add(r0, pr), str(psh)), str(ppt), "wl")
         lo = b.max(wl, c0, "lo")
         hi = b.min(b.add(wl, str(pkh)), b.add(c0, crows), "hi")
@@ -432,21 +534,25 @@ def _pool_function(
             b.loop("0", ow, lambda i: fn.add(f"store {ty} {ninf}, ptr {b.gep(ty, mid, i)}"), "e")
 
         b.branch(b.cmp("slt", lo, hi), lambda: b.loop("0", ow, col, "vc"), empty, "rows")
+
+    def pooled_row(pr: str) -> None:
+        trow = b.gep(ty, tmp, b.mul(pr, tw), "trow")
         yrow = b.gep(ty, y, b.mul(pr, pow_), "yrow")
 
         def out(pw: str) -> None:
-            base = b.gep(ty, tmp, b.mul(pw, str(psw)), "win")
+            base = b.gep(ty, trow, b.mul(pw, str(psw)), "win")
             acc = nan_max(fn, ty, 1, [b.load(ty, b.gep(ty, base, str(j)), "t") for j in range(pkw)])
             fn.add(f"store {ty} {acc}, ptr {b.gep(ty, yrow, pw)}")
 
         nvec = b.mul(b.op("sdiv", pow_, str(vl)), str(vl), "nvec")
         if psw <= 2:
             columns = _window_columns(fn, ty, (pkw, psw), vl)
-            b.loop("0", nvec, lambda pw: columns(tmp, yrow, pw), "pv", step=str(vl))
+            b.loop("0", nvec, lambda pw: columns(trow, yrow, pw), "pv", step=str(vl))
         else:
             nvec = "0"
         b.loop(nvec, pow_, out, "pw")
 
+    b.loop("0", yrows, reduced_row, "rr")
     b.loop("0", yrows, pooled_row, "pr")
     fn.terminate("ret void")
     return fn
@@ -502,19 +608,27 @@ def nan_max(fn: FunctionWriter, ty: str, lanes: int, vals: list[str]) -> str:
 
 
 def _row_function(
-    module: ModuleWriter, name: str, spec: ConvSpec, attrs: str, cb: int, u: int, vl: int
+    module: ModuleWriter,
+    name: str,
+    spec: ConvSpec,
+    attrs: str,
+    shape: tuple[int, int, int],
+    vl: int,
 ) -> FunctionWriter:
     """``void @name(ptr src, i64 Wp, i64 plane, ptr w, ptr bias, ptr z, ptr y, i64 OW,
     i64 P)``: one output row of ``cb`` channels (``P`` apart in Y and Z) from the scratch
     rows at ``src`` (planes ``plane`` apart, rows ``Wp`` apart), tile by tile: full tiles
     of ``u`` vectors, then a tail tile of as many vectors as the rest needs, its last one
-    half as wide when half a vector holds what is left (a 56-column row: 32 + 16 + 8)."""
+    half as wide when half a vector holds what is left (a 56-column row: 32 + 16 + 8).
+    ``shape``: the tiles' channels, vectors and output rows (``rb`` rows ``OW`` apart in Y
+    and Z, ``row_step`` scratch rows apart)."""
+    cb, u, rb = shape
     tails = [(vl,) * k for k in range(1, u + 1)]
     tails += [(vl,) * (k - 1) + (vl // 2,) for k in range(1, u + 1)] if vl % 2 == 0 else []
     shapes = sorted(set(tails), key=lambda w: (sum(w), len(w)))
     tiles = {w: f"{name}.tile{'_'.join(map(str, w))}" for w in shapes}
     for widths, tile_name in tiles.items():
-        module.add_function(_tile_function(module, tile_name, spec, attrs, cb, widths))
+        module.add_function(_tile_function(module, tile_name, spec, attrs, (cb, rb), widths))
     names = ("src", "Wp", "plane", "w", "bias", "z", "y", "OW", "P")
     kinds = ("ptr noalias", "i64", "i64", "ptr noalias", "ptr noalias", "ptr noalias")
     params = list(zip((*kinds, "ptr noalias", "i64", "i64"), names))
@@ -526,6 +640,7 @@ def _row_function(
     width = u * vl
     nfull = b.mul(b.op("sdiv", ow, str(width)), str(width), "nfull")
     args = f"ptr {src}, i64 {wp}, i64 {plane}, ptr {w}, ptr {bias}, ptr {z}, ptr {y}, i64 {p}"
+    args += f", i64 {ow}"
     full = tiles[(vl,) * u]
 
     def tile(t: str) -> None:
@@ -561,27 +676,37 @@ def _vector_ops(module: ModuleWriter, ty: str, lanes: int) -> tuple[str, str]:
 
 
 def _tile_function(
-    module: ModuleWriter, name: str, spec: ConvSpec, attrs: str, cb: int, widths: tuple[int, ...]
+    module: ModuleWriter,
+    name: str,
+    spec: ConvSpec,
+    attrs: str,
+    block: tuple[int, int],
+    widths: tuple[int, ...],
 ) -> FunctionWriter:
-    """``void @name(row args, i64 t, i64 valid)``: the tile of ``cb`` channels by vectors
-    of ``widths`` lanes at column ``t`` of the row, ``valid`` of its columns stored."""
+    """``void @name(row args, i64 OW, i64 t, i64 valid)``: the tile of ``cb`` channels by
+    ``rb`` output rows (``block``; ``OW`` apart in Y and Z, :func:`row_step` scratch rows
+    apart) by vectors of ``widths`` lanes at column ``t`` of the row, ``valid`` of its
+    columns stored. A tap's ``cb`` weights are broadcast once for its ``rb`` rows."""
+    cb, rb = block
     ty, _ = TYPES[spec.dtype]
     ops = [_vector_ops(module, ty, lanes) for lanes in widths]
     offs = [sum(widths[:k]) for k in range(len(widths))]
-    names = ("src", "Wp", "plane", "w", "bias", "z", "y", "P", "t", "valid")
+    names = ("src", "Wp", "plane", "w", "bias", "z", "y", "P", "OW", "t", "valid")
     kinds = ("ptr noalias", "i64", "i64", "ptr noalias", "ptr noalias", "ptr noalias")
-    params = list(zip((*kinds, "ptr noalias", "i64", "i64", "i64"), names))
+    params = list(zip((*kinds, "ptr noalias", "i64", "i64", "i64", "i64"), names))
     fn = FunctionWriter(name, "void", params)
     fn.linkage = "internal"
     fn.attrs = " " + module.attr_group("nounwind " + attrs)
     b = Builder(fn)
-    src, wp, plane, w, bias, z, y, p, t, valid = (fn.param(i) for i in range(len(names)))
+    src, wp, plane, w, bias, z, y, p, ow, t, valid = (fn.param(i) for i in range(len(names)))
     (kh, kw), (dh, dw) = spec.kernel, spec.dilations
-    khw, slots = kh * kw, range(len(widths))
-    accs = [[fn.alloca(ops[k][0], f"acc{m}_{k}") for k in slots] for m in range(cb)]
-    for row in accs:
-        for k, a in zip(slots, row):
-            fn.add(f"store {ops[k][0]} zeroinitializer, ptr {a}")
+    khw, slots, step = kh * kw, range(len(widths)), row_step(spec)
+    accs = [
+        [[fn.alloca(ops[k][0], f"acc{q}_{m}_{k}") for k in slots] for m in range(cb)]
+        for q in range(rb)
+    ]
+    for k, a in ((k, a) for rows in accs for row in rows for k, a in zip(slots, row)):
+        fn.add(f"store {ops[k][0]} zeroinitializer, ptr {a}")
     base = b.gep(ty, src, t, "base")
     half = b.op("sdiv", wp, "2", "half")  # stride 2: where a row's odd columns start
 
@@ -596,36 +721,51 @@ def _tile_function(
     def channel(ci: str) -> None:
         xc = b.gep(ty, base, b.mul(ci, plane), "xc")
         wc = b.gep(ty, w, b.mul(ci, str(khw)), "wc")
-        vals = [[fn.value(f"load {ops[k][0]}, ptr {a}", "a") for k, a in zip(slots, r)]
-                for r in accs]  # fmt: skip
-        for i in range(kh):
-            xr = b.gep(ty, xc, b.mul(str(i * dh), wp), "xr")
-            for j in range(kw):
+        vals = [[[fn.value(f"load {ops[k][0]}, ptr {a}", "a") for k, a in zip(slots, r)]
+                 for r in rows] for rows in accs]  # fmt: skip
+        for i, j in ((i, j) for i in range(kh) for j in range(kw)):
+            xs = []
+            for q in range(rb):
+                xr = b.gep(ty, xc, b.mul(str(i * dh + q * step), wp), "xr")
                 col = b.gep(ty, xr, column(j), "xcol")
-                xs = [
-                    fn.value(f"load {ops[k][0]}, ptr {b.gep(ty, col, str(offs[k]))}, align 4", "x")
-                    for k in slots
-                ]
-                for m in range(cb):
-                    wv = b.load(ty, b.gep(ty, wc, str(m * spec.cg * khw + i * kw + j)), "wt")
-                    for k in slots:
-                        vty, suffix = ops[k]
-                        vals[m][k] = fn.value(
-                            f"call {vty} @llvm.fma.{suffix}({vty} {_splat(fn, ty, wv, widths[k])}, "
-                            f"{vty} {xs[k]}, {vty} {vals[m][k]})",
-                            "acc",
+                xs.append(
+                    [
+                        fn.value(
+                            f"load {ops[k][0]}, ptr {b.gep(ty, col, str(offs[k]))}, align 4", "x"
                         )
-        for row, vrow in zip(accs, vals):
-            for k, a, val in zip(slots, row, vrow):
-                fn.add(f"store {ops[k][0]} {val}, ptr {a}")
+                        for k in slots
+                    ]
+                )
+            for m in range(cb):
+                wv = b.load(ty, b.gep(ty, wc, str(m * spec.cg * khw + i * kw + j)), "wt")
+                for q, k in ((q, k) for q in range(rb) for k in slots):
+                    vty, suffix = ops[k]
+                    vals[q][m][k] = fn.value(
+                        f"call {vty} @llvm.fma.{suffix}({vty} {_splat(fn, ty, wv, widths[k])}, "
+                        f"{vty} {xs[q][k]}, {vty} {vals[q][m][k]})",
+                        "acc",
+                    )
+        for rows, vrows in zip(accs, vals):
+            for row, vrow in zip(rows, vrows):
+                for k, a, val in zip(slots, row, vrow):
+                    fn.add(f"store {ops[k][0]} {val}, ptr {a}")
 
-    _prefetch_tile(module, b, spec, cb, offs, (z, y, p, t))
+    def row_at(q: int) -> tuple[str, str]:
+        """Y and Z (null without a residual) moved down to the tile's row ``q``."""
+        if not q:
+            return y, z
+        at = b.mul(ow, str(q), "rowoff")
+        return b.gep(ty, y, at, "yq"), b.gep(ty, z, at, "zq") if spec.residual else z
+
+    for q in range(rb):
+        _prefetch_tile(module, b, spec, cb, offs, (row_at(q)[1], row_at(q)[0], p, t))
     b.loop("0", str(spec.cg), channel, "ci", meta=Builder.no_unroll(module))
 
     def epilogue(masked: bool) -> None:
-        for k in slots:
-            at = (bias, z, y, p, t, valid)
-            _store_slot(b, spec, (widths[k], offs[k]), [r[k] for r in accs], at, masked)
+        for q, k in ((q, k) for q in range(rb) for k in slots):
+            yq, zq = row_at(q)
+            at = (bias, zq, yq, p, t, valid)
+            _store_slot(b, spec, (widths[k], offs[k]), [r[k] for r in accs[q]], at, masked)
 
     # a whole tile stores (and reads Z) without lane masks: masked 512-bit stores were
     # 20% of the small stem's tile samples
