@@ -285,7 +285,8 @@ static void single_exit(void)
 
 /* C[m x n] = A[m x k] @ B[k x n] + beta C (row-major, leading dims in elements; beta 0 or
    1). kind 0: float32, 1: float64; plus 2: B is stored transposed (B^T row-major [n x k],
-   leading dim ldb: attention's K read in place, never through geode's own kernel).
+   leading dim ldb: attention's K read in place; never through sgemm_thin.c's kernel, but
+   through geode_sgemm_wide where it takes float32 products).
    threads <= 0: the pool's size. k = 0 scales C by beta. */
 GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, const void *a,
                              int64_t lda, const void *b, int64_t ldb, double beta, void *c,
