@@ -151,8 +151,9 @@ thin_only = pytest.mark.skipif(
 
 @thin_only
 def test_small_float32_products_use_geode_own_kernel(wide_off):
-    """A float32 product too small for the BLAS's blocks is split with geode's own kernel,
-    a GEMV (one row) always uses it; float64 and tiny products never do."""
+    """A float32 product too small for the BLAS's blocks but worth two blocks takes geode's
+    own kernel on any thread count (split on two, one block on one: the same bits), a
+    GEMV (one row) always does; float64 and tiny products never do."""
     a = RNG.standard_normal((32, 256)).astype(np.float32)
     b = RNG.standard_normal((256, 256)).astype(np.float32)
     c = np.empty((32, 256), np.float32)
@@ -160,15 +161,18 @@ def test_small_float32_products_use_geode_own_kernel(wide_off):
     _gemm(a, b, c, threads=2)  # 2M multiply-adds: one BLAS call, or two thin blocks
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
     assert _thin_calls() == before + 1
-    _gemm(a, b, c, threads=1)  # one thread, more than one row: the BLAS
-    assert _thin_calls() == before + 1
+    c1 = np.empty_like(c)
+    _gemm(a, b, c1, threads=1)  # one thread: the same kernel as one block, the same bits
+    assert _thin_calls() == before + 2
+    np.testing.assert_array_equal(c1, c)
     x, y = a[:1].copy(), np.empty((1, 256), np.float32)
     _gemm(x, b, y, threads=1)
     np.testing.assert_allclose(y, x.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
-    assert _thin_calls() == before + 2
+    assert _thin_calls() == before + 3
     _gemm(a.astype(np.float64)[:1], b.astype(np.float64), np.empty((1, 256)), threads=2)
     _gemm(a[:8, :8].copy(), b[:8, :8].copy(), np.empty((8, 8), np.float32), threads=2)
-    assert _thin_calls() == before + 2
+    _gemm(a[:2, :64].copy(), b[:64].copy(), np.empty((2, 256), np.float32), threads=1)
+    assert _thin_calls() == before + 3  # float64, tiny, one block's work: the BLAS
 
 
 @thin_only
@@ -391,3 +395,27 @@ def test_wide_kernel_reads_b_transposed(m, k, n, pad, beta, threads):
         m, n, k, 1.0, a.ctypes.data, k, bp.ctypes.data, beta, want.ctypes.data, n, 1
     )
     np.testing.assert_array_equal(c, want)
+
+
+@thin_only
+@pytest.mark.parametrize("wide", [True, False])
+@pytest.mark.parametrize("shape", [(2, 432, 1600), (2, 1100, 700), (4, 1100, 300), (32, 500, 256)])
+def test_products_give_the_same_bits_on_any_thread_count(shape, wide):
+    """A float32 product of a few rows (K past the wide kernel's 1024 too) or with K up to
+    512 (the wide kernel off too, as on a CPU without it) takes the same kernel at 1, 2
+    and 3 threads: the same bits (a conv's GEMM promises them)."""
+    m, k, n = shape
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.standard_normal((k, n)).astype(np.float32)
+    was = native.set_gemm_wide(wide)
+    try:
+        got = []
+        for threads in (1, 2, 3):
+            c = np.empty((m, n), np.float32)
+            _gemm(a, b, c, threads=threads)
+            got.append(c)
+    finally:
+        native.set_gemm_wide(was)
+    np.testing.assert_allclose(got[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(got[0], got[2])

@@ -140,6 +140,12 @@ static atomic_int g_thin = -1; /* -1: not yet asked, else geode_sgemm_thin_ok() 
    4 rows. Products smaller than two such blocks stay one BLAS call. */
 #define THIN_BLOCK_MIN_WORK (1 << 15)
 #define THIN_ALIGN 32
+/* One thread computes a product the kernel would split on two with the kernel too (the
+   same bits on any thread count) when it has at most this many rows or this K (the
+   kernel's packed strips): there it is as fast as the BLAS or faster; a product of more
+   rows with a longer K takes the BLAS on one thread (1.6x faster at 16 x 2048 x 512). */
+#define THIN_SERIAL_MAX_ROWS 4
+#define THIN_SERIAL_MAX_K 512
 
 static void thin_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
 {
@@ -156,11 +162,15 @@ static void thin_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
                          g->beta != 0.0, c + lo * g->ldc, g->ldc);
 }
 
-/* A float32 product with geode's own kernel: split over `t` threads when the BLAS would
-   compute it in one call (`blas_split` 0) and it makes two blocks, or (one row, at least a
-   block's work) serially: the kernel streams B faster than the BLAS's GEMV when B is not
-   in the L2 cache, and a split GEMV is one anyway. Returns 0 when the BLAS should. */
-static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, int in_job)
+/* A float32 product with geode's own kernel: when the BLAS would compute it in one call
+   (`blas_split` 0; `blas_splits`: whether it would split it on two threads) and it makes
+   two blocks, split over `t` threads, or computed as one block on one thread (or inside a
+   job) within THIN_SERIAL_MAX_ROWS / _K, so such a product takes the same kernel, hence
+   the same bits, on any thread count; or (one row, at least a block's work) serially: the
+   kernel streams B faster than the BLAS's GEMV when B is not in the L2 cache, and a split
+   GEMV is one anyway. Returns 0 when the BLAS should. */
+static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, int blas_splits,
+                     int in_job)
 {
     if (g0->kind != 0 || g0->trans_b || work < THIN_BLOCK_MIN_WORK || wide_takes(g0))
         return 0;
@@ -177,13 +187,18 @@ static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, i
         blocks = (int64_t)(work / THIN_BLOCK_MIN_WORK);
     if (blocks > dim / g->align)
         blocks = dim / g->align;
+    /* two blocks or more on two threads, decided without `t`: then the kernel, not the
+       BLAS, on one thread too where it is as fast (a few rows, or B's strips packed) */
+    int splits = !(blas_splits && g->m > 1) && work >= 2 * THIN_BLOCK_MIN_WORK &&
+                 dim / g->align >= 2 &&
+                 (g->m <= THIN_SERIAL_MAX_ROWS || g->k <= THIN_SERIAL_MAX_K);
     blocks = balanced(blocks, t);
     if (t > 1 && blocks >= 2 && !in_job) {
         atomic_fetch_add_explicit(&g_thin_calls, 1, memory_order_relaxed);
         geode_parallel_for(thin_block_fn, g, blocks, t);
         return 1;
     }
-    if (g->m != 1)
+    if (g->m != 1 && !splits)
         return 0;
     atomic_fetch_add_explicit(&g_thin_calls, 1, memory_order_relaxed);
     thin_block_fn(g, 0, 1);
@@ -317,7 +332,9 @@ GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, cons
     blocks = balanced(blocks, t);
     int in_job = geode_pool_in_job();
     int blas_split = g_set_threads != NULL && t > 1 && blocks >= 2 && !in_job;
-    if (thin_path(&g, t, work, blas_split, in_job) || wide_path(&g, t, work, in_job))
+    /* whether the BLAS splits it on two threads (blocks >= 2 there), decided without `t` */
+    int blas_splits = g_set_threads != NULL && work >= 4.0 * BLOCK_MIN_WORK && dim / g.align >= 2;
+    if (thin_path(&g, t, work, blas_split, blas_splits, in_job) || wide_path(&g, t, work, in_job))
         return;
     if (!blas_split) {
         if (g_set_threads != NULL)
