@@ -81,10 +81,39 @@ typedef struct {
     int64_t align; /* block edges are multiples of it (the last block ends at the edge) */
 } gemm_t;
 
+/* The product with plain loops: only when no BLAS was configured (a compile or a model
+   load configures numpy's first, so only a direct call of the runtime gets here). */
+static void plain_product(const gemm_t *g, int64_t m, int64_t n, const char *a, const char *b,
+                          char *c)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double sum = 0.0;
+            for (int64_t p = 0; p < g->k; p++) {
+                int64_t bi = g->trans_b ? j * g->ldb + p : p * g->ldb + j;
+                sum += g->kind == 0 ? (double)((const float *)a)[i * g->lda + p] *
+                                          (double)((const float *)b)[bi]
+                                    : ((const double *)a)[i * g->lda + p] *
+                                          ((const double *)b)[bi];
+            }
+            if (g->kind == 0) {
+                float *out = (float *)c + i * g->ldc + j;
+                *out = (float)(sum + (g->beta != 0.0 ? (double)*out : 0.0));
+            } else {
+                double *out = (double *)c + i * g->ldc + j;
+                *out = sum + (g->beta != 0.0 ? *out : 0.0);
+            }
+        }
+}
+
 static void one_call(const gemm_t *g, int64_t m, int64_t n, const char *a, const char *b,
                      char *c)
 {
     const int rm = 101, nt = 111, tb = g->trans_b ? 112 : 111;
+    if (g_gemm[g->kind] == NULL) {
+        plain_product(g, m, n, a, b, c);
+        return;
+    }
     if (g->kind == 0) {
         if (g_bits == 64)
             ((sgemm64_fn)g_gemm[0])(rm, nt, tb, m, n, g->k, 1.0f, (const float *)a, g->lda,
