@@ -25,6 +25,8 @@ from geode.compiler.fusion.epilogue import Epilogue
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.patterns import Pattern, pattern_of
 from geode.compiler.ir import Graph, Node, Value
+from geode.compiler.ops import registry
+from geode.compiler.ops.registry import OpKind
 from geode.compiler.shapes import dims_equal
 from geode.errors import CodegenError, GeodeError
 
@@ -238,8 +240,34 @@ def dense_module(
         pg.epilogue.a_transpose is not None,
         pg.epilogue.prologue.eps if pg.epilogue.prologue is not None else None,
         tuple(_layout(pg.epilogue, x, HeadLayout) for x in "ABVO"),
+        _in_place(pg, lowered, inner, len(b.shape)),
     )
     return name, dense_ir(spec)
+
+
+def _in_place(pg: PanelGraph, lowered: LoweredKernel, inner: list, b_rank: int) -> int:
+    """The ``outer`` index of the output the GEMM writes its panels into for the epilogue
+    to rewrite in place (``DenseSpec.in_place``), or -1: one GEMM (no second, no sibling),
+    unbatched, ``A`` and ``O`` in place; an elementwise epilogue (each element read before
+    it is written, at the same place) with one output, ``full`` and of the product's
+    type, and no ``full`` input but the product."""
+    ep = pg.epilogue
+    one_gemm = ep.second is None and ep.sibling is None and ep.a_transpose is None
+    if not one_gemm or ep.views or b_rank != 2 or len(lowered.outputs) != 1:
+        return -1
+    same_place = (OpKind.ELEMENTWISE, OpKind.BROADCAST)  # no Slice, Transpose, reduction
+    if any(
+        registry.get(n.op_type, n.domain, n.where).kind not in same_place for n in ep.group.nodes
+    ):
+        return -1
+    n_in = len(lowered.inputs)
+    ins, out = inner[:n_in], inner[n_in]
+    acc = next((a for a in ins if a.source == -1), None)
+    if acc is None or out.role != "full" or out.source < 0 or out.itemsize != acc.itemsize:
+        return -1
+    if any(a.role in ("full", "bfull") for a in ins if a.source >= 0):
+        return -1
+    return out.source
 
 
 def _layout(ep: Epilogue, operand: str, layout: Any) -> Any:
@@ -355,4 +383,5 @@ def dense_kernel(
     emitted = Emitted(ir, name, tuple(specs), (), False, ())
     seconds = time.perf_counter() - t0
     entry = LLVMKernel(name, emitted, loaded, target, seconds, from_cache, False)
-    return DenseKernel(pg.dense.name, entry, epilogue, ir), ins, outs
+    in_place = _in_place(pg, lowered, inner, len(pg.dense.inputs[1].shape)) >= 0
+    return DenseKernel(pg.dense.name, entry, epilogue, ir, in_place), ins, outs

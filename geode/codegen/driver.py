@@ -636,6 +636,11 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
             f"; from {BIG_PANELS * BIG_ROWS} rows per thread: panels of {BIG_ROWS} rows"
             " on the pool, each on one thread"
         )
+    if kernel.in_place:
+        job.weights += (
+            "; the GEMM writes the output's panels, the elementwise epilogue rewrites them in"
+            " place (no scratch panel; the scratch when the output overlaps A)"
+        )
     sibling, residual = pg.epilogue.sibling, pg.epilogue.residual
     if sibling is not None:  # taken only with both weights packed once
         job.weights += "; beside it U: " + choose_packing(a, sibling.inputs[1], opts).text

@@ -449,3 +449,76 @@ def test_gemm_without_a_configured_blas_computes_rather_than_crashes():
     run = subprocess.run([sys.executable, "-c", _NO_BLAS], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "computed"
+
+def _set_wide_direct(on: bool) -> bool:
+    """geode_sgemm_wide as if its scratch could not be had (the unbuffered fallback)."""
+    fn = ctypes.CDLL(native._ext.__file__).geode_sgemm_wide_set_direct
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return bool(fn(int(on)))
+
+
+@wide_only
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_wide_without_scratch_gives_the_same_bits(trans, beta):
+    """Out of memory for the strip, geode_sgemm_wide sums each element straight from B (B
+    or B^T) in the same order: the bits of the buffered path."""
+    m, k, n = 19, 300, 83
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.standard_normal((n, k) if trans else (k, n)).astype(np.float32)
+    c0 = RNG.standard_normal((m, n)).astype(np.float32)
+    outs = []
+    for direct in (False, True):
+        c = c0.copy()
+        was = _set_wide_direct(direct)
+        try:
+            before = _wide_calls()
+            _GEMM(
+                2 * trans,
+                m,
+                n,
+                k,
+                a.ctypes.data,
+                k,
+                b.ctypes.data,
+                k if trans else n,
+                beta,
+                c.ctypes.data,
+                n,
+                1,
+            )
+            assert _wide_calls() == before + 1
+        finally:
+            _set_wide_direct(was)
+        outs.append(c)
+    want = a.astype(np.float64) @ (b.T if trans else b) + (c0 if beta else 0)
+    np.testing.assert_allclose(outs[1], want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
+@wide_only
+def test_wide_runs_on_a_thread_with_a_small_stack():
+    """The strip of B (128 KiB at K 1024) lives in the thread's scratch, not on its stack: a
+    Python thread started with a 96 KiB stack computes the product (on the calling thread:
+    threads=1) without overflowing it."""
+    import threading
+
+    m, k, n = 16, 1024, 64
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.standard_normal((k, n)).astype(np.float32)
+    c = np.zeros((m, n), np.float32)
+    before, done = _wide_calls(), []
+
+    def run() -> None:
+        _gemm(a, b, c, 0.0, threads=1)
+        done.append(True)
+
+    old = threading.stack_size(96 << 10)
+    try:
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+    finally:
+        threading.stack_size(old)
+    assert done and _wide_calls() == before + 1
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))

@@ -465,7 +465,7 @@ def test_scratch_buffers_are_kept_per_thread_and_grow():
         out["held"] = nt.pool_info()["scratch_bytes"]
         other = fn(1, 10)
         out["other_slot"] = other not in (None, b) and fn(0, 100) == b
-        out["bad"] = (fn(4, 10), fn(-1, 10), fn(0, -5))
+        out["bad"] = (fn(5, 10), fn(-1, 10), fn(0, -5))
         nt.release_scratch()
         out["after"] = nt.pool_info()["scratch_bytes"]
 

@@ -266,7 +266,7 @@ def symbols() -> dict[str, int]:
     ``geode_sgemm_packed_at`` and ``geode_sgemm_pack`` (see :func:`packed_gemm_function`,
     :func:`packed_gemm_bias_function`, :func:`packed_gemm_at_function`, :func:`pack_weight`), ``geode_scratch`` (``void
     *geode_scratch(int64_t slot, int64_t bytes)``: the calling thread's buffer for ``slot``
-    (0 to 3), at least ``bytes`` long, 64-byte aligned, kept for its next call; NULL when
+    (0 to 3 for JIT code; 4 is ``geode_sgemm_wide``'s), at least ``bytes`` long, 64-byte aligned, kept for its next call; NULL when
     out of memory), and ``geode_check_indices``, a kernel entry (see "Kernel calls") that a
     chain runs before a kernel reading memory at unchecked indices: 0 when every index of
     its one array lies in ``[-dim, dim)`` (ints ``dim, unsigned``), 1 when one does not, 2

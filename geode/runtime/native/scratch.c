@@ -5,7 +5,9 @@
    kernel as fresh pages (mmap), and touching them costs more than the arithmetic saved
    (measured: docs/performance.md). So each thread keeps its buffers, one per slot, grown
    to the largest size asked for, 64-byte aligned; a thread's buffers are freed when it
-   exits (pool workers stop on a resize), or when it calls geode_scratch_release. */
+   exits (pool workers stop on a resize), or when it calls geode_scratch_release. Slots 0-3
+   are JIT code's (dense.py, winograd.c); slot 4 is geode_sgemm_wide's strip of B, which
+   runs inside their GEMMs. */
 
 #define _GNU_SOURCE
 #include "pool.h"
@@ -14,7 +16,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#define SLOTS 4
+#define SLOTS 5
 #define ALIGN 64
 
 typedef struct {

@@ -29,14 +29,17 @@
    once").
 
    geode_sgemm_wide multiplies by a B not packed beforehand (geode_gemm's float32 products
-   on AVX-512 CPUs): B packed a strip of two panels at a time into a buffer on the stack,
-   then the same tiles over all rows, so the same bits. */
+   on AVX-512 CPUs): B packed a strip of two panels at a time into the calling thread's
+   scratch (scratch.c, slot WIDE_SLOT: a caller with a small stack is safe), then the same
+   tiles over all rows, so the same bits; without that buffer (out of memory) every element
+   is summed straight from B in the same order (slow, the same bits). */
 
 #define _GNU_SOURCE
 #pragma GCC optimize("O3")
 #include "pool.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -506,10 +509,15 @@ GEODE_EXPORT void geode_sgemm_packed_at(int64_t m, int64_t n, int64_t k, float a
 
 /* ---------------------------------------------------------------- B not packed */
 
-/* geode_sgemm_wide: strips of this many panels of B are packed at a time, into a buffer on
-   the calling thread's stack (WIDE_PANELS * WIDE_MAX_K * 64 bytes: 128 KiB). */
+/* geode_sgemm_wide: strips of this many panels of B are packed at a time, into the calling
+   thread's scratch buffer WIDE_SLOT (at most WIDE_PANELS * WIDE_MAX_K * 64 bytes: 128 KiB;
+   not the stack: a thread started with a small stack would overflow it). The dense entries
+   (dense.py) hold slots 0-3 while their GEMMs run; the wide path has its own. */
 #define WIDE_PANELS 2
 #define WIDE_MAX_K 1024
+#define WIDE_SLOT 4
+
+static atomic_int g_wide_direct; /* test hook: 1 acts as if the scratch were not given */
 
 /* The 16 columns of x[0..15] (16 rows of 16 floats) as rows: out[c] = (x[0][c], ...,
    x[15][c]); only rows c < rows are stored, at out + c * NR. */
@@ -572,17 +580,46 @@ int geode_sgemm_wide_ok(void)
     return geode_sgemm_packed_isa() == ISA_AVX512;
 }
 
+/* C[0:m, j0:j1] (= or, add 1, +=) A[0:m, 0:k] @ B without a buffer: each element one fused
+   multiply-add chain from zero in k order, then plus C (the bits of the packed tiles); the
+   fallback when the strip's scratch cannot be had. */
+static void wide_direct(int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
+                        int64_t lda, const float *b, int64_t ldb, int trans, int add, float *c,
+                        int64_t ldc)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = j0; j < j1; j++) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < k; p++)
+                acc = fmaf(a[i * lda + p], trans ? b[j * ldb + p] : b[p * ldb + j], acc);
+            c[i * ldc + j] = add ? acc + c[i * ldc + j] : acc;
+        }
+}
+
+/* Test hook: on 1, geode_sgemm_wide acts as if its scratch could not be allocated (the
+   unbuffered fallback). Returns the previous setting. */
+GEODE_EXPORT int geode_sgemm_wide_set_direct(int on)
+{
+    return atomic_exchange(&g_wide_direct, on != 0);
+}
+
 /* C[0:m, j0:j1] (= or, add 1, +=) A[0:m, 0:k] @ B[0:k, j0:j1], row-major, leading dims in
    elements (trans: B^T given, row-major [n x k]), k in 1..WIDE_MAX_K, on the
-   calling thread: B packed a strip of WIDE_PANELS
-   panels at a time, then the packed kernel's tiles, all rows of the strip. Every element
-   one fused multiply-add chain from zero in k order (then plus C): the bits of
-   geode_sgemm_packed, and of sgemm_thin.c's kernel, whatever the columns' range. */
+   calling thread: B packed a strip of WIDE_PANELS panels at a time into the thread's
+   scratch, then the packed kernel's tiles, all rows of the strip. Every element one fused
+   multiply-add chain from zero in k order (then plus C): the bits of geode_sgemm_packed,
+   and of sgemm_thin.c's kernel, whatever the columns' range. */
 void geode_sgemm_wide(int64_t m, int64_t j0, int64_t j1, int64_t k, const float *a,
                       int64_t lda, const float *b, int64_t ldb, int trans, int add, float *c,
                       int64_t ldc)
 {
-    float strip[WIDE_PANELS * WIDE_MAX_K * NR] __attribute__((aligned(64)));
+    float *strip = atomic_load_explicit(&g_wide_direct, memory_order_relaxed)
+                       ? NULL
+                       : geode_scratch(WIDE_SLOT, WIDE_PANELS * k * NR * (int64_t)sizeof(float));
+    if (strip == NULL) {
+        wide_direct(m, j0, j1, k, a, lda, b, ldb, trans, add, c, ldc);
+        return;
+    }
     packed_t g = {m,     0,    k,     lda, ldc, 1, 0, 0, 0, a, strip, c,
                   {1.0f, add ? 1.0f : 0.0f}, NULL, geode_sgemm_packed_isa()};
     g.cache_pan = WIDE_PANELS;

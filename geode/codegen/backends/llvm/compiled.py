@@ -207,8 +207,12 @@ class DenseKernel:
     """A GEMM with its fused epilogue, compiled (see :mod:`geode.codegen.backends.llvm.dense`):
     called like an LLVM kernel (``call(arrays, ints)``, ``ints`` the thread count)."""
 
-    def __init__(self, name: str, kernel: Any, epilogue: Any, ir: str) -> None:
+    def __init__(
+        self, name: str, kernel: Any, epilogue: Any, ir: str, in_place: bool = False
+    ) -> None:
         self.name = name
+        #: the GEMM writes the epilogue's output panels, rewritten in place (``DenseSpec.in_place``)
+        self.in_place = in_place
         self.kernel = kernel  # the entry, an LLVMKernel
         self.epilogue = epilogue  # kept alive: the entry calls it
         self.source = ir + "\n; epilogue kernel\n" + epilogue.source

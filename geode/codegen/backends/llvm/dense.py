@@ -200,6 +200,12 @@ class DenseSpec:
     #: how ``A``, ``B``, ``V`` and ``O`` are laid out: None C-contiguous, else read (written)
     #: in place as heads of their root array (batched products only)
     layouts: tuple[HeadLayout | None, ...] = (None, None, None, None)
+    #: >= 0: the index in ``outer`` of the epilogue's one output (``full``, the product's
+    #: item size) of an elementwise epilogue: the GEMM writes each panel straight into it
+    #: and the epilogue rewrites it in place (no scratch panel; the output's lines are
+    #: fetched while the GEMM computes, not in the epilogue's pass), unless the output
+    #: overlaps ``A`` (then the scratch panel). One GEMM, unbatched (:func:`_in_place_ok`).
+    in_place: int = -1
 
     @property
     def batch(self) -> int:
@@ -687,6 +693,8 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     panel = w.op("mul", w.op("mul", v["rows"], v["N"]), item)
     size = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {panel}, 64')}, i64 64, i64 {panel}")
     v["s1"] = w.tmp(f"call ptr @geode_scratch(i64 0, i64 {size})")
+    if sp.in_place >= 0:
+        v["s1"] = _in_place_panel(w, sp, v, ptr["A"], item)
     v["s2"] = w.tmp(f"call ptr @geode_scratch(i64 1, i64 {size})") if sp.v_rank else "null"
     v["s3"] = w.tmp(f"call ptr @geode_scratch(i64 3, i64 {size})") if sp.sibling else "null"
     rms = sp.rms_eps is not None
@@ -738,6 +746,22 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     w.emit("  ret void")
     head = [f"define internal void @{sp.name}.chunk(ptr %ctx, i64 %c, i64 %n) {{", "entry:"]
     return head + w.lines + ["}"]
+
+
+def _in_place_panel(w: SsaWriter, sp: DenseSpec, v: dict, pa: str, item: int) -> str:
+    """The panel the GEMM writes and the epilogue reads (``DenseSpec.in_place``): rows
+    ``r0 ..`` of the epilogue's output, or the scratch panel (``v["s1"]``: NULL when out
+    of memory) when the output's ``M x N`` overlaps ``A``'s ``M x K`` (the GEMM of a panel
+    re-reads its rows of ``A`` after it has stored some of its sums)."""
+    word = w.word("%ctx", sp.ext_at + sp.in_place)
+    out = w.tmp(f"inttoptr i64 {word} to ptr")
+    a0 = w.tmp(f"ptrtoint ptr {pa} to i64")
+    a1 = w.op("add", a0, w.op("mul", w.op("mul", v["M"], v["K"]), item))
+    o1 = w.op("add", word, w.op("mul", w.op("mul", v["M"], v["N"]), item))
+    apart = w.op("or", w.op("icmp ule", a1, word), w.op("icmp ule", o1, a0), "i1")
+    byte = w.op("mul", v["r0n"], item)
+    panel = w.tmp(f"getelementptr inbounds i8, ptr {out}, i64 {byte}")
+    return w.tmp(f"select i1 {apart}, ptr {panel}, ptr {v['s1']}")
 
 
 def _rms_rows(w: SsaWriter, sp: DenseSpec, v: dict, pa: str) -> None:
@@ -845,6 +869,16 @@ def _check_layouts(sp: DenseSpec) -> None:
             raise CodegenError(f"{sp.name}: bad head layout {lay} of operand {'ABVO'[x]}")
 
 
+def _in_place_ok(sp: DenseSpec) -> bool:
+    """``in_place`` names a ``full`` argument of the product's item size that the epilogue
+    only writes, with one GEMM, unbatched, ``A`` in place."""
+    if sp.in_place >= len(sp.outer) or sp.v_rank or sp.sibling or sp.batch or sp.a_trans:
+        return False
+    out = sp.outer[sp.in_place]
+    reads = [a for a in sp.inner if a.source == sp.in_place]
+    return out.role == "full" and out.itemsize == TYPES[sp.dtype][2] and len(reads) == 1
+
+
 def dense_ir(sp: DenseSpec) -> str:
     """The entry's module (see the module docstring)."""
     item = TYPES[sp.dtype][2]
@@ -857,6 +891,8 @@ def dense_ir(sp: DenseSpec) -> str:
             f"{sp.name}: a sibling GEMM needs B, a residual or a bias V, packed once"
         )
     _check_layouts(sp)
+    if sp.in_place >= 0 and not _in_place_ok(sp):
+        raise CodegenError(f"{sp.name}: no in-place panel here (see DenseSpec.in_place)")
     head = [
         GEMM_DECL,
         *([PACKED_DECL] if sp.packed_n or sp.packed_d else []),
