@@ -450,6 +450,7 @@ def test_gemm_without_a_configured_blas_computes_rather_than_crashes():
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "computed"
 
+
 def _set_wide_direct(on: bool) -> bool:
     """geode_sgemm_wide as if its scratch could not be had (the unbuffered fallback)."""
     fn = ctypes.CDLL(native._ext.__file__).geode_sgemm_wide_set_direct
