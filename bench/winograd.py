@@ -90,17 +90,23 @@ def systems(model: onnx.ModelProto, threads: int, method: str = "winograd") -> d
     }
 
 
-def time_case(
-    case: tuple, threads: int, rounds: int, calls: int, clock=time.perf_counter
-) -> dict[str, list[float]]:
-    """Per system, the ms per call of each round (rounds interleaved, order rotated),
-    timed by ``clock``."""
+def case_model(case: tuple) -> tuple[onnx.ModelProto, dict]:
+    """A case's one-conv model and its random feeds (X, and Z for a residual)."""
     n, c, m, h, residual = case
     model = conv_model(n, c, m, h, residual)
     rng = np.random.default_rng(1)
     feeds = {"X": rng.standard_normal((n, c, h, h)).astype(np.float32)}
     if residual:
         feeds["Z"] = rng.standard_normal((n, m, h, h)).astype(np.float32)
+    return model, feeds
+
+
+def time_case(
+    case: tuple, threads: int, rounds: int, calls: int, clock=time.perf_counter
+) -> dict[str, list[float]]:
+    """Per system, the ms per call of each round (rounds interleaved, order rotated),
+    timed by ``clock``."""
+    model, feeds = case_model(case)
     return time_model(model, feeds, threads, rounds, calls, clock)
 
 
@@ -142,12 +148,7 @@ def time_paths(
     import geode
     from geode.runtime import native
 
-    n, c, m, h, residual = case
-    model = conv_model(n, c, m, h, residual)
-    rng = np.random.default_rng(1)
-    feeds = {"X": rng.standard_normal((n, c, h, h)).astype(np.float32)}
-    if residual:
-        feeds["Z"] = rng.standard_normal((n, m, h, h)).astype(np.float32)
+    model, feeds = case_model(case)
     wino = geode.compile(model, conv_method="winograd", num_threads=threads)
     old = native._ext._set_winograd_isa(-1)
     times: dict[int, list[float]] = {p: [] for p in paths}

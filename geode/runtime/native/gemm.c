@@ -176,19 +176,33 @@ static atomic_int g_thin = -1; /* -1: not yet asked, else geode_sgemm_thin_ok() 
 #define THIN_SERIAL_MAX_ROWS 4
 #define THIN_SERIAL_MAX_K 512
 
-static void thin_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
+/* A block's product, rows [0, m) by columns [j0, j1) of A's rows from `a` into `c`. */
+typedef void (*block_run_fn)(const gemm_t *g, int64_t m, int64_t j0, int64_t j1, const float *a,
+                             float *c);
+
+/* Block `chunk` of `nchunks` of a float32 product by `run`: a range of columns or of rows. */
+static void float_block(const gemm_t *g, int64_t chunk, int64_t nchunks, block_run_fn run)
 {
-    const gemm_t *g = ctx;
     int64_t lo = edge(g, chunk, nchunks), hi = edge(g, chunk + 1, nchunks);
     if (hi <= lo)
         return;
-    const float *a = (const float *)g->a, *b = (const float *)g->b;
+    const float *a = (const float *)g->a;
     float *c = (float *)g->c;
     if (g->by_cols)
-        geode_sgemm_thin(g->m, lo, hi, g->k, a, g->lda, b, g->ldb, g->beta != 0.0, c, g->ldc);
+        run(g, g->m, lo, hi, a, c);
     else
-        geode_sgemm_thin(hi - lo, 0, g->n, g->k, a + lo * g->lda, g->lda, b, g->ldb,
-                         g->beta != 0.0, c + lo * g->ldc, g->ldc);
+        run(g, hi - lo, 0, g->n, a + lo * g->lda, c + lo * g->ldc);
+}
+
+static void thin_run(const gemm_t *g, int64_t m, int64_t j0, int64_t j1, const float *a, float *c)
+{
+    geode_sgemm_thin(m, j0, j1, g->k, a, g->lda, (const float *)g->b, g->ldb, g->beta != 0.0, c,
+                     g->ldc);
+}
+
+static void thin_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
+{
+    float_block(ctx, chunk, nchunks, thin_run);
 }
 
 /* A float32 product with geode's own kernel: when the BLAS would compute it in one call
@@ -261,20 +275,15 @@ int geode_gemm_set_wide(int on)
 #define WIDE_COLS 32
 #define WIDE_ROWS 8
 
+static void wide_run(const gemm_t *g, int64_t m, int64_t j0, int64_t j1, const float *a, float *c)
+{
+    geode_sgemm_wide(m, j0, j1, g->k, a, g->lda, (const float *)g->b, g->ldb, g->trans_b,
+                     g->beta != 0.0, c, g->ldc);
+}
+
 static void wide_block_fn(void *ctx, int64_t chunk, int64_t nchunks)
 {
-    const gemm_t *g = ctx;
-    int64_t lo = edge(g, chunk, nchunks), hi = edge(g, chunk + 1, nchunks);
-    if (hi <= lo)
-        return;
-    const float *a = (const float *)g->a, *b = (const float *)g->b;
-    float *c = (float *)g->c;
-    if (g->by_cols)
-        geode_sgemm_wide(g->m, lo, hi, g->k, a, g->lda, b, g->ldb, g->trans_b, g->beta != 0.0, c,
-                         g->ldc);
-    else
-        geode_sgemm_wide(hi - lo, 0, g->n, g->k, a + lo * g->lda, g->lda, b, g->ldb, g->trans_b,
-                         g->beta != 0.0, c + lo * g->ldc, g->ldc);
+    float_block(ctx, chunk, nchunks, wide_run);
 }
 
 /* 1 when geode_sgemm_wide computes this product: float32, K <= WIDE_MAX_K, 3 rows or more
