@@ -222,11 +222,16 @@ def main(argv: list[str] | None = None) -> None:
         if a.only not in name:
             continue
         for threads in [int(t) for t in a.threads.split(",")]:
-            n, c, m, h, _ = case
-            calls = a.calls or max(1, int(2e8 // (n * c * m * h * h * 9)))
+            calls = _calls(a, case)
             if a.cpu and threads != 1:
                 p.error("--cpu times one thread only (--threads 1)")
             _row(name, threads, time_case(case, threads, a.rounds, calls, clock))
+
+
+def _calls(a: argparse.Namespace, case: tuple) -> int:
+    """Calls per timed block: ``--calls``, else about 2e8 multiply-adds' worth."""
+    n, c, m, h, _ = case
+    return a.calls or max(1, int(2e8 // (n * c * m * h * h * 9)))
 
 
 def _paths_table(a: argparse.Namespace, clock) -> None:
@@ -240,8 +245,7 @@ def _paths_table(a: argparse.Namespace, clock) -> None:
         if a.only not in name:
             continue
         for threads in [int(t) for t in a.threads.split(",")]:
-            n, c, m, h, _ = case
-            calls = a.calls or max(1, int(2e8 // (n * c * m * h * h * 9)))
+            calls = _calls(a, case)
             t = time_paths(case, threads, a.rounds, calls, clock, paths)
             base = t[paths[0]]
             meds = " | ".join(f"{statistics.median(t[p]):.3f}" for p in paths)

@@ -70,6 +70,16 @@ static int64_t balanced(int64_t blocks, int64_t t)
     return blocks;
 }
 
+/* Blocks for `t` threads: BLOCKS_PER_THREAD each, but none under `min_work` multiply-adds
+   of the product's `work` and at most `most`. */
+static int64_t capped_blocks(int64_t t, double work, double min_work, int64_t most)
+{
+    int64_t blocks = t * BLOCKS_PER_THREAD;
+    if ((double)blocks > work / min_work)
+        blocks = (int64_t)(work / min_work);
+    return blocks > most ? most : blocks;
+}
+
 typedef struct {
     int kind; /* 0: float32, 1: float64 */
     int trans_b; /* B is stored transposed: element (k, j) at b[j * ldb + k] */
@@ -225,11 +235,7 @@ static int thin_path(const gemm_t *g0, int64_t t, double work, int blas_split, i
     g->by_cols = g->m == 1 || g->n / THIN_ALIGN >= g->m / 4;
     g->align = g->by_cols ? THIN_ALIGN : 4;
     int64_t dim = g->by_cols ? g->n : g->m;
-    int64_t blocks = t * BLOCKS_PER_THREAD;
-    if ((double)blocks > work / THIN_BLOCK_MIN_WORK)
-        blocks = (int64_t)(work / THIN_BLOCK_MIN_WORK);
-    if (blocks > dim / g->align)
-        blocks = dim / g->align;
+    int64_t blocks = capped_blocks(t, work, THIN_BLOCK_MIN_WORK, dim / g->align);
     /* two blocks or more on two threads, decided without `t`: then the kernel, not the
        BLAS, on one thread too where it is as fast (a few rows, or B's strips packed) */
     int splits = !(blas_splits && g->m > 1) && work >= 2 * THIN_BLOCK_MIN_WORK &&
@@ -304,11 +310,7 @@ static int wide_path(const gemm_t *g0, int64_t t, double work, int in_job)
     g->by_cols = g->n / WIDE_COLS >= g->m / WIDE_ROWS;
     g->align = g->by_cols ? WIDE_COLS : WIDE_ROWS;
     int64_t dim = g->by_cols ? g->n : g->m;
-    int64_t blocks = t * BLOCKS_PER_THREAD;
-    if ((double)blocks > work / THIN_BLOCK_MIN_WORK)
-        blocks = (int64_t)(work / THIN_BLOCK_MIN_WORK);
-    if (blocks > dim / g->align)
-        blocks = dim / g->align;
+    int64_t blocks = capped_blocks(t, work, THIN_BLOCK_MIN_WORK, dim / g->align);
     blocks = balanced(blocks, t);
     atomic_fetch_add_explicit(&g_wide_calls, 1, memory_order_relaxed);
     if (t > 1 && blocks >= 2 && !in_job)
@@ -362,11 +364,7 @@ GEODE_EXPORT void geode_gemm(int64_t kind, int64_t m, int64_t n, int64_t k, cons
     double work = (double)m * (double)n * (double)k;
     int64_t dim = g.by_cols ? n : m;
     /* even blocks of at least 2 x BLOCK_MIN_WORK (so alignment cannot take one under it) */
-    int64_t blocks = t * BLOCKS_PER_THREAD;
-    if ((double)blocks > work / (2.0 * BLOCK_MIN_WORK))
-        blocks = (int64_t)(work / (2.0 * BLOCK_MIN_WORK));
-    if (blocks > dim / g.align)
-        blocks = dim / g.align;
+    int64_t blocks = capped_blocks(t, work, 2.0 * BLOCK_MIN_WORK, dim / g.align);
     blocks = balanced(blocks, t);
     int in_job = geode_pool_in_job();
     int blas_split = g_set_threads != NULL && t > 1 && blocks >= 2 && !in_job;
