@@ -41,9 +41,9 @@ from geode.codegen.ast import forget_expression_memos
 from geode.codegen.cache import maybe_prune
 from geode.codegen.epilogues import attach_epilogues
 from geode.codegen.lower import make_can_lower
-from geode.codegen.native_conv import conv_interface
-from geode.codegen.native_pool import pool_interface
-from geode.codegen.native_rnn import rnn_interface
+from geode.codegen.native_conv import conv_interface, start_conv
+from geode.codegen.native_pool import pool_interface, start_pool
+from geode.codegen.native_rnn import rnn_interface, start_lstm
 from geode.codegen.schedule_source import schedule_sources
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
@@ -238,18 +238,26 @@ def schedule(c: Compilation) -> None:
         log.warning(msg)
 
 
+#: what starts a single AICPU node's library module ahead (the first that takes it)
+_LIBRARY_STARTS = (driver.start_library, start_conv, start_pool, start_lstm)
+
+
 def _start_libraries(c: Compilation) -> None:
     """Start LLVM on the library modules the bind stage will link for the single nodes on
-    AICPU (a MatMul run natively: ``driver.start_library``), so they compile beside the
-    kernels rather than alone at the end; one that cannot be started is left to bind."""
+    AICPU (a MatMul run natively: ``driver.start_library``; a conv, pool or LSTM: their
+    modules' ``start_*``), so they compile beside the kernels on the background threads
+    rather than one after another on this one; one that cannot be started is left to
+    bind."""
     for item in c.work:
         if isinstance(item, Node) and c.placement.engine.get(item.name) == "aicpu":
-            try:
-                ir = driver.start_library(item, c.graph, c.opts)
-            except Exception:  # noqa: BLE001 - bind meets the same error and reports it
-                continue
-            if ir is not None:
-                c.library_modules.append(ir)
+            for start in _LIBRARY_STARTS:
+                try:
+                    ir = start(item, c.graph, c.opts)
+                except Exception:  # noqa: BLE001 - bind meets the same error and reports it
+                    continue
+                if ir is not None:
+                    c.library_modules.append(ir)
+                    break
 
 
 def emit(c: Compilation) -> None:

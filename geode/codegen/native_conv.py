@@ -34,7 +34,7 @@ from geode.errors import CodegenError, GeodeError
 if TYPE_CHECKING:
     pass
 
-__all__ = ["conv_interface", "conv_spec"]
+__all__ = ["conv_interface", "conv_spec", "start_conv"]
 
 #: what each method is called in the placement's reasons
 _METHODS = {
@@ -126,14 +126,40 @@ def _pool_of(attrs: dict) -> tuple[int, ...]:
     return (kh, kw, sh, sw, *pool["pads"])
 
 
+def _native_conv(node: Node, opts: Options) -> bool:
+    """Whether ``node`` is a Conv or FusedConv and native code is on (LLVM and codegen)."""
+    plain = node.op_type == "Conv" and node.domain in ("", "ai.onnx")
+    if not plain and (node.op_type, node.domain) != (FUSED_CONV, GEODE_DOMAIN):
+        return False
+    return opts.backend == "llvm" and opts.codegen
+
+
+def start_conv(node: Node, g: Graph, opts: Options) -> str | None:
+    """Start LLVM, on the background threads, on the module :func:`conv_interface` will
+    link for ``node`` (``driver.start_library``'s counterpart for convs): its IR, for
+    ``driver.abandon_library``, or None when ``node`` gets no native conv module."""
+    if not _native_conv(node, opts):
+        return None
+    spec = conv_spec(node, g, opts.conv_method)
+    if isinstance(spec, str):
+        return None
+    from geode.codegen.backends.llvm.conv import conv_ir
+    from geode.codegen.backends.llvm.kernel import start_module
+    from geode.codegen.backends.llvm.library import blas
+    from geode.codegen.backends.llvm.target import host
+
+    if spec.method in ("im2col", "pointwise") and blas() is None:
+        return None  # conv_kernel links no module
+    name, ir = conv_ir(spec, host().function_attrs)
+    start_module(name, ir, object_cache(opts))
+    return ir
+
+
 def conv_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     """The native step of a Conv node (see the module docstring): a :class:`LibraryChoice`,
     or None for a node that is not a Conv or when native code is off (LLVM backend and
     codegen both needed)."""
-    plain = node.op_type == "Conv" and node.domain in ("", "ai.onnx")
-    if not plain and (node.op_type, node.domain) != (FUSED_CONV, GEODE_DOMAIN):
-        return None
-    if opts.backend != "llvm" or not opts.codegen:
+    if not _native_conv(node, opts):
         return None
     spec = conv_spec(node, g, opts.conv_method)
     if isinstance(spec, str):

@@ -21,7 +21,7 @@ from geode.compiler.shapes import free_symbols
 from geode.config import Options
 from geode.errors import CodegenError, GeodeError
 
-__all__ = ["POOL_OPS", "pool_interface", "pool_spec"]
+__all__ = ["POOL_OPS", "pool_interface", "pool_spec", "start_pool"]
 
 #: the pooling ops that may run natively, with their reduction and globality
 POOL_OPS = {
@@ -77,13 +77,35 @@ def pool_spec(node: Node, g: Graph) -> PoolSpec | str:
         return f"window attributes: {exc}"
 
 
+def _native_pool(node: Node, opts: Options) -> bool:
+    """Whether ``node`` is one of :data:`POOL_OPS` and native code is on."""
+    if node.op_type not in POOL_OPS or node.domain not in ("", "ai.onnx"):
+        return False
+    return opts.backend == "llvm" and opts.codegen
+
+
+def start_pool(node: Node, g: Graph, opts: Options) -> str | None:
+    """Start LLVM, on the background threads, on the module :func:`pool_interface` will
+    link for ``node`` (see ``native_conv.start_conv``): its IR, or None."""
+    if not _native_pool(node, opts):
+        return None
+    spec = pool_spec(node, g)
+    if isinstance(spec, str):
+        return None
+    from geode.codegen.backends.llvm.kernel import start_module
+    from geode.codegen.backends.llvm.pool import pool_ir
+    from geode.codegen.backends.llvm.target import host
+
+    name, ir = pool_ir(spec, host().function_attrs)
+    start_module(name, ir, object_cache(opts))
+    return ir
+
+
 def pool_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     """The native step of a pooling node (see the module docstring): a
     :class:`~geode.codegen.driver.LibraryChoice`, or None for a node that is not one of
     :data:`POOL_OPS` or when native code is off (LLVM backend and codegen both needed)."""
-    if node.op_type not in POOL_OPS or node.domain not in ("", "ai.onnx"):
-        return None
-    if opts.backend != "llvm" or not opts.codegen:
+    if not _native_pool(node, opts):
         return None
     what = node.op_type
     spec = pool_spec(node, g)

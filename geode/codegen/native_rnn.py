@@ -18,6 +18,7 @@ choice is its kernel's ``weights:`` line in ``explain()``), so a call packs noth
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from geode.compiler.shapes import free_symbols
 from geode.config import Options
 from geode.errors import CodegenError
 
-__all__ = ["lstm_spec", "rnn_interface"]
+__all__ = ["lstm_spec", "rnn_interface", "start_lstm"]
 
 _DEFAULT_ACTS = ("sigmoid", "tanh", "tanh")
 
@@ -103,24 +104,58 @@ def lstm_spec(node: Node, g: Graph) -> LstmSpec | str:
         return str(exc)
 
 
-def rnn_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
-    """The native step of an LSTM node (see the module docstring): an
-    :class:`LibraryChoice`, or None for a node that is not an LSTM or when native code is off
-    (LLVM backend and codegen both needed)."""
+def _native_lstm(node: Node, opts: Options) -> bool:
+    """Whether ``node`` is an LSTM and native code is on (LLVM backend and codegen)."""
     if node.op_type != "LSTM" or node.domain not in ("", "ai.onnx"):
-        return None
-    if opts.backend != "llvm" or not opts.codegen:
-        return None
-    spec = lstm_spec(node, g)
-    if isinstance(spec, str):
-        return LibraryChoice(None, None, f"library op: reference kernel (LSTM: {spec})")
-    from geode.codegen.backends.llvm.lstm import lstm_kernel, panel_lanes
+        return False
+    return opts.backend == "llvm" and opts.codegen
+
+
+def _packed(node: Node, spec: LstmSpec, opts: Options) -> tuple[LstmSpec, Any]:
+    """``spec`` with its weights' panels when the packing choice packs them, and that
+    choice."""
+    from geode.codegen.backends.llvm.lstm import panel_lanes
     from geode.codegen.backends.llvm.target import host
 
     lanes = panel_lanes(spec.dtype, host())
     choice = choose_lstm_packing(node.inputs[1], node.inputs[2], opts, lanes)
     if choice.packed:
         spec = dataclasses.replace(spec, panel_lanes=lanes)
+    return spec, choice
+
+
+def start_lstm(node: Node, g: Graph, opts: Options) -> str | None:
+    """Start LLVM, on the background threads, on the module :func:`rnn_interface` will
+    link for ``node`` (see ``native_conv.start_conv``): its IR, or None."""
+    if not _native_lstm(node, opts):
+        return None
+    spec = lstm_spec(node, g)
+    if isinstance(spec, str):
+        return None
+    from geode.codegen.backends.llvm.kernel import start_module
+    from geode.codegen.backends.llvm.lstm import lstm_ir, vector_bytes
+    from geode.codegen.backends.llvm.target import host
+
+    spec, _ = _packed(node, spec, opts)
+    target = host()
+    args = (target.function_attrs, vector_bytes(target), target.vector_registers)
+    name, ir = lstm_ir(spec, *args)
+    start_module(name, ir, object_cache(opts))
+    return ir
+
+
+def rnn_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
+    """The native step of an LSTM node (see the module docstring): an
+    :class:`LibraryChoice`, or None for a node that is not an LSTM or when native code is off
+    (LLVM backend and codegen both needed)."""
+    if not _native_lstm(node, opts):
+        return None
+    spec = lstm_spec(node, g)
+    if isinstance(spec, str):
+        return LibraryChoice(None, None, f"library op: reference kernel (LSTM: {spec})")
+    from geode.codegen.backends.llvm.lstm import lstm_kernel
+
+    spec, choice = _packed(node, spec, opts)
     try:
         kernel = lstm_kernel(spec, object_cache(opts))
     except CodegenError as exc:

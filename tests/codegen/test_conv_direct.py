@@ -346,3 +346,57 @@ def test_scratch_copies_prefetch_rows_ahead(stride) -> None:
     pad = source[source.index(".pad(") :]
     pad = pad[: pad.index("\n}\n")]
     assert PREFETCH_ROWS > 0 and "call void @llvm.prefetch.p0(ptr %pf" in pad
+
+
+def test_tiles_written_once_and_only_the_tails_a_row_reaches() -> None:
+    """A body for any width (AVX-512, float32, 20 channels) writes each tile function
+    once, however many row functions call it, and only the tails the rows of its
+    blocking reach: whole vectors (the last one's store masked), 1 vector on the 1-vector
+    rows, 2 on the 2-vector rows (17 to 32 columns), any on the wide rows."""
+    import re
+
+    from geode.codegen.backends.llvm.conv import conv_ir
+
+    spec = make_spec((1, 6, 9, 40), (20, 6, 3, 3), {"pads": [1, 1, 1, 1]}, "float32", True)
+    attrs = '"target-features"="+avx2,+fma,+avx512f"'
+    _, ir = conv_ir(dataclasses.replace(spec, choice="direct"), attrs)
+    tiles = re.findall(r"define internal void @\S+\.run\.(tile[\w.]+)\(", ir)
+    assert len(tiles) == len(set(tiles))
+    assert sorted(tiles) == sorted(
+        [
+            "tile8x2.16",  # 1-vector rows: 8 channels x 2 rows, and their 4 left over
+            "tile4x2.16",
+            "tile8x1.16",  # an odd last row
+            "tile4x1.16",  # the odd row's 4 left over, the wide rows' 1-vector tail
+            "tile4x2.16_16",  # 2-vector rows: only their 2-vector tile
+            "tile4x1.16_16",  # shared by the 2-vector rows' odd row and the wide tails
+            "tile4x1.16_16_16",
+            "tile4x1.16_16_16_16",
+        ]
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_every_row_width_takes_its_tiles(stride, dtype) -> None:
+    """One kernel (the width unknown at compile time: every blocking) on rows of 1 to 70
+    output columns: every blocking, every tail tile, masked and whole last vectors, 20
+    channels (a remainder block) and odd row counts; against the reference, the same
+    bits on 1 and 2 threads."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((20, 3, 3, 3)).astype(dtype)
+    b = rng.standard_normal(20).astype(dtype)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [stride, stride]}
+    spec = make_spec((1, 3, 7, 9), w.shape, attrs, dtype, True, activation="relu", choice="direct")
+    k = conv_kernel(spec)
+    for ow in range(1, 71):
+        x = rng.standard_normal((1, 3, 7, ow * stride)).astype(dtype)
+        want = reference(x, w, b, None, attrs, "relu", ())
+        assert want.shape[-1] == ow
+        outs = []
+        for threads in (1, 2):
+            y = np.full(want.shape, np.nan, dtype)
+            k(x, w, b, y, threads=threads)
+            outs.append(y)
+        np.testing.assert_allclose(outs[0], want, rtol=TOL[dtype], atol=TOL[dtype] * 10)
+        np.testing.assert_array_equal(outs[1], outs[0])

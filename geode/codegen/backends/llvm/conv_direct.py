@@ -9,8 +9,8 @@ and tap ``(i, j)`` of the window, the tile loads ``U`` vectors of the (scratch) 
 and multiplies each by the ``CB`` weights, broadcast: ``CB * U`` fused multiply-adds per
 ``U`` vector loads. The epilogue runs on the tile in registers before its one store:
 the bias, then the residual ``Z`` (same shape as Y) added, then the activation (Relu).
-The last tile of a row stores through a lane mask (its extra lanes read zeros of the
-scratch row and are never stored); a whole tile stores plain vectors. Before its taps a tile prefetches the ``Z`` it will
+The last vector of a row's last tile stores through a lane mask (its extra lanes read
+zeros of the scratch row and are never stored); a whole tile stores plain vectors. Before its taps a tile prefetches the ``Z`` it will
 read and the ``Y`` it will write (:func:`_prefetch_tile`).
 
 Work is split into *items*, one band of output rows of one image and group
@@ -70,6 +70,13 @@ _CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
 
 #: independent FMA chains a tile needs to keep two FMA pipes of 4 cycles' latency busy
 FMA_CHAINS = 8
+#: a tile's window rows as a loop (each row's ``kw`` taps written once), not unrolled: a
+#: third of a 3x3 body's IR; the cnn's direct convs ran as fast (Zen 5, one thread)
+TAP_ROW_LOOP = True
+#: tails whose last vector is half wide (a 56-column row: 16 + 16 + 16 + 8), else whole
+#: vectors, the last one's store masked (16 x 4): off, as fast on Zen 5 (a half-wide FMA
+#: takes a whole pipe) and half the tail functions, LLVM's time with them
+HALF_TAILS = False
 #: output rows a tile of a narrow row's blocking takes (:func:`blockings`)
 NARROW_ROWS = 2
 
@@ -119,16 +126,18 @@ def write_body(module: ModuleWriter, name: str, spec: ConvSpec, attrs: str) -> N
     ``spec``'s conv directly on the native pool; ``attrs``: the target's function
     attributes."""
     v_lanes = lanes(spec, attrs)
-    variants = []
+    variants, tiles, narrower = [], _Tiles(module, name, spec, attrs), 0
     for most, cb, u, rb in blockings(spec, attrs):
         rows = []  # per rows a tile (rb, then 1): the full channel block, the remainder
+        # the columns a tail takes (a row of one tile or less: its narrowest is above the
+        # narrower blocking's widest) or any
+        rests = (narrower * v_lanes, most * v_lanes - 1) if most == u else (0, None)
         for r in (rb, 1) if rb > 1 else (1,):
             for c in (cb, spec.mg % cb) if spec.mg % cb else (cb,):
                 rows.append(f"{name}.row{c}x{u}x{r}")
-                module.add_function(
-                    _row_function(module, rows[-1], spec, attrs, (c, u, r), v_lanes)
-                )
+                module.add_function(_row_function(rows[-1], tiles, (c, u, r), v_lanes, rests))
         variants.append((most * v_lanes, cb, rb, rows))
+        narrower = most
     pad, chunk = f"{name}.pad", f"{name}.chunk"
     if spec.strides[1] == 2:
         odd = spec.kernel[1] > 1 and spec.dilations[1] % 2 == 1  # a tap reads odd columns
@@ -607,28 +616,55 @@ def nan_max(fn: FunctionWriter, ty: str, lanes: int, vals: list[str]) -> str:
     return fn.value(f"select {mty} {anynan}, {vty} {nan}, {vty} {acc}", "nanmax")
 
 
+class _Tiles:
+    """The tile functions of one body (:func:`_tile_function`), each written once however
+    many row functions call it: ``tiles(cb, rb, widths)`` is its name."""
+
+    def __init__(self, module: ModuleWriter, name: str, spec: ConvSpec, attrs: str):
+        self.module, self.name, self.spec, self.attrs = module, name, spec, attrs
+        self.made: set[str] = set()
+
+    def __call__(self, cb: int, rb: int, widths: tuple[int, ...]) -> str:
+        tile = f"{self.name}.tile{cb}x{rb}.{'_'.join(map(str, widths))}"
+        if tile not in self.made:
+            self.made.add(tile)
+            fn = _tile_function(self.module, tile, self.spec, self.attrs, (cb, rb), widths)
+            self.module.add_function(fn)
+        return tile
+
+
 def _row_function(
-    module: ModuleWriter,
     name: str,
-    spec: ConvSpec,
-    attrs: str,
+    tile_fns: _Tiles,
     shape: tuple[int, int, int],
     vl: int,
+    rests: tuple[int, int | None],
 ) -> FunctionWriter:
     """``void @name(ptr src, i64 Wp, i64 plane, ptr w, ptr bias, ptr z, ptr y, i64 OW,
     i64 P)``: one output row of ``cb`` channels (``P`` apart in Y and Z) from the scratch
     rows at ``src`` (planes ``plane`` apart, rows ``Wp`` apart), tile by tile: full tiles
-    of ``u`` vectors, then a tail tile of as many vectors as the rest needs, its last one
-    half as wide when half a vector holds what is left (a 56-column row: 32 + 16 + 8).
+    of ``u`` vectors, then a tail tile of as many vectors as the rest needs (with
+    :data:`HALF_TAILS`, its last one half as wide when half a vector holds what is left).
     ``shape``: the tiles' channels, vectors and output rows (``rb`` rows ``OW`` apart in Y
-    and Z, ``row_step`` scratch rows apart)."""
+    and Z, ``row_step`` scratch rows apart). ``rests``: the columns left after the full
+    tiles that reach a tail, above the first and at most the second (None: any); tails
+    no row in that range takes are not written (a row of 17 to 32 columns on 2-vector
+    tiles never takes a 1-vector tail)."""
     cb, u, rb = shape
+    module = tile_fns.module
+    lo_rest, hi_rest = rests
     tails = [(vl,) * k for k in range(1, u + 1)]
-    tails += [(vl,) * (k - 1) + (vl // 2,) for k in range(1, u + 1)] if vl % 2 == 0 else []
+    if HALF_TAILS and vl % 2 == 0:
+        tails += [(vl,) * (k - 1) + (vl // 2,) for k in range(1, u + 1)]
     shapes = sorted(set(tails), key=lambda w: (sum(w), len(w)))
-    tiles = {w: f"{name}.tile{'_'.join(map(str, w))}" for w in shapes}
-    for widths, tile_name in tiles.items():
-        module.add_function(_tile_function(module, tile_name, spec, attrs, (cb, rb), widths))
+    bounds = [(sum(shapes[i - 1]) if i else 0, sum(w)) for i, w in enumerate(shapes)]
+    reached = [
+        (w, lo) for w, (lo, hi) in zip(shapes, bounds)
+        if hi > lo_rest and (hi_rest is None or lo < hi_rest)
+    ]  # fmt: skip
+    tiles = {w: tile_fns(cb, rb, w) for w, _ in reached}
+    tiles[(vl,) * u] = tile_fns(cb, rb, (vl,) * u)
+    attrs = tile_fns.attrs
     names = ("src", "Wp", "plane", "w", "bias", "z", "y", "OW", "P")
     kinds = ("ptr noalias", "i64", "i64", "ptr noalias", "ptr noalias", "ptr noalias")
     params = list(zip((*kinds, "ptr noalias", "i64", "i64"), names))
@@ -648,13 +684,11 @@ def _row_function(
 
     b.loop("0", nfull, tile, "t", step=str(width), meta=Builder.no_unroll(module))
     rest = b.sub(ow, nfull, "rest")
-    lo = 0
-    for widths in shapes:  # the tail: the narrowest tile that holds the rest
+    for widths, lo in reached:  # the tail: the narrowest tile that holds the rest
         hi = sum(widths)
         cond = b.all_of([b.cmp("sgt", rest, str(lo)), b.cmp("sle", rest, str(hi))])
         call = f"call void @{tiles[widths]}({args}, i64 {nfull}, i64 {rest})"
         b.when(cond, lambda call=call: fn.add(call), "tail")
-        lo = hi
     fn.terminate("ret void")
     return fn
 
@@ -718,15 +752,16 @@ def _tile_function(
         odd, at = (j * dw) % 2, (j * dw) // 2
         return b.add(b.mul(str(odd), half), str(at), "col") if odd else str(at)
 
-    def channel(ci: str) -> None:
-        xc = b.gep(ty, base, b.mul(ci, plane), "xc")
-        wc = b.gep(ty, w, b.mul(ci, str(khw)), "wc")
+    def taps(xc: str, wc: str, i: str) -> None:
+        """The ``kw`` taps of window row ``i`` (a constant or a loop's counter)."""
+        xi = b.gep(ty, xc, b.mul(b.mul(i, str(dh)), wp), "xi")
+        wi = b.gep(ty, wc, b.mul(i, str(kw)), "wi")
         vals = [[[fn.value(f"load {ops[k][0]}, ptr {a}", "a") for k, a in zip(slots, r)]
                  for r in rows] for rows in accs]  # fmt: skip
-        for i, j in ((i, j) for i in range(kh) for j in range(kw)):
+        for j in range(kw):
             xs = []
             for q in range(rb):
-                xr = b.gep(ty, xc, b.mul(str(i * dh + q * step), wp), "xr")
+                xr = b.gep(ty, xi, b.mul(str(q * step), wp), "xr")
                 col = b.gep(ty, xr, column(j), "xcol")
                 xs.append(
                     [
@@ -737,11 +772,12 @@ def _tile_function(
                     ]
                 )
             for m in range(cb):
-                wv = b.load(ty, b.gep(ty, wc, str(m * spec.cg * khw + i * kw + j)), "wt")
+                wv = b.load(ty, b.gep(ty, wi, str(m * spec.cg * khw + j)), "wt")
+                splats = {n: _splat(fn, ty, wv, n) for n in sorted(set(widths))}
                 for q, k in ((q, k) for q in range(rb) for k in slots):
                     vty, suffix = ops[k]
                     vals[q][m][k] = fn.value(
-                        f"call {vty} @llvm.fma.{suffix}({vty} {_splat(fn, ty, wv, widths[k])}, "
+                        f"call {vty} @llvm.fma.{suffix}({vty} {splats[widths[k]]}, "
                         f"{vty} {xs[q][k]}, {vty} {vals[q][m][k]})",
                         "acc",
                     )
@@ -749,6 +785,15 @@ def _tile_function(
             for row, vrow in zip(rows, vrows):
                 for k, a, val in zip(slots, row, vrow):
                     fn.add(f"store {ops[k][0]} {val}, ptr {a}")
+
+    def channel(ci: str) -> None:
+        xc = b.gep(ty, base, b.mul(ci, plane), "xc")
+        wc = b.gep(ty, w, b.mul(ci, str(khw)), "wc")
+        if kh > 1 and TAP_ROW_LOOP:  # the window's rows a loop: one row's taps written once
+            b.loop("0", str(kh), lambda i: taps(xc, wc, i), "ki", meta=Builder.no_unroll(module))
+        else:
+            for i in range(kh):
+                taps(xc, wc, str(i))
 
     def row_at(q: int) -> tuple[str, str]:
         """Y and Z (null without a residual) moved down to the tile's row ``q``."""
@@ -761,16 +806,20 @@ def _tile_function(
         _prefetch_tile(module, b, spec, cb, offs, (row_at(q)[1], row_at(q)[0], p, t))
     b.loop("0", str(spec.cg), channel, "ci", meta=Builder.no_unroll(module))
 
-    def epilogue(masked: bool) -> None:
-        for q, k in ((q, k) for q in range(rb) for k in slots):
+    def epilogue(which: list[int], masked: bool) -> None:
+        for q, k in ((q, k) for q in range(rb) for k in which):
             yq, zq = row_at(q)
             at = (bias, zq, yq, p, t, valid)
             _store_slot(b, spec, (widths[k], offs[k]), [r[k] for r in accs[q]], at, masked)
 
-    # a whole tile stores (and reads Z) without lane masks: masked 512-bit stores were
-    # 20% of the small stem's tile samples
+    # ``valid`` is above the columns of all vectors but the last (a tail tile takes more
+    # than the next narrower tile holds: :func:`_row_function`): they store plain; the
+    # last stores without lane masks when whole (masked 512-bit stores were 20% of the
+    # small stem's tile samples)
+    epilogue(list(slots)[:-1], False)
     whole = b.cmp("sge", valid, str(sum(widths)), "whole")
-    b.branch(whole, lambda: epilogue(False), lambda: epilogue(True), "store")
+    last = [len(widths) - 1]
+    b.branch(whole, lambda: epilogue(last, False), lambda: epilogue(last, True), "store")
     fn.terminate("ret void")
     return fn
 
