@@ -222,3 +222,30 @@ def test_winograd_bench_times_the_vector_paths(monkeypatch, capsys) -> None:
     paths = before + 1  # 0 .. the best path
     assert len(rows) == 1 and rows[0].count("|") == 2 * paths + 2, rows
     assert native.pool_info()["winograd_isa"] == before
+
+
+def test_llama_mlp_bench_pairs_the_step_with_its_bare_gemms(monkeypatch, tmp_path) -> None:
+    """``bench/llama_mlp.py``: the bare GEMMs compute the block's three products, and a
+    measurement gives one ratio per block for the step against them and for an option's
+    variant against the default (a changed row scale: not the same bits)."""
+    pytest.importorskip("torch")
+    from geode.runtime import native
+
+    monkeypatch.syspath_prepend(str(SCRIPT.parents[1]))
+    from bench import llama_mlp
+    from bench.models import _model_specs, export
+
+    bare = llama_mlp.BareGemms(9, 16, 40, 1)
+    bare()
+    a, h = bare.inputs
+    for out, x, w in zip(bare.outputs, (a, a, h), bare.weights):
+        np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    path = export(_model_specs()["llama_mlp"], tmp_path, 0)
+    saved = native.get_num_threads()
+    try:
+        got = llama_mlp.measure(path, (1, 8, 256), 1, 688, 2, "row_scale_gemms=false")
+    finally:
+        native.set_num_threads(saved)
+    assert len(got["step/bare"]) == 2 and min(got["step/bare"]) > 0
+    assert len(got["variant/base"]) == 2 and got["same_bits"] is False
+    assert llama_mlp.summary([1.0, 1.0]) == "1.000 (1.000-1.000)"
