@@ -286,15 +286,17 @@ def test_random_expressions_match_the_interpreter(expr, n: int, m: int) -> None:
 # ---------------------------------------------------------------------------------
 # reductions, registers, NaN guards, temporaries
 # ---------------------------------------------------------------------------------
-def row_reduce(op: str, dtype: str = "float32", nan_insensitive: bool = False) -> Kernel:
-    """``R[i] = op over j of X[i, j]`` with a scalar register accumulator."""
+def row_reduce(
+    op: str, dtype: str = "float32", nan_insensitive: bool = False, masked: bool = False
+) -> Kernel:
+    """``R[i] = op over j of X[i, j]`` with a scalar register accumulator; ``masked``:
+    of ``where(K[i, j], identity, X[i, j])`` (a causal softmax's max pass)."""
     init = {"max": -np.inf, "min": np.inf, "+": 0.0}[op]
     acc = Buffer("acc", dtype, (), "register", nan_insensitive)
-    upd = (
-        Bin(op, ld("acc"), ld("X", Var("vi"), Var("vj")))
-        if op != "+"
-        else Bin("+", ld("acc"), ld("X", Var("vi"), Var("vj")))
-    )
+    x = ld("X", Var("vi"), Var("vj"))
+    if masked:
+        x = Select(ld("K", Var("vi"), Var("vj")), Const(init, dtype), x)
+    upd = Bin(op, ld("acc"), x)
     body = [
         For(
             "i",
@@ -321,9 +323,8 @@ def row_reduce(op: str, dtype: str = "float32", nan_insensitive: bool = False) -
             ForKind.PARALLEL,
         )
     ]
-    return Kernel(
-        "rowred", [Buffer("X", dtype, (N, M))], [Buffer("R", dtype, (N,))], ["N", "M"], body, [acc]
-    )
+    inputs = [Buffer("X", dtype, (N, M))] + ([Buffer("K", "bool", (N, M))] if masked else [])
+    return Kernel("rowred", inputs, [Buffer("R", dtype, (N,))], ["N", "M"], body, [acc])
 
 
 @pytest.mark.parametrize("op", ["max", "min", "+"])
@@ -350,6 +351,41 @@ def test_nan_insensitive_max_freezes_instead_of_guarding() -> None:
     (r,) = run(native, row_reduce("max", nan_insensitive=True), {"X": x}, {"N": 4, "M": 64})
     np.testing.assert_array_equal(r, x.max(axis=1))
     assert 'asm ""' in native.source or "freeze" in native.source
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("nan_insensitive", [False, True])
+def test_masked_minmax_reduction_vectorizes(op: str, nan_insensitive: bool) -> None:
+    """``R = max(R, where(K, -inf, x))``: the select's value is frozen before the
+    ``maxnum`` so LLVM cannot fold it into a conditional reduction it leaves scalar; the
+    result is np.max's over the unmasked elements, NaN included."""
+    kern = row_reduce(op, nan_insensitive=nan_insensitive, masked=True)
+    native = compile_kernel(kern)
+    assert "freeze float" in native.source
+    assert f"<16 x float> @llvm.{op}num.v16f32" in native.llvm  # vector maxnum: vectorized
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((9, 203)).astype(np.float32)
+    k = rng.random((9, 203)) < 0.5
+    k[3] = True  # a row masked in full: the identity
+    if not nan_insensitive:
+        x[2, 17], k[2, 17] = np.nan, False
+        x[5, 0], k[5, 0] = np.nan, True  # a masked NaN does not count
+    (r,) = run(native, kern, {"X": x, "K": k}, {"N": 9, "M": 203})
+    ident = -np.inf if op == "max" else np.inf
+    want = {"max": np.max, "min": np.min}[op](np.where(k, ident, x), axis=1)
+    np.testing.assert_array_equal(r, want)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(0, 6), m=st.integers(1, 70), seed=st.integers(0, 2**16))
+def test_masked_max_reduction_matches_numpy(n: int, m: int, seed: int) -> None:
+    kern = row_reduce("max", masked=True)
+    native = compile_kernel(kern)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, m)).astype(np.float32)
+    k = rng.random((n, m)) < rng.random()
+    (r,) = run(native, kern, {"X": x, "K": k}, {"N": n, "M": m})
+    np.testing.assert_array_equal(r, np.where(k, -np.inf, x).max(axis=1, initial=-np.inf))
 
 
 def test_local_temp_private_to_parallel_iteration_and_large_temps() -> None:

@@ -42,12 +42,14 @@ from geode.codegen.ast import (
     If,
     Load,
     Prefetch,
+    Select,
     Stmt,
     Store,
     StreamStore,
     Var,
     free_vars,
     substitute,
+    walk,
     walk_stmts,
 )
 from geode.codegen.backends.llvm import dtypes as D
@@ -70,6 +72,7 @@ __all__ = [
     "MAX_UNROLL",
     "STACK_LIMIT",
     "StmtWriter",
+    "masked_operand",
     "one_vector_innermost",
 ]
 
@@ -405,7 +408,8 @@ class StmtWriter(ExprWriter):
             ptr, _ = self.element_ptr(s.buffer, indices)
             cur = f.value(f"load {ty}, ptr {ptr}")
             callee = self.intrinsic(op + "num", ty, [ty, ty])
-            r = f.value(f"call nnan nsz {ty} {callee}({ty} {cur}, {ty} {v.ref})")
+            arg = f.value(f"freeze {ty} {v.ref}") if masked_operand(other) else v.ref
+            r = f.value(f"call nnan nsz {ty} {callee}({ty} {cur}, {ty} {arg})")
             f.add(f"store {ty} {r}, ptr {ptr}")
             if s.buffer not in self.quiet:
                 ity, _ = NAN_GUARD[dt]
@@ -707,3 +711,13 @@ def _upper_limit(cond: Expr, var: str) -> Expr | None:
         return None
     limit = Bin("-", rhs, c)
     return Bin("+", limit, Const(1)) if cond.op == "<=" else limit
+
+
+def masked_operand(e: Expr) -> bool:
+    """Whether a guarded ``R = max(R, v)`` update's ``v`` holds a select (a masked
+    score, ``where(m, -inf, x)``). Its value is then frozen before the ``maxnum``: LLVM
+    would otherwise fold the select's ``-inf`` arm (the max's identity, under ``nnan``)
+    into ``R = m ? R : maxnum(R, x)``, a conditional reduction its loop vectorizer leaves
+    scalar (a causal softmax's max pass ran one element at a time). ``freeze`` of a
+    defined value is that value: the same bits."""
+    return any(isinstance(x, Select) for x in walk(e))
