@@ -146,9 +146,9 @@ def test_kernel_given_packed_weights_same_bits_on_any_thread_count(
 def test_odd_steps_items_in_the_other_order_give_the_same_bits(direction, monkeypatch) -> None:
     """A step's items and their panels last to first on odd steps (``ALTERNATE_ITEMS``)
     against first to last: the same bits at batch 1 (dot products unpacked, panels
-    packed), 5 and 8 (by row blocks on 2 threads, stepped on 3), with sequence_lens (a row
-    of length 0), on 1 to 3 threads, W and R given packed and packed per call; the two
-    kernels' IR differs."""
+    packed), 5 (stepped) and 8 (by row blocks on 2 threads, stepped on 3), with
+    sequence_lens (a row of length 0), on 1 to 3 threads, W and R given packed and packed
+    per call; the two kernels' IR differs."""
     hidden, size, seq = 40, 12, 7
     old = native.get_num_threads()
     native.set_num_threads(3)
