@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 from test_native_rnn import ALL, DIRS, TOL, lstm_inputs, lstm_model
 
 import geode
+from geode.codegen.backends.llvm import lstm as lstm_mod
 from geode.codegen.backends.llvm.lstm import (
     MIN_PARALLEL_FMAS,
     MIN_SPLIT_ROWS,
@@ -139,6 +140,47 @@ def test_kernel_given_packed_weights_same_bits_on_any_thread_count(
             np.testing.assert_array_equal(a, b)
     for g, w in zip(results[1], want):
         np.testing.assert_allclose(g, w, rtol=TOL["float32"], atol=TOL["float32"])
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_odd_steps_items_in_the_other_order_give_the_same_bits(direction, monkeypatch) -> None:
+    """A step's items and their panels last to first on odd steps (``ALTERNATE_ITEMS``)
+    against first to last: the same bits at batch 1 (dot products unpacked, panels
+    packed), 5 (stepped) and 8 (by row blocks on 2 threads, stepped on 3), with
+    sequence_lens (a row of length 0), on 1 to 3 threads, W and R given packed and packed
+    per call; the two kernels' IR differs."""
+    hidden, size, seq = 40, 12, 7
+    old = native.get_num_threads()
+    native.set_num_threads(3)
+    try:
+        for batch in (1, 5, 8):
+            ins = lstm_inputs(
+                np.random.default_rng(batch), "float32", hidden, size, direction, 1, seq,
+                batch, ALL,
+            )  # fmt: skip
+            ins[4][0] = 0
+            want = recurrent(
+                "LSTM", ins, {"direction": direction, "layout": 1, "hidden_size": hidden}
+            )
+            plain = [a for a in ins if a is not None]
+            for lanes, arrays in ((LANES, _given(ins)), (0, plain)):
+                spec = _spec(hidden, size, direction, 1, ALL, lanes)
+                kernels, texts = {}, {}
+                for alternate in (True, False):
+                    monkeypatch.setattr(lstm_mod, "ALTERNATE_ITEMS", alternate)
+                    texts[alternate] = lstm_mod.lstm_ir(spec, "", 4 * LANES, 32)[1]
+                    kernels[alternate] = lstm_kernel.__wrapped__(spec)  # not the memo's
+                assert texts[True] != texts[False]
+                for threads in (1, 2, 3):
+                    got = {}
+                    for alternate, kernel in kernels.items():
+                        got[alternate] = [np.full(w.shape, np.nan, np.float32) for w in want]
+                        kernel(*arrays, *got[alternate], threads=threads)
+                    for a, b, w in zip(got[True], got[False], want):
+                        np.testing.assert_array_equal(a, b)
+                        np.testing.assert_allclose(a, w, rtol=TOL["float32"], atol=TOL["float32"])
+    finally:
+        native.set_num_threads(old)
 
 
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])

@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from geode.codegen.backends.llvm import vmath
@@ -498,6 +499,12 @@ GATE_UNITS = 32
 #: the most batch rows of one item of a step's work
 ROW_BLOCK = 16
 
+#: a step's items (and an item's panels of ``R``) in the other order on odd steps: the
+#: part of ``R`` a step read last, still in the core's L2, is read first by the next
+#: (``R`` is 1 MiB at hidden 256, the size of a Zen 5 core's L2: read in one order every
+#: step, it misses throughout; the same bits in either order)
+ALTERNATE_ITEMS = True
+
 #: the fewest batch rows per thread for which a step's items split the batch by rows
 #: (:func:`_row_block`)
 MIN_SPLIT_ROWS = 4
@@ -549,9 +556,10 @@ def _step_function(
     own input step (with ``sequence_lens``, a row past its length copies its units of
     ``h`` to ``h'`` and keeps ``c``). Without ``initial_h`` the first step's product is
     not computed: ``h`` is +0, so each of its sums is +0 (a chain of multiply-adds of
-    zeros from +0), stored as such (the same bits; 1 / T of the products saved). Every
-    unit is computed by the same code whatever the split, so the results are the same
-    bits on any thread count."""
+    zeros from +0), stored as such (the same bits; 1 / T of the products saved). Odd
+    steps take the chunk's items and their panels last to first
+    (:data:`ALTERNATE_ITEMS`). Every unit is computed by the same code whatever the split
+    or order, so the results are the same bits on any thread count."""
     ty, _ = TYPES[spec.dtype]
     fn, b, (ctx, s, chunk, nchunks) = chunk_writer(name, stepped=True)
     slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_STEP_SLOTS)]
@@ -594,7 +602,8 @@ def _step_function(
                 fn.add(f"call void @{panel}({args}, i64 {rows}, i64 {hid}, i64 {p})")
 
             plo = fn.value(f"udiv i64 {j0}, {lanes}", "plo")
-            b.loop(plo, b.ceildiv(j1, lanes, "phi"), one, "pan")
+            phi = b.ceildiv(j1, lanes, "phi")
+            _item_loop(b, s, plo, phi, one, "pan")
 
         def products() -> None:
             b.branch(fn.value(f"icmp ne ptr {packed}, null", "packed"), panels, dots, "form")
@@ -644,9 +653,26 @@ def _step_function(
 
         b.loop(r0, r1, row, "row")
 
-    b.loop(first, last, item, "item")
+    _item_loop(b, s, first, last, item)
     fn.terminate("ret void")
     return fn
+
+
+def _item_loop(
+    b: Builder, s: str, first: str, last: str, item: Callable[[str], None], hint: str = "item"
+) -> None:
+    """``item(i)`` for the items (or an item's panels) ``[first, last)`` of step ``s``: on
+    odd steps last to first when :data:`ALTERNATE_ITEMS` (they are independent: the same
+    bits in any order)."""
+    if not ALTERNATE_ITEMS:
+        b.loop(first, last, item, hint)
+        return
+    odd = b.cmp("ne", b.op("and", s, "1"), "0")
+
+    def ordered(i: str) -> None:
+        item(b.select(odd, b.sub(b.add(first, last), b.add(i, "1")), i, "iord"))
+
+    b.loop(first, last, ordered, hint)
 
 
 def _zero_sums(
