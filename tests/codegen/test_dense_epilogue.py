@@ -62,24 +62,12 @@ def test_bias_residual_activation_is_one_dense_step():
     _close(got, want)
 
 
-def test_the_entry_module_compiles_in_the_background_from_the_schedule_stage(tmp_path, monkeypatch):
+def test_the_entry_module_compiles_in_the_background_from_the_schedule_stage(tmp_path, llvm_runs):
     """The GEMM entry's module is started when its epilogue is scheduled and claimed at
     emit: the same IR, compiled once, nothing left pending."""
-    from geode.codegen.backends.llvm import background, jit
+    from geode.codegen.backends.llvm import background
 
-    started, compiled = [], []
-    real_submit, real_compile = background.submit, jit.compile_ir
-
-    def submit(key, ir, target, level):
-        started.append(ir)
-        real_submit(key, ir, target, level)
-
-    def compile_ir(ir, target, level=3):
-        compiled.append(ir)
-        return real_compile(ir, target, level)
-
-    monkeypatch.setattr(background, "submit", submit)
-    monkeypatch.setattr(jit, "compile_ir", compile_ir)
+    started, compiled = llvm_runs
     before = background.pending()
     g = _mlp()
     feeds = {"x": _rand(2, 5, 16), "r": _rand(2, 5, 24)}

@@ -53,25 +53,13 @@ def _lstm_model():
         (_lstm_model, (4, 2, 5), ("@geode_lstm",)),
     ],
 )
-def test_library_modules_start_ahead_and_compile_once(tmp_path, monkeypatch, make, feed, names):
+def test_library_modules_start_ahead_and_compile_once(tmp_path, llvm_runs, make, feed, names):
     """Each library module the bind stage links was queued at the schedule stage and
     compiled exactly once (the bind stage claimed it); the results match onnx's
     reference evaluator."""
-    from geode.codegen.backends.llvm import background, jit
+    from geode.codegen.backends.llvm import background
 
-    started, compiled = [], []
-    real_submit, real_compile = background.submit, jit.compile_ir
-
-    def submit(key, ir, target, level):
-        started.append(ir)
-        real_submit(key, ir, target, level)
-
-    def compile_ir(ir, target, level=3):
-        compiled.append(ir)
-        return real_compile(ir, target, level)
-
-    monkeypatch.setattr(background, "submit", submit)
-    monkeypatch.setattr(jit, "compile_ir", compile_ir)
+    started, compiled = llvm_runs
     before = background.pending()
     onnx_model = make()
     model = geode.compile(onnx_model, cache_dir=str(tmp_path), model_cache=False, progress=0)
