@@ -75,9 +75,13 @@ def test_ten_thousand_calls_keep_rss_flat() -> None:
     )
     assert samples[-1] < 1 * MIB, samples
     assert samples[-1] - samples[0] < 256 * KIB, "RSS grows with the number of calls"
-    h = np.tanh(feeds[3] @ W + 1)
+    x, w = feeds[3].astype(np.float64), W.astype(np.float64)
+    h = np.tanh(x @ w + 1)
     out = model(x=feeds[3])
-    np.testing.assert_allclose(out["h"], h, rtol=1e-4, atol=1e-6)
+    # float32 sums of 64 products in any order: within K eps sum|x w| of the exact product
+    # (tanh's slope is at most 1), the float32 rounding of h on top
+    bound = 64 * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(w)) + 1e-6
+    np.testing.assert_array_less(np.abs(out["h"] - h), bound)
     np.testing.assert_allclose(out["s"], (h * h).sum(1, keepdims=True), rtol=1e-4)
 
 
