@@ -224,6 +224,7 @@ def test_winograd_bench_times_the_vector_paths(monkeypatch, capsys) -> None:
     assert native.pool_info()["winograd_isa"] == before
 
 
+@pytest.mark.slow  # exports with torch, which the default suite's machine may not have
 def test_llama_mlp_bench_pairs_the_step_with_its_bare_gemms(monkeypatch, tmp_path) -> None:
     """``bench/llama_mlp.py``: the bare GEMMs compute the block's three products, and a
     measurement gives one ratio per block for the step against them and for an option's
