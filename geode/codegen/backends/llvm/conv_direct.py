@@ -70,13 +70,6 @@ _CTX = (*_CTX, "bands", "Wp", "POH", "POW", "failed")
 
 #: independent FMA chains a tile needs to keep two FMA pipes of 4 cycles' latency busy
 FMA_CHAINS = 8
-#: a tile's window rows as a loop (each row's ``kw`` taps written once), not unrolled: a
-#: third of a 3x3 body's IR; the cnn's direct convs ran as fast (Zen 5, one thread)
-TAP_ROW_LOOP = True
-#: tails whose last vector is half wide (a 56-column row: 16 + 16 + 16 + 8), else whole
-#: vectors, the last one's store masked (16 x 4): off, as fast on Zen 5 (a half-wide FMA
-#: takes a whole pipe) and half the tail functions, LLVM's time with them
-HALF_TAILS = False
 #: output rows a tile of a narrow row's blocking takes (:func:`blockings`)
 NARROW_ROWS = 2
 
@@ -643,8 +636,9 @@ def _row_function(
     """``void @name(ptr src, i64 Wp, i64 plane, ptr w, ptr bias, ptr z, ptr y, i64 OW,
     i64 P)``: one output row of ``cb`` channels (``P`` apart in Y and Z) from the scratch
     rows at ``src`` (planes ``plane`` apart, rows ``Wp`` apart), tile by tile: full tiles
-    of ``u`` vectors, then a tail tile of as many vectors as the rest needs (with
-    :data:`HALF_TAILS`, its last one half as wide when half a vector holds what is left).
+    of ``u`` vectors, then a tail tile of as many whole vectors as the rest needs, the last
+    one's store masked (a half-wide last vector was as fast on Zen 5, where a half-wide
+    FMA takes a whole pipe, and doubled the tail functions and LLVM's time).
     ``shape``: the tiles' channels, vectors and output rows (``rb`` rows ``OW`` apart in Y
     and Z, ``row_step`` scratch rows apart). ``rests``: the columns left after the full
     tiles that reach a tail, above the first and at most the second (None: any); tails
@@ -653,10 +647,7 @@ def _row_function(
     cb, u, rb = shape
     module = tile_fns.module
     lo_rest, hi_rest = rests
-    tails = [(vl,) * k for k in range(1, u + 1)]
-    if HALF_TAILS and vl % 2 == 0:
-        tails += [(vl,) * (k - 1) + (vl // 2,) for k in range(1, u + 1)]
-    shapes = sorted(set(tails), key=lambda w: (sum(w), len(w)))
+    shapes = [(vl,) * k for k in range(1, u + 1)]
     bounds = [(sum(shapes[i - 1]) if i else 0, sum(w)) for i, w in enumerate(shapes)]
     reached = [
         (w, lo) for w, (lo, hi) in zip(shapes, bounds)
@@ -789,7 +780,8 @@ def _tile_function(
     def channel(ci: str) -> None:
         xc = b.gep(ty, base, b.mul(ci, plane), "xc")
         wc = b.gep(ty, w, b.mul(ci, str(khw)), "wc")
-        if kh > 1 and TAP_ROW_LOOP:  # the window's rows a loop: one row's taps written once
+        if kh > 1:  # the window's rows a loop, not unrolled: one row's taps written once
+            # (a third of a 3x3 body's IR; as fast on Zen 5)
             b.loop("0", str(kh), lambda i: taps(xc, wc, i), "ki", meta=Builder.no_unroll(module))
         else:
             for i in range(kh):
