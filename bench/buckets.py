@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         if decided is not None:
             print(f"       decided: {decided.describe()}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": path, "rows": rows}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"model": path, "rows": rows}, indent=2), encoding="utf-8"
+        )
     return 1 if failed else 0
 
 

@@ -364,7 +364,7 @@ def _save_json(path: str, args: argparse.Namespace, runs: list[ModelRun]) -> Non
             for size, steps in run.profiles.items()
         },
     }
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
 def _warm_up_geode(cache: str) -> None:

@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
     return 0
 
 

@@ -182,7 +182,7 @@ def main() -> None:
         print(describe(rows[-1]), flush=True)
     print(f"load average after: {os.getloadavg()}")
     if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
+        Path(a.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

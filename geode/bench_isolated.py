@@ -56,7 +56,7 @@ def process_cpu_s(pid: int) -> float | None:
         return None
     for task in tasks:
         try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+            with open(f"/proc/{pid}/task/{task}/schedstat", encoding="utf-8") as f:
                 total += int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
             continue  # a thread that just exited

@@ -715,7 +715,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     out = dump_folder(str(d), loaded.graph.name)  # the folder the compile's Dumper prepared
     dot_path = out / "graph.dot"
     if not dot_path.exists():
-        _new_dump_file(out, "graph.dot").write_text(model.to_dot())
+        _new_dump_file(out, "graph.dot").write_text(model.to_dot(), encoding="utf-8")
     if args.llvm:
         numbered = [p for p in out.iterdir() if p.name[:2].isdigit()]
         n = len(numbered)
@@ -726,10 +726,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
                 if any(p.name.endswith(f"_{k.name}_{kind}.{ext}") for p in numbered):
                     continue  # written by the compile itself (debug level 4)
                 text = k.llvm if kind == "llvm" else k.asm
-                _new_dump_file(out, f"{n:02d}_{k.name}_{kind}.{ext}").write_text(text)
+                _new_dump_file(out, f"{n:02d}_{k.name}_{kind}.{ext}").write_text(
+                    text, encoding="utf-8"
+                )
                 n += 1
     if have_dot():
-        render_svg(dot_path.read_text(), _new_dump_file(out, "graph.svg"))
+        render_svg(dot_path.read_text(encoding="utf-8"), _new_dump_file(out, "graph.svg"))
     else:
         note("Graphviz 'dot' is not installed: graph.svg not written (graph.dot is)")
     print(f"model {loaded.label}: {model.signature}")
@@ -1120,7 +1122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # e.g. `geode explain m.onnx | head`: stop quietly
         with contextlib.suppress(OSError):  # keep the interpreter's final flush quiet
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+            sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
         return 0
     except OSError as exc:
         print(f"geode: error: {_one_line(exc)}", file=sys.stderr)

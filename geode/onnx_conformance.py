@@ -576,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     else:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w") as f:
+        with open(out, "w", encoding="utf-8") as f:
             f.write(text)
         c = _counts(results)
         print(

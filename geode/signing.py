@@ -113,7 +113,7 @@ def _create_key(path: Path) -> None:
 
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp.", dir=path.parent)  # mode 0o600
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(secrets.token_hex(32) + "\n")
         with contextlib.suppress(FileExistsError):
             os.link(tmp, path)

@@ -303,15 +303,15 @@ def test_a_run_too_large_for_memory_is_a_user_error(tmp_path, capsys, in_process
 
 def test_explain_dot_file_is_not_overwritten(tmp_path, capsys, in_process):
     dot = tmp_path / "keep.dot"
-    dot.write_text("user data")
+    dot.write_text("user data", encoding="utf-8")
     assert cli.main(["explain", "builtin:layernorm", "--dot", str(dot)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"geode: error: --dot {dot}: file exists (use --force to overwrite)"]
-    assert dot.read_text() == "user data"
+    assert dot.read_text(encoding="utf-8") == "user data"
     assert cli.main(["explain", "builtin:layernorm", "--dot", str(tmp_path)]) == 2
     assert f"--dot {tmp_path}: is a directory" in capsys.readouterr().err
     assert cli.main(["explain", "builtin:layernorm", "--dot", str(dot), "--force"]) == 0
-    assert dot.read_text().startswith('digraph "layernorm" {')
+    assert dot.read_text(encoding="utf-8").startswith('digraph "layernorm" {')
 
 
 def test_dump_twice_and_a_users_file(tmp_path, capsys, in_process):
@@ -323,12 +323,12 @@ def test_dump_twice_and_a_users_file(tmp_path, capsys, in_process):
     assert any(n.endswith("_llvm.ll") for n in first)
     assert cli.main(argv) == 0, capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "layernorm").iterdir()) == first
-    (tmp_path / "layernorm" / "notes.txt").write_text("mine")
+    (tmp_path / "layernorm" / "notes.txt").write_text("mine", encoding="utf-8")
     capsys.readouterr()
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds files geode did not write: notes.txt" in err[0], err
-    assert (tmp_path / "layernorm" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "layernorm" / "notes.txt").read_text(encoding="utf-8") == "mine"
     assert sorted(p.name for p in (tmp_path / "layernorm").iterdir()) == sorted(
         [*first, "notes.txt"]
     )
@@ -412,10 +412,10 @@ def test_compile_then_run_bench_explain_a_model_file(env, onnx_file, tmp_path):
 
 def test_compile_refuses_to_overwrite_other_files(env, onnx_file, tmp_path):
     precious = tmp_path / "notes.txt"
-    precious.write_text("mine")
+    precious.write_text("mine", encoding="utf-8")
     line = one_error_line(geode_cmd(env, "compile", str(onnx_file), "-o", str(precious)))
     assert "refusing to overwrite" in line
-    assert precious.read_text() == "mine"
+    assert precious.read_text(encoding="utf-8") == "mine"
     res = geode_cmd(env, "compile", str(onnx_file), "-o", str(precious), "--force")
     assert res.returncode == 0, res.stderr
     line = one_error_line(geode_cmd(env, "compile", str(precious), "-o", str(tmp_path / "b")))
@@ -569,7 +569,7 @@ def test_explain_onnx_file(env, onnx_file, tmp_path):
     ):
         assert part in text, (part, text)
     assert re.search(r"merge group \d+ -> group \d+ \(\w\+\w\): .*saves", text), text
-    assert dot.read_text().startswith('digraph "small" {')
+    assert dot.read_text(encoding="utf-8").startswith('digraph "small" {')
 
 
 def test_dump_layernorm(env, tmp_path):
@@ -596,12 +596,17 @@ def test_dump_layernorm(env, tmp_path):
     ):
         assert any(re.fullmatch(pattern, n) for n in names), (pattern, names)
         assert f"  {next(n for n in names if re.fullmatch(pattern, n))}" in res.stdout
-    llvm = next(d.glob("*_llvm.ll")).read_text()
+    llvm = next(d.glob("*_llvm.ll")).read_text(encoding="utf-8")
     assert "define " in llvm
-    dot = (d / "graph.dot").read_text()
+    dot = (d / "graph.dot").read_text(encoding="utf-8")
     assert dot.count("subgraph cluster_") >= 2  # the fused kernel and the legend
     if shutil.which("dot"):
-        assert (d / "graph.svg").read_text().lstrip().startswith(("<?xml", "<svg", "<!DOCTYPE"))
+        assert (
+            (d / "graph.svg")
+            .read_text(encoding="utf-8")
+            .lstrip()
+            .startswith(("<?xml", "<svg", "<!DOCTYPE"))
+        )
     else:
         assert "graph.svg not written" in res.stderr
 
@@ -652,7 +657,7 @@ def test_cache_shows_and_clears_only_geode_entries(env, tmp_path):
     leaves the user's own files in the folder alone."""
     own = dict(env, GEODE_CACHE_DIR=str(tmp_path))
     assert geode_cmd(own, "run", "builtin:layernorm", "--shape", "x:2,768").returncode == 0
-    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "notes.txt").write_text("mine", encoding="utf-8")
     res = geode_cmd(own, "cache")
     assert res.returncode == 0, res.stderr
     shown = re.fullmatch(
@@ -670,7 +675,7 @@ def test_cache_shows_and_clears_only_geode_entries(env, tmp_path):
     assert unlimited.stdout.endswith("(no limit)\n")
     unlimited = geode_cmd(dict(own, GEODE_CACHE_MAX_MB="0"), "cache", "--prune")
     assert unlimited.stdout.endswith("no limit (GEODE_CACHE_MAX_MB=0): nothing evicted\n")
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "notes.txt").read_text(encoding="utf-8") == "mine"
 
 
 def test_cache_functions_refuse_a_non_path(tmp_path):
@@ -743,7 +748,7 @@ def test_tune_errors_are_one_line(tmp_path, capsys, in_process):
     assert cli.main(["tune", "builtin:rmsnorm", "--db", str(db)]) == 2
     err = capsys.readouterr().err
     assert "input 'x' has the shape" in err and "--shape x:D1,D2" in err
-    (tmp_path / "other.json").write_text("{}")
+    (tmp_path / "other.json").write_text("{}", encoding="utf-8")
     argv = ["tune", "builtin:rmsnorm", "--db", str(tmp_path / "other.json"), "--shape", "x:2,768"]
     assert cli.main(argv) == 2
     assert "is not a geode tuning database" in capsys.readouterr().err

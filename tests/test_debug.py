@@ -53,8 +53,12 @@ def test_dumper_numbers_files_and_respects_levels(tmp_path):
         "01_b.py",
         "graph.dot",
     ]
-    assert (d.dir / MANIFEST).read_text().splitlines()[1:] == ["00_a.txt", "01_b.py", "graph.dot"]
-    assert (d.dir / "00_a.txt").read_text() == "one\n"
+    assert (d.dir / MANIFEST).read_text(encoding="utf-8").splitlines()[1:] == [
+        "00_a.txt",
+        "01_b.py",
+        "graph.dot",
+    ]
+    assert (d.dir / "00_a.txt").read_text(encoding="utf-8") == "one\n"
     quiet = Dumper("m", level=0)
     assert not quiet.active and not quiet.wants(1)
     assert quiet.stage("a", "x") is None and quiet.artifact("graph.dot", "x") is None
@@ -67,7 +71,7 @@ def test_dumper_replaces_an_earlier_dump_only(tmp_path):
     for i in range(3):
         d.stage(f"s{i}", "x")
     d.artifact("graph.dot", "digraph {}")
-    (d.dir / ".DS_Store").write_text("hidden entries are left alone")
+    (d.dir / ".DS_Store").write_text("hidden entries are left alone", encoding="utf-8")
     again = Dumper("m", dump_dir=str(tmp_path))
     again.stage("only", "y")
     assert sorted(p.name for p in again.dir.iterdir()) == [
@@ -75,7 +79,7 @@ def test_dumper_replaces_an_earlier_dump_only(tmp_path):
         MANIFEST,
         "00_only.txt",
     ]
-    assert (again.dir / MANIFEST).read_text().splitlines()[1:] == ["00_only.txt"]
+    assert (again.dir / MANIFEST).read_text(encoding="utf-8").splitlines()[1:] == ["00_only.txt"]
 
 
 def test_dump_folder_with_files_geode_did_not_write_is_refused(tmp_path):
@@ -85,30 +89,32 @@ def test_dump_folder_with_files_geode_did_not_write_is_refused(tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
     for name, text in user.items():
-        (folder / name).write_text(text)
+        (folder / name).write_text(text, encoding="utf-8")
     with pytest.raises(config.OptionError) as exc:  # no manifest: not geode's folder
         Dumper("m", dump_dir=str(tmp_path))
     msg = str(exc.value)
     assert f"dump_dir {str(tmp_path)!r}" in msg and str(folder) in msg
     assert "holds files geode did not write" in msg and "01_my_notes.txt" in msg
-    assert {p.name: p.read_text() for p in folder.iterdir()} == user
+    assert {p.name: p.read_text(encoding="utf-8") for p in folder.iterdir()} == user
     # a geode dump folder where the user added a file: that file is kept, nothing removed
     ours = Dumper("n", dump_dir=str(tmp_path))
     ours.stage("a", "x")
-    (ours.dir / "notes.md").write_text("mine")
+    (ours.dir / "notes.md").write_text("mine", encoding="utf-8")
     with pytest.raises(config.OptionError, match=r"geode did not write.*: notes\.md"):
         Dumper("n", dump_dir=str(tmp_path))
     assert sorted(p.name for p in ours.dir.iterdir()) == [MANIFEST, "00_a.txt", "notes.md"]
-    assert (ours.dir / "notes.md").read_text() == "mine"
+    assert (ours.dir / "notes.md").read_text(encoding="utf-8") == "mine"
 
 
 def test_dumper_never_writes_over_a_file_that_appears(tmp_path):
     d = Dumper("m", dump_dir=str(tmp_path))
-    (d.dir / "00_a.txt").write_text("user's")
+    (d.dir / "00_a.txt").write_text("user's", encoding="utf-8")
     with pytest.raises(config.OptionError, match="00_a.txt appeared during the compile"):
         d.stage("a", "geode's")
-    assert (d.dir / "00_a.txt").read_text() == "user's"
-    assert "00_a.txt" not in (d.dir / MANIFEST).read_text()  # the next dump keeps it too
+    assert (d.dir / "00_a.txt").read_text(encoding="utf-8") == "user's"
+    assert "00_a.txt" not in (d.dir / MANIFEST).read_text(
+        encoding="utf-8"
+    )  # the next dump keeps it too
 
 
 @pytest.mark.parametrize(
@@ -131,15 +137,15 @@ def option_error(text: str) -> pytest.RaisesContext:
 def test_bad_dump_dir_is_an_option_error(clean_options, tmp_path):
     g = examples.layernorm().graph
     a_file = tmp_path / "afile"
-    a_file.write_text("user data")
+    a_file.write_text("user data", encoding="utf-8")
     with option_error(f"dump_dir '{a_file}': exists and is not a folder"):
         geode.compile(g, dump_dir=str(a_file))
-    assert a_file.read_text() == "user data"
+    assert a_file.read_text(encoding="utf-8") == "user data"
     (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "layernorm").write_text("x")
+    (tmp_path / "d" / "layernorm").write_text("x", encoding="utf-8")
     with option_error(f"dump_dir '{tmp_path / 'd'}': {tmp_path / 'd' / 'layernorm'} exists"):
         geode.compile(g, dump_dir=str(tmp_path / "d"))
-    assert (tmp_path / "d" / "layernorm").read_text() == "x"
+    assert (tmp_path / "d" / "layernorm").read_text(encoding="utf-8") == "x"
     for option, value in (("dump_dir", 3), ("cache_dir", 5), ("dump_dir", b"/tmp")):
         with option_error(f"{option}={value!r}: expected a folder path"):
             geode.compile(g, **{option: value})
@@ -277,7 +283,7 @@ def test_layernorm_dump_dir_from_set_options(clean_options, tmp_path, capsys):
 
     def read(stage: str) -> str:
         (p,) = [p for p in d.iterdir() if re.fullmatch(rf"\d+_{stage}\.\w+", p.name)]
-        return p.read_text()
+        return p.read_text(encoding="utf-8")
 
     assert read("input_graph").startswith("graph layernorm(")
     assert "ReduceMean" in read("input_graph")
@@ -291,7 +297,7 @@ def test_layernorm_dump_dir_from_set_options(clean_options, tmp_path, capsys):
     assert read("plan").strip() == model.explain().strip()
     assert read("memory_plan").strip() == model.plan.memory_text.strip() != ""
     assert read("memory_plan").strip() in model.explain()
-    dot = (d / "graph.dot").read_text()
+    dot = (d / "graph.dot").read_text(encoding="utf-8")
     # the kernel and the legend, and the engine subgraphs: the inputs', the kernel's
     assert dot == model.to_dot() and dot.count("subgraph cluster_") == 4
     assert dot.count("subgraph cluster_sg") == 2
@@ -326,9 +332,9 @@ def test_level_4_dumps_llvm_and_asm(clean_options, tmp_path, caplog):
     d = tmp_path / "layernorm"
     (ll,) = d.glob("*_llvm.ll")
     (asm,) = d.glob("*_asm.s")
-    assert "define " in ll.read_text() and ll.read_text() == model.kernels[0].llvm + (
-        "" if model.kernels[0].llvm.endswith("\n") else "\n"
-    )
+    assert "define " in ll.read_text(encoding="utf-8") and ll.read_text(
+        encoding="utf-8"
+    ) == model.kernels[0].llvm + ("" if model.kernels[0].llvm.endswith("\n") else "\n")
     assert asm.stat().st_size > 0
 
 

@@ -211,7 +211,11 @@ def read_tree(root: Path) -> dict[str, tuple[str, str, bool]]:
     out = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent).as_posix()
-        out[module_name(path, root)] = (rel, path.read_text(), path.name == "__init__.py")
+        out[module_name(path, root)] = (
+            rel,
+            path.read_text(encoding="utf-8"),
+            path.name == "__init__.py",
+        )
     return out
 
 
@@ -440,9 +444,9 @@ def test_checker_catches_an_upward_import_planted_in_a_copy_of_the_tree(tmp_path
     copy = tmp_path / "geode"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
     target = copy / "runtime" / "engines.py"
-    lines = target.read_text().splitlines()
+    lines = target.read_text(encoding="utf-8").splitlines()
     lines.append("def _planted():\n    import geode.codegen.lower  # noqa\n")
-    target.write_text("\n".join(lines) + "\n")
+    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
     bad = layer_violations(scan(read_tree(copy)))
     where = f"geode/runtime/engines.py:{len(lines) + 1}"
     assert bad == [

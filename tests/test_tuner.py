@@ -44,8 +44,10 @@ def test_tune_records_every_kernel_and_resumes(tmp_path, monkeypatch) -> None:
     statuses = [k.status for k in report.kernels]
     assert statuses.count("duplicate") == 1 and len(statuses) == 3
     assert all(s in ("tuned", "default", "duplicate") for s in statuses), report.table()
-    entries = json.loads(db.read_text())["entries"]
-    assert len(entries) == 2 and report.device in json.loads(db.read_text())["devices"]
+    entries = json.loads(db.read_text(encoding="utf-8"))["entries"]
+    assert (
+        len(entries) == 2 and report.device in json.loads(db.read_text(encoding="utf-8"))["devices"]
+    )
     assert "fused_0" in str(report) and "speedup" in str(report)
 
     def refuse(*a, **k):
@@ -73,11 +75,11 @@ def test_an_interrupted_run_keeps_the_kernels_done(tmp_path, monkeypatch) -> Non
     monkeypatch.setattr(tuner_mod, "tune_kernel", second_interrupts)
     with pytest.raises(KeyboardInterrupt):
         _tune(_two_kernels(), db)
-    assert len(json.loads(db.read_text())["entries"]) == 1
+    assert len(json.loads(db.read_text(encoding="utf-8"))["entries"]) == 1
     monkeypatch.setattr(tuner_mod, "tune_kernel", real)
     report = _tune(_two_kernels(), db)
     assert [k.status for k in report.kernels][0] == "in db"
-    assert len(json.loads(db.read_text())["entries"]) == 2
+    assert len(json.loads(db.read_text(encoding="utf-8"))["entries"]) == 2
 
 
 def test_another_thread_count_is_another_device(tmp_path) -> None:
@@ -86,7 +88,7 @@ def test_another_thread_count_is_another_device(tmp_path) -> None:
     one = geode.tune(g, 1, db, shapes={"x": (8, 64)}, bench_options=QUICK, num_threads=1)
     two = geode.tune(g, 1, db, shapes={"x": (8, 64)}, bench_options=QUICK, num_threads=2)
     assert one.device != two.device and two.kernels[0].status != "in db"
-    assert len(json.loads(db.read_text())["entries"]) == 2
+    assert len(json.loads(db.read_text(encoding="utf-8"))["entries"]) == 2
     m1 = geode.compile(g, tuning_db=db, num_threads=1)
     assert "schedules: 1 default" not in m1.explain()
     m3 = geode.compile(g, tuning_db=db, num_threads=3)
@@ -97,10 +99,10 @@ def test_a_corrupt_entry_is_tuned_again(tmp_path) -> None:
     db = tmp_path / "db.json"
     g = examples.softmax(hidden=64).graph
     _tune(g, db, shapes={"x": (8, 64)})
-    data = json.loads(db.read_text())
+    data = json.loads(db.read_text(encoding="utf-8"))
     (eid,) = data["entries"]
     data["entries"][eid]["trace"] = {"format": "garbage"}
-    db.write_text(json.dumps(data))
+    db.write_text(json.dumps(data), encoding="utf-8")
     with pytest.warns(TuningDBWarning, match="not a geode schedule trace"):
         report = _tune(g, db, shapes={"x": (8, 64)})
     assert report.kernels[0].status in ("tuned", "default")
@@ -123,7 +125,7 @@ def test_only_the_knobs_asked_for_are_searched(tmp_path) -> None:
     db = tmp_path / "db.json"
     report = _tune(g, db, trials=10, shapes={"x": (8, 64)}, knobs=["interleave"])
     assert report.kernels[0].trials <= 2  # interleave 2 and 4
-    knobs = next(iter(json.loads(db.read_text())["entries"].values()))["knobs"]
+    knobs = next(iter(json.loads(db.read_text(encoding="utf-8"))["entries"].values()))["knobs"]
     assert set(knobs) <= {"interleave"}
 
 

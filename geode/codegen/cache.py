@@ -509,7 +509,7 @@ def _helper_entry(
         return None
     py_func = dispatcher.py_func
     try:
-        source = Path(inspect.getsourcefile(py_func) or "").read_text()
+        source = Path(inspect.getsourcefile(py_func) or "").read_text(encoding="utf-8")
         extra = {
             "helper": f"{py_func.__module__}.{py_func.__qualname__}",
             "signature": str(signature),

@@ -311,9 +311,9 @@ def detect_cache_sizes() -> tuple[int, int, int]:
     try:
         for idx in sorted(base.glob("index*")):
             try:
-                level = int((idx / "level").read_text().strip())
-                kind = (idx / "type").read_text().strip()
-                size = _parse_size((idx / "size").read_text())
+                level = int((idx / "level").read_text(encoding="utf-8").strip())
+                kind = (idx / "type").read_text(encoding="utf-8").strip()
+                size = _parse_size((idx / "size").read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
             if kind != "Instruction" and size and level in (1, 2, 3):

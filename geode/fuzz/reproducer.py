@@ -98,7 +98,9 @@ def write_reproducer(
         try:
             (where / "model.onnx").write_bytes(to_onnx(graph).SerializeToString())
         except Exception as exc:  # noqa: BLE001 - an export failure is noted, not fatal
-            (where / "model.onnx.error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+            (where / "model.onnx.error.txt").write_text(
+                f"{type(exc).__name__}: {exc}\n", encoding="utf-8"
+            )
         expected = []
         for feeds in case.feeds:
             try:

@@ -72,7 +72,7 @@ def _meminfo() -> int | None:
 
 def _read_int(path: Path) -> int | None:
     with contextlib.suppress(OSError, ValueError):
-        text = path.read_text().strip()
+        text = path.read_text(encoding="utf-8").strip()
         return None if text == "max" else int(text)
     return None
 
@@ -84,7 +84,7 @@ def cgroup_left(
     """What this process's memory control group (v2 or v1) still allows, if limited
     (``proc``: the process's cgroup list; ``root``: where cgroups are mounted)."""
     try:
-        lines = Path(proc).read_text().splitlines()
+        lines = Path(proc).read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
     root = Path(root)
@@ -118,7 +118,7 @@ def _address_space_left() -> int | None:
     if soft == resource.RLIM_INFINITY or soft >= _UNLIMITED:
         return None
     with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
             if line.startswith("VmSize:"):
                 return max(soft - int(line.split()[1]) * 1024, 0)
     return soft

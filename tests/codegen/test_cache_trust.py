@@ -120,11 +120,11 @@ def the_entry(cache: Path) -> Path:
 
 def rewrite_manifest(entry: Path, obj: bytes, keep_hmac: bool = False) -> dict:
     """What a writer without the key can do: recompute the manifest's size and hash."""
-    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
     manifest.update(size=len(obj), sha256=sha256(obj))
     if not keep_hmac:
         manifest.pop(signing.FIELD, None)
-    (entry / "manifest.json").write_text(json.dumps(manifest))
+    (entry / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     return manifest
 
 
@@ -163,7 +163,7 @@ def test_signed_cache_ignores_entries_without_a_valid_signature(
     signed = objcache.CacheLocation(str(folder), sign=True)
     assert not compile_and_check(signed)
     entry = the_entry(folder)
-    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
     assert isinstance(manifest.get(signing.FIELD), str)
     assert compile_and_check(signed)
     assert compile_and_check(folder), "an unsigned reader rejected a signed entry"
@@ -177,9 +177,9 @@ def test_signed_cache_ignores_entries_without_a_valid_signature(
         assert not compile_and_check(signed), f"tampered entry used (hmac kept: {keep})"
         assert compile_and_check(signed), "the rebuilt entry is not signed"
     # signed with another key
-    m = json.loads((entry / "manifest.json").read_text())
+    m = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
     m[signing.FIELD] = signing.sign(m, b"somebody else's key, long enough")
-    (entry / "manifest.json").write_text(json.dumps(m))
+    (entry / "manifest.json").write_text(json.dumps(m), encoding="utf-8")
     assert not compile_and_check(signed)
     # an entry written unsigned is not trusted by a signed reader
     (entry / "manifest.json").unlink()
@@ -206,7 +206,9 @@ def test_cache_sign_option_and_environment_reach_the_object_cache(
         manifests = list((folder / "kernels").glob("*/manifest.json"))
         assert manifests
         key = signing.signing_key()
-        assert all(signing.verify(json.loads(p.read_text()), key) for p in manifests)
+        assert all(
+            signing.verify(json.loads(p.read_text(encoding="utf-8")), key) for p in manifests
+        )
         del model
         gc.collect()
 
@@ -287,7 +289,7 @@ def test_pickle_planted_in_a_numba_entry_is_never_executed(tmp_path, fresh_memos
     assert not numba_compile(cache).from_cache
     assert numba_compile(cache).from_cache
     (entry,) = (cache / "kernels").iterdir()
-    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
     assert signing.verify(manifest, signing.signing_key()), "numba's manifest is not signed"
     marker = tmp_path / "pwned"
     payload = pickle.dumps(Payload(marker))
@@ -298,7 +300,7 @@ def test_pickle_planted_in_a_numba_entry_is_never_executed(tmp_path, fresh_memos
         m = dict(manifest)
         if not keep:
             m.pop(signing.FIELD)
-        (entry / "manifest.json").write_text(json.dumps(m))
+        (entry / "manifest.json").write_text(json.dumps(m), encoding="utf-8")
         assert not numba_compile(cache).from_cache, "the planted entry was used"
         assert not marker.exists(), "the planted pickle ran"
         assert numba_compile(cache).from_cache

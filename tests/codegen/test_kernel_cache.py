@@ -217,7 +217,7 @@ def _corrupt(entry: Path, what: str) -> None:
         raw[len(raw) // 2] ^= 0xFF
         data.write_bytes(bytes(raw))
     elif what == "manifest-garbage":
-        manifest.write_text("{not json")
+        manifest.write_text("{not json", encoding="utf-8")
     elif what == "manifest-missing":
         manifest.unlink()
     else:  # pragma: no cover
@@ -252,7 +252,7 @@ def test_corrupt_entry_is_rebuilt(
     rebuilt = nb.compile_kernel(kern, cache_dir=tmp_path)
     assert not rebuilt.from_cache, "a corrupt entry was trusted"
     check(rebuilt, 3.0)
-    assert next(entry.glob("geode_k_*.py")).read_text() == rebuilt.source
+    assert next(entry.glob("geode_k_*.py")).read_text(encoding="utf-8") == rebuilt.source
 
     nb_kernel._memo.clear()
     again = nb.compile_kernel(kern, cache_dir=tmp_path)
@@ -354,7 +354,7 @@ def test_runtime_helpers_are_cached_across_processes(tmp_path: Path) -> None:
     helpers = _runtime_entries(tmp_path)
     assert len(helpers) == 2, helpers  # the launcher and exp_f32
     for d in helpers:
-        manifest = json.loads((d / "manifest.json").read_text())
+        manifest = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
         assert any(n.endswith(".nbc") for n in manifest["files"])
     assert cache.cache_info(tmp_path).entries == 1  # kernels only
 
@@ -410,11 +410,11 @@ def test_unwritable_cache_compiles_helpers_in_memory(tmp_path: Path, fresh_memo:
     from geode.codegen.backends import vmath
 
     blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
+    blocker.write_text("not a folder", encoding="utf-8")
     fn = vmath._export(vmath.exp_f64.py_func)  # a fresh dispatcher, not yet compiled
     cache.compile_helper(fn, (numba.float64,), str(blocker / "cache"))
     assert len(fn.signatures) == 1 and fn(0.0) == 1.0
-    assert blocker.read_text() == "not a folder"
+    assert blocker.read_text(encoding="utf-8") == "not a folder"
 
 
 def test_different_source_gets_its_own_entry_and_clear(tmp_path: Path, fresh_memo: None) -> None:
@@ -425,7 +425,9 @@ def test_different_source_gets_its_own_entry_and_clear(tmp_path: Path, fresh_mem
     check(b, 6.0)
     info = cache.cache_info(tmp_path)
     assert info.entries == 2 and info.bytes > 2000
-    (tmp_path / "unrelated.txt").write_text("keep me")  # clear_cache only touches kernels/
+    (tmp_path / "unrelated.txt").write_text(
+        "keep me", encoding="utf-8"
+    )  # clear_cache only touches kernels/
     assert cache.clear_cache(tmp_path) == 2
     assert cache.cache_info(tmp_path).entries == 0
     assert (tmp_path / "unrelated.txt").exists()
@@ -459,13 +461,13 @@ def test_prune_evicts_least_recently_used_entries(tmp_path: Path) -> None:
     helper = _fake_entry(tmp_path, cache.RUNTIME_AREA, "b", 3000, now - 4000)
     mid = _fake_entry(tmp_path, cache.KERNEL_AREA, "c", 2000, now - 3000)
     new = _fake_entry(tmp_path, cache.KERNEL_AREA, "d", 1000, now - 10)
-    (tmp_path / cache.KERNEL_AREA / "README").write_text("mine")
+    (tmp_path / cache.KERNEL_AREA / "README").write_text("mine", encoding="utf-8")
     done = cache.prune_cache(tmp_path, 5000)
     assert (done.removed, done.freed, done.left) == (2, 7000, 3000)
     assert not old.exists() and not helper.exists() and mid.exists() and new.exists()
     done = cache.prune_cache(tmp_path, 0)  # the recent entry survives even a zero limit
     assert (done.removed, done.left) == (1, 1000) and new.exists() and not mid.exists()
-    assert (tmp_path / cache.KERNEL_AREA / "README").read_text() == "mine"
+    assert (tmp_path / cache.KERNEL_AREA / "README").read_text(encoding="utf-8") == "mine"
     assert cache.prune_cache(tmp_path, 0, keep_recent=0).removed == 1 and not new.exists()
 
 
@@ -496,9 +498,9 @@ def test_maybe_prune_runs_at_most_once_per_interval(tmp_path: Path, monkeypatch)
 def test_maybe_prune_of_an_unusable_cache_is_not_an_error(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(cache, "_pruned_at", {})
     blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
+    blocker.write_text("not a folder", encoding="utf-8")
     assert cache.maybe_prune(blocker / "cache", 1000) is None
-    assert blocker.read_text() == "not a folder"
+    assert blocker.read_text(encoding="utf-8") == "not a folder"
 
 
 def test_maybe_prune_leaves_a_folder_others_can_write_alone(tmp_path: Path, monkeypatch) -> None:

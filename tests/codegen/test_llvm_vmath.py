@@ -560,7 +560,7 @@ def test_package_does_not_import_numba() -> None:
     """No module of the package imports numba (compiling must not load it)."""
     root = Path(vmath.__file__).parent
     for path in sorted(root.glob("*.py")):
-        for node in pyast.walk(pyast.parse(path.read_text())):
+        for node in pyast.walk(pyast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, pyast.Import):
                 mods = [a.name for a in node.names]
             elif isinstance(node, pyast.ImportFrom):

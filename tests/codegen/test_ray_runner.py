@@ -54,7 +54,7 @@ def _graph() -> geode.Graph:
 
 
 def _entries(path) -> dict:
-    return json.loads(open(path).read())["entries"]
+    return json.loads(open(path, encoding="utf-8").read())["entries"]
 
 
 @pytest.mark.slow  # a local Ray instance: 5-10 s to start on two cores

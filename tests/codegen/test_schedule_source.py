@@ -153,7 +153,7 @@ def test_a_tuned_trace_that_does_not_replay_warns_and_uses_the_default(tmp_path)
 def test_a_database_that_cannot_be_used_stops_the_compile(tmp_path) -> None:
     ex, _ = _softmax()
     path = tmp_path / "db.json"
-    path.write_text("[1, 2]")
+    path.write_text("[1, 2]", encoding="utf-8")
     with pytest.raises(TuningError, match="is not a geode tuning database"):
         geode.compile(ex.graph, tuning_db=path)
     # a database not written yet is empty

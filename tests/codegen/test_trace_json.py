@@ -182,6 +182,6 @@ def test_save_and_load(tmp_path) -> None:
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(TraceError, match="no such file|cannot read"):
         Trace.load(tmp_path / "fifo")  # a FIFO is never opened for reading (no hang)
-    (tmp_path / "bad.json").write_text('{"format": "x"}')
+    (tmp_path / "bad.json").write_text('{"format": "x"}', encoding="utf-8")
     with pytest.raises(TraceError, match="bad.json.*not a geode schedule trace"):
         Trace.load(tmp_path / "bad.json")

@@ -45,7 +45,7 @@ def test_entries_round_trip_through_the_file(tmp_path) -> None:
     assert back.get("a" * 32, "d1").status == "default"
     assert back.devices == {"d1": {"cpu": "x"}}
     assert back.digest == db_digest(path) and db_digest(tmp_path / "none") == "none"
-    data = json.loads(path.read_text())
+    data = json.loads(path.read_text(encoding="utf-8"))
     assert data["format"] == "geode-tuning-db" and entry_id("k" * 32, "d1") in data["entries"]
 
 
@@ -62,11 +62,11 @@ def test_a_malformed_entry_is_dropped_and_the_rest_kept(tmp_path) -> None:
     db.put(_entry())
     db.put(_entry("b" * 32))
     db.save()
-    data = json.loads(path.read_text())
+    data = json.loads(path.read_text(encoding="utf-8"))
     bad = entry_id("b" * 32, "d1")
     data["entries"][bad]["trace"]["steps"][0]["primitive"] = "explode"
     data["entries"]["misfiled"] = data["entries"][entry_id("k" * 32, "d1")]
-    path.write_text(json.dumps(data))
+    path.write_text(json.dumps(data), encoding="utf-8")
     with pytest.warns(TuningDBWarning) as caught:
         back = TuningDB.open(path)
     text = " ".join(str(w.message) for w in caught)
@@ -74,7 +74,9 @@ def test_a_malformed_entry_is_dropped_and_the_rest_kept(tmp_path) -> None:
     assert sorted(back.dropped) == sorted([bad, "misfiled"])
     assert list(back.entries) == [entry_id("k" * 32, "d1")]
     back.save()  # rewritten without the bad entries
-    assert sorted(json.loads(path.read_text())["entries"]) == [entry_id("k" * 32, "d1")]
+    assert sorted(json.loads(path.read_text(encoding="utf-8"))["entries"]) == [
+        entry_id("k" * 32, "d1")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -92,9 +94,9 @@ def test_entry_fields_are_checked(tmp_path, field, value, message) -> None:
     db = TuningDB.open(path)
     db.put(_entry())
     db.save()
-    data = json.loads(path.read_text())
+    data = json.loads(path.read_text(encoding="utf-8"))
     next(iter(data["entries"].values()))[field] = value
-    path.write_text(json.dumps(data))
+    path.write_text(json.dumps(data), encoding="utf-8")
     with pytest.warns(TuningDBWarning, match=message):
         assert not TuningDB.open(path).entries
 
@@ -110,10 +112,10 @@ def test_entry_fields_are_checked(tmp_path, field, value, message) -> None:
 )
 def test_files_that_are_not_tuning_databases_are_refused(tmp_path, text, message) -> None:
     path = tmp_path / "db.json"
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
     with pytest.raises(TuningError, match=message):
         TuningDB.open(path)
-    assert path.read_text() == text  # never overwritten
+    assert path.read_text(encoding="utf-8") == text  # never overwritten
 
 
 def test_files_others_may_write_are_refused(tmp_path) -> None:
@@ -137,11 +139,11 @@ def test_signed_databases(tmp_path, monkeypatch) -> None:
     db = TuningDB.open(path, sign=True)
     db.put(_entry())
     db.save()
-    assert "hmac" in json.loads(path.read_text())
+    assert "hmac" in json.loads(path.read_text(encoding="utf-8"))
     assert TuningDB.open(path, sign=True).get("k" * 32, "d1") is not None
-    data = json.loads(path.read_text())
+    data = json.loads(path.read_text(encoding="utf-8"))
     data["entries"][entry_id("k" * 32, "d1")]["best_s"] = 1e-9  # tampered
-    path.write_text(json.dumps(data))
+    path.write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(TuningError, match="no valid signature"):
         TuningDB.open(path, sign=True)
     monkeypatch.setenv("GEODE_CACHE_KEY", "another key of enough length")

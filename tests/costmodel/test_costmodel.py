@@ -307,20 +307,20 @@ def test_quick_cache_is_upgraded_by_full_request(tmp_path, fake_measurements):
 def test_corrupt_cache_is_recalibrated(tmp_path, fake_measurements, corrupt):
     device.load_or_calibrate(tmp_path)
     path = device.cache_path(tmp_path)
-    path.write_text(corrupt(path.read_text()))
+    path.write_text(corrupt(path.read_text(encoding="utf-8")), encoding="utf-8")
     with pytest.warns(UserWarning, match="corrupt device spec"):
         spec = device.load_or_calibrate(tmp_path)
     assert fake_measurements["n"] == 2
-    assert DeviceSpec.from_json(path.read_text()) == spec  # rewritten, valid
+    assert DeviceSpec.from_json(path.read_text(encoding="utf-8")) == spec  # rewritten, valid
 
 
 def test_mismatching_cache_is_recalibrated(tmp_path, fake_measurements):
     device.load_or_calibrate(tmp_path)
     path = device.cache_path(tmp_path)
-    d = json.loads(path.read_text())
+    d = json.loads(path.read_text(encoding="utf-8"))
     d["numba_version"] = "0.0.1"
     d["key"] = device.device_key(d["name"], d["cores"], "0.0.1")
-    path.write_text(json.dumps(d))  # valid JSON, but for another numba
+    path.write_text(json.dumps(d), encoding="utf-8")  # valid JSON, but for another numba
     spec = device.load_or_calibrate(tmp_path)
     assert fake_measurements["n"] == 2
     assert spec.numba_version == device.numba_version()
@@ -354,12 +354,12 @@ def test_untrustworthy_cached_spec_is_ignored_without_blocking(tmp_path, fake_me
     assert fake_measurements["n"] == 2
     st = os.lstat(path)
     assert stat.S_ISREG(st.st_mode) and not st.st_mode & 0o022
-    assert DeviceSpec.from_json(path.read_text()) == spec
+    assert DeviceSpec.from_json(path.read_text(encoding="utf-8")) == spec
 
 
 def test_unwritable_cache_dir_warns_but_returns(tmp_path, fake_measurements):
     blocker = tmp_path / "file"
-    blocker.write_text("x")
+    blocker.write_text("x", encoding="utf-8")
     with pytest.warns(UserWarning, match="could not cache"):
         spec = device.load_or_calibrate(blocker / "sub")
     assert spec.method == "full"
@@ -473,7 +473,7 @@ ALLOWED_GEODE = {"geode.safe_files"}
 
 def imported_modules(path: Path) -> list[tuple[str, int]]:
     """(absolute module name or relative name, level) for each import in a file."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

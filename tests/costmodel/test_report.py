@@ -27,7 +27,7 @@ def test_measured_report_on_a_few_kernels(capsys, tmp_path):
     out_file = tmp_path / "s.json"
     assert report.main(["--n", "6", "--rounds", "1", "--save-samples", str(out_file)]) == 0
     assert "measured" in capsys.readouterr().out
-    assert json.loads(out_file.read_text())["format"] == 1
+    assert json.loads(out_file.read_text(encoding="utf-8"))["format"] == 1
 
 
 def test_bad_arguments_exit_2(capsys, tmp_path):

@@ -45,7 +45,7 @@ def test_a_file_of_another_device_is_ignored_with_a_warning(tmp_path):
     b.name = "another-cpu"
     path = store.model_path(tmp_path, a)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(fitted_for(b).to_dict()))
+    path.write_text(json.dumps(fitted_for(b).to_dict()), encoding="utf-8")
     with pytest.warns(UserWarning, match="fitted on"):
         assert store.load_model(tmp_path, a) is None
 
@@ -65,12 +65,12 @@ def test_a_corrupt_file_is_ignored_with_a_warning(tmp_path, text):
 def test_a_link_or_a_public_file_is_not_read(tmp_path):
     spec = default_spec()
     real = tmp_path / "elsewhere.json"
-    real.write_text(json.dumps(fitted_for(spec).to_dict()))
+    real.write_text(json.dumps(fitted_for(spec).to_dict()), encoding="utf-8")
     path = store.model_path(tmp_path, spec)
     path.parent.mkdir(parents=True)
     os.symlink(real, path)
     assert store.load_model(tmp_path, spec) is None
     path.unlink()
-    path.write_text(json.dumps(fitted_for(spec).to_dict()))
+    path.write_text(json.dumps(fitted_for(spec).to_dict()), encoding="utf-8")
     os.chmod(path, 0o666)
     assert store.load_model(tmp_path, spec) is None

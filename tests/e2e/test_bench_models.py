@@ -58,7 +58,7 @@ def test_smoke_run_of_the_lstm_cell_at_batch_1(tmp_path) -> None:
     assert "speedup of geode over onnxruntime" in out
     assert "lstm_cell small 1x256: geode's slowest steps" in out
     assert (onnx_dir / "lstm_cell.onnx").is_file()
-    doc = json.loads(out_json.read_text())
+    doc = json.loads(out_json.read_text(encoding="utf-8"))
     assert doc["threads"] == 1 and doc["rounds"] == 2
     assert set(doc["load_average"]) == {"before", "after"}
     assert re.search(r"load average [\d.]+ before, [\d.]+ after", out), out

@@ -137,7 +137,7 @@ def test_bucket_bench_reports_every_batch(tmp_path) -> None:
     assert rows[2][1] == "symbolic"  # beyond the last bucket
     import json
 
-    data = json.loads(out_json.read_text())
+    data = json.loads(out_json.read_text(encoding="utf-8"))
     assert [r["batch"] for r in data["rows"]] == [1, 3, 6]
     assert all(r["max_rel_error"] < 1e-3 for r in data["rows"])
 

@@ -152,7 +152,7 @@ def valid_entries(cache: Path) -> list[Path]:
     for e in entries:
         names = {p.name for p in e.iterdir()}
         assert names == {"kernel.o", "manifest.json"}, (e, names)
-        m = json.loads((e / "manifest.json").read_text())
+        m = json.loads((e / "manifest.json").read_text(encoding="utf-8"))
         obj = (e / "kernel.o").read_bytes()
         assert m["size"] == len(obj) and m["sha256"] == hashlib.sha256(obj).hexdigest(), e
     return entries

@@ -31,7 +31,7 @@ MIB = 1 << 20
 
 def rss() -> int:
     """Resident set size of this process, in bytes."""
-    with open("/proc/self/statm") as f:
+    with open("/proc/self/statm", encoding="utf-8") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 

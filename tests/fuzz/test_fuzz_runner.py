@@ -65,7 +65,7 @@ def test_a_planted_lowering_bug_is_caught_and_shrunk(tmp_path, cache_dir, monkey
     for name in ("REPORT.txt", "case.json", "model.onnx"):
         assert (folder / name).is_file(), name
     assert list((folder / "inputs" / "run0").glob("*.npy"))
-    assert "Sub(" in (folder / "REPORT.txt").read_text()
+    assert "Sub(" in (folder / "REPORT.txt").read_text(encoding="utf-8")
     # the reproducer reloads: as a case that fails the same way, and as an ONNX model
     case = load_case(folder)
     assert checker.check(case).kind == best.outcome.kind
@@ -135,7 +135,7 @@ def test_a_reproducer_of_a_build_crash_still_writes(tmp_path, checker):
     out = checker.check(case)
     assert out.status == "invalid"
     folder = write_reproducer(tmp_path, case, out)
-    assert (folder / "REPORT.txt").read_text().startswith("geode fuzz failure")
+    assert (folder / "REPORT.txt").read_text(encoding="utf-8").startswith("geode fuzz failure")
     assert not (folder / "model.onnx").exists()
 
 

@@ -202,10 +202,10 @@ def test_save_never_overwrites_other_files(tmp_path):
     ex = examples.ALL["silu"]()
     model = geode.compile(ex.graph)
     precious = tmp_path / "notes.txt"
-    precious.write_text("mine")
+    precious.write_text("mine", encoding="utf-8")
     with pytest.raises(ModelFileError, match="refusing to overwrite"):
         model.save(precious)
-    assert precious.read_text() == "mine"
+    assert precious.read_text(encoding="utf-8") == "mine"
     with pytest.raises(ModelFileError, match="not a regular file"):
         model.save(tmp_path)
     with pytest.raises(ModelFileError, match="does not exist"):

@@ -200,7 +200,7 @@ def test_fresh_process_loads_without_compiling(tmp_path):
     model.save(tmp_path / "bert.geode")
     np.savez(tmp_path / "feeds.npz", **feeds)
     script = tmp_path / "child.py"
-    script.write_text(_CHILD)
+    script.write_text(_CHILD, encoding="utf-8")
     env = {**os.environ, "GEODE_CACHE_DIR": str(tmp_path / "empty_cache")}
     done = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "bert.geode"), str(tmp_path / "feeds.npz"),

@@ -52,7 +52,7 @@ def peak_traced(fn) -> int:
 def test_available_memory_is_positive_and_at_most_the_physical_memory() -> None:
     avail = memlimit.available_bytes()
     assert avail is not None and avail > 0
-    with open("/proc/meminfo") as f:
+    with open("/proc/meminfo", encoding="utf-8") as f:
         total = int(next(line for line in f if line.startswith("MemTotal:")).split()[1]) * 1024
     assert avail <= total
     assert memlimit.limit(123 * MIB) == 123 * MIB
@@ -62,20 +62,22 @@ def test_available_memory_is_positive_and_at_most_the_physical_memory() -> None:
 def test_cgroup_limits_are_read(tmp_path) -> None:
     v2 = tmp_path / "v2"
     (v2 / "job").mkdir(parents=True)
-    (v2 / "job" / "memory.max").write_text("1073741824\n")
-    (v2 / "job" / "memory.current").write_text("73741824\n")
+    (v2 / "job" / "memory.max").write_text("1073741824\n", encoding="utf-8")
+    (v2 / "job" / "memory.current").write_text("73741824\n", encoding="utf-8")
     proc = tmp_path / "cgroup"
-    proc.write_text("0::/job\n")
+    proc.write_text("0::/job\n", encoding="utf-8")
     assert memlimit.cgroup_left(proc, v2) == 1_000_000_000
-    (v2 / "job" / "memory.max").write_text("max\n")
+    (v2 / "job" / "memory.max").write_text("max\n", encoding="utf-8")
     assert memlimit.cgroup_left(proc, v2) is None
     v1 = tmp_path / "v1"
     (v1 / "memory" / "a" / "b").mkdir(parents=True)
-    (v1 / "memory" / "a" / "b" / "memory.limit_in_bytes").write_text("2000")
-    (v1 / "memory" / "a" / "b" / "memory.usage_in_bytes").write_text("500")
-    proc.write_text("4:memory:/a/b\n3:cpu:/\n")
+    (v1 / "memory" / "a" / "b" / "memory.limit_in_bytes").write_text("2000", encoding="utf-8")
+    (v1 / "memory" / "a" / "b" / "memory.usage_in_bytes").write_text("500", encoding="utf-8")
+    proc.write_text("4:memory:/a/b\n3:cpu:/\n", encoding="utf-8")
     assert memlimit.cgroup_left(proc, v1) == 1500
-    (v1 / "memory" / "a" / "b" / "memory.limit_in_bytes").write_text("9223372036854771712")
+    (v1 / "memory" / "a" / "b" / "memory.limit_in_bytes").write_text(
+        "9223372036854771712", encoding="utf-8"
+    )
     assert memlimit.cgroup_left(proc, v1) is None
 
 

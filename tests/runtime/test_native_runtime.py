@@ -214,9 +214,9 @@ def test_workers_block_signals(k, pool3):
     masks = []
     for task in Path("/proc/self/task").iterdir():
         try:
-            if (task / "comm").read_text().strip() != "geode-worker":
+            if (task / "comm").read_text(encoding="utf-8").strip() != "geode-worker":
                 continue
-            status = (task / "status").read_text()
+            status = (task / "status").read_text(encoding="utf-8")
         except FileNotFoundError:
             continue
         masks.append(

@@ -448,7 +448,7 @@ def test_the_memory_plan_dump_and_log_show_the_aliases(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="geode")
     model = geode.compile(g, dump_dir=str(tmp_path), debug=1)
     (path,) = (tmp_path / g.name).glob("*_memory_plan.txt")
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     assert text.strip() == model.plan.memory_text.strip()
     assert "memory plan: 2 arena buffers, 4 aliases" in text
     assert "reshape_1: float32[N, 4, 32] alias of matmul_0 (an arena buffer)" in text
