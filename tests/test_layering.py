@@ -520,3 +520,26 @@ def test_the_kernel_cache_needs_a_target_fingerprint() -> None:
     finally:
         cache.set_target_fingerprint(saved)
     assert "cpu_features" in cache.environment_fingerprint()
+
+
+def test_the_tree_reads_under_an_ascii_locale() -> None:
+    """The sources are read as UTF-8 whatever the locale: under ``LC_ALL=C`` with
+    UTF-8 mode off, Python's default text encoding is ASCII, and a docstring with a
+    non-ASCII character made every scan fail there."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
+    env.pop("PYTHONIOENCODING", None)
+    code = (
+        "import locale, sys; sys.path.insert(0, sys.argv[1]); import test_layering as t; "
+        "print(locale.getpreferredencoding(False), len(t.read_tree(t.ROOT)))"
+    )
+    here = str(Path(__file__).resolve().parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code, here], env=env, capture_output=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr.decode("utf-8", "replace")
+    encoding, count = out.stdout.decode().split()
+    assert int(count) == len(read_tree(ROOT))
