@@ -661,8 +661,8 @@ def _epilogue_args(w: SsaWriter, sp: DenseSpec, v: dict[str, str], off: dict[str
                 elems = {"full": v["r0n"], "col": v["r0"]}.get(outer.role, "0")
             byte = w.tmp(f"mul i64 {elems}, {arg.itemsize}")
             data = w.tmp(f"getelementptr inbounds i8, ptr {base}, i64 {byte}")
-        if sp.causal is not None and j == sp.causal.arg:
-            data = v["s4"]  # the panel's mask, built by _causal_mask
+        if sp.causal is not None and j == sp.causal.arg:  # the mask _causal_mask built
+            data = w.tmp(f"select i1 {v['narrow']}, ptr {v['s4']}, ptr {data}")
         w.put(v["iptrs"], j, data, "ptr")
         dims = _inner_dims(w, arg, v["rows"], v["NV"])
         for word in [str(len(dims)), str(arg.itemsize), *dims]:
@@ -700,6 +700,7 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     v["rows"] = w.tmp(f"select i1 {short}, i64 {left}, i64 {v['mb']}")
     v["p0"] = p0
     v["NV"] = _visible(w, sp, v)
+    v["narrow"] = w.op("icmp ult", v["NV"], v["N"])
     n_brow = sum(1 for o in sp.outer if o.role in ("brow", "bfull"))
     off = _offsets(w, sp, t, n_brow)
     v["r0"] = w.op("add", w.op("mul", t, v["M"]), p0)
@@ -799,15 +800,17 @@ def _visible(w: SsaWriter, sp: DenseSpec, v: dict) -> str:
 
 
 def _causal_mask(w: SsaWriter, sp: DenseSpec, v: dict) -> None:
-    """The panel's mask ``[rows, NV]`` into ``s4``: element ``(r, j)`` is ``masked`` when
-    ``j >= p0 + r + offset``, else ``kept`` (the mask's values there; a bool as a byte)."""
+    """The panel's mask ``[rows, NV]`` into ``s4`` when the panel computes fewer than all
+    ``N`` columns (``v["narrow"]``; else the epilogue reads the mask's own rows): element
+    ``(r, j)`` is ``masked`` when ``j >= p0 + r + offset``, else ``kept`` (the mask's values
+    there; a bool as a byte)."""
     cp = sp.causal
     assert cp is not None
     item = sp.inner[cp.arg].itemsize
     ty = {1: "i8", 4: "float", 8: "double"}[item]
     lit = (lambda x: str(int(x != 0))) if item == 1 else (lambda x: float_literal(x, ty))
     start = w.op("add", v["p0"], cp.offset)
-    w.emit(f"  br i1 {w.eq(v['NV'], 0)}, label %cm_done, label %cm_start")
+    w.emit(f"  br i1 {v['narrow']}, label %cm_start, label %cm_done")
     w.label("cm_start")
     w.emit("  br label %cm_row")
     w.label("cm_row")
