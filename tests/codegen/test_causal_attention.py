@@ -49,12 +49,15 @@ def _mask_nodes(form: str, k: int, dtype: str, nodes: list, inits: list) -> str:
     return "mask"
 
 
-def attention(form: str, k: int = 1, dtype: str = "float32", fill: float = -np.inf) -> object:
+def attention(
+    form: str, k: int = 1, dtype: str = "float32", fill: float = -np.inf, after: str = ""
+) -> object:
     """``softmax(mask(Q K^T / sqrt(d))) V`` over inputs ``q, k, v [B, H, S, D]``; ``form``
     the mask: ``upper`` (``Where(triu(ones, k), fill, s)``), ``lower`` (``Where(tril(ones,
     k), s, fill)``), ``add`` (``s + triu(full(-inf), k)``), ``cast`` (a float triangle cast
     to bool), ``constNN`` (a constant bool ``triu(ones, k)``, ``S = NN`` static;
-    ``constNNr``: random bools), ``input`` (a runtime bool input)."""
+    ``constNNr``: random bools, ``constNNa``: an additive float triangle of -inf), ``input``
+    (a runtime bool input). ``after``: a unary op between the mask and the softmax."""
     t = TYPES[dtype]
     nodes, inits = [], []
     dims: list = (
@@ -73,16 +76,20 @@ def attention(form: str, k: int = 1, dtype: str = "float32", fill: float = -np.i
         tri = np.triu(np.ones((s, s), bool), k)
         if form.endswith("r"):
             tri = np.random.default_rng(3).random((s, s)) > 0.5
+        if form.endswith("a"):  # additive: -inf in the triangle, zeros elsewhere
+            tri = np.where(tri, -np.inf, 0.0).astype(dtype)
         inits.append(numpy_helper.from_array(tri, "mask"))
     else:
         _mask_nodes(form, k, dtype, nodes, inits)
-    if form == "add":
+    if form == "add" or form.endswith("a"):
         nodes.append(helper.make_node("Add", ["sd", "mask"], ["sw"]))
     elif form == "lower":
         nodes.append(helper.make_node("Where", ["mask", "sd", "fill"], ["sw"]))
     else:
         nodes.append(helper.make_node("Where", ["mask", "fill", "sd"], ["sw"]))
-    nodes.append(helper.make_node("Softmax", ["sw"], ["p"], axis=-1))
+    if after:
+        nodes.append(helper.make_node(after, ["sw"], ["sa"]))
+    nodes.append(helper.make_node("Softmax", ["sa" if after else "sw"], ["p"], axis=-1))
     nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
     out = helper.make_tensor_value_info("y", t, dims)
     graph = helper.make_graph(nodes, "attn", ins, [out], inits)
@@ -162,9 +169,11 @@ def test_random_causal_attention(form, k, dtype, b, h, s, d, seed):
     _check(form, k, dtype, b, h, s, d, seed)
 
 
-def test_a_constant_triangle_is_causal():
-    """A constant bool ``[S, S]`` triangle (``torch.triu(ones, 2)`` stored as data)."""
-    model = _compile(attention("const99", k=2), True)
+@pytest.mark.parametrize("form", ["const99", "const99a"])
+def test_a_constant_triangle_is_causal(form):
+    """A constant ``[S, S]`` triangle (``torch.triu(ones, 2)`` stored as data, or an
+    additive mask of -inf)."""
+    model = _compile(attention(form, k=2), True)
     assert "causal (offset 2)" in model.explain(), model.explain()
     rng = np.random.default_rng(1)
     feeds = {n: rng.standard_normal((2, 2, 99, 8)).astype(np.float32) for n in ("q", "kk", "v")}
@@ -198,6 +207,12 @@ def test_masks_not_proven_causal_keep_every_column(form, k, fill, why):
         feeds["mask"] = np.triu(np.ones((99, 99), bool), 1)
     full = _compile(proto, False).run(feeds)["y"]
     np.testing.assert_array_equal(model.run(feeds)["y"], full)
+
+
+def test_an_op_between_the_mask_and_the_softmax_keeps_every_column():
+    """``softmax(relu(masked))``: the masked scores become 0, not -inf."""
+    text = _compile(attention("upper", after="Relu"), True).explain()
+    assert "not causal: Relu" in text and "may read or keep a skipped column" in text, text
 
 
 def test_the_switch_keeps_every_column():

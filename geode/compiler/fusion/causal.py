@@ -233,7 +233,9 @@ def causal_legality(nodes: list[Node], roles: dict[str, str], acc: Value, p: Val
                 inputs[id(v)] = v
     full = [v for v in inputs.values() if roles.get(v.name) in ("full", "bfull")]
     if len(full) != 1:
-        return "no one score mask" if not full else "more than one full-size input"
+        if not full:
+            return "no mask of the scores' size (a mask per key, as for padding, is not causal)"
+        return "more than one input of the scores' size"
     mask = full[0]
     if roles.get(mask.name) != "bfull":
         return f"the mask {mask.name} is not one matrix per batch of heads"
