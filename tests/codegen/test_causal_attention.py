@@ -41,6 +41,18 @@ def _mask_nodes(form: str, k: int, dtype: str, nodes: list, inits: list) -> str:
         ninf = helper.make_tensor("ninf_v", TYPES[dtype], [1], [-np.inf])
         nodes.append(helper.make_node("ConstantOfShape", ["ss"], ["full"], value=ninf))
         nodes.append(helper.make_node("Trilu", ["full", "k"], ["mask"], upper=1))
+    elif form in ("sdpa", "sdpa2"):  # torch's SDPA(is_causal): a bias from tril(ones, k - 1)
+        one = helper.make_tensor("one", TensorProto.BOOL, [1], [True])
+        nodes.append(helper.make_node("ConstantOfShape", ["ss"], ["ones"], value=one))
+        inits += [numpy_helper.from_array(np.array(k - 1, np.int64), "km1")]
+        inits += [numpy_helper.from_array(np.array(-np.inf, dtype), "ninf_b")]
+        inits += [numpy_helper.from_array(np.array(0.0, dtype), "zero_b")]
+        nodes.append(helper.make_node("Trilu", ["ones", "km1"], ["tril"], upper=0))
+        if form == "sdpa":
+            nodes.append(helper.make_node("Not", ["tril"], ["past"]))
+            nodes.append(helper.make_node("Where", ["past", "ninf_b", "zero_b"], ["mask"]))
+        else:
+            nodes.append(helper.make_node("Where", ["tril", "zero_b", "ninf_b"], ["mask"]))
     elif form == "cast":
         one = helper.make_tensor("one", TYPES[dtype], [1], [1.0])
         nodes.append(helper.make_node("ConstantOfShape", ["ss"], ["ones"], value=one))
@@ -56,7 +68,8 @@ def attention(
     the mask: ``upper`` (``Where(triu(ones, k), fill, s)``), ``lower`` (``Where(tril(ones,
     k), s, fill)``), ``add`` (``s + triu(full(-inf), k)``), ``cast`` (a float triangle cast
     to bool), ``constNN`` (a constant bool ``triu(ones, k)``, ``S = NN`` static;
-    ``constNNr``: random bools, ``constNNa``: an additive float triangle of -inf), ``input``
+    ``sdpa``: ``s + where(not(tril(ones, k - 1)), -inf, 0)``, ``sdpa2``: ``s + where(tril(ones,
+    k - 1), 0, -inf)``, ``constNNr``: random bools, ``constNNa``: an additive float triangle of -inf), ``input``
     (a runtime bool input). ``after``: a unary op between the mask and the softmax."""
     t = TYPES[dtype]
     nodes, inits = [], []
@@ -81,7 +94,7 @@ def attention(
         inits.append(numpy_helper.from_array(tri, "mask"))
     else:
         _mask_nodes(form, k, dtype, nodes, inits)
-    if form == "add" or form.endswith("a"):
+    if form in ("add", "sdpa", "sdpa2") or form.endswith("a"):
         nodes.append(helper.make_node("Add", ["sd", "mask"], ["sw"]))
     elif form == "lower":
         nodes.append(helper.make_node("Where", ["mask", "sd", "fill"], ["sw"]))
@@ -148,7 +161,7 @@ def test_causal_panels_fixed_lengths(s):
     _check("upper", 1, "float32", 2, 3, s, 16, s)
 
 
-@pytest.mark.parametrize("form", ["upper", "lower", "add", "cast"])
+@pytest.mark.parametrize("form", ["upper", "lower", "add", "cast", "sdpa", "sdpa2"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_causal_mask_forms(form, dtype):
     _check(form, 1, dtype, 1, 2, 97, 8, 5)

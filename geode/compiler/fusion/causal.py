@@ -2,14 +2,15 @@
 is provably causal at compile time computes, per panel of query rows, only the key
 columns those rows can see.
 
-The mask must be a triangle fixed at compile time (:func:`triangle`): ``Trilu`` of a
-``ConstantOfShape`` (or a constant) whose every element is the same non-zero value (the
-ones of ``torch.triu(ones, diagonal=k)``, the ``-inf`` of ``torch.triu(full(-inf), k)``),
-maybe through a ``Cast`` to bool, or a constant whose data is such a triangle. It must
-mask the scores with ``-inf`` where key column ``j`` is past query row ``i``: ``j >= i +
-k`` masked, ``k >= 1`` (every row sees column 0), through ``Where(mask, -inf, s)`` (an
-upper triangle), ``Where(mask, s, -inf)`` (a lower one) or ``Add(s, mask)`` (an upper
-triangle of ``-inf``, zeros elsewhere).
+The mask must be a triangle fixed at compile time (:func:`triangle`, a :class:`Triangle`):
+one value where key column ``j`` and query row ``i`` have ``j - i >= k``, another
+elsewhere: ``Trilu`` of a ``ConstantOfShape`` (or a constant) of one value (the ones of
+``torch.triu(ones, diagonal=k)``, the ``-inf`` of ``torch.triu(full(-inf), k)``), through
+any of ``Cast``, ``Not`` and ``Where`` between two constants (torch's ``scaled_dot_product_
+attention(is_causal=True)`` bias ``where(not(tril(ones)), -inf, 0)``), or a constant whose
+data is such a triangle. It must mask the scores with ``-inf`` exactly where ``j >= i + k``,
+``k >= 1`` (every row sees column 0), through ``Where(mask, -inf, s)``, ``Where(mask, s,
+-inf)`` or ``Add(s, mask)`` (``-inf`` past the diagonal, zeros before it).
 
 The epilogue must then make exact zeros of the masked columns whatever the skipped
 scores were, and read no other column of them (:func:`_flow`): from the masking node on,
@@ -30,7 +31,7 @@ import numpy as np
 
 from geode.compiler.ir import Node, Value
 
-__all__ = ["Causal", "causal_legality", "triangle"]
+__all__ = ["Causal", "Triangle", "causal_legality", "triangle"]
 
 #: what a value of the epilogue is at the masked columns (:func:`_flow`)
 _NEG, _ZERO, _ANY, _FREE = "-inf", "zero", "any", "free"
@@ -64,64 +65,92 @@ def _fill(v: Value) -> float | None:
         raw = p.attr("value")
         data = np.zeros(1, np.float32) if raw is None else np.asarray(raw).reshape(-1)
         return float(data[0]) if data.size == 1 else None
-    if p is not None and p.op_type == "Cast" and np.dtype(v.dtype) == np.bool_:
+    if p is not None and p.op_type == "Cast":
         inner = _fill(p.inputs[0])
-        return None if inner is None or np.isnan(inner) else float(inner != 0)
+        return None if inner is None else _cast(inner, v)
     data = _constant(v)
     if data is None or data.size == 0 or not np.all(data == data.reshape(-1)[0]):
         return None
     return float(data.reshape(-1)[0])
 
 
-def _data_triangle(data: np.ndarray) -> tuple[str, int, float] | str:
-    """``(side, k, fill)`` of a constant: every matrix the same, ``fill`` where ``j - i >=
-    k`` (``upper``) or ``j - i <= k`` (``lower``), 0 elsewhere."""
-    if data.ndim < 2 or data.shape[-1] == 0 or data.shape[-2] == 0:
-        return "the mask constant is not a non-empty matrix"
-    mats = data.reshape(-1, *data.shape[-2:])
+def _cast(x: float, v: Value) -> float:
+    return float(np.asarray(x).astype(np.dtype(v.dtype)))
+
+
+@dataclass(frozen=True)
+class Triangle:
+    """A mask known at compile time: ``above`` where key column ``j`` and query row ``i``
+    have ``j - i >= k``, ``below`` elsewhere, in every matrix; ``source`` for the plan."""
+
+    k: int
+    above: float
+    below: float
+    source: str
+
+
+def _data_triangle(data: np.ndarray) -> Triangle | str:
+    """The triangle a constant holds: every matrix the same, two values apart along a
+    diagonal."""
+    if data.ndim < 2 or data.shape[-1] < 2 or data.shape[-2] < 2:
+        return "the mask constant is not a matrix of two rows and columns or more"
+    mats = data.reshape(-1, *data.shape[-2:]).astype(np.float64)
+    if np.isnan(mats).any():
+        return "the mask constant holds NaN"
     if not np.all(mats == mats[:1]):
         return "the mask constant's matrices differ"
-    m = mats[0].astype(np.float64)
-    inside = m != 0
-    if not inside.any():
-        return "the mask constant is all zeros"
-    fill = float(m[inside][0])
-    if np.isnan(fill) or not np.all(m[inside] == fill):
-        return "the mask constant holds more than one non-zero value"
+    m = mats[0]
+    above, below = float(m[0, -1]), float(m[-1, 0])
+    inside = m == above
     i, j = np.indices(m.shape)
     diff = j - i
-    for side, k in (("upper", int(diff[inside].min())), ("lower", int(diff[inside].max()))):
-        want = diff >= k if side == "upper" else diff <= k
-        if np.array_equal(inside, want):
-            return side, k, fill
-    return "the mask constant is not a triangle"
+    k = int(diff[inside].min())
+    if above == below or not np.array_equal(inside, diff >= k) or np.any(m[~inside] != below):
+        return "the mask constant is not a triangle"
+    return Triangle(k, above, below, "a constant")
 
 
-def triangle(v: Value) -> tuple[str, int, float] | str:
-    """``(side, k, fill)`` when ``v``'s last two axes are ``fill`` where ``j - i >= k``
-    (``side`` ``upper``) or ``j - i <= k`` (``lower``) and 0 elsewhere, for every matrix,
-    known at compile time; else why not."""
+def _trilu(p: Node) -> Triangle | str:
+    k_in = p.input(1)
+    k_data = None if k_in is None else _constant(k_in)
+    if k_in is not None and (k_data is None or k_data.size != 1):
+        return f"{p.name}'s diagonal k is not a constant"
+    fill = _fill(p.inputs[0])
+    if fill is None or np.isnan(fill):
+        return f"{p.name}'s input is not one value throughout"
+    k = 0 if k_data is None else int(k_data.reshape(-1)[0])
+    if int(p.attr("upper", 1)):
+        return Triangle(k, fill, 0.0, f"{p.name}, upper, k={k}")
+    return Triangle(k + 1, 0.0, fill, f"{p.name}, lower, k={k}")  # kept: j - i <= k
+
+
+def triangle(v: Value, depth: int = 0) -> Triangle | str:
+    """The :class:`Triangle` ``v`` is, known at compile time (``Trilu`` of one value, maybe
+    through ``Cast``, ``Not``, ``Where`` between two constants, or a constant's data), or
+    why not."""
     p = v.producer
-    if p is not None and p.op_type == "Cast" and np.dtype(v.dtype) == np.bool_:
-        inner = triangle(p.inputs[0])
-        if isinstance(inner, str):
-            return inner
-        side, k, fill = inner
-        return (side, k, 1.0) if not np.isnan(fill) else "a NaN mask"
-    if p is not None and p.op_type == "Trilu":
-        k_in = p.input(1)
-        k_data = None if k_in is None else _constant(k_in)
-        if k_in is not None and (k_data is None or k_data.size != 1):
-            return f"{p.name}'s diagonal k is not a constant"
-        fill = _fill(p.inputs[0])
-        if fill is None or fill == 0 or np.isnan(fill):
-            return f"{p.name}'s input is not one non-zero value throughout"
-        k = 0 if k_data is None else int(k_data.reshape(-1)[0])
-        return ("upper" if int(p.attr("upper", 1)) else "lower"), k, fill
-    data = _constant(v)
-    if data is None:
-        return f"the mask {v.name} is not known at compile time"
-    return _data_triangle(data)
+    if depth > 8 or p is None or p.op_type not in ("Trilu", "Cast", "Not", "Where"):
+        data = _constant(v)
+        if data is None:
+            return f"the mask {v.name} is not known at compile time"
+        return _data_triangle(data)
+    if p.op_type == "Trilu":
+        return _trilu(p)
+    inner = triangle(p.inputs[0], depth + 1)
+    if isinstance(inner, str):
+        return inner
+    if np.isnan(inner.above) or np.isnan(inner.below):
+        return "a NaN in the mask"
+    src = f"{p.op_type} {p.name} of {inner.source}"
+    if p.op_type == "Cast":
+        return Triangle(inner.k, _cast(inner.above, v), _cast(inner.below, v), src)
+    if p.op_type == "Not":
+        return Triangle(inner.k, float(inner.above == 0), float(inner.below == 0), src)
+    a, b = _fill(p.inputs[1]), _fill(p.inputs[2])
+    if a is None or b is None:
+        return f"{p.name} picks between values not known at compile time"
+    pick = lambda c: a if c != 0 else b  # noqa: E731
+    return Triangle(inner.k, pick(inner.above), pick(inner.below), src)
 
 
 def _is_neg_inf(v: Value | None) -> bool:
@@ -136,29 +165,29 @@ def _scalar_const(v: Value) -> bool:
 
 def _masking(node: Node, mask: Value) -> tuple[int, float, float, str] | str:
     """How ``node`` (a ``Where`` or an ``Add`` reading the mask) masks: ``(offset, masked,
-    kept, how)``, or why it is not causal."""
+    kept, how)``, or why it is not causal: ``-inf`` where ``j - i >= k``, the scores
+    elsewhere."""
     tri = triangle(mask)
     if isinstance(tri, str):
         return tri
-    side, k, fill = tri
-    src = mask.producer.name if mask.producer is not None else "a constant"
+    up, low = tri.above, tri.below
+    if np.isnan(up) or np.isnan(low):
+        return "a NaN in the mask"
     if node.op_type == "Where" and node.inputs[0] is mask and mask not in node.inputs[1:]:
-        if side == "upper" and _is_neg_inf(node.inputs[1]):
-            off, masked, kept = k, 1.0, 0.0
-        elif side == "lower" and _is_neg_inf(node.inputs[2]):
-            off, masked, kept = k + 1, 0.0, 1.0
-        else:
-            return f"{node.name} does not put -inf where the {side} triangle masks"
-    elif node.op_type == "Add" and len(node.inputs) == 2 and side == "upper":
-        if not np.isneginf(fill) or node.inputs[0] is node.inputs[1]:
-            return f"{node.name} adds a triangle of {fill}, not of -inf"
-        off, masked, kept = k, fill, 0.0
+        a, b = node.inputs[1], node.inputs[2]
+        past = (_is_neg_inf(a) and up != 0 and low == 0) or (
+            _is_neg_inf(b) and up == 0 and low != 0
+        )
+        if not past:
+            return f"{node.name} does not put -inf exactly where a key is past its query"
+    elif node.op_type == "Add" and len(node.inputs) == 2 and node.inputs[0] is not node.inputs[1]:
+        if not (np.isneginf(up) and low == 0):
+            return f"{node.name} adds {up} past the diagonal and {low} before it, not -inf and 0"
     else:
         return f"{node.op_type} {node.name} reads the mask otherwise than to put -inf"
-    if off < 1:
-        return f"offset {off}: a query row would see no key column"
-    how = f"{mask.name} ({side} triangle from {src}, k={k}) through {node.name}"
-    return off, masked, kept, how
+    if tri.k < 1:
+        return f"offset {tri.k}: a query row would see no key column"
+    return tri.k, up, low, f"{mask.name} ({tri.source}) through {node.name}"
 
 
 def _step(node: Node, st: dict[int, str], red: dict[int, int]) -> str | None:
