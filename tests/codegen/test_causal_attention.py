@@ -276,3 +276,31 @@ def test_the_entry_refuses_causal_panels_it_cannot_run():
             dense_ir(_spec(bad))
     with pytest.raises(CodegenError, match="no causal panels"):
         dense_ir(_spec(CausalPanels(1, 1, 1.0, 0.0, 64), v_rank=0))
+
+
+@pytest.mark.slow  # exports bench's GPT-2 block with torch (in a subprocess): about 10 s
+def test_the_exported_gpt2_block(tmp_path):
+    """bench/models.py's GPT-2 block as torch exports it (``Trilu`` of ``ConstantOfShape``
+    through ``Where``): causal, the same bits as the full path, onnxruntime's result within
+    float32 rounding, at an odd length over several panels."""
+    pytest.importorskip("torch", reason="torch is not installed: the model is exported with it")
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from bench import models; "
+        "models.export(models._model_specs()['gpt2'], sys.argv[2], seed=1)"
+    )
+    subprocess.run([sys.executable, "-c", code, str(root), str(tmp_path)], check=True)
+    path = str(tmp_path / "gpt2.onnx")
+    on, off = _compile(path, True), _compile(path, False)
+    assert "causal (offset 1)" in on.explain(), on.explain()
+    x = np.random.default_rng(4).standard_normal((2, 150, 256)).astype(np.float32)
+    got, old = on.run({"x": x}), off.run({"x": x})
+    want = ort.InferenceSession(path).run(None, {"x": x})
+    for name, ref in zip(("y", "pooled"), want):
+        assert np.array_equal(got[name], old[name])
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-4)
