@@ -151,11 +151,13 @@ class HeadLayout:
 class CausalPanels:
     """Causal attention (a proven causal mask, :mod:`geode.compiler.fusion.causal`): a
     panel of query rows ``[p0, p0 + rows)`` computes the scores, the epilogue and ``P @ V``
-    over the key columns ``[0, min(N, p0 + rows - 1 + offset))`` only (column ``j`` of row
-    ``i`` is masked when ``j >= i + offset``); the epilogue's mask argument ``arg`` (an
-    index in ``inner``, role ``bfull``) is built per panel in scratch slot 2 (``masked``
-    where masked, ``kept`` elsewhere: the mask's own values), so the rows of a panel that
-    see fewer columns keep theirs masked. Panels of ``rows`` rows (or all ``M``)."""
+    over the key columns its last row sees only, ``[0, p0 + rows - 1 + offset)`` rounded up
+    to :data:`CAUSAL_ALIGN`, at most ``N`` (column ``j`` of row ``i`` is masked when ``j >=
+    i + offset``; :func:`_visible`). When that is fewer than ``N``, the epilogue's mask
+    argument ``arg`` (an index in ``inner``, role ``bfull``) is built for the panel in
+    scratch slot 2 (``masked`` where masked, ``kept`` elsewhere: the mask's own values;
+    :func:`_causal_mask`), so the rows of a panel that see fewer columns keep theirs masked.
+    Panels of ``rows`` rows (or all ``M``)."""
 
     offset: int
     arg: int
