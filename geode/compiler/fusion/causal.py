@@ -187,6 +187,8 @@ def _masking(node: Node, mask: Value) -> tuple[int, float, float, str] | str:
         return f"{node.op_type} {node.name} reads the mask otherwise than to put -inf"
     if tri.k < 1:
         return f"offset {tri.k}: a query row would see no key column"
+    if tri.k > 1 << 31:
+        return f"offset {tri.k}: past any length"
     return tri.k, up, low, f"{mask.name} ({tri.source}) through {node.name}"
 
 
