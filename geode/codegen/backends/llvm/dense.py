@@ -702,7 +702,8 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     v["rows"] = w.tmp(f"select i1 {short}, i64 {left}, i64 {v['mb']}")
     v["p0"] = p0
     v["NV"] = _visible(w, sp, v)
-    v["narrow"] = w.op("icmp ult", v["NV"], v["N"])
+    if sp.causal is not None:
+        v["narrow"] = w.op("icmp ult", v["NV"], v["N"])
     n_brow = sum(1 for o in sp.outer if o.role in ("brow", "bfull"))
     off = _offsets(w, sp, t, n_brow)
     v["r0"] = w.op("add", w.op("mul", t, v["M"]), p0)
