@@ -225,9 +225,8 @@ def _flow(nodes: list[Node], acc: Value, mask: Value, p: Value) -> tuple[Node, s
     """Follow the epilogue's ``nodes`` from the product ``acc``: ``any`` values (a score at
     a visible column depends on visible columns only), ``free`` values (the same for every
     column, or not read from the scores: inputs other than the product, row reductions),
-    ``-inf`` and ``zero`` values
-    (exactly that at every masked column). Returns the masking node and ``p``'s state
-    (``zero`` is needed), or why the rule does not follow."""
+    ``-inf`` and ``zero`` values (exactly that at every masked column). Returns the masking
+    node and ``p``'s state (``zero`` is needed), or why the rule does not follow."""
     st: dict[int, str] = {id(acc): _ANY}
     red: dict[int, int] = {}
     masking: Node | None = None
