@@ -119,7 +119,10 @@ def panel_graph(ep: Epilogue, model: Graph) -> PanelGraph:
     """``ep``'s group rebuilt over one panel (see the module docstring). Raises
     :class:`~geode.errors.CodegenError` when a cloned value's shape is not its role's."""
     y = ep.dense.outputs[0]
-    cols = y.shape[-1] if isinstance(y.shape[-1], int) else COLS
+    # causal panels compute fewer columns than the product's: the epilogue takes them as
+    # an argument
+    fixed = isinstance(y.shape[-1], int) and ep.causal is None
+    cols = y.shape[-1] if fixed else COLS
     pg = PanelGraph(ep, Graph(f"group{ep.group.id}_panel"), ep.group)
     new: dict[int, Value] = {}
     for v in ep.group.inputs():
@@ -211,14 +214,14 @@ def dense_module(
     symbol is ``entry`` (the arguments as :func:`dense_kernel`'s). The module calls the
     epilogue by name, so it is known, and LLVM can compile it, once the epilogue's module
     is emitted (:func:`start_dense`)."""
-    from geode.codegen.backends.llvm.dense import DenseSpec, HeadLayout, dense_ir
+    from geode.codegen.backends.llvm.dense import CausalPanels, DenseSpec, HeadLayout, dense_ir
 
     if lowered.index_checks:
         raise CodegenError("an epilogue with index checks has no panel form")
     if pg.epilogue.a_transpose is not None and not packed_n:
         raise CodegenError("a GEMM reading A transposed in place needs B packed once")
     a, b = pg.epilogue.a_value, pg.dense.inputs[1]
-    _, outer, inner = _arguments(pg, lowered, views)
+    values, outer, inner = _arguments(pg, lowered, views)
     name = f"geode_dense_{entry}"
     spec = DenseSpec(
         name,
@@ -241,8 +244,26 @@ def dense_module(
         pg.epilogue.prologue.eps if pg.epilogue.prologue is not None else None,
         tuple(_layout(pg.epilogue, x, HeadLayout) for x in "ABVO"),
         _in_place(pg, lowered, inner, len(b.shape)),
+        _causal(pg, values, inner, packed_n or packed_d, CausalPanels),
     )
     return name, dense_ir(spec)
+
+
+def _causal(pg: PanelGraph, values: list, inner: list, packed: int, panels: Any) -> Any:
+    """The entry's causal panels (``CausalPanels``) of a causal attention: its mask's
+    argument among the epilogue's, the offset and the mask's values; None without a causal
+    mask, or with weights packed once (no attention has them)."""
+    c = pg.epilogue.causal
+    if c is None or packed:
+        return None
+    from geode.compiler.fusion.profit import CAUSAL_ROWS
+
+    arg = next(
+        (j for j, a in enumerate(inner) if a.source >= 0 and values[a.source] is c.mask), None
+    )
+    if arg is None:
+        raise CodegenError(f"{pg.dense.name}: the causal mask {c.mask.name} is not an argument")
+    return panels(c.offset, arg, c.masked, c.kept, CAUSAL_ROWS)
 
 
 def _in_place(pg: PanelGraph, lowered: LoweredKernel, inner: list, b_rank: int) -> int:

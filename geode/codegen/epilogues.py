@@ -18,6 +18,7 @@ from collections.abc import Callable
 from geode.codegen.dense import panel_graph
 from geode.codegen.driver import KernelJob, native_matmul
 from geode.codegen.packed_weights import choose_packing
+from geode.compiler.fusion.causal import causal_legality
 from geode.compiler.fusion.epilogue import (
     Epilogue,
     epilogue_legality,
@@ -37,6 +38,7 @@ from geode.compiler.fusion.head_views import (
     result_view,
 )
 from geode.compiler.fusion.profit import (
+    causal_plan,
     epilogue_plan,
     head_view_plan,
     prologue_plan,
@@ -49,7 +51,11 @@ from geode.config import Options
 from geode.costmodel.device import DeviceSpec
 from geode.errors import GeodeError
 
-__all__ = ["attach_epilogues"]
+__all__ = ["CAUSAL_ATTENTION", "attach_epilogues"]
+
+#: a switch for measuring: off, no attention takes causal panels (a module switch, not an
+#: option: the results are the same, only the work differs)
+CAUSAL_ATTENTION = True
 
 
 def _consumer_job(node: Node, jobs: list[KernelJob]) -> KernelJob | None:
@@ -371,6 +377,7 @@ def _decide(
     if isinstance(second, Node):
         ep.second = second
     sibling = _sibling(ep, g, spec, native, opts) if opts.sibling_gemms else ""
+    causal = _causal(ep) if ep.second is not None and ep.batched else ""
     _, why = epilogue_plan(node, spec, ep.second)
     try:
         job.panel = panel_graph(ep, g)
@@ -380,10 +387,29 @@ def _decide(
     ep.reason = why if ep.second is None else f"{why}; then {ep.second.name} per panel"
     if sibling:
         ep.reason += f"; {sibling}"
+    if causal:
+        ep.reason += f"; {causal}"
     for x in "ABVO":
         if x in ep.views:
             ep.reason += f"; {ep.views[x].describe()}"
     return ep
+
+
+def _causal(ep: Epilogue) -> str:
+    """Attach the attention's causal mask to ``ep`` when one is proven
+    (:func:`~geode.compiler.fusion.causal.causal_legality`) and its panels pay
+    (:func:`~geode.compiler.fusion.profit.causal_plan`); the decision's text."""
+    if not CAUSAL_ATTENTION:
+        return "not causal: switched off"
+    assert ep.second is not None
+    found = causal_legality(ep.group.nodes, ep.roles, ep.dense.outputs[0], ep.second.inputs[0])
+    if isinstance(found, str):
+        return f"not causal: {found}"
+    pays, why = causal_plan(ep.dense, found.offset)
+    if not pays:
+        return f"{found.describe()}; all key columns: {why}"
+    ep.causal = found
+    return f"{found.describe()}: {why}"
 
 
 def attach_epilogues(

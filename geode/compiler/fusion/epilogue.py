@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from geode.compiler.fusion.causal import Causal
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.head_views import HeadView
 from geode.compiler.fusion.patterns import reduce_axes
@@ -106,6 +107,9 @@ class Epilogue:
     #: operands read (``"A"``, ``"B"``, ``"V"``) and the result written (``"O"``) in place
     #: as heads of a wider array (:mod:`geode.compiler.fusion.head_views`)
     views: dict[str, HeadView] = field(default_factory=dict)
+    #: a proven causal mask: each panel of rows computes only the key columns it sees
+    #: (:mod:`geode.compiler.fusion.causal`), or None
+    causal: Causal | None = None
 
     @property
     def a_value(self) -> Value:

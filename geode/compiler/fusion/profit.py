@@ -445,3 +445,29 @@ def head_view_plan(
     fused = KernelWork(bytes_read=gather, bytes_written=0.0, flops=0.0, n_kernels=0)
     d = decide_merge(apart, fused, spec)
     return d.take, d.reason
+
+
+#: causal attention's panel height (query rows): a panel computes the key columns its last
+#: row sees, so smaller panels skip more of the masked triangle but run smaller GEMMs
+#: (measured on GPT-2 large: ``docs/performance.md``, "Causal attention")
+CAUSAL_ROWS = 64
+
+
+def causal_plan(dense: Node, offset: int) -> tuple[bool, str]:
+    """Whether causal panels of :data:`CAUSAL_ROWS` query rows pay for ``dense``'s
+    attention (a mask proven causal with ``offset``), and why: they do when there is more
+    than one panel (the rows, nominal when symbolic, above the panel height), each panel
+    computing the scores, the softmax and ``P @ V`` over the key columns its last row
+    sees instead of all of them (the panel's mask built by the kernel)."""
+    y = dense.outputs[0]
+    rows, cols = int(_dim(y, -2)), int(_last(y))
+    if rows <= CAUSAL_ROWS:
+        return False, f"{rows} query rows: one panel sees every key column"
+    seen = 0
+    for p0 in range(0, rows, CAUSAL_ROWS):
+        height = min(CAUSAL_ROWS, rows - p0)
+        seen += height * min(cols, p0 + height - 1 + offset)
+    frac = seen / max(rows * cols, 1)
+    return True, (
+        f"panels of {CAUSAL_ROWS} query rows compute {frac:.0%} of the scores and of P @ V"
+    )

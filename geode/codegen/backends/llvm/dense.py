@@ -79,6 +79,7 @@ from geode.codegen.backends.llvm.target import host
 from geode.errors import CodegenError
 
 __all__ = [
+    "CausalPanels",
     "EPILOGUE_STATUS",
     "NO_MEMORY",
     "DenseSpec",
@@ -110,6 +111,12 @@ SPLIT_TILE = 8
 BIG_PANELS = 4
 BIG_ROWS = 64
 
+#: causal panels (:class:`CausalPanels`) compute a whole number of this many key columns
+#: (or all ``N``): the epilogue's row sums (vectorized, 16 lanes by 4 accumulators for
+#: float32) then add each column in the lane it takes over all ``N`` columns, the masked
+#: ones adding exact zeros, so the results have the bits of the full path's
+CAUSAL_ALIGN = 64
+
 # ctx words (i64): pointers as ints, sizes, then per batch dim (Y's, A's, B's, V's), then
 # the leading dims of A, B, V, O, then per batch dim the element strides of A, B, V, O,
 # then the ext pointers, then per brow argument its batch dims
@@ -138,6 +145,25 @@ class HeadLayout:
         return f"{self.heads} heads of {self.depth}{at}" + (
             ", transposed" if self.transposed else ""
         )
+
+
+@dataclass(frozen=True)
+class CausalPanels:
+    """Causal attention (a proven causal mask, :mod:`geode.compiler.fusion.causal`): a
+    panel of query rows ``[p0, p0 + rows)`` computes the scores, the epilogue and ``P @ V``
+    over the key columns its last row sees only, ``[0, p0 + rows - 1 + offset)`` rounded up
+    to :data:`CAUSAL_ALIGN`, at most ``N`` (column ``j`` of row ``i`` is masked when ``j >=
+    i + offset``; :func:`_visible`). When that is fewer than ``N``, the epilogue's mask
+    argument ``arg`` (an index in ``inner``, role ``bfull``) is built for the panel in
+    scratch slot 2 (``masked`` where masked, ``kept`` elsewhere: the mask's own values;
+    :func:`_causal_mask`), so the rows of a panel that see fewer columns keep theirs masked.
+    Panels of ``rows`` rows (or all ``M``)."""
+
+    offset: int
+    arg: int
+    masked: float
+    kept: float
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -206,6 +232,8 @@ class DenseSpec:
     #: fetched while the GEMM computes, not in the epilogue's pass), unless the output
     #: overlaps ``A`` (then the scratch panel). One GEMM, unbatched (:func:`_in_place_ok`).
     in_place: int = -1
+    #: causal attention: only the key columns a panel's rows see (:class:`CausalPanels`)
+    causal: CausalPanels | None = None
 
     @property
     def batch(self) -> int:
@@ -449,6 +477,8 @@ def _panel_rows(w: SsaWriter, sp: DenseSpec, s: dict, item: int) -> str:
     weights = w.op("mul", w.op("mul", w.op("add", s["K"], s["D"]), n), item)
     large = w.op("icmp ugt", weights, sp.panel_bytes)
     mb = w.tmp(f"select i1 {w.op('or', nz, large, 'i1')}, i64 {m}, i64 {mb}")
+    if sp.causal is not None:  # the rows of a panel see as many key columns as its last
+        mb = str(sp.causal.rows)
     mb = w.tmp(f"select i1 {w.op('icmp ult', m, mb)}, i64 {m}, i64 {mb}")
     return w.tmp(f"select i1 {w.op('icmp ult', mb, 1)}, i64 1, i64 {mb}")
 
@@ -633,12 +663,14 @@ def _epilogue_args(w: SsaWriter, sp: DenseSpec, v: dict[str, str], off: dict[str
                 elems = {"full": v["r0n"], "col": v["r0"]}.get(outer.role, "0")
             byte = w.tmp(f"mul i64 {elems}, {arg.itemsize}")
             data = w.tmp(f"getelementptr inbounds i8, ptr {base}, i64 {byte}")
+        if sp.causal is not None and j == sp.causal.arg:  # the mask _causal_mask built
+            data = w.tmp(f"select i1 {v['narrow']}, ptr {v['s4']}, ptr {data}")
         w.put(v["iptrs"], j, data, "ptr")
-        dims = _inner_dims(w, arg, v["rows"], v["N"])
+        dims = _inner_dims(w, arg, v["rows"], v["NV"])
         for word in [str(len(dims)), str(arg.itemsize), *dims]:
             w.put(v["irecs"], pos, word)
             pos += 1
-    named = {"rows": v["rows"], "cols": v["N"], "threads": v["threads"]}
+    named = {"rows": v["rows"], "cols": v["NV"], "threads": v["threads"]}
     for j, d in enumerate([*sp.inner_dims, "threads"]):
         w.put(v["iints"], j, named[d] if isinstance(d, str) else str(int(d)))
     del n_ext
@@ -669,6 +701,9 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     short = w.op("icmp ult", left, v["mb"])
     v["rows"] = w.tmp(f"select i1 {short}, i64 {left}, i64 {v['mb']}")
     v["p0"] = p0
+    v["NV"] = _visible(w, sp, v)
+    if sp.causal is not None:
+        v["narrow"] = w.op("icmp ult", v["NV"], v["N"])
     n_brow = sum(1 for o in sp.outer if o.role in ("brow", "bfull"))
     off = _offsets(w, sp, t, n_brow)
     v["r0"] = w.op("add", w.op("mul", t, v["M"]), p0)
@@ -699,7 +734,12 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     v["s3"] = w.tmp(f"call ptr @geode_scratch(i64 3, i64 {size})") if sp.sibling else "null"
     rms = sp.rms_eps is not None
     v["s4"] = "null"
-    if rms:  # slot 2 (the Winograd conv's) is free while a dense panel runs on the thread
+    if sp.causal is not None:  # the panel's mask, in slot 2 (no RMSNorm prologue here)
+        rms = True
+        col = w.op("mul", w.op("mul", v["rows"], v["NV"]), sp.inner[sp.causal.arg].itemsize)
+        col = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {col}, 64')}, i64 64, i64 {col}")
+        v["s4"] = w.tmp(f"call ptr @geode_scratch(i64 2, i64 {col})")
+    elif rms:  # slot 2 (the Winograd conv's) is free while a dense panel runs on the thread
         col = w.op("mul", v["rows"], item)
         col = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {col}, 64')}, i64 64, i64 {col}")
         v["s4"] = w.tmp(f"call ptr @geode_scratch(i64 2, i64 {col})")
@@ -711,7 +751,9 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     w.label("nomem")
     _fail(w, v, str(NO_MEMORY))
     w.label("mem")
-    if rms:
+    if sp.causal is not None:
+        _causal_mask(w, sp, v)
+    elif rms:
         _rms_rows(w, sp, v, pa)
     skip = w.tmp(f"or i1 {w.eq(v['K'], 0)}, {w.eq(v['N'], 0)}")
     w.emit(f"  br i1 {skip}, label %zero, label %gemm")
@@ -720,7 +762,7 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
         w.emit(f"  call void @llvm.memset.p0.i64(ptr {v[x]}, i8 0, i64 {panel}, i1 false)")
     w.emit("  br label %epi")
     w.label("gemm")
-    ops = [(pa, v["lda"]), (pb, v["ldb"]), (v["s1"], v["N"])]
+    ops = [(pa, v["lda"]), (pb, v["ldb"]), (v["s1"], v["NV"])]
     if sp.a_trans:  # A's rows are X's columns: X's matrix K x R, from row p0 (unbatched)
         ar = w.word("%ctx", _AROWS)
         at = (ptr["A"], "1", ar, ar, w.op("mul", v["K"], ar), p0)
@@ -732,7 +774,8 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
             w.emit(packed_call(v["rows"], v["N"], v["K"], uops, v["threads"]))
     else:
         trans_b = sp.layouts[1] is not None and sp.layouts[1].transposed
-        w.emit(gemm_call(sp.dtype, v["rows"], v["N"], v["K"], ops, v["threads"], "0.0", trans_b))
+        cols = v["NV"]
+        w.emit(gemm_call(sp.dtype, v["rows"], cols, v["K"], ops, v["threads"], "0.0", trans_b))
     w.emit("  br label %epi")
     w.label("epi")
     _epilogue_args(w, sp, v, off)
@@ -746,6 +789,53 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     w.emit("  ret void")
     head = [f"define internal void @{sp.name}.chunk(ptr %ctx, i64 %c, i64 %n) {{", "entry:"]
     return head + w.lines + ["}"]
+
+
+def _visible(w: SsaWriter, sp: DenseSpec, v: dict) -> str:
+    """The key columns the panel computes: ``N``, or with causal panels the columns its
+    last row sees, ``p0 + rows - 1 + offset``, rounded up to :data:`CAUSAL_ALIGN`, at most
+    ``N`` (:class:`CausalPanels`)."""
+    if sp.causal is None:
+        return v["N"]
+    last = w.op("add", w.op("add", v["p0"], v["rows"]), sp.causal.offset - 1 + CAUSAL_ALIGN - 1)
+    last = w.op("mul", w.op("udiv", last, CAUSAL_ALIGN), CAUSAL_ALIGN)
+    return w.tmp(f"select i1 {w.op('icmp ult', v['N'], last)}, i64 {v['N']}, i64 {last}")
+
+
+def _causal_mask(w: SsaWriter, sp: DenseSpec, v: dict) -> None:
+    """The panel's mask ``[rows, NV]`` into ``s4`` when the panel computes fewer than all
+    ``N`` columns (``v["narrow"]``; else the epilogue reads the mask's own rows): element
+    ``(r, j)`` is ``masked`` when ``j >= p0 + r + offset``, else ``kept`` (the mask's values
+    there; a bool as a byte)."""
+    cp = sp.causal
+    assert cp is not None
+    item = sp.inner[cp.arg].itemsize
+    ty = {1: "i8", 4: "float", 8: "double"}[item]
+    lit = (lambda x: str(int(x != 0))) if item == 1 else (lambda x: float_literal(x, ty))
+    start = w.op("add", v["p0"], cp.offset)
+    w.emit(f"  br i1 {v['narrow']}, label %cm_start, label %cm_done")
+    w.label("cm_start")
+    w.emit("  br label %cm_row")
+    w.label("cm_row")
+    w.emit("  %cm_r = phi i64 [ 0, %cm_start ], [ %cm_r1, %cm_rend ]")
+    w.emit(f"  %cm_cut = add i64 {start}, %cm_r")
+    w.emit(f"  %cm_base = mul i64 %cm_r, {v['NV']}")
+    w.emit("  br label %cm_col")
+    w.label("cm_col")
+    w.emit("  %cm_j = phi i64 [ 0, %cm_row ], [ %cm_j1, %cm_col ]")
+    w.emit("  %cm_m = icmp uge i64 %cm_j, %cm_cut")
+    w.emit(f"  %cm_x = select i1 %cm_m, {ty} {lit(cp.masked)}, {ty} {lit(cp.kept)}")
+    w.emit("  %cm_i = add i64 %cm_base, %cm_j")
+    w.emit(f"  %cm_p = getelementptr inbounds {ty}, ptr {v['s4']}, i64 %cm_i")
+    w.emit(f"  store {ty} %cm_x, ptr %cm_p")
+    w.emit("  %cm_j1 = add i64 %cm_j, 1")
+    w.emit(f"  %cm_more = icmp ult i64 %cm_j1, {v['NV']}")
+    w.emit("  br i1 %cm_more, label %cm_col, label %cm_rend")
+    w.label("cm_rend")
+    w.emit("  %cm_r1 = add i64 %cm_r, 1")
+    w.emit(f"  %cm_rmore = icmp ult i64 %cm_r1, {v['rows']}")
+    w.emit("  br i1 %cm_rmore, label %cm_row, label %cm_done")
+    w.label("cm_done")
 
 
 def _in_place_panel(w: SsaWriter, sp: DenseSpec, v: dict, pa: str, item: int) -> str:
@@ -832,13 +922,13 @@ def _second_gemm(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, off: dict, ite
     else:  # geode_gemm writes zero rows (at O's leading dim) when N is 0
         w.emit("  br label %gemm2")
     w.label("gemm2")
-    ops = [(v["s2"], v["N"]), (pv, v["ldv"]), (po, v["ldo"])]
+    ops = [(v["s2"], v["NV"]), (pv, v["ldv"]), (po, v["ldo"])]
     if sp.packed_d:
         beta = 1.0 if sp.residual else 0.0
         bias = ptr["bias"] if sp.bias_rank else None
         w.emit(packed_call(v["rows"], v["D"], v["N"], ops, v["threads"], beta, bias))
     else:
-        _gemm(w, sp.dtype, [v["rows"], v["D"], v["N"]], ops, v["threads"])
+        _gemm(w, sp.dtype, [v["rows"], v["D"], v["NV"]], ops, v["threads"])
     w.emit("  br label %out")
     w.label("out")
 
@@ -869,6 +959,25 @@ def _check_layouts(sp: DenseSpec) -> None:
             raise CodegenError(f"{sp.name}: bad head layout {lay} of operand {'ABVO'[x]}")
 
 
+def _check_causal(sp: DenseSpec) -> None:
+    """CodegenError unless causal panels (:class:`CausalPanels`) fit the entry: a batched
+    product with a second GEMM, neither weight packed, no sibling, no RMSNorm prologue, the
+    mask argument a ``bfull`` bool, float32 or float64, offset and rows at least 1."""
+    cp = sp.causal
+    if cp is None:
+        return
+    bad = [
+        sp.batch == 0 or not sp.v_rank or sp.packed_n > 0 or sp.packed_d > 0,
+        sp.sibling or sp.rms_eps is not None or sp.a_trans,
+        cp.offset < 1 or cp.rows < 1 or not 0 <= cp.arg < len(sp.inner),
+    ]
+    if not any(bad):
+        arg = sp.inner[cp.arg]
+        bad.append(arg.role != "bfull" or arg.source < 0 or arg.itemsize not in (1, 4, 8))
+    if any(bad):
+        raise CodegenError(f"{sp.name}: no causal panels here (see CausalPanels)")
+
+
 def _in_place_ok(sp: DenseSpec) -> bool:
     """``in_place`` names a ``full`` argument of the product's item size that the epilogue
     only writes, with one GEMM, unbatched, ``A`` in place."""
@@ -891,6 +1000,7 @@ def dense_ir(sp: DenseSpec) -> str:
             f"{sp.name}: a sibling GEMM needs B, a residual or a bias V, packed once"
         )
     _check_layouts(sp)
+    _check_causal(sp)
     if sp.in_place >= 0 and not _in_place_ok(sp):
         raise CodegenError(f"{sp.name}: no in-place panel here (see DenseSpec.in_place)")
     head = [
