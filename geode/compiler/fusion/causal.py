@@ -18,7 +18,10 @@ the only ops on a masked value are a softmax's (the row max of that value subtra
 ``Min`` with a constant, ``Exp``, the row sum of that value divided by, a constant
 factor), and its result is the second MatMul's ``A`` (``P @ V``) alone. ``exp(-inf) = 0``
 exactly, so ``P`` is zero in the masked columns and ``P @ V`` sums only the visible ones.
-A row whose visible scores are all ``-inf`` (or NaN) comes out NaN both ways. Anything
+A row whose visible scores are all ``-inf`` (or NaN) comes out NaN both ways. One
+difference from the dense path: an inf or NaN in a *masked* row of ``V`` made the dense
+path's ``0 * inf`` NaN there; skipped, it does not reach the row (as in a flash
+attention's causal blocks; the visible rows' inf and NaN propagate as before). Anything
 not proven keeps the dense path; the reason goes to ``explain()``. Whether it pays (the
 panel height against the key length) is :func:`geode.compiler.fusion.profit.causal_plan`'s.
 """
