@@ -265,27 +265,34 @@ def test_panel_form_with_16_vector_registers(monkeypatch) -> None:
             np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
 
 
-def test_panel_blocks_of_few_rows_prefetch_their_panels() -> None:
-    """Blocks of at most ``PREFETCH_MAX_ROWS`` rows prefetch the panel rows
-    ``PREFETCH_AHEAD`` ahead of their loop (one prefetch per group and ``k``), larger
-    blocks do not; the results are checked by every other test (a prefetch changes no
-    value)."""
+def test_panel_passes_and_no_prefetch() -> None:
+    """A block's passes over K (``_passes``): all the (panel, group) streams in one pass
+    when their accumulators fit in a full block's, else each panel's groups together, else
+    one group per pass; every stream in exactly one pass. The panel products prefetch
+    nothing (the hardware streams the panels)."""
     from geode.codegen.backends.llvm import lstm_panels as lp
     from geode.codegen.backends.llvm.irtext import ModuleWriter
 
-    def prefetches(block_rows: int) -> int:
-        module = ModuleWriter("m")
-        fn = lp.panel_product_function(module, "p", "float", 4, 32, 16, block_rows, "")
-        return fn.text().count("@llvm.prefetch.p0(")
-
-    assert lp.PREFETCH_MAX_ROWS == 2 and lp.PREFETCH_AHEAD > 0
-    # blocks of 8 rows: the full blocks and the 4-row tail none; the 2- and 1-row tails
-    # all groups in one pass, one prefetch per group each
-    assert prefetches(8) == 2 * lp.GROUPS
-    # blocks of 4 rows (16 vector registers): the 2- and 1-row tails only
-    assert prefetches(4) == 2 * lp.GROUPS
-    # blocks of 2 rows: the full blocks too (a pass per group) and the 1-row tail
-    assert prefetches(2) == 2 * lp.GROUPS
+    every = [(q, g) for q in range(2) for g in range(lp.GROUPS)]
+    assert lp._passes(1, 8, 2) == [every]  # batch 1, two panels: 8 accumulators
+    assert lp._passes(2, 8, 2) == [every]  # 16
+    assert lp._passes(4, 8, 2) == [every[:2], every[2:]]  # a panel's groups: 16
+    assert lp._passes(8, 8, 2) == [[s] for s in every]
+    assert lp._passes(1, 4, 2) == [every] and lp._passes(2, 4, 2) == [every[:2], every[2:]]
+    assert lp._passes(2, 8, 1) == [every[:2]] and lp._passes(8, 8, 1) == [[s] for s in every[:2]]
+    for block_rows in (2, 4, 8):
+        for count in range(1, block_rows + 1):
+            for panels in (1, 2, 4):
+                passes = lp._passes(count, block_rows, panels)
+                streams = sorted(s for one in passes for s in one)
+                assert streams == sorted((q, g) for q in range(panels) for g in range(lp.GROUPS))
+    module = ModuleWriter("m")
+    for panels in (1, 2):
+        fn = lp.panel_product_function(module, "p", "float", 4, 32, 16, 8, "", panels)
+        assert "@llvm.prefetch" not in fn.text()
+    # two panels: a 1-row block's 8 accumulators, a full block's 16 (8 rows by 2 vectors)
+    text = fn.text()
+    assert "%acc7_1" in text and "%acc0_7" in text and "%acc8_0" not in text
 
 
 @pytest.mark.parametrize(
