@@ -18,6 +18,8 @@ from onnx.reference import ReferenceEvaluator
 
 import geode
 from geode.codegen.backends.llvm.lstm import LstmKernel, LstmSpec, lstm_kernel
+from geode.codegen.backends.llvm.lstm_panels import panel_rows
+from geode.codegen.backends.llvm.target import host
 from geode.compiler.ops.rnn import recurrent
 from geode.errors import ShapeError
 
@@ -461,6 +463,31 @@ def test_native_lstm_models_match_onnx_reference(cfg) -> None:
         np.testing.assert_allclose(got[name], aicpu[name], rtol=tol, atol=tol)
 
 
+def test_explain_says_when_an_items_panels_go_in_one_pass(monkeypatch) -> None:
+    """The LSTM's reason in ``explain()`` names the rows up to which a step's item takes
+    all its panels of R in one pass (``item_panels_together``: 2 rows and 2 panels with
+    16 lanes and 32 registers; none with 8 lanes and 16 registers, or when switched off);
+    nothing where R is never in panels at that batch (float64 packed per call: its panels
+    from batch 2, its one-pass items of 1 row)."""
+    from geode.codegen.backends.llvm import lstm
+    from geode.codegen.native_rnn import _together_note
+
+    assert lstm.item_panels_together(16, 8) == (2, 2)
+    assert lstm.item_panels_together(8, 8) == (4, 1)
+    assert lstm.item_panels_together(8, 4) == (4, 0)
+    assert lstm.item_panels_together(32, 8) == (1, 0)
+    f32 = LstmSpec("float32", 8, 5, 1, False, 1, True, False, False, False, 1, panel_lanes=16)
+    f64 = LstmSpec("float64", 8, 5, 1, False, 1, True, False, False, False, 1)
+    block = panel_rows(host().vector_registers)
+    panels, rows = lstm.item_panels_together(lstm.panel_lanes("float32", host()), block)
+    note = f"at most {rows} batch rows: their {panels} panels of R in one pass"
+    assert (note in _together_note(f32)) == (rows >= 1)
+    if lstm.item_panels_together(lstm.panel_lanes("float64", host()), block)[1] < 2:
+        assert _together_note(f64) == ""
+    monkeypatch.setattr(lstm, "ITEM_PANELS_TOGETHER", False)
+    assert _together_note(f32) == ""
+
+
 def test_lstms_are_placed_on_aicore_as_library_ops() -> None:
     rng = np.random.default_rng(4)
     ins = lstm_inputs(rng, "float32", 8, 5, "bidirectional", 1, 6, 2, {"B", "P"})
@@ -469,7 +496,7 @@ def test_lstms_are_placed_on_aicore_as_library_ops() -> None:
     (name,) = info
     assert (info[name].kind, info[name].engine) == ("library", "aicore")
     reason = "library op: LSTM, native products and gate loop"
-    assert f"{name}: aicore ({reason})" in model.explain()
+    assert f"{name}: aicore ({reason}" in model.explain()
     assert info[name].trace.startswith("LSTM float32 hidden=8 input=5 bidirectional layout=1")
     assert "define" in info[name].source
     attrs = {"hidden_size": 8, "direction": "bidirectional", "layout": 1}

@@ -110,7 +110,15 @@ from geode.codegen.backends.llvm.packed import PACKED_DECL, PANEL, packed_call
 from geode.codegen.backends.llvm.target import Target
 from geode.errors import ExecutionError, ShapeError
 
-__all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel", "panel_lanes", "vector_bytes"]
+__all__ = [
+    "LstmKernel",
+    "LstmSpec",
+    "item_panels_together",
+    "lstm_ir",
+    "lstm_kernel",
+    "panel_lanes",
+    "vector_bytes",
+]
 
 #: dtype -> (IR type, item size)
 TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
@@ -1139,6 +1147,19 @@ def entry_function(
     return fn
 
 
+def item_panels_together(lanes: int, block: int) -> tuple[int, int]:
+    """``(panels, rows)``: a step item's panels of ``R`` (:data:`GATE_UNITS` units in
+    panels of ``lanes``) and the most rows of an item that computes them in one pass
+    over ``k`` (``block``: the panel form's full block, :func:`~.lstm_panels.panel_rows`;
+    its ``block * GROUP_VECTORS`` accumulators bound the pass's); rows 0: never
+    (:data:`ITEM_PANELS_TOGETHER` off, one panel per item, or too few registers)."""
+    panels = GATE_UNITS // lanes
+    rows = block * GROUP_VECTORS // (4 * panels)
+    if not ITEM_PANELS_TOGETHER or panels < 2:
+        return panels, 0
+    return panels, rows
+
+
 def _item_panels(
     module: ModuleWriter,
     name: str,
@@ -1154,9 +1175,8 @@ def _item_panels(
     rows take (:data:`ITEM_PANELS_TOGETHER`: all their accumulators fit in a full block's,
     :func:`~.lstm_panels.panel_product_function`); None when no item can (one panel per
     item, or too few registers: the panels one at a time)."""
-    panels = GATE_UNITS // lanes
-    rows = block * GROUP_VECTORS // (4 * panels)
-    if not ITEM_PANELS_TOGETHER or panels < 2 or rows < 1:
+    panels, rows = item_panels_together(lanes, block)
+    if not rows:
         return None
     module.add_function(
         panel_product_function(module, name, ty, item, spec.hidden, lanes, block, attrs, panels)
