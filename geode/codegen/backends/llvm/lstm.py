@@ -585,7 +585,6 @@ def _step_function(
     (:data:`ALTERNATE_ITEMS`). Every unit is computed by the same code whatever the split
     or order, so the results are the same bits on any thread count."""
     ty, _ = TYPES[spec.dtype]
-    panels_fn, together_rows = item_panels or ("", 0)
     fn, b, (ctx, s, chunk, nchunks) = chunk_writer(name, stepped=True)
     slots = [b.load("i64", b.gep("i64", ctx, str(j)), "slot") for j in range(_STEP_SLOTS)]
     r_d, h_even, h_odd, gates, gx, bias, peep, c, y, lens, packed = (
@@ -621,27 +620,8 @@ def _step_function(
                 fn.add(f"call void @{rec}({args}, i64 {lo}, i64 {hi})")
 
         def panels() -> None:
-            def one(p: str) -> None:
-                pan = b.gep(ty, packed, b.mul(p, str(4 * lanes * hid)), "rpan")
-                args = f"ptr {h_rows}, i64 {hid}, ptr {pan}, ptr {g_rows}, i64 {g4}"
-                fn.add(f"call void @{panel}({args}, i64 {rows}, i64 {hid}, i64 {p})")
-
-            plo = fn.value(f"udiv i64 {j0}, {lanes}", "plo")
-            phi = b.ceildiv(j1, lanes, "phi")
-
-            def apart() -> None:
-                _item_loop(b, s, plo, phi, one, "pan")
-
-            def together() -> None:
-                pan = b.gep(ty, packed, b.mul(plo, str(4 * lanes * hid)), "rpans")
-                args = f"ptr {h_rows}, i64 {hid}, ptr {pan}, ptr {g_rows}, i64 {g4}"
-                fn.add(f"call void @{panels_fn}({args}, i64 {rows}, i64 {hid}, i64 {plo})")
-
-            if not panels_fn:
-                return apart()
-            whole = b.cmp("eq", b.sub(phi, plo), str(GATE_UNITS // lanes), "wholeitem")
-            few = b.cmp("sle", rows, str(together_rows), "fewrows")
-            b.branch(b.all_of([whole, few]), together, apart, "pantog")
+            operands = (packed, h_rows, g_rows, rows)
+            _panel_products(b, s, spec, lanes, (panel, item_panels), operands, (j0, j1))
 
         def products() -> None:
             b.branch(fn.value(f"icmp ne ptr {packed}, null", "packed"), panels, dots, "form")
@@ -694,6 +674,50 @@ def _step_function(
     _item_loop(b, s, first, last, item)
     fn.terminate("ret void")
     return fn
+
+
+def _panel_products(
+    b: Builder,
+    s: str,
+    spec: LstmSpec,
+    lanes: int,
+    functions: tuple[str, tuple[str, int] | None],
+    operands: tuple[str, str, str, str],
+    units: tuple[str, str],
+) -> None:
+    """A step item's products from ``R``'s panels (``operands``: the panels, the item's
+    rows of ``h`` and of ``G``, its row count; ``units``: its ``[j0, j1)``): its whole
+    run of panels in one pass when it has at most the rows of ``functions[1]``
+    (:func:`_item_panels`: the function and the rows, or None), else one panel at a time
+    (``functions[0]``, in :func:`_item_loop`'s order)."""
+    fn, ty, hid = b.fn, TYPES[spec.dtype][0], spec.hidden
+    panel, item_panels = functions
+    packed, h_rows, g_rows, rows = operands
+    j0, j1 = units
+    lead = f"ptr {h_rows}, i64 {hid}"
+    tail = f"ptr {g_rows}, i64 {4 * hid}, i64 {rows}, i64 {hid}"
+
+    def one(p: str) -> None:
+        pan = b.gep(ty, packed, b.mul(p, str(4 * lanes * hid)), "rpan")
+        fn.add(f"call void @{panel}({lead}, ptr {pan}, {tail}, i64 {p})")
+
+    plo = fn.value(f"udiv i64 {j0}, {lanes}", "plo")
+    phi = b.ceildiv(j1, lanes, "phi")
+
+    def apart() -> None:
+        _item_loop(b, s, plo, phi, one, "pan")
+
+    if not item_panels:
+        return apart()
+    together_fn, together_rows = item_panels
+
+    def together() -> None:
+        pan = b.gep(ty, packed, b.mul(plo, str(4 * lanes * hid)), "rpans")
+        fn.add(f"call void @{together_fn}({lead}, ptr {pan}, {tail}, i64 {plo})")
+
+    whole = b.cmp("eq", b.sub(phi, plo), str(GATE_UNITS // lanes), "wholeitem")
+    few = b.cmp("sle", rows, str(together_rows), "fewrows")
+    b.branch(b.all_of([whole, few]), together, apart, "pantog")
 
 
 def _item_loop(
