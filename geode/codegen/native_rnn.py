@@ -170,14 +170,13 @@ def _together_note(spec: LstmSpec) -> str:
     (``lstm.ITEM_PANELS_TOGETHER``: more independent chains of multiply-adds, where one
     panel's 4 at batch 1 are bound by their latency), or nothing when it never does on
     this target (or below the batch from which ``R`` is in panels at all)."""
-    from geode.codegen.backends.llvm.lstm_panels import PANEL_MIN_BATCH, panel_rows
+    from geode.codegen.backends.llvm.lstm_panels import panel_rows
     from geode.codegen.backends.llvm.target import host
 
     target = host()
-    panels, rows = item_panels_together(
-        panel_lanes(spec.dtype, target), panel_rows(target.vector_registers)
-    )
-    if rows < (1 if spec.panel_lanes else PANEL_MIN_BATCH):
+    lanes, block = panel_lanes(spec.dtype, target), panel_rows(target.vector_registers)
+    panels, rows = item_panels_together(lanes, block, bool(spec.panel_lanes))
+    if not rows:
         return ""
     return (
         f" (a step's items of at most {rows} batch rows: their {panels} panels of R in one "

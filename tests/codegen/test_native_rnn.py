@@ -473,7 +473,9 @@ def test_explain_says_when_an_items_panels_go_in_one_pass(monkeypatch) -> None:
     from geode.codegen.native_rnn import _together_note
 
     assert lstm.item_panels_together(16, 8) == (2, 2)
+    assert lstm.item_panels_together(16, 8, packed_once=False) == (2, 2)  # batch 2
     assert lstm.item_panels_together(8, 8) == (4, 1)
+    assert lstm.item_panels_together(8, 8, packed_once=False) == (4, 0)  # 1 row < 2
     assert lstm.item_panels_together(8, 4) == (4, 0)
     assert lstm.item_panels_together(32, 8) == (1, 0)
     f32 = LstmSpec("float32", 8, 5, 1, False, 1, True, False, False, False, 1, panel_lanes=16)
@@ -482,8 +484,12 @@ def test_explain_says_when_an_items_panels_go_in_one_pass(monkeypatch) -> None:
     panels, rows = lstm.item_panels_together(lstm.panel_lanes("float32", host()), block)
     note = f"at most {rows} batch rows: their {panels} panels of R in one pass"
     assert (note in _together_note(f32)) == (rows >= 1)
-    if lstm.item_panels_together(lstm.panel_lanes("float64", host()), block)[1] < 2:
-        assert _together_note(f64) == ""
+    f64_rows = lstm.item_panels_together(lstm.panel_lanes("float64", host()), block, False)[1]
+    assert (_together_note(f64) == "") == (f64_rows == 0)
+    # AVX-512: float32 packed once has the one-pass function, float64 (8 lanes, 4 panels,
+    # 1 row, its panels from batch 2) none
+    assert ".panels(" in lstm.lstm_ir(f32, "", 64, 32)[1]
+    assert ".panels(" not in lstm.lstm_ir(f64, "", 64, 32)[1]
     monkeypatch.setattr(lstm, "ITEM_PANELS_TOGETHER", False)
     assert _together_note(f32) == ""
 

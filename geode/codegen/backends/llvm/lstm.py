@@ -1171,15 +1171,18 @@ def entry_function(
     return fn
 
 
-def item_panels_together(lanes: int, block: int) -> tuple[int, int]:
+def item_panels_together(lanes: int, block: int, packed_once: bool = True) -> tuple[int, int]:
     """``(panels, rows)``: a step item's panels of ``R`` (:data:`GATE_UNITS` units in
     panels of ``lanes``) and the most rows of an item that computes them in one pass
     over ``k`` (``block``: the panel form's full block, :func:`~.lstm_panels.panel_rows`;
     its ``block * GROUP_VECTORS`` accumulators bound the pass's); rows 0: never
-    (:data:`ITEM_PANELS_TOGETHER` off, one panel per item, or too few registers)."""
+    (:data:`ITEM_PANELS_TOGETHER` off, one panel per item, too few registers, or, ``R``
+    not ``packed_once``, fewer rows than :data:`~.lstm_panels.PANEL_MIN_BATCH`, from which
+    ``R`` is in panels at all)."""
     panels = GATE_UNITS // lanes
     rows = block * GROUP_VECTORS // (4 * panels)
-    if not ITEM_PANELS_TOGETHER or panels < 2:
+    least = 1 if packed_once else PANEL_MIN_BATCH
+    if not ITEM_PANELS_TOGETHER or panels < 2 or rows < least:
         return panels, 0
     return panels, rows
 
@@ -1199,7 +1202,7 @@ def _item_panels(
     rows take (:data:`ITEM_PANELS_TOGETHER`: all their accumulators fit in a full block's,
     :func:`~.lstm_panels.panel_product_function`); None when no item can (one panel per
     item, or too few registers: the panels one at a time)."""
-    panels, rows = item_panels_together(lanes, block)
+    panels, rows = item_panels_together(lanes, block, bool(spec.panel_lanes))
     if not rows:
         return None
     module.add_function(
