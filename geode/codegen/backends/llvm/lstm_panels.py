@@ -16,8 +16,10 @@ Every element of ``out`` is one chain of fused multiply-adds over ``k`` in order
 zero, whatever the row block or panel split, so the results are the same bits on any
 thread count. A block of few rows takes several groups, or several panels' groups, in
 one pass (:func:`_passes`): more independent chains. No software prefetch: the hardware
-streams the panels (on Zen 5, batch 1, prefetching one line of each group's row ``k`` 8
-rows ahead, which the eighth session kept from Zen 4, took 1.22-1.32x the time of none).
+streams the panels (on Zen 5, batch 1 and 2 on two threads, prefetching one line of each
+group's row ``k`` 8 rows ahead, which the eighth session kept from Zen 4, took 1.06-1.07x
+the time of none one panel at a time, 1.18-1.22x with an item's panels in one pass; both
+lines, 4-16 rows ahead: 0.98-1.02x).
 """
 
 from __future__ import annotations
