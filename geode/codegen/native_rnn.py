@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from geode.codegen.backends.llvm.lstm import LstmSpec
+from geode.codegen.backends.llvm.lstm import LstmSpec, item_panels_together, panel_lanes
 from geode.codegen.driver import LibraryChoice, library_fallback, library_step, object_cache
 from geode.codegen.packed_weights import choose_lstm_packing
 from geode.compiler.ir import Graph, Node
@@ -114,7 +114,6 @@ def _native_lstm(node: Node, opts: Options) -> bool:
 def _packed(node: Node, spec: LstmSpec, opts: Options) -> tuple[LstmSpec, Any]:
     """``spec`` with its weights' panels when the packing choice packs them, and that
     choice."""
-    from geode.codegen.backends.llvm.lstm import panel_lanes
     from geode.codegen.backends.llvm.target import host
 
     lanes = panel_lanes(spec.dtype, host())
@@ -161,5 +160,25 @@ def rnn_interface(node: Node, g: Graph, opts: Options) -> LibraryChoice | None:
     except CodegenError as exc:
         return library_fallback(node, exc)
     interface, info = library_step(node, kernel, spec.n_inputs, spec.describe(), opts)
-    why = "library op: LSTM, native products and gate loop"
+    why = "library op: LSTM, native products and gate loop" + _together_note(spec)
     return LibraryChoice(interface, info, why, weights=choice.text)
+
+
+def _together_note(spec: LstmSpec) -> str:
+    """What :func:`rnn_interface`'s reason says of the steps' products at a small batch:
+    an item of few rows takes all its panels of ``R`` in one pass over ``K``
+    (``lstm.ITEM_PANELS_TOGETHER``: more independent chains of multiply-adds, where one
+    panel's 4 at batch 1 are bound by their latency), or nothing when it never does on
+    this target (or below the batch from which ``R`` is in panels at all)."""
+    from geode.codegen.backends.llvm.lstm_panels import panel_rows
+    from geode.codegen.backends.llvm.target import host
+
+    target = host()
+    lanes, block = panel_lanes(spec.dtype, target), panel_rows(target.vector_registers)
+    panels, rows = item_panels_together(lanes, block, bool(spec.panel_lanes))
+    if not rows:
+        return ""
+    return (
+        f" (a step's items of at most {rows} batch rows: their {panels} panels of R in one "
+        "pass, more independent chains)"
+    )

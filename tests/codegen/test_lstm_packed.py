@@ -7,8 +7,12 @@ packing per call."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from test_native_rnn import ALL, DIRS, TOL, lstm_inputs, lstm_model
 
@@ -181,6 +185,61 @@ def test_odd_steps_items_in_the_other_order_give_the_same_bits(direction, monkey
                         np.testing.assert_allclose(a, w, rtol=TOL["float32"], atol=TOL["float32"])
     finally:
         native.set_num_threads(old)
+
+
+@functools.cache
+def _together_kernels(hidden: int, lanes: int):  # noqa: ANN202
+    """Kernels of one spec (every optional input, batch-first, 3 outputs; W and R given
+    packed when ``lanes``, else packed per call) with a step item's panels in one pass
+    (``ITEM_PANELS_TOGETHER``) and one panel at a time, built beside each other (not the
+    memo's), and their IR."""
+    spec = _spec(hidden, 9, "bidirectional", 1, ALL, lanes)
+    kernels, texts = {}, {}
+    saved = lstm_mod.ITEM_PANELS_TOGETHER
+    try:
+        for together in (True, False):
+            lstm_mod.ITEM_PANELS_TOGETHER = together
+            texts[together] = lstm_mod.lstm_ir(spec, "", 4 * LANES, 32)[1]
+            kernels[together] = lstm_kernel.__wrapped__(spec)
+    finally:
+        lstm_mod.ITEM_PANELS_TOGETHER = saved
+    return kernels, texts
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    hidden=st.sampled_from([60, 37]),
+    batch=st.integers(1, 3),
+    seq=st.integers(1, 6),
+    threads=st.integers(1, 3),
+    packed=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_item_panels_in_one_pass_give_the_same_bits(hidden, batch, seq, threads, packed, seed):
+    """A step item of at most 2 rows (batch 1 and 2) computes its two panels of R in one
+    pass over K (8 chains at batch 1, not 4): the same bits as one panel at a time, and
+    the reference's results; hidden 60 (the second item's second panel part-filled) and
+    37 (a last item of one panel, which takes the single-panel path), W and R given packed
+    or packed per call (from batch 2), sequence lengths drawn (0 included), 1-3 threads,
+    bidirectional. Batch 3 (items of 3 rows) takes one panel at a time in both."""
+    lanes = LANES if packed else 0
+    kernels, texts = _together_kernels(hidden, lanes)
+    if LANES == 16:  # AVX-512: two panels per item, 8 rows a block
+        assert ".panels(" in texts[True] and ".panels(" not in texts[False]
+    ins = lstm_inputs(
+        np.random.default_rng(seed), "float32", hidden, 9, "bidirectional", 1, seq, batch, ALL
+    )
+    want = recurrent(
+        "LSTM", ins, {"direction": "bidirectional", "layout": 1, "hidden_size": hidden}
+    )
+    arrays = _given(ins) if packed else [a for a in ins if a is not None]
+    got = {}
+    for together, kernel in kernels.items():
+        got[together] = [np.full(w.shape, np.nan, np.float32) for w in want]
+        kernel(*arrays, *got[together], threads=threads)
+    for a, b, w in zip(got[True], got[False], want):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, w, rtol=TOL["float32"], atol=TOL["float32"])
 
 
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])

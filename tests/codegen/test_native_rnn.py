@@ -18,6 +18,8 @@ from onnx.reference import ReferenceEvaluator
 
 import geode
 from geode.codegen.backends.llvm.lstm import LstmKernel, LstmSpec, lstm_kernel
+from geode.codegen.backends.llvm.lstm_panels import panel_rows
+from geode.codegen.backends.llvm.target import host
 from geode.compiler.ops.rnn import recurrent
 from geode.errors import ShapeError
 
@@ -265,27 +267,34 @@ def test_panel_form_with_16_vector_registers(monkeypatch) -> None:
             np.testing.assert_allclose(g, w, rtol=TOL[dtype], atol=TOL[dtype])
 
 
-def test_panel_blocks_of_few_rows_prefetch_their_panels() -> None:
-    """Blocks of at most ``PREFETCH_MAX_ROWS`` rows prefetch the panel rows
-    ``PREFETCH_AHEAD`` ahead of their loop (one prefetch per group and ``k``), larger
-    blocks do not; the results are checked by every other test (a prefetch changes no
-    value)."""
+def test_panel_passes_and_no_prefetch() -> None:
+    """A block's passes over K (``_passes``): all the (panel, group) streams in one pass
+    when their accumulators fit in a full block's, else each panel's groups together, else
+    one group per pass; every stream in exactly one pass. The panel products prefetch
+    nothing (the hardware streams the panels)."""
     from geode.codegen.backends.llvm import lstm_panels as lp
     from geode.codegen.backends.llvm.irtext import ModuleWriter
 
-    def prefetches(block_rows: int) -> int:
-        module = ModuleWriter("m")
-        fn = lp.panel_product_function(module, "p", "float", 4, 32, 16, block_rows, "")
-        return fn.text().count("@llvm.prefetch.p0(")
-
-    assert lp.PREFETCH_MAX_ROWS == 2 and lp.PREFETCH_AHEAD > 0
-    # blocks of 8 rows: the full blocks and the 4-row tail none; the 2- and 1-row tails
-    # all groups in one pass, one prefetch per group each
-    assert prefetches(8) == 2 * lp.GROUPS
-    # blocks of 4 rows (16 vector registers): the 2- and 1-row tails only
-    assert prefetches(4) == 2 * lp.GROUPS
-    # blocks of 2 rows: the full blocks too (a pass per group) and the 1-row tail
-    assert prefetches(2) == 2 * lp.GROUPS
+    every = [(q, g) for q in range(2) for g in range(lp.GROUPS)]
+    assert lp._passes(1, 8, 2) == [every]  # batch 1, two panels: 8 accumulators
+    assert lp._passes(2, 8, 2) == [every]  # 16
+    assert lp._passes(4, 8, 2) == [every[:2], every[2:]]  # a panel's groups: 16
+    assert lp._passes(8, 8, 2) == [[s] for s in every]
+    assert lp._passes(1, 4, 2) == [every] and lp._passes(2, 4, 2) == [every[:2], every[2:]]
+    assert lp._passes(2, 8, 1) == [every[:2]] and lp._passes(8, 8, 1) == [[s] for s in every[:2]]
+    for block_rows in (2, 4, 8):
+        for count in range(1, block_rows + 1):
+            for panels in (1, 2, 4):
+                passes = lp._passes(count, block_rows, panels)
+                streams = sorted(s for one in passes for s in one)
+                assert streams == sorted((q, g) for q in range(panels) for g in range(lp.GROUPS))
+    module = ModuleWriter("m")
+    for panels in (1, 2):
+        fn = lp.panel_product_function(module, "p", "float", 4, 32, 16, 8, "", panels)
+        assert "@llvm.prefetch" not in fn.text()
+    # two panels: a 1-row block's 8 accumulators, a full block's 16 (8 rows by 2 vectors)
+    text = fn.text()
+    assert "%acc7_1" in text and "%acc0_7" in text and "%acc8_0" not in text
 
 
 @pytest.mark.parametrize(
@@ -454,6 +463,37 @@ def test_native_lstm_models_match_onnx_reference(cfg) -> None:
         np.testing.assert_allclose(got[name], aicpu[name], rtol=tol, atol=tol)
 
 
+def test_explain_says_when_an_items_panels_go_in_one_pass(monkeypatch) -> None:
+    """The LSTM's reason in ``explain()`` names the rows up to which a step's item takes
+    all its panels of R in one pass (``item_panels_together``: 2 rows and 2 panels with
+    16 lanes and 32 registers; none with 8 lanes and 16 registers, or when switched off);
+    nothing where R is never in panels at that batch (float64 packed per call: its panels
+    from batch 2, its one-pass items of 1 row)."""
+    from geode.codegen.backends.llvm import lstm
+    from geode.codegen.native_rnn import _together_note
+
+    assert lstm.item_panels_together(16, 8) == (2, 2)
+    assert lstm.item_panels_together(16, 8, packed_once=False) == (2, 2)  # batch 2
+    assert lstm.item_panels_together(8, 8) == (4, 1)
+    assert lstm.item_panels_together(8, 8, packed_once=False) == (4, 0)  # 1 row < 2
+    assert lstm.item_panels_together(8, 4) == (4, 0)
+    assert lstm.item_panels_together(32, 8) == (1, 0)
+    f32 = LstmSpec("float32", 8, 5, 1, False, 1, True, False, False, False, 1, panel_lanes=16)
+    f64 = LstmSpec("float64", 8, 5, 1, False, 1, True, False, False, False, 1)
+    block = panel_rows(host().vector_registers)
+    panels, rows = lstm.item_panels_together(lstm.panel_lanes("float32", host()), block)
+    note = f"at most {rows} batch rows: their {panels} panels of R in one pass"
+    assert (note in _together_note(f32)) == (rows >= 1)
+    f64_rows = lstm.item_panels_together(lstm.panel_lanes("float64", host()), block, False)[1]
+    assert (_together_note(f64) == "") == (f64_rows == 0)
+    # AVX-512: float32 packed once has the one-pass function, float64 (8 lanes, 4 panels,
+    # 1 row, its panels from batch 2) none
+    assert ".panels(" in lstm.lstm_ir(f32, "", 64, 32)[1]
+    assert ".panels(" not in lstm.lstm_ir(f64, "", 64, 32)[1]
+    monkeypatch.setattr(lstm, "ITEM_PANELS_TOGETHER", False)
+    assert _together_note(f32) == ""
+
+
 def test_lstms_are_placed_on_aicore_as_library_ops() -> None:
     rng = np.random.default_rng(4)
     ins = lstm_inputs(rng, "float32", 8, 5, "bidirectional", 1, 6, 2, {"B", "P"})
@@ -462,7 +502,7 @@ def test_lstms_are_placed_on_aicore_as_library_ops() -> None:
     (name,) = info
     assert (info[name].kind, info[name].engine) == ("library", "aicore")
     reason = "library op: LSTM, native products and gate loop"
-    assert f"{name}: aicore ({reason})" in model.explain()
+    assert f"{name}: aicore ({reason}" in model.explain()
     assert info[name].trace.startswith("LSTM float32 hidden=8 input=5 bidirectional layout=1")
     assert "define" in info[name].source
     attrs = {"hidden_size": 8, "direction": "bidirectional", "layout": 1}

@@ -94,6 +94,7 @@ from geode.codegen.backends.llvm.irloops import Builder
 from geode.codegen.backends.llvm.irtext import FunctionWriter, ModuleWriter
 from geode.codegen.backends.llvm.kernel import build_module, while_alive
 from geode.codegen.backends.llvm.lstm_panels import (
+    GROUP_VECTORS,
     PANEL_MIN_BATCH,
     PROJECTION_SLOTS,
     chunk_writer,
@@ -109,7 +110,15 @@ from geode.codegen.backends.llvm.packed import PACKED_DECL, PANEL, packed_call
 from geode.codegen.backends.llvm.target import Target
 from geode.errors import ExecutionError, ShapeError
 
-__all__ = ["LstmKernel", "LstmSpec", "lstm_ir", "lstm_kernel", "panel_lanes", "vector_bytes"]
+__all__ = [
+    "LstmKernel",
+    "LstmSpec",
+    "item_panels_together",
+    "lstm_ir",
+    "lstm_kernel",
+    "panel_lanes",
+    "vector_bytes",
+]
 
 #: dtype -> (IR type, item size)
 TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
@@ -504,6 +513,13 @@ ROW_BLOCK = 16
 #: (``R`` is 1 MiB at hidden 256, the size of a Zen 5 core's L2: read in one order every
 #: step, it misses throughout; the same bits in either order)
 ALTERNATE_ITEMS = True
+#: a step item of few rows computes all its panels of ``R`` (:data:`GATE_UNITS` units) in
+#: one pass over ``k``, not one panel at a time (:func:`_item_panels`): at batch 1 a panel
+#: alone is 4 chains of fused multiply-adds, 8 for two panels; the same bits (each element
+#: one chain along ``k`` either way). Zen 5, hidden 256, 32 steps, against one panel at a
+#: time: batch 1 0.92 of the time on two threads, 0.96 on one (R from the L3), 0.80 on one
+#: at hidden 192 (R in the L2, as each thread's half at 256); batch 2 0.93 and 0.97
+ITEM_PANELS_TOGETHER = True
 
 #: the fewest batch rows per thread for which a step's items split the batch by rows
 #: (:func:`_row_block`)
@@ -540,7 +556,14 @@ def _step_items(b: Builder, spec: LstmSpec, n: str, rb: str) -> str:
 
 
 def _step_function(
-    module: ModuleWriter, name: str, rec: str, panel: str, cell: str, spec: LstmSpec, lanes: int
+    module: ModuleWriter,
+    name: str,
+    rec: str,
+    panel: str,
+    cell: str,
+    spec: LstmSpec,
+    lanes: int,
+    item_panels: tuple[str, int] | None = None,
 ) -> FunctionWriter:
     """``void @name(ptr ctx, i64 s, i64 chunk, i64 nchunks)``: share ``chunk`` of
     ``nchunks`` of step ``s`` (the context: :data:`_STEP_SLOTS`; the native pool's
@@ -550,7 +573,8 @@ def _step_function(
     its rows' four gate columns of its units of ``G = h @ R^T`` (``rec``,
     :func:`_product_function`; or, when the context holds ``R``'s packed panels,
     ``panel``, :func:`~.lstm_panels.panel_product_function`, one panel of ``lanes``
-    units at a time), then their gates (``cell``): a unit's gates need only
+    units at a time, or, an item of few rows, all its panels in one pass,
+    ``item_panels``: :func:`_item_panels`), then their gates (``cell``): a unit's gates need only
     its own four columns, so one launch does a step's product and gates, the states read
     from ``h`` and written to ``h'`` (other items still read ``h``). Each row takes its
     own input step (with ``sequence_lens``, a row past its length copies its units of
@@ -596,14 +620,8 @@ def _step_function(
                 fn.add(f"call void @{rec}({args}, i64 {lo}, i64 {hi})")
 
         def panels() -> None:
-            def one(p: str) -> None:
-                pan = b.gep(ty, packed, b.mul(p, str(4 * lanes * hid)), "rpan")
-                args = f"ptr {h_rows}, i64 {hid}, ptr {pan}, ptr {g_rows}, i64 {g4}"
-                fn.add(f"call void @{panel}({args}, i64 {rows}, i64 {hid}, i64 {p})")
-
-            plo = fn.value(f"udiv i64 {j0}, {lanes}", "plo")
-            phi = b.ceildiv(j1, lanes, "phi")
-            _item_loop(b, s, plo, phi, one, "pan")
+            operands = (packed, h_rows, g_rows, rows)
+            _panel_products(b, s, spec, lanes, (panel, item_panels), operands, (j0, j1))
 
         def products() -> None:
             b.branch(fn.value(f"icmp ne ptr {packed}, null", "packed"), panels, dots, "form")
@@ -656,6 +674,50 @@ def _step_function(
     _item_loop(b, s, first, last, item)
     fn.terminate("ret void")
     return fn
+
+
+def _panel_products(
+    b: Builder,
+    s: str,
+    spec: LstmSpec,
+    lanes: int,
+    functions: tuple[str, tuple[str, int] | None],
+    operands: tuple[str, str, str, str],
+    units: tuple[str, str],
+) -> None:
+    """A step item's products from ``R``'s panels (``operands``: the panels, the item's
+    rows of ``h`` and of ``G``, its row count; ``units``: its ``[j0, j1)``): its whole
+    run of panels in one pass when it has at most the rows of ``functions[1]``
+    (:func:`_item_panels`: the function and the rows, or None), else one panel at a time
+    (``functions[0]``, in :func:`_item_loop`'s order)."""
+    fn, ty, hid = b.fn, TYPES[spec.dtype][0], spec.hidden
+    panel, item_panels = functions
+    packed, h_rows, g_rows, rows = operands
+    j0, j1 = units
+    lead = f"ptr {h_rows}, i64 {hid}"
+    tail = f"ptr {g_rows}, i64 {4 * hid}, i64 {rows}, i64 {hid}"
+
+    def one(p: str) -> None:
+        pan = b.gep(ty, packed, b.mul(p, str(4 * lanes * hid)), "rpan")
+        fn.add(f"call void @{panel}({lead}, ptr {pan}, {tail}, i64 {p})")
+
+    plo = fn.value(f"udiv i64 {j0}, {lanes}", "plo")
+    phi = b.ceildiv(j1, lanes, "phi")
+
+    def apart() -> None:
+        _item_loop(b, s, plo, phi, one, "pan")
+
+    if not item_panels:
+        return apart()
+    together_fn, together_rows = item_panels
+
+    def together() -> None:
+        pan = b.gep(ty, packed, b.mul(plo, str(4 * lanes * hid)), "rpans")
+        fn.add(f"call void @{together_fn}({lead}, ptr {pan}, {tail}, i64 {plo})")
+
+    whole = b.cmp("eq", b.sub(phi, plo), str(GATE_UNITS // lanes), "wholeitem")
+    few = b.cmp("sle", rows, str(together_rows), "fewrows")
+    b.branch(b.all_of([whole, few]), together, apart, "pantog")
 
 
 def _item_loop(
@@ -1109,6 +1171,46 @@ def entry_function(
     return fn
 
 
+def item_panels_together(lanes: int, block: int, packed_once: bool = True) -> tuple[int, int]:
+    """``(panels, rows)``: a step item's panels of ``R`` (:data:`GATE_UNITS` units in
+    panels of ``lanes``) and the most rows of an item that computes them in one pass
+    over ``k`` (``block``: the panel form's full block, :func:`~.lstm_panels.panel_rows`;
+    its ``block * GROUP_VECTORS`` accumulators bound the pass's); rows 0: never
+    (:data:`ITEM_PANELS_TOGETHER` off, one panel per item, too few registers, or, ``R``
+    not ``packed_once``, fewer rows than :data:`~.lstm_panels.PANEL_MIN_BATCH`, from which
+    ``R`` is in panels at all)."""
+    panels = GATE_UNITS // lanes
+    rows = block * GROUP_VECTORS // (4 * panels)
+    least = 1 if packed_once else PANEL_MIN_BATCH
+    if not ITEM_PANELS_TOGETHER or panels < 2 or rows < least:
+        return panels, 0
+    return panels, rows
+
+
+def _item_panels(
+    module: ModuleWriter,
+    name: str,
+    ty: str,
+    item: int,
+    spec: LstmSpec,
+    lanes: int,
+    block: int,
+    attrs: str,
+) -> tuple[str, int] | None:
+    """``(function, rows)``: the panel product of a step item's whole run of panels
+    (:data:`GATE_UNITS` units) in one pass over ``k``, which items of at most ``rows``
+    rows take (:data:`ITEM_PANELS_TOGETHER`: all their accumulators fit in a full block's,
+    :func:`~.lstm_panels.panel_product_function`); None when no item can (one panel per
+    item, or too few registers: the panels one at a time)."""
+    panels, rows = item_panels_together(lanes, block, bool(spec.panel_lanes))
+    if not rows:
+        return None
+    module.add_function(
+        panel_product_function(module, name, ty, item, spec.hidden, lanes, block, attrs, panels)
+    )
+    return name, rows
+
+
 def lstm_ir(
     spec: LstmSpec, attrs: str = "", vector_bytes: int = 32, vector_registers: int = 16
 ) -> tuple[str, str]:
@@ -1157,7 +1259,8 @@ def lstm_ir(
         panel_chunk_function(module, start, pack, panel, ty, spec.hidden, spec.input_size, lanes)
     )
     step, stepped = f"{name}.step", f"{name}.stepped"
-    module.add_function(_step_function(module, step, rec, panel, cell, spec, lanes))
+    item_panels = _item_panels(module, f"{name}.panels", ty, item, spec, lanes, block, attrs)
+    module.add_function(_step_function(module, step, rec, panel, cell, spec, lanes, item_panels))
     module.add_function(_stepped_function(module, stepped, step, spec))
     module.add_function(_row_block_function(module, f"{name}.blocks", step, spec))
     module.declare("geode_num_threads", "declare i64 @geode_num_threads() nounwind")

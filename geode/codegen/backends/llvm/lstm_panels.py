@@ -14,9 +14,12 @@ rows of ``A`` by one group is one pass of fused multiply-adds over ``k``.
 
 Every element of ``out`` is one chain of fused multiply-adds over ``k`` in order from
 zero, whatever the row block or panel split, so the results are the same bits on any
-thread count. Blocks of at most :data:`PREFETCH_MAX_ROWS` rows (batch 1 and 2, and the
-one or two rows a larger batch leaves) prefetch the panel :data:`PREFETCH_AHEAD` rows
-of ``k`` ahead.
+thread count. A block of few rows takes several groups, or several panels' groups, in
+one pass (:func:`_passes`): more independent chains. No software prefetch: the hardware
+streams the panels (on Zen 5, batch 1 and 2 on two threads, prefetching one line of each
+group's row ``k`` 8 rows ahead, which the eighth session kept from Zen 4, took 1.06-1.07x
+the time of none one panel at a time, 1.18-1.22x with an item's panels in one pass; both
+lines, 4-16 rows ahead: 0.98-1.02x).
 """
 
 from __future__ import annotations
@@ -40,16 +43,6 @@ __all__ = [
 #: batch from which the LSTM's products run in this form (below it, the dot products of
 #: :mod:`~.lstm`, which need no packing: at batch 1 a step streams ``R`` once either way)
 PANEL_MIN_BATCH = 2
-
-#: rows of a packed panel group (``k``) ahead of the loop that a block of at most
-#: :data:`PREFETCH_MAX_ROWS` rows prefetches into the L1 (``prefetcht0``): such a block
-#: loads a group vector per multiply-add or two, so it waits on the panels' stream when
-#: they come from the L3 (one thread at batch 1 streams all of ``R``, 1 MiB at hidden
-#: 256, every step)
-PREFETCH_AHEAD = 8
-
-#: the most rows of a block that prefetches its panels (:data:`PREFETCH_AHEAD`)
-PREFETCH_MAX_ROWS = 2
 
 #: gate vectors a block of rows computes together (its accumulators: rows x this)
 GROUP_VECTORS = 2
@@ -208,17 +201,18 @@ def panel_product_function(
     lanes: int,
     block_rows: int,
     attrs: str,
+    panels: int = 1,
 ) -> FunctionWriter:
     """``void @name(ptr A, i64 lda, ptr P, ptr out, i64 ldo, i64 rows, i64 K, i64 p)``:
-    the columns of panel ``p`` (packed at ``P``) of ``out[rows, 4H] = A[rows, K] @ M^T``
-    (``A`` and ``out`` row-major with row strides ``lda`` and ``ldo``): blocks of
-    ``block_rows`` rows of ``A``, then one block each of half, a quarter ... of that for
-    the rows left; per block and group, ``block_rows x GROUP_VECTORS`` accumulators
-    along the units, ``A[r, k]`` broadcast (a block of fewer rows takes all the groups in
-    one pass when their accumulators fit in as many: more independent chains); the
+    the columns of the ``panels`` panels from ``p`` (packed at ``P`` and on, one after
+    the other) of ``out[rows, 4H] = A[rows, K] @ M^T`` (``A`` and ``out`` row-major with
+    row strides ``lda`` and ``ldo``): blocks of ``block_rows`` rows of ``A``, then one
+    block each of half, a quarter ... of that for the rows left; per block and group,
+    ``block_rows x GROUP_VECTORS`` accumulators along the units, ``A[r, k]`` broadcast (a
+    block of fewer rows takes all the groups, and of all the panels, in one pass when
+    their accumulators fit in as many: more independent chains, :func:`_passes`); the
     columns past ``H`` not stored."""
     fma, _, mstore = declare_vector_ops(module, ty, lanes, item)
-    module.declare("llvm.prefetch.p0", "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
     vt = f"<{lanes} x {ty}>"
     names = ["A", "lda", "P", "out", "ldo", "rows", "K", "p"]
     kinds = ["ptr noalias", "i64", "ptr noalias", "ptr noalias", "i64", "i64", "i64", "i64"]
@@ -227,65 +221,63 @@ def panel_product_function(
     fn.attrs = " " + module.attr_group("nounwind noinline " + attrs)
     b = Builder(fn)
     a, lda, panel, out, ldo, rows, k_len, p = (fn.param(j) for j in range(8))
-    unit0 = b.mul(p, str(lanes), "unit0")
-    valid = b.min(b.sub(str(hidden), unit0), str(lanes), "valid")
-    smask = _lanes_below(fn, lanes, valid, "smask")
+    unit0s = [b.mul(b.add(p, str(q)), str(lanes), "unit0") for q in range(panels)]
+    smasks = [
+        _lanes_below(fn, lanes, b.min(b.sub(str(hidden), u0), str(lanes), "valid"), "smask")
+        for u0 in unit0s
+    ]
     gates = GROUPS * GROUP_VECTORS
-    accs = [[fn.alloca(vt, f"acc{r}_{q}") for q in range(gates)] for r in range(block_rows)]
+    width = max(gates * panels, block_rows * GROUP_VECTORS)
+    accs = [[fn.alloca(vt, f"acc{r}_{q}") for q in range(width)] for r in range(block_rows)]
     group_items = b.mul(k_len, str(GROUP_VECTORS * lanes), "gitems")
+    panel_items = b.mul(k_len, str(4 * lanes), "pitems")
+
+    def one_pass(arows: list[str], r0: str, streams: list[tuple[int, int]]) -> None:
+        """One pass over ``k`` for the (panel, group) ``streams`` of the block's rows."""
+        count = len(arows)
+        gbases = [
+            b.gep(ty, panel, b.add(b.mul(str(q), panel_items), b.mul(str(g), group_items)), "gb")
+            for q, g in streams
+        ]
+        mine = [line[: len(streams) * GROUP_VECTORS] for line in accs[:count]]
+        for acc in (x for line in mine for x in line):
+            fn.add(f"store {vt} zeroinitializer, ptr {acc}")
+
+        def term(k: str) -> None:
+            mv = []
+            for gbase in gbases:
+                krow = b.gep(ty, gbase, b.mul(k, str(GROUP_VECTORS * lanes)), "krow")
+                mv += [
+                    fn.value(f"load {vt}, ptr {b.gep(ty, krow, str(s * lanes))}, align {item}", "m")
+                    for s in range(GROUP_VECTORS)
+                ]
+            for arow, line in zip(arows, mine):
+                x = b.load(ty, b.gep(ty, arow, k), "x")
+                one = fn.value(f"insertelement {vt} poison, {ty} {x}, i64 0", "x1")
+                xs = fn.value(
+                    f"shufflevector {vt} {one}, {vt} poison, <{lanes} x i32> zeroinitializer",
+                    "xs",
+                )
+                for acc, mvec in zip(line, mv):
+                    old = fn.value(f"load {vt}, ptr {acc}", "a")
+                    new = fn.value(f"call {vt} {fma}({vt} {mvec}, {vt} {xs}, {vt} {old})")
+                    fn.add(f"store {vt} {new}, ptr {acc}")
+
+        b.loop("0", k_len, term, "k")
+        for r, line in enumerate(mine):
+            orow = b.gep(ty, out, b.mul(b.add(r0, str(r)), ldo), "orow")
+            for j, acc in enumerate(line):
+                (q, g), s = streams[j // GROUP_VECTORS], j % GROUP_VECTORS
+                gate = g * GROUP_VECTORS + s
+                dst = b.gep(ty, orow, b.add(unit0s[q], str(gate * hidden)), "dst")
+                val = fn.value(f"load {vt}, ptr {acc}", "sum")
+                args = f"{vt} {val}, ptr {dst}, i32 {item}, <{lanes} x i1> {smasks[q]}"
+                fn.add(f"call void {mstore}({args})")
 
     def block(r0: str, count: int) -> None:
         arows = [b.gep(ty, a, b.mul(b.add(r0, str(r)), lda), "arow") for r in range(count)]
-        # groups per pass: all of them when their accumulators fit in a full block's
-        # (a block of few rows then runs 4 chains per row, not 2: the chains' latency, not
-        # the FMA rate, bounds a row alone)
-        together = GROUPS if count * gates <= block_rows * GROUP_VECTORS else 1
-        for g0 in range(0, GROUPS, together):
-            groups = range(g0, g0 + together)
-            gbases = [b.gep(ty, panel, b.mul(str(g), group_items), "gbase") for g in groups]
-            width = together * GROUP_VECTORS
-            mine = [line[:width] for line in accs[:count]]
-            for acc in (x for line in mine for x in line):
-                fn.add(f"store {vt} zeroinitializer, ptr {acc}")
-
-            def term(k: str, gbases: list[str] = gbases, mine: list[list[str]] = mine) -> None:
-                mv = []
-                for gbase in gbases:
-                    krow = b.gep(ty, gbase, b.mul(k, str(GROUP_VECTORS * lanes)), "krow")
-                    if count <= PREFETCH_MAX_ROWS:
-                        # past the panel's end this touches the next panel or group, or
-                        # lines past the array (a plain getelementptr, not inbounds; a
-                        # prefetch never faults)
-                        ahead = PREFETCH_AHEAD * GROUP_VECTORS * lanes
-                        at = fn.value(f"getelementptr {ty}, ptr {krow}, i64 {ahead}", "pf")
-                        fn.add(f"call void @llvm.prefetch.p0(ptr {at}, i32 0, i32 3, i32 1)")
-                    mv += [
-                        fn.value(
-                            f"load {vt}, ptr {b.gep(ty, krow, str(s * lanes))}, align {item}", "m"
-                        )
-                        for s in range(GROUP_VECTORS)
-                    ]
-                for arow, line in zip(arows, mine):
-                    x = b.load(ty, b.gep(ty, arow, k), "x")
-                    one = fn.value(f"insertelement {vt} poison, {ty} {x}, i64 0", "x1")
-                    xs = fn.value(
-                        f"shufflevector {vt} {one}, {vt} poison, <{lanes} x i32> zeroinitializer",
-                        "xs",
-                    )
-                    for acc, mvec in zip(line, mv):
-                        old = fn.value(f"load {vt}, ptr {acc}", "a")
-                        new = fn.value(f"call {vt} {fma}({vt} {mvec}, {vt} {xs}, {vt} {old})")
-                        fn.add(f"store {vt} {new}, ptr {acc}")
-
-            b.loop("0", k_len, term, "k")
-            for r, line in enumerate(mine):
-                orow = b.gep(ty, out, b.mul(b.add(r0, str(r)), ldo), "orow")
-                for s, acc in enumerate(line):
-                    q = g0 * GROUP_VECTORS + s
-                    dst = b.gep(ty, orow, b.add(unit0, str(q * hidden)), "dst")
-                    val = fn.value(f"load {vt}, ptr {acc}", "sum")
-                    args = f"{vt} {val}, ptr {dst}, i32 {item}, <{lanes} x i1> {smask}"
-                    fn.add(f"call void {mstore}({args})")
+        for streams in _passes(count, block_rows, panels):
+            one_pass(arows, r0, streams)
 
     full = b.mul(b.op("sdiv", rows, str(block_rows)), str(block_rows), "rfull")
     b.loop("0", full, lambda r0: block(r0, block_rows), "rb", step=str(block_rows))
@@ -298,6 +290,22 @@ def panel_product_function(
         count //= 2
     fn.terminate("ret void")
     return fn
+
+
+def _passes(count: int, block_rows: int, panels: int) -> list[list[tuple[int, int]]]:
+    """The passes over ``k`` of a block of ``count`` rows (of a function of ``block_rows``
+    rows' blocks) over ``panels`` panels: each pass a list of (panel, group) streams.
+    All of them in one pass when their accumulators fit in a full block's (a block of few
+    rows then runs more chains per row: the chains' latency, not the FMA rate, bounds a
+    row alone, batch 1 at 4 chains), else every panel's groups in one pass when they fit,
+    else one group per pass. Every element is one chain along ``k`` either way."""
+    budget = block_rows * GROUP_VECTORS
+    every = [(q, g) for q in range(panels) for g in range(GROUPS)]
+    if count * GROUP_VECTORS * len(every) <= budget:
+        return [every]
+    if count * GROUP_VECTORS * GROUPS <= budget:
+        return [[(q, g) for g in range(GROUPS)] for q in range(panels)]
+    return [[s] for s in every]
 
 
 #: the context of the panel form's projection launch: W, its panels, R, its panels, X,
