@@ -18,7 +18,8 @@ them first (``gc.freeze``: moved aside in O(1), no collection scans them) and th
 of the outermost :func:`held` block thaws them (``gc.unfreeze``: into the oldest
 generation, whose next full collection, after the compile, collects the stretch's
 garbage). A program that froze objects itself (``gc.get_freeze_count()`` not 0) is
-left alone: nothing frozen, nothing thawed.
+left alone: nothing frozen, nothing thawed; so is a bare :func:`hold` and
+:func:`release` (no block to thaw at its end).
 
 Only a collector that is on is held, and only what :func:`hold` switched off is
 switched back on: a program that runs with the collector off keeps it off. The
@@ -43,6 +44,9 @@ _lock = threading.Lock()
 _held = False
 #: whether :func:`release` froze the stretch's objects and nothing thawed them yet
 _frozen = False
+#: whether the hold is a :func:`held` block's, which thaws at its end (a bare
+#: :func:`hold` and :func:`release` freeze nothing: nothing would thaw it)
+_block = False
 
 
 def hold() -> bool:
@@ -64,7 +68,7 @@ def release() -> None:
     with _lock:
         if _held:
             _held = False
-            if not _frozen and gc.get_freeze_count() == 0:
+            if _block and not _frozen and gc.get_freeze_count() == 0:
                 gc.freeze()  # the stretch's objects out of the young collections' scans
                 _frozen = True
             gc.enable()
@@ -89,8 +93,9 @@ def _after_fork_in_child() -> None:
     """A child forked while a compile held the collector runs no such compile: its
     collector is switched back on (and the lock made anew: another thread may have held
     it at the fork)."""
-    global _held, _frozen, _lock
+    global _held, _frozen, _block, _lock
     _lock = threading.Lock()
+    _block = False
     if _frozen:
         _frozen = False
         gc.unfreeze()
@@ -108,10 +113,13 @@ def held() -> Iterator[None]:
     """The collector held (:func:`hold`) inside the block, released at its end if this
     block took the hold and nothing released it earlier, and what the release froze
     thawed (:func:`thaw`; nested blocks leave both to the outermost)."""
+    global _block
     took = hold()
+    _block = _block or took
     try:
         yield
     finally:
         if took:
             release()
             thaw()
+            _block = False

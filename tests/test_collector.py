@@ -224,3 +224,11 @@ def test_a_cold_compile_leaves_nothing_frozen(tmp_path: Path) -> None:
     gc.enable()
     model = geode.compile(DATA / "torch_block.onnx", cache_dir=tmp_path, progress=0)
     assert model is not None and gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_a_bare_hold_and_release_freeze_nothing() -> None:
+    """Only a :func:`collector.held` block, which thaws at its end, freezes."""
+    gc.enable()
+    assert collector.hold() is True
+    collector.release()
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
