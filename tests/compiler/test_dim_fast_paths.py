@@ -58,14 +58,14 @@ def _dims() -> st.SearchStrategy:
     return st.one_of(_products(), _products(), other)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(_dims(), _dims())
 def test_dims_equal_is_the_sympy_verdict(a, b) -> None:
     shapes._dims_equal_symbolic.cache_clear()
     assert dims_equal(a, b) == _sympy_dims_equal(a, b), (a, b)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_products(), _products())
 def test_exact_quotient_is_sympys_division(total, known) -> None:
     q = exact_quotient(total, known)
@@ -85,7 +85,7 @@ def test_exact_quotient_cases() -> None:
     assert exact_quotient(n + m, n) is None  # a sum: sympy's job
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(_dims())
 def test_nonzero_constraint_is_sympys_min(d) -> None:
     if isinstance(d, int):
@@ -98,7 +98,7 @@ def test_nonzero_constraint_is_sympys_min(d) -> None:
     assert one == 1 and low == want and sympy.srepr(low) == sympy.srepr(want)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.one_of(_dims(), st.integers(0, 9)), min_size=1, max_size=3),
     st.lists(st.integers(1, 40), min_size=4, max_size=4),
