@@ -9,8 +9,17 @@ some 60 young collections and one full collection of every object the imports ma
 (0.04-0.07 s of the main thread). :func:`hold` switches the collector off for the
 stretch and :func:`release` switches it back on once LLVM has work
 (``spine.schedule``, after the first kernel), or when the compile ends, whichever comes
-first (:func:`held`). The garbage of the stretch is collected after it, while the
-background threads compile, by the ordinary collections that follow.
+first (:func:`held`).
+
+Released, the collector's first young collection would scan every object the stretch
+made (the imports' hundreds of thousands: 30-70 ms of the main thread, which then
+schedules and emits the next kernels on the critical path). So :func:`release` freezes
+them first (``gc.freeze``: moved aside in O(1), no collection scans them) and the end
+of the outermost :func:`held` block thaws them (``gc.unfreeze``: into the oldest
+generation, whose next full collection, after the compile, collects the stretch's
+garbage). A program that froze objects itself (``gc.get_freeze_count()`` not 0) is
+left alone: nothing frozen, nothing thawed; so is a bare :func:`hold` and
+:func:`release` (no block to thaw at its end).
 
 Only a collector that is on is held, and only what :func:`hold` switched off is
 switched back on: a program that runs with the collector off keeps it off. The
@@ -28,11 +37,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["held", "hold", "is_held", "release"]
+__all__ = ["held", "hold", "is_held", "release", "thaw"]
 
 _lock = threading.Lock()
 #: whether :func:`hold` switched the collector off and nothing switched it back on yet
 _held = False
+#: whether :func:`release` froze the stretch's objects and nothing thawed them yet
+_frozen = False
+#: whether the hold is a :func:`held` block's, which thaws at its end (a bare
+#: :func:`hold` and :func:`release` freeze nothing: nothing would thaw it)
+_block = False
 
 
 def hold() -> bool:
@@ -50,11 +64,24 @@ def hold() -> bool:
 def release() -> None:
     """Switch the collector back on if :func:`hold` switched it off (nothing otherwise;
     calling it again is harmless)."""
-    global _held
+    global _held, _frozen
     with _lock:
         if _held:
             _held = False
+            if _block and not _frozen and gc.get_freeze_count() == 0:
+                gc.freeze()  # the stretch's objects out of the young collections' scans
+                _frozen = True
             gc.enable()
+
+
+def thaw() -> None:
+    """Put back what :func:`release` froze (``gc.unfreeze``: into the oldest generation,
+    collected by its next full collection); nothing otherwise."""
+    global _frozen
+    with _lock:
+        if _frozen:
+            _frozen = False
+            gc.unfreeze()
 
 
 def is_held() -> bool:
@@ -66,8 +93,12 @@ def _after_fork_in_child() -> None:
     """A child forked while a compile held the collector runs no such compile: its
     collector is switched back on (and the lock made anew: another thread may have held
     it at the fork)."""
-    global _held, _lock
+    global _held, _frozen, _block, _lock
     _lock = threading.Lock()
+    _block = False
+    if _frozen:
+        _frozen = False
+        gc.unfreeze()
     if _held:
         _held = False
         gc.enable()
@@ -80,11 +111,15 @@ if hasattr(os, "register_at_fork"):
 @contextmanager
 def held() -> Iterator[None]:
     """The collector held (:func:`hold`) inside the block, released at its end if this
-    block took the hold and nothing released it earlier (nested blocks leave it to the
-    outermost)."""
+    block took the hold and nothing released it earlier, and what the release froze
+    thawed (:func:`thaw`; nested blocks leave both to the outermost)."""
+    global _block
     took = hold()
+    _block = _block or took
     try:
         yield
     finally:
         if took:
             release()
+            thaw()
+            _block = False

@@ -29,10 +29,12 @@ result to a codegen bug.
 
 from __future__ import annotations
 
+import importlib
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import geode.config as config
 from geode import collector
@@ -41,9 +43,6 @@ from geode.codegen.ast import forget_expression_memos
 from geode.codegen.cache import maybe_prune
 from geode.codegen.epilogues import attach_epilogues
 from geode.codegen.lower import make_can_lower
-from geode.codegen.native_conv import conv_interface, start_conv
-from geode.codegen.native_pool import pool_interface, start_pool
-from geode.codegen.native_rnn import rnn_interface, start_lstm
 from geode.codegen.schedule_source import schedule_sources
 from geode.compiler.fusion.groups import FusionPlan
 from geode.compiler.fusion.planner import plan_fusion, schedule_units
@@ -51,6 +50,7 @@ from geode.compiler.fusion.profit import make_profit
 from geode.compiler.fusion.views import alias_view
 from geode.compiler.ir import Graph, Node, format_graph
 from geode.compiler.ops import state
+from geode.compiler.ops.nn import FUSED_CONV
 from geode.compiler.partition.engine import EnginePartition, partition_engines
 from geode.compiler.partition.placement import (
     Placement,
@@ -238,8 +238,35 @@ def schedule(c: Compilation) -> None:
         log.warning(msg)
 
 
-#: what starts a single AICPU node's library module ahead (the first that takes it)
-_LIBRARY_STARTS = (driver.start_library, start_conv, start_pool, start_lstm)
+#: the native library code of single AICPU nodes by op type: the module, its function
+#: starting the node's module ahead, and its function choosing the node's step. A module
+#: is imported on the first node of its ops (an LSTM's code generator alone is ~18 ms of
+#: a cold compile's main thread before its first kernel; a model with no LSTM never
+#: needs it); each function checks the node's domain itself
+_NATIVE_LIBRARIES: dict[str, tuple[str, str, str]] = {
+    "Conv": ("geode.codegen.native_conv", "start_conv", "conv_interface"),
+    FUSED_CONV: ("geode.codegen.native_conv", "start_conv", "conv_interface"),
+    **{
+        op: ("geode.codegen.native_pool", "start_pool", "pool_interface")
+        for op in ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
+    },
+    "LSTM": ("geode.codegen.native_rnn", "start_lstm", "rnn_interface"),
+}
+
+
+def _native_library(node: Node, which: int) -> Callable[..., Any] | None:
+    """The start (``which`` 1) or interface (2) function of ``node``'s op type in
+    :data:`_NATIVE_LIBRARIES`, its module imported now; None for other op types."""
+    entry = _NATIVE_LIBRARIES.get(node.op_type)
+    if entry is None:
+        return None
+    return getattr(importlib.import_module(entry[0]), entry[which])
+
+
+def _library_starts(node: Node) -> tuple[Callable[..., str | None], ...]:
+    """What starts a single AICPU node's library module ahead (the first that takes it)."""
+    start = _native_library(node, 1)
+    return (driver.start_library,) if start is None else (driver.start_library, start)
 
 
 def _start_libraries(c: Compilation) -> None:
@@ -250,7 +277,7 @@ def _start_libraries(c: Compilation) -> None:
     bind."""
     for item in c.work:
         if isinstance(item, Node) and c.placement.engine.get(item.name) == "aicpu":
-            for start in _LIBRARY_STARTS:
+            for start in _library_starts(item):
                 try:
                     ir = start(item, c.graph, c.opts)
                 except Exception:  # noqa: BLE001 - bind meets the same error and reports it
@@ -366,10 +393,11 @@ def _node_unit(c: Compilation, node: Node, bound: set) -> Unit:
     engine = c.placement.engine[node.name]
     library = driver.library_interface(node, c.graph, c.opts) if engine == "aicpu" else None
     reason, weights = "library op: BLAS, called natively", ""
-    for choose in (conv_interface, pool_interface, rnn_interface):
+    choose = _native_library(node, 2) if engine == "aicpu" else None
+    if choose is not None:
         # Conv (im2col + BLAS, depthwise), pools (direct) and LSTM (vectorized products and
         # gate loop): native, or why not
-        choice = choose(node, c.graph, c.opts) if engine == "aicpu" else None
+        choice = choose(node, c.graph, c.opts)
         if choice is not None:
             c.fallbacks += choice.fallback
             c.placement.reason[node.name] = reason = choice.reason

@@ -27,6 +27,7 @@ def _collector_restored() -> Iterator[None]:
     was = gc.isenabled()
     yield
     collector.release()
+    collector.thaw()
     if was:
         gc.enable()
     else:
@@ -175,3 +176,59 @@ def test_a_child_forked_while_held_starts_with_the_collector_on() -> None:
     assert not gc.isenabled() and collector.is_held()  # the parent's hold is untouched
     collector.release()
     assert gc.isenabled()
+
+
+class _Node:
+    """An object that can sit in a reference cycle (and be referred to weakly)."""
+
+    def __init__(self) -> None:
+        self.other: object = None
+
+
+def test_release_freezes_the_stretchs_objects_and_the_end_thaws_them() -> None:
+    """The objects made while held are frozen at the release (no young collection scans
+    them while the compile goes on) and thawed at the outermost block's end, when a full
+    collection collects the stretch's garbage."""
+    import weakref
+
+    gc.enable()
+    with collector.held():
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a  # a cycle: only the collector frees it
+        ref = weakref.ref(a)
+        del a, b
+        assert gc.get_freeze_count() == 0
+        collector.release()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        gc.collect()
+        assert ref() is not None  # frozen: not collected during the compile
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_program_that_froze_objects_itself_is_left_alone() -> None:
+    gc.enable()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with collector.held():
+            collector.release()
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_a_cold_compile_leaves_nothing_frozen(tmp_path: Path) -> None:
+    gc.enable()
+    model = geode.compile(DATA / "torch_block.onnx", cache_dir=tmp_path, progress=0)
+    assert model is not None and gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_a_bare_hold_and_release_freeze_nothing() -> None:
+    """Only a :func:`collector.held` block, which thaws at its end, freezes."""
+    gc.enable()
+    assert collector.hold() is True
+    collector.release()
+    assert gc.get_freeze_count() == 0 and gc.isenabled()

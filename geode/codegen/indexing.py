@@ -34,7 +34,7 @@ from geode.codegen.ast import (
     uses_var,
 )
 from geode.codegen.ast import blocks as ast_blocks
-from geode.codegen.index_algebra import NOT_CONSTANT, UNKNOWN, difference_verdict
+from geode.codegen.index_algebra import NOT_CONSTANT, UNKNOWN, difference_verdict, polynomial
 
 
 def flatten_index(vars_: Sequence[Expr], extents: Sequence[Expr]) -> Expr:
@@ -131,6 +131,9 @@ def line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
     multiple a multiple; so a term is decided here when its coefficient alone suffices
     or it has no dims (``False`` when one cannot be a multiple, or ``offset`` is not such
     a sum), and tested at run time otherwise."""
+    quick = _line_aligned_polynomial(offset, itemsize, dims)
+    if quick is not None:
+        return quick
     try:
         terms = sympy.Add.make_args(sympy.expand(to_sympy(offset)))
     except (ValueError, TypeError):
@@ -156,6 +159,33 @@ def line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
             return Const(False, "bool")
         cond = and_flags(cond, Bin("==", mod(factor, Const(LINE_BYTES)), Const(0)))
     return cond
+
+
+def _line_aligned_polynomial(offset: Expr, itemsize: int, dims: set[str]) -> Expr | None:
+    """:func:`line_aligned` without sympy when ``offset`` is a polynomial in variables
+    alone (no ``//``, ``%``, min or max: sympy's expansion has exactly its terms, and a
+    term's symbols in name order, as sympy sorts symbols of one kind) and its terms
+    leave at most one distinct run-time test (the order of several is sympy's order of
+    terms); else None. sympy's first sum in a process costs ~25 ms."""
+    poly = polynomial(offset)
+    if poly is None or any(not atom.startswith("v:") for m in poly for atom in m):
+        return None
+    tested: list[Expr] = []
+    for m, coef in poly.items():
+        if coef * itemsize % LINE_BYTES == 0:
+            continue
+        factor: Expr = Const(coef * itemsize)
+        for atom in m:  # sorted: by name, repeated for powers
+            if atom[2:] in dims:
+                factor = mul(factor, Var(atom[2:]))
+        if isinstance(factor, Const):
+            return Const(False, "bool")
+        test = Bin("==", mod(factor, Const(LINE_BYTES)), Const(0))
+        if test not in tested:
+            tested.append(test)
+    if len(tested) > 1:
+        return None
+    return and_flags(Const(True, "bool"), tested[0]) if tested else Const(True, "bool")
 
 
 def and_flags(a: Expr, b: Expr) -> Expr:

@@ -161,11 +161,62 @@ def same_dim(a: Dim, b: Dim) -> bool:
     return dims_equal(a, b) is True
 
 
+def monomial(d: object) -> tuple[int, dict[Any, int]] | None:
+    """``d`` as ``c * s1**k1 * s2**k2 ...``: the int ``c`` and ``{symbol: k}`` (every
+    ``k`` a positive int), or None when ``d`` is no such product (a sum, a ``Min``, a
+    broadcast, a rational, a stored dim). An int is ``(d, {})``.
+
+    The compile's dims are nearly all of this form (symbols, element counts): their
+    equality, exact division and printing are decided here without sympy arithmetic,
+    whose first sum in a process costs ~25 ms (sympy's ``Add`` imports its tensor and
+    combinatorics modules then) and each further one 0.1-1 ms."""
+    if isinstance(d, int):
+        return None if isinstance(d, bool) else (d, {})
+    if not isinstance(d, sympy.Expr):
+        return None
+    c, powers = 1, {}
+    for f in sympy.Mul.make_args(d):
+        if f.is_Integer:
+            c *= int(f)
+        elif f.is_Symbol and f not in powers:
+            powers[f] = 1
+        elif f.is_Pow and f.base.is_Symbol and f.exp.is_Integer and f.exp > 0:
+            if f.base in powers:
+                return None
+            powers[f.base] = int(f.exp)
+        else:
+            return None
+    return c, powers
+
+
+#: :func:`_monomial_verdict` when either dim is no :func:`monomial` product
+_UNDECIDED = "undecided"
+
+
+def _monomial_verdict(a: Dim, b: Dim) -> bool | None | str:
+    """:func:`dims_equal` when both dims are :func:`monomial` products, else
+    :data:`_UNDECIDED`: True when they are the same product, False when both are
+    different numbers, None otherwise (their difference is a polynomial with a term
+    that is not constant: sympy's expanded difference is neither 0 nor a number)."""
+    ma, mb = monomial(a), monomial(b)
+    if ma is None or mb is None:
+        return _UNDECIDED
+    if ma == mb:
+        return True
+    if not ma[1] and not mb[1]:
+        return False
+    return None
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _dims_equal_symbolic(a: Dim, b: Dim) -> bool | None:
     """:func:`dims_equal` on the expanded difference ``a - b``; sympy's ``simplify``
     (tens of milliseconds on a cold cache) only when that difference still holds
-    floor, ceiling, Mod, Min or Max, which expansion cannot cancel."""
+    floor, ceiling, Mod, Min or Max, which expansion cannot cancel. Two
+    :func:`monomial` products are decided without sympy (:func:`_monomial_verdict`)."""
+    verdict = _monomial_verdict(a, b)
+    if verdict is not _UNDECIDED:
+        return verdict  # type: ignore[return-value]
     diff = sympy.expand(sympy.Integer(a) - b if isinstance(a, int) else a - b)
     if diff.has(sympy.floor, sympy.ceiling, sympy.Mod, sympy.Min, sympy.Max):
         diff = sympy.simplify(diff)
@@ -355,7 +406,7 @@ class SymbolTable:
         if isinstance(d, int):
             return
         twins = {s: sympy.Symbol(s.name, integer=True, nonnegative=True) for s in d.free_symbols}
-        entry = (sympy.Min(d.xreplace(twins), 1), 1, where)
+        entry = (_min_one(d.xreplace(twins), monomial(d)), 1, where)
         if not any(a == entry[0] for a, _, _ in self.constraints):
             self.constraints.append(entry)
 
@@ -372,6 +423,33 @@ class SymbolTable:
         """True when a recorded broadcast group holds every operand of ``dims``."""
         want = set(broadcast_operands(dims))
         return any(want <= set(broadcast_operands(g)) for g, _ in self.broadcasts)
+
+
+def _min_one(twin: sympy.Expr, form: tuple[int, dict[Any, int]] | None) -> sympy.Expr:
+    """``Min(twin, 1)``. When ``twin`` is a product ``c * s1**k1 ...`` (``form``, with
+    ``c >= 1``) of non-negative symbols, it may be 0 or at least 1, so sympy's evaluation
+    cannot fold the Min and returns it as built: it is built unevaluated, the same
+    object without the comparisons (sums) sympy's evaluation makes."""
+    if form is not None and form[0] >= 1 and form[1]:
+        return sympy.Min(twin, 1, evaluate=False)
+    return sympy.Min(twin, 1)
+
+
+def _int_code(d: Dim, names: Mapping[Any, str]) -> str | None:
+    """Python text of dim ``d`` with exact integer arithmetic over ``names`` (symbol ->
+    variable name) when ``d`` is an int, a :func:`monomial` product, or a ``Min`` or
+    ``Max`` of those; else None (the sympy printer's job)."""
+    form = monomial(d)
+    if form is not None:
+        c, powers = form
+        parts = [] if c == 1 and powers else [f"({c})"]
+        parts += [names[b] if k == 1 else f"{names[b]}**{k}" for b, k in powers.items()]
+        return "*".join(parts)
+    if isinstance(d, (sympy.Min, sympy.Max)):
+        args = [_int_code(a, names) for a in d.args]
+        if all(a is not None for a in args):
+            return ("min(" if isinstance(d, sympy.Min) else "max(") + ", ".join(args) + ")"  # type: ignore[arg-type]
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -431,7 +509,6 @@ def compile_shape_fn(shape: Sequence[Dim]) -> Callable[[Mapping[str, int]], tupl
 def _compiled_shape_fn(shape: tuple[Dim, ...]) -> Callable[[Mapping[str, int]], tuple[int, ...]]:
     """:func:`compile_shape_fn` of a symbolic shape, once per shape (the values of a
     model share a few shapes; each costs a sympy print and an ``exec``)."""
-    printer = _int_printer()
     # symbol names come from the model (an ONNX dim_param, a user's dim string) and may be
     # any text: the generated source names them only as _s0, _s1, ... and looks the real
     # names up in a list, so no name ever becomes code
@@ -439,10 +516,18 @@ def _compiled_shape_fn(shape: tuple[Dim, ...]) -> Callable[[Mapping[str, int]], 
         {s for d in shape if not isinstance(d, int) for s in d.free_symbols}, key=lambda s: s.name
     )
     names = [s.name for s in syms]
-    safe = {s: sympy.Symbol(f"_s{i}", **s.assumptions0) for i, s in enumerate(syms)}
-    body = [
-        str(d) if isinstance(d, int) else f"int({printer.doprint(d.xreplace(safe))})" for d in shape
-    ]
+    codes = [_int_code(d, {s: f"_s{i}" for i, s in enumerate(syms)}) for d in shape]
+    if all(code is not None for code in codes):
+        # ints, products of symbols and their Min/Max: written directly (the printer's
+        # first use costs milliseconds, and sympy's sums when it expands)
+        body = [str(d) if isinstance(d, int) else f"int({code})" for d, code in zip(shape, codes)]
+    else:
+        printer = _int_printer()
+        safe = {s: sympy.Symbol(f"_s{i}", **s.assumptions0) for i, s in enumerate(syms)}
+        body = [
+            str(d) if isinstance(d, int) else f"int({printer.doprint(d.xreplace(safe))})"
+            for d in shape
+        ]
     lines = ["def shape_fn(env):"]
     lines += [f"    _s{i} = env[_names[{i}]]" for i in range(len(names))]
     lines.append(f"    return ({', '.join(body)},)")

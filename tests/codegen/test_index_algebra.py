@@ -117,3 +117,60 @@ def test_steps_along_is_sympys_verdict(x: A.Expr, y: A.Expr) -> None:
     # no sympy form (a float constant): not stepping, either way
     f = A.Bin("+", A.Const(0.5, "float32"), I)
     assert not steps_along(f, "i") and not _sympy_steps(f, "i")
+
+
+def _polynomial_offsets() -> st.SearchStrategy[A.Expr]:
+    """Offsets of variables and dims with +, -, * (and some // and %, left to sympy)."""
+    leaves = st.one_of(
+        st.sampled_from([I, J, N, M, A.Var("S"), A.Var("T")]),
+        st.integers(-3, 70).map(lambda v: A.Const(v)),
+    )
+
+    def grow(children: st.SearchStrategy[A.Expr]) -> st.SearchStrategy[A.Expr]:
+        return st.one_of(
+            st.tuples(st.sampled_from(["+", "-", "*", "*"]), children, children).map(
+                lambda t: A.Bin(*t)
+            ),
+            st.tuples(st.sampled_from(["//", "%"]), children, st.just(N)).map(lambda t: A.Bin(*t)),
+        )
+
+    return st.recursive(leaves, grow, max_leaves=7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_polynomial_offsets(), st.sampled_from([1, 2, 4, 8]), st.sets(st.sampled_from("nmST")))
+def test_line_aligned_without_sympy_is_sympys(offset: A.Expr, itemsize: int, dims: set) -> None:
+    """:func:`line_aligned`'s polynomial path gives the very expression the sympy path
+    gives (the generated code is the same), where it answers."""
+    from geode.codegen import indexing
+
+    quick = indexing._line_aligned_polynomial(offset, itemsize, dims)
+    if quick is None:
+        return
+    original = indexing._line_aligned_polynomial
+    try:
+        indexing._line_aligned_polynomial = lambda *_: None
+        slow = indexing.line_aligned(offset, itemsize, dims)
+    finally:
+        indexing._line_aligned_polynomial = original
+    assert quick == slow, (offset, itemsize, dims)
+
+
+def test_line_aligned_polynomial_path_answers_common_offsets() -> None:
+    """A chunk's offset ``i * S * 16 + j`` over dims answers without sympy; one with two
+    distinct run-time tests, or a floor division, is left to sympy."""
+    from geode.codegen.ast import expr_str
+    from geode.codegen.indexing import _line_aligned_polynomial
+
+    s = A.Var("S")
+    off = A.Bin("+", A.Bin("*", A.Bin("*", I, s), A.Const(16)), A.Bin("*", J, A.Const(16)))
+    assert _line_aligned_polynomial(off, 4, {"S"}) == A.Const(True, "bool")
+    off = A.Bin("+", A.Bin("*", I, s), J)
+    assert _line_aligned_polynomial(off, 4, {"S"}) == A.Const(False, "bool")
+    got = _line_aligned_polynomial(
+        A.Bin("*", A.Bin("+", I, A.Const(1)), A.Bin("*", s, s)), 4, {"S"}
+    )
+    assert got is not None and expr_str(got) == "4 * S * S % 64 == 0"  # one test, two terms
+    two = A.Bin("+", A.Bin("*", I, s), A.Bin("*", J, A.Var("T")))
+    assert _line_aligned_polynomial(two, 4, {"S", "T"}) is None
+    assert _line_aligned_polynomial(A.Bin("//", I, s), 4, {"S"}) is None

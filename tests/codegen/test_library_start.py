@@ -72,3 +72,44 @@ def test_library_modules_start_ahead_and_compile_once(tmp_path, llvm_runs, make,
     got = model.run({"x": x})
     want = ReferenceEvaluator(onnx_model).run(None, {"x": x})
     np.testing.assert_allclose(got["y"], want[0], rtol=1e-4, atol=1e-5)
+
+
+def test_every_native_library_op_has_its_module() -> None:
+    """The spine's op table (its modules imported on first use) names every op the native
+    conv, pool and LSTM code take, and those functions exist."""
+    import importlib
+
+    from geode import spine
+    from geode.codegen.native_pool import POOL_OPS
+    from geode.compiler.ops.nn import FUSED_CONV
+
+    want = {"Conv", FUSED_CONV, "LSTM", *POOL_OPS}
+    assert set(spine._NATIVE_LIBRARIES) == want
+    for module, start, interface in spine._NATIVE_LIBRARIES.values():
+        m = importlib.import_module(module)
+        assert callable(getattr(m, start)) and callable(getattr(m, interface))
+
+
+def test_a_model_without_lstm_never_imports_its_code_generator(tmp_path) -> None:
+    """The LSTM's code generator (~18 ms of imports) stays unimported by a compile of a
+    model without one; the conv model imports the conv and pool modules it uses."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import onnx
+
+    path = tmp_path / "convpool.onnx"
+    onnx.save(_conv_pool_model(), str(path))
+    code = (
+        "import sys, geode\n"
+        f"geode.compile({str(path)!r}, cache_dir={str(tmp_path / 'c')!r}, progress=0)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('geode.codegen.native_')))\n"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    mods = out.stdout.strip().splitlines()[-1]
+    assert "native_conv" in mods and "native_pool" in mods and "native_rnn" not in mods

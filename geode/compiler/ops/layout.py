@@ -51,6 +51,7 @@ from geode.compiler.shapes import (
     broadcast_shapes,
     dims_equal,
     evaluate_dim,
+    monomial,
     numel,
     sym,
 )
@@ -724,6 +725,29 @@ def _counts_differ(a: Dim, b: Dim) -> bool:
     return c > 0 and (n < c or n % c != 0)
 
 
+def exact_quotient(total: Dim, known: Dim) -> Dim | None:
+    """``total / known`` when both are products ``c * s1**k1 ...`` of symbols
+    (:func:`~geode.compiler.shapes.monomial`, ``c`` positive) and ``known`` divides
+    ``total`` exactly (its coefficient divides, no exponent is larger): the quotient,
+    the very dim sympy's division gives, without sympy's arithmetic; else None."""
+    a, b = monomial(total), monomial(known)
+    if a is None or b is None or a[0] < 1 or b[0] < 1 or a[0] % b[0]:
+        return None
+    powers = dict(a[1])
+    for base, k in b[1].items():
+        left = powers.get(base, 0) - k
+        if left < 0:
+            return None
+        if left:
+            powers[base] = left
+        else:
+            del powers[base]
+    c = a[0] // b[0]
+    if not powers:
+        return c
+    return as_dim(sympy.Mul(c, *(base**k for base, k in powers.items())))
+
+
 def reshape_shape(ctx: InferContext, shape: Shape, target: Sequence[Dim], allowzero: bool) -> Shape:
     """Output shape of Reshape to a known ``target`` (0 copies a dim unless allowzero, -1 infers).
 
@@ -767,13 +791,16 @@ def reshape_shape(ctx: InferContext, shape: Shape, target: Sequence[Dim], allowz
         elif dims_equal(known, 0) is True:
             ctx.fail(ambiguous)
         else:
-            q = as_dim(sympy.Integer(1) * total / known)
+            exact = exact_quotient(total, known)
+            q = as_dim(sympy.Integer(1) * total / known) if exact is None else exact
             if not isinstance(q, int) and q.is_number:
                 ctx.fail(f"cannot reshape {list(shape)} ({total} elements) to {target}")
             # the -1 is a whole number only when the other dims divide the element count:
-            # checked when the inputs bind the symbols
+            # checked when the inputs bind the symbols (nothing to check when the
+            # product of symbols divides: sympy's Mod is 0 then)
             what = f"{total} elements divisible by {known} (the -1 of {target})"
-            equate_dims(ctx, as_dim(sympy.Mod(total, known)), 0, what)
+            rest = as_dim(sympy.Mod(total, known)) if exact is None else 0
+            equate_dims(ctx, rest, 0, what)
             # ONNX and numpy refuse a -1 whose other dims multiply to 0 (any size would
             # do): the inferred q holds only while they do not, so a run where they do is
             # refused (as the reference kernel refuses it), not given the size q
