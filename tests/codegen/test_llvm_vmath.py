@@ -640,9 +640,7 @@ def test_erf32_property(v: float) -> None:
 
 
 def _without_avx512(features: str) -> str:
-    return ",".join(
-        "-" + f[1:] if f.startswith("+avx512") else f for f in features.split(",") if f
-    )
+    return ",".join("-" + f[1:] if f.startswith("+avx512") else f for f in features.split(",") if f)
 
 
 def test_erf32_same_bits_on_an_avx2_target() -> None:
