@@ -234,7 +234,7 @@ MAX_ULP = {
     "tanh": (3.0, 3.0),
     "one_plus_tanh": (3.0, 3.0),
     "sigmoid": (3.0, 3.0),
-    "erf": (0.93, 2.0),  # float32: geode's own form, 0.918 over every float32
+    "erf": (0.98, 2.0),  # float32: geode's own form, 0.973 over every float32
     "sin": (1.5, 1.5),
     "cos": (1.5, 1.5),
 }
@@ -545,7 +545,9 @@ def test_target() -> None:
     assert vmath.VmathTarget.from_features("x86_64-unknown-linux-gnu", feats).has_scalef
     assert not vmath.VmathTarget.from_features("x86_64-pc-linux", "+avx2,+avx512f").has_scalef
     arm = vmath.VmathTarget.from_features("aarch64-unknown-linux-gnu", feats)
-    assert arm == vmath.VmathTarget(is_x86=False, has_scalef=False)
+    assert arm == vmath.VmathTarget(is_x86=False, has_scalef=False, has_fma=True)
+    assert vmath.VmathTarget.from_features("x86_64-unknown-linux-gnu", feats).has_fma
+    assert not vmath.VmathTarget.from_features("x86_64-pc-linux", "+avx,+sse4.2").has_fma
     assert vmath.VmathTarget.host() is vmath.VmathTarget.host()
 
 
@@ -579,8 +581,8 @@ def test_package_does_not_import_numba() -> None:
 # float32 erf: geode's own form (not the numba library's)
 # ---------------------------------------------------------------------------------
 
-#: its max error, measured over every float32 in [0, 4) (0.918), with a little room
-ERF32_BOUND = 0.93
+#: its max error, measured over every float32 in [0, 4) (0.973), with a little room
+ERF32_BOUND = 0.98
 
 
 def _erf32_error(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -602,7 +604,7 @@ def _erf32_sweep() -> np.ndarray:
 
 
 def test_erf32_dense_sweep_within_bound_and_odd() -> None:
-    """Within 0.93 ulp over a dense sweep (the sensitive ranges whole), exactly odd (the
+    """Within 0.98 ulp over a dense sweep (the sensitive ranges whole), exactly odd (the
     negatives the mirrors, bit for bit), exactly 1 from 3.95 on."""
     x = _erf32_sweep()
     lp = loop("erf", "float32")
@@ -657,6 +659,25 @@ def test_erf32_same_bits_on_an_avx2_target() -> None:
     x = np.concatenate([samples("erf", "float32", 20_000), _erf32_sweep()[::16]])
     want = loop("erf", "float32")(x)
     assert not (~same_bits(lp2(x), want)).any()
+
+
+def test_erf32_is_the_legacy_form_without_fma() -> None:
+    """On an x86 target without FMA (each ``llvm.fmuladd`` two roundings: the own form
+    would reach 1.22 ulp) float32 erf is the numba library's form; compiled so, within
+    that form's bound unfused."""
+    from geode.codegen.backends.llvm.vmath import harness
+
+    no_fma = vmath.VmathTarget(is_x86=True, has_scalef=False, has_fma=False)
+    new = vmath.definitions(["geode.vm.erf.f32"], no_fma).functions
+    old = vmath.definitions(["geode.vm.erf_legacy.f32"], no_fma).functions
+    assert new == old.replace("erf_legacy", "erf")
+    assert new != vmath.definitions(["geode.vm.erf.f32"], NO_SCALEF).functions
+    host = harness._host()[2]
+    feats = ",".join("-fma" if f == "+fma" else f for f in _without_avx512(host).split(","))
+    lp = loop("erf", "float32", features=feats)
+    assert not re.search(r"vfn?m(add|sub)", lp.asm)
+    x = np.ascontiguousarray(_erf32_sweep()[::8])
+    assert _erf32_error(x, lp(x)).max() <= 1.1
 
 
 @pytest.mark.slow

@@ -5,13 +5,15 @@ degree 6 around ``w0 = 0.443``, where its Horner sums cancel least); ``|x| >= 1.
 ``erf = copysign(1 - 2**Q(z - 1.125), x)``, ``Q`` (degree 5) approximating
 ``log2(erfc(z))``, ``z = min(|x|, 3.95)`` (beyond, ``1 - erfc`` rounds to 1). The power of
 two needs no Cody-Waite step: ``n = rint(Q)`` by the rounding constant, ``r = Q - n``
-exact, ``2**r = 1 + r A(r)`` (``A`` degree 5), and ``1 - 2**n (1 + r A)`` is one FMA.
-About 20 multiply-adds against the old form's 25 (no ln2 reduction, lower degrees: the
+exact, ``2**r = 1 + r A(r)`` (``A`` degree 4), and ``1 - 2**n (1 + r A)`` is one FMA.
+19 multiply-adds against the old form's 25 (no ln2 reduction, lower degrees: the
 fits are weighted by what reaches erf, ``erfc(z)`` times the relative error of ``E``).
-Max error 0.918 ulp over every float32 in [0, 4) (the old form: 1.03).
+Max error 0.973 ulp over every float32 in [0, 4) (the old form: 1.03); with ``A`` of
+degree 5 it was 0.918 at 1.07x the time.
 
-``geode.vm.erf_legacy.f32`` keeps the old float32 form (the numba library's, bit for
-bit; for A/B measurements): split 0.875, ``x + x P(x**2)``, ``1 - exp(Q(z - 0.875))``
+It needs fused multiply-adds (without, 1.22 ulp): on an x86 target without FMA
+``geode.vm.erf.f32`` is the old form. ``geode.vm.erf_legacy.f32`` keeps the old float32
+form (the numba library's, bit for bit; for A/B measurements): split 0.875, ``x + x P(x**2)``, ``1 - exp(Q(z - 0.875))``
 with ``Q`` of degree 8 approximating ``log(erfc(z))``.
 
 float64 (the numba library's): ``|x| < 0.75``: ``x + x P(x**2)``; else ``1 - exp(Q(z -
@@ -26,6 +28,7 @@ from ._ir import F32, F64, FloatKind, FunctionBuilder, Val
 from ._ops import horner, horner3, isnan, pow2_rounded
 from ._registry import fn_name, register
 from .exp import exp_normal, rnd
+from .target import VmathTarget
 
 __all__ = ["ERF_F32_SPLIT", "ERF_F32_W0", "ERFC2_F32", "ERFP_F32", "EXP2A_F32"]
 
@@ -43,8 +46,9 @@ ERF_F32_W0 = 0.4429687559604645
 ERFP_F32 = (-0.018239645287394524, -0.2903108596801758, 0.08260691910982132, -0.019097033888101578, 0.003647910663858056, -0.0005881304969079792, 7.021518831606954e-05)
 #: log2(erfc(z)) in u = z - 1.125, z in [1.124, 3.954]; error x ln2 x erfc(z) <= 8.3e-9
 ERFC2_F32 = (-3.1634390354156494, -4.1140031814575195, -1.237667441368103, -0.05250534415245056, 0.011496162042021751, -0.001480403821915388)
-#: (2**r - 1) / r on |r| <= 1/2 (relative error of 2**r 3.0e-9)
-EXP2A_F32 = (0.6931471824645996, 0.24022647738456726, 0.05550359934568405, 0.009618506766855717, 0.001339080510661006, 0.00015325976710300893)
+#: (2**r - 1) / r on |r| <= 1/2 (relative error of 2**r 9.3e-8: at most 0.17 ulp of erf,
+#: whose 2**Q is at most erfc(1.125) = 0.116)
+EXP2A_F32 = (0.6931470036506653, 0.24022246897220612, 0.0555071085691452, 0.009671292267739773, 0.0013269600458443165)
 # fmt: on
 
 
@@ -59,7 +63,7 @@ def _one_minus_pow2(b: FunctionBuilder, k: FloatKind, q: Val) -> Val:
 
 
 def _emit_erf_f32() -> FunctionBuilder:
-    """``erf(x)`` float32: max error 0.918 ulp over every float32 (odd: the negative
+    """``erf(x)`` float32: max error 0.973 ulp over every float32 (odd: the negative
     half is the positive one's mirror); erf(+-inf) = +-1, NaN -> NaN, -0 keeps its
     sign."""
     k = F32
@@ -102,6 +106,12 @@ def _emit_erf_numba(k: FloatKind, name: str) -> FunctionBuilder:
     return b
 
 
-register(fn_name("erf", "f32"), lambda t: _emit_erf_f32())
+def _emit_erf_f32_for(target: VmathTarget) -> FunctionBuilder:
+    """float32 erf for ``target``: geode's own form where ``llvm.fmuladd`` is fused (its
+    bound needs the single roundings), else the numba library's (1.06 ulp unfused)."""
+    return _emit_erf_f32() if target.has_fma else _emit_erf_numba(F32, "erf")
+
+
+register(fn_name("erf", "f32"), _emit_erf_f32_for)
 register(fn_name("erf_legacy", "f32"), lambda t: _emit_erf_numba(F32, "erf_legacy"))
 register(fn_name("erf", "f64"), lambda t: _emit_erf_numba(F64, "erf"))

@@ -66,9 +66,13 @@ def loop_ir(
     inlined function. ``vector_width`` is the ``prefer-vector-width`` attribute.
     ``name`` calls that vmath function instead of ``op``'s (same signature, e.g.
     ``geode.vm.erf_legacy.f32`` for A/B measurements); ``features`` replaces the host's
-    CPU feature string (e.g. the host's without AVX-512, to check an AVX2 target)."""
-    target = target or VmathTarget.host()
-    _, cpu, host_features = _host()
+    CPU feature string (e.g. the host's without AVX-512, to check an AVX2 target) and,
+    without ``target``, gives the vmath target."""
+    triple, cpu, host_features = _host()
+    if target is None:
+        target = (
+            VmathTarget.host() if features is None else VmathTarget.from_features(triple, features)
+        )
     features = host_features if features is None else features
     ty = {"float32": "float", "float64": "double"}[dtype]
     size = 4 if dtype == "float32" else 8
