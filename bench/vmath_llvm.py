@@ -8,7 +8,10 @@ CPU, 512-bit vectors on AVX-512), the numba version as a plain ``njit`` loop (ge
 numba's target to prefer 512-bit vectors too). Calls alternate between the two in each
 round (which goes first alternates too); reported are the medians over rounds and their
 ratio. The LLVM loop is called through its bare ctypes function (no argument checks).
-Inputs are uniform in a range where the function does real work.
+Inputs are uniform in a range where the function does real work. Where an op has a
+legacy LLVM form kept for A/B (float32 erf: ``geode.vm.erf_legacy.f32``, the numba
+library's form), it runs in the same rounds and the last column is the new form's
+time over the legacy one's (median of the per-round ratios).
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import numpy as np
 from geode.codegen.backends import vmath as numba_vmath
 from geode.codegen.backends.llvm import vmath
 from geode.codegen.backends.llvm.vmath.harness import compile_loop
+
+#: (op, dtype) -> the vmath function of its legacy form, measured alongside
+LEGACY = {("erf", "float32"): "geode.vm.erf_legacy.f32"}
 
 #: input ranges per op
 RANGES = {
@@ -63,8 +69,9 @@ def _numba_fn(op: str, dtype: str):
     return numba_vmath.VMATH2[key] if key in numba_vmath.VMATH2 else numba_vmath.VMATH[key]
 
 
-def measure(op: str, dtype: str, n: int, rounds: int) -> tuple[float, float]:
-    """Median ns per element of (LLVM, numba)."""
+def measure(op: str, dtype: str, n: int, rounds: int) -> tuple[float, float, float | None]:
+    """Median ns per element of (LLVM, numba) and the median ratio of the LLVM time to
+    its legacy form's (None without one)."""
     rng = np.random.default_rng(0)
     nargs = vmath.arity(op)
     lo, hi = RANGES[op]
@@ -77,14 +84,24 @@ def measure(op: str, dtype: str, n: int, rounds: int) -> tuple[float, float]:
     # the raw ctypes call: CompiledLoop.__call__ checks its arrays (a few microseconds)
     ptrs = [y.ctypes.data, *(x.ctypes.data for x in xs)]
     runs = {"llvm": lambda: llvm_loop.cfunc(*ptrs, n, 1.0), "numba": lambda: nb_loop(xs, y)}
-    times: dict[str, list[float]] = {"llvm": [], "numba": []}
+    if (op, dtype) in LEGACY:
+        old = compile_loop(op, dtype, name=LEGACY[op, dtype])
+        runs["legacy"] = lambda: old.cfunc(*ptrs, n, 1.0)
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(rounds):
-        order = ("llvm", "numba") if r % 2 == 0 else ("numba", "llvm")
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))
         for name in order:
             t0 = time.perf_counter()
             runs[name]()
             times[name].append(time.perf_counter() - t0)
-    return (statistics.median(times["llvm"]) / n * 1e9, statistics.median(times["numba"]) / n * 1e9)
+    vs_legacy = None
+    if "legacy" in times:
+        vs_legacy = statistics.median(a / b for a, b in zip(times["llvm"], times["legacy"]))
+    return (
+        statistics.median(times["llvm"]) / n * 1e9,
+        statistics.median(times["numba"]) / n * 1e9,
+        vs_legacy,
+    )
 
 
 def main() -> None:
@@ -94,11 +111,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=101)
     ap.add_argument("--ops", default=",".join(sorted(vmath.OPS)))
     args = ap.parse_args()
-    print(f"{'op':<18}{'dtype':<9}{'llvm ns/el':>11}{'numba ns/el':>12}{'ratio':>7}")
+    head = f"{'op':<18}{'dtype':<9}{'llvm ns/el':>11}{'numba ns/el':>12}{'ratio':>7}"
+    print(head + f"{'new/legacy':>11}")
     for op in args.ops.split(","):
         for dtype in vmath.DTYPES:
-            t_llvm, t_nb = measure(op, dtype, args.n, args.rounds)
-            print(f"{op:<18}{dtype:<9}{t_llvm:>11.3f}{t_nb:>12.3f}{t_llvm / t_nb:>7.2f}")
+            t_llvm, t_nb, vs_legacy = measure(op, dtype, args.n, args.rounds)
+            legacy = f"{vs_legacy:>11.3f}" if vs_legacy is not None else ""
+            print(f"{op:<18}{dtype:<9}{t_llvm:>11.3f}{t_nb:>12.3f}{t_llvm / t_nb:>7.2f}{legacy}")
 
 
 if __name__ == "__main__":

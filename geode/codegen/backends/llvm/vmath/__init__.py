@@ -3,7 +3,9 @@
 
 The LLVM backend's port of the numba library :mod:`geode.codegen.backends.vmath`: the
 same algorithms, coefficients, special values and accuracy, bit for bit (tested against
-it). Each function is straight-line code (clamps and special cases are ``select``;
+it), except float32 erf on targets with FMA: geode's own cheaper form (:mod:`.erf`; the
+numba one is kept as ``erf_legacy``), so the two backends' float32 erf may differ by an
+ulp. Each function is straight-line code (clamps and special cases are ``select``;
 ``llvm.fmuladd``, ``llvm.fma``, ``llvm.rint``, ``llvm.copysign`` and bit tests), so a
 loop calling it vectorizes once it is inlined.
 

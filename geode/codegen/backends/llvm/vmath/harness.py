@@ -37,14 +37,14 @@ def _host() -> tuple[str, str, str]:
     return llvm.get_process_triple(), llvm.get_host_cpu_name(), features
 
 
-def _host_machine() -> Any:
+def _host_machine(features: str | None = None) -> Any:
     """A new target machine for the host (an MCJIT engine takes ownership of its
-    machine, so each compile gets its own)."""
+    machine, so each compile gets its own), with the host's features or ``features``."""
     import llvmlite.binding as llvm
 
-    triple, cpu, features = _host()
+    triple, cpu, host_features = _host()
     return llvm.Target.from_triple(triple).create_target_machine(
-        cpu=cpu, features=features, opt=3, jit=True
+        cpu=cpu, features=host_features if features is None else features, opt=3, jit=True
     )
 
 
@@ -56,17 +56,27 @@ def loop_ir(
     target: VmathTarget | None = None,
     caller_flags: str | None = None,
     vector_width: int = 512,
+    name: str | None = None,
+    features: str | None = None,
 ) -> str:
     """IR text of a module defining ``void @apply(ptr y, ptr x0, [ptr x1,] i64 n, T s)``:
     ``y[i] = f(x0[i], ...)`` for vmath function ``op``. With ``caller_flags`` (a string of
     fast-math flags, possibly empty) the loop computes ``f(x0[i] * s, ...) * s`` with
     those flags on both multiplies (pass ``s = 1``): caller code with flags around the
-    inlined function. ``vector_width`` is the ``prefer-vector-width`` attribute."""
-    target = target or VmathTarget.host()
-    _, cpu, features = _host()
+    inlined function. ``vector_width`` is the ``prefer-vector-width`` attribute.
+    ``name`` calls that vmath function instead of ``op``'s (same signature, e.g.
+    ``geode.vm.erf_legacy.f32`` for A/B measurements); ``features`` replaces the host's
+    CPU feature string (e.g. the host's without AVX-512, to check an AVX2 target) and,
+    without ``target``, gives the vmath target."""
+    triple, cpu, host_features = _host()
+    if target is None:
+        target = (
+            VmathTarget.host() if features is None else VmathTarget.from_features(triple, features)
+        )
+    features = host_features if features is None else features
     ty = {"float32": "float", "float64": "double"}[dtype]
     size = 4 if dtype == "float32" else 8
-    fn = function_name(op, dtype, ieee)
+    fn = name or function_name(op, dtype, ieee)
     nargs = arity(op)
     lines = [
         "entry:",
@@ -157,6 +167,8 @@ def compile_loop(
     target: VmathTarget | None = None,
     caller_flags: str | None = None,
     vector_width: int = 512,
+    name: str | None = None,
+    features: str | None = None,
 ) -> CompiledLoop:
     """Compile :func:`loop_ir` at O3 for the host (MCJIT); see there for the options."""
     import llvmlite.binding as llvm
@@ -170,8 +182,10 @@ def compile_loop(
         target=target,
         caller_flags=caller_flags,
         vector_width=vector_width,
+        name=name,
+        features=features,
     )
-    tm = _host_machine()
+    tm = _host_machine(features)
     mod = llvm.parse_assembly(text)
     mod.verify()
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
