@@ -176,13 +176,7 @@ def test_odd_steps_items_in_the_other_order_give_the_same_bits(direction, monkey
                     kernels[alternate] = lstm_kernel.__wrapped__(spec)  # not the memo's
                 assert texts[True] != texts[False]
                 for threads in (1, 2, 3):
-                    got = {}
-                    for alternate, kernel in kernels.items():
-                        got[alternate] = [np.full(w.shape, np.nan, np.float32) for w in want]
-                        kernel(*arrays, *got[alternate], threads=threads)
-                    for a, b, w in zip(got[True], got[False], want):
-                        np.testing.assert_array_equal(a, b)
-                        np.testing.assert_allclose(a, w, rtol=TOL["float32"], atol=TOL["float32"])
+                    _assert_same_bits_and_close(kernels, arrays, want, threads)
     finally:
         native.set_num_threads(old)
 
@@ -233,13 +227,7 @@ def test_item_panels_in_one_pass_give_the_same_bits(hidden, batch, seq, threads,
         "LSTM", ins, {"direction": "bidirectional", "layout": 1, "hidden_size": hidden}
     )
     arrays = _given(ins) if packed else [a for a in ins if a is not None]
-    got = {}
-    for together, kernel in kernels.items():
-        got[together] = [np.full(w.shape, np.nan, np.float32) for w in want]
-        kernel(*arrays, *got[together], threads=threads)
-    for a, b, w in zip(got[True], got[False], want):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_allclose(a, w, rtol=TOL["float32"], atol=TOL["float32"])
+    _assert_same_bits_and_close(kernels, arrays, want, threads)
 
 
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
@@ -464,3 +452,16 @@ def test_choice_needs_both_weights_constant() -> None:
     r = g.constant(np.zeros((1, 8, 2), np.float32), name="R2")
     assert choose_lstm_packing(w, r, Options(), 16).packed
     assert "'R' is not a constant" in choose_lstm_packing(w, r_in, Options(), 16).text
+
+
+def _assert_same_bits_and_close(kernels: dict, arrays: list, want: list, threads: int) -> None:
+    """Both kernels of ``kernels`` (keys True / False: a switch on and off) run on
+    ``arrays`` into NaN-filled outputs: the same bits, and within float32's tolerance of
+    the reference ``want``."""
+    got = {}
+    for key, kernel in kernels.items():
+        got[key] = [np.full(w.shape, np.nan, np.float32) for w in want]
+        kernel(*arrays, *got[key], threads=threads)
+    for a, b, w in zip(got[True], got[False], want):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, w, rtol=TOL["float32"], atol=TOL["float32"])
