@@ -119,6 +119,8 @@ def _clone(pg: PanelGraph, node: Node, new: dict[int, Value]) -> Node:
     attrs = dict(node.attrs)
     if node.op_type == "Slice" and not node.domain:  # a column slice: axis 1 here
         ins[3] = pg.graph.constant(np.array([1], dtype=np.int64), name="axes")
+    elif node.op_type == "Split" and not node.domain:  # column pieces: axis 1 here
+        attrs["axis"] = 1
     elif pattern_of(node) is Pattern.REDUCE:  # the last axis of the product is axis 1 here
         if len(ins) > 1 and ins[1] is not None:
             ins[1] = pg.graph.constant(np.array([1], dtype=np.int64), name="axes")

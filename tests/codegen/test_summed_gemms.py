@@ -246,3 +246,110 @@ def test_a_second_gemm_of_another_dense_op_is_no_partner():
     x_ = _rand(5, 8).astype(np.float64)
     want = np.tanh(np.tanh(x_ @ w1) @ w3 + x_ @ w2)
     np.testing.assert_allclose(model(x=x_.astype(np.float32))["z"], want, atol=1e-5)
+
+
+def test_model_file_round_trip(tmp_path):
+    """A saved cell loads as one dense step with the same results (A2 and the packed
+    ``Wx`` among its inputs)."""
+    g, _ = _cell(24, 16, 8)
+    model = _compile(g)
+    f = _feeds(9, 24, 16, 8)
+    want = model(**f)
+    path = tmp_path / "cell.geode"
+    model.save(path)
+    loaded = geode.load(path, session=geode.Session())
+    for name, value in loaded(**f).items():
+        np.testing.assert_array_equal(value, want[name])
+    assert len(loaded.kernels) == 1 and len(_dense(loaded)) == 1
+
+
+def test_the_onnx_cell_on_a_file(tmp_path):
+    """The cell through ONNX (a Gemm with its bias: decomposed into MatMul + Add) is one
+    dense step too."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, hid = 16, 8
+    wx, wh, b = _rand(4 * hid, k), _rand(k, 4 * hid), _rand(4 * hid)
+    nodes = [
+        helper.make_node("Gemm", ["x", "wx", "b"], ["gx"], transB=1),
+        helper.make_node("MatMul", ["h", "wh"], ["gh"]),
+        helper.make_node("Add", ["gx", "gh"], ["gates"]),
+        helper.make_node("Split", ["gates", "split"], ["i", "f", "g", "o"], axis=1),
+        helper.make_node("Sigmoid", ["i"], ["si"]),
+        helper.make_node("Sigmoid", ["f"], ["sf"]),
+        helper.make_node("Tanh", ["g"], ["tg"]),
+        helper.make_node("Sigmoid", ["o"], ["so"]),
+        helper.make_node("Mul", ["sf", "c"], ["fc"]),
+        helper.make_node("Mul", ["si", "tg"], ["ig"]),
+        helper.make_node("Add", ["fc", "ig"], ["c2"]),
+        helper.make_node("Tanh", ["c2"], ["tc"]),
+        helper.make_node("Mul", ["so", "tc"], ["h2"]),
+    ]
+    inits = [
+        numpy_helper.from_array(wx, "wx"),
+        numpy_helper.from_array(wh, "wh"),
+        numpy_helper.from_array(b, "b"),
+        numpy_helper.from_array(np.array([hid] * 4, np.int64), "split"),
+    ]
+    ins = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", d])
+        for n, d in (("x", k), ("h", k), ("c", hid))
+    ]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("h2", "c2")]
+    graph = helper.make_graph(nodes, "cell", ins, outs, inits)
+    path = tmp_path / "cell.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = geode.compile(str(path), session=geode.Session(), model_cache=False)
+    f = _feeds(6, k, k, hid)
+    w = {"wx": wx.T.copy(), "wh": wh, "b": b}
+    got = model(**f)
+    want = _want(w, **f)
+    np.testing.assert_allclose(got["h2"], want[0], atol=_bound(w, f, 2**-24))
+    np.testing.assert_allclose(got["c2"], want[1], atol=_bound(w, f, 2**-24))
+    assert len(model.kernels) == 1, model.explain()
+
+
+def _gru(k: int, hid: int) -> tuple:
+    """A GRU cell as torch writes it: both products with their biases, each split into
+    three gates (``chunk``), the reset gate scaling ``h``'s candidate part."""
+    wi, wh = _rand(k, 3 * hid) / np.float32(4), _rand(hid, 3 * hid) / np.float32(4)
+    bi, bh = _rand(3 * hid), _rand(3 * hid)
+    g = geode.Graph("gru_cell")
+    x = g.input("x", ["B", k], np.float32)
+    h = g.input("h", ["B", hid], np.float32)
+    gi = g.op("Add", g.op("MatMul", x, g.constant(wi, name="wi")), g.constant(bi, name="bi"))
+    gh = g.op("Add", g.op("MatMul", h, g.constant(wh, name="wh")), g.constant(bh, name="bh"))
+    sizes = g.constant(np.array([hid] * 3, np.int64), name="sizes")
+    ir, iz, i_n = g.op("Split", gi, sizes, n_outputs=3, axis=1)
+    hr, hz, h_n = g.op("Split", gh, sizes, n_outputs=3, axis=1)
+    r = g.op("Sigmoid", g.op("Add", ir, hr))
+    z = g.op("Sigmoid", g.op("Add", iz, hz))
+    n = g.op("Tanh", g.op("Add", i_n, g.op("Mul", r, h_n)))
+    one = g.constant(np.float32(1), name="one")
+    g.output(g.op("Add", g.op("Mul", g.op("Sub", one, z), n), g.op("Mul", z, h)), names=["h2"])
+
+    def want(x_, h_):
+        x64, h64 = x_.astype(np.float64), h_.astype(np.float64)
+        a, b = x64 @ wi + bi, h64 @ wh + bh
+        sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+        r_ = sig(a[:, :hid] + b[:, :hid])
+        z_ = sig(a[:, hid : 2 * hid] + b[:, hid : 2 * hid])
+        n_ = np.tanh(a[:, 2 * hid :] + r_ * b[:, 2 * hid :])
+        return (1 - z_) * n_ + z_ * h64
+
+    return g, want
+
+
+@pytest.mark.parametrize("rows", [1, 5, 70])
+def test_a_gru_cell_is_one_dense_step(rows):
+    """Any ``x W + h U`` over the same rows: a GRU cell (Splits, each product with its
+    bias, the reset gate between them) is one dense step with the bits of the GEMMs
+    apart."""
+    g, want = _gru(16, 8)
+    model = _compile(g)
+    assert len(model.kernels) == 1 and len(_dense(model)) == 1, model.explain()
+    x_, h_ = _rand(rows, 16), _rand(rows, 8)
+    got = model(x=x_, h=h_)["h2"]
+    np.testing.assert_allclose(got, want(x_, h_), atol=1e-5)
+    np.testing.assert_array_equal(got, _compile(g, summed_gemms=False)(x=x_, h=h_)["h2"])

@@ -40,7 +40,7 @@ from geode.compiler.fusion.causal import Causal
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.head_views import HeadView
 from geode.compiler.fusion.patterns import reduce_axes
-from geode.compiler.fusion.summed import narrow_width, slice_roles
+from geode.compiler.fusion.summed import narrow_width, slice_roles, split_roles
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpKind
@@ -295,12 +295,13 @@ def _node_roles(
     panel (a narrow epilogue's column Slices: :func:`~geode.compiler.fusion.summed.
     slice_roles`)."""
     rank = len(y.shape)
-    if width is not None and node.op_type == "Slice" and not node.domain:
+    if width is not None and node.op_type in ("Slice", "Split") and not node.domain:
         for v in node.inputs[:1]:
             role = value_role(v, y, batched, width)
             if role is not None:
                 roles[v.name] = role
-        return slice_roles(node, roles, rank, y.shape[-1], width)
+        cut = slice_roles if node.op_type == "Slice" else split_roles
+        return cut(node, roles, rank, y.shape[-1], width)
     why = _node_ok(node, rank)
     if why:
         return why

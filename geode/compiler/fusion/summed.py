@@ -3,7 +3,8 @@ cell: ``gates = x Wx [+ b] + h Wh``, then the gates sliced out of the sum's colu
 
 **Column slices** (a *narrow* epilogue). An epilogue group whose domain is the product
 ``Y [..., N]``'s rows times a constant ``W < N`` columns, reading ``Y`` (or a ``full``
-value) through ``Slice`` nodes of the last axis (constant starts and ends, step 1). Its
+value) through ``Slice`` nodes of the last axis (constant starts and ends, step 1) or a
+``Split`` of it into equal pieces of ``W`` (``torch.chunk``'s export of the gates). Its
 values of the domain's shape have the role ``part`` (``Y``'s rows, ``W`` columns: a panel
 reads its rows); the Slices' starts, ends and axes are ``param`` (constants kept as they
 are). No reductions (the domain is not the product's). Unbatched products only.
@@ -28,7 +29,14 @@ from geode.compiler.fusion.groups import Group
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.shapes import same_dim
 
-__all__ = ["COLUMN_SLICES", "narrow_width", "partner_candidates", "partner_gemm", "slice_roles"]
+__all__ = [
+    "COLUMN_SLICES",
+    "narrow_width",
+    "partner_candidates",
+    "partner_gemm",
+    "slice_roles",
+    "split_roles",
+]
 
 
 #: a switch for measuring: off, no epilogue takes column slices of its product (a module
@@ -98,6 +106,39 @@ def slice_roles(node: Node, roles: dict[str, str], rank: int, n: int, w: int) ->
         if v is not None:
             roles[v.name] = "param"
     roles[node.outputs[0].name] = "part"
+    return None
+
+
+def _split_why(node: Node, rank: int, n: int, w: int) -> str | None:
+    """Why ``node`` (a Split in a narrow epilogue) does not cut a value of ``N`` columns
+    into ``N / W`` pieces of ``W`` along the last axis, or None."""
+    axis = int(node.attrs.get("axis", 0))
+    if axis not in (rank - 1, -1):
+        return f"Split {node.name} does not cut the last axis"
+    sizes = _const_ints(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] else None
+    if sizes is None and "split" in node.attrs:
+        sizes = [int(x) for x in node.attrs["split"]]
+    if sizes is None:
+        sizes = [n // len(node.outputs)] * len(node.outputs) if n % len(node.outputs) == 0 else []
+    if not sizes or any(x != w for x in sizes) or w * len(sizes) != n:
+        return f"Split {node.name} does not cut its {n} columns into pieces of {w}"
+    return None
+
+
+def split_roles(node: Node, roles: dict[str, str], rank: int, n: int, w: int) -> str | None:
+    """Record the roles of a narrow epilogue's Split (its data ``acc`` or ``full``, its
+    sizes ``param``, its results ``part``: ``torch.chunk``'s export of the gates) in
+    ``roles``, or say why it does not qualify."""
+    why = _split_why(node, rank, n, w)
+    if why:
+        return why
+    if roles.get(node.inputs[0].name) not in ("acc", "full"):
+        return f"Split {node.name} does not cut the product or a value of its shape"
+    for v in node.inputs[1:]:
+        if v is not None:
+            roles[v.name] = "param"
+    for o in node.outputs:
+        roles[o.name] = "part"
     return None
 
 
