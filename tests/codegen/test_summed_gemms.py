@@ -353,3 +353,23 @@ def test_a_gru_cell_is_one_dense_step(rows):
     got = model(x=x_, h=h_)["h2"]
     np.testing.assert_allclose(got, want(x_, h_), atol=1e-5)
     np.testing.assert_array_equal(got, _compile(g, summed_gemms=False)(x=x_, h=h_)["h2"])
+
+
+def test_the_sum_also_an_output_is_written_by_the_dense_step():
+    """The gates' sum read outside too (a graph output): still one dense step, which
+    writes its panels of all ``N`` columns beside ``h'`` and ``c'``."""
+    g, w = _cell(24, 16, 8)
+    total = [n for n in g.nodes if n.op_type == "Add"][1]
+    g.output(total.outputs[0], names=["gates"])
+    model = _compile(g)
+    assert [k.kind for k in model.kernels] == ["dense"], model.explain()
+    f = _feeds(70, 24, 16, 8)
+    out = model(**f)
+    x64, h64 = f["x"].astype(np.float64), f["h"].astype(np.float64)
+    np.testing.assert_allclose(
+        out["gates"], x64 @ w["wx"] + w["b"] + h64 @ w["wh"], atol=_bound(w, f, 2**-24)
+    )
+    np.testing.assert_allclose(out["h2"], _want(w, **f)[0], atol=_bound(w, f, 2**-24))
+    off = _compile(g, dense_epilogues=False)(**f)
+    for name in ("gates", "h2", "c2"):
+        np.testing.assert_array_equal(out[name], off[name])
