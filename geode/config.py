@@ -51,6 +51,13 @@ sibling_gemms             GEODE_SIBLING_GEMMS     a fused GEMM epilogue that rea
                                                   per panel too, when both weights are
                                                   packed once and the cost model says it
                                                   pays (reason in explain())
+summed_gemms              GEODE_SUMMED_GEMMS      a fused GEMM epilogue that reads the
+                                                  product of a MatMul of another A of the
+                                                  same rows (an LSTM cell's x Wx + h Wh)
+                                                  computes that product per panel too,
+                                                  when both weights are packed once and
+                                                  the cost model says it pays (same bits;
+                                                  reason in explain())
 residual_epilogues        GEODE_RESIDUAL_EPILOGUES  the residual Add after a fused second
                                                   GEMM is summed into that GEMM's panels,
                                                   and a bias Add before it (a Linear
@@ -210,6 +217,7 @@ class Options:
     backend: str = "llvm"
     dense_epilogues: bool = True
     sibling_gemms: bool = True
+    summed_gemms: bool = True
     residual_epilogues: bool = True
     transposed_operands: bool = True
     row_scale_gemms: bool = True
@@ -249,6 +257,7 @@ class Options:
             "backend": "GEODE_BACKEND",
             "dense_epilogues": "GEODE_DENSE_EPILOGUES",
             "sibling_gemms": "GEODE_SIBLING_GEMMS",
+            "summed_gemms": "GEODE_SUMMED_GEMMS",
             "residual_epilogues": "GEODE_RESIDUAL_EPILOGUES",
             "transposed_operands": "GEODE_TRANSPOSED_OPERANDS",
             "row_scale_gemms": "GEODE_ROW_SCALE_GEMMS",
@@ -311,6 +320,7 @@ _BOOL_OPTIONS = (
     "lazy_compile",
     "dense_epilogues",
     "sibling_gemms",
+    "summed_gemms",
     "residual_epilogues",
     "transposed_operands",
     "row_scale_gemms",

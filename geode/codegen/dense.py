@@ -69,7 +69,7 @@ class PanelGraph:
         the bias and residual Adds)."""
         ep = self.epilogue
         extra = [n for n in (ep.second, ep.bias, ep.residual) if n is not None]
-        sibling = [ep.sibling] if ep.sibling is not None else []
+        sibling = [n for n in (ep.sibling, ep.partner) if n is not None]
         before: list[Node] = []  # the layout nodes of operands read in place, in order
         for x in ("A", "B", "V"):
             if x in ep.views:
@@ -84,13 +84,25 @@ class PanelGraph:
 _PANEL = {"acc": "rc", "full": "rc", "bfull": "rc", "col": "r1", "row": "c", "brow": "c"}
 
 
-def _panel_shape(role: str, acc: Value) -> tuple:
+def _panel_shape(role: str, acc: Value, width: int | None = None) -> tuple:
     rows, cols = acc.shape
+    if role == "part":  # a narrow epilogue's columns (compiler/fusion/summed.py)
+        return (rows, width)
     return tuple({"r": rows, "c": cols, "1": 1}[x] for x in _PANEL.get(role, ""))
 
 
 def _panel_input(pg: PanelGraph, v: Value, role: str, cols: object) -> Value:
     g = pg.graph
+    if role == "param":  # a column Slice's bounds: constants as they are
+        nv = g.constant(np.asarray(v.data), name=v.name, dtype=v.dtype)
+        pg.origin[nv.name] = v
+        pg.roles[nv.name] = role
+        return nv
+    if role == "part":
+        nv = g.input(g.unique_name(v.name), [ROWS, pg.epilogue.width], v.dtype)
+        pg.origin[nv.name] = v
+        pg.roles[nv.name] = role
+        return nv
     if v.is_constant and v.data is not None and role in ("row", "scalar"):
         shape = (-1,) if role == "row" else ()
         nv = g.constant(np.asarray(v.data).reshape(shape), name=v.name, dtype=v.dtype)
@@ -105,7 +117,11 @@ def _panel_input(pg: PanelGraph, v: Value, role: str, cols: object) -> Value:
 def _clone(pg: PanelGraph, node: Node, new: dict[int, Value]) -> Node:
     ins = [None if v is None else new[id(v)] for v in node.inputs]
     attrs = dict(node.attrs)
-    if pattern_of(node) is Pattern.REDUCE:  # the last axis of the product is axis 1 here
+    if node.op_type == "Slice" and not node.domain:  # a column slice: axis 1 here
+        ins[3] = pg.graph.constant(np.array([1], dtype=np.int64), name="axes")
+    elif node.op_type == "Split" and not node.domain:  # column pieces: axis 1 here
+        attrs["axis"] = 1
+    elif pattern_of(node) is Pattern.REDUCE:  # the last axis of the product is axis 1 here
         if len(ins) > 1 and ins[1] is not None:
             ins[1] = pg.graph.constant(np.array([1], dtype=np.int64), name="axes")
         else:
@@ -134,7 +150,7 @@ def panel_graph(ep: Epilogue, model: Graph) -> PanelGraph:
             clone = _clone(pg, node, new)
             nodes.append(clone)
             for old, nv in zip(node.outputs, clone.outputs):
-                want = _panel_shape(ep.roles[old.name], acc)
+                want = _panel_shape(ep.roles[old.name], acc, ep.width)
                 if (
                     nv.shape is None
                     or len(nv.shape) != len(want)
@@ -150,7 +166,8 @@ def panel_graph(ep: Epilogue, model: Graph) -> PanelGraph:
     for o in outs:
         pg.origin[new[id(o)].name] = o
     axes = frozenset({1}) if ep.group.axes else frozenset()
-    pg.group = Group(ep.group.id, nodes, tuple(acc.shape), axes)
+    domain = tuple(acc.shape) if ep.width is None else (acc.shape[0], ep.width)
+    pg.group = Group(ep.group.id, nodes, domain, axes)
     return pg
 
 
@@ -179,24 +196,25 @@ def _arguments(pg: PanelGraph, lowered: LoweredKernel, views: list) -> tuple[lis
     for v, view in zip(lowered.inputs + lowered.outputs, views):
         role = pg.roles[v.name]
         item = v.dtype.itemsize
+        width = pg.epilogue.width if role == "part" else 0
         if role == "acc":
             inner.append(InnerArg(-1, role, item, view))
             continue
         if second is not None and pg.origin[v.name] is second.inputs[0]:
             inner.append(InnerArg(-2, role, item, view))  # the panel the second GEMM reads
             continue
-        sibling = pg.epilogue.sibling
-        if sibling is not None and pg.origin.get(v.name) is sibling.outputs[0]:
-            inner.append(InnerArg(-3, role, item, view))  # the sibling GEMM's panel
+        beside = [n.outputs[0] for n in (pg.epilogue.sibling, pg.epilogue.partner) if n]
+        if any(pg.origin.get(v.name) is u for u in beside):
+            inner.append(InnerArg(-3, role, item, view))  # the sibling's or partner's panel
             continue
         pro = pg.epilogue.prologue
         if pro is not None and pg.origin.get(v.name) is pro.scale:
             inner.append(InnerArg(-4, role, item, view))  # the scale per row, from A's panel
             continue
         model_value = pg.origin[v.name]
-        inner.append(InnerArg(len(values), role, item, view))
+        inner.append(InnerArg(len(values), role, item, view, width))
         values.append(model_value)
-        outer.append(OuterArg(role, len(model_value.shape), item))
+        outer.append(OuterArg(role, len(model_value.shape), item, width))
     return values, outer, inner
 
 
@@ -245,6 +263,7 @@ def dense_module(
         tuple(_layout(pg.epilogue, x, HeadLayout) for x in "ABVO"),
         _in_place(pg, lowered, inner, len(b.shape)),
         _causal(pg, values, inner, packed_n or packed_d, CausalPanels),
+        pg.epilogue.partner is not None,
     )
     return name, dense_ir(spec)
 
@@ -274,6 +293,7 @@ def _in_place(pg: PanelGraph, lowered: LoweredKernel, inner: list, b_rank: int) 
     type, and no ``full`` input but the product."""
     ep = pg.epilogue
     one_gemm = ep.second is None and ep.sibling is None and ep.a_transpose is None
+    one_gemm = one_gemm and ep.partner is None
     if not one_gemm or ep.views or b_rank != 2 or len(lowered.outputs) != 1:
         return -1
     same_place = (OpKind.ELEMENTWISE, OpKind.BROADCAST)  # no Slice, Transpose, reduction
@@ -349,10 +369,10 @@ def dense_kernel(
     packed_d: int = 0,
 ) -> tuple[DenseKernel, list[Value], list[Value]]:
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
-    values of its inputs after ``A`` and ``B`` (a sibling's ``Bu`` packed, ``V``, a
-    residual ``R``, a bias, then the epilogue's) and of its outputs (the epilogue's, then
-    ``O``, or the residual's or the bias ``Add``'s result). ``packed_n > 0``: ``B`` (float32, that many
-    columns) is passed packed once (:mod:`geode.codegen.packed_weights`); ``packed_d > 0``:
+    values of its inputs after ``A`` and ``B`` (a sibling's ``Bu`` packed, or a partner's
+    ``B2`` packed and its ``A2``; ``V``, a residual ``R``, a bias, then the epilogue's) and
+    of its outputs (the epilogue's, then ``O``, or the residual's or the bias ``Add``'s
+    result). ``packed_n > 0``: ``B`` (float32, that many columns) is passed packed once (:mod:`geode.codegen.packed_weights`); ``packed_d > 0``:
     likewise ``V`` (returned packed among the inputs; the caller passes ``B`` packed)."""
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
     from geode.codegen.backends.llvm.dense import link_dense
@@ -383,6 +403,8 @@ def dense_kernel(
     if packed_d and v_in:  # V, packed once
         v_in[0] = packed_value(v_in[0])
     u_in = [packed_value(ep.sibling.inputs[1])] if ep.sibling is not None else []
+    if ep.partner is not None:  # its weight packed once, then its A
+        u_in = [packed_value(ep.partner.inputs[1]), ep.partner.inputs[0]]
     r_in = [_residual_input(ep)] if ep.residual is not None else []
     b_in = [_bias_input(ep)] if ep.bias is not None else []
     ins = u_in + v_in + r_in + b_in + values[:n_ext_in]

@@ -652,6 +652,13 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     nodes = [pg.dense, second]
     job.packed_nodes = tuple(n.name for n, p in zip(nodes, packed) if p and n is not None)
     job.packed_nodes += (sibling.name,) if sibling is not None else ()
+    partner = pg.epilogue.partner
+    if partner is not None:  # taken only with both weights packed once
+        job.weights += (
+            f"; beside it {partner.name}: "
+            + choose_packing(partner.inputs[0], partner.inputs[1], opts).text
+        )
+        job.packed_nodes += (partner.name,)
     job.outputs = outs
     job.interface = NativeKernel(
         name=job.name,

@@ -41,11 +41,13 @@ from geode.compiler.fusion.profit import (
     causal_plan,
     epilogue_plan,
     head_view_plan,
+    partner_plan,
     prologue_plan,
     sibling_plan,
     store_plan,
     transpose_plan,
 )
+from geode.compiler.fusion.summed import partner_candidates, partner_gemm
 from geode.compiler.ir import Graph, Node
 from geode.config import Options
 from geode.costmodel.device import DeviceSpec
@@ -90,11 +92,15 @@ def _legality(
 ) -> Epilogue | str:
     """The epilogue of ``node`` in ``job``'s group, or why not; with ``sibling_gemms``, the
     nodes that read another native MatMul's product of the same ``A`` stay in it (not
-    hoisted), that product a candidate sibling GEMM (:func:`sibling_candidates`)."""
+    hoisted), that product a candidate sibling GEMM (:func:`sibling_candidates`); else
+    with ``summed_gemms`` likewise a MatMul's of another ``A`` of the same rows, a
+    candidate partner GEMM (:func:`partner_candidates`)."""
     ep = epilogue_legality(node, job.group, g)
-    if not isinstance(ep, Epilogue) or not ep.hoisted or not opts.sibling_gemms:
+    if not isinstance(ep, Epilogue) or not ep.hoisted:
         return ep
-    found = sibling_candidates(ep, native)
+    found = sibling_candidates(ep, native) if opts.sibling_gemms else ()
+    if not found and opts.summed_gemms:
+        found = partner_candidates(ep, native)
     if not found:
         return ep
     wide = epilogue_legality(node, job.group, g, found)
@@ -156,6 +162,22 @@ def _sibling(ep: Epilogue, g: Graph, spec: DeviceSpec, native: Callable, opts: O
     take, why = sibling_plan(ep.dense, found, spec)
     if take:
         ep.sibling = found
+    return why if take else f"{found.name} apart: {why}"
+
+
+def _partner(ep: Epilogue, g: Graph, spec: DeviceSpec, native: Callable, opts: Options) -> str:
+    """Attach the epilogue's partner GEMM (another ``A`` of the same rows) when legal and
+    paying; returns the decision's text ("" when no other MatMul's product is a
+    candidate)."""
+    found = partner_gemm(ep, g, native)
+    if isinstance(found, str):
+        none = found.startswith("no full input") or found == "the product is batched"
+        return "" if none else f"no partner GEMM: {found}"
+    if not (_packed(None, ep.dense, opts) and _packed(None, found, opts)):
+        return f"{found.name} apart: a partner GEMM needs both weights packed once"
+    take, why = partner_plan(ep.dense, found, spec)
+    if take:
+        ep.partner = found
     return why if take else f"{found.name} apart: {why}"
 
 
@@ -377,6 +399,8 @@ def _decide(
     if isinstance(second, Node):
         ep.second = second
     sibling = _sibling(ep, g, spec, native, opts) if opts.sibling_gemms else ""
+    if ep.second is None and ep.sibling is None and opts.summed_gemms:
+        sibling = "; ".join(x for x in (sibling, _partner(ep, g, spec, native, opts)) if x)
     causal = _causal(ep) if ep.second is not None and ep.batched else ""
     _, why = epilogue_plan(node, spec, ep.second)
     try:
@@ -385,6 +409,8 @@ def _decide(
         return str(exc)
     job.group = job.panel.group
     ep.reason = why if ep.second is None else f"{why}; then {ep.second.name} per panel"
+    if ep.width is not None:
+        ep.reason += f"; elementwise on {ep.width}-column slices of the product"
     if sibling:
         ep.reason += f"; {sibling}"
     if causal:
@@ -440,7 +466,10 @@ def attach_epilogues(
             )
             _restore(views.get(item.name, {}), item, before, after, plan)
             continue
-        ep = _decide(item, job, g, spec, native, opts, views.get(item.name))
+        # a MatMul another dense op already runs (its own, a second, a sibling, a
+        # partner) is no candidate for this one's
+        free = lambda n, taken=frozenset(dropped): native(n) and n.name not in taken  # noqa: E731
+        ep = _decide(item, job, g, spec, free, opts, views.get(item.name))
         if isinstance(ep, str):
             plan.epilogues.append(f"{item.name}: keep apart from group {job.group.id}: {ep}")
             _restore(views.get(item.name, {}), item, before, after, plan)
@@ -460,9 +489,10 @@ def attach_epilogues(
         plan.unfused.pop(item.name, None)
         if ep.hoisted:
             pre[id(job)] = _hoisted_job(ep, job, plan, g)
-        if ep.sibling is not None:
-            dropped.add(ep.sibling.name)
-            plan.unfused.pop(ep.sibling.name, None)
+        for beside in (ep.sibling, ep.partner):
+            if beside is not None:
+                dropped.add(beside.name)
+                plan.unfused.pop(beside.name, None)
         if ep.second is not None:
             dropped.add(ep.second.name)
             plan.unfused.pop(ep.second.name, None)

@@ -350,7 +350,7 @@ class Executor:
         layout. The arena is grown here when the binding needs more."""
         layout = rec.layout
         if layout is None:
-            return None
+            return self._unplanned_outputs(rec)
         if rec.generation == self.arena.generation:
             return rec.prepared
         try:
@@ -368,6 +368,20 @@ class Executor:
         env = rec.env
         rec.prepared = [self._buffers(step, layout, env) for step in self.plan.steps]
         rec.generation = self.arena.generation
+        return rec.prepared
+
+    def _unplanned_outputs(self, rec: _Binding) -> list[list] | None:
+        """The steps' output buffers of a plan without arena buffers (its only values the
+        model's inputs and outputs: a fused LSTM cell), built once per binding like
+        :meth:`_step_outputs`' (no arena: they stay valid); None when a plan has arena
+        buffers but no layout, or an output's shape needs a symbol bound at run time."""
+        if self.plan.arena_slots:
+            return None
+        if rec.prepared is None and rec.generation != -2:
+            try:
+                rec.prepared = [self._buffers(step, None, rec.env) for step in self.plan.steps]
+            except (KeyError, NameError, GeodeError):
+                rec.generation = -2  # not for this binding: each run makes its own
         return rec.prepared
 
     def _buffers(self, step: Any, layout: Any, env: dict[str, int]) -> list:

@@ -118,9 +118,20 @@ def test_reduce_chain_is_one_kernel():
         np.testing.assert_allclose(model(x=x)["y"], ex.numpy(x=x)["y"], rtol=1e-4, atol=1e-3)
 
 
-def test_lstm_cell_is_matmuls_plus_one_kernel():
+def test_lstm_cell_is_one_dense_step():
+    """Both GEMMs and the gates in one dense step (the gates on column pieces of one
+    product's panels, the other product computed beside it: tests/codegen/
+    test_summed_gemms.py); without dense epilogues, the MatMuls plus one kernel."""
     ex = examples.lstm_cell(input_size=16, hidden=32)
     model = geode.compile(ex.graph)
+    assert [k.kind for k in model.kernels] == ["dense"], model.explain()
+    assert [n.op_type for n in model.kernels[0].ops][:2] == ["MatMul", "MatMul"]
+    run_sizes(model, ex)
+
+
+def test_lstm_cell_is_matmuls_plus_one_kernel():
+    ex = examples.lstm_cell(input_size=16, hidden=32)
+    model = geode.compile(ex.graph, dense_epilogues=False)
     kinds = sorted((k.kind, tuple(sorted({n.op_type for n in k.ops}))) for k in model.kernels)
     native = [k for k in model.kernels if k.kind == "fused"]
     assert len(native) == 1, model.explain()

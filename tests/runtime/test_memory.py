@@ -260,3 +260,26 @@ def test_executor_reuses_prepared_buffers_per_binding():
     model(x=rng.standard_normal((4096, 32), dtype=np.float32))  # the arena must grow
     assert runner.arena.generation > generation
     assert runner.prepared_bindings() == 1  # only views of the new buffer are kept
+
+
+def test_executor_prepares_outputs_of_a_plan_without_arena_buffers():
+    """A plan whose only values are the model's inputs and outputs (one fused step: no
+    arena buffer) prepares its output buffers once per binding too, and still hands out
+    a new array on every call."""
+    g = geode.Graph("one_step")
+    x = g.input("x", ["N", 8], np.float32)
+    g.output(g.op("Tanh", g.op("Mul", x, x)), names=["y"])
+    model = geode.compile(g, session=geode.Session(), model_cache=False)
+    runner = model._executor()
+    assert not runner.plan.arena_slots
+    rng = np.random.default_rng(1)
+    previous = None
+    for n in (3, 5, 3, 0, 5):
+        a = rng.standard_normal((n, 8), dtype=np.float32)
+        got = model(x=a)["y"]
+        np.testing.assert_allclose(got, np.tanh(a * a), rtol=1e-6, atol=1e-6)
+        if previous is not None:
+            assert not np.shares_memory(got, previous[0])
+            np.testing.assert_array_equal(previous[0], previous[1])
+        previous = (got, got.copy())
+    assert runner.prepared_bindings() >= 1

@@ -40,6 +40,7 @@ from geode.compiler.fusion.causal import Causal
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.head_views import HeadView
 from geode.compiler.fusion.patterns import reduce_axes
+from geode.compiler.fusion.summed import narrow_width, slice_roles, split_roles
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpKind
@@ -110,6 +111,13 @@ class Epilogue:
     #: a proven causal mask: each panel of rows computes only the key columns it sees
     #: (:mod:`geode.compiler.fusion.causal`), or None
     causal: Causal | None = None
+    #: a narrow epilogue's domain width (column slices of the product,
+    #: :mod:`geode.compiler.fusion.summed`), or None: the product's width
+    width: int | None = None
+    #: a MatMul of another ``A`` of the same rows whose product the epilogue reads,
+    #: computed per panel beside the product (:func:`~geode.compiler.fusion.summed.
+    #: partner_gemm`), or None
+    partner: Node | None = None
 
     @property
     def a_value(self) -> Value:
@@ -137,14 +145,17 @@ def _batch_broadcast(shape: tuple, ys: tuple, rows: object) -> bool:
     return all(same_dim(a, b) or same_dim(a, 1) for a, b in batch)
 
 
-def value_role(v: Value, y: Value, batched: bool = False) -> str | None:
+def value_role(v: Value, y: Value, batched: bool = False, width: int | None = None) -> str | None:
     """``v``'s role with respect to the product ``y`` (see the module docstring); ``brow``
-    only for a batched product."""
+    only for a batched product; ``part`` (``y``'s rows, ``width`` columns) only in a narrow
+    epilogue (:mod:`geode.compiler.fusion.summed`)."""
     if v is y:
         return "acc"
     if v.shape is None or y.shape is None:
         return None
     shape, ys = tuple(v.shape), tuple(y.shape)
+    if width is not None and _is_part(shape, ys, width):
+        return "part"
     if len(shape) == len(ys) and all(same_dim(a, b) for a, b in zip(shape, ys)):
         return "full"
     if (
@@ -166,6 +177,15 @@ def value_role(v: Value, y: Value, batched: bool = False) -> str | None:
     if batched and _batch_broadcast(shape, ys, ys[-2]):
         return "bfull"
     return None
+
+
+def _is_part(shape: tuple, ys: tuple, width: int) -> bool:
+    """``shape`` is ``ys``'s leading dims, then ``width`` columns."""
+    return (
+        len(shape) == len(ys)
+        and same_dim(shape[-1], width)
+        and all(same_dim(a, b) for a, b in zip(shape[:-1], ys[:-1]))
+    )
 
 
 def _node_ok(node: Node, rank: int) -> str | None:
@@ -238,8 +258,9 @@ def epilogue_legality(
     if any(c.name not in names for c in y.consumers):
         return "the product is read outside the group"
     rank = len(y.shape)
-    if len(group.domain) != rank or not all(same_dim(a, b) for a, b in zip(group.domain, y.shape)):
-        return "the group's domain is not the product's shape"
+    width = narrow_width(group, y, batched)
+    if isinstance(width, str):
+        return width
     if group.levels:
         return "the group is a reduce tree"
     if group.branches:
@@ -255,21 +276,43 @@ def epilogue_legality(
             return why
     kept = [n for n in group.nodes if n not in hoisted]
     for node in kept:
-        why = _node_ok(node, rank)
+        why = _node_roles(node, roles, y, batched, width)
         if why:
             return why
-        for v in [*node.inputs, *node.outputs]:
-            if v is None:
-                continue
-            role = value_role(v, y, batched)
-            if role is None:
-                return f"value {v.name} of shape {list(v.shape or [])} has no per-panel role"
-            roles[v.name] = role
     if "acc" not in roles.values():
         return "the group does not read the product"
     sub = Group(group.id, kept, group.domain, group.axes)
     why = "per-panel epilogue: elementwise and row reductions"
-    return Epilogue(dense, sub, roles, why, hoisted)
+    if width is not None:
+        why = f"per-panel epilogue: elementwise on {width}-column slices of the product"
+    return Epilogue(dense, sub, roles, why, hoisted, width=width)
+
+
+def _node_roles(
+    node: Node, roles: dict[str, str], y: Value, batched: bool, width: int | None
+) -> str | None:
+    """Record the roles of ``node``'s values in ``roles``, or say why it cannot run per
+    panel (a narrow epilogue's column Slices: :func:`~geode.compiler.fusion.summed.
+    slice_roles`)."""
+    rank = len(y.shape)
+    if width is not None and node.op_type in ("Slice", "Split") and not node.domain:
+        for v in node.inputs[:1]:
+            role = value_role(v, y, batched, width)
+            if role is not None:
+                roles[v.name] = role
+        cut = slice_roles if node.op_type == "Slice" else split_roles
+        return cut(node, roles, rank, y.shape[-1], width)
+    why = _node_ok(node, rank)
+    if why:
+        return why
+    for v in [*node.inputs, *node.outputs]:
+        if v is None:
+            continue
+        role = value_role(v, y, batched, width)
+        if role is None:
+            return f"value {v.name} of shape {list(v.shape or [])} has no per-panel role"
+        roles[v.name] = role
+    return None
 
 
 def second_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:
@@ -477,6 +520,8 @@ def transposed_a(ep: Epilogue, graph: Graph) -> Node | str:
         return "the product is batched"
     if ep.sibling is not None:
         return "a sibling GEMM reads A too"
+    if ep.partner is not None:
+        return "a partner GEMM is computed beside it"
     if x.dtype != a.dtype:
         return "the Transpose changes the type"
     return t

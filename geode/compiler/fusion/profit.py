@@ -319,6 +319,23 @@ def sibling_plan(dense: Node, sibling: Node, spec: DeviceSpec) -> tuple[bool, st
     return d.take, f"{sibling.name} per panel beside {dense.name}: {d.reason}"
 
 
+def partner_plan(dense: Node, partner: Node, spec: DeviceSpec) -> tuple[bool, str]:
+    """Whether computing ``partner``'s product (a MatMul of another ``A`` of the same rows,
+    :func:`geode.compiler.fusion.summed.partner_gemm`) per panel beside ``dense``'s pays,
+    and why, by the SOL model: apart, the partner's GEMM writes its product and the
+    epilogue reads it back, a launch of its own; fused, its GEMM runs in the panel (the
+    same multiply-adds and reads of its ``A`` and weight)."""
+    u, a, w = partner.outputs[0], partner.inputs[0], partner.inputs[1]
+    flops = 2.0 * numel(u) * _dim(w, -2)
+    gemm = KernelWork(bytes_read=nbytes(a) + nbytes(w), bytes_written=nbytes(u), flops=flops)
+    readback = KernelWork(bytes_read=nbytes(u), bytes_written=0.0, flops=0.0, n_kernels=0)
+    fused = KernelWork(
+        bytes_read=nbytes(a) + nbytes(w), bytes_written=0.0, flops=flops, n_kernels=0
+    )
+    d = decide_merge([gemm, readback], fused, spec)
+    return d.take, f"{partner.name} per panel beside {dense.name} (its own A): {d.reason}"
+
+
 def store_plan(second: Node, adds: list[Node], spec: DeviceSpec) -> tuple[bool, str]:
     """Whether the ``adds`` after the ``second`` MatMul (a bias ``Add``, then a residual
     ``Add``, or one of them; :func:`geode.compiler.fusion.epilogue.store_adds`) pay as

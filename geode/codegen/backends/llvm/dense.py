@@ -10,7 +10,7 @@ the product nor the epilogue's result goes to memory.
 
 Entry (the kernels' ABI, :mod:`~geode.codegen.backends.llvm.emit`)::
 
-    i32 @D(ptrs, recs, ints)   ; ptrs: A, B, [Bu], [V], [R], [bias], the epilogue's
+    i32 @D(ptrs, recs, ints)   ; ptrs: A, B, [Bu | B2, A2], [V], [R], [bias], the epilogue's
                                ;       inputs, its outputs, [O]
                                ; ints: the thread count (0: the pool's)
 
@@ -40,12 +40,14 @@ and the epilogue threading each. Each panel::
                                         a value per row, an epilogue input)
     S = A_t[p0:p0+rows] @ B_t          (scratch; zeros when K or N is 0)
     U = A[p0:p0+rows] @ Bu              (with a sibling GEMM: scratch, an epilogue input)
+    U = A2[p0:p0+rows] @ B2             (with a partner GEMM instead: likewise)
     epilogue(S, its inputs' panels)     (writes its outputs' panels; with V: into scratch P)
     O_t[p0:p0+rows] = P @ V_t           (with V; with a bias: + bias; with a residual R:
                                          then + R's panel)
 
 A sibling GEMM (``DenseSpec.sibling``: a gated MLP's up beside its gate, ``Bu`` packed
-once like ``B``), a residual (``DenseSpec.residual``: O's panel starts as R's, the
+once like ``B``), a partner GEMM (``DenseSpec.partner``: an LSTM cell's ``x Wx`` beside
+``h Wh``, ``B2`` packed once, ``A2`` of ``A``'s rows and its own depth ``K2``), a residual (``DenseSpec.residual``: O's panel starts as R's, the
 packed GEMM adds its sums with beta 1, the bits of adding after) and a bias
 (``DenseSpec.bias_rank``: ``D`` floats the packed GEMM adds to each sum before R, the bits
 of a Linear layer's bias ``Add`` after the product) need the packed-weight GEMM.
@@ -170,9 +172,11 @@ class CausalPanels:
 class OuterArg:
     """An epilogue argument of the entry (after ``A``, ``B``, ``V``): role, rank, item size."""
 
-    role: str  # full | col | row | brow | bfull | scalar
+    role: str  # full | col | row | brow | bfull | scalar | part
     rank: int
     itemsize: int
+    #: a ``part`` argument's columns (a narrow epilogue's: ``Y``'s rows, this many columns)
+    width: int = 0
 
 
 @dataclass(frozen=True)
@@ -183,9 +187,11 @@ class InnerArg:
     shape that the kernel merges (None: its own shape)."""
 
     source: int
-    role: str  # acc | full | col | row | brow | scalar
+    role: str  # acc | full | col | row | brow | scalar | part
     itemsize: int
     view: tuple[int, ...] | None = None
+    #: a ``part`` argument's columns
+    width: int = 0
 
 
 @dataclass(frozen=True)
@@ -234,6 +240,10 @@ class DenseSpec:
     in_place: int = -1
     #: causal attention: only the key columns a panel's rows see (:class:`CausalPanels`)
     causal: CausalPanels | None = None
+    #: a partner GEMM: ``U = A2 @ B2`` per panel beside the product, ``B2`` (after ``B``)
+    #: a float32 weight of ``packed_n`` columns packed once, then ``A2`` (``A``'s rank and
+    #: rows, its own depth ``K2``); its panel is an epilogue input (unbatched)
+    partner: bool = False
 
     @property
     def batch(self) -> int:
@@ -250,9 +260,20 @@ class DenseSpec:
         return 2
 
     @property
+    def a2_at(self) -> int:
+        """Index of a partner GEMM's ``A2`` in ``ptrs`` (with one)."""
+        return 3
+
+    @property
     def v_at(self) -> int:
         """Index of ``V`` in ``ptrs`` (with a second GEMM)."""
-        return 2 + int(self.sibling)
+        return 2 + int(self.sibling) + 2 * int(self.partner)
+
+    @property
+    def partner_at(self) -> int:
+        """Index in the ctx of a partner's ``A2`` pointer, then its ``K2`` (after the
+        epilogue's pointers; unbatched: no brow dims)."""
+        return self.ext_at + len(self.outer)
 
     @property
     def r_at(self) -> int:
@@ -277,7 +298,7 @@ class DenseSpec:
     @property
     def first_ext(self) -> int:
         """Index of the first epilogue argument in ``ptrs``."""
-        base = 2 + int(self.sibling) + (1 if self.v_rank else 0)
+        base = 2 + int(self.sibling) + 2 * int(self.partner) + (1 if self.v_rank else 0)
         return base + int(self.residual) + int(self.bias_rank > 0)
 
 
@@ -299,7 +320,8 @@ def _ranks(sp: DenseSpec) -> list[int]:
     b_rank = 3 if sp.packed_n else sp.record_rank(1, sp.b_rank)
     v_rank = 3 if sp.packed_d else sp.record_rank(2, sp.v_rank)
     a_rank = sp.record_rank(0, sp.a_rank)
-    ranks = [a_rank, b_rank] + ([3] if sp.sibling else []) + ([v_rank] if sp.v_rank else [])
+    ranks = [a_rank, b_rank] + ([3] if sp.sibling else []) + ([3, a_rank] if sp.partner else [])
+    ranks += [v_rank] if sp.v_rank else []
     ranks += [sp.y_rank] if sp.residual else []
     ranks += [sp.bias_rank] if sp.bias_rank else []
     ranks += [o.rank for o in sp.outer]
@@ -348,6 +370,8 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
         if sp.sibling:
             w.check(packed_check(w, recs[sp.u_at], k, sp.packed_n), sp.u_at + 1)
         s = {"K": k, "N": str(sp.packed_n), "D": "0"}
+        if sp.partner:
+            s["K2"] = _partner_shape(w, sp, recs, ad, item)
     else:
         b_rank = sp.record_rank(1, sp.b_rank)
         w.check(w.all_of([w.eq(b_nd, b_rank), w.eq(b_it, item), w.eq(bd[-2], k), *b_ok]), 2)
@@ -378,6 +402,17 @@ def _shape(w: SsaWriter, sp: DenseSpec, recs: list, item: int) -> dict:
     return s
 
 
+def _partner_shape(w: SsaWriter, sp: DenseSpec, recs: list, ad: list[str], item: int) -> str:
+    """Check a partner GEMM's ``A2`` (``A``'s rank and rows) and packed ``B2`` (``K2`` rows,
+    ``N`` columns); returns ``K2``."""
+    nd, it, dims = recs[sp.a2_at]
+    conds = [w.eq(nd, sp.a_rank), w.eq(it, item)]
+    conds += [w.eq(x, y) for x, y in zip(dims[:-1], ad[:-1])]
+    w.check(w.all_of(conds), sp.a2_at + 1)
+    w.check(packed_check(w, recs[sp.u_at], dims[-1], sp.packed_n), sp.u_at + 1)
+    return dims[-1]
+
+
 def _check_ext(w: SsaWriter, sp: DenseSpec, recs: list, s: dict, item: int) -> list[list[str]]:
     """Check every epilogue argument (and O, and R) against its role; returns each brow
     argument's batch dims."""
@@ -393,7 +428,10 @@ def _check_ext(w: SsaWriter, sp: DenseSpec, recs: list, s: dict, item: int) -> l
     base = sp.first_ext
     for i, (arg, (nd, its, dims)) in enumerate(zip(sp.outer, recs[base:])):
         conds = [w.eq(nd, arg.rank), w.eq(its, arg.itemsize)]
-        if arg.role in ("brow", "bfull"):
+        if arg.role == "part":  # Y's rows, arg.width columns
+            conds += [w.eq(w.product(dims), w.op("mul", sizes["col"], arg.width))]
+            conds.append(w.eq(dims[-1], arg.width))
+        elif arg.role in ("brow", "bfull"):
             second_last = 1 if arg.role == "brow" else s["M"]
             conds += [w.eq(dims[-1], s["N"]), w.eq(dims[-2], second_last)]
             bdims = _aligned(dims, sp.batch)
@@ -525,7 +563,8 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     n_ptr = sp.first_ext + len(sp.outer) + (1 if sp.v_rank else 0)
     ptrs = [w.word("%ptrs", i, "ptr") for i in range(n_ptr)]
     nb = sp.batch
-    ctx = w.tmp(f"alloca [{sp.ext_at + len(sp.outer) + nb * len(brows)} x i64]")
+    n_ctx = sp.ext_at + len(sp.outer) + nb * len(brows) + (2 if sp.partner else 0)
+    ctx = w.tmp(f"alloca [{n_ctx} x i64]")
     as_int = [w.tmp(f"ptrtoint ptr {p} to i64") for p in ptrs]
     v = as_int[sp.v_at] if sp.v_rank else "0"
     o = as_int[-1] if sp.v_rank else "0"
@@ -545,7 +584,8 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     inner_threads = w.tmp(f"select i1 {par}, i64 1, i64 {threads}")
     fixed = [as_int[0], as_int[1], v, o, s["M"], s["N"], s["K"], s["D"], s["T"], mb, panels]
     fixed += [inner_threads, "0"]
-    fixed += [as_int[sp.u_at] if sp.sibling else "0", as_int[sp.r_at] if sp.residual else "0"]
+    u = as_int[sp.u_at] if sp.sibling or sp.partner else "0"
+    fixed += [u, as_int[sp.r_at] if sp.residual else "0"]
     fixed += [as_int[sp.bias_at] if sp.bias_rank else "0", s["AR"]]
     for i in range(nb):
         fixed += [s["yb"][i], s["ab"][i], s["bb"][i], s["vb"][i] if s["vb"] else "1"]
@@ -556,6 +596,7 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     words = fixed
     words += as_int[sp.first_ext : sp.first_ext + len(sp.outer)]
     words += [d for dims in brows for d in dims]
+    words += [as_int[sp.a2_at], s["K2"]] if sp.partner else []
     for i, x in enumerate(words):
         w.put(ctx, i, x)
     w.emit(f"  br i1 {par}, label %par, label %serial")
@@ -630,6 +671,8 @@ def _inner_dims(w: SsaWriter, arg: InnerArg, rows: str, n: str) -> list[str]:
     """The epilogue argument's record dims for a panel: its 2-D shape by role, with the
     dims its view merges multiplied."""
     two = {"col": [rows, "1"], "row": [n], "brow": [n], "scalar": []}.get(arg.role, [rows, n])
+    if arg.role == "part":
+        two = [rows, str(arg.width)]
     if arg.view is None:
         return two
     bounds = [*arg.view, len(two)]
@@ -659,6 +702,8 @@ def _epilogue_args(w: SsaWriter, sp: DenseSpec, v: dict[str, str], off: dict[str
                 row = w.op("add", w.op("mul", off[f"r{brow}"], v["M"]), v["p0"])
                 elems = w.op("mul", row, v["N"])
                 brow += 1
+            elif outer.role == "part":  # a narrow epilogue's columns: r0 rows of width
+                elems = w.op("mul", v["r0"], outer.width)
             else:
                 elems = {"full": v["r0n"], "col": v["r0"]}.get(outer.role, "0")
             byte = w.tmp(f"mul i64 {elems}, {arg.itemsize}")
@@ -731,7 +776,8 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     if sp.in_place >= 0:
         v["s1"] = _in_place_panel(w, sp, v, ptr["A"], item)
     v["s2"] = w.tmp(f"call ptr @geode_scratch(i64 1, i64 {size})") if sp.v_rank else "null"
-    v["s3"] = w.tmp(f"call ptr @geode_scratch(i64 3, i64 {size})") if sp.sibling else "null"
+    beside = sp.sibling or sp.partner
+    v["s3"] = w.tmp(f"call ptr @geode_scratch(i64 3, i64 {size})") if beside else "null"
     rms = sp.rms_eps is not None
     v["s4"] = "null"
     if sp.causal is not None:  # the panel's mask, in slot 2 (no RMSNorm prologue here)
@@ -744,7 +790,7 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
         col = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {col}, 64')}, i64 64, i64 {col}")
         v["s4"] = w.tmp(f"call ptr @geode_scratch(i64 2, i64 {col})")
     ok = w.tmp(f"icmp ne ptr {v['s1']}, null")
-    for x, there in (("s2", sp.v_rank), ("s3", sp.sibling), ("s4", rms)):
+    for x, there in (("s2", sp.v_rank), ("s3", beside), ("s4", rms)):
         if there:
             ok = w.op("and", ok, w.op("icmp ne", v[x], "null", "ptr"), "i1")
     w.emit(f"  br i1 {ok}, label %mem, label %nomem")
@@ -760,7 +806,7 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     w.label("zero")
     for x in ("s1", "s3") if sp.sibling else ("s1",):
         w.emit(f"  call void @llvm.memset.p0.i64(ptr {v[x]}, i8 0, i64 {panel}, i1 false)")
-    w.emit("  br label %epi")
+    w.emit(f"  br label %{'part' if sp.partner else 'epi'}")
     w.label("gemm")
     ops = [(pa, v["lda"]), (pb, v["ldb"]), (v["s1"], v["NV"])]
     if sp.a_trans:  # A's rows are X's columns: X's matrix K x R, from row p0 (unbatched)
@@ -776,7 +822,9 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
         trans_b = sp.layouts[1] is not None and sp.layouts[1].transposed
         cols = v["NV"]
         w.emit(gemm_call(sp.dtype, v["rows"], cols, v["K"], ops, v["threads"], "0.0", trans_b))
-    w.emit("  br label %epi")
+    w.emit(f"  br label %{'part' if sp.partner else 'epi'}")
+    if sp.partner:
+        _partner_panel(w, sp, v, ptr, panel)
     w.label("epi")
     _epilogue_args(w, sp, v, off)
     st = w.tmp(f"call i32 @{sp.epilogue}(ptr {v['iptrs']}, ptr {v['irecs']}, ptr {v['iints']})")
@@ -789,6 +837,24 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     w.emit("  ret void")
     head = [f"define internal void @{sp.name}.chunk(ptr %ctx, i64 %c, i64 %n) {{", "entry:"]
     return head + w.lines + ["}"]
+
+
+def _partner_panel(w: SsaWriter, sp: DenseSpec, v: dict, ptr: dict, panel: str) -> None:
+    """A partner GEMM's panel ``A2[p0:p0+rows] @ B2`` into scratch slot 3 (zeros when
+    ``K2`` or ``N`` is 0), then on to the epilogue."""
+    w.label("part")
+    a2 = w.tmp(f"inttoptr i64 {w.word('%ctx', sp.partner_at)} to ptr")
+    k2 = w.word("%ctx", sp.partner_at + 1)
+    skip = w.tmp(f"or i1 {w.eq(k2, 0)}, {w.eq(v['N'], 0)}")
+    w.emit(f"  br i1 {skip}, label %pzero, label %pgemm")
+    w.label("pzero")
+    w.emit(f"  call void @llvm.memset.p0.i64(ptr {v['s3']}, i8 0, i64 {panel}, i1 false)")
+    w.emit("  br label %epi")
+    w.label("pgemm")
+    pa2 = w.tmp(f"getelementptr inbounds float, ptr {a2}, i64 {w.op('mul', v['p0'], k2)}")
+    ops = [(pa2, k2), (ptr["U"], "0"), (v["s3"], v["N"])]
+    w.emit(packed_call(v["rows"], v["N"], k2, ops, v["threads"]))
+    w.emit("  br label %epi")
 
 
 def _visible(w: SsaWriter, sp: DenseSpec, v: dict) -> str:
@@ -983,6 +1049,8 @@ def _in_place_ok(sp: DenseSpec) -> bool:
     only writes, with one GEMM, unbatched, ``A`` in place."""
     if sp.in_place >= len(sp.outer) or sp.v_rank or sp.sibling or sp.batch or sp.a_trans:
         return False
+    if sp.partner:
+        return False
     out = sp.outer[sp.in_place]
     reads = [a for a in sp.inner if a.source == sp.in_place]
     return out.role == "full" and out.itemsize == TYPES[sp.dtype][2] and len(reads) == 1
@@ -991,6 +1059,8 @@ def _in_place_ok(sp: DenseSpec) -> bool:
 def dense_ir(sp: DenseSpec) -> str:
     """The entry's module (see the module docstring)."""
     item = TYPES[sp.dtype][2]
+    if sp.partner and (not sp.packed_n or sp.sibling or sp.batch or sp.v_rank or sp.a_trans):
+        raise CodegenError(f"{sp.name}: a partner GEMM needs B packed once, one GEMM, unbatched")
     if sp.a_trans and (not sp.packed_n or sp.sibling or sp.batch):
         raise CodegenError(f"{sp.name}: A read transposed needs B packed once, unbatched")
     if sp.rms_eps is not None and (sp.a_trans or sp.batch):
