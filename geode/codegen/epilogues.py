@@ -37,10 +37,12 @@ from geode.compiler.fusion.head_views import (
     remaining_groups,
     result_view,
 )
+from geode.compiler.fusion.online import online_legality
 from geode.compiler.fusion.profit import (
     causal_plan,
     epilogue_plan,
     head_view_plan,
+    online_plan,
     prologue_plan,
     sibling_plan,
     store_plan,
@@ -389,6 +391,8 @@ def _decide(
         ep.reason += f"; {sibling}"
     if causal:
         ep.reason += f"; {causal}"
+    if ep.second is not None and ep.batched and ep.causal is None:
+        ep.reason += f"; {_online(ep, spec)}"
     for x in "ABVO":
         if x in ep.views:
             ep.reason += f"; {ep.views[x].describe()}"
@@ -410,6 +414,22 @@ def _causal(ep: Epilogue) -> str:
         return f"{found.describe()}; all key columns: {why}"
     ep.causal = found
     return f"{found.describe()}: {why}"
+
+
+def _online(ep: Epilogue, spec: DeviceSpec) -> str:
+    """The key-tiled (online) softmax's decision for a non-causal attention ``ep``
+    (:func:`~geode.compiler.fusion.online.online_legality`, then
+    :func:`~geode.compiler.fusion.profit.online_plan`), as text. The key-tiled kernel is
+    not built yet (issue 38): every attention keeps its row panels; the text says which
+    would take the key-tiled form and why."""
+    assert ep.second is not None
+    found = online_legality(ep.group.nodes, ep.roles, ep.dense.outputs[0], ep.second.inputs[0])
+    if isinstance(found, str):
+        return f"row panels, not key-tiled: {found}"
+    pays, why = online_plan(ep.dense, ep.second, spec)
+    if not pays:
+        return f"{found.describe()}; row panels: {why}"
+    return f"{found.describe()}; would pay ({why}); row panels: no key-tiled kernel yet"
 
 
 def attach_epilogues(

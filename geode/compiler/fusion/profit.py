@@ -471,3 +471,39 @@ def causal_plan(dense: Node, offset: int) -> tuple[bool, str]:
     return True, (
         f"panels of {CAUSAL_ROWS} query rows compute {frac:.0%} of the scores and of P @ V"
     )
+
+
+#: the key-tiled (online-softmax) attention's nominal blocks: query rows per panel and key
+#: columns per block (a block's scores 64 KiB at float32, K's and V's rows at head depth 64
+#: another 64 KiB each: the three in a core's L2 with room for the GEMMs' packing)
+ONLINE_ROWS = 64
+ONLINE_KEYS = 256
+#: the row-panel path's scores (and the softmax's result beside them) fit while a panel's
+#: rows of scores take at most this share of a core's L2
+ONLINE_L2_SHARE = 0.5
+
+
+def online_plan(dense: Node, second: Node, spec: DeviceSpec) -> tuple[bool, str]:
+    """Whether attention with a key-tiled softmax pays for ``dense`` (its scores, the
+    ``second`` MatMul ``P @ V``), and why: it does when the row-panel path's panel
+    (:func:`epilogue_plan`'s rows, all the query rows when the weights are too large to
+    re-pack per panel) holds more scores than :data:`ONLINE_L2_SHARE` of one core's L2:
+    each panel's scores, and the softmax's result beside them, then go to memory and back,
+    where the key-tiled form keeps a block of :data:`ONLINE_ROWS` x :data:`ONLINE_KEYS`
+    scores in cache. Symbolic dims count at their nominal size."""
+    y = dense.outputs[0]
+    item = y.dtype.itemsize
+    rows, _ = epilogue_plan(dense, spec, second)
+    keys = int(_last(y))
+    score_bytes = rows * keys * item
+    limit = int(spec.l2_bytes * ONLINE_L2_SHARE)
+    what = (
+        f"a panel of {rows} query rows x {keys} keys holds {score_bytes / 2**10:.0f} KiB of scores"
+    )
+    if score_bytes <= limit:
+        return False, f"{what}, within {limit // 2**10} KiB of the core's L2"
+    block = ONLINE_ROWS * ONLINE_KEYS * item
+    return True, (
+        f"{what}, past {limit // 2**10} KiB of the core's L2: blocks of {ONLINE_ROWS} x "
+        f"{ONLINE_KEYS} ({block // 2**10} KiB) instead"
+    )
