@@ -39,6 +39,7 @@ import numpy as np
 from geode.compiler.fusion.causal import Causal
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.head_views import HeadView
+from geode.compiler.fusion.online import OnlineSoftmax
 from geode.compiler.fusion.patterns import reduce_axes
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.ops import registry
@@ -110,6 +111,9 @@ class Epilogue:
     #: a proven causal mask: each panel of rows computes only the key columns it sees
     #: (:mod:`geode.compiler.fusion.causal`), or None
     causal: Causal | None = None
+    #: attention computed a block of key columns at a time with an online softmax
+    #: (:mod:`geode.compiler.fusion.online`), or None
+    online: OnlineSoftmax | None = None
 
     @property
     def a_value(self) -> Value:
