@@ -230,14 +230,15 @@ def test_nan_and_inf_propagate_as_on_row_panels():
 
 
 def test_default_blocks_and_the_profit_rule():
-    """Default panels and blocks (64 x 256) over a length of three blocks; a symbolic
-    length counts at the nominal 512: the rule takes the key-tiled form."""
-    proto = model("pad")
-    m = geode.compile(proto, session=geode.Session(), model_cache=False, num_threads=2)
+    """Default panels and blocks (256 x 1024) over a static length of three blocks: the
+    rule takes the key-tiled form; a symbolic length keeps the row panels."""
+    m = geode.compile(model("pad", seq=2100), session=geode.Session(), model_cache=False)
     line = _line(m)
     assert "key-tiled softmax legal over sm (per element before it: Mul, Add)" in line, line
-    assert "; key-tiled: a panel of 512 query rows x 512 keys" in line, line
-    feeds = feeds_for("pad", "float32", 1, 2, 600, 16, 4)
+    assert "; key-tiled: a panel of 2100 query rows x 2100 keys" in line, line
+    sym = _line(geode.compile(model("pad"), session=geode.Session(), model_cache=False))
+    assert "row panels: the key length is symbolic" in sym, sym
+    feeds = feeds_for("pad", "float32", 1, 1, 2100, 8, 4)
     np.testing.assert_allclose(m.run(feeds)["y"], reference("pad", feeds), rtol=2e-5, atol=2e-5)
 
 

@@ -207,6 +207,6 @@ def test_online_pays_past_the_l2_share(l2):
             big = rows * seq * np.dtype(dtype).itemsize > l2 // 2
             assert pays == big, (seq, why)
             assert (f"{rows} query rows x {seq} keys") in why
-            assert ("blocks of 64 x 256" in why) == pays
+            assert ("blocks of 256 x 1024" in why) == pays
     assert online_plan(*_attention(8192), spec)[0]  # long sequences take it on any L2
     assert not online_plan(*_attention(16), spec)[0]

@@ -5,7 +5,7 @@ whole row of scores.
 Per panel of ``rows`` query rows (``O`` its rows of the output, ``m`` and ``l`` a value
 per row in scratch slot 3)::
 
-    m = -inf, l = 0, O = 0
+    m = -inf, l = 0
     for each block of ``keys`` key columns [c0, c0 + bk):
         S = A_panel @ B[:, c0:c0+bk]              (scratch slot 0; zeros when K is 0)
         [the mask argument's block copied to slot 2, rows of bk]
@@ -13,11 +13,11 @@ per row in scratch slot 3)::
         per row: m' = maximum(m, max_j X)         (NaN propagates)
                  s  = m' unless it is -inf, then 0 (a row masked so far adds zeros)
                  E  = exp(minimum(X - s, 0)), in place; a = exp(m - s)
-                 l  = a l + sum_j E;  O_row *= a when a != 1;  m = m'
-        O += E @ V[c0:c0+bk]                      (beta 1)
-    O /= l per row (not when N is 0: O stays zeros)
+                 l  = a l + sum_j E;  O_row *= a when a != 1 (not on the first block); m = m'
+        O = E @ V[c0:c0+bk] (first block), O += E @ V[c0:c0+bk] (the others)
+    O /= l per row (when N is 0: O zeros)
 
-A row all ``-inf`` keeps ``m = -inf``, ``l = 0``, ``O = 0`` and ends ``0 / 0``: NaN, as the
+A row all ``-inf`` keeps ``m = -inf``, ``l = 0``, ``E = 0``, ``O = 0`` and ends ``0 / 0``: NaN, as the
 row-panel path's softmax gives; a NaN or ``+inf`` score makes its row NaN likewise. The
 sums are regrouped (per block, rescaled): the results are the row-panel path's within the
 float sums' bounds, not its bits.
@@ -37,7 +37,13 @@ from geode.codegen.backends.llvm import vmath
 from geode.codegen.backends.llvm.library import TYPES, gemm_call
 from geode.codegen.backends.llvm.ssa import SsaWriter
 
-__all__ = ["OnlinePanels", "online_declares", "online_panel"]
+__all__ = ["OnlinePanels", "online_declares", "online_panel", "online_rows"]
+
+#: key-tiled panels always run on the pool, each on one thread: at least this many panels
+#: per thread (fewer rows per panel, a multiple of :data:`ROW_TILE`, at least that) so the
+#: threads share the work evenly when there are few heads and rows
+PANELS_PER_THREAD = 2
+ROW_TILE = 8
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,18 @@ class Hooks:
     fail: Callable[..., None]
     no_memory: int
     epilogue_status: int
+
+
+def online_rows(w: SsaWriter, rows: int, m: str, t: str, nt: str) -> str:
+    """Rows per panel: ``rows``, or fewer when ``T`` matrices of ``M`` rows would make
+    fewer than :data:`PANELS_PER_THREAD` panels per thread (``nt`` threads):
+    ``ceil(M T / (PANELS_PER_THREAD nt))`` rounded up to :data:`ROW_TILE`; in ``[1, M]``."""
+    want = w.op("mul", nt, PANELS_PER_THREAD)
+    per = w.op("udiv", w.op("add", w.op("mul", m, t), w.op("sub", want, 1)), want)
+    per = w.op("mul", w.op("udiv", w.op("add", per, ROW_TILE - 1), ROW_TILE), ROW_TILE)
+    mb = w.tmp(f"select i1 {w.op('icmp ult', per, rows)}, i64 {per}, i64 {rows}")
+    mb = w.tmp(f"select i1 {w.op('icmp ult', m, mb)}, i64 {m}, i64 {mb}")
+    return w.tmp(f"select i1 {w.op('icmp ult', mb, 1)}, i64 1, i64 {mb}")
 
 
 def _exp(dtype: str) -> str:
@@ -203,8 +221,8 @@ def _row_update(w: SsaWriter, sp: Any, v: dict, bk: str, po: str) -> None:
     ln = w.tmp(f"fadd {ty} {w.tmp(f'fmul {ty} {alpha}, {lo}')}, %ex_s1")
     w.emit(f"  store {ty} {ln}, ptr {pl}")
     w.emit(f"  store {ty} {mn}, ptr {pm}")
-    grow = w.tmp(f"fcmp une {ty} {alpha}, 1.0")
-    go = w.op("and", grow, w.op("icmp ugt", v["D"], 0), "i1")
+    grow = w.tmp(f"fcmp une {ty} {alpha}, 1.0")  # O is the first block's product: not yet
+    go = w.all_of([grow, w.op("icmp ugt", v["D"], 0), w.op("icmp ugt", "%bl_c", 0)])
     w.emit(f"  br i1 {go}, label %sc_pre, label %ou_latch")
     w.label("sc_pre")
     orow = w.tmp(f"getelementptr inbounds {ty}, ptr {po}, i64 {w.op('mul', r, v['ldo'])}")
@@ -221,11 +239,14 @@ def _row_update(w: SsaWriter, sp: Any, v: dict, bk: str, po: str) -> None:
 
 
 def _init(w: SsaWriter, sp: Any, v: dict, po: str, item: int) -> None:
-    """``m = -inf``, ``l = 0`` and the panel's rows of ``O`` zero."""
+    """``m = -inf``, ``l = 0``; the panel's rows of ``O`` zero when there are no key
+    columns (else the first block's ``P @ V`` writes them)."""
     ty = TYPES[sp.dtype][0]
     r = _loop(w, "in", v["rows"], "in_pre")
     w.put(v["s3"], r, "0xFFF0000000000000", ty)
     w.put(v["s3"], w.op("add", r, v["rows"]), "0.0", ty)
+    w.emit(f"  br i1 {w.eq(v['N'], 0)}, label %in_zero, label %in_latch")
+    w.label("in_zero")
     orow = w.tmp(f"getelementptr inbounds {ty}, ptr {po}, i64 {w.op('mul', r, v['ldo'])}")
     n = w.op("mul", v["D"], item)
     w.emit(f"  call void @llvm.memset.p0.i64(ptr {orow}, i8 0, i64 {n}, i1 false)")
@@ -330,7 +351,8 @@ def online_panel(
     w.label("bv")
     pvc = w.tmp(f"getelementptr inbounds {ty}, ptr {pv}, i64 {w.op('mul', c0, v['ldv'])}")
     ops = [(v["s2"], bk), (pvc, v["ldv"]), (po, v["ldo"])]
-    w.emit(gemm_call(sp.dtype, v["rows"], v["D"], bk, ops, v["threads"], "1.0"))
+    beta = w.tmp(f"select i1 {w.eq(c0, 0)}, double 0.0, double 1.0")  # the first block sets O
+    w.emit(gemm_call(sp.dtype, v["rows"], v["D"], bk, ops, v["threads"], beta))
     w.emit("  br label %bl_latch")
     w.label("bl_latch")
     w.emit(f"  %bl_c1 = add i64 %bl_c, {op.keys}")

@@ -67,6 +67,7 @@ from geode.codegen.backends.llvm.attention_tiled import (
     OnlinePanels,
     online_declares,
     online_panel,
+    online_rows,
 )
 from geode.codegen.backends.llvm.irtext import float_literal
 from geode.codegen.backends.llvm.kernel import build_module
@@ -545,6 +546,8 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     pool = w.tmp("call i64 @geode_num_threads()")
     nt = w.tmp(f"select i1 {w.eq(threads, 0)}, i64 {pool}, i64 {threads}")
     mb, split = _split_rows(w, sp, s, _panel_rows(w, sp, s, item), nt)
+    if sp.online is not None:
+        mb = online_rows(w, sp.online.rows, s["M"], s["T"], nt)
     left = w.tmp(f"add i64 {s['M']}, {w.tmp(f'sub i64 {mb}, 1')}")
     panels = w.tmp(f"udiv i64 {left}, {mb}")
     total = w.tmp(f"mul i64 {s['T']}, {panels}")
@@ -553,6 +556,8 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     many = w.op("icmp uge", total, w.op("mul", nt, PAR_PANELS))
     small = w.op("or", w.tmp(f"icmp ule i64 {mnk}, {SMALL_GEMM}"), split, "i1")
     small = w.op("or", small, many, "i1")
+    if sp.online is not None:  # every panel on one thread, its GEMMs single-threaded
+        small = "true"
     par = w.tmp(f"and i1 {small}, {w.tmp(f'icmp ugt i64 {total}, 1')}")
     inner_threads = w.tmp(f"select i1 {par}, i64 1, i64 {threads}")
     fixed = [as_int[0], as_int[1], v, o, s["M"], s["N"], s["K"], s["D"], s["T"], mb, panels]
