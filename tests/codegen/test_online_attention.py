@@ -288,3 +288,30 @@ def test_kernel_limits_say_why():
     graph = helper.make_graph(nodes, "a", ins, [out], [v, half])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     _refusal(proto, "row panels: a constant K or V")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("mask", ["none", "pad", "causal"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_heads_read_in_place(fused, mask, threads):
+    """Q, K^T (the GEMM's transB: a block is rows of K), V read and O written in place as
+    heads of their projections (``test_dense_heads.py``'s block), key-tiled."""
+    from dense_helpers import close
+    from test_dense_heads import _feeds, attention_proto
+
+    proto, names = attention_proto(3, 8, 32, fused, mask, True)
+    saved = (epilogues.ONLINE_FORCE, profit.ONLINE_ROWS, profit.ONLINE_KEYS)
+    epilogues.ONLINE_FORCE, profit.ONLINE_ROWS, profit.ONLINE_KEYS = True, 8, 16
+    try:
+        m = geode.compile(proto, session=geode.Session(), model_cache=False, num_threads=threads)
+    finally:
+        epilogues.ONLINE_FORCE, profit.ONLINE_ROWS, profit.ONLINE_KEYS = saved
+    text = m.explain()
+    assert "; key-tiled: forced" in text and "O written in place into rows" in text, text
+    assert "transposed" in text
+    ref = geode.compile(proto, codegen=False)
+    for b, s in ((1, 1), (2, 37)):
+        feeds = _feeds(names, b, s, 32)
+        got, want = m.run(feeds), ref.run(feeds)
+        (key,) = want
+        close(got[key], want[key], rtol=2e-5)
