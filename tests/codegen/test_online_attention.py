@@ -315,3 +315,44 @@ def test_heads_read_in_place(fused, mask, threads):
         got, want = m.run(feeds), ref.run(feeds)
         (key,) = want
         close(got[key], want[key], rtol=2e-5)
+
+
+def _spec(online: object, **kw: object) -> object:
+    from geode.codegen.backends.llvm.dense import DenseSpec, InnerArg, OuterArg
+
+    base = dict(
+        name="d",
+        dtype="float32",
+        a_rank=4,
+        b_rank=4,
+        outer=(OuterArg("bfull", 2, 1),),
+        inner=(InnerArg(-1, "acc", 4), InnerArg(0, "bfull", 1), InnerArg(-2, "full", 4)),
+        inner_dims=("rows", "cols"),
+        epilogue="ep",
+        panel_bytes=1 << 19,
+        min_rows=16,
+        v_rank=4,
+        online=online,
+    )
+    base.update(kw)
+    return DenseSpec(**base)  # type: ignore[arg-type]
+
+
+def test_the_entry_refuses_key_tiled_panels_it_cannot_run():
+    from geode.codegen.backends.llvm.attention_tiled import OnlinePanels
+    from geode.codegen.backends.llvm.dense import dense_ir
+    from geode.errors import CodegenError
+
+    ir = dense_ir(_spec(OnlinePanels(8, 16, 1)))
+    assert "@geode.vm.exp.f32" in ir and "llvm.maximum.f32" in ir
+    assert "geode.vm.exp" not in dense_ir(_spec(None, inner=_spec(None).inner))
+    for bad in (
+        _spec(OnlinePanels(8, 16, -1)),  # the mask not named
+        _spec(OnlinePanels(8, 16, 0)),  # the product, not the mask
+        _spec(OnlinePanels(0, 16, 1)),  # no rows
+        _spec(OnlinePanels(8, 0, 1)),  # no keys
+        _spec(OnlinePanels(8, 16, 1), v_rank=0),  # no second GEMM
+        _spec(OnlinePanels(8, 16, 1), b_rank=2, a_rank=2, v_rank=2),  # unbatched
+    ):
+        with pytest.raises(CodegenError, match="no key-tiled panels"):
+            dense_ir(bad)
