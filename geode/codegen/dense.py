@@ -137,16 +137,19 @@ def panel_graph(ep: Epilogue, model: Graph) -> PanelGraph:
     y = ep.dense.outputs[0]
     # causal panels compute fewer columns than the product's: the epilogue takes them as
     # an argument
-    fixed = isinstance(y.shape[-1], int) and ep.causal is None
+    # causal panels compute fewer columns than the product's, key-tiled ones a block of
+    # them: the epilogue takes them as an argument
+    fixed = isinstance(y.shape[-1], int) and ep.causal is None and ep.online is None
     cols = y.shape[-1] if fixed else COLS
-    pg = PanelGraph(ep, Graph(f"group{ep.group.id}_panel"), ep.group)
+    src = _source_group(ep)
+    pg = PanelGraph(ep, Graph(f"group{ep.group.id}_panel"), src)
     new: dict[int, Value] = {}
-    for v in ep.group.inputs():
+    for v in src.inputs():
         new[id(v)] = _panel_input(pg, v, ep.roles[v.name], cols)
     acc = next(nv for nv in new.values() if pg.roles.get(nv.name) == "acc")
     nodes = []
     try:
-        for node in ep.group.nodes:
+        for node in src.nodes:
             clone = _clone(pg, node, new)
             nodes.append(clone)
             for old, nv in zip(node.outputs, clone.outputs):
@@ -161,14 +164,22 @@ def panel_graph(ep: Epilogue, model: Graph) -> PanelGraph:
                 pg.roles[nv.name] = ep.roles[old.name]
     except GeodeError as exc:
         raise CodegenError(f"epilogue of {ep.dense.name} has no panel form: {exc}") from None
-    outs = ep.group.outputs(model)
+    outs = src.outputs(model)
     pg.graph.output(*[new[id(o)] for o in outs])
     for o in outs:
         pg.origin[new[id(o)].name] = o
-    axes = frozenset({1}) if ep.group.axes else frozenset()
+    axes = frozenset({1}) if src.axes else frozenset()
     domain = tuple(acc.shape) if ep.width is None else (acc.shape[0], ep.width)
     pg.group = Group(ep.group.id, nodes, domain, axes)
     return pg
+
+
+def _source_group(ep: Epilogue) -> Group:
+    """The group the panel kernel computes: the epilogue's, or with a key-tiled softmax its
+    per-element part alone (its output the softmax's input; the entry does the rest)."""
+    if ep.online is None:
+        return ep.group
+    return Group(ep.group.id, list(ep.online.pre), ep.group.domain)
 
 
 def _inner_dims(lowered: LoweredKernel) -> list[str | int]:
@@ -200,7 +211,9 @@ def _arguments(pg: PanelGraph, lowered: LoweredKernel, views: list) -> tuple[lis
         if role == "acc":
             inner.append(InnerArg(-1, role, item, view))
             continue
-        if second is not None and pg.origin[v.name] is second.inputs[0]:
+        online = pg.epilogue.online
+        read = None if second is None else second.inputs[0] if online is None else online.x
+        if second is not None and pg.origin[v.name] is read:
             inner.append(InnerArg(-2, role, item, view))  # the panel the second GEMM reads
             continue
         beside = [n.outputs[0] for n in (pg.epilogue.sibling, pg.epilogue.partner) if n]
@@ -264,6 +277,7 @@ def dense_module(
         _in_place(pg, lowered, inner, len(b.shape)),
         _causal(pg, values, inner, packed_n or packed_d, CausalPanels),
         pg.epilogue.partner is not None,
+        online=_online(pg, values, inner, packed_n or packed_d),
     )
     return name, dense_ir(spec)
 
@@ -283,6 +297,24 @@ def _causal(pg: PanelGraph, values: list, inner: list, packed: int, panels: Any)
     if arg is None:
         raise CodegenError(f"{pg.dense.name}: the causal mask {c.mask.name} is not an argument")
     return panels(c.offset, arg, c.masked, c.kept, CAUSAL_ROWS)
+
+
+def _online(pg: PanelGraph, values: list, inner: list, packed: int) -> Any:
+    """The entry's key-tiled panels (``OnlinePanels``) of an attention with an online
+    softmax: :data:`~geode.compiler.fusion.profit.ONLINE_ROWS` query rows by blocks of
+    :data:`~geode.compiler.fusion.profit.ONLINE_KEYS` keys, its one mask of the scores'
+    size (copied per block) among the epilogue's arguments; None without one."""
+    if pg.epilogue.online is None:
+        return None
+    if packed:
+        raise CodegenError(f"{pg.dense.name}: a key-tiled attention with weights packed once")
+    from geode.codegen.backends.llvm.attention_tiled import OnlinePanels
+    from geode.compiler.fusion import profit
+
+    masks = [j for j, a in enumerate(inner) if a.source >= 0 and a.role in ("full", "bfull")]
+    if len(masks) > 1:
+        raise CodegenError(f"{pg.dense.name}: more than one input of the scores' size")
+    return OnlinePanels(profit.ONLINE_ROWS, profit.ONLINE_KEYS, masks[0] if masks else -1)
 
 
 def _in_place(pg: PanelGraph, lowered: LoweredKernel, inner: list, b_rank: int) -> int:

@@ -37,10 +37,12 @@ from geode.compiler.fusion.head_views import (
     remaining_groups,
     result_view,
 )
+from geode.compiler.fusion.online import OnlineSoftmax, online_legality
 from geode.compiler.fusion.profit import (
     causal_plan,
     epilogue_plan,
     head_view_plan,
+    online_plan,
     partner_plan,
     prologue_plan,
     sibling_plan,
@@ -53,11 +55,17 @@ from geode.config import Options
 from geode.costmodel.device import DeviceSpec
 from geode.errors import GeodeError
 
-__all__ = ["CAUSAL_ATTENTION", "attach_epilogues"]
+__all__ = ["CAUSAL_ATTENTION", "ONLINE_ATTENTION", "ONLINE_FORCE", "attach_epilogues"]
 
 #: a switch for measuring: off, no attention takes causal panels (a module switch, not an
 #: option: the results are the same, only the work differs)
 CAUSAL_ATTENTION = True
+#: switches for measuring and testing: off, no attention takes the key-tiled (online)
+#: softmax; ``ONLINE_FORCE``, every one whose form is legal and that the kernel runs takes
+#: it whatever the profit rule says (module switches: the results agree within the float
+#: sums' bounds, only the work differs)
+ONLINE_ATTENTION = True
+ONLINE_FORCE = False
 
 
 def _consumer_job(node: Node, jobs: list[KernelJob]) -> KernelJob | None:
@@ -402,6 +410,8 @@ def _decide(
     if ep.second is None and ep.sibling is None and opts.summed_gemms:
         sibling = "; ".join(x for x in (sibling, _partner(ep, g, spec, native, opts)) if x)
     causal = _causal(ep) if ep.second is not None and ep.batched else ""
+    attention = ep.second is not None and ep.batched and ep.causal is None
+    online = _online(ep, spec) if attention else ""
     _, why = epilogue_plan(node, spec, ep.second)
     try:
         job.panel = panel_graph(ep, g)
@@ -415,6 +425,8 @@ def _decide(
         ep.reason += f"; {sibling}"
     if causal:
         ep.reason += f"; {causal}"
+    if online:
+        ep.reason += f"; {online}"
     for x in "ABVO":
         if x in ep.views:
             ep.reason += f"; {ep.views[x].describe()}"
@@ -436,6 +448,52 @@ def _causal(ep: Epilogue) -> str:
         return f"{found.describe()}; all key columns: {why}"
     ep.causal = found
     return f"{found.describe()}: {why}"
+
+
+def _online_blocker(ep: Epilogue, found: OnlineSoftmax) -> str:
+    """Why the key-tiled kernel (``backends/llvm/attention_tiled.py``) cannot run the legal
+    form ``found`` of ``ep``, or ``""``."""
+    acc = ep.dense.outputs[0]
+    if not found.pre:
+        return "no per-element op before the softmax for the block's kernel"
+    if str(acc.dtype) not in ("float32", "float64") or found.x.dtype != acc.dtype:
+        return "the softmax's input is not of the scores' type, float32 or float64"
+    if found.softmax[-1].op_type != "Div":
+        return "a cast after the softmax"
+    if any(v.is_constant for v in (ep.dense.inputs[1], ep.second.inputs[1])):
+        return "a constant K or V (weights packed once)"
+    made = {id(o) for n in found.pre for o in n.outputs}
+    ins = {id(v): v for n in found.pre for v in n.inputs if v is not None and id(v) not in made}
+    ins.pop(id(acc), None)
+    if sum(ep.roles.get(v.name) in ("full", "bfull") for v in ins.values()) > 1:
+        return "more than one input of the scores' size"
+    if any(ep.roles.get(v.name) == "row" and v.is_constant for v in ins.values()):
+        return "a constant per key column"
+    return ""
+
+
+def _online(ep: Epilogue, spec: DeviceSpec) -> str:
+    """Attach the key-tiled (online) softmax to a non-causal attention ``ep`` when its
+    epilogue is that form (:func:`~geode.compiler.fusion.online.online_legality`), it pays
+    (:func:`~geode.compiler.fusion.profit.online_plan`; any legal one with
+    :data:`ONLINE_FORCE`) and the kernel runs it (:func:`_online_blocker`); the decision's
+    text."""
+    assert ep.second is not None
+    if not ONLINE_ATTENTION:
+        return "row panels: the key-tiled softmax switched off"
+    found = online_legality(ep.group.nodes, ep.roles, ep.dense.outputs[0], ep.second.inputs[0])
+    if isinstance(found, str):
+        return f"row panels, not key-tiled: {found}"
+    pays, why = online_plan(ep.dense, ep.second, spec)
+    if ONLINE_FORCE:
+        pays, why = True, f"forced ({why})"
+    if not pays:
+        return f"{found.describe()}; row panels: {why}"
+    blocker = _online_blocker(ep, found)
+    if blocker:
+        return f"{found.describe()}; would pay ({why}); row panels: {blocker}"
+    ep.online = found
+    return f"{found.describe()}; key-tiled: {why}"
 
 
 def attach_epilogues(

@@ -119,12 +119,14 @@ def reference(q: np.ndarray, kk: np.ndarray, v: np.ndarray, offset: int) -> np.n
 
 
 def _compile(proto: object, causal: bool, threads: int = 2) -> geode.Model:
-    saved = epilogues.CAUSAL_ATTENTION
-    epilogues.CAUSAL_ATTENTION = causal
+    """``proto`` with causal panels on or off; the key-tiled softmax off (the plan without
+    causal panels is the one that computes every column on row panels)."""
+    saved = epilogues.CAUSAL_ATTENTION, epilogues.ONLINE_ATTENTION
+    epilogues.CAUSAL_ATTENTION, epilogues.ONLINE_ATTENTION = causal, False
     try:
         return geode.compile(proto, session=geode.Session(), model_cache=False, num_threads=threads)
     finally:
-        epilogues.CAUSAL_ATTENTION = saved
+        epilogues.CAUSAL_ATTENTION, epilogues.ONLINE_ATTENTION = saved
 
 
 _MODELS: dict[tuple, tuple[geode.Model, geode.Model]] = {}

@@ -39,6 +39,7 @@ import numpy as np
 from geode.compiler.fusion.causal import Causal
 from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.head_views import HeadView
+from geode.compiler.fusion.online import OnlineSoftmax
 from geode.compiler.fusion.patterns import reduce_axes
 from geode.compiler.fusion.summed import narrow_width, slice_roles, split_roles
 from geode.compiler.ir import Graph, Node, Value
@@ -118,6 +119,9 @@ class Epilogue:
     #: computed per panel beside the product (:func:`~geode.compiler.fusion.summed.
     #: partner_gemm`), or None
     partner: Node | None = None
+    #: attention computed a block of key columns at a time with an online softmax
+    #: (:mod:`geode.compiler.fusion.online`), or None
+    online: OnlineSoftmax | None = None
 
     @property
     def a_value(self) -> Value:

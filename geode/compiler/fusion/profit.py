@@ -488,3 +488,45 @@ def causal_plan(dense: Node, offset: int) -> tuple[bool, str]:
     return True, (
         f"panels of {CAUSAL_ROWS} query rows compute {frac:.0%} of the scores and of P @ V"
     )
+
+
+#: the key-tiled (online-softmax) attention's panels of query rows and blocks of key
+#: columns (fewer rows when there are few panels: ``attention_tiled.online_rows``): a
+#: block's scores 1 MiB at float32; measured at S = 256 to 8192, 4 heads of 64 (``docs/
+#: performance.md``): 128 x 1024 and 256 x 512 0.86-0.91 of 64 x 256's time, 256 x 1024
+#: 0.97-0.98 of 128 x 1024's, 128 x 2048 1.2x slower than 64 x 256
+ONLINE_ROWS = 256
+ONLINE_KEYS = 1024
+#: the row-panel path's scores (and the softmax's result beside them) fit while a panel's
+#: rows of scores take at most this share of a core's L2
+ONLINE_L2_SHARE = 0.5
+
+
+def online_plan(dense: Node, second: Node, spec: DeviceSpec) -> tuple[bool, str]:
+    """Whether attention with a key-tiled softmax pays for ``dense`` (its scores, the
+    ``second`` MatMul ``P @ V``), and why: it does when the row-panel path's panel
+    (:func:`epilogue_plan`'s rows, all the query rows when the weights are too large to
+    re-pack per panel) holds more scores than :data:`ONLINE_L2_SHARE` of one core's L2:
+    each panel's scores, and the softmax's result beside them, then go to memory and back,
+    where the key-tiled form keeps a block of :data:`ONLINE_ROWS` x :data:`ONLINE_KEYS`
+    scores in cache. A symbolic key length keeps the row panels: the kernel is one form or
+    the other, and short rows pay the key-tiled form's extra passes (BERT at 32 and 256
+    keys: 1.02-1.03x; ``docs/performance.md``)."""
+    y = dense.outputs[0]
+    if not isinstance((y.shape or (0,))[-1], int):
+        return False, "the key length is symbolic (the key-tiled form pays on long rows only)"
+    item = y.dtype.itemsize
+    rows, _ = epilogue_plan(dense, spec, second)
+    keys = int(_last(y))
+    score_bytes = rows * keys * item
+    limit = int(spec.l2_bytes * ONLINE_L2_SHARE)
+    what = (
+        f"a panel of {rows} query rows x {keys} keys holds {score_bytes / 2**10:.0f} KiB of scores"
+    )
+    if score_bytes <= limit:
+        return False, f"{what}, within {limit // 2**10} KiB of the core's L2"
+    block = ONLINE_ROWS * ONLINE_KEYS * item
+    return True, (
+        f"{what}, past {limit // 2**10} KiB of the core's L2: blocks of {ONLINE_ROWS} x "
+        f"{ONLINE_KEYS} ({block // 2**10} KiB) instead"
+    )

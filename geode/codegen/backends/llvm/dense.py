@@ -64,6 +64,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from geode.codegen.backends.llvm import jit
+from geode.codegen.backends.llvm.attention_tiled import (
+    Hooks,
+    OnlinePanels,
+    online_declares,
+    online_panel,
+    online_rows,
+)
 from geode.codegen.backends.llvm.irtext import float_literal
 from geode.codegen.backends.llvm.kernel import build_module
 from geode.codegen.backends.llvm.library import GEMM_DECL, TYPES, gemm_call
@@ -87,6 +94,7 @@ __all__ = [
     "DenseSpec",
     "HeadLayout",
     "InnerArg",
+    "OnlinePanels",
     "OuterArg",
     "dense_ir",
 ]
@@ -244,6 +252,9 @@ class DenseSpec:
     #: a float32 weight of ``packed_n`` columns packed once, then ``A2`` (``A``'s rank and
     #: rows, its own depth ``K2``); its panel is an epilogue input (unbatched)
     partner: bool = False
+    #: attention with a key-tiled (online) softmax: the epilogue computes the softmax's
+    #: input per block of key columns (:mod:`~geode.codegen.backends.llvm.attention_tiled`)
+    online: OnlinePanels | None = None
 
     @property
     def batch(self) -> int:
@@ -517,6 +528,8 @@ def _panel_rows(w: SsaWriter, sp: DenseSpec, s: dict, item: int) -> str:
     mb = w.tmp(f"select i1 {w.op('or', nz, large, 'i1')}, i64 {m}, i64 {mb}")
     if sp.causal is not None:  # the rows of a panel see as many key columns as its last
         mb = str(sp.causal.rows)
+    if sp.online is not None:  # panels of query rows, their keys a block at a time
+        mb = str(sp.online.rows)
     mb = w.tmp(f"select i1 {w.op('icmp ult', m, mb)}, i64 {m}, i64 {mb}")
     return w.tmp(f"select i1 {w.op('icmp ult', mb, 1)}, i64 1, i64 {mb}")
 
@@ -572,6 +585,8 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     pool = w.tmp("call i64 @geode_num_threads()")
     nt = w.tmp(f"select i1 {w.eq(threads, 0)}, i64 {pool}, i64 {threads}")
     mb, split = _split_rows(w, sp, s, _panel_rows(w, sp, s, item), nt)
+    if sp.online is not None:
+        mb = online_rows(w, sp.online.rows, s["M"], s["T"], nt)
     left = w.tmp(f"add i64 {s['M']}, {w.tmp(f'sub i64 {mb}, 1')}")
     panels = w.tmp(f"udiv i64 {left}, {mb}")
     total = w.tmp(f"mul i64 {s['T']}, {panels}")
@@ -580,6 +595,8 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     many = w.op("icmp uge", total, w.op("mul", nt, PAR_PANELS))
     small = w.op("or", w.tmp(f"icmp ule i64 {mnk}, {SMALL_GEMM}"), split, "i1")
     small = w.op("or", small, many, "i1")
+    if sp.online is not None:  # every panel on one thread, its GEMMs single-threaded
+        small = "true"
     par = w.tmp(f"and i1 {small}, {w.tmp(f'icmp ugt i64 {total}, 1')}")
     inner_threads = w.tmp(f"select i1 {par}, i64 1, i64 {threads}")
     fixed = [as_int[0], as_int[1], v, o, s["M"], s["N"], s["K"], s["D"], s["T"], mb, panels]
@@ -770,6 +787,11 @@ def _chunk(sp: DenseSpec, item: int) -> list[str]:
     a_el = w.op("add", off["a"], w.op("mul", p0, v["lda"]))
     pa = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['A']}, i64 {a_el}")
     pb = w.tmp(f"getelementptr inbounds {ty}, ptr {ptr['B']}, i64 {off['b']}")
+    if sp.online is not None:
+        hooks = Hooks(_inner_dims, _fail, NO_MEMORY, EPILOGUE_STATUS)
+        online_panel(w, sp, v, ptr, off, pa, pb, hooks)
+        head = [f"define internal void @{sp.name}.chunk(ptr %ctx, i64 %c, i64 %n) {{", "entry:"]
+        return head + w.lines + ["}"]
     panel = w.op("mul", w.op("mul", v["rows"], v["N"]), item)
     size = w.tmp(f"select i1 {w.tmp(f'icmp ult i64 {panel}, 64')}, i64 64, i64 {panel}")
     v["s1"] = w.tmp(f"call ptr @geode_scratch(i64 0, i64 {size})")
@@ -1044,6 +1066,34 @@ def _check_causal(sp: DenseSpec) -> None:
         raise CodegenError(f"{sp.name}: no causal panels here (see CausalPanels)")
 
 
+def _check_online(sp: DenseSpec) -> None:
+    """CodegenError unless key-tiled panels (:class:`OnlinePanels`) fit the entry: a batched
+    product with a second GEMM, neither weight packed, no sibling, residual, bias, RMSNorm
+    prologue or causal panels; float32 or float64; the epilogue's arguments the product,
+    the softmax's input (its output) and inputs whose block is at a column offset (``row``,
+    ``brow``, ``col``, ``scalar``) but for the one ``full`` / ``bfull`` mask copied per
+    block."""
+    op = sp.online
+    if op is None:
+        return
+    bad = [
+        sp.batch == 0 or not sp.v_rank or sp.packed_n > 0 or sp.packed_d > 0,
+        sp.sibling or sp.residual or sp.bias_rank > 0 or sp.rms_eps is not None,
+        sp.a_trans or sp.causal is not None or sp.in_place >= 0,
+        op.rows < 1 or op.keys < 1 or not -1 <= op.mask < len(sp.inner),
+        sp.dtype not in ("float32", "float64"),
+    ]
+    for j, arg in enumerate(sp.inner):
+        if arg.source in (-3, -4) or (arg.source >= 0 and arg.role in ("full", "bfull")) != (
+            j == op.mask
+        ):
+            bad.append(True)
+    if op.mask >= 0 and sp.inner[op.mask].source < 0:
+        bad.append(True)
+    if any(bad):
+        raise CodegenError(f"{sp.name}: no key-tiled panels here (see OnlinePanels)")
+
+
 def _in_place_ok(sp: DenseSpec) -> bool:
     """``in_place`` names a ``full`` argument of the product's item size that the epilogue
     only writes, with one GEMM, unbatched, ``A`` in place."""
@@ -1071,6 +1121,7 @@ def dense_ir(sp: DenseSpec) -> str:
         )
     _check_layouts(sp)
     _check_causal(sp)
+    _check_online(sp)
     if sp.in_place >= 0 and not _in_place_ok(sp):
         raise CodegenError(f"{sp.name}: no in-place panel here (see DenseSpec.in_place)")
     head = [
@@ -1086,6 +1137,8 @@ def dense_ir(sp: DenseSpec) -> str:
         *(["declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"] if sp.residual else []),
         *([f"declare {t} @llvm.sqrt.{x}({t})" for t, x in _SQRT] if sp.rms_eps is not None else []),
     ]
+    if sp.online is not None:
+        head += online_declares(sp.dtype, head)
     body = _chunk(sp, item) + _entry(sp, item)
     return "\n".join(head + body) + "\n"
 
