@@ -12,6 +12,7 @@ wraps its kernel in the GEMM entry (:mod:`geode.codegen.backends.llvm.dense`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -240,21 +241,55 @@ def dense_module(
     min_rows: int,
     packed_n: int = 0,
     packed_d: int = 0,
+    tiled: TiledBody | None = None,
 ) -> tuple[str, str]:
     """The symbol and the LLVM module of the GEMM entry around the epilogue kernel whose
     symbol is ``entry`` (the arguments as :func:`dense_kernel`'s). The module calls the
     epilogue by name, so it is known, and LLVM can compile it, once the epilogue's module
-    is emitted (:func:`start_dense`)."""
-    from geode.codegen.backends.llvm.dense import CausalPanels, DenseSpec, HeadLayout, dense_ir
+    is emitted (:func:`start_dense`). ``tiled``: the key-tiled body beside the row panels
+    (a symbolic key length, ``Epilogue.switch``), taken per call on long rows."""
+    from geode.codegen.backends.llvm.dense import dense_ir
 
+    name = f"geode_dense_{entry}"
+    spec = _spec(pg, lowered, views, name, entry, (panel_bytes, min_rows, packed_n, packed_d))
+    if tiled is not None:
+        same = [id(v) for v in _arguments(pg, lowered, views)[0]]
+        if same != [id(v) for v in _arguments(tiled.pg, tiled.lowered, tiled.views)[0]]:
+            raise CodegenError(f"{pg.dense.name}: the key-tiled body takes other arguments")
+        sizes = (panel_bytes, min_rows, packed_n, packed_d)
+        body = _spec(tiled.pg, tiled.lowered, tiled.views, f"{name}_tiled", tiled.entry, sizes)
+        spec = dataclasses.replace(spec, tiled=body, tiled_limit=tiled.limit)
+    return name, dense_ir(spec)
+
+
+@dataclass
+class TiledBody:
+    """The key-tiled body of an entry that chooses per call (``Epilogue.switch``): its panel
+    graph (the epilogue's per-element part), lowered kernel, argument views, the epilogue
+    kernel's symbol and the scores' bytes per row panel past which it runs."""
+
+    pg: PanelGraph
+    lowered: LoweredKernel
+    views: list
+    entry: str
+    limit: int
+
+
+def _spec(
+    pg: PanelGraph, lowered: LoweredKernel, views: list, name: str, entry: str, sizes: tuple
+) -> Any:
+    """The ``DenseSpec`` of the entry ``name`` around the epilogue ``entry``; ``sizes``:
+    panel bytes, minimum rows, ``packed_n``, ``packed_d``."""
+    from geode.codegen.backends.llvm.dense import CausalPanels, DenseSpec, HeadLayout
+
+    panel_bytes, min_rows, packed_n, packed_d = sizes
     if lowered.index_checks:
         raise CodegenError("an epilogue with index checks has no panel form")
     if pg.epilogue.a_transpose is not None and not packed_n:
         raise CodegenError("a GEMM reading A transposed in place needs B packed once")
     a, b = pg.epilogue.a_value, pg.dense.inputs[1]
     values, outer, inner = _arguments(pg, lowered, views)
-    name = f"geode_dense_{entry}"
-    spec = DenseSpec(
+    return DenseSpec(
         name,
         str(np.dtype(a.dtype)),
         len(a.shape),
@@ -279,7 +314,6 @@ def dense_module(
         pg.epilogue.partner is not None,
         online=_online(pg, values, inner, packed_n or packed_d),
     )
-    return name, dense_ir(spec)
 
 
 def _causal(pg: PanelGraph, values: list, inner: list, packed: int, panels: Any) -> Any:
@@ -399,13 +433,16 @@ def dense_kernel(
     cache_dir: Any,
     packed_n: int = 0,
     packed_d: int = 0,
+    tiled: tuple[TiledBody, Any] | None = None,
 ) -> tuple[DenseKernel, list[Value], list[Value]]:
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
     values of its inputs after ``A`` and ``B`` (a sibling's ``Bu`` packed, or a partner's
     ``B2`` packed and its ``A2``; ``V``, a residual ``R``, a bias, then the epilogue's) and
     of its outputs (the epilogue's, then ``O``, or the residual's or the bias ``Add``'s
     result). ``packed_n > 0``: ``B`` (float32, that many columns) is passed packed once (:mod:`geode.codegen.packed_weights`); ``packed_d > 0``:
-    likewise ``V`` (returned packed among the inputs; the caller passes ``B`` packed)."""
+    likewise ``V`` (returned packed among the inputs; the caller passes ``B`` packed).
+    ``tiled``: the key-tiled body and its compiled epilogue kernel, beside the row panels
+    in the same entry (:func:`dense_module`)."""
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
     from geode.codegen.backends.llvm.dense import link_dense
     from geode.codegen.backends.llvm.library import blas, share_pool
@@ -421,11 +458,12 @@ def dense_kernel(
     share_pool(lib)
     values, _, inner = _arguments(pg, lowered, views)
     t0 = time.perf_counter()
+    body, tiled_kernel = tiled if tiled is not None else (None, None)
     name, ir = dense_module(
-        pg, lowered, views, epilogue.entry, panel_bytes, min_rows, packed_n, packed_d
+        pg, lowered, views, epilogue.entry, panel_bytes, min_rows, packed_n, packed_d, body
     )
     target = host()
-    loaded, from_cache = link_dense(name, ir, cache_dir, epilogue)
+    loaded, from_cache = link_dense(name, ir, cache_dir, epilogue, tiled_kernel)
     n_ext_in = sum(
         1 for a_ in inner[: len(lowered.inputs)] if a_.source >= 0
     )  # the epilogue's own inputs come first among its arguments
@@ -459,4 +497,5 @@ def dense_kernel(
     seconds = time.perf_counter() - t0
     entry = LLVMKernel(name, emitted, loaded, target, seconds, from_cache, False)
     in_place = _in_place(pg, lowered, inner, len(pg.dense.inputs[1].shape)) >= 0
-    return DenseKernel(pg.dense.name, entry, epilogue, ir, in_place), ins, outs
+    kernel = DenseKernel(pg.dense.name, entry, epilogue, ir, in_place, tiled_kernel)
+    return kernel, ins, outs

@@ -9,6 +9,7 @@ AI Core engine builds the step from the backend-neutral interface that
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,9 +19,11 @@ import numpy as np
 from geode.codegen import ast as A
 from geode.codegen.dense import (
     PanelGraph,
+    TiledBody,
     abandon_dense,
     dense_kernel,
     dense_module,
+    panel_graph,
     start_dense,
     stored,
 )
@@ -237,7 +240,7 @@ def start_emit(job: KernelJob, opts: Options) -> None:
         )
     except CodegenError:
         job.emitted = None
-    if job.panel is not None and job.emitted is not None:
+    if job.panel is not None and job.emitted is not None and job.panel.epilogue.switch is None:
         try:
             _, job.dense_ir = dense_module(*_dense_args(job, opts, job.emitted.entry))
         except GeodeError:
@@ -612,6 +615,41 @@ def _dense_args(job: KernelJob, opts: Options, entry: Any) -> tuple:
     )
 
 
+def _tiled_body(job: KernelJob, g: Graph, opts: Options) -> tuple[TiledBody, Any] | None:
+    """The key-tiled body of an attention whose entry chooses per call
+    (``Epilogue.switch``: a symbolic key length) and its compiled epilogue kernel (the
+    softmax's per-element part over a block of keys, default schedule), or None."""
+    ep = job.panel.epilogue
+    if ep.switch is None:
+        return None
+    from geode.compiler.fusion.profit import online_limit
+
+    pg = panel_graph(dataclasses.replace(ep, online=ep.switch, switch=None), g)
+    lowered = lower_group(pg.group, pg.graph, f"{job.name}_tiled")
+    schedule = default_schedule(lowered, pg.group, opts)
+    native = emit_kernel(schedule.kernel, opts)
+    views = arg_views(lowered, schedule.kernel)
+    limit = online_limit(plan_spec(opts))
+    return TiledBody(pg, lowered, views, native.entry, limit), native
+
+
+def _dense_kernel(job: KernelJob, g: Graph, opts: Options, args: tuple) -> tuple:
+    """:func:`~geode.codegen.dense.dense_kernel` for the job, with the key-tiled body
+    beside the row panels when the epilogue has one (:func:`_tiled_body`; row panels alone
+    when it cannot be built); the kernel, its inputs and outputs, and a note on the body."""
+    cache = object_cache(opts)
+    try:
+        tiled = _tiled_body(job, g, opts)
+        if tiled is not None:
+            kernel, ins, outs = dense_kernel(*args[:6], cache, *args[6:], tiled)
+            note = "one entry: row panels or the key-tiled body, chosen per call"
+            return kernel, ins, outs, note
+    except GeodeError as exc:
+        kernel, ins, outs = dense_kernel(*args[:6], cache, *args[6:])
+        return kernel, ins, outs, f"row panels alone (no key-tiled body: {exc})"
+    return (*dense_kernel(*args[:6], cache, *args[6:]), "")
+
+
 def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     """A GEMM with its fused epilogue (``job.panel``): the entry around the compiled
     epilogue kernel, its interface (inputs ``A``, ``B``, then the epilogue's) and info."""
@@ -621,12 +659,12 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
     choices = dense_packing(a, b, second, opts)
     packed = [c is not None and c.packed for c in choices]
     args = _dense_args(job, opts, job.native)
-    kernel, ins, outs = dense_kernel(*args[:6], object_cache(opts), *args[6:])
+    kernel, ins, outs, note = _dense_kernel(job, g, opts, args)
     ep = pg.epilogue
     a_in, b_in = stored(ep, "A", ep.a_value), stored(ep, "B", b)
     job.inputs = [a_in, packed_value(b) if packed[0] else b_in, *ins]
     notes = [("" if i == 0 else "V: ") + c.text for i, c in enumerate(choices) if c is not None]
-    job.weights = "; then ".join(notes)
+    job.weights = "; ".join(x for x in ("; then ".join(notes), note) if x)
     if packed[0] and (second is None or packed[1]):
         from geode.codegen.backends.llvm.dense import BIG_PANELS, BIG_ROWS, SPLIT_ROWS
 

@@ -43,6 +43,7 @@ from geode.compiler.fusion.profit import (
     epilogue_plan,
     head_view_plan,
     online_plan,
+    online_switch_keys,
     partner_plan,
     prologue_plan,
     sibling_plan,
@@ -55,7 +56,13 @@ from geode.config import Options
 from geode.costmodel.device import DeviceSpec
 from geode.errors import GeodeError
 
-__all__ = ["CAUSAL_ATTENTION", "ONLINE_ATTENTION", "ONLINE_FORCE", "attach_epilogues"]
+__all__ = [
+    "CAUSAL_ATTENTION",
+    "ONLINE_ATTENTION",
+    "ONLINE_FORCE",
+    "ONLINE_PER_CALL",
+    "attach_epilogues",
+]
 
 #: a switch for measuring: off, no attention takes causal panels (a module switch, not an
 #: option: the results are the same, only the work differs)
@@ -66,6 +73,9 @@ CAUSAL_ATTENTION = True
 #: sums' bounds, only the work differs)
 ONLINE_ATTENTION = True
 ONLINE_FORCE = False
+#: a switch for measuring: off, a symbolic key length keeps the row panels alone (on, its
+#: entry also holds the key-tiled body, taken per call on long rows)
+ONLINE_PER_CALL = True
 
 
 def _consumer_job(node: Node, jobs: list[KernelJob]) -> KernelJob | None:
@@ -488,12 +498,26 @@ def _online(ep: Epilogue, spec: DeviceSpec) -> str:
     if ONLINE_FORCE:
         pays, why = True, f"forced ({why})"
     if not pays:
-        return f"{found.describe()}; row panels: {why}"
+        return f"{found.describe()}; row panels: {why}" + _switch(ep, found, spec)
     blocker = _online_blocker(ep, found)
     if blocker:
         return f"{found.describe()}; would pay ({why}); row panels: {blocker}"
     ep.online = found
     return f"{found.describe()}; key-tiled: {why}"
+
+
+def _switch(ep: Epilogue, found: OnlineSoftmax, spec: DeviceSpec) -> str:
+    """With a symbolic key length, attach ``found`` as the key-tiled body the entry takes
+    per call beside the row panels' (:data:`ONLINE_PER_CALL`) when the kernel runs it;
+    the decision's text (after the row panels' reason)."""
+    if not ONLINE_PER_CALL or isinstance(ep.dense.outputs[0].shape[-1], int):
+        return ""
+    blocker = _online_blocker(ep, found)
+    if blocker:
+        return f"; not key-tiled per call: {blocker}"
+    ep.switch = found
+    _, why = online_switch_keys(ep.dense, ep.second, spec)
+    return f"; {why}"
 
 
 def attach_epilogues(

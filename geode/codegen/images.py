@@ -75,12 +75,15 @@ class ImageWriter:
             return hit
         if isinstance(kernel, DenseKernel):
             epilogue = self.image(kernel.epilogue)  # the callee first: the entry links to it
+            tiled = None if kernel.tiled is None else self.image(kernel.tiled)
             record = {
                 "kind": "dense",
                 "name": kernel.name,
                 "entry": self.image(kernel.kernel),
                 "epilogue": epilogue,
             }
+            if tiled is not None:  # the key-tiled body's epilogue (an entry choosing per call)
+                record["tiled"] = tiled
         else:
             record = self._llvm_record(kernel)
         self.records.append(record)
@@ -180,7 +183,8 @@ class ImageLoader:
     def _load(self, r: dict[str, Any], target: Any, linked: Any = None) -> Any:
         if r["kind"] == "dense":
             entry, epilogue = self._kernel(r["entry"]), self._kernel(r["epilogue"])
-            return DenseKernel(str(r["name"]), entry, epilogue, entry.source)
+            tiled = self._kernel(r["tiled"]) if "tiled" in r else None
+            return DenseKernel(str(r["name"]), entry, epilogue, entry.source, tiled=tiled)
         cls, spec_cls = _classes(str(r["kind"]))
         source = zlib.decompressobj().decompress(bytes(self._blob(r["source"])), MAX_SOURCE)
         imports = {}

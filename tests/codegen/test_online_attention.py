@@ -12,6 +12,8 @@ reason in ``explain()``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from dense_helpers import dense_kernels
@@ -238,6 +240,7 @@ def test_default_blocks_and_the_profit_rule():
     assert "; key-tiled: a panel of 2100 query rows x 2100 keys" in line, line
     sym = _line(geode.compile(model("pad"), session=geode.Session(), model_cache=False))
     assert "row panels: the key length is symbolic" in sym, sym
+    assert "; chosen per call: row panels below " in sym, sym
     feeds = feeds_for("pad", "float32", 1, 1, 2100, 8, 4)
     np.testing.assert_allclose(m.run(feeds)["y"], reference("pad", feeds), rtol=2e-5, atol=2e-5)
 
@@ -355,4 +358,87 @@ def test_the_entry_refuses_key_tiled_panels_it_cannot_run():
         _spec(OnlinePanels(8, 16, 1), b_rank=2, a_rank=2, v_rank=2),  # unbatched
     ):
         with pytest.raises(CodegenError, match="no key-tiled panels"):
+            dense_ir(bad)
+
+
+def _per_call(monkeypatch: pytest.MonkeyPatch, limit: int = 4096) -> geode.Model:
+    """``model("pad")`` (a symbolic key length) with the key-tiled body beside the row
+    panels, taken past ``limit`` bytes of a row panel's scores (forced low: the body runs
+    from 33 keys with as many query rows), panels of 8 rows, blocks of 16 keys."""
+    monkeypatch.setattr(profit, "online_limit", lambda spec: limit)
+    monkeypatch.setattr(profit, "ONLINE_ROWS", 8)
+    monkeypatch.setattr(profit, "ONLINE_KEYS", 16)
+    return geode.compile(model("pad"), session=geode.Session(), model_cache=False, num_threads=2)
+
+
+def test_a_symbolic_length_chooses_per_call(monkeypatch):
+    """One compiled model: at 16 keys the row-panel body (the bits of the row-panel path
+    alone), at 48 and 70 the key-tiled one (the bits of the key-tiled form forced; the two
+    forms' bits differ, so the match says which body ran); both near float64."""
+    both = _per_call(monkeypatch)
+    line = _line(both)
+    assert "chosen per call: row panels below 33 keys, key-tiled from 33" in line, line
+    assert "one entry: row panels or the key-tiled body" in both.explain()
+    assert len(dense_kernels(both)) == 1
+    assert "label %key_tiled" in dense_kernels(both)[0].source
+    tiled, rows = compile_with(model("pad"), True), compile_with(model("pad"), False)
+    for s, same in ((16, rows), (32, rows), (48, tiled), (70, tiled)):
+        feeds = feeds_for("pad", "float32", 2, 3, s, 8, s)
+        got = both.run(feeds)["y"]
+        np.testing.assert_array_equal(got, same.run(feeds)["y"])
+        np.testing.assert_allclose(got, reference("pad", feeds), rtol=2e-5, atol=2e-5)
+        if s > 32:
+            assert not np.array_equal(got, rows.run(feeds)["y"])
+
+
+def test_the_per_call_choice_without_the_body(monkeypatch):
+    """The switch off, or a form the kernel cannot run: the row panels alone, as before."""
+    monkeypatch.setattr(epilogues, "ONLINE_PER_CALL", False)
+    line = _line(_per_call(monkeypatch))
+    assert line.endswith(
+        "row panels: the key length is symbolic (the key-tiled form pays on long rows only)"
+    ), line
+    monkeypatch.setattr(epilogues, "ONLINE_PER_CALL", True)
+    assert "key_tiled" not in dense_kernels(compile_with(model("pad"), False))[0].source
+    t = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info(n, t, d) for n, d in (("q", "BHSD"), ("kt", "BHDS"))]
+    ins.append(helper.make_tensor_value_info("v", t, list("BHSD")))
+    nodes = [
+        helper.make_node("MatMul", ["q", "kt"], ["sc"]),
+        helper.make_node("Softmax", ["sc"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    out = [helper.make_tensor_value_info("y", t, list("BHSD"))]
+    graph = helper.make_graph(nodes, "a", ins, out)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m = geode.compile(proto, session=geode.Session(), model_cache=False)
+    assert "; not key-tiled per call: no per-element op before the softmax" in _line(m)
+    assert "key_tiled" not in dense_kernels(m)[0].source
+
+
+def test_the_per_call_entry_saves_and_loads(monkeypatch, tmp_path):
+    both = _per_call(monkeypatch)
+    both.save(tmp_path / "a.geode")
+    back = geode.load(tmp_path / "a.geode")
+    for s in (16, 48):
+        feeds = feeds_for("pad", "float32", 1, 2, s, 8, s)
+        np.testing.assert_array_equal(back.run(feeds)["y"], both.run(feeds)["y"])
+
+
+def test_the_entry_refuses_a_key_tiled_body_of_other_arguments():
+    from geode.codegen.backends.llvm.attention_tiled import OnlinePanels
+    from geode.codegen.backends.llvm.dense import dense_ir
+    from geode.errors import CodegenError
+
+    body = _spec(OnlinePanels(8, 16, 1), name="d_tiled", epilogue="ep2")
+    ir = dense_ir(_spec(None, tiled=body, tiled_limit=4096))
+    assert "call i32 @d_tiled(ptr %ptrs, ptr %recs, ptr %ints)" in ir
+    assert "declare i32 @ep2(ptr, ptr, ptr)" in ir and "define i32 @d_tiled(" in ir
+    for bad in (
+        _spec(None, tiled=dataclasses.replace(body, a_rank=3), tiled_limit=1),
+        _spec(None, tiled=dataclasses.replace(body, online=None), tiled_limit=1),
+        _spec(None, tiled=dataclasses.replace(body, name="x"), tiled_limit=1),
+        _spec(OnlinePanels(8, 16, 1), tiled=body, tiled_limit=1),
+    ):
+        with pytest.raises(CodegenError, match="key-tiled body"):
             dense_ir(bad)

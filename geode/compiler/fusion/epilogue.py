@@ -122,6 +122,9 @@ class Epilogue:
     #: attention computed a block of key columns at a time with an online softmax
     #: (:mod:`geode.compiler.fusion.online`), or None
     online: OnlineSoftmax | None = None
+    #: a symbolic key length: the key-tiled form's body beside the row panels' in one
+    #: entry, chosen per call by the key length (``profit.online_switch_keys``), or None
+    switch: OnlineSoftmax | None = None
 
     @property
     def a_value(self) -> Value:

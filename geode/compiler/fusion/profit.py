@@ -509,9 +509,10 @@ def online_plan(dense: Node, second: Node, spec: DeviceSpec) -> tuple[bool, str]
     re-pack per panel) holds more scores than :data:`ONLINE_L2_SHARE` of one core's L2:
     each panel's scores, and the softmax's result beside them, then go to memory and back,
     where the key-tiled form keeps a block of :data:`ONLINE_ROWS` x :data:`ONLINE_KEYS`
-    scores in cache. A symbolic key length keeps the row panels: the kernel is one form or
-    the other, and short rows pay the key-tiled form's extra passes (BERT at 32 and 256
-    keys: 1.02-1.03x; ``docs/performance.md``)."""
+    scores in cache. A symbolic key length does not take it here: short rows pay the
+    key-tiled form's extra passes (BERT at 32 and 256 keys: 1.02-1.03x;
+    ``docs/performance.md``); its entry holds both bodies and chooses per call by the same
+    rule (:func:`online_switch_keys`)."""
     y = dense.outputs[0]
     if not isinstance((y.shape or (0,))[-1], int):
         return False, "the key length is symbolic (the key-tiled form pays on long rows only)"
@@ -529,4 +530,41 @@ def online_plan(dense: Node, second: Node, spec: DeviceSpec) -> tuple[bool, str]
     return True, (
         f"{what}, past {limit // 2**10} KiB of the core's L2: blocks of {ONLINE_ROWS} x "
         f"{ONLINE_KEYS} ({block // 2**10} KiB) instead"
+    )
+
+
+def online_limit(spec: DeviceSpec) -> int:
+    """Bytes of a row-panel path's panel of scores past which the key-tiled form pays
+    (:data:`ONLINE_L2_SHARE` of one core's L2; the dense entry's per-call rule)."""
+    return int(spec.l2_bytes * ONLINE_L2_SHARE)
+
+
+def _row_panel_rows(m: int, n: int, depth: int, item: int, spec: DeviceSpec) -> int:
+    """The row-panel path's rows per panel for ``m`` query rows and ``n`` keys (``depth``:
+    ``K + D``): the entry's rule (``backends/llvm/dense.py: _panel_rows``)."""
+    pb = panel_bytes(spec)
+    if n == 0 or depth * n * item > pb:
+        return max(1, m)
+    return max(1, min(max(DENSE_MIN_ROWS, pb // (n * item)), m))
+
+
+def online_switch_keys(dense: Node, second: Node, spec: DeviceSpec) -> tuple[int, str]:
+    """With a symbolic key length: the fewest keys from which the dense entry takes the
+    key-tiled body per call (the row-panel path's panel of scores past
+    :func:`online_limit`; query rows as many as keys unless fixed), and its text."""
+    y = dense.outputs[0]
+    item = y.dtype.itemsize
+    fixed_m = (y.shape or (0, 0))[-2]
+    depth = int(_dim(dense.inputs[1], -2) + _last(second.inputs[1]))
+    limit = online_limit(spec)
+    keys = 1
+    while keys < 1 << 20:
+        m = fixed_m if isinstance(fixed_m, int) else keys
+        if _row_panel_rows(m, keys, depth, item, spec) * keys * item > limit:
+            break
+        keys += 1
+    rows = f"{fixed_m} query rows" if isinstance(fixed_m, int) else "as many query rows as keys"
+    return keys, (
+        f"chosen per call: row panels below {keys} keys, key-tiled from {keys} (with {rows}, "
+        f"a row panel's scores past {limit // 2**10} KiB of the core's L2)"
     )

@@ -208,17 +208,28 @@ class DenseKernel:
     called like an LLVM kernel (``call(arrays, ints)``, ``ints`` the thread count)."""
 
     def __init__(
-        self, name: str, kernel: Any, epilogue: Any, ir: str, in_place: bool = False
+        self,
+        name: str,
+        kernel: Any,
+        epilogue: Any,
+        ir: str,
+        in_place: bool = False,
+        tiled: Any = None,
     ) -> None:
         self.name = name
         #: the GEMM writes the epilogue's output panels, rewritten in place (``DenseSpec.in_place``)
         self.in_place = in_place
         self.kernel = kernel  # the entry, an LLVMKernel
         self.epilogue = epilogue  # kept alive: the entry calls it
+        #: the key-tiled body's epilogue kernel (an entry choosing per call), or None
+        self.tiled = tiled
         self.source = ir + "\n; epilogue kernel\n" + epilogue.source
+        if tiled is not None:
+            self.source += "\n; key-tiled body's epilogue kernel\n" + tiled.source
         self.address = kernel.address
-        #: whether both the entry and the epilogue came from the disk cache
-        self.from_cache = all(getattr(k, "from_cache", False) for k in (kernel, epilogue))
+        parts = (kernel, epilogue) if tiled is None else (kernel, epilogue, tiled)
+        #: whether the entry and the epilogue(s) came from the disk cache
+        self.from_cache = all(getattr(k, "from_cache", False) for k in parts)
         self.chunked = True
         self.parallel = True
 
@@ -251,8 +262,10 @@ class DenseKernel:
 
     @property
     def llvm(self) -> str:
-        return self.kernel.llvm + "\n" + self.epilogue.llvm
+        more = "" if self.tiled is None else "\n" + self.tiled.llvm
+        return self.kernel.llvm + "\n" + self.epilogue.llvm + more
 
     @property
     def asm(self) -> str:
-        return self.kernel.asm + "\n" + self.epilogue.asm
+        more = "" if self.tiled is None else "\n" + self.tiled.asm
+        return self.kernel.asm + "\n" + self.epilogue.asm + more

@@ -60,6 +60,8 @@ its scratch reports :data:`NO_MEMORY`; an epilogue status ``s``, :data:`EPILOGUE
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,6 +257,11 @@ class DenseSpec:
     #: attention with a key-tiled (online) softmax: the epilogue computes the softmax's
     #: input per block of key columns (:mod:`~geode.codegen.backends.llvm.attention_tiled`)
     online: OnlinePanels | None = None
+    #: a symbolic key length: the key-tiled body's entry (named ``{name}_tiled``, the same
+    #: arguments), called when a row panel's scores (``mb x N x item``) pass ``tiled_limit``
+    #: bytes; else this entry's row panels run
+    tiled: DenseSpec | None = None
+    tiled_limit: int = 0
 
     @property
     def batch(self) -> int:
@@ -573,6 +580,8 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     recs = _records(w, _ranks(sp))
     s = _shape(w, sp, recs, item)
     brows = _check_ext(w, sp, recs, s, item)
+    if sp.tiled is not None:
+        _to_tiled(w, sp, s, item)
     n_ptr = sp.first_ext + len(sp.outer) + (1 if sp.v_rank else 0)
     ptrs = [w.word("%ptrs", i, "ptr") for i in range(n_ptr)]
     nb = sp.batch
@@ -638,6 +647,28 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     w.emit("  ret i32 %st")
     head = [f"define i32 @{sp.name}(ptr %ptrs, ptr %recs, ptr %ints) {{", "entry:"]
     return head + w.lines + ["}"]
+
+
+def _to_tiled(w: SsaWriter, sp: DenseSpec, s: dict, item: int) -> None:
+    """Branch to the key-tiled body's entry when a row panel's scores pass
+    ``sp.tiled_limit`` bytes (``profit.online_limit``'s rule on this call's shapes). Its
+    temporaries are named apart (``%kt..``): the row panels' code keeps its text."""
+    assert sp.tiled is not None
+    sub = SsaWriter()
+    sub.n = base = w.n
+    mb = _panel_rows(sub, sp, s, item)
+    scores = sub.op("mul", sub.op("mul", mb, s["N"]), item)
+    long = sub.op("icmp ugt", scores, sp.tiled_limit)
+    sub.emit(f"  br i1 {long}, label %key_tiled, label %row_panels")
+    sub.label("key_tiled")
+    sub.emit(f"  %tiled_st = call i32 @{sp.tiled.name}(ptr %ptrs, ptr %recs, ptr %ints)")
+    sub.emit("  ret i32 %tiled_st")
+    sub.label("row_panels")
+
+    def own(m: re.Match) -> str:
+        return f"%kt{m.group(1)}" if int(m.group(1)) > base else m.group(0)
+
+    w.lines += [re.sub(r"%t(\d+)\b", own, line) for line in sub.lines]
 
 
 def _gemm(
@@ -1137,23 +1168,44 @@ def dense_ir(sp: DenseSpec) -> str:
         *(["declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"] if sp.residual else []),
         *([f"declare {t} @llvm.sqrt.{x}({t})" for t, x in _SQRT] if sp.rms_eps is not None else []),
     ]
-    if sp.online is not None:
+    if sp.tiled is not None:
+        _check_tiled(sp)
+        head.append(f"declare i32 @{sp.tiled.epilogue}(ptr, ptr, ptr)")
+    online = sp.online or (sp.tiled.online if sp.tiled is not None else None)
+    if online is not None:
         head += online_declares(sp.dtype, head)
     body = _chunk(sp, item) + _entry(sp, item)
+    if sp.tiled is not None:
+        body += _chunk(sp.tiled, item) + _entry(sp.tiled, item)
     return "\n".join(head + body) + "\n"
 
 
+def _check_tiled(sp: DenseSpec) -> None:
+    """CodegenError unless ``sp.tiled`` is a key-tiled body taking ``sp``'s arguments."""
+    t = sp.tiled
+    assert t is not None
+    same = dataclasses.replace(t, name=sp.name, inner=sp.inner, inner_dims=sp.inner_dims)
+    same = dataclasses.replace(same, epilogue=sp.epilogue, online=None, tiled=sp.tiled)
+    same = dataclasses.replace(same, tiled_limit=sp.tiled_limit)
+    if sp.online is not None or t.online is None or t.tiled is not None or same != sp:
+        raise CodegenError(f"{sp.name}: the key-tiled body does not take the entry's arguments")
+    if t.name != f"{sp.name}_tiled" or t.epilogue == sp.epilogue:
+        raise CodegenError(f"{sp.name}: the key-tiled body needs its own names")
+    _check_online(t)
+
+
 def link_dense(
-    name: str, ir: str, cache_dir: CacheDir | None, epilogue: Any
+    name: str, ir: str, cache_dir: CacheDir | None, epilogue: Any, tiled: Any = None
 ) -> tuple[jit.Loaded, bool]:
     """The machine code of the dense entry ``name`` (module ``ir``, through the disk cache
-    in ``cache_dir``) linked to the compiled ``epilogue`` kernel it calls, which it keeps
-    alive (its address is in the code), and whether it came from the cache."""
+    in ``cache_dir``) linked to the compiled ``epilogue`` kernel it calls (and the
+    key-tiled body's, ``tiled``), which it keeps alive (its address is in the code), and
+    whether it came from the cache."""
     return build_module(
         name,
         ir,
         host(),
         cache_dir,
-        imports={epilogue.entry: epilogue.address},
-        keep=epilogue,
+        imports={e.entry: e.address for e in (epilogue, tiled) if e is not None},
+        keep=epilogue if tiled is None else (epilogue, tiled),
     )
