@@ -8,7 +8,9 @@ a multiple of the block stay fast. Results match a float64 numpy reference withi
 float sums' bounds and the row-panel path (``ONLINE_ATTENTION`` off) likewise: not bit
 for bit (the sums are regrouped per block); NaN where the row-panel path has NaN (rows
 all masked, NaN scores). Forms the kernel cannot run keep the row panels with their
-reason in ``explain()``."""
+reason in ``explain()``. A symbolic key length's entry holds both bodies and chooses per
+call (``_per_call``: the limit forced low so 33 keys take the key-tiled body): each length
+gives the bits of the path it chose."""
 
 from __future__ import annotations
 
@@ -382,7 +384,7 @@ def test_a_symbolic_length_chooses_per_call(monkeypatch):
     assert len(dense_kernels(both)) == 1
     assert "label %key_tiled" in dense_kernels(both)[0].source
     tiled, rows = compile_with(model("pad"), True), compile_with(model("pad"), False)
-    for s, same in ((16, rows), (32, rows), (48, tiled), (70, tiled)):
+    for s, same in ((16, rows), (32, rows), (33, tiled), (70, tiled)):
         feeds = feeds_for("pad", "float32", 2, 3, s, 8, s)
         got = both.run(feeds)["y"]
         np.testing.assert_array_equal(got, same.run(feeds)["y"])
@@ -442,3 +444,27 @@ def test_the_entry_refuses_a_key_tiled_body_of_other_arguments():
     ):
         with pytest.raises(CodegenError, match="key-tiled body"):
             dense_ir(bad)
+
+
+_PER_CALL: list = []
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    b=st.integers(1, 2),
+    h=st.integers(1, 3),
+    s=st.integers(1, 70),
+    d=st.integers(1, 16),
+    seed=st.integers(0, 1000),
+)
+def test_random_lengths_choose_per_call(b, h, s, d, seed):
+    """Any length: below 33 keys the row panels' bits, from 33 the key-tiled form's."""
+    if not _PER_CALL:
+        with pytest.MonkeyPatch.context() as mp:
+            _PER_CALL.append(_per_call(mp))
+        _PER_CALL.extend([compile_with(model("pad"), True), compile_with(model("pad"), False)])
+    both, tiled, rows = _PER_CALL
+    feeds = feeds_for("pad", "float32", b, h, s, d, seed)
+    got = both.run(feeds)["y"]
+    np.testing.assert_array_equal(got, (tiled if s >= 33 else rows).run(feeds)["y"])
+    np.testing.assert_allclose(got, reference("pad", feeds), rtol=2e-5, atol=2e-5)
