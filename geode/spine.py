@@ -223,7 +223,7 @@ def schedule(c: Compilation) -> None:
 
     def stage(job: driver.KernelJob, g: Graph, opts: config.Options, dump: Dumper) -> None:
         driver.schedule_job(job, g, opts, dump, sources)
-        driver.start_emit(job, opts)  # LLVM on it while the next kernels are scheduled
+        driver.start_emit(job, opts, g)  # LLVM on it while the next kernels are scheduled
 
     for job in c.jobs:
         _codegen_stage(c, job, stage)

@@ -136,8 +136,6 @@ def panel_graph(ep: Epilogue, model: Graph) -> PanelGraph:
     """``ep``'s group rebuilt over one panel (see the module docstring). Raises
     :class:`~geode.errors.CodegenError` when a cloned value's shape is not its role's."""
     y = ep.dense.outputs[0]
-    # causal panels compute fewer columns than the product's: the epilogue takes them as
-    # an argument
     # causal panels compute fewer columns than the product's, key-tiled ones a block of
     # them: the epilogue takes them as an argument
     fixed = isinstance(y.shape[-1], int) and ep.causal is None and ep.online is None

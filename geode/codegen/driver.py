@@ -105,6 +105,9 @@ class KernelJob:
     packed_nodes: tuple[str, ...] = ()
     #: a GEMM epilogue's entry module, being compiled in the background (:func:`start_emit`)
     dense_ir: str = ""
+    #: an entry that chooses per call (``Epilogue.switch``): its key-tiled body's panel
+    #: graph, lowered kernel, schedule and background module (:func:`_start_tiled`)
+    tiled: Any = None
 
     def graph_of(self, model: Graph) -> Graph:
         """The graph the job's group belongs to: the model's, or its panel graph's."""
@@ -221,11 +224,13 @@ def check_backend_settings(opts: Options) -> None:
         setting()
 
 
-def start_emit(job: KernelJob, opts: Options) -> None:
+def start_emit(job: KernelJob, opts: Options, model: Graph | None = None) -> None:
     """Begin compiling the job's scheduled kernel (LLVM backend): its module emitted now,
     LLVM started on it on a background thread, so it compiles while the next kernels
     are scheduled; :func:`emit_job` links it. A module that cannot be emitted is left to
-    :func:`emit_job`, which raises."""
+    :func:`emit_job`, which raises. A GEMM epilogue's entry module starts too, and for an
+    entry that chooses per call (``model`` given) its key-tiled body's kernel
+    (:func:`_start_tiled`)."""
     if opts.backend != "llvm" or job.schedule is None:
         return
     from geode.codegen.autoschedule import choices
@@ -240,12 +245,18 @@ def start_emit(job: KernelJob, opts: Options) -> None:
         )
     except CodegenError:
         job.emitted = None
-    if job.panel is not None and job.emitted is not None and job.panel.epilogue.switch is None:
-        try:
-            _, job.dense_ir = dense_module(*_dense_args(job, opts, job.emitted.entry))
-        except GeodeError:
-            return  # left to dense_job, which raises
-        start_dense(f"geode_dense_{job.emitted.entry}", job.dense_ir, object_cache(opts))
+    if job.panel is None or job.emitted is None:
+        return
+    try:
+        body = None
+        if job.panel.epilogue.switch is not None:
+            if model is None:
+                return  # left to dense_job
+            body = _start_tiled(job, model, opts)
+        _, job.dense_ir = dense_module(*_dense_args(job, opts, job.emitted.entry), tiled=body)
+    except GeodeError:
+        return  # left to dense_job, which raises (or builds the row panels alone)
+    start_dense(f"geode_dense_{job.emitted.entry}", job.dense_ir, object_cache(opts))
 
 
 def abandon_emit(job: KernelJob) -> None:
@@ -257,6 +268,10 @@ def abandon_emit(job: KernelJob) -> None:
         abandon_compile(job.emitted)
     if job.dense_ir:
         abandon_dense(job.dense_ir)
+    if job.tiled is not None:
+        from geode.codegen.backends.llvm.kernel import abandon_compile
+
+        abandon_compile(job.tiled[-1])
 
 
 def emit_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
@@ -619,18 +634,46 @@ def _tiled_body(job: KernelJob, g: Graph, opts: Options) -> tuple[TiledBody, Any
     """The key-tiled body of an attention whose entry chooses per call
     (``Epilogue.switch``: a symbolic key length) and its compiled epilogue kernel (the
     softmax's per-element part over a block of keys, default schedule), or None."""
-    ep = job.panel.epilogue
-    if ep.switch is None:
+    if job.panel.epilogue.switch is None:
         return None
-    from geode.compiler.fusion.profit import online_limit
+    pg, lowered, schedule, emitted = job.tiled or (*_tiled_parts(job, g, opts), None)
+    native = emit_kernel(schedule.kernel, opts, emitted)
+    return _tiled(pg, lowered, schedule, native.entry, opts), native
 
+
+def _tiled_parts(job: KernelJob, g: Graph, opts: Options) -> tuple:
+    """The key-tiled body's panel graph (the epilogue's per-element part), lowered
+    kernel and default schedule, for an entry that chooses per call."""
+    ep = job.panel.epilogue
     pg = panel_graph(dataclasses.replace(ep, online=ep.switch, switch=None), g)
     lowered = lower_group(pg.group, pg.graph, f"{job.name}_tiled")
-    schedule = default_schedule(lowered, pg.group, opts)
-    native = emit_kernel(schedule.kernel, opts)
+    return pg, lowered, default_schedule(lowered, pg.group, opts)
+
+
+def _tiled(pg: PanelGraph, lowered: Any, schedule: Any, entry: str, opts: Options) -> TiledBody:
+    from geode.compiler.fusion.profit import online_limit
+
     views = arg_views(lowered, schedule.kernel)
-    limit = online_limit(plan_spec(opts))
-    return TiledBody(pg, lowered, views, native.entry, limit), native
+    return TiledBody(pg, lowered, views, entry, online_limit(plan_spec(opts)))
+
+
+def _start_tiled(job: KernelJob, g: Graph, opts: Options) -> TiledBody:
+    """The key-tiled body of an entry that chooses per call, its kernel's module started
+    on a background LLVM thread like the job's own (kept in ``job.tiled`` for
+    :func:`_tiled_body` to link): the switching entry then compiles in the background too,
+    off the compile's critical path."""
+    from geode.codegen.autoschedule import choices
+    from geode.codegen.backends.llvm.kernel import start_compile
+
+    pg, lowered, schedule = _tiled_parts(job, g, opts)
+    emitted = start_compile(
+        schedule.kernel,
+        fastmath=opts.fastmath,
+        cache_dir=object_cache(opts),
+        min_work=choices().parallel_min_elements,
+    )
+    job.tiled = (pg, lowered, schedule, emitted)
+    return _tiled(pg, lowered, schedule, emitted.entry, opts)
 
 
 def _dense_kernel(job: KernelJob, g: Graph, opts: Options, args: tuple) -> tuple:

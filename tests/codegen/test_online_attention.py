@@ -468,3 +468,27 @@ def test_random_lengths_choose_per_call(b, h, s, d, seed):
     got = both.run(feeds)["y"]
     np.testing.assert_array_equal(got, (tiled if s >= 33 else rows).run(feeds)["y"])
     np.testing.assert_allclose(got, reference("pad", feeds), rtol=2e-5, atol=2e-5)
+
+
+def test_the_per_call_entry_compiles_in_the_background(monkeypatch, tmp_path, llvm_runs):
+    """The entry that chooses per call and its key-tiled body's kernel are started on the
+    background LLVM threads at the schedule stage (off the compile's critical path) and
+    claimed at emit: each compiled once, nothing left pending; right on long rows."""
+    from geode.codegen.backends.llvm import background
+
+    started, compiled = llvm_runs
+    before = background.pending()
+    monkeypatch.setattr(profit, "online_limit", lambda spec: 4096)
+    monkeypatch.setattr(profit, "ONLINE_ROWS", 8)
+    monkeypatch.setattr(profit, "ONLINE_KEYS", 16)
+    m = geode.compile(
+        model("pad"), session=geode.Session(), model_cache=False, cache_dir=str(tmp_path)
+    )
+    entry = [ir for ir in started if "label %key_tiled" in ir]
+    body = [ir for ir in started if "_tiled.par" in ir and "@geode_dense_" not in ir]
+    assert len(entry) == 1 and compiled.count(entry[0]) == 1
+    assert len(body) == 1 and compiled.count(body[0]) == 1
+    assert entry[0] in dense_kernels(m)[0].source
+    assert background.pending() == before
+    feeds = feeds_for("pad", "float32", 2, 3, 70, 8, 70)
+    np.testing.assert_allclose(m.run(feeds)["y"], reference("pad", feeds), rtol=2e-5, atol=2e-5)
