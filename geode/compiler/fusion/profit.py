@@ -20,7 +20,7 @@ from geode.compiler.fusion.stitch import STITCH_PARTIALS
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.shapes import Dim
 from geode.costmodel.device import DeviceSpec
-from geode.costmodel.sol import KernelWork, decide_merge
+from geode.costmodel.sol import Decision, KernelWork, decide_merge
 
 #: value every symbolic dim takes when scoring (one nominal problem size)
 NOMINAL_DIM = 512
@@ -308,15 +308,23 @@ def sibling_plan(dense: Node, sibling: Node, spec: DeviceSpec) -> tuple[bool, st
     beside ``dense``'s pays, and why, by the SOL model: apart, the sibling's GEMM writes
     its product and the epilogue reads it back, a launch of its own; fused, its GEMM runs
     in the panel (the same multiply-adds and weight reads, ``A``'s panel read again)."""
-    u, a, w = sibling.outputs[0], sibling.inputs[0], sibling.inputs[1]
+    d = _beside(sibling, spec)
+    return d.take, f"{sibling.name} per panel beside {dense.name}: {d.reason}"
+
+
+def _beside(gemm_node: Node, spec: DeviceSpec) -> Decision:
+    """The SOL model's verdict on a MatMul computed per panel beside another GEMM: apart,
+    its GEMM writes its product and the epilogue reads it back, a launch of its own;
+    fused, its GEMM runs in the panel (the same multiply-adds and reads of its ``A`` and
+    weight)."""
+    u, a, w = gemm_node.outputs[0], gemm_node.inputs[0], gemm_node.inputs[1]
     flops = 2.0 * numel(u) * _dim(w, -2)
     gemm = KernelWork(bytes_read=nbytes(a) + nbytes(w), bytes_written=nbytes(u), flops=flops)
     readback = KernelWork(bytes_read=nbytes(u), bytes_written=0.0, flops=0.0, n_kernels=0)
     fused = KernelWork(
         bytes_read=nbytes(a) + nbytes(w), bytes_written=0.0, flops=flops, n_kernels=0
     )
-    d = decide_merge([gemm, readback], fused, spec)
-    return d.take, f"{sibling.name} per panel beside {dense.name}: {d.reason}"
+    return decide_merge([gemm, readback], fused, spec)
 
 
 def partner_plan(dense: Node, partner: Node, spec: DeviceSpec) -> tuple[bool, str]:
@@ -325,14 +333,7 @@ def partner_plan(dense: Node, partner: Node, spec: DeviceSpec) -> tuple[bool, st
     and why, by the SOL model: apart, the partner's GEMM writes its product and the
     epilogue reads it back, a launch of its own; fused, its GEMM runs in the panel (the
     same multiply-adds and reads of its ``A`` and weight)."""
-    u, a, w = partner.outputs[0], partner.inputs[0], partner.inputs[1]
-    flops = 2.0 * numel(u) * _dim(w, -2)
-    gemm = KernelWork(bytes_read=nbytes(a) + nbytes(w), bytes_written=nbytes(u), flops=flops)
-    readback = KernelWork(bytes_read=nbytes(u), bytes_written=0.0, flops=0.0, n_kernels=0)
-    fused = KernelWork(
-        bytes_read=nbytes(a) + nbytes(w), bytes_written=0.0, flops=flops, n_kernels=0
-    )
-    d = decide_merge([gemm, readback], fused, spec)
+    d = _beside(partner, spec)
     return d.take, f"{partner.name} per panel beside {dense.name} (its own A): {d.reason}"
 
 
