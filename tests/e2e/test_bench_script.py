@@ -250,3 +250,21 @@ def test_llama_mlp_bench_pairs_the_step_with_its_bare_gemms(monkeypatch, tmp_pat
     assert len(got["step/bare"]) == 2 and min(got["step/bare"]) > 0
     assert len(got["variant/base"]) == 2 and got["same_bits"] is False
     assert llama_mlp.summary([1.0, 1.0]) == "1.000 (1.000-1.000)"
+
+
+@pytest.mark.slow  # ~18 s: two compiles, an onnxruntime session, timed blocks
+def test_long_attention_bench_prints_a_row_per_length(monkeypatch, capsys) -> None:
+    """``bench/long_attention.py``: the key-tiled and the row-panel forms and onnxruntime
+    are timed side by side, one table row per length, with the forms' results within
+    rounding of onnxruntime's."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parents[1]))
+    from bench import long_attention
+
+    args = ["--lengths", "40", "--heads", "1", "--depth", "8", "--blocks", "2", "--mask", "add"]
+    assert long_attention.main([*args, "--threads", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 40 |")]
+    assert len(rows) == 1, rows
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert len(cells) == 5
+    diffs = [float(x) for x in cells[4].split(",")]
+    assert all(0.0 <= d < 1e-4 for d in diffs), diffs
