@@ -29,11 +29,11 @@ result to a codegen bug.
 
 from __future__ import annotations
 
-import importlib
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import geode.config as config
@@ -238,19 +238,37 @@ def schedule(c: Compilation) -> None:
         log.warning(msg)
 
 
-#: the native library code of single AICPU nodes by op type: the module, its function
-#: starting the node's module ahead, and its function choosing the node's step. A module
-#: is imported on the first node of its ops (an LSTM's code generator alone is ~18 ms of
-#: a cold compile's main thread before its first kernel; a model with no LSTM never
-#: needs it); each function checks the node's domain itself
-_NATIVE_LIBRARIES: dict[str, tuple[str, str, str]] = {
-    "Conv": ("geode.codegen.native_conv", "start_conv", "conv_interface"),
-    FUSED_CONV: ("geode.codegen.native_conv", "start_conv", "conv_interface"),
+def _conv_library() -> ModuleType:
+    from geode.codegen import native_conv
+
+    return native_conv
+
+
+def _pool_library() -> ModuleType:
+    from geode.codegen import native_pool
+
+    return native_pool
+
+
+def _rnn_library() -> ModuleType:
+    from geode.codegen import native_rnn
+
+    return native_rnn
+
+
+#: the native library code of single AICPU nodes by op type: what imports its module,
+#: its function starting the node's module ahead, and its function choosing the node's
+#: step. A module is imported on the first node of its ops (an LSTM's code generator
+#: alone is ~18 ms of a cold compile's main thread before its first kernel; a model with
+#: no LSTM never needs it); each function checks the node's domain itself
+_NATIVE_LIBRARIES: dict[str, tuple[Callable[[], ModuleType], str, str]] = {
+    "Conv": (_conv_library, "start_conv", "conv_interface"),
+    FUSED_CONV: (_conv_library, "start_conv", "conv_interface"),
     **{
-        op: ("geode.codegen.native_pool", "start_pool", "pool_interface")
+        op: (_pool_library, "start_pool", "pool_interface")
         for op in ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
     },
-    "LSTM": ("geode.codegen.native_rnn", "start_lstm", "rnn_interface"),
+    "LSTM": (_rnn_library, "start_lstm", "rnn_interface"),
 }
 
 
@@ -260,7 +278,7 @@ def _native_library(node: Node, which: int) -> Callable[..., Any] | None:
     entry = _NATIVE_LIBRARIES.get(node.op_type)
     if entry is None:
         return None
-    return getattr(importlib.import_module(entry[0]), entry[which])
+    return getattr(entry[0](), entry[which])
 
 
 def _library_starts(node: Node) -> tuple[Callable[..., str | None], ...]:

@@ -2,7 +2,8 @@
 
 Every module under ``geode/`` is parsed with :mod:`ast`; every ``import`` in it,
 function-local ones included, is an arrow from the importing module to the imported
-one. Layers, top to bottom (a module may import its own layer and the layers below):
+one (so is ``importlib.import_module`` of a literal geode module name). Layers, top
+to bottom (a module may import its own layer and the layers below):
 
 ====  =========  ===========================================================
 rank  layer      modules
@@ -171,7 +172,22 @@ def _import_nodes(source: str) -> tuple[tuple[int, int, str, tuple[str, ...], bo
         elif isinstance(node, ast.ImportFrom):
             names = tuple(a.name for a in node.names)
             out.append((node.lineno, node.level, node.module or "", names, True))
+        elif _literal_import(node) is not None:
+            out.append((node.lineno, 0, "", (_literal_import(node),), False))
     return tuple(out)
+
+
+def _literal_import(node: ast.AST) -> str | None:
+    """The module of ``importlib.import_module("geode...")`` (or a bare
+    ``import_module``) called with a literal name: an import too, though no statement
+    says so; None for any other node."""
+    if not (isinstance(node, ast.Call) and node.args):
+        return None
+    f, arg = node.func, node.args[0]
+    name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+    if name != "import_module" or not isinstance(arg, ast.Constant):
+        return None
+    return arg.value if isinstance(arg.value, str) else None
 
 
 def imports_of(
@@ -403,6 +419,21 @@ def test_checker_catches_a_planted_upward_import() -> None:
     bad = layer_violations(scan(sources))
     assert bad == [
         "geode/runtime/bad.py:2: geode.runtime.bad (runtime) imports geode.session "
+        "(session), a higher layer"
+    ]
+
+
+def test_checker_catches_an_upward_import_by_name() -> None:
+    sources = {
+        "geode.session": ("geode/session.py", "", False),
+        "geode.runtime.bad": (
+            "geode/runtime/bad.py",
+            "import importlib\n\ndef f():\n    return importlib.import_module('geode.session')\n",
+            False,
+        ),
+    }
+    assert layer_violations(scan(sources)) == [
+        "geode/runtime/bad.py:4: geode.runtime.bad (runtime) imports geode.session "
         "(session), a higher layer"
     ]
 
