@@ -41,7 +41,12 @@ from geode.compiler.fusion.groups import Group
 from geode.compiler.fusion.head_views import HeadView
 from geode.compiler.fusion.online import OnlineSoftmax
 from geode.compiler.fusion.patterns import reduce_axes
-from geode.compiler.fusion.summed import narrow_width, slice_roles, split_roles
+from geode.compiler.fusion.summed import (
+    hoisted_products,
+    narrow_width,
+    slice_roles,
+    split_roles,
+)
 from geode.compiler.ir import Graph, Node, Value
 from geode.compiler.ops import registry
 from geode.compiler.ops.registry import OpKind
@@ -364,20 +369,10 @@ def sibling_candidates(ep: Epilogue, is_native: object) -> tuple[Value, ...]:
     :func:`sibling_gemm` may then compute the product per panel. ``is_native(node)`` says
     whether a MatMul runs natively."""
     a = ep.dense.inputs[0]
-    found: list[Value] = []
-    for node in ep.hoisted:
-        for v in node.inputs:
-            prod = None if v is None else v.producer
-            if (
-                prod is not None
-                and prod is not ep.dense
-                and prod.op_type == "MatMul"
-                and prod.inputs[0] is a
-                and is_native(prod)  # type: ignore[operator]
-                and all(v is not f for f in found)
-            ):
-                found.append(v)
-    return tuple(found[:1])
+    for v, prod in hoisted_products(ep, is_native):
+        if prod.inputs[0] is a:
+            return (v,)
+    return ()
 
 
 def sibling_gemm(ep: Epilogue, graph: Graph, is_native: object) -> Node | str:

@@ -21,6 +21,7 @@ caller checks the packing; :func:`partner_gemm` the rest).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from geode.compiler.shapes import same_dim
 
 __all__ = [
     "COLUMN_SLICES",
+    "hoisted_products",
     "narrow_width",
     "partner_candidates",
     "partner_gemm",
@@ -196,6 +198,23 @@ def partner_gemm(ep: Any, graph: Graph, is_native: Any) -> Node | str:
     return found
 
 
+def hoisted_products(ep: Any, is_native: Any) -> Iterator[tuple[Value, Node]]:
+    """The products of native MatMuls other than the dense node's that the epilogue's
+    hoisted nodes read, with their MatMuls, in the order the nodes read them: the
+    candidates for a sibling GEMM (the same ``A``) and a partner GEMM (another ``A``).
+    ``is_native(node)`` says whether a MatMul runs natively."""
+    for node in ep.hoisted:
+        for v in node.inputs:
+            prod = None if v is None else v.producer
+            if (
+                prod is not None
+                and prod is not ep.dense
+                and prod.op_type == "MatMul"
+                and is_native(prod)
+            ):
+                yield v, prod
+
+
 def partner_candidates(ep: Any, is_native: Any) -> tuple[Value, ...]:
     """The product of another native MatMul, of another ``A`` of the same rows, that the
     epilogue's hoisted nodes read (an LSTM cell's ``x Wx + b`` beside ``h Wh``):
@@ -203,6 +222,11 @@ def partner_candidates(ep: Any, is_native: Any) -> tuple[Value, ...]:
     in the epilogue, and :func:`partner_gemm` may then compute the product per panel."""
     if ep.batched:
         return ()
+    a = ep.dense.inputs[0]
+    for v, prod in hoisted_products(ep, is_native):
+        if prod.inputs[0] is not a and _same_rows(a, prod.inputs[0]):
+            return (v,)
+    return ()
     a = ep.dense.inputs[0]
     for node in ep.hoisted:
         for v in node.inputs:
