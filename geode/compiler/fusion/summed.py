@@ -227,17 +227,3 @@ def partner_candidates(ep: Any, is_native: Any) -> tuple[Value, ...]:
         if prod.inputs[0] is not a and _same_rows(a, prod.inputs[0]):
             return (v,)
     return ()
-    a = ep.dense.inputs[0]
-    for node in ep.hoisted:
-        for v in node.inputs:
-            prod = None if v is None else v.producer
-            if (
-                prod is not None
-                and prod is not ep.dense
-                and prod.op_type == "MatMul"
-                and prod.inputs[0] is not a
-                and _same_rows(a, prod.inputs[0])
-                and is_native(prod)
-            ):
-                return (v,)
-    return ()
