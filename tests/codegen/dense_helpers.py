@@ -33,3 +33,26 @@ def compile_fresh(g: geode.Graph, threads: int = 2, **opts: object) -> geode.Mod
 def rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
     """Standard normal float32 values of ``shape`` from ``rng``."""
     return rng.standard_normal(shape).astype(np.float32)
+
+
+def attention_spec(**kw: object) -> object:
+    """A batched attention entry's ``DenseSpec`` (``[B, H, S, D]`` operands, a ``[S, S]``
+    mask as a ``bfull`` input, the product and one output as the epilogue's) with ``kw``
+    replacing its fields: the base the entry's refusal tests vary."""
+    from geode.codegen.backends.llvm.dense import DenseSpec, InnerArg, OuterArg
+
+    base = dict(
+        name="d",
+        dtype="float32",
+        a_rank=4,
+        b_rank=4,
+        outer=(OuterArg("bfull", 2, 1),),
+        inner=(InnerArg(-1, "acc", 4), InnerArg(0, "bfull", 1), InnerArg(-2, "full", 4)),
+        inner_dims=("rows", "cols"),
+        epilogue="ep",
+        panel_bytes=1 << 19,
+        min_rows=16,
+        v_rank=4,
+    )
+    base.update(kw)
+    return DenseSpec(**base)  # type: ignore[arg-type]

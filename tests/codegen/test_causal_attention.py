@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dense_helpers import dense_kernels
+from dense_helpers import attention_spec, dense_kernels
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import geode
 import geode.codegen.epilogues as epilogues
-from geode.codegen.backends.llvm.dense import CausalPanels, DenseSpec, InnerArg, dense_ir
+from geode.codegen.backends.llvm.dense import CausalPanels, DenseSpec, dense_ir
 from geode.errors import CodegenError
 
 TYPES = {"float32": TensorProto.FLOAT, "float64": TensorProto.DOUBLE}
@@ -245,25 +245,7 @@ def test_a_short_query_keeps_every_column():
 
 
 def _spec(causal: CausalPanels, **kw: object) -> DenseSpec:
-    inner = (InnerArg(-1, "acc", 4), InnerArg(0, "bfull", 1), InnerArg(-2, "full", 4))
-    from geode.codegen.backends.llvm.dense import OuterArg
-
-    base = dict(
-        name="d",
-        dtype="float32",
-        a_rank=4,
-        b_rank=4,
-        outer=(OuterArg("bfull", 2, 1),),
-        inner=inner,
-        inner_dims=("rows", "cols"),
-        epilogue="ep",
-        panel_bytes=1 << 19,
-        min_rows=16,
-        v_rank=4,
-        causal=causal,
-    )
-    base.update(kw)
-    return DenseSpec(**base)  # type: ignore[arg-type]
+    return attention_spec(causal=causal, **kw)  # type: ignore[return-value]
 
 
 def test_the_entry_refuses_causal_panels_it_cannot_run():

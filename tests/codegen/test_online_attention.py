@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from dense_helpers import dense_kernels
+from dense_helpers import attention_spec, dense_kernels
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -323,24 +323,7 @@ def test_heads_read_in_place(fused, mask, threads):
 
 
 def _spec(online: object, **kw: object) -> object:
-    from geode.codegen.backends.llvm.dense import DenseSpec, InnerArg, OuterArg
-
-    base = dict(
-        name="d",
-        dtype="float32",
-        a_rank=4,
-        b_rank=4,
-        outer=(OuterArg("bfull", 2, 1),),
-        inner=(InnerArg(-1, "acc", 4), InnerArg(0, "bfull", 1), InnerArg(-2, "full", 4)),
-        inner_dims=("rows", "cols"),
-        epilogue="ep",
-        panel_bytes=1 << 19,
-        min_rows=16,
-        v_rank=4,
-        online=online,
-    )
-    base.update(kw)
-    return DenseSpec(**base)  # type: ignore[arg-type]
+    return attention_spec(online=online, **kw)
 
 
 def test_the_entry_refuses_key_tiled_panels_it_cannot_run():
