@@ -169,14 +169,22 @@ def _input_spec(v: Value, slot: int, bound_first: dict[str, str]) -> InputSpec:
     return InputSpec(v.name, slot, v.dtype, tuple(dims), text, tuple(checks))
 
 
-def build_plan(graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str) -> Plan:
+def build_plan(
+    graph: Graph,
+    units: list[Unit],
+    vm: VarManager,
+    key_prefix: str,
+    chain_entries: Any = None,
+) -> Plan:
     """Build the runtime plan for ``units`` (already in a valid execution order). Every
     constant and variable it registers in ``vm`` is held once per slot (the session
     releases the holds when the model dies: :func:`held_keys`); on failure the holds
-    taken so far are released."""
+    taken so far are released. ``chain_entries``: what gives each chain of native steps
+    its own native entry (a :class:`geode.codegen.backends.llvm.chain.ChainBuilder`;
+    None: chains loop over their members)."""
     held: list = []
     try:
-        return _build_plan(graph, units, vm, key_prefix, held)
+        return _build_plan(graph, units, vm, key_prefix, held, chain_entries)
     except BaseException:
         vm.release_keys(held)
         raise
@@ -188,7 +196,12 @@ def held_keys(plan: Plan) -> list:
 
 
 def _build_plan(
-    graph: Graph, units: list[Unit], vm: VarManager, key_prefix: str, held: list
+    graph: Graph,
+    units: list[Unit],
+    vm: VarManager,
+    key_prefix: str,
+    held: list,
+    chain_entries: Any = None,
 ) -> Plan:
     slots: list[Slot] = []
     slot_of: dict[int, int] = {}
@@ -235,7 +248,9 @@ def _build_plan(
     broadcasts = _broadcast_constraints(graph, input_names)
     memo = _binding_steps(step_units, steps, slots, aliases)
     text = describe_memory(slots, steps, memory, aliases, out_slots)
-    steps, release, memo = _chain_native_runs(step_units, steps, release, memo, aliases)
+    steps, release, memo = _chain_native_runs(
+        step_units, steps, release, memo, aliases, chain_entries
+    )
     start, after = _alias_schedule(steps, aliases)
     late += _broadcast_constraints(graph, input_names, late=True)
     checks_after = _late_check_schedule(late, steps, slots, input_names)
@@ -468,31 +483,32 @@ def _chain_native_runs(
     release: list[list[int]],
     memo: frozenset[int],
     aliases: dict[int, Alias],
+    chain_entries: Any = None,
 ) -> tuple[list[Step], list[list[int]], frozenset[int]]:
     """Replace every run of two or more consecutive chainable AI Core steps (not memoized)
     by one chain step (:mod:`geode.runtime.chains`); the memory plan was made for the
     unchained steps and stays valid, release lists and memo indices are carried over. A
-    chain makes the aliases its members read of what earlier members wrote itself."""
-    from geode.runtime.chains import MAX_CHAIN, chain_step, chainable, entries_of
+    chain makes the aliases its members read of what earlier members wrote itself.
+    ``chain_entries`` (see :func:`build_plan`): every chain's entry module is started
+    first (compiled on the background threads while the others are made)."""
+    from geode.runtime.chains import chain_shape, chain_step
 
-    def ok(k: int) -> bool:
-        return units[k].engine == "aicore" and k not in memo and chainable(units[k].kernel)
-
+    runs = _chain_runs(units, len(steps), memo)
+    starts = {k: end for k, end in runs}
+    if chain_entries is not None:
+        for k, end in runs:
+            kernels = [units[j].kernel for j in range(k, end)]
+            chain_entries.start(chain_shape(steps[k:end], kernels))
     new_steps: list[Step] = []
     new_release: list[list[int]] = []
     new_memo: set[int] = set()
     k = 0
     while k < len(steps):
-        end, n_entries = k, 0
-        while end < len(steps) and ok(end):
-            n_entries += entries_of(units[end].kernel)
-            if n_entries > MAX_CHAIN:
-                break
-            end += 1
-        if end - k >= 2:
+        if k in starts:
+            end = starts[k]
             kernels = [units[j].kernel for j in range(k, end)]
             views = {a: (x.root, x.view) for a, x in aliases.items()}
-            new_steps.append(chain_step(steps[k:end], kernels, views))
+            new_steps.append(chain_step(steps[k:end], kernels, views, chain_entries))
             new_release.append([s for j in range(k, end) for s in release[j]])
             k = end
             continue
@@ -502,6 +518,30 @@ def _chain_native_runs(
         new_release.append(release[k])
         k += 1
     return new_steps, new_release, frozenset(new_memo)
+
+
+def _chain_runs(units: list[Unit], n_steps: int, memo: frozenset[int]) -> list[tuple[int, int]]:
+    """The ``(first, end)`` step ranges :func:`_chain_native_runs` makes chains of."""
+    from geode.runtime.chains import MAX_CHAIN, chainable, entries_of
+
+    def ok(k: int) -> bool:
+        return units[k].engine == "aicore" and k not in memo and chainable(units[k].kernel)
+
+    runs: list[tuple[int, int]] = []
+    k = 0
+    while k < n_steps:
+        end, n_entries = k, 0
+        while end < n_steps and ok(end):
+            n_entries += entries_of(units[end].kernel)
+            if n_entries > MAX_CHAIN:
+                break
+            end += 1
+        if end - k >= 2:
+            runs.append((k, end))
+            k = end
+        else:
+            k += 1
+    return runs
 
 
 #: ops whose results are not a function of their inputs (random draws), that act on

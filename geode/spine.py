@@ -449,7 +449,8 @@ def engines(c: Compilation) -> None:
 def plan(c: Compilation) -> None:
     """The runtime plan: a slot per value, constants and variables registered with the
     VarManager, the activation memory plan."""
-    c.plan = build_plan(c.graph, c.units, c.var_manager, c.key_prefix)
+    chains = driver.chain_builder(c.opts, c.dump)
+    c.plan = build_plan(c.graph, c.units, c.var_manager, c.key_prefix, chains)
     c.plan.memory_limit = c.opts.memory_limit_mb << 20
     c.dump.stage("memory_plan", c.plan.memory_text)
 

@@ -69,6 +69,18 @@ def object_cache(opts: Options) -> Any:
     return CacheLocation(opts.cache_dir, opts.cache_sign)
 
 
+def chain_builder(opts: Options, dump: Any = None, packed: Any = None) -> Any:
+    """What gives a plan's chains of native steps their own native entries (the LLVM
+    backend's :class:`~geode.codegen.backends.llvm.chain.ChainBuilder`, its modules in
+    the object cache of ``opts``, shown to ``dump``); None for the numba backend, without
+    codegen, or with ``GEODE_CHAIN_ENTRY=0``: the chains loop over their members."""
+    if opts.backend != "llvm" or not opts.codegen:
+        return None
+    from geode.codegen.backends.llvm.chain import ChainBuilder, enabled
+
+    return ChainBuilder(object_cache(opts), packed, dump=dump) if enabled() else None
+
+
 class CodegenWarning(UserWarning):
     """A group could not be compiled and falls back to the AICPU engine."""
 

@@ -49,7 +49,7 @@ def load_model(
     bind_units(units)
     shared = {name for name in snapshots if name in vm}
     try:
-        plan = build_plan(g, units, vm, key_prefix)
+        plan = build_plan(g, units, vm, key_prefix, _chain_builder(h.get("chains"), c))
     except ModelFileError:
         raise
     except GeodeError as exc:
@@ -75,6 +75,23 @@ def load_model(
     t_end = time.perf_counter()
     timings.update(plan=t_end - t_link, total=t_end - t0)
     return model, g, units
+
+
+def _chain_builder(records: Any, c: container.Container) -> Any:
+    """What the plan's chains get their entries from: the object code the file packed
+    (a chain whose module it lacks runs the loop; nothing is compiled), None with
+    ``GEODE_CHAIN_ENTRY=0``. Raises ModelFileError for malformed records."""
+    from geode.codegen.backends.llvm.chain import ChainBuilder, enabled
+
+    records = [] if records is None else records
+    if not isinstance(records, list):
+        raise ModelFileError(f"model file {c.path!r}: bad chain records")
+    packed: dict[str, bytes] = {}
+    for rec in records:
+        if not isinstance(rec, dict) or not isinstance(rec.get("key"), str):
+            raise ModelFileError(f"model file {c.path!r}: bad chain record {rec!r}")
+        packed[rec["key"]] = bytes(c.blob(rec.get("object")))
+    return ChainBuilder(packed=packed, compile=False) if enabled() else None
 
 
 class _Text:

@@ -59,6 +59,7 @@ def save_model(
         "graph": encode_graph(graph, w, constants=external_data == "embed"),
         "units": encode_units(units, w, images),
         "images": images.records,
+        "chains": _chain_objects(model, w),
         "variables": _variables(model, graph, w, snapshot == "current"),
         "var_manager": encode_state(model),
         "memory": model.plan.memory_text,
@@ -73,6 +74,17 @@ def save_model(
     size = w.write(path, header, overwrite, sync)
     model.stats["save_seconds"] = time.perf_counter() - t0
     return size
+
+
+def _chain_objects(model: CompiledModel, w: Writer) -> list[dict[str, Any]]:
+    """The object code of the model's chain entries (``codegen/backends/llvm/chain.py``),
+    one record per module key: what a load links them from without LLVM."""
+    records: dict[str, dict[str, Any]] = {}
+    for step in model.plan.steps:
+        entry = step.info.get("chain_entry")
+        if entry is not None and entry.key not in records:
+            records[entry.key] = {"key": entry.key, "object": w.add(entry.obj)}
+    return list(records.values())
 
 
 def _variables(

@@ -17,6 +17,12 @@ the same :class:`ExecutionError` as the unchained step, naming the step and the 
 Indices folded into the kernel as constants depend only on the binding: they are checked
 once per binding, before the chain's first run with it.
 
+A chain may have a native entry of its own (``entry_maker``, injected by the plan's
+builder: the LLVM backend generates one function calling every member by symbol,
+``codegen/backends/llvm/chain.py``): ``call_chain`` then validates the arguments as
+before and makes one call into it instead of looping over the members; the same slices,
+the same status. Without one (no maker, or it has no object code) the loop runs.
+
 A step the executor memoizes (``Plan.memo_steps``) is never part of a chain. A member
 that reads an alias (a view, ``Plan.aliases``) of what an earlier member wrote gets the
 view from the chain itself: the executor makes aliases only after a step returns.
@@ -35,7 +41,7 @@ from geode.errors import ExecutionError
 from geode.runtime.engines import IndexBound, NativeKernel, index_error, index_range, view
 from geode.runtime.plan import Step
 
-__all__ = ["chainable", "chain_step", "entries_of"]
+__all__ = ["EntryMaker", "chainable", "chain_shape", "chain_step", "entries_of"]
 
 #: the most native entries one chain runs (the native runtime's limit)
 MAX_CHAIN = 256
@@ -51,6 +57,11 @@ def chainable(kernel: Any) -> bool:
         and getattr(kernel.fn, "address", None) is not None
     )
 
+
+#: makes a chain's native entry: ``maker(shape, addresses, name)``, ``shape`` per member
+#: its (number of arrays, number of ints), ``addresses`` its entry's; returns an object
+#: with the entry's ``address`` (held by the chain: the code lives as long as it), or None
+EntryMaker = Callable[[tuple[tuple[int, int], ...], tuple[int, ...], str], Any]
 
 #: alias slot -> (its root slot, ``view(root_array, env)``)
 Views = Mapping[int, tuple[int, Callable[[np.ndarray, Any], np.ndarray]]]
@@ -82,6 +93,32 @@ def entries_of(kernel: NativeKernel) -> int:
     """How many native entries a chain runs for ``kernel``: its index input checks, and
     itself (a chain runs at most :data:`MAX_CHAIN`)."""
     return 1 + sum(b.input is not None for b in kernel.index_bounds)
+
+
+def _entries(steps: Sequence[Step], kernels: Sequence[NativeKernel]) -> tuple:
+    """Per native entry of the chain: (address, number of arrays, of inputs, of ints)."""
+    from geode.runtime import native
+
+    check = (native.symbols()["geode_check_indices"], 1, 1, 2)
+    return tuple(
+        check
+        if b is not None
+        else (
+            kernels[k].fn.address,
+            len(steps[k].inputs[: kernels[k].n_inputs]) + len(steps[k].outputs),
+            kernels[k].n_inputs,
+            len(kernels[k].dims) + 1,
+        )
+        for k, b in _members(kernels)
+    )
+
+
+def chain_shape(
+    steps: Sequence[Step], kernels: Sequence[NativeKernel]
+) -> tuple[tuple[int, int], ...]:
+    """Per native entry of a chain of ``steps``: its number of arrays and of ints (what
+    a chain's own entry is generated from: :data:`EntryMaker`)."""
+    return tuple((e[1], e[3]) for e in _entries(steps, kernels))
 
 
 @dataclass
@@ -116,8 +153,6 @@ class _Layout:
 
 def _layout(steps: Sequence[Step], kernels: Sequence[NativeKernel], views: Views) -> _Layout:
     """The :class:`_Layout` of a chain of ``steps`` (see :func:`chain_step`)."""
-    from geode.runtime import native
-
     produced: set[int] = set()
     inputs: list[int | None] = []
     derived: list[int] = []  # aliases of members' outputs that later members read
@@ -132,19 +167,7 @@ def _layout(steps: Sequence[Step], kernels: Sequence[NativeKernel], views: Views
         produced.update(st.outputs)
     outputs = [o for st in steps for o in st.outputs]
     members = _members(kernels)
-    check = (native.symbols()["geode_check_indices"], 1, 1, 2)
-    entries = tuple(
-        check
-        if b is not None
-        else (
-            kernels[k].fn.address,
-            len(steps[k].inputs[: kernels[k].n_inputs]) + len(steps[k].outputs),
-            kernels[k].n_inputs,
-            len(kernels[k].dims) + 1,
-        )
-        for k, b in members
-    )
-    lay = _Layout(inputs, outputs, members, entries)
+    lay = _Layout(inputs, outputs, members, _entries(steps, kernels))
     source = {slot: p for p, slot in enumerate(inputs)}
     source.update({o: len(inputs) + j for j, o in enumerate(outputs)})
     source.update({a: len(inputs) + len(outputs) + j for j, a in enumerate(derived)})
@@ -212,15 +235,36 @@ def _one_by_one(
 
 
 def chain_step(
-    steps: Sequence[Step], kernels: Sequence[NativeKernel], views: Views | None = None
+    steps: Sequence[Step],
+    kernels: Sequence[NativeKernel],
+    views: Views | None = None,
+    entry_maker: EntryMaker | None = None,
 ) -> Step:
     """One step running ``steps`` (consecutive, each with its chainable kernel) in one
     native call; its inputs are those the run reads from before it, its outputs every
     member's outputs, in order. ``views``: the plan's aliases; one whose root an earlier
-    member writes is made inside the chain (after the chain's buffers exist)."""
-    from geode.runtime import native
+    member writes is made inside the chain (after the chain's buffers exist).
+    ``entry_maker``: makes the chain's own native entry (see the module docs; None, or
+    a maker that returns None: the native runtime loops over the members)."""
 
     lay = _layout(steps, kernels, views or {})
+    names = [st.name for st in steps]
+    entry = None
+    if entry_maker is not None:
+        shape = tuple((e[1], e[3]) for e in lay.entries)
+        entry = entry_maker(shape, tuple(e[0] for e in lay.entries), names[0])
+    step = _chain_run(steps, kernels, lay, entry)
+    if entry is not None:
+        step.info["chain_entry"] = entry
+    return step
+
+
+def _chain_run(
+    steps: Sequence[Step], kernels: Sequence[NativeKernel], lay: _Layout, entry: Any
+) -> Step:
+    """:func:`chain_step`'s step, calling ``entry`` (None: the members one by one)."""
+    from geode.runtime import native
+
     entries, made, reviewed, int_plan = lay.entries, lay.made, lay.reviewed, lay.int_plan
     folded = [
         (k, b, index_range(b.data))
@@ -237,6 +281,7 @@ def chain_step(
     n_out = len(shapes)
     names = [st.name for st in steps]
     call_chain = native.call_chain
+    address = None if entry is None else entry.address
     #: per binding: the members' ints, and per reviewed argument the shape it has and
     #: the shape its view gets (all fixed by the binding; checked per call all the same)
     per_binding: dict[tuple, tuple[tuple, list[tuple[tuple, tuple]]]] = {}
@@ -274,13 +319,14 @@ def chain_step(
             src.append(a.reshape(want) if a.shape == have else view(a, starts))
         arrays = pick(src)
         try:
-            status = call_chain(entries, arrays, ints)
+            status = call_chain(entries, arrays, ints, address)
         except native.ArgumentError:
             status = _one_by_one(lay, names, kernels, arrays, ints)
         if status:
             raise _refusal(status, lay, names, kernels, arrays, ints)
         return results
 
+    run.entry = entry  # type: ignore[attr-defined]  # its code lives while the step does
     label = " | ".join(st.label for st in steps)
     info = {"chain": names}
     return Step("chain:" + names[0], "aicore", run, lay.inputs, lay.outputs, label, info)

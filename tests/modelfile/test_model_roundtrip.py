@@ -79,7 +79,8 @@ def test_loaded_model_saves_again(tmp_path):
 
 def test_loaded_kernels_share_one_library(tmp_path, monkeypatch):
     """A model file's kernels are linked in one link (codegen/images.py): one library
-    for all, the GEMM entries calling their epilogues inside it."""
+    for all, the GEMM entries calling their epilogues inside it; then each chain's entry
+    (its object from the file, linked to the kernels' addresses) in one link of its own."""
     from geode.codegen.backends.llvm import linker
 
     model = geode.load(os.path.join(DATA, "torch_bert.onnx"))
@@ -90,7 +91,9 @@ def test_loaded_kernels_share_one_library(tmp_path, monkeypatch):
     loaded = geode.load(tmp_path / "bert.geode", session=geode.Session())
     for f in feeds:
         _same(model.run(f), loaded.run(f))
-    assert len(links) == 1 and links[0] > 3
+    chains = [s for s in loaded.plan.steps if s.info.get("chain_entry") is not None]
+    assert chains and all(s.info["chain_entry"].source == "model file" for s in chains)
+    assert len(links) == 1 + len(chains) and links[0] > 3 and set(links[1:]) == {1}
 
 
 def test_kernel_source_and_explain_survive(tmp_path):

@@ -78,7 +78,10 @@ call = _ext.call
 #: Call several kernel entries in one crossing: ``call_chain(entries, arrays, ints)`` with
 #: ``entries`` a tuple of ``(addr, n_arrays, n_in, n_ints)`` per kernel and ``arrays``/``ints``
 #: every kernel's arguments concatenated; returns 0, or ``((k + 1) << 32) | status`` for the
-#: first kernel ``k`` that refused its arguments (the later ones do not run).
+#: first kernel ``k`` that refused its arguments (the later ones do not run). An optional 4th
+#: argument, the address of a native chain entry generated for those entries
+#: (``int64_t chain(void **ptrs, const int64_t *recs, const int64_t *ints)``, the same
+#: slices and status), is called once instead of the loop.
 call_chain = _ext.call_chain
 #: ``blas_share_pool(set_callback, set_threads)``: route OpenBLAS's parallel work to the pool
 #: (the addresses of OpenBLAS's ``openblas_set_threads_callback_function`` and

@@ -24,5 +24,6 @@ def call_chain(
     entries: tuple[tuple[int, int, int, int], ...],
     arrays: tuple[Any, ...],
     ints: tuple[int, ...],
+    chain: int | None = None,
     /,
 ) -> int: ...

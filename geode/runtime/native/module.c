@@ -11,11 +11,13 @@
 #include <numpy/arrayobject.h>
 
 PyDoc_STRVAR(call_chain_doc,
-             "call_chain($module, entries, arrays, ints, /)\n--\n\n"
+             "call_chain($module, entries, arrays, ints, chain=None, /)\n--\n\n"
              "Call several kernel entries in one crossing, the GIL released once: entries is a\n"
              "tuple of (addr, n_arrays, n_in, n_ints) per kernel, arrays and ints every kernel's\n"
              "arguments concatenated. Returns 0, or ((k + 1) << 32) | status for the first\n"
-             "kernel k that returned a nonzero status (the later ones do not run).");
+             "kernel k that returned a nonzero status (the later ones do not run). chain: the\n"
+             "address of a native entry generated for these entries (the same slices and\n"
+             "status), called once instead of the loop (None or 0: the loop).");
 
 PyDoc_STRVAR(call_doc,
              "call($module, addr, n_in, arrays, ints, /)\n--\n\n"

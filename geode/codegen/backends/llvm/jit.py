@@ -39,8 +39,9 @@ from geode.errors import CodegenError
 
 __all__ = ["Loaded", "compile_ir", "initialize", "load_object", "optimized_ir", "assembly"]
 
-#: the optimization levels a module can be compiled at (LLVM's O2 and O3 pipelines)
-LEVELS = (2, 3)
+#: the optimization levels a module can be compiled at (LLVM's O2 and O3 pipelines; 0:
+#: no optimization pipeline, code generation only: a chain's entry, only calls)
+LEVELS = (0, 2, 3)
 
 #: held around every use of LLVM's global state
 LOCK = threading.RLock()
@@ -76,20 +77,21 @@ def target_machine(target: Any) -> Any:
     return _target_machine(target.triple, target.cpu, target.features)
 
 
-def thread_target_machine(target: Any) -> Any:
+def thread_target_machine(target: Any, codegen: int = 3) -> Any:
     """The calling thread's own target machine for ``target`` (made once per thread):
-    what :func:`compile_ir` optimizes and generates code with."""
+    what :func:`compile_ir` optimizes and generates code with; ``codegen``: its code
+    generation level (3; 0, the fast instruction selector, for level-0 modules)."""
     machines = getattr(_local, "machines", None)
     if machines is None:
         machines = _local.machines = {}
-    key = (target.triple, target.cpu, target.features)
+    key = (target.triple, target.cpu, target.features, codegen)
     tm = machines.get(key)
     if tm is None:
         import llvmlite.binding as llvm
 
         initialize()
         tm = llvm.Target.from_triple(target.triple).create_target_machine(
-            cpu=target.cpu, features=target.features, opt=3
+            cpu=target.cpu, features=target.features, opt=codegen
         )
         machines[key] = tm
     return tm
@@ -125,6 +127,8 @@ def _optimize(mod: Any, target: Any, level: int, tm: Any = None, unlocked: bool 
 
     if level not in LEVELS:
         raise CodegenError(f"no LLVM optimization level {level!r}; the levels are {LEVELS}")
+    if level == 0:
+        return
     tm = tm or target_machine(target)
     pto = llvm.PipelineTuningOptions(speed_level=level)
     pto.loop_vectorization = True
@@ -172,8 +176,8 @@ def _compiling() -> Iterator[None]:
 
 def compile_ir(ir_text: str, target: Any, level: int = 3) -> bytes:
     """Parse, optimize (``level``: 3 for O3, 2 for O2) and compile ``ir_text`` to
-    relocatable object code (machine code generation at LLVM's aggressive level either
-    way). Safe to call from several threads at once: the module lives in a context of
+    relocatable object code (machine code generation at LLVM's aggressive level; level 0:
+    no optimization pipeline, the fast instruction selector). Safe to call from several threads at once: the module lives in a context of
     its own and the calling thread's target machine compiles it."""
     with _compiling():  # a fork waits for the import and the initialization too
         import llvmlite.binding as llvm
@@ -181,7 +185,7 @@ def compile_ir(ir_text: str, target: Any, level: int = 3) -> bytes:
         initialize()
         context = llvm.create_context()
         try:
-            tm = thread_target_machine(target)
+            tm = thread_target_machine(target, 0 if level == 0 else 3)
             mod = _parse(ir_text, target, context, tm)
             try:
                 _optimize(mod, target, level, tm, unlocked=True)
