@@ -491,14 +491,34 @@ def _chain_native_runs(
     chain makes the aliases its members read of what earlier members wrote itself.
     ``chain_entries`` (see :func:`build_plan`): every chain's entry module is started
     first (compiled on the background threads while the others are made)."""
-    from geode.runtime.chains import chain_shape, chain_step
+    from geode.runtime.chains import chain_shape
 
     runs = _chain_runs(units, len(steps), memo)
-    starts = {k: end for k, end in runs}
     if chain_entries is not None:
         for k, end in runs:
             kernels = [units[j].kernel for j in range(k, end)]
             chain_entries.start(chain_shape(steps[k:end], kernels))
+    try:
+        return _chained(units, steps, release, memo, aliases, runs, chain_entries)
+    finally:
+        if chain_entries is not None:
+            chain_entries.abandon()
+
+
+def _chained(
+    units: list[Unit],
+    steps: list[Step],
+    release: list[list[int]],
+    memo: frozenset[int],
+    aliases: dict[int, Alias],
+    runs: list[tuple[int, int]],
+    chain_entries: Any,
+) -> tuple[list[Step], list[list[int]], frozenset[int]]:
+    """:func:`_chain_native_runs`'s steps, release lists and memo indices, the chains
+    over ``runs``."""
+    from geode.runtime.chains import chain_step
+
+    starts = dict(runs)
     new_steps: list[Step] = []
     new_release: list[list[int]] = []
     new_memo: set[int] = set()

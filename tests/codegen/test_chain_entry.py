@@ -240,3 +240,16 @@ def test_the_object_cache_and_model_files_carry_the_chain_object(tmp_path):
     _fresh(_RUN.format(tests=tests, make=make), env)
     hit = _fresh(_RUN.format(tests=tests, make=make), env)
     assert hit["src"] == ["model file"] and hit["binding"] is False and hit["y"] == cold["y"]
+
+
+def test_a_started_module_nobody_claims_is_abandoned():
+    """A plan that fails between starting its chains' modules and making them leaves
+    nothing pending on the background threads."""
+    from geode.codegen.backends.llvm import background
+
+    before = background.pending()
+    builder = ChainBuilder(cache_dir=None)
+    builder.start([(7, 3)] * 5 + [(1, 1)])
+    assert background.pending() == before + 1
+    builder.abandon()
+    assert background.pending() == before

@@ -174,6 +174,14 @@ class ChainBuilder:
             return
         background.submit(key, ir, host(), LEVEL.level)
 
+    def abandon(self) -> None:
+        """Cancel the background runs :meth:`start` began that no chain claimed (a plan
+        that failed midway leaves nothing pending)."""
+        with self._lock:
+            started, self._started = self._started, set()
+        for key in started:
+            background.cancel(key)
+
     def __call__(self, shape: Shape, addresses: Sequence[int], name: str = "") -> ChainEntry | None:
         """The entry of a chain of members of ``shape`` at ``addresses`` (None: the loop
         runs it: no object code and no compiling)."""
