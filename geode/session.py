@@ -131,6 +131,9 @@ class Session:
             g, c.placement, units, c.fusion_text, c.pass_text, self.var_manager, timings
         )
         explain.memory_text = c.plan.memory_text
+        from geode.runtime.chains import describe_chains  # imported by a compile only
+
+        explain.chain_text = describe_chains(c.plan.steps)
         explain.engine_partition = c.engine_partition
         kernels = [u.info for u in units if u.engine not in NO_STEP]  # views, commits: none
         model = CompiledModel(c.plan, self.var_manager, kernels, explain, {"timings": timings})
@@ -316,6 +319,7 @@ class _Explain:
         self.g, self.placement, self.units = g, placement, units
         self.plan_text, self.pass_text, self.vm, self.timings = plan_text, pass_text, vm, timings
         self.memory_text = ""
+        self.chain_text = ""
         self.engine_partition: EnginePartition | None = None
 
     def dot(self) -> str:
@@ -394,6 +398,8 @@ class _Explain:
             lines.append(self.engine_partition.describe())
         if self.memory_text:
             lines.append(self.memory_text)
+        if self.chain_text:
+            lines.append(self.chain_text)
         lines.append(
             f"variables and constants: {len(list(self.vm.keys()))} keys, "
             f"{self.vm.nbytes} bytes, {self.vm.dedup_saved_bytes} bytes saved by dedup"

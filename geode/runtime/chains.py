@@ -41,7 +41,14 @@ from geode.errors import ExecutionError
 from geode.runtime.engines import IndexBound, NativeKernel, index_error, index_range, view
 from geode.runtime.plan import Step
 
-__all__ = ["EntryMaker", "chainable", "chain_shape", "chain_step", "entries_of"]
+__all__ = [
+    "EntryMaker",
+    "chainable",
+    "chain_shape",
+    "chain_step",
+    "describe_chains",
+    "entries_of",
+]
 
 #: the most native entries one chain runs (the native runtime's limit)
 MAX_CHAIN = 256
@@ -250,13 +257,29 @@ def chain_step(
     lay = _layout(steps, kernels, views or {})
     names = [st.name for st in steps]
     entry = None
+    why = "loop: no chain entries (GEODE_CHAIN_ENTRY=0, the numba backend or no codegen)"
     if entry_maker is not None:
         shape = tuple((e[1], e[3]) for e in lay.entries)
         entry = entry_maker(shape, tuple(e[0] for e in lay.entries), names[0])
+        why = "loop: no object code for its module (nothing is compiled at a load)"
     step = _chain_run(steps, kernels, lay, entry)
     if entry is not None:
         step.info["chain_entry"] = entry
+        why = f"native entry ({len(lay.entries)} calls; object from {entry.source})"
+    step.info["chain_how"] = why
     return step
+
+
+def describe_chains(steps: Sequence[Step]) -> str:
+    """What ``model.explain()`` says of a plan's chains: per chain its steps and whether
+    its own native entry or the native runtime's loop runs them, and why ("" for none)."""
+    chains = [st for st in steps if "chain" in st.info]
+    if not chains:
+        return ""
+    lines = [f"chains of native steps ({len(chains)}), one crossing each:"]
+    for st in chains:
+        lines.append(f"  {st.name}: {len(st.info['chain'])} steps, {st.info.get('chain_how', '')}")
+    return "\n".join(lines)
 
 
 def _chain_run(

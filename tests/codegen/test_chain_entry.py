@@ -149,6 +149,9 @@ def test_a_model_gives_the_loops_bits_through_its_chain_entry(monkeypatch):
     with_entry, loop = _compiled(g, True, monkeypatch), _compiled(g, False, monkeypatch)
     assert [e is not None for e in _entries(with_entry)] == [True]
     assert _entries(loop) == [None]
+    assert "1 steps" not in with_entry.explain()
+    assert ", native entry (" in with_entry.explain().split("chains of native steps (1)")[1]
+    assert "loop: no chain entries (GEODE_CHAIN_ENTRY=0" in loop.explain()
     rng = np.random.default_rng(1)
     for n in (1, 5, 0, 5):
         x = rng.standard_normal((n, 16)).astype(np.float32)
