@@ -237,6 +237,13 @@ def chain_step(
     n_out = len(shapes)
     names = [st.name for st in steps]
     call_chain = native.call_chain
+    #: members whose kernel compiles code on the first call that needs it: (first array,
+    #: arrays, prepare), run once per binding (``NativeKernel.prepare``)
+    prepares = [
+        (lay.first_array(m), lay.entries[m][1], kernels[k].prepare)
+        for m, (k, b) in enumerate(lay.members)
+        if b is None and kernels[k].prepare is not None
+    ]
     #: per binding: the members' ints, and per reviewed argument the shape it has and
     #: the shape its view gets (all fixed by the binding; checked per call all the same)
     per_binding: dict[tuple, tuple[tuple, list[tuple[tuple, tuple]]]] = {}
@@ -273,6 +280,9 @@ def chain_step(
             a = src[p]
             src.append(a.reshape(want) if a.shape == have else view(a, starts))
         arrays = pick(src)
+        if got is None:
+            for first, n, prepare in prepares:
+                prepare(arrays[first : first + n])
         try:
             status = call_chain(entries, arrays, ints)
         except native.ArgumentError:
