@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from geode.codegen.backends.llvm.compiled import DenseKernel, TiledSource
+from geode.codegen.backends.llvm.compiled import DenseKernel, TiledSource, cached_build
 from geode.codegen.lower import LoweredKernel
 from geode.codegen.packed_weights import packed_value
 from geode.compiler.fusion.epilogue import Epilogue
@@ -290,24 +290,6 @@ def tiled_source(
     item = int(np.dtype(sp.dtype).itemsize)
     rule = TiledRule(item, sp.panel_bytes, sp.min_rows, sp.tiled_limit, sp.batch > 0, sp.v_at, lays)
     return TiledSource(name, epilogue, fastmath, sp.tiled.name, tiled_ir(sp), rule)
-
-
-def cached_build(cache_dir: Any) -> Any:
-    """How a lazily compiled module of this compile is linked
-    (:data:`~geode.codegen.backends.llvm.compiled.Build`): through the disk cache in
-    ``cache_dir``, like every module of the compile."""
-
-    def build(name: str, ir: str, runtime: bool, imports: Any, keep: Any, generated: bool) -> tuple:
-        from geode.codegen.backends.llvm import optlevel
-        from geode.codegen.backends.llvm.kernel import build_module
-        from geode.codegen.backends.llvm.target import host
-
-        choice = optlevel.choose(ir, generated)
-        return build_module(
-            name, ir, host(), cache_dir, runtime=runtime, imports=imports, keep=keep, choice=choice
-        )
-
-    return build
 
 
 @dataclass

@@ -154,12 +154,15 @@ class ImageWriter:
 class ImageLoader:
     """Links image records back into callable kernels, in order (callees come first)."""
 
-    def __init__(self, records: Any, blob: Blob, label: str):
+    def __init__(self, records: Any, blob: Blob, label: str, build: Any = None):
         if not isinstance(records, list):
             raise ModelFileError(f"model file {label!r}: bad kernel image table")
         self._records = records
         self._blob = blob
         self._label = label
+        #: how a key-tiled body kept as IR is linked on its first call (``DenseKernel``'s
+        #: ``build``: in memory by default, or through the object cache of a warm start)
+        self._build = build
         self._exports: dict[str, int] = {}
         self.kernels: list[Any] = []
         #: the cells of entries choosing per call (:data:`TILED_CELL`), by symbol
@@ -231,7 +234,14 @@ class ImageLoader:
             if lazy is not None and cell is None:
                 raise ModelFileError(f"model file {self._label!r}: {entry.entry} has no cell")
             return DenseKernel(
-                str(r["name"]), entry, epilogue, entry.source, tiled=tiled, lazy=lazy, cell=cell
+                str(r["name"]),
+                entry,
+                epilogue,
+                entry.source,
+                tiled=tiled,
+                lazy=lazy,
+                cell=cell,
+                build=self._build,
             )
         cls, spec_cls = _classes(str(r["kind"]))
         source = zlib.decompressobj().decompress(bytes(self._blob(r["source"])), MAX_SOURCE)

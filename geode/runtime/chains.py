@@ -260,7 +260,8 @@ def chain_step(
         reshapes = [(src[p].shape, view(src[p], starts).shape) for p, starts in reviewed]
         if len(per_binding) >= 8:  # a few bindings; threads may race here: harmless
             per_binding.clear()
-        per_binding[tuple(env.items())] = (tuple(ints), reshapes)
+        if not prepares:  # else kept once the members' code is ready (``run``)
+            per_binding[tuple(env.items())] = (tuple(ints), reshapes)
         return tuple(ints), reshapes
 
     def run(ins: list, outs: list, env: Any) -> list:
@@ -280,9 +281,10 @@ def chain_step(
             a = src[p]
             src.append(a.reshape(want) if a.shape == have else view(a, starts))
         arrays = pick(src)
-        if got is None:
+        if got is None and prepares:  # another thread skips them once the binding is kept
             for first, n, prepare in prepares:
                 prepare(arrays[first : first + n])
+            per_binding[tuple(env.items())] = (ints, reshapes)
         try:
             status = call_chain(entries, arrays, ints)
         except native.ArgumentError:

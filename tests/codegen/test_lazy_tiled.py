@@ -111,12 +111,14 @@ def test_unchained_steps_build_it_too(low_limit, monkeypatch):
     assert k.tiled_builds == 1
 
 
-def test_two_threads_race_on_the_first_long_call(low_limit):
-    """Two threads' first long calls at once: one build, both the key-tiled bits."""
+@pytest.mark.parametrize("lengths", [(60, 64), (64, 64)])
+def test_two_threads_race_on_the_first_long_call(low_limit, lengths):
+    """Two threads' first long calls at once (two bindings, or one): one build, both the
+    key-tiled bits (a thread finding the binding known finds the body linked)."""
     m = compiled()
     k = entry(m)
     tiled, _ = forms()
-    feeds = [feeds_for("pad", "float32", 2, 3, s, 8, s) for s in (60, 64)]
+    feeds = [feeds_for("pad", "float32", 2, 3, s, 8, i) for i, s in enumerate(lengths)]
     got: list = [None, None]
     go = threading.Barrier(2)
 
@@ -183,3 +185,25 @@ def test_the_rule_matches_the_entry(low_limit):
         rule = k.lazy.rule
         assert rule.long((feeds["q"], np.swapaxes(feeds["kk"], -1, -2), feeds["v"])) == bool(built)
     assert not rule.long((np.zeros(3),))  # arrays the entry refuses: no build
+
+
+def test_a_model_cache_hit_links_the_body_from_the_object_cache(low_limit, tmp_path, llvm_runs):
+    """A warm start (the model cache's file loaded): its first long call links the body
+    the cold compile's long call stored in the object cache; LLVM compiles nothing."""
+    from geode.codegen.backends.llvm.kernel import forget_kernels
+
+    tiled, _ = forms()
+    opts = {"cache_dir": str(tmp_path), "model_cache": True}
+    cold = geode.compile(model("pad"), session=geode.Session(), **opts)
+    check(cold, 50, tiled)
+    del cold
+    forget_kernels()
+    _, done = llvm_runs
+    done.clear()
+    warm = geode.compile(model("pad"), session=geode.Session(), **opts)
+    assert "model_cache" in warm.stats
+    k = entry(warm)
+    check(warm, 16, forms()[1])
+    assert k.tiled_builds == 0
+    check(warm, 50, tiled)
+    assert k.tiled_builds == 1 and not done, [ir[:80] for ir in done]

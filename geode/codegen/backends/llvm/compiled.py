@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ __all__ = [
     "TiledRule",
     "TiledSource",
     "build_in_memory",
+    "cached_build",
 ]
 
 
@@ -254,7 +256,7 @@ class TiledRule:
         try:
             picked = (arrays[0].shape, arrays[1].shape, arrays[self.v_at].shape)
             a, b, v = (_logical(x, lay) for x, lay in zip(picked, self.layouts))
-            m = a[-2] if self.batched else int(np.prod(a[:-1], dtype=np.int64))
+            m = a[-2] if self.batched else math.prod(a[:-1])
             k, n, d = a[-1], b[-1], v[-1]
         except (IndexError, AttributeError, TypeError, ValueError):
             return False
@@ -298,6 +300,30 @@ def build_in_memory(
     loaded = jit.load_object(obj, [name], runtime=runtime, imports=imports)
     loaded.level, loaded.keep = level, keep
     return loaded, False
+
+
+def cached_build(cache_dir: Any, sign: bool = False) -> Build:
+    """:data:`Build` through the disk cache of object code in ``cache_dir`` (a folder, or
+    a ``CacheLocation``; ``sign``: its entries signed), like every module of a compile: a
+    warm start links the cached object (no ``llvmlite.binding``), a miss compiles and
+    stores it."""
+
+    def build(
+        name: str, ir: str, runtime: bool, imports: Any, keep: Any, generated: bool
+    ) -> tuple[jit.Loaded, bool]:
+        from geode.codegen.backends.llvm import objcache, optlevel
+        from geode.codegen.backends.llvm.kernel import build_module
+        from geode.codegen.backends.llvm.target import host
+
+        where = cache_dir
+        if isinstance(where, str):
+            where = objcache.CacheLocation(where, sign)
+        choice = optlevel.choose(ir, generated)
+        return build_module(
+            name, ir, host(), where, runtime=runtime, imports=imports, keep=keep, choice=choice
+        )
+
+    return build
 
 
 class DenseKernel:
