@@ -17,6 +17,7 @@ from dense_helpers import dense_kernels
 from test_online_attention import compile_with, feeds_for, model, reference
 
 import geode
+import geode.codegen.epilogues as epilogues
 from geode.codegen.backends.llvm.compiled import DenseKernel
 from geode.compiler.fusion import profit
 
@@ -46,10 +47,10 @@ def compiled(cache_dir: object = None) -> geode.Model:
 
 
 def entry(m: geode.Model) -> DenseKernel:
-    """The model's one dense entry (the kernel its info's ``llvm`` reads)."""
-    (info,) = dense_kernels(m)
-    (k,) = [c.cell_contents for c in info._llvm.__closure__]
-    assert isinstance(k, DenseKernel) and k.lazy is not None
+    """The model's one dense entry choosing per call (the kernel its info's ``llvm``
+    reads)."""
+    found = [c.cell_contents for info in dense_kernels(m) for c in info._llvm.__closure__]
+    (k,) = [k for k in found if isinstance(k, DenseKernel) and k.lazy is not None]
     return k
 
 
@@ -207,3 +208,33 @@ def test_a_model_cache_hit_links_the_body_from_the_object_cache(low_limit, tmp_p
     assert k.tiled_builds == 0
     check(warm, 50, tiled)
     assert k.tiled_builds == 1 and not done, [ir[:80] for ir in done]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_rule_matches_the_entry_on_heads_in_place(low_limit, fused):
+    """Operands read in place as heads (K^T transposed): the first length at which the
+    rule builds the body is the first the entry takes it at (the length before it, run
+    after the build, gives the row panels' bits; it and the next, the key-tiled form's)."""
+    from test_dense_heads import _feeds, attention_proto
+
+    proto, names = attention_proto(3, 8, 32, fused, "pad", True)
+
+    def build(**switches: bool) -> geode.Model:
+        saved = {n: getattr(epilogues, n) for n in switches}
+        for n, v in switches.items():
+            setattr(epilogues, n, v)
+        try:
+            return geode.compile(proto, session=geode.Session(), model_cache=False)
+        finally:
+            for n, v in saved.items():
+                setattr(epilogues, n, v)
+
+    m = build()
+    assert "transposed" in m.explain() and "key-tiled body compiled" in m.explain()
+    k = entry(m)
+    first = next(s for s in range(1, 200) if m.run(_feeds(names, 1, s, 32)) and k.tiled_builds)
+    tiled, rows = build(ONLINE_FORCE=True), build(ONLINE_ATTENTION=False)
+    for s, want in ((first - 1, rows), (first, tiled), (first + 1, tiled)):
+        feeds = _feeds(names, 1, s, 32)
+        (key,) = want.run(feeds)
+        np.testing.assert_array_equal(m.run(feeds)[key], want.run(feeds)[key], err_msg=str(s))
