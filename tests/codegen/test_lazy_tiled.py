@@ -238,3 +238,19 @@ def test_the_rule_matches_the_entry_on_heads_in_place(low_limit, fused):
         feeds = _feeds(names, 1, s, 32)
         (key,) = want.run(feeds)
         np.testing.assert_array_equal(m.run(feeds)[key], want.run(feeds)[key], err_msg=str(s))
+
+
+def test_a_body_that_cannot_be_built_leaves_the_row_panels(low_limit, caplog):
+    """A body LLVM refuses: the long call runs the row panels (their bits), the reason is
+    kept and logged, and no later call tries again."""
+    import dataclasses
+
+    m = compiled()
+    k = entry(m)
+    k.lazy = dataclasses.replace(k.lazy, body_ir="this is not IR")
+    _, rows = forms()
+    check(m, 48, rows)
+    assert k.tiled_builds == 0 and "LLVM rejected" in k.tiled_error
+    assert "no key-tiled body" in caplog.text
+    k.lazy = None  # a second try would fail on it
+    check(m, 50, rows)
