@@ -8,9 +8,10 @@ a multiple of the block stay fast. Results match a float64 numpy reference withi
 float sums' bounds and the row-panel path (``ONLINE_ATTENTION`` off) likewise: not bit
 for bit (the sums are regrouped per block); NaN where the row-panel path has NaN (rows
 all masked, NaN scores). Forms the kernel cannot run keep the row panels with their
-reason in ``explain()``. A symbolic key length's entry holds both bodies and chooses per
-call (``_per_call``: the limit forced low so 33 keys take the key-tiled body): each length
-gives the bits of the path it chose."""
+reason in ``explain()``. A symbolic key length's entry holds the row panels and chooses per
+call, its key-tiled body compiled on the first call taking it (``_per_call``: the limit
+forced low so 33 keys take the key-tiled body; ``test_lazy_tiled.py``): each length gives
+the bits of the path it chose."""
 
 from __future__ import annotations
 
