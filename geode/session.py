@@ -164,7 +164,7 @@ class Session:
         if path is None:
             return None
         try:
-            model = self.load(path)
+            model = self._load(path, None, (opts.cache_dir, opts.cache_sign))
         except GeodeError as exc:  # stale or damaged: compile again, and rewrite it
             log.info("cached model %s not used: %s", path, exc)
             return None
@@ -175,10 +175,20 @@ class Session:
         """Load a geode model file (written by ``CompiledModel.save``) into this session:
         no compiler runs (see :mod:`geode.modelfile`). ``num_threads`` overrides the
         thread count it was compiled with."""
+        return self._load(path, num_threads)
+
+    def _load(
+        self,
+        path: str | os.PathLike,
+        num_threads: int | None,
+        object_cache: tuple[str, bool] | None = None,
+    ) -> CompiledModel:
+        """:meth:`load`; ``object_cache``: the object cache code compiled after loading
+        goes through (a model cache entry's: its compile's own)."""
         from geode.modelfile import load_model
 
         prefix = f"m{next(self._models)}:file"
-        model, g, units = load_model(path, self.var_manager, prefix, num_threads)
+        model, g, units = load_model(path, self.var_manager, prefix, num_threads, object_cache)
         model.saver = _saver(model, g, units, model.explain, model.to_dot)
         model.plan.memory_limit = self.options.memory_limit_mb << 20
         weakref.finalize(model, self.var_manager.release_keys, held_keys(model.plan))

@@ -12,6 +12,7 @@ wraps its kernel in the GEMM entry (:mod:`geode.codegen.backends.llvm.dense`).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from geode.codegen.backends.llvm.compiled import DenseKernel
+from geode.codegen.backends.llvm.compiled import DenseKernel, TiledSource, cached_build
 from geode.codegen.lower import LoweredKernel
 from geode.codegen.packed_weights import packed_value
 from geode.compiler.fusion.epilogue import Epilogue
@@ -36,11 +37,13 @@ __all__ = [
     "DenseKernel",
     "PanelGraph",
     "abandon_dense",
+    "cached_build",
     "dense_kernel",
     "dense_module",
     "panel_graph",
     "start_dense",
     "stored",
+    "tiled_source",
 ]
 
 #: the panel graph's symbol for the rows of one panel (and for the columns when symbolic)
@@ -230,6 +233,22 @@ def _arguments(pg: PanelGraph, lowered: LoweredKernel, views: list) -> tuple[lis
     return values, outer, inner
 
 
+def _entry_spec(
+    pg: PanelGraph, lowered: LoweredKernel, views: list, entry: str, sizes: tuple, tiled: Any
+) -> Any:
+    """The ``DenseSpec`` of the GEMM entry (``sizes``: panel bytes, minimum rows,
+    ``packed_n``, ``packed_d``), with the key-tiled body's (:class:`TiledBody`) when given."""
+    name = f"geode_dense_{entry}"
+    spec = _spec(pg, lowered, views, name, entry, sizes)
+    if tiled is None:
+        return spec
+    same = [id(v) for v in _arguments(pg, lowered, views)[0]]
+    if same != [id(v) for v in _arguments(tiled.pg, tiled.lowered, tiled.views)[0]]:
+        raise CodegenError(f"{pg.dense.name}: the key-tiled body takes other arguments")
+    body = _spec(tiled.pg, tiled.lowered, tiled.views, f"{name}_tiled", tiled.entry, sizes)
+    return dataclasses.replace(spec, tiled=body, tiled_limit=tiled.limit)
+
+
 def dense_module(
     pg: PanelGraph,
     lowered: LoweredKernel,
@@ -244,20 +263,33 @@ def dense_module(
     """The symbol and the LLVM module of the GEMM entry around the epilogue kernel whose
     symbol is ``entry`` (the arguments as :func:`dense_kernel`'s). The module calls the
     epilogue by name, so it is known, and LLVM can compile it, once the epilogue's module
-    is emitted (:func:`start_dense`). ``tiled``: the key-tiled body beside the row panels
-    (a symbolic key length, ``Epilogue.switch``), taken per call on long rows."""
+    is emitted (:func:`start_dense`). ``tiled``: the key-tiled body of a symbolic key
+    length (``Epilogue.switch``), taken per call on long rows once linked: the entry holds
+    the row panels and a branch through its cell (:func:`tiled_source` makes the body)."""
     from geode.codegen.backends.llvm.dense import dense_ir
 
-    name = f"geode_dense_{entry}"
-    spec = _spec(pg, lowered, views, name, entry, (panel_bytes, min_rows, packed_n, packed_d))
-    if tiled is not None:
-        same = [id(v) for v in _arguments(pg, lowered, views)[0]]
-        if same != [id(v) for v in _arguments(tiled.pg, tiled.lowered, tiled.views)[0]]:
-            raise CodegenError(f"{pg.dense.name}: the key-tiled body takes other arguments")
-        sizes = (panel_bytes, min_rows, packed_n, packed_d)
-        body = _spec(tiled.pg, tiled.lowered, tiled.views, f"{name}_tiled", tiled.entry, sizes)
-        spec = dataclasses.replace(spec, tiled=body, tiled_limit=tiled.limit)
-    return name, dense_ir(spec)
+    sizes = (panel_bytes, min_rows, packed_n, packed_d)
+    spec = _entry_spec(pg, lowered, views, entry, sizes, tiled)
+    return spec.name, dense_ir(spec)
+
+
+def tiled_source(
+    args: tuple, tiled: TiledBody, epilogue: Any, name: str, fastmath: bool
+) -> TiledSource:
+    """The key-tiled body of the entry :func:`dense_module` makes of ``args`` (its
+    arguments, ``tiled`` omitted) as code to compile when a call first takes it: the
+    body's module, its epilogue kernel's module ``epilogue`` (an ``Emitted``, kernel
+    ``name``) and the entry's rule (:class:`~geode.codegen.backends.llvm.compiled.TiledRule`)."""
+    from geode.codegen.backends.llvm.compiled import TiledRule, TiledSource
+    from geode.codegen.backends.llvm.dense import tiled_ir
+
+    pg, lowered, views, entry = args[:4]
+    entry = entry if isinstance(entry, str) else entry.entry  # a compiled kernel's symbol
+    sp = _entry_spec(pg, lowered, views, entry, tuple(args[4:8]), tiled)
+    lays = tuple(None if x is None else (x.heads, x.depth, x.transposed) for x in sp.layouts[:3])
+    item = int(np.dtype(sp.dtype).itemsize)
+    rule = TiledRule(item, sp.panel_bytes, sp.min_rows, sp.tiled_limit, sp.batch > 0, sp.v_at, lays)
+    return TiledSource(name, epilogue, fastmath, sp.tiled.name, tiled_ir(sp), rule)
 
 
 @dataclass
@@ -431,7 +463,8 @@ def dense_kernel(
     cache_dir: Any,
     packed_n: int = 0,
     packed_d: int = 0,
-    tiled: tuple[TiledBody, Any] | None = None,
+    tiled: tuple[TiledBody, TiledSource] | None = None,
+    build: Any = None,
 ) -> tuple[DenseKernel, list[Value], list[Value]]:
     """Compile the GEMM entry around the compiled ``epilogue`` kernel; returns it, the model
     values of its inputs after ``A`` and ``B`` (a sibling's ``Bu`` packed, or a partner's
@@ -439,8 +472,9 @@ def dense_kernel(
     of its outputs (the epilogue's, then ``O``, or the residual's or the bias ``Add``'s
     result). ``packed_n > 0``: ``B`` (float32, that many columns) is passed packed once (:mod:`geode.codegen.packed_weights`); ``packed_d > 0``:
     likewise ``V`` (returned packed among the inputs; the caller passes ``B`` packed).
-    ``tiled``: the key-tiled body and its compiled epilogue kernel, beside the row panels
-    in the same entry (:func:`dense_module`)."""
+    ``tiled``: the key-tiled body and its code (:func:`tiled_source`), linked by ``build``
+    (:func:`cached_build`) when a call first takes it; the entry's cell holds its address
+    (null until then)."""
     from geode.codegen.backends.llvm.compiled import ArgSpec, Emitted, LLVMKernel
     from geode.codegen.backends.llvm.dense import link_dense
     from geode.codegen.backends.llvm.library import blas, share_pool
@@ -456,12 +490,13 @@ def dense_kernel(
     share_pool(lib)
     values, _, inner = _arguments(pg, lowered, views)
     t0 = time.perf_counter()
-    body, tiled_kernel = tiled if tiled is not None else (None, None)
+    body, source = tiled if tiled is not None else (None, None)
     name, ir = dense_module(
         pg, lowered, views, epilogue.entry, panel_bytes, min_rows, packed_n, packed_d, body
     )
     target = host()
-    loaded, from_cache = link_dense(name, ir, cache_dir, epilogue, tiled_kernel)
+    cell = None if tiled is None else ctypes.c_void_p()
+    loaded, from_cache = link_dense(name, ir, cache_dir, epilogue, cell)
     n_ext_in = sum(
         1 for a_ in inner[: len(lowered.inputs)] if a_.source >= 0
     )  # the epilogue's own inputs come first among its arguments
@@ -495,5 +530,7 @@ def dense_kernel(
     seconds = time.perf_counter() - t0
     entry = LLVMKernel(name, emitted, loaded, target, seconds, from_cache, False)
     in_place = _in_place(pg, lowered, inner, len(pg.dense.inputs[1].shape)) >= 0
-    kernel = DenseKernel(pg.dense.name, entry, epilogue, ir, in_place, tiled_kernel)
+    kernel = DenseKernel(
+        pg.dense.name, entry, epilogue, ir, in_place, lazy=source, cell=cell, build=build
+    )
     return kernel, ins, outs

@@ -21,11 +21,13 @@ from geode.codegen.dense import (
     PanelGraph,
     TiledBody,
     abandon_dense,
+    cached_build,
     dense_kernel,
     dense_module,
     panel_graph,
     start_dense,
     stored,
+    tiled_source,
 )
 from geode.codegen.indexing import exprs_equal
 from geode.codegen.kernel_key import canonical_kernel, canonical_lowered, kernel_key
@@ -280,10 +282,6 @@ def abandon_emit(job: KernelJob) -> None:
         abandon_compile(job.emitted)
     if job.dense_ir:
         abandon_dense(job.dense_ir)
-    if job.tiled is not None:
-        from geode.codegen.backends.llvm.kernel import abandon_compile
-
-        abandon_compile(job.tiled[-1])
 
 
 def emit_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
@@ -644,13 +642,15 @@ def _dense_args(job: KernelJob, opts: Options, entry: Any) -> tuple:
 
 def _tiled_body(job: KernelJob, g: Graph, opts: Options) -> tuple[TiledBody, Any] | None:
     """The key-tiled body of an attention whose entry chooses per call
-    (``Epilogue.switch``: a symbolic key length) and its compiled epilogue kernel (the
-    softmax's per-element part over a block of keys, default schedule), or None."""
+    (``Epilogue.switch``: a symbolic key length) and its epilogue kernel's module (the
+    softmax's per-element part over a block of keys, default schedule; emitted, not
+    compiled: that waits for the first call that takes the body), or None."""
     if job.panel.epilogue.switch is None:
         return None
     pg, lowered, schedule, emitted = job.tiled or (*_tiled_parts(job, g, opts), None)
-    native = emit_kernel(schedule.kernel, opts, emitted)
-    return _tiled(pg, lowered, schedule, native.entry, opts), native
+    if emitted is None:
+        emitted = _emit_tiled(schedule, opts)
+    return _tiled(pg, lowered, schedule, emitted.entry, opts), emitted
 
 
 def _tiled_parts(job: KernelJob, g: Graph, opts: Options) -> tuple:
@@ -669,40 +669,56 @@ def _tiled(pg: PanelGraph, lowered: Any, schedule: Any, entry: str, opts: Option
     return TiledBody(pg, lowered, views, entry, online_limit(plan_spec(opts)))
 
 
-def _start_tiled(job: KernelJob, g: Graph, opts: Options) -> TiledBody:
-    """The key-tiled body of an entry that chooses per call, its kernel's module started
-    on a background LLVM thread like the job's own (kept in ``job.tiled`` for
-    :func:`_tiled_body` to link): the switching entry then compiles in the background too,
-    off the compile's critical path."""
+def _emit_tiled(schedule: Any, opts: Options) -> Any:
+    """The key-tiled body's epilogue kernel's module, emitted (LLVM runs on it only when
+    a call first takes the body: :meth:`~geode.codegen.backends.llvm.compiled.DenseKernel.prepare`)."""
     from geode.codegen.autoschedule import choices
-    from geode.codegen.backends.llvm.kernel import start_compile
+    from geode.codegen.backends.llvm.kernel import emit
 
+    return emit(schedule.kernel, fastmath=opts.fastmath, min_work=choices().parallel_min_elements)
+
+
+def _start_tiled(job: KernelJob, g: Graph, opts: Options) -> TiledBody:
+    """The key-tiled body of an entry that chooses per call, its epilogue kernel's module
+    emitted (kept in ``job.tiled`` for :func:`_tiled_body`), not compiled: the entry's
+    module needs only its names."""
     pg, lowered, schedule = _tiled_parts(job, g, opts)
-    emitted = start_compile(
-        schedule.kernel,
-        fastmath=opts.fastmath,
-        cache_dir=object_cache(opts),
-        min_work=choices().parallel_min_elements,
-    )
+    emitted = _emit_tiled(schedule, opts)
     job.tiled = (pg, lowered, schedule, emitted)
     return _tiled(pg, lowered, schedule, emitted.entry, opts)
 
 
 def _dense_kernel(job: KernelJob, g: Graph, opts: Options, args: tuple) -> tuple:
     """:func:`~geode.codegen.dense.dense_kernel` for the job, with the key-tiled body
-    beside the row panels when the epilogue has one (:func:`_tiled_body`; row panels alone
-    when it cannot be built); the kernel, its inputs and outputs, and a note on the body."""
+    beside the row panels when the epilogue has one (:func:`_tiled_body`; compiled on the
+    first call that takes it; row panels alone when it cannot be made); the kernel, its
+    inputs and outputs, and a note on the body."""
     cache = object_cache(opts)
     try:
-        tiled = _tiled_body(job, g, opts)
-        if tiled is not None:
-            kernel, ins, outs = dense_kernel(*args[:6], cache, *args[6:], tiled)
-            note = "one entry: row panels or the key-tiled body, chosen per call"
-            return kernel, ins, outs, note
+        found = _tiled_body(job, g, opts)
+        if found is not None:
+            body, emitted = found
+            source = tiled_source(args, body, emitted, f"{job.name}_tiled", opts.fastmath)
+            kernel, ins, outs = dense_kernel(
+                *args[:6], cache, *args[6:], (body, source), cached_build(cache)
+            )
+            return kernel, ins, outs, _lazy_note(job, opts)
     except GeodeError as exc:
         kernel, ins, outs = dense_kernel(*args[:6], cache, *args[6:])
         return kernel, ins, outs, f"row panels alone (no key-tiled body: {exc})"
     return (*dense_kernel(*args[:6], cache, *args[6:]), "")
+
+
+def _lazy_note(job: KernelJob, opts: Options) -> str:
+    """``explain()``'s note on an entry choosing per call."""
+    from geode.compiler.fusion.profit import online_switch_keys
+
+    ep = job.panel.epilogue
+    keys, _ = online_switch_keys(ep.dense, ep.second, plan_spec(opts))
+    return (
+        f"one entry: row panels below {keys} keys; key-tiled body compiled on the first call"
+        f" from {keys}"
+    )
 
 
 def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
@@ -762,6 +778,7 @@ def dense_job(job: KernelJob, g: Graph, opts: Options, dump: Dumper) -> None:
         threads=int(opts.num_threads),
         launch_threads=True,
         call=kernel.call,
+        prepare=kernel.prepare,
     )
     job.info = KernelInfo(
         name=job.name,

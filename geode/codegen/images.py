@@ -18,6 +18,7 @@ Blobs are written and read through callables (``add(bytes) -> index``,
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import importlib
 import zlib
@@ -25,7 +26,15 @@ from collections.abc import Callable
 from typing import Any
 
 from geode.codegen.backends.llvm import jit
-from geode.codegen.backends.llvm.compiled import ArgSpec, DenseKernel, Emitted, LLVMKernel
+from geode.codegen.backends.llvm.compiled import (
+    TILED_CELL,
+    ArgSpec,
+    DenseKernel,
+    Emitted,
+    LLVMKernel,
+    TiledRule,
+    TiledSource,
+)
 from geode.errors import ModelFileError
 
 #: image kind -> (module, kernel class, spec module, spec class): imported only when a
@@ -82,13 +91,36 @@ class ImageWriter:
                 "entry": self.image(kernel.kernel),
                 "epilogue": epilogue,
             }
-            if tiled is not None:  # the key-tiled body's epilogue (an entry choosing per call)
+            if tiled is not None and kernel.lazy is None:  # an eager key-tiled body's epilogue
                 record["tiled"] = tiled
+            if kernel.lazy is not None:  # compiled after loading, on the first call taking it
+                record["lazy"] = self._lazy_record(kernel.lazy)
         else:
             record = self._llvm_record(kernel)
         self.records.append(record)
         self._index[id(kernel)] = len(self.records) - 1
         return len(self.records) - 1
+
+    def _lazy_record(self, src: TiledSource) -> dict[str, Any]:
+        """An entry's key-tiled body as code to compile (:class:`TiledSource`): its
+        modules' IR text (compressed blobs), names and rule."""
+        ep = src.epilogue
+
+        def text(ir: str) -> int:
+            return self._add(zlib.compress(ir.encode(), 1))
+
+        return {
+            "name": src.name,
+            "entry": ep.entry,
+            "args": [dataclasses.astuple(a) for a in ep.args],
+            "dims": list(ep.dims),
+            "parallel": bool(ep.parallel),
+            "fastmath": bool(src.fastmath),
+            "epilogue_ir": text(ep.ir),
+            "body_name": src.body_name,
+            "body_ir": text(src.body_ir),
+            "rule": dataclasses.asdict(src.rule),
+        }
 
     def _llvm_record(self, k: Any) -> dict[str, Any]:
         kind = _kind_of(k)
@@ -122,14 +154,24 @@ class ImageWriter:
 class ImageLoader:
     """Links image records back into callable kernels, in order (callees come first)."""
 
-    def __init__(self, records: Any, blob: Blob, label: str):
+    def __init__(self, records: Any, blob: Blob, label: str, build: Any = None):
         if not isinstance(records, list):
             raise ModelFileError(f"model file {label!r}: bad kernel image table")
         self._records = records
         self._blob = blob
         self._label = label
+        #: how a key-tiled body kept as IR is linked on its first call (``DenseKernel``'s
+        #: ``build``: in memory by default, or through the object cache of a warm start)
+        self._build = build
         self._exports: dict[str, int] = {}
         self.kernels: list[Any] = []
+        #: the cells of entries choosing per call (:data:`TILED_CELL`), by symbol
+        self._cells: dict[str, Any] = {}
+        for r in records:
+            for name in r.get("imports", ()) if isinstance(r, dict) else ():
+                if isinstance(name, str) and name.endswith(TILED_CELL):
+                    self._cells[name] = ctypes.c_void_p()
+                    self._exports[name] = ctypes.addressof(self._cells[name])
 
     def load_all(self) -> list[Any]:
         """Every image's kernel, by index."""
@@ -168,12 +210,15 @@ class ImageLoader:
             indices.append(i)
         if len({entry for _, entry, _, _ in items}) != len(items):
             return {}
-        earlier: set[str] = set()
+        earlier: set[str] = set(self._cells)
         for _, entry, _, imports in items:
             if not earlier.issuperset(imports):
                 return {}
             earlier.add(entry)
-        return dict(zip(indices, jit.load_objects(items), strict=True)) if items else {}
+        if not items:
+            return {}
+        cells = {name: ctypes.addressof(c) for name, c in self._cells.items()}
+        return dict(zip(indices, jit.load_objects(items, cells), strict=True))
 
     def _kernel(self, index: Any) -> Any:
         if not isinstance(index, int) or not 0 <= index < len(self.kernels):
@@ -184,7 +229,20 @@ class ImageLoader:
         if r["kind"] == "dense":
             entry, epilogue = self._kernel(r["entry"]), self._kernel(r["epilogue"])
             tiled = self._kernel(r["tiled"]) if "tiled" in r else None
-            return DenseKernel(str(r["name"]), entry, epilogue, entry.source, tiled=tiled)
+            lazy = _lazy(r["lazy"], self._blob) if "lazy" in r else None
+            cell = self._cells.get(entry.entry + TILED_CELL) if lazy is not None else None
+            if lazy is not None and cell is None:
+                raise ModelFileError(f"model file {self._label!r}: {entry.entry} has no cell")
+            return DenseKernel(
+                str(r["name"]),
+                entry,
+                epilogue,
+                entry.source,
+                tiled=tiled,
+                lazy=lazy,
+                cell=cell,
+                build=self._build,
+            )
         cls, spec_cls = _classes(str(r["kind"]))
         source = zlib.decompressobj().decompress(bytes(self._blob(r["source"])), MAX_SOURCE)
         imports = {}
@@ -211,6 +269,32 @@ class ImageLoader:
         if spec_cls is not None:
             k.spec = _spec(spec_cls, r["spec"])
         return k
+
+
+def _text(blob: Blob, index: Any) -> str:
+    """A compressed IR text blob."""
+    return zlib.decompressobj().decompress(bytes(blob(index)), MAX_SOURCE).decode()
+
+
+def _lazy(d: dict[str, Any], blob: Blob) -> TiledSource:
+    """An entry's key-tiled body from its record (:meth:`ImageWriter._lazy_record`)."""
+    args = tuple(
+        ArgSpec(str(n), str(role), str(dt), int(rank), str(text))
+        for n, role, dt, rank, text in d["args"]
+    )
+    ep = Emitted(
+        _text(blob, d["epilogue_ir"]),
+        str(d["entry"]),
+        args,
+        tuple(map(str, d["dims"])),
+        bool(d["parallel"]),
+        (),
+    )
+    rule = _spec(TiledRule, d["rule"])
+    lays = tuple(None if x is None else tuple(x) for x in rule.layouts)
+    rule = dataclasses.replace(rule, layouts=lays)
+    name, body_name = str(d["name"]), str(d["body_name"])
+    return TiledSource(name, ep, bool(d["fastmath"]), body_name, _text(blob, d["body_ir"]), rule)
 
 
 def _configure_blas(label: str) -> None:

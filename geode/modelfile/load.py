@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from geode.codegen.backends.llvm.compiled import cached_build
 from geode.codegen.images import ImageLoader
 from geode.compiler import dtypes
 from geode.compiler.ir import Graph, Value, ValueKind
@@ -30,18 +31,25 @@ from geode.runtime.var_manager import VarManager
 
 
 def load_model(
-    path: str | os.PathLike, vm: VarManager, key_prefix: str, num_threads: int | None = None
+    path: str | os.PathLike,
+    vm: VarManager,
+    key_prefix: str,
+    num_threads: int | None = None,
+    object_cache: tuple[str, bool] | None = None,
 ) -> tuple[CompiledModel, Graph, list]:
     """The model in the file at ``path``, its constants and variables in ``vm`` (under
     ``key_prefix``), and its graph and units; ``num_threads`` overrides the thread count
-    it was compiled with. Raises :class:`ModelFileError` for a file it cannot trust or
-    run, naming what is wrong."""
+    it was compiled with. ``object_cache``: ``(folder, signed)`` of the object cache that
+    code compiled after loading (a key-tiled attention body) goes through (None: compiled
+    in memory). Raises :class:`ModelFileError` for a file it cannot trust or run, naming
+    what is wrong."""
     t0 = time.perf_counter()
     c = container.read(path)
     h = c.header
     compat.check(h, c.path)
     t_read = time.perf_counter()
-    kernels = ImageLoader(h.get("images"), c.blob, c.path).load_all()
+    build = None if object_cache is None else cached_build(*object_cache)
+    kernels = ImageLoader(h.get("images"), c.blob, c.path, build).load_all()
     t_link = time.perf_counter()
     g = decode_graph(h.get("graph"), c, _external_loader(c.path))
     snapshots = _variables(h.get("variables"), g, c)

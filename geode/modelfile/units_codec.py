@@ -198,6 +198,7 @@ def _decode_unit(
         threads=int(nd["threads"]) if threads is None else threads,
         launch_threads=bool(nd["launch_threads"]),
         call=fn.call,
+        prepare=getattr(fn, "prepare", None),
         dim_exprs=exprs,
     )
     info_d = d["info"]

@@ -305,6 +305,13 @@ def _chain_run(
     names = [st.name for st in steps]
     call_chain = native.call_chain
     address = None if entry is None else entry.address
+    #: members whose kernel compiles code on the first call that needs it: (first array,
+    #: arrays, prepare), run once per binding (``NativeKernel.prepare``)
+    prepares = [
+        (lay.first_array(m), lay.entries[m][1], kernels[k].prepare)
+        for m, (k, b) in enumerate(lay.members)
+        if b is None and kernels[k].prepare is not None
+    ]
     #: per binding: the members' ints, and per reviewed argument the shape it has and
     #: the shape its view gets (all fixed by the binding; checked per call all the same)
     per_binding: dict[tuple, tuple[tuple, list[tuple[tuple, tuple]]]] = {}
@@ -321,7 +328,8 @@ def _chain_run(
         reshapes = [(src[p].shape, view(src[p], starts).shape) for p, starts in reviewed]
         if len(per_binding) >= 8:  # a few bindings; threads may race here: harmless
             per_binding.clear()
-        per_binding[tuple(env.items())] = (tuple(ints), reshapes)
+        if not prepares:  # else kept once the members' code is ready (``run``)
+            per_binding[tuple(env.items())] = (tuple(ints), reshapes)
         return tuple(ints), reshapes
 
     def run(ins: list, outs: list, env: Any) -> list:
@@ -341,6 +349,10 @@ def _chain_run(
             a = src[p]
             src.append(a.reshape(want) if a.shape == have else view(a, starts))
         arrays = pick(src)
+        if got is None and prepares:  # another thread skips them once the binding is kept
+            for first, n, prepare in prepares:
+                prepare(arrays[first : first + n])
+            per_binding[tuple(env.items())] = (ints, reshapes)
         try:
             status = call_chain(entries, arrays, ints, address)
         except native.ArgumentError:

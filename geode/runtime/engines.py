@@ -78,6 +78,10 @@ class NativeKernel:
     call: Callable[[tuple, tuple], Any] | None = None
     #: the expressions ``dims`` were compiled from (what a model file keeps)
     dim_exprs: Sequence[Any] = ()
+    #: ``prepare(arrays)``, when given, runs before a call on ``arrays`` (the kernel's
+    #: inputs and outputs): code the kernel compiles on the first call that needs it (a
+    #: dense entry's key-tiled body); a chain runs it once per binding
+    prepare: Callable[[Sequence[np.ndarray]], Any] | None = None
 
 
 def _store(
@@ -189,6 +193,7 @@ class AiCoreEngine(Engine):
         set_threads = None if kernel.launch_threads else kernel.set_threads
         threads = kernel.threads
         lean = kernel.call
+        prepare = kernel.prepare
 
         def step(inputs: list, outs: list, env: Env) -> list:
             for bound in bounds:
@@ -213,6 +218,8 @@ class AiCoreEngine(Engine):
                         f"step {name!r}: kernel output {i - n_in} is not C-contiguous"
                     )
                 args[i] = view(args[i], starts)
+            if prepare is not None:
+                prepare(args)
             if lean is not None:
                 lean(tuple(args), (*dims, threads))
                 return arrays

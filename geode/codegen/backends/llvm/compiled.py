@@ -21,6 +21,11 @@ order, a non-contiguous output is an error.
 from __future__ import annotations
 
 import functools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +33,21 @@ import numpy as np
 
 from geode.codegen.backends.llvm import jit
 from geode.codegen.backends.llvm.target import Target
-from geode.errors import ExecutionError
+from geode.errors import CodegenError, ExecutionError
 
-__all__ = ["ArgSpec", "DenseKernel", "Emitted", "LLVMKernel"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ArgSpec",
+    "DenseKernel",
+    "Emitted",
+    "LLVMKernel",
+    "TILED_CELL",
+    "TiledRule",
+    "TiledSource",
+    "build_in_memory",
+    "cached_build",
+]
 
 
 @dataclass(frozen=True)
@@ -203,9 +220,121 @@ class LLVMKernel:
         return f"<LLVMKernel {self.name} ({how}{', parallel' if self.parallel else ''})>"
 
 
+#: the suffix of an entry's imported cell holding its key-tiled body's address
+TILED_CELL = ".tiled_fn"
+
+
+def _logical(shape: tuple, layout: tuple | None) -> tuple:
+    """An operand's dims from the array passed for it: a root read as heads, ``layout``
+    ``(heads, depth, transposed)``, gives ``[*lead, heads, seq, depth]`` (or ``depth,
+    seq``); the entry's rule (``dense.py: _logical``)."""
+    if layout is None:
+        return tuple(shape)
+    heads, depth, transposed = layout
+    lead, seq = tuple(shape[:-2]), shape[-2]
+    return (*lead, heads, *((depth, seq) if transposed else (seq, depth)))
+
+
+@dataclass(frozen=True)
+class TiledRule:
+    """When an entry choosing per call takes its key-tiled body: the entry's own rule
+    (``dense.py: _to_tiled``, ``_panel_rows``) on the shapes of ``A``, ``B`` and ``V``
+    (``arrays[v_at]``), in Python, so the body is linked before the first call that
+    needs it. ``layouts``: per operand None or ``(heads, depth, transposed)``."""
+
+    item: int
+    panel_bytes: int
+    min_rows: int
+    limit: int
+    batched: bool
+    v_at: int
+    layouts: tuple = (None, None, None)
+
+    def long(self, arrays: Any) -> bool:
+        """Whether a call on ``arrays`` runs the key-tiled body (False for arrays the
+        entry refuses: it says why)."""
+        try:
+            picked = (arrays[0].shape, arrays[1].shape, arrays[self.v_at].shape)
+            a, b, v = (_logical(x, lay) for x, lay in zip(picked, self.layouts))
+            m = a[-2] if self.batched else math.prod(a[:-1])
+            k, n, d = a[-1], b[-1], v[-1]
+        except (IndexError, AttributeError, TypeError, ValueError):
+            return False
+        mb = max(self.panel_bytes // max(n * self.item, 1), self.min_rows)
+        if n == 0 or (k + d) * n * self.item > self.panel_bytes:
+            mb = m
+        mb = max(min(mb, m), 1)
+        return mb * n * self.item > self.limit
+
+
+@dataclass(frozen=True)
+class TiledSource:
+    """The key-tiled body of an entry choosing per call, as code not yet compiled: the
+    module of its epilogue kernel (``epilogue``, kernel ``name``), the body's module
+    (``body_ir``, exporting ``body_name``, calling the epilogue) and when it runs
+    (``rule``)."""
+
+    name: str
+    epilogue: Emitted
+    fastmath: bool
+    body_name: str
+    body_ir: str
+    rule: TiledRule
+
+
+#: ``build(name, ir, runtime, imports, keep, generated) -> (Loaded, from_cache)``: how a
+#: lazily compiled module is linked (a compile's disk cache, or LLVM in memory)
+Build = Callable[[str, str, bool, "dict[str, int] | None", Any, bool], "tuple[jit.Loaded, bool]"]
+
+
+def build_in_memory(
+    name: str, ir: str, runtime: bool, imports: dict[str, int] | None, keep: Any, generated: bool
+) -> tuple[jit.Loaded, bool]:
+    """:data:`Build` without a disk cache: LLVM compiles ``ir`` now (a model file's
+    entries; imports ``llvmlite.binding``)."""
+    from geode.codegen.backends.llvm import optlevel
+    from geode.codegen.backends.llvm.target import host
+
+    level = optlevel.choose(ir, generated).level
+    obj = jit.compile_ir(ir, host(), level)
+    loaded = jit.load_object(obj, [name], runtime=runtime, imports=imports)
+    loaded.level, loaded.keep = level, keep
+    return loaded, False
+
+
+def cached_build(cache_dir: Any, sign: bool = False) -> Build:
+    """:data:`Build` through the disk cache of object code in ``cache_dir`` (a folder, or
+    a ``CacheLocation``; ``sign``: its entries signed), like every module of a compile: a
+    warm start links the cached object (no ``llvmlite.binding``), a miss compiles and
+    stores it."""
+
+    def build(
+        name: str, ir: str, runtime: bool, imports: Any, keep: Any, generated: bool
+    ) -> tuple[jit.Loaded, bool]:
+        from geode.codegen.backends.llvm import objcache, optlevel
+        from geode.codegen.backends.llvm.kernel import build_module
+        from geode.codegen.backends.llvm.target import host
+
+        where = cache_dir
+        if isinstance(where, str):
+            where = objcache.CacheLocation(where, sign)
+        choice = optlevel.choose(ir, generated)
+        return build_module(
+            name, ir, host(), where, runtime=runtime, imports=imports, keep=keep, choice=choice
+        )
+
+    return build
+
+
 class DenseKernel:
     """A GEMM with its fused epilogue, compiled (see :mod:`geode.codegen.backends.llvm.dense`):
-    called like an LLVM kernel (``call(arrays, ints)``, ``ints`` the thread count)."""
+    called like an LLVM kernel (``call(arrays, ints)``, ``ints`` the thread count).
+
+    An entry choosing per call (``lazy``, a :class:`TiledSource`) reads its key-tiled
+    body's address from ``cell`` (a ctypes pointer, null: row panels). ``prepare(arrays)``
+    (None for other entries) links the body, once, when a call on ``arrays`` needs it
+    (:class:`TiledRule`), through ``build`` (default :func:`build_in_memory`), and then
+    stores its address in the cell; a lock keeps two threads from building it twice."""
 
     def __init__(
         self,
@@ -215,23 +344,70 @@ class DenseKernel:
         ir: str,
         in_place: bool = False,
         tiled: Any = None,
+        lazy: TiledSource | None = None,
+        cell: Any = None,
+        build: Build | None = None,
     ) -> None:
         self.name = name
         #: the GEMM writes the epilogue's output panels, rewritten in place (``DenseSpec.in_place``)
         self.in_place = in_place
         self.kernel = kernel  # the entry, an LLVMKernel
         self.epilogue = epilogue  # kept alive: the entry calls it
-        #: the key-tiled body's epilogue kernel (an entry choosing per call), or None
+        #: the key-tiled body's epilogue kernel once linked (an entry choosing per call)
         self.tiled = tiled
+        self.lazy = lazy
+        self._cell = cell
+        self._build = build or build_in_memory
+        self._lock = threading.Lock()
+        self._body: Any = None  # the key-tiled body's linked code
+        #: how many times this entry's key-tiled body was built (0 or 1)
+        self.tiled_builds = 0
+        #: why the key-tiled body could not be built ("" when it could, or was not yet)
+        self.tiled_error = ""
+        self.prepare = self._prepare if lazy is not None else None
         self.source = ir + "\n; epilogue kernel\n" + epilogue.source
         if tiled is not None:
             self.source += "\n; key-tiled body's epilogue kernel\n" + tiled.source
+        if lazy is not None:
+            self.source += "\n; key-tiled body (compiled on the first call that takes it)\n"
+            self.source += lazy.body_ir + "\n; its epilogue kernel\n" + lazy.epilogue.ir
         self.address = kernel.address
         parts = (kernel, epilogue) if tiled is None else (kernel, epilogue, tiled)
         #: whether the entry and the epilogue(s) came from the disk cache
         self.from_cache = all(getattr(k, "from_cache", False) for k in parts)
         self.chunked = True
         self.parallel = True
+
+    def _prepare(self, arrays: Any) -> None:
+        """Link the key-tiled body before the first call on ``arrays`` that takes it."""
+        if self._body is not None or not self.lazy.rule.long(arrays):
+            return
+        with self._lock:
+            if self._body is not None:
+                return
+            try:
+                self._link_tiled()
+            except CodegenError as exc:  # the row panels then run every call, as they can
+                log.warning("kernel %s: no key-tiled body (%s); row panels", self.name, exc)
+                self.tiled_error, self._body = str(exc), False
+
+    def _link_tiled(self) -> None:
+        """Build the key-tiled body (its epilogue kernel, then the body calling it) and
+        publish its address in the cell, the code linked first."""
+        from geode.codegen.backends.llvm.target import host
+
+        src = self.lazy
+        t0 = time.perf_counter()
+        ep = src.epilogue
+        loaded, cached = self._build(ep.entry, ep.ir, ep.parallel, None, None, True)
+        kernel = LLVMKernel(
+            src.name, ep, loaded, host(), time.perf_counter() - t0, cached, src.fastmath
+        )
+        imports = {ep.entry: kernel.address}
+        body, _ = self._build(src.body_name, src.body_ir, True, imports, kernel, False)
+        self._cell.value = body[src.body_name]  # published: the entry may call it now
+        self.tiled, self._body = kernel, body
+        self.tiled_builds += 1
 
     def call(self, arrays: tuple, ints: tuple) -> None:
         """Run on ``arrays`` (A, B, the epilogue's inputs, its outputs)."""

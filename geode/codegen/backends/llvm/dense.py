@@ -60,6 +60,7 @@ its scratch reports :data:`NO_MEMORY`; an epilogue status ``s``, :data:`EPILOGUE
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ from geode.codegen.backends.llvm.attention_tiled import (
     online_panel,
     online_rows,
 )
+from geode.codegen.backends.llvm.compiled import TILED_CELL
 from geode.codegen.backends.llvm.irtext import float_literal
 from geode.codegen.backends.llvm.kernel import build_module
 from geode.codegen.backends.llvm.library import GEMM_DECL, TYPES, gemm_call
@@ -99,6 +101,8 @@ __all__ = [
     "OnlinePanels",
     "OuterArg",
     "dense_ir",
+    "tiled_cell",
+    "tiled_ir",
 ]
 
 #: status of an entry that could not allocate a scratch panel
@@ -649,19 +653,29 @@ def _entry(sp: DenseSpec, item: int) -> list[str]:
     return head + w.lines + ["}"]
 
 
+def tiled_cell(name: str) -> str:
+    """The symbol of the entry ``name``'s pointer to its key-tiled body (an imported
+    8-byte cell: null until the body is linked, :class:`~.compiled.DenseKernel`)."""
+    return name + TILED_CELL
+
+
 def _to_tiled(w: SsaWriter, sp: DenseSpec, s: dict, item: int) -> None:
     """Branch to the key-tiled body's entry when a row panel's scores pass
-    ``sp.tiled_limit`` bytes (``profit.online_limit``'s rule on this call's shapes). Its
-    temporaries are named apart (``%kt..``): the row panels' code keeps its text."""
+    ``sp.tiled_limit`` bytes (``profit.online_limit``'s rule on this call's shapes) and the
+    body is linked: its address is read from the cell :func:`tiled_cell` (null: the row
+    panels run). Its temporaries are named apart (``%kt..``): the row panels' code keeps
+    its text."""
     assert sp.tiled is not None
     sub = SsaWriter()
     sub.n = base = w.n
     mb = _panel_rows(sub, sp, s, item)
     scores = sub.op("mul", sub.op("mul", mb, s["N"]), item)
     long = sub.op("icmp ugt", scores, sp.tiled_limit)
-    sub.emit(f"  br i1 {long}, label %key_tiled, label %row_panels")
+    fn = sub.tmp(f"load atomic ptr, ptr @{tiled_cell(sp.name)} acquire, align 8")
+    linked = sub.tmp(f"icmp ne ptr {fn}, null")
+    sub.emit(f"  br i1 {sub.op('and', long, linked, 'i1')}, label %key_tiled, label %row_panels")
     sub.label("key_tiled")
-    sub.emit(f"  %tiled_st = call i32 @{sp.tiled.name}(ptr %ptrs, ptr %recs, ptr %ints)")
+    sub.emit(f"  %tiled_st = call i32 {fn}(ptr %ptrs, ptr %recs, ptr %ints)")
     sub.emit("  ret i32 %tiled_st")
     sub.label("row_panels")
 
@@ -1168,16 +1182,23 @@ def dense_ir(sp: DenseSpec) -> str:
         *(["declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)"] if sp.residual else []),
         *([f"declare {t} @llvm.sqrt.{x}({t})" for t, x in _SQRT] if sp.rms_eps is not None else []),
     ]
-    if sp.tiled is not None:
+    if sp.tiled is not None:  # the key-tiled body: its own module (:func:`tiled_ir`)
         _check_tiled(sp)
-        head.append(f"declare i32 @{sp.tiled.epilogue}(ptr, ptr, ptr)")
-    online = sp.online or (sp.tiled.online if sp.tiled is not None else None)
-    if online is not None:
+        head.append(f"@{tiled_cell(sp.name)} = external global ptr, align 8")
+    if sp.online is not None:
         head += online_declares(sp.dtype, head)
     body = _chunk(sp, item) + _entry(sp, item)
-    if sp.tiled is not None:
-        body += _chunk(sp.tiled, item) + _entry(sp.tiled, item)
     return "\n".join(head + body) + "\n"
+
+
+def tiled_ir(sp: DenseSpec) -> str:
+    """The module of the key-tiled body of the entry ``sp`` that chooses per call
+    (``sp.tiled``, exporting ``{sp.name}_tiled``): compiled apart, when a call first
+    needs it, and its address stored in the entry's cell (:func:`tiled_cell`)."""
+    if sp.tiled is None:
+        raise CodegenError(f"{sp.name}: no key-tiled body")
+    _check_tiled(sp)
+    return dense_ir(sp.tiled)
 
 
 def _check_tiled(sp: DenseSpec) -> None:
@@ -1195,17 +1216,21 @@ def _check_tiled(sp: DenseSpec) -> None:
 
 
 def link_dense(
-    name: str, ir: str, cache_dir: CacheDir | None, epilogue: Any, tiled: Any = None
+    name: str, ir: str, cache_dir: CacheDir | None, epilogue: Any, cell: Any = None
 ) -> tuple[jit.Loaded, bool]:
     """The machine code of the dense entry ``name`` (module ``ir``, through the disk cache
-    in ``cache_dir``) linked to the compiled ``epilogue`` kernel it calls (and the
-    key-tiled body's, ``tiled``), which it keeps alive (its address is in the code), and
-    whether it came from the cache."""
+    in ``cache_dir``) linked to the compiled ``epilogue`` kernel it calls, which it keeps
+    alive (its address is in the code), and whether it came from the cache. ``cell``: an
+    entry choosing per call reads its key-tiled body's address from this ctypes pointer
+    (:func:`tiled_cell`; kept alive with the code)."""
+    imports = {epilogue.entry: epilogue.address}
+    if cell is not None:
+        imports[tiled_cell(name)] = ctypes.addressof(cell)
     return build_module(
         name,
         ir,
         host(),
         cache_dir,
-        imports={e.entry: e.address for e in (epilogue, tiled) if e is not None},
-        keep=epilogue if tiled is None else (epilogue, tiled),
+        imports=imports,
+        keep=epilogue if cell is None else (epilogue, cell),
     )

@@ -283,17 +283,20 @@ def load_object(
     return Loaded(tracker, dict(tracker.addresses), obj, runtime, tuple(imports or ()))
 
 
-def load_objects(items: list[tuple[bytes, str, bool, tuple[str, ...]]]) -> list[Loaded]:
+def load_objects(
+    items: list[tuple[bytes, str, bool, tuple[str, ...]]], cells: dict[str, int] | None = None
+) -> list[Loaded]:
     """Link several objects into the process as one library: ``items`` are ``(object
     code, its entry symbol, whether it calls the native runtime, the entries of other
     items it calls)``, in an order where each calls only earlier ones. One link of many
     objects costs little more than one of a single object (LLVM's per-library work is
     most of a small link), so a model's kernels load together. Raises CodegenError when
-    two items export one entry, an item calls one not before it, or LLVM refuses."""
+    two items export one entry, an item calls one not before it, or LLVM refuses.
+    ``cells``: other symbols items read, by address (an entry's key-tiled body's cell)."""
     entries = [entry for _, entry, _, _ in items]
     if len(set(entries)) != len(entries):
         raise CodegenError(f"several kernels export one symbol: {sorted(entries)}")
-    seen: set[str] = set()
+    seen: set[str] = set(cells or ())
     for _, entry, _, imports in items:
         missing = [name for name in imports if name not in seen]
         if missing:
@@ -301,6 +304,7 @@ def load_objects(items: list[tuple[bytes, str, bool, tuple[str, ...]]]) -> list[
         seen.add(entry)
     with LOCK:
         imported = runtime_symbols() if any(runtime for _, _, runtime, _ in items) else {}
+        imported = {**imported, **(cells or {})}
         library = linker.link(
             [obj for obj, _, _, _ in items], f"geode_lib{next(_names)}", entries, imported
         )

@@ -28,6 +28,7 @@ __all__ = [
     "build_module",
     "compile_kernel",
     "drop_recent_kernels",
+    "emit",
     "forget_kernels",
     "module_key",
     "abandon_compile",
@@ -295,6 +296,14 @@ def compile_kernel(
         )
         _memo.put(memo_key, k)
         return k
+
+
+def emit(
+    kernel: Kernel, *, fastmath: bool = False, min_work: int = MIN_PARALLEL_ELEMENTS
+) -> Emitted:
+    """``kernel``'s module, emitted for this host (not compiled: :func:`build_module`
+    links it later). Raises :class:`~geode.errors.CodegenError` when it cannot be."""
+    return _emit(kernel, fastmath, None, host(), min_work)
 
 
 def _emit(
