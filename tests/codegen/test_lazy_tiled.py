@@ -99,7 +99,7 @@ def test_unchained_steps_build_it_too(low_limit, monkeypatch):
     monkeypatch.setattr(
         pb,
         "_chain_native_runs",
-        lambda units, steps, release, memo, aliases: (steps, release, memo),
+        lambda units, steps, release, memo, aliases, *rest: (steps, release, memo),
     )
     m = compiled()
     assert not any(st.name.startswith("chain:") for st in m.plan.steps)
