@@ -1,10 +1,16 @@
 """The copy behind a ``StreamStore``: staged values to a kernel output, with
 non-temporal stores when the statement's flag holds.
 
-``@geode.stream.<T>(dst, src, n, nt)`` copies ``n`` elements. With ``nt``: scalar
-stores up to the first address aligned to the target's streaming vector size, whole
-vectors with aligned non-temporal stores (``vmovntps``: no read-for-ownership, the lines
-bypass the caches), scalar stores for the tail. Without: ``llvm.memcpy``, then a write
+``@geode.stream.<T>(dst, src, n, nt)`` copies ``n`` elements. With ``nt``: one masked
+vector store up to the first address aligned to the target's streaming vector size,
+whole vectors with aligned non-temporal stores (``vmovntps``: no read-for-ownership, the
+lines bypass the caches), one masked vector store for the tail; an output not even
+aligned to its element size takes the plain copy. The head and tail were scalar loops,
+which LLVM turns into ``memcpy`` calls once the function is inlined: the call's
+possibility made the register allocator spill the caller's live vectors on every chunk
+(the reduce chain spilled the next row's eight partial sums per 128 elements, 8% of its
+time; :data:`MASKED_EDGES` switches back for A/B; ``docs/performance.md``). Without
+``nt``: ``llvm.memcpy``, then a write
 prefetch of the next ``n`` elements' lines (the next chunk's stores then find their lines
 fetched; the prefetch past the end never faults). The ``.scaled`` variant multiplies each
 element by a factor on the way (softmax's ``e / sum`` straight from registers, as ``e * (1 /
@@ -17,7 +23,11 @@ from __future__ import annotations
 
 from geode.codegen.backends.llvm import dtypes as D
 
-__all__ = ["stream_function"]
+__all__ = ["MASKED_EDGES", "stream_function"]
+
+#: the streamed copy's head and tail as masked vector stores (else scalar loops, kept
+#: for A/B measurements and the test that pins the choice)
+MASKED_EDGES = True
 
 
 def _copy_loop(
@@ -41,6 +51,52 @@ def _copy_loop(
         f"  %{lbl}.again = icmp slt i64 %{lbl}.n, {hi}",
         f"  br i1 %{lbl}.again, label %{lbl}, label %{after}",
     ]
+
+
+def _masked_copy(
+    lbl: str,
+    lo: str,
+    count: str,
+    ty: str,
+    lanes: int,
+    esz: int,
+    scale: str | None,
+    after: str,
+    op: str = "fmul",
+) -> list[str]:
+    """``dst[lo + i] = src[lo + i] (op scale)`` for ``i`` in ``[0, count)``, ``count`` below
+    ``lanes``, as one masked vector load and store (no loop: a scalar loop here LLVM
+    turns into a ``memcpy`` call, whose possibility makes the register allocator spill the
+    caller's live vectors on every chunk), then ``br after``."""
+    vty = f"<{lanes} x {ty}>"
+    sfx = _vector_suffix(ty, lanes)
+    mul = [f"  %{lbl}.m = {op} {vty} %{lbl}.v, {scale}"] if scale else []
+    val = f"%{lbl}.m" if scale else f"%{lbl}.v"
+    return [
+        f"  %{lbl}.go = icmp sgt i64 {count}, 0",
+        f"  br i1 %{lbl}.go, label %{lbl}, label %{after}",
+        f"{lbl}:",
+        f"  %{lbl}.c = trunc i64 {count} to i{lanes}"
+        if lanes < 64
+        else f"  %{lbl}.c = add i64 {count}, 0",
+        f"  %{lbl}.b = shl i{lanes} 1, %{lbl}.c",
+        f"  %{lbl}.b1 = sub i{lanes} %{lbl}.b, 1",
+        f"  %{lbl}.k = bitcast i{lanes} %{lbl}.b1 to <{lanes} x i1>",
+        f"  %{lbl}.sp = getelementptr {ty}, ptr %src, i64 {lo}",
+        f"  %{lbl}.v = call {vty} @llvm.masked.load.{sfx}.p0(ptr %{lbl}.sp, i32 {esz}, "
+        f"<{lanes} x i1> %{lbl}.k, {vty} poison)",
+        *mul,
+        f"  %{lbl}.dp = getelementptr {ty}, ptr %dst, i64 {lo}",
+        f"  call void @llvm.masked.store.{sfx}.p0({vty} {val}, ptr %{lbl}.dp, i32 {esz}, "
+        f"<{lanes} x i1> %{lbl}.k)",
+        f"  br label %{after}",
+    ]
+
+
+def _vector_suffix(ty: str, lanes: int) -> str:
+    """The overload suffix of a ``<lanes x ty>`` intrinsic (``v16f32``, ``v64i8``)."""
+    scalar = {"float": "f32", "double": "f64"}.get(ty, ty)
+    return f"v{lanes}{scalar}"
 
 
 def _vector_loop(
@@ -87,6 +143,7 @@ def stream_function(
     vb = target.stream_vector_bytes
     lanes = max(1, vb // esz)
     op = "fdiv" if divide else "fmul"
+    vty, sfx = f"<{lanes} x {ty}>", _vector_suffix(ty, lanes)
     name = f"geode.stream.{dtype}" + ((".divided" if divide else ".scaled") if scaled else "")
     params = f"ptr noalias %dst, ptr noalias %src, i64 %n, i1 %nt{f', {ty} %s' if scaled else ''}"
     nt_tail = f", align {vb}, !nontemporal !{{i32 1}}"
@@ -106,14 +163,17 @@ def stream_function(
         f"  %gr = urem i64 %gap, {esz}",
         "  %whole = icmp eq i64 %gr, 0",
         f"  %gq = udiv i64 %gap, {esz}",
-        "  %h0 = select i1 %whole, i64 %gq, i64 %n",
-        "  %hlt = icmp slt i64 %h0, %n",
-        "  %head = select i1 %hlt, i64 %h0, i64 %n",
-        "  br label %a.pre",
+        "  %hlt = icmp slt i64 %gq, %n",
+        "  %head = select i1 %hlt, i64 %gq, i64 %n",
+        "  br i1 %whole, label %a.pre, label %plain",
         "a.pre:",
     ]
     sc = "%s" if scaled else None
-    lines += _copy_loop("a", "0", "%head", ty, sc, "b.pre0", op)
+    vsc = "%splat" if scaled else None
+    if MASKED_EDGES:
+        lines += _masked_copy("a", "0", "%head", ty, lanes, esz, vsc, "b.pre0", op)
+    else:
+        lines += _copy_loop("a", "0", "%head", ty, sc, "b.pre0", op)
     lines += [
         "b.pre0:",
         "  %rest = sub i64 %n, %head",
@@ -126,10 +186,14 @@ def stream_function(
         "c.pre0:",
         f"  %done0 = mul nsw i64 %nvec, {lanes}",
         "  %tail = add nsw i64 %head, %done0",
+        "  %left = sub nsw i64 %n, %tail",
         "  br label %c.pre",
         "c.pre:",
     ]
-    lines += _copy_loop("c", "%tail", "%n", ty, sc, "fin", op)
+    if MASKED_EDGES:
+        lines += _masked_copy("c", "%tail", "%left", ty, lanes, esz, vsc, "fin", op)
+    else:
+        lines += _copy_loop("c", "%tail", "%n", ty, sc, "fin", op)
     lines += ["plain:"]
     if scaled:
         lines += [f"  %pnvec = sdiv i64 %n, {lanes}", "  br label %d.pre", "d.pre:"]
@@ -173,5 +237,7 @@ def stream_function(
     decls = [
         "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
         "declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)",
+        f"declare {vty} @llvm.masked.load.{sfx}.p0(ptr, i32 immarg, <{lanes} x i1>, {vty})",
+        f"declare void @llvm.masked.store.{sfx}.p0({vty}, ptr, i32 immarg, <{lanes} x i1>)",
     ]
     return name, "\n".join(lines), decls
