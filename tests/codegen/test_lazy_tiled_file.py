@@ -102,6 +102,7 @@ def test_loaded_in_process_links_once_and_builds_nothing(tmp_path, llvm_runs):
     back = geode.load(tmp_path / "a.geode", session=geode.Session())
     k = entry(back)
     assert k.prepare is None and k.lazy is None and k.tiled_builds == 0
+    assert "key-tiled bodies: 1 linked from object code, 0 kept as IR" in back.explain()
     assert k.linked.loaded.tracker is k.kernel._loaded.tracker  # one library
     assert k.linked.rule == entry(m).linked.rule
     tiled, rows = forms()
@@ -143,6 +144,7 @@ def test_a_file_with_the_body_as_ir_still_loads(tmp_path):
     tiled, rows = forms()
     check(back, 16, rows)
     assert k.tiled_builds == 0 and k.linked is None
+    assert "key-tiled bodies: 0 linked from object code, 1 kept as IR" in back.explain()
     check(back, 48, tiled)
     assert k.tiled_builds == 1
 
