@@ -287,7 +287,8 @@ def _store_model(model: CompiledModel, key: str, opts: config.Options) -> None:
     saver = model.saver
 
     def save(path: os.PathLike, max_bytes: int) -> int:
-        return saver(path, True, "embed", "initial", max_bytes, sync=False)  # a cache
+        # a cache; a key-tiled body stays IR (the cold compile pays no LLVM for it)
+        return saver(path, True, "embed", "initial", max_bytes, sync=False, bodies=False)
 
     cache.store(opts.cache_dir, key, (opts.cache_max_mb << 20) // 8, save, opts.cache_sign)
 
@@ -302,12 +303,13 @@ def _saver(model: CompiledModel, g: Graph, units: list[Unit], explain, dot) -> C
         snapshot: str = "current",
         max_bytes: int | None = None,
         sync: bool = True,
+        bodies: bool = True,
     ) -> int:
         from geode.modelfile import save_model
 
         return save_model(
             model, g, units, explain, dot, path, overwrite, external_data, snapshot, max_bytes,
-            sync,
+            sync, bodies,
         )  # fmt: skip
 
     return save

@@ -31,11 +31,12 @@ from geode.codegen.backends.llvm.compiled import (
     ArgSpec,
     DenseKernel,
     Emitted,
+    LinkedBody,
     LLVMKernel,
     TiledRule,
     TiledSource,
 )
-from geode.errors import ModelFileError
+from geode.errors import CodegenError, ModelFileError
 
 #: image kind -> (module, kernel class, spec module, spec class): imported only when a
 #: model holds such a kernel (a model of GEMMs and fused kernels loads no conv code)
@@ -70,10 +71,17 @@ def _kind_of(kernel: Any) -> str | None:
 
 
 class ImageWriter:
-    """Turns kernels into image records (each kernel once, callees first)."""
+    """Turns kernels into image records (each kernel once, callees first).
 
-    def __init__(self, add: Add):
+    ``bodies``: an entry choosing per call whose key-tiled body is not linked yet has it
+    built now (``DenseKernel.build_tiled``: through the compile's object cache when it
+    has one), so the file carries the body as object code; without it (the model
+    cache's files, written at the end of a cold compile) such a body is kept as IR,
+    compiled on its first long call after loading."""
+
+    def __init__(self, add: Add, bodies: bool = True):
         self._add = add
+        self._bodies = bodies
         self._index: dict[int, int] = {}
         self.records: list[dict[str, Any]] = []
 
@@ -83,22 +91,52 @@ class ImageWriter:
         if hit is not None:
             return hit
         if isinstance(kernel, DenseKernel):
-            epilogue = self.image(kernel.epilogue)  # the callee first: the entry links to it
-            tiled = None if kernel.tiled is None else self.image(kernel.tiled)
-            record = {
-                "kind": "dense",
-                "name": kernel.name,
-                "entry": self.image(kernel.kernel),
-                "epilogue": epilogue,
-            }
-            if tiled is not None and kernel.lazy is None:  # an eager key-tiled body's epilogue
-                record["tiled"] = tiled
-            if kernel.lazy is not None:  # compiled after loading, on the first call taking it
-                record["lazy"] = self._lazy_record(kernel.lazy)
+            record = self._dense_record(kernel)
         else:
             record = self._llvm_record(kernel)
         self.records.append(record)
         self._index[id(kernel)] = len(self.records) - 1
+        return len(self.records) - 1
+
+    def _dense_record(self, kernel: DenseKernel) -> dict[str, Any]:
+        """A GEMM entry with its epilogue (callees first: the entry links to them) and, for
+        an entry choosing per call, its key-tiled body: linked (``body``: its object code,
+        ``tiled``: its epilogue kernel's image, ``rule``), else as IR (``lazy``), or
+        neither when it cannot be built (the row panels every call)."""
+        if kernel.lazy is not None and self._bodies:
+            kernel.build_tiled()
+        record: dict[str, Any] = {"kind": "dense", "name": kernel.name}
+        record["epilogue"] = self.image(kernel.epilogue)
+        linked = kernel.linked
+        if linked is not None:
+            record["tiled"] = self.image(kernel.tiled)
+            record["body"] = self._body_image(linked)
+            record["rule"] = dataclasses.asdict(linked.rule)
+        elif kernel.lazy is not None and not kernel.tiled_error:
+            record["lazy"] = self._lazy_record(kernel.lazy)
+        elif kernel.lazy is None and kernel.tiled is not None:  # an eager body's epilogue
+            record["tiled"] = self.image(kernel.tiled)
+        record["entry"] = self.image(kernel.kernel)
+        return record
+
+    def _body_image(self, body: LinkedBody) -> int:
+        """The index of a linked key-tiled body's image (kind ``body``: its object code,
+        symbol, imports; no kernel of its own: the entry calls it through its cell)."""
+        loaded = body.loaded
+        if not loaded.obj:
+            raise ModelFileError(f"key-tiled body {body.name!r} has no object code to save")
+        self.records.append(
+            {
+                "kind": "body",
+                "name": body.name,
+                "entry": body.name,
+                "runtime": bool(loaded.runtime),
+                "imports": list(loaded.imports),
+                "opt_level": int(loaded.level),
+                "object": self._add(loaded.obj),
+                "source": self._add(zlib.compress(body.ir.encode(), 1)),
+            }
+        )
         return len(self.records) - 1
 
     def _lazy_record(self, src: TiledSource) -> dict[str, Any]:
@@ -180,13 +218,17 @@ class ImageLoader:
         target = host()
         if any(isinstance(r, dict) and r.get("blas") for r in self._records):
             _configure_blas(self._label)
-        linked = self._link_together()
+        try:
+            linked = self._link_together()
+        except CodegenError as exc:
+            msg = f"model file {self._label!r}: its code does not link: {exc}"
+            raise ModelFileError(msg[:400]) from None
         for i, r in enumerate(self._records):
             try:
                 self.kernels.append(self._load(r, target, linked.get(i)))
             except ModelFileError:
                 raise
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
+            except (KeyError, TypeError, ValueError, IndexError, CodegenError) as exc:
                 raise ModelFileError(
                     f"model file {self._label!r}: bad kernel image {i} "
                     f"({type(exc).__name__}: {exc})"[:300]
@@ -227,37 +269,13 @@ class ImageLoader:
 
     def _load(self, r: dict[str, Any], target: Any, linked: Any = None) -> Any:
         if r["kind"] == "dense":
-            entry, epilogue = self._kernel(r["entry"]), self._kernel(r["epilogue"])
-            tiled = self._kernel(r["tiled"]) if "tiled" in r else None
-            lazy = _lazy(r["lazy"], self._blob) if "lazy" in r else None
-            cell = self._cells.get(entry.entry + TILED_CELL) if lazy is not None else None
-            if lazy is not None and cell is None:
-                raise ModelFileError(f"model file {self._label!r}: {entry.entry} has no cell")
-            return DenseKernel(
-                str(r["name"]),
-                entry,
-                epilogue,
-                entry.source,
-                tiled=tiled,
-                lazy=lazy,
-                cell=cell,
-                build=self._build,
-            )
+            return self._dense(r)
+        if r["kind"] == "body":
+            return self._link(r, linked)
         cls, spec_cls = _classes(str(r["kind"]))
         source = zlib.decompressobj().decompress(bytes(self._blob(r["source"])), MAX_SOURCE)
-        imports = {}
-        for name in r["imports"]:
-            if name not in self._exports:
-                raise ModelFileError(f"model file {self._label!r}: no kernel exports {name!r}")
-            imports[name] = self._exports[name]
+        loaded = self._link(r, linked)
         entry = str(r["entry"])
-        if linked is None:
-            linked = jit.load_object(
-                bytes(self._blob(r["object"])), [entry], runtime=bool(r["runtime"]), imports=imports
-            )
-        loaded = linked
-        self._exports[entry] = loaded[entry]
-        loaded.level = int(r.get("opt_level", 3))
         args = tuple(
             ArgSpec(str(n), str(role), str(dt), int(rank), str(text))
             for n, role, dt, rank, text in r["args"]
@@ -269,6 +287,63 @@ class ImageLoader:
         if spec_cls is not None:
             k.spec = _spec(spec_cls, r["spec"])
         return k
+
+    def _link(self, r: dict[str, Any], linked: Any) -> Any:
+        """An image's object code linked (or taken from the one link), its entry exported
+        to the images after it."""
+        imports = {}
+        for name in r["imports"]:
+            if name not in self._exports:
+                raise ModelFileError(f"model file {self._label!r}: no kernel exports {name!r}")
+            imports[name] = self._exports[name]
+        entry = str(r["entry"])
+        if linked is None:
+            linked = jit.load_object(
+                bytes(self._blob(r["object"])), [entry], runtime=bool(r["runtime"]), imports=imports
+            )
+        self._exports[entry] = linked[entry]
+        linked.level = int(r.get("opt_level", 3))
+        return linked
+
+    def _dense(self, r: dict[str, Any]) -> DenseKernel:
+        """A GEMM entry from its record, with its key-tiled body linked (``body``: the cell
+        written now), as IR (``lazy``) or none (its cell stays null: the row panels)."""
+        entry, epilogue = self._kernel(r["entry"]), self._kernel(r["epilogue"])
+        tiled = self._kernel(r["tiled"]) if "tiled" in r else None
+        if "lazy" in r and "body" in r:
+            raise ModelFileError(f"model file {self._label!r}: {entry.entry}: two key-tiled bodies")
+        lazy = _lazy(r["lazy"], self._blob) if "lazy" in r else None
+        body = self._linked_body(r, tiled) if "body" in r else None
+        cell = self._cells.get(entry.entry + TILED_CELL)
+        if (lazy is not None or body is not None) and cell is None:
+            raise ModelFileError(f"model file {self._label!r}: {entry.entry} has no cell")
+        return DenseKernel(
+            str(r["name"]),
+            entry,
+            epilogue,
+            entry.source,
+            tiled=tiled,
+            lazy=lazy,
+            cell=cell,
+            build=self._build,
+            body=body,
+        )
+
+    def _linked_body(self, r: dict[str, Any], tiled: Any) -> LinkedBody:
+        """A dense record's key-tiled body linked from its object code (an image of kind
+        ``body`` calling the body's epilogue kernel, ``tiled``)."""
+        index = r["body"]
+        body = self._kernel(index)
+        record = self._records[index]
+        if not isinstance(body, jit.Loaded) or record.get("kind") != "body" or tiled is None:
+            raise ModelFileError(f"model file {self._label!r}: bad key-tiled body {index!r}")
+        if tiled.entry not in record["imports"]:
+            raise ModelFileError(
+                f"model file {self._label!r}: key-tiled body {index!r} does not call its epilogue"
+            )
+        return LinkedBody(
+            str(record["entry"]), body, _rule(r["rule"]), _text(self._blob, record["source"])
+        )
 
 
 def _text(blob: Blob, index: Any) -> str:
@@ -290,11 +365,36 @@ def _lazy(d: dict[str, Any], blob: Blob) -> TiledSource:
         bool(d["parallel"]),
         (),
     )
-    rule = _spec(TiledRule, d["rule"])
-    lays = tuple(None if x is None else tuple(x) for x in rule.layouts)
-    rule = dataclasses.replace(rule, layouts=lays)
+    rule = _rule(d["rule"])
     name, body_name = str(d["name"]), str(d["body_name"])
     return TiledSource(name, ep, bool(d["fastmath"]), body_name, _text(blob, d["body_ir"]), rule)
+
+
+def _rule(fields: Any) -> TiledRule:
+    """An entry's :class:`TiledRule` from its fields, checked (ints, a flag, three
+    layouts each None or ``(heads, depth, transposed)``)."""
+    rule = _spec(TiledRule, fields)
+    ints = (rule.item, rule.panel_bytes, rule.min_rows, rule.limit, rule.v_at)
+    lays = rule.layouts
+    if (
+        any(type(x) is not int or x < 0 for x in ints)
+        or type(rule.batched) is not bool
+        or not isinstance(lays, tuple)
+        or len(lays) != 3
+        or not all(x is None or _layout(x) for x in lays)
+    ):
+        raise ValueError(f"bad key-tiled rule {fields!r}"[:200])
+    return dataclasses.replace(rule, layouts=tuple(None if x is None else tuple(x) for x in lays))
+
+
+def _layout(x: Any) -> bool:
+    """Whether ``x`` is an operand's layout ``(heads, depth, transposed)``."""
+    return (
+        isinstance(x, (list, tuple))
+        and len(x) == 3
+        and all(type(v) is int and v > 0 for v in x[:2])
+        and type(x[2]) is bool
+    )
 
 
 def _configure_blas(label: str) -> None:

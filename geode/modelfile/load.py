@@ -64,7 +64,7 @@ def load_model(
         raise ModelFileError(f"model file {c.path!r}: {exc}") from exc
     timings = {"read": t_read - t0, "link": t_link - t_read}
     infos = [u.info for u in units if u.engine not in NO_STEP]
-    stats = {"timings": timings, "loaded_from": c.path}
+    stats = {"timings": timings, "loaded_from": c.path, "tiled_bodies": _bodies(kernels)}
     text = _Text(c.path, str(h.get("explain", "")), str(h.get("dot", "")), stats)
     stats["compile_seconds"] = float(h.get("compile_seconds", 0.0))
     model = CompiledModel(plan, vm, infos, text, stats)
@@ -83,6 +83,13 @@ def load_model(
     t_end = time.perf_counter()
     timings.update(plan=t_end - t_link, total=t_end - t0)
     return model, g, units
+
+
+def _bodies(kernels: list) -> tuple[int, int]:
+    """How many attention entries' key-tiled bodies the file gave as object code (linked
+    now) and as IR (compiled on their first long call)."""
+    linked = sum(getattr(k, "linked", None) is not None for k in kernels)
+    return linked, sum(getattr(k, "lazy", None) is not None for k in kernels)
 
 
 def _chain_builder(records: Any, c: container.Container) -> Any:
@@ -112,6 +119,9 @@ class _Text:
     def __call__(self) -> str:
         ms = self.stats["timings"]["total"] * 1e3
         head = f"loaded from {self.path} in {ms:.1f} ms (no compiler run)"
+        linked, ir = self.stats["tiled_bodies"]
+        if linked or ir:
+            head += f"; key-tiled bodies: {linked} linked from object code, {ir} kept as IR"
         return f"{head}; {layout(self.stats['var_offsets'])}\n{self.text}"
 
     def dot(self) -> str:

@@ -34,6 +34,7 @@ def save_model(
     snapshot: str = "current",
     max_bytes: int | None = None,
     sync: bool = True,
+    bodies: bool = True,
 ) -> int:
     """Write ``model`` (compiled from ``graph`` into ``units``) to ``path``; returns the
     file's size. ``external_data``: ``"embed"`` copies constants read from external data
@@ -45,14 +46,18 @@ def save_model(
     ``max_bytes``: refuse (a :class:`ModelFileError`, nothing written) a file that would
     hold more tensor and code bytes. ``sync``: flush the file to the disk before it
     replaces ``path`` (off for the model cache's entries: a cache, whose entries a load
-    checks against their digest)."""
+    checks against their digest). ``bodies``: an attention entry's key-tiled body not
+    built yet is built now (through the compile's object cache when it has one), so the
+    file carries it as object code and a loaded model runs no LLVM; off (the model
+    cache's entries, written by a cold compile) it is kept as IR, compiled on its first
+    long call after loading."""
     if external_data not in EXTERNAL_DATA:
         raise ModelFileError(
             f"external_data={external_data!r}: use one of {', '.join(EXTERNAL_DATA)}"
         )
     t0 = time.perf_counter()
     w = Writer()
-    images = ImageWriter(lambda data: w.add(data))
+    images = ImageWriter(lambda data: w.add(data), bodies)
     header: dict[str, Any] = {
         **compat.environment(),
         "name": graph.name,

@@ -42,6 +42,7 @@ __all__ = [
     "DenseKernel",
     "Emitted",
     "LLVMKernel",
+    "LinkedBody",
     "TILED_CELL",
     "TiledRule",
     "TiledSource",
@@ -282,6 +283,19 @@ class TiledSource:
     rule: TiledRule
 
 
+@dataclass(frozen=True)
+class LinkedBody:
+    """The key-tiled body of an entry choosing per call, linked: its module's code
+    (``loaded``, exporting ``name``, calling the body's epilogue kernel), when it runs
+    (``rule``) and its IR text (``ir``, "" when not kept). What a model file keeps as
+    object code, so a loaded model's long calls run no LLVM."""
+
+    name: str
+    loaded: jit.Loaded
+    rule: TiledRule
+    ir: str = ""
+
+
 #: ``build(name, ir, runtime, imports, keep, generated) -> (Loaded, from_cache)``: how a
 #: lazily compiled module is linked (a compile's disk cache, or LLVM in memory)
 Build = Callable[[str, str, bool, "dict[str, int] | None", Any, bool], "tuple[jit.Loaded, bool]"]
@@ -334,7 +348,9 @@ class DenseKernel:
     body's address from ``cell`` (a ctypes pointer, null: row panels). ``prepare(arrays)``
     (None for other entries) links the body, once, when a call on ``arrays`` needs it
     (:class:`TiledRule`), through ``build`` (default :func:`build_in_memory`), and then
-    stores its address in the cell; a lock keeps two threads from building it twice."""
+    stores its address in the cell; a lock keeps two threads from building it twice.
+    An entry given its body linked (``body``, a :class:`LinkedBody`: a model file's object
+    code) has its cell written now and builds nothing."""
 
     def __init__(
         self,
@@ -347,6 +363,7 @@ class DenseKernel:
         lazy: TiledSource | None = None,
         cell: Any = None,
         build: Build | None = None,
+        body: LinkedBody | None = None,
     ) -> None:
         self.name = name
         #: the GEMM writes the epilogue's output panels, rewritten in place (``DenseSpec.in_place``)
@@ -359,7 +376,9 @@ class DenseKernel:
         self._cell = cell
         self._build = build or build_in_memory
         self._lock = threading.Lock()
-        self._body: Any = None  # the key-tiled body's linked code
+        self._body: Any = None  # the key-tiled body's linked code (False: none can be)
+        #: the key-tiled body once linked (built here, or given by a model file)
+        self.linked: LinkedBody | None = None
         #: how many times this entry's key-tiled body was built (0 or 1)
         self.tiled_builds = 0
         #: why the key-tiled body could not be built ("" when it could, or was not yet)
@@ -371,6 +390,12 @@ class DenseKernel:
         if lazy is not None:
             self.source += "\n; key-tiled body (compiled on the first call that takes it)\n"
             self.source += lazy.body_ir + "\n; its epilogue kernel\n" + lazy.epilogue.ir
+        if body is not None:
+            if cell is None or tiled is None:
+                raise CodegenError(f"kernel {name}: a linked key-tiled body needs its cell")
+            self.source += "\n; key-tiled body (linked from object code)\n" + body.ir
+            self.linked, self._body = body, body.loaded
+            cell.value = body.loaded[body.name]  # the entry takes the body from now on
         self.address = kernel.address
         parts = (kernel, epilogue) if tiled is None else (kernel, epilogue, tiled)
         #: whether the entry and the epilogue(s) came from the disk cache
@@ -380,16 +405,24 @@ class DenseKernel:
 
     def _prepare(self, arrays: Any) -> None:
         """Link the key-tiled body before the first call on ``arrays`` that takes it."""
-        if self._body is not None or not self.lazy.rule.long(arrays):
-            return
+        if self._body is None and self.lazy.rule.long(arrays):
+            self.build_tiled()
+
+    def build_tiled(self) -> bool:
+        """Link the key-tiled body now, whatever the calls (a model being saved: the file
+        carries its object code), unless it is linked or cannot be; returns whether it
+        is linked."""
+        if self.lazy is None or self._body is not None:
+            return self.linked is not None
         with self._lock:
             if self._body is not None:
-                return
+                return self.linked is not None
             try:
                 self._link_tiled()
             except CodegenError as exc:  # the row panels then run every call, as they can
                 log.warning("kernel %s: no key-tiled body (%s); row panels", self.name, exc)
                 self.tiled_error, self._body = str(exc), False
+        return self.linked is not None
 
     def _link_tiled(self) -> None:
         """Build the key-tiled body (its epilogue kernel, then the body calling it) and
@@ -405,6 +438,7 @@ class DenseKernel:
         )
         imports = {ep.entry: kernel.address}
         body, _ = self._build(src.body_name, src.body_ir, True, imports, kernel, False)
+        self.linked = LinkedBody(src.body_name, body, src.rule, src.body_ir)
         self._cell.value = body[src.body_name]  # published: the entry may call it now
         self.tiled, self._body = kernel, body
         self.tiled_builds += 1
