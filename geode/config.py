@@ -41,7 +41,9 @@ lazy_compile              GEODE_LAZY_COMPILE      (numba backend) a kernel with 
                                                   needs it; 0: in geode.compile
 backend                   GEODE_BACKEND           the native code generator: llvm (default:
                                                   LLVM IR through llvmlite, no numba) or
-                                                  numba (the previous backend)
+                                                  numba (the previous backend; needs the
+                                                  optional extra: pip install
+                                                  "geode[numba]")
 dense_epilogues           GEODE_DENSE_EPILOGUES   fuse the group that consumes a native
                                                   MatMul's product into it (run per panel
                                                   of rows while the panel is in cache)

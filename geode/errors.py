@@ -122,3 +122,8 @@ class TuningError(GeodeError):
     """A tuning database that cannot be used (not a tuning database, another format
     version, a file others may write, a bad signature) or a tuning run that cannot
     proceed (no inputs for the model's symbolic dims)."""
+
+
+class MissingDependencyError(GeodeError):
+    """An optional dependency that the chosen option needs is not installed (numba for
+    ``backend="numba"``); the message names the extra that installs it."""

@@ -16,7 +16,9 @@ import sys
 from types import ModuleType
 from typing import Any
 
-__all__ = ["LazyModule", "imported", "sympy"]
+from geode.errors import MissingDependencyError
+
+__all__ = ["LazyModule", "imported", "require_numba", "sympy"]
 
 
 class LazyModule:
@@ -44,6 +46,22 @@ class LazyModule:
 def imported(name: str) -> bool:
     """Whether module ``name`` has really been imported in this process."""
     return name in sys.modules
+
+
+#: how to get numba, an optional dependency (the ``numba`` extra)
+NUMBA_HINT = 'install it with pip install "geode[numba]" (or use the default backend="llvm")'
+
+
+def require_numba(purpose: str) -> ModuleType:
+    """numba, imported for ``purpose``; :class:`~geode.errors.MissingDependencyError`
+    naming the ``numba`` extra if it is not installed (geode needs numba only for the
+    numba backend: ``backend="numba"`` / ``GEODE_BACKEND=numba``)."""
+    try:
+        return importlib.import_module("numba")
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{purpose} needs numba, which is not installed: {NUMBA_HINT}"
+        ) from exc
 
 
 #: sympy, imported when geode first builds or inspects a symbolic dim

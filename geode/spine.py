@@ -218,7 +218,6 @@ def schedule(c: Compilation) -> None:
     """Schedule every group's loop AST (tile, inline, reduce, parallelize, vectorize):
     with the schedule given for its kernel key, its tuned one, or the default."""
     sources = schedule_sources(c.opts)
-    driver.check_backend_settings(c.opts)
     _start_libraries(c)
 
     def stage(job: driver.KernelJob, g: Graph, opts: config.Options, dump: Dumper) -> None:
@@ -477,8 +476,10 @@ STAGES: list[tuple[str, Stage]] = [
 
 def compile_graph(c: Compilation) -> Compilation:
     """Run every stage on ``c`` in order; ``c.timings`` gets each stage's seconds, plus
-    ``passes`` (verify to graph passes), ``codegen`` (place to bind) and ``total``."""
+    ``passes`` (verify to graph passes), ``codegen`` (place to bind) and ``total``.
+    A bad backend setting (or the numba backend without numba) raises before any stage."""
     t0 = time.perf_counter()
+    driver.check_backend_settings(c.opts)
     try:
         for name, stage in STAGES:
             t = time.perf_counter()
@@ -500,6 +501,7 @@ def compile_until(c: Compilation, last: str) -> Compilation:
     names = [name for name, _ in STAGES]
     if last not in names:
         raise GeodeError(f"no compile stage {last!r}; the stages are {names}")
+    driver.check_backend_settings(c.opts)
     try:
         for name, stage in STAGES[: names.index(last) + 1]:
             t = time.perf_counter()

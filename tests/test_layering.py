@@ -539,6 +539,7 @@ def test_ir_infers_through_the_installed_registry() -> None:
     assert np.dtype(y.dtype) == np.float32
 
 
+@pytest.mark.numba  # the numba backend's kernel cache
 def test_the_kernel_cache_needs_a_target_fingerprint() -> None:
     from geode.codegen import cache
     from geode.errors import CodegenError

@@ -75,6 +75,7 @@ from typing import Any
 
 import geode.signing as signing
 from geode.errors import CodegenError
+from geode.lazy import require_numba
 from geode.safe_files import atomic_write as _atomic_write
 from geode.safe_files import make_dirs, private_dir, private_folder, read_file
 
@@ -115,10 +116,12 @@ def set_target_fingerprint(fn: Callable[[], Mapping[str, str]]) -> None:
 
 @functools.lru_cache(maxsize=1)
 def environment_fingerprint() -> dict[str, str]:
-    """Everything besides the source that decides the machine code: CPU and versions."""
+    """Everything besides the source that decides the machine code: CPU and versions
+    (this cache holds the numba backend's kernels and helpers: it needs numba)."""
     import llvmlite
-    import numba
     import numpy
+
+    numba = require_numba("the numba backend's kernel cache")
 
     if _target_fingerprint is None:
         raise CodegenError("the kernel cache has no target fingerprint installed")

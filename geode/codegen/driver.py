@@ -44,6 +44,7 @@ from geode.config import Options, stream_min_bytes
 from geode.costmodel.device import DeviceSpec, cached_spec, untimed_spec
 from geode.debug import Dumper, log
 from geode.errors import CodegenError, GeodeError
+from geode.lazy import require_numba
 from geode.runtime.engines import IndexBound, NativeKernel, View
 from geode.runtime.model import KernelInfo
 
@@ -230,8 +231,11 @@ def emit_kernel(kernel: A.Kernel, opts: Options, emitted: Any = None) -> Any:
 
 def check_backend_settings(opts: Options) -> None:
     """Raise :class:`~geode.config.OptionError` for a bad process-wide setting of the
-    backend (``GEODE_LLVM_OPT``) before any kernel is compiled: inside a kernel's stages
-    the error would only make that kernel fall back."""
+    backend (``GEODE_LLVM_OPT``), and :class:`~geode.errors.MissingDependencyError` for
+    the numba backend without numba installed (an optional extra), before any kernel is
+    compiled: inside a kernel's stages the error would only make that kernel fall back."""
+    if opts.backend == "numba" and opts.codegen:
+        require_numba('the numba backend (backend="numba" / GEODE_BACKEND=numba)')
     if opts.backend == "llvm" and opts.codegen:
         from geode.codegen.backends.llvm.optlevel import setting
 
@@ -536,8 +540,7 @@ def native_interface(
     if opts.backend == "llvm":
         threads, set_threads = int(opts.num_threads), None
     else:
-        import numba
-
+        numba = require_numba("a numba backend kernel")
         from geode.codegen.backends.numba import clamp_threads
 
         threads = clamp_threads(opts.num_threads)  # once, not per call (0: all cores)

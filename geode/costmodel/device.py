@@ -7,7 +7,7 @@ of forking/joining a ``prange`` region.
 
 :func:`calibrate` measures them (a few seconds; ``quick=True`` about 0.2 s),
 :func:`load_or_calibrate` caches the result as JSON keyed by CPU name, core count
-and numba version, :func:`default_spec` gives fixed conservative numbers for
+and numba version ("none" without numba), :func:`default_spec` gives fixed conservative numbers for
 code (and tests) that must not measure, and :func:`untimed_spec` this machine's cores
 and caches with nominal rates (what a greedy compile plans with: no timing).
 
@@ -16,7 +16,8 @@ Conventions: bandwidth counts bytes read plus bytes written, like STREAM's copy
 
 This module imports no other geode package (see docs/architecture.md): the kernels it
 measures with come from a provider the codegen package installs
-(:func:`set_kernel_provider`: the LLVM backend's), or, without one, from numba.
+(:func:`set_kernel_provider`: the LLVM backend's), or, without one, from numba (an
+optional extra: :func:`geode.lazy.require_numba` says how to install it).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from geode.lazy import require_numba
 from geode.safe_files import atomic_write, read_file
 
 if TYPE_CHECKING:
@@ -249,13 +251,17 @@ def core_count() -> int:
 @cache
 def numba_version() -> str:
     """The installed numba version, read without importing numba (nor
-    ``importlib.metadata``, 30 ms: the name of numba's ``.dist-info`` folder says it)."""
+    ``importlib.metadata``, 30 ms: the name of numba's ``.dist-info`` folder says it);
+    ``"none"`` when numba is not installed (an optional extra: the numba backend's)."""
     loaded = sys.modules.get("numba")
     if loaded is not None:
         return str(loaded.__version__)
     import importlib.util
 
-    spec = importlib.util.find_spec("numba")
+    try:
+        spec = importlib.util.find_spec("numba")
+    except (ImportError, ValueError):  # hidden from imports, or a half-initialized stub
+        return "none"
     if spec is None or not spec.origin:
         return "none"
     try:
@@ -445,8 +451,9 @@ def _kernels() -> dict[str, Callable[..., Any]]:
 
 
 def _numba_kernels() -> dict[str, Callable[..., Any]]:
-    """The calibration kernels compiled by numba (without a provider)."""
-    import numba
+    """The calibration kernels compiled by numba (without a provider: ``geode.codegen``
+    installs the LLVM backend's, so a compile never gets here)."""
+    numba = require_numba("calibrating the device without geode.codegen's kernels")
 
     @numba.njit(nogil=True, cache=False)
     def tiny(a, b, c):  # pragma: no cover - compiled

@@ -8,6 +8,11 @@ policy (``opcheck.assert_close``) where the operation is not exactly rounded
 
 from __future__ import annotations
 
+import pytest
+
+# the numba backend's own tests: numba is an optional extra (CI installs it)
+pytest.importorskip("numba", reason='needs numba, an optional extra: pip install "geode[numba]"')
+
 import re
 import warnings
 from unittest import mock
@@ -15,7 +20,6 @@ from unittest import mock
 import llvmlite.binding as llvm
 import numba
 import numpy as np
-import pytest
 from opcheck import assert_close
 from test_fused_kernels import runs_parallel
 

@@ -8,6 +8,11 @@ Both caches: the LLVM backend's object cache (the default) and the numba backend
 
 from __future__ import annotations
 
+import pytest
+
+# the numba backend's own tests: numba is an optional extra (CI installs it)
+pytest.importorskip("numba", reason='needs numba, an optional extra: pip install "geode[numba]"')
+
 import contextlib
 import gc
 import hashlib
@@ -20,7 +25,6 @@ import stat
 from pathlib import Path
 
 import numpy as np
-import pytest
 from test_backend_llvm import eltwise
 from test_kernel_cache import check as numba_check
 from test_kernel_cache import make_kernel as numba_kernel

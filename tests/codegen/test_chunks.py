@@ -9,9 +9,13 @@ stealing), and the launch's thread count reaches numba.
 
 from __future__ import annotations
 
+import pytest
+
+# the numba backend's own tests: numba is an optional extra (CI installs it)
+pytest.importorskip("numba", reason='needs numba, an optional extra: pip install "geode[numba]"')
+
 import numba
 import numpy as np
-import pytest
 from numba import types as nbt
 from numba.extending import intrinsic
 

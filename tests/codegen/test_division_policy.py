@@ -35,7 +35,12 @@ def _quotient_rows(dtype: str) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize(
     "backend,d_shape",
-    [("llvm", ["N", 1]), ("llvm", [1, 1]), ("llvm", [1, 16]), ("numba", ["N", 1])],
+    [
+        ("llvm", ["N", 1]),
+        ("llvm", [1, 1]),
+        ("llvm", [1, 16]),
+        pytest.param("numba", ["N", 1], marks=pytest.mark.numba),
+    ],
 )
 def test_division_by_a_divisor_fixed_in_the_loop_is_ieee(dtype, backend, d_shape):
     g = geode.Graph("div")
@@ -66,7 +71,7 @@ def test_elementwise_division_is_ieee(dtype):
     np.testing.assert_array_equal(model(x=xs.reshape(-1), d=ds)["y"], want)
 
 
-@pytest.mark.parametrize("backend", ["llvm", "numba"])
+@pytest.mark.parametrize("backend", ["llvm", pytest.param("numba", marks=pytest.mark.numba)])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_softmax_like_row_over_a_subnormal_sum_streams_its_quotient(backend, dtype):
     """``e / sum(e)`` whose sum is subnormal (every ``e`` is): streamed from the row

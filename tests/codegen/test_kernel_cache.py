@@ -8,6 +8,11 @@ that must load the machine code from disk. Their compile times are printed (run 
 
 from __future__ import annotations
 
+import pytest
+
+# the numba backend's own tests: numba is an optional extra (CI installs it)
+pytest.importorskip("numba", reason='needs numba, an optional extra: pip install "geode[numba]"')
+
 import json
 import os
 import shutil
@@ -18,7 +23,6 @@ from pathlib import Path
 
 import numba
 import numpy as np
-import pytest
 
 from geode.codegen import cache
 from geode.codegen.ast import (

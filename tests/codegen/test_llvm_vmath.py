@@ -252,8 +252,13 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _numba_loop(op: str, dtype: str, ieee: bool):
-    numba = pytest.importorskip("numba")
-    nv = pytest.importorskip("geode.codegen.backends.vmath")
+    numba = pytest.importorskip(
+        "numba", reason='needs numba, an optional extra: pip install "geode[numba]"'
+    )
+    nv = pytest.importorskip(
+        "geode.codegen.backends.vmath",
+        reason='needs numba, an optional extra: pip install "geode[numba]"',
+    )
     table = nv.VMATH2 if op == "div_one_plus_exp" else (nv.VMATH_IEEE if ieee else nv.VMATH)
     fn = table[op, dtype]
     if op == "div_one_plus_exp":
@@ -300,7 +305,10 @@ def test_bit_identical_to_numba(op: str, dtype: str, ieee: bool, scalef: bool) -
 
 def test_coefficients_and_tables_match_numba() -> None:
     """The data copied from the numba library is unchanged (coefficients, 2/pi bits)."""
-    nv = pytest.importorskip("geode.codegen.backends.vmath")
+    nv = pytest.importorskip(
+        "geode.codegen.backends.vmath",
+        reason='needs numba, an optional extra: pip install "geode[numba]"',
+    )
     for name in coeffs.__all__:
         assert getattr(coeffs, name) == getattr(nv, f"_{name}"), name
     assert trig.TWO_OVER_PI_HEX == nv._TWO_OVER_PI_HEX

@@ -93,6 +93,7 @@ def test_other_shapes_keep_their_nan_guard(what):
             assert "_g_nanguard" in k.source and "_g_freeze" not in k.source
 
 
+@pytest.mark.numba
 def test_softmax_kernel_reduces_without_a_guard():
     model = geode.compile(examples.softmax(hidden=64).graph, backend="numba")
     (k,) = [k for k in model.kernels if k.engine == "aicore"]
@@ -121,6 +122,7 @@ def _rows_with_specials(rng, n, k, p_nan, p_inf):
     p_nan=st.sampled_from([0.0, 0.01, 0.2]),
     p_inf=st.sampled_from([0.0, 0.02]),
 )
+@pytest.mark.numba
 def test_unguarded_rows_match_numpy_with_nan_and_inf(which, n, seed, p_nan, p_inf):
     """Rows with NaN, +inf and -inf anywhere give numpy's results (NaN rows stay NaN,
     exactly where numpy's are) through the unguarded max, one compile for every size."""

@@ -1550,6 +1550,7 @@ def _softmax_ref(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
+@pytest.mark.numba
 def test_reuse_output_on_the_default_softmax_schedule() -> None:
     from geode.codegen.autoschedule import schedule_group
     from geode.codegen.backends import numba as nb
@@ -1773,6 +1774,7 @@ def test_prefetch_next_errors_leave_the_kernel(what: str) -> None:
     assert format_kernel(sch.kernel) == before and len(sch.trace) == 0
 
 
+@pytest.mark.numba
 def test_prefetch_next_two_inputs_and_numba() -> None:
     from geode.codegen.backends import numba as nb
 
@@ -1800,6 +1802,7 @@ def test_prefetch_next_two_inputs_and_numba() -> None:
         np.testing.assert_array_equal(o, x * np.float32(2) + y)
 
 
+@pytest.mark.numba
 def test_numba_prefetch_past_the_end_and_errors() -> None:
     """A prefetch never faults (no guard: the last row prefetches beyond the array);
     prefetching a temporary is a codegen error."""
@@ -1826,6 +1829,7 @@ def test_prefetch_prints_its_cache_level() -> None:
 
 
 @pytest.mark.parametrize("m,chunk", [(1024, 256), (1000, 256), (96, 64), (48, 16)])
+@pytest.mark.numba
 def test_prefetch_next_spread_over_a_chunked_pass(m: int, chunk: int) -> None:
     """Spread over the chunks of the second pass, the prefetch touches every line of the
     next row once, each chunk a consecutive share, and at most one share past the row."""
@@ -1917,6 +1921,7 @@ def test_prefetch_next_spread_and_level_errors(what: str) -> None:
     assert format_kernel(sch.kernel) == before and len(sch.trace) == steps
 
 
+@pytest.mark.numba
 def test_numba_prefetch_level_must_be_known() -> None:
     from geode.codegen.backends import numba as nb
     from geode.errors import CodegenError
@@ -2769,6 +2774,7 @@ def _aligned(shape: tuple[int, ...], offset: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("offset", [0, 4, 36])
+@pytest.mark.numba
 def test_stream_row_numba_matches_the_interpreter(offset: int) -> None:
     """Through the numba backend (non-temporal copies from aligned rows, plain ones
     around a misaligned start): the interpreter's values exactly."""

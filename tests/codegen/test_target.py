@@ -9,13 +9,17 @@ checked in subprocesses (started together: numba's import dominates their time).
 
 from __future__ import annotations
 
+import pytest
+
+# the numba backend's own tests: numba is an optional extra (CI installs it)
+pytest.importorskip("numba", reason='needs numba, an optional extra: pip install "geode[numba]"')
+
 import json
 import os
 import subprocess
 import sys
 
 import llvmlite.binding as llvm
-import pytest
 from numba.core import config as nb_config
 
 from geode.codegen import cache

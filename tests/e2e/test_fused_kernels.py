@@ -152,6 +152,7 @@ def test_single_kernel_examples(name):
 
 
 @pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.numba
 def test_lazy_compile_option_leaves_or_compiles_the_plain_chunk_function(lazy, monkeypatch):
     """The LSTM gates' kernel streams ``h`` (``streaming=0``: at any size): by default
     geode.compile leaves its plain chunk function for the first call that needs it;
@@ -172,6 +173,7 @@ def test_lazy_compile_option_leaves_or_compiles_the_plain_chunk_function(lazy, m
 
 
 @pytest.mark.parametrize("how", ["primitives", "Gelu op"])
+@pytest.mark.numba
 def test_tanh_gelu_computes_its_gate_in_one_division(how):
     """The tanh GELU, written out in primitives or as Gelu(approximate='tanh'), computes
     ``0.5 * x * (1 + tanh(z))`` as one ``div_one_plus_exp(x, -2z)`` (``x / (1 +
@@ -195,6 +197,7 @@ def test_tanh_gelu_computes_its_gate_in_one_division(how):
     np.testing.assert_allclose(model(x=x)["y"], want, rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.numba
 def test_one_native_signature_serves_every_shape():
     ex = examples.layernorm(hidden=40)
     model = geode.compile(ex.graph, backend="numba")
@@ -203,6 +206,7 @@ def test_one_native_signature_serves_every_shape():
     assert "N" in model.kernels[0].source  # the batch dim is a kernel argument
 
 
+@pytest.mark.numba
 def test_kernel_exposes_source_llvm_asm_trace():
     model = geode.compile(examples.rmsnorm(hidden=32).graph, backend="numba")
     k = model.kernels[0]
@@ -341,6 +345,7 @@ def minmax_model(request):
     return request.param, geode.compile(g, backend="numba")
 
 
+@pytest.mark.numba
 def test_max_min_reductions_use_the_guarded_fast_path(minmax_model):
     dtype, model = minmax_model
     (k,) = aicore(model)
@@ -356,6 +361,7 @@ def test_max_min_reductions_use_the_guarded_fast_path(minmax_model):
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 63, 100, 257, 1000])
+@pytest.mark.numba
 def test_max_min_reductions_match_numpy(minmax_model, m):
     dtype, model = minmax_model
     x = minmax_rows(m, dtype, np.random.default_rng(m))
@@ -369,6 +375,7 @@ def test_max_min_reductions_match_numpy(minmax_model, m):
         assert np.array_equal(np.isnan(out[name]), np.isnan(ref))
 
 
+@pytest.mark.numba
 def test_max_min_over_several_axes_match_numpy():
     g = geode.Graph("minmax_axes")
     x = g.input("x", ["N", "A", "B"], "float64")
@@ -410,6 +417,7 @@ def test_softmax_row_with_nan_is_nan():
 
 
 @pytest.mark.parametrize("streaming", ["auto", "off"])
+@pytest.mark.numba
 def test_softmax_prefetches_the_next_row_over_its_exp_chunks(streaming):
     """Softmax's exp pass is compute-bound: it is not pipelined
     (autoschedule.Choices.pipeline_max_host_ops) but cut into chunks that each prefetch a share of
@@ -432,6 +440,7 @@ def test_softmax_prefetches_the_next_row_over_its_exp_chunks(streaming):
     run_sizes(model, ex, sizes=(1, 2, 7, 16, 17, 130))
 
 
+@pytest.mark.numba
 def test_deferred_output_pass_reads_the_previous_rows_registers_and_input():
     """log-softmax from primitives: the streamed output pass ``x - max - log(sum)`` reads
     the input row and two registers; deferred into the next row's exp pass, it reads
@@ -456,6 +465,7 @@ def test_deferred_output_pass_reads_the_previous_rows_registers_and_input():
         np.testing.assert_allclose(model(x=xv)["y"], want, rtol=2e-6, atol=2e-6, err_msg=f"{n=}")
 
 
+@pytest.mark.numba
 def test_softmax_times_a_reciprocal_streams_its_exp_row_scaled():
     """``e * reciprocal(sum(e))`` stages ``e_row[j] * (1 / sum)``: streamed from the exp row
     buffer as one scaled copy, like ``e / sum``, with numpy's results (rows of one chunk
@@ -476,6 +486,7 @@ def test_softmax_times_a_reciprocal_streams_its_exp_row_scaled():
 
 
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+@pytest.mark.numba
 def test_cheap_row_passes_are_not_deferred(name):
     """Only a costly pass (softmax's exp) hosts the next row's deferred output pass."""
     model = geode.compile(examples.ALL[name](hidden=1024).graph, backend="numba")
@@ -484,6 +495,7 @@ def test_cheap_row_passes_are_not_deferred(name):
 
 
 @pytest.mark.parametrize("name", ["rmsnorm", "layernorm"])
+@pytest.mark.numba
 def test_row_kernels_pipeline_the_next_row(name):
     ex = examples.ALL[name](hidden=1024)
     model = geode.compile(
@@ -531,6 +543,7 @@ def test_row_kernel_that_cannot_pipeline_prefetches_instead():
         ("lstm_gates", {}),
     ],
 )
+@pytest.mark.numba
 def test_streamed_outputs_match_numpy(name, kw):
     """``streaming=0`` streams every cheap output at any size (the same code that runs for
     outputs beyond the last-level cache); results equal numpy's for short and long rows
@@ -573,6 +586,7 @@ def test_streamed_outputs_match_numpy(name, kw):
 
 
 @pytest.mark.parametrize("rows,cols", [(["N"], 1040), (["N"], 4096), (["N", 3], 1024)])
+@pytest.mark.numba
 def test_streamed_elementwise_rows_with_prefetch_match_numpy(rows, cols):
     """A streamed elementwise row that prefetches the next row over its chunks gives
     numpy's results for one row (nothing to prefetch), a few and many rows, with rows
@@ -612,6 +626,7 @@ def test_rows_off_the_cache_line_or_too_short_are_not_streamed(name):
     assert "stream_output(" in k.trace
 
 
+@pytest.mark.numba
 def test_streamed_row_kernel_fences_once_per_chunk_of_rows():
     """The streaming stores of a thread's share of the rows are fenced once, after its
     row loop, not after every row (a fence per row cost softmax over rows of 128 floats
@@ -627,6 +642,7 @@ def test_streamed_row_kernel_fences_once_per_chunk_of_rows():
     run_sizes(model, ex, sizes=(1, 3, 130))
 
 
+@pytest.mark.numba
 def test_symbolic_rows_stream_non_temporally_only_when_chunks_start_on_lines():
     """With a symbolic row length the line test is part of the run-time streaming test:
     rows of 1000 float32 take the plain copy, rows of 1024 the non-temporal one; both
@@ -758,6 +774,7 @@ def test_softplus_is_stable_at_both_ends(dtype):
     np.testing.assert_allclose(got[:-3], want[:-3], rtol=8 * np.finfo(dtype).eps, atol=tiny)
 
 
+@pytest.mark.numba
 def test_thread_count_is_set_by_each_model_not_inherited():
     """numba's thread count belongs to the calling thread and outlives a call: a model
     compiled for all cores ran on one after a ``num_threads=1`` model (or user code) had

@@ -179,8 +179,8 @@ def test_a_cached_model_starts_from_the_initial_variables(cache_dir):
     np.testing.assert_array_equal(y, np.ones((1, 4), np.float32))
 
 
+@pytest.mark.numba
 def test_numba_backend_is_never_cached(cache_dir):
-    pytest.importorskip("numba")
     g = _scaled()
     geode.compile(g, session=geode.Session(), backend="numba")
     assert not (cache_dir / cache.MODEL_AREA).exists()

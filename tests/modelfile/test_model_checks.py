@@ -235,8 +235,8 @@ def test_load_options(saved):
     np.testing.assert_allclose(y, np.exp(np.tile(np.arange(4.0), (2, 1))), rtol=1e-6)
 
 
+@pytest.mark.numba
 def test_numba_models_cannot_be_saved(tmp_path):
-    pytest.importorskip("numba")
     ex = examples.ALL["silu"]()
     model = geode.compile(ex.graph, backend="numba")
     with pytest.raises(ModelFileError, match="LLVM backend"):

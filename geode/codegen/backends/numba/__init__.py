@@ -204,7 +204,12 @@ sets LLVM's ``-force-vector-interleave`` to it while it holds numba's compiler l
 then back to 0 (LLVM's own choice); every loop of that kernel is interleaved alike.
 """
 
-from geode.codegen.backends import target as _target
+from geode.lazy import require_numba
+
+# numba is an optional extra: without it, importing this backend says how to get it
+require_numba("the numba backend (geode.codegen.backends.numba)")
+
+from geode.codegen.backends import target as _target  # noqa: E402
 
 _target.configure()  # before the rooms below build numba's CPU target
 
