@@ -164,7 +164,7 @@ def line_aligned(offset: Expr, itemsize: int, dims: set[str]) -> Expr:
 def _line_aligned_polynomial(offset: Expr, itemsize: int, dims: set[str]) -> Expr | None:
     """:func:`line_aligned` without sympy when ``offset`` is a polynomial in variables
     alone (no ``//``, ``%``, min or max: sympy's expansion has exactly its terms, and a
-    term's symbols in name order, as sympy sorts symbols of one kind) and its terms
+    term's factors in sympy's order, :func:`_sympy_factor_order`) and its terms
     leave at most one distinct run-time test (the order of several is sympy's order of
     terms); else None. sympy's first sum in a process costs ~25 ms."""
     poly = polynomial(offset)
@@ -175,9 +175,9 @@ def _line_aligned_polynomial(offset: Expr, itemsize: int, dims: set[str]) -> Exp
         if coef * itemsize % LINE_BYTES == 0:
             continue
         factor: Expr = Const(coef * itemsize)
-        for atom in m:  # sorted: by name, repeated for powers
-            if atom[2:] in dims:
-                factor = mul(factor, Var(atom[2:]))
+        for name in _sympy_factor_order(m):
+            if name in dims:
+                factor = mul(factor, Var(name))
         if isinstance(factor, Const):
             return Const(False, "bool")
         test = Bin("==", mod(factor, Const(LINE_BYTES)), Const(0))
@@ -186,6 +186,19 @@ def _line_aligned_polynomial(offset: Expr, itemsize: int, dims: set[str]) -> Exp
     if len(tested) > 1:
         return None
     return and_flags(Const(True, "bool"), tested[0]) if tested else Const(True, "bool")
+
+
+def _sympy_factor_order(monomial: tuple[str, ...]) -> list[str]:
+    """The variables of ``monomial`` (its atoms sorted by name, repeated for powers) in
+    the order sympy's product of them lists its factors: the variables of power one by
+    name, then the powers by base name (sympy sorts a symbol before a power), each power
+    repeated as often as its exponent."""
+    counts: dict[str, int] = {}
+    for atom in monomial:
+        counts[atom[2:]] = counts.get(atom[2:], 0) + 1
+    ones = [name for name, c in counts.items() if c == 1]
+    powers = [name for name, c in counts.items() if c > 1 for _ in range(c)]
+    return sorted(ones) + sorted(powers)
 
 
 def and_flags(a: Expr, b: Expr) -> Expr:

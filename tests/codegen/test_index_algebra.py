@@ -5,6 +5,7 @@ sympy alone did."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -154,6 +155,27 @@ def test_line_aligned_without_sympy_is_sympys(offset: A.Expr, itemsize: int, dim
     finally:
         indexing._line_aligned_polynomial = original
     assert quick == slow, (offset, itemsize, dims)
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        A.Bin("*", N, A.Bin("*", M, M)),  # n * m**2: sympy lists n before the power
+        A.Bin("*", A.Bin("*", A.Var("S"), A.Var("S")), A.Bin("*", I, N)),
+        A.Bin("*", A.Bin("*", M, M), A.Bin("*", N, N)),
+    ],
+)
+def test_line_aligned_orders_powers_as_sympy(offset: A.Expr, monkeypatch) -> None:
+    """A term with a power: its factors in sympy's order (a symbol before a power), so
+    the polynomial path's test is the sympy path's expression (found by the property
+    test above: ``n*(m*m)``)."""
+    from geode.codegen import indexing
+
+    dims = {"m", "n", "S"}
+    quick = indexing._line_aligned_polynomial(offset, 1, dims)
+    assert quick is not None and quick != A.Const(True, "bool")
+    monkeypatch.setattr(indexing, "_line_aligned_polynomial", lambda *_: None)
+    assert quick == indexing.line_aligned(offset, 1, dims)
 
 
 def test_line_aligned_polynomial_path_answers_common_offsets() -> None:
