@@ -19,6 +19,11 @@ import geode
 from geode.lazy import LazyModule
 
 _HEAVY = ("sympy", "onnx", "numba", "ray", "llvmlite.binding")
+#: what loading compiled code needs none of: the code generator's emitting side (a
+#: loaded chain's entry, a key-tiled body: linked from object code)
+_LOADING = _HEAVY + tuple(
+    f"geode.codegen.backends.llvm.{m}" for m in ("emit", "kernel", "background", "stmts")
+)
 
 
 def _child(code: str, *args: str, env: dict | None = None) -> dict:
@@ -60,13 +65,15 @@ def test_load_and_run_import_no_sympy(name, tmp_path):
         model = geode.load(sys.argv[1])
         for i in range({len(feeds)}):
             np.savez(sys.argv[2] + f"/out{{i}}.npz", **model.run(dict(np.load(sys.argv[2] + f"/in{{i}}.npz"))))
-        print(json.dumps({{m: m in sys.modules for m in {_HEAVY!r}}}))
+        print(json.dumps({{m: m in sys.modules for m in {_LOADING!r}}}))
         """,
         str(tmp_path / "m.geode"),
         str(tmp_path),
         env={"GEODE_CACHE_DIR": str(tmp_path / "cache")},
     )
-    assert report == dict.fromkeys(_HEAVY, False)
+    # the conv and pool kernels' classes still import the code generator (ResNet)
+    unwanted = _LOADING if name == "torch_bert.onnx" else _HEAVY
+    assert {m: v for m, v in report.items() if m in unwanted} == dict.fromkeys(unwanted, False)
     for i, f in enumerate(feeds):
         got = dict(np.load(tmp_path / f"out{i}.npz"))
         want = model.run(f)
@@ -116,9 +123,9 @@ def test_a_model_cache_hit_imports_no_sympy(tmp_path):
         m = geode.compile({os.path.join(DATA, "torch_block.onnx")!r}, progress=0)
         m(x=np.ones((1, 4, 16), np.float32))
         print(json.dumps({{"cached": "model_cache" in m.stats,
-                          **{{k: k in sys.modules for k in {_HEAVY!r}}}}}))
+                          **{{k: k in sys.modules for k in {_LOADING!r}}}}}))
         """
     env = {"GEODE_CACHE_DIR": str(tmp_path / "cache"), "GEODE_MODEL_CACHE": "1"}
     first = _child(code, env=env)
     assert first["cached"] is False and first["sympy"] is True  # compiled: the compiler ran
-    assert _child(code, env=env) == {"cached": True, **dict.fromkeys(_HEAVY, False)}
+    assert _child(code, env=env) == {"cached": True, **dict.fromkeys(_LOADING, False)}

@@ -12,7 +12,7 @@ waiting idle. The workers take the largest queued module first too (the small on
 left to the end, when the threads should finish together). On two cores that is one
 background thread while geode's Python runs, two LLVMs at the end.
 
-Modules are known by their cache key (:func:`~geode.codegen.backends.llvm.kernel.module_key`:
+Modules are known by their cache key (:func:`~geode.codegen.backends.llvm.objcache.module_key`:
 the IR text, the target and the optimization level), so a claimed result is the object
 code the caller would have compiled itself, on whichever thread. A submitted module
 nobody will claim (its kernel failed in a later stage) is cancelled when the compile's

@@ -28,8 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from geode.codegen.backends.llvm import background, jit, objcache
-from geode.codegen.backends.llvm.kernel import build_module, module_key
+from geode.codegen.backends.llvm import jit, objcache
 from geode.codegen.backends.llvm.optlevel import Choice
 from geode.codegen.backends.llvm.target import host
 from geode.errors import CodegenError
@@ -157,7 +156,7 @@ class ChainBuilder:
 
     def key(self, ir: str) -> str:
         """The object cache's key of chain module ``ir`` for this host."""
-        return module_key(ir, host(), LEVEL.level)
+        return objcache.module_key(ir, host(), LEVEL.level)
 
     def start(self, shape: Shape) -> None:
         """Start LLVM on the chain module of ``shape`` on a background thread, unless its
@@ -172,6 +171,8 @@ class ChainBuilder:
             self._started.add(key)
         if self.cache_dir is not None and objcache.load(self.cache_dir, key, ENTRY) is not None:
             return
+        from geode.codegen.backends.llvm import background  # compiles only
+
         background.submit(key, ir, host(), LEVEL.level)
 
     def abandon(self) -> None:
@@ -179,8 +180,11 @@ class ChainBuilder:
         that failed midway leaves nothing pending)."""
         with self._lock:
             started, self._started = self._started, set()
-        for key in started:
-            background.cancel(key)
+        if started:
+            from geode.codegen.backends.llvm import background  # started: compiles
+
+            for key in started:
+                background.cancel(key)
 
     def __call__(self, shape: Shape, addresses: Sequence[int], name: str = "") -> ChainEntry | None:
         """The entry of a chain of members of ``shape`` at ``addresses`` (None: the loop
@@ -197,6 +201,8 @@ class ChainBuilder:
             return ChainEntry(loaded[ENTRY], ir, key, loaded, "model file")
         if not self.compile:
             return None
+        from geode.codegen.backends.llvm.kernel import build_module  # compiles only
+
         loaded, cached = build_module(
             ENTRY, ir, host(), self.cache_dir, runtime=False, imports=imports, key=key, choice=LEVEL
         )

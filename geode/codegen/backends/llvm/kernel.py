@@ -18,6 +18,7 @@ from geode.codegen.ast import Kernel
 from geode.codegen.backends.llvm import background, jit, objcache, optlevel
 from geode.codegen.backends.llvm.compiled import Emitted, LLVMKernel
 from geode.codegen.backends.llvm.emit import emit_module
+from geode.codegen.backends.llvm.objcache import module_key
 from geode.codegen.backends.llvm.parallel import MIN_PARALLEL_ELEMENTS
 from geode.codegen.backends.llvm.target import Target, host
 from geode.errors import CodegenError
@@ -127,11 +128,6 @@ def forget_kernels() -> None:
     the next compile of any kernel goes to the disk cache or LLVM."""
     for memo in list(_memos):
         memo.clear()
-
-
-def module_key(ir: str, target: Target, level: int) -> str:
-    """The cache key of module ``ir`` compiled for ``target`` at optimization ``level``."""
-    return objcache.cache_key(ir, {**target.fingerprint(), "opt_level": str(level)})
 
 
 def build_module(

@@ -37,6 +37,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import geode.signing as signing
 from geode.codegen.cache import KERNEL_AREA
@@ -48,6 +49,7 @@ __all__ = [
     "cache_key",
     "load",
     "location",
+    "module_key",
     "store",
     "trusted_folder",
     "versions",
@@ -104,6 +106,12 @@ class CacheLocation:
 
 #: what the functions here take as a cache: a folder (entries unsigned) or a location
 CacheDir = str | os.PathLike[str] | CacheLocation
+
+
+def module_key(ir: str, target: Any, level: int) -> str:
+    """The cache key of module ``ir`` compiled for ``target`` (a ``Target``: its
+    ``fingerprint()``) at optimization ``level``."""
+    return cache_key(ir, {**target.fingerprint(), "opt_level": str(level)})
 
 
 def location(cache_dir: CacheDir | None) -> CacheLocation | None:

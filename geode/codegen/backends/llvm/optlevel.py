@@ -21,7 +21,7 @@ kernels (the most on kernels whose loops O3 unswitched: 108 -> 39 ms for one).
 
 The environment variable ``GEODE_LLVM_OPT`` overrides the choice for every module:
 ``auto`` (the default: the rules above), ``2`` or ``3``. The level is part of the
-module's cache key (:func:`geode.codegen.backends.llvm.kernel.module_key`), so object
+module's cache key (:func:`geode.codegen.backends.llvm.objcache.module_key`), so object
 code compiled at one level is never loaded for another; a compiled kernel keeps it
 (``opt_level``; ``model.explain()`` lists it per kernel) and the logger of
 :mod:`~geode.codegen.backends.llvm.kernel` records it with LLVM's time per module (DEBUG).
