@@ -134,7 +134,7 @@ class ImageWriter:
                 "imports": list(loaded.imports),
                 "opt_level": int(loaded.level),
                 "object": self._add(loaded.obj),
-                "source": self._add(zlib.compress(body.ir.encode(), 1)),
+                "source": self._text(body.ir),
             }
         )
         return len(self.records) - 1
@@ -143,10 +143,7 @@ class ImageWriter:
         """An entry's key-tiled body as code to compile (:class:`TiledSource`): its
         modules' IR text (compressed blobs), names and rule."""
         ep = src.epilogue
-
-        def text(ir: str) -> int:
-            return self._add(zlib.compress(ir.encode(), 1))
-
+        text = self._text
         return {
             "name": src.name,
             "entry": ep.entry,
@@ -159,6 +156,10 @@ class ImageWriter:
             "body_ir": text(src.body_ir),
             "rule": dataclasses.asdict(src.rule),
         }
+
+    def _text(self, text: str) -> int:
+        """The index of ``text`` (IR) stored as a compressed blob."""
+        return self._add(zlib.compress(text.encode(), 1))
 
     def _llvm_record(self, k: Any) -> dict[str, Any]:
         kind = _kind_of(k)
@@ -181,7 +182,7 @@ class ImageWriter:
             "blas": b"geode_gemm" in loaded.obj,  # its GEMMs call numpy's BLAS
             "opt_level": int(loaded.level),
             "object": self._add(loaded.obj),
-            "source": self._add(zlib.compress(k.source.encode(), 1)),
+            "source": self._text(k.source),
         }
         spec = getattr(k, "spec", None)
         if kind != "llvm":
@@ -273,16 +274,8 @@ class ImageLoader:
         if r["kind"] == "body":
             return self._link(r, linked)
         cls, spec_cls = _classes(str(r["kind"]))
-        source = zlib.decompressobj().decompress(bytes(self._blob(r["source"])), MAX_SOURCE)
+        emitted = _emitted(_text(self._blob, r["source"]), r)
         loaded = self._link(r, linked)
-        entry = str(r["entry"])
-        args = tuple(
-            ArgSpec(str(n), str(role), str(dt), int(rank), str(text))
-            for n, role, dt, rank, text in r["args"]
-        )
-        emitted = Emitted(
-            source.decode(), entry, args, tuple(map(str, r["dims"])), bool(r["parallel"]), ()
-        )
         k = cls(str(r["name"]), emitted, loaded, target, 0.0, True, bool(r["fastmath"]))
         if spec_cls is not None:
             k.spec = _spec(spec_cls, r["spec"])
@@ -351,20 +344,19 @@ def _text(blob: Blob, index: Any) -> str:
     return zlib.decompressobj().decompress(bytes(blob(index)), MAX_SOURCE).decode()
 
 
-def _lazy(d: dict[str, Any], blob: Blob) -> TiledSource:
-    """An entry's key-tiled body from its record (:meth:`ImageWriter._lazy_record`)."""
+def _emitted(ir: str, r: dict[str, Any]) -> Emitted:
+    """A kernel's emitted module from a record's ``entry``, ``args``, ``dims`` and
+    ``parallel`` (:meth:`ImageWriter._llvm_record`, ``_lazy_record``) and its IR text."""
     args = tuple(
         ArgSpec(str(n), str(role), str(dt), int(rank), str(text))
-        for n, role, dt, rank, text in d["args"]
+        for n, role, dt, rank, text in r["args"]
     )
-    ep = Emitted(
-        _text(blob, d["epilogue_ir"]),
-        str(d["entry"]),
-        args,
-        tuple(map(str, d["dims"])),
-        bool(d["parallel"]),
-        (),
-    )
+    return Emitted(ir, str(r["entry"]), args, tuple(map(str, r["dims"])), bool(r["parallel"]), ())
+
+
+def _lazy(d: dict[str, Any], blob: Blob) -> TiledSource:
+    """An entry's key-tiled body from its record (:meth:`ImageWriter._lazy_record`)."""
+    ep = _emitted(_text(blob, d["epilogue_ir"]), d)
     rule = _rule(d["rule"])
     name, body_name = str(d["name"]), str(d["body_name"])
     return TiledSource(name, ep, bool(d["fastmath"]), body_name, _text(blob, d["body_ir"]), rule)

@@ -46,7 +46,6 @@ __all__ = [
     "TILED_CELL",
     "TiledRule",
     "TiledSource",
-    "build_in_memory",
     "cached_build",
 ]
 
@@ -301,26 +300,11 @@ class LinkedBody:
 Build = Callable[[str, str, bool, "dict[str, int] | None", Any, bool], "tuple[jit.Loaded, bool]"]
 
 
-def build_in_memory(
-    name: str, ir: str, runtime: bool, imports: dict[str, int] | None, keep: Any, generated: bool
-) -> tuple[jit.Loaded, bool]:
-    """:data:`Build` without a disk cache: LLVM compiles ``ir`` now (a model file's
-    entries; imports ``llvmlite.binding``)."""
-    from geode.codegen.backends.llvm import optlevel
-    from geode.codegen.backends.llvm.target import host
-
-    level = optlevel.choose(ir, generated).level
-    obj = jit.compile_ir(ir, host(), level)
-    loaded = jit.load_object(obj, [name], runtime=runtime, imports=imports)
-    loaded.level, loaded.keep = level, keep
-    return loaded, False
-
-
 def cached_build(cache_dir: Any, sign: bool = False) -> Build:
     """:data:`Build` through the disk cache of object code in ``cache_dir`` (a folder, or
-    a ``CacheLocation``; ``sign``: its entries signed), like every module of a compile: a
-    warm start links the cached object (no ``llvmlite.binding``), a miss compiles and
-    stores it."""
+    a ``CacheLocation``; ``sign``: its entries signed; None: no cache, LLVM compiles in
+    memory), like every module of a compile: a warm start links the cached object (no
+    ``llvmlite.binding``), a miss compiles and stores it."""
 
     def build(
         name: str, ir: str, runtime: bool, imports: Any, keep: Any, generated: bool
@@ -347,7 +331,7 @@ class DenseKernel:
     An entry choosing per call (``lazy``, a :class:`TiledSource`) reads its key-tiled
     body's address from ``cell`` (a ctypes pointer, null: row panels). ``prepare(arrays)``
     (None for other entries) links the body, once, when a call on ``arrays`` needs it
-    (:class:`TiledRule`), through ``build`` (default :func:`build_in_memory`), and then
+    (:class:`TiledRule`), through ``build`` (default ``cached_build(None)``: in memory), and then
     stores its address in the cell; a lock keeps two threads from building it twice.
     An entry given its body linked (``body``, a :class:`LinkedBody`: a model file's object
     code) has its cell written now and builds nothing."""
@@ -374,7 +358,7 @@ class DenseKernel:
         self.tiled = tiled
         self.lazy = lazy
         self._cell = cell
-        self._build = build or build_in_memory
+        self._build = build or cached_build(None)
         self._lock = threading.Lock()
         self._body: Any = None  # the key-tiled body's linked code (False: none can be)
         #: the key-tiled body once linked (built here, or given by a model file)
