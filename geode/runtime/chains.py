@@ -125,7 +125,12 @@ def chain_shape(
 ) -> tuple[tuple[int, int], ...]:
     """Per native entry of a chain of ``steps``: its number of arrays and of ints (what
     a chain's own entry is generated from: :data:`EntryMaker`)."""
-    return tuple((e[1], e[3]) for e in _entries(steps, kernels))
+    return _shape(_entries(steps, kernels))
+
+
+def _shape(entries: tuple) -> tuple[tuple[int, int], ...]:
+    """Per native entry (:func:`_entries`) its number of arrays and of ints."""
+    return tuple((e[1], e[3]) for e in entries)
 
 
 @dataclass
@@ -259,8 +264,8 @@ def chain_step(
     entry = None
     why = "loop: no chain entries (GEODE_CHAIN_ENTRY=0, the numba backend or no codegen)"
     if entry_maker is not None:
-        shape = tuple((e[1], e[3]) for e in lay.entries)
-        entry = entry_maker(shape, tuple(e[0] for e in lay.entries), names[0])
+        addresses = tuple(e[0] for e in lay.entries)
+        entry = entry_maker(_shape(lay.entries), addresses, names[0])
         why = "loop: no object code for its module (nothing is compiled at a load)"
     step = _chain_run(steps, kernels, lay, entry)
     if entry is not None:
