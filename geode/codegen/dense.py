@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from geode.codegen.backends.llvm.compiled import DenseKernel, TiledSource, cached_build
+from geode.codegen.backends.llvm.compiled import DenseKernel, TiledRule, TiledSource, cached_build
 from geode.codegen.lower import LoweredKernel
 from geode.codegen.packed_weights import packed_value
 from geode.compiler.fusion.epilogue import Epilogue
@@ -280,7 +280,6 @@ def tiled_source(
     arguments, ``tiled`` omitted) as code to compile when a call first takes it: the
     body's module, its epilogue kernel's module ``epilogue`` (an ``Emitted``, kernel
     ``name``) and the entry's rule (:class:`~geode.codegen.backends.llvm.compiled.TiledRule`)."""
-    from geode.codegen.backends.llvm.compiled import TiledRule, TiledSource
     from geode.codegen.backends.llvm.dense import tiled_ir
 
     pg, lowered, views, entry = args[:4]
